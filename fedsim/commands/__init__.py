@@ -1,0 +1,1 @@
+"""One module per ``fedsim`` sub-command; see :mod:`fedsim.cli`."""

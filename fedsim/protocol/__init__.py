@@ -1,0 +1,1 @@
+"""Wire messages (versioned, validated) and their byte encoding."""

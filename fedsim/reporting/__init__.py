@@ -1,0 +1,1 @@
+"""Metrics stream, run summary, privacy report, plots."""

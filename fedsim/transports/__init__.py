@@ -1,0 +1,1 @@
+"""The Transport protocol and its implementations: simulated in-process network and MQTT."""
