@@ -1,0 +1,95 @@
+"""A progress bar for ``fedsim run`` (tqdm), shown only on a terminal.
+
+The bar advances in virtual seconds (when the run stops at a virtual duration) or in server
+windows (when it stops after a number of windows, or has no known end); its postfix shows
+the virtual time, the window, the last held-out accuracy and the lowest remaining privacy
+budget over all clients. When stderr is not a terminal the bar is disabled, so log files and
+CI output stay clean (the structured logs carry the same numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from types import TracebackType
+from typing import Literal, Self, TextIO
+
+from tqdm import tqdm
+
+from fedsim.errors import ConfigError
+
+ProgressUnit = Literal["time", "windows"]
+
+
+class RunProgress:
+    """Context manager around a tqdm bar for one simulation run.
+
+    Args:
+        total: the run's end in ``unit`` (virtual seconds or windows); ``None`` if unknown
+            (e.g. the run stops at a target accuracy or when every budget is spent).
+        unit: ``"time"`` (advance by virtual time) or ``"windows"`` (advance by window).
+        enabled: force the bar on or off; ``None`` (default) shows it only when ``stream`` is
+            a terminal.
+        stream: where the bar is drawn; defaults to the current ``sys.stderr``.
+    """
+
+    def __init__(self, total: float | None, *, unit: ProgressUnit = "time",
+                 enabled: bool | None = None, stream: TextIO | None = None) -> None:
+        if unit not in ("time", "windows"):
+            raise ConfigError(f"progress unit must be 'time' or 'windows', got {unit!r}")
+        if total is not None and not (math.isfinite(total) and total > 0):
+            raise ConfigError(f"progress total must be a finite number > 0, got {total!r}")
+        self.total = total
+        self.unit: ProgressUnit = unit
+        self._stream = stream if stream is not None else sys.stderr
+        if enabled is None:
+            isatty = getattr(self._stream, "isatty", None)
+            enabled = bool(isatty and isatty())
+        self.enabled = enabled
+        self._bar: tqdm | None = None
+        self.position = 0.0
+        self.postfix: dict[str, str] = {}
+
+    def __enter__(self) -> Self:
+        self._bar = tqdm(
+            total=self.total,
+            unit="s" if self.unit == "time" else "window",
+            desc="virtual time" if self.unit == "time" else "windows",
+            file=self._stream,
+            disable=not self.enabled,
+            dynamic_ncols=True,
+            leave=True,
+        )
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def update(self, time: float, window: int, accuracy: float | None = None,
+               min_remaining_epsilon: float | None = None) -> None:
+        """Move the bar to virtual ``time`` / ``window`` and refresh the shown fields.
+
+        ``accuracy`` and ``min_remaining_epsilon`` may be ``None`` (not evaluated in this
+        window, or no budget configured); the last known value is then kept.
+        """
+        position = float(time) if self.unit == "time" else float(window)
+        if self.total is not None:
+            position = min(position, float(self.total))
+        self.postfix["t"] = f"{time:.1f}s"
+        self.postfix["window"] = str(window)
+        if accuracy is not None:
+            self.postfix["acc"] = f"{accuracy:.4f}"
+        if min_remaining_epsilon is not None:
+            self.postfix["min eps left"] = f"{min_remaining_epsilon:.3f}"
+        advance = position - self.position
+        self.position = max(self.position, position)
+        if self._bar is None:
+            return
+        self._bar.set_postfix(self.postfix, refresh=False)
+        if advance > 0:
+            self._bar.update(advance)
+        else:
+            self._bar.refresh()

@@ -1,0 +1,162 @@
+"""Reading a run directory written by ``fedsim run``.
+
+Layout (the runtime writes it; reporting only reads it)::
+
+    DIR/scenario.resolved.yaml   the scenario after defaults and --set overrides
+    DIR/metrics.jsonl            one JSON object per server window
+    DIR/ledgers/<client>.jsonl   each client's PrivacyLedger (header line, then records)
+    DIR/clients.csv              one row per client (posture, spending, state)
+    DIR/summary.json             run-level results; ``privacy.delta`` is the scenario's delta
+
+Malformed or missing files raise :class:`~fedsim.errors.ConfigError` naming the file, so
+``fedsim report`` exits 2 with a message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import ConfigError
+
+METRICS_FILE = "metrics.jsonl"
+CLIENTS_FILE = "clients.csv"
+SUMMARY_FILE = "summary.json"
+SCENARIO_FILE = "scenario.resolved.yaml"
+LEDGER_DIR = "ledgers"
+PLOT_DIR = "plots"
+
+# Columns of clients.csv that hold text; every other column is a number or empty (None).
+_TEXT_COLUMNS = frozenset({"client_id", "group", "sampling", "state", "stop_reason"})
+
+
+def _number_or_text(column: str, value: str) -> Any:
+    if column in _TEXT_COLUMNS:
+        return value
+    if value.strip() == "":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return value  # a column this reader does not know about: keep it as text
+    return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """The parsed contents of one run directory (see the module docstring)."""
+
+    path: Path
+    metrics: tuple[dict[str, Any], ...]
+    clients: tuple[dict[str, Any], ...]
+    summary: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunDirectory:
+        """Read ``path``; raise :class:`ConfigError` if it is not a (readable) run directory.
+
+        ``metrics.jsonl`` and ``summary.json`` must exist; ``clients.csv`` and ``ledgers/``
+        may be missing (a run without clients, or one that crashed before writing them).
+        """
+        root = Path(path)
+        if not root.is_dir():
+            raise ConfigError(f"{root}: not a directory (expected a run directory written by "
+                              "`fedsim run`)")
+        missing = [name for name in (METRICS_FILE, SUMMARY_FILE) if not (root / name).is_file()]
+        if missing:
+            raise ConfigError(f"{root}: not a run directory (missing {', '.join(missing)}; "
+                              "`fedsim run SCENARIO --out DIR` writes one)")
+        return cls(root, _read_metrics(root / METRICS_FILE), _read_clients(root / CLIENTS_FILE),
+                   _read_summary(root / SUMMARY_FILE))
+
+    # -- derived views -------------------------------------------------------------------
+    @property
+    def delta(self) -> float:
+        """The scenario's delta (``summary.privacy.delta``)."""
+        privacy = self.summary.get("privacy")
+        delta = privacy.get("delta") if isinstance(privacy, Mapping) else None
+        if not isinstance(delta, int | float) or not 0.0 < delta < 1.0:
+            raise ConfigError(f"{self.path / SUMMARY_FILE}: privacy.delta must be a number in "
+                              f"(0, 1), got {delta!r}")
+        return float(delta)
+
+    @property
+    def virtual_time(self) -> float:
+        """Virtual seconds the run lasted (summary, else the last window's time, else 0)."""
+        value = self.summary.get("virtual_time")
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+        times = [m["time"] for m in self.metrics if isinstance(m.get("time"), int | float)]
+        return float(max(times, default=0.0))
+
+    @property
+    def scenario_name(self) -> str:
+        return str(self.summary.get("scenario") or self.path.name)
+
+    @cached_property
+    def ledger_paths(self) -> dict[str, Path]:
+        """Client id -> ledger file, sorted by client id."""
+        folder = self.path / LEDGER_DIR
+        if not folder.is_dir():
+            return {}
+        return {p.stem: p for p in sorted(folder.glob("*.jsonl"))}
+
+    def client(self, client_id: str) -> dict[str, Any] | None:
+        for row in self.clients:
+            if str(row.get("client_id")) == client_id:
+                return row
+        return None
+
+    @property
+    def plot_dir(self) -> Path:
+        return self.path / PLOT_DIR
+
+
+def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}:{number}: each line must be a JSON object")
+            if not isinstance(row.get("time"), int | float):
+                raise ConfigError(f"{path}:{number}: 'time' must be a number, got "
+                                  f"{row.get('time')!r}")
+            rows.append(row)
+    return tuple(sorted(rows, key=lambda r: (r["time"], r.get("window") or 0)))
+
+
+def _read_clients(path: Path) -> tuple[dict[str, Any], ...]:
+    if not path.is_file():
+        return ()
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or "client_id" not in reader.fieldnames:
+            raise ConfigError(f"{path}: expected a CSV header with a client_id column")
+        rows = []
+        for number, row in enumerate(reader, start=2):
+            if None in row:
+                raise ConfigError(f"{path}:{number}: more fields than the header has")
+            rows.append({k: _number_or_text(k, v or "") for k, v in row.items()})
+        return tuple(rows)
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path}: must hold a JSON object")
+    return summary
