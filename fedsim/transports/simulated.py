@@ -1,0 +1,524 @@
+"""The in-process network: endpoints joined by lossy links, driven by the event loop's timers.
+
+Every message is encoded with :mod:`fedsim.protocol.codec` when it is published and decoded
+when it is delivered, exactly as over MQTT. Deliveries are ``loop.call_later`` timers, so under
+the virtual-time loop of :mod:`fedsim.runtime.kernel` they happen in virtual time, and a run is
+a deterministic function of the ``rng`` passed in (every random draw comes from it, in a fixed
+order per message).
+
+Link model (one link per client and direction; a broadcast samples every client's downlink
+independently). For a message of ``size`` bytes published at time ``t``:
+
+1. *Transmission.* With a bandwidth, the link sends one message at a time: transmission starts
+   at ``max(t, end of the previous transmission)`` and takes ``size / bandwidth_bytes_per_s``;
+   without one it takes no time. Every message occupies the link, dropped ones included.
+2. *Drop.* With probability ``drop`` the message is lost (one uniform draw).
+3. *Latency.* ``latency(rng)`` seconds are added after transmission (negative draws count as 0).
+4. *Order.* A link delivers in send order, like the TCP connection under MQTT: a message
+   arrives at ``max(its own time, arrival of the previous in-order message)``, so random
+   latency causes head-of-line blocking, not reordering. With probability ``reorder`` a
+   message instead leaves that order and is held back by one more independent latency draw:
+   it arrives at ``its own time + latency(rng)`` and blocks nobody, so messages sent after it
+   overtake it whenever they arrive earlier (with zero latency nothing can overtake).
+5. *Duplicate.* With probability ``duplicate`` a second copy (a retransmission) arrives one
+   more independent latency draw after the first copy.
+
+Availability mirrors MQTT with a clean session: an offline client's publishes are lost,
+messages arriving for it are lost, and what it had received but not yet taken is lost. The
+latest global model is *retained*: a client endpoint that is created or comes back online is
+sent it at once, over its downlink, as a broker sends a retained message on subscribe.
+
+The server endpoint applies the same rule as the MQTT server endpoint: a client's update or
+status is delivered only if its ``client_id`` is the id of the endpoint that sent it.
+Undecodable or misaddressed messages are logged and counted as ``rejected``; they never reach
+the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+import numpy as np
+import structlog
+
+from fedsim.errors import CodecError, ConfigError, TransportError
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.runtime.clock import Clock
+
+Direction = Literal["uplink", "downlink"]
+LatencySampler = Callable[[np.random.Generator], float]
+
+_log = structlog.get_logger("fedsim.transports.simulated")
+
+
+def no_latency(rng: np.random.Generator) -> float:
+    """Zero latency (draws nothing from ``rng``)."""
+    return 0.0
+
+
+def constant_latency(seconds: float) -> LatencySampler:
+    """Every message takes ``seconds`` (draws nothing)."""
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"latency must be a finite number of seconds >= 0, got {seconds}")
+    return lambda rng: seconds
+
+
+def uniform_latency(low: float, high: float) -> LatencySampler:
+    """Latency uniform on ``[low, high]`` seconds (one draw)."""
+    if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high):
+        raise ConfigError(f"uniform latency needs 0 <= low <= high, got [{low}, {high}]")
+    return lambda rng: float(rng.uniform(low, high))
+
+
+def exponential_latency(mean: float, *, minimum: float = 0.0) -> LatencySampler:
+    """``minimum`` plus an exponential delay of the given mean (one draw)."""
+    if not (math.isfinite(mean) and mean >= 0 and math.isfinite(minimum) and minimum >= 0):
+        raise ConfigError(
+            f"exponential latency needs mean >= 0 and minimum >= 0, got {mean}, {minimum}"
+        )
+    if mean == 0:
+        return lambda rng: minimum
+    return lambda rng: minimum + float(rng.exponential(mean))
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """One direction of one client's link; see the module docstring for the exact semantics."""
+
+    latency: LatencySampler = no_latency
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    bandwidth_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("drop", "duplicate", "reorder"):
+            value = getattr(self, name)
+            if not (0.0 <= value <= 1.0):
+                raise ConfigError(f"link {name} probability must be in [0, 1], got {value}")
+        bandwidth = self.bandwidth_bytes_per_s
+        if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ConfigError(
+                f"link bandwidth must be a positive number of bytes/s, got {bandwidth}"
+            )
+
+
+@dataclass
+class DirectionStats:
+    """Message counters of one direction, summed over all links.
+
+    ``sent + duplicated == delivered + dropped + rejected + lost + in_flight`` at all times.
+    ``lost`` counts messages published by an offline client or arriving at an offline or
+    closed endpoint (including undelivered ones discarded when a client goes offline).
+    """
+
+    sent: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    duplicated: int = 0
+    rejected: int = 0
+    lost: int = 0
+    in_flight: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class NetworkStats:
+    """A snapshot of both directions' counters."""
+
+    uplink: DirectionStats
+    downlink: DirectionStats
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"uplink": self.uplink.as_dict(), "downlink": self.downlink.as_dict()}
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One network event, recorded when the network is built with ``record_trace=True``."""
+
+    time: float
+    direction: Direction
+    client_id: str
+    event: Literal["send", "drop", "deliver", "reject", "lost", "duplicate"]
+    nbytes: int
+
+
+@dataclass
+class _Link:
+    model: LinkModel
+    direction: Direction
+    client_id: str
+    busy_until: float = 0.0
+    last_in_order_arrival: float = 0.0
+    # In-order messages awaiting delivery: (sequence number, payload), in send order.
+    in_order: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
+    next_seq: int = 0
+
+
+_CLOSED = object()
+
+
+class _Inbox:
+    """What an endpoint has received and its actor has not yet taken."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self.closed = False
+
+    def put(self, message: Message) -> None:
+        self._queue.put_nowait(message)
+
+    def discard_all(self) -> int:
+        discarded = 0
+        while not self._queue.empty():
+            if self._queue.get_nowait() is not _CLOSED:
+                discarded += 1
+        return discarded
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._queue.put_nowait(_CLOSED)
+
+    async def get(self, who: str) -> Message:
+        if self.closed and self._queue.empty():
+            raise TransportError(f"{who}: endpoint is closed")
+        item = await self._queue.get()
+        if item is _CLOSED:
+            self._queue.put_nowait(_CLOSED)  # wake any other waiter too
+            raise TransportError(f"{who}: endpoint is closed")
+        return item  # type: ignore[return-value]
+
+
+class SimulatedServerEndpoint:
+    """The server's endpoint: receives every client's updates and statuses, broadcasts models."""
+
+    def __init__(self, network: SimulatedNetwork) -> None:
+        self._network = network
+        self._inbox = _Inbox()
+
+    async def publish(self, message: Message) -> None:
+        if self._inbox.closed:
+            raise TransportError("simulated server endpoint: publish after close")
+        if not isinstance(message, GlobalModel):
+            raise TransportError(
+                f"the server endpoint publishes GlobalModel only, not {type(message).__name__}"
+            )
+        self._network._broadcast(codec.encode(message))
+
+    async def receive(self) -> Message:
+        return await self._inbox.get("simulated server endpoint")
+
+    async def close(self) -> None:
+        self._inbox.close()
+
+
+class SimulatedClientEndpoint:
+    """One client's endpoint: publishes its updates and statuses, receives global models."""
+
+    def __init__(self, network: SimulatedNetwork, client_id: str) -> None:
+        self._network = network
+        self.client_id = client_id
+        self._inbox = _Inbox()
+
+    async def publish(self, message: Message) -> None:
+        if self._inbox.closed:
+            raise TransportError(
+                f"simulated client endpoint {self.client_id!r}: publish after close"
+            )
+        if not isinstance(message, ClientUpdate | ClientStatus):
+            raise TransportError(
+                f"client endpoint {self.client_id!r} publishes ClientUpdate or ClientStatus only, "
+                f"not {type(message).__name__}"
+            )
+        self._network._send_uplink(self, codec.encode(message))
+
+    def publish_bytes(self, data: bytes) -> None:
+        """Put raw bytes on this client's uplink (fault injection: malformed or forged payloads)."""
+        self._network._send_uplink(self, bytes(data))
+
+    async def receive(self) -> Message:
+        return await self._inbox.get(f"simulated client endpoint {self.client_id!r}")
+
+    async def close(self) -> None:
+        self._inbox.close()
+
+
+class SimulatedNetwork:
+    """In-process network between one server and any number of clients, under a :class:`Clock`.
+
+    ``uplink`` (client -> server) and ``downlink`` (server -> client) are one :class:`LinkModel`
+    for every client or a mapping from client id to its own. ``max_message_bytes`` and
+    ``expected_params`` are the receiving side's codec limits.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        rng: np.random.Generator,
+        uplink: LinkModel | Mapping[str, LinkModel],
+        downlink: LinkModel | Mapping[str, LinkModel],
+        max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
+        expected_params: int | None = None,
+        record_trace: bool = False,
+    ) -> None:
+        self._clock = clock
+        self._rng = rng
+        self._link_models: dict[Direction, LinkModel | Mapping[str, LinkModel]] = {
+            "uplink": uplink,
+            "downlink": downlink,
+        }
+        self._max_bytes = max_message_bytes
+        self._expected_params = expected_params
+        self._stats: dict[Direction, DirectionStats] = {
+            "uplink": DirectionStats(),
+            "downlink": DirectionStats(),
+        }
+        self._server: SimulatedServerEndpoint | None = None
+        self._clients: dict[str, SimulatedClientEndpoint] = {}
+        self._links: dict[tuple[Direction, str], _Link] = {}
+        self._offline: set[str] = set()
+        self._retained: bytes | None = None
+        self._trace: list[TraceEntry] | None = [] if record_trace else None
+
+    # ----------------------------------------------------------------------------- endpoints
+
+    def server_endpoint(self) -> SimulatedServerEndpoint:
+        """The server's endpoint; a second call replaces (and closes) the first, like a restart."""
+        if self._server is not None:
+            self._server._inbox.close()
+        self._server = SimulatedServerEndpoint(self)
+        return self._server
+
+    def client_endpoint(self, client_id: str) -> SimulatedClientEndpoint:
+        """A client's endpoint; the retained global model (if any) is sent to it at once.
+
+        A second call for the same id replaces (and closes) the first, as an MQTT broker does
+        when a client id connects twice.
+        """
+        try:
+            codec.check_client_id(client_id)
+        except CodecError as exc:
+            raise ConfigError(str(exc)) from None
+        for direction in ("uplink", "downlink"):
+            self._link(direction, client_id)  # fail now if a per-client mapping lacks this id
+        previous = self._clients.get(client_id)
+        if previous is not None:
+            previous._inbox.close()
+        endpoint = SimulatedClientEndpoint(self, client_id)
+        self._clients[client_id] = endpoint
+        if self._retained is not None and client_id not in self._offline:
+            self._transmit(self._link("downlink", client_id), self._retained)
+        return endpoint
+
+    def set_online(self, client_id: str, online: bool) -> None:
+        """Take a client off the network or bring it back (it then receives the retained model)."""
+        was_online = client_id not in self._offline
+        if online == was_online:
+            return
+        endpoint = self._clients.get(client_id)
+        if not online:
+            self._offline.add(client_id)
+            if endpoint is not None:
+                discarded = endpoint._inbox.discard_all()
+                self._stats["downlink"].delivered -= discarded
+                self._stats["downlink"].lost += discarded
+            return
+        self._offline.discard(client_id)
+        if endpoint is not None and not endpoint._inbox.closed and self._retained is not None:
+            self._transmit(self._link("downlink", client_id), self._retained)
+
+    def is_online(self, client_id: str) -> bool:
+        return client_id not in self._offline
+
+    @property
+    def stats(self) -> NetworkStats:
+        """A snapshot of the per-direction counters."""
+        return NetworkStats(
+            uplink=DirectionStats(**self._stats["uplink"].as_dict()),
+            downlink=DirectionStats(**self._stats["downlink"].as_dict()),
+        )
+
+    @property
+    def trace(self) -> tuple[TraceEntry, ...]:
+        """Every network event so far, in the order it happened (empty unless recording)."""
+        return tuple(self._trace or ())
+
+    # ----------------------------------------------------------------------------- sending
+
+    def _link(self, direction: Direction, client_id: str) -> _Link:
+        key = (direction, client_id)
+        link = self._links.get(key)
+        if link is None:
+            models = self._link_models[direction]
+            if isinstance(models, LinkModel):
+                model = models
+            elif client_id in models:
+                model = models[client_id]
+            else:
+                raise ConfigError(f"no {direction} link model for client {client_id!r}")
+            link = self._links[key] = _Link(model=model, direction=direction, client_id=client_id)
+        return link
+
+    def _record(self, link: _Link, event: str, nbytes: int) -> None:
+        if self._trace is not None:
+            self._trace.append(
+                TraceEntry(self._clock.now(), link.direction, link.client_id, event, nbytes)  # type: ignore[arg-type]
+            )
+
+    def _send_uplink(self, sender: SimulatedClientEndpoint, data: bytes) -> None:
+        link = self._link("uplink", sender.client_id)
+        if sender.client_id in self._offline or self._clients.get(sender.client_id) is not sender:
+            stats = self._stats["uplink"]
+            stats.sent += 1
+            stats.lost += 1
+            self._record(link, "lost", len(data))
+            return
+        self._transmit(link, data)
+
+    def _broadcast(self, data: bytes) -> None:
+        self._retained = data
+        for client_id in self._clients:
+            link = self._link("downlink", client_id)
+            if client_id in self._offline or self._clients[client_id]._inbox.closed:
+                stats = self._stats["downlink"]
+                stats.sent += 1
+                stats.lost += 1
+                self._record(link, "lost", len(data))
+            else:
+                self._transmit(link, data)
+
+    def _latency(self, link: _Link) -> float:
+        value = float(link.model.latency(self._rng))
+        if math.isnan(value) or math.isinf(value):
+            raise ConfigError(f"{link.direction} latency of {link.client_id!r} drew {value}")
+        return max(0.0, value)
+
+    def _transmit(self, link: _Link, data: bytes) -> None:
+        """Sample the link for one message and schedule its deliveries (draw order is fixed)."""
+        stats = self._stats[link.direction]
+        stats.sent += 1
+        self._record(link, "send", len(data))
+        now = self._clock.now()
+        model = link.model
+        sent_at = now
+        if model.bandwidth_bytes_per_s is not None:
+            sent_at = max(now, link.busy_until) + len(data) / model.bandwidth_bytes_per_s
+            link.busy_until = sent_at
+        if model.drop > 0 and self._rng.random() < model.drop:
+            stats.dropped += 1
+            self._record(link, "drop", len(data))
+            return
+        arrival = sent_at + self._latency(link)
+        if model.reorder > 0 and self._rng.random() < model.reorder:
+            arrival += self._latency(link)
+            self._schedule(arrival - now, self._deliver, link, data)
+        else:
+            arrival = max(arrival, link.last_in_order_arrival)
+            link.last_in_order_arrival = arrival
+            seq = link.next_seq
+            link.next_seq += 1
+            link.in_order.append((seq, data))
+            self._schedule(arrival - now, self._deliver_in_order, link, seq)
+        stats.in_flight += 1
+        if model.duplicate > 0 and self._rng.random() < model.duplicate:
+            stats.duplicated += 1
+            stats.in_flight += 1
+            self._record(link, "duplicate", len(data))
+            self._schedule(arrival + self._latency(link) - now, self._deliver, link, data)
+
+    @staticmethod
+    def _schedule(delay: float, callback: Callable[..., None], *args: object) -> None:
+        asyncio.get_running_loop().call_later(max(0.0, delay), callback, *args)
+
+    # ----------------------------------------------------------------------------- delivery
+
+    def _deliver_in_order(self, link: _Link, seq: int) -> None:
+        # Arrival times along the in-order queue never decrease, so everything up to ``seq``
+        # has arrived by now; delivering it here keeps send order even when timers tie.
+        while link.in_order and link.in_order[0][0] <= seq:
+            _, data = link.in_order.popleft()
+            self._deliver(link, data)
+
+    def _deliver(self, link: _Link, data: bytes) -> None:
+        stats = self._stats[link.direction]
+        stats.in_flight -= 1
+        receiver = self._receiver(link)
+        if receiver is None:
+            stats.lost += 1
+            self._record(link, "lost", len(data))
+            return
+        try:
+            message = codec.decode(
+                data, expected_params=self._expected_params, max_bytes=self._max_bytes
+            )
+        except CodecError as exc:
+            self._reject(link, data, f"undecodable message: {exc}")
+            return
+        if link.direction == "downlink":
+            if not isinstance(message, GlobalModel):
+                self._reject(
+                    link, data, f"clients accept GlobalModel only, got {type(message).__name__}"
+                )
+                return
+        elif not isinstance(message, ClientUpdate | ClientStatus):
+            self._reject(
+                link, data, f"the server accepts updates and statuses, got {type(message).__name__}"
+            )
+            return
+        elif message.client_id != link.client_id:
+            self._reject(
+                link,
+                data,
+                f"client id {message.client_id!r} in the payload does not match sender {link.client_id!r}",
+            )
+            return
+        stats.delivered += 1
+        self._record(link, "deliver", len(data))
+        receiver.put(message)
+
+    def _receiver(self, link: _Link) -> _Inbox | None:
+        if link.direction == "uplink":
+            inbox = self._server._inbox if self._server is not None else None
+        else:
+            endpoint = self._clients.get(link.client_id)
+            if endpoint is None or link.client_id in self._offline:
+                return None
+            inbox = endpoint._inbox
+        return None if inbox is None or inbox.closed else inbox
+
+    def _reject(self, link: _Link, data: bytes, reason: str) -> None:
+        self._stats[link.direction].rejected += 1
+        self._record(link, "reject", len(data))
+        _log.warning(
+            "message rejected",
+            direction=link.direction,
+            client_id=link.client_id,
+            nbytes=len(data),
+            reason=reason,
+        )
+
+
+__all__ = [
+    "DirectionStats",
+    "LinkModel",
+    "NetworkStats",
+    "SimulatedClientEndpoint",
+    "SimulatedNetwork",
+    "SimulatedServerEndpoint",
+    "TraceEntry",
+    "constant_latency",
+    "exponential_latency",
+    "no_latency",
+    "uniform_latency",
+]
