@@ -29,15 +29,23 @@ LEVELS: dict[str, int] = {
 }
 
 
+class _NamedPrintLogger(structlog.PrintLogger):
+    """A PrintLogger that knows its name (``structlog.stdlib.add_logger_name`` reads it)."""
+
+    def __init__(self, file: TextIO, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
 class _StderrLoggerFactory:
-    """Creates loggers that write to the *current* ``sys.stderr``.
+    """Creates named loggers that write to the *current* ``sys.stderr``.
 
     Looking the stream up on every new logger (instead of capturing it at configuration time)
     keeps redirections made later (pytest's capture, ``contextlib.redirect_stderr``) working.
     """
 
-    def __call__(self, *args: Any) -> structlog.PrintLogger:
-        return structlog.PrintLogger(sys.stderr)
+    def __call__(self, *args: Any) -> _NamedPrintLogger:
+        return _NamedPrintLogger(sys.stderr, str(args[0]) if args else "fedsim")
 
 
 def _stream_is_terminal(stream: TextIO) -> bool:
@@ -68,6 +76,7 @@ def configure_logging(json: bool | None = None, level: str = "info") -> bool:
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
+        structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any
@@ -81,12 +90,16 @@ def configure_logging(json: bool | None = None, level: str = "info") -> bool:
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=_StderrLoggerFactory(),
-        # No caching: a reconfiguration (or a test's redirected stderr) takes effect at once.
+        # No caching: loggers created at import time, before this call, follow it, and a later
+        # reconfiguration (or a test's redirected stderr) takes effect at once.
         cache_logger_on_first_use=False,
     )
     return use_json
 
 
 def get_logger(name: str, **context: Any) -> Any:
-    """A structlog logger whose lines carry ``logger=name`` and ``context``."""
-    return structlog.get_logger(logger=name, **context)
+    """A structlog logger whose lines carry ``logger=name`` and ``context``.
+
+    It is a lazy proxy: safe to create at import time, before :func:`configure_logging`.
+    """
+    return structlog.get_logger(name, **context)

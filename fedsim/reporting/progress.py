@@ -90,6 +90,7 @@ class RunProgress:
             return
         self._bar.set_postfix(self.postfix, refresh=False)
         if advance > 0:
-            self._bar.update(advance)
+            # Whole windows display as "4/10", not "4.0/10".
+            self._bar.update(int(advance) if self.unit == "windows" else advance)
         else:
             self._bar.refresh()

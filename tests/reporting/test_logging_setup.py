@@ -1,0 +1,94 @@
+"""fedsim.logging: JSON lines off a terminal, console on one, level filter, idempotence."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+
+from fedsim.errors import ConfigError
+from fedsim.logging import configure_logging, get_logger
+
+SNIPPET = (
+    "from fedsim.logging import configure_logging, get_logger; "
+    "configure_logging(); get_logger('probe').info('window closed', window=3, accuracy=0.5)"
+)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_json_lines_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    assert configure_logging() is True  # pytest's captured stderr is not a terminal
+    get_logger("runtime", client="c1").info("update sent", round=4, bytes=1024)
+    (line,) = _lines(capsys.readouterr().err)
+    record = json.loads(line)
+    assert record["event"] == "update sent"
+    assert record["logger"] == "runtime" and record["client"] == "c1"
+    assert record["round"] == 4 and record["bytes"] == 1024
+    assert record["level"] == "info"
+    assert record["timestamp"].endswith("Z")
+
+
+def test_console_renderer_when_forced(capsys: pytest.CaptureFixture[str]) -> None:
+    assert configure_logging(json=False) is False
+    get_logger("runtime").warning("budget low", client="c9")
+    (line,) = _lines(capsys.readouterr().err)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(line)
+    assert "budget low" in line and "c9" in line
+
+
+def test_level_filter_and_reconfiguration_is_idempotent(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(json=True, level="warning")
+    configure_logging(json=True, level="warning")  # a second call must not duplicate output
+    log = get_logger("x")
+    log.info("hidden")
+    log.warning("shown")
+    lines = _lines(capsys.readouterr().err)
+    assert [json.loads(line)["event"] for line in lines] == ["shown"]
+    configure_logging(json=True, level="debug")
+    log.debug("now visible")
+    assert [json.loads(line)["event"] for line in _lines(capsys.readouterr().err)] == ["now visible"]
+
+
+def test_unknown_level_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="log level"):
+        configure_logging(level="loud")
+
+
+def test_process_logs_json_to_a_pipe_and_console_to_a_terminal() -> None:
+    piped = subprocess.run([sys.executable, "-c", SNIPPET], capture_output=True, text=True,
+                           timeout=60, check=True)
+    record = json.loads(piped.stderr.strip())
+    assert record["event"] == "window closed" and record["window"] == 3
+    assert piped.stdout == ""  # logs never go to stdout
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c", SNIPPET], stderr=follower,
+                              stdout=subprocess.DEVNULL, timeout=60, check=True)
+        assert proc.returncode == 0
+        os.close(follower)
+        follower = -1
+        output = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed: all output read
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    text = output.decode("utf-8", "replace")
+    assert "window closed" in text
+    assert not text.lstrip().startswith("{")  # a console line, not JSON

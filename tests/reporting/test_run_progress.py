@@ -1,0 +1,52 @@
+"""RunProgress: hidden off a terminal, shows time/window/accuracy/budget when on."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from fedsim.errors import ConfigError
+from fedsim.reporting.progress import RunProgress
+
+
+def test_disabled_when_the_stream_is_not_a_terminal() -> None:
+    stream = io.StringIO()
+    with RunProgress(100.0, stream=stream) as progress:
+        assert progress.enabled is False
+        progress.update(10.0, 1, accuracy=0.5, min_remaining_epsilon=1.5)
+    assert stream.getvalue() == ""
+    assert progress.position == 10.0
+
+
+def test_shows_the_fields_in_virtual_time() -> None:
+    stream = io.StringIO()
+    with RunProgress(100.0, unit="time", enabled=True, stream=stream) as progress:
+        progress.update(12.5, 3, accuracy=0.8125, min_remaining_epsilon=0.75)
+        progress.update(20.0, 4)  # not evaluated: the last accuracy stays shown
+        assert progress.postfix["acc"] == "0.8125"
+        progress.update(150.0, 9, accuracy=0.9)  # past the end: clamped to the total
+    final_line = stream.getvalue().rsplit("\r", 1)[-1]  # tqdm throttles; the close draws last
+    assert "acc=0.9000" in final_line and "min eps left=0.750" in final_line
+    assert "t=150.0s" in final_line and "window=9" in final_line
+    assert progress.position == 100.0
+    assert "100.0/100.0" in final_line
+
+
+def test_counts_windows_and_never_moves_back() -> None:
+    stream = io.StringIO()
+    with RunProgress(10, unit="windows", enabled=True, stream=stream) as progress:
+        progress.update(5.0, 4)
+        progress.update(3.0, 2)  # a late, older report does not move the bar back
+        assert progress.position == 4.0
+    assert "4/10" in stream.getvalue()
+
+
+def test_unknown_total_and_bad_arguments() -> None:
+    with RunProgress(None, enabled=True, stream=io.StringIO()) as progress:
+        progress.update(7.0, 2, accuracy=0.1)
+    assert progress.position == 7.0
+    with pytest.raises(ConfigError):
+        RunProgress(-1.0)
+    with pytest.raises(ConfigError):
+        RunProgress(10.0, unit="epochs")  # type: ignore[arg-type]
