@@ -1,0 +1,238 @@
+"""Generate docs/RESULTS.md from the raw results in benchmarks/results/papers/*.json.
+
+The page is a pure function of those files (no timestamps, no machine names), so the page and
+the data cannot disagree: ``--check`` exits 1 when the committed page is out of date, and the
+test suite runs that check.
+
+Each result file is either a list of row objects or an object with ``rows`` (a list of row
+objects) and optionally ``command``, ``plot`` / ``plots``, ``paper``, ``note`` / ``notes``,
+``comparison`` (rows of {claim, paper, ours}) and ``curves`` (plot data, not shown). In a row,
+a key ``paper_X`` is the paper's value of the column ``X`` and is shown next to it. A result
+whose file does not exist yet gets one line naming the command that produces it.
+
+Run: ``python benchmarks/papers/make_results_page.py`` (``--check`` to verify only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO / "benchmarks" / "results" / "papers"
+PAGE = REPO / "docs" / "RESULTS.md"
+
+
+@dataclass(frozen=True)
+class ResultSpec:
+    """One reproduction: its result file and what the page says before the data."""
+
+    stem: str
+    title: str
+    paper: str
+    claim: str
+    command: str  # shown when the file does not say which command wrote it
+    plots: tuple[str, ...] = ()
+
+
+RESULTS: tuple[ResultSpec, ...] = (
+    ResultSpec(
+        "drs_mnist",
+        "Dong, Roth & Su: DP-SGD on MNIST, runs A / B / C",
+        "paper 003 (Gaussian Differential Privacy, Noisy SGD section)",
+        "1 client, fixed-size batches m = 256 of n = 60000 (replace-one): accuracy 95.0 / 96.6 / "
+        "97.0 %, CLT mu 0.285 / 0.737 / 1.554, eps at delta = 1e-5.",
+        "python benchmarks/papers/drs_mnist.py",
+        ("docs/img/drs_mnist_tradeoff.png",),
+    ),
+    ResultSpec(
+        "asoodeh_rounds",
+        "Asoodeh et al.: how many more rounds the optimal RDP conversion allows",
+        "paper 001 (A Better Bound Gives a Hundred Rounds)",
+        "Converting RDP to (eps, delta) optimally allows more steps at the same budget than the "
+        "classic conversion (\"often hundreds more\" for DP-SGD); the exact/tight accountant "
+        "allows more still.",
+        "python benchmarks/papers/asoodeh_rounds.py",
+        ("docs/img/asoodeh_rounds.png",),
+    ),
+    ResultSpec(
+        "du_dynamic",
+        "Du et al.: dynamic DP-SGD (sensitivity decay, growing mu_t)",
+        "paper 002 (Dynamic Differential-Privacy Preserving SGD)",
+        "MNIST at eps = 1.2: the dynamic method loses 2.49 % accuracy against non-DP; "
+        "federated at eps = 1: 1.72 %.",
+        "python benchmarks/papers/du_dynamic.py",
+        ("docs/img/du_dynamic.png",),
+    ),
+    ResultSpec(
+        "vandijk_async",
+        "van Dijk et al.: the asynchronous design with 100 heterogeneous clients",
+        "paper 000 (Considerations on the Theory of Training Models with Differential Privacy)",
+        "Poisson vs fixed-size sampling at equal per-client eps, staleness wait, broadcast "
+        "interval, message loss, and the batch-size thought experiment.",
+        "python benchmarks/papers/vandijk_async.py",
+        ("docs/img/vandijk_async.png",),
+    ),
+)
+
+HEADER = """# Reproduced results
+
+Each section below reproduces a headline result of one of the source papers. The numbers are
+generated from the raw outputs in `benchmarks/results/papers/`; this page is generated from
+them by `python benchmarks/papers/make_results_page.py` (do not edit it by hand). Privacy
+numbers are per client, at the stated delta; CLT values are approximations, `pld` and `rdp`
+values are guarantees.
+"""
+
+
+# -- formatting -----------------------------------------------------------------------------------
+def format_value(value: Any) -> str:
+    """A table cell: numbers to 4 significant digits (integers exact), lists and objects as
+    compact JSON, booleans as yes/no, missing as a dash."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
+            return f"{value:.3g}"
+        return f"{value:.4g}"
+    if isinstance(value, str):
+        return value.replace("|", "\\|").replace("\n", " ")
+    return json.dumps(value, separators=(", ", ": "), sort_keys=True).replace("|", "\\|")
+
+
+def column_order(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Columns in order of first appearance, each ``paper_X`` moved just before ``X``."""
+    seen: list[str] = []
+    for row in rows:
+        seen.extend(key for key in row if key not in seen)
+    ordered = [key for key in seen if not key.startswith("paper_") or key[6:] not in seen]
+    for key in seen:
+        if key.startswith("paper_") and key[6:] in seen:
+            ordered.insert(ordered.index(key[6:]), key)
+    return ordered
+
+
+def header_name(column: str) -> str:
+    if column.startswith("paper_"):
+        return f"{column[6:]} (paper)"
+    return column
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    columns = list(columns) if columns is not None else column_order(rows)
+    lines = ["| " + " | ".join(header_name(c) for c in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(format_value(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- one section ----------------------------------------------------------------------------------
+def _as_document(data: Any, path: Path) -> dict[str, Any]:
+    if isinstance(data, list):
+        return {"rows": data}
+    if isinstance(data, dict):
+        return data
+    raise ValueError(f"{path}: expected a JSON list of rows or an object, got {type(data).__name__}")
+
+
+def _rows(document: Mapping[str, Any], path: Path) -> list[dict[str, Any]]:
+    rows = document.get("rows", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: 'rows' must be a list of objects")
+    return rows
+
+
+def _listify(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def render_section(spec: ResultSpec, results_dir: Path, repo: Path) -> str:
+    path = results_dir / f"{spec.stem}.json"
+    relative = _relative(path, repo)
+    parts = [f"## {spec.title}", "", f"Source: {spec.paper}. Paper: {spec.claim}", ""]
+    if not path.is_file():
+        parts += [f"*Not generated yet:* `{spec.command}` writes `{relative}`.", ""]
+        return "\n".join(parts)
+    document = _as_document(json.loads(path.read_text(encoding="utf-8")), path)
+    command = document.get("command", spec.command)
+    parts += [f"Regenerate: `{command}` (raw output: `{relative}`).", ""]
+    for note in _listify(document.get("note")) + _listify(document.get("notes")):
+        parts += [f"> {note}", ""]
+    comparison = document.get("comparison")
+    if isinstance(comparison, list) and comparison:
+        parts += ["Paper against ours:", "", markdown_table(comparison), ""]
+    rows = _rows(document, path)
+    if rows:
+        parts += [markdown_table(rows), ""]
+    scalars = {k: v for k, v in document.items()
+               if k not in {"rows", "command", "plot", "plots", "note", "notes", "comparison",
+                            "curves", "paper"} and not isinstance(v, list | dict)}
+    if scalars:
+        parts += ["Settings: " + ", ".join(f"{k} = {format_value(v)}"
+                                            for k, v in scalars.items()), ""]
+    plots = _listify(document.get("plot")) + _listify(document.get("plots"))
+    for plot in plots or list(spec.plots):
+        image = repo / plot
+        if image.is_file():
+            parts += [f"![{spec.stem}]({_relative(image, repo / 'docs')})", ""]
+        else:
+            parts += [f"*Plot `{plot}` not generated yet* (`{command}` draws it).", ""]
+    return "\n".join(parts)
+
+
+def render_page(results_dir: Path = RESULTS_DIR, repo: Path = REPO) -> str:
+    """The whole page, from the files in ``results_dir`` (links relative to ``repo/docs``)."""
+    sections = [render_section(spec, results_dir, repo) for spec in RESULTS]
+    return HEADER + "\n" + "\n".join(sections).rstrip("\n") + "\n"
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the page differs from what the data generates")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--page", type=Path, default=PAGE)
+    args = parser.parse_args(argv)
+    try:
+        page = render_page(args.results, REPO)
+    except (ValueError, json.JSONDecodeError) as exc:
+        print(f"make_results_page: error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        current = args.page.read_text(encoding="utf-8") if args.page.is_file() else ""
+        if current != page:
+            print(f"{_relative(args.page, REPO)} is out of date: run "
+                  "python benchmarks/papers/make_results_page.py", file=sys.stderr)
+            return 1
+        return 0
+    args.page.parent.mkdir(parents=True, exist_ok=True)
+    args.page.write_text(page, encoding="utf-8")
+    print(f"wrote {_relative(args.page, REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
