@@ -50,6 +50,7 @@ from fedsim.errors import CodecError, ConfigError, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
 from fedsim.runtime.clock import Clock
+from fedsim.transports.inbox import Inbox
 
 Direction = Literal["uplink", "downlink"]
 LatencySampler = Callable[[np.random.Generator], float]
@@ -164,47 +165,12 @@ class _Link:
     next_seq: int = 0
 
 
-_CLOSED = object()
-
-
-class _Inbox:
-    """What an endpoint has received and its actor has not yet taken."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
-        self.closed = False
-
-    def put(self, message: Message) -> None:
-        self._queue.put_nowait(message)
-
-    def discard_all(self) -> int:
-        discarded = 0
-        while not self._queue.empty():
-            if self._queue.get_nowait() is not _CLOSED:
-                discarded += 1
-        return discarded
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._queue.put_nowait(_CLOSED)
-
-    async def get(self, who: str) -> Message:
-        if self.closed and self._queue.empty():
-            raise TransportError(f"{who}: endpoint is closed")
-        item = await self._queue.get()
-        if item is _CLOSED:
-            self._queue.put_nowait(_CLOSED)  # wake any other waiter too
-            raise TransportError(f"{who}: endpoint is closed")
-        return item  # type: ignore[return-value]
-
-
 class SimulatedServerEndpoint:
     """The server's endpoint: receives every client's updates and statuses, broadcasts models."""
 
     def __init__(self, network: SimulatedNetwork) -> None:
         self._network = network
-        self._inbox = _Inbox()
+        self._inbox = Inbox("simulated server endpoint")
 
     async def publish(self, message: Message) -> None:
         if self._inbox.closed:
@@ -216,7 +182,7 @@ class SimulatedServerEndpoint:
         self._network._broadcast(codec.encode(message))
 
     async def receive(self) -> Message:
-        return await self._inbox.get("simulated server endpoint")
+        return await self._inbox.get()
 
     async def close(self) -> None:
         self._inbox.close()
@@ -228,7 +194,7 @@ class SimulatedClientEndpoint:
     def __init__(self, network: SimulatedNetwork, client_id: str) -> None:
         self._network = network
         self.client_id = client_id
-        self._inbox = _Inbox()
+        self._inbox = Inbox(f"simulated client endpoint {client_id!r}")
 
     async def publish(self, message: Message) -> None:
         if self._inbox.closed:
@@ -247,7 +213,7 @@ class SimulatedClientEndpoint:
         self._network._send_uplink(self, bytes(data))
 
     async def receive(self) -> Message:
-        return await self._inbox.get(f"simulated client endpoint {self.client_id!r}")
+        return await self._inbox.get()
 
     async def close(self) -> None:
         self._inbox.close()
@@ -487,7 +453,7 @@ class SimulatedNetwork:
         self._record(link, "deliver", len(data))
         receiver.put(message)
 
-    def _receiver(self, link: _Link) -> _Inbox | None:
+    def _receiver(self, link: _Link) -> Inbox | None:
         if link.direction == "uplink":
             inbox = self._server._inbox if self._server is not None else None
         else:

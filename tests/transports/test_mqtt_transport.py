@@ -1,0 +1,270 @@
+"""The MQTT endpoints against a real mosquitto with generated passwords and ACL (conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+from typing import Any
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from fedsim.errors import AccessDenied, ConfigError, TransportError
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.transports.base import Endpoint
+from fedsim.transports.mqtt import (
+    BrokerSettings,
+    MqttClientEndpoint,
+    MqttServerEndpoint,
+    ReconnectPolicy,
+    TlsSettings,
+    parse_broker_url,
+)
+from fedsim.transports.topics import Topics
+
+Broker = Any  # conftest.Broker: a running mosquitto (the fixture ``mosquitto``)
+RUN = "test-run"  # conftest.RUN
+PARAMS = 64
+FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.4, connect_timeout=5.0)
+
+
+def update(client_id: str, round_: int) -> ClientUpdate:
+    delta = np.random.default_rng(round_).standard_normal(PARAMS).astype(np.float32)
+    return ClientUpdate(client_id, round_, 0, delta, 16.0, 500)
+
+
+def model(version: int) -> GlobalModel:
+    return GlobalModel(version, np.full(PARAMS, version, np.float32))
+
+
+def server(broker: Broker, **kwargs) -> MqttServerEndpoint:
+    return MqttServerEndpoint(
+        broker.server_url(), run=RUN, expected_params=PARAMS, reconnect=FAST, seed=0, **kwargs
+    )
+
+
+def client(broker: Broker, client_id: str, **kwargs) -> MqttClientEndpoint:
+    return MqttClientEndpoint(
+        broker.client_url(client_id),
+        run=RUN,
+        client_id=client_id,
+        expected_params=PARAMS,
+        reconnect=FAST,
+        seed=1,
+        **kwargs,
+    )
+
+
+async def receive_all(endpoint: Endpoint, *, quiet: float = 0.3) -> list:
+    received = []
+    while True:
+        try:
+            received.append(await asyncio.wait_for(endpoint.receive(), quiet))
+        except TimeoutError:
+            return received
+
+
+@pytest.mark.mqtt
+async def test_round_trip_updates_status_and_global(mosquitto: Broker) -> None:
+    async with (
+        server(mosquitto) as srv,
+        client(mosquitto, "c1") as c1,
+        client(mosquitto, "c2") as c2,
+    ):
+        assert isinstance(srv, Endpoint) and isinstance(c1, Endpoint)
+        await srv.publish(model(1))
+        for endpoint in (c1, c2):
+            received = await asyncio.wait_for(endpoint.receive(), 5)
+            assert isinstance(received, GlobalModel) and received.version == 1
+            assert np.array_equal(received.params, model(1).params)
+        sent = update("c1", 3)
+        await c1.publish(sent)
+        await c2.publish(ClientStatus("c2", "waiting", 2, 0.4, 1e-5, detail="stale"))
+        got = [await asyncio.wait_for(srv.receive(), 5) for _ in range(2)]
+        by_type = {type(m): m for m in got}
+        assert by_type[ClientUpdate].delta.tobytes() == sent.delta.tobytes()
+        assert by_type[ClientStatus].client_id == "c2" and by_type[ClientStatus].detail == "stale"
+        assert await c1.flush(5)  # the server's receipt reached the client
+        assert c1.unacknowledged == () and c1.stats.acked == 1
+
+
+@pytest.mark.mqtt
+async def test_late_joiner_gets_the_retained_latest_model(mosquitto: Broker) -> None:
+    async with server(mosquitto) as srv:
+        for version in (1, 2, 3):
+            await srv.publish(model(version))
+        async with client(mosquitto, "c3") as late:
+            assert [m.version for m in await receive_all(late)] == [3]
+
+
+@pytest.mark.mqtt
+@pytest.mark.parametrize("credentials", ["wrong-password", "unknown-user", "anonymous"])
+async def test_refused_credentials_raise_access_denied(mosquitto: Broker, credentials: str) -> None:
+    url = {
+        "wrong-password": mosquitto.url("c1", "not-the-password"),
+        "unknown-user": mosquitto.url("mallory", "x"),
+        "anonymous": mosquitto.url(),
+    }[credentials]
+    endpoint = MqttClientEndpoint(url, run=RUN, client_id="c1", reconnect=FAST)
+    with pytest.raises(AccessDenied, match=f"127.0.0.1:{mosquitto.port} refused"):
+        async with endpoint:
+            pass
+    assert isinstance(AccessDenied("x"), TransportError)
+
+
+@pytest.mark.mqtt
+async def test_no_broker_is_a_transport_error_with_context(unused_port: int) -> None:
+    port = unused_port
+    policy = ReconnectPolicy(initial_delay=0.05, max_delay=0.1, connect_timeout=0.5)
+    with pytest.raises(TransportError, match=f"127.0.0.1:{port} within 0.5 s"):
+        async with MqttServerEndpoint(f"mqtt://127.0.0.1:{port}", run=RUN, reconnect=policy):
+            pass
+
+
+async def _raw_client(broker: Broker, client_id: str) -> aiomqtt.Client:
+    creds = broker.secrets.for_client(client_id)
+    return aiomqtt.Client(
+        broker.host, broker.port, username=creds.username, password=creds.password
+    )
+
+
+@pytest.mark.mqtt
+async def test_acl_stops_a_client_publishing_on_another_clients_topic(mosquitto: Broker) -> None:
+    topics = Topics(RUN)
+    async with server(mosquitto) as srv:
+        async with await _raw_client(mosquitto, "c1") as raw:
+            # A well-formed update for c2, published by c1 on c2's topic: the broker drops it.
+            await raw.publish(topics.updates("c2"), codec.encode(update("c2", 1)), qos=1)
+            await raw.publish(topics.global_model, codec.encode(model(99)), qos=1, retain=True)
+            await raw.publish(topics.updates("c1"), codec.encode(update("c1", 2)), qos=1)
+        received = await receive_all(srv)
+        assert [(m.client_id, m.round) for m in received] == [("c1", 2)]
+        async with client(mosquitto, "c2") as c2:  # nobody but the server may write the model
+            assert await receive_all(c2) == []
+
+
+@pytest.mark.mqtt
+async def test_server_denies_forged_client_ids_and_rejects_garbage(mosquitto: Broker) -> None:
+    topics = Topics(RUN)
+    async with server(mosquitto) as srv:
+        async with client(mosquitto, "c1") as c1:
+            await c1.publish(update("c2", 1))  # c1's own topic, c2's id in the payload
+            await c1.publish(ClientStatus("c2", "done", 1, 0.1, 1e-5))
+            assert not await c1.flush(0.5)  # a denied update is never acknowledged
+        async with await _raw_client(mosquitto, "c1") as raw:
+            for junk in (b"", b"\x00" * 10, b"FSIM" + b"\xff" * 30, codec.encode(model(1))):
+                await raw.publish(topics.updates("c1"), junk, qos=1)
+            wrong_shape = ClientUpdate("c1", 5, 0, np.ones(PARAMS + 1, np.float32), 1.0, 1)
+            await raw.publish(topics.updates("c1"), codec.encode(wrong_shape), qos=1)
+            await raw.publish(topics.updates("c1"), codec.encode(update("c1", 6)), qos=1)
+        received = await receive_all(srv)
+        assert [(m.client_id, m.round) for m in received] == [("c1", 6)]
+        assert srv.stats.denied == 2 and srv.stats.rejected == 5
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+async def test_broker_crash_and_restart_mid_stream_loses_no_update(mosquitto: Broker) -> None:
+    rounds = 30
+    async with (
+        server(mosquitto) as srv,
+        client(mosquitto, "c1", resend_after=1.0) as c1,
+        client(mosquitto, "c2", resend_after=1.0) as c2,
+    ):
+        await srv.publish(model(1))
+        received: list[ClientUpdate] = []
+
+        async def collect() -> None:
+            while True:
+                received.append(await srv.receive())
+
+        collector = asyncio.create_task(collect())
+
+        async def stream(endpoint: MqttClientEndpoint) -> None:
+            for r in range(rounds):
+                await endpoint.publish(update(endpoint.client_id, r))
+                await asyncio.sleep(0.03)
+
+        try:
+            streams = asyncio.gather(stream(c1), stream(c2))
+            await asyncio.sleep(0.3)
+            mosquitto.kill()  # SIGKILL: the broker forgets sessions, retained model, queue
+            await asyncio.sleep(0.5)
+            await srv.publish(model(2))  # published while the broker is down: sent later
+            mosquitto.start()
+            await streams
+            flushed = [await c1.flush(15), await c2.flush(15)]
+            await asyncio.sleep(0.2)
+        finally:
+            collector.cancel()
+        assert flushed == [True, True]
+
+        expected = {(c, r) for c in ("c1", "c2") for r in range(rounds)}
+        assert {(m.client_id, m.round) for m in received} == expected  # nothing lost
+        assert srv.stats.connection_losses >= 1 and c1.stats.connection_losses >= 1
+        # After the restart the server re-published its latest model as retained.
+        versions = [m.version for m in await receive_all(c1)]
+        assert versions and versions[-1] == 2
+        async with client(mosquitto, "c3") as late:
+            assert [m.version for m in await receive_all(late)] == [2]
+
+
+@pytest.mark.mqtt
+async def test_closed_endpoint_refuses_and_wakes_receivers(mosquitto: Broker) -> None:
+    endpoint = client(mosquitto, "c1")
+    async with endpoint:
+        waiter = asyncio.create_task(endpoint.receive())
+        await asyncio.sleep(0.05)
+    with pytest.raises(TransportError, match="closed"):
+        await waiter
+    with pytest.raises(TransportError, match="closed"):
+        await endpoint.publish(update("c1", 1))
+    await endpoint.close()  # idempotent
+    async with server(mosquitto) as srv:
+        with pytest.raises(TransportError, match="GlobalModel only"):
+            await srv.publish(update("c1", 1))
+
+
+def test_broker_url_parsing() -> None:
+    assert parse_broker_url("mqtt://broker") == BrokerSettings("broker", 1883)
+    settings = parse_broker_url("mqtt://c%401:p%3Ass@10.0.0.2:1999")
+    assert (settings.host, settings.port, settings.username, settings.password) == (
+        "10.0.0.2",
+        1999,
+        "c@1",
+        "p:ss",
+    )
+    assert "p:ss" not in repr(settings) and "p:ss" not in settings.describe()
+    secure = parse_broker_url("mqtts://u:p@example.org")
+    assert secure.port == 8883 and secure.tls == TlsSettings()
+    for bad in ("http://x", "mqtt://", "mqtt://h:99999", "mqtt://h/path", "broker:1883"):
+        with pytest.raises(ConfigError):
+            parse_broker_url(bad)
+
+
+def test_tls_settings_build_a_context() -> None:
+    assert TlsSettings().context().verify_mode == ssl.CERT_REQUIRED
+    insecure = TlsSettings(insecure=True).context()
+    assert insecure.verify_mode == ssl.CERT_NONE and not insecure.check_hostname
+    with pytest.raises(ConfigError, match="TLS settings unusable"):
+        TlsSettings(ca_certs="/nonexistent/ca.pem").context()
+
+
+def test_backoff_is_capped_exponential_with_jitter() -> None:
+    policy = ReconnectPolicy(initial_delay=0.1, max_delay=2.0, multiplier=2.0)
+    rng = random.Random(0)
+    for attempt in range(12):
+        cap = min(2.0, 0.1 * 2**attempt)
+        delays = [policy.delay(attempt, rng) for _ in range(50)]
+        assert all(cap / 2 <= d <= cap for d in delays)
+        assert len(set(delays)) > 1  # jittered
+
+
+def test_run_and_client_ids_must_be_topic_safe() -> None:
+    with pytest.raises(ConfigError, match="run name"):
+        Topics("a/b")
+    with pytest.raises(ConfigError, match="MQTT topics"):
+        MqttClientEndpoint("mqtt://h", run=RUN, client_id="+")
