@@ -1,1 +1,34 @@
-"""Pure torch: models, data sets and partitioning, the DP-SGD step. No clocks, no transports."""
+"""Pure torch: models, data sets and partitioning, the DP-SGD step. No clocks, no transports.
+
+The runtime's contract is :class:`LocalTrainer` (one client's DP rounds), :class:`RoundResult`,
+:func:`flat_params` / :func:`load_flat_params`, :func:`evaluate`, :func:`load_dataset` and
+:func:`partition`.
+"""
+
+from fedsim.training.data import load_dataset, partition
+from fedsim.training.dpsgd import ClipSchedule, NoiseSchedule, secure_generator
+from fedsim.training.local import (
+    AdaptiveClipConfig,
+    LocalTrainer,
+    RoundResult,
+    evaluate,
+    flat_params,
+    load_flat_params,
+)
+from fedsim.training.models import build_model, check_dp_compatible
+
+__all__ = [
+    "AdaptiveClipConfig",
+    "ClipSchedule",
+    "LocalTrainer",
+    "NoiseSchedule",
+    "RoundResult",
+    "build_model",
+    "check_dp_compatible",
+    "evaluate",
+    "flat_params",
+    "load_dataset",
+    "load_flat_params",
+    "partition",
+    "secure_generator",
+]

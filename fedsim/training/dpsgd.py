@@ -1,0 +1,163 @@
+"""One DP-SGD step: sample a batch, clip per-example gradients, sum, add Gaussian noise.
+
+Neighbouring relations and noise (paper 000, sec. "probabilistic mini-batch"; Abadi et al.
+2016; Dong, Roth & Su 2022, Alg. 1 and Thm 5.1):
+
+* ``"poisson"``: each record joins the batch independently with probability ``q = m/N``;
+  neighbours differ by adding or removing one record, so the clipped sum ``U`` moves by at
+  most ``C`` and the step adds ``N(0, (C sigma)^2 I)``;
+* ``"fixed"``: exactly ``m`` records without replacement; neighbours differ by replacing one
+  record, ``U`` moves by at most ``2C`` and the step adds ``N(0, (2 C sigma)^2 I)``.
+
+Either way the step is ``C_q(G_{1/sigma})`` under its own relation, recorded as one
+:class:`~fedsim.privacy.events.GaussianStep`. The released update is ``Ubar / m`` with ``m``
+the *expected* batch size (for Poisson batches dividing by the realised size would leak it).
+
+Bounded memory: a batch is processed in physical chunks of at most ``max_physical_batch``
+examples; clipping is per example, so the chunked clipped sum equals the unchunked one up to
+floating-point summation order, and the noise is drawn once per logical step.
+
+Randomness (batch selection and noise) comes from an injected ``torch.Generator``, so
+simulations replay exactly. :func:`secure_generator` seeds one from the operating system's
+CSPRNG; torch's Mersenne Twister is not itself a CSPRNG and floating-point Gaussian samplers
+are subject to Mironov's (2012) attacks, which this does not address.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from fedsim.errors import ConfigError
+from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling
+from fedsim.training.persample import LossFn, PerSampleEngine, per_example_cross_entropy
+
+
+@runtime_checkable
+class ClipSchedule(Protocol):
+    """Anything with ``clip(t) -> C_t`` (fedsim.privacy.schedules provides these)."""
+
+    def clip(self, t: int) -> float: ...
+
+
+@runtime_checkable
+class NoiseSchedule(Protocol):
+    """Anything with ``sigma(t) -> sigma_t``, the noise multiplier of release ``t``."""
+
+    def sigma(self, t: int) -> float: ...
+
+
+def check_sampling(sampling: str) -> Sampling:
+    if sampling not in SAMPLING_SCHEMES:
+        raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
+    return sampling  # type: ignore[return-value]
+
+
+def sensitivity(sampling: Sampling, clip: float) -> float:
+    """L2 sensitivity of the clipped sum: ``C`` (Poisson, add/remove), ``2C`` (fixed, replace-one)."""
+    return clip if sampling == "poisson" else 2.0 * clip
+
+
+def secure_generator(device: str | torch.device = "cpu") -> torch.Generator:
+    """A generator seeded with 64 bits from ``os.urandom`` (not replayable by design)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
+    return generator
+
+
+def poisson_batch(num_records: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson sample: each record independently with probability ``rate``.
+
+    The batch size is Binomial(num_records, rate) and may be 0.
+    """
+    return torch.nonzero(torch.rand(num_records, generator=generator) < rate).flatten()
+
+
+def fixed_size_batch(num_records: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Indices of ``batch_size`` records drawn uniformly without replacement."""
+    return torch.randperm(num_records, generator=generator)[:batch_size]
+
+
+def sample_batch(
+    sampling: Sampling, num_records: int, batch_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    if sampling == "poisson":
+        return poisson_batch(num_records, batch_size / num_records, generator)
+    return fixed_size_batch(num_records, batch_size, generator)
+
+
+def gaussian_noise(
+    size: int, std: float, generator: torch.Generator, like: torch.Tensor
+) -> torch.Tensor:
+    """``N(0, std^2 I)`` drawn from ``generator`` on its own device, returned like ``like``."""
+    noise = torch.randn(size, generator=generator, device=generator.device, dtype=torch.float64)
+    return (noise * std).to(dtype=like.dtype, device=like.device)
+
+
+@dataclass(frozen=True)
+class NoisyGradient:
+    """One DP-SGD step's release and what the client may keep locally."""
+
+    gradient: torch.Tensor
+    """``(sum_i clip(g_i, C) + noise) / m``, flat, in the engine's parameter order."""
+    batch_size: int
+    """Realised number of examples (private: not part of the release)."""
+    within_clip: int
+    """How many examples had ``||g_i|| <= C`` (private; adaptive clipping noises it)."""
+    loss_sum: float
+    """Sum of per-example losses (private)."""
+
+
+def noisy_gradient(
+    engine: PerSampleEngine,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    sampling: Sampling,
+    clip: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+    max_physical_batch: int = 256,
+    loss_fn: LossFn = per_example_cross_entropy,
+) -> NoisyGradient:
+    """Clip, sum, noise and scale the gradients of the records ``indices`` at the model's w.
+
+    The noise std is ``sensitivity(sampling, clip) * noise_multiplier``; the caller records the
+    matching :class:`GaussianStep` (see :class:`~fedsim.training.local.LocalTrainer`).
+    """
+    if not (math.isfinite(clip) and clip > 0):
+        raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ConfigError(f"noise multiplier must be finite and > 0, got {noise_multiplier!r}")
+    if max_physical_batch < 1:
+        raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
+    param = engine.parameters()[0]
+    total = torch.zeros(engine.num_params, dtype=param.dtype, device=param.device)
+    within, loss_sum = 0, 0.0
+    for start in range(0, len(indices), max_physical_batch):
+        chunk = indices[start : start + max_physical_batch]
+        x = features[chunk].to(
+            device=param.device, dtype=param.dtype if features.is_floating_point() else None
+        )
+        y = labels[chunk].to(param.device)
+        part = engine.clipped_sum(x, y, clip, loss_fn)
+        total += part.flat_sum
+        within += int((part.norms <= clip).sum())
+        loss_sum += part.loss_sum
+    total += gaussian_noise(
+        engine.num_params, sensitivity(sampling, clip) * noise_multiplier, generator, total
+    )
+    return NoisyGradient(total / expected_batch_size, len(indices), within, loss_sum)
+
+
+def step_for(
+    sampling: Sampling, num_records: int, batch_size: int, sigma: float, count: int = 1
+) -> GaussianStep:
+    """The privacy event of ``count`` DP-SGD steps with batch size ``m`` out of ``N`` records."""
+    return GaussianStep(sampling, batch_size / num_records, sigma, count)

@@ -1,0 +1,314 @@
+"""A client's local round (paper 000, Alg. 1): the DP update it sends and the events it costs.
+
+:class:`LocalTrainer` is the contract with the runtime's client actor. It is cheap to build
+(one per client); clients whose models share one ``torch.nn.Module`` object also share its
+per-sample engine (:func:`~fedsim.training.persample.engine_for`), since every round first
+loads the round's parameter vector into the model.
+
+Adaptive clipping follows Andrew et al. 2021 ("Differentially private learning with adaptive
+clipping", Alg. 1 and Thm 1): after each DP step the clipping norm moves geometrically towards
+the target quantile ``gamma`` of the per-example norms, ``C <- C exp(-eta (b~ - gamma))``,
+where ``b~`` is the *noised* fraction of examples with ``||g_i|| <= C``. The count and the
+clipped sum are released together; the joint release is a Gaussian mechanism on a vector
+whose per-record contribution, scaled by the noise stds, has norm at most
+``sqrt(sigma_sum^-2 + (s_b / sigma_b)^2)``, so its cost is recorded as one
+:class:`GaussianStep` with the *effective* noise multiplier
+
+    z = (sigma_sum^-2 + (s_b / sigma_b)^2)^(-1/2),
+
+``sigma_b`` the count noise std and ``s_b`` the count's sensitivity: 1/2 for Poisson
+(add/remove, bits centred at 1/2 and divided by the expected ``m``, Andrew et al.) and 1 for
+fixed-size batches (replace-one flips one bit). The noise schedule's ``sigma(t)`` *is* ``z``,
+so the ledger sees the same step with or without adaptive clipping, and the clipped sum is
+noised with ``sigma_sum = (z^-2 - (s_b / sigma_b)^2)^(-1/2)``, which needs ``sigma_b > s_b z``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.errors import ConfigError, ModelError
+from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.training.dpsgd import (
+    ClipSchedule,
+    NoiseSchedule,
+    check_sampling,
+    gaussian_noise,
+    noisy_gradient,
+    sample_batch,
+    step_for,
+)
+from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
+
+
+def flat_params(model: nn.Module) -> np.ndarray:
+    """All parameters of ``model`` as one float32 vector, in ``model.parameters()`` order."""
+    with torch.no_grad():
+        return torch.cat(
+            [p.detach().reshape(-1).to("cpu", torch.float32) for p in model.parameters()]
+        ).numpy()
+
+
+def load_flat_params(model: nn.Module, vec: np.ndarray) -> None:
+    """Overwrite the parameters of ``model`` with the flat vector ``vec``."""
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    vec = np.asarray(vec)
+    if vec.ndim != 1 or vec.size != total:
+        raise ModelError(f"parameter vector has shape {vec.shape}, the model needs ({total},)")
+    if not np.isfinite(vec).all():
+        raise ModelError("parameter vector contains non-finite values")
+    source = torch.from_numpy(np.ascontiguousarray(vec))
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(source[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def evaluate(
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``model`` on a data set; no gradients."""
+    if len(features) == 0:
+        raise ConfigError("cannot evaluate on an empty data set")
+    param = next(model.parameters())
+    correct, loss = 0, 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(features), batch_size):
+            x = features[start : start + batch_size].to(param.device, param.dtype)
+            y = labels[start : start + batch_size].to(param.device)
+            out = model(x)
+            loss += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
+            correct += int((out.argmax(1) == y).sum())
+    model.train(was_training)
+    return correct / len(features), loss / len(features)
+
+
+@dataclass(frozen=True)
+class AdaptiveClipConfig:
+    """Andrew et al. 2021 quantile tracking (see the module docstring).
+
+    Attributes:
+        target_quantile: gamma, the fraction of examples meant to be unclipped, in (0, 1).
+        learning_rate: eta_C of the geometric update (Andrew et al. use 0.2).
+        count_noise_std: sigma_b, std of the noise on the count (Andrew et al.: about m/20).
+    """
+
+    target_quantile: float = 0.5
+    learning_rate: float = 0.2
+    count_noise_std: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_quantile < 1.0:
+            raise ConfigError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not (math.isfinite(self.count_noise_std) and self.count_noise_std > 0):
+            raise ConfigError(f"count_noise_std must be > 0, got {self.count_noise_std}")
+
+
+def count_sensitivity(sampling: Sampling) -> float:
+    """Sensitivity of the released count: 1/2 (Poisson, centred bits), 1 (fixed, replace-one)."""
+    return 0.5 if sampling == "poisson" else 1.0
+
+
+def sum_noise_multiplier(
+    effective_sigma: float, count_noise_std: float, sampling: Sampling
+) -> float:
+    """sigma_sum such that (sum, count) together cost one step of multiplier ``effective_sigma``."""
+    count_term = (count_sensitivity(sampling) / count_noise_std) ** 2
+    remaining = effective_sigma**-2 - count_term
+    if remaining <= 0:
+        raise ConfigError(
+            f"adaptive clipping: count_noise_std={count_noise_std} leaves no budget for the "
+            f"gradient at sigma={effective_sigma}; need count_noise_std > "
+            f"{count_sensitivity(sampling) * effective_sigma:g}"
+        )
+    return remaining**-0.5
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one local round produced.
+
+    ``update`` is the only privatised output; ``batch_sizes``, ``mean_loss`` and
+    ``sample_grads`` describe private data and must stay on the client (metrics only).
+    """
+
+    update: np.ndarray
+    """Flat float32 ``Ubar/m``: the server (and the client) *subtract* it times a step size."""
+    steps: list[GaussianStep]
+    """The privacy events consumed, equal to ``planned_steps(round_index)``."""
+    batch_sizes: list[int]
+    """Realised batch size of each DP step (Poisson sizes vary and may be 0)."""
+    clip: float
+    """Clipping norm used (in the last step when adaptive clipping moved it)."""
+    sigma: float
+    """Effective noise multiplier of the recorded steps."""
+    mean_loss: float
+    """Mean per-example training loss over the round's batches (nan if they were all empty)."""
+    sample_grads: int
+    """Number of per-example gradients computed."""
+
+
+class LocalTrainer:
+    """One client's DP-SGD rounds on its private ``(features, labels)``.
+
+    With ``local_steps == 1`` a round releases one DP gradient ``a = Ubar/m`` at the given
+    parameters ``w``. With ``local_steps == k`` it runs ``k`` DP-SGD steps from ``w`` with
+    step size ``local_lr`` (each a fresh batch, each noised, each one :class:`GaussianStep`)
+    and returns ``(w - w_k) / local_lr``, the sum of the ``k`` noisy gradients, which is on the
+    same scale as a single gradient times ``k``; each intermediate step is post-processing of
+    the earlier noisy releases, so the round costs exactly ``k`` steps.
+
+    ``clip(t)`` and ``sigma(t)`` are read at ``t = round_index``. The model is scratch space:
+    each round overwrites its parameters.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        batch_size: int,
+        sampling: Literal["poisson", "fixed"],
+        clip: ClipSchedule,
+        noise: NoiseSchedule,
+        local_steps: int = 1,
+        local_lr: float = 0.1,
+        max_physical_batch: int = 256,
+        generator: torch.Generator,
+        adaptive_clip: AdaptiveClipConfig | None = None,
+        loss_fn: LossFn = per_example_cross_entropy,
+    ) -> None:
+        self.sampling: Sampling = check_sampling(sampling)
+        if len(features) != len(labels):
+            raise ConfigError(f"{len(features)} feature rows but {len(labels)} labels")
+        if len(features) == 0:
+            raise ConfigError("a client needs at least one training record")
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or not 1 <= batch_size <= len(features)
+        ):
+            raise ConfigError(
+                f"batch_size must be an integer in [1, {len(features)}], got {batch_size!r}"
+            )
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+            raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        if not (math.isfinite(local_lr) and local_lr > 0):
+            raise ConfigError(f"local_lr must be > 0, got {local_lr!r}")
+        if max_physical_batch < 1:
+            raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
+        if not isinstance(clip, ClipSchedule) or not isinstance(noise, NoiseSchedule):
+            raise ConfigError("clip needs a clip(t) method and noise a sigma(t) method")
+        self.model = model
+        self.features = features
+        self.labels = labels
+        self.batch_size = batch_size
+        self.clip_schedule = clip
+        self.noise_schedule = noise
+        self.local_steps = local_steps
+        self.local_lr = float(local_lr)
+        self.max_physical_batch = max_physical_batch
+        self.generator = generator
+        self.adaptive_clip = adaptive_clip
+        self.loss_fn = loss_fn
+        self.engine = engine_for(model)
+        self._adaptive_norm: float | None = None
+
+    @property
+    def num_records(self) -> int:
+        return len(self.features)
+
+    def planned_steps(self, round_index: int) -> list[GaussianStep]:
+        """The privacy events of round ``round_index``, known before it is computed."""
+        sigma = float(self.noise_schedule.sigma(round_index))
+        return [step_for(self.sampling, self.num_records, self.batch_size, sigma, self.local_steps)]
+
+    def _clip_for(self, round_index: int) -> float:
+        if self.adaptive_clip is None:
+            return float(self.clip_schedule.clip(round_index))
+        if (
+            self._adaptive_norm is None
+        ):  # starts from the schedule's value, then tracks the quantile
+            self._adaptive_norm = float(self.clip_schedule.clip(round_index))
+        return self._adaptive_norm
+
+    def _update_adaptive_clip(self, within_clip: int, batch_size: int, clip: float) -> None:
+        config = self.adaptive_clip
+        assert config is not None
+        noise = float(
+            gaussian_noise(
+                1, config.count_noise_std, self.generator, torch.zeros(1, dtype=torch.float64)
+            )[0]
+        )
+        if self.sampling == "poisson":  # centred bits: the unknown realised size is not needed
+            fraction = (within_clip - batch_size / 2 + noise) / self.batch_size + 0.5
+        else:
+            fraction = (within_clip + noise) / self.batch_size
+        self._adaptive_norm = clip * math.exp(
+            -config.learning_rate * (fraction - config.target_quantile)
+        )
+
+    def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
+        """Compute the round's noisy update from the flat float32 parameter vector ``params``."""
+        steps = self.planned_steps(round_index)
+        sigma = steps[0].sigma
+        sum_sigma = (
+            sigma
+            if self.adaptive_clip is None
+            else sum_noise_multiplier(sigma, self.adaptive_clip.count_noise_std, self.sampling)
+        )
+        load_flat_params(self.model, params)
+        start = torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32)).to(torch.float64)
+        param = self.engine.parameters()[0]
+        accumulated = torch.zeros(self.engine.num_params, dtype=param.dtype, device=param.device)
+        batch_sizes: list[int] = []
+        loss_sum, clip = 0.0, math.nan
+        for step in range(self.local_steps):
+            clip = self._clip_for(round_index)
+            indices = sample_batch(self.sampling, self.num_records, self.batch_size, self.generator)
+            result = noisy_gradient(
+                self.engine,
+                self.features,
+                self.labels,
+                indices,
+                sampling=self.sampling,
+                clip=clip,
+                noise_multiplier=sum_sigma,
+                expected_batch_size=self.batch_size,
+                generator=self.generator,
+                max_physical_batch=self.max_physical_batch,
+                loss_fn=self.loss_fn,
+            )
+            if self.adaptive_clip is not None:
+                self._update_adaptive_clip(result.within_clip, result.batch_size, clip)
+            accumulated += result.gradient
+            batch_sizes.append(result.batch_size)
+            loss_sum += result.loss_sum
+            if step + 1 < self.local_steps:
+                current = start - self.local_lr * accumulated.to("cpu", torch.float64)
+                load_flat_params(self.model, current.to(torch.float32).numpy())
+        # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
+        update = accumulated.to("cpu", torch.float32).numpy()
+        seen = sum(batch_sizes)
+        return RoundResult(
+            update=update,
+            steps=steps,
+            batch_sizes=batch_sizes,
+            clip=clip,
+            sigma=sigma,
+            mean_loss=loss_sum / seen if seen else math.nan,
+            sample_grads=seen,
+        )
