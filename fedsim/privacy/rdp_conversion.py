@@ -1,0 +1,447 @@
+"""Converting a Renyi-DP curve into (eps, delta)-DP: the classic and the optimal conversion.
+
+A mechanism is (alpha, r)-RDP when ``D_alpha(P || Q) <= r`` for the output distributions P, Q
+of every ordered pair of neighbouring data sets, and (eps, delta)-DP when the hockey-stick
+divergence ``E_gamma(P || Q) = sup_S P(S) - gamma Q(S) <= delta`` with ``gamma = e^eps`` for
+the same pairs. Both notions are per ordered pair, so every conversion below holds for any
+neighbouring relation (add/remove or replace-one) for which the RDP curve was computed.
+
+Classic conversion (Mironov 2017, Prop. 3)::
+
+    eps = min_alpha  r(alpha) + log(1/delta) / (alpha - 1)
+    delta = min_alpha exp((alpha - 1) (r(alpha) - eps))
+
+Optimal conversion (Asoodeh, Liao, Calmon, Kosut & Sankar 2021, "A Better Bound Gives a Hundred
+Rounds", paper 001). For one order alpha the best conversion is
+
+    delta_alpha(eps; r) = sup { E_gamma(P || Q) : D_alpha(P || Q) <= r },
+
+the upper boundary of the joint range of the E_gamma and chi^alpha divergences
+(``D_alpha = log(1 + (alpha - 1) chi^alpha) / (alpha - 1)``); by Harremoes & Vajda it is
+reached by pairs of two-point distributions. Derivation used here: write L = dP/dQ under Q, a
+random variable with ``E L = 1`` and ``E L^alpha <= M := e^{(alpha - 1) r}``; the objective is
+``E (L - gamma)_+``. Replacing L by its conditional means on {L <= gamma} and {L > gamma} keeps
+the objective and the mean and, by Jensen, lowers ``E L^alpha``, so L takes two values
+``a < 1 <= gamma < b`` with Q-probabilities ``1 - w`` and ``w = (1 - a)/(b - a)``. The
+Lagrangian ``phi(l) = (l - gamma)_+ - mu l - lam l^alpha`` must peak at both a and b; the
+stationarity conditions give ``lam = 1/(alpha (b^{alpha-1} - a^{alpha-1}))`` and
+``phi(a) = phi(b)`` gives
+
+    gamma = (alpha - 1)/alpha * (b^alpha - a^alpha) / (b^{alpha-1} - a^{alpha-1}),
+    M     = (1 - w) a^alpha + w b^alpha,
+    delta = w (b - gamma).
+
+Each (w, b) therefore gives a point of the boundary exactly, with the dual certificate
+``delta = mu + lam M + phi(a)`` proving that no pair with ``E L^alpha <= M`` does better. For
+fixed r the boundary is traced by b in (e^r, inf) with w solving ``M(w, b) = e^{(alpha-1) r}``;
+along it gamma increases and delta decreases from 1/alpha to 0. For ``delta >= 1/alpha`` the
+optimum has a = 0 and ``delta = 1 - e^{eps - r}``. The conversion of a whole RDP curve is the
+minimum over orders (each order's bound holds on its own).
+
+The two nested one-dimensional root finds are bisections whose final bracket end is chosen
+on the side that can only over-state eps (or delta); so the reported values are upper bounds
+up to floating-point rounding. The paper's own variational form (its Theorem 3),
+
+    r*(alpha; eps, delta) = 1/(alpha - 1) log min_{delta < p <= 1}
+        p^alpha w^{1-alpha} + (1 - p)^alpha (1 - w)^{1-alpha},  w = (p - delta) e^{-eps},
+
+the smallest RDP value that can give ``E_gamma = delta``, is :func:`optimal_rdp_budget`; it
+answers "how large may the composed RDP be" (the largest number of rounds) directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fedsim.errors import ConfigError
+
+__all__ = [
+    "check_delta",
+    "check_epsilon",
+    "delta_classic",
+    "delta_optimal",
+    "epsilon_classic",
+    "epsilon_improved",
+    "epsilon_optimal",
+    "optimal_delta_curve",
+    "optimal_deltas",
+    "optimal_epsilons",
+    "optimal_rdp_budget",
+]
+
+_BRACKET_RTOL = 1e-11  # on beta = log b: eps to ~1e-12 relative
+_INNER_RTOL = 1e-14    # on log w, so that the outer search sees a smooth function
+_ROOT_STEPS = 400
+_SHORTLIST = 8
+_GOLDEN_STEPS = 90
+_LOG_TINY = -740.0  # log of the smallest positive double, about
+
+
+def _as_curve(orders: Sequence[float] | np.ndarray,
+              rdp: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    orders_arr = np.asarray(orders, dtype=float).ravel()
+    rdp_arr = np.asarray(rdp, dtype=float).ravel()
+    if orders_arr.shape != rdp_arr.shape or orders_arr.size == 0:
+        raise ConfigError("orders and rdp must be non-empty and of the same length")
+    if np.any(~np.isfinite(orders_arr)) or np.any(orders_arr <= 1.0):
+        raise ConfigError("RDP orders must be finite and > 1")
+    if np.any(np.isnan(rdp_arr)) or np.any(rdp_arr < 0):
+        raise ConfigError("RDP values must be >= 0 (inf allowed)")
+    return orders_arr, rdp_arr
+
+
+def check_delta(delta: float) -> float:
+    if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
+        raise ConfigError(f"delta must be in (0, 1), got {delta!r}")
+    return float(delta)
+
+
+def check_epsilon(epsilon: float) -> float:
+    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon >= 0.0):
+        raise ConfigError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    return float(epsilon)
+
+
+# -- classic and closed-form conversions ----------------------------------------------------
+def epsilon_classic(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                    delta: float) -> tuple[float, float]:
+    """(eps, order) with ``eps = min_a rdp(a) + log(1/delta)/(a - 1)`` (Mironov 2017, Prop. 3)."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    delta = check_delta(delta)
+    eps = rdp_arr + math.log(1.0 / delta) / (orders_arr - 1.0)
+    best = int(np.argmin(eps))
+    return max(float(eps[best]), 0.0), float(orders_arr[best])
+
+
+def delta_classic(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                  epsilon: float) -> tuple[float, float]:
+    """(delta, order) with ``delta = min_a exp((a - 1)(rdp(a) - eps))`` (Mironov 2017)."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    epsilon = check_epsilon(epsilon)
+    log_delta = (orders_arr - 1.0) * (rdp_arr - epsilon)
+    best = int(np.argmin(log_delta))
+    return min(math.exp(min(float(log_delta[best]), 0.0)), 1.0), float(orders_arr[best])
+
+
+def epsilon_improved(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                     delta: float) -> tuple[float, float]:
+    """(eps, order) from the closed-form bound of Asoodeh et al. (paper 001, Lemma 1 / eq. 20),
+    also Canonne, Kamath & Steinke 2020 Prop. 12:
+    ``eps = r + log((a - 1)/a) - (log delta + log a)/(a - 1)``.
+
+    It lies between the optimal and the classic conversion; fedsim reports the optimal one and
+    keeps this as an independent check.
+    """
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    delta = check_delta(delta)
+    eps = (rdp_arr + np.log1p(-1.0 / orders_arr)
+           - (math.log(delta) + np.log(orders_arr)) / (orders_arr - 1.0))
+    best = int(np.argmin(eps))
+    return max(float(eps[best]), 0.0), float(orders_arr[best])
+
+
+# -- the optimal conversion ---------------------------------------------------------------
+def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
+          args: tuple[np.ndarray, ...], side: str, rtol: float = _BRACKET_RTOL) -> np.ndarray:
+    """Root of an increasing function ``g(x, *args)`` bracketed by [lo, hi], vectorised.
+
+    Illinois false position (a bisection step whenever it stalls) keeps a bracket with
+    ``g(lo) < 0 <= g(hi)``; once an iterate is within a relative 1e-14 of the root, one probe
+    a hair beyond it closes the bracket. Returns the end where ``g <= 0`` (``side="below"``)
+    or ``g >= 0`` (``side="above"``), so that callers round in the safe direction.
+    """
+    lo, hi = lo.astype(float), hi.astype(float)
+    g_lo, g_hi = g(lo, *args), g(hi, *args)
+    # an end that already meets the equation within rounding is the answer
+    hi = np.where(g_lo >= 0.0, lo, hi)
+    lo = np.where(g_hi <= 0.0, hi, lo)
+    last = np.zeros(lo.shape, dtype=np.int8)  # which end moved last: -1 lo, +1 hi
+    shrink = np.ones(lo.shape)  # width ratio over the last two steps
+    prev_width = hi - lo
+    done = np.zeros(lo.shape, dtype=bool)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for _ in range(_ROOT_STEPS):
+            tol = rtol * np.maximum(1.0, np.maximum(abs(lo), abs(hi)))
+            done |= (hi - lo) <= tol
+            if np.all(done):
+                break
+            x = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+            # close the bracket with a probe just past an end that sits on the root
+            near_lo, near_hi = (x - lo) < tol, (hi - x) < tol
+            probe = np.where(near_lo & ~near_hi, lo + tol, hi - tol)
+            stalled = ~np.isfinite(x) | (shrink > 0.5)
+            x = np.where(near_lo ^ near_hi, probe, np.where(stalled, 0.5 * (lo + hi), x))
+            g_x = g(x, *args)
+            exact = (g_x == 0.0) & ~done  # a root: both ends may stop there
+            lo, hi = np.where(exact, x, lo), np.where(exact, x, hi)
+            up = (g_x > 0.0) & ~done & ~exact
+            down = (g_x < 0.0) & ~done & ~exact
+            # after a probe the root is pinned to within tol (or to g's rounding noise)
+            done |= exact | (near_lo ^ near_hi)
+            # Illinois: halve the function value of an end that stays put twice in a row
+            g_lo = np.where(up & (last == 1), 0.5 * g_lo, g_lo)
+            g_hi = np.where(down & (last == -1), 0.5 * g_hi, g_hi)
+            hi, g_hi = np.where(up, x, hi), np.where(up, g_x, g_hi)
+            lo, g_lo = np.where(down, x, lo), np.where(down, g_x, g_lo)
+            last = np.where(up, 1, np.where(down, -1, last)).astype(np.int8)
+            width = hi - lo
+            shrink = np.where(done, 0.0, width / np.where(prev_width > 0, prev_width, 1.0))
+            prev_width = width
+    return lo if side == "below" else hi
+
+
+def _log_expm1(x: np.ndarray) -> np.ndarray:
+    """log(e^x - 1) for x > 0 without overflow."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 30.0, x + np.log1p(-np.exp(-np.abs(x))),
+                        np.log(np.expm1(np.minimum(x, 30.0))))
+
+
+def _log_low_ratio(log_w: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """log a, the low likelihood ratio ``a = 1 - w (b - 1)/(1 - w)`` of the two-point pair."""
+    d = np.exp(log_w + _log_expm1(beta) - np.log1p(-np.exp(log_w)))
+    with np.errstate(divide="ignore"):
+        return np.log1p(-np.minimum(d, 1.0))
+
+
+def _log_moment(log_w: np.ndarray, beta: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """log E_Q L^alpha = log((1 - w) a^alpha + w b^alpha) of the two-point pair (w, b = e^beta)."""
+    log_a = _log_low_ratio(log_w, beta)
+    return np.logaddexp(np.log1p(-np.exp(log_w)) + alpha * log_a, log_w + alpha * beta)
+
+
+def _boundary_point(log_w: np.ndarray, beta: np.ndarray,
+                    alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(eps, delta) of the optimal pair with high ratio b = e^beta and Q-mass w at b."""
+    log_s = _log_low_ratio(log_w, beta) - beta  # log(a/b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e_hi = np.expm1((alpha - 1.0) * log_s)  # s^{alpha-1} - 1 < 0
+        e_lo = np.expm1(alpha * log_s)          # s^alpha - 1 < 0
+        ratio = (alpha - 1.0) / alpha * e_lo / e_hi  # gamma / b
+        one_minus_ratio = (alpha * e_hi - (alpha - 1.0) * e_lo) / (alpha * e_hi)
+    ratio = np.where(np.isfinite(log_s), ratio, (alpha - 1.0) / alpha)
+    one_minus_ratio = np.where(np.isfinite(log_s), one_minus_ratio, 1.0 / alpha)
+    eps = beta + np.log(ratio)
+    delta = np.exp(log_w + beta) * np.maximum(one_minus_ratio, 0.0)
+    return eps, delta
+
+
+def _solve_log_w(beta: np.ndarray, alpha: np.ndarray, log_m: np.ndarray) -> np.ndarray:
+    """log w on the boundary ``E L^alpha = M`` for high ratio e^beta (beta >= log(M)/(alpha-1)).
+
+    ``E L^alpha`` grows with w (a mean-preserving spread) and
+    ``1 + w b^alpha >= E L^alpha >= w b^alpha`` brackets the root; safeguarded Newton steps
+    in x = log w (``dM/dw = b^a - a^a - a a^{a-1} (b-1)/(1-w)``) converge in a few steps.
+    Returns a point where ``E L^alpha >= M``: it lies on the boundary of a (negligibly)
+    larger RDP value, which can only over-state delta and eps.
+    """
+    lo = np.maximum(_log_expm1(log_m) - alpha * beta, _LOG_TINY)
+    hi = np.minimum(-beta, log_m - alpha * beta)
+    lo = np.minimum(lo, hi)
+    x = hi.copy()
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for _ in range(_ROOT_STEPS):
+            g_x = _moment_gap(x, beta, alpha, log_m)
+            hi = np.where(g_x >= 0.0, x, hi)
+            lo = np.where(g_x < 0.0, x, lo)
+            log_s = _log_low_ratio(x, beta) - beta
+            w = np.exp(x)
+            slope = np.exp(x + alpha * beta - (g_x + log_m)) * (
+                -np.expm1(alpha * log_s)
+                - alpha * np.exp((alpha - 1.0) * log_s) * -np.expm1(-beta) / (1.0 - w))
+            step = g_x / slope
+            x_new = x - step
+            bad = ~np.isfinite(x_new) | (x_new <= lo) | (x_new >= hi)
+            x_new = np.where(bad, 0.5 * (lo + hi), x_new)
+            tol = _INNER_RTOL * np.maximum(1.0, abs(x))
+            converged = (abs(x_new - x) <= tol) | (hi - lo <= tol)
+            x = x_new
+            if np.all(converged):
+                break
+        probe = np.minimum(x + 4.0 * _INNER_RTOL * np.maximum(1.0, abs(x)), hi)
+        return np.where(_moment_gap(probe, beta, alpha, log_m) >= 0.0, probe, hi)
+
+
+def _moment_gap(log_w: np.ndarray, beta: np.ndarray, alpha: np.ndarray,
+                log_m: np.ndarray) -> np.ndarray:
+    return _log_moment(log_w, beta, alpha) - log_m
+
+
+def _optimal_deltas_elementwise(alpha: np.ndarray, r: np.ndarray,
+                                epsilon: np.ndarray) -> np.ndarray:
+    """delta_alpha(eps; r) for flat arrays of orders, finite RDP values > 0 and eps >= 0."""
+    corner = epsilon <= r + np.log1p(-1.0 / alpha)  # optimum has a = 0
+    result = np.where(corner, -np.expm1(np.minimum(epsilon - r, 0.0)), 0.0)
+    interior = ~corner
+    if np.any(interior):
+        a_i, r_i, e_i = alpha[interior], r[interior], epsilon[interior]
+        log_m = (a_i - 1.0) * r_i
+        lo = np.maximum(r_i, e_i)
+        hi = e_i - np.log1p(-1.0 / a_i)
+        lo = np.minimum(lo, hi)
+
+        def eps_gap(beta: np.ndarray, a: np.ndarray, lm: np.ndarray,
+                    target: np.ndarray) -> np.ndarray:
+            eps_b, _ = _boundary_point(_solve_log_w(beta, a, lm), beta, a)
+            return eps_b - target
+
+        beta_lo = _root(eps_gap, lo, hi, (a_i, log_m, e_i), side="below")
+        # the lower end has gamma <= e^eps, hence delta there >= the optimal delta at eps
+        _, delta_lo = _boundary_point(_solve_log_w(beta_lo, a_i, log_m), beta_lo, a_i)
+        result[interior] = delta_lo
+    return np.clip(result, 0.0, 1.0)
+
+
+def optimal_deltas(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                   epsilon: float) -> np.ndarray:
+    """Per order, the smallest delta that (alpha, rdp(alpha))-RDP alone guarantees at eps."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    epsilon = check_epsilon(epsilon)
+    out = np.ones_like(rdp_arr)
+    out[rdp_arr == 0.0] = 0.0
+    finite = np.isfinite(rdp_arr) & (rdp_arr > 0.0)
+    out[finite] = _optimal_deltas_elementwise(orders_arr[finite], rdp_arr[finite],
+                                              np.full(int(finite.sum()), epsilon))
+    return out
+
+
+def optimal_delta_curve(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                        epsilons: Sequence[float] | np.ndarray) -> np.ndarray:
+    """delta(eps) of the optimal conversion at many eps at once (min over the shortlisted
+    orders of each eps); used for trade-off curves."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    eps_arr = np.asarray(epsilons, dtype=float).ravel()
+    if np.any(~np.isfinite(eps_arr)) or np.any(eps_arr < 0):
+        raise ConfigError("epsilons must be finite and >= 0")
+    finite = np.isfinite(rdp_arr)
+    if not np.any(finite):
+        return np.ones_like(eps_arr)
+    alpha, r = orders_arr[finite], rdp_arr[finite]
+    if np.all(r == 0.0):
+        return np.zeros_like(eps_arr)
+    closed_form = ((alpha[None, :] - 1.0) * (r[None, :] - eps_arr[:, None]
+                                             + np.log1p(-1.0 / alpha[None, :]))
+                   - np.log(alpha[None, :]))
+    keep = min(_SHORTLIST, alpha.size)
+    pick = np.argpartition(closed_form, keep - 1, axis=1)[:, :keep]
+    a_flat, r_flat = alpha[pick].ravel(), r[pick].ravel()
+    e_flat = np.repeat(eps_arr, keep)
+    deltas = np.zeros_like(a_flat)
+    positive = r_flat > 0.0
+    deltas[positive] = _optimal_deltas_elementwise(a_flat[positive], r_flat[positive],
+                                                   e_flat[positive])
+    return deltas.reshape(eps_arr.size, keep).min(axis=1)
+
+
+def optimal_epsilons(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                     delta: float) -> np.ndarray:
+    """Per order, the smallest eps that (alpha, rdp(alpha))-RDP alone guarantees at delta."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    delta = check_delta(delta)
+    out = np.full_like(rdp_arr, np.inf)
+    out[rdp_arr == 0.0] = 0.0
+    finite = np.isfinite(rdp_arr) & (rdp_arr > 0.0)
+    alpha, r = orders_arr[finite], rdp_arr[finite]
+    corner = delta >= 1.0 / alpha
+    result = np.where(corner, r + math.log1p(-delta), 0.0)
+    interior = ~corner
+    if np.any(interior):
+        a_i, r_i = alpha[interior], r[interior]
+        log_m = (a_i - 1.0) * r_i
+        # the classic eps bounds the optimal one, and b <= gamma alpha/(alpha - 1)
+        lo = r_i
+        hi = r_i + math.log(1.0 / delta) / (a_i - 1.0) - np.log1p(-1.0 / a_i)
+
+        def log_delta_gap(beta: np.ndarray, a: np.ndarray, lm: np.ndarray) -> np.ndarray:
+            _, delta_b = _boundary_point(_solve_log_w(beta, a, lm), beta, a)
+            with np.errstate(divide="ignore"):
+                return log_delta - np.log(delta_b)  # increasing in beta
+
+        log_delta = math.log(delta)
+        beta_hi = _root(log_delta_gap, lo, hi, (a_i, log_m), side="above")
+        eps_hi, _ = _boundary_point(_solve_log_w(beta_hi, a_i, log_m), beta_hi, a_i)
+        result[interior] = eps_hi
+    out[finite] = np.maximum(result, 0.0)
+    return out
+
+
+def _shortlist(scores: np.ndarray) -> np.ndarray:
+    """Indices of the orders worth the full optimal conversion: the few with the best
+    closed-form bound (paper 001's Lemma 1 is the optimal conversion to first order, so the
+    optimal order lies among them). Dropping orders never invalidates the minimum."""
+    keep = min(_SHORTLIST, scores.size)
+    return np.sort(np.argpartition(scores, keep - 1)[:keep])
+
+
+def epsilon_optimal(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                    delta: float) -> tuple[float, float]:
+    """(eps, order): the optimal RDP -> (eps, delta) conversion (paper 001), min over orders."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    delta = check_delta(delta)
+    closed_form = (rdp_arr + np.log1p(-1.0 / orders_arr)
+                   - (math.log(delta) + np.log(orders_arr)) / (orders_arr - 1.0))
+    pick = _shortlist(np.where(np.isnan(closed_form), np.inf, closed_form))
+    eps = optimal_epsilons(orders_arr[pick], rdp_arr[pick], delta)
+    best = int(np.argmin(eps))
+    return float(eps[best]), float(orders_arr[pick][best])
+
+
+def delta_optimal(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                  epsilon: float) -> tuple[float, float]:
+    """(delta, order): the optimal RDP -> (eps, delta) conversion (paper 001), min over orders."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    epsilon = check_epsilon(epsilon)
+    with np.errstate(invalid="ignore"):
+        closed_form = ((orders_arr - 1.0) * (rdp_arr - epsilon + np.log1p(-1.0 / orders_arr))
+                       - np.log(orders_arr))
+    pick = _shortlist(np.where(np.isnan(closed_form), np.inf, closed_form))
+    deltas = optimal_deltas(orders_arr[pick], rdp_arr[pick], epsilon)
+    best = int(np.argmin(deltas))
+    return float(deltas[best]), float(orders_arr[pick][best])
+
+
+def optimal_rdp_budget(orders: Sequence[float] | np.ndarray, epsilon: float,
+                       delta: float) -> np.ndarray:
+    """Per order alpha, the RDP value r*(alpha) above which (alpha, r)-RDP no longer implies
+    (eps, delta)-DP: paper 001's Theorem 3,
+    ``r* = log min_p [p^a w^{1-a} + (1-p)^a (1-w)^{1-a}] / (a - 1)``, ``w = (p - delta) e^{-eps}``.
+
+    The bracket is convex in p; it is minimised by golden-section search over
+    ``log(p - delta)``. An inexact minimiser over-states r*, so callers that need a guarantee
+    confirm with :func:`optimal_deltas` (as :func:`fedsim.privacy.rdp.max_steps` does).
+    """
+    orders_arr = np.asarray(orders, dtype=float).ravel()
+    if orders_arr.size == 0 or np.any(~np.isfinite(orders_arr)) or np.any(orders_arr <= 1.0):
+        raise ConfigError("RDP orders must be finite and > 1")
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    alpha = orders_arr
+
+    def log_bracket(v: np.ndarray) -> np.ndarray:
+        p = delta + np.exp(v)
+        log_w = v - epsilon
+        return np.logaddexp(alpha * np.log(p) + (1.0 - alpha) * log_w,
+                            alpha * np.log1p(-np.minimum(p, 1.0))
+                            + (1.0 - alpha) * np.log1p(-np.exp(log_w)))
+
+    lo = np.full_like(alpha, math.log(delta) - 80.0)
+    hi = np.full_like(alpha, math.log1p(-delta))
+    inv_phi = (math.sqrt(5.0) - 1.0) / 2.0
+    x1 = hi - inv_phi * (hi - lo)
+    x2 = lo + inv_phi * (hi - lo)
+    with np.errstate(divide="ignore"):
+        f1, f2 = log_bracket(x1), log_bracket(x2)
+        for _ in range(_GOLDEN_STEPS):
+            left = f1 <= f2
+            hi = np.where(left, x2, hi)
+            lo = np.where(left, lo, x1)
+            x1_new = np.where(left, hi - inv_phi * (hi - lo), x2)
+            x2_new = np.where(left, x1, lo + inv_phi * (hi - lo))
+            f1_new = np.where(left, log_bracket(x1_new), f2)
+            f2_new = np.where(left, f1, log_bracket(x2_new))
+            x1, x2, f1, f2 = x1_new, x2_new, f1_new, f2_new
+        best = np.minimum(log_bracket(x1), log_bracket(x2))
+    return np.maximum(best, 0.0) / (alpha - 1.0)
