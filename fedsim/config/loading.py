@@ -1,0 +1,324 @@
+"""Reading scenario files: YAML -> ``--set`` overrides -> :class:`Scenario`, with errors that
+name the YAML path (and line) of what is wrong.
+
+Every problem in a file is reported at once (``fedsim validate`` lists them all); loading
+raises :class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit status 2) whose
+``errors`` holds one line per problem, e.g. ``clients.groups[1].batch_size (line 23): must be
+> 0``.
+
+Relative paths inside a scenario (``dataset.path``) are resolved against the current working
+directory first and, when no file exists there, against the directory of the scenario file
+(:func:`resolve_path`), so ``fedsim run scenarios/quickstart.yaml`` from the repository root and
+a scenario next to its data both work.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fedsim.config.schema import Scenario
+from fedsim.errors import ConfigError
+
+__all__ = [
+    "LoadedScenario",
+    "ScenarioError",
+    "apply_override",
+    "dump_scenario",
+    "load_scenario",
+    "parse_scenario",
+    "resolve_path",
+    "scenario_json_schema",
+]
+
+
+class ScenarioError(ConfigError):
+    """A scenario file has one or more problems; ``errors`` lists each with its YAML path."""
+
+    def __init__(self, source: str, errors: Sequence[str]) -> None:
+        self.source = source
+        self.errors = list(errors)
+        count = len(self.errors)
+        head = f"{source}: {count} problem{'s' if count != 1 else ''}"
+        super().__init__("\n  ".join([head, *self.errors]))
+
+
+@dataclass(frozen=True)
+class LoadedScenario:
+    """A validated scenario and where it came from (for resolving relative paths)."""
+
+    scenario: Scenario
+    source: Path | None
+
+    @property
+    def base_dir(self) -> Path:
+        return self.source.parent if self.source is not None else Path.cwd()
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with duplicate keys rejected and line numbers kept
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    result: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in result:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        result[key] = loader.construct_object(value_node, deep=deep)
+    return result
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(source, [f"not valid YAML{where}: {problem}"]) from None
+    return data, node
+
+
+def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
+    """1-based line of the YAML node at ``path`` (the deepest existing ancestor)."""
+    line = None
+    for part in path:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            node = node.value[part] if 0 <= part < len(node.value) else None
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+# ---------------------------------------------------------------------------------------------
+# --set overrides
+
+_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _split_path(path: str) -> list[str | int]:
+    parts: list[str | int] = []
+    position = 0
+    for match in _TOKEN.finditer(path):
+        gap = path[position:match.start()]
+        if gap not in ("", "."):
+            raise ConfigError(f"--set {path!r}: cannot parse the path near {gap!r}")
+        parts.append(match.group(1) if match.group(1) is not None else int(match.group(2)))
+        position = match.end()
+    if not parts or path[position:] != "":
+        raise ConfigError(f"--set {path!r}: expected a dotted path like clients.groups[0].count")
+    return parts
+
+
+def apply_override(data: Any, assignment: str) -> Any:
+    """Apply one ``path=value`` (value parsed as YAML) to a plain scenario tree, returning it.
+
+    Missing mapping keys are created; list indices must exist.
+    """
+    path, sep, raw_value = assignment.partition("=")
+    if not sep:
+        raise ConfigError(f"--set {assignment!r}: expected path=value")
+    parts = _split_path(path.strip())
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    node = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = _format_path(parts[: depth + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list):
+                raise ConfigError(f"--set {path}: {_format_path(parts[:depth])} is not a list")
+            if not 0 <= part < len(node):
+                raise ConfigError(f"--set {path}: {where} is out of range ({len(node)} items)")
+        elif not isinstance(node, dict):
+            raise ConfigError(f"--set {path}: {_format_path(parts[:depth]) or 'scenario'} is not a mapping")
+        if last:
+            node[part] = value
+        else:
+            if isinstance(node, dict) and node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Error formatting
+
+_MESSAGES = {
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "missing": "is required",
+    "extra_forbidden": "unknown key",
+    "too_short": "must have at least {min_length} item(s)",
+    "string_too_short": "must not be empty",
+    "finite_number": "must be a finite number",
+}
+
+
+def _format_path(parts: Iterable[str | int]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _data_path(data: Any, loc: Sequence[str | int]) -> list[str | int]:
+    """``loc`` without the discriminator tags pydantic inserts for tagged unions."""
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, Mapping) and part not in node and node.get("kind") == part:
+            continue  # the union member chosen by "kind", not a key of the file
+        path.append(part)
+        if isinstance(node, Mapping):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return path
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    template = _MESSAGES.get(kind)
+    if template is not None:
+        try:
+            return template.format(**error.get("ctx", {}))
+        except KeyError:
+            pass
+    if kind == "union_tag_invalid":
+        ctx = error.get("ctx", {})
+        return f"kind must be one of {ctx.get('expected_tags')}, got {ctx.get('tag')!r}"
+    if kind == "union_tag_not_found":
+        return "needs a 'kind' key"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
+    lines: list[str] = []
+    for error in exc.errors(include_url=False):
+        path = _data_path(data, error["loc"])
+        line = _line_of(node, path) if node is not None else None
+        where = _format_path(path) or "scenario"
+        at = f" (line {line})" if line is not None else ""
+        got = ""
+        if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), dict | list):
+            got = f" (got {json.dumps(error.get('input'), default=str)})"
+        lines.append(f"{where}{at}: {_describe(error)}{got}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def resolve_path(path: str | Path, base_dir: Path) -> Path:
+    """A scenario's relative path: CWD first, then the scenario file's directory."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        return candidate
+    if candidate.exists():
+        return candidate.resolve()
+    beside = base_dir / candidate
+    if beside.exists():
+        return beside.resolve()
+    return candidate.resolve()
+
+
+def _file_problems(scenario: Scenario, base_dir: Path) -> list[str]:
+    problems = []
+    if scenario.dataset.path is not None:
+        resolved = resolve_path(scenario.dataset.path, base_dir)
+        if not resolved.is_file():
+            problems.append(
+                f"dataset.path: file not found: {scenario.dataset.path} (looked in the current "
+                f"directory and in {base_dir})"
+            )
+    return problems
+
+
+def parse_scenario(data: Any, *, source: str = "<scenario>", node: yaml.Node | None = None,
+                   base_dir: Path | None = None, check_files: bool = True) -> Scenario:
+    """Validate a plain tree (as read from YAML) into a :class:`Scenario`."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ScenarioError(source, [f"scenario: must be a mapping of sections, the file is {kind}"])
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(source, _format_errors(exc, data, node)) from None
+    if check_files:
+        problems = _file_problems(scenario, base_dir or Path.cwd())
+        if problems:
+            raise ScenarioError(source, problems)
+    return scenario
+
+
+def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
+                  check_files: bool = True) -> LoadedScenario:
+    """Read, override (``--set path=value``, applied in order) and validate a scenario file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the scenario file: {exc}") from None
+    data, node = _read_yaml(text, str(path))
+    for assignment in overrides:
+        data = apply_override(data, assignment)
+    if overrides:
+        node = None  # line numbers would point at the file, not at the overridden tree
+    scenario = parse_scenario(data, source=str(path), node=node, base_dir=file.parent.resolve(),
+                              check_files=check_files)
+    return LoadedScenario(scenario, file.resolve())
+
+
+def dump_scenario(scenario: Scenario, *, dataset_path: Path | None = None) -> str:
+    """The scenario as YAML with every default filled in (``scenario.resolved.yaml``)."""
+    tree = scenario.model_dump(mode="json")
+    if dataset_path is not None:
+        tree["dataset"]["path"] = str(dataset_path)
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+
+
+def scenario_json_schema() -> dict[str, Any]:
+    """The JSON Schema of scenario files (for editor completion)."""
+    schema = Scenario.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "fedsim scenario"
+    return schema

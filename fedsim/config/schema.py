@@ -1,0 +1,468 @@
+"""The scenario schema: one YAML file describes a whole run.
+
+Every model is frozen and forbids unknown keys, so a typo is an error rather than a silently
+ignored setting. Cross-field rules live in ``model_validator`` s so that their errors carry the
+YAML path of the section they concern. :mod:`fedsim.config.loading` turns pydantic's errors into
+``clients.groups[1].batch_size: must be > 0`` lines.
+
+Units: times are virtual seconds; ``speed`` is virtual seconds of compute per sample gradient;
+bandwidth is bytes per second; probabilities are in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    """Base of every scenario section: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributions (latency, compute speed, on/off periods)
+
+
+class _Distribution(_Strict):
+    """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
+
+    def sampler(self) -> Callable[[np.random.Generator], float]:
+        """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
+        takes it."""
+        return self.sample
+
+    @property
+    def is_zero(self) -> bool:
+        return False
+
+
+class Constant(_Distribution):
+    """Always ``value``. A bare number in YAML means this."""
+
+    kind: Literal["constant"] = "constant"
+    value: NonNegativeFloat
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return self.value
+
+    @property
+    def is_zero(self) -> bool:
+        return self.value == 0.0
+
+
+class Uniform(_Distribution):
+    """Uniform on [low, high]."""
+
+    kind: Literal["uniform"]
+    low: NonNegativeFloat
+    high: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+
+class Exponential(_Distribution):
+    """Exponential with the given mean (memoryless waiting times, e.g. crashes)."""
+
+    kind: Literal["exponential"]
+    mean: PositiveFloat
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.exponential(self.mean))
+
+
+class LogNormal(_Distribution):
+    """exp(N(log(median), sigma^2)): heavy-tailed positive times (stragglers, network jitter)."""
+
+    kind: Literal["lognormal"]
+    median: PositiveFloat
+    sigma: NonNegativeFloat
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(self.median * math.exp(self.sigma * rng.standard_normal()))
+
+
+class ShiftedExponential(_Distribution):
+    """``minimum`` + Exponential(mean): a fixed propagation delay plus queueing jitter."""
+
+    kind: Literal["shifted_exponential"]
+    minimum: NonNegativeFloat
+    mean: PositiveFloat
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(self.minimum + rng.exponential(self.mean))
+
+
+def _number_is_constant(value: Any) -> Any:
+    """A bare number in YAML stands for ``{kind: constant, value: number}``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"kind": "constant", "value": value}
+    return value
+
+
+Distribution = Annotated[
+    Constant | Uniform | Exponential | LogNormal | ShiftedExponential,
+    Field(discriminator="kind"),
+    BeforeValidator(_number_is_constant),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and model
+
+
+class Partition(_Strict):
+    """How a group's share of the training set is split among its clients."""
+
+    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = "iid"
+    alpha: PositiveFloat = 0.5  # dirichlet concentration (smaller = more label skew)
+    shards_per_client: PositiveInt = 2
+    size_sigma: PositiveFloat = 1.0  # unequal: log-normal spread of client sizes
+
+
+class Dataset(_Strict):
+    """Training / held-out data.
+
+    ``path`` (mnist): a relative path is resolved against the current working directory and,
+    if no file is there, against the scenario file's directory (see
+    :func:`fedsim.config.loading.resolve_path`). Omitted: the data loader's own search
+    ($FEDSIM_DATA_DIR, the user cache).
+    """
+
+    name: Literal["mnist", "synthetic"]
+    path: str | None = None
+    # synthetic only: a seeded Gaussian-mixture classification problem
+    num_samples: PositiveInt = 6000
+    num_test_samples: PositiveInt = 1000
+    num_features: PositiveInt = 20
+    num_classes: Annotated[int, Field(ge=2)] = 2
+    # evaluation on at most this many held-out samples (None: all), for speed
+    test_subset: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _path_only_for_files(self) -> Dataset:
+        if self.name == "synthetic" and self.path is not None:
+            raise ValueError("path: a synthetic dataset is generated, it takes no path")
+        return self
+
+
+class Model(_Strict):
+    """A model from the training registry by name, with its keyword options."""
+
+    name: str = Field(min_length=1)
+    options: dict[str, int | float | str | bool | list[int]] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Client DP posture
+
+
+class ConstantClip(_Strict):
+    kind: Literal["constant"] = "constant"
+    value: PositiveFloat
+
+
+class DecayClip(_Strict):
+    """Sensitivity decay (Du et al., paper 002): C_t = initial * rate^t, t = round index."""
+
+    kind: Literal["decay"]
+    initial: PositiveFloat
+    rate: Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+Clip = Annotated[
+    ConstantClip | DecayClip, Field(discriminator="kind"), BeforeValidator(_number_is_constant)
+]
+
+
+class ConstantNoise(_Strict):
+    """A fixed noise multiplier sigma (noise std / sensitivity)."""
+
+    kind: Literal["constant"] = "constant"
+    sigma: PositiveFloat
+
+
+class TargetNoise(_Strict):
+    """Calibrate sigma at start: the smallest sigma whose ``rounds`` releases (the group's
+    ``rounds``) are (epsilon, delta)-DP under the group's accountant."""
+
+    kind: Literal["target"]
+    epsilon: PositiveFloat
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
+
+
+class GrowingMuNoise(_Strict):
+    """Growing mu_t (Du et al., paper 002): per-round GDP mu_t = mu_0 * rate^t with mu_0 chosen
+    so that the heterogeneous GDP CLT total over the group's ``rounds`` equals ``mu_total``;
+    sigma_t = 1 / mu_t."""
+
+    kind: Literal["growing_mu"]
+    mu_total: PositiveFloat
+    rate: Annotated[float, Field(ge=1.0)]
+
+
+def _bare_sigma_is_constant(value: Any) -> Any:
+    """``noise: 1.1`` and ``noise: {sigma: 1.1}`` both mean a constant sigma."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"kind": "constant", "sigma": value}
+    if isinstance(value, dict) and "kind" not in value and "sigma" in value:
+        return {"kind": "constant", **value}
+    return value
+
+
+Noise = Annotated[
+    ConstantNoise | TargetNoise | GrowingMuNoise,
+    Field(discriminator="kind"),
+    BeforeValidator(_bare_sigma_is_constant),
+]
+
+
+class Budget(_Strict):
+    """A client's privacy budget: it never releases an update past (epsilon, delta)."""
+
+    epsilon: PositiveFloat
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
+
+
+class Staleness(_Strict):
+    """When a client waits for a fresh global model before its next round (paper 000: "if the
+    last received global model happened too many rounds ago" or "deviates too far").
+
+    ``max_versions_behind``: local rounds applied on top of the held global model; at this many
+    the client waits for a newer global. ``max_distance``: L2 distance between the local model
+    and the held global model beyond which it waits. None disables a rule.
+    """
+
+    max_versions_behind: PositiveInt | None = None
+    max_distance: PositiveFloat | None = None
+
+
+class Crashes(_Strict):
+    """Crash-stop failures: after ``every`` (a distribution of up-times) the client process dies,
+    losing its in-memory model; it rejoins after ``rejoin_after`` (None: never) with its ledger
+    resumed from disk."""
+
+    every: Distribution
+    rejoin_after: Distribution | None = None
+
+
+
+class Availability(_Strict):
+    """Alternating on/off periods (an offline client neither trains nor receives) and crashes.
+    With ``online`` unset the client is always on (apart from crashes)."""
+
+    online: Distribution | None = None
+    offline: Distribution | None = None
+    crashes: Crashes | None = None
+
+
+    @model_validator(mode="after")
+    def _both_periods(self) -> Availability:
+        if (self.online is None) != (self.offline is None):
+            raise ValueError("online and offline periods go together: give both or neither")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+
+
+class Link(_Strict):
+    """One direction of the network: per-message latency, losses, and bandwidth."""
+
+    latency: Distribution = Field(default_factory=lambda: Constant(value=0.0))
+    drop: Probability = 0.0
+    duplicate: Probability = 0.0
+    reorder: Probability = 0.0
+    bandwidth_bytes_per_s: PositiveFloat | None = None  # None: transfer time is zero
+
+
+
+class LinkOverride(_Strict):
+    """Per-group network settings; unset fields inherit the scenario's ``network``."""
+
+    uplink: Link | None = None
+    downlink: Link | None = None
+
+
+class Network(_Strict):
+    uplink: Link = Field(default_factory=Link)
+    downlink: Link = Field(default_factory=Link)
+    max_message_bytes: PositiveInt = 64 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients
+
+
+class ClientGroup(_Strict):
+    """``count`` clients that share one DP posture, speed and availability model."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    count: PositiveInt
+    data_share: Annotated[float, Field(gt=0.0, le=1.0)]
+    batch_size: PositiveInt
+    sampling: Literal["poisson", "fixed"] = "poisson"
+    clip: Clip
+    noise: Noise
+    local_steps: PositiveInt = 1
+    local_lr: PositiveFloat = 0.1
+    max_physical_batch: PositiveInt = 256
+    rounds: PositiveInt | None = None  # stop ("done") after this many rounds
+    speed: Distribution = Field(default_factory=lambda: Constant(value=0.0))
+    availability: Availability = Field(default_factory=Availability)
+    staleness: Staleness = Field(default_factory=Staleness)
+    budget: Budget | None = None
+    accountant: Literal["pld", "rdp"] = "pld"
+    weight: PositiveFloat = 1.0  # mixing weight under server.mixing = "configured"
+    network: LinkOverride | None = None
+
+
+    @model_validator(mode="after")
+    def _calibration_needs_rounds(self) -> ClientGroup:
+        if self.noise.kind in ("target", "growing_mu") and self.rounds is None:
+            raise ValueError(
+                f"noise kind {self.noise.kind!r} is calibrated over a fixed number of rounds: "
+                "set rounds"
+            )
+        return self
+
+
+class Clients(_Strict):
+    groups: list[ClientGroup] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shares_and_names(self) -> Clients:
+        names = [g.name for g in self.groups]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"group names must be unique, repeated: {duplicates}")
+        total = sum(g.data_share for g in self.groups)
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"data_share of all groups sums to {total:g}, must be <= 1")
+        return self
+
+    @property
+    def total(self) -> int:
+        return sum(g.count for g in self.groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# Server
+
+
+class ConstantStep(_Strict):
+    kind: Literal["constant"] = "constant"
+    value: PositiveFloat = 1.0
+
+
+class PlateauStep(_Strict):
+    """Multiply by ``factor`` whenever held-out accuracy does not improve on its best for
+    ``patience`` evaluations (paper 000's "decrease the step size by 10%"), never below
+    ``minimum``."""
+
+    kind: Literal["plateau"]
+    initial: PositiveFloat = 1.0
+    factor: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
+    patience: PositiveInt = 1
+    minimum: NonNegativeFloat = 0.0
+
+
+class InverseTimeStep(_Strict):
+    """initial / (1 + decay * window) ** power: a diminishing step-size law."""
+
+    kind: Literal["inverse_time"]
+    initial: PositiveFloat = 1.0
+    decay: NonNegativeFloat
+    power: PositiveFloat = 1.0
+
+
+StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discriminator="kind")]
+
+
+class Server(_Strict):
+    """Time windows, mixing, step size, evaluation and broadcast (paper 000, sec. 3)."""
+
+    window: PositiveFloat
+    mixing: Literal["data_size", "configured", "uniform"] = "data_size"
+    participation: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    step_size: StepSize = Field(default_factory=ConstantStep)
+    broadcast_every: PositiveInt = 1
+    max_staleness: Annotated[int, Field(ge=0)] | None = None  # versions; None: accept all
+    eval_every: PositiveInt = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Run
+
+
+class Stop(_Strict):
+    """The run ends at whichever set condition comes first. ``all_budgets_spent`` (on by
+    default) ends it once no client can train any more (budget spent, rounds done, crashed
+    for good)."""
+
+    virtual_seconds: PositiveFloat | None = None
+    windows: PositiveInt | None = None
+    target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    all_budgets_spent: bool = True
+
+
+class Privacy(_Strict):
+    """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``."""
+
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+
+
+class Scenario(_Strict):
+    """One run: data, model, clients, server, network, stop condition and seed."""
+
+    name: str = Field(default="scenario", min_length=1)
+    seed: Annotated[int, Field(ge=0)] = 0
+    stop: Stop
+    dataset: Dataset
+    model: Model
+    clients: Clients
+    server: Server
+    network: Network = Field(default_factory=Network)
+    privacy: Privacy = Field(default_factory=Privacy)
+    torch_threads: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _can_stop(self) -> Scenario:
+        stop = self.stop
+        bounded = stop.virtual_seconds is not None or stop.windows is not None
+        if bounded:
+            return self
+        if not stop.all_budgets_spent:
+            raise ValueError(
+                "stop: no stop condition bounds the run; set virtual_seconds or windows "
+                "(target_accuracy alone may never be reached)"
+            )
+        endless = [
+            g.name for g in self.clients.groups
+            if g.budget is None and g.rounds is None and g.availability.crashes is None
+        ]
+        if endless:
+            raise ValueError(
+                f"stop: only all_budgets_spent is set but groups {endless} have neither a budget "
+                "nor rounds, so the run would never end; set stop.virtual_seconds or "
+                "stop.windows"
+            )
+        return self
