@@ -253,14 +253,13 @@ def _solve_log_w(beta: np.ndarray, alpha: np.ndarray, log_m: np.ndarray) -> np.n
                 -np.expm1(alpha * log_s)
                 - alpha * np.exp((alpha - 1.0) * log_s) * -np.expm1(-beta) / (1.0 - w))
             step = g_x / slope
-            x_new = x - step
-            bad = ~np.isfinite(x_new) | (x_new <= lo) | (x_new >= hi)
-            x_new = np.where(bad, 0.5 * (lo + hi), x_new)
             tol = _INNER_RTOL * np.maximum(1.0, abs(x))
-            converged = (abs(x_new - x) <= tol) | (hi - lo <= tol)
-            x = x_new
+            converged = (g_x == 0.0) | (abs(step) <= tol) | (hi - lo <= tol)
             if np.all(converged):
                 break
+            x_new = x - step
+            bad = ~np.isfinite(x_new) | (x_new < lo) | (x_new > hi)
+            x = np.where(converged, x, np.where(bad, 0.5 * (lo + hi), x_new))
         probe = np.minimum(x + 4.0 * _INNER_RTOL * np.maximum(1.0, abs(x)), hi)
         return np.where(_moment_gap(probe, beta, alpha, log_m) >= 0.0, probe, hi)
 
