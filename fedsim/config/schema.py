@@ -152,7 +152,7 @@ class Dataset(_Strict):
     num_samples: PositiveInt = 6000
     num_test_samples: PositiveInt = 1000
     num_features: PositiveInt = 20
-    num_classes: Annotated[int, Field(ge=2)] = 2
+    num_classes: Annotated[int, Field(ge=2)] = 4
     # evaluation on at most this many held-out samples (None: all), for speed
     test_subset: PositiveInt | None = None
 
@@ -180,11 +180,12 @@ class ConstantClip(_Strict):
 
 
 class DecayClip(_Strict):
-    """Sensitivity decay (Du et al., paper 002): C_t = initial * rate^t, t = round index."""
+    """Sensitivity decay (Du et al., paper 002): C_t = initial * final_ratio^(t/T) over the
+    group's T = ``rounds``, so the clip falls from ``initial`` to ``initial * final_ratio``."""
 
     kind: Literal["decay"]
     initial: PositiveFloat
-    rate: Annotated[float, Field(gt=0.0, le=1.0)]
+    final_ratio: Annotated[float, Field(gt=0.0, le=1.0)]
 
 
 Clip = Annotated[
@@ -209,13 +210,15 @@ class TargetNoise(_Strict):
 
 
 class GrowingMuNoise(_Strict):
-    """Growing mu_t (Du et al., paper 002): per-round GDP mu_t = mu_0 * rate^t with mu_0 chosen
-    so that the heterogeneous GDP CLT total over the group's ``rounds`` equals ``mu_total``;
-    sigma_t = 1 / mu_t."""
+    """Growing mu_t (Du et al., paper 002): per-round GDP mu_t = mu_0 * growth^(t/T) (noise
+    sigma_t = 1/mu_t shrinking over the group's T = ``rounds``), with mu_0 solved so that the
+    heterogeneous GDP CLT over the T rounds, mu = q sqrt(sum_t (e^{mu_t^2} - 1)), meets
+    ``mu_total``. The CLT is the paper's calibration (an approximation); the ledger's
+    accountant still enforces the budget."""
 
     kind: Literal["growing_mu"]
     mu_total: PositiveFloat
-    rate: Annotated[float, Field(ge=1.0)]
+    growth: Annotated[float, Field(ge=1.0)]
 
 
 def _bare_sigma_is_constant(value: Any) -> Any:
@@ -315,9 +318,10 @@ class Network(_Strict):
 class ClientGroup(_Strict):
     """``count`` clients that share one DP posture, speed and availability model."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
     count: PositiveInt
     data_share: Annotated[float, Field(gt=0.0, le=1.0)]
+    partition: Partition = Field(default_factory=Partition)
     batch_size: PositiveInt
     sampling: Literal["poisson", "fixed"] = "poisson"
     clip: Clip
@@ -337,11 +341,13 @@ class ClientGroup(_Strict):
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
-        if self.noise.kind in ("target", "growing_mu") and self.rounds is None:
-            raise ValueError(
-                f"noise kind {self.noise.kind!r} is calibrated over a fixed number of rounds: "
-                "set rounds"
-            )
+        if self.rounds is None:
+            if self.noise.kind in ("target", "growing_mu"):
+                raise ValueError(
+                    f"noise kind {self.noise.kind!r} is calibrated over a fixed number of "
+                    "rounds: set rounds")
+            if self.clip.kind == "decay":
+                raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
         return self
 
 

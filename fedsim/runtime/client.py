@@ -1,0 +1,250 @@
+"""The client actor (paper 000, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
+staleness wait, and a durable privacy ledger that is charged before every release.
+
+A client holds a local model ``w`` and the last global model it accepted (``held_version``).
+
+* **Receiving** (a concurrent task, the paper's "interrupt service routine"): a
+  :class:`GlobalModel` newer than ``held_version`` overwrites ``w`` *at once*, also in the
+  middle of a round; an older or equal version is ignored.
+* **A round** ``r``:
+
+  1. if the staleness policy says the held model is too old (``max_versions_behind`` local
+     rounds applied since the last global) or too far (``max_distance`` between ``w`` and the
+     held global), wait for a newer global model;
+  2. ask the ledger whether the round's planned privacy events fit the budget (a dry run);
+     if not, stop for good with state ``budget_exhausted`` and say so in a status message;
+  3. snapshot ``w`` and compute the round on it (synchronously), then let its compute time
+     pass: ``await clock.sleep(seconds_per_sample * sample_gradients)``;
+  4. commit the events to the ledger (durable, fsynced) and only then publish the update
+     ``(client, r, base_version, Ubar/m)`` - the ledger is charged even if the network then
+     drops the message;
+  5. apply the update locally: ``w <- w - eta * Ubar/m``.
+
+**A round in progress continues when a global model arrives mid-round.** Every gradient of the
+round is computed at the single ``w`` the round started from (its snapshot) - paper 000 requires
+exactly this: "each gradient a_h is computed for the same w", since the sensitivity bound 2C
+(or C) of U needs the per-example gradients not to influence each other. The overwrite replaces
+``w`` immediately, so the finished update is applied on top of the *new* global model and the
+next round starts from it; the update itself is still sent, tagged with the version it was
+computed on, so the server's staleness policy judges it. Restarting instead would throw away a
+finished computation and, whenever the server broadcasts more often than a slow client
+finishes a round, starve that client for ever - against the paper's point that clients compute
+at their own rate, independent of the broadcast rate. Not releasing the discarded work would
+cost no privacy, but the starvation is the decisive argument.
+
+The actor sees a :class:`~fedsim.runtime.clock.Clock` and an
+:class:`~fedsim.transports.base.Endpoint` only; it is cancelled (crash) or paused (offline)
+from outside. After a crash a new actor resumes from the ledger file: round numbers continue
+after the last committed round, so ``(client, round)`` stays unique for de-duplication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import structlog
+
+from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.privacy.events import GaussianStep
+from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.clock import Clock
+from fedsim.transports.base import Endpoint
+
+__all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
+
+_log = structlog.get_logger("fedsim.runtime.client")
+
+
+class Trainer(Protocol):
+    """What a client needs from :class:`fedsim.training.LocalTrainer`."""
+
+    def planned_steps(self, round_index: int) -> list[GaussianStep]: ...
+
+    def run_round(self, params: np.ndarray, round_index: int): ...  # -> RoundResult
+
+
+class Ledger(Protocol):
+    """What a client needs from :class:`fedsim.privacy.ledger.PrivacyLedger`."""
+
+    def can_spend(self, steps: Sequence[GaussianStep]) -> bool: ...
+
+    def spend(self, steps: Sequence[GaussianStep], *, time: float, round: int) -> object: ...
+
+
+@dataclass(frozen=True)
+class StalenessPolicy:
+    """When to wait for a fresh global model before a round (None disables a rule)."""
+
+    max_versions_behind: int | None = None
+    max_distance: float | None = None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One released round, for the runtime's bookkeeping (never sent anywhere)."""
+
+    round: int
+    time: float
+    base_version: int
+    sample_grads: int
+    clip: float
+    sigma: float
+
+
+class ClientActor:
+    """One client: see the module docstring for the round and the overwrite semantics."""
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        clock: Clock,
+        endpoint: Endpoint,
+        trainer: Trainer,
+        ledger: Ledger,
+        local_lr: float,
+        batch_size: float,
+        num_samples: int,
+        seconds_per_sample: Callable[[], float],
+        staleness: StalenessPolicy = StalenessPolicy(),
+        max_rounds: int | None = None,
+        first_round: int = 0,
+        status_epsilon: Callable[[], tuple[float, float]] | None = None,
+    ) -> None:
+        self.client_id = client_id
+        self.clock = clock
+        self.endpoint = endpoint
+        self.trainer = trainer
+        self.ledger = ledger
+        self.local_lr = float(local_lr)
+        self.batch_size = float(batch_size)
+        self.num_samples = int(num_samples)
+        self.seconds_per_sample = seconds_per_sample
+        self.staleness = staleness
+        self.max_rounds = max_rounds
+        self.next_round = first_round
+        self.status_epsilon = status_epsilon
+        self.state: ClientState = "waiting"
+        self.stop_reason = ""
+        self.stopped_at: float | None = None
+        self.w: np.ndarray | None = None
+        self.held_global: np.ndarray | None = None
+        self.held_version = -1
+        self.rounds_since_global = 0
+        self.ignored_globals = 0
+        self.released: list[RoundRecord] = []
+        self.online = asyncio.Event()
+        self.online.set()
+        self._arrival = asyncio.Event()
+
+    # -- the interrupt service routine ------------------------------------------------------
+    def accept_global(self, message: GlobalModel) -> bool:
+        """Overwrite ``w`` with a newer global model at once; ignore older or equal versions."""
+        if message.version <= self.held_version:
+            self.ignored_globals += 1
+            return False
+        self.held_version = message.version
+        self.held_global = np.array(message.params, dtype=np.float32, copy=True)
+        self.w = self.held_global.copy()
+        self.rounds_since_global = 0
+        arrived, self._arrival = self._arrival, asyncio.Event()
+        arrived.set()
+        return True
+
+    async def _receive_forever(self) -> None:
+        while True:
+            try:
+                message = await self.endpoint.receive()
+            except TransportError:
+                return  # endpoint closed
+            if isinstance(message, GlobalModel):
+                self.accept_global(message)
+
+    async def _wait_for_newer(self, version: int) -> None:
+        while self.held_version <= version:
+            await self._arrival.wait()
+
+    # -- staleness ----------------------------------------------------------------------------
+    def too_stale(self) -> str | None:
+        """Why the held model is too stale to train on, or None."""
+        policy = self.staleness
+        if policy.max_versions_behind is not None and self.rounds_since_global >= policy.max_versions_behind:
+            return f"{self.rounds_since_global} local rounds since the last global model"
+        if policy.max_distance is not None and self.w is not None and self.held_global is not None:
+            distance = float(np.linalg.norm(self.w.astype(np.float64) - self.held_global))
+            if distance > policy.max_distance:
+                return f"distance {distance:.4g} from the last global model"
+        return None
+
+    # -- the actor ----------------------------------------------------------------------------
+    async def _stop(self, state: ClientState, reason: str) -> None:
+        self.state = state
+        self.stop_reason = reason
+        self.stopped_at = self.clock.now()
+        _log.info("client stopped", client=self.client_id, state=state, reason=reason,
+                  time=self.stopped_at)
+        epsilon, delta = self.status_epsilon() if self.status_epsilon else (math.nan, math.nan)
+        try:
+            await self.endpoint.publish(ClientStatus(
+                self.client_id, state, len(self.released), epsilon, delta, reason, self.clock.now()))
+        except TransportError:
+            pass  # the status is informative only
+
+    async def run(self) -> None:
+        """Train until the budget, the round limit or cancellation (a crash) stops the client."""
+        receiver = asyncio.create_task(self._receive_forever(), name=f"{self.client_id}-receive")
+        try:
+            await self._rounds()
+        finally:
+            receiver.cancel()
+            try:
+                await receiver
+            except asyncio.CancelledError:
+                pass
+
+    async def _rounds(self) -> None:
+        self.state = "waiting"
+        await self._wait_for_newer(-1)
+        while True:
+            if self.max_rounds is not None and self.next_round >= self.max_rounds:
+                await self._stop("done", f"finished its {self.max_rounds} rounds")
+                return
+            if not self.online.is_set():
+                self.state = "offline"
+                await self.online.wait()
+            if self.too_stale():
+                self.state = "waiting"
+                await self._wait_for_newer(self.held_version)
+                continue
+            round_index = self.next_round
+            planned = self.trainer.planned_steps(round_index)
+            if not self.ledger.can_spend(planned):
+                await self._stop("budget_exhausted",
+                                 f"round {round_index} would exceed its privacy budget")
+                return
+            self.state = "training"
+            assert self.w is not None
+            base = self.w.copy()
+            base_version = self.held_version
+            result = self.trainer.run_round(base, round_index)
+            # The compute happened above; now its cost passes in (virtual) time. A global model
+            # may arrive meanwhile and overwrite self.w (the round continues, see docstring).
+            await self.clock.sleep(self.seconds_per_sample() * result.sample_grads)
+            try:
+                self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
+            except BudgetExhausted as exc:
+                await self._stop("budget_exhausted", str(exc))
+                return
+            self.next_round = round_index + 1
+            self.released.append(RoundRecord(round_index, self.clock.now(), base_version,
+                                             result.sample_grads, result.clip, result.sigma))
+            await self.endpoint.publish(ClientUpdate(
+                self.client_id, round_index, base_version, result.update, self.batch_size,
+                self.num_samples, self.clock.now()))
+            self.w = (self.w.astype(np.float64) - self.local_lr * result.update.astype(np.float64)).astype(np.float32)
+            self.rounds_since_global += 1

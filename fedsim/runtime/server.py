@@ -1,0 +1,206 @@
+"""The server actor (paper 000, sec. 3): time windows, de-duplication, staleness, mixing,
+diminishing step sizes, evaluation and broadcast.
+
+At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
+that arrives in ``((k-1) W, k W]`` and at ``k W``:
+
+1. classifies each update, in arrival order: **rejected** if the sender is unknown;
+   **duplicate** if ``(client_id, round)`` was seen before (in any window: at-least-once
+   delivery must never double-apply); **stale** if ``version - base_version`` exceeds
+   ``max_staleness``; **rejected** if the client is not in this window's participation subset
+   (drawn per window with the server's own seeded generator); otherwise **applied**;
+2. mixes the applied updates (:func:`fedsim.aggregation.mix`) with the window's server step
+   size; the version goes up by one if anything was applied;
+3. evaluates on the held-out set every ``eval_every`` windows and lets the step-size
+   schedule react (an unchanged model is not re-evaluated and does not count as "no
+   improvement");
+4. broadcasts the model every ``broadcast_every`` windows (also when unchanged, so a client that
+   missed the last broadcast can still catch up).
+
+Everything here is post-processing of released updates: it costs the clients no privacy.
+The actor sees only a :class:`~fedsim.runtime.clock.Clock` and an
+:class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from fedsim.aggregation import AcceptedUpdate, MixingStrategy, StepSizeSchedule, mix
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.clock import Clock
+from fedsim.transports.base import Endpoint
+
+__all__ = ["ClientInfo", "ServerActor", "WindowReport"]
+
+_log = structlog.get_logger("fedsim.runtime.server")
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server knows about a client in advance (from the scenario)."""
+
+    num_samples: int
+    step_size: float  # the client's agreed local step size eta_i
+    weight: float = 1.0
+
+
+@dataclass
+class WindowReport:
+    """What happened in one window (one line of ``metrics.jsonl``, before the runtime adds
+    network and ledger columns)."""
+
+    window: int
+    time: float
+    version: int
+    received: int = 0
+    applied: int = 0
+    stale: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    step_size: float = 0.0
+    accuracy: float | None = None
+    loss: float | None = None
+    applied_keys: list[tuple[str, int]] = field(default_factory=list)
+
+
+Evaluator = Callable[[np.ndarray], tuple[float, float]]
+
+
+class ServerActor:
+    """Collects client updates per time window and publishes global models."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        endpoint: Endpoint,
+        initial_params: np.ndarray,
+        clients: Mapping[str, ClientInfo],
+        window: float,
+        strategy: MixingStrategy,
+        step_size: StepSizeSchedule,
+        evaluate: Evaluator | None = None,
+        eval_every: int = 1,
+        broadcast_every: int = 1,
+        max_staleness: int | None = None,
+        participation: float = 1.0,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        if window <= 0:
+            raise ValueError(f"window must be > 0, got {window}")
+        self.clock = clock
+        self.endpoint = endpoint
+        self.params = np.asarray(initial_params, dtype=np.float32).copy()
+        self.version = 0
+        self.clients = dict(clients)
+        self.window = float(window)
+        self.strategy = strategy
+        self.step_size = step_size
+        self.evaluate = evaluate
+        self.eval_every = eval_every
+        self.broadcast_every = broadcast_every
+        self.max_staleness = max_staleness
+        self.participation = participation
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.seen: set[tuple[str, int]] = set()
+        self.statuses: dict[str, ClientStatus] = {}
+        self.windows_closed = 0
+        self.last_accuracy: float | None = None
+        self._inbox: list[ClientUpdate] = []
+        self._evaluated_version = -1
+        self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
+
+    # -- receiving ------------------------------------------------------------------------
+    async def _receive_forever(self) -> None:
+        while True:
+            message = await self.endpoint.receive()
+            if isinstance(message, ClientUpdate):
+                self._inbox.append(message)
+            elif isinstance(message, ClientStatus):
+                self.statuses[message.client_id] = message
+            else:
+                _log.warning("server ignored a message", kind=type(message).__name__)
+
+    # -- one window -----------------------------------------------------------------------
+    def _participants(self) -> frozenset[str] | None:
+        if self.participation >= 1.0:
+            return None
+        ids = sorted(self.clients)
+        count = max(1, round(self.participation * len(ids)))
+        chosen = self.rng.choice(len(ids), size=count, replace=False)
+        return frozenset(ids[i] for i in chosen)
+
+    def close_window(self) -> WindowReport:
+        """Classify, mix and apply what arrived since the last window; evaluate if due."""
+        self.windows_closed += 1
+        window = self.windows_closed
+        arrived, self._inbox = self._inbox, []
+        participants = self._participants()
+        report = WindowReport(window=window, time=self.clock.now(), version=self.version,
+                              received=len(arrived))
+        accepted: list[AcceptedUpdate] = []
+        for update in arrived:
+            key = (update.client_id, update.round)
+            info = self.clients.get(update.client_id)
+            if info is None:
+                report.rejected += 1
+                continue
+            if key in self.seen:
+                report.duplicate += 1
+                continue
+            self.seen.add(key)
+            if self.max_staleness is not None and self.version - update.base_version > self.max_staleness:
+                report.stale += 1
+            elif participants is not None and update.client_id not in participants:
+                report.rejected += 1
+            else:
+                accepted.append(AcceptedUpdate(update.client_id, update.round, update.delta,
+                                               info.num_samples, info.step_size, info.weight))
+                report.applied_keys.append(key)
+        report.applied = len(accepted)
+        report.step_size = self.step_size.current(window)
+        if accepted:
+            self.params = mix(self.params, accepted, self.strategy, report.step_size)
+            self.version += 1
+        report.version = self.version
+        if self.evaluate is not None and window % self.eval_every == 0:
+            if self.version != self._evaluated_version:
+                self._last_evaluation = self.evaluate(self.params)
+                self._evaluated_version = self.version
+                # Only a changed model says anything about improvement: windows in which
+                # nothing was applied must not shrink the step size.
+                self.step_size.observe(self._last_evaluation[0])
+            report.accuracy, report.loss = self._last_evaluation
+            self.last_accuracy = report.accuracy
+        return report
+
+    async def broadcast(self) -> None:
+        await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now()))
+
+    # -- the actor ------------------------------------------------------------------------
+    async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
+        """Serve until ``on_window(report)`` returns True (checked after every window)."""
+        receiver = asyncio.create_task(self._receive_forever(), name="server-receive")
+        try:
+            await self.broadcast()
+            start = self.clock.now()
+            while True:
+                # Sleep to the absolute window end so that rounding never accumulates.
+                await self.clock.sleep(start + (self.windows_closed + 1) * self.window - self.clock.now())
+                report = self.close_window()
+                if report.window % self.broadcast_every == 0:
+                    await self.broadcast()
+                if on_window(report):
+                    return
+        finally:
+            receiver.cancel()
+            try:
+                await receiver
+            except asyncio.CancelledError:
+                pass
