@@ -46,6 +46,7 @@ from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.runtime.client import ClientActor, StalenessPolicy
+from fedsim.runtime.clock import Clock
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import GroupSchedules, make_schedules
@@ -54,9 +55,12 @@ from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, lo
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import RoundResult
+from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
-__all__ = ["ClientPlan", "Population", "RunResult", "build_population", "run_scenario"]
+__all__ = ["ClientPlan", "Population", "RunResult", "build_population", "client_ids",
+           "make_client_actor", "make_evaluator", "make_server_actor", "open_ledger",
+           "run_scenario"]
 
 _log = structlog.get_logger("fedsim.runtime.simulation")
 
@@ -106,10 +110,13 @@ class Population:
     plans: list[ClientPlan]
     dataset_path: Path | None
 
-    def trainer(self, plan: ClientPlan, *, message_only: bool = False) -> LocalTrainer | VirtualDurationTrainer:
-        """The client's trainer, its batches and noise drawn from ``client/<id>/train``."""
+    def trainer(self, plan: ClientPlan, *, message_only: bool = False,
+                generator: torch.Generator | None = None) -> LocalTrainer | VirtualDurationTrainer:
+        """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
+        from ``generator``: a restarted client process must not replay released noise)."""
         group = plan.group
-        generator = self.tree.torch("client", plan.client_id, "train")
+        if generator is None:
+            generator = self.tree.torch("client", plan.client_id, "train")
         if message_only:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         index = torch.from_numpy(plan.indices)
@@ -155,6 +162,11 @@ class VirtualDurationTrainer:
 def _client_ids(group: ClientGroup) -> list[str]:
     width = max(3, len(str(group.count - 1)))
     return [f"{group.name}-{i:0{width}d}" for i in range(group.count)]
+
+
+def client_ids(scenario: Scenario) -> list[str]:
+    """Every client id of a scenario, in group order (the ids :func:`build_population` uses)."""
+    return [client_id for group in scenario.clients.groups for client_id in _client_ids(group)]
 
 
 def _split_groups(labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree) -> list[list[np.ndarray]]:
@@ -236,6 +248,61 @@ def build_population(loaded: LoadedScenario) -> Population:
 # Running
 
 
+def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
+    """The client's durable ledger at ``path`` (resumed if it exists), with its group's budget
+    and accountant."""
+    group = plan.group
+    budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
+    return PrivacyLedger.open(path, client_id=plan.client_id, sampling=group.sampling,
+                              budget=budget, accountant=group.accountant)
+
+
+def make_client_actor(plan: ClientPlan, *, clock: Clock, endpoint: Endpoint, trainer: Any,
+                      ledger: PrivacyLedger, speed_rng: np.random.Generator,
+                      delta: float) -> ClientActor:
+    """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
+    (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
+    deployed client process alike."""
+    group = plan.group
+    rounds_done = {record.round for record in ledger.records}
+    return ClientActor(
+        plan.client_id, clock=clock, endpoint=endpoint, trainer=trainer, ledger=ledger,
+        local_lr=group.local_lr, batch_size=float(group.batch_size),
+        num_samples=plan.num_samples,
+        seconds_per_sample=lambda: group.speed.sample(speed_rng),
+        staleness=StalenessPolicy(group.staleness.max_versions_behind,
+                                  group.staleness.max_distance),
+        max_rounds=group.rounds, first_round=max(rounds_done, default=-1) + 1,
+        status_epsilon=lambda: (ledger.epsilon(delta), delta),
+    )
+
+
+def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float, float]]:
+    """Held-out (accuracy, loss) of a flat parameter vector, on the population's test set."""
+
+    def evaluate_params(params: np.ndarray) -> tuple[float, float]:
+        load_flat_params(population.model, params)
+        return evaluate(population.model, population.test_x, population.test_y)
+
+    return evaluate_params
+
+
+def make_server_actor(population: Population, *, clock: Clock, endpoint: Endpoint,
+                      evaluate: Callable[[np.ndarray], tuple[float, float]] | None) -> ServerActor:
+    """The scenario's :class:`ServerActor` (simulation and deployed server process alike)."""
+    server_config = population.scenario.server
+    return ServerActor(
+        clock=clock, endpoint=endpoint, initial_params=population.initial_params,
+        clients={p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight)
+                 for p in population.plans},
+        window=server_config.window, strategy=make_strategy(server_config.mixing),
+        step_size=make_step_size(server_config.step_size), evaluate=evaluate,
+        eval_every=server_config.eval_every, broadcast_every=server_config.broadcast_every,
+        max_staleness=server_config.max_staleness, participation=server_config.participation,
+        rng=population.tree.numpy("server", "participation"),
+    )
+
+
 def _link_model(link: Link) -> LinkModel:
     return LinkModel(latency=link.latency.sampler(), drop=link.drop, duplicate=link.duplicate,
                      reorder=link.reorder, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
@@ -292,12 +359,6 @@ class _Simulation:
         self._metrics_file: io.TextIOBase | None = None
 
     # -- setup --------------------------------------------------------------------------------
-    def _open_ledger(self, plan: ClientPlan, path: Path) -> PrivacyLedger:
-        group = plan.group
-        budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
-        return PrivacyLedger.open(path, client_id=plan.client_id, sampling=group.sampling,
-                                  budget=budget, accountant=group.accountant)
-
     def _network(self, clock: VirtualClock) -> SimulatedNetwork:
         network = self.scenario.network
         overrides = {p.client_id: p.group.network for p in self.population.plans
@@ -320,20 +381,11 @@ class _Simulation:
 
     def _start_actor(self, client: _Client, clock: VirtualClock, network: SimulatedNetwork) -> None:
         plan = client.plan
-        group = plan.group
-        rounds_done = {record.round for record in client.ledger.records}
-        speed_rng = self.population.tree.numpy("client", plan.client_id, "speed", client.crashes)
-        delta = self.scenario.privacy.delta
-        actor = ClientActor(
-            plan.client_id, clock=clock, endpoint=network.client_endpoint(plan.client_id),
-            trainer=client.trainer, ledger=client.ledger, local_lr=group.local_lr,
-            batch_size=float(group.batch_size), num_samples=plan.num_samples,
-            seconds_per_sample=lambda: group.speed.sample(speed_rng),
-            staleness=StalenessPolicy(group.staleness.max_versions_behind,
-                                      group.staleness.max_distance),
-            max_rounds=group.rounds, first_round=max(rounds_done, default=-1) + 1,
-            status_epsilon=lambda: (client.ledger.epsilon(delta), delta),
-        )
+        actor = make_client_actor(
+            plan, clock=clock, endpoint=network.client_endpoint(plan.client_id),
+            trainer=client.trainer, ledger=client.ledger,
+            speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
+            delta=self.scenario.privacy.delta)
         if not client.online:
             actor.online.clear()
         client.actor = actor
@@ -378,7 +430,7 @@ class _Simulation:
                 return
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
-            client.ledger = self._open_ledger(client.plan, client.ledger_path)
+            client.ledger = open_ledger(client.plan, client.ledger_path)
             self._start_actor(client, clock, network)
             _log.info("client rejoined", client=client.plan.client_id, time=clock.now(),
                       next_round=client.actor.next_round if client.actor else None)
@@ -451,7 +503,6 @@ class _Simulation:
     # -- the run --------------------------------------------------------------------------------
     async def main(self, clock: VirtualClock) -> ServerActor:
         population = self.population
-        scenario = self.scenario
         network = self._network(clock)
         ledger_dir = self.out_dir / "ledgers"
         ledger_dir.mkdir(parents=True, exist_ok=True)
@@ -459,19 +510,10 @@ class _Simulation:
             path = ledger_dir / f"{plan.client_id}.jsonl"
             self.clients[plan.client_id] = _Client(
                 plan, population.trainer(plan, message_only=self.message_only), path,
-                self._open_ledger(plan, path))
-        server_config = scenario.server
-        evaluator = None if self.message_only else self._evaluator()
-        server = ServerActor(
-            clock=clock, endpoint=network.server_endpoint(), initial_params=population.initial_params,
-            clients={p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight)
-                     for p in population.plans},
-            window=server_config.window, strategy=make_strategy(server_config.mixing),
-            step_size=make_step_size(server_config.step_size), evaluate=evaluator,
-            eval_every=server_config.eval_every, broadcast_every=server_config.broadcast_every,
-            max_staleness=server_config.max_staleness, participation=server_config.participation,
-            rng=population.tree.numpy("server", "participation"),
-        )
+                open_ledger(plan, path))
+        server = make_server_actor(
+            population, clock=clock, endpoint=network.server_endpoint(),
+            evaluate=None if self.message_only else make_evaluator(population))
         helpers: list[asyncio.Task[None]] = []
         for client in self.clients.values():
             self._start_actor(client, clock, network)
@@ -490,15 +532,6 @@ class _Simulation:
         self._check_tasks()
         self.network_stats = network.stats.as_dict()
         return server
-
-    def _evaluator(self) -> Callable[[np.ndarray], tuple[float, float]]:
-        population = self.population
-
-        def evaluate_params(params: np.ndarray) -> tuple[float, float]:
-            load_flat_params(population.model, params)
-            return evaluate(population.model, population.test_x, population.test_y)
-
-        return evaluate_params
 
     def run(self) -> tuple[ServerActor, float]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
