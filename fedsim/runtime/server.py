@@ -36,7 +36,7 @@ from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.clock import Clock
 from fedsim.transports.base import Endpoint
 
-__all__ = ["ClientInfo", "ServerActor", "WindowReport"]
+__all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]
 
 _log = structlog.get_logger("fedsim.runtime.server")
 
@@ -70,6 +70,26 @@ class WindowReport:
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
+
+
+@dataclass(frozen=True, eq=False)
+class ServerSnapshot:
+    """Everything a restarted server needs to continue where :meth:`ServerActor.snapshot` was
+    taken: the model and its version, the de-duplication table, the window count and clock
+    time, the step-size schedule's and participation generator's state, the last evaluation and
+    the clients' last statuses. Updates waiting in the current window are not part of it."""
+
+    params: np.ndarray
+    version: int
+    windows_closed: int
+    time: float
+    seen: frozenset[tuple[str, int]]
+    step_size_state: dict[str, float | int]
+    rng_state: dict[str, object]
+    last_accuracy: float | None
+    evaluated_version: int
+    last_evaluation: tuple[float, float]
+    statuses: dict[str, ClientStatus]
 
 
 class ServerActor:
@@ -183,13 +203,42 @@ class ServerActor:
     async def broadcast(self) -> None:
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now()))
 
+    # -- checkpoints ----------------------------------------------------------------------
+    def snapshot(self) -> ServerSnapshot:
+        """The server's state between windows (see :class:`ServerSnapshot`)."""
+        return ServerSnapshot(
+            params=self.params.copy(), version=self.version, windows_closed=self.windows_closed,
+            time=self.clock.now(), seen=frozenset(self.seen),
+            step_size_state=dict(vars(self.step_size)),
+            rng_state=dict(self.rng.bit_generator.state), last_accuracy=self.last_accuracy,
+            evaluated_version=self._evaluated_version, last_evaluation=self._last_evaluation,
+            statuses=dict(self.statuses))
+
+    def restore(self, snapshot: ServerSnapshot) -> None:
+        """Continue from ``snapshot`` (call before :meth:`run`): the version never goes back and
+        an update applied before the snapshot is never applied again."""
+        if snapshot.params.shape != self.params.shape:
+            raise ValueError(f"snapshot has {snapshot.params.size} parameters, the model "
+                             f"{self.params.size}")
+        self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
+        self.version = snapshot.version
+        self.windows_closed = snapshot.windows_closed
+        self.seen = set(snapshot.seen)
+        vars(self.step_size).update(snapshot.step_size_state)
+        self.rng.bit_generator.state = snapshot.rng_state
+        self.last_accuracy = snapshot.last_accuracy
+        self._evaluated_version = snapshot.evaluated_version
+        self._last_evaluation = snapshot.last_evaluation
+        self.statuses = dict(snapshot.statuses)
+
     # -- the actor ------------------------------------------------------------------------
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window)."""
         receiver = asyncio.create_task(self._receive_forever(), name="server-receive")
         try:
             await self.broadcast()
-            start = self.clock.now()
+            # Window k ends at start + k W; a restored server continues its count.
+            start = self.clock.now() - self.windows_closed * self.window
             while True:
                 # Sleep to the absolute window end so that rounding never accumulates.
                 await self.clock.sleep(start + (self.windows_closed + 1) * self.window - self.clock.now())
