@@ -1,0 +1,293 @@
+"""Dong, Roth & Su (paper 003, Fig. 7): DP-SGD on MNIST, runs A / B / C.
+
+One client holds all n = 60000 MNIST training images; every step takes a fixed-size batch of
+m = 256 without replacement, so neighbouring data sets differ by replacing one record and the
+noise is N(0, (2 C sigma)^2) on the clipped sum (DRS Alg. 1). The runs:
+
+    run  epochs  sigma  lr    C     paper accuracy  paper CLT mu  paper moments accountant eps
+    A    15      1.3    0.25  1.5   95.0 %          0.285         1.19
+    B    60      1.1    0.15  1.0   96.6 %          0.737         3.01
+    C    45      0.7    0.25  1.5   97.0 %          1.554         7.1
+
+For each run the script reports, for the FULL schedule T = epochs * n / m (accounting is cheap):
+
+* ``mu_clt``: DRS Cor. 5.4 (fixed size, replace-one), an asymptotic approximation;
+* ``eps_gdp_clt``: eps at delta = 1e-5 of that mu (DRS Cor. 2.13), an approximation;
+* ``eps_pld``: eps of C_q(G_{1/sigma})^{(x)T} (DRS Thm 5.1) from fedsim's PLD accountant, a
+  guarantee for the scheme that was run;
+* ``eps_rdp``: RDP with the classic conversion for the scheme that was run (fixed size,
+  replace-one, Wang-Balle-Kasiviswanathan bound), a guarantee;
+* ``eps_rdp_ma``: RDP with the classic conversion for Poisson sampling and add/remove
+  neighbours, which is what the paper's moments accountant (TensorFlow Privacy) computed.
+
+and the test accuracy of a training run, made by ``benchmarks/mnist_centralized.py`` (the
+training code is reused, not copied). The CPU default trains a reduced number of epochs per run
+(``full: false`` in the output; the privacy columns still describe the full schedule); ``--full``
+trains the paper's epochs (``--device cuda`` on a GPU). A finished full run A of
+``benchmarks/mnist_centralized.py`` (``benchmarks/results/mnist_centralized.json``) is reused
+instead of retraining.
+
+    python benchmarks/papers/drs_mnist.py                        # privacy + reduced training
+    python benchmarks/papers/drs_mnist.py --full --device cuda   # the paper's epochs
+    python benchmarks/papers/drs_mnist.py --no-train             # privacy and plot only
+
+Writes benchmarks/results/papers/drs_mnist.json (a list of rows), the training records under
+benchmarks/results/papers/drs_mnist_runs/, and docs/img/drs_mnist_tradeoff.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results" / "papers"
+RUN_RECORDS = RESULTS / "drs_mnist_runs"
+CENTRALIZED_RESULT = REPO / "benchmarks" / "results" / "mnist_centralized.json"
+PLOT = REPO / "docs" / "img" / "drs_mnist_tradeoff.png"
+NUM_TRAIN = 60_000
+BATCH_SIZE = 256
+DELTA = 1e-5
+
+
+@dataclass(frozen=True)
+class DrsRun:
+    """One column of DRS Fig. 7 with the paper's printed values."""
+
+    name: str
+    epochs: int
+    sigma: float
+    lr: float
+    clip: float
+    reduced_epochs: int  # what the CPU default trains
+    paper_accuracy: float  # percent
+    paper_mu_clt: float
+    paper_eps_ma: float  # moments accountant (TF Privacy), delta = 1e-5
+
+    @property
+    def steps(self) -> int:
+        return round(self.epochs * NUM_TRAIN / BATCH_SIZE)
+
+    @property
+    def full_step(self) -> GaussianStep:
+        """The full schedule as the scheme that was run: fixed size, replace-one."""
+        return GaussianStep("fixed", BATCH_SIZE / NUM_TRAIN, self.sigma, self.steps)
+
+
+RUNS: tuple[DrsRun, ...] = (
+    DrsRun("A", 15, 1.3, 0.25, 1.5, 15, 95.0, 0.285, 1.19),
+    DrsRun("B", 60, 1.1, 0.15, 1.0, 5, 96.6, 0.737, 3.01),
+    DrsRun("C", 45, 0.7, 0.25, 1.5, 5, 97.0, 1.554, 7.1),
+)
+
+
+def load_centralized_benchmark() -> ModuleType:
+    """benchmarks/mnist_centralized.py as a module (the training loop and the CLT formulas)."""
+    path = REPO / "benchmarks" / "mnist_centralized.py"
+    spec = importlib.util.spec_from_file_location("mnist_centralized", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- privacy ------------------------------------------------------------------------------
+def privacy_numbers(run: DrsRun, centralized: ModuleType, delta: float = DELTA) -> dict[str, float]:
+    """All privacy columns for the run's full schedule."""
+    step = run.full_step
+    mu = centralized.gdp_clt_mu_fixed(step.q, step.count, step.sigma)
+    moments = GaussianStep("poisson", step.q, step.sigma, step.count)
+    return {
+        "mu_clt": float(mu),
+        "eps_gdp_clt": float(centralized.gdp_epsilon(mu, delta)),
+        "eps_pld": float(make_accountant("pld", [step]).epsilon(delta)),
+        "eps_rdp": float(make_accountant("rdp", [step]).epsilon_classic(delta)),
+        "eps_rdp_ma": float(make_accountant("rdp", [moments]).epsilon_classic(delta)),
+    }
+
+
+def gdp_tradeoff(mu: float, alpha: np.ndarray) -> np.ndarray:
+    """G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu) (DRS Def. 2.6)."""
+    return norm.cdf(norm.ppf(1.0 - alpha) - mu)
+
+
+def eps_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.ndarray:
+    """The piecewise-linear f_{eps,delta} of a single (eps, delta) pair (DRS Prop. 2.5)."""
+    return np.maximum.reduce([
+        np.zeros_like(alpha),
+        1.0 - delta - math.exp(eps) * alpha,
+        math.exp(-eps) * (1.0 - delta - alpha),
+    ])
+
+
+def tradeoff_curves(run: DrsRun, numbers: dict[str, float], alpha: np.ndarray) -> dict[str, list[float]]:
+    return {
+        "alpha": alpha.tolist(),
+        "fdp_pld": make_accountant("pld", [run.full_step]).tradeoff(alpha).tolist(),
+        "gdp_clt": gdp_tradeoff(numbers["mu_clt"], alpha).tolist(),
+        "moments_accountant": eps_delta_tradeoff(numbers["eps_rdp_ma"], DELTA, alpha).tolist(),
+        "rdp_fixed": eps_delta_tradeoff(numbers["eps_rdp"], DELTA, alpha).tolist(),
+    }
+
+
+def plot_tradeoffs(curves: dict[str, dict[str, list[float]]], numbers: dict[str, dict[str, float]],
+                   path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 4.2), squeeze=False)
+    for ax, (name, c) in zip(axes[0], curves.items(), strict=True):
+        n = numbers[name]
+        ax.plot(c["alpha"], c["fdp_pld"], color="black", lw=2,
+                label=f"f-DP, Thm 5.1 (PLD): eps={n['eps_pld']:.2f}")
+        ax.plot(c["alpha"], c["gdp_clt"], color="tab:red",
+                label=f"GDP by CLT: mu={n['mu_clt']:.3f}")
+        ax.plot(c["alpha"], c["moments_accountant"], color="tab:blue", ls="--",
+                label=f"moments acc. (Poisson): ({n['eps_rdp_ma']:.2f}, 1e-5)")
+        ax.plot(c["alpha"], c["rdp_fixed"], color="tab:blue", ls=":",
+                label=f"RDP classic (fixed): ({n['eps_rdp']:.2f}, 1e-5)")
+        ax.plot([0, 1], [1, 0], color="grey", lw=0.5)
+        ax.set_title(f"run {name}")
+        ax.set_xlabel("type I error")
+        ax.set_ylabel("type II error")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- training -----------------------------------------------------------------------------
+def _matches(record: dict[str, Any], run: DrsRun, epochs: float | None) -> bool:
+    return (not record.get("quick", False) and record.get("sigma") == run.sigma
+            and record.get("clip") == run.clip and record.get("lr") == run.lr
+            and record.get("batch_size") == BATCH_SIZE and record.get("sampling") == "fixed"
+            and (epochs is None or record.get("epochs") == epochs))
+
+
+def train(run: DrsRun, epochs: float, centralized: ModuleType, *, data: str | None,
+          device: str, seed: int, out: Path) -> dict[str, Any]:
+    """Train run ``run`` for ``epochs`` with mnist_centralized's loop; its record is ``out``."""
+    argv = ["--epochs", str(epochs), "--sigma", str(run.sigma), "--clip", str(run.clip),
+            "--lr", str(run.lr), "--batch-size", str(BATCH_SIZE), "--seed", str(seed),
+            "--device", device, "--out", str(out)]
+    if data is not None:
+        argv += ["--data", data]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    status = centralized.main(argv)
+    if status != 0:
+        raise RuntimeError(f"training run {run.name} failed with status {status}")
+    return json.loads(out.read_text())
+
+
+def training_record(run: DrsRun, records: Path, epochs: float | None) -> dict[str, Any] | None:
+    """A finished training record of ``run`` (ours, else helper 3's run A), for ``epochs``
+    epochs or, with ``epochs=None``, for any number of epochs."""
+    for candidate in (records / f"run_{run.name}.json", CENTRALIZED_RESULT):
+        if candidate.is_file():
+            record = json.loads(candidate.read_text())
+            if _matches(record, run, epochs):
+                return record
+    return None
+
+
+def difference_note(run: DrsRun, accuracy: float | None, full: bool) -> str:
+    if accuracy is None:
+        return "not trained yet"
+    gap = accuracy - run.paper_accuracy
+    if abs(gap) <= 1.0:
+        return "within 1 point of the paper"
+    if not full:
+        return (f"reduced CPU run ({gap:+.1f} points); the paper trains {run.epochs} epochs "
+                "(--full --device cuda)")
+    return (f"{gap:+.1f} points with the paper's m, sigma, lr, C and epochs: the paper trained "
+            "with TF Privacy, whose noise is C sigma on Poisson-style batches; here the batches "
+            "are fixed-size with replace-one noise 2 C sigma (DRS Alg. 1, what its mu certifies)")
+
+
+# -- main ---------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="ABC", help="which runs to train, e.g. A or BC")
+    parser.add_argument("--full", action="store_true", help="train the paper's epochs")
+    parser.add_argument("--epochs", type=float, default=None,
+                        help="train this many epochs per run (overrides the reduced default)")
+    parser.add_argument("--no-train", action="store_true",
+                        help="privacy numbers and plot only; reuse existing training records")
+    parser.add_argument("--data", default=None, help="mnist.npz (default: mnist_centralized's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--plot", type=Path, default=PLOT)
+    args = parser.parse_args(argv)
+
+    centralized = load_centralized_benchmark()
+    records = args.results / "drs_mnist_runs"
+    alpha = np.linspace(0.0, 1.0, 401)
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, dict[str, list[float]]] = {}
+    numbers: dict[str, dict[str, float]] = {}
+    for run in RUNS:
+        numbers[run.name] = privacy_numbers(run, centralized)
+        curves[run.name] = tradeoff_curves(run, numbers[run.name], alpha)
+        epochs = float(run.epochs if args.full else
+                       (args.epochs if args.epochs is not None else run.reduced_epochs))
+        record = training_record(run, records, epochs)
+        if record is None and not args.no_train and run.name in args.runs.upper():
+            record = train(run, epochs, centralized, data=args.data, device=args.device,
+                           seed=args.seed, out=records / f"run_{run.name}.json")
+        if record is None:
+            record = training_record(run, records, None)
+        accuracy = None if record is None else round(100.0 * record["accuracy"], 2)
+        trained_epochs = None if record is None else record["epochs"]
+        full = trained_epochs is not None and trained_epochs >= run.epochs
+        rows.append({
+            "run": run.name,
+            "full": full,
+            "epochs": trained_epochs,
+            "paper_epochs": run.epochs,
+            "sigma": run.sigma,
+            "lr": run.lr,
+            "clip": run.clip,
+            "steps_full": run.steps,
+            "accuracy": accuracy,
+            "paper_accuracy": run.paper_accuracy,
+            "paper_mu_clt": run.paper_mu_clt,
+            **{k: round(v, 4) for k, v in numbers[run.name].items()},
+            "paper_eps_rdp_ma": run.paper_eps_ma,
+            "note": difference_note(run, accuracy, full),
+        })
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "drs_mnist.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (records).mkdir(parents=True, exist_ok=True)
+    (records / "tradeoff_curves.json").write_text(json.dumps(curves) + "\n")
+    plot_tradeoffs(curves, numbers, args.plot)
+    for row in rows:
+        print(json.dumps({k: row[k] for k in ("run", "full", "epochs", "accuracy", "mu_clt",
+                                              "eps_pld", "eps_gdp_clt", "eps_rdp", "eps_rdp_ma")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
