@@ -168,6 +168,16 @@ def _read_mnist_at(location: Path) -> Arrays | None:
     return None
 
 
+def find_mnist(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` holds something to read MNIST from (without reading it)."""
+    place = Path(location)
+    return (
+        place.is_file()
+        or (place / "mnist.npz").is_file()
+        or (place.is_dir() and _idx_paths(place) is not None)
+    )
+
+
 def user_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "fedsim"
@@ -204,7 +214,7 @@ def load_mnist_arrays(
             + ", ".join(str(p) for p in places)
             + "; run `fedsim data fetch mnist`"
         )
-    return _read_npz(fetch_mnist(user_cache_dir()))
+    return _read_npz(fetch_mnist(places[0]))
 
 
 # ---------------------------------------------------------------------------------------

@@ -429,14 +429,12 @@ class PerSampleEngine:
                 raise ModelError(
                     f"{type(module).__name__} returns {type(output).__name__}; per-sample clipping needs a tensor output"
                 )
-            if (
-                self._clone_outputs
-            ):  # a later in-place op must not rewrite the tensor we differentiate by
-                output = output.clone()
             layer.uses.append(
                 _Use(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), output)
             )
-            return output
+            # Differentiate by the recorded tensor; hand a copy downstream so that an in-place
+            # op there (ReLU(inplace=True)) cannot rewrite the recorded one.
+            return output.clone() if self._clone_outputs else output
 
         return record
 
@@ -515,6 +513,10 @@ def engine_for(model: nn.Module) -> PerSampleEngine:
     return engine
 
 
+def _or_zeros(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(param) if grad is None else grad
+
+
 def naive_per_example_gradients(
     model: nn.Module,
     features: torch.Tensor,
@@ -526,18 +528,18 @@ def naive_per_example_gradients(
     Slow and memory-hungry by design; tests compare the fast engine against it.
     """
     params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
     rows: list[torch.Tensor] = []
     for i in range(features.shape[0]):
         loss = loss_fn(model(features[i : i + 1]), targets[i : i + 1]).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        rows.append(
-            torch.cat(
-                [
-                    (torch.zeros_like(p) if g is None else g).reshape(-1)
-                    for p, g in zip(params, grads, strict=True)
-                ]
+        grads = dict(
+            zip(
+                map(id, trainable),
+                torch.autograd.grad(loss, trainable, allow_unused=True),
+                strict=True,
             )
         )
+        rows.append(torch.cat([_or_zeros(grads.get(id(p)), p).reshape(-1) for p in params]))
     return torch.stack(rows)
 
 

@@ -1,0 +1,212 @@
+"""Noise scale per sampling scheme, batch-size laws, and LocalTrainer's contract."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedsim.errors import ConfigError, ModelError
+from fedsim.privacy.events import GaussianStep
+from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset, secure_generator
+from fedsim.training.dpsgd import fixed_size_batch, poisson_batch, sample_batch
+from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
+
+
+@dataclass(frozen=True)
+class Constant:
+    """The duck type LocalTrainer reads (fedsim.privacy.schedules provides the real ones)."""
+
+    value: float
+
+    def clip(self, t: int) -> float:
+        return self.value
+
+    def sigma(self, t: int) -> float:
+        return self.value
+
+
+def _trainer(
+    sampling: str,
+    *,
+    clip: float = 0.5,
+    sigma: float = 1.5,
+    n: int = 64,
+    batch: int = 16,
+    seed: int = 0,
+    **kwargs: object,
+) -> LocalTrainer:
+    x, y, _, _ = load_dataset(
+        "synthetic", seed=seed, num_train=n, num_test=1, num_features=5, num_classes=3
+    )
+    torch.manual_seed(seed)
+    model = build_model("logreg", in_features=5, num_classes=3)
+    return LocalTrainer(
+        model,
+        x,
+        y,
+        batch_size=batch,
+        sampling=sampling,
+        clip=Constant(clip),
+        noise=Constant(sigma),
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(("sampling", "factor"), [("poisson", 1.0), ("fixed", 2.0)])
+def test_noise_std_is_c_sigma_for_poisson_and_2c_sigma_for_fixed(
+    sampling: str, factor: float
+) -> None:
+    trainer = _trainer(sampling)
+    params = flat_params(trainer.model)
+    noise = []
+    for t in range(400):
+        state = trainer.generator.get_state()
+        result = trainer.run_round(params, t)
+        # Replay the same batch to get the exact clipped sum, then isolate the noise.
+        replay = torch.Generator().manual_seed(0)
+        replay.set_state(state)
+        indices = sample_batch(sampling, trainer.num_records, trainer.batch_size, replay)
+        exact = trainer.engine.clipped_sum(
+            trainer.features[indices], trainer.labels[indices], 0.5
+        ).flat_sum
+        noise.append(result.update.astype(np.float64) * trainer.batch_size - exact.numpy())
+    noise = np.concatenate(noise)  # 400 rounds x 18 coordinates
+    expected = factor * 0.5 * 1.5
+    # Relative s.e. of a sample std is 1/sqrt(2n) = 0.4% at n = 7200; 3% is > 7 s.e., and the
+    # other scheme's value (a factor 2 away) is far outside it.
+    assert np.std(noise) == pytest.approx(expected, rel=0.03)
+    assert abs(np.mean(noise)) < 5 * expected / math.sqrt(noise.size)
+
+
+def test_poisson_batch_sizes_follow_binomial() -> None:
+    n, q, draws = 400, 0.05, 3000
+    generator = torch.Generator().manual_seed(11)
+    sizes = np.array([len(poisson_batch(n, q, generator)) for _ in range(draws)])
+
+    def chi2_pvalue(observed: np.ndarray, p: float) -> float:
+        edges = np.arange(10, 31)  # pooled tails <=10 and >=30 keep expected counts >= 5
+        law = stats.binom(n, p)
+        expected = np.diff(np.concatenate([[0.0], law.cdf(edges[:-1]), [1.0]])) * len(observed)
+        counts = np.bincount(
+            np.clip(np.searchsorted(edges, observed, side="left"), 0, len(edges) - 1),
+            minlength=len(edges),
+        )
+        return float(stats.chisquare(counts, expected).pvalue)
+
+    assert chi2_pvalue(sizes, q) > 1e-3  # fixed seed; a correct sampler fails 0.1% of seeds
+    assert chi2_pvalue(sizes, 1.15 * q) < 1e-6  # the test has power against a 15% wrong rate
+    assert (sizes == 0).sum() == 0 and len(
+        poisson_batch(50, 1e-4, generator)
+    ) == 0  # empty batches occur
+
+
+def test_fixed_size_batches_are_uniform_without_replacement() -> None:
+    generator = torch.Generator().manual_seed(5)
+    counts = np.zeros(40)
+    for _ in range(2000):
+        batch = fixed_size_batch(40, 10, generator).numpy()
+        assert len(batch) == 10 and len(set(batch)) == 10
+        counts[batch] += 1
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+def test_round_reports_its_planned_steps_and_an_empty_poisson_batch_is_pure_noise() -> None:
+    trainer = _trainer("poisson", n=64, batch=1)
+    planned = trainer.planned_steps(3)
+    assert planned == [GaussianStep("poisson", 1 / 64, 1.5)]
+    params = flat_params(trainer.model)
+    sizes = []
+    for t in range(60):
+        result = trainer.run_round(params, t)
+        assert result.steps == planned
+        assert result.update.dtype == np.float32 and result.update.shape == params.shape
+        sizes.append(result.batch_sizes[0])
+        if result.batch_sizes == [0]:
+            assert math.isnan(result.mean_loss) and result.sample_grads == 0
+            assert np.abs(result.update).max() > 0  # noise is still added
+    assert 0 in sizes
+
+
+def test_local_steps_return_the_sum_of_the_noisy_gradients() -> None:
+    multi = _trainer("fixed", local_steps=3, local_lr=0.2)
+    single = _trainer("fixed")
+    params = flat_params(multi.model)
+    result = multi.run_round(params, 0)
+    assert result.steps == [GaussianStep("fixed", 16 / 64, 1.5, 3)]
+    assert len(result.batch_sizes) == 3 and result.sample_grads == 48
+    total, current = np.zeros_like(params, dtype=np.float64), params
+    for _ in range(3):  # the same generator stream, one DP step at a time
+        update = single.run_round(current, 0).update
+        total += update
+        current = (
+            (torch.from_numpy(params).double() - 0.2 * torch.from_numpy(total)).float().numpy()
+        )
+    np.testing.assert_allclose(result.update, total, rtol=1e-5, atol=1e-6)
+
+
+def test_adaptive_clip_tracks_the_target_quantile_and_costs_the_planned_sigma() -> None:
+    trainer = _trainer(
+        "poisson",
+        clip=100.0,
+        sigma=1.0,
+        n=400,
+        batch=100,
+        adaptive_clip=AdaptiveClipConfig(
+            target_quantile=0.5, learning_rate=0.3, count_noise_std=5.0
+        ),
+    )
+    params = flat_params(trainer.model)
+    for t in range(80):
+        result = trainer.run_round(params, t)
+        assert result.steps == [GaussianStep("poisson", 0.25, 1.0)]
+    norms = trainer.engine.clipped_sum(trainer.features, trainer.labels, 1.0).norms
+    fraction_within = float((norms <= trainer._clip_for(80)).double().mean())
+    assert result.clip < 10.0  # moved down from 100 by orders of magnitude
+    assert fraction_within == pytest.approx(0.5, abs=0.2)
+
+
+def test_adaptive_sum_noise_follows_andrew_et_al_theorem_1() -> None:
+    # z = (sigma_sum^-2 + (2 sigma_b)^-2)^-1/2 for Poisson; (sigma_sum^-2 + sigma_b^-2)^-1/2 fixed.
+    sigma_sum = sum_noise_multiplier(1.0, 5.0, "poisson")
+    assert (sigma_sum**-2 + (2 * 5.0) ** -2) ** -0.5 == pytest.approx(1.0)
+    sigma_sum = sum_noise_multiplier(1.0, 5.0, "fixed")
+    assert (sigma_sum**-2 + 5.0**-2) ** -0.5 == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="count_noise_std"):
+        sum_noise_multiplier(2.0, 0.9, "poisson")
+
+
+def test_bad_inputs_raise_fedsim_errors() -> None:
+    x, y = torch.zeros(10, 5), torch.zeros(10, dtype=torch.long)
+    model = build_model("logreg", in_features=5, num_classes=3)
+    good = dict(
+        batch_size=4,
+        sampling="poisson",
+        clip=Constant(1.0),
+        noise=Constant(1.0),
+        generator=torch.Generator(),
+    )
+    for change, match in [
+        ({"batch_size": 11}, "batch_size"),
+        ({"sampling": "shuffle"}, "sampling"),
+        ({"local_steps": 0}, "local_steps"),
+        ({"local_lr": -1.0}, "local_lr"),
+        ({"clip": 1.0}, "clip"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            LocalTrainer(model, x, y, **{**good, **change})
+    trainer = LocalTrainer(model, x, y, **good)
+    with pytest.raises(ModelError, match="parameter vector"):
+        trainer.run_round(np.zeros(3, dtype=np.float32), 0)
+    with pytest.raises(ConfigError, match="sigma"):
+        LocalTrainer(model, x, y, **{**good, "noise": Constant(0.0)}).planned_steps(0)
+
+
+def test_secure_generators_are_seeded_independently() -> None:
+    a, b = secure_generator(), secure_generator()
+    assert not torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))

@@ -1,0 +1,175 @@
+"""The fast per-sample engine against a loop of single-example backward passes (float64)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from fedsim.errors import ModelError
+from fedsim.training.dpsgd import noisy_gradient
+from fedsim.training.models import build_model
+from fedsim.training.persample import (
+    PerSampleEngine,
+    clip_rows,
+    engine_for,
+    naive_per_example_gradients,
+)
+
+
+class SequenceModel(nn.Module):
+    """Embedding (with padding), a Linear used twice, LayerNorm, and two layers only the
+    generic torch.func path handles (PReLU, Conv1d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8, padding_idx=0)
+        self.shared = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.prelu = nn.PReLU()
+        self.conv = nn.Conv1d(8, 4, 3)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.shared(torch.tanh(self.shared(self.embedding(x))))
+        h = self.prelu(self.norm(h))
+        return self.head(self.conv(h.transpose(1, 2)).mean(-1))
+
+
+class NarrowSequence(nn.Module):
+    """Linear on long sequences where per-example gradients beat ghost norms; grouped,
+    dilated, strided conv; a frozen layer; an in-place activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2)
+        self.frozen = nn.Linear(6, 6)
+        self.frozen.weight.requires_grad_(False)
+        self.relu = nn.ReLU(inplace=True)
+        self.tiny = nn.Linear(6, 2)
+        self.head = nn.Linear(2, 5, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).flatten(2).transpose(1, 2)  # (B, positions, 6)
+        h = self.relu(self.frozen(h))
+        return self.head(self.tiny(h).mean(1))
+
+
+def _cases() -> list[tuple[str, Callable[[], nn.Module], Callable[[int], torch.Tensor], int]]:
+    return [
+        ("logreg", lambda: build_model("logreg"), lambda b: torch.randn(b, 1, 28, 28), 10),
+        ("mlp", lambda: build_model("mlp", hidden=(32, 16)), lambda b: torch.randn(b, 784), 10),
+        (
+            "dp_mnist_cnn",
+            lambda: build_model("dp_mnist_cnn"),
+            lambda b: torch.randn(b, 1, 28, 28),
+            10,
+        ),
+        (
+            "groupnorm_cnn",
+            lambda: build_model("groupnorm_cnn", width=8, groups=4),
+            lambda b: torch.randn(b, 3, 32, 32),
+            10,
+        ),
+        ("sequence", SequenceModel, lambda b: torch.randint(0, 20, (b, 6)), 3),
+        ("narrow", NarrowSequence, lambda b: torch.randn(b, 4, 9, 9), 5),
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _float64() -> None:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "draw", "classes"), _cases(), ids=[c[0] for c in _cases()]
+)
+def test_norms_and_clipped_sum_equal_single_example_backward_passes(
+    name: str, make: Callable[[], nn.Module], draw: Callable[[int], torch.Tensor], classes: int
+) -> None:
+    torch.manual_seed(1)
+    model = make()
+    x, y = draw(6), torch.randint(0, classes, (6,))
+    reference = naive_per_example_gradients(model, x, y)
+    clip = float(reference.norm(dim=1).median())  # clips about half of them
+    result = PerSampleEngine(model).clipped_sum(x, y, clip)
+    torch.testing.assert_close(result.norms, reference.norm(dim=1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        result.flat_sum, clip_rows(reference, clip).sum(0), rtol=1e-10, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "draw", "classes"), _cases(), ids=[c[0] for c in _cases()]
+)
+def test_every_clipped_example_has_norm_at_most_c(
+    name: str, make: Callable[[], nn.Module], draw: Callable[[int], torch.Tensor], classes: int
+) -> None:
+    torch.manual_seed(2)
+    model = make()
+    engine = engine_for(model)
+    x, y = draw(5), torch.randint(0, classes, (5,))
+    if x.is_floating_point():
+        x = x * 30  # large inputs: large gradients
+    for clip in (1e-3, 0.1):
+        for i in range(5):
+            one = engine.clipped_sum(x[i : i + 1], y[i : i + 1], clip)
+            assert one.norms[0] > clip  # the bound is exercised, not vacuous
+            assert float(one.flat_sum.norm()) <= clip
+
+
+def test_chunked_equals_unchunked() -> None:
+    torch.manual_seed(3)
+    model = build_model("dp_mnist_cnn")
+    x, y = torch.randn(23, 1, 28, 28), torch.randint(0, 10, (23,))
+    engine = engine_for(model)
+    indices = torch.arange(23)
+    results = []
+    for physical in (23, 5, 1):
+        generator = torch.Generator().manual_seed(7)  # same noise draw in each
+        results.append(
+            noisy_gradient(
+                engine,
+                x,
+                y,
+                indices,
+                sampling="fixed",
+                clip=0.5,
+                noise_multiplier=1.0,
+                expected_batch_size=23,
+                generator=generator,
+                max_physical_batch=physical,
+            )
+        )
+    for other in results[1:]:
+        torch.testing.assert_close(other.gradient, results[0].gradient, rtol=1e-12, atol=1e-13)
+        assert other.within_clip == results[0].within_clip
+        assert other.loss_sum == pytest.approx(results[0].loss_sum, rel=1e-12)
+
+
+def test_engine_is_shared_per_model_and_leaves_no_hooks() -> None:
+    model = build_model("mlp", hidden=(8,))
+    engine = engine_for(model)
+    assert engine_for(model) is engine
+    engine.clipped_sum(torch.randn(4, 784), torch.randint(0, 10, (4,)), 1.0)
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_unsupported_models_fail_with_model_errors() -> None:
+    with pytest.raises(ModelError, match="BatchNorm"):
+        PerSampleEngine(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+    shared = nn.Linear(3, 3)
+    twin = nn.Linear(3, 3)
+    twin.weight = shared.weight
+    with pytest.raises(ModelError, match="shared between modules"):
+        PerSampleEngine(nn.Sequential(shared, twin))
+    with pytest.raises(ModelError, match="scale_grad_by_freq"):
+        PerSampleEngine(nn.Embedding(5, 2, scale_grad_by_freq=True))
+    frozen = nn.Linear(3, 3).requires_grad_(False)
+    with pytest.raises(ModelError, match="no trainable parameters"):
+        PerSampleEngine(frozen)
