@@ -1,0 +1,138 @@
+"""Scenario files: the bad-file corpus, the shipped scenarios, overrides, schema export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from fedsim.config import (
+    ScenarioError,
+    apply_override,
+    dump_scenario,
+    load_scenario,
+    parse_scenario,
+    resolve_path,
+    scenario_json_schema,
+)
+from fedsim.config.schema import Constant, LogNormal, Scenario
+from fedsim.errors import ConfigError
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+BAD = sorted((HERE / "bad").glob("*.yaml"))
+SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+
+MINIMAL = {
+    "stop": {"windows": 3},
+    "dataset": {"name": "synthetic"},
+    "model": {"name": "logreg"},
+    "clients": {"groups": [{"name": "a", "count": 2, "data_share": 0.5, "batch_size": 8,
+                            "clip": 1.0, "noise": 1.0}]},
+    "server": {"window": 1.0},
+}
+
+
+@pytest.fixture(autouse=True)
+def _only_scenario_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests exercise the scenario commands alone, independent of other sub-commands."""
+    monkeypatch.setattr("fedsim.cli.COMMANDS", ("run", "validate", "schema"))
+
+
+def _expected(path: Path) -> str:
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# expect: "), f"{path.name} must start with '# expect: <message>'"
+    return first.removeprefix("# expect: ")
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(BAD) >= 15
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_scenario_gives_a_clear_error(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["validate", str(path)])
+    captured = capsys.readouterr()
+    assert status == 2, captured
+    assert "Traceback" not in captured.err
+    assert _expected(path) in captured.err, captured.err
+
+
+def test_validate_lists_every_error_with_path_and_line(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(MINIMAL))
+    data["clients"]["groups"][0].update(batch_size=0, count=-1, colour="red")
+    data["server"]["window"] = -2
+    file = tmp_path / "many.yaml"
+    file.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(file)
+    errors = caught.value.errors
+    assert len(errors) == 4, errors
+    text = "\n".join(errors)
+    assert "clients.groups[0].batch_size (line" in text and "must be > 0" in text
+    assert "clients.groups[0].count" in text
+    assert "clients.groups[0].colour" in text and "unknown key" in text
+    assert "server.window" in text
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_scenarios_are_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    scenario = load_scenario(path).scenario
+    # The resolved dump is itself a valid scenario with the same content.
+    again = parse_scenario(yaml.safe_load(dump_scenario(scenario)), check_files=False)
+    assert again == scenario
+
+
+def test_overrides_use_yaml_values_and_indices() -> None:
+    data = json.loads(json.dumps(MINIMAL))
+    apply_override(data, "clients.groups[0].batch_size=16")
+    apply_override(data, "network.uplink.latency={kind: lognormal, median: 0.1, sigma: 0.5}")
+    apply_override(data, "seed=7")
+    scenario = parse_scenario(data)
+    assert scenario.clients.groups[0].batch_size == 16
+    assert scenario.seed == 7
+    assert isinstance(scenario.network.uplink.latency, LogNormal)
+    with pytest.raises(ConfigError, match="out of range"):
+        apply_override(data, "clients.groups[3].count=1")
+    with pytest.raises(ConfigError, match="path=value"):
+        apply_override(data, "seed")
+
+
+def test_bare_numbers_mean_constants() -> None:
+    data = json.loads(json.dumps(MINIMAL))
+    data["clients"]["groups"][0]["speed"] = 0.25
+    scenario = parse_scenario(data)
+    group = scenario.clients.groups[0]
+    assert group.speed == Constant(value=0.25)
+    assert group.noise.kind == "constant" and group.noise.sigma == 1.0
+    assert group.clip.kind == "constant" and group.clip.value == 1.0
+
+
+def test_scenario_is_frozen() -> None:
+    scenario = parse_scenario(MINIMAL)
+    with pytest.raises(Exception, match="frozen"):
+        scenario.seed = 3  # type: ignore[misc]
+
+
+def test_relative_paths_try_cwd_then_the_scenario_directory(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    beside = tmp_path / "scenarios"
+    beside.mkdir()
+    (beside / "data.npz").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_path("data.npz", beside) == (beside / "data.npz").resolve()
+    (tmp_path / "data.npz").write_bytes(b"y")
+    assert resolve_path("data.npz", beside) == (tmp_path / "data.npz").resolve()
+
+
+def test_schema_command_prints_the_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema == json.loads(json.dumps(scenario_json_schema(), sort_keys=True))
+    assert schema["additionalProperties"] is False
+    assert {"stop", "dataset", "model", "clients", "server"} <= set(schema["required"])
+    assert Scenario.model_fields.keys() == schema["properties"].keys()

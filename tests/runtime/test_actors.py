@@ -1,0 +1,262 @@
+"""Client and server actors in isolation: interrupt-style overwrite, staleness wait, ledger
+before send, de-duplication, server staleness policy, mixing. Fakes live only here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from fedsim.aggregation import (
+    AcceptedUpdate,
+    ConfiguredWeights,
+    ConstantStepSize,
+    DataSizeWeights,
+    InverseTimeStepSize,
+    PlateauStepSize,
+    UniformWeights,
+    mix,
+)
+from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.privacy.events import GaussianStep
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.runtime.client import ClientActor, StalenessPolicy
+from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.training.local import RoundResult
+
+DIM = 3
+STEP = GaussianStep("poisson", 0.1, 1.0)
+
+
+class FakeEndpoint:
+    """Records what is published; ``deliver`` puts a message in the inbox."""
+
+    def __init__(self, log: list[str] | None = None) -> None:
+        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self.published: list[tuple[float, Message]] = []
+        self.log = log if log is not None else []
+        self.clock: VirtualClock | None = None
+
+    async def publish(self, message: Message) -> None:
+        self.log.append(f"publish {type(message).__name__}")
+        self.published.append((self.clock.now() if self.clock else 0.0, message))
+
+    async def receive(self) -> Message:
+        return await self.inbox.get()
+
+    async def close(self) -> None:
+        raise TransportError("closed")
+
+
+class FakeTrainer:
+    """Update = params + 1 (so tests can tell which w a round was computed on)."""
+
+    def __init__(self) -> None:
+        self.seen: list[np.ndarray] = []
+
+    def planned_steps(self, round_index: int) -> list[GaussianStep]:
+        return [STEP]
+
+    def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
+        self.seen.append(params.copy())
+        return RoundResult(update=(params + 1.0).astype(np.float32), steps=[STEP],
+                           batch_sizes=[10], clip=1.0, sigma=1.0, mean_loss=0.0, sample_grads=10)
+
+
+class FakeLedger:
+    def __init__(self, allowed: int, log: list[str]) -> None:
+        self.allowed = allowed
+        self.spent: list[int] = []
+        self.log = log
+
+    def can_spend(self, steps: Sequence[GaussianStep]) -> bool:
+        return len(self.spent) < self.allowed
+
+    def spend(self, steps: Sequence[GaussianStep], *, time: float, round: int) -> None:
+        if len(self.spent) >= self.allowed:
+            raise BudgetExhausted("over")
+        self.log.append(f"spend {round}")
+        self.spent.append(round)
+
+
+def make_client(clock: VirtualClock, *, allowed: int = 100, policy: StalenessPolicy = StalenessPolicy(),
+                max_rounds: int | None = None) -> tuple[ClientActor, FakeEndpoint, FakeTrainer, FakeLedger]:
+    log: list[str] = []
+    endpoint, trainer, ledger = FakeEndpoint(log), FakeTrainer(), FakeLedger(allowed, log)
+    endpoint.clock = clock
+    actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer, ledger=ledger,
+                        local_lr=0.5, batch_size=10, num_samples=100,
+                        seconds_per_sample=lambda: 0.1,  # a round costs 10 x 0.1 = 1 s
+                        staleness=policy, max_rounds=max_rounds)
+    return actor, endpoint, trainer, ledger
+
+
+def deliver_at(clock: VirtualClock, endpoint: FakeEndpoint, when: float, message: Message) -> None:
+    asyncio.get_running_loop().call_later(when - clock.now(), endpoint.inbox.put_nowait, message)
+
+
+def updates(endpoint: FakeEndpoint) -> list[tuple[float, ClientUpdate]]:
+    return [(t, m) for t, m in endpoint.published if isinstance(m, ClientUpdate)]
+
+
+def test_global_model_mid_round_overwrites_w_and_the_round_continues() -> None:
+    g1, g2 = np.zeros(DIM, np.float32), np.full(DIM, 10.0, np.float32)
+
+    async def main(clock: VirtualClock):
+        actor, endpoint, trainer, _ = make_client(clock, max_rounds=2)
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, g1))
+        deliver_at(clock, endpoint, 0.5, GlobalModel(2, g2))  # in the middle of round 0
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return actor, endpoint, trainer
+
+    actor, endpoint, trainer = run_virtual(main)
+    sent = updates(endpoint)
+    assert [(t, m.round, m.base_version) for t, m in sent] == [(1.0, 0, 1), (2.0, 1, 2)]
+    # Round 0 was computed on g1 and was not restarted: it finished at t = 1 as scheduled.
+    np.testing.assert_array_equal(trainer.seen[0], g1)
+    np.testing.assert_array_equal(sent[0][1].delta, g1 + 1)
+    # Its update was applied on top of the new global model g2, and round 1 started from there.
+    expected_w1 = (g2 - 0.5 * (g1 + 1)).astype(np.float32)
+    np.testing.assert_allclose(trainer.seen[1], expected_w1)
+    assert actor.held_version == 2 and actor.state == "done"
+
+
+def test_older_or_equal_global_models_are_ignored() -> None:
+    async def main(clock: VirtualClock):
+        actor, endpoint, _, _ = make_client(clock, max_rounds=1)
+        assert actor.accept_global(GlobalModel(3, np.ones(DIM, np.float32)))
+        assert not actor.accept_global(GlobalModel(2, np.zeros(DIM, np.float32)))
+        assert not actor.accept_global(GlobalModel(3, np.zeros(DIM, np.float32)))
+        return actor
+
+    actor = run_virtual(main)
+    assert actor.held_version == 3 and actor.ignored_globals == 2
+    np.testing.assert_array_equal(actor.w, np.ones(DIM))
+
+
+def test_staleness_wait_for_a_fresh_global_model() -> None:
+    async def main(clock: VirtualClock):
+        actor, endpoint, trainer, _ = make_client(
+            clock, policy=StalenessPolicy(max_versions_behind=2), max_rounds=3)
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        deliver_at(clock, endpoint, 7.5, GlobalModel(2, np.ones(DIM, np.float32)))
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return endpoint, trainer
+
+    endpoint, trainer = run_virtual(main)
+    # Two rounds on version 1 (t = 1, 2), then a wait until version 2 arrives at 7.5.
+    assert [(t, m.round, m.base_version) for t, m in updates(endpoint)] == [
+        (1.0, 0, 1), (2.0, 1, 1), (8.5, 2, 2)]
+    np.testing.assert_array_equal(trainer.seen[2], np.ones(DIM))
+
+
+def test_distance_rule_waits_when_the_local_model_drifted() -> None:
+    async def main(clock: VirtualClock):
+        # One local step moves w by 0.5 * ||0 + 1|| = 0.5 * sqrt(3) ~ 0.87 > 0.5.
+        actor, endpoint, _, _ = make_client(clock, policy=StalenessPolicy(max_distance=0.5),
+                                            max_rounds=2)
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        deliver_at(clock, endpoint, 4.0, GlobalModel(2, np.zeros(DIM, np.float32)))
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return endpoint
+
+    assert [t for t, _ in updates(run_virtual(main))] == [1.0, 5.0]
+
+
+def test_ledger_is_charged_before_each_send_and_the_client_stops_at_its_budget() -> None:
+    async def main(clock: VirtualClock):
+        actor, endpoint, _, ledger = make_client(clock, allowed=3)
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return actor, endpoint, ledger
+
+    actor, endpoint, ledger = run_virtual(main)
+    assert ledger.log == ["spend 0", "publish ClientUpdate", "spend 1", "publish ClientUpdate",
+                          "spend 2", "publish ClientUpdate", "publish ClientStatus"]
+    status = endpoint.published[-1][1]
+    assert isinstance(status, ClientStatus) and status.state == "budget_exhausted"
+    assert actor.state == "budget_exhausted" and actor.stopped_at == 3.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Server
+
+
+def update(client: str, round_: int, base: int, value: float) -> ClientUpdate:
+    return ClientUpdate(client, round_, base, np.full(DIM, value, np.float32), 10.0, 100)
+
+
+def make_server(clock: VirtualClock, endpoint: FakeEndpoint, **kwargs) -> ServerActor:
+    clients = {"a": ClientInfo(100, 0.5, 1.0), "b": ClientInfo(300, 0.5, 3.0)}
+    return ServerActor(clock=clock, endpoint=endpoint, initial_params=np.zeros(DIM, np.float32),
+                       clients=clients, window=1.0, strategy=DataSizeWeights(),
+                       step_size=ConstantStepSize(1.0), **kwargs)
+
+
+def test_server_never_applies_an_update_twice_and_drops_stale_ones() -> None:
+    async def main(clock: VirtualClock):
+        endpoint = FakeEndpoint()
+        endpoint.clock = clock
+        server = make_server(clock, endpoint, max_staleness=1)
+        reports = []
+        for t, message in [(0.2, update("a", 0, 0, 1.0)), (0.3, update("a", 0, 0, 1.0)),
+                           (0.4, update("b", 0, 0, 2.0)), (1.5, update("a", 0, 0, 1.0)),
+                           (2.5, update("a", 1, 0, 1.0)), (3.5, update("a", 2, 0, 1.0)),
+                           (3.6, update("zz", 0, 0, 1.0))]:
+            deliver_at(clock, endpoint, t, message)
+        await server.run(lambda r: reports.append(r) or r.window >= 4)
+        return server, reports, endpoint
+
+    server, reports, endpoint = run_virtual(main)
+    assert [(r.received, r.applied, r.duplicate, r.stale, r.rejected) for r in reports] == [
+        (3, 2, 1, 0, 0),  # (a,0) twice in window 1: applied once
+        (1, 0, 1, 0, 0),  # (a,0) redelivered a window later: still a duplicate
+        (1, 1, 0, 0, 0),  # (a,1) on base 0 at version 1: staleness 1 <= 1
+        (2, 0, 0, 1, 1),  # (a,2) on base 0 at version 2: too stale; unknown client rejected
+    ]
+    # Window 1 mixes a (N=100) and b (N=300): w = -(0.25*0.5*1 + 0.75*0.5*2); window 3 adds a.
+    expected = -(0.25 * 0.5 * 1.0 + 0.75 * 0.5 * 2.0) - 0.5 * 1.0
+    np.testing.assert_allclose(server.params, np.full(DIM, expected), rtol=1e-6)
+    versions = [m.version for _, m in endpoint.published if isinstance(m, GlobalModel)]
+    assert versions == [0, 1, 1, 2, 2]
+
+
+def test_participation_subset_rejects_non_participants() -> None:
+    async def main(clock: VirtualClock):
+        endpoint = FakeEndpoint()
+        server = make_server(clock, endpoint, participation=0.5, rng=np.random.default_rng(3))
+        reports = []
+        for window in range(6):
+            deliver_at(clock, endpoint, window + 0.5, update("a", window, window, 1.0))
+            deliver_at(clock, endpoint, window + 0.5, update("b", window, window, 1.0))
+        await server.run(lambda r: reports.append(r) or r.window >= 6)
+        return reports
+
+    reports = run_virtual(main)
+    assert all(r.applied == 1 and r.rejected == 1 for r in reports)
+
+
+def test_mixing_weights_and_step_sizes() -> None:
+    params = np.array([1.0, 2.0], np.float32)
+    ups = [AcceptedUpdate("a", 0, np.array([1.0, 0.0], np.float32), 100, 0.1, 2.0),
+           AcceptedUpdate("b", 0, np.array([0.0, 1.0], np.float32), 300, 0.2, 1.0)]
+    np.testing.assert_allclose(mix(params, ups, DataSizeWeights(), 2.0),
+                               [1.0 - 2.0 * 0.25 * 0.1, 2.0 - 2.0 * 0.75 * 0.2])
+    np.testing.assert_allclose(mix(params, ups, ConfiguredWeights(), 1.0),
+                               [1.0 - 2 / 3 * 0.1, 2.0 - 1 / 3 * 0.2])
+    np.testing.assert_allclose(mix(params, ups, UniformWeights(), 1.0),
+                               [1.0 - 0.5 * 0.1, 2.0 - 0.5 * 0.2])
+    np.testing.assert_array_equal(mix(params, [], UniformWeights(), 1.0), params)
+
+
+def test_step_size_schedules() -> None:
+    plateau = PlateauStepSize(1.0, factor=0.9, patience=2, minimum=0.7)
+    for accuracy in [0.5, 0.6, 0.6, 0.55, 0.61, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]:
+        plateau.observe(accuracy)
+    # Improvements at 0.5, 0.6, 0.61; then 6 non-improvements -> 3 cuts, floored at 0.7.
+    assert plateau.current(1) == pytest.approx(max(0.7, 0.9**4))
+    law = InverseTimeStepSize(1.0, decay=0.5, power=1.0)
+    assert [law.current(w) for w in (1, 2, 3)] == [1.0, 1 / 1.5, 1 / 2.0]
