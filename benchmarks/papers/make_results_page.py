@@ -6,7 +6,8 @@ test suite runs that check.
 
 Each result file is either a list of row objects or an object with ``rows`` (a list of row
 objects) and optionally ``command``, ``plot`` / ``plots``, ``paper``, ``note`` / ``notes``,
-``comparison`` (rows of {claim, paper, ours}) and ``curves`` (plot data, not shown). In a row,
+``comparison`` (rows of {claim, paper, ours}), ``group_by`` (a column: one table per value)
+and ``curves`` (plot data, not shown). In a row,
 a key ``paper_X`` is the paper's value of the column ``X`` and is shown next to it. A result
 whose file does not exist yet gets one line naming the command that produces it.
 
@@ -138,6 +139,22 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | N
     return "\n".join(lines)
 
 
+def render_rows(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A table of ``rows``; with more than three rows, columns that hold the same value in
+    every row are stated once above the table instead."""
+    columns = column_order(rows)
+    constant: list[str] = []
+    if len(rows) > 3:
+        constant = [c for c in columns
+                    if len({json.dumps(r.get(c), sort_keys=True) for r in rows}) == 1]
+    parts = []
+    if constant:
+        parts += ["Same in every row: " + ", ".join(
+            f"{header_name(c)} = {format_value(rows[0].get(c))}" for c in constant), ""]
+    parts += [markdown_table(rows, [c for c in columns if c not in constant]), ""]
+    return parts
+
+
 # -- one section ----------------------------------------------------------------------------------
 def _as_document(data: Any, path: Path) -> dict[str, Any]:
     if isinstance(data, list):
@@ -178,11 +195,20 @@ def render_section(spec: ResultSpec, results_dir: Path, repo: Path) -> str:
     if isinstance(comparison, list) and comparison:
         parts += ["Paper against ours:", "", markdown_table(comparison), ""]
     rows = _rows(document, path)
-    if rows:
-        parts += [markdown_table(rows), ""]
+    group_by = document.get("group_by")
+    if isinstance(group_by, str):
+        groups = list(dict.fromkeys(str(r.get(group_by)) for r in rows))
+        for group in groups:
+            members = [{k: v for k, v in r.items() if k != group_by} for r in rows
+                       if str(r.get(group_by)) == group]
+            members = [{k: v for k, v in r.items()
+                        if any(m.get(k) is not None for m in members)} for r in members]
+            parts += [f"### {group_by} = {group}", "", *render_rows(members)]
+    elif rows:
+        parts += render_rows(rows)
     scalars = {k: v for k, v in document.items()
                if k not in {"rows", "command", "plot", "plots", "note", "notes", "comparison",
-                            "curves", "paper"} and not isinstance(v, list | dict)}
+                            "curves", "paper", "group_by"} and not isinstance(v, list | dict)}
     if scalars:
         parts += ["Settings: " + ", ".join(f"{k} = {format_value(v)}"
                                             for k, v in scalars.items()), ""]

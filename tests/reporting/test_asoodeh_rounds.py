@@ -1,0 +1,70 @@
+"""benchmarks/papers/asoodeh_rounds.py: its exact Gaussian answer, and its saved results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import mpmath
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "papers" / "asoodeh_rounds.py"
+RESULT = REPO / "benchmarks" / "results" / "papers" / "asoodeh_rounds.json"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("asoodeh_rounds", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+rounds = _load()
+
+
+def _gdp_delta_mp(epsilon: float, mu: mpmath.mpf) -> mpmath.mpf:
+    """delta(eps) of mu-GDP at 40 digits, independent of scipy."""
+    with mpmath.workdps(40):
+        eps = mpmath.mpf(epsilon)
+        return mpmath.ncdf(-eps / mu + mu / 2) - mpmath.exp(eps) * mpmath.ncdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize(("sigma", "epsilon"), [(10.0, 1.0), (50.0, 1.0), (100.0, 2.0)])
+def test_exact_gaussian_steps_is_the_largest_admissible_count(sigma: float, epsilon: float) -> None:
+    steps = rounds.gaussian_exact_max_steps(sigma, epsilon, 1e-5)
+    with mpmath.workdps(40):
+        at = _gdp_delta_mp(epsilon, mpmath.sqrt(steps) / sigma)
+        beyond = _gdp_delta_mp(epsilon, mpmath.sqrt(steps + 1) / sigma)
+    assert at <= 1e-5 < beyond
+
+
+def test_largest_true_finds_the_boundary_from_any_start() -> None:
+    for start in (1, 7, 1000, 10**6):
+        assert rounds.largest_true(lambda t: t * t <= 12345, start) == 111
+    assert rounds.largest_true(lambda t: t == 0, 5) == 0
+
+
+@pytest.mark.skipif(not RESULT.is_file(), reason="asoodeh_rounds.json not generated")
+def test_saved_results_are_ordered_and_reproduce() -> None:
+    document = json.loads(RESULT.read_text(encoding="utf-8"))
+    rows = document["rows"]
+    assert rows
+    for row in rows:
+        # Optimal conversion never worse than classic; the tight answer never below either.
+        assert row["steps_rdp_classic"] <= row["steps_rdp_optimal"] <= row["steps_tight"], row
+        if row["mechanism"] == "gaussian":
+            # The pld accountant is an upper bound on eps, so it never allows more than exact,
+            # and it is tight to within 1% here.
+            assert 0.99 * row["steps_tight"] <= row["steps_pld"] <= row["steps_tight"], row
+    # Recompute the cheapest row of each mechanism from scratch: the file is not stale.
+    for mechanism in ("gaussian", "dpsgd-mnist"):
+        row = min((r for r in rows if r["mechanism"] == mechanism),
+                  key=lambda r: (r["steps_tight"], r["sigma"]))
+        again = rounds.answer(mechanism, row["q"], row["sigma"], row["epsilon"], row["delta"])
+        assert again == row
