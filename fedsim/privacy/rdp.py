@@ -70,14 +70,14 @@ __all__ = [
 
 Conversion = Literal["optimal", "classic"]
 
-DEFAULT_ORDERS: tuple[float, ...] = tuple(
+DEFAULT_ORDERS: tuple[float, ...] = tuple(sorted(
     [1.01, 1.02, 1.03, 1.05, 1.075]
     + [round(1.1 + 0.1 * i, 2) for i in range(9)]              # 1.1 ... 1.9
     + [round(2.0 + 0.125 * i, 3) for i in range(48) if i % 8]   # 2.125 ... 7.875
     + [8.5, 9.5, 10.5, 11.5]
     + list(range(2, 65))
     + [72, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024]
-)
+))
 """Wide and dense at small orders, where the RDP curve of subsampled Gaussians bends most."""
 
 _GL_NODES = 8

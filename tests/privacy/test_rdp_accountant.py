@@ -112,6 +112,20 @@ def test_tradeoff_is_a_valid_lower_bound_for_the_gaussian() -> None:
     assert beta[20] > 0.5 * exact[20]  # alpha = 0.1: informative, not the trivial 0
 
 
+@pytest.mark.parametrize(("sampling", "sigma", "epochs", "tight"), [
+    ("poisson", 1.3, 15, 0.8645), ("poisson", 1.1, 60, 2.3817),   # issue 2 (pld, Poisson)
+    ("fixed", 1.3, 15, 1.067), ("fixed", 1.1, 60, 3.069),          # Dong-Roth-Su Thm 5.1
+])
+def test_never_below_the_tight_mnist_values(sampling: str, sigma: float, epochs: int,
+                                            tight: float) -> None:
+    """RDP is a guarantee: on the Dong-Roth-Su MNIST runs (n=60000, m=256, delta=1e-5) it
+    stays above the tight values, and the optimal conversion closes part of the gap."""
+    steps = round(epochs * 60000 / 256)
+    acc = RDPAccountant([GaussianStep(sampling, 256 / 60000, sigma, steps)])  # type: ignore[arg-type]
+    optimal, classic = acc.epsilon(DELTA), acc.epsilon_classic(DELTA)
+    assert tight < optimal < classic < 1.5 * tight
+
+
 def test_orders_setting_round_trips_and_is_validated() -> None:
     acc = RDPAccountant(orders=[1.5, 2.0, 64.0])
     assert acc.settings() == {"orders": [1.5, 2.0, 64.0]}
