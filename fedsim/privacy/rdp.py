@@ -134,7 +134,7 @@ def _poisson_log_excess_integer(q: float, sigma: float, orders: np.ndarray) -> n
 def _log_binomial_remainder(beta: np.ndarray, t: np.ndarray, log_t: np.ndarray) -> np.ndarray:
     """log((1+t)^beta - 1 - beta t), which is >= 0 for beta > 1 or beta < 0 and t > -1.
 
-    Stable in every regime: a six-term binomial series where |t| is small (the direct
+    Stable in every regime: a six-term binomial series where |beta t| is small (the direct
     difference cancels there), log-space forms where t or (1+t)^beta would overflow, and
     the direct difference elsewhere. ``log_t`` is log|t|, supplied so that t may be huge.
     """
@@ -155,7 +155,8 @@ def _log_binomial_remainder(beta: np.ndarray, t: np.ndarray, log_t: np.ndarray) 
         # beta < 0 and t > 1: |beta| t dominates
         shrinks = log_abs_beta + log_t + np.log1p(np.expm1(power) * np.exp(-log_abs_beta - log_t))
         direct = np.log(np.expm1(np.minimum(power, 0.5)) - beta * np.minimum(t, 1.0))
-    return np.where(np.abs(t) < 1e-3, series,
+    # the series' first omitted term is ~ (beta t)^7 / 7!, relative to (beta t)^2 / 2
+    return np.where(np.abs(beta * t) < 1e-3, series,
                     np.where((beta > 0) & (power > 0.5), grows,
                              np.where((beta < 0) & (t > 1.0), shrinks, direct)))
 

@@ -54,6 +54,7 @@ POISSON_CASES = [
     (0.01, 1.0, [1.01, 3.0, 11.5]),
     (0.001, 4.0, [1.4, 32.0]),
     (0.5, 0.8, [2.5]),
+    (0.001, 5.0, [100.5]),
 ]
 
 
@@ -129,7 +130,8 @@ def _mp_symmetrised_tradeoff_rdp(q: float, sigma: float, alpha: float) -> float:
 
 
 @pytest.mark.parametrize(("q", "sigma", "alpha"), [(0.01, 1.0, 2.0), (256 / 60000, 1.1, 3.5),
-                                                   (0.2, 2.0, 1.5), (0.05, 0.8, 6.0)])
+                                                   (0.2, 2.0, 1.5), (0.05, 0.8, 6.0),
+                                                   (0.001, 20.0, 1024.0), (0.001, 5.0, 100.5)])
 def test_fixed_size_rdp_matches_the_tradeoff_integral(q: float, sigma: float, alpha: float) -> None:
     assert fixed_size_rdp(q, sigma, [alpha])[0] == pytest.approx(
         _mp_symmetrised_tradeoff_rdp(q, sigma, alpha), rel=1e-8)
