@@ -1,0 +1,165 @@
+"""Light checks of the paper-reproduction scripts (benchmarks/papers/): published privacy
+numbers, calibration identities, and that each script's smoke mode runs and writes its keys."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+MNIST_NPZ = REPO / ".." / "shared" / "datasets" / "mnist.npz"
+
+
+def _script(name: str) -> ModuleType:
+    path = REPO / "benchmarks" / "papers" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"papers_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def drs() -> ModuleType:
+    return _script("drs_mnist")
+
+
+@pytest.fixture(scope="module")
+def du() -> ModuleType:
+    return _script("du_dynamic")
+
+
+@pytest.fixture(scope="module")
+def drs_rows(drs: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """drs_mnist.py --no-train into a scratch directory (privacy numbers and the plot)."""
+    out = tmp_path_factory.mktemp("drs")
+    assert drs.main(["--no-train", "--results", str(out), "--plot", str(out / "drs.png")]) == 0
+    assert (out / "drs.png").stat().st_size > 10_000
+    return json.loads((out / "drs_mnist.json").read_text())
+
+
+# -- Dong, Roth & Su (paper 003) ----------------------------------------------------------------
+def test_drs_rows_have_the_issue_keys(drs_rows: list[dict]) -> None:
+    keys = {"run", "full", "epochs", "accuracy", "paper_accuracy", "mu_clt", "eps_pld",
+            "eps_gdp_clt", "eps_rdp"}
+    assert [r["run"] for r in drs_rows] == ["A", "B", "C"]
+    for row in drs_rows:
+        assert keys <= set(row)
+    assert [r["paper_accuracy"] for r in drs_rows] == [95.0, 96.6, 97.0]
+
+
+def test_drs_clt_mu_matches_the_paper_to_its_printed_precision(drs_rows: list[dict]) -> None:
+    for row in drs_rows:
+        assert round(row["mu_clt"], 3) == row["paper_mu_clt"]
+
+
+def test_drs_moments_accountant_matches_tensorflow_privacy(drs_rows: list[dict]) -> None:
+    """The paper's moments-accountant eps (TF Privacy: Poisson, add/remove, classic RDP
+    conversion) is 1.19 / 3.01 / 7.1 at delta = 1e-5."""
+    for row in drs_rows:
+        digits = len(str(row["paper_eps_rdp_ma"]).split(".")[1])
+        assert round(row["eps_rdp_ma"], digits) == row["paper_eps_rdp_ma"]
+
+
+def test_drs_exact_accounting_is_tighter_than_rdp_and_close_to_the_clt(drs_rows: list[dict]) -> None:
+    for row in drs_rows:
+        # same scheme (fixed size, replace-one): the PLD guarantee beats the RDP guarantee
+        assert row["eps_pld"] < row["eps_rdp"]
+        # the CLT is an approximation of the same curve: within 2 % at these T
+        assert row["eps_pld"] == pytest.approx(row["eps_gdp_clt"], rel=0.02)
+
+
+def test_drs_single_pair_curve_lies_below_the_fdp_curve(drs: ModuleType) -> None:
+    """DRS Fig. 7: the piecewise-linear curve of one (eps, delta) pair is a weaker guarantee
+    than the f-DP curve it was derived from (pointwise below, strictly somewhere)."""
+    import numpy as np
+
+    from fedsim.privacy.accountant import make_accountant
+
+    run = drs.RUNS[0]
+    alpha = np.linspace(0.0, 1.0, 101)
+    fdp = make_accountant("pld", [run.full_step]).tradeoff(alpha)
+    eps = make_accountant("pld", [run.full_step]).epsilon(1e-5)
+    pair = drs.eps_delta_tradeoff(eps, 1e-5, alpha)
+    assert np.all(pair <= fdp + 1e-6)
+    assert np.max(fdp - pair) > 0.1
+
+
+# -- Du et al. (paper 002) ----------------------------------------------------------------------
+def test_du_gdp_mu_inverts_the_gdp_privacy_profile(du: ModuleType) -> None:
+    mu = du.gdp_mu_for(1.2, 1e-5)
+    assert du.gdp_delta(mu, 1.2) == pytest.approx(1e-5, rel=1e-8)
+    # DRS Cor. 2.13 run the other way: 0.285-GDP is about (1.07, 1e-5)-DP (paper 003 example)
+    assert du.gdp_mu_for(1.07, 1e-5) == pytest.approx(0.285, abs=2e-3)
+
+
+@pytest.mark.parametrize(("decay_clip", "grow_mu"), [(False, False), (True, True)])
+def test_du_schedules_spend_exactly_the_clt_budget(du: ModuleType, decay_clip: bool,
+                                                   grow_mu: bool) -> None:
+    q, epochs, per_epoch = 256 / 60000, 20, 234
+    mu_total = du.gdp_mu_for(1.2, 1 / 60000)
+    schedule = du.variant_schedule(du.Variant("v", decay_clip, grow_mu), mu_total=mu_total, q=q,
+                                   epochs=epochs, steps_per_epoch=per_epoch)
+    sigmas = [schedule.sigma(t) for t in range(epochs * per_epoch)]
+    assert du.clt_mu(q, sigmas) == pytest.approx(mu_total, rel=1e-6)
+    if grow_mu:  # noise ends at rho_mu = 0.8 of its start, one value per epoch
+        assert sigmas[-1] / sigmas[0] == pytest.approx(0.8 ** ((epochs - 1) / epochs))
+        assert len(set(sigmas[:per_epoch])) == 1
+    if decay_clip:
+        assert schedule.clip(epochs * per_epoch - 1) / schedule.clip(0) == pytest.approx(
+            0.3 ** ((epochs - 1) / epochs))
+
+
+def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path) -> None:
+    if not MNIST_NPZ.is_file():
+        pytest.skip(f"shared MNIST copy not at {MNIST_NPZ}")
+    assert du.main(["--quick", "--data", str(MNIST_NPZ), "--results", str(tmp_path),
+                    "--plot", str(tmp_path / "du.png")]) == 0
+    document = json.loads((tmp_path / "du_dynamic.json").read_text())
+    rows = {r["variant"]: r for r in document["rows"]}
+    assert set(rows) == {"non_dp", "vanilla", "sensitivity_decay", "growing_mu", "dynamic"}
+    for name, row in rows.items():
+        assert 0.0 <= row["accuracy"] <= 100.0 and row["full"] is False
+        if name != "non_dp":
+            assert math.isclose(row["gap"], rows["non_dp"]["accuracy"] - row["accuracy"],
+                                abs_tol=0.011)
+            assert row["eps_pld"] > 0
+    assert rows["dynamic"]["clip_last"] < rows["dynamic"]["clip_first"]
+    assert rows["dynamic"]["sigma_last"] < rows["dynamic"]["sigma_first"]
+    assert (tmp_path / "du.png").is_file()
+
+
+# -- van Dijk et al. (paper 000) ----------------------------------------------------------------
+def test_vandijk_variants_are_valid_scenario_overrides() -> None:
+    from fedsim.config import load_scenario
+
+    vandijk = _script("vandijk_async")
+    scenario = REPO / "scenarios" / "papers" / "vandijk_async.yaml"
+    assert load_scenario(scenario).scenario.clients.total == 100
+    base_groups = {g.name: {"sigma": 1.0}
+                   for g in load_scenario(scenario).scenario.clients.groups}
+    for variant in vandijk.variants(scenario, ()):
+        if variant.name == vandijk.THOUGHT:
+            variant = vandijk.thought_experiment(variant, scenario, (), base_groups)
+        loaded = load_scenario(scenario, list(variant.overrides)).scenario
+        if variant.name == "fixed":
+            assert {g.sampling for g in loaded.clients.groups} == {"fixed"}
+        if variant.name == vandijk.THOUGHT:
+            for group, base in zip(loaded.clients.groups,
+                                   load_scenario(scenario).scenario.clients.groups, strict=True):
+                assert group.batch_size == 2 * base.batch_size
+                assert group.noise.sigma == pytest.approx(2.0)
+                assert group.rounds == base.rounds  # E -> 2E epochs at twice the batch
