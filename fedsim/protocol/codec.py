@@ -203,17 +203,18 @@ def decode(
     ``expected_params`` is the model's parameter count: an update or global model of another
     length is rejected. Returned arrays are fresh, writable float32 vectors.
     """
-    view = memoryview(data).cast("B")
-    size = view.nbytes
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    size = len(data)
     if size > max_bytes:
         raise CodecError(f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
     if size < PREFIX_BYTES:
         raise CodecError(
             f"truncated message: {size} bytes, the fixed prefix alone is {PREFIX_BYTES}"
         )
-    magic, version, header_len = _PREFIX.unpack_from(view)
+    magic, version, header_len = _PREFIX.unpack_from(data)
     if magic != MAGIC:
-        raise CodecError(f"bad magic {bytes(magic)!r}: not a fedsim message")
+        raise CodecError(f"bad magic {magic!r}: not a fedsim message")
     if version != PROTOCOL_VERSION:
         raise CodecError(
             f"unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})"
@@ -226,14 +227,14 @@ def decode(
             f"truncated message: header says {header_len} bytes, only {size - PREFIX_BYTES} follow"
         )
     try:
-        header = _HEADER.validate_json(bytes(view[PREFIX_BYTES:body_start]))
+        header = _HEADER.validate_json(data[PREFIX_BYTES:body_start])
     except ValidationError as exc:
         raise CodecError(f"invalid header: {_describe(exc)}") from None
 
-    body = view[body_start:]
+    body_bytes = size - body_start
     if isinstance(header, StatusHeader):
-        if body.nbytes:
-            raise CodecError(f"status message carries {body.nbytes} unexpected trailing bytes")
+        if body_bytes:
+            raise CodecError(f"status message carries {body_bytes} unexpected trailing bytes")
         return ClientStatus(
             client_id=header.client_id,
             state=header.state,
@@ -250,12 +251,13 @@ def decode(
         raise CodecError(
             f"{header.kind} tensor has {length} values, the model has {expected_params} parameters"
         )
-    if body.nbytes != length * _FLOAT32.itemsize:
+    if body_bytes != length * _FLOAT32.itemsize:
         raise CodecError(
-            f"tensor payload is {body.nbytes} bytes, header declares {length} float32 values "
+            f"tensor payload is {body_bytes} bytes, header declares {length} float32 values "
             f"({length * _FLOAT32.itemsize} bytes)"
         )
-    values = np.frombuffer(body, dtype=_FLOAT32).astype(np.float32)  # native, writable copy
+    # A native-order, writable copy: the actor owns it and may update it in place.
+    values = np.frombuffer(data, dtype=_FLOAT32, offset=body_start).astype(np.float32)
     _check_finite(values, f"{header.kind} tensor")
     if isinstance(header, UpdateHeader):
         return ClientUpdate(

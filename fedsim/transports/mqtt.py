@@ -359,8 +359,8 @@ class _MqttEndpoint:
         finally:
             connection_over.cancel()
             if not publish.done():
-                publish.cancel()
-        if publish.cancelled():
+                publish.cancel()  # the connection ended first (or we were cancelled)
+        if not publish.done() or publish.cancelled():
             return False
         exc = publish.exception()
         if exc is None:
@@ -426,6 +426,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         max_concurrent_outgoing_calls: int = 20,
         keepalive: int = 30,
         seed: int | None = None,
+        ack_interval: float = 0.2,
     ) -> None:
         super().__init__(
             broker,
@@ -443,6 +444,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         self._latest_global: bytes | None = None
         self._pending_acks: dict[str, set[int]] = {}
         self._acks_due = asyncio.Event()
+        self._ack_interval = ack_interval
 
     async def publish(self, message: Message) -> None:
         """Publish a global model, retained; kept and re-published after a reconnect."""
@@ -498,9 +500,14 @@ class MqttServerEndpoint(_MqttEndpoint):
             self._acks_due.set()
 
     async def _ack_loop(self) -> None:
-        """Send receipts, coalesced per client: one small QoS 0 message per client per batch."""
+        """Send receipts, batched: at most one small QoS 0 message per client per ``ack_interval``.
+
+        Batching keeps receipts cheap for the broker under load; a late receipt costs nothing
+        (clients resend only after ``resend_after``, seconds rather than milliseconds).
+        """
         while True:
             await self._acks_due.wait()
+            await asyncio.sleep(self._ack_interval)
             self._acks_due.clear()
             pending, self._pending_acks = self._pending_acks, {}
             for client_id, rounds in pending.items():

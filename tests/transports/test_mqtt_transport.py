@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from typing import Any
 
 import aiomqtt
 import numpy as np
@@ -15,6 +14,7 @@ from fedsim.errors import AccessDenied, ConfigError, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.transports.base import Endpoint
+from fedsim.transports.broker import LocalMosquitto as Broker
 from fedsim.transports.mqtt import (
     BrokerSettings,
     MqttClientEndpoint,
@@ -25,8 +25,7 @@ from fedsim.transports.mqtt import (
 )
 from fedsim.transports.topics import Topics
 
-Broker = Any  # conftest.Broker: a running mosquitto (the fixture ``mosquitto``)
-RUN = "test-run"  # conftest.RUN
+RUN = "test-run"  # the run the ``mosquitto`` fixture's passwords and ACL are for
 PARAMS = 64
 FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.4, connect_timeout=5.0)
 

@@ -227,8 +227,10 @@ async def test_bandwidth_serialises_transfers() -> None:
     first_at = clock.now()
     await server.receive()
     second_at = clock.now()
-    assert 0.019 <= first_at < 0.035  # 100 KB at 5 MB/s = 20 ms
-    assert 0.039 <= second_at < 0.06  # queued behind the first
+    # 100 KB at 5 MB/s = 20 ms each, the second queued behind the first. Only lower bounds:
+    # a loaded machine may run timers late (exact times: test_simulated_virtual.py).
+    assert first_at >= 0.019
+    assert second_at >= 0.039
 
 
 async def test_endpoint_roles_close_and_takeover() -> None:

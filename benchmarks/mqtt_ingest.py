@@ -1,0 +1,259 @@
+"""How many CNN-sized updates per second the MQTT server endpoint ingests through mosquitto.
+
+Same run, same broker settings, same payloads, two receivers:
+
+* ``ceiling``: a bare aiomqtt subscriber on ``fedsim/<run>/updates/+`` that only counts
+  messages (what the broker and aiomqtt deliver at best);
+* ``fedsim``: :class:`fedsim.transports.mqtt.MqttServerEndpoint` with everything it does per
+  message (decode, header schema, shape against the model, finite check, client id against
+  topic, receipts to the clients) and ``receive()`` by the caller.
+
+The publishers are a separate process (K raw aiomqtt connections, one per client, QoS 1, at most
+20 publishes in flight each) sending encoded ``ClientUpdate`` messages of the DP MNIST CNN's
+size (26,010 float32 parameters). Each repetition starts a fresh authenticated mosquitto on
+loopback; the two receivers alternate and the medians are reported. The rate is
+``(N - 1) / (last arrival - first arrival)`` at the receiver.
+
+    python benchmarks/mqtt_ingest.py            # writes benchmarks/results/mqtt_ingest.json
+    python benchmarks/mqtt_ingest.py --quick    # a short check, prints only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiomqtt
+import numpy as np
+
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientUpdate
+from fedsim.transports.broker import LocalMosquitto
+from fedsim.transports.mqtt import MqttServerEndpoint
+from fedsim.transports.topics import Topics
+
+CNN_PARAMS = 26_010
+RUN = "bench"
+RESULTS = Path(__file__).parent / "results" / "mqtt_ingest.json"
+# aiomqtt warns about every publish beyond 10 in flight; 20 in flight is the point here.
+_QUIET = logging.getLogger("mqtt_ingest.publisher")
+_QUIET.setLevel(logging.ERROR)
+
+
+def _update(client_id: str, round_: int, delta: np.ndarray) -> bytes:
+    return codec.encode(ClientUpdate(client_id, round_, 0, delta, 64.0, 600))
+
+
+async def _publish(config: dict) -> None:
+    """Publisher process body: every client publishes its share of the updates at full speed."""
+    topics = Topics(config["run"])
+    delta = np.random.default_rng(0).standard_normal(CNN_PARAMS).astype(np.float32)
+
+    async def one_client(client_id: str, password: str, count: int) -> None:
+        async with aiomqtt.Client(
+            config["host"],
+            config["port"],
+            username=client_id,
+            password=password,
+            max_concurrent_outgoing_calls=20,
+            timeout=120,
+            logger=_QUIET,
+        ) as client:
+            topic = topics.updates(client_id)
+
+            async def send(round_: int) -> None:
+                await client.publish(topic, _update(client_id, round_, delta), qos=1)
+
+            await asyncio.gather(*(send(r) for r in range(count)))
+
+    clients = config["clients"]
+    share, extra = divmod(config["updates"], len(clients))
+    await asyncio.gather(
+        *(
+            one_client(cid, password, share + (i < extra))
+            for i, (cid, password) in enumerate(clients.items())
+        )
+    )
+
+
+def _start_publishers(broker: LocalMosquitto, updates: int) -> subprocess.Popen[str]:
+    config = {
+        "run": broker.run,
+        "host": broker.host,
+        "port": broker.port,
+        "updates": updates,
+        "clients": {cid: c.password for cid, c in broker.secrets.clients.items()},
+    }
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--publisher"], stdin=subprocess.PIPE, text=True
+    )
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(config))
+    process.stdin.close()
+    return process
+
+
+class _Arrivals:
+    """Arrival times at the receiver, and the receiving process's CPU time over the same span."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = self.last = 0.0
+        self.first_cpu = self.last_cpu = 0.0
+
+    def tick(self) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        if self.count == 0:
+            self.first, self.first_cpu = now, cpu
+        self.last, self.last_cpu = now, cpu
+        self.count += 1
+
+    def result(self) -> tuple[float, float]:
+        """(updates/s, receiver CPU microseconds per update)."""
+        spans = self.count - 1
+        return spans / (self.last - self.first), (self.last_cpu - self.first_cpu) / spans * 1e6
+
+
+async def _receive_raw(
+    broker: LocalMosquitto, updates: int, ready: asyncio.Event
+) -> tuple[float, float]:
+    arrivals = _Arrivals()
+    server = broker.secrets.server
+    async with aiomqtt.Client(
+        broker.host,
+        broker.port,
+        username=server.username,
+        password=server.password,
+        identifier=f"fedsim-{broker.run}-server",
+        clean_session=False,
+        keepalive=30,
+        max_concurrent_outgoing_calls=20,
+    ) as client:
+        await client.subscribe(Topics(broker.run).all_updates, qos=1)
+        ready.set()
+        async for _ in client.messages:
+            arrivals.tick()
+            if arrivals.count == updates:
+                break
+    return arrivals.result()
+
+
+async def _receive_fedsim(
+    broker: LocalMosquitto, updates: int, ready: asyncio.Event
+) -> tuple[float, float]:
+    arrivals = _Arrivals()
+    async with MqttServerEndpoint(
+        broker.server_url(),
+        run=broker.run,
+        expected_params=CNN_PARAMS,
+        max_message_bytes=codec.max_message_bytes(CNN_PARAMS),
+    ) as endpoint:
+        ready.set()
+        while arrivals.count < updates:
+            message = await endpoint.receive()
+            assert isinstance(message, ClientUpdate) and message.delta.shape == (CNN_PARAMS,)
+            arrivals.tick()
+        if endpoint.stats.rejected or endpoint.stats.denied:
+            raise RuntimeError(f"updates rejected during the benchmark: {endpoint.stats}")
+    return arrivals.result()
+
+
+async def _one(arm: str, updates: int, publishers: int, timeout: float) -> tuple[float, float]:
+    receiver = _receive_raw if arm == "ceiling" else _receive_fedsim
+    with tempfile.TemporaryDirectory() as tmp:
+        client_ids = [f"pub{i}" for i in range(publishers)]
+        with LocalMosquitto(tmp, RUN, client_ids) as broker:
+            ready = asyncio.Event()
+            receiving = asyncio.create_task(receiver(broker, updates, ready))
+            await asyncio.wait_for(ready.wait(), 30)
+            process = _start_publishers(broker, updates)
+            try:
+                measured = await asyncio.wait_for(receiving, timeout)
+            finally:
+                process.wait(timeout=60)
+            if process.returncode != 0:
+                raise RuntimeError(f"publisher process exited with {process.returncode}")
+            return measured
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=2000, help="updates per measurement")
+    parser.add_argument("--publishers", type=int, default=4, help="publishing client connections")
+    parser.add_argument("--reps", type=int, default=5, help="measurements per receiver")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--quick", action="store_true", help="500 updates, 1 rep, print only")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--publisher", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.publisher:
+        asyncio.run(_publish(json.loads(sys.stdin.read())))
+        return 0
+    if args.quick:
+        args.updates, args.reps = 500, 1
+
+    rates: dict[str, list[float]] = {"ceiling": [], "fedsim": []}
+    cpu: dict[str, list[float]] = {"ceiling": [], "fedsim": []}
+
+    async def measure() -> None:
+        for rep in range(args.reps):
+            # Alternate the order so a drift in machine load hits both receivers alike.
+            order = ("ceiling", "fedsim") if rep % 2 == 0 else ("fedsim", "ceiling")
+            for arm in order:
+                rate, cpu_us = await _one(arm, args.updates, args.publishers, args.timeout)
+                rates[arm].append(rate)
+                cpu[arm].append(cpu_us)
+                print(
+                    f"rep {rep} {arm:8s} {rate:8.1f} updates/s {cpu_us:7.0f} us CPU/update",
+                    flush=True,
+                )
+
+    asyncio.run(measure())
+    payload_bytes = len(
+        _update("pub0", 0, np.zeros(CNN_PARAMS, dtype=np.float32))
+    )  # the wire size of one update
+    ceiling = statistics.median(rates["ceiling"])
+    ingest = statistics.median(rates["fedsim"])
+    result = {
+        "payload_bytes": payload_bytes,
+        "updates_per_s": round(ingest, 1),
+        "ceiling_per_s": round(ceiling, 1),
+        "ratio": round(ingest / ceiling, 3),
+        "target_ratio": 0.8,
+        "params": CNN_PARAMS,
+        "updates_per_measurement": args.updates,
+        "publishers": args.publishers,
+        "repetitions": args.reps,
+        "paired_ratios": [
+            round(f / c, 3) for f, c in zip(rates["fedsim"], rates["ceiling"], strict=True)
+        ],
+        "all_updates_per_s": [round(r, 1) for r in rates["fedsim"]],
+        "all_ceiling_per_s": [round(r, 1) for r in rates["ceiling"]],
+        "receiver_cpu_us_per_update": round(statistics.median(cpu["fedsim"]), 1),
+        "ceiling_receiver_cpu_us_per_update": round(statistics.median(cpu["ceiling"]), 1),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_1min": round(os.getloadavg()[0], 2),
+            "python": platform.python_version(),
+            "aiomqtt": aiomqtt.__version__ if hasattr(aiomqtt, "__version__") else "unknown",
+        },
+    }
+    print(json.dumps(result, indent=2))
+    if not args.quick:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
