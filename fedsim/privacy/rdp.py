@@ -81,7 +81,7 @@ DEFAULT_ORDERS: tuple[float, ...] = tuple(sorted(
 """Wide and dense at small orders, where the RDP curve of subsampled Gaussians bends most."""
 
 _GL_NODES = 8
-_TAIL = 40.0  # standard deviations: exp(-40^2/2) is far below double precision
+_TAIL = 15.0  # standard deviations: exp(-15^2/2) = 2e-49, far below double precision
 _TRADEOFF_GRID = 160
 
 
@@ -305,8 +305,7 @@ def max_steps(step: GaussianStep, epsilon: float, delta: float,
     corrected by the certified ``delta(eps) <= delta`` test of
     :func:`fedsim.privacy.rdp_conversion.delta_optimal`.
     """
-    if conversion not in ("optimal", "classic"):
-        raise ConfigError(f"conversion must be 'optimal' or 'classic', got {conversion!r}")
+    _check_conversion(conversion)
     epsilon = rdp_conversion.check_epsilon(epsilon)
     delta = rdp_conversion.check_delta(delta)
     orders_arr = _check_orders(orders)
@@ -400,6 +399,7 @@ class RDPAccountant(Accountant):
     def best_order(self, delta: float, conversion: Conversion = "optimal") -> float | None:
         """The Renyi order that gives eps(delta); None for an empty history."""
         rdp_conversion.check_delta(delta)
+        _check_conversion(conversion)
         if not self.steps:
             return None
         convert = (rdp_conversion.epsilon_optimal if conversion == "optimal"
@@ -453,6 +453,11 @@ def _check_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
     if arr.size == 0 or np.any(~np.isfinite(arr)) or np.any(arr <= 1.0):
         raise ConfigError("RDP orders must be a non-empty list of finite numbers > 1")
     return arr
+
+
+def _check_conversion(conversion: str) -> None:
+    if conversion not in ("optimal", "classic"):
+        raise ConfigError(f"conversion must be 'optimal' or 'classic', got {conversion!r}")
 
 
 def _check_q_sigma(q: float, sigma: float) -> None:

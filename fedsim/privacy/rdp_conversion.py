@@ -38,9 +38,10 @@ along it gamma increases and delta decreases from 1/alpha to 0. For ``delta >= 1
 optimum has a = 0 and ``delta = 1 - e^{eps - r}``. The conversion of a whole RDP curve is the
 minimum over orders (each order's bound holds on its own).
 
-The two nested one-dimensional root finds are bisections whose final bracket end is chosen
-on the side that can only over-state eps (or delta); so the reported values are upper bounds
-up to floating-point rounding. The paper's own variational form (its Theorem 3),
+The two nested one-dimensional root finds (safeguarded Newton for w, Illinois false position
+for b) keep brackets and return the end on the side that can only over-state eps (or delta),
+so the reported values are upper bounds up to floating-point rounding (relative ~1e-11).
+Only the few orders whose closed-form bound (below) is best get the full computation. The paper's own variational form (its Theorem 3),
 
     r*(alpha; eps, delta) = 1/(alpha - 1) log min_{delta < p <= 1}
         p^alpha w^{1-alpha} + (1 - p)^alpha (1 - w)^{1-alpha},  w = (p - delta) e^{-eps},
@@ -149,8 +150,9 @@ def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
     """Root of an increasing function ``g(x, *args)`` bracketed by [lo, hi], vectorised.
 
     Illinois false position (a bisection step whenever it stalls) keeps a bracket with
-    ``g(lo) < 0 <= g(hi)``; once an iterate is within a relative 1e-14 of the root, one probe
-    a hair beyond it closes the bracket. Returns the end where ``g <= 0`` (``side="below"``)
+    ``g(lo) < 0 < g(hi)``; when an iterate lands within ``rtol`` of an end, a probe just
+    inside that end tries to close the bracket. Ends that already meet the equation within
+    rounding are returned as they are. Returns the end where ``g <= 0`` (``side="below"``)
     or ``g >= 0`` (``side="above"``), so that callers round in the safe direction.
     """
     lo, hi = lo.astype(float), hi.astype(float)
@@ -179,8 +181,9 @@ def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
             lo, hi = np.where(exact, x, lo), np.where(exact, x, hi)
             up = (g_x > 0.0) & ~done & ~exact
             down = (g_x < 0.0) & ~done & ~exact
-            # after a probe the root is pinned to within tol (or to g's rounding noise)
-            done |= exact | (near_lo ^ near_hi)
+            # a probe that crossed the root pins it to within tol
+            crossed = (near_hi & ~near_lo & down) | (near_lo & ~near_hi & up)
+            done |= exact | crossed
             # Illinois: halve the function value of an end that stays put twice in a row
             g_lo = np.where(up & (last == 1), 0.5 * g_lo, g_lo)
             g_hi = np.where(down & (last == -1), 0.5 * g_hi, g_hi)
