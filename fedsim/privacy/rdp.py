@@ -379,45 +379,37 @@ class RDPAccountant(Accountant):
             self._composed = composed
         return self._composed
 
+    def _convert(self, convert: Any, value: float) -> tuple[float, float | None]:
+        """(answer, order) of a conversion from :mod:`rdp_conversion`; (0, None) if empty."""
+        if not self.steps:
+            return 0.0, None
+        return convert(self._orders, self.rdp(), value)
+
     def epsilon(self, delta: float) -> float:
         """eps(delta) by the optimal conversion (paper 001), minimised over orders."""
         return self.epsilon_optimal(delta)
 
     def epsilon_optimal(self, delta: float) -> float:
-        rdp_conversion.check_delta(delta)
-        if not self.steps:
-            return 0.0
-        return rdp_conversion.epsilon_optimal(self._orders, self.rdp(), delta)[0]
+        return self._convert(rdp_conversion.epsilon_optimal, rdp_conversion.check_delta(delta))[0]
 
     def epsilon_classic(self, delta: float) -> float:
         """eps = min_a rdp(a) + log(1/delta)/(a - 1) (Mironov 2017, Prop. 3)."""
-        rdp_conversion.check_delta(delta)
-        if not self.steps:
-            return 0.0
-        return rdp_conversion.epsilon_classic(self._orders, self.rdp(), delta)[0]
+        return self._convert(rdp_conversion.epsilon_classic, rdp_conversion.check_delta(delta))[0]
 
     def best_order(self, delta: float, conversion: Conversion = "optimal") -> float | None:
         """The Renyi order that gives eps(delta); None for an empty history."""
-        rdp_conversion.check_delta(delta)
         _check_conversion(conversion)
-        if not self.steps:
-            return None
         convert = (rdp_conversion.epsilon_optimal if conversion == "optimal"
                    else rdp_conversion.epsilon_classic)
-        return convert(self._orders, self.rdp(), delta)[1]
+        return self._convert(convert, rdp_conversion.check_delta(delta))[1]
 
     def delta(self, epsilon: float) -> float:
         """delta(eps) by the optimal conversion (paper 001), minimised over orders."""
-        rdp_conversion.check_epsilon(epsilon)
-        if not self.steps:
-            return 0.0
-        return rdp_conversion.delta_optimal(self._orders, self.rdp(), epsilon)[0]
+        return self._convert(rdp_conversion.delta_optimal, rdp_conversion.check_epsilon(epsilon))[0]
 
     def delta_classic(self, epsilon: float) -> float:
-        rdp_conversion.check_epsilon(epsilon)
-        if not self.steps:
-            return 0.0
-        return rdp_conversion.delta_classic(self._orders, self.rdp(), epsilon)[0]
+        """delta = min_a exp((a - 1)(rdp(a) - eps)) (Mironov 2017)."""
+        return self._convert(rdp_conversion.delta_classic, rdp_conversion.check_epsilon(epsilon))[0]
 
     def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
         """A lower bound on the trade-off curve: the envelope of the optimal (eps, delta(eps))
