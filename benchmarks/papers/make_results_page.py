@@ -94,8 +94,9 @@ values are guarantees.
 
 # -- formatting -----------------------------------------------------------------------------------
 def format_value(value: Any) -> str:
-    """A table cell: numbers to 4 significant digits (integers exact), lists and objects as
-    compact JSON, booleans as yes/no, missing as a dash."""
+    """A table cell: floats as written when they have at most 4 significant digits, else
+    rounded to 4; integers exact; lists and objects as compact JSON; booleans as yes/no;
+    missing as a dash."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -105,6 +106,10 @@ def format_value(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
+        shortest = repr(value)
+        mantissa = shortest.lower().split("e")[0].replace("-", "").replace(".", "").strip("0")
+        if len(mantissa) <= 4:
+            return shortest  # as printed by whoever wrote it (keeps 95.0 and 0.285 as is)
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
             return f"{value:.3g}"
         return f"{value:.4g}"

@@ -61,7 +61,7 @@ def test_page_shows_the_data_and_names_missing_results(repo: Path) -> None:
     assert "| A | no | 3 | 0.95 | 0.9387 | 0.2851 | 1.067 | 1.071 | 1.253 |" in page
     # asoodeh_rounds: comparison table, rows, settings, note and plot link from the file.
     assert "| extra rounds | hundreds | 123 to 456 |" in page
-    assert "| gaussian | 20 | 1 | 1711 | 1795 | 2087 |" in page
+    assert "| gaussian | 20.0 | 1.0 | 1711 | 1795 | 2087 |" in page
     assert "delta = 1e-05" in page and "> a note from the data" in page
     assert "![asoodeh_rounds](img/asoodeh_rounds.png)" in page
     assert "Regenerate: `python benchmarks/papers/asoodeh_rounds.py`" in page
