@@ -325,12 +325,18 @@ def max_steps(step: GaussianStep, epsilon: float, delta: float,
     with np.errstate(divide="ignore", invalid="ignore"):
         per_order = np.where(budget > 0, np.floor(budget / unit), 0.0)
     guess = int(min(np.nanmax(per_order), 1e15))
-    # the closed forms are exact up to rounding: move by single steps to the certified answer
-    while guess > 0 and not allowed(guess):
-        guess -= 1
-    while allowed(guess + 1):
-        guess += 1
-    return guess
+    # the closed forms are exact up to rounding; the certified test decides, by a search
+    # that costs O(1) conversions when the guess is right and O(log T) when it is not
+    low, high = 0, guess  # allowed(0) holds: nothing released
+    if allowed(guess):
+        low, span = guess, 1
+        while allowed(low + span):
+            low, span = low + span, 2 * span
+        high = low + span
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if allowed(middle) else (low, middle)
+    return low
 
 
 # -- the accountant ----------------------------------------------------------------------
