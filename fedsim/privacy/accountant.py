@@ -86,10 +86,10 @@ class Accountant(ABC):
         twin.compose(steps)
         return twin
 
-    def _invalidate(self) -> None:
+    def _invalidate(self) -> None:  # noqa: B027 - optional hook
         """Drop caches that depend on the history. Subclasses with caches override."""
 
-    def _copy_caches_from(self, other: Accountant) -> None:
+    def _copy_caches_from(self, other: Accountant) -> None:  # noqa: B027 - optional hook
         """Give a preview its own (copied) caches. Subclasses with mutable caches override."""
 
     # -- answers -------------------------------------------------------------------------
