@@ -1,0 +1,144 @@
+"""Durable server checkpoints: a restarted server process resumes where it left off.
+
+A checkpoint is one file, ``<state dir>/server.ckpt``: a numpy ``.npz`` archive (no pickle)
+holding the flat float32 model as ``params`` and everything else of a
+:class:`~fedsim.runtime.server.ServerSnapshot` (version, window count, clock time,
+de-duplication table, step-size and participation-generator state, last evaluation, client
+statuses) as a UTF-8 JSON document ``state``, plus the run's *identity* (scenario name, seed,
+model size, ...), which must match on load so that a state directory is never resumed by a
+different scenario.
+
+Writes are atomic and durable: the archive goes to a temporary file in the same directory,
+which is fsynced, renamed over the old checkpoint with :func:`os.replace` (atomic on POSIX), and
+the directory is fsynced so the rename itself survives a power loss. A crash at any moment
+leaves either the old or the new checkpoint, never a torn one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsim.errors import FedsimError
+from fedsim.protocol.messages import ClientStatus
+from fedsim.runtime.server import ServerSnapshot
+
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint"]
+
+CHECKPOINT_FORMAT = 1
+FILE_NAME = "server.ckpt"
+
+
+class CheckpointError(FedsimError):
+    """A checkpoint file is unreadable, of another format, or of another run."""
+
+    exit_code = 2
+
+
+def _state_document(snapshot: ServerSnapshot, identity: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "identity": identity,
+        "version": snapshot.version,
+        "windows_closed": snapshot.windows_closed,
+        "time": snapshot.time,
+        "seen": sorted([client, round_] for client, round_ in snapshot.seen),
+        "step_size_state": snapshot.step_size_state,
+        "rng_state": snapshot.rng_state,
+        "last_accuracy": snapshot.last_accuracy,
+        "evaluated_version": snapshot.evaluated_version,
+        # JSON has no NaN; "not evaluated yet" is stored as null.
+        "last_evaluation": [None if math.isnan(v) else v for v in snapshot.last_evaluation],
+        "statuses": {client: asdict(status) for client, status in snapshot.statuses.items()},
+    }
+
+
+def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
+    accuracy, loss = (math.nan if v is None else float(v) for v in state["last_evaluation"])
+    return ServerSnapshot(
+        params=params,
+        version=int(state["version"]),
+        windows_closed=int(state["windows_closed"]),
+        time=float(state["time"]),
+        seen=frozenset((str(client), int(round_)) for client, round_ in state["seen"]),
+        step_size_state=dict(state["step_size_state"]),
+        rng_state=dict(state["rng_state"]),
+        last_accuracy=state["last_accuracy"],
+        evaluated_version=int(state["evaluated_version"]),
+        last_evaluation=(accuracy, loss),
+        statuses={client: ClientStatus(**fields) for client, fields in state["statuses"].items()},
+    )
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ServerCheckpoint:
+    """The checkpoint file of one server state directory.
+
+    ``identity`` describes the run (JSON-serialisable); :meth:`load` refuses a checkpoint whose
+    identity differs.
+    """
+
+    def __init__(self, directory: str | Path, identity: dict[str, Any]) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / FILE_NAME
+        self.identity = json.loads(json.dumps(identity))  # as it will read back
+        self.saves = 0
+
+    def save(self, snapshot: ServerSnapshot) -> None:
+        """Write ``snapshot`` atomically and durably (see the module docstring)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = json.dumps(_state_document(snapshot, self.identity), allow_nan=True).encode()
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            params=np.asarray(snapshot.params, dtype=np.float32),
+            state=np.frombuffer(state, dtype=np.uint8),
+        )
+        temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
+        with open(temporary, "wb") as handle:
+            handle.write(buffer.getbuffer())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+        _fsync_directory(self.directory)
+        self.saves += 1
+
+    def load(self) -> ServerSnapshot | None:
+        """The saved snapshot, or None if there is no checkpoint yet."""
+        if not self.path.exists():
+            return None
+        try:
+            with np.load(self.path, allow_pickle=False) as archive:
+                params = archive["params"].astype(np.float32, copy=True)
+                state = json.loads(archive["state"].tobytes().decode())
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"checkpoint {self.path} is unreadable: {exc}") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(
+                f"checkpoint {self.path} is not a format-{CHECKPOINT_FORMAT} "
+                "fedsim server checkpoint"
+            )
+        if state.get("identity") != self.identity:
+            raise CheckpointError(
+                f"checkpoint {self.path} belongs to another run ({state.get('identity')}), not "
+                f"{self.identity}; use a fresh --state directory"
+            )
+        try:
+            return _snapshot_from(params, state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {self.path} is malformed: {exc!r}") from None
