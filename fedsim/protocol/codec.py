@@ -201,7 +201,8 @@ def decode(
     """Decode and validate one message; every defect raises :class:`CodecError`.
 
     ``expected_params`` is the model's parameter count: an update or global model of another
-    length is rejected. Returned arrays are fresh, writable float32 vectors.
+    length is rejected. Returned vectors are read-only float32 views of ``data`` (no copy):
+    copy one before changing it.
     """
     if not isinstance(data, bytes):
         data = bytes(data)
@@ -256,8 +257,11 @@ def decode(
             f"tensor payload is {body_bytes} bytes, header declares {length} float32 values "
             f"({length * _FLOAT32.itemsize} bytes)"
         )
-    # A native-order, writable copy: the actor owns it and may update it in place.
-    values = np.frombuffer(data, dtype=_FLOAT32, offset=body_start).astype(np.float32)
+    # Zero-copy: a read-only view of the payload (messages are immutable; the actors copy what
+    # they keep). Converted only on a big-endian host, where it must be byte-swapped anyway.
+    values = np.frombuffer(data, dtype=_FLOAT32, offset=body_start)
+    if values.dtype != np.float32:
+        values = values.astype(np.float32)
     _check_finite(values, f"{header.kind} tensor")
     if isinstance(header, UpdateHeader):
         return ClientUpdate(

@@ -45,7 +45,7 @@ def test_update_round_trip_is_bit_exact() -> None:
     assert (decoded.batch_size, decoded.num_samples, decoded.sent_at) == (64.0, 600, 3.25)
     assert decoded.delta.dtype == np.float32 and decoded.delta.shape == (PARAMS,)
     assert decoded.delta.tobytes() == update.delta.tobytes()
-    decoded.delta[0] = 1.0  # the actor owns a writable copy, not a view of the payload
+    assert not decoded.delta.flags.writeable  # a view of the payload: messages are immutable
 
 
 def test_wire_layout_is_header_then_little_endian_float32() -> None:
