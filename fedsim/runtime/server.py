@@ -66,7 +66,9 @@ class WindowReport:
     step_size: float = 0.0
     accuracy: float | None = None
     loss: float | None = None
-    applied_keys: list[tuple[str, int]] = field(default_factory=list)
+    applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
+    """(client_id, round, base_version) of each applied update; the version before applying
+    was ``version - 1``."""
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -162,8 +164,9 @@ class ServerActor:
         window = self.windows_closed
         arrived, self._inbox = self._inbox, []
         participants = self._participants()
-        report = WindowReport(window=window, time=self.clock.now(), version=self.version,
-                              received=len(arrived))
+        report = WindowReport(
+            window=window, time=self.clock.now(), version=self.version, received=len(arrived)
+        )
         accepted: list[AcceptedUpdate] = []
         for update in arrived:
             key = (update.client_id, update.round)
@@ -175,14 +178,25 @@ class ServerActor:
                 report.duplicate += 1
                 continue
             self.seen.add(key)
-            if self.max_staleness is not None and self.version - update.base_version > self.max_staleness:
+            if (
+                self.max_staleness is not None
+                and self.version - update.base_version > self.max_staleness
+            ):
                 report.stale += 1
             elif participants is not None and update.client_id not in participants:
                 report.rejected += 1
             else:
-                accepted.append(AcceptedUpdate(update.client_id, update.round, update.delta,
-                                               info.num_samples, info.step_size, info.weight))
-                report.applied_keys.append(key)
+                accepted.append(
+                    AcceptedUpdate(
+                        update.client_id,
+                        update.round,
+                        update.delta,
+                        info.num_samples,
+                        info.step_size,
+                        info.weight,
+                    )
+                )
+                report.applied_updates.append((update.client_id, update.round, update.base_version))
         report.applied = len(accepted)
         report.step_size = self.step_size.current(window)
         if accepted:
@@ -207,19 +221,26 @@ class ServerActor:
     def snapshot(self) -> ServerSnapshot:
         """The server's state between windows (see :class:`ServerSnapshot`)."""
         return ServerSnapshot(
-            params=self.params.copy(), version=self.version, windows_closed=self.windows_closed,
-            time=self.clock.now(), seen=frozenset(self.seen),
+            params=self.params.copy(),
+            version=self.version,
+            windows_closed=self.windows_closed,
+            time=self.clock.now(),
+            seen=frozenset(self.seen),
             step_size_state=dict(vars(self.step_size)),
-            rng_state=dict(self.rng.bit_generator.state), last_accuracy=self.last_accuracy,
-            evaluated_version=self._evaluated_version, last_evaluation=self._last_evaluation,
-            statuses=dict(self.statuses))
+            rng_state=dict(self.rng.bit_generator.state),
+            last_accuracy=self.last_accuracy,
+            evaluated_version=self._evaluated_version,
+            last_evaluation=self._last_evaluation,
+            statuses=dict(self.statuses),
+        )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
         """Continue from ``snapshot`` (call before :meth:`run`): the version never goes back and
         an update applied before the snapshot is never applied again."""
         if snapshot.params.shape != self.params.shape:
-            raise ValueError(f"snapshot has {snapshot.params.size} parameters, the model "
-                             f"{self.params.size}")
+            raise ValueError(
+                f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
+            )
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
@@ -241,7 +262,9 @@ class ServerActor:
             start = self.clock.now() - self.windows_closed * self.window
             while True:
                 # Sleep to the absolute window end so that rounding never accumulates.
-                await self.clock.sleep(start + (self.windows_closed + 1) * self.window - self.clock.now())
+                await self.clock.sleep(
+                    start + (self.windows_closed + 1) * self.window - self.clock.now()
+                )
                 report = self.close_window()
                 if report.window % self.broadcast_every == 0:
                     await self.broadcast()

@@ -45,7 +45,7 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.runtime.client import ClientActor, StalenessPolicy
+from fedsim.runtime.client import ClientActor, RoundRecord, StalenessPolicy
 from fedsim.runtime.clock import Clock
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
@@ -58,19 +58,56 @@ from fedsim.training.local import RoundResult
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
-__all__ = ["ClientPlan", "Population", "RunResult", "build_population", "client_ids",
-           "make_client_actor", "make_evaluator", "make_server_actor", "open_ledger",
-           "run_scenario"]
+__all__ = [
+    "ClientPlan",
+    "Population",
+    "RunResult",
+    "build_population",
+    "client_ids",
+    "make_client_actor",
+    "make_evaluator",
+    "make_server_actor",
+    "open_ledger",
+    "run_scenario",
+]
 
 _log = structlog.get_logger("fedsim.runtime.simulation")
 
-TERMINAL_STATES = frozenset({"budget_exhausted", "done", "crashed"})
-METRIC_KEYS = ("window", "time", "version", "accuracy", "loss", "received", "applied", "stale",
-               "duplicate", "rejected", "dropped_in_flight", "step_size", "active_clients",
-               "min_remaining_epsilon")
-CLIENT_COLUMNS = ("client_id", "group", "num_samples", "batch_size", "sampling", "q", "rounds",
-                  "steps", "sigma", "clip", "epsilon", "mu_clt", "budget_epsilon",
-                  "remaining_epsilon", "state", "stopped_at", "stop_reason")
+METRIC_KEYS = (
+    "window",
+    "time",
+    "version",
+    "accuracy",
+    "loss",
+    "received",
+    "applied",
+    "stale",
+    "duplicate",
+    "rejected",
+    "dropped_in_flight",
+    "step_size",
+    "active_clients",
+    "min_remaining_epsilon",
+)
+CLIENT_COLUMNS = (
+    "client_id",
+    "group",
+    "num_samples",
+    "batch_size",
+    "sampling",
+    "q",
+    "rounds",
+    "steps",
+    "sigma",
+    "clip",
+    "epsilon",
+    "mu_clt",
+    "budget_epsilon",
+    "remaining_epsilon",
+    "state",
+    "stopped_at",
+    "stop_reason",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,8 +147,13 @@ class Population:
     plans: list[ClientPlan]
     dataset_path: Path | None
 
-    def trainer(self, plan: ClientPlan, *, message_only: bool = False,
-                generator: torch.Generator | None = None) -> LocalTrainer | VirtualDurationTrainer:
+    def trainer(
+        self,
+        plan: ClientPlan,
+        *,
+        message_only: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> LocalTrainer | VirtualDurationTrainer:
         """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
         from ``generator``: a restarted client process must not replay released noise)."""
         group = plan.group
@@ -121,11 +163,17 @@ class Population:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         index = torch.from_numpy(plan.indices)
         return LocalTrainer(
-            self.model, self.train_x[index], self.train_y[index],
-            batch_size=group.batch_size, sampling=group.sampling,
-            clip=plan.schedules.clip, noise=plan.schedules.noise,
-            local_steps=group.local_steps, local_lr=group.local_lr,
-            max_physical_batch=group.max_physical_batch, generator=generator,
+            self.model,
+            self.train_x[index],
+            self.train_y[index],
+            batch_size=group.batch_size,
+            sampling=group.sampling,
+            clip=plan.schedules.clip,
+            noise=plan.schedules.noise,
+            local_steps=group.local_steps,
+            local_lr=group.local_lr,
+            max_physical_batch=group.max_physical_batch,
+            generator=generator,
         )
 
 
@@ -141,22 +189,32 @@ class VirtualDurationTrainer:
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         group = self.plan.group
         sigma = float(self.plan.schedules.noise.sigma(round_index))
-        return [step_for(group.sampling, self.plan.num_samples, group.batch_size, sigma,
-                         group.local_steps)]
+        return [
+            step_for(
+                group.sampling, self.plan.num_samples, group.batch_size, sigma, group.local_steps
+            )
+        ]
 
     def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
         group = self.plan.group
         steps = self.planned_steps(round_index)
         if group.sampling == "poisson":
             rate = torch.full((group.local_steps,), self.plan.q, dtype=torch.float64)
-            counts = torch.binomial(torch.full_like(rate, self.plan.num_samples), rate,
-                                    generator=self.generator)
+            counts = torch.binomial(
+                torch.full_like(rate, self.plan.num_samples), rate, generator=self.generator
+            )
             sizes = [int(c) for c in counts]
         else:
             sizes = [group.batch_size] * group.local_steps
-        return RoundResult(update=np.zeros(self.num_params, np.float32), steps=steps,
-                           batch_sizes=sizes, clip=float(self.plan.schedules.clip.clip(round_index)),
-                           sigma=steps[0].sigma, mean_loss=math.nan, sample_grads=sum(sizes))
+        return RoundResult(
+            update=np.zeros(self.num_params, np.float32),
+            steps=steps,
+            batch_sizes=sizes,
+            clip=float(self.plan.schedules.clip.clip(round_index)),
+            sigma=steps[0].sigma,
+            mean_loss=math.nan,
+            sample_grads=sum(sizes),
+        )
 
 
 def _client_ids(group: ClientGroup) -> list[str]:
@@ -169,7 +227,9 @@ def client_ids(scenario: Scenario) -> list[str]:
     return [client_id for group in scenario.clients.groups for client_id in _client_ids(group)]
 
 
-def _split_groups(labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree) -> list[list[np.ndarray]]:
+def _split_groups(
+    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree
+) -> list[list[np.ndarray]]:
     """Record indices per group (by ``data_share``) and then per client (``partition``)."""
     n = len(labels)
     order = tree.numpy("partition", "groups").permutation(n)
@@ -177,18 +237,25 @@ def _split_groups(labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedT
     start = 0
     for index, group in enumerate(groups):
         size = int(math.floor(group.data_share * n))
-        members = np.sort(order[start:start + size])
+        members = np.sort(order[start : start + size])
         start += size
         where = f"clients.groups[{index}]"
         if size < group.count:
-            raise ConfigError(f"{where}: data_share {group.data_share} gives {size} records for "
-                              f"{group.count} clients")
+            raise ConfigError(
+                f"{where}: data_share {group.data_share} gives {size} records for "
+                f"{group.count} clients"
+            )
         scheme = group.partition
         try:
-            parts = partition(labels[members], group.count, scheme.scheme,
-                              rng=tree.numpy("partition", group.name), alpha=scheme.alpha,
-                              shards_per_client=scheme.shards_per_client,
-                              size_sigma=scheme.size_sigma)
+            parts = partition(
+                labels[members],
+                group.count,
+                scheme.scheme,
+                rng=tree.numpy("partition", group.name),
+                alpha=scheme.alpha,
+                shards_per_client=scheme.shards_per_client,
+                size_sigma=scheme.size_sigma,
+            )
         except FedsimError as exc:
             raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
         result.append([members[p] for p in parts])
@@ -213,13 +280,17 @@ def build_population(loaded: LoadedScenario) -> Population:
     path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
     if dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
-            "synthetic", seed=tree.integer("dataset"), num_train=dataset.num_samples,
-            num_test=dataset.num_test_samples, num_features=dataset.num_features,
-            num_classes=dataset.num_classes)
+            "synthetic",
+            seed=tree.integer("dataset"),
+            num_train=dataset.num_samples,
+            num_test=dataset.num_test_samples,
+            num_features=dataset.num_features,
+            num_classes=dataset.num_classes,
+        )
     else:
         train_x, train_y, test_x, test_y = load_dataset(dataset.name, path=path)
     if dataset.test_subset is not None:
-        test_x, test_y = test_x[:dataset.test_subset], test_y[:dataset.test_subset]
+        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
@@ -234,14 +305,16 @@ def build_population(loaded: LoadedScenario) -> Population:
             raise ConfigError(
                 f"{where}.batch_size: {group.batch_size} exceeds the {smallest} records of the "
                 "group's smallest client (q = m/N would be > 1); lower batch_size or raise "
-                "data_share")
+                "data_share"
+            )
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         schedules = make_schedules(group, q=group.batch_size / smallest, where=where)
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedules))
-    return Population(scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y,
-                      plans, path)
+    return Population(
+        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,26 +326,45 @@ def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
     and accountant."""
     group = plan.group
     budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
-    return PrivacyLedger.open(path, client_id=plan.client_id, sampling=group.sampling,
-                              budget=budget, accountant=group.accountant)
+    return PrivacyLedger.open(
+        path,
+        client_id=plan.client_id,
+        sampling=group.sampling,
+        budget=budget,
+        accountant=group.accountant,
+    )
 
 
-def make_client_actor(plan: ClientPlan, *, clock: Clock, endpoint: Endpoint, trainer: Any,
-                      ledger: PrivacyLedger, speed_rng: np.random.Generator,
-                      delta: float) -> ClientActor:
+def make_client_actor(
+    plan: ClientPlan,
+    *,
+    clock: Clock,
+    endpoint: Endpoint,
+    trainer: Any,
+    ledger: PrivacyLedger,
+    speed_rng: np.random.Generator,
+    delta: float,
+) -> ClientActor:
     """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
     deployed client process alike."""
     group = plan.group
     rounds_done = {record.round for record in ledger.records}
     return ClientActor(
-        plan.client_id, clock=clock, endpoint=endpoint, trainer=trainer, ledger=ledger,
-        local_lr=group.local_lr, batch_size=float(group.batch_size),
+        plan.client_id,
+        clock=clock,
+        endpoint=endpoint,
+        trainer=trainer,
+        ledger=ledger,
+        local_lr=group.local_lr,
+        batch_size=float(group.batch_size),
         num_samples=plan.num_samples,
         seconds_per_sample=lambda: group.speed.sample(speed_rng),
-        staleness=StalenessPolicy(group.staleness.max_versions_behind,
-                                  group.staleness.max_distance),
-        max_rounds=group.rounds, first_round=max(rounds_done, default=-1) + 1,
+        staleness=StalenessPolicy(
+            group.staleness.max_versions_behind, group.staleness.max_distance
+        ),
+        max_rounds=group.rounds,
+        first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
     )
 
@@ -287,25 +379,43 @@ def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float
     return evaluate_params
 
 
-def make_server_actor(population: Population, *, clock: Clock, endpoint: Endpoint,
-                      evaluate: Callable[[np.ndarray], tuple[float, float]] | None) -> ServerActor:
+def make_server_actor(
+    population: Population,
+    *,
+    clock: Clock,
+    endpoint: Endpoint,
+    evaluate: Callable[[np.ndarray], tuple[float, float]] | None,
+) -> ServerActor:
     """The scenario's :class:`ServerActor` (simulation and deployed server process alike)."""
     server_config = population.scenario.server
     return ServerActor(
-        clock=clock, endpoint=endpoint, initial_params=population.initial_params,
-        clients={p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight)
-                 for p in population.plans},
-        window=server_config.window, strategy=make_strategy(server_config.mixing),
-        step_size=make_step_size(server_config.step_size), evaluate=evaluate,
-        eval_every=server_config.eval_every, broadcast_every=server_config.broadcast_every,
-        max_staleness=server_config.max_staleness, participation=server_config.participation,
+        clock=clock,
+        endpoint=endpoint,
+        initial_params=population.initial_params,
+        clients={
+            p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight)
+            for p in population.plans
+        },
+        window=server_config.window,
+        strategy=make_strategy(server_config.mixing),
+        step_size=make_step_size(server_config.step_size),
+        evaluate=evaluate,
+        eval_every=server_config.eval_every,
+        broadcast_every=server_config.broadcast_every,
+        max_staleness=server_config.max_staleness,
+        participation=server_config.participation,
         rng=population.tree.numpy("server", "participation"),
     )
 
 
 def _link_model(link: Link) -> LinkModel:
-    return LinkModel(latency=link.latency.sampler(), drop=link.drop, duplicate=link.duplicate,
-                     reorder=link.reorder, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
+    return LinkModel(
+        latency=link.latency.sampler(),
+        drop=link.drop,
+        duplicate=link.duplicate,
+        reorder=link.reorder,
+        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+    )
 
 
 @dataclass(eq=False)
@@ -321,14 +431,23 @@ class _Client:
     online: bool = True
     crashed_for_good: bool = False
     crashes: int = 0
-    last_clip: float = math.nan
-    last_sigma: float = math.nan
+    earlier_rounds: list[RoundRecord] = field(default_factory=list)
+
+    def released_rounds(self) -> list[RoundRecord]:
+        """Rounds released by every incarnation of this client (crashes included)."""
+        return self.earlier_rounds + (self.actor.released if self.actor is not None else [])
 
     @property
     def state(self) -> str:
-        if self.crashed_for_good:
-            return "crashed"
-        return self.actor.state if self.actor is not None else "waiting"
+        """The current incarnation's state; "crashed" while down (for now or for good)."""
+        return self.actor.state if self.actor is not None else "crashed"
+
+    @property
+    def finished(self) -> bool:
+        """Will never train again: budget spent, rounds done, or crashed without rejoining."""
+        return self.crashed_for_good or (
+            self.actor is not None and self.actor.state in ("budget_exhausted", "done")
+        )
 
 
 @dataclass
@@ -339,18 +458,29 @@ class RunResult:
     summary: dict[str, Any]
     wall_seconds: float
     sample_grads: int
+    final_params: np.ndarray
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    applied_log: list[tuple[str, int, int, int]] = field(default_factory=list)
+    """(client_id, round, base_version, version it was applied to) of every applied update."""
+    clients: dict[str, _Client] = field(default_factory=dict)
 
 
 class _Simulation:
-    def __init__(self, population: Population, out_dir: Path, *, message_only: bool,
-                 on_window: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(
+        self,
+        population: Population,
+        out_dir: Path,
+        *,
+        message_only: bool,
+        on_window: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
         self.message_only = message_only
         self.on_window_hook = on_window
         self.metrics: list[dict[str, Any]] = []
+        self.applied_log: list[tuple[str, int, int, int]] = []
         self.clients: dict[str, _Client] = {}
         self.stopped: list[dict[str, Any]] = []
         self.stop_reason = ""
@@ -361,8 +491,11 @@ class _Simulation:
     # -- setup --------------------------------------------------------------------------------
     def _network(self, clock: VirtualClock) -> SimulatedNetwork:
         network = self.scenario.network
-        overrides = {p.client_id: p.group.network for p in self.population.plans
-                     if p.group.network is not None}
+        overrides = {
+            p.client_id: p.group.network
+            for p in self.population.plans
+            if p.group.network is not None
+        }
         links: dict[str, LinkModel | dict[str, LinkModel]] = {}
         for direction in ("uplink", "downlink"):
             default = _link_model(getattr(network, direction))
@@ -374,25 +507,35 @@ class _Simulation:
                 override = plan.group.network and getattr(plan.group.network, direction)
                 per_client[plan.client_id] = _link_model(override) if override else default
             links[direction] = per_client
-        return SimulatedNetwork(clock, rng=self.population.tree.numpy("network"),
-                                uplink=links["uplink"], downlink=links["downlink"],
-                                max_message_bytes=network.max_message_bytes,
-                                expected_params=self.population.initial_params.size)
+        return SimulatedNetwork(
+            clock,
+            rng=self.population.tree.numpy("network"),
+            uplink=links["uplink"],
+            downlink=links["downlink"],
+            max_message_bytes=network.max_message_bytes,
+            expected_params=self.population.initial_params.size,
+        )
 
     def _start_actor(self, client: _Client, clock: VirtualClock, network: SimulatedNetwork) -> None:
         plan = client.plan
         actor = make_client_actor(
-            plan, clock=clock, endpoint=network.client_endpoint(plan.client_id),
-            trainer=client.trainer, ledger=client.ledger,
+            plan,
+            clock=clock,
+            endpoint=network.client_endpoint(plan.client_id),
+            trainer=client.trainer,
+            ledger=client.ledger,
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
-            delta=self.scenario.privacy.delta)
+            delta=self.scenario.privacy.delta,
+        )
         if not client.online:
             actor.online.clear()
         client.actor = actor
         client.task = asyncio.create_task(actor.run(), name=f"client-{plan.client_id}")
 
     # -- availability ---------------------------------------------------------------------------
-    async def _on_off(self, client: _Client, clock: VirtualClock, network: SimulatedNetwork) -> None:
+    async def _on_off(
+        self, client: _Client, clock: VirtualClock, network: SimulatedNetwork
+    ) -> None:
         availability = client.plan.group.availability
         assert availability.online is not None and availability.offline is not None
         rng = self.population.tree.numpy("client", client.plan.client_id, "availability")
@@ -408,13 +551,15 @@ class _Simulation:
             if client.actor is not None:
                 client.actor.online.set()
 
-    async def _crashes(self, client: _Client, clock: VirtualClock, network: SimulatedNetwork) -> None:
+    async def _crashes(
+        self, client: _Client, clock: VirtualClock, network: SimulatedNetwork
+    ) -> None:
         crashes = client.plan.group.availability.crashes
         assert crashes is not None
         rng = self.population.tree.numpy("client", client.plan.client_id, "crashes")
         while True:
             await clock.sleep(crashes.every.sample(rng))
-            if client.state in TERMINAL_STATES or client.task is None:
+            if client.finished or client.task is None:
                 return
             client.task.cancel()
             try:
@@ -422,18 +567,30 @@ class _Simulation:
             except asyncio.CancelledError:
                 pass
             client.crashes += 1
+            if client.actor is not None:
+                client.earlier_rounds.extend(client.actor.released)
+                client.actor = None
             _log.info("client crashed", client=client.plan.client_id, time=clock.now())
             if crashes.rejoin_after is None:
                 client.crashed_for_good = True
-                self.stopped.append({"client_id": client.plan.client_id, "time": clock.now(),
-                                     "reason": "crashed and did not rejoin"})
+                self.stopped.append(
+                    {
+                        "client_id": client.plan.client_id,
+                        "time": clock.now(),
+                        "reason": "crashed and did not rejoin",
+                    }
+                )
                 return
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger = open_ledger(client.plan, client.ledger_path)
             self._start_actor(client, clock, network)
-            _log.info("client rejoined", client=client.plan.client_id, time=clock.now(),
-                      next_round=client.actor.next_round if client.actor else None)
+            _log.info(
+                "client rejoined",
+                client=client.plan.client_id,
+                time=clock.now(),
+                next_round=client.actor.next_round if client.actor else None,
+            )
 
     # -- per-window bookkeeping ------------------------------------------------------------------
     def _remaining_epsilon(self, client: _Client) -> float | None:
@@ -456,9 +613,18 @@ class _Simulation:
         known = {entry["client_id"] for entry in self.stopped}
         for client in self.clients.values():
             actor = client.actor
-            if actor is not None and actor.state in ("budget_exhausted", "done") and client.plan.client_id not in known:
-                self.stopped.append({"client_id": client.plan.client_id, "time": actor.stopped_at,
-                                     "reason": actor.stop_reason})
+            if (
+                actor is not None
+                and actor.state in ("budget_exhausted", "done")
+                and client.plan.client_id not in known
+            ):
+                self.stopped.append(
+                    {
+                        "client_id": client.plan.client_id,
+                        "time": actor.stopped_at,
+                        "reason": actor.stop_reason,
+                    }
+                )
 
     def _check_tasks(self) -> None:
         for client in self.clients.values():
@@ -473,16 +639,25 @@ class _Simulation:
         dropped = stats.uplink.dropped + stats.uplink.lost
         evaluated = report.accuracy is not None
         line = {
-            "window": report.window, "time": report.time, "version": report.version,
-            "accuracy": report.accuracy, "loss": report.loss, "received": report.received,
-            "applied": report.applied, "stale": report.stale, "duplicate": report.duplicate,
-            "rejected": report.rejected, "dropped_in_flight": dropped - self._dropped_seen,
+            "window": report.window,
+            "time": report.time,
+            "version": report.version,
+            "accuracy": report.accuracy,
+            "loss": report.loss,
+            "received": report.received,
+            "applied": report.applied,
+            "stale": report.stale,
+            "duplicate": report.duplicate,
+            "rejected": report.rejected,
+            "dropped_in_flight": dropped - self._dropped_seen,
             "step_size": report.step_size,
-            "active_clients": sum(c.state not in TERMINAL_STATES for c in self.clients.values()),
+            "active_clients": sum(not c.finished for c in self.clients.values()),
             "min_remaining_epsilon": self._min_remaining() if evaluated else None,
         }
         self._dropped_seen = dropped
         self.metrics.append(line)
+        before = report.version - (1 if report.applied else 0)
+        self.applied_log.extend((c, r, base, before) for c, r, base in report.applied_updates)
         assert self._metrics_file is not None
         self._metrics_file.write(_json_line(line))
         self._metrics_file.flush()
@@ -493,10 +668,18 @@ class _Simulation:
             self.stop_reason = f"reached {stop.windows} windows"
         elif stop.virtual_seconds is not None and report.time >= stop.virtual_seconds:
             self.stop_reason = f"reached {stop.virtual_seconds:g} virtual seconds"
-        elif stop.target_accuracy is not None and evaluated and report.accuracy >= stop.target_accuracy:
+        elif (
+            stop.target_accuracy is not None
+            and evaluated
+            and report.accuracy >= stop.target_accuracy
+        ):
             self.stop_reason = f"reached the target accuracy {stop.target_accuracy:g}"
-        elif (stop.all_budgets_spent and line["active_clients"] == 0 and report.received == 0
-              and stats.uplink.in_flight == 0):
+        elif (
+            stop.all_budgets_spent
+            and line["active_clients"] == 0
+            and report.received == 0
+            and stats.uplink.in_flight == 0
+        ):
             self.stop_reason = "no client can train any more and every update has arrived"
         return bool(self.stop_reason)
 
@@ -509,11 +692,17 @@ class _Simulation:
         for plan in population.plans:
             path = ledger_dir / f"{plan.client_id}.jsonl"
             self.clients[plan.client_id] = _Client(
-                plan, population.trainer(plan, message_only=self.message_only), path,
-                open_ledger(plan, path))
+                plan,
+                population.trainer(plan, message_only=self.message_only),
+                path,
+                open_ledger(plan, path),
+            )
         server = make_server_actor(
-            population, clock=clock, endpoint=network.server_endpoint(),
-            evaluate=None if self.message_only else make_evaluator(population))
+            population,
+            clock=clock,
+            endpoint=network.server_endpoint(),
+            evaluate=None if self.message_only else make_evaluator(population),
+        )
         helpers: list[asyncio.Task[None]] = []
         for client in self.clients.values():
             self._start_actor(client, clock, network)
@@ -536,7 +725,9 @@ class _Simulation:
     def run(self) -> tuple[ServerActor, float]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "scenario.resolved.yaml").write_text(
-            dump_scenario(self.scenario, dataset_path=self.population.dataset_path), encoding="utf-8")
+            dump_scenario(self.scenario, dataset_path=self.population.dataset_path),
+            encoding="utf-8",
+        )
         started = wallclock.perf_counter()
         with open(self.out_dir / "metrics.jsonl", "w", encoding="utf-8") as metrics:
             self._metrics_file = metrics
@@ -571,24 +762,32 @@ def _client_rows(sim: _Simulation) -> list[dict[str, Any]]:
         ledger = client.ledger
         steps = group_steps(ledger.steps)
         rounds = len({record.round for record in ledger.records})
-        released = client.actor.released if client.actor is not None else []
+        released = client.released_rounds()
         last_sigma = released[-1].sigma if released else float(plan.schedules.noise.sigma(0))
         last_clip = released[-1].clip if released else float(plan.schedules.clip.clip(0))
         budget = plan.group.budget
         stopped = next((s for s in sim.stopped if s["client_id"] == plan.client_id), None)
-        rows.append({
-            "client_id": plan.client_id, "group": plan.group.name, "num_samples": plan.num_samples,
-            "batch_size": plan.group.batch_size, "sampling": plan.group.sampling, "q": plan.q,
-            "rounds": rounds, "steps": sum(s.count for s in steps), "sigma": last_sigma,
-            "clip": last_clip,
-            "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
-            "mu_clt": clt_mu(steps) if steps else 0.0,
-            "budget_epsilon": budget.epsilon if budget else None,
-            "remaining_epsilon": float(ledger.remaining_epsilon) if budget else None,
-            "state": client.state,
-            "stopped_at": stopped["time"] if stopped else None,
-            "stop_reason": stopped["reason"] if stopped else "",
-        })
+        rows.append(
+            {
+                "client_id": plan.client_id,
+                "group": plan.group.name,
+                "num_samples": plan.num_samples,
+                "batch_size": plan.group.batch_size,
+                "sampling": plan.group.sampling,
+                "q": plan.q,
+                "rounds": rounds,
+                "steps": sum(s.count for s in steps),
+                "sigma": last_sigma,
+                "clip": last_clip,
+                "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
+                "mu_clt": clt_mu(steps) if steps else 0.0,
+                "budget_epsilon": budget.epsilon if budget else None,
+                "remaining_epsilon": float(ledger.remaining_epsilon) if budget else None,
+                "state": client.state,
+                "stopped_at": stopped["time"] if stopped else None,
+                "stop_reason": stopped["reason"] if stopped else "",
+            }
+        )
     return rows
 
 
@@ -600,25 +799,38 @@ def _format_cell(value: Any) -> str:
 
 
 def _explain(sim: _Simulation, rows: list[dict[str, Any]], virtual_time: float) -> str:
-    parts = [f"The run stopped at virtual time {virtual_time:.6g} s after "
-             f"{len(sim.metrics)} server windows because it {sim.stop_reason}."]
+    parts = [
+        f"The run stopped at virtual time {virtual_time:.6g} s after "
+        f"{len(sim.metrics)} server windows because it {sim.stop_reason}."
+    ]
     by_reason: dict[str, list[dict[str, Any]]] = {}
     for entry in sim.stopped:
         by_reason.setdefault(_reason_kind(entry["reason"]), []).append(entry)
     for kind, entries in sorted(by_reason.items()):
         times = [e["time"] for e in entries if e["time"] is not None]
-        names = ", ".join(e["client_id"] for e in entries[:5]) + (" and others" if len(entries) > 5 else "")
-        span = (f"between {min(times):.6g} s and {max(times):.6g} s" if len(set(times)) > 1
-                else f"at {times[0]:.6g} s") if times else ""
+        names = ", ".join(e["client_id"] for e in entries[:5]) + (
+            " and others" if len(entries) > 5 else ""
+        )
+        span = (
+            (
+                f"between {min(times):.6g} s and {max(times):.6g} s"
+                if len(set(times)) > 1
+                else f"at {times[0]:.6g} s"
+            )
+            if times
+            else ""
+        )
         parts.append(f"{len(entries)} client(s) stopped {span} because {kind} ({names}).")
-    active = [r["client_id"] for r in rows if r["state"] not in TERMINAL_STATES]
+    active = [c.plan.client_id for c in sim.clients.values() if not c.finished]
     if active:
         parts.append(f"{len(active)} client(s) could still train when the run ended.")
     epsilons = [r["epsilon"] for r in rows]
     if epsilons:
-        parts.append(f"Per-client epsilon at delta={sim.scenario.privacy.delta:g} (pld) ranges from "
-                     f"{min(epsilons):.4g} to {max(epsilons):.4g}; no client exceeded its budget, "
-                     "since every release was checked against its ledger first.")
+        parts.append(
+            f"Per-client epsilon at delta={sim.scenario.privacy.delta:g} (pld) ranges from "
+            f"{min(epsilons):.4g} to {max(epsilons):.4g}; no client exceeded its budget, "
+            "since every release was checked against its ledger first."
+        )
     return " ".join(parts)
 
 
@@ -641,8 +853,10 @@ def _write_outputs(sim: _Simulation, server: ServerActor, wall_seconds: float) -
         for row in rows:
             writer.writerow([_format_cell(row[c]) for c in CLIENT_COLUMNS])
     accuracies = [m["accuracy"] for m in sim.metrics if m["accuracy"] is not None]
-    totals = {key: sum(m[key] for m in sim.metrics)
-              for key in ("received", "applied", "stale", "duplicate", "rejected", "dropped_in_flight")}
+    totals = {
+        key: sum(m[key] for m in sim.metrics)
+        for key in ("received", "applied", "stale", "duplicate", "rejected", "dropped_in_flight")
+    }
     states: dict[str, int] = {}
     for row in rows:
         states[row["state"]] = states.get(row["state"], 0) + 1
@@ -671,14 +885,28 @@ def _write_outputs(sim: _Simulation, server: ServerActor, wall_seconds: float) -
         "explanation": _explain(sim, rows, virtual_time),
     }
     (out / "summary.json").write_text(
-        json.dumps(_clean_tree(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    sample_grads = sum(r.sample_grads for c in sim.clients.values() if c.actor for r in c.actor.released)
-    (out / "timing.json").write_text(json.dumps({
-        "wall_seconds": wall_seconds, "sample_grads": sample_grads,
-        "sample_grads_per_s": sample_grads / wall_seconds if wall_seconds > 0 else None,
-        "simulated_s_per_wall_s": virtual_time / wall_seconds if wall_seconds > 0 else None,
-    }, indent=2) + "\n", encoding="utf-8")
+        json.dumps(_clean_tree(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8"
+    )
+    sample_grads = _sample_grads(sim)
+    (out / "timing.json").write_text(
+        json.dumps(
+            {
+                "wall_seconds": wall_seconds,
+                "sample_grads": sample_grads,
+                "sample_grads_per_s": sample_grads / wall_seconds if wall_seconds > 0 else None,
+                "simulated_s_per_wall_s": virtual_time / wall_seconds if wall_seconds > 0 else None,
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return summary
+
+
+def _sample_grads(sim: _Simulation) -> int:
+    """Per-example gradients computed in released rounds, over all clients and restarts."""
+    return sum(r.sample_grads for c in sim.clients.values() for r in c.released_rounds())
 
 
 def _clean_tree(value: Any) -> Any:
@@ -689,9 +917,14 @@ def _clean_tree(value: Any) -> Any:
     return _clean(value)
 
 
-def run_scenario(loaded: LoadedScenario, out_dir: str | Path, *, message_only: bool = False,
-                 on_window: Callable[[dict[str, Any]], None] | None = None,
-                 population: Population | None = None) -> RunResult:
+def run_scenario(
+    loaded: LoadedScenario,
+    out_dir: str | Path,
+    *,
+    message_only: bool = False,
+    on_window: Callable[[dict[str, Any]], None] | None = None,
+    population: Population | None = None,
+) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
     ``out_dir`` must not already hold ledgers (a ledger is never reset, so reusing a run
@@ -710,5 +943,13 @@ def run_scenario(loaded: LoadedScenario, out_dir: str | Path, *, message_only: b
         summary = _write_outputs(sim, server, wall_seconds)
     finally:
         torch.set_num_threads(previous_threads)
-    sample_grads = sum(r.sample_grads for c in sim.clients.values() if c.actor for r in c.actor.released)
-    return RunResult(out, summary, wall_seconds, sample_grads, sim.metrics)
+    return RunResult(
+        out,
+        summary,
+        wall_seconds,
+        _sample_grads(sim),
+        server.params.copy(),
+        sim.metrics,
+        sim.applied_log,
+        sim.clients,
+    )

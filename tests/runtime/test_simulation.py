@@ -1,0 +1,204 @@
+"""Whole runs under virtual time: determinism, equivalence with the plain DP-SGD loop,
+protocol invariants under drop/duplicate/reorder (hypothesis), budgets, crash and rejoin."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedsim.cli import main
+from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import group_steps
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.runtime.simulation import build_population, run_scenario
+
+torch.set_num_threads(1)
+
+OUTPUT_FILES = ("metrics.jsonl", "clients.csv", "summary.json", "scenario.resolved.yaml")
+
+
+def scenario(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 3,
+        "stop": {"virtual_seconds": 30.0},
+        "dataset": {"name": "synthetic", "num_samples": 600, "num_test_samples": 200,
+                    "num_features": 8, "num_classes": 3},
+        "model": {"name": "logreg"},
+        "clients": {"groups": [
+            {"name": "p", "count": 2, "data_share": 0.5, "batch_size": 16, "sampling": "poisson",
+             "clip": 1.0, "noise": 1.0, "local_lr": 0.5,
+             "speed": {"kind": "uniform", "low": 0.01, "high": 0.03},
+             "staleness": {"max_versions_behind": 3},
+             "budget": {"epsilon": 2.0, "delta": 1e-5}},
+            {"name": "f", "count": 2, "data_share": 0.5, "batch_size": 20, "sampling": "fixed",
+             "clip": 1.0, "noise": 1.5, "local_lr": 0.5, "rounds": 12, "speed": 0.05},
+        ]},
+        "server": {"window": 1.0, "max_staleness": 3},
+        "network": {"uplink": {"latency": {"kind": "exponential", "mean": 0.3}, "drop": 0.1,
+                               "duplicate": 0.2, "reorder": 0.3},
+                    "downlink": {"latency": 0.1}},
+    }
+    for path, value in changes.items():
+        node = base
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(leaf) if leaf.isdigit() else leaf] = value
+    return base
+
+
+def run(data: dict[str, Any], out: Path, **kwargs: Any):
+    return run_scenario(LoadedScenario(parse_scenario(data), None), out, **kwargs)
+
+
+def test_same_seed_same_files_different_seed_different(tmp_path: Path) -> None:
+    data = scenario()
+    first = run(data, tmp_path / "a")
+    run(data, tmp_path / "b")
+    run(scenario(seed=4), tmp_path / "c")
+    for name in OUTPUT_FILES:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    for ledger in (tmp_path / "a" / "ledgers").iterdir():
+        assert ledger.read_bytes() == (tmp_path / "b" / "ledgers" / ledger.name).read_bytes()
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() != (tmp_path / "c" / "metrics.jsonl").read_bytes()
+    assert first.summary["updates"]["applied"] > 0
+    assert first.summary["final_accuracy"] is not None
+
+
+def test_one_client_one_update_per_window_equals_the_plain_dp_sgd_loop(tmp_path: Path) -> None:
+    rounds, lr = 6, 0.5
+    data = scenario(**{
+        "stop": {"windows": 50},
+        "clients.groups": [{"name": "solo", "count": 1, "data_share": 1.0, "batch_size": 32,
+                            "sampling": "poisson", "clip": 1.0, "noise": 1.0, "local_lr": lr,
+                            "rounds": rounds, "speed": 0.0,
+                            "staleness": {"max_versions_behind": 1}}],
+        "network": {}, "server": {"window": 1.0},
+    })
+    loaded = LoadedScenario(parse_scenario(data), None)
+    result = run_scenario(loaded, tmp_path / "run")
+    assert result.summary["updates"]["applied"] == rounds
+    assert [m["applied"] for m in result.metrics if m["applied"]] == [1] * rounds
+
+    # The plain loop: the same data, model initialisation and generator stream.
+    population = build_population(loaded)
+    plan = population.plans[0]
+    trainer = population.trainer(plan)
+    w = population.initial_params.copy()
+    for r in range(rounds):
+        update = trainer.run_round(w, r).update
+        w = (w.astype(np.float64) - lr * update.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(result.final_params, w)
+    assert not np.array_equal(w, population.initial_params)
+
+
+def _ledger(out: Path, result: Any, client_id: str) -> PrivacyLedger:
+    """Re-open a client's ledger file from disk, as a restarted client would."""
+    group = result.clients[client_id].plan.group
+    budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
+    return PrivacyLedger.open(out / "ledgers" / f"{client_id}.jsonl", client_id=client_id,
+                              sampling=group.sampling, budget=budget, accountant=group.accountant)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), drop=st.sampled_from([0.0, 0.2, 0.5]),
+       duplicate=st.sampled_from([0.0, 0.3, 0.9]), reorder=st.sampled_from([0.0, 0.5, 1.0]),
+       max_staleness=st.integers(0, 3), window=st.sampled_from([0.5, 1.0, 2.0]))
+def test_protocol_invariants_under_a_lossy_network(tmp_path_factory: pytest.TempPathFactory,
+                                                   seed: int, drop: float, duplicate: float,
+                                                   reorder: float, max_staleness: int,
+                                                   window: float) -> None:
+    data = scenario(seed=seed, **{
+        "stop": {"virtual_seconds": 15.0},
+        "network.uplink.drop": drop, "network.uplink.duplicate": duplicate,
+        "network.uplink.reorder": reorder, "server.max_staleness": max_staleness,
+        "server.window": window,
+    })
+    out = tmp_path_factory.mktemp("lossy")
+    result = run(data, out)
+    applied = [(client, round_) for client, round_, _, _ in result.applied_log]
+    # No update is ever applied twice ...
+    assert len(applied) == len(set(applied))
+    # ... none beyond the server's staleness policy ...
+    assert all(version - base <= max_staleness for _, _, base, version in result.applied_log)
+    totals = result.summary["updates"]
+    assert totals["received"] == (totals["applied"] + totals["stale"] + totals["duplicate"]
+                                  + totals["rejected"])
+    for client_id, client in result.clients.items():
+        released = {r.round for r in client.released_rounds()}
+        # ... only updates the client released (and charged) arrive ...
+        assert {r for c, r in applied if c == client_id} <= released
+        # ... and the ledger on disk is exactly the accountant over the released rounds' events.
+        ledger = _ledger(out, result, client_id)
+        assert {record.round for record in ledger.records} == released
+        planned = [s for r in sorted(released) for s in client.trainer.planned_steps(r)]
+        assert tuple(ledger.steps) == group_steps(planned)
+        if planned:
+            assert ledger.epsilon(1e-5) == pytest.approx(
+                make_accountant(client.plan.group.accountant, planned).epsilon(1e-5), rel=1e-9)
+
+
+def test_budgets_hold_and_clients_csv_matches_fedsim_account(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    data = scenario(**{"stop": {"virtual_seconds": 200.0}, "network": {}})
+    result = run(data, tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "clients.csv", encoding="utf-8")))
+    assert {row["state"] for row in rows if row["group"] == "p"} == {"budget_exhausted"}
+    assert {row["state"] for row in rows if row["group"] == "f"} == {"done"}
+    account_available = importlib.util.find_spec("fedsim.commands.account") is not None
+    for row in rows:
+        ledger = _ledger(tmp_path, result, row["client_id"])
+        steps = group_steps(ledger.steps)
+        assert len(steps) == 1 and steps[0].count == int(row["steps"])
+        if row["budget_epsilon"]:
+            budget = float(row["budget_epsilon"])
+            assert make_accountant("pld", steps).epsilon(1e-5) <= budget
+            # The next round would have crossed the budget (that is why it stopped).
+            assert make_accountant("pld", [steps[0].times(steps[0].count + 1)]).epsilon(1e-5) > budget
+        if account_available:
+            assert main(["account", "--sampling", row["sampling"], "--q", row["q"], "--sigma",
+                         row["sigma"], "--steps", row["steps"], "--delta", "1e-5", "--json"]) == 0
+            answer = json.loads(capsys.readouterr().out)
+            assert float(row["epsilon"]) == pytest.approx(answer["epsilon"], rel=1e-6)
+        else:
+            assert float(row["epsilon"]) == pytest.approx(
+                make_accountant("pld", [steps[0]]).epsilon(1e-5), rel=1e-9)
+    stopped = {entry["client_id"] for entry in result.summary["stopped"]}
+    assert stopped == {row["client_id"] for row in rows}
+    assert "privacy budget" in result.summary["explanation"]
+
+
+def test_a_crashed_client_rejoins_and_its_ledger_continues(tmp_path: Path) -> None:
+    data = scenario(**{"stop": {"virtual_seconds": 40.0}, "network": {}})
+    group = copy.deepcopy(data["clients"]["groups"][1])
+    group.update(name="crashy", count=1, data_share=0.2, rounds=None, budget=None,
+                 availability={"crashes": {"every": 3.0, "rejoin_after": 1.0}})
+    data["clients"]["groups"][1]["data_share"] = 0.3
+    data["clients"]["groups"].append(group)
+    result = run(data, tmp_path)
+    client = result.clients["crashy-000"]
+    assert client.crashes >= 5
+    rounds = [r.round for r in client.released_rounds()]
+    assert rounds == list(range(len(rounds)))  # numbering continues after every restart
+    ledger = _ledger(tmp_path, result, "crashy-000")
+    assert [record.round for record in ledger.records] == rounds
+
+
+def test_message_only_runs_charge_the_same_events(tmp_path: Path) -> None:
+    result = run(scenario(), tmp_path, message_only=True)
+    assert result.summary["final_accuracy"] is None
+    assert result.summary["updates"]["applied"] > 0
+    assert np.array_equal(result.final_params, build_population(
+        LoadedScenario(parse_scenario(scenario()), None)).initial_params)
