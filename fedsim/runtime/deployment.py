@@ -102,6 +102,7 @@ T = TypeVar("T")
 SERVER_FILE = "server.json"
 SCENARIO_FILE = "scenario.resolved.yaml"
 METRICS_FILE = "metrics.jsonl"
+APPLIED_FILE = "applied.jsonl"  # one line per applied update: window, client_id, round, base
 BROKER_ENV = "FEDSIM_BROKER"
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
 # A client that reported one of these will never train again.
@@ -207,18 +208,20 @@ class _CheckpointBeforeBroadcast:
         await self.inner.close()
 
 
-def _write_line(handle: Any, line: Mapping[str, Any]) -> None:
-    clean = {
-        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in line.items()
-    }
-    handle.write(json.dumps(clean, allow_nan=False) + "\n")
+def _write_lines(handle: Any, lines: Sequence[Mapping[str, Any]]) -> None:
+    for line in lines:
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in line.items()
+        }
+        handle.write(json.dumps(clean, allow_nan=False) + "\n")
     handle.flush()
     os.fsync(handle.fileno())
 
 
-def _keep_metrics_through(path: Path, windows: int) -> None:
-    """Drop ``metrics.jsonl`` lines of windows after the checkpoint (a restarted server redoes
-    them), and a torn last line; rewritten atomically."""
+def _keep_windows_through(path: Path, windows: int) -> None:
+    """Drop the lines of windows after the checkpoint's (a restarted server redoes them) and a
+    torn last line from a per-window JSON-lines file; rewritten atomically."""
     if not path.exists():
         return
     kept = []
@@ -247,6 +250,7 @@ class _ServerMonitor:
     endpoint: MqttServerEndpoint
     checkpoint: ServerCheckpoint
     metrics: Any
+    applied: Any
     stop_reason: str = ""
     _refused_seen: int = 0
 
@@ -276,7 +280,15 @@ class _ServerMonitor:
         }
         self._refused_seen = refused
         assert tuple(line) == METRIC_KEYS
-        _write_line(self.metrics, line)
+        _write_lines(
+            self.applied,
+            [
+                {"window": report.window, "client_id": c, "round": r, "base_version": base}
+                for c, r, base in report.applied_updates
+            ],
+        )
+        _write_lines(self.metrics, [line])
+        # After the lines: a restart trims lines past the checkpoint's window and redoes them.
         self.checkpoint.save(self.server.snapshot())
         if report.accuracy is not None:
             _log.info(
@@ -393,7 +405,8 @@ async def serve(
     checkpoint = ServerCheckpoint(state_dir, identity)
     snapshot = checkpoint.load()
     resumed_from = snapshot.windows_closed if snapshot is not None else None
-    _keep_metrics_through(out / METRICS_FILE, resumed_from or 0)
+    for name in (METRICS_FILE, APPLIED_FILE):
+        _keep_windows_through(out / name, resumed_from or 0)
     clock = ScaledClock(time_scale, start=snapshot.time if snapshot is not None else 0.0)
     outcome: dict[str, Any] = {
         "run": run,
@@ -412,7 +425,10 @@ async def serve(
     server: ServerActor | None = None
     monitor: _ServerMonitor | None = None
     try:
-        with open(out / METRICS_FILE, "a", encoding="utf-8") as metrics:
+        with (
+            open(out / METRICS_FILE, "a", encoding="utf-8") as metrics,
+            open(out / APPLIED_FILE, "a", encoding="utf-8") as applied,
+        ):
             async with mqtt:
                 joined: dict[str, ClientStatus] = {}
                 if snapshot is None and wait_for_clients > 0:
@@ -439,7 +455,7 @@ async def serve(
                         version=snapshot.version,
                         seen=len(snapshot.seen),
                     )
-                monitor = _ServerMonitor(scenario, server, mqtt, checkpoint, metrics)
+                monitor = _ServerMonitor(scenario, server, mqtt, checkpoint, metrics, applied)
                 finished, _ = await _unless_stopped(server.run(monitor.on_window), stop)
                 outcome["finished"] = finished
                 if not finished:
@@ -787,6 +803,9 @@ def _child_main(argv: list[str], log: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # The parent's sys.stdout/stderr may not be fds 1/2 (pytest's capture, a notebook).
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)
     code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()

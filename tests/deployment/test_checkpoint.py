@@ -1,0 +1,218 @@
+"""Server checkpoints (atomic, identity-checked, exact round trip), the scaled clock, broker
+credential resolution and the per-window log trimming a restarted server relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsim.aggregation import PlateauStepSize, make_strategy
+from fedsim.errors import ConfigError
+from fedsim.protocol.messages import ClientStatus
+from fedsim.runtime.checkpoint import CheckpointError, ServerCheckpoint
+from fedsim.runtime.deployment import ScaledClock, _keep_windows_through, resolve_broker
+from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.transports.security import generate_secrets, write_secrets
+
+IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
+
+
+class _StillClock:
+    def __init__(self, now: float) -> None:
+        self.value = now
+
+    def now(self) -> float:
+        return self.value
+
+    async def sleep(self, seconds: float) -> None:
+        self.value += seconds
+
+
+class _NoEndpoint:
+    async def publish(self, message: object) -> None:
+        raise AssertionError("nothing is published in these tests")
+
+    async def receive(self) -> object:
+        raise AssertionError("nothing is received in these tests")
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+
+def _server(now: float = 0.0, *, seed: int = 7) -> ServerActor:
+    return ServerActor(
+        clock=_StillClock(now),
+        endpoint=_NoEndpoint(),
+        initial_params=np.zeros(6, np.float32),
+        clients={"a": ClientInfo(100, 0.5), "b": ClientInfo(50, 0.5)},
+        window=1.0,
+        strategy=make_strategy("data_size"),
+        step_size=PlateauStepSize(1.0, factor=0.5, patience=1),
+        participation=0.5,
+        rng=np.random.default_rng(seed),
+    )
+
+
+def _busy_server() -> ServerActor:
+    """A server whose state differs from a fresh one in every field a snapshot holds."""
+    server = _server(now=12.5)
+    server.params = np.arange(6, dtype=np.float32) / 7
+    server.version = 9
+    server.windows_closed = 12
+    server.seen = {("a", 0), ("a", 1), ("b", 0)}
+    server.step_size.observe(0.6)
+    server.step_size.observe(0.5)  # no improvement: the step size halves
+    server.rng.random(5)
+    server.last_accuracy = 0.6
+    server._evaluated_version = 9
+    server._last_evaluation = (0.6, 0.9)
+    server.statuses = {"b": ClientStatus("b", "done", 4, 1.5, 1e-5, "finished", 11.0)}
+    return server
+
+
+def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
+    original = _busy_server()
+    assert original.step_size.current(1) == 0.5 and original.step_size.best == 0.6
+    checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
+    assert checkpoint.load() is None
+    checkpoint.save(original.snapshot())
+
+    restored = _server(seed=999)
+    restored.restore(ServerCheckpoint(tmp_path, IDENTITY).load())
+    assert restored.params.tobytes() == original.params.tobytes()
+    assert (restored.version, restored.windows_closed) == (9, 12)
+    assert restored.seen == original.seen
+    assert vars(restored.step_size) == vars(original.step_size)
+    assert restored.statuses == original.statuses
+    assert restored.last_accuracy == 0.6 and restored._last_evaluation == (0.6, 0.9)
+    # The participation generator continues exactly where the original was.
+    assert restored._participants() == original._participants()
+    assert restored.rng.random() == original.rng.random()
+
+
+def test_a_fresh_servers_snapshot_with_nan_and_infinity_survives(tmp_path: Path) -> None:
+    fresh = _server()
+    assert fresh.step_size.best == -math.inf and math.isnan(fresh._last_evaluation[0])
+    checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
+    checkpoint.save(fresh.snapshot())
+    loaded = checkpoint.load()
+    assert loaded.step_size_state["best"] == -math.inf
+    assert all(math.isnan(v) for v in loaded.last_evaluation)
+
+
+def test_a_restored_server_continues_its_window_count() -> None:
+    server = _server(now=12.5)
+    server.restore(_busy_server().snapshot())
+    reports: list[tuple[int, float]] = []
+
+    def on_window(report) -> bool:
+        reports.append((report.window, report.time))
+        return report.window >= 14
+
+    class _Quiet(_NoEndpoint):
+        async def publish(self, message: object) -> None:
+            """Broadcasts go nowhere here."""
+
+        async def receive(self) -> object:
+            await asyncio.Event().wait()
+
+    server.endpoint = _Quiet()
+    asyncio.run(server.run(on_window))
+    # Window 13 ends one window length after the restore, not 13 windows later.
+    assert reports == [(13, 13.5), (14, 14.5)]
+
+
+def test_identity_mismatch_and_damage_are_clear_errors(tmp_path: Path) -> None:
+    ServerCheckpoint(tmp_path, IDENTITY).save(_busy_server().snapshot())
+    with pytest.raises(CheckpointError, match="belongs to another run"):
+        ServerCheckpoint(tmp_path, {**IDENTITY, "seed": 2}).load()
+    path = tmp_path / "server.ckpt"
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    with pytest.raises(CheckpointError, match="unreadable"):
+        ServerCheckpoint(tmp_path, IDENTITY).load()
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
+    first = _busy_server()
+    checkpoint.save(first.snapshot())
+
+    def crash(*args: object) -> None:
+        raise OSError("power lost before the rename")
+
+    later = _busy_server()
+    later.version = 10
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(later.snapshot())
+    monkeypatch.undo()
+    assert ServerCheckpoint(tmp_path, IDENTITY).load().version == 9
+
+
+def test_keep_windows_through_drops_later_windows_and_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"window": w, "x": w * 2}) for w in (1, 2, 3, 4)]
+    path.write_text("\n".join(lines) + '\n{"window": 5, "x"')
+    _keep_windows_through(path, 2)
+    assert [json.loads(t)["window"] for t in path.read_text().splitlines()] == [1, 2]
+
+
+def test_scaled_clock_runs_scenario_time_at_the_given_rate() -> None:
+    async def measure() -> tuple[float, float]:
+        clock = ScaledClock(0.02, start=100.0)
+        loop = asyncio.get_running_loop()
+        wall = loop.time()
+        await clock.sleep(5.0)  # 5 scenario seconds = 0.1 wall seconds
+        return clock.now(), loop.time() - wall
+
+    now, wall = asyncio.run(measure())
+    assert 0.1 <= wall < 0.5
+    assert now == pytest.approx(100.0 + wall / 0.02, rel=0.05)
+    with pytest.raises(ConfigError, match="time-scale"):
+        ScaledClock(0.0)
+
+
+def test_resolve_broker_takes_credentials_from_url_or_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FEDSIM_BROKER", raising=False)
+    monkeypatch.delenv("FEDSIM_SECRETS", raising=False)
+    secrets = generate_secrets("run-1", ["a", "b"])
+    write_secrets(tmp_path / "secrets.json", secrets)
+    settings, run = resolve_broker(
+        "mqtt://127.0.0.1:1884",
+        secrets_file=tmp_path / "secrets.json",
+        role="client",
+        client_id="b",
+    )
+    assert (settings.username, settings.password, run) == (
+        "b",
+        secrets.clients["b"].password,
+        "run-1",
+    )
+    settings, _ = resolve_broker(
+        "mqtt://127.0.0.1", secrets_file=tmp_path / "secrets.json", role="server"
+    )
+    assert settings.username == secrets.server.username and settings.port == 1883
+    settings, run = resolve_broker("mqtt://u:p@h:1", secrets_file=None, role="server", run="x")
+    assert (settings.username, settings.password, run) == ("u", "p", "x")
+    with pytest.raises(ConfigError, match="is for run 'run-1', not 'other'"):
+        resolve_broker(
+            "mqtt://h", secrets_file=tmp_path / "secrets.json", role="server", run="other"
+        )
+    with pytest.raises(ConfigError, match="no credentials for client 'c'"):
+        resolve_broker(
+            "mqtt://h", secrets_file=tmp_path / "secrets.json", role="client", client_id="c"
+        )
+    with pytest.raises(ConfigError, match="no broker"):
+        resolve_broker(None, secrets_file=None, role="server")
+    monkeypatch.setenv("FEDSIM_BROKER", "mqtt://envhost:1999")
+    assert resolve_broker(None, secrets_file=None, role="server")[0].host == "envhost"
