@@ -222,8 +222,10 @@ def difference_note(run: DrsRun, accuracy: float | None, full: bool) -> str:
         return (f"reduced CPU run ({gap:+.1f} points); the paper trains {run.epochs} epochs "
                 "(--full --device cuda)")
     return (f"{gap:+.1f} points with the paper's m, sigma, lr, C and epochs: the paper trained "
-            "with TF Privacy, whose noise is C sigma on Poisson-style batches; here the batches "
-            "are fixed-size with replace-one noise 2 C sigma (DRS Alg. 1, what its mu certifies)")
+            "with TF Privacy, which adds noise C sigma to the clipped sum of a shuffled batch "
+            "(accounted as Poisson, add/remove); here the batch is a uniformly random fixed-size "
+            "subset with replace-one noise 2 C sigma (DRS Alg. 1, the mechanism its mu "
+            "certifies), i.e. twice the noise std")
 
 
 # -- main ---------------------------------------------------------------------------------
