@@ -1,0 +1,302 @@
+"""``fedsim deploy SCENARIO [--out DIR]``: broker credentials and access control for a run.
+
+Writes to ``--out`` (default ``deploy/generated``):
+
+* ``secrets.json`` (mode 0600): a random password for the server and for every client of the
+  scenario; ``fedsim server``/``client`` read their own with ``--secrets``;
+* ``passwd``: the mosquitto password file (PBKDF2-SHA512 hashes);
+* ``acl``: each client may write only its own ``updates``/``status`` topics and read only the
+  global model and its own receipts; the server reads all updates/statuses and writes the
+  model and the receipts; nothing else;
+* ``mosquitto.conf``: one authenticated listener, anonymous access denied, the files above as
+  the broker sees them (``--broker-config-dir``, ``/mosquitto/config`` in the eclipse-mosquitto
+  container).
+
+Client ids are the scenario's (``<group>-<index>``); ``--client-id`` lists them instead.
+
+``--compose FILE`` also writes a docker-compose file for the scenario: the eclipse-mosquitto
+broker with these files, the server, and one service per client (each with its own state
+volume), running the same ``fedsim server``/``fedsim client`` command lines as
+``fedsim launch`` does with local processes. The repository's ``docker-compose.yml`` is
+``fedsim deploy scenarios/quickstart.yaml --compose docker-compose.yml`` (see deploy/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import ConfigError
+
+BROKER_IMAGE = "eclipse-mosquitto:2.0.18"
+FEDSIM_IMAGE = "fedsim:latest"
+CONTAINER_SECRETS = "/run/secrets/fedsim"
+CONTAINER_STATE = "/state"
+COMPOSE_WAIT_FOR_CLIENTS = 600.0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "deploy",
+        help="generate broker passwords, ACL and config for a scenario",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario YAML file")
+    parser.add_argument(
+        "--client-id",
+        dest="client_ids",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a client id (repeatable), instead of the scenario's clients",
+    )
+    parser.add_argument(
+        "--run", metavar="NAME", help="run name in the MQTT topics (default: the scenario name)"
+    )
+    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="output directory")
+    parser.add_argument("--port", type=int, default=1883, help="broker port (default 1883)")
+    parser.add_argument(
+        "--bind", default="0.0.0.0", metavar="ADDRESS", help="listen address (default 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--broker-config-dir",
+        metavar="DIR",
+        help="where the broker sees --out (default: its absolute path; "
+        "/mosquitto/config for the eclipse-mosquitto container)",
+    )
+    parser.add_argument(
+        "--persistence-dir",
+        metavar="DIR",
+        help="broker persistence directory (e.g. /mosquitto/data/); default: no persistence",
+    )
+    parser.add_argument(
+        "--max-packet-bytes",
+        type=int,
+        metavar="N",
+        help="broker-side message size limit (default: mosquitto's own)",
+    )
+    parser.add_argument(
+        "--compose",
+        metavar="FILE",
+        help="also write a docker-compose file for the scenario (needs SCENARIO)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="--time-scale of the composed server and clients (default 1.0)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a scenario setting, repeatable",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
+    if args.scenario and args.client_ids:
+        raise ConfigError("give a SCENARIO or --client-id, not both")
+    if args.client_ids:
+        if not args.run:
+            raise ConfigError("--client-id needs --run (there is no scenario to name the run)")
+        return list(args.client_ids), args.run
+    if not args.scenario:
+        raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
+    from fedsim.config import load_scenario
+    from fedsim.runtime.simulation import client_ids
+
+    scenario = load_scenario(args.scenario, args.overrides).scenario
+    return client_ids(scenario), args.run or scenario.name
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedsim.transports.security import write_broker_files
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a TCP port")
+    if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
+        raise ConfigError("--max-packet-bytes must be positive")
+    ids, run_name = _client_ids_and_run(args)
+    if args.compose and not args.scenario:
+        raise ConfigError("--compose needs a SCENARIO")
+    files = write_broker_files(
+        Path(args.out),
+        run_name,
+        ids,
+        port=args.port,
+        bind_address=args.bind,
+        broker_config_dir=args.broker_config_dir,
+        persistence_dir=args.persistence_dir,
+        max_packet_bytes=args.max_packet_bytes,
+    )
+    print(
+        f"run {run_name!r}: {len(ids)} clients + server\n"
+        f"  {files.config}\n  {files.password_file}\n  {files.acl_file}\n"
+        f"  {files.secrets_file}  (mode 0600: clear-text passwords, keep it private)\n"
+        f"broker:  mosquitto -c {files.config}\n"
+        f"server:  fedsim server --scenario SCENARIO --broker mqtt://HOST:{args.port} "
+        f"--secrets {files.secrets_file}",
+        file=sys.stdout,
+    )
+    if args.compose:
+        compose = Path(args.compose)
+        generated = os.path.relpath(Path(args.out).resolve(), compose.resolve().parent)
+        scenario = os.path.relpath(Path(args.scenario).resolve(), compose.resolve().parent)
+        compose.write_text(
+            compose_text(
+                scenario,
+                run_name,
+                ids,
+                generated_dir=generated,
+                port=args.port,
+                time_scale=args.time_scale,
+                overrides=args.overrides,
+            )
+        )
+        print(f"compose: {compose} ({len(ids)} client services)")
+    return 0
+
+
+def process_argv(
+    role: str,
+    *,
+    scenario: str,
+    broker: str,
+    run: str,
+    secrets: str,
+    state: str,
+    time_scale: float = 1.0,
+    max_backoff: float = 10.0,
+    client_id: str | None = None,
+    out: str | None = None,
+    wait_for_clients: float = COMPOSE_WAIT_FOR_CLIENTS,
+    overrides: Sequence[str] = (),
+) -> list[str]:
+    """The ``fedsim server``/``fedsim client`` arguments of one deployed process.
+
+    The same options, in the same order, as ``fedsim launch`` gives its local processes.
+    """
+    argv = [
+        role,
+        "--scenario",
+        scenario,
+        "--broker",
+        broker,
+        "--run",
+        run,
+        "--time-scale",
+        repr(float(time_scale)),
+        "--max-backoff",
+        repr(float(max_backoff)),
+        "--json-logs",
+        "--secrets",
+        secrets,
+    ]
+    for override in overrides:
+        argv += ["--set", override]
+    if role == "client":
+        if client_id is None:
+            raise ConfigError("a client process needs its client id")
+        return [*argv, "--client-id", client_id, "--state", state]
+    return [
+        *argv,
+        "--state",
+        state,
+        "--out",
+        out or state,
+        "--wait-for-clients",
+        repr(float(wait_for_clients)),
+    ]
+
+
+def compose_text(
+    scenario: str,
+    run: str,
+    client_ids: Sequence[str],
+    *,
+    generated_dir: str = "deploy/generated",
+    port: int = 1883,
+    time_scale: float = 1.0,
+    overrides: Sequence[str] = (),
+) -> str:
+    """A docker-compose file: broker, server and one service per client, as YAML text.
+
+    Paths are relative to the compose file (the repository root: the image's working
+    directory holds the repository, and the data set is mounted at ``../shared/datasets``
+    relative to it, as in the scenario files).
+    """
+    import yaml
+
+    broker_url = f"mqtt://broker:{port}"
+
+    def common() -> dict[str, Any]:
+        # Fresh objects per service: shared ones would become YAML anchors.
+        return {
+            "image": FEDSIM_IMAGE,
+            "build": ".",
+            "depends_on": ["broker"],
+            "secrets": [{"source": "fedsim", "target": CONTAINER_SECRETS}],
+            "restart": "on-failure",
+        }
+
+    dataset_mount = "../shared/datasets:/shared/datasets:ro"
+
+    def argv(role: str, **kwargs: Any) -> list[str]:
+        return [
+            "fedsim",
+            *process_argv(
+                role,
+                scenario=scenario,
+                broker=broker_url,
+                run=run,
+                secrets=CONTAINER_SECRETS,
+                time_scale=time_scale,
+                overrides=overrides,
+                **kwargs,
+            ),
+        ]
+
+    services: dict[str, Any] = {
+        "broker": {
+            "image": BROKER_IMAGE,
+            "command": ["mosquitto", "-c", "/mosquitto/config/mosquitto.conf"],
+            "volumes": [f"./{generated_dir}:/mosquitto/config:ro", "broker-data:/mosquitto/data"],
+            "restart": "unless-stopped",
+        },
+        "server": {
+            **common(),
+            "command": argv("server", state=CONTAINER_STATE, out=f"/runs/{run}"),
+            "volumes": ["state-server:/state", "./runs:/runs", dataset_mount],
+        },
+    }
+    volumes: dict[str, None] = {"broker-data": None, "state-server": None}
+    for client_id in client_ids:
+        services[client_id] = {
+            **common(),
+            "command": argv("client", client_id=client_id, state=CONTAINER_STATE),
+            "volumes": [f"state-{client_id}:/state", dataset_mount],
+        }
+        volumes[f"state-{client_id}"] = None
+    document = {
+        "name": f"fedsim-{run}",
+        "services": services,
+        "volumes": volumes,
+        "secrets": {"fedsim": {"file": f"./{generated_dir}/secrets.json"}},
+    }
+    header = (
+        f"# Generated by `fedsim deploy {scenario} --compose ...` for run {run!r}.\n"
+        f"# First: fedsim deploy {scenario} --out {generated_dir} "
+        "--broker-config-dir /mosquitto/config --persistence-dir /mosquitto/data\n"
+        "# Then:  docker compose build && docker compose up\n"
+    )
+    return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=100)

@@ -1,0 +1,182 @@
+"""`fedsim deploy`: credentials, mosquitto files, ACL, and the docker-compose file."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import shlex
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.commands import deploy
+from fedsim.errors import ConfigError
+from fedsim.transports.security import (
+    Credentials,
+    RunSecrets,
+    acl_text,
+    load_secrets,
+    mosquitto_conf_text,
+    mosquitto_password_hash,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_deploy(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    deploy.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["deploy", *argv])
+    return args.func(args)
+
+
+def test_deploy_writes_private_secrets_hashes_and_acl(tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    assert (
+        run_deploy("--client-id", "a-1", "--client-id", "b-2", "--run", "r", "--out", str(out)) == 0
+    )
+    assert stat.S_IMODE((out / "secrets.json").stat().st_mode) == 0o600
+    secrets = load_secrets(out / "secrets.json")
+    assert secrets.run == "r" and sorted(secrets.clients) == ["a-1", "b-2"]
+    passwords = {c.username: c.password for c in [secrets.server, *secrets.clients.values()]}
+    assert len(set(passwords.values())) == 3 and all(len(p) >= 32 for p in passwords.values())
+    # Every line is user:$7$iterations$salt$PBKDF2-SHA512(password), checked independently.
+    for line in (out / "passwd").read_text().splitlines():
+        user, _, hashed = line.partition(":")
+        _, kind, iterations, salt, digest = hashed.split("$")
+        expected = hashlib.pbkdf2_hmac(
+            "sha512", passwords.pop(user).encode(), base64.b64decode(salt), int(iterations)
+        )
+        assert kind == "7" and base64.b64decode(digest) == expected
+    assert passwords == {}
+    acl = (out / "acl").read_text()
+    assert "user a-1\ntopic write fedsim/r/updates/a-1\ntopic write fedsim/r/status/a-1\n" in acl
+    assert "topic read fedsim/r/global\ntopic read fedsim/r/acks/a-1\n" in acl
+    assert "fedsim/r/updates/b-2" not in acl.split("user b-2")[0].split("user a-1")[1]
+    conf = (out / "mosquitto.conf").read_text()
+    assert "allow_anonymous false" in conf and f"acl_file {out.resolve()}/acl" in conf
+
+
+def test_password_hash_matches_mosquitto_passwd_format() -> None:
+    # The documented format: $7$<iterations>$<base64 12-byte salt>$<base64 64-byte key>.
+    salt = bytes(range(12))
+    hashed = mosquitto_password_hash("secret", salt=salt, iterations=101)
+    assert hashed.startswith("$7$101$AAECAwQFBgcICQoL$")
+    assert len(base64.b64decode(hashed.split("$")[-1])) == 64
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--client-id", "a"], "needs --run"),
+        (["--client-id", "a/b", "--run", "r"], "MQTT topics"),
+        (["--client-id", "a", "--client-id", "a", "--run", "r"], "unique"),
+        (["--client-id", "fedsim-server", "--run", "r"], "reserved"),
+        (["--client-id", "a", "--run", "r#"], "run name"),
+        (["--client-id", "a", "--run", "r", "--port", "70000"], "not a TCP port"),
+        ([], "give a SCENARIO"),
+        (["--client-id", "a", "--run", "r", "--compose", "x.yml"], "needs a SCENARIO"),
+    ],
+)
+def test_deploy_rejects_bad_input_with_a_clear_error(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        run_deploy(*argv, "--out", str(tmp_path / "gen"))
+
+
+def test_committed_broker_files_are_what_deploy_generates() -> None:
+    conf = mosquitto_conf_text(
+        port=1883,
+        bind_address="0.0.0.0",
+        password_file="/mosquitto/config/passwd",
+        acl_file="/mosquitto/config/acl",
+        persistence_dir="/mosquitto/data",
+    )
+    assert (REPO / "deploy" / "mosquitto.conf").read_text() == conf
+    example = RunSecrets(
+        "example",
+        Credentials("fedsim-server", "-"),
+        {c: Credentials(c, "-") for c in ("phone-000", "laptop-000")},
+    )
+    assert (REPO / "deploy" / "acl.example").read_text() == acl_text(example)
+
+
+# ------------------------------------------------------------------------------- compose
+
+
+def _compose() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def test_compose_file_is_current_and_has_one_service_per_client() -> None:
+    pytest.importorskip("fedsim.runtime.simulation")
+    from fedsim.config import load_scenario
+    from fedsim.runtime.simulation import client_ids
+
+    scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
+    ids = client_ids(scenario)
+    regenerated = deploy.compose_text("scenarios/quickstart.yaml", scenario.name, ids)
+    assert (REPO / "docker-compose.yml").read_text() == regenerated, (
+        "docker-compose.yml is stale: regenerate it (see deploy/README.md)"
+    )
+    services = _compose()["services"]
+    assert list(services) == ["broker", "server", *ids]
+    assert services["broker"]["image"].startswith("eclipse-mosquitto:2")
+    volumes = {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])}
+    assert {f"state-{c}" for c in ids} | {"state-server"} <= volumes  # a state volume each
+
+
+def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
+    from fedsim.cli import build_parser
+
+    parser = build_parser()
+    services = _compose()["services"]
+    roles = {}
+    for name, service in services.items():
+        if name == "broker":
+            continue
+        command = service["command"]
+        assert command[0] == "fedsim", shlex.join(command)
+        args = parser.parse_args(command[1:])
+        roles[name] = args.command
+        assert args.broker == "mqtt://broker:1883" and args.secrets == deploy.CONTAINER_SECRETS
+        if args.command == "client":
+            assert args.client_id == name
+    assert roles.pop("server") == "server"
+    assert set(roles.values()) == {"client"}
+
+
+def test_compose_commands_match_what_fedsim_launch_runs(tmp_path: Path) -> None:
+    deployment = pytest.importorskip("fedsim.runtime.deployment")
+    launcher = deployment.Launcher(
+        REPO / "scenarios" / "quickstart.yaml",
+        tmp_path / "run",
+        broker="mqtt://broker:1883",
+        secrets_file=tmp_path / "secrets.json",
+    )
+    launcher.prepare()
+    services = _compose()["services"]
+    # Same options and values, except the paths that differ between a container and a host.
+    paths = {"--scenario", "--secrets", "--state", "--out"}
+
+    def options(argv: list[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for index, token in enumerate(argv):
+            if token.startswith("--"):
+                following = argv[index + 1] if index + 1 < len(argv) else None
+                value = None if following is None or following.startswith("--") else following
+                found[token] = "<path>" if token in paths else value
+        return found
+
+    assert set(launcher.processes) == set(services) - {"broker"}
+    for name, process in launcher.processes.items():
+        launched, composed = process.argv, services[name]["command"][1:]
+        assert launched[0] == composed[0]
+        expected = options(launched)
+        if name == "server":
+            expected["--wait-for-clients"] = repr(deploy.COMPOSE_WAIT_FOR_CLIENTS)
+        assert options(composed) == expected
