@@ -91,6 +91,7 @@ __all__ = [
     "client_state_file",
     "collect_outputs",
     "ledger_path",
+    "process_commands",
     "resolve_broker",
     "run_client",
     "serve",
@@ -765,6 +766,44 @@ def collect_outputs(
 # Launching everything as local processes
 
 
+def process_commands(
+    scenario_file: str | Path,
+    client_ids: Sequence[str],
+    *,
+    broker: str,
+    run: str,
+    secrets_file: str | Path | None,
+    state_root: str | Path,
+    out: str | Path,
+    time_scale: float = 1.0,
+    max_backoff: float = 10.0,
+    wait_for_clients: float = 600.0,
+    json_logs: bool = True,
+) -> dict[str, list[str]]:
+    """The command line of every process of a deployed run, clients first, then ``server``:
+    ``fedsim client ... --state <state_root>/<id>`` and ``fedsim server ... --state
+    <state_root>/server --out <out>``. :class:`Launcher` runs exactly these; a compose file
+    should run the same (with its own paths)."""
+    common = [
+        "--scenario", str(scenario_file), "--broker", broker, "--run", run,
+        "--time-scale", repr(float(time_scale)), "--max-backoff", repr(float(max_backoff)),
+        "--json-logs" if json_logs else "--no-json-logs",
+    ]  # fmt: skip
+    if secrets_file is not None:
+        common += ["--secrets", str(secrets_file)]
+    state = Path(state_root)
+    commands = {
+        client_id: ["fedsim", "client", *common, "--client-id", client_id,
+                    "--state", str(state / client_id)]
+        for client_id in client_ids
+    }  # fmt: skip
+    commands["server"] = [
+        "fedsim", "server", *common, "--state", str(state / "server"), "--out", str(out),
+        "--wait-for-clients", repr(float(wait_for_clients)),
+    ]  # fmt: skip
+    return commands
+
+
 class _ForkedChild:
     """A child forked from the launcher, which has already imported fedsim and torch (tens of
     seconds on a busy machine, per process), running ``fedsim <argv>``. Same interface as the
@@ -898,48 +937,21 @@ class Launcher:
             self.broker_url = self.local_broker.url()
             self.secrets_file = self.local_broker.files.secrets_file
             _log.info("private broker started", url=self.broker_url, pid=self.local_broker.pid)
-        common = [
-            "--scenario",
-            str(self.scenario_file),
-            "--broker",
-            self.broker_url,
-            "--run",
-            self.run,
-            "--time-scale",
-            repr(self.time_scale),
-            "--max-backoff",
-            repr(self.max_backoff),
-            "--json-logs" if self.json_logs else "--no-json-logs",
-        ]
-        if self.secrets_file is not None:
-            common += ["--secrets", str(self.secrets_file.resolve())]
-        for client_id in self.client_ids:
-            self.processes[client_id] = _Process(
-                client_id,
-                [
-                    "client",
-                    *common,
-                    "--client-id",
-                    client_id,
-                    "--state",
-                    str(self.state_dir(client_id).resolve()),
-                ],
-                self.out / "logs" / f"{client_id}.log",
-            )
-        self.processes["server"] = _Process(
-            "server",
-            [
-                "server",
-                *common,
-                "--state",
-                str(self.state_dir("server").resolve()),
-                "--out",
-                str(self.out.resolve()),
-                "--wait-for-clients",
-                repr(self.wait_for_clients),
-            ],
-            self.out / "logs" / "server.log",
+        commands = process_commands(
+            self.scenario_file,
+            self.client_ids,
+            broker=self.broker_url,
+            run=self.run,
+            secrets_file=self.secrets_file.resolve() if self.secrets_file else None,
+            state_root=(self.out / "state").resolve(),
+            out=self.out.resolve(),
+            time_scale=self.time_scale,
+            max_backoff=self.max_backoff,
+            wait_for_clients=self.wait_for_clients,
+            json_logs=self.json_logs,
         )
+        for name, argv in commands.items():
+            self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")
 
     # -- processes ---------------------------------------------------------------------------
     def start(self, name: str) -> None:

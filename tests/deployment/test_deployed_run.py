@@ -154,7 +154,12 @@ async def _intrude(host: str, port: int, run: str, password: str) -> None:
 def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     launcher = Launcher(
-        SCENARIO, out, overrides=["stop.windows=14"], time_scale=float(TIME_SCALE), max_backoff=1.0
+        SCENARIO,
+        out,
+        # The run ends when every client has done its 12 rounds (all_budgets_spent).
+        overrides=["stop={all_budgets_spent: true}", "clients.groups[0].rounds=12"],
+        time_scale=float(TIME_SCALE),
+        max_backoff=1.0,
     )
     try:
         launcher.prepare()
@@ -197,7 +202,18 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     applied = _check_applied_against_ledgers(out)
     assert all(round_ < 10_000 for _, round_ in applied)
     assert sum(line["rejected"] for line in _lines(out / "metrics.jsonl")) == 2
-    assert summary["windows"] == 14 and summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
+    assert summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
+    assert summary["stop_reason"] == "no client can train any more and every update has arrived"
+    assert summary["client_states"] == {"done": 4}
+    assert sorted(s["client_id"] for s in summary["stopped"]) == [
+        "c-000",
+        "c-001",
+        "c-002",
+        "c-003",
+    ]
+    # Every round of every client arrived; each was applied once (or judged too stale).
+    updates = summary["updates"]
+    assert len(applied) == updates["applied"] and updates["applied"] + updates["stale"] == 4 * 12
 
 
 def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
