@@ -1,0 +1,76 @@
+"""The deployed processes' command lines: bad input is a clear error (exit 2), never a
+traceback, and the commands the launcher runs parse as valid fedsim invocations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import build_parser, main
+from fedsim.config import load_scenario
+from fedsim.runtime.deployment import process_commands
+from fedsim.runtime.simulation import client_ids
+
+SCENARIO = Path(__file__).with_name("four_clients.yaml")
+
+
+def test_every_launched_command_is_a_valid_fedsim_invocation(tmp_path: Path) -> None:
+    ids = client_ids(load_scenario(SCENARIO).scenario)
+    commands = process_commands(
+        SCENARIO,
+        ids,
+        broker="mqtt://broker:1883",
+        run="deploy-four",
+        secrets_file=tmp_path / "secrets.json",
+        state_root="/state",
+        out="/out",
+        time_scale=0.5,
+    )
+    assert list(commands) == [*ids, "server"]
+    parser = build_parser()
+    for name, argv in commands.items():
+        assert argv[0] == "fedsim"
+        args = parser.parse_args(argv[1:])
+        assert args.command == ("server" if name == "server" else "client")
+        assert args.time_scale == 0.5 and args.broker == "mqtt://broker:1883"
+        assert args.state == f"/state/{name}"
+        if name != "server":
+            assert args.client_id == name
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["client", "--client-id", "nobody", "--broker", "mqtt://127.0.0.1:9"],
+            "'nobody' is not a client of scenario 'deploy-four'",
+        ),
+        (
+            ["client", "--client-id", "c-000", "--broker", "http://127.0.0.1:9"],
+            "must start with mqtt:// or mqtts://",
+        ),
+        (
+            ["server", "--time-scale", "-1", "--broker", "mqtt://127.0.0.1:9"],
+            "--time-scale must be a positive number",
+        ),
+        (["server", "--run", "bad/run", "--broker", "mqtt://127.0.0.1:9"], "run name 'bad/run'"),
+        (["server"], "no broker"),
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    argv: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.delenv("FEDSIM_BROKER", raising=False)
+    monkeypatch.delenv("FEDSIM_SECRETS", raising=False)
+    code = main([*argv, "--scenario", str(SCENARIO), "--state", str(tmp_path / "state")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_launch_refuses_a_directory_that_holds_ledgers(tmp_path: Path, capsys) -> None:
+    (tmp_path / "ledgers").mkdir()
+    (tmp_path / "ledgers" / "c-000.jsonl").write_text("{}\n")
+    assert main(["launch", str(SCENARIO), "--out", str(tmp_path)]) == 2
+    assert "already holds a run's ledgers" in capsys.readouterr().err
