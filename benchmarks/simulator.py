@@ -1,0 +1,140 @@
+"""Simulator throughput: how much of the machine goes into training, and how fast the protocol
+alone runs.
+
+1. ``hetero-100`` with training on: per-sample gradients per wall second over the whole
+   simulation (actors, network, codec, ledgers, mixing, evaluation included), against the plain
+   single-client DP-SGD loop (:class:`fedsim.training.LocalTrainer`, same model, one thread)
+   run over the same number of samples in the same process. Target: ratio >= 0.9.
+2. A message-only run: ``hetero-100`` scaled to 1000 clients whose rounds are slow
+   (cross-device speeds: a round takes minutes), training replaced by its virtual duration
+   (zero updates, the same privacy events and ledger writes). Target: >= 1000 simulated seconds
+   per wall second.
+
+Run directories go to a temporary directory in memory (/dev/shm when present): the ledgers'
+fsyncs measure the disk, not the simulator.
+
+    python benchmarks/simulator.py [--quick]
+
+writes ``benchmarks/results/simulator.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fedsim.config import LoadedScenario, load_scenario, parse_scenario
+from fedsim.runtime.simulation import build_population, run_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "simulator.json"
+
+
+def _scratch() -> tempfile.TemporaryDirectory[str]:
+    shm = Path("/dev/shm")
+    return tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None, prefix="fedsim-bench-")
+
+
+def _with(loaded: LoadedScenario, changes: dict) -> LoadedScenario:
+    tree = loaded.scenario.model_dump(mode="json")
+    for path, value in changes.items():
+        node = tree
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(leaf) if leaf.isdigit() else leaf] = value
+    return LoadedScenario(parse_scenario(tree, base_dir=loaded.base_dir), loaded.source)
+
+
+def training_throughput(virtual_seconds: float) -> dict:
+    loaded = _with(load_scenario(REPO / "scenarios" / "hetero-100.yaml"),
+                   {"stop.virtual_seconds": virtual_seconds})
+    population = build_population(loaded)
+    with _scratch() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", population=population)
+    simulated = result.sample_grads / result.wall_seconds
+
+    # The plain loop: one client, the same model object and a mid-sized batch of the scenario,
+    # until it has computed as many per-sample gradients as the whole simulation did.
+    plan = next(p for p in population.plans if p.group.name == "office")
+    trainer = population.trainer(plan)
+    params = population.initial_params.copy()
+    done, round_index = 0, 0
+    started = time.perf_counter()
+    while done < result.sample_grads:
+        update = trainer.run_round(params, round_index)
+        params = params - plan.group.local_lr * update.update
+        done += update.sample_grads
+        round_index += 1
+    single = done / (time.perf_counter() - started)
+    return {
+        "clients": len(population.plans),
+        "virtual_seconds": result.summary["virtual_time"],
+        "sample_grads": result.sample_grads,
+        "wall_seconds": result.wall_seconds,
+        "sample_grads_per_s": simulated,
+        "single_loop_sample_grads_per_s": single,
+        "ratio": simulated / single,
+        "final_accuracy": result.summary["final_accuracy"],
+    }
+
+
+def message_only_throughput(clients: int, virtual_seconds: float) -> dict:
+    base = load_scenario(REPO / "scenarios" / "hetero-100.yaml")
+    tree = base.scenario.model_dump(mode="json")
+    groups = tree["clients"]["groups"]
+    scale = clients / sum(g["count"] for g in groups)
+    for group in groups:
+        group["count"] = max(1, round(group["count"] * scale))
+        # Cross-device speeds: a few seconds of compute per sample, so a round takes minutes.
+        group["speed"] = {"kind": "lognormal", "median": 3.0, "sigma": 0.5}
+        group.pop("availability", None)
+    groups[-1]["count"] += clients - sum(g["count"] for g in groups)
+    tree["stop"] = {"virtual_seconds": virtual_seconds}
+    tree["server"]["window"] = 10.0
+    loaded = LoadedScenario(parse_scenario(tree, base_dir=base.base_dir), base.source)
+    with _scratch() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", message_only=True)
+    return {
+        "message_only_clients": sum(g["count"] for g in groups),
+        "message_only_virtual_seconds": result.summary["virtual_time"],
+        "message_only_wall_seconds": result.wall_seconds,
+        "message_only_updates": result.summary["updates"]["received"],
+        "simulated_s_per_wall_s": result.summary["virtual_time"] / result.wall_seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    training = training_throughput(20.0 if args.quick else 120.0)
+    messages = message_only_throughput(1000, 600.0 if args.quick else 3600.0)
+    result = {
+        "clients": training["clients"],
+        "sample_grads_per_s": training["sample_grads_per_s"],
+        "single_loop_sample_grads_per_s": training["single_loop_sample_grads_per_s"],
+        "ratio": training["ratio"],
+        "message_only_clients": messages["message_only_clients"],
+        "simulated_s_per_wall_s": messages["simulated_s_per_wall_s"],
+        "details": {**training, **messages},
+        "targets": {"ratio": 0.9, "simulated_s_per_wall_s": 1000.0},
+        "quick": args.quick,
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
