@@ -1,0 +1,119 @@
+"""Calibration for any accountant: the smallest noise for a budget, the most steps for a noise.
+
+Both searches rely on monotonicity: eps is non-increasing in sigma and non-decreasing in the
+number of steps T (true for every registered accountant; tested as properties). Each search
+brackets the answer by exponential search and then bisects:
+
+* :func:`calibrate_sigma`: in log sigma until ``hi / lo <= 1 + rel_tol`` (default 1e-4); the
+  returned sigma is the upper end of the final bracket, so it *meets* the budget;
+* :func:`max_steps`: on integers, exact: ``eps(T) <= target < eps(T + 1)``.
+
+T identical steps are one self-composed :class:`GaussianStep` (``count = T``), so the PLD
+accountant answers each probe with one FFT power. ``measure`` selects which eps to use, e.g.
+``lambda acc, d: acc.epsilon_classic(d)`` for the RDP accountant's classic conversion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from fedsim.errors import ConfigError, PrivacyError
+from fedsim.privacy.accountant import Accountant, make_accountant
+from fedsim.privacy.events import GaussianStep, Sampling
+
+Measure = Callable[[Accountant, float], float]
+SIGMA_RANGE = (1e-3, 1e4)
+MAX_STEPS_LIMIT = 10**9
+
+
+def _default_measure(accountant: Accountant, delta: float) -> float:
+    return accountant.epsilon(delta)
+
+
+def _check_target(epsilon: float, delta: float) -> None:
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ConfigError(f"target epsilon must be a finite number > 0, got {epsilon!r}")
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def epsilon_for(accountant: str, sampling: Sampling, q: float, sigma: float, steps: int,
+                delta: float, measure: Measure = _default_measure, **settings: Any) -> float:
+    """eps of ``steps`` identical steps under the named accountant."""
+    acc = make_accountant(accountant, [GaussianStep(sampling, q, sigma, steps)], **settings)
+    return measure(acc, delta)
+
+
+def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,
+                    epsilon: float, delta: float, *, rel_tol: float = 1e-4,
+                    measure: Measure = _default_measure, **settings: Any) -> float:
+    """Smallest sigma (to relative tolerance ``rel_tol``, rounded up) with eps <= ``epsilon``."""
+    _check_target(epsilon, delta)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps must be an integer >= 1, got {steps!r}")
+
+    def fits(sigma: float) -> bool:
+        return epsilon_for(accountant, sampling, q, sigma, steps, delta, measure,
+                           **settings) <= epsilon
+
+    low, high = 1.0, 1.0
+    if fits(high):
+        while low > SIGMA_RANGE[0] and fits(low / 2):
+            low /= 2
+        low, high = low / 2, low
+        if high <= SIGMA_RANGE[0]:
+            return high
+    else:
+        while not fits(high * 2):
+            high *= 2
+            if high > SIGMA_RANGE[1]:
+                raise PrivacyError(f"no sigma below {SIGMA_RANGE[1]:g} meets eps={epsilon:g}")
+        low, high = high, high * 2
+    while high / low > 1.0 + rel_tol:
+        middle = math.sqrt(low * high)
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def max_steps(accountant: str, sampling: Sampling, q: float, sigma: float, epsilon: float,
+              delta: float, *, measure: Measure = _default_measure,
+              limit: int = MAX_STEPS_LIMIT, **settings: Any) -> int:
+    """Largest T with eps(T steps) <= ``epsilon`` (0 if one step already exceeds it; ``limit``
+    if even ``limit`` steps fit). The "how many rounds" question of Asoodeh et al."""
+    _check_target(epsilon, delta)
+
+    def fits(count: int) -> bool:
+        return epsilon_for(accountant, sampling, q, sigma, count, delta, measure,
+                           **settings) <= epsilon
+
+    return largest_fitting(fits, limit=limit)
+
+
+def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
+                    limit: int = MAX_STEPS_LIMIT) -> int:
+    """Largest n in [0, limit] with ``fits(n)`` for a monotone predicate (``fits(0)`` is taken
+    as true): doubling from ``start`` to bracket, then integer bisection."""
+    start = max(1, min(start, limit))
+    if not fits(start):
+        low, high = 0, start
+    else:
+        low = start
+        high = start * 2
+        while high <= limit and fits(high):
+            low, high = high, high * 2
+        if high > limit:
+            if fits(limit):
+                return limit
+            high = limit
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low

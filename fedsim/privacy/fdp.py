@@ -1,0 +1,130 @@
+"""f-DP views of any accountant: trade-off curves, a GDP fit, group privacy, conversions.
+
+A trade-off curve is represented by its values ``beta_i`` on an increasing grid ``alpha_i``
+in [0, 1]. For a guarantee the values are lower bounds on the true curve f at the grid points;
+between grid points only monotonicity is used (``f(alpha) >= beta_{i+1}`` for
+``alpha <= alpha_{i+1}``), so every derived quantity below stays a valid bound.
+
+Results used:
+
+* (eps, delta) from a curve: ``delta(eps) = sup_alpha 1 - f(alpha) - e^eps alpha``
+  (Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022, Prop. 2.12).
+* Group privacy for a numerical curve: if a mechanism is f-DP for single records it is
+  ``1 - (1 - f)^{o g}``-DP for groups of g records (same paper, Thm 2.14; ``o g`` is g-fold
+  functional composition). For ``f = G_mu`` this is ``G_{g mu}``. The neighbouring relation is
+  the accountant's (add/remove for Poisson, replace-one for fixed-size); groups differ in g
+  records under that relation.
+* GDP fit: the smallest mu with ``G_mu <= beta`` at every grid point where ``0 < beta`` and
+  ``alpha < 1``, i.e. ``max_i Phi^-1(1 - alpha_i) - Phi^-1(beta_i)``. Grid points where the
+  curve is 0 are skipped (no finite mu reaches 0 before alpha = 1), so "G_mu lies below the
+  curve on the grid". ``dp_accounting`` offers a different, single-point estimate: the
+  Gaussian mechanism that is exactly (eps, delta)-DP at one eps
+  (:func:`gdp_mu_at_point`, via ``dp_accounting.get_sigma_gaussian``); it is never larger
+  than the fit at the same curve, and it can be much smaller when the curve is not Gaussian.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting import gaussian_mechanism
+from scipy.stats import norm
+
+from fedsim.errors import ConfigError
+from fedsim.privacy.accountant import Accountant
+from fedsim.privacy.gdp import gdp_tradeoff, group_mu
+
+
+def default_alphas(points: int = 2001) -> np.ndarray:
+    """A grid on [0, 1], dense near 0 where DP curves bend (log-spaced from 1e-9)."""
+    return np.unique(np.concatenate([[0.0], np.logspace(-9, -2, points // 4),
+                                     np.linspace(0.0, 1.0, points - points // 4)]))
+
+
+def tradeoff_curve(accountant: Accountant,
+                   alphas: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha, beta) of an accountant's trade-off curve (a lower bound for guarantees)."""
+    grid = default_alphas() if alphas is None else np.asarray(alphas, dtype=float)
+    if grid.ndim != 1 or grid.size < 2 or np.any(np.diff(grid) <= 0) or grid[0] < 0 or grid[-1] > 1:
+        raise ConfigError("alphas must be an increasing grid in [0, 1] with at least 2 points")
+    return grid, np.asarray(accountant.tradeoff(grid), dtype=float)
+
+
+def fit_gdp_mu(alphas: np.ndarray, betas: np.ndarray) -> float:
+    """Smallest mu with ``G_mu(alpha_i) <= beta_i`` on the grid (see module docstring)."""
+    alphas = np.asarray(alphas, dtype=float)
+    betas = np.asarray(betas, dtype=float)
+    usable = (alphas > 0) & (alphas < 1) & (betas > 0)
+    if not np.any(usable):
+        raise ConfigError("the curve has no grid point with 0 < alpha < 1 and beta > 0")
+    needed = norm.isf(alphas[usable]) - norm.ppf(np.minimum(betas[usable], 1.0))
+    return float(max(0.0, np.max(needed)))
+
+
+def gdp_mu_at_point(epsilon: float, delta: float) -> float:
+    """mu of the Gaussian mechanism that is exactly (eps, delta)-DP (Balle & Wang 2018,
+    through ``dp_accounting.gaussian_mechanism.get_sigma_gaussian``): ``1 / sigma``."""
+    if epsilon < 0 or not 0 < delta < 1:
+        raise ConfigError(f"need eps >= 0 and delta in (0, 1), got {epsilon!r}, {delta!r}")
+    sigma = gaussian_mechanism.get_sigma_gaussian(epsilon, delta)
+    return math.inf if sigma == 0 else 1.0 / sigma
+
+
+def _at_or_after(alphas: np.ndarray, betas: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """A lower bound on f at arbitrary points: beta at the first grid point >= the point."""
+    index = np.searchsorted(alphas, np.clip(points, 0.0, 1.0), side="left")
+    padded = np.append(betas, 0.0)  # beyond the last grid point f >= 0
+    return padded[np.minimum(index, betas.size)]
+
+
+def group_tradeoff(alphas: np.ndarray, betas: np.ndarray, group_size: int) -> np.ndarray:
+    """Lower bound on the trade-off curve for groups of ``group_size`` records:
+    ``1 - (1 - f)^{o g}`` (Dong-Roth-Su Thm 2.14), with f bounded between grid points by
+    monotonicity (rounding the argument up to the next grid point)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ConfigError(f"group size must be an integer >= 1, got {group_size!r}")
+    alphas = np.asarray(alphas, dtype=float)
+    betas = np.asarray(betas, dtype=float)
+    level = alphas.copy()  # (1 - f)^{o 0} = identity
+    for _ in range(group_size):
+        level = 1.0 - _at_or_after(alphas, betas, level)
+    return np.clip(1.0 - level, 0.0, 1.0)
+
+
+def delta_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, epsilon: float) -> float:
+    """Upper bound on delta(eps) = sup_alpha 1 - f(alpha) - e^eps alpha for a curve given by
+    lower bounds on a grid (Prop. 2.12; f >= beta_{i+1} on (alpha_i, alpha_{i+1}])."""
+    alphas = np.asarray(alphas, dtype=float)
+    betas = np.asarray(betas, dtype=float)
+    candidates = np.concatenate([[1.0 - betas[0]],
+                                 1.0 - betas[1:] - math.exp(epsilon) * alphas[:-1]])
+    return float(np.clip(np.max(candidates), 0.0, 1.0))
+
+
+def epsilon_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, delta: float,
+                          tolerance: float = 1e-6) -> float:
+    """Smallest eps (bisection to ``tolerance``, rounded up) with
+    :func:`delta_from_tradeoff` <= delta; ``inf`` if even a huge eps does not reach it."""
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta must be in (0, 1), got {delta!r}")
+    if delta_from_tradeoff(alphas, betas, 0.0) <= delta:
+        return 0.0
+    high = 1.0
+    while delta_from_tradeoff(alphas, betas, high) > delta:
+        high *= 2.0
+        if high > 1e4:
+            return math.inf
+    low = 0.0
+    while high - low > tolerance:
+        middle = 0.5 * (low + high)
+        if delta_from_tradeoff(alphas, betas, middle) > delta:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def group_gdp(mu: float, group_size: int, alphas: np.ndarray) -> np.ndarray:
+    """``G_{g mu}`` on a grid (the exact group curve of mu-GDP)."""
+    return gdp_tradeoff(alphas, group_mu(mu, group_size))
