@@ -1,0 +1,301 @@
+"""``fedsim account``: the privacy of a DP-SGD run (or of a recorded / planned ledger).
+
+Answers one of: eps at --delta (default); delta at --epsilon; the smallest sigma for
+--target-epsilon; with --max-steps, the largest number of steps for --target-epsilon.
+
+Sampling schemes measure different things (never compare one with the other's numbers):
+``poisson`` = add/remove neighbours, noise C sigma; ``fixed`` = batches of exactly m,
+replace-one neighbours, noise 2 C sigma (Dong-Roth-Su Thm 5.1). ``gdp-clt`` is a CLT
+approximation and is labelled as such; ``pld`` (default) and ``rdp`` are guarantees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import ConfigError
+
+ACCOUNTANT_CHOICES = ("pld", "rdp", "gdp-clt")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "account", help="privacy accounting for DP-SGD: eps, delta, sigma or steps",
+        description=__doc__.splitlines()[0])
+    what = parser.add_argument_group("the mechanism")
+    what.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                      help="poisson (add/remove) or fixed-size batches (replace-one)")
+    what.add_argument("--q", type=float, help="sampling rate m/N")
+    what.add_argument("--batch-size", type=int, metavar="M", help="batch size m (with --dataset-size)")
+    what.add_argument("--dataset-size", type=int, metavar="N", help="data set size N")
+    what.add_argument("--sigma", type=float, help="noise multiplier")
+    what.add_argument("--steps", type=int, metavar="T", help="number of steps")
+    what.add_argument("--epochs", type=float, help="epochs; steps = ceil(epochs / q)")
+    what.add_argument("--ledger", metavar="FILE",
+                      help="a JSON list of steps {sampling, q, sigma, count}, an object with "
+                           "'steps', or a fedsim ledger (JSON lines); replaces --q/--sigma/--steps")
+    ask = parser.add_argument_group("the question")
+    ask.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
+    ask.add_argument("--accountant", choices=ACCOUNTANT_CHOICES, default="pld")
+    ask.add_argument("--epsilon", type=float, help="answer delta at this eps instead")
+    ask.add_argument("--target-epsilon", type=float,
+                     help="answer the smallest sigma meeting this eps (or steps, with --max-steps)")
+    ask.add_argument("--max-steps", action="store_true",
+                     help="with --target-epsilon and --sigma: answer the largest number of steps")
+    ask.add_argument("--group-size", type=int, default=1, metavar="G",
+                     help="privacy of groups of G records (Dong-Roth-Su Thm 2.14)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--plot", metavar="FILE.png", help="draw the trade-off curve and its GDP fit")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+    return parser
+
+
+# -- input checking ------------------------------------------------------------------------------
+def _conflict(args: argparse.Namespace, *names: str) -> None:
+    given = [n for n in names if getattr(args, n.lstrip("-").replace("-", "_")) not in (None, False)]
+    if len(given) > 1:
+        raise ConfigError(f"conflicting flags: {' and '.join(given)}")
+
+
+def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate flags and return the mechanism: q, sigma, steps (or ledger steps)."""
+    _conflict(args, "--q", "--batch-size")
+    _conflict(args, "--steps", "--epochs")
+    _conflict(args, "--epsilon", "--target-epsilon")
+    _conflict(args, "--steps", "--max-steps")
+    _conflict(args, "--epochs", "--max-steps")
+    if args.ledger is not None:
+        for flag in ("q", "batch_size", "sigma", "steps", "epochs", "target_epsilon"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"conflicting flags: --ledger and --{flag.replace('_', '-')}")
+    if args.max_steps and args.target_epsilon is None:
+        raise ConfigError("--max-steps needs --target-epsilon")
+    if args.target_epsilon is not None and not args.max_steps and args.sigma is not None:
+        raise ConfigError("conflicting flags: --target-epsilon answers sigma; drop --sigma "
+                          "(or add --max-steps to answer the number of steps)")
+    if not 0 < args.delta < 1:
+        raise ConfigError(f"--delta must be in (0, 1), got {args.delta}")
+    for flag in ("epsilon", "target_epsilon"):
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a number > 0, got {value}")
+    if args.group_size < 1:
+        raise ConfigError(f"--group-size must be >= 1, got {args.group_size}")
+    if args.ledger is not None:
+        return {"ledger_steps": _load_ledger(Path(args.ledger), args.sampling)}
+
+    if args.batch_size is not None or args.dataset_size is not None:
+        if args.batch_size is None or args.dataset_size is None:
+            raise ConfigError("--batch-size and --dataset-size go together")
+        if not 1 <= args.batch_size <= args.dataset_size:
+            raise ConfigError(f"need 1 <= --batch-size <= --dataset-size, got "
+                              f"{args.batch_size} and {args.dataset_size}")
+        if args.q is None:
+            args.q = args.batch_size / args.dataset_size
+    if args.q is None:
+        raise ConfigError("give --q, or --batch-size and --dataset-size (or --ledger)")
+    if not (math.isfinite(args.q) and 0 < args.q <= 1):
+        raise ConfigError(f"q must be in (0, 1], got {args.q}")
+    if args.sigma is not None and not (math.isfinite(args.sigma) and args.sigma > 0):
+        raise ConfigError(f"--sigma must be > 0, got {args.sigma}")
+    if args.sigma is None and args.target_epsilon is None:
+        raise ConfigError("give --sigma (or --target-epsilon to answer it)")
+    if args.max_steps and args.sigma is None:
+        raise ConfigError("--max-steps needs --sigma")
+    if args.epochs is not None:
+        if not (math.isfinite(args.epochs) and args.epochs > 0):
+            raise ConfigError(f"--epochs must be > 0, got {args.epochs}")
+        # Dong-Roth-Su count T = epochs * N / m steps; a partial last step is still a release.
+        per_epoch = (args.dataset_size / args.batch_size if args.batch_size is not None
+                     else 1.0 / args.q)
+        args.steps = math.ceil(args.epochs * per_epoch - 1e-9)
+    if not args.max_steps:
+        if args.steps is None:
+            raise ConfigError("give --steps or --epochs")
+        if args.steps < 1:
+            raise ConfigError(f"T must be >= 1, got {args.steps}")
+    return {}
+
+
+def _load_ledger(path: Path, sampling: str) -> list[Any]:
+    from fedsim.privacy.events import GaussianStep
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--ledger {path}: {exc.strerror}") from None
+    try:
+        obj = json.loads(text)
+        items = obj["steps"] if isinstance(obj, dict) else obj
+    except json.JSONDecodeError:
+        # a fedsim ledger: JSON lines, a header then {"time", "round", "step"} records
+        try:
+            lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--ledger {path}: not JSON or JSON lines ({exc})") from None
+        items = [line["step"] for line in lines[1:] if isinstance(line, dict) and "step" in line]
+    except (KeyError, TypeError):
+        raise ConfigError(f"--ledger {path}: expected a list of steps or {{'steps': [...]}}") from None
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"--ledger {path}: no steps")
+    steps = [GaussianStep.from_json(item) for item in items]
+    schemes = {s.sampling for s in steps}
+    if schemes != {sampling} and len(schemes) == 1:
+        raise ConfigError(f"--ledger {path} has {schemes.pop()} steps but --sampling is {sampling}")
+    return steps
+
+
+# -- the answers -----------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    from fedsim.privacy import calibration, fdp
+    from fedsim.privacy.accountant import make_accountant
+    from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep
+
+    mechanism = _resolve(args)
+    name = args.accountant
+    result: dict[str, Any] = {
+        "accountant": name, "sampling": args.sampling,
+        "neighbouring_relation": NEIGHBOURING_RELATION[args.sampling],
+        "is_guarantee": name != "gdp-clt", "delta": args.delta, "group_size": args.group_size,
+    }
+    if name == "gdp-clt":
+        result["note"] = "CLT approximation, not a guarantee (it can under-report)"
+
+    if args.max_steps:
+        result.update(q=args.q, sigma=args.sigma, epsilon=args.target_epsilon)
+        if name == "rdp":
+            for conversion in ("classic", "optimal"):
+                result[f"steps_{conversion}"] = calibration.max_steps(
+                    name, args.sampling, args.q, args.sigma, args.target_epsilon, args.delta,
+                    measure=lambda acc, d, c=conversion: getattr(acc, f"epsilon_{c}")(d))
+            result["steps"] = result["steps_optimal"]
+        else:
+            result["steps"] = calibration.max_steps(
+                name, args.sampling, args.q, args.sigma, args.target_epsilon, args.delta)
+        steps = [GaussianStep(args.sampling, args.q, args.sigma, max(result["steps"], 1))]
+    elif args.target_epsilon is not None:
+        result.update(q=args.q, steps=args.steps, epsilon=args.target_epsilon)
+        result["sigma"] = calibration.calibrate_sigma(
+            name, args.sampling, args.q, args.steps, args.target_epsilon, args.delta)
+        steps = [GaussianStep(args.sampling, args.q, result["sigma"], args.steps)]
+    elif "ledger_steps" in mechanism:
+        steps = mechanism["ledger_steps"]
+        kinds = {(s.q, s.sigma) for s in steps}
+        one = next(iter(kinds)) if len(kinds) == 1 else (None, None)
+        result.update(q=one[0], sigma=one[1], steps=sum(s.count for s in steps),
+                      distinct_steps=len(kinds))
+    else:
+        steps = [GaussianStep(args.sampling, args.q, args.sigma, args.steps)]
+        result.update(q=args.q, sigma=args.sigma, steps=args.steps)
+
+    accountant = make_accountant(name, steps)
+    group = args.group_size
+    need_curve = name != "gdp-clt" and (group > 1 or args.plot or not args.max_steps)
+    alphas = fdp.default_alphas(20001 if group > 1 else 2001)
+    betas = accountant.tradeoff(alphas) if need_curve or name == "gdp-clt" else None
+    if name == "gdp-clt":
+        result["mu"] = accountant.mu * group
+        result["mu_kind"] = "clt"
+    elif betas is not None:
+        group_betas = fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas
+        result["mu"] = fdp.fit_gdp_mu(alphas, group_betas)
+        result["mu_kind"] = "fit (smallest mu with G_mu below the curve)"
+
+    if args.epsilon is not None:
+        result["epsilon"] = args.epsilon
+        result["delta"] = _answer_delta(accountant, args.epsilon, group, alphas, betas, result)
+    elif not args.max_steps and args.target_epsilon is None:
+        result["epsilon"] = _answer_epsilon(accountant, args.delta, group, alphas, betas, result)
+
+    if args.plot:
+        _plot(Path(args.plot), alphas, betas if betas is not None else accountant.tradeoff(alphas),
+              result)
+        result["plot"] = args.plot
+    _print(result, as_json=args.json)
+    return 0
+
+
+def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, betas: Any,
+                    result: dict[str, Any]) -> float:
+    from fedsim.privacy import fdp, gdp
+
+    if accountant.name == "gdp-clt":
+        return gdp.gdp_epsilon(delta, result["mu"])
+    if group > 1:
+        return fdp.epsilon_from_tradeoff(alphas, fdp.group_tradeoff(alphas, betas, group), delta)
+    if accountant.name == "rdp":
+        result["epsilon_classic"] = accountant.epsilon_classic(delta)
+        result["epsilon_optimal"] = accountant.epsilon_optimal(delta)
+    return accountant.epsilon(delta)
+
+
+def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, betas: Any,
+                  result: dict[str, Any]) -> float:
+    from fedsim.privacy import fdp, gdp
+
+    if accountant.name == "gdp-clt":
+        return gdp.gdp_delta(epsilon, result["mu"])
+    if group > 1:
+        return fdp.delta_from_tradeoff(alphas, fdp.group_tradeoff(alphas, betas, group), epsilon)
+    if accountant.name == "rdp":
+        result["delta_classic"] = accountant.delta_classic(epsilon)
+        result["delta_optimal"] = accountant.delta(epsilon)
+    return accountant.delta(epsilon)
+
+
+def _plot(path: Path, alphas: Any, betas: Any, result: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedsim.privacy import fdp, gdp
+
+    group = result["group_size"]
+    curve = fdp.group_tradeoff(alphas, betas, group) if group > 1 and \
+        result["accountant"] != "gdp-clt" else betas
+    if result["accountant"] == "gdp-clt" and group > 1:
+        curve = gdp.gdp_tradeoff(alphas, result["mu"])
+    mu = result.get("mu")
+    fig, ax = plt.subplots(figsize=(5, 5))
+    label = f"{result['accountant']} ({'guarantee' if result['is_guarantee'] else 'CLT approximation'})"
+    ax.plot(alphas, curve, label=label, color="tab:blue")
+    if mu is not None and result["accountant"] != "gdp-clt":
+        ax.plot(alphas, gdp.gdp_tradeoff(alphas, mu), "--", color="tab:red",
+                label=f"G_mu, mu = {mu:.3f} (GDP fit)")
+    ax.plot([0, 1], [1, 0], ":", color="grey", label="no privacy loss")
+    ax.set_xlabel("type I error alpha")
+    ax.set_ylabel("type II error beta")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{result['sampling']} ({result['neighbouring_relation']}), "
+                 f"eps = {result.get('epsilon', float('nan')):.4g} at delta = {result['delta']:.2g}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    try:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def _print(result: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    kind = "guarantee" if result["is_guarantee"] else "APPROXIMATION (CLT), not a guarantee"
+    print(f"accountant: {result['accountant']} ({kind})")
+    print(f"sampling:   {result['sampling']} ({result['neighbouring_relation']} neighbours)")
+    for key in ("q", "sigma", "steps", "distinct_steps", "steps_classic", "steps_optimal",
+                "group_size", "epsilon", "epsilon_classic", "epsilon_optimal", "delta",
+                "delta_classic", "delta_optimal", "mu", "mu_kind", "plot"):
+        if result.get(key) is not None:
+            value = result[key]
+            text = f"{value:.6g}" if isinstance(value, float) else str(value)
+            print(f"{key + ':':<16}{text}")
