@@ -583,6 +583,7 @@ class _Simulation:
                 return
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
+            client.ledger.close()
             client.ledger = open_ledger(client.plan, client.ledger_path)
             self._start_actor(client, clock, network)
             _log.info(
@@ -939,8 +940,12 @@ def run_scenario(
     try:
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window)
-        server, wall_seconds = sim.run()
-        summary = _write_outputs(sim, server, wall_seconds)
+        try:
+            server, wall_seconds = sim.run()
+            summary = _write_outputs(sim, server, wall_seconds)
+        finally:
+            for client in sim.clients.values():
+                client.ledger.close()
     finally:
         torch.set_num_threads(previous_threads)
     return RunResult(
