@@ -6,8 +6,9 @@ the actors the simulator builds (:func:`~fedsim.runtime.simulation.make_server_a
 :func:`~fedsim.runtime.simulation.build_population`, so client ``i`` holds the same records and
 the same DP posture in both modes; only the clock (:class:`ScaledClock`, wall time) and the
 endpoint (:mod:`fedsim.transports.mqtt`) differ. :class:`Launcher` starts a server and all
-clients as local subprocesses (what ``docker-compose.yml`` does with containers), waits for the
-stop condition and collects the same run directory as ``fedsim run``.
+clients as local processes running the command lines of :func:`process_commands` (what
+``docker-compose.yml`` runs in containers), waits for the stop condition and collects the same
+run directory as ``fedsim run``.
 
 **Time.** Scenario time quantities (window length, compute speed, on/off periods, the
 ``virtual_seconds`` stop) are seconds of *scenario time*; here scenario time runs at
@@ -24,7 +25,8 @@ batches and noise from a fresh seed stream keyed by that round (replaying the fi
 incarnation's stream would release the same noise twice). The server writes a checkpoint
 (:mod:`fedsim.runtime.checkpoint`) after every window and before every broadcast, so no
 version it ever published is lost; a restarted server resumes model, version, step size,
-de-duplication table and window count and continues ``metrics.jsonl`` from there. Updates
+de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``
+(one line per applied update, for audits) from there. Updates
 received in the window in progress when the server dies are lost (they were acknowledged on
 receipt; their privacy cost is in the ledgers).
 
@@ -92,8 +94,10 @@ __all__ = [
     "collect_outputs",
     "ledger_path",
     "process_commands",
+    "reconnect_policy",
     "resolve_broker",
     "run_client",
+    "run_process",
     "serve",
 ]
 
@@ -105,10 +109,10 @@ SCENARIO_FILE = "scenario.resolved.yaml"
 METRICS_FILE = "metrics.jsonl"
 APPLIED_FILE = "applied.jsonl"  # one line per applied update: window, client_id, round, base
 BROKER_ENV = "FEDSIM_BROKER"
+SECRETS_ENV = "FEDSIM_SECRETS"
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
 # A client that reported one of these will never train again.
 FINISHED_STATES = frozenset({"budget_exhausted", "done"})
-SECRETS_ENV = "FEDSIM_SECRETS"
 
 
 # ---------------------------------------------------------------------------------------------
