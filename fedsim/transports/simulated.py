@@ -21,7 +21,11 @@ independently). For a message of ``size`` bytes published at time ``t``:
    it arrives at ``its own time + latency(rng)`` and blocks nobody, so messages sent after it
    overtake it whenever they arrive earlier (with zero latency nothing can overtake).
 5. *Duplicate.* With probability ``duplicate`` a second copy (a retransmission) arrives one
-   more independent latency draw after the first copy.
+   more independent latency draw after the first copy (it does not occupy the link again).
+
+Random draws per message, in this order: drop; latency; reorder, then its extra latency; duplicate,
+then its latency (a draw is skipped when its probability is 0 or an earlier outcome ends the
+message).
 
 Availability mirrors MQTT with a clean session: an offline client's publishes are lost,
 messages arriving for it are lost, and what it had received but not yet taken is lost. The
