@@ -10,7 +10,8 @@ The trainer reads ``clip(t)`` and ``sigma(t)`` at ``t = round index``. Kinds:
   numerical guarantee the ledger enforces. ``growing_mu`` (paper 002): mu_t = mu_0 g^{t/T},
   sigma_t = 1/mu_t, with mu_0 solved from the heterogeneous GDP CLT
   mu_total = q sqrt(sum_t (e^{mu_t^2} - 1)) (Du et al., Thm 1; Bu et al. 2020 for the
-  Poisson CLT this extends). The CLT is the paper's approximation; the ledger still enforces
+  Poisson CLT this extends; for fixed-size batches each step contributes Dong-Roth-Su
+  Cor. 5.4's term instead, see :func:`fedsim.privacy.gdp.clt_mu_squared_term`). The CLT is the paper's approximation; the ledger still enforces
   the budget with a numerical accountant.
 """
 
@@ -31,8 +32,9 @@ from fedsim.config.schema import (
     TargetNoise,
 )
 from fedsim.errors import ConfigError
-from fedsim.privacy.accountant import make_accountant
-from fedsim.privacy.events import GaussianStep
+from fedsim.privacy import calibration as privacy_calibration
+from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.gdp import clt_mu_squared_term
 
 __all__ = ["ClipSchedule", "GroupSchedules", "NoiseSchedule", "calibrate_sigma", "make_schedules"]
 
@@ -75,36 +77,28 @@ class GroupSchedules:
 def calibrate_sigma(sampling: str, q: float, steps: int, epsilon: float, delta: float,
                     accountant: str = "pld") -> float:
     """Smallest sigma (to 1e-4 relative) with eps(delta) <= epsilon for ``steps`` identical
-    subsampled Gaussian steps under ``accountant``."""
-
-    def eps_at(sigma: float) -> float:
-        return make_accountant(accountant, [GaussianStep(sampling, q, sigma, steps)]).epsilon(delta)
-
-    low, high = 0.3, 1.0
-    while eps_at(high) > epsilon:
-        low, high = high, high * 2.0
-        if high > 1e4:
-            raise ConfigError(f"no noise multiplier up to 1e4 reaches eps={epsilon} at delta={delta} "
-                              f"for {steps} steps at q={q:.4g}")
-    while high - low > 1e-4 * high:
-        middle = 0.5 * (low + high)
-        low, high = (middle, high) if eps_at(middle) > epsilon else (low, middle)
-    return high
+    subsampled Gaussian steps under ``accountant`` (:func:`fedsim.privacy.calibration.
+    calibrate_sigma`, cached: every client of a group asks the same question)."""
+    return privacy_calibration.calibrate_sigma(accountant, sampling, q, steps, epsilon, delta)
 
 
-def growing_mu0(mu_total: float, q: float, rounds: int, steps_per_round: int, growth: float) -> float:
-    """mu_0 with q sqrt(sum_t k (e^{mu_t^2} - 1)) = mu_total, mu_t = mu_0 growth^(t/T)."""
+def growing_mu0(mu_total: float, q: float, rounds: int, steps_per_round: int, growth: float,
+                sampling: Sampling = "poisson") -> float:
+    """mu_0 such that the heterogeneous GDP CLT of the schedule mu_t = mu_0 growth^(t/T),
+    ``steps_per_round`` steps per round at rate q (:func:`fedsim.privacy.gdp.clt_mu`, Du et al.
+    Thm 1 for Poisson; Dong-Roth-Su Cor. 5.4 per step for fixed-size batches) equals mu_total."""
 
     def excess(mu0: float) -> float:
-        total = sum(math.expm1((mu0 * growth ** (t / rounds)) ** 2) for t in range(rounds))
-        return q * math.sqrt(steps_per_round * total) - mu_total
+        steps = [GaussianStep(sampling, q, 1.0 / (mu0 * growth ** (t / rounds)), steps_per_round)
+                 for t in range(rounds)]
+        return math.sqrt(math.fsum(clt_mu_squared_term(s) for s in steps)) - mu_total
 
     high = 1.0
     while excess(high) < 0:
         high *= 2.0
-        if high > 64:
+        if high > 20:
             raise ConfigError(f"mu_total={mu_total} is too large to calibrate at q={q:.4g}")
-    return brentq(excess, 1e-12, high, xtol=1e-12)
+    return brentq(excess, 1e-6, high, xtol=1e-12)
 
 
 def make_schedules(group: ClientGroup, *, q: float, where: str) -> GroupSchedules:
@@ -125,7 +119,8 @@ def make_schedules(group: ClientGroup, *, q: float, where: str) -> GroupSchedule
                                 noise_config.epsilon, noise_config.delta, group.accountant)
         noise = NoiseSchedule(sigma)
     elif isinstance(noise_config, GrowingMuNoise):
-        mu0 = growing_mu0(noise_config.mu_total, q, horizon, group.local_steps, noise_config.growth)
+        mu0 = growing_mu0(noise_config.mu_total, q, horizon, group.local_steps,
+                          noise_config.growth, group.sampling)
         noise = NoiseSchedule(1.0 / mu0, noise_config.growth, horizon)
     else:
         raise ConfigError(f"{where}.noise: unsupported noise kind {noise_config!r}")
