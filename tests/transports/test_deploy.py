@@ -113,7 +113,6 @@ def _compose() -> dict:
 
 
 def test_compose_file_is_current_and_has_one_service_per_client() -> None:
-    pytest.importorskip("fedsim.runtime.simulation")
     from fedsim.config import load_scenario
     from fedsim.runtime.simulation import client_ids
 
@@ -151,8 +150,9 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
 
 
 def test_compose_commands_match_what_fedsim_launch_runs(tmp_path: Path) -> None:
-    deployment = pytest.importorskip("fedsim.runtime.deployment")
-    launcher = deployment.Launcher(
+    from fedsim.runtime.deployment import Launcher
+
+    launcher = Launcher(
         REPO / "scenarios" / "quickstart.yaml",
         tmp_path / "run",
         broker="mqtt://broker:1883",
