@@ -123,7 +123,7 @@ class ServerCheckpoint:
         if not self.path.exists():
             return None
         try:
-            with np.load(self.path, allow_pickle=False) as archive:
+            with open(self.path, "rb") as handle, np.load(handle, allow_pickle=False) as archive:
                 params = archive["params"].astype(np.float32, copy=True)
                 state = json.loads(archive["state"].tobytes().decode())
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:

@@ -672,6 +672,7 @@ async def run_client(
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),
         }
+        ledger.close()
         state.mkdir(parents=True, exist_ok=True)
         temporary = report_file.with_name(report_file.name + ".tmp")
         temporary.write_text(json.dumps(outcome, indent=2) + "\n", encoding="utf-8")
@@ -763,7 +764,13 @@ def collect_outputs(
         record.clients[client_id] = _Client(
             plan, None, copied, open_ledger(plan, copied), actor=actor
         )
-    return _write_outputs(record, _FinalServer(int(server.get("final_version", 0))), wall_seconds)
+    try:
+        return _write_outputs(
+            record, _FinalServer(int(server.get("final_version", 0))), wall_seconds
+        )
+    finally:
+        for client in record.clients.values():
+            client.ledger.close()
 
 
 # ---------------------------------------------------------------------------------------------

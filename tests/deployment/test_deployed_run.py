@@ -69,13 +69,15 @@ def _ledger_rounds(out: Path, client_id: str) -> list[int]:
     plan = next(
         p for p in build_population(load_scenario(SCENARIO)).plans if p.client_id == client_id
     )
-    return [record.round for record in open_ledger(plan, path).records]
+    with open_ledger(plan, path) as ledger:
+        return [record.round for record in ledger.records]
 
 
 def _epsilon(out: Path, client_id: str, population: Any) -> float:
     plan = next(p for p in population.plans if p.client_id == client_id)
     path = out / "state" / client_id / "ledgers" / f"{client_id}.jsonl"
-    return open_ledger(plan, path).epsilon(1e-5)
+    with open_ledger(plan, path) as ledger:
+        return ledger.epsilon(1e-5)
 
 
 def _check_applied_against_ledgers(out: Path) -> list[tuple[str, int]]:
@@ -84,8 +86,8 @@ def _check_applied_against_ledgers(out: Path) -> list[tuple[str, int]]:
     assert len(applied) == len(set(applied)), "an update was applied twice"
     population = build_population(load_scenario(SCENARIO))
     for plan in population.plans:
-        ledger = open_ledger(plan, out / "ledgers" / f"{plan.client_id}.jsonl")
-        recorded = {record.round for record in ledger.records}
+        with open_ledger(plan, out / "ledgers" / f"{plan.client_id}.jsonl") as ledger:
+            recorded = {record.round for record in ledger.records}
         mine = {r for c, r in applied if c == plan.client_id}
         assert mine <= recorded, f"{plan.client_id} released rounds its ledger lacks"
     return applied
