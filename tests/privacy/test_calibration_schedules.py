@@ -1,0 +1,74 @@
+"""Calibration (sigma for a budget, steps for a sigma) and schedules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedsim.errors import ConfigError
+from fedsim.privacy import calibration, schedules
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.gdp import gdp_epsilon
+
+DELTA = 1e-5
+
+
+@pytest.mark.parametrize("name", ["pld", "gdp-clt"])
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_calibrated_sigma_is_the_smallest_that_meets_the_budget(name: str, sampling: str) -> None:
+    sigma = calibration.calibrate_sigma(name, sampling, 0.01, 1000, 1.5, DELTA, rel_tol=1e-4)
+    assert calibration.epsilon_for(name, sampling, 0.01, sigma, 1000, DELTA) <= 1.5
+    assert calibration.epsilon_for(name, sampling, 0.01, sigma / 1.0002, 1000, DELTA) > 1.5
+
+
+@pytest.mark.parametrize("name", ["pld", "gdp-clt"])
+def test_max_steps_is_exact(name: str) -> None:
+    steps = calibration.max_steps(name, "poisson", 0.01, 1.0, 1.0, DELTA)
+    assert calibration.epsilon_for(name, "poisson", 0.01, 1.0, steps, DELTA) <= 1.0
+    assert calibration.epsilon_for(name, "poisson", 0.01, 1.0, steps + 1, DELTA) > 1.0
+
+
+def test_max_steps_for_gdp_clt_matches_the_closed_form() -> None:
+    # mu = q sqrt(T (e^{1/sigma^2} - 1)) <= mu* (Bu et al.) gives T in closed form
+    q, sigma = 0.01, 1.0
+    mu_star = 0.7
+    target = gdp_epsilon(DELTA, mu_star)
+    closed = math.floor((mu_star / q) ** 2 / math.expm1(sigma**-2))
+    assert abs(calibration.max_steps("gdp-clt", "poisson", q, sigma, target, DELTA) - closed) <= 1
+
+
+def test_max_steps_zero_when_one_step_is_too_much() -> None:
+    assert calibration.max_steps("pld", "poisson", 1.0, 0.3, 0.1, DELTA) == 0
+
+
+def test_bad_targets_are_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        calibration.calibrate_sigma("pld", "poisson", 0.01, 0, 1.0, DELTA)
+    with pytest.raises(ConfigError):
+        calibration.max_steps("pld", "poisson", 0.01, 1.0, -1.0, DELTA)
+
+
+def test_schedule_shapes() -> None:
+    schedule = schedules.Schedule(100, sigma_0=2.0, clip_0=1.0, rho_mu=4.0, rho_c=0.25)
+    assert schedule.sigma(0) == 2.0 and schedule.clip(0) == 1.0
+    assert schedule.sigma(50) == pytest.approx(2.0 / 4.0**0.5)
+    assert schedule.clip(50) == pytest.approx(0.25**0.5)
+    assert schedule.mu(99) == pytest.approx(0.5 * 4.0**0.99)
+    assert sum(s.count for s in schedule.steps("poisson", 0.01)) == 100
+    constant = schedules.constant(10, 1.5)
+    assert constant.steps("fixed", 0.1) == (GaussianStep("fixed", 0.1, 1.5, 10),)
+    with pytest.raises(ConfigError):
+        schedule.sigma(100)
+    with pytest.raises(ConfigError):
+        schedules.Schedule(10, sigma_0=1.0, rho_c=2.0)
+
+
+@pytest.mark.parametrize("name", ["pld", "gdp-clt"])
+def test_growing_mu_meets_the_budget(name: str) -> None:
+    schedule = schedules.solve_growing_mu(1.0, DELTA, 50, 2.0, "poisson", 0.05, accountant=name,
+                                          rel_tol=1e-3)
+    eps = make_accountant(name, schedule.steps("poisson", 0.05)).epsilon(DELTA)
+    assert 0.99 <= eps <= 1.0
+    assert schedule.sigma(49) < schedule.sigma(0)
