@@ -272,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sigma": run.sigma,
             "lr": run.lr,
             "clip": run.clip,
+            "init": None if record is None else record.get("init", "torch"),
             "steps_full": run.steps,
             "accuracy": accuracy,
             "paper_accuracy": run.paper_accuracy,

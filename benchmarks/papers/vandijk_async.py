@@ -173,7 +173,7 @@ def plot(curves: dict[str, dict[str, list[float]]], epsilons: dict[str, list[flo
     left.set_title("accuracy over virtual time")
     left.legend(fontsize=8)
     names = list(epsilons)
-    right.boxplot([epsilons[n] for n in names], labels=names, vert=True)
+    right.boxplot([epsilons[n] for n in names], tick_labels=names)
     right.set_ylabel("per-client eps (PLD, delta = 1e-5)")
     right.set_title("per-client privacy spent")
     right.tick_params(axis="x", rotation=30)

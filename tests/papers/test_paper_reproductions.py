@@ -163,3 +163,20 @@ def test_vandijk_variants_are_valid_scenario_overrides() -> None:
                 assert group.batch_size == 2 * base.batch_size
                 assert group.noise.sigma == pytest.approx(2.0)
                 assert group.rounds == base.rounds  # E -> 2E epochs at twice the batch
+
+
+def test_vandijk_quick_run_reports_accuracy_and_per_client_eps(tmp_path: Path) -> None:
+    """One `fedsim run` of the base scenario in smoke mode (10 clients, 5 rounds each)."""
+    pytest.importorskip("fedsim.privacy.ledger")
+    if not MNIST_NPZ.is_file():
+        pytest.skip(f"shared MNIST copy not at {MNIST_NPZ}")
+    vandijk = _script("vandijk_async")
+    assert vandijk.main(["--quick", "--variants", "poisson", "--results", str(tmp_path),
+                         "--plot", str(tmp_path / "vd.png"), "--runs", str(tmp_path / "runs")]) == 0
+    document = json.loads((tmp_path / "vandijk_async.json").read_text())
+    (row,) = document["rows"]
+    assert row["variant"] == "poisson" and row["quick"] is True
+    assert 0.0 <= row["final_accuracy"] <= 1.0
+    # every group's sigma is calibrated to eps = 2: no client may exceed it
+    assert 0.0 < row["eps_min"] <= row["eps_median"] <= row["eps_max"] <= 2.0 + 1e-9
+    assert len(document["curves"]["poisson"]["epsilons"]) == 10
