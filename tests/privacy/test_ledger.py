@@ -1,0 +1,129 @@
+"""The durable per-client ledger: resume, crash safety, budget enforcement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+
+STEP = GaussianStep("poisson", 0.01, 1.0)
+BUDGET = Budget(1.0, 1e-5)
+
+
+def open_ledger(path: Path, budget: Budget | None = BUDGET, **kw: str) -> PrivacyLedger:
+    return PrivacyLedger.open(path, client_id=kw.get("client_id", "c7"), sampling="poisson",
+                              budget=budget, accountant=kw.get("accountant", "pld"))
+
+
+def test_reopen_resumes_and_never_resets(tmp_path: Path) -> None:
+    path = tmp_path / "c7.jsonl"
+    with open_ledger(path) as ledger:
+        for r in range(5):
+            ledger.spend(STEP, time=float(r), round=r)
+        spent = ledger.epsilon()
+    with open_ledger(path) as again:
+        assert [rec.round for rec in again.records] == [0, 1, 2, 3, 4]
+        assert again.epsilon() == spent
+        assert again.steps == (STEP.times(5),)
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["format"] == "fedsim-ledger/1" and header["client_id"] == "c7"
+
+
+def test_spending_stops_exactly_at_the_budget(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "l.jsonl") as ledger:
+        released = 0
+        while ledger.can_spend(STEP):
+            ledger.spend(STEP, time=float(released), round=released)
+            released += 1
+        with pytest.raises(BudgetExhausted):
+            ledger.spend(STEP, time=float(released), round=released)
+        assert released > 100 and ledger.epsilon() <= BUDGET.epsilon
+        # the headroom answer agrees with a direct computation at the boundary
+        direct = make_accountant("pld", [STEP.times(released + 1)]).epsilon(BUDGET.delta)
+        assert direct > BUDGET.epsilon
+        assert not ledger.can_spend(STEP)
+
+
+def test_budget_exhausted_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, budget=Budget(0.5, 1e-5)) as ledger:
+        big = GaussianStep("poisson", 0.01, 1.0, 10_000)
+        size = path.stat().st_size
+        before = ledger.steps
+        with pytest.raises(BudgetExhausted):
+            ledger.spend(big, time=0.0, round=0)
+        assert path.stat().st_size == size and ledger.steps == before
+        assert not ledger.can_spend([STEP, big])
+
+
+def test_can_spend_is_a_dry_run(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "l.jsonl") as ledger:
+        ledger.spend(STEP, time=0.0, round=0)
+        before = (ledger.steps, ledger.epsilon(), ledger.records)
+        assert ledger.can_spend([STEP, GaussianStep("poisson", 0.01, 2.0)])
+        assert (ledger.steps, ledger.epsilon(), ledger.records) == before
+
+
+def test_crash_mid_write_is_ignored_and_cut(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path) as ledger:
+        for r in range(3):
+            ledger.spend(STEP, time=float(r), round=r)
+    full = path.read_bytes()
+    path.write_bytes(full[:-20])  # the last record lost its end: a write cut by a crash
+    with open_ledger(path) as ledger:
+        assert len(ledger.records) == 2  # never acknowledged, never released
+        assert path.read_bytes().endswith(b"\n")
+        ledger.spend(STEP, time=9.0, round=9)
+    with open_ledger(path) as ledger:
+        assert [r.round for r in ledger.records] == [0, 1, 9]
+
+
+def test_damaged_complete_line_raises(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path) as ledger:
+        ledger.spend(STEP, time=0.0, round=0)
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0] + "\n" + '{"time": 0.0, "round": 0, "step": {"sampl\n')
+    with pytest.raises(LedgerError, match="line 2"):
+        open_ledger(path)
+
+
+def test_header_mismatch_raises(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    open_ledger(path).close()
+    with pytest.raises(LedgerError, match="client_id"):
+        open_ledger(path, client_id="somebody-else")
+    with pytest.raises(LedgerError, match="budget"):
+        open_ledger(path, budget=Budget(2.0, 1e-5))
+    path.write_text("not json\n")
+    with pytest.raises(LedgerError, match="header"):
+        open_ledger(path)
+
+
+def test_gdp_clt_ledger_is_enforced_by_pld(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "l.jsonl", accountant="gdp-clt") as ledger:
+        assert ledger.accountant.name == "pld" and ledger.accountant.is_guarantee
+
+
+def test_epsilon_history_and_unbudgeted_ledgers(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "l.jsonl", budget=None) as ledger:
+        for r in range(4):
+            ledger.spend(STEP, time=10.0 * r, round=r)
+        assert ledger.remaining_epsilon is None and ledger.can_spend(STEP.times(10**6))
+        with pytest.raises(ConfigError):
+            ledger.epsilon()
+        history = ledger.epsilon_history([-1.0, 0.0, 15.0, 100.0], delta=1e-5)
+        assert history[0] == 0.0 and history[1] < history[2] < history[3]
+        assert history[3] == ledger.epsilon(1e-5)
+
+
+def test_wrong_scheme_is_rejected(tmp_path: Path) -> None:
+    with open_ledger(tmp_path / "l.jsonl") as ledger, pytest.raises(ConfigError):
+        ledger.spend(GaussianStep("fixed", 0.01, 1.0), time=0.0, round=0)
