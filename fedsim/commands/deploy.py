@@ -80,6 +80,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="broker-side message size limit (default: mosquitto's own)",
     )
     parser.add_argument(
+        "--tls-cert", metavar="FILE", help="broker TLS certificate (path as the broker sees it)"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="broker TLS private key")
+    parser.add_argument(
+        "--tls-ca", metavar="FILE", help="CA file, to verify client certificates (optional)"
+    )
+    parser.add_argument(
         "--compose",
         metavar="FILE",
         help="also write a docker-compose file for the scenario (needs SCENARIO)",
@@ -120,12 +127,19 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.transports.security import write_broker_files
+    from fedsim.transports.security import ListenerTls, write_broker_files
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    tls = (
+        ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca)
+        if args.tls_cert
+        else None
+    )
     ids, run_name = _client_ids_and_run(args)
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
@@ -138,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         broker_config_dir=args.broker_config_dir,
         persistence_dir=args.persistence_dir,
         max_packet_bytes=args.max_packet_bytes,
+        tls=tls,
     )
     print(
         f"run {run_name!r}: {len(ids)} clients + server\n"

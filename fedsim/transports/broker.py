@@ -20,7 +20,13 @@ from types import TracebackType
 from typing import Self
 
 from fedsim.errors import TransportError
-from fedsim.transports.security import BrokerFiles, RunSecrets, load_secrets, write_broker_files
+from fedsim.transports.security import (
+    BrokerFiles,
+    ListenerTls,
+    RunSecrets,
+    load_secrets,
+    write_broker_files,
+)
 
 LOOPBACK = "127.0.0.1"
 _SEARCH = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto")
@@ -54,6 +60,7 @@ class LocalMosquitto:
         port: int | None = None,
         binary: str | None = None,
         max_packet_bytes: int | None = None,
+        tls: ListenerTls | None = None,
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
@@ -63,6 +70,7 @@ class LocalMosquitto:
         self.port = port or free_loopback_port()
         self.host = LOOPBACK
         self.run = run
+        self.tls = tls
         self.files: BrokerFiles = write_broker_files(
             self.directory,
             run,
@@ -73,6 +81,7 @@ class LocalMosquitto:
             # Started as root, mosquitto would switch to user "mosquitto", who may not be able
             # to read the directory; stay the current user instead.
             run_as_user=getpass.getuser(),
+            tls=tls,
         )
         self.secrets: RunSecrets = load_secrets(self.files.secrets_file)
         self.log_path = self.directory / "mosquitto.log"
@@ -84,7 +93,8 @@ class LocalMosquitto:
 
     def url(self, username: str | None = None, password: str | None = None) -> str:
         credentials = f"{username}:{password}@" if username is not None else ""
-        return f"mqtt://{credentials}{self.host}:{self.port}"
+        scheme = "mqtts" if self.tls is not None else "mqtt"
+        return f"{scheme}://{credentials}{self.host}:{self.port}"
 
     def server_url(self) -> str:
         return self.url(self.secrets.server.username, self.secrets.server.password)

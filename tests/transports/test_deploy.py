@@ -60,6 +60,14 @@ def test_deploy_writes_private_secrets_hashes_and_acl(tmp_path: Path) -> None:
     assert "allow_anonymous false" in conf and f"acl_file {out.resolve()}/acl" in conf
 
 
+def test_deploy_tls_flags_configure_the_listener(tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    argv = ["--client-id", "a", "--run", "r", "--out", str(out), "--port", "8883"]
+    assert run_deploy(*argv, "--tls-cert", "/certs/srv.crt", "--tls-key", "/certs/srv.key") == 0
+    conf = (out / "mosquitto.conf").read_text()
+    assert "listener 8883 0.0.0.0\ncertfile /certs/srv.crt\nkeyfile /certs/srv.key\n" in conf
+
+
 def test_password_hash_matches_mosquitto_passwd_format() -> None:
     # The documented format: $7$<iterations>$<base64 12-byte salt>$<base64 64-byte key>.
     salt = bytes(range(12))
@@ -79,6 +87,7 @@ def test_password_hash_matches_mosquitto_passwd_format() -> None:
         (["--client-id", "a", "--run", "r", "--port", "70000"], "not a TCP port"),
         ([], "give a SCENARIO"),
         (["--client-id", "a", "--run", "r", "--compose", "x.yml"], "needs a SCENARIO"),
+        (["--client-id", "a", "--run", "r", "--tls-cert", "c.pem"], "go together"),
     ],
 )
 def test_deploy_rejects_bad_input_with_a_clear_error(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import signal
 import ssl
+import subprocess
+from pathlib import Path
 
 import aiomqtt
 import numpy as np
@@ -15,6 +19,7 @@ from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.transports.base import Endpoint
 from fedsim.transports.broker import LocalMosquitto as Broker
+from fedsim.transports.broker import find_mosquitto
 from fedsim.transports.mqtt import (
     BrokerSettings,
     MqttClientEndpoint,
@@ -23,6 +28,7 @@ from fedsim.transports.mqtt import (
     TlsSettings,
     parse_broker_url,
 )
+from fedsim.transports.security import ListenerTls
 from fedsim.transports.topics import Topics
 
 RUN = "test-run"  # the run the ``mosquitto`` fixture's passwords and ACL are for
@@ -267,3 +273,97 @@ def test_run_and_client_ids_must_be_topic_safe() -> None:
         Topics("a/b")
     with pytest.raises(ConfigError, match="MQTT topics"):
         MqttClientEndpoint("mqtt://h", run=RUN, client_id="+")
+
+
+def _make_certificates(directory: Path) -> dict[str, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    paths = {
+        name: directory / name
+        for name in ("ca.key", "ca.crt", "srv.key", "srv.csr", "srv.crt", "san.ext")
+    }
+    paths["san.ext"].write_text("subjectAltName=IP:127.0.0.1\n")
+    commands = [
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=fedsim-test-ca",
+            "-keyout",
+            paths["ca.key"],
+            "-out",
+            paths["ca.crt"],
+        ],
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            paths["srv.key"],
+            "-out",
+            paths["srv.csr"],
+        ],
+        [
+            "x509",
+            "-req",
+            "-in",
+            paths["srv.csr"],
+            "-CA",
+            paths["ca.crt"],
+            "-CAkey",
+            paths["ca.key"],
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            paths["san.ext"],
+            "-out",
+            paths["srv.crt"],
+        ],
+    ]
+    for command in commands:
+        subprocess.run([openssl, *map(str, command)], check=True, capture_output=True)
+    return paths
+
+
+@pytest.mark.mqtt
+async def test_tls_listener_round_trip_and_untrusted_certificate_refused(tmp_path: Path) -> None:
+    if find_mosquitto() is None:
+        pytest.skip("mosquitto is not installed")
+    certs = _make_certificates(tmp_path)
+    tls = ListenerTls(certfile=str(certs["srv.crt"]), keyfile=str(certs["srv.key"]))
+    broker = Broker(tmp_path / "broker", RUN, ["c1"], tls=tls)
+    broker.start()
+    try:
+        trusted = TlsSettings(ca_certs=str(certs["ca.crt"]))
+        server_url = parse_broker_url(broker.server_url(), tls=trusted)
+        client_url = parse_broker_url(broker.client_url("c1"), tls=trusted)
+        assert server_url.port == broker.port and server_url.tls == trusted
+        async with (
+            MqttServerEndpoint(server_url, run=RUN, expected_params=PARAMS, reconnect=FAST) as srv,
+            MqttClientEndpoint(
+                client_url, run=RUN, client_id="c1", expected_params=PARAMS, reconnect=FAST
+            ) as c1,
+        ):
+            await srv.publish(model(1))
+            assert (await asyncio.wait_for(c1.receive(), 5)).version == 1
+            await c1.publish(update("c1", 4))
+            assert (await asyncio.wait_for(srv.receive(), 5)).round == 4
+        # The system CAs do not know this certificate: the connection is never made.
+        untrusted = parse_broker_url(broker.client_url("c1"))
+        quick = ReconnectPolicy(initial_delay=0.05, max_delay=0.1, connect_timeout=0.5)
+        with pytest.raises(TransportError, match="cannot connect"):
+            async with MqttClientEndpoint(untrusted, run=RUN, client_id="c1", reconnect=quick):
+                pass
+    finally:
+        broker.kill(signal.SIGTERM)
