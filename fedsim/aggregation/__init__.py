@@ -9,6 +9,7 @@ from fedsim.aggregation.mixing import (
     UniformWeights,
     make_strategy,
     mix,
+    population_weight,
 )
 from fedsim.aggregation.step_size import (
     ConstantStepSize,
@@ -31,4 +32,5 @@ __all__ = [
     "make_step_size",
     "make_strategy",
     "mix",
+    "population_weight",
 ]

@@ -8,8 +8,11 @@ uniform) scaled by the window's server step size ``s_t``::
 
     w <- w - s_t * sum_i lambda_i * eta_i * u_i,      sum_i lambda_i = 1.
 
-With one update per window and ``s_t = 1`` this is exactly the client's own DP-SGD step, so a
-single client with window = one update reproduces the plain DP-SGD loop. Mixing only
+The weights are normalised either over the window (a convex mix of what arrived) or over the
+whole population (paper 000's fixed "weighing vector" over clients: a window in which few
+clients report moves the model less; server.normalize). With one client, one update per
+window and ``s_t = 1`` both are exactly the client's own DP-SGD step, so a single client
+with window = one update reproduces the plain DP-SGD loop. Mixing only
 post-processes released updates, so it costs no privacy.
 
 A strategy is a small replaceable object (after Flower's ``Strategy``): anything with
@@ -18,6 +21,7 @@ A strategy is a small replaceable object (after Flower's ``Strategy``): anything
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -36,6 +40,7 @@ __all__ = [
     "UniformWeights",
     "make_strategy",
     "mix",
+    "population_weight",
 ]
 
 
@@ -93,6 +98,14 @@ _STRATEGIES: dict[str, type[DataSizeWeights | ConfiguredWeights | UniformWeights
 }
 
 
+def population_weight(strategy: MixingStrategy, clients: Sequence[tuple[str, int, float]]) -> float:
+    """The strategy's total weight over a population of ``(client_id, num_samples, weight)``:
+    each client counted once, as if every client sent one update."""
+    empty = np.zeros(0, np.float32)
+    stand_ins = [AcceptedUpdate(cid, 0, empty, n, 1.0, w) for cid, n, w in clients]
+    return float(np.sum(strategy.weights(stand_ins))) if stand_ins else 0.0
+
+
 def make_strategy(name: str) -> MixingStrategy:
     try:
         return _STRATEGIES[name]()
@@ -101,18 +114,24 @@ def make_strategy(name: str) -> MixingStrategy:
 
 
 def mix(params: np.ndarray, updates: Sequence[AcceptedUpdate], strategy: MixingStrategy,
-        server_step: float) -> np.ndarray:
+        server_step: float, *, total_weight: float | None = None) -> np.ndarray:
     """The new global model ``params - server_step * sum_i lambda_i eta_i u_i`` (float32).
 
-    Arithmetic is in float64 and rounded once at the end. With no updates the model is
-    returned unchanged (a copy).
+    ``lambda_i = weight_i / total``: with ``total_weight=None`` the total is the window's own
+    (a convex mix of what arrived); with the population's total weight (every client's weight,
+    :func:`population_weight`) a window in which few clients report moves the model less, in
+    proportion to the weight that took part. Arithmetic is in float64 and rounded once at the
+    end. With no updates the model is returned unchanged (a copy).
     """
     if not updates:
         return params.copy()
     raw = np.asarray(strategy.weights(updates), dtype=np.float64)
     if raw.shape != (len(updates),) or not np.all(np.isfinite(raw)) or np.any(raw < 0) or raw.sum() <= 0:
         raise ConfigError(f"mixing strategy {strategy.name!r} gave invalid weights {raw!r}")
-    lambdas = raw / raw.sum()
+    total = raw.sum() if total_weight is None else float(total_weight)
+    if not (math.isfinite(total) and total > 0):
+        raise ConfigError(f"mixing total weight must be > 0, got {total_weight!r}")
+    lambdas = raw / total
     direction = np.zeros(params.shape, dtype=np.float64)
     for weight, update in zip(lambdas, updates, strict=True):
         direction += (weight * update.step_size) * update.update.astype(np.float64)

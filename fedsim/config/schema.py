@@ -408,6 +408,9 @@ class Server(_Strict):
 
     window: PositiveFloat
     mixing: Literal["data_size", "configured", "uniform"] = "data_size"
+    # population: lambda_i = weight_i / (all clients' weight), so a window in which few clients
+    # report moves the model less; window: a convex mix of whatever arrived in the window.
+    normalize: Literal["population", "window"] = "population"
     participation: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     step_size: StepSize = Field(default_factory=ConstantStep)
     broadcast_every: PositiveInt = 1

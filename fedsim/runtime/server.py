@@ -10,7 +10,8 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
    ``max_staleness``; **rejected** if the client is not in this window's participation subset
    (drawn per window with the server's own seeded generator); otherwise **applied**;
 2. mixes the applied updates (:func:`fedsim.aggregation.mix`) with the window's server step
-   size; the version goes up by one if anything was applied;
+   size, weights normalised over the window or over the whole population (``normalize``);
+   the version goes up by one if anything was applied;
 3. evaluates on the held-out set every ``eval_every`` windows and lets the step-size
    schedule react (an unchanged model is not re-evaluated and does not count as "no
    improvement");
@@ -27,11 +28,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import structlog
 
-from fedsim.aggregation import AcceptedUpdate, MixingStrategy, StepSizeSchedule, mix
+from fedsim.aggregation import (
+    AcceptedUpdate,
+    MixingStrategy,
+    StepSizeSchedule,
+    mix,
+    population_weight,
+)
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.clock import Clock
 from fedsim.transports.base import Endpoint
@@ -113,6 +121,7 @@ class ServerActor:
         max_staleness: int | None = None,
         participation: float = 1.0,
         rng: np.random.Generator | None = None,
+        normalize: Literal["window", "population"] = "window",
     ) -> None:
         if window <= 0:
             raise ValueError(f"window must be > 0, got {window}")
@@ -130,6 +139,10 @@ class ServerActor:
         self.max_staleness = max_staleness
         self.participation = participation
         self.rng = rng if rng is not None else np.random.default_rng(0)
+        # "population": weights relative to every client's weight (a fixed weighing vector);
+        # "window": a convex mix of what arrived in the window.
+        self.total_weight = None if normalize == "window" else population_weight(
+            strategy, [(cid, info.num_samples, info.weight) for cid, info in sorted(self.clients.items())])
         self.seen: set[tuple[str, int]] = set()
         self.statuses: dict[str, ClientStatus] = {}
         self.windows_closed = 0
@@ -200,7 +213,8 @@ class ServerActor:
         report.applied = len(accepted)
         report.step_size = self.step_size.current(window)
         if accepted:
-            self.params = mix(self.params, accepted, self.strategy, report.step_size)
+            self.params = mix(self.params, accepted, self.strategy, report.step_size,
+                              total_weight=self.total_weight)
             self.version += 1
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:

@@ -405,6 +405,7 @@ def make_server_actor(
         max_staleness=server_config.max_staleness,
         participation=server_config.participation,
         rng=population.tree.numpy("server", "participation"),
+        normalize=server_config.normalize,
     )
 
 

@@ -18,6 +18,7 @@ from fedsim.aggregation import (
     PlateauStepSize,
     UniformWeights,
     mix,
+    population_weight,
 )
 from fedsim.errors import BudgetExhausted, TransportError
 from fedsim.privacy.events import GaussianStep
@@ -250,6 +251,12 @@ def test_mixing_weights_and_step_sizes() -> None:
     np.testing.assert_allclose(mix(params, ups, UniformWeights(), 1.0),
                                [1.0 - 0.5 * 0.1, 2.0 - 0.5 * 0.2])
     np.testing.assert_array_equal(mix(params, [], UniformWeights(), 1.0), params)
+    # Population normalisation: a lone update moves the model by its share of all weight.
+    population = [("a", 100, 2.0), ("b", 300, 1.0)]
+    assert population_weight(DataSizeWeights(), population) == 400.0
+    assert population_weight(ConfiguredWeights(), population) == 3.0
+    np.testing.assert_allclose(
+        mix(params, ups[:1], DataSizeWeights(), 1.0, total_weight=400.0), [1.0 - 0.25 * 0.1, 2.0])
 
 
 def test_step_size_schedules() -> None:
