@@ -42,6 +42,7 @@ import json
 import math
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -696,7 +697,8 @@ class _FinishedActor:
 
 @dataclass
 class _DeployedRun:
-    """What :func:`fedsim.runtime.simulation._write_outputs` reads of a finished run."""
+    """What :func:`fedsim.runtime.simulation._write_outputs` reads of a finished run (the
+    attributes of its ``_Simulation``); tests/deployment fail if the two drift apart."""
 
     scenario: Scenario
     out_dir: Path
@@ -704,6 +706,7 @@ class _DeployedRun:
     stopped: list[dict[str, Any]]
     stop_reason: str
     network_stats: dict[str, Any]
+    cpu_seconds: float
     clients: dict[str, Any] = field(default_factory=dict)
 
 
@@ -718,9 +721,12 @@ def collect_outputs(
     client_state_dirs: Mapping[str, Path],
     *,
     wall_seconds: float,
+    cpu_seconds: float = math.nan,
     population: Population | None = None,
 ) -> dict[str, Any]:
     """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
+
+    ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``.
 
     ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
     ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
@@ -743,6 +749,7 @@ def collect_outputs(
         [],
         server.get("stop_reason", ""),
         {"mqtt_server": server.get("mqtt", {})},
+        cpu_seconds,
     )
     statuses = server.get("statuses", {})
     for plan in population.plans:
@@ -775,6 +782,12 @@ def collect_outputs(
 
 # ---------------------------------------------------------------------------------------------
 # Launching everything as local processes
+
+
+def _children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's ended and waited-for children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def process_commands(
@@ -926,6 +939,7 @@ class Launcher:
         self.processes: dict[str, _Process] = {}
         self.exit_codes: dict[str, list[int]] = {}
         self._started = wallclock.perf_counter()
+        self._children_cpu_at_start = _children_cpu_seconds()
 
     # -- setup -------------------------------------------------------------------------------
     def state_dir(self, name: str) -> Path:
@@ -1033,6 +1047,7 @@ class Launcher:
             self.out,
             {c: self.state_dir(c) for c in self.client_ids},
             wall_seconds=wallclock.perf_counter() - self._started,
+            cpu_seconds=_children_cpu_seconds() - self._children_cpu_at_start,
         )
         (self.out / "processes.json").write_text(
             json.dumps(
