@@ -205,6 +205,8 @@ class _MqttEndpoint:
         role: str,
     ) -> None:
         self.broker = parse_broker_url(broker) if isinstance(broker, str) else broker
+        # Built once, so unusable TLS files are a ConfigError here rather than at each attempt.
+        self._tls_context = self.broker.tls.context() if self.broker.tls is not None else None
         self.topics = Topics(run)
         self.stats = MqttStats()
         self._identifier = identifier
@@ -295,7 +297,7 @@ class _MqttEndpoint:
             clean_session=self._clean_session,
             keepalive=self._keepalive,
             max_concurrent_outgoing_calls=self._max_outgoing,
-            tls_context=tls.context() if tls is not None else None,
+            tls_context=self._tls_context,
             tls_insecure=tls.insecure if tls is not None else None,
             queue_type=functools.partial(_Dispatch, self._dispatch),  # type: ignore[arg-type]
         )
@@ -340,6 +342,9 @@ class _MqttEndpoint:
                 self._lost(exc)
             except aiomqtt.MqttError as exc:
                 self._lost(exc)
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave a silent, dead endpoint
+                self._fail(TransportError(f"MQTT {self._role} endpoint stopped: {exc!r}"))
+                return
             finally:
                 self._client = None
                 self._connection_over.set()

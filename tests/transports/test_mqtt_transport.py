@@ -367,3 +367,16 @@ async def test_tls_listener_round_trip_and_untrusted_certificate_refused(tmp_pat
                 pass
     finally:
         broker.kill(signal.SIGTERM)
+
+
+@pytest.mark.mqtt
+async def test_an_internal_failure_surfaces_instead_of_a_silent_dead_endpoint(
+    mosquitto: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: MqttServerEndpoint, client: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(MqttServerEndpoint, "_on_connected", broken)
+    with pytest.raises(TransportError, match="server endpoint stopped: RuntimeError\\('boom'\\)"):
+        async with server(mosquitto):
+            pass
