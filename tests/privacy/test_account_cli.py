@@ -1,0 +1,110 @@
+"""`fedsim account`: answers, --json keys, exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+
+DRS_B = ["--batch-size", "256", "--dataset-size", "60000", "--epochs", "60", "--sigma", "1.1"]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["account", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_default_is_pld_poisson(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, *DRS_B)
+    for key in ("epsilon", "delta", "accountant", "sampling", "q", "sigma", "steps", "mu"):
+        assert key in out
+    assert out["accountant"] == "pld" and out["sampling"] == "poisson"
+    assert out["steps"] == 14063 and out["is_guarantee"] is True
+    assert out["epsilon"] == pytest.approx(2.3817, rel=1.5e-3)
+
+
+def test_fixed_size_gdp_clt_is_labelled(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, *DRS_B, "--sampling", "fixed", "--accountant", "gdp-clt")
+    assert out["is_guarantee"] is False and "approximation" in out["note"]
+    assert round(out["mu"], 3) == 0.737 and round(out["epsilon"], 2) == 3.09
+    assert main(["account", *DRS_B, "--accountant", "gdp-clt"]) == 0
+    assert "APPROXIMATION" in capsys.readouterr().out
+
+
+def test_delta_at_epsilon_and_target_sigma(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "--q", "0.01", "--sigma", "1", "--steps", "500", "--epsilon", "1.0")
+    direct = make_accountant("pld", [GaussianStep("poisson", 0.01, 1.0, 500)]).delta(1.0)
+    assert out["delta"] == pytest.approx(direct)
+    out = run_json(capsys, "--q", "0.01", "--steps", "500", "--target-epsilon", "1.0")
+    eps = make_accountant("pld", [GaussianStep("poisson", 0.01, out["sigma"], 500)]).epsilon(1e-5)
+    assert eps <= 1.0
+
+
+def test_max_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "--q", "0.01", "--sigma", "1", "--target-epsilon", "1", "--max-steps")
+    steps = out["steps"]
+    eps = [make_accountant("pld", [GaussianStep("poisson", 0.01, 1.0, t)]).epsilon(1e-5)
+           for t in (steps, steps + 1)]
+    assert eps[0] <= 1.0 < eps[1]
+
+
+def test_rdp_reports_both_conversions(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("fedsim.privacy.rdp")
+    out = run_json(capsys, "--q", "0.01", "--sigma", "1", "--steps", "300", "--accountant", "rdp")
+    assert out["epsilon_optimal"] <= out["epsilon_classic"]
+    assert out["epsilon"] == out["epsilon_optimal"]
+    out = run_json(capsys, "--q", "0.01", "--sigma", "1", "--target-epsilon", "2", "--max-steps",
+                   "--accountant", "rdp")
+    assert out["steps_optimal"] >= out["steps_classic"] >= 1
+
+
+def test_group_size_is_weaker(capsys: pytest.CaptureFixture[str]) -> None:
+    one = run_json(capsys, "--q", "0.01", "--sigma", "1", "--steps", "100")
+    two = run_json(capsys, "--q", "0.01", "--sigma", "1", "--steps", "100", "--group-size", "2")
+    assert two["epsilon"] > one["epsilon"] and two["group_size"] == 2
+    clt = run_json(capsys, "--q", "0.01", "--sigma", "1", "--steps", "100",
+                   "--accountant", "gdp-clt", "--group-size", "3")
+    assert clt["mu"] == pytest.approx(3 * 0.01 * math.sqrt(100 * math.expm1(1.0)))
+
+
+def test_ledger_input_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "plan.json"
+    ledger.write_text(json.dumps([{"sampling": "poisson", "q": 0.01, "sigma": 1.0, "count": 50},
+                                  {"sampling": "poisson", "q": 0.02, "sigma": 2.0, "count": 50}]))
+    plot = tmp_path / "curve.png"
+    out = run_json(capsys, "--ledger", str(ledger), "--plot", str(plot))
+    direct = make_accountant("pld", [GaussianStep("poisson", 0.01, 1.0, 50),
+                                     GaussianStep("poisson", 0.02, 2.0, 50)]).epsilon(1e-5)
+    assert out["epsilon"] == pytest.approx(direct) and out["steps"] == 100
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--q", "0", "--sigma", "1", "--steps", "10"],
+    ["--q", "1.5", "--sigma", "1", "--steps", "10"],
+    ["--q", "0.1", "--sigma", "0", "--steps", "10"],
+    ["--q", "0.1", "--sigma", "-1", "--steps", "10"],
+    ["--q", "0.1", "--sigma", "1", "--steps", "0"],
+    ["--q", "0.1", "--sigma", "1", "--steps", "10", "--delta", "1"],
+    ["--q", "0.1", "--sigma", "1", "--steps", "10", "--delta", "0"],
+    ["--q", "0.1", "--batch-size", "10", "--dataset-size", "100", "--sigma", "1", "--steps", "5"],
+    ["--q", "0.1", "--sigma", "1", "--steps", "10", "--epochs", "2"],
+    ["--q", "0.1", "--sigma", "1", "--steps", "10", "--epsilon", "1", "--target-epsilon", "1"],
+    ["--q", "0.1", "--sigma", "1", "--max-steps"],
+    ["--q", "0.1", "--sigma", "1", "--steps", "10", "--accountant", "nope"],
+    ["--sigma", "1", "--steps", "10"],
+    ["--ledger", "/nonexistent/file.json"],
+])
+def test_bad_flags_exit_2_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:  # argparse errors exit via SystemExit(2)
+        code = main(["account", *argv])
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err
