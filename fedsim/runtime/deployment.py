@@ -100,6 +100,7 @@ __all__ = [
     "run_client",
     "run_process",
     "serve",
+    "training_generator",
 ]
 
 _log = structlog.get_logger("fedsim.runtime.deployment")
@@ -522,6 +523,21 @@ def _plan_of(population: Population, client_id: str) -> ClientPlan:
     )
 
 
+def training_generator(population: Population, client_id: str, first_round: int) -> torch.Generator:
+    """The generator of batches and noise for a client process that starts at ``first_round``.
+
+    The first incarnation (round 0) draws the simulator's stream ``client/<id>/train``. A
+    restarted one must not replay noise that was already released (two releases with the same
+    noise vector would reveal the difference of their gradients), so it draws from a stream
+    keyed by the round it resumes at. Each released round comes from the stream of the
+    incarnation that released it, and an incarnation starting at round r releases nothing
+    before r; two incarnations can only share a stream if the first released nothing.
+    """
+    if first_round == 0:
+        return population.tree.torch("client", client_id, "train")
+    return population.tree.torch("client", client_id, "train", "from-round", first_round)
+
+
 async def _on_off(
     actor: ClientActor,
     plan: ClientPlan,
@@ -607,14 +623,9 @@ async def run_client(
     state = Path(state_dir)
     ledger = open_ledger(plan, ledger_path(state, client_id))
     first_round = max((record.round for record in ledger.records), default=-1) + 1
-    # The first incarnation draws the simulator's stream; a restart must not replay noise that
-    # was already released, so it draws from a stream keyed by the round it resumes at (an
-    # incarnation that starts at round r releases nothing from another one's stream).
-    if first_round == 0:
-        generator = population.tree.torch("client", client_id, "train")
-    else:
-        generator = population.tree.torch("client", client_id, "train", "from-round", first_round)
-    trainer = population.trainer(plan, generator=generator)
+    trainer = population.trainer(
+        plan, generator=training_generator(population, client_id, first_round)
+    )
     clock = ScaledClock(time_scale)
     endpoint = MqttClientEndpoint(
         broker,
