@@ -44,11 +44,11 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from scipy.optimize import brentq
-from scipy.stats import norm
 
-from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.calibration import epsilon_for, largest_fitting
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.fdp import gdp_mu_at_point
+from fedsim.privacy.gdp import gdp_delta
 from fedsim.privacy.rdp import max_steps as rdp_max_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,23 +69,13 @@ PAPER = ("S. Asoodeh, J. Liao, F. P. Calmon, O. Kosut, L. Sankar, \"A Better Bou
 
 
 # -- the exact answer for the plain Gaussian mechanism -----------------------------------------
-def gdp_delta(epsilon: float, mu: float) -> float:
-    """delta(eps) of mu-GDP (Dong, Roth & Su, Cor. 2.13)."""
-    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
-
-
-def gdp_max_mu(epsilon: float, delta: float) -> float:
-    """The largest mu such that mu-GDP is (eps, delta)-DP (delta(eps) is increasing in mu)."""
-    upper = 1.0
-    while gdp_delta(epsilon, upper) < delta:
-        upper *= 2.0
-    return float(brentq(lambda mu: gdp_delta(epsilon, mu) - delta, 1e-9, upper, xtol=1e-14,
-                        rtol=1e-15))
-
-
 def gaussian_exact_max_steps(sigma: float, epsilon: float, delta: float) -> int:
-    """Largest T with sqrt(T)/sigma <= mu_max: T Gaussian releases are sqrt(T)/sigma-GDP."""
-    mu_max = gdp_max_mu(epsilon, delta)
+    """Largest T with sqrt(T)/sigma <= mu_max: T Gaussian releases are sqrt(T)/sigma-GDP.
+
+    mu_max, the largest mu whose mu-GDP is (eps, delta)-DP, is 1/sigma* of the Gaussian
+    mechanism that is exactly (eps, delta)-DP (Balle & Wang 2018).
+    """
+    mu_max = gdp_mu_at_point(epsilon, delta)
     steps = math.floor((mu_max * sigma) ** 2)
     # Guard the floor against rounding in mu_max: T must satisfy the condition, T + 1 must not.
     while steps > 0 and gdp_delta(epsilon, math.sqrt(steps) / sigma) > delta:
@@ -96,26 +86,12 @@ def gaussian_exact_max_steps(sigma: float, epsilon: float, delta: float) -> int:
 
 
 # -- the tight numerical answer (pld) by search over T -----------------------------------------
-def largest_true(predicate: Callable[[int], bool], start: int) -> int:
-    """Largest T >= 0 with ``predicate(T)``, for a predicate that is true up to some T and false
-    after it; ``start`` is a guess (bracketed by doubling, then bisected)."""
-    low, high = 0, max(1, start)
-    while predicate(high):
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        if predicate(middle):
-            low = middle
-        else:
-            high = middle
-    return low
-
-
 def pld_max_steps(step: GaussianStep, epsilon: float, delta: float, start: int) -> int:
+    """Largest T with eps_pld(T steps) <= eps; ``start`` (the RDP answer) brackets the search."""
     def fits(count: int) -> bool:
-        return count == 0 or make_accountant("pld", [step.times(count)]).epsilon(delta) <= epsilon
+        return epsilon_for("pld", step.sampling, step.q, step.sigma, count, delta) <= epsilon
 
-    return largest_true(fits, start)
+    return largest_fitting(fits, start=start)
 
 
 # -- one row of the table -----------------------------------------------------------------------

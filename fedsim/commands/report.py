@@ -1,0 +1,140 @@
+"""``fedsim report DIR``: redraw a run's plots and print a short summary of it.
+
+The privacy numbers are recomputed from the clients' ledgers (each client's own guarantee
+about its own data set, at the scenario's delta, under the accountant its ledger names) and
+checked against ``clients.csv``; values that are CLT approximations are flagged as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from fedsim.reporting.rundir import RunDirectory
+
+if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
+    from fedsim.reporting.plots import Drawn
+
+# Accountants whose numbers are approximations, not guarantees (fedsim.privacy.accountant).
+APPROXIMATE_ACCOUNTANTS = frozenset({"gdp-clt"})
+# clients.csv and a fresh computation from the ledger may differ by the accountant's
+# numerical noise (e.g. a different discretisation); beyond this they disagree.
+CSV_RELATIVE_TOLERANCE = 1e-3
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "report",
+        help="redraw a run directory's plots and summarise it",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("run_dir", metavar="DIR", help="a run directory written by `fedsim run`")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedsim.reporting.plots import draw_run
+
+    directory = RunDirectory.load(args.run_dir)
+    drawn = draw_run(directory)
+    for line in summary_lines(directory, drawn):
+        print(line)
+    return 0
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _updates(value: Any) -> str:
+    """``summary.updates``: a count, or counts by fate (received, applied, stale, ...)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {count}" for key, count in value.items())
+    return "?" if value is None else str(value)
+
+
+def _spread(values: Iterable[float]) -> str:
+    ordered = sorted(values)
+    return f"min {ordered[0]:.4g} / median {statistics.median(ordered):.4g} / max {ordered[-1]:.4g}"
+
+
+def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
+    """The textual summary ``fedsim report`` prints (one item per line)."""
+    summary = run.summary
+    lines = [
+        f"run {run.path}: scenario {run.scenario_name}, seed {summary.get('seed', '?')}, "
+        f"{summary.get('windows', len(run.metrics))} windows, "
+        f"{run.virtual_time:.1f} s virtual time, updates {_updates(summary.get('updates'))}"
+    ]
+    final, best = _number(summary.get("final_accuracy")), _number(summary.get("best_accuracy"))
+    evaluated = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
+    if final is None and evaluated:
+        final = evaluated[-1]
+    if best is None and evaluated:
+        best = max(evaluated)
+    lines.append(
+        "accuracy: "
+        + (
+            f"final {final:.4f}, best {best:.4f}"
+            if final is not None and best is not None
+            else "not evaluated"
+        )
+    )
+
+    stopped = Counter(
+        str(row.get("stop_reason") or "stopped")
+        for row in run.clients
+        if row.get("stopped_at") is not None or row.get("stop_reason")
+    )
+    stop_text = ", ".join(f"{reason}: {n}" for reason, n in sorted(stopped.items()))
+    lines.append(
+        f"clients: {len(run.clients)}; stopped {sum(stopped.values())}"
+        + (f" ({stop_text})" if stop_text else "")
+    )
+
+    warnings: list[str] = []
+    final_eps = drawn.final_epsilon
+    if final_eps:
+        lines.append(f"privacy ({drawn.accountant}, delta = {drawn.delta:g}): eps "
+                     f"{_spread(final_eps.values())} over {len(final_eps)} clients")
+        approximate = APPROXIMATE_ACCOUNTANTS & set(drawn.accountant.split(", "))
+        if approximate:
+            warnings.append(f"warning: eps from {', '.join(sorted(approximate))} is a CLT "
+                            "approximation, not a guarantee (it can under-report)")
+        if drawn.accountant == "pld":  # clients.csv reports eps from pld (run contract)
+            warnings += _csv_disagreements(run, final_eps)
+    else:
+        lines.append("privacy: no client ledgers in this run directory")
+    mus = [mu for row in run.clients if (mu := _number(row.get("mu_clt"))) is not None]
+    if mus:
+        lines.append(f"CLT mu (approximation): {_spread(mus)}")
+        warnings.append(
+            "warning: CLT mu values are approximations (Dong-Roth-Su Cor. 5.4 / "
+            "Bu et al. 2020), not guarantees"
+        )
+    lines.append("plots: " + ", ".join(str(p) for p in drawn.paths))
+    explanation = summary.get("explanation")
+    if isinstance(explanation, str) and explanation.strip():
+        lines.append(explanation.strip())
+    return lines + warnings
+
+
+def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[str]:
+    problems = []
+    for client_id, from_ledger in sorted(final_eps.items()):
+        row = run.client(client_id)
+        in_csv = _number(row.get("epsilon")) if row else None
+        if in_csv is None:
+            continue
+        scale = max(abs(from_ledger), abs(in_csv), 1e-12)
+        if abs(from_ledger - in_csv) / scale > CSV_RELATIVE_TOLERANCE:
+            problems.append(
+                f"warning: client {client_id}: clients.csv says eps {in_csv:.6g}, "
+                f"its ledger gives {from_ledger:.6g}"
+            )
+    return problems

@@ -1,0 +1,78 @@
+"""Reading the clients' privacy ledgers of a run directory (read-only views for reports).
+
+Each ledger is opened with :class:`fedsim.privacy.ledger.PrivacyLedger` itself, so a report
+sees exactly what the client's budget enforcement saw (same accountant, same settings), and a
+corrupt ledger is reported as the ledger's own :class:`~fedsim.errors.LedgerError`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import ConfigError, LedgerError
+from fedsim.privacy.accountant import Accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.reporting.rundir import RunDirectory
+
+
+@dataclass(frozen=True)
+class ClientLedger:
+    """One client's released steps in time order, and the accountant over all of them."""
+
+    client_id: str
+    steps: tuple[tuple[float, GaussianStep], ...]  # (virtual time, step), by time
+    accountant: Accountant  # composed over every step; its name and settings are the ledger's
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """The header line: the ledger is opened with exactly what it says (it checks them)."""
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        first = handle.readline()
+    try:
+        header = json.loads(first)
+    except json.JSONDecodeError:
+        raise LedgerError(f"{path}: line 1: not a JSON ledger header") from None
+    if not isinstance(header, dict) or not {"client_id", "sampling"} <= set(header):
+        raise LedgerError(f"{path}: line 1: not a ledger header (needs client_id and sampling)")
+    return header
+
+
+def read_ledger(path: Path) -> ClientLedger:
+    """Open the ledger at ``path`` and take a snapshot of it (the file is closed again).
+
+    The accountant is the ledger's enforcing one: a guarantee (``pld`` or ``rdp``) even when
+    the header names ``gdp-clt`` (see :mod:`fedsim.privacy.ledger`).
+    """
+    header = _header(path)
+    budget = Budget.from_json(header.get("budget"))
+    with PrivacyLedger.open(path, client_id=str(header["client_id"]),
+                            sampling=str(header["sampling"]), budget=budget,
+                            accountant=str(header.get("accountant", "pld"))) as ledger:
+        timed = tuple(sorted(((record.time, record.step) for record in ledger.records),
+                             key=lambda pair: pair[0]))
+        return ClientLedger(ledger.client_id, timed, ledger.accountant)
+
+
+def read_ledgers(run: RunDirectory) -> list[ClientLedger]:
+    """Every ledger of ``run``, sorted by client id.
+
+    Raises:
+        ConfigError: a ledger is unreadable (for a report that is bad input: exit status 2).
+    """
+    ledgers = []
+    for client_id, path in run.ledger_paths.items():
+        try:
+            ledger = read_ledger(path)
+        except (LedgerError, ConfigError) as exc:
+            message = str(exc)
+            raise ConfigError(message if str(path) in message else f"{path}: {message}") from None
+        if ledger.client_id != client_id:
+            raise ConfigError(
+                f"{path}: holds client {ledger.client_id!r}, but the file name says {client_id!r}"
+            )
+        ledgers.append(ledger)
+    return ledgers

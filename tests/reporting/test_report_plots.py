@@ -1,0 +1,164 @@
+"""Plots of a run directory and ``fedsim report``: files, determinism, numbers, exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedsim.cli import main as cli_main
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.reporting.ledgers import read_ledgers
+from fedsim.reporting.plots import (
+    draw_all,
+    eps_delta_tradeoff,
+    epsilon_history,
+    representative_clients,
+    time_grid,
+)
+from fedsim.reporting.rundir import RunDirectory
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+DELTA = 1e-5  # the synthetic runs' delta (conftest.DELTA; checked in each test)
+SyntheticRun = Any  # conftest.SyntheticRun: path, histories, duration, delta, final_epsilon()
+
+
+def test_draw_all_writes_the_three_plots(small_run: SyntheticRun,
+                                         copy_run: Callable[..., SyntheticRun]) -> None:
+    run = copy_run(small_run)
+    paths = draw_all(run.path)
+    assert [p.name for p in paths] == ["accuracy.png", "epsilon.png", "tradeoff.png"]
+    for path in paths:
+        data = path.read_bytes()
+        assert path.parent == run.path / "plots"
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+        assert b"matplotlib" not in data.lower()  # no software stamp in the metadata
+
+
+def test_same_inputs_give_byte_identical_plots(small_run: SyntheticRun,
+                                               copy_run: Callable[..., SyntheticRun]) -> None:
+    first, second = copy_run(small_run), copy_run(small_run)
+    drawn_first = [p.read_bytes() for p in draw_all(first.path)]
+    assert [p.read_bytes() for p in draw_all(second.path)] == drawn_first
+    # Different inputs, different pictures: one accuracy changed in the metrics.
+    metrics = (second.path / "metrics.jsonl").read_text().splitlines()
+    row = json.loads(metrics[1])
+    row["accuracy"] = 0.05
+    metrics[1] = json.dumps(row)
+    (second.path / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
+    redrawn = [p.read_bytes() for p in draw_all(second.path)]
+    assert redrawn[0] != drawn_first[0] and redrawn[1:] == drawn_first[1:]
+
+
+def test_epsilon_history_is_the_accountant_on_each_prefix(many_clients_run: SyntheticRun) -> None:
+    many = many_clients_run
+    assert many.delta == DELTA
+    ledgers = read_ledgers(RunDirectory.load(many.path))
+    times = time_grid(many.duration, points=7)
+    history = epsilon_history(ledgers, times, DELTA)
+    assert history.client_ids == tuple(sorted(many.histories))
+    assert np.all(np.diff(history.epsilon, axis=1) >= 0)  # spending never goes back
+    for row, client_id in enumerate(history.client_ids[:4]):
+        released = many.histories[client_id]
+        for column, moment in enumerate(times):
+            prefix = [step for t, step in released if t <= moment]
+            expected = make_accountant("pld", prefix).epsilon(DELTA) if prefix else 0.0
+            assert history.epsilon[row, column] == pytest.approx(expected, rel=1e-9)
+    # The ledger's own view agrees: same numbers from PrivacyLedger.epsilon_history.
+    client_id = history.client_ids[0]
+    path = many.path / "ledgers" / f"{client_id}.jsonl"
+    header = json.loads(path.read_text().splitlines()[0])
+    with PrivacyLedger.open(path, client_id=client_id, sampling="poisson",
+                            budget=Budget.from_json(header["budget"])) as ledger:
+        own = np.asarray(ledger.epsilon_history(times, DELTA), dtype=float)
+    np.testing.assert_allclose(history.epsilon[0], own, rtol=1e-6)
+
+
+def test_representatives_are_min_median_max() -> None:
+    final = {"a": 3.0, "b": 1.0, "c": 2.0, "d": 5.0, "e": 4.0}
+    assert representative_clients(final) == ["b", "a", "d"]
+    assert representative_clients({"x": 1.0, "y": 1.0}) == ["x", "y"]
+
+
+def test_eps_delta_tradeoff_curve() -> None:
+    """f(alpha) = max(0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha)) (DRS Prop. 2.5)."""
+    alpha = np.array([0.0, 0.01, 0.5, 1.0])
+    beta = eps_delta_tradeoff(alpha, 1.0, 1e-5)
+    assert beta[0] == pytest.approx(1 - 1e-5)
+    assert beta[1] == pytest.approx(1 - 1e-5 - math.e * 0.01)
+    assert beta[2] == pytest.approx((1 - 1e-5 - 0.5) / math.e)
+    assert beta[3] == 0.0
+
+
+def test_report_prints_the_summary_and_redraws(many_clients_run: SyntheticRun,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    many = many_clients_run
+    assert many.delta == DELTA
+    plots = many.path / "plots"
+    shutil.rmtree(plots, ignore_errors=True)
+    assert cli_main(["report", str(many.path)]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in plots.iterdir()) == ["accuracy.png", "epsilon.png",
+                                                       "tradeoff.png"]
+    finals = sorted(many.final_epsilon(cid) for cid in many.histories)
+    expected = (f"privacy (pld, delta = 1e-05): eps min {finals[0]:.4g} / median "
+                f"{statistics.median(finals):.4g} / max {finals[-1]:.4g} over 12 clients")
+    assert expected in out
+    summary = json.loads((many.path / "summary.json").read_text())
+    assert f"accuracy: final {summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f}" in out
+    stopped = len(summary["stopped"])
+    assert stopped > 0
+    assert f"clients: 12; stopped {stopped} (budget exhausted: {stopped})" in out
+    assert "CLT mu (approximation)" in out
+    assert "warning: CLT mu values are approximations" in out
+    assert "clients.csv says" not in out  # the csv agrees with the ledgers
+
+
+def test_report_warns_when_clients_csv_disagrees_with_a_ledger(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(small_run)
+    csv_path = run.path / "clients.csv"
+    lines = csv_path.read_text().splitlines()
+    header = lines[0].split(",")
+    fields = lines[1].split(",")
+    fields[header.index("epsilon")] = "0.001"
+    csv_path.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    assert cli_main(["report", str(run.path)]) == 0
+    assert "warning: client c000: clients.csv says eps 0.001" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["missing", "no-metrics", "bad-metrics", "bad-summary",
+                                    "bad-ledger", "not-a-dir"])
+def test_report_rejects_what_is_not_a_run_directory(
+        damage: str, small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_run(small_run)
+    target = run.path
+    if damage == "missing":
+        target = tmp_path / "nowhere"
+    elif damage == "no-metrics":
+        (target / "metrics.jsonl").unlink()
+    elif damage == "bad-metrics":
+        (target / "metrics.jsonl").write_text('{"window": 1, "time": 1.0}\nnot json\n')
+    elif damage == "bad-summary":
+        (target / "summary.json").write_text("[1, 2")
+    elif damage == "bad-ledger":
+        (target / "ledgers" / "c000.jsonl").write_text("garbage\n")
+    elif damage == "not-a-dir":
+        target = target / "summary.json"
+    assert cli_main(["report", str(target)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("fedsim report: error: ")
+    assert "Traceback" not in captured.err
+    assert str(target.name) in captured.err or "ledgers" in captured.err
