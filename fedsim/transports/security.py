@@ -150,7 +150,7 @@ def mosquitto_conf_text(
     """A mosquitto 2 configuration for one authenticated, ACL-restricted listener.
 
     ``max_queued_messages`` is per client: mosquitto's default of 1000 silently drops QoS 1
-    messages queued beyond it for a slow server, so it is raised here. ``run_as_user`` is the
+    messages queued beyond it for a slow server, so it is raised here (and bounded in bytes). ``run_as_user`` is the
     user a broker started as root switches to (mosquitto's default: ``mosquitto``).
     """
     lines = [
@@ -162,7 +162,11 @@ def mosquitto_conf_text(
         f"password_file {password_file}",
         f"acl_file {acl_file}",
         f"max_queued_messages {max_queued_messages}",
-        "max_queued_bytes 0",
+        # ... but bounded in bytes (1 GiB per client); beyond it the broker drops, and the
+        # clients resend what the server never acknowledged.
+        "max_queued_bytes 1073741824",
+        # The server's persistent session (its queue) is forgotten a week after it left.
+        "persistent_client_expiration 7d",
         # Small receipts (acks) must not wait for Nagle's algorithm.
         "set_tcp_nodelay true",
     ]
