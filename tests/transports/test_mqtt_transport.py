@@ -152,22 +152,28 @@ async def test_acl_stops_a_client_publishing_on_another_clients_topic(mosquitto:
 
 
 @pytest.mark.mqtt
-async def test_server_denies_forged_client_ids_and_rejects_garbage(mosquitto: Broker) -> None:
+async def test_server_denies_forged_ids_and_rejects_malformed_payloads(mosquitto: Broker) -> None:
     topics = Topics(RUN)
-    async with server(mosquitto) as srv:
+    nan_update = bytearray(codec.encode(update("c1", 7)))
+    nan_update[-4:] = np.array([np.nan], dtype="<f4").tobytes()  # last parameter -> NaN
+    oversized = b"FSIM" + bytes(codec.max_message_bytes(PARAMS))
+    limit = codec.max_message_bytes(PARAMS)
+    async with server(mosquitto, max_message_bytes=limit) as srv:
         async with client(mosquitto, "c1") as c1:
             await c1.publish(update("c2", 1))  # c1's own topic, c2's id in the payload
             await c1.publish(ClientStatus("c2", "done", 1, 0.1, 1e-5))
             assert not await c1.flush(0.5)  # a denied update is never acknowledged
         async with await _raw_client(mosquitto, "c1") as raw:
-            for junk in (b"", b"\x00" * 10, b"FSIM" + b"\xff" * 30, codec.encode(model(1))):
+            junks = (b"", b"\x00" * 10, b"FSIM" + b"\xff" * 30, codec.encode(model(1)))
+            truncated = codec.encode(update("c1", 8))[:-5]
+            for junk in (*junks, bytes(nan_update), oversized, truncated):
                 await raw.publish(topics.updates("c1"), junk, qos=1)
             wrong_shape = ClientUpdate("c1", 5, 0, np.ones(PARAMS + 1, np.float32), 1.0, 1)
             await raw.publish(topics.updates("c1"), codec.encode(wrong_shape), qos=1)
             await raw.publish(topics.updates("c1"), codec.encode(update("c1", 6)), qos=1)
         received = await receive_all(srv)
         assert [(m.client_id, m.round) for m in received] == [("c1", 6)]
-        assert srv.stats.denied == 2 and srv.stats.rejected == 5
+        assert srv.stats.denied == 2 and srv.stats.rejected == 8
 
 
 @pytest.mark.mqtt
