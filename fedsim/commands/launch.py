@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.errors import ConfigError
     from fedsim.logging import configure_logging
+    from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.deployment import Launcher
 
     configure_logging(args.json_logs)
@@ -59,7 +60,19 @@ def run(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         max_backoff=args.max_backoff,
     )
-    summary = launcher.run_to_end(args.timeout, plots=not args.no_plots)
+    stop = launcher.scenario.stop
+    if stop.virtual_seconds is not None:
+        total, unit = stop.virtual_seconds, "time"
+    else:
+        total, unit = (float(stop.windows) if stop.windows else None), "windows"
+    with RunProgress(total, unit=unit) as progress:
+        summary = launcher.run_to_end(
+            args.timeout,
+            plots=not args.no_plots,
+            on_window=lambda line: progress.update(
+                line["time"], line["window"], line["accuracy"], line["min_remaining_epsilon"]
+            ),
+        )
     accuracy = summary["final_accuracy"]
     print(
         f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} scenario s, "

@@ -1087,13 +1087,27 @@ class Launcher:
         if self.local_broker is not None:
             self.local_broker.kill(signal.SIGTERM)
 
-    def run_to_end(self, timeout: float, *, plots: bool = False) -> dict[str, Any]:
+    def run_to_end(
+        self,
+        timeout: float,
+        *,
+        plots: bool = False,
+        on_window: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Start everything, wait for the server to stop (or ``timeout`` wall seconds), stop
-        the clients, collect the run directory and return its summary."""
+        the clients, collect the run directory and return its summary. ``on_window`` gets each
+        new ``metrics.jsonl`` line while the run goes on (a progress display)."""
         try:
             self.prepare()
             self.start_all()
-            code = self.wait("server", timeout)
+            follower = _LineFollower(self.out / METRICS_FILE)
+            deadline = wallclock.monotonic() + timeout
+            code = None
+            while code is None and wallclock.monotonic() < deadline:
+                code = self.wait("server", min(0.5, max(0.0, deadline - wallclock.monotonic())))
+                for line in follower.new_lines():
+                    if on_window is not None:
+                        on_window(line)
             if code is None:
                 self.kill("server", signal.SIGTERM)
                 raise TransportError(
@@ -1108,6 +1122,27 @@ class Launcher:
         finally:
             self.close()
         return self.collect(plots=plots)
+
+
+class _LineFollower:
+    """New complete lines of a JSON-lines file another process appends to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def new_lines(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size < self._offset:
+                    self._offset = 0  # rewritten (a restarted server trimmed it)
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(text) for text in complete.decode().splitlines() if text.strip()]
 
 
 def run_process(main: Callable[[asyncio.Event], Any], threads: int) -> Any:
