@@ -35,7 +35,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fedsim.privacy.accountant import Accountant, make_accountant
-from fedsim.privacy.events import GaussianStep, group_steps
+from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep, group_steps
 from fedsim.privacy.fdp import default_alphas, fit_gdp_mu, tradeoff_curve
 from fedsim.privacy.gdp import gdp_tradeoff
 from fedsim.reporting.ledgers import ClientLedger, read_ledgers
@@ -202,14 +202,14 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     return _save(figure, path)
 
 
-def _budgets(run: RunDirectory, client_ids: Iterable[str]) -> list[float]:
-    found = set()
-    for cid in client_ids:
-        row = run.client(cid) or {}
+def _budgets(run: RunDirectory) -> dict[float, list[str]]:
+    """Each distinct budget eps in clients.csv, with the groups that have it."""
+    found: dict[float, set[str]] = {}
+    for row in run.clients:
         value = row.get("budget_epsilon")
         if isinstance(value, int | float) and math.isfinite(value):
-            found.add(float(value))
-    return sorted(found)
+            found.setdefault(float(value), set()).add(str(row.get("group") or "?"))
+    return {budget: sorted(groups) for budget, groups in sorted(found.items())}
 
 
 def draw_epsilon(run: RunDirectory, history: EpsilonHistory, path: Path, *,
@@ -246,11 +246,13 @@ def draw_epsilon(run: RunDirectory, history: EpsilonHistory, path: Path, *,
                           label=f"min-max over {count} clients")
         axes.plot(times, np.median(eps, axis=0), color="tab:blue", linewidth=2, label="median")
         index = {cid: i for i, cid in enumerate(history.client_ids)}
-        for cid in representative_clients(history.final()):
-            axes.plot(times, eps[index[cid]], linewidth=1, linestyle="--", label=cid)
-    for budget in _budgets(run, history.client_ids):
+        for colour, cid in zip(("tab:green", "tab:orange", "tab:purple"),
+                               representative_clients(history.final()), strict=False):
+            axes.plot(times, eps[index[cid]], color=colour, linewidth=1, linestyle="--",
+                      label=cid)
+    for budget, groups in _budgets(run).items():
         axes.axhline(budget, color="tab:red", linestyle=":", linewidth=1.2,
-                     label=f"budget eps = {budget:g}")
+                     label=f"budget eps = {budget:g} ({', '.join(groups)})")
     axes.set_xlabel("virtual time (s)")
     axes.set_ylabel(f"epsilon at delta = {history.delta:g}")
     axes.set_ylim(bottom=0.0)
@@ -299,7 +301,9 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
         betas = np.clip(betas, 0.0, 1.0)
         mu = fit_gdp_mu(alphas, betas)
         epsilon = spent[cid]
-        axes.plot(alphas, betas, color=colour, linewidth=2, label=f"{cid} ({accountant.name})")
+        relation = NEIGHBOURING_RELATION.get(accountant.sampling or "poisson", "?")
+        axes.plot(alphas, betas, color=colour, linewidth=2,
+                  label=f"{cid} ({accountant.name}, {relation})")
         axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--", linewidth=1,
                   label=f"{cid} GDP fit, mu = {mu:.3f}")
         axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,

@@ -162,3 +162,31 @@ def test_report_rejects_what_is_not_a_run_directory(
     assert captured.err.startswith("fedsim report: error: ")
     assert "Traceback" not in captured.err
     assert str(target.name) in captured.err or "ledgers" in captured.err
+
+
+def test_many_clients_plot_quantile_clients_only(many_clients_run: SyntheticRun,
+                                                 copy_run: Callable[..., SyntheticRun],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the evaluation budget only clients at quantiles of final eps are put on the grid,
+    but every client's final eps is still computed (and reported)."""
+    from fedsim.reporting import plots
+
+    run = copy_run(many_clients_run)
+    seen: dict[str, object] = {}
+    original = plots.draw_epsilon
+
+    def spy(run_dir, history, path, *, population=None, labels=None):  # type: ignore[no-untyped-def]
+        seen.update(clients=history.client_ids, population=population, labels=labels)
+        return original(run_dir, history, path, population=population, labels=labels)
+
+    monkeypatch.setattr(plots, "EXACT_BAND_EVALUATIONS", 10)
+    monkeypatch.setattr(plots, "draw_epsilon", spy)
+    drawn = plots.draw_run(RunDirectory.load(run.path))
+    finals = {cid: run.final_epsilon(cid) for cid in run.histories}
+    assert drawn.final_epsilon == pytest.approx(finals, rel=1e-9)
+    assert seen["population"] == 12
+    labels = seen["labels"]
+    assert isinstance(labels, dict) and set(seen["clients"]) == set(labels)  # type: ignore[arg-type]
+    ordered = sorted(finals, key=lambda cid: (finals[cid], cid))
+    assert labels[ordered[0]].startswith("min") and labels[ordered[-1]].endswith("max")
+    assert len(labels) < 12
