@@ -386,3 +386,17 @@ async def test_an_internal_failure_surfaces_instead_of_a_silent_dead_endpoint(
     with pytest.raises(TransportError, match="server endpoint stopped: RuntimeError\\('boom'\\)"):
         async with server(mosquitto):
             pass
+
+
+@pytest.mark.mqtt
+async def test_updates_sent_while_the_server_is_away_wait_in_its_broker_session(
+    mosquitto: Broker,
+) -> None:
+    async with server(mosquitto):
+        pass  # the server's persistent session (and subscriptions) now exist on the broker
+    async with client(mosquitto, "c1", resend_after=60.0) as c1:  # no resend within the test
+        await c1.publish(update("c1", 1))
+        await c1.publish(update("c1", 2))
+        async with server(mosquitto) as restarted:
+            assert [m.round for m in await receive_all(restarted)] == [1, 2]
+            assert await c1.flush(5) and c1.stats.resent == 0
