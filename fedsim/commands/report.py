@@ -1,8 +1,9 @@
 """``fedsim report DIR``: redraw a run's plots and print a short summary of it.
 
 The privacy numbers are recomputed from the clients' ledgers (each client's own guarantee
-about its own data set, at the scenario's delta, under the accountant its ledger names) and
-checked against ``clients.csv``; values that are CLT approximations are flagged as such.
+about its own data set, at the scenario's delta, under the ledger's enforcing accountant:
+always a guarantee, ``pld`` or ``rdp``) and checked against ``clients.csv``; the CLT mu
+values of ``clients.csv`` are printed with a warning that they are approximations.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from fedsim.reporting.rundir import RunDirectory
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
     from fedsim.reporting.plots import Drawn
 
-# Accountants whose numbers are approximations, not guarantees (fedsim.privacy.accountant).
-APPROXIMATE_ACCOUNTANTS = frozenset({"gdp-clt"})
 # clients.csv and a fresh computation from the ledger may differ by the accountant's
 # numerical noise (e.g. a different discretisation); beyond this they disagree.
 CSV_RELATIVE_TOLERANCE = 1e-3
@@ -102,10 +101,6 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     if final_eps:
         lines.append(f"privacy ({drawn.accountant}, delta = {drawn.delta:g}): eps "
                      f"{_spread(final_eps.values())} over {len(final_eps)} clients")
-        approximate = APPROXIMATE_ACCOUNTANTS & set(drawn.accountant.split(", "))
-        if approximate:
-            warnings.append(f"warning: eps from {', '.join(sorted(approximate))} is a CLT "
-                            "approximation, not a guarantee (it can under-report)")
         if drawn.accountant == "pld":  # clients.csv reports eps from pld (run contract)
             warnings += _csv_disagreements(run, final_eps)
     else:

@@ -46,6 +46,7 @@ FIGSIZE = (7.5, 4.5)
 TRADEOFF_FIGSIZE = (5.6, 5.6)
 # Enough points for a smooth curve, few enough that a 100-client run reports in seconds.
 TIME_GRID_POINTS = 25
+MIN_TIME_GRID_POINTS = 10
 # Clients drawn individually; beyond this the epsilon plot shows a band and representatives.
 MAX_INDIVIDUAL_CLIENTS = 8
 # Above this many (client, time) evaluations the epsilon plot shows quantile clients only.
@@ -335,8 +336,10 @@ def draw_run(run: RunDirectory) -> Drawn:
     """Draw the three plots of ``run`` into ``run.plot_dir``.
 
     Epsilon over time costs one accountant evaluation per client and time point (shared
-    between clients with equal histories). Up to :data:`EXACT_BAND_EVALUATIONS` of them, every
-    client is evaluated on the grid; beyond that (hundreds of clients with distinct postures),
+    between clients with equal histories, about 10 ms each otherwise). The grid has
+    :data:`TIME_GRID_POINTS` points, fewer (down to :data:`MIN_TIME_GRID_POINTS`) for more
+    clients; up to :data:`EXACT_BAND_EVALUATIONS` evaluations every client is evaluated on the
+    grid; beyond that (hundreds of clients with distinct postures),
     only the clients at the quantiles :data:`QUANTILES` of final epsilon are, so that a report
     stays within seconds; every client's final epsilon is always computed.
     """
@@ -347,7 +350,10 @@ def draw_run(run: RunDirectory) -> Drawn:
     # The grid ends at the last release even if the summary says the run ended earlier, so the
     # last point is each client's full spending.
     last_release = max((lg.steps[-1][0] for lg in ledgers if lg.steps), default=0.0)
-    grid = time_grid(max(run.virtual_time, last_release))
+    # Fewer time points for more clients (down to MIN_TIME_GRID_POINTS) keeps the exact band.
+    points = max(MIN_TIME_GRID_POINTS,
+                 min(TIME_GRID_POINTS, EXACT_BAND_EVALUATIONS // max(len(ledgers), 1)))
+    grid = time_grid(max(run.virtual_time, last_release), points)
     shown, labels = ledgers, {}
     if len(ledgers) * len(grid) > EXACT_BAND_EVALUATIONS:
         for quantile in QUANTILES:
