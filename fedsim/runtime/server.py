@@ -266,6 +266,17 @@ class ServerActor:
         self._last_evaluation = snapshot.last_evaluation
         self.statuses = dict(snapshot.statuses)
 
+    def renew_version(self) -> None:
+        """Give the current model a new version (after a restart from a snapshot).
+
+        Clients that sent an update on the restored version wait for a newer model; if those
+        updates died with the crashed server's open window, nothing newer would ever come. The
+        re-published model is unchanged, so its evaluation (and the step-size schedule) is
+        carried over rather than counted again."""
+        self.version += 1
+        if self._evaluated_version == self.version - 1:
+            self._evaluated_version = self.version
+
     # -- the actor ------------------------------------------------------------------------
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window)."""
