@@ -26,9 +26,11 @@ incarnation's stream would release the same noise twice). The server writes a ch
 (:mod:`fedsim.runtime.checkpoint`) after every window and before every broadcast, so no
 version it ever published is lost; a restarted server resumes model, version, step size,
 de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``
-(one line per applied update, for audits) from there. Updates
-received in the window in progress when the server dies are lost (they were acknowledged on
-receipt; their privacy cost is in the ledgers).
+(one line per applied update, for audits) from there. Updates received in the window in
+progress when the server dies are lost (they were acknowledged on receipt; their privacy cost
+is in the ledgers); so that their senders, who wait for a model newer than the restored one,
+do not wait for ever, the restarted server re-publishes its model under a new version
+(:meth:`~fedsim.runtime.server.ServerActor.renew_version`).
 
 State directory layout: server ``<state>/server.ckpt``; client ``<state>/ledgers/<id>.jsonl``
 and ``<state>/client-<id>.json`` (what the last incarnation reported on exit).
@@ -456,10 +458,12 @@ async def serve(
                 server.statuses.update(joined)
                 if snapshot is not None:
                     server.restore(snapshot)
+                    server.renew_version()
                     _log.info(
                         "server resumed from checkpoint",
                         window=snapshot.windows_closed,
                         version=snapshot.version,
+                        renewed_version=server.version,
                         seen=len(snapshot.seen),
                     )
                 monitor = _ServerMonitor(scenario, server, mqtt, checkpoint, metrics, applied)

@@ -96,6 +96,19 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
     assert restored.rng.random() == original.rng.random()
 
 
+def test_renew_version_moves_forward_and_keeps_the_evaluation() -> None:
+    server = _server()
+    evaluated: list[np.ndarray] = []
+    server.evaluate = lambda params: evaluated.append(params) or (0.1, 2.0)
+    server.restore(_busy_server().snapshot())
+    step_state = dict(vars(server.step_size))
+    server.renew_version()
+    assert server.version == 10 and server.params.tobytes() == _busy_server().params.tobytes()
+    report = server.close_window()  # nothing arrived: the unchanged model is not re-evaluated
+    assert report.version == 10 and (report.accuracy, report.loss) == (0.6, 0.9)
+    assert evaluated == [] and vars(server.step_size) == step_state
+
+
 def test_a_fresh_servers_snapshot_with_nan_and_infinity_survives(tmp_path: Path) -> None:
     fresh = _server()
     assert fresh.step_size.best == -math.inf and math.isnan(fresh._last_evaluation[0])

@@ -268,6 +268,8 @@ def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
     assert [m["window"] for m in metrics] == list(range(1, 31))
     versions = [m["version"] for m in metrics]
     assert versions == sorted(versions)
+    # The restarted server renewed its version (window k + 1 is the first after the restart).
+    assert versions[before["windows_closed"]] >= before["version"] + 1
     assert summary["windows"] == 30 and summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
 
     _check_applied_against_ledgers(out)
