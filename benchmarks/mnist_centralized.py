@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import norm
 
+from fedsim.privacy import schedules
 from fedsim.privacy.accountant import make_accountant
 from fedsim.training import (
     LocalTrainer,
@@ -41,55 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / ".." / "shared" / "datasets" / "mnist.npz"
 
 
-@dataclass(frozen=True)
-class Constant:
-    """A constant clip and noise schedule (the duck type LocalTrainer reads)."""
-
-    value: float
-
-    def clip(self, t: int) -> float:
-        return self.value
-
-    def sigma(self, t: int) -> float:
-        return self.value
-
-
-def constant_schedule(value: float) -> object:
-    try:  # the privacy engine's schedules, when present
-        from fedsim.privacy import schedules
-
-        return schedules.constant(value)  # type: ignore[attr-defined]
-    except (ImportError, AttributeError, TypeError):
-        return Constant(value)
-
-
-def gdp_clt_mu_fixed(q: float, steps: int, sigma: float) -> float:
-    """Dong-Roth-Su Cor. 5.4 (fixed size, replace-one): an asymptotic approximation."""
-    inner = math.exp(sigma**-2) * norm.cdf(1.5 / sigma) + 3 * norm.cdf(-0.5 / sigma) - 2
-    return math.sqrt(2) * q * math.sqrt(steps) * math.sqrt(inner)
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """eps with delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (DRS Cor. 2.13)."""
-    from scipy.optimize import brentq
-
-    def gap(eps: float) -> float:
-        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
-
-    return float(brentq(gap, 0.0, 500.0))
-
-
-def epsilon_gdp_clt(q: float, steps: int, sigma: float, delta: float) -> float:
-    try:
-        accountant = make_accountant("gdp-clt", [])
-    except Exception:  # the CLT accountant is not there yet: use the corollary directly
-        return gdp_epsilon(gdp_clt_mu_fixed(q, steps, sigma), delta)
-    from fedsim.privacy.events import GaussianStep
-
-    accountant.compose([GaussianStep("fixed", q, sigma, steps)])
-    return float(accountant.epsilon(delta))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -101,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clip", type=float, default=1.5)
     parser.add_argument("--lr", type=float, default=0.25)
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument(
+        "--init",
+        default="glorot",
+        choices=("glorot", "torch"),
+        help="CNN initialisation: Keras defaults as in the published runs, or PyTorch's",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -116,19 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         train_x, train_y, args.epochs = train_x[:10000], train_y[:10000], 1.0
     device = torch.device(args.device)
-    model = build_model("dp_mnist_cnn").to(device)
+    model = build_model("dp_mnist_cnn", init=args.init).to(device)
     generator = torch.Generator(device="cpu").manual_seed(args.seed)
     n = len(train_x)
     steps = round(args.epochs * n / args.batch_size)
     steps_per_epoch = n / args.batch_size
+    schedule = schedules.constant(steps, args.sigma, args.clip)
     trainer = LocalTrainer(
         model,
         train_x,
         train_y,
         batch_size=args.batch_size,
         sampling="fixed",
-        clip=constant_schedule(args.clip),  # type: ignore[arg-type]
-        noise=constant_schedule(args.sigma),  # type: ignore[arg-type]
+        clip=schedule,
+        noise=schedule,
         generator=generator,
     )
     params = flat_params(model)
@@ -157,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     seconds = time.perf_counter() - started
     q = args.batch_size / n
-    step_events = trainer.planned_steps(0)[0].times(steps)
-    epsilon_pld = float(make_accountant("pld", [step_events]).epsilon(args.delta))
-    epsilon_clt = epsilon_gdp_clt(q, steps, args.sigma, args.delta)
+    events = schedule.steps("fixed", q)
+    assert events == (trainer.planned_steps(0)[0].times(steps),)
+    epsilon_pld = float(make_accountant("pld", events).epsilon(args.delta))
+    epsilon_clt = float(make_accountant("gdp-clt", events).epsilon(args.delta))
     summary = {
         "accuracy": history[-1]["accuracy"],
         "epochs": args.epochs,
@@ -171,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "clip": args.clip,
         "lr": args.lr,
         "model": "dp_mnist_cnn",
+        "init": args.init,
         "n": n,
         "epsilon_pld": epsilon_pld,
         "epsilon_gdp_clt": epsilon_clt,

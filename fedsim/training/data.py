@@ -307,6 +307,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         ("numpy", "dtype"),
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
+        ("_codecs", "encode"),  # how Python 3 pickles (protocol 2) carry array bytes
     }
 
     def find_class(self, module: str, name: str) -> Any:
@@ -422,7 +423,8 @@ def fetch_mnist(
                         f"content sha256 {actual} does not match the pinned {expected_content}"
                     )
         except (DataError, OSError) as exc:
-            failures.append(f"{source.description}: {exc}")
+            reason = str(exc).removeprefix(f"{source.description}: ")
+            failures.append(f"{source.description}: {reason}")
             continue
         try:
             target_dir.mkdir(parents=True, exist_ok=True)

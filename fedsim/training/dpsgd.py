@@ -93,9 +93,13 @@ def sample_batch(
 def gaussian_noise(
     size: int, std: float, generator: torch.Generator, like: torch.Tensor
 ) -> torch.Tensor:
-    """``N(0, std^2 I)`` drawn from ``generator`` on its own device, returned like ``like``."""
-    noise = torch.randn(size, generator=generator, device=generator.device, dtype=torch.float64)
-    return (noise * std).to(dtype=like.dtype, device=like.device)
+    """``N(0, std^2 I)`` drawn from ``generator`` on its own device, returned like ``like``.
+
+    Drawn directly in ``like``'s dtype (float32 sampling is 3x faster than float64 on CPU and
+    is what the update is stored in anyway).
+    """
+    noise = torch.randn(size, generator=generator, device=generator.device, dtype=like.dtype)
+    return noise.mul_(std).to(device=like.device)
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ def noisy_gradient(
     if max_physical_batch < 1:
         raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
     param = engine.parameters()[0]
-    total = torch.zeros(engine.num_params, dtype=param.dtype, device=param.device)
+    total: torch.Tensor | None = None
     within, loss_sum = 0, 0.0
     for start in range(0, len(indices), max_physical_batch):
         chunk = indices[start : start + max_physical_batch]
@@ -147,13 +151,17 @@ def noisy_gradient(
         )
         y = labels[chunk].to(param.device)
         part = engine.clipped_sum(x, y, clip, loss_fn)
-        total += part.flat_sum
+        total = part.flat_sum if total is None else total.add_(part.flat_sum)
         within += int((part.norms <= clip).sum())
         loss_sum += part.loss_sum
-    total += gaussian_noise(
+    if total is None:  # an empty (Poisson) batch releases pure noise
+        total = torch.zeros(engine.num_params, dtype=param.dtype, device=param.device)
+    noise = gaussian_noise(
         engine.num_params, sensitivity(sampling, clip) * noise_multiplier, generator, total
     )
-    return NoisyGradient(total / expected_batch_size, len(indices), within, loss_sum)
+    # In place: the update is O(P) and, for small models, as costly as the backward pass.
+    total.add_(noise).mul_(1.0 / expected_batch_size)
+    return NoisyGradient(total, len(indices), within, loss_sum)
 
 
 def step_for(

@@ -88,10 +88,16 @@ class DPMnistCNN(nn.Module):
 
     conv 16 8x8 stride 2 pad 3 -> tanh -> maxpool 2/1 -> conv 32 4x4 stride 2 -> tanh ->
     maxpool 2/1 -> fc 32 -> tanh -> fc 10; 26,010 parameters for 1x28x28 inputs.
+
+    ``init="glorot"`` (default) initialises like the Keras layers of the TF Privacy tutorial
+    that the published runs used (Glorot-uniform weights, zero biases); ``"torch"`` keeps
+    PyTorch's defaults.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, init: str = "glorot") -> None:
         super().__init__()
+        if init not in ("glorot", "torch"):
+            raise ModelError(f"init must be 'glorot' or 'torch', got {init!r}")
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 16, 8, stride=2, padding=3),
             nn.Tanh(),
@@ -103,6 +109,11 @@ class DPMnistCNN(nn.Module):
         self.classifier = nn.Sequential(
             nn.Flatten(), nn.Linear(32 * 4 * 4, 32), nn.Tanh(), nn.Linear(32, num_classes)
         )
+        if init == "glorot":
+            for module in self.modules():
+                if isinstance(module, nn.Conv2d | nn.Linear):
+                    nn.init.xavier_uniform_(module.weight)
+                    nn.init.zeros_(module.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:  # (B, 28, 28) -> (B, 1, 28, 28)

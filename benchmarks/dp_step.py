@@ -1,0 +1,228 @@
+"""Cost of one DP-SGD step against a plain SGD step: fedsim vs Opacus 1.6, batch 256.
+
+Models: the classic DP MNIST CNN (26k parameters) and the MLP 784-256-10 (203k). Variants:
+
+* ``plain``: forward, mean cross-entropy, backward, SGD update (no privacy);
+* ``fedsim``: :func:`fedsim.training.dpsgd.noisy_gradient` (per-example norms by book-keeping,
+  clip, sum, Gaussian noise, divide by m) plus the same SGD update;
+* ``opacus_hooks`` / ``opacus_functorch`` / ``opacus_ghost``: Opacus' ``make_private`` with
+  that ``grad_sample_mode`` (ghost = fast gradient clipping), one ``optimizer.step()``.
+
+Each (model, variant, threads) runs in its own process, so ``peak_rss_mb`` (ru_maxrss) is that
+variant's own peak. The step time is the median over blocks of steps; the machine is shared,
+so each configuration is measured in ``--passes`` interleaved passes and the fastest pass kept.
+Writes benchmarks/results/dp_step.json: a list of {model, variant, threads, samples_per_s,
+ratio_vs_plain, peak_rss_mb} (ratio = DP step time / plain step time, same model and threads).
+
+    python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
+    python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("dp_mnist_cnn", "mlp")
+VARIANTS = ("plain", "fedsim", "opacus_hooks", "opacus_functorch", "opacus_ghost")
+BATCH = 256
+CLIP, SIGMA, LR = 1.0, 1.0, 0.1
+
+
+def _build(model_name: str):  # noqa: ANN202 - torch imported lazily in the worker
+    from fedsim.training import build_model
+
+    return (
+        build_model(model_name, hidden=(256,)) if model_name == "mlp" else build_model(model_name)
+    )
+
+
+def _step_function(model_name: str, variant: str) -> Callable[[], None]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = _build(model_name)
+    x = torch.rand(BATCH, 1, 28, 28)
+    y = torch.randint(0, 10, (BATCH,))
+    if variant == "plain":
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+        def plain() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+        return plain
+    if variant == "fedsim":
+        from fedsim.training.dpsgd import noisy_gradient
+        from fedsim.training.persample import engine_for
+
+        engine = engine_for(model)
+        params = engine.parameters()
+        generator = torch.Generator().manual_seed(0)
+        indices = torch.arange(BATCH)
+
+        def fedsim_step() -> None:
+            release = noisy_gradient(
+                engine,
+                x,
+                y,
+                indices,
+                sampling="fixed",
+                clip=CLIP,
+                noise_multiplier=SIGMA,
+                expected_batch_size=BATCH,
+                generator=generator,
+                max_physical_batch=BATCH,
+            )
+            with torch.no_grad():  # the same in-place SGD update as torch.optim.SGD
+                offset = 0
+                for p in params:
+                    p.add_(release.gradient[offset : offset + p.numel()].view_as(p), alpha=-LR)
+                    offset += p.numel()
+
+        return fedsim_step
+
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    mode = variant.removeprefix("opacus_")
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    engine = PrivacyEngine()
+    made = engine.make_private(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        poisson_sampling=False,
+        grad_sample_mode=mode,
+        criterion=torch.nn.CrossEntropyLoss(),
+    )
+    if mode == "ghost":
+        private, dp_optimizer, criterion, _ = made
+    else:
+        private, dp_optimizer, _ = made
+        criterion = torch.nn.CrossEntropyLoss()
+
+    def opacus_step() -> None:
+        dp_optimizer.zero_grad(set_to_none=True)
+        criterion(private(x), y).backward()
+        dp_optimizer.step()
+
+    return opacus_step
+
+
+def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, float]:
+    """Time one configuration in this process; print one JSON line."""
+    import torch
+
+    torch.set_num_threads(threads)
+    step = _step_function(model_name, variant)
+    for _ in range(2):  # warm-up (allocations, lazy initialisation)
+        step()
+    started = time.perf_counter()
+    step()
+    single = time.perf_counter() - started
+    block = max(1, min(20, int(0.5 / max(single, 1e-6))))  # ~0.5 s blocks
+    times = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 40):
+        started = time.perf_counter()
+        for _ in range(block):
+            step()
+        times.append((time.perf_counter() - started) / block)
+    step_time = statistics.median(times)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"step_s": step_time, "samples_per_s": BATCH / step_time, "peak_rss_mb": peak_mb}
+
+
+def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, float]:
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        model_name,
+        variant,
+        str(threads),
+        str(seconds),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{model_name}/{variant} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 pass, 1 thread, short timing")
+    parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument(
+        "--seconds", type=float, default=6.0, help="timing budget per configuration"
+    )
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dp_step.json"))
+    parser.add_argument(
+        "--worker",
+        nargs=4,
+        metavar=("MODEL", "VARIANT", "THREADS", "SECONDS"),
+        help=argparse.SUPPRESS,
+    )
+    args = parser.parse_args(argv)
+    if args.worker:
+        model_name, variant, threads, seconds = args.worker
+        print(json.dumps(worker(model_name, variant, int(threads), float(seconds))))
+        return 0
+    if args.quick:
+        args.threads, args.passes, args.seconds = "1", 1, 1.5
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    models, variants = args.models.split(","), args.variants.split(",")
+    best: dict[tuple[str, str, int], dict[str, float]] = {}
+    for _ in range(args.passes):
+        for threads in thread_counts:
+            for model_name in models:
+                for variant in variants:
+                    key = (model_name, variant, threads)
+                    measured = run_worker(model_name, variant, threads, args.seconds)
+                    if key not in best or measured["step_s"] < best[key]["step_s"]:
+                        best[key] = measured
+                    print(
+                        f"{model_name:13s} {variant:17s} threads={threads} "
+                        f"{measured['samples_per_s']:10.0f} samples/s  peak {measured['peak_rss_mb']:.0f} MB",
+                        flush=True,
+                    )
+    rows = []
+    for (model_name, variant, threads), measured in best.items():
+        plain = best.get((model_name, "plain", threads))
+        rows.append(
+            {
+                "model": model_name,
+                "variant": variant,
+                "threads": threads,
+                "samples_per_s": round(measured["samples_per_s"], 1),
+                "ratio_vs_plain": round(measured["step_s"] / plain["step_s"], 3) if plain else None,
+                "peak_rss_mb": round(measured["peak_rss_mb"], 1),
+            }
+        )
+    for row in rows:
+        print(json.dumps(row))
+    if not args.quick:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
