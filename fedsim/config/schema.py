@@ -423,9 +423,10 @@ class Server(_Strict):
 
 
 class Stop(_Strict):
-    """The run ends at whichever set condition comes first. ``all_budgets_spent`` (on by
-    default) ends it once no client can train any more (budget spent, rounds done, crashed
-    for good)."""
+    """The run ends at whichever set condition comes first, checked at the end of each server
+    window (so ``virtual_seconds`` ends at the first window end at or after it).
+    ``all_budgets_spent`` (on by default) ends it once no client can train any more (budget
+    spent, rounds done, crashed for good) and every update in flight has arrived."""
 
     virtual_seconds: PositiveFloat | None = None
     windows: PositiveInt | None = None
@@ -451,6 +452,7 @@ class Scenario(_Strict):
     server: Server
     network: Network = Field(default_factory=Network)
     privacy: Privacy = Field(default_factory=Privacy)
+    # torch threads for training: one by default (on a shared CPU more threads often slow down)
     torch_threads: PositiveInt = 1
 
     @model_validator(mode="after")

@@ -44,7 +44,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import structlog
@@ -54,6 +54,9 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.clock import Clock
 from fedsim.transports.base import Endpoint
+
+if TYPE_CHECKING:  # the actor never imports torch itself
+    from fedsim.training.local import RoundResult
 
 __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 
@@ -65,7 +68,7 @@ class Trainer(Protocol):
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]: ...
 
-    def run_round(self, params: np.ndarray, round_index: int): ...  # -> RoundResult
+    def run_round(self, params: np.ndarray, round_index: int) -> RoundResult: ...
 
 
 class Ledger(Protocol):
