@@ -44,6 +44,9 @@ def _header(path: Path) -> dict[str, Any]:
 def read_ledger(path: Path) -> ClientLedger:
     """Open the ledger at ``path`` and take a snapshot of it (the file is closed again).
 
+    Opening goes through :meth:`PrivacyLedger.open`, which needs write access: it cuts off a
+    final line that a crash left unterminated (a release that never happened).
+
     The accountant is the ledger's enforcing one: a guarantee (``pld`` or ``rdp``) even when
     the header names ``gdp-clt`` (see :mod:`fedsim.privacy.ledger`).
     """
@@ -67,7 +70,7 @@ def read_ledgers(run: RunDirectory) -> list[ClientLedger]:
     for client_id, path in run.ledger_paths.items():
         try:
             ledger = read_ledger(path)
-        except (LedgerError, ConfigError) as exc:
+        except (LedgerError, ConfigError, OSError) as exc:  # OSError: e.g. a read-only copy
             message = str(exc)
             raise ConfigError(message if str(path) in message else f"{path}: {message}") from None
         if ledger.client_id != client_id:
