@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -11,23 +10,16 @@ import torch
 from scipy import stats
 
 from fedsim.errors import ConfigError, ModelError
+from fedsim.privacy import schedules
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.schedules import Schedule
 from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset, secure_generator
 from fedsim.training.dpsgd import fixed_size_batch, poisson_batch, sample_batch
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 
 
-@dataclass(frozen=True)
-class Constant:
-    """The duck type LocalTrainer reads (fedsim.privacy.schedules provides the real ones)."""
-
-    value: float
-
-    def clip(self, t: int) -> float:
-        return self.value
-
-    def sigma(self, t: int) -> float:
-        return self.value
+def Constant(value: float) -> Schedule:  # a constant clip and sigma, horizon 1000
+    return schedules.constant(1000, value, value)
 
 
 def _trainer(
@@ -203,10 +195,37 @@ def test_bad_inputs_raise_fedsim_errors() -> None:
     trainer = LocalTrainer(model, x, y, **good)
     with pytest.raises(ModelError, match="parameter vector"):
         trainer.run_round(np.zeros(3, dtype=np.float32), 0)
-    with pytest.raises(ConfigError, match="sigma"):
-        LocalTrainer(model, x, y, **{**good, "noise": Constant(0.0)}).planned_steps(0)
+    with pytest.raises(ConfigError, match="outside"):
+        trainer.planned_steps(1000)  # beyond the schedule's horizon
 
 
 def test_secure_generators_are_seeded_independently() -> None:
     a, b = secure_generator(), secure_generator()
     assert not torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+def test_decaying_clip_and_growing_mu_schedules_drive_each_round() -> None:
+    decay = schedules.sensitivity_decay(10, 2.0, clip_0=1.0, rho_c=0.25)
+    growing = schedules.Schedule(10, 2.0, 1.0, rho_mu=4.0)
+    x, y, _, _ = load_dataset(
+        "synthetic", seed=0, num_train=32, num_test=1, num_features=5, num_classes=3
+    )
+    trainer = LocalTrainer(
+        build_model("logreg", in_features=5, num_classes=3),
+        x,
+        y,
+        batch_size=8,
+        sampling="poisson",
+        clip=decay,
+        noise=growing,
+        generator=torch.Generator(),
+    )
+    params = flat_params(trainer.model)
+    for t in (0, 5, 9):
+        result = trainer.run_round(params, t)
+        assert result.clip == pytest.approx(0.25 ** (t / 10))
+        assert result.sigma == pytest.approx(2.0 * 4.0 ** (-t / 10))
+        assert result.steps == [GaussianStep("poisson", 0.25, growing.sigma(t))]
+    assert tuple(s for t in range(10) for s in trainer.planned_steps(t)) == tuple(
+        GaussianStep("poisson", 0.25, sigma) for sigma in growing.sigmas()
+    )
