@@ -265,11 +265,15 @@ def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
     assert after["version"] >= before["version"]
     assert {tuple(k) for k in before["seen"]} <= {tuple(k) for k in after["seen"]}
     metrics = _lines(out / "metrics.jsonl")
-    assert [m["window"] for m in metrics] == list(range(1, 31))
+    windows = [m["window"] for m in metrics]
+    assert windows == sorted(set(windows)) and windows[-1] == 30
+    # Only a kill between a window's checkpoint and its metrics line (milliseconds) loses a line.
+    assert set(range(1, 31)) - set(windows) <= {before["windows_closed"]}
     versions = [m["version"] for m in metrics]
     assert versions == sorted(versions)
     # The restarted server renewed its version (window k + 1 is the first after the restart).
-    assert versions[before["windows_closed"]] >= before["version"] + 1
+    first_after = next(m for m in metrics if m["window"] == before["windows_closed"] + 1)
+    assert first_after["version"] >= before["version"] + 1
     assert summary["windows"] == 30 and summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
 
     _check_applied_against_ledgers(out)
