@@ -2,9 +2,12 @@
 
 n = 60000, fixed-size batches m = 256 without replacement (replace-one neighbours, noise
 N(0, (2 C sigma)^2)), sigma = 1.3, 15 epochs (T = 15 n / m steps), the classic DP MNIST CNN
-(tanh), plain SGD on the DP gradient Ubar/m with lr 0.25 and clipping C = 1.5 (the values
-DRS took from the TensorFlow Privacy tutorial for their runs A and C). DRS report 95.0% test
-accuracy and 0.285-GDP by the CLT (eps 1.07 at delta 1e-5).
+(tanh), plain SGD on the DP gradient Ubar/m. Defaults lr = 0.15, C = 1.0 (the TF Privacy
+tutorial's values, within the issue's range lr 0.15-0.25, C 1.0-1.5). DRS report 95.0% test
+accuracy and 0.285-GDP by the CLT (eps 1.07 at delta 1e-5); their runs used TF Privacy, whose
+noise is C sigma, while fedsim's fixed-size batches add 2 C sigma as the replace-one analysis
+requires, so the same sigma is noisier here. Measured on a loaded 2-core CPU: lr 0.15 / C 1.0
+reached 95.4-95.5%, lr 0.25 / C 1.5 plateaued near 94% and ended at 93.4%.
 
 Prints eps at delta = 1e-5 from fedsim's PLD accountant (a guarantee, exact composition of
 C_q(G_{1/sigma})^{(x)T}) and from the GDP CLT (an approximation), and writes
@@ -47,14 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=float, default=15.0)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--sigma", type=float, default=1.3)
-    parser.add_argument("--clip", type=float, default=1.5)
-    parser.add_argument("--lr", type=float, default=0.25)
+    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=0.15)
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument(
         "--init",
         default="glorot",
         choices=("glorot", "torch"),
-        help="CNN initialisation: Keras defaults as in the published runs, or PyTorch's",
+        help="CNN initialisation: PyTorch's defaults or Keras' (Glorot uniform, zero bias)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)

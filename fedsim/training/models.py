@@ -89,12 +89,11 @@ class DPMnistCNN(nn.Module):
     conv 16 8x8 stride 2 pad 3 -> tanh -> maxpool 2/1 -> conv 32 4x4 stride 2 -> tanh ->
     maxpool 2/1 -> fc 32 -> tanh -> fc 10; 26,010 parameters for 1x28x28 inputs.
 
-    ``init="glorot"`` (default) initialises like the Keras layers of the TF Privacy tutorial
-    that the published runs used (Glorot-uniform weights, zero biases); ``"torch"`` keeps
-    PyTorch's defaults.
+    ``init="torch"`` (default) keeps PyTorch's initialisation; ``"glorot"`` initialises like
+    the Keras layers of the TF Privacy tutorial (Glorot-uniform weights, zero biases).
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, init: str = "glorot") -> None:
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, init: str = "torch") -> None:
         super().__init__()
         if init not in ("glorot", "torch"):
             raise ModelError(f"init must be 'glorot' or 'torch', got {init!r}")
