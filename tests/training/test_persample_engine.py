@@ -75,7 +75,19 @@ def _cases() -> list[tuple[str, Callable[[], nn.Module], Callable[[int], torch.T
         ),
         ("sequence", SequenceModel, lambda b: torch.randint(0, 20, (b, 6)), 3),
         ("narrow", NarrowSequence, lambda b: torch.randn(b, 4, 9, 9), 5),
+        ("conv_ghost", _ghost_conv_model, lambda b: torch.randn(b, 8, 7, 7), 5),
     ]
+
+
+def _ghost_conv_model() -> nn.Module:
+    """The second conv has one output position and 144 x 32 weights: the ghost-norm path."""
+    return nn.Sequential(
+        nn.Conv2d(8, 16, 3, stride=2),
+        nn.Tanh(),
+        nn.Conv2d(16, 32, 3),
+        nn.Flatten(),
+        nn.Linear(32, 5),
+    )
 
 
 @pytest.fixture(autouse=True)
