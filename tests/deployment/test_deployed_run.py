@@ -24,6 +24,7 @@ from fedsim.cli import main
 from fedsim.config import load_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
+from fedsim.reporting.rundir import RunDirectory
 from fedsim.runtime.deployment import Launcher
 from fedsim.runtime.simulation import build_population, open_ledger, run_scenario
 from fedsim.transports.broker import find_mosquitto
@@ -119,6 +120,8 @@ def test_launch_reaches_the_accuracy_of_the_in_process_run(tmp_path: Path) -> No
     for name in RUN_FILES:
         assert (out / name).is_file(), name
     deployed = json.loads((out / "summary.json").read_text())
+    run_directory = RunDirectory.load(out)  # `fedsim report` reads it like a `fedsim run` one
+    assert len(run_directory.metrics) == 24 and len(run_directory.clients) == 4
     simulated = run_scenario(load_scenario(SCENARIO), tmp_path / "sim").summary
     assert deployed["windows"] == simulated["windows"] == 24
     print(
