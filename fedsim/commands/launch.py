@@ -4,7 +4,8 @@ does with containers, without Docker), then collect the same run directory as ``
 
 Without ``--broker`` a private mosquitto with generated passwords and ACL is started on
 127.0.0.1 (a free port) and stopped at the end. With ``--broker``, pass the run's secrets file
-(``fedsim deploy``) with ``--secrets``. ``--time-scale X``: X wall seconds per scenario second.
+(``fedsim deploy``) with ``--secrets``, and for ``mqtts://`` the ``--tls-*`` options, which
+every process gets. ``--time-scale X``: X wall seconds per scenario second.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fedsim.commands.server import add_deployment_options
+from fedsim.commands.server import add_deployment_options, add_tls_options
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,8 +36,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
     add_deployment_options(parser)
+    add_tls_options(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def tls_arguments(args: argparse.Namespace) -> list[str]:
+    """The TLS options given to ``fedsim launch``, to pass on to every process (absolute paths:
+    the processes may run elsewhere)."""
+    forwarded: list[str] = []
+    for flag, value in (
+        ("--tls-ca", args.tls_ca),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if value is not None:
+            forwarded += [flag, str(Path(value).resolve())]
+    if args.tls_insecure:
+        forwarded.append("--tls-insecure")
+    return forwarded
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         secrets_file=args.secrets,
         time_scale=args.time_scale,
         max_backoff=args.max_backoff,
+        tls_options=tls_arguments(args),
     )
     stop = launcher.scenario.stop
     if stop.virtual_seconds is not None:

@@ -818,11 +818,13 @@ def process_commands(
     max_backoff: float = 10.0,
     wait_for_clients: float = 600.0,
     json_logs: bool = True,
+    tls_options: Sequence[str] = (),
 ) -> dict[str, list[str]]:
     """The command line of every process of a deployed run, clients first, then ``server``:
     ``fedsim client ... --state <state_root>/<id>`` and ``fedsim server ... --state
     <state_root>/server --out <out>``. :class:`Launcher` runs exactly these; a compose file
-    should run the same (with its own paths)."""
+    should run the same (with its own paths). ``tls_options`` (``--tls-ca FILE`` ...) are
+    passed to every process as given."""
     common = [
         "--scenario", str(scenario_file), "--broker", broker, "--run", run,
         "--time-scale", repr(float(time_scale)), "--max-backoff", repr(float(max_backoff)),
@@ -830,6 +832,7 @@ def process_commands(
     ]  # fmt: skip
     if secrets_file is not None:
         common += ["--secrets", str(secrets_file)]
+    common += list(tls_options)
     state = Path(state_root)
     commands = {
         client_id: ["fedsim", "client", *common, "--client-id", client_id,
@@ -933,6 +936,7 @@ class Launcher:
         wait_for_clients: float = 600.0,
         fork: bool = True,
         json_logs: bool = True,
+        tls_options: Sequence[str] = (),
     ) -> None:
         self.out = Path(out)
         ledgers = self.out / "ledgers"
@@ -946,6 +950,7 @@ class Launcher:
         self.time_scale = time_scale
         self.max_backoff = max_backoff
         self.wait_for_clients = wait_for_clients
+        self.tls_options = list(tls_options)
         self.fork = fork
         self.json_logs = json_logs
         self.broker_url = broker
@@ -989,6 +994,7 @@ class Launcher:
             max_backoff=self.max_backoff,
             wait_for_clients=self.wait_for_clients,
             json_logs=self.json_logs,
+            tls_options=self.tls_options,
         )
         for name, argv in commands.items():
             self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")

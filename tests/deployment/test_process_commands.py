@@ -26,6 +26,7 @@ def test_every_launched_command_is_a_valid_fedsim_invocation(tmp_path: Path) -> 
         state_root="/state",
         out="/out",
         time_scale=0.5,
+        tls_options=["--tls-ca", "/certs/ca.pem", "--tls-insecure"],
     )
     assert list(commands) == [*ids, "server"]
     parser = build_parser()
@@ -35,6 +36,7 @@ def test_every_launched_command_is_a_valid_fedsim_invocation(tmp_path: Path) -> 
         assert args.command == ("server" if name == "server" else "client")
         assert args.time_scale == 0.5 and args.broker == "mqtt://broker:1883"
         assert args.state == f"/state/{name}"
+        assert args.tls_ca == "/certs/ca.pem" and args.tls_insecure
         if name != "server":
             assert args.client_id == name
 
