@@ -152,8 +152,10 @@ class ClientActor:
             self.ignored_globals += 1
             return False
         self.held_version = message.version
-        self.held_global = np.array(message.params, dtype=np.float32, copy=True)
-        self.w = self.held_global.copy()
+        # No copies: w is never modified in place (every local step makes a new array), so the
+        # local model may share the received, read-only parameter buffer until it moves.
+        self.held_global = np.asarray(message.params, dtype=np.float32)
+        self.w = self.held_global
         self.rounds_since_global = 0
         arrived, self._arrival = self._arrival, asyncio.Event()
         arrived.set()
@@ -232,7 +234,9 @@ class ClientActor:
                 return
             self.state = "training"
             assert self.w is not None
-            base = self.w.copy()
+            # The round's snapshot (self.w is rebound, never mutated). A received global model is
+            # a read-only view; the trainer hands its input to torch, which wants it writable.
+            base = self.w if self.w.flags.writeable else self.w.copy()
             base_version = self.held_version
             result = self.trainer.run_round(base, round_index)
             # The compute happened above; now its cost passes in (virtual) time. A global model
