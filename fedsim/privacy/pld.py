@@ -30,9 +30,11 @@ How it is computed:
    create_pmf_pessimistic_connect_dots_fixed_gap``), fed with the exact hockey-stick
    divergence of the step evaluated in closed form (vectorised). The result dominates the
    true step for every eps, so every number below is an upper bound.
-2. Heterogeneous histories are bucketed pessimistically: sigma is rounded *down* and q *up*
-   to a geometric grid of relative resolution ``bucket_resolution`` (smaller sigma and larger
-   q are never more private). Identical buckets are self-composed.
+2. Histories with more than ``bucket_above`` (32) distinct kinds of step are bucketed
+   pessimistically: sigma is rounded *down* and q *up* to a geometric grid of relative
+   resolution ``bucket_resolution`` (2^-9; smaller sigma and larger q are never more private),
+   which costs about 0.2-0.5% of eps. Shorter mixes are computed exactly. Identical buckets are
+   self-composed.
 3. All buckets are multiplied at once in the Fourier domain (one FFT per bucket, powers by
    counts) on a window chosen from Chernoff bounds on the composed loss; mass that may fall
    outside the window is charged to delta (moved to +infinity).
@@ -160,7 +162,27 @@ class LossPmf:
         return float(self._dense().get_delta_for_epsilon(epsilon))
 
     def epsilon(self, delta: float) -> float:
-        return float(self._dense().get_epsilon_for_delta(delta))
+        """Smallest eps with delta(eps) <= delta (``inf`` if the mass at +inf exceeds delta).
+
+        Same result as ``dp_accounting``'s ``DensePLDPmf.get_epsilon_for_delta`` (tested), but
+        vectorised: on (l_{k-1}, l_k] the atoms above eps are fixed, so
+        ``delta(eps) = inf + A_k - e^eps B_k`` with suffix sums A, B, solved in closed form.
+        """
+        if self.infinity_mass >= delta:
+            return math.inf
+        losses = (self.lower + np.arange(self.probs.size)) * self.h
+        shift = losses[-1]
+        mass_above = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
+        weighted_above = np.concatenate(
+            [np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1], [0.0]])
+        # delta at each atom l_k (atoms strictly above it: k+1 ...)
+        at_atoms = (self.infinity_mass + mass_above[1:]
+                    - np.exp(losses - shift) * weighted_above[1:])
+        k = int(np.argmax(at_atoms <= delta))  # at_atoms[-1] = infinity_mass <= delta
+        if weighted_above[k] <= 0:
+            return float(losses[k])
+        value = (self.infinity_mass + mass_above[k] - delta) / weighted_above[k]
+        return float(shift + math.log(value)) if value > 0 else float(losses[k])
 
     def deltas(self, epsilons: np.ndarray) -> np.ndarray:
         """delta(eps) for many eps at once (suffix sums; no per-eps loop)."""
@@ -386,6 +408,9 @@ def adaptive_discretisation(steps: Iterable[GaussianStep]) -> float:
 # accountant (previews of the same history hit the cache).
 _COMPOSED: OrderedDict[tuple[Any, ...], tuple[LossPmf, ...]] = OrderedDict()
 _COMPOSED_MAX = 256
+# eps(delta) answers, same key plus delta (ledgers ask the same questions for many clients).
+_EPSILONS: OrderedDict[tuple[Any, ...], float] = OrderedDict()
+_EPSILONS_MAX = 65536
 
 
 def composed_pmfs(
@@ -482,7 +507,14 @@ class PLDAccountant(Accountant):
         _check_delta(delta)
         if not self.steps:
             return 0.0
-        return max(0.0, max(p.epsilon(delta) for p in self.pmfs()))
+        key = (self.bucketed_steps(), self.discretisation(), self.tail_mass, delta)
+        hit = _EPSILONS.get(key)
+        if hit is None:
+            hit = max(0.0, max(p.epsilon(delta) for p in self.pmfs()))
+            _EPSILONS[key] = hit
+            if len(_EPSILONS) > _EPSILONS_MAX:
+                _EPSILONS.popitem(last=False)
+        return hit
 
     def delta(self, epsilon: float) -> float:
         if not math.isfinite(epsilon):

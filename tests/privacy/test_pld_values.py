@@ -131,3 +131,14 @@ def test_preview_reuses_the_cached_composition() -> None:
     accountant.epsilon(DELTA)
     twin = accountant.preview([])
     assert twin.pmfs() is accountant.pmfs()
+
+
+@pytest.mark.parametrize("step", [GaussianStep("poisson", 0.01, 1.0, 1000),
+                                  GaussianStep("fixed", 0.05, 0.6, 100),
+                                  GaussianStep("poisson", 1.0, 5.0, 3)])
+def test_vectorised_epsilon_equals_dp_accounting_on_the_same_pmf(step: GaussianStep) -> None:
+    for pmf in PLDAccountant([step]).pmfs():
+        dense = pld_pmf.DensePLDPmf(pmf.h, pmf.lower, pmf.probs, pmf.infinity_mass, True)
+        for delta in (1e-3, 1e-5, 1e-9):
+            assert pmf.epsilon(delta) == pytest.approx(dense.get_epsilon_for_delta(delta),
+                                                       rel=1e-9, abs=1e-12)
