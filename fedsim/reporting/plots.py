@@ -50,7 +50,7 @@ MIN_TIME_GRID_POINTS = 10
 # Clients drawn individually; beyond this the epsilon plot shows a band and representatives.
 MAX_INDIVIDUAL_CLIENTS = 8
 # Above this many (client, time) evaluations the epsilon plot shows quantile clients only.
-EXACT_BAND_EVALUATIONS = 2000
+EXACT_BAND_EVALUATIONS = 1200
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 TRADEOFF_CLIENTS = 3
 # Dense near alpha = 0, where DP trade-off curves bend; the GDP fit is taken on this grid.
@@ -247,10 +247,11 @@ def draw_epsilon(run: RunDirectory, history: EpsilonHistory, path: Path, *,
                           label=f"min-max over {count} clients")
         axes.plot(times, np.median(eps, axis=0), color="tab:blue", linewidth=2, label="median")
         index = {cid: i for i, cid in enumerate(history.client_ids)}
-        for colour, cid in zip(("tab:green", "tab:orange", "tab:purple"),
-                               representative_clients(history.final()), strict=False):
+        roles = ("least spent", "median", "most spent")
+        for colour, role, cid in zip(("tab:green", "tab:orange", "tab:purple"), roles,
+                                     representative_clients(history.final()), strict=False):
             axes.plot(times, eps[index[cid]], color=colour, linewidth=1, linestyle="--",
-                      label=cid)
+                      label=f"{cid} ({role})")
     for budget, groups in _budgets(run).items():
         axes.axhline(budget, color="tab:red", linestyle=":", linewidth=1.2,
                      label=f"budget eps = {budget:g} ({', '.join(groups)})")
