@@ -129,11 +129,15 @@ def noisy_gradient(
     generator: torch.Generator,
     max_physical_batch: int = 256,
     loss_fn: LossFn = per_example_cross_entropy,
+    per_example_steps: int = 1,
+    per_example_lr: float = 0.1,
 ) -> NoisyGradient:
     """Clip, sum, noise and scale the gradients of the records ``indices`` at the model's w.
 
     The noise std is ``sensitivity(sampling, clip) * noise_multiplier``; the caller records the
     matching :class:`GaussianStep` (see :class:`~fedsim.training.local.LocalTrainer`).
+    With ``per_example_steps > 1`` each example contributes ``a_h``, the update of that many
+    SGD steps (``per_example_lr``) on it alone from ``w``, instead of its gradient.
     """
     if not (math.isfinite(clip) and clip > 0):
         raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")
@@ -141,6 +145,14 @@ def noisy_gradient(
         raise ConfigError(f"noise multiplier must be finite and > 0, got {noise_multiplier!r}")
     if max_physical_batch < 1:
         raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
+    if (
+        isinstance(per_example_steps, bool)
+        or not isinstance(per_example_steps, int)
+        or per_example_steps < 1
+    ):
+        raise ConfigError(f"per_example_steps must be an integer >= 1, got {per_example_steps!r}")
+    if not (math.isfinite(per_example_lr) and per_example_lr > 0):
+        raise ConfigError(f"per_example_lr must be > 0, got {per_example_lr!r}")
     param = engine.parameters()[0]
     total: torch.Tensor | None = None
     within, loss_sum = 0, 0.0
@@ -150,7 +162,12 @@ def noisy_gradient(
             device=param.device, dtype=param.dtype if features.is_floating_point() else None
         )
         y = labels[chunk].to(param.device)
-        part = engine.clipped_sum(x, y, clip, loss_fn)
+        if per_example_steps == 1:
+            part = engine.clipped_sum(x, y, clip, loss_fn)
+        else:
+            part = engine.clipped_local_updates(
+                x, y, clip, per_example_steps, per_example_lr, loss_fn
+            )
         total = part.flat_sum if total is None else total.add_(part.flat_sum)
         within += int((part.norms <= clip).sum())
         loss_sum += part.loss_sum

@@ -170,6 +170,11 @@ class LocalTrainer:
     same scale as a single gradient times ``k``; each intermediate step is post-processing of
     the earlier noisy releases, so the round costs exactly ``k`` steps.
 
+    Paper 000's other variant is ``per_example_steps = s > 1``: each example's ``a_h`` is the
+    update of ``s`` SGD steps (``per_example_lr``) on that example alone from ``w``, clipped,
+    summed and noised once per DP step: the privacy cost is unchanged (one step per DP step),
+    the compute is ``s`` times larger and per-example parameters are materialised.
+
     ``clip(t)`` and ``sigma(t)`` are read at ``t = round_index``. The model is scratch space:
     each round overwrites its parameters.
     """
@@ -190,6 +195,8 @@ class LocalTrainer:
         generator: torch.Generator,
         adaptive_clip: AdaptiveClipConfig | None = None,
         loss_fn: LossFn = per_example_cross_entropy,
+        per_example_steps: int = 1,
+        per_example_lr: float = 0.1,
     ) -> None:
         self.sampling: Sampling = check_sampling(sampling)
         if len(features) != len(labels):
@@ -224,6 +231,8 @@ class LocalTrainer:
         self.generator = generator
         self.adaptive_clip = adaptive_clip
         self.loss_fn = loss_fn
+        self.per_example_steps = per_example_steps
+        self.per_example_lr = float(per_example_lr)
         self.engine = engine_for(model)
         self._adaptive_norm: float | None = None
 
@@ -291,6 +300,8 @@ class LocalTrainer:
                 generator=self.generator,
                 max_physical_batch=self.max_physical_batch,
                 loss_fn=self.loss_fn,
+                per_example_steps=self.per_example_steps,
+                per_example_lr=self.per_example_lr,
             )
             if self.adaptive_clip is not None:
                 self._update_adaptive_clip(result.within_clip, result.batch_size, clip)

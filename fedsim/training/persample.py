@@ -479,6 +479,59 @@ class PerSampleEngine:
             for layer in self._layers:
                 layer.uses = []
 
+    def clipped_local_updates(
+        self,
+        features: torch.Tensor,
+        targets: torch.Tensor,
+        clip: float,
+        steps: int,
+        lr: float,
+        loss_fn: LossFn = per_example_cross_entropy,
+    ) -> ClippedSum:
+        """Clipped sum of per-example *local updates* ``a_h = (w - w_h) / lr``.
+
+        ``w_h`` is ``steps`` SGD steps (step size ``lr``) on example ``h`` alone, each from the
+        model's current ``w`` (paper 000, sec. 2: any ``a_h`` that depends on one example and
+        on ``w`` keeps the sensitivity bound). ``steps == 1`` gives the gradient. Computed with
+        ``torch.func.vmap`` over the examples, so it materialises ``B x P`` values: bound the
+        memory with a smaller physical batch. ``loss_sum`` is the loss at ``w``.
+        """
+        batch = features.shape[0]
+        param = self._all_params[0]
+        if batch == 0:
+            empty = torch.zeros(0, dtype=param.dtype, device=param.device)
+            return ClippedSum(
+                torch.zeros(self.num_params, dtype=param.dtype, device=param.device), empty, 0.0
+            )
+        names = [n for n, p in self.model.named_parameters()]
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        start = {n: p.detach() for n, p in self.model.named_parameters()}
+        model = self.model
+
+        def loss_of(
+            params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+        ) -> torch.Tensor:
+            return loss_fn(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0)).sum()
+
+        def local_update(
+            params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+        ) -> torch.Tensor:
+            current = dict(params)
+            for _ in range(steps):
+                grads = torch.func.grad(loss_of)(current, x, y)
+                current = {
+                    n: current[n] - lr * grads[n] if n in trainable else current[n] for n in names
+                }
+            return torch.cat([((params[n] - current[n]) / lr).reshape(-1) for n in names])
+
+        with torch.enable_grad():
+            rows = vmap(local_update, in_dims=(None, 0, 0))(start, features, targets)  # (B, P)
+            with torch.no_grad():
+                loss_sum = float(loss_fn(model(features), targets).sum())
+        norms = torch.linalg.vector_norm(rows, dim=1)
+        factors = (clip / (norms + CLIP_EPSILON)).clamp(max=1.0)
+        return ClippedSum(factors @ rows, norms, loss_sum)
+
     def _clip_and_sum(self, batch: int, clip: float, loss_sum: float) -> ClippedSum:
         param = self._all_params[0]
         sq = torch.zeros(batch, dtype=param.dtype, device=param.device)

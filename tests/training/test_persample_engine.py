@@ -185,3 +185,31 @@ def test_unsupported_models_fail_with_model_errors() -> None:
     frozen = nn.Linear(3, 3).requires_grad_(False)
     with pytest.raises(ModelError, match="no trainable parameters"):
         PerSampleEngine(frozen)
+
+
+@pytest.mark.parametrize("name", ["mlp", "dp_mnist_cnn"])
+def test_per_example_local_updates_equal_separate_sgd_runs(name: str) -> None:
+    """Paper 000's a_h from several SGD steps on example h alone, each from the same w."""
+    torch.manual_seed(4)
+    model = build_model(name, hidden=(8,)) if name == "mlp" else build_model(name)
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    start = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    rows = []
+    for i in range(4):
+        copy = build_model(name, hidden=(8,)) if name == "mlp" else build_model(name)
+        torch.nn.utils.vector_to_parameters(start.clone(), copy.parameters())  # no aliasing
+        optimizer = torch.optim.SGD(copy.parameters(), lr=0.3)
+        for _ in range(3):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(copy(x[i : i + 1]), y[i : i + 1]).backward()
+            optimizer.step()
+        rows.append((start - torch.nn.utils.parameters_to_vector(copy.parameters()).detach()) / 0.3)
+    reference = torch.stack(rows)
+    engine = PerSampleEngine(model)
+    result = engine.clipped_local_updates(x, y, 0.5, steps=3, lr=0.3)
+    torch.testing.assert_close(result.norms, reference.norm(dim=1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        result.flat_sum, clip_rows(reference, 0.5).sum(0), rtol=1e-10, atol=1e-12
+    )
+    single = engine.clipped_local_updates(x, y, 0.5, steps=1, lr=0.3)  # one step = the gradient
+    torch.testing.assert_close(single.flat_sum, engine.clipped_sum(x, y, 0.5).flat_sum)
