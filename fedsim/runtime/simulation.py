@@ -670,22 +670,22 @@ class _Simulation:
             self.on_window_hook(line)
         stop = self.scenario.stop
         if stop.windows is not None and report.window >= stop.windows:
-            self.stop_reason = f"reached {stop.windows} windows"
+            self.stop_reason = f"it reached {stop.windows} windows"
         elif stop.virtual_seconds is not None and report.time >= stop.virtual_seconds:
-            self.stop_reason = f"reached {stop.virtual_seconds:g} virtual seconds"
+            self.stop_reason = f"it reached {stop.virtual_seconds:g} virtual seconds"
         elif (
             stop.target_accuracy is not None
             and evaluated
             and report.accuracy >= stop.target_accuracy
         ):
-            self.stop_reason = f"reached the target accuracy {stop.target_accuracy:g}"
+            self.stop_reason = f"it reached the target accuracy {stop.target_accuracy:g}"
         elif (
             stop.all_budgets_spent
             and line["active_clients"] == 0
             and report.received == 0
             and stats.uplink.in_flight == 0
         ):
-            self.stop_reason = "no client can train any more and every update has arrived"
+            self.stop_reason = "no client could train any more and every update had arrived"
         return bool(self.stop_reason)
 
     # -- the run --------------------------------------------------------------------------------
@@ -808,7 +808,7 @@ def _format_cell(value: Any) -> str:
 def _explain(sim: _Simulation, rows: list[dict[str, Any]], virtual_time: float) -> str:
     parts = [
         f"The run stopped at virtual time {virtual_time:.6g} s after "
-        f"{len(sim.metrics)} server windows because it {sim.stop_reason}."
+        f"{len(sim.metrics)} server windows because {sim.stop_reason}."
     ]
     by_reason: dict[str, list[dict[str, Any]]] = {}
     for entry in sim.stopped:
