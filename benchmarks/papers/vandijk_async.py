@@ -81,6 +81,10 @@ def variants(scenario_path: Path, quick_overrides: Sequence[str]) -> list[Varian
                 ("network.uplink.drop=0.3", "network.downlink.drop=0.3")),
         Variant(THOUGHT, f"m x{THOUGHT_EXPERIMENT_FACTOR}, E x{THOUGHT_EXPERIMENT_FACTOR}, "
                 f"sigma x{THOUGHT_EXPERIMENT_FACTOR}", ()),
+        # the same two settings with another seed: the seed-to-seed spread of one run
+        Variant("poisson_seed1", "Poisson (base), seed 1", ("seed=1",)),
+        Variant("fixed_seed1", "fixed-size, seed 1",
+                (*(f"{s}=fixed" for s in _each_group(n, "sampling")), "seed=1")),
     ]
 
 
@@ -104,7 +108,9 @@ def run_variant(variant: Variant, *, scenario: Path, quick: Sequence[str], out: 
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "fedsim", "run", str(scenario), "--out", str(out),
-               "--no-plots", "--seed", str(seed)]
+               "--no-plots"]
+    if not any(o.startswith("seed=") for o in variant.overrides):
+        command += ["--seed", str(seed)]
     for assignment in (*quick, *variant.overrides):
         command += ["--set", assignment]
     print(" ".join(command[1:]), flush=True)
@@ -196,6 +202,8 @@ def findings(rows: dict[str, dict[str, Any]]) -> list[str]:
         return f"{100 * r['final_accuracy']:.1f} % (best {100 * r['best_accuracy']:.1f} %)"
 
     pairs = [("poisson", "fixed", "Sampling at equal per-client eps: Poisson (noise C sigma)"),
+             ("poisson_seed1", "fixed_seed1", "The same with seed 1: Poisson"),
+             ("poisson", "poisson_seed1", "Seed-to-seed spread of one run: base seed 0"),
              ("poisson", "no_staleness_wait", "Staleness wait on"),
              ("poisson", "broadcast_every_4", "Broadcast every window"),
              ("poisson", "drop_10", "No message loss"),
