@@ -55,8 +55,11 @@ def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,
         raise ConfigError(f"steps must be an integer >= 1, got {steps!r}")
 
     def fits(sigma: float) -> bool:
-        return epsilon_for(accountant, sampling, q, sigma, steps, delta, measure,
-                           **settings) <= epsilon
+        try:
+            return epsilon_for(accountant, sampling, q, sigma, steps, delta, measure,
+                               **settings) <= epsilon
+        except PrivacyError:  # a noise level too small to account cannot meet a budget
+            return False
 
     low, high = 1.0, 1.0
     if fits(high):

@@ -79,12 +79,15 @@ _H_PER_STEP_STD = 10.0
 # the grid further (they contribute little; this bounds the grid size of mixed ledgers).
 _MAX_STD_RATIO = 100.0
 _MIN_H, _MAX_H = 1e-9, 1e-2
+# Largest uniform part of a one-step grid (points); beyond it a step is refused.
+_MAX_STEP_GRID = 5_000_000
 
 
 # -- one step: exact hockey-stick divergences ---------------------------------------------------
 def _log_mix_shift(eps: np.ndarray, q: float) -> np.ndarray:
     """log((e^eps - (1-q)) / q), the log of the likelihood-ratio term that reaches loss eps."""
-    return np.log(np.expm1(eps) + q) - math.log(q)
+    with np.errstate(divide="ignore"):  # -inf at the edge of the support is the right limit
+        return np.log(np.expm1(eps) + q) - math.log(q)
 
 
 def hockey_stick_remove(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -262,6 +265,10 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
     remove_low = math.log1p(-q) if q < 1.0 else -top
     add_high = -math.log1p(-q) if q < 1.0 else top
     core = _CORE_STEP_STDS * step_loss_std(q, sigma) - (math.log1p(-q) if q < 1.0 else 0.0)
+    if min(top, core) / h > _MAX_STEP_GRID:
+        raise PrivacyError(
+            f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
+            f"reaches {top:.3g}; such a release gives essentially no privacy")
 
     def pmf(low: float, high: float, hockey_stick) -> LossPmf:
         k = _step_grid(low, high, core, h)
