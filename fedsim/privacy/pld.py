@@ -253,7 +253,7 @@ def _step_grid(low: float, high: float, core: float, h: float) -> np.ndarray:
     return np.concatenate([-tail(-k_low)[::-1], middle, tail(k_high)])
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=512)
 def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[LossPmf, ...]:
     """Discretised PLDs of one step: ``(remove, add)`` for Poisson, ``(symmetrised,)`` for fixed.
 
@@ -412,9 +412,10 @@ def adaptive_discretisation(steps: Iterable[GaussianStep]) -> float:
 
 
 # Composed results are a pure function of (bucketed steps, h, tail): shared by every
-# accountant (previews of the same history hit the cache).
+# accountant (previews of the same history hit the cache). Sizes bound memory: a composed PMF
+# is up to a few MB, a one-step PMF (cached by step_pmfs, 512 entries) a few hundred KB.
 _COMPOSED: OrderedDict[tuple[Any, ...], tuple[LossPmf, ...]] = OrderedDict()
-_COMPOSED_MAX = 256
+_COMPOSED_MAX = 32
 # eps(delta) answers, same key plus delta (ledgers ask the same questions for many clients).
 _EPSILONS: OrderedDict[tuple[Any, ...], float] = OrderedDict()
 _EPSILONS_MAX = 65536
