@@ -49,10 +49,10 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.gdp import clt_mu, gdp_epsilon, gdp_tradeoff
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -96,7 +96,7 @@ RUNS: tuple[DrsRun, ...] = (
 
 
 def load_centralized_benchmark() -> ModuleType:
-    """benchmarks/mnist_centralized.py as a module (the training loop and the CLT formulas)."""
+    """benchmarks/mnist_centralized.py as a module (its training loop)."""
     path = REPO / "benchmarks" / "mnist_centralized.py"
     spec = importlib.util.spec_from_file_location("mnist_centralized", path)
     if spec is None or spec.loader is None:
@@ -108,23 +108,18 @@ def load_centralized_benchmark() -> ModuleType:
 
 
 # -- privacy ------------------------------------------------------------------------------
-def privacy_numbers(run: DrsRun, centralized: ModuleType, delta: float = DELTA) -> dict[str, float]:
+def privacy_numbers(run: DrsRun, delta: float = DELTA) -> dict[str, float]:
     """All privacy columns for the run's full schedule."""
     step = run.full_step
-    mu = centralized.gdp_clt_mu_fixed(step.q, step.count, step.sigma)
+    mu = clt_mu([step])  # DRS Cor. 5.4 for fixed-size batches
     moments = GaussianStep("poisson", step.q, step.sigma, step.count)
     return {
         "mu_clt": float(mu),
-        "eps_gdp_clt": float(centralized.gdp_epsilon(mu, delta)),
+        "eps_gdp_clt": float(gdp_epsilon(delta, mu)),
         "eps_pld": float(make_accountant("pld", [step]).epsilon(delta)),
         "eps_rdp": float(make_accountant("rdp", [step]).epsilon_classic(delta)),
         "eps_rdp_ma": float(make_accountant("rdp", [moments]).epsilon_classic(delta)),
     }
-
-
-def gdp_tradeoff(mu: float, alpha: np.ndarray) -> np.ndarray:
-    """G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu) (DRS Def. 2.6)."""
-    return norm.cdf(norm.ppf(1.0 - alpha) - mu)
 
 
 def eps_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.ndarray:
@@ -140,7 +135,7 @@ def tradeoff_curves(run: DrsRun, numbers: dict[str, float], alpha: np.ndarray) -
     return {
         "alpha": alpha.tolist(),
         "fdp_pld": make_accountant("pld", [run.full_step]).tradeoff(alpha).tolist(),
-        "gdp_clt": gdp_tradeoff(numbers["mu_clt"], alpha).tolist(),
+        "gdp_clt": np.asarray(gdp_tradeoff(alpha, numbers["mu_clt"])).tolist(),
         "moments_accountant": eps_delta_tradeoff(numbers["eps_rdp_ma"], DELTA, alpha).tolist(),
         "rdp_fixed": eps_delta_tradeoff(numbers["eps_rdp"], DELTA, alpha).tolist(),
     }
@@ -228,6 +223,53 @@ def difference_note(run: DrsRun, accuracy: float | None, full: bool) -> str:
             "certifies), i.e. twice the noise std")
 
 
+def tuned_record(run: DrsRun) -> dict[str, Any] | None:
+    """benchmarks/mnist_centralized.py's own full run when it keeps the run's sigma, m,
+    sampling and epochs (hence exactly the run's privacy) but tunes lr and C."""
+    if not CENTRALIZED_RESULT.is_file():
+        return None
+    record = json.loads(CENTRALIZED_RESULT.read_text())
+    same_privacy = (not record.get("quick", False) and record.get("sigma") == run.sigma
+                    and record.get("batch_size") == BATCH_SIZE and record.get("n") == NUM_TRAIN
+                    and record.get("sampling") == "fixed" and record.get("epochs") == run.epochs)
+    tuned = (record.get("lr"), record.get("clip")) != (run.lr, run.clip)
+    return record if same_privacy and tuned else None
+
+
+def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, float], *,
+               tuned: bool = False) -> dict[str, Any]:
+    """One row of drs_mnist.json; ``tuned``: a record with the run's privacy but its own lr, C."""
+    accuracy = None if record is None else round(100.0 * record["accuracy"], 2)
+    trained_epochs = None if record is None else record["epochs"]
+    full = trained_epochs is not None and trained_epochs >= run.epochs
+    lr, clip = (record["lr"], record["clip"]) if tuned and record else (run.lr, run.clip)
+    if tuned:
+        note = (f"benchmarks/mnist_centralized.py's setting: the paper's sigma, m and epochs "
+                f"(the same privacy as run {run.name}) with lr {lr} and C {clip} (run B's)")
+        init = None if record is None else record.get("init", "not recorded")
+    else:
+        note = difference_note(run, accuracy, full)
+        # records written before mnist_centralized.py had --init used PyTorch's default init
+        init = None if record is None else record.get("init", "torch")
+    return {
+        "run": f"{run.name} (lr {lr}, C {clip})" if tuned else run.name,
+        "full": full,
+        "epochs": trained_epochs,
+        "paper_epochs": run.epochs,
+        "sigma": run.sigma,
+        "lr": lr,
+        "clip": clip,
+        "init": init,
+        "steps_full": run.steps,
+        "accuracy": accuracy,
+        "paper_accuracy": run.paper_accuracy,
+        "paper_mu_clt": run.paper_mu_clt,
+        **{k: round(v, 4) for k, v in numbers.items()},
+        "paper_eps_rdp_ma": run.paper_eps_ma,
+        "note": note,
+    }
+
+
 # -- main ---------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -251,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     curves: dict[str, dict[str, list[float]]] = {}
     numbers: dict[str, dict[str, float]] = {}
     for run in RUNS:
-        numbers[run.name] = privacy_numbers(run, centralized)
+        numbers[run.name] = privacy_numbers(run)
         curves[run.name] = tradeoff_curves(run, numbers[run.name], alpha)
         epochs = float(run.epochs if args.full else
                        (args.epochs if args.epochs is not None else run.reduced_epochs))
@@ -261,26 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                            seed=args.seed, out=records / f"run_{run.name}.json")
         if record is None:
             record = training_record(run, records, None)
-        accuracy = None if record is None else round(100.0 * record["accuracy"], 2)
-        trained_epochs = None if record is None else record["epochs"]
-        full = trained_epochs is not None and trained_epochs >= run.epochs
-        rows.append({
-            "run": run.name,
-            "full": full,
-            "epochs": trained_epochs,
-            "paper_epochs": run.epochs,
-            "sigma": run.sigma,
-            "lr": run.lr,
-            "clip": run.clip,
-            "init": None if record is None else record.get("init", "torch"),
-            "steps_full": run.steps,
-            "accuracy": accuracy,
-            "paper_accuracy": run.paper_accuracy,
-            "paper_mu_clt": run.paper_mu_clt,
-            **{k: round(v, 4) for k, v in numbers[run.name].items()},
-            "paper_eps_rdp_ma": run.paper_eps_ma,
-            "note": difference_note(run, accuracy, full),
-        })
+        rows.append(result_row(run, record, numbers[run.name]))
+        tuned = tuned_record(run)
+        if tuned is not None:
+            rows.append(result_row(run, tuned, numbers[run.name], tuned=True))
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "drs_mnist.json").write_text(json.dumps(rows, indent=2) + "\n")
     (records).mkdir(parents=True, exist_ok=True)

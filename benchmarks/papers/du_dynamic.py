@@ -49,10 +49,10 @@ from typing import Any
 import numpy as np
 import torch
 from scipy.optimize import brentq
-from scipy.stats import norm
 
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.gdp import clt_mu, gdp_delta
 from fedsim.runtime.schedules import ClipSchedule, NoiseSchedule, growing_mu0
 from fedsim.training import (
     LocalTrainer,
@@ -98,24 +98,14 @@ VARIANTS: tuple[Variant, ...] = (
 
 
 # -- calibration (paper 002 with the GDP facts of paper 003) -------------------------------
-def gdp_delta(mu: float, eps: float) -> float:
-    """delta(eps) of mu-GDP: Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (DRS Cor. 2.13)."""
-    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2))
-
-
 def gdp_mu_for(eps: float, delta: float) -> float:
     """The mu whose mu-GDP is exactly (eps, delta)-DP (delta(eps) grows with mu)."""
-    return float(brentq(lambda mu: gdp_delta(mu, eps) - delta, 1e-3, 50.0, xtol=1e-12))
+    return float(brentq(lambda mu: gdp_delta(eps, mu) - delta, 1e-3, 50.0, xtol=1e-12))
 
 
 def constant_sigma_for(mu_total: float, q: float, steps: int) -> float:
     """sigma with q sqrt(T (e^{1/sigma^2} - 1)) = mu_total (Poisson CLT, Bu et al. 2020)."""
     return 1.0 / math.sqrt(math.log1p(mu_total**2 / (q**2 * steps)))
-
-
-def clt_mu(q: float, sigmas: Sequence[float]) -> float:
-    """Heterogeneous GDP CLT (Du et al. Thm 1): q sqrt(sum_t (e^{1/sigma_t^2} - 1))."""
-    return q * math.sqrt(sum(math.expm1(s**-2) for s in sigmas))
 
 
 @dataclass(frozen=True)
@@ -311,7 +301,6 @@ def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
             evaluate_params=evaluate_params,
         )
         histories[variant.name] = history
-        sigmas = [s.sigma for s in events for _ in range(s.count)]
         accuracy = 100.0 * history[-1]["accuracy"]
         rows.append(
             {
@@ -324,7 +313,7 @@ def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
                 "paper_gap": PAPER_GAP_DYNAMIC if variant.name == "dynamic" else None,
                 "eps_target": epsilon,
                 "delta": delta,
-                "mu_clt": round(clt_mu(q, sigmas), 4),
+                "mu_clt": round(clt_mu(events), 4),
                 "eps_pld": round(make_accountant("pld", events).epsilon(delta), 4),
                 "sigma_first": round(history[0]["sigma"], 4),
                 "sigma_last": round(history[-1]["sigma"], 4),

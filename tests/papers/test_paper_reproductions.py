@@ -55,10 +55,11 @@ def drs_rows(drs: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[
 def test_drs_rows_have_the_issue_keys(drs_rows: list[dict]) -> None:
     keys = {"run", "full", "epochs", "accuracy", "paper_accuracy", "mu_clt", "eps_pld",
             "eps_gdp_clt", "eps_rdp"}
-    assert [r["run"] for r in drs_rows] == ["A", "B", "C"]
+    # rows A, B, C, plus optionally a tuned-lr/C row with A's privacy ("A (lr .., C ..)")
+    assert [r["run"] for r in drs_rows if len(r["run"]) == 1] == ["A", "B", "C"]
     for row in drs_rows:
         assert keys <= set(row)
-    assert [r["paper_accuracy"] for r in drs_rows] == [95.0, 96.6, 97.0]
+    assert [r["paper_accuracy"] for r in drs_rows if len(r["run"]) == 1] == [95.0, 96.6, 97.0]
 
 
 def test_drs_clt_mu_matches_the_paper_to_its_printed_precision(drs_rows: list[dict]) -> None:
@@ -101,7 +102,7 @@ def test_drs_single_pair_curve_lies_below_the_fdp_curve(drs: ModuleType) -> None
 # -- Du et al. (paper 002) ----------------------------------------------------------------------
 def test_du_gdp_mu_inverts_the_gdp_privacy_profile(du: ModuleType) -> None:
     mu = du.gdp_mu_for(1.2, 1e-5)
-    assert du.gdp_delta(mu, 1.2) == pytest.approx(1e-5, rel=1e-8)
+    assert du.gdp_delta(1.2, mu) == pytest.approx(1e-5, rel=1e-8)
     # DRS Cor. 2.13 run the other way: 0.285-GDP is about (1.07, 1e-5)-DP (paper 003 example)
     assert du.gdp_mu_for(1.07, 1e-5) == pytest.approx(0.285, abs=2e-3)
 
@@ -114,7 +115,9 @@ def test_du_schedules_spend_exactly_the_clt_budget(du: ModuleType, decay_clip: b
     schedule = du.variant_schedule(du.Variant("v", decay_clip, grow_mu), mu_total=mu_total, q=q,
                                    epochs=epochs, steps_per_epoch=per_epoch)
     sigmas = [schedule.sigma(t) for t in range(epochs * per_epoch)]
-    assert du.clt_mu(q, sigmas) == pytest.approx(mu_total, rel=1e-6)
+    # heterogeneous Poisson CLT (Du et al. Thm 1), written out here independently
+    clt = q * math.sqrt(sum(math.expm1(s**-2) for s in sigmas))
+    assert clt == pytest.approx(mu_total, rel=1e-6)
     if grow_mu:  # noise ends at rho_mu = 0.8 of its start, one value per epoch
         assert sigmas[-1] / sigmas[0] == pytest.approx(0.8 ** ((epochs - 1) / epochs))
         assert len(set(sigmas[:per_epoch])) == 1
