@@ -29,8 +29,10 @@ from fedsim.reporting.rundir import RunDirectory
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-DELTA = 1e-5  # the synthetic runs' delta (conftest.DELTA; checked in each test)
-SyntheticRun = Any  # conftest.SyntheticRun: path, histories, duration, delta, final_epsilon()
+DELTA = 1e-5  # the synthetic runs' delta (conftest.DELTA; checked where it matters)
+# The fixtures return conftest.SyntheticRun (path, histories, duration, delta, final_epsilon());
+# conftest is not importable under --import-mode=importlib, hence the alias.
+SyntheticRun = Any
 
 
 def test_draw_all_writes_the_three_plots(small_run: SyntheticRun,
