@@ -141,7 +141,7 @@ def test_report_warns_when_clients_csv_disagrees_with_a_ledger(
 
 
 @pytest.mark.parametrize("damage", ["missing", "no-metrics", "bad-metrics", "bad-summary",
-                                    "bad-ledger", "not-a-dir"])
+                                    "no-delta", "bad-ledger", "not-a-dir"])
 def test_report_rejects_what_is_not_a_run_directory(
         damage: str, small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,6 +155,10 @@ def test_report_rejects_what_is_not_a_run_directory(
         (target / "metrics.jsonl").write_text('{"window": 1, "time": 1.0}\nnot json\n')
     elif damage == "bad-summary":
         (target / "summary.json").write_text("[1, 2")
+    elif damage == "no-delta":
+        summary = json.loads((target / "summary.json").read_text())
+        summary["privacy"] = {"delta": 2.0}
+        (target / "summary.json").write_text(json.dumps(summary))
     elif damage == "bad-ledger":
         (target / "ledgers" / "c000.jsonl").write_text("garbage\n")
     elif damage == "not-a-dir":
