@@ -181,7 +181,9 @@ class ClientActor:
         if policy.max_versions_behind is not None and self.rounds_since_global >= policy.max_versions_behind:
             return f"{self.rounds_since_global} local rounds since the last global model"
         if policy.max_distance is not None and self.w is not None and self.held_global is not None:
-            distance = float(np.linalg.norm(self.w.astype(np.float64) - self.held_global))
+            # An elementwise reduction, not BLAS (np.linalg.norm): BLAS threads spin on a
+            # shared machine and made this check cost more than a training round.
+            distance = math.sqrt(float(np.square(self.w - self.held_global, dtype=np.float64).sum()))
             if distance > policy.max_distance:
                 return f"distance {distance:.4g} from the last global model"
         return None
@@ -253,5 +255,5 @@ class ClientActor:
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
                 self.num_samples, self.clock.now()))
-            self.w = (self.w.astype(np.float64) - self.local_lr * result.update.astype(np.float64)).astype(np.float32)
+            self.w = self.w - np.float32(self.local_lr) * result.update
             self.rounds_since_global += 1
