@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                         best[key] = measured
                     print(
                         f"{model_name:13s} {variant:17s} threads={threads} "
-                        f"{measured['samples_per_s']:10.0f} samples/s  peak {measured['peak_rss_mb']:.0f} MB",
+                        f"{measured['samples_per_s']:10.0f} samples/s  x{measured['ratio_vs_plain']:.2f}  "
+                        f"peak {measured['peak_rss_mb']:.0f} MB",
                         flush=True,
                     )
     rows = [
