@@ -541,6 +541,14 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
                 f"{row['setting']} {row['variant']}: gap {row['gap']:.2f} points against "
                 f"the paper's {paper} - {why}."
             )
+    if any(r.get("setting") == "federated" for r in rows):
+        out.append(
+            "Federated rows: the shared text of paper 002 does not give its federated setup; "
+            "ours is scenarios/papers/du_federated.yaml (10 IID clients of 6000 records, "
+            "Poisson batches of 64, 600 rounds each, MLP 784-128-10, server averaging every "
+            "window) under `fedsim run`, each client calibrated by the CLT to eps = 1 at "
+            "delta = 1e-5. Its non_dp reference keeps clip 5 and sigma 0.01 (the ledger must "
+            "account every release; a PLD of sigma ~ 0 does not fit in memory).")
     reduced = sorted({r["epochs"] for r in rows if not r.get("full") and "epochs" in r})
     if reduced:
         out.append(
