@@ -215,6 +215,16 @@ def findings(rows: dict[str, dict[str, Any]]) -> list[str]:
             out.append(f"{label} {acc(left)} against {rows[right]['description']}: {acc(right)}; "
                        f"median client eps {rows[left]['eps_median']:.3g} vs "
                        f"{rows[right]['eps_median']:.3g}.")
+    if "poisson" in rows and "poisson_seed1" in rows:
+        spread = 100 * abs(rows["poisson"]["final_accuracy"] - rows["poisson_seed1"]["final_accuracy"])
+        line = (f"One run per setting: the base moves {spread:.1f} points between seeds, so "
+                "differences of that size are not significant")
+        if "fixed" in rows and "fixed_seed1" in rows:
+            holds = all(rows[p]["final_accuracy"] > rows[f]["final_accuracy"]
+                        for p, f in (("poisson", "fixed"), ("poisson_seed1", "fixed_seed1")))
+            line += ("; Poisson beats fixed-size batches with both seeds" if holds
+                     else "; Poisson does not beat fixed-size batches with both seeds")
+        out.append(line + ".")
     return out
 
 
