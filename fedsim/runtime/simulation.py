@@ -833,10 +833,13 @@ def _explain(sim: _Simulation, rows: list[dict[str, Any]], virtual_time: float) 
         parts.append(f"{len(active)} client(s) could still train when the run ended.")
     epsilons = [r["epsilon"] for r in rows]
     if epsilons:
+        budgeted = sum(r["budget_epsilon"] is not None for r in rows)
         parts.append(
             f"Per-client epsilon at delta={sim.scenario.privacy.delta:g} (pld) ranges from "
-            f"{min(epsilons):.4g} to {max(epsilons):.4g}; no client exceeded its budget, "
-            "since every release was checked against its ledger first."
+            f"{min(epsilons):.4g} to {max(epsilons):.4g}."
+            + (f" None of the {budgeted} client(s) with a budget exceeded it: every release was "
+               "checked against, and written to, its ledger first." if budgeted else
+               " No client had a budget; every release was still written to its ledger.")
         )
     return " ".join(parts)
 
