@@ -21,6 +21,7 @@ from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.simulation import build_population, run_scenario
 
 torch.set_num_threads(1)
@@ -203,3 +204,28 @@ def test_message_only_runs_charge_the_same_events(tmp_path: Path) -> None:
     assert result.summary["updates"]["applied"] > 0
     assert np.array_equal(result.final_params, build_population(
         LoadedScenario(parse_scenario(scenario()), None)).initial_params)
+
+
+def test_offline_clients_start_no_rounds(tmp_path: Path) -> None:
+    speed = 0.01
+    data = scenario(**{"stop": {"virtual_seconds": 30.0}, "network": {}})
+    data["clients"]["groups"][0].update(
+        speed=speed, budget=None, rounds=None,
+        availability={"online": {"kind": "exponential", "mean": 2.0}, "offline": 3.0})
+    data["clients"]["groups"][1]["rounds"] = 200
+    result = run(data, tmp_path)
+    for client_id in ("p-000", "p-001"):
+        # The same stream the simulation used: online, offline, online, ... periods.
+        rng = SeedTree(data["seed"]).numpy("client", client_id, "availability")
+        group = parse_scenario(data).clients.groups[0]
+        offline, now = [], 0.0
+        while now < 30.0:
+            now += group.availability.online.sample(rng)
+            end = now + group.availability.offline.sample(rng)
+            offline.append((now, end))
+            now = end
+        rounds = result.clients[client_id].released_rounds()
+        assert rounds
+        for record in rounds:
+            started = record.time - speed * record.sample_grads
+            assert not any(low < started < high for low, high in offline), (client_id, started)
