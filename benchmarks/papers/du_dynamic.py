@@ -53,7 +53,7 @@ from scipy.optimize import brentq
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.gdp import clt_mu, gdp_delta
-from fedsim.runtime.schedules import ClipSchedule, NoiseSchedule, growing_mu0
+from fedsim.privacy.schedules import Schedule, clt_growing_mu
 from fedsim.training import (
     LocalTrainer,
     build_model,
@@ -110,31 +110,31 @@ def constant_sigma_for(mu_total: float, q: float, steps: int) -> float:
 
 @dataclass(frozen=True)
 class PerEpoch:
-    """Round-indexed clip/noise schedules that hold each epoch's value for all its steps."""
+    """A per-epoch schedule (fedsim.privacy.schedules.Schedule indexed by epoch) read per step:
+    each epoch's value holds for all its steps."""
 
-    clip_schedule: ClipSchedule
-    noise_schedule: NoiseSchedule
+    schedule: Schedule
     steps_per_epoch: int
 
     def clip(self, t: int) -> float:
-        return self.clip_schedule.clip(t // self.steps_per_epoch)
+        return self.schedule.clip(t // self.steps_per_epoch)
 
     def sigma(self, t: int) -> float:
-        return self.noise_schedule.sigma(t // self.steps_per_epoch)
+        return self.schedule.sigma(t // self.steps_per_epoch)
 
 
 def variant_schedule(
     variant: Variant, *, mu_total: float, q: float, epochs: int, steps_per_epoch: int
 ) -> PerEpoch:
-    steps = epochs * steps_per_epoch
-    clip = ClipSchedule(CLIP0, CLIP_FINAL_RATIO if variant.decay_clip else 1.0, epochs)
+    """The variant's schedule calibrated as the paper does: by the CLT (an approximation)."""
+    rho_c = CLIP_FINAL_RATIO if variant.decay_clip else 1.0
     if variant.grow_mu:
-        growth = 1.0 / NOISE_FINAL_RATIO
-        mu0 = growing_mu0(mu_total, q, epochs, steps_per_epoch, growth)
-        noise = NoiseSchedule(1.0 / mu0, growth, epochs)
+        schedule = clt_growing_mu(mu_total, epochs, 1.0 / NOISE_FINAL_RATIO, "poisson", q,
+                                  clip_0=CLIP0, rho_c=rho_c, steps_per_index=steps_per_epoch)
     else:
-        noise = NoiseSchedule(constant_sigma_for(mu_total, q, steps))
-    return PerEpoch(clip, noise, steps_per_epoch)
+        sigma = constant_sigma_for(mu_total, q, epochs * steps_per_epoch)
+        schedule = Schedule(epochs, sigma, CLIP0, 1.0, rho_c)
+    return PerEpoch(schedule, steps_per_epoch)
 
 
 def full_schedule_privacy(variant: Variant, epsilon: float, n: int) -> dict[str, float]:

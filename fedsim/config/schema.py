@@ -211,14 +211,31 @@ class TargetNoise(_Strict):
 
 class GrowingMuNoise(_Strict):
     """Growing mu_t (Du et al., paper 002): per-round GDP mu_t = mu_0 * growth^(t/T) (noise
-    sigma_t = 1/mu_t shrinking over the group's T = ``rounds``), with mu_0 solved so that the
-    heterogeneous GDP CLT over the T rounds, mu = q sqrt(sum_t (e^{mu_t^2} - 1)), meets
-    ``mu_total``. The CLT is the paper's calibration (an approximation); the ledger's
-    accountant still enforces the budget."""
+    sigma_t = 1/mu_t shrinking over the group's T = ``rounds``). mu_0 is solved in one of two
+    ways (give exactly one):
+
+    * ``epsilon`` + ``delta``: the T rounds meet (epsilon, delta) under the group's accountant
+      (a guarantee; :func:`fedsim.privacy.schedules.solve_growing_mu`);
+    * ``mu_total``: CLT APPROXIMATION - the heterogeneous GDP CLT over the T rounds,
+      mu = q sqrt(sum_t (e^{mu_t^2} - 1)) (Du et al. Thm 1), meets ``mu_total``. The paper's
+      own calibration; it can under-report eps (:func:`fedsim.privacy.schedules.clt_growing_mu`).
+    """
 
     kind: Literal["growing_mu"]
-    mu_total: PositiveFloat
     growth: Annotated[float, Field(ge=1.0)]
+    epsilon: PositiveFloat | None = None
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    mu_total: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> GrowingMuNoise:
+        by_budget = self.epsilon is not None or self.delta is not None
+        if by_budget and (self.epsilon is None or self.delta is None):
+            raise ValueError("growing_mu: give epsilon and delta together")
+        if by_budget == (self.mu_total is not None):
+            raise ValueError("growing_mu: give either epsilon + delta (solved under the "
+                             "group's accountant) or mu_total (CLT approximation), not both")
+        return self
 
 
 def _bare_sigma_is_constant(value: Any) -> Any:

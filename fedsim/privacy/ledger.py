@@ -27,6 +27,17 @@ step (sampling, q, sigma) the ledger computes once, by doubling and bisection, h
 such steps fit in the budget (the *headroom*); eps grows with the count of a kind for every
 accountant, so later checks of the same kind are answered exactly by counting. The headroom is
 recomputed only when a different kind is spent or checked.
+
+Changing schedules (growing mu_t: every round is a new kind) defeat that cache, so a client
+that knows its future rounds registers them with :meth:`plan`. The ledger then finds, once,
+how many of the planned rounds fit: doubling and bisection over the number k of planned rounds
+(O(log T) accountant evaluations), with the predicate "recorded steps + the first k planned
+rounds are within budget". While the client spends exactly the planned rounds in order,
+:meth:`can_spend` for the next planned round is answered by counting; the answer is the one
+the full check gives, because the accountant's state is a function of the multiset of steps
+(:func:`group_steps` sorts) and "recorded + next round" is then exactly "recorded at plan time
++ the first k planned rounds". Anything off the plan drops it and falls back to the full check.
+Like the headroom cache this relies on eps growing with every composed step.
 """
 
 from __future__ import annotations
@@ -102,6 +113,9 @@ class PrivacyLedger:
         self._records = list(records)
         self._accountant = make_accountant(enforcing, [r.step for r in records])
         self._headroom: dict[tuple[Sampling, float, float], int] = {}
+        self._plan: list[tuple[GaussianStep, ...]] | None = None
+        self._plan_cursor = 0  # planned rounds spent since plan()
+        self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
         self._file = open(path, "ab")  # noqa: SIM115 - held for the ledger's lifetime
 
     # -- opening -------------------------------------------------------------------------------
@@ -187,6 +201,40 @@ class PrivacyLedger:
             out.append(make_accountant(self._accountant.name, spent).epsilon(delta))
         return out
 
+    # -- planning ----------------------------------------------------------------------------------
+    def plan(self, future_rounds: Sequence[Sequence[GaussianStep]]) -> int:
+        """Register the rounds this client plans to release next, in order; return how many of
+        them fit in the budget from the current state (all of them without a budget).
+
+        Checks and spends of exactly these rounds, in this order, then cost no accountant
+        evaluation (see the module docstring); a later :meth:`plan` replaces this one.
+        """
+        rounds = [group_steps(self._validated(r)) for r in future_rounds]
+        self._plan, self._plan_cursor = rounds, 0
+        budget = self._budget
+        if budget is None:
+            self._plan_fit = len(rounds)
+            return self._plan_fit
+
+        def fits(count: int) -> bool:
+            if count == 0:
+                return True
+            planned = [step for r in rounds[:count] for step in r]
+            return self._accountant.preview(planned).epsilon(budget.delta) <= budget.epsilon
+
+        # Start at the whole plan: a schedule calibrated to the budget usually fits entirely,
+        # which costs a single evaluation.
+        self._plan_fit = largest_fitting(fits, start=len(rounds), limit=len(rounds)) \
+            if rounds else 0
+        return self._plan_fit
+
+    def _planned_answer(self, kinds: tuple[GaussianStep, ...]) -> bool | None:
+        """Whether the next planned round fits, if ``kinds`` is that round; else None."""
+        plan = self._plan
+        if plan is None or self._plan_cursor >= len(plan) or plan[self._plan_cursor] != kinds:
+            return None
+        return self._plan_cursor < self._plan_fit
+
     # -- spending ----------------------------------------------------------------------------------
     def can_spend(self, steps: Sequence[GaussianStep] | GaussianStep) -> bool:
         """Would releasing ``steps`` keep the ledger within budget? Changes nothing."""
@@ -194,6 +242,9 @@ class PrivacyLedger:
         if self._budget is None or not steps:
             return True
         kinds = group_steps(steps)
+        planned = self._planned_answer(kinds)
+        if planned is not None:
+            return planned
         if len(kinds) == 1:
             return kinds[0].count <= self._headroom_for(kinds[0])
         return self._accountant.preview(steps).epsilon(self._budget.delta) <= self._budget.epsilon
@@ -222,6 +273,10 @@ class PrivacyLedger:
         self._records.extend(records)
         self._accountant.compose(steps)
         kinds = group_steps(steps)
+        if self._planned_answer(kinds) is None:
+            self._plan = None  # off the plan: its counts no longer describe the state
+        else:
+            self._plan_cursor += 1
         kept = {}
         if len(kinds) == 1 and kinds[0].key in self._headroom:
             kept[kinds[0].key] = self._headroom[kinds[0].key] - kinds[0].count

@@ -13,7 +13,12 @@ Shapes (Du et al., "Dynamic differential-privacy preserving SGD", 2021, Alg. 2):
 * sensitivity decay: ``C_t = C_0 rho_c^{t/T}`` with ``0 < rho_c <= 1``;
 * growing mu: ``mu_t = 1/sigma_t = mu_0 rho_mu^{t/T}`` with ``rho_mu >= 1`` (noise shrinks
   as training converges). :func:`solve_growing_mu` picks ``mu_0`` so that the composed budget
-  meets a target (eps, delta) under a chosen accountant.
+  meets a target (eps, delta) under a chosen accountant. :func:`clt_growing_mu` instead
+  meets a target GDP mu under the heterogeneous CLT (Du et al. Thm 1) - the paper's own
+  calibration, an approximation that can under-report eps, never a guarantee.
+
+One schedule index may stand for several identical steps (``steps_per_index``): the runtime
+indexes by round, and a round of ``local_steps`` DP-SGD steps uses one (C_t, sigma_t).
 
 Usage::
 
@@ -26,32 +31,37 @@ Usage::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import brentq
 
 from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, Sampling, group_steps
-from fedsim.privacy.gdp import clt_mu_squared_term, gdp_epsilon
+from fedsim.privacy.gdp import clt_mu_squared_term, gdp_delta
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """``C_t = clip_0 rho_c^{t/T}``, ``1/sigma_t = (1/sigma_0) rho_mu^{t/T}``, t = 0..T-1.
 
-    ``rho_c = rho_mu = 1`` is the constant schedule.
+    ``rho_c = rho_mu = 1`` is the constant schedule; only a constant schedule may have no
+    horizon (``total_steps=None``: valid for every t >= 0). Asking for a step outside the
+    horizon raises :class:`ConfigError`: the caller must stop at the horizon, not extrapolate.
     """
 
-    total_steps: int
+    total_steps: int | None
     sigma_0: float
     clip_0: float = 1.0
     rho_mu: float = 1.0
     rho_c: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) \
-                or self.total_steps < 1:
+        if self.total_steps is not None and (
+                isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int)
+                or self.total_steps < 1):
             raise ConfigError(f"total_steps must be an integer >= 1, got {self.total_steps!r}")
         for name in ("sigma_0", "clip_0", "rho_mu", "rho_c"):
             value = getattr(self, name)
@@ -61,15 +71,24 @@ class Schedule:
             raise ConfigError(f"rho_c must be in (0, 1] (sensitivity decay), got {self.rho_c!r}")
         if self.rho_mu < 1:
             raise ConfigError(f"rho_mu must be >= 1 (growing mu), got {self.rho_mu!r}")
+        if self.total_steps is None and not self.is_constant:
+            raise ConfigError("a decaying clip or growing mu needs a horizon (total_steps)")
 
-    def _check(self, t: int) -> None:
-        if not 0 <= t < self.total_steps:
-            raise ConfigError(f"step {t} outside 0..{self.total_steps - 1}")
+    @property
+    def is_constant(self) -> bool:
+        return self.rho_mu == 1.0 and self.rho_c == 1.0
+
+    def _fraction(self, t: int) -> float:
+        """``t / T`` after checking that t is inside the horizon."""
+        if isinstance(t, bool) or not isinstance(t, int | np.integer) or t < 0 \
+                or (self.total_steps is not None and t >= self.total_steps):
+            horizon = "0.." + str(self.total_steps - 1) if self.total_steps else ">= 0"
+            raise ConfigError(f"step {t!r} outside the schedule's horizon {horizon}")
+        return 0.0 if self.total_steps is None else t / self.total_steps
 
     def sigma(self, t: int) -> float:
         """Noise multiplier of step t."""
-        self._check(t)
-        return self.sigma_0 * self.rho_mu ** (-t / self.total_steps)
+        return self.sigma_0 * self.rho_mu ** (-self._fraction(t))
 
     def mu(self, t: int) -> float:
         """``1 / sigma(t)``, the GDP parameter of the unsampled step."""
@@ -77,23 +96,30 @@ class Schedule:
 
     def clip(self, t: int) -> float:
         """Clipping norm of step t."""
-        self._check(t)
-        return self.clip_0 * self.rho_c ** (t / self.total_steps)
+        return self.clip_0 * self.rho_c ** self._fraction(t)
+
+    def _horizon(self) -> int:
+        if self.total_steps is None:
+            raise ConfigError("a schedule without a horizon has no finite list of steps")
+        return self.total_steps
 
     def sigmas(self) -> list[float]:
-        return [self.sigma(t) for t in range(self.total_steps)]
+        return [self.sigma(t) for t in range(self._horizon())]
 
     def clips(self) -> list[float]:
-        return [self.clip(t) for t in range(self.total_steps)]
+        return [self.clip(t) for t in range(self._horizon())]
 
-    def steps(self, sampling: Sampling, q: float) -> tuple[GaussianStep, ...]:
-        """The privacy events of the whole schedule, identical steps merged."""
+    def steps(self, sampling: Sampling, q: float, steps_per_index: int = 1
+              ) -> tuple[GaussianStep, ...]:
+        """The privacy events of the whole schedule (each index releasing ``steps_per_index``
+        identical steps), identical steps merged."""
+        total = self._horizon()
         if self.rho_mu == 1.0:
-            return (GaussianStep(sampling, q, self.sigma_0, self.total_steps),)
-        return group_steps(GaussianStep(sampling, q, s) for s in self.sigmas())
+            return (GaussianStep(sampling, q, self.sigma_0, total * steps_per_index),)
+        return group_steps(GaussianStep(sampling, q, s, steps_per_index) for s in self.sigmas())
 
 
-def constant(total_steps: int, sigma: float, clip: float = 1.0) -> Schedule:
+def constant(total_steps: int | None, sigma: float, clip: float = 1.0) -> Schedule:
     return Schedule(total_steps, sigma, clip)
 
 
@@ -101,51 +127,88 @@ def sensitivity_decay(total_steps: int, sigma: float, clip_0: float, rho_c: floa
     return Schedule(total_steps, sigma, clip_0, 1.0, rho_c)
 
 
+def _clt_mu_of_growing(total_steps: int, rho_mu: float, sampling: Sampling, q: float,
+                       steps_per_index: int) -> Callable[[float], float]:
+    """mu_0 -> CLT mu of the growing-mu schedule (Du et al. Thm 1 for Poisson; Dong-Roth-Su
+    Cor. 5.4's per-step term for fixed-size batches, :func:`clt_mu_squared_term`)."""
+    decay = rho_mu ** (np.arange(total_steps) / total_steps)
+
+    def clt_mu(mu_0: float) -> float:
+        return math.sqrt(math.fsum(
+            clt_mu_squared_term(GaussianStep(sampling, q, float(1.0 / (mu_0 * g)),
+                                             steps_per_index)) for g in decay))
+
+    return clt_mu
+
+
+def _clt_mu_0(mu_total: float, clt_mu: Callable[[float], float]) -> float:
+    """The mu_0 at which the (increasing) ``clt_mu`` reaches ``mu_total``, to 1e-10 relative."""
+    low, high = 1e-4, 1.0
+    while clt_mu(high) < mu_total:
+        low, high = high, high * 2
+        if high > 1e3:
+            raise PrivacyError(f"mu_total={mu_total:g} is met even with almost no noise")
+    while high / low > 1 + 1e-10:
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if clt_mu(middle) < mu_total else (low, middle)
+    return low
+
+
+def clt_growing_mu(mu_total: float, total_steps: int, rho_mu: float, sampling: Sampling,
+                   q: float, *, clip_0: float = 1.0, rho_c: float = 1.0,
+                   steps_per_index: int = 1) -> Schedule:
+    """The growing-mu schedule whose heterogeneous-CLT GDP parameter is ``mu_total``.
+
+    CLT APPROXIMATION (Du et al. 2021, Thm 1: mu = q sqrt(sum_t (e^{mu_t^2} - 1)) for Poisson
+    sampling, add/remove neighbours; Dong-Roth-Su Cor. 5.4's term per step for fixed-size
+    batches, replace-one neighbours). It is the paper's calibration and may under-report the
+    true eps; use :func:`solve_growing_mu` for a schedule that meets (eps, delta) for sure.
+    """
+    if not (math.isfinite(mu_total) and mu_total > 0):
+        raise ConfigError(f"mu_total must be a finite number > 0, got {mu_total!r}")
+    Schedule(total_steps, 1.0, clip_0, rho_mu, rho_c)  # validate before solving
+    clt_mu = _clt_mu_of_growing(total_steps, rho_mu, sampling, q, steps_per_index)
+    return Schedule(total_steps, 1.0 / _clt_mu_0(mu_total, clt_mu), clip_0, rho_mu, rho_c)
+
+
 def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: float,
                      sampling: Sampling, q: float, *, accountant: str = "pld",
-                     clip_0: float = 1.0, rho_c: float = 1.0, rel_tol: float = 1e-3) -> Schedule:
+                     clip_0: float = 1.0, rho_c: float = 1.0, rel_tol: float = 1e-3,
+                     steps_per_index: int = 1) -> Schedule:
     """The growing-mu schedule whose composed budget meets (eps, delta) under ``accountant``.
 
     eps grows with mu_0, so mu_0 is found by bisection to relative tolerance ``rel_tol``
     (the returned schedule's eps is <= the target and within that tolerance in mu_0 of it),
-    starting from the closed-form CLT answer (Du et al. Thm 1) to bracket it.
+    starting from the CLT answer (Du et al. Thm 1, with mu the GDP parameter of (eps, delta),
+    Dong-Roth-Su Cor. 2.13) to bracket it. ``accountant="gdp-clt"`` returns that CLT answer.
     """
     if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
         raise ConfigError(f"need eps > 0 and delta in (0, 1), got {epsilon!r}, {delta!r}")
+    Schedule(total_steps, 1.0, clip_0, rho_mu, rho_c)  # validate before solving
 
     def make(mu_0: float) -> Schedule:
         return Schedule(total_steps, 1.0 / mu_0, clip_0, rho_mu, rho_c)
 
-    def eps_of(mu_0: float, name: str) -> float:
-        return make_accountant(name, make(mu_0).steps(sampling, q)).epsilon(delta)
+    def eps_of(mu_0: float) -> float:
+        steps = make(mu_0).steps(sampling, q, steps_per_index)
+        return make_accountant(accountant, steps).epsilon(delta)
 
-    # CLT guess (Du et al. Thm 1, closed form, vectorised): eps grows with mu_0.
-    decay = rho_mu ** (np.arange(total_steps) / total_steps)
-
-    def clt_eps(mu_0: float) -> float:
-        sigmas = 1.0 / (mu_0 * decay)
-        terms = [clt_mu_squared_term(GaussianStep(sampling, q, float(s))) for s in
-                 (sigmas if rho_mu != 1.0 else sigmas[:1])]
-        total = math.fsum(terms) * (total_steps if rho_mu == 1.0 else 1)
-        return gdp_epsilon(delta, math.sqrt(total))
-
-    low, high = 1e-4, 1.0
-    while clt_eps(high) < epsilon:
-        low, high = high, high * 2
-        if high > 1e3:
-            raise PrivacyError("the target is met even with almost no noise")
-    while high / low > 1 + 1e-6:
-        middle = math.sqrt(low * high)
-        low, high = (middle, high) if clt_eps(middle) < epsilon else (low, middle)
-    guess = low
+    # mu-GDP is (eps, delta(eps))-DP with delta(eps) increasing in mu (Dong-Roth-Su Cor. 2.13).
+    mu_low, mu_high = 1e-6, 1.0
+    while gdp_delta(epsilon, mu_high) < delta:
+        mu_low, mu_high = mu_high, mu_high * 2
+    target_mu = float(brentq(lambda mu: gdp_delta(epsilon, mu) - delta, mu_low, mu_high,
+                             xtol=1e-12))
+    guess = _clt_mu_0(target_mu, _clt_mu_of_growing(total_steps, rho_mu, sampling, q,
+                                                   steps_per_index))
     if accountant == "gdp-clt":
         return make(guess)
     low = high = guess
-    while eps_of(low, accountant) > epsilon:
+    while eps_of(low) > epsilon:
         low /= 1.25
         if low < 1e-6:
             raise PrivacyError("no mu_0 meets the target")
-    while eps_of(high, accountant) <= epsilon:
+    while eps_of(high) <= epsilon:
         high *= 1.25
         if high > 1e3:
             raise PrivacyError("the target is met even with almost no noise")
@@ -153,5 +216,5 @@ def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: flo
         low = high / 1.25
     while high / low > 1 + rel_tol:
         middle = math.sqrt(low * high)
-        low, high = (middle, high) if eps_of(middle, accountant) <= epsilon else (low, middle)
+        low, high = (middle, high) if eps_of(middle) <= epsilon else (low, middle)
     return make(low)

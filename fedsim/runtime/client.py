@@ -12,7 +12,9 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      rounds applied since the last global) or too far (``max_distance`` between ``w`` and the
      held global), wait for a newer global model;
   2. ask the ledger whether the round's planned privacy events fit the budget (a dry run);
-     if not, stop for good with state ``budget_exhausted`` and say so in a status message;
+     if not, stop for good with state ``budget_exhausted`` and say so in a status message
+     (with a round limit the actor registers all its remaining rounds with the ledger's
+     ``plan`` once at start, so these checks are exact and cheap);
   3. snapshot ``w`` and compute the round on it (synchronously), then let its compute time
      pass: ``await clock.sleep(seconds_per_sample * sample_gradients)``;
   4. commit the events to the ledger (durable, fsynced) and only then publish the update
@@ -77,6 +79,8 @@ class Ledger(Protocol):
     def can_spend(self, steps: Sequence[GaussianStep]) -> bool: ...
 
     def spend(self, steps: Sequence[GaussianStep], *, time: float, round: int) -> object: ...
+
+    def plan(self, future_rounds: Sequence[Sequence[GaussianStep]]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,12 @@ class ClientActor:
 
     async def _rounds(self) -> None:
         self.state = "waiting"
+        if self.max_rounds is not None and self.next_round < self.max_rounds:
+            # The rounds left to this client, known up front: the ledger then answers its
+            # per-round budget checks by counting instead of re-running the accountant (exact;
+            # see PrivacyLedger.plan), which matters when sigma_t changes every round.
+            self.ledger.plan([self.trainer.planned_steps(r)
+                              for r in range(self.next_round, self.max_rounds)])
         await self._wait_for_newer(-1)
         while True:
             if self.max_rounds is not None and self.next_round >= self.max_rounds:

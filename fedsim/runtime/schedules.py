@@ -1,27 +1,28 @@
-"""A client group's clipping and noise schedules, built from its scenario section.
+"""A client group's clipping and noise schedule, built from its scenario section.
 
-The trainer reads ``clip(t)`` and ``sigma(t)`` at ``t = round index``. Kinds:
+The schedule is a :class:`fedsim.privacy.schedules.Schedule` indexed by round: the trainer
+reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the round's
+``local_steps`` DP-SGD steps (at q = m/N) uses them. Kinds:
 
 * clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al., paper 002):
   C_t = C_0 rho_c^{t/T} over the group's T rounds.
 * noise ``constant``: sigma_t = sigma. ``target``: the smallest constant sigma such that the
-  group's T rounds (each ``local_steps`` DP-SGD steps at q = m/N) are (eps, delta)-DP under the
-  group's accountant - found by bisection on the accountant's own eps, so it uses the same
-  numerical guarantee the ledger enforces. ``growing_mu`` (paper 002): mu_t = mu_0 g^{t/T},
-  sigma_t = 1/mu_t, with mu_0 solved from the heterogeneous GDP CLT
-  mu_total = q sqrt(sum_t (e^{mu_t^2} - 1)) (Du et al., Thm 1; Bu et al. 2020 for the
-  Poisson CLT this extends; for fixed-size batches each step contributes Dong-Roth-Su
-  Cor. 5.4's term instead, see :func:`fedsim.privacy.gdp.clt_mu_squared_term`). The CLT is the paper's approximation; the ledger still enforces
-  the budget with a numerical accountant.
+  group's T rounds are (eps, delta)-DP under the group's accountant
+  (:func:`fedsim.privacy.calibration.calibrate_sigma`, the same numerical guarantee the ledger
+  enforces). ``growing_mu`` (paper 002): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
+  solved so the T rounds meet (eps, delta) under the group's accountant
+  (:func:`fedsim.privacy.schedules.solve_growing_mu`), or - labelled as the CLT approximation -
+  so that the heterogeneous GDP CLT meets ``mu_total``
+  (:func:`fedsim.privacy.schedules.clt_growing_mu`).
+
+A schedule with a horizon raises for rounds past it; the client actor stops ("done") at the
+group's ``rounds`` and never asks beyond.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
-
-from scipy.optimize import brentq
 
 from fedsim.config.schema import (
     ClientGroup,
@@ -33,44 +34,24 @@ from fedsim.config.schema import (
 )
 from fedsim.errors import ConfigError
 from fedsim.privacy import calibration as privacy_calibration
-from fedsim.privacy.events import GaussianStep, Sampling
-from fedsim.privacy.gdp import clt_mu_squared_term
+from fedsim.privacy.schedules import Schedule, clt_growing_mu, solve_growing_mu
 
-__all__ = ["ClipSchedule", "GroupSchedules", "NoiseSchedule", "calibrate_sigma", "make_schedules"]
-
-
-@dataclass(frozen=True)
-class ClipSchedule:
-    """C_t = initial * final_ratio^(t / horizon) (constant when final_ratio == 1)."""
-
-    initial: float
-    final_ratio: float = 1.0
-    horizon: int = 1
-
-    def clip(self, t: int) -> float:
-        if self.final_ratio == 1.0:
-            return self.initial
-        return self.initial * self.final_ratio ** (min(t, self.horizon) / self.horizon)
-
-
-@dataclass(frozen=True)
-class NoiseSchedule:
-    """sigma_t = 1 / (mu_0 growth^(t / horizon)); constant sigma when growth == 1."""
-
-    sigma0: float
-    growth: float = 1.0
-    horizon: int = 1
-
-    def sigma(self, t: int) -> float:
-        if self.growth == 1.0:
-            return self.sigma0
-        return self.sigma0 / self.growth ** (min(t, self.horizon) / self.horizon)
+__all__ = ["GroupSchedules", "calibrate_sigma", "make_schedules"]
 
 
 @dataclass(frozen=True)
 class GroupSchedules:
-    clip: ClipSchedule
-    noise: NoiseSchedule
+    """The trainer's two views of one schedule (``clip(t)`` and ``sigma(t)``)."""
+
+    schedule: Schedule
+
+    @property
+    def clip(self) -> Schedule:
+        return self.schedule
+
+    @property
+    def noise(self) -> Schedule:
+        return self.schedule
 
 
 @lru_cache(maxsize=256)
@@ -82,46 +63,42 @@ def calibrate_sigma(sampling: str, q: float, steps: int, epsilon: float, delta: 
     return privacy_calibration.calibrate_sigma(accountant, sampling, q, steps, epsilon, delta)
 
 
-def growing_mu0(mu_total: float, q: float, rounds: int, steps_per_round: int, growth: float,
-                sampling: Sampling = "poisson") -> float:
-    """mu_0 such that the heterogeneous GDP CLT of the schedule mu_t = mu_0 growth^(t/T),
-    ``steps_per_round`` steps per round at rate q (:func:`fedsim.privacy.gdp.clt_mu`, Du et al.
-    Thm 1 for Poisson; Dong-Roth-Su Cor. 5.4 per step for fixed-size batches) equals mu_total."""
-
-    def excess(mu0: float) -> float:
-        steps = [GaussianStep(sampling, q, 1.0 / (mu0 * growth ** (t / rounds)), steps_per_round)
-                 for t in range(rounds)]
-        return math.sqrt(math.fsum(clt_mu_squared_term(s) for s in steps)) - mu_total
-
-    high = 1.0
-    while excess(high) < 0:
-        high *= 2.0
-        if high > 20:
-            raise ConfigError(f"mu_total={mu_total} is too large to calibrate at q={q:.4g}")
-    return brentq(excess, 1e-6, high, xtol=1e-12)
+@lru_cache(maxsize=256)
+def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: str, q: float, local_steps: int,
+                accountant: str, clip_0: float, rho_c: float) -> Schedule:
+    """Solved once per group and q (cached: every client of a group asks the same question)."""
+    if noise.mu_total is not None:
+        return clt_growing_mu(noise.mu_total, rounds, noise.growth, sampling, q, clip_0=clip_0,
+                              rho_c=rho_c, steps_per_index=local_steps)
+    assert noise.epsilon is not None and noise.delta is not None
+    return solve_growing_mu(noise.epsilon, noise.delta, rounds, noise.growth, sampling, q,
+                            accountant=accountant, clip_0=clip_0, rho_c=rho_c,
+                            steps_per_index=local_steps)
 
 
 def make_schedules(group: ClientGroup, *, q: float, where: str) -> GroupSchedules:
-    """The clip and noise schedules of one client of ``group`` whose batch fraction is ``q``."""
-    horizon = group.rounds or 1
+    """The clip and noise schedule of one client of ``group`` whose batch fraction is ``q``."""
+    rounds = group.rounds  # None only for constant clip and noise (the schema checks this)
     clip_config = group.clip
     if isinstance(clip_config, ConstantClip):
-        clip = ClipSchedule(clip_config.value)
+        clip_0, rho_c = clip_config.value, 1.0
     elif isinstance(clip_config, DecayClip):
-        clip = ClipSchedule(clip_config.initial, clip_config.final_ratio, horizon)
+        clip_0, rho_c = clip_config.initial, clip_config.final_ratio
     else:
         raise ConfigError(f"{where}.clip: unsupported clip kind {clip_config!r}")
     noise_config = group.noise
+    q = round(q, 12)  # one cache entry per group, whatever float noise the caller's q has
     if isinstance(noise_config, ConstantNoise):
-        noise = NoiseSchedule(noise_config.sigma)
+        schedule = Schedule(rounds, noise_config.sigma, clip_0, 1.0, rho_c)
     elif isinstance(noise_config, TargetNoise):
-        sigma = calibrate_sigma(group.sampling, round(q, 12), horizon * group.local_steps,
+        assert rounds is not None
+        sigma = calibrate_sigma(group.sampling, q, rounds * group.local_steps,
                                 noise_config.epsilon, noise_config.delta, group.accountant)
-        noise = NoiseSchedule(sigma)
+        schedule = Schedule(rounds, sigma, clip_0, 1.0, rho_c)
     elif isinstance(noise_config, GrowingMuNoise):
-        mu0 = growing_mu0(noise_config.mu_total, q, horizon, group.local_steps,
-                          noise_config.growth, group.sampling)
-        noise = NoiseSchedule(1.0 / mu0, noise_config.growth, horizon)
+        assert rounds is not None
+        schedule = _growing_mu(noise_config, rounds, group.sampling, q, group.local_steps,
+                               group.accountant, clip_0, rho_c)
     else:
         raise ConfigError(f"{where}.noise: unsupported noise kind {noise_config!r}")
-    return GroupSchedules(clip, noise)
+    return GroupSchedules(schedule)

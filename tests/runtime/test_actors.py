@@ -72,6 +72,11 @@ class FakeLedger:
         self.allowed = allowed
         self.spent: list[int] = []
         self.log = log
+        self.planned: list[int] = []
+
+    def plan(self, future_rounds: Sequence[Sequence[GaussianStep]]) -> int:
+        self.planned.append(len(future_rounds))
+        return min(len(future_rounds), self.allowed)
 
     def can_spend(self, steps: Sequence[GaussianStep]) -> bool:
         return len(self.spent) < self.allowed
