@@ -26,10 +26,14 @@ incarnation's stream would release the same noise twice). The server writes a ch
 (:mod:`fedsim.runtime.checkpoint`) after every window and before every broadcast, so no
 version it ever published is lost; a restarted server resumes model, version, step size,
 de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``
-(one line per applied update, for audits) from there. Updates received in the window in
-progress when the server dies are lost (they were acknowledged on receipt; their privacy cost
-is in the ledgers); so that their senders, who wait for a model newer than the restored one,
-do not wait for ever, the restarted server re-publishes its model under a new version
+(one line per applied update, for audits) from there. An update is acknowledged to its client
+only after the checkpoint that records it (applied, or judged duplicate or stale, in the
+de-duplication table) is on disk (:func:`_save_and_acknowledge`); updates received in the
+window in progress when the server dies were never acknowledged, so their clients resend them
+(after ``resend_after``, :func:`client_resend_after`) and the restarted server applies them
+once: not lost, and not applied twice, since those in the checkpoint's table are duplicates.
+So that clients waiting for a model newer than the restored one do not wait for their resend,
+the restarted server re-publishes its model under a new version
 (:meth:`~fedsim.runtime.server.ServerActor.renew_version`).
 
 State directory layout: server ``<state>/server.ckpt``; client ``<state>/ledgers/<id>.jsonl``
@@ -93,6 +97,7 @@ from fedsim.transports.topics import Topics
 __all__ = [
     "Launcher",
     "ScaledClock",
+    "client_resend_after",
     "client_state_file",
     "collect_outputs",
     "ledger_path",
@@ -197,6 +202,29 @@ def reconnect_policy(max_backoff: float) -> ReconnectPolicy:
 # The server process
 
 
+def _save_and_acknowledge(
+    server: ServerActor, checkpoint: ServerCheckpoint, endpoint: MqttServerEndpoint
+) -> None:
+    """Checkpoint the server, then acknowledge the updates that checkpoint records.
+
+    In this order: a receipt lets the client forget its update, so it must never precede the
+    durable record. The de-duplication table holds every update the server has judged
+    (applied, stale, or outside the window's participants); received updates not in it are
+    still waiting for their window and stay unacknowledged."""
+    snapshot = server.snapshot()
+    checkpoint.save(snapshot)
+    endpoint.acknowledge(snapshot.seen)
+
+
+def client_resend_after(scenario: Scenario, time_scale: float) -> float:
+    """Wall seconds after which a client resends an unacknowledged update.
+
+    The server acknowledges at the end of the window after arrival (after its checkpoint), so a
+    receipt takes up to one window of wall time; 1.5 windows plus a second keeps resends to
+    updates that were really lost (a crashed server, a broker that lost its queue)."""
+    return max(2.0, 1.5 * scenario.server.window * time_scale + 1.0)
+
+
 class _CheckpointBeforeBroadcast:
     """The server's endpoint, writing a checkpoint before every global model leaves, so that
     a restarted server never publishes a version older than one already seen."""
@@ -298,7 +326,7 @@ class _ServerMonitor:
         )
         _write_lines(self.metrics, [line])
         # After the lines: a restart trims lines past the checkpoint's window and redoes them.
-        self.checkpoint.save(self.server.snapshot())
+        _save_and_acknowledge(self.server, self.checkpoint, self.endpoint)
         if report.accuracy is not None:
             _log.info(
                 "window",
@@ -450,7 +478,7 @@ async def serve(
                         return outcome
                     clock = ScaledClock(time_scale)  # scenario time starts with window 1
                 endpoint = _CheckpointBeforeBroadcast(
-                    mqtt, lambda: checkpoint.save(server.snapshot())
+                    mqtt, lambda: _save_and_acknowledge(server, checkpoint, mqtt)
                 )
                 server = make_server_actor(
                     population, clock=clock, endpoint=endpoint, evaluate=make_evaluator(population)
@@ -638,6 +666,7 @@ async def run_client(
         expected_params=int(population.initial_params.size),
         max_message_bytes=scenario.network.max_message_bytes,
         reconnect=reconnect,
+        resend_after=client_resend_after(scenario, time_scale),
         seed=population.tree.integer("client", client_id, "mqtt", first_round),
     )
     report_file = client_state_file(state, client_id)
@@ -819,12 +848,14 @@ def process_commands(
     wait_for_clients: float = 600.0,
     json_logs: bool = True,
     tls_options: Sequence[str] = (),
+    overrides: Sequence[str] = (),
 ) -> dict[str, list[str]]:
     """The command line of every process of a deployed run, clients first, then ``server``:
     ``fedsim client ... --state <state_root>/<id>`` and ``fedsim server ... --state
-    <state_root>/server --out <out>``. :class:`Launcher` runs exactly these; a compose file
-    should run the same (with its own paths). ``tls_options`` (``--tls-ca FILE`` ...) are
-    passed to every process as given."""
+    <state_root>/server --out <out>``. The one source of these command lines: :class:`Launcher`
+    runs them as local processes, ``fedsim deploy --compose`` puts them (with container paths)
+    into the compose file. ``tls_options`` (``--tls-ca FILE`` ...) are passed to every process
+    as given; ``overrides`` (``PATH=VALUE``) become ``--set`` options."""
     common = [
         "--scenario", str(scenario_file), "--broker", broker, "--run", run,
         "--time-scale", repr(float(time_scale)), "--max-backoff", repr(float(max_backoff)),
@@ -833,6 +864,8 @@ def process_commands(
     if secrets_file is not None:
         common += ["--secrets", str(secrets_file)]
     common += list(tls_options)
+    for override in overrides:
+        common += ["--set", override]
     state = Path(state_root)
     commands = {
         client_id: ["fedsim", "client", *common, "--client-id", client_id,

@@ -5,10 +5,13 @@ Topics (:class:`~fedsim.transports.topics.Topics`) under ``fedsim/<run>/``: ``gl
 ``status/<client>``, and ``acks/<client>`` for the server's receipts.
 
 Delivery is at-least-once end to end, not only to the broker: a client keeps every update in an
-outbox until the *server endpoint* acknowledges it on ``acks/<client>``; it resends the outbox
-after every reconnect and whatever stays unacknowledged for ``resend_after`` seconds (a broker
-restart loses what it held; a PUBACK alone proves nothing about the server). The server actor
-de-duplicates by ``(client_id, round)``, so resends are harmless. The server keeps a persistent
+outbox until the *server* acknowledges it on ``acks/<client>``; it resends the outbox after every
+reconnect and whatever stays unacknowledged for ``resend_after`` seconds (a broker restart loses
+what it held; a PUBACK alone proves nothing about the server). The server endpoint does not
+acknowledge on receipt: its owner calls :meth:`MqttServerEndpoint.acknowledge` with the
+``(client_id, round)`` pairs it has durably recorded (the deployment's server does so right
+after each checkpoint), so an update that dies with a crashed server is resent to its successor.
+The server actor de-duplicates by ``(client_id, round)``, so resends are harmless. The server keeps a persistent
 session (fixed client identifier, ``clean_session=False``) so the broker queues updates while it
 reconnects, and re-publishes its latest global model after every reconnect (a restarted broker
 without persistence has forgotten the retained one).
@@ -32,7 +35,7 @@ import functools
 import json
 import random
 import ssl
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Container, Coroutine
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any, Self
@@ -445,7 +448,9 @@ class _MqttEndpoint:
 class MqttServerEndpoint(_MqttEndpoint):
     """The server's endpoint: receives every client's updates/statuses, publishes global models.
 
-    Use as ``async with MqttServerEndpoint(broker, run=...) as endpoint``.
+    Use as ``async with MqttServerEndpoint(broker, run=...) as endpoint``. Received updates are
+    acknowledged to their clients only through :meth:`acknowledge`, once the owner has recorded
+    them durably; until then their clients keep them and resend them.
     """
 
     def __init__(
@@ -475,9 +480,47 @@ class MqttServerEndpoint(_MqttEndpoint):
             role="server",
         )
         self._latest_global: bytes | None = None
+        # Rounds delivered to the inbox but not yet durably recorded by the owner, per client.
+        self._unrecorded: dict[str, set[int]] = {}
         self._pending_acks: dict[str, set[int]] = {}
         self._acks_due = asyncio.Event()
         self._ack_interval = ack_interval
+
+    @property
+    def unacknowledged(self) -> int:
+        """How many received updates wait for :meth:`acknowledge`."""
+        return sum(len(rounds) for rounds in self._unrecorded.values())
+
+    def acknowledge(self, recorded: Container[tuple[str, int]]) -> int:
+        """Acknowledge every received update whose ``(client_id, round)`` is in ``recorded``.
+
+        Call it once those updates are durably recorded (applied and checkpointed, or judged
+        duplicate or stale in a checkpointed de-duplication table): a receipt tells the client
+        it may forget the update, so one sent earlier could be lost with a crashed server. The
+        receipts go out batched (``ack_interval``); updates not in ``recorded`` stay unacknowledged
+        and their clients resend them. Returns how many were acknowledged.
+        """
+        acknowledged = 0
+        for client_id in list(self._unrecorded):
+            rounds = self._unrecorded[client_id]
+            done = {round_ for round_ in rounds if (client_id, round_) in recorded}
+            if not done:
+                continue
+            rounds -= done
+            if not rounds:
+                del self._unrecorded[client_id]
+            self._pending_acks.setdefault(client_id, set()).update(done)
+            acknowledged += len(done)
+        if acknowledged:
+            self._acks_due.set()
+        return acknowledged
+
+    async def close(self) -> None:
+        """Send the receipts already due (bounded wait), then disconnect; idempotent."""
+        if self._pending_acks and self.connected and not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._send_acks(), self._policy.connect_timeout)
+        await super().close()
 
     async def publish(self, message: Message) -> None:
         """Publish a global model, retained; kept and re-published after a reconnect."""
@@ -529,8 +572,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         self.stats.received += 1
         self._inbox.put(message)
         if isinstance(message, ClientUpdate):
-            self._pending_acks.setdefault(topic_client, set()).add(message.round)
-            self._acks_due.set()
+            self._unrecorded.setdefault(topic_client, set()).add(message.round)
 
     async def _ack_loop(self) -> None:
         """Send receipts, batched: at most one small QoS 0 message per client per ``ack_interval``.
@@ -541,13 +583,16 @@ class MqttServerEndpoint(_MqttEndpoint):
         while True:
             await self._acks_due.wait()
             await asyncio.sleep(self._ack_interval)
-            self._acks_due.clear()
-            pending, self._pending_acks = self._pending_acks, {}
-            for client_id, rounds in pending.items():
-                payload = json.dumps({"rounds": sorted(rounds)}).encode()
-                if await self._send(self.topics.acks(client_id), payload, qos=0):
-                    self.stats.acks_sent += 1
-                # An ack lost here only causes a resend, which the server de-duplicates.
+            await self._send_acks()
+
+    async def _send_acks(self) -> None:
+        self._acks_due.clear()
+        pending, self._pending_acks = self._pending_acks, {}
+        for client_id, rounds in pending.items():
+            payload = json.dumps({"rounds": sorted(rounds)}).encode()
+            if await self._send(self.topics.acks(client_id), payload, qos=0):
+                self.stats.acks_sent += 1
+            # An ack lost here only causes a resend, which the server de-duplicates.
 
 
 @dataclass

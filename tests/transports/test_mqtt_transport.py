@@ -92,6 +92,8 @@ async def test_round_trip_updates_status_and_global(mosquitto: Broker) -> None:
         by_type = {type(m): m for m in got}
         assert by_type[ClientUpdate].delta.tobytes() == sent.delta.tobytes()
         assert by_type[ClientStatus].client_id == "c2" and by_type[ClientStatus].detail == "stale"
+        assert srv.unacknowledged == 1
+        assert srv.acknowledge({("c1", 3)}) == 1
         assert await c1.flush(5)  # the server's receipt reached the client
         assert c1.unacknowledged == () and c1.stats.acked == 1
 
@@ -190,7 +192,9 @@ async def test_broker_crash_and_restart_mid_stream_loses_no_update(mosquitto: Br
 
         async def collect() -> None:
             while True:
-                received.append(await srv.receive())
+                message = await srv.receive()
+                received.append(message)
+                srv.acknowledge({(message.client_id, message.round)})
 
         collector = asyncio.create_task(collect())
 
@@ -399,4 +403,31 @@ async def test_updates_sent_while_the_server_is_away_wait_in_its_broker_session(
         await c1.publish(update("c1", 2))
         async with server(mosquitto) as restarted:
             assert [m.round for m in await receive_all(restarted)] == [1, 2]
+            restarted.acknowledge({("c1", 1), ("c1", 2)})
             assert await c1.flush(5) and c1.stats.resent == 0
+
+
+@pytest.mark.mqtt
+async def test_only_recorded_updates_are_acknowledged_the_rest_reach_the_next_server(
+    mosquitto: Broker,
+) -> None:
+    """The server endpoint acknowledges what its owner says is durably recorded, nothing more:
+    an update received by a server that dies before recording it is resent to its successor."""
+    async with client(mosquitto, "c1", resend_after=0.5) as c1:
+        first = server(mosquitto)
+        await first.start()
+        for round_ in (1, 2, 3):
+            await c1.publish(update("c1", round_))
+        assert [m.round for m in await receive_all(first)] == [1, 2, 3]
+        assert first.acknowledge({("c1", 1), ("c2", 2)}) == 1  # c2's round 2 was never received
+        assert first.unacknowledged == 2
+        await first.close()  # sends round 1's due receipt; rounds 2 and 3 were never recorded
+        assert not await c1.flush(1.0) and c1.unacknowledged == (2, 3)
+        assert c1.stats.acked == 1
+        async with server(mosquitto) as successor:
+            rounds: set[int] = set()
+            while rounds != {2, 3}:  # resent, maybe more than once (the server de-duplicates)
+                message = await asyncio.wait_for(successor.receive(), 5)
+                rounds.add(message.round)
+            assert successor.acknowledge({("c1", r) for r in rounds}) == 2
+            assert await c1.flush(5) and c1.stats.resent >= 2
