@@ -182,58 +182,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def process_argv(
-    role: str,
-    *,
-    scenario: str,
-    broker: str,
-    run: str,
-    secrets: str,
-    state: str,
-    time_scale: float = 1.0,
-    max_backoff: float = 10.0,
-    client_id: str | None = None,
-    out: str | None = None,
-    wait_for_clients: float = COMPOSE_WAIT_FOR_CLIENTS,
-    overrides: Sequence[str] = (),
-) -> list[str]:
-    """The ``fedsim server``/``fedsim client`` arguments of one deployed process.
-
-    The same options, in the same order, as ``fedsim launch`` gives its local processes.
-    """
-    argv = [
-        role,
-        "--scenario",
-        scenario,
-        "--broker",
-        broker,
-        "--run",
-        run,
-        "--time-scale",
-        repr(float(time_scale)),
-        "--max-backoff",
-        repr(float(max_backoff)),
-        "--json-logs",
-        "--secrets",
-        secrets,
-    ]
-    for override in overrides:
-        argv += ["--set", override]
-    if role == "client":
-        if client_id is None:
-            raise ConfigError("a client process needs its client id")
-        return [*argv, "--client-id", client_id, "--state", state]
-    return [
-        *argv,
-        "--state",
-        state,
-        "--out",
-        out or state,
-        "--wait-for-clients",
-        repr(float(wait_for_clients)),
-    ]
-
-
 def compose_text(
     scenario: str,
     run: str,
@@ -252,7 +200,22 @@ def compose_text(
     """
     import yaml
 
-    broker_url = f"mqtt://broker:{port}"
+    from fedsim.runtime.deployment import process_commands
+
+    # The command lines `fedsim launch` runs, with container paths: each service mounts its
+    # own state volume at CONTAINER_STATE/<name>.
+    commands = process_commands(
+        scenario,
+        client_ids,
+        broker=f"mqtt://broker:{port}",
+        run=run,
+        secrets_file=CONTAINER_SECRETS,
+        state_root=CONTAINER_STATE,
+        out=f"/runs/{run}",
+        time_scale=time_scale,
+        wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
+        overrides=overrides,
+    )
 
     def common() -> dict[str, Any]:
         # Fresh objects per service: shared ones would become YAML anchors.
@@ -266,21 +229,6 @@ def compose_text(
 
     dataset_mount = "../shared/datasets:/shared/datasets:ro"
 
-    def argv(role: str, **kwargs: Any) -> list[str]:
-        return [
-            "fedsim",
-            *process_argv(
-                role,
-                scenario=scenario,
-                broker=broker_url,
-                run=run,
-                secrets=CONTAINER_SECRETS,
-                time_scale=time_scale,
-                overrides=overrides,
-                **kwargs,
-            ),
-        ]
-
     services: dict[str, Any] = {
         "broker": {
             "image": BROKER_IMAGE,
@@ -290,16 +238,16 @@ def compose_text(
         },
         "server": {
             **common(),
-            "command": argv("server", state=CONTAINER_STATE, out=f"/runs/{run}"),
-            "volumes": ["state-server:/state", "./runs:/runs", dataset_mount],
+            "command": commands["server"],
+            "volumes": [f"state-server:{CONTAINER_STATE}/server", "./runs:/runs", dataset_mount],
         },
     }
     volumes: dict[str, None] = {"broker-data": None, "state-server": None}
     for client_id in client_ids:
         services[client_id] = {
             **common(),
-            "command": argv("client", client_id=client_id, state=CONTAINER_STATE),
-            "volumes": [f"state-{client_id}:/state", dataset_mount],
+            "command": commands[client_id],
+            "volumes": [f"state-{client_id}:{CONTAINER_STATE}/{client_id}", dataset_mount],
         }
         volumes[f"state-{client_id}"] = None
     document = {

@@ -154,6 +154,8 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
         assert args.broker == "mqtt://broker:1883" and args.secrets == deploy.CONTAINER_SECRETS
         if args.command == "client":
             assert args.client_id == name
+        # The state directory is the service's own volume, so the ledger survives the container.
+        assert f"state-{name}:{args.state}" in service["volumes"]
     assert roles.pop("server") == "server"
     assert set(roles.values()) == {"client"}
 
