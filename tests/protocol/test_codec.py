@@ -96,6 +96,20 @@ def test_non_finite_values_are_rejected_both_ways(bad: float) -> None:
         encode(poisoned)
 
 
+def test_finite_values_whose_sum_overflows_are_accepted_and_a_bad_one_among_them_not() -> None:
+    """The finite check sums first (a NaN or inf summand makes the sum non-finite); a sum that
+    overflows although every value is finite must fall back to the exact check and pass."""
+    overflowing = np.full(64, np.finfo(np.float32).max, dtype=np.float32)  # float32 sum: +inf
+    decoded = decode(encode(ClientUpdate("c1", 0, 0, overflowing, 1.0, 1)))
+    assert np.array_equal(decoded.delta, overflowing)
+    header, _ = _split(encode(_update(64)))
+    for bad in (np.nan, np.inf, -np.inf):
+        values = overflowing.copy()
+        values[33] = bad
+        with pytest.raises(CodecError, match="1 non-finite"):
+            decode(_assemble(header, values.tobytes()))
+
+
 def _corpus() -> dict[str, bytes]:
     """Malformed, truncated, oversized, wrong-shape, wrong-type and wrong-version payloads."""
     good = encode(_update(8))
