@@ -280,9 +280,14 @@ class LocalTrainer:
             else sum_noise_multiplier(sigma, self.adaptive_clip.count_noise_std, self.sampling)
         )
         load_flat_params(self.model, params)
-        start = torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32)).to(torch.float64)
-        param = self.engine.parameters()[0]
-        accumulated = torch.zeros(self.engine.num_params, dtype=param.dtype, device=param.device)
+        # The float64 start point is needed only between local steps: a one-step round (the
+        # common case) skips an O(P) conversion and allocation per round.
+        start = (
+            torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32)).to(torch.float64)
+            if self.local_steps > 1
+            else None
+        )
+        accumulated: torch.Tensor | None = None
         batch_sizes: list[int] = []
         loss_sum, clip = 0.0, math.nan
         for step in range(self.local_steps):
@@ -305,13 +310,18 @@ class LocalTrainer:
             )
             if self.adaptive_clip is not None:
                 self._update_adaptive_clip(result.within_clip, result.batch_size, clip)
-            accumulated += result.gradient
+            # The first step's gradient is a fresh tensor owned here: it becomes the sum.
+            accumulated = (
+                result.gradient if accumulated is None else accumulated.add_(result.gradient)
+            )
             batch_sizes.append(result.batch_size)
             loss_sum += result.loss_sum
             if step + 1 < self.local_steps:
+                assert start is not None
                 current = start - self.local_lr * accumulated.to("cpu", torch.float64)
                 load_flat_params(self.model, current.to(torch.float32).numpy())
         # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
+        assert accumulated is not None  # local_steps >= 1
         update = accumulated.to("cpu", torch.float32).numpy()
         seen = sum(batch_sizes)
         return RoundResult(
