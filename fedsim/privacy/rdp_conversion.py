@@ -292,7 +292,8 @@ def _optimal_deltas_elementwise(alpha: np.ndarray, r: np.ndarray,
     if np.any(interior):
         a_i, r_i, e_i = alpha[interior], r[interior], epsilon[interior]
         log_m = (a_i - 1.0) * r_i
-        lo = np.maximum(r_i, e_i)
+        corner_eps, beta_end, end_eps, end_delta = _near_corner_segment(a_i, r_i)
+        lo = np.maximum(beta_end, e_i)
         hi = e_i - np.log1p(-1.0 / a_i)
         lo = np.minimum(lo, hi)
 
@@ -304,8 +305,30 @@ def _optimal_deltas_elementwise(alpha: np.ndarray, r: np.ndarray,
         beta_lo = _root(eps_gap, lo, hi, (a_i, log_m, e_i), side="below")
         # the lower end has gamma <= e^eps, hence delta there >= the optimal delta at eps
         _, delta_lo = _boundary_point(_solve_log_w(beta_lo, a_i, log_m), beta_lo, a_i)
-        result[interior] = delta_lo
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            fraction = np.expm1(e_i - corner_eps) / np.expm1(end_eps - corner_eps)
+            chord = 1.0 / a_i + fraction * (end_delta - 1.0 / a_i)
+        result[interior] = np.where(e_i < end_eps, chord, delta_lo)
     return np.clip(result, 0.0, 1.0)
+
+
+def _near_corner_segment(alpha: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(corner eps, beta_end, eps and delta at b = e^beta_end) for order alpha and value r.
+
+    Next to the corner (a = 0, ``gamma = e^r (1 - 1/alpha)``, delta = 1/alpha) the low ratio a
+    grows from 0 so fast in b that, parametrised by beta = log b, the boundary jumps over a
+    segment within one rounding step of beta = r; for orders near 1 the segment is long in eps
+    (``a^{alpha-1}`` is far from 0 even for a = 1e-13: alpha = 1.01, r = 4.7 jumps from
+    eps = 0.10 to 1.34). It ends at ``beta_end = r + 1e-12 max(1, r)``, where a is resolved
+    (a > 1e-13). ``delta_alpha(gamma)`` is a supremum of the convex functions
+    ``gamma -> E_gamma``, hence convex, so the chord between the two ends lies above it: a safe
+    answer on the segment, and a tight one, since there ``b = e^r`` and ``w = e^-r`` to
+    ~1e-12 and the boundary is the line ``1 - gamma e^-r`` of the pair {0, e^r}.
+    """
+    beta_end = r + 1e-12 * np.maximum(1.0, r)
+    end_eps, end_delta = _boundary_point(_solve_log_w(beta_end, alpha, (alpha - 1.0) * r),
+                                         beta_end, alpha)
+    return r + np.log1p(-1.0 / alpha), beta_end, end_eps, end_delta
 
 
 def optimal_deltas(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
@@ -357,8 +380,9 @@ def optimal_epsilons(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] 
     if np.any(interior):
         a_i, r_i = alpha[interior], r[interior]
         log_m = (a_i - 1.0) * r_i
+        corner_eps, beta_end, end_eps, end_delta = _near_corner_segment(a_i, r_i)
         # the classic eps bounds the optimal one, and b <= gamma alpha/(alpha - 1)
-        lo = r_i
+        lo = np.minimum(beta_end, r_i + math.log(1.0 / delta) / (a_i - 1.0))
         hi = r_i + math.log(1.0 / delta) / (a_i - 1.0) - np.log1p(-1.0 / a_i)
 
         def log_delta_gap(beta: np.ndarray, a: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -369,7 +393,12 @@ def optimal_epsilons(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] 
         log_delta = math.log(delta)
         beta_hi = _root(log_delta_gap, lo, hi, (a_i, log_m), side="above")
         eps_hi, _ = _boundary_point(_solve_log_w(beta_hi, a_i, log_m), beta_hi, a_i)
-        result[interior] = eps_hi
+        # targets between the corner's 1/alpha and delta at beta_end: on the chord of
+        # _near_corner_segment, which lies above the boundary, so its eps is safe
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            fraction = (1.0 / a_i - delta) / (1.0 / a_i - end_delta)
+            chord = corner_eps + np.log1p(fraction * np.expm1(end_eps - corner_eps))
+        result[interior] = np.where(delta > end_delta, chord, eps_hi)
     out[finite] = np.maximum(result, 0.0)
     return out
 
