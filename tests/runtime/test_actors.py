@@ -112,15 +112,17 @@ def test_global_model_mid_round_overwrites_w_and_the_round_continues() -> None:
     g1, g2 = np.zeros(DIM, np.float32), np.full(DIM, 10.0, np.float32)
 
     async def main(clock: VirtualClock):
-        actor, endpoint, trainer, _ = make_client(clock, max_rounds=2)
+        actor, endpoint, trainer, ledger = make_client(clock, max_rounds=2)
         deliver_at(clock, endpoint, 0.0, GlobalModel(1, g1))
         deliver_at(clock, endpoint, 0.5, GlobalModel(2, g2))  # in the middle of round 0
         await asyncio.wait_for(actor.run(), timeout=100)
-        return actor, endpoint, trainer
+        return actor, endpoint, trainer, ledger
 
-    actor, endpoint, trainer = run_virtual(main)
+    actor, endpoint, trainer, ledger = run_virtual(main)
     sent = updates(endpoint)
     assert [(t, m.round, m.base_version) for t, m in sent] == [(1.0, 0, 1), (2.0, 1, 2)]
+    # With a round limit the actor registered its 2 remaining rounds with the ledger once.
+    assert ledger.planned == [2]
     # Round 0 was computed on g1 and was not restarted: it finished at t = 1 as scheduled.
     np.testing.assert_array_equal(trainer.seen[0], g1)
     np.testing.assert_array_equal(sent[0][1].delta, g1 + 1)
