@@ -731,7 +731,7 @@ async def run_client(
 
 @dataclass
 class _FinishedActor:
-    """What :func:`fedsim.runtime.simulation._write_outputs` reads of a client actor."""
+    """What :func:`fedsim.runtime.simulation.write_run_outputs` reads of a client actor."""
 
     state: str
     released: list[RoundRecord]
@@ -741,7 +741,7 @@ class _FinishedActor:
 
 @dataclass
 class _DeployedRun:
-    """What :func:`fedsim.runtime.simulation._write_outputs` reads of a finished run (the
+    """What :func:`fedsim.runtime.simulation.write_run_outputs` reads of a finished run (the
     attributes of its ``_Simulation``); tests/deployment fail if the two drift apart."""
 
     scenario: Scenario
@@ -777,7 +777,7 @@ def collect_outputs(
     ``summary.json`` and ``timing.json`` are written by the simulator's own writer. Returns the
     summary.
     """
-    from fedsim.runtime.simulation import _Client, _write_outputs
+    from fedsim.runtime.simulation import ClientRecord, write_run_outputs
 
     out = Path(out_dir)
     population = population or build_population(loaded)
@@ -812,11 +812,11 @@ def collect_outputs(
         )
         if state in FINISHED_STATES:
             record.stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
-        record.clients[client_id] = _Client(
+        record.clients[client_id] = ClientRecord(
             plan, None, copied, open_ledger(plan, copied), actor=actor
         )
     try:
-        return _write_outputs(
+        return write_run_outputs(
             record, _FinalServer(int(server.get("final_version", 0))), wall_seconds
         )
     finally:

@@ -420,7 +420,7 @@ def _link_model(link: Link) -> LinkModel:
 
 
 @dataclass(eq=False)
-class _Client:
+class ClientRecord:
     """A client's runtime state across crashes."""
 
     plan: ClientPlan
@@ -463,7 +463,7 @@ class RunResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     applied_log: list[tuple[str, int, int, int]] = field(default_factory=list)
     """(client_id, round, base_version, version it was applied to) of every applied update."""
-    clients: dict[str, _Client] = field(default_factory=dict)
+    clients: dict[str, ClientRecord] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU time of the simulation loop (all threads of this process)."""
 
@@ -484,7 +484,7 @@ class _Simulation:
         self.on_window_hook = on_window
         self.metrics: list[dict[str, Any]] = []
         self.applied_log: list[tuple[str, int, int, int]] = []
-        self.clients: dict[str, _Client] = {}
+        self.clients: dict[str, ClientRecord] = {}
         self.stopped: list[dict[str, Any]] = []
         self.stop_reason = ""
         self.cpu_seconds = 0.0
@@ -520,7 +520,7 @@ class _Simulation:
             expected_params=self.population.initial_params.size,
         )
 
-    def _start_actor(self, client: _Client, clock: VirtualClock, network: SimulatedNetwork) -> None:
+    def _start_actor(self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork) -> None:
         plan = client.plan
         actor = make_client_actor(
             plan,
@@ -538,7 +538,7 @@ class _Simulation:
 
     # -- availability ---------------------------------------------------------------------------
     async def _on_off(
-        self, client: _Client, clock: VirtualClock, network: SimulatedNetwork
+        self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork
     ) -> None:
         availability = client.plan.group.availability
         assert availability.online is not None and availability.offline is not None
@@ -556,7 +556,7 @@ class _Simulation:
                 client.actor.online.set()
 
     async def _crashes(
-        self, client: _Client, clock: VirtualClock, network: SimulatedNetwork
+        self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork
     ) -> None:
         crashes = client.plan.group.availability.crashes
         assert crashes is not None
@@ -598,7 +598,7 @@ class _Simulation:
             )
 
     # -- per-window bookkeeping ------------------------------------------------------------------
-    def _remaining_epsilon(self, client: _Client) -> float | None:
+    def _remaining_epsilon(self, client: ClientRecord) -> float | None:
         if client.plan.group.budget is None:
             return None
         steps = client.ledger.steps
@@ -696,7 +696,7 @@ class _Simulation:
         ledger_dir.mkdir(parents=True, exist_ok=True)
         for plan in population.plans:
             path = ledger_dir / f"{plan.client_id}.jsonl"
-            self.clients[plan.client_id] = _Client(
+            self.clients[plan.client_id] = ClientRecord(
                 plan,
                 population.trainer(plan, message_only=self.message_only),
                 path,
@@ -854,7 +854,13 @@ def _reason_kind(reason: str) -> str:
     return reason
 
 
-def _write_outputs(sim: _Simulation, server: ServerActor, wall_seconds: float) -> dict[str, Any]:
+def write_run_outputs(sim: _Simulation, server: ServerActor, wall_seconds: float) -> dict[str, Any]:
+    """Write clients.csv, summary.json and timing.json of a finished run and return the summary.
+
+    Shared by the simulator and the deployed server (:func:`fedsim.runtime.deployment.
+    collect_outputs`), which passes a record with the same attributes, so both modes write
+    identical formats.
+    """
     out = sim.out_dir
     rows = _client_rows(sim)
     with open(out / "clients.csv", "w", encoding="utf-8", newline="") as handle:
@@ -952,7 +958,7 @@ def run_scenario(
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window)
         try:
             server, wall_seconds = sim.run()
-            summary = _write_outputs(sim, server, wall_seconds)
+            summary = write_run_outputs(sim, server, wall_seconds)
         finally:
             for client in sim.clients.values():
                 client.ledger.close()
