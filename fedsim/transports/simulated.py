@@ -259,6 +259,7 @@ class SimulatedNetwork:
         self._links: dict[tuple[Direction, str], _Link] = {}
         self._offline: set[str] = set()
         self._retained: bytes | None = None
+        self._last_decoded: tuple[bytes, Message] | None = None
         self._trace: list[TraceEntry] | None = [] if record_trace else None
 
     # ----------------------------------------------------------------------------- endpoints
@@ -428,13 +429,20 @@ class SimulatedNetwork:
             stats.lost += 1
             self._record(link, "lost", len(data))
             return
-        try:
-            message = codec.decode(
-                data, expected_params=self._expected_params, max_bytes=self._max_bytes
-            )
-        except CodecError as exc:
-            self._reject(link, data, f"undecodable message: {exc}")
-            return
+        cached = self._last_decoded
+        if cached is not None and cached[0] is data:
+            # A broadcast hands the same bytes object to every link: decode it once. Decoded
+            # arrays are read-only views, so receivers cannot change what the others get.
+            message = cached[1]
+        else:
+            try:
+                message = codec.decode(
+                    data, expected_params=self._expected_params, max_bytes=self._max_bytes
+                )
+            except CodecError as exc:
+                self._reject(link, data, f"undecodable message: {exc}")
+                return
+            self._last_decoded = (data, message)
         if link.direction == "downlink":
             if not isinstance(message, GlobalModel):
                 self._reject(
