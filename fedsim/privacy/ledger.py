@@ -102,7 +102,7 @@ class PrivacyLedger:
     """Append-only, fsync'ed record of one client's releases, with budget enforcement."""
 
     def __init__(self, path: Path, client_id: str, sampling: Sampling, budget: Budget | None,
-                 accountant: str, records: list[LedgerRecord]) -> None:
+                 accountant: str, records: list[LedgerRecord], *, read_only: bool = False) -> None:
         self._path = path
         self._client_id = client_id
         self._sampling = sampling
@@ -116,19 +116,30 @@ class PrivacyLedger:
         self._plan: list[tuple[GaussianStep, ...]] | None = None
         self._plan_cursor = 0  # planned rounds spent since plan()
         self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
-        self._file = open(path, "ab")  # noqa: SIM115 - held for the ledger's lifetime
+        # Held for the ledger's lifetime; a read-only ledger (reports) never writes.
+        self._file = None if read_only else open(path, "ab")  # noqa: SIM115
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, *, client_id: str, sampling: str, budget: Budget | None,
-             accountant: str = "pld") -> Self:
-        """Create the ledger file, or resume it (never reset; see the module docstring)."""
+             accountant: str = "pld", read_only: bool = False) -> Self:
+        """Create the ledger file, or resume it (never reset; see the module docstring).
+
+        ``read_only=True`` reads an existing ledger without changing its file (for reports on a
+        copied or read-only run directory): an unterminated final line is skipped, not cut off,
+        and :meth:`spend` raises :class:`LedgerError`.
+        """
         path = Path(path)
         if sampling not in SAMPLING_SCHEMES:
             raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
         make_accountant_class(accountant)  # unknown names fail here, before any file I/O
         header = {"format": LEDGER_FORMAT, "client_id": client_id, "sampling": sampling,
                   "accountant": accountant, "budget": budget.to_json() if budget else None}
+        if read_only:
+            if not path.exists():
+                raise LedgerError(f"{path}: no such ledger")
+            records = _read(path, header, repair=False)
+            return cls(path, client_id, sampling, budget, accountant, records, read_only=True)
         if not path.exists() or path.stat().st_size == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_durably(path, (json.dumps(header) + "\n").encode(), create=True)
@@ -137,7 +148,8 @@ class PrivacyLedger:
         return cls(path, client_id, sampling, budget, accountant, records)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
     def __enter__(self) -> Self:
         return self
@@ -255,6 +267,8 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if not steps:
             return
+        if self._file is None:
+            raise LedgerError(f"ledger of client {self._client_id} was opened read-only")
         if not (isinstance(time, int | float) and math.isfinite(time)):
             raise ConfigError(f"time must be a finite number, got {time!r}")
         if isinstance(round, bool) or not isinstance(round, int):
@@ -333,10 +347,12 @@ def _write_durably(path: Path, payload: bytes, *, create: bool) -> None:
             os.close(dir_fd)
 
 
-def _read(path: Path, expected: dict[str, Any]) -> list[LedgerRecord]:
+def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[LedgerRecord]:
     data = path.read_bytes()
     complete_end = data.rfind(b"\n") + 1
-    if complete_end < len(data):
+    if complete_end < len(data) and not repair:
+        data = data[:complete_end]  # skip the crash-cut final line; the file is left as it is
+    elif complete_end < len(data):
         # An unterminated final line: a write cut by a crash, never acknowledged. Drop it.
         with open(path, "r+b") as handle:
             handle.truncate(complete_end)

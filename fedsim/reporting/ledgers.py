@@ -44,8 +44,8 @@ def _header(path: Path) -> dict[str, Any]:
 def read_ledger(path: Path) -> ClientLedger:
     """Open the ledger at ``path`` and take a snapshot of it (the file is closed again).
 
-    Opening goes through :meth:`PrivacyLedger.open`, which needs write access: it cuts off a
-    final line that a crash left unterminated (a release that never happened).
+    The ledger is opened read-only (:meth:`PrivacyLedger.open` with ``read_only=True``): a
+    report never changes a run directory, so it also works on a read-only copy.
 
     The accountant is the ledger's enforcing one: a guarantee (``pld`` or ``rdp``) even when
     the header names ``gdp-clt`` (see :mod:`fedsim.privacy.ledger`).
@@ -54,7 +54,8 @@ def read_ledger(path: Path) -> ClientLedger:
     budget = Budget.from_json(header.get("budget"))
     with PrivacyLedger.open(path, client_id=str(header["client_id"]),
                             sampling=str(header["sampling"]), budget=budget,
-                            accountant=str(header.get("accountant", "pld"))) as ledger:
+                            accountant=str(header.get("accountant", "pld")),
+                            read_only=True) as ledger:
         timed = tuple(sorted(((record.time, record.step) for record in ledger.records),
                              key=lambda pair: pair[0]))
         return ClientLedger(ledger.client_id, timed, ledger.accountant)

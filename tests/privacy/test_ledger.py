@@ -85,6 +85,25 @@ def test_crash_mid_write_is_ignored_and_cut(tmp_path: Path) -> None:
         assert [r.round for r in ledger.records] == [0, 1, 9]
 
 
+def test_read_only_open_changes_nothing_and_refuses_to_spend(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path) as ledger:
+        for r in range(3):
+            ledger.spend(STEP, time=float(r), round=r)
+    cut = path.read_bytes()[:-20]  # a crash-cut final record
+    path.write_bytes(cut)
+    with PrivacyLedger.open(path, client_id="c7", sampling="poisson", budget=BUDGET,
+                            read_only=True) as ledger:
+        assert [r.round for r in ledger.records] == [0, 1]
+        assert ledger.epsilon() == make_accountant("pld", [STEP.times(2)]).epsilon(1e-5)
+        with pytest.raises(LedgerError, match="read-only"):
+            ledger.spend(STEP, time=5.0, round=5)
+    assert path.read_bytes() == cut  # a reader never repairs or appends
+    with pytest.raises(LedgerError, match="no such ledger"):
+        PrivacyLedger.open(tmp_path / "missing.jsonl", client_id="c7", sampling="poisson",
+                           budget=BUDGET, read_only=True)
+
+
 def test_damaged_complete_line_raises(tmp_path: Path) -> None:
     path = tmp_path / "l.jsonl"
     with open_ledger(path) as ledger:
