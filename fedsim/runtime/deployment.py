@@ -72,7 +72,6 @@ from fedsim.runtime.client import ClientActor, RoundRecord
 from fedsim.runtime.clock import WallClock
 from fedsim.runtime.server import ServerActor, WindowReport
 from fedsim.runtime.simulation import (
-    METRIC_KEYS,
     ClientPlan,
     Population,
     build_population,
@@ -298,25 +297,14 @@ class _ServerMonitor:
     def on_window(self, report: WindowReport) -> bool:
         stats = self.endpoint.stats
         refused = stats.rejected + stats.denied  # undecodable or forged: refused by the endpoint
-        line = {
-            "window": report.window,
-            "time": report.time,
-            "version": report.version,
-            "accuracy": report.accuracy,
-            "loss": report.loss,
-            "received": report.received,
-            "applied": report.applied,
-            "stale": report.stale,
-            "duplicate": report.duplicate,
-            "rejected": report.rejected + refused - self._refused_seen,
+        line = report.metrics_line(
+            rejected=report.rejected + refused - self._refused_seen,
             # Delivery is at-least-once end to end (acks + resend), so nothing is lost in flight.
-            "dropped_in_flight": 0,
-            "step_size": report.step_size,
-            "active_clients": self.active_clients(),
-            "min_remaining_epsilon": None,  # the ledgers live with the clients
-        }
+            dropped_in_flight=0,
+            active_clients=self.active_clients(),
+            min_remaining_epsilon=None,  # the ledgers live with the clients
+        )
         self._refused_seen = refused
-        assert tuple(line) == METRIC_KEYS
         _write_lines(
             self.applied,
             [

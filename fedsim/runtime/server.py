@@ -78,6 +78,30 @@ class WindowReport:
     """(client_id, round, base_version) of each applied update; the version before applying
     was ``version - 1``."""
 
+    def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
+                     min_remaining_epsilon: float | None) -> dict[str, object]:
+        """This window's ``metrics.jsonl`` object (the run-directory contract's keys, in order).
+
+        The simulator and the deployed server both write it; they supply the columns only the
+        runtime knows: rejections (including what the transport refused), messages lost in
+        flight, clients still active and the lowest remaining budget."""
+        return {
+            "window": self.window,
+            "time": self.time,
+            "version": self.version,
+            "accuracy": self.accuracy,
+            "loss": self.loss,
+            "received": self.received,
+            "applied": self.applied,
+            "stale": self.stale,
+            "duplicate": self.duplicate,
+            "rejected": rejected,
+            "dropped_in_flight": dropped_in_flight,
+            "step_size": self.step_size,
+            "active_clients": active_clients,
+            "min_remaining_epsilon": min_remaining_epsilon,
+        }
+
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
 

@@ -73,22 +73,6 @@ __all__ = [
 
 _log = structlog.get_logger("fedsim.runtime.simulation")
 
-METRIC_KEYS = (
-    "window",
-    "time",
-    "version",
-    "accuracy",
-    "loss",
-    "received",
-    "applied",
-    "stale",
-    "duplicate",
-    "rejected",
-    "dropped_in_flight",
-    "step_size",
-    "active_clients",
-    "min_remaining_epsilon",
-)
 CLIENT_COLUMNS = (
     "client_id",
     "group",
@@ -643,22 +627,12 @@ class _Simulation:
         stats = network.stats
         dropped = stats.uplink.dropped + stats.uplink.lost
         evaluated = report.accuracy is not None
-        line = {
-            "window": report.window,
-            "time": report.time,
-            "version": report.version,
-            "accuracy": report.accuracy,
-            "loss": report.loss,
-            "received": report.received,
-            "applied": report.applied,
-            "stale": report.stale,
-            "duplicate": report.duplicate,
-            "rejected": report.rejected,
-            "dropped_in_flight": dropped - self._dropped_seen,
-            "step_size": report.step_size,
-            "active_clients": sum(not c.finished for c in self.clients.values()),
-            "min_remaining_epsilon": self._min_remaining() if evaluated else None,
-        }
+        line = report.metrics_line(
+            rejected=report.rejected,
+            dropped_in_flight=dropped - self._dropped_seen,
+            active_clients=sum(not c.finished for c in self.clients.values()),
+            min_remaining_epsilon=self._min_remaining() if evaluated else None,
+        )
         self._dropped_seen = dropped
         self.metrics.append(line)
         before = report.version - (1 if report.applied else 0)
