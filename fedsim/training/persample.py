@@ -439,6 +439,15 @@ class PerSampleEngine:
 
         return record
 
+    def _empty_batch_sum(self) -> ClippedSum:
+        """An empty (Poisson) batch contributes nothing: a zero sum and no norms."""
+        param = self._all_params[0]
+        return ClippedSum(
+            torch.zeros(self.num_params, dtype=param.dtype, device=param.device),
+            torch.zeros(0, dtype=param.dtype, device=param.device),
+            0.0,
+        )
+
     def clipped_sum(
         self,
         features: torch.Tensor,
@@ -448,12 +457,8 @@ class PerSampleEngine:
     ) -> ClippedSum:
         """Forward + backward once; return the clipped sum, the norms and the loss sum."""
         batch = features.shape[0]
-        param = self._all_params[0]
         if batch == 0:
-            empty = torch.zeros(0, dtype=param.dtype, device=param.device)
-            return ClippedSum(
-                torch.zeros(self.num_params, dtype=param.dtype, device=param.device), empty, 0.0
-            )
+            return self._empty_batch_sum()
         handles = [layer.module.register_forward_hook(self._hook(layer)) for layer in self._layers]
         try:
             self._capturing = True
@@ -497,12 +502,8 @@ class PerSampleEngine:
         memory with a smaller physical batch. ``loss_sum`` is the loss at ``w``.
         """
         batch = features.shape[0]
-        param = self._all_params[0]
         if batch == 0:
-            empty = torch.zeros(0, dtype=param.dtype, device=param.device)
-            return ClippedSum(
-                torch.zeros(self.num_params, dtype=param.dtype, device=param.device), empty, 0.0
-            )
+            return self._empty_batch_sum()
         names = [n for n, p in self.model.named_parameters()]
         trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
         start = {n: p.detach() for n, p in self.model.named_parameters()}
