@@ -96,10 +96,10 @@ def gaussian_noise(
     """``N(0, std^2 I)`` drawn from ``generator`` on its own device, returned like ``like``.
 
     Drawn directly in ``like``'s dtype (float32 sampling is 3x faster than float64 on CPU and
-    is what the update is stored in anyway).
+    is what the update is stored in anyway) and scaled by the sampler itself (no extra pass).
     """
-    noise = torch.randn(size, generator=generator, device=generator.device, dtype=like.dtype)
-    return noise.mul_(std).to(device=like.device)
+    noise = torch.empty(size, dtype=like.dtype, device=generator.device)
+    return noise.normal_(0.0, std, generator=generator).to(device=like.device)
 
 
 @dataclass(frozen=True)
@@ -154,30 +154,31 @@ def noisy_gradient(
     if not (math.isfinite(per_example_lr) and per_example_lr > 0):
         raise ConfigError(f"per_example_lr must be > 0, got {per_example_lr!r}")
     param = engine.parameters()[0]
-    total: torch.Tensor | None = None
+    scale = 1.0 / expected_batch_size
+    # Noise first, then every chunk's scaled clipped sum is accumulated into it in place:
+    # for small models the O(P) passes cost as much as the backward pass.
+    total = gaussian_noise(
+        engine.num_params,
+        sensitivity(sampling, clip) * noise_multiplier * scale,
+        generator,
+        param.detach(),
+    )
     within, loss_sum = 0, 0.0
     for start in range(0, len(indices), max_physical_batch):
-        chunk = indices[start : start + max_physical_batch]
-        x = features[chunk].to(
+        chunk = indices[start : start + max_physical_batch].to(features.device)
+        # index_select: several times faster than advanced indexing for image batches on CPU
+        x = features.index_select(0, chunk).to(
             device=param.device, dtype=param.dtype if features.is_floating_point() else None
         )
-        y = labels[chunk].to(param.device)
+        y = labels.index_select(0, chunk).to(param.device)
         if per_example_steps == 1:
-            part = engine.clipped_sum(x, y, clip, loss_fn)
+            part = engine.clipped_sum(x, y, clip, loss_fn, scale=scale, out=total)
         else:
             part = engine.clipped_local_updates(
-                x, y, clip, per_example_steps, per_example_lr, loss_fn
+                x, y, clip, per_example_steps, per_example_lr, loss_fn, scale=scale, out=total
             )
-        total = part.flat_sum if total is None else total.add_(part.flat_sum)
         within += int((part.norms <= clip).sum())
         loss_sum += part.loss_sum
-    if total is None:  # an empty (Poisson) batch releases pure noise
-        total = torch.zeros(engine.num_params, dtype=param.dtype, device=param.device)
-    noise = gaussian_noise(
-        engine.num_params, sensitivity(sampling, clip) * noise_multiplier, generator, total
-    )
-    # In place: the update is O(P) and, for small models, as costly as the backward pass.
-    total.add_(noise).mul_(1.0 / expected_batch_size)
     return NoisyGradient(total, len(indices), within, loss_sum)
 
 

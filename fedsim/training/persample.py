@@ -77,9 +77,10 @@ class _Layer:
 
 
 # ---------------------------------------------------------------------------------------
-# per-layer rules: each returns (squared norms (B,), weighted_sum(c) -> list of param grads)
+# per-layer rules: each returns (squared norms (B,), weighted_sum(c, outs)), where
+# weighted_sum adds sum_i c_i g_i of each direct parameter into outs (views shaped like them)
 # ---------------------------------------------------------------------------------------
-WeightedSum = Callable[[torch.Tensor], list[torch.Tensor]]
+WeightedSum = Callable[[torch.Tensor, list[torch.Tensor]], None]
 
 
 def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -95,8 +96,9 @@ def _per_example_rule(per_example: list[torch.Tensor]) -> tuple[torch.Tensor, We
     """Norms and weighted sum from materialised per-example gradients (B, *param.shape)."""
     sq = sum(_row_sq_norms(p) for p in per_example)
 
-    def weighted(c: torch.Tensor) -> list[torch.Tensor]:
-        return [torch.tensordot(c, p, dims=1) for p in per_example]
+    def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        for out, p in zip(outs, per_example, strict=True):
+            out.add_(torch.tensordot(c, p, dims=1))
 
     return sq, weighted
 
@@ -113,21 +115,19 @@ def _linear_rule(layer: _Layer) -> tuple[torch.Tensor, WeightedSum]:
     steps = a.shape[1]
     if steps == 1:
         a2, g2 = a[:, 0], g[:, 0]
-        g_sq = g2.pow(2).sum(1)
+        g_sq = _row_sq_norms(g2)
         sq = torch.zeros_like(g_sq)
         if has_weight:
-            sq = sq + g_sq * a2.pow(2).sum(1)
+            sq = sq + g_sq * _row_sq_norms(a2)
         if has_bias:
             sq = sq + g_sq
 
-        def weighted(c: torch.Tensor) -> list[torch.Tensor]:
+        def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
             cg = g2 * c[:, None]
-            out = []
-            if has_weight:
-                out.append(cg.t() @ a2)
+            if has_weight:  # in place: no P-sized temporary, no copy
+                outs[0].addmm_(cg.t(), a2)
             if has_bias:
-                out.append(cg.sum(0))
-            return out
+                outs[-1].add_(cg.sum(0))
 
         return sq, weighted
 
@@ -145,18 +145,17 @@ def _linear_rule(layer: _Layer) -> tuple[torch.Tensor, WeightedSum]:
     if has_bias:
         sq = sq + g_sum.pow(2).sum(1)
 
-    def weighted_seq(c: torch.Tensor) -> list[torch.Tensor]:
-        out = []
+    def weighted_seq(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         if has_weight:
-            out.append(
-                torch.tensordot(c, per_example[0], dims=1)
-                if per_example
-                else (g * c[:, None, None]).reshape(-1, module.out_features).t()
-                @ a.reshape(-1, module.in_features)
-            )
+            if per_example:
+                outs[0].add_(torch.tensordot(c, per_example[0], dims=1))
+            else:
+                outs[0].addmm_(
+                    (g * c[:, None, None]).reshape(-1, module.out_features).t(),
+                    a.reshape(-1, module.in_features),
+                )
         if has_bias:
-            out.append(torch.tensordot(c, g_sum, dims=1))
-        return out
+            outs[-1].add_(torch.tensordot(c, g_sum, dims=1))
 
     return sq, weighted_seq
 
@@ -218,17 +217,15 @@ def _conv2d_rule(layer: _Layer) -> tuple[torch.Tensor, WeightedSum]:
     if bias_pe is not None:
         sq = sq + bias_pe.pow(2).sum(1)
 
-    def weighted(c: torch.Tensor) -> list[torch.Tensor]:
-        out = []
+    def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         if has_weight:
-            out.append(
+            outs[0].add_(
                 torch.einsum("bgol,blgk->gok", g * c[:, None, None, None], a).reshape(
                     module.weight.shape
                 )
             )
         if bias_pe is not None:
-            out.append(torch.tensordot(c, bias_pe, dims=1))
-        return out
+            outs[-1].add_(torch.tensordot(c, bias_pe, dims=1))
 
     return sq, weighted
 
@@ -244,12 +241,10 @@ def _embedding_rule(layer: _Layer) -> tuple[torch.Tensor, WeightedSum]:
     same_row = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
     sq = (same_row * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
 
-    def weighted(c: torch.Tensor) -> list[torch.Tensor]:
-        total = torch.zeros_like(module.weight)
-        total.index_add_(
+    def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        outs[0].index_add_(
             0, idx.reshape(-1), (g * c[:, None, None]).reshape(-1, module.embedding_dim)
         )
-        return [total]
 
     return sq, weighted
 
@@ -439,11 +434,15 @@ class PerSampleEngine:
 
         return record
 
-    def _empty_batch_sum(self) -> ClippedSum:
+    def _flat_zeros(self) -> torch.Tensor:
+        param = self._all_params[0]
+        return torch.zeros(self.num_params, dtype=param.dtype, device=param.device)
+
+    def _empty_batch_sum(self, out: torch.Tensor | None) -> ClippedSum:
         """An empty (Poisson) batch contributes nothing: a zero sum and no norms."""
         param = self._all_params[0]
         return ClippedSum(
-            torch.zeros(self.num_params, dtype=param.dtype, device=param.device),
+            self._flat_zeros() if out is None else out,
             torch.zeros(0, dtype=param.dtype, device=param.device),
             0.0,
         )
@@ -454,11 +453,19 @@ class PerSampleEngine:
         targets: torch.Tensor,
         clip: float,
         loss_fn: LossFn = per_example_cross_entropy,
+        *,
+        scale: float = 1.0,
+        out: torch.Tensor | None = None,
     ) -> ClippedSum:
-        """Forward + backward once; return the clipped sum, the norms and the loss sum."""
+        """Forward + backward once; return ``scale`` times the clipped sum, the norms, the loss sum.
+
+        With ``out`` (a flat vector of :attr:`num_params` values) the scaled clipped sum is
+        added into it in place and ``out`` is returned as ``flat_sum``: DP-SGD draws the noise
+        first and accumulates the gradients into it, which saves two passes over ``P`` values.
+        """
         batch = features.shape[0]
         if batch == 0:
-            return self._empty_batch_sum()
+            return self._empty_batch_sum(out)
         handles = [layer.module.register_forward_hook(self._hook(layer)) for layer in self._layers]
         try:
             self._capturing = True
@@ -476,7 +483,7 @@ class PerSampleEngine:
                 )
             for use, grad in zip(uses, grads, strict=True):
                 use.grad = torch.zeros_like(use.output) if grad is None else grad.detach()
-            return self._clip_and_sum(batch, clip, float(losses.detach().sum()))
+            return self._clip_and_sum(batch, clip, float(losses.detach().sum()), scale, out)
         finally:
             self._capturing = False
             for handle in handles:
@@ -492,6 +499,9 @@ class PerSampleEngine:
         steps: int,
         lr: float,
         loss_fn: LossFn = per_example_cross_entropy,
+        *,
+        scale: float = 1.0,
+        out: torch.Tensor | None = None,
     ) -> ClippedSum:
         """Clipped sum of per-example *local updates* ``a_h = (w - w_h) / lr``.
 
@@ -499,11 +509,12 @@ class PerSampleEngine:
         model's current ``w`` (paper 000, sec. 2: any ``a_h`` that depends on one example and
         on ``w`` keeps the sensitivity bound). ``steps == 1`` gives the gradient. Computed with
         ``torch.func.vmap`` over the examples, so it materialises ``B x P`` values: bound the
-        memory with a smaller physical batch. ``loss_sum`` is the loss at ``w``.
+        memory with a smaller physical batch. ``loss_sum`` is the loss at ``w``. ``scale`` and
+        ``out`` as in :meth:`clipped_sum`.
         """
         batch = features.shape[0]
         if batch == 0:
-            return self._empty_batch_sum()
+            return self._empty_batch_sum(out)
         names = [n for n, p in self.model.named_parameters()]
         trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
         start = {n: p.detach() for n, p in self.model.named_parameters()}
@@ -530,10 +541,14 @@ class PerSampleEngine:
             with torch.no_grad():
                 loss_sum = float(loss_fn(model(features), targets).sum())
         norms = torch.linalg.vector_norm(rows, dim=1)
-        factors = (clip / (norms + CLIP_EPSILON)).clamp(max=1.0)
-        return ClippedSum(factors @ rows, norms, loss_sum)
+        factors = (clip / (norms + CLIP_EPSILON)).clamp(max=1.0).mul_(scale)
+        flat = self._flat_zeros() if out is None else out
+        flat.addmv_(rows.t(), factors)
+        return ClippedSum(flat, norms, loss_sum)
 
-    def _clip_and_sum(self, batch: int, clip: float, loss_sum: float) -> ClippedSum:
+    def _clip_and_sum(
+        self, batch: int, clip: float, loss_sum: float, scale: float, out: torch.Tensor | None
+    ) -> ClippedSum:
         param = self._all_params[0]
         sq = torch.zeros(batch, dtype=param.dtype, device=param.device)
         pending: list[tuple[_Layer, WeightedSum]] = []
@@ -548,12 +563,16 @@ class PerSampleEngine:
             pending.append((layer, weighted))
         norms = sq.clamp_min(0).sqrt()
         factors = (clip / (norms + CLIP_EPSILON)).clamp(max=1.0)
-        flat = torch.zeros(self.num_params, dtype=param.dtype, device=param.device)
+        if scale != 1.0:
+            factors = factors * scale
+        flat = self._flat_zeros() if out is None else out
         for layer, weighted in pending:
-            for p, g in zip(layer.params, weighted(factors), strict=True):
-                start, stop = self._offsets[id(p)]
-                flat[start:stop] = g.reshape(-1)
+            weighted(factors, [self._flat_view(flat, p) for p in layer.params])
         return ClippedSum(flat, norms, loss_sum)
+
+    def _flat_view(self, flat: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
+        start, stop = self._offsets[id(param)]
+        return flat[start:stop].view(param.shape)
 
 
 _ENGINES: weakref.WeakKeyDictionary[nn.Module, PerSampleEngine] = weakref.WeakKeyDictionary()
