@@ -132,7 +132,12 @@ def mix(params: np.ndarray, updates: Sequence[AcceptedUpdate], strategy: MixingS
     if not (math.isfinite(total) and total > 0):
         raise ConfigError(f"mixing total weight must be > 0, got {total_weight!r}")
     lambdas = raw / total
+    # Two passes per update and no allocation: scale into a float64 scratch, then accumulate.
     direction = np.zeros(params.shape, dtype=np.float64)
+    scaled = np.empty(params.shape, dtype=np.float64)
     for weight, update in zip(lambdas, updates, strict=True):
-        direction += (weight * update.step_size) * update.update.astype(np.float64)
-    return (params.astype(np.float64) - server_step * direction).astype(np.float32)
+        np.multiply(update.update, weight * update.step_size, out=scaled, dtype=np.float64)
+        direction += scaled
+    direction *= -server_step
+    direction += params
+    return direction.astype(np.float32)

@@ -97,22 +97,26 @@ def max_steps(accountant: str, sampling: Sampling, q: float, sigma: float, epsil
     return largest_fitting(fits, limit=limit)
 
 
-def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
-                    limit: int = MAX_STEPS_LIMIT) -> int:
-    """Largest n in [0, limit] with ``fits(n)`` for a monotone predicate (``fits(0)`` is taken
-    as true): doubling from ``start`` to bracket, then integer bisection."""
+def doubling_bracket(fits: Callable[[int], bool], *, start: int = 1,
+                     limit: int = MAX_STEPS_LIMIT) -> tuple[int, int]:
+    """``(low, high)`` for a monotone predicate: ``fits(low)`` (``low = 0`` is taken as
+    fitting) and not ``fits(high)``, found by doubling from ``start``; ``high = limit + 1``
+    when even ``limit`` fits. The largest fitting n lies in ``[low, high)``."""
     start = max(1, min(start, limit))
     if not fits(start):
-        low, high = 0, start
-    else:
-        low = start
-        high = start * 2
-        while high <= limit and fits(high):
-            low, high = high, high * 2
-        if high > limit:
-            if fits(limit):
-                return limit
-            high = limit
+        return 0, start
+    low, high = start, start * 2
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    if high > limit:
+        if fits(limit):
+            return limit, limit + 1
+        high = limit
+    return low, high
+
+
+def bisect_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """Largest n in ``[low, high)`` with ``fits(n)``, given ``fits(low)`` and not ``fits(high)``."""
     while high - low > 1:
         middle = (low + high) // 2
         if fits(middle):
@@ -120,3 +124,10 @@ def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
         else:
             high = middle
     return low
+
+
+def largest_fitting(fits: Callable[[int], bool], *, start: int = 1,
+                    limit: int = MAX_STEPS_LIMIT) -> int:
+    """Largest n in [0, limit] with ``fits(n)`` for a monotone predicate (``fits(0)`` is taken
+    as true): doubling from ``start`` to bracket, then integer bisection."""
+    return bisect_fitting(fits, *doubling_bracket(fits, start=start, limit=limit))

@@ -99,6 +99,8 @@ def group_steps(steps: Iterable[GaussianStep]) -> tuple[GaussianStep, ...]:
     Composition is commutative, so the result describes the same mechanism; it is sorted so
     that equal multisets give equal tuples.
     """
+    if isinstance(steps, tuple | list) and len(steps) == 1:
+        return (steps[0],)  # the common case (one step per round): nothing to merge
     counts: Counter[tuple[Sampling, float, float]] = Counter()
     for step in steps:
         counts[step.key] += step.count

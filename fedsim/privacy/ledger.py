@@ -26,7 +26,10 @@ Speed. The runtime asks :meth:`can_spend` every round for hundreds of clients. F
 step (sampling, q, sigma) the ledger computes once, by doubling and bisection, how many more
 such steps fit in the budget (the *headroom*); eps grows with the count of a kind for every
 accountant, so later checks of the same kind are answered exactly by counting. The headroom is
-recomputed only when a different kind is spent or checked.
+recomputed only when a different kind is spent or checked. The first answer is a lower bound,
+the last success of the doubling (about half the evaluations of the exact count, and a fresh
+client far from its budget needs no more); the bisection to the exact count runs only when a
+check asks for more steps than the bound.
 
 Changing schedules (growing mu_t: every round is a new kind) defeat that cache, so a client
 that knows its future rounds registers them with :meth:`plan`. The ledger then finds, once,
@@ -52,7 +55,7 @@ from typing import Any, Self
 
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
 from fedsim.privacy.accountant import Accountant, make_accountant, make_accountant_class
-from fedsim.privacy.calibration import largest_fitting
+from fedsim.privacy.calibration import bisect_fitting, doubling_bracket, largest_fitting
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, group_steps
 
 LEDGER_FORMAT = "fedsim-ledger/1"
@@ -113,6 +116,8 @@ class PrivacyLedger:
         self._records = list(records)
         self._accountant = make_accountant(enforcing, [r.step for r in records])
         self._headroom: dict[tuple[Sampling, float, float], int] = {}
+        # Kinds whose headroom is only a lower bound map to the first count known not to fit.
+        self._headroom_above: dict[tuple[Sampling, float, float], int] = {}
         self._plan: list[tuple[GaussianStep, ...]] | None = None
         self._plan_cursor = 0  # planned rounds spent since plan()
         self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
@@ -258,7 +263,11 @@ class PrivacyLedger:
         if planned is not None:
             return planned
         if len(kinds) == 1:
-            return kinds[0].count <= self._headroom_for(kinds[0])
+            kind = kinds[0]
+            return kind.count <= self._headroom_for(kind) or (
+                kind.key in self._headroom_above
+                and kind.count <= self._headroom_for(kind, exact=True)
+            )
         return self._accountant.preview(steps).epsilon(self._budget.delta) <= self._budget.epsilon
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
@@ -295,6 +304,8 @@ class PrivacyLedger:
         if len(kinds) == 1 and kinds[0].key in self._headroom:
             kept[kinds[0].key] = self._headroom[kinds[0].key] - kinds[0].count
         self._headroom = kept
+        self._headroom_above = {key: above - kinds[0].count
+                                for key, above in self._headroom_above.items() if key in kept}
 
     # -- internals -----------------------------------------------------------------------------------
     def _delta(self, delta: float | None) -> float:
@@ -315,19 +326,28 @@ class PrivacyLedger:
                     f"got a {step.sampling} step")
         return steps
 
-    def _headroom_for(self, kind: GaussianStep) -> int:
-        """How many more steps of this kind fit in the budget (cached until the state moves)."""
+    def _headroom_for(self, kind: GaussianStep, *, exact: bool = False) -> int:
+        """How many more steps of this kind surely fit in the budget: the exact count when
+        ``exact``, else possibly a lower bound (cached until the state moves)."""
         key = kind.key
-        if key not in self._headroom:
-            budget = self._budget
-            assert budget is not None
-            unit = kind.times(1)
+        if key in self._headroom and not (exact and key in self._headroom_above):
+            return self._headroom[key]
+        budget = self._budget
+        assert budget is not None
+        unit = kind.times(1)
 
-            def fits(count: int) -> bool:
-                trial = self._accountant.preview([unit.times(count)])
-                return trial.epsilon(budget.delta) <= budget.epsilon
+        def fits(count: int) -> bool:
+            trial = self._accountant.preview([unit.times(count)])
+            return trial.epsilon(budget.delta) <= budget.epsilon
 
-            self._headroom[key] = largest_fitting(fits, start=64, limit=_MAX_HEADROOM)
+        if key in self._headroom:  # a lower bound and a failing count: bisect between them
+            low, high = self._headroom[key], self._headroom_above.pop(key)
+        else:
+            low, high = doubling_bracket(fits, start=64, limit=_MAX_HEADROOM)
+            if low > 0 and high - low > 1 and not exact:
+                self._headroom[key], self._headroom_above[key] = low, high
+                return low
+        self._headroom[key] = bisect_fitting(fits, low, high)
         return self._headroom[key]
 
 

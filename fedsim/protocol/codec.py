@@ -187,8 +187,10 @@ def encode(message: Message) -> bytes:
     prefix = _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(header_json))
     if tensor is None:
         return prefix + header_json
-    # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere.
-    return b"".join((prefix, header_json, tensor.astype(_FLOAT32, copy=False).tobytes()))
+    # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere; the
+    # join copies the values once, straight from the array's buffer.
+    values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
+    return b"".join((prefix, header_json, memoryview(values).cast("B")))
 
 
 def _describe(exc: ValidationError) -> str:

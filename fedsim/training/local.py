@@ -64,12 +64,17 @@ def load_flat_params(model: nn.Module, vec: np.ndarray) -> None:
         raise ModelError(f"parameter vector has shape {vec.shape}, the model needs ({total},)")
     if not np.isfinite(vec).all():
         raise ModelError("parameter vector contains non-finite values")
-    source = torch.from_numpy(np.ascontiguousarray(vec))
     offset = 0
     with torch.no_grad():
         for p in params:
-            p.copy_(source[offset : offset + p.numel()].view_as(p))
+            chunk = vec[offset : offset + p.numel()]
             offset += p.numel()
+            if p.device.type == "cpu" and p.is_contiguous():
+                # Straight into the parameter's memory: one pass, and ``vec`` may be a
+                # read-only view of a received message (no defensive copy needed).
+                np.copyto(p.detach().numpy().reshape(-1), chunk, casting="same_kind")
+            else:
+                p.copy_(torch.from_numpy(np.array(chunk)).view_as(p))
 
 
 def evaluate(
@@ -283,7 +288,7 @@ class LocalTrainer:
         # The float64 start point is needed only between local steps: a one-step round (the
         # common case) skips an O(P) conversion and allocation per round.
         start = (
-            torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32)).to(torch.float64)
+            torch.from_numpy(np.asarray(params, dtype=np.float32).astype(np.float64))
             if self.local_steps > 1
             else None
         )

@@ -50,6 +50,27 @@ def test_spending_stops_exactly_at_the_budget(tmp_path: Path) -> None:
         assert not ledger.can_spend(STEP)
 
 
+def test_cached_headroom_answers_like_the_accountant(tmp_path: Path) -> None:
+    """The headroom cache (a lower bound first, bisected to the exact count on demand) gives
+    the answer of a direct accountant check for every request, across kinds and counts."""
+    import random
+
+    rng = random.Random(3)
+    kinds = [GaussianStep("poisson", 0.01, 1.0), GaussianStep("poisson", 0.02, 1.5)]
+    budget = Budget(0.8, 1e-5)
+    with open_ledger(tmp_path / "l.jsonl", budget=budget) as ledger:
+        answers = set()
+        for round_index in range(60):
+            request = rng.choice(kinds).times(rng.choice([1, 1, 1, 7, 40, 300]))
+            direct = make_accountant("pld", [*ledger.steps, request]).epsilon(budget.delta)
+            allowed = ledger.can_spend(request)
+            assert allowed == (direct <= budget.epsilon), (round_index, request)
+            answers.add(allowed)
+            if allowed and rng.random() < 0.8:
+                ledger.spend(request, time=float(round_index), round=round_index)
+        assert answers == {True, False}  # the sequence reached the budget's edge
+
+
 def test_budget_exhausted_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "l.jsonl"
     with open_ledger(path, budget=Budget(0.5, 1e-5)) as ledger:
