@@ -4,7 +4,7 @@ Models: the classic DP MNIST CNN (26k parameters) and the MLP 784-256-10 (203k).
 
 * ``plain``: forward, mean cross-entropy, backward, SGD update (no privacy);
 * ``fedsim``: :func:`fedsim.training.dpsgd.noisy_gradient` (per-example norms by book-keeping,
-  clip, sum, Gaussian noise, divide by m) plus the same SGD update;
+  clip, sum, Gaussian noise, divide by m) plus the SGD update (one ``_foreach_add_``);
 * ``opacus_hooks`` / ``opacus_functorch`` / ``opacus_ghost``: Opacus' ``make_private`` with
   that ``grad_sample_mode`` (ghost = fast gradient clipping), one ``optimizer.step()``.
 
@@ -86,11 +86,12 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
                 generator=generator,
                 max_physical_batch=BATCH,
             )
-            with torch.no_grad():  # the same in-place SGD update as torch.optim.SGD
-                offset = 0
+            with torch.no_grad():  # the in-place SGD update, as one multi-tensor op
+                views, offset = [], 0
                 for p in params:
-                    p.add_(release.gradient[offset : offset + p.numel()].view_as(p), alpha=-LR)
+                    views.append(release.gradient[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
+                torch._foreach_add_(params, views, alpha=-LR)
 
         return fedsim_step
 

@@ -54,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.15)
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument(
+        "--sampling",
+        default="fixed",
+        choices=("fixed", "poisson"),
+        help="fixed-size batches, replace-one, noise 2 C sigma (DRS Alg. 1; default) or Poisson "
+        "batches, add/remove, noise C sigma (what TF Privacy's DP-SGD runs)",
+    )
+    parser.add_argument(
         "--init",
         default="glorot",
         choices=("glorot", "torch"),
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         train_x,
         train_y,
         batch_size=args.batch_size,
-        sampling="fixed",
+        sampling=args.sampling,
         clip=schedule,
         noise=schedule,
         generator=generator,
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     seconds = time.perf_counter() - started
     q = args.batch_size / n
-    events = schedule.steps("fixed", q)
+    events = schedule.steps(args.sampling, q)
     assert events == (trainer.planned_steps(0)[0].times(steps),)
     epsilon_pld = float(make_accountant("pld", events).epsilon(args.delta))
     epsilon_clt = float(make_accountant("gdp-clt", events).epsilon(args.delta))
@@ -126,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "sigma": args.sigma,
         "batch_size": args.batch_size,
-        "sampling": "fixed",
-        "neighbouring": "replace-one",
+        "sampling": args.sampling,
+        "neighbouring": "replace-one" if args.sampling == "fixed" else "add/remove",
         "clip": args.clip,
         "lr": args.lr,
         "model": "dp_mnist_cnn",

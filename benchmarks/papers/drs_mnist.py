@@ -108,10 +108,11 @@ def load_centralized_benchmark() -> ModuleType:
 
 
 # -- privacy ------------------------------------------------------------------------------
-def privacy_numbers(run: DrsRun, delta: float = DELTA) -> dict[str, float]:
-    """All privacy columns for the run's full schedule."""
-    step = run.full_step
-    mu = clt_mu([step])  # DRS Cor. 5.4 for fixed-size batches
+def privacy_numbers(run: DrsRun, delta: float = DELTA, sampling: str = "fixed") -> dict[str, float]:
+    """All privacy columns for the run's full schedule, for the scheme that was run: fixed
+    size and replace-one (DRS Alg. 1), or Poisson and add/remove (TF Privacy's mechanism)."""
+    step = GaussianStep(sampling, run.full_step.q, run.sigma, run.steps)  # type: ignore[arg-type]
+    mu = clt_mu([step])  # DRS Cor. 5.4 (fixed size) / Bu et al. 2020 (Poisson)
     moments = GaussianStep("poisson", step.q, step.sigma, step.count)
     return {
         "mu_clt": float(mu),
@@ -174,19 +175,20 @@ def plot_tradeoffs(curves: dict[str, dict[str, list[float]]], numbers: dict[str,
 
 
 # -- training -----------------------------------------------------------------------------
-def _matches(record: dict[str, Any], run: DrsRun, epochs: float | None) -> bool:
+def _matches(record: dict[str, Any], run: DrsRun, epochs: float | None,
+             sampling: str = "fixed") -> bool:
     return (not record.get("quick", False) and record.get("sigma") == run.sigma
             and record.get("clip") == run.clip and record.get("lr") == run.lr
-            and record.get("batch_size") == BATCH_SIZE and record.get("sampling") == "fixed"
+            and record.get("batch_size") == BATCH_SIZE and record.get("sampling") == sampling
             and (epochs is None or record.get("epochs") == epochs))
 
 
 def train(run: DrsRun, epochs: float, centralized: ModuleType, *, data: str | None,
-          device: str, seed: int, out: Path) -> dict[str, Any]:
+          device: str, seed: int, out: Path, sampling: str = "fixed") -> dict[str, Any]:
     """Train run ``run`` for ``epochs`` with mnist_centralized's loop; its record is ``out``."""
     argv = ["--epochs", str(epochs), "--sigma", str(run.sigma), "--clip", str(run.clip),
             "--lr", str(run.lr), "--batch-size", str(BATCH_SIZE), "--seed", str(seed),
-            "--device", device, "--out", str(out)]
+            "--device", device, "--out", str(out), "--sampling", sampling]
     if data is not None:
         argv += ["--data", data]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -237,13 +239,20 @@ def tuned_record(run: DrsRun) -> dict[str, Any] | None:
 
 
 def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, float], *,
-               tuned: bool = False) -> dict[str, Any]:
-    """One row of drs_mnist.json; ``tuned``: a record with the run's privacy but its own lr, C."""
+               tuned: bool = False, sampling: str = "fixed") -> dict[str, Any]:
+    """One row of drs_mnist.json; ``tuned``: a record with the run's privacy but its own lr, C;
+    ``sampling="poisson"``: the paper's settings under TF Privacy's mechanism."""
     accuracy = None if record is None else round(100.0 * record["accuracy"], 2)
     trained_epochs = None if record is None else record["epochs"]
     full = trained_epochs is not None and trained_epochs >= run.epochs
     lr, clip = (record["lr"], record["clip"]) if tuned and record else (run.lr, run.clip)
-    if tuned:
+    if sampling == "poisson":
+        note = ("the mechanism TF Privacy ran for the paper: Poisson batches (rate m/n), "
+                "add/remove neighbours, noise C sigma on the clipped sum - half the noise std of "
+                "the replace-one rows; its guarantee is for add/remove neighbours, so its eps is "
+                "not comparable with theirs (its eps_rdp is the moments accountant's)")
+        init = None if record is None else record.get("init", "not recorded")
+    elif tuned:
         note = (f"benchmarks/mnist_centralized.py's setting: the paper's sigma, m and epochs "
                 f"(the same privacy as run {run.name}) with lr {lr} and C {clip} (run B's)")
         init = None if record is None else record.get("init", "not recorded")
@@ -251,8 +260,14 @@ def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, fl
         note = difference_note(run, accuracy, full)
         # records written before mnist_centralized.py had --init used PyTorch's default init
         init = None if record is None else record.get("init", "torch")
+    label = run.name
+    if tuned:
+        label = f"{run.name} (lr {lr}, C {clip})"
+    elif sampling == "poisson":
+        label = f"{run.name} (Poisson, noise C sigma)"
     return {
-        "run": f"{run.name} (lr {lr}, C {clip})" if tuned else run.name,
+        "run": label,
+        "sampling": sampling,
         "full": full,
         "epochs": trained_epochs,
         "paper_epochs": run.epochs,
@@ -263,11 +278,27 @@ def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, fl
         "steps_full": run.steps,
         "accuracy": accuracy,
         "paper_accuracy": run.paper_accuracy,
-        "paper_mu_clt": run.paper_mu_clt,
+        # the paper's mu is the CLT of its replace-one analysis (DRS Cor. 5.4), not Poisson's
+        "paper_mu_clt": run.paper_mu_clt if sampling == "fixed" else None,
         **{k: round(v, 4) for k, v in numbers.items()},
         "paper_eps_rdp_ma": run.paper_eps_ma,
         "note": note,
     }
+
+
+def poisson_row(run: DrsRun, args: argparse.Namespace, centralized: ModuleType,
+                records: Path) -> dict[str, Any]:
+    """Run ``run`` at the paper's settings and epochs under the mechanism the paper's numbers
+    came from (TF Privacy: Poisson batches, noise C sigma), trained unless ``--no-train``."""
+    numbers = privacy_numbers(run, sampling="poisson")
+    out = records / f"run_{run.name}_poisson.json"
+    record = None
+    if out.is_file() and _matches(json.loads(out.read_text()), run, float(run.epochs), "poisson"):
+        record = json.loads(out.read_text())
+    if record is None and not args.no_train:
+        record = train(run, float(run.epochs), centralized, data=args.data, device=args.device,
+                       seed=args.seed, out=out, sampling="poisson")
+    return result_row(run, record, numbers, sampling="poisson")
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -284,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--poisson-runs", default="A",
+                        help="runs also trained with TF Privacy's mechanism (Poisson batches, "
+                        "noise C sigma) at the paper's settings and epochs ('' for none)")
     args = parser.parse_args(argv)
 
     centralized = load_centralized_benchmark()
@@ -307,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tuned = tuned_record(run)
         if tuned is not None:
             rows.append(result_row(run, tuned, numbers[run.name], tuned=True))
+        if run.name in args.poisson_runs.upper():
+            rows.append(poisson_row(run, args, centralized, records))
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "drs_mnist.json").write_text(json.dumps(rows, indent=2) + "\n")
     (records).mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,11 @@
 """van Dijk et al. (paper 000): the asynchronous design with 100 heterogeneous clients.
 
-Runs ``fedsim run scenarios/papers/vandijk_async.yaml`` once per variant with ``--set``
-overrides and collects accuracy over virtual time and per-client eps (PLD, delta = 1e-5):
+Runs ``fedsim run scenarios/papers/vandijk_async.yaml`` per variant with ``--set`` overrides,
+once per seed (``--seeds``, default 3: partition, sampling, noise, speeds and network draws all
+change with the seed), and collects accuracy over virtual time and per-client eps (PLD,
+delta = 1e-5). A row reports the mean over seeds, the per-seed values and their spread; a
+comparison also says in how many seeds it holds (runs with the same seed share the partition,
+so they pair up):
 
 * ``poisson`` (the base): Poisson batches, add/remove neighbours, noise N(0, (C sigma)^2);
 * ``fixed``: fixed-size batches, replace-one neighbours, noise N(0, (2 C sigma)^2) - at the
@@ -17,12 +21,12 @@ overrides and collects accuracy over virtual time and per-client eps (PLD, delta
   sec. 2 (unchanged by a), and the Poisson GDP CLT q sqrt(T (e^{sigma^-2} - 1)) (Bu et al.
   2020), next to the PLD eps.
 
-    python benchmarks/papers/vandijk_async.py                 # all variants (CPU minutes)
-    python benchmarks/papers/vandijk_async.py --variants poisson fixed
+    python benchmarks/papers/vandijk_async.py                 # all variants, 3 seeds (CPU minutes)
+    python benchmarks/papers/vandijk_async.py --variants poisson fixed --seeds 5
     python benchmarks/papers/vandijk_async.py --quick         # smoke run: 10 clients, 40 s
 
 Writes benchmarks/results/papers/vandijk_async.json and docs/img/vandijk_async.png; the run
-directories go to runs/papers/vandijk_async/ (not committed).
+directories go to runs/papers/vandijk_async/VARIANT/seedN/ (not committed).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
+from statistics import mean, median, stdev
 from typing import Any
 
 from fedsim.config import load_scenario
@@ -81,10 +85,6 @@ def variants(scenario_path: Path, quick_overrides: Sequence[str]) -> list[Varian
                 ("network.uplink.drop=0.3", "network.downlink.drop=0.3")),
         Variant(THOUGHT, f"m x{THOUGHT_EXPERIMENT_FACTOR}, E x{THOUGHT_EXPERIMENT_FACTOR}, "
                 f"sigma x{THOUGHT_EXPERIMENT_FACTOR}", ()),
-        # the same two settings with another seed: the seed-to-seed spread of one run
-        Variant("poisson_seed1", "Poisson (base), seed 1", ("seed=1",)),
-        Variant("fixed_seed1", "fixed-size, seed 1",
-                (*(f"{s}=fixed" for s in _each_group(n, "sampling")), "seed=1")),
     ]
 
 
@@ -108,9 +108,7 @@ def run_variant(variant: Variant, *, scenario: Path, quick: Sequence[str], out: 
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "fedsim", "run", str(scenario), "--out", str(out),
-               "--no-plots"]
-    if not any(o.startswith("seed=") for o in variant.overrides):
-        command += ["--seed", str(seed)]
+               "--no-plots", "--seed", str(seed)]
     for assignment in (*quick, *variant.overrides):
         command += ["--set", assignment]
     print(" ".join(command[1:]), flush=True)
@@ -161,7 +159,43 @@ def collect(variant: Variant, run_dir: Path) -> dict[str, Any]:
         "groups": groups,
         "curve": {"time": [t for t, _ in curve], "accuracy": [a for _, a in curve]},
         "epsilons": epsilons,
+        "mus": mus,
     }
+
+
+def aggregate(variant: Variant, seeds: Sequence[int],
+              results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One row and one curve for a variant from its per-seed results (in ``seeds`` order):
+    accuracy as the mean over seeds with the per-seed values and their standard deviation,
+    eps pooled over every client of every seed, the accuracy curve averaged over seeds on
+    the evaluation times they share."""
+    rows = [r["row"] for r in results]
+    finals = [r["final_accuracy"] for r in rows]
+    epsilons = [e for r in results for e in r["epsilons"]]
+    mus = [m for r in results for m in r["mus"]]
+    shared = min(len(r["curve"]["time"]) for r in results)
+    curve = {
+        "time": results[0]["curve"]["time"][:shared],
+        "accuracy": [mean(r["curve"]["accuracy"][i] for r in results) for i in range(shared)],
+    }
+    row = {
+        "variant": variant.name,
+        "description": variant.description,
+        "seeds": len(results),
+        "final_accuracy": round(mean(finals), 4),
+        "final_accuracy_sd": round(stdev(finals), 4) if len(finals) > 1 else None,
+        "final_accuracy_per_seed": finals,
+        "best_accuracy": round(mean(r["best_accuracy"] for r in rows), 4),
+        "virtual_time": round(mean(r["virtual_time"] for r in rows), 1),
+        "applied_updates": round(mean(r["applied_updates"] for r in rows), 1),
+        "eps_min": round(min(epsilons), 4),
+        "eps_median": round(median(epsilons), 4),
+        "eps_max": round(max(epsilons), 4),
+        "mu_clt_median": round(median(mus), 4),
+    }
+    # The thought experiment scales the base's sigmas: the first seed's group medians.
+    return {"row": row, "curve": curve, "epsilons": epsilons, "groups": results[0]["groups"],
+            "per_seed": dict(zip(map(str, seeds), finals, strict=True))}
 
 
 def paper_claims(rows: dict[str, dict[str, Any]], base: dict[str, Any] | None,
@@ -195,15 +229,18 @@ def paper_claims(rows: dict[str, dict[str, Any]], base: dict[str, Any] | None,
     return claims
 
 
-def findings(rows: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per comparison, generated from the rows (final / best accuracy in %)."""
+def findings(rows: dict[str, dict[str, Any]],
+             per_seed: dict[str, dict[str, float]]) -> list[str]:
+    """One line per comparison, generated from the rows: mean final accuracy (sd) over seeds,
+    the mean difference, and in how many seeds the left setting is ahead (same seed, same
+    partition and draws: a paired comparison)."""
     def acc(name: str) -> str:
         r = rows[name]
-        return f"{100 * r['final_accuracy']:.1f} % (best {100 * r['best_accuracy']:.1f} %)"
+        sd = r.get("final_accuracy_sd")
+        spread = f" +- {100 * sd:.1f}" if sd is not None else ""
+        return f"{100 * r['final_accuracy']:.1f}{spread} %"
 
     pairs = [("poisson", "fixed", "Sampling at equal per-client eps: Poisson (noise C sigma)"),
-             ("poisson_seed1", "fixed_seed1", "The same with seed 1: Poisson"),
-             ("poisson", "poisson_seed1", "Seed-to-seed spread of one run: base seed 0"),
              ("poisson", "no_staleness_wait", "Staleness wait on"),
              ("poisson", "broadcast_every_4", "Broadcast every window"),
              ("poisson", "drop_10", "No message loss"),
@@ -211,20 +248,22 @@ def findings(rows: dict[str, dict[str, Any]]) -> list[str]:
              ("poisson", THOUGHT, "Thought experiment: base")]
     out = []
     for left, right, label in pairs:
-        if left in rows and right in rows:
-            out.append(f"{label} {acc(left)} against {rows[right]['description']}: {acc(right)}; "
-                       f"median client eps {rows[left]['eps_median']:.3g} vs "
-                       f"{rows[right]['eps_median']:.3g}.")
-    if "poisson" in rows and "poisson_seed1" in rows:
-        spread = 100 * abs(rows["poisson"]["final_accuracy"] - rows["poisson_seed1"]["final_accuracy"])
-        line = (f"One run per setting: the base moves {spread:.1f} points between seeds, so "
-                "differences of that size are not significant")
-        if "fixed" in rows and "fixed_seed1" in rows:
-            holds = all(rows[p]["final_accuracy"] > rows[f]["final_accuracy"]
-                        for p, f in (("poisson", "fixed"), ("poisson_seed1", "fixed_seed1")))
-            line += ("; Poisson beats fixed-size batches with both seeds" if holds
-                     else "; Poisson does not beat fixed-size batches with both seeds")
-        out.append(line + ".")
+        if left not in rows or right not in rows:
+            continue
+        line = (f"{label} {acc(left)} against {rows[right]['description']}: {acc(right)} "
+                f"(difference {100 * (rows[left]['final_accuracy'] - rows[right]['final_accuracy']):+.1f} "
+                f"points")
+        common = sorted(set(per_seed.get(left, {})) & set(per_seed.get(right, {})))
+        if common:
+            ahead = sum(per_seed[left][k] > per_seed[right][k] for k in common)
+            line += f"; ahead in {ahead} of {len(common)} seeds"
+        out.append(f"{line}); median client eps {rows[left]['eps_median']:.3g} vs "
+                   f"{rows[right]['eps_median']:.3g}.")
+    base = rows.get("poisson")
+    if base and base.get("final_accuracy_sd") is not None:
+        out.append(f"Seed-to-seed standard deviation of the base: {100 * base['final_accuracy_sd']:.1f} "
+                   "points; a difference of a similar size, or one that does not hold in every "
+                   "seed, is not a finding.")
     return out
 
 
@@ -265,11 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--collect-only", action="store_true",
                         help="rebuild the JSON and plot from the existing run directories")
     parser.add_argument("--scenario", type=Path, default=SCENARIO)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per variant (seeds from --seed)")
     parser.add_argument("--runs", type=Path, default=RUNS)
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
     quick = QUICK if args.quick else ()
     chosen = variants(args.scenario, quick)
     if args.variants:
@@ -279,22 +321,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = [v for v in chosen if v.name in args.variants]
     out = args.results / "vandijk_async.json"
     document = json.loads(out.read_text()) if out.is_file() else {"rows": []}
-    rows = {r["variant"]: r for r in document.get("rows", [])}
-    curves = document.get("curves", {})
+    # rows of single-seed runs (an older format) are not comparable: drop them
+    rows = {r["variant"]: r for r in document.get("rows", []) if "seeds" in r}
+    curves = {n: c for n, c in document.get("curves", {}).items() if n in rows}
+    seeds = list(range(args.seed, args.seed + args.seeds))
     for variant in chosen:
         if variant.name == THOUGHT:
             if "poisson" not in curves:
                 parser.error(f"{THOUGHT} needs the poisson (base) run first")
             variant = thought_experiment(variant, args.scenario, quick, curves["poisson"]["groups"])
-        run_dir = args.runs / variant.name
-        if not args.collect_only:
-            run_variant(variant, scenario=args.scenario, quick=quick, out=run_dir, seed=args.seed)
-        elif not (run_dir / "summary.json").is_file():
+        results, done = [], []
+        for seed in seeds:
+            run_dir = args.runs / variant.name / f"seed{seed}"
+            if not args.collect_only:
+                run_variant(variant, scenario=args.scenario, quick=quick, out=run_dir, seed=seed)
+            elif not (run_dir / "summary.json").is_file():
+                continue
+            results.append(collect(variant, run_dir))
+            done.append(seed)
+        if not results:
             continue
-        result = collect(variant, run_dir)
+        result = aggregate(variant, done, results)
         rows[variant.name] = result["row"] | {"quick": args.quick}
         curves[variant.name] = {**result["curve"], "epsilons": result["epsilons"],
-                                "groups": result["groups"]}
+                                "groups": result["groups"], "per_seed": result["per_seed"]}
     order = [v.name for v in variants(args.scenario, quick)]
     document["rows"] = [rows[n] for n in order if n in rows]
     document["curves"] = {n: curves[n] for n in order if n in curves}
@@ -303,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document["command"] = "python benchmarks/papers/vandijk_async.py"
     document["plot"] = "docs/img/vandijk_async.png"
     document["notes"] = [
-        "Every row is one `fedsim run scenarios/papers/vandijk_async.yaml --set ...` (100 "
+        "Every row is `fedsim run scenarios/papers/vandijk_async.yaml --set ...` once per seed (100 "
         "clients in 3 groups of different speed and batch size, Dirichlet(1) label skew, MLP "
         "784-64-10). Every group's sigma is calibrated (noise kind target) so that its smallest "
         "client spends exactly eps = 2 at delta = 1e-5 in its 40 rounds under the scheme it "
@@ -312,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Thought experiment (a = {THOUGHT_EXPERIMENT_FACTOR}): per group, mu by the asymptotic "
         "rule q sqrt(T) / sigma, by the Poisson GDP CLT, and the PLD eps, before -> after.",
     ]
-    document["notes"] += findings(rows)
+    document["notes"] += findings(rows, {n: c.get("per_seed", {}) for n, c in curves.items()})
     args.results.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=1) + "\n")
     plot({n: c for n, c in document["curves"].items()},

@@ -64,7 +64,10 @@ def test_drs_rows_have_the_issue_keys(drs_rows: list[dict]) -> None:
 
 def test_drs_clt_mu_matches_the_paper_to_its_printed_precision(drs_rows: list[dict]) -> None:
     for row in drs_rows:
-        assert round(row["mu_clt"], 3) == row["paper_mu_clt"]
+        if row["sampling"] == "fixed":
+            assert round(row["mu_clt"], 3) == row["paper_mu_clt"]
+        else:  # Bu et al.'s Poisson CLT: mu = q sqrt(T (e^{1/sigma^2} - 1)), no paper value
+            assert row["paper_mu_clt"] is None and round(row["mu_clt"], 3) == 0.227
 
 
 def test_drs_moments_accountant_matches_tensorflow_privacy(drs_rows: list[dict]) -> None:
@@ -76,11 +79,25 @@ def test_drs_moments_accountant_matches_tensorflow_privacy(drs_rows: list[dict])
 
 
 def test_drs_exact_accounting_is_tighter_than_rdp_and_close_to_the_clt(drs_rows: list[dict]) -> None:
-    for row in drs_rows:
+    fixed = [row for row in drs_rows if row["sampling"] == "fixed"]
+    assert len(fixed) >= 3
+    for row in fixed:
         # same scheme (fixed size, replace-one): the PLD guarantee beats the RDP guarantee
         assert row["eps_pld"] < row["eps_rdp"]
         # the CLT is an approximation of the same curve: within 2 % at these T
         assert row["eps_pld"] == pytest.approx(row["eps_gdp_clt"], rel=0.02)
+
+
+def test_drs_poisson_row_is_accounted_as_the_moments_accountant_mechanism(
+    drs_rows: list[dict],
+) -> None:
+    """Run A under TF Privacy's mechanism (Poisson, add/remove): its RDP column is the moments
+    accountant's own number, and the exact PLD guarantee is tighter (0.865 at delta = 1e-5)."""
+    (row,) = [row for row in drs_rows if row["sampling"] == "poisson"]
+    assert row["run"].startswith("A")
+    assert row["eps_rdp"] == row["eps_rdp_ma"]
+    assert row["eps_pld"] < row["eps_rdp"]
+    assert row["eps_pld"] == pytest.approx(0.8651, abs=5e-4)
 
 
 def test_drs_single_pair_curve_lies_below_the_fdp_curve(drs: ModuleType) -> None:
@@ -143,6 +160,14 @@ def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path) -> No
     assert rows["dynamic"]["clip_last"] < rows["dynamic"]["clip_first"]
     assert rows["dynamic"]["sigma_last"] < rows["dynamic"]["sigma_first"]
     assert (tmp_path / "du.png").is_file()
+    # --refresh rebuilds notes and command from the stored rows, without training
+    (tmp_path / "du.png").unlink()
+    assert du.main(["--refresh", "--results", str(tmp_path), "--plot", str(tmp_path / "du.png")]) == 0
+    again = json.loads((tmp_path / "du_dynamic.json").read_text())
+    assert again["rows"] == document["rows"] and (tmp_path / "du.png").is_file()
+    ranked = next(n for n in again["notes"] if n.startswith("Centralized, smallest to largest"))
+    assert all(name in ranked for name in rows if name != "non_dp")
+    assert "--full" not in again["command"]  # a reduced (quick) run
 
 
 # -- van Dijk et al. (paper 000) ----------------------------------------------------------------
@@ -174,12 +199,18 @@ def test_vandijk_quick_run_reports_accuracy_and_per_client_eps(tmp_path: Path) -
     if not MNIST_NPZ.is_file():
         pytest.skip(f"shared MNIST copy not at {MNIST_NPZ}")
     vandijk = _script("vandijk_async")
-    assert vandijk.main(["--quick", "--variants", "poisson", "--results", str(tmp_path),
-                         "--plot", str(tmp_path / "vd.png"), "--runs", str(tmp_path / "runs")]) == 0
+    assert vandijk.main(["--quick", "--variants", "poisson", "--seeds", "2", "--results",
+                         str(tmp_path), "--plot", str(tmp_path / "vd.png"),
+                         "--runs", str(tmp_path / "runs")]) == 0
     document = json.loads((tmp_path / "vandijk_async.json").read_text())
     (row,) = document["rows"]
-    assert row["variant"] == "poisson" and row["quick"] is True
-    assert 0.0 <= row["final_accuracy"] <= 1.0
+    assert row["variant"] == "poisson" and row["quick"] is True and row["seeds"] == 2
+    per_seed = row["final_accuracy_per_seed"]
+    assert len(per_seed) == 2 and all(0.0 <= a <= 1.0 for a in per_seed)
+    assert row["final_accuracy"] == pytest.approx(sum(per_seed) / 2, abs=1e-4)
+    assert row["final_accuracy_sd"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2**0.5,
+                                                     abs=1e-4)
+    assert (tmp_path / "runs" / "poisson" / "seed1" / "summary.json").is_file()
     # every group's sigma is calibrated to eps = 2: no client may exceed it
     assert 0.0 < row["eps_min"] <= row["eps_median"] <= row["eps_max"] <= 2.0 + 1e-9
-    assert len(document["curves"]["poisson"]["epsilons"]) == 10
+    assert len(document["curves"]["poisson"]["epsilons"]) == 20  # 10 clients x 2 seeds
