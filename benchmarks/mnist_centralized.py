@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         default="fixed",
         choices=("fixed", "poisson"),
         help="fixed-size batches, replace-one, noise 2 C sigma (DRS Alg. 1; default) or Poisson "
-        "batches, add/remove, noise C sigma (what TF Privacy's DP-SGD runs)",
+        "batches, add/remove, noise C sigma (the mechanism TF Privacy's moments accountant assumes)",
     )
     parser.add_argument(
         "--init",

@@ -247,11 +247,13 @@ def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, fl
     full = trained_epochs is not None and trained_epochs >= run.epochs
     lr, clip = (record["lr"], record["clip"]) if tuned and record else (run.lr, run.clip)
     if sampling == "poisson":
-        note = ("the mechanism TF Privacy ran for the paper: Poisson batches (rate m/n), "
-                "add/remove neighbours, noise C sigma on the clipped sum - half the noise std of "
-                "the replace-one rows; its guarantee is for add/remove neighbours, so its eps is "
-                "not comparable with theirs (its eps_rdp is the moments accountant's)")
-        init = None if record is None else record.get("init", "not recorded")
+        note = ("the mechanism the paper's moments accountant (TF Privacy) assumes: Poisson "
+                "batches (rate m/n), add/remove neighbours, noise C sigma on the clipped sum - "
+                "half the noise std of the replace-one rows (TF Privacy itself drew shuffled "
+                "batches with that noise); its guarantee is for add/remove neighbours, so its "
+                "eps is not comparable with theirs (its eps_rdp is the moments accountant's)")
+        if accuracy is not None:
+            note += f"; {accuracy - run.paper_accuracy:+.1f} points against the paper's accuracy"
     elif tuned:
         note = (f"benchmarks/mnist_centralized.py's setting: the paper's sigma, m and epochs "
                 f"(the same privacy as run {run.name}) with lr {lr} and C {clip} (run B's)")
@@ -288,8 +290,9 @@ def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, fl
 
 def poisson_row(run: DrsRun, args: argparse.Namespace, centralized: ModuleType,
                 records: Path) -> dict[str, Any]:
-    """Run ``run`` at the paper's settings and epochs under the mechanism the paper's numbers
-    came from (TF Privacy: Poisson batches, noise C sigma), trained unless ``--no-train``."""
+    """Run ``run`` at the paper's settings and epochs under the mechanism the paper's privacy
+    numbers assume (TF Privacy's moments accountant: Poisson batches, noise C sigma), trained
+    unless ``--no-train``."""
     numbers = privacy_numbers(run, sampling="poisson")
     out = records / f"run_{run.name}_poisson.json"
     record = None
@@ -316,8 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--poisson-runs", default="A",
-                        help="runs also trained with TF Privacy's mechanism (Poisson batches, "
-                        "noise C sigma) at the paper's settings and epochs ('' for none)")
+                        help="runs also trained under the moments accountant's mechanism "
+                        "(Poisson batches, noise C sigma) at the paper's settings and epochs "
+                        "('' for none)")
     args = parser.parse_args(argv)
 
     centralized = load_centralized_benchmark()

@@ -28,6 +28,7 @@ so every row is an eps = 1.2 run; ``full: false``). ``--full`` runs the paper's 
 
     python benchmarks/papers/du_dynamic.py                       # centralized, reduced
     python benchmarks/papers/du_dynamic.py --full                # centralized, paper's epochs
+    python benchmarks/papers/du_dynamic.py --full --seeds 2      # mean of seeds 0, 1 (cached)
     python benchmarks/papers/du_dynamic.py --part federated      # the federated comparison
 
 Writes benchmarks/results/papers/du_dynamic.json and docs/img/du_dynamic.png.
@@ -233,7 +234,8 @@ def train_non_dp(
     return history
 
 
-def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
+def _centralized_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """All five variants with one seed (model init, batches and noise)."""
     torch.set_num_threads(args.threads)
     train_x, train_y, test_x, test_y = load_dataset("mnist", path=args.data)
     if args.quick:  # a smoke run: 1024 records, 2 epochs, 500 test images
@@ -259,14 +261,14 @@ def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
         return evaluate(evaluation_model, test_x, test_y)
 
     def fresh_model() -> torch.nn.Module:
-        torch.manual_seed(args.seed)
+        torch.manual_seed(seed)
         return build_model("dp_mnist_cnn").to(device)
 
     rows: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, float]]] = {}
     started = time.perf_counter()
     print("non_dp", flush=True)
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(seed)
     histories["non_dp"] = train_non_dp(
         train_x=train_x,
         train_y=train_y,
@@ -291,7 +293,7 @@ def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
         schedule = variant_schedule(
             variant, mu_total=mu_total, q=q, epochs=epochs, steps_per_epoch=steps_per_epoch
         )
-        generator = torch.Generator().manual_seed(args.seed)
+        generator = torch.Generator().manual_seed(seed)
         history, events = train_dp(
             schedule,
             train_x=train_x,
@@ -324,12 +326,54 @@ def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
     return {
+        "seed": seed,
+        "epochs": epochs,
         "rows": rows,
         "histories": histories,
         "seconds": time.perf_counter() - started,
         "n": n,
         "quick": args.quick,
     }
+
+
+def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
+    """The centralized comparison over ``args.seeds`` seeds from ``args.seed``. Each seed's
+    runs are kept in ``du_dynamic_runs/centralized_seedN.json`` and reused when their epochs
+    and data size match (``--retrain`` to redo them); rows give the mean over seeds."""
+    records = args.results / "du_dynamic_runs"
+    epochs = PAPER_EPOCHS if args.full else (2 if args.quick else args.epochs)
+    per_seed = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        path = records / f"centralized_seed{seed}.json"
+        record = json.loads(path.read_text()) if path.is_file() and not args.retrain else None
+        if record is None or record["epochs"] != epochs or record["quick"] != args.quick:
+            print(f"seed {seed}", flush=True)
+            record = _centralized_seed(args, seed)
+            records.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1) + "\n")
+        per_seed.append(record)
+    return {"rows": _mean_rows(per_seed), "histories": per_seed[0]["histories"]}
+
+
+def _mean_rows(per_seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per variant: accuracy and gap as means over seeds, with the per-seed values;
+    the privacy columns are the same in every seed (the schedules do not depend on it)."""
+    rows = []
+    first = per_seed[0]["rows"]
+    for index, row in enumerate(first):
+        accuracies = [record["rows"][index]["accuracy"] for record in per_seed]
+        gaps = [record["rows"][index]["gap"] for record in per_seed]
+        merged = dict(row)
+        merged["accuracy"] = round(sum(accuracies) / len(accuracies), 2)
+        merged["gap"] = round(sum(gaps) / len(gaps), 2)
+        merged["seeds"] = [record["seed"] for record in per_seed]
+        merged["accuracy_per_seed"] = accuracies
+        merged["gap_per_seed"] = gaps
+        rows.append(merged)
+    return rows
+
+
+
 
 
 # -- federated ----------------------------------------------------------------------------
@@ -479,7 +523,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="centralized: seeds to run (each seed's runs are cached)")
+    parser.add_argument("--retrain", action="store_true",
+                        help="centralized: retrain seeds that have a cached record")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args(argv)
@@ -501,8 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     centralized_full = any(
         r.get("full") for r in document["rows"] if r.get("setting") == "centralized"
     )
+    seeds = max((len(r.get("seeds", [0])) for r in document["rows"]
+                 if r.get("setting") == "centralized"), default=1)
     document["command"] = (
-        f"python benchmarks/papers/du_dynamic.py{' --full' if centralized_full else ''} && "
+        f"python benchmarks/papers/du_dynamic.py{' --full' if centralized_full else ''}"
+        f"{f' --seeds {seeds}' if seeds > 1 else ''} && "
         "python benchmarks/papers/du_dynamic.py --part federated"
     )
     document["plot"] = "docs/img/du_dynamic.png"
@@ -514,6 +565,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in document["rows"]:
         print(json.dumps(row))
     return 0
+
+
+def _seeds_ahead(row: dict[str, Any], other: dict[str, Any]) -> int:
+    """In how many seeds ``row`` lost less accuracy than ``other`` (same seed, paired)."""
+    return sum(a < b for a, b in zip(row["gap_per_seed"], other["gap_per_seed"], strict=True))
 
 
 def notes(rows: list[dict[str, Any]]) -> list[str]:
@@ -550,7 +606,11 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
                 + " points; the dynamic method "
                 + ("beats" if by_variant["dynamic"]["gap"] < by_variant["vanilla"]["gap"]
                    else "does not beat")
-                + " vanilla DP-SGD at the same eps in this run (one seed)."
+                + " vanilla DP-SGD at the same eps in this reproduction ("
+                + (f"mean of {len(by_variant['dynamic']['seeds'])} seeds; ahead in "
+                   f"{_seeds_ahead(by_variant['dynamic'], by_variant['vanilla'])} of them)"
+                   if len(by_variant["dynamic"].get("seeds", [])) > 1 else "one seed)")
+                + "."
             )
     for row in rows:
         paper = row.get("paper_gap")

@@ -146,13 +146,16 @@ def test_du_schedules_spend_exactly_the_clt_budget(du: ModuleType, decay_clip: b
 def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path) -> None:
     if not MNIST_NPZ.is_file():
         pytest.skip(f"shared MNIST copy not at {MNIST_NPZ}")
-    assert du.main(["--quick", "--data", str(MNIST_NPZ), "--results", str(tmp_path),
-                    "--plot", str(tmp_path / "du.png")]) == 0
+    args = ["--quick", "--seeds", "2", "--data", str(MNIST_NPZ), "--results", str(tmp_path),
+            "--plot", str(tmp_path / "du.png")]
+    assert du.main(args) == 0
     document = json.loads((tmp_path / "du_dynamic.json").read_text())
     rows = {r["variant"]: r for r in document["rows"]}
     assert set(rows) == {"non_dp", "vanilla", "sensitivity_decay", "growing_mu", "dynamic"}
     for name, row in rows.items():
         assert 0.0 <= row["accuracy"] <= 100.0 and row["full"] is False
+        assert row["seeds"] == [0, 1] and len(row["accuracy_per_seed"]) == 2
+        assert row["accuracy"] == pytest.approx(sum(row["accuracy_per_seed"]) / 2, abs=0.006)
         if name != "non_dp":
             assert math.isclose(row["gap"], rows["non_dp"]["accuracy"] - row["accuracy"],
                                 abs_tol=0.011)
@@ -168,6 +171,12 @@ def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path) -> No
     ranked = next(n for n in again["notes"] if n.startswith("Centralized, smallest to largest"))
     assert all(name in ranked for name in rows if name != "non_dp")
     assert "--full" not in again["command"]  # a reduced (quick) run
+    # each seed's runs are cached: a second run with the same settings trains nothing
+    cached = tmp_path / "du_dynamic_runs" / "centralized_seed1.json"
+    before = cached.stat().st_mtime_ns
+    assert du.main(args) == 0
+    assert cached.stat().st_mtime_ns == before
+    assert json.loads((tmp_path / "du_dynamic.json").read_text())["rows"] == document["rows"]
 
 
 # -- van Dijk et al. (paper 000) ----------------------------------------------------------------
