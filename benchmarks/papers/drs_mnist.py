@@ -254,6 +254,7 @@ def result_row(run: DrsRun, record: dict[str, Any] | None, numbers: dict[str, fl
                 "eps is not comparable with theirs (its eps_rdp is the moments accountant's)")
         if accuracy is not None:
             note += f"; {accuracy - run.paper_accuracy:+.1f} points against the paper's accuracy"
+        init = None if record is None else record.get("init", "not recorded")
     elif tuned:
         note = (f"benchmarks/mnist_centralized.py's setting: the paper's sigma, m and epochs "
                 f"(the same privacy as run {run.name}) with lr {lr} and C {clip} (run B's)")
