@@ -21,6 +21,9 @@ alone runs.
    (``training_call_*``: the same ``run_round`` the loop calls, so its throughput says whether
    training is slower inside the simulation) and the rest; held-out evaluation (server work,
    every ``server.eval_every`` windows) is kept in, and its estimated cost is reported.
+   ``cpu_ms_per_round`` splits the simulation's CPU per round into training, the codec,
+   the ledger, the staleness check, the window close and the rest (event loop, network model,
+   actors, setup), timed by wrapping those functions for the run.
 2. A message-only run: ``hetero-100`` scaled to 1000 cross-device clients (a round takes
    minutes; the server closes a window every minute and broadcasts every five), training
    replaced by its virtual duration (zero updates, the same privacy events and ledger writes).
@@ -37,11 +40,14 @@ writes ``benchmarks/results/simulator.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,10 @@ import torch
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario
 from fedsim.logging import configure_logging
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.protocol import codec
+from fedsim.runtime.client import ClientActor
+from fedsim.runtime.server import ServerActor
 from fedsim.runtime.simulation import (
     ClientPlan,
     Population,
@@ -165,6 +175,44 @@ class _SingleLoop:
                     self.rounds[name] += 1
 
 
+@contextlib.contextmanager
+def _cpu_timed(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, float]]:
+    """Wrap ``owner.attr`` for each label with a CPU-time accumulator while the block runs
+    (restored afterwards): where the simulation's non-training CPU goes, per round."""
+    spent = dict.fromkeys(targets, 0.0)
+    originals = {label: getattr(owner, attr) for label, (owner, attr) in targets.items()}
+
+    def timed(label: str, function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[label] += time.process_time() - started
+
+        return wrapper
+
+    for label, (owner, attr) in targets.items():
+        setattr(owner, attr, timed(label, originals[label]))
+    try:
+        yield spent
+    finally:
+        for label, (owner, attr) in targets.items():
+            setattr(owner, attr, originals[label])
+
+
+# The simulation's own work per round besides training (codec.encode/decode: every message).
+OVERHEAD_PARTS: dict[str, tuple[Any, str]] = {
+    "encode": (codec, "encode"),
+    "decode": (codec, "decode"),
+    "ledger_check": (PrivacyLedger, "can_spend"),
+    "ledger_spend": (PrivacyLedger, "spend"),
+    "staleness_check": (ClientActor, "too_stale"),
+    "window_close": (ServerActor, "close_window"),
+}
+
+
 def training_throughput(virtual_seconds: float) -> dict:
     loaded = _with(
         load_scenario(REPO / "scenarios" / "hetero-100.yaml"),
@@ -175,7 +223,7 @@ def training_throughput(virtual_seconds: float) -> dict:
     single = _SingleLoop(population)
     # Catching up at each window's end interleaves the two arms in time.
     on_window = lambda _line: single.catch_up(dict(population.totals.per_group))  # noqa: E731
-    with _scratch() as scratch:
+    with _scratch() as scratch, _cpu_timed(OVERHEAD_PARTS) as parts:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
                               on_window=on_window)
     released: dict[str, int] = {}
@@ -190,6 +238,12 @@ def training_throughput(virtual_seconds: float) -> dict:
     simulated_cpu, single_cpu = result.sample_grads / sim_cpu, done / single.clocks.cpu
     simulated_wall, single_wall = result.sample_grads / sim_wall, done / single.clocks.wall
     training = population.totals
+    named = sum(parts.values())
+    per_round_ms = {
+        "training": 1e3 * training.clocks.cpu / training.rounds,
+        **{label: 1e3 * cpu / training.rounds for label, cpu in parts.items()},
+        "other": 1e3 * (sim_cpu - training.clocks.cpu - named) / training.rounds,
+    }
     evaluations = sum(m["accuracy"] is not None for m in result.metrics)
     evaluate = make_evaluator(population)
     eval_clock = _Clocks()
@@ -217,6 +271,9 @@ def training_throughput(virtual_seconds: float) -> dict:
         "training_call_cpu_seconds": training.clocks.cpu,
         "training_call_share_of_cpu": training.clocks.cpu / sim_cpu,
         "training_call_sample_grads_per_s": sum(training.per_group.values()) / training.clocks.cpu,
+        # CPU ms per simulated round: training, the named parts, and the rest (event loop,
+        # network model, client and server actors, setup); sums to the simulation's CPU.
+        "cpu_ms_per_round": {k: round(v, 4) for k, v in per_round_ms.items()},
         "evaluations": evaluations,
         "evaluation_cpu_seconds_estimate": evaluations * eval_clock.cpu,
         "eval_every": loaded.scenario.server.eval_every,
