@@ -279,7 +279,7 @@ def plot(curves: dict[str, dict[str, list[float]]], epsilons: dict[str, list[flo
         left.plot(curve["time"], [100 * a for a in curve["accuracy"]], label=name)
     left.set_xlabel("virtual time (s)")
     left.set_ylabel("test accuracy (%)")
-    left.set_title("accuracy over virtual time")
+    left.set_title("accuracy over virtual time (mean over seeds)")
     left.legend(fontsize=8)
     names = list(epsilons)
     right.boxplot([epsilons[n] for n in names], tick_labels=names)
