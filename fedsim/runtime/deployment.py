@@ -297,11 +297,12 @@ class _ServerMonitor:
     def on_window(self, report: WindowReport) -> bool:
         stats = self.endpoint.stats
         refused = stats.rejected + stats.denied  # undecodable or forged: refused by the endpoint
+        active = self.active_clients()
         line = report.metrics_line(
             rejected=report.rejected + refused - self._refused_seen,
             # Delivery is at-least-once end to end (acks + resend), so nothing is lost in flight.
             dropped_in_flight=0,
-            active_clients=self.active_clients(),
+            active_clients=active,
             min_remaining_epsilon=None,  # the ledgers live with the clients
         )
         self._refused_seen = refused
@@ -331,19 +332,9 @@ class _ServerMonitor:
                     )
                 },
             )
-        stop = self.scenario.stop
-        if stop.windows is not None and report.window >= stop.windows:
-            self.stop_reason = f"reached {stop.windows} windows"
-        elif stop.virtual_seconds is not None and report.time >= stop.virtual_seconds:
-            self.stop_reason = f"reached {stop.virtual_seconds:g} scenario seconds"
-        elif (
-            stop.target_accuracy is not None
-            and report.accuracy is not None
-            and report.accuracy >= stop.target_accuracy
-        ):
-            self.stop_reason = f"reached the target accuracy {stop.target_accuracy:g}"
-        elif stop.all_budgets_spent and line["active_clients"] == 0 and report.received == 0:
-            self.stop_reason = "no client can train any more and every update has arrived"
+        self.stop_reason = report.stop_reason(
+            self.scenario.stop, active_clients=active, seconds="scenario"
+        )
         return bool(self.stop_reason)
 
 

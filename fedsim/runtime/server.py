@@ -40,6 +40,7 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
+from fedsim.config.schema import Stop
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.clock import Clock
 from fedsim.transports.base import Endpoint
@@ -101,6 +102,26 @@ class WindowReport:
             "active_clients": active_clients,
             "min_remaining_epsilon": min_remaining_epsilon,
         }
+
+    def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
+                    seconds: str = "virtual") -> str:
+        """Why the run ends after this window under the scenario's ``stop`` conditions, in
+        their order (windows, duration, target accuracy, all budgets spent); '' to go on.
+
+        Shared by the simulator and the deployed server; ``seconds`` names their clock and
+        ``in_flight`` counts updates the network still carries (0 where delivery is
+        at-least-once end to end)."""
+        if stop.windows is not None and self.window >= stop.windows:
+            return f"it reached {stop.windows} windows"
+        if stop.virtual_seconds is not None and self.time >= stop.virtual_seconds:
+            return f"it reached {stop.virtual_seconds:g} {seconds} seconds"
+        if (stop.target_accuracy is not None and self.accuracy is not None
+                and self.accuracy >= stop.target_accuracy):
+            return f"it reached the target accuracy {stop.target_accuracy:g}"
+        if stop.all_budgets_spent and active_clients == 0 and self.received == 0 \
+                and in_flight == 0:
+            return "no client can train any more and every update has arrived"
+        return ""
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]

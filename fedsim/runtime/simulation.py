@@ -627,10 +627,11 @@ class _Simulation:
         stats = network.stats
         dropped = stats.uplink.dropped + stats.uplink.lost
         evaluated = report.accuracy is not None
+        active = sum(not c.finished for c in self.clients.values())
         line = report.metrics_line(
             rejected=report.rejected,
             dropped_in_flight=dropped - self._dropped_seen,
-            active_clients=sum(not c.finished for c in self.clients.values()),
+            active_clients=active,
             min_remaining_epsilon=self._min_remaining() if evaluated else None,
         )
         self._dropped_seen = dropped
@@ -642,24 +643,9 @@ class _Simulation:
         self._metrics_file.flush()
         if self.on_window_hook is not None:
             self.on_window_hook(line)
-        stop = self.scenario.stop
-        if stop.windows is not None and report.window >= stop.windows:
-            self.stop_reason = f"it reached {stop.windows} windows"
-        elif stop.virtual_seconds is not None and report.time >= stop.virtual_seconds:
-            self.stop_reason = f"it reached {stop.virtual_seconds:g} virtual seconds"
-        elif (
-            stop.target_accuracy is not None
-            and evaluated
-            and report.accuracy >= stop.target_accuracy
-        ):
-            self.stop_reason = f"it reached the target accuracy {stop.target_accuracy:g}"
-        elif (
-            stop.all_budgets_spent
-            and line["active_clients"] == 0
-            and report.received == 0
-            and stats.uplink.in_flight == 0
-        ):
-            self.stop_reason = "no client could train any more and every update had arrived"
+        self.stop_reason = report.stop_reason(
+            self.scenario.stop, active_clients=active, in_flight=stats.uplink.in_flight
+        )
         return bool(self.stop_reason)
 
     # -- the run --------------------------------------------------------------------------------

@@ -274,3 +274,26 @@ def test_step_size_schedules() -> None:
     assert plateau.current(1) == pytest.approx(max(0.7, 0.9**4))
     law = InverseTimeStepSize(1.0, decay=0.5, power=1.0)
     assert [law.current(w) for w in (1, 2, 3)] == [1.0, 1 / 1.5, 1 / 2.0]
+
+
+def test_window_stop_reason_checks_the_conditions_in_order() -> None:
+    """The simulator and the deployed server share one stop rule (WindowReport.stop_reason)."""
+    from fedsim.config.schema import Stop
+    from fedsim.runtime.server import WindowReport
+
+    stop = Stop(windows=10, virtual_seconds=5.0, target_accuracy=0.9)
+    report = WindowReport(window=3, time=2.0, version=3, accuracy=0.5, received=4)
+    assert report.stop_reason(stop, active_clients=2) == ""
+    assert WindowReport(window=10, time=9.0, version=9).stop_reason(
+        stop, active_clients=2) == "it reached 10 windows"  # windows first, then duration
+    assert WindowReport(window=6, time=6.0, version=6).stop_reason(
+        stop, active_clients=2, seconds="scenario") == "it reached 5 scenario seconds"
+    assert WindowReport(window=3, time=2.0, version=3, accuracy=0.95).stop_reason(
+        stop, active_clients=2) == "it reached the target accuracy 0.9"
+    # all budgets spent: nobody active, nothing received this window and nothing in flight
+    idle = WindowReport(window=3, time=2.0, version=3)
+    assert idle.stop_reason(stop, active_clients=0, in_flight=1) == ""
+    assert idle.stop_reason(stop, active_clients=1) == ""
+    assert idle.stop_reason(stop, active_clients=0) == (
+        "no client can train any more and every update has arrived")
+    assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) == ""
