@@ -38,6 +38,7 @@ benchmarks/results/papers/drs_mnist_runs/, and docs/img/drs_mnist_tradeoff.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -111,7 +112,7 @@ def load_centralized_benchmark() -> ModuleType:
 def privacy_numbers(run: DrsRun, delta: float = DELTA, sampling: str = "fixed") -> dict[str, float]:
     """All privacy columns for the run's full schedule, for the scheme that was run: fixed
     size and replace-one (DRS Alg. 1), or Poisson and add/remove (TF Privacy's mechanism)."""
-    step = GaussianStep(sampling, run.full_step.q, run.sigma, run.steps)  # type: ignore[arg-type]
+    step = dataclasses.replace(run.full_step, sampling=sampling)
     mu = clt_mu([step])  # DRS Cor. 5.4 (fixed size) / Bu et al. 2020 (Poisson)
     moments = GaussianStep("poisson", step.q, step.sigma, step.count)
     return {

@@ -234,6 +234,10 @@ def train_non_dp(
     return history
 
 
+def centralized_epochs(args: argparse.Namespace) -> int:
+    return PAPER_EPOCHS if args.full else (2 if args.quick else args.epochs)
+
+
 def _centralized_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """All five variants with one seed (model init, batches and noise)."""
     torch.set_num_threads(args.threads)
@@ -249,7 +253,7 @@ def _centralized_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     train_x, train_y = train_x.to(device), train_y.to(device)
     n = len(train_x)
     q = BATCH_SIZE / n
-    epochs = PAPER_EPOCHS if args.full else (2 if args.quick else args.epochs)
+    epochs = centralized_epochs(args)
     steps_per_epoch = round(1 / q)
     delta = 1.0 / n
     epsilon = args.epsilon or CENTRALIZED_EPSILON
@@ -341,7 +345,7 @@ def run_centralized(args: argparse.Namespace) -> dict[str, Any]:
     runs are kept in ``du_dynamic_runs/centralized_seedN.json`` and reused when their epochs
     and data size match (``--retrain`` to redo them); rows give the mean over seeds."""
     records = args.results / "du_dynamic_runs"
-    epochs = PAPER_EPOCHS if args.full else (2 if args.quick else args.epochs)
+    epochs = centralized_epochs(args)
     per_seed = []
     for seed in range(args.seed, args.seed + args.seeds):
         path = records / f"centralized_seed{seed}.json"
