@@ -356,7 +356,8 @@ class ClippedSum:
     """Result of :meth:`PerSampleEngine.clipped_sum` for one physical batch."""
 
     flat_sum: torch.Tensor
-    """``sum_i clip(g_i, C)`` as one flat vector in :meth:`PerSampleEngine.parameters` order."""
+    """``scale * sum_i clip(g_i, C)`` as one flat vector in :meth:`PerSampleEngine.parameters`
+    order, added to what ``out`` held when one was passed (it is then that tensor)."""
     norms: torch.Tensor
     """Unclipped per-example gradient norms, shape (B,)."""
     loss_sum: float
