@@ -14,7 +14,8 @@ of the variant with blocks of plain SGD and ``ratio_vs_plain`` is the median rat
 blocks (step time / plain step time, same model and threads); ``samples_per_s`` is from the
 median block. With ``--passes`` > 1 the pass with the lowest ratio is kept.
 Writes benchmarks/results/dp_step.json: a list of {model, variant, threads, samples_per_s,
-ratio_vs_plain, peak_rss_mb}.
+ratio_vs_plain, peak_rss_mb}; fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
+value per parameter, torch's serial CPU sampler) against the plain step, measured the same way.
 
     python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
     python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
@@ -126,6 +127,22 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
     return opacus_step
 
 
+def _noise_draw(model_name: str) -> Callable[[], None]:
+    """The Gaussian draw alone, as fedsim's step makes it (one value per parameter)."""
+    import torch
+
+    from fedsim.training.dpsgd import gaussian_noise
+
+    params = list(_build(model_name).parameters())
+    size, like = sum(p.numel() for p in params), params[0].detach()
+    generator = torch.Generator().manual_seed(1)
+
+    def draw() -> None:
+        gaussian_noise(size, 1.0, generator, like)
+
+    return draw
+
+
 def _block_time(step: Callable[[], None], block: int) -> float:
     started = time.perf_counter()
     for _ in range(block):
@@ -162,12 +179,20 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
         times.append(variant_time)
         ratios.append(variant_time / plain_time)
     step_time = statistics.median(times)
-    return {
+    measured = {
         "step_s": step_time,
         "samples_per_s": BATCH / step_time,
         "ratio_vs_plain": statistics.median(ratios),
         "peak_rss_mb": peak_mb,
     }
+    if variant == "fedsim":
+        # How much of the ratio is the noise draw alone (torch's CPU sampler is serial).
+        noise = _noise_draw(model_name)
+        noise_ratios = [
+            _block_time(noise, block) / _block_time(plain, plain_block) for _ in range(5)
+        ]
+        measured["noise_vs_plain"] = statistics.median(noise_ratios)
+    return measured
 
 
 def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, float]:
@@ -235,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             "samples_per_s": round(measured["samples_per_s"], 1),
             "ratio_vs_plain": round(measured["ratio_vs_plain"], 3),
             "peak_rss_mb": round(measured["peak_rss_mb"], 1),
+            **(
+                {"noise_vs_plain": round(measured["noise_vs_plain"], 3)}
+                if "noise_vs_plain" in measured
+                else {}
+            ),
         }
         for (model_name, variant, threads), measured in best.items()
     ]

@@ -24,6 +24,11 @@ alone runs.
    ``cpu_ms_per_round`` splits the simulation's CPU per round into training, the codec,
    the ledger, the staleness check, the window close and the rest (event loop, network model,
    actors, setup), timed by wrapping those functions for the run.
+   ``overhead_cpu_ms_per_round`` is everything but the training call, per round: the
+   simulator's cost of one message, nearly independent of the model's compute. The same
+   measurement with the DP MNIST CNN in place of the MLP (``heavier_rounds``: about ten times
+   the compute per sample gradient, a quarter of the parameters, a shorter run) shows how the
+   ratio grows when rounds carry more compute than hetero-100's 16-64 sample MLP gradients.
 2. A message-only run: ``hetero-100`` scaled to 1000 cross-device clients (a round takes
    minutes; the server closes a window every minute and broadcasts every five), training
    replaced by its virtual duration (zero updates, the same privacy events and ledger writes).
@@ -202,6 +207,9 @@ def _cpu_timed(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, float]
             setattr(owner, attr, originals[label])
 
 
+# The heavier-rounds variant of hetero-100 (everything else unchanged).
+HEAVIER_ROUNDS: dict[str, Any] = {"model.name": "dp_mnist_cnn", "model.options": {}}
+
 # The simulation's own work per round besides training (codec.encode/decode: every message).
 OVERHEAD_PARTS: dict[str, tuple[Any, str]] = {
     "encode": (codec, "encode"),
@@ -213,10 +221,10 @@ OVERHEAD_PARTS: dict[str, tuple[Any, str]] = {
 }
 
 
-def training_throughput(virtual_seconds: float) -> dict:
+def training_throughput(virtual_seconds: float, changes: dict | None = None) -> dict:
     loaded = _with(
         load_scenario(REPO / "scenarios" / "hetero-100.yaml"),
-        {"stop.virtual_seconds": virtual_seconds},
+        {"stop.virtual_seconds": virtual_seconds, **(changes or {})},
     )
     base = build_population(loaded)
     population = _TimedPopulation(**{f.name: getattr(base, f.name) for f in fields(base)})
@@ -274,6 +282,8 @@ def training_throughput(virtual_seconds: float) -> dict:
         # CPU ms per simulated round: training, the named parts, and the rest (event loop,
         # network model, client and server actors, setup); sums to the simulation's CPU.
         "cpu_ms_per_round": {k: round(v, 4) for k, v in per_round_ms.items()},
+        "overhead_cpu_ms_per_round": round(
+            1e3 * (sim_cpu - training.clocks.cpu) / training.rounds, 4),
         "evaluations": evaluations,
         "evaluation_cpu_seconds_estimate": evaluations * eval_clock.cpu,
         "eval_every": loaded.scenario.server.eval_every,
@@ -322,6 +332,10 @@ def main() -> None:
     configure_logging(level="warning")
     training = training_throughput(20.0 if args.quick else 60.0)
     print(json.dumps(training, indent=2), file=sys.stderr)
+    # The same run with the DP MNIST CNN: ~10x the compute per sample gradient, a quarter of
+    # the parameters. The simulator's cost is per message, so its share shrinks as rounds grow.
+    heavier = training_throughput(3.0 if args.quick else 15.0, HEAVIER_ROUNDS)
+    print(json.dumps(heavier, indent=2), file=sys.stderr)
     messages = message_only_throughput(1000, 1800.0 if args.quick else 7200.0)
     result = {
         "clients": training["clients"],
@@ -330,6 +344,14 @@ def main() -> None:
         "ratio": training["ratio"],
         "message_only_clients": messages["message_only_clients"],
         "simulated_s_per_wall_s": messages["simulated_s_per_wall_s"],
+        "overhead_cpu_ms_per_round": training["overhead_cpu_ms_per_round"],
+        "heavier_rounds": {
+            "changes": HEAVIER_ROUNDS,
+            **{key: heavier[key] for key in (
+                "virtual_seconds", "rounds", "sample_grads", "sample_grads_per_s",
+                "single_loop_sample_grads_per_s", "ratio", "ratio_wall",
+                "training_call_share_of_cpu", "overhead_cpu_ms_per_round", "cpu_ms_per_round")},
+        },
         "details": {**training, **messages},
         "comparison": COMPARISON,
         "targets": {"ratio": 0.9, "simulated_s_per_wall_s": 1000.0},

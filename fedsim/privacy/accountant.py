@@ -74,9 +74,20 @@ class Accountant(ABC):
     def compose(self, steps: Iterable[GaussianStep]) -> None:
         steps = tuple(steps)
         self.check(steps)
-        if steps:
-            self._steps = group_steps((*self._steps, *steps))
-            self._invalidate()
+        if not steps:
+            return
+        if len(steps) == 1:
+            # The common case, one more step of a kind already recorded: bump that count
+            # (what group_steps would give, without regrouping the whole history).
+            step = steps[0]
+            for i, held in enumerate(self._steps):
+                if held.key == step.key:
+                    merged = held.times(held.count + step.count)
+                    self._steps = (*self._steps[:i], merged, *self._steps[i + 1:])
+                    self._invalidate()
+                    return
+        self._steps = group_steps((*self._steps, *steps))
+        self._invalidate()
 
     def preview(self, steps: Iterable[GaussianStep]) -> Self:
         """A copy with ``steps`` composed; ``self`` is left unchanged."""

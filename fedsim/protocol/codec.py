@@ -126,13 +126,8 @@ def _tensor_spec(values: np.ndarray, field: str) -> TensorSpec:
 
 
 def _check_finite(values: np.ndarray, field: str) -> None:
-    # Fast path without a temporary mask: under IEEE arithmetic a NaN or infinity in the
-    # summands makes the sum NaN or infinite, so a finite sum proves every value finite. A sum
-    # that overflows from finite values only sends the check to the exact test.
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = np.add.reduce(values, dtype=np.float32)
-    if np.isfinite(total):
-        return
+    # isfinite + all is memory-bound (as fast as one read of a cold vector) and twice as fast
+    # as a float32 sum on a warm one (measured for 100k values).
     if not np.isfinite(values).all():
         bad = int(values.size - np.count_nonzero(np.isfinite(values)))
         raise CodecError(f"{field} contains {bad} non-finite value(s) (NaN or inf)")
