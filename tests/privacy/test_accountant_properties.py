@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fedsim.errors import UnsupportedEventError
 from fedsim.privacy.accountant import Accountant, make_accountant
-from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.events import GaussianStep, group_steps
 
 # The rdp accountant has its own property tests (tests/privacy/test_rdp_*.py).
 NAMES = ["pld", "gdp-clt"]
@@ -69,6 +69,21 @@ def test_order_does_not_matter(name: str, steps: list[GaussianStep], cut: int) -
     backward.compose(list(reversed(steps[:cut])))
     assert forward.steps == backward.steps
     assert forward.epsilon(DELTA) == backward.epsilon(DELTA)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@FAST
+@given(kinds=step_lists, picks=st.lists(st.integers(0, 3), min_size=1, max_size=30))
+def test_one_step_at_a_time_equals_the_grouped_history(name: str, kinds: list[GaussianStep],
+                                                       picks: list[int]) -> None:
+    # A round at a time, kinds recurring (the count-bumping path of compose), against
+    # group_steps of the whole history and an accountant built from it in one go.
+    history = [kinds[i % len(kinds)] for i in picks]
+    stepwise = make_accountant(name)
+    for step in history:
+        stepwise.compose([step])
+    assert stepwise.steps == group_steps(history)
+    assert stepwise.epsilon(DELTA) == make_accountant(name, history).epsilon(DELTA)
 
 
 @pytest.mark.parametrize("name", NAMES)
