@@ -167,8 +167,11 @@ def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
     inside that end tries to close the bracket. Ends that already meet the equation within
     rounding are returned as they are. Returns the end where ``g <= 0`` (``side="below"``)
     or ``g >= 0`` (``side="above"``), so that callers round in the safe direction.
+    Each element is iterated on its own (``g`` and ``args`` are elementwise); only the
+    elements still open are evaluated, so a few slow ones do not cost a pass over all.
     """
     lo, hi = lo.astype(float), hi.astype(float)
+    args = tuple(np.broadcast_to(a, lo.shape) for a in args)
     g_lo, g_hi = g(lo, *args), g(hi, *args)
     # an end that already meets the equation within rounding is the answer
     hi = np.where(g_lo >= 0.0, lo, hi)
@@ -176,37 +179,46 @@ def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
     last = np.zeros(lo.shape, dtype=np.int8)  # which end moved last: -1 lo, +1 hi
     shrink = np.ones(lo.shape)  # width ratio over the last two steps
     prev_width = hi - lo
-    done = np.zeros(lo.shape, dtype=bool)
+    open_ = np.arange(lo.size)  # flat indices of the elements not done yet
+    lo_f, hi_f, g_lo_f, g_hi_f = lo.ravel(), hi.ravel(), g_lo.ravel(), g_hi.ravel()
+    last_f, shrink_f, prev_f = last.ravel(), shrink.ravel(), prev_width.ravel()
+    args_f = tuple(np.ravel(a) for a in args)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         for _ in range(_ROOT_STEPS):
-            tol = rtol * np.maximum(1.0, np.maximum(abs(lo), abs(hi)))
-            done |= (hi - lo) <= tol
-            if np.all(done):
+            lo_o, hi_o = lo_f[open_], hi_f[open_]
+            tol = rtol * np.maximum(1.0, np.maximum(abs(lo_o), abs(hi_o)))
+            keep = (hi_o - lo_o) > tol
+            open_, lo_o, hi_o, tol = open_[keep], lo_o[keep], hi_o[keep], tol[keep]
+            if open_.size == 0:
                 break
-            x = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+            g_lo_o, g_hi_o = g_lo_f[open_], g_hi_f[open_]
+            x = hi_o - g_hi_o * (hi_o - lo_o) / (g_hi_o - g_lo_o)
             # close the bracket with a probe just past an end that sits on the root
-            near_lo, near_hi = (x - lo) < tol, (hi - x) < tol
-            probe = np.where(near_lo & ~near_hi, lo + tol, hi - tol)
-            stalled = ~np.isfinite(x) | (shrink > 0.5)
-            x = np.where(near_lo ^ near_hi, probe, np.where(stalled, 0.5 * (lo + hi), x))
-            g_x = g(x, *args)
-            exact = (g_x == 0.0) & ~done  # a root: both ends may stop there
-            lo, hi = np.where(exact, x, lo), np.where(exact, x, hi)
-            up = (g_x > 0.0) & ~done & ~exact
-            down = (g_x < 0.0) & ~done & ~exact
+            near_lo, near_hi = (x - lo_o) < tol, (hi_o - x) < tol
+            probe = np.where(near_lo & ~near_hi, lo_o + tol, hi_o - tol)
+            stalled = ~np.isfinite(x) | (shrink_f[open_] > 0.5)
+            x = np.where(near_lo ^ near_hi, probe, np.where(stalled, 0.5 * (lo_o + hi_o), x))
+            g_x = g(x, *(a[open_] for a in args_f))
+            exact = g_x == 0.0  # a root: both ends may stop there
+            lo_o, hi_o = np.where(exact, x, lo_o), np.where(exact, x, hi_o)
+            up = (g_x > 0.0) & ~exact
+            down = (g_x < 0.0) & ~exact
             # a probe that crossed the root pins it to within tol
             crossed = (near_hi & ~near_lo & down) | (near_lo & ~near_hi & up)
-            done |= exact | crossed
+            last_o = last_f[open_]
             # Illinois: halve the function value of an end that stays put twice in a row
-            g_lo = np.where(up & (last == 1), 0.5 * g_lo, g_lo)
-            g_hi = np.where(down & (last == -1), 0.5 * g_hi, g_hi)
-            hi, g_hi = np.where(up, x, hi), np.where(up, g_x, g_hi)
-            lo, g_lo = np.where(down, x, lo), np.where(down, g_x, g_lo)
-            last = np.where(up, 1, np.where(down, -1, last)).astype(np.int8)
-            width = hi - lo
-            shrink = np.where(done, 0.0, width / np.where(prev_width > 0, prev_width, 1.0))
-            prev_width = width
-    return lo if side == "below" else hi
+            g_lo_o = np.where(up & (last_o == 1), 0.5 * g_lo_o, g_lo_o)
+            g_hi_o = np.where(down & (last_o == -1), 0.5 * g_hi_o, g_hi_o)
+            hi_o, g_hi_o = np.where(up, x, hi_o), np.where(up, g_x, g_hi_o)
+            lo_o, g_lo_o = np.where(down, x, lo_o), np.where(down, g_x, g_lo_o)
+            lo_f[open_], hi_f[open_], g_lo_f[open_], g_hi_f[open_] = lo_o, hi_o, g_lo_o, g_hi_o
+            last_f[open_] = np.where(up, 1, np.where(down, -1, last_o)).astype(np.int8)
+            width = hi_o - lo_o
+            prev_o = prev_f[open_]
+            shrink_f[open_] = width / np.where(prev_o > 0, prev_o, 1.0)
+            prev_f[open_] = width
+            open_ = open_[~(exact | crossed)]
+    return lo_f.reshape(lo.shape) if side == "below" else hi_f.reshape(hi.shape)
 
 
 def _log_expm1(x: np.ndarray) -> np.ndarray:
@@ -252,32 +264,40 @@ def _solve_log_w(beta: np.ndarray, alpha: np.ndarray, log_m: np.ndarray) -> np.n
     ``1 + w b^alpha >= E L^alpha >= w b^alpha`` brackets the root; safeguarded Newton steps
     in x = log w (``dM/dw = b^a - a^a - a a^{a-1} (b-1)/(1-w)``) converge in a few steps.
     Returns a point where ``E L^alpha >= M``: it lies on the boundary of a (negligibly)
-    larger RDP value, which can only over-state delta and eps.
+    larger RDP value, which can only over-state delta and eps. Elementwise; only the elements
+    not converged yet are iterated.
     """
+    shape = np.broadcast_shapes(np.shape(beta), np.shape(alpha), np.shape(log_m))
+    beta, alpha, log_m = (np.array(v, dtype=float).ravel()
+                          for v in np.broadcast_arrays(beta, alpha, log_m))
     lo = np.maximum(_log_expm1(log_m) - alpha * beta, _LOG_TINY)
     hi = np.minimum(-beta, log_m - alpha * beta)
     lo = np.minimum(lo, hi)
     x = hi.copy()
+    open_ = np.arange(x.size)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         for _ in range(_ROOT_STEPS):
-            g_x = _moment_gap(x, beta, alpha, log_m)
-            hi = np.where(g_x >= 0.0, x, hi)
-            lo = np.where(g_x < 0.0, x, lo)
-            log_s = _log_low_ratio(x, beta) - beta
-            w = np.exp(x)
-            slope = np.exp(x + alpha * beta - (g_x + log_m)) * (
-                -np.expm1(alpha * log_s)
-                - alpha * np.exp((alpha - 1.0) * log_s) * -np.expm1(-beta) / (1.0 - w))
+            b, a, m, x_o = beta[open_], alpha[open_], log_m[open_], x[open_]
+            g_x = _moment_gap(x_o, b, a, m)
+            hi_o = np.where(g_x >= 0.0, x_o, hi[open_])
+            lo_o = np.where(g_x < 0.0, x_o, lo[open_])
+            hi[open_], lo[open_] = hi_o, lo_o
+            log_s = _log_low_ratio(x_o, b) - b
+            w = np.exp(x_o)
+            slope = np.exp(x_o + a * b - (g_x + m)) * (
+                -np.expm1(a * log_s)
+                - a * np.exp((a - 1.0) * log_s) * -np.expm1(-b) / (1.0 - w))
             step = g_x / slope
-            tol = _INNER_RTOL * np.maximum(1.0, abs(x))
-            converged = (g_x == 0.0) | (abs(step) <= tol) | (hi - lo <= tol)
-            if np.all(converged):
+            tol = _INNER_RTOL * np.maximum(1.0, abs(x_o))
+            converged = (g_x == 0.0) | (abs(step) <= tol) | (hi_o - lo_o <= tol)
+            x_new = x_o - step
+            bad = ~np.isfinite(x_new) | (x_new < lo_o) | (x_new > hi_o)
+            x[open_] = np.where(converged, x_o, np.where(bad, 0.5 * (lo_o + hi_o), x_new))
+            open_ = open_[~converged]
+            if open_.size == 0:
                 break
-            x_new = x - step
-            bad = ~np.isfinite(x_new) | (x_new < lo) | (x_new > hi)
-            x = np.where(converged, x, np.where(bad, 0.5 * (lo + hi), x_new))
         probe = np.minimum(x + 4.0 * _INNER_RTOL * np.maximum(1.0, abs(x)), hi)
-        return np.where(_moment_gap(probe, beta, alpha, log_m) >= 0.0, probe, hi)
+        return np.where(_moment_gap(probe, beta, alpha, log_m) >= 0.0, probe, hi).reshape(shape)
 
 
 def _moment_gap(log_w: np.ndarray, beta: np.ndarray, alpha: np.ndarray,
