@@ -21,7 +21,6 @@ group's ``rounds`` and never asks beyond.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from fedsim.config.schema import (
@@ -36,22 +35,7 @@ from fedsim.errors import ConfigError
 from fedsim.privacy import calibration as privacy_calibration
 from fedsim.privacy.schedules import Schedule, clt_growing_mu, solve_growing_mu
 
-__all__ = ["GroupSchedules", "calibrate_sigma", "make_schedules"]
-
-
-@dataclass(frozen=True)
-class GroupSchedules:
-    """The trainer's two views of one schedule (``clip(t)`` and ``sigma(t)``)."""
-
-    schedule: Schedule
-
-    @property
-    def clip(self) -> Schedule:
-        return self.schedule
-
-    @property
-    def noise(self) -> Schedule:
-        return self.schedule
+__all__ = ["calibrate_sigma", "make_schedule"]
 
 
 @lru_cache(maxsize=256)
@@ -76,8 +60,9 @@ def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: str, q: float, loc
                             steps_per_index=local_steps)
 
 
-def make_schedules(group: ClientGroup, *, q: float, where: str) -> GroupSchedules:
-    """The clip and noise schedule of one client of ``group`` whose batch fraction is ``q``."""
+def make_schedule(group: ClientGroup, *, q: float, where: str) -> Schedule:
+    """The clip and noise schedule of one client of ``group`` whose batch fraction is ``q``
+    (one object: the trainer reads ``clip(t)`` and ``sigma(t)`` from it)."""
     rounds = group.rounds  # None only for constant clip and noise (the schema checks this)
     clip_config = group.clip
     if isinstance(clip_config, ConstantClip):
@@ -101,4 +86,4 @@ def make_schedules(group: ClientGroup, *, q: float, where: str) -> GroupSchedule
                                group.accountant, clip_0, rho_c)
     else:
         raise ConfigError(f"{where}.noise: unsupported noise kind {noise_config!r}")
-    return GroupSchedules(schedule)
+    return schedule

@@ -45,11 +45,12 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, RoundRecord, StalenessPolicy
 from fedsim.runtime.clock import Clock
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.schedules import GroupSchedules, make_schedules
+from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
 from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
 from fedsim.training.data import load_dataset, partition
@@ -105,7 +106,7 @@ class ClientPlan:
     client_id: str
     group: ClientGroup
     indices: np.ndarray
-    schedules: GroupSchedules
+    schedule: Schedule
 
     @property
     def num_samples(self) -> int:
@@ -152,8 +153,8 @@ class Population:
             self.train_y[index],
             batch_size=group.batch_size,
             sampling=group.sampling,
-            clip=plan.schedules.clip,
-            noise=plan.schedules.noise,
+            clip=plan.schedule,
+            noise=plan.schedule,
             local_steps=group.local_steps,
             local_lr=group.local_lr,
             max_physical_batch=group.max_physical_batch,
@@ -172,7 +173,7 @@ class VirtualDurationTrainer:
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         group = self.plan.group
-        sigma = float(self.plan.schedules.noise.sigma(round_index))
+        sigma = float(self.plan.schedule.sigma(round_index))
         return [
             step_for(
                 group.sampling, self.plan.num_samples, group.batch_size, sigma, group.local_steps
@@ -194,7 +195,7 @@ class VirtualDurationTrainer:
             update=np.zeros(self.num_params, np.float32),
             steps=steps,
             batch_sizes=sizes,
-            clip=float(self.plan.schedules.clip.clip(round_index)),
+            clip=float(self.plan.schedule.clip(round_index)),
             sigma=steps[0].sigma,
             mean_loss=math.nan,
             sample_grads=sum(sizes),
@@ -293,9 +294,9 @@ def build_population(loaded: LoadedScenario) -> Population:
             )
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
-        schedules = make_schedules(group, q=group.batch_size / smallest, where=where)
+        schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
-            plans.append(ClientPlan(client_id, group, indices, schedules))
+            plans.append(ClientPlan(client_id, group, indices, schedule))
     return Population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path
     )
@@ -730,8 +731,8 @@ def _client_rows(sim: _Simulation) -> list[dict[str, Any]]:
         steps = group_steps(ledger.steps)
         rounds = len({record.round for record in ledger.records})
         released = client.released_rounds()
-        last_sigma = released[-1].sigma if released else float(plan.schedules.noise.sigma(0))
-        last_clip = released[-1].clip if released else float(plan.schedules.clip.clip(0))
+        last_sigma = released[-1].sigma if released else float(plan.schedule.sigma(0))
+        last_clip = released[-1].clip if released else float(plan.schedule.clip(0))
         budget = plan.group.budget
         stopped = next((s for s in sim.stopped if s["client_id"] == plan.client_id), None)
         rows.append(
