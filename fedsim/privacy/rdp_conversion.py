@@ -170,19 +170,18 @@ def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
     Each element is iterated on its own (``g`` and ``args`` are elementwise); only the
     elements still open are evaluated, so a few slow ones do not cost a pass over all.
     """
-    lo, hi = lo.astype(float), hi.astype(float)
-    args = tuple(np.broadcast_to(a, lo.shape) for a in args)
-    g_lo, g_hi = g(lo, *args), g(hi, *args)
+    shape = lo.shape
+    # Flat copies: the loop updates the open elements in place by index.
+    lo_f, hi_f = lo.astype(float).ravel(), hi.astype(float).ravel()
+    args_f = tuple(np.broadcast_to(a, shape).ravel() for a in args)
+    g_lo_f, g_hi_f = g(lo_f, *args_f), g(hi_f, *args_f)
     # an end that already meets the equation within rounding is the answer
-    hi = np.where(g_lo >= 0.0, lo, hi)
-    lo = np.where(g_hi <= 0.0, hi, lo)
-    last = np.zeros(lo.shape, dtype=np.int8)  # which end moved last: -1 lo, +1 hi
-    shrink = np.ones(lo.shape)  # width ratio over the last two steps
-    prev_width = hi - lo
-    open_ = np.arange(lo.size)  # flat indices of the elements not done yet
-    lo_f, hi_f, g_lo_f, g_hi_f = lo.ravel(), hi.ravel(), g_lo.ravel(), g_hi.ravel()
-    last_f, shrink_f, prev_f = last.ravel(), shrink.ravel(), prev_width.ravel()
-    args_f = tuple(np.ravel(a) for a in args)
+    hi_f = np.where(g_lo_f >= 0.0, lo_f, hi_f)
+    lo_f = np.where(g_hi_f <= 0.0, hi_f, lo_f)
+    last_f = np.zeros(lo_f.size, dtype=np.int8)  # which end moved last: -1 lo, +1 hi
+    shrink_f = np.ones(lo_f.size)  # width ratio over the last two steps
+    prev_f = hi_f - lo_f
+    open_ = np.arange(lo_f.size)  # indices of the elements not done yet
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         for _ in range(_ROOT_STEPS):
             lo_o, hi_o = lo_f[open_], hi_f[open_]
@@ -218,7 +217,7 @@ def _root(g: Callable[..., np.ndarray], lo: np.ndarray, hi: np.ndarray,
             shrink_f[open_] = width / np.where(prev_o > 0, prev_o, 1.0)
             prev_f[open_] = width
             open_ = open_[~(exact | crossed)]
-    return lo_f.reshape(lo.shape) if side == "below" else hi_f.reshape(hi.shape)
+    return (lo_f if side == "below" else hi_f).reshape(shape)
 
 
 def _log_expm1(x: np.ndarray) -> np.ndarray:
