@@ -97,8 +97,8 @@ def test_non_finite_values_are_rejected_both_ways(bad: float) -> None:
 
 
 def test_finite_values_whose_sum_overflows_are_accepted_and_a_bad_one_among_them_not() -> None:
-    """The finite check sums first (a NaN or inf summand makes the sum non-finite); a sum that
-    overflows although every value is finite must fall back to the exact check and pass."""
+    """Values at the float32 limit are finite and pass, although any sum of them overflows (a
+    finite check by summation would need an exact fallback); one NaN or inf among them fails."""
     overflowing = np.full(64, np.finfo(np.float32).max, dtype=np.float32)  # float32 sum: +inf
     decoded = decode(encode(ClientUpdate("c1", 0, 0, overflowing, 1.0, 1)))
     assert np.array_equal(decoded.delta, overflowing)
