@@ -15,7 +15,9 @@ blocks (step time / plain step time, same model and threads); ``samples_per_s`` 
 median block. With ``--passes`` > 1 the pass with the lowest ratio is kept.
 Writes benchmarks/results/dp_step.json: a list of {model, variant, threads, samples_per_s,
 ratio_vs_plain, peak_rss_mb}; fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
-value per parameter, torch's serial CPU sampler) against the plain step, measured the same way.
+value per parameter, :mod:`fedsim.training.gaussian`) against the plain step, measured the same
+way, and ``noise_kernel``: ``compiled`` when the sampler's C kernel ran, ``torch`` when its
+torch fallback did (no C compiler).
 
     python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
     python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
@@ -32,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("dp_mnist_cnn", "mlp")
@@ -131,7 +134,7 @@ def _noise_draw(model_name: str) -> Callable[[], None]:
     """The Gaussian draw alone, as fedsim's step makes it (one value per parameter)."""
     import torch
 
-    from fedsim.training.dpsgd import gaussian_noise
+    from fedsim.training.gaussian import gaussian_noise
 
     params = list(_build(model_name).parameters())
     size, like = sum(p.numel() for p in params), params[0].detach()
@@ -150,7 +153,7 @@ def _block_time(step: Callable[[], None], block: int) -> float:
     return (time.perf_counter() - started) / block
 
 
-def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, float]:
+def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, Any]:
     """Time one configuration in this process, paired with plain SGD; print one JSON line.
 
     The machine is shared, so the ratio is the median of ratios of *adjacent* blocks
@@ -186,16 +189,19 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
         "peak_rss_mb": peak_mb,
     }
     if variant == "fedsim":
-        # How much of the ratio is the noise draw alone (torch's CPU sampler is serial).
+        # How much of the ratio is the noise draw alone.
+        from fedsim.training.gaussian import native_kernel_available
+
         noise = _noise_draw(model_name)
         noise_ratios = [
             _block_time(noise, block) / _block_time(plain, plain_block) for _ in range(5)
         ]
         measured["noise_vs_plain"] = statistics.median(noise_ratios)
+        measured["noise_kernel"] = "compiled" if native_kernel_available() else "torch"
     return measured
 
 
-def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, float]:
+def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, Any]:
     command = [
         sys.executable,
         __file__,
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         args.threads, args.passes, args.seconds = "1", 1, 1.5
     thread_counts = [int(t) for t in args.threads.split(",")]
     models, variants = args.models.split(","), args.variants.split(",")
-    best: dict[tuple[str, str, int], dict[str, float]] = {}
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for _ in range(args.passes):
         for threads in thread_counts:
             for model_name in models:
@@ -261,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_vs_plain": round(measured["ratio_vs_plain"], 3),
             "peak_rss_mb": round(measured["peak_rss_mb"], 1),
             **(
-                {"noise_vs_plain": round(measured["noise_vs_plain"], 3)}
+                {
+                    "noise_vs_plain": round(measured["noise_vs_plain"], 3),
+                    "noise_kernel": measured["noise_kernel"],
+                }
                 if "noise_vs_plain" in measured
                 else {}
             ),

@@ -24,7 +24,8 @@ import torch
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.events import GaussianStep, Sampling
-from fedsim.training.dpsgd import check_sampling, gaussian_noise
+from fedsim.training.dpsgd import check_sampling
+from fedsim.training.gaussian import gaussian_noise
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ examples; clipping is per example, so the chunked clipped sum equals the unchunk
 floating-point summation order, and the noise is drawn once per logical step.
 
 Randomness (batch selection and noise) comes from an injected ``torch.Generator``, so
-simulations replay exactly. :func:`secure_generator` seeds one from the operating system's
-CSPRNG; torch's Mersenne Twister is not itself a CSPRNG and floating-point Gaussian samplers
-are subject to Mironov's (2012) attacks, which this does not address.
+simulations replay exactly; the noise itself is drawn by :mod:`fedsim.training.gaussian`
+(a counter-based sampler keyed by that generator, parallel on the CPU).
+:func:`secure_generator` seeds one from the operating system's CSPRNG; torch's Mersenne
+Twister is not itself a CSPRNG and floating-point Gaussian samplers are subject to Mironov's
+(2012) attacks, which this does not address.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling
+from fedsim.training.gaussian import gaussian_noise
 from fedsim.training.persample import LossFn, PerSampleEngine, per_example_cross_entropy
 
 
@@ -88,18 +91,6 @@ def sample_batch(
     if sampling == "poisson":
         return poisson_batch(num_records, batch_size / num_records, generator)
     return fixed_size_batch(num_records, batch_size, generator)
-
-
-def gaussian_noise(
-    size: int, std: float, generator: torch.Generator, like: torch.Tensor
-) -> torch.Tensor:
-    """``N(0, std^2 I)`` drawn from ``generator`` on its own device, returned like ``like``.
-
-    Drawn directly in ``like``'s dtype (float32 sampling is 3x faster than float64 on CPU and
-    is what the update is stored in anyway) and scaled by the sampler itself (no extra pass).
-    """
-    noise = torch.empty(size, dtype=like.dtype, device=generator.device)
-    return noise.normal_(0.0, std, generator=generator).to(device=like.device)
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,11 @@ from fedsim.training.dpsgd import (
     ClipSchedule,
     NoiseSchedule,
     check_sampling,
-    gaussian_noise,
     noisy_gradient,
     sample_batch,
     step_for,
 )
+from fedsim.training.gaussian import gaussian_noise
 from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
 
 

@@ -1,0 +1,153 @@
+"""The Gaussian sampler: its definition checked with Python integers, the compiled kernel against
+the torch implementation, the distribution, determinism and the fallbacks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedsim.training import gaussian
+from fedsim.training.gaussian import gaussian_noise, mix_gamma, reference_pairs
+
+MASK = (1 << 64) - 1
+
+
+def splitmix_output(state: int) -> int:
+    """mix64 of a SplitMix64 state, written out in Python integers (Steele et al. 2014)."""
+    z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def expected_pairs(pairs: int, seed: int, gamma: int, std: float) -> np.ndarray:
+    """The sampler's definition in float64 from Python-integer SplitMix64 outputs."""
+    out = np.empty(2 * pairs)
+    for i in range(pairs):
+        z = splitmix_output((seed + (i + 1) * gamma) & MASK)
+        u1 = ((z >> 40) + 1) / 2**24
+        u2 = ((z >> 16) & 0xFFFFFF) / 2**24
+        radius = std * math.sqrt(-2 * math.log(u1))
+        out[i], out[pairs + i] = radius * math.cos(2 * math.pi * u2), radius * math.sin(2 * math.pi * u2)
+    return out
+
+
+def test_splitmix_matches_the_reference_implementations_first_outputs() -> None:
+    # splitmix64.c (Vigna) seeded with 0: the golden gamma 0x9E3779B97F4A7C15 is the increment.
+    gamma = 0x9E3779B97F4A7C15
+    assert [splitmix_output(i * gamma & MASK) for i in (1, 2)] == [
+        0xE220A8397B1DCDAF,
+        0x6E789E6AA1B965F4,
+    ]
+
+
+def test_mix_gamma_is_odd_with_enough_bit_transitions() -> None:
+    for value in [0, 1, 2**63, MASK, 0x0123456789ABCDEF, *range(2, 200)]:
+        gamma = mix_gamma(value)
+        assert gamma & 1 == 1 and 0 <= gamma <= MASK
+        assert bin(gamma ^ (gamma >> 1)).count("1") >= 24
+
+
+@pytest.mark.parametrize(
+    ("seed", "gamma_source"), [(0, 1), (MASK, 2**63), (0x0123456789ABCDEF, 0xFEDCBA9876543210)]
+)
+def test_torch_implementation_matches_the_definition(seed: int, gamma_source: int) -> None:
+    gamma = mix_gamma(gamma_source)
+    got = reference_pairs(257, seed, gamma, 2.5).double().numpy()
+    np.testing.assert_allclose(got, expected_pairs(257, seed, gamma, 2.5), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(not gaussian.native_kernel_available(), reason="no C compiler here")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("pairs", [0, 1, 1023, 1024, 1025, 50_001])
+def test_compiled_kernel_matches_the_torch_implementation(pairs: int, threads: int) -> None:
+    kernel = gaussian._native()
+    assert kernel is not None
+    seed, gamma = 0xDEADBEEFCAFEF00D, mix_gamma(12345)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel.pairs(pairs, seed, gamma, 0.75)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, reference_pairs(pairs, seed, gamma, 0.75), rtol=1e-5, atol=1e-5)
+
+
+def test_draws_are_standard_normal_and_bounded() -> None:
+    generator = torch.Generator().manual_seed(3)
+    values = gaussian_noise(1_000_001, 1.0, generator, torch.zeros(1)).double().numpy()
+    assert values.shape == (1_000_001,)
+    # Fixed seed, so these are deterministic; the tolerances are ~5 standard errors.
+    assert abs(values.mean()) < 5 / math.sqrt(values.size)
+    assert abs(values.std() - 1) < 5 * math.sqrt(0.5 / values.size)
+    assert stats.kstest(values, "norm").pvalue > 0.01
+    assert abs(stats.skew(values)) < 5 * math.sqrt(6 / values.size)
+    assert abs(stats.kurtosis(values)) < 5 * math.sqrt(24 / values.size)
+    # 24-bit uniforms bound the radius: sqrt(-2 ln 2^-24).
+    assert np.abs(values).max() <= math.sqrt(48 * math.log(2)) + 1e-5
+    # The cosine half and the sine half of the pairs are uncorrelated.
+    half = values.size // 2
+    assert abs(np.corrcoef(values[:half], values[half : 2 * half])[0, 1]) < 5 / math.sqrt(half)
+
+
+def test_consecutive_draws_are_independent_streams() -> None:
+    generator = torch.Generator().manual_seed(5)
+    first = gaussian_noise(200_000, 1.0, generator, torch.zeros(1)).double().numpy()
+    second = gaussian_noise(200_000, 1.0, generator, torch.zeros(1)).double().numpy()
+    assert abs(np.corrcoef(first, second)[0, 1]) < 5 / math.sqrt(first.size)
+    # float32 values do collide by chance (~1e3 here); a repeated stream would show up as many
+    # collisions at one index offset.
+    _, in_first, in_second = np.intersect1d(first, second, return_indices=True)
+    assert np.unique(in_second - in_first, return_counts=True)[1].max() <= 3
+
+
+def test_same_generator_state_replays_and_consumes_four_draws() -> None:
+    a = gaussian_noise(1001, 0.5, torch.Generator().manual_seed(11), torch.zeros(1))
+    b = gaussian_noise(1001, 0.5, torch.Generator().manual_seed(11), torch.zeros(1))
+    c = gaussian_noise(1001, 0.5, torch.Generator().manual_seed(12), torch.zeros(1))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    used, fresh = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    gaussian_noise(10_000, 1.0, used, torch.zeros(1))
+    torch.randint(0, 1 << 32, (4,), generator=fresh, dtype=torch.int64)
+    assert torch.equal(used.get_state(), fresh.get_state())
+
+
+def test_values_follow_likes_dtype_and_scale_with_std() -> None:
+    like = torch.zeros(1, dtype=torch.float64)
+    unit = gaussian_noise(999, 1.0, torch.Generator().manual_seed(1), like)
+    scaled = gaussian_noise(999, 3.0, torch.Generator().manual_seed(1), like)
+    assert unit.dtype == torch.float64 and unit.shape == (999,)
+    torch.testing.assert_close(scaled, 3.0 * unit, rtol=1e-6, atol=1e-6)
+    assert gaussian_noise(0, 1.0, torch.Generator(), like).shape == (0,)
+    with pytest.raises(ValueError):
+        gaussian_noise(-1, 1.0, torch.Generator(), like)
+
+
+def test_torch_fallback_draws_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = gaussian_noise(30_001, 1.0, torch.Generator().manual_seed(9), torch.zeros(1))
+    monkeypatch.setattr(gaussian, "_kernel", None)
+    slow = gaussian_noise(30_001, 1.0, torch.Generator().manual_seed(9), torch.zeros(1))
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_compiler_falls_back_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached build to find
+    monkeypatch.delenv("FEDSIM_PURE_TORCH_NOISE", raising=False)
+    monkeypatch.setenv("CC", "false")  # exists and always fails
+    assert gaussian._load_kernel() is None
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    monkeypatch.setattr(gaussian.shutil, "which", lambda name: None)
+    assert gaussian._load_kernel() is None
+    output = capsys.readouterr()
+    assert "could not build the Gaussian noise kernel" in output.out + output.err
+    assert "no C compiler found" in output.out + output.err
+
+
+def test_pure_torch_switch_skips_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDSIM_PURE_TORCH_NOISE", "1")
+    assert gaussian._load_kernel() is None
