@@ -152,16 +152,21 @@ def noisy_gradient(
         engine.num_params,
         sensitivity(sampling, clip) * noise_multiplier * scale,
         generator,
-        param.detach(),
+        param,
     )
     within, loss_sum = 0, 0.0
+    feature_dtype = param.dtype if features.is_floating_point() else features.dtype
     for start in range(0, len(indices), max_physical_batch):
-        chunk = indices[start : start + max_physical_batch].to(features.device)
-        # index_select: several times faster than advanced indexing for image batches on CPU
-        x = features.index_select(0, chunk).to(
-            device=param.device, dtype=param.dtype if features.is_floating_point() else None
+        chunk = (
+            indices if len(indices) <= max_physical_batch
+            else indices[start : start + max_physical_batch]
         )
-        y = labels.index_select(0, chunk).to(param.device)
+        # index_select: several times faster than advanced indexing for image batches on CPU.
+        # The moves are skipped when there is nothing to move: every tensor op costs
+        # microseconds of dispatch, which small models feel.
+        x = _moved(features.index_select(0, _moved(chunk, features.device)), param.device,
+                   feature_dtype)
+        y = _moved(labels.index_select(0, _moved(chunk, labels.device)), param.device)
         if per_example_steps == 1:
             part = engine.clipped_sum(x, y, clip, loss_fn, scale=scale, out=total)
         else:
@@ -171,6 +176,14 @@ def noisy_gradient(
         within += int((part.norms <= clip).sum())
         loss_sum += part.loss_sum
     return NoisyGradient(total, len(indices), within, loss_sum)
+
+
+def _moved(
+    tensor: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    if tensor.device == device and (dtype is None or tensor.dtype == dtype):
+        return tensor
+    return tensor.to(device=device, dtype=dtype)
 
 
 def step_for(

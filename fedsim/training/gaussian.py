@@ -225,4 +225,8 @@ def gaussian_noise(
         values = kernel.pairs(pairs, seed, gamma, std)
     else:
         values = reference_pairs(pairs, seed, gamma, std, generator.device)
-    return values[:size].to(device=like.device, dtype=like.dtype)
+    if size != values.numel():
+        values = values[:size]
+    if values.device != like.device or values.dtype != like.dtype:
+        values = values.to(device=like.device, dtype=like.dtype)
+    return values

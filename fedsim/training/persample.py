@@ -103,33 +103,43 @@ def _per_example_rule(per_example: list[torch.Tensor]) -> tuple[torch.Tensor, We
     return sq, weighted
 
 
+def _linear_single_step(
+    a: torch.Tensor, g: torch.Tensor, has_weight: bool, has_bias: bool
+) -> tuple[torch.Tensor, WeightedSum]:
+    """``Linear`` on (B, d_in) -> (B, d_out): ``||g_i||^2 (||a_i||^2 + 1)`` (with a bias)."""
+    sq = torch.linalg.vector_norm(g, dim=1).square_()
+    if has_weight:
+        a_sq = torch.linalg.vector_norm(a, dim=1).square_()
+        sq = a_sq.add_(1.0).mul_(sq) if has_bias else a_sq.mul_(sq)
+
+    def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
+        cg = g * c.unsqueeze(1)
+        if has_weight:  # in place: no P-sized temporary, no copy
+            outs[0].addmm_(cg.t(), a)
+        if has_bias:
+            outs[-1].add_(cg.sum(0))
+
+    return sq, weighted
+
+
 def _linear_rule(layer: _Layer) -> tuple[torch.Tensor, WeightedSum]:
     module = layer.module
     assert isinstance(module, nn.Linear)
-    batch = layer.uses[0].output.shape[0]
+    has_weight = module.weight.requires_grad
+    has_bias = module.bias is not None and module.bias.requires_grad
+    first = layer.uses[0]
+    if len(layer.uses) == 1 and first.inputs[0].dim() == 2:
+        # The common case, one call on (B, d): no reshapes. Few tensor ops matter here: each
+        # costs microseconds of dispatch, as much as the arithmetic of a small model's step.
+        a, g = first.inputs[0], first.grad
+        return _linear_single_step(a, g, has_weight, has_bias)
+    batch = first.output.shape[0]
     # Every use becomes positions along one sequence axis: (B, T, d).
     a = _cat([u.inputs[0].reshape(batch, -1, module.in_features) for u in layer.uses], 1)
     g = _cat([u.grad.reshape(batch, -1, module.out_features) for u in layer.uses], 1)
-    has_weight = module.weight.requires_grad
-    has_bias = module.bias is not None and module.bias.requires_grad
     steps = a.shape[1]
     if steps == 1:
-        a2, g2 = a[:, 0], g[:, 0]
-        g_sq = _row_sq_norms(g2)
-        sq = torch.zeros_like(g_sq)
-        if has_weight:
-            sq = sq + g_sq * _row_sq_norms(a2)
-        if has_bias:
-            sq = sq + g_sq
-
-        def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-            cg = g2 * c[:, None]
-            if has_weight:  # in place: no P-sized temporary, no copy
-                outs[0].addmm_(cg.t(), a2)
-            if has_bias:
-                outs[-1].add_(cg.sum(0))
-
-        return sq, weighted
+        return _linear_single_step(a[:, 0], g[:, 0], has_weight, has_bias)
 
     per_example: list[torch.Tensor] = []
     sq = torch.zeros(batch, dtype=g.dtype, device=g.device)
@@ -479,12 +489,11 @@ class PerSampleEngine:
                         f"loss_fn must return per-example losses of shape ({batch},), got {tuple(losses.shape)}"
                     )
                 uses = [use for layer in self._layers for use in layer.uses]
-                grads = torch.autograd.grad(
-                    losses.sum(), [u.output for u in uses], allow_unused=True
-                )
+                total = losses.sum()
+                grads = torch.autograd.grad(total, [u.output for u in uses], allow_unused=True)
             for use, grad in zip(uses, grads, strict=True):
                 use.grad = torch.zeros_like(use.output) if grad is None else grad.detach()
-            return self._clip_and_sum(batch, clip, float(losses.detach().sum()), scale, out)
+            return self._clip_and_sum(batch, clip, float(total.detach()), scale, out)
         finally:
             self._capturing = False
             for handle in handles:
@@ -551,7 +560,7 @@ class PerSampleEngine:
         self, batch: int, clip: float, loss_sum: float, scale: float, out: torch.Tensor | None
     ) -> ClippedSum:
         param = self._all_params[0]
-        sq = torch.zeros(batch, dtype=param.dtype, device=param.device)
+        sq: torch.Tensor | None = None
         pending: list[tuple[_Layer, WeightedSum]] = []
         for layer in self._layers:
             if not layer.uses:  # not used in this forward pass: zero gradient
@@ -560,12 +569,14 @@ class PerSampleEngine:
                 layer_sq, weighted = _generic_rule(layer, self)
             else:
                 layer_sq, weighted = _RULES[layer.kind](layer)
-            sq = sq + layer_sq
+            sq = layer_sq if sq is None else sq + layer_sq
             pending.append((layer, weighted))
-        norms = sq.clamp_min(0).sqrt()
-        factors = (clip / (norms + CLIP_EPSILON)).clamp(max=1.0)
+        if sq is None:
+            sq = torch.zeros(batch, dtype=param.dtype, device=param.device)
+        norms = sq.clamp_min(0).sqrt_()
+        factors = (clip / (norms + CLIP_EPSILON)).clamp_(max=1.0)
         if scale != 1.0:
-            factors = factors * scale
+            factors.mul_(scale)
         flat = self._flat_zeros() if out is None else out
         for layer, weighted in pending:
             weighted(factors, [self._flat_view(flat, p) for p in layer.params])
@@ -573,7 +584,8 @@ class PerSampleEngine:
 
     def _flat_view(self, flat: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
         start, stop = self._offsets[id(param)]
-        return flat[start:stop].view(param.shape)
+        part = flat[start:stop]
+        return part if param.dim() == 1 else part.view(param.shape)
 
 
 _ENGINES: weakref.WeakKeyDictionary[nn.Module, PerSampleEngine] = weakref.WeakKeyDictionary()
