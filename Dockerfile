@@ -12,10 +12,19 @@ WORKDIR /app
 # (gigabytes of libraries this image never uses).
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
+# A C compiler for fedsim's Gaussian noise kernel (fedsim/training/gaussian.py compiles it on
+# first use; without one the slower torch implementation of the same sampler runs).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # Dependencies change less often than the code: install them in their own layer.
 COPY pyproject.toml README.md ./
 COPY fedsim ./fedsim
 RUN pip install .
+# Build the kernel now (it is rebuilt at start-up where the host's CPU differs from this one's;
+# if it cannot be built, fedsim says so in its log and uses the torch implementation).
+RUN python -c "from fedsim.training.gaussian import native_kernel_available as ok; print('noise kernel compiled:', ok())"
 
 COPY scenarios ./scenarios
 

@@ -58,11 +58,17 @@ _MASK64 = (1 << 64) - 1
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _SOURCE = Path(__file__).with_name("_gaussian.c")
-# -ffast-math lets the cos/log loop vectorise through glibc's libmvec; the link step leaves it
-# out so that gcc does not add crtfastmath (which would flush denormals process-wide).
-_COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC")
-_LINK_FLAGS = ("-shared", "-fopenmp")
-_LIBRARIES = (("-lmvec", "-lm"), ("-lm",))
+# Build recipes, best first: (compile flags, link flags). -ffast-math lets the cos/log loop
+# vectorise through glibc's libmvec; the link step leaves it out so that gcc does not add
+# crtfastmath (which would flush denormals process-wide). Compilers without OpenMP (Apple's
+# clang) or libmvec (non-glibc) get the later recipes: the same code, serial or scalar.
+_BASE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
+_RECIPES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lmvec", "-lm")),
+    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lm")),
+    (_BASE_FLAGS, ("-shared", "-lm")),
+    (("-O3", "-fPIC"), ("-shared", "-lm")),
+)
 
 
 def _signed(value: int) -> int:
@@ -140,20 +146,20 @@ def _cache_dir() -> Path:
 def _compile(compiler: str, target: Path) -> None:
     """Build the shared library at ``target`` (atomically: concurrent processes may race)."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        obj = Path(scratch) / "gaussian.o"
-        library = Path(scratch) / "gaussian.so"
-        subprocess.run([compiler, *_COMPILE_FLAGS, "-c", str(_SOURCE), "-o", str(obj)],
-                       check=True, capture_output=True, timeout=120)
-        errors = []
-        for libraries in _LIBRARIES:  # libmvec is glibc's (x86-64); elsewhere the loop stays scalar
-            result = subprocess.run([compiler, *_LINK_FLAGS, str(obj), "-o", str(library),
-                                     *libraries], capture_output=True, timeout=120)
-            if result.returncode == 0:
+        obj, library = Path(scratch) / "gaussian.o", Path(scratch) / "gaussian.so"
+        for compile_flags, link_flags in _RECIPES:
+            for command in ([compiler, *compile_flags, "-c", str(_SOURCE), "-o", str(obj)],
+                            [compiler, str(obj), "-o", str(library), *link_flags]):
+                result = subprocess.run(command, capture_output=True, timeout=120, check=False)
+                if result.returncode != 0:
+                    errors.append(result.stderr.decode(errors="replace").strip()[-300:])
+                    break
+            else:
                 os.replace(library, target)
                 return
-            errors.append(result.stderr.decode(errors="replace").strip())
-        raise RuntimeError("linking failed: " + " | ".join(errors))
+    raise RuntimeError("every build recipe failed: " + " | ".join(errors))
 
 
 def _load_kernel() -> _Kernel | None:
@@ -164,7 +170,7 @@ def _load_kernel() -> _Kernel | None:
         _log.warning("no C compiler found: Gaussian noise uses the torch implementation (slower)")
         return None
     tag = hashlib.sha256(
-        _SOURCE.read_bytes() + repr((_COMPILE_FLAGS, _LINK_FLAGS, compiler, _cpu_tag())).encode()
+        _SOURCE.read_bytes() + repr((_RECIPES, compiler, _cpu_tag())).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"gaussian-{tag}.so"
     try:
@@ -172,10 +178,8 @@ def _load_kernel() -> _Kernel | None:
             _compile(compiler, target)
         kernel = _Kernel(ctypes.CDLL(str(target)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        detail = exc.stderr.decode(errors="replace")[-500:] if isinstance(
-            exc, subprocess.CalledProcessError) and exc.stderr else str(exc)
         _log.warning("could not build the Gaussian noise kernel; using the torch implementation",
-                     error=detail)
+                     error=str(exc)[-1000:])
         return None
     # A miscompiled kernel must never add wrong noise: check it against the definition.
     probe = (0x0123456789ABCDEF, mix_gamma(0xFEDCBA9876543210), 1.0)

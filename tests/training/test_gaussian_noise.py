@@ -151,3 +151,18 @@ def test_a_failing_compiler_falls_back_with_a_warning(
 def test_pure_torch_switch_skips_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDSIM_PURE_TORCH_NOISE", "1")
     assert gaussian._load_kernel() is None
+
+
+@pytest.mark.skipif(not gaussian.native_kernel_available(), reason="no C compiler here")
+def test_a_failing_build_recipe_falls_through_to_the_next(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(gaussian, "_RECIPES", (
+        (("-O3", "-fPIC", "--no-such-flag"), ("-shared", "-lm")),  # what a lesser compiler rejects
+        (("-O3", "-fPIC"), ("-shared", "-lm")),
+    ))
+    kernel = gaussian._load_kernel()
+    assert kernel is not None
+    key = (7, mix_gamma(8), 1.0)
+    torch.testing.assert_close(kernel.pairs(999, *key), reference_pairs(999, *key), rtol=1e-5, atol=1e-5)
