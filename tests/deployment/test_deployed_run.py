@@ -46,6 +46,12 @@ ACCURACY_FLOOR = 0.70
 TOLERANCE = 0.06
 
 
+def _launcher(out: Path, overrides: list[str], *, max_backoff: float = 0.5) -> Launcher:
+    """The four-client scenario, launched in accelerated real time with ``overrides``."""
+    return Launcher(SCENARIO, out, overrides=overrides, time_scale=float(TIME_SCALE),
+                    max_backoff=max_backoff)
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
 
@@ -158,13 +164,9 @@ async def _intrude(host: str, port: int, run: str, password: str) -> None:
 
 def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    launcher = Launcher(
-        SCENARIO,
-        out,
-        # The run ends when every client has done its 12 rounds (all_budgets_spent).
-        overrides=["stop={all_budgets_spent: true}", "clients.groups[0].rounds=12"],
-        time_scale=float(TIME_SCALE),
-        max_backoff=1.0,
+    # The run ends when every client has done its 12 rounds (all_budgets_spent).
+    launcher = _launcher(
+        out, ["stop={all_budgets_spent: true}", "clients.groups[0].rounds=12"], max_backoff=1.0
     )
     try:
         launcher.prepare()
@@ -224,13 +226,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
 def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # Rounds take half a window of (emulated) compute, so a kill often lands mid-round.
-    launcher = Launcher(
-        SCENARIO,
-        out,
-        time_scale=float(TIME_SCALE),
-        max_backoff=0.5,
-        overrides=["stop.windows=30", "clients.groups[0].speed=0.015"],
-    )
+    launcher = _launcher(out, ["stop.windows=30", "clients.groups[0].speed=0.015"])
     population = build_population(load_scenario(SCENARIO))
     try:
         launcher.prepare()
@@ -332,13 +328,9 @@ def test_updates_received_before_a_server_kill_are_applied_exactly_once(tmp_path
     window's updates are lost: their clients forget them and nothing ever resends them.
     """
     out = tmp_path / "run"
-    launcher = Launcher(
-        SCENARIO,
-        out,
-        time_scale=float(TIME_SCALE),
-        max_backoff=0.5,
-        # Staleness is not the point here: the resent updates must be applied, not judged stale.
-        overrides=["stop.windows=7", f"server.window={RECEIPT_WINDOW}", "server.max_staleness=50"],
+    # Staleness is not the point here: the resent updates must be applied, not judged stale.
+    launcher = _launcher(
+        out, ["stop.windows=7", f"server.window={RECEIPT_WINDOW}", "server.max_staleness=50"]
     )
     try:
         launcher.prepare()
