@@ -39,6 +39,7 @@ about 3x slower than ``torch.normal_`` on the CPU; it also serves generators on 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -50,6 +51,8 @@ from pathlib import Path
 
 import structlog
 import torch
+
+from fedsim.training.data import user_cache_dir
 
 __all__ = ["gaussian_noise", "mix_gamma", "native_kernel_available", "reference_pairs"]
 
@@ -138,10 +141,6 @@ def _cpu_tag() -> str:
     return f"{platform.machine()}|{platform.processor()}|{flags}"
 
 
-def _cache_dir() -> Path:
-    from fedsim.training.data import user_cache_dir
-
-    return user_cache_dir() / "native"
 
 
 def _compile(compiler: str, target: Path) -> None:
@@ -173,7 +172,7 @@ def _load_kernel() -> _Kernel | None:
     tag = hashlib.sha256(
         _SOURCE.read_bytes() + repr((_RECIPES, compiler, _cpu_tag())).encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"gaussian-{tag}.so"
+    target = user_cache_dir() / "native" / f"gaussian-{tag}.so"
     try:
         if not target.is_file():
             _compile(compiler, target)
@@ -192,15 +191,10 @@ def _load_kernel() -> _Kernel | None:
     return kernel
 
 
-_UNLOADED = object()
-_kernel: _Kernel | None | object = _UNLOADED
-
-
+@functools.cache
 def _native() -> _Kernel | None:
-    global _kernel
-    if _kernel is _UNLOADED:
-        _kernel = _load_kernel()
-    return _kernel  # type: ignore[return-value]
+    """The kernel of this process, built or loaded once (None: use the torch implementation)."""
+    return _load_kernel()
 
 
 def native_kernel_available() -> bool:
