@@ -123,7 +123,9 @@ class _Clocks:
 
 
 class _TimedTrainer:
-    """A client's trainer whose ``run_round`` CPU/wall time and sample gradients are counted."""
+    """A client's trainer whose rounds' CPU/wall time and sample gradients are counted: the
+    draws when a round begins and the compute when its result is taken (under the run's
+    batcher that compute covers the other rounds pending with it)."""
 
     def __init__(self, trainer: Any, group: str, totals: _TrainingTotals) -> None:
         self.trainer, self.group, self.totals = trainer, group, totals
@@ -131,14 +133,27 @@ class _TimedTrainer:
     def planned_steps(self, round_index: int) -> list:
         return self.trainer.planned_steps(round_index)
 
-    def run_round(self, params: np.ndarray, round_index: int) -> Any:
+    def begin_round(self, params: np.ndarray, round_index: int) -> Any:
         with self.totals.clocks:
-            result = self.trainer.run_round(params, round_index)
-        self.totals.rounds += 1
-        self.totals.per_group[self.group] = (
-            self.totals.per_group.get(self.group, 0) + result.sample_grads
-        )
+            return _TimedRound(self.trainer.begin_round(params, round_index), self)
+
+
+class _TimedRound:
+    def __init__(self, pending: Any, trainer: _TimedTrainer) -> None:
+        self.pending, self.trainer = pending, trainer
+        self.sample_grads = pending.sample_grads
+
+    def result(self) -> Any:
+        totals = self.trainer.totals
+        with totals.clocks:
+            result = self.pending.result()
+        totals.rounds += 1
+        group = self.trainer.group
+        totals.per_group[group] = totals.per_group.get(group, 0) + result.sample_grads
         return result
+
+    def cancel(self) -> None:
+        self.pending.cancel()
 
 
 @dataclass

@@ -15,8 +15,10 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      if not, stop for good with state ``budget_exhausted`` and say so in a status message
      (with a round limit the actor registers all its remaining rounds with the ledger's
      ``plan`` once at start, so these checks are exact and cheap);
-  3. snapshot ``w`` and compute the round on it (synchronously), then let its compute time
-     pass: ``await clock.sleep(seconds_per_sample * sample_gradients)``;
+  3. snapshot ``w``, begin the round on it (its batches and noise are drawn now), let its
+     compute time pass: ``await clock.sleep(seconds_per_sample * sample_gradients)``, and
+     take its update (computed by then, or now: under virtual time the rounds of clients that
+     overlap are computed together, see :mod:`fedsim.training.batched`);
   4. commit the events to the ledger (durable, fsynced) and only then publish the update
      ``(client, r, base_version, Ubar/m)`` - the ledger is charged even if the network then
      drops the message;
@@ -65,12 +67,22 @@ __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 _log = structlog.get_logger("fedsim.runtime.client")
 
 
+class PendingRound(Protocol):
+    """A begun round (:class:`fedsim.training.local.PendingRound`)."""
+
+    sample_grads: int
+
+    def result(self) -> RoundResult: ...
+
+    def cancel(self) -> None: ...
+
+
 class Trainer(Protocol):
     """What a client needs from :class:`fedsim.training.LocalTrainer`."""
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]: ...
 
-    def run_round(self, params: np.ndarray, round_index: int) -> RoundResult: ...
+    def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound: ...
 
 
 class Ledger(Protocol):
@@ -252,10 +264,15 @@ class ClientActor:
             # reads it (a received global model is a read-only view of the message).
             base = self.w
             base_version = self.held_version
-            result = self.trainer.run_round(base, round_index)
-            # The compute happened above; now its cost passes in (virtual) time. A global model
-            # may arrive meanwhile and overwrite self.w (the round continues, see docstring).
-            await self.clock.sleep(self.seconds_per_sample() * result.sample_grads)
+            pending = self.trainer.begin_round(base, round_index)
+            # The round's compute time passes; a global model may arrive meanwhile and
+            # overwrite self.w (the round continues on its snapshot, see docstring).
+            try:
+                await self.clock.sleep(self.seconds_per_sample() * pending.sample_grads)
+            except asyncio.CancelledError:
+                pending.cancel()  # crashed mid-round: nothing was released
+                raise
+            result = pending.result()
             try:
                 self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
             except BudgetExhausted as exc:

@@ -731,6 +731,7 @@ class _DeployedRun:
     network_stats: dict[str, Any]
     cpu_seconds: float
     clients: dict[str, Any] = field(default_factory=dict)
+    batcher: None = None  # each deployed client computes its own rounds
 
 
 @dataclass(frozen=True)

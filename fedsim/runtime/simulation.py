@@ -53,9 +53,10 @@ from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
 from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
+from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
-from fedsim.training.local import RoundResult
+from fedsim.training.local import DoneRound, PendingRound, RoundResult
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
@@ -138,16 +139,18 @@ class Population:
         *,
         message_only: bool = False,
         generator: torch.Generator | None = None,
-    ) -> LocalTrainer | VirtualDurationTrainer:
+        batcher: RoundBatcher | None = None,
+    ) -> LocalTrainer | VirtualDurationTrainer | BatchedTrainer:
         """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
-        from ``generator``: a restarted client process must not replay released noise)."""
+        from ``generator``: a restarted client process must not replay released noise); with a
+        ``batcher`` its begun rounds wait there to be computed together with other clients'."""
         group = plan.group
         if generator is None:
             generator = self.tree.torch("client", plan.client_id, "train")
         if message_only:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         index = torch.from_numpy(plan.indices)
-        return LocalTrainer(
+        trainer = LocalTrainer(
             self.model,
             self.train_x[index],
             self.train_y[index],
@@ -160,6 +163,22 @@ class Population:
             max_physical_batch=group.max_physical_batch,
             generator=generator,
         )
+        return trainer if batcher is None else BatchedTrainer(trainer, batcher)
+
+
+class BatchedTrainer:
+    """A client's :class:`LocalTrainer` whose begun rounds wait in the run's
+    :class:`RoundBatcher` (computed with the rounds other clients began meanwhile)."""
+
+    def __init__(self, trainer: LocalTrainer, batcher: RoundBatcher) -> None:
+        self.trainer = trainer
+        self.batcher = batcher
+
+    def planned_steps(self, round_index: int) -> list[GaussianStep]:
+        return self.trainer.planned_steps(round_index)
+
+    def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound:
+        return self.trainer.begin_round(params, round_index, self.batcher)
 
 
 class VirtualDurationTrainer:
@@ -180,7 +199,7 @@ class VirtualDurationTrainer:
             )
         ]
 
-    def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
+    def begin_round(self, params: np.ndarray, round_index: int) -> DoneRound:
         group = self.plan.group
         steps = self.planned_steps(round_index)
         if group.sampling == "poisson":
@@ -191,7 +210,7 @@ class VirtualDurationTrainer:
             sizes = [int(c) for c in counts]
         else:
             sizes = [group.batch_size] * group.local_steps
-        return RoundResult(
+        return DoneRound(RoundResult(
             update=np.zeros(self.num_params, np.float32),
             steps=steps,
             batch_sizes=sizes,
@@ -199,7 +218,7 @@ class VirtualDurationTrainer:
             sigma=steps[0].sigma,
             mean_loss=math.nan,
             sample_grads=sum(sizes),
-        )
+        ))
 
 
 def _client_ids(group: ClientGroup) -> list[str]:
@@ -467,6 +486,7 @@ class _Simulation:
         self.out_dir = out_dir
         self.message_only = message_only
         self.on_window_hook = on_window
+        self.batcher: RoundBatcher | None = None
         self.metrics: list[dict[str, Any]] = []
         self.applied_log: list[tuple[str, int, int, int]] = []
         self.clients: dict[str, ClientRecord] = {}
@@ -655,11 +675,14 @@ class _Simulation:
         network = self._network(clock)
         ledger_dir = self.out_dir / "ledgers"
         ledger_dir.mkdir(parents=True, exist_ok=True)
+        # One batcher for the run: the rounds clients begin are computed together when the
+        # first of them is needed (see fedsim.training.batched).
+        batcher = self.batcher = None if self.message_only else RoundBatcher(population.model)
         for plan in population.plans:
             path = ledger_dir / f"{plan.client_id}.jsonl"
             self.clients[plan.client_id] = ClientRecord(
                 plan,
-                population.trainer(plan, message_only=self.message_only),
+                population.trainer(plan, message_only=self.message_only, batcher=batcher),
                 path,
                 open_ledger(plan, path),
             )
@@ -873,6 +896,9 @@ def write_run_outputs(sim: _Simulation, server: ServerActor, wall_seconds: float
                 "sample_grads": sample_grads,
                 "sample_grads_per_s": sample_grads / wall_seconds if wall_seconds > 0 else None,
                 "simulated_s_per_wall_s": virtual_time / wall_seconds if wall_seconds > 0 else None,
+                # How the rounds were computed: batched with other clients' or alone.
+                "rounds_batched": sim.batcher.rounds_batched if sim.batcher is not None else 0,
+                "batched_passes": sim.batcher.batches if sim.batcher is not None else 0,
             },
             indent=2,
         )

@@ -36,7 +36,7 @@ import torch
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling
-from fedsim.training.gaussian import gaussian_noise
+from fedsim.training.gaussian import NoiseKey, gaussian_noise
 from fedsim.training.persample import LossFn, PerSampleEngine, per_example_cross_entropy
 
 
@@ -122,6 +122,7 @@ def noisy_gradient(
     loss_fn: LossFn = per_example_cross_entropy,
     per_example_steps: int = 1,
     per_example_lr: float = 0.1,
+    noise_key: NoiseKey | None = None,
 ) -> NoisyGradient:
     """Clip, sum, noise and scale the gradients of the records ``indices`` at the model's w.
 
@@ -129,6 +130,8 @@ def noisy_gradient(
     matching :class:`GaussianStep` (see :class:`~fedsim.training.local.LocalTrainer`).
     With ``per_example_steps > 1`` each example contributes ``a_h``, the update of that many
     SGD steps (``per_example_lr``) on it alone from ``w``, instead of its gradient.
+    The noise comes from ``noise_key`` when given (drawn earlier from ``generator``, see
+    :class:`~fedsim.training.local.PendingRound`), else from ``generator`` now.
     """
     if not (math.isfinite(clip) and clip > 0):
         raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")
@@ -151,7 +154,7 @@ def noisy_gradient(
     total = gaussian_noise(
         engine.num_params,
         sensitivity(sampling, clip) * noise_multiplier * scale,
-        generator,
+        generator if noise_key is None else noise_key,
         param,
     )
     within, loss_sum = 0, 0.0

@@ -47,6 +47,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -54,7 +56,14 @@ import torch
 
 from fedsim.training.data import user_cache_dir
 
-__all__ = ["gaussian_noise", "mix_gamma", "native_kernel_available", "reference_pairs"]
+__all__ = [
+    "NoiseKey",
+    "fill_gaussian_rows",
+    "gaussian_noise",
+    "mix_gamma",
+    "native_kernel_available",
+    "reference_pairs",
+]
 
 _log = structlog.get_logger("fedsim.training.gaussian")
 
@@ -125,9 +134,14 @@ class _Kernel:
 
     def pairs(self, pairs: int, seed: int, gamma: int, std: float) -> torch.Tensor:
         out = torch.empty(2 * pairs, dtype=torch.float32)
-        if pairs:
-            self._fill(out.data_ptr(), pairs, seed, gamma, std, torch.get_num_threads())
+        self.fill(out, seed, gamma, std)
         return out
+
+    def fill(self, out: torch.Tensor, seed: int, gamma: int, std: float) -> None:
+        """Write ``out.numel() / 2`` pairs into the contiguous float32 CPU tensor ``out``."""
+        if out.numel():
+            self._fill(out.data_ptr(), out.numel() // 2, seed, gamma, std,
+                       torch.get_num_threads())
 
 
 def _cpu_tag() -> str:
@@ -202,30 +216,69 @@ def native_kernel_available() -> bool:
     return _native() is not None
 
 
-def gaussian_noise(
-    size: int, std: float, generator: torch.Generator, like: torch.Tensor
-) -> torch.Tensor:
-    """``size`` values of ``N(0, std^2)`` keyed by ``generator``, returned like ``like``.
+@dataclass(frozen=True)
+class NoiseKey:
+    """The stream of one draw: seed ``s`` and odd gamma ``g`` (see the module docstring).
 
-    Consumes four 32-bit draws from ``generator`` per call (the stream's seed and gamma),
-    whatever ``size``.
+    Drawing the key consumes the generator; the values follow from the key alone, so a caller
+    may draw the key now (keeping the generator's order of use) and fill the values later.
+    """
+
+    seed: int
+    gamma: int
+
+    @classmethod
+    def draw(cls, generator: torch.Generator) -> NoiseKey:
+        """A key from four 32-bit draws of ``generator``."""
+        words = torch.randint(0, 1 << 32, (4,), generator=generator, dtype=torch.int64,
+                              device=generator.device).tolist()
+        return cls((words[0] << 32) | words[1], mix_gamma((words[2] << 32) | words[3]))
+
+
+def gaussian_noise(
+    size: int, std: float, source: torch.Generator | NoiseKey, like: torch.Tensor
+) -> torch.Tensor:
+    """``size`` values of ``N(0, std^2)`` keyed by ``source``, returned like ``like``.
+
+    A generator ``source`` is consumed by four 32-bit draws (:meth:`NoiseKey.draw`), whatever
+    ``size``; a key gives the same values as the generator it was drawn from.
     Values are computed in float32 (the dtype updates are stored in) and scaled by the kernel
     itself (no extra pass); ``like``'s dtype and device are applied afterwards.
     """
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
-    words = torch.randint(0, 1 << 32, (4,), generator=generator, dtype=torch.int64,
-                          device=generator.device).tolist()
-    seed = (words[0] << 32) | words[1]
-    gamma = mix_gamma((words[2] << 32) | words[3])
-    pairs = (size + 1) // 2
-    kernel = _native() if generator.device.type == "cpu" else None
-    if kernel is not None:
-        values = kernel.pairs(pairs, seed, gamma, std)
+    if isinstance(source, NoiseKey):
+        key, device = source, like.device
     else:
-        values = reference_pairs(pairs, seed, gamma, std, generator.device)
+        key, device = NoiseKey.draw(source), source.device
+    pairs = (size + 1) // 2
+    kernel = _native() if device.type == "cpu" else None
+    if kernel is not None:
+        values = kernel.pairs(pairs, key.seed, key.gamma, std)
+    else:
+        values = reference_pairs(pairs, key.seed, key.gamma, std, device)
     if size != values.numel():
         values = values[:size]
     if values.device != like.device or values.dtype != like.dtype:
         values = values.to(device=like.device, dtype=like.dtype)
     return values
+
+
+def fill_gaussian_rows(out: torch.Tensor, keys: Sequence[NoiseKey], stds: Sequence[float]) -> None:
+    """Fill row ``k`` of the float32 CPU matrix ``out`` with the values of ``keys[k]`` at
+    ``stds[k]``: the same values as :func:`gaussian_noise` gives, written in place.
+
+    Rows must hold an even number of values (the sampler makes pairs): callers that need an
+    odd count allocate one spare column and use a narrower view.
+    """
+    rows, width = out.shape
+    if len(keys) != rows or len(stds) != rows:
+        raise ValueError(f"{rows} rows but {len(keys)} keys and {len(stds)} stds")
+    if width % 2 or out.dtype != torch.float32 or out.device.type != "cpu" or out.stride(1) != 1:
+        raise ValueError("rows must be float32 CPU rows of an even number of contiguous values")
+    kernel = _native()
+    for row, key, std in zip(out, keys, stds, strict=True):
+        if kernel is not None:
+            kernel.fill(row, key.seed, key.gamma, std)
+        else:
+            row.copy_(reference_pairs(width // 2, key.seed, key.gamma, std))

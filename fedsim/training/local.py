@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -43,8 +43,11 @@ from fedsim.training.dpsgd import (
     sample_batch,
     step_for,
 )
-from fedsim.training.gaussian import gaussian_noise
+from fedsim.training.gaussian import NoiseKey, gaussian_noise
 from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
+
+if TYPE_CHECKING:
+    from fedsim.training.batched import RoundBatcher
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
@@ -250,7 +253,8 @@ class LocalTrainer:
         sigma = float(self.noise_schedule.sigma(round_index))
         return [step_for(self.sampling, self.num_records, self.batch_size, sigma, self.local_steps)]
 
-    def _clip_for(self, round_index: int) -> float:
+    def clip_for(self, round_index: int) -> float:
+        """Clipping norm of round ``round_index`` (adaptive clipping: its current norm)."""
         if self.adaptive_clip is None:
             return float(self.clip_schedule.clip(round_index))
         if (
@@ -259,13 +263,14 @@ class LocalTrainer:
             self._adaptive_norm = float(self.clip_schedule.clip(round_index))
         return self._adaptive_norm
 
-    def _update_adaptive_clip(self, within_clip: int, batch_size: int, clip: float) -> None:
+    def update_adaptive_clip(
+        self, within_clip: int, batch_size: int, clip: float, count_noise: NoiseKey
+    ) -> None:
+        """Move adaptive clipping's norm after a step with ``within_clip`` unclipped examples."""
         config = self.adaptive_clip
         assert config is not None
         noise = float(
-            gaussian_noise(
-                1, config.count_noise_std, self.generator, torch.zeros(1, dtype=torch.float64)
-            )[0]
+            gaussian_noise(1, config.count_noise_std, count_noise, torch.zeros(1, dtype=torch.float64))[0]
         )
         if self.sampling == "poisson":  # centred bits: the unknown realised size is not needed
             fraction = (within_clip - batch_size / 2 + noise) / self.batch_size + 0.5
@@ -275,15 +280,43 @@ class LocalTrainer:
             -config.learning_rate * (fraction - config.target_quantile)
         )
 
+    def sum_sigma(self, sigma: float) -> float:
+        """Noise multiplier of the clipped sum for a step of multiplier ``sigma``."""
+        if self.adaptive_clip is None:
+            return sigma
+        return sum_noise_multiplier(sigma, self.adaptive_clip.count_noise_std, self.sampling)
+
+    def begin_round(
+        self, params: np.ndarray, round_index: int, batcher: RoundBatcher | None = None
+    ) -> PendingRound:
+        """Draw the round's randomness now and compute it later (:meth:`PendingRound.result`).
+
+        Every draw from the generator happens here, in the order :meth:`run_round` has always
+        used (per step: the batch, the noise's key, adaptive clipping's count-noise key), so
+        the values do not depend on when the compute runs. ``params`` must not be modified
+        until the round is computed. With a ``batcher`` the round is computed together with the
+        other rounds pending there (:class:`~fedsim.training.batched.RoundBatcher`).
+        """
+        draws = []
+        for _ in range(self.local_steps):
+            indices = sample_batch(self.sampling, self.num_records, self.batch_size, self.generator)
+            noise = NoiseKey.draw(self.generator)
+            count = NoiseKey.draw(self.generator) if self.adaptive_clip is not None else None
+            draws.append(StepDraws(indices, noise, count))
+        pending = PendingRound(self, params, round_index, self.planned_steps(round_index), draws)
+        if batcher is not None:
+            batcher.submit(pending)
+        return pending
+
     def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
         """Compute the round's noisy update from the flat float32 parameter vector ``params``."""
-        steps = self.planned_steps(round_index)
+        return self.begin_round(params, round_index).result()
+
+    def compute(self, pending: PendingRound) -> RoundResult:
+        """The round ``pending`` computed on its own (one model load, one engine pass a step)."""
+        params, round_index, steps = pending.params, pending.round_index, pending.steps
         sigma = steps[0].sigma
-        sum_sigma = (
-            sigma
-            if self.adaptive_clip is None
-            else sum_noise_multiplier(sigma, self.adaptive_clip.count_noise_std, self.sampling)
-        )
+        sum_sigma = self.sum_sigma(sigma)
         load_flat_params(self.model, params)
         # The float64 start point is needed only between local steps: a one-step round (the
         # common case) skips an O(P) conversion and allocation per round.
@@ -295,14 +328,13 @@ class LocalTrainer:
         accumulated: torch.Tensor | None = None
         batch_sizes: list[int] = []
         loss_sum, clip = 0.0, math.nan
-        for step in range(self.local_steps):
-            clip = self._clip_for(round_index)
-            indices = sample_batch(self.sampling, self.num_records, self.batch_size, self.generator)
+        for step, draws in enumerate(pending.draws):
+            clip = self.clip_for(round_index)
             result = noisy_gradient(
                 self.engine,
                 self.features,
                 self.labels,
-                indices,
+                draws.indices,
                 sampling=self.sampling,
                 clip=clip,
                 noise_multiplier=sum_sigma,
@@ -312,9 +344,11 @@ class LocalTrainer:
                 loss_fn=self.loss_fn,
                 per_example_steps=self.per_example_steps,
                 per_example_lr=self.per_example_lr,
+                noise_key=draws.noise,
             )
-            if self.adaptive_clip is not None:
-                self._update_adaptive_clip(result.within_clip, result.batch_size, clip)
+            if draws.count_noise is not None:
+                self.update_adaptive_clip(result.within_clip, result.batch_size, clip,
+                                           draws.count_noise)
             # The first step's gradient is a fresh tensor owned here: it becomes the sum.
             accumulated = (
                 result.gradient if accumulated is None else accumulated.add_(result.gradient)
@@ -327,14 +361,110 @@ class LocalTrainer:
                 load_flat_params(self.model, current.to(torch.float32).numpy())
         # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
         assert accumulated is not None  # local_steps >= 1
-        update = accumulated.to("cpu", torch.float32).numpy()
+        return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
+                                 batch_sizes, clip, loss_sum)
+
+    def round_result(
+        self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
+        loss_sum: float,
+    ) -> RoundResult:
+        """The :class:`RoundResult` of ``pending`` once its update is computed."""
         seen = sum(batch_sizes)
         return RoundResult(
             update=update,
-            steps=steps,
+            steps=pending.steps,
             batch_sizes=batch_sizes,
             clip=clip,
-            sigma=sigma,
+            sigma=pending.steps[0].sigma,
             mean_loss=loss_sum / seen if seen else math.nan,
             sample_grads=seen,
         )
+
+
+@dataclass(frozen=True)
+class StepDraws:
+    """The randomness of one DP step, drawn when its round begins."""
+
+    indices: torch.Tensor
+    """The batch (record indices into the trainer's data)."""
+    noise: NoiseKey
+    """Key of the Gaussian noise added to the clipped sum."""
+    count_noise: NoiseKey | None
+    """Key of adaptive clipping's noise on the unclipped count (None without it)."""
+
+
+class PendingRound:
+    """A round whose randomness is drawn and whose compute may wait (:meth:`LocalTrainer.begin_round`).
+
+    The virtual-time runtime lets a round's compute time pass before asking for its update,
+    so the rounds of many clients that overlap in virtual time can be computed together
+    (:class:`~fedsim.training.batched.RoundBatcher`); the values are those of the draws made
+    at the start, whatever the grouping, up to floating-point summation order.
+    """
+
+    def __init__(
+        self,
+        trainer: LocalTrainer,
+        params: np.ndarray,
+        round_index: int,
+        steps: list[GaussianStep],
+        draws: list[StepDraws],
+    ) -> None:
+        self.trainer = trainer
+        self.params = params
+        self.round_index = round_index
+        self.steps = steps
+        self.draws = draws
+        self.sample_grads = sum(len(d.indices) for d in draws)
+        """Per-example gradients the round computes, known before it is computed."""
+        self.batcher: RoundBatcher | None = None
+        self._outcome: RoundResult | Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def complete(self, outcome: RoundResult | Exception) -> None:
+        """Record the round's result (or the error that stopped it); the params are released."""
+        self._outcome = outcome
+        self.params = None  # type: ignore[assignment]
+        self.batcher = None
+
+    def result(self) -> RoundResult:
+        """The round's update, computing it (and the batch it waits in) if not done yet."""
+        if self._outcome is None:
+            if self.batcher is not None:
+                self.batcher.flush()
+            else:
+                self.compute_alone()
+        assert self._outcome is not None
+        if isinstance(self._outcome, Exception):
+            raise self._outcome
+        return self._outcome
+
+    def compute_alone(self) -> None:
+        """Compute this round by itself (one model load, one engine pass a step)."""
+        try:
+            self.complete(self.trainer.compute(self))
+        except Exception as exc:  # the error belongs to this round's client alone
+            self.complete(exc)
+
+    def cancel(self) -> None:
+        """Forget the round without computing it (its client crashed while it ran)."""
+        if self.batcher is not None:
+            self.batcher.discard(self)
+        self.batcher = None
+
+
+class DoneRound:
+    """A round whose result is known when it begins (nothing left to compute)."""
+
+    def __init__(self, result: RoundResult) -> None:
+        self._result = result
+        self.sample_grads = result.sample_grads
+
+    def result(self) -> RoundResult:
+        return self._result
+
+    def cancel(self) -> None:
+        pass

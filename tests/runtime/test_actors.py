@@ -26,7 +26,7 @@ from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Me
 from fedsim.runtime.client import ClientActor, StalenessPolicy
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.training.local import RoundResult
+from fedsim.training.local import DoneRound, RoundResult
 
 DIM = 3
 STEP = GaussianStep("poisson", 0.1, 1.0)
@@ -61,10 +61,10 @@ class FakeTrainer:
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         return [STEP]
 
-    def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
+    def begin_round(self, params: np.ndarray, round_index: int) -> DoneRound:
         self.seen.append(params.copy())
-        return RoundResult(update=(params + 1.0).astype(np.float32), steps=[STEP],
-                           batch_sizes=[10], clip=1.0, sigma=1.0, mean_loss=0.0, sample_grads=10)
+        return DoneRound(RoundResult(update=(params + 1.0).astype(np.float32), steps=[STEP],
+                           batch_sizes=[10], clip=1.0, sigma=1.0, mean_loss=0.0, sample_grads=10))
 
 
 class FakeLedger:

@@ -76,6 +76,9 @@ def test_same_seed_same_files_different_seed_different(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "metrics.jsonl").read_bytes() != (tmp_path / "c" / "metrics.jsonl").read_bytes()
     assert first.summary["updates"]["applied"] > 0
     assert first.summary["final_accuracy"] is not None
+    # the outputs above came from rounds computed together (fedsim.training.batched)
+    timing = json.loads((tmp_path / "a" / "timing.json").read_text())
+    assert timing["rounds_batched"] > 0 and timing["batched_passes"] > 0
 
 
 def test_one_client_one_update_per_window_equals_the_plain_dp_sgd_loop(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def test_adaptive_clip_tracks_the_target_quantile_and_costs_the_planned_sigma() 
         result = trainer.run_round(params, t)
         assert result.steps == [GaussianStep("poisson", 0.25, 1.0)]
     norms = trainer.engine.clipped_sum(trainer.features, trainer.labels, 1.0).norms
-    fraction_within = float((norms <= trainer._clip_for(80)).double().mean())
+    fraction_within = float((norms <= trainer.clip_for(80)).double().mean())
     assert result.clip < 10.0  # moved down from 100 by orders of magnitude
     assert fraction_within == pytest.approx(0.5, abs=0.2)
 

@@ -1,0 +1,167 @@
+"""Rounds of many clients computed together (RoundBatcher) against each round computed alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.errors import ModelError
+from fedsim.privacy import schedules
+from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset
+from fedsim.training.batched import RoundBatcher, batchable_layers
+from fedsim.training.local import AdaptiveClipConfig
+
+FEATURES, CLASSES = 12, 4
+
+# (sampling, batch size, clip, sigma, extra options): different postures in one batch, one
+# with adaptive clipping, one whose Poisson batches are often empty.
+POSTURES = [
+    ("poisson", 8, 0.5, 1.5, {}),
+    ("poisson", 9, 1.0, 1.2, {}),
+    ("fixed", 16, 1.5, 1.5, {}),
+    ("fixed", 7, 0.2, 0.8, {}),
+    ("poisson", 12, 0.7, 1.1, {"adaptive_clip": AdaptiveClipConfig(0.5, 0.2, 10.0)}),
+    ("poisson", 1, 1.0, 1.0, {}),
+]
+
+
+def _data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y, _, _ = load_dataset("synthetic", seed=seed, num_train=60, num_test=1,
+                              num_features=FEATURES, num_classes=CLASSES)
+    return x, y
+
+
+def _trainers(model: torch.nn.Module, **overrides: object) -> list[LocalTrainer]:
+    """One trainer per posture, each with its own data and generator (seeded by its index)."""
+    trainers = []
+    for k, (sampling, batch, clip, sigma, extra) in enumerate(POSTURES):
+        x, y = _data(k)
+        options = {**extra, **overrides}
+        trainers.append(LocalTrainer(
+            model, x, y, batch_size=batch, sampling=sampling,
+            clip=schedules.constant(100, clip, sigma), noise=schedules.constant(100, clip, sigma),
+            local_lr=0.3, generator=torch.Generator().manual_seed(100 + k), **options))
+    return trainers
+
+
+def _params(model: torch.nn.Module, count: int) -> list[np.ndarray]:
+    base = flat_params(model)
+    rng = np.random.default_rng(7)
+    return [base + np.float32(0.05) * rng.standard_normal(base.size).astype(np.float32)
+            for _ in range(count)]
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("mlp", in_features=FEATURES, hidden=[16, 8], num_classes=CLASSES,
+                       activation="tanh")
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "logreg"])
+def test_batched_rounds_equal_each_round_computed_alone(model_name: str) -> None:
+    torch.manual_seed(0)
+    model = _mlp() if model_name == "mlp" else build_model("logreg", in_features=FEATURES,
+                                                           num_classes=CLASSES)
+    assert batchable_layers(model) is not None
+    together, alone = _trainers(model), _trainers(model)
+    batcher = RoundBatcher(model)
+    params = _params(model, len(POSTURES))
+    for round_index in range(4):  # adaptive clipping's state carries over rounds
+        pending = [t.begin_round(p, round_index, batcher) for t, p in zip(together, params, strict=True)]
+        assert batcher.pending == len(POSTURES)
+        first = pending[2].result()  # any result computes the whole batch
+        assert batcher.pending == 0 and all(p.done for p in pending)
+        assert first is pending[2].result()
+        for p, trainer, w in zip(pending, alone, params, strict=True):
+            got, want = p.result(), trainer.run_round(w, round_index)
+            assert got.batch_sizes == want.batch_sizes
+            assert got.sample_grads == p.sample_grads == sum(want.batch_sizes)
+            assert got.steps == want.steps and got.sigma == want.sigma
+            assert got.clip == pytest.approx(want.clip, rel=1e-5)
+            np.testing.assert_allclose(got.update, want.update, rtol=2e-4, atol=2e-6)
+            if want.sample_grads:
+                assert got.mean_loss == pytest.approx(want.mean_loss, rel=1e-5)
+            else:
+                assert np.isnan(got.mean_loss)
+    assert batcher.rounds_batched > 0 and batcher.batches >= 1
+    # the adaptive client's clipping norm moved and stayed in step with the lone computation
+    assert together[4]._adaptive_norm == pytest.approx(alone[4]._adaptive_norm, rel=1e-5)
+    assert together[4]._adaptive_norm != POSTURES[4][2]
+
+
+def test_a_non_finite_parameter_vector_fails_only_its_own_round() -> None:
+    model = _mlp()
+    trainers = _trainers(model)[:3]
+    params = _params(model, 3)
+    params[1] = params[1].copy()
+    params[1][5] = np.nan
+    batcher = RoundBatcher(model)
+    pending = [t.begin_round(p, 0, batcher) for t, p in zip(trainers, params, strict=True)]
+    with pytest.raises(ModelError, match="non-finite"):
+        pending[1].result()
+    alone = _trainers(model)[:3]
+    for k in (0, 2):
+        np.testing.assert_allclose(pending[k].result().update,
+                                   alone[k].run_round(params[k], 0).update, rtol=2e-4, atol=2e-6)
+
+
+def test_rounds_a_batch_cannot_take_are_computed_exactly_as_alone() -> None:
+    # A CNN (not a chain of Linear layers) and multi-step rounds go through the lone engine.
+    torch.manual_seed(0)
+    cnn = build_model("dp_mnist_cnn")
+    assert batchable_layers(cnn) is None
+    x = torch.rand(40, 1, 28, 28)
+    y = torch.randint(0, 10, (40,))
+
+    def cnn_trainer() -> LocalTrainer:
+        return LocalTrainer(cnn, x, y, batch_size=8, sampling="poisson",
+                            clip=schedules.constant(10, 1.0, 1.0),
+                            noise=schedules.constant(10, 1.0, 1.0),
+                            generator=torch.Generator().manual_seed(3))
+
+    mlp = _mlp()
+    multi = [_trainers(mlp, local_steps=2)[k] for k in (0, 2)]
+    multi_alone = [_trainers(mlp, local_steps=2)[k] for k in (0, 2)]
+    cnn_params, mlp_params = flat_params(cnn), _params(mlp, 2)
+    batcher = RoundBatcher(cnn)
+    cnn_round = cnn_trainer().begin_round(cnn_params, 0, batcher)
+    multi_rounds = [t.begin_round(p, 0, batcher) for t, p in zip(multi, mlp_params, strict=True)]
+    cnn_round.result()
+    assert batcher.rounds_batched == 0
+    np.testing.assert_array_equal(cnn_round.result().update,
+                                  cnn_trainer().run_round(cnn_params, 0).update)
+    for got, trainer, w in zip(multi_rounds, multi_alone, mlp_params, strict=True):
+        np.testing.assert_array_equal(got.result().update, trainer.run_round(w, 0).update)
+
+
+def test_a_cancelled_round_is_never_computed_and_a_lone_bucket_uses_the_single_engine() -> None:
+    model = _mlp()
+    trainers, alone = _trainers(model)[:2], _trainers(model)[:2]
+    params = _params(model, 2)
+    batcher = RoundBatcher(model)
+    pending = [t.begin_round(p, 0, batcher) for t, p in zip(trainers, params, strict=True)]
+    pending[0].cancel()
+    assert batcher.pending == 1
+    pending[1].result()
+    assert not pending[0].done and batcher.rounds_batched == 0
+    alone[0].begin_round(params[0], 0)  # the cancelled round's draws were still made
+    np.testing.assert_array_equal(pending[1].result().update, alone[1].run_round(params[1], 0).update)
+    # the cancelled client's generator went on from where its draws left it
+    assert torch.equal(trainers[0].generator.get_state(), alone[0].generator.get_state())
+
+
+def test_drawing_at_begin_keeps_the_generator_order_of_a_computed_round() -> None:
+    # begin_round draws everything a round uses, in run_round's order: computing later or
+    # never does not change what the next round draws.
+    model = _mlp()
+    early, late = _trainers(model)[4], _trainers(model)[4]  # the adaptive-clipping posture
+    w = _params(model, 1)[0]
+    first = early.begin_round(w, 0)
+    first.result()
+    second_early = early.begin_round(w, 1)
+    first_late = late.begin_round(w, 0)
+    second_late = late.begin_round(w, 1)
+    assert torch.equal(second_early.draws[0].indices, second_late.draws[0].indices)
+    assert second_early.draws[0].noise == second_late.draws[0].noise
+    assert first_late.draws[0].noise == first.draws[0].noise
