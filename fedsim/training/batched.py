@@ -33,7 +33,7 @@ from torch import nn
 
 from fedsim.errors import ModelError
 from fedsim.training.dpsgd import sensitivity
-from fedsim.training.gaussian import fill_gaussian_rows
+from fedsim.training.gaussian import fill_gaussian
 from fedsim.training.models import MLP, LogisticRegression
 from fedsim.training.persample import CLIP_EPSILON
 
@@ -105,6 +105,7 @@ class RoundBatcher:
         self.chain = batchable_layers(model)
         self.num_params = sum(p.numel() for p in model.parameters())
         self._pending: dict[int, PendingRound] = {}
+        self._buffers: dict[str, torch.Tensor] = {}
         self.rounds_batched = 0
         """Rounds computed in a batched pass so far (the others were computed alone)."""
         self.batches = 0
@@ -152,35 +153,48 @@ class RoundBatcher:
         if bucket:
             self._compute_bucket(bucket)
 
+    def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A buffer of the batcher, reused by every pass: fresh memory costs a page fault per
+        4 KB, as much as the arithmetic of a small model's round. Zeros when first made, later
+        whatever the last pass left (always finite values and valid labels)."""
+        size = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < size or buffer.dtype != dtype:
+            buffer = torch.zeros(size, dtype=dtype)
+            self._buffers[name] = buffer
+        return buffer[:size].view(shape)
+
     def _stack_params(self, jobs: list[_Job]) -> tuple[torch.Tensor, list[_Job]]:
-        """The jobs' parameter vectors as rows, without the jobs whose vector is not finite."""
-        # numpy stacks read-only vectors (received models) without torch's writability warning.
-        weights = torch.from_numpy(np.stack([np.asarray(j.pending.params, dtype=np.float32)
-                                             for j in jobs]))
-        if weights.shape[1] != self.num_params:
-            raise ModelError(f"parameter vectors have {weights.shape[1]} values, the model "
-                             f"needs {self.num_params}")
+        """The jobs' parameter vectors as rows, without the jobs whose vector is unusable."""
+        weights = self._scratch("weights", (len(jobs), self.num_params), torch.float32)
+        rows = weights.numpy()
+        kept: list[_Job] = []
+        for job in jobs:
+            params = np.asarray(job.pending.params)
+            if params.shape != (self.num_params,):
+                job.pending.complete(ModelError(
+                    f"parameter vector has shape {params.shape}, the model needs "
+                    f"({self.num_params},)"))
+                continue
+            np.copyto(rows[len(kept)], params, casting="same_kind")
+            kept.append(job)
+        weights = weights[: len(kept)]
         # One sum per row finds non-finite rows (a huge finite row may overflow to inf: then
         # the exact check decides).
         suspicious = (~torch.isfinite(weights.sum(1))).nonzero().flatten().tolist()
         bad = {k for k in suspicious if not bool(torch.isfinite(weights[k]).all())}
         if not bad:
-            return weights, jobs
+            return weights, kept
         for k in bad:
-            jobs[k].pending.complete(ModelError("parameter vector contains non-finite values"))
-        keep = [k for k in range(len(jobs)) if k not in bad]
-        return weights[keep], [jobs[k] for k in keep]
+            kept[k].pending.complete(ModelError("parameter vector contains non-finite values"))
+        keep = [k for k in range(len(kept)) if k not in bad]
+        return weights[keep], [kept[k] for k in keep]
 
     def _compute_bucket(self, jobs: list[_Job]) -> None:
         if len(jobs) == 1:  # nothing to share: the single-round engine, exactly as alone
             jobs[0].pending.compute_alone()
             return
-        try:
-            weights, jobs = self._stack_params(jobs)
-        except ModelError as exc:
-            for job in jobs:
-                job.pending.complete(exc)
-            return
+        weights, jobs = self._stack_params(jobs)
         if not jobs:
             return
         try:
@@ -191,36 +205,43 @@ class RoundBatcher:
             return
         self.batches += 1
         self.rounds_batched += len(jobs)
-        rows = updates.numpy()
         for k, job in enumerate(jobs):
             trainer, draws = job.pending.trainer, job.draws
             if draws.count_noise is not None:
                 trainer.update_adaptive_clip(within[k], job.size, job.clip, draws.count_noise)
             job.pending.complete(trainer.round_result(
-                job.pending, rows[k, : self.num_params], [job.size], job.clip, losses[k]))
+                job.pending, updates[k][: self.num_params].numpy(), [job.size], job.clip,
+                losses[k]))
 
     def _pass(
         self, weights: torch.Tensor, jobs: Sequence[_Job]
-    ) -> tuple[torch.Tensor, list[int], list[float]]:
-        """One forward and backward pass for all ``jobs``: noisy clipped sums (rows), counts
-        of unclipped examples, loss sums."""
+    ) -> tuple[list[torch.Tensor], list[int], list[float]]:
+        """One forward and backward pass for all ``jobs``: noisy clipped sums (a vector each),
+        counts of unclipped examples, loss sums."""
         assert self.chain is not None
         count = len(jobs)
         width = max(1, max(job.size for job in jobs))
         first = jobs[0].pending.trainer
         features_per_row = math.prod(first.features.shape[1:])
-        x = torch.zeros(count, width, features_per_row, dtype=torch.float32)
-        y = torch.zeros(count, width, dtype=first.labels.dtype)
-        mask = torch.zeros(count, width, dtype=torch.float32)
+        x = self._scratch("x", (count, width, features_per_row), torch.float32)
+        y = self._scratch("y", (count, width), first.labels.dtype)
         for k, job in enumerate(jobs):
             if job.size:
                 trainer, indices = job.pending.trainer, job.draws.indices
-                x[k, : job.size] = trainer.features.index_select(0, indices).reshape(job.size, -1)
-                y[k, : job.size] = trainer.labels.index_select(0, indices)
-                mask[k, : job.size] = 1.0
+                features = trainer.features.reshape(len(trainer.features), -1)
+                if features.dtype == torch.float32:
+                    torch.index_select(features, 0, indices, out=x[k, : job.size])
+                else:
+                    x[k, : job.size] = features.index_select(0, indices)
+                torch.index_select(trainer.labels, 0, indices, out=y[k, : job.size])
+        sizes = torch.tensor([job.size for job in jobs])
+        mask = (torch.arange(width).unsqueeze(0) < sizes.unsqueeze(1)).to(torch.float32)
         # The noise first (as noisy_gradient does), then each layer's clipped sum is added in.
-        out = torch.empty(count, self.num_params + self.num_params % 2, dtype=torch.float32)
-        fill_gaussian_rows(out, [j.draws.noise for j in jobs], [j.std for j in jobs])
+        # One allocation per round, as a round computed alone makes: the allocator recycles
+        # these warm, where one large block for all rounds would be fresh pages each pass.
+        updates = [torch.empty(self.num_params + self.num_params % 2) for _ in jobs]
+        for update, job in zip(updates, jobs, strict=True):
+            fill_gaussian(update, job.draws.noise, job.std)
 
         layers: list[tuple[nn.Linear, torch.Tensor, torch.Tensor | None, int]] = []
         offset = 0
@@ -270,8 +291,12 @@ class RoundBatcher:
         for (module, _, b, offset), a, g in zip(layers, inputs, grads, strict=True):
             weighted = g * factors.unsqueeze(2)
             size = module.weight.numel()
-            out[:, offset : offset + size].view(count, module.out_features, module.in_features) \
-                .add_(torch.bmm(weighted.transpose(1, 2), a))
-            if b is not None:
-                out[:, offset + size : offset + size + module.out_features].add_(weighted.sum(1))
-        return out, within, losses.detach().sum(1).tolist()
+            shape = (count, module.out_features, module.in_features)
+            weight_sums = torch.bmm(weighted.transpose(1, 2), a,
+                                    out=self._scratch(f"grad{offset}", shape, torch.float32))
+            bias_sums = weighted.sum(1) if b is not None else None
+            for k, update in enumerate(updates):
+                update[offset : offset + size].view(shape[1:]).add_(weight_sums[k])
+                if bias_sums is not None:
+                    update[offset + size : offset + size + module.out_features].add_(bias_sums[k])
+        return updates, within, losses.detach().sum(1).tolist()

@@ -47,7 +47,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +57,7 @@ from fedsim.training.data import user_cache_dir
 
 __all__ = [
     "NoiseKey",
-    "fill_gaussian_rows",
+    "fill_gaussian",
     "gaussian_noise",
     "mix_gamma",
     "native_kernel_available",
@@ -264,21 +263,18 @@ def gaussian_noise(
     return values
 
 
-def fill_gaussian_rows(out: torch.Tensor, keys: Sequence[NoiseKey], stds: Sequence[float]) -> None:
-    """Fill row ``k`` of the float32 CPU matrix ``out`` with the values of ``keys[k]`` at
-    ``stds[k]``: the same values as :func:`gaussian_noise` gives, written in place.
+def fill_gaussian(out: torch.Tensor, key: NoiseKey, std: float) -> None:
+    """Fill the float32 CPU vector ``out`` with the values :func:`gaussian_noise` gives for
+    ``key`` and ``std``, in place (no allocation: the caller's buffer may be reused memory).
 
-    Rows must hold an even number of values (the sampler makes pairs): callers that need an
-    odd count allocate one spare column and use a narrower view.
+    ``out`` must hold an even number of values (the sampler makes pairs): a caller that needs
+    an odd count allocates one spare value and uses a narrower view.
     """
-    rows, width = out.shape
-    if len(keys) != rows or len(stds) != rows:
-        raise ValueError(f"{rows} rows but {len(keys)} keys and {len(stds)} stds")
-    if width % 2 or out.dtype != torch.float32 or out.device.type != "cpu" or out.stride(1) != 1:
-        raise ValueError("rows must be float32 CPU rows of an even number of contiguous values")
+    if out.dim() != 1 or out.numel() % 2 or out.dtype != torch.float32 \
+            or out.device.type != "cpu" or not out.is_contiguous():
+        raise ValueError("out must be a contiguous float32 CPU vector of an even length")
     kernel = _native()
-    for row, key, std in zip(out, keys, stds, strict=True):
-        if kernel is not None:
-            kernel.fill(row, key.seed, key.gamma, std)
-        else:
-            row.copy_(reference_pairs(width // 2, key.seed, key.gamma, std))
+    if kernel is not None:
+        kernel.fill(out, key.seed, key.gamma, std)
+    else:
+        out.copy_(reference_pairs(out.numel() // 2, key.seed, key.gamma, std))

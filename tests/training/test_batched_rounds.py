@@ -90,16 +90,19 @@ def test_batched_rounds_equal_each_round_computed_alone(model_name: str) -> None
     assert together[4]._adaptive_norm != POSTURES[4][2]
 
 
-def test_a_non_finite_parameter_vector_fails_only_its_own_round() -> None:
+def test_an_unusable_parameter_vector_fails_only_its_own_round() -> None:
     model = _mlp()
-    trainers = _trainers(model)[:3]
-    params = _params(model, 3)
+    trainers = _trainers(model)[:4]
+    params = _params(model, 4)
     params[1] = params[1].copy()
     params[1][5] = np.nan
+    params[3] = params[3][:-1]
     batcher = RoundBatcher(model)
     pending = [t.begin_round(p, 0, batcher) for t, p in zip(trainers, params, strict=True)]
     with pytest.raises(ModelError, match="non-finite"):
         pending[1].result()
+    with pytest.raises(ModelError, match="shape"):
+        pending[3].result()
     alone = _trainers(model)[:3]
     for k in (0, 2):
         np.testing.assert_allclose(pending[k].result().update,

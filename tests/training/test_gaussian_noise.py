@@ -115,6 +115,26 @@ def test_same_generator_state_replays_and_consumes_four_draws() -> None:
     assert torch.equal(used.get_state(), fresh.get_state())
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_key_drawn_now_gives_the_generators_values_later_and_in_place(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not compiled:
+        monkeypatch.setattr(gaussian, "_native", lambda: None)
+    expected = gaussian_noise(5001, 0.7, torch.Generator().manual_seed(21), torch.zeros(1))
+    generator = torch.Generator().manual_seed(21)
+    key = gaussian.NoiseKey.draw(generator)
+    fresh = torch.Generator().manual_seed(21)
+    torch.randint(0, 1 << 32, (4,), generator=fresh, dtype=torch.int64)
+    assert torch.equal(generator.get_state(), fresh.get_state())  # four draws, as a draw uses
+    assert torch.equal(gaussian_noise(5001, 0.7, key, torch.zeros(1)), expected)
+    out = torch.full((5002,), math.nan)
+    gaussian.fill_gaussian(out, key, 0.7)
+    assert torch.equal(out[:5001], expected)
+    with pytest.raises(ValueError, match="even"):
+        gaussian.fill_gaussian(torch.zeros(5001), key, 0.7)
+
+
 def test_values_follow_likes_dtype_and_scale_with_std() -> None:
     like = torch.zeros(1, dtype=torch.float64)
     unit = gaussian_noise(999, 1.0, torch.Generator().manual_seed(1), like)
