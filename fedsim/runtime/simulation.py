@@ -480,12 +480,14 @@ class _Simulation:
         *,
         message_only: bool,
         on_window: Callable[[dict[str, Any]], None] | None,
+        batch_rounds: bool = True,
     ) -> None:
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
         self.message_only = message_only
         self.on_window_hook = on_window
+        self.batch_rounds = batch_rounds and not message_only
         self.batcher: RoundBatcher | None = None
         self.metrics: list[dict[str, Any]] = []
         self.applied_log: list[tuple[str, int, int, int]] = []
@@ -677,7 +679,7 @@ class _Simulation:
         ledger_dir.mkdir(parents=True, exist_ok=True)
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
-        batcher = self.batcher = None if self.message_only else RoundBatcher(population.model)
+        batcher = self.batcher = RoundBatcher(population.model) if self.batch_rounds else None
         for plan in population.plans:
             path = ledger_dir / f"{plan.client_id}.jsonl"
             self.clients[plan.client_id] = ClientRecord(
@@ -928,12 +930,16 @@ def run_scenario(
     message_only: bool = False,
     on_window: Callable[[dict[str, Any]], None] | None = None,
     population: Population | None = None,
+    batch_rounds: bool = True,
 ) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
     ``out_dir`` must not already hold ledgers (a ledger is never reset, so reusing a run
     directory would silently continue spending). ``message_only`` replaces training by its
-    virtual duration (zero updates, the same privacy events).
+    virtual duration (zero updates, the same privacy events). With ``batch_rounds`` (the
+    default) rounds that overlap in virtual time are computed together
+    (:mod:`fedsim.training.batched`); without, each round alone, as a client on its own
+    computes it (same randomness, results equal up to floating-point summation order).
     """
     out = Path(out_dir)
     if (out / "ledgers").exists() and any((out / "ledgers").iterdir()):
@@ -942,7 +948,8 @@ def run_scenario(
     torch.set_num_threads(loaded.scenario.torch_threads)
     try:
         population = population or build_population(loaded)
-        sim = _Simulation(population, out, message_only=message_only, on_window=on_window)
+        sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
+                          batch_rounds=batch_rounds)
         try:
             server, wall_seconds = sim.run()
             summary = write_run_outputs(sim, server, wall_seconds)

@@ -1,15 +1,19 @@
 """Pure torch: models, data sets and partitioning, the DP-SGD step. No clocks, no transports.
 
-The runtime's contract is :class:`LocalTrainer` (one client's DP rounds), :class:`RoundResult`,
-:func:`flat_params` / :func:`load_flat_params`, :func:`evaluate`, :func:`load_dataset` and
-:func:`partition`.
+The runtime's contract is :class:`LocalTrainer` (one client's DP rounds: begun with their
+randomness drawn, computed when their update is taken, :class:`PendingRound`),
+:class:`RoundBatcher` (the pending rounds of many clients computed together),
+:class:`RoundResult`, :func:`flat_params` / :func:`load_flat_params`, :func:`evaluate`,
+:func:`load_dataset` and :func:`partition`.
 """
 
+from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import ClipSchedule, NoiseSchedule, secure_generator
 from fedsim.training.local import (
     AdaptiveClipConfig,
     LocalTrainer,
+    PendingRound,
     RoundResult,
     evaluate,
     flat_params,
@@ -22,6 +26,8 @@ __all__ = [
     "ClipSchedule",
     "LocalTrainer",
     "NoiseSchedule",
+    "PendingRound",
+    "RoundBatcher",
     "RoundResult",
     "build_model",
     "check_dp_compatible",

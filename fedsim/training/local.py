@@ -184,7 +184,8 @@ class LocalTrainer:
     the compute is ``s`` times larger and per-example parameters are materialised.
 
     ``clip(t)`` and ``sigma(t)`` are read at ``t = round_index``. The model is scratch space:
-    each round overwrites its parameters.
+    each round overwrites its parameters. A round is begun (:meth:`begin_round`: its batches
+    and noise keys drawn) and computed when its result is taken; :meth:`run_round` does both.
     """
 
     def __init__(
@@ -291,8 +292,8 @@ class LocalTrainer:
     ) -> PendingRound:
         """Draw the round's randomness now and compute it later (:meth:`PendingRound.result`).
 
-        Every draw from the generator happens here, in the order :meth:`run_round` has always
-        used (per step: the batch, the noise's key, adaptive clipping's count-noise key), so
+        Every draw from the generator happens here, in the order a round has always made
+        them (per step: the batch, the noise's key, adaptive clipping's count-noise key), so
         the values do not depend on when the compute runs. ``params`` must not be modified
         until the round is computed. With a ``batcher`` the round is computed together with the
         other rounds pending there (:class:`~fedsim.training.batched.RoundBatcher`).

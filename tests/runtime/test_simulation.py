@@ -81,6 +81,23 @@ def test_same_seed_same_files_different_seed_different(tmp_path: Path) -> None:
     assert timing["rounds_batched"] > 0 and timing["batched_passes"] > 0
 
 
+def test_batched_rounds_change_only_floating_point_rounding(tmp_path: Path) -> None:
+    # The same scenario with every round computed alone: the same privacy events at the same
+    # times (ledgers byte for byte) and the same model up to summation order.
+    data = scenario()
+    batched = run(data, tmp_path / "batched")
+    alone = run(data, tmp_path / "alone", batch_rounds=False)
+    timing = json.loads((tmp_path / "alone" / "timing.json").read_text())
+    assert timing["rounds_batched"] == 0
+    ledgers = sorted((tmp_path / "batched" / "ledgers").iterdir())
+    assert ledgers
+    for ledger in ledgers:
+        assert ledger.read_bytes() == (tmp_path / "alone" / "ledgers" / ledger.name).read_bytes()
+    assert batched.summary["updates"] == alone.summary["updates"]
+    np.testing.assert_allclose(batched.final_params, alone.final_params, rtol=1e-3, atol=1e-4)
+    assert not np.array_equal(batched.final_params, alone.final_params)
+
+
 def test_one_client_one_update_per_window_equals_the_plain_dp_sgd_loop(tmp_path: Path) -> None:
     rounds, lr = 6, 0.5
     data = scenario(**{
