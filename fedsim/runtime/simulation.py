@@ -150,10 +150,11 @@ class Population:
         if message_only:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         index = torch.from_numpy(plan.indices)
+        # index_select: several times faster than advanced indexing for image tensors on CPU.
         trainer = LocalTrainer(
             self.model,
-            self.train_x[index],
-            self.train_y[index],
+            self.train_x.index_select(0, index),
+            self.train_y.index_select(0, index),
             batch_size=group.batch_size,
             sampling=group.sampling,
             clip=plan.schedule,

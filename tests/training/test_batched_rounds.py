@@ -138,7 +138,7 @@ def test_rounds_a_batch_cannot_take_are_computed_exactly_as_alone() -> None:
         np.testing.assert_array_equal(got.result().update, trainer.run_round(w, 0).update)
 
 
-def test_a_cancelled_round_is_never_computed_and_a_lone_bucket_uses_the_single_engine() -> None:
+def test_a_cancelled_round_is_never_computed_and_a_lone_round_uses_the_single_engine() -> None:
     model = _mlp()
     trainers, alone = _trainers(model)[:2], _trainers(model)[:2]
     params = _params(model, 2)
