@@ -168,3 +168,17 @@ def test_drawing_at_begin_keeps_the_generator_order_of_a_computed_round() -> Non
     assert torch.equal(second_early.draws[0].indices, second_late.draws[0].indices)
     assert second_early.draws[0].noise == second_late.draws[0].noise
     assert first_late.draws[0].noise == first.draws[0].noise
+
+
+def test_a_loss_that_is_not_per_example_fails_every_round_of_the_pass() -> None:
+    model = _mlp()
+
+    def mean_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(outputs, targets)  # one number, not (B,)
+
+    trainers = _trainers(model, loss_fn=mean_loss)[:3]
+    batcher = RoundBatcher(model)
+    pending = [t.begin_round(p, 0, batcher) for t, p in zip(trainers, _params(model, 3), strict=True)]
+    for round_ in pending:
+        with pytest.raises(ModelError, match="per-example losses"):
+            round_.result()
