@@ -196,7 +196,9 @@ class ClientActor:
         policy = self.staleness
         if policy.max_versions_behind is not None and self.rounds_since_global >= policy.max_versions_behind:
             return f"{self.rounds_since_global} local rounds since the last global model"
-        if policy.max_distance is not None and self.w is not None and self.held_global is not None:
+        if (policy.max_distance is not None and self.w is not None
+                and self.held_global is not None and self.w is not self.held_global):
+            # (w is the held global itself until a local round moves it: distance 0.)
             # einsum, not BLAS (np.linalg.norm): BLAS threads spin on a shared machine and made
             # this check cost more than a training round. Its vectorised float32 dot is twice
             # as fast as a float64 sum of squares and accurate to ~1e-7 here.
