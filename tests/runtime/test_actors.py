@@ -174,6 +174,38 @@ def test_distance_rule_waits_when_the_local_model_drifted() -> None:
     assert [t for t, _ in updates(run_virtual(main))] == [1.0, 5.0]
 
 
+def test_a_crash_mid_round_cancels_the_round_and_charges_nothing() -> None:
+    class RecordingRound:
+        sample_grads = 10
+
+        def __init__(self) -> None:
+            self.cancelled = self.taken = False
+
+        def result(self) -> RoundResult:
+            self.taken = True
+            raise AssertionError("a crashed round's update must not be taken")
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    began: list[RecordingRound] = []
+
+    async def main(clock: VirtualClock):
+        actor, endpoint, trainer, ledger = make_client(clock, max_rounds=2)
+        trainer.begin_round = lambda params, round_index: began.append(RecordingRound()) or began[-1]
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        task = asyncio.create_task(actor.run())
+        await clock.sleep(0.5)  # the round's compute time (1.0) is passing: crash now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return endpoint, ledger
+
+    endpoint, ledger = run_virtual(main)
+    assert len(began) == 1 and began[0].cancelled and not began[0].taken
+    assert ledger.spent == [] and updates(endpoint) == []
+
+
 def test_ledger_is_charged_before_each_send_and_the_client_stops_at_its_budget() -> None:
     async def main(clock: VirtualClock):
         actor, endpoint, _, ledger = make_client(clock, allowed=3)
