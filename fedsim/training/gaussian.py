@@ -251,9 +251,9 @@ def gaussian_noise(
     else:
         key, device = NoiseKey.draw(source), source.device
     pairs = (size + 1) // 2
-    kernel = _native() if device.type == "cpu" else None
-    if kernel is not None:
-        values = kernel.pairs(pairs, key.seed, key.gamma, std)
+    if device.type == "cpu":
+        values = torch.empty(2 * pairs, dtype=torch.float32)
+        fill_gaussian(values, key, std)
     else:
         values = reference_pairs(pairs, key.seed, key.gamma, std, device)
     if size != values.numel():
