@@ -36,10 +36,10 @@ import torch
 from torch import nn
 
 from fedsim.errors import ModelError
-from fedsim.training.dpsgd import sensitivity
+from fedsim.training.dpsgd import noise_std
 from fedsim.training.gaussian import fill_gaussian
 from fedsim.training.models import MLP, LogisticRegression
-from fedsim.training.persample import CLIP_EPSILON
+from fedsim.training.persample import clip_factors, linear_sq_norms
 
 if TYPE_CHECKING:
     from fedsim.training.local import PendingRound
@@ -89,7 +89,7 @@ class _Job:
         self.clip = trainer.clip_for(pending.round_index)
         sum_sigma = trainer.sum_sigma(pending.steps[0].sigma)
         self.scale = 1.0 / trainer.batch_size
-        self.std = sensitivity(trainer.sampling, self.clip) * sum_sigma * self.scale
+        self.std = noise_std(trainer.sampling, self.clip, sum_sigma, trainer.batch_size)
 
 
 class RoundBatcher:
@@ -277,14 +277,12 @@ class RoundBatcher:
         owner = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor(sizes))
         sq: torch.Tensor | None = None
         for module, a, g in zip(layers, inputs, grads, strict=True):
-            layer_sq = torch.linalg.vector_norm(g, dim=1).square_()
-            a_sq = torch.linalg.vector_norm(a, dim=1).square_()
-            layer_sq = (a_sq.add_(1.0) if module.bias is not None else a_sq).mul_(layer_sq)
+            layer_sq = linear_sq_norms(a, g, has_bias=module.bias is not None)
             sq = layer_sq if sq is None else sq.add_(layer_sq)
         assert sq is not None
         norms = sq.clamp_min_(0).sqrt_()
         clips = torch.tensor([job.clip for job in jobs], dtype=torch.float32)[owner]
-        factors = (clips / (norms + CLIP_EPSILON)).clamp_(max=1.0)
+        factors = clip_factors(norms, clips)
         counts = torch.zeros(len(jobs)).index_add_(0, owner, (norms <= clips).to(torch.float32))
         factors.mul_(torch.tensor([job.scale for job in jobs], dtype=torch.float32)[owner])
         # Each round's clipped sums go straight into its update (which holds its noise): the

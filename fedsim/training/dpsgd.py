@@ -65,6 +65,13 @@ def sensitivity(sampling: Sampling, clip: float) -> float:
     return clip if sampling == "poisson" else 2.0 * clip
 
 
+def noise_std(
+    sampling: Sampling, clip: float, noise_multiplier: float, expected_batch_size: float
+) -> float:
+    """Std of the noise on the released ``Ubar / m``: ``sensitivity * sigma / m``."""
+    return sensitivity(sampling, clip) * noise_multiplier * (1.0 / expected_batch_size)
+
+
 def secure_generator(device: str | torch.device = "cpu") -> torch.Generator:
     """A generator seeded with 64 bits from ``os.urandom`` (not replayable by design)."""
     generator = torch.Generator(device=device)
@@ -153,7 +160,7 @@ def noisy_gradient(
     # for small models the O(P) passes cost as much as the backward pass.
     total = gaussian_noise(
         engine.num_params,
-        sensitivity(sampling, clip) * noise_multiplier * scale,
+        noise_std(sampling, clip, noise_multiplier, expected_batch_size),
         generator if noise_key is None else noise_key,
         param,
     )

@@ -103,14 +103,28 @@ def _per_example_rule(per_example: list[torch.Tensor]) -> tuple[torch.Tensor, We
     return sq, weighted
 
 
-def _linear_single_step(
-    a: torch.Tensor, g: torch.Tensor, has_weight: bool, has_bias: bool
-) -> tuple[torch.Tensor, WeightedSum]:
-    """``Linear`` on (B, d_in) -> (B, d_out): ``||g_i||^2 (||a_i||^2 + 1)`` (with a bias)."""
+def clip_factors(norms: torch.Tensor, clip: float | torch.Tensor) -> torch.Tensor:
+    """The clipping rule: ``min(1, C / (||g_i|| + CLIP_EPSILON))`` per example (a new tensor)."""
+    return (clip / (norms + CLIP_EPSILON)).clamp_(max=1.0)
+
+
+def linear_sq_norms(
+    a: torch.Tensor, g: torch.Tensor, has_weight: bool = True, has_bias: bool = True
+) -> torch.Tensor:
+    """Squared per-example gradient norms of a ``Linear`` layer on (B, d_in) -> (B, d_out),
+    from its inputs ``a`` and output gradients ``g``: ``||g_i||^2 (||a_i||^2 + 1)`` with a bias."""
     sq = torch.linalg.vector_norm(g, dim=1).square_()
     if has_weight:
         a_sq = torch.linalg.vector_norm(a, dim=1).square_()
         sq = a_sq.add_(1.0).mul_(sq) if has_bias else a_sq.mul_(sq)
+    return sq
+
+
+def _linear_single_step(
+    a: torch.Tensor, g: torch.Tensor, has_weight: bool, has_bias: bool
+) -> tuple[torch.Tensor, WeightedSum]:
+    """``Linear`` on (B, d_in) -> (B, d_out): the norms of :func:`linear_sq_norms`."""
+    sq = linear_sq_norms(a, g, has_weight, has_bias)
 
     def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         cg = g * c.unsqueeze(1)
@@ -551,7 +565,7 @@ class PerSampleEngine:
             with torch.no_grad():
                 loss_sum = float(loss_fn(model(features), targets).sum())
         norms = torch.linalg.vector_norm(rows, dim=1)
-        factors = (clip / (norms + CLIP_EPSILON)).clamp(max=1.0).mul_(scale)
+        factors = clip_factors(norms, clip).mul_(scale)
         flat = self._flat_zeros() if out is None else out
         flat.addmv_(rows.t(), factors)
         return ClippedSum(flat, norms, loss_sum)
@@ -574,7 +588,7 @@ class PerSampleEngine:
         if sq is None:
             sq = torch.zeros(batch, dtype=param.dtype, device=param.device)
         norms = sq.clamp_min(0).sqrt_()
-        factors = (clip / (norms + CLIP_EPSILON)).clamp_(max=1.0)
+        factors = clip_factors(norms, clip)
         if scale != 1.0:
             factors.mul_(scale)
         flat = self._flat_zeros() if out is None else out
@@ -633,12 +647,14 @@ def naive_per_example_gradients(
 def clip_rows(rows: torch.Tensor, clip: float) -> torch.Tensor:
     """Clip each row of ``rows`` to norm ``clip`` with the engine's factors (for references)."""
     norms = rows.norm(dim=1)
-    return rows * (clip / (norms + CLIP_EPSILON)).clamp(max=1.0)[:, None]
+    return rows * clip_factors(norms, clip)[:, None]
 
 
 __all__: Sequence[str] = (
     "CLIP_EPSILON",
     "ClippedSum",
+    "clip_factors",
+    "linear_sq_norms",
     "LossFn",
     "PerSampleEngine",
     "clip_rows",
