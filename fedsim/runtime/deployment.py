@@ -70,6 +70,7 @@ from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.client import ClientActor, RoundRecord
 from fedsim.runtime.clock import WallClock
+from fedsim.runtime.exposure import client_exposure, client_generator
 from fedsim.runtime.server import ServerActor, WindowReport
 from fedsim.runtime.simulation import (
     ClientPlan,
@@ -543,10 +544,11 @@ def training_generator(population: Population, client_id: str, first_round: int)
     keyed by the round it resumes at. Each released round comes from the stream of the
     incarnation that released it, and an incarnation starting at round r releases nothing
     before r; two incarnations can only share a stream if the first released nothing.
+    Only with ``privacy.deployed_randomness: seeded_not_private``; by default the stream is
+    keyed from OS entropy (:func:`fedsim.runtime.exposure.client_generator`).
     """
-    if first_round == 0:
-        return population.tree.torch("client", client_id, "train")
-    return population.tree.torch("client", client_id, "train", "from-round", first_round)
+    randomness = population.scenario.privacy.deployed_randomness
+    return client_generator(population.tree, client_id, first_round, randomness)
 
 
 async def _on_off(
@@ -670,6 +672,8 @@ async def run_client(
                     "client", client_id, "speed", "from-round", first_round
                 ),
                 delta=scenario.privacy.delta,
+                exposure=client_exposure(scenario, [p.client_id for p in population.plans],
+                                         client_id, deployed=True),
             )
             helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
             if plan.group.availability.online is not None:
@@ -695,6 +699,8 @@ async def run_client(
             "released": released,
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),
+            "randomness": scenario.privacy.deployed_randomness,
+            "timing_overruns": actor.timing_overruns if actor is not None else 0,
         }
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)
@@ -716,6 +722,9 @@ class _FinishedActor:
     released: list[RoundRecord]
     stopped_at: float | None = None
     stop_reason: str = ""
+    client_id: str = ""
+    randomness: str = ""
+    timing_overruns: int = 0
 
 
 @dataclass
@@ -788,7 +797,8 @@ def collect_outputs(
         reason = report.get("stop_reason") or status.get("detail", "")
         stopped_at = report.get("stopped_at", status.get("sent_at"))
         actor = _FinishedActor(
-            state, [RoundRecord(**r) for r in report.get("released", [])], stopped_at, reason
+            state, [RoundRecord(**r) for r in report.get("released", [])], stopped_at, reason,
+            client_id, report.get("randomness", ""), int(report.get("timing_overruns", 0)),
         )
         if state in FINISHED_STATES:
             record.stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
