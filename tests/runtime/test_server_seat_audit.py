@@ -32,13 +32,13 @@ import pytest
 import torch
 from scipy import stats
 
+from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
 from fedsim.runtime.client import ClientActor
 from fedsim.runtime.exposure import ClientExposure, client_generator
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
-from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.gaussian import gaussian_noise
 
