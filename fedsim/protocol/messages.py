@@ -11,7 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: updates lost ``num_samples`` (N is private) and gained ``window``; global models carry
+the window they open and its invitation."""
 
 
 @dataclass(frozen=True, eq=False)

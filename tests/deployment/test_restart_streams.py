@@ -29,6 +29,12 @@ def test_by_default_no_two_processes_and_no_seed_share_a_stream() -> None:
     first = _update(population, "c-001", training_generator(population, "c-001", 0), 0)
     again = _update(population, "c-001", training_generator(population, "c-001", 0), 0)
     assert not np.array_equal(first, simulator) and not np.array_equal(first, again)
+    # The compiled noise kernel's keys come from that generator: no two processes share one.
+    plan = population.plans[0]
+    keys = {population.trainer(plan, generator=training_generator(population, plan.client_id, 0))
+            .begin_round(population.initial_params, 0).draws[0].noise for _ in range(3)}
+    seeded = population.trainer(plan).begin_round(population.initial_params, 0).draws[0].noise
+    assert len(keys) == 3 and seeded not in keys
 
 
 def test_first_incarnation_matches_the_simulator_and_restarts_draw_fresh_noise() -> None:
