@@ -152,6 +152,12 @@ def _load_ledger(path: Path, sampling: str) -> list[Any]:
 
 # -- the answers -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    _print(answer(args), as_json=args.json)
+    return 0
+
+
+def answer(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's answer as a dict (also :func:`fedsim.account`); draws ``--plot``."""
     from fedsim.privacy import calibration, fdp
     from fedsim.privacy.accountant import make_accountant
     from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep
@@ -216,8 +222,7 @@ def run(args: argparse.Namespace) -> int:
         _plot(Path(args.plot), alphas, betas if betas is not None else accountant.tradeoff(alphas),
               result)
         result["plot"] = args.plot
-    _print(result, as_json=args.json)
-    return 0
+    return result
 
 
 def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, betas: Any,

@@ -146,7 +146,9 @@ class Dataset(_Strict):
     ($FEDSIM_DATA_DIR, the user cache).
     """
 
-    name: Literal["mnist", "synthetic"]
+    name: Literal["mnist", "synthetic", "arrays"]
+    # mnist: where to find it; arrays: the .npz holding x_train, y_train, x_test, y_test
+    # (fedsim.training.arrays; omitted when the arrays come from Python: simulate(dataset=...))
     path: str | None = None
     # synthetic only: a seeded Gaussian-mixture classification problem
     num_samples: PositiveInt = 6000

@@ -59,7 +59,9 @@ from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
 from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
+from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher
+from fedsim.training.custom import python_model
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import DoneRound, PendingRound, RoundResult
@@ -289,13 +291,21 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     return options
 
 
-def build_population(loaded: LoadedScenario) -> Population:
-    """Data, partition, model and per-client plans (no clock, no network, no files)."""
+def build_population(
+    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
+    data: TensorSplits | None = None,
+) -> Population:
+    """Data, partition, model and per-client plans (no clock, no network, no files).
+    ``model_factory`` / ``data``: the model and arrays given from Python (:mod:`fedsim.api`)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
     path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
-    if dataset.name == "synthetic":
+    if data is None and dataset.name == "arrays":
+        data = arrays_dataset(path)
+    if data is not None:
+        train_x, train_y, test_x, test_y = data
+    elif dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
             seed=tree.integer("dataset"),
@@ -312,7 +322,8 @@ def build_population(loaded: LoadedScenario) -> Population:
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
-        model = build_model(scenario.model.name, **_model_options(scenario, train_x, num_classes))
+        model = (python_model(model_factory, train_x, num_classes) if model_factory else
+                 build_model(scenario.model.name, **_model_options(scenario, train_x, num_classes)))
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
