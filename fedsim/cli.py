@@ -24,6 +24,8 @@ COMMANDS: tuple[str, ...] = (
     "schema",
     "account",
     "report",
+    "compare",
+    "sweep",
     "data",
     "server",
     "client",

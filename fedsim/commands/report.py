@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
@@ -31,7 +32,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="redraw a run directory's plots and summarise it",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("run_dir", metavar="DIR", help="a run directory written by `fedsim run`")
+    parser.add_argument("run_dir", metavar="DIR", nargs="+",
+                        help="a run directory written by `fedsim run` (several: see compare)")
     parser.set_defaults(func=run)
     return parser
 
@@ -39,7 +41,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.plots import draw_run
 
-    directory = RunDirectory.load(args.run_dir)
+    if len(args.run_dir) > 1:
+        raise ConfigError("report reads one run directory; to put several side by side run "
+                          f"`fedsim compare {' '.join(args.run_dir)}` (a table and overlaid "
+                          "accuracy and epsilon plots)")
+    directory = RunDirectory.load(args.run_dir[0])
     drawn = draw_run(directory)
     for line in summary_lines(directory, drawn):
         print(line)

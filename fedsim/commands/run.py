@@ -26,6 +26,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE", help="override a setting (YAML value), repeatable")
     parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="also write TensorBoard scalars to DIR (extra: fedsim[tensorboard])")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="JSON log lines (default: when stderr is not a terminal)")
     parser.set_defaults(func=run)
@@ -52,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
     loaded = load_scenario(args.scenario, overrides)
+    if args.tensorboard:
+        from fedsim.reporting.tensorboard import require_tensorboard
+
+        require_tensorboard()
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
     stop = scenario.stop
@@ -71,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
 
         result = run_scenario(loaded, out, on_window=on_window)
     summary = result.summary
+    if args.tensorboard:
+        from fedsim.reporting.tensorboard import export_run
+
+        export_run(out, args.tensorboard)
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all

@@ -89,13 +89,15 @@ def assign_path(data: Any, path: str, value: Any) -> Any:
     parts = split_path(path)
     if data is None:
         data = {}
-    _assign(data, parts, 0, value, path)
+    _assign(data, parts, [], value, path)
     return data
 
 
-def _assign(node: Any, parts: list[Part], depth: int, value: Any, path: str) -> None:
+def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: str) -> None:
+    """Assign below ``node``, reached by the concrete path ``done`` (indices, keys)."""
+    depth = len(done)
     part = parts[depth]
-    here, at = format_path(parts[:depth]) or "scenario", format_path(parts[: depth + 1])
+    here, at = format_path(done) or "scenario", format_path([*done, part])
     last = depth == len(parts) - 1
     if isinstance(part, int | _All | Named):
         if not isinstance(node, list):
@@ -122,13 +124,16 @@ def _assign(node: Any, parts: list[Part], depth: int, value: Any, path: str) -> 
             if last:
                 node[position] = copy.deepcopy(value)
             else:
-                _assign(node[position], parts, depth + 1, value, path)
+                _assign(node[position], parts, [*done, position], value, path)
         return
     if not isinstance(node, dict):
-        raise ConfigError(f"--set {path}: {here} is not a mapping")
+        shown = f"is {node!r}" if isinstance(node, int | float | str | bool) else "is a list"
+        raise ConfigError(
+            f"--set {path}: {here} {shown}, not a mapping; set {format_path(parts[:depth])}="
+            "VALUE as a whole instead")
     if last:
         node[part] = copy.deepcopy(value)
         return
     if node.get(part) is None:
         node[part] = {}
-    _assign(node[part], parts, depth + 1, value, path)
+    _assign(node[part], parts, [*done, part], value, path)
