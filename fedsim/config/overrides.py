@@ -54,6 +54,8 @@ def split_path(path: str) -> list[Part]:
         if gap not in ("", ".") or (gap == "." and not parts):
             raise ConfigError(f"--set {path!r}: cannot parse the path near {gap!r}")
         key, index, star, name = match.groups()
+        if key is not None and parts and gap == "":  # "[0]x": a key must follow a dot
+            raise ConfigError(f"--set {path!r}: expected '.' before {key!r}")
         if key is not None:
             parts.append(key)
         elif index is not None:
