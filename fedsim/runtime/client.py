@@ -36,7 +36,7 @@ finishes a round, starve that client for ever - against the paper's point that c
 at their own rate, independent of the broadcast rate. Not releasing the discarded work would
 cost no privacy, but the starvation is the decisive argument.
 
-The actor sees a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint` only; it is cancelled (crash) or paused (offline)
 from outside. After a crash a new actor resumes from the ledger file: round numbers continue
 after the last committed round, so ``(client, round)`` stays unique for de-duplication.
@@ -53,10 +53,10 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import structlog
 
+from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.transports.base import Endpoint
 
 if TYPE_CHECKING:  # the actor never imports torch itself

@@ -63,13 +63,13 @@ import numpy as np
 import structlog
 import torch
 
+from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario, resolve_path
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.client import ClientActor, RoundRecord
-from fedsim.runtime.clock import WallClock
 from fedsim.runtime.server import ServerActor, WindowReport
 from fedsim.runtime.simulation import (
     ClientPlan,
@@ -95,7 +95,6 @@ from fedsim.transports.topics import Topics
 
 __all__ = [
     "Launcher",
-    "ScaledClock",
     "client_resend_after",
     "client_state_file",
     "collect_outputs",
@@ -121,31 +120,6 @@ SECRETS_ENV = "FEDSIM_SECRETS"
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
 # A client that reported one of these will never train again.
 FINISHED_STATES = frozenset({"budget_exhausted", "done"})
-
-
-# ---------------------------------------------------------------------------------------------
-# Time
-
-
-class ScaledClock:
-    """Scenario time on the wall clock: ``time_scale`` wall seconds per scenario second.
-
-    ``start`` is the scenario time at construction (a restarted server continues its timeline
-    from its checkpoint; the time it was down is not counted).
-    """
-
-    def __init__(self, time_scale: float = 1.0, *, start: float = 0.0) -> None:
-        if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ConfigError(f"--time-scale must be a positive number, got {time_scale!r}")
-        self.time_scale = float(time_scale)
-        self._start = float(start)
-        self._wall = WallClock()
-
-    def now(self) -> float:
-        return self._start + self._wall.now() / self.time_scale
-
-    async def sleep(self, seconds: float) -> None:
-        await self._wall.sleep(seconds * self.time_scale)
 
 
 # ---------------------------------------------------------------------------------------------

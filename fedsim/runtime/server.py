@@ -19,7 +19,7 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
    missed the last broadcast can still catch up).
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
-The actor sees only a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
 """
 
@@ -40,9 +40,9 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
+from fedsim.clock import Clock
 from fedsim.config.schema import Stop
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.transports.base import Endpoint
 
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]

@@ -39,6 +39,7 @@ import structlog
 import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
+from fedsim.clock import Clock
 from fedsim.config.loading import LoadedScenario, dump_scenario, resolve_path
 from fedsim.config.schema import ClientGroup, Link, Scenario
 from fedsim.errors import ConfigError, FedsimError
@@ -47,7 +48,6 @@ from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, RoundRecord, StalenessPolicy
-from fedsim.runtime.clock import Clock
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import make_schedule

@@ -50,10 +50,10 @@ from typing import Literal
 import numpy as np
 import structlog
 
+from fedsim.clock import Clock
 from fedsim.errors import CodecError, ConfigError, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
-from fedsim.runtime.clock import Clock
 from fedsim.transports.inbox import Inbox
 
 Direction = Literal["uplink", "downlink"]

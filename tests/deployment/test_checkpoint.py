@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from fedsim.aggregation import PlateauStepSize, make_strategy
+from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.checkpoint import CheckpointError, ServerCheckpoint
-from fedsim.runtime.deployment import ScaledClock, _keep_windows_through, resolve_broker
+from fedsim.runtime.deployment import _keep_windows_through, resolve_broker
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.transports.security import generate_secrets, write_secrets
 
