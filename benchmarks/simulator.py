@@ -76,15 +76,15 @@ from fedsim.logging import configure_logging
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol import codec
 from fedsim.runtime.client import ClientActor
-from fedsim.runtime.server import ServerActor
-from fedsim.runtime.simulation import (
+from fedsim.runtime.population import (
     ClientPlan,
     Population,
     build_population,
     make_evaluator,
     open_ledger,
-    run_scenario,
 )
+from fedsim.runtime.server import ServerActor
+from fedsim.runtime.simulation import run_scenario
 from fedsim.training.dpsgd import step_for
 
 REPO = Path(__file__).resolve().parents[1]

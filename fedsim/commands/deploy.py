@@ -120,7 +120,7 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
     if not args.scenario:
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
-    from fedsim.runtime.simulation import client_ids
+    from fedsim.runtime.population import client_ids
 
     scenario = load_scenario(args.scenario, args.overrides).scenario
     return client_ids(scenario), args.run or scenario.name

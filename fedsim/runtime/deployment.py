@@ -55,11 +55,10 @@ import subprocess
 import sys
 import time as wallclock
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import structlog
 import torch
 
@@ -70,8 +69,7 @@ from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.client import ClientActor, RoundRecord
-from fedsim.runtime.server import ServerActor, WindowReport
-from fedsim.runtime.simulation import (
+from fedsim.runtime.population import (
     ClientPlan,
     Population,
     build_population,
@@ -80,7 +78,26 @@ from fedsim.runtime.simulation import (
     make_evaluator,
     make_server_actor,
     open_ledger,
+    plan_of,
 )
+from fedsim.runtime.run_outputs import (
+    APPLIED_FILE,
+    FINISHED_STATES,
+    LEDGER_DIR,
+    METRICS_FILE,
+    PROCESSES_FILE,
+    SCENARIO_FILE,
+    SERVER_FILE,
+    ClientOutcome,
+    RunRecord,
+    StoppedClient,
+    check_unused,
+    json_line,
+    ledger_file,
+    write_json,
+    write_run_outputs,
+)
+from fedsim.runtime.server import ServerActor, WindowReport
 from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.mqtt import (
     BrokerSettings,
@@ -98,7 +115,7 @@ __all__ = [
     "client_resend_after",
     "client_state_file",
     "collect_outputs",
-    "ledger_path",
+    "ledger_file",
     "process_commands",
     "reconnect_policy",
     "resolve_broker",
@@ -111,15 +128,9 @@ __all__ = [
 _log = structlog.get_logger("fedsim.runtime.deployment")
 T = TypeVar("T")
 
-SERVER_FILE = "server.json"
-SCENARIO_FILE = "scenario.resolved.yaml"
-METRICS_FILE = "metrics.jsonl"
-APPLIED_FILE = "applied.jsonl"  # one line per applied update: window, client_id, round, base
 BROKER_ENV = "FEDSIM_BROKER"
 SECRETS_ENV = "FEDSIM_SECRETS"
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
-# A client that reported one of these will never train again.
-FINISHED_STATES = frozenset({"budget_exhausted", "done"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,11 +231,7 @@ class _CheckpointBeforeBroadcast:
 
 def _write_lines(handle: Any, lines: Sequence[Mapping[str, Any]]) -> None:
     for line in lines:
-        clean = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in line.items()
-        }
-        handle.write(json.dumps(clean, allow_nan=False) + "\n")
+        handle.write(json_line(line))
     handle.flush()
     os.fsync(handle.fileno())
 
@@ -472,40 +479,16 @@ async def serve(
                 "wall_seconds": wallclock.perf_counter() - started,
             }
         )
-        (out / SERVER_FILE).write_text(
-            json.dumps(outcome, indent=2, default=_json_default) + "\n", encoding="utf-8"
-        )
+        write_json(out / SERVER_FILE, outcome)
     return outcome
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.floating | np.integer):
-        return value.item()
-    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------
 # A client process
 
 
-def ledger_path(state_dir: str | Path, client_id: str) -> Path:
-    return Path(state_dir) / "ledgers" / f"{client_id}.jsonl"
-
-
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
     return Path(state_dir) / f"client-{client_id}.json"
-
-
-def _plan_of(population: Population, client_id: str) -> ClientPlan:
-    for plan in population.plans:
-        if plan.client_id == client_id:
-            return plan
-    known = [p.client_id for p in population.plans]
-    shown = ", ".join(known[:8]) + (" ..." if len(known) > 8 else "")
-    raise ConfigError(
-        f"--client-id {client_id!r} is not a client of scenario "
-        f"{population.scenario.name!r} (its clients: {shown})"
-    )
 
 
 def training_generator(population: Population, client_id: str, first_round: int) -> torch.Generator:
@@ -604,9 +587,9 @@ async def run_client(
     scenario = loaded.scenario
     run = _run_name(scenario, run)
     population = population or build_population(loaded)
-    plan = _plan_of(population, client_id)
+    plan = plan_of(population, client_id)
     state = Path(state_dir)
-    ledger = open_ledger(plan, ledger_path(state, client_id))
+    ledger = open_ledger(plan, ledger_file(state, client_id))
     first_round = max((record.round for record in ledger.records), default=-1) + 1
     trainer = population.trainer(
         plan, generator=training_generator(population, client_id, first_round)
@@ -672,45 +655,12 @@ async def run_client(
         }
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)
-        temporary = report_file.with_name(report_file.name + ".tmp")
-        temporary.write_text(json.dumps(outcome, indent=2) + "\n", encoding="utf-8")
-        os.replace(temporary, report_file)
+        write_json(report_file, outcome, atomic=True)
     return outcome
 
 
 # ---------------------------------------------------------------------------------------------
 # Collecting a run directory
-
-
-@dataclass
-class _FinishedActor:
-    """What :func:`fedsim.runtime.simulation.write_run_outputs` reads of a client actor."""
-
-    state: str
-    released: list[RoundRecord]
-    stopped_at: float | None = None
-    stop_reason: str = ""
-
-
-@dataclass
-class _DeployedRun:
-    """What :func:`fedsim.runtime.simulation.write_run_outputs` reads of a finished run (the
-    attributes of its ``_Simulation``); tests/deployment fail if the two drift apart."""
-
-    scenario: Scenario
-    out_dir: Path
-    metrics: list[dict[str, Any]]
-    stopped: list[dict[str, Any]]
-    stop_reason: str
-    network_stats: dict[str, Any]
-    cpu_seconds: float
-    clients: dict[str, Any] = field(default_factory=dict)
-    batcher: None = None  # each deployed client computes its own rounds
-
-
-@dataclass(frozen=True)
-class _FinalServer:
-    version: int
 
 
 def collect_outputs(
@@ -731,50 +681,51 @@ def collect_outputs(
     ``summary.json`` and ``timing.json`` are written by the simulator's own writer. Returns the
     summary.
     """
-    from fedsim.runtime.simulation import ClientRecord, write_run_outputs
-
     out = Path(out_dir)
     population = population or build_population(loaded)
     server = _read_json(out / SERVER_FILE)
     metrics = []
     if (out / METRICS_FILE).exists():
         metrics = [json.loads(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
-    (out / "ledgers").mkdir(parents=True, exist_ok=True)
-    record = _DeployedRun(
-        loaded.scenario,
-        out,
-        metrics,
-        [],
-        server.get("stop_reason", ""),
-        {"mqtt_server": server.get("mqtt", {})},
-        cpu_seconds,
-    )
+    (out / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
     statuses = server.get("statuses", {})
-    for plan in population.plans:
-        client_id = plan.client_id
-        state_dir = client_state_dirs.get(client_id)
-        copied = out / "ledgers" / f"{client_id}.jsonl"
-        if state_dir is not None and ledger_path(state_dir, client_id).exists():
-            shutil.copyfile(ledger_path(state_dir, client_id), copied)
-        report = _read_json(client_state_file(state_dir, client_id)) if state_dir else {}
-        status = statuses.get(client_id, {})
-        state = report.get("state") or status.get("state") or "waiting"
-        reason = report.get("stop_reason") or status.get("detail", "")
-        stopped_at = report.get("stopped_at", status.get("sent_at"))
-        actor = _FinishedActor(
-            state, [RoundRecord(**r) for r in report.get("released", [])], stopped_at, reason
-        )
-        if state in FINISHED_STATES:
-            record.stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
-        record.clients[client_id] = ClientRecord(
-            plan, None, copied, open_ledger(plan, copied), actor=actor
-        )
+    stopped: list[StoppedClient] = []
+    clients: list[ClientOutcome] = []
     try:
+        for plan in population.plans:
+            client_id = plan.client_id
+            state_dir = client_state_dirs.get(client_id)
+            copied = ledger_file(out, client_id)
+            if state_dir is not None and ledger_file(state_dir, client_id).exists():
+                shutil.copyfile(ledger_file(state_dir, client_id), copied)
+            report = _read_json(client_state_file(state_dir, client_id)) if state_dir else {}
+            status = statuses.get(client_id, {})
+            state = report.get("state") or status.get("state") or "waiting"
+            reason = report.get("stop_reason") or status.get("detail", "")
+            stopped_at = report.get("stopped_at", status.get("sent_at"))
+            finished = state in FINISHED_STATES
+            if finished:
+                stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
+            released = [RoundRecord(**r) for r in report.get("released", [])]
+            clients.append(
+                ClientOutcome(plan, open_ledger(plan, copied), state, released, finished)
+            )
         return write_run_outputs(
-            record, _FinalServer(int(server.get("final_version", 0))), wall_seconds
+            RunRecord(
+                scenario=loaded.scenario,
+                out_dir=out,
+                metrics=metrics,
+                clients=clients,
+                stopped=stopped,
+                stop_reason=server.get("stop_reason", ""),
+                final_version=int(server.get("final_version", 0)),
+                network={"mqtt_server": server.get("mqtt", {})},
+                wall_seconds=wall_seconds,
+                cpu_seconds=cpu_seconds,
+            )
         )
     finally:
-        for client in record.clients.values():
+        for client in clients:
             client.ledger.close()
 
 
@@ -926,9 +877,7 @@ class Launcher:
         tls_options: Sequence[str] = (),
     ) -> None:
         self.out = Path(out)
-        ledgers = self.out / "ledgers"
-        if ledgers.exists() and any(ledgers.iterdir()):
-            raise ConfigError(f"{self.out} already holds a run's ledgers; choose a new --out")
+        check_unused(self.out)
         self.loaded = load_scenario(scenario_file, overrides)
         self.scenario = self.loaded.scenario
         self.run = _run_name(self.scenario, None)
@@ -1057,20 +1006,16 @@ class Launcher:
             wall_seconds=wallclock.perf_counter() - self._started,
             cpu_seconds=_children_cpu_seconds() - self._children_cpu_at_start,
         )
-        (self.out / "processes.json").write_text(
-            json.dumps(
-                {
-                    name: {
-                        "command": ["fedsim", *p.argv],
-                        "starts": p.starts,
-                        "exit_codes": self.exit_codes.get(name, []),
-                    }
-                    for name, p in self.processes.items()
-                },
-                indent=2,
-            )
-            + "\n",
-            encoding="utf-8",
+        write_json(
+            self.out / PROCESSES_FILE,
+            {
+                name: {
+                    "command": ["fedsim", *p.argv],
+                    "starts": p.starts,
+                    "exit_codes": self.exit_codes.get(name, []),
+                }
+                for name, p in self.processes.items()
+            },
         )
         if plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
             from fedsim.reporting.plots import draw_all

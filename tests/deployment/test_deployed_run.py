@@ -26,7 +26,8 @@ from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.runtime.deployment import Launcher
-from fedsim.runtime.simulation import build_population, open_ledger, run_scenario
+from fedsim.runtime.population import build_population, open_ledger
+from fedsim.runtime.simulation import run_scenario
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
 

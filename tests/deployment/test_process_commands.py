@@ -10,7 +10,7 @@ import pytest
 from fedsim.cli import build_parser, main
 from fedsim.config import load_scenario
 from fedsim.runtime.deployment import process_commands
-from fedsim.runtime.simulation import client_ids
+from fedsim.runtime.population import client_ids
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
 

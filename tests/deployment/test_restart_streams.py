@@ -10,7 +10,7 @@ import torch
 
 from fedsim.config import load_scenario
 from fedsim.runtime.deployment import training_generator
-from fedsim.runtime.simulation import build_population
+from fedsim.runtime.population import build_population
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
 

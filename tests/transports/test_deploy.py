@@ -123,7 +123,7 @@ def _compose() -> dict:
 
 def test_compose_file_is_current_and_has_one_service_per_client() -> None:
     from fedsim.config import load_scenario
-    from fedsim.runtime.simulation import client_ids
+    from fedsim.runtime.population import client_ids
 
     scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
     ids = client_ids(scenario)
