@@ -200,20 +200,24 @@ def compose_text(
     """
     import yaml
 
-    from fedsim.runtime.deployment import process_commands
+    from fedsim.runtime.launcher import process_commands
+    from fedsim.runtime.options import DeploymentOptions
 
     # The command lines `fedsim launch` runs, with container paths: each service mounts its
     # own state volume at CONTAINER_STATE/<name>.
     commands = process_commands(
         scenario,
         client_ids,
-        broker=f"mqtt://broker:{port}",
-        run=run,
-        secrets_file=CONTAINER_SECRETS,
+        options=DeploymentOptions(
+            broker=f"mqtt://broker:{port}",
+            run=run,
+            secrets_file=CONTAINER_SECRETS,
+            time_scale=time_scale,
+            wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
+            json_logs=True,
+        ),
         state_root=CONTAINER_STATE,
         out=f"/runs/{run}",
-        time_scale=time_scale,
-        wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
         overrides=overrides,
     )
 

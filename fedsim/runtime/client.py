@@ -161,6 +161,13 @@ class ClientActor:
         self.online.set()
         self._arrival = asyncio.Event()
 
+    def set_online(self, online: bool) -> None:
+        """Pause (False) or resume (True) training: a paused client starts no new round."""
+        if online:
+            self.online.set()
+        else:
+            self.online.clear()
+
     # -- the interrupt service routine ------------------------------------------------------
     def accept_global(self, message: GlobalModel) -> bool:
         """Overwrite ``w`` with a newer global model at once; ignore older or equal versions."""

@@ -55,6 +55,7 @@ __all__ = [
     "make_server_actor",
     "open_ledger",
     "plan_of",
+    "toggle_availability",
 ]
 
 @dataclass(frozen=True, eq=False)
@@ -379,3 +380,21 @@ def plan_of(population: Population, client_id: str) -> ClientPlan:
         f"--client-id {client_id!r} is not a client of scenario "
         f"{population.scenario.name!r} (its clients: {shown})"
     )
+
+
+async def toggle_availability(
+    plan: ClientPlan,
+    clock: Clock,
+    rng: np.random.Generator,
+    set_online: Callable[[bool], None],
+) -> None:
+    """Take the client offline and back online, forever, on its group's on/off periods
+    (``availability.online`` / ``offline``, drawn from ``rng``, in the clock's time)."""
+    availability = plan.group.availability
+    if availability.online is None or availability.offline is None:
+        raise ConfigError(f"{plan.client_id}: availability needs both online and offline")
+    while True:
+        await clock.sleep(availability.online.sample(rng))
+        set_online(False)
+        await clock.sleep(availability.offline.sample(rng))
+        set_online(True)

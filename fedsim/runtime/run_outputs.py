@@ -59,6 +59,7 @@ __all__ = [
     "clean_json",
     "json_line",
     "ledger_file",
+    "read_json",
     "write_json",
     "write_run_outputs",
 ]
@@ -126,6 +127,16 @@ def clean_json(value: Any) -> Any:
     if isinstance(value, np.floating | np.integer):
         return clean_json(value.item())
     return value
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object written by :func:`write_json`; ``{}`` if the file is missing, unreadable or
+    not an object (a process that died before writing it)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def json_line(obj: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time as wallclock
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from fedsim.runtime.population import (
     make_evaluator,
     make_server_actor,
     open_ledger,
+    toggle_availability,
 )
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
@@ -59,6 +60,7 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.runtime.server import ServerActor, WindowReport
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.training.batched import RoundBatcher
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
@@ -197,29 +199,24 @@ class _Simulation:
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
             delta=self.scenario.privacy.delta,
         )
-        if not client.online:
-            actor.online.clear()
+        actor.set_online(client.online)
         client.actor = actor
         client.task = asyncio.create_task(actor.run(), name=f"client-{plan.client_id}")
 
     # -- availability ---------------------------------------------------------------------------
-    async def _on_off(
+    def _on_off(
         self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork
-    ) -> None:
-        availability = client.plan.group.availability
-        assert availability.online is not None and availability.offline is not None
+    ) -> Coroutine[Any, Any, None]:
+        """The client's on/off periods: its network link and (current) actor go down and up."""
+
+        def set_online(online: bool) -> None:
+            client.online = online
+            network.set_online(client.plan.client_id, online)
+            if client.actor is not None:
+                client.actor.set_online(online)
+
         rng = self.population.tree.numpy("client", client.plan.client_id, "availability")
-        while True:
-            await clock.sleep(availability.online.sample(rng))
-            client.online = False
-            network.set_online(client.plan.client_id, False)
-            if client.actor is not None:
-                client.actor.online.clear()
-            await clock.sleep(availability.offline.sample(rng))
-            client.online = True
-            network.set_online(client.plan.client_id, True)
-            if client.actor is not None:
-                client.actor.online.set()
+        return toggle_availability(client.plan, clock, rng, set_online)
 
     async def _crashes(
         self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork
@@ -352,21 +349,18 @@ class _Simulation:
             endpoint=network.server_endpoint(),
             evaluate=None if self.message_only else make_evaluator(population),
         )
-        helpers: list[asyncio.Task[None]] = []
-        for client in self.clients.values():
-            self._start_actor(client, clock, network)
-            availability = client.plan.group.availability
-            if availability.online is not None:
-                helpers.append(asyncio.create_task(self._on_off(client, clock, network)))
-            if availability.crashes is not None:
-                helpers.append(asyncio.create_task(self._crashes(client, clock, network)))
-        try:
-            await server.run(lambda report: self._window_done(report, network))
-        finally:
-            tasks = helpers + [c.task for c in self.clients.values() if c.task is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async with helper_tasks() as tasks:
+            for client in self.clients.values():
+                self._start_actor(client, clock, network)
+                availability = client.plan.group.availability
+                if availability.online is not None:
+                    tasks.append(asyncio.create_task(self._on_off(client, clock, network)))
+                if availability.crashes is not None:
+                    tasks.append(asyncio.create_task(self._crashes(client, clock, network)))
+            try:
+                await server.run(lambda report: self._window_done(report, network))
+            finally:  # the clients' current incarnations end with the helpers
+                tasks.extend(c.task for c in self.clients.values() if c.task is not None)
         self._check_tasks()
         self.network_stats = network.stats.as_dict()
         return server

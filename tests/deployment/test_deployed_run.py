@@ -25,7 +25,8 @@ from fedsim.config import load_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.reporting.rundir import RunDirectory
-from fedsim.runtime.deployment import Launcher
+from fedsim.runtime.launcher import Launcher
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population, open_ledger
 from fedsim.runtime.simulation import run_scenario
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
@@ -49,8 +50,9 @@ TOLERANCE = 0.06
 
 def _launcher(out: Path, overrides: list[str], *, max_backoff: float = 0.5) -> Launcher:
     """The four-client scenario, launched in accelerated real time with ``overrides``."""
-    return Launcher(SCENARIO, out, overrides=overrides, time_scale=float(TIME_SCALE),
-                    max_backoff=max_backoff)
+    options = DeploymentOptions(time_scale=float(TIME_SCALE), max_backoff=max_backoff,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    return Launcher(SCENARIO, out, options=options, overrides=overrides)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
