@@ -57,18 +57,20 @@ from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 if TYPE_CHECKING:  # the actor never imports torch itself
-    from fedsim.training.local import RoundResult
+    from fedsim.training.rounds import RoundResult
 
 __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 
 _log = structlog.get_logger("fedsim.runtime.client")
 
 
-class PendingRound(Protocol):
-    """A begun round (:class:`fedsim.training.local.PendingRound`)."""
+class BegunRound(Protocol):
+    """A begun round as the actor holds it (:class:`fedsim.training.rounds.PendingRound`, or
+    :class:`~fedsim.training.rounds.DoneRound` when nothing is left to compute)."""
 
     sample_grads: int
 
@@ -82,7 +84,7 @@ class Trainer(Protocol):
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]: ...
 
-    def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound: ...
+    def begin_round(self, params: np.ndarray, round_index: int) -> BegunRound: ...
 
 
 class Ledger(Protocol):
@@ -232,14 +234,8 @@ class ClientActor:
     async def run(self) -> None:
         """Train until the budget, the round limit or cancellation (a crash) stops the client."""
         receiver = asyncio.create_task(self._receive_forever(), name=f"{self.client_id}-receive")
-        try:
+        async with helper_tasks([receiver]):
             await self._rounds()
-        finally:
-            receiver.cancel()
-            try:
-                await receiver
-            except asyncio.CancelledError:
-                pass
 
     async def _rounds(self) -> None:
         self.state = "waiting"

@@ -40,7 +40,7 @@ from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, lo
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
-from fedsim.training.local import DoneRound, PendingRound, RoundResult
+from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.transports.base import Endpoint
 
 __all__ = [

@@ -25,14 +25,18 @@ async def helper_tasks(
 ) -> AsyncIterator[list[asyncio.Task[Any]]]:
     """Start ``helpers`` as tasks (tasks given are adopted as they are); on leaving the block,
     cancel every task in the yielded list (more may be appended inside the block) and wait
-    for them all. Their failures are not raised here: the owner checks what it needs to."""
+    for them all. If the block ended normally, the first task that had failed (other than by
+    its cancellation) has its error raised: a bug in a helper is never swallowed."""
     tasks = [h if isinstance(h, asyncio.Task) else asyncio.create_task(h) for h in helpers]
     try:
         yield tasks
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
 
 
 async def alongside(

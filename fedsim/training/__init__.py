@@ -13,13 +13,12 @@ from fedsim.training.dpsgd import ClipSchedule, NoiseSchedule, secure_generator
 from fedsim.training.local import (
     AdaptiveClipConfig,
     LocalTrainer,
-    PendingRound,
-    RoundResult,
     evaluate,
     flat_params,
     load_flat_params,
 )
 from fedsim.training.models import build_model, check_dp_compatible
+from fedsim.training.rounds import PendingRound, RoundResult
 
 __all__ = [
     "AdaptiveClipConfig",
