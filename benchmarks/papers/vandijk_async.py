@@ -46,6 +46,9 @@ from typing import Any
 
 from fedsim.config import load_scenario
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import pyplot  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "vandijk_async.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -269,10 +272,7 @@ def findings(rows: dict[str, dict[str, Any]],
 
 def plot(curves: dict[str, dict[str, list[float]]], epsilons: dict[str, list[float]],
          path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, curve in curves.items():

@@ -64,9 +64,13 @@ from fedsim.runtime.tasks import helper_tasks
 from fedsim.training.batched import RoundBatcher
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
-__all__ = ["ClientRecord", "RunResult", "run_scenario"]
+__all__ = ["ClientRecord", "RunResult", "TrainerHook", "run_scenario"]
 
 _log = structlog.get_logger("fedsim.runtime.simulation")
+
+TrainerHook = Callable[[ClientPlan, Trainer], Trainer]
+"""Wraps each client's trainer when the run builds it (instrumentation: benchmarks/simulator.py
+times every round through one)."""
 
 def _link_model(link: Link) -> LinkModel:
     return LinkModel(
@@ -141,12 +145,14 @@ class _Simulation:
         message_only: bool,
         on_window: Callable[[dict[str, Any]], None] | None,
         batch_rounds: bool = True,
+        wrap_trainer: TrainerHook | None = None,
     ) -> None:
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
         self.message_only = message_only
         self.on_window_hook = on_window
+        self.wrap_trainer = wrap_trainer
         self.batch_rounds = batch_rounds and not message_only
         self.batcher: RoundBatcher | None = None
         self.metrics: list[dict[str, Any]] = []
@@ -337,12 +343,12 @@ class _Simulation:
         batcher = self.batcher = RoundBatcher(population.model) if self.batch_rounds else None
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
-            self.clients[plan.client_id] = ClientRecord(
-                plan,
-                population.trainer(plan, message_only=self.message_only, batcher=batcher),
-                path,
-                open_ledger(plan, path),
+            trainer: Trainer = population.trainer(
+                plan, message_only=self.message_only, batcher=batcher
             )
+            if self.wrap_trainer is not None:
+                trainer = self.wrap_trainer(plan, trainer)
+            self.clients[plan.client_id] = ClientRecord(plan, trainer, path, open_ledger(plan, path))
         server = make_server_actor(
             population,
             clock=clock,
@@ -399,7 +405,6 @@ class _Simulation:
         return server, wallclock.perf_counter() - started
 
 
-
 def run_scenario(
     loaded: LoadedScenario,
     out_dir: str | Path,
@@ -408,6 +413,7 @@ def run_scenario(
     on_window: Callable[[dict[str, Any]], None] | None = None,
     population: Population | None = None,
     batch_rounds: bool = True,
+    wrap_trainer: TrainerHook | None = None,
 ) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
@@ -417,6 +423,8 @@ def run_scenario(
     default) rounds that overlap in virtual time are computed together
     (:mod:`fedsim.training.batched`); without, each round alone, as a client on its own
     computes it (same randomness, results equal up to floating-point summation order).
+    ``wrap_trainer(plan, trainer)`` may wrap each client's trainer (the same interface, e.g. to
+    time its rounds).
     """
     out = Path(out_dir)
     check_unused(out)
@@ -425,7 +433,7 @@ def run_scenario(
     try:
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
-                          batch_rounds=batch_rounds)
+                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer)
         try:
             server, wall_seconds = sim.run()
             record = sim.record(server, wall_seconds)
