@@ -130,4 +130,4 @@ def make_step_size(config: StepSize) -> StepSizeSchedule:
         return PlateauStepSize(config.initial, config.factor, config.patience, config.minimum)
     if isinstance(config, InverseTimeStep):
         return InverseTimeStepSize(config.initial, config.decay, config.power)
-    raise TypeError(f"not a step-size configuration: {config!r}")
+    raise ConfigError(f"not a step-size configuration: {config!r}")

@@ -36,7 +36,6 @@ from scipy.stats import norm
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import Accountant
-from fedsim.privacy.gdp import gdp_tradeoff, group_mu
 
 
 def default_alphas(points: int = 2001) -> np.ndarray:
@@ -141,7 +140,3 @@ def epsilon_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, delta: float,
             high = middle
     return high
 
-
-def group_gdp(mu: float, group_size: int, alphas: np.ndarray) -> np.ndarray:
-    """``G_{g mu}`` on a grid (the exact group curve of mu-GDP)."""
-    return gdp_tradeoff(alphas, group_mu(mu, group_size))

@@ -33,8 +33,8 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
+from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher

@@ -275,15 +275,6 @@ class _MqttEndpoint:
     def connected(self) -> bool:
         return self._connected.is_set()
 
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until a connection is up (tests and the CLI use this after an outage)."""
-        try:
-            await asyncio.wait_for(self._connected.wait(), timeout)
-        except TimeoutError:
-            raise TransportError(
-                f"no connection to {self.broker.describe()} within {timeout} s"
-            ) from None
-
     async def receive(self) -> Message:
         return await self._inbox.get()
 

@@ -309,9 +309,6 @@ class SimulatedNetwork:
         if endpoint is not None and not endpoint._inbox.closed and self._retained is not None:
             self._transmit(self._link("downlink", client_id), self._retained)
 
-    def is_online(self, client_id: str) -> bool:
-        return client_id not in self._offline
-
     @property
     def stats(self) -> NetworkStats:
         """A snapshot of the per-direction counters."""

@@ -1,4 +1,5 @@
-"""A client group's clipping and noise schedule, built from its scenario section.
+"""A client group's DP posture: its clipping and noise schedule, built from its scenario
+section (the schedules themselves, and their calibration, are :mod:`fedsim.privacy.schedules`).
 
 The schedule is a :class:`fedsim.privacy.schedules.Schedule` indexed by round: the trainer
 reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the round's
