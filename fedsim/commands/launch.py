@@ -44,7 +44,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.logging import configure_logging
-    from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.progress import ProgressUnit, RunProgress
     from fedsim.runtime.launcher import Launcher
 
     options = DeploymentOptions.from_args(args)
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{name}-launch"
     launcher = Launcher(args.scenario, out, options=options, overrides=args.overrides)
     stop = launcher.scenario.stop
+    total: float | None
+    unit: ProgressUnit
     if stop.virtual_seconds is not None:
         total, unit = stop.virtual_seconds, "time"
     else:

@@ -279,7 +279,7 @@ class PrivacyLedger:
         if not self.can_spend(steps):
             raise BudgetExhausted(
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
-                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
+                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "  # type: ignore[union-attr]
                 f"(spent {self.epsilon():.4g})")
         records = [LedgerRecord(float(time), round, s) for s in steps]
         payload = "".join(json.dumps(r.to_json()) + "\n" for r in records).encode()

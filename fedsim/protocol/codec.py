@@ -20,7 +20,7 @@ parameter count when given, and that every value is finite. Any failure is a
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import numpy as np
 from pydantic import (
@@ -49,7 +49,7 @@ MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Default size limit of one message (64 MiB: a 16M-parameter model). Use
 :func:`max_message_bytes` to size the limit from the model instead."""
-TENSOR_DTYPE = "<f4"
+TENSOR_DTYPE: Final = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -104,8 +104,9 @@ class StatusHeader(_Header):
 
 
 _CLIENT_ID = TypeAdapter(ClientId)
-_HEADER = TypeAdapter(
-    Annotated[UpdateHeader | GlobalHeader | StatusHeader, Field(discriminator="kind")]
+_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader
+_HEADER: TypeAdapter[_AnyHeader] = TypeAdapter(
+    Annotated[_AnyHeader, Field(discriminator="kind")]
 )
 
 
@@ -134,6 +135,7 @@ def _check_finite(values: np.ndarray, field: str) -> None:
 
 
 def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
+    header: _AnyHeader
     if isinstance(message, ClientUpdate):
         header = UpdateHeader(
             kind="update",
@@ -185,7 +187,7 @@ def encode(message: Message) -> bytes:
     # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere; the
     # join copies the values once, straight from the array's buffer.
     values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
-    return b"".join((prefix, header_json, memoryview(values).cast("B")))
+    return b"".join((prefix, header_json, memoryview(values).cast("B")))  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def _describe(exc: ValidationError) -> str:

@@ -343,7 +343,7 @@ def draw_run(run: RunDirectory) -> Drawn:
     points = max(MIN_TIME_GRID_POINTS,
                  min(TIME_GRID_POINTS, EXACT_BAND_EVALUATIONS // max(len(ledgers), 1)))
     grid = time_grid(max(run.virtual_time, last_release), points)
-    shown, labels = ledgers, {}
+    shown, labels = ledgers, dict[str, str]()
     if len(ledgers) * len(grid) > EXACT_BAND_EVALUATIONS:
         for quantile in QUANTILES:
             (cid,) = quantile_clients(final, [quantile])

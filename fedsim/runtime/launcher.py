@@ -176,7 +176,8 @@ class _ForkedChild:
         context = multiprocessing.get_context("fork")
         self._process = context.Process(target=_child_main, args=(argv, str(log)), daemon=False)
         self._process.start()
-        self.pid = self._process.pid
+        assert self._process.pid is not None  # set by start()
+        self.pid: int = self._process.pid
 
     def poll(self) -> int | None:
         return self._process.exitcode

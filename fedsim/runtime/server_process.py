@@ -259,12 +259,13 @@ async def serve(
                 joined: dict[str, ClientStatus] = {}
                 if snapshot is None and options.wait_for_clients > 0:
                     ids = [p.client_id for p in population.plans]
-                    waited, joined = await unless_stopped(
+                    waited, statuses = await unless_stopped(
                         _wait_for_clients(mqtt, ids, options.wait_for_clients), stop
                     )
-                    if not waited:
+                    if not waited or statuses is None:
                         outcome["stop_reason"] = "stopped by a signal before the first window"
                         return outcome
+                    joined = statuses
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
                 server = _server_actor(population, clock, mqtt, checkpoint, snapshot, joined)
                 monitor = _ServerMonitor(scenario, server, mqtt, checkpoint, metrics, applied)

@@ -275,7 +275,8 @@ class _Simulation:
         cached = self._remaining_cache.get(client.plan.client_id)
         if cached is not None and cached[0] == count:
             return cached[1]
-        value = float(client.ledger.remaining_epsilon)
+        remaining = client.ledger.remaining_epsilon
+        value = float(remaining) if remaining is not None else None
         self._remaining_cache[client.plan.client_id] = (count, value)
         return value
 
@@ -303,8 +304,10 @@ class _Simulation:
     def _check_tasks(self) -> None:
         for client in self.clients.values():
             task = client.task
-            if task is not None and task.done() and not task.cancelled() and task.exception():
-                raise task.exception()  # a bug in an actor must not be silently swallowed
+            if task is not None and task.done() and not task.cancelled():
+                error = task.exception()
+                if error is not None:
+                    raise error  # a bug in an actor must not be silently swallowed
 
     def _window_done(self, report: WindowReport, network: SimulatedNetwork) -> bool:
         self._check_tasks()

@@ -57,7 +57,7 @@ class NoiseSchedule(Protocol):
 def check_sampling(sampling: str) -> Sampling:
     if sampling not in SAMPLING_SCHEMES:
         raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
-    return sampling  # type: ignore[return-value]
+    return sampling
 
 
 def sensitivity(sampling: Sampling, clip: float) -> float:

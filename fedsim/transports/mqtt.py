@@ -167,7 +167,7 @@ class MqttStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class _Dispatch(asyncio.Queue):  # type: ignore[type-arg]
+class _Dispatch(asyncio.Queue):
     """aiomqtt's incoming-message queue (its ``queue_type`` option) that hands each message
     straight to the endpoint instead of storing it.
 
