@@ -297,7 +297,7 @@ QUICK = ("stop.virtual_seconds=40", "clients.groups[0].count=3", "clients.groups
          "clients.groups[2].rounds=5", "dataset.test_subset=500")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the benchmark's steps in the order they run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="*", default=None, help="default: all")
     parser.add_argument("--quick", action="store_true", help="smoke run: 10 clients, 5 rounds")

@@ -138,7 +138,7 @@ def _split_path(path: str) -> list[str | int]:
     return parts
 
 
-def apply_override(data: Any, assignment: str) -> Any:
+def apply_override(data: Any, assignment: str) -> Any:  # noqa: C901 - one branch per kind of path step
     """Apply one ``path=value`` (value parsed as YAML) to a plain scenario tree, returning it.
 
     Missing mapping keys are created; list indices must exist.

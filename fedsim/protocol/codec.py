@@ -198,7 +198,7 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def decode(
+def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in its order
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,

@@ -526,7 +526,7 @@ def load_dataset(
 PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal"]
 
 
-def partition(
+def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
     labels: np.ndarray | torch.Tensor,
     num_clients: int,
     scheme: PartitionScheme,

@@ -226,7 +226,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     assert len(applied) == updates["applied"] and updates["applied"] + updates["stale"] == 4 * 12
 
 
-def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
+def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:  # noqa: PLR0915 - one crash-and-restart story, step by step
     out = tmp_path / "run"
     # Rounds take half a window of (emulated) compute, so a kill often lands mid-round.
     launcher = _launcher(out, ["stop.windows=30", "clients.groups[0].speed=0.015"])
