@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.runtime.options import add_set_option
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0.18"
 FEDSIM_IMAGE = "fedsim:latest"
@@ -98,14 +99,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="X",
         help="--time-scale of the composed server and clients (default 1.0)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a scenario setting, repeatable",
-    )
+    add_set_option(parser)
     parser.set_defaults(func=run)
     return parser
 

@@ -19,10 +19,22 @@ from pathlib import Path
 
 from fedsim.errors import ConfigError
 
-__all__ = ["LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions"]
+__all__ = ["LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions", "add_set_option"]
 
 # How long a launched server waits for every client before its first window (wall seconds).
 LAUNCH_WAIT_FOR_CLIENTS = 600.0
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """``--set PATH=VALUE`` (repeatable; ``args.overrides``): scenario overrides."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a scenario setting, repeatable",
+    )
 
 
 @dataclass(frozen=True)
@@ -155,14 +167,7 @@ class DeploymentOptions:
                 + ("" if wait_for_clients else ": start at once")
                 + "; not when resuming from a checkpoint)",
             )
-        parser.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="PATH=VALUE",
-            help="override a scenario setting, repeatable",
-        )
+        add_set_option(parser)
         parser.add_argument(
             "--json-logs",
             action=argparse.BooleanOptionalAction,
