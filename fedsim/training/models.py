@@ -49,7 +49,8 @@ def _static_refusal(module: nn.Module) -> str | None:
     if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
         return (
             "track_running_stats=True updates running statistics from every batch in forward "
-            "and releases them with the model without noise; use track_running_stats=False"
+            "and releases them with the model without noise; use track_running_stats=False, "
+            "GroupNorm or LayerNorm"
         )
     if isinstance(module, nn.Embedding | nn.EmbeddingBag):
         if module.max_norm is not None:
@@ -295,36 +296,41 @@ FACTORY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*
 """The shape of a factory reference: ``package.module:function`` (``:Class.method`` too)."""
 
 
-def _import_module(name: str, search: Sequence[Path], where: str) -> Any:
+def _try_import(name: str, where: str) -> Any:
+    """The module ``name``, or None when it is not found (a failure inside it is an error)."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
-            raise ConfigError(
-                f"{where}: importing module {name!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        missing = exc
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            return None
+        raise ConfigError(
+            f"{where}: importing module {name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     except Exception as exc:
         raise ConfigError(
             f"{where}: importing module {name!r} raised {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _import_module(name: str, search: Sequence[Path], where: str) -> Any:
+    module = _try_import(name, where)
     # Not on sys.path: also look where the user most likely put it (kept out of sys.path after).
     extra = [str(d) for d in dict.fromkeys(search) if str(d) not in sys.path]
-    if extra:
+    if module is None and extra:
         sys.path.extend(extra)
         importlib.invalidate_caches()
         try:
-            return _import_module(name, (), where)
-        except ConfigError:
-            pass
+            module = _try_import(name, where)
         finally:
             for entry in extra:
                 sys.path.remove(entry)
-    places = ", ".join(str(d) for d in search) or "sys.path"
-    raise ConfigError(
-        f"{where}: cannot import module {name!r} ({missing}); it must be installed or on "
-        f"PYTHONPATH (also searched: {places})"
-    ) from None
+    if module is None:
+        places = ", ".join(str(d) for d in search) or "nothing else"
+        raise ConfigError(
+            f"{where}: cannot import module {name!r}: it must be installed or on PYTHONPATH "
+            f"(also searched: {places})"
+        )
+    return module
 
 
 def resolve_factory(
