@@ -38,6 +38,19 @@ class MeanOver(nn.Module):
         return x.mean(self.dims)
 
 
+class Twice(nn.Module):
+    """One module called twice in a forward pass (its uses are summed per example)."""
+
+    def __init__(self, inner: nn.Module, *mean_dims: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dims = mean_dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inner(torch.tanh(self.inner(x))))
+        return h.mean(self.dims) if self.dims else h
+
+
 def _randomise(model: nn.Module) -> nn.Module:
     """Random affine weights (a norm layer starts at weight 1, bias 0: too special a point)."""
     with torch.no_grad():
@@ -88,6 +101,12 @@ LAYERS: list[Case] = [
         lambda b: torch.randint(0, 3, (b, 6)),
         4,
     ),
+    (
+        "conv2d_twice",
+        lambda: Twice(nn.Conv2d(3, 3, 3, padding=1), 2, 3),
+        lambda b: torch.randn(b, 3, 4, 4),
+        3,
+    ),
     ("layernorm", lambda: _randomise(nn.LayerNorm(6)), lambda b: torch.randn(b, 6), 6),
     (
         "layernorm_2d_shape",
@@ -99,6 +118,13 @@ LAYERS: list[Case] = [
         "groupnorm",
         lambda: nn.Sequential(_randomise(nn.GroupNorm(2, 4)), MeanOver(2, 3)),
         lambda b: torch.randn(b, 4, 3, 3),
+        4,
+    ),
+    ("layernorm_twice", lambda: Twice(_randomise(nn.LayerNorm(5))), lambda b: torch.randn(b, 5), 5),
+    (
+        "groupnorm_twice",
+        lambda: Twice(_randomise(nn.GroupNorm(2, 4)), 2),
+        lambda b: torch.randn(b, 4, 3),
         4,
     ),
 ]

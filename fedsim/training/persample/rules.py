@@ -180,32 +180,62 @@ def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return view.reshape(batch, oh * ow, module.groups, -1)
 
 
+def _conv2d_weight_per_example(module: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-example weight gradients (B, *weight.shape) of one call on ``x`` with output
+    gradient ``g``: the examples become groups of one convolution's weight gradient.
+
+    The batch is folded into the channels, ``(1, B C_in, H, W)``, and the weight gradient of
+    a convolution with ``B * groups`` groups is exactly every example's own (the trick of
+    torch.func's batching rule for convolutions). Measured on CPU (B=128, 1 thread), against
+    im2col + bmm: the same for the DP MNIST CNN's first layer, 1.2x faster for its second,
+    2.5-3.5x for the 3x3 padded layers of the GroupNorm CNN.
+    """
+    batch = x.shape[0]
+    weight = module.weight.detach()
+    _, grad_weight, _ = torch.ops.aten.convolution_backward(
+        g.reshape(1, -1, *g.shape[2:]),
+        x.reshape(1, -1, *x.shape[2:]),
+        weight.repeat(batch, 1, 1, 1),  # only its shape matters for the weight gradient
+        None,
+        list(module.stride),
+        list(module.padding),  # type: ignore[arg-type]
+        list(module.dilation),
+        False,
+        [0, 0],
+        module.groups * batch,
+        [False, True, False],
+    )
+    return grad_weight.reshape(batch, *weight.shape)
+
+
 def _conv2d_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     module = layer.module
     assert isinstance(module, nn.Conv2d)
     batch = layer.uses[0].output.shape[0]
     groups = module.groups
     cout = module.out_channels // groups
-    a = _cat([_patches(module, u.inputs[0]) for u in layer.uses], 1)  # (B, L, G, K)
     g = _cat([u.grad.reshape(batch, groups, cout, -1) for u in layer.uses], -1)  # (B, G, O, L)
-    positions, k = a.shape[1], a.shape[3]
+    positions = g.shape[-1]
+    kh, kw = module.kernel_size
+    k = module.in_channels // groups * kh * kw
     has_weight = module.weight.requires_grad
     has_bias = module.bias is not None and module.bias.requires_grad
     bias_pe = g.sum(-1).reshape(batch, -1) if has_bias else None
     # Ghost norms need two L x L Gram matrices plus a second contraction for the clipped sum.
     # Measured on CPU (B=256, second conv of the DP MNIST CNN, L=25, K=256, O=32, ghost FLOPs
-    # 12% lower): per-example gradients 7.7 ms, ghost 11.7 ms; so ghost only when 4x cheaper.
+    # 12% lower): per-example gradients by im2col 7.7 ms, ghost 11.7 ms; so ghost only when 4x
+    # cheaper (the grouped-convolution per-example path is faster still).
     ghost = 4 * positions * positions * (k + cout) < positions * cout * k
     if has_weight and not ghost:
-        if groups == 1:
-            weight_pe = torch.bmm(g[:, 0], a[:, :, 0])
-        else:
-            weight_pe = torch.einsum("bgol,blgk->bgok", g, a)
-        per_example = [weight_pe.reshape(batch, *module.weight.shape)]
+        weight_pe = _conv2d_weight_per_example(module, layer.uses[0].inputs[0], layer.uses[0].grad)
+        for use in layer.uses[1:]:
+            weight_pe = weight_pe + _conv2d_weight_per_example(module, use.inputs[0], use.grad)
+        per_example = [weight_pe]
         if bias_pe is not None:
             per_example.append(bias_pe)
         return per_example_rule(per_example)
 
+    a = _cat([_patches(module, u.inputs[0]) for u in layer.uses], 1)  # (B, L, G, K)
     sq = torch.zeros(batch, dtype=g.dtype, device=g.device)
     if has_weight:
         gram_a = torch.einsum("blgk,bmgk->bglm", a, a)
