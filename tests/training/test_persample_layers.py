@@ -277,3 +277,23 @@ def test_fallback_alone_gives_the_loss_sum_and_respects_frozen_parameters() -> N
         if n == "norm.weight":
             assert not result.flat_sum[offset : offset + p.numel()].any()
         offset += p.numel()
+
+
+class DataDependent(nn.Module):
+    """Python control flow on a tensor's value: torch.func cannot vmap it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain if float(x.sum()) > 0 else -x * self.gain
+
+
+def test_a_layer_the_fallback_cannot_run_fails_with_a_model_error_naming_it() -> None:
+    from fedsim.errors import ModelError
+
+    engine = PerSampleEngine(nn.Sequential(nn.Linear(3, 3), DataDependent()))
+    assert engine.fallback_parameters == ["1.gain"]
+    with pytest.raises(ModelError, match="per-example gradients of 1.gain .* torch.func"):
+        engine.clipped_sum(torch.randn(4, 3), torch.randint(0, 3, (4,)), 1.0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,12 @@ class Use:
     inputs: tuple[Any, ...]
     output: torch.Tensor
     grad: torch.Tensor | None = None
+
+    @property
+    def out_grad(self) -> torch.Tensor:
+        """The loss's gradient with respect to ``output`` (set by the backward pass)."""
+        assert self.grad is not None, "the backward pass has not run"
+        return self.grad
 
 
 @dataclass
@@ -72,7 +78,9 @@ def _row_sq_norms(per_example: torch.Tensor) -> torch.Tensor:
 
 def per_example_rule(per_example: list[torch.Tensor]) -> tuple[torch.Tensor, WeightedSum]:
     """Norms and weighted sum from materialised per-example gradients (B, *param.shape)."""
-    sq = sum(_row_sq_norms(p) for p in per_example)
+    sq = _row_sq_norms(per_example[0])
+    for p in per_example[1:]:
+        sq = sq + _row_sq_norms(p)
 
     def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
         for out, p in zip(outs, per_example, strict=True):
@@ -118,12 +126,12 @@ def _linear_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     if len(layer.uses) == 1 and first.inputs[0].dim() == 2:
         # The common case, one call on (B, d): no reshapes. Few tensor ops matter here: each
         # costs microseconds of dispatch, as much as the arithmetic of a small model's step.
-        a, g = first.inputs[0], first.grad
+        a, g = first.inputs[0], first.out_grad
         return _linear_single_step(a, g, has_weight, has_bias)
     batch = first.output.shape[0]
     # Every use becomes positions along one sequence axis: (B, T, d).
     a = _cat([u.inputs[0].reshape(batch, -1, module.in_features) for u in layer.uses], 1)
-    g = _cat([u.grad.reshape(batch, -1, module.out_features) for u in layer.uses], 1)
+    g = _cat([u.out_grad.reshape(batch, -1, module.out_features) for u in layer.uses], 1)
     steps = a.shape[1]
     if steps == 1:
         return _linear_single_step(a[:, 0], g[:, 0], has_weight, has_bias)
@@ -163,7 +171,7 @@ def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     The channel-major patch order matches the weight layout (C_out, C_in/G, kh, kw). This is
     about twice as fast on CPU as ``F.unfold`` and leaves the patches ready for ``bmm``.
     """
-    ph, pw = module.padding  # type: ignore[misc]
+    ph, pw = cast(tuple[int, int], module.padding)  # a string padding takes the fallback
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
     batch, channels, height, width = x.shape
@@ -214,7 +222,7 @@ def _conv2d_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     batch = layer.uses[0].output.shape[0]
     groups = module.groups
     cout = module.out_channels // groups
-    g = _cat([u.grad.reshape(batch, groups, cout, -1) for u in layer.uses], -1)  # (B, G, O, L)
+    g = _cat([u.out_grad.reshape(batch, groups, cout, -1) for u in layer.uses], -1)  # (B, G, O, L)
     positions = g.shape[-1]
     kh, kw = module.kernel_size
     k = module.in_channels // groups * kh * kw
@@ -227,9 +235,11 @@ def _conv2d_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     # cheaper (the grouped-convolution per-example path is faster still).
     ghost = 4 * positions * positions * (k + cout) < positions * cout * k
     if has_weight and not ghost:
-        weight_pe = _conv2d_weight_per_example(module, layer.uses[0].inputs[0], layer.uses[0].grad)
+        weight_pe = _conv2d_weight_per_example(
+            module, layer.uses[0].inputs[0], layer.uses[0].out_grad
+        )
         for use in layer.uses[1:]:
-            weight_pe = weight_pe + _conv2d_weight_per_example(module, use.inputs[0], use.grad)
+            weight_pe = weight_pe + _conv2d_weight_per_example(module, use.inputs[0], use.out_grad)
         per_example = [weight_pe]
         if bias_pe is not None:
             per_example.append(bias_pe)
@@ -262,7 +272,7 @@ def _embedding_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     assert isinstance(module, nn.Embedding)
     batch = layer.uses[0].output.shape[0]
     idx = _cat([u.inputs[0].reshape(batch, -1) for u in layer.uses], 1)
-    g = _cat([u.grad.reshape(batch, -1, module.embedding_dim) for u in layer.uses], 1)
+    g = _cat([u.out_grad.reshape(batch, -1, module.embedding_dim) for u in layer.uses], 1)
     if module.padding_idx is not None:  # the padding row receives no gradient
         g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
     same_row = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
@@ -282,7 +292,7 @@ def _norm_affine_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     weight_pe: torch.Tensor | None = None
     bias_pe: torch.Tensor | None = None
     for use in layer.uses:
-        x, g = use.inputs[0], use.grad
+        x, g = use.inputs[0], use.out_grad
         if isinstance(module, nn.GroupNorm):
             x_hat = F.group_norm(x, module.num_groups, eps=module.eps)
             dims = tuple(range(2, x.dim()))  # sum over positions, keep channels
@@ -297,9 +307,9 @@ def _norm_affine_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     assert weight_pe is not None and bias_pe is not None
     per_example = []
     if module.weight is not None and module.weight.requires_grad:
-        per_example.append(weight_pe.reshape(batch, *module.weight.shape))
+        per_example.append(weight_pe.reshape(batch, *cast(torch.Tensor, module.weight).shape))
     if module.bias is not None and module.bias.requires_grad:
-        per_example.append(bias_pe.reshape(batch, *module.bias.shape))
+        per_example.append(bias_pe.reshape(batch, *cast(torch.Tensor, module.bias).shape))
     return per_example_rule(per_example)
 
 
