@@ -14,6 +14,10 @@ batch, the forward probe of :func:`~fedsim.training.models.check_forward_is_per_
 an attribution check (the per-example gradients of the fast layers sum to autograd's batch
 gradient; a layer whose parameters are also used elsewhere fails it and moves to the
 fallback); on every batch, no parameter or buffer may change during ``forward``.
+
+With random layers (dropout) the hooked pass and the fallback draw their randomness apart; each
+example's clipped vector still depends on that example (and fresh randomness) alone, so the
+sensitivity bound holds.
 """
 
 from __future__ import annotations
