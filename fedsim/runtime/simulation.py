@@ -58,17 +58,12 @@ from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
-from fedsim.training import (
-    LocalTrainer,
-    build_scenario_model,
-    evaluate,
-    flat_params,
-    load_flat_params,
-)
+from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import DoneRound, PendingRound, RoundResult
+from fedsim.training.models import build_scenario_model
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
