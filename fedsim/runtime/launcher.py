@@ -102,7 +102,11 @@ def collect_outputs(
                 stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
             released = [RoundRecord(**r) for r in report.get("released", [])]
             clients.append(
-                ClientOutcome(plan, open_ledger(plan, copied), state, released, finished)
+                ClientOutcome(
+                    plan, open_ledger(plan, copied), state, released, finished,
+                    randomness=report.get("randomness", ""),
+                    timing_overruns=int(report.get("timing_overruns", 0)),
+                )
             )
         return write_run_outputs(
             RunRecord(
