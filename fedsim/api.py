@@ -156,12 +156,6 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None) -> Loaded
     return LoadedScenario(scenario, origin)
 
 
-def _factory_name(factory: Callable[..., Any]) -> str:
-    module = getattr(factory, "__module__", None) or "python"
-    name = getattr(factory, "__qualname__", None) or type(factory).__name__
-    return f"python:{module}.{name}"
-
-
 # ---------------------------------------------------------------------------------------------
 # Simulating
 
@@ -187,8 +181,8 @@ def simulate(
             removed before returning (``RunResult.run_dir`` is then None).
         overrides: ``--set``-style overrides (see :func:`load_scenario`).
         model: a factory returning a ``torch.nn.Module``, called with ``input_shape`` and
-            ``num_classes`` if it takes them; replaces the scenario's ``model`` section
-            (recorded as ``name: python:<module>.<factory>``).
+            ``num_classes`` if it takes them (and ``options`` from the scenario's ``model``
+            section, which it otherwise replaces); checked for DP compatibility.
         dataset: ``x_train, y_train, x_test, y_test`` arrays (a mapping with those keys or a
             4-tuple; see :mod:`fedsim.training.arrays`); replaces the scenario's data set
             (recorded as ``name: arrays`` without a path). Partitions work on it as on MNIST.
@@ -208,7 +202,8 @@ def simulate(
         if not callable(model):
             raise ConfigError(f"model: expected a callable returning a torch.nn.Module, got "
                               f"{type(model).__name__}")
-        lines.append(f"model={json.dumps({'name': _factory_name(model)})}")
+        # neither name nor factory: the model comes from Python (options are kept)
+        lines += ["model.name=null", "model.factory=null"]
     data = None
     if dataset is not None:
         data = check_arrays(dataset, where="dataset (from Python)")

@@ -66,11 +66,13 @@ class LoadedScenario:
 # YAML with duplicate keys rejected and line numbers kept
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """A SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _construct_mapping(
+    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
     loader.flatten_mapping(node)
     result: dict[Any, Any] = {}
     for key_node, value_node in node.value:

@@ -95,34 +95,39 @@ def assign_path(data: Any, path: str, value: Any) -> Any:
     return data
 
 
+def _positions(node: list[Any], part: int | Named | _All, done: list[Part], path: str) -> list[int]:
+    """The indices of ``node`` that ``part`` selects (an error naming what is there if none)."""
+    here = format_path(done) or "scenario"
+    if isinstance(part, _All):
+        if not node:
+            raise ConfigError(f"--set {path}: {here} is an empty list, [*] selects nothing")
+        return list(range(len(node)))
+    if isinstance(part, Named):
+        positions = [i for i, item in enumerate(node)
+                     if isinstance(item, dict) and str(item.get("name")) == part]
+        if not positions:
+            names = [str(i.get("name")) for i in node if isinstance(i, dict) and "name" in i]
+            word = _item_word(done)
+            raise ConfigError(
+                f"--set {path}: {here} has no {word} named {str(part)!r} ("
+                + (f"{word}s: {', '.join(names)}" if names else "its items have no names") + ")")
+        return positions
+    if not 0 <= part < len(node):
+        raise ConfigError(f"--set {path}: {format_path([*done, part])} is out of range "
+                          f"({len(node)} items)")
+    return [part]
+
+
 def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: str) -> None:
     """Assign below ``node``, reached by the concrete path ``done`` (indices, keys)."""
     depth = len(done)
     part = parts[depth]
-    here, at = format_path(done) or "scenario", format_path([*done, part])
+    here = format_path(done) or "scenario"
     last = depth == len(parts) - 1
     if isinstance(part, int | _All | Named):
         if not isinstance(node, list):
             raise ConfigError(f"--set {path}: {here} is not a list")
-        if isinstance(part, _All):
-            if not node:
-                raise ConfigError(f"--set {path}: {here} is an empty list, [*] selects nothing")
-            positions = list(range(len(node)))
-        elif isinstance(part, Named):
-            positions = [i for i, item in enumerate(node)
-                         if isinstance(item, dict) and str(item.get("name")) == part]
-            if not positions:
-                names = [str(i.get("name")) for i in node if isinstance(i, dict) and "name" in i]
-                word = _item_word(parts[:depth])
-                raise ConfigError(
-                    f"--set {path}: {here} has no {word} named {str(part)!r} ("
-                    + (f"{word}s: {', '.join(names)}" if names else "its items have no names")
-                    + ")")
-        else:
-            if not 0 <= part < len(node):
-                raise ConfigError(f"--set {path}: {at} is out of range ({len(node)} items)")
-            positions = [part]
-        for position in positions:
+        for position in _positions(node, part, done, path):
             if last:
                 node[position] = copy.deepcopy(value)
             else:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch import nn
 
 import fedsim
@@ -92,8 +93,9 @@ def test_custom_model_and_arrays_through_simulate(tmp_path: Path) -> None:
         assert client.budget_left is None and client.mu > 0
     assert result.epsilon_min <= result.epsilon_median <= result.epsilon_max
     # The resolved scenario records where model and data came from.
-    resolved = (tmp_path / "run" / "scenario.resolved.yaml").read_text()
-    assert "python:" in resolved and "TwoLayer" in resolved and "name: arrays" in resolved
+    resolved = yaml.safe_load((tmp_path / "run" / "scenario.resolved.yaml").read_text())
+    assert resolved["model"]["name"] is None and resolved["model"]["factory"] is None
+    assert resolved["dataset"]["name"] == "arrays" and resolved["dataset"]["path"] is None
 
 
 def _records(path: Path) -> list[dict]:
@@ -167,7 +169,7 @@ def test_bad_model_and_data_are_clear_errors() -> None:
     with pytest.raises(ModelError, match="BatchNorm"):
         fedsim.simulate(scenario(), dataset=arrays(), progress=False,
                         model=lambda: nn.Sequential(nn.Linear(8, 3), nn.BatchNorm1d(3)))
-    with pytest.raises(ModelError, match="not a torch.nn.Module"):
+    with pytest.raises(ConfigError, match="not a torch.nn.Module"):
         fedsim.simulate(scenario(), dataset=arrays(), progress=False, model=lambda: 3)
     bad = arrays()
     bad["y_train"] = bad["y_train"][:-1]
