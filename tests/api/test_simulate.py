@@ -18,6 +18,7 @@ import fedsim
 from fedsim.errors import ConfigError, DataError, ModelError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
+from fedsim.training.persample import PerSampleEngine
 
 DELTA = 1e-5
 
@@ -38,15 +39,17 @@ def arrays(train: int = 600, test: int = 300) -> dict[str, np.ndarray]:
 
 
 class TwoLayer(nn.Module):
-    """The user's own model: built from the data's shape and class count."""
+    """The user's own model, built from the data's shape and class count; its PReLU has no
+    per-sample fast path (its gradients come from the torch.func fallback)."""
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         self.hidden = nn.Linear(int(np.prod(input_shape)), 16)
+        self.act = nn.PReLU(16)
         self.out = nn.Linear(16, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.hidden(x.flatten(1))))
+        return self.out(self.act(self.hidden(x.flatten(1))))
 
 
 def scenario(rounds: int = 6, sampling: str = "poisson", scheme: str = "dirichlet") -> dict:
@@ -70,6 +73,8 @@ def test_custom_model_and_arrays_through_simulate(tmp_path: Path) -> None:
                              out=tmp_path / "run")
     # The user's own model came back trained, and its accuracy is the reported one.
     assert isinstance(result.model, TwoLayer)
+    assert PerSampleEngine(result.model).fallback_parameters == ["act.weight"]
+    assert not torch.equal(result.model.act.weight, torch.full((16,), 0.25))  # PReLU trained
     with torch.no_grad():
         logits = result.model(torch.from_numpy(data["x_test"]))
     accuracy = float((logits.argmax(1).numpy() == data["y_test"]).mean())
