@@ -136,7 +136,7 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None) -> Loaded
     """
     lines = _override_lines(overrides)
     if isinstance(source, str | PathLike):
-        return _load_file(source, lines)
+        return _load_file(Path(source), lines)
     if isinstance(source, LoadedScenario):
         if not lines:
             return source
@@ -221,7 +221,7 @@ def simulate(
         if tensorboard is not None:
             from fedsim.reporting.tensorboard import export_run
 
-            export_run(run_dir, tensorboard)
+            export_run(run_dir, Path(tensorboard))
         if out is not None and plots:
             from fedsim.reporting.plots import draw_all
 
@@ -237,12 +237,12 @@ def simulate(
 
 def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool | None,
          run_scenario: Callable[..., Any]) -> Any:
-    from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.progress import ProgressUnit, RunProgress
 
     stop = loaded.scenario.stop
-    if stop.virtual_seconds is not None:
-        total, unit = stop.virtual_seconds, "time"
-    else:
+    total: float | None = stop.virtual_seconds
+    unit: ProgressUnit = "time"
+    if total is None:
         total, unit = (float(stop.windows) if stop.windows else None), "windows"
     with RunProgress(total, unit=unit, enabled=progress) as bar:
         def on_window(line: dict[str, Any]) -> None:

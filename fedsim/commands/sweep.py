@@ -111,7 +111,7 @@ def plan_runs(scenario: str, grid: list[tuple[str, list[str]]], seeds: list[int]
     from fedsim.config import load_scenario
 
     combos = list(itertools.product(*[values for _, values in grid])) or [()]
-    runs = []
+    runs: list[dict[str, Any]] = []
     for combo in combos:
         settings = dict(zip([p for p, _ in grid], combo, strict=True))
         for seed in seeds if seeds is not None else [None]:

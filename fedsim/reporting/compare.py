@@ -39,7 +39,8 @@ def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
     """One run's comparison row (the keys of :data:`COLUMNS`, ``stops`` a dict kind -> count,
     plus ``path``, ``scenario``, ``seed`` and ``delta``)."""
     summary = run.summary
-    privacy = summary.get("privacy") if isinstance(summary.get("privacy"), dict) else {}
+    found = summary.get("privacy")
+    privacy: dict[str, Any] = found if isinstance(found, dict) else {}
     epsilons = sorted(e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
     eps = {
         "eps_min": _number(privacy.get("epsilon_min")),
