@@ -39,7 +39,7 @@ import structlog
 import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
-from fedsim.config.loading import LoadedScenario, dump_scenario, resolve_path
+from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import ClientGroup, Link, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.accountant import make_accountant
@@ -54,7 +54,7 @@ from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
 from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, partition
+from fedsim.training.data import load_dataset, load_named, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import DoneRound, PendingRound, RoundResult
 from fedsim.transports.base import Endpoint
@@ -282,7 +282,7 @@ def build_population(loaded: LoadedScenario) -> Population:
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
-    path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+    path = None
     if dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
@@ -293,7 +293,8 @@ def build_population(loaded: LoadedScenario) -> Population:
             num_classes=dataset.num_classes,
         )
     else:
-        train_x, train_y, test_x, test_y = load_dataset(dataset.name, path=path)
+        (train_x, train_y, test_x, test_y), path = load_named(
+            dataset.name, dataset.path, base_dir=loaded.base_dir)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()

@@ -27,13 +27,13 @@ from fedsim.protocol.messages import ClientUpdate
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.runtime.deployment import Launcher
 from fedsim.runtime.simulation import build_population, open_ledger, run_scenario
-from fedsim.transports.broker import LocalMosquitto, find_mosquitto
+from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
 
 pytestmark = [
     pytest.mark.mqtt,
     pytest.mark.slow,
-    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+    pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING),
 ]
 torch.set_num_threads(1)
 
