@@ -154,8 +154,10 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
         assert args.broker == "mqtt://broker:1883" and args.secrets == deploy.CONTAINER_SECRETS
         if args.command == "client":
             assert args.client_id == name
-        # The state directory is the service's own volume, so the ledger survives the container.
-        assert f"state-{name}:{args.state}" in service["volumes"]
+        # The state directory is in the service's own volume, so the ledger survives the
+        # container (the volume is mounted at /state, a directory the image's user owns).
+        assert f"state-{name}:{deploy.CONTAINER_STATE}" in service["volumes"]
+        assert args.state == f"{deploy.CONTAINER_STATE}/{name}"
     assert roles.pop("server") == "server"
     assert set(roles.values()) == {"client"}
 
