@@ -40,8 +40,8 @@ CONTAINER_SECRETS = "/run/secrets/fedsim"
 CONTAINER_STATE = "/state"
 CONTAINER_RUNS = "/runs"
 COMPOSE_WAIT_FOR_CLIENTS = 600.0
-SECRETS_ENV = "FEDSIM_SECRETS"
-"""The variable ``docker compose`` reads the secrets file from (see :func:`compose_text`)."""
+SECRETS_ENV = "FEDSIM_COMPOSE_SECRETS"
+"""The variable ``docker compose`` reads the secrets file's content from (:func:`compose_text`)."""
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -76,7 +76,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--persistence-dir",
         metavar="DIR",
-        help="broker persistence directory (e.g. /mosquitto/data/); default: no persistence",
+        help="broker persistence directory (e.g. /mosquitto/data/; a path on this machine, "
+        "without --broker-config-dir, is created for the broker's user); default: none",
     )
     parser.add_argument(
         "--max-packet-bytes",
@@ -238,8 +239,8 @@ def compose_text(
     volumes. Every container runs as a non-root user (fedsim's :data:`FEDSIM_UID`, mosquitto's
     :data:`BROKER_UID`); the volumes start out owned by it because the image holds their mount
     points with that owner. The credentials are the compose secret ``fedsim``, read from the
-    variable :data:`SECRETS_ENV` (``FEDSIM_SECRETS="$(cat deploy/generated/secrets.json)"``) and
-    written into each container owned by the fedsim user, mode 0400: Compose honours a secret's
+    variable :data:`SECRETS_ENV` (set to the content of ``secrets.json``) and written into each
+    container owned by the fedsim user, mode 0400: Compose honours a secret's
     ``uid``/``gid``/``mode`` when it copies the value in, not when it bind-mounts a file
     (which keeps the host file's owner and mode 0600, unreadable to the container's user).
     """
