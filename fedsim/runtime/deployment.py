@@ -63,7 +63,7 @@ import numpy as np
 import structlog
 import torch
 
-from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario, resolve_path
+from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
@@ -81,6 +81,7 @@ from fedsim.runtime.simulation import (
     make_server_actor,
     open_ledger,
 )
+from fedsim.training.data import dataset_file
 from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.mqtt import (
     BrokerSettings,
@@ -982,9 +983,9 @@ class Launcher:
         """Write the resolved scenario, start a private broker if none was given."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "logs").mkdir(exist_ok=True)
-        dataset_path = None
-        if self.scenario.dataset.path is not None:
-            dataset_path = resolve_path(self.scenario.dataset.path, self.loaded.base_dir)
+        # Found (or fetched) once here: the processes read the same file, none downloads.
+        dataset = self.scenario.dataset
+        dataset_path = dataset_file(dataset.name, dataset.path, base_dir=self.loaded.base_dir)
         self.scenario_file = (self.out / SCENARIO_FILE).resolve()
         self.scenario_file.write_text(
             dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"

