@@ -46,7 +46,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedsim.logging import configure_logging
     from fedsim.training import datasets
+
+    configure_logging()  # progress lines to stderr: stdout is the answer (the path)
 
     if args.action == "fetch":
         sources = None
