@@ -140,19 +140,19 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None) -> Loaded
     if isinstance(source, LoadedScenario):
         if not lines:
             return source
-        tree, base, origin = source.scenario.model_dump(mode="json"), source.base_dir, source.source
+        tree, origin = source.scenario.model_dump(mode="json"), source.source
     elif isinstance(source, Scenario):
         if not lines:
             return LoadedScenario(source, None)
-        tree, base, origin = source.model_dump(mode="json"), Path.cwd(), None
+        tree, origin = source.model_dump(mode="json"), None
     elif isinstance(source, Mapping):
-        tree, base, origin = copy.deepcopy(dict(source)), Path.cwd(), None
+        tree, origin = copy.deepcopy(dict(source)), None
     else:
         raise ConfigError(f"scenario: expected a file path, a dict or a Scenario, got "
                           f"{type(source).__name__}")
     for line in lines:
         tree = apply_override(tree, line)
-    scenario = parse_scenario(tree, source=str(origin or "<scenario>"), base_dir=base)
+    scenario = parse_scenario(tree, source=str(origin or "<scenario>"))
     return LoadedScenario(scenario, origin)
 
 

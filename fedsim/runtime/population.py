@@ -40,7 +40,7 @@ from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, partition
+from fedsim.training.data import load_dataset, load_named, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.models import build_scenario_model
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
@@ -254,8 +254,9 @@ def build_population(
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
-    path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+    path = None
     if data is None and dataset.name == "arrays":
+        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
         data = arrays_dataset(path)
     if data is not None:
         train_x, train_y, test_x, test_y = data
@@ -269,7 +270,8 @@ def build_population(
             num_classes=dataset.num_classes,
         )
     else:
-        train_x, train_y, test_x, test_y = load_dataset(dataset.name, path=path)
+        (train_x, train_y, test_x, test_y), path = load_named(
+            dataset.name, dataset.path, base_dir=loaded.base_dir)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()
