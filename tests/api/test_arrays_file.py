@@ -90,3 +90,14 @@ def test_a_file_that_is_not_an_npz(tmp_path: Path) -> None:
     (tmp_path / "text.npz").write_text("hello")
     with pytest.raises(DataError, match="not a readable .npz"):
         load_arrays_file(tmp_path / "text.npz")
+
+
+def test_a_missing_arrays_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = {"stop": {"windows": 2}, "dataset": {"name": "arrays", "path": "absent.npz"},
+                "model": {"name": "logreg"},
+                "clients": {"groups": [{"name": "a", "count": 2, "data_share": 1.0,
+                                        "batch_size": 4, "clip": 1.0, "noise": 1.0}]},
+                "server": {"window": 1.0}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "run")]) == 2
+    assert f"no such file: {tmp_path / 'absent.npz'}" in capsys.readouterr().err
