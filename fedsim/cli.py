@@ -3,7 +3,8 @@
 Each command lives in ``fedsim/commands/<name>.py`` and exposes
 ``register(subparsers) -> argparse.ArgumentParser`` whose parser sets ``func=run(args) -> int``.
 A :class:`~fedsim.errors.FedsimError` becomes one line on stderr and its exit code (2 for bad
-input), never a traceback.
+input), never a traceback. Every command takes ``--quiet``, ``--verbose`` and ``--log-level``;
+:func:`main` configures the logs from them before the command runs.
 """
 
 from __future__ import annotations
@@ -38,8 +39,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+DESCRIPTION = (
+    "Simulate asynchronous federated learning in which every client trains with DP-SGD and "
+    "keeps its own privacy ledger, in one process under virtual time or as processes talking "
+    "through an MQTT broker. Run 'fedsim COMMAND --help' for a command's options."
+)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, ``--verbose`` and ``--log-level`` (one of them at most), on ``parser`` or,
+    if it has sub-commands, on each of them."""
+    from fedsim.logging import LEVELS
+
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if nested:
+        for action in nested:
+            for sub in action.choices.values():
+                add_output_options(sub)
+        parser.set_defaults(quiet=False, verbose=False, log_level=None)
+        return
+    group = parser.add_argument_group("logging")
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument("-q", "--quiet", action="store_true",
+                        help="Log only warnings and errors, and show no progress bar.")
+    choice.add_argument("-v", "--verbose", action="store_true",
+                        help="Log details too, such as every client's stop (debug level).")
+    choice.add_argument("--log-level", choices=sorted(LEVELS, key=LEVELS.__getitem__),
+                        type=str.lower, metavar="LEVEL",
+                        help="Lowest level of log line written: debug, info (the default), "
+                             "warning, error or critical.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fedsim", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="fedsim", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"fedsim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -49,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name == f"fedsim.commands.{name}":
                 continue
             raise
-        module.register(sub)
+        add_output_options(module.register(sub))
     return parser
 
 
@@ -59,7 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    from fedsim.logging import configure_logging, level_from
+
+    args.log_level = level_from(quiet=getattr(args, "quiet", False),
+                                verbose=getattr(args, "verbose", False),
+                                log_level=getattr(args, "log_level", None))
     try:
+        configure_logging(getattr(args, "json_logs", None), level=args.log_level)
         return int(args.func(args) or 0)
     except FedsimError as exc:
         print(f"fedsim {args.command}: error: {exc}", file=sys.stderr)

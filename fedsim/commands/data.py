@@ -14,22 +14,33 @@ from fedsim.errors import ConfigError
 DATASETS = ("mnist",)
 
 
+DESCRIPTION = (
+    "Download data sets into the cache and show where they are looked for."
+)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "data", help="download and locate data sets", description=__doc__.splitlines()[0]
+        "data", help="Download data sets and show where they are looked for.",
+        description=DESCRIPTION,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    fetch = actions.add_parser("fetch", help="download a data set into the cache (sha256-verified)")
-    fetch.add_argument("dataset", choices=DATASETS)
+    fetch = actions.add_parser(
+        "fetch", help="Download a data set into the cache, verified by its sha256 hash.",
+        description="Download a data set into the cache, verified by its sha256 hash.")
+    fetch.add_argument("dataset", choices=DATASETS, help="The data set to download.")
     fetch.add_argument(
-        "--dir", help="target directory (default: $FEDSIM_DATA_DIR or the user cache)"
+        "--dir", help="The directory to download into (by default $FEDSIM_DATA_DIR or the user "
+        "cache)."
     )
     fetch.add_argument(
-        "--force", action="store_true", help="download even if a verified copy exists"
+        "--force", action="store_true", help="Download even if a verified copy exists."
     )
-    where = actions.add_parser("where", help="print the places a data set is looked for, in order")
-    where.add_argument("dataset", choices=DATASETS)
-    where.add_argument("--path", help="an explicit path, as scenarios give it")
+    where = actions.add_parser(
+        "where", help="Print the places a data set is looked for, in order.",
+        description="Print the places a data set is looked for, in order.")
+    where.add_argument("dataset", choices=DATASETS, help="The data set to look for.")
+    where.add_argument("--path", help="An explicit path, as a scenario gives it.")
     parser.set_defaults(func=run)
     return parser
 

@@ -16,25 +16,31 @@ from typing import Any
 
 from fedsim.commands.server import add_deployment_options, add_tls_options
 
+DESCRIPTION = (
+    "Run a scenario as separate local processes, one server and one per client, talking through "
+    "MQTT, and collect the same run directory as fedsim run. Without --broker a private "
+    "mosquitto broker is started on 127.0.0.1 and stopped at the end."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "launch",
-        help="run a scenario as local server/client processes",
-        description=__doc__.splitlines()[0],
+        help="Run a scenario as local server and client processes over MQTT.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument(
-        "--out", metavar="DIR", help="run directory (default: runs/<scenario name>-launch)"
+        "--out", metavar="DIR", help="The run directory (by default runs/NAME-launch)."
     )
     parser.add_argument(
         "--timeout",
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="give up if the server has not stopped after this long (wall)",
+        help="Give up if the server has not stopped after this many wall seconds.",
     )
-    parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
+    parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     add_deployment_options(parser)
     add_tls_options(parser)
     parser.set_defaults(func=run)
@@ -60,11 +66,9 @@ def tls_arguments(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.errors import ConfigError
-    from fedsim.logging import configure_logging
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.deployment import Launcher
 
-    configure_logging(args.json_logs)
     if args.run is not None:
         raise ConfigError("fedsim launch names the run after the scenario; --run is not used")
     name = load_scenario(args.scenario, args.overrides).scenario.name

@@ -25,13 +25,19 @@ if TYPE_CHECKING:  # matplotlib and the accountants load only when the command r
 CSV_RELATIVE_TOLERANCE = 1e-3
 
 
+DESCRIPTION = (
+    "Redraw a run directory's plots and print a short summary of the run. The privacy numbers "
+    "are recomputed from the clients' ledgers and checked against clients.csv."
+)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "report",
-        help="redraw a run directory's plots and summarise it",
-        description=__doc__.splitlines()[0],
+        help="Redraw a run directory's plots and summarise the run.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("run_dir", metavar="DIR", help="a run directory written by `fedsim run`")
+    parser.add_argument("run_dir", metavar="DIR", help="A run directory written by fedsim run or fedsim launch.")
     parser.set_defaults(func=run)
     return parser
 

@@ -1,33 +1,45 @@
-"""``fedsim run SCENARIO [--out DIR] [--seed N] [--set path=value ...]``: simulate a scenario
-in one process under deterministic virtual time and write its run directory.
+"""Simulate a scenario in one process under deterministic virtual time and write its run
+directory.
 
-DIR gets ``metrics.jsonl``, ``clients.csv``, ``summary.json``, ``scenario.resolved.yaml``,
-``ledgers/`` and ``plots/``. The default DIR is ``runs/<scenario name>-seed<N>`` (with a
-numeric suffix if that exists). A progress bar shows on a terminal; logs are structlog lines
-(JSON when stderr is not a terminal).
+The run directory gets metrics.jsonl, clients.csv, summary.json, scenario.resolved.yaml, the
+clients' ledgers and plots. Its default is runs/NAME-seedN (with a numeric suffix if that
+exists). On a terminal a progress bar shows the run's progress towards the stop that will come
+first; log lines are JSON when stderr is not a terminal. An interrupted run (Ctrl-C or SIGTERM)
+still writes a partial summary that 'fedsim report' reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from fedsim.config import load_scenario
 
+# Exit statuses of a run ended by a signal (the shell's 128 + signal number).
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+# What summarised stop reasons are called ("954 budget, 46 done").
+STOP_KINDS = (("budget", "budget"), ("finished", "done"), ("crash", "crashed"))
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("run", help="simulate a scenario under virtual time",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
-    parser.add_argument("--out", metavar="DIR", help="run directory (must not hold a run)")
-    parser.add_argument("--seed", type=int, help="override the scenario's seed")
+    parser = subparsers.add_parser(
+        "run", help="Simulate a scenario under virtual time.",
+        description=__doc__.replace("\n", " ").split(". ")[0] + ".")
+    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
+    parser.add_argument("--out", metavar="DIR",
+                        help="The run directory to write; it must not hold a run already.")
+    parser.add_argument("--seed", type=int, help="Use this seed instead of the scenario's.")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="PATH=VALUE", help="override a setting (YAML value), repeatable")
-    parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
+                        metavar="PATH=VALUE",
+                        help="Override one setting with a YAML value, for example "
+                             "stop.windows=10; repeatable.")
+    parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
-                        help="JSON log lines (default: when stderr is not a terminal)")
+                        help="Write log lines as JSON (by default exactly when stderr is not "
+                             "a terminal).")
     parser.set_defaults(func=run)
     return parser
 
@@ -41,12 +53,23 @@ def _default_out(name: str, seed: int) -> Path:
     return candidate
 
 
-def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import configure_logging, get_logger
-    from fedsim.reporting.progress import RunProgress
-    from fedsim.runtime.simulation import run_scenario
+def stop_kind(reason: str) -> str:
+    """The kind of a client's stop reason: budget, done, crashed (or the reason itself)."""
+    return next((kind for word, kind in STOP_KINDS if word in reason), reason or "stopped")
 
-    configure_logging(args.json_logs)
+
+def stopped_counts(stopped: list[dict[str, Any]]) -> Counter[str]:
+    """How many clients stopped for each kind of reason."""
+    return Counter(stop_kind(str(entry.get("reason") or "")) for entry in stopped)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedsim.logging import get_logger, set_population, summarise_counts
+    from fedsim.reporting.horizon import HorizonTracker, run_horizon
+    from fedsim.reporting.progress import RunProgress
+    from fedsim.runtime.interrupted import interrupting_signal, signals_interrupt
+    from fedsim.runtime.simulation import build_population, run_scenario
+
     log = get_logger("fedsim.run")
     overrides = list(args.overrides)
     if args.seed is not None:
@@ -54,23 +77,42 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, overrides)
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
-    stop = scenario.stop
-    if stop.virtual_seconds is not None:
-        total, unit = stop.virtual_seconds, "time"
-    else:
-        total, unit = (float(stop.windows) if stop.windows else None), "windows"
+    set_population(scenario.clients.total)
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
-    with RunProgress(total, unit=unit) as progress:
+    population = build_population(loaded)
+    horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in population.plans])
+    tracker = HorizonTracker(horizon, scenario.server.window)
+    log.info("run horizon", seconds=horizon.seconds, source=horizon.source,
+             estimated=horizon.estimated)
+    quiet = getattr(args, "quiet", False)
+    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
         def on_window(line: dict[str, Any]) -> None:
+            progress.set_total(tracker.observe(line["time"], line["active_clients"]))
             progress.update(line["time"], line["window"], line["accuracy"],
-                            line["min_remaining_epsilon"])
+                            line["min_remaining_epsilon"], line["active_clients"])
             if line["accuracy"] is not None:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
 
-        result = run_scenario(loaded, out, on_window=on_window)
+        try:
+            with signals_interrupt():
+                result = run_scenario(loaded, out, on_window=on_window, population=population)
+        except KeyboardInterrupt:
+            result = None
+    if result is None:
+        name = interrupting_signal()
+        summary_file = out / "summary.json"
+        if summary_file.exists():
+            print(f"{out}: interrupted by {name}; partial summary in {summary_file} "
+                  f"('fedsim report {out}' draws its plots)")
+        else:
+            print(f"interrupted by {name} before the run had started")
+        return SIGNAL_EXIT.get(name, 130)
     summary = result.summary
+    if summary["stopped"]:
+        counts = stopped_counts(summary["stopped"])
+        log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all

@@ -19,39 +19,44 @@ from typing import Any
 
 from fedsim.config import load_scenario
 
+DESCRIPTION = (
+    "Run a scenario's server as its own process, talking to the clients through an MQTT broker."
+)
+
 
 def add_deployment_options(parser: argparse.ArgumentParser) -> None:
     """Options every deployed process (and ``fedsim launch``) shares."""
     parser.add_argument(
         "--broker",
         metavar="URL",
-        help="mqtt://[user:password@]HOST[:PORT] or mqtts://... (default: $FEDSIM_BROKER)",
+        help="The broker, as mqtt://[user:password@]HOST[:PORT] or mqtts://... (by "
+        "default $FEDSIM_BROKER).",
     )
     parser.add_argument(
         "--secrets",
         metavar="FILE",
-        help="credentials file written by `fedsim deploy` (default: "
-        "$FEDSIM_SECRETS); not needed if the URL has user:password",
+        help="The credentials file written by fedsim deploy (by default "
+        "$FEDSIM_SECRETS); not needed if the broker URL has user:password.",
     )
     parser.add_argument(
         "--run",
         metavar="NAME",
-        help="run name in the MQTT topics (default: the secrets file's run, "
-        "else the scenario name)",
+        help="The run's name in the MQTT topics (by default the secrets file's run, "
+        "else the scenario name).",
     )
     parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
         metavar="X",
-        help="wall seconds per scenario second (default 1.0; smaller is faster)",
+        help="Wall seconds per scenario second (default 1.0; smaller is faster).",
     )
     parser.add_argument(
         "--max-backoff",
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="longest wait between reconnection attempts (default 10)",
+        help="The longest wait between reconnection attempts, in seconds (default 10).",
     )
     parser.add_argument(
         "--set",
@@ -59,22 +64,22 @@ def add_deployment_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATH=VALUE",
-        help="override a scenario setting, repeatable",
+        help="Override one scenario setting with a YAML value; repeatable.",
     )
     parser.add_argument(
         "--json-logs",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="JSON log lines (default: when stderr is not a terminal)",
+        help="Write log lines as JSON (by default exactly when stderr is not a terminal).",
     )
 
 
 def add_tls_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tls-ca", metavar="FILE", help="CA bundle for mqtts:// (default: system)")
-    parser.add_argument("--tls-cert", metavar="FILE", help="client certificate for mqtts://")
-    parser.add_argument("--tls-key", metavar="FILE", help="client certificate key for mqtts://")
+    parser.add_argument("--tls-ca", metavar="FILE", help="The CA bundle for mqtts:// (by default the system's).")
+    parser.add_argument("--tls-cert", metavar="FILE", help="The client certificate for mqtts://.")
+    parser.add_argument("--tls-key", metavar="FILE", help="The client certificate's key for mqtts://.")
     parser.add_argument(
-        "--tls-insecure", action="store_true", help="skip certificate checks (testing only)"
+        "--tls-insecure", action="store_true", help="Skip certificate checks (for testing only)."
     )
 
 
@@ -91,22 +96,23 @@ def tls_settings(args: argparse.Namespace) -> Any:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "server", help="run a scenario's server over MQTT", description=__doc__.splitlines()[0]
+        "server", help="Run a scenario's server as a process talking to an MQTT broker.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
+    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
     parser.add_argument(
-        "--state", metavar="DIR", help="checkpoint directory (default: fedsim-state/<run>/server)"
+        "--state", metavar="DIR", help="The checkpoint directory (by default fedsim-state/RUN/server)."
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="where metrics.jsonl and server.json go (default: --state)"
+        "--out", metavar="DIR", help="Where metrics.jsonl and server.json go (by default the --state directory)."
     )
     parser.add_argument(
         "--wait-for-clients",
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="before the first window, wait up to this long for every client to connect "
-        "(default 0: start at once; not when resuming from a checkpoint)",
+        help="Before the first window, wait up to this long for every client to "
+        "connect (default 0: start at once; not when resuming from a checkpoint).",
     )
     add_deployment_options(parser)
     add_tls_options(parser)
@@ -115,10 +121,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import configure_logging
     from fedsim.runtime.deployment import reconnect_policy, resolve_broker, run_process, serve
 
-    configure_logging(args.json_logs)
     loaded = load_scenario(args.scenario, args.overrides)
     broker, run_name = resolve_broker(
         args.broker, secrets_file=args.secrets, role="server", run=args.run, tls=tls_settings(args)

@@ -54,6 +54,7 @@ import numpy as np
 import structlog
 
 from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.clock import Clock
@@ -213,8 +214,8 @@ class ClientActor:
         self.state = state
         self.stop_reason = reason
         self.stopped_at = self.clock.now()
-        _log.info("client stopped", client=self.client_id, state=state, reason=reason,
-                  time=self.stopped_at)
+        _log.log(client_event_level(), "client stopped", client=self.client_id, state=state,
+                 reason=reason, time=self.stopped_at)
         epsilon, delta = self.status_epsilon() if self.status_epsilon else (math.nan, math.nan)
         try:
             await self.endpoint.publish(ClientStatus(

@@ -42,6 +42,7 @@ from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.config.loading import LoadedScenario, dump_scenario, resolve_path
 from fedsim.config.schema import ClientGroup, Link, Scenario
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.logging import client_event_level
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -582,7 +583,8 @@ class _Simulation:
             if client.actor is not None:
                 client.earlier_rounds.extend(client.actor.released)
                 client.actor = None
-            _log.info("client crashed", client=client.plan.client_id, time=clock.now())
+            _log.log(client_event_level(), "client crashed", client=client.plan.client_id,
+                     time=clock.now())
             if crashes.rejoin_after is None:
                 client.crashed_for_good = True
                 self.stopped.append(
@@ -598,7 +600,8 @@ class _Simulation:
             client.ledger.close()
             client.ledger = open_ledger(client.plan, client.ledger_path)
             self._start_actor(client, clock, network)
-            _log.info(
+            _log.log(
+                client_event_level(),
                 "client rejoined",
                 client=client.plan.client_id,
                 time=clock.now(),
@@ -951,9 +954,15 @@ def run_scenario(
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
                           batch_rounds=batch_rounds)
+        started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
             summary = write_run_outputs(sim, server, wall_seconds)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
+            from fedsim.runtime.interrupted import write_interrupted_outputs
+
+            write_interrupted_outputs(sim, wallclock.perf_counter() - started)
+            raise
         finally:
             for client in sim.clients.values():
                 client.ledger.close()
