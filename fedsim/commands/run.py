@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,6 @@ from fedsim.config import load_scenario
 
 # Exit statuses of a run ended by a signal (the shell's 128 + signal number).
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
-# What summarised stop reasons are called ("954 budget, 46 done").
-STOP_KINDS = (("budget", "budget"), ("finished", "done"), ("crash", "crashed"))
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -53,20 +50,11 @@ def _default_out(name: str, seed: int) -> Path:
     return candidate
 
 
-def stop_kind(reason: str) -> str:
-    """The kind of a client's stop reason: budget, done, crashed (or the reason itself)."""
-    return next((kind for word, kind in STOP_KINDS if word in reason), reason or "stopped")
-
-
-def stopped_counts(stopped: list[dict[str, Any]]) -> Counter[str]:
-    """How many clients stopped for each kind of reason."""
-    return Counter(stop_kind(str(entry.get("reason") or "")) for entry in stopped)
-
-
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger, set_population, summarise_counts
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
     from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.stops import stop_counts
     from fedsim.runtime.interrupted import interrupting_signal, signals_interrupt
     from fedsim.runtime.simulation import build_population, run_scenario
 
@@ -111,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return SIGNAL_EXIT.get(name, 130)
     summary = result.summary
     if summary["stopped"]:
-        counts = stopped_counts(summary["stopped"])
+        counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
         log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
