@@ -102,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedsimError as exc:
         print(f"fedsim {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # e.g. piped into head: the reader left, nothing more to say
+        sys.stderr.close()
+        return 141
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

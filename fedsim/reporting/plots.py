@@ -272,6 +272,7 @@ class EpsilonPanel:
     population: int  # clients of this relation in the run (``history`` may hold fewer)
     labels: dict[str, str] = field(default_factory=dict)  # quantile names, when fewer
     groups: frozenset[str] = frozenset()
+    final: dict[str, float] = field(default_factory=dict)  # every member's final eps
 
 
 def _draw_individual(axes: Any, ids: Sequence[str], rows: np.ndarray, times: np.ndarray,
@@ -311,12 +312,27 @@ def _draw_band(axes: Any, history: EpsilonHistory) -> None:
                   label=f"{cid} ({role})")
 
 
-def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[float]) -> None:
-    """Budget lines; each value keeps its style (its place in ``every``) in every panel."""
+# A client within this fraction of a budget below it has spent that budget (for the count).
+AT_BUDGET = 0.01
+
+
+def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[float],
+                  final: dict[str, float]) -> None:
+    """Budget lines; each value keeps its style (its place in ``every``) in every panel. Where
+    several clients ended at a budget their curves run together along its line: the line is
+    annotated with how many they are."""
     for budget, groups in budgets.items():
         colour, dash = BUDGET_STYLES[list(every).index(budget) % len(BUDGET_STYLES)]
         axes.axhline(budget, color=colour, linestyle=dash, linewidth=1.4,
                      label=f"budget eps = {budget:g} ({', '.join(groups)})")
+        at = sum(budget * (1 - AT_BUDGET) <= eps <= budget for eps in final.values())
+        if at > 1:
+            axes.annotate(f"{at} clients end at eps = {budget:g}", xy=(0.99, budget),
+                          xycoords=("axes fraction", "data"), xytext=(0, 3),
+                          textcoords="offset points", ha="right", va="bottom", fontsize=8,
+                          color=colour,
+                          bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                "alpha": 0.8})
 
 
 def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) -> Path:
@@ -352,10 +368,14 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
             _draw_individual(axes, history.client_ids, eps, times, panel.labels)
         else:
             _draw_band(axes, history)
-        _draw_budgets(axes, _budgets(run, set(panel.groups) or None), list(_budgets(run)))
+        _draw_budgets(axes, _budgets(run, set(panel.groups) or None), list(_budgets(run)),
+                      panel.final)
         axes.set_xlabel("virtual time (s)")
         axes.set_ylabel(f"epsilon at delta = {history.delta:g}")
-        axes.set_ylim(bottom=0.0)
+        highest = max([float(eps.max()) if eps.size else 0.0,
+                       *_budgets(run, set(panel.groups) or None)])
+        # Headroom above the highest curve or budget for the budget annotations.
+        axes.set_ylim(0.0, max(highest * 1.12, 1e-3))
         axes.grid(True, alpha=0.3)
         axes.set_title(RELATION_TITLES.get(panel.sampling, panel.sampling), fontsize=10)
         if axes.get_legend_handles_labels()[0]:
@@ -363,8 +383,9 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
     note = " (eps of different relations are not comparable)" if len(panels) > 1 else ""
     figure.suptitle(f"{run.scenario_name}: privacy spent per client ({accountant}, delta = "
                     f"{delta:g}){note}", fontsize=11)
-    return _save(figure, path, left=0.07, right=0.66, bottom=0.5 / (3.6 * rows + 0.6) + 0.05,
-                 top=1 - 0.45 / (3.6 * rows + 0.6) - 0.02)
+    height = 3.6 * rows + 0.6
+    return _save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
+                 top=1 - 0.8 / height)
 
 
 def plt_colormap(share: float) -> Any:
@@ -513,7 +534,8 @@ def draw_run(run: RunDirectory) -> Drawn:
             shown = [lg for lg in members if lg.client_id in labels]
         panels.append(EpsilonPanel(
             sampling, epsilon_history(shown, grid, delta, cache), len(members), labels,
-            frozenset(groups.get(lg.client_id, "?") for lg in members)))
+            frozenset(groups.get(lg.client_id, "?") for lg in members),
+            {lg.client_id: final[lg.client_id] for lg in members}))
     paths = [
         draw_accuracy(run, run.plot_dir / "accuracy.png"),
         draw_epsilon(run, panels, run.plot_dir / "epsilon.png"),

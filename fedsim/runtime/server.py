@@ -1,4 +1,4 @@
-"""The server actor (paper 000, sec. 3): time windows, de-duplication, staleness, mixing,
+"""The server actor (van Dijk & Nguyen, sec. 3): time windows, de-duplication, staleness, mixing,
 diminishing step sizes, evaluation and broadcast.
 
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
