@@ -66,6 +66,7 @@ def tls_arguments(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.errors import ConfigError
+    from fedsim.reporting.horizon import HorizonTracker, bound_horizon
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.deployment import Launcher
 
@@ -83,19 +84,17 @@ def run(args: argparse.Namespace) -> int:
         max_backoff=args.max_backoff,
         tls_options=tls_arguments(args),
     )
-    stop = launcher.scenario.stop
-    if stop.virtual_seconds is not None:
-        total, unit = stop.virtual_seconds, "time"
-    else:
-        total, unit = (float(stop.windows) if stop.windows else None), "windows"
-    with RunProgress(total, unit=unit) as progress:
-        summary = launcher.run_to_end(
-            args.timeout,
-            plots=not args.no_plots,
-            on_window=lambda line: progress.update(
-                line["time"], line["window"], line["accuracy"], line["min_remaining_epsilon"]
-            ),
-        )
+    horizon = bound_horizon(launcher.scenario)  # the first hard stop, in scenario seconds
+    tracker = HorizonTracker(horizon, launcher.scenario.server.window)
+    quiet = getattr(args, "quiet", False)
+
+    def on_window(line: dict[str, Any]) -> None:
+        progress.set_total(tracker.observe(line["time"], line["active_clients"]))
+        progress.update(line["time"], line["window"], line["accuracy"],
+                        line["min_remaining_epsilon"], line["active_clients"])
+
+    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
+        summary = launcher.run_to_end(args.timeout, plots=not args.no_plots, on_window=on_window)
     accuracy = summary["final_accuracy"]
     print(
         f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} scenario s, "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -53,11 +53,12 @@ class _Version:
     version: int
 
 
-def write_interrupted_outputs(sim: Any, wall_seconds: float) -> dict[str, Any]:
-    """Write the outputs of a run interrupted by a signal (``sim``: the simulation record that
-    :func:`fedsim.runtime.simulation.write_run_outputs` reads) and return its summary."""
-    from fedsim.runtime.simulation import write_run_outputs
-
+def write_interrupted_outputs(sim: Any, wall_seconds: float,
+                              write_run_outputs: Callable[[Any, Any, float], dict[str, Any]]
+                              ) -> dict[str, Any]:
+    """Write the outputs of a run interrupted by a signal with ``write_run_outputs`` (the
+    simulation's writer, :func:`fedsim.runtime.simulation.write_run_outputs`; ``sim`` is the
+    record it reads) and return the summary."""
     name = interrupting_signal()
     sim._note_stops()
     at = sim.metrics[-1]["time"] if sim.metrics else 0.0

@@ -961,7 +961,7 @@ def run_scenario(
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
             from fedsim.runtime.interrupted import write_interrupted_outputs
 
-            write_interrupted_outputs(sim, wallclock.perf_counter() - started)
+            write_interrupted_outputs(sim, wallclock.perf_counter() - started, write_run_outputs)
             raise
         finally:
             for client in sim.clients.values():
