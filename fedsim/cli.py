@@ -82,7 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         add_output_options(module.register(sub))
+    _sentences(parser)
     return parser
+
+
+def _sentences(parser: argparse.ArgumentParser) -> None:
+    """argparse's own -h and --version help as whole sentences, on every (sub-)parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            action.help = "Show this help message and exit."
+        elif isinstance(action, argparse._VersionAction):
+            action.help = "Show fedsim's version and exit."
+        elif isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _sentences(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

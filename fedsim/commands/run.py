@@ -24,7 +24,7 @@ SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "run", help="Simulate a scenario under virtual time.",
-        description=__doc__.replace("\n", " ").split(". ")[0] + ".")
+        description=" ".join(__doc__.split()))
     parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument("--out", metavar="DIR",
                         help="The run directory to write; it must not hold a run already.")

@@ -49,8 +49,7 @@ def test_every_option_has_help_in_whole_sentences() -> None:
         if problem:
             problems.append(f"{prog} description: {problem}")
         for action in parser._actions:
-            if isinstance(action, argparse._HelpAction | argparse._VersionAction) or \
-                    isinstance(action, argparse._SubParsersAction):
+            if isinstance(action, argparse._SubParsersAction):
                 continue
             if action.help == argparse.SUPPRESS:
                 continue
