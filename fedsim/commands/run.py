@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             with signals_interrupt():
                 result = run_scenario(loaded, out, on_window=on_window, population=population)
+            progress.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
+            progress.update(result.summary["virtual_time"], result.summary["windows"])
         except KeyboardInterrupt:
             result = None
     if result is None:

@@ -175,10 +175,11 @@ class HorizonTracker:
     def observe(self, time: float, active_clients: int | None) -> float | None:
         """The total after a window ending at ``time`` with ``active_clients`` still able to
         train."""
-        if self.final:
+        if self.final and self.total is not None and time < self.total:
             return self.total
         if active_clients == 0 and self.horizon.budgets_stop:
-            # Budgets spent (or rounds done): the run ends once every update has arrived.
+            # Budgets spent (or rounds done): the run ends once every update has arrived,
+            # usually at the next window end; one window more each time it has not.
             end = time + self.window
             self.total = end if self.horizon.bound is None else min(end, self.horizon.bound)
             self.final = True
