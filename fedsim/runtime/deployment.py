@@ -743,6 +743,7 @@ class _DeployedRun:
     cpu_seconds: float
     clients: dict[str, Any] = field(default_factory=dict)
     batcher: None = None  # each deployed client computes its own rounds
+    time_kind: str = "scenario"  # its clock: scenario seconds on the wall clock
 
 
 @dataclass(frozen=True)

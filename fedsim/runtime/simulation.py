@@ -818,7 +818,7 @@ def _format_cell(value: Any) -> str:
 
 def _explain(sim: _Simulation, rows: list[dict[str, Any]], virtual_time: float) -> str:
     parts = [
-        f"The run stopped at virtual time {virtual_time:.6g} s after "
+        f"The run stopped at {getattr(sim, 'time_kind', 'virtual')} time {virtual_time:.6g} s after "
         f"{len(sim.metrics)} server windows because {sim.stop_reason}."
     ]
     by_reason: dict[str, list[dict[str, Any]]] = {}
