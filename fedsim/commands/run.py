@@ -51,12 +51,12 @@ def _default_out(name: str, seed: int) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import get_logger, set_population, summarise_counts
+    from fedsim.logging import get_logger, set_population
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
     from fedsim.reporting.progress import RunProgress
-    from fedsim.reporting.stops import stop_counts
-    from fedsim.runtime.interrupted import interrupting_signal, signals_interrupt
-    from fedsim.runtime.simulation import build_population, run_scenario
+    from fedsim.runtime.interrupted import signals_interrupt
+    from fedsim.runtime.population import build_population
+    from fedsim.runtime.simulation import run_scenario
 
     log = get_logger("fedsim.run")
     overrides = list(args.overrides)
@@ -91,14 +91,29 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             result = None
     if result is None:
-        name = interrupting_signal()
-        summary_file = out / "summary.json"
-        if summary_file.exists():
-            print(f"{out}: interrupted by {name}; partial summary in {summary_file} "
-                  f"('fedsim report {out}' draws its plots)")
-        else:
-            print(f"interrupted by {name} before the run had started")
-        return SIGNAL_EXIT.get(name, 130)
+        return _interrupted(out)
+    return _finished(args, out, result, log)
+
+
+def _interrupted(out: Path) -> int:
+    """What an interrupted run prints; its exit status (128 + the signal's number)."""
+    from fedsim.runtime.interrupted import interrupting_signal
+
+    name = interrupting_signal()
+    summary_file = out / "summary.json"
+    if summary_file.exists():
+        print(f"{out}: interrupted by {name}; partial summary in {summary_file} "
+              f"('fedsim report {out}' draws its plots)")
+    else:
+        print(f"interrupted by {name} before the run had started")
+    return SIGNAL_EXIT.get(name, 130)
+
+
+def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int:
+    """Log the stops' summary, draw the plots and print the run's answer."""
+    from fedsim.logging import summarise_counts
+    from fedsim.reporting.stops import stop_counts
+
     summary = result.summary
     if summary["stopped"]:
         counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])

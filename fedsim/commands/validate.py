@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, args.overrides)
     scenario = loaded.scenario
     if not args.schema_only:
-        from fedsim.runtime.simulation import build_population  # torch import only when needed
+        from fedsim.runtime.population import build_population  # torch import only when needed
 
         population = build_population(loaded)
         clients = len(population.plans)

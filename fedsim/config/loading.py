@@ -66,11 +66,13 @@ class LoadedScenario:
 # YAML with duplicate keys rejected and line numbers kept
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """A SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _construct_mapping(
+    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
     loader.flatten_mapping(node)
     result: dict[Any, Any] = {}
     for key_node, value_node in node.value:
@@ -136,7 +138,7 @@ def _split_path(path: str) -> list[str | int]:
     return parts
 
 
-def apply_override(data: Any, assignment: str) -> Any:
+def apply_override(data: Any, assignment: str) -> Any:  # noqa: C901 - one branch per kind of path step
     """Apply one ``path=value`` (value parsed as YAML) to a plain scenario tree, returning it.
 
     Missing mapping keys are created; list indices must exist.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -37,6 +37,10 @@ class _Strict(BaseModel):
 
 class _Distribution(_Strict):
     """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
+
+    if TYPE_CHECKING:  # each subclass defines it (a pydantic model: no abstract methods here)
+
+        def sample(self, rng: np.random.Generator) -> float: ...
 
     def sampler(self) -> Callable[[np.random.Generator], float]:
         """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`

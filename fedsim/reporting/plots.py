@@ -40,7 +40,7 @@ from matplotlib.figure import Figure
 
 from fedsim.privacy.accountant import Accountant, make_accountant
 from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep, group_steps
-from fedsim.privacy.fdp import default_alphas, fit_gdp_mu, tradeoff_curve
+from fedsim.privacy.fdp import default_alphas, eps_delta_tradeoff, fit_gdp_mu, tradeoff_curve
 from fedsim.privacy.gdp import gdp_tradeoff
 from fedsim.reporting.ledgers import ClientLedger, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
@@ -391,19 +391,6 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
 def plt_colormap(share: float) -> Any:
     """A colour from blue (least spent) to red (most spent)."""
     return matplotlib.colormaps["coolwarm"](share)
-
-
-def eps_delta_tradeoff(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
-    """The trade-off curve of an (eps, delta)-DP guarantee:
-    f(alpha) = max(0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha)) (Dong, Roth & Su,
-    Gaussian Differential Privacy, Prop. 2.5)."""
-    return np.maximum.reduce(
-        [
-            np.zeros_like(alpha),
-            1.0 - delta - math.exp(epsilon) * alpha,
-            math.exp(-epsilon) * (1.0 - delta - alpha),
-        ]
-    )
 
 
 # Trade-off curves of clients whose eps differ by less than this look the same: one is shown.

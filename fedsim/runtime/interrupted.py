@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+
+from fedsim.runtime.run_outputs import write_run_outputs
 
 _received: list[str] = []
 
@@ -53,21 +55,16 @@ class _Version:
     version: int
 
 
-def write_interrupted_outputs(sim: Any, wall_seconds: float,
-                              write_run_outputs: Callable[[Any, Any, float], dict[str, Any]]
-                              ) -> dict[str, Any]:
-    """Write the outputs of a run interrupted by a signal with ``write_run_outputs`` (the
-    simulation's writer, :func:`fedsim.runtime.simulation.write_run_outputs`; ``sim`` is the
-    record it reads) and return the summary."""
+def write_interrupted_outputs(sim: Any, wall_seconds: float) -> dict[str, Any]:
+    """Write the outputs of a run interrupted by a signal and return the summary (``sim``: the
+    in-process simulation, whose ``record`` gives :func:`write_run_outputs` what it writes)."""
     name = interrupting_signal()
     sim._note_stops()
     at = sim.metrics[-1]["time"] if sim.metrics else 0.0
     sim.stop_reason = (f"it was interrupted by {name} after window {len(sim.metrics)} "
                        f"(virtual time {at:.6g} s)")
-    if not hasattr(sim, "network_stats"):
-        sim.network_stats = {}
     version = int(sim.metrics[-1]["version"]) if sim.metrics else 0
-    summary = write_run_outputs(sim, _Version(version), wall_seconds)
+    summary = write_run_outputs(sim.record(_Version(version), wall_seconds))
     summary["interrupted"] = {"signal": name, "partial": True}
     path = sim.out_dir / "summary.json"
     path.write_text(json.dumps(json.loads(path.read_text(encoding="utf-8"))

@@ -26,7 +26,7 @@ uninvited client neither computes nor spends, and every update of an invited rou
 (subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
-The actor sees only a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
 """
 
@@ -47,10 +47,12 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
+from fedsim.clock import Clock
 from fedsim.config.schema import Stop
+from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.runtime.exposure import invitation_bits
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]
@@ -202,7 +204,7 @@ class ServerActor:
         normalize: Literal["window", "population"] = "window",
     ) -> None:
         if window <= 0:
-            raise ValueError(f"window must be > 0, got {window}")
+            raise ConfigError(f"window must be > 0, got {window}")
         self.clock = clock
         self.endpoint = endpoint
         self.params = np.asarray(initial_params, dtype=np.float32).copy()
@@ -329,7 +331,7 @@ class ServerActor:
             windows_closed=self.windows_closed,
             time=self.clock.now(),
             seen=frozenset(self.seen),
-            step_size_state=dict(vars(self.step_size)),
+            step_size_state=self.step_size.state_dict(),
             rng_state=dict(self.rng.bit_generator.state),
             last_accuracy=self.last_accuracy,
             evaluated_version=self._evaluated_version,
@@ -342,14 +344,14 @@ class ServerActor:
         """Continue from ``snapshot`` (call before :meth:`run`): the version never goes back and
         an update applied before the snapshot is never applied again."""
         if snapshot.params.shape != self.params.shape:
-            raise ValueError(
+            raise ConfigError(
                 f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
             )
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
         self.seen = set(snapshot.seen)
-        vars(self.step_size).update(snapshot.step_size_state)
+        self.step_size.load_state_dict(snapshot.step_size_state)
         self.rng.bit_generator.state = snapshot.rng_state
         self.last_accuracy = snapshot.last_accuracy
         self._evaluated_version = snapshot.evaluated_version
@@ -372,7 +374,7 @@ class ServerActor:
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window)."""
         receiver = asyncio.create_task(self._receive_forever(), name="server-receive")
-        try:
+        async with helper_tasks([receiver]):
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
             start = self.clock.now() - self.windows_closed * self.window
@@ -388,9 +390,3 @@ class ServerActor:
                     await self.broadcast()
                 if on_window(report):
                     return
-        finally:
-            receiver.cancel()
-            try:
-                await receiver
-            except asyncio.CancelledError:
-                pass

@@ -257,7 +257,8 @@ def _require_sha256(data: bytes, expected: str, what: str) -> None:
 
 
 class MnistSource(Protocol):
-    description: str
+    @property
+    def description(self) -> str: ...
 
     def fetch(self, open_url: OpenUrl) -> Arrays: ...
 
@@ -429,7 +430,7 @@ def fetch_mnist(
         try:
             target_dir.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=target_dir, suffix=".npz", delete=False) as handle:
-                np.savez_compressed(handle, **arrays)
+                np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub
             os.replace(handle.name, target)
         except OSError as exc:
             raise DataError(f"cannot write {target}: {exc}") from None
@@ -525,7 +526,7 @@ def load_dataset(
 PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal"]
 
 
-def partition(
+def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
     labels: np.ndarray | torch.Tensor,
     num_clients: int,
     scheme: PartitionScheme,
