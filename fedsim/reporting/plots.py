@@ -442,8 +442,9 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
             mu = fit_gdp_mu(alphas, betas)
             epsilon = final[cid]
             # Wide and light, so the fitted curve drawn over it stays visible where they agree.
+            relation = {str(k): v for k, v in NEIGHBOURING_RELATION.items()}.get(sampling, "?")
             axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45,
-                      label=f"{cid} ({accountant.name}, {NEIGHBOURING_RELATION.get(sampling, '?')})")
+                      label=f"{cid} ({accountant.name}, {relation})")
             axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--",
                       linewidth=1, label=f"{cid} GDP fit, mu = {mu:.3f}")
             axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
@@ -511,7 +512,7 @@ def draw_run(run: RunDirectory) -> Drawn:
         by_relation.setdefault(ledger.sampling, []).append(ledger)
     panels = []
     for sampling, members in sorted(by_relation.items(), key=lambda item: item[0] != "poisson"):
-        shown, labels = members, {}
+        shown, labels = members, dict[str, str]()
         if len(ledgers) * len(grid) > EXACT_BAND_EVALUATIONS:
             own = {lg.client_id: final[lg.client_id] for lg in members}
             for quantile in QUANTILES:
