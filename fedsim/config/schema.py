@@ -145,10 +145,10 @@ class Partition(_Strict):
 class Dataset(_Strict):
     """Training / held-out data.
 
-    ``path`` (mnist): a relative path is resolved against the current working directory and,
-    if no file is there, against the scenario file's directory (see
-    :func:`fedsim.config.loading.resolve_path`). Omitted: the data loader's own search
-    ($FEDSIM_DATA_DIR, the user cache).
+    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
+    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
+    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
+    offline; see :mod:`fedsim.training.datasets`.
     """
 
     name: Literal["mnist", "synthetic"]
