@@ -16,16 +16,23 @@ from typing import Any
 
 from fedsim.errors import ConfigError
 
+DESCRIPTION = (
+    "Put run directories side by side: a table of final and best accuracy, the clients' "
+    "epsilon (min, median, max), virtual time and stops by kind, and overlaid accuracy and "
+    "epsilon plots."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("compare", help="compare run directories (table and plots)",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser("compare", help="Compare run directories in a table and plots.",
+                                   description=DESCRIPTION)
     parser.add_argument("run_dirs", metavar="DIR", nargs="+",
-                        help="run directories written by `fedsim run` or `fedsim sweep`")
+                        help="Run directories written by fedsim run, fedsim launch or fedsim "
+                             "sweep.")
     parser.add_argument("--plots", metavar="DIR", default="compare",
-                        help="where to draw accuracy.png and epsilon.png (default: compare)")
-    parser.add_argument("--no-plots", action="store_true", help="print the table only")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+                        help="Where to draw accuracy.png and epsilon.png (default: compare).")
+    parser.add_argument("--no-plots", action="store_true", help="Print the table only.")
+    parser.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     parser.set_defaults(func=run)
     return parser
 

@@ -26,24 +26,33 @@ from typing import Any
 
 from fedsim.errors import ConfigError, FedsimError
 
+DESCRIPTION = (
+    "Run every combination of grid values and seeds, one run directory each, and write a "
+    "table of their results (sweep.csv and sweep.json). Every combination is validated before "
+    "the first run starts."
+)
 TABLE_COLUMNS = ("final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
                  "virtual_time", "windows", "stops", "status")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("sweep", help="run a grid of settings and seeds, with a table",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    parser = subparsers.add_parser("sweep", help="Run a grid of settings and seeds, with a table.",
+                                   description=DESCRIPTION)
+    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument("--grid", action="append", default=[], metavar="PATH=V1,V2",
-                        help="a setting and its values (repeatable: every combination runs)")
+                        help="A setting and its comma-separated values, for example "
+                             "clients.groups[*].noise.sigma=1.0,1.5; repeatable, every "
+                             "combination runs.")
     parser.add_argument("--seeds", default=None, metavar="S1,S2",
-                        help="seeds to run each combination with (default: the scenario's)")
+                        help="Seeds to run each combination with (by default the scenario's).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="PATH=VALUE", help="override a setting in every run, repeatable")
+                        metavar="PATH=VALUE",
+                        help="Override one setting in every run with a YAML value; repeatable.")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="runs at a time, each in its own process (default 1)")
-    parser.add_argument("--out", metavar="DIR", help="sweep directory (must not exist yet)")
-    parser.add_argument("--no-plots", action="store_true", help="do not draw each run's plots")
+                        help="How many runs at a time, each in its own process (default 1).")
+    parser.add_argument("--out", metavar="DIR",
+                        help="The sweep directory; it must be new or empty.")
+    parser.add_argument("--no-plots", action="store_true", help="Do not draw each run's plots.")
     parser.set_defaults(func=run)
     return parser
 
