@@ -11,117 +11,38 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(gt=0)]
+from fedsim.config import limits
+from fedsim.config.distributions import (
+    Constant,
+    Delta,
+    Distribution,
+    Epsilon,
+    Exponential,
+    Fraction,
+    LogNormal,
+    OpenUnit,
+    PositiveSeconds,
+    Probability,
+    Scale,
+    Seconds,
+    ShiftedExponential,
+    Strict,
+    Uniform,
+    bounded_int,
+)
+from fedsim.config.distributions import number_is_constant as _number_is_constant
 
-
-class _Strict(BaseModel):
-    """Base of every scenario section: immutable, unknown keys rejected."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Distributions (latency, compute speed, on/off periods)
-
-
-class _Distribution(_Strict):
-    """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
-
-    def sampler(self) -> Callable[[np.random.Generator], float]:
-        """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
-        takes it."""
-        return self.sample
-
-    @property
-    def is_zero(self) -> bool:
-        return False
-
-
-class Constant(_Distribution):
-    """Always ``value``. A bare number in YAML means this."""
-
-    kind: Literal["constant"] = "constant"
-    value: NonNegativeFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return self.value
-
-    @property
-    def is_zero(self) -> bool:
-        return self.value == 0.0
-
-
-class Uniform(_Distribution):
-    """Uniform on [low, high]."""
-
-    kind: Literal["uniform"]
-    low: NonNegativeFloat
-    high: NonNegativeFloat
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Uniform:
-        if self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        return self
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(rng.uniform(self.low, self.high))
-
-
-class Exponential(_Distribution):
-    """Exponential with the given mean (memoryless waiting times, e.g. crashes)."""
-
-    kind: Literal["exponential"]
-    mean: PositiveFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(rng.exponential(self.mean))
-
-
-class LogNormal(_Distribution):
-    """exp(N(log(median), sigma^2)): heavy-tailed positive times (stragglers, network jitter)."""
-
-    kind: Literal["lognormal"]
-    median: PositiveFloat
-    sigma: NonNegativeFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(self.median * math.exp(self.sigma * rng.standard_normal()))
-
-
-class ShiftedExponential(_Distribution):
-    """``minimum`` + Exponential(mean): a fixed propagation delay plus queueing jitter."""
-
-    kind: Literal["shifted_exponential"]
-    minimum: NonNegativeFloat
-    mean: PositiveFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(self.minimum + rng.exponential(self.mean))
-
-
-def _number_is_constant(value: Any) -> Any:
-    """A bare number in YAML stands for ``{kind: constant, value: number}``."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return {"kind": "constant", "value": value}
-    return value
-
-
-Distribution = Annotated[
-    Constant | Uniform | Exponential | LogNormal | ShiftedExponential,
-    Field(discriminator="kind"),
-    BeforeValidator(_number_is_constant),
+__all__ = [
+    "ClientGroup", "Clients", "Constant", "Dataset", "Distribution", "Exponential", "Link",
+    "LogNormal", "Model", "Network", "Scenario", "Server", "ShiftedExponential", "Stop", "Uniform",
 ]
+
+_Strict = Strict
+PositiveInt = bounded_int(2**31 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,10 +52,20 @@ Distribution = Annotated[
 class Partition(_Strict):
     """How a group's share of the training set is split among its clients."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = "iid"
-    alpha: PositiveFloat = 0.5  # dirichlet concentration (smaller = more label skew)
-    shards_per_client: PositiveInt = 2
-    size_sigma: PositiveFloat = 1.0  # unequal: log-normal spread of client sizes
+    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = Field(
+        "iid", description="How the group's records are split among its clients: iid (equal "
+        "random parts), dirichlet (label skew), shards (a few labels each) or unequal (IID "
+        "contents, log-normal sizes).")
+    alpha: Scale = Field(
+        0.5, description="The Dirichlet concentration of the dirichlet scheme (Hsu, Qi and "
+        "Brown, \"Measuring the Effects of Non-Identical Data Distribution\"); smaller means "
+        "more label skew.")
+    shards_per_client: bounded_int(limits.MAX_SHARDS_PER_CLIENT) = Field(
+        2, description="Label-sorted shards dealt to each client by the shards scheme "
+        "(McMahan et al., \"Communication-Efficient Learning of Deep Networks from "
+        "Decentralized Data\").")
+    size_sigma: Annotated[float, Field(gt=0.0, le=limits.MAX_LOGNORMAL_SIGMA)] = Field(
+        1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
 
 class Dataset(_Strict):
@@ -146,28 +77,46 @@ class Dataset(_Strict):
     ($FEDSIM_DATA_DIR, the user cache).
     """
 
-    name: Literal["mnist", "synthetic"]
-    path: str | None = None
-    # synthetic only: a seeded Gaussian-mixture classification problem
-    num_samples: PositiveInt = 6000
-    num_test_samples: PositiveInt = 1000
-    num_features: PositiveInt = 20
-    num_classes: Annotated[int, Field(ge=2)] = 4
-    # evaluation on at most this many held-out samples (None: all), for speed
-    test_subset: PositiveInt | None = None
+    name: Literal["mnist", "synthetic"] = Field(
+        description="The data set: mnist, or synthetic (a seeded Gaussian-mixture "
+        "classification problem).")
+    path: str | None = Field(
+        None, description="Where the MNIST file or directory is; a relative path is looked "
+        "for in the current directory, then beside the scenario file. Omitted, the data "
+        "loader searches $FEDSIM_DATA_DIR and the user cache.")
+    num_samples: bounded_int(limits.MAX_SAMPLES) = Field(
+        6000, description="Training records of the synthetic data set.")
+    num_test_samples: bounded_int(limits.MAX_SAMPLES) = Field(
+        1000, description="Held-out records of the synthetic data set.")
+    num_features: bounded_int(limits.MAX_FEATURES) = Field(
+        20, description="Features of each synthetic record.")
+    num_classes: bounded_int(limits.MAX_CLASSES, minimum=2) = Field(
+        4, description="Classes of the synthetic data set (at least 2).")
+    test_subset: bounded_int(limits.MAX_SAMPLES) | None = Field(
+        None, description="Evaluate on at most this many held-out records, for speed; "
+        "omitted, on all of them.")
 
     @model_validator(mode="after")
     def _path_only_for_files(self) -> Dataset:
         if self.name == "synthetic" and self.path is not None:
             raise ValueError("path: a synthetic dataset is generated, it takes no path")
+        values = self.num_samples * self.num_features
+        if self.name == "synthetic" and values > limits.MAX_SYNTHETIC_VALUES:
+            raise ValueError(
+                f"num_samples x num_features is {values}, above the "
+                f"{limits.MAX_SYNTHETIC_VALUES} values a generated training set may hold "
+                "(it is drawn in memory at once)")
         return self
 
 
 class Model(_Strict):
     """A model from the training registry by name, with its keyword options."""
 
-    name: str = Field(min_length=1)
-    options: dict[str, int | float | str | bool | list[int]] = Field(default_factory=dict)
+    name: str = Field(min_length=1, description="The model's name in the training registry "
+                      "(logreg, mlp, dp_mnist_cnn or groupnorm_cnn).")
+    options: dict[str, int | float | str | bool | list[int]] = Field(
+        default_factory=dict, description="Keyword options of the model, such as hidden: "
+        "[128] for an MLP; input size and class count come from the data when omitted.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,17 +124,23 @@ class Model(_Strict):
 
 
 class ConstantClip(_Strict):
-    kind: Literal["constant"] = "constant"
-    value: PositiveFloat
+    """The same clipping norm in every round."""
+
+    kind: Literal["constant"] = Field("constant", description="The same clip in every round.")
+    value: Scale = Field(description="The L2 norm each example's gradient is clipped to.")
 
 
 class DecayClip(_Strict):
-    """Sensitivity decay (Du et al., paper 002): C_t = initial * final_ratio^(t/T) over the
-    group's T = ``rounds``, so the clip falls from ``initial`` to ``initial * final_ratio``."""
+    """Sensitivity decay (Du et al., "Dynamic Differential-Privacy Preserving SGD"):
+    C_t = initial * final_ratio^(t/T) over the group's T = ``rounds``, so the clip falls from
+    ``initial`` to ``initial * final_ratio``."""
 
-    kind: Literal["decay"]
-    initial: PositiveFloat
-    final_ratio: Annotated[float, Field(gt=0.0, le=1.0)]
+    kind: Literal["decay"] = Field(
+        description="A clip that decays geometrically over the group's rounds (sensitivity "
+        "decay of Du et al., \"Dynamic Differential-Privacy Preserving SGD\").")
+    initial: Scale = Field(description="The clipping norm of the first round.")
+    final_ratio: Fraction = Field(
+        description="The last round's clip as a fraction of the first (in (0, 1]).")
 
 
 Clip = Annotated[
@@ -196,23 +151,28 @@ Clip = Annotated[
 class ConstantNoise(_Strict):
     """A fixed noise multiplier sigma (noise std / sensitivity)."""
 
-    kind: Literal["constant"] = "constant"
-    sigma: PositiveFloat
+    kind: Literal["constant"] = Field(
+        "constant", description="The same noise multiplier in every round.")
+    sigma: Scale = Field(description="The noise multiplier: noise standard deviation divided "
+                                     "by the sensitivity.")
 
 
 class TargetNoise(_Strict):
     """Calibrate sigma at start: the smallest sigma whose ``rounds`` releases (the group's
     ``rounds``) are (epsilon, delta)-DP under the group's accountant."""
 
-    kind: Literal["target"]
-    epsilon: PositiveFloat
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
+    kind: Literal["target"] = Field(
+        description="The smallest constant sigma whose rounds meet (epsilon, delta) under the "
+        "group's accountant, calibrated at start.")
+    epsilon: Epsilon = Field(description="The epsilon the group's rounds must meet "
+                                         "(at most 100).")
+    delta: Delta = Field(description="The delta at which epsilon is met (in [1e-20, 1)).")
 
 
 class GrowingMuNoise(_Strict):
-    """Growing mu_t (Du et al., paper 002): per-round GDP mu_t = mu_0 * growth^(t/T) (noise
-    sigma_t = 1/mu_t shrinking over the group's T = ``rounds``). mu_0 is solved in one of two
-    ways (give exactly one):
+    """Growing mu_t (Du et al., "Dynamic Differential-Privacy Preserving SGD"): per-round GDP
+    mu_t = mu_0 * growth^(t/T) (noise sigma_t = 1/mu_t shrinking over the group's
+    T = ``rounds``). mu_0 is solved in one of two ways (give exactly one):
 
     * ``epsilon`` + ``delta``: the T rounds meet (epsilon, delta) under the group's accountant
       (a guarantee; :func:`fedsim.privacy.schedules.solve_growing_mu`);
@@ -221,11 +181,19 @@ class GrowingMuNoise(_Strict):
       own calibration; it can under-report eps (:func:`fedsim.privacy.schedules.clt_growing_mu`).
     """
 
-    kind: Literal["growing_mu"]
-    growth: Annotated[float, Field(ge=1.0)]
-    epsilon: PositiveFloat | None = None
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    mu_total: PositiveFloat | None = None
+    kind: Literal["growing_mu"] = Field(
+        description="Noise that shrinks over the group's rounds, mu_t = mu_0 growth^(t/T) "
+        "(Du et al., \"Dynamic Differential-Privacy Preserving SGD\").")
+    growth: Annotated[float, Field(ge=1.0, le=limits.MAX_SCALE, allow_inf_nan=False)] = Field(
+        description="How much larger the last round's mu is than the first's (at least 1).")
+    epsilon: Epsilon | None = Field(
+        None, description="With delta: solve mu_0 so the rounds meet (epsilon, delta) under "
+        "the group's accountant (a guarantee).")
+    delta: Delta | None = Field(None, description="The delta at which epsilon is met.")
+    mu_total: Scale | None = Field(
+        None, description="Instead of epsilon and delta: solve mu_0 so the heterogeneous GDP "
+        "central limit theorem gives this total mu (an approximation that can under-report "
+        "epsilon).")
 
     @model_validator(mode="after")
     def _one_target(self) -> GrowingMuNoise:
@@ -257,21 +225,27 @@ Noise = Annotated[
 class Budget(_Strict):
     """A client's privacy budget: it never releases an update past (epsilon, delta)."""
 
-    epsilon: PositiveFloat
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
+    epsilon: Epsilon = Field(description="The largest epsilon a client may reach "
+                                         "(at most 100).")
+    delta: Delta = Field(description="The delta at which the budget's epsilon is measured.")
 
 
 class Staleness(_Strict):
-    """When a client waits for a fresh global model before its next round (paper 000: "if the
-    last received global model happened too many rounds ago" or "deviates too far").
+    """When a client waits for a fresh global model before its next round (van Dijk et al.,
+    "Considerations on the Theory of Training Models with Differential Privacy": "if the last
+    received global model happened too many rounds ago" or "deviates too far").
 
     ``max_versions_behind``: local rounds applied on top of the held global model; at this many
     the client waits for a newer global. ``max_distance``: L2 distance between the local model
     and the held global model beyond which it waits. None disables a rule.
     """
 
-    max_versions_behind: PositiveInt | None = None
-    max_distance: PositiveFloat | None = None
+    max_versions_behind: PositiveInt | None = Field(
+        None, description="Local rounds on top of the held global model after which the client "
+        "waits for a newer one; omitted, it never waits for this reason.")
+    max_distance: Scale | None = Field(
+        None, description="L2 distance between the local and the held global model beyond "
+        "which the client waits for a newer global model; omitted, no distance rule.")
 
 
 class Crashes(_Strict):
@@ -279,19 +253,22 @@ class Crashes(_Strict):
     losing its in-memory model; it rejoins after ``rejoin_after`` (None: never) with its ledger
     resumed from disk."""
 
-    every: Distribution
-    rejoin_after: Distribution | None = None
-
+    every: Distribution = Field(description="The up-time before each crash, in virtual seconds.")
+    rejoin_after: Distribution | None = Field(
+        None, description="The down-time before a crashed client rejoins with its ledger "
+        "resumed from disk; omitted, it never rejoins.")
 
 
 class Availability(_Strict):
     """Alternating on/off periods (an offline client neither trains nor receives) and crashes.
     With ``online`` unset the client is always on (apart from crashes)."""
 
-    online: Distribution | None = None
-    offline: Distribution | None = None
-    crashes: Crashes | None = None
-
+    online: Distribution | None = Field(
+        None, description="How long a client stays online, in virtual seconds; omitted, it is "
+        "always online.")
+    offline: Distribution | None = Field(
+        None, description="How long a client stays offline (neither training nor receiving).")
+    crashes: Crashes | None = Field(None, description="Crash-stop failures; omitted, none.")
 
     @model_validator(mode="after")
     def _both_periods(self) -> Availability:
@@ -307,25 +284,34 @@ class Availability(_Strict):
 class Link(_Strict):
     """One direction of the network: per-message latency, losses, and bandwidth."""
 
-    latency: Distribution = Field(default_factory=lambda: Constant(value=0.0))
-    drop: Probability = 0.0
-    duplicate: Probability = 0.0
-    reorder: Probability = 0.0
-    bandwidth_bytes_per_s: PositiveFloat | None = None  # None: transfer time is zero
-
+    latency: Distribution = Field(
+        default_factory=lambda: Constant(value=0.0),
+        description="The delay of each message, in virtual seconds.")
+    drop: Probability = Field(0.0, description="The probability that a message is lost.")
+    duplicate: Probability = Field(
+        0.0, description="The probability that a message is delivered twice.")
+    reorder: Probability = Field(
+        0.0, description="The probability that a message is held back behind later ones.")
+    bandwidth_bytes_per_s: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = Field(
+        None, description="Bytes per second, which adds a transfer time to each message; "
+        "omitted, transfers take no time.")
 
 
 class LinkOverride(_Strict):
     """Per-group network settings; unset fields inherit the scenario's ``network``."""
 
-    uplink: Link | None = None
-    downlink: Link | None = None
+    uplink: Link | None = Field(None, description="The group's client-to-server link.")
+    downlink: Link | None = Field(None, description="The group's server-to-client link.")
 
 
 class Network(_Strict):
-    uplink: Link = Field(default_factory=Link)
-    downlink: Link = Field(default_factory=Link)
-    max_message_bytes: PositiveInt = 64 * 1024 * 1024
+    """The links between every client and the server."""
+
+    uplink: Link = Field(default_factory=Link, description="Client-to-server messages.")
+    downlink: Link = Field(default_factory=Link, description="Server-to-client messages.")
+    max_message_bytes: bounded_int(limits.MAX_MESSAGE_BYTES) = Field(
+        64 * 1024 * 1024, description="The largest message the network carries, in bytes "
+        "(at most 1 GiB); a model must fit in one.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,26 +321,51 @@ class Network(_Strict):
 class ClientGroup(_Strict):
     """``count`` clients that share one DP posture, speed and availability model."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
-    count: PositiveInt
-    data_share: Annotated[float, Field(gt=0.0, le=1.0)]
-    partition: Partition = Field(default_factory=Partition)
-    batch_size: PositiveInt
-    sampling: Literal["poisson", "fixed"] = "poisson"
-    clip: Clip
-    noise: Noise
-    local_steps: PositiveInt = 1
-    local_lr: PositiveFloat = 0.1
-    max_physical_batch: PositiveInt = 256
-    rounds: PositiveInt | None = None  # stop ("done") after this many rounds
-    speed: Distribution = Field(default_factory=lambda: Constant(value=0.0))
-    availability: Availability = Field(default_factory=Availability)
-    staleness: Staleness = Field(default_factory=Staleness)
-    budget: Budget | None = None
-    accountant: Literal["pld", "rdp"] = "pld"
-    weight: PositiveFloat = 1.0  # mixing weight under server.mixing = "configured"
-    network: LinkOverride | None = None
-
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$",
+                      description="The group's name, which prefixes its client ids.")
+    count: bounded_int(limits.MAX_CLIENTS) = Field(description="How many clients the group has.")
+    data_share: Fraction = Field(
+        description="The fraction of the training set the group's clients hold together.")
+    partition: Partition = Field(
+        default_factory=Partition, description="How the group's share is split among its "
+        "clients.")
+    batch_size: bounded_int(limits.MAX_BATCH) = Field(
+        description="The expected (Poisson) or exact (fixed) number of records per DP-SGD "
+        "step, m; each client needs at least m records (q = m/N <= 1).")
+    sampling: Literal["poisson", "fixed"] = Field(
+        "poisson", description="Poisson batches (each record joins with probability m/N; "
+        "add/remove neighbours, sensitivity C) or fixed-size batches (replace-one neighbours, "
+        "sensitivity 2C).")
+    clip: Clip = Field(description="The clipping norm C: a number, or a constant or decay "
+                                   "schedule.")
+    noise: Noise = Field(description="The noise multiplier sigma: a number, or a constant, "
+                                     "target or growing_mu schedule.")
+    local_steps: bounded_int(limits.MAX_LOCAL_STEPS) = Field(
+        1, description="DP-SGD steps in each round before its update is released.")
+    local_lr: Scale = Field(0.1, description="The learning rate of the local DP-SGD steps.")
+    max_physical_batch: bounded_int(limits.MAX_BATCH) = Field(
+        256, description="The most examples whose per-example gradients are held at once; "
+        "larger batches are computed in parts (the same result).")
+    rounds: bounded_int(limits.MAX_ROUNDS) | None = Field(
+        None, description="After this many rounds a client stops (done); needed by schedules "
+        "that are calibrated over a fixed number of rounds.")
+    speed: Distribution = Field(
+        default_factory=lambda: Constant(value=0.0),
+        description="Virtual seconds of compute per sample gradient.")
+    availability: Availability = Field(
+        default_factory=Availability, description="Online and offline periods and crashes.")
+    staleness: Staleness = Field(
+        default_factory=Staleness, description="When a client waits for a fresh global model.")
+    budget: Budget | None = Field(
+        None, description="The privacy budget each client never exceeds; omitted, no budget.")
+    accountant: Literal["pld", "rdp"] = Field(
+        "pld", description="The accountant of the clients' ledgers: pld (privacy-loss "
+        "distributions) or rdp (Renyi DP with the optimal conversion of Asoodeh et al., \"A "
+        "Better Bound Gives a Hundred Rounds\").")
+    weight: Scale = Field(
+        1.0, description="The clients' mixing weight when server.mixing is configured.")
+    network: LinkOverride | None = Field(
+        None, description="The group's own links; unset parts inherit the scenario's network.")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -369,7 +380,9 @@ class ClientGroup(_Strict):
 
 
 class Clients(_Strict):
-    groups: list[ClientGroup] = Field(min_length=1)
+    """The client population, as groups that share a posture."""
+
+    groups: list[ClientGroup] = Field(min_length=1, description="The client groups.")
 
     @model_validator(mode="after")
     def _shares_and_names(self) -> Clients:
@@ -380,6 +393,9 @@ class Clients(_Strict):
         total = sum(g.data_share for g in self.groups)
         if total > 1.0 + 1e-9:
             raise ValueError(f"data_share of all groups sums to {total:g}, must be <= 1")
+        if self.total > limits.MAX_CLIENTS:
+            raise ValueError(f"the groups have {self.total} clients together, more than the "
+                             f"{limits.MAX_CLIENTS} one simulation holds")
         return self
 
     @property
@@ -392,47 +408,67 @@ class Clients(_Strict):
 
 
 class ConstantStep(_Strict):
-    kind: Literal["constant"] = "constant"
-    value: PositiveFloat = 1.0
+    """The same server step size in every window."""
+
+    kind: Literal["constant"] = Field("constant", description="The same step in every window.")
+    value: Scale = Field(1.0, description="The server step size.")
 
 
 class PlateauStep(_Strict):
     """Multiply by ``factor`` whenever held-out accuracy does not improve on its best for
-    ``patience`` evaluations (paper 000's "decrease the step size by 10%"), never below
+    ``patience`` evaluations (van Dijk et al.'s "decrease the step size by 10%"), never below
     ``minimum``."""
 
-    kind: Literal["plateau"]
-    initial: PositiveFloat = 1.0
-    factor: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
-    patience: PositiveInt = 1
-    minimum: NonNegativeFloat = 0.0
+    kind: Literal["plateau"] = Field(
+        description="Shrink the step whenever held-out accuracy stops improving.")
+    initial: Scale = Field(1.0, description="The first window's step size.")
+    factor: OpenUnit = Field(0.9, description="What the step is multiplied by on a plateau.")
+    patience: PositiveInt = Field(
+        1, description="Evaluations without a new best accuracy that make a plateau.")
+    minimum: Annotated[float, Field(ge=0.0, le=limits.MAX_SCALE)] = Field(
+        0.0, description="The step size never falls below this.")
 
 
 class InverseTimeStep(_Strict):
     """initial / (1 + decay * window) ** power: a diminishing step-size law."""
 
-    kind: Literal["inverse_time"]
-    initial: PositiveFloat = 1.0
-    decay: NonNegativeFloat
-    power: PositiveFloat = 1.0
+    kind: Literal["inverse_time"] = Field(
+        description="A diminishing step, initial / (1 + decay window)^power.")
+    initial: Scale = Field(1.0, description="The first window's step size.")
+    decay: Annotated[float, Field(ge=0.0, le=limits.MAX_SCALE)] = Field(
+        description="How fast the step shrinks per window.")
+    power: Annotated[float, Field(gt=0.0, le=100.0)] = Field(
+        1.0, description="The exponent of the decay.")
 
 
 StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discriminator="kind")]
 
 
 class Server(_Strict):
-    """Time windows, mixing, step size, evaluation and broadcast (paper 000, sec. 3)."""
+    """Time windows, mixing, step size, evaluation and broadcast (van Dijk et al.,
+    "Considerations on the Theory of Training Models with Differential Privacy", sec. 3)."""
 
-    window: PositiveFloat
-    mixing: Literal["data_size", "configured", "uniform"] = "data_size"
-    # population: lambda_i = weight_i / (all clients' weight), so a window in which few clients
-    # report moves the model less; window: a convex mix of whatever arrived in the window.
-    normalize: Literal["population", "window"] = "population"
-    participation: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    step_size: StepSize = Field(default_factory=ConstantStep)
-    broadcast_every: PositiveInt = 1
-    max_staleness: Annotated[int, Field(ge=0)] | None = None  # versions; None: accept all
-    eval_every: PositiveInt = 1
+    window: PositiveSeconds = Field(
+        description="The length of a server window in virtual seconds: updates that arrive "
+        "in one window are mixed together.")
+    mixing: Literal["data_size", "configured", "uniform"] = Field(
+        "data_size", description="How clients' updates are weighted: by declared data size, "
+        "by each group's weight, or equally.")
+    normalize: Literal["population", "window"] = Field(
+        "population", description="population divides each weight by all clients' weight, so "
+        "a window in which few clients report moves the model less; window mixes whatever "
+        "arrived in the window convexly.")
+    participation: Fraction = Field(
+        1.0, description="The fraction of clients whose updates a window takes.")
+    step_size: StepSize = Field(default_factory=ConstantStep,
+                                description="The server's step size over windows.")
+    broadcast_every: bounded_int(limits.MAX_WINDOWS) = Field(
+        1, description="Broadcast the global model every this many windows.")
+    max_staleness: bounded_int(limits.MAX_WINDOWS, minimum=0) | None = Field(
+        None, description="Refuse updates computed on a model this many versions old or "
+        "older; omitted, accept all.")
+    eval_every: bounded_int(limits.MAX_WINDOWS) = Field(
+        1, description="Evaluate on the held-out set every this many windows.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,32 +481,42 @@ class Stop(_Strict):
     ``all_budgets_spent`` (on by default) ends it once no client can train any more (budget
     spent, rounds done, crashed for good) and every update in flight has arrived."""
 
-    virtual_seconds: PositiveFloat | None = None
-    windows: PositiveInt | None = None
-    target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    all_budgets_spent: bool = True
+    virtual_seconds: PositiveSeconds | None = Field(
+        None, description="Stop at the first window end at or after this virtual time.")
+    windows: bounded_int(limits.MAX_WINDOWS) | None = Field(
+        None, description="Stop after this many server windows.")
+    target_accuracy: Fraction | None = Field(
+        None, description="Stop once held-out accuracy reaches this.")
+    all_budgets_spent: bool = Field(
+        True, description="Stop once no client can train any more (budget spent, rounds done "
+        "or crashed for good) and every update in flight has arrived.")
 
 
 class Privacy(_Strict):
     """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``."""
 
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+    delta: Delta = Field(1e-5, description="The delta at which reports give each client's "
+                                           "epsilon.")
 
 
 class Scenario(_Strict):
     """One run: data, model, clients, server, network, stop condition and seed."""
 
-    name: str = Field(default="scenario", min_length=1)
-    seed: Annotated[int, Field(ge=0)] = 0
-    stop: Stop
-    dataset: Dataset
-    model: Model
-    clients: Clients
-    server: Server
-    network: Network = Field(default_factory=Network)
-    privacy: Privacy = Field(default_factory=Privacy)
-    # torch threads for training: one by default (on a shared CPU more threads often slow down)
-    torch_threads: PositiveInt = 1
+    name: str = Field(default="scenario", pattern=r"^[^/\\\x00-\x1f.][^/\\\x00-\x1f]{0,119}$",
+                      description="The scenario's name, which names the default run directory "
+                      "(one path component: no slash, no leading dot, at most 120 characters).")
+    seed: bounded_int(limits.MAX_SEED, minimum=0) = Field(
+        0, description="The seed every random draw of a simulated run comes from.")
+    stop: Stop = Field(description="When the run ends.")
+    dataset: Dataset = Field(description="The training and held-out data.")
+    model: Model = Field(description="The model every client trains.")
+    clients: Clients = Field(description="The client population.")
+    server: Server = Field(description="The server's windows, mixing and step size.")
+    network: Network = Field(default_factory=Network, description="The simulated network.")
+    privacy: Privacy = Field(default_factory=Privacy, description="Privacy reporting settings.")
+    torch_threads: bounded_int(limits.MAX_TORCH_THREADS) = Field(
+        1, description="torch threads for training; one by default, as more threads often slow "
+        "a shared CPU down.")
 
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:
