@@ -28,7 +28,6 @@ from fedsim.config.distributions import (
     PositiveSeconds,
     Probability,
     Scale,
-    Seconds,
     ShiftedExponential,
     Strict,
     Uniform,

@@ -57,6 +57,7 @@ from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import DoneRound, PendingRound, RoundResult
+from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
@@ -260,6 +261,7 @@ def _split_groups(
                 alpha=scheme.alpha,
                 shards_per_client=scheme.shards_per_client,
                 size_sigma=scheme.size_sigma,
+                min_size=group.batch_size if scheme.scheme == "dirichlet" else 1,
             )
         except FedsimError as exc:
             raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
@@ -300,18 +302,16 @@ def build_population(loaded: LoadedScenario) -> Population:
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
-        model = build_model(scenario.model.name, **_model_options(scenario, train_x, num_classes))
+        options = _model_options(scenario, train_x, num_classes)
+        check_model_size(scenario.model.name, options,
+                         max_message_bytes=scenario.network.max_message_bytes)
+        model = build_model(scenario.model.name, **options)
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
+        check_batch_fits(index, group, [len(p) for p in parts])
         smallest = min(len(p) for p in parts)
-        if group.batch_size > smallest:
-            raise ConfigError(
-                f"{where}.batch_size: {group.batch_size} exceeds the {smallest} records of the "
-                "group's smallest client (q = m/N would be > 1); lower batch_size or raise "
-                "data_share"
-            )
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
