@@ -44,7 +44,8 @@ def _default_out(name: str, seed: int) -> Path:
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import configure_logging, get_logger
     from fedsim.reporting.progress import RunProgress
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulation import build_population, run_scenario
+    from fedsim.training.preflight import preflight_warnings
 
     configure_logging(args.json_logs)
     log = get_logger("fedsim.run")
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         total, unit = stop.virtual_seconds, "time"
     else:
         total, unit = (float(stop.windows) if stop.windows else None), "windows"
+    population = build_population(loaded)
+    preflight_warnings(population.plans)  # logged as warnings before anything trains
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
     with RunProgress(total, unit=unit) as progress:
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
 
-        result = run_scenario(loaded, out, on_window=on_window)
+        result = run_scenario(loaded, out, on_window=on_window, population=population)
     summary = result.summary
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:

@@ -20,7 +20,7 @@ from fedsim.config import limits
 def _not_a_bool(value: Any) -> Any:
     """``true`` is not a number: pydantic would otherwise read it as 1."""
     if isinstance(value, bool):
-        raise ValueError(f"must be a number, not {str(value).lower()}")
+        raise ValueError("must be a number, not a boolean")
     return value
 
 
@@ -64,7 +64,8 @@ class _Distribution(Strict):
 class Constant(_Distribution):
     """Always ``value``. A bare number in YAML means this."""
 
-    kind: Literal["constant"] = Field("constant", description="Always the same value.")
+    kind: Literal["constant"] = Field(
+        "constant", description="A constant: every draw is the same value.")
     value: Seconds = Field(description="The value, in virtual seconds (at most 10^9).")
 
     def sample(self, rng: np.random.Generator) -> float:

@@ -309,6 +309,8 @@ def _data_path(data: Any, loc: Sequence[str | int]) -> list[str | int]:
     for part in loc:
         if isinstance(node, Mapping) and part not in node and node.get("kind") == part:
             continue  # the union member chosen by "kind", not a key of the file
+        if isinstance(part, str) and not isinstance(node, Mapping):
+            continue  # a union member's tag (``int``, ``list[int]``) under a list or a value
         path.append(part)
         if isinstance(node, Mapping):
             node = node.get(part)
@@ -338,8 +340,13 @@ def _describe(error: Mapping[str, Any]) -> str:
 
 def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
     lines: list[str] = []
-    for error in exc.errors(include_url=False):
-        path = _data_path(data, error["loc"])
+    errors = exc.errors(include_url=False)
+    paths = [_data_path(data, error["loc"]) for error in errors]
+    for error, path in zip(errors, paths, strict=True):
+        if len(path) < len(error["loc"]) and any(
+            len(other) > len(path) and other[: len(path)] == path for other in paths
+        ):
+            continue  # a union member that does not fit at all, where another one nearly does
         line = _line_of(node, path) if node is not None else None
         where = _format_path(path) or "scenario"
         at = f" (line {line})" if line is not None else ""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from fedsim.config import limits
 from fedsim.config.distributions import (
@@ -267,7 +267,8 @@ class Availability(_Strict):
         "always online.")
     offline: Distribution | None = Field(
         None, description="How long a client stays offline (neither training nor receiving).")
-    crashes: Crashes | None = Field(None, description="Crash-stop failures; omitted, none.")
+    crashes: Crashes | None = Field(
+        None, description="Crash-stop failures of the client process; omitted, it never crashes.")
 
     @model_validator(mode="after")
     def _both_periods(self) -> Availability:
@@ -299,15 +300,19 @@ class Link(_Strict):
 class LinkOverride(_Strict):
     """Per-group network settings; unset fields inherit the scenario's ``network``."""
 
-    uplink: Link | None = Field(None, description="The group's client-to-server link.")
-    downlink: Link | None = Field(None, description="The group's server-to-client link.")
+    uplink: Link | None = Field(
+        None, description="The link that carries the group's messages to the server.")
+    downlink: Link | None = Field(
+        None, description="The link that carries the server's messages to the group.")
 
 
 class Network(_Strict):
     """The links between every client and the server."""
 
-    uplink: Link = Field(default_factory=Link, description="Client-to-server messages.")
-    downlink: Link = Field(default_factory=Link, description="Server-to-client messages.")
+    uplink: Link = Field(default_factory=Link,
+                         description="The link that carries client-to-server messages.")
+    downlink: Link = Field(default_factory=Link,
+                           description="The link that carries server-to-client messages.")
     max_message_bytes: bounded_int(limits.MAX_MESSAGE_BYTES) = Field(
         64 * 1024 * 1024, description="The largest message the network carries, in bytes "
         "(at most 1 GiB); a model must fit in one.")
@@ -381,7 +386,8 @@ class ClientGroup(_Strict):
 class Clients(_Strict):
     """The client population, as groups that share a posture."""
 
-    groups: list[ClientGroup] = Field(min_length=1, description="The client groups.")
+    groups: list[ClientGroup] = Field(
+        min_length=1, description="The client groups, at least one; names must be unique.")
 
     @model_validator(mode="after")
     def _shares_and_names(self) -> Clients:
@@ -410,7 +416,7 @@ class ConstantStep(_Strict):
     """The same server step size in every window."""
 
     kind: Literal["constant"] = Field("constant", description="The same step in every window.")
-    value: Scale = Field(1.0, description="The server step size.")
+    value: Scale = Field(1.0, description="The step size the server applies in every window.")
 
 
 class PlateauStep(_Strict):
@@ -498,21 +504,32 @@ class Privacy(_Strict):
                                            "epsilon.")
 
 
+def _one_path_component(name: str) -> str:
+    """The default run directory is ``runs/<name>-seed<N>``: the name must not leave it."""
+    if not 1 <= len(name) <= 120 or name[0] == "." or any(
+            c in "/\\" or ord(c) < 32 for c in name):
+        raise ValueError("must be 1 to 120 characters without '/', '\\' or control characters, "
+                         "not starting with '.' (it names the run directory)")
+    return name
+
+
 class Scenario(_Strict):
     """One run: data, model, clients, server, network, stop condition and seed."""
 
-    name: str = Field(default="scenario", pattern=r"^[^/\\\x00-\x1f.][^/\\\x00-\x1f]{0,119}$",
-                      description="The scenario's name, which names the default run directory "
-                      "(one path component: no slash, no leading dot, at most 120 characters).")
+    name: Annotated[str, AfterValidator(_one_path_component)] = Field(
+        default="scenario", description="The scenario's name, which names the default run "
+        "directory (one path component of at most 120 characters).")
     seed: bounded_int(limits.MAX_SEED, minimum=0) = Field(
         0, description="The seed every random draw of a simulated run comes from.")
-    stop: Stop = Field(description="When the run ends.")
+    stop: Stop = Field(description="The conditions that end the run; the first one met ends it.")
     dataset: Dataset = Field(description="The training and held-out data.")
     model: Model = Field(description="The model every client trains.")
-    clients: Clients = Field(description="The client population.")
+    clients: Clients = Field(description="The client population, as groups of clients that share a posture.")
     server: Server = Field(description="The server's windows, mixing and step size.")
-    network: Network = Field(default_factory=Network, description="The simulated network.")
-    privacy: Privacy = Field(default_factory=Privacy, description="Privacy reporting settings.")
+    network: Network = Field(default_factory=Network,
+                             description="The simulated network between clients and the server.")
+    privacy: Privacy = Field(default_factory=Privacy,
+                             description="How the reports state each client's privacy.")
     torch_threads: bounded_int(limits.MAX_TORCH_THREADS) = Field(
         1, description="torch threads for training; one by default, as more threads often slow "
         "a shared CPU down.")

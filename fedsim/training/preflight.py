@@ -16,6 +16,7 @@ output.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -63,7 +64,8 @@ def check_model_size(name: str, options: Mapping[str, Any], *, max_message_bytes
     if factory is None:
         return 0
     try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "zero-element tensors": reported below instead
             model = factory(**options)
     except TypeError:
         return 0  # bad argument names: build_model says which
