@@ -40,6 +40,10 @@ MAX_SECONDS = 1e9
 """Any time in virtual seconds (about 31 years). Event times are float64 sums, which stay exact
 to a microsecond below 10^9 s."""
 
+MIN_WINDOW = 1e-3
+"""The shortest server window, in virtual seconds: every window is an event of the run, and a run
+of ``stop.virtual_seconds`` must not need more than MAX_WINDOWS of them."""
+
 MAX_LOGNORMAL_SIGMA = 20.0
 """The spread of a log-normal distribution: exp(sigma z) must stay finite for every standard
 normal draw z a run can see (|z| < 9 in 10^18 draws; exp overflows above 709)."""

@@ -366,19 +366,34 @@ def resolve_path(path: str | Path, base_dir: Path) -> Path:
     candidate = Path(path).expanduser()
     if candidate.is_absolute():
         return candidate
-    if candidate.exists():
+    if _exists(candidate):
         return candidate.resolve()
     beside = base_dir / candidate
-    if beside.exists():
+    if _exists(beside):
         return beside.resolve()
     return candidate.resolve()
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, false for a name the OS refuses (too long, NUL byte)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _file_problems(scenario: Scenario, base_dir: Path) -> list[str]:
     problems = []
     if scenario.dataset.path is not None:
         resolved = resolve_path(scenario.dataset.path, base_dir)
-        if not resolved.is_file():
+        if not _is_file(resolved):
             problems.append(
                 f"dataset.path: file not found: {scenario.dataset.path} (looked in the current "
                 f"directory and in {base_dir})"

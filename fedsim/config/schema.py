@@ -11,6 +11,7 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
@@ -79,7 +80,7 @@ class Dataset(_Strict):
     name: Literal["mnist", "synthetic"] = Field(
         description="The data set: mnist, or synthetic (a seeded Gaussian-mixture "
         "classification problem).")
-    path: str | None = Field(
+    path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
         None, description="Where the MNIST file or directory is; a relative path is looked "
         "for in the current directory, then beside the scenario file. Omitted, the data "
         "loader searches $FEDSIM_DATA_DIR and the user cache.")
@@ -391,8 +392,8 @@ class Clients(_Strict):
 
     @model_validator(mode="after")
     def _shares_and_names(self) -> Clients:
-        names = [g.name for g in self.groups]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(g.name for g in self.groups)
+        duplicates = sorted(name for name, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(f"group names must be unique, repeated: {duplicates}")
         total = sum(g.data_share for g in self.groups)
@@ -453,9 +454,10 @@ class Server(_Strict):
     """Time windows, mixing, step size, evaluation and broadcast (van Dijk et al.,
     "Considerations on the Theory of Training Models with Differential Privacy", sec. 3)."""
 
-    window: PositiveSeconds = Field(
-        description="The length of a server window in virtual seconds: updates that arrive "
-        "in one window are mixed together.")
+    window: Annotated[float, Field(ge=limits.MIN_WINDOW, le=limits.MAX_SECONDS,
+                                   allow_inf_nan=False)] = Field(
+        description="The length of a server window in virtual seconds (at least 0.001): "
+        "updates that arrive in one window are mixed together.")
     mixing: Literal["data_size", "configured", "uniform"] = Field(
         "data_size", description="How clients' updates are weighted: by declared data size, "
         "by each group's weight, or equally.")
@@ -537,6 +539,11 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:
         stop = self.stop
+        if stop.virtual_seconds is not None and \
+                stop.virtual_seconds / self.server.window > limits.MAX_WINDOWS:
+            raise ValueError(
+                f"stop.virtual_seconds / server.window is {stop.virtual_seconds / self.server.window:.3g} "
+                f"windows, more than {limits.MAX_WINDOWS}; lengthen server.window")
         bounded = stop.virtual_seconds is not None or stop.windows is not None
         if bounded:
             return self

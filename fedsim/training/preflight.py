@@ -27,7 +27,7 @@ import torch
 
 from fedsim.config import limits
 from fedsim.config.schema import ClientGroup
-from fedsim.errors import ConfigError, ModelError
+from fedsim.errors import ConfigError, FedsimError, ModelError
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK
@@ -69,9 +69,13 @@ def check_model_size(name: str, options: Mapping[str, Any], *, max_message_bytes
             model = factory(**options)
     except TypeError:
         return 0  # bad argument names: build_model says which
-    except (RuntimeError, ValueError, OverflowError) as exc:
+    except FedsimError:
+        raise
+    except Exception as exc:  # any shape the layers refuse (negative, zero groups, overflow)
         raise ModelError(f"model.options: {name} cannot be built with {dict(options)}: "
-                         f"{exc}; every layer width must be a whole number >= 1") from None
+                         f"{type(exc).__name__}: {exc}; every layer size must be a whole "
+                         f"number >= 1, the model at most {limits.MAX_MODEL_PARAMETERS:,} "
+                         "parameters") from None
     total = 0
     for param_name, param in model.named_parameters():
         if param.numel() == 0:

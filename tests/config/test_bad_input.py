@@ -14,6 +14,7 @@ import yaml
 from fedsim.cli import main
 from fedsim.config import limits, load_scenario, parse_scenario, scenario_json_schema
 from fedsim.config import loading as loading_module
+from fedsim.errors import ModelError
 
 MINIMAL: dict[str, Any] = {
     "stop": {"windows": 2},
@@ -186,6 +187,19 @@ def test_model_widths_are_bounded(hidden: list[int], expected: str, tmp_path: Pa
     assert not (tmp_path / "run" / "ledgers").exists()
 
 
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"groups": 0}, "ZeroDivisionError"),
+    ({"width": 10**5}, "parameters, more than"),
+    ({"width": 10**12}, "overflow"),
+    ({"in_channels": -1}, "negative dimension"),
+])
+def test_cnn_options_are_checked_too(options: dict[str, int], expected: str) -> None:
+    from fedsim.training.preflight import check_model_size
+
+    with pytest.raises(ModelError, match=expected):
+        check_model_size("groupnorm_cnn", options, max_message_bytes=2**30)
+
+
 def test_a_model_must_fit_in_one_message(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     # 20 features -> 50,000 hidden -> 4 classes: 1,250,004 parameters, 5 MB as float32.
@@ -269,3 +283,27 @@ def test_every_schema_field_has_a_description() -> None:
         text = prop["description"]
         assert text.endswith(".") and len(text.split()) >= 3, f"{name}: not a sentence: {text!r}"
         assert "paper 00" not in text, f"{name}: cite papers by authors and title"
+
+
+def test_windows_too_short_for_the_run_are_refused() -> None:
+    with pytest.raises(loading_module.ScenarioError, match="server.window: must be >= 0.001"):
+        parse_scenario(_scenario(server__window=1e-300))
+    data = _scenario(stop={"virtual_seconds": 1e8}, server__window=1e-3)
+    with pytest.raises(loading_module.ScenarioError, match="1e\\+11 windows, more than 10000000"):
+        parse_scenario(data)
+
+
+@pytest.mark.parametrize("path", ["a" * 5000, "dir/" + "b" * 300 + ".npz", "a\x00b"])
+def test_dataset_paths_the_os_refuses_are_errors(path: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    data = _scenario(dataset={"name": "mnist", "path": path})
+    err = _both_commands(_write(tmp_path, data), tmp_path, capsys)[0]
+    assert "dataset.path" in err
+
+
+def test_a_repeated_name_among_many_groups_is_found() -> None:
+    group = MINIMAL["clients"]["groups"][0]
+    groups = [dict(group, name=f"g{i}", count=1, data_share=1e-5) for i in range(20_000)]
+    groups.append(dict(group, name="g7", count=1, data_share=1e-5))
+    with pytest.raises(loading_module.ScenarioError, match=r"repeated: \['g7'\]"):
+        parse_scenario(_scenario(clients__groups=groups))
