@@ -92,6 +92,10 @@ class Uniform(_Distribution):
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.low, self.high))
 
+    @property
+    def is_zero(self) -> bool:
+        return self.high == 0.0
+
 
 class Exponential(_Distribution):
     """Exponential with the given mean (memoryless waiting times, e.g. crashes)."""

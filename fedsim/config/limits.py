@@ -90,6 +90,10 @@ MAX_TORCH_THREADS = 1024
 MAX_SEED = 2**63 - 1
 """Seeds are 64-bit integers in run files and for the random-number generators."""
 
+MAX_MODEL_LAYERS = 1000
+"""Items of a list option of a model (``hidden``: one layer each): every layer is a module object
+and a step of every forward and backward pass."""
+
 MAX_MODEL_PARAMETERS = 100_000_000
 """Trainable parameters of a model (400 MB per float32 copy). DP-SGD holds per-example gradients
 of a whole physical batch at once (batch x parameters values), and the simulation keeps several

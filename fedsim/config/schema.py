@@ -258,6 +258,13 @@ class Crashes(_Strict):
         None, description="The down-time before a crashed client rejoins with its ledger "
         "resumed from disk; omitted, it never rejoins.")
 
+    @model_validator(mode="after")
+    def _up_for_a_while(self) -> Crashes:
+        if self.every.is_zero:
+            raise ValueError("every: a client that crashes after 0 s never runs (and crashing "
+                             "at once forever would stall the run); give a positive up-time")
+        return self
+
 
 class Availability(_Strict):
     """Alternating on/off periods (an offline client neither trains nor receives) and crashes.
@@ -275,6 +282,9 @@ class Availability(_Strict):
     def _both_periods(self) -> Availability:
         if (self.online is None) != (self.offline is None):
             raise ValueError("online and offline periods go together: give both or neither")
+        if self.online is not None and self.online.is_zero:
+            raise ValueError("online: a client online for 0 s never trains (and switching at "
+                             "the same instant forever would stall the run)")
         return self
 
 

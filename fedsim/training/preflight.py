@@ -63,6 +63,10 @@ def check_model_size(name: str, options: Mapping[str, Any], *, max_message_bytes
     factory = MODELS.get(name)
     if factory is None:
         return 0
+    for key, value in options.items():
+        if isinstance(value, list) and len(value) > limits.MAX_MODEL_LAYERS:
+            raise ModelError(f"model.options.{key}: {len(value)} items, more than the "
+                             f"{limits.MAX_MODEL_LAYERS} layers a model may have")
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "zero-element tensors": reported below instead

@@ -200,6 +200,13 @@ def test_cnn_options_are_checked_too(options: dict[str, int], expected: str) -> 
         check_model_size("groupnorm_cnn", options, max_message_bytes=2**30)
 
 
+def test_the_number_of_layers_is_bounded(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    data = _scenario(model__options__hidden=[1] * (limits.MAX_MODEL_LAYERS + 1))
+    for err in _both_commands(_write(tmp_path, data), tmp_path, capsys):
+        assert f"model.options.hidden: {limits.MAX_MODEL_LAYERS + 1} items" in err
+
+
 def test_a_model_must_fit_in_one_message(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     # 20 features -> 50,000 hidden -> 4 classes: 1,250,004 parameters, 5 MB as float32.
@@ -240,6 +247,10 @@ def test_a_model_must_fit_in_one_message(tmp_path: Path,
     ("seed", 2**70, "seed"),
     ("torch_threads", 10**6, "torch_threads"),
     ("name", "../../elsewhere", "name"),
+    ("clients__groups__0__availability", {"crashes": {"every": 0.0, "rejoin_after": 0.0}},
+     "clients.groups[0].availability.crashes"),
+    ("clients__groups__0__availability", {"online": {"kind": "uniform", "low": 0, "high": 0},
+                                          "offline": 1.0}, "clients.groups[0].availability"),
 ])
 def test_numbers_without_sense_are_refused(path: str, value: Any, where: str, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
