@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
         population = build_population(loaded)
         clients = len(population.plans)
-        warnings = preflight_warnings(population.plans)
+        warnings = preflight_warnings(population.plans, log=False)  # printed below
     else:
         clients, warnings = scenario.clients.total, []
     print(f"{args.scenario}: valid ({clients} clients in {len(scenario.clients.groups)} groups, "

@@ -151,15 +151,16 @@ def _smallest_affording(group: ClientGroup, sizes: np.ndarray, sigma: float) -> 
     return int(sizes[high])
 
 
-def preflight_warnings(plans: Iterable[PlanLike]) -> list[str]:
-    """Warnings (one line each) about clients that cannot train at all, logged as structlog
-    warnings too: per group, the clients whose budget cannot pay for one round."""
+def preflight_warnings(plans: Iterable[PlanLike], *, log: bool = True) -> list[str]:
+    """Warnings (one line each) about clients that cannot train at all, also logged as
+    structlog warnings when ``log``: per group, the clients whose budget cannot pay for one
+    round."""
     by_group: dict[str, list[PlanLike]] = defaultdict(list)
     indices: dict[str, int] = {}
     for plan in plans:
         indices.setdefault(plan.group.name, len(indices))
         by_group[plan.group.name].append(plan)
-    warnings = []
+    lines = []
     for name, members in by_group.items():
         group = members[0].group
         if group.budget is None:
@@ -179,7 +180,8 @@ def preflight_warnings(plans: Iterable[PlanLike]) -> list[str]:
                 f"budget eps={budget.epsilon:g} at delta={budget.delta:g} (sigma {sigma:.4g}, "
                 f"{group.local_steps} step(s) per round, {group.accountant} accountant) and "
                 f"will never train; {fix}")
-        _log.warning("clients cannot afford a round", group=name, clients=broke,
-                     of=len(sizes), smallest_affording=smallest, detail=line)
-        warnings.append(line)
-    return warnings
+        if log:
+            _log.warning("clients cannot afford a round", group=name, clients=broke,
+                         of=len(sizes), smallest_affording=smallest, detail=line)
+        lines.append(line)
+    return lines
