@@ -166,7 +166,7 @@ class TargetNoise(_Strict):
         "group's accountant, calibrated at start.")
     epsilon: Epsilon = Field(description="The epsilon the group's rounds must meet "
                                          "(at most 100).")
-    delta: Delta = Field(description="The delta at which epsilon is met (in [1e-20, 1)).")
+    delta: Delta = Field(description="The delta at which epsilon is met (in [1e-12, 1)).")
 
 
 class GrowingMuNoise(_Strict):
@@ -303,9 +303,9 @@ class Link(_Strict):
         0.0, description="The probability that a message is delivered twice.")
     reorder: Probability = Field(
         0.0, description="The probability that a message is held back behind later ones.")
-    bandwidth_bytes_per_s: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = Field(
-        None, description="Bytes per second, which adds a transfer time to each message; "
-        "omitted, transfers take no time.")
+    bandwidth_bytes_per_s: Annotated[float, Field(ge=1.0, le=1e15, allow_inf_nan=False)] | None \
+        = Field(None, description="Bytes per second (1 to 10^15), which adds a transfer time "
+                "to each message; omitted, transfers take no time.")
 
 
 class LinkOverride(_Strict):

@@ -318,3 +318,24 @@ def test_a_repeated_name_among_many_groups_is_found() -> None:
     groups.append(dict(group, name="g7", count=1, data_share=1e-5))
     with pytest.raises(loading_module.ScenarioError, match=r"repeated: \['g7'\]"):
         parse_scenario(_scenario(clients__groups=groups))
+
+
+def test_every_limit_is_documented_with_its_value() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "LIMITS.md").read_text("utf-8")
+    names = [n for n in dir(limits) if n.isupper()]
+    assert len(names) >= 20
+    for name in names:
+        value = getattr(limits, name)
+        shown = (f"{value:,}" if isinstance(value, int) and value >= 10000
+                 else f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
+                 if isinstance(value, float) and value >= 1e3 else repr(value))
+        assert f"| `{name}` | {shown} |" in text, name
+
+
+def test_the_smallest_delta_still_gives_a_finite_epsilon() -> None:
+    from fedsim.privacy.accountant import make_accountant
+    from fedsim.privacy.events import GaussianStep
+
+    for accountant in ("pld", "rdp"):
+        long_run = make_accountant(accountant, [GaussianStep("poisson", 0.01, 1.0, 10_000)])
+        assert math.isfinite(long_run.epsilon(limits.MIN_DELTA)), accountant
