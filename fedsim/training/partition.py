@@ -109,7 +109,8 @@ def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, min_size: int,
         rate = dirichlet_success_rate(class_sizes, num_clients, alpha, min_size)
     raise DataError(
         f"dirichlet(alpha={alpha:g}) over {num_clients} clients and {len(y)} records rarely "
-        f"gives every client at least {min_size} records ({rate:.1%} of draws do); what works "
+        f"gives every client at least {min_size} record{'s' if min_size != 1 else ''} "
+        f"({rate:.1%} of draws do); what works "
         f"in most draws: {_feasible_advice(class_sizes, num_clients, alpha, min_size)}")
 
 
