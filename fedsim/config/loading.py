@@ -75,13 +75,19 @@ class _StrictLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > limits.MAX_YAML_DEPTH:
                 raise yaml.composer.ComposerError(
                     None, None, f"nested deeper than {limits.MAX_YAML_DEPTH} levels",
+                    self.peek_event().start_mark)
+            if self._nodes > limits.MAX_YAML_VALUES:  # stop early: each node costs time and memory
+                raise yaml.composer.ComposerError(
+                    None, None, f"holds more than {limits.MAX_YAML_VALUES} values",
                     self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
@@ -194,7 +200,7 @@ def _read_text(path: str | Path) -> str:
         raise ConfigError(f"{path}: cannot read the scenario file: {exc.strerror or exc}") from None
     if len(raw) > limit:
         raise ScenarioError(str(path), [
-            f"the file is larger than {limit // 2**20} MiB, the limit for scenario files "
+            f"the file is larger than {limit / 2**20:g} MiB, the limit for scenario files "
             "(scenarios are a few KiB; generate a smaller one)"])
     try:
         return raw.decode("utf-8")

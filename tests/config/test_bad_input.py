@@ -119,18 +119,24 @@ def test_files_over_the_size_limit_are_refused_before_parsing(
     monkeypatch.setattr(loading_module, "_load_yaml", no_parsing)
     for err in _both_commands(big, tmp_path, capsys):
         assert "larger than" in err and "the limit for scenario files" in err
-    assert limits.MAX_SCENARIO_BYTES < (3 << 20)
 
 
-def test_the_documented_limit_is_two_mebibytes(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert limits.MAX_SCENARIO_BYTES == 2 * 2**20
+def test_the_documented_limit_is_one_mebibyte(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert limits.MAX_SCENARIO_BYTES == 2**20
     file = tmp_path / "huge.yaml"
     with open(file, "w", encoding="utf-8") as handle:  # 3 MiB of comments after a scenario
         handle.write(yaml.safe_dump(MINIMAL))
         handle.write(("#" + "x" * 1023 + "\n") * 3 * 1024)
     err = _both_commands(file, tmp_path, capsys)[0]
-    assert "larger than 2 MiB" in err
+    assert "larger than 1 MiB" in err
+
+
+def test_composition_stops_at_the_value_limit(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    file = _write(tmp_path, "a: [" + ", ".join(["1"] * (limits.MAX_YAML_VALUES + 10)) + "]\n")
+    for err in _both_commands(file, tmp_path, capsys):
+        assert f"holds more than {limits.MAX_YAML_VALUES} values" in err
 
 
 def test_non_utf8_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
