@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 
+_MAX_SHOWN_ERRORS = 50  # a file with thousands of bad values lists the first ones
+
+
 class ScenarioError(ConfigError):
     """A scenario file has one or more problems; ``errors`` lists each with its YAML path."""
 
@@ -48,7 +51,10 @@ class ScenarioError(ConfigError):
         self.errors = list(errors)
         count = len(self.errors)
         head = f"{source}: {count} problem{'s' if count != 1 else ''}"
-        super().__init__("\n  ".join([head, *self.errors]))
+        shown = self.errors[:_MAX_SHOWN_ERRORS]
+        if count > len(shown):
+            shown.append(f"... and {count - len(shown)} more")
+        super().__init__("\n  ".join([head, *shown]))
 
 
 @dataclass(frozen=True)

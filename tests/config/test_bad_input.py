@@ -345,3 +345,14 @@ def test_the_smallest_delta_still_gives_a_finite_epsilon() -> None:
     for accountant in ("pld", "rdp"):
         long_run = make_accountant(accountant, [GaussianStep("poisson", 0.01, 1.0, 10_000)])
         assert math.isfinite(long_run.epsilon(limits.MIN_DELTA)), accountant
+
+
+def test_thousands_of_problems_are_listed_briefly() -> None:
+    group = MINIMAL["clients"]["groups"][0]
+    groups = [dict(group, name=f"g{i}", count=-1, data_share=1e-4) for i in range(2000)]
+    with pytest.raises(loading_module.ScenarioError) as caught:
+        parse_scenario(_scenario(clients__groups=groups))
+    assert len(caught.value.errors) == 2000
+    text = str(caught.value)
+    assert "2000 problems" in text and "... and 1950 more" in text
+    assert len(text.splitlines()) == 52
