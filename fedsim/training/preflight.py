@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -117,11 +118,6 @@ def check_batch_fits(index: int, group: ClientGroup, sizes: Sequence[int]) -> No
         "lower count")
 
 
-def _round_steps(group: ClientGroup, num_samples: int, sigma: float) -> list[GaussianStep]:
-    return [GaussianStep(group.sampling, group.batch_size / num_samples, sigma,
-                         group.local_steps)]
-
-
 def first_round_fits(group: ClientGroup, num_samples: int, sigma: float) -> bool:
     """Whether a client of ``group`` holding ``num_samples`` records can release its first round
     within its budget: the ledger's own rule (its accountant, or the enforcing fallback for an
@@ -129,16 +125,26 @@ def first_round_fits(group: ClientGroup, num_samples: int, sigma: float) -> bool
     budget = group.budget
     if budget is None:
         return True
-    name = group.accountant
-    enforcing = name if make_accountant_class(name).is_guarantee else ENFORCEMENT_FALLBACK
-    steps = _round_steps(group, num_samples, sigma)
-    return make_accountant(enforcing, steps).epsilon(budget.delta) <= budget.epsilon
+    return _fits(group.accountant, group.sampling, group.batch_size / num_samples, sigma,
+                 group.local_steps, budget.epsilon, budget.delta)
+
+
+@lru_cache(maxsize=4096)
+def _fits(accountant: str, sampling: str, q: float, sigma: float, steps: int, epsilon: float,
+          delta: float) -> bool:
+    """One accountant evaluation per distinct question (groups often ask the same one)."""
+    enforcing = accountant if make_accountant_class(accountant).is_guarantee \
+        else ENFORCEMENT_FALLBACK
+    step = GaussianStep(sampling, q, sigma, steps)  # type: ignore[arg-type]
+    return make_accountant(enforcing, [step]).epsilon(delta) <= epsilon
 
 
 def _smallest_affording(group: ClientGroup, sizes: np.ndarray, sigma: float) -> int | None:
     """The smallest size in ``sizes`` (sorted, distinct) whose first round fits, or None.
 
     A larger data set means a smaller q = m/N and so a cheaper round, hence bisection."""
+    if first_round_fits(group, int(sizes[0]), sigma):
+        return int(sizes[0])  # the usual case: every client can, one evaluation
     if not first_round_fits(group, int(sizes[-1]), sigma):
         return None
     low, high = -1, len(sizes) - 1  # sizes[high] fits; sizes[low] (if any) does not
