@@ -8,6 +8,7 @@ for a constant. Every bound comes from :mod:`fedsim.config.limits`, which says w
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -36,10 +37,21 @@ PositiveSeconds = Annotated[float, Field(gt=0.0, le=limits.MAX_SECONDS, allow_in
 Seconds = Annotated[float, Field(ge=0.0, le=limits.MAX_SECONDS, allow_inf_nan=False), _NoBool]
 
 
-def bounded_int(maximum: int, minimum: int = 1) -> Any:
-    """An integer in [minimum, maximum] (booleans refused)."""
-    low = Field(gt=0) if minimum == 1 else Field(ge=minimum)  # "must be > 0" reads best
-    return Annotated[int, low, Field(le=maximum), _NoBool]
+# Integers: "must be > 0" reads better than "must be >= 1", hence gt=0 for positive counts.
+PositiveInt = Annotated[int, Field(gt=0, le=2**31 - 1), _NoBool]
+ClientCount = Annotated[int, Field(gt=0, le=limits.MAX_CLIENTS), _NoBool]
+RoundCount = Annotated[int, Field(gt=0, le=limits.MAX_ROUNDS), _NoBool]
+StepCount = Annotated[int, Field(gt=0, le=limits.MAX_LOCAL_STEPS), _NoBool]
+WindowCount = Annotated[int, Field(gt=0, le=limits.MAX_WINDOWS), _NoBool]
+VersionCount = Annotated[int, Field(ge=0, le=limits.MAX_WINDOWS), _NoBool]
+BatchSize = Annotated[int, Field(gt=0, le=limits.MAX_BATCH), _NoBool]
+SampleCount = Annotated[int, Field(gt=0, le=limits.MAX_SAMPLES), _NoBool]
+FeatureCount = Annotated[int, Field(gt=0, le=limits.MAX_FEATURES), _NoBool]
+ClassCount = Annotated[int, Field(ge=2, le=limits.MAX_CLASSES), _NoBool]
+ShardCount = Annotated[int, Field(gt=0, le=limits.MAX_SHARDS_PER_CLIENT), _NoBool]
+MessageBytes = Annotated[int, Field(gt=0, le=limits.MAX_MESSAGE_BYTES), _NoBool]
+ThreadCount = Annotated[int, Field(gt=0, le=limits.MAX_TORCH_THREADS), _NoBool]
+Seed = Annotated[int, Field(ge=0, le=limits.MAX_SEED), _NoBool]
 
 
 class Strict(BaseModel):
@@ -50,6 +62,10 @@ class Strict(BaseModel):
 
 class _Distribution(Strict):
     """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator) -> float:
+        """One draw."""
 
     def sampler(self) -> Callable[[np.random.Generator], float]:
         """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
@@ -65,7 +81,7 @@ class Constant(_Distribution):
     """Always ``value``. A bare number in YAML means this."""
 
     kind: Literal["constant"] = Field(
-        "constant", description="A constant: every draw is the same value.")
+        default="constant", description="A constant: every draw is the same value.")
     value: Seconds = Field(description="The value, in virtual seconds (at most 10^9).")
 
     def sample(self, rng: np.random.Generator) -> float:

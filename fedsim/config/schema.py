@@ -18,21 +18,34 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from fedsim.config import limits
 from fedsim.config.distributions import (
+    BatchSize,
+    ClassCount,
+    ClientCount,
     Constant,
     Delta,
     Distribution,
     Epsilon,
     Exponential,
+    FeatureCount,
     Fraction,
     LogNormal,
+    MessageBytes,
     OpenUnit,
+    PositiveInt,
     PositiveSeconds,
     Probability,
+    RoundCount,
+    SampleCount,
     Scale,
+    Seed,
+    ShardCount,
     ShiftedExponential,
+    StepCount,
     Strict,
+    ThreadCount,
     Uniform,
-    bounded_int,
+    VersionCount,
+    WindowCount,
 )
 from fedsim.config.distributions import number_is_constant as _number_is_constant
 
@@ -42,7 +55,6 @@ __all__ = [
 ]
 
 _Strict = Strict
-PositiveInt = bounded_int(2**31 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,19 +65,19 @@ class Partition(_Strict):
     """How a group's share of the training set is split among its clients."""
 
     scheme: Literal["iid", "dirichlet", "shards", "unequal"] = Field(
-        "iid", description="How the group's records are split among its clients: iid (equal "
+        default="iid", description="How the group's records are split among its clients: iid (equal "
         "random parts), dirichlet (label skew), shards (a few labels each) or unequal (IID "
         "contents, log-normal sizes).")
     alpha: Scale = Field(
-        0.5, description="The Dirichlet concentration of the dirichlet scheme (Hsu, Qi and "
+        default=0.5, description="The Dirichlet concentration of the dirichlet scheme (Hsu, Qi and "
         "Brown, \"Measuring the Effects of Non-Identical Data Distribution\"); smaller means "
         "more label skew.")
-    shards_per_client: bounded_int(limits.MAX_SHARDS_PER_CLIENT) = Field(
-        2, description="Label-sorted shards dealt to each client by the shards scheme "
+    shards_per_client: ShardCount = Field(
+        default=2, description="Label-sorted shards dealt to each client by the shards scheme "
         "(McMahan et al., \"Communication-Efficient Learning of Deep Networks from "
         "Decentralized Data\").")
     size_sigma: Annotated[float, Field(gt=0.0, le=limits.MAX_LOGNORMAL_SIGMA)] = Field(
-        1.0, description="The log-normal spread of client sizes under the unequal scheme.")
+        default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
 
 class Dataset(_Strict):
@@ -81,19 +93,19 @@ class Dataset(_Strict):
         description="The data set: mnist, or synthetic (a seeded Gaussian-mixture "
         "classification problem).")
     path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
-        None, description="Where the MNIST file or directory is; a relative path is looked "
+        default=None, description="Where the MNIST file or directory is; a relative path is looked "
         "for in the current directory, then beside the scenario file. Omitted, the data "
         "loader searches $FEDSIM_DATA_DIR and the user cache.")
-    num_samples: bounded_int(limits.MAX_SAMPLES) = Field(
-        6000, description="Training records of the synthetic data set.")
-    num_test_samples: bounded_int(limits.MAX_SAMPLES) = Field(
-        1000, description="Held-out records of the synthetic data set.")
-    num_features: bounded_int(limits.MAX_FEATURES) = Field(
-        20, description="Features of each synthetic record.")
-    num_classes: bounded_int(limits.MAX_CLASSES, minimum=2) = Field(
-        4, description="Classes of the synthetic data set (at least 2).")
-    test_subset: bounded_int(limits.MAX_SAMPLES) | None = Field(
-        None, description="Evaluate on at most this many held-out records, for speed; "
+    num_samples: SampleCount = Field(
+        default=6000, description="Training records of the synthetic data set.")
+    num_test_samples: SampleCount = Field(
+        default=1000, description="Held-out records of the synthetic data set.")
+    num_features: FeatureCount = Field(
+        default=20, description="Features of each synthetic record.")
+    num_classes: ClassCount = Field(
+        default=4, description="Classes of the synthetic data set (at least 2).")
+    test_subset: SampleCount | None = Field(
+        default=None, description="Evaluate on at most this many held-out records, for speed; "
         "omitted, on all of them.")
 
     @model_validator(mode="after")
@@ -126,7 +138,7 @@ class Model(_Strict):
 class ConstantClip(_Strict):
     """The same clipping norm in every round."""
 
-    kind: Literal["constant"] = Field("constant", description="The same clip in every round.")
+    kind: Literal["constant"] = Field(default="constant", description="The same clip in every round.")
     value: Scale = Field(description="The L2 norm each example's gradient is clipped to.")
 
 
@@ -152,7 +164,7 @@ class ConstantNoise(_Strict):
     """A fixed noise multiplier sigma (noise std / sensitivity)."""
 
     kind: Literal["constant"] = Field(
-        "constant", description="The same noise multiplier in every round.")
+        default="constant", description="The same noise multiplier in every round.")
     sigma: Scale = Field(description="The noise multiplier: noise standard deviation divided "
                                      "by the sensitivity.")
 
@@ -187,11 +199,11 @@ class GrowingMuNoise(_Strict):
     growth: Annotated[float, Field(ge=1.0, le=limits.MAX_SCALE, allow_inf_nan=False)] = Field(
         description="How much larger the last round's mu is than the first's (at least 1).")
     epsilon: Epsilon | None = Field(
-        None, description="With delta: solve mu_0 so the rounds meet (epsilon, delta) under "
+        default=None, description="With delta: solve mu_0 so the rounds meet (epsilon, delta) under "
         "the group's accountant (a guarantee).")
-    delta: Delta | None = Field(None, description="The delta at which epsilon is met.")
+    delta: Delta | None = Field(default=None, description="The delta at which epsilon is met.")
     mu_total: Scale | None = Field(
-        None, description="Instead of epsilon and delta: solve mu_0 so the heterogeneous GDP "
+        default=None, description="Instead of epsilon and delta: solve mu_0 so the heterogeneous GDP "
         "central limit theorem gives this total mu (an approximation that can under-report "
         "epsilon).")
 
@@ -241,10 +253,10 @@ class Staleness(_Strict):
     """
 
     max_versions_behind: PositiveInt | None = Field(
-        None, description="Local rounds on top of the held global model after which the client "
+        default=None, description="Local rounds on top of the held global model after which the client "
         "waits for a newer one; omitted, it never waits for this reason.")
     max_distance: Scale | None = Field(
-        None, description="L2 distance between the local and the held global model beyond "
+        default=None, description="L2 distance between the local and the held global model beyond "
         "which the client waits for a newer global model; omitted, no distance rule.")
 
 
@@ -255,7 +267,7 @@ class Crashes(_Strict):
 
     every: Distribution = Field(description="The up-time before each crash, in virtual seconds.")
     rejoin_after: Distribution | None = Field(
-        None, description="The down-time before a crashed client rejoins with its ledger "
+        default=None, description="The down-time before a crashed client rejoins with its ledger "
         "resumed from disk; omitted, it never rejoins.")
 
     @model_validator(mode="after")
@@ -271,12 +283,12 @@ class Availability(_Strict):
     With ``online`` unset the client is always on (apart from crashes)."""
 
     online: Distribution | None = Field(
-        None, description="How long a client stays online, in virtual seconds; omitted, it is "
+        default=None, description="How long a client stays online, in virtual seconds; omitted, it is "
         "always online.")
     offline: Distribution | None = Field(
-        None, description="How long a client stays offline (neither training nor receiving).")
+        default=None, description="How long a client stays offline (neither training nor receiving).")
     crashes: Crashes | None = Field(
-        None, description="Crash-stop failures of the client process; omitted, it never crashes.")
+        default=None, description="Crash-stop failures of the client process; omitted, it never crashes.")
 
     @model_validator(mode="after")
     def _both_periods(self) -> Availability:
@@ -298,13 +310,13 @@ class Link(_Strict):
     latency: Distribution = Field(
         default_factory=lambda: Constant(value=0.0),
         description="The delay of each message, in virtual seconds.")
-    drop: Probability = Field(0.0, description="The probability that a message is lost.")
+    drop: Probability = Field(default=0.0, description="The probability that a message is lost.")
     duplicate: Probability = Field(
-        0.0, description="The probability that a message is delivered twice.")
+        default=0.0, description="The probability that a message is delivered twice.")
     reorder: Probability = Field(
-        0.0, description="The probability that a message is held back behind later ones.")
+        default=0.0, description="The probability that a message is held back behind later ones.")
     bandwidth_bytes_per_s: Annotated[float, Field(ge=1.0, le=1e15, allow_inf_nan=False)] | None \
-        = Field(None, description="Bytes per second (1 to 10^15), which adds a transfer time "
+        = Field(default=None, description="Bytes per second (1 to 10^15), which adds a transfer time "
                 "to each message; omitted, transfers take no time.")
 
 
@@ -312,9 +324,9 @@ class LinkOverride(_Strict):
     """Per-group network settings; unset fields inherit the scenario's ``network``."""
 
     uplink: Link | None = Field(
-        None, description="The link that carries the group's messages to the server.")
+        default=None, description="The link that carries the group's messages to the server.")
     downlink: Link | None = Field(
-        None, description="The link that carries the server's messages to the group.")
+        default=None, description="The link that carries the server's messages to the group.")
 
 
 class Network(_Strict):
@@ -324,8 +336,8 @@ class Network(_Strict):
                          description="The link that carries client-to-server messages.")
     downlink: Link = Field(default_factory=Link,
                            description="The link that carries server-to-client messages.")
-    max_message_bytes: bounded_int(limits.MAX_MESSAGE_BYTES) = Field(
-        64 * 1024 * 1024, description="The largest message the network carries, in bytes "
+    max_message_bytes: MessageBytes = Field(
+        default=64 * 1024 * 1024, description="The largest message the network carries, in bytes "
         "(at most 1 GiB); a model must fit in one.")
 
 
@@ -338,31 +350,31 @@ class ClientGroup(_Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$",
                       description="The group's name, which prefixes its client ids.")
-    count: bounded_int(limits.MAX_CLIENTS) = Field(description="How many clients the group has.")
+    count: ClientCount = Field(description="How many clients the group has.")
     data_share: Fraction = Field(
         description="The fraction of the training set the group's clients hold together.")
     partition: Partition = Field(
         default_factory=Partition, description="How the group's share is split among its "
         "clients.")
-    batch_size: bounded_int(limits.MAX_BATCH) = Field(
+    batch_size: BatchSize = Field(
         description="The expected (Poisson) or exact (fixed) number of records per DP-SGD "
         "step, m; each client needs at least m records (q = m/N <= 1).")
     sampling: Literal["poisson", "fixed"] = Field(
-        "poisson", description="Poisson batches (each record joins with probability m/N; "
+        default="poisson", description="Poisson batches (each record joins with probability m/N; "
         "add/remove neighbours, sensitivity C) or fixed-size batches (replace-one neighbours, "
         "sensitivity 2C).")
     clip: Clip = Field(description="The clipping norm C: a number, or a constant or decay "
                                    "schedule.")
     noise: Noise = Field(description="The noise multiplier sigma: a number, or a constant, "
                                      "target or growing_mu schedule.")
-    local_steps: bounded_int(limits.MAX_LOCAL_STEPS) = Field(
-        1, description="DP-SGD steps in each round before its update is released.")
-    local_lr: Scale = Field(0.1, description="The learning rate of the local DP-SGD steps.")
-    max_physical_batch: bounded_int(limits.MAX_BATCH) = Field(
-        256, description="The most examples whose per-example gradients are held at once; "
+    local_steps: StepCount = Field(
+        default=1, description="DP-SGD steps in each round before its update is released.")
+    local_lr: Scale = Field(default=0.1, description="The learning rate of the local DP-SGD steps.")
+    max_physical_batch: BatchSize = Field(
+        default=256, description="The most examples whose per-example gradients are held at once; "
         "larger batches are computed in parts (the same result).")
-    rounds: bounded_int(limits.MAX_ROUNDS) | None = Field(
-        None, description="After this many rounds a client stops (done); needed by schedules "
+    rounds: RoundCount | None = Field(
+        default=None, description="After this many rounds a client stops (done); needed by schedules "
         "that are calibrated over a fixed number of rounds.")
     speed: Distribution = Field(
         default_factory=lambda: Constant(value=0.0),
@@ -372,15 +384,15 @@ class ClientGroup(_Strict):
     staleness: Staleness = Field(
         default_factory=Staleness, description="When a client waits for a fresh global model.")
     budget: Budget | None = Field(
-        None, description="The privacy budget each client never exceeds; omitted, no budget.")
+        default=None, description="The privacy budget each client never exceeds; omitted, no budget.")
     accountant: Literal["pld", "rdp"] = Field(
-        "pld", description="The accountant of the clients' ledgers: pld (privacy-loss "
+        default="pld", description="The accountant of the clients' ledgers: pld (privacy-loss "
         "distributions) or rdp (Renyi DP with the optimal conversion of Asoodeh et al., \"A "
         "Better Bound Gives a Hundred Rounds\").")
     weight: Scale = Field(
-        1.0, description="The clients' mixing weight when server.mixing is configured.")
+        default=1.0, description="The clients' mixing weight when server.mixing is configured.")
     network: LinkOverride | None = Field(
-        None, description="The group's own links; unset parts inherit the scenario's network.")
+        default=None, description="The group's own links; unset parts inherit the scenario's network.")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -426,8 +438,8 @@ class Clients(_Strict):
 class ConstantStep(_Strict):
     """The same server step size in every window."""
 
-    kind: Literal["constant"] = Field("constant", description="The same step in every window.")
-    value: Scale = Field(1.0, description="The step size the server applies in every window.")
+    kind: Literal["constant"] = Field(default="constant", description="The same step in every window.")
+    value: Scale = Field(default=1.0, description="The step size the server applies in every window.")
 
 
 class PlateauStep(_Strict):
@@ -437,12 +449,12 @@ class PlateauStep(_Strict):
 
     kind: Literal["plateau"] = Field(
         description="Shrink the step whenever held-out accuracy stops improving.")
-    initial: Scale = Field(1.0, description="The first window's step size.")
-    factor: OpenUnit = Field(0.9, description="What the step is multiplied by on a plateau.")
+    initial: Scale = Field(default=1.0, description="The first window's step size.")
+    factor: OpenUnit = Field(default=0.9, description="What the step is multiplied by on a plateau.")
     patience: PositiveInt = Field(
-        1, description="Evaluations without a new best accuracy that make a plateau.")
+        default=1, description="Evaluations without a new best accuracy that make a plateau.")
     minimum: Annotated[float, Field(ge=0.0, le=limits.MAX_SCALE)] = Field(
-        0.0, description="The step size never falls below this.")
+        default=0.0, description="The step size never falls below this.")
 
 
 class InverseTimeStep(_Strict):
@@ -450,11 +462,11 @@ class InverseTimeStep(_Strict):
 
     kind: Literal["inverse_time"] = Field(
         description="A diminishing step, initial / (1 + decay window)^power.")
-    initial: Scale = Field(1.0, description="The first window's step size.")
+    initial: Scale = Field(default=1.0, description="The first window's step size.")
     decay: Annotated[float, Field(ge=0.0, le=limits.MAX_SCALE)] = Field(
         description="How fast the step shrinks per window.")
     power: Annotated[float, Field(gt=0.0, le=100.0)] = Field(
-        1.0, description="The exponent of the decay.")
+        default=1.0, description="The exponent of the decay.")
 
 
 StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discriminator="kind")]
@@ -469,23 +481,23 @@ class Server(_Strict):
         description="The length of a server window in virtual seconds (at least 0.001): "
         "updates that arrive in one window are mixed together.")
     mixing: Literal["data_size", "configured", "uniform"] = Field(
-        "data_size", description="How clients' updates are weighted: by declared data size, "
+        default="data_size", description="How clients' updates are weighted: by declared data size, "
         "by each group's weight, or equally.")
     normalize: Literal["population", "window"] = Field(
-        "population", description="population divides each weight by all clients' weight, so "
+        default="population", description="population divides each weight by all clients' weight, so "
         "a window in which few clients report moves the model less; window mixes whatever "
         "arrived in the window convexly.")
     participation: Fraction = Field(
-        1.0, description="The fraction of clients whose updates a window takes.")
+        default=1.0, description="The fraction of clients whose updates a window takes.")
     step_size: StepSize = Field(default_factory=ConstantStep,
                                 description="The server's step size over windows.")
-    broadcast_every: bounded_int(limits.MAX_WINDOWS) = Field(
-        1, description="Broadcast the global model every this many windows.")
-    max_staleness: bounded_int(limits.MAX_WINDOWS, minimum=0) | None = Field(
-        None, description="Refuse updates computed on a model this many versions old or "
+    broadcast_every: WindowCount = Field(
+        default=1, description="Broadcast the global model every this many windows.")
+    max_staleness: VersionCount | None = Field(
+        default=None, description="Refuse updates computed on a model this many versions old or "
         "older; omitted, accept all.")
-    eval_every: bounded_int(limits.MAX_WINDOWS) = Field(
-        1, description="Evaluate on the held-out set every this many windows.")
+    eval_every: WindowCount = Field(
+        default=1, description="Evaluate on the held-out set every this many windows.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,20 +511,20 @@ class Stop(_Strict):
     spent, rounds done, crashed for good) and every update in flight has arrived."""
 
     virtual_seconds: PositiveSeconds | None = Field(
-        None, description="Stop at the first window end at or after this virtual time.")
-    windows: bounded_int(limits.MAX_WINDOWS) | None = Field(
-        None, description="Stop after this many server windows.")
+        default=None, description="Stop at the first window end at or after this virtual time.")
+    windows: WindowCount | None = Field(
+        default=None, description="Stop after this many server windows.")
     target_accuracy: Fraction | None = Field(
-        None, description="Stop once held-out accuracy reaches this.")
+        default=None, description="Stop once held-out accuracy reaches this.")
     all_budgets_spent: bool = Field(
-        True, description="Stop once no client can train any more (budget spent, rounds done "
+        default=True, description="Stop once no client can train any more (budget spent, rounds done "
         "or crashed for good) and every update in flight has arrived.")
 
 
 class Privacy(_Strict):
     """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``."""
 
-    delta: Delta = Field(1e-5, description="The delta at which reports give each client's "
+    delta: Delta = Field(default=1e-5, description="The delta at which reports give each client's "
                                            "epsilon.")
 
 
@@ -531,8 +543,8 @@ class Scenario(_Strict):
     name: Annotated[str, AfterValidator(_one_path_component)] = Field(
         default="scenario", description="The scenario's name, which names the default run "
         "directory (one path component of at most 120 characters).")
-    seed: bounded_int(limits.MAX_SEED, minimum=0) = Field(
-        0, description="The seed every random draw of a simulated run comes from.")
+    seed: Seed = Field(
+        default=0, description="The seed every random draw of a simulated run comes from.")
     stop: Stop = Field(description="The conditions that end the run; the first one met ends it.")
     dataset: Dataset = Field(description="The training and held-out data.")
     model: Model = Field(description="The model every client trains.")
@@ -542,8 +554,8 @@ class Scenario(_Strict):
                              description="The simulated network between clients and the server.")
     privacy: Privacy = Field(default_factory=Privacy,
                              description="How the reports state each client's privacy.")
-    torch_threads: bounded_int(limits.MAX_TORCH_THREADS) = Field(
-        1, description="torch threads for training; one by default, as more threads often slow "
+    torch_threads: ThreadCount = Field(
+        default=1, description="torch threads for training; one by default, as more threads often slow "
         "a shared CPU down.")
 
     @model_validator(mode="after")
