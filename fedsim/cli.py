@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from fedsim import __version__
 from fedsim.errors import FedsimError
@@ -33,7 +34,7 @@ COMMANDS: tuple[str, ...] = (
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors also exit 2, without traceback
+    def error(self, message: str) -> NoReturn:  # argparse's own errors also exit 2, no traceback
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.runtime.options import add_set_option
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0.18"
 FEDSIM_IMAGE = "fedsim:latest"
@@ -98,14 +99,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="X",
         help="--time-scale of the composed server and clients (default 1.0)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a scenario setting, repeatable",
-    )
+    add_set_option(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -120,7 +114,7 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
     if not args.scenario:
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
-    from fedsim.runtime.simulation import client_ids
+    from fedsim.runtime.population import client_ids
 
     scenario = load_scenario(args.scenario, args.overrides).scenario
     return client_ids(scenario), args.run or scenario.name
@@ -200,20 +194,24 @@ def compose_text(
     """
     import yaml
 
-    from fedsim.runtime.deployment import process_commands
+    from fedsim.runtime.launcher import process_commands
+    from fedsim.runtime.options import DeploymentOptions
 
     # The command lines `fedsim launch` runs, with container paths: each service mounts its
     # own state volume at CONTAINER_STATE/<name>.
     commands = process_commands(
         scenario,
         client_ids,
-        broker=f"mqtt://broker:{port}",
-        run=run,
-        secrets_file=CONTAINER_SECRETS,
+        options=DeploymentOptions(
+            broker=f"mqtt://broker:{port}",
+            run=run,
+            secrets_file=CONTAINER_SECRETS,
+            time_scale=time_scale,
+            wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
+            json_logs=True,
+        ),
         state_root=CONTAINER_STATE,
         out=f"/runs/{run}",
-        time_scale=time_scale,
-        wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
         overrides=overrides,
     )
 

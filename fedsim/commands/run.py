@@ -43,8 +43,9 @@ def _default_out(name: str, seed: int) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import configure_logging, get_logger
-    from fedsim.reporting.progress import RunProgress
-    from fedsim.runtime.simulation import build_population, run_scenario
+    from fedsim.reporting.progress import ProgressUnit, RunProgress
+    from fedsim.runtime.population import build_population
+    from fedsim.runtime.simulation import run_scenario
     from fedsim.training.preflight import preflight_warnings
 
     configure_logging(args.json_logs)
@@ -56,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
     stop = scenario.stop
+    total: float | None
+    unit: ProgressUnit
     if stop.virtual_seconds is not None:
         total, unit = stop.virtual_seconds, "time"
     else:

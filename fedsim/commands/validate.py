@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, args.overrides)
     scenario = loaded.scenario
     if not args.schema_only:
-        from fedsim.runtime.simulation import build_population  # torch import only when needed
+        from fedsim.runtime.population import build_population  # torch import only when needed
         from fedsim.training.preflight import preflight_warnings
 
         population = build_population(loaded)

@@ -8,9 +8,8 @@ for a constant. Every bound comes from :mod:`fedsim.config.limits`, which says w
 from __future__ import annotations
 
 import math
-from abc import abstractmethod
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -63,9 +62,9 @@ class Strict(BaseModel):
 class _Distribution(Strict):
     """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
 
-    @abstractmethod
-    def sample(self, rng: np.random.Generator) -> float:
-        """One draw."""
+    if TYPE_CHECKING:  # each subclass defines it (a pydantic model: no abstract methods here)
+
+        def sample(self, rng: np.random.Generator) -> float: ...
 
     def sampler(self) -> Callable[[np.random.Generator], float]:
         """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`

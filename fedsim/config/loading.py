@@ -73,7 +73,7 @@ class LoadedScenario:
 # YAML with duplicate keys rejected, bounded depth and size, and line numbers kept
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """A SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last) and
     nesting deeper than :data:`~fedsim.config.limits.MAX_YAML_DEPTH` (the composer recurses
     once per level, so a deep file would otherwise exhaust Python's recursion limit)."""
@@ -103,7 +103,9 @@ class _StrictLoader(yaml.SafeLoader):
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _construct_mapping(
+    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
     # Keys written in this mapping must be unique; keys it takes from a merge (``<<: *base``)
     # may be overridden by a written key (YAML merge-key semantics: the written key wins).
     seen: set[Any] = set()
@@ -256,7 +258,7 @@ def _split_path(path: str) -> list[str | int]:
     return parts
 
 
-def apply_override(data: Any, assignment: str) -> Any:
+def apply_override(data: Any, assignment: str) -> Any:  # noqa: C901 - one branch per kind of path step
     """Apply one ``path=value`` (value parsed as YAML) to a plain scenario tree, returning it.
 
     Missing mapping keys are created; list indices must exist.

@@ -258,7 +258,8 @@ def _require_sha256(data: bytes, expected: str, what: str) -> None:
 
 
 class MnistSource(Protocol):
-    description: str
+    @property
+    def description(self) -> str: ...
 
     def fetch(self, open_url: OpenUrl) -> Arrays: ...
 
@@ -430,7 +431,7 @@ def fetch_mnist(
         try:
             target_dir.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=target_dir, suffix=".npz", delete=False) as handle:
-                np.savez_compressed(handle, **arrays)
+                np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub
             os.replace(handle.name, target)
         except OSError as exc:
             raise DataError(f"cannot write {target}: {exc}") from None

@@ -54,33 +54,17 @@ class PlanLike(Protocol):
     def schedule(self) -> Schedule: ...
 
 
-def check_model_size(name: str, options: Mapping[str, Any], *, max_message_bytes: int) -> int:
+def check_model_size(name: str | None, options: Mapping[str, Any], *,
+                     max_message_bytes: int) -> int:
     """The number of parameters of registered model ``name`` built with ``options``, or a
     :class:`ModelError` naming ``model.options`` when it cannot be trained here.
 
     Built on the ``meta`` device: shapes without memory, so a width of 2e9 costs nothing to
     check. Unknown names and wrong argument names are left to :func:`build_model`'s errors.
     """
-    factory = MODELS.get(name)
-    if factory is None:
+    model = _meta_model(name, options)
+    if model is None:
         return 0
-    for key, value in options.items():
-        if isinstance(value, list) and len(value) > limits.MAX_MODEL_LAYERS:
-            raise ModelError(f"model.options.{key}: {len(value)} items, more than the "
-                             f"{limits.MAX_MODEL_LAYERS} layers a model may have")
-    try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "zero-element tensors": reported below instead
-            model = factory(**options)
-    except TypeError:
-        return 0  # bad argument names: build_model says which
-    except FedsimError:
-        raise
-    except Exception as exc:  # any shape the layers refuse (negative, zero groups, overflow)
-        raise ModelError(f"model.options: {name} cannot be built with {dict(options)}: "
-                         f"{type(exc).__name__}: {exc}; every layer size must be a whole "
-                         f"number >= 1, the model at most {limits.MAX_MODEL_PARAMETERS:,} "
-                         "parameters") from None
     total = 0
     for param_name, param in model.named_parameters():
         if param.numel() == 0:
@@ -102,6 +86,31 @@ def check_model_size(name: str, options: Mapping[str, Any], *, max_message_bytes
             f"{max_message_bytes:,}; a model that does not fit in one message can never be "
             "broadcast (raise network.max_message_bytes or shrink the model)")
     return total
+
+
+def _meta_model(name: str | None, options: Mapping[str, Any]) -> torch.nn.Module | None:
+    """The registered model on the meta device; None when it is not a registered model or its
+    argument names are wrong (the real build then says so)."""
+    factory = MODELS.get(name) if name is not None else None
+    if factory is None:
+        return None
+    for key, value in options.items():
+        if isinstance(value, list) and len(value) > limits.MAX_MODEL_LAYERS:
+            raise ModelError(f"model.options.{key}: {len(value)} items, more than the "
+                             f"{limits.MAX_MODEL_LAYERS} layers a model may have")
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "zero-element tensors": reported by the caller
+            return factory(**options)
+    except TypeError:
+        return None  # bad argument names: build_model says which
+    except FedsimError:
+        raise
+    except Exception as exc:  # any shape the layers refuse (negative, zero groups, overflow)
+        raise ModelError(f"model.options: {name} cannot be built with {dict(options)}: "
+                         f"{type(exc).__name__}: {exc}; every layer size must be a whole "
+                         f"number >= 1, the model at most {limits.MAX_MODEL_PARAMETERS:,} "
+                         "parameters") from None
 
 
 def check_batch_fits(index: int, group: ClientGroup, sizes: Sequence[int]) -> None:

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from fedsim.aggregation import PlateauStepSize, make_strategy
+from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.checkpoint import CheckpointError, ServerCheckpoint
-from fedsim.runtime.deployment import ScaledClock, _keep_windows_through, resolve_broker
+from fedsim.runtime.deployment import resolve_broker
 from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.server_process import keep_windows_through
 from fedsim.transports.security import generate_secrets, write_secrets
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
@@ -73,6 +75,7 @@ def _busy_server() -> ServerActor:
     server._evaluated_version = 9
     server._last_evaluation = (0.6, 0.9)
     server.statuses = {"b": ClientStatus("b", "done", 4, 1.5, 1e-5, "finished", 11.0)}
+    server.invitations = {12: frozenset({"a"}), 13: frozenset({"b"})}
     return server
 
 
@@ -91,8 +94,9 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
     assert vars(restored.step_size) == vars(original.step_size)
     assert restored.statuses == original.statuses
     assert restored.last_accuracy == 0.6 and restored._last_evaluation == (0.6, 0.9)
+    assert restored.invitations == original.invitations
     # The participation generator continues exactly where the original was.
-    assert restored._participants() == original._participants()
+    assert restored._invite(14) == original._invite(14)
     assert restored.rng.random() == original.rng.random()
 
 
@@ -174,7 +178,7 @@ def test_keep_windows_through_drops_later_windows_and_a_torn_line(tmp_path: Path
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps({"window": w, "x": w * 2}) for w in (1, 2, 3, 4)]
     path.write_text("\n".join(lines) + '\n{"window": 5, "x"')
-    _keep_windows_through(path, 2)
+    keep_windows_through(path, 2)
     assert [json.loads(t)["window"] for t in path.read_text().splitlines()] == [1, 2]
 
 

@@ -25,8 +25,10 @@ from fedsim.config import load_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.reporting.rundir import RunDirectory
-from fedsim.runtime.deployment import Launcher
-from fedsim.runtime.simulation import build_population, open_ledger, run_scenario
+from fedsim.runtime.launcher import Launcher
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.population import build_population, open_ledger
+from fedsim.runtime.simulation import run_scenario
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
 
@@ -48,8 +50,9 @@ TOLERANCE = 0.06
 
 def _launcher(out: Path, overrides: list[str], *, max_backoff: float = 0.5) -> Launcher:
     """The four-client scenario, launched in accelerated real time with ``overrides``."""
-    return Launcher(SCENARIO, out, overrides=overrides, time_scale=float(TIME_SCALE),
-                    max_backoff=max_backoff)
+    options = DeploymentOptions(time_scale=float(TIME_SCALE), max_backoff=max_backoff,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    return Launcher(SCENARIO, out, options=options, overrides=overrides)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -155,7 +158,7 @@ async def _intrude(host: str, port: int, run: str, password: str) -> None:
     claiming to be c-001 on c-000's own topic (the server denies it), and garbage."""
     topics = Topics(run)
     huge = np.full(33, 1e3, np.float32)  # logreg on 10 features, 3 classes: 33 parameters
-    forged = codec.encode(ClientUpdate("c-001", 10_000, 0, huge, 32.0, 500))
+    forged = codec.encode(ClientUpdate("c-001", 10_000, 0, huge, 32.0))
     async with aiomqtt.Client(host, port, username="c-000", password=password) as raw:
         await raw.publish(topics.updates("c-001"), forged, qos=1)
         await raw.publish(topics.updates("c-000"), forged, qos=1)
@@ -223,7 +226,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     assert len(applied) == updates["applied"] and updates["applied"] + updates["stale"] == 4 * 12
 
 
-def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
+def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:  # noqa: PLR0915 - one crash-and-restart story, step by step
     out = tmp_path / "run"
     # Rounds take half a window of (emulated) compute, so a kill often lands mid-round.
     launcher = _launcher(out, ["stop.windows=30", "clients.groups[0].speed=0.015"])

@@ -109,12 +109,13 @@ def test_drs_single_pair_curve_lies_below_the_fdp_curve(drs: ModuleType) -> None
     import numpy as np
 
     from fedsim.privacy.accountant import make_accountant
+    from fedsim.privacy.fdp import eps_delta_tradeoff
 
     run = drs.RUNS[0]
     alpha = np.linspace(0.0, 1.0, 101)
     fdp = make_accountant("pld", [run.full_step]).tradeoff(alpha)
     eps = make_accountant("pld", [run.full_step]).epsilon(1e-5)
-    pair = drs.eps_delta_tradeoff(eps, 1e-5, alpha)
+    pair = eps_delta_tradeoff(alpha, eps, 1e-5)
     assert np.all(pair <= fdp + 1e-6)
     assert np.max(fdp - pair) > 0.1
 

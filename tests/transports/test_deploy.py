@@ -123,7 +123,7 @@ def _compose() -> dict:
 
 def test_compose_file_is_current_and_has_one_service_per_client() -> None:
     from fedsim.config import load_scenario
-    from fedsim.runtime.simulation import client_ids
+    from fedsim.runtime.population import client_ids
 
     scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
     ids = client_ids(scenario)
@@ -161,13 +161,17 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
 
 
 def test_compose_commands_match_what_fedsim_launch_runs(tmp_path: Path) -> None:
-    from fedsim.runtime.deployment import Launcher
+    from fedsim.runtime.launcher import Launcher
+    from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
     launcher = Launcher(
         REPO / "scenarios" / "quickstart.yaml",
         tmp_path / "run",
-        broker="mqtt://broker:1883",
-        secrets_file=tmp_path / "secrets.json",
+        options=DeploymentOptions(
+            broker="mqtt://broker:1883",
+            secrets_file=str(tmp_path / "secrets.json"),
+            wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
+        ),
     )
     launcher.prepare()
     services = _compose()["services"]

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
+from fedsim.clock import WallClock
 from fedsim.errors import ConfigError, TransportError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import WallClock
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import (
     LinkModel,
@@ -26,7 +26,7 @@ PARAMS = 16
 
 
 def update(client_id: str, round_: int, *, params: int = PARAMS) -> ClientUpdate:
-    return ClientUpdate(client_id, round_, 0, np.full(params, round_, np.float32), 8.0, 100)
+    return ClientUpdate(client_id, round_, 0, np.full(params, round_, np.float32), 8.0)
 
 
 def model(version: int) -> GlobalModel:
