@@ -42,13 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import centralized_dp_sgd, epoch_ends, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT / ".." / "shared" / "datasets" / "mnist.npz"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", default=str(DEFAULT_DATA), help="mnist.npz or a directory with it"
+        "--data", default=None,
+        help="mnist.npz or a directory with it (default: where `dataset: {name: mnist}` finds "
+        "it: $FEDSIM_DATA_DIR, the user cache, else a verified download)"
     )
     parser.add_argument("--epochs", type=float, default=15.0)
     parser.add_argument("--batch-size", type=int, default=256)

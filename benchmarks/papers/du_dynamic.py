@@ -70,7 +70,6 @@ from _common import centralized_dp_sgd, epoch_ends, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
-DEFAULT_DATA = REPO / ".." / "shared" / "datasets" / "mnist.npz"
 PLOT = REPO / "docs" / "img" / "du_dynamic.png"
 FEDERATED_SCENARIO = REPO / "scenarios" / "papers" / "du_federated.yaml"
 
@@ -530,7 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"default {CENTRALIZED_EPSILON} (centralized), {FEDERATED_EPSILON} (federated)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run on 1024 records")
-    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--data", default=None,
+                        help="mnist.npz (default: $FEDSIM_DATA_DIR, the user cache, a download)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")

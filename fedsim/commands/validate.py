@@ -1,10 +1,11 @@
 """``fedsim validate FILE``: check a scenario file and list every problem with its YAML path.
 
-Beyond the schema it checks what can be known without training: that the dataset file exists,
-that every group's data share gives each client at least ``batch_size`` records (q = m/N <= 1),
-that the model's size is trainable and that noise targets can be calibrated; it warns about
-clients whose budget cannot pay for a single round (they would never train). Exit status 0
-when the file is valid (warnings included), 2 otherwise.
+Beyond the schema it checks what can be known without training: that the data set is found
+(fetched into the user cache where it is nowhere, unless ``--offline``), that every group's
+data share gives each client at least ``batch_size`` records (q = m/N <= 1), that the model's
+size is trainable and that noise targets can be calibrated; it warns about clients whose budget
+cannot pay for a single round (they would never train). Exit status 0 when the file is valid
+(warnings included), 2 otherwise.
 """
 
 from __future__ import annotations

@@ -94,19 +94,20 @@ class Partition(_Strict):
 class Dataset(_Strict):
     """Training / held-out data.
 
-    ``path`` (mnist): a relative path is resolved against the current working directory and,
-    if no file is there, against the scenario file's directory (see
-    :func:`fedsim.config.loading.resolve_path`). Omitted: the data loader's own search
-    ($FEDSIM_DATA_DIR, the user cache).
+    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
+    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
+    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
+    offline; see :mod:`fedsim.training.datasets`.
     """
 
     name: Literal["mnist", "synthetic"] = Field(
         description="The data set: mnist, or synthetic (a seeded Gaussian-mixture "
         "classification problem).")
     path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
-        default=None, description="Where the MNIST file or directory is; a relative path is looked "
-        "for in the current directory, then beside the scenario file. Omitted, the data "
-        "loader searches $FEDSIM_DATA_DIR and the user cache.")
+        default=None, description="Where the data set's file or directory is; a relative "
+        "path is looked for beside the scenario file, then in the working directory. Omitted, "
+        "$FEDSIM_DATA_DIR and the user cache are searched, and the data set is downloaded "
+        "into the cache unless offline.")
     num_samples: SampleCount = Field(
         default=6000, description="Training records of the synthetic data set.")
     num_test_samples: SampleCount = Field(

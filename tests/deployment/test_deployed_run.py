@@ -29,13 +29,13 @@ from fedsim.runtime.launcher import Launcher
 from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population, open_ledger
 from fedsim.runtime.simulation import run_scenario
-from fedsim.transports.broker import LocalMosquitto, find_mosquitto
+from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
 
 pytestmark = [
     pytest.mark.mqtt,
     pytest.mark.slow,
-    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+    pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING),
 ]
 torch.set_num_threads(1)
 
