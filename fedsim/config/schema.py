@@ -136,7 +136,7 @@ Distribution = Annotated[
 class Partition(_Strict):
     """How a group's share of the training set is split among its clients."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = "iid"
+    scheme: Literal["iid", "dirichlet", "shards", "unequal", "natural"] = "iid"  # natural: femnist writers
     alpha: PositiveFloat = 0.5  # dirichlet concentration (smaller = more label skew)
     shards_per_client: PositiveInt = 2
     size_sigma: PositiveFloat = 1.0  # unequal: log-normal spread of client sizes
@@ -151,7 +151,7 @@ class Dataset(_Strict):
     offline; see :mod:`fedsim.training.datasets`.
     """
 
-    name: Literal["mnist", "synthetic"]
+    name: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "synthetic"]
     path: str | None = None
     # synthetic only: a seeded Gaussian-mixture classification problem
     num_samples: PositiveInt = 6000

@@ -39,7 +39,7 @@ from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, load_named, partition
+from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.models import build_scenario_model
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
@@ -199,17 +199,16 @@ def client_ids(scenario: Scenario) -> list[str]:
 
 
 def _split_groups(
-    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree
+    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree,
+    writers: np.ndarray | None = None,
 ) -> list[list[np.ndarray]]:
-    """Record indices per group (by ``data_share``) and then per client (``partition``)."""
-    n = len(labels)
-    order = tree.numpy("partition", "groups").permutation(n)
+    """Record indices per group (by ``data_share``; whole writers where the data set has
+    them) and then per client (``partition``)."""
+    shares = [group.data_share for group in groups]
+    every = group_members(len(labels), shares, tree.numpy("partition", "groups"), writers)
     result: list[list[np.ndarray]] = []
-    start = 0
-    for index, group in enumerate(groups):
-        size = int(math.floor(group.data_share * n))
-        members = np.sort(order[start : start + size])
-        start += size
+    for index, (group, members) in enumerate(zip(groups, every, strict=True)):
+        size = len(members)
         where = f"clients.groups[{index}]"
         if size < group.count:
             raise ConfigError(
@@ -226,6 +225,7 @@ def _split_groups(
                 alpha=scheme.alpha,
                 shards_per_client=scheme.shards_per_client,
                 size_sigma=scheme.size_sigma,
+                writers=None if writers is None else writers[members],
             )
         except FedsimError as exc:
             raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
@@ -251,7 +251,7 @@ def build_population(
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
-    path = None
+    path, writers = None, None
     if dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
@@ -262,8 +262,9 @@ def build_population(
             num_classes=dataset.num_classes,
         )
     else:
-        (train_x, train_y, test_x, test_y), path = load_named(
-            dataset.name, dataset.path, base_dir=loaded.base_dir)
+        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
+        (train_x, train_y, test_x, test_y), path, writers = (
+            named.tensors, named.path, named.train_writers)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()
@@ -274,7 +275,7 @@ def build_population(
             scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     plans: list[ClientPlan] = []
-    split = _split_groups(labels, scenario.clients.groups, tree)
+    split = _split_groups(labels, scenario.clients.groups, tree, writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
         smallest = min(len(p) for p in parts)

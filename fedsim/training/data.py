@@ -8,8 +8,10 @@ otherwise: synthetic data and partitions take a ``numpy.random.Generator``.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,6 +81,31 @@ def synthetic_classification(
     return train_x, train_y, test_x, test_y
 
 
+@dataclass(frozen=True)
+class NamedData:
+    """A registered data set as tensors, the file it was read from, and (for a data set with
+    a natural partition, FEMNIST) each training record's writer index."""
+
+    tensors: TensorSplits
+    path: Path
+    train_writers: np.ndarray | None = None
+
+
+def load_named_data(
+    name: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    base_dir: Path | None = None,
+    download: bool | None = None,
+) -> NamedData:
+    """A registered data set, looked for as :func:`fedsim.training.datasets.resolve` says:
+    ``path`` (beside the scenario file ``base_dir``, then the working directory),
+    ``$FEDSIM_DATA_DIR``, the user cache, a verified download (``download``: None follows
+    ``FEDSIM_OFFLINE``)."""
+    found = datasets.resolve(name, path, base_dir=base_dir, download=download)
+    return NamedData(image_tensors(found.arrays), found.path, found.arrays.get("w_train"))
+
+
 def load_named(
     name: str,
     path: str | os.PathLike[str] | None = None,
@@ -86,14 +113,10 @@ def load_named(
     base_dir: Path | None = None,
     download: bool | None = None,
 ) -> tuple[TensorSplits, Path]:
-    """A registered data set as tensors, and the file it was read from.
-
-    Looked for as :func:`fedsim.training.datasets.resolve` says: ``path`` (beside the scenario
-    file ``base_dir``, then the working directory), ``$FEDSIM_DATA_DIR``, the user cache, a
-    verified download (``download``: None follows ``FEDSIM_OFFLINE``).
-    """
-    found = datasets.resolve(name, path, base_dir=base_dir, download=download)
-    return image_tensors(found.arrays), found.path
+    """A registered data set as tensors, and the file it was read from (see
+    :func:`load_named_data`)."""
+    data = load_named_data(name, path, base_dir=base_dir, download=download)
+    return data.tensors, data.path
 
 
 def dataset_file(
@@ -135,7 +158,52 @@ def load_dataset(
 # ---------------------------------------------------------------------------------------
 # partitioning
 # ---------------------------------------------------------------------------------------
-PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal"]
+PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal", "natural"]
+
+
+def group_members(
+    n: int, shares: Sequence[float], rng: np.random.Generator,
+    writers: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Record indices (sorted) per group: ``floor(share * n)`` records for each share, cut in
+    turn from one random order of ``0..n-1``.
+
+    With ``writers`` (a writer index per record), the order keeps each writer's records
+    together (writers in random order) and each cut is moved forward to the end of a writer,
+    so that no writer's records are in two groups.
+    """
+    if writers is None:
+        order, bounds = rng.permutation(n), None
+    else:
+        w = np.asarray(writers, dtype=np.int64)
+        present = np.unique(w)
+        rank = np.zeros(int(w.max()) + 1, np.int64)
+        rank[rng.permutation(present)] = np.arange(len(present))
+        order = np.argsort(rank[w], kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(rank[w], minlength=len(present)))])
+    groups, start = [], 0
+    for share in shares:
+        end = min(start + math.floor(share * n), n)
+        if bounds is not None:
+            end = int(bounds[np.searchsorted(bounds, end)])
+        groups.append(np.sort(order[start:end]))
+        start = end
+    return groups
+
+
+def natural_partition(
+    writers: np.ndarray, num_clients: int, *, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Each client gets the records of one or more whole writers: the writers present, in
+    random order, cut into ``num_clients`` near-equal runs (LEAF's natural FL split)."""
+    w = np.asarray(writers)
+    present = rng.permutation(np.unique(w))
+    if len(present) < num_clients:
+        raise ConfigError(
+            f"a natural partition needs a writer per client: {len(present)} writers for "
+            f"{num_clients} clients"
+        )
+    return [np.flatnonzero(np.isin(w, run)) for run in np.array_split(present, num_clients)]
 
 
 def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
@@ -148,6 +216,7 @@ def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
     shards_per_client: int = 2,
     size_sigma: float = 1.0,
     min_size: int = 1,
+    writers: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split record indices ``0..len(labels)-1`` among ``num_clients`` disjointly.
 
@@ -157,7 +226,9 @@ def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
     * ``shards``: sort by label, cut into ``num_clients * shards_per_client`` shards, deal
       ``shards_per_client`` at random to each client (McMahan et al. 2017);
     * ``unequal``: IID contents, sizes proportional to log-normal(0, size_sigma) draws, each at
-      least ``min_size``.
+      least ``min_size``;
+    * ``natural``: whole writers per client (``writers``: a writer index per record; FEMNIST),
+      see :func:`natural_partition`.
 
     Each array is sorted; together they cover every record exactly once.
     """
@@ -199,6 +270,11 @@ def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
         shards = np.array_split(order, num_clients * shards_per_client)
         dealt = rng.permutation(len(shards)).reshape(num_clients, shards_per_client)
         parts = [np.concatenate([shards[s] for s in row]) for row in dealt]
+    elif scheme == "natural":
+        if writers is None or len(writers) != n:
+            raise ConfigError("partition scheme 'natural' needs a data set with writers "
+                              "(femnist); this one has none")
+        parts = natural_partition(writers, num_clients, rng=rng)
     elif scheme == "unequal":
         weights = rng.lognormal(0.0, size_sigma, num_clients)
         spare = n - num_clients * min_size
@@ -207,6 +283,6 @@ def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
         parts = np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
     else:
         raise ConfigError(
-            f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal"
+            f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal, natural"
         )
     return [np.sort(p) for p in parts]
