@@ -95,10 +95,13 @@ class DatasetSpec:
     @property
     def array_bytes(self) -> int | None:
         """Bytes of the arrays (None where a size is not fixed)."""
-        if any(d is None for shape in self.shapes.values() for d in shape):
-            return None
-        return sum(int(np.prod(shape)) * np.dtype(self.dtypes.get(name, "u1")).itemsize  # type: ignore[arg-type]
-                   for name, shape in self.shapes.items())
+        total = 0
+        for name, shape in self.shapes.items():
+            dims = [d for d in shape if d is not None]
+            if len(dims) < len(shape):
+                return None
+            total += int(np.prod(dims)) * np.dtype(self.dtypes.get(name, "u1")).itemsize
+        return total
 
     def check(self, arrays: Mapping[str, np.ndarray], where: str) -> Arrays:
         """The registered arrays, of their dtypes and shapes; labels below ``num_classes``."""
@@ -271,10 +274,11 @@ def cifar10_archive(url: str = CIFAR10_URL) -> formats.TarGzSource:
 
 
 def _cifar10_layout(location: Path) -> Callable[[], Arrays] | None:
-    """The published archive (a file, or one in ``location``) or its unpacked batches."""
+    """The published archive (a file, or one in ``location``) or its unpacked batches: a
+    user's own copy, read with the restricted unpickler (``--from`` checks the pinned sha256)."""
     archive = location if location.is_file() else location / CIFAR10_ARCHIVE
     if archive.is_file() and archive.name.endswith(".tar.gz"):
-        return lambda: cifar10_archive(str(archive)).fetch(urllib_open)
+        return lambda: formats.read_cifar_tar(archive, str(archive), formats.TarGzSource.max_member)
     batches = formats.cifar_batch_dir(location) if location.is_dir() else None
     if batches is not None:
         return lambda: formats.read_cifar_dir(batches, formats.TarGzSource.max_member)
@@ -347,6 +351,12 @@ def _idx_paths(spec: DatasetSpec, directory: Path) -> dict[str, Path] | None:
     return found if len(found) == len(spec.idx_files) else None
 
 
+def _fixed(shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    if any(d is None for d in shape):
+        raise DataError(f"IDX files hold fixed shapes, not {shape}")
+    return tuple(d for d in shape if d is not None)
+
+
 def holds(spec: DatasetSpec, location: Path) -> bool:
     """Whether ``location`` holds something to read ``spec`` from (without reading it)."""
     return location.is_file() or (location.is_dir() and (
@@ -367,7 +377,7 @@ def read_local(spec: DatasetSpec, location: Path) -> Arrays:
             raise DataError(f"{location}: holds neither {spec.file_name} nor the IDX files "
                             f"{sorted(spec.idx_files.values())}")
         return spec.check({n: read_idx(maybe_gunzip(p.read_bytes(), str(p), idx_size(
-            spec.shapes[n])), str(p)) for n, p in idx.items()}, str(location))
+            _fixed(spec.shapes[n]))), str(p)) for n, p in idx.items()}, str(location))
     file = location / spec.file_name if location.is_dir() else location
     return spec.check(read_npz(file, str(file)), str(file))
 
