@@ -25,6 +25,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="override the scenario's seed")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE", help="override a setting (YAML value), repeatable")
+    parser.add_argument("--device", choices=("cpu", "cuda", "mps", "auto"),
+                        help="where rounds and evaluation run (overrides the scenario's device; "
+                             "auto: cuda, else mps, else cpu)")
     parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="JSON log lines (default: when stderr is not a terminal)")
@@ -51,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
+    if args.device is not None:
+        overrides.append(f"device={args.device}")
     loaded = load_scenario(args.scenario, overrides)
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)

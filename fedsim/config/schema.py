@@ -519,6 +519,8 @@ class Scenario(_Strict):
     privacy: Privacy = Field(default_factory=Privacy)
     # torch threads for training: one by default (on a shared CPU more threads often slow down)
     torch_threads: PositiveInt = 1
+    # where rounds and evaluation run (fedsim.training.devices): auto = cuda, else mps, else cpu
+    device: Literal["cpu", "cuda", "mps", "auto"] = "cpu"
 
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:

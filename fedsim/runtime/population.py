@@ -40,6 +40,7 @@ from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import group_members, load_dataset, load_named_data, partition
+from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
 from fedsim.training.models import build_scenario_model
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
@@ -97,6 +98,8 @@ class Population:
     test_y: torch.Tensor
     plans: list[ClientPlan]
     dataset_path: Path | None
+    device: torch.device = torch.device("cpu")
+    """Where the model, the clients' records and their rounds live (scenario ``device``)."""
 
     def trainer(
         self,
@@ -118,8 +121,8 @@ class Population:
         # index_select: several times faster than advanced indexing for image tensors on CPU.
         trainer = LocalTrainer(
             self.model,
-            self.train_x.index_select(0, index),
-            self.train_y.index_select(0, index),
+            self.train_x.index_select(0, index).to(self.device),
+            self.train_y.index_select(0, index).to(self.device),
             batch_size=group.batch_size,
             sampling=group.sampling,
             clip=plan.schedule,
@@ -250,6 +253,7 @@ def build_population(
     ``model_factory``: a Python callable that builds the model (instead of ``model:``)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
+    device = resolve_device(scenario.device)  # before the data: a missing device fails fast
     dataset = scenario.dataset
     path, writers = None, None
     if dataset.name == "synthetic":
@@ -274,6 +278,7 @@ def build_population(
         model = build_scenario_model(
             scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
+    model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree, writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
@@ -291,7 +296,8 @@ def build_population(
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedule))
     return Population(
-        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path
+        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
+        device,
     )
 
 
