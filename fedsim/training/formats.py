@@ -150,9 +150,10 @@ LEAF_CLASSES = 62
 
 
 def leaf_split_dirs(directory: Path) -> tuple[Path, Path] | None:
-    """``(train, test)`` directories of LEAF JSON files under ``directory`` (itself, or its
-    ``data/``), or None."""
-    for base in (directory, directory / "data"):
+    """``(train, test)`` directories of LEAF JSON files under ``directory`` (itself, its
+    ``data/``, its ``femnist/`` or ``femnist/data/``: LEAF's own path), or None."""
+    for base in (directory, directory / "data", directory / "femnist",
+                 directory / "femnist" / "data"):
         train, test = base / "train", base / "test"
         if train.is_dir() and test.is_dir() and any(train.glob("*.json")) \
                 and any(test.glob("*.json")):
