@@ -12,6 +12,8 @@ import io
 import json
 import os
 import pickle
+import pickletools
+import struct
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,11 +99,34 @@ def test_the_registered_fashion_mnist_pins_the_published_md5_on_every_mirror() -
 
 
 # ----------------------------------------------------------------------------- CIFAR-10
-def _cifar_batch(images: np.ndarray, labels: np.ndarray, name: str) -> bytes:
-    """A batch pickle as the published one holds it (a dict; data as R, G, B planes)."""
+class _Python2Pickler(pickle._Pickler):  # type: ignore[name-defined]  # the pure-Python one
+    """Writes bytes as Python 2 ``str`` (BINSTRING) opcodes, as the published batches (pickled
+    by Python 2's cPickle) hold their keys, names and array data."""
+
+    dispatch = dict(pickle._Pickler.dispatch)  # type: ignore[attr-defined]
+
+    def save_str2(self, obj: bytes) -> None:
+        size = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([size]) + obj if size < 256
+                   else pickle.BINSTRING + struct.pack("<i", size) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_str2
+
+
+def _cifar_batch(images: np.ndarray, labels: np.ndarray, name: str, python2: bool = True
+                 ) -> bytes:
+    """A batch pickle as the published one holds it (a dict; data as R, G, B planes), with
+    Python 2 strings or (``python2=False``) as Python 3 pickles bytes."""
     data = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)
-    return pickle.dumps({b"batch_label": name.encode(), b"labels": [int(y) for y in labels],
-                         b"data": data, b"filenames": [b"img.png"] * len(images)}, protocol=2)
+    batch = {b"batch_label": name.encode(), b"labels": [int(y) for y in labels], b"data": data,
+             b"filenames": [b"img.png"] * len(images)}
+    if not python2:
+        return pickle.dumps(batch, protocol=2)
+    buffer = io.BytesIO()
+    _Python2Pickler(buffer, protocol=2).dump(batch)
+    assert "BINSTRING" in {op.name for op, _, _ in pickletools.genops(buffer.getvalue())}
+    return buffer.getvalue()
 
 
 def _cifar_tar(arrays: dict[str, np.ndarray], replace: dict[str, bytes] | None = None) -> bytes:
@@ -110,7 +135,8 @@ def _cifar_tar(arrays: dict[str, np.ndarray], replace: dict[str, bytes] | None =
         sl = slice(2 * i, 2 * i + 2)
         members[f"data_batch_{i + 1}"] = _cifar_batch(
             arrays["x_train"][sl], arrays["y_train"][sl], f"training batch {i + 1} of 5")
-    members["test_batch"] = _cifar_batch(arrays["x_test"], arrays["y_test"], "testing batch 1")
+    members["test_batch"] = _cifar_batch(arrays["x_test"], arrays["y_test"], "testing batch 1",
+                                         python2=False)
     members |= replace or {}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
