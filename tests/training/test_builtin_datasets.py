@@ -88,6 +88,23 @@ def test_fashion_mnist_downloads_from_md5_pinned_idx_mirrors(_isolated: Path) ->
               open_url=_served(served))
 
 
+def test_fashion_mnist_from_a_local_directory_is_checked_by_the_published_md5(
+    tmp_path: Path,
+) -> None:
+    """`fedsim data fetch fashion_mnist --from DIR`: the .gz files as the publisher gives them,
+    checked against the pinned md5 (a directory of other files is refused)."""
+    arrays = _arrays(TINY)
+    local = tmp_path / "fashion"
+    local.mkdir()
+    for name, stem in datasets.MNIST_IDX_FILES.items():
+        (local / f"{stem}.gz").write_bytes(_idx_gz(arrays[name]))
+    (source,) = datasets.local_file_sources(datasets.FASHION_MNIST, local)
+    assert isinstance(source, IdxMirror) and source.base_url == str(local)
+    assert source.digests == datasets.FASHION_MNIST_MD5
+    with pytest.raises(DataError, match="md5 .* does not match the pinned 8d4fb7e6"):
+        source.fetch(datasets.urllib_open)
+
+
 def test_the_registered_fashion_mnist_pins_the_published_md5_on_every_mirror() -> None:
     spec = datasets.get("fashion_mnist")
     assert spec.shapes == datasets.MNIST_SHAPES and spec.num_classes == 10
