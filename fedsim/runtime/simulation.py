@@ -48,6 +48,7 @@ from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, RoundRecord, StalenessPolicy
 from fedsim.runtime.clock import Clock
+from fedsim.runtime.integrity import client_limits
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import make_schedule
@@ -398,7 +399,8 @@ def make_server_actor(
         endpoint=endpoint,
         initial_params=population.initial_params,
         clients={
-            p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight)
+            p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight, client_limits(
+                p.group, p.num_samples, p.schedule, population.initial_params.size))
             for p in population.plans
         },
         window=server_config.window,
