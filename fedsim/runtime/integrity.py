@@ -57,6 +57,7 @@ __all__ = [
     "client_limits",
     "noise_norm_bound",
     "update_norm_bound",
+    "window_refusals",
 ]
 
 FAILURE_PROBABILITY = 1e-12
@@ -190,6 +191,13 @@ def check_model(new: np.ndarray, old: np.ndarray, max_move: float | None) -> str
         if moved > max_move + slack:
             return f"the mix moved the model by {moved:.4g}, more than the {max_move:.4g} allowed"
     return ""
+
+
+def window_refusals(stats: object, before: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """What a transport endpoint refused since ``before`` (its ``refused_by_kind`` counters
+    then), and the counters now."""
+    now = dict(getattr(stats, "refused_by_kind", {}))
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}, now
 
 
 @dataclass
