@@ -20,6 +20,7 @@ from fedsim.errors import CodecError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.client import ClientActor
+from fedsim.runtime.clock import WallClock
 from fedsim.runtime.integrity import (
     MAX_ROUND_GAP,
     ClientLimits,
@@ -28,7 +29,6 @@ from fedsim.runtime.integrity import (
     update_norm,
     update_norm_bound,
 )
-from fedsim.runtime.clock import WallClock
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.runtime.simulation import build_population
 from tests.runtime.test_actors import FakeEndpoint, FakeLedger, FakeTrainer
