@@ -8,9 +8,16 @@ Writes to ``--out`` (default ``deploy/generated``):
 * ``acl``: each client may write only its own ``updates``/``status`` topics and read only the
   global model and its own receipts; the server reads all updates/statuses and writes the
   model and the receipts; nothing else;
-* ``mosquitto.conf``: one authenticated listener, anonymous access denied, the files above as
-  the broker sees them (``--broker-config-dir``, ``/mosquitto/config`` in the eclipse-mosquitto
-  container).
+* ``mosquitto.conf``: one authenticated listener, anonymous access denied, client ids bound to
+  usernames, the queue sized for the run, the files above as the broker sees them
+  (``--broker-config-dir``, ``/mosquitto/config`` in the eclipse-mosquitto container);
+* TLS by default: ``ca.crt`` (a fresh CA, its key never written), ``broker.crt`` and
+  ``broker.key`` (0600) for the names in ``--tls-host``, and a TLS-only listener on port 8883;
+  processes connect with ``mqtts://HOST:8883 --tls-ca ca.crt``. ``--tls-cert``/``--tls-key``
+  use certificates of your own instead; plain MQTT only with ``--plain``.
+
+``passwd`` and ``acl`` are mode 0600 too: the broker must run as their owner (``--broker-user``;
+for the container ``chown 1883:1883`` them). See docs/SECURITY.md for what all this protects.
 
 Client ids are the scenario's (``<group>-<index>``); ``--client-id`` lists them instead.
 
@@ -58,7 +65,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--run", metavar="NAME", help="run name in the MQTT topics (default: the scenario name)"
     )
     parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="output directory")
-    parser.add_argument("--port", type=int, default=1883, help="broker port (default 1883)")
+    parser.add_argument(
+        "--port", type=int, help="broker port (default 8883 with TLS, 1883 with --plain)"
+    )
     parser.add_argument(
         "--bind", default="0.0.0.0", metavar="ADDRESS", help="listen address (default 0.0.0.0)"
     )
@@ -85,6 +94,24 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--tls-key", metavar="FILE", help="broker TLS private key")
     parser.add_argument(
         "--tls-ca", metavar="FILE", help="CA file, to verify client certificates (optional)"
+    )
+    parser.add_argument(
+        "--tls-host",
+        dest="tls_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="host name or IP address in the generated broker certificate (repeatable; "
+        "default: broker, localhost, 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="an unencrypted listener (passwords and updates travel in clear: trusted networks "
+        "only)",
+    )
+    parser.add_argument(
+        "--broker-user", metavar="NAME", help="the user mosquitto runs as (its `user` option)"
     )
     parser.add_argument(
         "--compose",
@@ -126,23 +153,41 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
     return client_ids(scenario), args.run or scenario.name
 
 
-def run(args: argparse.Namespace) -> int:
-    from fedsim.transports.security import ListenerTls, write_broker_files
+def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The listener's TLS settings and the CA file processes trust (None: their own choice)."""
+    from fedsim.transports.certificates import DEFAULT_TLS_HOSTS, write_tls_files
+    from fedsim.transports.security import ListenerTls
 
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if args.plain:
+        if args.tls_cert or args.tls_hosts:
+            raise ConfigError("--plain and the --tls-* options exclude each other")
+        return None, None
+    if args.tls_cert:
+        return ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca), None
+    made = write_tls_files(Path(args.out), args.tls_hosts or DEFAULT_TLS_HOSTS)
+    seen_as = (args.broker_config_dir or str(Path(args.out).resolve())).rstrip("/")
+    listener = ListenerTls(
+        certfile=f"{seen_as}/{made.cert.name}", keyfile=f"{seen_as}/{made.key.name}",
+        cafile=args.tls_ca,
+    )
+    return listener, str(made.ca_cert)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedsim.transports.security import write_broker_files
+
+    if args.port is None:
+        args.port = 1883 if args.plain else 8883
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    tls = (
-        ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca)
-        if args.tls_cert
-        else None
-    )
     ids, run_name = _client_ids_and_run(args)
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
+    tls, ca_file = _listener_tls(args)
     files = write_broker_files(
         Path(args.out),
         run_name,
@@ -153,14 +198,19 @@ def run(args: argparse.Namespace) -> int:
         persistence_dir=args.persistence_dir,
         max_packet_bytes=args.max_packet_bytes,
         tls=tls,
+        run_as_user=args.broker_user,
     )
+    scheme = "mqtt" if tls is None else "mqtts"
+    trust = f" --tls-ca {ca_file}" if ca_file else ""
     print(
         f"run {run_name!r}: {len(ids)} clients + server\n"
         f"  {files.config}\n  {files.password_file}\n  {files.acl_file}\n"
         f"  {files.secrets_file}  (mode 0600: clear-text passwords, keep it private)\n"
-        f"broker:  mosquitto -c {files.config}\n"
-        f"server:  fedsim server --scenario SCENARIO --broker mqtt://HOST:{args.port} "
-        f"--secrets {files.secrets_file}",
+        + (f"  {ca_file}  (the run's CA: processes trust only it)\n" if ca_file else "")
+        + ("  WARNING: --plain: passwords and updates travel unencrypted\n" if tls is None else "")
+        + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl)\n"
+        f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
+        f"--secrets {files.secrets_file}{trust}",
         file=sys.stdout,
     )
     if args.compose:
