@@ -88,6 +88,8 @@ class LocalMosquitto:
             observer=observer,
             persistence_dir=str((self.directory / "data").resolve()) if persistence else None,
         )
+        if persistence:
+            (self.directory / "data").mkdir(parents=True, exist_ok=True)
         self.secrets: RunSecrets = load_secrets(self.files.secrets_file)
         self.log_path = self.directory / "mosquitto.log"
         self._process: subprocess.Popen[bytes] | None = None

@@ -70,7 +70,8 @@ class ClientIncarnation:
     """What a client endpoint knows of the run's incarnation (see the module docstring)."""
 
     current: str | None = None
-    held_back: Frame | None = None
+    held_back: dict[str, Frame] = field(default_factory=dict)
+    """The latest global model of each incarnation seen before the current one was known."""
     ignored: int = 0
     _history: list[str] = field(default_factory=list)
 
@@ -90,7 +91,7 @@ class ClientIncarnation:
         """The global model ``frame`` if it may be delivered now (its incarnation is current,
         or continues the current one); None if it is held back or ignored."""
         if self.current is None:
-            self.held_back = frame  # the latest arrival: the broker keeps one topic in order
+            self.held_back[frame.incarnation] = frame  # the latest arrival of each
             return None
         if frame.incarnation == self.current:
             return frame
@@ -101,11 +102,10 @@ class ClientIncarnation:
         self.ignored += 1
         return None
 
-    def release_held_back(self) -> Frame | None:
-        """The held-back global model, once its incarnation is the confirmed one."""
-        frame, self.held_back = self.held_back, None
-        if frame is not None and frame.incarnation == self.current:
-            return frame
-        if frame is not None:
-            self.ignored += 1
-        return None
+    def release_held_back(self) -> tuple[Frame | None, list[Frame]]:
+        """Once the incarnation is confirmed: the held-back global model of it (or None), and
+        those of other incarnations, now ignored."""
+        held, self.held_back = self.held_back, {}
+        kept = held.pop(self.current or "", None)
+        self.ignored += len(held)
+        return kept, list(held.values())

@@ -438,9 +438,11 @@ class MqttClientEndpoint(_MqttEndpoint):
             return
         if self.incarnation.current != before:
             self._log.info("run incarnation confirmed", incarnation=self.incarnation.current)
-            held_back = self.incarnation.release_held_back()
-            if held_back is not None:
-                self._deliver(held_back.message)
+            released, ignored = self.incarnation.release_held_back()
+            for other in ignored:  # e.g. the retained model of an earlier run of this name
+                self._other_incarnation(self.topics.global_model, other.incarnation, ack.incarnation)
+            if released is not None:
+                self._deliver(released.message)
         for round_ in ack.rounds:
             if self._outbox.pop(round_, None) is not None:
                 self.stats.acked += 1
