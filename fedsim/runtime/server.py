@@ -61,6 +61,7 @@ from fedsim.runtime.integrity import (
     MAX_ROUND_GAP,
     ClientLimits,
     Rejections,
+    bad_model,
     check_model,
     update_norm,
 )
@@ -457,6 +458,9 @@ class ServerActor:
             raise ValueError(
                 f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
             )
+        problem = bad_model(np.asarray(snapshot.params), self.params.size)
+        if problem:
+            raise ValueError(f"snapshot's model is unusable: {problem}")
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
