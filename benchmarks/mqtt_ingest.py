@@ -56,7 +56,7 @@ _QUIET.setLevel(logging.ERROR)
 
 
 def _update(client_id: str, round_: int, delta: np.ndarray, incarnation: str) -> bytes:
-    update = ClientUpdate(client_id, round_, 0, delta, 64.0, 600)
+    update = ClientUpdate(client_id, round_, 0, delta, 64.0)
     return codec.encode(update, incarnation=incarnation)
 
 

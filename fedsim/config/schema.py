@@ -452,9 +452,18 @@ class Stop(_Strict):
 
 
 class Privacy(_Strict):
-    """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``."""
+    """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``.
+
+    ``timing``: ``public`` (default) makes a round's compute time the speed model's cost of the
+    expected batch (a public value), ``realised`` the cost of the realised Poisson batch, which
+    reveals that batch's size to the server and is not covered by the accountant.
+    ``deployed_randomness``: ``os_entropy`` (default) keys deployed clients' batches and noise
+    from the operating system; ``seeded_not_private`` from the scenario seed, for reproducible
+    tests only: the server can then regenerate every client's noise (marked in the outputs)."""
 
     delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+    timing: Literal["public", "realised"] = "public"
+    deployed_randomness: Literal["os_entropy", "seeded_not_private"] = "os_entropy"
 
 
 class Scenario(_Strict):

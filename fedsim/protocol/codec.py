@@ -59,6 +59,8 @@ MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Default size limit of one message (64 MiB: a 16M-parameter model). Use
 :func:`max_message_bytes` to size the limit from the model instead."""
+MAX_INVITED_HEX = 32 * 1024
+"""An invitation bitmap (hex) names up to 131,072 clients."""
 TENSOR_DTYPE = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
@@ -96,8 +98,8 @@ class UpdateHeader(_Header):
     round: _Counter
     base_version: _Counter
     batch_size: Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-    num_samples: Annotated[int, Field(ge=1)]
     sent_at: _FiniteFloat
+    window: _Counter = 0
     tensor: TensorSpec
 
 
@@ -107,6 +109,9 @@ class GlobalHeader(_Header):
     lineage: tuple[Incarnation, ...] = Field(default=(), max_length=MAX_LINEAGE)
     version: _Counter
     sent_at: _FiniteFloat
+    window: _Counter = 0
+    invited: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{2})*$",
+                                              max_length=MAX_INVITED_HEX)] | None = None
     tensor: TensorSpec
 
 
@@ -169,8 +174,8 @@ def _header_for(
             round=message.round,
             base_version=message.base_version,
             batch_size=float(message.batch_size),
-            num_samples=message.num_samples,
             sent_at=float(message.sent_at),
+            window=message.window,
             tensor=_tensor_spec(message.delta, "ClientUpdate.delta"),
         )
         _check_finite(message.delta, "ClientUpdate.delta")
@@ -182,6 +187,8 @@ def _header_for(
             lineage=lineage[-MAX_LINEAGE:],
             version=message.version,
             sent_at=float(message.sent_at),
+            window=message.window,
+            invited=None if message.invited is None else bytes(message.invited).hex(),
             tensor=_tensor_spec(message.params, "GlobalModel.params"),
         )
         _check_finite(message.params, "GlobalModel.params")
@@ -332,11 +339,13 @@ def decode_frame(
             base_version=header.base_version,
             delta=values,
             batch_size=header.batch_size,
-            num_samples=header.num_samples,
             sent_at=header.sent_at,
+            window=header.window,
         )
         return Frame(update, header.incarnation)
-    model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at)
+    invited = None if header.invited is None else bytes.fromhex(header.invited)
+    model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
+                        window=header.window, invited=invited)
     return Frame(model, header.incarnation, header.lineage)
 
 

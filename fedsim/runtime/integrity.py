@@ -12,10 +12,13 @@ update can be, and refuses anything larger before it reaches the mix.
 By the triangle inequality ``||u|| <= (C sum_j |B_j| + ||sum_j Z_j||) / m``. Two tail events,
 each allowed probability ``p/2``:
 
-* **batch sizes.** Fixed size: ``sum_j |B_j| = k m`` exactly. Poisson: ``sum_j |B_j|`` is
-  Binomial(``k N``, ``q = m/N``) with mean ``mu = k m``; the multiplicative Chernoff bound
+* **batch sizes.** Fixed size: ``sum_j |B_j| = k m`` exactly. Poisson with the public rate
+  ``q = m/N`` (N the *declared* size; the real one may exceed it by the neighbouring record):
+  ``sum_j |B_j|`` is at most Binomial(``k (N+1)``, ``q``), mean ``mu = k m (N+1)/N``; the
+  multiplicative Chernoff bound
   ``P(X >= (1+d) mu) <= exp(-d^2 mu / (2 + d))`` (Mitzenmacher & Upfal, Thm 4.4) is ``p/2`` at
-  ``d = (x + sqrt(x^2 + 8 mu x)) / (2 mu)``, ``x = ln(2/p)``; and never more than ``k N``.
+  ``d = (x + sqrt(x^2 + 8 mu x)) / (2 mu)``, ``x = ln(2/p)``; and never more than
+  ``k (N+1)``.
 * **noise.** ``sum_j Z_j ~ N(0, k (s C sigma)^2 I_d)``, so ``||sum_j Z_j||^2 / (k (s C
   sigma)^2)`` is chi-square with ``d`` degrees of freedom, and Laurent & Massart (2000, Lemma 1)
   give ``P(chi2_d >= d + 2 sqrt(d x) + 2 x) <= exp(-x)``, here with ``x = ln(2/p)``.
@@ -80,14 +83,14 @@ def batch_size_bound(
 ) -> float:
     """An upper bound on the total realised batch size of ``steps`` steps, exceeded with
     probability at most ``failure_probability``: ``steps * m`` for fixed-size batches; for
-    Poisson the Chernoff bound of the module docstring on Binomial(``steps N``, ``m / N``),
-    capped at ``steps N``."""
-    mean = steps * batch_size
+    Poisson the Chernoff bound of the module docstring on Binomial(``steps (N+1)``, ``m / N``)
+    (``N = num_samples``, the declared size), capped at ``steps (N+1)``."""
     if sampling == "fixed":
-        return mean
+        return float(steps * batch_size)
+    mean = steps * batch_size * (num_samples + 1) / num_samples
     x = math.log(1.0 / failure_probability)
     excess = (x + math.sqrt(x * x + 8.0 * mean * x)) / (2.0 * mean)
-    return min((1.0 + excess) * mean, float(steps * num_samples))
+    return min((1.0 + excess) * mean, float(steps * (num_samples + 1)))
 
 
 def noise_norm_bound(dim: int, std: float, failure_probability: float) -> float:

@@ -110,7 +110,7 @@ class _Hostile:
         """Publish an update (``base=-1``: only build it)."""
         delta = np.asarray(values, np.float32)
         update = ClientUpdate(HOSTILE, round_, self.version if base in (None, -1) else base,
-                              delta, 32.0, 400)
+                              delta, 32.0)
         payload = codec.encode(update, incarnation=self.incarnation)
         if poison is not None:  # codec.encode refuses non-finite values: patch the bytes
             payload = payload[:-4] + np.array([poison], "<f4").tobytes()

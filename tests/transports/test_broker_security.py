@@ -109,7 +109,7 @@ async def test_mosquitto_runs_the_generated_files(
         async with server, c1:
             await server.publish(GlobalModel(3, np.zeros(4, np.float32)))
             assert (await asyncio.wait_for(c1.receive(), 10)).version == 3
-            await c1.publish(ClientUpdate("c1", 0, 3, np.zeros(4, np.float32), 8.0, 100))
+            await c1.publish(ClientUpdate("c1", 0, 3, np.zeros(4, np.float32), 8.0))
             assert (await asyncio.wait_for(server.receive(), 10)).round == 0
         with pytest.raises(AccessDenied):
             async with MqttClientEndpoint(url("c1", "wrong"), run="r", client_id="c1",
