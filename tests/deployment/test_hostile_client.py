@@ -40,9 +40,10 @@ torch.set_num_threads(1)
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
 OVERRIDES = ["clients.groups[0].count=5", "stop.windows=16"]
 HOSTILE = "c-004"
-# Three clean runs of this configuration (c-004 connected and silent) all ended at 0.740 (and an
-# attacked one too): the spread measured here is 0; the tolerance is the deployed runs' 0.06
-# (test_deployed_run.py), as process scheduling decides which updates share a window.
+# Three clean runs of this configuration (c-004 connected and silent; OS-entropy noise, so runs
+# differ) ended at 0.735, 0.757 and 0.752 (spread 0.022), an attacked one at 0.760. The tolerance
+# is the deployed runs' 0.06 (test_deployed_run.py): the spread of three runs plus the scheduling
+# variance of which updates share a window.
 TOLERANCE = 0.06
 ACCURACY_FLOOR = 0.70
 
