@@ -73,7 +73,6 @@ class ClientIncarnation:
     held_back: dict[str, Frame] = field(default_factory=dict)
     """The latest global model of each incarnation seen before the current one was known."""
     ignored: int = 0
-    _history: list[str] = field(default_factory=list)
 
     def confirm(self, incarnation: str, lineage: Sequence[str]) -> bool:
         """A welcome or receipt from the live server: adopt its incarnation if this client
@@ -82,7 +81,6 @@ class ClientIncarnation:
             return True
         if self.current is None or self.current in lineage:
             self.current = incarnation
-            self._history.append(incarnation)
             return True
         self.ignored += 1
         return False
@@ -97,7 +95,6 @@ class ClientIncarnation:
             return frame
         if self.current in frame.lineage:
             self.current = frame.incarnation
-            self._history.append(frame.incarnation)
             return frame
         self.ignored += 1
         return None

@@ -153,3 +153,22 @@ def test_generated_certificates_name_the_given_hosts(tmp_path: Path) -> None:
     ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
     cert.verify_directly_issued_by(ca)
     assert json.dumps(stat.S_IMODE(files.key.stat().st_mode)) == str(0o600)
+
+
+def test_a_tls_compose_file_connects_over_mqtts_and_trusts_the_runs_ca(tmp_path: Path) -> None:
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    compose = tmp_path / "compose.yml"
+    out = tmp_path / "gen"
+    assert run_deploy(str(repo / "scenarios" / "quickstart.yaml"), "--out", str(out),
+                      "--compose", str(compose)) == 0
+    document = yaml.safe_load(compose.read_text())
+    assert document["secrets"]["fedsim-ca"] == {"file": "./gen/ca.crt"}
+    for name, service in document["services"].items():
+        if name == "broker":
+            continue
+        command = service["command"]
+        assert command[command.index("--broker") + 1] == "mqtts://broker:8883", name
+        assert command[command.index("--tls-ca") + 1] == deploy.CONTAINER_CA, name
+        assert {"source": "fedsim-ca", "target": deploy.CONTAINER_CA} in service["secrets"]
