@@ -59,11 +59,12 @@ from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.schedules import make_schedule
 from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
-from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
+from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import DoneRound, PendingRound, RoundResult
+from fedsim.training.models import build_scenario_model
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
@@ -290,8 +291,11 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     return options
 
 
-def build_population(loaded: LoadedScenario) -> Population:
-    """Data, partition, model and per-client plans (no clock, no network, no files)."""
+def build_population(
+    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None
+) -> Population:
+    """Data, partition, model and per-client plans (no clock, no network, no files).
+    ``model_factory``: a Python callable that builds the model (instead of ``model:``)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
@@ -313,7 +317,9 @@ def build_population(loaded: LoadedScenario) -> Population:
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
-        model = build_model(scenario.model.name, **_model_options(scenario, train_x, num_classes))
+        model = build_scenario_model(
+            scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
+            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
