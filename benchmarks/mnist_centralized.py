@@ -20,7 +20,7 @@ benchmarks/results/mnist_centralized.json.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
@@ -38,14 +38,18 @@ from fedsim.training import (
     load_flat_params,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import centralized_dp_sgd, epoch_ends, write_json  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT / ".." / "shared" / "datasets" / "mnist.npz"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", default=str(DEFAULT_DATA), help="mnist.npz or a directory with it"
+        "--data", default=None,
+        help="mnist.npz or a directory with it (default: where `dataset: {name: mnist}` finds "
+        "it: $FEDSIM_DATA_DIR, the user cache, else a verified download)"
     )
     parser.add_argument("--epochs", type=float, default=15.0)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -97,30 +101,28 @@ def main(argv: list[str] | None = None) -> int:
         noise=schedule,
         generator=generator,
     )
-    params = flat_params(model)
     history = []
     started = time.perf_counter()
-    next_eval = steps_per_epoch
-    for t in range(steps):
-        result = trainer.run_round(params, t)
-        params = params - np.float32(args.lr) * result.update
-        if t + 1 >= next_eval or t + 1 == steps:
-            next_eval += steps_per_epoch
-            load_flat_params(model, params)
-            accuracy, loss = evaluate(model, test_x, test_y)
-            history.append(
-                {
-                    "step": t + 1,
-                    "accuracy": accuracy,
-                    "test_loss": loss,
-                    "seconds": time.perf_counter() - started,
-                }
-            )
-            print(
-                f"step {t + 1}/{steps} epoch {(t + 1) / steps_per_epoch:.2f} "
-                f"test accuracy {accuracy:.4f} loss {loss:.4f} ({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
+
+    def evaluate_at(step: int, params: np.ndarray) -> None:
+        load_flat_params(model, params)
+        accuracy, loss = evaluate(model, test_x, test_y)
+        seconds = time.perf_counter() - started
+        history.append({"step": step, "accuracy": accuracy, "test_loss": loss, "seconds": seconds})
+        print(
+            f"step {step}/{steps} epoch {step / steps_per_epoch:.2f} "
+            f"test accuracy {accuracy:.4f} loss {loss:.4f} ({seconds:.0f} s)",
+            flush=True,
+        )
+
+    centralized_dp_sgd(
+        trainer,
+        flat_params(model),
+        lr=args.lr,
+        steps=steps,
+        evaluate_at=set(epoch_ends(steps, steps_per_epoch)),
+        on_evaluate=evaluate_at,
+    )
     seconds = time.perf_counter() - started
     q = args.batch_size / n
     events = schedule.steps(args.sampling, q)
@@ -155,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(guarantee), gdp-clt {epsilon_clt:.4f} (approximation); {seconds:.0f} s"
     )
     if not args.quick:
-        Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_json(Path(args.out), summary)
     return 0
 
 

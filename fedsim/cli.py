@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NoReturn
 
 from fedsim import __version__
 from fedsim.errors import FedsimError
@@ -31,9 +34,14 @@ COMMANDS: tuple[str, ...] = (
     "deploy",
 )
 
+# Commands that may load a data set: they take --offline (no download; FEDSIM_OFFLINE=1).
+DATA_COMMANDS = frozenset({"run", "validate", "server", "client", "launch"})
+OFFLINE_HELP = ("never download a data set: use only a local copy (the same as FEDSIM_OFFLINE=1; "
+                "processes started by this command inherit it)")
+
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors also exit 2, without traceback
+    def error(self, message: str) -> NoReturn:  # argparse's own errors also exit 2, no traceback
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -49,8 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name == f"fedsim.commands.{name}":
                 continue
             raise
-        module.register(sub)
+        command = module.register(sub)
+        if name in DATA_COMMANDS:
+            command.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
+                                 help=OFFLINE_HELP)
     return parser
+
+
+@contextmanager
+def _offline(on: bool) -> Iterator[None]:
+    """FEDSIM_OFFLINE=1 for the command's duration (and for the processes it starts)."""
+    if not on:
+        yield
+        return
+    before = os.environ.get("FEDSIM_OFFLINE")
+    os.environ["FEDSIM_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FEDSIM_OFFLINE", None)
+        else:
+            os.environ["FEDSIM_OFFLINE"] = before
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        with _offline(getattr(args, "offline", False)):
+            return int(args.func(args) or 0)
     except FedsimError as exc:
         print(f"fedsim {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,7 +52,11 @@ import numpy as np
 
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.fdp import eps_delta_tradeoff
 from fedsim.privacy.gdp import clt_mu, gdp_epsilon, gdp_tradeoff
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -124,31 +127,19 @@ def privacy_numbers(run: DrsRun, delta: float = DELTA, sampling: str = "fixed") 
     }
 
 
-def eps_delta_tradeoff(eps: float, delta: float, alpha: np.ndarray) -> np.ndarray:
-    """The piecewise-linear f_{eps,delta} of a single (eps, delta) pair (DRS Prop. 2.5)."""
-    return np.maximum.reduce([
-        np.zeros_like(alpha),
-        1.0 - delta - math.exp(eps) * alpha,
-        math.exp(-eps) * (1.0 - delta - alpha),
-    ])
-
-
 def tradeoff_curves(run: DrsRun, numbers: dict[str, float], alpha: np.ndarray) -> dict[str, list[float]]:
     return {
         "alpha": alpha.tolist(),
         "fdp_pld": make_accountant("pld", [run.full_step]).tradeoff(alpha).tolist(),
         "gdp_clt": np.asarray(gdp_tradeoff(alpha, numbers["mu_clt"])).tolist(),
-        "moments_accountant": eps_delta_tradeoff(numbers["eps_rdp_ma"], DELTA, alpha).tolist(),
-        "rdp_fixed": eps_delta_tradeoff(numbers["eps_rdp"], DELTA, alpha).tolist(),
+        "moments_accountant": eps_delta_tradeoff(alpha, numbers["eps_rdp_ma"], DELTA).tolist(),
+        "rdp_fixed": eps_delta_tradeoff(alpha, numbers["eps_rdp"], DELTA).tolist(),
     }
 
 
 def plot_tradeoffs(curves: dict[str, dict[str, list[float]]], numbers: dict[str, dict[str, float]],
                    path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 4.2), squeeze=False)
     for ax, (name, c) in zip(axes[0], curves.items(), strict=True):

@@ -65,9 +65,11 @@ from fedsim.training import (
     load_flat_params,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import centralized_dp_sgd, epoch_ends, pyplot  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
-DEFAULT_DATA = REPO / ".." / "shared" / "datasets" / "mnist.npz"
 PLOT = REPO / "docs" / "img" / "du_dynamic.png"
 FEDERATED_SCENARIO = REPO / "scenarios" / "papers" / "du_federated.yaml"
 
@@ -186,25 +188,31 @@ def train_dp(
         noise=schedule,
         generator=generator,
     )
-    params = flat_params(model)
-    events: list[GaussianStep] = []
     history = []
-    for epoch in range(epochs):
-        for t in range(epoch * schedule.steps_per_epoch, (epoch + 1) * schedule.steps_per_epoch):
-            result = trainer.run_round(params, t)
-            events.extend(result.steps)
-            params = params - np.float32(LR) * result.update
+    per_epoch = schedule.steps_per_epoch
+
+    def at_epoch_end(step: int, params: np.ndarray) -> None:
+        epoch = step // per_epoch
         accuracy, loss = evaluate_params(params)
         history.append(
             {
-                "epoch": epoch + 1,
+                "epoch": epoch,
                 "accuracy": accuracy,
                 "test_loss": loss,
-                "clip": schedule.clip(epoch * schedule.steps_per_epoch),
-                "sigma": schedule.sigma(epoch * schedule.steps_per_epoch),
+                "clip": schedule.clip((epoch - 1) * per_epoch),
+                "sigma": schedule.sigma((epoch - 1) * per_epoch),
             }
         )
-        print(f"  epoch {epoch + 1}: accuracy {accuracy:.4f}", flush=True)
+        print(f"  epoch {epoch}: accuracy {accuracy:.4f}", flush=True)
+
+    _, events = centralized_dp_sgd(
+        trainer,
+        flat_params(model),
+        lr=LR,
+        steps=epochs * per_epoch,
+        evaluate_at=set(epoch_ends(epochs * per_epoch, per_epoch)),
+        on_evaluate=at_epoch_end,
+    )
     return history, events
 
 
@@ -476,10 +484,7 @@ def run_federated(args: argparse.Namespace) -> dict[str, Any]:
 def plot(
     histories: dict[str, list[dict[str, float]]], federated: dict[str, Any] | None, path: Path
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     panels = 2 if federated else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
@@ -524,7 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"default {CENTRALIZED_EPSILON} (centralized), {FEDERATED_EPSILON} (federated)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run on 1024 records")
-    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--data", default=None,
+                        help="mnist.npz (default: $FEDSIM_DATA_DIR, the user cache, a download)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")

@@ -95,7 +95,7 @@ values are guarantees.
 
 
 # -- formatting -----------------------------------------------------------------------------------
-def format_value(value: Any) -> str:
+def format_value(value: Any) -> str:  # noqa: PLR0911 - one return per kind of cell, in the table's order
     """A table cell: floats as written when they have at most 4 significant digits, else
     rounded to 4; integers exact; lists and objects as compact JSON; booleans as yes/no;
     missing as a dash."""

@@ -46,6 +46,9 @@ from typing import Any
 
 from fedsim.config import load_scenario
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import pyplot  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "vandijk_async.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -269,10 +272,7 @@ def findings(rows: dict[str, dict[str, Any]],
 
 def plot(curves: dict[str, dict[str, list[float]]], epsilons: dict[str, list[float]],
          path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, curve in curves.items():
@@ -297,7 +297,7 @@ QUICK = ("stop.virtual_seconds=40", "clients.groups[0].count=3", "clients.groups
          "clients.groups[2].rounds=5", "dataset.test_subset=500")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the benchmark's steps in the order they run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="*", default=None, help="default: all")
     parser.add_argument("--quick", action="store_true", help="smoke run: 10 clients, 5 rounds")

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fedsim.commands.server import add_deployment_options, add_tls_options, tls_settings
 from fedsim.config import load_scenario
+from fedsim.runtime.options import DeploymentOptions
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,26 +39,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for the server's receipts before exiting",
     )
-    add_deployment_options(parser)
-    add_tls_options(parser)
+    DeploymentOptions.add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import configure_logging
-    from fedsim.runtime.deployment import reconnect_policy, resolve_broker, run_client, run_process
+    from fedsim.runtime.client_process import run_client
+    from fedsim.runtime.deployment import broker_for, run_process
 
-    configure_logging(args.json_logs)
+    options = DeploymentOptions.from_args(args)
+    configure_logging(options.json_logs)
     loaded = load_scenario(args.scenario, args.overrides)
-    broker, run_name = resolve_broker(
-        args.broker,
-        secrets_file=args.secrets,
-        role="client",
-        client_id=args.client_id,
-        run=args.run,
-        tls=tls_settings(args),
-    )
+    broker, run_name = broker_for(options, role="client", client_id=args.client_id)
     run_name = run_name or loaded.scenario.name
     state = Path(args.state) if args.state else Path("fedsim-state") / run_name / args.client_id
     outcome = run_process(
@@ -68,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
             broker,
             run=run_name,
             state_dir=state,
-            time_scale=args.time_scale,
-            reconnect=reconnect_policy(args.max_backoff),
+            options=options,
             flush_timeout=args.flush_timeout,
             stop=stop,
         ),

@@ -11,10 +11,11 @@ every process gets. ``--time-scale X``: X wall seconds per scenario second.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 from typing import Any
 
-from fedsim.commands.server import add_deployment_options, add_tls_options
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,51 +36,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="give up if the server has not stopped after this long (wall)",
     )
     parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
-    add_deployment_options(parser)
-    add_tls_options(parser)
+    DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
     parser.set_defaults(func=run)
     return parser
 
 
-def tls_arguments(args: argparse.Namespace) -> list[str]:
-    """The TLS options given to ``fedsim launch``, to pass on to every process (absolute paths:
-    the processes may run elsewhere)."""
-    forwarded: list[str] = []
-    for flag, value in (
-        ("--tls-ca", args.tls_ca),
-        ("--tls-cert", args.tls_cert),
-        ("--tls-key", args.tls_key),
-    ):
-        if value is not None:
-            forwarded += [flag, str(Path(value).resolve())]
-    if args.tls_insecure:
-        forwarded.append("--tls-insecure")
-    return forwarded
-
-
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
-    from fedsim.errors import ConfigError
     from fedsim.logging import configure_logging
-    from fedsim.reporting.progress import RunProgress
-    from fedsim.runtime.deployment import Launcher
+    from fedsim.reporting.progress import ProgressUnit, RunProgress
+    from fedsim.runtime.launcher import Launcher
 
-    configure_logging(args.json_logs)
-    if args.run is not None:
-        raise ConfigError("fedsim launch names the run after the scenario; --run is not used")
+    options = DeploymentOptions.from_args(args)
+    configure_logging(options.json_logs)
     name = load_scenario(args.scenario, args.overrides).scenario.name
     out = Path(args.out) if args.out else Path("runs") / f"{name}-launch"
-    launcher = Launcher(
-        args.scenario,
-        out,
-        overrides=args.overrides,
-        broker=args.broker,
-        secrets_file=args.secrets,
-        time_scale=args.time_scale,
-        max_backoff=args.max_backoff,
-        tls_options=tls_arguments(args),
-    )
+    launcher = Launcher(args.scenario, out, options=options, overrides=args.overrides)
     stop = launcher.scenario.stop
+    total: float | None
+    unit: ProgressUnit
     if stop.virtual_seconds is not None:
         total, unit = stop.virtual_seconds, "time"
     else:
@@ -87,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
     with RunProgress(total, unit=unit) as progress:
         summary = launcher.run_to_end(
             args.timeout,
-            plots=not args.no_plots,
             on_window=lambda line: progress.update(
                 line["time"], line["window"], line["accuracy"], line["min_remaining_epsilon"]
             ),
         )
+    if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
+        from fedsim.reporting.plots import draw_all
+
+        draw_all(out)
     accuracy = summary["final_accuracy"]
     print(
         f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} scenario s, "

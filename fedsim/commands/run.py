@@ -43,7 +43,7 @@ def _default_out(name: str, seed: int) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import configure_logging, get_logger
-    from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.progress import ProgressUnit, RunProgress
     from fedsim.runtime.simulation import run_scenario
 
     configure_logging(args.json_logs)
@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
     stop = scenario.stop
+    total: float | None
+    unit: ProgressUnit
     if stop.virtual_seconds is not None:
         total, unit = stop.virtual_seconds, "time"
     else:

@@ -1,6 +1,7 @@
 """``fedsim validate FILE``: check a scenario file and list every problem with its YAML path.
 
-Beyond the schema it checks what can be known without training: that the dataset file exists,
+Beyond the schema it checks what can be known without training: that the data set is found
+(fetched into the user cache where it is nowhere, unless ``--offline``),
 that every group's data share gives each client at least ``batch_size`` records (q = m/N <= 1)
 and that noise targets can be calibrated. Exit status 0 when the file is valid, 2 otherwise.
 """
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, args.overrides)
     scenario = loaded.scenario
     if not args.schema_only:
-        from fedsim.runtime.simulation import build_population  # torch import only when needed
+        from fedsim.runtime.population import build_population  # torch import only when needed
 
         population = build_population(loaded)
         clients = len(population.plans)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -110,7 +110,6 @@ class PrivacyLedger:
         self._client_id = client_id
         self._sampling = sampling
         self._budget = budget
-        self._accountant_name = accountant
         enforcing = accountant if make_accountant_class(accountant).is_guarantee \
             else ENFORCEMENT_FALLBACK
         self._records = list(records)
@@ -178,11 +177,6 @@ class PrivacyLedger:
     @property
     def budget(self) -> Budget | None:
         return self._budget
-
-    @property
-    def accountant_name(self) -> str:
-        """The accountant named in the header (may be ``gdp-clt``, which only reports)."""
-        return self._accountant_name
 
     @property
     def accountant(self) -> Accountant:
@@ -285,7 +279,7 @@ class PrivacyLedger:
         if not self.can_spend(steps):
             raise BudgetExhausted(
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
-                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
+                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "  # type: ignore[union-attr]
                 f"(spent {self.epsilon():.4g})")
         records = [LedgerRecord(float(time), round, s) for s in steps]
         payload = "".join(json.dumps(r.to_json()) + "\n" for r in records).encode()
@@ -367,7 +361,7 @@ def _write_durably(path: Path, payload: bytes, *, create: bool) -> None:
             os.close(dir_fd)
 
 
-def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[LedgerRecord]:
+def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[LedgerRecord]:  # noqa: C901 - one check per way a record can be damaged
     data = path.read_bytes()
     complete_end = data.rfind(b"\n") + 1
     if complete_end < len(data) and not repair:
@@ -410,10 +404,3 @@ def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[
             raise LedgerError(f"{path}: line {number}: damaged record ({exc})") from None
     return records
 
-
-def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
-    """The steps recorded in a ledger file, without opening it for writing."""
-    data = Path(path).read_bytes()
-    lines = data[: data.rfind(b"\n") + 1].decode().splitlines()
-    for line in lines[1:]:
-        yield GaussianStep.from_json(json.loads(line)["step"])

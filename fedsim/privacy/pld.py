@@ -54,7 +54,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,7 +270,7 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
             f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
             f"reaches {top:.3g}; such a release gives essentially no privacy")
 
-    def pmf(low: float, high: float, hockey_stick) -> LossPmf:
+    def pmf(low: float, high: float, hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
         k = _step_grid(low, high, core, h)
         return connect_the_dots(h, k, hockey_stick(k * h))
 
@@ -326,7 +326,7 @@ def _power(spectrum: np.ndarray, count: int) -> np.ndarray:
         count >>= 1
         if count:
             base = base * base
-    return result
+    return result  # type: ignore[return-value]  # count >= 1: set by its lowest bit
 
 
 def compose(

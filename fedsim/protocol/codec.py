@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import numpy as np
 from pydantic import (
@@ -61,7 +61,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 :func:`max_message_bytes` to size the limit from the model instead."""
 MAX_INVITED_HEX = 32 * 1024
 """An invitation bitmap (hex) names up to 131,072 clients."""
-TENSOR_DTYPE = "<f4"
+TENSOR_DTYPE: Final = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -132,8 +132,9 @@ class StatusHeader(_Header):
 
 
 _CLIENT_ID = TypeAdapter(ClientId)
-_HEADER = TypeAdapter(
-    Annotated[UpdateHeader | GlobalHeader | StatusHeader, Field(discriminator="kind")]
+_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader
+_HEADER: TypeAdapter[_AnyHeader] = TypeAdapter(
+    Annotated[_AnyHeader, Field(discriminator="kind")]
 )
 
 
@@ -166,6 +167,7 @@ def _check_finite(values: np.ndarray, field: str) -> None:
 def _header_for(
     message: Message, incarnation: str, lineage: tuple[str, ...]
 ) -> tuple[_Header, np.ndarray | None]:
+    header: _AnyHeader
     if isinstance(message, ClientUpdate):
         header = UpdateHeader(
             kind="update",
@@ -224,7 +226,7 @@ def encode(message: Message, *, incarnation: str = "", lineage: tuple[str, ...] 
     # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere; the
     # join copies the values once, straight from the array's buffer.
     values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
-    return b"".join((prefix, header_json, memoryview(values).cast("B")))
+    return b"".join((prefix, header_json, memoryview(values).cast("B")))  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def _describe(exc: ValidationError) -> str:
@@ -260,7 +262,7 @@ def decode(
     return decode_frame(data, expected_params=expected_params, max_bytes=max_bytes).message
 
 
-def decode_frame(
+def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format, in its order
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,

@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 
 from fedsim.privacy.accountant import Accountant, make_accountant
 from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep, group_steps
-from fedsim.privacy.fdp import default_alphas, fit_gdp_mu, tradeoff_curve
+from fedsim.privacy.fdp import default_alphas, eps_delta_tradeoff, fit_gdp_mu, tradeoff_curve
 from fedsim.privacy.gdp import gdp_tradeoff
 from fedsim.reporting.ledgers import ClientLedger, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
@@ -270,18 +270,6 @@ def plt_colormap(share: float) -> Any:
     return matplotlib.colormaps["coolwarm"](share)
 
 
-def eps_delta_tradeoff(alpha: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
-    """The trade-off curve of an (eps, delta)-DP guarantee:
-    f(alpha) = max(0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha)) (DRS Prop. 2.5)."""
-    return np.maximum.reduce(
-        [
-            np.zeros_like(alpha),
-            1.0 - delta - math.exp(epsilon) * alpha,
-            math.exp(-epsilon) * (1.0 - delta - alpha),
-        ]
-    )
-
-
 def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dict[str, float],
                   path: Path) -> Path:
     """Trade-off curves of up to three clients (least, median and most spent) against the
@@ -355,7 +343,7 @@ def draw_run(run: RunDirectory) -> Drawn:
     points = max(MIN_TIME_GRID_POINTS,
                  min(TIME_GRID_POINTS, EXACT_BAND_EVALUATIONS // max(len(ledgers), 1)))
     grid = time_grid(max(run.virtual_time, last_release), points)
-    shown, labels = ledgers, {}
+    shown, labels = ledgers, dict[str, str]()
     if len(ledgers) * len(grid) > EXACT_BAND_EVALUATIONS:
         for quantile in QUANTILES:
             (cid,) = quantile_clients(final, [quantile])

@@ -41,7 +41,7 @@ finishes a round, starve that client for ever - against the paper's point that c
 at their own rate, independent of the broadcast rate. Not releasing the discarded work would
 cost no privacy, but the starvation is the decisive argument.
 
-The actor sees a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint` only; it is cancelled (crash) or paused (offline)
 from outside. After a crash a new actor resumes from the ledger file: round numbers continue
 after the last committed round, so ``(client, round)`` stays unique for de-duplication.
@@ -58,24 +58,26 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import structlog
 
+from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
 from fedsim.runtime.integrity import bad_model
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 if TYPE_CHECKING:  # the actor never imports torch itself
-    from fedsim.training.local import RoundResult
+    from fedsim.training.rounds import RoundResult
 
 __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 
 _log = structlog.get_logger("fedsim.runtime.client")
 
 
-class PendingRound(Protocol):
-    """A begun round (:class:`fedsim.training.local.PendingRound`)."""
+class BegunRound(Protocol):
+    """A begun round as the actor holds it (:class:`fedsim.training.rounds.PendingRound`, or
+    :class:`~fedsim.training.rounds.DoneRound` when nothing is left to compute)."""
 
     sample_grads: int
 
@@ -89,7 +91,7 @@ class Trainer(Protocol):
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]: ...
 
-    def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound: ...
+    def begin_round(self, params: np.ndarray, round_index: int) -> BegunRound: ...
 
 
 class Ledger(Protocol):
@@ -178,6 +180,13 @@ class ClientActor:
         self.online = asyncio.Event()
         self.online.set()
         self._arrival = asyncio.Event()
+
+    def set_online(self, online: bool) -> None:
+        """Pause (False) or resume (True) training: a paused client starts no new round."""
+        if online:
+            self.online.set()
+        else:
+            self.online.clear()
 
     # -- the interrupt service routine ------------------------------------------------------
     def accept_invitation(self, message: GlobalModel) -> None:
@@ -269,16 +278,10 @@ class ClientActor:
     async def run(self) -> None:
         """Train until the budget, the round limit or cancellation (a crash) stops the client."""
         receiver = asyncio.create_task(self._receive_forever(), name=f"{self.client_id}-receive")
-        try:
+        async with helper_tasks([receiver]):
             await self._rounds()
-        finally:
-            receiver.cancel()
-            try:
-                await receiver
-            except asyncio.CancelledError:
-                pass
 
-    async def _rounds(self) -> None:
+    async def _rounds(self) -> None:  # noqa: C901 - one branch per way a round can end, in order
         self.state = "waiting"
         if self.max_rounds is not None and self.next_round < self.max_rounds:
             # The rounds left to this client, known up front: the ledger then answers its
@@ -346,7 +349,7 @@ class ClientActor:
             self.w = local
             self.rounds_since_global += 1
 
-    async def _compute(self, pending: PendingRound, round_index: int) -> RoundResult:
+    async def _compute(self, pending: BegunRound, round_index: int) -> RoundResult:
         """Let the round's compute time pass and take its result, on a public schedule.
 
         ``timing = public``: the time is the speed model's cost of the *expected* batch (a

@@ -39,7 +39,7 @@ uninvited client neither computes nor spends, and every update of an invited rou
 (subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
-The actor sees only a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
 """
 
@@ -60,9 +60,10 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
+from fedsim.clock import Clock
 from fedsim.config.schema import Stop
+from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.runtime.exposure import invitation_bits
 from fedsim.runtime.integrity import (
     MAX_ROUND_GAP,
@@ -72,6 +73,7 @@ from fedsim.runtime.integrity import (
     check_model,
     update_norm,
 )
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]
@@ -210,7 +212,7 @@ class ServerActor:
         normalize: Literal["window", "population"] = "window",
     ) -> None:
         if window <= 0:
-            raise ValueError(f"window must be > 0, got {window}")
+            raise ConfigError(f"window must be > 0, got {window}")
         self.clock = clock
         self.endpoint = endpoint
         self.params = np.asarray(initial_params, dtype=np.float32).copy()
@@ -268,7 +270,7 @@ class ServerActor:
         self.invitations[window] = self.invitations.get(window, frozenset()) | chosen
         return invitation_bits(ids, chosen)
 
-    def close_window(self) -> WindowReport:
+    def close_window(self) -> WindowReport:  # noqa: C901, PLR0915 - classify, mix, check, apply, in order
         """Classify, mix and apply what arrived since the last window; evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
@@ -355,7 +357,7 @@ class ServerActor:
             self.last_accuracy = report.accuracy
         return report
 
-    def _judge(self, update: ClientUpdate, info: ClientInfo | None) -> str:
+    def _judge(self, update: ClientUpdate, info: ClientInfo | None) -> str:  # noqa: PLR0911 - one return per rule
         """'' if the update may be classified further, 'duplicate', or 'kind:reason'."""
         if info is None:
             return "unknown_client:not a client of this scenario"
@@ -386,12 +388,13 @@ class ServerActor:
                       step: float) -> float | None:
         """How far the mix of ``accepted`` may move the model: ``|s_t| sum_i lambda_i eta_i
         bound_i`` (None when a client's bound is unknown)."""
-        if any(b is None for b in bounds):
+        known = [b for b in bounds if b is not None]
+        if len(known) < len(bounds):
             return None
         raw = np.asarray(self.strategy.weights(accepted), dtype=np.float64)
         total = float(raw.sum()) if self.total_weight is None else float(self.total_weight)
-        return abs(step) * sum(float(w) / total * abs(u.step_size) * float(b)  # type: ignore[arg-type]
-                               for w, u, b in zip(raw, accepted, bounds, strict=True))
+        return abs(step) * sum(float(w) / total * abs(u.step_size) * b
+                               for w, u, b in zip(raw, accepted, known, strict=True))
 
     def _record_seen(self, client_id: str, round_index: int) -> None:
         self.seen.add((client_id, round_index))
@@ -461,7 +464,7 @@ class ServerActor:
             windows_closed=self.windows_closed,
             time=self.clock.now(),
             seen=frozenset(self.seen),
-            step_size_state=dict(vars(self.step_size)),
+            step_size_state=self.step_size.state_dict(),
             rng_state=dict(self.rng.bit_generator.state),
             last_accuracy=self.last_accuracy,
             evaluated_version=self._evaluated_version,
@@ -475,12 +478,12 @@ class ServerActor:
         """Continue from ``snapshot`` (call before :meth:`run`): the version never goes back and
         an update applied before the snapshot is never applied again."""
         if snapshot.params.shape != self.params.shape:
-            raise ValueError(
+            raise ConfigError(
                 f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
             )
         problem = bad_model(np.asarray(snapshot.params), self.params.size)
         if problem:
-            raise ValueError(f"snapshot's model is unusable: {problem}")
+            raise ConfigError(f"snapshot's model is unusable: {problem}")
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
@@ -489,7 +492,7 @@ class ServerActor:
         for client_id, round_index in sorted(snapshot.seen):
             self._record_seen(client_id, round_index)
         self.incarnations = tuple(snapshot.incarnations)
-        vars(self.step_size).update(snapshot.step_size_state)
+        self.step_size.load_state_dict(snapshot.step_size_state)
         self.rng.bit_generator.state = snapshot.rng_state
         self.last_accuracy = snapshot.last_accuracy
         self._evaluated_version = snapshot.evaluated_version
@@ -512,7 +515,7 @@ class ServerActor:
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window)."""
         receiver = asyncio.create_task(self._receive_forever(), name="server-receive")
-        try:
+        async with helper_tasks([receiver]):
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
             start = self.clock.now() - self.windows_closed * self.window
@@ -527,9 +530,3 @@ class ServerActor:
                     await self.broadcast()
                 if on_window(report):
                     return
-        finally:
-            receiver.cancel()
-            try:
-                await receiver
-            except asyncio.CancelledError:
-                pass

@@ -239,7 +239,8 @@ class DPMnistCNN(nn.Module):
             for module in self.modules():
                 if isinstance(module, nn.Conv2d | nn.Linear):
                     nn.init.xavier_uniform_(module.weight)
-                    nn.init.zeros_(module.bias)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:  # (B, 28, 28) -> (B, 1, 28, 28)

@@ -24,9 +24,10 @@ import torch
 from fedsim.config import load_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.deployment import Launcher
 from fedsim.runtime.integrity import client_limits
-from fedsim.runtime.simulation import build_population
+from fedsim.runtime.launcher import Launcher
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.population import build_population
 from fedsim.transports.broker import find_mosquitto
 from fedsim.transports.topics import Topics
 
@@ -153,7 +154,9 @@ def _run(out: Path, *, attack: bool) -> dict[str, Any]:
     plan = next(p for p in population.plans if p.client_id == HOSTILE)
     bound = client_limits(plan.group, plan.num_samples, plan.schedule,
                           population.initial_params.size).norm_bound(0)
-    launcher = Launcher(SCENARIO, out, overrides=OVERRIDES, time_scale=0.25, max_backoff=0.5)
+    options = DeploymentOptions(time_scale=0.25, max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    launcher = Launcher(SCENARIO, out, options=options, overrides=OVERRIDES)
     try:
         launcher.prepare()
         for name in launcher.processes:

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim.runtime.deployment import Launcher
+from fedsim.runtime.launcher import Launcher
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
 
 pytestmark = [
@@ -49,8 +50,10 @@ def _wait_for_window(out: Path, window: int, timeout: float = 60.0) -> None:
 
 
 def _launcher(out: Path, broker: LocalMosquitto, windows: int) -> Launcher:
-    return Launcher(SCENARIO, out, overrides=[f"stop.windows={windows}"], time_scale=0.25,
-                    max_backoff=0.5, broker=broker.url(), secrets_file=broker.files.secrets_file)
+    options = DeploymentOptions(time_scale=0.25, max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS, broker=broker.url(),
+                                secrets_file=str(broker.files.secrets_file))
+    return Launcher(SCENARIO, out, options=options, overrides=[f"stop.windows={windows}"])
 
 
 def test_a_second_run_of_the_same_name_ignores_the_first_runs_leftovers(tmp_path: Path) -> None:

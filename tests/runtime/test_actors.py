@@ -21,14 +21,14 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
-from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
 from fedsim.runtime.client import ClientActor, StalenessPolicy
 from fedsim.runtime.exposure import is_invited
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.training.local import DoneRound, RoundResult
+from fedsim.training.rounds import DoneRound, RoundResult
 
 DIM = 3
 STEP = GaussianStep("poisson", 0.1, 1.0)
@@ -334,6 +334,27 @@ def test_step_size_schedules() -> None:
     law = InverseTimeStepSize(1.0, decay=0.5, power=1.0)
     assert [law.current(w) for w in (1, 2, 3)] == [1.0, 1 / 1.5, 1 / 2.0]
 
+
+
+def test_a_step_size_continues_from_its_state_dict() -> None:
+    """What a checkpoint stores of the step size: a restored schedule behaves like the original
+    from then on, and a state of another kind of schedule is refused."""
+    original = PlateauStepSize(1.0, factor=0.5, patience=2)
+    for accuracy in [0.5, 0.4]:  # best 0.5, one evaluation without improvement
+        original.observe(accuracy)
+    restored = PlateauStepSize(1.0, factor=0.5, patience=2)
+    restored.load_state_dict(original.state_dict())
+    for schedule in (original, restored):
+        schedule.observe(0.45)  # the second without improvement: the step halves
+    assert original.current(9) == restored.current(9) == 0.5
+    assert original.state_dict() == restored.state_dict() == {
+        "value": 0.5, "best": 0.5, "since_best": 0}
+    law = InverseTimeStepSize(1.0, decay=0.5)
+    assert law.state_dict() == {}
+    with pytest.raises(ConfigError, match="does not fit InverseTimeStepSize"):
+        law.load_state_dict(original.state_dict())
+    with pytest.raises(ConfigError, match="does not fit PlateauStepSize"):
+        restored.load_state_dict({})
 
 def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     """The simulator and the deployed server share one stop rule (WindowReport.stop_reason)."""

@@ -15,12 +15,12 @@ from scipy import stats
 from structlog.testing import capture_logs
 
 from fedsim.aggregation import ConstantStepSize, UniformWeights
+from fedsim.clock import WallClock
 from fedsim.config import load_scenario
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.client import ClientActor
-from fedsim.runtime.clock import WallClock
 from fedsim.runtime.integrity import (
     MAX_ROUND_GAP,
     ClientLimits,
@@ -29,8 +29,8 @@ from fedsim.runtime.integrity import (
     update_norm,
     update_norm_bound,
 )
+from fedsim.runtime.population import build_population
 from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.runtime.simulation import build_population
 from tests.runtime.test_actors import FakeEndpoint, FakeLedger, FakeTrainer
 
 SCENARIO = "tests/deployment/four_clients.yaml"

@@ -1,4 +1,5 @@
-"""A client group's clipping and noise schedule, built from its scenario section.
+"""A client group's DP posture: its clipping and noise schedule, built from its scenario
+section (the schedules themselves, and their calibration, are :mod:`fedsim.privacy.schedules`).
 
 The schedule is a :class:`fedsim.privacy.schedules.Schedule` indexed by round: the trainer
 reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the round's
@@ -33,13 +34,14 @@ from fedsim.config.schema import (
 )
 from fedsim.errors import ConfigError
 from fedsim.privacy import calibration as privacy_calibration
+from fedsim.privacy.events import Sampling
 from fedsim.privacy.schedules import Schedule, clt_growing_mu, solve_growing_mu
 
 __all__ = ["calibrate_sigma", "make_schedule"]
 
 
 @lru_cache(maxsize=256)
-def calibrate_sigma(sampling: str, q: float, steps: int, epsilon: float, delta: float,
+def calibrate_sigma(sampling: Sampling, q: float, steps: int, epsilon: float, delta: float,
                     accountant: str = "pld") -> float:
     """Smallest sigma (to 1e-4 relative) with eps(delta) <= epsilon for ``steps`` identical
     subsampled Gaussian steps under ``accountant`` (:func:`fedsim.privacy.calibration.
@@ -48,7 +50,7 @@ def calibrate_sigma(sampling: str, q: float, steps: int, epsilon: float, delta: 
 
 
 @lru_cache(maxsize=256)
-def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: str, q: float, local_steps: int,
+def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: Sampling, q: float, local_steps: int,
                 accountant: str, clip_0: float, rho_c: float) -> Schedule:
     """Solved once per group and q (cached: every client of a group asks the same question)."""
     if noise.mu_total is not None:
