@@ -333,10 +333,12 @@ def test_updates_received_before_a_server_kill_are_applied_exactly_once(tmp_path
     broker = LocalMosquitto(tmp_path / "broker", "deploy-four", ids, observer=True)
     broker.start()
     # Staleness is not the point here: the resent updates must be applied, not judged stale.
+    options = DeploymentOptions(time_scale=float(TIME_SCALE), max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS, broker=broker.url(),
+                                secrets_file=str(broker.files.secrets_file))
     launcher = Launcher(
-        SCENARIO, out, time_scale=float(TIME_SCALE), max_backoff=0.5,
+        SCENARIO, out, options=options,
         overrides=["stop.windows=7", f"server.window={RECEIPT_WINDOW}", "server.max_staleness=50"],
-        broker=broker.url(), secrets_file=broker.files.secrets_file,
     )
     try:
         launcher.prepare()
