@@ -16,31 +16,42 @@ from typing import Any
 
 from fedsim.errors import ConfigError
 
+DESCRIPTION = (
+    "Download data sets into the cache and show where they are looked for."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     from fedsim.training import datasets
 
     known = datasets.names()
     parser = subparsers.add_parser(
-        "data", help="download and locate data sets", description=__doc__.splitlines()[0]
+        "data", help="Download data sets and show where they are looked for.",
+        description=DESCRIPTION,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    fetch = actions.add_parser("fetch", help="download a data set into the cache (sha256-verified)")
-    fetch.add_argument("dataset", choices=known)
-    fetch.add_argument("--dir", help="target directory (default: the user cache)")
+    fetch = actions.add_parser(
+        "fetch", help="Download a data set into the cache, verified by its sha256 hash.",
+        description="Download a data set into the cache, verified by its sha256 hash.")
+    fetch.add_argument("dataset", choices=known, help="The data set to download.")
+    fetch.add_argument("--dir", help="The directory to download into (by default the user cache).")
     fetch.add_argument(
-        "--force", action="store_true", help="download even if a verified copy exists"
+        "--force", action="store_true", help="Download even if a verified copy exists."
     )
     fetch.add_argument(
         "--from", dest="source", metavar="FILE",
-        help="a local copy to verify and cache instead of downloading",
+        help="A local copy to verify and cache instead of downloading.",
     )
-    where = actions.add_parser("where", help="print the places a data set is looked for, in order")
-    where.add_argument("dataset", choices=known)
-    where.add_argument("--path", help="an explicit path, as a scenario's dataset.path gives it")
+    where = actions.add_parser(
+        "where", help="Print the places a data set is looked for, in order.",
+        description="Print the places a data set is looked for, in order.")
+    where.add_argument("dataset", choices=known, help="The data set to look for.")
+    where.add_argument("--path", help="An explicit path, as a scenario's dataset.path gives it.")
     where.add_argument("--scenario-dir", metavar="DIR",
-                       help="the scenario file's directory (relative paths are tried there first)")
-    actions.add_parser("list", help="print the known data sets")
+                       help="The scenario file's directory (relative paths are tried there "
+                            "first).")
+    actions.add_parser("list", help="Print the known data sets.",
+                       description="Print the known data sets.")
     parser.set_defaults(func=run)
     return parser
 

@@ -53,55 +53,62 @@ SECRETS_ENV = "FEDSIM_COMPOSE_SECRETS"
 """The variable ``docker compose`` reads the secrets file's content from (:func:`compose_text`)."""
 
 
+DESCRIPTION = (
+    "Generate the broker's passwords, access control list and configuration for a run, and with "
+    "--compose a docker-compose file."
+)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "deploy",
-        help="generate broker passwords, ACL and config for a scenario",
-        description=__doc__.splitlines()[0],
+        help="Generate the broker's passwords, access control and configuration for a scenario.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario YAML file")
+    parser.add_argument("scenario", nargs="?", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument(
         "--client-id",
         dest="client_ids",
         action="append",
         default=[],
         metavar="ID",
-        help="a client id (repeatable), instead of the scenario's clients",
+        help="A client id, instead of the scenario's clients; repeatable.",
     )
     parser.add_argument(
-        "--run", metavar="NAME", help="run name in the MQTT topics (default: the scenario name)"
+        "--run", metavar="NAME", help="The run's name in the MQTT topics (by default the scenario name)."
     )
-    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="output directory")
+    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="The output directory.")
     parser.add_argument(
-        "--port", type=int, help="broker port (default 8883 with TLS, 1883 with --plain)"
+        "--port", type=int, help="The broker's port (by default 8883 with TLS, 1883 with --plain)."
     )
     parser.add_argument(
-        "--bind", default="0.0.0.0", metavar="ADDRESS", help="listen address (default 0.0.0.0)"
+        "--bind", default="0.0.0.0", metavar="ADDRESS", help="The broker's listen address (default 0.0.0.0)."
     )
     parser.add_argument(
         "--broker-config-dir",
         metavar="DIR",
-        help="where the broker sees --out (default: its absolute path; "
-        "/mosquitto/config for the eclipse-mosquitto container)",
+        help="Where the broker sees the --out directory (by default its absolute "
+        "path; /mosquitto/config for the eclipse-mosquitto container).",
     )
     parser.add_argument(
         "--persistence-dir",
         metavar="DIR",
-        help="broker persistence directory (e.g. /mosquitto/data/; a path on this machine, "
-        "without --broker-config-dir, is created for the broker's user); default: none",
+        help="The broker's persistence directory, for example /mosquitto/data/ (a path on "
+        "this machine, without --broker-config-dir, is created for the broker's user); by "
+        "default none.",
     )
     parser.add_argument(
         "--max-packet-bytes",
         type=int,
         metavar="N",
-        help="broker-side message size limit (default: mosquitto's own)",
+        help="The broker's message size limit in bytes (by default mosquitto's own).",
     )
     parser.add_argument(
-        "--tls-cert", metavar="FILE", help="broker TLS certificate (path as the broker sees it)"
+        "--tls-cert", metavar="FILE", help="The broker's TLS certificate (its path as the broker sees it)."
     )
-    parser.add_argument("--tls-key", metavar="FILE", help="broker TLS private key")
+    parser.add_argument("--tls-key", metavar="FILE", help="The broker's TLS private key.")
     parser.add_argument(
-        "--tls-ca", metavar="FILE", help="CA file, to verify client certificates (optional)"
+        "--tls-ca", metavar="FILE", help="A CA file to verify client certificates with (optional)."
     )
     parser.add_argument(
         "--tls-host",
@@ -109,29 +116,29 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="host name or IP address in the generated broker certificate (repeatable; "
-        "default: broker, localhost, 127.0.0.1)",
+        help="A host name or IP address in the generated broker certificate; repeatable (by "
+        "default broker, localhost and 127.0.0.1).",
     )
     parser.add_argument(
         "--plain",
         action="store_true",
-        help="an unencrypted listener (passwords and updates travel in clear: trusted networks "
-        "only)",
+        help="An unencrypted listener: passwords and updates travel in clear, so only on "
+        "trusted networks.",
     )
     parser.add_argument(
-        "--broker-user", metavar="NAME", help="the user mosquitto runs as (its `user` option)"
+        "--broker-user", metavar="NAME", help="The user mosquitto runs as (the user option of mosquitto.conf)."
     )
     parser.add_argument(
         "--compose",
         metavar="FILE",
-        help="also write a docker-compose file for the scenario (needs SCENARIO)",
+        help="Also write a docker-compose file for the scenario (needs SCENARIO).",
     )
     parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
         metavar="X",
-        help="--time-scale of the composed server and clients (default 1.0)",
+        help="The time scale of the composed server and clients (default 1.0).",
     )
     add_set_option(parser)
     parser.set_defaults(func=run)

@@ -121,6 +121,7 @@ def collect_outputs(
                 network={"mqtt_server": server.get("mqtt", {})},
                 wall_seconds=wall_seconds,
                 cpu_seconds=cpu_seconds,
+                time_kind="scenario",
             )
         )
     finally:

@@ -215,6 +215,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     assert sum(line["rejected"] for line in _lines(out / "metrics.jsonl")) == 2
     assert summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
     assert summary["stop_reason"] == "no client can train any more and every update has arrived"
+    assert summary["explanation"].startswith("The run stopped at scenario time ")  # wall clock
     assert summary["client_states"] == {"done": 4}
     assert sorted(s["client_id"] for s in summary["stopped"]) == [
         "c-000",
