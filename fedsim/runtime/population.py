@@ -34,6 +34,7 @@ from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
+from fedsim.runtime.integrity import client_limits
 from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
@@ -376,7 +377,8 @@ def make_server_actor(
         endpoint=endpoint,
         initial_params=population.initial_params,
         clients={
-            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight)
+            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight, client_limits(
+                p.group, p.public_samples, p.schedule, population.initial_params.size))
             for p in population.plans
         },
         window=server_config.window,
