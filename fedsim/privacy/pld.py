@@ -60,11 +60,18 @@ from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
-from scipy import fft, special
+from scipy import special
 
 from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import Accountant
-from fedsim.privacy.events import GaussianStep, Sampling, group_steps
+from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.pld_state import (
+    FactorSummary,
+    SpectrumSum,
+    fixed_point_spectrum,
+    summarise,
+    window,
+)
 
 # Per-step probability mass left out of the discretised support (charged to delta as mass at
 # +infinity); 1e-20 per step keeps the total below 1e-13 even for 10^7 steps.
@@ -148,15 +155,6 @@ class LossPmf:
     lower: int
     probs: np.ndarray
     infinity_mass: float
-
-    def moments(self) -> tuple[float, float]:
-        """Mean and variance of the finite part (normalised), in grid units from ``lower``."""
-        # Elementwise sums, not BLAS dot products: BLAS threads stall on a busy machine.
-        total = float(self.probs.sum())
-        weighted = self.probs * np.arange(self.probs.size, dtype=float)
-        mean = float(weighted.sum()) / total
-        second = float((weighted * np.arange(self.probs.size, dtype=float)).sum()) / total
-        return mean, max(second - mean * mean, 0.0)
 
     def _dense(self) -> pld_pmf.DensePLDPmf:
         return pld_pmf.DensePLDPmf(self.h, self.lower, self.probs, self.infinity_mass, True)
@@ -281,103 +279,6 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
                                                  hockey_stick_add(e, q, sigma))),)
 
 
-# -- composition in the Fourier domain ----------------------------------------------------------
-_CORE_STDS = 20.0
-_TAIL_BLOCK = 64
-
-
-def _log_mgf_bound(pmf: LossPmf, mean: float, std: float, ts: np.ndarray) -> np.ndarray:
-    """Upper bound on ``log sum_j probs[j] e^{t j}`` (j in grid units from ``lower``) per t.
-
-    Exact on the core ``mean +- 20 std``; beyond it masses are summed in blocks of 64 and put
-    at the block's worse end (right for t > 0, left for t < 0), which can only increase the
-    sum and keeps the cost small for heavy-tailed one-step losses.
-    """
-    probs = pmf.probs
-    lo = max(0, int(mean - _CORE_STDS * std))
-    hi = min(probs.size, int(mean + _CORE_STDS * std) + 1)
-    masses = [probs[lo:hi]]
-    left_ends = [np.arange(lo, hi, dtype=float)]
-    right_ends = [left_ends[0]]
-    for start, stop in ((0, lo), (hi, probs.size)):
-        if stop <= start:
-            continue
-        block = np.pad(probs[start:stop], (0, -(stop - start) % _TAIL_BLOCK))
-        masses.append(block.reshape(-1, _TAIL_BLOCK).sum(axis=1))
-        starts = np.arange(start, stop, _TAIL_BLOCK, dtype=float)
-        left_ends.append(starts)
-        right_ends.append(np.minimum(starts + _TAIL_BLOCK - 1, stop - 1))
-    with np.errstate(divide="ignore"):
-        log_mass = np.log(np.concatenate(masses))
-    positions = np.where(ts[:, None] > 0, np.concatenate(right_ends)[None, :],
-                         np.concatenate(left_ends)[None, :])
-    exponents = log_mass[None, :] + ts[:, None] * positions
-    top = exponents.max(axis=1)
-    return top + np.log(np.exp(exponents - top[:, None]).sum(axis=1))
-
-
-def _power(spectrum: np.ndarray, count: int) -> np.ndarray:
-    """spectrum ** count for an integer count (repeated squaring: no complex log needed)."""
-    result = None
-    base = spectrum
-    while count:
-        if count & 1:
-            result = base if result is None else result * base
-        count >>= 1
-        if count:
-            base = base * base
-    return result
-
-
-def compose(
-    factors: Sequence[tuple[LossPmf, int]], tail_mass: float = DEFAULT_TAIL_MASS
-) -> LossPmf:
-    """The PMF of the sum of ``count`` independent copies of each factor (all on one grid).
-
-    The output window [lo, hi] (offsets from the sum of lower ends) comes from Chernoff bounds
-    ``P(S >= hi) <= exp(K(t) - t hi)`` and ``P(S <= lo) <= exp(K(-t) + t lo)``, with K an upper
-    bound on the cumulant generating function of the discretised factors (see
-    :func:`_log_mgf_bound`), at t from 1/32 to 2 times the optimum of a Gaussian tail (one
-    step's loss is heavy-tailed, where the best t is small). Mass outside the window is then at
-    most ``tail_mass / 2`` per side. One circular convolution of that length is exact up to
-    that mass: mass below ``lo`` can only wrap upwards (pessimistic), and ``tail_mass`` is
-    added at +infinity for the mass above ``hi`` that may wrap downwards.
-    """
-    h = factors[0][0].h
-    lower = sum(p.lower * n for p, n in factors)
-    log_keep = sum(n * math.log1p(-min(p.infinity_mass, 1.0 - 1e-300)) for p, n in factors)
-    infinity_mass = -math.expm1(log_keep)
-    span = sum((p.probs.size - 1) * n for p, n in factors)
-    stats = [pmf.moments() for pmf, _ in factors]
-    variance = sum(n * v for (_, v), (_, n) in zip(stats, factors, strict=True))
-    log_tail = math.log(tail_mass / 2.0)
-    ts = math.sqrt(-2.0 * log_tail) / max(math.sqrt(variance), 1.0) * 2.0 ** np.arange(-5.0, 1.5)
-    k_pos = np.zeros_like(ts)
-    k_neg = np.zeros_like(ts)
-    for (m, v), (pmf, n) in zip(stats, factors, strict=True):
-        log_mass = math.log(pmf.probs.sum())  # K of the normalised factor (finite part)
-        k_pos += n * (_log_mgf_bound(pmf, m, math.sqrt(v), ts) - log_mass)
-        k_neg += n * (_log_mgf_bound(pmf, m, math.sqrt(v), -ts) - log_mass)
-    hi = min(span, math.ceil(float(np.min((k_pos - log_tail) / ts))))
-    lo = max(0, math.floor(float(np.max((log_tail - k_neg) / ts))))
-    if hi < lo:  # cannot happen for proper inputs; fall back to the full support
-        lo, hi = 0, span
-    size = fft.next_fast_len(hi - lo + 1, real=True)
-    spectrum = np.ones(size // 2 + 1, dtype=complex)
-    for pmf, n in factors:
-        folded = pmf.probs
-        if folded.size > size:  # circular wrap of a factor longer than the window
-            folded = np.pad(folded, (0, -folded.size % size)).reshape(-1, size).sum(axis=0)
-        with np.errstate(under="ignore"):
-            spectrum *= _power(fft.rfft(folded, size), int(n))
-    circular = fft.irfft(spectrum, size)
-    window = np.roll(circular, -lo)
-    probs = np.maximum(window[: hi - lo + 1], 0.0)
-    dropped = float(np.maximum(window[hi - lo + 1 :], 0.0).sum())
-    wrap_charge = tail_mass if (lo > 0 or hi < span) else 0.0
-    return LossPmf(h, lower + lo, probs, min(1.0, infinity_mass + dropped + wrap_charge))
-
-
 # -- bucketing and the grid ------------------------------------------------------------------------
 def bucket(step: GaussianStep, resolution: float) -> GaussianStep:
     """Round sigma down and q up to the geometric grid ``exp(k * resolution)`` (pessimistic:
@@ -406,39 +307,69 @@ def adaptive_discretisation(steps: Iterable[GaussianStep]) -> float:
     stds = [step_loss_std(s.q, s.sigma) for s in steps]
     if not stds:
         return _MAX_H
-    target = max(min(stds), max(stds) / _MAX_STD_RATIO) / _H_PER_STEP_STD
+    return grid_for_stds(min(stds), max(stds))
+
+
+def grid_for_stds(smallest: float, largest: float) -> float:
+    """:func:`adaptive_discretisation` from the smallest and largest per-step loss std."""
+    target = max(smallest, largest / _MAX_STD_RATIO) / _H_PER_STEP_STD
     target = min(max(target, _MIN_H), _MAX_H)
     return 2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0)
 
 
-# Composed results are a pure function of (bucketed steps, h, tail): shared by every
-# accountant (previews of the same history hit the cache). Sizes bound memory: a composed PMF
-# is up to a few MB, a one-step PMF (cached by step_pmfs, 512 entries) a few hundred KB.
-_COMPOSED: OrderedDict[tuple[Any, ...], tuple[LossPmf, ...]] = OrderedDict()
-_COMPOSED_MAX = 32
-# eps(delta) answers, same key plus delta (ledgers ask the same questions for many clients).
+# -- composition (incremental; see fedsim.privacy.pld_state) ------------------------------------
+Kind = tuple[Sampling, float, float]
+
+
+@functools.lru_cache(maxsize=4096)
+def factor_summaries(sampling: Sampling, q: float, sigma: float,
+                     h: float) -> tuple[FactorSummary, ...]:
+    """The window data of one step's PMFs (one per direction), see :func:`step_pmfs`."""
+    return tuple(summarise(p.probs, p.lower, p.infinity_mass)
+                 for p in step_pmfs(sampling, q, sigma, h))
+
+
+@functools.lru_cache(maxsize=16)
+def factor_spectra(sampling: Sampling, q: float, sigma: float, h: float,
+                   size: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """One step's fixed-point log-spectra at FFT size ``size`` (one per direction). The cache
+    is small: a ledger extends its state with few kinds at a time (a few MB at most)."""
+    return tuple(fixed_point_spectrum(p.probs, size) for p in step_pmfs(sampling, q, sigma, h))
+
+
+def composed_pmfs(kinds: Sequence[tuple[Kind, int]], h: float, tail_mass: float,
+                  sums: list[SpectrumSum | None] | None = None) -> tuple[LossPmf, ...]:
+    """One composed PMF per direction (Poisson: remove, add; fixed: symmetrised) of ``count``
+    copies of each kind, ``kinds`` sorted. ``sums``, if given, holds each direction's running
+    :class:`SpectrumSum` of exactly these counts (or None); a sum at the wrong FFT size is
+    rebuilt in place from the counts. The result is the same either way (bit for bit)."""
+    directions = 2 if kinds[0][0][0] == "poisson" else 1
+    if sums is None:
+        sums = [None] * directions
+    out = []
+    for d in range(directions):
+        where = window([(factor_summaries(*k, h)[d], n) for k, n in kinds], tail_mass)
+        held = sums[d]
+        if held is None or held.size != where.size:
+            held = SpectrumSum(where.size)
+            for k, n in kinds:
+                held.add(factor_spectra(*k, h, where.size)[d], n)
+            sums[d] = held
+        probs, dropped = held.invert(where)
+        charge = tail_mass if where.truncated else 0.0
+        out.append(LossPmf(h, where.lower + where.lo, probs,
+                           min(1.0, where.infinity_mass + dropped + charge)))
+    return tuple(out)
+
+
+# eps(delta) answers keyed by (composed kinds, h, tail, delta): ledgers ask the same questions
+# for many clients with the same history.
 _EPSILONS: OrderedDict[tuple[Any, ...], float] = OrderedDict()
 _EPSILONS_MAX = 65536
-
-
-def composed_pmfs(
-    steps: tuple[GaussianStep, ...], h: float, tail_mass: float
-) -> tuple[LossPmf, ...]:
-    """One composed PMF per direction (Poisson: remove, add; fixed: symmetrised)."""
-    key = (steps, h, tail_mass)
-    hit = _COMPOSED.get(key)
-    if hit is not None:
-        _COMPOSED.move_to_end(key)
-        return hit
-    per_step = [(step_pmfs(s.sampling, s.q, s.sigma, h), s.count) for s in steps]
-    directions = len(per_step[0][0])
-    result = tuple(
-        compose([(pmfs[d], n) for pmfs, n in per_step], tail_mass) for d in range(directions)
-    )
-    _COMPOSED[key] = result
-    if len(_COMPOSED) > _COMPOSED_MAX:
-        _COMPOSED.popitem(last=False)
-    return result
+# Accountants with at least this many composed kinds keep their spectrum sums between answers
+# (and extend them step by step); fewer kinds rebuild them per answer (a few FFTs) and keep
+# no O(FFT size) state.
+_KEEP_SUMS_KINDS = 4
 
 
 # -- the accountant --------------------------------------------------------------------------------
@@ -479,6 +410,7 @@ class PLDAccountant(Accountant):
         self.bucket_resolution = bucket_resolution
         self.bucket_above = bucket_above
         self.tail_mass = tail_mass
+        self._init_state()
         super().__init__(steps)
 
     def settings(self) -> dict[str, Any]:
@@ -489,52 +421,115 @@ class PLDAccountant(Accountant):
             "tail_mass": self.tail_mass,
         }
 
+    # -- incremental state --------------------------------------------------------------------
+    def _init_state(self) -> None:
+        self._bucket_counts: dict[Kind, int] = {}
+        self._raw_stds = (math.inf, 0.0)  # smallest, largest per-step loss std over kinds
+        self._bucket_stds = (math.inf, 0.0)
+        self._sums: list[SpectrumSum | None] | None = None
+        self._sums_for: tuple[bool, float] | None = None
+        self._pending: dict[Kind, int] = {}  # composed into the counts, not yet into _sums
+        self._answers: dict[float, float] = {}
+        self._pmfs: tuple[LossPmf, ...] | None = None
+
+    def _extend(self, step: GaussianStep, *, new_kind: bool) -> None:
+        self._answers = {}
+        self._pmfs = None
+        if new_kind:
+            self._raw_stds = _widen(self._raw_stds, step)
+        bucketed = bucket(step, self.bucket_resolution)
+        held = self._bucket_counts.get(bucketed.key)
+        self._bucket_counts[bucketed.key] = step.count if held is None else held + step.count
+        if held is None:
+            self._bucket_stds = _widen(self._bucket_stds, bucketed)
+        if self._sums is None:
+            return
+        if self._sums_for != (self._bucketed(), self.discretisation()):
+            self._sums, self._pending = None, {}  # another regime or grid: rebuilt when asked
+            return
+        # Added to the sums at the next answer, grouped by kind (integer sums: same result).
+        kind = bucketed.key if self._sums_for[0] else step.key
+        self._pending[kind] = self._pending.get(kind, 0) + step.count
+
+    def _copy_caches_from(self, other: Accountant) -> None:
+        assert isinstance(other, PLDAccountant)
+        self._pending = dict(other._pending)
+        self._bucket_counts = dict(other._bucket_counts)
+        self._sums = None if other._sums is None else [
+            None if s is None else s.copy() for s in other._sums]
+        self._answers = dict(other._answers)
+
+    def _bucketed(self) -> bool:
+        return self.kinds > self.bucket_above
+
+    def composed_kinds(self) -> list[tuple[Kind, int]]:
+        """The history as composed, sorted: bucketed (see :func:`bucket`) only when it has
+        more than ``bucket_above`` distinct kinds (shorter mixes are computed exactly)."""
+        return sorted((self._bucket_counts if self._bucketed() else self._counts).items())
+
     # -- computation ----------------------------------------------------------------------------
     def bucketed_steps(self) -> tuple[GaussianStep, ...]:
-        """The history as composed: bucketed only when it has more than ``bucket_above``
-        distinct kinds (short or homogeneous histories are computed exactly)."""
-        if len(self.steps) <= self.bucket_above:
-            return self.steps
-        return group_steps(bucket(s, self.bucket_resolution) for s in self.steps)
+        """The history as composed, as steps (see :meth:`composed_kinds`)."""
+        return tuple(GaussianStep(s, q, sigma, n) for (s, q, sigma), n in self.composed_kinds())
 
     def discretisation(self) -> float:
         """The grid ``h`` used for the current history."""
         if self.value_discretization is not None:
             return self.value_discretization
-        return adaptive_discretisation(self.bucketed_steps())
+        smallest, largest = self._bucket_stds if self._bucketed() else self._raw_stds
+        return grid_for_stds(smallest, largest) if largest > 0 else grid_for_stds(1.0, 1.0)
 
     def pmfs(self) -> tuple[LossPmf, ...]:
         """Composed PMFs, one per direction (Poisson: remove, add; fixed: symmetrised)."""
-        steps = self.bucketed_steps()
-        if not steps:
+        if not self.kinds:
             raise PrivacyError("no steps composed")
-        return composed_pmfs(steps, self.discretisation(), self.tail_mass)
+        if self._pmfs is None:
+            kinds = self.composed_kinds()
+            h = self.discretisation()
+            key = (self._bucketed(), h)
+            sums = self._sums if self._sums is not None and self._sums_for == key else None
+            if sums is None:
+                sums = [None] * (2 if kinds[0][0][0] == "poisson" else 1)
+            else:
+                for kind, count in sorted(self._pending.items()):
+                    for d, held in enumerate(sums):
+                        if held is not None:
+                            held.add(factor_spectra(*kind, h, held.size)[d], count)
+            self._pending = {}
+            self._pmfs = composed_pmfs(kinds, h, self.tail_mass, sums)
+            keep = len(kinds) >= _KEEP_SUMS_KINDS
+            self._sums, self._sums_for = (sums, key) if keep else (None, None)
+        return self._pmfs
 
     # -- answers ----------------------------------------------------------------------------------
     def epsilon(self, delta: float) -> float:
         _check_delta(delta)
-        if not self.steps:
+        if not self.kinds:
             return 0.0
-        key = (self.bucketed_steps(), self.discretisation(), self.tail_mass, delta)
+        hit = self._answers.get(delta)
+        if hit is not None:
+            return hit
+        key = (tuple(self.composed_kinds()), self.discretisation(), self.tail_mass, delta)
         hit = _EPSILONS.get(key)
         if hit is None:
             hit = max(0.0, max(p.epsilon(delta) for p in self.pmfs()))
             _EPSILONS[key] = hit
             if len(_EPSILONS) > _EPSILONS_MAX:
                 _EPSILONS.popitem(last=False)
+        self._answers[delta] = hit
         return hit
 
     def delta(self, epsilon: float) -> float:
         if not math.isfinite(epsilon):
             raise ConfigError(f"epsilon must be finite, got {epsilon!r}")
-        if not self.steps:
+        if not self.kinds:
             return max(0.0, -math.expm1(epsilon))
         return max(p.delta(epsilon) for p in self.pmfs())
 
     def delta_curve(self, epsilons: np.ndarray) -> np.ndarray:
         """delta(eps) on many eps at once (the max over directions)."""
         eps = np.asarray(epsilons, dtype=float)
-        if not self.steps:
+        if not self.kinds:
             return np.maximum(0.0, -np.expm1(eps))
         return np.max([p.deltas(eps) for p in self.pmfs()], axis=0)
 
@@ -547,7 +542,7 @@ class PLDAccountant(Accountant):
         beta (every eps gives a valid supporting line).
         """
         alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
-        if not self.steps:
+        if not self.kinds:
             return 1.0 - alpha
         atoms = np.unique(
             np.concatenate(
@@ -563,6 +558,11 @@ class PLDAccountant(Accountant):
             lines = 1.0 - deltas[None, :] - np.exp(atoms)[None, :] * chunk[:, None]
             beta[start : start + 256] = np.max(lines, axis=1)
         return np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0)
+
+
+def _widen(stds: tuple[float, float], step: GaussianStep) -> tuple[float, float]:
+    std = step_loss_std(step.q, step.sigma)
+    return min(stds[0], std), max(stds[1], std)
 
 
 def _check_delta(delta: float) -> None:
