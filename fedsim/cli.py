@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "validate",
     "schema",
     "account",
+    "ledger",
     "report",
     "data",
     "server",

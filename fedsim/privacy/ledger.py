@@ -73,6 +73,7 @@ from fedsim.privacy.ledger_file import (
     header_of,
     line_hash,
     mark_path,
+    parse_header,
     read_mark,
     read_verified,
     write_new,
@@ -177,6 +178,7 @@ class PrivacyLedger:
                 return cls(path, client_id, sampling, budget, accountant,  # type: ignore[arg-type]
                            [], line_hash(line), mark=lock)
             if mark is None:
+                parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
                 raise LedgerError(
                     f"{path}: no high-water mark ({mark_path(path).name}), so a cut file "
                     f"cannot be detected; `fedsim ledger repair {path} --assume-lost N` "

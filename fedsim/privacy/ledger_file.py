@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -140,6 +141,11 @@ class MarkFile:
 
     def write(self, mark: Mark) -> None:
         os.pwrite(self._fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
+        os.fsync(self._fd)
+
+    def write_both(self, mark: Mark) -> None:
+        """Write ``mark`` into both slots (after a repair lowered nothing but renumbered)."""
+        os.pwrite(self._fd, _encode_mark(mark) * 2, 0)
         os.fsync(self._fd)
 
     def close(self) -> None:
@@ -317,6 +323,14 @@ def cut_partial_line(path: Path, data: bytes) -> bytes:
             handle.flush()
             os.fsync(handle.fileno())
     return data[:complete]
+
+
+def copy_ledger(source: Path, target: Path) -> None:
+    """Copy a ledger and its high-water mark (a copy without its mark is verified by its chain
+    alone)."""
+    shutil.copyfile(source, target)
+    if mark_path(source).exists():
+        shutil.copyfile(mark_path(source), mark_path(target))
 
 
 @contextlib.contextmanager

@@ -329,12 +329,12 @@ def factor_summaries(sampling: Sampling, q: float, sigma: float,
                  for p in step_pmfs(sampling, q, sigma, h))
 
 
-@functools.lru_cache(maxsize=16)
-def factor_spectra(sampling: Sampling, q: float, sigma: float, h: float,
-                   size: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """One step's fixed-point log-spectra at FFT size ``size`` (one per direction). The cache
-    is small: a ledger extends its state with few kinds at a time (a few MB at most)."""
-    return tuple(fixed_point_spectrum(p.probs, size) for p in step_pmfs(sampling, q, sigma, h))
+@functools.lru_cache(maxsize=32)
+def factor_spectrum(sampling: Sampling, q: float, sigma: float, h: float, size: int,
+                    direction: int) -> tuple[np.ndarray, np.ndarray]:
+    """One step's fixed-point log-spectrum at FFT size ``size`` in one direction. The cache is
+    small: a ledger extends its state with few kinds at a time (a few MB at most)."""
+    return fixed_point_spectrum(step_pmfs(sampling, q, sigma, h)[direction].probs, size)
 
 
 def composed_pmfs(kinds: Sequence[tuple[Kind, int]], h: float, tail_mass: float,
@@ -353,7 +353,7 @@ def composed_pmfs(kinds: Sequence[tuple[Kind, int]], h: float, tail_mass: float,
         if held is None or held.size != where.size:
             held = SpectrumSum(where.size)
             for k, n in kinds:
-                held.add(factor_spectra(*k, h, where.size)[d], n)
+                held.add(factor_spectrum(*k, h, where.size, d), n)
             sums[d] = held
         probs, dropped = held.invert(where)
         charge = tail_mass if where.truncated else 0.0
@@ -494,7 +494,7 @@ class PLDAccountant(Accountant):
                 for kind, count in sorted(self._pending.items()):
                     for d, held in enumerate(sums):
                         if held is not None:
-                            held.add(factor_spectra(*kind, h, held.size)[d], count)
+                            held.add(factor_spectrum(*kind, h, held.size, d), count)
             self._pending = {}
             self._pmfs = composed_pmfs(kinds, h, self.tail_mass, sums)
             keep = len(kinds) >= _KEEP_SUMS_KINDS

@@ -47,8 +47,8 @@ _PHASE_SCALE = 2.0**_PHASE_BITS
 _PHASE_MASK = np.int64(2**_PHASE_BITS - 1)
 # Chernoff parameters t (per grid unit) at which each factor's log-MGF bound is kept: the
 # optimum for a window of variance V is near sqrt(2 log(2/tail)) / sqrt(V); this grid covers
-# V from below 1 to 10^14 grid units^2 at a factor sqrt(2) between neighbours.
-CHERNOFF_TS = 2.0 ** (np.arange(-48, 5) / 2.0)
+# V from below 1 to 10^14 grid units^2 at a factor 2 between neighbours.
+CHERNOFF_TS = 2.0 ** np.arange(-24.0, 3.0)
 _MIN_SIZE = 256
 _CORE_STDS = 20.0
 _TAIL_BLOCK = 64
@@ -155,10 +155,13 @@ def fixed_point_spectrum(probs: np.ndarray, size: int) -> tuple[np.ndarray, np.n
     if folded.size > size:  # circular wrap of a factor longer than the window
         folded = np.pad(folded, (0, -folded.size % size)).reshape(-1, size).sum(axis=0)
     spectrum = fft.rfft(folded, size)
-    # log|F| floored at -700 (|F| <= 1 for a sub-probability vector; rounding above 1 is cut).
-    log_modulus = np.log(np.maximum(np.abs(spectrum), math.exp(-700.0)))
+    # log|F| <= 0 (|F| <= 1 for a sub-probability vector; rounding above 1 is cut). |F| below
+    # 1e-150 is read as 1e-150: a change below 1e-150 per frequency, far below the tail mass.
+    power = spectrum.real * spectrum.real + spectrum.imag * spectrum.imag
+    log_modulus = 0.5 * np.log(np.maximum(power, 1e-300))
     re = np.rint(np.clip(log_modulus, -700.0, 0.0) * _RE_SCALE).astype(np.int64)
-    phase = np.rint(np.angle(spectrum) / (2.0 * math.pi) * _PHASE_SCALE).astype(np.int64)
+    turns = np.arctan2(spectrum.imag, spectrum.real) * (_PHASE_SCALE / (2.0 * math.pi))
+    phase = np.rint(turns).astype(np.int64)
     re.setflags(write=False)
     phase.setflags(write=False)
     return re, phase

@@ -49,7 +49,6 @@ import math
 import multiprocessing
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +65,7 @@ import torch
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario, resolve_path
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError, FedsimError, TransportError
+from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.client import ClientActor, RoundRecord
@@ -637,7 +637,7 @@ async def run_client(
     trainer = population.trainer(
         plan, generator=training_generator(population, client_id, first_round)
     )
-    clock = ScaledClock(time_scale)
+    clock = ScaledClock(time_scale, start=ledger.last_time)  # records never go back in time
     endpoint = MqttClientEndpoint(
         broker,
         run=run,
@@ -781,7 +781,7 @@ def collect_outputs(
         state_dir = client_state_dirs.get(client_id)
         copied = out / "ledgers" / f"{client_id}.jsonl"
         if state_dir is not None and ledger_path(state_dir, client_id).exists():
-            shutil.copyfile(ledger_path(state_dir, client_id), copied)
+            copy_ledger(ledger_path(state_dir, client_id), copied)  # with its mark
         report = _read_json(client_state_file(state_dir, client_id)) if state_dir else {}
         status = statuses.get(client_id, {})
         state = report.get("state") or status.get("state") or "waiting"
