@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import fft
 
+from fedsim.errors import PrivacyError
+
 # Fixed-point units of the log-spectrum sum (see module docstring).
 _RE_SCALE = 2.0**52
 _RE_FLOOR = -700 * 2**52  # log modulus floor, in units (e^-700 ~ 1e-304)
@@ -50,6 +52,8 @@ _PHASE_MASK = np.int64(2**_PHASE_BITS - 1)
 # V from below 1 to 10^14 grid units^2 at a factor 2 between neighbours.
 CHERNOFF_TS = 2.0 ** np.arange(-24.0, 3.0)
 _MIN_SIZE = 256
+# Largest FFT size (points): ~0.5 GB of working memory at most.
+MAX_SIZE = 2**23
 _CORE_STDS = 20.0
 _TAIL_BLOCK = 64
 
@@ -119,8 +123,15 @@ class Window:
 
     @property
     def size(self) -> int:
-        """The FFT size: the smallest power of two (>= 256) holding the window."""
-        return max(_MIN_SIZE, 1 << (self.hi - self.lo).bit_length())
+        """The FFT size: the smallest power of two (>= 256) holding the window; a window
+        wider than :data:`MAX_SIZE` raises :class:`PrivacyError` (bounded memory)."""
+        size = max(_MIN_SIZE, 1 << (self.hi - self.lo).bit_length())
+        if size > MAX_SIZE:
+            raise PrivacyError(
+                f"the composed privacy loss spans {self.hi - self.lo + 1:.3g} grid points, "
+                f"more than the PLD accountant computes ({MAX_SIZE}); the history is far "
+                f"beyond any meaningful budget (the rdp accountant answers any length)")
+        return size
 
     @property
     def truncated(self) -> bool:
