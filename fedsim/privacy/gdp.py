@@ -37,7 +37,6 @@ from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep
 
-
 # Largest mu for which eps(delta) is computed: beyond it eps > 5e5 and e^eps is far outside
 # double precision (delta(eps) cancels catastrophically).
 MAX_MU = 1000.0
