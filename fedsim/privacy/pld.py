@@ -35,11 +35,14 @@ How it is computed:
    resolution ``bucket_resolution`` (2^-9; smaller sigma and larger q are never more private),
    which costs about 0.2-0.5% of eps. Shorter mixes are computed exactly. Identical buckets are
    self-composed.
-3. All buckets are multiplied at once in the Fourier domain (one FFT per bucket, powers by
-   counts) on a window chosen from Chernoff bounds on the composed loss; mass that may fall
-   outside the window is charged to delta (moved to +infinity).
-4. eps(delta) and delta(eps) of the composed PMF come from ``dp_accounting``'s
-   ``DensePLDPmf``.
+3. All buckets are multiplied in the Fourier domain, as a sum of fixed-point log-spectra that
+   a history extends step by step (:mod:`fedsim.privacy.pld_state`: exact, so the
+   incremental and the one-shot composition are the same numbers), on a window chosen from
+   Chernoff bounds on the composed loss; mass that may fall outside the window is charged to
+   delta (moved to +infinity).
+4. eps(delta) and delta(eps) of the composed PMF come from suffix sums over its atoms (the
+   formulas of ``dp_accounting``'s ``DensePLDPmf``, vectorised), in log space where the
+   support is wider than 700 nats so that nothing overflows.
 
 The grid ``h`` is chosen adaptively unless given: the relative eps error of connect-the-dots
 behaves like ``0.07 (h / s)^2`` where ``s ~ min(q sqrt(e^{mu^2}-1), mu)`` is the standard
@@ -59,7 +62,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
 from scipy import special
 
 from fedsim.errors import ConfigError, PrivacyError
@@ -156,11 +158,31 @@ class LossPmf:
     probs: np.ndarray
     infinity_mass: float
 
-    def _dense(self) -> pld_pmf.DensePLDPmf:
-        return pld_pmf.DensePLDPmf(self.h, self.lower, self.probs, self.infinity_mass, True)
+    def _suffix_sums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Losses l_k, ``A_k = sum_{j>=k} p_j`` and ``log B_k = log sum_{j>=k} p_j e^{-l_j}``
+        (each with a final entry for the empty suffix: 0 and -inf).
+
+        ``B`` is summed with the factor ``e^{l_max}`` taken out when the support spans less
+        than 700 nats; wider supports (large eps: many steps of little noise) would overflow
+        ``e^{l_max - l_j}``, so their sums run in log space (``logaddexp``) instead.
+        """
+        losses = (self.lower + np.arange(self.probs.size)) * self.h
+        mass_above = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
+        log_weighted = np.full(self.probs.size + 1, -np.inf)
+        if losses[-1] - losses[0] < 700.0:
+            shift = losses[-1]
+            weighted = np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1]
+            positive = weighted > 0
+            log_weighted[:-1][positive] = np.log(weighted[positive]) - shift
+        else:
+            log_terms = np.full(self.probs.size, -np.inf)
+            positive = self.probs > 0
+            log_terms[positive] = np.log(self.probs[positive]) - losses[positive]
+            log_weighted[:-1] = np.logaddexp.accumulate(log_terms[::-1])[::-1]
+        return losses, mass_above, log_weighted
 
     def delta(self, epsilon: float) -> float:
-        return float(self._dense().get_delta_for_epsilon(epsilon))
+        return float(self.deltas(np.array([float(epsilon)]))[0])
 
     def epsilon(self, delta: float) -> float:
         """Smallest eps with delta(eps) <= delta (``inf`` if the mass at +inf exceeds delta).
@@ -168,34 +190,27 @@ class LossPmf:
         Same result as ``dp_accounting``'s ``DensePLDPmf.get_epsilon_for_delta`` (tested), but
         vectorised: on (l_{k-1}, l_k] the atoms above eps are fixed, so
         ``delta(eps) = inf + A_k - e^eps B_k`` with suffix sums A, B, solved in closed form.
+        Every exponent is at most the log of a probability (no overflow for any support).
         """
         if self.infinity_mass >= delta:
             return math.inf
-        losses = (self.lower + np.arange(self.probs.size)) * self.h
-        shift = losses[-1]
-        mass_above = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
-        weighted_above = np.concatenate(
-            [np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1], [0.0]])
-        # delta at each atom l_k (atoms strictly above it: k+1 ...)
+        losses, mass_above, log_weighted = self._suffix_sums()
+        # delta at each atom l_k (atoms strictly above it: k+1 ...); l_k + log B_{k+1} <= 0
         at_atoms = (self.infinity_mass + mass_above[1:]
-                    - np.exp(losses - shift) * weighted_above[1:])
+                    - np.exp(losses + log_weighted[1:]))
         k = int(np.argmax(at_atoms <= delta))  # at_atoms[-1] = infinity_mass <= delta
-        if weighted_above[k] <= 0:
+        numerator = self.infinity_mass + mass_above[k] - delta
+        if log_weighted[k] == -np.inf or numerator <= 0:
             return float(losses[k])
-        value = (self.infinity_mass + mass_above[k] - delta) / weighted_above[k]
-        return float(shift + math.log(value)) if value > 0 else float(losses[k])
+        return float(math.log(numerator) - log_weighted[k])
 
     def deltas(self, epsilons: np.ndarray) -> np.ndarray:
-        """delta(eps) for many eps at once (suffix sums; no per-eps loop)."""
-        losses = (self.lower + np.arange(self.probs.size)) * self.h
-        shift = losses[-1]  # factor e^{-shift} out of the second sum to avoid overflow
-        tail_mass = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
-        tail_weighted = np.concatenate(
-            [np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1], [0.0]]
-        )
-        first_above = np.searchsorted(losses, epsilons, side="right")
+        """delta(eps) for many eps at once (suffix sums; no per-eps loop, no overflow)."""
+        losses, mass_above, log_weighted = self._suffix_sums()
         eps = np.asarray(epsilons, dtype=float)
-        out = tail_mass[first_above] - np.exp(eps - shift) * tail_weighted[first_above]
+        first_above = np.searchsorted(losses, eps, side="right")
+        # eps < l_j for every atom in the suffix, so eps + log B <= log A <= 0
+        out = mass_above[first_above] - np.exp(eps + log_weighted[first_above])
         return np.clip(out + self.infinity_mass, 0.0, 1.0)
 
 
@@ -558,7 +573,11 @@ class PLDAccountant(Accountant):
         beta = np.zeros_like(alpha)
         for start in range(0, alpha.size, 256):
             chunk = alpha[start : start + 256]
-            lines = 1.0 - deltas[None, :] - np.exp(atoms)[None, :] * chunk[:, None]
+            # e^eps alpha in log space, capped at e^700 (such a line is far below 0 anyway)
+            log_chunk = np.full(chunk.size, -np.inf)
+            log_chunk[chunk > 0] = np.log(chunk[chunk > 0])
+            scaled = np.exp(np.minimum(atoms[None, :] + log_chunk[:, None], 700.0))
+            lines = 1.0 - deltas[None, :] - scaled
             beta[start : start + 256] = np.max(lines, axis=1)
         return np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0)
 
