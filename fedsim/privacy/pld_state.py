@@ -166,13 +166,19 @@ def fixed_point_spectrum(probs: np.ndarray, size: int) -> tuple[np.ndarray, np.n
     if folded.size > size:  # circular wrap of a factor longer than the window
         folded = np.pad(folded, (0, -folded.size % size)).reshape(-1, size).sum(axis=0)
     spectrum = fft.rfft(folded, size)
+    real, imag = spectrum.real, spectrum.imag
     # log|F| <= 0 (|F| <= 1 for a sub-probability vector; rounding above 1 is cut). |F| below
     # 1e-150 is read as 1e-150: a change below 1e-150 per frequency, far below the tail mass.
-    power = spectrum.real * spectrum.real + spectrum.imag * spectrum.imag
-    log_modulus = 0.5 * np.log(np.maximum(power, 1e-300))
-    re = np.rint(np.clip(log_modulus, -700.0, 0.0) * _RE_SCALE).astype(np.int64)
-    turns = np.arctan2(spectrum.imag, spectrum.real) * (_PHASE_SCALE / (2.0 * math.pi))
-    phase = np.rint(turns).astype(np.int64)
+    work = real * real
+    work += imag * imag
+    np.maximum(work, 1e-300, out=work)
+    np.log(work, out=work)
+    np.minimum(work, 0.0, out=work)
+    work *= 0.5 * _RE_SCALE
+    re = np.rint(work, out=work).astype(np.int64)
+    turns = np.arctan2(imag, real, out=work)
+    turns *= _PHASE_SCALE / (2.0 * math.pi)
+    phase = np.rint(turns, out=turns).astype(np.int64)
     re.setflags(write=False)
     phase.setflags(write=False)
     return re, phase
