@@ -13,16 +13,18 @@ run directory as ``fedsim run``.
 **Time.** Scenario time quantities (window length, compute speed, on/off periods, the
 ``virtual_seconds`` stop) are seconds of *scenario time*; here scenario time runs at
 ``time_scale`` wall seconds per scenario second (1.0: real time; 0.1: ten times faster, for
-short test runs). The speed model's compute cost is waited out on top of the real compute, so
-heterogeneous clients keep their relative speeds. The simulated ``network`` section and
+short test runs). A round lasts the speed model's cost of its expected batch; the real compute
+runs inside it and the update leaves at its end (:mod:`fedsim.runtime.exposure`: send times
+must not reveal the realised batch), so heterogeneous clients keep their relative speeds. The simulated ``network`` section and
 ``availability.crashes`` are not emulated: the real broker is the network, real process deaths
 are the crashes. On/off ``availability`` periods are emulated by pausing the client.
 
 **Crash safety.** A client's ledger lives in its state directory and is resumed, never reset;
 it is fsynced before each update is published (the actor's order), so a SIGKILL cannot forget
-a released update. A restarted client continues after its last committed round and draws its
-batches and noise from a fresh seed stream keyed by that round (replaying the first
-incarnation's stream would release the same noise twice). The server writes a checkpoint
+a released update. A restarted client continues after its last committed round; every process
+draws its batches and noise from OS entropy (in the opt-in, not private, seeded mode: from a
+fresh seed stream keyed by that round: replaying the first incarnation's stream would release
+the same noise twice). The server writes a checkpoint
 (:mod:`fedsim.runtime.checkpoint`) after every window and before every broadcast, so no
 version it ever published is lost; a restarted server resumes model, version, step size,
 de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``
@@ -70,6 +72,7 @@ from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.client import ClientActor, RoundRecord
 from fedsim.runtime.clock import WallClock
+from fedsim.runtime.exposure import client_exposure, client_generator
 from fedsim.runtime.server import ServerActor, WindowReport
 from fedsim.runtime.simulation import (
     ClientPlan,
@@ -543,10 +546,11 @@ def training_generator(population: Population, client_id: str, first_round: int)
     keyed by the round it resumes at. Each released round comes from the stream of the
     incarnation that released it, and an incarnation starting at round r releases nothing
     before r; two incarnations can only share a stream if the first released nothing.
+    Only with ``privacy.deployed_randomness: seeded_not_private``; by default the stream is
+    keyed from OS entropy (:func:`fedsim.runtime.exposure.client_generator`).
     """
-    if first_round == 0:
-        return population.tree.torch("client", client_id, "train")
-    return population.tree.torch("client", client_id, "train", "from-round", first_round)
+    randomness = population.scenario.privacy.deployed_randomness
+    return client_generator(population.tree, client_id, first_round, randomness)
 
 
 async def _on_off(
@@ -670,6 +674,8 @@ async def run_client(
                     "client", client_id, "speed", "from-round", first_round
                 ),
                 delta=scenario.privacy.delta,
+                exposure=client_exposure(scenario, [p.client_id for p in population.plans],
+                                         client_id, deployed=True),
             )
             helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
             if plan.group.availability.online is not None:
@@ -695,6 +701,8 @@ async def run_client(
             "released": released,
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),
+            "randomness": scenario.privacy.deployed_randomness,
+            "timing_overruns": actor.timing_overruns if actor is not None else 0,
         }
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)
@@ -716,6 +724,9 @@ class _FinishedActor:
     released: list[RoundRecord]
     stopped_at: float | None = None
     stop_reason: str = ""
+    client_id: str = ""
+    randomness: str = ""
+    timing_overruns: int = 0
 
 
 @dataclass
@@ -788,7 +799,8 @@ def collect_outputs(
         reason = report.get("stop_reason") or status.get("detail", "")
         stopped_at = report.get("stopped_at", status.get("sent_at"))
         actor = _FinishedActor(
-            state, [RoundRecord(**r) for r in report.get("released", [])], stopped_at, reason
+            state, [RoundRecord(**r) for r in report.get("released", [])], stopped_at, reason,
+            client_id, report.get("randomness", ""), int(report.get("timing_overruns", 0)),
         )
         if state in FINISHED_STATES:
             record.stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
