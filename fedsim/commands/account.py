@@ -15,7 +15,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedsim.errors import ConfigError, PrivacyError
 
@@ -73,7 +73,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     out.add_argument("--plot", metavar="FILE.png", help="draw the trade-off curve and its GDP fit")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
-    return parser
+    return cast(argparse.ArgumentParser, parser)
 
 
 # -- input checking ------------------------------------------------------------------------------
@@ -233,9 +233,12 @@ def _run(args: argparse.Namespace) -> int:
         result.update(q=args.q, sigma=args.sigma, epsilon=args.target_epsilon)
         if name == "rdp":
             for conversion in ("classic", "optimal"):
+                def measure(acc: Any, d: float, c: str = conversion) -> float:
+                    return float(getattr(acc, f"epsilon_{c}")(d))
+
                 result[f"steps_{conversion}"] = calibration.max_steps(
                     name, args.sampling, args.q, args.sigma, args.target_epsilon, args.delta,
-                    measure=lambda acc, d, c=conversion: getattr(acc, f"epsilon_{c}")(d))
+                    measure=measure)
             result["steps"] = result["steps_optimal"]
         else:
             result["steps"] = calibration.max_steps(
@@ -264,6 +267,9 @@ def _run(args: argparse.Namespace) -> int:
         alphas = np.unique(np.concatenate([alphas, np.logspace(-15.0, -9.0, 3000)]))
     betas = accountant.tradeoff(alphas) if need_curve or name == "gdp-clt" else None
     if name == "gdp-clt":
+        from fedsim.privacy.gdp import GDPCLTAccountant
+
+        assert isinstance(accountant, GDPCLTAccountant)
         result["mu"] = accountant.mu * group
         result["mu_kind"] = "clt"
     elif betas is not None:
@@ -299,7 +305,7 @@ def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, beta
     if accountant.name == "rdp":
         result["epsilon_classic"] = accountant.epsilon_classic(delta)
         result["epsilon_optimal"] = accountant.epsilon_optimal(delta)
-    return accountant.epsilon(delta)
+    return float(accountant.epsilon(delta))
 
 
 def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, betas: Any,
@@ -313,7 +319,7 @@ def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, beta
     if accountant.name == "rdp":
         result["delta_classic"] = accountant.delta_classic(epsilon)
         result["delta_optimal"] = accountant.delta(epsilon)
-    return accountant.delta(epsilon)
+    return float(accountant.delta(epsilon))
 
 
 def _plot(path: Path, alphas: Any, betas: Any, result: dict[str, Any]) -> None:

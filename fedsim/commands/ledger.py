@@ -12,7 +12,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedsim.errors import ConfigError, LedgerError
 
@@ -40,7 +40,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     repair.add_argument("--dry-run", action="store_true", help="say what would change")
     repair.add_argument("--json", action="store_true", help="print one JSON object")
     repair.set_defaults(func=run_repair)
-    return parser
+    return cast(argparse.ArgumentParser, parser)
 
 
 def _header(path: Path) -> dict[str, Any]:

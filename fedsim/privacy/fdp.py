@@ -75,7 +75,7 @@ def _at_or_after(alphas: np.ndarray, betas: np.ndarray, points: np.ndarray) -> n
     """A lower bound on f at arbitrary points: beta at the first grid point >= the point."""
     index = np.searchsorted(alphas, np.clip(points, 0.0, 1.0), side="left")
     padded = np.append(betas, 0.0)  # beyond the last grid point f >= 0
-    return padded[np.minimum(index, betas.size)]
+    return np.asarray(padded[np.minimum(index, betas.size)], dtype=float)
 
 
 def group_tradeoff(alphas: np.ndarray, betas: np.ndarray, group_size: int) -> np.ndarray:

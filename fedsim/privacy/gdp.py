@@ -79,7 +79,7 @@ def gdp_tradeoff(alpha: np.ndarray | float, mu: float) -> np.ndarray:
     """``G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)``."""
     _check_mu(mu)
     alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
-    return norm.cdf(norm.ppf(1.0 - alpha) - mu)
+    return np.asarray(norm.cdf(norm.ppf(1.0 - alpha) - mu), dtype=float)
 
 
 def compose_mu(mus: Iterable[float]) -> float:

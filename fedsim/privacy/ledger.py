@@ -154,14 +154,14 @@ class PrivacyLedger:
         if sampling not in SAMPLING_SCHEMES:
             raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
         make_accountant_class(accountant)  # unknown names fail here, before any file I/O
-        header = header_of(client_id, sampling, accountant,  # type: ignore[arg-type]
+        header = header_of(client_id, sampling, accountant,
                            budget.to_json() if budget else None)
         if read_only:
             if not path.exists():
                 raise LedgerError(f"{path}: no such ledger")
             mark = read_mark(path)  # before the records: a writer moves it after them
             records, last = _read(path, path.read_bytes(), header, mark)
-            return cls(path, client_id, sampling, budget, accountant,  # type: ignore[arg-type]
+            return cls(path, client_id, sampling, budget, accountant,
                        records, last)
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = MarkFile(mark_path(path), create=True)
@@ -175,7 +175,7 @@ class PrivacyLedger:
                 if path.exists():
                     path.unlink()
                 write_new(path, line + b"\n")
-                return cls(path, client_id, sampling, budget, accountant,  # type: ignore[arg-type]
+                return cls(path, client_id, sampling, budget, accountant,
                            [], line_hash(line), mark=lock)
             if mark is None:
                 parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
@@ -186,7 +186,7 @@ class PrivacyLedger:
             records, last = _read(path, cut_partial_line(path, data), header, mark)
             if len(records) > mark.count:  # a crash between the two writes: move it up
                 lock.write(Mark(len(records), last))
-            return cls(path, client_id, sampling, budget, accountant,  # type: ignore[arg-type]
+            return cls(path, client_id, sampling, budget, accountant,
                        records, last, mark=lock)
         except BaseException:
             lock.close()

@@ -57,7 +57,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +96,7 @@ _MAX_STEP_GRID = 5_000_000
 def _log_mix_shift(eps: np.ndarray, q: float) -> np.ndarray:
     """log((e^eps - (1-q)) / q), the log of the likelihood-ratio term that reaches loss eps."""
     with np.errstate(divide="ignore"):  # -inf at the edge of the support is the right limit
-        return np.log(np.expm1(eps) + q) - math.log(q)
+        return np.asarray(np.log(np.expm1(eps) + q) - math.log(q), dtype=float)
 
 
 def hockey_stick_remove(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -113,7 +113,7 @@ def hockey_stick_remove(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
     x = (_log_mix_shift(e, q) + 0.5 * mu * mu) / mu
     upper = (1.0 - q) * special.ndtr(-x) + q * special.ndtr(mu - x)
     out[live] = upper - np.exp(e + special.log_ndtr(-x))
-    return np.clip(out, 0.0, 1.0)
+    return np.asarray(np.clip(out, 0.0, 1.0), dtype=float)
 
 
 def hockey_stick_add(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -130,7 +130,7 @@ def hockey_stick_add(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
     x = (_log_mix_shift(-e, q) + 0.5 * mu * mu) / mu
     lower = (1.0 - q) * special.ndtr(x) + q * special.ndtr(x - mu)
     out[live] = special.ndtr(x) - np.exp(e) * lower
-    return np.clip(out, 0.0, 1.0)
+    return np.asarray(np.clip(out, 0.0, 1.0), dtype=float)
 
 
 def _loss_remove(x: float, q: float, mu: float) -> float:
@@ -211,7 +211,7 @@ class LossPmf:
         first_above = np.searchsorted(losses, eps, side="right")
         # eps < l_j for every atom in the suffix, so eps + log B <= log A <= 0
         out = mass_above[first_above] - np.exp(eps + log_weighted[first_above])
-        return np.clip(out + self.infinity_mass, 0.0, 1.0)
+        return np.asarray(np.clip(out + self.infinity_mass, 0.0, 1.0), dtype=float)
 
 
 def connect_the_dots(h: float, indices: np.ndarray, deltas: np.ndarray) -> LossPmf:
@@ -286,7 +286,8 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
             f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
             f"reaches {top:.3g}; such a release gives essentially no privacy")
 
-    def pmf(low: float, high: float, hockey_stick) -> LossPmf:
+    def pmf(low: float, high: float,
+            hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
         k = _step_grid(low, high, core, h)
         return connect_the_dots(h, k, hockey_stick(k * h))
 
@@ -332,7 +333,7 @@ def grid_for_stds(smallest: float, largest: float) -> float:
     """:func:`adaptive_discretisation` from the smallest and largest per-step loss std."""
     target = max(smallest, largest / _MAX_STD_RATIO) / _H_PER_STEP_STD
     target = min(max(target, _MIN_H), _MAX_H)
-    return 2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0)
+    return float(2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0))
 
 
 # -- composition (incremental; see fedsim.privacy.pld_state) ------------------------------------
@@ -548,8 +549,8 @@ class PLDAccountant(Accountant):
         """delta(eps) on many eps at once (the max over directions)."""
         eps = np.asarray(epsilons, dtype=float)
         if not self.kinds:
-            return np.maximum(0.0, -np.expm1(eps))
-        return np.max([p.deltas(eps) for p in self.pmfs()], axis=0)
+            return np.asarray(np.maximum(0.0, -np.expm1(eps)), dtype=float)
+        return np.asarray(np.max([p.deltas(eps) for p in self.pmfs()], axis=0), dtype=float)
 
     def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
         """beta(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha) (Dong-Roth-Su Prop. 2.12).
@@ -579,7 +580,7 @@ class PLDAccountant(Accountant):
             scaled = np.exp(np.minimum(atoms[None, :] + log_chunk[:, None], 700.0))
             lines = 1.0 - deltas[None, :] - scaled
             beta[start : start + 256] = np.max(lines, axis=1)
-        return np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0)
+        return np.asarray(np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0), dtype=float)
 
 
 def _widen(stds: tuple[float, float], step: GaussianStep) -> tuple[float, float]:

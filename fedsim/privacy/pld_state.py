@@ -102,7 +102,7 @@ def summarise(probs: np.ndarray, lower: int, infinity_mass: float) -> FactorSumm
         # Masses put at their block's worse end: an upper bound on the log-MGF.
         exponents = log_mass[None, :] + ts[:, None] * ends[keep][None, :]
         top = exponents.max(axis=1)
-        return top + np.log(np.exp(exponents - top[:, None]).sum(axis=1)) - log_total
+        return np.asarray(top + np.log(np.exp(exponents - top[:, None]).sum(axis=1)) - log_total, dtype=float)
 
     return FactorSummary(
         lower=int(lower), last=int(probs.size - 1),

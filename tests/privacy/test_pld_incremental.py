@@ -79,6 +79,7 @@ def test_heterogeneous_history_against_dp_accounting() -> None:
                                              value_discretization_interval=h)
         one = one.self_compose(step.count)
         composed = one if composed is None else composed.compose(one)
+    assert composed is not None
     reference = composed.get_epsilon_for_delta(DELTA)
     assert reference * (1 - 1e-9) <= ours.epsilon(DELTA) <= reference * 1.005
 
