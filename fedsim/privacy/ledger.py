@@ -131,6 +131,7 @@ class PrivacyLedger:
         # Kinds whose headroom is only a lower bound map to the first count known not to fit.
         self._headroom_above: dict[tuple[Sampling, float, float], int] = {}
         self._checked_once: set[tuple[Sampling, float, float]] = set()
+        self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
         self._plan: list[tuple[GaussianStep, ...]] | None = None
         self._plan_cursor = 0  # planned rounds spent since plan()
         self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
@@ -304,6 +305,16 @@ class PrivacyLedger:
         planned = self._planned_answer(kinds)
         if planned is not None:
             return planned
+        memo = (kinds, len(self._records))
+        if self._last_check is not None and self._last_check[0] == memo:
+            return self._last_check[1]  # asked again before anything changed (spend asks)
+        answer = self._check(kinds, steps)
+        self._last_check = (memo, answer)
+        return answer
+
+    def _check(self, kinds: tuple[GaussianStep, ...], steps: tuple[GaussianStep, ...]) -> bool:
+        budget = self._budget
+        assert budget is not None
         if len(kinds) == 1 and kinds[0].key not in self._headroom \
                 and kinds[0].key not in self._checked_once:
             # A kind seen for the first time (a changing schedule without a plan): one dry
@@ -315,7 +326,7 @@ class PrivacyLedger:
                 kind.key in self._headroom_above
                 and kind.count <= self._headroom_for(kind, exact=True)
             )
-        return self._accountant.preview(steps).epsilon(self._budget.delta) <= self._budget.epsilon
+        return self._accountant.preview(steps).epsilon(budget.delta) <= budget.epsilon
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
               round: int) -> None:  # noqa: A002 - the ledger's field is called round

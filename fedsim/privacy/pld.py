@@ -472,6 +472,10 @@ class PLDAccountant(Accountant):
 
     def _copy_caches_from(self, other: Accountant) -> None:
         assert isinstance(other, PLDAccountant)
+        if other.kinds >= _KEEP_SUMS_KINDS and (other._sums is None or other._pending):
+            # Bring the state up to date once (built, or extended by what was composed
+            # since): this dry run and the next ones copy it instead of redoing that work.
+            other.pmfs()
         self._pending = dict(other._pending)
         self._bucket_counts = dict(other._bucket_counts)
         self._sums = None if other._sums is None else [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.cli import main
-from fedsim.errors import LedgerError
+from fedsim.errors import BudgetExhausted, LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import line_hash, mark_path
@@ -236,3 +236,20 @@ def test_records_never_go_back_in_time(tmp_path: Path) -> None:
             restarted.spend(STEP, time=0.65, round=8)  # the issue's restart at t=0
         restarted.spend(STEP, time=restarted.last_time + 0.65, round=8)
         assert [r.time for r in restarted.records] == [8.44, 8.44 + 0.65]
+
+
+def test_spend_reuses_the_check_just_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changing schedule without a plan: the client checks, then spends; the spend must not
+    run the dry run again (it used to compute the kind's headroom, ~30 evaluations)."""
+    with open_ledger(tmp_path / "l.jsonl") as ledger:
+        for r, sigma in enumerate((1.0, 1.1, 1.2, 1.3, 1.4)):
+            step = GaussianStep("poisson", 0.01, sigma)
+            assert ledger.can_spend(step)
+            with monkeypatch.context() as patch:
+                patch.setattr(type(ledger.accountant), "preview",
+                              lambda *a: pytest.fail("a second dry run"))
+                ledger.spend(step, time=float(r), round=r)
+        bigger = GaussianStep("poisson", 0.5, 0.5, 10**4)
+        assert not ledger.can_spend(bigger)  # the memo is per question and per state
+        with pytest.raises(BudgetExhausted):
+            ledger.spend(bigger, time=9.0, round=9)
