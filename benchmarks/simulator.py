@@ -29,7 +29,8 @@ alone runs.
    ``server.eval_every`` windows) is kept in, and its estimated cost is reported.
    ``cpu_ms_per_round`` splits the simulation's CPU per round into training, the codec,
    the ledger, the staleness check, the window close and the rest (event loop, network model,
-   actors, setup), timed by wrapping those functions for the run.
+   actors, setup), from a second run of the same scenario under :mod:`cProfile` (the
+   profiler's cost per call is spread over every part; the headline run is not profiled).
    ``overhead_cpu_ms_per_round`` is everything but training, per round: the simulator's cost of
    one message, nearly independent of the model's compute.
    ``protocol_floor_ms_per_round`` times alone, per message, the work the protocol requires
@@ -55,16 +56,16 @@ writes ``benchmarks/results/simulator.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
+import cProfile
 import json
 import math
 import platform
+import pstats
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,16 @@ from fedsim.config import LoadedScenario, load_scenario, parse_scenario
 from fedsim.logging import configure_logging
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol import codec
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.server import ServerActor
-from fedsim.runtime.simulation import (
+from fedsim.runtime.client import ClientActor, Trainer
+from fedsim.runtime.population import (
     ClientPlan,
     Population,
     build_population,
     make_evaluator,
     open_ledger,
-    run_scenario,
 )
+from fedsim.runtime.server import ServerActor
+from fedsim.runtime.simulation import run_scenario
 from fedsim.training.dpsgd import step_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,15 +170,9 @@ class _TrainingTotals:
     rounds: int = 0
     per_group: dict[str, int] = field(default_factory=dict)
 
-
-@dataclass(eq=False)
-class _TimedPopulation(Population):
-    """The population, with every client's trainer timed (nothing else changes)."""
-
-    totals: _TrainingTotals = field(default_factory=_TrainingTotals)
-
-    def trainer(self, plan: ClientPlan, **options: Any) -> Any:  # type: ignore[override]
-        return _TimedTrainer(super().trainer(plan, **options), plan.group.name, self.totals)
+    def wrap(self, plan: ClientPlan, trainer: Trainer) -> Trainer:
+        """The run's trainer hook: every client's rounds timed into these totals."""
+        return _TimedTrainer(trainer, plan.group.name, self)
 
 
 class _SingleLoop:
@@ -187,7 +182,7 @@ class _SingleLoop:
         self.loops: dict[str, tuple[Any, ClientPlan]] = {}
         for plan in population.plans:
             if plan.group.name not in self.loops:
-                self.loops[plan.group.name] = (Population.trainer(population, plan), plan)
+                self.loops[plan.group.name] = (population.trainer(plan), plan)
         self.params = {name: population.initial_params.copy() for name in self.loops}
         self.rounds = dict.fromkeys(self.loops, 0)
         self.done = dict.fromkeys(self.loops, 0)
@@ -208,44 +203,33 @@ class _SingleLoop:
                     self.rounds[name] += 1
 
 
-@contextlib.contextmanager
-def _cpu_timed(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, float]]:
-    """Wrap ``owner.attr`` for each label with a CPU-time accumulator while the block runs
-    (restored afterwards): where the simulation's non-training CPU goes, per round."""
-    spent = dict.fromkeys(targets, 0.0)
-    originals = {label: getattr(owner, attr) for label, (owner, attr) in targets.items()}
-
-    def timed(label: str, function: Any) -> Any:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.process_time()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[label] += time.process_time() - started
-
-        return wrapper
-
-    for label, (owner, attr) in targets.items():
-        setattr(owner, attr, timed(label, originals[label]))
-    try:
-        yield spent
-    finally:
-        for label, (owner, attr) in targets.items():
-            setattr(owner, attr, originals[label])
+def _cpu_breakdown(run: Callable[[], Any], parts: dict[str, Any]) -> tuple[Any, dict[str, float]]:
+    """``run()`` under :mod:`cProfile` with a CPU-time timer: its result and, for each label,
+    the CPU seconds spent inside ``parts[label]`` (a function or method, callees included).
+    The profiler costs time on every call, so only the breakdown of such a run is used."""
+    profile = cProfile.Profile(time.process_time)
+    result = profile.runcall(run)
+    # (file, line, name) -> (calls, primitive calls, own time, time with callees, callers)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    inclusive = {where: cumulative for where, (_, _, _, cumulative, _) in stats.items()}
+    spent = {}
+    for label, function in parts.items():
+        code = function.__code__
+        spent[label] = inclusive.get((code.co_filename, code.co_firstlineno, code.co_name), 0.0)
+    return result, spent
 
 
 # The heavier-rounds variant of hetero-100 (everything else unchanged).
 HEAVIER_ROUNDS: dict[str, Any] = {"model.name": "dp_mnist_cnn", "model.options": {}}
 
 # The simulation's own work per round besides training (codec.encode/decode: every message).
-OVERHEAD_PARTS: dict[str, tuple[Any, str]] = {
-    "encode": (codec, "encode"),
-    "decode": (codec, "decode"),
-    "ledger_check": (PrivacyLedger, "can_spend"),
-    "ledger_spend": (PrivacyLedger, "spend"),
-    "staleness_check": (ClientActor, "too_stale"),
-    "window_close": (ServerActor, "close_window"),
+OVERHEAD_PARTS: dict[str, Any] = {
+    "encode": codec.encode,
+    "decode": codec.decode,
+    "ledger_check": PrivacyLedger.can_spend,
+    "ledger_spend": PrivacyLedger.spend,
+    "staleness_check": ClientActor.too_stale,
+    "window_close": ServerActor.close_window,
 }
 
 
@@ -313,6 +297,26 @@ def _warm_imports(population: Population) -> None:
         ledger.close()
 
 
+def _cpu_ms_per_round(loaded: LoadedScenario, batch_rounds: bool) -> dict[str, float]:
+    """CPU ms per round of the same run, split into training, the named parts and the rest
+    (event loop, network model, client and server actors, setup), from a separate run under
+    the profiler (whose cost is in every part alike); sums to that run's CPU."""
+    population = build_population(loaded)
+    training = _TrainingTotals()
+    with _scratch() as scratch:
+        result, parts = _cpu_breakdown(
+            lambda: run_scenario(loaded, Path(scratch) / "run", population=population,
+                                 batch_rounds=batch_rounds, wrap_trainer=training.wrap),
+            OVERHEAD_PARTS,
+        )
+    named = sum(parts.values())
+    return {
+        "training": 1e3 * training.clocks.cpu / training.rounds,
+        **{label: 1e3 * cpu / training.rounds for label, cpu in parts.items()},
+        "other": 1e3 * (result.cpu_seconds - training.clocks.cpu - named) / training.rounds,
+    }
+
+
 def training_throughput(
     virtual_seconds: float, changes: dict | None = None, *, batch_rounds: bool = True
 ) -> dict:
@@ -320,15 +324,16 @@ def training_throughput(
         load_scenario(REPO / "scenarios" / "hetero-100.yaml"),
         {"stop.virtual_seconds": virtual_seconds, **(changes or {})},
     )
-    base = build_population(loaded)
-    population = _TimedPopulation(**{f.name: getattr(base, f.name) for f in fields(base)})
+    population = build_population(loaded)
     single = _SingleLoop(population)
     _warm_imports(population)
+    training = _TrainingTotals()
     # Catching up at each window's end interleaves the two arms in time.
-    on_window = lambda _line: single.catch_up(dict(population.totals.per_group))  # noqa: E731
-    with _scratch() as scratch, _cpu_timed(OVERHEAD_PARTS) as parts:
+    on_window = lambda _line: single.catch_up(dict(training.per_group))  # noqa: E731
+    with _scratch() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
-                              on_window=on_window, batch_rounds=batch_rounds)
+                              on_window=on_window, batch_rounds=batch_rounds,
+                              wrap_trainer=training.wrap)
         timing = json.loads((Path(scratch) / "run" / "timing.json").read_text())
     released: dict[str, int] = {}
     for client in result.clients.values():
@@ -341,13 +346,7 @@ def training_throughput(
     done = sum(single.done.values())
     simulated_cpu, single_cpu = result.sample_grads / sim_cpu, done / single.clocks.cpu
     simulated_wall, single_wall = result.sample_grads / sim_wall, done / single.clocks.wall
-    training = population.totals
-    named = sum(parts.values())
-    per_round_ms = {
-        "training": 1e3 * training.clocks.cpu / training.rounds,
-        **{label: 1e3 * cpu / training.rounds for label, cpu in parts.items()},
-        "other": 1e3 * (sim_cpu - training.clocks.cpu - named) / training.rounds,
-    }
+    per_round_ms = _cpu_ms_per_round(loaded, batch_rounds)
     evaluations = sum(m["accuracy"] is not None for m in result.metrics)
     floor = protocol_floor_ms(population, max(1, round(training.rounds / len(result.metrics))))
     evaluate = make_evaluator(population)

@@ -18,111 +18,37 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config import load_scenario
+from fedsim.runtime.options import DeploymentOptions
 
-
-def add_deployment_options(parser: argparse.ArgumentParser) -> None:
-    """Options every deployed process (and ``fedsim launch``) shares."""
-    parser.add_argument(
-        "--broker",
-        metavar="URL",
-        help="mqtt://[user:password@]HOST[:PORT] or mqtts://... (default: $FEDSIM_BROKER)",
-    )
-    parser.add_argument(
-        "--secrets",
-        metavar="FILE",
-        help="credentials file written by `fedsim deploy` (default: "
-        "$FEDSIM_SECRETS); not needed if the URL has user:password",
-    )
-    parser.add_argument(
-        "--run",
-        metavar="NAME",
-        help="run name in the MQTT topics (default: the secrets file's run, "
-        "else the scenario name)",
-    )
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        metavar="X",
-        help="wall seconds per scenario second (default 1.0; smaller is faster)",
-    )
-    parser.add_argument(
-        "--max-backoff",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="longest wait between reconnection attempts (default 10)",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a scenario setting, repeatable",
-    )
-    parser.add_argument(
-        "--json-logs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="JSON log lines (default: when stderr is not a terminal)",
-    )
-
-
-def add_tls_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tls-ca", metavar="FILE", help="CA bundle for mqtts:// (default: system)")
-    parser.add_argument("--tls-cert", metavar="FILE", help="client certificate for mqtts://")
-    parser.add_argument("--tls-key", metavar="FILE", help="client certificate key for mqtts://")
-    parser.add_argument(
-        "--tls-insecure", action="store_true", help="skip certificate checks (testing only)"
-    )
-
-
-def tls_settings(args: argparse.Namespace) -> Any:
-    from fedsim.transports.mqtt import TlsSettings
-
-    return TlsSettings(
-        ca_certs=args.tls_ca,
-        certfile=args.tls_cert,
-        keyfile=args.tls_key,
-        insecure=args.tls_insecure,
-    )
+DESCRIPTION = (
+    "Run a scenario's server as its own process, talking to the clients through an MQTT broker."
+)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "server", help="run a scenario's server over MQTT", description=__doc__.splitlines()[0]
+        "server", help="Run a scenario's server as a process talking to an MQTT broker.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
+    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
     parser.add_argument(
-        "--state", metavar="DIR", help="checkpoint directory (default: fedsim-state/<run>/server)"
-    )
-    parser.add_argument(
-        "--out", metavar="DIR", help="where metrics.jsonl and server.json go (default: --state)"
+        "--state", metavar="DIR", help="The checkpoint directory (by default fedsim-state/RUN/server)."
     )
     parser.add_argument(
-        "--wait-for-clients",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="before the first window, wait up to this long for every client to connect "
-        "(default 0: start at once; not when resuming from a checkpoint)",
+        "--out", metavar="DIR", help="Where metrics.jsonl and server.json go (by default the --state directory)."
     )
-    add_deployment_options(parser)
-    add_tls_options(parser)
+    DeploymentOptions.add_arguments(parser, wait_for_clients=0.0)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import configure_logging
-    from fedsim.runtime.deployment import reconnect_policy, resolve_broker, run_process, serve
+    from fedsim.runtime.deployment import broker_for, run_process
+    from fedsim.runtime.server_process import serve
 
-    configure_logging(args.json_logs)
+    options = DeploymentOptions.from_args(args)
     loaded = load_scenario(args.scenario, args.overrides)
-    broker, run_name = resolve_broker(
-        args.broker, secrets_file=args.secrets, role="server", run=args.run, tls=tls_settings(args)
-    )
+    broker, run_name = broker_for(options, role="server")
     run_name = run_name or loaded.scenario.name
     state = Path(args.state) if args.state else Path("fedsim-state") / run_name / "server"
     out = Path(args.out) if args.out else state
@@ -133,9 +59,7 @@ def run(args: argparse.Namespace) -> int:
             run=run_name,
             state_dir=state,
             out_dir=out,
-            time_scale=args.time_scale,
-            reconnect=reconnect_policy(args.max_backoff),
-            wait_for_clients=args.wait_for_clients,
+            options=options,
             stop=stop,
         ),
         loaded.scenario.torch_threads,

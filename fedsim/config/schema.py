@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -37,6 +37,10 @@ class _Strict(BaseModel):
 
 class _Distribution(_Strict):
     """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
+
+    if TYPE_CHECKING:  # each subclass defines it (a pydantic model: no abstract methods here)
+
+        def sample(self, rng: np.random.Generator) -> float: ...
 
     def sampler(self) -> Callable[[np.random.Generator], float]:
         """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
@@ -141,10 +145,10 @@ class Partition(_Strict):
 class Dataset(_Strict):
     """Training / held-out data.
 
-    ``path`` (mnist): a relative path is resolved against the current working directory and,
-    if no file is there, against the scenario file's directory (see
-    :func:`fedsim.config.loading.resolve_path`). Omitted: the data loader's own search
-    ($FEDSIM_DATA_DIR, the user cache).
+    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
+    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
+    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
+    offline; see :mod:`fedsim.training.datasets`.
     """
 
     name: Literal["mnist", "synthetic"]

@@ -46,7 +46,7 @@ def epsilon_for(accountant: str, sampling: Sampling, q: float, sigma: float, ste
     return measure(acc, delta)
 
 
-def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,
+def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,  # noqa: C901 - bracketing and bisection with their failure cases
                     epsilon: float, delta: float, *, rel_tol: float = 1e-4,
                     measure: Measure = _default_measure, **settings: Any) -> float:
     """Smallest sigma (to relative tolerance ``rel_tol``, rounded up) with eps <= ``epsilon``."""

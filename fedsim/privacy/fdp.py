@@ -14,6 +14,9 @@ Results used:
   functional composition). For ``f = G_mu`` this is ``G_{g mu}``. The neighbouring relation is
   the accountant's (add/remove for Poisson, replace-one for fixed-size); groups differ in g
   records under that relation.
+* The curve of one (eps, delta) guarantee: ``f_{eps,delta}(alpha) = max(0, 1 - delta - e^eps
+  alpha, e^-eps (1 - delta - alpha))`` (same paper, Prop. 2.5); under any neighbouring
+  relation, the one the (eps, delta) pair was stated for.
 * GDP fit: the smallest mu with ``G_mu <= beta`` at every grid point where ``0 < beta`` and
   ``alpha < 1``, i.e. ``max_i Phi^-1(1 - alpha_i) - Phi^-1(beta_i)``. Grid points where the
   curve is 0 are skipped (no finite mu reaches 0 before alpha = 1), so "G_mu lies below the
@@ -33,7 +36,6 @@ from scipy.stats import norm
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import Accountant
-from fedsim.privacy.gdp import gdp_tradeoff, group_mu
 
 
 def default_alphas(points: int = 2001) -> np.ndarray:
@@ -49,6 +51,20 @@ def tradeoff_curve(accountant: Accountant,
     if grid.ndim != 1 or grid.size < 2 or np.any(np.diff(grid) <= 0) or grid[0] < 0 or grid[-1] > 1:
         raise ConfigError("alphas must be an increasing grid in [0, 1] with at least 2 points")
     return grid, np.asarray(accountant.tradeoff(grid), dtype=float)
+
+
+def eps_delta_tradeoff(alphas: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
+    """The trade-off curve of an (eps, delta)-DP guarantee on the grid ``alphas``:
+    ``max(0, 1 - delta - e^eps alpha, e^-eps (1 - delta - alpha))`` (Dong, Roth & Su 2022,
+    Prop. 2.5; the neighbouring relation is the guarantee's own)."""
+    alphas = np.asarray(alphas, dtype=float)
+    return np.maximum.reduce(
+        [
+            np.zeros_like(alphas),
+            1.0 - delta - math.exp(epsilon) * alphas,
+            math.exp(-epsilon) * (1.0 - delta - alphas),
+        ]
+    )
 
 
 def fit_gdp_mu(alphas: np.ndarray, betas: np.ndarray) -> float:
@@ -126,7 +142,3 @@ def epsilon_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, delta: float,
             high = middle
     return high
 
-
-def group_gdp(mu: float, group_size: int, alphas: np.ndarray) -> np.ndarray:
-    """``G_{g mu}`` on a grid (the exact group curve of mu-GDP)."""
-    return gdp_tradeoff(alphas, group_mu(mu, group_size))

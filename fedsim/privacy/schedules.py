@@ -171,7 +171,7 @@ def clt_growing_mu(mu_total: float, total_steps: int, rho_mu: float, sampling: S
     return Schedule(total_steps, 1.0 / _clt_mu_0(mu_total, clt_mu), clip_0, rho_mu, rho_c)
 
 
-def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: float,
+def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: float,  # noqa: C901 - validation, bracketing and bisection in one place
                      sampling: Sampling, q: float, *, accountant: str = "pld",
                      clip_0: float = 1.0, rho_c: float = 1.0, rel_tol: float = 1e-3,
                      steps_per_index: int = 1) -> Schedule:

@@ -20,7 +20,7 @@ parameter count when given, and that every value is finite. Any failure is a
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import numpy as np
 from pydantic import (
@@ -51,7 +51,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 :func:`max_message_bytes` to size the limit from the model instead."""
 MAX_INVITED_HEX = 32 * 1024
 """An invitation bitmap (hex) names up to 131,072 clients."""
-TENSOR_DTYPE = "<f4"
+TENSOR_DTYPE: Final = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -109,8 +109,9 @@ class StatusHeader(_Header):
 
 
 _CLIENT_ID = TypeAdapter(ClientId)
-_HEADER = TypeAdapter(
-    Annotated[UpdateHeader | GlobalHeader | StatusHeader, Field(discriminator="kind")]
+_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader
+_HEADER: TypeAdapter[_AnyHeader] = TypeAdapter(
+    Annotated[_AnyHeader, Field(discriminator="kind")]
 )
 
 
@@ -139,6 +140,7 @@ def _check_finite(values: np.ndarray, field: str) -> None:
 
 
 def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
+    header: _AnyHeader
     if isinstance(message, ClientUpdate):
         header = UpdateHeader(
             kind="update",
@@ -192,7 +194,7 @@ def encode(message: Message) -> bytes:
     # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere; the
     # join copies the values once, straight from the array's buffer.
     values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
-    return b"".join((prefix, header_json, memoryview(values).cast("B")))
+    return b"".join((prefix, header_json, memoryview(values).cast("B")))  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 def _describe(exc: ValidationError) -> str:
@@ -203,7 +205,7 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def decode(
+def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in its order
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,

@@ -1,1 +1,2 @@
-"""Metrics stream, run summary, privacy report, plots."""
+"""Reading run directories (written by :mod:`fedsim.runtime.run_outputs`): summary, privacy
+report, plots, progress."""

@@ -1,6 +1,7 @@
 """Reading a run directory written by ``fedsim run``.
 
-Layout (the runtime writes it; reporting only reads it)::
+Layout (the runtime writes it, with the names of :mod:`fedsim.runtime.run_outputs`;
+reporting only reads it)::
 
     DIR/scenario.resolved.yaml   the scenario after defaults and --set overrides
     DIR/metrics.jsonl            one JSON object per server window
@@ -24,12 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.runtime.run_outputs import CLIENTS_FILE, LEDGER_DIR, METRICS_FILE, SUMMARY_FILE
 
-METRICS_FILE = "metrics.jsonl"
-CLIENTS_FILE = "clients.csv"
-SUMMARY_FILE = "summary.json"
-SCENARIO_FILE = "scenario.resolved.yaml"
-LEDGER_DIR = "ledgers"
 PLOT_DIR = "plots"
 
 # Columns of clients.csv that hold text; every other column is a number or empty (None).

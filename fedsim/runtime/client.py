@@ -1,4 +1,4 @@
-"""The client actor (paper 000, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
+"""The client actor (van Dijk & Nguyen, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
 staleness wait, and a durable privacy ledger that is charged before every release.
 
 A client holds a local model ``w`` and the last global model it accepted (``held_version``).
@@ -30,7 +30,7 @@ A client holds a local model ``w`` and the last global model it accepted (``held
   5. apply the update locally: ``w <- w - eta * Ubar/m``.
 
 **A round in progress continues when a global model arrives mid-round.** Every gradient of the
-round is computed at the single ``w`` the round started from (its snapshot) - paper 000 requires
+round is computed at the single ``w`` the round started from (its snapshot) - van Dijk & Nguyen require
 exactly this: "each gradient a_h is computed for the same w", since the sensitivity bound 2C
 (or C) of U needs the per-example gradients not to influence each other. The overwrite replaces
 ``w`` immediately, so the finished update is applied on top of the *new* global model and the
@@ -41,7 +41,7 @@ finishes a round, starve that client for ever - against the paper's point that c
 at their own rate, independent of the broadcast rate. Not releasing the discarded work would
 cost no privacy, but the starvation is the decisive argument.
 
-The actor sees a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint` only; it is cancelled (crash) or paused (offline)
 from outside. After a crash a new actor resumes from the ledger file: round numbers continue
 after the last committed round, so ``(client, round)`` stays unique for de-duplication.
@@ -58,23 +58,26 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import structlog
 
+from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 if TYPE_CHECKING:  # the actor never imports torch itself
-    from fedsim.training.local import RoundResult
+    from fedsim.training.rounds import RoundResult
 
 __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 
 _log = structlog.get_logger("fedsim.runtime.client")
 
 
-class PendingRound(Protocol):
-    """A begun round (:class:`fedsim.training.local.PendingRound`)."""
+class BegunRound(Protocol):
+    """A begun round as the actor holds it (:class:`fedsim.training.rounds.PendingRound`, or
+    :class:`~fedsim.training.rounds.DoneRound` when nothing is left to compute)."""
 
     sample_grads: int
 
@@ -88,7 +91,7 @@ class Trainer(Protocol):
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]: ...
 
-    def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound: ...
+    def begin_round(self, params: np.ndarray, round_index: int) -> BegunRound: ...
 
 
 class Ledger(Protocol):
@@ -178,6 +181,13 @@ class ClientActor:
         self.online.set()
         self._arrival = asyncio.Event()
 
+    def set_online(self, online: bool) -> None:
+        """Pause (False) or resume (True) training: a paused client starts no new round."""
+        if online:
+            self.online.set()
+        else:
+            self.online.clear()
+
     # -- the interrupt service routine ------------------------------------------------------
     def accept_invitation(self, message: GlobalModel) -> None:
         """Take the latest window's invitation (a global model opening a later window)."""
@@ -248,8 +258,8 @@ class ClientActor:
         self.state = state
         self.stop_reason = reason
         self.stopped_at = self.clock.now()
-        _log.info("client stopped", client=self.client_id, state=state, reason=reason,
-                  time=self.stopped_at)
+        _log.log(client_event_level(), "client stopped", client=self.client_id, state=state,
+                 reason=reason, time=self.stopped_at)
         epsilon, delta = self.status_epsilon() if self.status_epsilon else (math.nan, math.nan)
         try:
             await self.endpoint.publish(ClientStatus(
@@ -260,14 +270,8 @@ class ClientActor:
     async def run(self) -> None:
         """Train until the budget, the round limit or cancellation (a crash) stops the client."""
         receiver = asyncio.create_task(self._receive_forever(), name=f"{self.client_id}-receive")
-        try:
+        async with helper_tasks([receiver]):
             await self._rounds()
-        finally:
-            receiver.cancel()
-            try:
-                await receiver
-            except asyncio.CancelledError:
-                pass
 
     async def _rounds(self) -> None:
         self.state = "waiting"
@@ -330,7 +334,7 @@ class ClientActor:
             self.w = local
             self.rounds_since_global += 1
 
-    async def _compute(self, pending: PendingRound, round_index: int) -> RoundResult:
+    async def _compute(self, pending: BegunRound, round_index: int) -> RoundResult:
         """Let the round's compute time pass and take its result, on a public schedule.
 
         ``timing = public``: the time is the speed model's cost of the *expected* batch (a

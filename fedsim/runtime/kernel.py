@@ -134,7 +134,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
 
 
 class VirtualClock:
-    """The :class:`~fedsim.runtime.clock.Clock` of a :class:`VirtualTimeLoop`.
+    """The :class:`~fedsim.clock.Clock` of a :class:`VirtualTimeLoop`.
 
     ``now()`` is virtual seconds since the clock was made; ``sleep`` schedules a timer, so it
     costs no wall time.

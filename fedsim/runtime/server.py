@@ -1,4 +1,4 @@
-"""The server actor (paper 000, sec. 3): time windows, de-duplication, staleness, mixing,
+"""The server actor (van Dijk & Nguyen, sec. 3): time windows, de-duplication, staleness, mixing,
 diminishing step sizes, evaluation and broadcast.
 
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
@@ -26,7 +26,7 @@ uninvited client neither computes nor spends, and every update of an invited rou
 (subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
-The actor sees only a :class:`~fedsim.runtime.clock.Clock` and an
+The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
 """
 
@@ -47,10 +47,12 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
+from fedsim.clock import Clock
 from fedsim.config.schema import Stop
+from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import Clock
 from fedsim.runtime.exposure import invitation_bits
+from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]
@@ -86,6 +88,9 @@ class WindowReport:
     applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
     """(client_id, round, base_version) of each applied update; the version before applying
     was ``version - 1``."""
+    end: float | None = None
+    """The window's scheduled end on the server's timeline (``time`` is when it was closed:
+    the same up to float rounding under virtual time, a little later on the wall clock)."""
 
     def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
                      min_remaining_epsilon: float | None) -> dict[str, object]:
@@ -121,8 +126,11 @@ class WindowReport:
         at-least-once end to end)."""
         if stop.windows is not None and self.window >= stop.windows:
             return f"it reached {stop.windows} windows"
-        if stop.virtual_seconds is not None and self.time >= stop.virtual_seconds:
-            return f"it reached {stop.virtual_seconds:g} {seconds} seconds"
+        if stop.virtual_seconds is not None:
+            reason = duration_stop(stop.virtual_seconds, self.window,
+                                   self.time if self.end is None else self.end, seconds)
+            if reason:
+                return reason
         if (stop.target_accuracy is not None and self.accuracy is not None
                 and self.accuracy >= stop.target_accuracy):
             return f"it reached the target accuracy {stop.target_accuracy:g}"
@@ -130,6 +138,24 @@ class WindowReport:
                 and in_flight == 0:
             return "no client can train any more and every update has arrived"
         return ""
+
+
+# Window ends are sums and products of floats: 300 windows of 0.1 s end at 29.99999999999996 s
+# under virtual time. Ends this close to the limit count as reaching it.
+DURATION_RELATIVE_TOLERANCE = 1e-9
+
+
+def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual") -> str:
+    """The stop reason of a ``virtual_seconds`` limit after window ``window`` ending at ``end``
+    ('' while ``end`` is before the limit): the run ends with the first window whose end is at
+    or after the limit, and the reason says where that end was when it is not the limit."""
+    tolerance = DURATION_RELATIVE_TOLERANCE * max(1.0, abs(limit))
+    if end < limit - tolerance:
+        return ""
+    if end <= limit + tolerance:
+        return f"it reached its limit of {limit:g} {seconds} seconds"
+    return (f"window {window} ended at {end:.6g} {seconds} seconds, the first window end at or "
+            f"after its limit of {limit:g} s")
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -178,7 +204,7 @@ class ServerActor:
         normalize: Literal["window", "population"] = "window",
     ) -> None:
         if window <= 0:
-            raise ValueError(f"window must be > 0, got {window}")
+            raise ConfigError(f"window must be > 0, got {window}")
         self.clock = clock
         self.endpoint = endpoint
         self.params = np.asarray(initial_params, dtype=np.float32).copy()
@@ -305,7 +331,7 @@ class ServerActor:
             windows_closed=self.windows_closed,
             time=self.clock.now(),
             seen=frozenset(self.seen),
-            step_size_state=dict(vars(self.step_size)),
+            step_size_state=self.step_size.state_dict(),
             rng_state=dict(self.rng.bit_generator.state),
             last_accuracy=self.last_accuracy,
             evaluated_version=self._evaluated_version,
@@ -318,14 +344,14 @@ class ServerActor:
         """Continue from ``snapshot`` (call before :meth:`run`): the version never goes back and
         an update applied before the snapshot is never applied again."""
         if snapshot.params.shape != self.params.shape:
-            raise ValueError(
+            raise ConfigError(
                 f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
             )
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
         self.seen = set(snapshot.seen)
-        vars(self.step_size).update(snapshot.step_size_state)
+        self.step_size.load_state_dict(snapshot.step_size_state)
         self.rng.bit_generator.state = snapshot.rng_state
         self.last_accuracy = snapshot.last_accuracy
         self._evaluated_version = snapshot.evaluated_version
@@ -348,7 +374,7 @@ class ServerActor:
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window)."""
         receiver = asyncio.create_task(self._receive_forever(), name="server-receive")
-        try:
+        async with helper_tasks([receiver]):
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
             start = self.clock.now() - self.windows_closed * self.window
@@ -358,14 +384,9 @@ class ServerActor:
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
                 report = self.close_window()
+                report.end = start + self.windows_closed * self.window
                 # Under invitations every window opens with its own (the model rides along).
                 if report.window % self.broadcast_every == 0 or self.participation < 1.0:
                     await self.broadcast()
                 if on_window(report):
                     return
-        finally:
-            receiver.cancel()
-            try:
-                await receiver
-            except asyncio.CancelledError:
-                pass

@@ -1,10 +1,11 @@
 """Pure torch: models, data sets and partitioning, the DP-SGD step. No clocks, no transports.
 
 The runtime's contract is :class:`LocalTrainer` (one client's DP rounds: begun with their
-randomness drawn, computed when their update is taken, :class:`PendingRound`),
-:class:`RoundBatcher` (the pending rounds of many clients computed together),
-:class:`RoundResult`, :func:`flat_params` / :func:`load_flat_params`, :func:`evaluate`,
-:func:`load_dataset` and :func:`partition`.
+randomness drawn, computed when their update is taken, :class:`PendingRound` of
+:mod:`fedsim.training.rounds`), :class:`RoundBatcher` (the pending rounds of many clients
+computed together; it and the trainer see each other only through the protocols of
+``rounds``), :class:`RoundResult`, :func:`flat_params` / :func:`load_flat_params`,
+:func:`evaluate`, :func:`load_dataset` and :func:`partition`.
 """
 
 from fedsim.training.batched import RoundBatcher
@@ -13,13 +14,12 @@ from fedsim.training.dpsgd import ClipSchedule, NoiseSchedule, secure_generator
 from fedsim.training.local import (
     AdaptiveClipConfig,
     LocalTrainer,
-    PendingRound,
-    RoundResult,
     evaluate,
     flat_params,
     load_flat_params,
 )
 from fedsim.training.models import build_model, build_scenario_model, check_dp_compatible
+from fedsim.training.rounds import PendingRound, RoundResult
 
 __all__ = [
     "AdaptiveClipConfig",

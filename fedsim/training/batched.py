@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,10 +39,8 @@ from fedsim.errors import ModelError
 from fedsim.training.dpsgd import noise_std
 from fedsim.training.gaussian import fill_gaussian
 from fedsim.training.models import MLP, LogisticRegression
-from fedsim.training.persample import clip_factors, linear_sq_norms
-
-if TYPE_CHECKING:
-    from fedsim.training.local import PendingRound
+from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
+from fedsim.training.rounds import PendingRound
 
 __all__ = ["RoundBatcher", "batchable_layers"]
 
@@ -93,7 +91,8 @@ class _Job:
 
 
 class RoundBatcher:
-    """Pending rounds of clients that share ``model``; :meth:`flush` computes them all.
+    """Pending rounds of clients that share ``model``; :meth:`flush` computes them all (the
+    :class:`~fedsim.training.rounds.RoundQueue` of their trainers).
 
     A round joins with :meth:`submit` (done by ``LocalTrainer.begin_round``), leaves when its
     client crashes (:meth:`discard`), and is computed at the first ``result()`` of any pending
@@ -199,8 +198,25 @@ class RoundBatcher:
         Everything per example (activations, loss, norms, clipping factors) runs once over all
         examples; only the products with a round's own weights run per round, straight from its
         parameter vector (no copy) and, for the weight gradients, straight into its update.
+        The phases, in Opacus' terms: gather, noise, forward (and backward to the layer
+        outputs), per-example norms and clip factors, scatter of the clipped sums.
         """
-        assert self.chain is not None
+        batch = self._gather(jobs)
+        # The noise first (as noisy_gradient does), then each layer's clipped sum is added in.
+        updates = [torch.empty(self.num_params + self.num_params % 2) for _ in jobs]
+        for update, job in zip(updates, jobs, strict=True):
+            fill_gaussian(update, job.draws.noise, job.std)
+        forward = self._forward(batch)
+        factors, counts = self._clip_factors(batch, forward)
+        self._scatter(batch, forward, factors, updates)
+        loss_sums = torch.zeros(len(jobs)).index_add_(0, batch.owner, forward.losses).tolist()
+        finite = [bool(torch.isfinite(s)) or bool(torch.isfinite(p).all())
+                  for s, p in zip(forward.param_sums, batch.params, strict=True)]
+        return updates, counts, loss_sums, finite
+
+    def _gather(self, jobs: Sequence[_Job]) -> _Batch:
+        """Every round's examples laid end to end (x, y), its parameter vector as a tensor
+        and, per Linear layer, its (weight, bias) as views of that vector."""
         first = jobs[0].pending.trainer
         sizes = [job.size for job in jobs]
         total = sum(sizes)
@@ -222,16 +238,7 @@ class RoundBatcher:
                 else:
                     x[start:stop] = features.index_select(0, indices)
                 torch.index_select(trainer.labels, 0, indices, out=y[start:stop])
-        # The noise first (as noisy_gradient does), then each layer's clipped sum is added in.
-        updates = [torch.empty(self.num_params + self.num_params % 2) for _ in jobs]
-        for update, job in zip(updates, jobs, strict=True):
-            fill_gaussian(update, job.draws.noise, job.std)
-        # A sum of each parameter vector right after its first product has read it (while it
-        # is in cache): non-finite only if a parameter is (or, rarely, if a huge finite vector
-        # overflows: then the exact check decides).
-        sums: list[torch.Tensor] = []
-
-        # Each round's (weight, bias) of every Linear layer: views of its parameter vector.
+        assert self.chain is not None
         layers = [m for m in self.chain if type(m) is nn.Linear]
         weights: list[list[tuple[torch.Tensor, torch.Tensor | None]]] = [[] for _ in jobs]
         offset = 0
@@ -242,11 +249,24 @@ class RoundBatcher:
                             vector[offset + size : offset + size + width]
                             if module.bias is not None else None))
             offset += size + (width if module.bias is not None else 0)
-        spans = list(zip(bounds, bounds[1:], strict=False))
+        owner = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor(sizes))
+        return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), x, y, params,
+                      layers, weights, owner, first.loss_fn)
+
+    def _forward(self, batch: _Batch) -> _Forward:
+        """Activations through the chain (each round's products with its own weights), the
+        per-example losses, and their gradients with respect to every Linear layer's output.
+
+        A sum of each parameter vector is taken right after its first product has read it
+        (while it is in cache): non-finite only if a parameter is (or, rarely, if a huge
+        finite vector overflows: then the exact check decides)."""
+        assert self.chain is not None
+        total, spans, weights = batch.total, batch.spans, batch.weights
+        sums: list[torch.Tensor] = []
         inputs: list[torch.Tensor] = []
         outputs: list[torch.Tensor] = []
         with torch.enable_grad():
-            h = x
+            h = batch.x
             for module in self.chain:
                 if type(module) is not nn.Linear:
                     h = module(h)
@@ -262,45 +282,82 @@ class RoundBatcher:
                                 torch.mm(h[start:stop], w.t(), out=z[start:stop])
                             else:
                                 torch.addmm(b, h[start:stop], w.t(), out=z[start:stop])
-                        sums.append(params[k].sum())
+                        sums.append(batch.params[k].sum())
                     h = z.detach().requires_grad_()  # the graph starts at the first layer's output
                 else:
                     h = torch.cat([torch.nn.functional.linear(h[start:stop], *weights[k][index])
                                    for k, (start, stop) in enumerate(spans)])
                 outputs.append(h)
-            losses = first.loss_fn(h, y) if total else h.new_zeros(0)
+            losses = batch.loss_fn(h, batch.y) if total else h.new_zeros(0)
             if losses.shape != (total,):
                 raise ModelError(f"loss_fn must return per-example losses of shape ({total},), "
                                  f"got {tuple(losses.shape)}")
             grads = torch.autograd.grad(losses.sum(), outputs) if total else \
                 tuple(torch.zeros_like(o) for o in outputs)
-        owner = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor(sizes))
+        return _Forward(inputs, list(grads), losses.detach(), sums)
+
+    def _clip_factors(self, batch: _Batch, forward: _Forward) -> tuple[torch.Tensor, list[int]]:
+        """Per-example clipping factors (times the round's 1/m) from the per-example gradient
+        norms over all layers, and each round's count of unclipped examples."""
         sq: torch.Tensor | None = None
-        for module, a, g in zip(layers, inputs, grads, strict=True):
+        for module, a, g in zip(batch.layers, forward.inputs, forward.grads, strict=True):
             layer_sq = linear_sq_norms(a, g, has_bias=module.bias is not None)
             sq = layer_sq if sq is None else sq.add_(layer_sq)
         assert sq is not None
         norms = sq.clamp_min_(0).sqrt_()
+        owner, jobs = batch.owner, batch.jobs
         clips = torch.tensor([job.clip for job in jobs], dtype=torch.float32)[owner]
         factors = clip_factors(norms, clips)
         counts = torch.zeros(len(jobs)).index_add_(0, owner, (norms <= clips).to(torch.float32))
         factors.mul_(torch.tensor([job.scale for job in jobs], dtype=torch.float32)[owner])
-        # Each round's clipped sums go straight into its update (which holds its noise): the
-        # update's slice for a weight is a view shaped like the weight.
+        return factors, [int(c) for c in counts.tolist()]
+
+    def _scatter(
+        self, batch: _Batch, forward: _Forward, factors: torch.Tensor, updates: list[torch.Tensor]
+    ) -> None:
+        """Each round's clipped sums go straight into its update (which holds its noise): the
+        update's slice for a weight is a view shaped like the weight."""
         offset = 0
-        for module, a, g in zip(layers, inputs, grads, strict=True):
+        for module, a, g in zip(batch.layers, forward.inputs, forward.grads, strict=True):
             weighted = g * factors.unsqueeze(1)
             size, width = module.weight.numel(), module.out_features
-            bias_sums = (torch.zeros(len(jobs), width).index_add_(0, owner, weighted)
+            bias_sums = (torch.zeros(len(batch.jobs), width).index_add_(0, batch.owner, weighted)
                          if module.bias is not None else None)
-            for k, (update, (start, stop)) in enumerate(zip(updates, spans, strict=True)):
+            for k, (update, (start, stop)) in enumerate(zip(updates, batch.spans, strict=True)):
                 if stop > start:
                     update[offset : offset + size].view(width, module.in_features).addmm_(
                         weighted[start:stop].t(), a[start:stop])
                 if bias_sums is not None:
                     update[offset + size : offset + size + width].add_(bias_sums[k])
             offset += size + (width if module.bias is not None else 0)
-        loss_sums = torch.zeros(len(jobs)).index_add_(0, owner, losses.detach()).tolist()
-        finite = [bool(torch.isfinite(s)) or bool(torch.isfinite(p).all())
-                  for s, p in zip(sums, params, strict=True)]
-        return updates, [int(c) for c in counts.tolist()], loss_sums, finite
+
+
+@dataclass(frozen=True, eq=False)
+class _Batch:
+    """The gathered inputs of one pass (see :meth:`RoundBatcher._gather`)."""
+
+    jobs: Sequence[_Job]
+    total: int
+    spans: list[tuple[int, int]]
+    """Each round's rows of ``x``/``y``."""
+    x: torch.Tensor
+    y: torch.Tensor
+    params: list[torch.Tensor]
+    layers: list[nn.Linear]
+    weights: list[list[tuple[torch.Tensor, torch.Tensor | None]]]
+    """Per round, per Linear layer: (weight, bias) views of the round's parameter vector."""
+    owner: torch.Tensor
+    """The round of each row."""
+    loss_fn: LossFn
+
+
+@dataclass(frozen=True, eq=False)
+class _Forward:
+    """What the forward and backward pass leave for the norms and the scatter."""
+
+    inputs: list[torch.Tensor]
+    """Each Linear layer's input activations."""
+    grads: list[torch.Tensor]
+    """The loss sum's gradient with respect to each Linear layer's output."""
+    losses: torch.Tensor
+    param_sums: list[torch.Tensor]

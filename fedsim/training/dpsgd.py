@@ -1,6 +1,6 @@
 """One DP-SGD step: sample a batch, clip per-example gradients, sum, add Gaussian noise.
 
-Neighbouring relations and noise (paper 000, sec. "probabilistic mini-batch"; Abadi et al.
+Neighbouring relations and noise (van Dijk & Nguyen, sec. "probabilistic mini-batch"; Abadi et al.
 2016; Dong, Roth & Su 2022, Alg. 1 and Thm 5.1):
 
 * ``"poisson"``: each record joins the batch independently with probability ``q = m/N``;
@@ -57,7 +57,7 @@ class NoiseSchedule(Protocol):
 def check_sampling(sampling: str) -> Sampling:
     if sampling not in SAMPLING_SCHEMES:
         raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
-    return sampling  # type: ignore[return-value]
+    return sampling
 
 
 def sensitivity(sampling: Sampling, clip: float) -> float:
@@ -141,7 +141,7 @@ def noisy_gradient(
     With ``per_example_steps > 1`` each example contributes ``a_h``, the update of that many
     SGD steps (``per_example_lr``) on it alone from ``w``, instead of its gradient.
     The noise comes from ``noise_key`` when given (drawn earlier from ``generator``, see
-    :class:`~fedsim.training.local.PendingRound`), else from ``generator`` now.
+    :class:`~fedsim.training.rounds.PendingRound`), else from ``generator`` now.
     """
     if not (math.isfinite(clip) and clip > 0):
         raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")

@@ -1,4 +1,4 @@
-"""A client's local round (paper 000, Alg. 1): the DP update it sends and the events it costs.
+"""A client's local round (van Dijk & Nguyen, Alg. 1): the DP update it sends and the events it costs.
 
 :class:`LocalTrainer` is the contract with the runtime's client actor. It is cheap to build
 (one per client); clients whose models share one ``torch.nn.Module`` object also share its
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -45,9 +45,7 @@ from fedsim.training.dpsgd import (
 )
 from fedsim.training.gaussian import NoiseKey, gaussian_noise
 from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
-
-if TYPE_CHECKING:
-    from fedsim.training.batched import RoundBatcher
+from fedsim.training.rounds import PendingRound, RoundQueue, RoundResult, StepDraws
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
@@ -144,30 +142,6 @@ def sum_noise_multiplier(
     return remaining**-0.5
 
 
-@dataclass(frozen=True)
-class RoundResult:
-    """What one local round produced.
-
-    ``update`` is the only privatised output; ``batch_sizes``, ``mean_loss`` and
-    ``sample_grads`` describe private data and must stay on the client (metrics only).
-    """
-
-    update: np.ndarray
-    """Flat float32 ``Ubar/m``: the server (and the client) *subtract* it times a step size."""
-    steps: list[GaussianStep]
-    """The privacy events consumed, equal to ``planned_steps(round_index)``."""
-    batch_sizes: list[int]
-    """Realised batch size of each DP step (Poisson sizes vary and may be 0)."""
-    clip: float
-    """Clipping norm used (in the last step when adaptive clipping moved it)."""
-    sigma: float
-    """Effective noise multiplier of the recorded steps."""
-    mean_loss: float
-    """Mean per-example training loss over the round's batches (nan if they were all empty)."""
-    sample_grads: int
-    """Number of per-example gradients computed."""
-
-
 class LocalTrainer:
     """One client's DP-SGD rounds on its private ``(features, labels)``.
 
@@ -178,7 +152,7 @@ class LocalTrainer:
     same scale as a single gradient times ``k``; each intermediate step is post-processing of
     the earlier noisy releases, so the round costs exactly ``k`` steps.
 
-    Paper 000's other variant is ``per_example_steps = s > 1``: each example's ``a_h`` is the
+    van Dijk & Nguyen's other variant is ``per_example_steps = s > 1``: each example's ``a_h`` is the
     update of ``s`` SGD steps (``per_example_lr``) on that example alone from ``w``, clipped,
     summed and noised once per DP step: the privacy cost is unchanged (one step per DP step),
     the compute is ``s`` times larger and per-example parameters are materialised.
@@ -293,7 +267,7 @@ class LocalTrainer:
         return sum_noise_multiplier(sigma, self.adaptive_clip.count_noise_std, self.sampling)
 
     def begin_round(
-        self, params: np.ndarray, round_index: int, batcher: RoundBatcher | None = None
+        self, params: np.ndarray, round_index: int, batcher: RoundQueue | None = None
     ) -> PendingRound:
         """Draw the round's randomness now and compute it later (:meth:`PendingRound.result`).
 
@@ -386,92 +360,3 @@ class LocalTrainer:
             mean_loss=loss_sum / seen if seen else math.nan,
             sample_grads=seen,
         )
-
-
-@dataclass(frozen=True)
-class StepDraws:
-    """The randomness of one DP step, drawn when its round begins."""
-
-    indices: torch.Tensor
-    """The batch (record indices into the trainer's data)."""
-    noise: NoiseKey
-    """Key of the Gaussian noise added to the clipped sum."""
-    count_noise: NoiseKey | None
-    """Key of adaptive clipping's noise on the unclipped count (None without it)."""
-
-
-class PendingRound:
-    """A round whose randomness is drawn and whose compute may wait (:meth:`LocalTrainer.begin_round`).
-
-    The virtual-time runtime lets a round's compute time pass before asking for its update,
-    so the rounds of many clients that overlap in virtual time can be computed together
-    (:class:`~fedsim.training.batched.RoundBatcher`); the values are those of the draws made
-    at the start, whatever the grouping, up to floating-point summation order.
-    """
-
-    def __init__(
-        self,
-        trainer: LocalTrainer,
-        params: np.ndarray,
-        round_index: int,
-        steps: list[GaussianStep],
-        draws: list[StepDraws],
-    ) -> None:
-        self.trainer = trainer
-        self.params = params
-        self.round_index = round_index
-        self.steps = steps
-        self.draws = draws
-        self.sample_grads = sum(len(d.indices) for d in draws)
-        """Per-example gradients the round computes, known before it is computed."""
-        self.batcher: RoundBatcher | None = None
-        self._outcome: RoundResult | Exception | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._outcome is not None
-
-    def complete(self, outcome: RoundResult | Exception) -> None:
-        """Record the round's result (or the error that stopped it); the params are released."""
-        self._outcome = outcome
-        self.params = None  # type: ignore[assignment]
-        self.batcher = None
-
-    def result(self) -> RoundResult:
-        """The round's update, computing it (and the batch it waits in) if not done yet."""
-        if self._outcome is None:
-            if self.batcher is not None:
-                self.batcher.flush()
-            else:
-                self.compute_alone()
-        assert self._outcome is not None
-        if isinstance(self._outcome, Exception):
-            raise self._outcome
-        return self._outcome
-
-    def compute_alone(self) -> None:
-        """Compute this round by itself (one model load, one engine pass a step)."""
-        try:
-            self.complete(self.trainer.compute(self))
-        except Exception as exc:  # the error belongs to this round's client alone
-            self.complete(exc)
-
-    def cancel(self) -> None:
-        """Forget the round without computing it (its client crashed while it ran)."""
-        if self.batcher is not None:
-            self.batcher.discard(self)
-        self.batcher = None
-
-
-class DoneRound:
-    """A round whose result is known when it begins (nothing left to compute)."""
-
-    def __init__(self, result: RoundResult) -> None:
-        self._result = result
-        self.sample_grads = result.sample_grads
-
-    def result(self) -> RoundResult:
-        return self._result
-
-    def cancel(self) -> None:
-        pass

@@ -1,1 +1,2 @@
-"""The Transport protocol and its implementations: simulated in-process network and MQTT."""
+"""The Endpoint protocol and its implementations: the simulated in-process network and MQTT
+(with its broker, credentials and topics)."""

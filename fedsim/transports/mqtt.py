@@ -167,7 +167,7 @@ class MqttStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class _Dispatch(asyncio.Queue):  # type: ignore[type-arg]
+class _Dispatch(asyncio.Queue):
     """aiomqtt's incoming-message queue (its ``queue_type`` option) that hands each message
     straight to the endpoint instead of storing it.
 
@@ -274,15 +274,6 @@ class _MqttEndpoint:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until a connection is up (tests and the CLI use this after an outage)."""
-        try:
-            await asyncio.wait_for(self._connected.wait(), timeout)
-        except TimeoutError:
-            raise TransportError(
-                f"no connection to {self.broker.describe()} within {timeout} s"
-            ) from None
 
     async def receive(self) -> Message:
         return await self._inbox.get()

@@ -50,10 +50,10 @@ from typing import Literal
 import numpy as np
 import structlog
 
+from fedsim.clock import Clock
 from fedsim.errors import CodecError, ConfigError, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
-from fedsim.runtime.clock import Clock
 from fedsim.transports.inbox import Inbox
 
 Direction = Literal["uplink", "downlink"]
@@ -308,9 +308,6 @@ class SimulatedNetwork:
         self._offline.discard(client_id)
         if endpoint is not None and not endpoint._inbox.closed and self._retained is not None:
             self._transmit(self._link("downlink", client_id), self._retained)
-
-    def is_online(self, client_id: str) -> bool:
-        return client_id not in self._offline
 
     @property
     def stats(self) -> NetworkStats:

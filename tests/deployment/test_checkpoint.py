@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from fedsim.aggregation import PlateauStepSize, make_strategy
+from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.checkpoint import CheckpointError, ServerCheckpoint
-from fedsim.runtime.deployment import ScaledClock, _keep_windows_through, resolve_broker
+from fedsim.runtime.deployment import resolve_broker
 from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.server_process import keep_windows_through
 from fedsim.transports.security import generate_secrets, write_secrets
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
@@ -176,7 +178,7 @@ def test_keep_windows_through_drops_later_windows_and_a_torn_line(tmp_path: Path
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps({"window": w, "x": w * 2}) for w in (1, 2, 3, 4)]
     path.write_text("\n".join(lines) + '\n{"window": 5, "x"')
-    _keep_windows_through(path, 2)
+    keep_windows_through(path, 2)
     assert [json.loads(t)["window"] for t in path.read_text().splitlines()] == [1, 2]
 
 

@@ -25,15 +25,17 @@ from fedsim.config import load_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.reporting.rundir import RunDirectory
-from fedsim.runtime.deployment import Launcher
-from fedsim.runtime.simulation import build_population, open_ledger, run_scenario
-from fedsim.transports.broker import LocalMosquitto, find_mosquitto
+from fedsim.runtime.launcher import Launcher
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.population import build_population, open_ledger
+from fedsim.runtime.simulation import run_scenario
+from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
 
 pytestmark = [
     pytest.mark.mqtt,
     pytest.mark.slow,
-    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+    pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING),
 ]
 torch.set_num_threads(1)
 
@@ -48,8 +50,9 @@ TOLERANCE = 0.06
 
 def _launcher(out: Path, overrides: list[str], *, max_backoff: float = 0.5) -> Launcher:
     """The four-client scenario, launched in accelerated real time with ``overrides``."""
-    return Launcher(SCENARIO, out, overrides=overrides, time_scale=float(TIME_SCALE),
-                    max_backoff=max_backoff)
+    options = DeploymentOptions(time_scale=float(TIME_SCALE), max_backoff=max_backoff,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    return Launcher(SCENARIO, out, options=options, overrides=overrides)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -211,6 +214,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     assert sum(line["rejected"] for line in _lines(out / "metrics.jsonl")) == 2
     assert summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
     assert summary["stop_reason"] == "no client can train any more and every update has arrived"
+    assert summary["explanation"].startswith("The run stopped at scenario time ")  # wall clock
     assert summary["client_states"] == {"done": 4}
     assert sorted(s["client_id"] for s in summary["stopped"]) == [
         "c-000",
@@ -223,7 +227,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     assert len(applied) == updates["applied"] and updates["applied"] + updates["stale"] == 4 * 12
 
 
-def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:
+def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None:  # noqa: PLR0915 - one crash-and-restart story, step by step
     out = tmp_path / "run"
     # Rounds take half a window of (emulated) compute, so a kill often lands mid-round.
     launcher = _launcher(out, ["stop.windows=30", "clients.groups[0].speed=0.015"])

@@ -24,8 +24,10 @@ import yaml
 
 from fedsim.config import load_scenario
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.deployment import Launcher, collect_outputs, run_client
-from fedsim.runtime.simulation import build_population
+from fedsim.runtime.client_process import run_client
+from fedsim.runtime.launcher import Launcher, collect_outputs
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.population import build_population
 from fedsim.training.gaussian import gaussian_noise
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
 from fedsim.transports.mqtt import MqttServerEndpoint, parse_broker_url
@@ -133,9 +135,10 @@ def test_uninvited_deployed_clients_neither_train_nor_spend(tmp_path: Path) -> N
     processes through the retained global model; the rounds each client released were all
     begun under an invitation naming it (checked against the server's checkpoint), and the
     server rejected nothing."""
-    launcher = Launcher(FOUR_CLIENTS, tmp_path / "run",
-                        overrides=["server.participation=0.5", "stop.windows=14"],
-                        time_scale=0.25, max_backoff=0.5)
+    options = DeploymentOptions(time_scale=0.25, max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    launcher = Launcher(FOUR_CLIENTS, tmp_path / "run", options=options,
+                        overrides=["server.participation=0.5", "stop.windows=14"])
     summary = launcher.run_to_end(timeout=240.0)
     assert summary["updates"]["rejected"] == 0 and summary["updates"]["applied"] > 0
     with np.load(tmp_path / "run" / "state" / "server" / "server.ckpt", allow_pickle=False) as f:

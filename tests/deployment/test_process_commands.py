@@ -9,8 +9,10 @@ import pytest
 
 from fedsim.cli import build_parser, main
 from fedsim.config import load_scenario
-from fedsim.runtime.deployment import process_commands
-from fedsim.runtime.simulation import client_ids
+from fedsim.errors import ConfigError
+from fedsim.runtime.launcher import process_commands
+from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.population import client_ids
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
 
@@ -20,13 +22,16 @@ def test_every_launched_command_is_a_valid_fedsim_invocation(tmp_path: Path) -> 
     commands = process_commands(
         SCENARIO,
         ids,
-        broker="mqtt://broker:1883",
-        run="deploy-four",
-        secrets_file=tmp_path / "secrets.json",
+        options=DeploymentOptions(
+            broker="mqtt://broker:1883",
+            run="deploy-four",
+            secrets_file=str(tmp_path / "secrets.json"),
+            time_scale=0.5,
+            tls_ca="/certs/ca.pem",
+            tls_insecure=True,
+        ),
         state_root="/state",
         out="/out",
-        time_scale=0.5,
-        tls_options=["--tls-ca", "/certs/ca.pem", "--tls-insecure"],
     )
     assert list(commands) == [*ids, "server"]
     parser = build_parser()
@@ -76,3 +81,53 @@ def test_launch_refuses_a_directory_that_holds_ledgers(tmp_path: Path, capsys) -
     (tmp_path / "ledgers" / "c-000.jsonl").write_text("{}\n")
     assert main(["launch", str(SCENARIO), "--out", str(tmp_path)]) == 2
     assert "already holds a run's ledgers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        DeploymentOptions(),
+        DeploymentOptions(
+            time_scale=0.25,
+            max_backoff=3.0,
+            wait_for_clients=12.5,
+            json_logs=False,
+            broker="mqtts://u:p@host:8883",
+            secrets_file="/run/secrets.json",
+            run="r1",
+            tls_ca="/ca.pem",
+            tls_cert="/c.pem",
+            tls_key="/k.pem",
+            tls_insecure=True,
+        ),
+        DeploymentOptions(json_logs=True, broker="mqtt://b:1883"),
+    ],
+)
+def test_deployment_options_round_trip_through_argv(options: DeploymentOptions) -> None:
+    argv = options.argv() + options.server_argv()
+    assert DeploymentOptions.from_argv(argv) == options
+    # ... and through the server command's own parser.
+    args = build_parser().parse_args(["server", "--scenario", str(SCENARIO), *argv])
+    assert DeploymentOptions.from_args(args) == options
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("time_scale", 0.0, "--time-scale must be a positive number"),
+        ("max_backoff", float("nan"), "--max-backoff must be a positive number"),
+        ("wait_for_clients", -1.0, "--wait-for-clients must be a number of seconds >= 0"),
+    ],
+)
+def test_deployment_options_refuse_bad_values(field: str, value: float, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DeploymentOptions(**{field: value})
+
+
+def test_client_commands_do_not_take_the_servers_option() -> None:
+    argv = DeploymentOptions(broker="mqtt://b:1").argv()
+    args = build_parser().parse_args(
+        ["client", "--scenario", str(SCENARIO), "--client-id", "c-000", *argv]
+    )
+    assert not hasattr(args, "wait_for_clients")
+    assert DeploymentOptions.from_args(args).wait_for_clients == 0.0

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from fedsim.config import load_scenario
-from fedsim.runtime.deployment import training_generator
-from fedsim.runtime.simulation import build_population
+from fedsim.runtime.client_process import training_generator
+from fedsim.runtime.population import build_population
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
 

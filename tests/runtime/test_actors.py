@@ -21,14 +21,14 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
-from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
 from fedsim.runtime.client import ClientActor, StalenessPolicy
 from fedsim.runtime.exposure import is_invited
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.training.local import DoneRound, RoundResult
+from fedsim.training.rounds import DoneRound, RoundResult
 
 DIM = 3
 STEP = GaussianStep("poisson", 0.1, 1.0)
@@ -335,6 +335,27 @@ def test_step_size_schedules() -> None:
     assert [law.current(w) for w in (1, 2, 3)] == [1.0, 1 / 1.5, 1 / 2.0]
 
 
+
+def test_a_step_size_continues_from_its_state_dict() -> None:
+    """What a checkpoint stores of the step size: a restored schedule behaves like the original
+    from then on, and a state of another kind of schedule is refused."""
+    original = PlateauStepSize(1.0, factor=0.5, patience=2)
+    for accuracy in [0.5, 0.4]:  # best 0.5, one evaluation without improvement
+        original.observe(accuracy)
+    restored = PlateauStepSize(1.0, factor=0.5, patience=2)
+    restored.load_state_dict(original.state_dict())
+    for schedule in (original, restored):
+        schedule.observe(0.45)  # the second without improvement: the step halves
+    assert original.current(9) == restored.current(9) == 0.5
+    assert original.state_dict() == restored.state_dict() == {
+        "value": 0.5, "best": 0.5, "since_best": 0}
+    law = InverseTimeStepSize(1.0, decay=0.5)
+    assert law.state_dict() == {}
+    with pytest.raises(ConfigError, match="does not fit InverseTimeStepSize"):
+        law.load_state_dict(original.state_dict())
+    with pytest.raises(ConfigError, match="does not fit PlateauStepSize"):
+        restored.load_state_dict({})
+
 def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     """The simulator and the deployed server share one stop rule (WindowReport.stop_reason)."""
     from fedsim.config.schema import Stop
@@ -346,7 +367,8 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     assert WindowReport(window=10, time=9.0, version=9).stop_reason(
         stop, active_clients=2) == "it reached 10 windows"  # windows first, then duration
     assert WindowReport(window=6, time=6.0, version=6).stop_reason(
-        stop, active_clients=2, seconds="scenario") == "it reached 5 scenario seconds"
+        stop, active_clients=2, seconds="scenario") == (
+        "window 6 ended at 6 scenario seconds, the first window end at or after its limit of 5 s")
     assert WindowReport(window=3, time=2.0, version=3, accuracy=0.95).stop_reason(
         stop, active_clients=2) == "it reached the target accuracy 0.9"
     # all budgets spent: nobody active, nothing received this window and nothing in flight

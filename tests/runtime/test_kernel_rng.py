@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from fedsim.runtime.clock import Clock
+from fedsim.clock import Clock
 from fedsim.runtime.kernel import VirtualClock, VirtualDeadlock, VirtualTimeLoop, run_virtual
 from fedsim.runtime.rng import SeedTree
 

@@ -28,14 +28,14 @@ from fedsim.runtime.exposure import (
     release_time,
 )
 from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.simulation import (
+from fedsim.runtime.population import (
     build_population,
     client_ids,
     make_client_actor,
     open_ledger,
-    run_scenario,
 )
+from fedsim.runtime.rng import SeedTree
+from fedsim.runtime.simulation import run_scenario
 
 torch.set_num_threads(1)
 
@@ -180,7 +180,7 @@ class _SlowRound:
         self.clock, self.sample_grads = clock, size
 
     def result(self) -> Any:
-        from fedsim.training.local import RoundResult
+        from fedsim.training.rounds import RoundResult
 
         self.clock.offset += 0.001 * self.sample_grads
         return RoundResult(np.zeros(3, np.float32), [], [self.sample_grads], 1.0, 1.0, 0.0,

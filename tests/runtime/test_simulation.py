@@ -21,8 +21,9 @@ from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.runtime.population import build_population
 from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.simulation import build_population, run_scenario
+from fedsim.runtime.simulation import run_scenario
 
 torch.set_num_threads(1)
 

@@ -233,7 +233,8 @@ def test_a_scenario_with_a_factory_model_runs_end_to_end(
 ) -> None:
     """A YAML factory with layers without a fast path, built next to the scenario file and run
     through the simulator; the same model from a Python factory gives the same run."""
-    from fedsim.runtime.simulation import build_population, run_scenario
+    from fedsim.runtime.population import build_population
+    from fedsim.runtime.simulation import run_scenario
 
     monkeypatch.chdir(tmp_path)
     data = {

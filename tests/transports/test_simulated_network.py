@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
+from fedsim.clock import WallClock
 from fedsim.errors import ConfigError, TransportError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.clock import WallClock
 from fedsim.transports.base import Endpoint
 from fedsim.transports.simulated import (
     LinkModel,

@@ -1,15 +1,16 @@
-"""A client group's clipping and noise schedule, built from its scenario section.
+"""A client group's DP posture: its clipping and noise schedule, built from its scenario
+section (the schedules themselves, and their calibration, are :mod:`fedsim.privacy.schedules`).
 
 The schedule is a :class:`fedsim.privacy.schedules.Schedule` indexed by round: the trainer
 reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the round's
 ``local_steps`` DP-SGD steps (at q = m/N) uses them. Kinds:
 
-* clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al., paper 002):
+* clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al.):
   C_t = C_0 rho_c^{t/T} over the group's T rounds.
 * noise ``constant``: sigma_t = sigma. ``target``: the smallest constant sigma such that the
   group's T rounds are (eps, delta)-DP under the group's accountant
   (:func:`fedsim.privacy.calibration.calibrate_sigma`, the same numerical guarantee the ledger
-  enforces). ``growing_mu`` (paper 002): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
+  enforces). ``growing_mu`` (Du et al.): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
   solved so the T rounds meet (eps, delta) under the group's accountant
   (:func:`fedsim.privacy.schedules.solve_growing_mu`), or - labelled as the CLT approximation -
   so that the heterogeneous GDP CLT meets ``mu_total``
@@ -33,13 +34,14 @@ from fedsim.config.schema import (
 )
 from fedsim.errors import ConfigError
 from fedsim.privacy import calibration as privacy_calibration
+from fedsim.privacy.events import Sampling
 from fedsim.privacy.schedules import Schedule, clt_growing_mu, solve_growing_mu
 
 __all__ = ["calibrate_sigma", "make_schedule"]
 
 
 @lru_cache(maxsize=256)
-def calibrate_sigma(sampling: str, q: float, steps: int, epsilon: float, delta: float,
+def calibrate_sigma(sampling: Sampling, q: float, steps: int, epsilon: float, delta: float,
                     accountant: str = "pld") -> float:
     """Smallest sigma (to 1e-4 relative) with eps(delta) <= epsilon for ``steps`` identical
     subsampled Gaussian steps under ``accountant`` (:func:`fedsim.privacy.calibration.
@@ -48,7 +50,7 @@ def calibrate_sigma(sampling: str, q: float, steps: int, epsilon: float, delta: 
 
 
 @lru_cache(maxsize=256)
-def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: str, q: float, local_steps: int,
+def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: Sampling, q: float, local_steps: int,
                 accountant: str, clip_0: float, rho_c: float) -> Schedule:
     """Solved once per group and q (cached: every client of a group asks the same question)."""
     if noise.mu_total is not None:

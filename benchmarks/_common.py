@@ -1,0 +1,71 @@
+"""What several benchmarks share: the centralised DP-SGD loop, result files, plotting set-up.
+
+Benchmarks are scripts (``python benchmarks/NAME.py``, ``python benchmarks/papers/NAME.py``)
+and are also loaded by path from tests; each puts this directory on ``sys.path`` and imports
+``_common``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsim.privacy.events import GaussianStep
+from fedsim.training import LocalTrainer
+
+__all__ = ["centralized_dp_sgd", "epoch_ends", "pyplot", "write_json"]
+
+
+def centralized_dp_sgd(
+    trainer: LocalTrainer,
+    params: np.ndarray,
+    *,
+    lr: float,
+    steps: int,
+    evaluate_at: Collection[int] = (),
+    on_evaluate: Callable[[int, np.ndarray], None] | None = None,
+) -> tuple[np.ndarray, list[GaussianStep]]:
+    """One data holder's NoisySGD (DRS Alg. 1; Abadi et al. 2016): ``steps`` DP steps
+    ``w <- w - lr * g~_t`` from ``params``, each step ``t`` the trainer's round ``t`` (its
+    ``clip(t)``, ``sigma(t)``, batch and noise). After step ``t + 1`` in ``evaluate_at``,
+    ``on_evaluate(t + 1, w)``. Returns the final parameters and the privacy events spent."""
+    events: list[GaussianStep] = []
+    for t in range(steps):
+        result = trainer.run_round(params, t)
+        events.extend(result.steps)
+        params = params - np.float32(lr) * result.update
+        if on_evaluate is not None and t + 1 in evaluate_at:
+            on_evaluate(t + 1, params)
+    return params, events
+
+
+def epoch_ends(steps: int, steps_per_epoch: float) -> list[int]:
+    """The step counts at which each (possibly fractional) epoch of ``steps`` ends, and the
+    last step."""
+    ends, next_end = [], steps_per_epoch
+    for done in range(1, steps + 1):
+        if done >= next_end or done == steps:
+            next_end += steps_per_epoch
+            ends.append(done)
+    return ends
+
+
+def write_json(path: Path, document: Any, *, indent: int = 2) -> None:
+    """``document`` as JSON at ``path`` (folders made), then say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=indent) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

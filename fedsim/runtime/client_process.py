@@ -1,0 +1,196 @@
+"""The deployed client process: one client's :class:`ClientActor` on the wall clock, behind an
+MQTT endpoint, its ledger resumed from its state directory (see :mod:`fedsim.runtime.deployment`
+for the crash-safety contract).
+
+State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger) and ``<state>/client-<id>.json``
+(what the last incarnation reported on exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from fedsim.clock import ScaledClock
+from fedsim.config.loading import LoadedScenario
+from fedsim.config.schema import Scenario
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.protocol.messages import ClientStatus
+from fedsim.runtime.client import ClientActor
+from fedsim.runtime.deployment import reconnect_policy, run_name
+from fedsim.runtime.exposure import client_exposure, client_generator
+from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.population import (
+    Population,
+    build_population,
+    make_client_actor,
+    open_ledger,
+    plan_of,
+    toggle_availability,
+)
+from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
+from fedsim.runtime.tasks import alongside, unless_stopped
+from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
+
+__all__ = ["client_resend_after", "client_state_file", "run_client", "training_generator"]
+
+_log = structlog.get_logger("fedsim.runtime.client_process")
+
+ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
+
+
+def client_resend_after(scenario: Scenario, time_scale: float) -> float:
+    """Wall seconds after which a client resends an unacknowledged update.
+
+    The server acknowledges at the end of the window after arrival (after its checkpoint), so a
+    receipt takes up to one window of wall time; 1.5 windows plus a second keeps resends to
+    updates that were really lost (a crashed server, a broker that lost its queue)."""
+    return max(2.0, 1.5 * scenario.server.window * time_scale + 1.0)
+
+
+def client_state_file(state_dir: str | Path, client_id: str) -> Path:
+    return Path(state_dir) / f"client-{client_id}.json"
+
+
+def training_generator(population: Population, client_id: str, first_round: int) -> torch.Generator:
+    """The generator of batches and noise for a client process that starts at ``first_round``.
+
+    The first incarnation (round 0) draws the simulator's stream ``client/<id>/train``. A
+    restarted one must not replay noise that was already released (two releases with the same
+    noise vector would reveal the difference of their gradients), so it draws from a stream
+    keyed by the round it resumes at. Each released round comes from the stream of the
+    incarnation that released it, and an incarnation starting at round r releases nothing
+    before r; two incarnations can only share a stream if the first released nothing.
+    Only with ``privacy.deployed_randomness: seeded_not_private``; by default the stream is
+    keyed from OS entropy (:func:`fedsim.runtime.exposure.client_generator`).
+    """
+    randomness = population.scenario.privacy.deployed_randomness
+    return client_generator(population.tree, client_id, first_round, randomness)
+
+
+async def _announce(
+    actor: ClientActor, endpoint: MqttClientEndpoint, ledger: PrivacyLedger, delta: float
+) -> None:
+    """Say "connected" until the first global model arrives (the server may wait for every
+    client before its first window, and a status sent before it subscribed is lost)."""
+    while actor.held_version < 0:
+        rounds = len({record.round for record in ledger.records})
+        await endpoint.publish(
+            ClientStatus(
+                actor.client_id,
+                "waiting",
+                rounds,
+                ledger.epsilon(delta),
+                delta,
+                "connected",
+                actor.clock.now(),
+            )
+        )
+        await asyncio.sleep(ANNOUNCE_EVERY)
+
+
+async def run_client(
+    loaded: LoadedScenario,
+    client_id: str,
+    broker: BrokerSettings,
+    *,
+    run: str | None = None,
+    state_dir: str | Path,
+    options: DeploymentOptions = DeploymentOptions(),
+    flush_timeout: float = 10.0,
+    stop: asyncio.Event | None = None,
+    population: Population | None = None,
+) -> dict[str, Any]:
+    """Run one client until its rounds or budget end (or ``stop`` is set); then wait up to
+    ``flush_timeout`` wall seconds for the server to acknowledge every update sent. On/off
+    ``availability`` periods pause and resume the actor (scenario time).
+
+    Resumes the ledger in ``state_dir``; writes ``client-<id>.json`` there (also returned).
+    """
+    scenario = loaded.scenario
+    run = run_name(scenario, run)
+    population = population or build_population(loaded)
+    plan = plan_of(population, client_id)
+    state = Path(state_dir)
+    ledger = open_ledger(plan, ledger_file(state, client_id))
+    first_round = max((record.round for record in ledger.records), default=-1) + 1
+    trainer = population.trainer(
+        plan, generator=training_generator(population, client_id, first_round)
+    )
+    clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
+    endpoint = MqttClientEndpoint(
+        broker,
+        run=run,
+        client_id=client_id,
+        expected_params=int(population.initial_params.size),
+        max_message_bytes=scenario.network.max_message_bytes,
+        reconnect=reconnect_policy(options),
+        resend_after=client_resend_after(scenario, options.time_scale),
+        seed=population.tree.integer("client", client_id, "mqtt", first_round),
+    )
+    report_file = client_state_file(state, client_id)
+    previous = read_json(report_file)
+    _log.info(
+        "client starting",
+        client=client_id,
+        first_round=first_round,
+        ledger_rounds=len({r.round for r in ledger.records}),
+        run=run,
+    )
+    actor: ClientActor | None = None
+    try:
+        async with endpoint:
+            actor = make_client_actor(
+                plan,
+                clock=clock,
+                endpoint=endpoint,
+                trainer=trainer,
+                ledger=ledger,
+                speed_rng=population.tree.numpy(
+                    "client", client_id, "speed", "from-round", first_round
+                ),
+                delta=scenario.privacy.delta,
+                exposure=client_exposure(scenario, [p.client_id for p in population.plans],
+                                         client_id, deployed=True),
+            )
+            helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
+            if plan.group.availability.online is not None:
+                rng = population.tree.numpy(
+                    "client", client_id, "availability", "from-round", first_round
+                )
+                helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
+            await unless_stopped(alongside(actor.run(), helpers), stop)
+            if not await endpoint.flush(flush_timeout):
+                _log.warning(
+                    "updates not acknowledged before exit",
+                    client=client_id,
+                    rounds=list(endpoint.unacknowledged),
+                )
+    finally:
+        released = list(previous.get("released", []))
+        if actor is not None:
+            released += [asdict(r) for r in actor.released]
+        outcome = {
+            "client_id": client_id,
+            "first_round": first_round,
+            "state": actor.state if actor is not None else "waiting",
+            "stop_reason": actor.stop_reason if actor is not None else "",
+            "stopped_at": actor.stopped_at if actor is not None else None,
+            "ledger_rounds": sorted({r.round for r in ledger.records}),
+            "released": released,
+            "unacknowledged": list(endpoint.unacknowledged),
+            "mqtt": endpoint.stats.as_dict(),
+            "randomness": scenario.privacy.deployed_randomness,
+            "timing_overruns": actor.timing_overruns if actor is not None else 0,
+        }
+        ledger.close()
+        state.mkdir(parents=True, exist_ok=True)
+        write_json(report_file, outcome, atomic=True)
+    return outcome
+
+

@@ -1,0 +1,464 @@
+"""Every process of a deployed run on this machine, and the run directory they leave.
+
+:class:`Launcher` starts a server and all clients as local processes running the command lines
+of :func:`process_commands` (what ``docker-compose.yml`` runs in containers), waits for the stop
+condition and collects (:func:`collect_outputs`) the same run directory as ``fedsim run``:
+the server's files, the clients' ledgers and reports, and ``clients.csv``, ``summary.json``,
+``timing.json`` from the one writer (:func:`~fedsim.runtime.run_outputs.write_run_outputs`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import resource
+import runpy
+import signal
+import subprocess
+import sys
+import time as wallclock
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
+from fedsim.errors import ConfigError, FedsimError, TransportError
+from fedsim.privacy.ledger_file import copy_ledger
+from fedsim.runtime.client import RoundRecord
+from fedsim.runtime.client_process import client_state_file
+from fedsim.runtime.deployment import run_name
+from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
+from fedsim.runtime.run_outputs import (
+    FINISHED_STATES,
+    LEDGER_DIR,
+    METRICS_FILE,
+    PROCESSES_FILE,
+    SCENARIO_FILE,
+    SERVER_FILE,
+    ClientOutcome,
+    RunRecord,
+    StoppedClient,
+    check_unused,
+    ledger_file,
+    read_json,
+    write_json,
+    write_run_outputs,
+)
+from fedsim.training.data import dataset_file
+from fedsim.transports.broker import LocalMosquitto
+
+__all__ = ["Launcher", "collect_outputs", "process_commands"]
+
+_log = structlog.get_logger("fedsim.runtime.launcher")
+
+
+def collect_outputs(
+    loaded: LoadedScenario,
+    out_dir: str | Path,
+    client_state_dirs: Mapping[str, Path],
+    *,
+    wall_seconds: float,
+    cpu_seconds: float = math.nan,
+    population: Population | None = None,
+) -> dict[str, Any]:
+    """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
+
+    ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``.
+
+    ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
+    ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
+    ``summary.json`` and ``timing.json`` are written by the simulator's own writer. Returns the
+    summary.
+    """
+    out = Path(out_dir)
+    population = population or build_population(loaded)
+    server = read_json(out / SERVER_FILE)
+    metrics = []
+    if (out / METRICS_FILE).exists():
+        metrics = [json.loads(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
+    (out / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
+    statuses = server.get("statuses", {})
+    stopped: list[StoppedClient] = []
+    clients: list[ClientOutcome] = []
+    try:
+        for plan in population.plans:
+            client_id = plan.client_id
+            state_dir = client_state_dirs.get(client_id)
+            copied = ledger_file(out, client_id)
+            if state_dir is not None and ledger_file(state_dir, client_id).exists():
+                copy_ledger(ledger_file(state_dir, client_id), copied)  # with its mark
+            report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
+            status = statuses.get(client_id, {})
+            state = report.get("state") or status.get("state") or "waiting"
+            reason = report.get("stop_reason") or status.get("detail", "")
+            stopped_at = report.get("stopped_at", status.get("sent_at"))
+            finished = state in FINISHED_STATES
+            if finished:
+                stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
+            released = [RoundRecord(**r) for r in report.get("released", [])]
+            clients.append(
+                ClientOutcome(
+                    plan, open_ledger(plan, copied), state, released, finished,
+                    randomness=report.get("randomness", ""),
+                    timing_overruns=int(report.get("timing_overruns", 0)),
+                )
+            )
+        return write_run_outputs(
+            RunRecord(
+                scenario=loaded.scenario,
+                out_dir=out,
+                metrics=metrics,
+                clients=clients,
+                stopped=stopped,
+                stop_reason=server.get("stop_reason", ""),
+                final_version=int(server.get("final_version", 0)),
+                network={"mqtt_server": server.get("mqtt", {})},
+                wall_seconds=wall_seconds,
+                cpu_seconds=cpu_seconds,
+                time_kind="scenario",
+            )
+        )
+    finally:
+        for client in clients:
+            client.ledger.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching everything as local processes
+
+
+def _children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's ended and waited-for children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_commands(
+    scenario_file: str | Path,
+    client_ids: Sequence[str],
+    *,
+    options: DeploymentOptions,
+    state_root: str | Path,
+    out: str | Path,
+    overrides: Sequence[str] = (),
+) -> dict[str, list[str]]:
+    """The command line of every process of a deployed run, clients first, then ``server``:
+    ``fedsim client ... --state <state_root>/<id>`` and ``fedsim server ... --state
+    <state_root>/server --out <out>``. The one source of these command lines: :class:`Launcher`
+    runs them as local processes, ``fedsim deploy --compose`` puts them (with container paths)
+    into the compose file. ``options`` (which must name the broker and the run) are passed to
+    every process as :meth:`DeploymentOptions.argv` writes them; ``overrides``
+    (``PATH=VALUE``) become ``--set`` options."""
+    if options.broker is None or options.run is None:
+        raise ConfigError("the processes of a deployed run need a broker URL and a run name")
+    common = ["--scenario", str(scenario_file), *options.argv()]
+    for override in overrides:
+        common += ["--set", override]
+    state = Path(state_root)
+    commands = {
+        client_id: ["fedsim", "client", *common, "--client-id", client_id,
+                    "--state", str(state / client_id)]
+        for client_id in client_ids
+    }  # fmt: skip
+    commands["server"] = [
+        "fedsim", "server", *common, "--state", str(state / "server"), "--out", str(out),
+        *options.server_argv(),
+    ]  # fmt: skip
+    return commands
+
+
+class _ForkedChild:
+    """A child forked from the launcher, which has already imported fedsim and torch (tens of
+    seconds on a busy machine, per process), running ``fedsim <argv>``. Same interface as the
+    parts of :class:`subprocess.Popen` the launcher uses."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        context = multiprocessing.get_context("fork")
+        self._process = context.Process(target=_child_main, args=(argv, str(log)), daemon=False)
+        self._process.start()
+        assert self._process.pid is not None  # set by start()
+        self.pid: int = self._process.pid
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"fedsim process {self.pid}", timeout or 0.0)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _child_main(argv: list[str], log: str) -> None:
+    """Entry point of a forked child: output to its log, then what ``python -m fedsim <argv>``
+    runs (the package's ``__main__``, as in a child started with ``fork=False``)."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    # The parent's sys.stdout/stderr may not be fds 1/2 (pytest's capture, a notebook).
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)
+    sys.argv = ["fedsim", *argv]
+    code: str | int | None = 0
+    try:
+        runpy.run_module("fedsim", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+@dataclass
+class _Process:
+    name: str
+    argv: list[str]  # after "fedsim"
+    log: Path
+    child: subprocess.Popen[bytes] | _ForkedChild | None = None
+    starts: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.child is not None and self.child.poll() is None
+
+
+class Launcher:
+    """The server and every client of a scenario as local processes (``fedsim launch``).
+
+    Each process runs ``fedsim server ...`` / ``fedsim client ...`` (the commands are in
+    ``processes.json``, the same ones ``docker-compose.yml`` runs) with ``options`` (the run is
+    named after the scenario; without ``options.broker`` a private mosquitto is started; the
+    processes write JSON log lines to their log files). ``fork=True`` (default)
+    forks them from this already-initialised process instead of starting fresh interpreters,
+    which saves the import of torch per process; ``fork=False`` execs ``python -m fedsim``.
+
+    Clients start first; the server waits (``--wait-for-clients``) until every client has said
+    it is connected, so the first window does not pass while processes are still starting.
+
+    Layout under ``out``: the run directory files, ``state/server/``, ``state/<client id>/``,
+    ``logs/<name>.log`` (appended across restarts), ``broker/`` (a private mosquitto's files,
+    if no broker URL is given) and ``processes.json``. Individual processes can be killed and
+    restarted (:meth:`kill`, :meth:`start`) to test crash recovery.
+    """
+
+    def __init__(
+        self,
+        scenario_file: str | Path,
+        out: str | Path,
+        *,
+        options: DeploymentOptions = DeploymentOptions(wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS),
+        overrides: Sequence[str] = (),
+        fork: bool = True,
+    ) -> None:
+        if options.run is not None:
+            raise ConfigError("fedsim launch names the run after the scenario; --run is not used")
+        self.out = Path(out)
+        check_unused(self.out)
+        self.loaded = load_scenario(scenario_file, overrides)
+        self.scenario = self.loaded.scenario
+        self.run = run_name(self.scenario, None)
+        self.client_ids = client_ids(self.scenario)
+        self.options = replace(options, run=self.run, json_logs=True)
+        self.fork = fork
+        self.local_broker: LocalMosquitto | None = None
+        self.processes: dict[str, _Process] = {}
+        self.exit_codes: dict[str, list[int]] = {}
+        self._started = wallclock.perf_counter()
+        self._children_cpu_at_start = _children_cpu_seconds()
+
+    # -- setup -------------------------------------------------------------------------------
+    def state_dir(self, name: str) -> Path:
+        return self.out / "state" / name
+
+    def prepare(self) -> None:
+        """Write the resolved scenario, start a private broker if none was given."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "logs").mkdir(exist_ok=True)
+        # Found (or fetched) once here: the processes read the same file, none downloads.
+        dataset = self.scenario.dataset
+        dataset_path = dataset_file(dataset.name, dataset.path, base_dir=self.loaded.base_dir)
+        self.scenario_file = (self.out / SCENARIO_FILE).resolve()
+        self.scenario_file.write_text(
+            dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"
+        )
+        if self.options.broker is None:
+            self.local_broker = LocalMosquitto(self.out / "broker", self.run, self.client_ids)
+            self.local_broker.start()
+            url = self.local_broker.url()
+            self.options = replace(
+                self.options, broker=url, secrets_file=str(self.local_broker.files.secrets_file)
+            )
+            _log.info("private broker started", url=url, pid=self.local_broker.pid)
+        commands = process_commands(
+            self.scenario_file,
+            self.client_ids,
+            options=self.options.with_absolute_paths(),
+            state_root=(self.out / "state").resolve(),
+            out=self.out.resolve(),
+        )
+        for name, argv in commands.items():
+            self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")
+
+    # -- processes ---------------------------------------------------------------------------
+    def start(self, name: str) -> None:
+        """Start (or restart) one process."""
+        process = self.processes[name]
+        if process.running:
+            raise FedsimError(f"process {name} is already running")
+        if self.fork:
+            process.child = _ForkedChild(process.argv, process.log)
+        else:
+            with process.log.open("ab") as log:
+                process.child = subprocess.Popen(
+                    [sys.executable, "-m", "fedsim", *process.argv],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+        process.starts += 1
+
+    def start_all(self) -> None:
+        for name in self.processes:  # clients first, the server last
+            self.start(name)
+
+    def _ended(self, process: _Process, code: int) -> int:
+        self.exit_codes.setdefault(process.name, []).append(code)
+        process.child = None
+        return code
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 60.0) -> int:
+        """Signal one process by its PID and wait for it; returns its exit status."""
+        process = self.processes[name]
+        if process.child is None:
+            raise FedsimError(f"process {name} is not running")
+        process.child.send_signal(sig)
+        return self._ended(process, process.child.wait(timeout=timeout))
+
+    def wait(self, name: str, timeout: float) -> int | None:
+        """Wait for a process to exit on its own; None if it still runs after ``timeout``."""
+        process = self.processes[name]
+        if process.child is None:
+            raise FedsimError(f"process {name} is not running")
+        try:
+            return self._ended(process, process.child.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop_all(self, grace: float = 15.0) -> None:
+        """SIGTERM every running process (clients flush their outboxes), SIGKILL stragglers."""
+        running = [p for p in self.processes.values() if p.running]
+        for process in running:
+            assert process.child is not None
+            process.child.send_signal(signal.SIGTERM)
+        deadline = wallclock.monotonic() + grace
+        for process in running:
+            assert process.child is not None
+            try:
+                code = process.child.wait(timeout=max(0.1, deadline - wallclock.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.child.kill()
+                code = process.child.wait(timeout=grace)
+            self._ended(process, code)
+
+    # -- the whole run -----------------------------------------------------------------------
+    def collect(self) -> dict[str, Any]:
+        """Write the run directory (after the processes have ended)."""
+        summary = collect_outputs(
+            self.loaded,
+            self.out,
+            {c: self.state_dir(c) for c in self.client_ids},
+            wall_seconds=wallclock.perf_counter() - self._started,
+            cpu_seconds=_children_cpu_seconds() - self._children_cpu_at_start,
+        )
+        write_json(
+            self.out / PROCESSES_FILE,
+            {
+                name: {
+                    "command": ["fedsim", *p.argv],
+                    "starts": p.starts,
+                    "exit_codes": self.exit_codes.get(name, []),
+                }
+                for name, p in self.processes.items()
+            },
+        )
+        return summary
+
+    def close(self) -> None:
+        """Stop every process and the private broker (idempotent)."""
+        self.stop_all(grace=5.0)
+        if self.local_broker is not None:
+            self.local_broker.kill(signal.SIGTERM)
+
+    def run_to_end(
+        self,
+        timeout: float,
+        *,
+        on_window: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Start everything, wait for the server to stop (or ``timeout`` wall seconds), stop
+        the clients, collect the run directory and return its summary. ``on_window`` gets each
+        new ``metrics.jsonl`` line while the run goes on (a progress display)."""
+        try:
+            self.prepare()
+            self.start_all()
+            follower = _LineFollower(self.out / METRICS_FILE)
+            deadline = wallclock.monotonic() + timeout
+            code = None
+            while code is None and wallclock.monotonic() < deadline:
+                code = self.wait("server", min(0.5, max(0.0, deadline - wallclock.monotonic())))
+                for line in follower.new_lines():
+                    if on_window is not None:
+                        on_window(line)
+            if code is None:
+                self.kill("server", signal.SIGTERM)
+                raise TransportError(
+                    f"the server did not reach the stop condition within "
+                    f"{timeout:g} wall seconds (see {self.out / 'logs'})"
+                )
+            if code != 0:
+                raise FedsimError(
+                    f"the server exited with status {code} (see {self.out / 'logs' / 'server.log'})"
+                )
+            self.stop_all()
+        finally:
+            self.close()
+        return self.collect()
+
+
+class _LineFollower:
+    """New complete lines of a JSON-lines file another process appends to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def new_lines(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size < self._offset:
+                    self._offset = 0  # rewritten (a restarted server trimmed it)
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(text) for text in complete.decode().splitlines() if text.strip()]
+
+

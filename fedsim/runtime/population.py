@@ -1,0 +1,416 @@
+"""What both runtimes build from a scenario: the population and its actors.
+
+:func:`build_population` loads the data, splits it among the client groups (``data_share``)
+and within each group (``partition``), builds one shared model (trainers load each round's
+parameters into it) and a :class:`ClientPlan` per client: who it is, which records it holds,
+its DP posture. No clock, no network, no files: the virtual-time run
+(:mod:`fedsim.runtime.simulation`) and the deployed processes (:mod:`fedsim.runtime.deployed`)
+build their actors from it with :func:`make_client_actor` and :func:`make_server_actor`, so
+client ``i`` holds the same records and the same DP posture in both modes.
+
+Every random draw comes from the scenario seed through the :class:`SeedTree`
+(``partition``, ``model-init``, ``client/<id>/train`` for batches and noise,
+``server/participation``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.aggregation import make_step_size, make_strategy
+from fedsim.clock import Clock
+from fedsim.config.loading import LoadedScenario
+from fedsim.config.schema import ClientGroup, Scenario
+from fedsim.errors import ConfigError, FedsimError
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.schedules import Schedule
+from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
+from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
+from fedsim.runtime.posture import make_schedule
+from fedsim.runtime.rng import SeedTree
+from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
+from fedsim.training.batched import RoundBatcher
+from fedsim.training.data import load_dataset, load_named, partition
+from fedsim.training.dpsgd import step_for
+from fedsim.training.models import build_scenario_model
+from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
+from fedsim.transports.base import Endpoint
+
+__all__ = [
+    "BatchedTrainer",
+    "ClientPlan",
+    "Population",
+    "VirtualDurationTrainer",
+    "build_population",
+    "client_ids",
+    "make_client_actor",
+    "make_evaluator",
+    "make_server_actor",
+    "open_ledger",
+    "plan_of",
+    "toggle_availability",
+]
+
+@dataclass(frozen=True, eq=False)
+class ClientPlan:
+    """A client's static description: who it is, which records it holds, its DP posture."""
+
+    client_id: str
+    group: ClientGroup
+    indices: np.ndarray
+    schedule: Schedule
+    declared_samples: int | None = None  # public size (runtime/exposure.py); None: len(indices)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.indices)
+
+    @property
+    def public_samples(self) -> int:
+        return self.declared_samples or len(self.indices)
+
+    @property
+    def q(self) -> float:
+        return self.group.batch_size / self.public_samples
+
+
+@dataclass(eq=False)
+class Population:
+    """Everything a run needs that does not depend on the clock or the network."""
+
+    scenario: Scenario
+    tree: SeedTree
+    model: torch.nn.Module
+    initial_params: np.ndarray
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    plans: list[ClientPlan]
+    dataset_path: Path | None
+
+    def trainer(
+        self,
+        plan: ClientPlan,
+        *,
+        message_only: bool = False,
+        generator: torch.Generator | None = None,
+        batcher: RoundBatcher | None = None,
+    ) -> LocalTrainer | VirtualDurationTrainer | BatchedTrainer:
+        """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
+        from ``generator``: a restarted client process must not replay released noise); with a
+        ``batcher`` its begun rounds wait there to be computed together with other clients'."""
+        group = plan.group
+        if generator is None:
+            generator = self.tree.torch("client", plan.client_id, "train")
+        if message_only:
+            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
+        index = torch.from_numpy(plan.indices)
+        # index_select: several times faster than advanced indexing for image tensors on CPU.
+        trainer = LocalTrainer(
+            self.model,
+            self.train_x.index_select(0, index),
+            self.train_y.index_select(0, index),
+            batch_size=group.batch_size,
+            sampling=group.sampling,
+            clip=plan.schedule,
+            noise=plan.schedule,
+            local_steps=group.local_steps,
+            local_lr=group.local_lr,
+            max_physical_batch=group.max_physical_batch,
+            generator=generator,
+            declared_records=plan.public_samples,
+        )
+        return trainer if batcher is None else BatchedTrainer(trainer, batcher)
+
+
+class BatchedTrainer:
+    """A client's :class:`LocalTrainer` whose begun rounds wait in the run's
+    :class:`RoundBatcher` (computed with the rounds other clients began meanwhile)."""
+
+    def __init__(self, trainer: LocalTrainer, batcher: RoundBatcher) -> None:
+        self.trainer = trainer
+        self.batcher = batcher
+
+    def planned_steps(self, round_index: int) -> list[GaussianStep]:
+        return self.trainer.planned_steps(round_index)
+
+    def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound:
+        return self.trainer.begin_round(params, round_index, self.batcher)
+
+
+class VirtualDurationTrainer:
+    """Training replaced by its cost: the same privacy events and sample counts as the real
+    trainer, a zero update, no gradient computed (message-only runs of the protocol)."""
+
+    def __init__(self, plan: ClientPlan, num_params: int, generator: torch.Generator) -> None:
+        self.plan = plan
+        self.num_params = num_params
+        self.generator = generator
+
+    def planned_steps(self, round_index: int) -> list[GaussianStep]:
+        group = self.plan.group
+        sigma = float(self.plan.schedule.sigma(round_index))
+        return [
+            step_for(
+                group.sampling, self.plan.public_samples, group.batch_size, sigma, group.local_steps
+            )
+        ]
+
+    def begin_round(self, params: np.ndarray, round_index: int) -> DoneRound:
+        group = self.plan.group
+        steps = self.planned_steps(round_index)
+        if group.sampling == "poisson":
+            rate = torch.full((group.local_steps,), self.plan.q, dtype=torch.float64)
+            counts = torch.binomial(
+                torch.full_like(rate, self.plan.num_samples), rate, generator=self.generator
+            )
+            sizes = [int(c) for c in counts]
+        else:
+            sizes = [group.batch_size] * group.local_steps
+        return DoneRound(RoundResult(
+            update=np.zeros(self.num_params, np.float32),
+            steps=steps,
+            batch_sizes=sizes,
+            clip=float(self.plan.schedule.clip(round_index)),
+            sigma=steps[0].sigma,
+            mean_loss=math.nan,
+            sample_grads=sum(sizes),
+        ))
+
+
+def _client_ids(group: ClientGroup) -> list[str]:
+    width = max(3, len(str(group.count - 1)))
+    return [f"{group.name}-{i:0{width}d}" for i in range(group.count)]
+
+
+def client_ids(scenario: Scenario) -> list[str]:
+    """Every client id of a scenario, in group order (the ids :func:`build_population` uses)."""
+    return [client_id for group in scenario.clients.groups for client_id in _client_ids(group)]
+
+
+def _split_groups(
+    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree
+) -> list[list[np.ndarray]]:
+    """Record indices per group (by ``data_share``) and then per client (``partition``)."""
+    n = len(labels)
+    order = tree.numpy("partition", "groups").permutation(n)
+    result: list[list[np.ndarray]] = []
+    start = 0
+    for index, group in enumerate(groups):
+        size = int(math.floor(group.data_share * n))
+        members = np.sort(order[start : start + size])
+        start += size
+        where = f"clients.groups[{index}]"
+        if size < group.count:
+            raise ConfigError(
+                f"{where}: data_share {group.data_share} gives {size} records for "
+                f"{group.count} clients"
+            )
+        scheme = group.partition
+        try:
+            parts = partition(
+                labels[members],
+                group.count,
+                scheme.scheme,
+                rng=tree.numpy("partition", group.name),
+                alpha=scheme.alpha,
+                shards_per_client=scheme.shards_per_client,
+                size_sigma=scheme.size_sigma,
+            )
+        except FedsimError as exc:
+            raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
+        result.append([members[p] for p in parts])
+    return result
+
+
+def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) -> dict[str, Any]:
+    """The model's options, with the input size and class count filled in from the data for
+    flat-input models when the scenario does not give them."""
+    options: dict[str, Any] = dict(scenario.model.options)
+    if scenario.model.name in ("logreg", "mlp"):
+        options.setdefault("in_features", int(np.prod(train_x.shape[1:])))
+        options.setdefault("num_classes", num_classes)
+    return options
+
+
+def build_population(
+    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None
+) -> Population:
+    """Data, partition, model and per-client plans (no clock, no network, no files).
+    ``model_factory``: a Python callable that builds the model (instead of ``model:``)."""
+    scenario = loaded.scenario
+    tree = SeedTree(scenario.seed)
+    dataset = scenario.dataset
+    path = None
+    if dataset.name == "synthetic":
+        train_x, train_y, test_x, test_y = load_dataset(
+            "synthetic",
+            seed=tree.integer("dataset"),
+            num_train=dataset.num_samples,
+            num_test=dataset.num_test_samples,
+            num_features=dataset.num_features,
+            num_classes=dataset.num_classes,
+        )
+    else:
+        (train_x, train_y, test_x, test_y), path = load_named(
+            dataset.name, dataset.path, base_dir=loaded.base_dir)
+    if dataset.test_subset is not None:
+        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    labels = train_y.numpy()
+    num_classes = int(max(labels.max(), test_y.max())) + 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(tree.integer("model-init"))
+        model = build_scenario_model(
+            scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
+            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
+    plans: list[ClientPlan] = []
+    split = _split_groups(labels, scenario.clients.groups, tree)
+    for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
+        where = f"clients.groups[{index}]"
+        smallest = min(len(p) for p in parts)
+        if group.batch_size > smallest:
+            raise ConfigError(
+                f"{where}.batch_size: {group.batch_size} exceeds the {smallest} records of the "
+                "group's smallest client (q = m/N would be > 1); lower batch_size or raise "
+                "data_share"
+            )
+        # One schedule per group, calibrated at the group's largest q = m/N (its smallest
+        # client): a larger q costs more privacy, so the target then holds for every client.
+        schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
+        for client_id, indices in zip(_client_ids(group), parts, strict=True):
+            plans.append(ClientPlan(client_id, group, indices, schedule))
+    return Population(
+        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path
+    )
+
+
+def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
+    """The client's durable ledger at ``path`` (resumed if it exists), with its group's budget
+    and accountant."""
+    group = plan.group
+    budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
+    return PrivacyLedger.open(
+        path,
+        client_id=plan.client_id,
+        sampling=group.sampling,
+        budget=budget,
+        accountant=group.accountant,
+    )
+
+
+def make_client_actor(
+    plan: ClientPlan,
+    *,
+    clock: Clock,
+    endpoint: Endpoint,
+    trainer: Trainer,
+    ledger: PrivacyLedger,
+    speed_rng: np.random.Generator,
+    delta: float,
+    exposure: ClientExposure = ClientExposure(),
+) -> ClientActor:
+    """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
+    (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
+    deployed client process alike."""
+    group = plan.group
+    rounds_done = {record.round for record in ledger.records}
+    return ClientActor(
+        plan.client_id,
+        clock=clock,
+        endpoint=endpoint,
+        trainer=trainer,
+        ledger=ledger,
+        local_lr=group.local_lr,
+        batch_size=float(group.batch_size),
+        seconds_per_sample=lambda: group.speed.sample(speed_rng),
+        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps),
+        exposure=exposure,
+        staleness=StalenessPolicy(
+            group.staleness.max_versions_behind, group.staleness.max_distance
+        ),
+        max_rounds=group.rounds,
+        first_round=max(rounds_done, default=-1) + 1,
+        status_epsilon=lambda: (ledger.epsilon(delta), delta),
+    )
+
+
+def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float, float]]:
+    """Held-out (accuracy, loss) of a flat parameter vector, on the population's test set."""
+
+    def evaluate_params(params: np.ndarray) -> tuple[float, float]:
+        load_flat_params(population.model, params)
+        return evaluate(population.model, population.test_x, population.test_y)
+
+    return evaluate_params
+
+
+def make_server_actor(
+    population: Population,
+    *,
+    clock: Clock,
+    endpoint: Endpoint,
+    evaluate: Callable[[np.ndarray], tuple[float, float]] | None,
+) -> ServerActor:
+    """The scenario's :class:`ServerActor` (simulation and deployed server process alike)."""
+    server_config = population.scenario.server
+    return ServerActor(
+        clock=clock,
+        endpoint=endpoint,
+        initial_params=population.initial_params,
+        clients={
+            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight)
+            for p in population.plans
+        },
+        window=server_config.window,
+        strategy=make_strategy(server_config.mixing),
+        step_size=make_step_size(server_config.step_size),
+        evaluate=evaluate,
+        eval_every=server_config.eval_every,
+        broadcast_every=server_config.broadcast_every,
+        max_staleness=server_config.max_staleness,
+        participation=server_config.participation,
+        rng=population.tree.numpy("server", "participation"),
+        normalize=server_config.normalize,
+    )
+
+
+def plan_of(population: Population, client_id: str) -> ClientPlan:
+    """The plan of ``client_id``; a :class:`ConfigError` listing the scenario's clients if it
+    has none of that name."""
+    for plan in population.plans:
+        if plan.client_id == client_id:
+            return plan
+    known = [p.client_id for p in population.plans]
+    shown = ", ".join(known[:8]) + (" ..." if len(known) > 8 else "")
+    raise ConfigError(
+        f"--client-id {client_id!r} is not a client of scenario "
+        f"{population.scenario.name!r} (its clients: {shown})"
+    )
+
+
+async def toggle_availability(
+    plan: ClientPlan,
+    clock: Clock,
+    rng: np.random.Generator,
+    set_online: Callable[[bool], None],
+) -> None:
+    """Take the client offline and back online, forever, on its group's on/off periods
+    (``availability.online`` / ``offline``, drawn from ``rng``, in the clock's time)."""
+    availability = plan.group.availability
+    if availability.online is None or availability.offline is None:
+        raise ConfigError(f"{plan.client_id}: availability needs both online and offline")
+    while True:
+        await clock.sleep(availability.online.sample(rng))
+        set_online(False)
+        await clock.sleep(availability.offline.sample(rng))
+        set_online(True)

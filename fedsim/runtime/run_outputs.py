@@ -1,0 +1,377 @@
+"""The run directory both runtimes write: its file names, its JSON, and its one writer.
+
+A finished run, virtual-time (:mod:`fedsim.runtime.simulation`) or deployed
+(:mod:`fedsim.runtime.launcher`), is described by a :class:`RunRecord`;
+:func:`write_run_outputs` turns it into ``clients.csv``, ``summary.json`` and ``timing.json``,
+so both modes write identical formats. :mod:`fedsim.reporting.rundir` reads the directory
+with the names defined here.
+
+Layout::
+
+    scenario.resolved.yaml  metrics.jsonl  clients.csv  summary.json  ledgers/<id>.jsonl
+    timing.json (wall-clock seconds; the only file that differs between identical runs)
+    deployed runs also: server.json  applied.jsonl  processes.json
+
+JSON: every file is strict JSON; a non-finite float (a NaN loss, an infinite epsilon) is
+written as ``null`` (:func:`clean_json`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import numpy as np
+
+from fedsim.config.schema import Scenario
+from fedsim.errors import ConfigError
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import group_steps
+from fedsim.privacy.gdp import clt_mu
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.runtime.client import RoundRecord
+from fedsim.runtime.exposure import privacy_caveats
+
+if TYPE_CHECKING:  # the plan's module imports torch; this one is read by fedsim.reporting
+    from fedsim.runtime.population import ClientPlan
+
+__all__ = [
+    "APPLIED_FILE",
+    "CLIENTS_FILE",
+    "CLIENT_COLUMNS",
+    "FINISHED_STATES",
+    "LEDGER_DIR",
+    "METRICS_FILE",
+    "PROCESSES_FILE",
+    "SCENARIO_FILE",
+    "SERVER_FILE",
+    "SUMMARY_FILE",
+    "TIMING_FILE",
+    "ClientOutcome",
+    "RunRecord",
+    "StoppedClient",
+    "check_unused",
+    "clean_json",
+    "json_line",
+    "ledger_file",
+    "read_json",
+    "write_json",
+    "write_run_outputs",
+]
+
+SCENARIO_FILE = "scenario.resolved.yaml"
+METRICS_FILE = "metrics.jsonl"
+CLIENTS_FILE = "clients.csv"
+SUMMARY_FILE = "summary.json"
+TIMING_FILE = "timing.json"
+LEDGER_DIR = "ledgers"
+SERVER_FILE = "server.json"  # the deployed server's outcome
+APPLIED_FILE = "applied.jsonl"  # deployed: one line per applied update (window, client, round, base)
+PROCESSES_FILE = "processes.json"  # deployed: each process's command line, starts, exit codes
+
+# A client in one of these states will never train again.
+FINISHED_STATES = frozenset({"budget_exhausted", "done"})
+
+CLIENT_COLUMNS = (
+    "client_id",
+    "group",
+    "num_samples",
+    "batch_size",
+    "sampling",
+    "q",
+    "rounds",
+    "steps",
+    "sigma",
+    "clip",
+    "epsilon",
+    "mu_clt",
+    "budget_epsilon",
+    "remaining_epsilon",
+    "state",
+    "stopped_at",
+    "stop_reason",
+)
+
+
+def ledger_file(directory: str | Path, client_id: str) -> Path:
+    """``<directory>/ledgers/<client_id>.jsonl`` (a run directory or a client's state)."""
+    return Path(directory) / LEDGER_DIR / f"{client_id}.jsonl"
+
+
+def check_unused(out_dir: Path) -> None:
+    """Refuse a run directory that already holds ledgers: a ledger is never reset, so reusing
+    it would silently continue spending."""
+    ledgers = out_dir / LEDGER_DIR
+    if ledgers.exists() and any(ledgers.iterdir()):
+        raise ConfigError(f"{out_dir} already holds a run's ledgers; choose a new --out directory")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def clean_json(value: Any) -> Any:
+    """``value`` with non-finite floats as None and numpy scalars as Python numbers, through
+    dicts, lists and tuples (tuples become lists)."""
+    if isinstance(value, dict):
+        return {k: clean_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.floating | np.integer):
+        return clean_json(value.item())
+    return value
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object written by :func:`write_json`; ``{}`` if the file is missing, unreadable or
+    not an object (a process that died before writing it)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def json_line(obj: Mapping[str, Any]) -> str:
+    """One JSON-lines line (strict JSON, see :func:`clean_json`)."""
+    return json.dumps(clean_json(dict(obj)), allow_nan=False) + "\n"
+
+
+def write_json(path: Path, obj: Mapping[str, Any], *, atomic: bool = False) -> None:
+    """``obj`` as indented strict JSON; ``atomic``: through a temporary file and a rename, so a
+    reader (or a process killed mid-write) never sees half a file."""
+    text = json.dumps(clean_json(dict(obj)), indent=2, allow_nan=False) + "\n"
+    if not atomic:
+        path.write_text(text, encoding="utf-8")
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The record
+
+
+class StoppedClient(TypedDict):
+    """A client that stopped for good: when (scenario time) and why."""
+
+    client_id: str
+    time: float | None
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class ClientOutcome:
+    """One client at the end of a run (its row of ``clients.csv``)."""
+
+    plan: ClientPlan
+    ledger: PrivacyLedger
+    state: str
+    released: Sequence[RoundRecord]
+    """Rounds released by every incarnation of the client (restarts included)."""
+    finished: bool
+    """Will never train again (budget spent, rounds done, crashed for good)."""
+    randomness: str = ""
+    """Where its batches and noise came from (:mod:`fedsim.runtime.exposure`)."""
+    timing_overruns: int = 0
+    """Rounds released after their public slot (deployed clients)."""
+
+    @property
+    def client_id(self) -> str:
+        return self.plan.client_id
+
+
+@dataclass(frozen=True, eq=False)
+class RunRecord:
+    """A finished run as both runtimes report it: what :func:`write_run_outputs` writes."""
+
+    scenario: Scenario
+    out_dir: Path
+    metrics: Sequence[Mapping[str, Any]]
+    """The ``metrics.jsonl`` lines, in window order."""
+    clients: Sequence[ClientOutcome]
+    stopped: Sequence[StoppedClient]
+    """Clients that stopped for good, in the order they stopped."""
+    stop_reason: str
+    final_version: int
+    network: Mapping[str, Any]
+    """Transport counters (the simulated network's, or the deployed server's MQTT endpoint's)."""
+    wall_seconds: float
+    cpu_seconds: float
+    rounds_batched: int = 0
+    """Rounds computed in a batched pass with other clients' (virtual-time runs only)."""
+    batched_passes: int = 0
+    time_kind: str = "virtual"
+    """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
+
+    @property
+    def sample_grads(self) -> int:
+        """Per-example gradients computed in released rounds, over all clients and restarts."""
+        return sum(r.sample_grads for c in self.clients for r in c.released)
+
+    @property
+    def virtual_time(self) -> float:
+        return float(self.metrics[-1]["time"]) if self.metrics else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer
+
+
+def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | None) -> dict[str, Any]:
+    plan, ledger = client.plan, client.ledger
+    steps = group_steps(ledger.steps)
+    released = client.released
+    budget = plan.group.budget
+    remaining = ledger.remaining_epsilon if budget else None
+    return {
+        "client_id": plan.client_id,
+        "group": plan.group.name,
+        "num_samples": plan.num_samples,
+        "batch_size": plan.group.batch_size,
+        "sampling": plan.group.sampling,
+        "q": plan.q,
+        "rounds": len({record.round for record in ledger.records}),
+        "steps": sum(s.count for s in steps),
+        "sigma": released[-1].sigma if released else float(plan.schedule.sigma(0)),
+        "clip": released[-1].clip if released else float(plan.schedule.clip(0)),
+        "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
+        "mu_clt": clt_mu(steps) if steps else 0.0,
+        "budget_epsilon": budget.epsilon if budget else None,
+        "remaining_epsilon": float(remaining) if remaining is not None else None,
+        "state": client.state,
+        "stopped_at": stopped["time"] if stopped else None,
+        "stop_reason": stopped["reason"] if stopped else "",
+    }
+
+
+def _format_cell(value: Any) -> str:
+    value = clean_json(value)
+    if value is None:
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _reason_kind(reason: str) -> str:
+    if "budget" in reason:
+        return "their next round would have exceeded their privacy budget"
+    if "finished" in reason:
+        return "they finished their configured rounds"
+    if "crash" in reason:
+        return "they crashed and did not rejoin"
+    return reason
+
+
+def _explain(record: RunRecord, rows: list[dict[str, Any]]) -> str:
+    parts = [
+        f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
+        f"{len(record.metrics)} server windows because {record.stop_reason}."
+    ]
+    by_reason: dict[str, list[StoppedClient]] = {}
+    for entry in record.stopped:
+        by_reason.setdefault(_reason_kind(entry["reason"]), []).append(entry)
+    for kind, entries in sorted(by_reason.items()):
+        times = [e["time"] for e in entries if e["time"] is not None]
+        names = ", ".join(e["client_id"] for e in entries[:5]) + (
+            " and others" if len(entries) > 5 else ""
+        )
+        span = ""
+        if times:
+            span = (
+                f"between {min(times):.6g} s and {max(times):.6g} s"
+                if len(set(times)) > 1
+                else f"at {times[0]:.6g} s"
+            )
+        parts.append(f"{len(entries)} client(s) stopped {span} because {kind} ({names}).")
+    active = [c.plan.client_id for c in record.clients if not c.finished]
+    if active:
+        parts.append(f"{len(active)} client(s) could still train when the run ended.")
+    epsilons = [r["epsilon"] for r in rows]
+    if epsilons:
+        budgeted = sum(r["budget_epsilon"] is not None for r in rows)
+        parts.append(
+            f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) ranges from "
+            f"{min(epsilons):.4g} to {max(epsilons):.4g}."
+            + (f" None of the {budgeted} client(s) with a budget exceeded it: every release was "
+               "checked against, and written to, its ledger first." if budgeted else
+               " No client had a budget; every release was still written to its ledger.")
+        )
+    return " ".join(parts)
+
+
+def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    metrics = record.metrics
+    accuracies = [m["accuracy"] for m in metrics if m["accuracy"] is not None]
+    totals = {
+        key: sum(m[key] for m in metrics)
+        for key in ("received", "applied", "stale", "duplicate", "rejected", "dropped_in_flight")
+    }
+    states: dict[str, int] = {}
+    for row in rows:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    epsilons = sorted(r["epsilon"] for r in rows)
+    return {
+        "scenario": record.scenario.name,
+        "seed": record.scenario.seed,
+        "final_accuracy": accuracies[-1] if accuracies else None,
+        "best_accuracy": max(accuracies) if accuracies else None,
+        "windows": len(metrics),
+        "virtual_time": record.virtual_time,
+        "final_version": record.final_version,
+        "stop_reason": record.stop_reason,
+        "updates": totals,
+        "network": record.network,
+        "client_states": dict(sorted(states.items())),
+        "stopped": list(record.stopped),
+        "privacy": {
+            "delta": record.scenario.privacy.delta,
+            "epsilon_min": epsilons[0] if epsilons else None,
+            "epsilon_median": float(np.median(epsilons)) if epsilons else None,
+            "epsilon_max": epsilons[-1] if epsilons else None,
+            "accountant": "pld",
+            "caveats": privacy_caveats(record.scenario.privacy.timing, record.clients),
+        },
+        "explanation": _explain(record, rows),
+    }
+
+
+def write_run_outputs(record: RunRecord) -> dict[str, Any]:
+    """Write ``clients.csv``, ``summary.json`` and ``timing.json`` of a finished run into
+    ``record.out_dir`` and return the summary."""
+    out = record.out_dir
+    delta = record.scenario.privacy.delta
+    stops: dict[str, StoppedClient] = {}
+    for entry in record.stopped:
+        stops.setdefault(entry["client_id"], entry)
+    rows = [_client_row(c, delta, stops.get(c.plan.client_id)) for c in record.clients]
+    with open(out / CLIENTS_FILE, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(CLIENT_COLUMNS)
+        for row in rows:
+            writer.writerow([_format_cell(row[c]) for c in CLIENT_COLUMNS])
+    summary = _summary(record, rows)
+    write_json(out / SUMMARY_FILE, summary)
+    wall, sample_grads = record.wall_seconds, record.sample_grads
+    write_json(
+        out / TIMING_FILE,
+        {
+            "wall_seconds": wall,
+            "cpu_seconds": record.cpu_seconds,
+            "sample_grads": sample_grads,
+            "sample_grads_per_s": sample_grads / wall if wall > 0 else None,
+            "simulated_s_per_wall_s": record.virtual_time / wall if wall > 0 else None,
+            # How the rounds were computed: batched with other clients' or alone.
+            "rounds_batched": record.rounds_batched,
+            "batched_passes": record.batched_passes,
+        },
+    )
+    return summary

@@ -1,0 +1,53 @@
+"""The run directory's one writer: strict JSON (non-finite floats as null), atomic writes, and
+the refusal to reuse a directory that holds ledgers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsim.errors import ConfigError
+from fedsim.runtime.run_outputs import (
+    check_unused,
+    clean_json,
+    json_line,
+    ledger_file,
+    read_json,
+    write_json,
+)
+
+
+def test_non_finite_floats_become_null_at_any_depth() -> None:
+    value = {"a": math.nan, "b": [1.0, math.inf, (np.float32(0.5), -math.inf)],
+             "c": {"d": np.int64(3), "e": np.float64(math.nan)}}
+    assert clean_json(value) == {"a": None, "b": [1.0, None, [0.5, None]],
+                                 "c": {"d": 3, "e": None}}
+    line = json_line({"loss": math.nan, "n": np.int32(2)})
+    assert line == '{"loss": null, "n": 2}\n'
+    assert json.loads(line) == {"loss": None, "n": 2}
+
+
+def test_write_json_is_strict_and_atomic(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    write_json(path, {"eps": math.inf, "ok": 1.5}, atomic=True)
+    text = path.read_text()
+    assert "Infinity" not in text and json.loads(text) == {"eps": None, "ok": 1.5}
+    assert not (tmp_path / "x.json.tmp").exists()
+    assert read_json(path) == {"eps": None, "ok": 1.5}
+    path.write_text("[1, 2]")  # not an object
+    assert read_json(path) == {}
+    assert read_json(tmp_path / "missing.json") == {}
+
+
+def test_a_directory_holding_ledgers_is_refused(tmp_path: Path) -> None:
+    check_unused(tmp_path)  # empty: fine
+    ledger_file(tmp_path, "c-000").parent.mkdir()
+    check_unused(tmp_path)  # an empty ledgers/ too
+    ledger_file(tmp_path, "c-000").write_text("{}\n")
+    with pytest.raises(ConfigError, match="already holds a run's ledgers"):
+        check_unused(tmp_path)
+
