@@ -42,22 +42,12 @@ def _count(text: str) -> int:
     return value
 
 
-DESCRIPTION = (
-    "Answer a privacy question about DP-SGD: epsilon at --delta (the default), delta at "
-    "--epsilon, the smallest sigma for --target-epsilon, or with --max-steps the most steps for "
-    "--target-epsilon. The two sampling schemes measure different things, so never compare "
-    "one's numbers with the other's: poisson means add/remove neighbours and noise C sigma, "
-    "fixed means batches of exactly m, replace-one neighbours and noise 2 C sigma."
-)
-
-
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "account", help="Answer a privacy question about DP-SGD: epsilon, delta, sigma or steps.",
-        description=DESCRIPTION)
+        "account", help="privacy accounting for DP-SGD: eps, delta, sigma or steps",
+        description=__doc__.splitlines()[0])
     what = parser.add_argument_group("the mechanism")
     what.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
-<<<<<<< HEAD
                       help="poisson (add/remove) or fixed-size batches (replace-one)")
     what.add_argument("--q", type=float, help="sampling rate m/N")
     what.add_argument("--batch-size", type=_count, metavar="M",
@@ -66,45 +56,22 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     what.add_argument("--sigma", type=float, help="noise multiplier")
     what.add_argument("--steps", type=_count, metavar="T", help="number of steps")
     what.add_argument("--epochs", type=float, help="epochs; steps = ceil(epochs / q)")
-=======
-                      help="Poisson sampling (add/remove neighbours) or fixed-size batches "
-                           "(replace-one neighbours).")
-    what.add_argument("--q", type=float, help="The sampling rate q = m/N.")
-    what.add_argument("--batch-size", type=int, metavar="M", help="The batch size m (with --dataset-size).")
-    what.add_argument("--dataset-size", type=int, metavar="N", help="The data set size N.")
-    what.add_argument("--sigma", type=float, help="The noise multiplier sigma.")
-    what.add_argument("--steps", type=int, metavar="T", help="The number of steps T.")
-    what.add_argument("--epochs", type=float, help="The number of epochs; the steps are ceil(epochs / q).")
->>>>>>> main
     what.add_argument("--ledger", metavar="FILE",
-                      help="A JSON list of steps {sampling, q, sigma, count}, an object with "
-                           "'steps', or a fedsim ledger (JSON lines); it replaces --q, --sigma "
-                           "and --steps.")
+                      help="a JSON list of steps {sampling, q, sigma, count}, an object with "
+                           "'steps', or a fedsim ledger (JSON lines); replaces --q/--sigma/--steps")
     ask = parser.add_argument_group("the question")
-    ask.add_argument("--delta", type=float, default=1e-5, help="The delta to answer epsilon at (default 1e-5).")
-    ask.add_argument("--accountant", choices=ACCOUNTANT_CHOICES, default="pld",
-                     help="The accountant: pld (privacy loss distributions, the default) or "
-                          "rdp (Renyi DP) give guarantees; gdp-clt is the central limit "
-                          "theorem's approximation and is labelled as one.")
-    ask.add_argument("--epsilon", type=float, help="Answer delta at this epsilon instead.")
+    ask.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
+    ask.add_argument("--accountant", choices=ACCOUNTANT_CHOICES, default="pld")
+    ask.add_argument("--epsilon", type=float, help="answer delta at this eps instead")
     ask.add_argument("--target-epsilon", type=float,
-                     help="Answer the smallest sigma that meets this epsilon (or the most "
-                          "steps, with --max-steps).")
+                     help="answer the smallest sigma meeting this eps (or steps, with --max-steps)")
     ask.add_argument("--max-steps", action="store_true",
-<<<<<<< HEAD
                      help="with --target-epsilon and --sigma: answer the largest number of steps")
     ask.add_argument("--group-size", type=_count, default=1, metavar="G",
                      help="privacy of groups of G records (Dong-Roth-Su Thm 2.14)")
-=======
-                     help="With --target-epsilon and --sigma, answer the largest number of "
-                          "steps.")
-    ask.add_argument("--group-size", type=int, default=1, metavar="G",
-                     help="Answer for groups of G records (Dong, Roth and Su, Gaussian "
-                          "Differential Privacy, Theorem 2.14).")
->>>>>>> main
     out = parser.add_argument_group("output")
-    out.add_argument("--plot", metavar="FILE.png", help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")
-    out.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
+    out.add_argument("--plot", metavar="FILE.png", help="draw the trade-off curve and its GDP fit")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
     return cast(argparse.ArgumentParser, parser)
 
@@ -180,7 +147,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912
     return {}
 
 
-def _load_ledger(path: Path, sampling: str) -> list[Any]:
+def _load_ledger(path: Path, sampling: str) -> list[Any]:  # noqa: C901, PLR0912 - one refusal per kind of damage
     """Steps from a JSON list / ``{"steps": [...]}`` file or a fedsim ledger (JSON lines,
     verified like the client's own: header, hash chain, high-water mark if present)."""
     from fedsim.errors import LedgerError
@@ -238,7 +205,6 @@ def _no_constant(name: str) -> float:
 
 
 # -- the answers -----------------------------------------------------------------------------------
-<<<<<<< HEAD
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -246,12 +212,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912, PLR0915 - one branch per accountant's report
     import numpy as np
 
-=======
-def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch per accountant's report
->>>>>>> main
     from fedsim.privacy import calibration, fdp
     from fedsim.privacy.accountant import make_accountant
     from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep
@@ -275,11 +238,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch pe
 
                 result[f"steps_{conversion}"] = calibration.max_steps(
                     name, args.sampling, args.q, args.sigma, args.target_epsilon, args.delta,
-<<<<<<< HEAD
                     measure=measure)
-=======
-                    measure=lambda acc, d, c=conversion: getattr(acc, f"epsilon_{c}")(d))  # type: ignore[misc]
->>>>>>> main
             result["steps"] = result["steps_optimal"]
         else:
             result["steps"] = calibration.max_steps(
@@ -308,14 +267,10 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch pe
         alphas = np.unique(np.concatenate([alphas, np.logspace(-15.0, -9.0, 3000)]))
     betas = accountant.tradeoff(alphas) if need_curve or name == "gdp-clt" else None
     if name == "gdp-clt":
-<<<<<<< HEAD
         from fedsim.privacy.gdp import GDPCLTAccountant
 
         assert isinstance(accountant, GDPCLTAccountant)
         result["mu"] = accountant.mu * group
-=======
-        result["mu"] = accountant.mu * group  # type: ignore[attr-defined]  # the CLT accountant's
->>>>>>> main
         result["mu_kind"] = "clt"
     elif betas is not None:
         group_betas = fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas

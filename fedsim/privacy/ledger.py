@@ -52,12 +52,7 @@ from __future__ import annotations
 
 import json
 import math
-<<<<<<< HEAD
 from collections.abc import Iterable, Mapping, Sequence
-=======
-import os
-from collections.abc import Mapping, Sequence
->>>>>>> main
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
@@ -126,6 +121,7 @@ class PrivacyLedger:
         self._client_id = client_id
         self._sampling = sampling
         self._budget = budget
+        self._accountant_name = accountant
         enforcing = accountant if make_accountant_class(accountant).is_guarantee \
             else ENFORCEMENT_FALLBACK
         self._records = list(records)
@@ -228,6 +224,11 @@ class PrivacyLedger:
     @property
     def budget(self) -> Budget | None:
         return self._budget
+
+    @property
+    def accountant_name(self) -> str:
+        """The accountant named in the header (may be ``gdp-clt``, which only reports)."""
+        return self._accountant_name
 
     @property
     def accountant(self) -> Accountant:
@@ -350,11 +351,7 @@ class PrivacyLedger:
             assert budget is not None
             raise BudgetExhausted(
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
-<<<<<<< HEAD
                 f"eps={budget.epsilon:g} at delta={budget.delta:g} "
-=======
-                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "  # type: ignore[union-attr]
->>>>>>> main
                 f"(spent {self.epsilon():.4g})")
         records = [LedgerRecord(float(time), round, s) for s in steps]
         lines, last = [], self._last_hash
@@ -461,7 +458,6 @@ def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[Gau
     return low
 
 
-<<<<<<< HEAD
 def _read(path: Path, data: bytes, expected: dict[str, Any],
           mark: Mark | None) -> tuple[list[LedgerRecord], str]:
     """Records and last hash of a ledger's bytes, verified (chain, mark, header)."""
@@ -469,29 +465,6 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
         raise LedgerError(f"{path}: empty, but its high-water mark counts "
                           f"{mark.count if mark else 0} records (the file was cut)")
     parsed = read_verified(path, data)
-=======
-def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[LedgerRecord]:  # noqa: C901 - one check per way a record can be damaged
-    data = path.read_bytes()
-    complete_end = data.rfind(b"\n") + 1
-    if complete_end < len(data) and not repair:
-        data = data[:complete_end]  # skip the crash-cut final line; the file is left as it is
-    elif complete_end < len(data):
-        # An unterminated final line: a write cut by a crash, never acknowledged. Drop it.
-        with open(path, "r+b") as handle:
-            handle.truncate(complete_end)
-            handle.flush()
-            os.fsync(handle.fileno())
-        data = data[:complete_end]
-    lines = data.decode("utf-8", errors="strict").splitlines()
-    if not lines:
-        raise LedgerError(f"{path}: no header line")
-    try:
-        header = json.loads(lines[0])
-    except json.JSONDecodeError as exc:
-        raise LedgerError(f"{path}: line 1: header is not JSON ({exc})") from None
-    if not isinstance(header, dict) or header.get("format") != LEDGER_FORMAT:
-        raise LedgerError(f"{path}: line 1: not a {LEDGER_FORMAT} header")
->>>>>>> main
     for field in ("client_id", "sampling", "accountant", "budget"):
         if parsed.header.get(field) != expected[field]:
             raise LedgerError(f"{path}: header {field}={parsed.header.get(field)!r} but the "
@@ -500,7 +473,6 @@ def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[
     check_mark(path, parsed, mark)
     return parsed.records, parsed.hashes[-1]
 
-<<<<<<< HEAD
 
 def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     """The steps recorded in a ledger file (verified: chain and, if present, the mark),
@@ -510,5 +482,3 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     parsed = read_verified(path, data)
     check_mark(path, parsed, read_mark(path))
     return [record.step for record in parsed.records]
-=======
->>>>>>> main

@@ -286,12 +286,8 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
             f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
             f"reaches {top:.3g}; such a release gives essentially no privacy")
 
-<<<<<<< HEAD
     def pmf(low: float, high: float,
             hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
-=======
-    def pmf(low: float, high: float, hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
->>>>>>> main
         k = _step_grid(low, high, core, h)
         return connect_the_dots(h, k, hockey_stick(k * h))
 
@@ -302,106 +298,6 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
                                                  hockey_stick_add(e, q, sigma))),)
 
 
-<<<<<<< HEAD
-=======
-# -- composition in the Fourier domain ----------------------------------------------------------
-_CORE_STDS = 20.0
-_TAIL_BLOCK = 64
-
-
-def _log_mgf_bound(pmf: LossPmf, mean: float, std: float, ts: np.ndarray) -> np.ndarray:
-    """Upper bound on ``log sum_j probs[j] e^{t j}`` (j in grid units from ``lower``) per t.
-
-    Exact on the core ``mean +- 20 std``; beyond it masses are summed in blocks of 64 and put
-    at the block's worse end (right for t > 0, left for t < 0), which can only increase the
-    sum and keeps the cost small for heavy-tailed one-step losses.
-    """
-    probs = pmf.probs
-    lo = max(0, int(mean - _CORE_STDS * std))
-    hi = min(probs.size, int(mean + _CORE_STDS * std) + 1)
-    masses = [probs[lo:hi]]
-    left_ends = [np.arange(lo, hi, dtype=float)]
-    right_ends = [left_ends[0]]
-    for start, stop in ((0, lo), (hi, probs.size)):
-        if stop <= start:
-            continue
-        block = np.pad(probs[start:stop], (0, -(stop - start) % _TAIL_BLOCK))
-        masses.append(block.reshape(-1, _TAIL_BLOCK).sum(axis=1))
-        starts = np.arange(start, stop, _TAIL_BLOCK, dtype=float)
-        left_ends.append(starts)
-        right_ends.append(np.minimum(starts + _TAIL_BLOCK - 1, stop - 1))
-    with np.errstate(divide="ignore"):
-        log_mass = np.log(np.concatenate(masses))
-    positions = np.where(ts[:, None] > 0, np.concatenate(right_ends)[None, :],
-                         np.concatenate(left_ends)[None, :])
-    exponents = log_mass[None, :] + ts[:, None] * positions
-    top = exponents.max(axis=1)
-    return top + np.log(np.exp(exponents - top[:, None]).sum(axis=1))
-
-
-def _power(spectrum: np.ndarray, count: int) -> np.ndarray:
-    """spectrum ** count for an integer count (repeated squaring: no complex log needed)."""
-    result = None
-    base = spectrum
-    while count:
-        if count & 1:
-            result = base if result is None else result * base
-        count >>= 1
-        if count:
-            base = base * base
-    return result  # type: ignore[return-value]  # count >= 1: set by its lowest bit
-
-
-def compose(
-    factors: Sequence[tuple[LossPmf, int]], tail_mass: float = DEFAULT_TAIL_MASS
-) -> LossPmf:
-    """The PMF of the sum of ``count`` independent copies of each factor (all on one grid).
-
-    The output window [lo, hi] (offsets from the sum of lower ends) comes from Chernoff bounds
-    ``P(S >= hi) <= exp(K(t) - t hi)`` and ``P(S <= lo) <= exp(K(-t) + t lo)``, with K an upper
-    bound on the cumulant generating function of the discretised factors (see
-    :func:`_log_mgf_bound`), at t from 1/32 to 2 times the optimum of a Gaussian tail (one
-    step's loss is heavy-tailed, where the best t is small). Mass outside the window is then at
-    most ``tail_mass / 2`` per side. One circular convolution of that length is exact up to
-    that mass: mass below ``lo`` can only wrap upwards (pessimistic), and ``tail_mass`` is
-    added at +infinity for the mass above ``hi`` that may wrap downwards.
-    """
-    h = factors[0][0].h
-    lower = sum(p.lower * n for p, n in factors)
-    log_keep = sum(n * math.log1p(-min(p.infinity_mass, 1.0 - 1e-300)) for p, n in factors)
-    infinity_mass = -math.expm1(log_keep)
-    span = sum((p.probs.size - 1) * n for p, n in factors)
-    stats = [pmf.moments() for pmf, _ in factors]
-    variance = sum(n * v for (_, v), (_, n) in zip(stats, factors, strict=True))
-    log_tail = math.log(tail_mass / 2.0)
-    ts = math.sqrt(-2.0 * log_tail) / max(math.sqrt(variance), 1.0) * 2.0 ** np.arange(-5.0, 1.5)
-    k_pos = np.zeros_like(ts)
-    k_neg = np.zeros_like(ts)
-    for (m, v), (pmf, n) in zip(stats, factors, strict=True):
-        log_mass = math.log(pmf.probs.sum())  # K of the normalised factor (finite part)
-        k_pos += n * (_log_mgf_bound(pmf, m, math.sqrt(v), ts) - log_mass)
-        k_neg += n * (_log_mgf_bound(pmf, m, math.sqrt(v), -ts) - log_mass)
-    hi = min(span, math.ceil(float(np.min((k_pos - log_tail) / ts))))
-    lo = max(0, math.floor(float(np.max((log_tail - k_neg) / ts))))
-    if hi < lo:  # cannot happen for proper inputs; fall back to the full support
-        lo, hi = 0, span
-    size = fft.next_fast_len(hi - lo + 1, real=True)
-    spectrum = np.ones(size // 2 + 1, dtype=complex)
-    for pmf, n in factors:
-        folded = pmf.probs
-        if folded.size > size:  # circular wrap of a factor longer than the window
-            folded = np.pad(folded, (0, -folded.size % size)).reshape(-1, size).sum(axis=0)
-        with np.errstate(under="ignore"):
-            spectrum *= _power(fft.rfft(folded, size), int(n))
-    circular = fft.irfft(spectrum, size)
-    window = np.roll(circular, -lo)
-    probs = np.maximum(window[: hi - lo + 1], 0.0)
-    dropped = float(np.maximum(window[hi - lo + 1 :], 0.0).sum())
-    wrap_charge = tail_mass if (lo > 0 or hi < span) else 0.0
-    return LossPmf(h, lower + lo, probs, min(1.0, infinity_mass + dropped + wrap_charge))
-
-
->>>>>>> main
 # -- bucketing and the grid ------------------------------------------------------------------------
 def bucket(step: GaussianStep, resolution: float) -> GaussianStep:
     """Round sigma down and q up to the geometric grid ``exp(k * resolution)`` (pessimistic:
