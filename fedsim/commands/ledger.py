@@ -19,26 +19,32 @@ from fedsim.errors import ConfigError, LedgerError
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "ledger", help="check or repair a client's privacy ledger",
-        description=__doc__.splitlines()[0])
+        "ledger", help="Check or repair a client's privacy ledger.",
+        description="Check a client's privacy ledger (its hash chain and high-water mark), or "
+        "repair a refused one; a repair only ever adds spending, never removes it.")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True,
                                     parser_class=type(parser))
-    check = actions.add_parser("check", help="verify a ledger's chain and high-water mark")
-    check.add_argument("file", metavar="FILE")
-    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check = actions.add_parser(
+        "check", help="Verify a ledger's hash chain and high-water mark.",
+        description="Verify a ledger's hash chain and high-water mark, and say what it spent.")
+    check.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
+    check.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     check.set_defaults(func=run_check)
     repair = actions.add_parser(
-        "repair", help="make a refused ledger valid again, only ever adding spending")
-    repair.add_argument("file", metavar="FILE")
+        "repair", help="Make a refused ledger valid again, only ever adding spending.",
+        description="Make a refused ledger valid again: every readable record is kept, each "
+        "record that cannot be verified is charged as --lost-step, and the damaged file is kept "
+        "beside it.")
+    repair.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
     repair.add_argument("--lost-step", nargs=2, type=float, metavar=("Q", "SIGMA"),
-                        help="the step charged for each record that cannot be verified: at "
+                        help="The step charged for each record that cannot be verified: at "
                              "least as expensive as any the client released (largest q, "
-                             "smallest sigma)")
+                             "smallest sigma).")
     repair.add_argument("--assume-lost", type=int, metavar="N",
-                        help="records lost beyond what the file shows, when it has no usable "
-                             "high-water mark (0: you vouch that it is complete)")
-    repair.add_argument("--dry-run", action="store_true", help="say what would change")
-    repair.add_argument("--json", action="store_true", help="print one JSON object")
+                        help="The records lost beyond what the file shows, when it has no usable "
+                             "high-water mark (0: you vouch that it is complete).")
+    repair.add_argument("--dry-run", action="store_true", help="Say what would change without changing anything.")
+    repair.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     repair.set_defaults(func=run_repair)
     return cast(argparse.ArgumentParser, parser)
 
