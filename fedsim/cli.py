@@ -29,6 +29,8 @@ COMMANDS: tuple[str, ...] = (
     "account",
     "ledger",
     "report",
+    "compare",
+    "sweep",
     "data",
     "server",
     "client",

@@ -226,13 +226,19 @@ def _no_constant(name: str) -> float:
 
 # -- the answers -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    _print(answer(args), as_json=args.json)
+    return 0
+
+
+def answer(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's answer as a dict (also :func:`fedsim.account`); draws ``--plot``."""
     try:
-        return _run(args)
+        return _answer(args)
     except PrivacyError as exc:  # a question the accountants cannot answer: bad input here
         raise ConfigError(str(exc)) from None
 
 
-def _run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912, PLR0915 - one branch per accountant's report
+def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912, PLR0915 - one branch per accountant's report
     import numpy as np
 
     from fedsim.privacy import calibration, fdp
@@ -310,8 +316,7 @@ def _run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912, PLR0915 - one
         _plot(Path(args.plot), alphas, betas if betas is not None else accountant.tradeoff(alphas),
               result)
         result["plot"] = args.plot
-    _print(result, as_json=args.json)
-    return 0
+    return result
 
 
 def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, betas: Any,

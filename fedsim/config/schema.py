@@ -101,11 +101,13 @@ class Dataset(_Strict):
     offline; see :mod:`fedsim.training.datasets`.
     """
 
-    name: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "synthetic"] = Field(
+    name: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "synthetic", "arrays"] = Field(
         description="The data set: mnist, fashion_mnist, cifar10, femnist (LEAF's per-writer "
-        "layout), or synthetic (a seeded Gaussian-mixture classification problem).")
+        "layout), synthetic (a seeded Gaussian-mixture classification problem), or arrays (your "
+        "own: an .npz at path holding x_train, y_train, x_test and y_test, or arrays from "
+        "Python through fedsim.simulate).")
     path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
-        default=None, description="Where the data set's file or directory is; a relative "
+        default=None, description="Where the data set's file or directory is (for arrays, the .npz); a relative "
         "path is looked for beside the scenario file, then in the working directory. Omitted, "
         "$FEDSIM_DATA_DIR and the user cache are searched, and the data set is downloaded "
         "into the cache unless offline.")

@@ -26,7 +26,7 @@ import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.clock import Clock
-from fedsim.config.loading import LoadedScenario
+from fedsim.config.loading import LoadedScenario, resolve_path
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
@@ -39,6 +39,7 @@ from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
+from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.devices import resolve_device
@@ -250,16 +251,23 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
 
 
 def build_population(
-    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None
+    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
+    data: TensorSplits | None = None,
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
-    ``model_factory``: a Python callable that builds the model (instead of ``model:``)."""
+    ``model_factory``: a Python callable that builds the model (instead of ``model:``);
+    ``data``: the arrays given from Python (:mod:`fedsim.training.arrays`)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
     dataset = scenario.dataset
     path, writers = None, None
-    if dataset.name == "synthetic":
+    if data is None and dataset.name == "arrays":
+        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+        data = arrays_dataset(path)
+    if data is not None:
+        train_x, train_y, test_x, test_y = data
+    elif dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
             seed=tree.integer("dataset"),
