@@ -284,6 +284,12 @@ def apply_override(data: Any, assignment: str) -> Any:  # noqa: C901 - one branc
                 raise ConfigError(f"--set {path}: {_format_path(parts[:depth])} is not a list")
             if not 0 <= part < len(node):
                 raise ConfigError(f"--set {path}: {where} is out of range ({len(node)} items)")
+        elif isinstance(node, list):
+            index, rest = (int(part), parts[depth + 1 :]) if part.isdigit() else (0, parts[depth:])
+            raise ConfigError(
+                f"--set {path}: {_format_path(parts[:depth])} is a list: name an item by its index, "
+                f"for example {_format_path([*parts[:depth], index, *rest])}"
+            )
         elif not isinstance(node, dict):
             raise ConfigError(f"--set {path}: {_format_path(parts[:depth]) or 'scenario'} is not a mapping")
         if last:
