@@ -133,6 +133,11 @@ def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: st
             else:
                 _assign(node[position], parts, [*done, position], value, path)
         return
+    if isinstance(node, list):  # a list stepped into by name or by a dotted number
+        index, rest = (int(part), parts[depth + 1:]) if part.isdigit() else (0, parts[depth:])
+        raise ConfigError(
+            f"--set {path}: {here} is a list: name an item by its index ([*] for all, [name] "
+            f"for a named group), for example {format_path([*done, index, *rest])}")
     if not isinstance(node, dict):
         shown = f"is {node!r}" if isinstance(node, int | float | str | bool) else "is a list"
         raise ConfigError(

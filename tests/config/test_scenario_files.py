@@ -100,6 +100,11 @@ def test_overrides_use_yaml_values_and_indices() -> None:
         apply_override(data, "clients.groups[3].count=1")
     with pytest.raises(ConfigError, match="path=value"):
         apply_override(data, "seed")
+    # A list stepped into by name or by a dotted number: the error shows the index syntax.
+    with pytest.raises(ConfigError, match=r"for example clients\.groups\[2\]\.count$"):
+        apply_override(data, "clients.groups.2.count=1")
+    with pytest.raises(ConfigError, match=r"for example clients\.groups\[0\]\.count$"):
+        apply_override(data, "clients.groups.count=1")
 
 
 def test_bare_numbers_mean_constants() -> None:
