@@ -58,9 +58,11 @@ def test_no_round_is_released_or_charged_after_the_server_finished(tmp_path: Pat
         # The ledgers' bytes when the server's process has ended (the client holds the lock:
         # read the file itself). Nothing may be appended to them from here on.
         at_server_end = {c: _ledger_path(out, c).read_bytes() for c in IDS}
-        deadline = time.monotonic() + CLIENT_EXIT
+        server_end = time.monotonic()
+        deadline = server_end + CLIENT_EXIT
         for client_id in IDS:  # every client stops by itself: no signal is sent
             exits[client_id] = launcher.wait(client_id, max(0.1, deadline - time.monotonic()))
+        last_exit = time.monotonic() - server_end
     finally:
         launcher.close()
     server = json.loads((out / "server.json").read_text())
@@ -86,7 +88,8 @@ def test_no_round_is_released_or_charged_after_the_server_finished(tmp_path: Pat
     ledger_rounds = {(c, r) for c, rounds in charged.items() for r in rounds}
     print(f"server: {WINDOWS} windows, {len(applied)} applied, {len(seen)} judged, "
           f"{server['unjudged_updates']} unjudged, dropped_in_flight {dropped}; ledgers: "
-          f"{ {c: len(r) for c, r in charged.items()} }")
+          f"{ {c: len(r) for c, r in charged.items()} }; clients all exited {last_exit:.2f} s "
+          "after the server")
     # Every charged round reached the server before it finished and was judged there (applied,
     # or refused as stale): none is left over, none arrived after its last window.
     assert applied <= seen
