@@ -9,6 +9,9 @@ Layout of one encoded message (all integers little-endian)::
     10      H     header: UTF-8 JSON, one of the pydantic models below (``kind`` discriminates)
     10+H    4*n   tensor: n raw float32 values (``<f4``), only for updates and global models
 
+A ``finished`` message (:class:`~fedsim.protocol.messages.RunFinished`, the server's end of the
+run) is a header alone, stamped with the incarnation and lineage like a global model.
+
 The tensor travels as raw bytes (``numpy.ndarray.tobytes`` / ``numpy.frombuffer``): encoding a
 100 KB update costs microseconds, and nothing on the wire is ever unpickled. :func:`decode`
 trusts nothing: it checks the size limit before parsing, then magic, version, the header
@@ -49,6 +52,7 @@ from fedsim.protocol.messages import (
     ClientUpdate,
     GlobalModel,
     Message,
+    RunFinished,
 )
 
 MAGIC = b"FSIM"
@@ -115,6 +119,15 @@ class GlobalHeader(_Header):
     tensor: TensorSpec
 
 
+class FinishedHeader(_Header):
+    kind: Literal["finished"]
+    incarnation: Incarnation = ""
+    lineage: tuple[Incarnation, ...] = Field(default=(), max_length=MAX_LINEAGE)
+    version: _Counter
+    reason: Annotated[str, StringConstraints(max_length=4096)]
+    sent_at: _FiniteFloat
+
+
 class StatusHeader(_Header):
     kind: Literal["status"]
     incarnation: Incarnation = ""
@@ -132,7 +145,7 @@ class StatusHeader(_Header):
 
 
 _CLIENT_ID = TypeAdapter(ClientId)
-_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader
+_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader | FinishedHeader
 _HEADER: TypeAdapter[_AnyHeader] = TypeAdapter(
     Annotated[_AnyHeader, Field(discriminator="kind")]
 )
@@ -207,6 +220,16 @@ def _header_for(
             detail=message.detail,
             sent_at=float(message.sent_at),
             extra={key: float(value) for key, value in message.extra.items()},
+        )
+        return header, None
+    if isinstance(message, RunFinished):
+        header = FinishedHeader(
+            kind="finished",
+            incarnation=incarnation,
+            lineage=lineage[-MAX_LINEAGE:],
+            version=message.version,
+            reason=message.reason,
+            sent_at=float(message.sent_at),
         )
         return header, None
     raise CodecError(f"cannot encode {type(message).__name__}: not a fedsim message")
@@ -316,6 +339,12 @@ def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format
             extra=dict(header.extra),
         )
         return Frame(status, header.incarnation)
+    if isinstance(header, FinishedHeader):
+        if body_bytes:
+            raise CodecError(f"finished message carries {body_bytes} unexpected trailing bytes")
+        finished = RunFinished(version=header.version, reason=header.reason,
+                               sent_at=header.sent_at)
+        return Frame(finished, header.incarnation, header.lineage)
 
     (length,) = header.tensor.shape
     if expected_params is not None and length != expected_params:

@@ -56,6 +56,20 @@ class GlobalModel:
     invited: bytes | None = None
 
 
+@dataclass(frozen=True)
+class RunFinished:
+    """The server's last word: the run is over (its stop condition held) at model ``version``.
+
+    Published by the server only (on the global topic, which only the server may publish to,
+    retained, so a client that reconnects later learns it too) before it exits. A client that
+    receives it stops at once: a round begun but not released is cancelled and not charged.
+    """
+
+    version: int
+    reason: str
+    sent_at: float = 0.0
+
+
 ClientState = Literal["training", "waiting", "budget_exhausted", "offline", "done", "crashed"]
 
 
@@ -73,4 +87,4 @@ class ClientStatus:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-Message = ClientUpdate | GlobalModel | ClientStatus
+Message = ClientUpdate | GlobalModel | ClientStatus | RunFinished

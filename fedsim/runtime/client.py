@@ -41,6 +41,11 @@ finishes a round, starve that client for ever - against the paper's point that c
 at their own rate, independent of the broadcast rate. Not releasing the discarded work would
 cost no privacy, but the starvation is the decisive argument.
 
+**The end of the run.** A :class:`RunFinished` from the server stops the client at once: a round
+begun but not yet charged is cancelled (nothing charged, nothing released), no further round
+starts, and the final status says the server finished. A round already charged is released
+first (charging and releasing are one step that is never interrupted).
+
 The actor sees a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint` only; it is cancelled (crash) or paused (offline)
 from outside. After a crash a new actor resumes from the ledger file: round numbers continue
@@ -62,7 +67,13 @@ from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
 from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
-from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
+from fedsim.protocol.messages import (
+    ClientState,
+    ClientStatus,
+    ClientUpdate,
+    GlobalModel,
+    RunFinished,
+)
 from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
 from fedsim.runtime.integrity import bad_model
 from fedsim.runtime.tasks import helper_tasks
@@ -181,6 +192,10 @@ class ClientActor:
         self.online = asyncio.Event()
         self.online.set()
         self._arrival = asyncio.Event()
+        self.finished: RunFinished | None = None  # the server's end of the run, once received
+        self._task: asyncio.Task[object] | None = None
+        self._interruptible = False  # False from charging a round until it is released
+        self._interrupted = False
 
     def set_online(self, online: bool) -> None:
         """Pause (False) or resume (True) training: a paused client starts no new round."""
@@ -225,6 +240,16 @@ class ClientActor:
         arrived.set()
         return True
 
+    def accept_finished(self, message: RunFinished) -> None:
+        """The server finished the run: cancel the round in progress unless it is already
+        charged (it is then released first), and start no other (see the module docstring)."""
+        if self.finished is not None:
+            return
+        self.finished = message
+        if self._interruptible and self._task is not None:
+            self._interrupted = True
+            self._task.cancel()
+
     async def _receive_forever(self) -> None:
         while True:
             try:
@@ -233,6 +258,8 @@ class ClientActor:
                 return  # endpoint closed
             if isinstance(message, GlobalModel):
                 self.accept_global(message)
+            elif isinstance(message, RunFinished):
+                self.accept_finished(message)
 
     async def _wait_for_newer(self, version: int) -> None:
         while self.held_version <= version:
@@ -263,6 +290,7 @@ class ClientActor:
 
     # -- the actor ----------------------------------------------------------------------------
     async def _stop(self, state: ClientState, reason: str) -> None:
+        self._interruptible = False
         self.state = state
         self.stop_reason = reason
         self.stopped_at = self.clock.now()
@@ -278,9 +306,31 @@ class ClientActor:
 
     async def run(self) -> None:
         """Train until the budget, the round limit or cancellation (a crash) stops the client."""
+        self._task = task = asyncio.current_task()
+        self._interruptible = True
         receiver = asyncio.create_task(self._receive_forever(), name=f"{self.client_id}-receive")
         async with helper_tasks([receiver]):
-            await self._rounds()
+            try:
+                await self._rounds()
+            except asyncio.CancelledError:
+                # Only the end of the run is caught here; a crash (another cancel) goes on.
+                if not self._interrupted or task is None or task.uncancel() > 0:
+                    raise
+                await self._stop("done", self._finished_reason())
+
+    def _finished_reason(self) -> str:
+        assert self.finished is not None
+        return (f"the server finished the run at version {self.finished.version} "
+                f"({self.finished.reason})")
+
+    def _end_before_round(self) -> str | None:
+        """Why the client is done before its next round (the server finished the run, or the
+        round limit is reached), or None."""
+        if self.finished is not None:
+            return self._finished_reason()
+        if self.max_rounds is not None and self.next_round >= self.max_rounds:
+            return f"finished its {self.max_rounds} rounds"
+        return None
 
     async def _rounds(self) -> None:  # noqa: C901 - one branch per way a round can end, in order
         self.state = "waiting"
@@ -292,8 +342,9 @@ class ClientActor:
                               for r in range(self.next_round, self.max_rounds)])
         await self._wait_for_newer(-1)
         while True:
-            if self.max_rounds is not None and self.next_round >= self.max_rounds:
-                await self._stop("done", f"finished its {self.max_rounds} rounds")
+            self._interruptible = True
+            if (end := self._end_before_round()) is not None:
+                await self._stop("done", end)
                 return
             if not self.online.is_set():
                 self.state = "offline"
@@ -333,6 +384,7 @@ class ClientActor:
                 self.state = "waiting"
                 await self._wait_for_newer(self.held_version)
                 continue
+            self._interruptible = False  # from the charge to the release, in one step
             try:
                 self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
             except BudgetExhausted as exc:

@@ -106,8 +106,9 @@ async def run_client(
     stop: asyncio.Event | None = None,
     population: Population | None = None,
 ) -> dict[str, Any]:
-    """Run one client until its rounds or budget end (or ``stop`` is set); then wait up to
-    ``flush_timeout`` wall seconds for the server to acknowledge every update sent. On/off
+    """Run one client until its rounds or budget end, the server says the run is finished (or
+    ``stop`` is set); then wait up to ``flush_timeout`` wall seconds for the server to
+    acknowledge every update sent (not after the end of the run: no receipt follows it). On/off
     ``availability`` periods pause and resume the actor (scenario time).
 
     Resumes the ledger in ``state_dir``; writes ``client-<id>.json`` there (also returned).
@@ -165,7 +166,11 @@ async def run_client(
                 )
                 helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
             await unless_stopped(alongside(actor.run(), helpers), stop)
-            if not await endpoint.flush(flush_timeout):
+            if actor.finished is not None:  # its last receipts came before: none will follow
+                if endpoint.unacknowledged:
+                    _log.warning("updates not acknowledged before the server finished",
+                                 client=client_id, rounds=list(endpoint.unacknowledged))
+            elif not await endpoint.flush(flush_timeout):
                 _log.warning(
                     "updates not acknowledged before exit",
                     client=client_id,

@@ -537,7 +537,8 @@ class ServerActor:
 
     # -- the actor ------------------------------------------------------------------------
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
-        """Serve until ``on_window(report)`` returns True (checked after every window)."""
+        """Serve until ``on_window(report)`` returns True (checked after every window, before
+        the broadcast that opens the next one)."""
         receiver = asyncio.create_task(self._receive_forever(), name="server-receive")
         async with helper_tasks([receiver]):
             await self.broadcast()
@@ -550,8 +551,9 @@ class ServerActor:
                 )
                 report = self.close_window()
                 report.end = start + self.windows_closed * self.window
+                finished = on_window(report)  # first: a deployed endpoint then ends the run
                 # Under invitations every window opens with its own (the model rides along).
                 if report.window % self.broadcast_every == 0 or self.participation < 1.0:
                     await self.broadcast()
-                if on_window(report):
+                if finished:
                     return

@@ -13,7 +13,7 @@ import asyncio
 import json
 import os
 import time as wallclock
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,7 +24,7 @@ from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
 from fedsim.errors import TransportError
-from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
+from fedsim.protocol.messages import ClientStatus, GlobalModel, Message, RunFinished
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.deployment import reconnect_policy, run_name
 from fedsim.runtime.integrity import window_refusals
@@ -69,19 +69,34 @@ def save_and_acknowledge(
 
 class _CheckpointBeforeBroadcast:
     """The server's endpoint, writing a checkpoint before every global model leaves, so that
-    a restarted server never publishes a version older than one already seen."""
+    a restarted server never publishes a version older than one already seen.
+
+    Once the stop condition holds (``stop_reason()`` is not empty), the broadcast that would
+    open the next window announces the end of the run instead (:class:`RunFinished`): no
+    client starts a round on a model nobody will apply updates to."""
 
     def __init__(self, inner: MqttServerEndpoint, checkpoint: ServerCheckpoint) -> None:
         self.inner = inner
         self.checkpoint = checkpoint
         self.server: ServerActor | None = None  # set once the actor exists
+        self.stop_reason: Callable[[], str] = str  # set once the monitor exists
+        self.announced = False
 
     async def publish(self, message: Message) -> None:
         if isinstance(message, GlobalModel):
             if self.server is None:
                 raise TransportError("a global model left before its server was set up")
             save_and_acknowledge(self.server, self.checkpoint, self.inner)
+            if self.stop_reason():
+                await self.announce_end(message.version, message.sent_at)
+                return
         await self.inner.publish(message)
+
+    async def announce_end(self, version: int, time: float) -> None:
+        """Tell the clients the run is over (retained), once."""
+        if not self.announced:
+            self.announced = True
+            await self.inner.publish(RunFinished(version, self.stop_reason(), time))
 
     async def receive(self) -> Message:
         return await self.inner.receive()
@@ -219,7 +234,8 @@ async def serve(
     stop: asyncio.Event | None = None,
     population: Population | None = None,
 ) -> dict[str, Any]:
-    """Run the server until the scenario's stop condition (or ``stop`` is set).
+    """Run the server until the scenario's stop condition (or ``stop`` is set); at the stop
+    condition it tells the clients the run is over (:class:`RunFinished`, retained).
 
     Resumes from ``state_dir``'s checkpoint if there is one; otherwise first waits up to
     ``options.wait_for_clients`` wall seconds until every client has said it is connected.
@@ -276,10 +292,15 @@ async def serve(
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
                 server = _server_actor(population, clock, mqtt, checkpoint, snapshot, joined)
                 monitor = _ServerMonitor(scenario, server, mqtt, checkpoint, metrics, applied)
+                endpoint = server.endpoint
+                assert isinstance(endpoint, _CheckpointBeforeBroadcast)
+                endpoint.stop_reason = lambda: monitor.stop_reason
                 try:
                     finished, _ = await unless_stopped(server.run(monitor.on_window), stop)
                     outcome["finished"] = finished
-                    if not finished:
+                    if finished:  # the clients stop at once (a signal leaves room to resume)
+                        await endpoint.announce_end(server.version, clock.now())
+                    else:
                         monitor.stop_reason = "stopped by a signal"
                 finally:
                     outcome.update(_server_outcome(server, monitor.stop_reason, clock))
@@ -288,6 +309,8 @@ async def serve(
             {
                 "mqtt": mqtt.stats.as_dict(),
                 "checkpoints_written": checkpoint.saves,
+                # Received but never judged: arrived after the last window closed.
+                "unjudged_updates": mqtt.unacknowledged,
                 "wall_seconds": wallclock.perf_counter() - started,
             }
         )

@@ -32,6 +32,12 @@ Every message carries its sender's run incarnation (:mod:`fedsim.transports.inca
 each server start draws a fresh one; messages of another incarnation (a retained model or a
 queued update of an earlier run of the same name) are ignored, logged and counted on both
 sides; a client learns the incarnation from the live server's welcome or receipts.
+
+The end of the run (:class:`~fedsim.protocol.messages.RunFinished`) travels like a global
+model: on the global topic (the broker lets only the server publish there), retained (it
+replaces the last model, so a client that reconnects later learns it), stamped with the
+incarnation and lineage (an earlier run's retained "finished" is another incarnation's, ignored).
+The server sends the receipts already due before it.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedsim.errors import AccessDenied, CodecError, ConfigError, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.codec import MAX_LINEAGE, Incarnation
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message, RunFinished
 from fedsim.transports.incarnation import ClientIncarnation, ServerIncarnation
 from fedsim.transports.mqtt_endpoint import QOS, _MqttEndpoint
 from fedsim.transports.mqtt_settings import (
@@ -159,12 +165,16 @@ class MqttServerEndpoint(_MqttEndpoint):
         await super().close()
 
     async def publish(self, message: Message) -> None:
-        """Publish a global model, retained; kept and re-published after a reconnect."""
+        """Publish a global model or the end of the run, retained; kept and re-published after
+        a reconnect. The receipts already due leave before the end of the run."""
         self._check_open()
-        if not isinstance(message, GlobalModel):
+        if not isinstance(message, GlobalModel | RunFinished):
             raise TransportError(
-                f"the server endpoint publishes GlobalModel only, not {type(message).__name__}"
+                f"the server endpoint publishes GlobalModel or RunFinished only, "
+                f"not {type(message).__name__}"
             )
+        if isinstance(message, RunFinished) and self._pending_acks:
+            await self._send_acks()
         payload = codec.encode(
             message, incarnation=self.incarnation.current, lineage=self.incarnation.lineage
         )
@@ -410,7 +420,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         frame = self._decode(topic, payload)
         if frame is None:
             return
-        if not isinstance(frame.message, GlobalModel):
+        if not isinstance(frame.message, GlobalModel | RunFinished):
             self._reject(
                 topic, f"{type(frame.message).__name__} on the global topic", kind="wrong_topic"
             )

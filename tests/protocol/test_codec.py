@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
 from fedsim.protocol.codec import decode, encode
-from fedsim.protocol.messages import PROTOCOL_VERSION, ClientStatus, ClientUpdate, GlobalModel
+from fedsim.protocol.messages import (
+    PROTOCOL_VERSION,
+    ClientStatus,
+    ClientUpdate,
+    GlobalModel,
+    RunFinished,
+)
 
 PARAMS = 26_010  # the DP MNIST CNN
 
@@ -70,6 +76,27 @@ def test_global_model_and_status_round_trip() -> None:
     )
     decoded = decode(encode(status))
     assert decoded == status  # epsilon = +inf survives (JSON constant), NaN never does
+
+
+def test_the_end_of_the_run_is_a_header_with_its_incarnation_and_is_validated() -> None:
+    data = encode(RunFinished(24, "stop.windows = 24 reached", 6.0), incarnation="ab12",
+                  lineage=("0f",))
+    header, tensor = _split(data)
+    assert header == {"kind": "finished", "incarnation": "ab12", "lineage": ["0f"],
+                      "version": 24, "reason": "stop.windows = 24 reached", "sent_at": 6.0}
+    assert tensor == b""
+    frame = codec.decode_frame(data)
+    assert frame.message == RunFinished(24, "stop.windows = 24 reached", 6.0)
+    assert (frame.incarnation, frame.lineage) == ("ab12", ("0f",))
+    for bad in ({**header, "version": -1}, {**header, "reason": "x" * 4097},
+                {**header, "incarnation": "not hex"}, {**header, "extra": 1},
+                {**header, "version": "24"}):
+        with pytest.raises(CodecError, match="invalid header"):
+            decode(_assemble(bad))
+    with pytest.raises(CodecError, match="trailing bytes"):
+        decode(_assemble(header, b"\x00" * 4))
+    with pytest.raises(CodecError):
+        encode(RunFinished(-1, "negative version"))
 
 
 def test_wrong_length_against_the_model_is_rejected() -> None:

@@ -23,7 +23,7 @@ from fedsim.aggregation import (
 )
 from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.privacy.events import GaussianStep
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message, RunFinished
 from fedsim.runtime.client import ClientActor, StalenessPolicy
 from fedsim.runtime.exposure import is_invited
 from fedsim.runtime.kernel import VirtualClock, run_virtual
@@ -221,6 +221,105 @@ def test_ledger_is_charged_before_each_send_and_the_client_stops_at_its_budget()
     status = endpoint.published[-1][1]
     assert isinstance(status, ClientStatus) and status.state == "budget_exhausted"
     assert actor.state == "budget_exhausted" and actor.stopped_at == 3.0
+
+
+class RecordingRound:
+    """A begun round that says whether it was cancelled or its update taken."""
+
+    sample_grads = 10
+
+    def __init__(self, params: np.ndarray) -> None:
+        self.params = params
+        self.cancelled = self.taken = False
+
+    def result(self) -> RoundResult:
+        self.taken = True
+        return RoundResult(update=(self.params + 1.0).astype(np.float32), steps=[STEP],
+                           batch_sizes=[10], clip=1.0, sigma=1.0, mean_loss=0.0, sample_grads=10)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_the_end_of_the_run_mid_round_cancels_it_uncharged_and_unreleased() -> None:
+    """Round 0 is released at t = 1; round 1 begins at t = 1 and the server's end of the run
+    arrives at t = 1.5, in its compute time: nothing more is charged or released."""
+    began: list[RecordingRound] = []
+
+    async def main(clock: VirtualClock):
+        actor, endpoint, trainer, ledger = make_client(clock)  # no round limit, a large budget
+        trainer.begin_round = lambda params, r: began.append(RecordingRound(params)) or began[-1]
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        deliver_at(clock, endpoint, 1.5, RunFinished(1, "stop.windows reached", 1.5))
+        await asyncio.wait_for(actor.run(), timeout=100)  # returns: the end is not a crash
+        return actor, endpoint, ledger
+
+    actor, endpoint, ledger = run_virtual(main)
+    assert ledger.spent == [0] and [m.round for _, m in updates(endpoint)] == [0]
+    assert len(began) == 2 and began[0].taken and not began[0].cancelled
+    assert began[1].cancelled and not began[1].taken
+    assert ledger.log == ["spend 0", "publish ClientUpdate", "publish ClientStatus"]
+    when, status = endpoint.published[-1]
+    assert isinstance(status, ClientStatus) and status.state == "done" and status.rounds == 1
+    assert "server finished the run" in status.detail and "stop.windows reached" in status.detail
+    assert actor.state == "done" and actor.stopped_at == when == 1.5
+    assert actor.stop_reason == status.detail and actor.next_round == 1
+
+
+def test_the_end_of_the_run_while_waiting_or_releasing_starts_no_round() -> None:
+    """Arriving while the client waits for a model, the end stops it there; arriving while a
+    charged round is being published, that release completes and no round follows."""
+
+    async def waiting(clock: VirtualClock):
+        actor, endpoint, _, ledger = make_client(clock)
+        deliver_at(clock, endpoint, 2.0, RunFinished(0, "all clients finished"))  # no model yet
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return actor, endpoint, ledger
+
+    actor, endpoint, ledger = run_virtual(waiting)
+    assert ledger.spent == [] and updates(endpoint) == [] and actor.stopped_at == 2.0
+    assert actor.state == "done" and "server finished" in actor.stop_reason
+
+    class SlowEndpoint(FakeEndpoint):
+        async def publish(self, message: Message) -> None:
+            if isinstance(message, ClientUpdate):
+                assert self.clock is not None
+                await self.clock.sleep(0.5)  # the broker takes its time
+            await super().publish(message)
+
+    async def releasing(clock: VirtualClock):
+        actor, _, _, ledger = make_client(clock)
+        endpoint = SlowEndpoint(ledger.log)
+        endpoint.clock = clock
+        actor.endpoint = endpoint
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        deliver_at(clock, endpoint, 1.2, RunFinished(1, "done"))  # round 0 charged at t = 1
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return actor, endpoint, ledger
+
+    actor, endpoint, ledger = run_virtual(releasing)
+    assert ledger.log == ["spend 0", "publish ClientUpdate", "publish ClientStatus"]
+    assert [(t, m.round) for t, m in updates(endpoint)] == [(1.5, 0)]
+    assert actor.stopped_at == 1.5 and actor.state == "done"
+
+
+def test_a_crash_after_the_end_of_the_run_is_still_a_crash() -> None:
+    """The actor swallows only its own cancellation: an outside one (a crash) propagates."""
+
+    async def main(clock: VirtualClock):
+        actor, endpoint, trainer, ledger = make_client(clock)
+        trainer.begin_round = lambda params, r: RecordingRound(params)
+        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        task = asyncio.create_task(actor.run())
+        await clock.sleep(0.5)
+        actor.accept_finished(RunFinished(1, "done"))  # the actor cancels its own round...
+        task.cancel()  # ...and a crash comes at the same moment
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return ledger, endpoint
+
+    ledger, endpoint = run_virtual(main)
+    assert ledger.spent == [] and endpoint.published == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from fedsim.errors import AccessDenied, ConfigError, TransportError
 from fedsim.protocol import codec
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, RunFinished
 from fedsim.transports.base import Endpoint
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
 from fedsim.transports.broker import LocalMosquitto as Broker
@@ -113,6 +113,35 @@ async def test_late_joiner_gets_the_retained_latest_model(mosquitto: Broker) -> 
             await srv.publish(model(version))
         async with client(mosquitto, "c3") as late:
             assert [m.version for m in await receive_all(late)] == [3]
+
+
+@pytest.mark.mqtt
+async def test_the_end_of_the_run_is_retained_and_follows_the_due_receipts(
+    mosquitto: Broker,
+) -> None:
+    async with server(mosquitto) as srv, client(mosquitto, "c1") as c1:
+        await srv.publish(model(1))
+        await welcomed(c1)
+        await c1.publish(update("c1", 0))
+        assert isinstance(await asyncio.wait_for(srv.receive(), 5), ClientUpdate)
+        srv.acknowledge({("c1", 0)})  # due, batched: it leaves before the end of the run
+        await srv.publish(RunFinished(1, "stop.windows reached", 2.0))
+        got = [m for m in await receive_all(c1) if not isinstance(m, GlobalModel)]
+        assert got == [RunFinished(1, "stop.windows reached", 2.0)]
+        assert c1.unacknowledged == ()  # its receipt came first
+        incarnation = srv.incarnation.current
+        # A client of this run that (re)connects later learns it from the retained message.
+        async with client(mosquitto, "c2") as late:
+            # (delivered once the live server's welcome confirms the incarnation)
+            assert await receive_all(late, quiet=2.0) == [
+                RunFinished(1, "stop.windows reached", 2.0)
+            ]
+            assert late.incarnation.current == incarnation
+    # A new run of the same name: the old run's retained end is another incarnation's.
+    async with server(mosquitto) as fresh, client(mosquitto, "c3") as newcomer:
+        assert await welcomed(newcomer) == fresh.incarnation.current != incarnation
+        await fresh.publish(model(1))
+        assert [type(m) for m in await receive_all(newcomer)] == [GlobalModel]
 
 
 @pytest.mark.mqtt
@@ -265,7 +294,7 @@ async def test_closed_endpoint_refuses_and_wakes_receivers(mosquitto: Broker) ->
         await endpoint.publish(update("c1", 1))
     await endpoint.close()  # idempotent
     async with server(mosquitto) as srv:
-        with pytest.raises(TransportError, match="GlobalModel only"):
+        with pytest.raises(TransportError, match="GlobalModel or RunFinished only"):
             await srv.publish(update("c1", 1))
 
 
