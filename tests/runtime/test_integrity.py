@@ -4,8 +4,8 @@ forged statuses and bad mixes are refused, logged and counted; clients skip bad 
 
 from __future__ import annotations
 
-import dataclasses
 import asyncio
+import dataclasses
 import math
 import struct
 
