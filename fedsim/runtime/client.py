@@ -408,7 +408,9 @@ class ClientActor:
         ``timing = public``: the time is the speed model's cost of the *expected* batch (a
         public value); with ``pad_release`` (a wall clock) the real compute runs first and the
         release waits for the schedule ``start + k * cost`` (:func:`release_time`), so it does
-        not depend on the realised batch unless the compute overruns its slot (counted).
+        not depend on the realised batch unless the compute overruns its slot (counted); the
+        compute runs in a worker thread so that the event loop, and with it every other packet
+        of the connection, keeps its own timing meanwhile.
         ``timing = realised``: the cost of the realised batch, waited before computing."""
         start = self.clock.now()
         per_sample = self.seconds_per_sample()
@@ -419,7 +421,10 @@ class ClientActor:
         if not self.exposure.pad_release:
             await self.clock.sleep(slot)
             return pending.result()
-        result = pending.result()
+        # In a worker thread: a blocked event loop would delay the connection's own packets
+        # (PUBACKs, pings, resends) to the compute's end, revealing the realised batch.
+        result = (await asyncio.to_thread(pending.result) if self.exposure.compute_in_thread
+                  else pending.result())
         now = self.clock.now()
         release = release_time(start, slot, now)
         if release > start + slot or slot <= 0:

@@ -92,6 +92,10 @@ class ClientExposure:
     """Its index among the sorted client ids when the server invites (participation < 1)."""
     pad_release: bool = False
     """Compute inside the public slot and release on its schedule (wall-clock runtimes)."""
+    compute_in_thread: bool = False
+    """Compute a padded round in a worker thread, so that the event loop (the connection's
+    PUBACKs, pings and resends) never waits for it (deployed clients; the virtual loop runs
+    no threads)."""
     randomness: str = "simulated"
     """Where its batches and noise come from (``os_entropy``, ``seeded_not_private``, or the
     simulator's seeded ``simulated``), for the run's outputs."""
@@ -112,6 +116,7 @@ def client_exposure(
         timing=scenario.privacy.timing,
         invitation_index=sorted(client_ids).index(client_id) if invites else None,
         pad_release=deployed and scenario.privacy.timing == "public",
+        compute_in_thread=deployed,
         randomness=randomness,
     )
 

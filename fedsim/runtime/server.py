@@ -390,8 +390,7 @@ class ServerActor:
         limits = info.limits
         if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
             return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
-        known = max(self._highest_round.get(update.client_id, -1) + 1,
-                    self._released(update.client_id))
+        known = self._known_rounds(update.client_id)
         if update.round > known + MAX_ROUND_GAP:
             return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
                     f"the {known} rounds known")
@@ -425,6 +424,10 @@ class ServerActor:
         self._seen_count[client_id] = self._seen_count.get(client_id, 0) + 1
         self._highest_round[client_id] = max(self._highest_round.get(client_id, -1), round_index)
 
+    def _known_rounds(self, client_id: str) -> int:
+        """Rounds the server knows ``client_id`` released (received, or kept statuses)."""
+        return max(self._highest_round.get(client_id, -1) + 1, self._released(client_id))
+
     def _released(self, client_id: str) -> int:
         status = self.statuses.get(client_id)
         return status.rounds if status is not None else 0
@@ -450,6 +453,9 @@ class ServerActor:
             kind, reason = "unknown_client", "not a client of this scenario"
         elif status.rounds < seen:
             reason = f"claims {status.rounds} rounds released, the server received {seen}"
+        elif status.rounds > self._known_rounds(status.client_id) + MAX_ROUND_GAP:
+            reason = (f"claims {status.rounds} rounds, more than {MAX_ROUND_GAP} beyond the "
+                      f"{self._known_rounds(status.client_id)} known")
         elif limits is not None and limits.max_rounds is not None and status.rounds > limits.max_rounds:
             reason = f"claims {status.rounds} rounds, its limit is {limits.max_rounds}"
         elif status.state == "done" and limits is not None and (

@@ -5,6 +5,7 @@ forged statuses and bad mixes are refused, logged and counted; clients skip bad 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import struct
 
@@ -234,3 +235,25 @@ def test_a_round_with_a_non_finite_update_is_neither_released_nor_charged() -> N
     asyncio.run(scenario())
     updates = [m for _, m in endpoint.published if isinstance(m, ClientUpdate)]
     assert [u.round for u in updates] == [0, 1] and len(ledger.spent) == 2
+
+
+def test_a_status_cannot_claim_rounds_far_beyond_what_the_server_knows() -> None:
+    """A budget-limited client (no round limit) claiming 2**53 - 1 released rounds: on main the
+    status was kept, ``dropped_in_flight`` reported 2**53 lost updates, and the round-ahead
+    check of its updates was void (any round up to 2**53 was 'known')."""
+    limits = dataclasses.replace(LIMITS, max_rounds=None)
+    clock = WallClock()
+    server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+                         clients={"a": ClientInfo(500, 1.0, limits=limits)}, window=1.0,
+                         strategy=UniformWeights(), step_size=ConstantStepSize(1.0))
+    server._inbox = [_update("a", r, [0.01, 0, 0]) for r in range(3)]
+    server.close_window()
+    with capture_logs() as logs:
+        assert not server.accept_status(ClientStatus("a", "training", 2**53 - 1, 1.0, 1e-5))
+    assert any(e.get("kind") == "status_inconsistent" for e in logs)
+    assert server.missing_updates() == 0
+    server._inbox = [_update("a", 10**15, [0.01, 0, 0])]
+    report = server.close_window()
+    assert report.rejections == {"round_ahead": 1, "status_inconsistent": 1}
+    # Within the gap a status is kept (updates in flight, or lost).
+    assert server.accept_status(ClientStatus("a", "training", 3 + MAX_ROUND_GAP, 1.0, 1e-5))

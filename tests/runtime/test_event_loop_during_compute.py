@@ -1,0 +1,121 @@
+"""The server's (and the broker's) seat, below the messages: while a deployed client computes
+a round, its event loop keeps running its connection (PUBACKs of received models, keepalive
+pings, resends, receipts). If the compute blocked the loop, each of those would leave at the
+end of the compute, whose length is speed x the *realised* Poisson batch size: the release
+padding would hide the batch in the update's send time and reveal it in every other packet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from fedsim.clock import ScaledClock
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
+from fedsim.runtime.client import ClientActor
+from fedsim.runtime.exposure import ClientExposure
+
+COMPUTE_SECONDS = 0.6  # the blocking compute of the one round (a real round holds the CPU)
+
+
+def client_exposure_is_threaded() -> bool:
+    """What the deployed client process uses (fedsim.runtime.client_process)."""
+    from fedsim.config import parse_scenario
+    from fedsim.runtime.exposure import client_exposure
+
+    scenario = parse_scenario({
+        "name": "t", "seed": 1, "stop": {"windows": 1},
+        "dataset": {"name": "synthetic", "num_samples": 100, "num_test_samples": 10,
+                    "num_features": 4, "num_classes": 2},
+        "model": {"name": "logreg"},
+        "clients": {"groups": [{"name": "p", "count": 1, "data_share": 1.0, "batch_size": 5, "clip": 1.0,
+                                "noise": 1.0, "rounds": 1}]},
+        "server": {"window": 1.0}})
+    exposure = client_exposure(scenario, ["p-000"], "p-000", deployed=True)
+    return exposure.pad_release and exposure.compute_in_thread
+
+
+class _Endpoint:
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self.updates: list[ClientUpdate] = []
+
+    async def publish(self, message: Message) -> None:
+        if isinstance(message, ClientUpdate):
+            self.updates.append(message)
+
+    async def receive(self) -> Message:
+        return await self.inbox.get()
+
+
+class _BlockingRound:
+    sample_grads = 10
+
+    def __init__(self, log: dict[str, float]) -> None:
+        self.log = log
+
+    def result(self) -> Any:
+        from fedsim.training.rounds import RoundResult
+
+        time.sleep(COMPUTE_SECONDS)  # holds its thread, as torch's compute does
+        self.log["computed"] = time.monotonic()
+        return RoundResult(np.zeros(3, np.float32), [], [10], 1.0, 1.0, 0.0, 10)
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Trainer:
+    def __init__(self, log: dict[str, float]) -> None:
+        self.log = log
+
+    def planned_steps(self, round_index: int) -> list:
+        return []
+
+    def begin_round(self, params: np.ndarray, round_index: int) -> _BlockingRound:
+        self.log["begun"] = time.monotonic()
+        return _BlockingRound(self.log)
+
+
+class _Ledger:
+    def can_spend(self, steps: Any) -> bool:
+        return True
+
+    def spend(self, steps: Any, *, time: float, round: int) -> None:
+        pass
+
+    def plan(self, future_rounds: Any) -> int:
+        return len(future_rounds)
+
+
+def test_a_deployed_round_does_not_block_the_event_loop() -> None:
+    assert client_exposure_is_threaded()
+    log: dict[str, float] = {}
+    ticks: list[float] = []
+
+    async def connection_housekeeping() -> None:  # stands for paho's network loop
+        while "computed" not in log:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.02)
+
+    async def main() -> list[ClientUpdate]:
+        endpoint = _Endpoint()
+        actor = ClientActor(
+            "c1", clock=ScaledClock(1.0), endpoint=endpoint, trainer=_Trainer(log),
+            ledger=_Ledger(), local_lr=0.1, batch_size=10,
+            seconds_per_sample=lambda: 2 * COMPUTE_SECONDS / 10, max_rounds=1,
+            exposure=ClientExposure(pad_release=True, compute_in_thread=True), status_epsilon=lambda: (0.0, 1e-5))
+        endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))
+        housekeeping = asyncio.create_task(connection_housekeeping())
+        await asyncio.wait_for(actor.run(), 30)
+        housekeeping.cancel()
+        return endpoint.updates
+
+    updates = asyncio.run(main())
+    assert len(updates) == 1
+    during = [t for t in ticks if log["begun"] < t < log["computed"]]
+    # Ticks every 20 ms during a 600 ms compute: on main none ran (the loop was blocked).
+    assert len(during) >= 3, f"{len(during)} event-loop turns during the compute"
