@@ -12,11 +12,12 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
@@ -167,11 +168,45 @@ class Dataset(_Strict):
         return self
 
 
-class Model(_Strict):
-    """A model from the training registry by name, with its keyword options."""
+# ``package.module:function`` (or ``:Class.method``); the same pattern as
+# fedsim.training.models.FACTORY_PATTERN, which cannot be imported here (torch).
+_FACTORY = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+OptionValue = int | float | str | bool | None | list[Any] | dict[str, Any]
 
-    name: str = Field(min_length=1)
-    options: dict[str, int | float | str | bool | list[int]] = Field(default_factory=dict)
+
+class Model(_Strict):
+    """The model: a built-in one by ``name``, or the user's own ``factory``, with options.
+
+    ``factory: "package.module:function"`` is imported when the run is built (the module must
+    be installed or on PYTHONPATH; the current directory and the scenario file's directory are
+    also searched) and called with ``options`` as keyword arguments, plus ``num_classes`` and
+    ``input_shape`` (one example's shape) from the data when it takes them and ``options``
+    does not give them. It must return a ``torch.nn.Module`` that DP-SGD can train (checked).
+    Neither given: the model comes from Python (``model_factory``).
+    """
+
+    name: str | None = Field(default=None, min_length=1)
+    factory: str | None = None
+    options: dict[str, OptionValue] = Field(default_factory=dict)
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_shape(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(_FACTORY, value):
+            raise ValueError(
+                f"{value!r} is not of the form 'package.module:function' (a dotted module path, "
+                "a colon, the name of a callable in it)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _name_or_factory(self) -> Model:
+        if self.name is not None and self.factory is not None:
+            raise ValueError(
+                "give either name (a built-in model) or factory ('package.module:function'), "
+                "not both"
+            )
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,9 +491,18 @@ class Stop(_Strict):
 
 
 class Privacy(_Strict):
-    """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``."""
+    """Reporting settings: eps in clients.csv / summary.json is taken at ``delta``.
+
+    ``timing``: ``public`` (default) makes a round's compute time the speed model's cost of the
+    expected batch (a public value), ``realised`` the cost of the realised Poisson batch, which
+    reveals that batch's size to the server and is not covered by the accountant.
+    ``deployed_randomness``: ``os_entropy`` (default) keys deployed clients' batches and noise
+    from the operating system; ``seeded_not_private`` from the scenario seed, for reproducible
+    tests only: the server can then regenerate every client's noise (marked in the outputs)."""
 
     delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+    timing: Literal["public", "realised"] = "public"
+    deployed_randomness: Literal["os_entropy", "seeded_not_private"] = "os_entropy"
 
 
 class Scenario(_Strict):

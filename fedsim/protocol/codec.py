@@ -49,6 +49,8 @@ MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Default size limit of one message (64 MiB: a 16M-parameter model). Use
 :func:`max_message_bytes` to size the limit from the model instead."""
+MAX_INVITED_HEX = 32 * 1024
+"""An invitation bitmap (hex) names up to 131,072 clients."""
 TENSOR_DTYPE: Final = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
@@ -79,8 +81,8 @@ class UpdateHeader(_Header):
     round: _NonNegativeInt
     base_version: _NonNegativeInt
     batch_size: Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-    num_samples: Annotated[int, Field(ge=1)]
     sent_at: _FiniteFloat
+    window: _NonNegativeInt = 0
     tensor: TensorSpec
 
 
@@ -88,6 +90,9 @@ class GlobalHeader(_Header):
     kind: Literal["global"]
     version: _NonNegativeInt
     sent_at: _FiniteFloat
+    window: _NonNegativeInt = 0
+    invited: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{2})*$",
+                                              max_length=MAX_INVITED_HEX)] | None = None
     tensor: TensorSpec
 
 
@@ -143,8 +148,8 @@ def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
             round=message.round,
             base_version=message.base_version,
             batch_size=float(message.batch_size),
-            num_samples=message.num_samples,
             sent_at=float(message.sent_at),
+            window=message.window,
             tensor=_tensor_spec(message.delta, "ClientUpdate.delta"),
         )
         _check_finite(message.delta, "ClientUpdate.delta")
@@ -154,6 +159,8 @@ def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
             kind="global",
             version=message.version,
             sent_at=float(message.sent_at),
+            window=message.window,
+            invited=None if message.invited is None else bytes(message.invited).hex(),
             tensor=_tensor_spec(message.params, "GlobalModel.params"),
         )
         _check_finite(message.params, "GlobalModel.params")
@@ -276,10 +283,12 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
             base_version=header.base_version,
             delta=values,
             batch_size=header.batch_size,
-            num_samples=header.num_samples,
             sent_at=header.sent_at,
+            window=header.window,
         )
-    return GlobalModel(version=header.version, params=values, sent_at=header.sent_at)
+    invited = None if header.invited is None else bytes.fromhex(header.invited)
+    return GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
+                       window=header.window, invited=invited)
 
 
 def check_client_id(client_id: str) -> str:

@@ -11,7 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: updates lost ``num_samples`` (N is private) and gained ``window``; global models carry
+the window they open and its invitation."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -19,25 +21,39 @@ class ClientUpdate:
     """One noised local round: ``delta`` is Ubar/m (already clipped, noised, averaged).
 
     ``(client_id, round)`` identifies the update; the server applies each at most once.
-    ``base_version`` is the global model version the round was computed on.
+    ``base_version`` is the global model version the round was computed on; ``window`` the
+    window whose invitation the round was begun under (0 when the server invites everyone).
+
+    Nothing here depends on the client's exact data set size N except ``delta`` (the
+    mechanism's output): under add/remove neighbours N itself is private, so the server weighs
+    by the scenario's declared sizes (:mod:`fedsim.runtime.exposure`) and ``sent_at`` follows a
+    schedule of public values.
     """
 
     client_id: str
     round: int
     base_version: int
     delta: np.ndarray
-    batch_size: float  # m (expected batch size for Poisson)
-    num_samples: int  # the client's data set size N
+    batch_size: float  # m, a public parameter (the expected batch size for Poisson)
     sent_at: float = 0.0  # sender's clock, for latency metrics only
+    window: int = 0
 
 
 @dataclass(frozen=True, eq=False)
 class GlobalModel:
-    """A global model broadcast by the server; clients ignore versions older than theirs."""
+    """A global model broadcast by the server; clients ignore versions older than theirs.
+
+    It also carries the invitation to window ``window`` (client sampling by invitation, see
+    :mod:`fedsim.runtime.exposure`): ``invited`` is a bitmap over the scenario's sorted client
+    ids (bit ``i`` of byte ``i // 8``, least significant first), or None when every client is
+    invited. A client trains only under the latest invitation that names it.
+    """
 
     version: int
     params: np.ndarray
     sent_at: float = 0.0
+    window: int = 0
+    invited: bytes | None = None
 
 
 ClientState = Literal["training", "waiting", "budget_exhausted", "offline", "done", "crashed"]

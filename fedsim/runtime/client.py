@@ -8,6 +8,8 @@ A client holds a local model ``w`` and the last global model it accepted (``held
   middle of a round; an older or equal version is ignored.
 * **A round** ``r``:
 
+  0. when the server invites (``server.participation < 1``), wait until the latest
+     invitation names this client: an uninvited client neither trains nor spends;
   1. if the staleness policy says the held model is too old (``max_versions_behind`` local
      rounds applied since the last global) or too far (``max_distance`` between ``w`` and the
      held global), wait for a newer global model;
@@ -16,9 +18,12 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      (with a round limit the actor registers all its remaining rounds with the ledger's
      ``plan`` once at start, so these checks are exact and cheap);
   3. snapshot ``w``, begin the round on it (its batches and noise are drawn now), let its
-     compute time pass: ``await clock.sleep(seconds_per_sample * sample_gradients)``, and
-     take its update (computed by then, or now: under virtual time the rounds of clients that
-     overlap are computed together, see :mod:`fedsim.training.batched`);
+     compute time pass: ``await clock.sleep(seconds_per_sample * expected_sample_gradients)``
+     (public values: the realised Poisson batch size is private, see
+     :mod:`fedsim.runtime.exposure`), and take its update (computed by then, or now: under
+     virtual time the rounds of clients that overlap are computed together, see
+     :mod:`fedsim.training.batched`); on a wall clock the real compute runs inside that time
+     and the release waits for the public schedule;
   4. commit the events to the ledger (durable, fsynced) and only then publish the update
      ``(client, r, base_version, Ubar/m)`` - the ledger is charged even if the network then
      drops the message;
@@ -57,6 +62,7 @@ from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
 from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
@@ -115,6 +121,7 @@ class RoundRecord:
     sample_grads: int
     clip: float
     sigma: float
+    window: int = 0  # the invitation it was begun under (0: the server invites everyone)
 
 
 class ClientActor:
@@ -130,12 +137,13 @@ class ClientActor:
         ledger: Ledger,
         local_lr: float,
         batch_size: float,
-        num_samples: int,
         seconds_per_sample: Callable[[], float],
         staleness: StalenessPolicy = StalenessPolicy(),
         max_rounds: int | None = None,
         first_round: int = 0,
         status_epsilon: Callable[[], tuple[float, float]] | None = None,
+        expected_sample_grads: float | None = None,
+        exposure: ClientExposure = ClientExposure(),
     ) -> None:
         self.client_id = client_id
         self.clock = clock
@@ -144,7 +152,16 @@ class ClientActor:
         self.ledger = ledger
         self.local_lr = float(local_lr)
         self.batch_size = float(batch_size)
-        self.num_samples = int(num_samples)
+        # Public: the expected per-example gradients of a round (local_steps * m).
+        self.expected_sample_grads = (
+            float(batch_size) if expected_sample_grads is None else float(expected_sample_grads)
+        )
+        self.exposure = exposure
+        self.randomness = exposure.randomness
+        self.timing_overruns = 0
+        self.invitation_window = 0  # the latest invitation seen (window it opens)
+        self.invited = exposure.invitation_index is None
+        self.skipped_invitations = 0
         self.seconds_per_sample = seconds_per_sample
         self.staleness = staleness
         self.max_rounds = max_rounds
@@ -171,8 +188,21 @@ class ClientActor:
             self.online.clear()
 
     # -- the interrupt service routine ------------------------------------------------------
+    def accept_invitation(self, message: GlobalModel) -> None:
+        """Take the latest window's invitation (a global model opening a later window)."""
+        index = self.exposure.invitation_index
+        if index is None or message.window <= self.invitation_window:
+            return
+        self.invitation_window = message.window
+        self.invited = is_invited(message.invited, index)
+        if not self.invited:
+            self.skipped_invitations += 1
+        arrived, self._arrival = self._arrival, asyncio.Event()
+        arrived.set()
+
     def accept_global(self, message: GlobalModel) -> bool:
         """Overwrite ``w`` with a newer global model at once; ignore older or equal versions."""
+        self.accept_invitation(message)
         if message.version <= self.held_version:
             self.ignored_globals += 1
             return False
@@ -197,6 +227,11 @@ class ClientActor:
 
     async def _wait_for_newer(self, version: int) -> None:
         while self.held_version <= version:
+            await self._arrival.wait()
+
+    async def _wait_for_invitation(self) -> None:
+        window = self.invitation_window
+        while self.invitation_window <= window:
             await self._arrival.wait()
 
     # -- staleness ----------------------------------------------------------------------------
@@ -253,6 +288,10 @@ class ClientActor:
             if not self.online.is_set():
                 self.state = "offline"
                 await self.online.wait()
+            if not self.invited:  # not a participant of this window: neither train nor spend
+                self.state = "waiting"
+                await self._wait_for_invitation()
+                continue
             if self.too_stale():
                 self.state = "waiting"
                 await self._wait_for_newer(self.held_version)
@@ -268,16 +307,15 @@ class ClientActor:
             # The round's snapshot: self.w is rebound, never mutated, and the trainer only
             # reads it (a received global model is a read-only view of the message).
             base = self.w
-            base_version = self.held_version
+            base_version, window = self.held_version, self.invitation_window
             pending = self.trainer.begin_round(base, round_index)
             # The round's compute time passes; a global model may arrive meanwhile and
             # overwrite self.w (the round continues on its snapshot, see docstring).
             try:
-                await self.clock.sleep(self.seconds_per_sample() * pending.sample_grads)
+                result = await self._compute(pending, round_index)
             except asyncio.CancelledError:
                 pending.cancel()  # crashed mid-round: nothing was released
                 raise
-            result = pending.result()
             try:
                 self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
             except BudgetExhausted as exc:
@@ -285,11 +323,39 @@ class ClientActor:
                 return
             self.next_round = round_index + 1
             self.released.append(RoundRecord(round_index, self.clock.now(), base_version,
-                                             result.sample_grads, result.clip, result.sigma))
+                                             result.sample_grads, result.clip, result.sigma,
+                                             window))
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
-                self.num_samples, self.clock.now()))
+                self.clock.now(), window))
             local = result.update * np.float32(-self.local_lr)  # a new array: w is never mutated
             local += self.w
             self.w = local
             self.rounds_since_global += 1
+
+    async def _compute(self, pending: BegunRound, round_index: int) -> RoundResult:
+        """Let the round's compute time pass and take its result, on a public schedule.
+
+        ``timing = public``: the time is the speed model's cost of the *expected* batch (a
+        public value); with ``pad_release`` (a wall clock) the real compute runs first and the
+        release waits for the schedule ``start + k * cost`` (:func:`release_time`), so it does
+        not depend on the realised batch unless the compute overruns its slot (counted).
+        ``timing = realised``: the cost of the realised batch, waited before computing."""
+        start = self.clock.now()
+        per_sample = self.seconds_per_sample()
+        if self.exposure.timing == "realised":
+            await self.clock.sleep(per_sample * pending.sample_grads)
+            return pending.result()
+        slot = per_sample * self.expected_sample_grads
+        if not self.exposure.pad_release:
+            await self.clock.sleep(slot)
+            return pending.result()
+        result = pending.result()
+        now = self.clock.now()
+        release = release_time(start, slot, now)
+        if release > start + slot or slot <= 0:
+            self.timing_overruns += 1
+            (_log.warning if self.timing_overruns == 1 else _log.debug)("round overran its public release slot", client=self.client_id,
+                         round=round_index, slot=slot, compute=now - start, released=release - start)
+        await self.clock.sleep(release - now)
+        return result

@@ -23,6 +23,7 @@ from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.client import ClientActor
 from fedsim.runtime.deployment import reconnect_policy, run_name
+from fedsim.runtime.exposure import client_exposure, client_generator
 from fedsim.runtime.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
@@ -65,10 +66,11 @@ def training_generator(population: Population, client_id: str, first_round: int)
     keyed by the round it resumes at. Each released round comes from the stream of the
     incarnation that released it, and an incarnation starting at round r releases nothing
     before r; two incarnations can only share a stream if the first released nothing.
+    Only with ``privacy.deployed_randomness: seeded_not_private``; by default the stream is
+    keyed from OS entropy (:func:`fedsim.runtime.exposure.client_generator`).
     """
-    if first_round == 0:
-        return population.tree.torch("client", client_id, "train")
-    return population.tree.torch("client", client_id, "train", "from-round", first_round)
+    randomness = population.scenario.privacy.deployed_randomness
+    return client_generator(population.tree, client_id, first_round, randomness)
 
 
 async def _announce(
@@ -153,6 +155,8 @@ async def run_client(
                     "client", client_id, "speed", "from-round", first_round
                 ),
                 delta=scenario.privacy.delta,
+                exposure=client_exposure(scenario, [p.client_id for p in population.plans],
+                                         client_id, deployed=True),
             )
             helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
             if plan.group.availability.online is not None:
@@ -181,6 +185,8 @@ async def run_client(
             "released": released,
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),
+            "randomness": scenario.privacy.deployed_randomness,
+            "timing_overruns": actor.timing_overruns if actor is not None else 0,
         }
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)

@@ -20,16 +20,18 @@ time) and the endpoint (:mod:`fedsim.transports.mqtt`) differ.
 **Time.** Scenario time quantities (window length, compute speed, on/off periods, the
 ``virtual_seconds`` stop) are seconds of *scenario time*; here scenario time runs at
 ``time_scale`` wall seconds per scenario second (1.0: real time; 0.1: ten times faster, for
-short test runs). The speed model's compute cost is waited out on top of the real compute, so
-heterogeneous clients keep their relative speeds. The simulated ``network`` section and
+short test runs). A round lasts the speed model's cost of its expected batch; the real compute
+runs inside it and the update leaves at its end (:mod:`fedsim.runtime.exposure`: send times
+must not reveal the realised batch), so heterogeneous clients keep their relative speeds. The simulated ``network`` section and
 ``availability.crashes`` are not emulated: the real broker is the network, real process deaths
 are the crashes. On/off ``availability`` periods are emulated by pausing the client.
 
 **Crash safety.** A client's ledger lives in its state directory and is resumed, never reset;
 it is fsynced before each update is published (the actor's order), so a SIGKILL cannot forget
-a released update. A restarted client continues after its last committed round and draws its
-batches and noise from a fresh seed stream keyed by that round (replaying the first
-incarnation's stream would release the same noise twice). The server writes a checkpoint
+a released update. A restarted client continues after its last committed round; every process
+draws its batches and noise from OS entropy (in the opt-in, not private, seeded mode: from a
+fresh seed stream keyed by that round: replaying the first incarnation's stream would release
+the same noise twice). The server writes a checkpoint
 (:mod:`fedsim.runtime.checkpoint`) after every window and before every broadcast, so no
 version it ever published is lost; a restarted server resumes model, version, step size,
 de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``

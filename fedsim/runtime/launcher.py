@@ -102,7 +102,8 @@ def collect_outputs(
                 stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
             released = [RoundRecord(**r) for r in report.get("released", [])]
             clients.append(
-                ClientOutcome(plan, open_ledger(plan, copied), state, released, finished)
+                ClientOutcome(plan, open_ledger(plan, copied), state, released, finished,
+                              report.get("randomness", ""), int(report.get("timing_overruns", 0)))
             )
         return write_run_outputs(
             RunRecord(

@@ -33,13 +33,15 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
+from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.training import LocalTrainer, build_model, evaluate, flat_params, load_flat_params
+from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
+from fedsim.training.models import build_scenario_model
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.transports.base import Endpoint
 
@@ -66,14 +68,19 @@ class ClientPlan:
     group: ClientGroup
     indices: np.ndarray
     schedule: Schedule
+    declared_samples: int | None = None  # public size (runtime/exposure.py); None: len(indices)
 
     @property
     def num_samples(self) -> int:
         return len(self.indices)
 
     @property
+    def public_samples(self) -> int:
+        return self.declared_samples or len(self.indices)
+
+    @property
     def q(self) -> float:
-        return self.group.batch_size / self.num_samples
+        return self.group.batch_size / self.public_samples
 
 
 @dataclass(eq=False)
@@ -121,6 +128,7 @@ class Population:
             local_lr=group.local_lr,
             max_physical_batch=group.max_physical_batch,
             generator=generator,
+            declared_records=plan.public_samples,
         )
         return trainer if batcher is None else BatchedTrainer(trainer, batcher)
 
@@ -154,7 +162,7 @@ class VirtualDurationTrainer:
         sigma = float(self.plan.schedule.sigma(round_index))
         return [
             step_for(
-                group.sampling, self.plan.num_samples, group.batch_size, sigma, group.local_steps
+                group.sampling, self.plan.public_samples, group.batch_size, sigma, group.local_steps
             )
         ]
 
@@ -235,8 +243,11 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     return options
 
 
-def build_population(loaded: LoadedScenario) -> Population:
-    """Data, partition, model and per-client plans (no clock, no network, no files)."""
+def build_population(
+    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None
+) -> Population:
+    """Data, partition, model and per-client plans (no clock, no network, no files).
+    ``model_factory``: a Python callable that builds the model (instead of ``model:``)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
@@ -258,7 +269,9 @@ def build_population(loaded: LoadedScenario) -> Population:
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
-        model = build_model(scenario.model.name, **_model_options(scenario, train_x, num_classes))
+        model = build_scenario_model(
+            scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
+            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
@@ -303,6 +316,7 @@ def make_client_actor(
     ledger: PrivacyLedger,
     speed_rng: np.random.Generator,
     delta: float,
+    exposure: ClientExposure = ClientExposure(),
 ) -> ClientActor:
     """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
@@ -317,8 +331,9 @@ def make_client_actor(
         ledger=ledger,
         local_lr=group.local_lr,
         batch_size=float(group.batch_size),
-        num_samples=plan.num_samples,
         seconds_per_sample=lambda: group.speed.sample(speed_rng),
+        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps),
+        exposure=exposure,
         staleness=StalenessPolicy(
             group.staleness.max_versions_behind, group.staleness.max_distance
         ),
@@ -352,7 +367,7 @@ def make_server_actor(
         endpoint=endpoint,
         initial_params=population.initial_params,
         clients={
-            p.client_id: ClientInfo(p.num_samples, p.group.local_lr, p.group.weight)
+            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight)
             for p in population.plans
         },
         window=server_config.window,

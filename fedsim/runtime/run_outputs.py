@@ -36,6 +36,7 @@ from fedsim.privacy.events import group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.client import RoundRecord
+from fedsim.runtime.exposure import privacy_caveats
 
 if TYPE_CHECKING:  # the plan's module imports torch; this one is read by fedsim.reporting
     from fedsim.runtime.population import ClientPlan
@@ -179,6 +180,14 @@ class ClientOutcome:
     """Rounds released by every incarnation of the client (restarts included)."""
     finished: bool
     """Will never train again (budget spent, rounds done, crashed for good)."""
+    randomness: str = ""
+    """Where its batches and noise came from (``privacy.deployed_randomness``; "" simulated)."""
+    timing_overruns: int = 0
+    """Deployed rounds released after their public slot (:mod:`fedsim.runtime.exposure`)."""
+
+    @property
+    def client_id(self) -> str:
+        return self.plan.client_id
 
 
 @dataclass(frozen=True, eq=False)
@@ -327,6 +336,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "epsilon_median": float(np.median(epsilons)) if epsilons else None,
             "epsilon_max": epsilons[-1] if epsilons else None,
             "accountant": "pld",
+            "caveats": privacy_caveats(record.scenario.privacy.timing, record.clients),
         },
         "explanation": _explain(record, rows),
     }

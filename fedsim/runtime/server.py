@@ -7,8 +7,8 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
 1. classifies each update, in arrival order: **rejected** if the sender is unknown;
    **duplicate** if ``(client_id, round)`` was seen before (in any window: at-least-once
    delivery must never double-apply); **stale** if ``version - base_version`` exceeds
-   ``max_staleness``; **rejected** if the client is not in this window's participation subset
-   (drawn per window with the server's own seeded generator); otherwise **applied**;
+   ``max_staleness``; **rejected** if the server invites (``participation < 1``) and never
+   invited the client to the window the update names; otherwise **applied**;
 2. mixes the applied updates (:func:`fedsim.aggregation.mix`) with the window's server step
    size, weights normalised over the window or over the whole population (``normalize``);
    the version goes up by one if anything was applied;
@@ -17,6 +17,13 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
    improvement");
 4. broadcasts the model every ``broadcast_every`` windows (also when unchanged, so a client that
    missed the last broadcast can still catch up).
+
+**Client sampling by invitation** (``participation < 1``): the server draws each window's
+participants from its own generator before the window opens and names them in the global model
+message that opens it (a bitmap over the sorted client ids, :mod:`fedsim.runtime.exposure`),
+broadcasting every window; clients train only under an invitation that names them, so an
+uninvited client neither computes nor spends, and every update of an invited round is applied
+(subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
@@ -44,6 +51,7 @@ from fedsim.clock import Clock
 from fedsim.config.schema import Stop
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.exposure import invitation_bits
 from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
@@ -56,7 +64,7 @@ _log = structlog.get_logger("fedsim.runtime.server")
 class ClientInfo:
     """What the server knows about a client in advance (from the scenario)."""
 
-    num_samples: int
+    num_samples: int  # the declared (public) size, never a size the client sent
     step_size: float  # the client's agreed local step size eta_i
     weight: float = 1.0
 
@@ -147,6 +155,7 @@ class ServerSnapshot:
     evaluated_version: int
     last_evaluation: tuple[float, float]
     statuses: dict[str, ClientStatus]
+    invitations: dict[int, frozenset[str]] = field(default_factory=dict)
 
 
 class ServerActor:
@@ -195,6 +204,8 @@ class ServerActor:
         self.windows_closed = 0
         self.last_accuracy: float | None = None
         self._inbox: list[ClientUpdate] = []
+        # window -> the clients invited to it (participation < 1), for the updates' check
+        self.invitations: dict[int, frozenset[str]] = {}
         self._evaluated_version = -1
         self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
 
@@ -210,20 +221,22 @@ class ServerActor:
                 _log.warning("server ignored a message", kind=type(message).__name__)
 
     # -- one window -----------------------------------------------------------------------
-    def _participants(self) -> frozenset[str] | None:
+    def _invite(self, window: int) -> bytes | None:
+        """Draw ``window``'s participants (None: everyone is invited) and remember them."""
         if self.participation >= 1.0:
             return None
         ids = sorted(self.clients)
         count = max(1, round(self.participation * len(ids)))
-        chosen = self.rng.choice(len(ids), size=count, replace=False)
-        return frozenset(ids[i] for i in chosen)
+        chosen = frozenset(ids[i] for i in self.rng.choice(len(ids), size=count, replace=False))
+        # A restarted server draws the open window again: both draws' invitees may train.
+        self.invitations[window] = self.invitations.get(window, frozenset()) | chosen
+        return invitation_bits(ids, chosen)
 
     def close_window(self) -> WindowReport:
         """Classify, mix and apply what arrived since the last window; evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
         arrived, self._inbox = self._inbox, []
-        participants = self._participants()
         report = WindowReport(
             window=window, time=self.clock.now(), version=self.version, received=len(arrived)
         )
@@ -243,7 +256,10 @@ class ServerActor:
                 and self.version - update.base_version > self.max_staleness
             ):
                 report.stale += 1
-            elif participants is not None and update.client_id not in participants:
+            elif (self.participation < 1.0
+                  and update.client_id not in self.invitations.get(update.window, ())):
+                _log.warning("update of a round the client was not invited to",
+                             client=update.client_id, round=update.round, window=update.window)
                 report.rejected += 1
             else:
                 accepted.append(
@@ -276,7 +292,11 @@ class ServerActor:
         return report
 
     async def broadcast(self) -> None:
-        await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now()))
+        """Publish the model; it opens the next window and carries that window's invitation."""
+        window = self.windows_closed + 1
+        invited = self._invite(window)
+        await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
+                                                window, invited))
 
     # -- checkpoints ----------------------------------------------------------------------
     def snapshot(self) -> ServerSnapshot:
@@ -293,6 +313,7 @@ class ServerActor:
             evaluated_version=self._evaluated_version,
             last_evaluation=self._last_evaluation,
             statuses=dict(self.statuses),
+            invitations=dict(self.invitations),
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -312,6 +333,7 @@ class ServerActor:
         self._evaluated_version = snapshot.evaluated_version
         self._last_evaluation = snapshot.last_evaluation
         self.statuses = dict(snapshot.statuses)
+        self.invitations = dict(snapshot.invitations)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -338,7 +360,8 @@ class ServerActor:
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
                 report = self.close_window()
-                if report.window % self.broadcast_every == 0:
+                # Under invitations every window opens with its own (the model rides along).
+                if report.window % self.broadcast_every == 0 or self.participation < 1.0:
                     await self.broadcast()
                 if on_window(report):
                     return

@@ -35,6 +35,7 @@ from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
+from fedsim.runtime.exposure import client_exposure
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.population import (
     ClientPlan,
@@ -114,8 +115,11 @@ class ClientRecord:
         )
 
     def outcome(self) -> ClientOutcome:
+        actor = self.actor
         return ClientOutcome(
-            self.plan, self.ledger, self.state, self.released_rounds(), self.finished
+            self.plan, self.ledger, self.state, self.released_rounds(), self.finished,
+            actor.randomness if actor is not None else "",
+            actor.timing_overruns if actor is not None else 0,
         )
 
 
@@ -204,6 +208,7 @@ class _Simulation:
             ledger=client.ledger,
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
             delta=self.scenario.privacy.delta,
+            exposure=client_exposure(self.scenario, list(self.clients), plan.client_id),
         )
         actor.set_online(client.online)
         client.actor = actor

@@ -18,7 +18,7 @@ from fedsim.training.local import (
     flat_params,
     load_flat_params,
 )
-from fedsim.training.models import build_model, check_dp_compatible
+from fedsim.training.models import build_model, build_scenario_model, check_dp_compatible
 from fedsim.training.rounds import PendingRound, RoundResult
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "RoundBatcher",
     "RoundResult",
     "build_model",
+    "build_scenario_model",
     "check_dp_compatible",
     "evaluate",
     "flat_params",

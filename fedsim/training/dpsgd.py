@@ -93,10 +93,13 @@ def fixed_size_batch(num_records: int, batch_size: int, generator: torch.Generat
 
 
 def sample_batch(
-    sampling: Sampling, num_records: int, batch_size: int, generator: torch.Generator
+    sampling: Sampling, num_records: int, batch_size: int, generator: torch.Generator,
+    declared_records: int | None = None,
 ) -> torch.Tensor:
+    """A batch of ``num_records`` records; Poisson at the rate ``m / declared_records`` (the
+    public size the rate is fixed by; default: ``num_records``)."""
     if sampling == "poisson":
-        return poisson_batch(num_records, batch_size / num_records, generator)
+        return poisson_batch(num_records, batch_size / (declared_records or num_records), generator)
     return fixed_size_batch(num_records, batch_size, generator)
 
 

@@ -180,8 +180,12 @@ class LocalTrainer:
         loss_fn: LossFn = per_example_cross_entropy,
         per_example_steps: int = 1,
         per_example_lr: float = 0.1,
+        declared_records: int | None = None,
     ) -> None:
         self.sampling: Sampling = check_sampling(sampling)
+        # The public size that fixes q = m / N (the real len(features) may differ by the
+        # neighbouring record: nothing may depend on it but the mechanism).
+        self.declared_records = int(declared_records or len(features))
         if len(features) != len(labels):
             raise ConfigError(f"{len(features)} feature rows but {len(labels)} labels")
         if len(features) == 0:
@@ -226,7 +230,8 @@ class LocalTrainer:
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         """The privacy events of round ``round_index``, known before it is computed."""
         sigma = float(self.noise_schedule.sigma(round_index))
-        return [step_for(self.sampling, self.num_records, self.batch_size, sigma, self.local_steps)]
+        return [step_for(self.sampling, self.declared_records, self.batch_size, sigma,
+                         self.local_steps)]
 
     def clip_for(self, round_index: int) -> float:
         """Clipping norm of round ``round_index`` (adaptive clipping: its current norm)."""
@@ -274,7 +279,8 @@ class LocalTrainer:
         """
         draws = []
         for _ in range(self.local_steps):
-            indices = sample_batch(self.sampling, self.num_records, self.batch_size, self.generator)
+            indices = sample_batch(self.sampling, self.num_records, self.batch_size, self.generator,
+                                   self.declared_records)
             noise = NoiseKey.draw(self.generator)
             count = NoiseKey.draw(self.generator) if self.adaptive_clip is not None else None
             draws.append(StepDraws(indices, noise, count))

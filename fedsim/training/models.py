@@ -7,43 +7,170 @@ one record then changes every clipped gradient of the batch and the sensitivity 
 normalisation). :func:`check_dp_compatible` rejects them; GroupNorm, LayerNorm and
 InstanceNorm without running statistics are per-sample and allowed.
 
-Models are built by name through :func:`build_model`, which is how scenarios refer to them.
+Models are built by name through :func:`build_model`, or from the user's own factory
+(``model: {factory: "package.module:function", options: {...}}`` in a scenario, or a callable
+from Python) through :func:`build_scenario_model`, which also probes the model on the data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from fedsim.errors import ModelError
+from fedsim.errors import ConfigError, FedsimError, ModelError
+
+if TYPE_CHECKING:
+    from fedsim.config.schema import Model as ModelSpec
 
 # Module types whose output for one example depends on other examples of the batch.
 _BATCH_MIXING: tuple[type[nn.Module], ...] = (
-    nn.modules.batchnorm._BatchNorm,
+    nn.modules.batchnorm._BatchNorm,  # BatchNorm1d/2d/3d, their Lazy forms, SyncBatchNorm
     nn.SyncBatchNorm,
 )
 
 
-def check_dp_compatible(model: nn.Module) -> None:
-    """Raise :class:`ModelError` if ``model`` mixes examples of a batch.
+def _static_refusal(module: nn.Module) -> str | None:
+    """Why ``module`` cannot be trained with per-sample clipping, or None."""
+    if isinstance(module, _BATCH_MIXING):
+        return (
+            "normalises with statistics of the whole batch, so one example's output depends on "
+            "every other example, and its running statistics are updated by forward and released "
+            "with the model without noise; use GroupNorm or LayerNorm instead"
+        )
+    if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
+        return (
+            "track_running_stats=True updates running statistics from every batch in forward "
+            "and releases them with the model without noise; use track_running_stats=False, "
+            "GroupNorm or LayerNorm"
+        )
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+        if module.max_norm is not None:
+            return "max_norm rewrites the weights during forward; use max_norm=None"
+        if module.scale_grad_by_freq:
+            return (
+                "scale_grad_by_freq=True scales gradients by batch-wide frequencies, which mixes "
+                "examples; use scale_grad_by_freq=False"
+            )
+    for name, param in module.named_parameters(recurse=False):
+        if isinstance(param, nn.parameter.UninitializedParameter):
+            return (
+                f"parameter {name!r} is not initialised yet (a lazy module); give its sizes or "
+                "run one forward pass before handing the model over"
+            )
+    return None
 
-    Rejects every BatchNorm variant and InstanceNorm with ``track_running_stats`` (its running
-    statistics are a function of the whole batch and are released with the model).
+
+def check_dp_compatible(model: nn.Module, where: str = "model") -> None:
+    """Raise :class:`ModelError` if a module of ``model`` breaks per-example independence.
+
+    Static checks by module type and settings: every BatchNorm variant, InstanceNorm with
+    ``track_running_stats`` (running statistics are a function of the whole batch and are
+    released with the model), Embedding(Bag) with ``max_norm`` (forward rewrites the weights)
+    or ``scale_grad_by_freq`` (batch-wide gradient scaling), lazy modules not yet initialised.
+    Behaviour no type reveals (a custom module that reads other examples or updates a buffer
+    in forward) is caught by :func:`check_forward_is_per_example` on example inputs.
     """
     for name, module in model.named_modules():
-        mixing = isinstance(module, _BATCH_MIXING) or (
-            isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats
-        )
-        if mixing:
-            where = name or "<root>"
+        reason = _static_refusal(module)
+        if reason is not None:
             raise ModelError(
-                f"module {where!r} ({type(module).__name__}) mixes examples within a batch, so "
-                "per-sample clipping no longer bounds one record's influence; use GroupNorm or "
-                "LayerNorm instead"
+                f"{where}: module {name or '<root>'!r} ({type(module).__name__}) cannot be "
+                f"trained with per-sample DP: {reason}"
             )
+
+
+State = list[tuple[str, dict[str, Any], str, torch.Tensor, int]]
+
+
+def tensor_state(model: nn.Module) -> State:
+    """Every parameter and buffer of ``model`` with its version counter (in-place writes bump it)."""
+    return [
+        (where, store, name, tensor, tensor._version)
+        for where, module in model.named_modules()
+        for store in (module._parameters, module._buffers)
+        for name, tensor in store.items()
+        if tensor is not None
+    ]
+
+
+def changed_state(model: nn.Module, state: State, where: str = "model") -> str | None:
+    """A refusal naming the first parameter or buffer rewritten or replaced since ``state``."""
+    for owner, store, name, tensor, version in state:
+        if store.get(name) is not tensor or tensor._version != version:
+            module = model.get_submodule(owner)
+            return (
+                f"{where}: module {owner or '<root>'!r} ({type(module).__name__}) changes "
+                f"{name!r} during forward: state updated from a batch depends on every example "
+                "in it and is released with the model without noise; not DP-compatible"
+            )
+    return None
+
+
+# Relative tolerance of the independence probe: far above float32 batch-size effects of the
+# kernels (about 1e-6), far below what mixing examples does to an output.
+_PROBE_RTOL = 1e-3
+
+
+def check_forward_is_per_example(
+    model: nn.Module, inputs: torch.Tensor, where: str = "model"
+) -> None:
+    """Forward probe on the first two examples of ``inputs`` (no gradients, RNG untouched).
+
+    Raises :class:`ModelError` if forward rewrites a parameter or buffer, if the model does
+    not run on these inputs, or if an example's output differs between the batch of two and
+    the example alone (beyond float noise): a module then mixes examples, and per-sample
+    clipping would not bound one record's influence. Random models (dropout) are compared in
+    eval mode; the model's mode is restored.
+    """
+    if inputs.dim() == 0 or inputs.shape[0] < 2:
+        return
+    x = inputs[:2].detach()
+    training = model.training
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            state = tensor_state(model)
+            together = model(x)
+            refusal = changed_state(model, state, where)
+            if refusal is not None:
+                raise ModelError(refusal)
+            if not isinstance(together, torch.Tensor):
+                return
+            if not torch.equal(together, model(x)):  # random: compare without the randomness
+                model.eval()
+                together = model(x)
+            alone = torch.cat([model(x[:1]), model(x[1:])])
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(
+            f"{where}: the model does not run on the data set's examples (shape "
+            f"{tuple(x.shape[1:])}, {x.dtype}): {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        model.train(training)
+    if together.shape != alone.shape:
+        raise ModelError(
+            f"{where}: output of shape {tuple(together.shape)} for two examples but "
+            f"{tuple(alone.shape)} for each alone; the first dimension must be the batch"
+        )
+    scale = float(torch.maximum(together.abs().max(), alone.abs().max()))
+    diff = float((together - alone).abs().max())
+    if diff > _PROBE_RTOL * scale + 1e-6:
+        raise ModelError(
+            f"{where}: an example's output changes with the other examples of its batch (by "
+            f"{diff:.3g} of {scale:.3g}): a module mixes examples (a batch statistic?), so "
+            "per-sample clipping would not bound one record's influence"
+        )
 
 
 class LogisticRegression(nn.Module):
@@ -163,4 +290,163 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     except TypeError as exc:
         raise ModelError(f"bad arguments for model {name!r}: {exc}") from None
     check_dp_compatible(model)
+    return model
+
+
+FACTORY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+"""The shape of a factory reference: ``package.module:function`` (``:Class.method`` too)."""
+
+
+def _try_import(name: str, where: str) -> Any:
+    """The module ``name``, or None when it is not found (a failure inside it is an error)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            return None
+        raise ConfigError(
+            f"{where}: importing module {name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: importing module {name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _import_module(name: str, search: Sequence[Path], where: str) -> Any:
+    module = _try_import(name, where)
+    # Not on sys.path: also look where the user most likely put it (kept out of sys.path after).
+    extra = [str(d) for d in dict.fromkeys(search) if str(d) not in sys.path]
+    if module is None and extra:
+        sys.path.extend(extra)
+        importlib.invalidate_caches()
+        try:
+            module = _try_import(name, where)
+        finally:
+            for entry in extra:
+                sys.path.remove(entry)
+    if module is None:
+        places = ", ".join(str(d) for d in search) or "nothing else"
+        raise ConfigError(
+            f"{where}: cannot import module {name!r}: it must be installed or on PYTHONPATH "
+            f"(also searched: {places})"
+        )
+    return module
+
+
+def resolve_factory(
+    reference: str, *, where: str = "model.factory", search: Sequence[Path] = ()
+) -> Callable[..., Any]:
+    """The callable named by ``"package.module:function"``, imported now.
+
+    ``search``: directories also tried when the module is not importable as is (the current
+    directory and the scenario file's directory). Raises :class:`ConfigError` naming ``where``.
+    """
+    if not re.match(FACTORY_PATTERN, reference):
+        raise ConfigError(f"{where}: {reference!r} is not of the form 'package.module:function'")
+    module_name, _, attribute = reference.partition(":")
+    target: Any = _import_module(module_name, search, where)
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(
+                f"{where}: module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    if not callable(target):
+        raise ConfigError(f"{where}: {reference!r} is a {type(target).__name__}, not a callable")
+    return target
+
+
+def _accepts(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    param = parameters.get(name)
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
+def build_from_factory(
+    factory: Callable[..., Any],
+    options: Mapping[str, Any],
+    *,
+    where: str,
+    data: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """``factory(**options)``, checked to be an ``nn.Module``; errors name ``where``.
+
+    ``data`` (``num_classes``, ``input_shape``: one example's shape) fills in those keyword
+    arguments when the factory takes them by name and ``options`` does not give them.
+    """
+    kwargs = dict(options)
+    for key, value in (data or {}).items():
+        if key not in kwargs and _accepts(factory, key):
+            kwargs[key] = value
+    label = getattr(factory, "__qualname__", type(factory).__name__)
+    try:
+        model = factory(**kwargs)
+    except FedsimError as exc:
+        raise ConfigError(f"{where}: {label}({_show(kwargs)}) failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: {label}({_show(kwargs)}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"{where}: {label}({_show(kwargs)}) returned {type(model).__name__}, not a "
+            "torch.nn.Module"
+        )
+    return model
+
+
+def _show(kwargs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def build_scenario_model(
+    spec: ModelSpec,
+    options: Mapping[str, Any],
+    *,
+    sample: torch.Tensor | None = None,
+    num_classes: int | None = None,
+    factory: Callable[..., nn.Module] | None = None,
+    base_dir: Path | None = None,
+) -> nn.Module:
+    """The scenario's model: ``factory`` (a Python callable) if given, else ``spec.factory``
+    (imported now) or the registered ``spec.name``, built with ``options`` and checked for DP
+    compatibility, statically and by the forward probe on ``sample`` (a few training examples).
+
+    Every error is a :class:`ConfigError` (:class:`ModelError` for DP refusals) whose message
+    starts with the scenario path it concerns.
+    """
+    data: dict[str, Any] = {}
+    if num_classes is not None:
+        data["num_classes"] = num_classes
+    if sample is not None:
+        data["input_shape"] = tuple(sample.shape[1:])
+    if factory is not None:
+        model = build_from_factory(factory, options, where="model (the Python factory)", data=data)
+    elif spec.factory is not None:
+        search = [Path(os.getcwd())] + ([base_dir] if base_dir is not None else [])
+        model = build_from_factory(
+            resolve_factory(spec.factory, search=search), options, where="model.factory", data=data
+        )
+    elif spec.name is not None:
+        if spec.name not in MODELS:
+            raise ModelError(
+                f"model.name: unknown model {spec.name!r}; known models: {sorted(MODELS)}"
+            )
+        try:
+            model = build_model(spec.name, **options)
+        except ModelError as exc:
+            raise ModelError(f"model.options: {exc}") from None
+    else:
+        raise ConfigError(
+            "model: give name (a built-in model) or factory ('package.module:function'), or pass "
+            "a model factory from Python"
+        )
+    check_dp_compatible(model)
+    if sample is not None:
+        check_forward_is_per_example(model, sample)
     return model

@@ -75,6 +75,7 @@ def _busy_server() -> ServerActor:
     server._evaluated_version = 9
     server._last_evaluation = (0.6, 0.9)
     server.statuses = {"b": ClientStatus("b", "done", 4, 1.5, 1e-5, "finished", 11.0)}
+    server.invitations = {12: frozenset({"a"}), 13: frozenset({"b"})}
     return server
 
 
@@ -93,8 +94,9 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
     assert vars(restored.step_size) == vars(original.step_size)
     assert restored.statuses == original.statuses
     assert restored.last_accuracy == 0.6 and restored._last_evaluation == (0.6, 0.9)
+    assert restored.invitations == original.invitations
     # The participation generator continues exactly where the original was.
-    assert restored._participants() == original._participants()
+    assert restored._invite(14) == original._invite(14)
     assert restored.rng.random() == original.rng.random()
 
 

@@ -158,7 +158,7 @@ async def _intrude(host: str, port: int, run: str, password: str) -> None:
     claiming to be c-001 on c-000's own topic (the server denies it), and garbage."""
     topics = Topics(run)
     huge = np.full(33, 1e3, np.float32)  # logreg on 10 features, 3 classes: 33 parameters
-    forged = codec.encode(ClientUpdate("c-001", 10_000, 0, huge, 32.0, 500))
+    forged = codec.encode(ClientUpdate("c-001", 10_000, 0, huge, 32.0))
     async with aiomqtt.Client(host, port, username="c-000", password=password) as raw:
         await raw.publish(topics.updates("c-001"), forged, qos=1)
         await raw.publish(topics.updates("c-000"), forged, qos=1)

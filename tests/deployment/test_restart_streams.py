@@ -1,5 +1,6 @@
-"""A restarted client process never replays noise it already released, and its first
-incarnation trains exactly like the simulator's client."""
+"""A deployed client's batches and noise come from OS entropy by default; in the opt-in seeded
+mode (not private) a restarted client process never replays noise it already released, and its
+first incarnation trains exactly like the simulator's client."""
 
 from __future__ import annotations
 
@@ -21,9 +22,25 @@ def _update(population, client_id: str, generator: torch.Generator, round_index:
     return trainer.run_round(population.initial_params.copy(), round_index).update
 
 
-def test_first_incarnation_matches_the_simulator_and_restarts_draw_fresh_noise() -> None:
+def test_by_default_no_two_processes_and_no_seed_share_a_stream() -> None:
     torch.set_num_threads(1)
     population = build_population(load_scenario(SCENARIO))
+    simulator = _update(population, "c-001", population.tree.torch("client", "c-001", "train"), 0)
+    first = _update(population, "c-001", training_generator(population, "c-001", 0), 0)
+    again = _update(population, "c-001", training_generator(population, "c-001", 0), 0)
+    assert not np.array_equal(first, simulator) and not np.array_equal(first, again)
+    # The compiled noise kernel's keys come from that generator: no two processes share one.
+    plan = population.plans[0]
+    keys = {population.trainer(plan, generator=training_generator(population, plan.client_id, 0))
+            .begin_round(population.initial_params, 0).draws[0].noise for _ in range(3)}
+    seeded = population.trainer(plan).begin_round(population.initial_params, 0).draws[0].noise
+    assert len(keys) == 3 and seeded not in keys
+
+
+def test_first_incarnation_matches_the_simulator_and_restarts_draw_fresh_noise() -> None:
+    torch.set_num_threads(1)
+    population = build_population(
+        load_scenario(SCENARIO, ["privacy.deployed_randomness=seeded_not_private"]))
     simulator = _update(population, "c-001", population.tree.torch("client", "c-001", "train"), 0)
     first = _update(population, "c-001", training_generator(population, "c-001", 0), 0)
     np.testing.assert_array_equal(first, simulator)

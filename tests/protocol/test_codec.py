@@ -20,7 +20,7 @@ PARAMS = 26_010  # the DP MNIST CNN
 
 def _update(n: int = PARAMS, *, seed: int = 0, client_id: str = "client-07") -> ClientUpdate:
     delta = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-    return ClientUpdate(client_id, 12, 9, delta, 64.0, 600, sent_at=3.25)
+    return ClientUpdate(client_id, 12, 9, delta, 64.0, sent_at=3.25)
 
 
 def _split(data: bytes) -> tuple[dict, bytes]:
@@ -42,7 +42,7 @@ def test_update_round_trip_is_bit_exact() -> None:
     decoded = decode(encode(update), expected_params=PARAMS)
     assert isinstance(decoded, ClientUpdate)
     assert (decoded.client_id, decoded.round, decoded.base_version) == ("client-07", 12, 9)
-    assert (decoded.batch_size, decoded.num_samples, decoded.sent_at) == (64.0, 600, 3.25)
+    assert (decoded.batch_size, decoded.sent_at, decoded.window) == (64.0, 3.25, 0)
     assert decoded.delta.dtype == np.float32 and decoded.delta.shape == (PARAMS,)
     assert decoded.delta.tobytes() == update.delta.tobytes()
     assert not decoded.delta.flags.writeable  # a view of the payload: messages are immutable
@@ -60,6 +60,10 @@ def test_global_model_and_status_round_trip() -> None:
     model = decode(encode(GlobalModel(4, params, sent_at=1.5)))
     assert isinstance(model, GlobalModel) and model.version == 4 and model.sent_at == 1.5
     assert np.array_equal(model.params, params)
+    assert (model.window, model.invited) == (0, None)
+    invitation = decode(encode(GlobalModel(4, params, 1.5, window=9, invited=b"\x05\x80")))
+    assert isinstance(invitation, GlobalModel)
+    assert (invitation.window, invitation.invited) == (9, b"\x05\x80")
 
     status = ClientStatus(
         "c1", "budget_exhausted", 40, float("inf"), 1e-5, detail="eps 8.1 > 8", extra={"mu": 0.7}
@@ -91,7 +95,7 @@ def test_non_finite_values_are_rejected_both_ways(bad: float) -> None:
     values[17] = bad
     with pytest.raises(CodecError, match="1 non-finite"):
         decode(_assemble(header, values.tobytes()))
-    poisoned = ClientUpdate("c1", 0, 0, values, 1.0, 1)
+    poisoned = ClientUpdate("c1", 0, 0, values, 1.0)
     with pytest.raises(CodecError, match="non-finite"):
         encode(poisoned)
 
@@ -100,7 +104,7 @@ def test_finite_values_whose_sum_overflows_are_accepted_and_a_bad_one_among_them
     """Values at the float32 limit are finite and pass, although any sum of them overflows (a
     finite check by summation would need an exact fallback); one NaN or inf among them fails."""
     overflowing = np.full(64, np.finfo(np.float32).max, dtype=np.float32)  # float32 sum: +inf
-    decoded = decode(encode(ClientUpdate("c1", 0, 0, overflowing, 1.0, 1)))
+    decoded = decode(encode(ClientUpdate("c1", 0, 0, overflowing, 1.0)))
     assert np.array_equal(decoded.delta, overflowing)
     header, _ = _split(encode(_update(64)))
     for bad in (np.nan, np.inf, -np.inf):
@@ -144,7 +148,8 @@ def _corpus() -> dict[str, bytes]:
         "round as string": edited(round="12"),
         "round as float": edited(round=12.0),
         "zero batch size": edited(batch_size=0.0),
-        "no samples": edited(num_samples=0),
+        "N on the wire": edited(num_samples=600),  # no field may carry N (issue 15)
+        "negative window": edited(window=-1),
         "slash in client id": edited(client_id="a/b"),
         "wildcard client id": edited(client_id="#"),
         "empty client id": edited(client_id=""),
@@ -156,6 +161,12 @@ def _corpus() -> dict[str, bytes]:
         "status delta > 1": _assemble({**status_header, "delta": 2.0}),
         "status unknown state": _assemble({**status_header, "state": "hacked"}),
         "global without tensor": _assemble({"kind": "global", "version": 1, "sent_at": 0.0}),
+        "invitation not hex": _assemble({"kind": "global", "version": 1, "sent_at": 0.0,
+                                         "invited": "zz", "tensor": {"dtype": "<f4",
+                                                                     "shape": [0]}}),
+        "invitation odd length": _assemble({"kind": "global", "version": 1, "sent_at": 0.0,
+                                            "invited": "abc", "tensor": {"dtype": "<f4",
+                                                                         "shape": [0]}}),
     }
     return corpus
 
@@ -175,10 +186,10 @@ def test_wrong_shape_message_names_the_counts() -> None:
 @pytest.mark.parametrize(
     "message",
     [
-        ClientUpdate("c1", 0, 0, np.zeros(3, dtype=np.float64), 1.0, 1),
-        ClientUpdate("c1", 0, 0, np.zeros((2, 2), dtype=np.float32), 1.0, 1),
-        ClientUpdate("bad id", 0, 0, np.zeros(3, dtype=np.float32), 1.0, 1),
-        ClientUpdate("c1", -1, 0, np.zeros(3, dtype=np.float32), 1.0, 1),
+        ClientUpdate("c1", 0, 0, np.zeros(3, dtype=np.float64), 1.0),
+        ClientUpdate("c1", 0, 0, np.zeros((2, 2), dtype=np.float32), 1.0),
+        ClientUpdate("bad id", 0, 0, np.zeros(3, dtype=np.float32), 1.0),
+        ClientUpdate("c1", -1, 0, np.zeros(3, dtype=np.float32), 1.0),
         GlobalModel(0, [0.0, 1.0]),  # type: ignore[arg-type]
         "not a message",
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
 from fedsim.runtime.client import ClientActor, StalenessPolicy
+from fedsim.runtime.exposure import is_invited
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training.rounds import DoneRound, RoundResult
@@ -94,7 +96,7 @@ def make_client(clock: VirtualClock, *, allowed: int = 100, policy: StalenessPol
     endpoint, trainer, ledger = FakeEndpoint(log), FakeTrainer(), FakeLedger(allowed, log)
     endpoint.clock = clock
     actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer, ledger=ledger,
-                        local_lr=0.5, batch_size=10, num_samples=100,
+                        local_lr=0.5, batch_size=10,
                         seconds_per_sample=lambda: 0.1,  # a round costs 10 x 0.1 = 1 s
                         staleness=policy, max_rounds=max_rounds)
     return actor, endpoint, trainer, ledger
@@ -226,7 +228,7 @@ def test_ledger_is_charged_before_each_send_and_the_client_stops_at_its_budget()
 
 
 def update(client: str, round_: int, base: int, value: float) -> ClientUpdate:
-    return ClientUpdate(client, round_, base, np.full(DIM, value, np.float32), 10.0, 100)
+    return ClientUpdate(client, round_, base, np.full(DIM, value, np.float32), 10.0)
 
 
 def make_server(clock: VirtualClock, endpoint: FakeEndpoint, **kwargs) -> ServerActor:
@@ -264,19 +266,44 @@ def test_server_never_applies_an_update_twice_and_drops_stale_ones() -> None:
     assert versions == [0, 1, 1, 2, 2]
 
 
-def test_participation_subset_rejects_non_participants() -> None:
+def test_participation_invites_each_window_and_applies_every_invited_round() -> None:
+    """The server names each window's participants in the model that opens it; every update
+    of an invited round is applied (also one that arrives a window late), and an update naming
+    a window its client was not invited to is rejected."""
+    ids = ["a", "b"]
+
     async def main(clock: VirtualClock):
         endpoint = FakeEndpoint()
+        endpoint.clock = clock
         server = make_server(clock, endpoint, participation=0.5, rng=np.random.default_rng(3))
-        reports = []
-        for window in range(6):
-            deliver_at(clock, endpoint, window + 0.5, update("a", window, window, 1.0))
-            deliver_at(clock, endpoint, window + 0.5, update("b", window, window, 1.0))
-        await server.run(lambda r: reports.append(r) or r.window >= 6)
-        return reports
+        reports: list = []
+        invited: dict[int, str] = {}
 
-    reports = run_virtual(main)
-    assert all(r.applied == 1 and r.rejected == 1 for r in reports)
+        async def clients() -> None:
+            for k in range(1, 7):
+                await clock.sleep(k - 0.5 - clock.now())
+                opening = [m for _, m in endpoint.published if isinstance(m, GlobalModel)][-1]
+                assert opening.window == k
+                guest = next(c for i, c in enumerate(ids) if is_invited(opening.invited, i))
+                other = next(c for c in ids if c != guest)
+                invited[k] = guest
+                endpoint.inbox.put_nowait(replace(update(guest, k, 0, 1.0), window=k))
+                endpoint.inbox.put_nowait(replace(update(other, k, 0, 1.0), window=k))
+            # A late update of window 1's invited round, arriving in window 7: applied.
+            await clock.sleep(6.5 - clock.now())
+            endpoint.inbox.put_nowait(replace(update(invited[1], 100, 0, 1.0), window=1))
+
+        task = asyncio.create_task(clients())
+        await server.run(lambda r: reports.append(r) or r.window >= 7)
+        await task
+        return reports, invited, endpoint
+
+    reports, invited, endpoint = run_virtual(main)
+    assert [(r.applied, r.rejected) for r in reports[:6]] == [(1, 1)] * 6
+    assert (reports[6].applied, reports[6].rejected) == (1, 0)
+    assert set(invited.values()) == {"a", "b"}  # the server's draws vary
+    opened = [m.window for _, m in endpoint.published if isinstance(m, GlobalModel)]
+    assert opened == list(range(1, 9))  # every window opens with its invitation
 
 
 def test_mixing_weights_and_step_sizes() -> None:

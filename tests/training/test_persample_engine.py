@@ -177,9 +177,10 @@ def test_unsupported_models_fail_with_model_errors() -> None:
         PerSampleEngine(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
     shared = nn.Linear(3, 3)
     twin = nn.Linear(3, 3)
-    twin.weight = shared.weight
-    with pytest.raises(ModelError, match="shared between modules"):
-        PerSampleEngine(nn.Sequential(shared, twin))
+    twin.weight = shared.weight  # supported: both modules go through the torch.func fallback
+    assert PerSampleEngine(nn.Sequential(shared, twin)).fallback_parameters == [
+        "0.weight", "0.bias", "1.bias"
+    ]
     with pytest.raises(ModelError, match="scale_grad_by_freq"):
         PerSampleEngine(nn.Embedding(5, 2, scale_grad_by_freq=True))
     frozen = nn.Linear(3, 3).requires_grad_(False)

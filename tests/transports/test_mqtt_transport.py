@@ -38,7 +38,7 @@ FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.4, connect_timeout=5.0)
 
 def update(client_id: str, round_: int) -> ClientUpdate:
     delta = np.random.default_rng(round_).standard_normal(PARAMS).astype(np.float32)
-    return ClientUpdate(client_id, round_, 0, delta, 16.0, 500)
+    return ClientUpdate(client_id, round_, 0, delta, 16.0)
 
 
 def model(version: int) -> GlobalModel:
@@ -170,7 +170,7 @@ async def test_server_denies_forged_ids_and_rejects_malformed_payloads(mosquitto
             truncated = codec.encode(update("c1", 8))[:-5]
             for junk in (*junks, bytes(nan_update), oversized, truncated):
                 await raw.publish(topics.updates("c1"), junk, qos=1)
-            wrong_shape = ClientUpdate("c1", 5, 0, np.ones(PARAMS + 1, np.float32), 1.0, 1)
+            wrong_shape = ClientUpdate("c1", 5, 0, np.ones(PARAMS + 1, np.float32), 1.0)
             await raw.publish(topics.updates("c1"), codec.encode(wrong_shape), qos=1)
             await raw.publish(topics.updates("c1"), codec.encode(update("c1", 6)), qos=1)
         received = await receive_all(srv)

@@ -26,7 +26,7 @@ PARAMS = 16
 
 
 def update(client_id: str, round_: int, *, params: int = PARAMS) -> ClientUpdate:
-    return ClientUpdate(client_id, round_, 0, np.full(params, round_, np.float32), 8.0, 100)
+    return ClientUpdate(client_id, round_, 0, np.full(params, round_, np.float32), 8.0)
 
 
 def model(version: int) -> GlobalModel:

@@ -22,7 +22,7 @@ PARAMS = 32
 
 
 def update(client_id: str, round_: int) -> ClientUpdate:
-    return ClientUpdate(client_id, round_, 0, np.full(PARAMS, round_, np.float32), 4.0, 50)
+    return ClientUpdate(client_id, round_, 0, np.full(PARAMS, round_, np.float32), 4.0)
 
 
 def model(version: int) -> GlobalModel:

@@ -1,0 +1,29 @@
+"""The clipping rule and the loss contract shared by every per-sample path (one place each)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss_fn(outputs, targets) -> per-example losses`` of shape (B,)."""
+
+# Opacus and TF Privacy use the same stabiliser; c_i * ||g_i|| < C holds strictly.
+CLIP_EPSILON = 1e-6
+
+
+def per_example_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def clip_factors(norms: torch.Tensor, clip: float | torch.Tensor) -> torch.Tensor:
+    """The clipping rule: ``min(1, C / (||g_i|| + CLIP_EPSILON))`` per example (a new tensor)."""
+    return (clip / (norms + CLIP_EPSILON)).clamp_(max=1.0)
+
+
+def clip_rows(rows: torch.Tensor, clip: float) -> torch.Tensor:
+    """Clip each row of ``rows`` to norm ``clip`` with the engine's factors (for references)."""
+    norms = rows.norm(dim=1)
+    return rows * clip_factors(norms, clip)[:, None]

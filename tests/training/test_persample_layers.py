@@ -1,0 +1,299 @@
+"""Each per-sample path on its own and mixed, against single-example backward passes (float64).
+
+For every layer type with a fast rule (Linear, Conv2d, Embedding, LayerNorm, GroupNorm) the
+model holds that layer's parameters alone, and the engine is run twice: with its fast rule and
+with every parameter sent through the torch.func fallback. Mixed models add layers without a
+fast rule (a custom module with its own ``nn.Parameter``, PReLU, MultiheadAttention with the
+batch in its input's second dimension) and parameters used by more than one module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedsim.training.persample import PerSampleEngine, clip_rows, naive_per_example_gradients
+
+
+@pytest.fixture(autouse=True)
+def _float64() -> None:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+class MeanOver(nn.Module):
+    """Mean over the given dimensions (no parameters): turns feature maps into class scores."""
+
+    def __init__(self, *dims: int) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(self.dims)
+
+
+class Twice(nn.Module):
+    """One module called twice in a forward pass (its uses are summed per example)."""
+
+    def __init__(self, inner: nn.Module, *mean_dims: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dims = mean_dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inner(torch.tanh(self.inner(x))))
+        return h.mean(self.dims) if self.dims else h
+
+
+def _randomise(model: nn.Module) -> nn.Module:
+    """Random affine weights (a norm layer starts at weight 1, bias 0: too special a point)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))
+    return model
+
+
+Case = tuple[str, Callable[[], nn.Module], Callable[[int], torch.Tensor], int]
+LAYERS: list[Case] = [
+    ("linear", lambda: nn.Linear(7, 4), lambda b: torch.randn(b, 7), 4),
+    ("linear_nobias", lambda: nn.Linear(7, 4, bias=False), lambda b: torch.randn(b, 7), 4),
+    (
+        "linear_sequence",  # (B, T, d): the ghost norm over positions
+        lambda: nn.Sequential(nn.Linear(6, 5), MeanOver(1)),
+        lambda b: torch.randn(b, 3, 6),
+        5,
+    ),
+    (
+        "conv2d",
+        lambda: nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), MeanOver(2, 3)),
+        lambda b: torch.randn(b, 2, 5, 5),
+        3,
+    ),
+    (
+        "conv2d_grouped_strided",
+        lambda: nn.Sequential(
+            nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), MeanOver(2, 3)
+        ),
+        lambda b: torch.randn(b, 4, 7, 7),
+        6,
+    ),
+    (
+        "conv2d_ghost",  # one output position, 2 x 2 x 8 x 16 weights: ghost norms
+        lambda: nn.Sequential(nn.Conv2d(8, 16, 2), nn.Flatten()),
+        lambda b: torch.randn(b, 8, 2, 2),
+        16,
+    ),
+    (
+        "embedding",
+        lambda: nn.Sequential(nn.Embedding(9, 4), MeanOver(1)),
+        lambda b: torch.randint(0, 9, (b, 6)),  # repeated tokens: the [idx_t = idx_s] terms
+        4,
+    ),
+    (
+        "embedding_padding",
+        lambda: nn.Sequential(nn.Embedding(9, 4, padding_idx=0), MeanOver(1)),
+        lambda b: torch.randint(0, 3, (b, 6)),
+        4,
+    ),
+    (
+        "conv2d_twice",
+        lambda: Twice(nn.Conv2d(3, 3, 3, padding=1), 2, 3),
+        lambda b: torch.randn(b, 3, 4, 4),
+        3,
+    ),
+    ("layernorm", lambda: _randomise(nn.LayerNorm(6)), lambda b: torch.randn(b, 6), 6),
+    (
+        "layernorm_2d_shape",
+        lambda: nn.Sequential(_randomise(nn.LayerNorm((3, 4))), MeanOver(1)),
+        lambda b: torch.randn(b, 3, 4),
+        4,
+    ),
+    (
+        "groupnorm",
+        lambda: nn.Sequential(_randomise(nn.GroupNorm(2, 4)), MeanOver(2, 3)),
+        lambda b: torch.randn(b, 4, 3, 3),
+        4,
+    ),
+    ("layernorm_twice", lambda: Twice(_randomise(nn.LayerNorm(5))), lambda b: torch.randn(b, 5), 5),
+    (
+        "groupnorm_twice",
+        lambda: Twice(_randomise(nn.GroupNorm(2, 4)), 2),
+        lambda b: torch.randn(b, 4, 3),
+        4,
+    ),
+]
+
+
+class Scale(nn.Module):
+    """A custom layer with its own parameter (no fast rule)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.randn(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain + torch.sin(x)
+
+
+class Mixed(nn.Module):
+    """Fast layers around three without a fast rule: Scale, PReLU, MultiheadAttention whose
+    input is (T, B, E) (batch_first=False)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(12, 8)
+        self.norm = nn.LayerNorm(8)
+        self.scale = Scale(8)
+        self.attention = nn.MultiheadAttention(8, 2)
+        self.prelu = nn.PReLU(8)
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.group = nn.GroupNorm(1, 2)
+        self.head = nn.Linear(8 + 2, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.scale(self.norm(self.embedding(x)))  # (B, T, 8)
+        seq = h.transpose(0, 1)  # (T, B, 8)
+        attended, _ = self.attention(seq, seq, seq, need_weights=False)
+        h = self.prelu(attended.transpose(0, 1).mean(1))  # (B, 8)
+        picture = self.group(self.conv(h.unsqueeze(1).unsqueeze(-1).expand(-1, 1, 8, 4)))
+        return self.head(torch.cat([h, picture.mean((2, 3))], 1))
+
+
+class TiedByModule(nn.Module):
+    """The output layer's weight is the embedding's (registered in two modules)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 6)
+        self.hidden = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 10)
+        self.out.weight = self.embedding.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(self.embedding(x).mean(1))))
+
+
+class TiedByFunction(nn.Module):
+    """The embedding's weight is also read outside its forward (F.linear in the parent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 6)
+        self.hidden = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(torch.tanh(self.hidden(self.embedding(x).mean(1))), self.embedding.weight)
+
+
+def _tokens(b: int) -> torch.Tensor:
+    return torch.randint(0, 10, (b, 5))
+
+
+MIXED: list[tuple[str, Callable[[], nn.Module], Callable[[int], torch.Tensor], int, set[str]]] = [
+    (
+        "mixed",
+        Mixed,
+        lambda b: torch.randint(0, 12, (b, 4)),
+        5,
+        {"scale.gain", "prelu.weight", "attention.in_proj_weight", "attention.in_proj_bias",
+         "attention.out_proj.weight", "attention.out_proj.bias"},
+    ),
+    ("tied_by_module", TiedByModule, _tokens, 10, {"embedding.weight", "out.bias"}),
+    ("tied_by_function", TiedByFunction, _tokens, 10, {"embedding.weight"}),
+]
+
+
+def _assert_matches_reference(engine: PerSampleEngine, x: torch.Tensor, y: torch.Tensor) -> None:
+    reference = naive_per_example_gradients(engine.model, x, y)
+    clip = float(reference.norm(dim=1).median())  # clips about half of them
+    result = engine.clipped_sum(x, y, clip, scale=0.5)
+    torch.testing.assert_close(result.norms, reference.norm(dim=1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        result.flat_sum, 0.5 * clip_rows(reference, clip).sum(0), rtol=1e-10, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize(("name", "make", "draw", "classes"), LAYERS, ids=[c[0] for c in LAYERS])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "fallback"])
+def test_each_layer_alone_equals_single_example_backward_passes(
+    name: str,
+    make: Callable[[], nn.Module],
+    draw: Callable[[int], torch.Tensor],
+    classes: int,
+    fast: bool,
+) -> None:
+    torch.manual_seed(11)
+    model = make()
+    engine = PerSampleEngine(model, fast_paths=fast)
+    names = [n for n, _ in model.named_parameters()]
+    assert engine.fallback_parameters == ([] if fast else names)  # the path under test
+    x, y = draw(7), torch.randint(0, classes, (7,))
+    _assert_matches_reference(engine, x, y)
+    assert engine.fallback_parameters == ([] if fast else names)  # and still after a batch
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "draw", "classes", "fallback"), MIXED, ids=[c[0] for c in MIXED]
+)
+def test_mixed_models_route_each_parameter_and_equal_the_reference(
+    name: str,
+    make: Callable[[], nn.Module],
+    draw: Callable[[int], torch.Tensor],
+    classes: int,
+    fallback: set[str],
+) -> None:
+    torch.manual_seed(12)
+    model = make()
+    engine = PerSampleEngine(model)
+    x, y = draw(6), torch.randint(0, classes, (6,))
+    for _ in range(2):  # the first batch runs the checks (and may reroute), the second not
+        _assert_matches_reference(engine, x, y)
+        assert set(engine.fallback_parameters) == fallback
+    if name == "mixed":  # the fast layers kept their rules
+        fast = {layer.kind for layer in engine._layers}
+        assert fast == {"linear", "conv2d", "embedding", "norm"}
+
+
+def test_fallback_alone_gives_the_loss_sum_and_respects_frozen_parameters() -> None:
+    torch.manual_seed(13)
+    model = Mixed()
+    model.norm.weight.requires_grad_(False)
+    x, y = torch.randint(0, 12, (5,)).reshape(5, 1).repeat(1, 4), torch.randint(0, 5, (5,))
+    engine = PerSampleEngine(model, fast_paths=False)
+    assert "norm.weight" not in engine.fallback_parameters
+    result = engine.clipped_sum(x, y, 1.0)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(x), y, reduction="sum")
+    assert result.loss_sum == pytest.approx(float(expected), rel=1e-12)
+    _assert_matches_reference(engine, x, y)
+    offset = 0
+    for n, p in model.named_parameters():
+        if n == "norm.weight":
+            assert not result.flat_sum[offset : offset + p.numel()].any()
+        offset += p.numel()
+
+
+class DataDependent(nn.Module):
+    """Python control flow on a tensor's value: torch.func cannot vmap it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain if float(x.sum()) > 0 else -x * self.gain
+
+
+def test_a_layer_the_fallback_cannot_run_fails_with_a_model_error_naming_it() -> None:
+    from fedsim.errors import ModelError
+
+    engine = PerSampleEngine(nn.Sequential(nn.Linear(3, 3), DataDependent()))
+    assert engine.fallback_parameters == ["1.gain"]
+    with pytest.raises(ModelError, match="per-example gradients of 1.gain .* torch.func"):
+        engine.clipped_sum(torch.randn(4, 3), torch.randint(0, 3, (4,)), 1.0)
