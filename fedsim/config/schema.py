@@ -393,6 +393,14 @@ class ClientGroup(_Strict):
     accountant: Literal["pld", "rdp"] = "pld"
     weight: PositiveFloat = 1.0  # mixing weight under server.mixing = "configured"
     network: LinkOverride | None = None
+    interrupt: Literal["switch", "snapshot"] = Field(
+        default="switch",
+        description=(
+            "A global model arriving mid-round: 'switch' (paper 000's interrupt service routine) "
+            "computes the round's gradients not yet computed at the new model, with the batch "
+            "and noise drawn at round start; 'snapshot' computes every gradient at the model the "
+            "round began on. Same privacy either way (the new model is post-processing)."),
+    )
 
 
     @model_validator(mode="after")

@@ -29,17 +29,29 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      drops the message;
   5. apply the update locally: ``w <- w - eta * Ubar/m``.
 
-**A round in progress continues when a global model arrives mid-round.** Every gradient of the
-round is computed at the single ``w`` the round started from (its snapshot) - paper 000 requires
-exactly this: "each gradient a_h is computed for the same w", since the sensitivity bound 2C
-(or C) of U needs the per-example gradients not to influence each other. The overwrite replaces
-``w`` immediately, so the finished update is applied on top of the *new* global model and the
-next round starts from it; the update itself is still sent, tagged with the version it was
-computed on, so the server's staleness policy judges it. Restarting instead would throw away a
-finished computation and, whenever the server broadcasts more often than a slow client
-finishes a round, starve that client for ever - against the paper's point that clients compute
-at their own rate, independent of the broadcast rate. Not releasing the discarded work would
-cost no privacy, but the starvation is the decisive argument.
+**A global model arriving mid-round** (``interrupt``, per client group). Paper 000's interrupt
+service routine "will replace the locally kept model w by a received global model w-hat. This
+may happen in the middle of a round", and "each gradient is computed based on w which is the
+last received global model from the server through the interrupt service routine": earlier
+updates "can participate in the current computation of a round update U through its dependency
+on the global model w-hat (through the gradients in U)".
+
+* ``switch`` (the default, the paper's rule): the gradients of the round not yet computed when
+  w-hat arrives are computed at w-hat. The round's batch and noise were drawn when it began and
+  stay; the arrival's fraction of the round's compute time splits the round
+  (:meth:`~fedsim.training.rounds.PendingRound.switch`; which gradient is due when is a fixed
+  function of the record, never of the rest of the batch, see :mod:`fedsim.training.rounds`).
+  Deterministic under virtual time: the split points are the arrival times.
+* ``snapshot``: every gradient of the round is computed at the ``w`` the round began on.
+
+Either way the overwrite replaces ``w`` at once, the finished update is applied on top of the
+*new* global model and sent tagged with the version the round began on, so the server's
+staleness policy judges it; the round is never restarted (that would starve a client slower
+than the broadcast rate). **Privacy is the same under both rules**: w-hat is post-processing of
+released updates, and each a_h still depends on one example (at w or w-hat), so U's sensitivity
+(C or 2C) and the round's privacy events are unchanged. On a wall clock
+(``pad_release``) the round is computed when it begins and computed again at once when a w-hat
+splits it, so its result is ready by its public release time.
 
 The actor sees a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint` only; it is cancelled (crash) or paused (offline)
@@ -53,7 +65,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 import structlog
@@ -80,7 +92,11 @@ class BegunRound(Protocol):
 
     sample_grads: int
 
+    ends_at: float | None
+
     def result(self) -> RoundResult: ...
+
+    def switch(self, fraction: float, params: np.ndarray) -> None: ...
 
     def cancel(self) -> None: ...
 
@@ -144,6 +160,7 @@ class ClientActor:
         status_epsilon: Callable[[], tuple[float, float]] | None = None,
         expected_sample_grads: float | None = None,
         exposure: ClientExposure = ClientExposure(),
+        interrupt: Literal["switch", "snapshot"] = "switch",
     ) -> None:
         self.client_id = client_id
         self.clock = clock
@@ -157,6 +174,10 @@ class ClientActor:
             float(batch_size) if expected_sample_grads is None else float(expected_sample_grads)
         )
         self.exposure = exposure
+        self.interrupt = interrupt
+        self.switched_rounds = 0  # rounds a w-hat split (interrupt = switch)
+        # The round in progress: (its begun round, start time, compute time), for a switch.
+        self._round: tuple[BegunRound, float, float] | None = None
         self.randomness = exposure.randomness
         self.timing_overruns = 0
         self.invitation_window = 0  # the latest invitation seen (window it opens)
@@ -212,9 +233,22 @@ class ClientActor:
         self.held_global = np.asarray(message.params, dtype=np.float32)
         self.w = self.held_global
         self.rounds_since_global = 0
+        if self._round is not None and self.interrupt == "switch":
+            self._switch(*self._round)
         arrived, self._arrival = self._arrival, asyncio.Event()
         arrived.set()
         return True
+
+    def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
+        """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
+        fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
+        if fraction >= 1.0:
+            return
+        assert self.w is not None
+        pending.switch(fraction, self.w)
+        self.switched_rounds += 1
+        if self.exposure.pad_release and self.exposure.timing != "realised":
+            pending.result()  # computed again now: ready by the public release time
 
     async def _receive_forever(self) -> None:
         while True:
@@ -343,14 +377,24 @@ class ClientActor:
         ``timing = realised``: the cost of the realised batch, waited before computing."""
         start = self.clock.now()
         per_sample = self.seconds_per_sample()
-        if self.exposure.timing == "realised":
-            await self.clock.sleep(per_sample * pending.sample_grads)
-            return pending.result()
-        slot = per_sample * self.expected_sample_grads
-        if not self.exposure.pad_release:
-            await self.clock.sleep(slot)
-            return pending.result()
-        result = pending.result()
+        realised = self.exposure.timing == "realised"
+        slot = per_sample * (pending.sample_grads if realised else self.expected_sample_grads)
+        if self.interrupt == "switch":
+            pending.ends_at = start + slot
+        self._round = (pending, start, slot)
+        try:
+            if realised or not self.exposure.pad_release:
+                await self.clock.sleep(slot)
+                return pending.result()
+            return await self._padded(pending, start, slot, round_index)
+        finally:
+            self._round = None
+
+    async def _padded(self, pending: BegunRound, start: float, slot: float,
+                      round_index: int) -> RoundResult:
+        """Compute first, release at the public schedule (a switch recomputes at once)."""
+        switched = self.switched_rounds
+        result = pending.result()  # the real compute runs inside the slot
         now = self.clock.now()
         release = release_time(start, slot, now)
         if release > start + slot or slot <= 0:
@@ -358,4 +402,5 @@ class ClientActor:
             (_log.warning if self.timing_overruns == 1 else _log.debug)("round overran its public release slot", client=self.client_id,
                          round=round_index, slot=slot, compute=now - start, released=release - start)
         await self.clock.sleep(release - now)
-        return result
+        # A w-hat that split the round meanwhile had it computed again at once (_switch).
+        return result if self.switched_rounds == switched else pending.result()

@@ -340,6 +340,7 @@ def make_client_actor(
         max_rounds=group.rounds,
         first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
+        interrupt=group.interrupt,
     )
 
 

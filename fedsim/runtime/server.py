@@ -208,6 +208,7 @@ class ServerActor:
         self.invitations: dict[int, frozenset[str]] = {}
         self._evaluated_version = -1
         self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
+        self._origin = 0.0  # when window 0 opened (run() sets it)
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -346,6 +347,13 @@ class ServerActor:
         if self._evaluated_version == self.version - 1:
             self._evaluated_version = self.version
 
+    def earliest_publish(self, next_update_arrival: float) -> float:
+        """A lower bound on when the server can next publish a global model, given the
+        earliest time an update in flight can arrive (the batcher's horizon, see
+        :mod:`fedsim.training.batched`): the end of the open window."""
+        del next_update_arrival  # windows publish on time alone
+        return self._origin + (self.windows_closed + 1) * self.window
+
     # -- the actor ------------------------------------------------------------------------
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window)."""
@@ -353,7 +361,7 @@ class ServerActor:
         async with helper_tasks([receiver]):
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
-            start = self.clock.now() - self.windows_closed * self.window
+            start = self._origin = self.clock.now() - self.windows_closed * self.window
             while True:
                 # Sleep to the absolute window end so that rounding never accumulates.
                 await self.clock.sleep(

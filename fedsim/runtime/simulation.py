@@ -363,6 +363,11 @@ class _Simulation:
             endpoint=network.server_endpoint(),
             evaluate=None if self.message_only else make_evaluator(population),
         )
+        if batcher is not None and any(g.interrupt == "switch" for g in self.scenario.clients.groups):
+            # Rounds a w-hat may still split wait in the batcher until none can (see there).
+            network.track_arrivals = True
+            batcher.horizon = lambda: min(network.next_arrival("downlink"),
+                                          server.earliest_publish(network.next_arrival("uplink")))
         async with helper_tasks() as tasks:
             for client in self.clients.values():
                 self._start_actor(client, clock, network)
@@ -395,6 +400,7 @@ class _Simulation:
             cpu_seconds=self.cpu_seconds,
             rounds_batched=batcher.rounds_batched if batcher is not None else 0,
             batched_passes=batcher.batches if batcher is not None else 0,
+            rounds_recomputed=batcher.recomputed if batcher is not None else 0,
         )
 
     def run(self) -> tuple[ServerActor, float]:
