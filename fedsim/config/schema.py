@@ -19,6 +19,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from fedsim.config.aggregation import (
+    Aggregation,
+    ServerOptimizerConfig,
+    StalenessWeighting,
+    WindowsAggregation,
+)
+
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
@@ -468,7 +475,10 @@ StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discrim
 
 
 class Server(_Strict):
-    """Time windows, mixing, step size, evaluation and broadcast (paper 000, sec. 3)."""
+    """Time windows, mixing, step size, evaluation and broadcast (paper 000, sec. 3); the
+    aggregation policy, staleness weighting and server optimizer (:mod:`fedsim.aggregation`).
+    ``window`` is also the reporting period (metrics, evaluation, stop checks) of on-arrival
+    policies; ``normalize`` applies to time windows (a buffer is normalised over itself)."""
 
     window: PositiveFloat
     mixing: Literal["data_size", "configured", "uniform"] = "data_size"
@@ -480,6 +490,15 @@ class Server(_Strict):
     broadcast_every: PositiveInt = 1
     max_staleness: Annotated[int, Field(ge=0)] | None = None  # versions; None: accept all
     eval_every: PositiveInt = 1
+    aggregation: Aggregation = Field(
+        default_factory=WindowsAggregation,
+        description="when updates are applied: windows (default), fedbuff, fedasync")
+    staleness_weight: StalenessWeighting = Field(
+        default_factory=StalenessWeighting,
+        description="how much an update s versions old counts: constant, polynomial, hinge")
+    optimizer: ServerOptimizerConfig = Field(
+        default_factory=ServerOptimizerConfig,
+        description="server optimizer: sgd (default), momentum, adam, yogi")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,8 @@ class ServerCheckpoint:
             buffer,
             params=np.asarray(snapshot.params, dtype=np.float32),
             state=np.frombuffer(state, dtype=np.uint8),
+            # The server optimizer's moments (momentum, adam, yogi), one array each.
+            **{f"optimizer_{k}": v for k, v in snapshot.optimizer_state.items()},
         )
         temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
         with open(temporary, "wb") as handle:
@@ -128,6 +130,8 @@ class ServerCheckpoint:
             with open(self.path, "rb") as handle, np.load(handle, allow_pickle=False) as archive:
                 params = archive["params"].astype(np.float32, copy=True)
                 state = json.loads(archive["state"].tobytes().decode())
+                moments = {k.removeprefix("optimizer_"): archive[k].copy()
+                           for k in archive.files if k.startswith("optimizer_")}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is unreadable: {exc}") from None
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
@@ -141,6 +145,6 @@ class ServerCheckpoint:
                 f"{self.identity}; use a fresh --state directory"
             )
         try:
-            return _snapshot_from(params, state)
+            return replace(_snapshot_from(params, state), optimizer_state=moments)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc!r}") from None

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
+from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
 from fedsim.config.loading import LoadedScenario, resolve_path
 from fedsim.config.schema import ClientGroup, Scenario
@@ -381,6 +382,8 @@ def make_server_actor(
         participation=server_config.participation,
         rng=population.tree.numpy("server", "participation"),
         normalize=server_config.normalize,
+        policy=make_policy(server_config),
+        optimizer=make_optimizer(server_config.optimizer),
     )
 
 

@@ -25,6 +25,16 @@ broadcasting every window; clients train only under an invitation that names the
 uninvited client neither computes nor spends, and every update of an invited round is applied
 (subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
 
+**Aggregation policies** (``server.aggregation``, :mod:`fedsim.aggregation.policies`): with
+time windows (the default) the mix above happens at each window's end; with FedBuff (a buffer
+of K) or FedAsync (every update) the server judges each update as it arrives, applies the
+buffer when the policy says so and publishes the new model at once, and the window is only the
+reporting period (metrics line, evaluation, stop checks, checkpoint). Each applied update is
+weighted by the staleness weighting ``S(version - base_version)``, and the direction goes
+through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentum, Adam,
+Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
+de-duplication table), so a deployed server acknowledges it only once it is applied.
+
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,9 +55,11 @@ from fedsim.aggregation import (
     AcceptedUpdate,
     MixingStrategy,
     StepSizeSchedule,
-    mix,
     population_weight,
 )
+from fedsim.aggregation.mixing import descent_direction, normalised_weights
+from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
+from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
 from fedsim.config.schema import Stop
 from fedsim.errors import ConfigError
@@ -87,7 +100,9 @@ class WindowReport:
     loss: float | None = None
     applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
     """(client_id, round, base_version) of each applied update; the version before applying
-    was ``version - 1``."""
+    was ``version - 1`` (time windows; on-arrival policies: :attr:`applied_to`)."""
+    applied_to: list[int] = field(default_factory=list)
+    """The version each applied update was applied to (the model's version before it)."""
 
     def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
                      min_remaining_epsilon: float | None) -> dict[str, object]:
@@ -156,6 +171,7 @@ class ServerSnapshot:
     last_evaluation: tuple[float, float]
     statuses: dict[str, ClientStatus]
     invitations: dict[int, frozenset[str]] = field(default_factory=dict)
+    optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class ServerActor:
@@ -178,6 +194,8 @@ class ServerActor:
         participation: float = 1.0,
         rng: np.random.Generator | None = None,
         normalize: Literal["window", "population"] = "window",
+        policy: AggregationPolicy | None = None,
+        optimizer: ServerOptimizer | None = None,
     ) -> None:
         if window <= 0:
             raise ConfigError(f"window must be > 0, got {window}")
@@ -188,6 +206,8 @@ class ServerActor:
         self.clients = dict(clients)
         self.window = float(window)
         self.strategy = strategy
+        self.policy: AggregationPolicy = policy if policy is not None else TimeWindows()
+        self.optimizer: ServerOptimizer = optimizer if optimizer is not None else Sgd()
         self.step_size = step_size
         self.evaluate = evaluate
         self.eval_every = eval_every
@@ -209,12 +229,19 @@ class ServerActor:
         self._evaluated_version = -1
         self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
         self._origin = 0.0  # when window 0 opened (run() sets it)
+        # On-arrival policies: the open window's running report and the buffer of updates
+        # accepted but not yet applied (not in self.seen until applied).
+        self._open: WindowReport | None = None
+        self._buffer: list[tuple[AcceptedUpdate, int]] = []
+        self._invited_bits: bytes | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
         while True:
             message = await self.endpoint.receive()
-            if isinstance(message, ClientUpdate):
+            if isinstance(message, ClientUpdate) and self.policy.on_arrival:
+                await self._arrived(message)
+            elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
             elif isinstance(message, ClientStatus):
                 self.statuses[message.client_id] = message
@@ -231,55 +258,91 @@ class ServerActor:
         chosen = frozenset(ids[i] for i in self.rng.choice(len(ids), size=count, replace=False))
         # A restarted server draws the open window again: both draws' invitees may train.
         self.invitations[window] = self.invitations.get(window, frozenset()) | chosen
-        return invitation_bits(ids, chosen)
+        self._invited_bits = invitation_bits(ids, chosen)
+        return self._invited_bits
+
+    def _judge(self, update: ClientUpdate, report: WindowReport,
+               buffered: AbstractSet[tuple[str, int]] = frozenset()) -> AcceptedUpdate | None:
+        """Classify one update (unknown, duplicate, stale, uninvited: counted in ``report``);
+        the update to apply, or None. A judged update enters the de-duplication table; an
+        accepted one only when it is applied (``buffered``: accepted, waiting)."""
+        key = (update.client_id, update.round)
+        info = self.clients.get(update.client_id)
+        if info is None:
+            report.rejected += 1
+            return None
+        if key in self.seen or key in buffered:
+            report.duplicate += 1
+            return None
+        if (
+            self.max_staleness is not None
+            and self.version - update.base_version > self.max_staleness
+        ):
+            self.seen.add(key)
+            report.stale += 1
+            return None
+        if (self.participation < 1.0
+                and update.client_id not in self.invitations.get(update.window, ())):
+            self.seen.add(key)
+            _log.warning("update of a round the client was not invited to",
+                         client=update.client_id, round=update.round, window=update.window)
+            report.rejected += 1
+            return None
+        return AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
+                              info.step_size, info.weight, update.base_version)
+
+    def _apply(self, accepted: list[AcceptedUpdate], report: WindowReport, step: float) -> None:
+        """One server step with ``accepted`` (time windows: normalised as configured; a buffer:
+        over itself), through the policy's staleness factors and the server optimizer."""
+        total = None if self.policy.on_arrival else self.total_weight
+        lambdas = normalised_weights(self.strategy, accepted, total)
+        factors = self.policy.factors(
+            lambdas, staleness_of(self.version, [a.base_version for a in accepted]))
+        self.params = self.optimizer.step(self.params, descent_direction(accepted, factors), step)
+        for a in accepted:
+            self.seen.add((a.client_id, a.round))
+            report.applied_updates.append((a.client_id, a.round, a.base_version))
+            report.applied_to.append(self.version)
+        report.applied += len(accepted)
+        self.version += 1
+
+    async def _arrived(self, update: ClientUpdate) -> None:
+        """An on-arrival policy's update: judge it now, apply the buffer when the policy says
+        so and publish the new model at once."""
+        if self._open is None:
+            self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
+        self._open.received += 1
+        accepted = self._judge(update, self._open,
+                               frozenset((a.client_id, a.round) for a, _ in self._buffer))
+        if accepted is None:
+            return
+        self._buffer.append((accepted, self.version))
+        if self.policy.ready(len(self._buffer)):
+            batch, self._buffer = [a for a, _ in self._buffer], []
+            self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1))
+            await self.publish_model(invite=False)
 
     def close_window(self) -> WindowReport:
-        """Classify, mix and apply what arrived since the last window; evaluate if due."""
+        """Classify, mix and apply what arrived since the last window (on-arrival policies:
+        report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
         arrived, self._inbox = self._inbox, []
-        report = WindowReport(
-            window=window, time=self.clock.now(), version=self.version, received=len(arrived)
-        )
+        report = self._open or WindowReport(window=window, time=self.clock.now(),
+                                            version=self.version)
+        self._open = None
+        report.window, report.time = window, self.clock.now()
+        report.received += len(arrived)
         accepted: list[AcceptedUpdate] = []
+        keys: set[tuple[str, int]] = set()
         for update in arrived:
-            key = (update.client_id, update.round)
-            info = self.clients.get(update.client_id)
-            if info is None:
-                report.rejected += 1
-                continue
-            if key in self.seen:
-                report.duplicate += 1
-                continue
-            self.seen.add(key)
-            if (
-                self.max_staleness is not None
-                and self.version - update.base_version > self.max_staleness
-            ):
-                report.stale += 1
-            elif (self.participation < 1.0
-                  and update.client_id not in self.invitations.get(update.window, ())):
-                _log.warning("update of a round the client was not invited to",
-                             client=update.client_id, round=update.round, window=update.window)
-                report.rejected += 1
-            else:
-                accepted.append(
-                    AcceptedUpdate(
-                        update.client_id,
-                        update.round,
-                        update.delta,
-                        info.num_samples,
-                        info.step_size,
-                        info.weight,
-                    )
-                )
-                report.applied_updates.append((update.client_id, update.round, update.base_version))
-        report.applied = len(accepted)
+            judged = self._judge(update, report, keys)
+            if judged is not None:
+                accepted.append(judged)
+                keys.add((judged.client_id, judged.round))
         report.step_size = self.step_size.current(window)
         if accepted:
-            self.params = mix(self.params, accepted, self.strategy, report.step_size,
-                              total_weight=self.total_weight)
-            self.version += 1
+            self._apply(accepted, report, report.step_size)
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
             if self.version != self._evaluated_version:
@@ -294,8 +357,13 @@ class ServerActor:
 
     async def broadcast(self) -> None:
         """Publish the model; it opens the next window and carries that window's invitation."""
+        await self.publish_model(invite=True)
+
+    async def publish_model(self, *, invite: bool) -> None:
+        """Publish the model for the open window; ``invite``: draw the window's invitation
+        (False: repeat the open window's, for a model published mid-window)."""
         window = self.windows_closed + 1
-        invited = self._invite(window)
+        invited = self._invite(window) if invite else self._invited_bits
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
                                                 window, invited))
 
@@ -315,6 +383,7 @@ class ServerActor:
             last_evaluation=self._last_evaluation,
             statuses=dict(self.statuses),
             invitations=dict(self.invitations),
+            optimizer_state=self.optimizer.state(),
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -335,6 +404,7 @@ class ServerActor:
         self._last_evaluation = snapshot.last_evaluation
         self.statuses = dict(snapshot.statuses)
         self.invitations = dict(snapshot.invitations)
+        self.optimizer.load_state(snapshot.optimizer_state)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -351,8 +421,9 @@ class ServerActor:
         """A lower bound on when the server can next publish a global model, given the
         earliest time an update in flight can arrive (the batcher's horizon, see
         :mod:`fedsim.training.batched`): the end of the open window."""
-        del next_update_arrival  # windows publish on time alone
-        return self._origin + (self.windows_closed + 1) * self.window
+        window_end = self._origin + (self.windows_closed + 1) * self.window
+        # On arrival, any update can publish a model (FedAsync; FedBuff's K-th).
+        return min(window_end, next_update_arrival) if self.policy.on_arrival else window_end
 
     # -- the actor ------------------------------------------------------------------------
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:

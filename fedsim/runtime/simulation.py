@@ -329,8 +329,8 @@ class _Simulation:
         )
         self._dropped_seen = dropped
         self.metrics.append(line)
-        before = report.version - (1 if report.applied else 0)
-        self.applied_log.extend((c, r, base, before) for c, r, base in report.applied_updates)
+        self.applied_log.extend((c, r, base, before) for (c, r, base), before
+                                in zip(report.applied_updates, report.applied_to, strict=True))
         assert self._metrics_file is not None
         self._metrics_file.write(json_line(line))
         self._metrics_file.flush()

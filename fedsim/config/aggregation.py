@@ -1,0 +1,77 @@
+"""The ``server:`` sections that choose the aggregation policy, the staleness weighting and the
+server optimizer (:mod:`fedsim.aggregation.policies`, :mod:`fedsim.aggregation.optimizers`).
+
+A separate module of :mod:`fedsim.config.schema` (which imports these models into ``Server``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Aggregation",
+    "FedAsyncAggregation",
+    "FedBuffAggregation",
+    "ServerOptimizerConfig",
+    "StalenessWeighting",
+    "WindowsAggregation",
+]
+
+_UNIT = dict(ge=0.0, lt=1.0, allow_inf_nan=False)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class WindowsAggregation(_Strict):
+    """Paper 000's time windows: every update that arrived in a window, applied at its end."""
+
+    kind: Literal["windows"] = "windows"
+
+
+class FedBuffAggregation(_Strict):
+    """FedBuff (Nguyen et al. 2022): a buffer of ``buffer_size`` updates, applied (and the model
+    published) as soon as it is full."""
+
+    kind: Literal["fedbuff"]
+    buffer_size: int = Field(gt=0, description="K: updates per server step")
+
+
+class FedAsyncAggregation(_Strict):
+    """FedAsync (Xie et al. 2019): every update applied on arrival with weight
+    ``alpha * S(staleness)``, the model published at once."""
+
+    kind: Literal["fedasync"]
+    alpha: float = Field(default=0.6, gt=0.0, le=1.0, allow_inf_nan=False,
+                         description="mixing weight alpha in (0, 1]")
+
+
+Aggregation = Annotated[
+    WindowsAggregation | FedBuffAggregation | FedAsyncAggregation, Field(discriminator="kind")]
+
+
+class StalenessWeighting(_Strict):
+    """``S(s)`` of an update ``s`` versions old (Xie et al.): ``constant`` 1; ``polynomial``
+    ``(s + 1)^(-a)``; ``hinge`` 1 for ``s <= b``, else ``1 / (a (s - b) + 1)``."""
+
+    kind: Literal["constant", "polynomial", "hinge"] = "constant"
+    a: float = Field(default=0.5, gt=0.0, allow_inf_nan=False,
+                     description="polynomial exponent, or the hinge's slope")
+    b: float = Field(default=4.0, ge=0.0, allow_inf_nan=False,
+                     description="hinge: staleness (versions) up to which S = 1")
+
+
+class ServerOptimizerConfig(_Strict):
+    """How the pseudo-gradient moves the model, at the ``step_size`` of the window (Reddi et al.,
+    "Adaptive Federated Optimization"): ``sgd`` (paper 000's server step), ``momentum``
+    (FedAvgM), ``adam`` (FedAdam), ``yogi`` (FedYogi)."""
+
+    kind: Literal["sgd", "momentum", "adam", "yogi"] = "sgd"
+    beta1: float = Field(default=0.9, **_UNIT, description="momentum / first-moment decay")
+    beta2: float = Field(default=0.99, **_UNIT,
+                         description="adam, yogi: second-moment decay")
+    tau: float = Field(default=1e-3, gt=0.0, allow_inf_nan=False,
+                       description="adam, yogi: adaptivity (v starts at tau^2)")
