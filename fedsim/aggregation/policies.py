@@ -114,7 +114,7 @@ class HingeStaleness:
 
     def __call__(self, staleness: np.ndarray) -> np.ndarray:
         s = _staleness(staleness)
-        return np.where(s <= self.b, 1.0, 1.0 / (self.a * (s - self.b) + 1.0))
+        return 1.0 / (self.a * np.maximum(s - self.b, 0.0) + 1.0)  # 1 for s <= b
 
 
 class AggregationPolicy(Protocol):
