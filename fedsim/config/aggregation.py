@@ -14,6 +14,7 @@ __all__ = [
     "Aggregation",
     "FedAsyncAggregation",
     "FedBuffAggregation",
+    "LocalStepSequence",
     "ServerOptimizerConfig",
     "StalenessWeighting",
     "WindowsAggregation",
@@ -75,3 +76,17 @@ class ServerOptimizerConfig(_Strict):
                          description="adam, yogi: second-moment decay")
     tau: float = Field(default=1e-3, gt=0.0, allow_inf_nan=False,
                        description="adam, yogi: adaptivity (v starts at tau^2)")
+
+
+class LocalStepSequence(_Strict):
+    """A client's a-priori agreed round step sizes eta(r) from its ``local_lr`` (paper 000):
+    ``constant``; ``inverse_time`` ``local_lr / (1 + decay r)^power``; ``exponential``
+    ``max(minimum, local_lr factor^r)``. The server applies the same eta(r) to round r's update."""
+
+    kind: Literal["constant", "inverse_time", "exponential"] = "constant"
+    decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="inverse_time")
+    power: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="inverse_time")
+    factor: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False,
+                          description="exponential: per-round factor")
+    minimum: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
+                           description="exponential: floor")

@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from fedsim.config.aggregation import (
     Aggregation,
+    LocalStepSequence,
     ServerOptimizerConfig,
     StalenessWeighting,
     WindowsAggregation,
@@ -400,6 +401,13 @@ class ClientGroup(_Strict):
     accountant: Literal["pld", "rdp"] = "pld"
     weight: PositiveFloat = 1.0  # mixing weight under server.mixing = "configured"
     network: LinkOverride | None = None
+    step_sequence: LocalStepSequence = Field(
+        default_factory=LocalStepSequence,
+        description="the round step sizes eta(r) agreed a priori with the server, from local_lr")
+    follow_server_step: bool = Field(
+        default=True,
+        description="multiply the local step by the server step size each global model carries "
+                    "(paper 000: the server broadcasts the new step sizes); false: local_lr only")
     interrupt: Literal["switch", "snapshot"] = Field(
         default="switch",
         description=(

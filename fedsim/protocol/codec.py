@@ -93,6 +93,7 @@ class GlobalHeader(_Header):
     window: _NonNegativeInt = 0
     invited: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{2})*$",
                                               max_length=MAX_INVITED_HEX)] | None = None
+    step_size: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
     tensor: TensorSpec
 
 
@@ -161,6 +162,7 @@ def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
             sent_at=float(message.sent_at),
             window=message.window,
             invited=None if message.invited is None else bytes(message.invited).hex(),
+            step_size=float(message.step_size),
             tensor=_tensor_spec(message.params, "GlobalModel.params"),
         )
         _check_finite(message.params, "GlobalModel.params")
@@ -288,7 +290,7 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
         )
     invited = None if header.invited is None else bytes.fromhex(header.invited)
     return GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
-                       window=header.window, invited=invited)
+                       window=header.window, invited=invited, step_size=header.step_size)
 
 
 def check_client_id(client_id: str) -> str:

@@ -47,6 +47,10 @@ class GlobalModel:
     :mod:`fedsim.runtime.exposure`): ``invited`` is a bitmap over the scenario's sorted client
     ids (bit ``i`` of byte ``i // 8``, least significant first), or None when every client is
     invited. A client trains only under the latest invitation that names it.
+
+    ``step_size`` is the server step size s_t of the window it opens (paper 000: the server
+    "decides when to reduce the step size ... and broadcasts the new step sizes to the
+    clients"); a client that follows it steps ``w <- w - s_t eta_i u`` locally.
     """
 
     version: int
@@ -54,6 +58,7 @@ class GlobalModel:
     sent_at: float = 0.0
     window: int = 0
     invited: bytes | None = None
+    step_size: float = 1.0
 
 
 ClientState = Literal["training", "waiting", "budget_exhausted", "offline", "done", "crashed"]

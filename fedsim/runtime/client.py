@@ -151,7 +151,7 @@ class ClientActor:
         endpoint: Endpoint,
         trainer: Trainer,
         ledger: Ledger,
-        local_lr: float,
+        local_lr: float | Callable[[int], float],
         batch_size: float,
         seconds_per_sample: Callable[[], float],
         staleness: StalenessPolicy = StalenessPolicy(),
@@ -161,13 +161,19 @@ class ClientActor:
         expected_sample_grads: float | None = None,
         exposure: ClientExposure = ClientExposure(),
         interrupt: Literal["switch", "snapshot"] = "switch",
+        follow_server_step: bool = True,
     ) -> None:
         self.client_id = client_id
         self.clock = clock
         self.endpoint = endpoint
         self.trainer = trainer
         self.ledger = ledger
-        self.local_lr = float(local_lr)
+        # eta_i(r): a constant or the sequence agreed with the server, times the server step
+        # size the latest global model carried when following it.
+        self.step_sequence = local_lr if callable(local_lr) else None
+        self.local_lr = float(local_lr(0)) if callable(local_lr) else float(local_lr)
+        self.follow_server_step = follow_server_step
+        self.server_step = 1.0
         self.batch_size = float(batch_size)
         # Public: the expected per-example gradients of a round (local_steps * m).
         self.expected_sample_grads = (
@@ -228,6 +234,8 @@ class ClientActor:
             self.ignored_globals += 1
             return False
         self.held_version = message.version
+        if self.follow_server_step:
+            self.server_step = float(message.step_size)
         # No copies: w is never modified in place (every local step makes a new array), so the
         # local model may share the received, read-only parameter buffer until it moves.
         self.held_global = np.asarray(message.params, dtype=np.float32)
@@ -238,6 +246,12 @@ class ClientActor:
         arrived, self._arrival = self._arrival, asyncio.Event()
         arrived.set()
         return True
+
+    def local_step(self, round_index: int) -> float:
+        """The step of round ``round_index``'s local update: ``eta_i(r)`` (times the server step
+        size, when following it)."""
+        eta = self.local_lr if self.step_sequence is None else float(self.step_sequence(round_index))
+        return eta * self.server_step if self.follow_server_step else eta
 
     def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
@@ -362,7 +376,7 @@ class ClientActor:
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
                 self.clock.now(), window))
-            local = result.update * np.float32(-self.local_lr)  # a new array: w is never mutated
+            local = result.update * np.float32(-self.local_step(round_index))  # a new array
             local += self.w
             self.w = local
             self.rounds_since_global += 1

@@ -44,6 +44,7 @@ from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.models import build_scenario_model
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
+from fedsim.training.step_sequence import StepSequence
 from fedsim.transports.base import Endpoint
 
 __all__ = [
@@ -126,7 +127,7 @@ class Population:
             clip=plan.schedule,
             noise=plan.schedule,
             local_steps=group.local_steps,
-            local_lr=group.local_lr,
+            local_lr=step_sequence(group) or group.local_lr,
             max_physical_batch=group.max_physical_batch,
             generator=generator,
             declared_records=plan.public_samples,
@@ -187,6 +188,15 @@ class VirtualDurationTrainer:
             mean_loss=math.nan,
             sample_grads=sum(sizes),
         ))
+
+
+def step_sequence(group: ClientGroup) -> StepSequence | None:
+    """The group's agreed round step sizes eta(r) (None: the constant ``local_lr``)."""
+    config = group.step_sequence
+    if config.kind == "constant":
+        return None
+    return StepSequence(group.local_lr, config.kind, config.decay, config.power, config.factor,
+                        config.minimum)
 
 
 def _client_ids(group: ClientGroup) -> list[str]:
@@ -330,7 +340,7 @@ def make_client_actor(
         endpoint=endpoint,
         trainer=trainer,
         ledger=ledger,
-        local_lr=group.local_lr,
+        local_lr=step_sequence(group) or group.local_lr,
         batch_size=float(group.batch_size),
         seconds_per_sample=lambda: group.speed.sample(speed_rng),
         expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps),
@@ -342,6 +352,7 @@ def make_client_actor(
         first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
         interrupt=group.interrupt,
+        follow_server_step=group.follow_server_step,
     )
 
 
@@ -369,7 +380,8 @@ def make_server_actor(
         endpoint=endpoint,
         initial_params=population.initial_params,
         clients={
-            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight)
+            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight,
+                                    step_sequence(p.group))
             for p in population.plans
         },
         window=server_config.window,

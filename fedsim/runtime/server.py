@@ -80,6 +80,11 @@ class ClientInfo:
     num_samples: int  # the declared (public) size, never a size the client sent
     step_size: float  # the client's agreed local step size eta_i
     weight: float = 1.0
+    sequence: Callable[[int], float] | None = None  # eta_i(r), agreed a priori (None: constant)
+
+    def step_at(self, round_index: int) -> float:
+        """eta_i of the client's round ``round_index``."""
+        return self.step_size if self.sequence is None else float(self.sequence(round_index))
 
 
 @dataclass
@@ -289,7 +294,7 @@ class ServerActor:
             report.rejected += 1
             return None
         return AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
-                              info.step_size, info.weight, update.base_version)
+                              info.step_at(update.round), info.weight, update.base_version)
 
     def _apply(self, accepted: list[AcceptedUpdate], report: WindowReport, step: float) -> None:
         """One server step with ``accepted`` (time windows: normalised as configured; a buffer:
@@ -365,7 +370,7 @@ class ServerActor:
         window = self.windows_closed + 1
         invited = self._invite(window) if invite else self._invited_bits
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
-                                                window, invited))
+                                                window, invited, self.step_size.current(window)))
 
     # -- checkpoints ----------------------------------------------------------------------
     def snapshot(self) -> ServerSnapshot:

@@ -26,6 +26,7 @@ noised with ``sigma_sum = (z^-2 - (s_b / sigma_b)^2)^(-1/2)``, which needs ``sig
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -180,7 +181,7 @@ class LocalTrainer:
         clip: ClipSchedule,
         noise: NoiseSchedule,
         local_steps: int = 1,
-        local_lr: float = 0.1,
+        local_lr: float | Callable[[int], float] = 0.1,
         max_physical_batch: int = 256,
         generator: torch.Generator,
         adaptive_clip: AdaptiveClipConfig | None = None,
@@ -207,6 +208,9 @@ class LocalTrainer:
             )
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        # eta(r) between a round's local steps: a constant or the agreed sequence
+        self.step_sequence = local_lr if callable(local_lr) else None
+        local_lr = float(local_lr(0)) if callable(local_lr) else local_lr
         if not (math.isfinite(local_lr) and local_lr > 0):
             raise ConfigError(f"local_lr must be > 0, got {local_lr!r}")
         if max_physical_batch < 1:
@@ -266,6 +270,12 @@ class LocalTrainer:
         self._adaptive_norm = clip * math.exp(
             -config.learning_rate * (fraction - config.target_quantile)
         )
+
+    def lr_for(self, round_index: int) -> float:
+        """The local step size of round ``round_index`` (its agreed sequence, or local_lr)."""
+        if self.step_sequence is None:
+            return self.local_lr
+        return float(self.step_sequence(round_index))
 
     def adaptive_state(self) -> float | None:
         """Adaptive clipping's current norm (None without it or before its first round)."""
@@ -340,7 +350,7 @@ class LocalTrainer:
             loss_sum += result.loss_sum
             if step + 1 < self.local_steps:
                 assert start is not None
-                current = start - self.local_lr * accumulated.to("cpu", torch.float64)
+                current = start - self.lr_for(round_index) * accumulated.to("cpu", torch.float64)
                 load_flat_params(self.model, current.to(torch.float32).numpy())
         # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
         assert accumulated is not None  # local_steps >= 1
@@ -379,7 +389,7 @@ class LocalTrainer:
             for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
                                             round_index):
                 here = bases[k] if accumulated is None else (
-                    bases[k] - self.local_lr * accumulated.to("cpu", torch.float64))
+                    bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
                 load_flat_params(self.model, here.to(torch.float32).numpy())
                 if total is None:  # the step's noise comes with its first segment
                     part = self._step(indices, clip, sum_sigma, draws.noise)
