@@ -14,6 +14,7 @@ __all__ = [
     "Aggregation",
     "FedAsyncAggregation",
     "FedBuffAggregation",
+    "AdaptiveClipping",
     "LocalStepSequence",
     "ServerOptimizerConfig",
     "StalenessWeighting",
@@ -90,3 +91,19 @@ class LocalStepSequence(_Strict):
                           description="exponential: per-round factor")
     minimum: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
                            description="exponential: floor")
+
+
+class AdaptiveClipping(_Strict):
+    """Adaptive (quantile) clipping, Andrew et al. 2021: after each step the clipping norm moves
+    geometrically towards the ``target_quantile`` of the per-example gradient norms, from a
+    count of unclipped examples released with noise ``count_noise_std``. The group's sigma is
+    the step's *effective* multiplier: the sum's noise is raised so that (sum, count) together
+    cost exactly one Gaussian step of that sigma (the ledger's events are unchanged)."""
+
+    target_quantile: float = Field(default=0.5, gt=0.0, lt=1.0, allow_inf_nan=False,
+                                   description="fraction of examples meant to be unclipped")
+    learning_rate: float = Field(default=0.2, gt=0.0, allow_inf_nan=False,
+                                 description="eta_C of the geometric update")
+    count_noise_std: float = Field(gt=0.0, allow_inf_nan=False,
+                                   description="sigma_b, the count's noise std (Andrew et al.: "
+                                               "about batch_size / 20)")

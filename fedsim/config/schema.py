@@ -20,6 +20,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from fedsim.config.aggregation import (
+    AdaptiveClipping,
     Aggregation,
     LocalStepSequence,
     ServerOptimizerConfig,
@@ -401,6 +402,13 @@ class ClientGroup(_Strict):
     accountant: Literal["pld", "rdp"] = "pld"
     weight: PositiveFloat = 1.0  # mixing weight under server.mixing = "configured"
     network: LinkOverride | None = None
+    adaptive_clip: AdaptiveClipping | None = Field(
+        default=None, description="adaptive (quantile) clipping; the clip value is its start")
+    per_example_steps: PositiveInt = Field(
+        default=1, description="a_h as that many SGD steps on the example alone (paper 000); "
+                               "1: its gradient. Same privacy, that many times the compute")
+    per_example_lr: PositiveFloat = Field(default=0.1,
+                                          description="step size of per_example_steps")
     step_sequence: LocalStepSequence = Field(
         default_factory=LocalStepSequence,
         description="the round step sizes eta(r) agreed a priori with the server, from local_lr")
@@ -427,6 +435,9 @@ class ClientGroup(_Strict):
                     "rounds: set rounds")
             if self.clip.kind == "decay":
                 raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
+        if self.adaptive_clip is not None and self.clip.kind != "constant":
+            raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
+                             "(its starting value), not a schedule")
         return self
 
 

@@ -42,6 +42,7 @@ from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_param
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import step_for
+from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
@@ -129,6 +130,9 @@ class Population:
             local_steps=group.local_steps,
             local_lr=step_sequence(group) or group.local_lr,
             max_physical_batch=group.max_physical_batch,
+            adaptive_clip=adaptive_clip(group),
+            per_example_steps=group.per_example_steps,
+            per_example_lr=group.per_example_lr,
             generator=generator,
             declared_records=plan.public_samples,
         )
@@ -188,6 +192,15 @@ class VirtualDurationTrainer:
             mean_loss=math.nan,
             sample_grads=sum(sizes),
         ))
+
+
+def adaptive_clip(group: ClientGroup) -> AdaptiveClipConfig | None:
+    """The group's adaptive clipping (None: its clip schedule as given)."""
+    config = group.adaptive_clip
+    if config is None:
+        return None
+    return AdaptiveClipConfig(config.target_quantile, config.learning_rate,
+                              config.count_noise_std)
 
 
 def step_sequence(group: ClientGroup) -> StepSequence | None:
@@ -297,6 +310,12 @@ def build_population(
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
+        if group.adaptive_clip is not None:  # the count's noise must leave room for the sum's
+            try:
+                sum_noise_multiplier(float(schedule.sigma(0)), group.adaptive_clip.count_noise_std,
+                                     group.sampling)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}.adaptive_clip: {exc}") from None
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedule))
     return Population(
