@@ -21,7 +21,6 @@ __all__ = [
     "WindowsAggregation",
 ]
 
-_UNIT = dict(ge=0.0, lt=1.0, allow_inf_nan=False)
 
 
 class _Strict(BaseModel):
@@ -72,8 +71,9 @@ class ServerOptimizerConfig(_Strict):
     (FedAvgM), ``adam`` (FedAdam), ``yogi`` (FedYogi)."""
 
     kind: Literal["sgd", "momentum", "adam", "yogi"] = "sgd"
-    beta1: float = Field(default=0.9, **_UNIT, description="momentum / first-moment decay")
-    beta2: float = Field(default=0.99, **_UNIT,
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, allow_inf_nan=False,
+                         description="momentum / first-moment decay")
+    beta2: float = Field(default=0.99, ge=0.0, lt=1.0, allow_inf_nan=False,
                          description="adam, yogi: second-moment decay")
     tau: float = Field(default=1e-3, gt=0.0, allow_inf_nan=False,
                        description="adam, yogi: adaptivity (v starts at tau^2)")

@@ -106,13 +106,13 @@ class ServerCheckpoint:
         self.directory.mkdir(parents=True, exist_ok=True)
         state = json.dumps(_state_document(snapshot, self.identity), allow_nan=True).encode()
         buffer = io.BytesIO()
-        np.savez(
-            buffer,
-            params=np.asarray(snapshot.params, dtype=np.float32),
-            state=np.frombuffer(state, dtype=np.uint8),
+        arrays: dict[str, np.ndarray] = {
+            "params": np.asarray(snapshot.params, dtype=np.float32),
+            "state": np.frombuffer(state, dtype=np.uint8),
             # The server optimizer's moments (momentum, adam, yogi), one array each.
             **{f"optimizer_{k}": v for k, v in snapshot.optimizer_state.items()},
-        )
+        }
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types allow_pickle
         temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
         with open(temporary, "wb") as handle:
             handle.write(buffer.getbuffer())

@@ -204,3 +204,28 @@ def test_time_windows_with_staleness_and_an_adaptive_optimizer() -> None:
     m, v = -0.1, 0.99 * tau * tau + 0.01
     assert models[-1][1] == 1
     assert models[-1][2] == pytest.approx(1.0 * m / (math.sqrt(v) + tau), rel=1e-6)
+
+
+def test_the_optimizer_moments_survive_a_server_checkpoint(tmp_path) -> None:
+    """A restarted server continues FedAdam from the checkpointed m and v."""
+    from fedsim.runtime.checkpoint import ServerCheckpoint
+
+    def server(clock: VirtualClock) -> ServerActor:
+        return ServerActor(clock=clock, endpoint=_Endpoint(clock),
+                           initial_params=np.zeros(DIM, np.float32),
+                           clients={"a": ClientInfo(100, 0.5)}, window=1.0,
+                           strategy=UniformWeights(), step_size=ConstantStepSize(1.0),
+                           optimizer=Adaptive("adam", 0.9, 0.99, 0.01))
+
+    async def main(clock: VirtualClock) -> tuple[np.ndarray, np.ndarray]:
+        first = server(clock)
+        first.optimizer.step(first.params, np.ones(DIM), 0.1)
+        checkpoint = ServerCheckpoint(tmp_path, {"run": "t"})
+        checkpoint.save(first.snapshot())
+        second = server(clock)
+        second.restore(checkpoint.load())
+        d = np.array([0.5, -0.5, 2.0])
+        return first.optimizer.step(first.params, d, 0.1), second.optimizer.step(second.params, d, 0.1)
+
+    a, b = run_virtual(main)
+    np.testing.assert_array_equal(a, b)
