@@ -91,3 +91,15 @@ def test_the_async_scenario_file_validates_and_runs(tmp_path: Path) -> None:
     assert {g.interrupt for g in loaded.scenario.clients.groups} == {"switch", "snapshot"}
     result = run_scenario(loaded, tmp_path / "run")
     assert result.summary["updates"]["applied"] > 0
+
+
+def test_the_client_options_scenario_file_validates_and_runs(tmp_path: Path) -> None:
+    loaded = load_scenario(REPO / "scenarios" / "async-client-options.yaml",
+                           ["stop.virtual_seconds=3", "clients.groups[0].rounds=8",
+                            "clients.groups[1].rounds=3"])
+    adaptive, local = loaded.scenario.clients.groups
+    assert adaptive.adaptive_clip is not None and adaptive.step_sequence.kind == "inverse_time"
+    assert (local.per_example_steps, local.follow_server_step, local.interrupt) == (3, False,
+                                                                                  "snapshot")
+    result = run_scenario(loaded, tmp_path / "run")
+    assert result.summary["updates"]["applied"] > 0
