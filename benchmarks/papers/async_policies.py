@@ -5,7 +5,7 @@ per seed (``--seeds``, default 3), every client at the same per-client eps (2 at
 its noise calibrated for its fixed number of rounds), and collects held-out accuracy against
 virtual time:
 
-* ``windows`` (the base): paper 000's time windows, interrupt rule ``switch``;
+* ``windows`` (the base): van Dijk & Nguyen's time windows, interrupt rule ``switch``;
 * ``snapshot``: the same with interrupt rule ``snapshot`` (every gradient of a round at the w
   it began on);
 * ``fedbuff``: FedBuff, a buffer of K = 5 updates, polynomial staleness weighting a = 0.5;

@@ -3,7 +3,7 @@
 The policies (:mod:`fedsim.aggregation.policies`) give the descent direction
 ``d = sum_i c_i eta_i u_i``; the pseudo-gradient is ``Delta = -d`` (the model change the batch
 asks for). With the server step size ``eta_t`` of the window (``server.step_size``: constant,
-plateau or inverse-time, so every optimizer keeps paper 000's diminishing steps), following
+plateau or inverse-time, so every optimizer keeps van Dijk & Nguyen's diminishing steps), following
 Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Alg. 2, element-wise:
 
 * ``sgd`` (today's rule, FedAvg's server): ``x <- x + eta_t Delta``;
@@ -62,7 +62,7 @@ def _check_state(optimizer: object, state: dict[str, np.ndarray], keys: set[str]
 
 
 class Sgd:
-    """``x <- x - lr d``: the server step of paper 000 (and FedAvg)."""
+    """``x <- x - lr d``: the server step of van Dijk & Nguyen (and FedAvg)."""
 
     name = "sgd"
 

@@ -20,7 +20,7 @@ Staleness weightings (Xie, Koyejo, Gupta, "Asynchronous Federated Optimization",
 
 Policies (which updates form a batch, and when it is applied):
 
-* :class:`TimeWindows` (paper 000, sec. 3; the default): every update that arrived in a
+* :class:`TimeWindows` (van Dijk & Nguyen, sec. 3; the default): every update that arrived in a
   window ``((k-1) W, k W]``, applied at the window's end.
 * :class:`FedBuff` (Nguyen et al., "Federated Learning with Buffered Asynchronous
   Aggregation", AISTATS 2022): updates enter a buffer as they arrive; when it holds ``K`` the

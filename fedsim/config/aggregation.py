@@ -28,7 +28,7 @@ class _Strict(BaseModel):
 
 
 class WindowsAggregation(_Strict):
-    """Paper 000's time windows: every update that arrived in a window, applied at its end."""
+    """Van Dijk & Nguyen's time windows: every update that arrived in a window, applied at its end."""
 
     kind: Literal["windows"] = "windows"
 
@@ -67,7 +67,7 @@ class StalenessWeighting(_Strict):
 
 class ServerOptimizerConfig(_Strict):
     """How the pseudo-gradient moves the model, at the ``step_size`` of the window (Reddi et al.,
-    "Adaptive Federated Optimization"): ``sgd`` (paper 000's server step), ``momentum``
+    "Adaptive Federated Optimization"): ``sgd`` (van Dijk & Nguyen's server step), ``momentum``
     (FedAvgM), ``adam`` (FedAdam), ``yogi`` (FedYogi)."""
 
     kind: Literal["sgd", "momentum", "adam", "yogi"] = "sgd"
@@ -80,7 +80,7 @@ class ServerOptimizerConfig(_Strict):
 
 
 class LocalStepSequence(_Strict):
-    """A client's a-priori agreed round step sizes eta(r) from its ``local_lr`` (paper 000):
+    """A client's a-priori agreed round step sizes eta(r) from its ``local_lr`` (van Dijk & Nguyen):
     ``constant``; ``inverse_time`` ``local_lr / (1 + decay r)^power``; ``exponential``
     ``max(minimum, local_lr factor^r)``. The server applies the same eta(r) to round r's update."""
 

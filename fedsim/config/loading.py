@@ -6,15 +6,16 @@ raises :class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit statu
 ``errors`` holds one line per problem, e.g. ``clients.groups[1].batch_size (line 23): must be
 > 0``.
 
-Relative paths inside a scenario (``dataset.path``) are resolved against the current working
-directory first and, when no file exists there, against the directory of the scenario file
-(:func:`resolve_path`), so ``fedsim run scenarios/quickstart.yaml`` from the repository root and
-a scenario next to its data both work.
+Relative paths inside a scenario (``dataset.path``) are resolved against the directory of the
+scenario file first and, when nothing exists there, against the current working directory
+(:func:`resolve_path`), so a scenario works from any working directory. A named data set
+needs no path at all (see :mod:`fedsim.training.datasets` for its search order).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "dump_scenario",
     "load_scenario",
     "parse_scenario",
+    "path_candidates",
     "resolve_path",
     "scenario_json_schema",
 ]
@@ -248,33 +250,25 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
 # Public entry points
 
 
-def resolve_path(path: str | Path, base_dir: Path) -> Path:
-    """A scenario's relative path: CWD first, then the scenario file's directory."""
+def path_candidates(path: str | os.PathLike[str], base_dir: Path | None) -> list[Path]:
+    """Where a scenario's relative path may be, in order: beside the scenario file
+    (``base_dir``), then in the working directory. An absolute path is itself."""
     candidate = Path(path).expanduser()
     if candidate.is_absolute():
-        return candidate
-    if candidate.exists():
-        return candidate.resolve()
-    beside = base_dir / candidate
-    if beside.exists():
-        return beside.resolve()
-    return candidate.resolve()
+        return [candidate]
+    places = [(base_dir / candidate).resolve()] if base_dir is not None else []
+    in_cwd = candidate.resolve()
+    return places if in_cwd in places else [*places, in_cwd]
 
 
-def _file_problems(scenario: Scenario, base_dir: Path) -> list[str]:
-    problems = []
-    if scenario.dataset.path is not None:
-        resolved = resolve_path(scenario.dataset.path, base_dir)
-        if not resolved.is_file():
-            problems.append(
-                f"dataset.path: file not found: {scenario.dataset.path} (looked in the current "
-                f"directory and in {base_dir})"
-            )
-    return problems
+def resolve_path(path: str | Path, base_dir: Path) -> Path:
+    """The first of :func:`path_candidates` that exists (the first of all when none does)."""
+    places = path_candidates(path, base_dir)
+    return next((p for p in places if p.exists()), places[0])
 
 
-def parse_scenario(data: Any, *, source: str = "<scenario>", node: yaml.Node | None = None,
-                   base_dir: Path | None = None, check_files: bool = True) -> Scenario:
+def parse_scenario(data: Any, *, source: str = "<scenario>",
+                   node: yaml.Node | None = None) -> Scenario:
     """Validate a plain tree (as read from YAML) into a :class:`Scenario`."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
@@ -283,15 +277,10 @@ def parse_scenario(data: Any, *, source: str = "<scenario>", node: yaml.Node | N
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(source, _format_errors(exc, data, node)) from None
-    if check_files:
-        problems = _file_problems(scenario, base_dir or Path.cwd())
-        if problems:
-            raise ScenarioError(source, problems)
     return scenario
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
-                  check_files: bool = True) -> LoadedScenario:
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> LoadedScenario:
     """Read, override (``--set path=value``, applied in order) and validate a scenario file."""
     file = Path(path)
     try:
@@ -305,8 +294,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
         data = apply_override(data, assignment)
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree
-    scenario = parse_scenario(data, source=str(path), node=node, base_dir=file.parent.resolve(),
-                              check_files=check_files)
+    scenario = parse_scenario(data, source=str(path), node=node)
     return LoadedScenario(scenario, file.resolve())
 
 

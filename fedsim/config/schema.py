@@ -154,10 +154,10 @@ class Partition(_Strict):
 class Dataset(_Strict):
     """Training / held-out data.
 
-    ``path`` (mnist): a relative path is resolved against the current working directory and,
-    if no file is there, against the scenario file's directory (see
-    :func:`fedsim.config.loading.resolve_path`). Omitted: the data loader's own search
-    ($FEDSIM_DATA_DIR, the user cache).
+    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
+    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
+    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
+    offline; see :mod:`fedsim.training.datasets`.
     """
 
     name: Literal["mnist", "synthetic"]
@@ -310,7 +310,7 @@ class Budget(_Strict):
 
 
 class Staleness(_Strict):
-    """When a client waits for a fresh global model before its next round (paper 000: "if the
+    """When a client waits for a fresh global model before its next round (van Dijk & Nguyen: "if the
     last received global model happened too many rounds ago" or "deviates too far").
 
     ``max_versions_behind``: local rounds applied on top of the held global model; at this many
@@ -405,7 +405,7 @@ class ClientGroup(_Strict):
     adaptive_clip: AdaptiveClipping | None = Field(
         default=None, description="adaptive (quantile) clipping; the clip value is its start")
     per_example_steps: PositiveInt = Field(
-        default=1, description="a_h as that many SGD steps on the example alone (paper 000); "
+        default=1, description="a_h as that many SGD steps on the example alone (van Dijk & Nguyen); "
                                "1: its gradient. Same privacy, that many times the compute")
     per_example_lr: PositiveFloat = Field(default=0.1,
                                           description="step size of per_example_steps")
@@ -415,11 +415,11 @@ class ClientGroup(_Strict):
     follow_server_step: bool = Field(
         default=True,
         description="multiply the local step by the server step size each global model carries "
-                    "(paper 000: the server broadcasts the new step sizes); false: local_lr only")
+                    "(van Dijk & Nguyen: the server broadcasts the new step sizes); false: local_lr only")
     interrupt: Literal["switch", "snapshot"] = Field(
         default="switch",
         description=(
-            "A global model arriving mid-round: 'switch' (paper 000's interrupt service routine) "
+            "A global model arriving mid-round: 'switch' (van Dijk & Nguyen's interrupt service routine) "
             "computes the round's gradients not yet computed at the new model, with the batch "
             "and noise drawn at round start; 'snapshot' computes every gradient at the model the "
             "round began on. Same privacy either way (the new model is post-processing)."),
@@ -471,7 +471,7 @@ class ConstantStep(_Strict):
 
 class PlateauStep(_Strict):
     """Multiply by ``factor`` whenever held-out accuracy does not improve on its best for
-    ``patience`` evaluations (paper 000's "decrease the step size by 10%"), never below
+    ``patience`` evaluations (van Dijk & Nguyen's "decrease the step size by 10%"), never below
     ``minimum``."""
 
     kind: Literal["plateau"]
@@ -494,7 +494,7 @@ StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discrim
 
 
 class Server(_Strict):
-    """Time windows, mixing, step size, evaluation and broadcast (paper 000, sec. 3); the
+    """Time windows, mixing, step size, evaluation and broadcast (van Dijk & Nguyen, sec. 3); the
     aggregation policy, staleness weighting and server optimizer (:mod:`fedsim.aggregation`).
     ``window`` is also the reporting period (metrics, evaluation, stop checks) of on-arrival
     policies; ``normalize`` applies to time windows (a buffer is normalised over itself)."""

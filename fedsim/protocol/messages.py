@@ -48,7 +48,7 @@ class GlobalModel:
     ids (bit ``i`` of byte ``i // 8``, least significant first), or None when every client is
     invited. A client trains only under the latest invitation that names it.
 
-    ``step_size`` is the server step size s_t of the window it opens (paper 000: the server
+    ``step_size`` is the server step size s_t of the window it opens (van Dijk & Nguyen: the server
     "decides when to reduce the step size ... and broadcasts the new step sizes to the
     clients"); a client that follows it steps ``w <- w - s_t eta_i u`` locally.
     """

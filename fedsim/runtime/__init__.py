@@ -3,8 +3,8 @@
 Shared: :mod:`~fedsim.runtime.client` and :mod:`~fedsim.runtime.server` (the actors: they see
 only a :class:`~fedsim.clock.Clock` and an :class:`~fedsim.transports.base.Endpoint`),
 :mod:`~fedsim.runtime.population` (what both runtimes build from a scenario),
-:mod:`~fedsim.runtime.posture` (a group's DP schedule), :mod:`~fedsim.runtime.rng` (the seed
-tree), :mod:`~fedsim.runtime.run_outputs` (the run directory and its one writer),
+:mod:`~fedsim.runtime.posture` (a group's DP schedule), :mod:`~fedsim.runtime.exposure` (what
+the server may observe of a client), :mod:`~fedsim.runtime.rng` (the seed tree), :mod:`~fedsim.runtime.run_outputs` (the run directory and its one writer),
 :mod:`~fedsim.runtime.tasks` (helper-task lifetimes).
 
 Virtual time, one process: :mod:`~fedsim.runtime.kernel` and :mod:`~fedsim.runtime.simulation`.

@@ -1,4 +1,4 @@
-"""The client actor (paper 000, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
+"""The client actor (van Dijk & Nguyen, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
 staleness wait, and a durable privacy ledger that is charged before every release.
 
 A client holds a local model ``w`` and the last global model it accepted (``held_version``).
@@ -29,7 +29,7 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      drops the message;
   5. apply the update locally: ``w <- w - eta * Ubar/m``.
 
-**A global model arriving mid-round** (``interrupt``, per client group). Paper 000's interrupt
+**A global model arriving mid-round** (``interrupt``, per client group). Van Dijk & Nguyen's interrupt
 service routine "will replace the locally kept model w by a received global model w-hat. This
 may happen in the middle of a round", and "each gradient is computed based on w which is the
 last received global model from the server through the interrupt service routine": earlier
@@ -72,6 +72,7 @@ import structlog
 
 from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
@@ -305,8 +306,8 @@ class ClientActor:
         self.state = state
         self.stop_reason = reason
         self.stopped_at = self.clock.now()
-        _log.info("client stopped", client=self.client_id, state=state, reason=reason,
-                  time=self.stopped_at)
+        _log.log(client_event_level(), "client stopped", client=self.client_id, state=state,
+                 reason=reason, time=self.stopped_at)
         epsilon, delta = self.status_epsilon() if self.status_epsilon else (math.nan, math.nan)
         try:
             await self.endpoint.publish(ClientStatus(

@@ -22,7 +22,8 @@ time) and the endpoint (:mod:`fedsim.transports.mqtt`) differ.
 ``time_scale`` wall seconds per scenario second (1.0: real time; 0.1: ten times faster, for
 short test runs). A round lasts the speed model's cost of its expected batch; the real compute
 runs inside it and the update leaves at its end (:mod:`fedsim.runtime.exposure`: send times
-must not reveal the realised batch), so heterogeneous clients keep their relative speeds. The simulated ``network`` section and
+must not reveal the realised batch), so heterogeneous clients keep their relative speeds. The
+simulated ``network`` section and
 ``availability.crashes`` are not emulated: the real broker is the network, real process deaths
 are the crashes. On/off ``availability`` periods are emulated by pausing the client.
 

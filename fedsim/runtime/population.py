@@ -27,7 +27,7 @@ import torch
 from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
-from fedsim.config.loading import LoadedScenario, resolve_path
+from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
@@ -40,7 +40,7 @@ from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, partition
+from fedsim.training.data import load_dataset, load_named, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
@@ -275,7 +275,7 @@ def build_population(
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
-    path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+    path = None
     if dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
@@ -286,7 +286,8 @@ def build_population(
             num_classes=dataset.num_classes,
         )
     else:
-        train_x, train_y, test_x, test_y = load_dataset(dataset.name, path=path)
+        (train_x, train_y, test_x, test_y), path = load_named(
+            dataset.name, dataset.path, base_dir=loaded.base_dir)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()

@@ -181,9 +181,9 @@ class ClientOutcome:
     finished: bool
     """Will never train again (budget spent, rounds done, crashed for good)."""
     randomness: str = ""
-    """Where its batches and noise came from (``privacy.deployed_randomness``; "" simulated)."""
+    """Where its batches and noise came from (:mod:`fedsim.runtime.exposure`)."""
     timing_overruns: int = 0
-    """Deployed rounds released after their public slot (:mod:`fedsim.runtime.exposure`)."""
+    """Rounds released after their public slot (deployed clients)."""
 
     @property
     def client_id(self) -> str:
@@ -212,6 +212,8 @@ class RunRecord:
     batched_passes: int = 0
     rounds_recomputed: int = 0
     """Computed rounds a late w-hat split (interrupt = switch) and computed again."""
+    time_kind: str = "virtual"
+    """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
 
     @property
     def sample_grads(self) -> int:
@@ -273,7 +275,7 @@ def _reason_kind(reason: str) -> str:
 
 def _explain(record: RunRecord, rows: list[dict[str, Any]]) -> str:
     parts = [
-        f"The run stopped at virtual time {record.virtual_time:.6g} s after "
+        f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
         f"{len(record.metrics)} server windows because {record.stop_reason}."
     ]
     by_reason: dict[str, list[StoppedClient]] = {}

@@ -8,7 +8,7 @@ round is computed by its :class:`RoundTrainer` alone, or, if a :class:`RoundQueu
 pending there. Neither the trainer nor the batcher imports the other: each sees the other
 through the protocol here.
 
-**Segments (the interrupt rule ``switch``).** Paper 000 (Alg. 1) computes the gradients of a
+**Segments (the interrupt rule ``switch``).** Van Dijk & Nguyen (Alg. 1) computes the gradients of a
 round one after the other, "each gradient is computed based on w which is the last received
 global model from the server through the interrupt service routine", and the routine "will
 replace the locally kept model w by a received global model w-hat. This may happen in the

@@ -1,4 +1,4 @@
-"""A client's a-priori agreed round step-size sequence eta_i(r) (paper 000, sec. 3: "the server
+"""A client's a-priori agreed round step-size sequence eta_i(r) (van Dijk & Nguyen, sec. 3: "the server
 knows an a-priori agreed (with the client) round step size sequence"), like the clip and noise
 schedules of :mod:`fedsim.privacy.schedules`: a pure function of the round index.
 

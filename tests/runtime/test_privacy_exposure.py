@@ -180,7 +180,7 @@ class _SlowRound:
         self.clock, self.sample_grads = clock, size
 
     def result(self) -> Any:
-        from fedsim.training.local import RoundResult
+        from fedsim.training.rounds import RoundResult
 
         self.clock.offset += 0.001 * self.sample_grads
         return RoundResult(np.zeros(3, np.float32), [], [self.sample_grads], 1.0, 1.0, 0.0,

@@ -1,4 +1,4 @@
-"""The interrupt rule ``switch`` (paper 000's interrupt service routine): a round split at a
+"""The interrupt rule ``switch`` (van Dijk & Nguyen's interrupt service routine): a round split at a
 w-hat's arrival, against an independent numpy computation of the per-example gradients."""
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def _conv2d_weight_per_example(module: nn.Conv2d, x: torch.Tensor, g: torch.Tens
         weight.repeat(batch, 1, 1, 1),  # only its shape matters for the weight gradient
         None,
         list(module.stride),
-        list(module.padding),  # type: ignore[arg-type]
+        list(module.padding),
         list(module.dilation),
         False,
         [0, 0],
