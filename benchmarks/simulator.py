@@ -113,7 +113,7 @@ def _with(loaded: LoadedScenario, changes: dict) -> LoadedScenario:
         for part in parents:
             node = node[int(part)] if part.isdigit() else node[part]
         node[int(leaf) if leaf.isdigit() else leaf] = value
-    return LoadedScenario(parse_scenario(tree, base_dir=loaded.base_dir), loaded.source)
+    return LoadedScenario(parse_scenario(tree), loaded.source)
 
 
 class _Clocks:
@@ -410,7 +410,7 @@ def message_only_throughput(clients: int, virtual_seconds: float) -> dict:
     groups[-1]["count"] += clients - sum(g["count"] for g in groups)
     tree["stop"] = {"virtual_seconds": virtual_seconds}
     tree["server"].update(window=60.0, broadcast_every=5)
-    loaded = LoadedScenario(parse_scenario(tree, base_dir=base.base_dir), base.source)
+    loaded = LoadedScenario(parse_scenario(tree), base.source)
     with _scratch() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", message_only=True)
     return {

@@ -9,7 +9,11 @@ virtual time:
 * ``snapshot``: the same with interrupt rule ``snapshot`` (every gradient of a round at the w
   it began on);
 * ``fedbuff``: FedBuff, a buffer of K = 5 updates, polynomial staleness weighting a = 0.5;
-* ``fedasync``: FedAsync, alpha = 0.6, polynomial staleness weighting a = 0.5.
+* ``fedasync``: FedAsync, alpha = 0.6, polynomial staleness weighting a = 0.5;
+* ``windows_convex``: time windows normalised over the window (``server.normalize: window``,
+  a convex mix of what arrived, as a buffer is normalised over itself) instead of the
+  scenario's population normalisation (a window moves the model by the share of the
+  population's weight that reported in it) - separates the trigger from the normalisation.
 
 Aggregation is post-processing and the interrupt rule changes no privacy event, so every
 variant spends exactly the same eps per client (checked: the rows' eps columns). A comparison
@@ -18,6 +22,7 @@ draws: paired); a difference within the seed spread is not a finding.
 
     python benchmarks/papers/async_policies.py            # 4 variants x 3 seeds (~3 CPU min)
     python benchmarks/papers/async_policies.py --seeds 5
+    python benchmarks/papers/async_policies.py --variants windows_convex   # add to the JSON
 
 Writes benchmarks/results/papers/async_policies.json and docs/img/async_policies.png, then
 regenerates docs/RESULTS.md; run directories go to runs/papers/async_policies/ (not
@@ -58,6 +63,8 @@ def variants(scenario: Path) -> list[Variant]:
                 ("server.aggregation={kind: fedbuff, buffer_size: 5}", STALENESS)),
         Variant("fedasync", "FedAsync alpha = 0.6, polynomial staleness a = 0.5",
                 ("server.aggregation={kind: fedasync, alpha: 0.6}", STALENESS)),
+        Variant("windows_convex", "time windows normalised over the window",
+                ("server.normalize=window",)),
     ]
 
 
@@ -76,7 +83,7 @@ def findings(rows: dict[str, dict[str, Any]], per_seed: dict[str, dict[str, floa
 
     out = []
     base = rows.get("windows")
-    for other in ("snapshot", "fedbuff", "fedasync"):
+    for other in ("snapshot", "fedbuff", "fedasync", "windows_convex"):
         if base is None or other not in rows:
             continue
         common = sorted(set(per_seed["windows"]) & set(per_seed[other]))
@@ -105,15 +112,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    parser.add_argument("--variants", nargs="*", default=None,
+                        help="run only these (the others' rows are kept from the JSON)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
     seeds = list(range(args.seed, args.seed + args.seeds))
-    rows: dict[str, dict[str, Any]] = {}
-    curves: dict[str, dict[str, list[float]]] = {}
-    epsilons: dict[str, list[float]] = {}
-    per_seed: dict[str, dict[str, float]] = {}
-    for variant in variants(args.scenario):
+    target = args.results / "async_policies.json"
+    previous = json.loads(target.read_text()) if target.is_file() and args.variants else {}
+    rows = {r["variant"]: r for r in previous.get("rows", [])}
+    curves: dict[str, dict[str, list[float]]] = dict(previous.get("curves", {}))
+    epsilons: dict[str, list[float]] = dict(previous.get("epsilons", {}))
+    per_seed: dict[str, dict[str, float]] = dict(previous.get("per_seed", {}))
+    chosen = [v for v in variants(args.scenario) if not args.variants or v.name in args.variants]
+    for variant in chosen:
         results = []
         for seed in seeds:
             run_dir = run_variant(variant, scenario=args.scenario, quick=(),
@@ -136,10 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": list(rows.values()),
         "per_seed": per_seed,
         "curves": curves,
+        "epsilons": epsilons,
         "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
     }
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "async_policies.json").write_text(json.dumps(document, indent=1) + "\n")
+    order = [v.name for v in variants(args.scenario)]
+    document["rows"] = sorted(document["rows"], key=lambda r: order.index(r["variant"]))
+    target.write_text(json.dumps(document, indent=1) + "\n")
     print("\n".join(document["notes"]))
     if not args.no_page:
         import make_results_page
