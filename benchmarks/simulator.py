@@ -45,10 +45,15 @@ alone runs.
    replaced by its virtual duration (zero updates, the same privacy events and ledger writes).
    Target: >= 1000 simulated seconds per wall second.
 
+3. ``--interrupt-rules``: the headline ratio of (1) under both interrupt rules, ``switch`` (the
+   default: rounds split at a global model's arrival, their segments jobs of the batched pass,
+   rounds held back until no arrival can split them) and ``snapshot``, measured alternately
+   ``--repeats`` times each; writes ``benchmarks/results/simulator_interrupt.json``.
+
 Run directories go to a temporary directory in memory (/dev/shm when present): the ledgers'
 fsyncs measure the disk, not the simulator.
 
-    python benchmarks/simulator.py [--quick] [--repeats N]
+    python benchmarks/simulator.py [--quick] [--repeats N] [--interrupt-rules]
 
 writes ``benchmarks/results/simulator.json``.
 """

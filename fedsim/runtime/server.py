@@ -447,9 +447,10 @@ class ServerActor:
             self._evaluated_version = self.version
 
     def earliest_publish(self, next_update_arrival: float) -> float:
-        """A lower bound on when the server can next publish a global model, given the
-        earliest time an update in flight can arrive (the batcher's horizon, see
-        :mod:`fedsim.training.batched`): the end of the open window."""
+        """When the server can next publish a global model, given the earliest time an update
+        in flight can arrive (the batcher's horizon, see :mod:`fedsim.training.batched`): the
+        end of the open window, a true lower bound; on-arrival policies: also the next
+        arrival, which ignores updates not yet sent (a round split later is recomputed)."""
         window_end = self._origin + (self.windows_closed + 1) * self.window
         # On arrival, any update can publish a model (FedAsync; FedBuff's K-th).
         return min(window_end, next_update_arrival) if self.policy.on_arrival else window_end
