@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
     from fedsim.runtime.simulation import run_scenario
+    from fedsim.training.preflight import preflight_warnings
 
     log = get_logger("fedsim.run")
     overrides = list(args.overrides)
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
     population = build_population(loaded)
+    preflight_warnings(population.plans)  # logged as warnings before anything trains
     horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in population.plans])
     tracker = HorizonTracker(horizon, scenario.server.window)
     log.info("run horizon", seconds=horizon.seconds, source=horizon.source,

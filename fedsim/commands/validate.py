@@ -1,9 +1,11 @@
 """``fedsim validate FILE``: check a scenario file and list every problem with its YAML path.
 
 Beyond the schema it checks what can be known without training: that the data set is found
-(fetched into the user cache where it is nowhere, unless ``--offline``),
-that every group's data share gives each client at least ``batch_size`` records (q = m/N <= 1)
-and that noise targets can be calibrated. Exit status 0 when the file is valid, 2 otherwise.
+(fetched into the user cache where it is nowhere, unless ``--offline``), that every group's
+data share gives each client at least ``batch_size`` records (q = m/N <= 1), that the model's
+size is trainable and that noise targets can be calibrated; it warns about clients whose budget
+cannot pay for a single round (they would never train). Exit status 0 when the file is valid
+(warnings included), 2 otherwise.
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ def run(args: argparse.Namespace) -> int:
     scenario = loaded.scenario
     if not args.schema_only:
         from fedsim.runtime.population import build_population  # torch import only when needed
+        from fedsim.training.preflight import preflight_warnings
 
         population = build_population(loaded)
         clients = len(population.plans)
+        warnings = preflight_warnings(population.plans, log=False)  # printed below
     else:
-        clients = scenario.clients.total
+        clients, warnings = scenario.clients.total, []
     print(f"{args.scenario}: valid ({clients} clients in {len(scenario.clients.groups)} groups, "
           f"seed {scenario.seed})")
+    for line in warnings:
+        print(f"  warning: {line}")
     return 0

@@ -30,24 +30,24 @@ class _Strict(BaseModel):
 class WindowsAggregation(_Strict):
     """Van Dijk & Nguyen's time windows: every update that arrived in a window, applied at its end."""
 
-    kind: Literal["windows"] = "windows"
+    kind: Literal["windows"] = Field(default="windows", description="Time windows (the default).")
 
 
 class FedBuffAggregation(_Strict):
     """FedBuff (Nguyen et al. 2022): a buffer of ``buffer_size`` updates, applied (and the model
     published) as soon as it is full."""
 
-    kind: Literal["fedbuff"]
-    buffer_size: int = Field(gt=0, description="K: updates per server step")
+    kind: Literal["fedbuff"] = Field(description="FedBuff: a buffer of K updates.")
+    buffer_size: int = Field(gt=0, le=1_000_000, description="K: updates per server step.")
 
 
 class FedAsyncAggregation(_Strict):
     """FedAsync (Xie et al. 2019): every update applied on arrival with weight
     ``alpha * S(staleness)``, the model published at once."""
 
-    kind: Literal["fedasync"]
+    kind: Literal["fedasync"] = Field(description="FedAsync: every update on arrival.")
     alpha: float = Field(default=0.6, gt=0.0, le=1.0, allow_inf_nan=False,
-                         description="mixing weight alpha in (0, 1]")
+                         description="Mixing weight alpha in (0, 1].")
 
 
 Aggregation = Annotated[
@@ -58,11 +58,12 @@ class StalenessWeighting(_Strict):
     """``S(s)`` of an update ``s`` versions old (Xie et al.): ``constant`` 1; ``polynomial``
     ``(s + 1)^(-a)``; ``hinge`` 1 for ``s <= b``, else ``1 / (a (s - b) + 1)``."""
 
-    kind: Literal["constant", "polynomial", "hinge"] = "constant"
+    kind: Literal["constant", "polynomial", "hinge"] = Field(
+        default="constant", description="The weighting: constant, polynomial or hinge.")
     a: float = Field(default=0.5, gt=0.0, allow_inf_nan=False,
-                     description="polynomial exponent, or the hinge's slope")
+                     description="Polynomial exponent, or the hinge's slope.")
     b: float = Field(default=4.0, ge=0.0, allow_inf_nan=False,
-                     description="hinge: staleness (versions) up to which S = 1")
+                     description="Hinge: staleness (versions) up to which S = 1.")
 
 
 class ServerOptimizerConfig(_Strict):
@@ -70,13 +71,14 @@ class ServerOptimizerConfig(_Strict):
     "Adaptive Federated Optimization"): ``sgd`` (van Dijk & Nguyen's server step), ``momentum``
     (FedAvgM), ``adam`` (FedAdam), ``yogi`` (FedYogi)."""
 
-    kind: Literal["sgd", "momentum", "adam", "yogi"] = "sgd"
+    kind: Literal["sgd", "momentum", "adam", "yogi"] = Field(
+        default="sgd", description="The optimizer: sgd, momentum, adam or yogi.")
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0, allow_inf_nan=False,
-                         description="momentum / first-moment decay")
+                         description="Momentum / first-moment decay.")
     beta2: float = Field(default=0.99, ge=0.0, lt=1.0, allow_inf_nan=False,
-                         description="adam, yogi: second-moment decay")
+                         description="Adam, yogi: second-moment decay.")
     tau: float = Field(default=1e-3, gt=0.0, allow_inf_nan=False,
-                       description="adam, yogi: adaptivity (v starts at tau^2)")
+                       description="Adam, yogi: adaptivity (v starts at tau^2).")
 
 
 class LocalStepSequence(_Strict):
@@ -84,13 +86,14 @@ class LocalStepSequence(_Strict):
     ``constant``; ``inverse_time`` ``local_lr / (1 + decay r)^power``; ``exponential``
     ``max(minimum, local_lr factor^r)``. The server applies the same eta(r) to round r's update."""
 
-    kind: Literal["constant", "inverse_time", "exponential"] = "constant"
-    decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="inverse_time")
-    power: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="inverse_time")
+    kind: Literal["constant", "inverse_time", "exponential"] = Field(
+        default="constant", description="The sequence: constant, inverse_time or exponential.")
+    decay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="The inverse_time decay per round.")
+    power: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="The inverse_time power.")
     factor: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False,
-                          description="exponential: per-round factor")
+                          description="Exponential: per-round factor.")
     minimum: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
-                           description="exponential: floor")
+                           description="The exponential sequence's floor.")
 
 
 class AdaptiveClipping(_Strict):
@@ -101,9 +104,9 @@ class AdaptiveClipping(_Strict):
     cost exactly one Gaussian step of that sigma (the ledger's events are unchanged)."""
 
     target_quantile: float = Field(default=0.5, gt=0.0, lt=1.0, allow_inf_nan=False,
-                                   description="fraction of examples meant to be unclipped")
+                                   description="Fraction of examples meant to be unclipped.")
     learning_rate: float = Field(default=0.2, gt=0.0, allow_inf_nan=False,
-                                 description="eta_C of the geometric update")
+                                 description="The rate eta_C of the geometric update.")
     count_noise_std: float = Field(gt=0.0, allow_inf_nan=False,
-                                   description="sigma_b, the count's noise std (Andrew et al.: "
-                                               "about batch_size / 20)")
+                                   description="The count's noise std sigma_b (Andrew et al.: "
+                                               "about batch_size / 20).")

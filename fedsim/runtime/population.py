@@ -44,6 +44,7 @@ from fedsim.training.data import load_dataset, load_named, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
+from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
 from fedsim.transports.base import Endpoint
@@ -250,6 +251,7 @@ def _split_groups(
                 alpha=scheme.alpha,
                 shards_per_client=scheme.shards_per_client,
                 size_sigma=scheme.size_sigma,
+                min_size=group.batch_size if scheme.scheme == "dirichlet" else 1,
             )
         except FedsimError as exc:
             raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
@@ -294,20 +296,19 @@ def build_population(
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
+        options = _model_options(scenario, train_x, num_classes)
+        if model_factory is None:  # a registered model: its shapes checked before allocation
+            check_model_size(scenario.model.name, options,
+                             max_message_bytes=scenario.network.max_message_bytes)
         model = build_scenario_model(
-            scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
+            scenario.model, options, sample=train_x[:2],
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
+        check_batch_fits(index, group, [len(p) for p in parts])
         smallest = min(len(p) for p in parts)
-        if group.batch_size > smallest:
-            raise ConfigError(
-                f"{where}.batch_size: {group.batch_size} exceeds the {smallest} records of the "
-                "group's smallest client (q = m/N would be > 1); lower batch_size or raise "
-                "data_share"
-            )
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)

@@ -3,7 +3,8 @@
 Named data sets (``mnist``, ...) are found, downloaded and verified by
 :mod:`fedsim.training.datasets` (the registry and the search order) with the sources of
 :mod:`fedsim.training.sources`; this module turns their arrays into tensors. Pure functions
-otherwise: synthetic data and partitions take a ``numpy.random.Generator``.
+otherwise: synthetic data and partitions (:mod:`fedsim.training.partition`) take a
+``numpy.random.Generator``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedsim.errors import ConfigError, DataError
+from fedsim.errors import ConfigError
 from fedsim.training import datasets
+from fedsim.training.partition import PartitionScheme, partition  # noqa: F401 - re-exported
 
 # ---------------------------------------------------------------------------------------
 # data sets as tensors
@@ -130,83 +132,3 @@ def load_dataset(
     if name not in datasets.names():
         raise ConfigError(f"unknown dataset {name!r}; known: {[*datasets.names(), 'synthetic']}")
     return load_named(name, path, base_dir=base_dir, download=download)[0]
-
-
-# ---------------------------------------------------------------------------------------
-# partitioning
-# ---------------------------------------------------------------------------------------
-PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal"]
-
-
-def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
-    labels: np.ndarray | torch.Tensor,
-    num_clients: int,
-    scheme: PartitionScheme,
-    *,
-    rng: np.random.Generator,
-    alpha: float = 0.5,
-    shards_per_client: int = 2,
-    size_sigma: float = 1.0,
-    min_size: int = 1,
-) -> list[np.ndarray]:
-    """Split record indices ``0..len(labels)-1`` among ``num_clients`` disjointly.
-
-    * ``iid``: a random permutation cut into near-equal parts;
-    * ``dirichlet``: label skew; for each class, client shares ~ Dirichlet(alpha) (Hsu et al.
-      2019); redrawn until every client has ``min_size`` records;
-    * ``shards``: sort by label, cut into ``num_clients * shards_per_client`` shards, deal
-      ``shards_per_client`` at random to each client (McMahan et al. 2017);
-    * ``unequal``: IID contents, sizes proportional to log-normal(0, size_sigma) draws, each at
-      least ``min_size``.
-
-    Each array is sorted; together they cover every record exactly once.
-    """
-    y = np.asarray(labels.cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
-    n = len(y)
-    if num_clients < 1:
-        raise ConfigError(f"num_clients must be >= 1, got {num_clients}")
-    if n < num_clients * max(min_size, 1):
-        raise ConfigError(
-            f"{n} records cannot give {num_clients} clients at least {max(min_size, 1)} each"
-        )
-    if scheme == "iid":
-        parts = np.array_split(rng.permutation(n), num_clients)
-    elif scheme == "dirichlet":
-        if not alpha > 0:
-            raise ConfigError(f"alpha must be > 0, got {alpha}")
-        for _ in range(1000):
-            buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-            for cls in np.unique(y):
-                members = rng.permutation(np.flatnonzero(y == cls))
-                shares = rng.dirichlet(np.full(num_clients, alpha))
-                cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
-                for client, piece in enumerate(np.split(members, cuts)):
-                    buckets[client].append(piece)
-            parts = [np.concatenate(b) for b in buckets]
-            if min(len(p) for p in parts) >= min_size:
-                break
-        else:
-            raise DataError(
-                f"dirichlet(alpha={alpha}) gave a client fewer than {min_size} records in 1000 draws; "
-                "raise alpha or lower num_clients"
-            )
-    elif scheme == "shards":
-        if shards_per_client < 1 or num_clients * shards_per_client > n:
-            raise ConfigError(
-                f"cannot cut {n} records into {num_clients} x {shards_per_client} shards"
-            )
-        order = np.argsort(y, kind="stable")
-        shards = np.array_split(order, num_clients * shards_per_client)
-        dealt = rng.permutation(len(shards)).reshape(num_clients, shards_per_client)
-        parts = [np.concatenate([shards[s] for s in row]) for row in dealt]
-    elif scheme == "unequal":
-        weights = rng.lognormal(0.0, size_sigma, num_clients)
-        spare = n - num_clients * min_size
-        sizes = min_size + np.floor(weights / weights.sum() * spare).astype(int)
-        sizes[: n - sizes.sum()] += 1  # hand out the rounding remainder
-        parts = np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
-    else:
-        raise ConfigError(
-            f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal"
-        )
-    return [np.sort(p) for p in parts]
