@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "validate",
     "schema",
     "account",
+    "ledger",
     "report",
     "data",
     "server",

@@ -33,6 +33,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         metavar="PATH=VALUE",
                         help="Override one setting with a YAML value, for example "
                              "stop.windows=10; repeatable.")
+    parser.add_argument("--device", choices=("cpu", "cuda", "mps", "auto"),
+                        help="Where the rounds and the evaluation run, instead of the "
+                             "scenario's device; auto takes cuda, else mps, else cpu.")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="Write log lines as JSON (by default exactly when stderr is not "
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
+    if args.device is not None:
+        overrides.append(f"device={args.device}")
     loaded = load_scenario(args.scenario, overrides)
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)

@@ -11,9 +11,10 @@ from typing import Literal
 
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """2: updates lost ``num_samples`` (N is private) and gained ``window``; global models carry
-the window they open and its invitation."""
+the window they open and its invitation. 3: global models carry the server step size
+``step_size`` of the window they open."""
 
 
 @dataclass(frozen=True, eq=False)

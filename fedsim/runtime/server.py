@@ -4,20 +4,33 @@ diminishing step sizes, evaluation and broadcast.
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
 that arrives in ``((k-1) W, k W]`` and at ``k W``:
 
-1. classifies each update, in arrival order: **rejected** if the sender is unknown;
-   **duplicate** if ``(client_id, round)`` was seen before (in any window: at-least-once
-   delivery must never double-apply); **stale** if ``version - base_version`` exceeds
-   ``max_staleness``; **rejected** if the server invites (``participation < 1``) and never
-   invited the client to the window the update names; otherwise **applied**;
-2. mixes the applied updates (:func:`fedsim.aggregation.mix`) with the window's server step
-   size, weights normalised over the window or over the whole population (``normalize``);
-   the version goes up by one if anything was applied;
+1. classifies each update, in arrival order: **rejected** (logged with its reason, counted by
+   kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
+   length, its round is beyond the client's round limit or implausibly far ahead of what the
+   server knows of it (:data:`~fedsim.runtime.integrity.MAX_ROUND_GAP`; such a round never
+   enters the de-duplication table), its ``base_version`` is ahead of the server's, or its
+   norm exceeds what clipping plus the client's noise can produce
+   (:func:`~fedsim.runtime.integrity.update_norm_bound`); **duplicate** (logged) if
+   ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
+   double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
+   **rejected** if the server invites (``participation < 1``) and never invited the client to
+   the window the update names; otherwise **applied**;
+2. mixes the applied updates (weights normalised over the window or over the whole population,
+   ``normalize``; see the aggregation policies below) with the window's server step size, and
+   checks the result (:func:`~fedsim.runtime.integrity.check_model`: finite, bounded, no
+   further than the accepted updates allow) before it replaces the model; the version goes up
+   by one if anything was applied;
 3. evaluates on the held-out set every ``eval_every`` windows and lets the step-size
    schedule react (an unchanged model is not re-evaluated and does not count as "no
    improvement");
 4. broadcasts the model every ``broadcast_every`` windows (also when unchanged, so a client that
    missed the last broadcast can still catch up).
 
+A client's status is kept only if it agrees with what the server saw (:meth:`accept_status`):
+a client cannot report fewer released rounds than the server received from it, more than its
+round limit, or "done" without having reached its limit; an update that arrives after a
+"finished" status contradicts it and removes it. What never arrived is derived from the
+statuses and the round numbers (:meth:`missing_updates`).
 **Client sampling by invitation** (``participation < 1``): the server draws each window's
 participants from its own generator before the window opens and names them in the global model
 message that opens it (a bitmap over the sorted client ids, :mod:`fedsim.runtime.exposure`),
@@ -29,7 +42,9 @@ uninvited client neither computes nor spends, and every update of an invited rou
 time windows (the default) the mix above happens at each window's end; with FedBuff (a buffer
 of K) or FedAsync (every update) the server judges each update as it arrives, applies the
 buffer when the policy says so and publishes the new model at once, and the window is only the
-reporting period (metrics line, evaluation, stop checks, checkpoint). Each applied update is
+reporting period (metrics line, evaluation, stop checks, checkpoint). Every update passes the
+same checks (1.) whichever the policy, before it is buffered or applied, and every new model
+passes ``check_model`` before it replaces the old one and is published. Each applied update is
 weighted by the staleness weighting ``S(version - base_version)``, and the direction goes
 through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentum, Adam,
 Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
@@ -43,6 +58,7 @@ The actor sees only a :class:`~fedsim.clock.Clock` and an
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -61,14 +77,22 @@ from fedsim.aggregation.mixing import descent_direction, normalised_weights
 from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
 from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
-from fedsim.config.schema import Stop
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.exposure import invitation_bits
+from fedsim.runtime.integrity import (
+    MAX_ROUND_GAP,
+    ClientLimits,
+    Rejections,
+    bad_model,
+    check_model,
+    update_norm,
+)
 from fedsim.runtime.tasks import helper_tasks
+from fedsim.runtime.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
 
-__all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]
+__all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
 
 _log = structlog.get_logger("fedsim.runtime.server")
 
@@ -80,102 +104,13 @@ class ClientInfo:
     num_samples: int  # the declared (public) size, never a size the client sent
     step_size: float  # the client's agreed local step size eta_i
     weight: float = 1.0
-    sequence: Callable[[int], float] | None = None  # eta_i(r), agreed a priori (None: constant)
+    limits: ClientLimits | None = None  # its DP posture, to bound its updates (integrity)
+    sequence: Callable[[int], float] | None = field(default=None, kw_only=True)
+    """eta_i(r), agreed a priori (None: the constant ``step_size``)."""
 
     def step_at(self, round_index: int) -> float:
         """eta_i of the client's round ``round_index``."""
         return self.step_size if self.sequence is None else float(self.sequence(round_index))
-
-
-@dataclass
-class WindowReport:
-    """What happened in one window (one line of ``metrics.jsonl``, before the runtime adds
-    network and ledger columns)."""
-
-    window: int
-    time: float
-    version: int
-    received: int = 0
-    applied: int = 0
-    stale: int = 0
-    duplicate: int = 0
-    rejected: int = 0
-    step_size: float = 0.0
-    accuracy: float | None = None
-    loss: float | None = None
-    applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
-    """(client_id, round, base_version) of each applied update; the version before applying
-    was ``version - 1`` (time windows; on-arrival policies: :attr:`applied_to`)."""
-    applied_to: list[int] = field(default_factory=list)
-    """The version each applied update was applied to (the model's version before it)."""
-    end: float | None = None
-    """The window's scheduled end on the server's timeline (``time`` is when it was closed:
-    the same up to float rounding under virtual time, a little later on the wall clock)."""
-
-    def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
-                     min_remaining_epsilon: float | None) -> dict[str, object]:
-        """This window's ``metrics.jsonl`` object (the run-directory contract's keys, in order).
-
-        The simulator and the deployed server both write it; they supply the columns only the
-        runtime knows: rejections (including what the transport refused), messages lost in
-        flight, clients still active and the lowest remaining budget."""
-        return {
-            "window": self.window,
-            "time": self.time,
-            "version": self.version,
-            "accuracy": self.accuracy,
-            "loss": self.loss,
-            "received": self.received,
-            "applied": self.applied,
-            "stale": self.stale,
-            "duplicate": self.duplicate,
-            "rejected": rejected,
-            "dropped_in_flight": dropped_in_flight,
-            "step_size": self.step_size,
-            "active_clients": active_clients,
-            "min_remaining_epsilon": min_remaining_epsilon,
-        }
-
-    def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
-                    seconds: str = "virtual") -> str:
-        """Why the run ends after this window under the scenario's ``stop`` conditions, in
-        their order (windows, duration, target accuracy, all budgets spent); '' to go on.
-
-        Shared by the simulator and the deployed server; ``seconds`` names their clock and
-        ``in_flight`` counts updates the network still carries (0 where delivery is
-        at-least-once end to end)."""
-        if stop.windows is not None and self.window >= stop.windows:
-            return f"it reached {stop.windows} windows"
-        if stop.virtual_seconds is not None:
-            reason = duration_stop(stop.virtual_seconds, self.window,
-                                   self.time if self.end is None else self.end, seconds)
-            if reason:
-                return reason
-        if (stop.target_accuracy is not None and self.accuracy is not None
-                and self.accuracy >= stop.target_accuracy):
-            return f"it reached the target accuracy {stop.target_accuracy:g}"
-        if stop.all_budgets_spent and active_clients == 0 and self.received == 0 \
-                and in_flight == 0:
-            return "no client can train any more and every update has arrived"
-        return ""
-
-
-# Window ends are sums and products of floats: 300 windows of 0.1 s end at 29.99999999999996 s
-# under virtual time. Ends this close to the limit count as reaching it.
-DURATION_RELATIVE_TOLERANCE = 1e-9
-
-
-def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual") -> str:
-    """The stop reason of a ``virtual_seconds`` limit after window ``window`` ending at ``end``
-    ('' while ``end`` is before the limit): the run ends with the first window whose end is at
-    or after the limit, and the reason says where that end was when it is not the limit."""
-    tolerance = DURATION_RELATIVE_TOLERANCE * max(1.0, abs(limit))
-    if end < limit - tolerance:
-        return ""
-    if end <= limit + tolerance:
-        return f"it reached its limit of {limit:g} {seconds} seconds"
-    return (f"window {window} ended at {end:.6g} {seconds} seconds, the first window end at or "
-            f"after its limit of {limit:g} s")
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -199,6 +134,7 @@ class ServerSnapshot:
     evaluated_version: int
     last_evaluation: tuple[float, float]
     statuses: dict[str, ClientStatus]
+    incarnations: tuple[str, ...] = ()
     invitations: dict[int, frozenset[str]] = field(default_factory=dict)
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -249,7 +185,14 @@ class ServerActor:
         self.total_weight = None if normalize == "window" else population_weight(
             strategy, [(cid, info.num_samples, info.weight) for cid, info in sorted(self.clients.items())])
         self.seen: set[tuple[str, int]] = set()
+        # Per client: rounds in the de-duplication table and the highest of them.
+        self._seen_count: dict[str, int] = {}
+        self._highest_round: dict[str, int] = {}
         self.statuses: dict[str, ClientStatus] = {}
+        self._rejections = Rejections()
+        """The open window's rejected updates and statuses by kind."""
+        self.incarnations: tuple[str, ...] = ()
+        """The run incarnations this server continues (its transport's, kept in snapshots)."""
         self.windows_closed = 0
         self.last_accuracy: float | None = None
         self._inbox: list[ClientUpdate] = []
@@ -261,7 +204,7 @@ class ServerActor:
         # On-arrival policies: the open window's running report and the buffer of updates
         # accepted but not yet applied (not in self.seen until applied).
         self._open: WindowReport | None = None
-        self._buffer: list[tuple[AcceptedUpdate, int]] = []
+        self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self._invited_bits: bytes | None = None
 
     # -- receiving ------------------------------------------------------------------------
@@ -273,7 +216,7 @@ class ServerActor:
             elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
             elif isinstance(message, ClientStatus):
-                self.statuses[message.client_id] = message
+                self.accept_status(message)
             else:
                 _log.warning("server ignored a message", kind=type(message).__name__)
 
@@ -290,70 +233,98 @@ class ServerActor:
         self._invited_bits = invitation_bits(ids, chosen)
         return self._invited_bits
 
-    def _judge(self, update: ClientUpdate, report: WindowReport,
-               buffered: AbstractSet[tuple[str, int]] = frozenset()) -> AcceptedUpdate | None:
-        """Classify one update (unknown, duplicate, stale, uninvited: counted in ``report``);
-        the update to apply, or None. A judged update enters the de-duplication table; an
-        accepted one only when it is applied (``buffered``: accepted, waiting)."""
-        key = (update.client_id, update.round)
+    def _admit(self, update: ClientUpdate, report: WindowReport,
+               buffered: AbstractSet[tuple[str, int]] = frozenset()
+               ) -> tuple[AcceptedUpdate, float | None] | None:
+        """Check and classify one update, whichever the policy (:meth:`_judge`'s verdicts,
+        then stale and uninvited; counted in ``report``): the update to apply with its norm
+        bound, or None. A classified update enters the de-duplication table at once, an
+        accepted one only when its mix is applied or refused (``buffered``: accepted, waiting)."""
         info = self.clients.get(update.client_id)
-        if info is None:
-            report.rejected += 1
-            return None
-        if key in self.seen or key in buffered:
+        verdict = self._judge(update, info, buffered)
+        if verdict == "duplicate":
             report.duplicate += 1
+            _log.info("replayed update ignored", client=update.client_id,
+                      round=update.round, base_version=update.base_version)
             return None
-        if (
-            self.max_staleness is not None
-            and self.version - update.base_version > self.max_staleness
-        ):
-            self.seen.add(key)
+        if verdict:
+            kind, reason = verdict.split(":", 1)
+            self._rejections.add(kind)
+            report.rejected += 1
+            _log.warning("update rejected", client=update.client_id, round=update.round,
+                         base_version=update.base_version, kind=kind, reason=reason)
+            return None
+        assert info is not None
+        self._contradicted_status(update)
+        if self.max_staleness is not None \
+                and self.version - update.base_version > self.max_staleness:
+            self._record_seen(update.client_id, update.round)
             report.stale += 1
             return None
         if (self.participation < 1.0
                 and update.client_id not in self.invitations.get(update.window, ())):
-            self.seen.add(key)
+            self._record_seen(update.client_id, update.round)
             _log.warning("update of a round the client was not invited to",
                          client=update.client_id, round=update.round, window=update.window)
             report.rejected += 1
+            self._rejections.add("not_invited")
             return None
-        return AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
-                              info.step_at(update.round), info.weight, update.base_version)
+        accepted = AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
+                                  info.step_at(update.round), info.weight, update.base_version)
+        return accepted, info.limits.norm_bound(update.round) if info.limits else None
 
-    def _apply(self, accepted: list[AcceptedUpdate], report: WindowReport, step: float) -> None:
+    def _apply(self, accepted: list[tuple[AcceptedUpdate, float | None]], report: WindowReport,
+               step: float) -> bool:
         """One server step with ``accepted`` (time windows: normalised as configured; a buffer:
-        over itself), through the policy's staleness factors and the server optimizer."""
+        over itself), through the policy's staleness factors and the server optimizer; the new
+        model replaces the old only if it passes :func:`check_model` (else the updates count
+        as ``bad_mix`` rejections and the optimizer's state is left as it was)."""
+        updates = [a for a, _ in accepted]
         total = None if self.policy.on_arrival else self.total_weight
-        lambdas = normalised_weights(self.strategy, accepted, total)
+        lambdas = normalised_weights(self.strategy, updates, total)
         factors = self.policy.factors(
-            lambdas, staleness_of(self.version, [a.base_version for a in accepted]))
-        self.params = self.optimizer.step(self.params, descent_direction(accepted, factors), step)
-        for a in accepted:
-            self.seen.add((a.client_id, a.round))
+            lambdas, staleness_of(self.version, [a.base_version for a in updates]))
+        for a in updates:
+            self._record_seen(a.client_id, a.round)
+        before = copy.deepcopy(self.optimizer)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+            new = self.optimizer.step(self.params, descent_direction(updates, factors), step)
+        problem = check_model(new, self.params, self._allowed_move(
+            updates, factors, [b for _, b in accepted], step))
+        if problem:
+            self.optimizer = before
+            _log.error("mixed model refused; its updates are not applied", window=report.window,
+                       reason=problem, updates=len(updates))
+            self._rejections.add("bad_mix", len(updates))
+            report.rejected += len(updates)
+            return False
+        self.params = new
+        for a in updates:
             report.applied_updates.append((a.client_id, a.round, a.base_version))
             report.applied_to.append(self.version)
-        report.applied += len(accepted)
+        report.applied += len(updates)
         self.version += 1
+        return True
 
     async def _arrived(self, update: ClientUpdate) -> None:
-        """An on-arrival policy's update: judge it now, apply the buffer when the policy says
-        so and publish the new model at once."""
+        """An on-arrival policy's update: check and classify it now, apply the buffer when the
+        policy says so and publish the new model at once (if it passed :func:`check_model`)."""
         if self._open is None:
             self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
         self._open.received += 1
-        accepted = self._judge(update, self._open,
+        admitted = self._admit(update, self._open,
                                frozenset((a.client_id, a.round) for a, _ in self._buffer))
-        if accepted is None:
+        if admitted is None:
             return
-        self._buffer.append((accepted, self.version))
+        self._buffer.append(admitted)
         if self.policy.ready(len(self._buffer)):
-            batch, self._buffer = [a for a, _ in self._buffer], []
-            self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1))
-            await self.publish_model(invite=False)
+            batch, self._buffer = self._buffer, []
+            if self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1)):
+                await self.publish_model(invite=False)
 
     def close_window(self) -> WindowReport:
-        """Classify, mix and apply what arrived since the last window (on-arrival policies:
-        report what was applied in it); evaluate if due."""
+        """Check, classify, mix and apply what arrived since the last window (on-arrival
+        policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
         arrived, self._inbox = self._inbox, []
@@ -362,16 +333,17 @@ class ServerActor:
         self._open = None
         report.window, report.time = window, self.clock.now()
         report.received += len(arrived)
-        accepted: list[AcceptedUpdate] = []
+        accepted: list[tuple[AcceptedUpdate, float | None]] = []
         keys: set[tuple[str, int]] = set()
         for update in arrived:
-            judged = self._judge(update, report, keys)
-            if judged is not None:
-                accepted.append(judged)
-                keys.add((judged.client_id, judged.round))
+            admitted = self._admit(update, report, keys)
+            if admitted is not None:
+                accepted.append(admitted)
+                keys.add((update.client_id, update.round))
         report.step_size = self.step_size.current(window)
         if accepted:
             self._apply(accepted, report, report.step_size)
+        report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
             if self.version != self._evaluated_version:
@@ -383,6 +355,101 @@ class ServerActor:
             report.accuracy, report.loss = self._last_evaluation
             self.last_accuracy = report.accuracy
         return report
+
+    def _judge(self, update: ClientUpdate, info: ClientInfo | None,  # noqa: PLR0911 - one return per rule
+               buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
+        """'' if the update may be classified further, 'duplicate' (seen, or accepted and
+        waiting in ``buffered``), or 'kind:reason'."""
+        if info is None:
+            return "unknown_client:not a client of this scenario"
+        if update.delta.shape != self.params.shape:
+            return f"shape:{update.delta.size} values, the model has {self.params.size}"
+        limits = info.limits
+        if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
+            return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
+        known = max(self._highest_round.get(update.client_id, -1) + 1,
+                    self._released(update.client_id))
+        if update.round > known + MAX_ROUND_GAP:
+            return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
+                    f"the {known} rounds known")
+        if (update.client_id, update.round) in self.seen or \
+                (update.client_id, update.round) in buffered:
+            return "duplicate"
+        if update.base_version > self.version:
+            return f"future_version:base version {update.base_version} > server version {self.version}"
+        norm = update_norm(update.delta)
+        if not np.isfinite(norm):
+            return "non_finite:the update is not finite"
+        if limits is not None:
+            bound = limits.norm_bound(update.round)
+            if norm > bound:
+                return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
+        return ""
+
+    def _allowed_move(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
+                      bounds: list[float | None], step: float) -> float | None:
+        """How far the server SGD step with ``accepted`` may move the model: ``|s_t| sum_i
+        |c_i| eta_i bound_i`` for the direction's coefficients ``c_i`` (``lambda_i`` times the
+        staleness weight). None when a client's bound is unknown, or under momentum/Adam/Yogi,
+        whose step also carries the optimizer's state (the model is then only checked for
+        finite, bounded parameters)."""
+        known = [b for b in bounds if b is not None]
+        if len(known) < len(bounds) or not isinstance(self.optimizer, Sgd):
+            return None
+        return abs(step) * sum(abs(float(c)) * abs(u.step_size) * b
+                               for c, u, b in zip(factors, accepted, known, strict=True))
+
+    def _record_seen(self, client_id: str, round_index: int) -> None:
+        self.seen.add((client_id, round_index))
+        self._seen_count[client_id] = self._seen_count.get(client_id, 0) + 1
+        self._highest_round[client_id] = max(self._highest_round.get(client_id, -1), round_index)
+
+    def _released(self, client_id: str) -> int:
+        status = self.statuses.get(client_id)
+        return status.rounds if status is not None else 0
+
+    def _contradicted_status(self, update: ClientUpdate) -> None:
+        status = self.statuses.get(update.client_id)
+        if status is not None and status.state in ("done", "budget_exhausted") \
+                and update.round >= status.rounds:
+            del self.statuses[update.client_id]
+            self._rejections.add("status_inconsistent")
+            _log.warning("status rejected", client=update.client_id, kind="status_inconsistent",
+                         reason=f"round {update.round} arrived after a {status.state!r} status "
+                                f"claiming {status.rounds} rounds")
+
+    def accept_status(self, status: ClientStatus) -> bool:
+        """Keep ``status`` if it agrees with what the server saw; else log and count it."""
+        info = self.clients.get(status.client_id)
+        reason = ""
+        kind = "status_inconsistent"
+        seen = self._seen_count.get(status.client_id, 0)
+        limits = info.limits if info is not None else None
+        if info is None:
+            kind, reason = "unknown_client", "not a client of this scenario"
+        elif status.rounds < seen:
+            reason = f"claims {status.rounds} rounds released, the server received {seen}"
+        elif limits is not None and limits.max_rounds is not None and status.rounds > limits.max_rounds:
+            reason = f"claims {status.rounds} rounds, its limit is {limits.max_rounds}"
+        elif status.state == "done" and limits is not None and (
+                limits.max_rounds is None or status.rounds != limits.max_rounds):
+            reason = f"'done' after {status.rounds} rounds, its limit is {limits.max_rounds}"
+        if reason:
+            self._rejections.add(kind)
+            _log.warning("status rejected", client=status.client_id, state=status.state,
+                         rounds=status.rounds, kind=kind, reason=reason)
+            return False
+        self.statuses[status.client_id] = status
+        return True
+
+    def missing_updates(self) -> int:
+        """Updates the clients released (by their statuses and round numbers) that never
+        reached this server's de-duplication table (lost, or still in flight)."""
+        missing = 0
+        for client_id in self.clients:
+            released = max(self._highest_round.get(client_id, -1) + 1, self._released(client_id))
+            missing += max(0, released - self._seen_count.get(client_id, 0))
+        return missing
 
     async def broadcast(self) -> None:
         """Publish the model; it opens the next window and carries that window's invitation."""
@@ -411,6 +478,7 @@ class ServerActor:
             evaluated_version=self._evaluated_version,
             last_evaluation=self._last_evaluation,
             statuses=dict(self.statuses),
+            incarnations=self.incarnations,
             invitations=dict(self.invitations),
             optimizer_state=self.optimizer.state(),
         )
@@ -422,10 +490,17 @@ class ServerActor:
             raise ConfigError(
                 f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
             )
+        problem = bad_model(np.asarray(snapshot.params), self.params.size)
+        if problem:
+            raise ConfigError(f"snapshot's model is unusable: {problem}")
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
-        self.seen = set(snapshot.seen)
+        self.seen = set()
+        self._seen_count, self._highest_round = {}, {}
+        for client_id, round_index in sorted(snapshot.seen):
+            self._record_seen(client_id, round_index)
+        self.incarnations = tuple(snapshot.incarnations)
         self.step_size.load_state_dict(snapshot.step_size_state)
         self.rng.bit_generator.state = snapshot.rng_state
         self.last_accuracy = snapshot.last_accuracy

@@ -98,7 +98,7 @@ def test_the_server_applies_the_agreed_sequence_and_broadcasts_its_step_size() -
         endpoint = _Endpoint(clock)
         server = ServerActor(
             clock=clock, endpoint=endpoint, initial_params=np.zeros(2, np.float32),
-            clients={"a": ClientInfo(10, 1.0, 1.0, StepSequence(1.0, "inverse_time", 1.0))},
+            clients={"a": ClientInfo(10, 1.0, 1.0, sequence=StepSequence(1.0, "inverse_time", 1.0))},
             window=1.0, strategy=UniformWeights(), step_size=InverseTimeStepSize(1.0, 1.0))
         loop = asyncio.get_running_loop()
         for t, r in ((0.2, 0), (0.4, 3)):
