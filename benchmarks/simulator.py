@@ -45,10 +45,15 @@ alone runs.
    replaced by its virtual duration (zero updates, the same privacy events and ledger writes).
    Target: >= 1000 simulated seconds per wall second.
 
+3. ``--interrupt-rules``: the headline ratio of (1) under both interrupt rules, ``switch`` (the
+   default: rounds split at a global model's arrival, their segments jobs of the batched pass,
+   rounds held back until no arrival can split them) and ``snapshot``, measured alternately
+   ``--repeats`` times each; writes ``benchmarks/results/simulator_interrupt.json``.
+
 Run directories go to a temporary directory in memory (/dev/shm when present): the ledgers'
 fsyncs measure the disk, not the simulator.
 
-    python benchmarks/simulator.py [--quick] [--repeats N]
+    python benchmarks/simulator.py [--quick] [--repeats N] [--interrupt-rules]
 
 writes ``benchmarks/results/simulator.json``.
 """
@@ -113,7 +118,7 @@ def _with(loaded: LoadedScenario, changes: dict) -> LoadedScenario:
         for part in parents:
             node = node[int(part)] if part.isdigit() else node[part]
         node[int(leaf) if leaf.isdigit() else leaf] = value
-    return LoadedScenario(parse_scenario(tree, base_dir=loaded.base_dir), loaded.source)
+    return LoadedScenario(parse_scenario(tree), loaded.source)
 
 
 class _Clocks:
@@ -268,7 +273,7 @@ def protocol_floor_ms(population: Population, updates_per_window: int, repeats: 
                 with parts["ledger_spend"]:
                     ledgers[i].spend(step, time=float(repeat), round=repeat)
                 with parts["encode"]:
-                    blob = codec.encode(ClientUpdate(f"c{i}", repeat, 0, vector, 32.0, 600, 0.0))
+                    blob = codec.encode(ClientUpdate(f"c{i}", repeat, 0, vector, 32.0, 0.0))
                 with parts["decode"]:
                     decoded.append(codec.decode(blob))
                 with parts["local_step"]:  # the client's w - eta * u, as ClientActor makes it
@@ -410,7 +415,7 @@ def message_only_throughput(clients: int, virtual_seconds: float) -> dict:
     groups[-1]["count"] += clients - sum(g["count"] for g in groups)
     tree["stop"] = {"virtual_seconds": virtual_seconds}
     tree["server"].update(window=60.0, broadcast_every=5)
-    loaded = LoadedScenario(parse_scenario(tree, base_dir=base.base_dir), base.source)
+    loaded = LoadedScenario(parse_scenario(tree), base.source)
     with _scratch() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", message_only=True)
     return {
@@ -424,15 +429,53 @@ def message_only_throughput(clients: int, virtual_seconds: float) -> dict:
     }
 
 
+def interrupt_changes(rule: str) -> dict:
+    """hetero-100 with every group on the interrupt rule ``rule`` (``switch`` is the default)."""
+    groups = load_scenario(REPO / "scenarios" / "hetero-100.yaml").scenario.clients.groups
+    return {f"clients.groups.{k}.interrupt": rule for k in range(len(groups))}
+
+
+def interrupt_rules(virtual_seconds: float, repeats: int) -> dict:
+    """The headline ratio under both interrupt rules, measured alternately (``repeats`` each),
+    so that a change in the shared machine's load hits both alike; the median of each."""
+    ratios: dict[str, list[float]] = {"switch": [], "snapshot": []}
+    details: dict[str, list[dict]] = {"switch": [], "snapshot": []}
+    for _ in range(max(1, repeats)):
+        for rule in ratios:
+            run = training_throughput(virtual_seconds, interrupt_changes(rule))
+            ratios[rule].append(run["ratio"])
+            details[rule].append({k: run[k] for k in (
+                "ratio", "ratio_wall", "rounds", "rounds_batched_share", "rounds_per_batched_pass",
+                "final_accuracy")})
+            print(rule, json.dumps(details[rule][-1]), file=sys.stderr)
+    return {
+        "virtual_seconds": virtual_seconds,
+        **{f"{rule}_ratio": float(np.median(values)) for rule, values in ratios.items()},
+        "ratios_of_all_runs": ratios,
+        "runs": details,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--repeats", type=int, default=3,
                         help="hetero-100 measurements; the median by ratio is reported")
+    parser.add_argument("--interrupt-rules", action="store_true",
+                        help="only the ratio under interrupt: switch and snapshot, alternately "
+                             "(writes benchmarks/results/simulator_interrupt.json)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     configure_logging(level="warning")
+    if args.interrupt_rules:
+        rules = interrupt_rules(20.0 if args.quick else 60.0, args.repeats)
+        rules["quick"] = args.quick
+        target = args.out.with_name("simulator_interrupt.json")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(rules, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(rules, indent=2))
+        return
     # Each measurement interleaves the two arms, yet on a shared machine single runs still
     # scatter by about +-0.05: the median of several is the number reported.
     runs = []

@@ -84,6 +84,17 @@ RESULTS: tuple[ResultSpec, ...] = (
         "python benchmarks/papers/vandijk_async.py",
         ("docs/img/vandijk_async.png",),
     ),
+    ResultSpec(
+        "async_policies",
+        "Asynchronous aggregation (windows / FedBuff / FedAsync) and the interrupt rule",
+        "van Dijk & Nguyen's interrupt service routine; FedBuff (Nguyen et al. 2022); FedAsync (Xie et "
+        "al. 2019)",
+        "one heterogeneous population (30 clients, three speed classes, label-skewed data) at "
+        "equal per-client eps = 2: accuracy against virtual time for time windows, FedBuff and "
+        "FedAsync, and for the interrupt rules switch and snapshot, 3 seeds each.",
+        "python benchmarks/papers/async_policies.py",
+        ("docs/img/async_policies.png",),
+    ),
 )
 
 HEADER = """# Reproduced results

@@ -38,8 +38,10 @@ __all__ = [
     "DataSizeWeights",
     "MixingStrategy",
     "UniformWeights",
+    "descent_direction",
     "make_strategy",
     "mix",
+    "normalised_weights",
     "population_weight",
 ]
 
@@ -54,6 +56,7 @@ class AcceptedUpdate:
     num_samples: int  # N_i, the client's data set size
     step_size: float  # eta_i, the client's agreed step size
     weight: float = 1.0  # the configured per-client weight
+    base_version: int = 0  # the global version the update was computed on
 
 
 class MixingStrategy(Protocol):
@@ -113,6 +116,31 @@ def make_strategy(name: str) -> MixingStrategy:
         raise ConfigError(f"unknown mixing {name!r}; choose one of {sorted(_STRATEGIES)}") from None
 
 
+def normalised_weights(strategy: MixingStrategy, updates: Sequence[AcceptedUpdate],
+                       total_weight: float | None = None) -> np.ndarray:
+    """``lambda_i = weight_i / total`` (float64): ``total_weight=None``: the updates' own total
+    (a convex mix); else the population's (:func:`population_weight`)."""
+    raw = np.asarray(strategy.weights(updates), dtype=np.float64)
+    if raw.shape != (len(updates),) or not np.all(np.isfinite(raw)) or np.any(raw < 0) or raw.sum() <= 0:
+        raise ConfigError(f"mixing strategy {strategy.name!r} gave invalid weights {raw!r}")
+    total = raw.sum() if total_weight is None else float(total_weight)
+    if not (math.isfinite(total) and total > 0):
+        raise ConfigError(f"mixing total weight must be > 0, got {total_weight!r}")
+    return raw / total
+
+
+def descent_direction(updates: Sequence[AcceptedUpdate], coefficients: np.ndarray) -> np.ndarray:
+    """``d = sum_i c_i eta_i u_i`` in float64."""
+    # Two passes per update and no allocation: scale into a float64 scratch, then accumulate.
+    first = updates[0].update
+    direction = np.zeros(first.shape, dtype=np.float64)
+    scaled = np.empty(first.shape, dtype=np.float64)
+    for weight, update in zip(coefficients, updates, strict=True):
+        np.multiply(update.update, weight * update.step_size, out=scaled, dtype=np.float64)
+        direction += scaled
+    return direction
+
+
 def mix(params: np.ndarray, updates: Sequence[AcceptedUpdate], strategy: MixingStrategy,
         server_step: float, *, total_weight: float | None = None) -> np.ndarray:
     """The new global model ``params - server_step * sum_i lambda_i eta_i u_i`` (float32).
@@ -125,19 +153,7 @@ def mix(params: np.ndarray, updates: Sequence[AcceptedUpdate], strategy: MixingS
     """
     if not updates:
         return params.copy()
-    raw = np.asarray(strategy.weights(updates), dtype=np.float64)
-    if raw.shape != (len(updates),) or not np.all(np.isfinite(raw)) or np.any(raw < 0) or raw.sum() <= 0:
-        raise ConfigError(f"mixing strategy {strategy.name!r} gave invalid weights {raw!r}")
-    total = raw.sum() if total_weight is None else float(total_weight)
-    if not (math.isfinite(total) and total > 0):
-        raise ConfigError(f"mixing total weight must be > 0, got {total_weight!r}")
-    lambdas = raw / total
-    # Two passes per update and no allocation: scale into a float64 scratch, then accumulate.
-    direction = np.zeros(params.shape, dtype=np.float64)
-    scaled = np.empty(params.shape, dtype=np.float64)
-    for weight, update in zip(lambdas, updates, strict=True):
-        np.multiply(update.update, weight * update.step_size, out=scaled, dtype=np.float64)
-        direction += scaled
+    direction = descent_direction(updates, normalised_weights(strategy, updates, total_weight))
     direction *= -server_step
     direction += params
     return direction.astype(np.float32)

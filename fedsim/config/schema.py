@@ -18,6 +18,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from fedsim.config import limits
+from fedsim.config.aggregation import (
+    AdaptiveClipping,
+    Aggregation,
+    LocalStepSequence,
+    ServerOptimizerConfig,
+    StalenessWeighting,
+    WindowsAggregation,
+)
 from fedsim.config.distributions import (
     BatchSize,
     ClassCount,
@@ -338,6 +346,29 @@ class ClientGroup(_Strict):
         default=1.0, description="The clients' mixing weight when server.mixing is configured.")
     network: LinkOverride | None = Field(
         default=None, description="The group's own links; unset parts inherit the scenario's network.")
+    adaptive_clip: AdaptiveClipping | None = Field(
+        default=None, description="Adaptive (quantile) clipping; the clip value is its start.")
+    per_example_steps: StepCount = Field(
+        default=1, description="Each a_h as that many SGD steps on its example alone (van Dijk "
+        "et al.); 1: its gradient. The same privacy, that many times the compute.")
+    per_example_lr: Scale = Field(default=0.1,
+                                  description="The step size of per_example_steps.")
+    step_sequence: LocalStepSequence = Field(
+        default_factory=LocalStepSequence,
+        description="The round step sizes eta(r) agreed a priori with the server, from local_lr.")
+    follow_server_step: bool = Field(
+        default=True,
+        description="Multiply the local step by the server step size each global model carries "
+        "(van Dijk et al.: the server broadcasts the new step sizes); false: local_lr only.")
+    interrupt: Literal["switch", "snapshot"] = Field(
+        default="switch",
+        description=(
+            "A global model arriving mid-round: 'switch' (van Dijk et al.'s interrupt service "
+            "routine) computes the round's gradients not yet computed at the new model, with the "
+            "batch and noise drawn at round start; 'snapshot' computes every gradient at the model "
+            "the round began on. The same privacy either way (the new model is post-processing)."),
+    )
+
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -348,6 +379,9 @@ class ClientGroup(_Strict):
                     "rounds: set rounds")
             if self.clip.kind == "decay":
                 raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
+        if self.adaptive_clip is not None and self.clip.kind != "constant":
+            raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
+                             "(its starting value), not a schedule")
         return self
 
 
@@ -419,7 +453,10 @@ StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discrim
 
 class Server(_Strict):
     """Time windows, mixing, step size, evaluation and broadcast (van Dijk et al.,
-    "Considerations on the Theory of Training Models with Differential Privacy", sec. 3)."""
+    "Considerations on the Theory of Training Models with Differential Privacy", sec. 3); the
+    aggregation policy, staleness weighting and server optimizer (:mod:`fedsim.aggregation`).
+    ``window`` is also the reporting period (metrics, evaluation, stop checks) of on-arrival
+    policies; ``normalize`` applies to time windows (a buffer is normalised over itself)."""
 
     window: Annotated[float, Field(ge=limits.MIN_WINDOW, le=limits.MAX_SECONDS,
                                    allow_inf_nan=False)] = Field(
@@ -443,6 +480,15 @@ class Server(_Strict):
         "older; omitted, accept all.")
     eval_every: WindowCount = Field(
         default=1, description="Evaluate on the held-out set every this many windows.")
+    aggregation: Aggregation = Field(
+        default_factory=WindowsAggregation,
+        description="When updates are applied: windows (default), fedbuff, fedasync.")
+    staleness_weight: StalenessWeighting = Field(
+        default_factory=StalenessWeighting,
+        description="How much an update s versions old counts: constant, polynomial, hinge.")
+    optimizer: ServerOptimizerConfig = Field(
+        default_factory=ServerOptimizerConfig,
+        description="The server optimizer: sgd (default), momentum, adam, yogi.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ the defect for rejection counts); no other exception escapes.
 Bounds: counters (``round``, ``base_version``, ``version``) are integers in ``[0, 2**53)``, so
 they are exact in every JSON reader and no peer can make another hold a bignum (``round =
 10**30`` is refused here, before any table sees it); strings and the status ``extra`` map are
-length-bounded; the header is at most 64 KiB. Every header carries the sender's run
+length-bounded; a global model's server ``step_size`` is finite, positive and at most
+:data:`MAX_STEP_SIZE`; the header is at most 64 KiB. Every header carries the sender's run
 *incarnation* (``incarnation``, 32 hex digits at most, ``""`` for a client that has not yet
 learnt it; :mod:`fedsim.transports.incarnation`) and a global model also the incarnations it
 continues (``lineage``): :func:`encode` takes it, :func:`decode_frame` returns it.
@@ -76,6 +77,10 @@ MAX_COUNTER = 2**53 - 1
 """The largest round or version on the wire (exact in float64 and in every JSON reader)."""
 MAX_LINEAGE = 64
 """At most this many earlier incarnations travel with a global model."""
+MAX_STEP_SIZE = 1e6
+"""The largest server step size a global model may carry (finite and > 0 as well): a larger
+one would move a client's model by more than :data:`~fedsim.runtime.integrity.MAX_PARAMETER`
+per unit of update."""
 _NonNegativeInt = Annotated[int, Field(ge=0)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
 Incarnation = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,32}$")]
@@ -116,6 +121,7 @@ class GlobalHeader(_Header):
     window: _Counter = 0
     invited: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{2})*$",
                                               max_length=MAX_INVITED_HEX)] | None = None
+    step_size: Annotated[float, Field(gt=0.0, le=MAX_STEP_SIZE, allow_inf_nan=False)] = 1.0
     tensor: TensorSpec
 
 
@@ -204,6 +210,7 @@ def _header_for(
             sent_at=float(message.sent_at),
             window=message.window,
             invited=None if message.invited is None else bytes(message.invited).hex(),
+            step_size=float(message.step_size),
             tensor=_tensor_spec(message.params, "GlobalModel.params"),
         )
         _check_finite(message.params, "GlobalModel.params")
@@ -376,7 +383,7 @@ def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format
         return Frame(update, header.incarnation)
     invited = None if header.invited is None else bytes.fromhex(header.invited)
     model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
-                        window=header.window, invited=invited)
+                        window=header.window, invited=invited, step_size=header.step_size)
     return Frame(model, header.incarnation, header.lineage)
 
 

@@ -11,9 +11,10 @@ from typing import Literal
 
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """2: updates lost ``num_samples`` (N is private) and gained ``window``; global models carry
-the window they open and its invitation."""
+the window they open and its invitation. 3: global models carry the server step size
+``step_size`` of the window they open."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +48,10 @@ class GlobalModel:
     :mod:`fedsim.runtime.exposure`): ``invited`` is a bitmap over the scenario's sorted client
     ids (bit ``i`` of byte ``i // 8``, least significant first), or None when every client is
     invited. A client trains only under the latest invitation that names it.
+
+    ``step_size`` is the server step size s_t of the window it opens (van Dijk & Nguyen: the server
+    "decides when to reduce the step size ... and broadcasts the new step sizes to the
+    clients"); a client that follows it steps ``w <- w - s_t eta_i u`` locally.
     """
 
     version: int
@@ -54,6 +59,7 @@ class GlobalModel:
     sent_at: float = 0.0
     window: int = 0
     invited: bytes | None = None
+    step_size: float = 1.0
 
 
 @dataclass(frozen=True)

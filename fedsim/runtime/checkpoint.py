@@ -21,7 +21,7 @@ import json
 import math
 import os
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +108,13 @@ class ServerCheckpoint:
         self.directory.mkdir(parents=True, exist_ok=True)
         state = json.dumps(_state_document(snapshot, self.identity), allow_nan=True).encode()
         buffer = io.BytesIO()
-        np.savez(
-            buffer,
-            params=np.asarray(snapshot.params, dtype=np.float32),
-            state=np.frombuffer(state, dtype=np.uint8),
-        )
+        arrays: dict[str, np.ndarray] = {
+            "params": np.asarray(snapshot.params, dtype=np.float32),
+            "state": np.frombuffer(state, dtype=np.uint8),
+            # The server optimizer's moments (momentum, adam, yogi), one array each.
+            **{f"optimizer_{k}": v for k, v in snapshot.optimizer_state.items()},
+        }
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types allow_pickle
         temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
         with open(temporary, "wb") as handle:
             handle.write(buffer.getbuffer())
@@ -130,6 +132,8 @@ class ServerCheckpoint:
             with open(self.path, "rb") as handle, np.load(handle, allow_pickle=False) as archive:
                 params = archive["params"].astype(np.float32, copy=True)
                 state = json.loads(archive["state"].tobytes().decode())
+                moments = {k.removeprefix("optimizer_"): archive[k].copy()
+                           for k in archive.files if k.startswith("optimizer_")}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is unreadable: {exc}") from None
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
@@ -143,6 +147,6 @@ class ServerCheckpoint:
                 f"{self.identity}; use a fresh --state directory"
             )
         try:
-            return _snapshot_from(params, state)
+            return replace(_snapshot_from(params, state), optimizer_state=moments)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc!r}") from None

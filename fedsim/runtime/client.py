@@ -29,17 +29,29 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      drops the message;
   5. apply the update locally: ``w <- w - eta * Ubar/m``.
 
-**A round in progress continues when a global model arrives mid-round.** Every gradient of the
-round is computed at the single ``w`` the round started from (its snapshot) - van Dijk & Nguyen require
-exactly this: "each gradient a_h is computed for the same w", since the sensitivity bound 2C
-(or C) of U needs the per-example gradients not to influence each other. The overwrite replaces
-``w`` immediately, so the finished update is applied on top of the *new* global model and the
-next round starts from it; the update itself is still sent, tagged with the version it was
-computed on, so the server's staleness policy judges it. Restarting instead would throw away a
-finished computation and, whenever the server broadcasts more often than a slow client
-finishes a round, starve that client for ever - against the paper's point that clients compute
-at their own rate, independent of the broadcast rate. Not releasing the discarded work would
-cost no privacy, but the starvation is the decisive argument.
+**A global model arriving mid-round** (``interrupt``, per client group). Van Dijk & Nguyen's interrupt
+service routine "will replace the locally kept model w by a received global model w-hat. This
+may happen in the middle of a round", and "each gradient is computed based on w which is the
+last received global model from the server through the interrupt service routine": earlier
+updates "can participate in the current computation of a round update U through its dependency
+on the global model w-hat (through the gradients in U)".
+
+* ``switch`` (the default, the paper's rule): the gradients of the round not yet computed when
+  w-hat arrives are computed at w-hat. The round's batch and noise were drawn when it began and
+  stay; the arrival's fraction of the round's compute time splits the round
+  (:meth:`~fedsim.training.rounds.PendingRound.switch`; which gradient is due when is a fixed
+  function of the record, never of the rest of the batch, see :mod:`fedsim.training.rounds`).
+  Deterministic under virtual time: the split points are the arrival times.
+* ``snapshot``: every gradient of the round is computed at the ``w`` the round began on.
+
+Either way the overwrite replaces ``w`` at once, the finished update is applied on top of the
+*new* global model and sent tagged with the version the round began on, so the server's
+staleness policy judges it; the round is never restarted (that would starve a client slower
+than the broadcast rate). **Privacy is the same under both rules**: w-hat is post-processing of
+released updates, and each a_h still depends on one example (at w or w-hat), so U's sensitivity
+(C or 2C) and the round's privacy events are unchanged. On a wall clock
+(``pad_release``) the round is computed when it begins and computed again at once when a w-hat
+splits it, so its result is ready by its public release time.
 
 **The end of the run.** A :class:`RunFinished` from the server stops the client at once: a round
 begun but not yet charged is cancelled (nothing charged, nothing released), no further round
@@ -58,7 +70,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 import structlog
@@ -93,7 +105,11 @@ class BegunRound(Protocol):
 
     sample_grads: int
 
+    ends_at: float | None
+
     def result(self) -> RoundResult: ...
+
+    def switch(self, fraction: float, params: np.ndarray) -> None: ...
 
     def cancel(self) -> None: ...
 
@@ -148,7 +164,7 @@ class ClientActor:
         endpoint: Endpoint,
         trainer: Trainer,
         ledger: Ledger,
-        local_lr: float,
+        local_lr: float | Callable[[int], float],
         batch_size: float,
         seconds_per_sample: Callable[[], float],
         staleness: StalenessPolicy = StalenessPolicy(),
@@ -157,19 +173,33 @@ class ClientActor:
         status_epsilon: Callable[[], tuple[float, float]] | None = None,
         expected_sample_grads: float | None = None,
         exposure: ClientExposure = ClientExposure(),
+        interrupt: Literal["switch", "snapshot"] = "switch",
+        follow_server_step: bool = True,
     ) -> None:
         self.client_id = client_id
         self.clock = clock
         self.endpoint = endpoint
         self.trainer = trainer
         self.ledger = ledger
-        self.local_lr = float(local_lr)
+        # eta_i(r): a constant or the sequence agreed with the server, times the server step
+        # size the latest global model carried when following it.
+        self.step_sequence = local_lr if callable(local_lr) else None
+        self.local_lr = float(local_lr(0)) if callable(local_lr) else float(local_lr)
+        self.follow_server_step = follow_server_step
+        self.server_step = 1.0
         self.batch_size = float(batch_size)
         # Public: the expected per-example gradients of a round (local_steps * m).
         self.expected_sample_grads = (
             float(batch_size) if expected_sample_grads is None else float(expected_sample_grads)
         )
         self.exposure = exposure
+        self.interrupt = interrupt
+        self.switched_rounds = 0  # rounds a w-hat split (interrupt = switch)
+        # The round in progress: (its begun round, start time, compute time), for a switch.
+        self._round: tuple[BegunRound, float, float] | None = None
+        self._switched = asyncio.Event()  # set by a switch of the round in progress
+        self._computing = False  # a worker thread computes the round in progress
+        self._deferred_switches: list[tuple[float, np.ndarray]] = []
         self.randomness = exposure.randomness
         self.timing_overruns = 0
         self.invitation_window = 0  # the latest invitation seen (window it opens)
@@ -231,11 +261,15 @@ class ClientActor:
                          version=message.version, reason=problem)
             return False
         self.held_version = message.version
+        if self.follow_server_step:
+            self.server_step = float(message.step_size)
         # No copies: w is never modified in place (every local step makes a new array), so the
         # local model may share the received, read-only parameter buffer until it moves.
         self.held_global = np.asarray(message.params, dtype=np.float32)
         self.w = self.held_global
         self.rounds_since_global = 0
+        if self._round is not None and self.interrupt == "switch":
+            self._switch(*self._round)
         arrived, self._arrival = self._arrival, asyncio.Event()
         arrived.set()
         return True
@@ -249,6 +283,25 @@ class ClientActor:
         if self._interruptible and self._task is not None:
             self._interrupted = True
             self._task.cancel()
+
+    def local_step(self, round_index: int) -> float:
+        """The step of round ``round_index``'s local update: ``eta_i(r)`` (times the server step
+        size, when following it)."""
+        eta = self.local_lr if self.step_sequence is None else float(self.step_sequence(round_index))
+        return eta * self.server_step if self.follow_server_step else eta
+
+    def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
+        """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
+        fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
+        if fraction >= 1.0:
+            return
+        assert self.w is not None
+        self.switched_rounds += 1
+        if self._computing:  # a worker thread reads the round: split it when that returns
+            self._deferred_switches.append((fraction, self.w))
+        else:
+            pending.switch(fraction, self.w)
+        self._switched.set()
 
     async def _receive_forever(self) -> None:
         while True:
@@ -397,7 +450,7 @@ class ClientActor:
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
                 self.clock.now(), window))
-            local = result.update * np.float32(-self.local_lr)  # a new array: w is never mutated
+            local = result.update * np.float32(-self.local_step(round_index))  # a new array
             local += self.w
             self.w = local
             self.rounds_since_global += 1
@@ -414,22 +467,63 @@ class ClientActor:
         ``timing = realised``: the cost of the realised batch, waited before computing."""
         start = self.clock.now()
         per_sample = self.seconds_per_sample()
-        if self.exposure.timing == "realised":
-            await self.clock.sleep(per_sample * pending.sample_grads)
-            return pending.result()
-        slot = per_sample * self.expected_sample_grads
-        if not self.exposure.pad_release:
-            await self.clock.sleep(slot)
-            return pending.result()
-        # In a worker thread: a blocked event loop would delay the connection's own packets
-        # (PUBACKs, pings, resends) to the compute's end, revealing the realised batch.
-        result = (await asyncio.to_thread(pending.result) if self.exposure.compute_in_thread
-                  else pending.result())
-        now = self.clock.now()
-        release = release_time(start, slot, now)
-        if release > start + slot or slot <= 0:
-            self.timing_overruns += 1
-            (_log.warning if self.timing_overruns == 1 else _log.debug)("round overran its public release slot", client=self.client_id,
-                         round=round_index, slot=slot, compute=now - start, released=release - start)
-        await self.clock.sleep(release - now)
-        return result
+        realised = self.exposure.timing == "realised"
+        slot = per_sample * (pending.sample_grads if realised else self.expected_sample_grads)
+        if self.interrupt == "switch":
+            pending.ends_at = start + slot
+        self._round = (pending, start, slot)
+        try:
+            if realised or not self.exposure.pad_release:
+                await self.clock.sleep(slot)
+                return pending.result()
+            return await self._padded(pending, start, slot, round_index)
+        finally:
+            self._round = None
+
+    async def _padded(self, pending: BegunRound, start: float, slot: float,
+                      round_index: int) -> RoundResult:
+        """Compute first, release at the public schedule; a w-hat that splits the round meanwhile
+        has it computed again at once, so that it is still ready by a public release time."""
+        while True:
+            self._switched.clear()
+            await self._compute_now(pending)
+            if self._deferred_switches:  # split while it was computed: that result is stale
+                for fraction, params in self._deferred_switches:
+                    pending.switch(fraction, params)
+                self._deferred_switches.clear()
+                continue
+            now = self.clock.now()
+            release = release_time(start, slot, now)
+            if release > start + slot or slot <= 0:
+                self.timing_overruns += 1
+                (_log.warning if self.timing_overruns == 1 else _log.debug)(
+                    "round overran its public release slot", client=self.client_id,
+                    round=round_index, slot=slot, compute=now - start, released=release - start)
+            if await self._sleep_unless_switched(release - now):
+                return pending.result()
+
+    async def _compute_now(self, pending: BegunRound) -> None:
+        """Compute the round, in a worker thread when deployed: a blocked event loop would
+        delay the connection's own packets (PUBACKs, pings, resends) to the compute's end,
+        revealing the realised batch."""
+        if not self.exposure.compute_in_thread:
+            pending.result()
+            return
+        self._computing = True
+        try:
+            await asyncio.to_thread(pending.result)
+        finally:
+            self._computing = False
+
+    async def _sleep_unless_switched(self, seconds: float) -> bool:
+        """Sleep ``seconds``; False (at once) if a w-hat splits the round meanwhile."""
+        if self._switched.is_set():
+            return False
+        sleeper = asyncio.ensure_future(self.clock.sleep(max(0.0, seconds)))
+        switch = asyncio.ensure_future(self._switched.wait())
+        try:
+            await asyncio.wait({sleeper, switch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            switch.cancel()
+        return not self._switched.is_set()

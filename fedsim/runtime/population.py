@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
+from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
 from fedsim.config.loading import LoadedScenario, resolve_path
 from fedsim.config.schema import ClientGroup, Scenario
@@ -44,9 +45,11 @@ from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
+from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
 from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
+from fedsim.training.step_sequence import StepSequence
 from fedsim.transports.base import Endpoint
 
 __all__ = [
@@ -131,8 +134,11 @@ class Population:
             clip=plan.schedule,
             noise=plan.schedule,
             local_steps=group.local_steps,
-            local_lr=group.local_lr,
+            local_lr=step_sequence(group) or group.local_lr,
             max_physical_batch=group.max_physical_batch,
+            adaptive_clip=adaptive_clip(group),
+            per_example_steps=group.per_example_steps,
+            per_example_lr=group.per_example_lr,
             generator=generator,
             declared_records=plan.public_samples,
         )
@@ -192,6 +198,24 @@ class VirtualDurationTrainer:
             mean_loss=math.nan,
             sample_grads=sum(sizes),
         ))
+
+
+def adaptive_clip(group: ClientGroup) -> AdaptiveClipConfig | None:
+    """The group's adaptive clipping (None: its clip schedule as given)."""
+    config = group.adaptive_clip
+    if config is None:
+        return None
+    return AdaptiveClipConfig(config.target_quantile, config.learning_rate,
+                              config.count_noise_std)
+
+
+def step_sequence(group: ClientGroup) -> StepSequence | None:
+    """The group's agreed round step sizes eta(r) (None: the constant ``local_lr``)."""
+    config = group.step_sequence
+    if config.kind == "constant":
+        return None
+    return StepSequence(group.local_lr, config.kind, config.decay, config.power, config.factor,
+                        config.minimum)
 
 
 def _client_ids(group: ClientGroup) -> list[str]:
@@ -303,6 +327,12 @@ def build_population(
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
+        if group.adaptive_clip is not None:  # the count's noise must leave room for the sum's
+            try:
+                sum_noise_multiplier(float(schedule.sigma(0)), group.adaptive_clip.count_noise_std,
+                                     group.sampling)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}.adaptive_clip: {exc}") from None
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedule))
     return Population(
@@ -347,7 +377,7 @@ def make_client_actor(
         endpoint=endpoint,
         trainer=trainer,
         ledger=ledger,
-        local_lr=group.local_lr,
+        local_lr=step_sequence(group) or group.local_lr,
         batch_size=float(group.batch_size),
         seconds_per_sample=lambda: group.speed.sample(speed_rng),
         expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps),
@@ -358,6 +388,8 @@ def make_client_actor(
         max_rounds=group.rounds,
         first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
+        interrupt=group.interrupt,
+        follow_server_step=group.follow_server_step,
     )
 
 
@@ -385,8 +417,10 @@ def make_server_actor(
         endpoint=endpoint,
         initial_params=population.initial_params,
         clients={
-            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight, client_limits(
-                p.group, p.public_samples, p.schedule, population.initial_params.size))
+            p.client_id: ClientInfo(
+                p.public_samples, p.group.local_lr, p.group.weight,
+                client_limits(p.group, p.public_samples, p.schedule, population.initial_params.size),
+                sequence=step_sequence(p.group))
             for p in population.plans
         },
         window=server_config.window,
@@ -399,6 +433,8 @@ def make_server_actor(
         participation=server_config.participation,
         rng=population.tree.numpy("server", "participation"),
         normalize=server_config.normalize,
+        policy=make_policy(server_config),
+        optimizer=make_optimizer(server_config.optimizer),
     )
 
 

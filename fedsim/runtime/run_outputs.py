@@ -210,6 +210,8 @@ class RunRecord:
     rounds_batched: int = 0
     """Rounds computed in a batched pass with other clients' (virtual-time runs only)."""
     batched_passes: int = 0
+    rounds_recomputed: int = 0
+    """Computed rounds a late w-hat split (interrupt = switch) and computed again."""
     time_kind: str = "virtual"
     """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
 
@@ -372,6 +374,8 @@ def write_run_outputs(record: RunRecord) -> dict[str, Any]:
             # How the rounds were computed: batched with other clients' or alone.
             "rounds_batched": record.rounds_batched,
             "batched_passes": record.batched_passes,
+            # Computed rounds a late w-hat split (interrupt = switch), computed again.
+            "rounds_recomputed": record.rounds_recomputed,
         },
     )
     return summary

@@ -15,9 +15,9 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
    double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
    **rejected** if the server invites (``participation < 1``) and never invited the client to
    the window the update names; otherwise **applied**;
-2. mixes the applied updates (:func:`fedsim.aggregation.mix`) with the window's server step
-   size, weights normalised over the window or over the whole population (``normalize``),
-   and checks the result (:func:`~fedsim.runtime.integrity.check_model`: finite, bounded, no
+2. mixes the applied updates (weights normalised over the window or over the whole population,
+   ``normalize``; see the aggregation policies below) with the window's server step size, and
+   checks the result (:func:`~fedsim.runtime.integrity.check_model`: finite, bounded, no
    further than the accepted updates allow) before it replaces the model; the version goes up
    by one if anything was applied;
 3. evaluates on the held-out set every ``eval_every`` windows and lets the step-size
@@ -38,6 +38,18 @@ broadcasting every window; clients train only under an invitation that names the
 uninvited client neither computes nor spends, and every update of an invited round is applied
 (subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
 
+**Aggregation policies** (``server.aggregation``, :mod:`fedsim.aggregation.policies`): with
+time windows (the default) the mix above happens at each window's end; with FedBuff (a buffer
+of K) or FedAsync (every update) the server judges each update as it arrives, applies the
+buffer when the policy says so and publishes the new model at once, and the window is only the
+reporting period (metrics line, evaluation, stop checks, checkpoint). Every update passes the
+same checks (1.) whichever the policy, before it is buffered or applied, and every new model
+passes ``check_model`` before it replaces the old one and is published. Each applied update is
+weighted by the staleness weighting ``S(version - base_version)``, and the direction goes
+through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentum, Adam,
+Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
+de-duplication table), so a deployed server acknowledges it only once it is applied.
+
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
@@ -46,7 +58,9 @@ The actor sees only a :class:`~fedsim.clock.Clock` and an
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -57,11 +71,12 @@ from fedsim.aggregation import (
     AcceptedUpdate,
     MixingStrategy,
     StepSizeSchedule,
-    mix,
     population_weight,
 )
+from fedsim.aggregation.mixing import descent_direction, normalised_weights
+from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
+from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
-from fedsim.config.schema import Stop
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.exposure import invitation_bits
@@ -74,9 +89,10 @@ from fedsim.runtime.integrity import (
     update_norm,
 )
 from fedsim.runtime.tasks import helper_tasks
+from fedsim.runtime.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
 
-__all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport"]
+__all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
 
 _log = structlog.get_logger("fedsim.runtime.server")
 
@@ -89,104 +105,12 @@ class ClientInfo:
     step_size: float  # the client's agreed local step size eta_i
     weight: float = 1.0
     limits: ClientLimits | None = None  # its DP posture, to bound its updates (integrity)
+    sequence: Callable[[int], float] | None = field(default=None, kw_only=True)
+    """eta_i(r), agreed a priori (None: the constant ``step_size``)."""
 
-
-@dataclass
-class WindowReport:
-    """What happened in one window (one line of ``metrics.jsonl``, before the runtime adds
-    network and ledger columns)."""
-
-    window: int
-    time: float
-    version: int
-    received: int = 0
-    applied: int = 0
-    stale: int = 0
-    duplicate: int = 0
-    rejected: int = 0
-    step_size: float = 0.0
-    accuracy: float | None = None
-    loss: float | None = None
-    rejections: dict[str, int] = field(default_factory=dict)
-    """Rejected updates and statuses by kind (``rejected`` counts the updates among them)."""
-    applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
-    """(client_id, round, base_version) of each applied update; the version before applying
-    was ``version - 1``."""
-    end: float | None = None
-    """The window's scheduled end on the server's timeline (``time`` is when it was closed:
-    the same up to float rounding under virtual time, a little later on the wall clock)."""
-
-    def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
-                     min_remaining_epsilon: float | None,
-                     refused: Mapping[str, int] | None = None) -> dict[str, object]:
-        """This window's ``metrics.jsonl`` object (the run-directory contract's keys, in order).
-
-        The simulator and the deployed server both write it; they supply the columns only the
-        runtime knows: rejections (including what the transport refused, by kind in
-        ``refused``), messages lost in flight, clients still active and the lowest remaining
-        budget. ``rejections`` counts every rejected message by kind."""
-        kinds = dict(self.rejections)
-        for kind, count in (refused or {}).items():
-            if count:
-                kinds[kind] = kinds.get(kind, 0) + count
-        return {
-            "window": self.window,
-            "time": self.time,
-            "version": self.version,
-            "accuracy": self.accuracy,
-            "loss": self.loss,
-            "received": self.received,
-            "applied": self.applied,
-            "stale": self.stale,
-            "duplicate": self.duplicate,
-            "rejected": rejected,
-            "dropped_in_flight": dropped_in_flight,
-            "step_size": self.step_size,
-            "active_clients": active_clients,
-            "min_remaining_epsilon": min_remaining_epsilon,
-            "rejections": dict(sorted(kinds.items())),
-        }
-
-    def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
-                    seconds: str = "virtual") -> str:
-        """Why the run ends after this window under the scenario's ``stop`` conditions, in
-        their order (windows, duration, target accuracy, all budgets spent); '' to go on.
-
-        Shared by the simulator and the deployed server; ``seconds`` names their clock and
-        ``in_flight`` counts updates the network still carries (0 where delivery is
-        at-least-once end to end)."""
-        if stop.windows is not None and self.window >= stop.windows:
-            return f"it reached {stop.windows} windows"
-        if stop.virtual_seconds is not None:
-            reason = duration_stop(stop.virtual_seconds, self.window,
-                                   self.time if self.end is None else self.end, seconds)
-            if reason:
-                return reason
-        if (stop.target_accuracy is not None and self.accuracy is not None
-                and self.accuracy >= stop.target_accuracy):
-            return f"it reached the target accuracy {stop.target_accuracy:g}"
-        if stop.all_budgets_spent and active_clients == 0 and self.received == 0 \
-                and in_flight == 0:
-            return "no client can train any more and every update has arrived"
-        return ""
-
-
-# Window ends are sums and products of floats: 300 windows of 0.1 s end at 29.99999999999996 s
-# under virtual time. Ends this close to the limit count as reaching it.
-DURATION_RELATIVE_TOLERANCE = 1e-9
-
-
-def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual") -> str:
-    """The stop reason of a ``virtual_seconds`` limit after window ``window`` ending at ``end``
-    ('' while ``end`` is before the limit): the run ends with the first window whose end is at
-    or after the limit, and the reason says where that end was when it is not the limit."""
-    tolerance = DURATION_RELATIVE_TOLERANCE * max(1.0, abs(limit))
-    if end < limit - tolerance:
-        return ""
-    if end <= limit + tolerance:
-        return f"it reached its limit of {limit:g} {seconds} seconds"
-    return (f"window {window} ended at {end:.6g} {seconds} seconds, the first window end at or "
-            f"after its limit of {limit:g} s")
+    def step_at(self, round_index: int) -> float:
+        """eta_i of the client's round ``round_index``."""
+        return self.step_size if self.sequence is None else float(self.sequence(round_index))
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -212,6 +136,7 @@ class ServerSnapshot:
     statuses: dict[str, ClientStatus]
     incarnations: tuple[str, ...] = ()
     invitations: dict[int, frozenset[str]] = field(default_factory=dict)
+    optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class ServerActor:
@@ -234,6 +159,8 @@ class ServerActor:
         participation: float = 1.0,
         rng: np.random.Generator | None = None,
         normalize: Literal["window", "population"] = "window",
+        policy: AggregationPolicy | None = None,
+        optimizer: ServerOptimizer | None = None,
     ) -> None:
         if window <= 0:
             raise ConfigError(f"window must be > 0, got {window}")
@@ -244,6 +171,8 @@ class ServerActor:
         self.clients = dict(clients)
         self.window = float(window)
         self.strategy = strategy
+        self.policy: AggregationPolicy = policy if policy is not None else TimeWindows()
+        self.optimizer: ServerOptimizer = optimizer if optimizer is not None else Sgd()
         self.step_size = step_size
         self.evaluate = evaluate
         self.eval_every = eval_every
@@ -260,7 +189,8 @@ class ServerActor:
         self._seen_count: dict[str, int] = {}
         self._highest_round: dict[str, int] = {}
         self.statuses: dict[str, ClientStatus] = {}
-        self._status_rejections = Rejections()
+        self._rejections = Rejections()
+        """The open window's rejected updates and statuses by kind."""
         self.incarnations: tuple[str, ...] = ()
         """The run incarnations this server continues (its transport's, kept in snapshots)."""
         self.windows_closed = 0
@@ -270,12 +200,20 @@ class ServerActor:
         self.invitations: dict[int, frozenset[str]] = {}
         self._evaluated_version = -1
         self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
+        self._origin = 0.0  # when window 0 opened (run() sets it)
+        # On-arrival policies: the open window's running report and the buffer of updates
+        # accepted but not yet applied (not in self.seen until applied).
+        self._open: WindowReport | None = None
+        self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
+        self._invited_bits: bytes | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
         while True:
             message = await self.endpoint.receive()
-            if isinstance(message, ClientUpdate):
+            if isinstance(message, ClientUpdate) and self.policy.on_arrival:
+                await self._arrived(message)
+            elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
@@ -292,83 +230,120 @@ class ServerActor:
         chosen = frozenset(ids[i] for i in self.rng.choice(len(ids), size=count, replace=False))
         # A restarted server draws the open window again: both draws' invitees may train.
         self.invitations[window] = self.invitations.get(window, frozenset()) | chosen
-        return invitation_bits(ids, chosen)
+        self._invited_bits = invitation_bits(ids, chosen)
+        return self._invited_bits
 
-    def close_window(self) -> WindowReport:  # noqa: C901, PLR0915 - classify, mix, check, apply, in order
-        """Classify, mix and apply what arrived since the last window; evaluate if due."""
+    def _admit(self, update: ClientUpdate, report: WindowReport,
+               buffered: AbstractSet[tuple[str, int]] = frozenset()
+               ) -> tuple[AcceptedUpdate, float | None] | None:
+        """Check and classify one update, whichever the policy (:meth:`_judge`'s verdicts,
+        then stale and uninvited; counted in ``report``): the update to apply with its norm
+        bound, or None. A classified update enters the de-duplication table at once, an
+        accepted one only when its mix is applied or refused (``buffered``: accepted, waiting)."""
+        info = self.clients.get(update.client_id)
+        verdict = self._judge(update, info, buffered)
+        if verdict == "duplicate":
+            report.duplicate += 1
+            _log.info("replayed update ignored", client=update.client_id,
+                      round=update.round, base_version=update.base_version)
+            return None
+        if verdict:
+            kind, reason = verdict.split(":", 1)
+            self._rejections.add(kind)
+            report.rejected += 1
+            _log.warning("update rejected", client=update.client_id, round=update.round,
+                         base_version=update.base_version, kind=kind, reason=reason)
+            return None
+        assert info is not None
+        self._contradicted_status(update)
+        if self.max_staleness is not None \
+                and self.version - update.base_version > self.max_staleness:
+            self._record_seen(update.client_id, update.round)
+            report.stale += 1
+            return None
+        if (self.participation < 1.0
+                and update.client_id not in self.invitations.get(update.window, ())):
+            self._record_seen(update.client_id, update.round)
+            _log.warning("update of a round the client was not invited to",
+                         client=update.client_id, round=update.round, window=update.window)
+            report.rejected += 1
+            self._rejections.add("not_invited")
+            return None
+        accepted = AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
+                                  info.step_at(update.round), info.weight, update.base_version)
+        return accepted, info.limits.norm_bound(update.round) if info.limits else None
+
+    def _apply(self, accepted: list[tuple[AcceptedUpdate, float | None]], report: WindowReport,
+               step: float) -> bool:
+        """One server step with ``accepted`` (time windows: normalised as configured; a buffer:
+        over itself), through the policy's staleness factors and the server optimizer; the new
+        model replaces the old only if it passes :func:`check_model` (else the updates count
+        as ``bad_mix`` rejections and the optimizer's state is left as it was)."""
+        updates = [a for a, _ in accepted]
+        total = None if self.policy.on_arrival else self.total_weight
+        lambdas = normalised_weights(self.strategy, updates, total)
+        factors = self.policy.factors(
+            lambdas, staleness_of(self.version, [a.base_version for a in updates]))
+        for a in updates:
+            self._record_seen(a.client_id, a.round)
+        before = copy.deepcopy(self.optimizer)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+            new = self.optimizer.step(self.params, descent_direction(updates, factors), step)
+        problem = check_model(new, self.params, self._allowed_move(
+            updates, factors, [b for _, b in accepted], step))
+        if problem:
+            self.optimizer = before
+            _log.error("mixed model refused; its updates are not applied", window=report.window,
+                       reason=problem, updates=len(updates))
+            self._rejections.add("bad_mix", len(updates))
+            report.rejected += len(updates)
+            return False
+        self.params = new
+        for a in updates:
+            report.applied_updates.append((a.client_id, a.round, a.base_version))
+            report.applied_to.append(self.version)
+        report.applied += len(updates)
+        self.version += 1
+        return True
+
+    async def _arrived(self, update: ClientUpdate) -> None:
+        """An on-arrival policy's update: check and classify it now, apply the buffer when the
+        policy says so and publish the new model at once (if it passed :func:`check_model`)."""
+        if self._open is None:
+            self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
+        self._open.received += 1
+        admitted = self._admit(update, self._open,
+                               frozenset((a.client_id, a.round) for a, _ in self._buffer))
+        if admitted is None:
+            return
+        self._buffer.append(admitted)
+        if self.policy.ready(len(self._buffer)):
+            batch, self._buffer = self._buffer, []
+            if self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1)):
+                await self.publish_model(invite=False)
+
+    def close_window(self) -> WindowReport:
+        """Check, classify, mix and apply what arrived since the last window (on-arrival
+        policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
         arrived, self._inbox = self._inbox, []
-        report = WindowReport(
-            window=window, time=self.clock.now(), version=self.version, received=len(arrived)
-        )
-        rejections = Rejections()
-        accepted: list[AcceptedUpdate] = []
-        bounds: list[float | None] = []
+        report = self._open or WindowReport(window=window, time=self.clock.now(),
+                                            version=self.version)
+        self._open = None
+        report.window, report.time = window, self.clock.now()
+        report.received += len(arrived)
+        accepted: list[tuple[AcceptedUpdate, float | None]] = []
+        keys: set[tuple[str, int]] = set()
         for update in arrived:
-            info = self.clients.get(update.client_id)
-            verdict = self._judge(update, info)
-            if verdict == "duplicate":
-                report.duplicate += 1
-                _log.info("replayed update ignored", client=update.client_id,
-                          round=update.round, base_version=update.base_version)
-                continue
-            if verdict:
-                kind, reason = verdict.split(":", 1)
-                rejections.add(kind)
-                report.rejected += 1
-                _log.warning("update rejected", client=update.client_id, round=update.round,
-                             base_version=update.base_version, kind=kind, reason=reason)
-                continue
-            assert info is not None
-            self._record_seen(update.client_id, update.round)
-            self._contradicted_status(update)
-            if (
-                self.max_staleness is not None
-                and self.version - update.base_version > self.max_staleness
-            ):
-                report.stale += 1
-            elif (self.participation < 1.0
-                  and update.client_id not in self.invitations.get(update.window, ())):
-                _log.warning("update of a round the client was not invited to",
-                             client=update.client_id, round=update.round, window=update.window)
-                report.rejected += 1
-                rejections.add("not_invited")
-            else:
-                accepted.append(
-                    AcceptedUpdate(
-                        update.client_id,
-                        update.round,
-                        update.delta,
-                        info.num_samples,
-                        info.step_size,
-                        info.weight,
-                    )
-                )
-                bounds.append(info.limits.norm_bound(update.round) if info.limits else None)
-                report.applied_updates.append((update.client_id, update.round, update.base_version))
-        report.applied = len(accepted)
+            admitted = self._admit(update, report, keys)
+            if admitted is not None:
+                accepted.append(admitted)
+                keys.add((update.client_id, update.round))
         report.step_size = self.step_size.current(window)
         if accepted:
-            with np.errstate(over="ignore"):  # an overflowing mix is refused just below
-                mixed = mix(self.params, accepted, self.strategy, report.step_size,
-                            total_weight=self.total_weight)
-            problem = check_model(mixed, self.params, self._allowed_move(
-                accepted, bounds, report.step_size))
-            if problem:
-                _log.error("mixed model refused; the window's updates are not applied",
-                           window=window, reason=problem, updates=len(accepted))
-                rejections.add("bad_mix", len(accepted))
-                report.rejected += len(accepted)
-                report.applied = 0
-                report.applied_updates.clear()
-            else:
-                self.params = mixed
-                self.version += 1
-        for kind, count in self._status_rejections.counts.items():
-            rejections.add(kind, count)
-        self._status_rejections = Rejections()
-        report.rejections = rejections.as_dict()
+            self._apply(accepted, report, report.step_size)
+        report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
             if self.version != self._evaluated_version:
@@ -381,8 +356,10 @@ class ServerActor:
             self.last_accuracy = report.accuracy
         return report
 
-    def _judge(self, update: ClientUpdate, info: ClientInfo | None) -> str:  # noqa: PLR0911 - one return per rule
-        """'' if the update may be classified further, 'duplicate', or 'kind:reason'."""
+    def _judge(self, update: ClientUpdate, info: ClientInfo | None,  # noqa: PLR0911 - one return per rule
+               buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
+        """'' if the update may be classified further, 'duplicate' (seen, or accepted and
+        waiting in ``buffered``), or 'kind:reason'."""
         if info is None:
             return "unknown_client:not a client of this scenario"
         if update.delta.shape != self.params.shape:
@@ -394,7 +371,8 @@ class ServerActor:
         if update.round > known + MAX_ROUND_GAP:
             return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
                     f"the {known} rounds known")
-        if (update.client_id, update.round) in self.seen:
+        if (update.client_id, update.round) in self.seen or \
+                (update.client_id, update.round) in buffered:
             return "duplicate"
         if update.base_version > self.version:
             return f"future_version:base version {update.base_version} > server version {self.version}"
@@ -407,17 +385,18 @@ class ServerActor:
                 return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
         return ""
 
-    def _allowed_move(self, accepted: list[AcceptedUpdate], bounds: list[float | None],
-                      step: float) -> float | None:
-        """How far the mix of ``accepted`` may move the model: ``|s_t| sum_i lambda_i eta_i
-        bound_i`` (None when a client's bound is unknown)."""
+    def _allowed_move(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
+                      bounds: list[float | None], step: float) -> float | None:
+        """How far the server SGD step with ``accepted`` may move the model: ``|s_t| sum_i
+        |c_i| eta_i bound_i`` for the direction's coefficients ``c_i`` (``lambda_i`` times the
+        staleness weight). None when a client's bound is unknown, or under momentum/Adam/Yogi,
+        whose step also carries the optimizer's state (the model is then only checked for
+        finite, bounded parameters)."""
         known = [b for b in bounds if b is not None]
-        if len(known) < len(bounds):
+        if len(known) < len(bounds) or not isinstance(self.optimizer, Sgd):
             return None
-        raw = np.asarray(self.strategy.weights(accepted), dtype=np.float64)
-        total = float(raw.sum()) if self.total_weight is None else float(self.total_weight)
-        return abs(step) * sum(float(w) / total * abs(u.step_size) * b
-                               for w, u, b in zip(raw, accepted, known, strict=True))
+        return abs(step) * sum(abs(float(c)) * abs(u.step_size) * b
+                               for c, u, b in zip(factors, accepted, known, strict=True))
 
     def _record_seen(self, client_id: str, round_index: int) -> None:
         self.seen.add((client_id, round_index))
@@ -437,7 +416,7 @@ class ServerActor:
         if status is not None and status.state in ("done", "budget_exhausted") \
                 and update.round >= status.rounds:
             del self.statuses[update.client_id]
-            self._status_rejections.add("status_inconsistent")
+            self._rejections.add("status_inconsistent")
             _log.warning("status rejected", client=update.client_id, kind="status_inconsistent",
                          reason=f"round {update.round} arrived after a {status.state!r} status "
                                 f"claiming {status.rounds} rounds")
@@ -462,7 +441,7 @@ class ServerActor:
                 limits.max_rounds is None or status.rounds != limits.max_rounds):
             reason = f"'done' after {status.rounds} rounds, its limit is {limits.max_rounds}"
         if reason:
-            self._status_rejections.add(kind)
+            self._rejections.add(kind)
             _log.warning("status rejected", client=status.client_id, state=status.state,
                          rounds=status.rounds, kind=kind, reason=reason)
             return False
@@ -480,10 +459,15 @@ class ServerActor:
 
     async def broadcast(self) -> None:
         """Publish the model; it opens the next window and carries that window's invitation."""
+        await self.publish_model(invite=True)
+
+    async def publish_model(self, *, invite: bool) -> None:
+        """Publish the model for the open window; ``invite``: draw the window's invitation
+        (False: repeat the open window's, for a model published mid-window)."""
         window = self.windows_closed + 1
-        invited = self._invite(window)
+        invited = self._invite(window) if invite else self._invited_bits
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
-                                                window, invited))
+                                                window, invited, self.step_size.current(window)))
 
     # -- checkpoints ----------------------------------------------------------------------
     def snapshot(self) -> ServerSnapshot:
@@ -502,6 +486,7 @@ class ServerActor:
             statuses=dict(self.statuses),
             incarnations=self.incarnations,
             invitations=dict(self.invitations),
+            optimizer_state=self.optimizer.state(),
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -529,6 +514,7 @@ class ServerActor:
         self._last_evaluation = snapshot.last_evaluation
         self.statuses = dict(snapshot.statuses)
         self.invitations = dict(snapshot.invitations)
+        self.optimizer.load_state(snapshot.optimizer_state)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -541,6 +527,15 @@ class ServerActor:
         if self._evaluated_version == self.version - 1:
             self._evaluated_version = self.version
 
+    def earliest_publish(self, next_update_arrival: float) -> float:
+        """When the server can next publish a global model, given the earliest time an update
+        in flight can arrive (the batcher's horizon, see :mod:`fedsim.training.batched`): the
+        end of the open window, a true lower bound; on-arrival policies: also the next
+        arrival, which ignores updates not yet sent (a round split later is recomputed)."""
+        window_end = self._origin + (self.windows_closed + 1) * self.window
+        # On arrival, any update can publish a model (FedAsync; FedBuff's K-th).
+        return min(window_end, next_update_arrival) if self.policy.on_arrival else window_end
+
     # -- the actor ------------------------------------------------------------------------
     async def run(self, on_window: Callable[[WindowReport], bool]) -> None:
         """Serve until ``on_window(report)`` returns True (checked after every window, before
@@ -549,7 +544,7 @@ class ServerActor:
         async with helper_tasks([receiver]):
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
-            start = self.clock.now() - self.windows_closed * self.window
+            start = self._origin = self.clock.now() - self.windows_closed * self.window
             while True:
                 # Sleep to the absolute window end so that rounding never accumulates.
                 await self.clock.sleep(

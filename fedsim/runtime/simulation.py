@@ -332,8 +332,8 @@ class _Simulation:
         )
         self._dropped_seen = dropped
         self.metrics.append(line)
-        before = report.version - (1 if report.applied else 0)
-        self.applied_log.extend((c, r, base, before) for c, r, base in report.applied_updates)
+        self.applied_log.extend((c, r, base, before) for (c, r, base), before
+                                in zip(report.applied_updates, report.applied_to, strict=True))
         assert self._metrics_file is not None
         self._metrics_file.write(json_line(line))
         self._metrics_file.flush()
@@ -366,6 +366,11 @@ class _Simulation:
             endpoint=network.server_endpoint(),
             evaluate=None if self.message_only else make_evaluator(population),
         )
+        if batcher is not None and any(g.interrupt == "switch" for g in self.scenario.clients.groups):
+            # Rounds a w-hat may still split wait in the batcher until none can (see there).
+            network.track_arrivals = True
+            batcher.horizon = lambda: min(network.next_arrival("downlink"),
+                                          server.earliest_publish(network.next_arrival("uplink")))
         async with helper_tasks() as tasks:
             for client in self.clients.values():
                 self._start_actor(client, clock, network)
@@ -398,6 +403,7 @@ class _Simulation:
             cpu_seconds=self.cpu_seconds,
             rounds_batched=batcher.rounds_batched if batcher is not None else 0,
             batched_passes=batcher.batches if batcher is not None else 0,
+            rounds_recomputed=batcher.recomputed if batcher is not None else 0,
         )
 
     def run(self) -> tuple[ServerActor, float]:

@@ -133,6 +133,7 @@ def noisy_gradient(
     per_example_steps: int = 1,
     per_example_lr: float = 0.1,
     noise_key: NoiseKey | None = None,
+    into: torch.Tensor | None = None,
 ) -> NoisyGradient:
     """Clip, sum, noise and scale the gradients of the records ``indices`` at the model's w.
 
@@ -142,6 +143,9 @@ def noisy_gradient(
     SGD steps (``per_example_lr``) on it alone from ``w``, instead of its gradient.
     The noise comes from ``noise_key`` when given (drawn earlier from ``generator``, see
     :class:`~fedsim.training.rounds.PendingRound`), else from ``generator`` now.
+    With ``into`` no noise is drawn: the scaled clipped sum is added to ``into`` (a step split
+    into segments at different w, see :mod:`fedsim.training.rounds`; the step's noise comes
+    with its first segment).
     """
     if not (math.isfinite(clip) and clip > 0):
         raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")
@@ -161,7 +165,7 @@ def noisy_gradient(
     scale = 1.0 / expected_batch_size
     # Noise first, then every chunk's scaled clipped sum is accumulated into it in place:
     # for small models the O(P) passes cost as much as the backward pass.
-    total = gaussian_noise(
+    total = into if into is not None else gaussian_noise(
         engine.num_params,
         noise_std(sampling, clip, noise_multiplier, expected_batch_size),
         generator if noise_key is None else noise_key,

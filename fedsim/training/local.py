@@ -26,6 +26,7 @@ noised with ``sigma_sum = (z^-2 - (s_b / sigma_b)^2)^(-1/2)``, which needs ``sig
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +39,7 @@ from fedsim.privacy.events import GaussianStep, Sampling
 from fedsim.training.dpsgd import (
     ClipSchedule,
     NoiseSchedule,
+    NoisyGradient,
     check_sampling,
     noisy_gradient,
     sample_batch,
@@ -45,7 +47,13 @@ from fedsim.training.dpsgd import (
 )
 from fedsim.training.gaussian import NoiseKey, gaussian_noise
 from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
-from fedsim.training.rounds import PendingRound, RoundQueue, RoundResult, StepDraws
+from fedsim.training.rounds import (
+    PendingRound,
+    RoundQueue,
+    RoundResult,
+    StepDraws,
+    step_segments,
+)
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
@@ -173,7 +181,7 @@ class LocalTrainer:
         clip: ClipSchedule,
         noise: NoiseSchedule,
         local_steps: int = 1,
-        local_lr: float = 0.1,
+        local_lr: float | Callable[[int], float] = 0.1,
         max_physical_batch: int = 256,
         generator: torch.Generator,
         adaptive_clip: AdaptiveClipConfig | None = None,
@@ -200,6 +208,9 @@ class LocalTrainer:
             )
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        # eta(r) between a round's local steps: a constant or the agreed sequence
+        self.step_sequence = local_lr if callable(local_lr) else None
+        local_lr = float(local_lr(0)) if callable(local_lr) else local_lr
         if not (math.isfinite(local_lr) and local_lr > 0):
             raise ConfigError(f"local_lr must be > 0, got {local_lr!r}")
         if max_physical_batch < 1:
@@ -260,6 +271,20 @@ class LocalTrainer:
             -config.learning_rate * (fraction - config.target_quantile)
         )
 
+    def lr_for(self, round_index: int) -> float:
+        """The local step size of round ``round_index`` (its agreed sequence, or local_lr)."""
+        if self.step_sequence is None:
+            return self.local_lr
+        return float(self.step_sequence(round_index))
+
+    def adaptive_state(self) -> float | None:
+        """Adaptive clipping's current norm (None without it or before its first round)."""
+        return self._adaptive_norm
+
+    def restore_adaptive_state(self, state: float | None) -> None:
+        """Put adaptive clipping's norm back (a discarded compute of a round is undone)."""
+        self._adaptive_norm = state
+
     def sum_sigma(self, sigma: float) -> float:
         """Noise multiplier of the clipped sum for a step of multiplier ``sigma``."""
         if self.adaptive_clip is None:
@@ -295,6 +320,8 @@ class LocalTrainer:
 
     def compute(self, pending: PendingRound) -> RoundResult:
         """The round ``pending`` computed on its own (one model load, one engine pass a step)."""
+        if len(pending.segments) > 1:
+            return self._compute_segments(pending)
         params, round_index, steps = pending.params, pending.round_index, pending.steps
         sigma = steps[0].sigma
         sum_sigma = self.sum_sigma(sigma)
@@ -311,22 +338,7 @@ class LocalTrainer:
         loss_sum, clip = 0.0, math.nan
         for step, draws in enumerate(pending.draws):
             clip = self.clip_for(round_index)
-            result = noisy_gradient(
-                self.engine,
-                self.features,
-                self.labels,
-                draws.indices,
-                sampling=self.sampling,
-                clip=clip,
-                noise_multiplier=sum_sigma,
-                expected_batch_size=self.batch_size,
-                generator=self.generator,
-                max_physical_batch=self.max_physical_batch,
-                loss_fn=self.loss_fn,
-                per_example_steps=self.per_example_steps,
-                per_example_lr=self.per_example_lr,
-                noise_key=draws.noise,
-            )
+            result = self._step(draws.indices, clip, sum_sigma, draws.noise)
             if draws.count_noise is not None:
                 self.update_adaptive_clip(result.within_clip, result.batch_size, clip,
                                            draws.count_noise)
@@ -338,10 +350,64 @@ class LocalTrainer:
             loss_sum += result.loss_sum
             if step + 1 < self.local_steps:
                 assert start is not None
-                current = start - self.local_lr * accumulated.to("cpu", torch.float64)
+                current = start - self.lr_for(round_index) * accumulated.to("cpu", torch.float64)
                 load_flat_params(self.model, current.to(torch.float32).numpy())
         # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
         assert accumulated is not None  # local_steps >= 1
+        return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
+                                 batch_sizes, clip, loss_sum)
+
+    def _step(
+        self, indices: torch.Tensor, clip: float, sum_sigma: float, noise: NoiseKey | None,
+        into: torch.Tensor | None = None,
+    ) -> NoisyGradient:
+        """One step's clipped sum of ``indices`` at the model's w: noised from ``noise``, or,
+        with ``into``, added to ``into`` without noise (a later segment of the step)."""
+        return noisy_gradient(
+            self.engine, self.features, self.labels, indices, sampling=self.sampling,
+            clip=clip, noise_multiplier=sum_sigma, expected_batch_size=self.batch_size,
+            generator=self.generator, max_physical_batch=self.max_physical_batch,
+            loss_fn=self.loss_fn, per_example_steps=self.per_example_steps,
+            per_example_lr=self.per_example_lr, noise_key=noise, into=into,
+        )
+
+    def _compute_segments(self, pending: PendingRound) -> RoundResult:
+        """A round split by the interrupt rule ``switch`` (:mod:`fedsim.training.rounds`):
+        each record's gradient at the ``w`` of the segment it is due in, minus the round's
+        local progress so far (the steps before it), one noise draw per step."""
+        round_index, segments = pending.round_index, pending.segments
+        sum_sigma = self.sum_sigma(pending.steps[0].sigma)
+        bases = [torch.from_numpy(np.asarray(s.params, dtype=np.float32).astype(np.float64))
+                 for s in segments]
+        accumulated: torch.Tensor | None = None
+        batch_sizes: list[int] = []
+        loss_sum, clip = 0.0, math.nan
+        for step, draws in enumerate(pending.draws):
+            clip = self.clip_for(round_index)
+            total: torch.Tensor | None = None
+            within = 0
+            for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
+                                            round_index):
+                here = bases[k] if accumulated is None else (
+                    bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
+                load_flat_params(self.model, here.to(torch.float32).numpy())
+                if total is None:  # the step's noise comes with its first segment
+                    part = self._step(indices, clip, sum_sigma, draws.noise)
+                    total = part.gradient
+                else:
+                    part = self._step(indices, clip, sum_sigma, None, into=total)
+                within += part.within_clip
+                loss_sum += part.loss_sum
+            if total is None:  # an empty batch: the noise alone, at the round's start point
+                load_flat_params(self.model, segments[0].params)
+                part = self._step(draws.indices, clip, sum_sigma, draws.noise)
+                total = part.gradient
+            size = len(draws.indices)
+            if draws.count_noise is not None:
+                self.update_adaptive_clip(within, size, clip, draws.count_noise)
+            accumulated = total if accumulated is None else accumulated.add_(total)
+            batch_sizes.append(size)
+        assert accumulated is not None
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
                                  batch_sizes, clip, loss_sum)
 

@@ -7,6 +7,24 @@ round is computed by its :class:`RoundTrainer` alone, or, if a :class:`RoundQueu
 :class:`~fedsim.training.batched.RoundBatcher`) holds it, together with the other rounds
 pending there. Neither the trainer nor the batcher imports the other: each sees the other
 through the protocol here.
+
+**Segments (the interrupt rule ``switch``).** Van Dijk & Nguyen (Alg. 1) computes the gradients of a
+round one after the other, "each gradient is computed based on w which is the last received
+global model from the server through the interrupt service routine", and the routine "will
+replace the locally kept model w by a received global model w-hat. This may happen in the
+middle of a round." A round whose client receives w-hat at a fraction ``f`` of its compute time
+is therefore split (:meth:`PendingRound.switch`): the gradients due before ``f`` are computed
+at the old ``w``, the rest at ``w-hat``. *When* a gradient is due must not depend on the other
+records of the batch: with Poisson sampling the batch size is private, and if record ``i``'s
+time were its position in the batch, adding or removing one record would move other records
+across an arrival and change their gradients too (the paper: "the different gradient
+computations a_h in U should be independent of one another"). So a round of ``L`` local steps
+gives step ``s`` the ``s``-th ``1/L`` of its time, and inside a step record ``i`` (its index in
+the client's data) is due at the phase :func:`record_phase` ``(i, round)`` of that slot, a
+fixed function of the record and the round alone: it is as if the client computed its batch in
+an order fixed by the records, one gradient chunk per record. Each ``a_h`` still depends on
+one example and on ``w`` or ``w-hat``, which are post-processing of released updates, so the
+sensitivity (C or 2C) and the privacy accounting are those of the unsplit round.
 """
 
 from __future__ import annotations
@@ -24,12 +42,49 @@ from fedsim.training.persample import LossFn
 
 __all__ = [
     "DoneRound",
+    "Segment",
     "PendingRound",
     "RoundQueue",
     "RoundResult",
     "RoundTrainer",
     "StepDraws",
+    "record_phase",
+    "step_segments",
 ]
+
+_PHI = 0.6180339887498949  # golden-ratio Weyl sequence: phases spread evenly over [0, 1)
+_SQRT2 = 0.41421356237309503
+
+
+def record_phase(indices: torch.Tensor, round_index: int) -> torch.Tensor:
+    """When, as a fraction of its step's compute time, each record of ``indices`` is due:
+    ``frac((i + 1) phi + (round + 1) (sqrt 2 - 1))`` (float64). A function of the record's
+    own index and the round only, never of the rest of the batch (see the module docstring)."""
+    values = (indices.to(torch.float64) + 1.0) * _PHI + (round_index + 1) * _SQRT2
+    return values - torch.floor(values)
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """Part of a round computed at one ``w``: from ``start`` (a fraction of the round's compute
+    time) to the next segment's start."""
+
+    start: float
+    params: np.ndarray
+
+
+def step_segments(
+    segments: list[Segment], step: int, local_steps: int, indices: torch.Tensor, round_index: int
+) -> list[tuple[int, torch.Tensor]]:
+    """The records of step ``step`` grouped by the segment they are due in: ``(segment index,
+    indices)`` for every segment with at least one record, in segment order."""
+    if len(segments) == 1:
+        return [(0, indices)]
+    times = (step + record_phase(indices, round_index)) / local_steps
+    starts = torch.tensor([seg.start for seg in segments], dtype=torch.float64)
+    owner = torch.bucketize(times, starts, right=True) - 1  # the last segment started by then
+    owner.clamp_(min=0)
+    return [(k, indices[owner == k]) for k in range(len(segments)) if bool((owner == k).any())]
 
 
 @dataclass(frozen=True)
@@ -87,6 +142,14 @@ class RoundTrainer(Protocol):
         """The round computed on its own."""
         ...
 
+    def adaptive_state(self) -> float | None:
+        """Adaptive clipping's current norm (None without it), to undo a discarded compute."""
+        ...
+
+    def restore_adaptive_state(self, state: float | None) -> None:
+        """Put adaptive clipping's norm back to ``state``."""
+        ...
+
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
         loss_sum: float,
@@ -103,8 +166,8 @@ class RoundQueue(Protocol):
 
     def discard(self, pending: PendingRound) -> None: ...
 
-    def flush(self) -> None:
-        """Compute every waiting round."""
+    def flush(self, due: PendingRound | None = None) -> None:
+        """Compute every waiting round that can be computed now, and ``due``."""
         ...
 
 
@@ -145,7 +208,16 @@ class PendingRound:
         self.draws = draws
         self.sample_grads = sum(len(d.indices) for d in draws)
         """Per-example gradients the round computes, known before it is computed."""
+        self.segments = [Segment(0.0, params)]
+        """Where the round's ``w`` changes (:meth:`switch`); one segment unless interrupted."""
+        self.ends_at: float | None = None
+        """When its compute time ends (the runtime's clock), if a ``w-hat`` may still split it
+        until then; None: it will not be split (the batcher may compute it at any time)."""
+        self.recomputed = 0
+        """Times a computed result was discarded by a later :meth:`switch` (wasted work)."""
         self.batcher: RoundQueue | None = None
+        self._queue: RoundQueue | None = None
+        self._adaptive_before: float | None = trainer.adaptive_state()
         self._outcome: RoundResult | Exception | None = None
 
     @property
@@ -153,16 +225,34 @@ class PendingRound:
         return self._outcome is not None
 
     def complete(self, outcome: RoundResult | Exception) -> None:
-        """Record the round's result (or the error that stopped it); the params are released."""
+        """Record the round's result (or the error that stopped it)."""
         self._outcome = outcome
-        self.params = None  # type: ignore[assignment]
         self.batcher = None
+
+    def switch(self, fraction: float, params: np.ndarray) -> None:
+        """The interrupt rule ``switch``: the gradients due from ``fraction`` of the round's
+        compute time on are computed at ``params`` (the received ``w-hat``). A fraction >= 1
+        changes nothing; a round already computed is computed again (its first result was
+        taken too early: counted in :attr:`recomputed`)."""
+        if not fraction < 1.0:
+            return
+        fraction = max(0.0, float(fraction))
+        while self.segments and self.segments[-1].start >= fraction:
+            self.segments.pop()
+        self.segments.append(Segment(fraction, params))
+        self.params = self.segments[0].params
+        if self._outcome is not None:
+            self.recomputed += 1
+            self._outcome = None
+            self.trainer.restore_adaptive_state(self._adaptive_before)
+            if self._queue is not None:
+                self._queue.submit(self)
 
     def result(self) -> RoundResult:
         """The round's update, computing it (and the batch it waits in) if not done yet."""
         if self._outcome is None:
             if self.batcher is not None:
-                self.batcher.flush()
+                self.batcher.flush(self)
             else:
                 self.compute_alone()
         assert self._outcome is not None
@@ -182,6 +272,11 @@ class PendingRound:
         if self.batcher is not None:
             self.batcher.discard(self)
         self.batcher = None
+        self._queue = None
+
+    def queued(self, queue: RoundQueue) -> None:
+        """Called by ``queue`` when the round joins it."""
+        self.batcher = self._queue = queue
 
 
 class DoneRound:
@@ -193,6 +288,11 @@ class DoneRound:
 
     def result(self) -> RoundResult:
         return self._result
+
+    def switch(self, fraction: float, params: np.ndarray) -> None:
+        """Nothing is left to compute: a received ``w-hat`` changes nothing."""
+
+    ends_at: float | None = None
 
     def cancel(self) -> None:
         pass

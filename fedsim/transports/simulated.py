@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -261,6 +262,10 @@ class SimulatedNetwork:
         self._retained: bytes | None = None
         self._last_decoded: tuple[bytes, Message] | None = None
         self._trace: list[TraceEntry] | None = [] if record_trace else None
+        self.track_arrivals = False
+        """Keep the delivery times for :meth:`next_arrival` (off: it reports nothing)."""
+        # Scheduled delivery times per direction (a heap; past entries are dropped lazily).
+        self._arrivals: dict[Direction, list[float]] = {"uplink": [], "downlink": []}
 
     # ----------------------------------------------------------------------------- endpoints
 
@@ -308,6 +313,15 @@ class SimulatedNetwork:
         self._offline.discard(client_id)
         if endpoint is not None and not endpoint._inbox.closed and self._retained is not None:
             self._transmit(self._link("downlink", client_id), self._retained)
+
+    def next_arrival(self, direction: Direction) -> float:
+        """The earliest scheduled delivery in ``direction`` not yet past (``inf``: none): a
+        lower bound on when a message sent so far can still arrive (needs
+        :attr:`track_arrivals`)."""
+        heap, now = self._arrivals[direction], self._clock.now()
+        while heap and heap[0] < now:
+            heapq.heappop(heap)
+        return heap[0] if heap else math.inf
 
     @property
     def stats(self) -> NetworkStats:
@@ -405,9 +419,12 @@ class SimulatedNetwork:
             self._record(link, "duplicate", len(data))
             self._schedule(arrival + self._latency(link) - now, self._deliver, link, data)
 
-    @staticmethod
-    def _schedule(delay: float, callback: Callable[..., None], *args: object) -> None:
-        asyncio.get_running_loop().call_later(max(0.0, delay), callback, *args)
+    def _schedule(self, delay: float, callback: Callable[..., None], link: _Link,
+                  *args: object) -> None:
+        delay = max(0.0, delay)
+        if self.track_arrivals:
+            heapq.heappush(self._arrivals[link.direction], self._clock.now() + delay)
+        asyncio.get_running_loop().call_later(delay, callback, link, *args)
 
     # ----------------------------------------------------------------------------- delivery
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
-from fedsim.protocol.codec import decode, encode
+from fedsim.protocol.codec import MAX_STEP_SIZE, decode, encode
 from fedsim.protocol.messages import (
     PROTOCOL_VERSION,
     ClientStatus,
@@ -70,6 +70,10 @@ def test_global_model_and_status_round_trip() -> None:
     invitation = decode(encode(GlobalModel(4, params, 1.5, window=9, invited=b"\x05\x80")))
     assert isinstance(invitation, GlobalModel)
     assert (invitation.window, invitation.invited) == (9, b"\x05\x80")
+    assert model.step_size == 1.0  # the default: van Dijk & Nguyen's s_t before any decay
+    for step in (0.03125, MAX_STEP_SIZE):
+        stepped = decode(encode(GlobalModel(4, params, 1.5, window=9, step_size=step)))
+        assert isinstance(stepped, GlobalModel) and stepped.step_size == step
 
     status = ClientStatus(
         "c1", "budget_exhausted", 40, float("inf"), 1e-5, detail="eps 8.1 > 8", extra={"mu": 0.7}
@@ -195,6 +199,14 @@ def _corpus() -> dict[str, bytes]:
                                             "invited": "abc", "tensor": {"dtype": "<f4",
                                                                          "shape": [0]}}),
     }
+    global_header = {"kind": "global", "version": 1, "sent_at": 0.0,
+                     "tensor": {"dtype": "<f4", "shape": [0]}}
+    for name, step in (("zero", 0.0), ("negative", -0.5), ("huge", MAX_STEP_SIZE * 2)):
+        corpus[f"step size {name}"] = _assemble({**global_header, "step_size": step})
+    corpus["step size NaN"] = _assemble({**global_header, "step_size": "NaN"}).replace(
+        b'"NaN"', b"NaN")
+    corpus["step size inf"] = _assemble({**global_header, "step_size": "Inf"}).replace(
+        b'"Inf"', b"Infinity")
     return corpus
 
 
@@ -218,6 +230,7 @@ def test_wrong_shape_message_names_the_counts() -> None:
         ClientUpdate("bad id", 0, 0, np.zeros(3, dtype=np.float32), 1.0),
         ClientUpdate("c1", -1, 0, np.zeros(3, dtype=np.float32), 1.0),
         GlobalModel(0, [0.0, 1.0]),  # type: ignore[arg-type]
+        GlobalModel(0, np.zeros(2, dtype=np.float32), step_size=float("nan")),
         "not a message",
     ],
 )

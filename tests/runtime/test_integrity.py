@@ -16,6 +16,8 @@ from scipy import stats
 from structlog.testing import capture_logs
 
 from fedsim.aggregation import ConstantStepSize, UniformWeights
+from fedsim.aggregation.optimizers import Momentum
+from fedsim.aggregation.policies import FedAsync, FedBuff
 from fedsim.clock import WallClock
 from fedsim.config import load_scenario
 from fedsim.errors import CodecError
@@ -165,6 +167,60 @@ def test_a_mix_that_is_not_finite_is_never_applied() -> None:
         report = server.close_window()
     assert report.applied == 0 and report.rejections == {"bad_mix": 2}
     assert server.version == 0 and np.array_equal(server.params, np.zeros(3))
+    assert any(e["event"].startswith("mixed model refused") for e in logs)
+
+
+@pytest.mark.parametrize("policy", [FedAsync(alpha=0.5), FedBuff(buffer_size=2)],
+                         ids=["fedasync", "fedbuff"])
+def test_on_arrival_policies_check_every_update_before_it_is_buffered(policy: object) -> None:
+    """The same hostile updates as under time windows, arriving one by one: each is refused
+    before it reaches the buffer, so only the honest pair is applied and published."""
+    server, _ = _server(policy=policy)
+    honest = [_update("a", 0, [0.5, -0.2, 0.1]), _update("a", 1, [0.1, 0.1, 0.1])]
+    hostile = [
+        _update("b", 0, [math.nan, 0, 0]),
+        _update("b", 1, np.full(3, 10 * BOUND / math.sqrt(3))),
+        _update("b", 2, [0.1, 0.1, 0.1], base=10**12),
+        _update("b", 10**12, [0.1, 0.1, 0.1]),
+        _update("mallory", 0, [0.1, 0.1, 0.1]),
+    ]
+
+    async def arrive() -> None:
+        for update in [honest[0], *hostile, honest[0], honest[1]]:
+            await server._arrived(update)
+
+    asyncio.run(arrive())
+    report = server.close_window()
+    assert report.applied == 2 and report.duplicate == 1 and report.rejected == len(hostile)
+    assert report.rejections == {"future_version": 1, "non_finite": 1, "norm": 1,
+                                 "round_ahead": 1, "unknown_client": 1}
+    assert server.seen == {("a", 0), ("a", 1)}
+    published = [m for _, m in server.endpoint.published]  # type: ignore[attr-defined]
+    assert len(published) == server.version and all(isinstance(m, GlobalModel) for m in published)
+    assert np.isfinite(server.params).all() and np.abs(server.params).max() <= 1.0
+
+
+def test_an_on_arrival_step_that_diverges_is_refused_and_the_optimizer_state_kept() -> None:
+    """FedAsync with momentum: a step whose model overflows is never applied nor published,
+    and the momentum buffer is the one before it (the refused update leaves no trace)."""
+    clock = WallClock()
+    server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+                         clients={"a": ClientInfo(1, 1.0), "b": ClientInfo(1, 1.0)}, window=1.0,
+                         strategy=UniformWeights(), step_size=ConstantStepSize(2.0),
+                         policy=FedAsync(alpha=1.0), optimizer=Momentum(0.9))
+
+    async def arrive() -> None:
+        await server._arrived(_update("a", 0, [0.5, 0.0, 0.0]))
+        await server._arrived(_update("b", 0, np.full(3, -3.4e38)))
+
+    with capture_logs() as logs:
+        asyncio.run(arrive())
+    momentum = server.optimizer.state()["m"]
+    assert np.allclose(momentum, [-0.5, 0.0, 0.0])  # m = -d of the one applied update
+    assert server.version == 1 and np.allclose(server.params, [-1.0, 0.0, 0.0])
+    assert len(server.endpoint.published) == 1  # type: ignore[attr-defined]
+    report = server.close_window()
+    assert report.applied == 1 and report.rejections == {"bad_mix": 1}
     assert any(e["event"].startswith("mixed model refused") for e in logs)
 
 

@@ -1,0 +1,112 @@
+"""What one server window reports (a line of ``metrics.jsonl``) and when the run stops after it.
+
+Shared by the simulator and the deployed server (:mod:`fedsim.runtime.server` fills it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fedsim.config.schema import Stop
+
+__all__ = ["DURATION_RELATIVE_TOLERANCE", "WindowReport", "duration_stop"]
+
+
+@dataclass
+class WindowReport:
+    """What happened in one window (one line of ``metrics.jsonl``, before the runtime adds
+    network and ledger columns)."""
+
+    window: int
+    time: float
+    version: int
+    received: int = 0
+    applied: int = 0
+    stale: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    step_size: float = 0.0
+    accuracy: float | None = None
+    loss: float | None = None
+    rejections: dict[str, int] = field(default_factory=dict)
+    """Rejected updates and statuses by kind (``rejected`` counts the updates among them)."""
+    applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
+    """(client_id, round, base_version) of each applied update; the version before applying
+    was ``version - 1`` (time windows; on-arrival policies: :attr:`applied_to`)."""
+    applied_to: list[int] = field(default_factory=list)
+    """The version each applied update was applied to (the model's version before it)."""
+    end: float | None = None
+    """The window's scheduled end on the server's timeline (``time`` is when it was closed:
+    the same up to float rounding under virtual time, a little later on the wall clock)."""
+
+    def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
+                     min_remaining_epsilon: float | None,
+                     refused: Mapping[str, int] | None = None) -> dict[str, object]:
+        """This window's ``metrics.jsonl`` object (the run-directory contract's keys, in order).
+
+        The simulator and the deployed server both write it; they supply the columns only the
+        runtime knows: rejections (including what the transport refused, by kind in
+        ``refused``), messages lost in flight, clients still active and the lowest remaining
+        budget. ``rejections`` counts every rejected message by kind."""
+        kinds = dict(self.rejections)
+        for kind, count in (refused or {}).items():
+            if count:
+                kinds[kind] = kinds.get(kind, 0) + count
+        return {
+            "window": self.window,
+            "time": self.time,
+            "version": self.version,
+            "accuracy": self.accuracy,
+            "loss": self.loss,
+            "received": self.received,
+            "applied": self.applied,
+            "stale": self.stale,
+            "duplicate": self.duplicate,
+            "rejected": rejected,
+            "dropped_in_flight": dropped_in_flight,
+            "step_size": self.step_size,
+            "active_clients": active_clients,
+            "min_remaining_epsilon": min_remaining_epsilon,
+            "rejections": dict(sorted(kinds.items())),
+        }
+
+    def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
+                    seconds: str = "virtual") -> str:
+        """Why the run ends after this window under the scenario's ``stop`` conditions, in
+        their order (windows, duration, target accuracy, all budgets spent); '' to go on.
+
+        Shared by the simulator and the deployed server; ``seconds`` names their clock and
+        ``in_flight`` counts updates the network still carries (0 where delivery is
+        at-least-once end to end)."""
+        if stop.windows is not None and self.window >= stop.windows:
+            return f"it reached {stop.windows} windows"
+        if stop.virtual_seconds is not None:
+            reason = duration_stop(stop.virtual_seconds, self.window,
+                                   self.time if self.end is None else self.end, seconds)
+            if reason:
+                return reason
+        if (stop.target_accuracy is not None and self.accuracy is not None
+                and self.accuracy >= stop.target_accuracy):
+            return f"it reached the target accuracy {stop.target_accuracy:g}"
+        if stop.all_budgets_spent and active_clients == 0 and self.received == 0 \
+                and in_flight == 0:
+            return "no client can train any more and every update has arrived"
+        return ""
+
+
+# Window ends are sums and products of floats: 300 windows of 0.1 s end at 29.99999999999996 s
+# under virtual time. Ends this close to the limit count as reaching it.
+DURATION_RELATIVE_TOLERANCE = 1e-9
+
+
+def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual") -> str:
+    """The stop reason of a ``virtual_seconds`` limit after window ``window`` ending at ``end``
+    ('' while ``end`` is before the limit): the run ends with the first window whose end is at
+    or after the limit, and the reason says where that end was when it is not the limit."""
+    tolerance = DURATION_RELATIVE_TOLERANCE * max(1.0, abs(limit))
+    if end < limit - tolerance:
+        return ""
+    if end <= limit + tolerance:
+        return f"it reached its limit of {limit:g} {seconds} seconds"
+    return (f"window {window} ended at {end:.6g} {seconds} seconds, the first window end at or "
+            f"after its limit of {limit:g} s")

@@ -1,0 +1,177 @@
+"""The interrupt rule in whole runs and in the actor: ``switch`` splits rounds at w-hat's
+arrival (deterministically), ``snapshot`` does not, privacy is the same under both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.protocol.messages import ClientUpdate, GlobalModel
+from fedsim.runtime.client import ClientActor
+from fedsim.runtime.exposure import ClientExposure
+from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.simulation import run_scenario
+
+torch.set_num_threads(1)
+
+
+def _scenario(interrupt: str | None = None, **server: Any) -> dict[str, Any]:
+    groups = [
+        {"name": "fast", "count": 3, "data_share": 0.4, "batch_size": 12, "clip": 1.0,
+         "noise": 1.2, "local_lr": 0.5, "rounds": 14, "speed": {"kind": "uniform", "low": 0.01,
+                                                                "high": 0.02}},
+        {"name": "slow", "count": 3, "data_share": 0.6, "batch_size": 16, "clip": 1.0,
+         "noise": 1.2, "local_lr": 0.5, "rounds": 5, "local_steps": 2,
+         "speed": {"kind": "uniform", "low": 0.04, "high": 0.09}},
+    ]
+    if interrupt is not None:
+        for group in groups:
+            group["interrupt"] = interrupt
+    return {
+        "name": "interrupt", "seed": 2, "stop": {"virtual_seconds": 16.0},
+        "dataset": {"name": "synthetic", "num_samples": 900, "num_test_samples": 200,
+                    "num_features": 8, "num_classes": 3},
+        "model": {"name": "mlp", "options": {"hidden": [8]}},
+        "clients": {"groups": groups},
+        "server": {"window": 0.5, **server},
+        "network": {"downlink": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.2}}},
+    }
+
+
+def _run(data: dict[str, Any], out: Path, **kwargs: Any):
+    return run_scenario(LoadedScenario(parse_scenario(data), None), out, **kwargs)
+
+
+def test_switch_is_the_default_deterministic_and_costs_what_snapshot_costs(tmp_path: Path) -> None:
+    default = _run(_scenario(), tmp_path / "default")
+    again = _run(_scenario("switch"), tmp_path / "again")
+    snapshot = _run(_scenario("snapshot"), tmp_path / "snapshot")
+    switched = sum(c.actor.switched_rounds for c in default.clients.values())
+    assert switched > 0  # slow rounds span broadcasts
+    assert sum(c.actor.switched_rounds for c in snapshot.clients.values()) == 0
+    np.testing.assert_array_equal(default.final_params, again.final_params)
+    assert (tmp_path / "default" / "metrics.jsonl").read_bytes() == \
+        (tmp_path / "again" / "metrics.jsonl").read_bytes()
+    assert not np.array_equal(default.final_params, snapshot.final_params)
+    # Privacy is unchanged: the same rounds, the same events, the same eps per client.
+    assert (tmp_path / "default" / "clients.csv").read_text() == \
+        (tmp_path / "snapshot" / "clients.csv").read_text()
+    # Under virtual time no computed round is split later (the batcher's horizon holds).
+    timing = json.loads((tmp_path / "default" / "timing.json").read_text())
+    assert timing["rounds_recomputed"] == 0 and timing["rounds_batched"] > 0
+
+
+def test_switch_gives_the_same_run_batched_or_alone(tmp_path: Path) -> None:
+    """Rounds held back by the horizon and split rounds' segments as jobs of a pass: the same
+    run as every round computed alone, up to float summation order."""
+    batched = _run(_scenario("switch"), tmp_path / "b")
+    alone = _run(_scenario("switch"), tmp_path / "a", batch_rounds=False)
+    np.testing.assert_allclose(batched.final_params, alone.final_params, atol=2e-4)
+    assert [m["applied"] for m in batched.metrics] == [m["applied"] for m in alone.metrics]
+
+
+class _Round:
+    """A begun round that records the switches it receives."""
+
+    def __init__(self, log: list[tuple[float, float]], clock: VirtualClock) -> None:
+        self.log, self.clock, self.ends_at, self.sample_grads = log, clock, None, 10
+        self.computed, self.dirty = 0, True
+
+    def switch(self, fraction: float, params: np.ndarray) -> None:
+        self.log.append((round(fraction, 9), float(params[0])))
+        self.dirty = True
+
+    def result(self):  # like PendingRound: computed once, again only after a switch
+        from fedsim.training.rounds import RoundResult
+        self.computed += self.dirty
+        self.dirty = False
+        return RoundResult(np.zeros(2, np.float32), [], [10], 1.0, 1.0, 0.0, 10)
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Trainer:
+    def __init__(self, log: list[tuple[float, float]], clock: VirtualClock) -> None:
+        self.log, self.clock, self.rounds = log, clock, []
+
+    def planned_steps(self, round_index: int) -> list:
+        return []
+
+    def begin_round(self, params: np.ndarray, round_index: int) -> _Round:
+        self.rounds.append(_Round(self.log, self.clock))
+        return self.rounds[-1]
+
+
+class _Ledger:
+    def can_spend(self, steps: Any) -> bool:
+        return True
+
+    def spend(self, steps: Any, *, time: float, round: int) -> None:
+        pass
+
+    def plan(self, future_rounds: Any) -> int:
+        return len(future_rounds)
+
+
+class _Endpoint:
+    def __init__(self, clock: VirtualClock, arrivals: list[tuple[float, GlobalModel]]) -> None:
+        import asyncio
+        self.clock, self.inbox, self.sent = clock, asyncio.Queue(), []
+        self.arrivals = arrivals
+
+    async def feed(self) -> None:
+        for at, message in self.arrivals:
+            await self.clock.sleep(at - self.clock.now())
+            self.inbox.put_nowait(message)
+
+    async def publish(self, message: Any) -> None:
+        if isinstance(message, ClientUpdate):
+            self.sent.append(message)
+
+    async def receive(self) -> Any:
+        return await self.inbox.get()
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("rule", ["switch", "snapshot"])
+@pytest.mark.parametrize("pad_release", [False, True])
+def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool) -> None:
+    """Rounds of 10 x 0.1 s = 1 s; globals at t = 0, 0.25 (round 0 at 1/4), 1.2 and 1.6 (round 1
+    at 2/10 and 6/10). With pad_release a split round is computed again at once (ready by its
+    release time, which stays on the public schedule)."""
+    import asyncio
+
+    async def main(clock: VirtualClock) -> tuple[list, list, list]:
+        log: list[tuple[float, float]] = []
+        trainer = _Trainer(log, clock)
+        arrivals = [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
+                    (0.25, GlobalModel(2, np.full(2, 2.0, np.float32))),
+                    (1.2, GlobalModel(3, np.full(2, 3.0, np.float32))),
+                    (1.6, GlobalModel(4, np.full(2, 4.0, np.float32)))]
+        endpoint = _Endpoint(clock, arrivals)
+        actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
+                            ledger=_Ledger(), local_lr=0.1, batch_size=10,
+                            seconds_per_sample=lambda: 0.1, max_rounds=2, interrupt=rule,
+                            exposure=ClientExposure(pad_release=pad_release),
+                            status_epsilon=lambda: (0.0, 1e-5))
+        feeder = asyncio.create_task(endpoint.feed())
+        await actor.run()
+        await feeder
+        return log, [m.sent_at for m in endpoint.sent], [r.computed for r in trainer.rounds]
+
+    log, sent, computed = run_virtual(main)
+    assert sent == pytest.approx([1.0, 2.0])
+    if rule == "snapshot":
+        assert log == [] and computed == [1, 1]
+    else:
+        assert log == [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)]
+        assert computed == ([2, 3] if pad_release else [1, 1])

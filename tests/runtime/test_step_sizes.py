@@ -1,0 +1,136 @@
+"""Server step sizes carried by every global model and followed by clients (or not), and the
+per-client a-priori round step-size sequences, applied alike by the client and the server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsim.aggregation import ConstantStepSize, InverseTimeStepSize, UniformWeights
+from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.errors import ConfigError
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientUpdate, GlobalModel
+from fedsim.runtime.client import ClientActor
+from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.simulation import run_scenario
+from fedsim.training.rounds import DoneRound, RoundResult
+from fedsim.training.step_sequence import StepSequence
+
+
+def test_step_sequences_by_hand() -> None:
+    inverse = StepSequence(0.8, "inverse_time", decay=0.5, power=2.0)
+    assert [inverse(r) for r in (0, 1, 4)] == pytest.approx([0.8, 0.8 / 1.5 ** 2, 0.8 / 3 ** 2])
+    exponential = StepSequence(1.0, "exponential", factor=0.5, minimum=0.2)
+    assert [exponential(r) for r in (0, 1, 2, 3)] == pytest.approx([1.0, 0.5, 0.25, 0.2])
+    assert StepSequence(0.3)(99) == 0.3
+    with pytest.raises(ConfigError):
+        StepSequence(0.3, "exponential", factor=1.5)
+
+
+def test_the_global_model_carries_its_step_size_on_the_wire() -> None:
+    message = GlobalModel(3, np.zeros(4, np.float32), 1.0, 2, None, 0.35)
+    assert codec.decode(codec.encode(message)).step_size == 0.35
+    assert codec.decode(codec.encode(GlobalModel(1, np.zeros(2, np.float32)))).step_size == 1.0
+
+
+class _Endpoint:
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock, self.inbox, self.published = clock, asyncio.Queue(), []
+
+    async def publish(self, message) -> None:
+        self.published.append((self.clock.now(), message))
+
+    async def receive(self):
+        return await self.inbox.get()
+
+    async def close(self) -> None:
+        pass
+
+
+class _Trainer:
+    def planned_steps(self, round_index: int) -> list:
+        return []
+
+    def begin_round(self, params: np.ndarray, round_index: int) -> DoneRound:
+        return DoneRound(RoundResult(np.ones(2, np.float32), [], [1], 1.0, 1.0, 0.0, 1))
+
+
+class _Ledger:
+    def can_spend(self, steps) -> bool:
+        return True
+
+    def spend(self, steps, *, time: float, round: int) -> None:
+        pass
+
+    def plan(self, future_rounds) -> int:
+        return len(future_rounds)
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_client_steps_by_its_sequence_times_the_carried_server_step(follow: bool) -> None:
+    """eta(r) = 0.4 / (1 + r); the global model carries s = 0.5: after rounds 0 and 1 (update 1
+    each) w = -(0.4 + 0.2) s when following, -(0.4 + 0.2) when not."""
+    async def main(clock: VirtualClock) -> np.ndarray:
+        endpoint = _Endpoint(clock)
+        actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
+                            ledger=_Ledger(), local_lr=StepSequence(0.4, "inverse_time", 1.0),
+                            batch_size=1, seconds_per_sample=lambda: 0.1, max_rounds=2,
+                            follow_server_step=follow, status_epsilon=lambda: (0.0, 1e-5))
+        endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=0.5))
+        await actor.run()
+        assert actor.server_step == (0.5 if follow else 1.0)
+        return actor.w
+
+    w = run_virtual(main)
+    np.testing.assert_allclose(w, -(0.4 + 0.2) * (0.5 if follow else 1.0), rtol=1e-6)
+
+
+def test_the_server_applies_the_agreed_sequence_and_broadcasts_its_step_size() -> None:
+    """Client a: eta(r) = 1 / (1 + r); rounds 0 and 3 in one window, uniform mixing over it:
+    d = 1/2 (1 . 1) + 1/2 (1/4 . 1) = 0.625. Server step 1 / (1 + 1 (k - 1)) in window k:
+    window 1 applies s = 1; the model opening window 2 carries s = 1/2."""
+    async def main(clock: VirtualClock):
+        endpoint = _Endpoint(clock)
+        server = ServerActor(
+            clock=clock, endpoint=endpoint, initial_params=np.zeros(2, np.float32),
+            clients={"a": ClientInfo(10, 1.0, 1.0, sequence=StepSequence(1.0, "inverse_time", 1.0))},
+            window=1.0, strategy=UniformWeights(), step_size=InverseTimeStepSize(1.0, 1.0))
+        loop = asyncio.get_running_loop()
+        for t, r in ((0.2, 0), (0.4, 3)):
+            loop.call_later(t, endpoint.inbox.put_nowait,
+                            ClientUpdate("a", r, 0, np.ones(2, np.float32), 1.0))
+        await server.run(lambda report: report.window >= 1)
+        return [(m.version, float(m.params[0]), m.step_size) for _, m in endpoint.published]
+
+    assert run_virtual(main) == [(0, 0.0, 1.0), (1, pytest.approx(-0.625), 0.5)]
+
+
+def test_a_plateau_run_reaches_clients_that_follow_it(tmp_path: Path) -> None:
+    """The server's plateau steps reach every following client; an opted-out group stays at 1."""
+    data = {
+        "name": "steps", "seed": 1, "stop": {"virtual_seconds": 20.0},
+        "dataset": {"name": "synthetic", "num_samples": 400, "num_test_samples": 100,
+                    "num_features": 6, "num_classes": 3},
+        "model": {"name": "logreg"},
+        "clients": {"groups": [
+            {"name": "f", "count": 2, "data_share": 0.5, "batch_size": 8, "clip": 1.0,
+             "noise": 1.0, "speed": 0.02,
+             "step_sequence": {"kind": "exponential", "factor": 0.9, "minimum": 0.01}},
+            {"name": "o", "count": 2, "data_share": 0.5, "batch_size": 8, "clip": 1.0,
+             "noise": 1.0, "speed": 0.02, "follow_server_step": False},
+        ]},
+        "server": {"window": 0.5, "eval_every": 1,
+                   "step_size": {"kind": "inverse_time", "initial": 1.0, "decay": 0.1}},
+    }
+    result = run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path / "run")
+    last = result.metrics[-1]["window"]
+    carried = 1.0 / (1.0 + 0.1 * last)  # the model opening window last + 1
+    for client in result.clients.values():
+        want = carried if client.plan.group.name == "f" else 1.0
+        assert client.actor.server_step == pytest.approx(want, rel=1e-9)
+    assert ConstantStepSize(1.0).current(7) == 1.0

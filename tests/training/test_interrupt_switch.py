@@ -1,0 +1,162 @@
+"""The interrupt rule ``switch`` (van Dijk & Nguyen's interrupt service routine): a round split at a
+w-hat's arrival, against an independent numpy computation of the per-example gradients."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.privacy import schedules
+from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset
+from fedsim.training.batched import RoundBatcher
+
+FEATURES, CLASSES, LR = 5, 3, 0.3
+PHI, SQRT2_M1 = (math.sqrt(5) - 1) / 2, math.sqrt(2) - 1
+
+
+def _trainer(model: torch.nn.Module, seed: int, *, sampling: str = "fixed", batch: int = 12,
+             clip: float = 0.4, local_steps: int = 1, records: int = 40) -> LocalTrainer:
+    x, y, _, _ = load_dataset("synthetic", seed=seed, num_train=records, num_test=1,
+                              num_features=FEATURES, num_classes=CLASSES)
+    return LocalTrainer(model, x, y, batch_size=batch, sampling=sampling,
+                        clip=schedules.constant(100, 1.3, clip),
+                        noise=schedules.constant(100, 1.3, clip), local_steps=local_steps,
+                        local_lr=LR, generator=torch.Generator().manual_seed(seed))
+
+
+def _logreg() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("logreg", in_features=FEATURES, num_classes=CLASSES)
+
+
+def _clipped_grads(w: np.ndarray, x: np.ndarray, y: np.ndarray, clip: float) -> np.ndarray:
+    """Per-example clipped gradients of softmax regression (weight rows then bias), by hand:
+    g_i = (softmax(W x_i + b) - e_{y_i}) (x) [x_i, 1], times min(1, C / (||g_i|| + 1e-6))."""
+    weight = w[: CLASSES * FEATURES].reshape(CLASSES, FEATURES).astype(np.float64)
+    bias = w[CLASSES * FEATURES:].astype(np.float64)
+    logits = x @ weight.T + bias
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    g = np.concatenate([(p[:, :, None] * x[:, None, :]).reshape(len(y), -1), p], axis=1)
+    norms = np.linalg.norm(g, axis=1)
+    return g * np.minimum(1.0, clip / (norms + 1e-6))[:, None]
+
+
+def _phase(indices: np.ndarray, round_index: int) -> np.ndarray:
+    v = (indices + 1.0) * PHI + (round_index + 1) * SQRT2_M1
+    return v - np.floor(v)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.77])
+def test_a_split_round_computes_the_later_gradients_at_w_hat(fraction: float) -> None:
+    """switch(f, w-hat): U_switch - U_snapshot = (1/m) sum over the records due at or after f of
+    [clip g_i(w-hat)] - [clip g_i(w)]; the noise (drawn at round start) is the same."""
+    model = _logreg()
+    w0 = flat_params(model)
+    w1 = w0 + np.float32(0.4) * np.random.default_rng(3).standard_normal(w0.size).astype(np.float32)
+    split, whole = _trainer(model, 5), _trainer(model, 5)
+    pending = split.begin_round(w0, 2)
+    pending.switch(fraction, w1)
+    got = pending.result().update
+    want_snapshot = whole.run_round(w0, 2).update
+    indices = pending.draws[0].indices.numpy()
+    late = indices[_phase(indices, 2) >= fraction]
+    x = split.features.numpy().astype(np.float64)
+    y = split.labels.numpy()
+    diff = (_clipped_grads(w1, x[late], y[late], 0.4)
+            - _clipped_grads(w0, x[late], y[late], 0.4)).sum(axis=0) / 12
+    assert 0 < len(late) <= len(indices)
+    np.testing.assert_allclose(got - want_snapshot, diff, atol=2e-6)
+    if fraction == 0.0:  # the whole round at w-hat
+        np.testing.assert_allclose(got, _trainer(model, 5).run_round(w1, 2).update, atol=2e-6)
+
+
+def test_a_switch_at_or_after_the_round_end_changes_nothing() -> None:
+    model = _logreg()
+    w0 = flat_params(model)
+    pending = _trainer(model, 6).begin_round(w0, 0)
+    pending.switch(1.0, w0 + np.float32(1.0))
+    np.testing.assert_array_equal(pending.result().update, _trainer(model, 6).run_round(w0, 0).update)
+
+
+def test_a_record_is_due_at_its_own_phase_whatever_the_rest_of_the_batch() -> None:
+    """Removing a record from the batch moves no other record across the split (the paper's
+    'each a_h independent of one another'): a record's segment depends on it alone."""
+    from fedsim.training.rounds import Segment, step_segments
+
+    segments = [Segment(0.0, np.zeros(1)), Segment(0.5, np.ones(1))]
+    batch = torch.arange(30)
+    full = dict(step_segments(segments, 0, 1, batch, 4))
+    fewer = dict(step_segments(segments, 0, 1, batch[batch != 7], 4))
+    for k in full:
+        assert set(full[k].tolist()) - {7} == set(fewer[k].tolist())
+    late = set(full[1].tolist())
+    assert late == {i for i in range(30) if _phase(np.array([i]), 4)[0] >= 0.5}
+
+
+def test_two_local_steps_the_second_after_the_switch_starts_at_w_hat_minus_the_first() -> None:
+    """local_steps = 2, switch at 1/2: step 0 entirely at w, step 1 at w-hat - lr * s0 (s0: step
+    0's noisy gradient, the same as a one-step round's from the same generator)."""
+    model = _logreg()
+    w0 = flat_params(model)
+    w1 = w0 + np.float32(0.3)
+    two = _trainer(model, 8, local_steps=2)
+    pending = two.begin_round(w0, 0)
+    pending.switch(0.5, w1)
+    got = pending.result().update
+    snapshot = _trainer(model, 8, local_steps=2).run_round(w0, 0).update
+    s0 = _trainer(model, 8).run_round(w0, 0).update.astype(np.float64)
+    batch1 = pending.draws[1].indices.numpy()
+    x, y = two.features.numpy().astype(np.float64), two.labels.numpy()
+    at_hat = (w1.astype(np.float64) - LR * s0).astype(np.float32)
+    at_w = (w0.astype(np.float64) - LR * s0).astype(np.float32)
+    diff = (_clipped_grads(at_hat, x[batch1], y[batch1], 0.4)
+            - _clipped_grads(at_w, x[batch1], y[batch1], 0.4)).sum(axis=0) / 12
+    np.testing.assert_allclose(got - snapshot, diff, atol=5e-6)
+
+
+def test_split_rounds_in_a_batched_pass_equal_each_computed_alone() -> None:
+    """The batcher computes a split round's segments as jobs of one pass (noise on the first):
+    the same update as the round computed alone, and as its two halves by hand."""
+    model = _logreg()
+    base = flat_params(model)
+    rng = np.random.default_rng(1)
+    params = [base + np.float32(0.2) * rng.standard_normal(base.size).astype(np.float32)
+              for _ in range(4)]
+    hat = base - np.float32(0.25)
+    batcher = RoundBatcher(model)
+    together = [_trainer(model, 20 + k, sampling="poisson") for k in range(4)]
+    alone = [_trainer(model, 20 + k, sampling="poisson") for k in range(4)]
+    pending = [t.begin_round(p, 1, batcher) for t, p in zip(together, params, strict=True)]
+    for k, p in enumerate(pending[:3]):
+        p.switch(0.25 * (k + 1), hat)
+    pending[0].result()
+    assert batcher.pending == 0 and batcher.rounds_batched == 4
+    for k, (p, trainer, w) in enumerate(zip(pending, alone, params, strict=True)):
+        mine = trainer.begin_round(w, 1)
+        if k < 3:
+            mine.switch(0.25 * (k + 1), hat)
+        np.testing.assert_allclose(p.result().update, mine.result().update, atol=2e-6)
+
+
+def test_the_batcher_keeps_a_round_that_may_still_be_split_until_the_horizon() -> None:
+    model = _logreg()
+    w0 = flat_params(model)
+    horizon = [5.0]
+    batcher = RoundBatcher(model, horizon=lambda: horizon[0])
+    trainers = [_trainer(model, 30 + k) for k in range(3)]
+    rounds = [t.begin_round(w0, 0, batcher) for t in trainers]
+    rounds[0].ends_at, rounds[1].ends_at, rounds[2].ends_at = 4.0, 9.0, 5.0
+    rounds[0].result()
+    assert rounds[0].done and rounds[2].done and not rounds[1].done
+    rounds[1].switch(0.5, w0 + np.float32(0.1))  # not computed yet: nothing wasted
+    horizon[0] = 10.0
+    rounds[1].result()
+    assert batcher.recomputed == 0
+    rounds[2].switch(0.5, w0)  # a (mis-)late split of a computed round: computed again
+    assert not rounds[2].done and batcher.pending == 1 and batcher.recomputed == 1
+    rounds[2].result()
