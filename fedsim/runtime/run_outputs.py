@@ -328,6 +328,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "best_accuracy": max(accuracies) if accuracies else None,
         "windows": len(metrics),
         "virtual_time": record.virtual_time,
+        "time_kind": record.time_kind,
         "final_version": record.final_version,
         "stop_reason": record.stop_reason,
         "updates": totals,
