@@ -138,7 +138,7 @@ def dataset_file(
         return None
     if name == "arrays":
         assert path is not None
-        return resolve_path(path, base_dir) if base_dir is not None else Path(path).resolve()
+        return resolve_path(Path(path), base_dir) if base_dir is not None else Path(path).resolve()
     return datasets.resolve(name, path, base_dir=base_dir).path
 
 
