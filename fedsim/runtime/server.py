@@ -205,13 +205,17 @@ class ServerActor:
         # accepted but not yet applied (not in self.seen until applied).
         self._open: WindowReport | None = None
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
+        self.ended = False  # the last window has closed: updates are no longer judged
+        self.updates_after_end = 0
         self._invited_bits: bytes | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
         while True:
             message = await self.endpoint.receive()
-            if isinstance(message, ClientUpdate) and self.policy.on_arrival:
+            if isinstance(message, ClientUpdate) and self.ended:
+                self.updates_after_end += 1  # never judged: the last window has closed
+            elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
@@ -553,6 +557,8 @@ class ServerActor:
                 report = self.close_window()
                 report.end = start + self.windows_closed * self.window
                 finished = on_window(report)  # first: a deployed endpoint then ends the run
+                # No update is applied after the last window, while the end is announced.
+                self.ended = finished
                 # Under invitations every window opens with its own (the model rides along).
                 if report.window % self.broadcast_every == 0 or self.participation < 1.0:
                     await self.broadcast()
