@@ -207,6 +207,7 @@ class ServerActor:
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self.ended = False  # the last window has closed: updates are no longer judged
         self.updates_after_end = 0
+        self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
 
     # -- receiving ------------------------------------------------------------------------
@@ -248,8 +249,13 @@ class ServerActor:
         verdict = self._judge(update, info, buffered)
         if verdict == "duplicate":
             report.duplicate += 1
-            _log.info("replayed update ignored", client=update.client_id,
-                      round=update.round, base_version=update.base_version)
+            # At-least-once delivery duplicates, a replay looks the same: counted every time,
+            # logged at info once per client (the rest at debug, not to flood a lossy run's log).
+            first = update.client_id not in self._duplicates_logged
+            self._duplicates_logged.add(update.client_id)
+            (_log.info if first else _log.debug)(
+                "duplicate update ignored (a network duplicate or a replay)",
+                client=update.client_id, round=update.round, base_version=update.base_version)
             return None
         if verdict:
             kind, reason = verdict.split(":", 1)
