@@ -358,8 +358,10 @@ class ClientGroup(_Strict):
         description="The round step sizes eta(r) agreed a priori with the server, from local_lr.")
     follow_server_step: bool = Field(
         default=True,
-        description="Multiply the local step by the server step size each global model carries "
-        "(van Dijk et al.: the server broadcasts the new step sizes); false: local_lr only.")
+        description="Multiply the local step by s_t / s_0: the server step size each global "
+        "model carries over the server schedule's first value (van Dijk et al.: the server "
+        "broadcasts the new step sizes), so clients start at local_lr and follow the server's "
+        "reductions; false: local_lr (or step_sequence) only.")
     interrupt: Literal["switch", "snapshot"] = Field(
         default="switch",
         description=(

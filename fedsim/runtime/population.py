@@ -76,6 +76,9 @@ class ClientPlan:
     indices: np.ndarray
     schedule: Schedule
     declared_samples: int | None = None  # public size (runtime/exposure.py); None: len(indices)
+    first_server_step: float = 1.0
+    """s_0, the server step-size schedule's value for the first window (from the public
+    scenario): a client following the server steps by ``eta_i(r) s_t / s_0``."""
 
     @property
     def num_samples(self) -> int:
@@ -319,6 +322,7 @@ def build_population(
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
+    first_step = first_server_step(scenario)
     split = _split_groups(labels, scenario.clients.groups, tree, writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
@@ -334,7 +338,8 @@ def build_population(
             except ConfigError as exc:
                 raise ConfigError(f"{where}.adaptive_clip: {exc}") from None
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
-            plans.append(ClientPlan(client_id, group, indices, schedule))
+            plans.append(ClientPlan(client_id, group, indices, schedule,
+                                    first_server_step=first_step))
     return Population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
         device,
@@ -390,7 +395,14 @@ def make_client_actor(
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
         interrupt=group.interrupt,
         follow_server_step=group.follow_server_step,
+        first_server_step=plan.first_server_step,
     )
+
+
+def first_server_step(scenario: Scenario) -> float:
+    """s_0: the value the scenario's server step-size schedule gives its first window (the step
+    size the first global model carries, before any evaluation could reduce it)."""
+    return make_step_size(scenario.server.step_size).current(1)
 
 
 def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float, float]]:
