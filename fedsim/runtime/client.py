@@ -174,8 +174,7 @@ class ClientActor:
         expected_sample_grads: float | None = None,
         exposure: ClientExposure = ClientExposure(),
         interrupt: Literal["switch", "snapshot"] = "switch",
-        follow_server_step: bool = True,
-        first_server_step: float = 1.0,
+        first_server_step: float | None = 1.0,
     ) -> None:
         self.client_id = client_id
         self.clock = clock
@@ -183,15 +182,15 @@ class ClientActor:
         self.trainer = trainer
         self.ledger = ledger
         # eta_i(r): a constant or the sequence agreed with the server, times s_t / s_0 (the
-        # server step size the latest global model carried over the schedule's first value)
-        # when following it (see local_step).
+        # server step size the latest global model carried over s_0 = first_server_step, the
+        # schedule's first value) when following it (first_server_step None: not following).
         self.step_sequence = local_lr if callable(local_lr) else None
         self.local_lr = float(local_lr(0)) if callable(local_lr) else float(local_lr)
-        self.follow_server_step = follow_server_step
-        if not (math.isfinite(first_server_step) and first_server_step > 0):
-            raise ConfigError(f"first_server_step must be finite and > 0, got {first_server_step!r}")
-        self.first_server_step = float(first_server_step)
-        self.server_step = self.first_server_step
+        self.follow_server_step = first_server_step is not None
+        first = 1.0 if first_server_step is None else first_server_step
+        if not (math.isfinite(first) and first > 0):
+            raise ConfigError(f"first_server_step must be finite and > 0, got {first!r}")
+        self.first_server_step = self.server_step = float(first)
         self.batch_size = float(batch_size)
         # Public: the expected per-example gradients of a round (local_steps * m).
         self.expected_sample_grads = (
@@ -291,7 +290,7 @@ class ClientActor:
 
     def local_step(self, round_index: int) -> float:
         """The step of round ``round_index``'s local update: ``eta_i(r)``, times ``s_t / s_0``
-        when following the server (``follow_server_step``).
+        when following the server (``first_server_step`` given, not None).
 
         ``s_t`` is the server step size the latest global model carried and ``s_0`` the server
         schedule's value for the first window (``first_server_step``, known to every client from

@@ -394,8 +394,7 @@ def make_client_actor(
         first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
         interrupt=group.interrupt,
-        follow_server_step=group.follow_server_step,
-        first_server_step=plan.first_server_step,
+        first_server_step=plan.first_server_step if group.follow_server_step else None,
     )
 
 

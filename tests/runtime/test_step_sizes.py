@@ -81,7 +81,7 @@ def test_a_client_steps_by_its_sequence_times_the_carried_server_step(follow: bo
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
                             ledger=_Ledger(), local_lr=StepSequence(0.4, "inverse_time", 1.0),
                             batch_size=1, seconds_per_sample=lambda: 0.1, max_rounds=2,
-                            follow_server_step=follow, status_epsilon=lambda: (0.0, 1e-5))
+                            first_server_step=1.0 if follow else None, status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=0.5))
         await actor.run()
         assert actor.server_step == (0.5 if follow else 1.0)
@@ -144,8 +144,8 @@ def _one_round_w(first_step: float, carried: float, *, follow: bool = True) -> n
         endpoint = _Endpoint(clock)
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
                             ledger=_Ledger(), local_lr=0.4, batch_size=1,
-                            seconds_per_sample=lambda: 0.1, max_rounds=1, follow_server_step=follow,
-                            first_server_step=first_step, status_epsilon=lambda: (0.0, 1e-5))
+                            seconds_per_sample=lambda: 0.1, max_rounds=1,
+                            first_server_step=first_step if follow else None, status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=carried))
         await actor.run()
         return actor.w
