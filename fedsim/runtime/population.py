@@ -36,6 +36,11 @@ from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.integrity import client_limits
+from fedsim.runtime.normalisation import (
+    check_normalisation_budget,
+    held_out_features,
+    normalised_features,
+)
 from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
@@ -117,20 +122,32 @@ class Population:
         message_only: bool = False,
         generator: torch.Generator | None = None,
         batcher: RoundBatcher | None = None,
+        ledger: PrivacyLedger | None = None,
+        normalisation_generator: torch.Generator | None = None,
     ) -> LocalTrainer | VirtualDurationTrainer | BatchedTrainer:
         """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
         from ``generator``: a restarted client process must not replay released noise); with a
-        ``batcher`` its begun rounds wait there to be computed together with other clients'."""
+        ``batcher`` its begun rounds wait there to be computed together with other clients'.
+        With ``dp_normalisation`` its features are standardised first, the release charged to
+        ``ledger`` (:mod:`fedsim.runtime.normalisation`; noise from ``normalisation_generator``,
+        by default ``client/<id>/dp-normalisation``)."""
         group = plan.group
         if generator is None:
             generator = self.tree.torch("client", plan.client_id, "train")
-        if message_only:
-            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         index = torch.from_numpy(plan.indices)
         # index_select: several times faster than advanced indexing for image tensors on CPU.
+        features = None if message_only else self.train_x.index_select(0, index)
+        if group.dp_normalisation is not None:
+            if ledger is None:
+                raise ConfigError(f"client {plan.client_id}: dp_normalisation needs its ledger")
+            features = normalised_features(
+                plan, features, ledger, normalisation_generator or self.tree.torch(
+                    "client", plan.client_id, "dp-normalisation"))
+        if features is None:
+            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         trainer = LocalTrainer(
             self.model,
-            self.train_x.index_select(0, index).to(self.device),
+            features.to(self.device),
             self.train_y.index_select(0, index).to(self.device),
             batch_size=group.batch_size,
             sampling=group.sampling,
@@ -309,6 +326,7 @@ def build_population(
             named.tensors, named.path, named.train_writers)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
@@ -330,6 +348,7 @@ def build_population(
         smallest = min(len(p) for p in parts)
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
+        check_normalisation_budget(group, where)
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
         if group.adaptive_clip is not None:  # the count's noise must leave room for the sum's
             try:
@@ -375,7 +394,7 @@ def make_client_actor(
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
     deployed client process alike."""
     group = plan.group
-    rounds_done = {record.round for record in ledger.records}
+    rounds_done = ledger.rounds
     return ClientActor(
         plan.client_id,
         clock=clock,
