@@ -27,7 +27,8 @@ A client holds a local model ``w`` and the last global model it accepted (``held
   4. commit the events to the ledger (durable, fsynced) and only then publish the update
      ``(client, r, base_version, Ubar/m)`` - the ledger is charged even if the network then
      drops the message;
-  5. apply the update locally: ``w <- w - eta * Ubar/m``.
+  5. apply the update locally: ``w <- w - eta * Ubar/m`` with ``eta = eta_i(r) s_t / s_0``
+     when following the server step (:meth:`ClientActor.local_step`).
 
 **A global model arriving mid-round** (``interrupt``, per client group). Van Dijk & Nguyen's interrupt
 service routine "will replace the locally kept model w by a received global model w-hat. This
