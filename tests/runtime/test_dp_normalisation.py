@@ -173,3 +173,21 @@ def test_the_budget_check_refuses_a_release_that_alone_exceeds_the_budget() -> N
         build_population(LoadedScenario(parse_scenario(base), None))
     group["dp_normalisation"]["noise_multiplier"] = 8.0  # mu = 1/8: room for the rounds
     assert build_population(LoadedScenario(parse_scenario(base), None)).plans
+
+
+def test_the_progress_horizon_counts_the_release() -> None:
+    """The fixed group (sigma 1.5, budget eps 3) affords n rounds: the release and n steps fit
+    the budget, the release and n + 1 do not; fewer than without the release."""
+    from fedsim.privacy.events import GaussianStep
+    from fedsim.reporting.horizon import affordable_rounds
+
+    group = load_scenario(SCENARIO).scenario.clients.groups[1]
+    n = affordable_rounds(group, 500, limit=10**6)
+    release = GaussianStep("fixed", 1.0, 3.0)
+
+    def eps(count: int) -> float:
+        return PLDAccountant([release, GaussianStep("fixed", 32 / 500, 1.5, count)]).epsilon(DELTA)
+
+    assert eps(n) <= 3.0 < eps(n + 1)
+    assert n < affordable_rounds(group.model_copy(update={"dp_normalisation": None}), 500,
+                                 limit=10**6)
