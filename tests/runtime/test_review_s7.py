@@ -1,0 +1,152 @@
+"""Session 7 attacker's review of issue 16's features against docs/SECURITY.md (simulated).
+
+Each test states an attack and what the threat model promises. A test that fails on main is
+a finding: it is marked ``xfail(strict=True)`` with the fix it needs (the fix lives in a file
+another helper owns), so that it turns into a failure the day the fix lands and the mark is
+forgotten. The others pin down a property that holds on main.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.aggregation import ConstantStepSize, UniformWeights
+from fedsim.aggregation.policies import FedAsync, FedBuff, PolynomialStaleness, TimeWindows
+from fedsim.clock import ScaledClock, WallClock
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
+from fedsim.runtime.client import ClientActor
+from fedsim.runtime.exposure import ClientExposure
+from fedsim.runtime.integrity import ClientLimits, update_norm
+from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.training.rounds import RoundResult
+from tests.runtime.test_actors import FakeEndpoint
+
+DIM = 3
+LIMITS = ClientLimits(sampling="poisson", batch_size=32, num_samples=500, dim=DIM,
+                      clip=lambda r: 1.0, sigma=lambda r: 1.0, max_rounds=200)
+BOUND = LIMITS.norm_bound(0)
+
+
+def _server(policy: Any = None, **kwargs: Any) -> ServerActor:
+    clients = {c: ClientInfo(500, 1.0, limits=LIMITS) for c in ("mallory", "h1", "h2")}
+    return ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(DIM),
+                       clients=clients, window=1.0, strategy=UniformWeights(),
+                       step_size=ConstantStepSize(1.0), policy=policy, **kwargs)
+
+
+def _update(client: str, round_: int, values: Any, base: int = 0) -> ClientUpdate:
+    return ClientUpdate(client, round_, base, np.asarray(values, np.float32).reshape(DIM), 32.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. One malicious client under on-arrival aggregation
+
+FLOOD = 60  # rounds one client sends within one window (all within its round limit)
+
+
+def _one_window_of_flooding(policy: Any, **kwargs: Any) -> float:
+    """Mallory sends FLOOD rounds in one window, each a legal update of norm just under its
+    bound pointing along -e1 (the model moves along +e1), and claims the server's current
+    version as its base every time (what it sees on the global topic: fresh). h1 and h2 send
+    one honest (zero) update each. Returns how far the model moved along e1 in that window."""
+    server = _server(policy, **kwargs)
+    push = np.array([-0.999 * BOUND, 0.0, 0.0])
+    honest = [_update("h1", 0, np.zeros(DIM)), _update("h2", 0, np.zeros(DIM))]
+
+    async def arrive() -> None:
+        for r in range(FLOOD):
+            message = _update("mallory", r, push, base=server.version)
+            if server.policy.on_arrival:
+                await server._arrived(message)
+            else:
+                server._inbox.append(message)
+        for message in honest:
+            if server.policy.on_arrival:
+                await server._arrived(message)
+            else:
+                server._inbox.append(message)
+
+    asyncio.run(arrive())
+    server.close_window()
+    return float(server.params[0])
+
+
+def test_under_windows_one_clients_flood_moves_the_model_at_most_one_bound_per_window() -> None:
+    """Time windows normalised over the window: the mix is convex, so however many rounds
+    Mallory sends, one window moves the model by at most s_t eta bound (SECURITY.md)."""
+    moved = _one_window_of_flooding(TimeWindows())
+    assert 0.9 * BOUND < moved <= BOUND * (1 + 1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding R4a: on-arrival policies apply every legal round of one client separately, so a "
+    "client that sends its rounds back to back moves the model FLOOD times further in a window "
+    "than SECURITY.md's per-window bound (measured: FedAsync alpha=0.5 and FedBuff K=2 both 30 "
+    "bounds for 60 rounds, every FedBuff buffer Mallory's alone). Fix in runtime/server.py _admit/_arrived: at most "
+    "one update per client per buffer (a second waits for the next buffer) and a per-client "
+    "rate limit from its public release slot (speed x expected batch), or a per-window "
+    "cumulative move limit per client"))
+@pytest.mark.parametrize("policy", [FedAsync(alpha=0.5), FedBuff(buffer_size=2)],
+                         ids=["fedasync", "fedbuff"])
+def test_on_arrival_one_clients_flood_moves_the_model_at_most_one_bound_per_window(
+        policy: Any) -> None:
+    moved = _one_window_of_flooding(policy)
+    assert moved <= BOUND * (1 + 1e-6), f"moved {moved / BOUND:.1f} bounds in one window"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding R4b: under normalize=population every update gets lambda = 1/n_clients, so one "
+    "client's FLOOD rounds in a window move the model FLOOD/3 bounds (20 here): the "
+    "'s_t lambda_i eta_i bound_i per window' of SECURITY.md holds per update, not per client. "
+    "Fix in runtime/server.py close_window: population weights per client (a client's updates "
+    "in one window share its lambda_i), or the per-client rate limit of R4a"))
+def test_under_population_weights_one_clients_flood_moves_the_model_at_most_its_share() -> None:
+    moved = _one_window_of_flooding(TimeWindows(), normalize="population")
+    assert moved <= BOUND / 3 * (1 + 1e-6), f"moved {moved / BOUND:.1f} bounds in one window"
+
+
+def test_a_client_cannot_claim_a_base_version_ahead_of_the_server() -> None:
+    server = _server(FedAsync(alpha=1.0))
+
+    async def arrive() -> None:
+        await server._arrived(_update("mallory", 0, [0.1, 0, 0], base=server.version + 1))
+
+    asyncio.run(arrive())
+    report = server.close_window()
+    assert report.rejections == {"future_version": 1} and server.version == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding R4c: base_version is only checked against the server's current version, not "
+    "against the versions it published: with broadcast_every > 1 the intermediate versions are "
+    "never sent, yet a client may claim one and get staleness 0 (weight 1) where every honest "
+    "client has staleness >= 1 (weight 1/2 here), and pass max_staleness. Fix in "
+    "runtime/server.py: remember the published versions (publish_model) and judge an update "
+    "by the latest published version <= its claim (or refuse an unpublished claim as "
+    "'unpublished_version'), in the snapshot too"))
+def test_a_client_cannot_claim_freshness_of_a_version_never_published() -> None:
+    server = _server(TimeWindows(PolynomialStaleness(1.0)), broadcast_every=2)
+
+    async def main() -> None:
+        await server.broadcast()  # version 0 is published
+        server._inbox = [_update("h1", 0, [0.1, 0, 0])]
+        server.close_window()  # version 1, not broadcast (broadcast_every = 2)
+    asyncio.run(main())
+    assert server.version == 1
+    published = {m.version for _, m in server.endpoint.published}  # type: ignore[attr-defined]
+    assert published == {0}
+    before = server.params.copy()
+    # Mallory claims version 1, which nobody was ever sent; h2 honestly says 0.
+    server._inbox = [_update("mallory", 0, [-1.0, 0, 0], base=1),
+                     _update("h2", 0, [0, -1.0, 0], base=0)]
+    server.close_window()
+    moved = server.params - before
+    # Both claims should be judged on the published version 0: equal staleness, equal weight.
+    assert moved[0] == pytest.approx(moved[1], rel=1e-6), moved
