@@ -322,3 +322,42 @@ def test_honest_adaptive_clipping_clients_are_not_refused_by_the_norm_bound(tmp_
     applied = sum(line["applied"] for line in windows)
     assert applied > 0
     assert refused == 0, f"{refused} honest updates refused as 'norm', {applied} applied"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Local-SGD per-example steps: the clip applies to each example's whole a_h
+
+
+def test_per_example_steps_clip_the_result_of_the_local_steps_not_each_step() -> None:
+    """``per_example_steps = 3``: each a_h = (w - w_h) / lr after 3 SGD steps on example h
+    alone must be clipped as a whole (one example, one clipped vector: sensitivity C, what the
+    accountant charges). Independent computation: plain autograd loops per example. Clipping
+    each step's gradient instead gives a sum up to 3 C per example; the clip is chosen so that
+    the two differ."""
+    from fedsim.training.persample import engine_for, per_example_cross_entropy
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+    clip, steps, lr = 0.3, 3, 0.05
+    got = engine_for(model).clipped_local_updates(x, y, clip, steps, lr).flat_sum
+
+    start = [p.detach().clone() for p in model.parameters()]
+    whole, per_step = torch.zeros(got.numel()), torch.zeros(got.numel())
+    for h in range(len(x)):
+        current = [p.clone().requires_grad_(True) for p in start]
+        step_sum = torch.zeros(got.numel())
+        for _ in range(steps):
+            out = torch.nn.functional.linear(x[h:h + 1], current[0], current[1])
+            loss = per_example_cross_entropy(out, y[h:h + 1]).sum()
+            grads = torch.autograd.grad(loss, current)
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            step_sum += flat * min(1.0, clip / (float(flat.norm()) + 1e-6))
+            current = [(c - lr * g).detach().requires_grad_(True) for c, g in zip(current, grads)]
+        a_h = torch.cat([((s - c) / lr).reshape(-1) for s, c in zip(start, current)]).detach()
+        whole += a_h * min(1.0, clip / (float(a_h.norm()) + 1e-6))
+        per_step += step_sum
+    assert float((whole - per_step).norm()) > 0.1 * float(whole.norm())  # the two rules differ
+    assert torch.allclose(got.detach().float(), whole, atol=1e-5), (got, whole)
+    # Each example contributes at most C: the sum of 6 is within 6 C.
+    assert float(got.norm()) <= len(x) * clip + 1e-5
