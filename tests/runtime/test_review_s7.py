@@ -361,3 +361,53 @@ def test_per_example_steps_clip_the_result_of_the_local_steps_not_each_step() ->
     assert torch.allclose(got.detach().float(), whole, atol=1e-5), (got, whole)
     # Each example contributes at most C: the sum of 6 is within 6 C.
     assert float(got.norm()) <= len(x) * clip + 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The server step size on the wire: post-processing for the client's ledger
+
+
+def _rounds_under_server_step(step: float, ledger_path: Any) -> tuple[float, list, list]:
+    """Three real DP rounds (LocalTrainer, PrivacyLedger file) of a client that follows the
+    server step size ``step`` carried by every global model: (eps, ledger steps, updates)."""
+    from fedsim.privacy.ledger import PrivacyLedger
+    from fedsim.privacy.schedules import Schedule
+    from fedsim.runtime.kernel import VirtualClock, run_virtual
+    from fedsim.training.local import LocalTrainer, flat_params
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    x, y = torch.randn(50, 4), torch.randint(0, 2, (50,))
+    schedule = Schedule(total_steps=None, sigma_0=1.0, clip_0=1.0)
+    trainer = LocalTrainer(model, x, y, batch_size=10, sampling="poisson", clip=schedule,
+                           noise=schedule, generator=torch.Generator().manual_seed(1))
+    start = flat_params(model)
+
+    async def main(clock: VirtualClock) -> tuple[float, list, list]:
+        endpoint = FakeEndpoint()
+        endpoint.clock = clock
+        with PrivacyLedger.open(ledger_path, client_id="c1", sampling="poisson",
+                                budget=None) as ledger:
+            actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
+                                ledger=ledger, local_lr=0.5, batch_size=10,
+                                seconds_per_sample=lambda: 0.1, max_rounds=3)
+            endpoint.inbox.put_nowait(GlobalModel(1, start, step_size=step))
+            await actor.run()
+            steps = [(r.step.sampling, r.step.q, r.step.sigma, r.step.count)
+                     for r in ledger.records]
+            return ledger.epsilon(1e-5), steps, [m.delta for _, m in endpoint.published
+                                                  if isinstance(m, ClientUpdate)]
+
+    return run_virtual(main)
+
+
+def test_the_server_step_size_changes_the_model_and_never_the_ledger(tmp_path: Any) -> None:
+    """A client applies the server's step size s_t to its local model (follow_server_step);
+    its ledger, its epsilon and what it charges per round do not depend on it (post-processing)."""
+    eps_small, steps_small, updates_small = _rounds_under_server_step(1e-3, tmp_path / "a.jsonl")
+    eps_large, steps_large, updates_large = _rounds_under_server_step(1e3, tmp_path / "b.jsonl")
+    assert len(updates_small) == len(updates_large) == 3
+    # The step was applied: the later rounds ran at other local models.
+    assert not np.allclose(updates_small[2], updates_large[2])
+    assert steps_small == steps_large and len(steps_small) == 3
+    assert eps_small == eps_large and eps_small > 0
