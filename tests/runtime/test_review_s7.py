@@ -411,3 +411,37 @@ def test_the_server_step_size_changes_the_model_and_never_the_ledger(tmp_path: A
     assert not np.allclose(updates_small[2], updates_large[2])
     assert steps_small == steps_large and len(steps_small) == 3
     assert eps_small == eps_large and eps_small > 0
+
+
+def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
+    """Virtual time between a lone client's consecutive releases (its public compute slot)."""
+    from fedsim.config import LoadedScenario, parse_scenario
+    from fedsim.runtime.simulation import run_scenario
+
+    data = {
+        "name": "slot", "seed": 2, "stop": {"virtual_seconds": 20.0},
+        "dataset": {"name": "synthetic", "num_samples": 200, "num_test_samples": 50,
+                    "num_features": 4, "num_classes": 2},
+        "model": {"name": "logreg"},
+        "clients": {"groups": [{"name": "g", "count": 1, "data_share": 1.0, "batch_size": 10,
+                                "clip": 1.0, "noise": 1.0, "rounds": 4, "speed": 0.05,
+                                "per_example_steps": per_example_steps}]},
+        "server": {"window": 100.0},  # no model arrives between its rounds
+    }
+    torch.set_num_threads(1)
+    result = run_scenario(LoadedScenario(parse_scenario(data), None), out)
+    (client,) = result.clients.values()
+    times = [r.time for r in client.released_rounds()]
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def test_the_public_slot_covers_the_compute_of_per_example_local_steps(tmp_path: Any) -> None:
+    """per_example_steps = s costs s gradients per example (LocalTrainer: "the compute is s
+    times larger"), so the public slot a deployed client pads its release to (speed x
+    expected gradients) must be s times longer; a slot sized for one gradient per example is
+    overrun every round on hardware the speed model describes, and an overrun's release time
+    follows the realised batch (R3)."""
+    one = _round_gaps(1, tmp_path / "one")
+    four = _round_gaps(4, tmp_path / "four")
+    assert one == pytest.approx([0.05 * 10] * 3)
+    assert four == pytest.approx([4 * 0.05 * 10] * 3)
