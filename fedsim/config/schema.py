@@ -11,30 +11,29 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from fedsim.config import limits
 from fedsim.config.aggregation import (
     AdaptiveClipping,
     Aggregation,
+    DpNormalisation,
     LocalStepSequence,
     ServerOptimizerConfig,
     StalenessWeighting,
     WindowsAggregation,
 )
+from fedsim.config.dataset import Dataset
 from fedsim.config.distributions import (
     BatchSize,
-    ClassCount,
     ClientCount,
     Constant,
     Delta,
     Distribution,
     Exponential,
-    FeatureCount,
     Fraction,
     LogNormal,
     MessageBytes,
@@ -43,7 +42,6 @@ from fedsim.config.distributions import (
     PositiveSeconds,
     Probability,
     RoundCount,
-    SampleCount,
     Scale,
     Seed,
     ShardCount,
@@ -55,6 +53,7 @@ from fedsim.config.distributions import (
     VersionCount,
     WindowCount,
 )
+from fedsim.config.factory import FactoryReference, OptionValue
 from fedsim.config.posture import (
     Budget,
     Clip,
@@ -100,56 +99,6 @@ class Partition(_Strict):
         default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
 
-class Dataset(_Strict):
-    """Training / held-out data.
-
-    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
-    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
-    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
-    offline; see :mod:`fedsim.training.datasets`.
-    """
-
-    name: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "synthetic", "arrays"] = Field(
-        description="The data set: mnist, fashion_mnist, cifar10, femnist (LEAF's per-writer "
-        "layout), synthetic (a seeded Gaussian-mixture classification problem), or arrays (your "
-        "own: an .npz at path holding x_train, y_train, x_test and y_test, or arrays from "
-        "Python through fedsim.simulate).")
-    path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
-        default=None, description="Where the data set's file or directory is (for arrays, the .npz); a relative "
-        "path is looked for beside the scenario file, then in the working directory. Omitted, "
-        "$FEDSIM_DATA_DIR and the user cache are searched, and the data set is downloaded "
-        "into the cache unless offline.")
-    num_samples: SampleCount = Field(
-        default=6000, description="Training records of the synthetic data set.")
-    num_test_samples: SampleCount = Field(
-        default=1000, description="Held-out records of the synthetic data set.")
-    num_features: FeatureCount = Field(
-        default=20, description="Features of each synthetic record.")
-    num_classes: ClassCount = Field(
-        default=4, description="Classes of the synthetic data set (at least 2).")
-    test_subset: SampleCount | None = Field(
-        default=None, description="Evaluate on at most this many held-out records, for speed; "
-        "omitted, on all of them.")
-
-    @model_validator(mode="after")
-    def _path_only_for_files(self) -> Dataset:
-        if self.name == "synthetic" and self.path is not None:
-            raise ValueError("path: a synthetic dataset is generated, it takes no path")
-        values = self.num_samples * self.num_features
-        if self.name == "synthetic" and values > limits.MAX_SYNTHETIC_VALUES:
-            raise ValueError(
-                f"num_samples x num_features is {values}, above the "
-                f"{limits.MAX_SYNTHETIC_VALUES} values a generated training set may hold "
-                "(it is drawn in memory at once)")
-        return self
-
-
-# ``package.module:function`` (or ``:Class.method``); the same pattern as
-# fedsim.training.models.FACTORY_PATTERN, which cannot be imported here (torch).
-_FACTORY = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
-OptionValue = int | float | str | bool | None | list[Any] | dict[str, Any]
-
-
 class Model(_Strict):
     """The model: a built-in one by ``name``, or the user's own ``factory``, with options.
 
@@ -164,22 +113,12 @@ class Model(_Strict):
     name: str | None = Field(
         default=None, min_length=1, description="A built-in model by name (logreg, mlp, "
         "dp_mnist_cnn or groupnorm_cnn).")
-    factory: str | None = Field(
+    factory: FactoryReference | None = Field(
         default=None, description="Your own model: 'package.module:function', imported when "
         "the run is built and called with the options.")
     options: dict[str, OptionValue] = Field(
         default_factory=dict, description="Keyword options of the model, such as hidden: "
         "[128] for an MLP; input size and class count come from the data when omitted.")
-
-    @field_validator("factory")
-    @classmethod
-    def _factory_shape(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(_FACTORY, value):
-            raise ValueError(
-                f"{value!r} is not of the form 'package.module:function' (a dotted module path, "
-                "a colon, the name of a callable in it)"
-            )
-        return value
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> Model:
@@ -351,24 +290,22 @@ class ClientGroup(_Strict):
     per_example_steps: StepCount = Field(
         default=1, description="Each a_h as that many SGD steps on its example alone (van Dijk "
         "et al.); 1: its gradient. The same privacy, that many times the compute.")
-    per_example_lr: Scale = Field(default=0.1,
-                                  description="The step size of per_example_steps.")
+    per_example_lr: Scale = Field(default=0.1, description="The step size of per_example_steps.")
     step_sequence: LocalStepSequence = Field(
         default_factory=LocalStepSequence,
         description="The round step sizes eta(r) agreed a priori with the server, from local_lr.")
     follow_server_step: bool = Field(
         default=True,
-        description="Multiply the local step by the server step size each global model carries "
-        "(van Dijk et al.: the server broadcasts the new step sizes); false: local_lr only.")
-    interrupt: Literal["switch", "snapshot"] = Field(
-        default="switch",
-        description=(
-            "A global model arriving mid-round: 'switch' (van Dijk et al.'s interrupt service "
-            "routine) computes the round's gradients not yet computed at the new model, with the "
-            "batch and noise drawn at round start; 'snapshot' computes every gradient at the model "
-            "the round began on. The same privacy either way (the new model is post-processing)."),
-    )
-
+        description="Multiply the local step by s_t / s_0, the server step size each model "
+        "carries over the server schedule's first value (van Dijk et al.: the server broadcasts "
+        "the new step sizes): start at local_lr, follow the server's reductions; false: don't.")
+    interrupt: Literal["switch", "snapshot"] = Field(default="switch", description=(
+        "A global model arriving mid-round: 'switch' (van Dijk et al.'s interrupt service "
+        "routine) computes the round's gradients not yet computed at the new model, with the "
+        "batch and noise drawn at round start; 'snapshot' computes every gradient at the model "
+        "the round began on. The same privacy either way (the new model is post-processing)."))
+    dp_normalisation: DpNormalisation | None = Field(default=None, description="DP feature "
+        "standardisation before round 0, charged to the ledger (every group or none).")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -379,6 +316,8 @@ class ClientGroup(_Strict):
                     "rounds: set rounds")
             if self.clip.kind == "decay":
                 raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
+        if self.dp_normalisation is not None and self.noise.kind == "growing_mu":
+            raise ValueError("dp_normalisation: calibrate with noise kind target or constant")
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
                              "(its starting value), not a schedule")
@@ -400,6 +339,9 @@ class Clients(_Strict):
         total = sum(g.data_share for g in self.groups)
         if total > 1.0 + 1e-9:
             raise ValueError(f"data_share of all groups sums to {total:g}, must be <= 1")
+        if len({g.dp_normalisation is None for g in self.groups}) > 1:
+            raise ValueError("dp_normalisation: set it for every group or none (the model and "
+                             "its evaluation see one input scale)")
         if self.total > limits.MAX_CLIENTS:
             raise ValueError(f"the groups have {self.total} clients together, more than the "
                              f"{limits.MAX_CLIENTS} one simulation holds")

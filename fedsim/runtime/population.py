@@ -36,6 +36,11 @@ from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.integrity import client_limits
+from fedsim.runtime.normalisation import (
+    check_normalisation_budget,
+    held_out_features,
+    normalised_features,
+)
 from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
@@ -45,6 +50,7 @@ from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
+from fedsim.training.factory_data import factory_dataset
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
 from fedsim.training.preflight import check_batch_fits, check_model_size
@@ -76,6 +82,9 @@ class ClientPlan:
     indices: np.ndarray
     schedule: Schedule
     declared_samples: int | None = None  # public size (runtime/exposure.py); None: len(indices)
+    first_server_step: float = 1.0
+    """s_0, the server step-size schedule's value for the first window (from the public
+    scenario): a client following the server steps by ``eta_i(r) s_t / s_0``."""
 
     @property
     def num_samples(self) -> int:
@@ -114,20 +123,32 @@ class Population:
         message_only: bool = False,
         generator: torch.Generator | None = None,
         batcher: RoundBatcher | None = None,
+        ledger: PrivacyLedger | None = None,
+        normalisation_generator: torch.Generator | None = None,
     ) -> LocalTrainer | VirtualDurationTrainer | BatchedTrainer:
         """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
         from ``generator``: a restarted client process must not replay released noise); with a
-        ``batcher`` its begun rounds wait there to be computed together with other clients'."""
+        ``batcher`` its begun rounds wait there to be computed together with other clients'.
+        With ``dp_normalisation`` its features are standardised first, the release charged to
+        ``ledger`` (:mod:`fedsim.runtime.normalisation`; noise from ``normalisation_generator``,
+        by default ``client/<id>/dp-normalisation``)."""
         group = plan.group
         if generator is None:
             generator = self.tree.torch("client", plan.client_id, "train")
-        if message_only:
-            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         index = torch.from_numpy(plan.indices)
         # index_select: several times faster than advanced indexing for image tensors on CPU.
+        features = None if message_only else self.train_x.index_select(0, index)
+        if group.dp_normalisation is not None:
+            if ledger is None:
+                raise ConfigError(f"client {plan.client_id}: dp_normalisation needs its ledger")
+            features = normalised_features(
+                plan, features, ledger, normalisation_generator or self.tree.torch(
+                    "client", plan.client_id, "dp-normalisation"))
+        if features is None:
+            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         trainer = LocalTrainer(
             self.model,
-            self.train_x.index_select(0, index).to(self.device),
+            features.to(self.device),
             self.train_y.index_select(0, index).to(self.device),
             batch_size=group.batch_size,
             sampling=group.sampling,
@@ -274,6 +295,38 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     return options
 
 
+def _scenario_data(loaded: LoadedScenario, data: TensorSplits | None, seed: int
+                   ) -> tuple[TensorSplits, Path | None, np.ndarray | None]:
+    """The scenario's data (``data``: given from Python), the file it was read from, and each
+    training record's writer (for the natural partition)."""
+    dataset = loaded.scenario.dataset
+    path, writers = None, None
+    if data is None and dataset.name == "arrays":
+        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+        data = arrays_dataset(path)
+    if data is None and dataset.factory is not None:
+        data = factory_dataset(dataset, base_dir=loaded.base_dir, seed=seed)
+    if data is not None:
+        train_x, train_y, test_x, test_y = data
+    elif dataset.name == "synthetic":
+        train_x, train_y, test_x, test_y = load_dataset(
+            "synthetic",
+            seed=seed,
+            num_train=dataset.num_samples,
+            num_test=dataset.num_test_samples,
+            num_features=dataset.num_features,
+            num_classes=dataset.num_classes,
+        )
+    else:
+        assert dataset.name is not None  # a factory's data is in hand above
+        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
+        (train_x, train_y, test_x, test_y), path, writers = (
+            named.tensors, named.path, named.train_writers)
+    if dataset.test_subset is not None:
+        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    return (train_x, train_y, test_x, test_y), path, writers
+
+
 def build_population(
     loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
     data: TensorSplits | None = None,
@@ -284,28 +337,9 @@ def build_population(
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
-    dataset = scenario.dataset
-    path, writers = None, None
-    if data is None and dataset.name == "arrays":
-        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
-        data = arrays_dataset(path)
-    if data is not None:
-        train_x, train_y, test_x, test_y = data
-    elif dataset.name == "synthetic":
-        train_x, train_y, test_x, test_y = load_dataset(
-            "synthetic",
-            seed=tree.integer("dataset"),
-            num_train=dataset.num_samples,
-            num_test=dataset.num_test_samples,
-            num_features=dataset.num_features,
-            num_classes=dataset.num_classes,
-        )
-    else:
-        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
-        (train_x, train_y, test_x, test_y), path, writers = (
-            named.tensors, named.path, named.train_writers)
-    if dataset.test_subset is not None:
-        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    (train_x, train_y, test_x, test_y), path, writers = _scenario_data(
+        loaded, data, tree.integer("dataset"))
+    test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
@@ -319,6 +353,7 @@ def build_population(
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
+    first_step = first_server_step(scenario)
     split = _split_groups(labels, scenario.clients.groups, tree, writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
@@ -326,6 +361,7 @@ def build_population(
         smallest = min(len(p) for p in parts)
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
+        check_normalisation_budget(group, where)
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
         if group.adaptive_clip is not None:  # the count's noise must leave room for the sum's
             try:
@@ -334,7 +370,8 @@ def build_population(
             except ConfigError as exc:
                 raise ConfigError(f"{where}.adaptive_clip: {exc}") from None
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
-            plans.append(ClientPlan(client_id, group, indices, schedule))
+            plans.append(ClientPlan(client_id, group, indices, schedule,
+                                    first_server_step=first_step))
     return Population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
         device,
@@ -370,7 +407,7 @@ def make_client_actor(
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
     deployed client process alike."""
     group = plan.group
-    rounds_done = {record.round for record in ledger.records}
+    rounds_done = ledger.rounds
     return ClientActor(
         plan.client_id,
         clock=clock,
@@ -390,8 +427,14 @@ def make_client_actor(
         first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
         interrupt=group.interrupt,
-        follow_server_step=group.follow_server_step,
+        first_server_step=plan.first_server_step if group.follow_server_step else None,
     )
+
+
+def first_server_step(scenario: Scenario) -> float:
+    """s_0: the value the scenario's server step-size schedule gives its first window (the step
+    size the first global model carries, before any evaluation could reduce it)."""
+    return make_step_size(scenario.server.step_size).current(1)
 
 
 def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float, float]]:

@@ -18,7 +18,8 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
 2. mixes the applied updates (weights normalised over the window or over the whole population,
    ``normalize``; see the aggregation policies below) with the window's server step size, and
    checks the result (:func:`~fedsim.runtime.integrity.check_model`: finite, bounded, no
-   further than the accepted updates allow) before it replaces the model; the version goes up
+   further than the accepted updates allow through the server optimizer, whichever it is)
+   before it replaces the model; the version goes up
    by one if anything was applied;
 3. evaluates on the held-out set every ``eval_every`` windows and lets the step-size
    schedule react (an unchanged model is not re-evaluated and does not count as "no
@@ -300,7 +301,7 @@ class ServerActor:
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
             new = self.optimizer.step(self.params, descent_direction(updates, factors), step)
         problem = check_model(new, self.params, self._allowed_move(
-            updates, factors, [b for _, b in accepted], step))
+            before, updates, factors, [b for _, b in accepted], step))
         if problem:
             self.optimizer = before
             _log.error("mixed model refused; its updates are not applied", window=report.window,
@@ -395,18 +396,20 @@ class ServerActor:
                 return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
         return ""
 
-    def _allowed_move(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
-                      bounds: list[float | None], step: float) -> float | None:
-        """How far the server SGD step with ``accepted`` may move the model: ``|s_t| sum_i
-        |c_i| eta_i bound_i`` for the direction's coefficients ``c_i`` (``lambda_i`` times the
-        staleness weight). None when a client's bound is unknown, or under momentum/Adam/Yogi,
-        whose step also carries the optimizer's state (the model is then only checked for
-        finite, bounded parameters)."""
+    def _allowed_move(self, optimizer: ServerOptimizer, accepted: list[AcceptedUpdate],
+                      factors: np.ndarray, bounds: list[float | None], step: float) -> float | None:
+        """How far the server step with ``accepted`` may move the model: the direction is
+        bounded by ``D = sum_i |c_i| eta_i bound_i`` for its coefficients ``c_i`` (``lambda_i``
+        times the staleness weight), and ``optimizer`` (its state before the step) turns ``D``
+        and the step size ``s_t`` into a move bound (SGD: ``|s_t| D``; momentum, Adam, Yogi: see
+        :mod:`fedsim.aggregation.optimizers`). None when a client's bound is unknown (the model
+        is then only checked for finite, bounded parameters)."""
         known = [b for b in bounds if b is not None]
-        if len(known) < len(bounds) or not isinstance(self.optimizer, Sgd):
+        if len(known) < len(bounds):
             return None
-        return abs(step) * sum(abs(float(c)) * abs(u.step_size) * b
-                               for c, u, b in zip(factors, accepted, known, strict=True))
+        direction = sum(abs(float(c)) * abs(u.step_size) * b
+                        for c, u, b in zip(factors, accepted, known, strict=True))
+        return optimizer.move_bound(self.params.size, direction, step)
 
     def _record_seen(self, client_id: str, round_index: int) -> None:
         self.seen.add((client_id, round_index))

@@ -354,12 +354,13 @@ class _Simulation:
         batcher = self.batcher = RoundBatcher(population.model) if self.batch_rounds else None
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
+            ledger = open_ledger(plan, path)  # first: a DP normalisation is charged to it
             trainer: Trainer = population.trainer(
-                plan, message_only=self.message_only, batcher=batcher
+                plan, message_only=self.message_only, batcher=batcher, ledger=ledger
             )
             if self.wrap_trainer is not None:
                 trainer = self.wrap_trainer(plan, trainer)
-            self.clients[plan.client_id] = ClientRecord(plan, trainer, path, open_ledger(plan, path))
+            self.clients[plan.client_id] = ClientRecord(plan, trainer, path, ledger)
         server = make_server_actor(
             population,
             clock=clock,
