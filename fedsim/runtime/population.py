@@ -417,7 +417,8 @@ def make_client_actor(
         local_lr=step_sequence(group) or group.local_lr,
         batch_size=float(group.batch_size),
         seconds_per_sample=lambda: group.speed.sample(speed_rng),
-        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps),
+        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps,
+                                                    group.per_example_steps),
         exposure=exposure,
         staleness=StalenessPolicy(
             group.staleness.max_versions_behind, group.staleness.max_distance
