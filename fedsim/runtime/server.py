@@ -80,6 +80,7 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, stalenes
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.admission import Pacer
 from fedsim.runtime.exposure import invitation_bits
 from fedsim.runtime.integrity import (
     MAX_ROUND_GAP,
@@ -108,6 +109,9 @@ class ClientInfo:
     limits: ClientLimits | None = None  # its DP posture, to bound its updates (integrity)
     sequence: Callable[[int], float] | None = field(default=None, kw_only=True)
     """eta_i(r), agreed a priori (None: the constant ``step_size``)."""
+    slot: float | None = field(default=None, kw_only=True)
+    """A lower bound of its public per-round compute time (None: not paced;
+    :func:`~fedsim.runtime.admission.public_round_seconds`)."""
 
     def step_at(self, round_index: int) -> float:
         """eta_i of the client's round ``round_index``."""
@@ -138,6 +142,8 @@ class ServerSnapshot:
     incarnations: tuple[str, ...] = ()
     invitations: dict[int, frozenset[str]] = field(default_factory=dict)
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
+    published: frozenset[int] | None = None
+    """The versions it published (None, an older checkpoint: every version up to ``version``)."""
 
 
 class ServerActor:
@@ -210,6 +216,10 @@ class ServerActor:
         self.updates_after_end = 0
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
+        self.published: set[int] = {0}  # version 0, the initial model, opens the run
+        self._passed: set[int] = set()  # ids of inbox updates paced when they arrived
+        self._rate_refused = self._waiting_received = 0
+        self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -220,7 +230,11 @@ class ServerActor:
             elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
-                self._inbox.append(message)
+                self._waiting_received += 1  # counted in the window it arrived in
+                if self._paced(message, None, ()):  # paced at its arrival time
+                    self._waiting_received -= 1
+                    self._passed.add(id(message))
+                    self._inbox.append(message)
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             else:
@@ -323,6 +337,21 @@ class ServerActor:
         if self._open is None:
             self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
         self._open.received += 1
+        await self._release_waiting()
+        if self._paced(update, self._open, {a.client_id for a, _ in self._buffer}):
+            await self._buffer_one(update)
+        await self._release_waiting()
+
+    async def _release_waiting(self) -> None:
+        """Judge the updates whose client has a token again (:class:`Pacer`)."""
+        if self._open is None:
+            self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
+        while (due := self.pacer.next_due(self.clock.now(),
+                                          {a.client_id for a, _ in self._buffer})) is not None:
+            await self._buffer_one(due)
+
+    async def _buffer_one(self, update: ClientUpdate) -> None:
+        assert self._open is not None
         admitted = self._admit(update, self._open,
                                frozenset((a.client_id, a.round) for a, _ in self._buffer))
         if admitted is None:
@@ -332,6 +361,26 @@ class ServerActor:
             batch, self._buffer = self._buffer, []
             if self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1)):
                 await self.publish_model(invite=False)
+
+    def _paced(self, update: ClientUpdate, report: WindowReport | None,
+               busy: AbstractSet[str]) -> bool:
+        """Whether ``update`` may be judged now (:meth:`Pacer.offer`); a deferred one waits,
+        one beyond the queue's limit is refused as ``rate`` (logged, counted; ``report`` None:
+        in the open window's report when it closes)."""
+        verdict = self.pacer.offer(update, self.clock.now(), busy)
+        if verdict == "wait" and self.pacer.deferred == 1:
+            _log.info("update deferred: its client is ahead of its public compute slot",
+                      client=update.client_id, round=update.round)
+        if verdict == "refuse":
+            self._rejections.add("rate")
+            if report is None:
+                self._rate_refused += 1
+            else:
+                report.rejected += 1
+            _log.warning("update rejected", client=update.client_id, round=update.round,
+                         base_version=update.base_version, kind="rate",
+                         reason="too many updates waiting for its public compute slot")
+        return verdict == "pass"
 
     def close_window(self) -> WindowReport:
         """Check, classify, mix and apply what arrived since the last window (on-arrival
@@ -346,7 +395,14 @@ class ServerActor:
         report.received += len(arrived)
         accepted: list[tuple[AcceptedUpdate, float | None]] = []
         keys: set[tuple[str, int]] = set()
-        for update in arrived:
+        now = self.clock.now()
+        due = list(iter(lambda: self.pacer.next_due(now), None)) if not self.policy.on_arrival else []
+        paced = [u for u in arrived if id(u) in self._passed or self._paced(u, report, ())]
+        self._passed.clear()
+        report.rejected += self._rate_refused
+        report.received += self._waiting_received
+        self._rate_refused = self._waiting_received = 0
+        for update in due + paced:
             admitted = self._admit(update, report, keys)
             if admitted is not None:
                 accepted.append(admitted)
@@ -387,6 +443,8 @@ class ServerActor:
             return "duplicate"
         if update.base_version > self.version:
             return f"future_version:base version {update.base_version} > server version {self.version}"
+        if update.base_version not in self.published:
+            return f"unpublished_version:base version {update.base_version} was never published"
         norm = update_norm(update.delta)
         if not np.isfinite(norm):
             return "non_finite:the update is not finite"
@@ -479,6 +537,7 @@ class ServerActor:
         (False: repeat the open window's, for a model published mid-window)."""
         window = self.windows_closed + 1
         invited = self._invite(window) if invite else self._invited_bits
+        self.published.add(self.version)
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
                                                 window, invited, self.step_size.current(window)))
 
@@ -500,6 +559,8 @@ class ServerActor:
             incarnations=self.incarnations,
             invitations=dict(self.invitations),
             optimizer_state=self.optimizer.state(),
+            # The current version may be broadcast just after the snapshot is taken.
+            published=frozenset(self.published | {self.version}),
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -528,6 +589,8 @@ class ServerActor:
         self.statuses = dict(snapshot.statuses)
         self.invitations = dict(snapshot.invitations)
         self.optimizer.load_state(snapshot.optimizer_state)
+        self.published = (set(range(self.version + 1)) if snapshot.published is None
+                          else set(snapshot.published))
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -558,11 +621,14 @@ class ServerActor:
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
             start = self._origin = self.clock.now() - self.windows_closed * self.window
+            self.pacer.restart(self.clock.now(), full=self.windows_closed > 0)
             while True:
                 # Sleep to the absolute window end so that rounding never accumulates.
                 await self.clock.sleep(
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
+                if self.policy.on_arrival:
+                    await self._release_waiting()
                 report = self.close_window()
                 report.end = start + self.windows_closed * self.window
                 finished = on_window(report)  # first: a deployed endpoint then ends the run

@@ -1,0 +1,181 @@
+"""Per-client pacing of updates and the server's published versions (docs/SECURITY.md).
+
+Every update of a client passes the norm bound of :mod:`fedsim.runtime.integrity`, but a client
+that sends its legal rounds back to back would otherwise be applied once per round: under the
+on-arrival policies (FedAsync, FedBuff) each round moves the model separately, and under
+``normalize: population`` each update gets the client's ``lambda_i``, so one client's flood
+moved the model many bounds in one window (findings R4a, R4b). Two public facts bound an
+honest client's rate:
+
+* **its compute slot.** A round's release comes at least one public compute slot after the
+  round began (``runtime/client.py`` ``_compute``: ``timing = public`` waits the speed model's
+  cost of the *expected* batch, ``seconds_per_sample * expected_sample_grads``), and a client
+  runs its rounds one after another, so its ``k``-th release comes at least ``k`` slots after
+  the server's first model. :func:`public_round_seconds` is a lower bound of that slot from the
+  scenario's speed distribution (exact for ``constant``, its ``low``/``minimum`` for
+  ``uniform``/``shifted_exponential``, the ``1e-12`` lower quantile for ``lognormal``; no bound
+  for ``exponential`` or ``timing: realised``, whose slots can be arbitrarily short).
+* **its arrivals jitter.** Network delay, reordering, a broker outage or an outbox replay
+  bunch honest updates: ``j`` slots of jitter bunch at most ``j + 1`` releases.
+
+:class:`Pacer` is a token bucket per client (rate one token per slot, capacity
+:data:`BURST` tokens, one token at the server's start: the first model needs a slot before an
+honest round can arrive, so an honest client always has a token when its update arrives unless
+its arrivals bunched by more than ``BURST - 1`` slots). An update that finds no token is
+**deferred**, never dropped: it waits in the client's queue and is judged, in arrival order,
+as soon as a token has accrued (at the next arrival of any update or the next window's end).
+Under FedBuff an update also waits while its client already has one in the buffer (at most one
+update per client per buffer, so no buffer is one client's alone). Only a client that has
+:data:`MAX_DEFERRED` updates waiting has further ones refused (kind ``rate``): an honest client
+has at most 256 unacknowledged updates in its outbox. So a flooding client gets its honest
+share, ``1 + t / slot`` updates in ``t`` seconds plus one burst, however fast it sends; an
+honest run, whose clients never outrun their slots, is unchanged. The bucket of a restarted
+server starts full (its clients' outboxes replay what the crash left unacknowledged).
+
+**Published versions** (finding R4c): a client can only have trained on a model the server
+published. With ``broadcast_every > 1`` the versions between broadcasts are never sent; an
+update claiming one would get staleness 0 where every honest update has more, or pass
+``max_staleness``. The server remembers what it published (version 0, the initial model, and
+every model it sent; kept in its checkpoint as ranges, :func:`version_ranges`) and refuses an
+update whose ``base_version`` it never published (kind ``unpublished_version``).
+
+All of this uses public scenario values only; it costs the clients no privacy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+from fedsim.config.distributions import Constant, LogNormal, ShiftedExponential, Uniform
+from fedsim.protocol.messages import ClientUpdate
+
+__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "public_round_seconds", "version_ranges",
+           "versions_from_ranges"]
+
+BURST = 16.0
+"""Token-bucket capacity: an honest client's arrivals may bunch by up to ``BURST - 1`` slots
+(network delay, reordering, an outage) without a single update waiting."""
+MAX_DEFERRED = 256
+"""Updates one client may have waiting for a token; further ones are refused (``rate``)."""
+_QUANTILE = 1e-12  # the lower quantile of a heavy-tailed speed taken as its minimum
+_Z = -NormalDist().inv_cdf(_QUANTILE)
+
+
+def public_round_seconds(speed: object, expected_grads: float, timing: str) -> float | None:
+    """A lower bound of an honest round's compute slot (``seconds_per_sample`` drawn from
+    ``speed`` times ``expected_grads``), or None where the scenario gives none (module
+    docstring): a ``lognormal``'s minimum is taken as its ``1e-12`` lower quantile
+    ``median * exp(-z sigma)``, so that an honest round below it, at that probability, only
+    spends a token of the bucket's burst."""
+    if timing != "public" or not expected_grads > 0:
+        return None
+    if isinstance(speed, Constant):
+        low = speed.value
+    elif isinstance(speed, Uniform):
+        low = speed.low
+    elif isinstance(speed, ShiftedExponential):
+        low = speed.minimum
+    elif isinstance(speed, LogNormal):
+        low = speed.median * math.exp(-_Z * speed.sigma)
+    else:
+        return None
+    slot = float(low) * float(expected_grads)
+    return slot if slot > 0 and math.isfinite(slot) else None
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    last: float
+    waiting: deque[ClientUpdate] = field(default_factory=deque)
+
+
+class Pacer:
+    """Token buckets per client (module docstring); ``slots[client]`` its public slot (None or
+    absent: not paced, only the one-per-buffer rule applies)."""
+
+    def __init__(self, slots: dict[str, float | None], start: float) -> None:
+        self.slots = slots
+        self.start = start
+        self.initial = 1.0
+        self._buckets: dict[str, _Bucket] = {}
+        self.deferred = 0
+        """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
+
+    def restart(self, start: float, *, full: bool) -> None:
+        """Begin the buckets at ``start`` (the first model's time), full after a restart."""
+        self.start = start
+        self.initial = BURST if full else 1.0
+        self._buckets = {}
+
+    def _bucket(self, client_id: str, now: float) -> _Bucket:
+        bucket = self._buckets.get(client_id)
+        if bucket is None:
+            bucket = self._buckets[client_id] = _Bucket(self.initial, self.start)
+        slot = self.slots.get(client_id)
+        if slot is not None:
+            bucket.tokens = min(BURST, bucket.tokens + max(0.0, now - bucket.last) / slot)
+        bucket.last = max(bucket.last, now)
+        return bucket
+
+    def _may_pass(self, client_id: str, bucket: _Bucket, busy: Collection[str]) -> bool:
+        return client_id not in busy and (self.slots.get(client_id) is None or bucket.tokens >= 1.0)
+
+    def _take(self, client_id: str, bucket: _Bucket) -> None:
+        if self.slots.get(client_id) is not None:
+            bucket.tokens -= 1.0
+
+    def offer(self, update: ClientUpdate, now: float, busy: Collection[str] = ()) -> str:
+        """``'pass'`` (judge it now; its token is spent), ``'wait'`` (deferred) or ``'refuse'``
+        (``MAX_DEFERRED`` already waiting). ``busy``: clients with an update in the buffer."""
+        client_id = update.client_id
+        if client_id not in self.slots:
+            return "pass"  # not a client of the scenario: the judge refuses it
+        bucket = self._bucket(client_id, now)
+        if not bucket.waiting and self._may_pass(client_id, bucket, busy):
+            self._take(client_id, bucket)
+            return "pass"
+        if len(bucket.waiting) >= MAX_DEFERRED:
+            return "refuse"
+        bucket.waiting.append(update)
+        self.deferred += 1
+        return "wait"
+
+    def next_due(self, now: float, busy: Collection[str] = ()) -> ClientUpdate | None:
+        """The earliest-queued waiting update that may now be judged (its token spent), or
+        None; a client's updates leave its queue in arrival order."""
+        candidates = [(c, b) for c, b in self._buckets.items() if b.waiting]
+        for client_id, bucket in candidates:
+            self._bucket(client_id, now)
+            if self._may_pass(client_id, bucket, busy):
+                self._take(client_id, bucket)
+                return bucket.waiting.popleft()
+        return None
+
+    def waiting(self) -> int:
+        """Updates waiting for a token."""
+        return sum(len(b.waiting) for b in self._buckets.values())
+
+
+def version_ranges(versions: Iterable[int]) -> list[list[int]]:
+    """``versions`` as sorted inclusive ``[first, last]`` runs (compact in a checkpoint: with
+    ``broadcast_every = 1`` every version is published, one run)."""
+    runs: list[list[int]] = []
+    for v in sorted(set(versions)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return runs
+
+
+def versions_from_ranges(runs: Iterable[Iterable[int]]) -> set[int]:
+    """The inverse of :func:`version_ranges`."""
+    out: set[int] = set()
+    for first, last in (tuple(r) for r in runs):
+        out.update(range(int(first), int(last) + 1))
+    return out
