@@ -24,8 +24,11 @@ honest round can arrive, so an honest client always has a token when its update 
 its arrivals bunched by more than ``BURST - 1`` slots). An update that finds no token is
 **deferred**, never dropped: it waits in the client's queue and is judged, in arrival order,
 as soon as a token has accrued (at the next arrival of any update or the next window's end).
-Under FedBuff an update also waits while its client already has one in the buffer (at most one
-update per client per buffer, so no buffer is one client's alone). Only a client that has
+There is no "one update per client per FedBuff buffer" rule: with fewer than ``K`` clients
+active (availability, dropouts, ``K`` above the population) it would stall the buffer for good,
+and an honest fast client legitimately fills several places of one (Nguyen et al. 2022 buffer
+any ``K`` updates); the rate already bounds how many places of the buffers a client takes, its
+share of the updates. Only a client that has
 :data:`MAX_DEFERRED` updates waiting has further ones refused (kind ``rate``): an honest client
 has at most 256 unacknowledged updates in its outbox. So a flooding client gets its honest
 share, ``1 + t / slot`` updates in ``t`` seconds plus one burst, however fast it sends; an
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -95,8 +98,8 @@ class _Bucket:
 
 
 class Pacer:
-    """Token buckets per client (module docstring); ``slots[client]`` its public slot (None or
-    absent: not paced, only the one-per-buffer rule applies)."""
+    """Token buckets per client (module docstring); ``slots[client]`` its public slot (None:
+    not paced; absent: not a client of the scenario, left to the judge)."""
 
     def __init__(self, slots: dict[str, float | None], start: float) -> None:
         self.slots = slots
@@ -122,21 +125,21 @@ class Pacer:
         bucket.last = max(bucket.last, now)
         return bucket
 
-    def _may_pass(self, client_id: str, bucket: _Bucket, busy: Collection[str]) -> bool:
-        return client_id not in busy and (self.slots.get(client_id) is None or bucket.tokens >= 1.0)
+    def _may_pass(self, client_id: str, bucket: _Bucket) -> bool:
+        return self.slots.get(client_id) is None or bucket.tokens >= 1.0
 
     def _take(self, client_id: str, bucket: _Bucket) -> None:
         if self.slots.get(client_id) is not None:
             bucket.tokens -= 1.0
 
-    def offer(self, update: ClientUpdate, now: float, busy: Collection[str] = ()) -> str:
+    def offer(self, update: ClientUpdate, now: float) -> str:
         """``'pass'`` (judge it now; its token is spent), ``'wait'`` (deferred) or ``'refuse'``
-        (``MAX_DEFERRED`` already waiting). ``busy``: clients with an update in the buffer."""
+        (``MAX_DEFERRED`` already waiting)."""
         client_id = update.client_id
         if client_id not in self.slots:
             return "pass"  # not a client of the scenario: the judge refuses it
         bucket = self._bucket(client_id, now)
-        if not bucket.waiting and self._may_pass(client_id, bucket, busy):
+        if not bucket.waiting and self._may_pass(client_id, bucket):
             self._take(client_id, bucket)
             return "pass"
         if len(bucket.waiting) >= MAX_DEFERRED:
@@ -145,13 +148,13 @@ class Pacer:
         self.deferred += 1
         return "wait"
 
-    def next_due(self, now: float, busy: Collection[str] = ()) -> ClientUpdate | None:
+    def next_due(self, now: float) -> ClientUpdate | None:
         """The earliest-queued waiting update that may now be judged (its token spent), or
         None; a client's updates leave its queue in arrival order."""
         candidates = [(c, b) for c, b in self._buckets.items() if b.waiting]
         for client_id, bucket in candidates:
             self._bucket(client_id, now)
-            if self._may_pass(client_id, bucket, busy):
+            if self._may_pass(client_id, bucket):
                 self._take(client_id, bucket)
                 return bucket.waiting.popleft()
         return None

@@ -231,7 +231,7 @@ class ServerActor:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
                 self._waiting_received += 1  # counted in the window it arrived in
-                if self._paced(message, None, ()):  # paced at its arrival time
+                if self._paced(message, None):  # paced at its arrival time
                     self._waiting_received -= 1
                     self._passed.add(id(message))
                     self._inbox.append(message)
@@ -338,7 +338,7 @@ class ServerActor:
             self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
         self._open.received += 1
         await self._release_waiting()
-        if self._paced(update, self._open, {a.client_id for a, _ in self._buffer}):
+        if self._paced(update, self._open):
             await self._buffer_one(update)
         await self._release_waiting()
 
@@ -346,8 +346,7 @@ class ServerActor:
         """Judge the updates whose client has a token again (:class:`Pacer`)."""
         if self._open is None:
             self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
-        while (due := self.pacer.next_due(self.clock.now(),
-                                          {a.client_id for a, _ in self._buffer})) is not None:
+        while (due := self.pacer.next_due(self.clock.now())) is not None:
             await self._buffer_one(due)
 
     async def _buffer_one(self, update: ClientUpdate) -> None:
@@ -362,12 +361,11 @@ class ServerActor:
             if self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1)):
                 await self.publish_model(invite=False)
 
-    def _paced(self, update: ClientUpdate, report: WindowReport | None,
-               busy: AbstractSet[str]) -> bool:
+    def _paced(self, update: ClientUpdate, report: WindowReport | None) -> bool:
         """Whether ``update`` may be judged now (:meth:`Pacer.offer`); a deferred one waits,
         one beyond the queue's limit is refused as ``rate`` (logged, counted; ``report`` None:
         in the open window's report when it closes)."""
-        verdict = self.pacer.offer(update, self.clock.now(), busy)
+        verdict = self.pacer.offer(update, self.clock.now())
         if verdict == "wait" and self.pacer.deferred == 1:
             _log.info("update deferred: its client is ahead of its public compute slot",
                       client=update.client_id, round=update.round)
@@ -397,7 +395,7 @@ class ServerActor:
         keys: set[tuple[str, int]] = set()
         now = self.clock.now()
         due = list(iter(lambda: self.pacer.next_due(now), None)) if not self.policy.on_arrival else []
-        paced = [u for u in arrived if id(u) in self._passed or self._paced(u, report, ())]
+        paced = [u for u in arrived if id(u) in self._passed or self._paced(u, report)]
         self._passed.clear()
         report.rejected += self._rate_refused
         report.received += self._waiting_received
