@@ -126,7 +126,8 @@ class Pacer:
         return bucket
 
     def _may_pass(self, client_id: str, bucket: _Bucket) -> bool:
-        return self.slots.get(client_id) is None or bucket.tokens >= 1.0
+        # (1e-9: float rounding of the accrual must not defer an update that is on time)
+        return self.slots.get(client_id) is None or bucket.tokens >= 1.0 - 1e-9
 
     def _take(self, client_id: str, bucket: _Bucket) -> None:
         if self.slots.get(client_id) is not None:
