@@ -49,21 +49,25 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
+import structlog
+
 from fedsim.config.distributions import Constant, LogNormal, ShiftedExponential, Uniform
 from fedsim.protocol.messages import ClientUpdate
+from fedsim.runtime.integrity import ClientLimits, update_norm
 
-__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "public_round_seconds", "version_ranges",
-           "versions_from_ranges"]
+__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "judge_claims", "public_round_seconds",
+           "version_ranges", "versions_from_ranges"]
 
 BURST = 16.0
 """Token-bucket capacity: an honest client's arrivals may bunch by up to ``BURST - 1`` slots
 (network delay, reordering, an outage) without a single update waiting."""
 MAX_DEFERRED = 256
 """Updates one client may have waiting for a token; further ones are refused (``rate``)."""
+_log = structlog.get_logger("fedsim.runtime.admission")
 _QUANTILE = 1e-12  # the lower quantile of a heavy-tailed speed taken as its minimum
 _Z = -NormalDist().inv_cdf(_QUANTILE)
 
@@ -95,6 +99,7 @@ class _Bucket:
     tokens: float
     last: float
     waiting: deque[ClientUpdate] = field(default_factory=deque)
+    deferred: int = 0
 
 
 class Pacer:
@@ -107,13 +112,16 @@ class Pacer:
         self.initial = 1.0
         self._buckets: dict[str, _Bucket] = {}
         self.deferred = 0
+        self._refused = 0
+        self._passed: set[tuple[str, int]] = set()  # (client, round) that passed: repeats are free
+        self._noted: dict[int, tuple[ClientUpdate, str]] = {}  # id -> (the update, its verdict)
         """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
 
     def restart(self, start: float, *, full: bool) -> None:
         """Begin the buckets at ``start`` (the first model's time), full after a restart."""
         self.start = start
         self.initial = BURST if full else 1.0
-        self._buckets = {}
+        self._buckets, self._passed = {}, set()
 
     def _bucket(self, client_id: str, now: float) -> _Bucket:
         bucket = self._buckets.get(client_id)
@@ -129,25 +137,43 @@ class Pacer:
         # (1e-9: float rounding of the accrual must not defer an update that is on time)
         return self.slots.get(client_id) is None or bucket.tokens >= 1.0 - 1e-9
 
-    def _take(self, client_id: str, bucket: _Bucket) -> None:
+    def _take(self, client_id: str, bucket: _Bucket, key: tuple[str, int]) -> None:
+        self._passed.add(key)
         if self.slots.get(client_id) is not None:
             bucket.tokens -= 1.0
 
     def offer(self, update: ClientUpdate, now: float) -> str:
-        """``'pass'`` (judge it now; its token is spent), ``'wait'`` (deferred) or ``'refuse'``
-        (``MAX_DEFERRED`` already waiting)."""
+        """``'pass'`` (judge it now; its token is spent), ``'wait'`` (deferred; logged at info
+        once per client) or ``'refuse'`` (``MAX_DEFERRED`` already waiting; logged, counted
+        until :meth:`take_refused`)."""
         client_id = update.client_id
         if client_id not in self.slots:
             return "pass"  # not a client of the scenario: the judge refuses it
+        key = (client_id, update.round)
+        if key in self._passed:
+            return "pass"  # a network duplicate or resend: free (the judge counts it duplicate)
         bucket = self._bucket(client_id, now)
         if not bucket.waiting and self._may_pass(client_id, bucket):
-            self._take(client_id, bucket)
+            self._take(client_id, bucket, key)
             return "pass"
         if len(bucket.waiting) >= MAX_DEFERRED:
+            self._refused += 1
+            _log.warning("update rejected", client=client_id, round=update.round,
+                         base_version=update.base_version, kind="rate",
+                         reason=f"{MAX_DEFERRED} updates already wait for its compute slot")
             return "refuse"
+        if not bucket.deferred:
+            _log.info("update deferred: its client is ahead of its public compute slot",
+                      client=client_id, round=update.round)
         bucket.waiting.append(update)
+        bucket.deferred += 1
         self.deferred += 1
         return "wait"
+
+    def take_refused(self) -> int:
+        """Updates refused (``rate``) since the last call."""
+        refused, self._refused = self._refused, 0
+        return refused
 
     def next_due(self, now: float) -> ClientUpdate | None:
         """The earliest-queued waiting update that may now be judged (its token spent), or
@@ -155,14 +181,52 @@ class Pacer:
         candidates = [(c, b) for c, b in self._buckets.items() if b.waiting]
         for client_id, bucket in candidates:
             self._bucket(client_id, now)
+            key = (client_id, bucket.waiting[0].round)
+            if key in self._passed:  # a repeat of a round that passed: free
+                return bucket.waiting.popleft()
             if self._may_pass(client_id, bucket):
-                self._take(client_id, bucket)
+                self._take(client_id, bucket, key)
                 return bucket.waiting.popleft()
         return None
+
+    def note(self, update: ClientUpdate, now: float) -> None:
+        """Pace a time window's ``update`` at its arrival (:meth:`offer`); the verdict is used
+        when the window closes (:meth:`judged_now`)."""
+        self._noted[id(update)] = (update, self.offer(update, now))
+
+    def judged_now(self, arrived: list[ClientUpdate], now: float, *,
+                   waiting: bool) -> list[ClientUpdate]:
+        """A time window's updates to judge at its end: (``waiting``) those whose token has
+        accrued, then those of ``arrived`` that passed when they arrived (:meth:`note`) or, if
+        not noted, pass now; deferred ones wait in their client's queue, refused ones are gone."""
+        due = list(iter(lambda: self.next_due(now), None)) if waiting else []
+        noted, self._noted = self._noted, {}
+        paced = [u for u in arrived
+                 if (noted[id(u)][1] if id(u) in noted else self.offer(u, now)) == "pass"]
+        return due + paced
 
     def waiting(self) -> int:
         """Updates waiting for a token."""
         return sum(len(b.waiting) for b in self._buckets.values())
+
+
+def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int,
+                 published: Collection[int]) -> str:
+    """The server's checks of what an update claims (``'kind:reason'``, or '' if it passes):
+    a ``base_version`` ahead of the server's ``version`` or never ``published`` (R4c); a value
+    that is not finite; a norm beyond the client's bound (:mod:`fedsim.runtime.integrity`)."""
+    if update.base_version > version:
+        return f"future_version:base version {update.base_version} > server version {version}"
+    if update.base_version not in published:
+        return f"unpublished_version:base version {update.base_version} was never published"
+    norm = update_norm(update.delta)
+    if not math.isfinite(norm):
+        return "non_finite:the update is not finite"
+    if limits is not None:
+        bound = limits.norm_bound(update.round)
+        if norm > bound:
+            return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
+    return ""
 
 
 def version_ranges(versions: Iterable[int]) -> list[list[int]]:

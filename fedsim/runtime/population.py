@@ -33,8 +33,8 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
-from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.admission import public_round_seconds
+from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.integrity import client_limits
 from fedsim.runtime.normalisation import (

@@ -4,11 +4,14 @@ diminishing step sizes, evaluation and broadcast.
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
 that arrives in ``((k-1) W, k W]`` and at ``k W``:
 
-1. classifies each update, in arrival order: **rejected** (logged with its reason, counted by
+1. paces each client's updates to its public compute slot (:mod:`fedsim.runtime.admission`:
+   one that outruns it waits for a token, beyond 256 waiting it is refused as ``rate``), then
+   classifies each update, in arrival order: **rejected** (logged with its reason, counted by
    kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
    length, its round is beyond the client's round limit or implausibly far ahead of what the
    server knows of it (:data:`~fedsim.runtime.integrity.MAX_ROUND_GAP`; such a round never
-   enters the de-duplication table), its ``base_version`` is ahead of the server's, or its
+   enters the de-duplication table), its ``base_version`` is ahead of the server's or was
+   never published (``unpublished_version``), or its
    norm exceeds what clipping plus the client's noise can produce
    (:func:`~fedsim.runtime.integrity.update_norm_bound`); **duplicate** (logged) if
    ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
@@ -80,7 +83,7 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, stalenes
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.admission import Pacer
+from fedsim.runtime.admission import Pacer, judge_claims
 from fedsim.runtime.exposure import invitation_bits
 from fedsim.runtime.integrity import (
     MAX_ROUND_GAP,
@@ -88,7 +91,6 @@ from fedsim.runtime.integrity import (
     Rejections,
     bad_model,
     check_model,
-    update_norm,
 )
 from fedsim.runtime.tasks import helper_tasks
 from fedsim.runtime.window_report import WindowReport, duration_stop
@@ -110,8 +112,7 @@ class ClientInfo:
     sequence: Callable[[int], float] | None = field(default=None, kw_only=True)
     """eta_i(r), agreed a priori (None: the constant ``step_size``)."""
     slot: float | None = field(default=None, kw_only=True)
-    """A lower bound of its public per-round compute time (None: not paced;
-    :func:`~fedsim.runtime.admission.public_round_seconds`)."""
+    """A lower bound of its public compute time per round (None: not paced; admission.py)."""
 
     def step_at(self, round_index: int) -> float:
         """eta_i of the client's round ``round_index``."""
@@ -217,8 +218,6 @@ class ServerActor:
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
         self.published: set[int] = {0}  # version 0, the initial model, opens the run
-        self._passed: set[int] = set()  # ids of inbox updates paced when they arrived
-        self._rate_refused = self._waiting_received = 0
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
 
     # -- receiving ------------------------------------------------------------------------
@@ -230,11 +229,8 @@ class ServerActor:
             elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
-                self._waiting_received += 1  # counted in the window it arrived in
-                if self._paced(message, None):  # paced at its arrival time
-                    self._waiting_received -= 1
-                    self._passed.add(id(message))
-                    self._inbox.append(message)
+                self.pacer.note(message, self.clock.now())  # paced by its arrival time
+                self._inbox.append(message)
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             else:
@@ -334,51 +330,29 @@ class ServerActor:
     async def _arrived(self, update: ClientUpdate) -> None:
         """An on-arrival policy's update: check and classify it now, apply the buffer when the
         policy says so and publish the new model at once (if it passed :func:`check_model`)."""
-        if self._open is None:
-            self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
-        self._open.received += 1
-        await self._release_waiting()
-        if self._paced(update, self._open):
-            await self._buffer_one(update)
-        await self._release_waiting()
+        report = await self._release_waiting()
+        report.received += 1
+        if self.pacer.offer(update, self.clock.now()) == "pass":
+            await self._buffer_one(update, report)
 
-    async def _release_waiting(self) -> None:
-        """Judge the updates whose client has a token again (:class:`Pacer`)."""
+    async def _release_waiting(self) -> WindowReport:
+        """Judge the updates whose client has a token again (:class:`Pacer`); the open report."""
         if self._open is None:
             self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
         while (due := self.pacer.next_due(self.clock.now())) is not None:
-            await self._buffer_one(due)
+            await self._buffer_one(due, self._open)
+        return self._open
 
-    async def _buffer_one(self, update: ClientUpdate) -> None:
-        assert self._open is not None
-        admitted = self._admit(update, self._open,
+    async def _buffer_one(self, update: ClientUpdate, report: WindowReport) -> None:
+        admitted = self._admit(update, report,
                                frozenset((a.client_id, a.round) for a, _ in self._buffer))
         if admitted is None:
             return
         self._buffer.append(admitted)
         if self.policy.ready(len(self._buffer)):
             batch, self._buffer = self._buffer, []
-            if self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1)):
+            if self._apply(batch, report, self.step_size.current(self.windows_closed + 1)):
                 await self.publish_model(invite=False)
-
-    def _paced(self, update: ClientUpdate, report: WindowReport | None) -> bool:
-        """Whether ``update`` may be judged now (:meth:`Pacer.offer`); a deferred one waits,
-        one beyond the queue's limit is refused as ``rate`` (logged, counted; ``report`` None:
-        in the open window's report when it closes)."""
-        verdict = self.pacer.offer(update, self.clock.now())
-        if verdict == "wait" and self.pacer.deferred == 1:
-            _log.info("update deferred: its client is ahead of its public compute slot",
-                      client=update.client_id, round=update.round)
-        if verdict == "refuse":
-            self._rejections.add("rate")
-            if report is None:
-                self._rate_refused += 1
-            else:
-                report.rejected += 1
-            _log.warning("update rejected", client=update.client_id, round=update.round,
-                         base_version=update.base_version, kind="rate",
-                         reason="too many updates waiting for its public compute slot")
-        return verdict == "pass"
 
     def close_window(self) -> WindowReport:
         """Check, classify, mix and apply what arrived since the last window (on-arrival
@@ -394,13 +368,11 @@ class ServerActor:
         accepted: list[tuple[AcceptedUpdate, float | None]] = []
         keys: set[tuple[str, int]] = set()
         now = self.clock.now()
-        due = list(iter(lambda: self.pacer.next_due(now), None)) if not self.policy.on_arrival else []
-        paced = [u for u in arrived if id(u) in self._passed or self._paced(u, report)]
-        self._passed.clear()
-        report.rejected += self._rate_refused
-        report.received += self._waiting_received
-        self._rate_refused = self._waiting_received = 0
-        for update in due + paced:
+        paced = self.pacer.judged_now(arrived, now, waiting=not self.policy.on_arrival)
+        if refused := self.pacer.take_refused():  # beyond the waiting limit: "rate"
+            self._rejections.add("rate", refused)
+            report.rejected += refused
+        for update in paced:
             admitted = self._admit(update, report, keys)
             if admitted is not None:
                 accepted.append(admitted)
@@ -421,10 +393,10 @@ class ServerActor:
             self.last_accuracy = report.accuracy
         return report
 
-    def _judge(self, update: ClientUpdate, info: ClientInfo | None,  # noqa: PLR0911 - one return per rule
+    def _judge(self, update: ClientUpdate, info: ClientInfo | None,
                buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
         """'' if the update may be classified further, 'duplicate' (seen, or accepted and
-        waiting in ``buffered``), or 'kind:reason'."""
+        waiting in ``buffered``), or 'kind:reason' (then :func:`judge_claims`)."""
         if info is None:
             return "unknown_client:not a client of this scenario"
         if update.delta.shape != self.params.shape:
@@ -439,18 +411,7 @@ class ServerActor:
         if (update.client_id, update.round) in self.seen or \
                 (update.client_id, update.round) in buffered:
             return "duplicate"
-        if update.base_version > self.version:
-            return f"future_version:base version {update.base_version} > server version {self.version}"
-        if update.base_version not in self.published:
-            return f"unpublished_version:base version {update.base_version} was never published"
-        norm = update_norm(update.delta)
-        if not np.isfinite(norm):
-            return "non_finite:the update is not finite"
-        if limits is not None:
-            bound = limits.norm_bound(update.round)
-            if norm > bound:
-                return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
-        return ""
+        return judge_claims(update, limits, self.version, self.published)
 
     def _allowed_move(self, optimizer: ServerOptimizer, accepted: list[AcceptedUpdate],
                       factors: np.ndarray, bounds: list[float | None], step: float) -> float | None:
@@ -557,8 +518,7 @@ class ServerActor:
             incarnations=self.incarnations,
             invitations=dict(self.invitations),
             optimizer_state=self.optimizer.state(),
-            # The current version may be broadcast just after the snapshot is taken.
-            published=frozenset(self.published | {self.version}),
+            published=frozenset(self.published | {self.version}),  # (may be broadcast next)
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:

@@ -11,7 +11,13 @@ import pytest
 from fedsim.aggregation import ConstantStepSize, UniformWeights
 from fedsim.aggregation.policies import FedAsync
 from fedsim.clock import WallClock
-from fedsim.config.distributions import Constant, Exponential, LogNormal, ShiftedExponential, Uniform
+from fedsim.config.distributions import (
+    Constant,
+    Exponential,
+    LogNormal,
+    ShiftedExponential,
+    Uniform,
+)
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.admission import (
     BURST,
