@@ -45,6 +45,7 @@ Like the headroom cache this relies on eps growing with every composed step.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -57,10 +58,12 @@ from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
 from fedsim.privacy.accountant import Accountant, make_accountant, make_accountant_class
 from fedsim.privacy.calibration import bisect_fitting, doubling_bracket, largest_fitting
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, group_steps
+from fedsim.privacy.handles import LEDGER_HANDLES
 
 LEDGER_FORMAT = "fedsim-ledger/1"
 ENFORCEMENT_FALLBACK = "pld"
 _MAX_HEADROOM = 10**9
+_HANDLE_KEYS = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +123,10 @@ class PrivacyLedger:
         self._plan: list[tuple[GaussianStep, ...]] | None = None
         self._plan_cursor = 0  # planned rounds spent since plan()
         self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
-        # Held for the ledger's lifetime; a read-only ledger (reports) never writes.
-        self._file = None if read_only else open(path, "ab")  # noqa: SIM115
+        # A read-only ledger (reports) never writes; the others append through the process's
+        # bounded pool of open files (opened on the first spend: 10^5 ledgers fit one process).
+        self._read_only = read_only
+        self._handle = next(_HANDLE_KEYS)  # its key in the pool (ids may be reused, these not)
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -152,8 +157,7 @@ class PrivacyLedger:
         return cls(path, client_id, sampling, budget, accountant, records)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        LEDGER_HANDLES.release(self._handle)
 
     def __enter__(self) -> Self:
         return self
@@ -270,7 +274,7 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if not steps:
             return
-        if self._file is None:
+        if self._read_only:
             raise LedgerError(f"ledger of client {self._client_id} was opened read-only")
         if not (isinstance(time, int | float) and math.isfinite(time)):
             raise ConfigError(f"time must be a finite number, got {time!r}")
@@ -283,9 +287,7 @@ class PrivacyLedger:
                 f"(spent {self.epsilon():.4g})")
         records = [LedgerRecord(float(time), round, s) for s in steps]
         payload = "".join(json.dumps(r.to_json()) + "\n" for r in records).encode()
-        self._file.write(payload)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        LEDGER_HANDLES.write_durably(self._handle, self._path, payload)
         # Committed on disk: now in memory.
         self._records.extend(records)
         self._accountant.compose(steps)

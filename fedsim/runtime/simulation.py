@@ -35,7 +35,7 @@ from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
-from fedsim.runtime.exposure import client_exposure
+from fedsim.runtime.exposure import client_exposure, invitation_positions
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.population import (
     ClientPlan,
@@ -167,6 +167,7 @@ class _Simulation:
         self.cpu_seconds = 0.0
         self.network_stats: dict[str, Any] = {}
         self._remaining_cache: dict[str, tuple[int, float | None]] = {}
+        self._positions = invitation_positions(p.client_id for p in population.plans)
         self._dropped_seen = 0
         self._metrics_file: io.TextIOBase | None = None
 
@@ -208,7 +209,7 @@ class _Simulation:
             ledger=client.ledger,
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
             delta=self.scenario.privacy.delta,
-            exposure=client_exposure(self.scenario, list(self.clients), plan.client_id),
+            exposure=client_exposure(self.scenario, self._positions, plan.client_id),
         )
         actor.set_online(client.online)
         client.actor = actor

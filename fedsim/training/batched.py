@@ -231,7 +231,8 @@ class RoundBatcher:
                       for job in jobs]
         for job, start, stop in zip(jobs, bounds, bounds[1:], strict=False):
             if job.size:
-                trainer, indices = job.pending.trainer, job.draws.indices
+                trainer = job.pending.trainer
+                indices = trainer.rows_of(job.draws.indices)
                 features = trainer.features.reshape(len(trainer.features), -1)
                 if features.dtype == torch.float32:
                     torch.index_select(features, 0, indices, out=x[start:stop])
