@@ -33,6 +33,7 @@ The actor sees only a :class:`~fedsim.clock.Clock` and an
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -47,6 +48,7 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
+from fedsim.aggregation.streaming import RunningMix, streams
 from fedsim.clock import Clock
 from fedsim.config.schema import Stop
 from fedsim.errors import ConfigError
@@ -178,6 +180,7 @@ class ServerActor:
         participation: float = 1.0,
         rng: np.random.Generator | None = None,
         normalize: Literal["window", "population"] = "window",
+        stream_above: int = 1024,
     ) -> None:
         if window <= 0:
             raise ConfigError(f"window must be > 0, got {window}")
@@ -204,6 +207,9 @@ class ServerActor:
         self.windows_closed = 0
         self.last_accuracy: float | None = None
         self._inbox: list[ClientUpdate] = []
+        # More than this many waiting updates: the window's mix is accumulated as they arrive.
+        self.stream_above = stream_above
+        self._running: tuple[WindowReport, RunningMix] | None = None
         # window -> the clients invited to it (participation < 1), for the updates' check
         self.invitations: dict[int, frozenset[str]] = {}
         self._evaluated_version = -1
@@ -215,6 +221,8 @@ class ServerActor:
             message = await self.endpoint.receive()
             if isinstance(message, ClientUpdate):
                 self._inbox.append(message)
+                if len(self._inbox) > self.stream_above and streams(self.strategy):
+                    self._fold_inbox()
             elif isinstance(message, ClientStatus):
                 self.statuses[message.client_id] = message
             else:
@@ -240,45 +248,29 @@ class ServerActor:
         report = WindowReport(
             window=window, time=self.clock.now(), version=self.version, received=len(arrived)
         )
-        accepted: list[AcceptedUpdate] = []
-        for update in arrived:
-            key = (update.client_id, update.round)
-            info = self.clients.get(update.client_id)
-            if info is None:
-                report.rejected += 1
-                continue
-            if key in self.seen:
-                report.duplicate += 1
-                continue
-            self.seen.add(key)
-            if (
-                self.max_staleness is not None
-                and self.version - update.base_version > self.max_staleness
-            ):
-                report.stale += 1
-            elif (self.participation < 1.0
-                  and update.client_id not in self.invitations.get(update.window, ())):
-                _log.warning("update of a round the client was not invited to",
-                             client=update.client_id, round=update.round, window=update.window)
-                report.rejected += 1
-            else:
-                accepted.append(
-                    AcceptedUpdate(
-                        update.client_id,
-                        update.round,
-                        update.delta,
-                        info.num_samples,
-                        info.step_size,
-                        info.weight,
-                    )
-                )
-                report.applied_updates.append((update.client_id, update.round, update.base_version))
-        report.applied = len(accepted)
+        running, self._running = self._running, None
+        if running is not None:  # a large window: most of it is folded in already
+            running_report, running_mix = running
+            report.received += running_report.received
+            report.rejected, report.duplicate = running_report.rejected, running_report.duplicate
+            report.stale = running_report.stale
+            report.applied_updates = running_report.applied_updates
+        accepted = [a for update in arrived if (a := self._classify(update, report)) is not None]
         report.step_size = self.step_size.current(window)
-        if accepted:
-            self.params = mix(self.params, accepted, self.strategy, report.step_size,
-                              total_weight=self.total_weight)
-            self.version += 1
+        if running is not None:
+            for update in accepted:
+                running_mix.add(update)
+            report.applied = running_mix.count
+            if running_mix.count:
+                self.params = running_mix.apply(self.params, report.step_size,
+                                                total_weight=self.total_weight)
+                self.version += 1
+        else:
+            report.applied = len(accepted)
+            if accepted:
+                self.params = mix(self.params, accepted, self.strategy, report.step_size,
+                                  total_weight=self.total_weight)
+                self.version += 1
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
             if self.version != self._evaluated_version:
@@ -290,6 +282,48 @@ class ServerActor:
             report.accuracy, report.loss = self._last_evaluation
             self.last_accuracy = report.accuracy
         return report
+
+    def _classify(self, update: ClientUpdate, report: WindowReport) -> AcceptedUpdate | None:
+        """The update as the mix takes it, or None (counted in ``report`` as rejected,
+        duplicate or stale). Depends on the version, which changes only when a window closes,
+        so classifying on arrival (a running mix) or at the close gives the same answers."""
+        key = (update.client_id, update.round)
+        info = self.clients.get(update.client_id)
+        if info is None:
+            report.rejected += 1
+            return None
+        if key in self.seen:
+            report.duplicate += 1
+            return None
+        self.seen.add(key)
+        if self.max_staleness is not None and self.version - update.base_version > self.max_staleness:
+            report.stale += 1
+            return None
+        if (self.participation < 1.0
+                and update.client_id not in self.invitations.get(update.window, ())):
+            _log.warning("update of a round the client was not invited to",
+                         client=update.client_id, round=update.round, window=update.window)
+            report.rejected += 1
+            return None
+        report.applied_updates.append((update.client_id, update.round, update.base_version))
+        return AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
+                              info.step_size, info.weight)
+
+    def _fold_inbox(self) -> None:
+        """Fold the waiting updates into the open window's running mix
+        (:mod:`fedsim.aggregation.streaming`): past ``stream_above`` waiting updates of a
+        per-update strategy, a window holds at most that many at once."""
+        if self._running is None:
+            self._running = (WindowReport(window=self.windows_closed + 1, time=math.nan,
+                                          version=self.version, received=0),
+                             RunningMix(self.strategy, self.params.size))
+        report, running = self._running
+        arrived, self._inbox = self._inbox, []
+        report.received += len(arrived)
+        for update in arrived:
+            accepted = self._classify(update, report)
+            if accepted is not None:
+                running.add(accepted)
 
     async def broadcast(self) -> None:
         """Publish the model; it opens the next window and carries that window's invitation."""

@@ -37,6 +37,7 @@ from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
 from fedsim.runtime.exposure import client_exposure, invitation_positions
 from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.memory import release_free_memory
 from fedsim.runtime.population import (
     ClientPlan,
     Population,
@@ -316,6 +317,7 @@ class _Simulation:
                     raise error  # a bug in an actor must not be silently swallowed
 
     def _window_done(self, report: WindowReport, network: SimulatedNetwork) -> bool:
+        release_free_memory()  # thousands of clients fragment the heap (runtime/memory.py)
         self._check_tasks()
         self._note_stops()
         stats = network.stats

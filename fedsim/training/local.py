@@ -162,7 +162,7 @@ class LocalTrainer:
     and noise keys drawn) and computed when its result is taken; :meth:`run_round` does both.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only, one per DP-SGD setting and the data's layout
         self,
         model: torch.nn.Module,
         features: torch.Tensor,
