@@ -74,6 +74,15 @@ TrainerHook = Callable[[ClientPlan, Trainer], Trainer]
 """Wraps each client's trainer when the run builds it (instrumentation: benchmarks/simulator.py
 times every round through one)."""
 
+BatcherFactory = Callable[[Population], RoundBatcher]
+"""Builds the run's batcher (the executor of batched passes: in-process by default, or on Ray
+workers, :mod:`fedsim.runtime.ray_executor`)."""
+
+
+def _local_batcher(population: Population) -> RoundBatcher:
+    return RoundBatcher(population.model)
+
+
 def _link_model(link: Link) -> LinkModel:
     return LinkModel(
         latency=link.latency.sampler(),
@@ -139,6 +148,8 @@ class RunResult:
     clients: dict[str, ClientRecord] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU time of the simulation loop (all threads of this process)."""
+    setup_seconds: float = 0.0
+    """Wall seconds the run took to build its ledgers, actors and network (in ``wall_seconds``)."""
 
 
 class _Simulation:
@@ -151,7 +162,9 @@ class _Simulation:
         on_window: Callable[[dict[str, Any]], None] | None,
         batch_rounds: bool = True,
         wrap_trainer: TrainerHook | None = None,
+        make_batcher: BatcherFactory | None = None,
     ) -> None:
+        self.make_batcher = make_batcher
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
@@ -166,6 +179,7 @@ class _Simulation:
         self.stopped: list[StoppedClient] = []
         self.stop_reason = ""
         self.cpu_seconds = 0.0
+        self.setup_seconds = 0.0  # wall seconds from the run's start to the server's first window
         self.network_stats: dict[str, Any] = {}
         self._remaining_cache: dict[str, tuple[int, float | None]] = {}
         self._positions = invitation_positions(p.client_id for p in population.plans)
@@ -346,12 +360,14 @@ class _Simulation:
 
     # -- the run --------------------------------------------------------------------------------
     async def main(self, clock: VirtualClock) -> ServerActor:
+        setup_started = wallclock.perf_counter()
         population = self.population
         network = self._network(clock)
         (self.out_dir / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
-        batcher = self.batcher = RoundBatcher(population.model) if self.batch_rounds else None
+        batcher = self.batcher = (
+            (self.make_batcher or _local_batcher)(population) if self.batch_rounds else None)
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
             trainer: Trainer = population.trainer(
@@ -374,6 +390,7 @@ class _Simulation:
                     tasks.append(asyncio.create_task(self._on_off(client, clock, network)))
                 if availability.crashes is not None:
                     tasks.append(asyncio.create_task(self._crashes(client, clock, network)))
+            self.setup_seconds = wallclock.perf_counter() - setup_started
             try:
                 await server.run(lambda report: self._window_done(report, network))
             finally:  # the clients' current incarnations end with the helpers
@@ -425,6 +442,7 @@ def run_scenario(
     population: Population | None = None,
     batch_rounds: bool = True,
     wrap_trainer: TrainerHook | None = None,
+    make_batcher: BatcherFactory | None = None,
 ) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
@@ -435,7 +453,8 @@ def run_scenario(
     (:mod:`fedsim.training.batched`); without, each round alone, as a client on its own
     computes it (same randomness, results equal up to floating-point summation order).
     ``wrap_trainer(plan, trainer)`` may wrap each client's trainer (the same interface, e.g. to
-    time its rounds).
+    time its rounds). ``make_batcher(population)`` builds the executor of the batched passes
+    (default in-process; :func:`fedsim.runtime.ray_executor.ray_batcher` runs them on Ray).
     """
     out = Path(out_dir)
     check_unused(out)
@@ -444,7 +463,8 @@ def run_scenario(
     try:
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
-                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer)
+                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer,
+                          make_batcher=make_batcher)
         try:
             server, wall_seconds = sim.run()
             record = sim.record(server, wall_seconds)
@@ -464,4 +484,5 @@ def run_scenario(
         sim.applied_log,
         sim.clients,
         sim.cpu_seconds,
+        sim.setup_seconds,
     )
