@@ -28,6 +28,7 @@ tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that cod
 
     python benchmarks/scale.py [--sizes 100,1000,10000,100000] [--timeout S]
     python benchmarks/scale.py --breakdown 1000 [--label NAME]
+    python benchmarks/scale.py --ray        # 1 vs 2 local Ray workers (docs/RAY.md)
 
 writes (updates) ``benchmarks/results/scale.json``.
 """
@@ -177,6 +178,46 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     return row
 
 
+def ray_row(scenario: str, executor: str, virtual_seconds: float) -> dict[str, Any]:
+    """One executor row: ``scenario`` (``hetero-100`` or a client count of the scaled
+    scenario) run in-process (``local``) or with its batched passes on ``ray-N`` local workers."""
+    load_before = os.getloadavg()
+    if scenario == "hetero-100":
+        base = load_scenario(REPO / "scenarios" / "hetero-100.yaml")
+        tree = base.scenario.model_dump(mode="json")
+        tree["stop"] = {"virtual_seconds": virtual_seconds}
+        loaded = LoadedScenario(parse_scenario(tree, base_dir=base.base_dir), base.source)
+    else:
+        loaded = scaled(int(scenario), virtual_seconds, cross_device=False)
+    population = build_population(loaded)
+    make = None
+    if executor.startswith("ray-"):
+        import ray
+
+        from fedsim.runtime.ray_executor import ray_batcher
+
+        workers = int(executor.split("-")[1])
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        make = ray_batcher(workers=workers)
+    with _scratch_dir() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", population=population,
+                              make_batcher=make)
+    run_wall = result.wall_seconds - result.setup_seconds
+    return {
+        "scenario": scenario, "executor": executor,
+        "virtual_seconds": result.summary["virtual_time"],
+        "wall_seconds": round(result.wall_seconds, 2),
+        "setup_seconds": round(result.setup_seconds, 2),
+        "driver_cpu_seconds": round(result.cpu_seconds, 2),
+        "sample_grads": result.sample_grads,
+        "sample_grads_per_wall_s": round(result.sample_grads / run_wall, 1),
+        "simulated_s_per_wall_s": round(result.summary["virtual_time"] / run_wall, 4),
+        "final_params_sha256": __import__("hashlib").sha256(result.final_params.tobytes()).hexdigest(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def breakdown(clients: int, virtual_seconds: float) -> dict[str, Any]:
     """Where memory goes at ``clients`` training clients (see the module docstring)."""
     import numpy as np
@@ -279,6 +320,19 @@ def _save(document: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
+def _ray_rows() -> None:
+    document = _load_results()
+    rows = []
+    for scenario, seconds, bound in (("hetero-100", 20.0, 600), ("10000", 0.3, 900)):
+        for executor in ("local", "ray-1", "ray-2"):
+            row = _subprocess(["--ray-one", scenario, executor, str(seconds)], bound)
+            row.update(scenario=scenario, executor=executor, time_bound_s=bound)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            document["ray"] = rows
+            _save(document)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
@@ -287,6 +341,9 @@ def main() -> None:
     parser.add_argument("--breakdown", type=int, metavar="N")
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--virtual-seconds", type=float, default=3.0)
+    parser.add_argument("--ray", action="store_true",
+                        help="executor rows: in-process vs 1 and 2 local Ray workers")
+    parser.add_argument("--ray-one", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=3, metavar=("CLIENTS", "MODE", "VIRTUAL_SECONDS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -297,6 +354,12 @@ def main() -> None:
 
     configure_logging(True)
     logging.disable(logging.WARNING)
+    if args.ray_one:
+        print(json.dumps(ray_row(args.ray_one[0], args.ray_one[1], float(args.ray_one[2]))))
+        return
+    if args.ray:
+        _ray_rows()
+        return
     if args.one:
         print(json.dumps(measure(int(args.one[0]), args.one[1], float(args.one[2]))))
         return

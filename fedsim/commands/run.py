@@ -1,4 +1,4 @@
-"""``fedsim run SCENARIO [--out DIR] [--seed N] [--set path=value ...]``: simulate a scenario
+"""``fedsim run SCENARIO [--out DIR] [--seed N] [--set path=value ...] [--executor ray]``: simulate a scenario
 in one process under deterministic virtual time and write its run directory.
 
 DIR gets ``metrics.jsonl``, ``clients.csv``, ``summary.json``, ``scenario.resolved.yaml``,
@@ -25,6 +25,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="override the scenario's seed")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE", help="override a setting (YAML value), repeatable")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="where the batched training passes run: in this process (default) "
+                             "or on Ray workers holding the data shards (extra fedsim[ray]; "
+                             "same outputs, see docs/RAY.md)")
+    parser.add_argument("--address", metavar="ADDR",
+                        help="Ray cluster address (ray start --head prints it); default: a "
+                             "local Ray with --ray-workers CPUs")
+    parser.add_argument("--ray-workers", type=int, default=2, metavar="N",
+                        help="Ray workers (data shards) for --executor ray (default 2)")
     parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="JSON log lines (default: when stderr is not a terminal)")
@@ -71,7 +80,12 @@ def run(args: argparse.Namespace) -> int:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
 
-        result = run_scenario(loaded, out, on_window=on_window)
+        make_batcher = None
+        if args.executor == "ray":
+            from fedsim.runtime.ray_executor import ray_batcher
+
+            make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
+        result = run_scenario(loaded, out, on_window=on_window, make_batcher=make_batcher)
     summary = result.summary
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
