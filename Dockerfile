@@ -22,14 +22,25 @@ RUN apt-get update \
 COPY pyproject.toml README.md ./
 COPY fedsim ./fedsim
 RUN pip install .
-# Build the kernel now (it is rebuilt at start-up where the host's CPU differs from this one's;
-# if it cannot be built, fedsim says so in its log and uses the torch implementation).
-RUN python -c "from fedsim.training.gaussian import native_kernel_available as ok; print('noise kernel compiled:', ok())"
 
 COPY scenarios ./scenarios
 
-# The scenario files name the data set relative to the repository root
-# (../shared/datasets/mnist.npz); compose mounts it at /shared/datasets.
-# Runs as root inside the container so that it can read the compose secret (secrets.json is
-# mode 0600 on the host and keeps its owner when mounted).
+# A non-root user (its uid/gid are the ones docker-compose.yml gives the secret) with its state
+# and run directories in the image, so that named volumes mounted there start out owned by it.
+ARG FEDSIM_UID=10001
+RUN groupadd --gid "$FEDSIM_UID" fedsim \
+    && useradd --uid "$FEDSIM_UID" --gid fedsim --create-home --shell /usr/sbin/nologin fedsim \
+    && mkdir -p /state /runs \
+    && chown fedsim:fedsim /state /runs
+USER fedsim
+
+# Data sets reach the containers through the image's own cache (~/.cache/fedsim): fetched and
+# sha256-verified here, at build time, so no container needs a host path or the network for
+# them. FEDSIM_DATASETS="" skips it (each container then downloads on first start).
+ARG FEDSIM_DATASETS=mnist
+RUN for name in $FEDSIM_DATASETS; do fedsim data fetch "$name"; done
+# Build the noise kernel into that cache now (it is rebuilt at start-up where the host's CPU
+# differs from this one's; if it cannot be built, fedsim logs it and uses the torch sampler).
+RUN python -c "from fedsim.training.gaussian import native_kernel_available as ok; print('noise kernel compiled:', ok())"
+
 CMD ["fedsim", "--help"]

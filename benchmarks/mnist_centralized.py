@@ -1,4 +1,4 @@
-"""One client, all of MNIST: the Dong-Roth-Su run A setting (paper 003, Fig. 7).
+"""One client, all of MNIST: the Dong, Roth & Su run A setting ("Gaussian Differential Privacy", Fig. 7).
 
 n = 60000, fixed-size batches m = 256 without replacement (replace-one neighbours, noise
 N(0, (2 C sigma)^2)), sigma = 1.3, 15 epochs (T = 15 n / m steps), the classic DP MNIST CNN
@@ -6,7 +6,7 @@ N(0, (2 C sigma)^2)), sigma = 1.3, 15 epochs (T = 15 n / m steps), the classic D
 tutorial's values, within the issue's range lr 0.15-0.25, C 1.0-1.5). DRS report 95.0% test
 accuracy and 0.285-GDP by the CLT (eps 1.07 at delta 1e-5); their runs used TF Privacy, whose
 noise is C sigma, while fedsim's fixed-size batches add 2 C sigma as the replace-one analysis
-requires, so the same sigma is noisier here. Measured on a loaded 2-core CPU: lr 0.15 / C 1.0
+requires, so the same sigma is noisier here. Measured on a loaded CPU: lr 0.15 / C 1.0
 reached 95.4-95.5%, lr 0.25 / C 1.5 plateaued near 94% and ended at 93.4%.
 
 Prints eps at delta = 1e-5 from fedsim's PLD accountant (a guarantee, exact composition of
@@ -42,13 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import centralized_dp_sgd, epoch_ends, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT / ".." / "shared" / "datasets" / "mnist.npz"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", default=str(DEFAULT_DATA), help="mnist.npz or a directory with it"
+        "--data", default=None,
+        help="mnist.npz or a directory with it (default: where `dataset: {name: mnist}` finds "
+        "it: $FEDSIM_DATA_DIR, the user cache, else a verified download)"
     )
     parser.add_argument("--epochs", type=float, default=15.0)
     parser.add_argument("--batch-size", type=int, default=256)

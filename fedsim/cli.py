@@ -3,15 +3,18 @@
 Each command lives in ``fedsim/commands/<name>.py`` and exposes
 ``register(subparsers) -> argparse.ArgumentParser`` whose parser sets ``func=run(args) -> int``.
 A :class:`~fedsim.errors.FedsimError` becomes one line on stderr and its exit code (2 for bad
-input), never a traceback.
+input), never a traceback. Every command takes ``--quiet``, ``--verbose`` and ``--log-level``;
+:func:`main` configures the logs from them before the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 from fedsim import __version__
@@ -32,6 +35,11 @@ COMMANDS: tuple[str, ...] = (
     "deploy",
 )
 
+# Commands that may load a data set: they take --offline (no download; FEDSIM_OFFLINE=1).
+DATA_COMMANDS = frozenset({"run", "validate", "server", "client", "launch"})
+OFFLINE_HELP = ("Never download a data set: use only a local copy (the same as "
+                "FEDSIM_OFFLINE=1; processes started by this command inherit it).")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse's own errors also exit 2, no traceback
@@ -39,8 +47,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+DESCRIPTION = (
+    "Simulate asynchronous federated learning in which every client trains with DP-SGD and "
+    "keeps its own privacy ledger, in one process under virtual time or as processes talking "
+    "through an MQTT broker. Run 'fedsim COMMAND --help' for a command's options."
+)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, ``--verbose`` and ``--log-level`` (one of them at most), on ``parser`` or,
+    if it has sub-commands, on each of them."""
+    from fedsim.logging import LEVELS
+
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if nested:
+        for action in nested:
+            for sub in action.choices.values():
+                add_output_options(sub)
+        parser.set_defaults(quiet=False, verbose=False, log_level=None)
+        return
+    group = parser.add_argument_group("logging")
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument("-q", "--quiet", action="store_true",
+                        help="Log only warnings and errors, and show no progress bar.")
+    choice.add_argument("-v", "--verbose", action="store_true",
+                        help="Log details too, such as every client's stop (debug level).")
+    choice.add_argument("--log-level", choices=sorted(LEVELS, key=LEVELS.__getitem__),
+                        type=str.lower, metavar="LEVEL",
+                        help="Lowest level of log line written: debug, info (the default), "
+                             "warning, error or critical.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fedsim", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="fedsim", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"fedsim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -50,8 +89,42 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name == f"fedsim.commands.{name}":
                 continue
             raise
-        module.register(sub)
+        command = module.register(sub)
+        add_output_options(command)
+        if name in DATA_COMMANDS:
+            command.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
+                                 help=OFFLINE_HELP)
+    _sentences(parser)
     return parser
+
+
+@contextmanager
+def _offline(on: bool) -> Iterator[None]:
+    """FEDSIM_OFFLINE=1 for the command's duration (and for the processes it starts)."""
+    if not on:
+        yield
+        return
+    before = os.environ.get("FEDSIM_OFFLINE")
+    os.environ["FEDSIM_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FEDSIM_OFFLINE", None)
+        else:
+            os.environ["FEDSIM_OFFLINE"] = before
+
+
+def _sentences(parser: argparse.ArgumentParser) -> None:
+    """argparse's own -h and --version help as whole sentences, on every (sub-)parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            action.help = "Show this help message and exit."
+        elif isinstance(action, argparse._VersionAction):
+            action.help = "Show fedsim's version and exit."
+        elif isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _sentences(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,11 +133,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    from fedsim.logging import configure_logging, level_from
+
+    args.log_level = level_from(quiet=getattr(args, "quiet", False),
+                                verbose=getattr(args, "verbose", False),
+                                log_level=getattr(args, "log_level", None))
     try:
-        return int(args.func(args) or 0)
+        configure_logging(getattr(args, "json_logs", None), level=args.log_level)
+        with _offline(getattr(args, "offline", False)):
+            return int(args.func(args) or 0)
     except FedsimError as exc:
         print(f"fedsim {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # e.g. piped into head: the reader left, nothing more to say
+        sys.stderr.close()
+        return 141
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -5,15 +5,23 @@ process supervisor), a readable coloured console line otherwise. stdout is left 
 output (tables, ``--json`` answers), so ``fedsim ... --json | jq`` keeps working while logs
 flow.
 
-Call :func:`configure_logging` once at process start (the CLI does); calling it again simply
-replaces the configuration, so it is safe in tests. Library code only calls
-:func:`get_logger`; before configuration structlog's defaults apply.
+Call :func:`configure_logging` once at process start (the CLI does, with the level that
+``--quiet``, ``--verbose`` or ``--log-level`` chose); calling it again simply replaces the
+configuration, so it is safe in tests. Library code only calls :func:`get_logger`; before
+configuration structlog's defaults apply.
+
+While a progress bar is drawn, :func:`route_lines` sends every finished log line through it
+(``tqdm.write``), so lines never garble the bar. Events that every client emits ("client
+stopped") are logged at :func:`client_event_level`: info for a small population, debug for a
+large one, whose runs log a summary at info instead (:func:`summarise_counts`).
 """
 
 from __future__ import annotations
 
 import logging as std_logging
 import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 import structlog
@@ -29,12 +37,72 @@ LEVELS: dict[str, int] = {
 }
 
 
+# Populations above this size log per-client events at debug (a summary goes to info).
+PER_CLIENT_INFO_LIMIT = 20
+
+_line_sink: Callable[[str], None] | None = None
+_client_event_level = std_logging.INFO
+
+
 class _NamedPrintLogger(structlog.PrintLogger):
-    """A PrintLogger that knows its name (``structlog.stdlib.add_logger_name`` reads it)."""
+    """A PrintLogger that knows its name (``structlog.stdlib.add_logger_name`` reads it) and
+    writes through the line sink of :func:`route_lines` while one is set."""
 
     def __init__(self, file: TextIO, name: str) -> None:
         super().__init__(file)
         self.name = name
+
+    def msg(self, message: str) -> None:
+        sink = _line_sink
+        if sink is None:
+            super().msg(message)
+        else:
+            sink(message)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+@contextmanager
+def route_lines(sink: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, every log line is handed to ``sink`` (one rendered line, no newline)
+    instead of being written to stderr; e.g. ``tqdm.write`` while a progress bar is shown."""
+    global _line_sink
+    previous, _line_sink = _line_sink, sink
+    try:
+        yield
+    finally:
+        _line_sink = previous
+
+
+def set_population(clients: int) -> None:
+    """Tell the logs how many clients a run has: above :data:`PER_CLIENT_INFO_LIMIT` their
+    per-client events go to debug."""
+    global _client_event_level
+    _client_event_level = std_logging.DEBUG if clients > PER_CLIENT_INFO_LIMIT else std_logging.INFO
+
+
+def client_event_level() -> int:
+    """The level of per-client events ("client stopped", "client crashed"): see
+    :func:`set_population`."""
+    return _client_event_level
+
+
+def summarise_counts(total: int, counts: Mapping[str, int], what: str = "clients stopped") -> str:
+    """``"1000 clients stopped: 954 budget, 46 done"`` (kinds by count, largest first)."""
+    parts = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(),
+                                                         key=lambda item: (-item[1], item[0])))
+    return f"{total} {what}" + (f": {parts}" if parts else "")
+
+
+def level_from(*, quiet: bool = False, verbose: bool = False, log_level: str | None = None) -> str:
+    """The log level the command-line flags ask for: ``--log-level`` wins, ``--quiet`` is
+    ``warning``, ``--verbose`` is ``debug``, otherwise ``info``."""
+    if log_level is not None:
+        return log_level
+    if quiet:
+        return "warning"
+    return "debug" if verbose else "info"
 
 
 class _StderrLoggerFactory:

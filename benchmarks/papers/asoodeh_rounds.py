@@ -1,4 +1,4 @@
-"""How many rounds does a better RDP -> (eps, delta) conversion buy? (Asoodeh et al., paper 001)
+"""How many rounds does a better RDP -> (eps, delta) conversion buy? (Asoodeh et al., "A Better Bound Gives a Hundred Rounds")
 
 For a fixed privacy target (eps, delta) and noise multiplier sigma, the number of steps T a
 mechanism may run is the largest T whose T-fold composition is still (eps, delta)-DP. We
@@ -19,14 +19,14 @@ Settings:
 
 * plain Gaussian mechanism (q = 1), sigma in {10, 20, 50, 100}, add/remove neighbours;
 * DP-SGD on MNIST: Poisson sampling with q = 256/60000 (add/remove neighbours, noise C sigma),
-  sigma in {0.7, 1.1, 1.3}. The text extraction of paper 001 stops before its Section IV, so
-  the sigmas of its own figures are not available here; we use the three noise levels of the
-  Dong-Roth-Su MNIST runs (paper 003) at the same batch size and data set size.
+  sigma in {0.7, 1.1, 1.3}. The part of Asoodeh et al. this reproduction works from ends
+  before its Section IV, so the sigmas of its own figures are not used here; we use the three
+  noise levels of the Dong, Roth & Su MNIST runs at the same batch size and data set size.
 
 Targets: eps in {1, 2, 4, 8}, delta = 1e-5 (table); a finer eps grid at sigma = 100 and at
 sigma = 1.1 for the plot.
 
-Run: ``python benchmarks/papers/asoodeh_rounds.py`` (about a minute on 2 cores, mostly the pld
+Run: ``python benchmarks/papers/asoodeh_rounds.py`` (about a minute, mostly the pld
 searches); writes ``benchmarks/results/papers/asoodeh_rounds.json`` and
 ``docs/img/asoodeh_rounds.png``, then regenerates ``docs/RESULTS.md``.
 """
@@ -326,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         "delta": DELTA,
         "group_by": "mechanism",
         "note": (
-            "Steps allowed at (eps, delta) for T-fold composition. The paper's text "
-            "extraction ends before its Section IV, so its own sigmas and iteration counts "
-            "are not available; DP-SGD uses the noise levels of the Dong-Roth-Su MNIST runs "
+            "Steps allowed at (eps, delta) for T-fold composition. The part of the paper this "
+            "reproduction works from ends before its Section IV, so its own sigmas and "
+            "iteration counts are not used; DP-SGD uses the noise levels of the Dong-Roth-Su MNIST runs "
             "at q = 256/60000 (Poisson, add/remove). 'exact GDP': T Gaussian releases are "
             "sqrt(T)/sigma-GDP; steps_pld is the pld accountant on the same question."
         ),

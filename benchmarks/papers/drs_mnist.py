@@ -1,4 +1,4 @@
-"""Dong, Roth & Su (paper 003, Fig. 7): DP-SGD on MNIST, runs A / B / C.
+"""Dong, Roth & Su ("Gaussian Differential Privacy", Fig. 7): DP-SGD on MNIST, runs A / B / C.
 
 One client holds all n = 60000 MNIST training images; every step takes a fixed-size batch of
 m = 256 without replacement, so neighbouring data sets differ by replacing one record and the
@@ -41,6 +41,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,30 +140,47 @@ def tradeoff_curves(run: DrsRun, numbers: dict[str, float], alpha: np.ndarray) -
 
 def plot_tradeoffs(curves: dict[str, dict[str, list[float]]], numbers: dict[str, dict[str, float]],
                    path: Path) -> None:
+    """Per run, the trade-off curves of its mechanism (fixed-size batches, replace-one
+    neighbours: the paper's NoisySGD) in the top row, and below, on axes of their own, the
+    curve the moments accountant reports for Poisson batches (add/remove neighbours): the two
+    relations measure different things, so they are never drawn on one axis. The upper-right
+    triangle of a trade-off plot is always empty (f(alpha) <= 1 - alpha), so the legends sit
+    there, off the curves."""
     plt = pyplot()
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 4.2), squeeze=False)
-    for ax, (name, c) in zip(axes[0], curves.items(), strict=True):
+    fig, axes = plt.subplots(2, len(curves), figsize=(4.2 * len(curves), 8.6), squeeze=False)
+    for column, (name, c) in enumerate(curves.items()):
         n = numbers[name]
-        ax.plot(c["alpha"], c["fdp_pld"], color="black", lw=2,
-                label=f"f-DP, Thm 5.1 (PLD): eps={n['eps_pld']:.2f}")
-        ax.plot(c["alpha"], c["gdp_clt"], color="tab:red",
-                label=f"GDP by CLT: mu={n['mu_clt']:.3f}")
-        ax.plot(c["alpha"], c["moments_accountant"], color="tab:blue", ls="--",
-                label=f"moments acc. (Poisson): ({n['eps_rdp_ma']:.2f}, 1e-5)")
-        ax.plot(c["alpha"], c["rdp_fixed"], color="tab:blue", ls=":",
-                label=f"RDP classic (fixed): ({n['eps_rdp']:.2f}, 1e-5)")
-        ax.plot([0, 1], [1, 0], color="grey", lw=0.5)
-        ax.set_title(f"run {name}")
-        ax.set_xlabel("type I error")
-        ax.set_ylabel("type II error")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_aspect("equal")
-        ax.legend(fontsize=7, loc="upper right")
+        top, bottom = axes[0][column], axes[1][column]
+        # Wide and light, so the CLT curve drawn over it shows where the two agree.
+        top.plot(c["alpha"], c["fdp_pld"], color="black", lw=4, alpha=0.35,
+                 label=f"f-DP, Thm 5.1 (PLD): eps={n['eps_pld']:.2f}")
+        top.plot(c["alpha"], c["gdp_clt"], color="tab:red", ls="--", lw=1.3,
+                 label=f"GDP by CLT: mu={n['mu_clt']:.3f}")
+        top.plot(c["alpha"], c["rdp_fixed"], color="tab:blue", ls=":", lw=1.5,
+                 label=f"RDP classic: ({n['eps_rdp']:.2f}, 1e-5)")
+        top.set_title(f"run {name}: fixed-size batches,\nreplace-one neighbours", fontsize=10)
+        bottom.plot(c["alpha"], c["moments_accountant"], color="tab:blue", ls="--",
+                    label=f"moments accountant: ({n['eps_rdp_ma']:.2f}, 1e-5)")
+        bottom.set_title(f"run {name}: Poisson batches, add/remove\nneighbours (moments "
+                         "accountant)", fontsize=10)
+        for ax, eps in ((top, n["eps_rdp"]), (bottom, n["eps_rdp_ma"])):
+            corner = (1 - DELTA) / (math.exp(eps) + 1)  # where the (eps, delta) curve bends
+            if corner < 0.01:  # it runs along the axes, where the spines hide it: say so
+                ax.annotate(f"the ({eps:.2f}, 1e-5) curve runs along the axes:\nits corner is "
+                            f"at alpha = beta = {corner:.1e}", xy=(corner, corner),
+                            xytext=(0.3, 0.72), fontsize=7, color="tab:blue",
+                            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 0.8})
+            ax.plot([0, 1], [1, 0], color="grey", lw=0.5)
+            ax.set_xlabel("type I error")
+            ax.set_ylabel("type II error")
+            ax.set_xlim(0, 1)
+            ax.set_ylim(0, 1)
+            ax.set_aspect("equal")
+            ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
 

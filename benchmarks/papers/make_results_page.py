@@ -46,7 +46,7 @@ RESULTS: tuple[ResultSpec, ...] = (
     ResultSpec(
         "drs_mnist",
         "Dong, Roth & Su: DP-SGD on MNIST, runs A / B / C",
-        "paper 003 (Gaussian Differential Privacy, Noisy SGD section)",
+        'Dong, Roth & Su, "Gaussian Differential Privacy" (its Noisy SGD section)',
         "1 client, fixed-size batches m = 256 of n = 60000 (replace-one): accuracy 95.0 / 96.6 / "
         "97.0 %, CLT mu 0.285 / 0.737 / 1.554, eps at delta = 1e-5.",
         # every row is a full-length run: --full reuses the committed training records
@@ -57,7 +57,8 @@ RESULTS: tuple[ResultSpec, ...] = (
     ResultSpec(
         "asoodeh_rounds",
         "Asoodeh et al.: how many more rounds the optimal RDP conversion allows",
-        "paper 001 (A Better Bound Gives a Hundred Rounds)",
+        'Asoodeh, Liao, Calmon, Kosut & Sankar, "A Better Bound Gives a Hundred Rounds: '
+        'Enhanced Privacy Guarantees via f-Divergences"',
         "Converting RDP to (eps, delta) optimally allows more steps at the same budget than the "
         "classic conversion (\"often hundreds more\" for DP-SGD); the exact/tight accountant "
         "allows more still.",
@@ -67,7 +68,7 @@ RESULTS: tuple[ResultSpec, ...] = (
     ResultSpec(
         "du_dynamic",
         "Du et al.: dynamic DP-SGD (sensitivity decay, growing mu_t)",
-        "paper 002 (Dynamic Differential-Privacy Preserving SGD)",
+        'Du et al., "Dynamic Differential-Privacy Preserving SGD"',
         "MNIST at eps = 1.2: the dynamic method loses 2.49 % accuracy against non-DP; "
         "federated at eps = 1: 1.72 %.",
         "python benchmarks/papers/du_dynamic.py",
@@ -75,8 +76,9 @@ RESULTS: tuple[ResultSpec, ...] = (
     ),
     ResultSpec(
         "vandijk_async",
-        "van Dijk et al.: the asynchronous design with 100 heterogeneous clients",
-        "paper 000 (Considerations on the Theory of Training Models with Differential Privacy)",
+        "van Dijk & Nguyen: the asynchronous design with 100 heterogeneous clients",
+        'van Dijk & Nguyen, "Considerations on the Theory of Training Models with Differential '
+        'Privacy"',
         "Poisson vs fixed-size sampling at equal per-client eps, staleness wait, broadcast "
         "interval, message loss, and the batch-size thought experiment.",
         "python benchmarks/papers/vandijk_async.py",

@@ -1,4 +1,4 @@
-"""van Dijk et al. (paper 000): the asynchronous design with 100 heterogeneous clients.
+"""van Dijk & Nguyen ("Considerations on the Theory of Training Models with Differential Privacy"): the asynchronous design with 100 heterogeneous clients.
 
 Runs ``fedsim run scenarios/papers/vandijk_async.yaml`` per variant with ``--set`` overrides,
 once per seed (``--seeds``, default 3: partition, sampling, noise, speeds and network draws all
@@ -10,14 +10,14 @@ so they pair up):
 * ``poisson`` (the base): Poisson batches, add/remove neighbours, noise N(0, (C sigma)^2);
 * ``fixed``: fixed-size batches, replace-one neighbours, noise N(0, (2 C sigma)^2) - at the
   SAME per-client eps, since every group's sigma is calibrated to eps = 2 for the scheme it
-  runs (``noise: {kind: target}``), so the comparison isolates the factor 2 of paper 000;
+  runs (``noise: {kind: target}``), so the comparison isolates the factor 2 of van Dijk & Nguyen;
 * ``no_staleness_wait``: clients never wait for a fresh global model;
 * ``broadcast_every_4``: the server broadcasts every 4th window instead of every window;
 * ``drop_10`` / ``drop_30``: 10 % / 30 % of messages lost on both links (a dropped update
   still costs its client one privacy event);
 * ``batch_a2``: the batch-size thought experiment with a = 2: m -> 2 m, E -> 2 E (same number
   of rounds), sigma -> 2 sigma with sigma the base's calibrated value (``noise: {sigma: ...}``).
-  Its mu is reported two ways: the asymptotic rule mu ~ sqrt(E m / N) / sigma of paper 000
+  Its mu is reported two ways: the asymptotic rule mu ~ sqrt(E m / N) / sigma of van Dijk & Nguyen
   sec. 2 (unchanged by a), and the Poisson GDP CLT q sqrt(T (e^{sigma^-2} - 1)) (Bu et al.
   2020), next to the PLD eps.
 
@@ -94,7 +94,7 @@ def variants(scenario_path: Path, quick_overrides: Sequence[str]) -> list[Varian
 def thought_experiment(variant: Variant, scenario_path: Path, quick_overrides: Sequence[str],
                        base_groups: dict[str, dict[str, Any]]) -> Variant:
     """m -> a m and sigma -> a sigma per group, sigma being the base run's calibrated median;
-    the number of rounds stays, which is E -> a E epochs (paper 000 sec. 2)."""
+    the number of rounds stays, which is E -> a E epochs (van Dijk & Nguyen sec. 2)."""
     a = THOUGHT_EXPERIMENT_FACTOR
     groups = load_scenario(scenario_path, list(quick_overrides)).scenario.clients.groups
     overrides: list[str] = []
@@ -142,7 +142,7 @@ def collect(variant: Variant, run_dir: Path) -> dict[str, Any]:
             "sigma": sigma, "q_median": round(q, 5), "rounds_median": rounds,
             "eps_median": round(median(float(c["epsilon"]) for c in members), 4),
             "mu_clt_median": round(median(float(c["mu_clt"]) for c in members), 4),
-            # paper 000 sec. 2: mu ~ sqrt(E m / N) / sigma = q sqrt(T) / sigma for large sigma
+            # van Dijk & Nguyen sec. 2: mu ~ sqrt(E m / N) / sigma = q sqrt(T) / sigma for large sigma
             "mu_asymptotic": round(q * math.sqrt(rounds) / sigma, 4),
         }
     return {
@@ -203,7 +203,7 @@ def aggregate(variant: Variant, seeds: Sequence[int],
 
 def paper_claims(rows: dict[str, dict[str, Any]], base: dict[str, Any] | None,
                  thought: dict[str, Any] | None) -> list[dict[str, str]]:
-    """Paper 000's claims next to what the runs show."""
+    """van Dijk & Nguyen's claims next to what the runs show."""
     claims = []
     if "poisson" in rows and "fixed" in rows:
         claims.append({
@@ -270,25 +270,53 @@ def findings(rows: dict[str, dict[str, Any]],
     return out
 
 
-def plot(curves: dict[str, dict[str, list[float]]], epsilons: dict[str, list[float]],
+RELATION = {"poisson": "Poisson sampling: add/remove neighbours",
+            "fixed": "fixed-size batches: replace-one neighbours"}
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (1, 1)))
+
+
+def sampling_of(curve: dict[str, Any]) -> str:
+    """The variant's sampling scheme (every group of these scenarios uses the same one)."""
+    schemes = {g.get("sampling", "poisson") for g in curve.get("groups", {}).values()}
+    return schemes.pop() if len(schemes) == 1 else "mixed"
+
+
+def plot(curves: dict[str, dict[str, Any]], epsilons: dict[str, list[float]],
          path: Path) -> None:
+    """Accuracy of every variant, and per-client eps in one panel per neighbouring relation:
+    eps under add/remove and under replace-one neighbours are not comparable, so they never
+    share an axis (each variant is calibrated to the same eps under its own relation)."""
     plt = pyplot()
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, curve in curves.items():
-        left.plot(curve["time"], [100 * a for a in curve["accuracy"]], label=name)
+    relations: dict[str, list[str]] = {}
+    for name in epsilons:
+        relations.setdefault(sampling_of(curves.get(name, {})), []).append(name)
+    order = sorted(relations, key=lambda r: (r != "poisson", r))
+    widths = [2.2] + [max(0.9, 0.45 * len(relations[r])) for r in order]
+    fig, axes = plt.subplots(1, 1 + len(order), figsize=(6.5 + 2.2 * sum(widths[1:]), 4.8),
+                             gridspec_kw={"width_ratios": widths})
+    left = axes[0]
+    for index, (name, curve) in enumerate(curves.items()):
+        left.plot(curve["time"], [100 * a for a in curve["accuracy"]], label=name,
+                  linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+                  linewidth=2.6 - 1.4 * index / max(len(curves) - 1, 1))
     left.set_xlabel("virtual time (s)")
     left.set_ylabel("test accuracy (%)")
-    left.set_title("accuracy over virtual time (mean over seeds)")
-    left.legend(fontsize=8)
-    names = list(epsilons)
-    right.boxplot([epsilons[n] for n in names], tick_labels=names)
-    right.set_ylabel("per-client eps (PLD, delta = 1e-5)")
-    right.set_title("per-client privacy spent")
-    right.tick_params(axis="x", rotation=30)
+    left.set_title("accuracy over virtual time (mean over seeds)", fontsize=10)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4,
+                frameon=False)
+    for panel, relation in zip(axes[1:], order, strict=True):
+        names = relations[relation]
+        panel.boxplot([epsilons[n] for n in names], tick_labels=names)
+        panel.set_ylabel("per-client eps (PLD, delta = 1e-5)")
+        panel.set_title(RELATION.get(relation, relation).replace(": ", ":\n"), fontsize=9)
+        panel.tick_params(axis="x", rotation=30)
+        panel.set_ylim(bottom=0.0)
+    fig.suptitle("per-client eps: one panel per neighbouring relation (not comparable across "
+                 "panels)", x=0.66, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
 
@@ -309,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the
     parser.add_argument("--runs", type=Path, default=RUNS)
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw the plot from the results file, run nothing")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
@@ -321,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the
         chosen = [v for v in chosen if v.name in args.variants]
     out = args.results / "vandijk_async.json"
     document = json.loads(out.read_text()) if out.is_file() else {"rows": []}
+    if args.plot_only:
+        plot(document.get("curves", {}),
+             {n: c["epsilons"] for n, c in document.get("curves", {}).items()}, args.plot)
+        return 0
     # rows of single-seed runs (an older format) are not comparable: drop them
     rows = {r["variant"]: r for r in document.get("rows", []) if "seeds" in r}
     curves = {n: c for n, c in document.get("curves", {}).items() if n in rows}

@@ -1,4 +1,4 @@
-"""How the server mixes one time window's accepted updates (paper 000, sec. 3).
+"""How the server mixes one time window's accepted updates (van Dijk & Nguyen, sec. 3).
 
 Each client sends ``u_i = Ubar_i / m_i`` (its noised, clipped gradient sum already divided by
 its own batch size m_i) and, locally, steps ``w <- w - eta_i u_i`` with its agreed step size
@@ -9,7 +9,7 @@ uniform) scaled by the window's server step size ``s_t``::
     w <- w - s_t * sum_i lambda_i * eta_i * u_i,      sum_i lambda_i = 1.
 
 The weights are normalised either over the window (a convex mix of what arrived) or over the
-whole population (paper 000's fixed "weighing vector" over clients: a window in which few
+whole population (van Dijk & Nguyen's fixed "weighing vector" over clients: a window in which few
 clients report moves the model less; server.normalize). With one client, one update per
 window and ``s_t = 1`` both are exactly the client's own DP-SGD step, so a single client
 with window = one update reproduces the plain DP-SGD loop. Mixing only

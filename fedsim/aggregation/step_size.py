@@ -1,8 +1,8 @@
-"""The server step size s_t, one value per time window (paper 000: diminishing step sizes).
+"""The server step size s_t, one value per time window (van Dijk & Nguyen: diminishing step sizes).
 
 * :class:`ConstantStepSize`: s_t = s.
 * :class:`PlateauStepSize`: multiply by ``factor`` (0.9) whenever held-out accuracy fails to
-  improve on its best for ``patience`` evaluations - paper 000's rule of thumb "if [test
+  improve on its best for ``patience`` evaluations - van Dijk & Nguyen's rule of thumb "if [test
   accuracy is] not increasing, then we decrease the step size by 10%", floored at ``minimum``
   (the footnote's "converges to a constant step size").
 * :class:`InverseTimeStepSize`: s_t = s_0 / (1 + decay * t) ** power, a fixed decay law.

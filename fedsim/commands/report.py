@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fedsim.reporting.rundir import RunDirectory
+from fedsim.reporting.stops import stop_counts
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
     from fedsim.reporting.plots import Drawn
@@ -25,13 +25,19 @@ if TYPE_CHECKING:  # matplotlib and the accountants load only when the command r
 CSV_RELATIVE_TOLERANCE = 1e-3
 
 
+DESCRIPTION = (
+    "Redraw a run directory's plots and print a short summary of the run. The privacy numbers "
+    "are recomputed from the clients' ledgers and checked against clients.csv."
+)
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "report",
-        help="redraw a run directory's plots and summarise it",
-        description=__doc__.splitlines()[0],
+        help="Redraw a run directory's plots and summarise the run.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("run_dir", metavar="DIR", help="a run directory written by `fedsim run`")
+    parser.add_argument("run_dir", metavar="DIR", help="A run directory written by fedsim run or fedsim launch.")
     parser.set_defaults(func=run)
     return parser
 
@@ -85,12 +91,13 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         )
     )
 
-    stopped = Counter(
+    stopped = stop_counts(
         str(row.get("stop_reason") or "stopped")
         for row in run.clients
         if row.get("stopped_at") is not None or row.get("stop_reason")
     )
-    stop_text = ", ".join(f"{reason}: {n}" for reason, n in sorted(stopped.items()))
+    stop_text = ", ".join(f"{n} {kind}" for kind, n in sorted(stopped.items(),
+                                                             key=lambda item: (-item[1], item[0])))
     lines.append(
         f"clients: {len(run.clients)}; stopped {sum(stopped.values())}"
         + (f" ({stop_text})" if stop_text else "")
@@ -109,8 +116,8 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     if mus:
         lines.append(f"CLT mu (approximation): {_spread(mus)}")
         warnings.append(
-            "warning: CLT mu values are approximations (Dong-Roth-Su Cor. 5.4 / "
-            "Bu et al. 2020), not guarantees"
+            "warning: CLT mu values are approximations (Dong, Roth & Su, Gaussian "
+            "Differential Privacy, Cor. 5.4; Bu et al. 2020), not guarantees"
         )
     lines.append("plots: " + ", ".join(str(p) for p in drawn.paths))
     explanation = summary.get("explanation")

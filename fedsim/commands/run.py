@@ -1,10 +1,11 @@
-"""``fedsim run SCENARIO [--out DIR] [--seed N] [--set path=value ...] [--executor ray]``: simulate a scenario
-in one process under deterministic virtual time and write its run directory.
+"""Simulate a scenario in one process under deterministic virtual time and write its run
+directory.
 
-DIR gets ``metrics.jsonl``, ``clients.csv``, ``summary.json``, ``scenario.resolved.yaml``,
-``ledgers/`` and ``plots/``. The default DIR is ``runs/<scenario name>-seed<N>`` (with a
-numeric suffix if that exists). A progress bar shows on a terminal; logs are structlog lines
-(JSON when stderr is not a terminal).
+The run directory gets metrics.jsonl, clients.csv, summary.json, scenario.resolved.yaml, the
+clients' ledgers and plots. Its default is runs/NAME-seedN (with a numeric suffix if that
+exists). On a terminal a progress bar shows the run's progress towards the stop that will come
+first; log lines are JSON when stderr is not a terminal. An interrupted run (Ctrl-C or SIGTERM)
+still writes a partial summary that 'fedsim report' reads.
 """
 
 from __future__ import annotations
@@ -16,27 +17,36 @@ from typing import Any
 
 from fedsim.config import load_scenario
 
+# Exit statuses of a run ended by a signal (the shell's 128 + signal number).
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("run", help="simulate a scenario under virtual time",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
-    parser.add_argument("--out", metavar="DIR", help="run directory (must not hold a run)")
-    parser.add_argument("--seed", type=int, help="override the scenario's seed")
+    parser = subparsers.add_parser(
+        "run", help="Simulate a scenario under virtual time.",
+        description=" ".join(__doc__.split()))
+    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
+    parser.add_argument("--out", metavar="DIR",
+                        help="The run directory to write; it must not hold a run already.")
+    parser.add_argument("--seed", type=int, help="Use this seed instead of the scenario's.")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="PATH=VALUE", help="override a setting (YAML value), repeatable")
+                        metavar="PATH=VALUE",
+                        help="Override one setting with a YAML value, for example "
+                             "stop.windows=10; repeatable.")
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
-                        help="where the batched training passes run: in this process (default) "
-                             "or on Ray workers holding the data shards (extra fedsim[ray]; "
-                             "same outputs, see docs/RAY.md)")
+                        help="Where the batched training passes run: in this process (the "
+                             "default) or on Ray workers that hold the clients' data shards "
+                             "(extra fedsim[ray]; the same outputs, see docs/RAY.md).")
     parser.add_argument("--address", metavar="ADDR",
-                        help="Ray cluster address (ray start --head prints it); default: a "
-                             "local Ray with --ray-workers CPUs")
+                        help="The Ray cluster's address (ray start --head prints it); by "
+                             "default a local Ray with --ray-workers CPUs.")
     parser.add_argument("--ray-workers", type=int, default=2, metavar="N",
-                        help="Ray workers (data shards) for --executor ray (default 2)")
-    parser.add_argument("--no-plots", action="store_true", help="do not draw plots")
+                        help="How many Ray workers (data shards) --executor ray uses; 2 by "
+                             "default.")
+    parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
-                        help="JSON log lines (default: when stderr is not a terminal)")
+                        help="Write log lines as JSON (by default exactly when stderr is not "
+                             "a terminal).")
     parser.set_defaults(func=run)
     return parser
 
@@ -51,11 +61,14 @@ def _default_out(name: str, seed: int) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import configure_logging, get_logger
-    from fedsim.reporting.progress import ProgressUnit, RunProgress
+    from fedsim.logging import get_logger, set_population
+    from fedsim.reporting.horizon import HorizonTracker, run_horizon
+    from fedsim.reporting.progress import RunProgress
+    from fedsim.runtime.interrupted import signals_interrupt
+    from fedsim.runtime.population import build_population
     from fedsim.runtime.simulation import run_scenario
+    from fedsim.training.preflight import preflight_warnings
 
-    configure_logging(args.json_logs)
     log = get_logger("fedsim.run")
     overrides = list(args.overrides)
     if args.seed is not None:
@@ -63,19 +76,21 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, overrides)
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
-    stop = scenario.stop
-    total: float | None
-    unit: ProgressUnit
-    if stop.virtual_seconds is not None:
-        total, unit = stop.virtual_seconds, "time"
-    else:
-        total, unit = (float(stop.windows) if stop.windows else None), "windows"
+    set_population(scenario.clients.total)
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
-    with RunProgress(total, unit=unit) as progress:
+    population = build_population(loaded)
+    preflight_warnings(population.plans)  # logged as warnings before anything trains
+    horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in population.plans])
+    tracker = HorizonTracker(horizon, scenario.server.window)
+    log.info("run horizon", seconds=horizon.seconds, source=horizon.source,
+             estimated=horizon.estimated)
+    quiet = getattr(args, "quiet", False)
+    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
         def on_window(line: dict[str, Any]) -> None:
+            progress.set_total(tracker.observe(line["time"], line["active_clients"]))
             progress.update(line["time"], line["window"], line["accuracy"],
-                            line["min_remaining_epsilon"])
+                            line["min_remaining_epsilon"], line["active_clients"])
             if line["accuracy"] is not None:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
@@ -85,8 +100,42 @@ def run(args: argparse.Namespace) -> int:
             from fedsim.runtime.ray_executor import ray_batcher
 
             make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
-        result = run_scenario(loaded, out, on_window=on_window, make_batcher=make_batcher)
+        try:
+            with signals_interrupt():
+                result = run_scenario(loaded, out, on_window=on_window, population=population,
+                                      make_batcher=make_batcher)
+            progress.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
+            progress.update(result.summary["virtual_time"], result.summary["windows"])
+        except KeyboardInterrupt:
+            result = None
+    if result is None:
+        return _interrupted(out)
+    return _finished(args, out, result, log)
+
+
+def _interrupted(out: Path) -> int:
+    """What an interrupted run prints; its exit status (128 + the signal's number)."""
+    from fedsim.runtime.interrupted import interrupting_signal
+
+    name = interrupting_signal()
+    summary_file = out / "summary.json"
+    if summary_file.exists():
+        print(f"{out}: interrupted by {name}; partial summary in {summary_file} "
+              f"('fedsim report {out}' draws its plots)")
+    else:
+        print(f"interrupted by {name} before the run had started")
+    return SIGNAL_EXIT.get(name, 130)
+
+
+def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int:
+    """Log the stops' summary, draw the plots and print the run's answer."""
+    from fedsim.logging import summarise_counts
+    from fedsim.reporting.stops import stop_counts
+
     summary = result.summary
+    if summary["stopped"]:
+        counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
+        log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all

@@ -8,10 +8,14 @@ from typing import Any
 
 from fedsim.config import scenario_json_schema
 
+DESCRIPTION = (
+    "Print the JSON Schema of scenario files, for editors that complete and check YAML."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("schema", help="print the scenario JSON Schema",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser("schema", help="Print the JSON Schema of scenario files.",
+                                   description=DESCRIPTION)
     parser.set_defaults(func=run)
     return parser
 

@@ -20,17 +20,22 @@ from typing import Any
 from fedsim.config import load_scenario
 from fedsim.runtime.options import DeploymentOptions
 
+DESCRIPTION = (
+    "Run a scenario's server as its own process, talking to the clients through an MQTT broker."
+)
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "server", help="run a scenario's server over MQTT", description=__doc__.splitlines()[0]
+        "server", help="Run a scenario's server as a process talking to an MQTT broker.",
+        description=DESCRIPTION,
     )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
+    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
     parser.add_argument(
-        "--state", metavar="DIR", help="checkpoint directory (default: fedsim-state/<run>/server)"
+        "--state", metavar="DIR", help="The checkpoint directory (by default fedsim-state/RUN/server)."
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="where metrics.jsonl and server.json go (default: --state)"
+        "--out", metavar="DIR", help="Where metrics.jsonl and server.json go (by default the --state directory)."
     )
     DeploymentOptions.add_arguments(parser, wait_for_clients=0.0)
     parser.set_defaults(func=run)
@@ -38,12 +43,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import configure_logging
     from fedsim.runtime.deployment import broker_for, run_process
     from fedsim.runtime.server_process import serve
 
     options = DeploymentOptions.from_args(args)
-    configure_logging(options.json_logs)
     loaded = load_scenario(args.scenario, args.overrides)
     broker, run_name = broker_for(options, role="server")
     run_name = run_name or loaded.scenario.name

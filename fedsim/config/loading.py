@@ -6,15 +6,16 @@ raises :class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit statu
 ``errors`` holds one line per problem, e.g. ``clients.groups[1].batch_size (line 23): must be
 > 0``.
 
-Relative paths inside a scenario (``dataset.path``) are resolved against the current working
-directory first and, when no file exists there, against the directory of the scenario file
-(:func:`resolve_path`), so ``fedsim run scenarios/quickstart.yaml`` from the repository root and
-a scenario next to its data both work.
+Relative paths inside a scenario (``dataset.path``) are resolved against the directory of the
+scenario file first and, when nothing exists there, against the current working directory
+(:func:`resolve_path`), so a scenario works from any working directory. A named data set
+needs no path at all (see :mod:`fedsim.training.datasets` for its search order).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from fedsim.config import limits
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 
@@ -34,9 +36,13 @@ __all__ = [
     "dump_scenario",
     "load_scenario",
     "parse_scenario",
+    "path_candidates",
     "resolve_path",
     "scenario_json_schema",
 ]
+
+
+_MAX_SHOWN_ERRORS = 50  # a file with thousands of bad values lists the first ones
 
 
 class ScenarioError(ConfigError):
@@ -47,7 +53,10 @@ class ScenarioError(ConfigError):
         self.errors = list(errors)
         count = len(self.errors)
         head = f"{source}: {count} problem{'s' if count != 1 else ''}"
-        super().__init__("\n  ".join([head, *self.errors]))
+        shown = self.errors[:_MAX_SHOWN_ERRORS]
+        if count > len(shown):
+            shown.append(f"... and {count - len(shown)} more")
+        super().__init__("\n  ".join([head, *shown]))
 
 
 @dataclass(frozen=True)
@@ -63,41 +72,154 @@ class LoadedScenario:
 
 
 # ---------------------------------------------------------------------------------------------
-# YAML with duplicate keys rejected and line numbers kept
+# YAML with duplicate keys rejected, bounded depth and size, and line numbers kept
 
 
 class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
-    """A SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+    """A SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last) and
+    nesting deeper than :data:`~fedsim.config.limits.MAX_YAML_DEPTH` (the composer recurses
+    once per level, so a deep file would otherwise exhaust Python's recursion limit)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        self._nodes += 1
+        try:
+            if self._depth > limits.MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {limits.MAX_YAML_DEPTH} levels",
+                    self.peek_event().start_mark)
+            if self._nodes > limits.MAX_YAML_VALUES:  # stop early: each node costs time and memory
+                raise yaml.composer.ComposerError(
+                    None, None, f"holds more than {limits.MAX_YAML_VALUES} values",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(
     loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
 ) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    result: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
+    # Keys written in this mapping must be unique; keys it takes from a merge (``<<: *base``)
+    # may be overridden by a written key (YAML merge-key semantics: the written key wins).
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue
         key = loader.construct_object(key_node, deep=deep)
-        if key in result:
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key (a list or mapping): the constructor refuses it
+            continue
+        if duplicate:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )
-        result[key] = loader.construct_object(value_node, deep=deep)
-    return result
+    return loader.construct_mapping(node, deep=deep)
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _expanded_size(root: yaml.Node) -> None:
+    """Refuse a document whose tree, aliases expanded, is deeper than MAX_YAML_DEPTH or has
+    more than MAX_YAML_VALUES values (each anchored node is measured once)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def measure(node: yaml.Node, depth: int) -> int:
+        if depth > limits.MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {limits.MAX_YAML_DEPTH} levels once its "
+                "aliases are expanded", node.start_mark)
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise yaml.composer.ComposerError(
+                None, None, "an alias refers to a node that contains it (a recursive "
+                "structure)", node.start_mark)
+        open_nodes.add(key)
+        if isinstance(node, yaml.MappingNode):
+            size = 1 + sum(measure(k, depth + 1) + measure(v, depth + 1) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            size = 1 + sum(measure(item, depth + 1) for item in node.value)
+        else:
+            size = 1
+        open_nodes.discard(key)
+        if size > limits.MAX_YAML_VALUES:
+            raise yaml.composer.ComposerError(
+                None, None, f"stands for more than {limits.MAX_YAML_VALUES} values once its "
+                "aliases are expanded", node.start_mark)
+        sizes[key] = size
+        return size
+
+    measure(root, 1)
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return (f"not valid YAML (line {line}, column {column}): the control character "
+                f"U+{code:04X} is not allowed in YAML")
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"not valid YAML{where}: {problem}"
+
+
+def _load_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """(plain tree, node tree) of one YAML document, bounded in depth and expanded size."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _expanded_size(node)
+        return (loader.construct_document(node) if node is not None else None), node
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        return _load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(source, [f"not valid YAML{where}: {problem}"]) from None
-    return data, node
+        raise ScenarioError(source, [_yaml_error(exc, text)]) from None
+
+
+def _read_text(path: str | Path) -> str:
+    """The file's text: at most MAX_SCENARIO_BYTES (refused before parsing), UTF-8."""
+    limit = limits.MAX_SCENARIO_BYTES
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(limit + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such scenario file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the scenario file: {exc.strerror or exc}") from None
+    if len(raw) > limit:
+        raise ScenarioError(str(path), [
+            f"the file is larger than {limit / 2**20:g} MiB, the limit for scenario files "
+            "(scenarios are a few KiB; generate a smaller one)"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ScenarioError(str(path), [
+            f"not UTF-8 text (line {line}, column {column}: byte 0x{raw[exc.start]:02x}); "
+            "save the file as UTF-8"]) from None
 
 
 def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
@@ -148,9 +270,9 @@ def apply_override(data: Any, assignment: str) -> Any:  # noqa: C901 - one branc
         raise ConfigError(f"--set {assignment!r}: expected path=value")
     parts = _split_path(path.strip())
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else None
+        value = _load_yaml(raw_value)[0] if raw_value.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML: {exc}") from None
+        raise ConfigError(f"--set {path.strip()}: {_yaml_error(exc, raw_value)}") from None
     if data is None:
         data = {}
     node = data
@@ -203,6 +325,8 @@ def _data_path(data: Any, loc: Sequence[str | int]) -> list[str | int]:
     for part in loc:
         if isinstance(node, Mapping) and part not in node and node.get("kind") == part:
             continue  # the union member chosen by "kind", not a key of the file
+        if isinstance(part, str) and not isinstance(node, Mapping):
+            continue  # a union member's tag (``int``, ``list[int]``) under a list or a value
         path.append(part)
         if isinstance(node, Mapping):
             node = node.get(part)
@@ -232,8 +356,13 @@ def _describe(error: Mapping[str, Any]) -> str:
 
 def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
     lines: list[str] = []
-    for error in exc.errors(include_url=False):
-        path = _data_path(data, error["loc"])
+    errors = exc.errors(include_url=False)
+    paths = [_data_path(data, error["loc"]) for error in errors]
+    for error, path in zip(errors, paths, strict=True):
+        if len(path) < len(error["loc"]) and any(
+            len(other) > len(path) and other[: len(path)] == path for other in paths
+        ):
+            continue  # a union member that does not fit at all, where another one nearly does
         line = _line_of(node, path) if node is not None else None
         where = _format_path(path) or "scenario"
         at = f" (line {line})" if line is not None else ""
@@ -248,33 +377,33 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
 # Public entry points
 
 
-def resolve_path(path: str | Path, base_dir: Path) -> Path:
-    """A scenario's relative path: CWD first, then the scenario file's directory."""
+def path_candidates(path: str | os.PathLike[str], base_dir: Path | None) -> list[Path]:
+    """Where a scenario's relative path may be, in order: beside the scenario file
+    (``base_dir``), then in the working directory. An absolute path is itself."""
     candidate = Path(path).expanduser()
     if candidate.is_absolute():
-        return candidate
-    if candidate.exists():
-        return candidate.resolve()
-    beside = base_dir / candidate
-    if beside.exists():
-        return beside.resolve()
-    return candidate.resolve()
+        return [candidate]
+    places = [(base_dir / candidate).resolve()] if base_dir is not None else []
+    in_cwd = candidate.resolve()
+    return places if in_cwd in places else [*places, in_cwd]
 
 
-def _file_problems(scenario: Scenario, base_dir: Path) -> list[str]:
-    problems = []
-    if scenario.dataset.path is not None:
-        resolved = resolve_path(scenario.dataset.path, base_dir)
-        if not resolved.is_file():
-            problems.append(
-                f"dataset.path: file not found: {scenario.dataset.path} (looked in the current "
-                f"directory and in {base_dir})"
-            )
-    return problems
+def resolve_path(path: str | Path, base_dir: Path) -> Path:
+    """The first of :func:`path_candidates` that exists (the first of all when none does)."""
+    places = path_candidates(path, base_dir)
+    return next((p for p in places if _exists(p)), places[0])
 
 
-def parse_scenario(data: Any, *, source: str = "<scenario>", node: yaml.Node | None = None,
-                   base_dir: Path | None = None, check_files: bool = True) -> Scenario:
+def _exists(path: Path) -> bool:
+    """``path.exists()``, false for a name the OS refuses (too long, NUL byte)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def parse_scenario(data: Any, *, source: str = "<scenario>",
+                   node: yaml.Node | None = None) -> Scenario:
     """Validate a plain tree (as read from YAML) into a :class:`Scenario`."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
@@ -283,30 +412,19 @@ def parse_scenario(data: Any, *, source: str = "<scenario>", node: yaml.Node | N
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(source, _format_errors(exc, data, node)) from None
-    if check_files:
-        problems = _file_problems(scenario, base_dir or Path.cwd())
-        if problems:
-            raise ScenarioError(source, problems)
     return scenario
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
-                  check_files: bool = True) -> LoadedScenario:
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> LoadedScenario:
     """Read, override (``--set path=value``, applied in order) and validate a scenario file."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such scenario file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the scenario file: {exc}") from None
+    text = _read_text(file)
     data, node = _read_yaml(text, str(path))
     for assignment in overrides:
         data = apply_override(data, assignment)
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree
-    scenario = parse_scenario(data, source=str(path), node=node, base_dir=file.parent.resolve(),
-                              check_files=check_files)
+    scenario = parse_scenario(data, source=str(path), node=node)
     return LoadedScenario(scenario, file.resolve())
 
 

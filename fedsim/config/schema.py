@@ -11,122 +11,61 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections import Counter
+from typing import Annotated, Any, Literal
 
-import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(gt=0)]
+from fedsim.config import limits
+from fedsim.config.distributions import (
+    BatchSize,
+    ClassCount,
+    ClientCount,
+    Constant,
+    Delta,
+    Distribution,
+    Exponential,
+    FeatureCount,
+    Fraction,
+    LogNormal,
+    MessageBytes,
+    OpenUnit,
+    PositiveInt,
+    PositiveSeconds,
+    Probability,
+    RoundCount,
+    SampleCount,
+    Scale,
+    Seed,
+    ShardCount,
+    ShiftedExponential,
+    StepCount,
+    Strict,
+    ThreadCount,
+    Uniform,
+    VersionCount,
+    WindowCount,
+)
+from fedsim.config.posture import (
+    Budget,
+    Clip,
+    ConstantClip,
+    ConstantNoise,
+    DecayClip,
+    GrowingMuNoise,
+    Noise,
+    TargetNoise,
+)
 
-
-class _Strict(BaseModel):
-    """Base of every scenario section: immutable, unknown keys rejected."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Distributions (latency, compute speed, on/off periods)
-
-
-class _Distribution(_Strict):
-    """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
-
-    if TYPE_CHECKING:  # each subclass defines it (a pydantic model: no abstract methods here)
-
-        def sample(self, rng: np.random.Generator) -> float: ...
-
-    def sampler(self) -> Callable[[np.random.Generator], float]:
-        """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
-        takes it."""
-        return self.sample
-
-    @property
-    def is_zero(self) -> bool:
-        return False
-
-
-class Constant(_Distribution):
-    """Always ``value``. A bare number in YAML means this."""
-
-    kind: Literal["constant"] = "constant"
-    value: NonNegativeFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return self.value
-
-    @property
-    def is_zero(self) -> bool:
-        return self.value == 0.0
-
-
-class Uniform(_Distribution):
-    """Uniform on [low, high]."""
-
-    kind: Literal["uniform"]
-    low: NonNegativeFloat
-    high: NonNegativeFloat
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Uniform:
-        if self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        return self
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(rng.uniform(self.low, self.high))
-
-
-class Exponential(_Distribution):
-    """Exponential with the given mean (memoryless waiting times, e.g. crashes)."""
-
-    kind: Literal["exponential"]
-    mean: PositiveFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(rng.exponential(self.mean))
-
-
-class LogNormal(_Distribution):
-    """exp(N(log(median), sigma^2)): heavy-tailed positive times (stragglers, network jitter)."""
-
-    kind: Literal["lognormal"]
-    median: PositiveFloat
-    sigma: NonNegativeFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(self.median * math.exp(self.sigma * rng.standard_normal()))
-
-
-class ShiftedExponential(_Distribution):
-    """``minimum`` + Exponential(mean): a fixed propagation delay plus queueing jitter."""
-
-    kind: Literal["shifted_exponential"]
-    minimum: NonNegativeFloat
-    mean: PositiveFloat
-
-    def sample(self, rng: np.random.Generator) -> float:
-        return float(self.minimum + rng.exponential(self.mean))
-
-
-def _number_is_constant(value: Any) -> Any:
-    """A bare number in YAML stands for ``{kind: constant, value: number}``."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return {"kind": "constant", "value": value}
-    return value
-
-
-Distribution = Annotated[
-    Constant | Uniform | Exponential | LogNormal | ShiftedExponential,
-    Field(discriminator="kind"),
-    BeforeValidator(_number_is_constant),
+__all__ = [
+    "Budget", "ClientGroup", "Clients", "Clip", "Constant", "ConstantClip", "ConstantNoise",
+    "Dataset", "DecayClip", "Distribution", "Exponential", "GrowingMuNoise", "Link", "LogNormal",
+    "Model", "Network", "Noise", "Scenario", "Server", "ShiftedExponential", "Stop",
+    "TargetNoise", "Uniform",
 ]
+
+_Strict = Strict
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,35 +75,61 @@ Distribution = Annotated[
 class Partition(_Strict):
     """How a group's share of the training set is split among its clients."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = "iid"
-    alpha: PositiveFloat = 0.5  # dirichlet concentration (smaller = more label skew)
-    shards_per_client: PositiveInt = 2
-    size_sigma: PositiveFloat = 1.0  # unequal: log-normal spread of client sizes
+    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = Field(
+        default="iid", description="How the group's records are split among its clients: iid (equal "
+        "random parts), dirichlet (label skew), shards (a few labels each) or unequal (IID "
+        "contents, log-normal sizes).")
+    alpha: Scale = Field(
+        default=0.5, description="The Dirichlet concentration of the dirichlet scheme (Hsu, Qi and "
+        "Brown, \"Measuring the Effects of Non-Identical Data Distribution\"); smaller means "
+        "more label skew.")
+    shards_per_client: ShardCount = Field(
+        default=2, description="Label-sorted shards dealt to each client by the shards scheme "
+        "(McMahan et al., \"Communication-Efficient Learning of Deep Networks from "
+        "Decentralized Data\").")
+    size_sigma: Annotated[float, Field(gt=0.0, le=limits.MAX_LOGNORMAL_SIGMA)] = Field(
+        default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
 
 class Dataset(_Strict):
     """Training / held-out data.
 
-    ``path`` (mnist): a relative path is resolved against the current working directory and,
-    if no file is there, against the scenario file's directory (see
-    :func:`fedsim.config.loading.resolve_path`). Omitted: the data loader's own search
-    ($FEDSIM_DATA_DIR, the user cache).
+    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
+    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
+    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
+    offline; see :mod:`fedsim.training.datasets`.
     """
 
-    name: Literal["mnist", "synthetic"]
-    path: str | None = None
-    # synthetic only: a seeded Gaussian-mixture classification problem
-    num_samples: PositiveInt = 6000
-    num_test_samples: PositiveInt = 1000
-    num_features: PositiveInt = 20
-    num_classes: Annotated[int, Field(ge=2)] = 4
-    # evaluation on at most this many held-out samples (None: all), for speed
-    test_subset: PositiveInt | None = None
+    name: Literal["mnist", "synthetic"] = Field(
+        description="The data set: mnist, or synthetic (a seeded Gaussian-mixture "
+        "classification problem).")
+    path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
+        default=None, description="Where the data set's file or directory is; a relative "
+        "path is looked for beside the scenario file, then in the working directory. Omitted, "
+        "$FEDSIM_DATA_DIR and the user cache are searched, and the data set is downloaded "
+        "into the cache unless offline.")
+    num_samples: SampleCount = Field(
+        default=6000, description="Training records of the synthetic data set.")
+    num_test_samples: SampleCount = Field(
+        default=1000, description="Held-out records of the synthetic data set.")
+    num_features: FeatureCount = Field(
+        default=20, description="Features of each synthetic record.")
+    num_classes: ClassCount = Field(
+        default=4, description="Classes of the synthetic data set (at least 2).")
+    test_subset: SampleCount | None = Field(
+        default=None, description="Evaluate on at most this many held-out records, for speed; "
+        "omitted, on all of them.")
 
     @model_validator(mode="after")
     def _path_only_for_files(self) -> Dataset:
         if self.name == "synthetic" and self.path is not None:
             raise ValueError("path: a synthetic dataset is generated, it takes no path")
+        values = self.num_samples * self.num_features
+        if self.name == "synthetic" and values > limits.MAX_SYNTHETIC_VALUES:
+            raise ValueError(
+                f"num_samples x num_features is {values}, above the "
+                f"{limits.MAX_SYNTHETIC_VALUES} values a generated training set may hold "
+                "(it is drawn in memory at once)")
         return self
 
 
@@ -185,9 +150,15 @@ class Model(_Strict):
     Neither given: the model comes from Python (``model_factory``).
     """
 
-    name: str | None = Field(default=None, min_length=1)
-    factory: str | None = None
-    options: dict[str, OptionValue] = Field(default_factory=dict)
+    name: str | None = Field(
+        default=None, min_length=1, description="A built-in model by name (logreg, mlp, "
+        "dp_mnist_cnn or groupnorm_cnn).")
+    factory: str | None = Field(
+        default=None, description="Your own model: 'package.module:function', imported when "
+        "the run is built and called with the options.")
+    options: dict[str, OptionValue] = Field(
+        default_factory=dict, description="Keyword options of the model, such as hidden: "
+        "[128] for an MLP; input size and class count come from the data when omitted.")
 
     @field_validator("factory")
     @classmethod
@@ -210,107 +181,25 @@ class Model(_Strict):
 
 
 # ---------------------------------------------------------------------------------------------
-# Client DP posture
-
-
-class ConstantClip(_Strict):
-    kind: Literal["constant"] = "constant"
-    value: PositiveFloat
-
-
-class DecayClip(_Strict):
-    """Sensitivity decay (Du et al., paper 002): C_t = initial * final_ratio^(t/T) over the
-    group's T = ``rounds``, so the clip falls from ``initial`` to ``initial * final_ratio``."""
-
-    kind: Literal["decay"]
-    initial: PositiveFloat
-    final_ratio: Annotated[float, Field(gt=0.0, le=1.0)]
-
-
-Clip = Annotated[
-    ConstantClip | DecayClip, Field(discriminator="kind"), BeforeValidator(_number_is_constant)
-]
-
-
-class ConstantNoise(_Strict):
-    """A fixed noise multiplier sigma (noise std / sensitivity)."""
-
-    kind: Literal["constant"] = "constant"
-    sigma: PositiveFloat
-
-
-class TargetNoise(_Strict):
-    """Calibrate sigma at start: the smallest sigma whose ``rounds`` releases (the group's
-    ``rounds``) are (epsilon, delta)-DP under the group's accountant."""
-
-    kind: Literal["target"]
-    epsilon: PositiveFloat
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
-
-
-class GrowingMuNoise(_Strict):
-    """Growing mu_t (Du et al., paper 002): per-round GDP mu_t = mu_0 * growth^(t/T) (noise
-    sigma_t = 1/mu_t shrinking over the group's T = ``rounds``). mu_0 is solved in one of two
-    ways (give exactly one):
-
-    * ``epsilon`` + ``delta``: the T rounds meet (epsilon, delta) under the group's accountant
-      (a guarantee; :func:`fedsim.privacy.schedules.solve_growing_mu`);
-    * ``mu_total``: CLT APPROXIMATION - the heterogeneous GDP CLT over the T rounds,
-      mu = q sqrt(sum_t (e^{mu_t^2} - 1)) (Du et al. Thm 1), meets ``mu_total``. The paper's
-      own calibration; it can under-report eps (:func:`fedsim.privacy.schedules.clt_growing_mu`).
-    """
-
-    kind: Literal["growing_mu"]
-    growth: Annotated[float, Field(ge=1.0)]
-    epsilon: PositiveFloat | None = None
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    mu_total: PositiveFloat | None = None
-
-    @model_validator(mode="after")
-    def _one_target(self) -> GrowingMuNoise:
-        by_budget = self.epsilon is not None or self.delta is not None
-        if by_budget and (self.epsilon is None or self.delta is None):
-            raise ValueError("growing_mu: give epsilon and delta together")
-        if by_budget == (self.mu_total is not None):
-            raise ValueError("growing_mu: give either epsilon + delta (solved under the "
-                             "group's accountant) or mu_total (CLT approximation), not both")
-        return self
-
-
-def _bare_sigma_is_constant(value: Any) -> Any:
-    """``noise: 1.1`` and ``noise: {sigma: 1.1}`` both mean a constant sigma."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return {"kind": "constant", "sigma": value}
-    if isinstance(value, dict) and "kind" not in value and "sigma" in value:
-        return {"kind": "constant", **value}
-    return value
-
-
-Noise = Annotated[
-    ConstantNoise | TargetNoise | GrowingMuNoise,
-    Field(discriminator="kind"),
-    BeforeValidator(_bare_sigma_is_constant),
-]
-
-
-class Budget(_Strict):
-    """A client's privacy budget: it never releases an update past (epsilon, delta)."""
-
-    epsilon: PositiveFloat
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
+# Client availability and staleness
 
 
 class Staleness(_Strict):
-    """When a client waits for a fresh global model before its next round (paper 000: "if the
-    last received global model happened too many rounds ago" or "deviates too far").
+    """When a client waits for a fresh global model before its next round (van Dijk et al.,
+    "Considerations on the Theory of Training Models with Differential Privacy": "if the last
+    received global model happened too many rounds ago" or "deviates too far").
 
     ``max_versions_behind``: local rounds applied on top of the held global model; at this many
     the client waits for a newer global. ``max_distance``: L2 distance between the local model
     and the held global model beyond which it waits. None disables a rule.
     """
 
-    max_versions_behind: PositiveInt | None = None
-    max_distance: PositiveFloat | None = None
+    max_versions_behind: PositiveInt | None = Field(
+        default=None, description="Local rounds on top of the held global model after which the client "
+        "waits for a newer one; omitted, it never waits for this reason.")
+    max_distance: Scale | None = Field(
+        default=None, description="L2 distance between the local and the held global model beyond "
+        "which the client waits for a newer global model; omitted, no distance rule.")
 
 
 class Crashes(_Strict):
@@ -318,24 +207,38 @@ class Crashes(_Strict):
     losing its in-memory model; it rejoins after ``rejoin_after`` (None: never) with its ledger
     resumed from disk."""
 
-    every: Distribution
-    rejoin_after: Distribution | None = None
+    every: Distribution = Field(description="The up-time before each crash, in virtual seconds.")
+    rejoin_after: Distribution | None = Field(
+        default=None, description="The down-time before a crashed client rejoins with its ledger "
+        "resumed from disk; omitted, it never rejoins.")
 
+    @model_validator(mode="after")
+    def _up_for_a_while(self) -> Crashes:
+        if self.every.is_zero:
+            raise ValueError("every: a client that crashes after 0 s never runs (and crashing "
+                             "at once forever would stall the run); give a positive up-time")
+        return self
 
 
 class Availability(_Strict):
     """Alternating on/off periods (an offline client neither trains nor receives) and crashes.
     With ``online`` unset the client is always on (apart from crashes)."""
 
-    online: Distribution | None = None
-    offline: Distribution | None = None
-    crashes: Crashes | None = None
-
+    online: Distribution | None = Field(
+        default=None, description="How long a client stays online, in virtual seconds; omitted, it is "
+        "always online.")
+    offline: Distribution | None = Field(
+        default=None, description="How long a client stays offline (neither training nor receiving).")
+    crashes: Crashes | None = Field(
+        default=None, description="Crash-stop failures of the client process; omitted, it never crashes.")
 
     @model_validator(mode="after")
     def _both_periods(self) -> Availability:
         if (self.online is None) != (self.offline is None):
             raise ValueError("online and offline periods go together: give both or neither")
+        if self.online is not None and self.online.is_zero:
+            raise ValueError("online: a client online for 0 s never trains (and switching at "
+                             "the same instant forever would stall the run)")
         return self
 
 
@@ -346,25 +249,38 @@ class Availability(_Strict):
 class Link(_Strict):
     """One direction of the network: per-message latency, losses, and bandwidth."""
 
-    latency: Distribution = Field(default_factory=lambda: Constant(value=0.0))
-    drop: Probability = 0.0
-    duplicate: Probability = 0.0
-    reorder: Probability = 0.0
-    bandwidth_bytes_per_s: PositiveFloat | None = None  # None: transfer time is zero
-
+    latency: Distribution = Field(
+        default_factory=lambda: Constant(value=0.0),
+        description="The delay of each message, in virtual seconds.")
+    drop: Probability = Field(default=0.0, description="The probability that a message is lost.")
+    duplicate: Probability = Field(
+        default=0.0, description="The probability that a message is delivered twice.")
+    reorder: Probability = Field(
+        default=0.0, description="The probability that a message is held back behind later ones.")
+    bandwidth_bytes_per_s: Annotated[float, Field(ge=1.0, le=1e15, allow_inf_nan=False)] | None \
+        = Field(default=None, description="Bytes per second (1 to 10^15), which adds a transfer time "
+                "to each message; omitted, transfers take no time.")
 
 
 class LinkOverride(_Strict):
     """Per-group network settings; unset fields inherit the scenario's ``network``."""
 
-    uplink: Link | None = None
-    downlink: Link | None = None
+    uplink: Link | None = Field(
+        default=None, description="The link that carries the group's messages to the server.")
+    downlink: Link | None = Field(
+        default=None, description="The link that carries the server's messages to the group.")
 
 
 class Network(_Strict):
-    uplink: Link = Field(default_factory=Link)
-    downlink: Link = Field(default_factory=Link)
-    max_message_bytes: PositiveInt = 64 * 1024 * 1024
+    """The links between every client and the server."""
+
+    uplink: Link = Field(default_factory=Link,
+                         description="The link that carries client-to-server messages.")
+    downlink: Link = Field(default_factory=Link,
+                           description="The link that carries server-to-client messages.")
+    max_message_bytes: MessageBytes = Field(
+        default=64 * 1024 * 1024, description="The largest message the network carries, in bytes "
+        "(at most 1 GiB); a model must fit in one.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,26 +290,51 @@ class Network(_Strict):
 class ClientGroup(_Strict):
     """``count`` clients that share one DP posture, speed and availability model."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
-    count: PositiveInt
-    data_share: Annotated[float, Field(gt=0.0, le=1.0)]
-    partition: Partition = Field(default_factory=Partition)
-    batch_size: PositiveInt
-    sampling: Literal["poisson", "fixed"] = "poisson"
-    clip: Clip
-    noise: Noise
-    local_steps: PositiveInt = 1
-    local_lr: PositiveFloat = 0.1
-    max_physical_batch: PositiveInt = 256
-    rounds: PositiveInt | None = None  # stop ("done") after this many rounds
-    speed: Distribution = Field(default_factory=lambda: Constant(value=0.0))
-    availability: Availability = Field(default_factory=Availability)
-    staleness: Staleness = Field(default_factory=Staleness)
-    budget: Budget | None = None
-    accountant: Literal["pld", "rdp"] = "pld"
-    weight: PositiveFloat = 1.0  # mixing weight under server.mixing = "configured"
-    network: LinkOverride | None = None
-
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$",
+                      description="The group's name, which prefixes its client ids.")
+    count: ClientCount = Field(description="How many clients the group has.")
+    data_share: Fraction = Field(
+        description="The fraction of the training set the group's clients hold together.")
+    partition: Partition = Field(
+        default_factory=Partition, description="How the group's share is split among its "
+        "clients.")
+    batch_size: BatchSize = Field(
+        description="The expected (Poisson) or exact (fixed) number of records per DP-SGD "
+        "step, m; each client needs at least m records (q = m/N <= 1).")
+    sampling: Literal["poisson", "fixed"] = Field(
+        default="poisson", description="Poisson batches (each record joins with probability m/N; "
+        "add/remove neighbours, sensitivity C) or fixed-size batches (replace-one neighbours, "
+        "sensitivity 2C).")
+    clip: Clip = Field(description="The clipping norm C: a number, or a constant or decay "
+                                   "schedule.")
+    noise: Noise = Field(description="The noise multiplier sigma: a number, or a constant, "
+                                     "target or growing_mu schedule.")
+    local_steps: StepCount = Field(
+        default=1, description="DP-SGD steps in each round before its update is released.")
+    local_lr: Scale = Field(default=0.1, description="The learning rate of the local DP-SGD steps.")
+    max_physical_batch: BatchSize = Field(
+        default=256, description="The most examples whose per-example gradients are held at once; "
+        "larger batches are computed in parts (the same result).")
+    rounds: RoundCount | None = Field(
+        default=None, description="After this many rounds a client stops (done); needed by schedules "
+        "that are calibrated over a fixed number of rounds.")
+    speed: Distribution = Field(
+        default_factory=lambda: Constant(value=0.0),
+        description="Virtual seconds of compute per sample gradient.")
+    availability: Availability = Field(
+        default_factory=Availability, description="Online and offline periods and crashes.")
+    staleness: Staleness = Field(
+        default_factory=Staleness, description="When a client waits for a fresh global model.")
+    budget: Budget | None = Field(
+        default=None, description="The privacy budget each client never exceeds; omitted, no budget.")
+    accountant: Literal["pld", "rdp"] = Field(
+        default="pld", description="The accountant of the clients' ledgers: pld (privacy-loss "
+        "distributions) or rdp (Renyi DP with the optimal conversion of Asoodeh et al., \"A "
+        "Better Bound Gives a Hundred Rounds\").")
+    weight: Scale = Field(
+        default=1.0, description="The clients' mixing weight when server.mixing is configured.")
+    network: LinkOverride | None = Field(
+        default=None, description="The group's own links; unset parts inherit the scenario's network.")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -408,17 +349,23 @@ class ClientGroup(_Strict):
 
 
 class Clients(_Strict):
-    groups: list[ClientGroup] = Field(min_length=1)
+    """The client population, as groups that share a posture."""
+
+    groups: list[ClientGroup] = Field(
+        min_length=1, description="The client groups, at least one; names must be unique.")
 
     @model_validator(mode="after")
     def _shares_and_names(self) -> Clients:
-        names = [g.name for g in self.groups]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        counts = Counter(g.name for g in self.groups)
+        duplicates = sorted(name for name, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(f"group names must be unique, repeated: {duplicates}")
         total = sum(g.data_share for g in self.groups)
         if total > 1.0 + 1e-9:
             raise ValueError(f"data_share of all groups sums to {total:g}, must be <= 1")
+        if self.total > limits.MAX_CLIENTS:
+            raise ValueError(f"the groups have {self.total} clients together, more than the "
+                             f"{limits.MAX_CLIENTS} one simulation holds")
         return self
 
     @property
@@ -431,47 +378,68 @@ class Clients(_Strict):
 
 
 class ConstantStep(_Strict):
-    kind: Literal["constant"] = "constant"
-    value: PositiveFloat = 1.0
+    """The same server step size in every window."""
+
+    kind: Literal["constant"] = Field(default="constant", description="The same step in every window.")
+    value: Scale = Field(default=1.0, description="The step size the server applies in every window.")
 
 
 class PlateauStep(_Strict):
     """Multiply by ``factor`` whenever held-out accuracy does not improve on its best for
-    ``patience`` evaluations (paper 000's "decrease the step size by 10%"), never below
+    ``patience`` evaluations (van Dijk et al.'s "decrease the step size by 10%"), never below
     ``minimum``."""
 
-    kind: Literal["plateau"]
-    initial: PositiveFloat = 1.0
-    factor: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
-    patience: PositiveInt = 1
-    minimum: NonNegativeFloat = 0.0
+    kind: Literal["plateau"] = Field(
+        description="Shrink the step whenever held-out accuracy stops improving.")
+    initial: Scale = Field(default=1.0, description="The first window's step size.")
+    factor: OpenUnit = Field(default=0.9, description="What the step is multiplied by on a plateau.")
+    patience: PositiveInt = Field(
+        default=1, description="Evaluations without a new best accuracy that make a plateau.")
+    minimum: Annotated[float, Field(ge=0.0, le=limits.MAX_SCALE)] = Field(
+        default=0.0, description="The step size never falls below this.")
 
 
 class InverseTimeStep(_Strict):
     """initial / (1 + decay * window) ** power: a diminishing step-size law."""
 
-    kind: Literal["inverse_time"]
-    initial: PositiveFloat = 1.0
-    decay: NonNegativeFloat
-    power: PositiveFloat = 1.0
+    kind: Literal["inverse_time"] = Field(
+        description="A diminishing step, initial / (1 + decay window)^power.")
+    initial: Scale = Field(default=1.0, description="The first window's step size.")
+    decay: Annotated[float, Field(ge=0.0, le=limits.MAX_SCALE)] = Field(
+        description="How fast the step shrinks per window.")
+    power: Annotated[float, Field(gt=0.0, le=100.0)] = Field(
+        default=1.0, description="The exponent of the decay.")
 
 
 StepSize = Annotated[ConstantStep | PlateauStep | InverseTimeStep, Field(discriminator="kind")]
 
 
 class Server(_Strict):
-    """Time windows, mixing, step size, evaluation and broadcast (paper 000, sec. 3)."""
+    """Time windows, mixing, step size, evaluation and broadcast (van Dijk et al.,
+    "Considerations on the Theory of Training Models with Differential Privacy", sec. 3)."""
 
-    window: PositiveFloat
-    mixing: Literal["data_size", "configured", "uniform"] = "data_size"
-    # population: lambda_i = weight_i / (all clients' weight), so a window in which few clients
-    # report moves the model less; window: a convex mix of whatever arrived in the window.
-    normalize: Literal["population", "window"] = "population"
-    participation: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    step_size: StepSize = Field(default_factory=ConstantStep)
-    broadcast_every: PositiveInt = 1
-    max_staleness: Annotated[int, Field(ge=0)] | None = None  # versions; None: accept all
-    eval_every: PositiveInt = 1
+    window: Annotated[float, Field(ge=limits.MIN_WINDOW, le=limits.MAX_SECONDS,
+                                   allow_inf_nan=False)] = Field(
+        description="The length of a server window in virtual seconds (at least 0.001): "
+        "updates that arrive in one window are mixed together.")
+    mixing: Literal["data_size", "configured", "uniform"] = Field(
+        default="data_size", description="How clients' updates are weighted: by declared data size, "
+        "by each group's weight, or equally.")
+    normalize: Literal["population", "window"] = Field(
+        default="population", description="population divides each weight by all clients' weight, so "
+        "a window in which few clients report moves the model less; window mixes whatever "
+        "arrived in the window convexly.")
+    participation: Fraction = Field(
+        default=1.0, description="The fraction of clients whose updates a window takes.")
+    step_size: StepSize = Field(default_factory=ConstantStep,
+                                description="The server's step size over windows.")
+    broadcast_every: WindowCount = Field(
+        default=1, description="Broadcast the global model every this many windows.")
+    max_staleness: VersionCount | None = Field(
+        default=None, description="Refuse updates computed on a model this many versions old or "
+        "older; omitted, accept all.")
+    eval_every: WindowCount = Field(
+        default=1, description="Evaluate on the held-out set every this many windows.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,10 +452,15 @@ class Stop(_Strict):
     ``all_budgets_spent`` (on by default) ends it once no client can train any more (budget
     spent, rounds done, crashed for good) and every update in flight has arrived."""
 
-    virtual_seconds: PositiveFloat | None = None
-    windows: PositiveInt | None = None
-    target_accuracy: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    all_budgets_spent: bool = True
+    virtual_seconds: PositiveSeconds | None = Field(
+        default=None, description="Stop at the first window end at or after this virtual time.")
+    windows: WindowCount | None = Field(
+        default=None, description="Stop after this many server windows.")
+    target_accuracy: Fraction | None = Field(
+        default=None, description="Stop once held-out accuracy reaches this.")
+    all_budgets_spent: bool = Field(
+        default=True, description="Stop once no client can train any more (budget spent, rounds done "
+        "or crashed for good) and every update in flight has arrived.")
 
 
 class Privacy(_Strict):
@@ -500,29 +473,56 @@ class Privacy(_Strict):
     from the operating system; ``seeded_not_private`` from the scenario seed, for reproducible
     tests only: the server can then regenerate every client's noise (marked in the outputs)."""
 
-    delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
-    timing: Literal["public", "realised"] = "public"
-    deployed_randomness: Literal["os_entropy", "seeded_not_private"] = "os_entropy"
+    delta: Delta = Field(default=1e-5, description="The delta at which reports give each client's "
+                                           "epsilon.")
+    timing: Literal["public", "realised"] = Field(
+        default="public", description="public times a deployed round by the expected batch (a "
+        "public value); realised by the realised Poisson batch, which reveals its size to the "
+        "server and is not covered by the accountant.")
+    deployed_randomness: Literal["os_entropy", "seeded_not_private"] = Field(
+        default="os_entropy", description="os_entropy keys deployed clients' batches and noise "
+        "from the operating system; seeded_not_private from the scenario seed, for "
+        "reproducible tests only (the server could regenerate the noise).")
+
+
+def _one_path_component(name: str) -> str:
+    """The default run directory is ``runs/<name>-seed<N>``: the name must not leave it."""
+    if not 1 <= len(name) <= 120 or name[0] == "." or any(
+            c in "/\\" or ord(c) < 32 for c in name):
+        raise ValueError("must be 1 to 120 characters without '/', '\\' or control characters, "
+                         "not starting with '.' (it names the run directory)")
+    return name
 
 
 class Scenario(_Strict):
     """One run: data, model, clients, server, network, stop condition and seed."""
 
-    name: str = Field(default="scenario", min_length=1)
-    seed: Annotated[int, Field(ge=0)] = 0
-    stop: Stop
-    dataset: Dataset
-    model: Model
-    clients: Clients
-    server: Server
-    network: Network = Field(default_factory=Network)
-    privacy: Privacy = Field(default_factory=Privacy)
-    # torch threads for training: one by default (on a shared CPU more threads often slow down)
-    torch_threads: PositiveInt = 1
+    name: Annotated[str, AfterValidator(_one_path_component)] = Field(
+        default="scenario", description="The scenario's name, which names the default run "
+        "directory (one path component of at most 120 characters).")
+    seed: Seed = Field(
+        default=0, description="The seed every random draw of a simulated run comes from.")
+    stop: Stop = Field(description="The conditions that end the run; the first one met ends it.")
+    dataset: Dataset = Field(description="The training and held-out data.")
+    model: Model = Field(description="The model every client trains.")
+    clients: Clients = Field(description="The client population, as groups of clients that share a posture.")
+    server: Server = Field(description="The server's windows, mixing and step size.")
+    network: Network = Field(default_factory=Network,
+                             description="The simulated network between clients and the server.")
+    privacy: Privacy = Field(default_factory=Privacy,
+                             description="How the reports state each client's privacy.")
+    torch_threads: ThreadCount = Field(
+        default=1, description="torch threads for training; one by default, as more threads often slow "
+        "a shared CPU down.")
 
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:
         stop = self.stop
+        if stop.virtual_seconds is not None and \
+                stop.virtual_seconds / self.server.window > limits.MAX_WINDOWS:
+            raise ValueError(
+                f"stop.virtual_seconds / server.window is {stop.virtual_seconds / self.server.window:.3g} "
+                f"windows, more than {limits.MAX_WINDOWS}; lengthen server.window")
         bounded = stop.virtual_seconds is not None or stop.windows is not None
         if bounded:
             return self

@@ -3,7 +3,8 @@
 fedsim's unit of release is the *subsampled Gaussian step* (one DP-SGD round, one noised
 quantile estimate, one DP normalisation release). Its ``sigma`` is the noise multiplier: the
 Gaussian's standard deviation divided by the sensitivity of the released sum under the step's
-neighbouring relation. The sampling scheme fixes that relation (DESIGN.md, paper 000):
+neighbouring relation. The sampling scheme fixes that relation (docs/DESIGN.md; van Dijk &
+Nguyen):
 
 * ``"poisson"``: every record is included independently with probability ``q``; neighbouring
   data sets differ by adding or removing one record (add/remove); the sum's sensitivity is the

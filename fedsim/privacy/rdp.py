@@ -39,7 +39,7 @@ What is analysed (see :mod:`fedsim.privacy.events`); ``mu = 1/sigma`` throughout
 
 A history's RDP is the sum over steps (Mironov 2017, Prop. 1); conversions to (eps, delta)
 are in :mod:`fedsim.privacy.rdp_conversion`: ``epsilon`` / ``delta`` use the optimal
-conversion of Asoodeh et al. (paper 001), ``epsilon_classic`` the classic one.
+conversion of Asoodeh et al., ``epsilon_classic`` the classic one.
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def max_steps(step: GaussianStep, epsilon: float, delta: float,
     by RDP accounting with the given conversion; 0 if not even one release is.
 
     ``"classic"``: ``T = max_alpha floor((eps - log(1/delta)/(alpha-1)) / rdp(alpha))``.
-    ``"optimal"``: ``T = max_alpha floor(r*(alpha) / rdp(alpha))`` with ``r*`` from paper 001's
+    ``"optimal"``: ``T = max_alpha floor(r*(alpha) / rdp(alpha))`` with ``r*`` from Asoodeh et al.'s
     Theorem 3 (:func:`fedsim.privacy.rdp_conversion.optimal_rdp_budget`), then confirmed and
     corrected by the certified ``delta(eps) <= delta`` test of
     :func:`fedsim.privacy.rdp_conversion.delta_optimal`.
@@ -345,7 +345,7 @@ class RDPAccountant(Accountant):
 
     Neighbouring relation: add/remove for ``poisson`` steps, replace-one for ``fixed`` steps
     (one relation per accountant, see :class:`fedsim.privacy.accountant.Accountant`).
-    ``epsilon``/``delta`` use the optimal conversion of Asoodeh et al. 2021 (paper 001);
+    ``epsilon``/``delta`` use the optimal conversion of Asoodeh et al. 2021;
     ``epsilon_classic``/``delta_classic`` the classic one (Mironov 2017) for comparison.
 
     Settings: ``orders``, the Renyi orders (> 1) the curve is evaluated at
@@ -392,7 +392,7 @@ class RDPAccountant(Accountant):
         return convert(self._orders, self.rdp(), value)
 
     def epsilon(self, delta: float) -> float:
-        """eps(delta) by the optimal conversion (paper 001), minimised over orders."""
+        """eps(delta) by the optimal conversion (Asoodeh et al.), minimised over orders."""
         return self.epsilon_optimal(delta)
 
     def epsilon_optimal(self, delta: float) -> float:
@@ -410,7 +410,7 @@ class RDPAccountant(Accountant):
         return self._convert(convert, rdp_conversion.check_delta(delta))[1]
 
     def delta(self, epsilon: float) -> float:
-        """delta(eps) by the optimal conversion (paper 001), minimised over orders."""
+        """delta(eps) by the optimal conversion (Asoodeh et al.), minimised over orders."""
         return self._convert(rdp_conversion.delta_optimal, rdp_conversion.check_epsilon(epsilon))[0]
 
     def delta_classic(self, epsilon: float) -> float:

@@ -12,7 +12,7 @@ Classic conversion (Mironov 2017, Prop. 3)::
     delta = min_alpha exp((alpha - 1) (r(alpha) - eps))
 
 Optimal conversion (Asoodeh, Liao, Calmon, Kosut & Sankar 2021, "A Better Bound Gives a Hundred
-Rounds", paper 001). For one order alpha the best conversion is
+Rounds"). For one order alpha the best conversion is
 
     delta_alpha(eps; r) = sup { E_gamma(P || Q) : D_alpha(P || Q) <= r },
 
@@ -142,7 +142,7 @@ def delta_classic(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | n
 
 def epsilon_improved(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
                      delta: float) -> tuple[float, float]:
-    """(eps, order) from the closed-form bound of Asoodeh et al. (paper 001, Lemma 1 / eq. 20),
+    """(eps, order) from the closed-form bound of Asoodeh et al. (Lemma 1 / eq. 20),
     also Canonne, Kamath & Steinke 2020 Prop. 12:
     ``eps = r + log((a - 1)/a) - (log delta + log a)/(a - 1)``.
 
@@ -444,7 +444,7 @@ def optimal_epsilons(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] 
 
 
 def _eps_bounds(alpha: np.ndarray, r: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(upper, lower) bounds on the optimal per-order eps at delta: Lemma 1 of paper 001
+    """(upper, lower) bounds on the optimal per-order eps at delta: Lemma 1 of Asoodeh et al.
     (Canonne, Kamath & Steinke 2020, Prop. 12) above, the pair {0, e^r} below."""
     with np.errstate(invalid="ignore"):
         upper = (r + np.log1p(-1.0 / alpha) - (math.log(delta) + np.log(alpha)) / (alpha - 1.0))
@@ -453,7 +453,7 @@ def _eps_bounds(alpha: np.ndarray, r: np.ndarray, delta: float) -> tuple[np.ndar
 
 def _delta_bounds(alpha: np.ndarray, r: np.ndarray,
                   epsilon: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-    """(upper, lower) bounds on the optimal per-order delta at eps: Lemma 1 of paper 001
+    """(upper, lower) bounds on the optimal per-order delta at eps: Lemma 1 of Asoodeh et al.
     solved for delta above, the pair {0, e^r} (``E_gamma = 1 - gamma e^-r``) below."""
     with np.errstate(invalid="ignore", over="ignore"):
         log_upper = (alpha - 1.0) * (r - epsilon + np.log1p(-1.0 / alpha)) - np.log(alpha)
@@ -472,7 +472,7 @@ def _candidates(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
 
 def epsilon_optimal(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
                     delta: float) -> tuple[float, float]:
-    """(eps, order): the optimal RDP -> (eps, delta) conversion (paper 001), min over orders."""
+    """(eps, order): the optimal RDP -> (eps, delta) conversion (Asoodeh et al.), min over orders."""
     orders_arr, rdp_arr = _as_curve(orders, rdp)
     delta = check_delta(delta)
     pick = np.flatnonzero(_candidates(*_eps_bounds(orders_arr, rdp_arr, delta)))
@@ -483,7 +483,7 @@ def epsilon_optimal(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] |
 
 def delta_optimal(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
                   epsilon: float) -> tuple[float, float]:
-    """(delta, order): the optimal RDP -> (eps, delta) conversion (paper 001), min over orders."""
+    """(delta, order): the optimal RDP -> (eps, delta) conversion (Asoodeh et al.), min over orders."""
     orders_arr, rdp_arr = _as_curve(orders, rdp)
     epsilon = check_epsilon(epsilon)
     pick = np.flatnonzero(_candidates(*_delta_bounds(orders_arr, rdp_arr, epsilon)))
@@ -495,7 +495,7 @@ def delta_optimal(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | n
 def optimal_rdp_budget(orders: Sequence[float] | np.ndarray, epsilon: float,
                        delta: float) -> np.ndarray:
     """Per order alpha, the RDP value r*(alpha) above which (alpha, r)-RDP no longer implies
-    (eps, delta)-DP: paper 001's Theorem 3,
+    (eps, delta)-DP: Asoodeh et al.'s Theorem 3,
     ``r* = log min_p [p^a w^{1-a} + (1-p)^a (1-w)^{1-a}] / (a - 1)``, ``w = (p - delta) e^{-eps}``.
 
     The bracket is convex in p; it is minimised by golden-section search over

@@ -26,6 +26,7 @@ class ClientLedger:
     client_id: str
     steps: tuple[tuple[float, GaussianStep], ...]  # (virtual time, step), by time
     accountant: Accountant  # composed over every step; its name and settings are the ledger's
+    sampling: str = "poisson"  # the header's: poisson (add/remove) or fixed (replace-one)
 
 
 def _header(path: Path) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def read_ledger(path: Path) -> ClientLedger:
                             read_only=True) as ledger:
         timed = tuple(sorted(((record.time, record.step) for record in ledger.records),
                              key=lambda pair: pair[0]))
-        return ClientLedger(ledger.client_id, timed, ledger.accountant)
+        return ClientLedger(ledger.client_id, timed, ledger.accountant, str(ledger.sampling))
 
 
 def read_ledgers(run: RunDirectory) -> list[ClientLedger]:

@@ -3,18 +3,22 @@
 :func:`draw_all` reads a run directory (see :mod:`fedsim.reporting.rundir`) and writes
 
 * ``plots/accuracy.png``: held-out accuracy against virtual time, the server step size on a
-  secondary axis;
+  secondary axis, the legend below the axes;
 * ``plots/epsilon.png``: each client's epsilon at the scenario's delta against virtual time,
-  from its ledger; with many clients, a few representative clients over the min / median /
-  max band; the budget as a dashed line;
-* ``plots/tradeoff.png``: the trade-off curves (type I error alpha against type II error beta)
-  of a few clients from their accountant (a lower bound on the true curve for ``pld``),
-  against the Gaussian-DP curve G_mu fitted to them, and the piecewise-linear curve of the
-  single (eps, delta) pair they report (Dong, Roth & Su, Prop. 2.5 / Def. 2.3).
+  from its ledger, one panel per neighbouring relation (Poisson sampling with add/remove
+  neighbours, fixed-size batches with replace-one neighbours: their eps measure different
+  things and never share an axis). Clients with equal curves share one line and one label;
+  the other curves are drawn thick to thin with distinct dash patterns, so none hides another;
+  with many clients, a few representative clients over the min / median / max band. Each
+  budget is a line of its own style; legends stand beside the axes;
+* ``plots/tradeoff.png``: per relation, the trade-off curves (type I error alpha against type
+  II error beta) of up to three clients with clearly different spending, from their accountant
+  (a lower bound on the true curve for ``pld``), against the Gaussian-DP curve G_mu fitted to
+  them, and the piecewise-linear curve of the single (eps, delta) pair they report (Dong, Roth
+  & Su, "Gaussian Differential Privacy", Prop. 2.5 / Def. 2.3).
 
 Every number is each client's own guarantee about its own data set (per client, per
-sample); the neighbouring relation is the one of the client's sampling scheme (Poisson:
-add/remove; fixed-size: replace-one).
+sample); the neighbouring relation is the one of the client's sampling scheme.
 
 Figures are drawn with the Agg backend on private Figure objects (no pyplot state) at a
 fixed dpi and with no software/time stamp in the PNG metadata, so the same run directory
@@ -148,24 +152,44 @@ def representative_clients(final: dict[str, float], count: int = 3) -> list[str]
 
 
 # -- the figures -----------------------------------------------------------------------------------
-def _new_figure(figsize: tuple[float, float] = FIGSIZE) -> tuple[Figure, Any]:
+# Each neighbouring relation gets its own panel: eps under add/remove and under replace-one
+# neighbours measure different things and are never put on one axis.
+RELATION_TITLES = {
+    "poisson": "Poisson sampling: add/remove neighbours (noise C sigma)",
+    "fixed": "fixed-size batches: replace-one neighbours (noise 2 C sigma)",
+}
+# Distinct styles per budget line (colour and dash pattern).
+BUDGET_STYLES: tuple[tuple[str, Any], ...] = (
+    ("tab:red", ":"), ("black", "--"), ("tab:brown", "-."), ("tab:pink", (0, (1, 4))),
+    ("tab:olive", (0, (6, 2, 1, 2, 1, 2))),
+)
+# Curves drawn one by one: thick first, thinner and differently dashed on top, so a curve that
+# lies on another still shows at its edges.
+CURVE_STYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))
+LEGEND_OUTSIDE: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0),
+                                  "borderaxespad": 0.0, "fontsize": 8}
+
+
+def _new_figure(figsize: tuple[float, float] = FIGSIZE, rows: int = 1) -> tuple[Figure, list[Any]]:
     figure = Figure(figsize=figsize, dpi=DPI)
     FigureCanvasAgg(figure)
-    return figure, figure.add_subplot(1, 1, 1)
+    return figure, [figure.add_subplot(rows, 1, row + 1) for row in range(rows)]
 
 
-def _save(figure: Figure, path: Path, left: float = 0.09, right: float = 0.9) -> Path:
+def _save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
+          bottom: float = 0.1, top: float = 0.93, hspace: float = 0.35) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Fixed margins (room for a secondary axis on the right): as good as tight_layout for these
-    # single-panel figures, at a fraction of its cost.
-    figure.subplots_adjust(left=left, right=right, bottom=0.1, top=0.93)
+    # Fixed margins (room for legends beside the axes): as good as tight_layout for these
+    # figures, at a fraction of its cost.
+    figure.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=hspace)
     figure.savefig(path, dpi=DPI, format="png", metadata=PNG_METADATA)
     return path
 
 
 def draw_accuracy(run: RunDirectory, path: Path) -> Path:
-    """Held-out accuracy against virtual time, the server step size on a secondary axis."""
-    figure, axes = _new_figure()
+    """Held-out accuracy against virtual time, the server step size on a secondary axis; the
+    legend below the axes."""
+    figure, (axes,) = _new_figure((FIGSIZE[0], FIGSIZE[1] + 0.5))
     evaluated = [m for m in run.metrics if isinstance(m.get("accuracy"), int | float)]
     if evaluated:
         axes.plot(
@@ -173,7 +197,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
             [m["accuracy"] for m in evaluated],
             color="tab:blue",
             marker="." if len(evaluated) < 60 else None,
-            label="held-out accuracy",
+            label="held-out accuracy (left axis)",
         )
     else:
         axes.text(
@@ -183,6 +207,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     axes.set_ylabel("accuracy", color="tab:blue")
     axes.set_ylim(0.0, 1.0)
     axes.grid(True, alpha=0.3)
+    handles, labels = axes.get_legend_handles_labels()
     stepped = [m for m in run.metrics if isinstance(m.get("step_size"), int | float)]
     if stepped:
         twin = axes.twinx()
@@ -191,78 +216,176 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
             [m["step_size"] for m in stepped],
             where="post",
             color="tab:orange",
-            alpha=0.8,
-            label="server step size",
+            linestyle="--",
+            alpha=0.9,
+            label="server step size (right axis)",
         )
         twin.set_ylabel("server step size", color="tab:orange")
         twin.set_ylim(bottom=0.0)
-        handles, labels = axes.get_legend_handles_labels()
         twin_handles, twin_labels = twin.get_legend_handles_labels()
-        axes.legend(handles + twin_handles, labels + twin_labels, fontsize=8, loc="lower right")
+        handles, labels = handles + twin_handles, labels + twin_labels
+    if handles:
+        axes.legend(handles, labels, fontsize=8, loc="upper center", ncol=2,
+                    bbox_to_anchor=(0.5, -0.13), frameon=False)
     axes.set_title(f"{run.scenario_name}: accuracy over virtual time")
-    return _save(figure, path)
+    return _save(figure, path, bottom=0.2)
 
 
-def _budgets(run: RunDirectory) -> dict[float, list[str]]:
-    """Each distinct budget eps in clients.csv, with the groups that have it."""
+def _budgets(run: RunDirectory, groups: set[str] | None = None) -> dict[float, list[str]]:
+    """Each distinct budget eps in clients.csv (of ``groups``, if given), with its groups."""
     found: dict[float, set[str]] = {}
     for row in run.clients:
         value = row.get("budget_epsilon")
+        group = str(row.get("group") or "?")
+        if groups is not None and group not in groups:
+            continue
         if isinstance(value, int | float) and math.isfinite(value):
-            found.setdefault(float(value), set()).add(str(row.get("group") or "?"))
-    return {budget: sorted(groups) for budget, groups in sorted(found.items())}
+            found.setdefault(float(value), set()).add(group)
+    return {budget: sorted(names) for budget, names in sorted(found.items())}
 
 
-def draw_epsilon(run: RunDirectory, history: EpsilonHistory, path: Path, *,
-                 population: int | None = None, labels: dict[str, str] | None = None) -> Path:
-    """Per-client epsilon over virtual time.
+def _same_curves(ids: Sequence[str], rows: np.ndarray) -> list[tuple[list[str], np.ndarray]]:
+    """Curves that are equal (to 1e-9) merged: (client ids, curve), in first-seen order."""
+    merged: list[tuple[list[str], np.ndarray]] = []
+    for cid, row in zip(ids, rows, strict=True):
+        for names, curve in merged:
+            if np.allclose(curve, row, rtol=1e-9, atol=1e-12):
+                names.append(cid)
+                break
+        else:
+            merged.append(([cid], row))
+    return merged
 
-    ``history`` holds every client (``population`` is None or equal to its size): up to
-    :data:`MAX_INDIVIDUAL_CLIENTS` are drawn one by one, more as a min-max band, the median
-    and three representatives. If ``history`` holds only the clients at quantiles of final
-    epsilon out of a larger ``population`` (see :func:`draw_run`), those are drawn, each
-    labelled with ``labels[client]`` (its quantile), and the legend says so.
-    """
-    labels = labels or {}
-    figure, axes = _new_figure()
+
+def _names(ids: Sequence[str], shown: int = 3) -> str:
+    if len(ids) <= shown:
+        return ", ".join(ids)
+    return f"{', '.join(ids[:shown - 1])} and {len(ids) - shown + 1} more (same curve)"
+
+
+@dataclass(frozen=True)
+class EpsilonPanel:
+    """The clients of one neighbouring relation on the epsilon plot."""
+
+    sampling: str
+    history: EpsilonHistory
+    population: int  # clients of this relation in the run (``history`` may hold fewer)
+    labels: dict[str, str] = field(default_factory=dict)  # quantile names, when fewer
+    groups: frozenset[str] = frozenset()
+    final: dict[str, float] = field(default_factory=dict)  # every member's final eps
+
+
+def _draw_individual(axes: Any, ids: Sequence[str], rows: np.ndarray, times: np.ndarray,
+                     labels: dict[str, str], colours: Sequence[Any] | None = None) -> None:
+    merged = _same_curves(ids, rows)
+    count = len(merged)
+    for index, (names, curve) in enumerate(merged):
+        width = 3.2 - 2.0 * index / max(count - 1, 1)
+        label = _names(names)
+        if len(names) == 1 and names[0] in labels:
+            label = f"{names[0]} ({labels[names[0]]})"
+        colour = colours[index] if colours is not None else f"C{index % 10}"
+        axes.plot(times, curve, color=colour, linewidth=width,
+                  linestyle=CURVE_STYLES[index % len(CURVE_STYLES)], label=label)
+
+
+def _draw_band(axes: Any, history: EpsilonHistory) -> None:
     times, eps = history.times, history.epsilon
     count = len(history.client_ids)
-    population = count if population is None else population
-    if count == 0:
-        axes.text(0.5, 0.5, "no client ledgers in this run", ha="center", va="center",
-                  transform=axes.transAxes)
-    elif population > count:
-        ranks = sorted(history.final().items(), key=lambda item: (item[1], item[0]))
-        for rank, (cid, _) in enumerate(ranks):
-            row = history.client_ids.index(cid)
-            share = rank / max(len(ranks) - 1, 1)
-            label = f"{cid} ({labels[cid]})" if cid in labels else cid
-            axes.plot(times, eps[row], color=plt_colormap(share), linewidth=1.2, label=label)
-        axes.plot([], [], " ", label=f"{count} of {population} clients, at quantiles of final eps")
-    elif count <= MAX_INDIVIDUAL_CLIENTS:
-        for cid, row in zip(history.client_ids, eps, strict=True):
-            axes.plot(times, row, label=cid)
-    else:
-        axes.fill_between(times, eps.min(axis=0), eps.max(axis=0), color="tab:blue", alpha=0.15,
-                          label=f"min-max over {count} clients")
-        axes.plot(times, np.median(eps, axis=0), color="tab:blue", linewidth=2, label="median")
-        index = {cid: i for i, cid in enumerate(history.client_ids)}
-        roles = ("least spent", "median", "most spent")
-        for colour, role, cid in zip(("tab:green", "tab:orange", "tab:purple"), roles,
-                                     representative_clients(history.final()), strict=False):
-            axes.plot(times, eps[index[cid]], color=colour, linewidth=1, linestyle="--",
-                      label=f"{cid} ({role})")
-    for budget, groups in _budgets(run).items():
-        axes.axhline(budget, color="tab:red", linestyle=":", linewidth=1.2,
+    axes.fill_between(times, eps.min(axis=0), eps.max(axis=0), color="tab:blue", alpha=0.15,
+                      label=f"min-max over {count} clients")
+    median = np.median(eps, axis=0)
+    index = {cid: i for i, cid in enumerate(history.client_ids)}
+    roles = ("least spent", "median", "most spent")
+    picks = representative_clients(history.final())
+    same_as_median = [cid for cid in picks if np.allclose(eps[index[cid]], median, rtol=1e-9)]
+    axes.plot(times, median, color="tab:blue", linewidth=3.0,
+              label="median" + (f" (= {', '.join(same_as_median)})" if same_as_median else ""))
+    styles = (("tab:green", "--"), ("tab:orange", "-."), ("tab:purple", ":"))
+    drawn: list[np.ndarray] = []
+    for (colour, dash), role, cid in zip(styles, roles, picks, strict=False):
+        row = eps[index[cid]]
+        if cid in same_as_median or any(np.allclose(row, d, rtol=1e-9) for d in drawn):
+            continue
+        drawn.append(row)
+        axes.plot(times, row, color=colour, linewidth=1.6, linestyle=dash,
+                  label=f"{cid} ({role})")
+
+
+# A client within this fraction of a budget below it has spent that budget (for the count).
+AT_BUDGET = 0.01
+
+
+def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[float],
+                  final: dict[str, float]) -> None:
+    """Budget lines; each value keeps its style (its place in ``every``) in every panel. Where
+    several clients ended at a budget their curves run together along its line: the line is
+    annotated with how many they are."""
+    for budget, groups in budgets.items():
+        colour, dash = BUDGET_STYLES[list(every).index(budget) % len(BUDGET_STYLES)]
+        axes.axhline(budget, color=colour, linestyle=dash, linewidth=1.4,
                      label=f"budget eps = {budget:g} ({', '.join(groups)})")
-    axes.set_xlabel("virtual time (s)")
-    axes.set_ylabel(f"epsilon at delta = {history.delta:g}")
-    axes.set_ylim(bottom=0.0)
-    axes.grid(True, alpha=0.3)
-    axes.set_title(f"{run.scenario_name}: privacy spent per client ({history.accountant})")
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize=8, loc="upper left")
-    return _save(figure, path)
+        at = sum(budget * (1 - AT_BUDGET) <= eps <= budget for eps in final.values())
+        if at > 1:
+            axes.annotate(f"{at} clients end at eps = {budget:g}", xy=(0.99, budget),
+                          xycoords=("axes fraction", "data"), xytext=(0, 3),
+                          textcoords="offset points", ha="right", va="bottom", fontsize=8,
+                          color=colour,
+                          bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                "alpha": 0.8})
+
+
+def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) -> Path:
+    """Per-client epsilon over virtual time, one panel per neighbouring relation.
+
+    In a panel, up to :data:`MAX_INDIVIDUAL_CLIENTS` distinct curves are drawn one by one
+    (clients with equal curves share one line and its label), more as a min-max band, the
+    median and three representatives. If a panel's history holds only the clients at quantiles
+    of final epsilon out of a larger population (see :func:`draw_run`), those are drawn, each
+    labelled with its quantile, and the legend says so. Budgets are lines of distinct styles;
+    legends stand beside the axes.
+    """
+    rows = max(len(panels), 1)
+    figure, axes_list = _new_figure((FIGSIZE[0] + 3.0, 3.6 * rows + 0.6), rows)
+    accountant = ", ".join(sorted({p.history.accountant for p in panels})) or "none"
+    delta = panels[0].history.delta if panels else run.delta
+    if not panels:
+        axes_list[0].text(0.5, 0.5, "no client ledgers in this run", ha="center", va="center",
+                          transform=axes_list[0].transAxes)
+    for axes, panel in zip(axes_list, panels, strict=False):
+        history = panel.history
+        times, eps = history.times, history.epsilon
+        count = len(history.client_ids)
+        if panel.population > count:
+            ranks = sorted(history.final().items(), key=lambda item: (item[1], item[0]))
+            order = [history.client_ids.index(cid) for cid, _ in ranks]
+            colours = [plt_colormap(i / max(len(order) - 1, 1)) for i in range(len(order))]
+            _draw_individual(axes, [history.client_ids[i] for i in order], eps[order], times,
+                             panel.labels, colours)
+            axes.plot([], [], " ", label=f"{count} of {panel.population} clients, at quantiles "
+                                         "of final eps")
+        elif len(_same_curves(history.client_ids, eps)) <= MAX_INDIVIDUAL_CLIENTS:
+            _draw_individual(axes, history.client_ids, eps, times, panel.labels)
+        else:
+            _draw_band(axes, history)
+        _draw_budgets(axes, _budgets(run, set(panel.groups) or None), list(_budgets(run)),
+                      panel.final)
+        axes.set_xlabel("virtual time (s)")
+        axes.set_ylabel(f"epsilon at delta = {history.delta:g}")
+        highest = max([float(eps.max()) if eps.size else 0.0,
+                       *_budgets(run, set(panel.groups) or None)])
+        # Headroom above the highest curve or budget for the budget annotations.
+        axes.set_ylim(0.0, max(highest * 1.12, 1e-3))
+        axes.grid(True, alpha=0.3)
+        axes.set_title(RELATION_TITLES.get(panel.sampling, panel.sampling), fontsize=10)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(**LEGEND_OUTSIDE)
+    note = " (eps of different relations are not comparable)" if len(panels) > 1 else ""
+    figure.suptitle(f"{run.scenario_name}: privacy spent per client ({accountant}, delta = "
+                    f"{delta:g}){note}", fontsize=11)
+    height = 3.6 * rows + 0.6
+    return _save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
+                 top=1 - 0.8 / height)
 
 
 def plt_colormap(share: float) -> Any:
@@ -270,45 +393,85 @@ def plt_colormap(share: float) -> Any:
     return matplotlib.colormaps["coolwarm"](share)
 
 
+# Trade-off curves of clients whose eps differ by less than this look the same: one is shown.
+DISTINCT_EPSILON = 0.03
+
+
+def distinct_spenders(final: dict[str, float], count: int = TRADEOFF_CLIENTS) -> list[str]:
+    """Up to ``count`` clients (least, median, most spent first) whose final eps differ from
+    each other by at least :data:`DISTINCT_EPSILON` (relative), so no curve hides another."""
+    spent = {cid: eps for cid, eps in sorted(final.items()) if eps > 0}
+    ordered = sorted(spent, key=lambda cid: (spent[cid], cid))
+    if not ordered:
+        return []
+    candidates = representative_clients(spent, count) + ordered
+    chosen: list[str] = []
+    for cid in candidates:
+        if all(abs(spent[cid] - spent[c]) > DISTINCT_EPSILON * spent[c] for c in chosen):
+            chosen.append(cid)
+        if len(chosen) == count:
+            break
+    return sorted(chosen, key=lambda cid: (spent[cid], cid))
+
+
 def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dict[str, float],
                   path: Path) -> Path:
-    """Trade-off curves of up to three clients (least, median and most spent) against the
-    GDP curve fitted to each (the smallest mu with G_mu below the curve on the grid, so the
-    client is also mu-GDP there) and the curve of its single (eps, delta) pair."""
-    figure, axes = _new_figure(TRADEOFF_FIGSIZE)
-    by_id = {ledger.client_id: ledger for ledger in ledgers}
-    # One client per distinct spending (clients with equal histories have equal curves).
-    spent: dict[str, float] = {}
-    for cid, eps in sorted(final.items()):
-        if eps > 0 and eps not in spent.values():
-            spent[cid] = eps
-    chosen = representative_clients(spent, TRADEOFF_CLIENTS)
-    axes.plot([0, 1], [1, 0], color="0.6", linewidth=0.8, label="no privacy loss (1 - alpha)")
-    colours = ("tab:blue", "tab:green", "tab:purple")
-    for colour, cid in zip(colours, chosen, strict=False):
-        accountant = by_id[cid].accountant
-        alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
-        betas = np.clip(betas, 0.0, 1.0)
-        mu = fit_gdp_mu(alphas, betas)
-        epsilon = spent[cid]
-        relation = NEIGHBOURING_RELATION.get(accountant.sampling or "poisson", "?")
-        axes.plot(alphas, betas, color=colour, linewidth=2,
-                  label=f"{cid} ({accountant.name}, {relation})")
-        axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--", linewidth=1,
-                  label=f"{cid} GDP fit, mu = {mu:.3f}")
-        axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
-                  linestyle=":", linewidth=1, label=f"{cid} ({epsilon:.3f}, {run.delta:g})-DP")
-    if not chosen:
-        axes.text(0.5, 0.5, "no client has spent privacy yet", ha="center", va="center",
-                  transform=axes.transAxes)
-    axes.set_xlim(0.0, 1.0)
-    axes.set_ylim(0.0, 1.0)
-    axes.set_aspect("equal")
-    axes.set_xlabel("type I error alpha")
-    axes.set_ylabel("type II error beta")
-    axes.set_title(f"{run.scenario_name}: trade-off curves")
-    axes.legend(fontsize=7, loc="upper right")
-    return _save(figure, path, left=0.13, right=0.96)
+    """Trade-off curves of up to three clients per neighbouring relation (one panel each)
+    against the GDP curve fitted to each (the smallest mu with G_mu below the curve on the
+    grid, so the client is also mu-GDP there) and the curve of its single (eps, delta) pair."""
+    by_relation: dict[str, list[ClientLedger]] = {}
+    for ledger in ledgers:
+        by_relation.setdefault(ledger.sampling, []).append(ledger)
+    relations = sorted(by_relation, key=lambda name: (name != "poisson", name)) or ["poisson"]
+    figure = Figure(figsize=(4.2 * len(relations) + 3.2, 5.6), dpi=DPI)
+    FigureCanvasAgg(figure)
+    colours = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:cyan")
+    used = 0  # colours run on across panels: one colour, one client in the shared legend
+    for column, sampling in enumerate(relations):
+        axes = figure.add_subplot(1, len(relations), column + 1)
+        members = {lg.client_id: lg for lg in by_relation.get(sampling, [])}
+        chosen = distinct_spenders({cid: final[cid] for cid in members if cid in final})
+        axes.plot([0, 1], [1, 0], color="0.6", linewidth=0.8,
+                  label="no privacy loss (1 - alpha)" if column == 0 else None)
+        for cid in chosen:
+            colour = colours[used % len(colours)]
+            used += 1
+            accountant = members[cid].accountant
+            alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
+            betas = np.clip(betas, 0.0, 1.0)
+            mu = fit_gdp_mu(alphas, betas)
+            epsilon = final[cid]
+            # Wide and light, so the fitted curve drawn over it stays visible where they agree.
+            relation = {str(k): v for k, v in NEIGHBOURING_RELATION.items()}.get(sampling, "?")
+            axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45,
+                      label=f"{cid} ({accountant.name}, {relation})")
+            axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--",
+                      linewidth=1, label=f"{cid} GDP fit, mu = {mu:.3f}")
+            axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
+                      linestyle=":", linewidth=1.2,
+                      label=f"{cid} ({epsilon:.3f}, {run.delta:g})-DP")
+        if not chosen:
+            axes.text(0.5, 0.5, "no client has spent privacy yet", ha="center", va="center",
+                      transform=axes.transAxes)
+        axes.set_xlim(0.0, 1.0)
+        axes.set_ylim(0.0, 1.0)
+        axes.set_aspect("equal")
+        axes.set_xlabel("type I error alpha")
+        if column == 0:
+            axes.set_ylabel("type II error beta")
+        axes.set_title(RELATION_TITLES.get(sampling, sampling).replace(": ", ":\n"), fontsize=9)
+    handles: list[Any] = []
+    labels: list[str] = []
+    for axes in figure.axes:
+        h, lab = axes.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    width = 4.2 * len(relations) + 3.2
+    right = 1 - 3.0 / width
+    figure.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.01, 0.5),
+                  fontsize=7, frameon=False)
+    figure.suptitle(f"{run.scenario_name}: trade-off curves", fontsize=11)
+    return _save(figure, path, left=0.6 / width, right=right, bottom=0.1, top=0.86,
+                 hspace=0.2)
 
 
 @dataclass(frozen=True)
@@ -328,9 +491,9 @@ def draw_run(run: RunDirectory) -> Drawn:
     between clients with equal histories, about 10 ms each otherwise). The grid has
     :data:`TIME_GRID_POINTS` points, fewer (down to :data:`MIN_TIME_GRID_POINTS`) for more
     clients; up to :data:`EXACT_BAND_EVALUATIONS` evaluations every client is evaluated on the
-    grid; beyond that (hundreds of clients with distinct postures),
-    only the clients at the quantiles :data:`QUANTILES` of final epsilon are, so that a report
-    stays within seconds; every client's final epsilon is always computed.
+    grid; beyond that (hundreds of clients with distinct postures), only the clients at the
+    quantiles :data:`QUANTILES` of final epsilon of each neighbouring relation are, so that a
+    report stays within seconds; every client's final epsilon is always computed.
     """
     ledgers = read_ledgers(run)
     delta = run.delta
@@ -343,18 +506,27 @@ def draw_run(run: RunDirectory) -> Drawn:
     points = max(MIN_TIME_GRID_POINTS,
                  min(TIME_GRID_POINTS, EXACT_BAND_EVALUATIONS // max(len(ledgers), 1)))
     grid = time_grid(max(run.virtual_time, last_release), points)
-    shown, labels = ledgers, dict[str, str]()
-    if len(ledgers) * len(grid) > EXACT_BAND_EVALUATIONS:
-        for quantile in QUANTILES:
-            (cid,) = quantile_clients(final, [quantile])
-            name = {0.0: "min", 1.0: "max"}.get(quantile, f"{quantile:.0%} quantile")
-            labels[cid] = f"{labels[cid]}, {name}" if cid in labels else name
-        shown = [lg for lg in ledgers if lg.client_id in labels]
-    history = epsilon_history(shown, grid, delta, cache)
+    groups = {str(row.get("client_id")): str(row.get("group") or "?") for row in run.clients}
+    by_relation: dict[str, list[ClientLedger]] = {}
+    for ledger in ledgers:
+        by_relation.setdefault(ledger.sampling, []).append(ledger)
+    panels = []
+    for sampling, members in sorted(by_relation.items(), key=lambda item: item[0] != "poisson"):
+        shown, labels = members, dict[str, str]()
+        if len(ledgers) * len(grid) > EXACT_BAND_EVALUATIONS:
+            own = {lg.client_id: final[lg.client_id] for lg in members}
+            for quantile in QUANTILES:
+                (cid,) = quantile_clients(own, [quantile])
+                name = {0.0: "min", 1.0: "max"}.get(quantile, f"{quantile:.0%} quantile")
+                labels[cid] = f"{labels[cid]}, {name}" if cid in labels else name
+            shown = [lg for lg in members if lg.client_id in labels]
+        panels.append(EpsilonPanel(
+            sampling, epsilon_history(shown, grid, delta, cache), len(members), labels,
+            frozenset(groups.get(lg.client_id, "?") for lg in members),
+            {lg.client_id: final[lg.client_id] for lg in members}))
     paths = [
         draw_accuracy(run, run.plot_dir / "accuracy.png"),
-        draw_epsilon(run, history, run.plot_dir / "epsilon.png", population=len(ledgers),
-                     labels=labels),
+        draw_epsilon(run, panels, run.plot_dir / "epsilon.png"),
         draw_tradeoff(run, ledgers, final, run.plot_dir / "tradeoff.png"),
     ]
     return Drawn(paths, final, accountant_names(ledgers), delta)

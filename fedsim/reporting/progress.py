@@ -1,22 +1,27 @@
-"""A progress bar for ``fedsim run`` (tqdm), shown only on a terminal.
+"""A progress bar for ``fedsim run`` and ``fedsim launch`` (tqdm), shown only on a terminal.
 
-The bar advances in virtual seconds (when the run stops at a virtual duration) or in server
-windows (when it stops after a number of windows, or has no known end); its postfix shows
-the virtual time, the window, the last held-out accuracy and the lowest remaining privacy
-budget over all clients. When stderr is not a terminal the bar is disabled, so log files and
-CI output stay clean (the structured logs carry the same numbers).
+The bar advances in virtual seconds (or in server windows); its total is the run's expected
+end (:mod:`fedsim.reporting.horizon`: the stop that will come first, the budgets' end
+estimated) and can be changed while the bar is shown (:meth:`RunProgress.set_total`). Its
+postfix shows the virtual time, the window, the last held-out accuracy, the clients still
+training and the lowest remaining privacy budget over all clients. While the bar is shown,
+log lines are written through it (``tqdm.write``), so they never garble it. When stderr is not
+a terminal the bar is disabled, so log files and CI output stay clean (the structured logs
+carry the same numbers).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from contextlib import ExitStack
 from types import TracebackType
 from typing import Literal, Self, TextIO
 
 from tqdm import tqdm
 
 from fedsim.errors import ConfigError
+from fedsim.logging import route_lines
 
 ProgressUnit = Literal["time", "windows"]
 
@@ -47,10 +52,13 @@ class RunProgress:
             enabled = bool(isatty and isatty())
         self.enabled = enabled
         self._bar: tqdm | None = None
+        self._routing = ExitStack()
         self.position = 0.0
         self.postfix: dict[str, str] = {}
 
     def __enter__(self) -> Self:
+        if self.enabled:
+            self._routing.enter_context(route_lines(self.write))
         self._bar = tqdm(
             total=self.total,
             unit="s" if self.unit == "time" else "window",
@@ -64,16 +72,38 @@ class RunProgress:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self._routing.close()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
+    def write(self, line: str) -> None:
+        """Write one line above the bar (the bar is redrawn below it)."""
+        if self._bar is not None and self.enabled:
+            self._bar.write(line, file=self._stream)
+        else:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+    def set_total(self, total: float | None) -> None:
+        """Change the bar's end (e.g. once the budgets' end is known); None: unknown."""
+        if total is not None and not (math.isfinite(total) and total > 0):
+            raise ConfigError(f"progress total must be a finite number > 0, got {total!r}")
+        if total == self.total:
+            return
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     def update(self, time: float, window: int, accuracy: float | None = None,
-               min_remaining_epsilon: float | None = None) -> None:
+               min_remaining_epsilon: float | None = None,
+               active_clients: int | None = None) -> None:
         """Move the bar to virtual ``time`` / ``window`` and refresh the shown fields.
 
-        ``accuracy`` and ``min_remaining_epsilon`` may be ``None`` (not evaluated in this
-        window, or no budget configured); the last known value is then kept.
+        ``accuracy``, ``min_remaining_epsilon`` and ``active_clients`` may be ``None`` (not
+        evaluated in this window, no budget configured, not known); the last known value is
+        then kept.
         """
         position = float(time) if self.unit == "time" else float(window)
         if self.total is not None:
@@ -82,6 +112,8 @@ class RunProgress:
         self.postfix["window"] = str(window)
         if accuracy is not None:
             self.postfix["acc"] = f"{accuracy:.4f}"
+        if active_clients is not None:
+            self.postfix["training"] = str(active_clients)
         if min_remaining_epsilon is not None:
             self.postfix["min eps left"] = f"{min_remaining_epsilon:.3f}"
         advance = position - self.position

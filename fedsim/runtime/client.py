@@ -1,4 +1,4 @@
-"""The client actor (paper 000, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
+"""The client actor (van Dijk & Nguyen, Alg. 1): local DP-SGD rounds, interrupt-style model overwrite,
 staleness wait, and a durable privacy ledger that is charged before every release.
 
 A client holds a local model ``w`` and the last global model it accepted (``held_version``).
@@ -30,7 +30,7 @@ A client holds a local model ``w`` and the last global model it accepted (``held
   5. apply the update locally: ``w <- w - eta * Ubar/m``.
 
 **A round in progress continues when a global model arrives mid-round.** Every gradient of the
-round is computed at the single ``w`` the round started from (its snapshot) - paper 000 requires
+round is computed at the single ``w`` the round started from (its snapshot) - van Dijk & Nguyen require
 exactly this: "each gradient a_h is computed for the same w", since the sensitivity bound 2C
 (or C) of U needs the per-example gradients not to influence each other. The overwrite replaces
 ``w`` immediately, so the finished update is applied on top of the *new* global model and the
@@ -60,6 +60,7 @@ import structlog
 
 from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
@@ -257,8 +258,8 @@ class ClientActor:
         self.state = state
         self.stop_reason = reason
         self.stopped_at = self.clock.now()
-        _log.info("client stopped", client=self.client_id, state=state, reason=reason,
-                  time=self.stopped_at)
+        _log.log(client_event_level(), "client stopped", client=self.client_id, state=state,
+                 reason=reason, time=self.stopped_at)
         epsilon, delta = self.status_epsilon() if self.status_epsilon else (math.nan, math.nan)
         try:
             await self.endpoint.publish(ClientStatus(

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario, resolve_path
+from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.runtime.client import RoundRecord
 from fedsim.runtime.client_process import client_state_file
@@ -50,6 +50,7 @@ from fedsim.runtime.run_outputs import (
     write_json,
     write_run_outputs,
 )
+from fedsim.training.data import dataset_file
 from fedsim.transports.broker import LocalMosquitto
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]
@@ -120,6 +121,7 @@ def collect_outputs(
                 network={"mqtt_server": server.get("mqtt", {})},
                 wall_seconds=wall_seconds,
                 cpu_seconds=cpu_seconds,
+                time_kind="scenario",
             )
         )
     finally:
@@ -288,9 +290,9 @@ class Launcher:
         """Write the resolved scenario, start a private broker if none was given."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "logs").mkdir(exist_ok=True)
-        dataset_path = None
-        if self.scenario.dataset.path is not None:
-            dataset_path = resolve_path(self.scenario.dataset.path, self.loaded.base_dir)
+        # Found (or fetched) once here: the processes read the same file, none downloads.
+        dataset = self.scenario.dataset
+        dataset_path = dataset_file(dataset.name, dataset.path, base_dir=self.loaded.base_dir)
         self.scenario_file = (self.out / SCENARIO_FILE).resolve()
         self.scenario_file.write_text(
             dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"

@@ -33,7 +33,8 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATH=VALUE",
-        help="override a scenario setting, repeatable",
+        help="Override one scenario setting with a YAML value, for example "
+        "stop.windows=10; repeatable.",
     )
 
 
@@ -128,33 +129,34 @@ class DeploymentOptions:
         parser.add_argument(
             "--broker",
             metavar="URL",
-            help="mqtt://[user:password@]HOST[:PORT] or mqtts://... (default: $FEDSIM_BROKER)",
+            help="The broker, as mqtt://[user:password@]HOST[:PORT] or mqtts://... (by "
+            "default $FEDSIM_BROKER).",
         )
         parser.add_argument(
             "--secrets",
             metavar="FILE",
-            help="credentials file written by `fedsim deploy` (default: "
-            "$FEDSIM_SECRETS); not needed if the URL has user:password",
+            help="The credentials file written by fedsim deploy (by default "
+            "$FEDSIM_SECRETS); not needed if the broker URL has user:password.",
         )
         parser.add_argument(
             "--run",
             metavar="NAME",
-            help="run name in the MQTT topics (default: the secrets file's run, "
-            "else the scenario name)",
+            help="The run's name in the MQTT topics (by default the secrets file's run, "
+            "else the scenario name).",
         )
         parser.add_argument(
             "--time-scale",
             type=float,
             default=1.0,
             metavar="X",
-            help="wall seconds per scenario second (default 1.0; smaller is faster)",
+            help="Wall seconds per scenario second (default 1.0; smaller is faster).",
         )
         parser.add_argument(
             "--max-backoff",
             type=float,
             default=10.0,
             metavar="SECONDS",
-            help="longest wait between reconnection attempts (default 10)",
+            help="The longest wait between reconnection attempts, in seconds (default 10).",
         )
         if wait_for_clients is not None:
             parser.add_argument(
@@ -162,25 +164,25 @@ class DeploymentOptions:
                 type=float,
                 default=wait_for_clients,
                 metavar="SECONDS",
-                help="before the first window, wait up to this long for every client to "
+                help="Before the first window, wait up to this long for every client to "
                 f"connect (default {wait_for_clients:g}"
                 + ("" if wait_for_clients else ": start at once")
-                + "; not when resuming from a checkpoint)",
+                + "; not when resuming from a checkpoint).",
             )
         add_set_option(parser)
         parser.add_argument(
             "--json-logs",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="JSON log lines (default: when stderr is not a terminal)",
+            help="Write log lines as JSON (by default exactly when stderr is not a terminal).",
         )
         parser.add_argument(
-            "--tls-ca", metavar="FILE", help="CA bundle for mqtts:// (default: system)"
+            "--tls-ca", metavar="FILE", help="The CA bundle for mqtts:// (by default the system's)."
         )
-        parser.add_argument("--tls-cert", metavar="FILE", help="client certificate for mqtts://")
-        parser.add_argument("--tls-key", metavar="FILE", help="client certificate key for mqtts://")
+        parser.add_argument("--tls-cert", metavar="FILE", help="The client certificate for mqtts://.")
+        parser.add_argument("--tls-key", metavar="FILE", help="The client certificate's key for mqtts://.")
         parser.add_argument(
-            "--tls-insecure", action="store_true", help="skip certificate checks (testing only)"
+            "--tls-insecure", action="store_true", help="Skip certificate checks (for testing only)."
         )
 
     @classmethod

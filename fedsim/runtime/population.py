@@ -26,7 +26,7 @@ import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.clock import Clock
-from fedsim.config.loading import LoadedScenario, resolve_path
+from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
@@ -39,9 +39,10 @@ from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, partition
+from fedsim.training.data import load_dataset, load_named, partition
 from fedsim.training.dpsgd import step_for
 from fedsim.training.models import build_scenario_model
+from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.transports.base import Endpoint
 
@@ -242,6 +243,7 @@ def _split_groups(
                 alpha=scheme.alpha,
                 shards_per_client=scheme.shards_per_client,
                 size_sigma=scheme.size_sigma,
+                min_size=group.batch_size if scheme.scheme == "dirichlet" else 1,
             )
         except FedsimError as exc:
             raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
@@ -267,7 +269,7 @@ def build_population(
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     dataset = scenario.dataset
-    path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+    path = None
     if dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
@@ -278,27 +280,27 @@ def build_population(
             num_classes=dataset.num_classes,
         )
     else:
-        train_x, train_y, test_x, test_y = load_dataset(dataset.name, path=path)
+        (train_x, train_y, test_x, test_y), path = load_named(
+            dataset.name, dataset.path, base_dir=loaded.base_dir)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
+        options = _model_options(scenario, train_x, num_classes)
+        if model_factory is None:  # a registered model: its shapes checked before allocation
+            check_model_size(scenario.model.name, options,
+                             max_message_bytes=scenario.network.max_message_bytes)
         model = build_scenario_model(
-            scenario.model, _model_options(scenario, train_x, num_classes), sample=train_x[:2],
+            scenario.model, options, sample=train_x[:2],
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     plans: list[ClientPlan] = []
     split = _split_groups(labels, scenario.clients.groups, tree)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
+        check_batch_fits(index, group, [len(p) for p in parts])
         smallest = min(len(p) for p in parts)
-        if group.batch_size > smallest:
-            raise ConfigError(
-                f"{where}.batch_size: {group.batch_size} exceeds the {smallest} records of the "
-                "group's smallest client (q = m/N would be > 1); lower batch_size or raise "
-                "data_share"
-            )
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)

@@ -5,12 +5,12 @@ The schedule is a :class:`fedsim.privacy.schedules.Schedule` indexed by round: t
 reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the round's
 ``local_steps`` DP-SGD steps (at q = m/N) uses them. Kinds:
 
-* clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al., paper 002):
+* clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al.):
   C_t = C_0 rho_c^{t/T} over the group's T rounds.
 * noise ``constant``: sigma_t = sigma. ``target``: the smallest constant sigma such that the
   group's T rounds are (eps, delta)-DP under the group's accountant
   (:func:`fedsim.privacy.calibration.calibrate_sigma`, the same numerical guarantee the ledger
-  enforces). ``growing_mu`` (paper 002): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
+  enforces). ``growing_mu`` (Du et al.): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
   solved so the T rounds meet (eps, delta) under the group's accountant
   (:func:`fedsim.privacy.schedules.solve_growing_mu`), or - labelled as the CLT approximation -
   so that the heterogeneous GDP CLT meets ``mu_total``

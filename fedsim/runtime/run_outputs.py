@@ -210,6 +210,8 @@ class RunRecord:
     rounds_batched: int = 0
     """Rounds computed in a batched pass with other clients' (virtual-time runs only)."""
     batched_passes: int = 0
+    time_kind: str = "virtual"
+    """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
 
     @property
     def sample_grads(self) -> int:
@@ -271,7 +273,7 @@ def _reason_kind(reason: str) -> str:
 
 def _explain(record: RunRecord, rows: list[dict[str, Any]]) -> str:
     parts = [
-        f"The run stopped at virtual time {record.virtual_time:.6g} s after "
+        f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
         f"{len(record.metrics)} server windows because {record.stop_reason}."
     ]
     by_reason: dict[str, list[StoppedClient]] = {}

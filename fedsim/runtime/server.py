@@ -1,4 +1,4 @@
-"""The server actor (paper 000, sec. 3): time windows, de-duplication, staleness, mixing,
+"""The server actor (van Dijk & Nguyen, sec. 3): time windows, de-duplication, staleness, mixing,
 diminishing step sizes, evaluation and broadcast.
 
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
@@ -90,6 +90,9 @@ class WindowReport:
     applied_updates: list[tuple[str, int, int]] = field(default_factory=list)
     """(client_id, round, base_version) of each applied update; the version before applying
     was ``version - 1``."""
+    end: float | None = None
+    """The window's scheduled end on the server's timeline (``time`` is when it was closed:
+    the same up to float rounding under virtual time, a little later on the wall clock)."""
 
     def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
                      min_remaining_epsilon: float | None) -> dict[str, object]:
@@ -125,8 +128,11 @@ class WindowReport:
         at-least-once end to end)."""
         if stop.windows is not None and self.window >= stop.windows:
             return f"it reached {stop.windows} windows"
-        if stop.virtual_seconds is not None and self.time >= stop.virtual_seconds:
-            return f"it reached {stop.virtual_seconds:g} {seconds} seconds"
+        if stop.virtual_seconds is not None:
+            reason = duration_stop(stop.virtual_seconds, self.window,
+                                   self.time if self.end is None else self.end, seconds)
+            if reason:
+                return reason
         if (stop.target_accuracy is not None and self.accuracy is not None
                 and self.accuracy >= stop.target_accuracy):
             return f"it reached the target accuracy {stop.target_accuracy:g}"
@@ -134,6 +140,24 @@ class WindowReport:
                 and in_flight == 0:
             return "no client can train any more and every update has arrived"
         return ""
+
+
+# Window ends are sums and products of floats: 300 windows of 0.1 s end at 29.99999999999996 s
+# under virtual time. Ends this close to the limit count as reaching it.
+DURATION_RELATIVE_TOLERANCE = 1e-9
+
+
+def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual") -> str:
+    """The stop reason of a ``virtual_seconds`` limit after window ``window`` ending at ``end``
+    ('' while ``end`` is before the limit): the run ends with the first window whose end is at
+    or after the limit, and the reason says where that end was when it is not the limit."""
+    tolerance = DURATION_RELATIVE_TOLERANCE * max(1.0, abs(limit))
+    if end < limit - tolerance:
+        return ""
+    if end <= limit + tolerance:
+        return f"it reached its limit of {limit:g} {seconds} seconds"
+    return (f"window {window} ended at {end:.6g} {seconds} seconds, the first window end at or "
+            f"after its limit of {limit:g} s")
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -394,6 +418,7 @@ class ServerActor:
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
                 report = self.close_window()
+                report.end = start + self.windows_closed * self.window
                 # Under invitations every window opens with its own (the model rides along).
                 if report.window % self.broadcast_every == 0 or self.participation < 1.0:
                     await self.broadcast()

@@ -33,6 +33,7 @@ import torch
 
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
+from fedsim.logging import client_event_level
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
 from fedsim.runtime.exposure import client_exposure, invitation_positions
@@ -264,7 +265,8 @@ class _Simulation:
             if client.actor is not None:
                 client.earlier_rounds.extend(client.actor.released)
                 client.actor = None
-            _log.info("client crashed", client=client.plan.client_id, time=clock.now())
+            _log.log(client_event_level(), "client crashed", client=client.plan.client_id,
+                     time=clock.now())
             if crashes.rejoin_after is None:
                 client.crashed_for_good = True
                 self.stopped.append(
@@ -280,7 +282,8 @@ class _Simulation:
             client.ledger.close()
             client.ledger = open_ledger(client.plan, client.ledger_path)
             self._start_actor(client, clock, network)
-            _log.info(
+            _log.log(
+                client_event_level(),
                 "client rejoined",
                 client=client.plan.client_id,
                 time=clock.now(),
@@ -465,10 +468,16 @@ def run_scenario(
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
                           batch_rounds=batch_rounds, wrap_trainer=wrap_trainer,
                           make_batcher=make_batcher)
+        started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
             record = sim.record(server, wall_seconds)
             summary = write_run_outputs(record)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
+            from fedsim.runtime.interrupted import write_interrupted_outputs
+
+            write_interrupted_outputs(sim, wallclock.perf_counter() - started)
+            raise
         finally:
             for client in sim.clients.values():
                 client.ledger.close()

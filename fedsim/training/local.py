@@ -1,4 +1,4 @@
-"""A client's local round (paper 000, Alg. 1): the DP update it sends and the events it costs.
+"""A client's local round (van Dijk & Nguyen, Alg. 1): the DP update it sends and the events it costs.
 
 :class:`LocalTrainer` is the contract with the runtime's client actor. It is cheap to build
 (one per client); clients whose models share one ``torch.nn.Module`` object also share its
@@ -152,7 +152,7 @@ class LocalTrainer:
     same scale as a single gradient times ``k``; each intermediate step is post-processing of
     the earlier noisy releases, so the round costs exactly ``k`` steps.
 
-    Paper 000's other variant is ``per_example_steps = s > 1``: each example's ``a_h`` is the
+    van Dijk & Nguyen's other variant is ``per_example_steps = s > 1``: each example's ``a_h`` is the
     update of ``s`` SGD steps (``per_example_lr``) on that example alone from ``w``, clipped,
     summed and noised once per DP step: the privacy cost is unchanged (one step per DP step),
     the compute is ``s`` times larger and per-example parameters are materialised.

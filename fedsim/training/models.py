@@ -3,7 +3,7 @@
 DP-SGD clips each example's gradient separately, so the per-example loss must depend on that
 example alone. Modules that mix examples inside a batch (BatchNorm and friends) break this:
 one record then changes every clipped gradient of the batch and the sensitivity bound ``C``
-(Poisson, add/remove) or ``2C`` (fixed size, replace-one) no longer holds (paper 000, sec. on
+(Poisson, add/remove) or ``2C`` (fixed size, replace-one) no longer holds (van Dijk & Nguyen, sec. on
 normalisation). :func:`check_dp_compatible` rejects them; GroupNorm, LayerNorm and
 InstanceNorm without running statistics are per-sample and allowed.
 

@@ -30,6 +30,11 @@ from fedsim.transports.security import (
 
 LOOPBACK = "127.0.0.1"
 _SEARCH = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto")
+MOSQUITTO_MISSING = (
+    "mosquitto is not installed (looked in PATH and in "
+    + ", ".join(p.rsplit("/", 1)[0] for p in _SEARCH)
+    + "): `apt-get install mosquitto` (Debian, Ubuntu) or `brew install mosquitto` (macOS)"
+)
 
 
 def find_mosquitto() -> str | None:
@@ -64,7 +69,7 @@ class LocalMosquitto:
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
-            raise TransportError("mosquitto is not installed (apt-get install mosquitto)")
+            raise TransportError(MOSQUITTO_MISSING)
         self.binary = found
         self.directory = Path(directory)
         self.port = port or free_loopback_port()

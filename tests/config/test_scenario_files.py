@@ -83,7 +83,7 @@ def test_shipped_scenarios_are_valid(path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(REPO)
     scenario = load_scenario(path).scenario
     # The resolved dump is itself a valid scenario with the same content.
-    again = parse_scenario(yaml.safe_load(dump_scenario(scenario)), check_files=False)
+    again = parse_scenario(yaml.safe_load(dump_scenario(scenario)))
     assert again == scenario
 
 
@@ -118,15 +118,17 @@ def test_scenario_is_frozen() -> None:
         scenario.seed = 3  # type: ignore[misc]
 
 
-def test_relative_paths_try_cwd_then_the_scenario_directory(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_paths_try_the_scenario_directory_then_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     beside = tmp_path / "scenarios"
     beside.mkdir()
-    (beside / "data.npz").write_bytes(b"x")
     monkeypatch.chdir(tmp_path)
-    assert resolve_path("data.npz", beside) == (beside / "data.npz").resolve()
     (tmp_path / "data.npz").write_bytes(b"y")
     assert resolve_path("data.npz", beside) == (tmp_path / "data.npz").resolve()
+    (beside / "data.npz").write_bytes(b"x")  # beside the scenario file wins over the cwd
+    assert resolve_path("data.npz", beside) == (beside / "data.npz").resolve()
+    assert resolve_path("none.npz", beside) == (beside / "none.npz").resolve()
 
 
 def test_schema_command_prints_the_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,13 +29,13 @@ from fedsim.runtime.launcher import Launcher
 from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population, open_ledger
 from fedsim.runtime.simulation import run_scenario
-from fedsim.transports.broker import LocalMosquitto, find_mosquitto
+from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
 
 pytestmark = [
     pytest.mark.mqtt,
     pytest.mark.slow,
-    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+    pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING),
 ]
 torch.set_num_threads(1)
 
@@ -214,6 +214,7 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
     assert sum(line["rejected"] for line in _lines(out / "metrics.jsonl")) == 2
     assert summary["final_accuracy"] >= ACCURACY_FLOOR - 0.05
     assert summary["stop_reason"] == "no client can train any more and every update has arrived"
+    assert summary["explanation"].startswith("The run stopped at scenario time ")  # wall clock
     assert summary["client_states"] == {"done": 4}
     assert sorted(s["client_id"] for s in summary["stopped"]) == [
         "c-000",

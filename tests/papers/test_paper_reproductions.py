@@ -13,8 +13,9 @@ from types import ModuleType
 import pytest
 import torch
 
+from fedsim.training.datasets import Found
+
 REPO = Path(__file__).resolve().parents[2]
-MNIST_NPZ = REPO / ".." / "shared" / "datasets" / "mnist.npz"
 
 
 def _script(name: str) -> ModuleType:
@@ -147,10 +148,9 @@ def test_du_schedules_spend_exactly_the_clt_budget(du: ModuleType, decay_clip: b
             0.3 ** ((epochs - 1) / epochs))
 
 
-def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path) -> None:
-    if not MNIST_NPZ.is_file():
-        pytest.skip(f"shared MNIST copy not at {MNIST_NPZ}")
-    args = ["--quick", "--seeds", "2", "--data", str(MNIST_NPZ), "--results", str(tmp_path),
+def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path,
+                                           real_mnist: Found) -> None:
+    args = ["--quick", "--seeds", "2", "--data", str(real_mnist.path), "--results", str(tmp_path),
             "--plot", str(tmp_path / "du.png")]
     assert du.main(args) == 0
     document = json.loads((tmp_path / "du_dynamic.json").read_text())
@@ -206,11 +206,11 @@ def test_vandijk_variants_are_valid_scenario_overrides() -> None:
                 assert group.rounds == base.rounds  # E -> 2E epochs at twice the batch
 
 
-def test_vandijk_quick_run_reports_accuracy_and_per_client_eps(tmp_path: Path) -> None:
-    """One `fedsim run` of the base scenario in smoke mode (10 clients, 5 rounds each)."""
+def test_vandijk_quick_run_reports_accuracy_and_per_client_eps(tmp_path: Path,
+                                                               real_mnist: Found) -> None:
+    """One `fedsim run` of the base scenario in smoke mode (10 clients, 5 rounds each); the
+    scenario finds MNIST by name, where ``real_mnist`` found it."""
     pytest.importorskip("fedsim.privacy.ledger")
-    if not MNIST_NPZ.is_file():
-        pytest.skip(f"shared MNIST copy not at {MNIST_NPZ}")
     vandijk = _script("vandijk_async")
     assert vandijk.main(["--quick", "--variants", "poisson", "--seeds", "2", "--results",
                          str(tmp_path), "--plot", str(tmp_path / "vd.png"),

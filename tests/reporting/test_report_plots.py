@@ -120,7 +120,7 @@ def test_report_prints_the_summary_and_redraws(many_clients_run: SyntheticRun,
     assert f"accuracy: final {summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f}" in out
     stopped = len(summary["stopped"])
     assert stopped > 0
-    assert f"clients: 12; stopped {stopped} (budget exhausted: {stopped})" in out
+    assert f"clients: 12; stopped {stopped} ({stopped} budget)" in out
     assert "CLT mu (approximation)" in out
     assert "warning: CLT mu values are approximations" in out
     assert "clients.csv says" not in out  # the csv agrees with the ledgers
@@ -181,9 +181,11 @@ def test_many_clients_plot_quantile_clients_only(many_clients_run: SyntheticRun,
     seen: dict[str, object] = {}
     original = plots.draw_epsilon
 
-    def spy(run_dir, history, path, *, population=None, labels=None):  # type: ignore[no-untyped-def]
-        seen.update(clients=history.client_ids, population=population, labels=labels)
-        return original(run_dir, history, path, population=population, labels=labels)
+    def spy(run_dir, panels, path):  # type: ignore[no-untyped-def]
+        (panel,) = panels  # every client of this run samples the same way: one panel
+        seen.update(clients=panel.history.client_ids, population=panel.population,
+                    labels=panel.labels)
+        return original(run_dir, panels, path)
 
     monkeypatch.setattr(plots, "EXACT_BAND_EVALUATIONS", 10)
     monkeypatch.setattr(plots, "draw_epsilon", spy)
@@ -196,3 +198,67 @@ def test_many_clients_plot_quantile_clients_only(many_clients_run: SyntheticRun,
     ordered = sorted(finals, key=lambda cid: (finals[cid], cid))
     assert labels[ordered[0]].startswith("min") and labels[ordered[-1]].endswith("max")
     assert len(labels) < 12
+
+
+def test_report_groups_stop_reasons_by_kind(small_run: SyntheticRun,
+                                            copy_run: Callable[..., SyntheticRun],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from fedsim.reporting.stops import stop_kind
+
+    assert stop_kind("round 498 would exceed its privacy budget") == "budget"
+    assert stop_kind("finished its 12 rounds") == "done"
+    assert stop_kind("crashed and did not rejoin") == "crashed"
+    assert stop_kind("something new") == "something new"
+    run = copy_run(small_run)
+    csv_path = run.path / "clients.csv"
+    lines = csv_path.read_text().splitlines()
+    header = lines[0].split(",")
+    column = header.index("stop_reason")
+    reasons = ["round 237 would exceed its privacy budget", "round 272 would exceed its "
+               "privacy budget", "finished its 12 rounds", "crashed and did not rejoin"]
+    rows = []
+    for index, line in enumerate(lines[1:]):
+        fields = line.split(",")
+        fields[column] = reasons[index % len(reasons)]
+        rows.append(",".join(fields))
+    csv_path.write_text("\n".join([lines[0], *rows]) + "\n")
+    assert cli_main(["report", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    counts = {"budget": 0, "done": 0, "crashed": 0}
+    for index in range(len(rows)):
+        counts[stop_kind(reasons[index % len(reasons)])] += 1
+    expected = ", ".join(f"{n} {kind}" for kind, n in sorted(
+        ((k, v) for k, v in counts.items() if v), key=lambda item: (-item[1], item[0])))
+    assert f"stopped {len(rows)} ({expected})" in out
+    assert "would exceed" not in out.split("clients:")[1].splitlines()[0]
+
+
+def test_plots_put_each_neighbouring_relation_on_its_own_axes(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Poisson (add/remove) and fixed-size (replace-one) eps never share an axis."""
+    from fedsim.reporting import plots
+
+    run = copy_run(small_run)
+    ledgers = sorted((run.path / "ledgers").glob("*.jsonl"))
+    # Re-label one client's ledger as fixed-size sampling (header and steps alike).
+    lines = ledgers[0].read_text().splitlines()
+    lines = [line.replace('"poisson"', '"fixed"') for line in lines]
+    ledgers[0].write_text("\n".join(lines) + "\n")
+    directory = RunDirectory.load(run.path)
+    relations = {lg.sampling for lg in read_ledgers(directory)}
+    assert relations == {"fixed", "poisson"}
+    captured: list[list[str]] = []
+    original = plots.draw_epsilon
+
+    def spy(run_dir, panels, path):  # type: ignore[no-untyped-def]
+        captured.append([p.sampling for p in panels])
+        for panel in panels:
+            samplings = {lg.sampling for lg in read_ledgers(directory)
+                         if lg.client_id in panel.history.client_ids}
+            assert samplings == {panel.sampling}
+        return original(run_dir, panels, path)
+
+    monkeypatch.setattr(plots, "draw_epsilon", spy)
+    plots.draw_run(directory)
+    assert sorted(captured[0]) == ["fixed", "poisson"]

@@ -50,3 +50,22 @@ def test_unknown_total_and_bad_arguments() -> None:
         RunProgress(-1.0)
     with pytest.raises(ConfigError):
         RunProgress(10.0, unit="epochs")  # type: ignore[arg-type]
+
+
+def test_total_can_change_and_log_lines_go_through_the_bar() -> None:
+    from fedsim.logging import configure_logging, get_logger
+
+    stream = io.StringIO()
+    configure_logging(json=True)
+    with RunProgress(100.0, enabled=True, stream=stream) as progress:
+        progress.update(10.0, 1, active_clients=4)
+        progress.set_total(20.0)  # the budgets' end became known
+        get_logger("probe").info("through the bar", n=1)
+        progress.update(20.0, 2, active_clients=0)
+        assert progress.postfix["training"] == "0"
+    text = stream.getvalue()
+    assert "20.0/20.0" in text.rsplit("\r", 1)[-1]
+    (line,) = [s for s in text.replace("\r", "\n").splitlines() if "through the bar" in s]
+    assert line.startswith("{") and '"n": 1' in line  # a whole line of its own
+    with pytest.raises(ConfigError):
+        progress.set_total(0.0)

@@ -403,7 +403,8 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     assert WindowReport(window=10, time=9.0, version=9).stop_reason(
         stop, active_clients=2) == "it reached 10 windows"  # windows first, then duration
     assert WindowReport(window=6, time=6.0, version=6).stop_reason(
-        stop, active_clients=2, seconds="scenario") == "it reached 5 scenario seconds"
+        stop, active_clients=2, seconds="scenario") == (
+        "window 6 ended at 6 scenario seconds, the first window end at or after its limit of 5 s")
     assert WindowReport(window=3, time=2.0, version=3, accuracy=0.95).stop_reason(
         stop, active_clients=2) == "it reached the target accuracy 0.9"
     # all budgets spent: nobody active, nothing received this window and nothing in flight

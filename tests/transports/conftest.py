@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.transports.broker import LocalMosquitto, find_mosquitto, free_loopback_port
+from fedsim.transports.broker import (
+    MOSQUITTO_MISSING,
+    LocalMosquitto,
+    find_mosquitto,
+    free_loopback_port,
+)
 
 RUN = "test-run"
 CLIENT_IDS = ("c1", "c2", "c3")
@@ -27,7 +32,7 @@ def unused_port() -> int:
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[LocalMosquitto]:
     if find_mosquitto() is None:
-        pytest.skip("mosquitto is not installed")
+        pytest.skip(MOSQUITTO_MISSING)
     broker = LocalMosquitto(tmp_path / "broker", RUN, CLIENT_IDS)
     broker.start()
     try:

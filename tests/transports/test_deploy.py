@@ -154,15 +154,23 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
         assert args.broker == "mqtt://broker:1883" and args.secrets == deploy.CONTAINER_SECRETS
         if args.command == "client":
             assert args.client_id == name
-        # The state directory is the service's own volume, so the ledger survives the container.
-        assert f"state-{name}:{args.state}" in service["volumes"]
+        # The state directory is in the service's own volume, so the ledger survives the
+        # container (the volume is mounted at /state, a directory the image's user owns).
+        assert f"state-{name}:{deploy.CONTAINER_STATE}" in service["volumes"]
+        assert args.state == f"{deploy.CONTAINER_STATE}/{name}"
     assert roles.pop("server") == "server"
     assert set(roles.values()) == {"client"}
 
 
-def test_compose_commands_match_what_fedsim_launch_runs(tmp_path: Path) -> None:
+def test_compose_commands_match_what_fedsim_launch_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedsim.runtime import launcher as launcher_module
     from fedsim.runtime.launcher import Launcher
     from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+
+    # The command lines are the point here, not the data set the launcher finds first.
+    monkeypatch.setattr(launcher_module, "dataset_file", lambda *args, **kwargs: None)
 
     launcher = Launcher(
         REPO / "scenarios" / "quickstart.yaml",

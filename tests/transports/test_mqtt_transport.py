@@ -18,8 +18,8 @@ from fedsim.errors import AccessDenied, ConfigError, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.transports.base import Endpoint
+from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
 from fedsim.transports.broker import LocalMosquitto as Broker
-from fedsim.transports.broker import find_mosquitto
 from fedsim.transports.mqtt import (
     BrokerSettings,
     MqttClientEndpoint,
@@ -349,7 +349,7 @@ def _make_certificates(directory: Path) -> dict[str, Path]:
 @pytest.mark.mqtt
 async def test_tls_listener_round_trip_and_untrusted_certificate_refused(tmp_path: Path) -> None:
     if find_mosquitto() is None:
-        pytest.skip("mosquitto is not installed")
+        pytest.skip(MOSQUITTO_MISSING)
     certs = _make_certificates(tmp_path)
     tls = ListenerTls(certfile=str(certs["srv.crt"]), keyfile=str(certs["srv.key"]))
     broker = Broker(tmp_path / "broker", RUN, ["c1"], tls=tls)

@@ -325,7 +325,7 @@ class PerSampleEngine:
         """Clipped sum of per-example *local updates* ``a_h = (w - w_h) / lr``.
 
         ``w_h`` is ``steps`` SGD steps (step size ``lr``) on example ``h`` alone, each from the
-        model's current ``w`` (paper 000, sec. 2: any ``a_h`` that depends on one example and
+        model's current ``w`` (van Dijk & Nguyen, sec. 2: any ``a_h`` that depends on one example and
         on ``w`` keeps the sensitivity bound). ``steps == 1`` gives the gradient. Computed with
         ``torch.func.vmap`` over the examples, so it materialises ``B x P`` values: bound the
         memory with a smaller physical batch. ``loss_sum`` is the loss at ``w``. ``scale`` and

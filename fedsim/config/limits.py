@@ -1,0 +1,106 @@
+"""Upper bounds on scenario input, each with the reason it is where it is.
+
+A scenario file is untrusted input: someone else's file, a typo, a generated sweep. Every number
+that sizes an allocation or a loop is bounded here, so that a bad value is an error naming its
+YAML path instead of an out-of-memory kill, an overflow deep inside a run, or a run that never
+ends. The bounds are far above any scenario that makes sense on one machine; each says why.
+"""
+
+from __future__ import annotations
+
+MAX_SCENARIO_BYTES = 2**20
+"""1 MiB. The shipped scenarios are a few KiB; a scenario with a thousand groups is a few hundred
+KiB. The cap is checked before anything is parsed; YAML scans at about 2 MB per second in pure
+Python, so reading a file at the cap costs well under a second."""
+
+MAX_YAML_DEPTH = 64
+"""Nesting levels of mappings and lists. The schema itself is 6 levels deep; the cap is far below
+the depth at which the YAML composer would exhaust Python's recursion limit (about 300)."""
+
+MAX_YAML_VALUES = 50_000
+"""Values (mappings, lists and scalars) in the file once every alias is expanded: each costs
+about 30 microseconds and a kilobyte while it is composed and validated, so the cap bounds that
+to about 1.5 s and 50 MB (a thousand groups of 30 settings each fit). Composition stops at the
+cap, and anchors and aliases, which let a small file stand for an exponentially large tree (the
+"billion laughs" attack), are counted expanded."""
+
+MAX_CLIENTS = 100_000
+"""Clients in a scenario (all groups together). One process holds every client's actor, record
+indices and open ledger file; 100 times the largest shipped population."""
+
+MAX_ROUNDS = 1_000_000
+"""A group's ``rounds``: its clip and noise schedules and its privacy plan hold one entry per
+round in memory."""
+
+MAX_LOCAL_STEPS = 10_000
+"""DP-SGD steps per round: a round computes them all before it releases anything (100 local
+epochs at q = 0.01)."""
+
+MAX_WINDOWS = 10_000_000
+"""Server windows (also the ceiling of ``eval_every`` and ``broadcast_every``)."""
+
+MAX_SECONDS = 1e9
+"""Any time in virtual seconds (about 31 years). Event times are float64 sums, which stay exact
+to a microsecond below 10^9 s."""
+
+MIN_WINDOW = 1e-3
+"""The shortest server window, in virtual seconds: every window is an event of the run, and a run
+of ``stop.virtual_seconds`` must not need more than MAX_WINDOWS of them."""
+
+MAX_LOGNORMAL_SIGMA = 20.0
+"""The spread of a log-normal distribution: exp(sigma z) must stay finite for every standard
+normal draw z a run can see (|z| < 9 in 10^18 draws; exp overflows above 709)."""
+
+MAX_SCALE = 1e6
+"""Clip norms, noise multipliers, learning rates, weights and distances. The released noise has
+standard deviation sigma C (2 sigma C for fixed-size batches), which must stay far inside float32
+(3.4e38) after summing over a model's parameters."""
+
+MAX_EPSILON = 100.0
+"""Privacy budgets and calibration targets. Beyond eps = 100 the guarantee says nothing
+(e^100 > 10^43) and accountants' e^eps terms approach double-precision overflow (eps = 709)."""
+
+MIN_DELTA = 1e-12
+"""The smallest delta of a budget, a target or the report. The privacy-loss-distribution
+accountant charges the probability mass it leaves out of its grid (up to about 1e-13 over a long
+run) to delta, so below about 1e-13 its epsilon is inflated or infinite; 1e-12 keeps a factor of
+ten clear of that, and is far below any delta a data set of fewer than 10^6 records needs."""
+
+MAX_SAMPLES = 10_000_000
+"""Records of a generated (synthetic) training or test set, and the evaluation subset."""
+
+MAX_FEATURES = 100_000
+"""Features of a generated data set."""
+
+MAX_SYNTHETIC_VALUES = 50_000_000
+"""num_samples x num_features of a generated training set: 400 MB as float64 while it is drawn,
+200 MB as the float32 tensor that is kept."""
+
+MAX_CLASSES = 10_000
+"""Classes of a generated data set (each needs its own mean vector and test records)."""
+
+MAX_BATCH = 1_000_000
+"""batch_size and max_physical_batch; a batch is also bounded by the client's records."""
+
+MAX_SHARDS_PER_CLIENT = 100_000
+"""Shards per client of the ``shards`` partition."""
+
+MAX_MESSAGE_BYTES = 2**30
+"""1 GiB: ``network.max_message_bytes``, the largest message a broker or the simulated network
+carries; a model whose parameters do not fit in it can never be broadcast."""
+
+MAX_TORCH_THREADS = 1024
+"""torch threads for training."""
+
+MAX_SEED = 2**63 - 1
+"""Seeds are 64-bit integers in run files and for the random-number generators."""
+
+MAX_MODEL_LAYERS = 1000
+"""Items of a list option of a model (``hidden``: one layer each): every layer is a module object
+and a step of every forward and backward pass."""
+
+MAX_MODEL_PARAMETERS = 100_000_000
+"""Trainable parameters of a model (400 MB per float32 copy). DP-SGD holds per-example gradients
+of a whole physical batch at once (batch x parameters values), and the simulation keeps several
+copies (global, local, updates in flight); the model must also fit in one network message
+(4 bytes per parameter within ``network.max_message_bytes``)."""

@@ -1,0 +1,130 @@
+"""A client group's DP posture in a scenario: clipping, noise and the privacy budget.
+
+Bare numbers stand for constants (``clip: 1.0``, ``noise: 1.1``); schedules over a group's
+rounds (sensitivity decay, growing mu) follow Du et al., "Dynamic Differential-Privacy
+Preserving SGD". Bounds come from :mod:`fedsim.config.limits`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from fedsim.config import limits
+from fedsim.config.distributions import Delta, Epsilon, Fraction, Scale, Strict
+from fedsim.config.distributions import number_is_constant as _number_is_constant
+
+__all__ = ["Budget", "Clip", "ConstantClip", "ConstantNoise", "DecayClip", "GrowingMuNoise",
+           "Noise", "TargetNoise"]
+
+_Strict = Strict
+
+
+
+
+class ConstantClip(_Strict):
+    """The same clipping norm in every round."""
+
+    kind: Literal["constant"] = Field(default="constant", description="The same clip in every round.")
+    value: Scale = Field(description="The L2 norm each example's gradient is clipped to.")
+
+
+class DecayClip(_Strict):
+    """Sensitivity decay (Du et al., "Dynamic Differential-Privacy Preserving SGD"):
+    C_t = initial * final_ratio^(t/T) over the group's T = ``rounds``, so the clip falls from
+    ``initial`` to ``initial * final_ratio``."""
+
+    kind: Literal["decay"] = Field(
+        description="A clip that decays geometrically over the group's rounds (sensitivity "
+        "decay of Du et al., \"Dynamic Differential-Privacy Preserving SGD\").")
+    initial: Scale = Field(description="The clipping norm of the first round.")
+    final_ratio: Fraction = Field(
+        description="The last round's clip as a fraction of the first (in (0, 1]).")
+
+
+Clip = Annotated[
+    ConstantClip | DecayClip, Field(discriminator="kind"), BeforeValidator(_number_is_constant)
+]
+
+
+class ConstantNoise(_Strict):
+    """A fixed noise multiplier sigma (noise std / sensitivity)."""
+
+    kind: Literal["constant"] = Field(
+        default="constant", description="The same noise multiplier in every round.")
+    sigma: Scale = Field(description="The noise multiplier: noise standard deviation divided "
+                                     "by the sensitivity.")
+
+
+class TargetNoise(_Strict):
+    """Calibrate sigma at start: the smallest sigma whose ``rounds`` releases (the group's
+    ``rounds``) are (epsilon, delta)-DP under the group's accountant."""
+
+    kind: Literal["target"] = Field(
+        description="The smallest constant sigma whose rounds meet (epsilon, delta) under the "
+        "group's accountant, calibrated at start.")
+    epsilon: Epsilon = Field(description="The epsilon the group's rounds must meet "
+                                         "(at most 100).")
+    delta: Delta = Field(description="The delta at which epsilon is met (in [1e-12, 1)).")
+
+
+class GrowingMuNoise(_Strict):
+    """Growing mu_t (Du et al., "Dynamic Differential-Privacy Preserving SGD"): per-round GDP
+    mu_t = mu_0 * growth^(t/T) (noise sigma_t = 1/mu_t shrinking over the group's
+    T = ``rounds``). mu_0 is solved in one of two ways (give exactly one):
+
+    * ``epsilon`` + ``delta``: the T rounds meet (epsilon, delta) under the group's accountant
+      (a guarantee; :func:`fedsim.privacy.schedules.solve_growing_mu`);
+    * ``mu_total``: CLT APPROXIMATION - the heterogeneous GDP CLT over the T rounds,
+      mu = q sqrt(sum_t (e^{mu_t^2} - 1)) (Du et al. Thm 1), meets ``mu_total``. The paper's
+      own calibration; it can under-report eps (:func:`fedsim.privacy.schedules.clt_growing_mu`).
+    """
+
+    kind: Literal["growing_mu"] = Field(
+        description="Noise that shrinks over the group's rounds, mu_t = mu_0 growth^(t/T) "
+        "(Du et al., \"Dynamic Differential-Privacy Preserving SGD\").")
+    growth: Annotated[float, Field(ge=1.0, le=limits.MAX_SCALE, allow_inf_nan=False)] = Field(
+        description="How much larger the last round's mu is than the first's (at least 1).")
+    epsilon: Epsilon | None = Field(
+        default=None, description="With delta: solve mu_0 so the rounds meet (epsilon, delta) under "
+        "the group's accountant (a guarantee).")
+    delta: Delta | None = Field(default=None, description="The delta at which epsilon is met.")
+    mu_total: Scale | None = Field(
+        default=None, description="Instead of epsilon and delta: solve mu_0 so the heterogeneous GDP "
+        "central limit theorem gives this total mu (an approximation that can under-report "
+        "epsilon).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> GrowingMuNoise:
+        by_budget = self.epsilon is not None or self.delta is not None
+        if by_budget and (self.epsilon is None or self.delta is None):
+            raise ValueError("growing_mu: give epsilon and delta together")
+        if by_budget == (self.mu_total is not None):
+            raise ValueError("growing_mu: give either epsilon + delta (solved under the "
+                             "group's accountant) or mu_total (CLT approximation), not both")
+        return self
+
+
+def _bare_sigma_is_constant(value: Any) -> Any:
+    """``noise: 1.1`` and ``noise: {sigma: 1.1}`` both mean a constant sigma."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"kind": "constant", "sigma": value}
+    if isinstance(value, dict) and "kind" not in value and "sigma" in value:
+        return {"kind": "constant", **value}
+    return value
+
+
+Noise = Annotated[
+    ConstantNoise | TargetNoise | GrowingMuNoise,
+    Field(discriminator="kind"),
+    BeforeValidator(_bare_sigma_is_constant),
+]
+
+
+class Budget(_Strict):
+    """A client's privacy budget: it never releases an update past (epsilon, delta)."""
+
+    epsilon: Epsilon = Field(description="The largest epsilon a client may reach "
+                                         "(at most 100).")
+    delta: Delta = Field(description="The delta at which the budget's epsilon is measured.")

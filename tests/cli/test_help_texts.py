@@ -1,0 +1,93 @@
+"""Every command and option of the ``fedsim`` command line has help in whole sentences,
+without markup."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from fedsim.cli import build_parser, main
+
+MARKUP = re.compile(r"``|`|\*\*|:(class|func|mod|meth|data):|\bpaper \d{3}\b")
+
+
+def commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from commands(sub)
+
+
+def command_helps(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str | None]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                yield f"{parser.prog} {choice.dest}", choice.help
+
+
+def sentence_problem(text: str | None) -> str | None:
+    if text is None or not text.strip():
+        return "no help"
+    text = " ".join(text.split())
+    if MARKUP.search(text):
+        return f"markup in {text!r}"
+    if not text[0].isupper():
+        return f"does not start with a capital letter: {text!r}"
+    if not text.endswith(".") or text.endswith("..."):
+        return f"is not a whole sentence (no full stop): {text!r}"
+    return None
+
+
+def test_every_option_has_help_in_whole_sentences() -> None:
+    problems = []
+    for prog, parser in commands(build_parser()):
+        problem = sentence_problem(parser.description)
+        if problem:
+            problems.append(f"{prog} description: {problem}")
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            if action.help == argparse.SUPPRESS:
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            problem = sentence_problem(action.help)
+            if problem:
+                problems.append(f"{prog} {name}: {problem}")
+    for name, text in command_helps(build_parser()):
+        problem = sentence_problem(text)
+        if problem:
+            problems.append(f"{name} (in the command list): {problem}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_walk_finds_every_command_and_sees_a_missing_help() -> None:
+    found = {prog for prog, _ in commands(build_parser())}
+    assert {"fedsim run", "fedsim account", "fedsim report", "fedsim launch"} <= found
+    parser = argparse.ArgumentParser(prog="probe", description="A probe.")
+    parser.add_argument("--bare")
+    parser.add_argument("--marked", help="Uses ``markup``.")
+    parser.add_argument("--fragment", help="lower case fragment")
+    assert sentence_problem(parser._actions[1].help) == "no help"
+    assert "markup" in str(sentence_problem(parser._actions[2].help))
+    assert "capital" in str(sentence_problem(parser._actions[3].help))
+
+
+@pytest.mark.parametrize("flags", [["--quiet"], ["--verbose"], ["--log-level", "warning"]])
+def test_every_command_takes_the_output_options(flags: list[str]) -> None:
+    parser = build_parser()
+    for prog, sub in commands(parser):
+        if prog == "fedsim" or any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+            continue
+        options = {o for a in sub._actions for o in a.option_strings}
+        assert {"--quiet", "--verbose", "--log-level"} <= options, prog
+
+
+def test_quiet_and_verbose_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["schema", "--quiet", "--verbose"])
+    assert exit_info.value.code == 2
+    assert "not allowed with" in capsys.readouterr().err

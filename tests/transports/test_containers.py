@@ -1,0 +1,206 @@
+"""Containers without host-specific mounts: the compose file's structure (and ``docker compose
+config`` where a Compose v2 binary exists), the image's non-root user and data cache, and the
+broker's persistence directory that ``fedsim deploy`` prepares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.commands import deploy
+from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
+
+REPO = Path(__file__).resolve().parents[2]
+# Compose specification: project and service names, long-syntax secret keys.
+PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+SERVICE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+TOP_LEVEL = {"name", "services", "networks", "volumes", "secrets", "configs"}
+SECRET_KEYS = {"source", "target", "uid", "gid", "mode"}
+
+
+def _compose() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text(encoding="utf-8"))
+
+
+def _generated(tmp_path: Path, ids: list[str]) -> dict:
+    text = deploy.compose_text("scenarios/s.yaml", "r", ids, generated_dir="deploy/generated")
+    return yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("source", ["tracked", "generated"])
+def test_compose_structure_follows_the_compose_rules(source: str, tmp_path: Path) -> None:
+    document = _compose() if source == "tracked" else _generated(tmp_path, ["a-0", "b-1"])
+    assert set(document) <= TOP_LEVEL and PROJECT_NAME.match(document["name"])
+    services, volumes, secrets = document["services"], document["volumes"], document["secrets"]
+    for name, service in services.items():
+        assert SERVICE_NAME.match(name), name
+        assert set(service.get("depends_on", [])) <= set(services)
+        for entry in service.get("secrets", []):
+            assert set(entry) <= SECRET_KEYS and entry["source"] in secrets
+        for volume in service.get("volumes", []):
+            source_part, target, *mode = volume.split(":")
+            assert target.startswith("/") and set(mode) <= {"ro", "rw"}
+            if source_part.startswith((".", "/", "~")):  # a bind mount: only the broker config
+                assert name == "broker" and target == "/mosquitto/config" and mode == ["ro"]
+                assert not source_part.startswith(("/", "~", "..")), volume
+            else:
+                assert source_part in volumes, f"{name}: volume {source_part} is not declared"
+    used = {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])}
+    assert set(volumes) <= used  # no stray declarations
+
+
+@pytest.mark.parametrize("source", ["tracked", "generated"])
+def test_no_data_from_the_host_and_every_container_non_root(source: str, tmp_path: Path) -> None:
+    document = _compose() if source == "tracked" else _generated(tmp_path, ["a-0"])
+    text = yaml.safe_dump(document)
+    assert "../" not in text and "shared" not in text and "datasets" not in text
+    for name, service in document["services"].items():
+        uid, gid = (int(part) for part in str(service["user"]).split(":"))
+        assert uid != 0 and gid != 0, name
+        if name == "broker":
+            assert uid == deploy.BROKER_UID and service["image"].startswith("eclipse-mosquitto:2")
+            continue
+        assert uid == gid == deploy.FEDSIM_UID
+        # The secret is written into the container for that user, readable by it alone.
+        (secret,) = service["secrets"]
+        assert secret["target"] == deploy.CONTAINER_SECRETS
+        assert (secret["uid"], secret["gid"], secret["mode"]) == (str(uid), str(gid), 0o400)
+        assert f"state-{name}:{deploy.CONTAINER_STATE}" in service["volumes"]
+    # A secret from a variable: Compose copies it in with uid/gid/mode (a file secret would be
+    # bind-mounted with the host file's owner and mode, unreadable to the container's user).
+    assert document["secrets"] == {"fedsim": {"environment": deploy.SECRETS_ENV}}
+    assert f"runs:{deploy.CONTAINER_RUNS}" in document["services"]["server"]["volumes"]
+
+
+def test_the_image_runs_as_that_user_with_data_in_its_cache() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    assert f"ARG FEDSIM_UID={deploy.FEDSIM_UID}" in dockerfile
+    instructions = [line.split()[0] for line in dockerfile.splitlines()
+                    if line and not line[0].isspace() and not line.startswith("#")]
+    assert instructions.count("USER") == 1 and "\nUSER fedsim\n" in dockerfile
+    after_user = dockerfile.split("\nUSER fedsim\n", 1)[1]
+    assert 'fedsim data fetch "$name"' in after_user and "ARG FEDSIM_DATASETS=mnist" in after_user
+    # The volumes' mount points exist in the image, owned by the user (so are the volumes).
+    assert "mkdir -p /state /runs" in dockerfile and "chown fedsim:fedsim /state /runs" in dockerfile
+    assert "shared" not in dockerfile
+
+
+def _compose_v2() -> list[str] | None:
+    for command in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            done = subprocess.run([*command, "version", "--short"], capture_output=True,
+                                  text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and done.stdout.strip().lstrip("v").startswith("2."):
+            return command
+    return None
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    command = _compose_v2()
+    if command is None:
+        pytest.skip("no Docker Compose v2 binary (`docker compose` or `docker-compose`) here")
+    done = subprocess.run([*command, "-f", str(REPO / "docker-compose.yml"), "config",
+                           "--format", "json"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    normalised = json.loads(done.stdout)
+    secret = normalised["services"]["server"]["secrets"][0]
+    assert (secret["uid"], secret["gid"], int(str(secret["mode"]), 8)) == ("10001", "10001", 0o400)
+    assert all(v["type"] == "volume" for v in normalised["services"]["server"]["volumes"])
+
+
+# ----------------------------------------------------------------------- broker persistence
+def _deploy(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    deploy.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["deploy", *argv])
+    return args.func(args)
+
+
+def test_deploy_creates_the_persistence_directory_for_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _deploy("--client-id", "a", "--run", "r", "--out", "gen",
+                   "--persistence-dir", "broker-data") == 0
+    made = tmp_path / "broker-data"
+    assert made.is_dir() and made.stat().st_mode & 0o777 == 0o700
+    conf = (tmp_path / "gen" / "mosquitto.conf").read_text()
+    assert f"persistence_location {made}/" in conf  # absolute: mosquitto's cwd does not matter
+    if os.geteuid() == 0:  # a broker started as root writes as its own user
+        try:
+            expected = pwd.getpwnam("mosquitto").pw_uid
+        except KeyError:
+            expected = deploy.BROKER_UID
+        assert made.stat().st_uid == expected
+    else:
+        assert made.stat().st_uid == os.geteuid()
+    # Not root: the broker runs as the caller, who keeps the directory.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    other = deploy.prepare_persistence_dir(tmp_path / "as-user")
+    assert other.stat().st_uid == os.getuid()
+    # Without such a user in the database, the image's uid.
+    if os.getuid() == 0:
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+        image = deploy.prepare_persistence_dir(tmp_path / "image", broker_user="no-such-user")
+        assert (image.stat().st_uid, image.stat().st_gid) == (deploy.BROKER_UID,) * 2
+    # Container paths (--broker-config-dir given) are the named volume's business, not made.
+    assert _deploy("--client-id", "a", "--run", "r", "--out", "gen2", "--broker-config-dir",
+                   "/mosquitto/config", "--persistence-dir", "/mosquitto/data") == 0
+    assert not Path("/mosquitto/data").exists() or Path("/mosquitto").is_dir()
+
+
+def test_a_root_started_broker_persists_into_that_directory() -> None:
+    """The real broker, started as root and switching to its user, writes its database there."""
+    binary = find_mosquitto()
+    if binary is None:
+        pytest.skip(MOSQUITTO_MISSING)
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the broker switches to its own user only when started as root")
+    try:
+        pwd.getpwnam("mosquitto")
+    except KeyError:
+        pytest.skip("no `mosquitto` user on this machine for the broker to switch to")
+
+    # Outside pytest's private (0700) tree: the broker's user must reach the directory.
+    base = Path(tempfile.mkdtemp(prefix="fedsim-persist-"))
+    os.chmod(base, 0o755)
+    try:
+        _persist_as_root(binary, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _persist_as_root(binary: str, base: Path) -> None:
+    from fedsim.transports.broker import free_loopback_port
+
+    data = deploy.prepare_persistence_dir(base / "data")
+    conf = base / "m.conf"
+    conf.write_text(f"listener {free_loopback_port()} 127.0.0.1\nallow_anonymous true\n"
+                    f"persistence true\npersistence_location {data}/\nuser mosquitto\n")
+    broker = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)
+        assert broker.poll() is None, broker.stdout.read() if broker.stdout else ""
+    finally:
+        broker.send_signal(signal.SIGTERM)  # mosquitto saves its database on a clean stop
+        output = broker.communicate(timeout=20)[0]
+    assert (data / "mosquitto.db").is_file(), output
+    assert (data / "mosquitto.db").stat().st_uid == pwd.getpwnam("mosquitto").pw_uid
