@@ -28,7 +28,7 @@ tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that cod
 
     python benchmarks/scale.py [--sizes 100,1000,10000,100000] [--timeout S]
     python benchmarks/scale.py --breakdown 1000 [--label NAME]
-    python benchmarks/scale.py --ray        # 1 vs 2 local Ray workers (docs/RAY.md)
+    python benchmarks/scale.py --ray [--ray-scenarios hetero-100,10000]   # docs/RAY.md
 
 writes (updates) ``benchmarks/results/scale.json``.
 """
@@ -103,7 +103,7 @@ def scaled(clients: int, virtual_seconds: float, *, cross_device: bool) -> Loade
     tree["stop"] = {"virtual_seconds": virtual_seconds}
     if cross_device:
         tree["server"].update(window=60.0, broadcast_every=5)
-    return LoadedScenario(parse_scenario(tree, base_dir=base.base_dir), base.source)
+    return LoadedScenario(parse_scenario(tree), base.source)
 
 
 def _scratch_dir() -> Any:
@@ -186,7 +186,7 @@ def ray_row(scenario: str, executor: str, virtual_seconds: float) -> dict[str, A
         base = load_scenario(REPO / "scenarios" / "hetero-100.yaml")
         tree = base.scenario.model_dump(mode="json")
         tree["stop"] = {"virtual_seconds": virtual_seconds}
-        loaded = LoadedScenario(parse_scenario(tree, base_dir=base.base_dir), base.source)
+        loaded = LoadedScenario(parse_scenario(tree), base.source)
     else:
         loaded = scaled(int(scenario), virtual_seconds, cross_device=False)
     population = build_population(loaded)
@@ -320,10 +320,12 @@ def _save(document: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
-def _ray_rows() -> None:
+def _ray_rows(which: str) -> None:
     document = _load_results()
     rows = []
     for scenario, seconds, bound in (("hetero-100", 20.0, 600), ("10000", 0.3, 900)):
+        if scenario not in which.split(","):
+            continue
         for executor in ("local", "ray-1", "ray-2"):
             row = _subprocess(["--ray-one", scenario, executor, str(seconds)], bound)
             row.update(scenario=scenario, executor=executor, time_bound_s=bound)
@@ -343,6 +345,7 @@ def main() -> None:
     parser.add_argument("--virtual-seconds", type=float, default=3.0)
     parser.add_argument("--ray", action="store_true",
                         help="executor rows: in-process vs 1 and 2 local Ray workers")
+    parser.add_argument("--ray-scenarios", default="hetero-100,10000")
     parser.add_argument("--ray-one", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=3, metavar=("CLIENTS", "MODE", "VIRTUAL_SECONDS"),
                         help=argparse.SUPPRESS)
@@ -358,7 +361,7 @@ def main() -> None:
         print(json.dumps(ray_row(args.ray_one[0], args.ray_one[1], float(args.ray_one[2]))))
         return
     if args.ray:
-        _ray_rows()
+        _ray_rows(args.ray_scenarios)
         return
     if args.one:
         print(json.dumps(measure(int(args.one[0]), args.one[1], float(args.one[2]))))

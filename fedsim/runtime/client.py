@@ -338,6 +338,7 @@ class ClientActor:
         """``w <- w - eta * u`` into a new array (w is never mutated); a zero update leaves
         ``w`` the array it is (``w - eta * 0 == w`` exactly), still shared with the global."""
         if not result.zero_update:
+            assert self.w is not None  # a round starts from a held model
             local = result.update * np.float32(-self.local_lr)
             local += self.w
             self.w = local

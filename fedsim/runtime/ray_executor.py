@@ -172,10 +172,10 @@ class RayRoundBatcher(RoundBatcher):
             for client in clients:
                 offsets[client] = (start, start + len(self._rows[client]))
                 start += len(self._rows[client])
-            rows = (torch.from_numpy(np.concatenate([self._rows[c] for c in clients]))
-                    if clients else torch.zeros(0, dtype=torch.int64))
+            shard = (torch.from_numpy(np.concatenate([self._rows[c] for c in clients]))
+                     if clients else torch.zeros(0, dtype=torch.int64))
             self._actors.append(remote_class.remote(
-                model, features.index_select(0, rows), labels.index_select(0, rows), offsets,
+                model, features.index_select(0, shard), labels.index_select(0, shard), offsets,
                 threads))
         self._clients: dict[int, tuple[object, int]] = {}
         self.remote_passes = 0
