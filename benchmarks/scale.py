@@ -5,8 +5,10 @@ The scenario is ``hetero-100`` scaled up (issue 18): the same three groups (60% 
 10% datacenter) with ``--set``-style counts, the MLP 784-128-10, batch sizes 1, 2 and 4 (a
 client of 10^4 holds a handful of records), IID partitions where Dirichlet cannot fill every
 client (more than 100 clients). MNIST's 60,000 records cannot give 10^5 clients one record
-each: from 20,000 clients up the data are a synthetic 10-class Gaussian mixture with 784
-features and 2.4 records per client (``dataset: synthetic``; the same model and message size).
+each: from 20,000 clients up the data are a synthetic 10-class Gaussian mixture with 4
+records per client and 120 features (fedsim generates at most 5e7 values), and the model the
+MLP 120-777-10, of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
+message size and model vectors), every group partitioned IID.
 
 Rows (each size in its own subprocess, with a time bound, so a size that does not fit
 cannot take the others down and peak RSS is the size's own):
@@ -57,7 +59,6 @@ from fedsim.runtime.simulation import run_scenario  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "scale.json"
-MNIST_RECORDS = 60000
 BATCH_SIZES = (1, 2, 4)  # edge, office, datacenter
 # (clients, mode, virtual seconds, time bound in s): what the default run measures.
 PLAN: list[tuple[int, str, float, int]] = [
@@ -97,9 +98,15 @@ def scaled(clients: int, virtual_seconds: float, *, cross_device: bool) -> Loade
             group["speed"] = {"kind": "lognormal", "median": 10.0, "sigma": 0.5}
             group.pop("availability", None)
     groups[-1]["count"] += clients - sum(g["count"] for g in groups)
-    if clients > 20000 or clients * 3 > MNIST_RECORDS:
-        tree["dataset"] = {"name": "synthetic", "num_samples": int(2.4 * clients),
-                           "num_test_samples": 1000, "num_features": 784, "num_classes": 10}
+    if clients > 20000:
+        # fedsim generates at most 5e7 values of synthetic data: 120 features, and the MLP
+        # 120-777-10 of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
+        # message size and model vectors).
+        tree["dataset"] = {"name": "synthetic", "num_samples": 4 * clients,
+                           "num_test_samples": 1000, "num_features": 120, "num_classes": 10}
+        tree["model"] = {"name": "mlp", "options": {"hidden": [777]}}
+        for group in groups:  # 4 records a client: log-normal sizes would leave some below m
+            group["partition"] = {"scheme": "iid"}
     tree["stop"] = {"virtual_seconds": virtual_seconds}
     if cross_device:
         tree["server"].update(window=60.0, broadcast_every=5)
