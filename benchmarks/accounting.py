@@ -1,6 +1,12 @@
 """Privacy-accounting benchmark: fedsim's pld accountant next to its peers (run by hand).
 
     python benchmarks/accounting.py [--quick] [--out benchmarks/results/accounting.json]
+    python benchmarks/accounting.py --only ledger_spends [--old-commit REV]
+
+``--only ledger_spends`` measures only the ledger case of issue 18 (plan + can_spend + spend
+with sigma changing every step, 10^4 and 10^5 spends) and merges it into the results file;
+``--old-commit`` also runs the same case, at smaller sizes, on the fedsim of an older commit
+(extracted with ``git archive``) for a side-by-side row.
 
 Cases (issue 2): DRS run B (Poisson, q = 256/60000, sigma = 1.1, T = 14063); the same for
 T = 10^5; a 10^4-step ledger whose sigma changes every step; 1000 client ledgers; and the
@@ -16,8 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# FEDSIM_BENCH_TREE: run against another fedsim tree (the --old-commit side-by-side rows).
+sys.path.insert(0, os.environ.get("FEDSIM_BENCH_TREE", str(Path(__file__).resolve().parents[1])))
 
 from dp_accounting.pld import pld_pmf, privacy_loss_mechanism  # noqa: E402
 from dp_accounting.pld import privacy_loss_distribution as dp_pld  # noqa: E402
@@ -46,8 +56,13 @@ def timed(fn: Callable[[], float]) -> dict[str, float]:
 
 
 def clear_caches() -> None:
-    fedsim_pld.step_pmfs.cache_clear()
-    fedsim_pld._COMPOSED.clear()
+    """Forget every cached one-step PMF, composition and answer (a cold start)."""
+    for name in ("step_pmfs", "factor_summaries", "factor_spectrum"):
+        if hasattr(fedsim_pld, name):
+            getattr(fedsim_pld, name).cache_clear()
+    for name in ("_COMPOSED", "_EPSILONS"):  # the older tree has _COMPOSED
+        if hasattr(fedsim_pld, name):
+            getattr(fedsim_pld, name).clear()
 
 
 def fedsim_eps(steps: list[GaussianStep], **settings: Any) -> float:
@@ -178,6 +193,91 @@ def client_ledgers_case(clients: int, rounds: int, directory: Path) -> dict[str,
     }
 
 
+def ledger_spends_case(count: int, directory: Path) -> dict[str, Any]:
+    """One client ledger: plan ``count`` rounds whose sigma changes every round, then
+    can_spend + spend each (fsync'ed), then eps; the time inside os.fsync is measured apart
+    (it is the disk's, and the ledger fsyncs its records and then its high-water mark)."""
+    sigmas = 1.5 * (0.8 / 1.5) ** (np.arange(count) / count)
+    steps = [GaussianStep("poisson", Q_B, float(s)) for s in sigmas]
+    clear_caches()
+    real_fsync, fsync_time, fsyncs = os.fsync, [0.0], [0]
+
+    def timed_fsync(fd: int) -> None:
+        begin = time.perf_counter()
+        real_fsync(fd)
+        fsync_time[0] += time.perf_counter() - begin
+        fsyncs[0] += 1
+
+    os.fsync = timed_fsync
+    try:
+        start = time.perf_counter()
+        with PrivacyLedger.open(directory / f"ledger-{count}.jsonl", client_id="c",
+                                sampling="poisson", budget=Budget(1000.0, DELTA)) as ledger:
+            ledger.plan([[s] for s in steps])
+            planned = time.perf_counter()
+            for r, step in enumerate(steps):
+                if not ledger.can_spend([step]):
+                    raise AssertionError("the plan fits the budget")
+                ledger.spend([step], time=float(r), round=r)
+            spent = time.perf_counter()
+            eps = ledger.epsilon()
+        total = time.perf_counter() - start
+    finally:
+        os.fsync = real_fsync
+    clear_caches()
+    begin = time.perf_counter()
+    one_shot = PLDAccountant(steps).epsilon(DELTA)
+    one_shot_seconds = time.perf_counter() - begin
+    return {
+        "spends": count,
+        "seconds": round(total, 3),
+        "plan_seconds": round(planned - start, 3),
+        "spend_loop_seconds": round(spent - planned, 3),
+        "fsync_seconds": round(fsync_time[0], 3),
+        "fsyncs": fsyncs[0],
+        "seconds_without_fsync": round(total - fsync_time[0], 3),
+        "epsilon": eps,
+        "one_shot_epsilon": one_shot,
+        "one_shot_seconds": round(one_shot_seconds, 3),
+        "relative_deviation_from_one_shot": eps / one_shot - 1.0,
+    }
+
+
+def ledger_spends(sizes: list[int], old_commit: str | None, old_sizes: list[int],
+                  where: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "mechanism": {"sampling": "poisson", "q": Q_B, "budget_epsilon": 1000.0,
+                      "sigma": "1.5 * (0.8/1.5)^(t/T), a different value every step",
+                      "path": "plan(all rounds) + can_spend + spend per round + epsilon"},
+        "goals": {"10^4 spends": "<= 5 s", "10^5 spends": "<= 60 s",
+                  "eps": "within 0.5% of the one-shot composition, never below"},
+    }
+    out["ledger_directory"] = where or tempfile.gettempdir()
+    with tempfile.TemporaryDirectory(dir=where) as directory:
+        for count in sizes:
+            out[f"new_{count}"] = ledger_spends_case(count, Path(directory))
+            print(count, out[f"new_{count}"], flush=True)
+    if old_commit is None:
+        return out
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tree:
+        archive = subprocess.run(["git", "-C", str(root), "archive", old_commit, "fedsim"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        for count in old_sizes:
+            for label in ("old", "new"):
+                env = {**os.environ, "FEDSIM_BENCH_TREE": tree if label == "old" else str(root)}
+                result = subprocess.run(
+                    [sys.executable, __file__, "--case-ledger-spends", str(count),
+                     *(["--ledger-dir", where] if where else [])], env=env,
+                    check=True, capture_output=True, text=True)
+                out[f"{label}_{count}"] = json.loads(result.stdout.splitlines()[-1])
+                if label == "old":
+                    out[f"old_{count}"]["commit"] = old_commit
+                print(label, count, out[f"{label}_{count}"], flush=True)
+    return out
+
+
 def reference_eps(step: GaussianStep, h: float) -> float:
     """dp_accounting at grid h (fixed-size: its delta functions, max per step, its composition)."""
     if step.sampling == "poisson":
@@ -238,8 +338,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller cases (smoke run)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "accounting.json"))
+    parser.add_argument("--only", choices=["ledger_spends"], help="run one case and merge it")
+    parser.add_argument("--old-commit", help="also run ledger_spends on this commit's fedsim")
+    parser.add_argument("--ledger-dir", help="where ledger_spends writes (default: the temp "
+                                               "dir); a RAM disk leaves out the disk's fsync")
+    parser.add_argument("--sizes", type=int, nargs="*", help="ledger_spends sizes")
+    parser.add_argument("--old-sizes", type=int, nargs="*", help="sizes for --old-commit")
+    parser.add_argument("--case-ledger-spends", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import tempfile
+    if args.case_ledger_spends is not None:  # one case in a fresh process (side by side)
+        with tempfile.TemporaryDirectory(dir=args.ledger_dir) as directory:
+            print(json.dumps(ledger_spends_case(args.case_ledger_spends, Path(directory))))
+        return
+    if args.only == "ledger_spends":
+        path = Path(args.out)
+        results = json.loads(path.read_text()) if path.exists() else {}
+        key = "ledger_spends_changing_sigma" + ("_ramdisk" if args.ledger_dir else "")
+        results[key] = ledger_spends(
+            args.sizes or ([1000] if args.quick else [10_000, 100_000]), args.old_commit,
+            args.old_sizes or ([500] if args.quick else [1000, 2000]), args.ledger_dir)
+        results[key]["machine"] = {
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0]}
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {path}")
+        return
 
     results: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "platform": platform.platform()},

@@ -55,8 +55,9 @@ _QUIET = logging.getLogger("mqtt_ingest.publisher")
 _QUIET.setLevel(logging.ERROR)
 
 
-def _update(client_id: str, round_: int, delta: np.ndarray) -> bytes:
-    return codec.encode(ClientUpdate(client_id, round_, 0, delta, 64.0, 600))
+def _update(client_id: str, round_: int, delta: np.ndarray, incarnation: str) -> bytes:
+    update = ClientUpdate(client_id, round_, 0, delta, 64.0)
+    return codec.encode(update, incarnation=incarnation)
 
 
 async def _publish(config: dict) -> None:
@@ -77,7 +78,8 @@ async def _publish(config: dict) -> None:
             topic = topics.updates(client_id)
 
             async def send(round_: int) -> None:
-                await client.publish(topic, _update(client_id, round_, delta), qos=1)
+                payload = _update(client_id, round_, delta, config["incarnation"])
+                await client.publish(topic, payload, qos=1)
 
             await asyncio.gather(*(send(r) for r in range(count)))
 
@@ -91,9 +93,12 @@ async def _publish(config: dict) -> None:
     )
 
 
-def _start_publishers(broker: LocalMosquitto, updates: int) -> subprocess.Popen[str]:
+def _start_publishers(
+    broker: LocalMosquitto, updates: int, incarnation: str
+) -> subprocess.Popen[str]:
     config = {
         "run": broker.run,
+        "incarnation": incarnation,  # the receiving server's (publishers play its clients)
         "host": broker.host,
         "port": broker.port,
         "updates": updates,
@@ -130,7 +135,7 @@ class _Arrivals:
 
 
 async def _receive_raw(
-    broker: LocalMosquitto, updates: int, ready: asyncio.Event
+    broker: LocalMosquitto, updates: int, ready: asyncio.Event, stamp: dict[str, str]
 ) -> tuple[float, float]:
     arrivals = _Arrivals()
     server = broker.secrets.server
@@ -154,7 +159,7 @@ async def _receive_raw(
 
 
 async def _receive_fedsim(
-    broker: LocalMosquitto, updates: int, ready: asyncio.Event
+    broker: LocalMosquitto, updates: int, ready: asyncio.Event, stamp: dict[str, str]
 ) -> tuple[float, float]:
     arrivals = _Arrivals()
     async with MqttServerEndpoint(
@@ -163,6 +168,7 @@ async def _receive_fedsim(
         expected_params=CNN_PARAMS,
         max_message_bytes=codec.max_message_bytes(CNN_PARAMS),
     ) as endpoint:
+        stamp["incarnation"] = endpoint.incarnation.current
         ready.set()
         recorded: set[tuple[str, int]] = set()
         while arrivals.count < updates:
@@ -173,7 +179,7 @@ async def _receive_fedsim(
             if arrivals.count % ACK_EVERY == 0:
                 endpoint.acknowledge(recorded)
         endpoint.acknowledge(recorded)
-        if endpoint.stats.rejected or endpoint.stats.denied:
+        if endpoint.stats.rejected or endpoint.stats.denied or endpoint.stats.other_incarnation:
             raise RuntimeError(f"updates rejected during the benchmark: {endpoint.stats}")
     return arrivals.result()
 
@@ -184,9 +190,10 @@ async def _one(arm: str, updates: int, publishers: int, timeout: float) -> tuple
         client_ids = [f"pub{i}" for i in range(publishers)]
         with LocalMosquitto(tmp, RUN, client_ids) as broker:
             ready = asyncio.Event()
-            receiving = asyncio.create_task(receiver(broker, updates, ready))
+            stamp = {"incarnation": ""}
+            receiving = asyncio.create_task(receiver(broker, updates, ready, stamp))
             await asyncio.wait_for(ready.wait(), 30)
-            process = _start_publishers(broker, updates)
+            process = _start_publishers(broker, updates, stamp["incarnation"])
             try:
                 measured = await asyncio.wait_for(receiving, timeout)
             finally:
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
     asyncio.run(measure())
     payload_bytes = len(
-        _update("pub0", 0, np.zeros(CNN_PARAMS, dtype=np.float32))
+        _update("pub0", 0, np.zeros(CNN_PARAMS, dtype=np.float32), "")
     )  # the wire size of one update
     ceiling = statistics.median(rates["ceiling"])
     ingest = statistics.median(rates["fedsim"])

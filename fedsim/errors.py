@@ -48,7 +48,14 @@ class LedgerError(PrivacyError):
 
 
 class CodecError(FedsimError):
-    """A wire message is malformed, truncated, oversized, of the wrong shape or not finite."""
+    """A wire message is malformed, truncated, oversized, of the wrong shape or not finite.
+
+    ``kind`` names the defect for rejection counts (``malformed``, ``oversized``, ``shape``,
+    ``non_finite``)."""
+
+    def __init__(self, message: str, *, kind: str = "malformed") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class TransportError(FedsimError):

@@ -15,11 +15,31 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, PrivacyError
 
 ACCOUNTANT_CHOICES = ("pld", "rdp", "gdp-clt")
+# Bounds that keep every answer finite in time and memory (larger values are refused).
+MAX_STEPS = 10**12
+MAX_EPSILON = 700.0  # e^eps must be a double
+MAX_GROUP_SIZE = 10_000
+MAX_LEDGER_BYTES = 256 * 2**20
+
+
+def _count(text: str) -> int:
+    """An integer flag that may be written 1e6 (but must be a whole number)."""
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (math.isfinite(number) and number == math.floor(number)):
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        value = int(number)
+    return value
 
 
 DESCRIPTION = (
@@ -40,17 +60,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                       help="Poisson sampling (add/remove neighbours) or fixed-size batches "
                            "(replace-one neighbours).")
     what.add_argument("--q", type=float, help="The sampling rate q = m/N.")
-    what.add_argument("--batch-size", type=int, metavar="M", help="The batch size m (with --dataset-size).")
-    what.add_argument("--dataset-size", type=int, metavar="N", help="The data set size N.")
+    what.add_argument("--batch-size", type=_count, metavar="M",
+                      help="The batch size m (with --dataset-size).")
+    what.add_argument("--dataset-size", type=_count, metavar="N", help="The data set size N.")
     what.add_argument("--sigma", type=float, help="The noise multiplier sigma.")
-    what.add_argument("--steps", type=int, metavar="T", help="The number of steps T.")
-    what.add_argument("--epochs", type=float, help="The number of epochs; the steps are ceil(epochs / q).")
+    what.add_argument("--steps", type=_count, metavar="T", help="The number of steps T.")
+    what.add_argument("--epochs", type=float,
+                      help="The number of epochs; the steps are ceil(epochs / q).")
     what.add_argument("--ledger", metavar="FILE",
                       help="A JSON list of steps {sampling, q, sigma, count}, an object with "
                            "'steps', or a fedsim ledger (JSON lines); it replaces --q, --sigma "
                            "and --steps.")
     ask = parser.add_argument_group("the question")
-    ask.add_argument("--delta", type=float, default=1e-5, help="The delta to answer epsilon at (default 1e-5).")
+    ask.add_argument("--delta", type=float, default=1e-5,
+                     help="The delta to answer epsilon at (default 1e-5).")
     ask.add_argument("--accountant", choices=ACCOUNTANT_CHOICES, default="pld",
                      help="The accountant: pld (privacy loss distributions, the default) or "
                           "rdp (Renyi DP) give guarantees; gdp-clt is the central limit "
@@ -62,14 +85,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     ask.add_argument("--max-steps", action="store_true",
                      help="With --target-epsilon and --sigma, answer the largest number of "
                           "steps.")
-    ask.add_argument("--group-size", type=int, default=1, metavar="G",
+    ask.add_argument("--group-size", type=_count, default=1, metavar="G",
                      help="Answer for groups of G records (Dong, Roth and Su, Gaussian "
                           "Differential Privacy, Theorem 2.14).")
     out = parser.add_argument_group("output")
-    out.add_argument("--plot", metavar="FILE.png", help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")
+    out.add_argument("--plot", metavar="FILE.png",
+                     help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")
     out.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     parser.set_defaults(func=run)
-    return parser
+    return cast(argparse.ArgumentParser, parser)
 
 
 # -- input checking ------------------------------------------------------------------------------
@@ -99,10 +123,11 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912
         raise ConfigError(f"--delta must be in (0, 1), got {args.delta}")
     for flag in ("epsilon", "target_epsilon"):
         value = getattr(args, flag)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--{flag.replace('_', '-')} must be a number > 0, got {value}")
-    if args.group_size < 1:
-        raise ConfigError(f"--group-size must be >= 1, got {args.group_size}")
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_EPSILON):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a number in (0, "
+                              f"{MAX_EPSILON:g}] (e^eps must be a double), got {value}")
+    if not 1 <= args.group_size <= MAX_GROUP_SIZE:
+        raise ConfigError(f"--group-size must be in 1..{MAX_GROUP_SIZE}, got {args.group_size}")
     if args.ledger is not None:
         return {"ledger_steps": _load_ledger(Path(args.ledger), args.sampling)}
 
@@ -130,45 +155,92 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912
         # Dong-Roth-Su count T = epochs * N / m steps; a partial last step is still a release.
         per_epoch = (args.dataset_size / args.batch_size if args.batch_size is not None
                      else 1.0 / args.q)
+        if not args.epochs * per_epoch <= MAX_STEPS:
+            raise ConfigError(f"--epochs {args.epochs:g} is {args.epochs * per_epoch:.3g} "
+                              f"steps; at most {MAX_STEPS:.0e} are accounted")
         args.steps = math.ceil(args.epochs * per_epoch - 1e-9)
     if not args.max_steps:
         if args.steps is None:
             raise ConfigError("give --steps or --epochs")
-        if args.steps < 1:
-            raise ConfigError(f"T must be >= 1, got {args.steps}")
+        if not 1 <= args.steps <= MAX_STEPS:
+            raise ConfigError(f"T must be in 1..{MAX_STEPS:.0e}, got {args.steps}")
     return {}
 
 
-def _load_ledger(path: Path, sampling: str) -> list[Any]:
+def _load_ledger(path: Path, sampling: str) -> list[Any]:  # noqa: C901, PLR0912 - one refusal per kind of damage
+    """Steps from a JSON list / ``{"steps": [...]}`` file or a fedsim ledger (JSON lines,
+    verified like the client's own: header, hash chain, high-water mark if present)."""
+    from fedsim.errors import LedgerError
     from fedsim.privacy.events import GaussianStep
+    from fedsim.privacy.ledger import read_ledger_steps
 
     try:
-        text = path.read_text()
+        with path.open("rb") as handle:
+            data = handle.read(MAX_LEDGER_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"--ledger {path}: {exc.strerror}") from None
+    if len(data) > MAX_LEDGER_BYTES:
+        raise ConfigError(f"--ledger {path}: larger than {MAX_LEDGER_BYTES // 2**20} MB")
     try:
-        obj = json.loads(text)
-        items = obj["steps"] if isinstance(obj, dict) else obj
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"--ledger {path}: line {line}: not UTF-8 text") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError:
-        # a fedsim ledger: JSON lines, a header then {"time", "round", "step"} records
+        obj = None  # perhaps JSON lines
+    except ValueError as exc:  # NaN / Infinity
+        raise ConfigError(f"--ledger {path}: {exc}") from None
+    if obj is None or (isinstance(obj, dict) and "format" in obj):
+        # a fedsim ledger: JSON lines, a header then chained records
         try:
-            lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--ledger {path}: not JSON or JSON lines ({exc})") from None
-        items = [line["step"] for line in lines[1:] if isinstance(line, dict) and "step" in line]
-    except (KeyError, TypeError):
-        raise ConfigError(f"--ledger {path}: expected a list of steps or {{'steps': [...]}}") from None
-    if not isinstance(items, list) or not items:
+            steps = list(read_ledger_steps(path))
+        except (LedgerError, ConfigError) as exc:
+            raise ConfigError(f"--ledger: {exc}") from None
+    else:
+        items = obj.get("steps") if isinstance(obj, dict) else obj
+        if not isinstance(items, list):
+            raise ConfigError(f"--ledger {path}: expected a list of steps or {{'steps': [...]}}")
+        try:
+            steps = [GaussianStep.from_json(item) for item in items]
+        except ConfigError as exc:
+            raise ConfigError(f"--ledger {path}: {exc}") from None
+    if not steps:
         raise ConfigError(f"--ledger {path}: no steps")
-    steps = [GaussianStep.from_json(item) for item in items]
+    total = sum(s.count for s in steps)
+    if total > MAX_STEPS:
+        raise ConfigError(f"--ledger {path}: {total:.3g} steps; at most {MAX_STEPS:.0e} are "
+                          f"accounted")
     schemes = {s.sampling for s in steps}
-    if schemes != {sampling} and len(schemes) == 1:
+    if len(schemes) > 1:
+        raise ConfigError(f"--ledger {path} mixes poisson and fixed steps")
+    if schemes != {sampling}:
         raise ConfigError(f"--ledger {path} has {schemes.pop()} steps but --sampling is {sampling}")
     return steps
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
 # -- the answers -----------------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch per accountant's report
+def run(args: argparse.Namespace) -> int:
+    _print(answer(args), as_json=args.json)
+    return 0
+
+
+def answer(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's answer as a dict (also :func:`fedsim.account`); draws ``--plot``."""
+    try:
+        return _answer(args)
+    except PrivacyError as exc:  # a question the accountants cannot answer: bad input here
+        raise ConfigError(str(exc)) from None
+
+
+def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912, PLR0915 - one branch per accountant's report
+    import numpy as np
+
     from fedsim.privacy import calibration, fdp
     from fedsim.privacy.accountant import make_accountant
     from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep
@@ -187,9 +259,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch pe
         result.update(q=args.q, sigma=args.sigma, epsilon=args.target_epsilon)
         if name == "rdp":
             for conversion in ("classic", "optimal"):
+                def measure(acc: Any, d: float, c: str = conversion) -> float:
+                    return float(getattr(acc, f"epsilon_{c}")(d))
+
                 result[f"steps_{conversion}"] = calibration.max_steps(
                     name, args.sampling, args.q, args.sigma, args.target_epsilon, args.delta,
-                    measure=lambda acc, d, c=conversion: getattr(acc, f"epsilon_{c}")(d))  # type: ignore[misc]
+                    measure=measure)
             result["steps"] = result["steps_optimal"]
         else:
             result["steps"] = calibration.max_steps(
@@ -214,14 +289,22 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch pe
     group = args.group_size
     need_curve = name != "gdp-clt" and (group > 1 or args.plot or not args.max_steps)
     alphas = fdp.default_alphas(20001 if group > 1 else 2001)
+    if group > 1:  # (1 - f)^{o g} at alpha = 0 needs the curve far below 1e-9 (else eps = inf)
+        alphas = np.unique(np.concatenate([alphas, np.logspace(-15.0, -9.0, 3000)]))
     betas = accountant.tradeoff(alphas) if need_curve or name == "gdp-clt" else None
     if name == "gdp-clt":
-        result["mu"] = accountant.mu * group  # type: ignore[attr-defined]  # the CLT accountant's
+        from fedsim.privacy.gdp import GDPCLTAccountant
+
+        assert isinstance(accountant, GDPCLTAccountant)
+        result["mu"] = accountant.mu * group
         result["mu_kind"] = "clt"
     elif betas is not None:
         group_betas = fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas
-        result["mu"] = fdp.fit_gdp_mu(alphas, group_betas)
-        result["mu_kind"] = "fit (smallest mu with G_mu below the curve)"
+        try:
+            result["mu"] = fdp.fit_gdp_mu(alphas, group_betas)
+            result["mu_kind"] = "fit (smallest mu with G_mu below the curve)"
+        except ConfigError:  # the curve is 0 on the whole grid: eps is still answered
+            result["mu_kind"] = "none: the trade-off curve is 0 on the alpha grid (no GDP fit)"
 
     if args.epsilon is not None:
         result["epsilon"] = args.epsilon
@@ -233,8 +316,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901, PLR0912 - one branch pe
         _plot(Path(args.plot), alphas, betas if betas is not None else accountant.tradeoff(alphas),
               result)
         result["plot"] = args.plot
-    _print(result, as_json=args.json)
-    return 0
+    return result
 
 
 def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, betas: Any,
@@ -248,7 +330,7 @@ def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, beta
     if accountant.name == "rdp":
         result["epsilon_classic"] = accountant.epsilon_classic(delta)
         result["epsilon_optimal"] = accountant.epsilon_optimal(delta)
-    return accountant.epsilon(delta)
+    return float(accountant.epsilon(delta))
 
 
 def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, betas: Any,
@@ -262,7 +344,7 @@ def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, beta
     if accountant.name == "rdp":
         result["delta_classic"] = accountant.delta_classic(epsilon)
         result["delta_optimal"] = accountant.delta(epsilon)
-    return accountant.delta(epsilon)
+    return float(accountant.delta(epsilon))
 
 
 def _plot(path: Path, alphas: Any, betas: Any, result: dict[str, Any]) -> None:
@@ -303,8 +385,15 @@ def _plot(path: Path, alphas: Any, betas: Any, result: dict[str, Any]) -> None:
 
 
 def _print(result: dict[str, Any], *, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result, sort_keys=True))
+    if as_json:  # strict JSON: a non-finite number becomes null, with a note
+        infinite = sorted(k for k, v in result.items()
+                          if isinstance(v, float) and not math.isfinite(v))
+        clean = {k: (None if k in infinite else v) for k, v in result.items()}
+        if infinite:
+            clean["infinite"] = infinite
+            clean["note_infinite"] = ("no finite value: delta is below what the accountant "
+                                      "resolves, or the mechanism gives no privacy")
+        print(json.dumps(clean, sort_keys=True, allow_nan=False))
         return
     kind = "guarantee" if result["is_guarantee"] else "APPROXIMATION (CLT), not a guarantee"
     print(f"accountant: {result['accountant']} ({kind})")

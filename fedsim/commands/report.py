@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
 
@@ -37,7 +38,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="Redraw a run directory's plots and summarise the run.",
         description=DESCRIPTION,
     )
-    parser.add_argument("run_dir", metavar="DIR", help="A run directory written by fedsim run or fedsim launch.")
+    parser.add_argument("run_dir", metavar="DIR", nargs="+",
+                        help="A run directory written by fedsim run or fedsim launch (for "
+                             "several, use fedsim compare).")
     parser.set_defaults(func=run)
     return parser
 
@@ -45,7 +48,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.plots import draw_run
 
-    directory = RunDirectory.load(args.run_dir)
+    if len(args.run_dir) > 1:
+        raise ConfigError("report reads one run directory; to put several side by side run "
+                          f"`fedsim compare {' '.join(args.run_dir)}` (a table and overlaid "
+                          "accuracy and epsilon plots)")
+    directory = RunDirectory.load(args.run_dir[0])
     drawn = draw_run(directory)
     for line in summary_lines(directory, drawn):
         print(line)

@@ -43,7 +43,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--ray-workers", type=int, default=2, metavar="N",
                         help="How many Ray workers (data shards) --executor ray uses; 2 by "
                              "default.")
+    parser.add_argument("--device", choices=("cpu", "cuda", "mps", "auto"),
+                        help="Where the rounds and the evaluation run, instead of the "
+                             "scenario's device; auto takes cuda, else mps, else cpu.")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="Also write TensorBoard scalars (per window, per-client epsilon) "
+                             "to DIR; needs the fedsim[tensorboard] extra.")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="Write log lines as JSON (by default exactly when stderr is not "
                              "a terminal).")
@@ -73,7 +79,13 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
+    if args.device is not None:
+        overrides.append(f"device={args.device}")
     loaded = load_scenario(args.scenario, overrides)
+    if args.tensorboard:
+        from fedsim.reporting.tensorboard import require_tensorboard
+
+        require_tensorboard()
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
     set_population(scenario.clients.total)
@@ -136,6 +148,10 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int
     if summary["stopped"]:
         counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
         log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
+    if args.tensorboard:
+        from fedsim.reporting.tensorboard import export_run
+
+        export_run(out, args.tensorboard)
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all

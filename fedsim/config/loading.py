@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import yaml
 from pydantic import ValidationError
 
 from fedsim.config import limits
+from fedsim.config.overrides import assign_path
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 
@@ -243,56 +243,20 @@ def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # --set overrides
 
-_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
-
-
-def _split_path(path: str) -> list[str | int]:
-    parts: list[str | int] = []
-    position = 0
-    for match in _TOKEN.finditer(path):
-        gap = path[position:match.start()]
-        if gap not in ("", "."):
-            raise ConfigError(f"--set {path!r}: cannot parse the path near {gap!r}")
-        parts.append(match.group(1) if match.group(1) is not None else int(match.group(2)))
-        position = match.end()
-    if not parts or path[position:] != "":
-        raise ConfigError(f"--set {path!r}: expected a dotted path like clients.groups[0].count")
-    return parts
-
-
-def apply_override(data: Any, assignment: str) -> Any:  # noqa: C901 - one branch per kind of path step
+def apply_override(data: Any, assignment: str) -> Any:
     """Apply one ``path=value`` (value parsed as YAML) to a plain scenario tree, returning it.
 
-    Missing mapping keys are created; list indices must exist.
+    ``path`` may select list items: ``[0]``, ``[*]`` (all), ``[name]`` (the item with that
+    ``name``); see :mod:`fedsim.config.overrides`.
     """
     path, sep, raw_value = assignment.partition("=")
     if not sep:
         raise ConfigError(f"--set {assignment!r}: expected path=value")
-    parts = _split_path(path.strip())
     try:
         value = _load_yaml(raw_value)[0] if raw_value.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {path.strip()}: {_yaml_error(exc, raw_value)}") from None
-    if data is None:
-        data = {}
-    node = data
-    for depth, part in enumerate(parts):
-        last = depth == len(parts) - 1
-        where = _format_path(parts[: depth + 1])
-        if isinstance(part, int):
-            if not isinstance(node, list):
-                raise ConfigError(f"--set {path}: {_format_path(parts[:depth])} is not a list")
-            if not 0 <= part < len(node):
-                raise ConfigError(f"--set {path}: {where} is out of range ({len(node)} items)")
-        elif not isinstance(node, dict):
-            raise ConfigError(f"--set {path}: {_format_path(parts[:depth]) or 'scenario'} is not a mapping")
-        if last:
-            node[part] = value
-        else:
-            if isinstance(node, dict) and node.get(part) is None:
-                node[part] = {}
-            node = node[part]
-    return data
+    return assign_path(data, path.strip(), value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,10 +75,11 @@ _Strict = Strict
 class Partition(_Strict):
     """How a group's share of the training set is split among its clients."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "unequal"] = Field(
+    scheme: Literal["iid", "dirichlet", "shards", "unequal", "natural"] = Field(
         default="iid", description="How the group's records are split among its clients: iid (equal "
         "random parts), dirichlet (label skew), shards (a few labels each) or unequal (IID "
-        "contents, log-normal sizes).")
+        "contents, log-normal sizes) or natural (whole writers per client, for data sets "
+        "with writers such as femnist).")
     alpha: Scale = Field(
         default=0.5, description="The Dirichlet concentration of the dirichlet scheme (Hsu, Qi and "
         "Brown, \"Measuring the Effects of Non-Identical Data Distribution\"); smaller means "
@@ -100,11 +101,13 @@ class Dataset(_Strict):
     offline; see :mod:`fedsim.training.datasets`.
     """
 
-    name: Literal["mnist", "synthetic"] = Field(
-        description="The data set: mnist, or synthetic (a seeded Gaussian-mixture "
-        "classification problem).")
+    name: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "synthetic", "arrays"] = Field(
+        description="The data set: mnist, fashion_mnist, cifar10, femnist (LEAF's per-writer "
+        "layout), synthetic (a seeded Gaussian-mixture classification problem), or arrays (your "
+        "own: an .npz at path holding x_train, y_train, x_test and y_test, or arrays from "
+        "Python through fedsim.simulate).")
     path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
-        default=None, description="Where the data set's file or directory is; a relative "
+        default=None, description="Where the data set's file or directory is (for arrays, the .npz); a relative "
         "path is looked for beside the scenario file, then in the working directory. Omitted, "
         "$FEDSIM_DATA_DIR and the user cache are searched, and the data set is downloaded "
         "into the cache unless offline.")
@@ -514,6 +517,9 @@ class Scenario(_Strict):
     torch_threads: ThreadCount = Field(
         default=1, description="torch threads for training; one by default, as more threads often slow "
         "a shared CPU down.")
+    device: Literal["cpu", "cuda", "mps", "auto"] = Field(
+        default="cpu", description="Where rounds and evaluation run: cpu, cuda, mps, or auto "
+        "(cuda, else mps, else cpu); generators, ledgers and accounting stay on the CPU.")
 
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from fedsim.errors import ConfigError, UnsupportedEventError
-from fedsim.privacy.events import GaussianStep, Sampling, group_steps
+from fedsim.privacy.events import GaussianStep, Sampling
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {}
 DEFAULT_ACCOUNTANT = "pld"
@@ -40,7 +40,10 @@ class Accountant(ABC):
     is_guarantee: ClassVar[bool] = True
 
     def __init__(self, steps: Iterable[GaussianStep] = ()) -> None:
-        self._steps: tuple[GaussianStep, ...] = ()
+        # The history as counts per kind (insertion order); `steps` sorts it on demand.
+        self._counts: dict[tuple[Sampling, float, float], int] = {}
+        self._sorted: tuple[GaussianStep, ...] | None = ()
+        self._total = 0
         self.compose(steps)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -51,20 +54,29 @@ class Accountant(ABC):
     # -- state ---------------------------------------------------------------------------
     @property
     def steps(self) -> tuple[GaussianStep, ...]:
-        """The composed history, identical steps merged (see :func:`group_steps`)."""
-        return self._steps
+        """The composed history, identical steps merged and sorted (see :func:`group_steps`)."""
+        if self._sorted is None:
+            self._sorted = tuple(GaussianStep(s, q, sigma, n)
+                                 for (s, q, sigma), n in sorted(self._counts.items()))
+        return self._sorted
+
+    @property
+    def kinds(self) -> int:
+        """How many distinct kinds of step the history holds."""
+        return len(self._counts)
 
     @property
     def sampling(self) -> Sampling | None:
-        return self._steps[0].sampling if self._steps else None
+        return next(iter(self._counts))[0] if self._counts else None
 
     @property
     def total_steps(self) -> int:
-        return sum(s.count for s in self._steps)
+        return self._total
 
     def check(self, steps: Iterable[GaussianStep]) -> None:
         """Raise :class:`UnsupportedEventError` if ``steps`` cannot be composed. Never mutates."""
-        schemes = {s.sampling for s in (*self._steps, *steps)}
+        held = self.sampling
+        schemes = {s.sampling for s in steps} | ({held} if held is not None else set())
         if len(schemes) > 1:
             raise UnsupportedEventError(
                 "one accountant analyses one neighbouring relation; got both poisson "
@@ -72,30 +84,37 @@ class Accountant(ABC):
             )
 
     def compose(self, steps: Iterable[GaussianStep]) -> None:
+        """Add ``steps`` to the history: O(1) per step (the history is kept as counts), plus
+        whatever incremental state a subclass extends in :meth:`_extend`."""
         steps = tuple(steps)
         self.check(steps)
-        if not steps:
-            return
-        if len(steps) == 1:
-            # The common case, one more step of a kind already recorded: bump that count
-            # (what group_steps would give, without regrouping the whole history).
-            step = steps[0]
-            for i, held in enumerate(self._steps):
-                if held.key == step.key:
-                    merged = held.times(held.count + step.count)
-                    self._steps = (*self._steps[:i], merged, *self._steps[i + 1:])
-                    self._invalidate()
-                    return
-        self._steps = group_steps((*self._steps, *steps))
-        self._invalidate()
+        if len(steps) > 1:  # one call per kind (a preview of a long plan repeats kinds)
+            grouped: dict[tuple[Sampling, float, float], int] = {}
+            for step in steps:
+                grouped[step.key] = grouped.get(step.key, 0) + step.count
+            steps = tuple(GaussianStep(s, q, sigma, n) for (s, q, sigma), n in grouped.items())
+        for step in steps:
+            key = step.key
+            held = self._counts.get(key)
+            self._counts[key] = step.count if held is None else held + step.count
+            self._total += step.count
+            self._sorted = None
+            self._extend(step, new_kind=held is None)
 
     def preview(self, steps: Iterable[GaussianStep]) -> Self:
-        """A copy with ``steps`` composed; ``self`` is left unchanged."""
+        """A copy with ``steps`` composed; ``self`` is left unchanged (the dry run of a
+        ledger: nothing composed into the copy reaches ``self``)."""
         twin = copy.copy(self)
-        twin._steps = self._steps
+        twin._counts = dict(self._counts)
         twin._copy_caches_from(self)
         twin.compose(steps)
         return twin
+
+    def _extend(self, step: GaussianStep, *, new_kind: bool) -> None:
+        """Hook: ``step`` was just added to the counts. Subclasses with caches that depend on
+        the history extend or drop them here; the default drops them."""
+        del step, new_kind
+        self._invalidate()
 
     def _invalidate(self) -> None:  # noqa: B027 - optional hook
         """Drop caches that depend on the history. Subclasses with caches override."""
@@ -127,7 +146,7 @@ class Accountant(ABC):
         return {
             "accountant": self.name,
             "settings": self.settings(),
-            "steps": [s.to_json() for s in self._steps],
+            "steps": [s.to_json() for s in self.steps],
         }
 
     @classmethod

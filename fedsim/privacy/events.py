@@ -61,9 +61,11 @@ class GaussianStep:
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLING_SCHEMES:
             raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {self.sampling!r}")
-        if not (isinstance(self.q, int | float) and math.isfinite(self.q) and 0.0 < self.q <= 1.0):
+        if isinstance(self.q, bool) or not (isinstance(self.q, int | float)
+                                            and math.isfinite(self.q) and 0.0 < self.q <= 1.0):
             raise ConfigError(f"q must be in (0, 1], got {self.q!r}")
-        if not (isinstance(self.sigma, int | float) and math.isfinite(self.sigma) and self.sigma > 0):
+        if isinstance(self.sigma, bool) or not (isinstance(self.sigma, int | float)
+                                                and math.isfinite(self.sigma) and self.sigma > 0):
             raise ConfigError(f"sigma must be a finite number > 0, got {self.sigma!r}")
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise ConfigError(f"count must be an integer >= 1, got {self.count!r}")

@@ -91,7 +91,7 @@ def _at_or_after(alphas: np.ndarray, betas: np.ndarray, points: np.ndarray) -> n
     """A lower bound on f at arbitrary points: beta at the first grid point >= the point."""
     index = np.searchsorted(alphas, np.clip(points, 0.0, 1.0), side="left")
     padded = np.append(betas, 0.0)  # beyond the last grid point f >= 0
-    return padded[np.minimum(index, betas.size)]
+    return np.asarray(padded[np.minimum(index, betas.size)], dtype=float)
 
 
 def group_tradeoff(alphas: np.ndarray, betas: np.ndarray, group_size: int) -> np.ndarray:
@@ -113,8 +113,10 @@ def delta_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, epsilon: float) -
     lower bounds on a grid (Prop. 2.12; f >= beta_{i+1} on (alpha_i, alpha_{i+1}])."""
     alphas = np.asarray(alphas, dtype=float)
     betas = np.asarray(betas, dtype=float)
-    candidates = np.concatenate([[1.0 - betas[0]],
-                                 1.0 - betas[1:] - math.exp(epsilon) * alphas[:-1]])
+    # e^eps alpha in log space, capped at e^700 (any such line is far below 0 already)
+    with np.errstate(divide="ignore"):  # log(0) = -inf: the alpha = 0 line, exactly
+        scaled = np.exp(np.minimum(epsilon + np.log(alphas[:-1]), 700.0))
+    candidates = np.concatenate([[1.0 - betas[0]], 1.0 - betas[1:] - scaled])
     return float(np.clip(np.max(candidates), 0.0, 1.0))
 
 

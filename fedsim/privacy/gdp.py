@@ -33,9 +33,13 @@ import numpy as np
 from scipy import optimize, special
 from scipy.stats import norm
 
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep
+
+# Largest mu for which eps(delta) is computed: beyond it eps > 5e5 and e^eps is far outside
+# double precision (delta(eps) cancels catastrophically).
+MAX_MU = 1000.0
 
 
 def _check_mu(mu: float) -> None:
@@ -58,6 +62,10 @@ def gdp_epsilon(delta: float, mu: float) -> float:
     _check_mu(mu)
     if not 0 < delta < 1:
         raise ConfigError(f"delta must be in (0, 1), got {delta!r}")
+    if mu > MAX_MU:
+        raise PrivacyError(
+            f"mu = {mu:.3g} is beyond {MAX_MU:g}: eps would exceed mu^2/2 = {mu * mu / 2:.3g} "
+            f"(no meaningful privacy); such a release cannot be answered in double precision")
     if gdp_delta(0.0, mu) <= delta:
         return 0.0
     high = max(1.0, mu * mu)
@@ -71,7 +79,7 @@ def gdp_tradeoff(alpha: np.ndarray | float, mu: float) -> np.ndarray:
     """``G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)``."""
     _check_mu(mu)
     alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
-    return norm.cdf(norm.ppf(1.0 - alpha) - mu)
+    return np.asarray(norm.cdf(norm.ppf(1.0 - alpha) - mu), dtype=float)
 
 
 def compose_mu(mus: Iterable[float]) -> float:

@@ -1,23 +1,24 @@
 """A client's durable privacy ledger: every release is written to disk before it happens.
 
-File format (JSON lines, UTF-8):
-
-* line 1, the header: ``{"format": "fedsim-ledger/1", "client_id": ..., "sampling": ...,
-  "accountant": ..., "budget": {"epsilon": ..., "delta": ...} | null}``;
-* one line per released step: ``{"time": t, "round": r, "step": {"sampling", "q", "sigma",
-  "count"}}``.
+File format, hash chain, high-water mark and lock: see :mod:`fedsim.privacy.ledger_file`.
 
 Durability rule. :meth:`PrivacyLedger.spend` writes its lines with one ``write`` call, then
-``flush`` + ``os.fsync``, and only then returns (and the caller releases the update). A spend
-is *acknowledged* when it returns. On :meth:`PrivacyLedger.open`:
+``flush`` + ``os.fsync``, then moves the high-water mark (fsynced), and only then returns (and
+the caller releases the update). A spend is *acknowledged* when it returns. On
+:meth:`PrivacyLedger.open`:
 
 * a final line without its terminating newline is a write that was cut by a crash before the
   fsync returned, so it was never acknowledged and the update was never released: it is
   ignored and cut off the file (later lines append cleanly);
-* every newline-terminated line must parse; anything else (a damaged complete line, a bad
-  header, a header that disagrees with the arguments) raises :class:`LedgerError`. A ledger is
-  never reset. Complete lines are always counted, even if the process died before ``spend``
-  returned: counting a release that may not have happened is the safe direction.
+* every newline-terminated line must parse and continue the hash chain, and the file must
+  reach the high-water mark; anything else (a damaged line, a bad header, a header that
+  disagrees with the arguments, a cut or edited file) raises :class:`LedgerError`. A ledger is
+  never reset (``fedsim ledger repair`` may only add spending). Complete lines are always
+  counted, even if the process died before ``spend`` returned: counting a release that may
+  not have happened is the safe direction.
+
+Time. Records' times never go back: :meth:`PrivacyLedger.spend` refuses a time before the
+last record's, and :attr:`PrivacyLedger.last_time` is where a restarted client's clock starts.
 
 Enforcement uses a guarantee: the ledger's accountant if it is one (``pld``, ``rdp``),
 otherwise ``pld`` (``gdp-clt`` is an approximation and never enforces a budget).
@@ -33,9 +34,13 @@ check asks for more steps than the bound.
 
 Changing schedules (growing mu_t: every round is a new kind) defeat that cache, so a client
 that knows its future rounds registers them with :meth:`plan`. The ledger then finds, once,
-how many of the planned rounds fit: doubling and bisection over the number k of planned rounds
-(O(log T) accountant evaluations), with the predicate "recorded steps + the first k planned
-rounds are within budget". While the client spends exactly the planned rounds in order,
+how many of the planned rounds fit: the whole plan first (one evaluation), otherwise a
+galloping search that extends one dry-run accountant along the plan (k = 1, 2, 4, ... rounds)
+and bisects the last bracket from a copy, so each planned step is composed O(1) times and the
+accountant is evaluated O(log T) times. The PLD accountant composes incrementally (see
+:mod:`fedsim.privacy.pld_state`) and its eps is a function of the multiset of steps, bit for
+bit, however they were fed; a kind checked for the first time is answered by one dry run,
+the headroom is computed when it comes again. While the client spends exactly the planned rounds in order,
 :meth:`can_spend` for the next planned round is answered by counting; the answer is the one
 the full check gives, because the accountant's state is a function of the multiset of steps
 (:func:`group_steps` sorts) and "recorded + next round" is then exactly "recorded at plan time
@@ -45,25 +50,39 @@ Like the headroom cache this relies on eps growing with every composed step.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
 from fedsim.privacy.accountant import Accountant, make_accountant, make_accountant_class
-from fedsim.privacy.calibration import bisect_fitting, doubling_bracket, largest_fitting
+from fedsim.privacy.calibration import bisect_fitting, doubling_bracket
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, group_steps
-from fedsim.privacy.handles import LEDGER_HANDLES
+from fedsim.privacy.ledger_file import (
+    LEDGER_FORMAT,
+    LedgerRecord,
+    Mark,
+    MarkFile,
+    append_durably,
+    check_mark,
+    cut_partial_line,
+    encode_record,
+    header_of,
+    line_hash,
+    mark_path,
+    parse_header,
+    read_mark,
+    read_verified,
+    write_new,
+)
 
-LEDGER_FORMAT = "fedsim-ledger/1"
+__all__ = ["LEDGER_FORMAT", "Budget", "LedgerRecord", "PrivacyLedger", "read_ledger_steps"]
+
 ENFORCEMENT_FALLBACK = "pld"
 _MAX_HEADROOM = 10**9
-_HANDLE_KEYS = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,41 +111,33 @@ class Budget:
         return cls(obj["epsilon"], obj["delta"])
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerRecord:
-    """One released step: when (virtual or wall time), in which round, and what."""
-
-    time: float
-    round: int
-    step: GaussianStep
-
-    def to_json(self) -> dict[str, Any]:
-        return {"time": self.time, "round": self.round, "step": self.step.to_json()}
-
-
 class PrivacyLedger:
     """Append-only, fsync'ed record of one client's releases, with budget enforcement."""
 
     def __init__(self, path: Path, client_id: str, sampling: Sampling, budget: Budget | None,
-                 accountant: str, records: list[LedgerRecord], *, read_only: bool = False) -> None:
+                 accountant: str, records: list[LedgerRecord], last_hash: str, *,
+                 mark: MarkFile | None = None) -> None:
         self._path = path
         self._client_id = client_id
         self._sampling = sampling
         self._budget = budget
+        self._accountant_name = accountant
         enforcing = accountant if make_accountant_class(accountant).is_guarantee \
             else ENFORCEMENT_FALLBACK
         self._records = list(records)
+        self._last_hash = last_hash
         self._accountant = make_accountant(enforcing, [r.step for r in records])
         self._headroom: dict[tuple[Sampling, float, float], int] = {}
         # Kinds whose headroom is only a lower bound map to the first count known not to fit.
         self._headroom_above: dict[tuple[Sampling, float, float], int] = {}
+        self._checked_once: set[tuple[Sampling, float, float]] = set()
+        self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
         self._plan: list[tuple[GaussianStep, ...]] | None = None
         self._plan_cursor = 0  # planned rounds spent since plan()
         self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
-        # A read-only ledger (reports) never writes; the others append through the process's
-        # bounded pool of open files (opened on the first spend: 10^5 ledgers fit one process).
-        self._read_only = read_only
-        self._handle = next(_HANDLE_KEYS)  # its key in the pool (ids may be reused, these not)
+        # Held for the ledger's lifetime (with the lock); a read-only ledger never writes.
+        self._mark = mark
+        self._file: IO[bytes] | None = None if mark is None else open(path, "ab")  # noqa: SIM115
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -134,30 +145,62 @@ class PrivacyLedger:
              accountant: str = "pld", read_only: bool = False) -> Self:
         """Create the ledger file, or resume it (never reset; see the module docstring).
 
-        ``read_only=True`` reads an existing ledger without changing its file (for reports on a
-        copied or read-only run directory): an unterminated final line is skipped, not cut off,
-        and :meth:`spend` raises :class:`LedgerError`.
+        Takes the ledger's exclusive lock: a second writer, in this or another process, gets
+        a :class:`LedgerError` until :meth:`close`. ``read_only=True`` reads an existing
+        ledger without locking or changing it (for reports on a copied or read-only run
+        directory): an unterminated final line is skipped, not cut off, the chain and (if
+        present) the high-water mark are checked, and :meth:`spend` raises.
         """
         path = Path(path)
         if sampling not in SAMPLING_SCHEMES:
             raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
         make_accountant_class(accountant)  # unknown names fail here, before any file I/O
-        header = {"format": LEDGER_FORMAT, "client_id": client_id, "sampling": sampling,
-                  "accountant": accountant, "budget": budget.to_json() if budget else None}
+        header = header_of(client_id, sampling, accountant,
+                           budget.to_json() if budget else None)
         if read_only:
             if not path.exists():
                 raise LedgerError(f"{path}: no such ledger")
-            records = _read(path, header, repair=False)
-            return cls(path, client_id, sampling, budget, accountant, records, read_only=True)
-        if not path.exists() or path.stat().st_size == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_durably(path, (json.dumps(header) + "\n").encode(), create=True)
-            return cls(path, client_id, sampling, budget, accountant, [])
-        records = _read(path, header)
-        return cls(path, client_id, sampling, budget, accountant, records)
+            mark = read_mark(path)  # before the records: a writer moves it after them
+            records, last = _read(path, path.read_bytes(), header, mark)
+            return cls(path, client_id, sampling, budget, accountant,
+                       records, last)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = MarkFile(mark_path(path), create=True)
+        try:
+            mark = lock.read()
+            data = path.read_bytes() if path.exists() else b""
+            if not data and (mark is None or mark.count == 0):
+                # New (or created up to its header only: the mark is written first).
+                line = json.dumps(header).encode()
+                lock.write(Mark(0, line_hash(line)))
+                if path.exists():
+                    path.unlink()
+                write_new(path, line + b"\n")
+                return cls(path, client_id, sampling, budget, accountant,
+                           [], line_hash(line), mark=lock)
+            if mark is None:
+                parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
+                raise LedgerError(
+                    f"{path}: no high-water mark ({mark_path(path).name}), so a cut file "
+                    f"cannot be detected; `fedsim ledger repair {path} --assume-lost N` "
+                    f"adopts it")
+            records, last = _read(path, cut_partial_line(path, data), header, mark)
+            if len(records) > mark.count:  # a crash between the two writes: move it up
+                lock.write(Mark(len(records), last))
+            return cls(path, client_id, sampling, budget, accountant,
+                       records, last, mark=lock)
+        except BaseException:
+            lock.close()
+            raise
 
     def close(self) -> None:
-        LEDGER_HANDLES.release(self._handle)
+        """Close the file and release the lock (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._mark is not None:
+            self._mark.close()
+            self._mark = None
 
     def __enter__(self) -> Self:
         return self
@@ -183,6 +226,11 @@ class PrivacyLedger:
         return self._budget
 
     @property
+    def accountant_name(self) -> str:
+        """The accountant named in the header (may be ``gdp-clt``, which only reports)."""
+        return self._accountant_name
+
+    @property
     def accountant(self) -> Accountant:
         """The enforcing accountant (a guarantee) holding every recorded step."""
         return self._accountant
@@ -190,6 +238,12 @@ class PrivacyLedger:
     @property
     def records(self) -> tuple[LedgerRecord, ...]:
         return tuple(self._records)
+
+    @property
+    def last_time(self) -> float:
+        """The time of the last record (0.0 for an empty ledger): where a restarted client's
+        clock starts, so that its records never go back in time."""
+        return self._records[-1].time if self._records else 0.0
 
     @property
     def steps(self) -> tuple[GaussianStep, ...]:
@@ -231,16 +285,7 @@ class PrivacyLedger:
             self._plan_fit = len(rounds)
             return self._plan_fit
 
-        def fits(count: int) -> bool:
-            if count == 0:
-                return True
-            planned = [step for r in rounds[:count] for step in r]
-            return self._accountant.preview(planned).epsilon(budget.delta) <= budget.epsilon
-
-        # Start at the whole plan: a schedule calibrated to the budget usually fits entirely,
-        # which costs a single evaluation.
-        self._plan_fit = largest_fitting(fits, start=len(rounds), limit=len(rounds)) \
-            if rounds else 0
+        self._plan_fit = largest_fitting_prefix(self._accountant, rounds, budget)
         return self._plan_fit
 
     def _planned_answer(self, kinds: tuple[GaussianStep, ...]) -> bool | None:
@@ -260,13 +305,28 @@ class PrivacyLedger:
         planned = self._planned_answer(kinds)
         if planned is not None:
             return planned
-        if len(kinds) == 1:
+        memo = (kinds, len(self._records))
+        if self._last_check is not None and self._last_check[0] == memo:
+            return self._last_check[1]  # asked again before anything changed (spend asks)
+        answer = self._check(kinds, steps)
+        self._last_check = (memo, answer)
+        return answer
+
+    def _check(self, kinds: tuple[GaussianStep, ...], steps: tuple[GaussianStep, ...]) -> bool:
+        budget = self._budget
+        assert budget is not None
+        if len(kinds) == 1 and kinds[0].key not in self._headroom \
+                and kinds[0].key not in self._checked_once:
+            # A kind seen for the first time (a changing schedule without a plan): one dry
+            # run; its headroom is worth computing only if it comes again.
+            self._checked_once.add(kinds[0].key)
+        elif len(kinds) == 1:
             kind = kinds[0]
             return kind.count <= self._headroom_for(kind) or (
                 kind.key in self._headroom_above
                 and kind.count <= self._headroom_for(kind, exact=True)
             )
-        return self._accountant.preview(steps).epsilon(self._budget.delta) <= self._budget.epsilon
+        return self._accountant.preview(steps).epsilon(budget.delta) <= budget.epsilon
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
               round: int) -> None:  # noqa: A002 - the ledger's field is called round
@@ -274,21 +334,35 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if not steps:
             return
-        if self._read_only:
-            raise LedgerError(f"ledger of client {self._client_id} was opened read-only")
+        if self._file is None or self._mark is None:
+            raise LedgerError(f"ledger of client {self._client_id} was opened read-only "
+                              f"or is closed")
         if not (isinstance(time, int | float) and math.isfinite(time)):
             raise ConfigError(f"time must be a finite number, got {time!r}")
+        if time < self.last_time:
+            raise LedgerError(
+                f"client {self._client_id}: time {time!r} is before the last record's "
+                f"({self.last_time!r}); a restarted client's clock starts at "
+                f"PrivacyLedger.last_time")
         if isinstance(round, bool) or not isinstance(round, int):
             raise ConfigError(f"round must be an integer, got {round!r}")
         if not self.can_spend(steps):
+            budget = self._budget
+            assert budget is not None
             raise BudgetExhausted(
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
-                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "  # type: ignore[union-attr]
+                f"eps={budget.epsilon:g} at delta={budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
         records = [LedgerRecord(float(time), round, s) for s in steps]
-        payload = "".join(json.dumps(r.to_json()) + "\n" for r in records).encode()
-        LEDGER_HANDLES.write_durably(self._handle, self._path, payload)
-        # Committed on disk: now in memory.
+        lines, last = [], self._last_hash
+        for record in records:
+            line = encode_record(record, last)
+            lines.append(line)
+            last = line_hash(line)
+        append_durably(self._file, b"".join(line + b"\n" for line in lines))
+        self._mark.write(Mark(len(self._records) + len(records), last))
+        # Committed on disk (records, then the mark): now in memory.
+        self._last_hash = last
         self._records.extend(records)
         self._accountant.compose(steps)
         kinds = group_steps(steps)
@@ -347,62 +421,64 @@ class PrivacyLedger:
         return self._headroom[key]
 
 
-def _write_durably(path: Path, payload: bytes, *, create: bool) -> None:
-    flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        os.write(fd, payload)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if create:  # make the new directory entry durable too
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[GaussianStep]],
+                           budget: Budget) -> int:
+    """How many of ``rounds``, taken in order after ``accountant``'s history, fit in ``budget``
+    (eps non-decreasing in the steps composed). ``accountant`` is never changed.
+
+    The whole plan is tried first (a schedule calibrated to the budget fits, one evaluation);
+    otherwise a galloping search extends one dry-run copy by 1, 2, 4, ... rounds and bisects
+    the failing bracket from copies of its lower end, so every planned round is composed a
+    bounded number of times and eps is evaluated O(log len(rounds)) times.
+    """
+    def fits(trial: Accountant) -> bool:
+        return trial.epsilon(budget.delta) <= budget.epsilon
+
+    def flat(part: Sequence[Sequence[GaussianStep]]) -> list[GaussianStep]:
+        return [step for r in part for step in r]
+
+    if not rounds or fits(accountant.preview(flat(rounds))):
+        return len(rounds)
+    low, width, base = 0, 1, accountant.preview([])
+    while True:  # fits(low) holds for base; the whole plan does not fit
+        high = min(low + width, len(rounds))
+        trial = base.preview(flat(rounds[low:high]))
+        if high == len(rounds) or not fits(trial):
+            break
+        low, width, base = high, width * 2, trial
+    if high == len(rounds) and fits(trial):  # pragma: no cover - excluded by the first try
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        trial = base.preview(flat(rounds[low:middle]))
+        if fits(trial):
+            low, base = middle, trial
+        else:
+            high = middle
+    return low
 
 
-def _read(path: Path, expected: dict[str, Any], *, repair: bool = True) -> list[LedgerRecord]:  # noqa: C901 - one check per way a record can be damaged
-    data = path.read_bytes()
-    complete_end = data.rfind(b"\n") + 1
-    if complete_end < len(data) and not repair:
-        data = data[:complete_end]  # skip the crash-cut final line; the file is left as it is
-    elif complete_end < len(data):
-        # An unterminated final line: a write cut by a crash, never acknowledged. Drop it.
-        with open(path, "r+b") as handle:
-            handle.truncate(complete_end)
-            handle.flush()
-            os.fsync(handle.fileno())
-        data = data[:complete_end]
-    lines = data.decode("utf-8", errors="strict").splitlines()
-    if not lines:
-        raise LedgerError(f"{path}: no header line")
-    try:
-        header = json.loads(lines[0])
-    except json.JSONDecodeError as exc:
-        raise LedgerError(f"{path}: line 1: header is not JSON ({exc})") from None
-    if not isinstance(header, dict) or header.get("format") != LEDGER_FORMAT:
-        raise LedgerError(f"{path}: line 1: not a {LEDGER_FORMAT} header")
+def _read(path: Path, data: bytes, expected: dict[str, Any],
+          mark: Mark | None) -> tuple[list[LedgerRecord], str]:
+    """Records and last hash of a ledger's bytes, verified (chain, mark, header)."""
+    if not data:
+        raise LedgerError(f"{path}: empty, but its high-water mark counts "
+                          f"{mark.count if mark else 0} records (the file was cut)")
+    parsed = read_verified(path, data)
     for field in ("client_id", "sampling", "accountant", "budget"):
-        if header.get(field) != expected[field]:
-            raise LedgerError(f"{path}: header {field}={header.get(field)!r} but the ledger was "
-                              f"opened with {expected[field]!r} (a ledger is never reset)")
-    records = []
-    for number, line in enumerate(lines[1:], start=2):
-        try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict) or set(obj) != {"time", "round", "step"}:
-                raise ValueError("expected keys time, round, step")
-            step = GaussianStep.from_json(obj["step"])
-            if step.sampling != header["sampling"]:
-                raise ValueError(f"a {step.sampling} step in a {header['sampling']} ledger")
-            time, round_ = obj["time"], obj["round"]
-            if not isinstance(time, int | float) or isinstance(round_, bool) \
-                    or not isinstance(round_, int):
-                raise ValueError("time must be a number and round an integer")
-            records.append(LedgerRecord(float(time), round_, step))
-        except (ValueError, ConfigError) as exc:
-            raise LedgerError(f"{path}: line {number}: damaged record ({exc})") from None
-    return records
+        if parsed.header.get(field) != expected[field]:
+            raise LedgerError(f"{path}: header {field}={parsed.header.get(field)!r} but the "
+                              f"ledger was opened with {expected[field]!r} (a ledger is never "
+                              f"reset)")
+    check_mark(path, parsed, mark)
+    return parsed.records, parsed.hashes[-1]
 
+
+def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
+    """The steps recorded in a ledger file (verified: chain and, if present, the mark),
+    without opening it for writing."""
+    path = Path(path)
+    data = path.read_bytes()
+    parsed = read_verified(path, data)
+    check_mark(path, parsed, read_mark(path))
+    return [record.step for record in parsed.records]

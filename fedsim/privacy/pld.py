@@ -35,11 +35,14 @@ How it is computed:
    resolution ``bucket_resolution`` (2^-9; smaller sigma and larger q are never more private),
    which costs about 0.2-0.5% of eps. Shorter mixes are computed exactly. Identical buckets are
    self-composed.
-3. All buckets are multiplied at once in the Fourier domain (one FFT per bucket, powers by
-   counts) on a window chosen from Chernoff bounds on the composed loss; mass that may fall
-   outside the window is charged to delta (moved to +infinity).
-4. eps(delta) and delta(eps) of the composed PMF come from ``dp_accounting``'s
-   ``DensePLDPmf``.
+3. All buckets are multiplied in the Fourier domain, as a sum of fixed-point log-spectra that
+   a history extends step by step (:mod:`fedsim.privacy.pld_state`: exact, so the
+   incremental and the one-shot composition are the same numbers), on a window chosen from
+   Chernoff bounds on the composed loss; mass that may fall outside the window is charged to
+   delta (moved to +infinity).
+4. eps(delta) and delta(eps) of the composed PMF come from suffix sums over its atoms (the
+   formulas of ``dp_accounting``'s ``DensePLDPmf``, vectorised), in log space where the
+   support is wider than 700 nats so that nothing overflows.
 
 The grid ``h`` is chosen adaptively unless given: the relative eps error of connect-the-dots
 behaves like ``0.07 (h / s)^2`` where ``s ~ min(q sqrt(e^{mu^2}-1), mu)`` is the standard
@@ -59,12 +62,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from scipy import fft, special
+from scipy import special
 
 from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import Accountant
-from fedsim.privacy.events import GaussianStep, Sampling, group_steps
+from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.pld_state import (
+    FactorSummary,
+    SpectrumSum,
+    fixed_point_spectrum,
+    summarise,
+    window,
+)
 
 # Per-step probability mass left out of the discretised support (charged to delta as mass at
 # +infinity); 1e-20 per step keeps the total below 1e-13 even for 10^7 steps.
@@ -87,7 +96,7 @@ _MAX_STEP_GRID = 5_000_000
 def _log_mix_shift(eps: np.ndarray, q: float) -> np.ndarray:
     """log((e^eps - (1-q)) / q), the log of the likelihood-ratio term that reaches loss eps."""
     with np.errstate(divide="ignore"):  # -inf at the edge of the support is the right limit
-        return np.log(np.expm1(eps) + q) - math.log(q)
+        return np.asarray(np.log(np.expm1(eps) + q) - math.log(q), dtype=float)
 
 
 def hockey_stick_remove(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -104,7 +113,7 @@ def hockey_stick_remove(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
     x = (_log_mix_shift(e, q) + 0.5 * mu * mu) / mu
     upper = (1.0 - q) * special.ndtr(-x) + q * special.ndtr(mu - x)
     out[live] = upper - np.exp(e + special.log_ndtr(-x))
-    return np.clip(out, 0.0, 1.0)
+    return np.asarray(np.clip(out, 0.0, 1.0), dtype=float)
 
 
 def hockey_stick_add(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -121,7 +130,7 @@ def hockey_stick_add(eps: np.ndarray, q: float, sigma: float) -> np.ndarray:
     x = (_log_mix_shift(-e, q) + 0.5 * mu * mu) / mu
     lower = (1.0 - q) * special.ndtr(x) + q * special.ndtr(x - mu)
     out[live] = special.ndtr(x) - np.exp(e) * lower
-    return np.clip(out, 0.0, 1.0)
+    return np.asarray(np.clip(out, 0.0, 1.0), dtype=float)
 
 
 def _loss_remove(x: float, q: float, mu: float) -> float:
@@ -149,20 +158,31 @@ class LossPmf:
     probs: np.ndarray
     infinity_mass: float
 
-    def moments(self) -> tuple[float, float]:
-        """Mean and variance of the finite part (normalised), in grid units from ``lower``."""
-        # Elementwise sums, not BLAS dot products: BLAS threads stall on a busy machine.
-        total = float(self.probs.sum())
-        weighted = self.probs * np.arange(self.probs.size, dtype=float)
-        mean = float(weighted.sum()) / total
-        second = float((weighted * np.arange(self.probs.size, dtype=float)).sum()) / total
-        return mean, max(second - mean * mean, 0.0)
+    def _suffix_sums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Losses l_k, ``A_k = sum_{j>=k} p_j`` and ``log B_k = log sum_{j>=k} p_j e^{-l_j}``
+        (each with a final entry for the empty suffix: 0 and -inf).
 
-    def _dense(self) -> pld_pmf.DensePLDPmf:
-        return pld_pmf.DensePLDPmf(self.h, self.lower, self.probs, self.infinity_mass, True)
+        ``B`` is summed with the factor ``e^{l_max}`` taken out when the support spans less
+        than 700 nats; wider supports (large eps: many steps of little noise) would overflow
+        ``e^{l_max - l_j}``, so their sums run in log space (``logaddexp``) instead.
+        """
+        losses = (self.lower + np.arange(self.probs.size)) * self.h
+        mass_above = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
+        log_weighted = np.full(self.probs.size + 1, -np.inf)
+        if losses[-1] - losses[0] < 700.0:
+            shift = losses[-1]
+            weighted = np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1]
+            positive = weighted > 0
+            log_weighted[:-1][positive] = np.log(weighted[positive]) - shift
+        else:
+            log_terms = np.full(self.probs.size, -np.inf)
+            positive = self.probs > 0
+            log_terms[positive] = np.log(self.probs[positive]) - losses[positive]
+            log_weighted[:-1] = np.logaddexp.accumulate(log_terms[::-1])[::-1]
+        return losses, mass_above, log_weighted
 
     def delta(self, epsilon: float) -> float:
-        return float(self._dense().get_delta_for_epsilon(epsilon))
+        return float(self.deltas(np.array([float(epsilon)]))[0])
 
     def epsilon(self, delta: float) -> float:
         """Smallest eps with delta(eps) <= delta (``inf`` if the mass at +inf exceeds delta).
@@ -170,35 +190,28 @@ class LossPmf:
         Same result as ``dp_accounting``'s ``DensePLDPmf.get_epsilon_for_delta`` (tested), but
         vectorised: on (l_{k-1}, l_k] the atoms above eps are fixed, so
         ``delta(eps) = inf + A_k - e^eps B_k`` with suffix sums A, B, solved in closed form.
+        Every exponent is at most the log of a probability (no overflow for any support).
         """
         if self.infinity_mass >= delta:
             return math.inf
-        losses = (self.lower + np.arange(self.probs.size)) * self.h
-        shift = losses[-1]
-        mass_above = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
-        weighted_above = np.concatenate(
-            [np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1], [0.0]])
-        # delta at each atom l_k (atoms strictly above it: k+1 ...)
+        losses, mass_above, log_weighted = self._suffix_sums()
+        # delta at each atom l_k (atoms strictly above it: k+1 ...); l_k + log B_{k+1} <= 0
         at_atoms = (self.infinity_mass + mass_above[1:]
-                    - np.exp(losses - shift) * weighted_above[1:])
+                    - np.exp(losses + log_weighted[1:]))
         k = int(np.argmax(at_atoms <= delta))  # at_atoms[-1] = infinity_mass <= delta
-        if weighted_above[k] <= 0:
+        numerator = self.infinity_mass + mass_above[k] - delta
+        if log_weighted[k] == -np.inf or numerator <= 0:
             return float(losses[k])
-        value = (self.infinity_mass + mass_above[k] - delta) / weighted_above[k]
-        return float(shift + math.log(value)) if value > 0 else float(losses[k])
+        return float(math.log(numerator) - log_weighted[k])
 
     def deltas(self, epsilons: np.ndarray) -> np.ndarray:
-        """delta(eps) for many eps at once (suffix sums; no per-eps loop)."""
-        losses = (self.lower + np.arange(self.probs.size)) * self.h
-        shift = losses[-1]  # factor e^{-shift} out of the second sum to avoid overflow
-        tail_mass = np.concatenate([np.cumsum(self.probs[::-1])[::-1], [0.0]])
-        tail_weighted = np.concatenate(
-            [np.cumsum((self.probs * np.exp(shift - losses))[::-1])[::-1], [0.0]]
-        )
-        first_above = np.searchsorted(losses, epsilons, side="right")
+        """delta(eps) for many eps at once (suffix sums; no per-eps loop, no overflow)."""
+        losses, mass_above, log_weighted = self._suffix_sums()
         eps = np.asarray(epsilons, dtype=float)
-        out = tail_mass[first_above] - np.exp(eps - shift) * tail_weighted[first_above]
-        return np.clip(out + self.infinity_mass, 0.0, 1.0)
+        first_above = np.searchsorted(losses, eps, side="right")
+        # eps < l_j for every atom in the suffix, so eps + log B <= log A <= 0
+        out = mass_above[first_above] - np.exp(eps + log_weighted[first_above])
+        return np.asarray(np.clip(out + self.infinity_mass, 0.0, 1.0), dtype=float)
 
 
 def connect_the_dots(h: float, indices: np.ndarray, deltas: np.ndarray) -> LossPmf:
@@ -261,16 +274,20 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
     connect-the-dots construction charges what lies above to +infinity.
     """
     mu = 1.0 / sigma
+    if not mu * mu < 1e300:  # 1/sigma^2 overflows: the loss itself is not a double
+        raise PrivacyError(f"sigma={sigma:g} is too small to account: one step's privacy "
+                           f"loss is beyond double precision (essentially no privacy)")
     top = _loss_remove(_STEP_TAIL_Z + mu, q, mu)  # largest loss kept (both directions)
     remove_low = math.log1p(-q) if q < 1.0 else -top
     add_high = -math.log1p(-q) if q < 1.0 else top
     core = _CORE_STEP_STDS * step_loss_std(q, sigma) - (math.log1p(-q) if q < 1.0 else 0.0)
-    if min(top, core) / h > _MAX_STEP_GRID:
+    if not min(top, core) / h <= _MAX_STEP_GRID:  # also NaN/inf for a vanishing sigma
         raise PrivacyError(
             f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
             f"reaches {top:.3g}; such a release gives essentially no privacy")
 
-    def pmf(low: float, high: float, hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
+    def pmf(low: float, high: float,
+            hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
         k = _step_grid(low, high, core, h)
         return connect_the_dots(h, k, hockey_stick(k * h))
 
@@ -279,103 +296,6 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
                 pmf(-top, add_high, lambda e: hockey_stick_add(e, q, sigma)))
     return (pmf(-top, top, lambda e: np.maximum(hockey_stick_remove(e, q, sigma),
                                                  hockey_stick_add(e, q, sigma))),)
-
-
-# -- composition in the Fourier domain ----------------------------------------------------------
-_CORE_STDS = 20.0
-_TAIL_BLOCK = 64
-
-
-def _log_mgf_bound(pmf: LossPmf, mean: float, std: float, ts: np.ndarray) -> np.ndarray:
-    """Upper bound on ``log sum_j probs[j] e^{t j}`` (j in grid units from ``lower``) per t.
-
-    Exact on the core ``mean +- 20 std``; beyond it masses are summed in blocks of 64 and put
-    at the block's worse end (right for t > 0, left for t < 0), which can only increase the
-    sum and keeps the cost small for heavy-tailed one-step losses.
-    """
-    probs = pmf.probs
-    lo = max(0, int(mean - _CORE_STDS * std))
-    hi = min(probs.size, int(mean + _CORE_STDS * std) + 1)
-    masses = [probs[lo:hi]]
-    left_ends = [np.arange(lo, hi, dtype=float)]
-    right_ends = [left_ends[0]]
-    for start, stop in ((0, lo), (hi, probs.size)):
-        if stop <= start:
-            continue
-        block = np.pad(probs[start:stop], (0, -(stop - start) % _TAIL_BLOCK))
-        masses.append(block.reshape(-1, _TAIL_BLOCK).sum(axis=1))
-        starts = np.arange(start, stop, _TAIL_BLOCK, dtype=float)
-        left_ends.append(starts)
-        right_ends.append(np.minimum(starts + _TAIL_BLOCK - 1, stop - 1))
-    with np.errstate(divide="ignore"):
-        log_mass = np.log(np.concatenate(masses))
-    positions = np.where(ts[:, None] > 0, np.concatenate(right_ends)[None, :],
-                         np.concatenate(left_ends)[None, :])
-    exponents = log_mass[None, :] + ts[:, None] * positions
-    top = exponents.max(axis=1)
-    return top + np.log(np.exp(exponents - top[:, None]).sum(axis=1))
-
-
-def _power(spectrum: np.ndarray, count: int) -> np.ndarray:
-    """spectrum ** count for an integer count (repeated squaring: no complex log needed)."""
-    result = None
-    base = spectrum
-    while count:
-        if count & 1:
-            result = base if result is None else result * base
-        count >>= 1
-        if count:
-            base = base * base
-    return result  # type: ignore[return-value]  # count >= 1: set by its lowest bit
-
-
-def compose(
-    factors: Sequence[tuple[LossPmf, int]], tail_mass: float = DEFAULT_TAIL_MASS
-) -> LossPmf:
-    """The PMF of the sum of ``count`` independent copies of each factor (all on one grid).
-
-    The output window [lo, hi] (offsets from the sum of lower ends) comes from Chernoff bounds
-    ``P(S >= hi) <= exp(K(t) - t hi)`` and ``P(S <= lo) <= exp(K(-t) + t lo)``, with K an upper
-    bound on the cumulant generating function of the discretised factors (see
-    :func:`_log_mgf_bound`), at t from 1/32 to 2 times the optimum of a Gaussian tail (one
-    step's loss is heavy-tailed, where the best t is small). Mass outside the window is then at
-    most ``tail_mass / 2`` per side. One circular convolution of that length is exact up to
-    that mass: mass below ``lo`` can only wrap upwards (pessimistic), and ``tail_mass`` is
-    added at +infinity for the mass above ``hi`` that may wrap downwards.
-    """
-    h = factors[0][0].h
-    lower = sum(p.lower * n for p, n in factors)
-    log_keep = sum(n * math.log1p(-min(p.infinity_mass, 1.0 - 1e-300)) for p, n in factors)
-    infinity_mass = -math.expm1(log_keep)
-    span = sum((p.probs.size - 1) * n for p, n in factors)
-    stats = [pmf.moments() for pmf, _ in factors]
-    variance = sum(n * v for (_, v), (_, n) in zip(stats, factors, strict=True))
-    log_tail = math.log(tail_mass / 2.0)
-    ts = math.sqrt(-2.0 * log_tail) / max(math.sqrt(variance), 1.0) * 2.0 ** np.arange(-5.0, 1.5)
-    k_pos = np.zeros_like(ts)
-    k_neg = np.zeros_like(ts)
-    for (m, v), (pmf, n) in zip(stats, factors, strict=True):
-        log_mass = math.log(pmf.probs.sum())  # K of the normalised factor (finite part)
-        k_pos += n * (_log_mgf_bound(pmf, m, math.sqrt(v), ts) - log_mass)
-        k_neg += n * (_log_mgf_bound(pmf, m, math.sqrt(v), -ts) - log_mass)
-    hi = min(span, math.ceil(float(np.min((k_pos - log_tail) / ts))))
-    lo = max(0, math.floor(float(np.max((log_tail - k_neg) / ts))))
-    if hi < lo:  # cannot happen for proper inputs; fall back to the full support
-        lo, hi = 0, span
-    size = fft.next_fast_len(hi - lo + 1, real=True)
-    spectrum = np.ones(size // 2 + 1, dtype=complex)
-    for pmf, n in factors:
-        folded = pmf.probs
-        if folded.size > size:  # circular wrap of a factor longer than the window
-            folded = np.pad(folded, (0, -folded.size % size)).reshape(-1, size).sum(axis=0)
-        with np.errstate(under="ignore"):
-            spectrum *= _power(fft.rfft(folded, size), int(n))
-    circular = fft.irfft(spectrum, size)
-    window = np.roll(circular, -lo)
-    probs = np.maximum(window[: hi - lo + 1], 0.0)
-    dropped = float(np.maximum(window[hi - lo + 1 :], 0.0).sum())
-    wrap_charge = tail_mass if (lo > 0 or hi < span) else 0.0
-    return LossPmf(h, lower + lo, probs, min(1.0, infinity_mass + dropped + wrap_charge))
 
 
 # -- bucketing and the grid ------------------------------------------------------------------------
@@ -406,39 +326,69 @@ def adaptive_discretisation(steps: Iterable[GaussianStep]) -> float:
     stds = [step_loss_std(s.q, s.sigma) for s in steps]
     if not stds:
         return _MAX_H
-    target = max(min(stds), max(stds) / _MAX_STD_RATIO) / _H_PER_STEP_STD
+    return grid_for_stds(min(stds), max(stds))
+
+
+def grid_for_stds(smallest: float, largest: float) -> float:
+    """:func:`adaptive_discretisation` from the smallest and largest per-step loss std."""
+    target = max(smallest, largest / _MAX_STD_RATIO) / _H_PER_STEP_STD
     target = min(max(target, _MIN_H), _MAX_H)
-    return 2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0)
+    return float(2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0))
 
 
-# Composed results are a pure function of (bucketed steps, h, tail): shared by every
-# accountant (previews of the same history hit the cache). Sizes bound memory: a composed PMF
-# is up to a few MB, a one-step PMF (cached by step_pmfs, 512 entries) a few hundred KB.
-_COMPOSED: OrderedDict[tuple[Any, ...], tuple[LossPmf, ...]] = OrderedDict()
-_COMPOSED_MAX = 32
-# eps(delta) answers, same key plus delta (ledgers ask the same questions for many clients).
+# -- composition (incremental; see fedsim.privacy.pld_state) ------------------------------------
+Kind = tuple[Sampling, float, float]
+
+
+@functools.lru_cache(maxsize=4096)
+def factor_summaries(sampling: Sampling, q: float, sigma: float,
+                     h: float) -> tuple[FactorSummary, ...]:
+    """The window data of one step's PMFs (one per direction), see :func:`step_pmfs`."""
+    return tuple(summarise(p.probs, p.lower, p.infinity_mass)
+                 for p in step_pmfs(sampling, q, sigma, h))
+
+
+@functools.lru_cache(maxsize=32)
+def factor_spectrum(sampling: Sampling, q: float, sigma: float, h: float, size: int,
+                    direction: int) -> tuple[np.ndarray, np.ndarray]:
+    """One step's fixed-point log-spectrum at FFT size ``size`` in one direction. The cache is
+    small: a ledger extends its state with few kinds at a time (a few MB at most)."""
+    return fixed_point_spectrum(step_pmfs(sampling, q, sigma, h)[direction].probs, size)
+
+
+def composed_pmfs(kinds: Sequence[tuple[Kind, int]], h: float, tail_mass: float,
+                  sums: list[SpectrumSum | None] | None = None) -> tuple[LossPmf, ...]:
+    """One composed PMF per direction (Poisson: remove, add; fixed: symmetrised) of ``count``
+    copies of each kind, ``kinds`` sorted. ``sums``, if given, holds each direction's running
+    :class:`SpectrumSum` of exactly these counts (or None); a sum at the wrong FFT size is
+    rebuilt in place from the counts. The result is the same either way (bit for bit)."""
+    directions = 2 if kinds[0][0][0] == "poisson" else 1
+    if sums is None:
+        sums = [None] * directions
+    out = []
+    for d in range(directions):
+        where = window([(factor_summaries(*k, h)[d], n) for k, n in kinds], tail_mass)
+        held = sums[d]
+        if held is None or held.size != where.size:
+            held = SpectrumSum(where.size)
+            for k, n in kinds:
+                held.add(factor_spectrum(*k, h, where.size, d), n)
+            sums[d] = held
+        probs, dropped = held.invert(where)
+        charge = tail_mass if where.truncated else 0.0
+        out.append(LossPmf(h, where.lower + where.lo, probs,
+                           min(1.0, where.infinity_mass + dropped + charge)))
+    return tuple(out)
+
+
+# eps(delta) answers keyed by (composed kinds, h, tail, delta): ledgers ask the same questions
+# for many clients with the same history.
 _EPSILONS: OrderedDict[tuple[Any, ...], float] = OrderedDict()
 _EPSILONS_MAX = 65536
-
-
-def composed_pmfs(
-    steps: tuple[GaussianStep, ...], h: float, tail_mass: float
-) -> tuple[LossPmf, ...]:
-    """One composed PMF per direction (Poisson: remove, add; fixed: symmetrised)."""
-    key = (steps, h, tail_mass)
-    hit = _COMPOSED.get(key)
-    if hit is not None:
-        _COMPOSED.move_to_end(key)
-        return hit
-    per_step = [(step_pmfs(s.sampling, s.q, s.sigma, h), s.count) for s in steps]
-    directions = len(per_step[0][0])
-    result = tuple(
-        compose([(pmfs[d], n) for pmfs, n in per_step], tail_mass) for d in range(directions)
-    )
-    _COMPOSED[key] = result
-    if len(_COMPOSED) > _COMPOSED_MAX:
-        _COMPOSED.popitem(last=False)
-    return result
+# Accountants with at least this many composed kinds keep their spectrum sums between answers
+# (and extend them step by step); fewer kinds rebuild them per answer (a few FFTs) and keep
+# no O(FFT size) state.
+_KEEP_SUMS_KINDS = 4
 
 
 # -- the accountant --------------------------------------------------------------------------------
@@ -479,6 +429,7 @@ class PLDAccountant(Accountant):
         self.bucket_resolution = bucket_resolution
         self.bucket_above = bucket_above
         self.tail_mass = tail_mass
+        self._init_state()
         super().__init__(steps)
 
     def settings(self) -> dict[str, Any]:
@@ -489,54 +440,121 @@ class PLDAccountant(Accountant):
             "tail_mass": self.tail_mass,
         }
 
+    # -- incremental state --------------------------------------------------------------------
+    def _init_state(self) -> None:
+        self._bucket_counts: dict[Kind, int] = {}
+        self._raw_stds = (math.inf, 0.0)  # smallest, largest per-step loss std over kinds
+        self._bucket_stds = (math.inf, 0.0)
+        self._sums: list[SpectrumSum | None] | None = None
+        self._sums_for: tuple[bool, float] | None = None
+        self._pending: dict[Kind, int] = {}  # composed into the counts, not yet into _sums
+        self._answers: dict[float, float] = {}
+        self._pmfs: tuple[LossPmf, ...] | None = None
+
+    def _extend(self, step: GaussianStep, *, new_kind: bool) -> None:
+        self._answers = {}
+        self._pmfs = None
+        if new_kind:
+            self._raw_stds = _widen(self._raw_stds, step)
+        bucketed = bucket(step, self.bucket_resolution)
+        held = self._bucket_counts.get(bucketed.key)
+        self._bucket_counts[bucketed.key] = step.count if held is None else held + step.count
+        if held is None:
+            self._bucket_stds = _widen(self._bucket_stds, bucketed)
+        if self._sums is None:
+            return
+        if self._sums_for != (self._bucketed(), self.discretisation()):
+            self._sums, self._pending = None, {}  # another regime or grid: rebuilt when asked
+            return
+        # Added to the sums at the next answer, grouped by kind (integer sums: same result).
+        kind = bucketed.key if self._sums_for[0] else step.key
+        self._pending[kind] = self._pending.get(kind, 0) + step.count
+
+    def _copy_caches_from(self, other: Accountant) -> None:
+        assert isinstance(other, PLDAccountant)
+        if other.kinds >= _KEEP_SUMS_KINDS and (other._sums is None or other._pending):
+            # Bring the state up to date once (built, or extended by what was composed
+            # since): this dry run and the next ones copy it instead of redoing that work.
+            other.pmfs()
+        self._pending = dict(other._pending)
+        self._bucket_counts = dict(other._bucket_counts)
+        self._sums = None if other._sums is None else [
+            None if s is None else s.copy() for s in other._sums]
+        self._answers = dict(other._answers)
+
+    def _bucketed(self) -> bool:
+        return self.kinds > self.bucket_above
+
+    def composed_kinds(self) -> list[tuple[Kind, int]]:
+        """The history as composed, sorted: bucketed (see :func:`bucket`) only when it has
+        more than ``bucket_above`` distinct kinds (shorter mixes are computed exactly)."""
+        return sorted((self._bucket_counts if self._bucketed() else self._counts).items())
+
     # -- computation ----------------------------------------------------------------------------
     def bucketed_steps(self) -> tuple[GaussianStep, ...]:
-        """The history as composed: bucketed only when it has more than ``bucket_above``
-        distinct kinds (short or homogeneous histories are computed exactly)."""
-        if len(self.steps) <= self.bucket_above:
-            return self.steps
-        return group_steps(bucket(s, self.bucket_resolution) for s in self.steps)
+        """The history as composed, as steps (see :meth:`composed_kinds`)."""
+        return tuple(GaussianStep(s, q, sigma, n) for (s, q, sigma), n in self.composed_kinds())
 
     def discretisation(self) -> float:
         """The grid ``h`` used for the current history."""
         if self.value_discretization is not None:
             return self.value_discretization
-        return adaptive_discretisation(self.bucketed_steps())
+        smallest, largest = self._bucket_stds if self._bucketed() else self._raw_stds
+        return grid_for_stds(smallest, largest) if largest > 0 else grid_for_stds(1.0, 1.0)
 
     def pmfs(self) -> tuple[LossPmf, ...]:
         """Composed PMFs, one per direction (Poisson: remove, add; fixed: symmetrised)."""
-        steps = self.bucketed_steps()
-        if not steps:
+        if not self.kinds:
             raise PrivacyError("no steps composed")
-        return composed_pmfs(steps, self.discretisation(), self.tail_mass)
+        if self._pmfs is None:
+            kinds = self.composed_kinds()
+            h = self.discretisation()
+            key = (self._bucketed(), h)
+            sums = self._sums if self._sums is not None and self._sums_for == key else None
+            if sums is None:
+                sums = [None] * (2 if kinds[0][0][0] == "poisson" else 1)
+            else:
+                for kind, count in sorted(self._pending.items()):
+                    for d, held in enumerate(sums):
+                        if held is not None:
+                            held.add(factor_spectrum(*kind, h, held.size, d), count)
+            self._pending = {}
+            self._pmfs = composed_pmfs(kinds, h, self.tail_mass, sums)
+            keep = len(kinds) >= _KEEP_SUMS_KINDS
+            self._sums, self._sums_for = (sums, key) if keep else (None, None)
+        return self._pmfs
 
     # -- answers ----------------------------------------------------------------------------------
     def epsilon(self, delta: float) -> float:
         _check_delta(delta)
-        if not self.steps:
+        if not self.kinds:
             return 0.0
-        key = (self.bucketed_steps(), self.discretisation(), self.tail_mass, delta)
+        hit = self._answers.get(delta)
+        if hit is not None:
+            return hit
+        key = (tuple(self.composed_kinds()), self.discretisation(), self.tail_mass, delta)
         hit = _EPSILONS.get(key)
         if hit is None:
             hit = max(0.0, max(p.epsilon(delta) for p in self.pmfs()))
             _EPSILONS[key] = hit
             if len(_EPSILONS) > _EPSILONS_MAX:
                 _EPSILONS.popitem(last=False)
+        self._answers[delta] = hit
         return hit
 
     def delta(self, epsilon: float) -> float:
         if not math.isfinite(epsilon):
             raise ConfigError(f"epsilon must be finite, got {epsilon!r}")
-        if not self.steps:
+        if not self.kinds:
             return max(0.0, -math.expm1(epsilon))
         return max(p.delta(epsilon) for p in self.pmfs())
 
     def delta_curve(self, epsilons: np.ndarray) -> np.ndarray:
         """delta(eps) on many eps at once (the max over directions)."""
         eps = np.asarray(epsilons, dtype=float)
-        if not self.steps:
-            return np.maximum(0.0, -np.expm1(eps))
-        return np.max([p.deltas(eps) for p in self.pmfs()], axis=0)
+        if not self.kinds:
+            return np.asarray(np.maximum(0.0, -np.expm1(eps)), dtype=float)
+        return np.asarray(np.max([p.deltas(eps) for p in self.pmfs()], axis=0), dtype=float)
 
     def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
         """beta(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha) (Dong-Roth-Su Prop. 2.12).
@@ -547,7 +565,7 @@ class PLDAccountant(Accountant):
         beta (every eps gives a valid supporting line).
         """
         alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
-        if not self.steps:
+        if not self.kinds:
             return 1.0 - alpha
         atoms = np.unique(
             np.concatenate(
@@ -560,9 +578,18 @@ class PLDAccountant(Accountant):
         beta = np.zeros_like(alpha)
         for start in range(0, alpha.size, 256):
             chunk = alpha[start : start + 256]
-            lines = 1.0 - deltas[None, :] - np.exp(atoms)[None, :] * chunk[:, None]
+            # e^eps alpha in log space, capped at e^700 (such a line is far below 0 anyway)
+            log_chunk = np.full(chunk.size, -np.inf)
+            log_chunk[chunk > 0] = np.log(chunk[chunk > 0])
+            scaled = np.exp(np.minimum(atoms[None, :] + log_chunk[:, None], 700.0))
+            lines = 1.0 - deltas[None, :] - scaled
             beta[start : start + 256] = np.max(lines, axis=1)
-        return np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0)
+        return np.asarray(np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0), dtype=float)
+
+
+def _widen(stds: tuple[float, float], step: GaussianStep) -> tuple[float, float]:
+    std = step_loss_std(step.q, step.sigma)
+    return min(stds[0], std), max(stds[1], std)
 
 
 def _check_delta(delta: float) -> None:

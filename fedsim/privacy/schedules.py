@@ -88,7 +88,7 @@ class Schedule:
 
     def sigma(self, t: int) -> float:
         """Noise multiplier of step t."""
-        return self.sigma_0 * self.rho_mu ** (-self._fraction(t))
+        return float(self.sigma_0 * self.rho_mu ** (-self._fraction(t)))
 
     def mu(self, t: int) -> float:
         """``1 / sigma(t)``, the GDP parameter of the unsampled step."""
@@ -96,7 +96,7 @@ class Schedule:
 
     def clip(self, t: int) -> float:
         """Clipping norm of step t."""
-        return self.clip_0 * self.rho_c ** self._fraction(t)
+        return float(self.clip_0 * self.rho_c ** self._fraction(t))
 
     def _horizon(self) -> int:
         if self.total_steps is None:

@@ -14,12 +14,22 @@ The tensor travels as raw bytes (``numpy.ndarray.tobytes`` / ``numpy.frombuffer`
 trusts nothing: it checks the size limit before parsing, then magic, version, the header
 against its schema (unknown keys are errors), the tensor's dtype and length, the model's
 parameter count when given, and that every value is finite. Any failure is a
-:class:`~fedsim.errors.CodecError` whose message says what was wrong; no other exception escapes.
+:class:`~fedsim.errors.CodecError` whose message says what was wrong (and whose ``kind`` names
+the defect for rejection counts); no other exception escapes.
+
+Bounds: counters (``round``, ``base_version``, ``version``) are integers in ``[0, 2**53)``, so
+they are exact in every JSON reader and no peer can make another hold a bignum (``round =
+10**30`` is refused here, before any table sees it); strings and the status ``extra`` map are
+length-bounded; the header is at most 64 KiB. Every header carries the sender's run
+*incarnation* (``incarnation``, 32 hex digits at most, ``""`` for a client that has not yet
+learnt it; :mod:`fedsim.transports.incarnation`) and a global model also the incarnations it
+continues (``lineage``): :func:`encode` takes it, :func:`decode_frame` returns it.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
 import numpy as np
@@ -58,7 +68,13 @@ CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 """Client ids appear in MQTT topics and ACLs, so they exclude ``/``, ``+``, ``#`` and spaces."""
 
 ClientId = Annotated[str, StringConstraints(pattern=CLIENT_ID_PATTERN)]
+MAX_COUNTER = 2**53 - 1
+"""The largest round or version on the wire (exact in float64 and in every JSON reader)."""
+MAX_LINEAGE = 64
+"""At most this many earlier incarnations travel with a global model."""
 _NonNegativeInt = Annotated[int, Field(ge=0)]
+_Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+Incarnation = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,32}$")]
 _FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 # Epsilon may legitimately be +inf (e.g. sigma = 0); NaN fails the ``ge`` bound.
 _Epsilon = Annotated[float, Field(ge=0.0)]
@@ -77,20 +93,23 @@ class TensorSpec(_Header):
 
 class UpdateHeader(_Header):
     kind: Literal["update"]
+    incarnation: Incarnation = ""
     client_id: ClientId
-    round: _NonNegativeInt
-    base_version: _NonNegativeInt
+    round: _Counter
+    base_version: _Counter
     batch_size: Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
     sent_at: _FiniteFloat
-    window: _NonNegativeInt = 0
+    window: _Counter = 0
     tensor: TensorSpec
 
 
 class GlobalHeader(_Header):
     kind: Literal["global"]
-    version: _NonNegativeInt
+    incarnation: Incarnation = ""
+    lineage: tuple[Incarnation, ...] = Field(default=(), max_length=MAX_LINEAGE)
+    version: _Counter
     sent_at: _FiniteFloat
-    window: _NonNegativeInt = 0
+    window: _Counter = 0
     invited: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{2})*$",
                                               max_length=MAX_INVITED_HEX)] | None = None
     tensor: TensorSpec
@@ -98,14 +117,18 @@ class GlobalHeader(_Header):
 
 class StatusHeader(_Header):
     kind: Literal["status"]
+    incarnation: Incarnation = ""
     client_id: ClientId
     state: Literal["training", "waiting", "budget_exhausted", "offline", "done", "crashed"]
-    rounds: _NonNegativeInt
+    rounds: _Counter
     epsilon: _Epsilon
     delta: Annotated[float, Field(ge=0.0, le=1.0)]
     detail: Annotated[str, StringConstraints(max_length=4096)]
     sent_at: _FiniteFloat
-    extra: dict[Annotated[str, StringConstraints(max_length=128)], _FiniteFloat]
+    extra: Annotated[
+        dict[Annotated[str, StringConstraints(max_length=128)], _FiniteFloat],
+        Field(max_length=256),
+    ]
 
 
 _CLIENT_ID = TypeAdapter(ClientId)
@@ -127,7 +150,7 @@ def _tensor_spec(values: np.ndarray, field: str) -> TensorSpec:
             if isinstance(values, np.ndarray)
             else type(values).__name__
         )
-        raise CodecError(f"{field} must be a 1-D float32 numpy array, got {got}")
+        raise CodecError(f"{field} must be a 1-D float32 numpy array, got {got}", kind="shape")
     return TensorSpec(dtype=TENSOR_DTYPE, shape=(int(values.shape[0]),))
 
 
@@ -136,14 +159,19 @@ def _check_finite(values: np.ndarray, field: str) -> None:
     # as a float32 sum on a warm one (measured for 100k values).
     if not np.isfinite(values).all():
         bad = int(values.size - np.count_nonzero(np.isfinite(values)))
-        raise CodecError(f"{field} contains {bad} non-finite value(s) (NaN or inf)")
+        raise CodecError(
+            f"{field} contains {bad} non-finite value(s) (NaN or inf)", kind="non_finite"
+        )
 
 
-def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
+def _header_for(
+    message: Message, incarnation: str, lineage: tuple[str, ...]
+) -> tuple[_Header, np.ndarray | None]:
     header: _AnyHeader
     if isinstance(message, ClientUpdate):
         header = UpdateHeader(
             kind="update",
+            incarnation=incarnation,
             client_id=message.client_id,
             round=message.round,
             base_version=message.base_version,
@@ -157,6 +185,8 @@ def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
     if isinstance(message, GlobalModel):
         header = GlobalHeader(
             kind="global",
+            incarnation=incarnation,
+            lineage=lineage[-MAX_LINEAGE:],
             version=message.version,
             sent_at=float(message.sent_at),
             window=message.window,
@@ -168,6 +198,7 @@ def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
     if isinstance(message, ClientStatus):
         header = StatusHeader(
             kind="status",
+            incarnation=incarnation,
             client_id=message.client_id,
             state=message.state,
             rounds=message.rounds,
@@ -181,10 +212,11 @@ def _header_for(message: Message) -> tuple[_Header, np.ndarray | None]:
     raise CodecError(f"cannot encode {type(message).__name__}: not a fedsim message")
 
 
-def encode(message: Message) -> bytes:
-    """Encode a message; raises :class:`CodecError` if it would not pass :func:`decode`."""
+def encode(message: Message, *, incarnation: str = "", lineage: tuple[str, ...] = ()) -> bytes:
+    """Encode a message, stamped with the sender's run ``incarnation`` (a global model also
+    with its ``lineage``); raises :class:`CodecError` if it would not pass :func:`decode`."""
     try:
-        header, tensor = _header_for(message)
+        header, tensor = _header_for(message, incarnation, tuple(lineage))
     except ValidationError as exc:
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
     header_json = header.model_dump_json().encode()
@@ -205,7 +237,17 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in its order
+@dataclass(frozen=True, eq=False)
+class Frame:
+    """A decoded message with the run incarnation it was stamped with (and, for a global
+    model, the earlier incarnations its server continues)."""
+
+    message: Message
+    incarnation: str
+    lineage: tuple[str, ...] = ()
+
+
+def decode(
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,
@@ -215,13 +257,25 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
 
     ``expected_params`` is the model's parameter count: an update or global model of another
     length is rejected. Returned vectors are read-only float32 views of ``data`` (no copy):
-    copy one before changing it.
+    copy one before changing it. :func:`decode_frame` also returns the incarnation.
     """
+    return decode_frame(data, expected_params=expected_params, max_bytes=max_bytes).message
+
+
+def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format, in its order
+    data: bytes | bytearray | memoryview,
+    *,
+    expected_params: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Frame:
+    """:func:`decode`, keeping the header's ``incarnation`` and ``lineage``."""
     if not isinstance(data, bytes):
         data = bytes(data)
     size = len(data)
     if size > max_bytes:
-        raise CodecError(f"message of {size} bytes exceeds the limit of {max_bytes} bytes")
+        raise CodecError(
+            f"message of {size} bytes exceeds the limit of {max_bytes} bytes", kind="oversized"
+        )
     if size < PREFIX_BYTES:
         raise CodecError(
             f"truncated message: {size} bytes, the fixed prefix alone is {PREFIX_BYTES}"
@@ -234,7 +288,9 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
             f"unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})"
         )
     if header_len > MAX_HEADER_BYTES:
-        raise CodecError(f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES} bytes")
+        raise CodecError(
+            f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES} bytes", kind="oversized"
+        )
     body_start = PREFIX_BYTES + header_len
     if body_start > size:
         raise CodecError(
@@ -249,7 +305,7 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
     if isinstance(header, StatusHeader):
         if body_bytes:
             raise CodecError(f"status message carries {body_bytes} unexpected trailing bytes")
-        return ClientStatus(
+        status = ClientStatus(
             client_id=header.client_id,
             state=header.state,
             rounds=header.rounds,
@@ -259,11 +315,13 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
             sent_at=header.sent_at,
             extra=dict(header.extra),
         )
+        return Frame(status, header.incarnation)
 
     (length,) = header.tensor.shape
     if expected_params is not None and length != expected_params:
         raise CodecError(
-            f"{header.kind} tensor has {length} values, the model has {expected_params} parameters"
+            f"{header.kind} tensor has {length} values, the model has {expected_params} parameters",
+            kind="shape",
         )
     if body_bytes != length * _FLOAT32.itemsize:
         raise CodecError(
@@ -277,7 +335,7 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
         values = values.astype(np.float32)
     _check_finite(values, f"{header.kind} tensor")
     if isinstance(header, UpdateHeader):
-        return ClientUpdate(
+        update = ClientUpdate(
             client_id=header.client_id,
             round=header.round,
             base_version=header.base_version,
@@ -286,9 +344,11 @@ def decode(  # noqa: C901, PLR0912 - one check per rule of the wire format, in i
             sent_at=header.sent_at,
             window=header.window,
         )
+        return Frame(update, header.incarnation)
     invited = None if header.invited is None else bytes.fromhex(header.invited)
-    return GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
-                       window=header.window, invited=invited)
+    model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
+                        window=header.window, invited=invited)
+    return Frame(model, header.incarnation, header.lineage)
 
 
 def check_client_id(client_id: str) -> str:
@@ -305,10 +365,13 @@ __all__ = [
     "CLIENT_ID_PATTERN",
     "DEFAULT_MAX_BYTES",
     "MAGIC",
+    "MAX_COUNTER",
+    "Frame",
     "MAX_HEADER_BYTES",
     "PREFIX_BYTES",
     "check_client_id",
     "decode",
+    "decode_frame",
     "encode",
     "max_message_bytes",
 ]

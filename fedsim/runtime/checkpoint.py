@@ -58,6 +58,7 @@ def _state_document(snapshot: ServerSnapshot, identity: dict[str, Any]) -> dict[
         # JSON has no NaN; "not evaluated yet" is stored as null.
         "last_evaluation": [None if math.isnan(v) else v for v in snapshot.last_evaluation],
         "statuses": {client: asdict(status) for client, status in snapshot.statuses.items()},
+        "incarnations": list(snapshot.incarnations),
         "invitations": {str(w): sorted(ids) for w, ids in snapshot.invitations.items()},
     }
 
@@ -76,6 +77,7 @@ def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
         evaluated_version=int(state["evaluated_version"]),
         last_evaluation=(accuracy, loss),
         statuses={client: ClientStatus(**fields) for client, fields in state["statuses"].items()},
+        incarnations=tuple(str(i) for i in state.get("incarnations", [])),
         invitations={int(w): frozenset(ids) for w, ids in state.get("invitations", {}).items()},
     )
 

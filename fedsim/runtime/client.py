@@ -64,6 +64,7 @@ from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientState, ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
+from fedsim.runtime.integrity import bad_model
 from fedsim.runtime.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
@@ -202,10 +203,17 @@ class ClientActor:
         arrived.set()
 
     def accept_global(self, message: GlobalModel) -> bool:
-        """Overwrite ``w`` with a newer global model at once; ignore older or equal versions."""
+        """Overwrite ``w`` with a newer global model at once; ignore older or equal versions,
+        and skip (and log) one that is not finite or not bounded (:func:`bad_model`)."""
         self.accept_invitation(message)
         if message.version <= self.held_version:
             self.ignored_globals += 1
+            return False
+        problem = bad_model(message.params, None if self.w is None else self.w.size)
+        if problem:
+            self.ignored_globals += 1
+            _log.warning("bad global model skipped", client=self.client_id,
+                         version=message.version, reason=problem)
             return False
         self.held_version = message.version
         # No copies: w is never modified in place (every local step makes a new array), so the
@@ -262,8 +270,9 @@ class ClientActor:
                  reason=reason, time=self.stopped_at)
         epsilon, delta = self.status_epsilon() if self.status_epsilon else (math.nan, math.nan)
         try:
+            # Rounds are numbered from 0 across restarts: next_round is every round released.
             await self.endpoint.publish(ClientStatus(
-                self.client_id, state, len(self.released), epsilon, delta, reason, self.clock.now()))
+                self.client_id, state, self.next_round, epsilon, delta, reason, self.clock.now()))
         except TransportError:
             pass  # the status is informative only
 
@@ -273,7 +282,7 @@ class ClientActor:
         async with helper_tasks([receiver]):
             await self._rounds()
 
-    async def _rounds(self) -> None:
+    async def _rounds(self) -> None:  # noqa: C901 - one branch per way a round can end, in order
         self.state = "waiting"
         if self.max_rounds is not None and self.next_round < self.max_rounds:
             # The rounds left to this client, known up front: the ledger then answers its
@@ -317,6 +326,13 @@ class ClientActor:
             except asyncio.CancelledError:
                 pending.cancel()  # crashed mid-round: nothing was released
                 raise
+            if not np.isfinite(result.update).all():
+                # Nothing is charged for a round that is not released.
+                _log.warning("round produced a non-finite update; not released",
+                             client=self.client_id, round=round_index)
+                self.state = "waiting"
+                await self._wait_for_newer(self.held_version)
+                continue
             try:
                 self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
             except BudgetExhausted as exc:

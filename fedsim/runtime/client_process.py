@@ -122,7 +122,7 @@ async def run_client(
     trainer = population.trainer(
         plan, generator=training_generator(population, client_id, first_round)
     )
-    clock = ScaledClock(options.time_scale)
+    clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
     endpoint = MqttClientEndpoint(
         broker,
         run=run,

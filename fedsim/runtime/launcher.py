@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import resource
 import runpy
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import structlog
 
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
 from fedsim.errors import ConfigError, FedsimError, TransportError
+from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.client import RoundRecord
 from fedsim.runtime.client_process import client_state_file
 from fedsim.runtime.deployment import run_name
@@ -92,7 +92,7 @@ def collect_outputs(
             state_dir = client_state_dirs.get(client_id)
             copied = ledger_file(out, client_id)
             if state_dir is not None and ledger_file(state_dir, client_id).exists():
-                shutil.copyfile(ledger_file(state_dir, client_id), copied)
+                copy_ledger(ledger_file(state_dir, client_id), copied)  # with its mark
             report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
             status = statuses.get(client_id, {})
             state = report.get("state") or status.get("state") or "waiting"

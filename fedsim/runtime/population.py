@@ -26,7 +26,7 @@ import torch
 
 from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.clock import Clock
-from fedsim.config.loading import LoadedScenario
+from fedsim.config.loading import LoadedScenario, resolve_path
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
@@ -34,12 +34,15 @@ from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
+from fedsim.runtime.integrity import client_limits
 from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
+from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, load_named, partition
+from fedsim.training.data import group_members, load_dataset, load_named_data, partition
+from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
 from fedsim.training.models import build_scenario_model
 from fedsim.training.preflight import check_batch_fits, check_model_size
@@ -98,6 +101,8 @@ class Population:
     test_y: torch.Tensor
     plans: list[ClientPlan]
     dataset_path: Path | None
+    device: torch.device = torch.device("cpu")
+    """Where the model, the clients' records and their rounds live (scenario ``device``)."""
 
     def trainer(
         self,
@@ -115,14 +120,24 @@ class Population:
             generator = self.tree.torch("client", plan.client_id, "train")
         if message_only:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
-        # The data set is stored once: the client's trainer holds its row indices (a batch is
-        # gathered from the shared tensors; index_select, several times faster than advanced
-        # indexing for image tensors on CPU).
+        if self.device.type == "cpu":
+            # On the CPU the data set is stored once: the client's trainer holds its row
+            # indices (a batch is gathered from the shared tensors; index_select, several times
+            # faster than advanced indexing for image tensors on CPU).
+            features, labels = self.train_x, self.train_y
+            rows: torch.Tensor | None = torch.from_numpy(
+                np.asarray(plan.indices, dtype=np.int64))
+        else:
+            # On an accelerator each client's records are copied there once.
+            index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
+            features = self.train_x.index_select(0, index).to(self.device)
+            labels = self.train_y.index_select(0, index).to(self.device)
+            rows = None
         trainer = LocalTrainer(
             self.model,
-            self.train_x,
-            self.train_y,
-            rows=torch.from_numpy(np.asarray(plan.indices, dtype=np.int64)),
+            features,
+            labels,
+            rows=rows,
             batch_size=group.batch_size,
             sampling=group.sampling,
             clip=plan.schedule,
@@ -216,17 +231,16 @@ def client_ids(scenario: Scenario) -> list[str]:
 
 
 def _split_groups(
-    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree
+    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree,
+    writers: np.ndarray | None = None,
 ) -> list[list[np.ndarray]]:
-    """Record indices per group (by ``data_share``) and then per client (``partition``)."""
-    n = len(labels)
-    order = tree.numpy("partition", "groups").permutation(n)
+    """Record indices per group (by ``data_share``; whole writers where the data set has
+    them) and then per client (``partition``)."""
+    shares = [group.data_share for group in groups]
+    every = group_members(len(labels), shares, tree.numpy("partition", "groups"), writers)
     result: list[list[np.ndarray]] = []
-    start = 0
-    for index, group in enumerate(groups):
-        size = int(math.floor(group.data_share * n))
-        members = np.sort(order[start : start + size])
-        start += size
+    for index, (group, members) in enumerate(zip(groups, every, strict=True)):
+        size = len(members)
         where = f"clients.groups[{index}]"
         if size < group.count:
             raise ConfigError(
@@ -244,6 +258,7 @@ def _split_groups(
                 shards_per_client=scheme.shards_per_client,
                 size_sigma=scheme.size_sigma,
                 min_size=group.batch_size if scheme.scheme == "dirichlet" else 1,
+                writers=None if writers is None else writers[members],
             )
         except FedsimError as exc:
             raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
@@ -262,15 +277,23 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
 
 
 def build_population(
-    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None
+    loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
+    data: TensorSplits | None = None,
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
-    ``model_factory``: a Python callable that builds the model (instead of ``model:``)."""
+    ``model_factory``: a Python callable that builds the model (instead of ``model:``);
+    ``data``: the arrays given from Python (:mod:`fedsim.training.arrays`)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
+    device = resolve_device(scenario.device)  # before the data: a missing device fails fast
     dataset = scenario.dataset
-    path = None
-    if dataset.name == "synthetic":
+    path, writers = None, None
+    if data is None and dataset.name == "arrays":
+        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+        data = arrays_dataset(path)
+    if data is not None:
+        train_x, train_y, test_x, test_y = data
+    elif dataset.name == "synthetic":
         train_x, train_y, test_x, test_y = load_dataset(
             "synthetic",
             seed=tree.integer("dataset"),
@@ -280,8 +303,9 @@ def build_population(
             num_classes=dataset.num_classes,
         )
     else:
-        (train_x, train_y, test_x, test_y), path = load_named(
-            dataset.name, dataset.path, base_dir=loaded.base_dir)
+        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
+        (train_x, train_y, test_x, test_y), path, writers = (
+            named.tensors, named.path, named.train_writers)
     if dataset.test_subset is not None:
         test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
     labels = train_y.numpy()
@@ -295,8 +319,9 @@ def build_population(
         model = build_scenario_model(
             scenario.model, options, sample=train_x[:2],
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
+    model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
-    split = _split_groups(labels, scenario.clients.groups, tree)
+    split = _split_groups(labels, scenario.clients.groups, tree, writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
         check_batch_fits(index, group, [len(p) for p in parts])
@@ -307,7 +332,8 @@ def build_population(
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedule))
     return Population(
-        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path
+        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
+        device,
     )
 
 
@@ -385,7 +411,8 @@ def make_server_actor(
         endpoint=endpoint,
         initial_params=population.initial_params,
         clients={
-            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight)
+            p.client_id: ClientInfo(p.public_samples, p.group.local_lr, p.group.weight, client_limits(
+                p.group, p.public_samples, p.schedule, population.initial_params.size))
             for p in population.plans
         },
         window=server_config.window,

@@ -14,7 +14,7 @@ import json
 import os
 import time as wallclock
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +27,7 @@ from fedsim.errors import TransportError
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message
 from fedsim.runtime.checkpoint import ServerCheckpoint
 from fedsim.runtime.deployment import reconnect_policy, run_name
+from fedsim.runtime.integrity import window_refusals
 from fedsim.runtime.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
@@ -129,24 +130,28 @@ class _ServerMonitor:
     metrics: IO[str]
     applied: IO[str]
     stop_reason: str = ""
-    _refused_seen: int = 0
+    _refused_seen: dict[str, int] = field(default_factory=dict)
+    _missing_reported: int = 0
 
     def active_clients(self) -> int:
         states = {c: s.state for c, s in self.server.statuses.items()}
         return sum(states.get(c, "waiting") not in FINISHED_STATES for c in self.server.clients)
 
     def on_window(self, report: WindowReport) -> bool:
-        stats = self.endpoint.stats
-        refused = stats.rejected + stats.denied  # undecodable or forged: refused by the endpoint
+        # What the endpoint refused (undecodable, forged, another incarnation) since last time.
+        refused, self._refused_seen = window_refusals(self.endpoint.stats, self._refused_seen)
         active = self.active_clients()
+        # Released (by the clients' statuses and round numbers) but never received: the change
+        # since the last line (a late arrival makes it negative; the sum is the run's total).
+        missing = self.server.missing_updates()
         line = report.metrics_line(
-            rejected=report.rejected + refused - self._refused_seen,
-            # Delivery is at-least-once end to end (acks + resend), so nothing is lost in flight.
-            dropped_in_flight=0,
+            rejected=report.rejected + sum(refused.values()),
+            dropped_in_flight=missing - self._missing_reported,
             active_clients=active,
             min_remaining_epsilon=None,  # the ledgers live with the clients
+            refused=refused,
         )
-        self._refused_seen = refused
+        self._missing_reported = missing
         _write_lines(
             self.applied,
             [
@@ -249,7 +254,9 @@ async def serve(
         max_message_bytes=scenario.network.max_message_bytes,
         reconnect=reconnect_policy(options),
         seed=scenario.seed,
+        lineage=snapshot.incarnations if snapshot is not None else (),
     )
+    outcome["incarnation"] = mqtt.incarnation.current
     try:
         with (
             open(out / METRICS_FILE, "a", encoding="utf-8") as metrics,
@@ -314,7 +321,8 @@ def _server_actor(
     server = endpoint.server = make_server_actor(
         population, clock=clock, endpoint=endpoint, evaluate=make_evaluator(population)
     )
-    server.statuses.update(joined)
+    for status in joined.values():
+        server.accept_status(status)
     if snapshot is not None:
         server.restore(snapshot)
         server.renew_version()
@@ -325,6 +333,7 @@ def _server_actor(
             renewed_version=server.version,
             seen=len(snapshot.seen),
         )
+    server.incarnations = mqtt.incarnation.all  # kept by every checkpoint
     return server
 
 

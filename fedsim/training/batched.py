@@ -37,7 +37,7 @@ from torch import nn
 
 from fedsim.errors import ModelError
 from fedsim.training.dpsgd import noise_std
-from fedsim.training.gaussian import fill_gaussian
+from fedsim.training.gaussian import fill_noise
 from fedsim.training.models import MLP, LogisticRegression
 from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
 from fedsim.training.rounds import PendingRound
@@ -71,7 +71,8 @@ def batchable_layers(model: nn.Module) -> list[nn.Module] | None:
     chain_params = [p for m in linear for p in m.parameters()]
     if [id(p) for p in params] != [id(p) for p in chain_params]:
         return None  # parameters outside the chain or in another order
-    if any(not p.requires_grad or p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
+    if any(not p.requires_grad or p.dtype != torch.float32 for p in params) \
+            or len({p.device for p in params}) != 1:
         return None
     return chain
 
@@ -104,6 +105,8 @@ class RoundBatcher:
         self.model = model
         self.chain = batchable_layers(model)
         self.num_params = sum(p.numel() for p in model.parameters())
+        self.device = next(model.parameters()).device
+        """Where every tensor of a pass is made (the model's device)."""
         self._pending: dict[int, PendingRound] = {}
         self._buffers: dict[str, torch.Tensor] = {}
         self.rounds_batched = 0
@@ -130,7 +133,7 @@ class RoundBatcher:
             and trainer.model is self.model
             and trainer.local_steps == 1
             and trainer.per_example_steps == 1
-            and trainer.features.device.type == "cpu"
+            and trainer.features.device == self.device
         )
 
     def flush(self) -> None:
@@ -151,7 +154,7 @@ class RoundBatcher:
         size = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() < size or buffer.dtype != dtype:
-            buffer = torch.empty(size, dtype=dtype)
+            buffer = torch.empty(size, dtype=dtype, device=self.device)
             self._buffers[name] = buffer
         return buffer[:size].view(shape)
 
@@ -185,7 +188,7 @@ class RoundBatcher:
             if draws.count_noise is not None:
                 trainer.update_adaptive_clip(within[k], job.size, job.clip, draws.count_noise)
             job.pending.complete(trainer.round_result(
-                job.pending, updates[k][: self.num_params].numpy(), [job.size], job.clip,
+                job.pending, updates[k][: self.num_params].cpu().numpy(), [job.size], job.clip,
                 losses[k]))
 
     def _pass(
@@ -203,13 +206,14 @@ class RoundBatcher:
         """
         batch = self._gather(jobs)
         # The noise first (as noisy_gradient does), then each layer's clipped sum is added in.
-        updates = [torch.empty(self.num_params + self.num_params % 2) for _ in jobs]
+        updates = [torch.empty(self.num_params + self.num_params % 2, device=self.device)
+                   for _ in jobs]
         for update, job in zip(updates, jobs, strict=True):
-            fill_gaussian(update, job.draws.noise, job.std)
+            fill_noise(update, job.draws.noise, job.std)
         forward = self._forward(batch)
         factors, counts = self._clip_factors(batch, forward)
         self._scatter(batch, forward, factors, updates)
-        loss_sums = torch.zeros(len(jobs)).index_add_(0, batch.owner, forward.losses).tolist()
+        loss_sums = torch.zeros(len(jobs), device=self.device).index_add_(0, batch.owner, forward.losses).tolist()
         finite = [bool(torch.isfinite(s)) or bool(torch.isfinite(p).all())
                   for s, p in zip(forward.param_sums, batch.params, strict=True)]
         return updates, counts, loss_sums, finite
@@ -227,12 +231,12 @@ class RoundBatcher:
         with warnings.catch_warnings():
             # Received models are read-only buffers; nothing here writes to them.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            params = [torch.from_numpy(np.asarray(job.pending.params, dtype=np.float32))
-                      for job in jobs]
+            params = [torch.from_numpy(np.asarray(job.pending.params, dtype=np.float32)).to(
+                self.device) for job in jobs]
         for job, start, stop in zip(jobs, bounds, bounds[1:], strict=False):
             if job.size:
                 trainer = job.pending.trainer
-                indices = trainer.rows_of(job.draws.indices)
+                indices = trainer.rows_of(job.draws.indices).to(self.device)
                 features = trainer.features.reshape(len(trainer.features), -1)
                 if features.dtype == torch.float32:
                     torch.index_select(features, 0, indices, out=x[start:stop])
@@ -250,7 +254,8 @@ class RoundBatcher:
                             vector[offset + size : offset + size + width]
                             if module.bias is not None else None))
             offset += size + (width if module.bias is not None else 0)
-        owner = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor(sizes))
+        owner = torch.repeat_interleave(torch.arange(len(jobs), device=self.device),
+                                        torch.tensor(sizes, device=self.device))
         return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), x, y, params,
                       layers, weights, owner, first.loss_fn)
 
@@ -307,10 +312,13 @@ class RoundBatcher:
         assert sq is not None
         norms = sq.clamp_min_(0).sqrt_()
         owner, jobs = batch.owner, batch.jobs
-        clips = torch.tensor([job.clip for job in jobs], dtype=torch.float32)[owner]
+        clips = torch.tensor([job.clip for job in jobs], dtype=torch.float32,
+                             device=self.device)[owner]
         factors = clip_factors(norms, clips)
-        counts = torch.zeros(len(jobs)).index_add_(0, owner, (norms <= clips).to(torch.float32))
-        factors.mul_(torch.tensor([job.scale for job in jobs], dtype=torch.float32)[owner])
+        counts = torch.zeros(len(jobs), device=self.device).index_add_(
+            0, owner, (norms <= clips).to(torch.float32))
+        factors.mul_(torch.tensor([job.scale for job in jobs], dtype=torch.float32,
+                                  device=self.device)[owner])
         return factors, [int(c) for c in counts.tolist()]
 
     def _scatter(
@@ -322,7 +330,8 @@ class RoundBatcher:
         for module, a, g in zip(batch.layers, forward.inputs, forward.grads, strict=True):
             weighted = g * factors.unsqueeze(1)
             size, width = module.weight.numel(), module.out_features
-            bias_sums = (torch.zeros(len(batch.jobs), width).index_add_(0, batch.owner, weighted)
+            bias_sums = (torch.zeros(len(batch.jobs), width, device=self.device).index_add_(
+                0, batch.owner, weighted)
                          if module.bias is not None else None)
             for k, (update, (start, stop)) in enumerate(zip(updates, batch.spans, strict=True)):
                 if stop > start:

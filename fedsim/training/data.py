@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,12 @@ import torch
 
 from fedsim.errors import ConfigError
 from fedsim.training import datasets
-from fedsim.training.partition import PartitionScheme, partition  # noqa: F401 - re-exported
+from fedsim.training.partition import (  # noqa: F401 - re-exported
+    PartitionScheme,
+    group_members,
+    natural_partition,
+    partition,
+)
 
 # ---------------------------------------------------------------------------------------
 # data sets as tensors
@@ -81,6 +87,31 @@ def synthetic_classification(
     return train_x, train_y, test_x, test_y
 
 
+@dataclass(frozen=True)
+class NamedData:
+    """A registered data set as tensors, the file it was read from, and (for a data set with
+    a natural partition, FEMNIST) each training record's writer index."""
+
+    tensors: TensorSplits
+    path: Path
+    train_writers: np.ndarray | None = None
+
+
+def load_named_data(
+    name: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    base_dir: Path | None = None,
+    download: bool | None = None,
+) -> NamedData:
+    """A registered data set, looked for as :func:`fedsim.training.datasets.resolve` says:
+    ``path`` (beside the scenario file ``base_dir``, then the working directory),
+    ``$FEDSIM_DATA_DIR``, the user cache, a verified download (``download``: None follows
+    ``FEDSIM_OFFLINE``)."""
+    found = datasets.resolve(name, path, base_dir=base_dir, download=download)
+    return NamedData(image_tensors(found.arrays), found.path, found.arrays.get("w_train"))
+
+
 def load_named(
     name: str,
     path: str | os.PathLike[str] | None = None,
@@ -88,14 +119,10 @@ def load_named(
     base_dir: Path | None = None,
     download: bool | None = None,
 ) -> tuple[TensorSplits, Path]:
-    """A registered data set as tensors, and the file it was read from.
-
-    Looked for as :func:`fedsim.training.datasets.resolve` says: ``path`` (beside the scenario
-    file ``base_dir``, then the working directory), ``$FEDSIM_DATA_DIR``, the user cache, a
-    verified download (``download``: None follows ``FEDSIM_OFFLINE``).
-    """
-    found = datasets.resolve(name, path, base_dir=base_dir, download=download)
-    return image_tensors(found.arrays), found.path
+    """A registered data set as tensors, and the file it was read from (see
+    :func:`load_named_data`)."""
+    data = load_named_data(name, path, base_dir=base_dir, download=download)
+    return data.tensors, data.path
 
 
 def dataset_file(

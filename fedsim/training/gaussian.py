@@ -58,6 +58,7 @@ from fedsim.training.datasets import user_cache_dir
 __all__ = [
     "NoiseKey",
     "fill_gaussian",
+    "fill_noise",
     "gaussian_noise",
     "mix_gamma",
     "native_kernel_available",
@@ -278,3 +279,12 @@ def fill_gaussian(out: torch.Tensor, key: NoiseKey, std: float) -> None:
         kernel.fill(out, key.seed, key.gamma, std)
     else:
         out.copy_(reference_pairs(out.numel() // 2, key.seed, key.gamma, std))
+
+
+def fill_noise(out: torch.Tensor, key: NoiseKey, std: float) -> None:
+    """:func:`fill_gaussian` for a float32 vector on any device: the compiled kernel on the
+    CPU, the torch implementation (the same sampler) on the vector's own device elsewhere."""
+    if out.device.type == "cpu":
+        fill_gaussian(out, key, std)
+    else:
+        out.copy_(reference_pairs(out.numel() // 2, key.seed, key.gamma, std, out.device))

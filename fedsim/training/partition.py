@@ -1,4 +1,5 @@
-"""Partitioning a training set across clients (IID, Dirichlet label skew, shards, unequal sizes).
+"""Partitioning a training set across clients (IID, Dirichlet label skew, shards, unequal sizes,
+whole writers), and across client groups.
 
 Pure functions of the labels and a ``numpy.random.Generator``. The Dirichlet scheme redraws
 until every client holds ``min_size`` records; when that is hopeless it says so at once, with
@@ -7,6 +8,8 @@ the concentration or client count that would work, instead of redrawing for a mi
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -14,9 +17,16 @@ import torch
 
 from fedsim.errors import ConfigError, DataError
 
-__all__ = ["DIRICHLET_ATTEMPTS", "PartitionScheme", "dirichlet_success_rate", "partition"]
+__all__ = [
+    "DIRICHLET_ATTEMPTS",
+    "PartitionScheme",
+    "dirichlet_success_rate",
+    "group_members",
+    "natural_partition",
+    "partition",
+]
 
-PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal"]
+PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal", "natural"]
 DIRICHLET_ATTEMPTS = 1000
 """Draws the Dirichlet scheme tries before it gives up."""
 _FULL_ATTEMPTS_BEFORE_ESTIMATE = 10
@@ -114,7 +124,52 @@ def _dirichlet(y: np.ndarray, num_clients: int, alpha: float, min_size: int,
         f"in most draws: {_feasible_advice(class_sizes, num_clients, alpha, min_size)}")
 
 
-def partition(
+def group_members(
+    n: int, shares: Sequence[float], rng: np.random.Generator,
+    writers: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Record indices (sorted) per group: ``floor(share * n)`` records for each share, cut in
+    turn from one random order of ``0..n-1``.
+
+    With ``writers`` (a writer index per record), the order keeps each writer's records
+    together (writers in random order) and each cut is moved forward to the end of a writer,
+    so that no writer's records are in two groups.
+    """
+    if writers is None:
+        order, bounds = rng.permutation(n), None
+    else:
+        w = np.asarray(writers, dtype=np.int64)
+        present = np.unique(w)
+        rank = np.zeros(int(w.max()) + 1, np.int64)
+        rank[rng.permutation(present)] = np.arange(len(present))
+        order = np.argsort(rank[w], kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(rank[w], minlength=len(present)))])
+    groups, start = [], 0
+    for share in shares:
+        end = min(start + math.floor(share * n), n)
+        if bounds is not None:
+            end = int(bounds[np.searchsorted(bounds, end)])
+        groups.append(np.sort(order[start:end]))
+        start = end
+    return groups
+
+
+def natural_partition(
+    writers: np.ndarray, num_clients: int, *, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Each client gets the records of one or more whole writers: the writers present, in
+    random order, cut into ``num_clients`` near-equal runs (LEAF's natural FL split)."""
+    w = np.asarray(writers)
+    present = rng.permutation(np.unique(w))
+    if len(present) < num_clients:
+        raise ConfigError(
+            f"a natural partition needs a writer per client: {len(present)} writers for "
+            f"{num_clients} clients"
+        )
+    return [np.flatnonzero(np.isin(w, run)) for run in np.array_split(present, num_clients)]
+
+
+def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
     labels: np.ndarray | torch.Tensor,
     num_clients: int,
     scheme: PartitionScheme,
@@ -124,6 +179,7 @@ def partition(
     shards_per_client: int = 2,
     size_sigma: float = 1.0,
     min_size: int = 1,
+    writers: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split record indices ``0..len(labels)-1`` among ``num_clients`` disjointly.
 
@@ -135,7 +191,9 @@ def partition(
     * ``shards``: sort by label, cut into ``num_clients * shards_per_client`` shards, deal
       ``shards_per_client`` at random to each client (McMahan et al. 2017);
     * ``unequal``: IID contents, sizes proportional to log-normal(0, size_sigma) draws, each at
-      least ``min_size``.
+      least ``min_size``;
+    * ``natural``: whole writers per client (``writers``: a writer index per record; FEMNIST),
+      see :func:`natural_partition`.
 
     Each array is sorted; together they cover every record exactly once.
     """
@@ -162,6 +220,11 @@ def partition(
         shards = np.array_split(order, num_clients * shards_per_client)
         dealt = rng.permutation(len(shards)).reshape(num_clients, shards_per_client)
         parts = [np.concatenate([shards[s] for s in row]) for row in dealt]
+    elif scheme == "natural":
+        if writers is None or len(writers) != n:
+            raise ConfigError("partition scheme 'natural' needs a data set with writers "
+                              "(femnist); this one has none")
+        parts = natural_partition(writers, num_clients, rng=rng)
     elif scheme == "unequal":
         weights = rng.lognormal(0.0, size_sigma, num_clients)
         spare = n - num_clients * min_size
@@ -170,6 +233,6 @@ def partition(
         parts = np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
     else:
         raise ConfigError(
-            f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal"
+            f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal, natural"
         )
     return [np.sort(p) for p in parts]

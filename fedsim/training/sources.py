@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -91,6 +91,18 @@ def require_sha256(data: bytes, expected: str, what: str) -> None:
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise DataError(f"{what}: sha256 {actual} does not match the pinned {expected}; refusing it")
+
+
+def require_digest(data: bytes, pinned: str, what: str) -> None:
+    """Check ``data`` against ``"sha256:<hex>"`` or ``"md5:<hex>"`` (md5 only where the
+    publisher gives nothing stronger: a second preimage of a fixed file is still infeasible)."""
+    algorithm, _, expected = pinned.partition(":")
+    if algorithm not in ("sha256", "md5") or not expected:
+        raise ValueError(f"a pinned digest is 'sha256:<hex>' or 'md5:<hex>', not {pinned!r}")
+    actual = hashlib.new(algorithm, data).hexdigest()
+    if actual != expected:
+        raise DataError(f"{what}: {algorithm} {actual} does not match the pinned {expected}; "
+                        "refusing it")
 
 
 def gunzip(raw: bytes, where: str, max_unpacked: int) -> bytes:
@@ -165,6 +177,10 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         if (module, name) not in self.ALLOWED:
             raise DataError(f"refusing to unpickle {module}.{name}")
         return super().find_class(module, name)
+
+
+NumpyOnlyUnpickler = _NumpyOnlyUnpickler
+"""The restricted unpickler, for the other pickled layouts (CIFAR-10's batches)."""
 
 
 def convert_digits_pickle(payload: bytes, where: str, max_unpacked: int) -> Arrays:
@@ -246,13 +262,15 @@ class IdxMirror:
     """A directory URL holding one gzipped IDX file per array (``files``: array -> file stem).
 
     ``shapes`` (array -> shape) sizes each decompression cap exactly: an IDX file of a known
-    shape has a known length.
+    shape has a known length. ``digests`` (file stem -> ``"md5:..."`` / ``"sha256:..."``) pins
+    each downloaded ``.gz`` where the publisher gives its checksums.
     """
 
     base_url: str
     files: Mapping[str, str]
     shapes: Mapping[str, tuple[int, ...]]
     max_bytes: int = 64 * MiB
+    digests: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def description(self) -> str:
@@ -262,7 +280,10 @@ class IdxMirror:
         arrays = {}
         for name, stem in self.files.items():
             url = f"{self.base_url.rstrip('/')}/{stem}.gz"
-            raw = gunzip(download(url, open_url, self.max_bytes), url, idx_size(self.shapes[name]))
+            body = download(url, open_url, self.max_bytes)
+            if stem in self.digests:
+                require_digest(body, self.digests[stem], url)
+            raw = gunzip(body, url, idx_size(self.shapes[name]))
             arrays[name] = read_idx(raw, url)
         return arrays
 

@@ -8,6 +8,7 @@ PID. ``kill()`` then ``start()`` crash and restart it on the same port.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -66,6 +67,8 @@ class LocalMosquitto:
         binary: str | None = None,
         max_packet_bytes: int | None = None,
         tls: ListenerTls | None = None,
+        observer: bool = False,
+        persistence: bool = False,
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
@@ -87,7 +90,11 @@ class LocalMosquitto:
             # to read the directory; stay the current user instead.
             run_as_user=getpass.getuser(),
             tls=tls,
+            observer=observer,
+            persistence_dir=str((self.directory / "data").resolve()) if persistence else None,
         )
+        if persistence:
+            (self.directory / "data").mkdir(parents=True, exist_ok=True)
         self.secrets: RunSecrets = load_secrets(self.files.secrets_file)
         self.log_path = self.directory / "mosquitto.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -103,6 +110,11 @@ class LocalMosquitto:
 
     def server_url(self) -> str:
         return self.url(self.secrets.server.username, self.secrets.server.password)
+
+    def observer_url(self) -> str:
+        """The read-only observer's URL (a broker made with ``observer=True``)."""
+        data = json.loads(self.files.secrets_file.read_text())
+        return self.url(data["observer"]["username"], data["observer"]["password"])
 
     def client_url(self, client_id: str) -> str:
         creds = self.secrets.for_client(client_id)

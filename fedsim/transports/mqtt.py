@@ -1,4 +1,6 @@
-"""The Endpoint protocol over MQTT (aiomqtt 2.x, MQTT 3.1.1, QoS 1). The only aiomqtt importer.
+"""The Endpoint protocol over MQTT (aiomqtt 2.x, MQTT 3.1.1, QoS 1): the server's and the
+clients' endpoints. Connection supervision is in :mod:`fedsim.transports.mqtt_endpoint`, the
+settings in :mod:`fedsim.transports.mqtt_settings`; only these modules import aiomqtt.
 
 Topics (:class:`~fedsim.transports.topics.Topics`) under ``fedsim/<run>/``: ``global``
 (retained: a joining or reconnecting client gets the latest model at once), ``updates/<client>``,
@@ -25,21 +27,21 @@ Failure to connect at all within ``ReconnectPolicy.connect_timeout`` is a
 The server endpoint delivers a client's update or status only if the client id inside the
 payload is the one in its topic (the broker's ACL ensures the topic is the sender's own); a
 mismatch is logged as access denied and dropped, as are undecodable payloads.
+
+Every message carries its sender's run incarnation (:mod:`fedsim.transports.incarnation`):
+each server start draws a fresh one; messages of another incarnation (a retained model or a
+queued update of an earlier run of the same name) are ignored, logged and counted on both
+sides; a client learns the incarnation from the live server's welcome or receipts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
-import random
-import ssl
-from collections.abc import Callable, Container, Coroutine
-from dataclasses import dataclass, field, fields, replace
-from types import TracebackType
-from typing import Any, Self
-from urllib.parse import unquote, urlsplit
+from collections.abc import Callable, Container, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import aiomqtt
 import structlog
@@ -47,393 +49,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedsim.errors import AccessDenied, CodecError, ConfigError, TransportError
 from fedsim.protocol import codec
+from fedsim.protocol.codec import MAX_LINEAGE, Incarnation
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
-from fedsim.transports.inbox import Inbox
-from fedsim.transports.security import Credentials
-from fedsim.transports.topics import Topics
+from fedsim.transports.incarnation import ClientIncarnation, ServerIncarnation
+from fedsim.transports.mqtt_endpoint import QOS, _MqttEndpoint
+from fedsim.transports.mqtt_settings import (
+    DEFAULT_PORT,
+    DEFAULT_TLS_PORT,
+    BrokerSettings,
+    MqttStats,
+    ReconnectPolicy,
+    TlsSettings,
+    parse_broker_url,
+)
 
 _log = structlog.get_logger("fedsim.transports.mqtt")
-
-QOS = 1
-DEFAULT_PORT = 1883
-DEFAULT_TLS_PORT = 8883
-# CONNACK codes meaning "these credentials are refused" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135).
-_AUTH_REFUSED = {4, 5, 134, 135}
-
-
-@dataclass(frozen=True)
-class TlsSettings:
-    """TLS for ``mqtts://``: CA bundle (system default if None), optional client certificate."""
-
-    ca_certs: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    insecure: bool = False  # skip certificate and host name checks (testing only)
-
-    def context(self) -> ssl.SSLContext:
-        try:
-            context = ssl.create_default_context(cafile=self.ca_certs)
-            if self.certfile is not None:
-                context.load_cert_chain(self.certfile, self.keyfile)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"TLS settings unusable: {exc}") from None
-        if self.insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        return context
-
-
-@dataclass(frozen=True)
-class BrokerSettings:
-    """Where the broker is and how to log in."""
-
-    host: str
-    port: int = DEFAULT_PORT
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    tls: TlsSettings | None = None
-
-    def with_credentials(self, credentials: Credentials) -> BrokerSettings:
-        return replace(self, username=credentials.username, password=credentials.password)
-
-    def describe(self) -> str:
-        """The broker as a URL without the password (safe to log)."""
-        scheme = "mqtts" if self.tls else "mqtt"
-        user = f"{self.username}@" if self.username else ""
-        return f"{scheme}://{user}{self.host}:{self.port}"
-
-
-def parse_broker_url(url: str, *, tls: TlsSettings | None = None) -> BrokerSettings:
-    """``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883).
-
-    User and password may be percent-encoded. ``tls`` refines the TLS settings of ``mqtts``.
-    """
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"broker URL {url!r}: {exc}") from None
-    if parts.scheme not in ("mqtt", "mqtts"):
-        raise ConfigError(f"broker URL {url!r} must start with mqtt:// or mqtts://")
-    if not parts.hostname:
-        raise ConfigError(f"broker URL {url!r} names no host")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ConfigError(f"broker URL {url!r} must not have a path, query or fragment")
-    secure = parts.scheme == "mqtts"
-    return BrokerSettings(
-        host=parts.hostname,
-        port=port if port is not None else (DEFAULT_TLS_PORT if secure else DEFAULT_PORT),
-        username=unquote(parts.username) if parts.username is not None else None,
-        password=unquote(parts.password) if parts.password is not None else None,
-        tls=(tls or TlsSettings()) if secure else None,
-    )
-
-
-@dataclass(frozen=True)
-class ReconnectPolicy:
-    """Capped exponential backoff with jitter between connection attempts.
-
-    Attempt ``k`` (0-based, reset by every successful connection) waits a uniform time in
-    ``[d/2, d]`` with ``d = min(max_delay, initial_delay * multiplier**k)``. The first
-    connection must succeed within ``connect_timeout`` seconds; later outages are waited out.
-    """
-
-    initial_delay: float = 0.1
-    max_delay: float = 10.0
-    multiplier: float = 2.0
-    connect_timeout: float = 30.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        capped = min(self.max_delay, self.initial_delay * self.multiplier ** min(attempt, 64))
-        return rng.uniform(capped / 2, capped)
-
-
-@dataclass
-class MqttStats:
-    """Counters of one MQTT endpoint."""
-
-    connections: int = 0
-    connection_losses: int = 0
-    published: int = 0
-    received: int = 0
-    rejected: int = 0  # undecodable or of the wrong kind
-    denied: int = 0  # client id in the payload differs from the topic's
-    acks_sent: int = 0
-    acked: int = 0
-    resent: int = 0
-    abandoned: int = 0  # updates dropped from a full outbox
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-class _Dispatch(asyncio.Queue):
-    """aiomqtt's incoming-message queue (its ``queue_type`` option) that hands each message
-    straight to the endpoint instead of storing it.
-
-    The endpoint thus handles a message inside aiomqtt's read callback, on the event loop,
-    without the task and ``asyncio.wait`` that ``client.messages`` spends per message (a
-    large share of the ingest cost for 100 KB updates).
-    """
-
-    def __init__(self, handler: Callable[[aiomqtt.Message], None], maxsize: int = 0) -> None:
-        super().__init__(maxsize)
-        self._handler = handler
-
-    def put_nowait(self, item: aiomqtt.Message) -> None:
-        self._handler(item)
+HELLO_EVERY = 0.5  # seconds between a client's requests for the run's incarnation
 
 
 class _Ack(BaseModel):
+    """A receipt (``rounds`` the server recorded) or, with no rounds, a welcome; both carry
+    the server's incarnation and lineage (:mod:`fedsim.transports.incarnation`)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
-    rounds: list[int] = Field(max_length=100_000)
-
-
-class _MqttEndpoint:
-    """Connection supervision shared by the server and client endpoints."""
-
-    def __init__(
-        self,
-        broker: BrokerSettings | str,
-        *,
-        run: str,
-        identifier: str,
-        clean_session: bool,
-        expected_params: int | None,
-        max_message_bytes: int,
-        reconnect: ReconnectPolicy,
-        max_concurrent_outgoing_calls: int,
-        keepalive: int,
-        seed: int | None,
-        role: str,
-    ) -> None:
-        self.broker = parse_broker_url(broker) if isinstance(broker, str) else broker
-        # Built once, so unusable TLS files are a ConfigError here rather than at each attempt.
-        self._tls_context = self.broker.tls.context() if self.broker.tls is not None else None
-        self.topics = Topics(run)
-        self.stats = MqttStats()
-        self._identifier = identifier
-        self._clean_session = clean_session
-        self._expected_params = expected_params
-        self._max_bytes = max_message_bytes
-        self._policy = reconnect
-        self._max_outgoing = max_concurrent_outgoing_calls
-        self._keepalive = keepalive
-        self._jitter = random.Random(seed)
-        self._role = role
-        self._inbox = Inbox(f"MQTT {role} endpoint")
-        self._client: aiomqtt.Client | None = None
-        self._connected = asyncio.Event()
-        self._connection_over = asyncio.Event()  # set when the current connection ends
-        self._started: asyncio.Future[None] | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._closing = False
-        self._background: set[asyncio.Task[None]] = set()
-        self._log = _log.bind(role=role, broker=self.broker.describe(), run=run)
-
-    # ---------------------------------------------------------------- lifetime
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        """Connect (retrying within ``connect_timeout``); raises if that fails."""
-        if self._supervisor is not None:
-            raise TransportError(f"MQTT {self._role} endpoint already started")
-        loop = asyncio.get_running_loop()
-        self._started = loop.create_future()
-        self._supervisor = loop.create_task(self._supervise(), name=f"mqtt-{self._role}")
-        for name, factory in self._background_loops().items():
-            self._spawn(factory, name)
-        try:
-            await asyncio.shield(self._started)
-        except BaseException:
-            await self.close()
-            raise
-
-    async def close(self) -> None:
-        """Disconnect cleanly and stop; idempotent. Waiting ``receive`` calls get TransportError."""
-        self._closing = True
-        self._inbox.close()
-        tasks = [t for t in (self._supervisor, *self._background) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
-
-    async def receive(self) -> Message:
-        return await self._inbox.get()
-
-    # ---------------------------------------------------------------- supervision
-
-    def _new_client(self) -> aiomqtt.Client:
-        tls = self.broker.tls
-        return aiomqtt.Client(
-            self.broker.host,
-            self.broker.port,
-            username=self.broker.username,
-            password=self.broker.password,
-            identifier=self._identifier,
-            clean_session=self._clean_session,
-            keepalive=self._keepalive,
-            max_concurrent_outgoing_calls=self._max_outgoing,
-            tls_context=self._tls_context,
-            tls_insecure=tls.insecure if tls is not None else None,
-            queue_type=functools.partial(_Dispatch, self._dispatch),  # type: ignore[arg-type]
-        )
-
-    def _dispatch(self, message: aiomqtt.Message) -> None:
-        # Runs inside paho's read callback: nothing may escape into it.
-        try:
-            self._on_message(str(message.topic), message.payload)
-        except Exception as exc:  # noqa: BLE001 - logged; the connection must survive it
-            self._reject(str(message.topic), f"handler failed: {exc!r}")
-
-    async def _supervise(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._policy.connect_timeout
-        attempt = 0
-        while not self._closing:
-            try:
-                client = self._new_client()
-                self._connection_over = asyncio.Event()
-                async with client:
-                    self._client = client
-                    attempt = 0
-                    self.stats.connections += 1
-                    await self._on_connected(client)
-                    self._connected.set()
-                    if self._started is not None and not self._started.done():
-                        self._started.set_result(None)
-                    self._log.info("connected", connections=self.stats.connections)
-                    # Messages are dispatched as they arrive (_Dispatch); this only waits for
-                    # the connection to end, which raises MqttError.
-                    async for message in client.messages:
-                        self._on_message(str(message.topic), message.payload)
-            except aiomqtt.MqttCodeError as exc:
-                if getattr(exc.rc, "value", exc.rc) in _AUTH_REFUSED and not self.connected:
-                    self._fail(
-                        AccessDenied(
-                            f"MQTT broker {self.broker.host}:{self.broker.port} refused user "
-                            f"{self.broker.username!r}: {exc}"
-                        )
-                    )
-                    return
-                self._lost(exc)
-            except aiomqtt.MqttError as exc:
-                self._lost(exc)
-            except Exception as exc:  # noqa: BLE001 - a bug must not leave a silent, dead endpoint
-                self._fail(TransportError(f"MQTT {self._role} endpoint stopped: {exc!r}"))
-                return
-            finally:
-                self._client = None
-                self._connection_over.set()
-            if self._started is not None and not self._started.done() and loop.time() > deadline:
-                self._fail(
-                    TransportError(
-                        f"cannot connect to MQTT broker {self.broker.host}:{self.broker.port} "
-                        f"within {self._policy.connect_timeout} s"
-                    )
-                )
-                return
-            await asyncio.sleep(self._policy.delay(attempt, self._jitter))
-            attempt += 1
-
-    def _lost(self, exc: Exception) -> None:
-        if self._connected.is_set():
-            self.stats.connection_losses += 1
-            self._log.warning("connection lost; reconnecting", error=str(exc))
-        else:
-            self._log.info("connection attempt failed", error=str(exc))
-        self._connected.clear()
-
-    def _fail(self, error: TransportError) -> None:
-        self._log.error("endpoint failed", error=str(error))
-        self._connected.clear()
-        self._inbox.close(error)
-        if self._started is not None and not self._started.done():
-            self._started.set_exception(error)
-
-    async def _send(
-        self, topic: str, payload: bytes, *, qos: int = QOS, retain: bool = False
-    ) -> bool:
-        """Publish if connected; False (nothing raised) if the connection is down or drops.
-
-        aiomqtt would wait its full timeout for a PUBACK that a dropped connection never brings,
-        so the publish races the end of the connection.
-        """
-        client = self._client
-        if client is None or not self._connected.is_set():
-            return False
-        publish = asyncio.ensure_future(client.publish(topic, payload, qos=qos, retain=retain))
-        connection_over = asyncio.ensure_future(self._connection_over.wait())
-        try:
-            await asyncio.wait((publish, connection_over), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            connection_over.cancel()
-            if not publish.done():
-                publish.cancel()  # the connection ended first (or we were cancelled)
-        if not publish.done() or publish.cancelled():
-            return False
-        exc = publish.exception()
-        if exc is None:
-            return True
-        if isinstance(exc, aiomqtt.MqttError):
-            self._log.warning(
-                "publish failed; will retry after reconnect", topic=topic, error=str(exc)
-            )
-            return False
-        raise exc
-
-    def _spawn(self, factory: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(factory(), name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _check_open(self) -> None:
-        if self._closing or self._inbox.closed:
-            raise TransportError(f"MQTT {self._role} endpoint is closed")
-
-    def _decode(self, topic: str, payload: object) -> Message | None:
-        if not isinstance(payload, bytes | bytearray):
-            self._reject(topic, f"payload of type {type(payload).__name__}")
-            return None
-        try:
-            return codec.decode(
-                payload, expected_params=self._expected_params, max_bytes=self._max_bytes
-            )
-        except CodecError as exc:
-            self._reject(topic, str(exc))
-            return None
-
-    def _reject(self, topic: str, reason: str) -> None:
-        self.stats.rejected += 1
-        self._log.warning("message rejected", topic=topic, reason=reason)
-
-    # Subclasses:
-    def _background_loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
-        """Tasks that live as long as the endpoint (across reconnects)."""
-        return {}
-
-    async def _on_connected(self, client: aiomqtt.Client) -> None:
-        raise TransportError("an MQTT endpoint must define what to do on connection")
-
-    def _on_message(self, topic: str, payload: object) -> None:
-        raise TransportError("an MQTT endpoint must define how to handle messages")
+    rounds: list[Annotated[int, Field(ge=0, le=codec.MAX_COUNTER)]] = Field(max_length=100_000)
+    incarnation: Incarnation = ""
+    lineage: list[Incarnation] = Field(default_factory=list, max_length=MAX_LINEAGE)
 
 
 class MqttServerEndpoint(_MqttEndpoint):
@@ -456,6 +97,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         keepalive: int = 30,
         seed: int | None = None,
         ack_interval: float = 0.2,
+        lineage: Sequence[str] = (),
     ) -> None:
         super().__init__(
             broker,
@@ -471,6 +113,9 @@ class MqttServerEndpoint(_MqttEndpoint):
             role="server",
         )
         self._latest_global: bytes | None = None
+        self.incarnation = ServerIncarnation.start(lineage)
+        """This start's incarnation and the earlier ones it continues (from the checkpoint)."""
+        self._welcome: set[str] = set()
         # Rounds delivered to the inbox but not yet durably recorded by the owner, per client.
         self._unrecorded: dict[str, set[int]] = {}
         self._pending_acks: dict[str, set[int]] = {}
@@ -520,7 +165,9 @@ class MqttServerEndpoint(_MqttEndpoint):
             raise TransportError(
                 f"the server endpoint publishes GlobalModel only, not {type(message).__name__}"
             )
-        payload = codec.encode(message)
+        payload = codec.encode(
+            message, incarnation=self.incarnation.current, lineage=self.incarnation.lineage
+        )
         self._latest_global = payload
         if await self._send(self.topics.global_model, payload, retain=True):
             self.stats.published += 1
@@ -528,6 +175,7 @@ class MqttServerEndpoint(_MqttEndpoint):
     async def _on_connected(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.topics.all_updates, qos=QOS)
         await client.subscribe(self.topics.all_status, qos=QOS)
+        await client.subscribe(self.topics.all_hello, qos=0)
         if self._latest_global is not None:
             await client.publish(
                 self.topics.global_model, self._latest_global, qos=QOS, retain=True
@@ -542,15 +190,21 @@ class MqttServerEndpoint(_MqttEndpoint):
             self._reject(topic, "not a client topic of this run")
             return
         kind, topic_client = sender
-        message = self._decode(topic, payload)
-        if message is None:
+        if kind == "hello":  # "tell me the incarnation": answered with a welcome receipt
+            self._welcome.add(topic_client)
+            self._acks_due.set()
             return
+        frame = self._decode(topic, payload)
+        if frame is None:
+            return
+        message = frame.message
         expected = ClientUpdate if kind == "updates" else ClientStatus
         if not isinstance(message, expected):
-            self._reject(topic, f"{type(message).__name__} on a {kind} topic")
+            self._reject(topic, f"{type(message).__name__} on a {kind} topic", kind="wrong_topic")
             return
         if message.client_id != topic_client:
             self.stats.denied += 1
+            self.stats.refused("forged_client_id")
             self._log.warning(
                 "access denied: forged client id",
                 topic=topic,
@@ -560,6 +214,12 @@ class MqttServerEndpoint(_MqttEndpoint):
                 ),
             )
             return
+        if not self.incarnation.accepts(frame.incarnation, status=kind == "status"):
+            self._other_incarnation(topic, frame.incarnation, self.incarnation.current)
+            return
+        if frame.incarnation != self.incarnation.current:
+            self._welcome.add(topic_client)  # tell it the incarnation it should follow
+            self._acks_due.set()
         self.stats.received += 1
         self._inbox.put(message)
         if isinstance(message, ClientUpdate):
@@ -579,8 +239,17 @@ class MqttServerEndpoint(_MqttEndpoint):
     async def _send_acks(self) -> None:
         self._acks_due.clear()
         pending, self._pending_acks = self._pending_acks, {}
+        for client_id in self._welcome:
+            pending.setdefault(client_id, set())
+        self._welcome = set()
         for client_id, rounds in pending.items():
-            payload = json.dumps({"rounds": sorted(rounds)}).encode()
+            payload = json.dumps(
+                {
+                    "rounds": sorted(rounds),
+                    "incarnation": self.incarnation.current,
+                    "lineage": list(self.incarnation.lineage),
+                }
+            ).encode()
             if await self._send(self.topics.acks(client_id), payload, qos=0):
                 self.stats.acks_sent += 1
             # An ack lost here only causes a resend, which the server de-duplicates.
@@ -639,6 +308,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         self._outbox_empty.set()
         self._latest_status: bytes | None = None
         self._status_sent = True
+        self.incarnation = ClientIncarnation()
+        """The run incarnation this client follows (None until the live server confirms it)."""
 
     @property
     def unacknowledged(self) -> tuple[int, ...]:
@@ -653,8 +324,9 @@ class MqttClientEndpoint(_MqttEndpoint):
         """
         self._check_open()
         loop = asyncio.get_running_loop()
+        stamp = self.incarnation.current or ""
         if isinstance(message, ClientUpdate):
-            payload = codec.encode(message)
+            payload = codec.encode(message, incarnation=stamp)
             self._outbox.pop(message.round, None)
             self._outbox[message.round] = _Pending(payload, loop.time())
             self._outbox_empty.clear()
@@ -666,7 +338,7 @@ class MqttClientEndpoint(_MqttEndpoint):
             if await self._send(self.topics.updates(self.client_id), payload):
                 self.stats.published += 1
         elif isinstance(message, ClientStatus):
-            payload = codec.encode(message)
+            payload = codec.encode(message, incarnation=stamp)
             self._latest_status = payload
             self._status_sent = await self._send(self.topics.status(self.client_id), payload)
             if self._status_sent:
@@ -691,7 +363,17 @@ class MqttClientEndpoint(_MqttEndpoint):
         self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-resend")
 
     def _background_loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
-        return {f"mqtt-client-{self.client_id}-resend-timer": self._resend_timer}
+        return {
+            f"mqtt-client-{self.client_id}-resend-timer": self._resend_timer,
+            f"mqtt-client-{self.client_id}-hello": self._hello_loop,
+        }
+
+    async def _hello_loop(self) -> None:
+        """Ask the server for the run's incarnation until it answers (see incarnation.py)."""
+        while self.incarnation.current is None:
+            await self._connected.wait()
+            await self._send(self.topics.hello(self.client_id), b"", qos=0)
+            await asyncio.sleep(HELLO_EVERY)
 
     async def _resend_all(self) -> None:
         await self._connected.wait()
@@ -725,12 +407,22 @@ class MqttClientEndpoint(_MqttEndpoint):
         if topic != self.topics.global_model:
             self._reject(topic, "unexpected topic")
             return
-        message = self._decode(topic, payload)
-        if message is None:
+        frame = self._decode(topic, payload)
+        if frame is None:
             return
-        if not isinstance(message, GlobalModel):
-            self._reject(topic, f"{type(message).__name__} on the global topic")
+        if not isinstance(frame.message, GlobalModel):
+            self._reject(
+                topic, f"{type(frame.message).__name__} on the global topic", kind="wrong_topic"
+            )
             return
+        current = self.incarnation.current
+        admitted = self.incarnation.admit_global(frame)
+        if admitted is not None:
+            self._deliver(admitted.message)
+        elif current is not None:
+            self._other_incarnation(topic, frame.incarnation, current)
+
+    def _deliver(self, message: Message) -> None:
         self.stats.received += 1
         self._inbox.put(message)
 
@@ -740,6 +432,17 @@ class MqttClientEndpoint(_MqttEndpoint):
         except (ValidationError, TypeError) as exc:
             self._reject(topic, f"malformed acknowledgement: {exc}")
             return
+        before = self.incarnation.current
+        if not self.incarnation.confirm(ack.incarnation, ack.lineage):
+            self._other_incarnation(topic, ack.incarnation, before)
+            return
+        if self.incarnation.current != before:
+            self._log.info("run incarnation confirmed", incarnation=self.incarnation.current)
+            released, ignored = self.incarnation.release_held_back()
+            for other in ignored:  # e.g. the retained model of an earlier run of this name
+                self._other_incarnation(self.topics.global_model, other.incarnation, ack.incarnation)
+            if released is not None:
+                self._deliver(released.message)
         for round_ in ack.rounds:
             if self._outbox.pop(round_, None) is not None:
                 self.stats.acked += 1
@@ -748,6 +451,8 @@ class MqttClientEndpoint(_MqttEndpoint):
 
 
 __all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_TLS_PORT",
     "BrokerSettings",
     "MqttClientEndpoint",
     "MqttServerEndpoint",

@@ -3,16 +3,28 @@
 Access policy (enforced by the broker's ACL, and again by the server endpoint, which checks
 that the client id inside a payload is the one in its topic):
 
-* a client may publish only to ``updates/<its id>`` and ``status/<its id>``, and read only
-  ``global`` and ``acks/<its id>``;
-* the server reads ``updates/+`` and ``status/+`` and writes ``global`` and ``acks/+``;
-* anonymous connections are refused (``allow_anonymous false``).
+* a client may publish only to ``updates/<its id>``, ``status/<its id>`` and ``hello/<its
+  id>``, and read only ``global`` and ``acks/<its id>``;
+* the server reads ``updates/+``, ``status/+`` and ``hello/+`` and writes ``global`` and
+  ``acks/+``;
+* anonymous connections are refused (``allow_anonymous false``);
+* a connection's MQTT client id is its username (``use_username_as_clientid true``), so nobody
+  can take over another's session (connecting with the server's client id used to kick the
+  server off and destroy its queued messages).
 
-Passwords are random (``secrets.token_urlsafe``), stored in clear only in the secrets file
-(mode 0600) that processes read their own credentials from. The broker gets a mosquitto 2
+Passwords are random (``secrets.token_urlsafe``, 192 bits), stored in clear only in the secrets
+file (mode 0600) that processes read their own credentials from. The broker gets a mosquitto 2
 password file in its PBKDF2-SHA512 format (``user:$7$<iterations>$<salt b64>$<hash b64>``,
 the format ``mosquitto_passwd`` writes), computed here with :func:`hashlib.pbkdf2_hmac` so no
-mosquitto tools are needed.
+mosquitto tools are needed; it and the ACL are written with mode 0600 (the broker must run as
+their owner: ``chown 1883:1883`` them for the eclipse-mosquitto container).
+
+**What the broker may drop.** QoS 1 messages queued for a disconnected persistent session (the
+server's, while it restarts) beyond ``max_queued_messages`` or ``max_queued_bytes`` are dropped
+silently by mosquitto; so is everything in memory when a broker without persistence restarts,
+and the retained model with it. :func:`queue_limit` sizes the message limit for the run (every
+client's whole outbox); clients resend what the server never acknowledged, and the server's
+``dropped_in_flight`` column counts what was released but never arrived.
 """
 
 from __future__ import annotations
@@ -31,9 +43,14 @@ from fedsim.protocol.codec import check_client_id
 from fedsim.transports.topics import Topics
 
 SERVER_USERNAME = "fedsim-server"
-PBKDF2_ITERATIONS = 101
-"""mosquitto_passwd's own default for the ``$7$`` format; mosquitto reads the count from the
-hash, so a file written with more iterations works too (at more CPU per connection)."""
+OBSERVER_USERNAME = "fedsim-observer"
+"""An optional read-only user (updates and statuses), for audits and tests; off by default."""
+PBKDF2_ITERATIONS = 210_000
+"""OWASP's 2023 recommendation for PBKDF2-HMAC-SHA512, the hash of mosquitto's ``$7$``
+format (600,000 is the figure for SHA-256; mosquitto_passwd itself writes only 101). mosquitto
+reads the count from each hash; every login then costs the broker about 0.1-0.3 s of CPU."""
+CLIENT_OUTBOX = 256
+"""Updates a client keeps until the server acknowledges them (``max_unacknowledged``)."""
 _SALT_BYTES = 12
 
 
@@ -72,8 +89,9 @@ def generate_secrets(run: str, client_ids: Iterable[str]) -> RunSecrets:
     repeated = sorted({c for c in ids if ids.count(c) > 1})
     if repeated:
         raise ConfigError(f"client ids must be unique, repeated: {repeated}")
-    if SERVER_USERNAME in ids:
-        raise ConfigError(f"{SERVER_USERNAME!r} is reserved for the server")
+    for reserved in (SERVER_USERNAME, OBSERVER_USERNAME):
+        if reserved in ids:
+            raise ConfigError(f"{reserved!r} is reserved for the server and its observer")
     return RunSecrets(
         run=run,
         server=Credentials(SERVER_USERNAME, secrets.token_urlsafe(24)),
@@ -91,13 +109,28 @@ def mosquitto_password_hash(
     return f"$7${iterations}${b64(salt).decode()}${b64(digest).decode()}"
 
 
-def password_file_text(run_secrets: RunSecrets) -> str:
-    users = [run_secrets.server, *run_secrets.clients.values()]
-    return "".join(f"{u.username}:{mosquitto_password_hash(u.password)}\n" for u in users)
+def queue_limit(num_clients: int, outbox: int = CLIENT_OUTBOX) -> int:
+    """``max_queued_messages`` for a run: every client's whole outbox plus a few statuses, so
+    a server that is away does not lose what its clients may legitimately have sent."""
+    return max(1000, num_clients * (outbox + 4))
 
 
-def acl_text(run_secrets: RunSecrets) -> str:
-    """A mosquitto ``acl_file`` granting exactly the policy in the module docstring."""
+def password_file_text(
+    run_secrets: RunSecrets,
+    *,
+    iterations: int = PBKDF2_ITERATIONS,
+    extra: Sequence[Credentials] = (),
+) -> str:
+    users = [run_secrets.server, *run_secrets.clients.values(), *extra]
+    return "".join(
+        f"{u.username}:{mosquitto_password_hash(u.password, iterations=iterations)}\n"
+        for u in users
+    )
+
+
+def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
+    """A mosquitto ``acl_file`` granting exactly the policy in the module docstring (and, with
+    ``observer``, read access to updates and statuses for :data:`OBSERVER_USERNAME`)."""
     topics = Topics(run_secrets.run)
     lines = [
         f"# fedsim run {run_secrets.run!r}: generated by `fedsim deploy`; anything not listed is denied.",
@@ -105,6 +138,7 @@ def acl_text(run_secrets: RunSecrets) -> str:
         f"user {run_secrets.server.username}",
         f"topic read {topics.all_updates}",
         f"topic read {topics.all_status}",
+        f"topic read {topics.all_hello}",
         f"topic write {topics.global_model}",
         f"topic write {topics.root}/acks/+",
     ]
@@ -114,8 +148,16 @@ def acl_text(run_secrets: RunSecrets) -> str:
             f"user {creds.username}",
             f"topic write {topics.updates(client_id)}",
             f"topic write {topics.status(client_id)}",
+            f"topic write {topics.hello(client_id)}",
             f"topic read {topics.global_model}",
             f"topic read {topics.acks(client_id)}",
+        ]
+    if observer:
+        lines += [
+            "",
+            f"user {OBSERVER_USERNAME}",
+            f"topic read {topics.all_updates}",
+            f"topic read {topics.all_status}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -142,6 +184,7 @@ def mosquitto_conf_text(
     acl_file: str,
     persistence_dir: str | None = None,
     max_queued_messages: int = 100_000,
+    max_queued_bytes: int = 1 << 30,
     max_packet_bytes: int | None = None,
     log_file: str | None = None,
     run_as_user: str | None = None,
@@ -150,7 +193,8 @@ def mosquitto_conf_text(
     """A mosquitto 2 configuration for one authenticated, ACL-restricted listener.
 
     ``max_queued_messages`` is per client: mosquitto's default of 1000 silently drops QoS 1
-    messages queued beyond it for a slow server, so it is raised here (and bounded in bytes). ``run_as_user`` is the
+    messages queued beyond it for a slow server, so it is raised here (size it with
+    :func:`queue_limit`) and bounded in bytes (``max_queued_bytes``). ``run_as_user`` is the
     user a broker started as root switches to (mosquitto's default: ``mosquitto``).
     """
     lines = [
@@ -159,12 +203,14 @@ def mosquitto_conf_text(
         f"listener {port} {bind_address}",
         *_tls_lines(tls),
         "allow_anonymous false",
+        # The client id is the username: nobody can take over (and destroy) another's session.
+        "use_username_as_clientid true",
         f"password_file {password_file}",
         f"acl_file {acl_file}",
         f"max_queued_messages {max_queued_messages}",
-        # ... but bounded in bytes (1 GiB per client); beyond it the broker drops, and the
-        # clients resend what the server never acknowledged.
-        "max_queued_bytes 1073741824",
+        # ... but bounded in bytes; beyond it the broker drops, and the clients resend what the
+        # server never acknowledged.
+        f"max_queued_bytes {max_queued_bytes}",
         # The server's persistent session (its queue) is forgotten a week after it left.
         "persistent_client_expiration 7d",
         # Small receipts (acks) must not wait for Nagle's algorithm.
@@ -203,13 +249,17 @@ def _tls_lines(tls: ListenerTls | None) -> list[str]:
     return lines
 
 
-def write_secrets(path: str | Path, run_secrets: RunSecrets) -> None:
+def write_secrets(
+    path: str | Path, run_secrets: RunSecrets, *, observer: Credentials | None = None
+) -> None:
     """Write the clear-text credentials, readable by the owner only (created with mode 0600)."""
-    data = {
+    data: dict[str, object] = {
         "run": run_secrets.run,
         "server": vars(run_secrets.server),
         "clients": {c: vars(creds) for c, creds in run_secrets.clients.items()},
     }
+    if observer is not None:
+        data["observer"] = vars(observer)
     _write_private(Path(path), json.dumps(data, indent=2) + "\n")
 
 
@@ -260,11 +310,17 @@ def write_broker_files(
     max_packet_bytes: int | None = None,
     run_as_user: str | None = None,
     tls: ListenerTls | None = None,
+    observer: bool = False,
+    iterations: int = PBKDF2_ITERATIONS,
+    max_queued_messages: int | None = None,
 ) -> BrokerFiles:
-    """Generate credentials and write ``mosquitto.conf``, ``passwd``, ``acl``, ``secrets.json``.
+    """Generate credentials and write ``mosquitto.conf``, ``passwd`` and ``acl`` (both 0600),
+    ``secrets.json`` (0600; with ``observer`` it also holds the read-only observer's password
+    under ``"observer"``).
 
     ``broker_config_dir`` is where the broker will see ``out_dir`` (``/mosquitto/config`` in the
-    eclipse-mosquitto container); by default the absolute path of ``out_dir`` itself.
+    eclipse-mosquitto container); by default the absolute path of ``out_dir`` itself. The
+    broker's queue is sized for the run (:func:`queue_limit`) unless ``max_queued_messages``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -276,10 +332,12 @@ def write_broker_files(
         acl_file=out / "acl",
         secrets_file=out / "secrets.json",
     )
-    write_secrets(files.secrets_file, run_secrets)
-    # The hashes are salted PBKDF2; the broker's user must be able to read them.
-    files.password_file.write_text(password_file_text(run_secrets))
-    files.acl_file.write_text(acl_text(run_secrets))
+    watcher = Credentials(OBSERVER_USERNAME, secrets.token_urlsafe(24)) if observer else None
+    write_secrets(files.secrets_file, run_secrets, observer=watcher)
+    # Salted PBKDF2 hashes, still not for everyone's eyes; the broker runs as their owner.
+    _write_private(files.password_file, password_file_text(
+        run_secrets, iterations=iterations, extra=[watcher] if watcher else []))
+    _write_private(files.acl_file, acl_text(run_secrets, observer=observer))
     files.config.write_text(
         mosquitto_conf_text(
             port=port,
@@ -291,6 +349,7 @@ def write_broker_files(
             max_packet_bytes=max_packet_bytes,
             run_as_user=run_as_user,
             tls=tls,
+            max_queued_messages=max_queued_messages or queue_limit(len(run_secrets.clients)),
         )
     )
     return files

@@ -2,7 +2,9 @@
 
 ``fedsim/<run>/global`` carries the latest global model (retained); ``updates/<client>`` and
 ``status/<client>`` carry one client's messages to the server; ``acks/<client>`` carries the
-server's receipts for that client's updates (so the client can resend what was never received).
+server's receipts for that client's updates (so the client can resend what was never received);
+``hello/<client>`` carries a client's request to be told the run's incarnation (answered on
+``acks/<client>``, :mod:`fedsim.transports.incarnation`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ class Topics:
     def acks(self, client_id: str) -> str:
         return f"{self.root}/acks/{client_id}"
 
+    def hello(self, client_id: str) -> str:
+        return f"{self.root}/hello/{client_id}"
+
+    @property
+    def all_hello(self) -> str:
+        return f"{self.root}/hello/+"
+
     @property
     def all_updates(self) -> str:
         return f"{self.root}/updates/+"
@@ -56,10 +65,11 @@ class Topics:
         return f"{self.root}/status/+"
 
     def sender_of(self, topic: str) -> tuple[str, str] | None:
-        """``("updates" | "status", client_id)`` for a client topic of this run, else None."""
+        """``("updates" | "status" | "hello", client_id)`` for a client topic of this run, else
+        None."""
         parts = topic.split("/")
         if len(parts) != 4 or parts[0] != PREFIX or parts[1] != self.run:
             return None
-        if parts[2] not in ("updates", "status"):
+        if parts[2] not in ("updates", "status", "hello"):
             return None
         return parts[2], parts[3]

@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiomqtt
 import numpy as np
@@ -301,16 +302,13 @@ RECEIPT_DELAY = 0.6
 
 
 async def _next_updates(broker: LocalMosquitto, run: str, count: int) -> set[tuple[str, int]]:
-    """The next ``count`` updates the clients publish, seen beside the server (its user may
-    read every update topic)."""
-    server = broker.secrets.server
+    """The next ``count`` updates the clients publish, seen beside the server (by the broker's
+    read-only observer: with client ids bound to usernames, logging in as the server would
+    take over the server's session)."""
+    observer = urlsplit(broker.observer_url())
     seen: set[tuple[str, int]] = set()
     async with aiomqtt.Client(
-        broker.host,
-        broker.port,
-        username=server.username,
-        password=server.password,
-        identifier=f"fedsim-{run}-test-tap",
+        broker.host, broker.port, username=observer.username, password=observer.password
     ) as tap:
         await tap.subscribe(Topics(run).all_updates, qos=1)
         async for message in tap.messages:
@@ -332,16 +330,21 @@ def test_updates_received_before_a_server_kill_are_applied_exactly_once(tmp_path
     window's updates are lost: their clients forget them and nothing ever resends them.
     """
     out = tmp_path / "run"
+    ids = [f"c-{i:03d}" for i in range(4)]
+    broker = LocalMosquitto(tmp_path / "broker", "deploy-four", ids, observer=True)
+    broker.start()
     # Staleness is not the point here: the resent updates must be applied, not judged stale.
-    launcher = _launcher(
-        out, ["stop.windows=7", f"server.window={RECEIPT_WINDOW}", "server.max_staleness=50"]
+    options = DeploymentOptions(time_scale=float(TIME_SCALE), max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS, broker=broker.url(),
+                                secrets_file=str(broker.files.secrets_file))
+    launcher = Launcher(
+        SCENARIO, out, options=options,
+        overrides=["stop.windows=7", f"server.window={RECEIPT_WINDOW}", "server.max_staleness=50"],
     )
     try:
         launcher.prepare()
         launcher.start_all()
         _wait_for_window(out, 2, timeout=90)
-        broker = launcher.local_broker
-        assert broker is not None
         received = asyncio.run(asyncio.wait_for(_next_updates(broker, launcher.run, 2), 60))
         time.sleep(RECEIPT_DELAY)
         launcher.kill("server", signal.SIGKILL)
@@ -352,6 +355,7 @@ def test_updates_received_before_a_server_kill_are_applied_exactly_once(tmp_path
         launcher.collect()
     finally:
         launcher.close()
+        broker.kill(signal.SIGTERM)
 
     checkpointed = {tuple(key) for key in before["seen"]}
     lost_with_the_server = received - checkpointed

@@ -11,6 +11,7 @@ from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import mark_path
 
 STEP = GaussianStep("poisson", 0.01, 1.0)
 BUDGET = Budget(1.0, 1e-5)
@@ -32,7 +33,7 @@ def test_reopen_resumes_and_never_resets(tmp_path: Path) -> None:
         assert again.epsilon() == spent
         assert again.steps == (STEP.times(5),)
     header = json.loads(path.read_text().splitlines()[0])
-    assert header["format"] == "fedsim-ledger/1" and header["client_id"] == "c7"
+    assert header["format"] == "fedsim-ledger/2" and header["client_id"] == "c7"
 
 
 def test_spending_stops_exactly_at_the_budget(tmp_path: Path) -> None:
@@ -91,13 +92,21 @@ def test_can_spend_is_a_dry_run(tmp_path: Path) -> None:
         assert (ledger.steps, ledger.epsilon(), ledger.records) == before
 
 
+def _spend_then_crash_in_third(path: Path) -> None:
+    """Two acknowledged spends, then a crash while the third record was being written: its
+    line is cut and the high-water mark never moved past the second."""
+    with open_ledger(path) as ledger:
+        for r in range(2):
+            ledger.spend(STEP, time=float(r), round=r)
+        mark = mark_path(path).read_bytes()
+        ledger.spend(STEP, time=2.0, round=2)
+    path.write_bytes(path.read_bytes()[:-20])
+    mark_path(path).write_bytes(mark)
+
+
 def test_crash_mid_write_is_ignored_and_cut(tmp_path: Path) -> None:
     path = tmp_path / "l.jsonl"
-    with open_ledger(path) as ledger:
-        for r in range(3):
-            ledger.spend(STEP, time=float(r), round=r)
-    full = path.read_bytes()
-    path.write_bytes(full[:-20])  # the last record lost its end: a write cut by a crash
+    _spend_then_crash_in_third(path)
     with open_ledger(path) as ledger:
         assert len(ledger.records) == 2  # never acknowledged, never released
         assert path.read_bytes().endswith(b"\n")
@@ -108,11 +117,8 @@ def test_crash_mid_write_is_ignored_and_cut(tmp_path: Path) -> None:
 
 def test_read_only_open_changes_nothing_and_refuses_to_spend(tmp_path: Path) -> None:
     path = tmp_path / "l.jsonl"
-    with open_ledger(path) as ledger:
-        for r in range(3):
-            ledger.spend(STEP, time=float(r), round=r)
-    cut = path.read_bytes()[:-20]  # a crash-cut final record
-    path.write_bytes(cut)
+    _spend_then_crash_in_third(path)
+    cut = path.read_bytes()
     with PrivacyLedger.open(path, client_id="c7", sampling="poisson", budget=BUDGET,
                             read_only=True) as ledger:
         assert [r.round for r in ledger.records] == [0, 1]

@@ -244,7 +244,20 @@ def test_plots_put_each_neighbouring_relation_on_its_own_axes(
     # Re-label one client's ledger as fixed-size sampling (header and steps alike).
     lines = ledgers[0].read_text().splitlines()
     lines = [line.replace('"poisson"', '"fixed"') for line in lines]
+    # a legitimate rewrite: the hash chain is recomputed and the high-water mark follows
+    import json
+
+    from fedsim.privacy.ledger_file import Mark, MarkFile, line_hash, mark_path
+
+    for i in range(1, len(lines)):
+        record = json.loads(lines[i])
+        record["prev"] = line_hash(lines[i - 1].encode())
+        lines[i] = json.dumps(record)
     ledgers[0].write_text("\n".join(lines) + "\n")
+    if mark_path(ledgers[0]).exists():
+        mark = MarkFile(mark_path(ledgers[0]), create=False)
+        mark.write_both(Mark(len(lines) - 1, line_hash(lines[-1].encode())))
+        mark.close()
     directory = RunDirectory.load(run.path)
     relations = {lg.sampling for lg in read_ledgers(directory)}
     assert relations == {"fixed", "poisson"}

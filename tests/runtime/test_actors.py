@@ -266,42 +266,6 @@ def test_server_never_applies_an_update_twice_and_drops_stale_ones() -> None:
     assert versions == [0, 1, 1, 2, 2]
 
 
-def _served(stream_above: int, normalize: str, messages) -> tuple[np.ndarray, list]:
-    async def main(clock: VirtualClock):
-        endpoint = FakeEndpoint()
-        endpoint.clock = clock
-        server = make_server(clock, endpoint, max_staleness=1, stream_above=stream_above,
-                             normalize=normalize)
-        reports = []
-        for t, message in messages:
-            deliver_at(clock, endpoint, t, message)
-        await server.run(lambda r: reports.append(r) or r.window >= 4)
-        return server, reports
-
-    server, reports = run_virtual(main)
-    return server.params, [(r.received, r.applied, r.duplicate, r.stale, r.rejected,
-                            r.applied_updates, r.version) for r in reports]
-
-
-@pytest.mark.parametrize("normalize", ["window", "population"])
-def test_a_window_mixed_as_its_updates_arrive_equals_the_buffered_mix(normalize) -> None:
-    """Past ``stream_above`` waiting updates the window's mix is accumulated on arrival
-    (fedsim.aggregation.streaming): the same classification (duplicates, stale, unknown
-    clients) and the same model up to float64 rounding, for every threshold."""
-    rng = np.random.default_rng(5)
-    messages = [(0.1 + 0.02 * k, ClientUpdate(client, k // 2, 0 if k < 30 else k // 40,
-                                              rng.standard_normal(DIM).astype(np.float32), 10.0))
-                for k, client in enumerate(rng.choice(["a", "b", "zz"], size=160))]
-    messages += [(0.5, messages[3][1]), (2.2, messages[7][1])]  # duplicates
-    buffered_params, buffered = _served(10**9, normalize, messages)
-    assert sum(r[1] for r in buffered) > 20 and sum(r[2] + r[3] + r[4] for r in buffered) > 5
-    for threshold in (0, 1, 7):
-        params, reports = _served(threshold, normalize, messages)
-        assert reports == buffered
-        np.testing.assert_allclose(params, buffered_params, rtol=1e-6, atol=1e-7)
-        assert not np.array_equal(params, np.zeros(DIM))
-
-
 def test_participation_invites_each_window_and_applies_every_invited_round() -> None:
     """The server names each window's participants in the model that opens it; every update
     of an invited round is applied (also one that arrives a window late), and an update naming

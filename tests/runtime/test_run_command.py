@@ -42,7 +42,8 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert [m["window"] for m in metrics] == list(range(1, 9))
     assert set(metrics[0]) == {"window", "time", "version", "accuracy", "loss", "received",
                                "applied", "stale", "duplicate", "rejected", "dropped_in_flight",
-                               "step_size", "active_clients", "min_remaining_epsilon"}
+                               "step_size", "active_clients", "min_remaining_epsilon",
+                               "rejections"}
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "accuracy.png", "epsilon.png", "tradeoff.png"]
     assert "final accuracy" in capsys.readouterr().out

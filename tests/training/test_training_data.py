@@ -17,7 +17,7 @@ def test_synthetic_data_is_seeded_and_learnable() -> None:
     assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
     assert not torch.equal(a[0], load_dataset("synthetic", seed=4, num_train=200, num_test=50)[0])
     with pytest.raises(ConfigError, match="unknown dataset"):
-        load_dataset("cifar10")
+        load_dataset("cifar100")
 
 
 @pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards", "unequal"])

@@ -74,13 +74,17 @@ def test_no_data_from_the_host_and_every_container_non_root(source: str, tmp_pat
             continue
         assert uid == gid == deploy.FEDSIM_UID
         # The secret is written into the container for that user, readable by it alone.
-        (secret,) = service["secrets"]
+        secret, *ca = service["secrets"]
         assert secret["target"] == deploy.CONTAINER_SECRETS
+        # With TLS (the tracked file), also the run's CA: a public certificate, as it is.
+        assert ca == ([{"source": "fedsim-ca", "target": deploy.CONTAINER_CA}]
+                      if source == "tracked" else [])
         assert (secret["uid"], secret["gid"], secret["mode"]) == (str(uid), str(gid), 0o400)
         assert f"state-{name}:{deploy.CONTAINER_STATE}" in service["volumes"]
     # A secret from a variable: Compose copies it in with uid/gid/mode (a file secret would be
     # bind-mounted with the host file's owner and mode, unreadable to the container's user).
-    assert document["secrets"] == {"fedsim": {"environment": deploy.SECRETS_ENV}}
+    ca_secret = {"fedsim-ca": {"file": "./deploy/generated/ca.crt"}} if source == "tracked" else {}
+    assert document["secrets"] == {"fedsim": {"environment": deploy.SECRETS_ENV}, **ca_secret}
     assert f"runs:{deploy.CONTAINER_RUNS}" in document["services"]["server"]["volumes"]
 
 

@@ -127,7 +127,10 @@ def test_compose_file_is_current_and_has_one_service_per_client() -> None:
 
     scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
     ids = client_ids(scenario)
-    regenerated = deploy.compose_text("scenarios/quickstart.yaml", scenario.name, ids)
+    # As `fedsim deploy` writes it by default: TLS on port 8883, the run's CA a secret.
+    regenerated = deploy.compose_text(
+        "scenarios/quickstart.yaml", scenario.name, ids, port=8883, tls_ca=True
+    )
     assert (REPO / "docker-compose.yml").read_text() == regenerated, (
         "docker-compose.yml is stale: regenerate it (see deploy/README.md)"
     )
@@ -151,7 +154,8 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
         assert command[0] == "fedsim", shlex.join(command)
         args = parser.parse_args(command[1:])
         roles[name] = args.command
-        assert args.broker == "mqtt://broker:1883" and args.secrets == deploy.CONTAINER_SECRETS
+        assert args.broker == "mqtts://broker:8883" and args.secrets == deploy.CONTAINER_SECRETS
+        assert args.tls_ca == deploy.CONTAINER_CA
         if args.command == "client":
             assert args.client_id == name
         # The state directory is in the service's own volume, so the ledger survives the
@@ -176,15 +180,16 @@ def test_compose_commands_match_what_fedsim_launch_runs(
         REPO / "scenarios" / "quickstart.yaml",
         tmp_path / "run",
         options=DeploymentOptions(
-            broker="mqtt://broker:1883",
+            broker="mqtts://broker:8883",
             secrets_file=str(tmp_path / "secrets.json"),
+            tls_ca=str(tmp_path / "ca.crt"),
             wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
         ),
     )
     launcher.prepare()
     services = _compose()["services"]
     # Same options and values, except the paths that differ between a container and a host.
-    paths = {"--scenario", "--secrets", "--state", "--out"}
+    paths = {"--scenario", "--secrets", "--tls-ca", "--state", "--out"}
 
     def options(argv: list[str]) -> dict[str, str | None]:
         found: dict[str, str | None] = {}

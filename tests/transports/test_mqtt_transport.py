@@ -63,6 +63,14 @@ def client(broker: Broker, client_id: str, **kwargs) -> MqttClientEndpoint:
     )
 
 
+async def welcomed(endpoint: MqttClientEndpoint, timeout: float = 5.0) -> str:
+    """Wait until the client has learnt the live server's incarnation (its welcome)."""
+    async with asyncio.timeout(timeout):
+        while endpoint.incarnation.current is None:
+            await asyncio.sleep(0.02)
+    return endpoint.incarnation.current
+
+
 async def receive_all(endpoint: Endpoint, *, quiet: float = 0.3) -> list:
     received = []
     while True:
@@ -144,9 +152,16 @@ async def test_acl_stops_a_client_publishing_on_another_clients_topic(mosquitto:
     async with server(mosquitto) as srv:
         async with await _raw_client(mosquitto, "c1") as raw:
             # A well-formed update for c2, published by c1 on c2's topic: the broker drops it.
-            await raw.publish(topics.updates("c2"), codec.encode(update("c2", 1)), qos=1)
-            await raw.publish(topics.global_model, codec.encode(model(99)), qos=1, retain=True)
-            await raw.publish(topics.updates("c1"), codec.encode(update("c1", 2)), qos=1)
+            stamp = srv.incarnation.current  # the raw client knows the run's incarnation
+            await raw.publish(
+                topics.updates("c2"), codec.encode(update("c2", 1), incarnation=stamp), qos=1
+            )
+            await raw.publish(
+                topics.global_model, codec.encode(model(99), incarnation=stamp), qos=1, retain=True
+            )
+            await raw.publish(
+                topics.updates("c1"), codec.encode(update("c1", 2), incarnation=stamp), qos=1
+            )
         received = await receive_all(srv)
         assert [(m.client_id, m.round) for m in received] == [("c1", 2)]
         async with client(mosquitto, "c2") as c2:  # nobody but the server may write the model
@@ -161,7 +176,9 @@ async def test_server_denies_forged_ids_and_rejects_malformed_payloads(mosquitto
     oversized = b"FSIM" + bytes(codec.max_message_bytes(PARAMS))
     limit = codec.max_message_bytes(PARAMS)
     async with server(mosquitto, max_message_bytes=limit) as srv:
+        stamp = srv.incarnation.current
         async with client(mosquitto, "c1") as c1:
+            await welcomed(c1)
             await c1.publish(update("c2", 1))  # c1's own topic, c2's id in the payload
             await c1.publish(ClientStatus("c2", "done", 1, 0.1, 1e-5))
             assert not await c1.flush(0.5)  # a denied update is never acknowledged
@@ -172,10 +189,17 @@ async def test_server_denies_forged_ids_and_rejects_malformed_payloads(mosquitto
                 await raw.publish(topics.updates("c1"), junk, qos=1)
             wrong_shape = ClientUpdate("c1", 5, 0, np.ones(PARAMS + 1, np.float32), 1.0)
             await raw.publish(topics.updates("c1"), codec.encode(wrong_shape), qos=1)
-            await raw.publish(topics.updates("c1"), codec.encode(update("c1", 6)), qos=1)
+            await raw.publish(topics.updates("c1"), codec.encode(update("c1", 9)), qos=1)
+            valid = codec.encode(update("c1", 6), incarnation=stamp)
+            await raw.publish(topics.updates("c1"), valid, qos=1)
         received = await receive_all(srv)
         assert [(m.client_id, m.round) for m in received] == [("c1", 6)]
         assert srv.stats.denied == 2 and srv.stats.rejected == 8
+        assert srv.stats.other_incarnation == 1  # round 9, stamped with no incarnation
+        assert srv.stats.refused_by_kind == {
+            "forged_client_id": 2, "malformed": 4, "non_finite": 1, "oversized": 1,
+            "other_incarnation": 1, "shape": 1, "wrong_topic": 1,
+        }
 
 
 @pytest.mark.mqtt
@@ -188,6 +212,8 @@ async def test_broker_crash_and_restart_mid_stream_loses_no_update(mosquitto: Br
         client(mosquitto, "c2", resend_after=1.0) as c2,
     ):
         await srv.publish(model(1))
+        await welcomed(c1)
+        await welcomed(c2)
         received: list[ClientUpdate] = []
 
         async def collect() -> None:
@@ -396,12 +422,13 @@ async def test_an_internal_failure_surfaces_instead_of_a_silent_dead_endpoint(
 async def test_updates_sent_while_the_server_is_away_wait_in_its_broker_session(
     mosquitto: Broker,
 ) -> None:
-    async with server(mosquitto):
-        pass  # the server's persistent session (and subscriptions) now exist on the broker
     async with client(mosquitto, "c1", resend_after=60.0) as c1:  # no resend within the test
+        async with server(mosquitto) as first:
+            await welcomed(c1)
+        # The server's persistent session (and subscriptions) now exist on the broker.
         await c1.publish(update("c1", 1))
         await c1.publish(update("c1", 2))
-        async with server(mosquitto) as restarted:
+        async with server(mosquitto, lineage=[first.incarnation.current]) as restarted:
             assert [m.round for m in await receive_all(restarted)] == [1, 2]
             restarted.acknowledge({("c1", 1), ("c1", 2)})
             assert await c1.flush(5) and c1.stats.resent == 0
@@ -416,6 +443,7 @@ async def test_only_recorded_updates_are_acknowledged_the_rest_reach_the_next_se
     async with client(mosquitto, "c1", resend_after=0.5) as c1:
         first = server(mosquitto)
         await first.start()
+        await welcomed(c1)
         for round_ in (1, 2, 3):
             await c1.publish(update("c1", round_))
         assert [m.round for m in await receive_all(first)] == [1, 2, 3]
@@ -424,7 +452,7 @@ async def test_only_recorded_updates_are_acknowledged_the_rest_reach_the_next_se
         await first.close()  # sends round 1's due receipt; rounds 2 and 3 were never recorded
         assert not await c1.flush(1.0) and c1.unacknowledged == (2, 3)
         assert c1.stats.acked == 1
-        async with server(mosquitto) as successor:
+        async with server(mosquitto, lineage=[first.incarnation.current]) as successor:
             rounds: set[int] = set()
             while rounds != {2, 3}:  # resent, maybe more than once (the server de-duplicates)
                 message = await asyncio.wait_for(successor.receive(), 5)

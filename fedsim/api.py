@@ -1,0 +1,337 @@
+"""fedsim's Python API: load a scenario, simulate it, account for privacy (docs/API.md).
+
+    import fedsim
+    result = fedsim.simulate("scenarios/quickstart.yaml", seed=1,
+                             overrides={"clients.groups[*].noise.sigma": 1.5})
+    print(result.final_accuracy, result.epsilon_max)
+
+:func:`simulate` runs exactly what ``fedsim run`` runs (the same population builder and
+virtual-time run), with optionally your own model (an ``nn.Module`` factory) and your own data
+(numpy arrays). With ``out=None`` nothing stays on disk: the clients' privacy ledgers are
+durable files by design (a ledger is written before each release), so the run writes its
+directory into a temporary directory, reads the results back into the :class:`RunResult`,
+and removes it. :func:`account` answers what ``fedsim account`` answers, through the same
+code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsim.config.loading import LoadedScenario, apply_override, parse_scenario
+from fedsim.config.loading import load_scenario as _load_file
+from fedsim.config.schema import Scenario
+from fedsim.errors import ConfigError
+
+__all__ = ["ClientPrivacy", "RunResult", "account", "load_scenario", "simulate"]
+
+ScenarioSource = str | PathLike[str] | Mapping[str, Any] | Scenario | LoadedScenario
+Overrides = Sequence[str] | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ClientPrivacy:
+    """One client's privacy at the end of a run (a row of ``clients.csv``).
+
+    ``epsilon``: its guarantee at the scenario's ``privacy.delta`` (pld accountant), about its
+    own data set. ``mu``: the CLT approximation of its GDP mu (not a guarantee).
+    ``budget_left``: epsilon left of its budget (None without a budget).
+    """
+
+    client_id: str
+    group: str
+    epsilon: float
+    mu: float
+    budget_epsilon: float | None
+    budget_left: float | None
+    rounds: int
+    steps: int
+    state: str
+    stop_reason: str
+    stopped_at: float | None
+
+
+@dataclass
+class RunResult:
+    """What :func:`simulate` returns.
+
+    ``windows``: one row per server window (the lines of ``metrics.jsonl``: ``window``,
+    ``time``, ``accuracy`` (None where not evaluated), ``loss``, ``received``, ``applied``,
+    ...). ``summary``: ``summary.json``. ``run_dir``: the run directory, or None when
+    ``out=None``. ``model``: the model with the final global parameters loaded.
+    """
+
+    final_accuracy: float | None
+    best_accuracy: float | None
+    windows: list[dict[str, Any]]
+    clients: list[ClientPrivacy]
+    summary: dict[str, Any]
+    run_dir: Path | None
+    model: nn.Module
+    wall_seconds: float
+    scenario: Scenario = field(repr=False)
+
+    @property
+    def delta(self) -> float:
+        return float(self.summary["privacy"]["delta"])
+
+    @property
+    def virtual_time(self) -> float:
+        return float(self.summary["virtual_time"])
+
+    @property
+    def epsilons(self) -> dict[str, float]:
+        """Client id -> epsilon at :attr:`delta`."""
+        return {c.client_id: c.epsilon for c in self.clients}
+
+    @property
+    def epsilon_min(self) -> float | None:
+        return min(self.epsilons.values(), default=None)
+
+    @property
+    def epsilon_median(self) -> float | None:
+        values = list(self.epsilons.values())
+        return float(statistics.median(values)) if values else None
+
+    @property
+    def epsilon_max(self) -> float | None:
+        return max(self.epsilons.values(), default=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios
+
+
+def _override_lines(overrides: Overrides) -> list[str]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        # a JSON value is a YAML value, so the value reaches the tree unchanged
+        return [f"{path}={json.dumps(value)}" for path, value in overrides.items()]
+    if isinstance(overrides, str):
+        return [overrides]
+    return list(overrides)
+
+
+def load_scenario(source: ScenarioSource, overrides: Overrides = None) -> LoadedScenario:
+    """A validated scenario from a YAML file, a plain dict (as YAML would give), a
+    :class:`Scenario` or a :class:`LoadedScenario`, with ``overrides`` applied in order
+    (``["path=value", ...]`` as ``--set`` takes them, or ``{"path": value}``; paths may use
+    ``[*]`` and ``[name]``). Relative paths in a dict resolve against the current directory.
+
+    Raises :class:`~fedsim.config.loading.ScenarioError` (a :class:`ConfigError`) listing
+    every problem.
+    """
+    lines = _override_lines(overrides)
+    if isinstance(source, str | PathLike):
+        return _load_file(Path(source), lines)
+    if isinstance(source, LoadedScenario):
+        if not lines:
+            return source
+        tree, origin = source.scenario.model_dump(mode="json"), source.source
+    elif isinstance(source, Scenario):
+        if not lines:
+            return LoadedScenario(source, None)
+        tree, origin = source.model_dump(mode="json"), None
+    elif isinstance(source, Mapping):
+        tree, origin = copy.deepcopy(dict(source)), None
+    else:
+        raise ConfigError(f"scenario: expected a file path, a dict or a Scenario, got "
+                          f"{type(source).__name__}")
+    for line in lines:
+        tree = apply_override(tree, line)
+    scenario = parse_scenario(tree, source=str(origin or "<scenario>"))
+    return LoadedScenario(scenario, origin)
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulating
+
+
+def simulate(
+    scenario: ScenarioSource,
+    *,
+    seed: int | None = None,
+    out: str | PathLike[str] | None = None,
+    overrides: Overrides = None,
+    model: Callable[..., nn.Module] | None = None,
+    dataset: Any = None,
+    progress: bool | None = True,
+    tensorboard: str | PathLike[str] | None = None,
+    plots: bool = True,
+) -> RunResult:
+    """Simulate ``scenario`` under virtual time (as ``fedsim run``) and return its results.
+
+    Args:
+        scenario: a YAML path, a dict, a :class:`Scenario` or a :class:`LoadedScenario`.
+        seed: replaces the scenario's seed.
+        out: the run directory to write (it must not hold a run); None: a temporary one,
+            removed before returning (``RunResult.run_dir`` is then None).
+        overrides: ``--set``-style overrides (see :func:`load_scenario`).
+        model: a factory returning a ``torch.nn.Module``, called with ``input_shape`` and
+            ``num_classes`` if it takes them (and ``options`` from the scenario's ``model``
+            section, which it otherwise replaces); checked for DP compatibility.
+        dataset: ``x_train, y_train, x_test, y_test`` arrays (a mapping with those keys or a
+            4-tuple; see :mod:`fedsim.training.arrays`); replaces the scenario's data set
+            (recorded as ``name: arrays`` without a path). Partitions work on it as on MNIST.
+        progress: True shows a progress bar on stderr, False none, None only on a terminal.
+        tensorboard: also write TensorBoard scalars to this directory (needs the
+            ``fedsim[tensorboard]`` extra).
+        plots: draw the run directory's plots (only when ``out`` is given).
+    """
+    from fedsim.runtime.simulation import build_population, run_scenario
+    from fedsim.training import load_flat_params
+    from fedsim.training.arrays import check_arrays
+
+    lines = _override_lines(overrides)
+    if seed is not None:
+        lines.append(f"seed={int(seed)}")
+    if model is not None:
+        if not callable(model):
+            raise ConfigError(f"model: expected a callable returning a torch.nn.Module, got "
+                              f"{type(model).__name__}")
+        # neither name nor factory: the model comes from Python (options are kept)
+        lines += ["model.name=null", "model.factory=null"]
+    data = None
+    if dataset is not None:
+        data = check_arrays(dataset, where="dataset (from Python)")
+        lines.append("dataset.name=arrays")
+        lines.append("dataset.path=null")
+    loaded = load_scenario(scenario, lines)
+    if tensorboard is not None:
+        from fedsim.reporting.tensorboard import require_tensorboard
+
+        require_tensorboard()
+    population = build_population(loaded, model_factory=model, data=data)
+    with tempfile.TemporaryDirectory(prefix="fedsim-run-") as scratch:
+        run_dir = Path(out) if out is not None else Path(scratch) / "run"
+        result = _run(loaded, population, run_dir, progress, run_scenario)
+        if tensorboard is not None:
+            from fedsim.reporting.tensorboard import export_run
+
+            export_run(run_dir, Path(tensorboard))
+        if out is not None and plots:
+            from fedsim.reporting.plots import draw_all
+
+            draw_all(run_dir)
+        outcome = _collect(run_dir, result.wall_seconds, loaded.scenario,
+                           kept=out is not None)
+    trained = population.model
+    with torch.no_grad():
+        load_flat_params(trained, result.final_params)
+    outcome.model = trained
+    return outcome
+
+
+def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool | None,
+         run_scenario: Callable[..., Any]) -> Any:
+    from fedsim.reporting.progress import ProgressUnit, RunProgress
+
+    stop = loaded.scenario.stop
+    total: float | None = stop.virtual_seconds
+    unit: ProgressUnit = "time"
+    if total is None:
+        total, unit = (float(stop.windows) if stop.windows else None), "windows"
+    with RunProgress(total, unit=unit, enabled=progress) as bar:
+        def on_window(line: dict[str, Any]) -> None:
+            bar.update(line["time"], line["window"], line["accuracy"],
+                       line["min_remaining_epsilon"])
+
+        return run_scenario(loaded, run_dir, on_window=on_window, population=population)
+
+
+def _collect(run_dir: Path, wall_seconds: float, scenario: Scenario, *, kept: bool) -> RunResult:
+    """The run directory's results, read back by the reader ``fedsim report`` uses."""
+    from fedsim.reporting.rundir import RunDirectory
+
+    run = RunDirectory.load(run_dir)
+    clients = [
+        ClientPrivacy(
+            client_id=str(row["client_id"]), group=str(row["group"]),
+            epsilon=float(row["epsilon"] or 0.0), mu=float(row["mu_clt"] or 0.0),
+            budget_epsilon=row.get("budget_epsilon"), budget_left=row.get("remaining_epsilon"),
+            rounds=int(row.get("rounds") or 0), steps=int(row.get("steps") or 0),
+            state=str(row.get("state") or ""), stop_reason=str(row.get("stop_reason") or ""),
+            stopped_at=row.get("stopped_at"),
+        )
+        for row in run.clients
+    ]
+    summary = run.summary
+    return RunResult(
+        final_accuracy=summary.get("final_accuracy"),
+        best_accuracy=summary.get("best_accuracy"),
+        windows=[dict(m) for m in run.metrics],
+        clients=clients,
+        summary=summary,
+        run_dir=run_dir.resolve() if kept else None,
+        model=nn.Identity(),  # replaced by the trained model
+        wall_seconds=wall_seconds,
+        scenario=scenario,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Accounting
+
+
+def account(
+    *,
+    sampling: str | None = None,
+    q: float | None = None,
+    batch_size: int | None = None,
+    dataset_size: int | None = None,
+    sigma: float | None = None,
+    steps: int | None = None,
+    epochs: float | None = None,
+    ledger: str | PathLike[str] | None = None,
+    delta: float | None = None,
+    accountant: str | None = None,
+    epsilon: float | None = None,
+    target_epsilon: float | None = None,
+    max_steps: bool = False,
+    group_size: int | None = None,
+    plot: str | PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """What ``fedsim account`` answers, as a dict (its ``--json`` object), through the same code.
+
+    Each argument is the command's flag of the same name (``batch_size`` is
+    ``--batch-size``, ...); an argument left None takes the command's default. Examples::
+
+        fedsim.account(q=0.01, sigma=1.1, steps=1000)["epsilon"]      # eps at delta 1e-5
+        fedsim.account(q=0.01, steps=1000, target_epsilon=3.0)["sigma"]
+        fedsim.account(ledger="runs/x/ledgers/phone-000.jsonl")
+
+    Raises :class:`ConfigError` for a combination the command refuses.
+    """
+    from fedsim.commands import account as command
+
+    parser = argparse.ArgumentParser(prog="fedsim")
+    command.register(parser.add_subparsers())
+    args = parser.parse_args(["account"])
+    given = {"sampling": sampling, "q": q, "batch_size": batch_size,
+             "dataset_size": dataset_size, "sigma": sigma, "steps": steps, "epochs": epochs,
+             "ledger": None if ledger is None else str(ledger), "delta": delta,
+             "accountant": accountant, "epsilon": epsilon, "target_epsilon": target_epsilon,
+             "group_size": group_size, "plot": None if plot is None else str(plot)}
+    choices = {"sampling": ("poisson", "fixed"), "accountant": command.ACCOUNTANT_CHOICES}
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name in choices and value not in choices[name]:
+            raise ConfigError(f"account: {name} must be one of {list(choices[name])}, got "
+                              f"{value!r}")
+        setattr(args, name, value)
+    args.max_steps = bool(max_steps)
+    return command.answer(args)

@@ -1,0 +1,110 @@
+"""``fedsim ledger``: check a client's privacy ledger, or repair a damaged one.
+
+``check FILE`` verifies the hash chain and the high-water mark (exit 0), or says what is wrong
+(exit 2). ``repair FILE`` rewrites a ledger that is refused, keeping every readable record and
+adding a substitute step for each acknowledged record it cannot verify: a repair may only add
+spending, never remove it (see :mod:`fedsim.privacy.ledger_repair`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any, cast
+
+from fedsim.errors import ConfigError, LedgerError
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "ledger", help="Check or repair a client's privacy ledger.",
+        description="Check a client's privacy ledger (its hash chain and high-water mark), or "
+        "repair a refused one; a repair only ever adds spending, never removes it.")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                    parser_class=type(parser))
+    check = actions.add_parser(
+        "check", help="Verify a ledger's hash chain and high-water mark.",
+        description="Verify a ledger's hash chain and high-water mark, and say what it spent.")
+    check.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
+    check.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
+    check.set_defaults(func=run_check)
+    repair = actions.add_parser(
+        "repair", help="Make a refused ledger valid again, only ever adding spending.",
+        description="Make a refused ledger valid again: every readable record is kept, each "
+        "record that cannot be verified is charged as --lost-step, and the damaged file is kept "
+        "beside it.")
+    repair.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
+    repair.add_argument("--lost-step", nargs=2, type=float, metavar=("Q", "SIGMA"),
+                        help="The step charged for each record that cannot be verified: at "
+                             "least as expensive as any the client released (largest q, "
+                             "smallest sigma).")
+    repair.add_argument("--assume-lost", type=int, metavar="N",
+                        help="The records lost beyond what the file shows, when it has no usable "
+                             "high-water mark (0: you vouch that it is complete).")
+    repair.add_argument("--dry-run", action="store_true", help="Say what would change without changing anything.")
+    repair.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
+    repair.set_defaults(func=run_repair)
+    return cast(argparse.ArgumentParser, parser)
+
+
+def _header(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline(4096)
+        header = json.loads(first.decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: line 1: not a ledger header")
+    return header
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from fedsim.privacy.ledger import Budget, PrivacyLedger
+
+    path = Path(args.file)
+    header = _header(path)
+    try:
+        budget = Budget.from_json(header.get("budget"))
+        ledger = PrivacyLedger.open(path, client_id=str(header.get("client_id")),
+                                    sampling=str(header.get("sampling")), budget=budget,
+                                    accountant=str(header.get("accountant", "pld")),
+                                    read_only=True)
+    except (ConfigError, LedgerError) as exc:
+        raise ConfigError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    with ledger:
+        delta = budget.delta if budget is not None else 1e-5
+        result = {"path": str(path), "client_id": ledger.client_id, "records":
+                  len(ledger.records), "epsilon": ledger.epsilon(delta), "delta": delta,
+                  "last_time": ledger.last_time, "ok": True}
+    _print(result, args.json)
+    return 0
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    from fedsim.privacy.events import GaussianStep
+    from fedsim.privacy.ledger_repair import repair_ledger
+
+    path = Path(args.file)
+    lost_step = None
+    if args.lost_step is not None:
+        q, sigma = args.lost_step
+        if not all(math.isfinite(v) for v in (q, sigma)):
+            raise ConfigError("--lost-step Q SIGMA must be finite numbers")
+        lost_step = GaussianStep(str(_header(path).get("sampling")), q, sigma)  # type: ignore[arg-type]
+    report = repair_ledger(path, lost_step=lost_step, assume_lost=args.assume_lost,
+                           dry_run=args.dry_run)
+    _print({**report.to_json(), "dry_run": bool(args.dry_run)}, args.json)
+    return 0
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    for key, value in result.items():
+        print(f"{key + ':':<14}{value}")

@@ -1,0 +1,222 @@
+"""``fedsim sweep SCENARIO --grid PATH=V1,V2 ... [--seeds 0,1,2] [--jobs N] [--out DIR]``:
+run every combination of the grid values and seeds, one run directory each, and a table.
+
+Each ``--grid`` is a ``--set`` path (``[*]`` and ``[name]`` select groups, e.g.
+``clients.groups[*].noise.sigma=1.0,1.5``) with comma-separated YAML values (commas inside
+brackets stay in the value: ``hidden=[64,32],[128]``). Every combination is validated before
+the first run starts. DIR (default ``runs/<scenario name>-sweep``) gets one run directory per
+combination and seed (``000-sigma=1.0-seed0``, ...), and ``sweep.csv`` / ``sweep.json``: one
+row per run with its grid values, seed, final and best accuracy, eps min / median / max,
+virtual time, windows, stops by kind and status. ``--jobs N`` runs N at a time in separate
+processes (same results: each run depends only on its scenario and seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import ConfigError, FedsimError
+
+DESCRIPTION = (
+    "Run every combination of grid values and seeds, one run directory each, and write a "
+    "table of their results (sweep.csv and sweep.json). Every combination is validated before "
+    "the first run starts."
+)
+TABLE_COLUMNS = ("final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
+                 "virtual_time", "windows", "stops", "status")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("sweep", help="Run a grid of settings and seeds, with a table.",
+                                   description=DESCRIPTION)
+    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
+    parser.add_argument("--grid", action="append", default=[], metavar="PATH=V1,V2",
+                        help="A setting and its comma-separated values, for example "
+                             "clients.groups[*].noise.sigma=1.0,1.5; repeatable, every "
+                             "combination runs.")
+    parser.add_argument("--seeds", default=None, metavar="S1,S2",
+                        help="Seeds to run each combination with (by default the scenario's).")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="PATH=VALUE",
+                        help="Override one setting in every run with a YAML value; repeatable.")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="How many runs at a time, each in its own process (default 1).")
+    parser.add_argument("--out", metavar="DIR",
+                        help="The sweep directory; it must be new or empty.")
+    parser.add_argument("--no-plots", action="store_true", help="Do not draw each run's plots.")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def split_values(text: str) -> list[str]:
+    """Comma-separated values, commas inside [...] / {...} / quotes kept."""
+    values, depth, quote, current = [], 0, "", ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append(current.strip())
+            current = ""
+            continue
+        current += char
+    values.append(current.strip())
+    if any(v == "" for v in values):
+        raise ConfigError(f"--grid values {text!r}: an empty value (two commas in a row?)")
+    return values
+
+
+def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
+    grid = []
+    for item in items:
+        path, sep, values = item.partition("=")
+        if not sep or not path.strip() or not values.strip():
+            raise ConfigError(f"--grid {item!r}: expected PATH=V1,V2,...")
+        grid.append((path.strip(), split_values(values)))
+    paths = [p for p, _ in grid]
+    if len(set(paths)) != len(paths):
+        raise ConfigError(f"--grid: a path is given twice: {paths}")
+    return grid
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in split_values(text)]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected integers like 0,1,2") from None
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: seeds must be distinct and >= 0")
+    return seeds
+
+
+def _short(path: str) -> str:
+    key = next((p for p in reversed(re.split(r"[.\[\]]", path)) if p and p != "*"), path)
+    return key
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", text).strip("_")[:60]
+
+
+def plan_runs(scenario: str, grid: list[tuple[str, list[str]]], seeds: list[int] | None,
+              overrides: Sequence[str], out: Path) -> list[dict[str, Any]]:
+    """Every run of the sweep (validated): its directory, overrides, grid values and seed."""
+    from fedsim.config import load_scenario
+
+    combos = list(itertools.product(*[values for _, values in grid])) or [()]
+    runs: list[dict[str, Any]] = []
+    for combo in combos:
+        settings = dict(zip([p for p, _ in grid], combo, strict=True))
+        for seed in seeds if seeds is not None else [None]:
+            lines = [*overrides, *(f"{p}={v}" for p, v in settings.items())]
+            if seed is not None:
+                lines.append(f"seed={seed}")
+            loaded = load_scenario(scenario, lines)  # raises naming the setting at fault
+            label = "-".join([_slug(f"{_short(p)}={v}") for p, v in settings.items()]
+                             + [f"seed{loaded.scenario.seed}"])
+            runs.append({"dir": str(out / f"{len(runs):03d}-{label}"), "overrides": lines,
+                         "grid": settings, "seed": loaded.scenario.seed})
+    return runs
+
+
+def run_one(scenario: str, plan: dict[str, Any], plots: bool) -> dict[str, Any]:
+    """Simulate one run of the sweep and return its table row (a failed run: its status)."""
+    from fedsim.api import simulate
+    from fedsim.logging import configure_logging
+    from fedsim.reporting.compare import run_row
+    from fedsim.reporting.rundir import RunDirectory
+
+    configure_logging(None, level="warning")
+    row: dict[str, Any] = {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
+    try:
+        result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"], progress=False,
+                          plots=plots)
+    except FedsimError as exc:
+        return {**row, "status": f"failed: {exc}"}
+    measured = run_row(RunDirectory.load(plan["dir"]))
+    row.update({k: measured[k] for k in TABLE_COLUMNS if k in measured})
+    row["wall_seconds"] = round(result.wall_seconds, 3)
+    row["status"] = "ok"
+    return row
+
+
+def _default_out(name: str) -> Path:
+    base = Path("runs") / f"{name}-sweep"
+    candidate, suffix = base, 1
+    while candidate.exists():
+        candidate = base.with_name(f"{base.name}-{suffix}")
+        suffix += 1
+    return candidate
+
+
+def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str],
+                meta: dict[str, Any]) -> tuple[Path, Path]:
+    columns = ["run", *grid_paths, "seed", *TABLE_COLUMNS, "wall_seconds"]
+    csv_path, json_path = out / "sweep.csv", out / "sweep.json"
+    with csv_path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            cells = []
+            for column in columns:
+                value = row.get(column)
+                if column == "stops" and isinstance(value, dict):
+                    value = ";".join(f"{k}={n}" for k, n in value.items())
+                cells.append("" if value is None else value)
+            writer.writerow(cells)
+    json_path.write_text(json.dumps({**meta, "runs": rows}, indent=2) + "\n", encoding="utf-8")
+    return csv_path, json_path
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedsim.config import load_scenario
+    from fedsim.reporting.compare import format_table
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    grid = parse_grid(args.grid)
+    seeds = parse_seeds(args.seeds)
+    base = load_scenario(args.scenario, args.overrides).scenario
+    out = Path(args.out) if args.out else _default_out(base.name)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")
+    plans = plan_runs(args.scenario, grid, seeds, args.overrides, out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{out}: {len(plans)} run(s), {args.jobs} at a time")
+    plots = not args.no_plots
+    rows: list[dict[str, Any]] = []
+    if args.jobs == 1 or len(plans) == 1:
+        for plan in plans:
+            rows.append(run_one(args.scenario, plan, plots))
+            print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
+    else:
+        # spawn: a fresh interpreter per worker (no forked torch state)
+        with ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)),
+                                 mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(run_one, args.scenario, plan, plots) for plan in plans]
+            for future in futures:
+                rows.append(future.result())
+                print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
+    meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": seeds,
+            "overrides": list(args.overrides)}
+    csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
+    for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
+        print(line)
+    print(f"table: {csv_path}, {json_path}")
+    return 0 if all(row["status"] == "ok" for row in rows) else 1

@@ -1,0 +1,343 @@
+"""The ledger's file: a hash-chained JSON-lines log, a high-water mark beside it, and a lock.
+
+File format ``fedsim-ledger/2`` (JSON lines, UTF-8):
+
+* line 1, the header: ``{"format": "fedsim-ledger/2", "client_id", "sampling", "accountant",
+  "budget": {"epsilon", "delta"} | null}``;
+* one line per released step: ``{"time": t, "round": r, "step": {"sampling", "q", "sigma",
+  "count"}, "prev": H}`` where ``H`` is the SHA-256 (hex) of the previous line's bytes (the
+  header for the first record), so changing, deleting, inserting or reordering a line breaks
+  the chain at the next one. A record written by :func:`repair_ledger` for records it could
+  not recover also carries ``"repair": "..."``.
+
+The *high-water mark* ``<ledger>.hwm`` holds the number of records and the hash of the last
+line. It is written in place, in two checksummed slots used alternately (a torn write
+leaves the other slot intact), and fsynced after the records it counts are on disk. So on
+open: fewer records than the mark, or a different hash at the mark's count, is a truncation
+or an edit and is refused (:class:`LedgerError`); more records than the mark is a crash
+between the two writes (those records were fsynced; counting them is the safe direction) and
+the mark is moved up. The mark also carries the exclusive lock: ``flock`` on its open file,
+held for the ledger's lifetime, so a second writer, in this process or another, fails at
+open. A ledger file without a mark is refused for writing (records may have been cut off
+with it); read-only views verify its chain alone.
+
+Threat model: this detects accidents and careless edits (a cut file, a hand-edited value, a
+deleted or duplicated line, a lost mark). It is not a signature: whoever can rewrite both
+files and recompute the chain can forge a history.
+
+Ledgers of the older format ``fedsim-ledger/1`` (no chain, no mark) cannot be checked; they
+are refused with the command that adopts them (``fedsim ledger repair FILE --assume-lost 0``,
+the user vouching that nothing was lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from fedsim.errors import ConfigError, LedgerError
+from fedsim.privacy.events import GaussianStep, Sampling
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+LEDGER_FORMAT = "fedsim-ledger/2"
+OLD_FORMATS = ("fedsim-ledger/1",)
+RECORD_KEYS = frozenset({"time", "round", "step", "prev"})
+_MARK_SLOT = 128
+_MARK_MAGIC = "fedsim-hwm/1"
+# A ledger line longer than this is damage, not a record (a record is ~150 bytes).
+MAX_LINE_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """One released step: when (virtual or wall time), in which round, and what."""
+
+    time: float
+    round: int
+    step: GaussianStep
+
+    def to_json(self) -> dict[str, Any]:
+        return {"time": self.time, "round": self.round, "step": self.step.to_json()}
+
+
+def line_hash(line: bytes) -> str:
+    """The chain's hash of one line (without its newline)."""
+    return hashlib.sha256(line).hexdigest()
+
+
+def encode_record(record: LedgerRecord, prev: str, repair: str | None = None) -> bytes:
+    obj: dict[str, Any] = {**record.to_json(), "prev": prev}
+    if repair is not None:
+        obj["repair"] = repair
+    return json.dumps(obj, allow_nan=False).encode()
+
+
+def mark_path(path: Path) -> Path:
+    return path.with_name(path.name + ".hwm")
+
+
+# -- the high-water mark ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Mark:
+    count: int
+    last_hash: str
+
+
+def _encode_mark(mark: Mark) -> bytes:
+    body = f"{_MARK_MAGIC} {mark.count} {mark.last_hash}"
+    text = f"{body} {zlib.crc32(body.encode()):08x}"
+    return text.encode().ljust(_MARK_SLOT - 1) + b"\n"
+
+
+def _decode_mark(slot: bytes) -> Mark | None:
+    try:
+        magic, count, last, crc = slot.decode("ascii").split()
+        body = f"{magic} {count} {last}"
+        if magic != _MARK_MAGIC or int(crc, 16) != zlib.crc32(body.encode()):
+            return None
+        return Mark(int(count), last)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+class MarkFile:
+    """The high-water mark file, opened and exclusively locked (``flock``) until closed."""
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        self.path = path
+        if fcntl is None:  # pragma: no cover
+            raise LedgerError("ledger locking needs a POSIX system (fcntl)")
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            raise LedgerError(f"{path}: no high-water mark") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise LedgerError(
+                f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
+                f"handle holds its lock); one ledger has one writer") from None
+
+    def read(self) -> Mark | None:
+        data = os.pread(self._fd, 2 * _MARK_SLOT, 0)
+        marks = [m for m in (_decode_mark(data[i:i + _MARK_SLOT]) for i in (0, _MARK_SLOT))
+                 if m is not None]
+        return max(marks, key=lambda m: m.count, default=None)
+
+    def write(self, mark: Mark) -> None:
+        os.pwrite(self._fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
+        os.fsync(self._fd)
+
+    def write_both(self, mark: Mark) -> None:
+        """Write ``mark`` into both slots (after a repair lowered nothing but renumbered)."""
+        os.pwrite(self._fd, _encode_mark(mark) * 2, 0)
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the lock
+            self._fd = -1
+
+
+def read_mark(path: Path) -> Mark | None:
+    """The high-water mark of the ledger at ``path`` without locking it (read-only views)."""
+    try:
+        data = mark_path(path).read_bytes()[: 2 * _MARK_SLOT]
+    except FileNotFoundError:
+        return None
+    marks = [m for m in (_decode_mark(data[i:i + _MARK_SLOT]) for i in (0, _MARK_SLOT))
+             if m is not None]
+    return max(marks, key=lambda m: m.count, default=None)
+
+
+# -- reading -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A ledger file read and verified: header, records and the chain's hash after each line
+    (``hashes[0]`` is the header's)."""
+
+    header: dict[str, Any]
+    records: list[LedgerRecord]
+    hashes: list[str]
+    complete_bytes: int  # bytes up to the last newline (a crash-cut final line is after it)
+
+
+def header_of(client_id: str, sampling: Sampling, accountant: str,
+              budget: Mapping[str, float] | None) -> dict[str, Any]:
+    return {"format": LEDGER_FORMAT, "client_id": client_id, "sampling": sampling,
+            "accountant": accountant, "budget": None if budget is None else dict(budget)}
+
+
+def _lines(path: Path, data: bytes) -> Iterator[tuple[int, bytes]]:
+    start = 0
+    number = 1
+    while start < len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            return
+        yield number, data[start:end]
+        start, number = end + 1, number + 1
+
+
+def parse_header(path: Path, line: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise LedgerError(f"{path}: line 1: not a ledger header (not JSON)") from None
+    if not isinstance(header, dict) or not isinstance(header.get("format"), str):
+        raise LedgerError(f"{path}: line 1: not a ledger header")
+    if header["format"] in OLD_FORMATS:
+        raise LedgerError(
+            f"{path}: a {header['format']} ledger has no hash chain, so a cut or edit cannot "
+            f"be detected; if you vouch for it, adopt it with "
+            f"`fedsim ledger repair {path} --assume-lost 0`")
+    if header["format"] != LEDGER_FORMAT:
+        raise LedgerError(f"{path}: line 1: not a {LEDGER_FORMAT} header")
+    return header
+
+
+def parse_record(obj: Any, sampling: str, *, repair_ok: bool = True) -> tuple[LedgerRecord, str]:
+    """One record line's (record, prev hash); ValueError/ConfigError names what is wrong."""
+    keys = RECORD_KEYS | ({"repair"} if repair_ok else set())
+    if not isinstance(obj, dict) or not RECORD_KEYS <= set(obj) or not set(obj) <= keys:
+        raise ValueError(f"expected keys {sorted(RECORD_KEYS)}")
+    step_obj = obj["step"]
+    if not isinstance(step_obj, dict):
+        raise ValueError("step must be an object")
+    for field in ("q", "sigma"):  # JSON true is not a number here
+        if isinstance(step_obj.get(field), bool):
+            raise ValueError(f"step {field} must be a number, got {step_obj[field]!r}")
+    step = GaussianStep.from_json(step_obj)
+    if step.sampling != sampling:
+        raise ValueError(f"a {step.sampling} step in a {sampling} ledger")
+    time, round_, prev = obj["time"], obj["round"], obj["prev"]
+    if isinstance(time, bool) or not isinstance(time, int | float) or not math.isfinite(time):
+        raise ValueError(f"time must be a finite number, got {time!r}")
+    if isinstance(round_, bool) or not isinstance(round_, int):
+        raise ValueError(f"round must be an integer, got {round_!r}")
+    if not isinstance(prev, str):
+        raise ValueError("prev must be a hash")
+    return LedgerRecord(float(time), round_, step), prev
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
+def read_verified(path: Path, data: bytes) -> Parsed:
+    """Parse and verify the complete lines of ``data`` (the bytes of ``path``): header, every
+    record, the chain, and non-decreasing finite times. Raises :class:`LedgerError` at the
+    first damaged line. The high-water mark is checked by the caller."""
+    complete = data.rfind(b"\n") + 1
+    lines = _lines(path, data[:complete])
+    first = next(lines, None)
+    if first is None:
+        raise LedgerError(f"{path}: no header line")
+    header = parse_header(path, first[1])
+    hashes = [line_hash(first[1])]
+    records: list[LedgerRecord] = []
+    last_time = -math.inf
+    for number, line in lines:
+        try:
+            if len(line) > MAX_LINE_BYTES:
+                raise ValueError(f"a line of {len(line)} bytes")
+            obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+            record, prev = parse_record(obj, str(header.get("sampling")))
+            if prev != hashes[-1]:
+                raise ValueError("its hash chain is broken (this or the line before it was "
+                                 "changed, or lines were removed or reordered)")
+            if record.time < last_time:
+                raise ValueError(f"time {record.time} goes back before {last_time}")
+        except UnicodeDecodeError:
+            raise LedgerError(f"{path}: line {number}: damaged record (not UTF-8)") from None
+        except (ValueError, ConfigError) as exc:
+            raise LedgerError(f"{path}: line {number}: damaged record ({exc})") from None
+        last_time = record.time
+        records.append(record)
+        hashes.append(line_hash(line))
+    return Parsed(header, records, hashes, complete)
+
+
+def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:
+    """Refuse a ledger shorter than its mark or different at the mark's count."""
+    if mark is None:
+        return
+    count = len(parsed.records)
+    if count < mark.count:
+        raise LedgerError(
+            f"{path}: holds {count} records but {mark.count} were acknowledged (the file "
+            f"was cut or lines were removed); `fedsim ledger repair` adds the lost spending")
+    if parsed.hashes[mark.count] != mark.last_hash:
+        raise LedgerError(
+            f"{path}: record {mark.count} is not the one acknowledged (the file was edited); "
+            f"`fedsim ledger repair` adds the spending it cannot verify")
+
+
+# -- writing -------------------------------------------------------------------------------------
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_new(path: Path, payload: bytes) -> None:
+    """Create ``path`` with ``payload``, durably (file and directory entry)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_directory(path.parent)
+
+
+def append_durably(handle: IO[bytes], payload: bytes) -> None:
+    handle.write(payload)
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def cut_partial_line(path: Path, data: bytes) -> bytes:
+    """Drop an unterminated final line (a write cut by a crash, never acknowledged)."""
+    complete = data.rfind(b"\n") + 1
+    if complete < len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(complete)
+            handle.flush()
+            os.fsync(handle.fileno())
+    return data[:complete]
+
+
+def copy_ledger(source: Path, target: Path) -> None:
+    """Copy a ledger and its high-water mark (a copy without its mark is verified by its chain
+    alone)."""
+    shutil.copyfile(source, target)
+    if mark_path(source).exists():
+        shutil.copyfile(mark_path(source), mark_path(target))
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[MarkFile]:
+    """The ledger's mark file, locked, for commands that rewrite a ledger (repair)."""
+    mark = MarkFile(mark_path(path), create=True)
+    try:
+        yield mark
+    finally:
+        mark.close()

@@ -1,0 +1,202 @@
+"""Checking and repairing a damaged ledger file: a repair may only add spending.
+
+:func:`repair_ledger` rewrites a ledger that :meth:`PrivacyLedger.open` refuses (cut, edited,
+lines deleted or duplicated, damaged lines, no high-water mark, or the old unchained format)
+into a valid chained ledger whose spending is at least what the damaged file held:
+
+* every record that still parses is kept, in file order, duplicates included (a duplicate is
+  more spending; dropping it could drop a real release). A non-finite or backward time is set
+  to the time before it (times carry no spending);
+* every record the high-water mark says was acknowledged but that cannot be verified gets a
+  substitute: one record of ``lost_step`` per such record, marked ``"repair"``. With the
+  mark's count ``M`` and a chain verified over the first ``V`` records, the records from
+  ``max(V - 1, 0)`` on are unverified (an edit without rehashing breaks the chain right
+  after the edited line), so ``M - max(V - 1, 0)`` substitutes; if the chain verifies past
+  ``M`` but the hash at ``M`` is not the mark's, the chain was recomputed and all ``M`` are
+  substituted. Unparseable lines beyond the mark also get one substitute each;
+* without a usable mark (lost, or a ``fedsim-ledger/1`` file) nobody knows how many records
+  were lost: the caller must say (``assume_lost``; 0 is the user vouching for the file), and
+  records after a chain break are substituted as above.
+
+The substitute step must be given when anything is substituted (``lost_step``): the ledger
+cannot know what a lost record released, so a human names a step at least as expensive
+(typically the client's smallest sigma and largest q). The damaged file is kept beside the
+repaired one (``<ledger>.damaged-<n>``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsim.errors import ConfigError, LedgerError
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger_file import (
+    LEDGER_FORMAT,
+    MAX_LINE_BYTES,
+    OLD_FORMATS,
+    LedgerRecord,
+    Mark,
+    encode_record,
+    fsync_directory,
+    line_hash,
+    locked,
+    parse_record,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What a repair did (or, with ``dry_run``, would do)."""
+
+    path: str
+    kept: int  # readable records kept
+    unreadable: int  # lines that could not be read
+    substituted: int  # records of lost_step added for records that could not be verified
+    backup: str | None
+    damaged: bool  # False: the ledger verified as it was and nothing was changed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "kept": self.kept, "unreadable": self.unreadable,
+                "substituted": self.substituted, "backup": self.backup,
+                "damaged": self.damaged}
+
+
+@dataclass
+class _Scan:
+    header: dict[str, Any]
+    header_line: bytes
+    records: list[tuple[int, LedgerRecord | None]]  # (line number, record or unreadable)
+    verified: int  # records in the longest prefix whose chain verifies (whole file for v1)
+    hashes: list[str]  # chain hash after each verified record (hashes[0]: the header's)
+
+
+def _scan(path: Path, data: bytes) -> _Scan:
+    complete = data.rfind(b"\n") + 1  # a crash-cut final line was never acknowledged
+    lines = data[:complete].split(b"\n")[:-1]
+    if not lines:
+        raise LedgerError(f"{path}: no header line: nothing to repair from (the client id, "
+                          f"sampling and budget are in the header)")
+    try:
+        header = json.loads(lines[0].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict) or header.get("format") not in (LEDGER_FORMAT, *OLD_FORMATS):
+        raise LedgerError(f"{path}: line 1 is not a ledger header: nothing to repair from")
+    chained = header["format"] == LEDGER_FORMAT
+    records: list[tuple[int, LedgerRecord | None]] = []
+    hashes = [line_hash(lines[0])]
+    verified, intact = 0, True
+    for number, line in enumerate(lines[1:], start=2):
+        record: LedgerRecord | None = None
+        prev: str | None = None
+        try:
+            if len(line) > MAX_LINE_BYTES:
+                raise ValueError("too long")
+            obj = json.loads(line.decode("utf-8"), parse_constant=lambda _: math.nan)
+            if not chained and isinstance(obj, dict):
+                obj = {**obj, "prev": ""}
+            if isinstance(obj, dict) and isinstance(obj.get("time"), float) \
+                    and not math.isfinite(obj["time"]):
+                obj = {**obj, "time": 0.0}  # times carry no spending; fixed below
+                intact = False
+            record, prev = parse_record(obj, str(header.get("sampling")))
+        except (UnicodeDecodeError, ValueError, ConfigError):
+            record = None
+        records.append((number, record))
+        if intact and record is not None and (not chained or prev == hashes[-1]):
+            verified += 1
+            hashes.append(line_hash(line))
+        else:
+            intact = False
+    return _Scan(header, lines[0], records, verified, hashes)
+
+
+def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
+                 path: Path) -> int:
+    total = len(scan.records)
+    unverified_from = scan.verified if scan.verified == total else max(scan.verified - 1, 0)
+    if mark is not None and scan.header["format"] == LEDGER_FORMAT:
+        if scan.verified >= mark.count and scan.hashes[mark.count] == mark.last_hash:
+            lost = 0  # the acknowledged prefix is intact; anything after it is extra
+        elif scan.verified >= mark.count:
+            lost = mark.count  # a recomputed chain: no acknowledged record is verified
+        else:
+            lost = mark.count - unverified_from
+        return lost + sum(1 for _, r in scan.records[mark.count:] if r is None)
+    if assume_lost is None:
+        raise LedgerError(
+            f"{path}: no usable high-water mark, so nobody knows how many records were lost; "
+            f"say it with --assume-lost N (0 vouches that the file is complete)")
+    after_break = total - unverified_from if scan.verified < total else 0
+    return assume_lost + after_break
+
+
+def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
+                  assume_lost: int | None = None, dry_run: bool = False) -> RepairReport:
+    """Rewrite a damaged ledger so that it verifies, adding (never removing) spending (module
+    docstring). Takes the ledger's lock. Raises :class:`LedgerError` when substitutes are
+    needed but ``lost_step`` is missing, or the header is unreadable."""
+    path = Path(path)
+    if assume_lost is not None and (isinstance(assume_lost, bool) or assume_lost < 0):
+        raise ConfigError(f"--assume-lost must be an integer >= 0, got {assume_lost!r}")
+    with locked(path) as mark_file:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise LedgerError(f"{path}: no such ledger") from None
+        scan = _scan(path, data)
+        mark = mark_file.read()
+        lost = _substitutes(scan, mark, assume_lost, path)
+        unreadable = sum(1 for _, r in scan.records if r is None)
+        kept = [r for _, r in scan.records if r is not None]
+        damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records)
+                   or scan.header["format"] != LEDGER_FORMAT or mark is None
+                   or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1)
+        if lost and lost_step is None:
+            raise LedgerError(
+                f"{path}: {lost} acknowledged record(s) cannot be verified; name a step at "
+                f"least as expensive as each of them with --lost-step Q SIGMA (the client's "
+                f"largest q and smallest sigma) and repair again")
+        if lost_step is not None and lost_step.sampling != scan.header.get("sampling"):
+            raise ConfigError(f"--lost-step is {lost_step.sampling} but the ledger records "
+                              f"{scan.header.get('sampling')} steps")
+        if not damaged or dry_run:
+            return RepairReport(str(path), len(kept), unreadable, lost, None, damaged)
+        header = {**scan.header, "format": LEDGER_FORMAT}
+        header_line = json.dumps(header).encode()
+        out, last, clock = [header_line], line_hash(header_line), 0.0
+        for record in kept:
+            clock = max(clock, record.time)
+            line = encode_record(LedgerRecord(clock, record.round, record.step), last)
+            out.append(line)
+            last = line_hash(line)
+        if lost:
+            assert lost_step is not None
+            line = encode_record(LedgerRecord(clock, -1, lost_step.times(lost)), last,
+                                 repair=f"substitute for {lost} record(s) that could not be "
+                                        f"verified")
+            out.append(line)
+            last = line_hash(line)
+        backup = _backup_name(path)
+        os.link(path, backup)  # the damaged file stays, under another name
+        temporary = path.with_name(path.name + ".repairing")
+        temporary.write_bytes(b"\n".join(out) + b"\n")
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        fsync_directory(path.parent)
+        count = len(out) - 1
+        mark_file.write_both(Mark(count, last))  # the old count is gone from both slots
+        return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True)
+
+
+def _backup_name(path: Path) -> Path:
+    n = 1
+    while path.with_name(f"{path.name}.damaged-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}.damaged-{n}")

@@ -1,0 +1,232 @@
+"""Several run directories side by side (``fedsim compare``, ``fedsim sweep``'s table).
+
+:func:`run_row` summarises one run directory: final and best held-out accuracy, the clients'
+epsilon at the scenario's delta (min / median / max, from ``summary.json``, which takes it
+from the ledgers under pld), virtual time, windows, and the clients' stop reasons grouped by
+kind (:func:`~fedsim.reporting.stops.stop_counts`). :func:`draw_comparison` overlays the runs'
+accuracy curves and epsilon curves.
+
+Epsilon curves are drawn per neighbouring relation (Poisson sampling is add/remove,
+fixed-size batches replace-one: the numbers measure different things and are never drawn on
+one axis). For each run and relation the curve is the client with the median final epsilon,
+with a band between the clients with the smallest and the largest final epsilon (three
+ledgers per run, so comparing runs of hundreds of clients stays quick).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedsim.reporting.rundir import RunDirectory
+from fedsim.reporting.stops import stop_counts
+
+COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
+           "virtual_time", "windows", "stops")
+LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend beside the axes
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
+    """One run's comparison row (the keys of :data:`COLUMNS`, ``stops`` a dict kind -> count,
+    plus ``path``, ``scenario``, ``seed`` and ``delta``)."""
+    summary = run.summary
+    found = summary.get("privacy")
+    privacy: dict[str, Any] = found if isinstance(found, dict) else {}
+    epsilons = sorted(e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
+    eps = {
+        "eps_min": _number(privacy.get("epsilon_min")),
+        "eps_median": _number(privacy.get("epsilon_median")),
+        "eps_max": _number(privacy.get("epsilon_max")),
+    }
+    if epsilons and eps["eps_min"] is None:  # an older summary: from clients.csv
+        eps = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
+               "eps_max": epsilons[-1]}
+    accuracies = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
+    final = _number(summary.get("final_accuracy"))
+    best = _number(summary.get("best_accuracy"))
+    stops = stop_counts(str(row.get("stop_reason") or "") for row in run.clients
+                        if row.get("stop_reason"))
+    return {
+        "run": label or run.path.name,
+        "path": str(run.path),
+        "scenario": run.scenario_name,
+        "seed": summary.get("seed"),
+        "final_accuracy": final if final is not None else (accuracies[-1] if accuracies else None),
+        "best_accuracy": best if best is not None else max(accuracies, default=None),
+        **eps,
+        "delta": _number(privacy.get("delta")),
+        "virtual_time": run.virtual_time,
+        "windows": summary.get("windows", len(run.metrics)),
+        "stops": dict(sorted(stops.items())),
+    }
+
+
+def unique_labels(paths: Sequence[Path]) -> list[str]:
+    """Short names for run directories: the directory name, with parents added until unique."""
+    parts = [p.resolve().parts for p in paths]
+    depth = 1
+    while True:
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels) or depth >= max(len(p) for p in parts):
+            return labels
+        depth += 1
+
+
+def _cell(value: Any, key: str) -> str:
+    if value is None:
+        return "-"
+    if key == "stops":
+        return ", ".join(f"{kind} {n}" for kind, n in value.items()) or "-"
+    if key in ("final_accuracy", "best_accuracy"):
+        return f"{value:.4f}"
+    if key.startswith("eps_"):
+        return f"{value:.4g}"
+    if key == "virtual_time":
+        return f"{value:.1f}"
+    return str(value)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> list[str]:
+    """The rows as an aligned text table (header first)."""
+    headers = {"final_accuracy": "final acc", "best_accuracy": "best acc", "eps_min": "eps min",
+               "eps_median": "eps median", "eps_max": "eps max", "virtual_time": "virtual s",
+               "stops": "stopped (by kind)"}
+    table = [[headers.get(c, c) for c in columns]]
+    table += [[_cell(row.get(c), c) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+            for line in table]
+    return [text[0], "  ".join("-" * w for w in widths), *text[1:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def _figure(rows: int) -> tuple[Any, list[Any]]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from fedsim.reporting.plots import DPI
+
+    figure = Figure(figsize=(10.0, 3.6 * rows + 0.6), dpi=DPI)
+    FigureCanvasAgg(figure)
+    return figure, [figure.add_subplot(rows, 1, i + 1) for i in range(rows)]
+
+
+def _save(figure: Any, path: Path) -> Path:
+    from fedsim.reporting.plots import DPI, PNG_METADATA
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    margin = 0.45 / figure.get_figheight()  # inches of room above and below the panels
+    figure.subplots_adjust(left=0.08, right=1.0 - LEGEND_COLUMN_WIDTH, bottom=2.2 * margin,
+                           top=1.0 - margin, hspace=0.5)
+    figure.savefig(path, dpi=DPI, format="png", metadata=PNG_METADATA)
+    return path
+
+
+def _style(index: int, count: int) -> dict[str, Any]:
+    """Run ``index`` of ``count``: its colour, a dash pattern and a width that falls from the
+    first run to the last, so runs with equal curves still show each line."""
+    return {"color": f"C{index % 10}", "linestyle": ("-", "--", "-.", ":")[index % 4],
+            "linewidth": 3.2 - 2.2 * index / max(count - 1, 1)}
+
+
+def _legend_beside(axes: Any) -> None:
+    handles, labels = axes.get_legend_handles_labels()
+    if handles:
+        axes.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                    borderaxespad=0.0, fontsize=8, frameon=False)
+
+
+def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
+                             path: Path) -> Path:
+    """Held-out accuracy against virtual time, one line per run."""
+    figure, (axes,) = _figure(1)
+    for index, (run, label) in enumerate(zip(runs, labels, strict=True)):
+        points = [(m["time"], a) for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
+        if points:
+            axes.plot(*zip(*points, strict=True), label=label, **_style(index, len(runs)))
+    axes.set_xlabel("virtual time (s)")
+    axes.set_ylabel("held-out accuracy")
+    axes.set_ylim(0.0, 1.0)
+    axes.grid(True, alpha=0.3)
+    axes.set_title("accuracy over virtual time")
+    _legend_beside(axes)
+    return _save(figure, path)
+
+
+def _relation_curves(run: RunDirectory) -> dict[str, tuple[Any, Any, Any, Any]]:
+    """Neighbouring relation -> (times, min-client, median-client, max-client) epsilon."""
+    from fedsim.privacy.events import NEIGHBOURING_RELATION
+    from fedsim.reporting.ledgers import read_ledgers
+    from fedsim.reporting.plots import (
+        TIME_GRID_POINTS,
+        EpsilonCache,
+        epsilon_history,
+        final_epsilons,
+        quantile_clients,
+        time_grid,
+    )
+
+    ledgers = [lg for lg in read_ledgers(run) if lg.steps]
+    cache = EpsilonCache(run.delta)
+    by_relation: dict[str, list[Any]] = {}
+    for ledger in ledgers:
+        by_relation.setdefault(NEIGHBOURING_RELATION[ledger.steps[0][1].sampling], []).append(ledger)
+    curves = {}
+    for relation, members in sorted(by_relation.items()):
+        final = final_epsilons(members, cache)
+        picked = quantile_clients(final, (0.0, 0.5, 1.0))
+        chosen = {lg.client_id: lg for lg in members}
+        end = max(run.virtual_time, max(lg.steps[-1][0] for lg in members))
+        history = epsilon_history([chosen[c] for c in picked], time_grid(end, TIME_GRID_POINTS),
+                                  run.delta, cache)
+        rows = {cid: history.epsilon[i] for i, cid in enumerate(history.client_ids)}
+        low, mid, high = (rows[quantile_clients(final, (q,))[0]] for q in (0.0, 0.5, 1.0))
+        curves[relation] = (history.times, low, mid, high)
+    return curves
+
+
+def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
+                            path: Path) -> Path:
+    """Epsilon against virtual time per neighbouring relation: for each run the median client,
+    with a band from the least to the most spending client."""
+    curves = [_relation_curves(run) for run in runs]
+    relations = sorted({relation for run_curves in curves for relation in run_curves})
+    figure, panels = _figure(max(len(relations), 1))
+    deltas = sorted({run.delta for run in runs})
+    for axes, relation in zip(panels, relations, strict=False):
+        for index, (label, run_curves) in enumerate(zip(labels, curves, strict=True)):
+            if relation not in run_curves:
+                continue
+            times, low, mid, high = run_curves[relation]
+            style = _style(index, len(runs))
+            axes.plot(times, mid, label=label, **style)
+            axes.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
+        axes.set_title(f"{relation} neighbours: median client, band min-max client", fontsize=10)
+        axes.set_xlabel("virtual time (s)")
+        axes.set_ylabel(f"epsilon (delta = {', '.join(f'{d:g}' for d in deltas)})")
+        axes.set_ylim(bottom=0.0)
+        axes.grid(True, alpha=0.3)
+        _legend_beside(axes)
+    if not relations:
+        panels[0].text(0.5, 0.5, "no client released an update", ha="center", va="center",
+                       transform=panels[0].transAxes)
+    return _save(figure, path)
+
+
+def draw_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
+                    out_dir: Path) -> list[Path]:
+    """``accuracy.png`` and ``epsilon.png`` of the runs into ``out_dir``."""
+    return [draw_accuracy_comparison(runs, labels, out_dir / "accuracy.png"),
+            draw_epsilon_comparison(runs, labels, out_dir / "epsilon.png")]

@@ -1,0 +1,219 @@
+"""What the server checks before an update, a status or a mixed model is trusted.
+
+Any client may be malicious (docs/SECURITY.md). The server knows every client's DP posture from
+the scenario (clip ``C_t``, noise multiplier ``sigma_t``, expected batch size ``m``, sampling
+scheme, data size ``N``, local steps ``k``, round limit), so it knows how large an honest
+update can be, and refuses anything larger before it reaches the mix.
+
+**The norm bound** (:func:`update_norm_bound`). A round of ``k`` DP-SGD steps releases
+``u = sum_j (S_j + Z_j) / m`` with ``S_j`` the sum of the step's clipped per-example gradients
+(``||S_j|| <= |B_j| C``) and ``Z_j ~ N(0, (s C sigma)^2 I_d)`` its noise, ``s = 1`` for Poisson
+(add/remove, sensitivity C) and ``s = 2`` for fixed-size batches (replace-one, sensitivity 2C).
+By the triangle inequality ``||u|| <= (C sum_j |B_j| + ||sum_j Z_j||) / m``. Two tail events,
+each allowed probability ``p/2``:
+
+* **batch sizes.** Fixed size: ``sum_j |B_j| = k m`` exactly. Poisson with the public rate
+  ``q = m/N`` (N the *declared* size; the real one may exceed it by the neighbouring record):
+  ``sum_j |B_j|`` is at most Binomial(``k (N+1)``, ``q``), mean ``mu = k m (N+1)/N``; the
+  multiplicative Chernoff bound
+  ``P(X >= (1+d) mu) <= exp(-d^2 mu / (2 + d))`` (Mitzenmacher & Upfal, Thm 4.4) is ``p/2`` at
+  ``d = (x + sqrt(x^2 + 8 mu x)) / (2 mu)``, ``x = ln(2/p)``; and never more than
+  ``k (N+1)``.
+* **noise.** ``sum_j Z_j ~ N(0, k (s C sigma)^2 I_d)``, so ``||sum_j Z_j||^2 / (k (s C
+  sigma)^2)`` is chi-square with ``d`` degrees of freedom, and Laurent & Massart (2000, Lemma 1)
+  give ``P(chi2_d >= d + 2 sqrt(d x) + 2 x) <= exp(-x)``, here with ``x = ln(2/p)``.
+
+So an honest update exceeds the bound with probability at most ``p`` (union bound);
+:data:`FAILURE_PROBABILITY` is ``1e-12`` per update: a run of a million updates rejects an
+honest one with probability below ``1e-6``. The bound says nothing about direction: a malicious
+client can still push the model anywhere *within* it, every round (see docs/SECURITY.md).
+
+**The mixed model** (:func:`check_model`): finite, every parameter within
+:data:`MAX_PARAMETER` in magnitude, and no further from the previous model than the accepted
+updates allow (``s_t sum_i lambda_i eta_i bound_i``, float32 rounding aside); a model failing
+any of it is never applied, checkpointed or broadcast.
+
+These are pure functions of public scenario values; they cost no privacy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from fedsim.config.schema import ClientGroup
+from fedsim.privacy.schedules import Schedule
+
+__all__ = [
+    "FAILURE_PROBABILITY",
+    "bad_model",
+    "MAX_PARAMETER",
+    "MAX_ROUND_GAP",
+    "ClientLimits",
+    "Rejections",
+    "batch_size_bound",
+    "check_model",
+    "client_limits",
+    "noise_norm_bound",
+    "update_norm_bound",
+    "window_refusals",
+]
+
+FAILURE_PROBABILITY = 1e-12
+"""Probability that an honest update exceeds :func:`update_norm_bound` (per update)."""
+MAX_PARAMETER = 1e6
+"""A global model with a parameter beyond this magnitude is treated as diverged and refused
+(float32 holds 3.4e38; no model fedsim trains has weights anywhere near 1e6)."""
+MAX_ROUND_GAP = 1024
+"""How far beyond the highest round the server knows of a client's next update may be: its
+outbox holds at most 256 unacknowledged updates, so a larger gap cannot come from an honest
+client (and a forged ``round = 10**12`` never enters the de-duplication table)."""
+
+
+def batch_size_bound(
+    sampling: Literal["poisson", "fixed"],
+    batch_size: float,
+    num_samples: int,
+    steps: int,
+    failure_probability: float,
+) -> float:
+    """An upper bound on the total realised batch size of ``steps`` steps, exceeded with
+    probability at most ``failure_probability``: ``steps * m`` for fixed-size batches; for
+    Poisson the Chernoff bound of the module docstring on Binomial(``steps (N+1)``, ``m / N``)
+    (``N = num_samples``, the declared size), capped at ``steps (N+1)``."""
+    if sampling == "fixed":
+        return float(steps * batch_size)
+    mean = steps * batch_size * (num_samples + 1) / num_samples
+    x = math.log(1.0 / failure_probability)
+    excess = (x + math.sqrt(x * x + 8.0 * mean * x)) / (2.0 * mean)
+    return min((1.0 + excess) * mean, float(steps * (num_samples + 1)))
+
+
+def noise_norm_bound(dim: int, std: float, failure_probability: float) -> float:
+    """``r`` with ``P(||Z|| >= r) <= failure_probability`` for ``Z ~ N(0, std^2 I_dim)``
+    (Laurent & Massart's chi-square tail, module docstring)."""
+    x = math.log(1.0 / failure_probability)
+    return std * math.sqrt(dim + 2.0 * math.sqrt(dim * x) + 2.0 * x)
+
+
+def update_norm_bound(
+    *,
+    sampling: Literal["poisson", "fixed"],
+    clip: float,
+    sigma: float,
+    batch_size: float,
+    num_samples: int,
+    dim: int,
+    steps: int = 1,
+    failure_probability: float = FAILURE_PROBABILITY,
+) -> float:
+    """The largest L2 norm an honest round's update ``u`` (the sum of ``steps`` noisy
+    ``Ubar / m``) reaches except with probability ``failure_probability`` (module docstring:
+    ``(C B + r) / m``, B the batch-size bound and r the noise-norm bound, each at half the
+    probability)."""
+    half = failure_probability / 2.0
+    total_batch = batch_size_bound(sampling, batch_size, num_samples, steps, half)
+    sensitivity = clip if sampling == "poisson" else 2.0 * clip
+    noise = noise_norm_bound(dim, math.sqrt(steps) * sensitivity * sigma, half)
+    return (clip * total_batch + noise) / batch_size
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What the server may expect of one client's messages (from the public scenario).
+
+    ``clip(r)`` and ``sigma(r)`` are the client's clip and noise multiplier in round ``r``;
+    ``max_rounds`` its round limit (None: until its budget ends)."""
+
+    sampling: Literal["poisson", "fixed"]
+    batch_size: float
+    num_samples: int
+    dim: int
+    clip: Callable[[int], float]
+    sigma: Callable[[int], float]
+    steps: int = 1
+    max_rounds: int | None = None
+    _cache: dict[tuple[float, float], float] = field(default_factory=dict, compare=False)
+
+    def norm_bound(self, round_index: int) -> float:
+        """:func:`update_norm_bound` for round ``round_index`` (cached per (clip, sigma))."""
+        key = (float(self.clip(round_index)), float(self.sigma(round_index)))
+        bound = self._cache.get(key)
+        if bound is None:
+            bound = update_norm_bound(
+                sampling=self.sampling, clip=key[0], sigma=key[1], batch_size=self.batch_size,
+                num_samples=self.num_samples, dim=self.dim, steps=self.steps,
+            )
+            self._cache[key] = bound
+        return bound
+
+
+def client_limits(group: ClientGroup, num_samples: int, schedule: Schedule, dim: int) -> ClientLimits:
+    """The :class:`ClientLimits` of a scenario client of ``group`` with ``num_samples`` records,
+    its calibrated clip/noise ``schedule`` and a model of ``dim`` parameters."""
+    return ClientLimits(
+        sampling=group.sampling, batch_size=float(group.batch_size), num_samples=num_samples,
+        dim=dim, clip=schedule.clip, sigma=schedule.sigma, steps=group.local_steps,
+        max_rounds=group.rounds,
+    )
+
+
+def update_norm(values: np.ndarray) -> float:
+    """The L2 norm in float64 (a float32 sum of squares of 3.4e38 values would overflow)."""
+    as64 = np.asarray(values, dtype=np.float64)
+    return math.sqrt(float(np.dot(as64, as64)))
+
+
+def bad_model(params: np.ndarray, size: int | None) -> str:
+    """Why a received global model must not be trained on, or '': the wrong length, not finite,
+    or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits)."""
+    if size is not None and params.size != size:
+        return f"{params.size} parameters, the model has {size}"
+    if not np.isfinite(params).all():
+        return "not finite"
+    largest = float(np.max(np.abs(params))) if params.size else 0.0
+    if largest > MAX_PARAMETER:
+        return f"a parameter of magnitude {largest:.3g} exceeds {MAX_PARAMETER:g}"
+    return ""
+
+
+def check_model(new: np.ndarray, old: np.ndarray, max_move: float | None) -> str:
+    """Why the mixed model ``new`` must not replace ``old``, or '' if it may: not finite, a
+    parameter beyond :data:`MAX_PARAMETER`, or further than ``max_move`` from ``old``."""
+    problem = bad_model(new, old.size)
+    if problem:
+        return f"the mixed model: {problem}"
+    if max_move is not None:
+        moved = update_norm(np.asarray(new, np.float64) - np.asarray(old, np.float64))
+        # float32 rounding of the result: at most half an ulp per parameter.
+        slack = 1e-6 * (update_norm(old) + max_move) + 1e-30
+        if moved > max_move + slack:
+            return f"the mix moved the model by {moved:.4g}, more than the {max_move:.4g} allowed"
+    return ""
+
+
+def window_refusals(stats: object, before: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """What a transport endpoint refused since ``before`` (its ``refused_by_kind`` counters
+    then), and the counters now."""
+    now = dict(getattr(stats, "refused_by_kind", {}))
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}, now
+
+
+@dataclass
+class Rejections:
+    """Rejections counted by kind (one ``metrics.jsonl`` column per window)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, count: int = 1) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + count
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))

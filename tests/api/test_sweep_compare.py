@@ -1,0 +1,101 @@
+"""``fedsim sweep`` (grid x seeds, one run directory each, sweep.csv / sweep.json, --jobs) and
+``fedsim compare`` (table, stop reasons by kind, overlaid plots); ``report A B`` points there."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsim.cli import main
+from fedsim.reporting.rundir import RunDirectory
+
+GRID = "clients.groups[*].noise.sigma=1.0,2.0"
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_sweep_runs_every_combination_and_jobs_do_not_change_results(
+        tiny_scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parallel, serial = tmp_path / "parallel", tmp_path / "serial"
+    assert main(["sweep", str(tiny_scenario), "--grid", GRID, "--seeds", "0,3", "--jobs", "2",
+                 "--out", str(parallel), "--no-plots"]) == 0
+    rows = _rows(parallel / "sweep.csv")
+    assert [(r["clients.groups[*].noise.sigma"], r["seed"]) for r in rows] == [
+        ("1.0", "0"), ("1.0", "3"), ("2.0", "0"), ("2.0", "3")]
+    table = json.loads((parallel / "sweep.json").read_text())
+    assert table["grid"] == {"clients.groups[*].noise.sigma": ["1.0", "2.0"]}
+    for row, entry in zip(rows, table["runs"], strict=True):
+        run = parallel / row["run"]
+        resolved = yaml.safe_load((run / "scenario.resolved.yaml").read_text())
+        assert resolved["seed"] == int(row["seed"])
+        assert {g["noise"]["sigma"] for g in resolved["clients"]["groups"]} == {
+            float(row["clients.groups[*].noise.sigma"])}
+        summary = RunDirectory.load(run).summary
+        assert entry["final_accuracy"] == summary["final_accuracy"]
+        assert entry["eps_max"] == summary["privacy"]["epsilon_max"]
+        assert entry["virtual_time"] == summary["virtual_time"]
+        assert row["status"] == "ok"
+    # more noise, less privacy spent by the end: sigma 1.0 runs into the budgets, 2.0 does not
+    by_sigma = {r["clients.groups[*].noise.sigma"]: r for r in rows}
+    assert float(by_sigma["2.0"]["eps_max"]) < float(by_sigma["1.0"]["eps_max"]) <= 5.0
+    assert by_sigma["1.0"]["stops"] == "budget=4" and by_sigma["2.0"]["stops"] == ""
+    # The same sweep one run at a time gives the same table (runs depend on scenario and seed).
+    assert main(["sweep", str(tiny_scenario), "--grid", GRID, "--seeds", "0,3",
+                 "--out", str(serial), "--no-plots"]) == 0
+    strip = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in _rows(serial / "sweep.csv")]
+    assert strip == [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]
+    assert "table:" in capsys.readouterr().out
+
+
+def test_sweep_refuses_before_running(tiny_scenario: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "never"
+    assert main(["sweep", str(tiny_scenario), "--grid", "clients.groups[tablet].batch_size=8,16",
+                 "--out", str(out)]) == 2
+    assert "no group named 'tablet' (groups: phone, laptop)" in capsys.readouterr().err
+    assert main(["sweep", str(tiny_scenario), "--grid", "clients.groups[*].batch_size=8,-1",
+                 "--out", str(out)]) == 2
+    assert "batch_size" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_compare_table_and_plots(tiny_scenario: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    low, high = tmp_path / "low", tmp_path / "high"
+    assert main(["run", str(tiny_scenario), "--out", str(low), "--no-plots"]) == 0
+    assert main(["run", str(tiny_scenario), "--out", str(high), "--no-plots",
+                 "--set", "clients.groups[*].noise.sigma=2.0"]) == 0
+    capsys.readouterr()
+    plots = tmp_path / "cmp"
+    assert main(["compare", str(low), str(high), "--plots", str(plots), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    rows = {row["run"]: row for row in answer["runs"]}
+    for name, path in (("low", low), ("high", high)):
+        summary = json.loads((path / "summary.json").read_text())
+        clients = RunDirectory.load(path).clients
+        epsilons = sorted(c["epsilon"] for c in clients)
+        assert rows[name]["final_accuracy"] == summary["final_accuracy"]
+        assert rows[name]["eps_min"] == pytest.approx(epsilons[0], rel=1e-12)
+        assert rows[name]["eps_max"] == pytest.approx(epsilons[-1], rel=1e-12)
+        assert rows[name]["virtual_time"] == summary["virtual_time"]
+        budget_stops = sum("budget" in c["stop_reason"] for c in clients)
+        assert rows[name]["stops"] == ({"budget": budget_stops} if budget_stops else {})
+    assert rows["low"]["stops"] == {"budget": 4}
+    for png in ("accuracy.png", "epsilon.png"):
+        assert (plots / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["compare", str(low), str(high), "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    assert "budget 4" in text and "final acc" in text and "eps median" in text
+
+
+def test_report_with_two_directories_points_to_compare(
+        tiny_scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert f"fedsim compare {tmp_path / 'a'} {tmp_path / 'b'}" in capsys.readouterr().err

@@ -1,0 +1,139 @@
+"""`fedsim account` and `--ledger` on bad input (issue 13 item 8): a clear error and exit 2, or
+the answer, never a traceback; bounded time and memory (the accountant refuses compositions
+wider than its FFT limit instead of allocating them)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.pld import PLDAccountant
+
+MECH = ["--q", "0.01", "--sigma", "1"]
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    try:
+        code = main(["account", *argv])
+    except SystemExit as exc:  # argparse's own errors (a malformed number)
+        code = int(exc.code or 0)
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.out == ""
+    return captured.err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--q", "0.01", "--sigma", "1e-300", "--steps", "100"], "too small to account"),
+    ([*MECH, "--steps", "1e21"], r"T must be in 1\.\.1e\+12"),
+    ([*MECH, "--epochs", "1e300"], "at most 1e\\+12"),
+    (["--accountant", "gdp-clt", "--q", "0.01", "--sigma", "0.05", "--steps", "100"],
+     "no meaningful privacy"),
+    ([*MECH, "--steps", "1e11"], "more than the PLD accountant computes"),
+    ([*MECH, "--target-epsilon", "1e300", "--max-steps"], r"in \(0, 700\]"),
+    ([*MECH, "--steps", "10", "--group-size", "100000"], "group-size must be in"),
+    ([*MECH, "--steps", "2.5"], "not a whole number"),
+])
+def test_refused_with_a_clear_error(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                    message: str) -> None:
+    import re
+
+    assert re.search(message, refused(capsys, *argv))
+
+
+def test_group_size_4_is_answered(capsys: pytest.CaptureFixture[str]) -> None:
+    """Was an OverflowError (e^eps in the group curve's delta)."""
+    assert main(["account", *MECH, "--steps", "1000", "--group-size", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    one = PLDAccountant([GaussianStep("poisson", 0.01, 1.0, 1000)]).epsilon(1e-5)
+    # a group of 4 is less private than one record
+    assert math.isfinite(out["epsilon"]) and out["epsilon"] > one
+
+
+def test_a_long_run_is_answered_not_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Was "the curve has no grid point": the GDP fit fails but eps is the API's answer."""
+    assert main(["account", *MECH, "--steps", "1e6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    api = PLDAccountant([GaussianStep("poisson", 0.01, 1.0, 10**6)]).epsilon(1e-5)
+    assert out["epsilon"] == api and round(api, 2) == 139.18
+    assert out["mu"] is None if "mu" in out else True
+    assert "no GDP fit" in out["mu_kind"]
+
+
+def test_json_is_strict_when_eps_is_infinite(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["account", *MECH, "--steps", "1000", "--delta", "1e-300", "--json"]) == 0
+    text = capsys.readouterr().out
+
+    def no_constants(name: str) -> float:
+        raise AssertionError(f"{name} in JSON output")
+
+    out = json.loads(text, parse_constant=no_constants)
+    assert out["epsilon"] is None and out["infinite"] == ["epsilon"]
+
+
+# -- --ledger files ---------------------------------------------------------------------------------
+def _steps_file(tmp_path: Path, text: str | bytes) -> str:
+    path = tmp_path / "steps.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b'\xff\xfe[{"sampling": "poisson"}]', "line 1: not UTF-8"),
+    (b'[{"sampling": "poisson", "q": 0.01, "sigma": 1.0},\n\xff]', "line 2: not UTF-8"),
+    ('[{"sampling": "poisson", "q": 0.01, "sigma": 1.0, "count": 1e20}]', "count must be"),
+    ('[{"sampling": "poisson", "q": 0.01, "sigma": 1.0, "count": 100000000000000000000}]',
+     "at most 1e\\+12"),
+    ('[{"sampling": "poisson", "q": true, "sigma": 1.0}]', "q must be"),
+    ('[{"sampling": "poisson", "q": 0.01, "sigma": NaN}]', "NaN is not a number"),
+    ("[]", "no steps"),
+])
+def test_bad_step_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | bytes,
+                        message: str) -> None:
+    import re
+
+    assert re.search(message, refused(capsys, "--ledger", _steps_file(tmp_path, content)))
+
+
+def _ledger(tmp_path: Path) -> Path:
+    path = tmp_path / "c1.jsonl"
+    with PrivacyLedger.open(path, client_id="c1", sampling="poisson",
+                            budget=Budget(5.0, 1e-5)) as ledger:
+        for r in range(3):
+            ledger.spend(GaussianStep("poisson", 0.01, 1.0), time=float(r), round=r)
+    return path
+
+
+def test_a_ledger_is_read_like_the_client_reads_it(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = _ledger(tmp_path)
+    assert main(["account", "--ledger", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 3
+    assert out["epsilon"] == PLDAccountant([GaussianStep("poisson", 0.01, 1.0, 3)]).epsilon(1e-5)
+
+
+@pytest.mark.parametrize("damage", ["no-header", "damaged-key", "q-true", "count-1e20"])
+def test_damaged_ledgers_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     damage: str) -> None:
+    """Was: a file without its header lost its first record silently, a record with a damaged
+    key was skipped and ``"q": true`` read as 1."""
+    path = _ledger(tmp_path)
+    lines = path.read_text().splitlines()
+    if damage == "no-header":
+        lines = lines[1:]
+    elif damage == "damaged-key":
+        lines[2] = lines[2].replace('"step"', '"stpe"')
+    elif damage == "q-true":
+        lines[2] = lines[2].replace('"q": 0.01', '"q": true')
+    else:
+        lines[2] = lines[2].replace('"count": 1', '"count": 1e20')
+    path.write_text("\n".join(lines) + "\n")
+    err = refused(capsys, "--ledger", str(path))
+    assert "line 1" in err if damage == "no-header" else "line 3" in err
