@@ -123,12 +123,24 @@ class Population:
             generator = self.tree.torch("client", plan.client_id, "train")
         if message_only:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
-        index = torch.from_numpy(plan.indices)
-        # index_select: several times faster than advanced indexing for image tensors on CPU.
+        if self.device.type == "cpu":
+            # On the CPU the data set is stored once: the client's trainer holds its row
+            # indices (a batch is gathered from the shared tensors; index_select, several times
+            # faster than advanced indexing for image tensors on CPU).
+            features, labels = self.train_x, self.train_y
+            rows: torch.Tensor | None = torch.from_numpy(
+                np.asarray(plan.indices, dtype=np.int64))
+        else:
+            # On an accelerator each client's records are copied there once.
+            index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
+            features = self.train_x.index_select(0, index).to(self.device)
+            labels = self.train_y.index_select(0, index).to(self.device)
+            rows = None
         trainer = LocalTrainer(
             self.model,
-            self.train_x.index_select(0, index).to(self.device),
-            self.train_y.index_select(0, index).to(self.device),
+            features,
+            labels,
+            rows=rows,
             batch_size=group.batch_size,
             sampling=group.sampling,
             clip=plan.schedule,
@@ -168,6 +180,7 @@ class VirtualDurationTrainer:
         self.plan = plan
         self.num_params = num_params
         self.generator = generator
+        self.zeros = _zeros(num_params)
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         group = self.plan.group
@@ -190,13 +203,14 @@ class VirtualDurationTrainer:
         else:
             sizes = [group.batch_size] * group.local_steps
         return DoneRound(RoundResult(
-            update=np.zeros(self.num_params, np.float32),
+            update=self.zeros,
             steps=steps,
             batch_sizes=sizes,
             clip=float(self.plan.schedule.clip(round_index)),
             sigma=steps[0].sigma,
             mean_loss=math.nan,
             sample_grads=sum(sizes),
+            zero_update=True,
         ))
 
 
@@ -216,6 +230,18 @@ def step_sequence(group: ClientGroup) -> StepSequence | None:
         return None
     return StepSequence(group.local_lr, config.kind, config.decay, config.power, config.factor,
                         config.minimum)
+
+
+_ZEROS: dict[int, np.ndarray] = {}
+
+
+def _zeros(size: int) -> np.ndarray:
+    """One read-only zero update of each size, shared by every message-only client."""
+    zeros = _ZEROS.get(size)
+    if zeros is None:
+        zeros = _ZEROS[size] = np.zeros(size, np.float32)
+        zeros.setflags(write=False)
+    return zeros
 
 
 def _client_ids(group: ClientGroup) -> list[str]:

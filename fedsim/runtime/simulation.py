@@ -36,8 +36,9 @@ from fedsim.config.schema import Link
 from fedsim.logging import client_event_level
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
-from fedsim.runtime.exposure import client_exposure
+from fedsim.runtime.exposure import client_exposure, invitation_positions
 from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.memory import release_free_memory
 from fedsim.runtime.population import (
     ClientPlan,
     Population,
@@ -73,6 +74,15 @@ _log = structlog.get_logger("fedsim.runtime.simulation")
 TrainerHook = Callable[[ClientPlan, Trainer], Trainer]
 """Wraps each client's trainer when the run builds it (instrumentation: benchmarks/simulator.py
 times every round through one)."""
+
+BatcherFactory = Callable[[Population], RoundBatcher]
+"""Builds the run's batcher (the executor of batched passes: in-process by default, or on Ray
+workers, :mod:`fedsim.runtime.ray_executor`)."""
+
+
+def _local_batcher(population: Population) -> RoundBatcher:
+    return RoundBatcher(population.model)
+
 
 def _link_model(link: Link) -> LinkModel:
     return LinkModel(
@@ -139,6 +149,8 @@ class RunResult:
     clients: dict[str, ClientRecord] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU time of the simulation loop (all threads of this process)."""
+    setup_seconds: float = 0.0
+    """Wall seconds the run took to build its ledgers, actors and network (in ``wall_seconds``)."""
 
 
 class _Simulation:
@@ -151,7 +163,9 @@ class _Simulation:
         on_window: Callable[[dict[str, Any]], None] | None,
         batch_rounds: bool = True,
         wrap_trainer: TrainerHook | None = None,
+        make_batcher: BatcherFactory | None = None,
     ) -> None:
+        self.make_batcher = make_batcher
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
@@ -166,8 +180,10 @@ class _Simulation:
         self.stopped: list[StoppedClient] = []
         self.stop_reason = ""
         self.cpu_seconds = 0.0
+        self.setup_seconds = 0.0  # wall seconds from the run's start to the server's first window
         self.network_stats: dict[str, Any] = {}
         self._remaining_cache: dict[str, tuple[int, float | None]] = {}
+        self._positions = invitation_positions(p.client_id for p in population.plans)
         self._dropped_seen = 0
         self._metrics_file: io.TextIOBase | None = None
 
@@ -209,7 +225,7 @@ class _Simulation:
             ledger=client.ledger,
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
             delta=self.scenario.privacy.delta,
-            exposure=client_exposure(self.scenario, list(self.clients), plan.client_id),
+            exposure=client_exposure(self.scenario, self._positions, plan.client_id),
         )
         actor.set_online(client.online)
         client.actor = actor
@@ -318,6 +334,7 @@ class _Simulation:
                     raise error  # a bug in an actor must not be silently swallowed
 
     def _window_done(self, report: WindowReport, network: SimulatedNetwork) -> bool:
+        release_free_memory()  # thousands of clients fragment the heap (runtime/memory.py)
         self._check_tasks()
         self._note_stops()
         stats = network.stats
@@ -346,12 +363,14 @@ class _Simulation:
 
     # -- the run --------------------------------------------------------------------------------
     async def main(self, clock: VirtualClock) -> ServerActor:
+        setup_started = wallclock.perf_counter()
         population = self.population
         network = self._network(clock)
         (self.out_dir / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
-        batcher = self.batcher = RoundBatcher(population.model) if self.batch_rounds else None
+        batcher = self.batcher = (
+            (self.make_batcher or _local_batcher)(population) if self.batch_rounds else None)
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
             trainer: Trainer = population.trainer(
@@ -379,6 +398,7 @@ class _Simulation:
                     tasks.append(asyncio.create_task(self._on_off(client, clock, network)))
                 if availability.crashes is not None:
                     tasks.append(asyncio.create_task(self._crashes(client, clock, network)))
+            self.setup_seconds = wallclock.perf_counter() - setup_started
             try:
                 await server.run(lambda report: self._window_done(report, network))
             finally:  # the clients' current incarnations end with the helpers
@@ -431,6 +451,7 @@ def run_scenario(
     population: Population | None = None,
     batch_rounds: bool = True,
     wrap_trainer: TrainerHook | None = None,
+    make_batcher: BatcherFactory | None = None,
 ) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
@@ -441,7 +462,8 @@ def run_scenario(
     (:mod:`fedsim.training.batched`); without, each round alone, as a client on its own
     computes it (same randomness, results equal up to floating-point summation order).
     ``wrap_trainer(plan, trainer)`` may wrap each client's trainer (the same interface, e.g. to
-    time its rounds).
+    time its rounds). ``make_batcher(population)`` builds the executor of the batched passes
+    (default in-process; :func:`fedsim.runtime.ray_executor.ray_batcher` runs them on Ray).
     """
     out = Path(out_dir)
     check_unused(out)
@@ -450,7 +472,8 @@ def run_scenario(
     try:
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
-                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer)
+                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer,
+                          make_batcher=make_batcher)
         started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
@@ -476,4 +499,5 @@ def run_scenario(
         sim.applied_log,
         sim.clients,
         sim.cpu_seconds,
+        sim.setup_seconds,
     )
