@@ -1,4 +1,5 @@
-"""Giving freed memory back to the operating system during long runs.
+"""Process resources at scale: freed memory given back to the operating system during long
+runs, and file descriptors for many ledgers.
 
 A simulation of thousands of clients allocates and frees a parameter vector (hundreds of KB)
 several times per round, with lifetimes that interleave (a client's model lives until its next
@@ -8,6 +9,13 @@ not shrunk: at 1,000 clients of hetero-100 the resident size stayed at 3.4 GB wh
 live. ``malloc_trim(0)`` returns the free pages inside the heap (glibc >= 2.8; elsewhere this
 is a no-op), measured: 1.06 GB resident at the end of the same run, CPU time unchanged within
 noise (benchmarks/scale.py).
+
+File descriptors: a held ledger keeps two open (its file and its locked high-water mark), so
+a simulation of N clients needs 2N + a few under ``RLIMIT_NOFILE`` (often 1,024 soft; this
+project's CI machine: 20,000). :func:`ledger_handles_fit` raises the soft limit up to the hard
+one when that is enough; when it is not, the simulation writes its ledgers under one
+directory lock instead (:class:`fedsim.privacy.ledger_file.DirectoryLock`: one descriptor for
+all, the same files and the same one-writer guarantee).
 """
 
 from __future__ import annotations
@@ -16,7 +24,22 @@ import ctypes
 import ctypes.util
 from collections.abc import Callable
 
-__all__ = ["release_free_memory"]
+import structlog
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "ledger_handles_fit",
+           "release_free_memory"]
+
+_log = structlog.get_logger("fedsim.runtime.memory")
+
+DESCRIPTORS_PER_LEDGER = 2
+"""A held ledger's open files: the ledger (append) and its high-water mark (with the lock)."""
+DESCRIPTOR_RESERVE = 256
+"""Descriptors left for everything else (imports, the run directory's files, a data loader)."""
 
 
 def _trimmer() -> Callable[[int], int] | None:
@@ -43,4 +66,27 @@ def release_free_memory() -> bool:
     if _TRIM is None:
         return False
     _TRIM(0)
+    return True
+
+
+def ledger_handles_fit(ledgers: int) -> bool:
+    """Whether ``ledgers`` held ledgers fit under ``RLIMIT_NOFILE`` with
+    :data:`DESCRIPTOR_RESERVE` to spare, raising the soft limit up to the hard limit when that
+    is enough (logged). False: they do not (the caller uses a directory lock instead)."""
+    needed = ledgers * DESCRIPTORS_PER_LEDGER + DESCRIPTOR_RESERVE
+    if resource is None:  # pragma: no cover - not POSIX: no such limit to query
+        return True
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return True
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        _log.info("ledgers share one directory lock", ledgers=ledgers, needed=needed,
+                  soft_limit=soft, hard_limit=hard)
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    except (ValueError, OSError):
+        return False
+    _log.info("raised the open-file limit for the ledgers", ledgers=ledgers, soft_limit=needed,
+              hard_limit=hard)
     return True

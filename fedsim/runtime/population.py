@@ -32,6 +32,7 @@ from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
@@ -367,9 +368,10 @@ def build_population(
     )
 
 
-def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
+def open_ledger(plan: ClientPlan, path: Path,
+                directory: DirectoryLock | None = None) -> PrivacyLedger:
     """The client's durable ledger at ``path`` (resumed if it exists), with its group's budget
-    and accountant."""
+    and accountant (``directory``: the directory lock this process holds on its folder)."""
     group = plan.group
     budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
     return PrivacyLedger.open(
@@ -378,6 +380,7 @@ def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
         sampling=group.sampling,
         budget=budget,
         accountant=group.accountant,
+        directory=directory,
     )
 
 

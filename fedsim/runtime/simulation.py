@@ -35,10 +35,11 @@ from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
 from fedsim.logging import client_event_level
 from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
 from fedsim.runtime.exposure import client_exposure, invitation_positions
 from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.memory import release_free_memory
+from fedsim.runtime.memory import ledger_handles_fit, release_free_memory
 from fedsim.runtime.population import (
     ClientPlan,
     Population,
@@ -185,6 +186,9 @@ class _Simulation:
         self._remaining_cache: dict[str, tuple[int, float | None]] = {}
         self._positions = invitation_positions(p.client_id for p in population.plans)
         self._dropped_seen = 0
+        self.directory_lock: DirectoryLock | None = None
+        """Held for the run when the clients' ledgers cannot each keep their files open
+        (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.memory.ledger_handles_fit`)."""
         self._metrics_file: io.TextIOBase | None = None
 
     # -- setup --------------------------------------------------------------------------------
@@ -280,7 +284,7 @@ class _Simulation:
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger.close()
-            client.ledger = open_ledger(client.plan, client.ledger_path)
+            client.ledger = open_ledger(client.plan, client.ledger_path, self.directory_lock)
             self._start_actor(client, clock, network)
             _log.log(
                 client_event_level(),
@@ -367,6 +371,8 @@ class _Simulation:
         population = self.population
         network = self._network(clock)
         (self.out_dir / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
+        if not ledger_handles_fit(len(population.plans)):
+            self.directory_lock = DirectoryLock(self.out_dir / LEDGER_DIR)
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
         batcher = self.batcher = (
@@ -378,7 +384,8 @@ class _Simulation:
             )
             if self.wrap_trainer is not None:
                 trainer = self.wrap_trainer(plan, trainer)
-            self.clients[plan.client_id] = ClientRecord(plan, trainer, path, open_ledger(plan, path))
+            self.clients[plan.client_id] = ClientRecord(
+                plan, trainer, path, open_ledger(plan, path, self.directory_lock))
         server = make_server_actor(
             population,
             clock=clock,
@@ -487,6 +494,8 @@ def run_scenario(
         finally:
             for client in sim.clients.values():
                 client.ledger.close()
+            if sim.directory_lock is not None:
+                sim.directory_lock.close()
     finally:
         torch.set_num_threads(previous_threads)
     return RunResult(
