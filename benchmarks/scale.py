@@ -67,7 +67,7 @@ PLAN: list[tuple[int, str, float, int]] = [
     (10000, "train", 1.5, 1500),
     (1000, "message", 600.0, 600),
     (10000, "message", 300.0, 900),
-    (100000, "message", 120.0, 1800),
+    (100000, "message", 60.0, 1800),
 ]
 
 

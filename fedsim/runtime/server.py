@@ -73,7 +73,7 @@ from fedsim.aggregation import (
     StepSizeSchedule,
     population_weight,
 )
-from fedsim.aggregation.mixing import descent_direction, normalised_weights
+from fedsim.aggregation.mixing import StreamedWindow, descent_direction, normalised_weights
 from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
 from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
@@ -95,6 +95,8 @@ from fedsim.transports.base import Endpoint
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
 
 _log = structlog.get_logger("fedsim.runtime.server")
+STREAM_ABOVE = 1024
+"""Waiting updates of a time window beyond which its mix is accumulated as they arrive."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,10 @@ class ServerActor:
         self._open: WindowReport | None = None
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self._invited_bits: bytes | None = None
+        # Time windows: past this many waiting updates the window's mix is accumulated as
+        # they arrive (StreamedWindow), each update checked when it is folded in.
+        self.stream_above = STREAM_ABOVE
+        self._stream: StreamedWindow | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -215,6 +221,8 @@ class ServerActor:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
+                if len(self._inbox) > self.stream_above:
+                    self._fold_inbox()
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             else:
@@ -282,29 +290,52 @@ class ServerActor:
         updates = [a for a, _ in accepted]
         total = None if self.policy.on_arrival else self.total_weight
         lambdas = normalised_weights(self.strategy, updates, total)
-        factors = self.policy.factors(
+        factors = self._coefficients(lambdas, updates)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
+            direction = descent_direction(updates, factors)
+        return self._step_model([(a.client_id, a.round, a.base_version) for a in updates],
+                                direction, self._allowed_move(
+                                    updates, factors, [b for _, b in accepted], step),
+                                report, step)
+
+    def _coefficients(self, lambdas: np.ndarray, updates: list[AcceptedUpdate]) -> np.ndarray:
+        return self.policy.factors(
             lambdas, staleness_of(self.version, [a.base_version for a in updates]))
-        for a in updates:
-            self._record_seen(a.client_id, a.round)
+
+    def _step_model(self, entries: list[tuple[str, int, int]], direction: np.ndarray,
+                    allowed: float | None, report: WindowReport, step: float) -> bool:
+        """The optimizer's step with ``direction`` for ``entries`` (client_id, round,
+        base_version), kept only if it passes :func:`check_model`."""
+        for client_id, round_index, _ in entries:
+            self._record_seen(client_id, round_index)
         before = copy.deepcopy(self.optimizer)
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
-            new = self.optimizer.step(self.params, descent_direction(updates, factors), step)
-        problem = check_model(new, self.params, self._allowed_move(
-            updates, factors, [b for _, b in accepted], step))
+            new = self.optimizer.step(self.params, direction, step)
+        problem = check_model(new, self.params, allowed)
         if problem:
             self.optimizer = before
             _log.error("mixed model refused; its updates are not applied", window=report.window,
-                       reason=problem, updates=len(updates))
-            self._rejections.add("bad_mix", len(updates))
-            report.rejected += len(updates)
+                       reason=problem, updates=len(entries))
+            self._rejections.add("bad_mix", len(entries))
+            report.rejected += len(entries)
             return False
         self.params = new
-        for a in updates:
-            report.applied_updates.append((a.client_id, a.round, a.base_version))
-            report.applied_to.append(self.version)
-        report.applied += len(updates)
+        report.applied_updates.extend(entries)
+        report.applied_to.extend([self.version] * len(entries))
+        report.applied += len(entries)
         self.version += 1
         return True
+
+    def _fold_inbox(self) -> None:
+        """A large time window: check the waiting updates now (:meth:`_admit`, against what the
+        server knows by now) and fold the accepted ones into the window's running mix."""
+        stream = self._stream = self._stream or StreamedWindow(
+            self.params.shape, self.strategy, self.total_weight, self._coefficients)
+        report = self._open = self._open or WindowReport(self.windows_closed + 1,
+                                                         self.clock.now(), self.version)
+        arrived, self._inbox = self._inbox, []
+        report.received += len(arrived)
+        stream.fold(arrived, lambda update: self._admit(update, report, stream.keys))
 
     async def _arrived(self, update: ClientUpdate) -> None:
         """An on-arrival policy's update: check and classify it now, apply the buffer when the
@@ -327,6 +358,10 @@ class ServerActor:
         policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
+        stream = self._stream
+        if stream is not None:  # the rest of a large window: folded in like the start
+            self._fold_inbox()
+            self._stream = None
         arrived, self._inbox = self._inbox, []
         report = self._open or WindowReport(window=window, time=self.clock.now(),
                                             version=self.version)
@@ -343,6 +378,11 @@ class ServerActor:
         report.step_size = self.step_size.current(window)
         if accepted:
             self._apply(accepted, report, report.step_size)
+        elif stream is not None and stream.accepted:
+            direction, move = stream.finish()
+            allowed = None if move is None or not isinstance(self.optimizer, Sgd) \
+                else abs(report.step_size) * move
+            self._step_model(stream.accepted, direction, allowed, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
