@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
@@ -298,7 +298,7 @@ class ServerActor:
                                     updates, factors, [b for _, b in accepted], step),
                                 report, step)
 
-    def _coefficients(self, lambdas: np.ndarray, updates: list[AcceptedUpdate]) -> np.ndarray:
+    def _coefficients(self, lambdas: np.ndarray, updates: Sequence[AcceptedUpdate]) -> np.ndarray:
         return self.policy.factors(
             lambdas, staleness_of(self.version, [a.base_version for a in updates]))
 
