@@ -17,6 +17,9 @@ cannot take the others down and peak RSS is the size's own):
   (:class:`simulator._SingleLoop`: each group's first client, its posture, one torch thread)
   runs interleaved with the simulation, catching up at every window end, so a change in the
   shared machine's load hits both arms alike; the ratio is per CPU second.
+* ``train-large``: the same with rounds of 8, 16 and 32 gradients (edge, office, datacenter)
+  on synthetic data, 40 records a client and the MLP 120-777-10: how the ratio depends on how
+  much gradient work a round carries against its fixed protocol work.
 * ``message``: training replaced by its virtual duration (zero updates, the same privacy
   events, ledgers, codec and network), the cross-device variant of ``benchmarks/simulator.py``
   (10 s per sample gradient, a window a minute, a broadcast every five).
@@ -60,11 +63,16 @@ from fedsim.runtime.simulation import run_scenario  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "scale.json"
 BATCH_SIZES = (1, 2, 4)  # edge, office, datacenter
+# ``train-large``: the same groups with rounds of 8-32 gradients, on synthetic data with 40
+# records a client (MNIST's 60,000 records give 10^4 clients 6 each).
+LARGE_BATCH_SIZES = (8, 16, 32)
+LARGE_RECORDS_PER_CLIENT = 40
 # (clients, mode, virtual seconds, time bound in s): what the default run measures.
 PLAN: list[tuple[int, str, float, int]] = [
     (100, "train", 20.0, 600),
     (1000, "train", 4.0, 900),
     (10000, "train", 1.5, 1500),
+    (10000, "train-large", 1.5, 1500),
     (1000, "message", 600.0, 600),
     (10000, "message", 300.0, 900),
     (100000, "message", 60.0, 1800),
@@ -83,13 +91,15 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def scaled(clients: int, virtual_seconds: float, *, cross_device: bool) -> LoadedScenario:
+def scaled(clients: int, virtual_seconds: float, *, cross_device: bool,
+           large_batches: bool = False) -> LoadedScenario:
     """hetero-100 scaled to ``clients`` (see the module docstring)."""
     base = load_scenario(REPO / "scenarios" / "hetero-100.yaml")
     tree = base.scenario.model_dump(mode="json")
     groups = tree["clients"]["groups"]
     scale = clients / sum(g["count"] for g in groups)
-    for group, batch_size in zip(groups, BATCH_SIZES, strict=True):
+    sizes = LARGE_BATCH_SIZES if large_batches else BATCH_SIZES
+    for group, batch_size in zip(groups, sizes, strict=True):
         group["count"] = max(1, round(group["count"] * scale))
         group["batch_size"] = batch_size
         if group.get("partition", {}).get("scheme") == "dirichlet" and clients > 100:
@@ -98,7 +108,13 @@ def scaled(clients: int, virtual_seconds: float, *, cross_device: bool) -> Loade
             group["speed"] = {"kind": "lognormal", "median": 10.0, "sigma": 0.5}
             group.pop("availability", None)
     groups[-1]["count"] += clients - sum(g["count"] for g in groups)
-    if clients > 20000:
+    if large_batches:
+        tree["dataset"] = {"name": "synthetic", "num_samples": LARGE_RECORDS_PER_CLIENT * clients,
+                           "num_test_samples": 1000, "num_features": 120, "num_classes": 10}
+        tree["model"] = {"name": "mlp", "options": {"hidden": [777]}}
+        for group in groups:
+            group["partition"] = {"scheme": "iid"}
+    elif clients > 20000:
         # fedsim generates at most 5e7 values of synthetic data: 120 features, and the MLP
         # 120-777-10 of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
         # message size and model vectors).
@@ -127,13 +143,14 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     load_before = os.getloadavg()
     rss_imports = _rss_mb()
     started = time.perf_counter()
-    loaded = scaled(clients, virtual_seconds, cross_device=mode == "message")
+    loaded = scaled(clients, virtual_seconds, cross_device=mode == "message",
+                    large_batches=mode == "train-large")
     population = build_population(loaded)
     population_seconds = time.perf_counter() - started
     rss_population = _rss_mb()
     single = training = None
     on_window = None
-    if mode == "train":
+    if mode.startswith("train"):
         single = _SingleLoop(population)
         _warm_imports(population)
         training = _TrainingTotals()
@@ -147,6 +164,7 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
         "clients": clients,
         "mode": mode,
         "dataset": loaded.scenario.dataset.name,
+        "batch_sizes": [group.batch_size for group in loaded.scenario.clients.groups],
         "virtual_seconds": result.summary["virtual_time"],
         "startup_seconds": round(population_seconds + setup, 3),
         "population_seconds": round(population_seconds, 3),
@@ -345,7 +363,7 @@ def _ray_rows(which: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
-    parser.add_argument("--modes", default="train,message")
+    parser.add_argument("--modes", default="train,message,train-large")
     parser.add_argument("--timeout", type=int, help="override every row's time bound (s)")
     parser.add_argument("--breakdown", type=int, metavar="N")
     parser.add_argument("--label", default="this checkout")
