@@ -184,8 +184,10 @@ def simulate(
             ``num_classes`` if it takes them (and ``options`` from the scenario's ``model``
             section, which it otherwise replaces); checked for DP compatibility.
         dataset: ``x_train, y_train, x_test, y_test`` arrays (a mapping with those keys or a
-            4-tuple; see :mod:`fedsim.training.arrays`); replaces the scenario's data set
-            (recorded as ``name: arrays`` without a path). Partitions work on it as on MNIST.
+            4-tuple; see :mod:`fedsim.training.arrays`), or a ``(train, test)`` pair of
+            map-style torch Datasets (read once into tensors; see
+            :mod:`fedsim.training.factory_data`); replaces the scenario's data set (recorded
+            as ``name: arrays`` without a path). Partitions work on it as on MNIST.
         progress: True shows a progress bar on stderr, False none, None only on a terminal.
         tensorboard: also write TensorBoard scalars to this directory (needs the
             ``fedsim[tensorboard]`` extra).
@@ -193,7 +195,7 @@ def simulate(
     """
     from fedsim.runtime.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
-    from fedsim.training.arrays import check_arrays
+    from fedsim.training.factory_data import user_data
 
     lines = _override_lines(overrides)
     if seed is not None:
@@ -206,9 +208,9 @@ def simulate(
         lines += ["model.name=null", "model.factory=null"]
     data = None
     if dataset is not None:
-        data = check_arrays(dataset, where="dataset (from Python)")
-        lines.append("dataset.name=arrays")
-        lines.append("dataset.path=null")
+        data = user_data(dataset, where="dataset (from Python)")
+        lines += ["dataset.name=arrays", "dataset.path=null", "dataset.factory=null",
+                  "dataset.options={}"]
     loaded = load_scenario(scenario, lines)
     if tensorboard is not None:
         from fedsim.reporting.tensorboard import require_tensorboard

@@ -195,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     ids, run_name = _client_ids_and_run(args)
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
+    # Checked before anything is written: the containers must find the scenario in the image.
+    image = image_scenario_path(Path(args.scenario)) if args.compose else None
     tls, ca_file = _listener_tls(args)
     persistence_dir = args.persistence_dir
     if persistence_dir is not None and args.broker_config_dir is None:
@@ -226,14 +228,15 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stdout,
     )
     if args.compose:
-        compose = Path(args.compose)
+        assert image is not None
+        compose, (root, scenario) = Path(args.compose), image
         generated = os.path.relpath(Path(args.out).resolve(), compose.resolve().parent)
-        scenario = os.path.relpath(Path(args.scenario).resolve(), compose.resolve().parent)
         compose.write_text(
             compose_text(
                 scenario,
                 run_name,
                 ids,
+                build_context=os.path.relpath(root, compose.resolve().parent),
                 generated_dir=generated,
                 port=args.port,
                 time_scale=args.time_scale,
@@ -274,11 +277,31 @@ def prepare_persistence_dir(path: Path, broker_user: str = "mosquitto") -> Path:
     return path
 
 
+def image_scenario_path(scenario: Path) -> tuple[Path, str]:
+    """The fedsim clone the image is built from (the folder with the Dockerfile above
+    ``scenario``) and the scenario's path inside the image (relative to its WORKDIR).
+
+    The image holds the clone's ``scenarios/`` folder and nothing else of the host, so a
+    scenario elsewhere cannot be found by the containers: that is an error saying so."""
+    resolved = scenario.resolve()
+    for root in resolved.parents:
+        if (root / "Dockerfile").is_file() and (root / "pyproject.toml").is_file():
+            inside = resolved.relative_to(root)
+            if inside.parts[0] != "scenarios":
+                break
+            return root, inside.as_posix()
+    raise ConfigError(
+        f"--compose: {scenario} is not in the scenarios/ folder of a fedsim clone; the image is "
+        "built from a clone and holds only its scenarios/ folder, so copy the scenario (and "
+        "any data files beside it) into <clone>/scenarios/ and give that path")
+
+
 def compose_text(
     scenario: str,
     run: str,
     client_ids: Sequence[str],
     *,
+    build_context: str = ".",
     generated_dir: str = "deploy/generated",
     port: int = 1883,
     time_scale: float = 1.0,
@@ -287,7 +310,9 @@ def compose_text(
 ) -> str:
     """A docker-compose file: broker, server and one service per client, as YAML text.
 
-    Paths are relative to the compose file (the repository root). Nothing of the host is
+    ``scenario`` is its path inside the image (:func:`image_scenario_path`); ``build_context``
+    (the clone the image is built from) and ``generated_dir`` are relative to the compose
+    file, which is usually the clone's root (``docker-compose.yml``). Nothing of the host is
     mounted but the broker's generated configuration: data sets come from the image's own
     cache (fetched when the image is built), state, runs and broker persistence live in named
     volumes. Every container runs as a non-root user (fedsim's :data:`FEDSIM_UID`, mosquitto's
@@ -334,7 +359,7 @@ def compose_text(
         # Fresh objects per service: shared ones would become YAML anchors.
         return {
             "image": FEDSIM_IMAGE,
-            "build": ".",
+            "build": build_context,
             "user": f"{FEDSIM_UID}:{FEDSIM_UID}",
             "depends_on": ["broker"],
             "secrets": [dict(s) for s in secrets],

@@ -104,3 +104,13 @@ MAX_MODEL_PARAMETERS = 100_000_000
 of a whole physical batch at once (batch x parameters values), and the simulation keeps several
 copies (global, local, updates in flight); the model must also fit in one network message
 (4 bytes per parameter within ``network.max_message_bytes``)."""
+
+MAX_DATASET_RECORDS = 10_000_000
+"""Records of one split of a torch ``Dataset`` from a data set factory or from Python: each is
+read item by item (one Python call each, about a microsecond at best) when it is converted to
+tensors once, so 10^7 records cost seconds, not hours."""
+
+MAX_DATASET_VALUES = 1_000_000_000
+"""Values (records x values per record) of one split of a torch ``Dataset`` converted to
+tensors: 4 GB as float32, allocated at once before the items are copied in (CIFAR-10's training
+set holds 1.5 x 10^8). Checked from the first item's shape before anything is allocated."""

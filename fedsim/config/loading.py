@@ -14,15 +14,17 @@ needs no path at all (see :mod:`fedsim.training.datasets` for its search order).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fedsim.config import limits
 from fedsim.config.overrides import assign_path
@@ -318,6 +320,40 @@ def _describe(error: Mapping[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through unions, lists, dicts, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        found.extend(_models_in(arg))
+    return found
+
+
+def _keys_at(path: Sequence[str | int]) -> set[str]:
+    """Every key a scenario accepts at ``path`` (the mapping that holds the unknown key)."""
+    models: list[type[BaseModel]] = [Scenario]
+    for part in path:
+        if isinstance(part, int):
+            continue  # a list item: the list's item models were taken with its field
+        models = [inner for model in models if part in model.model_fields
+                  for inner in _models_in(model.model_fields[part].annotation)]
+    return {name for model in models for name in model.model_fields}
+
+
+def _did_you_mean(path: Sequence[str | int]) -> str:
+    """`` - did you mean 'clip'?`` for an unknown key close to an accepted one, else ``""``."""
+    key = path[-1] if path else None
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key, sorted(_keys_at(path[:-1])), n=1, cutoff=0.6)
+    if close:
+        return f" - did you mean {close[0]!r}?"
+    parents = sorted(field for field in _keys_at(path[:-1])
+                     if key in _keys_at([*path[:-1], field]))
+    return f" - it belongs under {' or '.join(map(repr, parents))}" if parents else ""
+
+
 def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
     lines: list[str] = []
     errors = exc.errors(include_url=False)
@@ -333,7 +369,8 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
         got = ""
         if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), dict | list):
             got = f" (got {json.dumps(error.get('input'), default=str)})"
-        lines.append(f"{where}{at}: {_describe(error)}{got}")
+        hint = _did_you_mean(path) if error["type"] == "extra_forbidden" else ""
+        lines.append(f"{where}{at}: {_describe(error)}{got}{hint}")
     return lines
 
 

@@ -11,11 +11,10 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from fedsim.config import limits
 from fedsim.config.aggregation import (
@@ -26,15 +25,14 @@ from fedsim.config.aggregation import (
     StalenessWeighting,
     WindowsAggregation,
 )
+from fedsim.config.dataset import Dataset
 from fedsim.config.distributions import (
     BatchSize,
-    ClassCount,
     ClientCount,
     Constant,
     Delta,
     Distribution,
     Exponential,
-    FeatureCount,
     Fraction,
     LogNormal,
     MessageBytes,
@@ -43,7 +41,6 @@ from fedsim.config.distributions import (
     PositiveSeconds,
     Probability,
     RoundCount,
-    SampleCount,
     Scale,
     Seed,
     ShardCount,
@@ -55,6 +52,7 @@ from fedsim.config.distributions import (
     VersionCount,
     WindowCount,
 )
+from fedsim.config.factory import FactoryReference, OptionValue
 from fedsim.config.posture import (
     Budget,
     Clip,
@@ -100,56 +98,6 @@ class Partition(_Strict):
         default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
 
-class Dataset(_Strict):
-    """Training / held-out data.
-
-    A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
-    file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
-    in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
-    offline; see :mod:`fedsim.training.datasets`.
-    """
-
-    name: Literal["mnist", "fashion_mnist", "cifar10", "femnist", "synthetic", "arrays"] = Field(
-        description="The data set: mnist, fashion_mnist, cifar10, femnist (LEAF's per-writer "
-        "layout), synthetic (a seeded Gaussian-mixture classification problem), or arrays (your "
-        "own: an .npz at path holding x_train, y_train, x_test and y_test, or arrays from "
-        "Python through fedsim.simulate).")
-    path: Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")] | None = Field(
-        default=None, description="Where the data set's file or directory is (for arrays, the .npz); a relative "
-        "path is looked for beside the scenario file, then in the working directory. Omitted, "
-        "$FEDSIM_DATA_DIR and the user cache are searched, and the data set is downloaded "
-        "into the cache unless offline.")
-    num_samples: SampleCount = Field(
-        default=6000, description="Training records of the synthetic data set.")
-    num_test_samples: SampleCount = Field(
-        default=1000, description="Held-out records of the synthetic data set.")
-    num_features: FeatureCount = Field(
-        default=20, description="Features of each synthetic record.")
-    num_classes: ClassCount = Field(
-        default=4, description="Classes of the synthetic data set (at least 2).")
-    test_subset: SampleCount | None = Field(
-        default=None, description="Evaluate on at most this many held-out records, for speed; "
-        "omitted, on all of them.")
-
-    @model_validator(mode="after")
-    def _path_only_for_files(self) -> Dataset:
-        if self.name == "synthetic" and self.path is not None:
-            raise ValueError("path: a synthetic dataset is generated, it takes no path")
-        values = self.num_samples * self.num_features
-        if self.name == "synthetic" and values > limits.MAX_SYNTHETIC_VALUES:
-            raise ValueError(
-                f"num_samples x num_features is {values}, above the "
-                f"{limits.MAX_SYNTHETIC_VALUES} values a generated training set may hold "
-                "(it is drawn in memory at once)")
-        return self
-
-
-# ``package.module:function`` (or ``:Class.method``); the same pattern as
-# fedsim.training.models.FACTORY_PATTERN, which cannot be imported here (torch).
-_FACTORY = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
-OptionValue = int | float | str | bool | None | list[Any] | dict[str, Any]
-
-
 class Model(_Strict):
     """The model: a built-in one by ``name``, or the user's own ``factory``, with options.
 
@@ -164,22 +112,12 @@ class Model(_Strict):
     name: str | None = Field(
         default=None, min_length=1, description="A built-in model by name (logreg, mlp, "
         "dp_mnist_cnn or groupnorm_cnn).")
-    factory: str | None = Field(
+    factory: FactoryReference | None = Field(
         default=None, description="Your own model: 'package.module:function', imported when "
         "the run is built and called with the options.")
     options: dict[str, OptionValue] = Field(
         default_factory=dict, description="Keyword options of the model, such as hidden: "
         "[128] for an MLP; input size and class count come from the data when omitted.")
-
-    @field_validator("factory")
-    @classmethod
-    def _factory_shape(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(_FACTORY, value):
-            raise ValueError(
-                f"{value!r} is not of the form 'package.module:function' (a dotted module path, "
-                "a colon, the name of a callable in it)"
-            )
-        return value
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> Model:

@@ -203,7 +203,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
         axes.text(
             0.5, 0.5, "no window was evaluated", ha="center", va="center", transform=axes.transAxes
         )
-    axes.set_xlabel("virtual time (s)")
+    axes.set_xlabel(run.time_label)
     axes.set_ylabel("accuracy", color="tab:blue")
     axes.set_ylim(0.0, 1.0)
     axes.grid(True, alpha=0.3)
@@ -227,7 +227,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     if handles:
         axes.legend(handles, labels, fontsize=8, loc="upper center", ncol=2,
                     bbox_to_anchor=(0.5, -0.13), frameon=False)
-    axes.set_title(f"{run.scenario_name}: accuracy over virtual time")
+    axes.set_title(f"{run.scenario_name}: accuracy over {run.time_name}")
     return _save(figure, path, bottom=0.2)
 
 
@@ -370,7 +370,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
             _draw_band(axes, history)
         _draw_budgets(axes, _budgets(run, set(panel.groups) or None), list(_budgets(run)),
                       panel.final)
-        axes.set_xlabel("virtual time (s)")
+        axes.set_xlabel(run.time_label)
         axes.set_ylabel(f"epsilon at delta = {history.delta:g}")
         highest = max([float(eps.max()) if eps.size else 0.0,
                        *_budgets(run, set(panel.groups) or None)])

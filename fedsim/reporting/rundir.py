@@ -84,6 +84,19 @@ class RunDirectory:
         return float(delta)
 
     @property
+    def time_name(self) -> str:
+        """What the run's seconds are: "virtual time" (simulated) or, for a deployed run,
+        "scenario time" (the wall clock times the time scale; ``summary.time_kind``)."""
+        return "scenario time" if self.summary.get("time_kind") == "scenario" else "virtual time"
+
+    @property
+    def time_label(self) -> str:
+        """The x-axis label of the run's seconds."""
+        if self.time_name == "scenario time":
+            return "scenario time (s: wall clock x time scale)"
+        return "virtual time (s)"
+
+    @property
     def virtual_time(self) -> float:
         """Virtual seconds the run lasted (summary, else the last window's time, else 0)."""
         value = self.summary.get("virtual_time")

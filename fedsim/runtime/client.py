@@ -496,7 +496,7 @@ class ClientActor:
         has it computed again at once, so that it is still ready by a public release time."""
         while True:
             self._switched.clear()
-            await self._compute_now(pending)
+            result = await self._compute_now(pending)
             if self._deferred_switches:  # split while it was computed: that result is stale
                 for fraction, params in self._deferred_switches:
                     pending.switch(fraction, params)
@@ -510,18 +510,17 @@ class ClientActor:
                     "round overran its public release slot", client=self.client_id,
                     round=round_index, slot=slot, compute=now - start, released=release - start)
             if await self._sleep_unless_switched(release - now):
-                return pending.result()
+                return result
 
-    async def _compute_now(self, pending: BegunRound) -> None:
+    async def _compute_now(self, pending: BegunRound) -> RoundResult:
         """Compute the round, in a worker thread when deployed: a blocked event loop would
         delay the connection's own packets (PUBACKs, pings, resends) to the compute's end,
         revealing the realised batch."""
         if not self.exposure.compute_in_thread:
-            pending.result()
-            return
+            return pending.result()
         self._computing = True
         try:
-            await asyncio.to_thread(pending.result)
+            return await asyncio.to_thread(pending.result)
         finally:
             self._computing = False
 

@@ -46,6 +46,7 @@ from fedsim.training.batched import RoundBatcher
 from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
+from fedsim.training.factory_data import factory_dataset
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
 from fedsim.training.preflight import check_batch_fits, check_model_size
@@ -301,6 +302,38 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     return options
 
 
+def _scenario_data(loaded: LoadedScenario, data: TensorSplits | None, seed: int
+                   ) -> tuple[TensorSplits, Path | None, np.ndarray | None]:
+    """The scenario's data (``data``: given from Python), the file it was read from, and each
+    training record's writer (for the natural partition)."""
+    dataset = loaded.scenario.dataset
+    path, writers = None, None
+    if data is None and dataset.name == "arrays":
+        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
+        data = arrays_dataset(path)
+    if data is None and dataset.factory is not None:
+        data = factory_dataset(dataset, base_dir=loaded.base_dir, seed=seed)
+    if data is not None:
+        train_x, train_y, test_x, test_y = data
+    elif dataset.name == "synthetic":
+        train_x, train_y, test_x, test_y = load_dataset(
+            "synthetic",
+            seed=seed,
+            num_train=dataset.num_samples,
+            num_test=dataset.num_test_samples,
+            num_features=dataset.num_features,
+            num_classes=dataset.num_classes,
+        )
+    else:
+        assert dataset.name is not None  # a factory's data is in hand above
+        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
+        (train_x, train_y, test_x, test_y), path, writers = (
+            named.tensors, named.path, named.train_writers)
+    if dataset.test_subset is not None:
+        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    return (train_x, train_y, test_x, test_y), path, writers
+
+
 def build_population(
     loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
     data: TensorSplits | None = None,
@@ -311,28 +344,8 @@ def build_population(
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
-    dataset = scenario.dataset
-    path, writers = None, None
-    if data is None and dataset.name == "arrays":
-        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
-        data = arrays_dataset(path)
-    if data is not None:
-        train_x, train_y, test_x, test_y = data
-    elif dataset.name == "synthetic":
-        train_x, train_y, test_x, test_y = load_dataset(
-            "synthetic",
-            seed=tree.integer("dataset"),
-            num_train=dataset.num_samples,
-            num_test=dataset.num_test_samples,
-            num_features=dataset.num_features,
-            num_classes=dataset.num_classes,
-        )
-    else:
-        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
-        (train_x, train_y, test_x, test_y), path, writers = (
-            named.tensors, named.path, named.train_writers)
-    if dataset.test_subset is not None:
-        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    (train_x, train_y, test_x, test_y), path, writers = _scenario_data(
+        loaded, data, tree.integer("dataset"))
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):

@@ -273,7 +273,7 @@ def _reason_kind(reason: str) -> str:
     return reason
 
 
-def _explain(record: RunRecord, rows: list[dict[str, Any]]) -> str:
+def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
     parts = [
         f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
         f"{len(record.metrics)} server windows because {record.stop_reason}."
@@ -307,6 +307,9 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]]) -> str:
                "checked against, and written to, its ledger first." if budgeted else
                " No client had a budget; every release was still written to its ledger.")
         )
+    if caveats:
+        parts.append(f"{len(caveats)} privacy caveat(s) qualify these eps values: "
+                     + " ".join(f"({n}) {c.rstrip('.')}." for n, c in enumerate(caveats, 1)))
     return " ".join(parts)
 
 
@@ -321,6 +324,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         states[row["state"]] = states.get(row["state"], 0) + 1
     epsilons = sorted(r["epsilon"] for r in rows)
+    caveats = privacy_caveats(record.scenario.privacy.timing, record.clients)
     return {
         "scenario": record.scenario.name,
         "seed": record.scenario.seed,
@@ -328,6 +332,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "best_accuracy": max(accuracies) if accuracies else None,
         "windows": len(metrics),
         "virtual_time": record.virtual_time,
+        "time_kind": record.time_kind,
         "final_version": record.final_version,
         "stop_reason": record.stop_reason,
         "updates": totals,
@@ -340,9 +345,9 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "epsilon_median": float(np.median(epsilons)) if epsilons else None,
             "epsilon_max": epsilons[-1] if epsilons else None,
             "accountant": "pld",
-            "caveats": privacy_caveats(record.scenario.privacy.timing, record.clients),
+            "caveats": caveats,
         },
-        "explanation": _explain(record, rows),
+        "explanation": _explain(record, rows, caveats),
     }
 
 

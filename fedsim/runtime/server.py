@@ -207,6 +207,9 @@ class ServerActor:
         # accepted but not yet applied (not in self.seen until applied).
         self._open: WindowReport | None = None
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
+        self.ended = False  # the last window has closed: updates are no longer judged
+        self.updates_after_end = 0
+        self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
         # Time windows: past this many waiting updates the window's mix is accumulated as
         # they arrive (StreamedWindow), each update checked when it is folded in.
@@ -217,7 +220,9 @@ class ServerActor:
     async def _receive_forever(self) -> None:
         while True:
             message = await self.endpoint.receive()
-            if isinstance(message, ClientUpdate) and self.policy.on_arrival:
+            if isinstance(message, ClientUpdate) and self.ended:
+                self.updates_after_end += 1  # never judged: the last window has closed
+            elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
@@ -252,8 +257,13 @@ class ServerActor:
         verdict = self._judge(update, info, buffered)
         if verdict == "duplicate":
             report.duplicate += 1
-            _log.info("replayed update ignored", client=update.client_id,
-                      round=update.round, base_version=update.base_version)
+            # At-least-once delivery duplicates, a replay looks the same: counted every time,
+            # logged at info once per client (the rest at debug, not to flood a lossy run's log).
+            first = update.client_id not in self._duplicates_logged
+            self._duplicates_logged.add(update.client_id)
+            (_log.info if first else _log.debug)(
+                "duplicate update ignored (a network duplicate or a replay)",
+                client=update.client_id, round=update.round, base_version=update.base_version)
             return None
         if verdict:
             kind, reason = verdict.split(":", 1)
@@ -593,6 +603,8 @@ class ServerActor:
                 report = self.close_window()
                 report.end = start + self.windows_closed * self.window
                 finished = on_window(report)  # first: a deployed endpoint then ends the run
+                # No update is applied after the last window, while the end is announced.
+                self.ended = finished
                 # Under invitations every window opens with its own (the model rides along).
                 if report.window % self.broadcast_every == 0 or self.participation < 1.0:
                     await self.broadcast()

@@ -369,4 +369,5 @@ def _server_outcome(server: ServerActor, stop_reason: str, clock: ScaledClock) -
         "time": clock.now(),
         "statuses": {c: asdict(s) for c, s in sorted(server.statuses.items())},
         "duplicates_seen_table": len(server.seen),
+        "updates_after_end": server.updates_after_end,
     }

@@ -46,8 +46,15 @@ def _as_mapping(data: Any, where: str) -> Mapping[str, Any]:
     )
 
 
+def _asarray(name: str, value: Any, where: str) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, RuntimeError) as exc:  # ragged lists, tensors with grad
+        raise DataError(f"{where}: {name} is not an array ({exc})") from None
+
+
 def _examples(name: str, value: Any, where: str) -> np.ndarray:
-    array = np.asarray(value)
+    array = _asarray(name, value, where)
     if array.dtype == np.bool_ or array.dtype.kind not in "fiu":
         raise DataError(f"{where}: {name} has dtype {array.dtype}; expected real numbers "
                         "(float, or uint8 images)")
@@ -61,7 +68,7 @@ def _examples(name: str, value: Any, where: str) -> np.ndarray:
 
 
 def _labels(name: str, value: Any, count: int, where: str) -> np.ndarray:
-    array = np.asarray(value)
+    array = _asarray(name, value, where)
     if array.dtype == np.bool_ or array.dtype.kind not in "iu":
         raise DataError(f"{where}: {name} has dtype {array.dtype}; expected integer class "
                         "labels 0..K-1")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.config.loading import resolve_path
 from fedsim.errors import ConfigError
 from fedsim.training import datasets
 from fedsim.training.partition import (  # noqa: F401 - re-exported
@@ -126,12 +127,18 @@ def load_named(
 
 
 def dataset_file(
-    name: str, path: str | os.PathLike[str] | None = None, *, base_dir: Path | None = None
+    name: str | None, path: str | os.PathLike[str] | None = None, *,
+    base_dir: Path | None = None,
 ) -> Path | None:
-    """Where a registered data set is read from (fetched first where it is nowhere), or None
-    for ``"synthetic"``: run once before starting many processes, so they do not all fetch."""
-    if name == "synthetic":
+    """Where a registered data set is read from (fetched first where it is nowhere), the
+    absolute path of an ``arrays`` file, or None (``"synthetic"``, a factory's data: name
+    None): run once before starting many processes, so they do not all fetch, and so the
+    scenario they read (written elsewhere) still points at the data."""
+    if name is None or name == "synthetic" or (name == "arrays" and path is None):
         return None
+    if name == "arrays":
+        assert path is not None
+        return resolve_path(Path(path), base_dir) if base_dir is not None else Path(path).resolve()
     return datasets.resolve(name, path, base_dir=base_dir).path
 
 

@@ -14,19 +14,16 @@ from Python) through :func:`build_scenario_model`, which also probes the model o
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
-import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from fedsim.errors import ConfigError, FedsimError, ModelError
+from fedsim.config.factory import FACTORY_PATTERN  # noqa: F401 - re-exported
+from fedsim.errors import ConfigError, ModelError
+from fedsim.training.factories import call_factory, resolve_factory, search_places
 
 if TYPE_CHECKING:
     from fedsim.config.schema import Model as ModelSpec
@@ -293,80 +290,6 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     return model
 
 
-FACTORY_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
-"""The shape of a factory reference: ``package.module:function`` (``:Class.method`` too)."""
-
-
-def _try_import(name: str, where: str) -> Any:
-    """The module ``name``, or None when it is not found (a failure inside it is an error)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            return None
-        raise ConfigError(
-            f"{where}: importing module {name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    except Exception as exc:
-        raise ConfigError(
-            f"{where}: importing module {name!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _import_module(name: str, search: Sequence[Path], where: str) -> Any:
-    module = _try_import(name, where)
-    # Not on sys.path: also look where the user most likely put it (kept out of sys.path after).
-    extra = [str(d) for d in dict.fromkeys(search) if str(d) not in sys.path]
-    if module is None and extra:
-        sys.path.extend(extra)
-        importlib.invalidate_caches()
-        try:
-            module = _try_import(name, where)
-        finally:
-            for entry in extra:
-                sys.path.remove(entry)
-    if module is None:
-        places = ", ".join(str(d) for d in search) or "nothing else"
-        raise ConfigError(
-            f"{where}: cannot import module {name!r}: it must be installed or on PYTHONPATH "
-            f"(also searched: {places})"
-        )
-    return module
-
-
-def resolve_factory(
-    reference: str, *, where: str = "model.factory", search: Sequence[Path] = ()
-) -> Callable[..., Any]:
-    """The callable named by ``"package.module:function"``, imported now.
-
-    ``search``: directories also tried when the module is not importable as is (the current
-    directory and the scenario file's directory). Raises :class:`ConfigError` naming ``where``.
-    """
-    if not re.match(FACTORY_PATTERN, reference):
-        raise ConfigError(f"{where}: {reference!r} is not of the form 'package.module:function'")
-    module_name, _, attribute = reference.partition(":")
-    target: Any = _import_module(module_name, search, where)
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigError(
-                f"{where}: module {module_name!r} has no attribute {attribute!r}"
-            ) from None
-    if not callable(target):
-        raise ConfigError(f"{where}: {reference!r} is a {type(target).__name__}, not a callable")
-    return target
-
-
-def _accepts(factory: Callable[..., Any], name: str) -> bool:
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    param = parameters.get(name)
-    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-
-
 def build_from_factory(
     factory: Callable[..., Any],
     options: Mapping[str, Any],
@@ -374,34 +297,18 @@ def build_from_factory(
     where: str,
     data: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """``factory(**options)``, checked to be an ``nn.Module``; errors name ``where``.
+    """``factory(**options)`` (see :func:`~fedsim.training.factories.call_factory`), checked
+    to be an ``nn.Module``; errors name ``where``.
 
     ``data`` (``num_classes``, ``input_shape``: one example's shape) fills in those keyword
     arguments when the factory takes them by name and ``options`` does not give them.
     """
-    kwargs = dict(options)
-    for key, value in (data or {}).items():
-        if key not in kwargs and _accepts(factory, key):
-            kwargs[key] = value
-    label = getattr(factory, "__qualname__", type(factory).__name__)
-    try:
-        model = factory(**kwargs)
-    except FedsimError as exc:
-        raise ConfigError(f"{where}: {label}({_show(kwargs)}) failed: {exc}") from exc
-    except Exception as exc:
-        raise ConfigError(
-            f"{where}: {label}({_show(kwargs)}) raised {type(exc).__name__}: {exc}"
-        ) from exc
+    model, call = call_factory(factory, options, where=where, data=data)
     if not isinstance(model, nn.Module):
         raise ConfigError(
-            f"{where}: {label}({_show(kwargs)}) returned {type(model).__name__}, not a "
-            "torch.nn.Module"
+            f"{where}: {call} returned {type(model).__name__}, not a torch.nn.Module"
         )
     return model
-
-
-def _show(kwargs: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
 def build_scenario_model(
@@ -428,9 +335,8 @@ def build_scenario_model(
     if factory is not None:
         model = build_from_factory(factory, options, where="model (the Python factory)", data=data)
     elif spec.factory is not None:
-        search = [Path(os.getcwd())] + ([base_dir] if base_dir is not None else [])
         model = build_from_factory(
-            resolve_factory(spec.factory, search=search), options, where="model.factory", data=data
+            resolve_factory(spec.factory, search=search_places(base_dir)), options, where="model.factory", data=data
         )
     elif spec.name is not None:
         if spec.name not in MODELS:

@@ -67,13 +67,42 @@ def scenario(rounds: int = 6, sampling: str = "poisson", scheme: str = "dirichle
     }
 
 
-def test_custom_model_and_arrays_through_simulate(tmp_path: Path) -> None:
+def _checked_fallback(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spy on the torch.func fallback: every call's per-example PReLU gradients are checked
+    against an independent per-example autograd loop on a fresh copy of the model."""
+    from fedsim.training.persample import fallback
+
+    real, calls = fallback.per_example_gradients, []
+
+    def spy(model: nn.Module, names: list[str], x: torch.Tensor, y: torch.Tensor,
+            loss_fn: object) -> object:
+        per_example, losses = real(model, names, x, y, loss_fn)
+        assert names == ["act.weight"]
+        copy = TwoLayer(tuple(x.shape[1:]), model.out.out_features)
+        copy.load_state_dict(model.state_dict())
+        for i in range(len(x)):
+            loss = nn.functional.cross_entropy(copy(x[i:i + 1]), y[i:i + 1])
+            (expected,) = torch.autograd.grad(loss, copy.act.weight)
+            torch.testing.assert_close(per_example[0][i], expected, rtol=1e-4, atol=1e-6)
+        calls.append(len(x))
+        return per_example, losses
+
+    monkeypatch.setattr(fallback, "per_example_gradients", spy)
+    return calls
+
+
+def test_custom_model_and_arrays_through_simulate(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     data = arrays()
+    fallback_batches = _checked_fallback(monkeypatch)
     result = fedsim.simulate(scenario(), model=TwoLayer, dataset=data, progress=False,
                              out=tmp_path / "run")
     # The user's own model came back trained, and its accuracy is the reported one.
     assert isinstance(result.model, TwoLayer)
     assert PerSampleEngine(result.model).fallback_parameters == ["act.weight"]
+    # Every DP-SGD step took the PReLU's per-example gradients from the fallback (checked
+    # above): 3 clients x 6 rounds of one step.
+    assert len(fallback_batches) == 18 and sum(fallback_batches) > 0
     assert not torch.equal(result.model.act.weight, torch.full((16,), 0.25))  # PReLU trained
     with torch.no_grad():
         logits = result.model(torch.from_numpy(data["x_test"]))

@@ -78,6 +78,22 @@ def test_validate_lists_every_error_with_path_and_line(tmp_path: Path) -> None:
     assert "server.window" in text
 
 
+def test_unknown_keys_name_the_key_meant(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(MINIMAL))
+    data["clients"]["groups"][0].update(clipp=1.0, sigma=1.0, colour="red")
+    data["server"]["windw"] = 1.0
+    data["stop"]["windos"] = 3
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(data)
+    by_key = {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+    assert by_key["clients.groups[0].clipp"].endswith("did you mean 'clip'?")
+    assert by_key["server.windw"].endswith("did you mean 'window'?")
+    assert by_key["stop.windos"].endswith("did you mean 'windows'?")
+    # Nothing close at this level, but the key is accepted inside a field of the group.
+    assert "it belongs under 'noise'" in by_key["clients.groups[0].sigma"]
+    assert by_key["clients.groups[0].colour"].endswith("unknown key")
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_shipped_scenarios_are_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)

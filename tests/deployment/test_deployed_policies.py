@@ -42,3 +42,4 @@ def test_fedbuff_over_mqtt_publishes_a_model_per_full_buffer(tmp_path: Path) -> 
     assert summary["final_version"] - metrics[-1]["version"] in (0, 1)
     assert summary["updates"]["rejected"] == 0
     assert summary["final_accuracy"] > 0.6  # chance is 1/3
+    assert summary["time_kind"] == "scenario"  # the plots' time axis says so

@@ -16,6 +16,7 @@ import pytest
 from fedsim.cli import main as cli_main
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.reporting import plots
 from fedsim.reporting.ledgers import read_ledgers
 from fedsim.reporting.plots import (
     draw_all,
@@ -275,3 +276,30 @@ def test_plots_put_each_neighbouring_relation_on_its_own_axes(
     monkeypatch.setattr(plots, "draw_epsilon", spy)
     plots.draw_run(directory)
     assert sorted(captured[0]) == ["fixed", "poisson"]
+
+
+@pytest.mark.parametrize(("time_kind", "label"), [
+    (None, "virtual time (s)"), ("virtual", "virtual time (s)"),
+    ("scenario", "scenario time (s: wall clock x time scale)")])
+def test_the_time_axis_says_what_the_seconds_are(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch, time_kind: str | None, label: str) -> None:
+    """A deployed run's seconds are the wall clock times the time scale, not virtual time."""
+    run = copy_run(small_run)
+    summary_path = run.path / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary.pop("time_kind", None)
+    if time_kind is not None:
+        summary["time_kind"] = time_kind
+    summary_path.write_text(json.dumps(summary))
+    labels: list[str] = []
+    original = plots._save
+
+    def recording_save(figure: Any, path: Path, **kwargs: Any) -> Any:
+        labels.extend(axes.get_xlabel() for axes in figure.axes if axes.get_xlabel())
+        return original(figure, path, **kwargs)
+
+    monkeypatch.setattr(plots, "_save", recording_save)
+    draw_all(run.path)
+    time_labels = [text for text in labels if "time" in text]
+    assert time_labels and set(time_labels) == {label}

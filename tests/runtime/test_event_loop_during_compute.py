@@ -119,3 +119,69 @@ def test_a_deployed_round_does_not_block_the_event_loop() -> None:
     during = [t for t in ticks if log["begun"] < t < log["computed"]]
     # Ticks every 20 ms during a 600 ms compute: on main none ran (the loop was blocked).
     assert len(during) >= 3, f"{len(during)} event-loop turns during the compute"
+
+
+class _SwitchableRound:
+    """A round computed in a worker thread that a w-hat may split: the split must wait until
+    the thread is done reading the round, then the round is computed again."""
+
+    sample_grads = 10
+
+    def __init__(self) -> None:
+        self.computing = False
+        self.splits: list[tuple[float, float]] = []  # (fraction, w-hat's first value)
+        self.computed: list[int] = []  # the splits each computation saw
+        self.split_while_computing = False
+
+    def result(self) -> Any:
+        from fedsim.training.rounds import RoundResult
+
+        self.computing = True
+        time.sleep(COMPUTE_SECONDS / 2)
+        seen = len(self.splits)
+        time.sleep(COMPUTE_SECONDS / 2)
+        self.computing = False
+        self.computed.append(seen)
+        return RoundResult(np.full(3, float(seen), np.float32), [], [10], 1.0, 1.0, 0.0, 10)
+
+    def switch(self, fraction: float, params: np.ndarray) -> None:
+        self.split_while_computing |= self.computing
+        self.splits.append((fraction, float(params[0])))
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
+    """interrupt = switch on a deployed client: a global model arriving while the worker
+    thread computes is applied when the thread returns (never under it), the round is
+    computed again at once with the split, and that result is what leaves."""
+    round_ = _SwitchableRound()
+
+    class Trainer(_Trainer):
+        def begin_round(self, params: np.ndarray, round_index: int) -> _SwitchableRound:
+            return round_
+
+    async def main() -> list[ClientUpdate]:
+        endpoint = _Endpoint()
+        actor = ClientActor(
+            "c1", clock=ScaledClock(1.0), endpoint=endpoint, trainer=Trainer({}),
+            ledger=_Ledger(), local_lr=0.1, batch_size=10,
+            seconds_per_sample=lambda: 4 * COMPUTE_SECONDS / 10, max_rounds=1,
+            exposure=ClientExposure(pad_release=True, compute_in_thread=True),
+            status_epsilon=lambda: (0.0, 1e-5))
+        assert actor.interrupt == "switch"
+        endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))
+        running = asyncio.create_task(actor.run())
+        await asyncio.sleep(COMPUTE_SECONDS / 4)  # inside the first computation
+        assert round_.computing
+        endpoint.inbox.put_nowait(GlobalModel(2, np.full(3, 7.0, np.float32)))
+        await asyncio.wait_for(running, 30)
+        return endpoint.updates
+
+    updates = asyncio.run(main())
+    assert not round_.split_while_computing
+    assert len(round_.splits) == 1 and round_.splits[0][1] == 7.0
+    assert 0.0 < round_.splits[0][0] < 1.0  # the arrival's fraction of the round's slot
+    assert round_.computed == [0, 1]  # computed again with the split
+    assert len(updates) == 1 and updates[0].delta[0] == 1.0  # the second result left

@@ -156,8 +156,11 @@ def test_realised_timing_reveals_the_batch_size_and_is_marked(tmp_path: Path) ->
     assert differences and all("left at" in d or "sent_at" in d for d in differences)
     run = run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path / "run")
     assert any("NOT COVERED BY THE ACCOUNTANT" in c for c in run.summary["privacy"]["caveats"])
+    # The explanation every command prints (run, launch, report) counts and states them.
+    assert "1 privacy caveat(s) qualify these eps values: (1) " in run.summary["explanation"]
     public = run_scenario(LoadedScenario(parse_scenario(_scenario()), None), tmp_path / "public")
     assert public.summary["privacy"]["caveats"] == []
+    assert "caveat" not in public.summary["explanation"]
 
 
 class _ComputeTakesTime:

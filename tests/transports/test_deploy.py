@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedsim.cli import main as cli_main
 from fedsim.commands import deploy
 from fedsim.errors import ConfigError
 from fedsim.transports.security import (
@@ -208,3 +209,32 @@ def test_compose_commands_match_what_fedsim_launch_runs(
         if name == "server":
             expected["--wait-for-clients"] = repr(deploy.COMPOSE_WAIT_FOR_CLIENTS)
         assert options(composed) == expected
+
+
+def test_compose_written_outside_the_clone_builds_from_the_clone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths in the compose file are relative to it: the build context is the clone and the
+    containers' scenario path is the one inside the image, wherever the file is written."""
+    monkeypatch.chdir(tmp_path)
+    compose = tmp_path / "elsewhere" / "compose.yml"
+    compose.parent.mkdir()
+    status = cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
+                       str(tmp_path / "generated"), "--compose", str(compose)])
+    assert status == 0
+    services = yaml.safe_load(compose.read_text())["services"]
+    assert (compose.parent / services["server"]["build"]).resolve() == REPO.resolve()
+    command = services["server"]["command"]
+    assert command[command.index("--scenario") + 1] == "scenarios/quickstart.yaml"
+    broker_config = services["broker"]["volumes"][0].split(":")[0]
+    assert (compose.parent / broker_config).resolve() == (tmp_path / "generated").resolve()
+
+
+def test_compose_refuses_a_scenario_the_image_does_not_hold(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text((REPO / "scenarios" / "quickstart.yaml").read_text())
+    status = cli_main(["deploy", str(own), "--out", str(tmp_path / "generated"),
+                       "--compose", str(tmp_path / "compose.yml")])
+    assert status == 2
+    assert "copy the scenario" in capsys.readouterr().err
+    assert not (tmp_path / "generated").exists() and not (tmp_path / "compose.yml").exists()
