@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from fedsim.aggregation.policies import AggregationPolicy, staleness_of
 from fedsim.errors import ConfigError
 
 MixingName = Literal["data_size", "configured", "uniform"]
@@ -38,6 +39,7 @@ __all__ = [
     "DataSizeWeights",
     "MixingStrategy",
     "RunningDirection",
+    "STREAM_ABOVE",
     "StreamedWindow",
     "UniformWeights",
     "descent_direction",
@@ -161,14 +163,18 @@ def _raw_weights(strategy: MixingStrategy, updates: Sequence[AcceptedUpdate]) ->
     return raw
 
 
+STREAM_ABOVE = 1024
+"""Waiting updates of a time window beyond which the server folds them into its mix."""
+
+
 class StreamedWindow:
     """A time window's mix accumulated as its updates are accepted, for windows too large to
     hold (10^5 clients send about 2 x 10^5 updates of 400 KB in one window): each batch of
     accepted updates is added into ``d`` and dropped.
 
-    ``coefficients(lambdas, updates)``: the policy's coefficients ``c_i`` from the mixing
-    weights (time windows: ``lambda_i S(s_i)``, linear in ``lambda``; the version, hence the
-    staleness, does not change inside a window). With the population's total weight known in
+    The coefficients ``c_i`` are the policy's from the mixing weights and the staleness
+    against ``version`` (time windows: ``lambda_i S(s_i)``, linear in ``lambda``; the version
+    does not change inside a window). With the population's total weight known in
     advance (``normalize: population``) ``lambda_i = w_i / total`` is exact on arrival and
     the direction is the buffered mix's bit for bit (the same products added in the same
     order). Normalised over the window, the total is known only at the close: ``d`` is
@@ -178,12 +184,11 @@ class StreamedWindow:
     (None once an update's bound is unknown)."""
 
     def __init__(self, shape: tuple[int, ...], strategy: MixingStrategy,
-                 total_weight: float | None,
-                 coefficients: Callable[[np.ndarray, Sequence[AcceptedUpdate]], np.ndarray]
-                 ) -> None:
+                 total_weight: float | None, policy: AggregationPolicy, version: int) -> None:
         self.strategy = strategy
         self.total_weight = total_weight
-        self.coefficients = coefficients
+        self.policy = policy
+        self.version = version
         self._running = RunningDirection(shape)
         self._weight = 0.0
         self._move: float | None = 0.0
@@ -213,7 +218,9 @@ class StreamedWindow:
         raw = _raw_weights(self.strategy, updates)
         self._weight += float(raw.sum())
         lambdas = raw if self.total_weight is None else raw / float(self.total_weight)
-        for c, (update, bound) in zip(self.coefficients(lambdas, updates), batch, strict=True):
+        coefficients = self.policy.factors(
+            lambdas, staleness_of(self.version, [u.base_version for u in updates]))
+        for c, (update, bound) in zip(coefficients, batch, strict=True):
             self._running.add(update, c)
             if self._move is not None:
                 self._move = None if bound is None else (
@@ -221,8 +228,14 @@ class StreamedWindow:
             self.keys.add((update.client_id, update.round))
             self.accepted.append((update.client_id, update.round, update.base_version))
 
-    def finish(self) -> tuple[np.ndarray, float | None]:
-        """The window's direction ``d`` and ``sum_i |c_i| eta_i bound_i`` (None: unknown)."""
+    def finish(self, step: float, sgd: bool = True) -> tuple[np.ndarray, float | None]:
+        """The window's direction ``d`` and how far the server step ``step`` may move the
+        model, ``|step| sum_i |c_i| eta_i bound_i`` (None: a bound unknown, or not ``sgd``:
+        another optimizer's step also carries its state)."""
+        direction, move = self._finish()
+        return direction, None if move is None or not sgd else abs(step) * move
+
+    def _finish(self) -> tuple[np.ndarray, float | None]:
         total = self._weight
         if not (math.isfinite(total) and total > 0):
             raise ConfigError(f"mixing strategy {self.strategy.name!r} gave a total weight "

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
@@ -71,9 +71,10 @@ from fedsim.aggregation import (
     AcceptedUpdate,
     MixingStrategy,
     StepSizeSchedule,
+    mixing,
     population_weight,
 )
-from fedsim.aggregation.mixing import StreamedWindow, descent_direction, normalised_weights
+from fedsim.aggregation.mixing import descent_direction, normalised_weights
 from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
 from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
@@ -95,8 +96,6 @@ from fedsim.transports.base import Endpoint
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
 
 _log = structlog.get_logger("fedsim.runtime.server")
-STREAM_ABOVE = 1024
-"""Waiting updates of a time window beyond which its mix is accumulated as they arrive."""
 
 
 @dataclass(frozen=True)
@@ -211,10 +210,8 @@ class ServerActor:
         self.updates_after_end = 0
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
-        # Time windows: past this many waiting updates the window's mix is accumulated as
-        # they arrive (StreamedWindow), each update checked when it is folded in.
-        self.stream_above = STREAM_ABOVE
-        self._stream: StreamedWindow | None = None
+        self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
+        self._stream: mixing.StreamedWindow | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -300,22 +297,17 @@ class ServerActor:
         updates = [a for a, _ in accepted]
         total = None if self.policy.on_arrival else self.total_weight
         lambdas = normalised_weights(self.strategy, updates, total)
-        factors = self._coefficients(lambdas, updates)
+        factors = self.policy.factors(
+            lambdas, staleness_of(self.version, [a.base_version for a in updates]))
         with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
             direction = descent_direction(updates, factors)
-        return self._step_model([(a.client_id, a.round, a.base_version) for a in updates],
-                                direction, self._allowed_move(
-                                    updates, factors, [b for _, b in accepted], step),
-                                report, step)
-
-    def _coefficients(self, lambdas: np.ndarray, updates: Sequence[AcceptedUpdate]) -> np.ndarray:
-        return self.policy.factors(
-            lambdas, staleness_of(self.version, [a.base_version for a in updates]))
+        entries = [(a.client_id, a.round, a.base_version) for a in updates]
+        allowed = self._allowed_move(updates, factors, [b for _, b in accepted], step)
+        return self._step_model(entries, direction, allowed, report, step)
 
     def _step_model(self, entries: list[tuple[str, int, int]], direction: np.ndarray,
                     allowed: float | None, report: WindowReport, step: float) -> bool:
-        """The optimizer's step with ``direction`` for ``entries`` (client_id, round,
-        base_version), kept only if it passes :func:`check_model`."""
+        """The optimizer's step for ``entries``, kept only if it passes :func:`check_model`."""
         for client_id, round_index, _ in entries:
             self._record_seen(client_id, round_index)
         before = copy.deepcopy(self.optimizer)
@@ -337,10 +329,9 @@ class ServerActor:
         return True
 
     def _fold_inbox(self) -> None:
-        """A large time window: check the waiting updates now (:meth:`_admit`, against what the
-        server knows by now) and fold the accepted ones into the window's running mix."""
-        stream = self._stream = self._stream or StreamedWindow(
-            self.params.shape, self.strategy, self.total_weight, self._coefficients)
+        """A large time window: check the waiting updates now and fold in the accepted ones."""
+        stream = self._stream = self._stream or mixing.StreamedWindow(
+            self.params.shape, self.strategy, self.total_weight, self.policy, self.version)
         report = self._open = self._open or WindowReport(self.windows_closed + 1,
                                                          self.clock.now(), self.version)
         arrived, self._inbox = self._inbox, []
@@ -368,10 +359,9 @@ class ServerActor:
         policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
-        stream = self._stream
-        if stream is not None:  # the rest of a large window: folded in like the start
+        if self._stream is not None:  # the rest of a large window: folded in like the start
             self._fold_inbox()
-            self._stream = None
+        stream, self._stream = self._stream, None
         arrived, self._inbox = self._inbox, []
         report = self._open or WindowReport(window=window, time=self.clock.now(),
                                             version=self.version)
@@ -389,9 +379,7 @@ class ServerActor:
         if accepted:
             self._apply(accepted, report, report.step_size)
         elif stream is not None and stream.accepted:
-            direction, move = stream.finish()
-            allowed = None if move is None or not isinstance(self.optimizer, Sgd) \
-                else abs(report.step_size) * move
+            direction, allowed = stream.finish(report.step_size, isinstance(self.optimizer, Sgd))
             self._step_model(stream.accepted, direction, allowed, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version

@@ -168,7 +168,7 @@ def test_a_simulation_with_streamed_windows_writes_the_same_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = LoadedScenario(parse_scenario(_scenario()), None)
     buffered = run_scenario(loaded, tmp_path / "buffered")
-    monkeypatch.setattr("fedsim.runtime.server.STREAM_ABOVE", 2)
+    monkeypatch.setattr("fedsim.aggregation.mixing.STREAM_ABOVE", 2)
     folds = []
     fold = ServerActor._fold_inbox
 
