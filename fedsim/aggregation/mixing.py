@@ -228,14 +228,9 @@ class StreamedWindow:
             self.keys.add((update.client_id, update.round))
             self.accepted.append((update.client_id, update.round, update.base_version))
 
-    def finish(self, step: float, sgd: bool = True) -> tuple[np.ndarray, float | None]:
-        """The window's direction ``d`` and how far the server step ``step`` may move the
-        model, ``|step| sum_i |c_i| eta_i bound_i`` (None: a bound unknown, or not ``sgd``:
-        another optimizer's step also carries its state)."""
-        direction, move = self._finish()
-        return direction, None if move is None or not sgd else abs(step) * move
-
-    def _finish(self) -> tuple[np.ndarray, float | None]:
+    def finish(self) -> tuple[np.ndarray, float | None]:
+        """The window's direction ``d`` and the bound on its norm ``sum_i |c_i| eta_i bound_i``
+        (None: a bound unknown), which the server optimizer turns into a move bound."""
         total = self._weight
         if not (math.isfinite(total) and total > 0):
             raise ConfigError(f"mixing strategy {self.strategy.name!r} gave a total weight "

@@ -17,6 +17,28 @@ Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Alg. 2, element-wis
 correction (as in Alg. 2). Arithmetic in float64, the model rounded to float32 once per step.
 The state (``m``, ``v``) is checkpointed with the server (:meth:`ServerOptimizer.state`).
 Post-processing of released updates: no optimizer changes any client's privacy.
+
+**The move bound** (:meth:`ServerOptimizer.move_bound`, the server's move limit,
+:func:`fedsim.runtime.integrity.check_model`). Every accepted update passed its client's norm
+bound, so the pseudo-gradient of a step is bounded, ``||Delta|| <= D`` (``D = sum_i |c_i| eta_i
+b_i``). From ``D`` and the optimizer's state *before* the step, each optimizer bounds how far
+its step can move the model, whatever direction a hostile client chose within its bound:
+
+* ``sgd``: ``||x' - x|| = lr ||Delta|| <= lr D``;
+* ``momentum``: ``||m'|| <= beta1 ||m|| + ||Delta||``, so ``lr (beta1 ||m|| + D)`` (unrolled,
+  the geometric sum ``lr sum_k beta1^k D_{t-k}`` of the past steps' bounds);
+* ``adam`` / ``yogi``, per coordinate, with ``a = |Delta_j| <= D``:
+  ``|m'_j| <= beta1 |m_j| + (1 - beta1) a`` and ``v'_j >= max(beta2 v_j, c a^2)`` (Adam:
+  ``c = 1 - beta2``; Yogi: ``v' = v + (1 - beta2) a^2 >= max(v, (1 - beta2) a^2)`` when
+  ``a^2 > v``, else ``v' = v - (1 - beta2) a^2 >= beta2 max(v, a^2)``, so
+  ``c = min(beta2, 1 - beta2)``). The step's coordinate is then at most
+  ``g(a) = (P + Q a) / (max(s, k a) + tau)`` with ``P = beta1 |m_j|``, ``Q = 1 - beta1``,
+  ``s = sqrt(beta2 v_j)``, ``k = sqrt(c)``: increasing for ``a <= s / k`` (constant
+  denominator), monotone beyond (a ratio of linear functions), so its supremum over
+  ``[0, D]`` is ``F_j = max(g(min(D, s / k)), g(D))``, and ``||x' - x|| <= lr ||F||``.
+  Adam's per-coordinate normalisation lets even a small pseudo-gradient move every coordinate
+  by about ``lr (1 - beta1) / sqrt(1 - beta2)``: the bound says so, and the server step size
+  is what limits an adaptive optimizer's move.
 """
 
 from __future__ import annotations
@@ -45,6 +67,12 @@ class ServerOptimizer(Protocol):
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Continue from :meth:`state` of an optimizer of the same configuration."""
+        ...
+
+    def move_bound(self, size: int, direction_bound: float, lr: float) -> float:
+        """The largest ``||x' - x||`` the next :meth:`step` (from the current state, for a
+        model of ``size`` parameters) can make when ``||d|| <= direction_bound``: see the
+        module docstring."""
         ...
 
 
@@ -77,6 +105,9 @@ class Sgd:
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         _check_state(self, state, set())
 
+    def move_bound(self, size: int, direction_bound: float, lr: float) -> float:
+        return abs(lr) * direction_bound
+
 
 class Momentum:
     """FedAvgM: ``m <- beta1 m + Delta``, ``x <- x + lr m``."""
@@ -102,6 +133,10 @@ class Momentum:
         if state:
             _check_state(self, state, {"m"})
             self.m = np.asarray(state["m"], np.float64).copy()
+
+    def move_bound(self, size: int, direction_bound: float, lr: float) -> float:
+        carried = 0.0 if self.m is None else math.sqrt(float(np.dot(self.m, self.m)))
+        return abs(lr) * (self.beta1 * carried + direction_bound)
 
 
 class Adaptive:
@@ -145,3 +180,20 @@ class Adaptive:
             _check_state(self, state, {"m", "v"})
             self.m = np.asarray(state["m"], np.float64).copy()
             self.v = np.asarray(state["v"], np.float64).copy()
+
+    def move_bound(self, size: int, direction_bound: float, lr: float) -> float:
+        if self.m is None or self.v is None:
+            m, v = np.zeros(size, np.float64), np.full(size, self.tau ** 2, np.float64)
+        else:
+            m, v = self.m, self.v
+        c = 1 - self.beta2 if self.name == "adam" else min(self.beta2, 1 - self.beta2)
+        carried, gain = self.beta1 * np.abs(m), 1 - self.beta1
+        floor, k = np.sqrt(self.beta2 * v), math.sqrt(c)
+
+        def g(a: np.ndarray | float) -> np.ndarray:
+            return (carried + gain * a) / (np.maximum(floor, k * a) + self.tau)
+
+        bound = float(direction_bound)
+        kink = np.minimum(bound, floor / k) if k > 0 else np.full(size, bound)
+        per_coordinate = np.maximum(g(kink), g(bound))
+        return abs(lr) * math.sqrt(float(np.dot(per_coordinate, per_coordinate)))

@@ -15,6 +15,7 @@ __all__ = [
     "FedAsyncAggregation",
     "FedBuffAggregation",
     "AdaptiveClipping",
+    "DpNormalisation",
     "LocalStepSequence",
     "ServerOptimizerConfig",
     "StalenessWeighting",
@@ -110,3 +111,21 @@ class AdaptiveClipping(_Strict):
     count_noise_std: float = Field(gt=0.0, allow_inf_nan=False,
                                    description="The count's noise std sigma_b (Andrew et al.: "
                                                "about batch_size / 20).")
+
+
+class DpNormalisation(_Strict):
+    """DP data normalisation (:mod:`fedsim.training.dp_stats`): before its first round the
+    client releases per-feature means and standard deviations of its records with the Gaussian
+    mechanism and standardises its features with them. Each record contributes its features and
+    their squares clipped jointly to L2 norm ``bound``; under Poisson sampling (add/remove) the
+    record count is released too (sensitivity ``sqrt(2) bound``), under fixed-size batches
+    (replace-one) the sensitivity is ``2 bound``. The release is one unsampled Gaussian event
+    (q = 1, this ``noise_multiplier``) on the client's ledger, composed with its DP-SGD steps."""
+
+    noise_multiplier: float = Field(gt=0.0, le=1e4, allow_inf_nan=False,
+                                    description="sigma of the release: noise std / sensitivity.")
+    bound: float = Field(gt=0.0, allow_inf_nan=False,
+                         description="B: the joint L2 clip of a record's (features, squares).")
+    min_std: float = Field(default=0.1, gt=0.0, allow_inf_nan=False,
+                           description="Floor of the released standard deviations (a noisy "
+                                       "variance may be tiny or negative).")

@@ -20,6 +20,7 @@ from fedsim.config import limits
 from fedsim.config.aggregation import (
     AdaptiveClipping,
     Aggregation,
+    DpNormalisation,
     LocalStepSequence,
     ServerOptimizerConfig,
     StalenessWeighting,
@@ -289,24 +290,22 @@ class ClientGroup(_Strict):
     per_example_steps: StepCount = Field(
         default=1, description="Each a_h as that many SGD steps on its example alone (van Dijk "
         "et al.); 1: its gradient. The same privacy, that many times the compute.")
-    per_example_lr: Scale = Field(default=0.1,
-                                  description="The step size of per_example_steps.")
+    per_example_lr: Scale = Field(default=0.1, description="The step size of per_example_steps.")
     step_sequence: LocalStepSequence = Field(
         default_factory=LocalStepSequence,
         description="The round step sizes eta(r) agreed a priori with the server, from local_lr.")
     follow_server_step: bool = Field(
         default=True,
-        description="Multiply the local step by the server step size each global model carries "
-        "(van Dijk et al.: the server broadcasts the new step sizes); false: local_lr only.")
-    interrupt: Literal["switch", "snapshot"] = Field(
-        default="switch",
-        description=(
-            "A global model arriving mid-round: 'switch' (van Dijk et al.'s interrupt service "
-            "routine) computes the round's gradients not yet computed at the new model, with the "
-            "batch and noise drawn at round start; 'snapshot' computes every gradient at the model "
-            "the round began on. The same privacy either way (the new model is post-processing)."),
-    )
-
+        description="Multiply the local step by s_t / s_0, the server step size each model "
+        "carries over the server schedule's first value (van Dijk et al.: the server broadcasts "
+        "the new step sizes): start at local_lr, follow the server's reductions; false: don't.")
+    interrupt: Literal["switch", "snapshot"] = Field(default="switch", description=(
+        "A global model arriving mid-round: 'switch' (van Dijk et al.'s interrupt service "
+        "routine) computes the round's gradients not yet computed at the new model, with the "
+        "batch and noise drawn at round start; 'snapshot' computes every gradient at the model "
+        "the round began on. The same privacy either way (the new model is post-processing)."))
+    dp_normalisation: DpNormalisation | None = Field(default=None, description="DP feature "
+        "standardisation before round 0, charged to the ledger (every group or none).")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -317,6 +316,8 @@ class ClientGroup(_Strict):
                     "rounds: set rounds")
             if self.clip.kind == "decay":
                 raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
+        if self.dp_normalisation is not None and self.noise.kind == "growing_mu":
+            raise ValueError("dp_normalisation: calibrate with noise kind target or constant")
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
                              "(its starting value), not a schedule")
@@ -338,6 +339,9 @@ class Clients(_Strict):
         total = sum(g.data_share for g in self.groups)
         if total > 1.0 + 1e-9:
             raise ValueError(f"data_share of all groups sums to {total:g}, must be <= 1")
+        if len({g.dp_normalisation is None for g in self.groups}) > 1:
+            raise ValueError("dp_normalisation: set it for every group or none (the model and "
+                             "its evaluation see one input scale)")
         if self.total > limits.MAX_CLIENTS:
             raise ValueError(f"the groups have {self.total} clients together, more than the "
                              f"{limits.MAX_CLIENTS} one simulation holds")

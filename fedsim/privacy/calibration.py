@@ -16,7 +16,7 @@ accountant answers each probe with one FFT power. ``measure`` selects which eps 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedsim.errors import ConfigError, PrivacyError
@@ -40,16 +40,21 @@ def _check_target(epsilon: float, delta: float) -> None:
 
 
 def epsilon_for(accountant: str, sampling: Sampling, q: float, sigma: float, steps: int,
-                delta: float, measure: Measure = _default_measure, **settings: Any) -> float:
-    """eps of ``steps`` identical steps under the named accountant."""
-    acc = make_accountant(accountant, [GaussianStep(sampling, q, sigma, steps)], **settings)
+                delta: float, measure: Measure = _default_measure, *,
+                prior: Sequence[GaussianStep] = (), **settings: Any) -> float:
+    """eps of ``steps`` identical steps under the named accountant, composed with the releases
+    ``prior`` (e.g. a DP data normalisation before the first round)."""
+    acc = make_accountant(accountant, [*prior, GaussianStep(sampling, q, sigma, steps)],
+                          **settings)
     return measure(acc, delta)
 
 
 def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,  # noqa: C901 - bracketing and bisection with their failure cases
                     epsilon: float, delta: float, *, rel_tol: float = 1e-4,
-                    measure: Measure = _default_measure, **settings: Any) -> float:
-    """Smallest sigma (to relative tolerance ``rel_tol``, rounded up) with eps <= ``epsilon``."""
+                    measure: Measure = _default_measure, prior: Sequence[GaussianStep] = (),
+                    **settings: Any) -> float:
+    """Smallest sigma (to relative tolerance ``rel_tol``, rounded up) with eps <= ``epsilon``
+    for the ``steps`` composed with the fixed releases ``prior``."""
     _check_target(epsilon, delta)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be an integer >= 1, got {steps!r}")
@@ -57,7 +62,7 @@ def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,  
     def fits(sigma: float) -> bool:
         try:
             return epsilon_for(accountant, sampling, q, sigma, steps, delta, measure,
-                               **settings) <= epsilon
+                               prior=prior, **settings) <= epsilon
         except PrivacyError:  # a noise level too small to account cannot meet a budget
             return False
 

@@ -22,6 +22,9 @@ tight value is 0.865 / 2.382 / 5.640). It never enforces a budget on its own.
   Thm 1): ``mu = q sqrt(sum_t (e^{mu_t^2} - 1))`` with ``mu_t = 1 / sigma_t``. fedsim applies
   the per-step term of the matching scheme to every step and adds them, which is the same
   formula when q and the scheme are fixed (and lets q vary too: ``q_t^2`` inside the sum).
+* an unsampled release (``q = 1``, e.g. a DP data normalisation) is the Gaussian mechanism
+  itself, exactly ``G_{1/sigma}`` under either relation (Thm 2.7): its term is ``1/sigma^2``
+  (composition, Cor. 3.3), not a CLT term.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def group_mu(mu: float, group_size: int) -> float:
 def clt_mu_squared_term(step: GaussianStep) -> float:
     """One step's contribution to mu^2 under the CLT of its sampling scheme (times count)."""
     inv = 1.0 / (step.sigma * step.sigma)
+    if step.q == 1.0:  # the Gaussian mechanism itself: exactly G_{1/sigma}
+        return step.count * inv
     if inv > 700:
         return math.inf
     if step.sampling == "poisson":

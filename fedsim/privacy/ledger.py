@@ -81,9 +81,13 @@ from fedsim.privacy.ledger_file import (
     write_new,
 )
 
-__all__ = ["LEDGER_FORMAT", "Budget", "LedgerRecord", "PrivacyLedger", "read_ledger_steps"]
+__all__ = ["LEDGER_FORMAT", "NORMALISATION_ROUND", "Budget", "LedgerRecord", "PrivacyLedger",
+           "read_ledger_steps"]
 
 ENFORCEMENT_FALLBACK = "pld"
+NORMALISATION_ROUND = -1
+"""The ``round`` of a release before the first training round (DP data normalisation): its
+own privacy event, composed with the rounds' steps, but not a round (:attr:`PrivacyLedger.rounds`)."""
 _MAX_HEADROOM = 10**9
 
 
@@ -268,6 +272,11 @@ class PrivacyLedger:
     @property
     def records(self) -> tuple[LedgerRecord, ...]:
         return tuple(self._records)
+
+    @property
+    def rounds(self) -> frozenset[int]:
+        """The training rounds recorded (not :data:`NORMALISATION_ROUND`)."""
+        return frozenset(r.round for r in self._records if r.round >= 0)
 
     @property
     def last_time(self) -> float:

@@ -27,7 +27,8 @@ A client holds a local model ``w`` and the last global model it accepted (``held
   4. commit the events to the ledger (durable, fsynced) and only then publish the update
      ``(client, r, base_version, Ubar/m)`` - the ledger is charged even if the network then
      drops the message;
-  5. apply the update locally: ``w <- w - eta * Ubar/m``.
+  5. apply the update locally: ``w <- w - eta * Ubar/m`` with ``eta = eta_i(r) s_t / s_0``
+     when following the server step (:meth:`ClientActor.local_step`).
 
 **A global model arriving mid-round** (``interrupt``, per client group). Van Dijk & Nguyen's interrupt
 service routine "will replace the locally kept model w by a received global model w-hat. This
@@ -76,7 +77,7 @@ import numpy as np
 import structlog
 
 from fedsim.clock import Clock
-from fedsim.errors import BudgetExhausted, TransportError
+from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.logging import client_event_level
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import (
@@ -174,19 +175,23 @@ class ClientActor:
         expected_sample_grads: float | None = None,
         exposure: ClientExposure = ClientExposure(),
         interrupt: Literal["switch", "snapshot"] = "switch",
-        follow_server_step: bool = True,
+        first_server_step: float | None = 1.0,
     ) -> None:
         self.client_id = client_id
         self.clock = clock
         self.endpoint = endpoint
         self.trainer = trainer
         self.ledger = ledger
-        # eta_i(r): a constant or the sequence agreed with the server, times the server step
-        # size the latest global model carried when following it.
+        # eta_i(r): a constant or the sequence agreed with the server, times s_t / s_0 (the
+        # server step size the latest global model carried over s_0 = first_server_step, the
+        # schedule's first value) when following it (first_server_step None: not following).
         self.step_sequence = local_lr if callable(local_lr) else None
         self.local_lr = float(local_lr(0)) if callable(local_lr) else float(local_lr)
-        self.follow_server_step = follow_server_step
-        self.server_step = 1.0
+        self.follow_server_step = first_server_step is not None
+        first = 1.0 if first_server_step is None else first_server_step
+        if not (math.isfinite(first) and first > 0):
+            raise ConfigError(f"first_server_step must be finite and > 0, got {first!r}")
+        self.first_server_step = self.server_step = float(first)
         self.batch_size = float(batch_size)
         # Public: the expected per-example gradients of a round (local_steps * m).
         self.expected_sample_grads = (
@@ -285,10 +290,19 @@ class ClientActor:
             self._task.cancel()
 
     def local_step(self, round_index: int) -> float:
-        """The step of round ``round_index``'s local update: ``eta_i(r)`` (times the server step
-        size, when following it)."""
+        """The step of round ``round_index``'s local update: ``eta_i(r)``, times ``s_t / s_0``
+        when following the server (``first_server_step`` given, not None).
+
+        ``s_t`` is the server step size the latest global model carried and ``s_0`` the server
+        schedule's value for the first window (``first_server_step``, known to every client from
+        the public scenario). Van Dijk & Nguyen's server "broadcasts the new step sizes": a
+        client starts at exactly its agreed ``eta_i(r)`` and follows the server's reductions
+        (a plateau reduction by 0.9 gives ``0.9 eta_i(r)``); the server's own scale ``s_0``
+        (e.g. a plateau starting at 2.0) is the server's, and is not applied to local steps."""
         eta = self.local_lr if self.step_sequence is None else float(self.step_sequence(round_index))
-        return eta * self.server_step if self.follow_server_step else eta
+        if not self.follow_server_step:
+            return eta
+        return eta * (self.server_step / self.first_server_step)
 
     def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""

@@ -24,6 +24,7 @@ from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.client import ClientActor
 from fedsim.runtime.deployment import reconnect_policy, run_name
 from fedsim.runtime.exposure import client_exposure, client_generator
+from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
@@ -79,7 +80,7 @@ async def _announce(
     """Say "connected" until the first global model arrives (the server may wait for every
     client before its first window, and a status sent before it subscribed is lost)."""
     while actor.held_version < 0:
-        rounds = len({record.round for record in ledger.records})
+        rounds = len(ledger.rounds)
         await endpoint.publish(
             ClientStatus(
                 actor.client_id,
@@ -119,9 +120,11 @@ async def run_client(
     plan = plan_of(population, client_id)
     state = Path(state_dir)
     ledger = open_ledger(plan, ledger_file(state, client_id))
-    first_round = max((record.round for record in ledger.records), default=-1) + 1
+    first_round = max(ledger.rounds, default=-1) + 1
     trainer = population.trainer(
-        plan, generator=training_generator(population, client_id, first_round)
+        plan, generator=training_generator(population, client_id, first_round), ledger=ledger,
+        normalisation_generator=normalisation_generator(
+            population.tree, client_id, scenario.privacy.deployed_randomness),
     )
     clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
     endpoint = MqttClientEndpoint(
@@ -140,7 +143,7 @@ async def run_client(
         "client starting",
         client=client_id,
         first_round=first_round,
-        ledger_rounds=len({r.round for r in ledger.records}),
+        ledger_rounds=len(ledger.rounds),
         run=run,
     )
     actor: ClientActor | None = None
@@ -186,7 +189,7 @@ async def run_client(
             "state": actor.state if actor is not None else "waiting",
             "stop_reason": actor.stop_reason if actor is not None else "",
             "stopped_at": actor.stopped_at if actor is not None else None,
-            "ledger_rounds": sorted({r.round for r in ledger.records}),
+            "ledger_rounds": sorted(ledger.rounds),
             "released": released,
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),

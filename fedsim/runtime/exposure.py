@@ -24,7 +24,8 @@ function of public values:
   ``q`` in its statuses.
 * **Timing** (:func:`expected_sample_grads`, :func:`release_time`). With ``privacy.timing:
   public`` (the default) a round's compute time is the speed model's cost of the *expected*
-  number of per-example gradients (``local_steps * m``), not of the realised Poisson batch. In
+  number of per-example gradients (``local_steps * m * per_example_steps``), not of the
+  realised Poisson batch. In
   the simulator that cost is the virtual duration; a deployed client computes inside it and
   releases at ``start + k * cost`` for the smallest ``k >= 1`` by which the real compute has
   ended (``k > 1`` is an overrun: logged and counted in ``summary.json``). ``privacy.timing:
@@ -155,12 +156,16 @@ def client_generator(
     return tree.torch("client", client_id, "train", "from-round", first_round)
 
 
-def expected_sample_grads(batch_size: int, local_steps: int) -> float:
-    """Per-example gradients a round computes in expectation: ``local_steps * m``.
+def expected_sample_grads(batch_size: int, local_steps: int, per_example_steps: int = 1) -> float:
+    """Per-example gradients a round computes in expectation: ``local_steps * m * s``.
 
     Under Poisson sampling with the public rate ``q = m / N_declared`` each step's batch has
-    expected size ``q * N_declared = m``; the realised size is private (it depends on N)."""
-    return float(local_steps * batch_size)
+    expected size ``q * N_declared = m``; the realised size is private (it depends on N).
+    With ``per_example_steps = s`` each example's ``a_h`` is ``s`` SGD steps on it alone, ``s``
+    gradients (:class:`~fedsim.training.local.LocalTrainer`): the public slot covers them, or a
+    deployed round would overrun it every time and be released at a time that follows its
+    realised batch."""
+    return float(local_steps * batch_size * per_example_steps)
 
 
 def release_time(start: float, slot: float, now: float) -> float:

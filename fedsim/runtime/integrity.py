@@ -31,7 +31,11 @@ client can still push the model anywhere *within* it, every round (see docs/SECU
 **The mixed model** (:func:`check_model`): finite, every parameter within
 :data:`MAX_PARAMETER` in magnitude, and no further from the previous model than the accepted
 updates allow (``s_t sum_i lambda_i eta_i bound_i``, float32 rounding aside); a model failing
-any of it is never applied, checkpointed or broadcast.
+any of it is never applied, checkpointed or broadcast. Under momentum, Adam and Yogi the
+limit is the server optimizer's own bound on one step from its state before it, given the
+direction's bound ``sum_i lambda_i eta_i bound_i`` (geometric momentum; Adam/Yogi per
+coordinate, :mod:`fedsim.aggregation.optimizers`), so no optimizer lets a step go further than
+bounded updates can take it.
 
 These are pure functions of public scenario values; they cost no privacy.
 """

@@ -37,6 +37,11 @@ from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.integrity import client_limits
+from fedsim.runtime.normalisation import (
+    check_normalisation_budget,
+    held_out_features,
+    normalised_features,
+)
 from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
@@ -78,6 +83,9 @@ class ClientPlan:
     indices: np.ndarray
     schedule: Schedule
     declared_samples: int | None = None  # public size (runtime/exposure.py); None: len(indices)
+    first_server_step: float = 1.0
+    """s_0, the server step-size schedule's value for the first window (from the public
+    scenario): a client following the server steps by ``eta_i(r) s_t / s_0``."""
 
     @property
     def num_samples(self) -> int:
@@ -116,32 +124,44 @@ class Population:
         message_only: bool = False,
         generator: torch.Generator | None = None,
         batcher: RoundBatcher | None = None,
+        ledger: PrivacyLedger | None = None,
+        normalisation_generator: torch.Generator | None = None,
     ) -> LocalTrainer | VirtualDurationTrainer | BatchedTrainer:
         """The client's trainer, its batches and noise drawn from ``client/<id>/train`` (or
         from ``generator``: a restarted client process must not replay released noise); with a
-        ``batcher`` its begun rounds wait there to be computed together with other clients'."""
+        ``batcher`` its begun rounds wait there to be computed together with other clients'.
+        With ``dp_normalisation`` its features are standardised first, the release charged to
+        ``ledger`` (:mod:`fedsim.runtime.normalisation`; noise from ``normalisation_generator``,
+        by default ``client/<id>/dp-normalisation``)."""
         group = plan.group
         if generator is None:
             generator = self.tree.torch("client", plan.client_id, "train")
-        if message_only:
-            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
-        if self.device.type == "cpu":
+        index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
+        rows: torch.Tensor | None = None
+        if group.dp_normalisation is not None:
+            if ledger is None:
+                raise ConfigError(f"client {plan.client_id}: dp_normalisation needs its ledger")
+            # The client's own standardised copy of its records (by its released moments).
+            features = normalised_features(
+                plan, None if message_only else self.train_x.index_select(0, index), ledger,
+                normalisation_generator or self.tree.torch(
+                    "client", plan.client_id, "dp-normalisation"))
+            labels = self.train_y.index_select(0, index)
+        elif message_only:
+            features = None
+        elif self.device.type == "cpu":
             # On the CPU the data set is stored once: the client's trainer holds its row
             # indices (a batch is gathered from the shared tensors; index_select, several times
             # faster than advanced indexing for image tensors on CPU).
-            features, labels = self.train_x, self.train_y
-            rows: torch.Tensor | None = torch.from_numpy(
-                np.asarray(plan.indices, dtype=np.int64))
-        else:
-            # On an accelerator each client's records are copied there once.
-            index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
-            features = self.train_x.index_select(0, index).to(self.device)
-            labels = self.train_y.index_select(0, index).to(self.device)
-            rows = None
+            features, labels, rows = self.train_x, self.train_y, index
+        else:  # on an accelerator each client's records are copied there once
+            features, labels = self.train_x.index_select(0, index), self.train_y.index_select(0, index)
+        if features is None:
+            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         trainer = LocalTrainer(
             self.model,
-            features,
-            labels,
+            features.to(self.device),
+            labels.to(self.device),
             rows=rows,
             batch_size=group.batch_size,
             sampling=group.sampling,
@@ -346,6 +366,7 @@ def build_population(
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
     (train_x, train_y, test_x, test_y), path, writers = _scenario_data(
         loaded, data, tree.integer("dataset"))
+    test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     with torch.random.fork_rng(devices=[]):
@@ -359,6 +380,7 @@ def build_population(
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
+    first_step = first_server_step(scenario)
     split = _split_groups(labels, scenario.clients.groups, tree, writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
@@ -366,6 +388,7 @@ def build_population(
         smallest = min(len(p) for p in parts)
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
+        check_normalisation_budget(group, where)
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
         if group.adaptive_clip is not None:  # the count's noise must leave room for the sum's
             try:
@@ -374,7 +397,8 @@ def build_population(
             except ConfigError as exc:
                 raise ConfigError(f"{where}.adaptive_clip: {exc}") from None
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
-            plans.append(ClientPlan(client_id, group, indices, schedule))
+            plans.append(ClientPlan(client_id, group, indices, schedule,
+                                    first_server_step=first_step))
     return Population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
         device,
@@ -412,7 +436,7 @@ def make_client_actor(
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
     deployed client process alike."""
     group = plan.group
-    rounds_done = {record.round for record in ledger.records}
+    rounds_done = ledger.rounds
     return ClientActor(
         plan.client_id,
         clock=clock,
@@ -422,7 +446,8 @@ def make_client_actor(
         local_lr=step_sequence(group) or group.local_lr,
         batch_size=float(group.batch_size),
         seconds_per_sample=lambda: group.speed.sample(speed_rng),
-        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps),
+        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps,
+                                                    group.per_example_steps),
         exposure=exposure,
         staleness=StalenessPolicy(
             group.staleness.max_versions_behind, group.staleness.max_distance
@@ -431,8 +456,14 @@ def make_client_actor(
         first_round=max(rounds_done, default=-1) + 1,
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
         interrupt=group.interrupt,
-        follow_server_step=group.follow_server_step,
+        first_server_step=plan.first_server_step if group.follow_server_step else None,
     )
+
+
+def first_server_step(scenario: Scenario) -> float:
+    """s_0: the value the scenario's server step-size schedule gives its first window (the step
+    size the first global model carries, before any evaluation could reduce it)."""
+    return make_step_size(scenario.server.step_size).current(1)
 
 
 def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float, float]]:

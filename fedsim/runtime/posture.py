@@ -8,7 +8,8 @@ reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the r
 * clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al.):
   C_t = C_0 rho_c^{t/T} over the group's T rounds.
 * noise ``constant``: sigma_t = sigma. ``target``: the smallest constant sigma such that the
-  group's T rounds are (eps, delta)-DP under the group's accountant
+  group's T rounds (composed with its DP data normalisation release, if any) are
+  (eps, delta)-DP under the group's accountant
   (:func:`fedsim.privacy.calibration.calibrate_sigma`, the same numerical guarantee the ledger
   enforces). ``growing_mu`` (Du et al.): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
   solved so the T rounds meet (eps, delta) under the group's accountant
@@ -34,19 +35,31 @@ from fedsim.config.schema import (
 )
 from fedsim.errors import ConfigError
 from fedsim.privacy import calibration as privacy_calibration
-from fedsim.privacy.events import Sampling
+from fedsim.privacy.events import GaussianStep, Sampling
 from fedsim.privacy.schedules import Schedule, clt_growing_mu, solve_growing_mu
 
-__all__ = ["calibrate_sigma", "make_schedule"]
+__all__ = ["calibrate_sigma", "make_schedule", "normalisation_steps"]
+
+
+def normalisation_steps(group: ClientGroup) -> tuple[GaussianStep, ...]:
+    """The group's DP data normalisation release as privacy events (empty without one): one
+    unsampled (q = 1) Gaussian release of noise multiplier ``noise_multiplier`` under the
+    group's neighbouring relation (:mod:`fedsim.training.dp_stats`)."""
+    config = group.dp_normalisation
+    if config is None:
+        return ()
+    return (GaussianStep(group.sampling, 1.0, config.noise_multiplier),)
 
 
 @lru_cache(maxsize=256)
 def calibrate_sigma(sampling: Sampling, q: float, steps: int, epsilon: float, delta: float,
-                    accountant: str = "pld") -> float:
+                    accountant: str = "pld", prior: tuple[GaussianStep, ...] = ()) -> float:
     """Smallest sigma (to 1e-4 relative) with eps(delta) <= epsilon for ``steps`` identical
-    subsampled Gaussian steps under ``accountant`` (:func:`fedsim.privacy.calibration.
-    calibrate_sigma`, cached: every client of a group asks the same question)."""
-    return privacy_calibration.calibrate_sigma(accountant, sampling, q, steps, epsilon, delta)
+    subsampled Gaussian steps composed with the releases ``prior`` (a DP data normalisation)
+    under ``accountant`` (:func:`fedsim.privacy.calibration.calibrate_sigma`, cached: every
+    client of a group asks the same question)."""
+    return privacy_calibration.calibrate_sigma(accountant, sampling, q, steps, epsilon, delta,
+                                               prior=prior)
 
 
 @lru_cache(maxsize=256)
@@ -79,8 +92,10 @@ def make_schedule(group: ClientGroup, *, q: float, where: str) -> Schedule:
         schedule = Schedule(rounds, noise_config.sigma, clip_0, 1.0, rho_c)
     elif isinstance(noise_config, TargetNoise):
         assert rounds is not None
+        # The rounds share the target with the group's DP normalisation release, if any.
         sigma = calibrate_sigma(group.sampling, q, rounds * group.local_steps,
-                                noise_config.epsilon, noise_config.delta, group.accountant)
+                                noise_config.epsilon, noise_config.delta, group.accountant,
+                                normalisation_steps(group))
         schedule = Schedule(rounds, sigma, clip_0, 1.0, rho_c)
     elif isinstance(noise_config, GrowingMuNoise):
         assert rounds is not None

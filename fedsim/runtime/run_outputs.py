@@ -242,7 +242,7 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "batch_size": plan.group.batch_size,
         "sampling": plan.group.sampling,
         "q": plan.q,
-        "rounds": len({record.round for record in ledger.records}),
+        "rounds": len(ledger.rounds),
         "steps": sum(s.count for s in steps),
         "sigma": released[-1].sigma if released else float(plan.schedule.sigma(0)),
         "clip": released[-1].clip if released else float(plan.schedule.clip(0)),

@@ -18,7 +18,8 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
 2. mixes the applied updates (weights normalised over the window or over the whole population,
    ``normalize``; see the aggregation policies below) with the window's server step size, and
    checks the result (:func:`~fedsim.runtime.integrity.check_model`: finite, bounded, no
-   further than the accepted updates allow) before it replaces the model; the version goes up
+   further than the accepted updates allow through the server optimizer, whichever it is)
+   before it replaces the model; the version goes up
    by one if anything was applied;
 3. evaluates on the held-out set every ``eval_every`` windows and lets the step-size
    schedule react (an unchanged model is not re-evaluated and does not count as "no
@@ -302,17 +303,18 @@ class ServerActor:
         with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
             direction = descent_direction(updates, factors)
         entries = [(a.client_id, a.round, a.base_version) for a in updates]
-        allowed = self._allowed_move(updates, factors, [b for _, b in accepted], step)
-        return self._step_model(entries, direction, allowed, report, step)
+        bound = self._direction_bound(updates, factors, [b for _, b in accepted])
+        return self._step_model(entries, direction, bound, report, step)
 
     def _step_model(self, entries: list[tuple[str, int, int]], direction: np.ndarray,
-                    allowed: float | None, report: WindowReport, step: float) -> bool:
+                    bound: float | None, report: WindowReport, step: float) -> bool:
         """The optimizer's step for ``entries``, kept only if it passes :func:`check_model`."""
         for client_id, round_index, _ in entries:
             self._record_seen(client_id, round_index)
         before = copy.deepcopy(self.optimizer)
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
             new = self.optimizer.step(self.params, direction, step)
+        allowed = None if bound is None else before.move_bound(self.params.size, bound, step)
         problem = check_model(new, self.params, allowed)
         if problem:
             self.optimizer = before
@@ -379,8 +381,8 @@ class ServerActor:
         if accepted:
             self._apply(accepted, report, report.step_size)
         elif stream is not None and stream.accepted:
-            direction, allowed = stream.finish(report.step_size, isinstance(self.optimizer, Sgd))
-            self._step_model(stream.accepted, direction, allowed, report, report.step_size)
+            direction, bound = stream.finish()
+            self._step_model(stream.accepted, direction, bound, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
@@ -423,18 +425,16 @@ class ServerActor:
                 return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
         return ""
 
-    def _allowed_move(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
-                      bounds: list[float | None], step: float) -> float | None:
-        """How far the server SGD step with ``accepted`` may move the model: ``|s_t| sum_i
-        |c_i| eta_i bound_i`` for the direction's coefficients ``c_i`` (``lambda_i`` times the
-        staleness weight). None when a client's bound is unknown, or under momentum/Adam/Yogi,
-        whose step also carries the optimizer's state (the model is then only checked for
-        finite, bounded parameters)."""
+    def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
+                         bounds: list[float | None]) -> float | None:
+        """``D = sum_i |c_i| eta_i bound_i`` bounds the direction for its coefficients ``c_i``;
+        the optimizer before the step turns it into a move bound (SGD: ``|s_t| D``; see
+        :mod:`fedsim.aggregation.optimizers`). None: a client's bound is unknown."""
         known = [b for b in bounds if b is not None]
-        if len(known) < len(bounds) or not isinstance(self.optimizer, Sgd):
+        if len(known) < len(bounds):
             return None
-        return abs(step) * sum(abs(float(c)) * abs(u.step_size) * b
-                               for c, u, b in zip(factors, accepted, known, strict=True))
+        return sum(abs(float(c)) * abs(u.step_size) * b
+                   for c, u, b in zip(factors, accepted, known, strict=True))
 
     def _record_seen(self, client_id: str, round_index: int) -> None:
         self.seen.add((client_id, round_index))

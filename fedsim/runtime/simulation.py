@@ -379,13 +379,14 @@ class _Simulation:
             (self.make_batcher or _local_batcher)(population) if self.batch_rounds else None)
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
+            # first: a DP normalisation is charged to it
+            ledger = open_ledger(plan, path, self.directory_lock)
             trainer: Trainer = population.trainer(
-                plan, message_only=self.message_only, batcher=batcher
+                plan, message_only=self.message_only, batcher=batcher, ledger=ledger
             )
             if self.wrap_trainer is not None:
                 trainer = self.wrap_trainer(plan, trainer)
-            self.clients[plan.client_id] = ClientRecord(
-                plan, trainer, path, open_ledger(plan, path, self.directory_lock))
+            self.clients[plan.client_id] = ClientRecord(plan, trainer, path, ledger)
         server = make_server_actor(
             population,
             clock=clock,

@@ -13,6 +13,9 @@ client's own neighbouring relation:
   most ``2B`` and gets ``N(0, (2 B sigma)^2)``.
 
 mean = S1 / n and var = S2 / n - mean^2 (floored at ``min_std^2``): post-processing.
+
+:func:`exact_moments` is the same standardisation without noise, for data that needs no
+privacy (the server's own held-out set, standardised like the clients' records).
 """
 
 from __future__ import annotations
@@ -79,3 +82,14 @@ def dp_feature_moments(
         mean.reshape(shape).to(features.dtype), var.sqrt().reshape(shape).to(features.dtype)
     )
     return moments, GaussianStep(sampling, 1.0, noise_multiplier)
+
+
+def exact_moments(features: torch.Tensor, *, min_std: float = 1e-3) -> FeatureMoments:
+    """Per-feature mean and std of ``features`` (N, ...), the std floored at ``min_std``: no
+    noise, for data that is not private (a server's held-out set)."""
+    if len(features) == 0:
+        raise ConfigError("cannot compute moments of an empty data set")
+    x = features.to(torch.float64)
+    mean = x.mean(0)
+    std = (x * x).mean(0).sub(mean * mean).clamp_min(min_std**2).sqrt()
+    return FeatureMoments(mean.to(features.dtype), std.to(features.dtype))

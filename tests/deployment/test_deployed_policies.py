@@ -43,3 +43,31 @@ def test_fedbuff_over_mqtt_publishes_a_model_per_full_buffer(tmp_path: Path) -> 
     assert summary["updates"]["rejected"] == 0
     assert summary["final_accuracy"] > 0.6  # chance is 1/3
     assert summary["time_kind"] == "scenario"  # the plots' time axis says so
+
+
+def test_dp_normalisation_over_mqtt_charges_each_deployed_clients_ledger(tmp_path: Path) -> None:
+    """The four deployed clients each release their feature moments once before round 0 (a
+    round -1 event on their own ledger, q = 1, sigma 3) from OS entropy, keep them beside the
+    ledger, train on the standardised records and learn; the server evaluates on its own
+    standardised held-out set."""
+    from fedsim.privacy.ledger import read_ledger_steps
+
+    out = tmp_path / "run"
+    options = DeploymentOptions(time_scale=0.25, max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    launcher = Launcher(SCENARIO, out, options=options, overrides=[
+        "stop.windows=10", "clients.groups[0].dp_normalisation={noise_multiplier: 3, bound: 8}"])
+    summary = launcher.run_to_end(timeout=200.0)
+    for client in ("c-000", "c-001", "c-002", "c-003"):
+        lines = [json.loads(t) for t in (out / "ledgers" / f"{client}.jsonl").read_text()
+                 .splitlines()[1:]]
+        assert lines[0]["round"] == -1 and lines[0]["step"]["q"] == 1.0
+        assert lines[0]["step"]["sigma"] == 3.0
+        assert [line["round"] for line in lines[1:]] == list(range(len(lines) - 1))
+        assert len(list(read_ledger_steps(out / "ledgers" / f"{client}.jsonl"))) == len(lines)
+    rows = (out / "clients.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    for row in rows[1:]:
+        record = dict(zip(header, row.split(","), strict=True))
+        assert int(record["steps"]) == int(record["rounds"]) + 1  # the release is no round
+    assert summary["final_accuracy"] > 0.6  # chance is 1/3

@@ -265,7 +265,9 @@ def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None: 
 
     server = json.loads((out / "server.json").read_text())
     after = _checkpoint_state(out / "state" / "server" / "server.ckpt")
-    assert server["resumed_from_window"] == before["windows_closed"] >= 16
+    # The kill came after window 16's metrics line, which is written just before its
+    # checkpoint: a kill between the two leaves the checkpoint of window 15 (the line is redone).
+    assert server["resumed_from_window"] == before["windows_closed"] >= 15
     assert after["version"] >= before["version"]
     assert {tuple(k) for k in before["seen"]} <= {tuple(k) for k in after["seen"]}
     metrics = _lines(out / "metrics.jsonl")

@@ -4,6 +4,7 @@ per-client a-priori round step-size sequences, applied alike by the client and t
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def test_a_client_steps_by_its_sequence_times_the_carried_server_step(follow: bo
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
                             ledger=_Ledger(), local_lr=StepSequence(0.4, "inverse_time", 1.0),
                             batch_size=1, seconds_per_sample=lambda: 0.1, max_rounds=2,
-                            follow_server_step=follow, status_epsilon=lambda: (0.0, 1e-5))
+                            first_server_step=1.0 if follow else None, status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=0.5))
         await actor.run()
         assert actor.server_step == (0.5 if follow else 1.0)
@@ -134,3 +135,63 @@ def test_a_plateau_run_reaches_clients_that_follow_it(tmp_path: Path) -> None:
         want = carried if client.plan.group.name == "f" else 1.0
         assert client.actor.server_step == pytest.approx(want, rel=1e-9)
     assert ConstantStepSize(1.0).current(7) == 1.0
+
+
+def _one_round_w(first_step: float, carried: float, *, follow: bool = True) -> np.ndarray:
+    """w after one round (update 1 per coordinate) of a client with local_lr 0.4 whose server
+    schedule starts at ``first_step`` and whose global model carries ``carried``."""
+    async def main(clock: VirtualClock) -> np.ndarray:
+        endpoint = _Endpoint(clock)
+        actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
+                            ledger=_Ledger(), local_lr=0.4, batch_size=1,
+                            seconds_per_sample=lambda: 0.1, max_rounds=1,
+                            first_server_step=first_step if follow else None, status_epsilon=lambda: (0.0, 1e-5))
+        endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=carried))
+        await actor.run()
+        return actor.w
+
+    return run_virtual(main)
+
+
+def test_a_client_follows_the_server_step_relative_to_its_first_value() -> None:
+    """s_0 = 2.0 (a plateau starting at 2): the first model (s = 2.0) gives exactly local_lr
+    (w = -0.4), a plateau reduction by 0.9 (s = 1.8) gives 0.9 local_lr (w = -0.36); not
+    following, the carried 1.8 changes nothing (w = -0.4)."""
+    np.testing.assert_allclose(_one_round_w(2.0, 2.0), -0.4, rtol=1e-6)
+    np.testing.assert_allclose(_one_round_w(2.0, 1.8), -0.9 * 0.4, rtol=1e-6)
+    np.testing.assert_allclose(_one_round_w(2.0, 1.8, follow=False), -0.4, rtol=1e-6)
+    with pytest.raises(ConfigError):
+        _one_round_w(0.0, 1.0)
+
+
+def test_a_simulated_plateau_from_two_gives_clients_their_own_step_times_the_reductions(
+        tmp_path: Path) -> None:
+    """server.step_size plateau initial 2.0, factor 0.9: every client plan (the simulator's and
+    the deployed client's, both built by build_population and make_client_actor) knows s_0 =
+    2.0; after the run a following client steps by local_lr * 0.9^k for the k reductions the
+    server made (k >= 1 here), and its applied local step matches by hand."""
+    from fedsim.runtime.population import build_population, first_server_step
+
+    data = {
+        "name": "plateau", "seed": 2, "stop": {"virtual_seconds": 30.0},
+        "dataset": {"name": "synthetic", "num_samples": 400, "num_test_samples": 100,
+                    "num_features": 6, "num_classes": 3},
+        "model": {"name": "logreg"},
+        "clients": {"groups": [
+            {"name": "f", "count": 2, "data_share": 1.0, "batch_size": 8, "clip": 1.0, "noise": 1.0,
+             "speed": 0.02,
+             "local_lr": 0.3}]},
+        "server": {"window": 0.5, "eval_every": 1,
+                   "step_size": {"kind": "plateau", "initial": 2.0, "factor": 0.9, "patience": 1}},
+    }
+    loaded = LoadedScenario(parse_scenario(data), None)
+    assert first_server_step(loaded.scenario) == 2.0
+    assert {p.first_server_step for p in build_population(loaded).plans} == {2.0}
+    result = run_scenario(loaded, tmp_path / "run")
+    for client in result.clients.values():
+        actor = client.actor
+        assert actor.first_server_step == 2.0
+        reductions = round(math.log(actor.server_step / 2.0) / math.log(0.9))
+        assert reductions >= 1
+        assert actor.server_step == pytest.approx(2.0 * 0.9 ** reductions, rel=1e-12)
+        assert actor.local_step(5) == pytest.approx(0.3 * 0.9 ** reductions, rel=1e-12)
