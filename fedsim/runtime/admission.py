@@ -56,11 +56,11 @@ from statistics import NormalDist
 import structlog
 
 from fedsim.config.distributions import Constant, LogNormal, ShiftedExponential, Uniform
-from fedsim.protocol.messages import ClientUpdate
-from fedsim.runtime.integrity import ClientLimits, update_norm
+from fedsim.protocol.messages import ClientStatus, ClientUpdate
+from fedsim.runtime.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
-__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "judge_claims", "public_round_seconds",
-           "version_ranges", "versions_from_ranges"]
+__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "judge_claims", "judge_update", "public_round_seconds",
+           "status_problem", "version_ranges", "versions_from_ranges"]
 
 BURST = 16.0
 """Token-bucket capacity: an honest client's arrivals may bunch by up to ``BURST - 1`` slots
@@ -194,20 +194,41 @@ class Pacer:
         when the window closes (:meth:`judged_now`)."""
         self._noted[id(update)] = (update, self.offer(update, now))
 
-    def judged_now(self, arrived: list[ClientUpdate], now: float, *,
-                   waiting: bool) -> list[ClientUpdate]:
-        """A time window's updates to judge at its end: (``waiting``) those whose token has
-        accrued, then those of ``arrived`` that passed when they arrived (:meth:`note`) or, if
-        not noted, pass now; deferred ones wait in their client's queue, refused ones are gone."""
-        due = list(iter(lambda: self.next_due(now), None)) if waiting else []
+    def due(self, now: float) -> list[ClientUpdate]:
+        """Every waiting update that may now be judged (:meth:`next_due`, repeatedly)."""
+        return list(iter(lambda: self.next_due(now), None))
+
+    def judged_now(self, arrived: list[ClientUpdate], now: float) -> list[ClientUpdate]:
+        """Those of a time window's ``arrived`` updates to judge now: those that passed when
+        they arrived (:meth:`note`) or, if not noted, pass now; deferred ones wait in their
+        client's queue (:meth:`due`), refused ones are gone."""
         noted, self._noted = self._noted, {}
-        paced = [u for u in arrived
-                 if (noted[id(u)][1] if id(u) in noted else self.offer(u, now)) == "pass"]
-        return due + paced
+        return [u for u in arrived
+                if (noted[id(u)][1] if id(u) in noted else self.offer(u, now)) == "pass"]
 
     def waiting(self) -> int:
         """Updates waiting for a token."""
         return sum(len(b.waiting) for b in self._buckets.values())
+
+
+def judge_update(update: ClientUpdate, limits: ClientLimits | None, known: bool, size: int,  # noqa: PLR0913
+                 known_rounds: int, repeated: bool, version: int, published: Collection[int]) -> str:
+    """The server's verdict on one update (docs/SECURITY.md, in this order): '' if it may be
+    classified further, 'duplicate' (``repeated``: its (client, round) seen or buffered), or
+    ``'kind:reason'``: an unknown client (not ``known``), the wrong length (the model has
+    ``size`` parameters), a round beyond the client's limit or more than
+    :data:`~fedsim.runtime.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, then
+    :func:`judge_claims`."""
+    if not known:
+        return "unknown_client:not a client of this scenario"
+    if update.delta.size != size or update.delta.ndim != 1:
+        return f"shape:{update.delta.size} values, the model has {size}"
+    if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
+        return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
+    if update.round > known_rounds + MAX_ROUND_GAP:
+        return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
+                f"the {known_rounds} rounds known")
+    return "duplicate" if repeated else judge_claims(update, limits, version, published)
 
 
 def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int,
@@ -227,6 +248,28 @@ def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int
         if norm > bound:
             return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
     return ""
+
+
+def status_problem(status: ClientStatus, known: bool, limits: ClientLimits | None, seen: int,
+                   known_rounds: int) -> tuple[str, str]:
+    """``(kind, reason)`` why a client's status disagrees with what the server saw (reason ''
+    if it agrees): an unknown client; fewer released rounds than the ``seen`` received, more
+    than :data:`~fedsim.runtime.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, more than
+    its round limit, or "done" without having reached it (``status_inconsistent``)."""
+    if not known:
+        return "unknown_client", "not a client of this scenario"
+    kind, rounds = "status_inconsistent", status.rounds
+    if rounds < seen:
+        return kind, f"claims {rounds} rounds released, the server received {seen}"
+    if rounds > known_rounds + MAX_ROUND_GAP:
+        return kind, (f"claims {rounds} rounds, more than {MAX_ROUND_GAP} beyond the "
+                      f"{known_rounds} known")
+    if limits is not None and limits.max_rounds is not None and rounds > limits.max_rounds:
+        return kind, f"claims {rounds} rounds, its limit is {limits.max_rounds}"
+    if status.state == "done" and limits is not None and (
+            limits.max_rounds is None or rounds != limits.max_rounds):
+        return kind, f"'done' after {rounds} rounds, its limit is {limits.max_rounds}"
+    return kind, ""
 
 
 def version_ranges(versions: Iterable[int]) -> list[list[int]]:

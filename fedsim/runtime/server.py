@@ -4,15 +4,13 @@ diminishing step sizes, evaluation and broadcast.
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
 that arrives in ``((k-1) W, k W]`` and at ``k W``:
 
-1. paces each client's updates to its public compute slot (:mod:`fedsim.runtime.admission`:
-   one that outruns it waits for a token, beyond 256 waiting it is refused as ``rate``), then
+1. paces each client to its public compute slot (:mod:`fedsim.runtime.admission`), then
    classifies each update, in arrival order: **rejected** (logged with its reason, counted by
    kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
    length, its round is beyond the client's round limit or implausibly far ahead of what the
    server knows of it (:data:`~fedsim.runtime.integrity.MAX_ROUND_GAP`; such a round never
-   enters the de-duplication table), its ``base_version`` is ahead of the server's or was
-   never published (``unpublished_version``), or its
-   norm exceeds what clipping plus the client's noise can produce
+   enters the de-duplication table), its ``base_version`` is ahead of the server's or was never
+   published, or its norm exceeds what clipping plus the client's noise can produce
    (:func:`~fedsim.runtime.integrity.update_norm_bound`); **duplicate** (logged) if
    ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
    double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
@@ -75,6 +73,7 @@ from fedsim.aggregation import (
     AcceptedUpdate,
     MixingStrategy,
     StepSizeSchedule,
+    mixing,
     population_weight,
 )
 from fedsim.aggregation.mixing import descent_direction, normalised_weights
@@ -83,10 +82,9 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, stalenes
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.admission import Pacer, judge_claims
+from fedsim.runtime.admission import Pacer, judge_update, status_problem
 from fedsim.runtime.exposure import invitation_bits
 from fedsim.runtime.integrity import (
-    MAX_ROUND_GAP,
     ClientLimits,
     Rejections,
     bad_model,
@@ -143,8 +141,7 @@ class ServerSnapshot:
     incarnations: tuple[str, ...] = ()
     invitations: dict[int, frozenset[str]] = field(default_factory=dict)
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
-    published: frozenset[int] | None = None
-    """The versions it published (None, an older checkpoint: every version up to ``version``)."""
+    published: frozenset[int] | None = None  # versions published (None: all up to ``version``)
 
 
 class ServerActor:
@@ -219,6 +216,8 @@ class ServerActor:
         self._invited_bits: bytes | None = None
         self.published: set[int] = {0}  # version 0, the initial model, opens the run
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
+        self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
+        self._stream: mixing.StreamedWindow | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -231,6 +230,8 @@ class ServerActor:
             elif isinstance(message, ClientUpdate):
                 self.pacer.note(message, self.clock.now())  # paced by its arrival time
                 self._inbox.append(message)
+                if len(self._inbox) > self.stream_above:
+                    self._fold_inbox()
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             else:
@@ -305,27 +306,47 @@ class ServerActor:
         lambdas = normalised_weights(self.strategy, updates, total)
         factors = self.policy.factors(
             lambdas, staleness_of(self.version, [a.base_version for a in updates]))
-        for a in updates:
-            self._record_seen(a.client_id, a.round)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
+            direction = descent_direction(updates, factors)
+        entries = [(a.client_id, a.round, a.base_version) for a in updates]
+        bound = self._direction_bound(updates, factors, [b for _, b in accepted])
+        return self._step_model(entries, direction, bound, report, step)
+
+    def _step_model(self, entries: list[tuple[str, int, int]], direction: np.ndarray,
+                    bound: float | None, report: WindowReport, step: float) -> bool:
+        """The optimizer's step for ``entries``, kept only if it passes :func:`check_model`."""
+        for client_id, round_index, _ in entries:
+            self._record_seen(client_id, round_index)
         before = copy.deepcopy(self.optimizer)
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
-            new = self.optimizer.step(self.params, descent_direction(updates, factors), step)
-        problem = check_model(new, self.params, self._allowed_move(
-            before, updates, factors, [b for _, b in accepted], step))
+            new = self.optimizer.step(self.params, direction, step)
+        allowed = None if bound is None else before.move_bound(self.params.size, bound, step)
+        problem = check_model(new, self.params, allowed)
         if problem:
             self.optimizer = before
             _log.error("mixed model refused; its updates are not applied", window=report.window,
-                       reason=problem, updates=len(updates))
-            self._rejections.add("bad_mix", len(updates))
-            report.rejected += len(updates)
+                       reason=problem, updates=len(entries))
+            self._rejections.add("bad_mix", len(entries))
+            report.rejected += len(entries)
             return False
         self.params = new
-        for a in updates:
-            report.applied_updates.append((a.client_id, a.round, a.base_version))
-            report.applied_to.append(self.version)
-        report.applied += len(updates)
+        report.applied_updates.extend(entries)
+        report.applied_to.extend([self.version] * len(entries))
+        report.applied += len(entries)
         self.version += 1
         return True
+
+    def _fold_inbox(self, due: tuple[ClientUpdate, ...] = ()) -> None:
+        """A large time window: check the waiting updates now (paced, after ``due``: deferred
+        ones whose token accrued) and fold in the accepted ones."""
+        stream = self._stream = self._stream or mixing.StreamedWindow(
+            self.params.shape, self.strategy, self.total_weight, self.policy, self.version)
+        report = self._open = self._open or WindowReport(self.windows_closed + 1,
+                                                         self.clock.now(), self.version)
+        arrived, self._inbox = self._inbox, []
+        report.received += len(arrived)
+        paced = [*due, *self.pacer.judged_now(arrived, self.clock.now())]
+        stream.fold(paced, lambda update: self._admit(update, report, stream.keys))
 
     async def _arrived(self, update: ClientUpdate) -> None:
         """An on-arrival policy's update: check and classify it now, apply the buffer when the
@@ -359,6 +380,12 @@ class ServerActor:
         policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
+        now = self.clock.now()
+        due = [] if self.policy.on_arrival else self.pacer.due(now)  # deferred, token accrued
+        if self._stream is not None:  # the rest of a large window: folded in like the start
+            self._fold_inbox(tuple(due))
+            due = []
+        stream, self._stream = self._stream, None
         arrived, self._inbox = self._inbox, []
         report = self._open or WindowReport(window=window, time=self.clock.now(),
                                             version=self.version)
@@ -367,8 +394,7 @@ class ServerActor:
         report.received += len(arrived)
         accepted: list[tuple[AcceptedUpdate, float | None]] = []
         keys: set[tuple[str, int]] = set()
-        now = self.clock.now()
-        paced = self.pacer.judged_now(arrived, now, waiting=not self.policy.on_arrival)
+        paced = due + self.pacer.judged_now(arrived, now)
         if refused := self.pacer.take_refused():  # beyond the waiting limit: "rate"
             self._rejections.add("rate", refused)
             report.rejected += refused
@@ -380,6 +406,9 @@ class ServerActor:
         report.step_size = self.step_size.current(window)
         if accepted:
             self._apply(accepted, report, report.step_size)
+        elif stream is not None and stream.accepted:
+            direction, bound = stream.finish()
+            self._step_model(stream.accepted, direction, bound, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
@@ -395,38 +424,23 @@ class ServerActor:
 
     def _judge(self, update: ClientUpdate, info: ClientInfo | None,
                buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
-        """'' if the update may be classified further, 'duplicate' (seen, or accepted and
-        waiting in ``buffered``), or 'kind:reason' (then :func:`judge_claims`)."""
-        if info is None:
-            return "unknown_client:not a client of this scenario"
-        if update.delta.shape != self.params.shape:
-            return f"shape:{update.delta.size} values, the model has {self.params.size}"
-        limits = info.limits
-        if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
-            return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
-        known = self._known_rounds(update.client_id)
-        if update.round > known + MAX_ROUND_GAP:
-            return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
-                    f"the {known} rounds known")
-        if (update.client_id, update.round) in self.seen or \
-                (update.client_id, update.round) in buffered:
-            return "duplicate"
-        return judge_claims(update, limits, self.version, self.published)
+        """:func:`~fedsim.runtime.admission.judge_update` against this server's state
+        ('duplicate': seen, or accepted and waiting in ``buffered``)."""
+        key = (update.client_id, update.round)
+        return judge_update(update, info.limits if info is not None else None, info is not None,
+                            self.params.size, self._known_rounds(update.client_id),
+                            key in self.seen or key in buffered, self.version, self.published)
 
-    def _allowed_move(self, optimizer: ServerOptimizer, accepted: list[AcceptedUpdate],
-                      factors: np.ndarray, bounds: list[float | None], step: float) -> float | None:
-        """How far the server step with ``accepted`` may move the model: the direction is
-        bounded by ``D = sum_i |c_i| eta_i bound_i`` for its coefficients ``c_i`` (``lambda_i``
-        times the staleness weight), and ``optimizer`` (its state before the step) turns ``D``
-        and the step size ``s_t`` into a move bound (SGD: ``|s_t| D``; momentum, Adam, Yogi: see
-        :mod:`fedsim.aggregation.optimizers`). None when a client's bound is unknown (the model
-        is then only checked for finite, bounded parameters)."""
+    def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
+                         bounds: list[float | None]) -> float | None:
+        """``D = sum_i |c_i| eta_i bound_i`` bounds the direction for its coefficients ``c_i``;
+        the optimizer before the step turns it into a move bound (SGD: ``|s_t| D``; see
+        :mod:`fedsim.aggregation.optimizers`). None: a client's bound is unknown."""
         known = [b for b in bounds if b is not None]
         if len(known) < len(bounds):
             return None
-        direction = sum(abs(float(c)) * abs(u.step_size) * b
-                        for c, u, b in zip(factors, accepted, known, strict=True))
-        return optimizer.move_bound(self.params.size, direction, step)
+        return sum(abs(float(c)) * abs(u.step_size) * b
+                   for c, u, b in zip(factors, accepted, known, strict=True))
 
     def _record_seen(self, client_id: str, round_index: int) -> None:
         self.seen.add((client_id, round_index))
@@ -454,22 +468,9 @@ class ServerActor:
     def accept_status(self, status: ClientStatus) -> bool:
         """Keep ``status`` if it agrees with what the server saw; else log and count it."""
         info = self.clients.get(status.client_id)
-        reason = ""
-        kind = "status_inconsistent"
-        seen = self._seen_count.get(status.client_id, 0)
-        limits = info.limits if info is not None else None
-        if info is None:
-            kind, reason = "unknown_client", "not a client of this scenario"
-        elif status.rounds < seen:
-            reason = f"claims {status.rounds} rounds released, the server received {seen}"
-        elif status.rounds > self._known_rounds(status.client_id) + MAX_ROUND_GAP:
-            reason = (f"claims {status.rounds} rounds, more than {MAX_ROUND_GAP} beyond the "
-                      f"{self._known_rounds(status.client_id)} known")
-        elif limits is not None and limits.max_rounds is not None and status.rounds > limits.max_rounds:
-            reason = f"claims {status.rounds} rounds, its limit is {limits.max_rounds}"
-        elif status.state == "done" and limits is not None and (
-                limits.max_rounds is None or status.rounds != limits.max_rounds):
-            reason = f"'done' after {status.rounds} rounds, its limit is {limits.max_rounds}"
+        kind, reason = status_problem(
+            status, info is not None, info.limits if info is not None else None,
+            self._seen_count.get(status.client_id, 0), self._known_rounds(status.client_id))
         if reason:
             self._rejections.add(kind)
             _log.warning("status rejected", client=status.client_id, state=status.state,
@@ -547,8 +548,7 @@ class ServerActor:
         self.statuses = dict(snapshot.statuses)
         self.invitations = dict(snapshot.invitations)
         self.optimizer.load_state(snapshot.optimizer_state)
-        self.published = (set(range(self.version + 1)) if snapshot.published is None
-                          else set(snapshot.published))
+        self.published = set(snapshot.published or range(self.version + 1))  # (holds 0)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
