@@ -29,6 +29,7 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.protocol.messages import ClientStatus
+from fedsim.runtime.admission import version_ranges, versions_from_ranges
 from fedsim.runtime.server import ServerSnapshot
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint"]
@@ -60,6 +61,8 @@ def _state_document(snapshot: ServerSnapshot, identity: dict[str, Any]) -> dict[
         "statuses": {client: asdict(status) for client, status in snapshot.statuses.items()},
         "incarnations": list(snapshot.incarnations),
         "invitations": {str(w): sorted(ids) for w, ids in snapshot.invitations.items()},
+        # The versions it published, as [first, last] runs (None: not recorded).
+        "published": None if snapshot.published is None else version_ranges(snapshot.published),
     }
 
 
@@ -79,6 +82,8 @@ def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
         statuses={client: ClientStatus(**fields) for client, fields in state["statuses"].items()},
         incarnations=tuple(str(i) for i in state.get("incarnations", [])),
         invitations={int(w): frozenset(ids) for w, ids in state.get("invitations", {}).items()},
+        published=(None if state.get("published") is None
+                   else frozenset(versions_from_ranges(state["published"]))),
     )
 
 

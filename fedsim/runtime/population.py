@@ -34,6 +34,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
+from fedsim.runtime.admission import public_round_seconds
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.integrity import client_limits
@@ -493,7 +494,10 @@ def make_server_actor(
             p.client_id: ClientInfo(
                 p.public_samples, p.group.local_lr, p.group.weight,
                 client_limits(p.group, p.public_samples, p.schedule, population.initial_params.size),
-                sequence=step_sequence(p.group))
+                sequence=step_sequence(p.group),
+                slot=public_round_seconds(p.group.speed, expected_sample_grads(
+                    p.group.batch_size, p.group.local_steps, p.group.per_example_steps),
+                    population.scenario.privacy.timing))
             for p in population.plans
         },
         window=server_config.window,

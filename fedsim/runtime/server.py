@@ -4,12 +4,13 @@ diminishing step sizes, evaluation and broadcast.
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
 that arrives in ``((k-1) W, k W]`` and at ``k W``:
 
-1. classifies each update, in arrival order: **rejected** (logged with its reason, counted by
+1. paces each client to its public compute slot (:mod:`fedsim.runtime.admission`), then
+   classifies each update, in arrival order: **rejected** (logged with its reason, counted by
    kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
    length, its round is beyond the client's round limit or implausibly far ahead of what the
    server knows of it (:data:`~fedsim.runtime.integrity.MAX_ROUND_GAP`; such a round never
-   enters the de-duplication table), its ``base_version`` is ahead of the server's, or its
-   norm exceeds what clipping plus the client's noise can produce
+   enters the de-duplication table), its ``base_version`` is ahead of the server's or was never
+   published, or its norm exceeds what clipping plus the client's noise can produce
    (:func:`~fedsim.runtime.integrity.update_norm_bound`); **duplicate** (logged) if
    ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
    double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
@@ -81,14 +82,13 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, stalenes
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.admission import Pacer, judge_update, status_problem
 from fedsim.runtime.exposure import invitation_bits
 from fedsim.runtime.integrity import (
-    MAX_ROUND_GAP,
     ClientLimits,
     Rejections,
     bad_model,
     check_model,
-    update_norm,
 )
 from fedsim.runtime.tasks import helper_tasks
 from fedsim.runtime.window_report import WindowReport, duration_stop
@@ -109,6 +109,8 @@ class ClientInfo:
     limits: ClientLimits | None = None  # its DP posture, to bound its updates (integrity)
     sequence: Callable[[int], float] | None = field(default=None, kw_only=True)
     """eta_i(r), agreed a priori (None: the constant ``step_size``)."""
+    slot: float | None = field(default=None, kw_only=True)
+    """A lower bound of its public compute time per round (None: not paced; admission.py)."""
 
     def step_at(self, round_index: int) -> float:
         """eta_i of the client's round ``round_index``."""
@@ -139,6 +141,7 @@ class ServerSnapshot:
     incarnations: tuple[str, ...] = ()
     invitations: dict[int, frozenset[str]] = field(default_factory=dict)
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
+    published: frozenset[int] | None = None  # versions published (None: all up to ``version``)
 
 
 class ServerActor:
@@ -211,6 +214,8 @@ class ServerActor:
         self.updates_after_end = 0
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
+        self.published: set[int] = {0}  # version 0, the initial model, opens the run
+        self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
         self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
         self._stream: mixing.StreamedWindow | None = None
 
@@ -223,6 +228,7 @@ class ServerActor:
             elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
+                self.pacer.note(message, self.clock.now())  # paced by its arrival time
                 self._inbox.append(message)
                 if len(self._inbox) > self.stream_above:
                     self._fold_inbox()
@@ -330,30 +336,43 @@ class ServerActor:
         self.version += 1
         return True
 
-    def _fold_inbox(self) -> None:
-        """A large time window: check the waiting updates now and fold in the accepted ones."""
+    def _fold_inbox(self, due: tuple[ClientUpdate, ...] = ()) -> None:
+        """A large time window: check the waiting updates now (paced, after ``due``: deferred
+        ones whose token accrued) and fold in the accepted ones."""
         stream = self._stream = self._stream or mixing.StreamedWindow(
             self.params.shape, self.strategy, self.total_weight, self.policy, self.version)
         report = self._open = self._open or WindowReport(self.windows_closed + 1,
                                                          self.clock.now(), self.version)
         arrived, self._inbox = self._inbox, []
         report.received += len(arrived)
-        stream.fold(arrived, lambda update: self._admit(update, report, stream.keys))
+        paced = [*due, *self.pacer.judged_now(arrived, self.clock.now())]
+        stream.fold(paced, lambda update: self._admit(update, report, stream.keys))
 
     async def _arrived(self, update: ClientUpdate) -> None:
         """An on-arrival policy's update: check and classify it now, apply the buffer when the
         policy says so and publish the new model at once (if it passed :func:`check_model`)."""
+        report = await self._release_waiting()
+        report.received += 1
+        if self.pacer.offer(update, self.clock.now()) == "pass":
+            await self._buffer_one(update, report)
+
+    async def _release_waiting(self) -> WindowReport:
+        """Judge the updates whose client has a token again (:class:`Pacer`); the open report."""
         if self._open is None:
             self._open = WindowReport(self.windows_closed + 1, self.clock.now(), self.version)
-        self._open.received += 1
-        admitted = self._admit(update, self._open,
+        while (due := self.pacer.next_due(self.clock.now())) is not None:
+            await self._buffer_one(due, self._open)
+        return self._open
+
+    async def _buffer_one(self, update: ClientUpdate, report: WindowReport) -> None:
+        admitted = self._admit(update, report,
                                frozenset((a.client_id, a.round) for a, _ in self._buffer))
         if admitted is None:
             return
         self._buffer.append(admitted)
         if self.policy.ready(len(self._buffer)):
             batch, self._buffer = self._buffer, []
-            if self._apply(batch, self._open, self.step_size.current(self.windows_closed + 1)):
+            if self._apply(batch, report, self.step_size.current(self.windows_closed + 1)):
                 await self.publish_model(invite=False)
 
     def close_window(self) -> WindowReport:
@@ -361,8 +380,11 @@ class ServerActor:
         policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
+        now = self.clock.now()
+        due = [] if self.policy.on_arrival else self.pacer.due(now)  # deferred, token accrued
         if self._stream is not None:  # the rest of a large window: folded in like the start
-            self._fold_inbox()
+            self._fold_inbox(tuple(due))
+            due = []
         stream, self._stream = self._stream, None
         arrived, self._inbox = self._inbox, []
         report = self._open or WindowReport(window=window, time=self.clock.now(),
@@ -372,7 +394,11 @@ class ServerActor:
         report.received += len(arrived)
         accepted: list[tuple[AcceptedUpdate, float | None]] = []
         keys: set[tuple[str, int]] = set()
-        for update in arrived:
+        paced = due + self.pacer.judged_now(arrived, now)
+        if refused := self.pacer.take_refused():  # beyond the waiting limit: "rate"
+            self._rejections.add("rate", refused)
+            report.rejected += refused
+        for update in paced:
             admitted = self._admit(update, report, keys)
             if admitted is not None:
                 accepted.append(admitted)
@@ -396,34 +422,14 @@ class ServerActor:
             self.last_accuracy = report.accuracy
         return report
 
-    def _judge(self, update: ClientUpdate, info: ClientInfo | None,  # noqa: PLR0911 - one return per rule
+    def _judge(self, update: ClientUpdate, info: ClientInfo | None,
                buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
-        """'' if the update may be classified further, 'duplicate' (seen, or accepted and
-        waiting in ``buffered``), or 'kind:reason'."""
-        if info is None:
-            return "unknown_client:not a client of this scenario"
-        if update.delta.shape != self.params.shape:
-            return f"shape:{update.delta.size} values, the model has {self.params.size}"
-        limits = info.limits
-        if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
-            return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
-        known = self._known_rounds(update.client_id)
-        if update.round > known + MAX_ROUND_GAP:
-            return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
-                    f"the {known} rounds known")
-        if (update.client_id, update.round) in self.seen or \
-                (update.client_id, update.round) in buffered:
-            return "duplicate"
-        if update.base_version > self.version:
-            return f"future_version:base version {update.base_version} > server version {self.version}"
-        norm = update_norm(update.delta)
-        if not np.isfinite(norm):
-            return "non_finite:the update is not finite"
-        if limits is not None:
-            bound = limits.norm_bound(update.round)
-            if norm > bound:
-                return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
-        return ""
+        """:func:`~fedsim.runtime.admission.judge_update` against this server's state
+        ('duplicate': seen, or accepted and waiting in ``buffered``)."""
+        key = (update.client_id, update.round)
+        return judge_update(update, info.limits if info is not None else None, info is not None,
+                            self.params.size, self._known_rounds(update.client_id),
+                            key in self.seen or key in buffered, self.version, self.published)
 
     def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
                          bounds: list[float | None]) -> float | None:
@@ -462,22 +468,9 @@ class ServerActor:
     def accept_status(self, status: ClientStatus) -> bool:
         """Keep ``status`` if it agrees with what the server saw; else log and count it."""
         info = self.clients.get(status.client_id)
-        reason = ""
-        kind = "status_inconsistent"
-        seen = self._seen_count.get(status.client_id, 0)
-        limits = info.limits if info is not None else None
-        if info is None:
-            kind, reason = "unknown_client", "not a client of this scenario"
-        elif status.rounds < seen:
-            reason = f"claims {status.rounds} rounds released, the server received {seen}"
-        elif status.rounds > self._known_rounds(status.client_id) + MAX_ROUND_GAP:
-            reason = (f"claims {status.rounds} rounds, more than {MAX_ROUND_GAP} beyond the "
-                      f"{self._known_rounds(status.client_id)} known")
-        elif limits is not None and limits.max_rounds is not None and status.rounds > limits.max_rounds:
-            reason = f"claims {status.rounds} rounds, its limit is {limits.max_rounds}"
-        elif status.state == "done" and limits is not None and (
-                limits.max_rounds is None or status.rounds != limits.max_rounds):
-            reason = f"'done' after {status.rounds} rounds, its limit is {limits.max_rounds}"
+        kind, reason = status_problem(
+            status, info is not None, info.limits if info is not None else None,
+            self._seen_count.get(status.client_id, 0), self._known_rounds(status.client_id))
         if reason:
             self._rejections.add(kind)
             _log.warning("status rejected", client=status.client_id, state=status.state,
@@ -504,6 +497,7 @@ class ServerActor:
         (False: repeat the open window's, for a model published mid-window)."""
         window = self.windows_closed + 1
         invited = self._invite(window) if invite else self._invited_bits
+        self.published.add(self.version)
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
                                                 window, invited, self.step_size.current(window)))
 
@@ -525,6 +519,7 @@ class ServerActor:
             incarnations=self.incarnations,
             invitations=dict(self.invitations),
             optimizer_state=self.optimizer.state(),
+            published=frozenset(self.published | {self.version}),  # (may be broadcast next)
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -553,6 +548,7 @@ class ServerActor:
         self.statuses = dict(snapshot.statuses)
         self.invitations = dict(snapshot.invitations)
         self.optimizer.load_state(snapshot.optimizer_state)
+        self.published = set(snapshot.published or range(self.version + 1))  # (holds 0)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -583,11 +579,14 @@ class ServerActor:
             await self.broadcast()
             # Window k ends at start + k W; a restored server continues its count.
             start = self._origin = self.clock.now() - self.windows_closed * self.window
+            self.pacer.restart(self.clock.now(), full=self.windows_closed > 0)
             while True:
                 # Sleep to the absolute window end so that rounding never accumulates.
                 await self.clock.sleep(
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
+                if self.policy.on_arrival:
+                    await self._release_waiting()
                 report = self.close_window()
                 report.end = start + self.windows_closed * self.window
                 finished = on_window(report)  # first: a deployed endpoint then ends the run

@@ -85,6 +85,7 @@ def _drive(server: ServerActor, windows: list[list[ClientUpdate]]) -> list[Windo
                     await asyncio.sleep(0)
                 assert len(server._inbox) <= server.stream_above
             reports.append(server.close_window())
+            await server.broadcast()  # as run() does: the updates name published versions
         receiver.cancel()
         return reports
 
@@ -172,9 +173,9 @@ def test_a_simulation_with_streamed_windows_writes_the_same_run(
     folds = []
     fold = ServerActor._fold_inbox
 
-    def counted(self: ServerActor) -> None:
+    def counted(self: ServerActor, *due: tuple[ClientUpdate, ...]) -> None:
         folds.append(len(self._inbox))
-        fold(self)
+        fold(self, *due)
 
     monkeypatch.setattr(ServerActor, "_fold_inbox", counted)
     streamed = run_scenario(loaded, tmp_path / "streamed")

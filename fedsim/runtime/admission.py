@@ -1,0 +1,292 @@
+"""Per-client pacing of updates and the server's published versions (docs/SECURITY.md).
+
+Every update of a client passes the norm bound of :mod:`fedsim.runtime.integrity`, but a client
+that sends its legal rounds back to back would otherwise be applied once per round: under the
+on-arrival policies (FedAsync, FedBuff) each round moves the model separately, and under
+``normalize: population`` each update gets the client's ``lambda_i``, so one client's flood
+moved the model many bounds in one window (findings R4a, R4b). Two public facts bound an
+honest client's rate:
+
+* **its compute slot.** A round's release comes at least one public compute slot after the
+  round began (``runtime/client.py`` ``_compute``: ``timing = public`` waits the speed model's
+  cost of the *expected* batch, ``seconds_per_sample * expected_sample_grads``), and a client
+  runs its rounds one after another, so its ``k``-th release comes at least ``k`` slots after
+  the server's first model. :func:`public_round_seconds` is a lower bound of that slot from the
+  scenario's speed distribution (exact for ``constant``, its ``low``/``minimum`` for
+  ``uniform``/``shifted_exponential``, the ``1e-12`` lower quantile for ``lognormal``; no bound
+  for ``exponential`` or ``timing: realised``, whose slots can be arbitrarily short).
+* **its arrivals jitter.** Network delay, reordering, a broker outage or an outbox replay
+  bunch honest updates: ``j`` slots of jitter bunch at most ``j + 1`` releases.
+
+:class:`Pacer` is a token bucket per client (rate one token per slot, capacity
+:data:`BURST` tokens, one token at the server's start: the first model needs a slot before an
+honest round can arrive, so an honest client always has a token when its update arrives unless
+its arrivals bunched by more than ``BURST - 1`` slots). An update that finds no token is
+**deferred**, never dropped: it waits in the client's queue and is judged, in arrival order,
+as soon as a token has accrued (at the next arrival of any update or the next window's end).
+There is no "one update per client per FedBuff buffer" rule: with fewer than ``K`` clients
+active (availability, dropouts, ``K`` above the population) it would stall the buffer for good,
+and an honest fast client legitimately fills several places of one (Nguyen et al. 2022 buffer
+any ``K`` updates); the rate already bounds how many places of the buffers a client takes, its
+share of the updates. Only a client that has
+:data:`MAX_DEFERRED` updates waiting has further ones refused (kind ``rate``): an honest client
+has at most 256 unacknowledged updates in its outbox. So a flooding client gets its honest
+share, ``1 + t / slot`` updates in ``t`` seconds plus one burst, however fast it sends; an
+honest run, whose clients never outrun their slots, is unchanged. The bucket of a restarted
+server starts full (its clients' outboxes replay what the crash left unacknowledged).
+
+**Published versions** (finding R4c): a client can only have trained on a model the server
+published. With ``broadcast_every > 1`` the versions between broadcasts are never sent; an
+update claiming one would get staleness 0 where every honest update has more, or pass
+``max_staleness``. The server remembers what it published (version 0, the initial model, and
+every model it sent; kept in its checkpoint as ranges, :func:`version_ranges`) and refuses an
+update whose ``base_version`` it never published (kind ``unpublished_version``).
+
+All of this uses public scenario values only; it costs the clients no privacy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import structlog
+
+from fedsim.config.distributions import Constant, LogNormal, ShiftedExponential, Uniform
+from fedsim.protocol.messages import ClientStatus, ClientUpdate
+from fedsim.runtime.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
+
+__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "judge_claims", "judge_update", "public_round_seconds",
+           "status_problem", "version_ranges", "versions_from_ranges"]
+
+BURST = 16.0
+"""Token-bucket capacity: an honest client's arrivals may bunch by up to ``BURST - 1`` slots
+(network delay, reordering, an outage) without a single update waiting."""
+MAX_DEFERRED = 256
+"""Updates one client may have waiting for a token; further ones are refused (``rate``)."""
+_log = structlog.get_logger("fedsim.runtime.admission")
+_QUANTILE = 1e-12  # the lower quantile of a heavy-tailed speed taken as its minimum
+_Z = -NormalDist().inv_cdf(_QUANTILE)
+
+
+def public_round_seconds(speed: object, expected_grads: float, timing: str) -> float | None:
+    """A lower bound of an honest round's compute slot (``seconds_per_sample`` drawn from
+    ``speed`` times ``expected_grads``), or None where the scenario gives none (module
+    docstring): a ``lognormal``'s minimum is taken as its ``1e-12`` lower quantile
+    ``median * exp(-z sigma)``, so that an honest round below it, at that probability, only
+    spends a token of the bucket's burst."""
+    if timing != "public" or not expected_grads > 0:
+        return None
+    if isinstance(speed, Constant):
+        low = speed.value
+    elif isinstance(speed, Uniform):
+        low = speed.low
+    elif isinstance(speed, ShiftedExponential):
+        low = speed.minimum
+    elif isinstance(speed, LogNormal):
+        low = speed.median * math.exp(-_Z * speed.sigma)
+    else:
+        return None
+    slot = float(low) * float(expected_grads)
+    return slot if slot > 0 and math.isfinite(slot) else None
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    last: float
+    waiting: deque[ClientUpdate] = field(default_factory=deque)
+    deferred: int = 0
+
+
+class Pacer:
+    """Token buckets per client (module docstring); ``slots[client]`` its public slot (None:
+    not paced; absent: not a client of the scenario, left to the judge)."""
+
+    def __init__(self, slots: dict[str, float | None], start: float) -> None:
+        self.slots = slots
+        self.start = start
+        self.initial = 1.0
+        self._buckets: dict[str, _Bucket] = {}
+        self.deferred = 0
+        self._refused = 0
+        self._passed: set[tuple[str, int]] = set()  # (client, round) that passed: repeats are free
+        self._noted: dict[int, tuple[ClientUpdate, str]] = {}  # id -> (the update, its verdict)
+        """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
+
+    def restart(self, start: float, *, full: bool) -> None:
+        """Begin the buckets at ``start`` (the first model's time), full after a restart."""
+        self.start = start
+        self.initial = BURST if full else 1.0
+        self._buckets, self._passed = {}, set()
+
+    def _bucket(self, client_id: str, now: float) -> _Bucket:
+        bucket = self._buckets.get(client_id)
+        if bucket is None:
+            bucket = self._buckets[client_id] = _Bucket(self.initial, self.start)
+        slot = self.slots.get(client_id)
+        if slot is not None:
+            bucket.tokens = min(BURST, bucket.tokens + max(0.0, now - bucket.last) / slot)
+        bucket.last = max(bucket.last, now)
+        return bucket
+
+    def _may_pass(self, client_id: str, bucket: _Bucket) -> bool:
+        # (1e-9: float rounding of the accrual must not defer an update that is on time)
+        return self.slots.get(client_id) is None or bucket.tokens >= 1.0 - 1e-9
+
+    def _take(self, client_id: str, bucket: _Bucket, key: tuple[str, int]) -> None:
+        self._passed.add(key)
+        if self.slots.get(client_id) is not None:
+            bucket.tokens -= 1.0
+
+    def offer(self, update: ClientUpdate, now: float) -> str:
+        """``'pass'`` (judge it now; its token is spent), ``'wait'`` (deferred; logged at info
+        once per client) or ``'refuse'`` (``MAX_DEFERRED`` already waiting; logged, counted
+        until :meth:`take_refused`)."""
+        client_id = update.client_id
+        if client_id not in self.slots:
+            return "pass"  # not a client of the scenario: the judge refuses it
+        key = (client_id, update.round)
+        if key in self._passed:
+            return "pass"  # a network duplicate or resend: free (the judge counts it duplicate)
+        bucket = self._bucket(client_id, now)
+        if not bucket.waiting and self._may_pass(client_id, bucket):
+            self._take(client_id, bucket, key)
+            return "pass"
+        if len(bucket.waiting) >= MAX_DEFERRED:
+            self._refused += 1
+            _log.warning("update rejected", client=client_id, round=update.round,
+                         base_version=update.base_version, kind="rate",
+                         reason=f"{MAX_DEFERRED} updates already wait for its compute slot")
+            return "refuse"
+        if not bucket.deferred:
+            _log.info("update deferred: its client is ahead of its public compute slot",
+                      client=client_id, round=update.round)
+        bucket.waiting.append(update)
+        bucket.deferred += 1
+        self.deferred += 1
+        return "wait"
+
+    def take_refused(self) -> int:
+        """Updates refused (``rate``) since the last call."""
+        refused, self._refused = self._refused, 0
+        return refused
+
+    def next_due(self, now: float) -> ClientUpdate | None:
+        """The earliest-queued waiting update that may now be judged (its token spent), or
+        None; a client's updates leave its queue in arrival order."""
+        candidates = [(c, b) for c, b in self._buckets.items() if b.waiting]
+        for client_id, bucket in candidates:
+            self._bucket(client_id, now)
+            key = (client_id, bucket.waiting[0].round)
+            if key in self._passed:  # a repeat of a round that passed: free
+                return bucket.waiting.popleft()
+            if self._may_pass(client_id, bucket):
+                self._take(client_id, bucket, key)
+                return bucket.waiting.popleft()
+        return None
+
+    def note(self, update: ClientUpdate, now: float) -> None:
+        """Pace a time window's ``update`` at its arrival (:meth:`offer`); the verdict is used
+        when the window closes (:meth:`judged_now`)."""
+        self._noted[id(update)] = (update, self.offer(update, now))
+
+    def due(self, now: float) -> list[ClientUpdate]:
+        """Every waiting update that may now be judged (:meth:`next_due`, repeatedly)."""
+        return list(iter(lambda: self.next_due(now), None))
+
+    def judged_now(self, arrived: list[ClientUpdate], now: float) -> list[ClientUpdate]:
+        """Those of a time window's ``arrived`` updates to judge now: those that passed when
+        they arrived (:meth:`note`) or, if not noted, pass now; deferred ones wait in their
+        client's queue (:meth:`due`), refused ones are gone."""
+        noted, self._noted = self._noted, {}
+        return [u for u in arrived
+                if (noted[id(u)][1] if id(u) in noted else self.offer(u, now)) == "pass"]
+
+    def waiting(self) -> int:
+        """Updates waiting for a token."""
+        return sum(len(b.waiting) for b in self._buckets.values())
+
+
+def judge_update(update: ClientUpdate, limits: ClientLimits | None, known: bool, size: int,  # noqa: PLR0913
+                 known_rounds: int, repeated: bool, version: int, published: Collection[int]) -> str:
+    """The server's verdict on one update (docs/SECURITY.md, in this order): '' if it may be
+    classified further, 'duplicate' (``repeated``: its (client, round) seen or buffered), or
+    ``'kind:reason'``: an unknown client (not ``known``), the wrong length (the model has
+    ``size`` parameters), a round beyond the client's limit or more than
+    :data:`~fedsim.runtime.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, then
+    :func:`judge_claims`."""
+    if not known:
+        return "unknown_client:not a client of this scenario"
+    if update.delta.size != size or update.delta.ndim != 1:
+        return f"shape:{update.delta.size} values, the model has {size}"
+    if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
+        return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
+    if update.round > known_rounds + MAX_ROUND_GAP:
+        return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
+                f"the {known_rounds} rounds known")
+    return "duplicate" if repeated else judge_claims(update, limits, version, published)
+
+
+def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int,
+                 published: Collection[int]) -> str:
+    """The server's checks of what an update claims (``'kind:reason'``, or '' if it passes):
+    a ``base_version`` ahead of the server's ``version`` or never ``published`` (R4c); a value
+    that is not finite; a norm beyond the client's bound (:mod:`fedsim.runtime.integrity`)."""
+    if update.base_version > version:
+        return f"future_version:base version {update.base_version} > server version {version}"
+    if update.base_version not in published:
+        return f"unpublished_version:base version {update.base_version} was never published"
+    norm = update_norm(update.delta)
+    if not math.isfinite(norm):
+        return "non_finite:the update is not finite"
+    if limits is not None:
+        bound = limits.norm_bound(update.round)
+        if norm > bound:
+            return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
+    return ""
+
+
+def status_problem(status: ClientStatus, known: bool, limits: ClientLimits | None, seen: int,
+                   known_rounds: int) -> tuple[str, str]:
+    """``(kind, reason)`` why a client's status disagrees with what the server saw (reason ''
+    if it agrees): an unknown client; fewer released rounds than the ``seen`` received, more
+    than :data:`~fedsim.runtime.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, more than
+    its round limit, or "done" without having reached it (``status_inconsistent``)."""
+    if not known:
+        return "unknown_client", "not a client of this scenario"
+    kind, rounds = "status_inconsistent", status.rounds
+    if rounds < seen:
+        return kind, f"claims {rounds} rounds released, the server received {seen}"
+    if rounds > known_rounds + MAX_ROUND_GAP:
+        return kind, (f"claims {rounds} rounds, more than {MAX_ROUND_GAP} beyond the "
+                      f"{known_rounds} known")
+    if limits is not None and limits.max_rounds is not None and rounds > limits.max_rounds:
+        return kind, f"claims {rounds} rounds, its limit is {limits.max_rounds}"
+    if status.state == "done" and limits is not None and (
+            limits.max_rounds is None or rounds != limits.max_rounds):
+        return kind, f"'done' after {rounds} rounds, its limit is {limits.max_rounds}"
+    return kind, ""
+
+
+def version_ranges(versions: Iterable[int]) -> list[list[int]]:
+    """``versions`` as sorted inclusive ``[first, last]`` runs (compact in a checkpoint: with
+    ``broadcast_every = 1`` every version is published, one run)."""
+    runs: list[list[int]] = []
+    for v in sorted(set(versions)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return runs
+
+
+def versions_from_ranges(runs: Iterable[Iterable[int]]) -> set[int]:
+    """The inverse of :func:`version_ranges`."""
+    out: set[int] = set()
+    for first, last in (tuple(r) for r in runs):
+        out.update(range(int(first), int(last) + 1))
+    return out

@@ -1,0 +1,139 @@
+"""Per-client pacing and published versions (runtime/admission.py; findings R4a-c)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from fedsim.aggregation import ConstantStepSize, UniformWeights
+from fedsim.aggregation.policies import FedAsync
+from fedsim.clock import WallClock
+from fedsim.config.distributions import (
+    Constant,
+    Exponential,
+    LogNormal,
+    ShiftedExponential,
+    Uniform,
+)
+from fedsim.protocol.messages import ClientUpdate
+from fedsim.runtime.admission import (
+    BURST,
+    MAX_DEFERRED,
+    Pacer,
+    public_round_seconds,
+    version_ranges,
+    versions_from_ranges,
+)
+from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.server import ClientInfo, ServerActor
+from tests.runtime.test_actors import FakeEndpoint
+
+
+def _update(client: str, round_: int, base: int = 0) -> ClientUpdate:
+    return ClientUpdate(client, round_, base, np.zeros(2, np.float32), 1.0)
+
+
+def test_public_round_seconds_is_the_speed_models_minimum_times_the_expected_gradients() -> None:
+    assert public_round_seconds(Constant(value=0.01), 32.0, "public") == pytest.approx(0.32)
+    assert public_round_seconds(Uniform(kind="uniform", low=0.002, high=0.1), 10.0,
+                                "public") == pytest.approx(0.02)
+    assert public_round_seconds(ShiftedExponential(kind="shifted_exponential", minimum=0.5,
+                                                   mean=1.0), 2.0, "public") == pytest.approx(1.0)
+    # Log-normal: the 1e-12 lower quantile, z = 7.034 (standard normal tables).
+    lognormal = public_round_seconds(LogNormal(kind="lognormal", median=0.003, sigma=0.5), 10.0,
+                                     "public")
+    assert lognormal == pytest.approx(0.03 * math.exp(-7.0344 * 0.5), rel=1e-4)
+    # No minimum, or a realised-batch timing: no pace.
+    assert public_round_seconds(Exponential(kind="exponential", mean=1.0), 10.0, "public") is None
+    assert public_round_seconds(Constant(value=0.01), 32.0, "realised") is None
+    assert public_round_seconds(Constant(value=0.0), 32.0, "public") is None
+
+
+def test_an_honest_client_with_bunched_arrivals_never_waits() -> None:
+    """Releases one slot apart (each round takes its slot), then arrivals delayed by a jitter
+    of up to BURST - 1 slots (an outage that delivers them together): every one passes."""
+    rng = np.random.default_rng(0)
+    slot = 0.5
+    releases = slot * np.arange(1, 201)
+    jitter = rng.uniform(0.0, (BURST - 1) * slot, releases.size)
+    jitter[50:65] = (BURST - 1) * slot - slot * np.arange(15)  # 15 bunched at one instant
+    arrivals = sorted(zip(releases + jitter, range(200), strict=True))
+    pacer = Pacer({"h": slot}, start=0.0)
+    verdicts = [pacer.offer(_update("h", r), t) for t, r in arrivals]
+    assert verdicts == ["pass"] * 200 and pacer.deferred == 0
+
+
+def test_a_flood_waits_for_its_slots_and_is_refused_only_beyond_the_queue() -> None:
+    pacer = Pacer({"m": 1.0, "free": None}, start=0.0)
+    flood = MAX_DEFERRED + 10
+    verdicts = [pacer.offer(_update("m", r), 0.0) for r in range(flood)]
+    assert verdicts == ["pass"] + ["wait"] * MAX_DEFERRED + ["refuse"] * (flood - 1 - MAX_DEFERRED)
+    assert pacer.offer(_update("free", 0), 0.0) == "pass"  # unpaced clients pass
+    assert pacer.next_due(0.5) is None  # half a token
+    # After 10 slots, 10 tokens: the next 10 rounds in order, then nothing.
+    due = list(iter(lambda: pacer.next_due(10.0), None))
+    assert [u.round for u in due] == list(range(1, 11))
+    # Idle time fills the bucket only up to BURST.
+    due = list(iter(lambda: pacer.next_due(1000.0), None))
+    assert len(due) == BURST and pacer.waiting() == MAX_DEFERRED - 10 - BURST
+
+
+def test_a_restarted_servers_buckets_start_full() -> None:
+    pacer = Pacer({"h": 1.0}, start=0.0)
+    pacer.restart(5.0, full=True)
+    assert [pacer.offer(_update("h", r), 5.0) for r in range(int(BURST) + 1)] == \
+        ["pass"] * int(BURST) + ["wait"]
+
+
+def test_version_ranges_round_trip() -> None:
+    versions = {0, 1, 2, 5, 7, 8}
+    assert version_ranges(versions) == [[0, 2], [5, 5], [7, 8]]
+    assert versions_from_ranges(version_ranges(versions)) == versions
+
+
+def test_a_flooding_clients_deferred_rounds_are_applied_at_its_pace_not_dropped() -> None:
+    """FedAsync in virtual time, slot 1 s: Mallory sends 10 rounds at t = 0; one is applied at
+    once, the rest one per slot as tokens accrue (judged at the next arrival or window end),
+    none is refused; the honest client, one round per slot, is never deferred."""
+
+    async def main(clock: VirtualClock) -> tuple[list[tuple[str, int, float]], int]:
+        clients = {c: ClientInfo(1, 1.0, slot=1.0) for c in ("mallory", "h")}
+        server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(2),
+                             clients=clients, window=2.0, strategy=UniformWeights(),
+                             step_size=ConstantStepSize(1.0), policy=FedAsync(alpha=0.5))
+        applied: list[tuple[str, int, float]] = []
+        for r in range(10):
+            await server._arrived(_update("mallory", r, base=server.version))
+        for second in range(1, 13):
+            await clock.sleep(1.0)
+            before = len(server._open.applied_updates) if server._open else 0
+            await server._arrived(_update("h", second - 1, base=server.version))
+            report = server._open
+            assert report is not None
+            applied += [(c, r, clock.now()) for c, r, _ in report.applied_updates[before:]]
+            if second % 2 == 0:
+                server.close_window()
+        return applied, server.pacer.deferred
+
+    applied, deferred = run_virtual(main)
+    mallory = [(r, t) for c, r, t in applied if c == "mallory"]
+    honest = [r for c, r, _ in applied if c == "h"]
+    assert honest == list(range(12)) and deferred == 9
+    # Round r > 0 of Mallory's waits until r tokens have accrued: t = r seconds.
+    assert [r for r, _ in mallory] == list(range(1, 10))
+    assert [t for _, t in mallory] == pytest.approx([float(r) for r in range(1, 10)])
+
+
+def test_an_unknown_version_claim_is_refused_and_counted() -> None:
+    server = ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(2),
+                         clients={"a": ClientInfo(1, 1.0)}, window=1.0, strategy=UniformWeights(),
+                         step_size=ConstantStepSize(1.0))
+    server.version = 3  # versions 1-3 made but never published
+    server._inbox = [_update("a", 0, base=2), _update("a", 1, base=0)]
+    report = server.close_window()
+    assert report.rejections == {"unpublished_version": 1} and report.applied == 1
+    asyncio.run(server.broadcast())
+    assert server.published == {0, 4}
