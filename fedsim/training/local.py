@@ -115,11 +115,13 @@ class AdaptiveClipConfig:
         target_quantile: gamma, the fraction of examples meant to be unclipped, in (0, 1).
         learning_rate: eta_C of the geometric update (Andrew et al. use 0.2).
         count_noise_std: sigma_b, std of the noise on the count (Andrew et al.: about m/20).
+        max_clip: the public ceiling the clip never exceeds (the server's norm bound uses it).
     """
 
     target_quantile: float = 0.5
     learning_rate: float = 0.2
     count_noise_std: float = 10.0
+    max_clip: float = math.inf
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_quantile < 1.0:
@@ -128,6 +130,8 @@ class AdaptiveClipConfig:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not (math.isfinite(self.count_noise_std) and self.count_noise_std > 0):
             raise ConfigError(f"count_noise_std must be > 0, got {self.count_noise_std}")
+        if not self.max_clip > 0:
+            raise ConfigError(f"max_clip must be > 0, got {self.max_clip}")
 
 
 def count_sensitivity(sampling: Sampling) -> float:
@@ -267,9 +271,9 @@ class LocalTrainer:
             fraction = (within_clip - batch_size / 2 + noise) / self.batch_size + 0.5
         else:
             fraction = (within_clip + noise) / self.batch_size
-        self._adaptive_norm = clip * math.exp(
+        self._adaptive_norm = min(config.max_clip, clip * math.exp(
             -config.learning_rate * (fraction - config.target_quantile)
-        )
+        ))
 
     def lr_for(self, round_index: int) -> float:
         """The local step size of round ``round_index`` (its agreed sequence, or local_lr)."""
