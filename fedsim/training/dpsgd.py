@@ -115,6 +115,8 @@ class NoisyGradient:
     """How many examples had ``||g_i|| <= C`` (private; adaptive clipping noises it)."""
     loss_sum: float
     """Sum of per-example losses (private)."""
+    nonfinite: int = 0
+    """How many examples had a non-finite gradient norm and contributed zero (private)."""
 
 
 def noisy_gradient(
@@ -171,7 +173,8 @@ def noisy_gradient(
         generator if noise_key is None else noise_key,
         param,
     )
-    within, loss_sum = 0, 0.0
+    within, loss_sum, nonfinite = 0, 0.0, 0
+    chunk_norms: list[torch.Tensor] = []
     feature_dtype = param.dtype if features.is_floating_point() else features.dtype
     for start in range(0, len(indices), max_physical_batch):
         chunk = (
@@ -190,9 +193,28 @@ def noisy_gradient(
             part = engine.clipped_local_updates(
                 x, y, clip, per_example_steps, per_example_lr, loss_fn, scale=scale, out=total
             )
-        within += int((part.norms <= clip).sum())
+        # One host sync a chunk, as before: the unclipped count and the norms' sum (not finite
+        # exactly when a norm is not: each is at most sqrt(3.4e38) and a chunk is small).
+        norms = part.norms
+        counts = torch.stack(((norms <= clip).sum().to(norms.dtype), norms.sum())).tolist()
+        within += int(counts[0])
         loss_sum += part.loss_sum
-    return NoisyGradient(total, len(indices), within, loss_sum)
+        if not math.isfinite(counts[1]):  # rare: such an example contributed zero
+            nonfinite += int((~torch.isfinite(norms)).sum())
+        chunk_norms.append(norms)
+    if nonfinite and into is None and not bool(torch.isfinite(total).all()):
+        # Its factor was 0, but its activations or gradients themselves were not finite
+        # (0 * inf is nan): the same step again without it, from the same noise key.
+        keep = indices[torch.isfinite(torch.cat(chunk_norms)).to(indices.device)]
+        again = noisy_gradient(
+            engine, features, labels, keep, sampling=sampling, clip=clip,
+            noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size,
+            generator=generator, max_physical_batch=max_physical_batch, loss_fn=loss_fn,
+            per_example_steps=per_example_steps, per_example_lr=per_example_lr,
+            noise_key=noise_key)
+        return NoisyGradient(again.gradient, len(indices), again.within_clip, again.loss_sum,
+                             nonfinite)
+    return NoisyGradient(total, len(indices), within, loss_sum, nonfinite)
 
 
 def _moved(

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from fedsim.errors import ConfigError, ModelError
+from fedsim.logging import get_logger
 from fedsim.privacy.events import GaussianStep, Sampling
 from fedsim.training.dpsgd import (
     ClipSchedule,
@@ -55,6 +56,7 @@ from fedsim.training.rounds import (
     step_segments,
 )
 
+_log = get_logger("fedsim.training")
 
 def flat_params(model: nn.Module) -> np.ndarray:
     """All parameters of ``model`` as one float32 vector, in ``model.parameters()`` order."""
@@ -237,6 +239,7 @@ class LocalTrainer:
         self.per_example_lr = float(per_example_lr)
         self.engine = engine_for(model)
         self._adaptive_norm: float | None = None
+        self._warned_nonfinite = False
 
     @property
     def num_records(self) -> int:
@@ -339,10 +342,11 @@ class LocalTrainer:
         )
         accumulated: torch.Tensor | None = None
         batch_sizes: list[int] = []
-        loss_sum, clip = 0.0, math.nan
+        loss_sum, clip, nonfinite = 0.0, math.nan, 0
         for step, draws in enumerate(pending.draws):
             clip = self.clip_for(round_index)
             result = self._step(draws.indices, clip, sum_sigma, draws.noise)
+            nonfinite += result.nonfinite
             if draws.count_noise is not None:
                 self.update_adaptive_clip(result.within_clip, result.batch_size, clip,
                                            draws.count_noise)
@@ -359,7 +363,7 @@ class LocalTrainer:
         # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
         assert accumulated is not None  # local_steps >= 1
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
-                                 batch_sizes, clip, loss_sum)
+                                 batch_sizes, clip, loss_sum, nonfinite)
 
     def _step(
         self, indices: torch.Tensor, clip: float, sum_sigma: float, noise: NoiseKey | None,
@@ -385,7 +389,7 @@ class LocalTrainer:
                  for s in segments]
         accumulated: torch.Tensor | None = None
         batch_sizes: list[int] = []
-        loss_sum, clip = 0.0, math.nan
+        loss_sum, clip, nonfinite = 0.0, math.nan, 0
         for step, draws in enumerate(pending.draws):
             clip = self.clip_for(round_index)
             total: torch.Tensor | None = None
@@ -402,6 +406,7 @@ class LocalTrainer:
                     part = self._step(indices, clip, sum_sigma, None, into=total)
                 within += part.within_clip
                 loss_sum += part.loss_sum
+                nonfinite += part.nonfinite
             if total is None:  # an empty batch: the noise alone, at the round's start point
                 load_flat_params(self.model, segments[0].params)
                 part = self._step(draws.indices, clip, sum_sigma, draws.noise)
@@ -413,14 +418,19 @@ class LocalTrainer:
             batch_sizes.append(size)
         assert accumulated is not None
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
-                                 batch_sizes, clip, loss_sum)
+                                 batch_sizes, clip, loss_sum, nonfinite)
 
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
-        loss_sum: float,
+        loss_sum: float, nonfinite: int = 0,
     ) -> RoundResult:
-        """The :class:`RoundResult` of ``pending`` once its update is computed."""
+        """The :class:`RoundResult` of ``pending`` once its update is computed (``nonfinite``:
+        its examples with a non-finite gradient norm, which contributed zero; logged once)."""
         seen = sum(batch_sizes)
+        if nonfinite and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            _log.warning("examples with a non-finite gradient contribute zero (the round is "
+                         "released as usual)", round=pending.round_index, examples=nonfinite)
         return RoundResult(
             update=update,
             steps=pending.steps,
@@ -429,4 +439,5 @@ class LocalTrainer:
             sigma=pending.steps[0].sigma,
             mean_loss=loss_sum / seen if seen else math.nan,
             sample_grads=seen,
+            nonfinite_examples=nonfinite,
         )

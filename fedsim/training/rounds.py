@@ -109,6 +109,8 @@ class RoundResult:
     """Mean per-example training loss over the round's batches (nan if they were all empty)."""
     sample_grads: int
     """Number of per-example gradients computed."""
+    nonfinite_examples: int = 0
+    """Examples whose gradient norm was not finite and that contributed zero (private)."""
 
 
 class RoundTrainer(Protocol):
@@ -152,7 +154,7 @@ class RoundTrainer(Protocol):
 
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
-        loss_sum: float,
+        loss_sum: float, nonfinite: int = 0,
     ) -> RoundResult:
         """The result of ``pending`` once its update is computed."""
         ...

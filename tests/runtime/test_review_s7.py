@@ -525,17 +525,6 @@ def test_the_public_slot_covers_the_compute_of_per_example_local_steps(tmp_path:
 # 1b. A release that depends on one record: the non-finite round
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R5: one record whose gradient is not finite (a finite but huge feature, 1e30, "
-    "passes the loader's finiteness check) makes the whole round's update NaN (clip factor "
-    "C/inf = 0 times inf is NaN), and the client actor then neither releases nor charges the "
-    "round (client.py: 'round produced a non-finite update; not released') and waits for the "
-    "next model: whether an update arrives in its slot tells the server whether that record "
-    "was sampled, a membership signal the accountant does not cover. Fix (training/dpsgd.py "
-    "noisy_gradient + training/batched.py, or persample clip_factors and the rules): count an "
-    "example whose gradient norm is not finite as a zero contribution (recompute the step "
-    "without it from the same noise key); a function of that record alone, so the "
-    "sensitivity and the ledger are unchanged and every round is released"))
 def test_one_record_with_a_non_finite_gradient_does_not_withhold_the_round() -> None:
     from fedsim.privacy.schedules import Schedule
     from fedsim.training.local import LocalTrainer, flat_params
