@@ -52,6 +52,7 @@ from fedsim.training.rounds import (
     PendingRound,
     RoundQueue,
     RoundResult,
+    Segment,
     StepDraws,
     step_segments,
 )
@@ -392,21 +393,20 @@ class LocalTrainer:
         loss_sum, clip, nonfinite = 0.0, math.nan, 0
         for step, draws in enumerate(pending.draws):
             clip = self.clip_for(round_index)
-            total: torch.Tensor | None = None
-            within = 0
-            for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
-                                            round_index):
-                here = bases[k] if accumulated is None else (
-                    bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
-                load_flat_params(self.model, here.to(torch.float32).numpy())
-                if total is None:  # the step's noise comes with its first segment
-                    part = self._step(indices, clip, sum_sigma, draws.noise)
-                    total = part.gradient
-                else:
-                    part = self._step(indices, clip, sum_sigma, None, into=total)
-                within += part.within_clip
-                loss_sum += part.loss_sum
-                nonfinite += part.nonfinite
+            parts = self._segmented_step(segments, bases, accumulated, step, draws, clip=clip,
+                                         sum_sigma=sum_sigma, round_index=round_index,
+                                         exclude=None)
+            dropped = [p.dropped for p in parts if p.dropped is not None]
+            if dropped and not bool(torch.isfinite(parts[0].gradient).all()):
+                # 0 x inf: the step again without those examples, from the same noise key.
+                parts = self._segmented_step(
+                    segments, bases, accumulated, step, draws, clip=clip, sum_sigma=sum_sigma,
+                    round_index=round_index, exclude=torch.cat(dropped))
+                nonfinite += sum(len(d) for d in dropped)
+            total = parts[0].gradient if parts else None
+            within = sum(p.within_clip for p in parts)
+            loss_sum += sum(p.loss_sum for p in parts)
+            nonfinite += sum(p.nonfinite for p in parts)
             if total is None:  # an empty batch: the noise alone, at the round's start point
                 load_flat_params(self.model, segments[0].params)
                 part = self._step(draws.indices, clip, sum_sigma, draws.noise)
@@ -419,6 +419,28 @@ class LocalTrainer:
         assert accumulated is not None
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
                                  batch_sizes, clip, loss_sum, nonfinite)
+
+    def _segmented_step(
+        self, segments: list[Segment], bases: list[torch.Tensor],
+        accumulated: torch.Tensor | None, step: int, draws: StepDraws, *, clip: float,
+        sum_sigma: float, round_index: int, exclude: torch.Tensor | None,
+    ) -> list[NoisyGradient]:
+        """One step of a split round: each segment's records (less ``exclude``) at its ``w``,
+        the first noised, the later ones added into its gradient (``parts[0].gradient``)."""
+        parts: list[NoisyGradient] = []
+        for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
+                                        round_index):
+            if exclude is not None:
+                indices = indices[~torch.isin(indices, exclude)]
+            here = bases[k] if accumulated is None else (
+                bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
+            load_flat_params(self.model, here.to(torch.float32).numpy())
+            if not parts:  # the step's noise comes with its first segment
+                parts.append(self._step(indices, clip, sum_sigma, draws.noise))
+            else:
+                parts.append(self._step(indices, clip, sum_sigma, None,
+                                        into=parts[0].gradient))
+        return parts
 
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,

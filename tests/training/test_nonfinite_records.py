@@ -129,3 +129,24 @@ def test_normal_rounds_count_no_non_finite_example() -> None:
     trainer = _trainer(model, None, 4)
     result = trainer.run_round(flat_params(model), 0)
     assert result.nonfinite_examples == 0 and np.isfinite(result.update).all()
+
+
+def test_a_split_round_with_a_non_finite_record_is_released() -> None:
+    """``interrupt: switch``: a round split by a model arriving mid-round. Its later segments
+    add into the first's noisy sum, so a nan there is undone by computing the step again
+    without that record: the update does not depend on the bad record's value (1e30 in one
+    feature, no recompute needed; 3e38 in all, nan activations, recomputed), as long as its
+    norm is not finite."""
+    updates = []
+    for huge in HUGE:
+        model = _model("linear")
+        w0 = flat_params(model)
+        trainer = _trainer(model, huge, 6)
+        pending = trainer.begin_round(w0, 0)
+        pending.switch(0.5, w0 + np.float32(0.01))
+        result = pending.result()
+        assert len(pending.segments) == 2
+        assert np.isfinite(result.update).all() and result.nonfinite_examples == 1
+        assert result.steps == trainer.planned_steps(0)
+        updates.append(result.update)
+    np.testing.assert_allclose(updates[0], updates[1], rtol=1e-5, atol=1e-6)
