@@ -22,12 +22,13 @@ A strategy is a small replaceable object (after Flower's ``Strategy``): anything
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from fedsim.aggregation.policies import AggregationPolicy, staleness_of
 from fedsim.errors import ConfigError
 
 MixingName = Literal["data_size", "configured", "uniform"]
@@ -37,6 +38,9 @@ __all__ = [
     "ConfiguredWeights",
     "DataSizeWeights",
     "MixingStrategy",
+    "RunningDirection",
+    "STREAM_ABOVE",
+    "StreamedWindow",
     "UniformWeights",
     "descent_direction",
     "make_strategy",
@@ -129,16 +133,113 @@ def normalised_weights(strategy: MixingStrategy, updates: Sequence[AcceptedUpdat
     return raw / total
 
 
+class RunningDirection:
+    """``d = sum_i c_i eta_i u_i`` in float64, accumulated one update at a time (the arithmetic
+    of :func:`descent_direction`, which uses it: the same sums in the same order)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.direction = np.zeros(shape, dtype=np.float64)
+        self._scaled = np.empty(shape, dtype=np.float64)
+
+    def add(self, update: AcceptedUpdate, coefficient: float) -> None:
+        # Two passes per update and no allocation: scale into a float64 scratch, then add.
+        np.multiply(update.update, coefficient * update.step_size, out=self._scaled,
+                    dtype=np.float64)
+        self.direction += self._scaled
+
+
 def descent_direction(updates: Sequence[AcceptedUpdate], coefficients: np.ndarray) -> np.ndarray:
     """``d = sum_i c_i eta_i u_i`` in float64."""
-    # Two passes per update and no allocation: scale into a float64 scratch, then accumulate.
-    first = updates[0].update
-    direction = np.zeros(first.shape, dtype=np.float64)
-    scaled = np.empty(first.shape, dtype=np.float64)
+    running = RunningDirection(updates[0].update.shape)
     for weight, update in zip(coefficients, updates, strict=True):
-        np.multiply(update.update, weight * update.step_size, out=scaled, dtype=np.float64)
-        direction += scaled
-    return direction
+        running.add(update, weight)
+    return running.direction
+
+
+def _raw_weights(strategy: MixingStrategy, updates: Sequence[AcceptedUpdate]) -> np.ndarray:
+    raw = np.asarray(strategy.weights(updates), dtype=np.float64)
+    if raw.shape != (len(updates),) or not np.all(np.isfinite(raw)) or np.any(raw < 0):
+        raise ConfigError(f"mixing strategy {strategy.name!r} gave invalid weights {raw!r}")
+    return raw
+
+
+STREAM_ABOVE = 1024
+"""Waiting updates of a time window beyond which the server folds them into its mix."""
+
+
+class StreamedWindow:
+    """A time window's mix accumulated as its updates are accepted, for windows too large to
+    hold (10^5 clients send about 2 x 10^5 updates of 400 KB in one window): each batch of
+    accepted updates is added into ``d`` and dropped.
+
+    The coefficients ``c_i`` are the policy's from the mixing weights and the staleness
+    against ``version`` (time windows: ``lambda_i S(s_i)``, linear in ``lambda``; the version
+    does not change inside a window). With the population's total weight known in
+    advance (``normalize: population``) ``lambda_i = w_i / total`` is exact on arrival and
+    the direction is the buffered mix's bit for bit (the same products added in the same
+    order). Normalised over the window, the total is known only at the close: ``d`` is
+    accumulated with ``c_i(w_i)`` and divided by the total once, which differs from the
+    buffered ``c_i(w_i / total)`` by float64 rounding (a few ulps before the model is rounded
+    to float32; tested). The move limit's sum ``sum_i |c_i| eta_i bound_i`` is kept alike
+    (None once an update's bound is unknown)."""
+
+    def __init__(self, shape: tuple[int, ...], strategy: MixingStrategy,
+                 total_weight: float | None, policy: AggregationPolicy, version: int) -> None:
+        self.strategy = strategy
+        self.total_weight = total_weight
+        self.policy = policy
+        self.version = version
+        self._running = RunningDirection(shape)
+        self._weight = 0.0
+        self._move: float | None = 0.0
+        self.keys: set[tuple[str, int]] = set()
+        """(client_id, round) of every update accepted so far (de-duplication in the window)."""
+        self.accepted: list[tuple[str, int, int]] = []
+        """(client_id, round, base_version) of each accepted update, in order."""
+
+    def fold(self, arrived: Iterable[Any],
+             admit: Callable[[Any], tuple[AcceptedUpdate, float | None] | None]) -> None:
+        """Check each of ``arrived`` in order (``admit``: the accepted update with its norm
+        bound, or None; it sees :attr:`keys` grow) and add the accepted ones."""
+        batch = []
+        for message in arrived:
+            accepted = admit(message)
+            if accepted is not None:
+                batch.append(accepted)
+                self.keys.add((accepted[0].client_id, accepted[0].round))
+        with np.errstate(over="ignore", invalid="ignore"):  # the mixed model is checked
+            self.add(batch)
+
+    def add(self, batch: Sequence[tuple[AcceptedUpdate, float | None]]) -> None:
+        """Fold ``batch`` (accepted updates with their norm bounds) into the mix."""
+        if not batch:
+            return
+        updates = [u for u, _ in batch]
+        raw = _raw_weights(self.strategy, updates)
+        self._weight += float(raw.sum())
+        lambdas = raw if self.total_weight is None else raw / float(self.total_weight)
+        coefficients = self.policy.factors(
+            lambdas, staleness_of(self.version, [u.base_version for u in updates]))
+        for c, (update, bound) in zip(coefficients, batch, strict=True):
+            self._running.add(update, c)
+            if self._move is not None:
+                self._move = None if bound is None else (
+                    self._move + abs(float(c)) * abs(update.step_size) * bound)
+            self.keys.add((update.client_id, update.round))
+            self.accepted.append((update.client_id, update.round, update.base_version))
+
+    def finish(self) -> tuple[np.ndarray, float | None]:
+        """The window's direction ``d`` and the bound on its norm ``sum_i |c_i| eta_i bound_i``
+        (None: a bound unknown), which the server optimizer turns into a move bound."""
+        total = self._weight
+        if not (math.isfinite(total) and total > 0):
+            raise ConfigError(f"mixing strategy {self.strategy.name!r} gave a total weight "
+                              f"{total!r} for the window")
+        if self.total_weight is not None:
+            return self._running.direction, self._move
+        direction = self._running.direction
+        direction /= total
+        return direction, None if self._move is None else self._move / total
 
 
 def mix(params: np.ndarray, updates: Sequence[AcceptedUpdate], strategy: MixingStrategy,

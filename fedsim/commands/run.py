@@ -33,6 +33,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         metavar="PATH=VALUE",
                         help="Override one setting with a YAML value, for example "
                              "stop.windows=10; repeatable.")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="Where the batched training passes run: in this process (the "
+                             "default) or on Ray workers that hold the clients' data shards "
+                             "(extra fedsim[ray]; the same outputs, see docs/RAY.md).")
+    parser.add_argument("--address", metavar="ADDR",
+                        help="The Ray cluster's address (ray start --head prints it); by "
+                             "default a local Ray with --ray-workers CPUs.")
+    parser.add_argument("--ray-workers", type=int, default=2, metavar="N",
+                        help="How many Ray workers (data shards) --executor ray uses; 2 by "
+                             "default.")
     parser.add_argument("--device", choices=("cpu", "cuda", "mps", "auto"),
                         help="Where the rounds and the evaluation run, instead of the "
                              "scenario's device; auto takes cuda, else mps, else cpu.")
@@ -97,9 +107,15 @@ def run(args: argparse.Namespace) -> int:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
 
+        make_batcher = None
+        if args.executor == "ray":
+            from fedsim.runtime.ray_executor import ray_batcher
+
+            make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
         try:
             with signals_interrupt():
-                result = run_scenario(loaded, out, on_window=on_window, population=population)
+                result = run_scenario(loaded, out, on_window=on_window, population=population,
+                                      make_batcher=make_batcher)
             progress.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
             progress.update(result.summary["virtual_time"], result.summary["windows"])
         except KeyboardInterrupt:

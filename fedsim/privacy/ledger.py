@@ -63,6 +63,7 @@ from fedsim.privacy.calibration import bisect_fitting, doubling_bracket
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, group_steps
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
+    DirectoryLock,
     LedgerRecord,
     Mark,
     MarkFile,
@@ -76,6 +77,7 @@ from fedsim.privacy.ledger_file import (
     parse_header,
     read_mark,
     read_verified,
+    write_mark_at,
     write_new,
 )
 
@@ -120,7 +122,7 @@ class PrivacyLedger:
 
     def __init__(self, path: Path, client_id: str, sampling: Sampling, budget: Budget | None,
                  accountant: str, records: list[LedgerRecord], last_hash: str, *,
-                 mark: MarkFile | None = None) -> None:
+                 mark: MarkFile | None = None, directory: DirectoryLock | None = None) -> None:
         self._path = path
         self._client_id = client_id
         self._sampling = sampling
@@ -140,20 +142,28 @@ class PrivacyLedger:
         self._plan_cursor = 0  # planned rounds spent since plan()
         self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
         # Held for the ledger's lifetime (with the lock); a read-only ledger never writes.
+        # Under a directory lock neither is kept open (ledger_file's module docstring).
+        self._directory = directory
+        if directory is not None and mark is not None:
+            mark.close()
+            mark = None
         self._mark = mark
         self._file: IO[bytes] | None = None if mark is None else open(path, "ab")  # noqa: SIM115
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, *, client_id: str, sampling: str, budget: Budget | None,
-             accountant: str = "pld", read_only: bool = False) -> Self:
+             accountant: str = "pld", read_only: bool = False,
+             directory: DirectoryLock | None = None) -> Self:
         """Create the ledger file, or resume it (never reset; see the module docstring).
 
         Takes the ledger's exclusive lock: a second writer, in this or another process, gets
         a :class:`LedgerError` until :meth:`close`. ``read_only=True`` reads an existing
         ledger without locking or changing it (for reports on a copied or read-only run
         directory): an unterminated final line is skipped, not cut off, the chain and (if
-        present) the high-water mark are checked, and :meth:`spend` raises.
+        present) the high-water mark are checked, and :meth:`spend` raises. ``directory``: the
+        :class:`~fedsim.privacy.ledger_file.DirectoryLock` of the ledger's directory, held by
+        this process; the ledger then keeps no file open between spends.
         """
         path = Path(path)
         if sampling not in SAMPLING_SCHEMES:
@@ -169,7 +179,7 @@ class PrivacyLedger:
             return cls(path, client_id, sampling, budget, accountant,
                        records, last)
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = MarkFile(mark_path(path), create=True)
+        lock = _take_lock(path, directory)
         try:
             mark = lock.read()
             data = path.read_bytes() if path.exists() else b""
@@ -181,7 +191,7 @@ class PrivacyLedger:
                     path.unlink()
                 write_new(path, line + b"\n")
                 return cls(path, client_id, sampling, budget, accountant,
-                           [], line_hash(line), mark=lock)
+                           [], line_hash(line), mark=lock, directory=directory)
             if mark is None:
                 parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
                 raise LedgerError(
@@ -192,9 +202,9 @@ class PrivacyLedger:
             if len(records) > mark.count:  # a crash between the two writes: move it up
                 lock.write(Mark(len(records), last))
             return cls(path, client_id, sampling, budget, accountant,
-                       records, last, mark=lock)
+                       records, last, mark=lock, directory=directory)
         except BaseException:
-            lock.close()
+            _drop_lock(lock, path, directory)
             raise
 
     def close(self) -> None:
@@ -205,6 +215,26 @@ class PrivacyLedger:
         if self._mark is not None:
             self._mark.close()
             self._mark = None
+        if self._directory is not None:
+            self._directory.release(self._path)
+            self._directory = None
+
+    @property
+    def _writable(self) -> bool:
+        if self._directory is not None:
+            return self._directory.held
+        return self._file is not None and self._mark is not None
+
+    def _write(self, payload: bytes, mark: Mark) -> None:
+        """The records durably, then the mark that counts them."""
+        if self._directory is not None:
+            with open(self._path, "ab") as handle:
+                append_durably(handle, payload)
+            write_mark_at(mark_path(self._path), mark)
+            return
+        assert self._file is not None and self._mark is not None
+        append_durably(self._file, payload)
+        self._mark.write(mark)
 
     def __enter__(self) -> Self:
         return self
@@ -343,7 +373,7 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if not steps:
             return
-        if self._file is None or self._mark is None:
+        if not self._writable:
             raise LedgerError(f"ledger of client {self._client_id} was opened read-only "
                               f"or is closed")
         if not (isinstance(time, int | float) and math.isfinite(time)):
@@ -368,8 +398,8 @@ class PrivacyLedger:
             line = encode_record(record, last)
             lines.append(line)
             last = line_hash(line)
-        append_durably(self._file, b"".join(line + b"\n" for line in lines))
-        self._mark.write(Mark(len(self._records) + len(records), last))
+        self._write(b"".join(line + b"\n" for line in lines),
+                    Mark(len(self._records) + len(records), last))
         # Committed on disk (records, then the mark): now in memory.
         self._last_hash = last
         self._records.extend(records)
@@ -481,6 +511,24 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
                               f"reset)")
     check_mark(path, parsed, mark)
     return parsed.records, parsed.hashes[-1]
+
+
+def _take_lock(path: Path, directory: DirectoryLock | None) -> MarkFile:
+    """The ledger's lock for opening it (under ``directory``: also claimed there)."""
+    if directory is None:
+        return MarkFile(mark_path(path), create=True)
+    directory.claim(path)
+    try:
+        return MarkFile(mark_path(path), create=True, directory_held=True)
+    except BaseException:
+        directory.release(path)
+        raise
+
+
+def _drop_lock(lock: MarkFile, path: Path, directory: DirectoryLock | None) -> None:
+    lock.close()
+    if directory is not None:
+        directory.release(path)
 
 
 def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:

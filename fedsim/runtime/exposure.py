@@ -41,7 +41,7 @@ function of public values:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -102,10 +102,18 @@ class ClientExposure:
     simulator's seeded ``simulated``), for the run's outputs."""
 
 
+def invitation_positions(client_ids: Iterable[str]) -> dict[str, int]:
+    """Each client's index among the sorted client ids (its bit in an invitation)."""
+    return {client_id: index for index, client_id in enumerate(sorted(client_ids))}
+
+
 def client_exposure(
-    scenario: Scenario, client_ids: Sequence[str], client_id: str, *, deployed: bool = False
+    scenario: Scenario, client_ids: Sequence[str] | Mapping[str, int], client_id: str, *,
+    deployed: bool = False,
 ) -> ClientExposure:
-    """The scenario's :class:`ClientExposure` for ``client_id`` (simulated or deployed)."""
+    """The scenario's :class:`ClientExposure` for ``client_id`` (simulated or deployed).
+    ``client_ids``: every client id, or their :func:`invitation_positions` (computed once for a
+    population, so that building N actors stays linear in N)."""
     invites = scenario.server.participation < 1.0
     randomness = scenario.privacy.deployed_randomness if deployed else "simulated"
     for caveat, applies in ((NOT_PRIVATE_RANDOMNESS, randomness == "seeded_not_private"),
@@ -115,11 +123,17 @@ def client_exposure(
             _log.warning("privacy caveat", caveat=caveat)
     return ClientExposure(
         timing=scenario.privacy.timing,
-        invitation_index=sorted(client_ids).index(client_id) if invites else None,
+        invitation_index=_position(client_ids, client_id) if invites else None,
         pad_release=deployed and scenario.privacy.timing == "public",
         compute_in_thread=deployed,
         randomness=randomness,
     )
+
+
+def _position(client_ids: Sequence[str] | Mapping[str, int], client_id: str) -> int:
+    if isinstance(client_ids, Mapping):
+        return client_ids[client_id]
+    return sorted(client_ids).index(client_id)
 
 
 def client_generator(

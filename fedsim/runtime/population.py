@@ -32,6 +32,7 @@ from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
@@ -135,21 +136,33 @@ class Population:
         group = plan.group
         if generator is None:
             generator = self.tree.torch("client", plan.client_id, "train")
-        index = torch.from_numpy(plan.indices)
-        # index_select: several times faster than advanced indexing for image tensors on CPU.
-        features = None if message_only else self.train_x.index_select(0, index)
+        index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
+        rows: torch.Tensor | None = None
         if group.dp_normalisation is not None:
             if ledger is None:
                 raise ConfigError(f"client {plan.client_id}: dp_normalisation needs its ledger")
+            # The client's own standardised copy of its records (by its released moments).
             features = normalised_features(
-                plan, features, ledger, normalisation_generator or self.tree.torch(
+                plan, None if message_only else self.train_x.index_select(0, index), ledger,
+                normalisation_generator or self.tree.torch(
                     "client", plan.client_id, "dp-normalisation"))
+            labels = self.train_y.index_select(0, index)
+        elif message_only:
+            features = None
+        elif self.device.type == "cpu":
+            # On the CPU the data set is stored once: the client's trainer holds its row
+            # indices (a batch is gathered from the shared tensors; index_select, several times
+            # faster than advanced indexing for image tensors on CPU).
+            features, labels, rows = self.train_x, self.train_y, index
+        else:  # on an accelerator each client's records are copied there once
+            features, labels = self.train_x.index_select(0, index), self.train_y.index_select(0, index)
         if features is None:
             return VirtualDurationTrainer(plan, self.initial_params.size, generator)
         trainer = LocalTrainer(
             self.model,
             features.to(self.device),
-            self.train_y.index_select(0, index).to(self.device),
+            labels.to(self.device),
+            rows=rows,
             batch_size=group.batch_size,
             sampling=group.sampling,
             clip=plan.schedule,
@@ -189,6 +202,7 @@ class VirtualDurationTrainer:
         self.plan = plan
         self.num_params = num_params
         self.generator = generator
+        self.zeros = _zeros(num_params)
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         group = self.plan.group
@@ -211,13 +225,14 @@ class VirtualDurationTrainer:
         else:
             sizes = [group.batch_size] * group.local_steps
         return DoneRound(RoundResult(
-            update=np.zeros(self.num_params, np.float32),
+            update=self.zeros,
             steps=steps,
             batch_sizes=sizes,
             clip=float(self.plan.schedule.clip(round_index)),
             sigma=steps[0].sigma,
             mean_loss=math.nan,
             sample_grads=sum(sizes),
+            zero_update=True,
         ))
 
 
@@ -239,6 +254,18 @@ def step_sequence(group: ClientGroup) -> StepSequence | None:
         return None
     return StepSequence(group.local_lr, config.kind, config.decay, config.power, config.factor,
                         config.minimum)
+
+
+_ZEROS: dict[int, np.ndarray] = {}
+
+
+def _zeros(size: int) -> np.ndarray:
+    """One read-only zero update of each size, shared by every message-only client."""
+    zeros = _ZEROS.get(size)
+    if zeros is None:
+        zeros = _ZEROS[size] = np.zeros(size, np.float32)
+        zeros.setflags(write=False)
+    return zeros
 
 
 def _client_ids(group: ClientGroup) -> list[str]:
@@ -380,9 +407,10 @@ def build_population(
     )
 
 
-def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
+def open_ledger(plan: ClientPlan, path: Path,
+                directory: DirectoryLock | None = None) -> PrivacyLedger:
     """The client's durable ledger at ``path`` (resumed if it exists), with its group's budget
-    and accountant."""
+    and accountant (``directory``: the directory lock this process holds on its folder)."""
     group = plan.group
     budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
     return PrivacyLedger.open(
@@ -391,6 +419,7 @@ def open_ledger(plan: ClientPlan, path: Path) -> PrivacyLedger:
         sampling=group.sampling,
         budget=budget,
         accountant=group.accountant,
+        directory=directory,
     )
 
 

@@ -72,6 +72,7 @@ from fedsim.aggregation import (
     AcceptedUpdate,
     MixingStrategy,
     StepSizeSchedule,
+    mixing,
     population_weight,
 )
 from fedsim.aggregation.mixing import descent_direction, normalised_weights
@@ -210,6 +211,8 @@ class ServerActor:
         self.updates_after_end = 0
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
+        self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
+        self._stream: mixing.StreamedWindow | None = None
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -221,6 +224,8 @@ class ServerActor:
                 await self._arrived(message)
             elif isinstance(message, ClientUpdate):
                 self._inbox.append(message)
+                if len(self._inbox) > self.stream_above:
+                    self._fold_inbox()
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             else:
@@ -295,27 +300,45 @@ class ServerActor:
         lambdas = normalised_weights(self.strategy, updates, total)
         factors = self.policy.factors(
             lambdas, staleness_of(self.version, [a.base_version for a in updates]))
-        for a in updates:
-            self._record_seen(a.client_id, a.round)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
+            direction = descent_direction(updates, factors)
+        entries = [(a.client_id, a.round, a.base_version) for a in updates]
+        bound = self._direction_bound(updates, factors, [b for _, b in accepted])
+        return self._step_model(entries, direction, bound, report, step)
+
+    def _step_model(self, entries: list[tuple[str, int, int]], direction: np.ndarray,
+                    bound: float | None, report: WindowReport, step: float) -> bool:
+        """The optimizer's step for ``entries``, kept only if it passes :func:`check_model`."""
+        for client_id, round_index, _ in entries:
+            self._record_seen(client_id, round_index)
         before = copy.deepcopy(self.optimizer)
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
-            new = self.optimizer.step(self.params, descent_direction(updates, factors), step)
-        problem = check_model(new, self.params, self._allowed_move(
-            before, updates, factors, [b for _, b in accepted], step))
+            new = self.optimizer.step(self.params, direction, step)
+        allowed = None if bound is None else before.move_bound(self.params.size, bound, step)
+        problem = check_model(new, self.params, allowed)
         if problem:
             self.optimizer = before
             _log.error("mixed model refused; its updates are not applied", window=report.window,
-                       reason=problem, updates=len(updates))
-            self._rejections.add("bad_mix", len(updates))
-            report.rejected += len(updates)
+                       reason=problem, updates=len(entries))
+            self._rejections.add("bad_mix", len(entries))
+            report.rejected += len(entries)
             return False
         self.params = new
-        for a in updates:
-            report.applied_updates.append((a.client_id, a.round, a.base_version))
-            report.applied_to.append(self.version)
-        report.applied += len(updates)
+        report.applied_updates.extend(entries)
+        report.applied_to.extend([self.version] * len(entries))
+        report.applied += len(entries)
         self.version += 1
         return True
+
+    def _fold_inbox(self) -> None:
+        """A large time window: check the waiting updates now and fold in the accepted ones."""
+        stream = self._stream = self._stream or mixing.StreamedWindow(
+            self.params.shape, self.strategy, self.total_weight, self.policy, self.version)
+        report = self._open = self._open or WindowReport(self.windows_closed + 1,
+                                                         self.clock.now(), self.version)
+        arrived, self._inbox = self._inbox, []
+        report.received += len(arrived)
+        stream.fold(arrived, lambda update: self._admit(update, report, stream.keys))
 
     async def _arrived(self, update: ClientUpdate) -> None:
         """An on-arrival policy's update: check and classify it now, apply the buffer when the
@@ -338,6 +361,9 @@ class ServerActor:
         policies: report what was applied in it); evaluate if due."""
         self.windows_closed += 1
         window = self.windows_closed
+        if self._stream is not None:  # the rest of a large window: folded in like the start
+            self._fold_inbox()
+        stream, self._stream = self._stream, None
         arrived, self._inbox = self._inbox, []
         report = self._open or WindowReport(window=window, time=self.clock.now(),
                                             version=self.version)
@@ -354,6 +380,9 @@ class ServerActor:
         report.step_size = self.step_size.current(window)
         if accepted:
             self._apply(accepted, report, report.step_size)
+        elif stream is not None and stream.accepted:
+            direction, bound = stream.finish()
+            self._step_model(stream.accepted, direction, bound, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
         if self.evaluate is not None and window % self.eval_every == 0:
@@ -396,20 +425,16 @@ class ServerActor:
                 return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
         return ""
 
-    def _allowed_move(self, optimizer: ServerOptimizer, accepted: list[AcceptedUpdate],
-                      factors: np.ndarray, bounds: list[float | None], step: float) -> float | None:
-        """How far the server step with ``accepted`` may move the model: the direction is
-        bounded by ``D = sum_i |c_i| eta_i bound_i`` for its coefficients ``c_i`` (``lambda_i``
-        times the staleness weight), and ``optimizer`` (its state before the step) turns ``D``
-        and the step size ``s_t`` into a move bound (SGD: ``|s_t| D``; momentum, Adam, Yogi: see
-        :mod:`fedsim.aggregation.optimizers`). None when a client's bound is unknown (the model
-        is then only checked for finite, bounded parameters)."""
+    def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
+                         bounds: list[float | None]) -> float | None:
+        """``D = sum_i |c_i| eta_i bound_i`` bounds the direction for its coefficients ``c_i``;
+        the optimizer before the step turns it into a move bound (SGD: ``|s_t| D``; see
+        :mod:`fedsim.aggregation.optimizers`). None: a client's bound is unknown."""
         known = [b for b in bounds if b is not None]
         if len(known) < len(bounds):
             return None
-        direction = sum(abs(float(c)) * abs(u.step_size) * b
-                        for c, u, b in zip(factors, accepted, known, strict=True))
-        return optimizer.move_bound(self.params.size, direction, step)
+        return sum(abs(float(c)) * abs(u.step_size) * b
+                   for c, u, b in zip(factors, accepted, known, strict=True))
 
     def _record_seen(self, client_id: str, round_index: int) -> None:
         self.seen.add((client_id, round_index))

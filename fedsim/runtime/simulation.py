@@ -35,9 +35,11 @@ from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
 from fedsim.logging import client_event_level
 from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
-from fedsim.runtime.exposure import client_exposure
+from fedsim.runtime.exposure import client_exposure, invitation_positions
 from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.memory import ledger_handles_fit, release_free_memory
 from fedsim.runtime.population import (
     ClientPlan,
     Population,
@@ -73,6 +75,15 @@ _log = structlog.get_logger("fedsim.runtime.simulation")
 TrainerHook = Callable[[ClientPlan, Trainer], Trainer]
 """Wraps each client's trainer when the run builds it (instrumentation: benchmarks/simulator.py
 times every round through one)."""
+
+BatcherFactory = Callable[[Population], RoundBatcher]
+"""Builds the run's batcher (the executor of batched passes: in-process by default, or on Ray
+workers, :mod:`fedsim.runtime.ray_executor`)."""
+
+
+def _local_batcher(population: Population) -> RoundBatcher:
+    return RoundBatcher(population.model)
+
 
 def _link_model(link: Link) -> LinkModel:
     return LinkModel(
@@ -139,6 +150,8 @@ class RunResult:
     clients: dict[str, ClientRecord] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU time of the simulation loop (all threads of this process)."""
+    setup_seconds: float = 0.0
+    """Wall seconds the run took to build its ledgers, actors and network (in ``wall_seconds``)."""
 
 
 class _Simulation:
@@ -151,7 +164,9 @@ class _Simulation:
         on_window: Callable[[dict[str, Any]], None] | None,
         batch_rounds: bool = True,
         wrap_trainer: TrainerHook | None = None,
+        make_batcher: BatcherFactory | None = None,
     ) -> None:
+        self.make_batcher = make_batcher
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
@@ -166,9 +181,14 @@ class _Simulation:
         self.stopped: list[StoppedClient] = []
         self.stop_reason = ""
         self.cpu_seconds = 0.0
+        self.setup_seconds = 0.0  # wall seconds from the run's start to the server's first window
         self.network_stats: dict[str, Any] = {}
         self._remaining_cache: dict[str, tuple[int, float | None]] = {}
+        self._positions = invitation_positions(p.client_id for p in population.plans)
         self._dropped_seen = 0
+        self.directory_lock: DirectoryLock | None = None
+        """Held for the run when the clients' ledgers cannot each keep their files open
+        (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.memory.ledger_handles_fit`)."""
         self._metrics_file: io.TextIOBase | None = None
 
     # -- setup --------------------------------------------------------------------------------
@@ -209,7 +229,7 @@ class _Simulation:
             ledger=client.ledger,
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
             delta=self.scenario.privacy.delta,
-            exposure=client_exposure(self.scenario, list(self.clients), plan.client_id),
+            exposure=client_exposure(self.scenario, self._positions, plan.client_id),
         )
         actor.set_online(client.online)
         client.actor = actor
@@ -264,7 +284,7 @@ class _Simulation:
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger.close()
-            client.ledger = open_ledger(client.plan, client.ledger_path)
+            client.ledger = open_ledger(client.plan, client.ledger_path, self.directory_lock)
             self._start_actor(client, clock, network)
             _log.log(
                 client_event_level(),
@@ -318,6 +338,7 @@ class _Simulation:
                     raise error  # a bug in an actor must not be silently swallowed
 
     def _window_done(self, report: WindowReport, network: SimulatedNetwork) -> bool:
+        release_free_memory()  # thousands of clients fragment the heap (runtime/memory.py)
         self._check_tasks()
         self._note_stops()
         stats = network.stats
@@ -346,15 +367,20 @@ class _Simulation:
 
     # -- the run --------------------------------------------------------------------------------
     async def main(self, clock: VirtualClock) -> ServerActor:
+        setup_started = wallclock.perf_counter()
         population = self.population
         network = self._network(clock)
         (self.out_dir / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
+        if not ledger_handles_fit(len(population.plans)):
+            self.directory_lock = DirectoryLock(self.out_dir / LEDGER_DIR)
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
-        batcher = self.batcher = RoundBatcher(population.model) if self.batch_rounds else None
+        batcher = self.batcher = (
+            (self.make_batcher or _local_batcher)(population) if self.batch_rounds else None)
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
-            ledger = open_ledger(plan, path)  # first: a DP normalisation is charged to it
+            # first: a DP normalisation is charged to it
+            ledger = open_ledger(plan, path, self.directory_lock)
             trainer: Trainer = population.trainer(
                 plan, message_only=self.message_only, batcher=batcher, ledger=ledger
             )
@@ -380,6 +406,7 @@ class _Simulation:
                     tasks.append(asyncio.create_task(self._on_off(client, clock, network)))
                 if availability.crashes is not None:
                     tasks.append(asyncio.create_task(self._crashes(client, clock, network)))
+            self.setup_seconds = wallclock.perf_counter() - setup_started
             try:
                 await server.run(lambda report: self._window_done(report, network))
             finally:  # the clients' current incarnations end with the helpers
@@ -432,6 +459,7 @@ def run_scenario(
     population: Population | None = None,
     batch_rounds: bool = True,
     wrap_trainer: TrainerHook | None = None,
+    make_batcher: BatcherFactory | None = None,
 ) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
@@ -442,7 +470,8 @@ def run_scenario(
     (:mod:`fedsim.training.batched`); without, each round alone, as a client on its own
     computes it (same randomness, results equal up to floating-point summation order).
     ``wrap_trainer(plan, trainer)`` may wrap each client's trainer (the same interface, e.g. to
-    time its rounds).
+    time its rounds). ``make_batcher(population)`` builds the executor of the batched passes
+    (default in-process; :func:`fedsim.runtime.ray_executor.ray_batcher` runs them on Ray).
     """
     out = Path(out_dir)
     check_unused(out)
@@ -451,7 +480,8 @@ def run_scenario(
     try:
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
-                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer)
+                          batch_rounds=batch_rounds, wrap_trainer=wrap_trainer,
+                          make_batcher=make_batcher)
         started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
@@ -465,6 +495,8 @@ def run_scenario(
         finally:
             for client in sim.clients.values():
                 client.ledger.close()
+            if sim.directory_lock is not None:
+                sim.directory_lock.close()
     finally:
         torch.set_num_threads(previous_threads)
     return RunResult(
@@ -477,4 +509,5 @@ def run_scenario(
         sim.applied_log,
         sim.clients,
         sim.cpu_seconds,
+        sim.setup_seconds,
     )

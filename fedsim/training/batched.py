@@ -305,7 +305,8 @@ class RoundBatcher:
                       for job in jobs]
         for job, start, stop in zip(jobs, bounds, bounds[1:], strict=False):
             if job.size:
-                trainer, indices = job.pending.trainer, job.indices.to(self.device)
+                trainer = job.pending.trainer
+                indices = trainer.rows_of(job.indices).to(self.device)
                 features = trainer.features.reshape(len(trainer.features), -1)
                 if features.dtype == torch.float32:
                     torch.index_select(features, 0, indices, out=x[start:stop])

@@ -177,7 +177,7 @@ class LocalTrainer:
     and noise keys drawn) and computed when its result is taken; :meth:`run_round` does both.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only, one per DP-SGD setting and the data's layout
         self,
         model: torch.nn.Module,
         features: torch.Tensor,
@@ -196,22 +196,30 @@ class LocalTrainer:
         per_example_steps: int = 1,
         per_example_lr: float = 0.1,
         declared_records: int | None = None,
+        rows: torch.Tensor | None = None,
     ) -> None:
         self.sampling: Sampling = check_sampling(sampling)
-        # The public size that fixes q = m / N (the real len(features) may differ by the
-        # neighbouring record: nothing may depend on it but the mechanism).
-        self.declared_records = int(declared_records or len(features))
         if len(features) != len(labels):
             raise ConfigError(f"{len(features)} feature rows but {len(labels)} labels")
-        if len(features) == 0:
+        # ``rows``: the client's records are these rows of ``features`` (a data set stored once
+        # and shared by every client; a batch's indices are mapped through it).
+        if rows is not None and (rows.dtype != torch.int64 or rows.dim() != 1 or (
+                len(rows) and not 0 <= int(rows.min()) <= int(rows.max()) < len(features))):
+            raise ConfigError(f"rows must be int64 indices into the {len(features)} records")
+        self.rows = rows
+        records = len(features) if rows is None else len(rows)
+        # The public size that fixes q = m / N (the real record count may differ by the
+        # neighbouring record: nothing may depend on it but the mechanism).
+        self.declared_records = int(declared_records or records)
+        if records == 0:
             raise ConfigError("a client needs at least one training record")
         if (
             isinstance(batch_size, bool)
             or not isinstance(batch_size, int)
-            or not 1 <= batch_size <= len(features)
+            or not 1 <= batch_size <= records
         ):
             raise ConfigError(
-                f"batch_size must be an integer in [1, {len(features)}], got {batch_size!r}"
+                f"batch_size must be an integer in [1, {records}], got {batch_size!r}"
             )
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ConfigError(f"local_steps must be an integer >= 1, got {local_steps!r}")
@@ -244,7 +252,11 @@ class LocalTrainer:
 
     @property
     def num_records(self) -> int:
-        return len(self.features)
+        return len(self.features) if self.rows is None else len(self.rows)
+
+    def rows_of(self, indices: torch.Tensor) -> torch.Tensor:
+        """The rows of ``features``/``labels`` that a batch's record ``indices`` name."""
+        return indices if self.rows is None else self.rows.index_select(0, indices)
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         """The privacy events of round ``round_index``, known before it is computed."""
@@ -373,11 +385,12 @@ class LocalTrainer:
         """One step's clipped sum of ``indices`` at the model's w: noised from ``noise``, or,
         with ``into``, added to ``into`` without noise (a later segment of the step)."""
         return noisy_gradient(
-            self.engine, self.features, self.labels, indices, sampling=self.sampling,
-            clip=clip, noise_multiplier=sum_sigma, expected_batch_size=self.batch_size,
-            generator=self.generator, max_physical_batch=self.max_physical_batch,
-            loss_fn=self.loss_fn, per_example_steps=self.per_example_steps,
-            per_example_lr=self.per_example_lr, noise_key=noise, into=into,
+            self.engine, self.features, self.labels, self.rows_of(indices),
+            sampling=self.sampling, clip=clip, noise_multiplier=sum_sigma,
+            expected_batch_size=self.batch_size, generator=self.generator,
+            max_physical_batch=self.max_physical_batch, loss_fn=self.loss_fn,
+            per_example_steps=self.per_example_steps, per_example_lr=self.per_example_lr,
+            noise_key=noise, into=into,
         )
 
     def _compute_segments(self, pending: PendingRound) -> RoundResult:
@@ -425,13 +438,14 @@ class LocalTrainer:
         accumulated: torch.Tensor | None, step: int, draws: StepDraws, *, clip: float,
         sum_sigma: float, round_index: int, exclude: torch.Tensor | None,
     ) -> list[NoisyGradient]:
-        """One step of a split round: each segment's records (less ``exclude``) at its ``w``,
+        """One step of a split round: each segment's records (less those whose rows are in
+        ``exclude``, as :class:`NoisyGradient`'s ``dropped`` names them) at its ``w``,
         the first noised, the later ones added into its gradient (``parts[0].gradient``)."""
         parts: list[NoisyGradient] = []
         for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
                                         round_index):
             if exclude is not None:
-                indices = indices[~torch.isin(indices, exclude)]
+                indices = indices[~torch.isin(self.rows_of(indices), exclude)]
             here = bases[k] if accumulated is None else (
                 bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
             load_flat_params(self.model, here.to(torch.float32).numpy())

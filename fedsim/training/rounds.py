@@ -111,6 +111,9 @@ class RoundResult:
     """Number of per-example gradients computed."""
     nonfinite_examples: int = 0
     """Examples whose gradient norm was not finite and that contributed zero (private)."""
+    zero_update: bool = False
+    """``update`` is all zeros (training replaced by its cost): the client applying it keeps
+    referring to the model it holds instead of copying it (``w - eta * 0 == w`` exactly)."""
 
 
 class RoundTrainer(Protocol):
@@ -128,6 +131,10 @@ class RoundTrainer(Protocol):
 
     def clip_for(self, round_index: int) -> float:
         """Clipping norm of round ``round_index``."""
+        ...
+
+    def rows_of(self, indices: torch.Tensor) -> torch.Tensor:
+        """The rows of ``features``/``labels`` that a batch's record ``indices`` name."""
         ...
 
     def sum_sigma(self, sigma: float) -> float:

@@ -145,18 +145,23 @@ class _Endpoint:
 @pytest.mark.parametrize("rule", ["switch", "snapshot"])
 @pytest.mark.parametrize("pad_release", [False, True])
 def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool) -> None:
-    """Rounds of 10 x 0.1 s = 1 s; globals at t = 0, 0.25 (round 0 at 1/4), 1.2 and 1.6 (round 1
-    at 2/10 and 6/10). With pad_release a split round is computed again at once (ready by its
-    release time, which stays on the public schedule)."""
+    """Rounds of 10 x 0.1 s = 1 s; globals at t = 0, 0.25 (round 0 at 1/4), and at 2/10 and
+    6/10 of round 1. With pad_release a split round is computed again at once and released at
+    the first point of the public schedule a whole slot after the split (however long its
+    realised batch takes to recompute within that slot): round 0 at 2.0, round 1 (from 2.0,
+    split at 2.6) at 4.0; unpadded, the split keeps the round's end."""
     import asyncio
+
+    padded_switch = pad_release and rule == "switch"
+    second = 2.0 if padded_switch else 1.0  # when round 1 begins
 
     async def main(clock: VirtualClock) -> tuple[list, list, list]:
         log: list[tuple[float, float]] = []
         trainer = _Trainer(log, clock)
         arrivals = [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
                     (0.25, GlobalModel(2, np.full(2, 2.0, np.float32))),
-                    (1.2, GlobalModel(3, np.full(2, 3.0, np.float32))),
-                    (1.6, GlobalModel(4, np.full(2, 4.0, np.float32)))]
+                    (second + 0.2, GlobalModel(3, np.full(2, 3.0, np.float32))),
+                    (second + 0.6, GlobalModel(4, np.full(2, 4.0, np.float32)))]
         endpoint = _Endpoint(clock, arrivals)
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
                             ledger=_Ledger(), local_lr=0.1, batch_size=10,
@@ -169,7 +174,7 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
         return log, [m.sent_at for m in endpoint.sent], [r.computed for r in trainer.rounds]
 
     log, sent, computed = run_virtual(main)
-    assert sent == pytest.approx([1.0, 2.0])
+    assert sent == pytest.approx([2.0, 4.0] if padded_switch else [1.0, 2.0])
     if rule == "snapshot":
         assert log == [] and computed == [1, 1]
     else:

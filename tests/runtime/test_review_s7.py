@@ -284,17 +284,6 @@ def test_an_unsplit_padded_round_is_released_at_its_slot_whatever_its_batch() ->
         assert offset == pytest.approx(SLOT, abs=0.15) and overruns == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R1: a w-hat that splits a padded round after its first compute has the whole "
-    "round computed again from the arrival, so the release is start + slot only if "
-    "arrival + compute(realised batch) <= start + slot: with the split at 0.7 of the slot a "
-    "5-record batch is released at 1.0 s and a 25-record one at 2.0 s (both fit the slot "
-    "unsplit). The server chooses or knows the arrival time (its broadcast; under FedAsync "
-    "any colluding client's update triggers one), so each split round answers 'compute > "
-    "(1 - f) slot' about the realised batch; it is only counted as a timing_overruns caveat. "
-    "Fix in runtime/client.py _padded: after a split at time t release on the public schedule "
-    "from max(start + slot, t + slot) (release_time(start, slot, t + slot) once the recompute "
-    "ends), which overruns only when one compute exceeds the slot, as unsplit"))
 def test_a_split_padded_round_is_released_at_a_time_that_does_not_depend_on_its_batch() -> None:
     small, small_overruns = _release_offset(5)
     large, large_overruns = _release_offset(25)

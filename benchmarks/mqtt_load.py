@@ -1,0 +1,209 @@
+"""How many clients one mosquitto and one fedsim server hold with nothing dropped.
+
+A ramp of message-only clients (default 50, 100, 200, 400, 800), each step on a fresh
+authenticated mosquitto on 127.0.0.1 (a free port; per-client passwords and the ACL of
+:class:`fedsim.transports.broker.LocalMosquitto`). The clients are raw aiomqtt connections in
+one separate process, each with its own credentials; every client sends ``--rounds`` encoded
+``ClientUpdate`` messages (QoS 1), one per ``--period`` seconds, with a random phase, so the
+step offers ``clients / period`` updates per second. The receiver is the deployed server's
+endpoint (:class:`fedsim.transports.mqtt.MqttServerEndpoint`: decode, schema, shape, finite
+check, client id against topic), acknowledging every 100 updates as the server does after a
+window's checkpoint.
+
+A step passes when every ``(client, round)`` arrived (nothing dropped, nothing rejected) within
+its time bound; the ramp stops at the first step that does not. Reported per step: updates
+sent and received, the share delivered, the connect time of all clients, the end-to-end
+latency (publish to receive, p50/p99, same machine clock) and the load average. Loopback
+only; bounded in clients, rounds and time.
+
+    python benchmarks/mqtt_load.py [--steps 50,100,200,400,800] [--rounds 5] [--period 2]
+
+writes ``benchmarks/results/mqtt_load.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiomqtt
+import numpy as np
+
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientUpdate
+from fedsim.transports.broker import LocalMosquitto
+from fedsim.transports.mqtt import MqttServerEndpoint
+from fedsim.transports.topics import Topics
+
+CNN_PARAMS = 26_010  # the DP MNIST CNN, as benchmarks/mqtt_ingest.py
+RUN = "load"
+RESULTS = Path(__file__).parent / "results" / "mqtt_load.json"
+ACK_EVERY = 100
+_QUIET = logging.getLogger("mqtt_load.clients")
+_QUIET.setLevel(logging.CRITICAL)
+
+
+async def _clients(config: dict) -> None:
+    """The client process: every client connects, then sends its rounds on its own phase."""
+    topics = Topics(config["run"])
+    delta = np.zeros(CNN_PARAMS, dtype=np.float32)
+    rounds, period = config["rounds"], config["period"]
+    connected = 0
+    all_connected = asyncio.Event()
+    total = len(config["clients"])
+    failures: list[str] = []
+
+    async def one(client_id: str, password: str, phase: float) -> None:
+        nonlocal connected
+        try:
+            async with aiomqtt.Client(config["host"], config["port"], username=client_id,
+                                      password=password, timeout=60, logger=_QUIET) as client:
+                connected += 1
+                if connected == total:
+                    all_connected.set()
+                await all_connected.wait()
+                await asyncio.sleep(phase)
+                for round_ in range(rounds):
+                    payload = codec.encode(ClientUpdate(client_id, round_, 0, delta, 4.0,
+                                                        time.time()))
+                    await client.publish(topics.updates(client_id), payload, qos=1)
+                    await asyncio.sleep(period)
+        except aiomqtt.MqttError as exc:
+            failures.append(f"{client_id}: {exc}")
+            connected += 1
+            if connected == total:
+                all_connected.set()
+
+    rng = random.Random(0)
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(one(cid, pw, rng.uniform(0, period)))
+             for cid, pw in config["clients"].items()]
+    await all_connected.wait()
+    print(json.dumps({"connect_seconds": time.perf_counter() - started}), flush=True)
+    await asyncio.gather(*tasks)
+    print(json.dumps({"failures": failures[:10], "failed": len(failures)}), flush=True)
+
+
+async def _step(clients: int, rounds: int, period: float, bound: float) -> dict:
+    expected = clients * rounds
+    with tempfile.TemporaryDirectory() as tmp:
+        ids = [f"c{i:04d}" for i in range(clients)]
+        with LocalMosquitto(tmp, RUN, ids) as broker:
+            config = {"run": broker.run, "host": broker.host, "port": broker.port,
+                      "rounds": rounds, "period": period,
+                      "clients": {cid: c.password for cid, c in broker.secrets.clients.items()}}
+            received: set[tuple[str, int]] = set()
+            latencies: list[float] = []
+            duplicates = 0
+            load_before = os.getloadavg()
+            async with MqttServerEndpoint(broker.server_url(), run=broker.run,
+                                          expected_params=CNN_PARAMS,
+                                          max_message_bytes=codec.max_message_bytes(CNN_PARAMS)
+                                          ) as endpoint:
+                process = subprocess.Popen([sys.executable, __file__, "--clients-process"],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           text=True)
+                assert process.stdin is not None and process.stdout is not None
+                process.stdin.write(json.dumps(config))
+                process.stdin.close()
+                started = time.perf_counter()
+                deadline = started + bound
+                try:
+                    while len(received) < expected and time.perf_counter() < deadline:
+                        try:
+                            message = await asyncio.wait_for(
+                                endpoint.receive(), max(0.1, deadline - time.perf_counter()))
+                        except TimeoutError:
+                            break
+                        assert isinstance(message, ClientUpdate)
+                        key = (message.client_id, message.round)
+                        if key in received:
+                            duplicates += 1
+                        received.add(key)
+                        latencies.append(time.time() - message.sent_at)
+                        if len(received) % ACK_EVERY == 0:
+                            endpoint.acknowledge(received)
+                    endpoint.acknowledge(received)
+                finally:
+                    try:
+                        await asyncio.to_thread(process.wait, 60)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
+                    out = process.stdout.read()
+                stats = endpoint.stats
+            reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            info = {k: v for r in reports for k, v in r.items()}
+            latencies.sort()
+            return {
+                "clients": clients,
+                "offered_updates_per_s": round(clients / period, 1),
+                "sent": expected,
+                "received": len(received),
+                "delivered_share": round(len(received) / expected, 4),
+                "dropped": expected - len(received),
+                "duplicates": duplicates,
+                "rejected": stats.rejected,
+                "denied": stats.denied,
+                "client_failures": info.get("failed"),
+                "connect_seconds": round(info.get("connect_seconds", float("nan")), 2),
+                "seconds": round(time.perf_counter() - started, 2),
+                "latency_p50_ms": round(1e3 * statistics.median(latencies), 1) if latencies else None,
+                "latency_p99_ms": (round(1e3 * latencies[int(0.99 * (len(latencies) - 1))], 1)
+                                   if latencies else None),
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", default="50,100,200,400,800")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--period", type=float, default=2.0)
+    parser.add_argument("--bound", type=float, default=120.0, help="seconds per step at most")
+    parser.add_argument("--clients-process", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.clients_process:
+        asyncio.run(_clients(json.loads(sys.stdin.read())))
+        return 0
+    logging.disable(logging.WARNING)
+    steps = []
+    held = 0
+    for clients in (int(s) for s in args.steps.split(",")):
+        step = asyncio.run(_step(clients, args.rounds, args.period, args.bound))
+        print(json.dumps(step), flush=True)
+        steps.append(step)
+        if step["dropped"] or step["rejected"] or step["client_failures"]:
+            break
+        held = clients
+    result = {
+        "held_with_nothing_dropped": held,
+        "stopped_at": steps[-1]["clients"] if steps and steps[-1]["clients"] != held else None,
+        "steps": steps,
+        "rounds_per_client": args.rounds,
+        "period_s": args.period,
+        "params": CNN_PARAMS,
+        "payload_bytes": len(codec.encode(ClientUpdate("c0000", 0, 0, np.zeros(CNN_PARAMS,
+                                                                             np.float32), 4.0))),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

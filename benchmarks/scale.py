@@ -1,0 +1,428 @@
+"""Scale: clients -> start-up seconds, peak RSS, simulated seconds per wall second, and
+per-sample gradients per CPU second against the single loop.
+
+The scenario is ``hetero-100`` scaled up (issue 18): the same three groups (60% edge, 30% office,
+10% datacenter) with ``--set``-style counts, the MLP 784-128-10, batch sizes 1, 2 and 4 (a
+client of 10^4 holds a handful of records), IID partitions where Dirichlet cannot fill every
+client (more than 100 clients). MNIST's 60,000 records cannot give 10^5 clients one record
+each: from 20,000 clients up the data are a synthetic 10-class Gaussian mixture with 4
+records per client and 120 features (fedsim generates at most 5e7 values), and the model the
+MLP 120-777-10, of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
+message size and model vectors), every group partitioned IID.
+
+Rows (each size in its own subprocess, with a time bound, so a size that does not fit
+cannot take the others down and peak RSS is the size's own):
+
+* ``train``: training on, hetero-100's speeds and one-second windows. The single loop
+  (:class:`simulator._SingleLoop`: each group's first client, its posture, one torch thread)
+  runs interleaved with the simulation, catching up at every window end, so a change in the
+  shared machine's load hits both arms alike; the ratio is per CPU second.
+* ``train-large``: the same with rounds of 8, 16 and 32 gradients (edge, office, datacenter)
+  on synthetic data, 40 records a client and the MLP 120-777-10: how the ratio depends on how
+  much gradient work a round carries against its fixed protocol work.
+* ``message``: training replaced by its virtual duration (zero updates, the same privacy
+  events, ledgers, codec and network), the cross-device variant of ``benchmarks/simulator.py``
+  (10 s per sample gradient, a window a minute, a broadcast every five).
+
+Every row records the load average next to it (the machine is shared). Run directories go to
+/dev/shm when present (the ledgers' fsyncs then measure the simulator, not the disk).
+
+``--breakdown N`` measures where memory goes at N training clients (resident size by phase,
+what the clients hold at the end, and Python/numpy allocations by source line under
+tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that code.
+
+    python benchmarks/scale.py [--sizes 100,1000,10000,100000] [--timeout S]
+    python benchmarks/scale.py --breakdown 1000 [--label NAME]
+    python benchmarks/scale.py --ray [--ray-scenarios hetero-100,10000]   # docs/RAY.md
+
+writes (updates) ``benchmarks/results/scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from fedsim.config import LoadedScenario, load_scenario, parse_scenario  # noqa: E402
+from fedsim.runtime.population import build_population  # noqa: E402
+from fedsim.runtime.simulation import run_scenario  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "scale.json"
+BATCH_SIZES = (1, 2, 4)  # edge, office, datacenter
+# ``train-large``: the same groups with rounds of 8-32 gradients, on synthetic data with 40
+# records a client (MNIST's 60,000 records give 10^4 clients 6 each).
+LARGE_BATCH_SIZES = (8, 16, 32)
+LARGE_RECORDS_PER_CLIENT = 40
+# (clients, mode, virtual seconds, time bound in s): what the default run measures.
+PLAN: list[tuple[int, str, float, int]] = [
+    (100, "train", 20.0, 600),
+    (1000, "train", 4.0, 900),
+    (10000, "train", 1.5, 1500),
+    (10000, "train-large", 1.5, 1500),
+    (1000, "message", 600.0, 600),
+    (10000, "message", 300.0, 900),
+    (100000, "message", 60.0, 1800),
+]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def scaled(clients: int, virtual_seconds: float, *, cross_device: bool,
+           large_batches: bool = False) -> LoadedScenario:
+    """hetero-100 scaled to ``clients`` (see the module docstring)."""
+    base = load_scenario(REPO / "scenarios" / "hetero-100.yaml")
+    tree = base.scenario.model_dump(mode="json")
+    groups = tree["clients"]["groups"]
+    scale = clients / sum(g["count"] for g in groups)
+    sizes = LARGE_BATCH_SIZES if large_batches else BATCH_SIZES
+    for group, batch_size in zip(groups, sizes, strict=True):
+        group["count"] = max(1, round(group["count"] * scale))
+        group["batch_size"] = batch_size
+        if group.get("partition", {}).get("scheme") == "dirichlet" and clients > 100:
+            group["partition"] = {"scheme": "iid"}
+        if cross_device:
+            group["speed"] = {"kind": "lognormal", "median": 10.0, "sigma": 0.5}
+            group.pop("availability", None)
+    groups[-1]["count"] += clients - sum(g["count"] for g in groups)
+    if large_batches:
+        tree["dataset"] = {"name": "synthetic", "num_samples": LARGE_RECORDS_PER_CLIENT * clients,
+                           "num_test_samples": 1000, "num_features": 120, "num_classes": 10}
+        tree["model"] = {"name": "mlp", "options": {"hidden": [777]}}
+        for group in groups:
+            group["partition"] = {"scheme": "iid"}
+    elif clients > 20000:
+        # fedsim generates at most 5e7 values of synthetic data: 120 features, and the MLP
+        # 120-777-10 of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
+        # message size and model vectors).
+        tree["dataset"] = {"name": "synthetic", "num_samples": 4 * clients,
+                           "num_test_samples": 1000, "num_features": 120, "num_classes": 10}
+        tree["model"] = {"name": "mlp", "options": {"hidden": [777]}}
+        for group in groups:  # 4 records a client: log-normal sizes would leave some below m
+            group["partition"] = {"scheme": "iid"}
+    tree["stop"] = {"virtual_seconds": virtual_seconds}
+    if cross_device:
+        tree["server"].update(window=60.0, broadcast_every=5)
+    return LoadedScenario(parse_scenario(tree), base.source)
+
+
+def _scratch_dir() -> Any:
+    import tempfile
+
+    shm = Path("/dev/shm")
+    return tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None, prefix="fedsim-scale-")
+
+
+def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
+    """One row: start-up, peak RSS, simulated s per wall s and (training) the ratio."""
+    from simulator import _SingleLoop, _TrainingTotals, _warm_imports
+
+    load_before = os.getloadavg()
+    rss_imports = _rss_mb()
+    started = time.perf_counter()
+    loaded = scaled(clients, virtual_seconds, cross_device=mode == "message",
+                    large_batches=mode == "train-large")
+    population = build_population(loaded)
+    population_seconds = time.perf_counter() - started
+    rss_population = _rss_mb()
+    single = training = None
+    on_window = None
+    if mode.startswith("train"):
+        single = _SingleLoop(population)
+        _warm_imports(population)
+        training = _TrainingTotals()
+        on_window = lambda _line: single.catch_up(dict(training.per_group))  # noqa: E731
+    with _scratch_dir() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", population=population,
+                              message_only=mode == "message", on_window=on_window,
+                              wrap_trainer=training.wrap if training is not None else None)
+    setup = getattr(result, "setup_seconds", float("nan"))
+    row: dict[str, Any] = {
+        "clients": clients,
+        "mode": mode,
+        "dataset": loaded.scenario.dataset.name,
+        "batch_sizes": [group.batch_size for group in loaded.scenario.clients.groups],
+        "virtual_seconds": result.summary["virtual_time"],
+        "startup_seconds": round(population_seconds + setup, 3),
+        "population_seconds": round(population_seconds, 3),
+        "setup_seconds": round(setup, 3),
+        "peak_rss_mb": round(_peak_mb()),
+        "rss_after_imports_mb": round(rss_imports),
+        "rss_after_population_mb": round(rss_population),
+        "end_rss_mb": round(_rss_mb()),
+        "updates_received": result.summary["updates"]["received"],
+        "cpu_seconds": round(result.cpu_seconds, 2),
+        "wall_seconds": round(result.wall_seconds, 2),
+    }
+    loop_wall = single.clocks.wall if single is not None else 0.0
+    loop_cpu = single.clocks.cpu if single is not None else 0.0
+    run_wall = result.wall_seconds - loop_wall - setup
+    row["simulated_s_per_wall_s"] = round(result.summary["virtual_time"] / run_wall, 3)
+    if single is not None and training is not None:
+        released: dict[str, int] = {}
+        for client in result.clients.values():
+            name = client.plan.group.name
+            released[name] = released.get(name, 0) + sum(
+                r.sample_grads for r in client.released_rounds())
+        sim_cpu = result.cpu_seconds - loop_cpu
+        single.catch_up(released)
+        done = sum(single.done.values())
+        row.update({
+            "sample_grads": result.sample_grads,
+            "single_loop_sample_grads": done,
+            "sample_grads_per_cpu_s": round(result.sample_grads / sim_cpu, 1),
+            "single_loop_sample_grads_per_cpu_s": round(done / single.clocks.cpu, 1),
+            "ratio": round((result.sample_grads / sim_cpu) / (done / single.clocks.cpu), 4),
+            "rounds": training.rounds,
+        })
+    row["loadavg_before"] = [round(x, 2) for x in load_before]
+    row["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return row
+
+
+def ray_row(scenario: str, executor: str, virtual_seconds: float) -> dict[str, Any]:
+    """One executor row: ``scenario`` (``hetero-100`` or a client count of the scaled
+    scenario) run in-process (``local``) or with its batched passes on ``ray-N`` local workers."""
+    load_before = os.getloadavg()
+    if scenario == "hetero-100":
+        base = load_scenario(REPO / "scenarios" / "hetero-100.yaml")
+        tree = base.scenario.model_dump(mode="json")
+        tree["stop"] = {"virtual_seconds": virtual_seconds}
+        loaded = LoadedScenario(parse_scenario(tree), base.source)
+    else:
+        loaded = scaled(int(scenario), virtual_seconds, cross_device=False)
+    population = build_population(loaded)
+    make = None
+    if executor.startswith("ray-"):
+        import ray
+
+        from fedsim.runtime.ray_executor import ray_batcher
+
+        workers = int(executor.split("-")[1])
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        make = ray_batcher(workers=workers)
+    with _scratch_dir() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", population=population,
+                              make_batcher=make)
+    run_wall = result.wall_seconds - result.setup_seconds
+    return {
+        "scenario": scenario, "executor": executor,
+        "virtual_seconds": result.summary["virtual_time"],
+        "wall_seconds": round(result.wall_seconds, 2),
+        "setup_seconds": round(result.setup_seconds, 2),
+        "driver_cpu_seconds": round(result.cpu_seconds, 2),
+        "sample_grads": result.sample_grads,
+        "sample_grads_per_wall_s": round(result.sample_grads / run_wall, 1),
+        "simulated_s_per_wall_s": round(result.summary["virtual_time"] / run_wall, 4),
+        "final_params_sha256": __import__("hashlib").sha256(result.final_params.tobytes()).hexdigest(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def breakdown(clients: int, virtual_seconds: float) -> dict[str, Any]:
+    """Where memory goes at ``clients`` training clients (see the module docstring)."""
+    import numpy as np
+
+    load_before = os.getloadavg()
+    phases = {"imports": _rss_mb()}
+    loaded = scaled(clients, virtual_seconds, cross_device=False)
+    population = build_population(loaded)
+    phases["population"] = _rss_mb()
+    marks: dict[str, Any] = {}
+
+    def on_window(line: dict[str, Any]) -> None:
+        if "first_window" not in marks:
+            marks["first_window"] = _rss_mb()
+            marks["peak_by_first_window"] = _peak_mb()
+        marks["snapshot"] = tracemalloc.take_snapshot()
+        marks["last"] = _rss_mb()
+
+    tracemalloc.start(1)
+    with _scratch_dir() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", population=population,
+                              on_window=on_window)
+        tracemalloc.stop()
+        shared = population.train_x
+        copies = sum(int(c.trainer.trainer.features.nbytes + c.trainer.trainer.labels.nbytes)
+                     for c in result.clients.values()
+                     if hasattr(c.trainer, "trainer") and c.trainer.trainer.features is not shared)
+        moved: dict[int, int] = {}
+        held: dict[int, int] = {}
+        for client in result.clients.values():
+            actor = client.actor
+            if actor is None:
+                continue
+            if actor.w is not None and actor.w is not actor.held_global:
+                moved[id(actor.w)] = actor.w.nbytes
+            if actor.held_global is not None:
+                base = actor.held_global.base if actor.held_global.base is not None else actor.held_global
+                held[id(base)] = actor.held_global.nbytes
+        generators = sum(1 for c in result.clients.values() if hasattr(c.trainer, "trainer"))
+    by_file: dict[str, float] = {}
+    by_line: list[tuple[float, int, str]] = []
+    for stat in marks["snapshot"].statistics("lineno"):
+        frame = stat.traceback[0]
+        name = frame.filename.split("fedsim/", 1)[-1] if "fedsim/" in frame.filename else \
+            Path(frame.filename).name
+        by_file[name] = by_file.get(name, 0.0) + stat.size / 2**20
+        by_line.append((stat.size / 2**20, stat.count, f"{name}:{frame.lineno}"))
+    by_line.sort(reverse=True)
+    params = population.initial_params.size
+    return {
+        "clients": clients,
+        "virtual_seconds": result.summary["virtual_time"],
+        "rss_mb": {"after_imports": round(phases["imports"]),
+                   "after_population": round(phases["population"]),
+                   "after_first_window": round(marks["first_window"]),
+                   "peak_by_first_window": round(marks["peak_by_first_window"]),
+                   "at_last_window": round(marks["last"]), "peak": round(_peak_mb())},
+        "held_at_the_end_mb": {
+            "data_set_shared": round((population.train_x.nbytes + population.train_y.nbytes) / 2**20, 1),
+            "per_client_data_copies": round(copies / 2**20, 1),
+            "moved_local_models": round(sum(moved.values()) / 2**20, 1),
+            "moved_local_models_count": len(moved),
+            "distinct_held_global_models": len(held),
+            "held_global_models": round(sum(held.values()) / 2**20, 1),
+            "torch_generators_estimate": round(generators * 2.6 / 1024, 1),
+        },
+        "model_vector_kb": round(params * 4 / 1024, 1),
+        "tracemalloc_live_mb_by_file": {k: round(v, 1) for k, v in
+                                        sorted(by_file.items(), key=lambda kv: -kv[1])[:12]},
+        "tracemalloc_top_lines": [{"mb": round(mb, 1), "blocks": n, "where": where}
+                                  for mb, n, where in by_line[:10]],
+        "cpu_seconds": round(result.cpu_seconds, 2),
+        "wall_seconds": round(result.wall_seconds, 2),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "numpy": np.__version__,
+    }
+
+
+def _subprocess(args: list[str], timeout: int) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), *args]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"timed_out": True, "timeout_s": timeout, "loadavg": list(os.getloadavg())}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"failed": True, "returncode": done.returncode, "stderr_tail": done.stderr[-2000:]}
+    return json.loads(lines[-1])
+
+
+def _load_results() -> dict[str, Any]:
+    if RESULTS.exists():
+        return json.loads(RESULTS.read_text(encoding="utf-8"))
+    return {}
+
+
+def _save(document: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def _ray_rows(which: str) -> None:
+    document = _load_results()
+    rows = []
+    for scenario, seconds, bound in (("hetero-100", 20.0, 600), ("10000", 0.3, 900)):
+        if scenario not in which.split(","):
+            continue
+        for executor in ("local", "ray-1", "ray-2"):
+            row = _subprocess(["--ray-one", scenario, executor, str(seconds)], bound)
+            row.update(scenario=scenario, executor=executor, time_bound_s=bound)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            document["ray"] = rows
+            _save(document)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
+    parser.add_argument("--modes", default="train,message,train-large")
+    parser.add_argument("--timeout", type=int, help="override every row's time bound (s)")
+    parser.add_argument("--breakdown", type=int, metavar="N")
+    parser.add_argument("--label", default="this checkout")
+    parser.add_argument("--virtual-seconds", type=float, default=3.0)
+    parser.add_argument("--ray", action="store_true",
+                        help="executor rows: in-process vs 1 and 2 local Ray workers")
+    parser.add_argument("--ray-scenarios", default="hetero-100,10000")
+    parser.add_argument("--ray-one", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=3, metavar=("CLIENTS", "MODE", "VIRTUAL_SECONDS"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import logging
+
+    from fedsim.logging import configure_logging
+
+    configure_logging(True)
+    logging.disable(logging.WARNING)
+    if args.ray_one:
+        print(json.dumps(ray_row(args.ray_one[0], args.ray_one[1], float(args.ray_one[2]))))
+        return
+    if args.ray:
+        _ray_rows(args.ray_scenarios)
+        return
+    if args.one:
+        print(json.dumps(measure(int(args.one[0]), args.one[1], float(args.one[2]))))
+        return
+    if args.breakdown:
+        result = breakdown(args.breakdown, args.virtual_seconds)
+        print(json.dumps(result))
+        document = _load_results()
+        document.setdefault("memory_breakdown", {})[args.label] = result
+        _save(document)
+        return
+    sizes = {int(s) for s in args.sizes.split(",")} if args.sizes else None
+    modes = set(args.modes.split(","))
+    document = _load_results()
+    rows = {(r["clients"], r["mode"]): r for r in document.get("rows", [])}
+    for clients, mode, virtual_seconds, bound in PLAN:
+        if (sizes is not None and clients not in sizes) or mode not in modes:
+            continue
+        bound = args.timeout or bound
+        print(f"{clients} clients, {mode}, {virtual_seconds} virtual s (bound {bound} s)",
+              flush=True)
+        row = _subprocess(["--one", str(clients), mode, str(virtual_seconds)], bound)
+        row.setdefault("clients", clients)
+        row.setdefault("mode", mode)
+        row["time_bound_s"] = bound
+        print(json.dumps(row), flush=True)
+        rows[(clients, mode)] = row
+        document["rows"] = sorted(rows.values(), key=lambda r: (r["mode"], r["clients"]))
+        document.update({
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "machine": platform.machine(),
+            "targets": {"train_10000_ratio": 0.9, "clients_100000_peak_rss_mb": 8192},
+            "scenario": "hetero-100 scaled (see benchmarks/scale.py)",
+        })
+        _save(document)
+
+
+if __name__ == "__main__":
+    main()

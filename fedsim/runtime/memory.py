@@ -1,0 +1,92 @@
+"""Process resources at scale: freed memory given back to the operating system during long
+runs, and file descriptors for many ledgers.
+
+A simulation of thousands of clients allocates and frees a parameter vector (hundreds of KB)
+several times per round, with lifetimes that interleave (a client's model lives until its next
+round, an update until its window closes). glibc's allocator serves such blocks from its heap
+once its adaptive mmap threshold has grown past their size, and a heap fragmented this way is
+not shrunk: at 1,000 clients of hetero-100 the resident size stayed at 3.4 GB while 1 GB was
+live. ``malloc_trim(0)`` returns the free pages inside the heap (glibc >= 2.8; elsewhere this
+is a no-op), measured: 1.06 GB resident at the end of the same run, CPU time unchanged within
+noise (benchmarks/scale.py).
+
+File descriptors: a held ledger keeps two open (its file and its locked high-water mark), so
+a simulation of N clients needs 2N + a few under ``RLIMIT_NOFILE`` (often 1,024 soft; this
+project's CI machine: 20,000). :func:`ledger_handles_fit` raises the soft limit up to the hard
+one when that is enough; when it is not, the simulation writes its ledgers under one
+directory lock instead (:class:`fedsim.privacy.ledger_file.DirectoryLock`: one descriptor for
+all, the same files and the same one-writer guarantee).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+
+import structlog
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "ledger_handles_fit",
+           "release_free_memory"]
+
+_log = structlog.get_logger("fedsim.runtime.memory")
+
+DESCRIPTORS_PER_LEDGER = 2
+"""A held ledger's open files: the ledger (append) and its high-water mark (with the lock)."""
+DESCRIPTOR_RESERVE = 256
+"""Descriptors left for everything else (imports, the run directory's files, a data loader)."""
+
+
+def _trimmer() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_TRIM = _trimmer()
+
+
+def release_free_memory() -> bool:
+    """Return free heap pages to the OS (glibc ``malloc_trim``); False where unavailable."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True
+
+
+def ledger_handles_fit(ledgers: int) -> bool:
+    """Whether ``ledgers`` held ledgers fit under ``RLIMIT_NOFILE`` with
+    :data:`DESCRIPTOR_RESERVE` to spare, raising the soft limit up to the hard limit when that
+    is enough (logged). False: they do not (the caller uses a directory lock instead)."""
+    needed = ledgers * DESCRIPTORS_PER_LEDGER + DESCRIPTOR_RESERVE
+    if resource is None:  # pragma: no cover - not POSIX: no such limit to query
+        return True
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return True
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        _log.info("ledgers share one directory lock", ledgers=ledgers, needed=needed,
+                  soft_limit=soft, hard_limit=hard)
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    except (ValueError, OSError):
+        return False
+    _log.info("raised the open-file limit for the ledgers", ledgers=ledgers, soft_limit=needed,
+              hard_limit=hard)
+    return True

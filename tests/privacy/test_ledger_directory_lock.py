@@ -1,0 +1,115 @@
+"""Many ledgers in one process (issue 18): under a DirectoryLock a ledger keeps no file open
+between spends, writes the same bytes, and the one-writer guarantee still holds both ways
+(a run's directory against a single ledger's writer, in this process and in another)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedsim.errors import LedgerError
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import DirectoryLock
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = [GaussianStep("poisson", 0.01, 1.0 + 0.05 * (r % 7)) for r in range(30)]
+
+
+def _open(path: Path, directory: DirectoryLock | None = None) -> PrivacyLedger:
+    return PrivacyLedger.open(path, client_id=path.stem, sampling="poisson",
+                              budget=Budget(8.0, 1e-5), directory=directory)
+
+
+def _spend_all(ledger: PrivacyLedger) -> float:
+    for r, step in enumerate(STEPS):
+        ledger.spend(step, time=0.5 * r, round=r)
+    return ledger.epsilon()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_ledgers_under_a_directory_lock_hold_no_descriptor_and_write_the_same_bytes(
+        tmp_path: Path) -> None:
+    held, lazy = tmp_path / "held", tmp_path / "lazy"
+    held.mkdir()
+    lazy.mkdir()
+    expected = {}
+    for k in range(3):
+        with _open(held / f"c{k}.jsonl") as ledger:
+            expected[k] = _spend_all(ledger)
+    before = _open_fds()
+    with DirectoryLock(lazy) as lock:
+        ledgers = [_open(lazy / f"c{k}.jsonl", lock) for k in range(60)]
+        assert _open_fds() - before == 1  # the directory's lock, for all 60
+        eps = [_spend_all(ledger) for ledger in ledgers[:3]]
+        assert _open_fds() - before == 1  # spends open and close their files
+        for ledger in ledgers:
+            ledger.close()
+    assert _open_fds() == before
+    assert eps == [expected[k] for k in range(3)]
+    for k in range(3):
+        for name in (f"c{k}.jsonl", f"c{k}.jsonl.hwm"):
+            assert (lazy / name).read_bytes() == (held / name).read_bytes()
+    with _open(lazy / "c1.jsonl") as reopened:  # resumes, verified against its mark
+        assert len(reopened.records) == len(STEPS)
+        assert reopened.epsilon() == expected[1]
+
+
+def test_one_writer_holds_between_a_directory_lock_and_single_ledgers(tmp_path: Path) -> None:
+    path = tmp_path / "c1.jsonl"
+    single = _open(path)  # a writer of one ledger holds it
+    lock = DirectoryLock(tmp_path)  # the directory lock itself does not see it ...
+    with pytest.raises(LedgerError, match="open elsewhere"):
+        _open(path, lock)  # ... but opening its ledger under the lock does
+    single.close()
+    ledger = _open(path, lock)
+    with pytest.raises(LedgerError, match="open elsewhere"):
+        _open(path, lock)  # a second handle in this process
+    with pytest.raises(LedgerError, match="one writer"):
+        _open(path)  # a single-ledger writer while the run holds the directory
+    with pytest.raises(LedgerError, match="one writer"):
+        _open(tmp_path / "c2.jsonl")  # any ledger of the directory
+    assert not (tmp_path / "c2.jsonl").exists()
+    with pytest.raises(LedgerError, match="open elsewhere"):
+        DirectoryLock(tmp_path)  # a second run on the same directory
+    ledger.spend(STEPS[0], time=0.0, round=0)
+    lock.close()
+    with pytest.raises(LedgerError, match="read-only or is closed"):
+        ledger.spend(STEPS[1], time=1.0, round=1)  # its lock is gone: no more writes
+    ledger.close()
+    with _open(path) as again:  # free again once the run released the directory
+        assert len(again.records) == 1
+
+
+_CHILD = """
+import sys
+from fedsim.errors import LedgerError
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+try:
+    PrivacyLedger.open(sys.argv[1], client_id="c1", sampling="poisson", budget=Budget(8.0, 1e-5))
+except LedgerError as exc:
+    print("REFUSED", exc)
+    sys.exit(3)
+print("OPENED")
+"""
+
+
+def test_another_process_cannot_write_a_ledger_of_a_locked_directory(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    path = tmp_path / "c1.jsonl"
+    with DirectoryLock(tmp_path) as lock:
+        _open(path, lock).spend(STEPS[0], time=0.0, round=0)  # not even held open
+        child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
+                               text=True, env=env, timeout=120)
+        assert child.returncode == 3 and "a run holds this directory" in child.stdout
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert child.returncode == 0 and "OPENED" in child.stdout

@@ -1,0 +1,104 @@
+"""File descriptors at scale (issue 18): a held ledger keeps two open, so a run checks
+RLIMIT_NOFILE before it opens its ledgers, raises the soft limit when the hard one allows, and
+otherwise writes every ledger under one directory lock, with the same run directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.runtime.memory import DESCRIPTOR_RESERVE, DESCRIPTORS_PER_LEDGER, ledger_handles_fit
+from fedsim.runtime.simulation import run_scenario
+
+resource = pytest.importorskip("resource")
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = 60  # 2 x 60 + 256 = 376 descriptors wanted
+
+
+def _needed(ledgers: int) -> int:
+    return ledgers * DESCRIPTORS_PER_LEDGER + DESCRIPTOR_RESERVE
+
+
+def test_the_soft_limit_is_raised_when_the_hard_limit_allows() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < _needed(100):
+        pytest.skip(f"hard limit {hard} too low for this check")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    try:
+        assert ledger_handles_fit(100)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (_needed(100), hard)
+        assert ledger_handles_fit(10)  # already fits: left as it is
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == _needed(100)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_more_ledgers_than_the_hard_limit_allows_do_not_fit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit on open files here")
+    assert not ledger_handles_fit(hard)
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)  # untouched
+
+
+def scenario() -> dict[str, Any]:
+    group: dict[str, Any] = {"count": CLIENTS // 2, "data_share": 0.5, "clip": 1.0,
+                             "local_lr": 0.5, "batch_size": 2, "noise": 1.0,
+                             "speed": {"kind": "uniform", "low": 0.01, "high": 0.03}}
+    return {
+        "name": "many-ledgers", "seed": 3, "stop": {"virtual_seconds": 2.0},
+        "dataset": {"name": "synthetic", "num_samples": 600, "num_test_samples": 100,
+                    "num_features": 8, "num_classes": 3},
+        "model": {"name": "mlp", "options": {"hidden": [8]}},
+        "clients": {"groups": [{**group, "name": "a", "sampling": "poisson",
+                                "budget": {"epsilon": 3.0, "delta": 1e-5}},
+                               {**group, "name": "b", "sampling": "fixed"}]},
+        "server": {"window": 0.5},
+    }
+
+
+_CHILD = """
+import json, resource, sys
+from pathlib import Path
+import fedsim.runtime.simulation as simulation
+from fedsim.config import LoadedScenario, parse_scenario
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))  # below 2 x 60 + 256
+taken = []
+class Recording(simulation.DirectoryLock):
+    def __init__(self, directory):
+        taken.append(str(directory))
+        super().__init__(directory)
+simulation.DirectoryLock = Recording
+loaded = LoadedScenario(parse_scenario(json.loads(sys.argv[1])), None)
+result = simulation.run_scenario(loaded, Path(sys.argv[2]))
+print(json.dumps({"locks": taken, "applied": result.summary["updates"]["applied"]}))
+"""
+
+
+def _ledgers(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "ledgers").iterdir())}
+
+
+def test_a_run_beyond_the_hard_limit_writes_its_ledgers_under_one_directory_lock(
+        tmp_path: Path) -> None:
+    data = scenario()
+    held = run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path / "held")
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(data), str(tmp_path / "locked")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert child.returncode == 0, child.stderr[-2000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["locks"] == [str(tmp_path / "locked" / "ledgers")]
+    assert report["applied"] == held.summary["updates"]["applied"] > 0
+    ledgers = _ledgers(tmp_path / "locked")
+    assert len(ledgers) == 2 * CLIENTS  # every ledger and its mark
+    assert ledgers == _ledgers(tmp_path / "held")
+    for name in ("metrics.jsonl", "clients.csv"):
+        assert (tmp_path / "locked" / name).read_bytes() == (tmp_path / "held" / name).read_bytes()
