@@ -14,6 +14,7 @@ __all__ = [
     "Aggregation",
     "FedAsyncAggregation",
     "FedBuffAggregation",
+    "ADAPTIVE_CLIP_CEILING",
     "AdaptiveClipping",
     "DpNormalisation",
     "LocalStepSequence",
@@ -97,6 +98,12 @@ class LocalStepSequence(_Strict):
                            description="The exponential sequence's floor.")
 
 
+ADAPTIVE_CLIP_CEILING = 10.0
+"""Default ceiling of adaptive clipping, as a multiple of the starting clip: the clip may grow
+an order of magnitude (Andrew et al. start within one of the quantile they track), and the
+server's norm bound, which scales with the ceiling, stays within 10x of the start's."""
+
+
 class AdaptiveClipping(_Strict):
     """Adaptive (quantile) clipping, Andrew et al. 2021: after each step the clipping norm moves
     geometrically towards the ``target_quantile`` of the per-example gradient norms, from a
@@ -111,6 +118,15 @@ class AdaptiveClipping(_Strict):
     count_noise_std: float = Field(gt=0.0, allow_inf_nan=False,
                                    description="The count's noise std sigma_b (Andrew et al.: "
                                                "about batch_size / 20).")
+    max_clip: float | None = Field(
+        default=None, gt=0.0, allow_inf_nan=False,
+        description="The public ceiling of the moving clip (at least the starting clip): the "
+        "clip never exceeds it, and the server bounds the group's updates with it. Omitted: "
+        f"{ADAPTIVE_CLIP_CEILING} times the starting clip.")
+
+    def ceiling(self, start: float) -> float:
+        """The clip's public ceiling for a group whose clip starts at ``start``."""
+        return self.max_clip if self.max_clip is not None else ADAPTIVE_CLIP_CEILING * start
 
 
 class DpNormalisation(_Strict):

@@ -321,7 +321,18 @@ class ClientGroup(_Strict):
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
                              "(its starting value), not a schedule")
+        if self.adaptive_clip is not None and isinstance(self.clip, ConstantClip):
+            ceiling = self.adaptive_clip.ceiling(self.clip.value)
+            if ceiling < self.clip.value:
+                raise ValueError(f"adaptive_clip.max_clip={ceiling:g} is below the starting "
+                                 f"clip {self.clip.value:g}")
         return self
+
+    def adaptive_clip_ceiling(self) -> float | None:
+        """The public ceiling of the group's adaptive clip (None without adaptive clipping)."""
+        if self.adaptive_clip is None or not isinstance(self.clip, ConstantClip):
+            return None
+        return self.adaptive_clip.ceiling(self.clip.value)
 
 
 class Clients(_Strict):

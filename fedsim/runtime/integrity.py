@@ -51,6 +51,7 @@ import numpy as np
 
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.schedules import Schedule
+from fedsim.training.local import sum_noise_multiplier
 
 __all__ = [
     "FAILURE_PROBABILITY",
@@ -158,10 +159,22 @@ class ClientLimits:
 
 def client_limits(group: ClientGroup, num_samples: int, schedule: Schedule, dim: int) -> ClientLimits:
     """The :class:`ClientLimits` of a scenario client of ``group`` with ``num_samples`` records,
-    its calibrated clip/noise ``schedule`` and a model of ``dim`` parameters."""
+    its calibrated clip/noise ``schedule`` and a model of ``dim`` parameters.
+
+    Under adaptive clipping the clip moves with the client's private data, so the bound uses
+    its public ceiling ``max_clip`` (the clip never exceeds it) and the sum's own noise
+    multiplier (raised above the group's effective sigma to pay for the noisy count)."""
+    clip: Callable[[int], float] = schedule.clip
+    sigma: Callable[[int], float] = schedule.sigma
+    ceiling = group.adaptive_clip_ceiling()
+    if ceiling is not None and group.adaptive_clip is not None:
+        count_std = group.adaptive_clip.count_noise_std
+        clip = lambda r: ceiling  # noqa: E731
+        sigma = lambda r: sum_noise_multiplier(  # noqa: E731
+            float(schedule.sigma(r)), count_std, group.sampling)
     return ClientLimits(
         sampling=group.sampling, batch_size=float(group.batch_size), num_samples=num_samples,
-        dim=dim, clip=schedule.clip, sigma=schedule.sigma, steps=group.local_steps,
+        dim=dim, clip=clip, sigma=sigma, steps=group.local_steps,
         max_rounds=group.rounds,
     )
 

@@ -242,8 +242,10 @@ def adaptive_clip(group: ClientGroup) -> AdaptiveClipConfig | None:
     config = group.adaptive_clip
     if config is None:
         return None
+    ceiling = group.adaptive_clip_ceiling()
+    assert ceiling is not None  # the schema gives adaptive clipping a constant start
     return AdaptiveClipConfig(config.target_quantile, config.learning_rate,
-                              config.count_noise_std)
+                              config.count_noise_std, ceiling)
 
 
 def step_sequence(group: ClientGroup) -> StepSequence | None:

@@ -141,8 +141,8 @@ class ShardWorker:
                        scale, std)
             for key, (params, alignment), indices, noise, first, clip, scale, std in jobs
         ]
-        updates, within, losses, finite = self.batcher._pass(remote)  # type: ignore[arg-type]
-        return [u.numpy() for u in updates], within, losses, finite
+        updates, within, nonfinite, losses, finite = self.batcher._pass(remote)  # type: ignore[arg-type]
+        return [u.numpy() for u in updates], within, nonfinite, losses, finite
 
 
 class RayRoundBatcher(RoundBatcher):
@@ -214,16 +214,18 @@ class RayRoundBatcher(RoundBatcher):
         futures = {w: self._actors[w].run_pass.remote(p) for w, p in enumerate(payloads) if p}
         updates: list[torch.Tensor | None] = [None] * len(jobs)
         within = [0] * len(jobs)
+        nonfinite = [0] * len(jobs)
         losses = [math.nan] * len(jobs)
         finite = [False] * len(jobs)
         for worker, future in futures.items():
-            w_updates, w_within, w_losses, w_finite = self._ray.get(future)
+            w_updates, w_within, w_nonfinite, w_losses, w_finite = self._ray.get(future)
             for k, position in enumerate(per_worker[worker]):
                 updates[position] = torch.from_numpy(np.array(w_updates[k]))
                 within[position], losses[position] = w_within[k], w_losses[k]
+                nonfinite[position] = w_nonfinite[k]
                 finite[position] = w_finite[k]
         self.remote_passes += 1
-        return updates, within, losses, finite  # type: ignore[return-value]
+        return updates, within, nonfinite, losses, finite  # type: ignore[return-value]
 
     def shutdown(self) -> None:
         """Stop the workers (the Ray session stays for the caller)."""

@@ -218,7 +218,7 @@ class RoundBatcher:
         if not usable:
             return
         try:
-            updates, within, losses, finite = self._pass(usable)
+            updates, within, nonfinite, losses, finite = self._pass(usable)
         except Exception as exc:  # a model or loss error: every round of the pass reports it
             for job in usable:
                 job.pending.complete(exc)
@@ -230,33 +230,40 @@ class RoundBatcher:
             end = k + 1
             while end < len(usable) and usable[end].pending is usable[k].pending:
                 end += 1
-            self._finish(usable[k:end], updates[k:end], within[k:end], losses[k:end],
-                         finite[k:end])
+            self._finish(usable[k:end], updates[k:end], within[k:end], nonfinite[k:end],
+                         losses[k:end], finite[k:end])
             k = end
 
     def _finish(self, jobs: list[_Job], updates: list[torch.Tensor], within: list[int],
-                losses: list[float], finite: list[bool]) -> None:
+                nonfinite: list[int], losses: list[float], finite: list[bool]) -> None:
         """Complete one round from the jobs of its segments."""
         pending = jobs[0].pending
         if not all(finite):
             pending.complete(ModelError("parameter vector contains non-finite values"))
             return
-        self.rounds_batched += 1
         update = updates[0]
         for other in updates[1:]:
             update.add_(other)
+        if any(nonfinite) and not bool(torch.isfinite(update).all()):
+            # An example with a non-finite norm got factor 0, but its activations themselves
+            # were not finite (0 * inf is nan): the single-round engine recomputes the round
+            # without it, from the same draws.
+            pending.compute_alone()
+            return
+        self.rounds_batched += 1
         trainer, draws, size = pending.trainer, jobs[0].draws, len(jobs[0].draws.indices)
         if draws.count_noise is not None:
             trainer.update_adaptive_clip(sum(within), size, jobs[0].clip, draws.count_noise)
         pending.complete(trainer.round_result(
-            pending, update[: self.num_params].cpu().numpy(), [size], jobs[0].clip, sum(losses)))
+            pending, update[: self.num_params].cpu().numpy(), [size], jobs[0].clip, sum(losses),
+            sum(nonfinite)))
 
     def _pass(
         self, jobs: Sequence[_Job]
-    ) -> tuple[list[torch.Tensor], list[int], list[float], list[bool]]:
+    ) -> tuple[list[torch.Tensor], list[int], list[int], list[float], list[bool]]:
         """One pass for all ``jobs`` over their examples laid end to end: noisy clipped sums
-        (a vector each), counts of unclipped examples, loss sums, whether the parameters were
-        finite.
+        (a vector each), counts of unclipped examples and of examples with a non-finite
+        gradient norm (factor 0), loss sums, whether the parameters were finite.
 
         Everything per example (activations, loss, norms, clipping factors) runs once over all
         examples; only the products with a round's own weights run per round, straight from its
@@ -274,12 +281,12 @@ class RoundBatcher:
             else:
                 update.zero_()
         forward = self._forward(batch)
-        factors, counts = self._clip_factors(batch, forward)
+        factors, counts, nonfinite = self._clip_factors(batch, forward)
         self._scatter(batch, forward, factors, updates)
         loss_sums = torch.zeros(len(jobs), device=self.device).index_add_(0, batch.owner, forward.losses).tolist()
         finite = [bool(torch.isfinite(s)) or bool(torch.isfinite(p).all())
                   for s, p in zip(forward.param_sums, batch.params, strict=True)]
-        return updates, counts, loss_sums, finite
+        return updates, counts, nonfinite, loss_sums, finite
 
     def _gather(self, jobs: Sequence[_Job]) -> _Batch:
         """Every round's examples laid end to end (x, y), its parameter vector as a tensor
@@ -365,9 +372,12 @@ class RoundBatcher:
                 tuple(torch.zeros_like(o) for o in outputs)
         return _Forward(inputs, list(grads), losses.detach(), sums)
 
-    def _clip_factors(self, batch: _Batch, forward: _Forward) -> tuple[torch.Tensor, list[int]]:
+    def _clip_factors(
+        self, batch: _Batch, forward: _Forward
+    ) -> tuple[torch.Tensor, list[int], list[int]]:
         """Per-example clipping factors (times the round's 1/m) from the per-example gradient
-        norms over all layers, and each round's count of unclipped examples."""
+        norms over all layers, and each round's counts of unclipped examples and of examples
+        whose norm is not finite (factor 0, :func:`clip_factors`), in one host sync."""
         sq: torch.Tensor | None = None
         for module, a, g in zip(batch.layers, forward.inputs, forward.grads, strict=True):
             layer_sq = linear_sq_norms(a, g, has_bias=module.bias is not None)
@@ -378,11 +388,13 @@ class RoundBatcher:
         clips = torch.tensor([job.clip for job in jobs], dtype=torch.float32,
                              device=self.device)[owner]
         factors = clip_factors(norms, clips)
-        counts = torch.zeros(len(jobs), device=self.device).index_add_(
-            0, owner, (norms <= clips).to(torch.float32))
+        counts = torch.zeros(2, len(jobs), device=self.device)
+        counts[0].index_add_(0, owner, (norms <= clips).to(torch.float32))
+        counts[1].index_add_(0, owner, torch.isfinite(norms).logical_not_().to(torch.float32))
         factors.mul_(torch.tensor([job.scale for job in jobs], dtype=torch.float32,
                                   device=self.device)[owner])
-        return factors, [int(c) for c in counts.tolist()]
+        within, nonfinite = counts.tolist()
+        return factors, [int(c) for c in within], [int(c) for c in nonfinite]
 
     def _scatter(
         self, batch: _Batch, forward: _Forward, factors: torch.Tensor, updates: list[torch.Tensor]

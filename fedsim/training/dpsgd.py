@@ -115,6 +115,10 @@ class NoisyGradient:
     """How many examples had ``||g_i|| <= C`` (private; adaptive clipping noises it)."""
     loss_sum: float
     """Sum of per-example losses (private)."""
+    nonfinite: int = 0
+    """How many examples had a non-finite gradient norm and contributed zero (private)."""
+    dropped: torch.Tensor | None = None
+    """Those examples' indices (None when there are none)."""
 
 
 def noisy_gradient(
@@ -147,20 +151,8 @@ def noisy_gradient(
     into segments at different w, see :mod:`fedsim.training.rounds`; the step's noise comes
     with its first segment).
     """
-    if not (math.isfinite(clip) and clip > 0):
-        raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")
-    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-        raise ConfigError(f"noise multiplier must be finite and > 0, got {noise_multiplier!r}")
-    if max_physical_batch < 1:
-        raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
-    if (
-        isinstance(per_example_steps, bool)
-        or not isinstance(per_example_steps, int)
-        or per_example_steps < 1
-    ):
-        raise ConfigError(f"per_example_steps must be an integer >= 1, got {per_example_steps!r}")
-    if not (math.isfinite(per_example_lr) and per_example_lr > 0):
-        raise ConfigError(f"per_example_lr must be > 0, got {per_example_lr!r}")
+    _check_options(clip, noise_multiplier, max_physical_batch, per_example_steps,
+                   per_example_lr)
     param = engine.parameters()[0]
     scale = 1.0 / expected_batch_size
     # Noise first, then every chunk's scaled clipped sum is accumulated into it in place:
@@ -171,7 +163,8 @@ def noisy_gradient(
         generator if noise_key is None else noise_key,
         param,
     )
-    within, loss_sum = 0, 0.0
+    within, loss_sum, nonfinite = 0, 0.0, 0
+    chunk_norms: list[torch.Tensor] = []
     feature_dtype = param.dtype if features.is_floating_point() else features.dtype
     for start in range(0, len(indices), max_physical_batch):
         chunk = (
@@ -190,9 +183,52 @@ def noisy_gradient(
             part = engine.clipped_local_updates(
                 x, y, clip, per_example_steps, per_example_lr, loss_fn, scale=scale, out=total
             )
-        within += int((part.norms <= clip).sum())
+        # One host sync a chunk, as before: the unclipped count and the norms' sum (not finite
+        # exactly when a norm is not: each is at most sqrt(3.4e38) and a chunk is small).
+        norms = part.norms
+        counts = torch.stack(((norms <= clip).sum().to(norms.dtype), norms.sum())).tolist()
+        within += int(counts[0])
         loss_sum += part.loss_sum
-    return NoisyGradient(total, len(indices), within, loss_sum)
+        if not math.isfinite(counts[1]):  # rare: such an example contributed zero
+            nonfinite += int((~torch.isfinite(norms)).sum())
+        chunk_norms.append(norms)
+    if not nonfinite:
+        return NoisyGradient(total, len(indices), within, loss_sum)
+    finite = torch.isfinite(torch.cat(chunk_norms)).to(indices.device)
+    dropped = indices[~finite]
+    if into is None and not bool(torch.isfinite(total).all()):
+        # Its factor was 0, but its activations or gradients themselves were not finite
+        # (0 * inf is nan): the same step again without it, from the same noise key. (With
+        # ``into`` the caller recomputes the whole step: see LocalTrainer._compute_segments.)
+        again = noisy_gradient(
+            engine, features, labels, indices[finite], sampling=sampling, clip=clip,
+            noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size,
+            generator=generator, max_physical_batch=max_physical_batch, loss_fn=loss_fn,
+            per_example_steps=per_example_steps, per_example_lr=per_example_lr,
+            noise_key=noise_key)
+        return NoisyGradient(again.gradient, len(indices), again.within_clip, again.loss_sum,
+                             nonfinite, dropped)
+    return NoisyGradient(total, len(indices), within, loss_sum, nonfinite, dropped)
+
+
+def _check_options(
+    clip: float, noise_multiplier: float, max_physical_batch: int, per_example_steps: int,
+    per_example_lr: float,
+) -> None:
+    if not (math.isfinite(clip) and clip > 0):
+        raise ConfigError(f"clipping norm must be finite and > 0, got {clip!r}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ConfigError(f"noise multiplier must be finite and > 0, got {noise_multiplier!r}")
+    if max_physical_batch < 1:
+        raise ConfigError(f"max_physical_batch must be >= 1, got {max_physical_batch}")
+    if (
+        isinstance(per_example_steps, bool)
+        or not isinstance(per_example_steps, int)
+        or per_example_steps < 1
+    ):
+        raise ConfigError(f"per_example_steps must be an integer >= 1, got {per_example_steps!r}")
+    if not (math.isfinite(per_example_lr) and per_example_lr > 0):
+        raise ConfigError(f"per_example_lr must be > 0, got {per_example_lr!r}")
 
 
 def _moved(

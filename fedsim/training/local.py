@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from fedsim.errors import ConfigError, ModelError
+from fedsim.logging import get_logger
 from fedsim.privacy.events import GaussianStep, Sampling
 from fedsim.training.dpsgd import (
     ClipSchedule,
@@ -51,10 +52,12 @@ from fedsim.training.rounds import (
     PendingRound,
     RoundQueue,
     RoundResult,
+    Segment,
     StepDraws,
     step_segments,
 )
 
+_log = get_logger("fedsim.training")
 
 def flat_params(model: nn.Module) -> np.ndarray:
     """All parameters of ``model`` as one float32 vector, in ``model.parameters()`` order."""
@@ -115,11 +118,13 @@ class AdaptiveClipConfig:
         target_quantile: gamma, the fraction of examples meant to be unclipped, in (0, 1).
         learning_rate: eta_C of the geometric update (Andrew et al. use 0.2).
         count_noise_std: sigma_b, std of the noise on the count (Andrew et al.: about m/20).
+        max_clip: the public ceiling the clip never exceeds (the server's norm bound uses it).
     """
 
     target_quantile: float = 0.5
     learning_rate: float = 0.2
     count_noise_std: float = 10.0
+    max_clip: float = math.inf
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_quantile < 1.0:
@@ -128,6 +133,8 @@ class AdaptiveClipConfig:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not (math.isfinite(self.count_noise_std) and self.count_noise_std > 0):
             raise ConfigError(f"count_noise_std must be > 0, got {self.count_noise_std}")
+        if not self.max_clip > 0:
+            raise ConfigError(f"max_clip must be > 0, got {self.max_clip}")
 
 
 def count_sensitivity(sampling: Sampling) -> float:
@@ -241,6 +248,7 @@ class LocalTrainer:
         self.per_example_lr = float(per_example_lr)
         self.engine = engine_for(model)
         self._adaptive_norm: float | None = None
+        self._warned_nonfinite = False
 
     @property
     def num_records(self) -> int:
@@ -279,9 +287,9 @@ class LocalTrainer:
             fraction = (within_clip - batch_size / 2 + noise) / self.batch_size + 0.5
         else:
             fraction = (within_clip + noise) / self.batch_size
-        self._adaptive_norm = clip * math.exp(
+        self._adaptive_norm = min(config.max_clip, clip * math.exp(
             -config.learning_rate * (fraction - config.target_quantile)
-        )
+        ))
 
     def lr_for(self, round_index: int) -> float:
         """The local step size of round ``round_index`` (its agreed sequence, or local_lr)."""
@@ -347,10 +355,11 @@ class LocalTrainer:
         )
         accumulated: torch.Tensor | None = None
         batch_sizes: list[int] = []
-        loss_sum, clip = 0.0, math.nan
+        loss_sum, clip, nonfinite = 0.0, math.nan, 0
         for step, draws in enumerate(pending.draws):
             clip = self.clip_for(round_index)
             result = self._step(draws.indices, clip, sum_sigma, draws.noise)
+            nonfinite += result.nonfinite
             if draws.count_noise is not None:
                 self.update_adaptive_clip(result.within_clip, result.batch_size, clip,
                                            draws.count_noise)
@@ -367,7 +376,7 @@ class LocalTrainer:
         # (w - w_k) / lr equals the sum of the k noisy gradients; returned in float32.
         assert accumulated is not None  # local_steps >= 1
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
-                                 batch_sizes, clip, loss_sum)
+                                 batch_sizes, clip, loss_sum, nonfinite)
 
     def _step(
         self, indices: torch.Tensor, clip: float, sum_sigma: float, noise: NoiseKey | None,
@@ -394,23 +403,23 @@ class LocalTrainer:
                  for s in segments]
         accumulated: torch.Tensor | None = None
         batch_sizes: list[int] = []
-        loss_sum, clip = 0.0, math.nan
+        loss_sum, clip, nonfinite = 0.0, math.nan, 0
         for step, draws in enumerate(pending.draws):
             clip = self.clip_for(round_index)
-            total: torch.Tensor | None = None
-            within = 0
-            for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
-                                            round_index):
-                here = bases[k] if accumulated is None else (
-                    bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
-                load_flat_params(self.model, here.to(torch.float32).numpy())
-                if total is None:  # the step's noise comes with its first segment
-                    part = self._step(indices, clip, sum_sigma, draws.noise)
-                    total = part.gradient
-                else:
-                    part = self._step(indices, clip, sum_sigma, None, into=total)
-                within += part.within_clip
-                loss_sum += part.loss_sum
+            parts = self._segmented_step(segments, bases, accumulated, step, draws, clip=clip,
+                                         sum_sigma=sum_sigma, round_index=round_index,
+                                         exclude=None)
+            dropped = [p.dropped for p in parts if p.dropped is not None]
+            if dropped and not bool(torch.isfinite(parts[0].gradient).all()):
+                # 0 x inf: the step again without those examples, from the same noise key.
+                parts = self._segmented_step(
+                    segments, bases, accumulated, step, draws, clip=clip, sum_sigma=sum_sigma,
+                    round_index=round_index, exclude=torch.cat(dropped))
+                nonfinite += sum(len(d) for d in dropped)
+            total = parts[0].gradient if parts else None
+            within = sum(p.within_clip for p in parts)
+            loss_sum += sum(p.loss_sum for p in parts)
+            nonfinite += sum(p.nonfinite for p in parts)
             if total is None:  # an empty batch: the noise alone, at the round's start point
                 load_flat_params(self.model, segments[0].params)
                 part = self._step(draws.indices, clip, sum_sigma, draws.noise)
@@ -422,14 +431,42 @@ class LocalTrainer:
             batch_sizes.append(size)
         assert accumulated is not None
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
-                                 batch_sizes, clip, loss_sum)
+                                 batch_sizes, clip, loss_sum, nonfinite)
+
+    def _segmented_step(
+        self, segments: list[Segment], bases: list[torch.Tensor],
+        accumulated: torch.Tensor | None, step: int, draws: StepDraws, *, clip: float,
+        sum_sigma: float, round_index: int, exclude: torch.Tensor | None,
+    ) -> list[NoisyGradient]:
+        """One step of a split round: each segment's records (less those whose rows are in
+        ``exclude``, as :class:`NoisyGradient`'s ``dropped`` names them) at its ``w``,
+        the first noised, the later ones added into its gradient (``parts[0].gradient``)."""
+        parts: list[NoisyGradient] = []
+        for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
+                                        round_index):
+            if exclude is not None:
+                indices = indices[~torch.isin(self.rows_of(indices), exclude)]
+            here = bases[k] if accumulated is None else (
+                bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
+            load_flat_params(self.model, here.to(torch.float32).numpy())
+            if not parts:  # the step's noise comes with its first segment
+                parts.append(self._step(indices, clip, sum_sigma, draws.noise))
+            else:
+                parts.append(self._step(indices, clip, sum_sigma, None,
+                                        into=parts[0].gradient))
+        return parts
 
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
-        loss_sum: float,
+        loss_sum: float, nonfinite: int = 0,
     ) -> RoundResult:
-        """The :class:`RoundResult` of ``pending`` once its update is computed."""
+        """The :class:`RoundResult` of ``pending`` once its update is computed (``nonfinite``:
+        its examples with a non-finite gradient norm, which contributed zero; logged once)."""
         seen = sum(batch_sizes)
+        if nonfinite and not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            _log.warning("examples with a non-finite gradient contribute zero (the round is "
+                         "released as usual)", round=pending.round_index, examples=nonfinite)
         return RoundResult(
             update=update,
             steps=pending.steps,
@@ -438,4 +475,5 @@ class LocalTrainer:
             sigma=pending.steps[0].sigma,
             mean_loss=loss_sum / seen if seen else math.nan,
             sample_grads=seen,
+            nonfinite_examples=nonfinite,
         )

@@ -109,6 +109,8 @@ class RoundResult:
     """Mean per-example training loss over the round's batches (nan if they were all empty)."""
     sample_grads: int
     """Number of per-example gradients computed."""
+    nonfinite_examples: int = 0
+    """Examples whose gradient norm was not finite and that contributed zero (private)."""
     zero_update: bool = False
     """``update`` is all zeros (training replaced by its cost): the client applying it keeps
     referring to the model it holds instead of copying it (``w - eta * 0 == w`` exactly)."""
@@ -159,7 +161,7 @@ class RoundTrainer(Protocol):
 
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
-        loss_sum: float,
+        loss_sum: float, nonfinite: int = 0,
     ) -> RoundResult:
         """The result of ``pending`` once its update is computed."""
         ...

@@ -319,14 +319,6 @@ def _adaptive_scenario() -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R2: the server's norm bound (runtime/integrity.py client_limits) uses the group's "
-    "clip schedule, i.e. adaptive clipping's *start* value, forever; an honest client whose "
-    "adaptive clip grew (here from 0.01 towards its 0.9 quantile) has its updates refused as "
-    "'norm' from round ~2 on (measured: 13 of 24 honest updates refused as 'norm', 11 "
-    "applied); and a clip that shrank leaves the bound loose. Fix: a "
-    "public ceiling on the adaptive clip (AdaptiveClipping.max_clip in config/aggregation.py, "
-    "clamped in training/local.py update_adaptive_clip) and client_limits bounding with it"))
 def test_honest_adaptive_clipping_clients_are_not_refused_by_the_norm_bound(tmp_path: Any) -> None:
     import json
 
@@ -341,6 +333,64 @@ def test_honest_adaptive_clipping_clients_are_not_refused_by_the_norm_bound(tmp_
     applied = sum(line["applied"] for line in windows)
     assert applied > 0
     assert refused == 0, f"{refused} honest updates refused as 'norm', {applied} applied"
+
+
+def _adaptive_group(**adaptive: Any) -> Any:
+    from fedsim.config import parse_scenario
+
+    data = _adaptive_scenario()
+    data["clients"]["groups"][0]["adaptive_clip"].update(adaptive)
+    return parse_scenario(data).clients.groups[0]
+
+
+@pytest.mark.parametrize("max_clip", [None, 0.3])
+def test_the_norm_bound_of_adaptive_clipping_is_its_public_ceilings(max_clip: float | None) -> None:
+    """Fix of R2: the server bounds an adaptive-clipping client with the public ceiling
+    ``max_clip`` (default 10x the start) and the sum's raised noise multiplier. Recomputed by
+    hand from the module docstring's formula; an update just under it is applied, one just
+    over it refused as 'norm'."""
+    from fedsim.privacy.schedules import Schedule
+    from fedsim.runtime.integrity import client_limits
+
+    group = _adaptive_group(**({} if max_clip is None else {"max_clip": max_clip}))
+    ceiling = 0.1 if max_clip is None else max_clip  # 10 x the start 0.01
+    limits = client_limits(group, 200, Schedule(total_steps=None, sigma_0=1.0, clip_0=0.01), DIM)
+    # By hand: Poisson, m = 20, N = 200, one step, p = 1e-12 split in two.
+    m, n, p = 20.0, 200, 1e-12
+    x = math.log(2 / p)
+    mean = m * (n + 1) / n
+    total = min(mean * (1 + (x + math.sqrt(x * x + 8 * mean * x)) / (2 * mean)), n + 1.0)
+    sum_sigma = (1.0 - (0.5 / 2.0) ** 2) ** -0.5  # 1/sigma^2 = 1/s^2 + (1/2 / sigma_b)^2
+    noise = ceiling * sum_sigma * math.sqrt(DIM + 2 * math.sqrt(DIM * x) + 2 * x)
+    bound = (ceiling * total + noise) / m
+    assert limits.norm_bound(0) == pytest.approx(bound, rel=1e-12)
+    assert limits.norm_bound(11) == limits.norm_bound(0)  # the ceiling, whatever the round
+
+    server = ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(DIM),
+                         clients={"a": ClientInfo(200, 1.0, limits=limits)}, window=1.0,
+                         strategy=UniformWeights(), step_size=ConstantStepSize(1.0))
+    server._inbox = [_update("a", 0, [0.999 * bound, 0, 0]), _update("a", 1, [0, 1.001 * bound, 0])]
+    report = server.close_window()
+    assert ("a", 0, 0) in report.applied_updates
+    assert report.rejections == {"norm": 1}
+
+
+def test_adaptive_clipping_never_exceeds_its_ceiling_and_the_ceiling_is_validated() -> None:
+    from fedsim.config import LoadedScenario, parse_scenario
+    from fedsim.errors import FedsimError
+    from fedsim.runtime.population import build_population
+
+    with pytest.raises((FedsimError, ValueError), match="below the starting clip"):
+        _adaptive_group(max_clip=0.005)
+    with pytest.raises((FedsimError, ValueError), match="max_clip"):
+        _adaptive_group(max_clip=0.0)
+    data = _adaptive_scenario()
+    data["clients"]["groups"][0]["adaptive_clip"]["max_clip"] = 0.05
+    population = build_population(LoadedScenario(parse_scenario(data), None))
+    trainer = population.trainer(population.plans[0])
+    params = population.initial_params
+    clips = [trainer.run_round(params, r).clip for r in range(8)]
+    assert max(clips) == pytest.approx(0.05) and clips[0] < 0.05  # it grew and stopped at 0.05
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,17 +520,6 @@ def test_the_public_slot_covers_the_compute_of_per_example_local_steps(tmp_path:
 # 1b. A release that depends on one record: the non-finite round
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R5: one record whose gradient is not finite (a finite but huge feature, 1e30, "
-    "passes the loader's finiteness check) makes the whole round's update NaN (clip factor "
-    "C/inf = 0 times inf is NaN), and the client actor then neither releases nor charges the "
-    "round (client.py: 'round produced a non-finite update; not released') and waits for the "
-    "next model: whether an update arrives in its slot tells the server whether that record "
-    "was sampled, a membership signal the accountant does not cover. Fix (training/dpsgd.py "
-    "noisy_gradient + training/batched.py, or persample clip_factors and the rules): count an "
-    "example whose gradient norm is not finite as a zero contribution (recompute the step "
-    "without it from the same noise key); a function of that record alone, so the "
-    "sensitivity and the ledger are unchanged and every round is released"))
 def test_one_record_with_a_non_finite_gradient_does_not_withhold_the_round() -> None:
     from fedsim.privacy.schedules import Schedule
     from fedsim.training.local import LocalTrainer, flat_params
