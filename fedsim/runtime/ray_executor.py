@@ -131,10 +131,10 @@ class ShardWorker:
 
     def run_pass(self, jobs: Sequence[tuple[int, tuple[np.ndarray, int], torch.Tensor,
                                             tuple[int, int], bool, float, float, float]]
-                 ) -> tuple[list[np.ndarray], list[int], list[float], list[bool]]:
+                 ) -> tuple[list[np.ndarray], list[int], list[int], list[float], list[bool]]:
         """The batched pass over ``jobs``: (client, (params, alignment), record indices, noise
         key, first segment of its round, clip, scale, std) each; returns the updates, unclipped
-        counts, loss sums and finiteness."""
+        counts, counts of examples with a non-finite gradient norm, loss sums and finiteness."""
         remote = [
             _RemoteJob(_RemotePending(self.clients[key]), _placed(params, alignment), indices,
                        StepDraws(indices, NoiseKey(*noise), None), len(indices), first, clip,
@@ -198,8 +198,8 @@ class RayRoundBatcher(RoundBatcher):
         self._clients[id(trainer)] = (trainer, client)
         return client
 
-    def _pass(self, jobs: Sequence[Any]) -> tuple[list[torch.Tensor], list[int], list[float],
-                                                  list[bool]]:
+    def _pass(self, jobs: Sequence[Any]) -> tuple[list[torch.Tensor], list[int], list[int],
+                                                  list[float], list[bool]]:
         per_worker: list[list[int]] = [[] for _ in self._actors]
         payloads: list[list[tuple[Any, ...]]] = [[] for _ in self._actors]
         for position, job in enumerate(jobs):
