@@ -25,6 +25,7 @@ from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.server import ClientInfo, ServerActor
+from tests.doubles import RecordingEndpoint
 
 DIM = 3
 
@@ -125,27 +126,13 @@ def test_the_schema_builds_each_policy_and_rejects_bad_values() -> None:
 # The server actor with each policy
 
 
-class _Endpoint:
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock, self.inbox, self.published = clock, asyncio.Queue(), []
-
-    async def publish(self, message) -> None:
-        self.published.append((self.clock.now(), message))
-
-    async def receive(self):
-        return await self.inbox.get()
-
-    async def close(self) -> None:
-        pass
-
-
 def _update(client: str, round_: int, base: int, value: float) -> ClientUpdate:
     return ClientUpdate(client, round_, base, np.full(DIM, value, np.float32), 10.0)
 
 
 def _serve(policy, arrivals, *, strategy=None, windows: int = 2, optimizer=None):
     async def main(clock: VirtualClock):
-        endpoint = _Endpoint(clock)
+        endpoint = RecordingEndpoint(clock)
         server = ServerActor(
             clock=clock, endpoint=endpoint, initial_params=np.zeros(DIM, np.float32),
             clients={"a": ClientInfo(100, 0.5), "b": ClientInfo(300, 0.5)}, window=1.0,
@@ -211,7 +198,7 @@ def test_the_optimizer_moments_survive_a_server_checkpoint(tmp_path) -> None:
     from fedsim.runtime.checkpoint import ServerCheckpoint
 
     def server(clock: VirtualClock) -> ServerActor:
-        return ServerActor(clock=clock, endpoint=_Endpoint(clock),
+        return ServerActor(clock=clock, endpoint=RecordingEndpoint(clock),
                            initial_params=np.zeros(DIM, np.float32),
                            clients={"a": ClientInfo(100, 0.5)}, window=1.0,
                            strategy=UniformWeights(), step_size=ConstantStepSize(1.0),

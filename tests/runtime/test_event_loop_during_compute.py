@@ -17,6 +17,7 @@ from fedsim.clock import ScaledClock
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
 from fedsim.runtime.client import ClientActor
 from fedsim.runtime.exposure import ClientExposure
+from tests.doubles import FreeLedger
 
 COMPUTE_SECONDS = 0.6  # the blocking compute of the one round (a real round holds the CPU)
 
@@ -80,17 +81,6 @@ class _Trainer:
         return _BlockingRound(self.log)
 
 
-class _Ledger:
-    def can_spend(self, steps: Any) -> bool:
-        return True
-
-    def spend(self, steps: Any, *, time: float, round: int) -> None:
-        pass
-
-    def plan(self, future_rounds: Any) -> int:
-        return len(future_rounds)
-
-
 def test_a_deployed_round_does_not_block_the_event_loop() -> None:
     assert client_exposure_is_threaded()
     log: dict[str, float] = {}
@@ -105,7 +95,7 @@ def test_a_deployed_round_does_not_block_the_event_loop() -> None:
         endpoint = _Endpoint()
         actor = ClientActor(
             "c1", clock=ScaledClock(1.0), endpoint=endpoint, trainer=_Trainer(log),
-            ledger=_Ledger(), local_lr=0.1, batch_size=10,
+            ledger=FreeLedger(), local_lr=0.1, batch_size=10,
             seconds_per_sample=lambda: 2 * COMPUTE_SECONDS / 10, max_rounds=1,
             exposure=ClientExposure(pad_release=True, compute_in_thread=True), status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))
@@ -166,7 +156,7 @@ def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
         endpoint = _Endpoint()
         actor = ClientActor(
             "c1", clock=ScaledClock(1.0), endpoint=endpoint, trainer=Trainer({}),
-            ledger=_Ledger(), local_lr=0.1, batch_size=10,
+            ledger=FreeLedger(), local_lr=0.1, batch_size=10,
             seconds_per_sample=lambda: 4 * COMPUTE_SECONDS / 10, max_rounds=1,
             exposure=ClientExposure(pad_release=True, compute_in_thread=True),
             status_epsilon=lambda: (0.0, 1e-5))

@@ -17,6 +17,7 @@ from fedsim.runtime.client import ClientActor
 from fedsim.runtime.exposure import ClientExposure
 from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulation import run_scenario
+from tests.doubles import FreeLedger
 
 torch.set_num_threads(1)
 
@@ -109,17 +110,6 @@ class _Trainer:
         return self.rounds[-1]
 
 
-class _Ledger:
-    def can_spend(self, steps: Any) -> bool:
-        return True
-
-    def spend(self, steps: Any, *, time: float, round: int) -> None:
-        pass
-
-    def plan(self, future_rounds: Any) -> int:
-        return len(future_rounds)
-
-
 class _Endpoint:
     def __init__(self, clock: VirtualClock, arrivals: list[tuple[float, GlobalModel]]) -> None:
         import asyncio
@@ -164,7 +154,7 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
                     (second + 0.6, GlobalModel(4, np.full(2, 4.0, np.float32)))]
         endpoint = _Endpoint(clock, arrivals)
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
-                            ledger=_Ledger(), local_lr=0.1, batch_size=10,
+                            ledger=FreeLedger(), local_lr=0.1, batch_size=10,
                             seconds_per_sample=lambda: 0.1, max_rounds=2, interrupt=rule,
                             exposure=ClientExposure(pad_release=pad_release),
                             status_epsilon=lambda: (0.0, 1e-5))

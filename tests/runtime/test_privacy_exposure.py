@@ -36,6 +36,7 @@ from fedsim.runtime.population import (
 )
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.simulation import run_scenario
+from tests.doubles import FreeLedger
 
 torch.set_num_threads(1)
 
@@ -193,17 +194,6 @@ class _SlowRound:
         pass
 
 
-class _Ledger:
-    def can_spend(self, steps: Any) -> bool:
-        return True
-
-    def spend(self, steps: Any, *, time: float, round: int) -> None:
-        pass
-
-    def plan(self, future_rounds: Any) -> int:
-        return len(future_rounds)
-
-
 @pytest.mark.parametrize("sizes", [[3, 30, 12, 0], [25, 1, 40, 7]])
 def test_a_deployed_client_releases_on_the_public_schedule_whatever_its_batch(sizes) -> None:
     """pad_release (wall-clock runtimes): the compute runs inside the slot of the expected
@@ -223,7 +213,7 @@ def test_a_deployed_client_releases_on_the_public_schedule_whatever_its_batch(si
         wall = _ComputeTakesTime(clock)
         endpoint = _WireEndpoint(clock)
         actor = ClientActor(
-            "c1", clock=wall, endpoint=endpoint, trainer=Trainer(wall), ledger=_Ledger(),
+            "c1", clock=wall, endpoint=endpoint, trainer=Trainer(wall), ledger=FreeLedger(),
             local_lr=0.1, batch_size=10, seconds_per_sample=lambda: 0.01, max_rounds=len(sizes),
             exposure=ClientExposure(pad_release=True), status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))

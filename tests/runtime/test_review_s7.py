@@ -26,6 +26,7 @@ from fedsim.runtime.exposure import ClientExposure
 from fedsim.runtime.integrity import ClientLimits
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training.rounds import RoundResult
+from tests.doubles import FreeLedger
 from tests.runtime.test_actors import FakeEndpoint
 
 DIM = 3
@@ -244,17 +245,6 @@ class _Trainer:
         return self.round
 
 
-class _Ledger:
-    def can_spend(self, steps: Any) -> bool:
-        return True
-
-    def spend(self, steps: Any, *, time: float, round: int) -> None:
-        pass
-
-    def plan(self, future_rounds: Any) -> int:
-        return len(future_rounds)
-
-
 def _release_offset(realised: int, *, split: bool = True) -> tuple[float, int]:
     """When a deployed (padded, threaded) switch client releases a round of ``realised``
     records split by a w-hat at SPLIT_AT of its slot: (seconds after the round began, the
@@ -265,7 +255,7 @@ def _release_offset(realised: int, *, split: bool = True) -> tuple[float, int]:
         endpoint = _Endpoint(clock)
         trainer = _Trainer(realised, endpoint, split)
         actor = ClientActor(
-            "c1", clock=clock, endpoint=endpoint, trainer=trainer, ledger=_Ledger(),
+            "c1", clock=clock, endpoint=endpoint, trainer=trainer, ledger=FreeLedger(),
             local_lr=0.1, batch_size=10, seconds_per_sample=lambda: SLOT / 10, max_rounds=1,
             exposure=ClientExposure(pad_release=True, compute_in_thread=True),
             interrupt="switch", status_epsilon=lambda: (0.0, 1e-5))

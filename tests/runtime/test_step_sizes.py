@@ -21,6 +21,7 @@ from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.runtime.simulation import run_scenario
 from fedsim.training.rounds import DoneRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
+from tests.doubles import FreeLedger, RecordingEndpoint
 
 
 def test_step_sequences_by_hand() -> None:
@@ -39,20 +40,6 @@ def test_the_global_model_carries_its_step_size_on_the_wire() -> None:
     assert codec.decode(codec.encode(GlobalModel(1, np.zeros(2, np.float32)))).step_size == 1.0
 
 
-class _Endpoint:
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock, self.inbox, self.published = clock, asyncio.Queue(), []
-
-    async def publish(self, message) -> None:
-        self.published.append((self.clock.now(), message))
-
-    async def receive(self):
-        return await self.inbox.get()
-
-    async def close(self) -> None:
-        pass
-
-
 class _Trainer:
     def planned_steps(self, round_index: int) -> list:
         return []
@@ -61,25 +48,14 @@ class _Trainer:
         return DoneRound(RoundResult(np.ones(2, np.float32), [], [1], 1.0, 1.0, 0.0, 1))
 
 
-class _Ledger:
-    def can_spend(self, steps) -> bool:
-        return True
-
-    def spend(self, steps, *, time: float, round: int) -> None:
-        pass
-
-    def plan(self, future_rounds) -> int:
-        return len(future_rounds)
-
-
 @pytest.mark.parametrize("follow", [True, False])
 def test_a_client_steps_by_its_sequence_times_the_carried_server_step(follow: bool) -> None:
     """eta(r) = 0.4 / (1 + r); the global model carries s = 0.5: after rounds 0 and 1 (update 1
     each) w = -(0.4 + 0.2) s when following, -(0.4 + 0.2) when not."""
     async def main(clock: VirtualClock) -> np.ndarray:
-        endpoint = _Endpoint(clock)
+        endpoint = RecordingEndpoint(clock)
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
-                            ledger=_Ledger(), local_lr=StepSequence(0.4, "inverse_time", 1.0),
+                            ledger=FreeLedger(), local_lr=StepSequence(0.4, "inverse_time", 1.0),
                             batch_size=1, seconds_per_sample=lambda: 0.1, max_rounds=2,
                             first_server_step=1.0 if follow else None, status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=0.5))
@@ -96,7 +72,7 @@ def test_the_server_applies_the_agreed_sequence_and_broadcasts_its_step_size() -
     d = 1/2 (1 . 1) + 1/2 (1/4 . 1) = 0.625. Server step 1 / (1 + 1 (k - 1)) in window k:
     window 1 applies s = 1; the model opening window 2 carries s = 1/2."""
     async def main(clock: VirtualClock):
-        endpoint = _Endpoint(clock)
+        endpoint = RecordingEndpoint(clock)
         server = ServerActor(
             clock=clock, endpoint=endpoint, initial_params=np.zeros(2, np.float32),
             clients={"a": ClientInfo(10, 1.0, 1.0, sequence=StepSequence(1.0, "inverse_time", 1.0))},
@@ -141,9 +117,9 @@ def _one_round_w(first_step: float, carried: float, *, follow: bool = True) -> n
     """w after one round (update 1 per coordinate) of a client with local_lr 0.4 whose server
     schedule starts at ``first_step`` and whose global model carries ``carried``."""
     async def main(clock: VirtualClock) -> np.ndarray:
-        endpoint = _Endpoint(clock)
+        endpoint = RecordingEndpoint(clock)
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=_Trainer(),
-                            ledger=_Ledger(), local_lr=0.4, batch_size=1,
+                            ledger=FreeLedger(), local_lr=0.4, batch_size=1,
                             seconds_per_sample=lambda: 0.1, max_rounds=1,
                             first_server_step=first_step if follow else None, status_epsilon=lambda: (0.0, 1e-5))
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(2, np.float32), step_size=carried))
