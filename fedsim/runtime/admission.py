@@ -100,6 +100,7 @@ class _Bucket:
     last: float
     waiting: deque[ClientUpdate] = field(default_factory=deque)
     deferred: int = 0
+    index: int = 0  # the bucket's creation order: waiting clients are served in it
 
 
 class Pacer:
@@ -110,7 +111,8 @@ class Pacer:
         self.slots = slots
         self.start = start
         self.initial = 1.0
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[str, _Bucket] = {}  # in creation order
+        self._queued: set[str] = set()  # clients with updates waiting: next_due looks only there
         self.deferred = 0
         self._refused = 0
         self._passed: set[tuple[str, int]] = set()  # (client, round) that passed: repeats are free
@@ -121,12 +123,13 @@ class Pacer:
         """Begin the buckets at ``start`` (the first model's time), full after a restart."""
         self.start = start
         self.initial = BURST if full else 1.0
-        self._buckets, self._passed = {}, set()
+        self._buckets, self._passed, self._queued = {}, set(), set()
 
     def _bucket(self, client_id: str, now: float) -> _Bucket:
         bucket = self._buckets.get(client_id)
         if bucket is None:
-            bucket = self._buckets[client_id] = _Bucket(self.initial, self.start)
+            bucket = self._buckets[client_id] = _Bucket(self.initial, self.start,
+                                                        index=len(self._buckets))
         slot = self.slots.get(client_id)
         if slot is not None:
             bucket.tokens = min(BURST, bucket.tokens + max(0.0, now - bucket.last) / slot)
@@ -166,6 +169,7 @@ class Pacer:
             _log.info("update deferred: its client is ahead of its public compute slot",
                       client=client_id, round=update.round)
         bucket.waiting.append(update)
+        self._queued.add(client_id)
         bucket.deferred += 1
         self.deferred += 1
         return "wait"
@@ -178,15 +182,18 @@ class Pacer:
     def next_due(self, now: float) -> ClientUpdate | None:
         """The earliest-queued waiting update that may now be judged (its token spent), or
         None; a client's updates leave its queue in arrival order."""
-        candidates = [(c, b) for c, b in self._buckets.items() if b.waiting]
-        for client_id, bucket in candidates:
-            self._bucket(client_id, now)
+        if not self._queued:
+            return None  # the common case, on every arrival: no scan of every client's bucket
+        for client_id in sorted(self._queued, key=lambda c: self._buckets[c].index):
+            bucket = self._bucket(client_id, now)
             key = (client_id, bucket.waiting[0].round)
-            if key in self._passed:  # a repeat of a round that passed: free
-                return bucket.waiting.popleft()
-            if self._may_pass(client_id, bucket):
-                self._take(client_id, bucket, key)
-                return bucket.waiting.popleft()
+            if key in self._passed or self._may_pass(client_id, bucket):
+                if key not in self._passed:  # a repeat of a round that passed is free
+                    self._take(client_id, bucket, key)
+                due = bucket.waiting.popleft()
+                if not bucket.waiting:
+                    self._queued.discard(client_id)
+                return due
         return None
 
     def note(self, update: ClientUpdate, now: float) -> None:
