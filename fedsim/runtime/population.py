@@ -177,22 +177,26 @@ class Population:
             generator=generator,
             declared_records=plan.public_samples,
         )
-        return trainer if batcher is None else BatchedTrainer(trainer, batcher)
+        return trainer if batcher is None else BatchedTrainer(trainer, batcher, plan.client_id)
 
 
 class BatchedTrainer:
     """A client's :class:`LocalTrainer` whose begun rounds wait in the run's
     :class:`RoundBatcher` (computed with the rounds other clients began meanwhile)."""
 
-    def __init__(self, trainer: LocalTrainer, batcher: RoundBatcher) -> None:
+    def __init__(self, trainer: LocalTrainer, batcher: RoundBatcher, owner: str) -> None:
         self.trainer = trainer
         self.batcher = batcher
+        self.owner = owner
+        """The client's id (the batcher's horizon asks when a model can next reach it)."""
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         return self.trainer.planned_steps(round_index)
 
     def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound:
-        return self.trainer.begin_round(params, round_index, self.batcher)
+        pending = self.trainer.begin_round(params, round_index, self.batcher)
+        pending.owner = self.owner
+        return pending
 
 
 class VirtualDurationTrainer:

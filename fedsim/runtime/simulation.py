@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time as wallclock
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -396,8 +396,12 @@ class _Simulation:
         if batcher is not None and any(g.interrupt == "switch" for g in self.scenario.clients.groups):
             # Rounds a w-hat may still split wait in the batcher until none can (see there).
             network.track_arrivals = True
-            batcher.horizon = lambda: min(network.next_arrival("downlink"),
-                                          server.earliest_publish(network.next_arrival("uplink")))
+            def horizon(owners: Sequence[str | None]) -> list[float]:
+                publish = server.earliest_publish(network.next_arrival("uplink"))
+                return [min(publish, network.next_arrival("downlink") if owner is None
+                            else network.next_arrival_to(owner)) for owner in owners]
+
+            batcher.horizon = horizon
         async with helper_tasks() as tasks:
             for client in self.clients.values():
                 self._start_actor(client, clock, network)

@@ -26,9 +26,10 @@ per-example local updates, and a pass of one round are computed alone, exactly a
 **Interrupted rounds** (the interrupt rule ``switch``, :mod:`fedsim.training.rounds`): each
 segment of a one-step round is a job of the pass like a round (its records, its own ``w``);
 the round's noise rides on its first segment and the segments' sums are added. A round that a
-``w-hat`` may still split (``ends_at`` after the :attr:`RoundBatcher.horizon`: the earliest
-time a global model can still reach a client, which the runtime supplies) is left pending
-until it cannot; computing it earlier would be wasted when the split comes. A split that comes
+``w-hat`` may still split (``ends_at`` after the :attr:`RoundBatcher.horizon` of its client:
+the earliest time a global model can still reach that client, which the runtime supplies from
+the messages in flight to it and the server's next possible publish) is left pending until it
+cannot; computing it earlier would be wasted when the split comes. A split that comes
 after all (the horizon was not a true bound) has the round computed again - exact either way,
 counted in ``timing.json``'s ``rounds_recomputed``. Under time windows the horizon is exact
 (none recomputed); under on-arrival policies it ignores updates not yet sent (any round's end
@@ -42,6 +43,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -54,7 +56,11 @@ from fedsim.training.models import MLP, LogisticRegression
 from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
 from fedsim.training.rounds import PendingRound, step_segments
 
-__all__ = ["RoundBatcher", "batchable_layers"]
+__all__ = ["Horizon", "RoundBatcher", "batchable_layers"]
+
+Horizon: TypeAlias = Callable[[Sequence[str | None]], Sequence[float]]
+"""For each round owner (a client id, None: any client), the earliest time a global model can
+still reach it; ``inf``: never."""
 
 # Parameter-free modules that act on each value alone: they commute with batching over clients.
 _ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.ELU, nn.LeakyReLU, nn.SiLU,
@@ -127,10 +133,10 @@ class RoundBatcher:
     runtime stays deterministic.
     """
 
-    def __init__(self, model: nn.Module, horizon: Callable[[], float] | None = None) -> None:
+    def __init__(self, model: nn.Module, horizon: Horizon | None = None) -> None:
         self.model = model
         self.horizon = horizon
-        """The earliest time a global model can still reach a client (None: never)."""
+        """When a global model can next reach each round's client (None: never)."""
         self.chain = batchable_layers(model)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.device = next(model.parameters()).device
@@ -171,11 +177,17 @@ class RoundBatcher:
     def flush(self, due: PendingRound | None = None) -> None:
         """Compute every pending round that no ``w-hat`` can split any more, and ``due`` (each
         computed round's ``result()`` then returns at once)."""
-        horizon = self.horizon() if self.horizon is not None else math.inf
-        pending: list[PendingRound] = []
-        for key, round_ in list(self._pending.items()):
-            if round_ is due or round_.ends_at is None or round_.ends_at <= horizon:
-                pending.append(self._pending.pop(key))
+        held: set[int] = set()  # rounds a w-hat may still split: they stay pending
+        if self.horizon is not None:
+            splittable = [r for r in self._pending.values()
+                          if r is not due and r.ends_at is not None]
+            if splittable:
+                bounds = self.horizon([r.owner for r in splittable])
+                held = {id(r) for r, bound in zip(splittable, bounds, strict=True)
+                        if r.ends_at is not None and r.ends_at > bound}
+        pending = [r for key, r in self._pending.items() if key not in held]
+        for round_ in pending:
+            del self._pending[id(round_)]
         jobs: list[_Job] = []
         for round_ in pending:
             if self._batchable(round_):

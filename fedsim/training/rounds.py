@@ -222,6 +222,9 @@ class PendingRound:
         self.ends_at: float | None = None
         """When its compute time ends (the runtime's clock), if a ``w-hat`` may still split it
         until then; None: it will not be split (the batcher may compute it at any time)."""
+        self.owner: str | None = None
+        """The client whose round it is, when the runtime says (the batcher asks its horizon
+        for that client's next possible ``w-hat``); None: any client's."""
         self.recomputed = 0
         """Times a computed result was discarded by a later :meth:`switch` (wasted work)."""
         self.batcher: RoundQueue | None = None

@@ -264,8 +264,10 @@ class SimulatedNetwork:
         self._trace: list[TraceEntry] | None = [] if record_trace else None
         self.track_arrivals = False
         """Keep the delivery times for :meth:`next_arrival` (off: it reports nothing)."""
-        # Scheduled delivery times per direction (a heap; past entries are dropped lazily).
+        # Scheduled delivery times per direction and per client's downlink (heaps; past
+        # entries are dropped lazily).
         self._arrivals: dict[Direction, list[float]] = {"uplink": [], "downlink": []}
+        self._arrivals_to: dict[str, list[float]] = {}
 
     # ----------------------------------------------------------------------------- endpoints
 
@@ -318,7 +320,17 @@ class SimulatedNetwork:
         """The earliest scheduled delivery in ``direction`` not yet past (``inf``: none): a
         lower bound on when a message sent so far can still arrive (needs
         :attr:`track_arrivals`)."""
-        heap, now = self._arrivals[direction], self._clock.now()
+        return self._earliest(self._arrivals[direction])
+
+    def next_arrival_to(self, client_id: str) -> float:
+        """The earliest scheduled delivery to ``client_id`` not yet past (``inf``: none): a lower
+        bound on when a message sent to it so far can still arrive (needs
+        :attr:`track_arrivals`)."""
+        heap = self._arrivals_to.get(client_id)
+        return math.inf if heap is None else self._earliest(heap)
+
+    def _earliest(self, heap: list[float]) -> float:
+        now = self._clock.now()
         while heap and heap[0] < now:
             heapq.heappop(heap)
         return heap[0] if heap else math.inf
@@ -423,7 +435,10 @@ class SimulatedNetwork:
                   *args: object) -> None:
         delay = max(0.0, delay)
         if self.track_arrivals:
-            heapq.heappush(self._arrivals[link.direction], self._clock.now() + delay)
+            arrival = self._clock.now() + delay
+            heapq.heappush(self._arrivals[link.direction], arrival)
+            if link.direction == "downlink":
+                heapq.heappush(self._arrivals_to.setdefault(link.client_id, []), arrival)
         asyncio.get_running_loop().call_later(delay, callback, link, *args)
 
     # ----------------------------------------------------------------------------- delivery

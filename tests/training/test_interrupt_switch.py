@@ -147,7 +147,7 @@ def test_the_batcher_keeps_a_round_that_may_still_be_split_until_the_horizon() -
     model = _logreg()
     w0 = flat_params(model)
     horizon = [5.0]
-    batcher = RoundBatcher(model, horizon=lambda: horizon[0])
+    batcher = RoundBatcher(model, horizon=lambda owners: [horizon[0]] * len(owners))
     trainers = [_trainer(model, 30 + k) for k in range(3)]
     rounds = [t.begin_round(w0, 0, batcher) for t in trainers]
     rounds[0].ends_at, rounds[1].ends_at, rounds[2].ends_at = 4.0, 9.0, 5.0
@@ -160,3 +160,31 @@ def test_the_batcher_keeps_a_round_that_may_still_be_split_until_the_horizon() -
     rounds[2].switch(0.5, w0)  # a (mis-)late split of a computed round: computed again
     assert not rounds[2].done and batcher.pending == 1 and batcher.recomputed == 1
     rounds[2].result()
+
+
+def test_the_horizon_is_asked_per_client_and_holds_only_that_clients_round() -> None:
+    """A client whose w-hat has arrived (none in flight to it before the next publish) has its
+    round computed while another client's round, with a model still on the way, waits."""
+    model = _logreg()
+    w0 = flat_params(model)
+    asked: list[list[str | None]] = []
+    next_model = {"a": 10.0, "b": 3.0}
+
+    def horizon(owners):
+        asked.append(list(owners))
+        return [next_model[o] for o in owners]
+
+    batcher = RoundBatcher(model, horizon=horizon)
+    rounds = {}
+    for k, owner in enumerate(("a", "b", "c")):
+        rounds[owner] = _trainer(model, 40 + k).begin_round(w0, 0, batcher)
+        rounds[owner].owner = owner
+        rounds[owner].ends_at = 5.0
+    rounds["c"].ends_at = None  # not splittable: computed with the first flush, never asked
+    rounds["a"].result()
+    assert asked == [["b"]]  # the due round and the unsplittable one are not asked about
+    assert rounds["a"].done and rounds["c"].done and not rounds["b"].done
+    rounds["b"].switch(0.4, w0 + np.float32(0.1))  # arrives before b's end: nothing wasted
+    next_model["b"] = 12.0
+    rounds["b"].result()
+    assert batcher.recomputed == 0 and batcher.pending == 0

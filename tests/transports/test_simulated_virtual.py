@@ -175,3 +175,34 @@ def test_same_seed_gives_the_same_timed_trace_and_another_seed_does_not() -> Non
         assert (
             s["sent"] + s["duplicated"] == s["delivered"] + s["dropped"] + s["rejected"] + s["lost"]
         )
+
+
+def test_next_arrival_to_is_each_clients_own_next_delivery() -> None:
+    """The per-client bound the batcher's horizon uses: before a broadcast arrives, each
+    client's next delivery time is exactly when its copy arrives; the direction's bound is the
+    earliest of them, and nothing is due once all have arrived."""
+    names = ("a", "b", "c", "d")
+
+    async def main(clock: VirtualClock) -> tuple[dict, dict, float, dict, float]:
+        net = make(clock, 3, LinkModel(), LinkModel(uniform_latency(0.1, 0.5)))
+        net.track_arrivals = True
+        server = net.server_endpoint()
+        clients = {name: net.client_endpoint(name) for name in names}
+        await server.publish(model(1))
+        bounds = {name: net.next_arrival_to(name) for name in names}
+        earliest = net.next_arrival("downlink")
+        arrived: dict[str, float] = {}
+
+        async def take(name: str) -> None:
+            await clients[name].receive()
+            arrived[name] = clock.now()
+
+        await asyncio.gather(*(take(name) for name in names))
+        await clock.sleep(0.01)  # a delivery at ``now`` may still be due: step past the last
+        after = {name: net.next_arrival_to(name) for name in names}
+        return bounds, arrived, earliest, after, net.next_arrival_to("nobody")
+
+    bounds, arrived, earliest, after, unknown = run_virtual(main)
+    assert bounds == arrived and len(set(arrived.values())) == len(names)
+    assert earliest == min(arrived.values())
+    assert all(t == float("inf") for t in after.values()) and unknown == float("inf")
