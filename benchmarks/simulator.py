@@ -47,8 +47,11 @@ alone runs.
 
 3. ``--interrupt-rules``: the headline ratio of (1) under both interrupt rules, ``switch`` (the
    default: rounds split at a global model's arrival, their segments jobs of the batched pass,
-   rounds held back until no arrival can split them) and ``snapshot``, measured alternately
-   ``--repeats`` times each; writes ``benchmarks/results/simulator_interrupt.json``.
+   a round held back until no model can reach its client before its end) and ``snapshot``,
+   measured alternately ``--repeats`` times each (the interleaved measurement only: no
+   profiled run); the median and quartiles of each; writes
+   ``benchmarks/results/simulator_interrupt.json``. On a shared machine single runs of one
+   rule scatter by +-0.1 or more even interleaved: use 5 repeats or more.
 
 Run directories go to a temporary directory in memory (/dev/shm when present): the ledgers'
 fsyncs measure the disk, not the simulator.
@@ -334,8 +337,11 @@ def _cpu_ms_per_round(loaded: LoadedScenario, batch_rounds: bool) -> dict[str, f
 
 
 def training_throughput(
-    virtual_seconds: float, changes: dict | None = None, *, batch_rounds: bool = True
+    virtual_seconds: float, changes: dict | None = None, *, batch_rounds: bool = True,
+    detail: bool = True,
 ) -> dict:
+    """The headline ratio of (1) and what explains it; ``detail=False``: only the interleaved
+    measurement (no profiled run, protocol floor or evaluation estimate)."""
     loaded = _with(
         load_scenario(REPO / "scenarios" / "hetero-100.yaml"),
         {"stop.virtual_seconds": virtual_seconds, **(changes or {})},
@@ -362,6 +368,20 @@ def training_throughput(
     done = sum(single.done.values())
     simulated_cpu, single_cpu = result.sample_grads / sim_cpu, done / single.clocks.cpu
     simulated_wall, single_wall = result.sample_grads / sim_wall, done / single.clocks.wall
+    headline = {
+        "ratio": simulated_cpu / single_cpu,
+        "ratio_wall": simulated_wall / single_wall,
+        "sample_grads_per_s": simulated_cpu,
+        "single_loop_sample_grads_per_s": single_cpu,
+        "rounds": training.rounds,
+        "rounds_batched_share": timing["rounds_batched"] / training.rounds,
+        "rounds_per_batched_pass": (timing["rounds_batched"] / timing["batched_passes"]
+                                    if timing["batched_passes"] else None),
+        "rounds_recomputed": timing["rounds_recomputed"],
+        "final_accuracy": result.summary["final_accuracy"],
+    }
+    if not detail:
+        return headline
     per_round_ms = _cpu_ms_per_round(loaded, batch_rounds)
     evaluations = sum(m["accuracy"] is not None for m in result.metrics)
     floor = protocol_floor_ms(population, max(1, round(training.rounds / len(result.metrics))))
@@ -370,6 +390,7 @@ def training_throughput(
     with eval_clock:
         evaluate(result.final_params)
     return {
+        **headline,
         "clients": len(population.plans),
         "virtual_seconds": result.summary["virtual_time"],
         "sample_grads": result.sample_grads,
@@ -377,17 +398,12 @@ def training_throughput(
         "sample_grads_per_group": released,
         "single_loop_sample_grads_per_group": dict(single.done),
         "batch_size_per_group": single.batch_sizes,
-        "rounds": training.rounds,
         "single_loop_rounds": sum(single.rounds.values()),
         "wall_seconds": sim_wall,
         "cpu_seconds": sim_cpu,
         # Headline numbers use CPU time: on a shared machine wall time measures the neighbours.
-        "sample_grads_per_s": simulated_cpu,
-        "single_loop_sample_grads_per_s": single_cpu,
-        "ratio": simulated_cpu / single_cpu,
         "sample_grads_per_wall_s": simulated_wall,
         "single_loop_sample_grads_per_wall_s": single_wall,
-        "ratio_wall": simulated_wall / single_wall,
         "training_call_cpu_seconds": training.clocks.cpu,
         "training_call_share_of_cpu": training.clocks.cpu / sim_cpu,
         "training_call_sample_grads_per_s": sum(training.per_group.values()) / training.clocks.cpu,
@@ -398,13 +414,9 @@ def training_throughput(
             1e3 * (sim_cpu - training.clocks.cpu) / training.rounds, 4),
         "single_loop_cpu_ms_per_round": round(1e3 * single.clocks.cpu / sum(single.rounds.values()), 4),
         "protocol_floor_ms_per_round": floor,
-        "rounds_batched_share": timing["rounds_batched"] / training.rounds,
-        "rounds_per_batched_pass": (timing["rounds_batched"] / timing["batched_passes"]
-                                    if timing["batched_passes"] else None),
         "evaluations": evaluations,
         "evaluation_cpu_seconds_estimate": evaluations * eval_clock.cpu,
         "eval_every": loaded.scenario.server.eval_every,
-        "final_accuracy": result.summary["final_accuracy"],
         "interleaved": True,
     }
 
@@ -453,15 +465,16 @@ def interrupt_rules(virtual_seconds: float, repeats: int) -> dict:
     details: dict[str, list[dict]] = {"switch": [], "snapshot": []}
     for _ in range(max(1, repeats)):
         for rule in ratios:
-            run = training_throughput(virtual_seconds, interrupt_changes(rule))
+            run = training_throughput(virtual_seconds, interrupt_changes(rule), detail=False)
             ratios[rule].append(run["ratio"])
-            details[rule].append({k: run[k] for k in (
-                "ratio", "ratio_wall", "rounds", "rounds_batched_share", "rounds_per_batched_pass",
-                "final_accuracy")})
+            details[rule].append(run)
             print(rule, json.dumps(details[rule][-1]), file=sys.stderr)
     return {
         "virtual_seconds": virtual_seconds,
         **{f"{rule}_ratio": float(np.median(values)) for rule, values in ratios.items()},
+        # On a shared machine single runs scatter widely even interleaved: the quartiles say how.
+        "quartiles": {rule: [float(q) for q in np.percentile(values, [25, 50, 75])]
+                      for rule, values in ratios.items()},
         "ratios_of_all_runs": ratios,
         "runs": details,
     }

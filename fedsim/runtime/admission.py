@@ -13,8 +13,9 @@ honest client's rate:
   runs its rounds one after another, so its ``k``-th release comes at least ``k`` slots after
   the server's first model. :func:`public_round_seconds` is a lower bound of that slot from the
   scenario's speed distribution (exact for ``constant``, its ``low``/``minimum`` for
-  ``uniform``/``shifted_exponential``, the ``1e-12`` lower quantile for ``lognormal``; no bound
-  for ``exponential`` or ``timing: realised``, whose slots can be arbitrarily short).
+  ``uniform``/``shifted_exponential``, the ``1e-12`` lower quantile for ``lognormal``, a
+  quarter of the mean for ``exponential`` (:data:`EXPONENTIAL_PACE`); no bound for ``timing:
+  realised``, whose slot follows the realised batch, which may be empty).
 * **its arrivals jitter.** Network delay, reordering, a broker outage or an outbox replay
   bunch honest updates: ``j`` slots of jitter bunch at most ``j + 1`` releases.
 
@@ -55,11 +56,18 @@ from statistics import NormalDist
 
 import structlog
 
-from fedsim.config.distributions import Constant, LogNormal, ShiftedExponential, Uniform
+from fedsim.config.distributions import (
+    Constant,
+    Exponential,
+    LogNormal,
+    ShiftedExponential,
+    Uniform,
+)
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
 from fedsim.runtime.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
-__all__ = ["BURST", "MAX_DEFERRED", "Pacer", "judge_claims", "judge_update", "public_round_seconds",
+__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "Pacer", "judge_claims", "judge_update",
+           "public_round_seconds",
            "status_problem", "version_ranges", "versions_from_ranges"]
 
 BURST = 16.0
@@ -68,6 +76,14 @@ BURST = 16.0
 MAX_DEFERRED = 256
 """Updates one client may have waiting for a token; further ones are refused (``rate``)."""
 _log = structlog.get_logger("fedsim.runtime.admission")
+EXPONENTIAL_PACE = 4.0
+"""An ``exponential`` speed has no minimum, but its rounds' times are independent: an honest
+client's ``k`` consecutive rounds take ``Gamma(k, mean)`` seconds per expected gradient. Its
+slot is ``mean / EXPONENTIAL_PACE``, so one of its updates waits only if some ``k`` consecutive
+rounds take less than ``k - B`` slots for the burst ``B`` left to them: per run of rounds at
+most ``sum_{k > B} P(Gamma(k, 1) < (k - B) / 4)``, 4.0e-17 with the whole burst (16) and 5.3e-9
+with half of it (the other half taken by network jitter); checked against scipy in the tests.
+A flooding client gets four times its honest mean rate."""
 _QUANTILE = 1e-12  # the lower quantile of a heavy-tailed speed taken as its minimum
 _Z = -NormalDist().inv_cdf(_QUANTILE)
 
@@ -88,6 +104,8 @@ def public_round_seconds(speed: object, expected_grads: float, timing: str) -> f
         low = speed.minimum
     elif isinstance(speed, LogNormal):
         low = speed.median * math.exp(-_Z * speed.sigma)
+    elif isinstance(speed, Exponential):
+        low = speed.mean / EXPONENTIAL_PACE
     else:
         return None
     slot = float(low) * float(expected_grads)

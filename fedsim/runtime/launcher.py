@@ -51,6 +51,7 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.training.data import dataset_file
+from fedsim.training.factories import SEARCH_ENV
 from fedsim.transports.broker import LocalMosquitto
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]
@@ -178,9 +179,10 @@ class _ForkedChild:
     seconds on a busy machine, per process), running ``fedsim <argv>``. Same interface as the
     parts of :class:`subprocess.Popen` the launcher uses."""
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+    def __init__(self, argv: list[str], log: Path, env: Mapping[str, str]) -> None:
         context = multiprocessing.get_context("fork")
-        self._process = context.Process(target=_child_main, args=(argv, str(log)), daemon=False)
+        self._process = context.Process(target=_child_main, args=(argv, str(log), dict(env)),
+                                        daemon=False)
         self._process.start()
         assert self._process.pid is not None  # set by start()
         self.pid: int = self._process.pid
@@ -202,9 +204,11 @@ class _ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
-def _child_main(argv: list[str], log: str) -> None:
+def _child_main(argv: list[str], log: str, env: dict[str, str]) -> None:
     """Entry point of a forked child: output to its log, then what ``python -m fedsim <argv>``
-    runs (the package's ``__main__``, as in a child started with ``fork=False``)."""
+    runs (the package's ``__main__``, as in a child started with ``fork=False``), with the
+    environment variables ``env`` set."""
+    os.environ.update(env)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -279,6 +283,11 @@ class Launcher:
         self.local_broker: LocalMosquitto | None = None
         self.processes: dict[str, _Process] = {}
         self.exit_codes: dict[str, list[int]] = {}
+        # The processes read the resolved scenario from the run directory: a factory module
+        # beside the user's scenario (or in the launcher's working directory) is searched there.
+        searched = [str(self.loaded.base_dir.resolve()), str(Path.cwd().resolve()),
+                    *filter(None, os.environ.get(SEARCH_ENV, "").split(os.pathsep))]
+        self.child_env = {SEARCH_ENV: os.pathsep.join(dict.fromkeys(searched))}
         self._started = wallclock.perf_counter()
         self._children_cpu_at_start = _children_cpu_seconds()
 
@@ -322,7 +331,7 @@ class Launcher:
         if process.running:
             raise FedsimError(f"process {name} is already running")
         if self.fork:
-            process.child = _ForkedChild(process.argv, process.log)
+            process.child = _ForkedChild(process.argv, process.log, self.child_env)
         else:
             with process.log.open("ab") as log:
                 process.child = subprocess.Popen(
@@ -330,6 +339,7 @@ class Launcher:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
+                    env={**os.environ, **self.child_env},
                 )
         process.starts += 1
 

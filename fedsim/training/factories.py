@@ -1,8 +1,8 @@
 """The user's own code named in a scenario: ``"package.module:function"``, resolved and called.
 
 One way for every factory (``model.factory``, ``dataset.factory``): :func:`resolve_factory`
-imports the callable (also from the working directory and the scenario file's directory, which
-are not left on ``sys.path``), :func:`call_factory` calls it with its options and the keyword
+imports the callable (also from the working directory, the scenario file's directory and
+``$FEDSIM_FACTORY_PATH``, which are not left on ``sys.path``), :func:`call_factory` calls it with its options and the keyword
 arguments it takes from the run. Every failure is a :class:`~fedsim.errors.ConfigError` that
 names the scenario path and the factory, never a traceback.
 """
@@ -59,10 +59,17 @@ def _import_module(name: str, search: Sequence[Path], where: str) -> Any:
     return module
 
 
+SEARCH_ENV = "FEDSIM_FACTORY_PATH"
+"""Further directories (``os.pathsep``-separated) searched for factory modules: ``fedsim
+launch`` sets it to the user's scenario directory for its processes, which read the resolved
+scenario from the run directory."""
+
+
 def search_places(base_dir: Path | None) -> list[Path]:
-    """Where a scenario's factory module is also looked for: the working directory, then the
-    scenario file's directory."""
-    return [Path(os.getcwd())] + ([base_dir] if base_dir is not None else [])
+    """Where a scenario's factory module is also looked for: the working directory, the
+    scenario file's directory, then the directories in ``$FEDSIM_FACTORY_PATH``."""
+    extra = [Path(p) for p in os.environ.get(SEARCH_ENV, "").split(os.pathsep) if p]
+    return [Path(os.getcwd())] + ([base_dir] if base_dir is not None else []) + extra
 
 
 def resolve_factory(

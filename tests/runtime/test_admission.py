@@ -21,6 +21,7 @@ from fedsim.config.distributions import (
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.admission import (
     BURST,
+    EXPONENTIAL_PACE,
     MAX_DEFERRED,
     Pacer,
     public_round_seconds,
@@ -46,10 +47,44 @@ def test_public_round_seconds_is_the_speed_models_minimum_times_the_expected_gra
     lognormal = public_round_seconds(LogNormal(kind="lognormal", median=0.003, sigma=0.5), 10.0,
                                      "public")
     assert lognormal == pytest.approx(0.03 * math.exp(-7.0344 * 0.5), rel=1e-4)
-    # No minimum, or a realised-batch timing: no pace.
-    assert public_round_seconds(Exponential(kind="exponential", mean=1.0), 10.0, "public") is None
+    # Exponential: no minimum, a quarter of the mean (see the next test).
+    assert public_round_seconds(Exponential(kind="exponential", mean=1.0), 10.0,
+                                "public") == pytest.approx(10.0 / EXPONENTIAL_PACE)
+    # A realised-batch timing (a Poisson batch may be empty): no pace.
     assert public_round_seconds(Constant(value=0.01), 32.0, "realised") is None
     assert public_round_seconds(Constant(value=0.0), 32.0, "public") is None
+
+
+def test_the_exponential_pace_holds_honest_rounds_with_the_stated_probability() -> None:
+    """k consecutive honest rounds take Gamma(k) mean seconds; an update waits only if some
+    run of k takes less than (k - B) slots of mean / EXPONENTIAL_PACE. The bound the docstring
+    states, from scipy's Gamma CDF, and a Monte Carlo of the pacer itself."""
+    from scipy.stats import gamma
+
+    def bound(burst: int) -> float:
+        return float(sum(gamma.cdf((k - burst) / EXPONENTIAL_PACE, k)
+                         for k in range(burst + 1, 4000)))
+
+    assert bound(int(BURST)) == pytest.approx(4.0e-17, rel=0.05)
+    assert bound(int(BURST) // 2) == pytest.approx(5.3e-9, rel=0.05)
+    rng = np.random.default_rng(1)
+    mean = 0.2
+    slot = public_round_seconds(Exponential(kind="exponential", mean=mean), 1.0, "public")
+    assert slot is not None
+    for client in range(20):  # 20 honest clients of 2,000 rounds each, network jitter too
+        releases = np.cumsum(rng.exponential(mean, 2000))
+        arrivals = releases + rng.uniform(0.0, 0.5 * BURST * slot, releases.size)
+        pacer = Pacer({"h": slot}, start=0.0)
+        order = sorted(zip(arrivals, range(releases.size), strict=True))
+        assert all(pacer.offer(_update("h", r), t) == "pass" for t, r in order), client
+    # A flood of the same client: four times its honest mean rate, plus the burst.
+    pacer = Pacer({"m": slot}, start=0.0)
+    for r in range(200):
+        pacer.offer(_update("m", r), 0.0)
+    passed = 1
+    for step in range(1, 41):  # the server looks at every arrival: here once a slot
+        passed += len(list(iter(lambda t=step * slot: pacer.next_due(t), None)))
+    assert passed == 1 + 40  # in 10 mean round times: 1 + 40 slots' worth, not 200
 
 
 def test_an_honest_client_with_bunched_arrivals_never_waits() -> None:
