@@ -360,6 +360,19 @@ def _ray_rows(which: str) -> None:
             _save(document)
 
 
+def _commit() -> str:
+    """The checkout's commit (with ``+changes`` when the tree differs from it)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "fedsim"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
@@ -412,6 +425,7 @@ def main() -> None:
         row.setdefault("clients", clients)
         row.setdefault("mode", mode)
         row["time_bound_s"] = bound
+        row["code"] = _commit()
         print(json.dumps(row), flush=True)
         rows[(clients, mode)] = row
         document["rows"] = sorted(rows.values(), key=lambda r: (r["mode"], r["clients"]))

@@ -182,3 +182,35 @@ def test_a_loss_that_is_not_per_example_fails_every_round_of_the_pass() -> None:
     for round_ in pending:
         with pytest.raises(ModelError, match="per-example losses"):
             round_.result()
+
+
+def test_a_flush_computes_one_pass_of_the_rounds_that_end_soonest() -> None:
+    """More rounds pending than a pass holds: a flush computes the due round and the others
+    that end soonest, 128 in all (a result computed early waits in memory until its round
+    ends); the rest stay pending and are computed, equal to alone, when their turn comes."""
+    model = _mlp()
+    count = 200
+    x, y = _data(0)
+
+    def trainer(k: int) -> LocalTrainer:  # one client a round, as in a run
+        return LocalTrainer(model, x, y, batch_size=8, sampling="poisson",
+                            clip=schedules.constant(100, 1.0, 1.2),
+                            noise=schedules.constant(100, 1.0, 1.2), local_lr=0.3,
+                            generator=torch.Generator().manual_seed(500 + k))
+
+    batcher = RoundBatcher(model)  # no horizon: every round may be computed at any time
+    params = _params(model, 1)[0]
+    ends = np.random.default_rng(3).permutation(count).astype(float)
+    rounds = []
+    for k in range(count):
+        rounds.append(trainer(k).begin_round(params, 0, batcher))
+        rounds[-1].ends_at = float(ends[k])
+    due = int(np.argmax(ends))  # the round ending last is asked for first
+    result = rounds[due].result()
+    computed = {k for k, r in enumerate(rounds) if r.done}
+    soonest = {int(k) for k in np.argsort(ends)[:127]}
+    assert computed == soonest | {due} and batcher.pending == count - 128
+    expected = [trainer(k).run_round(params, 0) for k in range(count)]  # the same draws, alone
+    np.testing.assert_allclose(result.update, expected[due].update, atol=2e-6)
+    for k in sorted(set(range(count)) - computed)[:5]:
+        np.testing.assert_allclose(rounds[k].result().update, expected[k].update, atol=2e-6)
