@@ -14,8 +14,10 @@ honest client's rate:
   the server's first model. :func:`public_round_seconds` is a lower bound of that slot from the
   scenario's speed distribution (exact for ``constant``, its ``low``/``minimum`` for
   ``uniform``/``shifted_exponential``, the ``1e-12`` lower quantile for ``lognormal``, a
-  quarter of the mean for ``exponential`` (:data:`EXPONENTIAL_PACE`); no bound for ``timing:
-  realised``, whose slot follows the realised batch, which may be empty).
+  quarter of the mean for ``exponential`` (:data:`EXPONENTIAL_PACE`). Under ``timing:
+  realised`` a round takes the cost of its realised batch: a fixed-size batch is the expected
+  one, a Poisson batch is paced at a quarter of its expected cost (:data:`REALISED_PACE`;
+  not with an ``exponential`` speed, whose two sources of randomness this does not bound).
 * **its arrivals jitter.** Network delay, reordering, a broker outage or an outbox replay
   bunch honest updates: ``j`` slots of jitter bunch at most ``j + 1`` releases.
 
@@ -66,7 +68,7 @@ from fedsim.config.distributions import (
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
 from fedsim.runtime.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
-__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "Pacer", "judge_claims", "judge_update",
+__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "REALISED_PACE", "Pacer", "RateSlot", "judge_claims", "judge_update",
            "public_round_seconds",
            "status_problem", "version_ranges", "versions_from_ranges"]
 
@@ -83,19 +85,36 @@ slot is ``mean / EXPONENTIAL_PACE``, so one of its updates waits only if some ``
 rounds take less than ``k - B`` slots for the burst ``B`` left to them: per run of rounds at
 most ``sum_{k > B} P(Gamma(k, 1) < (k - B) / 4)``, 4.0e-17 with the whole burst (16) and 5.3e-9
 with half of it (the other half taken by network jitter); checked against scipy in the tests.
-A flooding client gets four times its honest mean rate."""
+Its bucket starts full (:class:`RateSlot`: the first rounds may come close together). A
+flooding client gets four times its honest mean rate, plus one burst."""
+REALISED_PACE = 4.0
+"""``timing: realised`` with Poisson sampling: a round's time is its speed times its realised
+batch, and ``k`` rounds' batches sum to ``Binomial(k N, q)``, about ``Poisson(k g)`` for ``g``
+expected gradients a round, so a round may even take no time (an empty batch). The slot is the
+expected round's minimum cost divided by ``REALISED_PACE``; an update waits only if ``k``
+consecutive rounds draw fewer than ``(k - B) g / 4`` gradients in all: per run of rounds at
+most ``sum_{k > B} P(Poisson(k g) < (k - B) g / 4)``, 1.0e-7 for ``g = 1`` (mostly 17 empty
+rounds in a row, ``e^-17``) and 4.3e-15 for ``g = 2`` with the whole burst (16); checked
+against scipy in the tests. A deferred update waits, it is not dropped. The bucket starts full
+(:class:`RateSlot`)."""
 _QUANTILE = 1e-12  # the lower quantile of a heavy-tailed speed taken as its minimum
 _Z = -NormalDist().inv_cdf(_QUANTILE)
 
 
-def public_round_seconds(speed: object, expected_grads: float, timing: str) -> float | None:
+def public_round_seconds(speed: object, expected_grads: float, timing: str,
+                         sampling: str = "poisson") -> float | None:
     """A lower bound of an honest round's compute slot (``seconds_per_sample`` drawn from
-    ``speed`` times ``expected_grads``), or None where the scenario gives none (module
-    docstring): a ``lognormal``'s minimum is taken as its ``1e-12`` lower quantile
-    ``median * exp(-z sigma)``, so that an honest round below it, at that probability, only
-    spends a token of the bucket's burst."""
-    if timing != "public" or not expected_grads > 0:
+    ``speed`` times ``expected_grads``, or times the realised gradients under ``timing:
+    realised``), or None where the scenario gives none (module docstring): a ``lognormal``'s
+    minimum is taken as its ``1e-12`` lower quantile ``median * exp(-z sigma)``, so that an
+    honest round below it, at that probability, only spends a token of the bucket's burst."""
+    if timing not in ("public", "realised") or not expected_grads > 0:
         return None
+    realised_poisson = timing == "realised" and sampling == "poisson"
+    if realised_poisson and isinstance(speed, Exponential):
+        return None
+    if realised_poisson:
+        expected_grads = expected_grads / REALISED_PACE
     if isinstance(speed, Constant):
         low = speed.value
     elif isinstance(speed, Uniform):
@@ -109,7 +128,17 @@ def public_round_seconds(speed: object, expected_grads: float, timing: str) -> f
     else:
         return None
     slot = float(low) * float(expected_grads)
-    return slot if slot > 0 and math.isfinite(slot) else None
+    if not (slot > 0 and math.isfinite(slot)):
+        return None
+    return RateSlot(slot) if realised_poisson or isinstance(speed, Exponential) else slot
+
+
+class RateSlot(float):
+    """A slot that bounds an honest client's *rate* of rounds, not each round
+    (:data:`EXPONENTIAL_PACE`, :data:`REALISED_PACE`): its first rounds may come faster than
+    one a slot, so its bucket starts full (:data:`BURST` tokens) instead of with one."""
+
+    __slots__ = ()
 
 
 @dataclass
@@ -146,7 +175,8 @@ class Pacer:
     def _bucket(self, client_id: str, now: float) -> _Bucket:
         bucket = self._buckets.get(client_id)
         if bucket is None:
-            bucket = self._buckets[client_id] = _Bucket(self.initial, self.start,
+            initial = BURST if isinstance(self.slots.get(client_id), RateSlot) else self.initial
+            bucket = self._buckets[client_id] = _Bucket(initial, self.start,
                                                         index=len(self._buckets))
         slot = self.slots.get(client_id)
         if slot is not None:

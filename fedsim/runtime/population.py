@@ -503,7 +503,7 @@ def make_server_actor(
                 sequence=step_sequence(p.group),
                 slot=public_round_seconds(p.group.speed, expected_sample_grads(
                     p.group.batch_size, p.group.local_steps, p.group.per_example_steps),
-                    population.scenario.privacy.timing))
+                    population.scenario.privacy.timing, p.group.sampling))
             for p in population.plans
         },
         window=server_config.window,

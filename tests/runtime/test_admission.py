@@ -23,7 +23,9 @@ from fedsim.runtime.admission import (
     BURST,
     EXPONENTIAL_PACE,
     MAX_DEFERRED,
+    REALISED_PACE,
     Pacer,
+    RateSlot,
     public_round_seconds,
     version_ranges,
     versions_from_ranges,
@@ -50,8 +52,14 @@ def test_public_round_seconds_is_the_speed_models_minimum_times_the_expected_gra
     # Exponential: no minimum, a quarter of the mean (see the next test).
     assert public_round_seconds(Exponential(kind="exponential", mean=1.0), 10.0,
                                 "public") == pytest.approx(10.0 / EXPONENTIAL_PACE)
-    # A realised-batch timing (a Poisson batch may be empty): no pace.
-    assert public_round_seconds(Constant(value=0.01), 32.0, "realised") is None
+    # A realised-batch timing: a fixed-size batch is the expected one; a Poisson batch is paced
+    # at a quarter of its expected cost (see the next tests), not with an exponential speed.
+    assert public_round_seconds(Constant(value=0.01), 32.0, "realised",
+                                "fixed") == pytest.approx(0.32)
+    assert public_round_seconds(Constant(value=0.01), 32.0, "realised",
+                                "poisson") == pytest.approx(0.32 / REALISED_PACE)
+    assert public_round_seconds(Exponential(kind="exponential", mean=1.0), 10.0, "realised",
+                                "poisson") is None
     assert public_round_seconds(Constant(value=0.0), 32.0, "public") is None
 
 
@@ -77,14 +85,41 @@ def test_the_exponential_pace_holds_honest_rounds_with_the_stated_probability() 
         pacer = Pacer({"h": slot}, start=0.0)
         order = sorted(zip(arrivals, range(releases.size), strict=True))
         assert all(pacer.offer(_update("h", r), t) == "pass" for t, r in order), client
+    # A rate slot: the bucket starts full (the first rounds may come close together).
+    assert isinstance(slot, RateSlot)
     # A flood of the same client: four times its honest mean rate, plus the burst.
     pacer = Pacer({"m": slot}, start=0.0)
-    for r in range(200):
-        pacer.offer(_update("m", r), 0.0)
-    passed = 1
+    passed = sum(pacer.offer(_update("m", r), 0.0) == "pass" for r in range(200))
+    assert passed == BURST
     for step in range(1, 41):  # the server looks at every arrival: here once a slot
         passed += len(list(iter(lambda t=step * slot: pacer.next_due(t), None)))
-    assert passed == 1 + 40  # in 10 mean round times: 1 + 40 slots' worth, not 200
+    assert passed == BURST + 40  # in 10 mean round times: a burst + 40 slots' worth, not 200
+
+
+def test_the_realised_poisson_pace_holds_honest_rounds_with_the_stated_probability() -> None:
+    """Under ``timing: realised`` k Poisson rounds draw about Poisson(k g) gradients in all; an
+    update waits only if they are fewer than (k - B) g / 4. The docstring's bound from scipy,
+    and the pacer against honest clients whose rounds take their realised batch's time."""
+    from scipy.stats import poisson
+
+    def bound(g: int, burst: int = int(BURST)) -> float:
+        return float(sum(poisson.cdf(math.ceil((k - burst) * g / REALISED_PACE) - 1, k * g)
+                         for k in range(burst + 1, 6000)))
+
+    assert bound(1) == pytest.approx(1.0e-7, rel=0.05)
+    assert bound(2) == pytest.approx(4.3e-15, rel=0.05)
+    assert bound(1) > math.exp(-17)  # 17 empty rounds in a row take no time: not pace-able
+    rng = np.random.default_rng(2)
+    speed, records, batch = 0.01, 400, 2.0
+    slot = public_round_seconds(Constant(value=speed), batch, "realised", "poisson")
+    assert isinstance(slot, RateSlot)
+    assert not isinstance(public_round_seconds(Constant(value=speed), batch, "public"), RateSlot)
+    for client in range(20):  # 20 honest clients of 2,000 rounds, each as long as its batch
+        sizes = rng.binomial(records, batch / records, 2000)
+        releases = np.cumsum(speed * sizes)
+        pacer = Pacer({"h": slot}, start=0.0)
+        assert all(pacer.offer(_update("h", r), t) == "pass"
+                   for r, t in enumerate(releases)), client
 
 
 def test_an_honest_client_with_bunched_arrivals_never_waits() -> None:
