@@ -435,10 +435,15 @@ class SimulatedNetwork:
                   *args: object) -> None:
         delay = max(0.0, delay)
         if self.track_arrivals:
+            # Past entries go before each push, so a heap holds what is in flight, however
+            # rarely it is asked (a finished client's is never asked).
             arrival = self._clock.now() + delay
-            heapq.heappush(self._arrivals[link.direction], arrival)
+            heaps = [self._arrivals[link.direction]]
             if link.direction == "downlink":
-                heapq.heappush(self._arrivals_to.setdefault(link.client_id, []), arrival)
+                heaps.append(self._arrivals_to.setdefault(link.client_id, []))
+            for heap in heaps:
+                self._earliest(heap)
+                heapq.heappush(heap, arrival)
         asyncio.get_running_loop().call_later(delay, callback, link, *args)
 
     # ----------------------------------------------------------------------------- delivery

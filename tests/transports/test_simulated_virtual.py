@@ -206,3 +206,25 @@ def test_next_arrival_to_is_each_clients_own_next_delivery() -> None:
     assert bounds == arrived and len(set(arrived.values())) == len(names)
     assert earliest == min(arrived.values())
     assert all(t == float("inf") for t in after.values()) and unknown == float("inf")
+
+
+def test_tracked_arrivals_hold_only_what_is_in_flight() -> None:
+    """Nobody asks for the downlink bound of a client that stopped training: its delivery
+    times must not pile up over a long run (one entry per broadcast per client otherwise)."""
+    names = [f"c{k}" for k in range(5)]
+
+    async def main(clock: VirtualClock) -> tuple[int, int]:
+        net = make(clock, 4, LinkModel(), LinkModel(constant_latency(0.1)))
+        net.track_arrivals = True
+        server = net.server_endpoint()
+        clients = [net.client_endpoint(name) for name in names]
+        for version in range(200):
+            await server.publish(model(version))
+            for client in clients:
+                await client.receive()
+            await clock.sleep(0.5)
+        return (len(net._arrivals["downlink"]),
+                max(len(heap) for heap in net._arrivals_to.values()))
+
+    in_direction, per_client = run_virtual(main)
+    assert in_direction <= len(names) and per_client <= 1
