@@ -138,7 +138,7 @@ def _scratch_dir() -> Any:
 
 def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     """One row: start-up, peak RSS, simulated s per wall s and (training) the ratio."""
-    from simulator import _SingleLoop, _TrainingTotals, _warm_imports
+    from simulator import interleaved_arms, released_per_group
 
     load_before = os.getloadavg()
     rss_imports = _rss_mb()
@@ -148,13 +148,9 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     population = build_population(loaded)
     population_seconds = time.perf_counter() - started
     rss_population = _rss_mb()
-    single = training = None
-    on_window = None
+    single = training = on_window = None
     if mode.startswith("train"):
-        single = _SingleLoop(population)
-        _warm_imports(population)
-        training = _TrainingTotals()
-        on_window = lambda _line: single.catch_up(dict(training.per_group))  # noqa: E731
+        single, training, on_window = interleaved_arms(population)
     with _scratch_dir() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
                               message_only=mode == "message", on_window=on_window,
@@ -182,11 +178,7 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     run_wall = result.wall_seconds - loop_wall - setup
     row["simulated_s_per_wall_s"] = round(result.summary["virtual_time"] / run_wall, 3)
     if single is not None and training is not None:
-        released: dict[str, int] = {}
-        for client in result.clients.values():
-            name = client.plan.group.name
-            released[name] = released.get(name, 0) + sum(
-                r.sample_grads for r in client.released_rounds())
+        released = released_per_group(result)
         sim_cpu = result.cpu_seconds - loop_cpu
         single.catch_up(released)
         done = sum(single.done.values())

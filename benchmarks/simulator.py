@@ -222,6 +222,25 @@ class _SingleLoop:
                     self.rounds[name] += 1
 
 
+def interleaved_arms(population: Population) -> tuple[_SingleLoop, _TrainingTotals,
+                                                    Callable[[Any], None]]:
+    """The single loop, the run's training totals and the ``on_window`` hook that interleaves
+    them: at every window's end the loop catches up with the gradients the run computed."""
+    single = _SingleLoop(population)
+    _warm_imports(population)
+    training = _TrainingTotals()
+    return single, training, lambda _line: single.catch_up(dict(training.per_group))
+
+
+def released_per_group(result: Any) -> dict[str, int]:
+    """Sample gradients of the rounds each group released in ``result``."""
+    released: dict[str, int] = {}
+    for client in result.clients.values():
+        name = client.plan.group.name
+        released[name] = released.get(name, 0) + sum(r.sample_grads for r in client.released_rounds())
+    return released
+
+
 def _cpu_breakdown(run: Callable[[], Any], parts: dict[str, Any]) -> tuple[Any, dict[str, float]]:
     """``run()`` under :mod:`cProfile` with a CPU-time timer: its result and, for each label,
     the CPU seconds spent inside ``parts[label]`` (a function or method, callees included).
@@ -347,20 +366,13 @@ def training_throughput(
         {"stop.virtual_seconds": virtual_seconds, **(changes or {})},
     )
     population = build_population(loaded)
-    single = _SingleLoop(population)
-    _warm_imports(population)
-    training = _TrainingTotals()
-    # Catching up at each window's end interleaves the two arms in time.
-    on_window = lambda _line: single.catch_up(dict(training.per_group))  # noqa: E731
+    single, training, on_window = interleaved_arms(population)
     with _scratch() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
                               on_window=on_window, batch_rounds=batch_rounds,
                               wrap_trainer=training.wrap)
         timing = json.loads((Path(scratch) / "run" / "timing.json").read_text())
-    released: dict[str, int] = {}
-    for client in result.clients.values():
-        name = client.plan.group.name
-        released[name] = released.get(name, 0) + sum(r.sample_grads for r in client.released_rounds())
+    released = released_per_group(result)
     # The loop's interleaved time is inside the run's; the top-up after it is not.
     sim_cpu = result.cpu_seconds - single.clocks.cpu
     sim_wall = result.wall_seconds - single.clocks.wall

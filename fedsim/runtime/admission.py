@@ -68,9 +68,9 @@ from fedsim.config.distributions import (
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
 from fedsim.runtime.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
-__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "REALISED_PACE", "Pacer", "RateSlot", "judge_claims", "judge_update",
-           "public_round_seconds",
-           "status_problem", "version_ranges", "versions_from_ranges"]
+__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "REALISED_PACE", "Pacer", "RateSlot",
+           "judge_claims", "judge_update", "public_round_seconds", "status_problem",
+           "version_ranges", "versions_from_ranges"]
 
 BURST = 16.0
 """Token-bucket capacity: an honest client's arrivals may bunch by up to ``BURST - 1`` slots
@@ -161,10 +161,10 @@ class Pacer:
         self._buckets: dict[str, _Bucket] = {}  # in creation order
         self._queued: set[str] = set()  # clients with updates waiting: next_due looks only there
         self.deferred = 0
+        """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
         self._refused = 0
         self._passed: set[tuple[str, int]] = set()  # (client, round) that passed: repeats are free
         self._noted: dict[int, tuple[ClientUpdate, str]] = {}  # id -> (the update, its verdict)
-        """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
 
     def restart(self, start: float, *, full: bool) -> None:
         """Begin the buckets at ``start`` (the first model's time), full after a restart."""
