@@ -4,7 +4,7 @@ plain (non-private) training loop on the same device.
 * ``simulation``: a federated scenario (synthetic 784-feature, 10-class data, so nothing is
   downloaded; an MLP 784-256-10; 40 clients in two groups with Poisson batches of 64 and 128,
   clip 1, sigma 1.1; overlapping rounds computed together by the batched pass) run by
-  :func:`fedsim.runtime.simulation.run_scenario` with ``device`` set; the rate is the run's
+  :func:`fedsim.runtime.simulated.simulation.run_scenario` with ``device`` set; the rate is the run's
   released sample gradients over its wall time (actors, ledgers, codec, evaluation included).
 * ``plain``: the same model on the same device, mean cross-entropy, ``backward()`` and an SGD
   step on batches of the simulation's mean batch size, data already on the device, one torch
@@ -66,7 +66,7 @@ def _sync(device: torch.device) -> None:
 
 def simulation_rate(device: str, virtual_seconds: float) -> dict[str, Any]:
     from fedsim.config import LoadedScenario, parse_scenario
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
 
     loaded = LoadedScenario(parse_scenario(scenario(device, virtual_seconds)), None)
     with tempfile.TemporaryDirectory(prefix="fedsim-device-") as out:

@@ -58,7 +58,7 @@ import torch  # noqa: E402
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario  # noqa: E402
 from fedsim.runtime.population import build_population  # noqa: E402
-from fedsim.runtime.simulation import run_scenario  # noqa: E402
+from fedsim.runtime.simulated.simulation import run_scenario  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "scale.json"
@@ -211,7 +211,7 @@ def ray_row(scenario: str, executor: str, virtual_seconds: float) -> dict[str, A
     if executor.startswith("ray-"):
         import ray
 
-        from fedsim.runtime.ray_executor import ray_batcher
+        from fedsim.runtime.simulated.ray_executor import ray_batcher
 
         workers = int(executor.split("-")[1])
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)

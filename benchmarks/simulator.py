@@ -84,7 +84,8 @@ from fedsim.config import LoadedScenario, load_scenario, parse_scenario
 from fedsim.logging import configure_logging
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol import codec
-from fedsim.runtime.client import ClientActor, Trainer
+from fedsim.runtime.actors.client import ClientActor, Trainer
+from fedsim.runtime.actors.server import ServerActor
 from fedsim.runtime.population import (
     ClientPlan,
     Population,
@@ -92,8 +93,7 @@ from fedsim.runtime.population import (
     make_evaluator,
     open_ledger,
 )
-from fedsim.runtime.server import ServerActor
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training.dpsgd import step_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -193,7 +193,7 @@ def simulate(
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
     """
-    from fedsim.runtime.simulation import build_population, run_scenario
+    from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
     from fedsim.training.factory_data import user_data
 

@@ -5,7 +5,7 @@ take time from a :class:`Clock`.
 
 * :class:`WallClock` - real time.
 * :class:`ScaledClock` - scenario time on the wall clock (the MQTT deployment).
-* Virtual time (simulation) is provided by :mod:`fedsim.runtime.kernel`, whose event loop
+* Virtual time (simulation) is provided by :mod:`fedsim.runtime.simulated.kernel`, whose event loop
   advances a virtual clock to the next scheduled timer whenever no task can run, so a run is a
   deterministic function of its seed.
 """

@@ -19,7 +19,7 @@ The state (``m``, ``v``) is checkpointed with the server (:meth:`ServerOptimizer
 Post-processing of released updates: no optimizer changes any client's privacy.
 
 **The move bound** (:meth:`ServerOptimizer.move_bound`, the server's move limit,
-:func:`fedsim.runtime.integrity.check_model`). Every accepted update passed its client's norm
+:func:`fedsim.runtime.actors.integrity.check_model`). Every accepted update passed its client's norm
 bound, so the pseudo-gradient of a step is bounded, ``||Delta|| <= D`` (``D = sum_i |c_i| eta_i
 b_i``). From ``D`` and the optimizer's state *before* the step, each optimizer bounds how far
 its step can move the model, whatever direction a hostile client chose within its bound:

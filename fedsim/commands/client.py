@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config import load_scenario
-from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.deployed.options import DeploymentOptions
 
 DESCRIPTION = (
     "Run one client of a scenario as its own process, talking to the server through an MQTT "
@@ -52,8 +52,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.runtime.client_process import run_client
-    from fedsim.runtime.deployment import broker_for, run_process
+    from fedsim.runtime.deployed.client_process import run_client
+    from fedsim.runtime.deployed.deployment import broker_for, run_process
 
     options = DeploymentOptions.from_args(args)
     loaded = load_scenario(args.scenario, args.overrides)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
-from fedsim.runtime.options import add_set_option
+from fedsim.runtime.deployed.options import add_set_option
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0.18"
 BROKER_UID = 1883  # the mosquitto user of the eclipse-mosquitto image
@@ -329,8 +329,8 @@ def compose_text(
     """
     import yaml
 
-    from fedsim.runtime.launcher import process_commands
-    from fedsim.runtime.options import DeploymentOptions
+    from fedsim.runtime.deployed.launcher import process_commands
+    from fedsim.runtime.deployed.options import DeploymentOptions
 
     # The command lines `fedsim launch` runs, with container paths: each service mounts its
     # own state volume at CONTAINER_STATE and keeps its state in CONTAINER_STATE/<name>.

@@ -15,7 +15,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
 DESCRIPTION = (
     "Run a scenario as separate local processes, one server and one per client, talking through "
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.reporting.horizon import HorizonTracker, bound_horizon
     from fedsim.reporting.progress import RunProgress
-    from fedsim.runtime.launcher import Launcher
+    from fedsim.runtime.deployed.launcher import Launcher
 
     options = DeploymentOptions.from_args(args)
     name = load_scenario(args.scenario, args.overrides).scenario.name

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
     from fedsim.training.preflight import preflight_warnings
 
     log = get_logger("fedsim.run")
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
         make_batcher = None
         if args.executor == "ray":
-            from fedsim.runtime.ray_executor import ray_batcher
+            from fedsim.runtime.simulated.ray_executor import ray_batcher
 
             make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
         try:

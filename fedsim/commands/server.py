@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config import load_scenario
-from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.deployed.options import DeploymentOptions
 
 DESCRIPTION = (
     "Run a scenario's server as its own process, talking to the clients through an MQTT broker."
@@ -43,8 +43,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.runtime.deployment import broker_for, run_process
-    from fedsim.runtime.server_process import serve
+    from fedsim.runtime.deployed.deployment import broker_for, run_process
+    from fedsim.runtime.deployed.server_process import serve
 
     options = DeploymentOptions.from_args(args)
     loaded = load_scenario(args.scenario, args.overrides)

@@ -79,7 +79,7 @@ MAX_LINEAGE = 64
 """At most this many earlier incarnations travel with a global model."""
 MAX_STEP_SIZE = 1e6
 """The largest server step size a global model may carry (finite and > 0 as well): a larger
-one would move a client's model by more than :data:`~fedsim.runtime.integrity.MAX_PARAMETER`
+one would move a client's model by more than :data:`~fedsim.runtime.actors.integrity.MAX_PARAMETER`
 per unit of update."""
 _NonNegativeInt = Annotated[int, Field(ge=0)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]

@@ -27,7 +27,7 @@ class ClientUpdate:
 
     Nothing here depends on the client's exact data set size N except ``delta`` (the
     mechanism's output): under add/remove neighbours N itself is private, so the server weighs
-    by the scenario's declared sizes (:mod:`fedsim.runtime.exposure`) and ``sent_at`` follows a
+    by the scenario's declared sizes (:mod:`fedsim.runtime.actors.exposure`) and ``sent_at`` follows a
     schedule of public values.
     """
 
@@ -45,7 +45,7 @@ class GlobalModel:
     """A global model broadcast by the server; clients ignore versions older than theirs.
 
     It also carries the invitation to window ``window`` (client sampling by invitation, see
-    :mod:`fedsim.runtime.exposure`): ``invited`` is a bitmap over the scenario's sorted client
+    :mod:`fedsim.runtime.actors.exposure`): ``invited`` is a bitmap over the scenario's sorted client
     ids (bit ``i`` of byte ``i // 8``, least significant first), or None when every client is
     invited. A client trains only under the latest invitation that names it.
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.privacy.calibration import max_steps
-from fedsim.runtime.posture import normalisation_steps
+from fedsim.privacy.group_schedules import normalisation_steps
 
 # The estimate's search stops here (rounds); beyond it a budget is no horizon worth showing.
 MAX_ESTIMATED_ROUNDS = 10**7

@@ -15,7 +15,7 @@ every (standardised) example's gradient to ``C`` given the moments. The release 
 event ``GaussianStep(sampling, q = 1, sigma)`` at round :data:`NORMALISATION_ROUND`, charged
 durably before the first round like any other release, and the client's accountant (PLD or RDP)
 composes it with the rounds' steps; a noise ``target`` is calibrated for the rounds composed
-with it (:func:`fedsim.runtime.posture.make_schedule`).
+with it (:func:`fedsim.privacy.group_schedules.make_schedule`).
 
 **Budget.** :func:`check_normalisation_budget` refuses a scenario whose release alone exceeds a
 group's budget (or its noise target) before anything runs; a resumed ledger without room for it
@@ -43,8 +43,8 @@ import torch
 from fedsim.config.schema import ClientGroup, Scenario, TargetNoise
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
+from fedsim.privacy.group_schedules import normalisation_steps
 from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK, NORMALISATION_ROUND, PrivacyLedger
-from fedsim.runtime.posture import normalisation_steps
 from fedsim.runtime.rng import SeedTree
 from fedsim.training.dp_stats import FeatureMoments, dp_feature_moments, exact_moments
 

@@ -4,7 +4,7 @@
 and within each group (``partition``), builds one shared model (trainers load each round's
 parameters into it) and a :class:`ClientPlan` per client: who it is, which records it holds,
 its DP posture. No clock, no network, no files: the virtual-time run
-(:mod:`fedsim.runtime.simulation`) and the deployed processes (:mod:`fedsim.runtime.deployed`)
+(:mod:`fedsim.runtime.simulated.simulation`) and the deployed processes (:mod:`fedsim.runtime.deployed`)
 build their actors from it with :func:`make_client_actor` and :func:`make_server_actor`, so
 client ``i`` holds the same records and the same DP posture in both modes.
 
@@ -31,21 +31,21 @@ from fedsim.config.loading import LoadedScenario, resolve_path
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.group_schedules import make_schedule
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
-from fedsim.runtime.admission import public_round_seconds
-from fedsim.runtime.client import ClientActor, StalenessPolicy, Trainer
-from fedsim.runtime.exposure import ClientExposure, expected_sample_grads
-from fedsim.runtime.integrity import client_limits
+from fedsim.runtime.actors.admission import public_round_seconds
+from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
+from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
+from fedsim.runtime.actors.integrity import client_limits
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.normalisation import (
     check_normalisation_budget,
     held_out_features,
     normalised_features,
 )
-from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher

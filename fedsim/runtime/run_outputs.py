@@ -1,7 +1,7 @@
 """The run directory both runtimes write: its file names, its JSON, and its one writer.
 
-A finished run, virtual-time (:mod:`fedsim.runtime.simulation`) or deployed
-(:mod:`fedsim.runtime.launcher`), is described by a :class:`RunRecord`;
+A finished run, virtual-time (:mod:`fedsim.runtime.simulated.simulation`) or deployed
+(:mod:`fedsim.runtime.deployed.launcher`), is described by a :class:`RunRecord`;
 :func:`write_run_outputs` turns it into ``clients.csv``, ``summary.json`` and ``timing.json``,
 so both modes write identical formats. :mod:`fedsim.reporting.rundir` reads the directory
 with the names defined here.
@@ -35,8 +35,8 @@ from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.runtime.client import RoundRecord
-from fedsim.runtime.exposure import privacy_caveats
+from fedsim.runtime.actors.client import RoundRecord
+from fedsim.runtime.actors.exposure import privacy_caveats
 
 if TYPE_CHECKING:  # the plan's module imports torch; this one is read by fedsim.reporting
     from fedsim.runtime.population import ClientPlan
@@ -181,7 +181,7 @@ class ClientOutcome:
     finished: bool
     """Will never train again (budget spent, rounds done, crashed for good)."""
     randomness: str = ""
-    """Where its batches and noise came from (:mod:`fedsim.runtime.exposure`)."""
+    """Where its batches and noise came from (:mod:`fedsim.runtime.actors.exposure`)."""
     timing_overruns: int = 0
     """Rounds released after their public slot (deployed clients)."""
 

@@ -42,7 +42,7 @@ _TENSOR_HEADER_ALLOWANCE = 64 * 1024  # the message header around a model's floa
 
 
 class PlanLike(Protocol):
-    """What the checks read of a client's plan (:class:`fedsim.runtime.simulation.ClientPlan`)."""
+    """What the checks read of a client's plan (:class:`fedsim.runtime.simulated.simulation.ClientPlan`)."""
 
     @property
     def group(self) -> ClientGroup: ...

@@ -2,7 +2,7 @@
 
 Every message is encoded with :mod:`fedsim.protocol.codec` when it is published and decoded
 when it is delivered, exactly as over MQTT. Deliveries are ``loop.call_later`` timers, so under
-the virtual-time loop of :mod:`fedsim.runtime.kernel` they happen in virtual time, and a run is
+the virtual-time loop of :mod:`fedsim.runtime.simulated.kernel` they happen in virtual time, and a run is
 a deterministic function of the ``rng`` passed in (every random draw comes from it, in a fixed
 order per message).
 

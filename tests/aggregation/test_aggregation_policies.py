@@ -23,8 +23,8 @@ from fedsim.aggregation.policies import (
 from fedsim.config.schema import Server
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
-from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from tests.doubles import RecordingEndpoint
 
 DIM = 3
@@ -195,7 +195,7 @@ def test_time_windows_with_staleness_and_an_adaptive_optimizer() -> None:
 
 def test_the_optimizer_moments_survive_a_server_checkpoint(tmp_path) -> None:
     """A restarted server continues FedAdam from the checkpointed m and v."""
-    from fedsim.runtime.checkpoint import ServerCheckpoint
+    from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
 
     def server(clock: VirtualClock) -> ServerActor:
         return ServerActor(clock=clock, endpoint=RecordingEndpoint(clock),

@@ -14,8 +14,8 @@ from fedsim.aggregation import ConstantStepSize, UniformWeights
 from fedsim.aggregation.optimizers import Adaptive, Momentum, Sgd
 from fedsim.clock import WallClock
 from fedsim.protocol.messages import ClientUpdate
-from fedsim.runtime.integrity import ClientLimits
-from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.actors.integrity import ClientLimits
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from tests.runtime.test_actors import FakeEndpoint
 
 DIM = 4

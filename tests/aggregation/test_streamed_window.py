@@ -20,9 +20,9 @@ from fedsim.aggregation.policies import PolynomialStaleness, TimeWindows
 from fedsim.clock import WallClock
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.protocol.messages import ClientUpdate
-from fedsim.runtime.integrity import ClientLimits
-from fedsim.runtime.server import ClientInfo, ServerActor, WindowReport
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.actors.integrity import ClientLimits
+from fedsim.runtime.actors.server import ClientInfo, ServerActor, WindowReport
+from fedsim.runtime.simulated.simulation import run_scenario
 from tests.runtime.test_actors import FakeEndpoint
 
 DIM = 40

@@ -16,10 +16,10 @@ from fedsim.aggregation import PlateauStepSize, make_strategy
 from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus
-from fedsim.runtime.checkpoint import CheckpointError, ServerCheckpoint
-from fedsim.runtime.deployment import resolve_broker
-from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.runtime.server_process import keep_windows_through
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from fedsim.runtime.deployed.checkpoint import CheckpointError, ServerCheckpoint
+from fedsim.runtime.deployed.deployment import resolve_broker
+from fedsim.runtime.deployed.server_process import keep_windows_through
 from fedsim.transports.security import generate_secrets, write_secrets
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.runtime.launcher import Launcher
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.launcher import Launcher
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.transports.broker import find_mosquitto
 
 pytestmark = [

@@ -24,9 +24,9 @@ import torch
 from fedsim.config import load_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.integrity import client_limits
-from fedsim.runtime.launcher import Launcher
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.actors.integrity import client_limits
+from fedsim.runtime.deployed.launcher import Launcher
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population
 from fedsim.transports.broker import find_mosquitto
 from fedsim.transports.topics import Topics

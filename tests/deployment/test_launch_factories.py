@@ -13,7 +13,7 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config import load_scenario
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training.factories import SEARCH_ENV
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
 

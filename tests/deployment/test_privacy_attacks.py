@@ -24,9 +24,9 @@ import yaml
 
 from fedsim.config import load_scenario
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.client_process import run_client
-from fedsim.runtime.launcher import Launcher, collect_outputs
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.client_process import run_client
+from fedsim.runtime.deployed.launcher import Launcher, collect_outputs
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population
 from fedsim.training.gaussian import gaussian_noise
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto

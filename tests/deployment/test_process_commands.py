@@ -10,8 +10,8 @@ import pytest
 from fedsim.cli import build_parser, main
 from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
-from fedsim.runtime.launcher import process_commands
-from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.deployed.launcher import process_commands
+from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import client_ids
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")

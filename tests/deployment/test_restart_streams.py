@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fedsim.config import load_scenario
-from fedsim.runtime.client_process import training_generator
+from fedsim.runtime.deployed.client_process import training_generator
 from fedsim.runtime.population import build_population
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")

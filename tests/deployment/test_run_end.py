@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from fedsim.config import load_scenario
-from fedsim.runtime.launcher import Launcher
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.launcher import Launcher
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population, open_ledger
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim.runtime.launcher import Launcher
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.launcher import Launcher
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
 
 pytestmark = [

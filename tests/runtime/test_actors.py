@@ -24,10 +24,10 @@ from fedsim.aggregation import (
 from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message, RunFinished
-from fedsim.runtime.client import ClientActor, StalenessPolicy
-from fedsim.runtime.exposure import is_invited
-from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.actors.client import ClientActor, StalenessPolicy
+from fedsim.runtime.actors.exposure import is_invited
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.training.rounds import DoneRound, RoundResult
 
 DIM = 3
@@ -458,7 +458,7 @@ def test_a_step_size_continues_from_its_state_dict() -> None:
 def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     """The simulator and the deployed server share one stop rule (WindowReport.stop_reason)."""
     from fedsim.config.schema import Stop
-    from fedsim.runtime.server import WindowReport
+    from fedsim.runtime.actors.server import WindowReport
 
     stop = Stop(windows=10, virtual_seconds=5.0, target_accuracy=0.9)
     report = WindowReport(window=3, time=2.0, version=3, accuracy=0.5, received=4)

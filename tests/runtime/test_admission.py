@@ -19,7 +19,7 @@ from fedsim.config.distributions import (
     Uniform,
 )
 from fedsim.protocol.messages import ClientUpdate
-from fedsim.runtime.admission import (
+from fedsim.runtime.actors.admission import (
     BURST,
     EXPONENTIAL_PACE,
     MAX_DEFERRED,
@@ -30,8 +30,8 @@ from fedsim.runtime.admission import (
     version_ranges,
     versions_from_ranges,
 )
-from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from tests.runtime.test_actors import FakeEndpoint
 
 

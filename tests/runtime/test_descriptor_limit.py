@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from fedsim.config import LoadedScenario, parse_scenario
-from fedsim.runtime.memory import (
+from fedsim.runtime.simulated.memory import (
     DESCRIPTOR_RESERVE,
     DESCRIPTORS_PER_LEDGER,
     free_heap_bytes,
     ledger_handles_fit,
     release_free_memory,
 )
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 
 resource = pytest.importorskip("resource")
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def scenario() -> dict[str, Any]:
 _CHILD = """
 import json, resource, sys
 from pathlib import Path
-import fedsim.runtime.simulation as simulation
+import fedsim.runtime.simulated.simulation as simulation
 from fedsim.config import LoadedScenario, parse_scenario
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))  # below 2 x 60 + 256
 taken = []

@@ -23,7 +23,7 @@ from fedsim.privacy.ledger import NORMALISATION_ROUND, PrivacyLedger, read_ledge
 from fedsim.privacy.pld import PLDAccountant
 from fedsim.runtime.normalisation import moments_file, normalisation_generator
 from fedsim.runtime.population import build_population, open_ledger, plan_of
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training.dp_stats import dp_feature_moments
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,17 +15,17 @@ import numpy as np
 
 from fedsim.clock import ScaledClock
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.exposure import ClientExposure
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import ClientExposure
 from tests.doubles import FreeLedger
 
 COMPUTE_SECONDS = 0.6  # the blocking compute of the one round (a real round holds the CPU)
 
 
 def client_exposure_is_threaded() -> bool:
-    """What the deployed client process uses (fedsim.runtime.client_process)."""
+    """What the deployed client process uses (fedsim.runtime.deployed.client_process)."""
     from fedsim.config import parse_scenario
-    from fedsim.runtime.exposure import client_exposure
+    from fedsim.runtime.actors.exposure import client_exposure
 
     scenario = parse_scenario({
         "name": "t", "seed": 1, "stop": {"windows": 1},

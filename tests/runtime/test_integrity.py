@@ -1,4 +1,4 @@
-"""The server's integrity checks (fedsim.runtime.integrity, ServerActor validation): the norm
+"""The server's integrity checks (fedsim.runtime.actors.integrity, ServerActor validation): the norm
 bound holds for honest updates and refuses hostile ones; future versions, far-ahead rounds,
 forged statuses and bad mixes are refused, logged and counted; clients skip bad models."""
 
@@ -23,8 +23,8 @@ from fedsim.config import load_scenario
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.integrity import (
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.integrity import (
     MAX_ROUND_GAP,
     ClientLimits,
     batch_size_bound,
@@ -32,8 +32,8 @@ from fedsim.runtime.integrity import (
     update_norm,
     update_norm_bound,
 )
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.population import build_population
-from fedsim.runtime.server import ClientInfo, ServerActor
 from tests.runtime.test_actors import FakeEndpoint, FakeLedger, FakeTrainer
 
 SCENARIO = "tests/deployment/four_clients.yaml"

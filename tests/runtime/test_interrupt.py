@@ -13,10 +13,10 @@ import torch
 
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.exposure import ClientExposure
-from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import ClientExposure
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+from fedsim.runtime.simulated.simulation import run_scenario
 from tests.doubles import FreeLedger
 
 torch.set_num_threads(1)

@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from fedsim.clock import Clock
-from fedsim.runtime.kernel import VirtualClock, VirtualDeadlock, VirtualTimeLoop, run_virtual
 from fedsim.runtime.rng import SeedTree
+from fedsim.runtime.simulated.kernel import (
+    VirtualClock,
+    VirtualDeadlock,
+    VirtualTimeLoop,
+    run_virtual,
+)
 
 
 def test_time_jumps_to_the_next_timer_without_waiting() -> None:

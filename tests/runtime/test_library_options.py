@@ -15,7 +15,7 @@ import torch
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.errors import ConfigError
 from fedsim.runtime.population import build_population
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 
 torch.set_num_threads(1)
 

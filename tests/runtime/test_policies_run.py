@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 
 torch.set_num_threads(1)
 

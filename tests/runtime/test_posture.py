@@ -10,7 +10,7 @@ from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.gdp import clt_mu
-from fedsim.runtime.posture import make_schedule
+from fedsim.privacy.group_schedules import make_schedule
 
 
 def group(**changes) -> ClientGroup:

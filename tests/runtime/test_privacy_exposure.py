@@ -19,15 +19,14 @@ import torch
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.exposure import (
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import (
     ClientExposure,
     client_exposure,
     invitation_bits,
     is_invited,
     release_time,
 )
-from fedsim.runtime.kernel import VirtualClock, run_virtual
 from fedsim.runtime.population import (
     build_population,
     client_ids,
@@ -35,7 +34,8 @@ from fedsim.runtime.population import (
     open_ledger,
 )
 from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+from fedsim.runtime.simulated.simulation import run_scenario
 from tests.doubles import FreeLedger
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""The Ray executor (fedsim.runtime.ray_executor): the batched passes on two local Ray
+"""The Ray executor (fedsim.runtime.simulated.ray_executor): the batched passes on two local Ray
 workers give the same run directory, byte for byte, as the in-process run."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fedsim.config import LoadedScenario, parse_scenario
-from fedsim.runtime.ray_executor import ray_available
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.ray_executor import ray_available
+from fedsim.runtime.simulated.simulation import run_scenario
 
 pytestmark = pytest.mark.skipif(not ray_available(),
                                 reason="ray is not installed (pip install 'fedsim[ray]')")
@@ -50,7 +50,7 @@ def _files(out: Path) -> dict[str, bytes]:
 def test_ray_workers_give_the_in_process_outputs_byte_for_byte(tmp_path: Path) -> None:
     import ray
 
-    from fedsim.runtime.ray_executor import ray_batcher
+    from fedsim.runtime.simulated.ray_executor import ray_batcher
 
     torch.set_num_threads(1)
     loaded = LoadedScenario(parse_scenario(_scenario()), None)

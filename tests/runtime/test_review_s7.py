@@ -21,10 +21,10 @@ from fedsim.aggregation import ConstantStepSize, UniformWeights
 from fedsim.aggregation.policies import FedAsync, FedBuff, PolynomialStaleness, TimeWindows
 from fedsim.clock import ScaledClock, WallClock
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.exposure import ClientExposure
-from fedsim.runtime.integrity import ClientLimits
-from fedsim.runtime.server import ClientInfo, ServerActor
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import ClientExposure
+from fedsim.runtime.actors.integrity import ClientLimits
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.training.rounds import RoundResult
 from tests.doubles import FreeLedger
 from tests.runtime.test_actors import FakeEndpoint
@@ -158,7 +158,7 @@ def test_published_versions_survive_a_checkpoint(tmp_path: Any) -> None:
     """A restarted server keeps refusing the unpublished version (R4c): the snapshot, through
     the checkpoint file, carries the versions published (the current one included: it may be
     broadcast right after the snapshot)."""
-    from fedsim.runtime.checkpoint import ServerCheckpoint
+    from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
 
     server = _server(TimeWindows(), broadcast_every=3)
     server.pacer.slots = {"h1": None}  # h1 not paced: four rounds in no time
@@ -313,7 +313,7 @@ def test_honest_adaptive_clipping_clients_are_not_refused_by_the_norm_bound(tmp_
     import json
 
     from fedsim.config import LoadedScenario, parse_scenario
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
 
     torch.set_num_threads(1)
     run_scenario(LoadedScenario(parse_scenario(_adaptive_scenario()), None), tmp_path)
@@ -340,7 +340,7 @@ def test_the_norm_bound_of_adaptive_clipping_is_its_public_ceilings(max_clip: fl
     hand from the module docstring's formula; an update just under it is applied, one just
     over it refused as 'norm'."""
     from fedsim.privacy.schedules import Schedule
-    from fedsim.runtime.integrity import client_limits
+    from fedsim.runtime.actors.integrity import client_limits
 
     group = _adaptive_group(**({} if max_clip is None else {"max_clip": max_clip}))
     ceiling = 0.1 if max_clip is None else max_clip  # 10 x the start 0.01
@@ -431,7 +431,7 @@ def _rounds_under_server_step(step: float, ledger_path: Any) -> tuple[float, lis
     server step size ``step`` carried by every global model: (eps, ledger steps, updates)."""
     from fedsim.privacy.ledger import PrivacyLedger
     from fedsim.privacy.schedules import Schedule
-    from fedsim.runtime.kernel import VirtualClock, run_virtual
+    from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
     from fedsim.training.local import LocalTrainer, flat_params
 
     torch.manual_seed(0)
@@ -475,7 +475,7 @@ def test_the_server_step_size_changes_the_model_and_never_the_ledger(tmp_path: A
 def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
     """Virtual time between a lone client's consecutive releases (its public compute slot)."""
     from fedsim.config import LoadedScenario, parse_scenario
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
 
     data = {
         "name": "slot", "seed": 2, "stop": {"virtual_seconds": 20.0},

@@ -1,7 +1,7 @@
 """An end-to-end privacy audit from the server's seat (issue 15).
 
 One deployed-style client (the runtime's :class:`ClientActor`, its :class:`LocalTrainer` and
-the deployment's generator, :func:`fedsim.runtime.exposure.client_generator`) trains a
+the deployment's generator, :func:`fedsim.runtime.actors.exposure.client_generator`) trains a
 two-class logistic regression under virtual time; the server sees its messages through the
 wire codec and nothing else, plus everything public: the scenario seed, the model it sent.
 
@@ -35,10 +35,10 @@ from scipy import stats
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.exposure import ClientExposure, client_generator
-from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import ClientExposure, client_generator
 from fedsim.runtime.rng import SeedTree
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.gaussian import gaussian_noise
 

@@ -23,7 +23,7 @@ from fedsim.privacy.events import group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.runtime.population import build_population
 from fedsim.runtime.rng import SeedTree
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 
 torch.set_num_threads(1)
 

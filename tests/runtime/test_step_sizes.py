@@ -15,10 +15,10 @@ from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.errors import ConfigError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.server import ClientInfo, ServerActor
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training.rounds import DoneRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
 from tests.doubles import FreeLedger, RecordingEndpoint

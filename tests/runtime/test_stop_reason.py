@@ -11,8 +11,8 @@ import pytest
 
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.config.schema import Stop
-from fedsim.runtime.server import WindowReport, duration_stop
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.actors.server import WindowReport, duration_stop
+from fedsim.runtime.simulated.simulation import run_scenario
 
 
 def tiny(window: float, seconds: float) -> dict[str, Any]:

@@ -359,7 +359,7 @@ def test_a_femnist_scenario_with_natural_partition_builds_writer_clients(tmp_pat
 def test_the_cifar10_groupnorm_scenario_runs_on_a_fixture(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
 
     raw = yaml.safe_load((REPO / "scenarios" / "cifar10-groupnorm.yaml").read_text())
     parse_scenario(raw)  # the shipped file validates as it is

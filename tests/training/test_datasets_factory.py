@@ -20,7 +20,7 @@ import fedsim
 from fedsim.cli import main
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.errors import ConfigError, DataError
-from fedsim.runtime.simulation import build_population
+from fedsim.runtime.simulated.simulation import build_population
 from fedsim.training.data import dataset_file
 from fedsim.training.factory_data import dataset_arrays, user_data
 

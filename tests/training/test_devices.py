@@ -17,7 +17,7 @@ from fedsim.cli import main
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.errors import ConfigError
 from fedsim.runtime.population import build_population
-from fedsim.runtime.simulation import run_scenario
+from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training import devices
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import Accelerators, resolve_device

@@ -234,7 +234,7 @@ def test_a_scenario_with_a_factory_model_runs_end_to_end(
     """A YAML factory with layers without a fast path, built next to the scenario file and run
     through the simulator; the same model from a Python factory gives the same run."""
     from fedsim.runtime.population import build_population
-    from fedsim.runtime.simulation import run_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
 
     monkeypatch.chdir(tmp_path)
     data = {

@@ -19,7 +19,7 @@ from fedsim.config.loading import LoadedScenario
 from fedsim.errors import DataError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
-from fedsim.runtime.simulation import build_population
+from fedsim.runtime.simulated.simulation import build_population
 from fedsim.training.partition import (
     DIRICHLET_ATTEMPTS,
     dirichlet_success_rate,

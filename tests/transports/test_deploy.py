@@ -170,9 +170,9 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
 def test_compose_commands_match_what_fedsim_launch_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedsim.runtime import launcher as launcher_module
-    from fedsim.runtime.launcher import Launcher
-    from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+    from fedsim.runtime.deployed import launcher as launcher_module
+    from fedsim.runtime.deployed.launcher import Launcher
+    from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
     # The command lines are the point here, not the data set the launcher finds first.
     monkeypatch.setattr(launcher_module, "dataset_file", lambda *args, **kwargs: None)

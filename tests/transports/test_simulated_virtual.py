@@ -8,7 +8,7 @@ import numpy as np
 
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
-from fedsim.runtime.kernel import VirtualClock, run_virtual
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.transports.simulated import (
     LinkModel,
     SimulatedNetwork,

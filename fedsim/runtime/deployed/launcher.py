@@ -29,10 +29,10 @@ import structlog
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.privacy.ledger_file import copy_ledger
-from fedsim.runtime.client import RoundRecord
-from fedsim.runtime.client_process import client_state_file
-from fedsim.runtime.deployment import run_name
-from fedsim.runtime.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.actors.client import RoundRecord
+from fedsim.runtime.deployed.client_process import client_state_file
+from fedsim.runtime.deployed.deployment import run_name
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
@@ -56,7 +56,7 @@ from fedsim.transports.broker import LocalMosquitto
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]
 
-_log = structlog.get_logger("fedsim.runtime.launcher")
+_log = structlog.get_logger("fedsim.runtime.deployed.launcher")
 
 
 def collect_outputs(

@@ -2,7 +2,7 @@
 
 A checkpoint is one file, ``<state dir>/server.ckpt``: a numpy ``.npz`` archive (no pickle)
 holding the flat float32 model as ``params`` and everything else of a
-:class:`~fedsim.runtime.server.ServerSnapshot` (version, window count, clock time,
+:class:`~fedsim.runtime.actors.server.ServerSnapshot` (version, window count, clock time,
 de-duplication table, step-size and participation-generator state, last evaluation, client
 statuses) as a UTF-8 JSON document ``state``, plus the run's *identity* (scenario name, seed,
 model size, ...), which must match on load so that a state directory is never resumed by a
@@ -29,8 +29,8 @@ import numpy as np
 
 from fedsim.errors import FedsimError
 from fedsim.protocol.messages import ClientStatus
-from fedsim.runtime.admission import version_ranges, versions_from_ranges
-from fedsim.runtime.server import ServerSnapshot
+from fedsim.runtime.actors.admission import version_ranges, versions_from_ranges
+from fedsim.runtime.actors.server import ServerSnapshot
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint"]
 

@@ -1,6 +1,6 @@
 """Per-client pacing of updates and the server's published versions (docs/SECURITY.md).
 
-Every update of a client passes the norm bound of :mod:`fedsim.runtime.integrity`, but a client
+Every update of a client passes the norm bound of :mod:`fedsim.runtime.actors.integrity`, but a client
 that sends its legal rounds back to back would otherwise be applied once per round: under the
 on-arrival policies (FedAsync, FedBuff) each round moves the model separately, and under
 ``normalize: population`` each update gets the client's ``lambda_i``, so one client's flood
@@ -66,7 +66,7 @@ from fedsim.config.distributions import (
     Uniform,
 )
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
-from fedsim.runtime.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
+from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
 __all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "REALISED_PACE", "Pacer", "RateSlot",
            "judge_claims", "judge_update", "public_round_seconds", "status_problem",
@@ -77,7 +77,7 @@ BURST = 16.0
 (network delay, reordering, an outage) without a single update waiting."""
 MAX_DEFERRED = 256
 """Updates one client may have waiting for a token; further ones are refused (``rate``)."""
-_log = structlog.get_logger("fedsim.runtime.admission")
+_log = structlog.get_logger("fedsim.runtime.actors.admission")
 EXPONENTIAL_PACE = 4.0
 """An ``exponential`` speed has no minimum, but its rounds' times are independent: an honest
 client's ``k`` consecutive rounds take ``Gamma(k, mean)`` seconds per expected gradient. Its
@@ -272,7 +272,7 @@ def judge_update(update: ClientUpdate, limits: ClientLimits | None, known: bool,
     classified further, 'duplicate' (``repeated``: its (client, round) seen or buffered), or
     ``'kind:reason'``: an unknown client (not ``known``), the wrong length (the model has
     ``size`` parameters), a round beyond the client's limit or more than
-    :data:`~fedsim.runtime.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, then
+    :data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, then
     :func:`judge_claims`."""
     if not known:
         return "unknown_client:not a client of this scenario"
@@ -290,7 +290,7 @@ def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int
                  published: Collection[int]) -> str:
     """The server's checks of what an update claims (``'kind:reason'``, or '' if it passes):
     a ``base_version`` ahead of the server's ``version`` or never ``published`` (R4c); a value
-    that is not finite; a norm beyond the client's bound (:mod:`fedsim.runtime.integrity`)."""
+    that is not finite; a norm beyond the client's bound (:mod:`fedsim.runtime.actors.integrity`)."""
     if update.base_version > version:
         return f"future_version:base version {update.base_version} > server version {version}"
     if update.base_version not in published:
@@ -309,7 +309,7 @@ def status_problem(status: ClientStatus, known: bool, limits: ClientLimits | Non
                    known_rounds: int) -> tuple[str, str]:
     """``(kind, reason)`` why a client's status disagrees with what the server saw (reason ''
     if it agrees): an unknown client; fewer released rounds than the ``seen`` received, more
-    than :data:`~fedsim.runtime.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, more than
+    than :data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, more than
     its round limit, or "done" without having reached it (``status_inconsistent``)."""
     if not known:
         return "unknown_client", "not a client of this scenario"

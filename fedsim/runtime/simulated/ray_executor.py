@@ -236,7 +236,7 @@ class RayRoundBatcher(RoundBatcher):
 
 def ray_batcher(*, workers: int = 2, address: str | None = None,
                 threads: int = 1) -> Callable[[Population], RayRoundBatcher]:
-    """A ``make_batcher`` for :func:`~fedsim.runtime.simulation.run_scenario`: the population's
+    """A ``make_batcher`` for :func:`~fedsim.runtime.simulated.simulation.run_scenario`: the population's
     batched passes on ``workers`` Ray actors (a local Ray, or the cluster at ``address``)."""
 
     def make(population: Population) -> RayRoundBatcher:

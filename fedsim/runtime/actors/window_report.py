@@ -1,6 +1,6 @@
 """What one server window reports (a line of ``metrics.jsonl``) and when the run stops after it.
 
-Shared by the simulator and the deployed server (:mod:`fedsim.runtime.server` fills it)."""
+Shared by the simulator and the deployed server (:mod:`fedsim.runtime.actors.server` fills it)."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ __all__ = [
     "release_time",
 ]
 
-_log = structlog.get_logger("fedsim.runtime.exposure")
+_log = structlog.get_logger("fedsim.runtime.actors.exposure")
 _warned: set[str] = set()
 
 Randomness = Literal["os_entropy", "seeded_not_private"]

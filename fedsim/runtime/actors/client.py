@@ -20,7 +20,7 @@ A client holds a local model ``w`` and the last global model it accepted (``held
   3. snapshot ``w``, begin the round on it (its batches and noise are drawn now), let its
      compute time pass: ``await clock.sleep(seconds_per_sample * expected_sample_gradients)``
      (public values: the realised Poisson batch size is private, see
-     :mod:`fedsim.runtime.exposure`), and take its update (computed by then, or now: under
+     :mod:`fedsim.runtime.actors.exposure`), and take its update (computed by then, or now: under
      virtual time the rounds of clients that overlap are computed together, see
      :mod:`fedsim.training.batched`); on a wall clock the real compute runs inside that time
      and the release waits for the public schedule;
@@ -87,9 +87,9 @@ from fedsim.protocol.messages import (
     GlobalModel,
     RunFinished,
 )
-from fedsim.runtime.exposure import ClientExposure, is_invited, release_time
-from fedsim.runtime.integrity import bad_model
-from fedsim.runtime.tasks import helper_tasks
+from fedsim.runtime.actors.exposure import ClientExposure, is_invited, release_time
+from fedsim.runtime.actors.integrity import bad_model
+from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
 if TYPE_CHECKING:  # the actor never imports torch itself
@@ -97,7 +97,7 @@ if TYPE_CHECKING:  # the actor never imports torch itself
 
 __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 
-_log = structlog.get_logger("fedsim.runtime.client")
+_log = structlog.get_logger("fedsim.runtime.actors.client")
 
 
 class BegunRound(Protocol):

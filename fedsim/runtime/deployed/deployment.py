@@ -3,12 +3,12 @@ share (broker access, the run name, signal supervision).
 
 The deployed runtime, by process:
 
-* :mod:`fedsim.runtime.server_process` - the server (:func:`~fedsim.runtime.server_process.serve`);
-* :mod:`fedsim.runtime.client_process` - one client
-  (:func:`~fedsim.runtime.client_process.run_client`);
-* :mod:`fedsim.runtime.launcher` - every process of a run on this machine, and the collection
+* :mod:`fedsim.runtime.deployed.server_process` - the server (:func:`~fedsim.runtime.deployed.server_process.serve`);
+* :mod:`fedsim.runtime.deployed.client_process` - one client
+  (:func:`~fedsim.runtime.deployed.client_process.run_client`);
+* :mod:`fedsim.runtime.deployed.launcher` - every process of a run on this machine, and the collection
   of their files into the run directory ``fedsim run`` writes;
-* :mod:`fedsim.runtime.options` - the options they share (:class:`DeploymentOptions`).
+* :mod:`fedsim.runtime.deployed.options` - the options they share (:class:`DeploymentOptions`).
 
 The server and each client process build exactly the actors the simulator builds
 (:func:`~fedsim.runtime.population.make_server_actor`,
@@ -21,7 +21,7 @@ time) and the endpoint (:mod:`fedsim.transports.mqtt`) differ.
 ``virtual_seconds`` stop) are seconds of *scenario time*; here scenario time runs at
 ``time_scale`` wall seconds per scenario second (1.0: real time; 0.1: ten times faster, for
 short test runs). A round lasts the speed model's cost of its expected batch; the real compute
-runs inside it and the update leaves at its end (:mod:`fedsim.runtime.exposure`: send times
+runs inside it and the update leaves at its end (:mod:`fedsim.runtime.actors.exposure`: send times
 must not reveal the realised batch), so heterogeneous clients keep their relative speeds. The
 simulated ``network`` section and
 ``availability.crashes`` are not emulated: the real broker is the network, real process deaths
@@ -33,19 +33,19 @@ a released update. A restarted client continues after its last committed round; 
 draws its batches and noise from OS entropy (in the opt-in, not private, seeded mode: from a
 fresh seed stream keyed by that round: replaying the first incarnation's stream would release
 the same noise twice). The server writes a checkpoint
-(:mod:`fedsim.runtime.checkpoint`) after every window and before every broadcast, so no
+(:mod:`fedsim.runtime.deployed.checkpoint`) after every window and before every broadcast, so no
 version it ever published is lost; a restarted server resumes model, version, step size,
 de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``
 (one line per applied update, for audits) from there. An update is acknowledged to its client
 only after the checkpoint that records it (applied, or judged duplicate or stale, in the
 de-duplication table) is on disk
-(:func:`~fedsim.runtime.server_process.save_and_acknowledge`); updates received in the window
+(:func:`~fedsim.runtime.deployed.server_process.save_and_acknowledge`); updates received in the window
 in progress when the server dies were never acknowledged, so their clients resend them (after
-``resend_after``, :func:`~fedsim.runtime.client_process.client_resend_after`) and the restarted
+``resend_after``, :func:`~fedsim.runtime.deployed.client_process.client_resend_after`) and the restarted
 server applies them once: not lost, and not applied twice, since those in the checkpoint's table are duplicates.
 So that clients waiting for a model newer than the restored one do not wait for their resend,
 the restarted server re-publishes its model under a new version
-(:meth:`~fedsim.runtime.server.ServerActor.renew_version`).
+(:meth:`~fedsim.runtime.actors.server.ServerActor.renew_version`).
 
 State directory layout: server ``<state>/server.ckpt``; client ``<state>/ledgers/<id>.jsonl``
 and ``<state>/client-<id>.json`` (what the last incarnation reported on exit).
@@ -64,7 +64,7 @@ import torch
 
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
-from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.transports.mqtt import BrokerSettings, ReconnectPolicy, TlsSettings, parse_broker_url
 from fedsim.transports.security import load_secrets
 from fedsim.transports.topics import Topics

@@ -1,5 +1,5 @@
 """The deployed server process: the scenario's :class:`ServerActor` on the wall clock, behind an
-MQTT endpoint, with a checkpoint after every window (see :mod:`fedsim.runtime.deployment` for
+MQTT endpoint, with a checkpoint after every window (see :mod:`fedsim.runtime.deployed.deployment` for
 the crash-safety contract).
 
 :func:`serve` lays out the output directory, restores the checkpoint if there is one, waits
@@ -25,10 +25,12 @@ from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
 from fedsim.errors import TransportError
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message, RunFinished
-from fedsim.runtime.checkpoint import ServerCheckpoint
-from fedsim.runtime.deployment import reconnect_policy, run_name
-from fedsim.runtime.integrity import window_refusals
-from fedsim.runtime.options import DeploymentOptions
+from fedsim.runtime.actors.integrity import window_refusals
+from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
+from fedsim.runtime.actors.tasks import unless_stopped
+from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
+from fedsim.runtime.deployed.deployment import reconnect_policy, run_name
+from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
     build_population,
@@ -44,13 +46,11 @@ from fedsim.runtime.run_outputs import (
     json_line,
     write_json,
 )
-from fedsim.runtime.server import ServerActor, ServerSnapshot, WindowReport
-from fedsim.runtime.tasks import unless_stopped
 from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
 
 __all__ = ["keep_windows_through", "save_and_acknowledge", "serve"]
 
-_log = structlog.get_logger("fedsim.runtime.server_process")
+_log = structlog.get_logger("fedsim.runtime.deployed.server_process")
 
 
 def save_and_acknowledge(
@@ -339,7 +339,7 @@ def _server_actor(
     joined: Mapping[str, ClientStatus],
 ) -> ServerActor:
     """The scenario's server actor behind a checkpoint-before-broadcast endpoint, restored from
-    ``snapshot`` (and renewed, see :mod:`fedsim.runtime.deployment`) if there is one."""
+    ``snapshot`` (and renewed, see :mod:`fedsim.runtime.deployed.deployment`) if there is one."""
     endpoint = _CheckpointBeforeBroadcast(mqtt, checkpoint)
     server = endpoint.server = make_server_actor(
         population, clock=clock, endpoint=endpoint, evaluate=make_evaluator(population)

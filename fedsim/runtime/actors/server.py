@@ -4,21 +4,21 @@ diminishing step sizes, evaluation and broadcast.
 At time 0 it broadcasts version 0. Then, for window k = 1, 2, ... it collects every message
 that arrives in ``((k-1) W, k W]`` and at ``k W``:
 
-1. paces each client to its public compute slot (:mod:`fedsim.runtime.admission`), then
+1. paces each client to its public compute slot (:mod:`fedsim.runtime.actors.admission`), then
    classifies each update, in arrival order: **rejected** (logged with its reason, counted by
    kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
    length, its round is beyond the client's round limit or implausibly far ahead of what the
-   server knows of it (:data:`~fedsim.runtime.integrity.MAX_ROUND_GAP`; such a round never
+   server knows of it (:data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP`; such a round never
    enters the de-duplication table), its ``base_version`` is ahead of the server's or was never
    published, or its norm exceeds what clipping plus the client's noise can produce
-   (:func:`~fedsim.runtime.integrity.update_norm_bound`); **duplicate** (logged) if
+   (:func:`~fedsim.runtime.actors.integrity.update_norm_bound`); **duplicate** (logged) if
    ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
    double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
    **rejected** if the server invites (``participation < 1``) and never invited the client to
    the window the update names; otherwise **applied**;
 2. mixes the applied updates (weights normalised over the window or over the whole population,
    ``normalize``; see the aggregation policies below) with the window's server step size, and
-   checks the result (:func:`~fedsim.runtime.integrity.check_model`: finite, bounded, no
+   checks the result (:func:`~fedsim.runtime.actors.integrity.check_model`: finite, bounded, no
    further than the accepted updates allow through the server optimizer, whichever it is)
    before it replaces the model; the version goes up
    by one if anything was applied;
@@ -35,7 +35,7 @@ round limit, or "done" without having reached its limit; an update that arrives 
 statuses and the round numbers (:meth:`missing_updates`).
 **Client sampling by invitation** (``participation < 1``): the server draws each window's
 participants from its own generator before the window opens and names them in the global model
-message that opens it (a bitmap over the sorted client ids, :mod:`fedsim.runtime.exposure`),
+message that opens it (a bitmap over the sorted client ids, :mod:`fedsim.runtime.actors.exposure`),
 broadcasting every window; clients train only under an invitation that names them, so an
 uninvited client neither computes nor spends, and every update of an invited round is applied
 (subject to staleness) whenever it arrives: nothing is rejected after its client paid for it.
@@ -82,21 +82,21 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, stalenes
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.admission import Pacer, judge_update, status_problem
-from fedsim.runtime.exposure import invitation_bits
-from fedsim.runtime.integrity import (
+from fedsim.runtime.actors.admission import Pacer, judge_update, status_problem
+from fedsim.runtime.actors.exposure import invitation_bits
+from fedsim.runtime.actors.integrity import (
     ClientLimits,
     Rejections,
     bad_model,
     check_model,
 )
-from fedsim.runtime.tasks import helper_tasks
-from fedsim.runtime.window_report import WindowReport, duration_stop
+from fedsim.runtime.actors.tasks import helper_tasks
+from fedsim.runtime.actors.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
 
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
 
-_log = structlog.get_logger("fedsim.runtime.server")
+_log = structlog.get_logger("fedsim.runtime.actors.server")
 
 
 @dataclass(frozen=True)
@@ -424,7 +424,7 @@ class ServerActor:
 
     def _judge(self, update: ClientUpdate, info: ClientInfo | None,
                buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
-        """:func:`~fedsim.runtime.admission.judge_update` against this server's state
+        """:func:`~fedsim.runtime.actors.admission.judge_update` against this server's state
         ('duplicate': seen, or accepted and waiting in ``buffered``)."""
         key = (update.client_id, update.round)
         return judge_update(update, info.limits if info is not None else None, info is not None,

@@ -4,7 +4,7 @@
 data, partition, model, per-client plans), one durable
 :class:`~fedsim.privacy.ledger.PrivacyLedger` and one :class:`ClientActor` per client, the
 :class:`ServerActor`, and the simulated network between them, and runs them on the
-:class:`~fedsim.runtime.kernel.VirtualTimeLoop` until the stop condition holds (checked at the
+:class:`~fedsim.runtime.simulated.kernel.VirtualTimeLoop` until the stop condition holds (checked at the
 end of each server window). Availability (on/off periods, crashes and rejoins) is played out
 here in virtual time; the run directory is written by
 :func:`~fedsim.runtime.run_outputs.write_run_outputs` from the run's
@@ -36,10 +36,10 @@ from fedsim.config.schema import Link
 from fedsim.logging import client_event_level
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
-from fedsim.runtime.client import ClientActor, RoundRecord, Trainer
-from fedsim.runtime.exposure import client_exposure, invitation_positions
-from fedsim.runtime.kernel import VirtualClock, run_virtual
-from fedsim.runtime.memory import ledger_handles_fit, release_free_memory
+from fedsim.runtime.actors.client import ClientActor, RoundRecord, Trainer
+from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
+from fedsim.runtime.actors.server import ServerActor, WindowReport
+from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.population import (
     ClientPlan,
     Population,
@@ -63,14 +63,14 @@ from fedsim.runtime.run_outputs import (
     ledger_file,
     write_run_outputs,
 )
-from fedsim.runtime.server import ServerActor, WindowReport
-from fedsim.runtime.tasks import helper_tasks
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+from fedsim.runtime.simulated.memory import ledger_handles_fit, release_free_memory
 from fedsim.training.batched import RoundBatcher
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
 __all__ = ["ClientRecord", "RunResult", "TrainerHook", "run_scenario"]
 
-_log = structlog.get_logger("fedsim.runtime.simulation")
+_log = structlog.get_logger("fedsim.runtime.simulated.simulation")
 
 TrainerHook = Callable[[ClientPlan, Trainer], Trainer]
 """Wraps each client's trainer when the run builds it (instrumentation: benchmarks/simulator.py
@@ -78,7 +78,7 @@ times every round through one)."""
 
 BatcherFactory = Callable[[Population], RoundBatcher]
 """Builds the run's batcher (the executor of batched passes: in-process by default, or on Ray
-workers, :mod:`fedsim.runtime.ray_executor`)."""
+workers, :mod:`fedsim.runtime.simulated.ray_executor`)."""
 
 
 def _local_batcher(population: Population) -> RoundBatcher:
@@ -188,7 +188,7 @@ class _Simulation:
         self._dropped_seen = 0
         self.directory_lock: DirectoryLock | None = None
         """Held for the run when the clients' ledgers cannot each keep their files open
-        (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.memory.ledger_handles_fit`)."""
+        (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
         self._metrics_file: io.TextIOBase | None = None
 
     # -- setup --------------------------------------------------------------------------------
@@ -475,7 +475,7 @@ def run_scenario(
     computes it (same randomness, results equal up to floating-point summation order).
     ``wrap_trainer(plan, trainer)`` may wrap each client's trainer (the same interface, e.g. to
     time its rounds). ``make_batcher(population)`` builds the executor of the batched passes
-    (default in-process; :func:`fedsim.runtime.ray_executor.ray_batcher` runs them on Ray).
+    (default in-process; :func:`fedsim.runtime.simulated.ray_executor.ray_batcher` runs them on Ray).
     """
     out = Path(out_dir)
     check_unused(out)

@@ -1,5 +1,5 @@
 """The deployed client process: one client's :class:`ClientActor` on the wall clock, behind an
-MQTT endpoint, its ledger resumed from its state directory (see :mod:`fedsim.runtime.deployment`
+MQTT endpoint, its ledger resumed from its state directory (see :mod:`fedsim.runtime.deployed.deployment`
 for the crash-safety contract).
 
 State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger) and ``<state>/client-<id>.json``
@@ -21,11 +21,12 @@ from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import Scenario
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
-from fedsim.runtime.client import ClientActor
-from fedsim.runtime.deployment import reconnect_policy, run_name
-from fedsim.runtime.exposure import client_exposure, client_generator
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import client_exposure, client_generator
+from fedsim.runtime.actors.tasks import alongside, unless_stopped
+from fedsim.runtime.deployed.deployment import reconnect_policy, run_name
+from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.normalisation import normalisation_generator
-from fedsim.runtime.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
     build_population,
@@ -35,12 +36,11 @@ from fedsim.runtime.population import (
     toggle_availability,
 )
 from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
-from fedsim.runtime.tasks import alongside, unless_stopped
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
 
 __all__ = ["client_resend_after", "client_state_file", "run_client", "training_generator"]
 
-_log = structlog.get_logger("fedsim.runtime.client_process")
+_log = structlog.get_logger("fedsim.runtime.deployed.client_process")
 
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
 
@@ -68,7 +68,7 @@ def training_generator(population: Population, client_id: str, first_round: int)
     incarnation that released it, and an incarnation starting at round r releases nothing
     before r; two incarnations can only share a stream if the first released nothing.
     Only with ``privacy.deployed_randomness: seeded_not_private``; by default the stream is
-    keyed from OS entropy (:func:`fedsim.runtime.exposure.client_generator`).
+    keyed from OS entropy (:func:`fedsim.runtime.actors.exposure.client_generator`).
     """
     randomness = population.scenario.privacy.deployed_randomness
     return client_generator(population.tree, client_id, first_round, randomness)

@@ -1,0 +1,1 @@
+"""The deployed runtime: the same actors as separate processes over a real MQTT broker."""

@@ -1,0 +1,1 @@
+"""The simulated runtime: one scenario, one process, deterministic virtual time."""
