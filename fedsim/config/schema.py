@@ -471,9 +471,10 @@ class Privacy(_Strict):
     ``timing``: ``public`` (default) makes a round's compute time the speed model's cost of the
     expected batch (a public value), ``realised`` the cost of the realised Poisson batch, which
     reveals that batch's size to the server and is not covered by the accountant.
-    ``deployed_randomness``: ``os_entropy`` (default) keys deployed clients' batches and noise
-    from the operating system; ``seeded_not_private`` from the scenario seed, for reproducible
-    tests only: the server can then regenerate every client's noise (marked in the outputs)."""
+    ``deployed_randomness``: ``os_entropy`` (default) keys deployed clients' batches, noise and
+    interrupt phases from the operating system; ``seeded_not_private`` from the scenario seed,
+    for reproducible tests only: the server can then regenerate every client's noise (marked in
+    the outputs)."""
 
     delta: Delta = Field(default=1e-5, description="The delta at which reports give each client's "
                                            "epsilon.")

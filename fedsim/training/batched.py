@@ -117,10 +117,12 @@ class _Job:
 
 def _jobs(pending: PendingRound) -> list[_Job]:
     """The round's jobs: one per segment with records (and the first always, for the noise)."""
-    parts = step_segments(pending.segments, 0, 1, pending.draws[0].indices, pending.round_index)
+    batch, segments = pending.draws[0].indices, pending.segments
+    parts = [(0, batch)] if len(segments) == 1 else step_segments(
+        segments, 0, 1, batch, pending.trainer.record_phases(batch, pending.round_index))
     if not parts:
-        parts = [(0, pending.draws[0].indices)]
-    return [_Job(pending, pending.segments[k].params, indices, n == 0)
+        parts = [(0, batch)]
+    return [_Job(pending, segments[k].params, indices, n == 0)
             for n, (k, indices) in enumerate(parts)]
 
 

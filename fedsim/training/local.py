@@ -54,6 +54,8 @@ from fedsim.training.rounds import (
     RoundResult,
     Segment,
     StepDraws,
+    draw_phase_offsets,
+    record_phase,
     step_segments,
 )
 
@@ -175,6 +177,8 @@ class LocalTrainer:
     ``clip(t)`` and ``sigma(t)`` are read at ``t = round_index``. The model is scratch space:
     each round overwrites its parameters. A round is begun (:meth:`begin_round`: its batches
     and noise keys drawn) and computed when its result is taken; :meth:`run_round` does both.
+    A round split by a received ``w-hat`` (the interrupt rule ``switch``) computes each record at
+    the model of its own phase (:meth:`record_phases`, from :attr:`phase_offsets`).
     """
 
     def __init__(  # noqa: PLR0913 - keyword-only, one per DP-SGD setting and the data's layout
@@ -197,6 +201,7 @@ class LocalTrainer:
         per_example_lr: float = 0.1,
         declared_records: int | None = None,
         rows: torch.Tensor | None = None,
+        phase_offsets: torch.Tensor | None = None,
     ) -> None:
         self.sampling: Sampling = check_sampling(sampling)
         if len(features) != len(labels):
@@ -247,6 +252,13 @@ class LocalTrainer:
         self.per_example_steps = per_example_steps
         self.per_example_lr = float(per_example_lr)
         self.engine = engine_for(model)
+        if phase_offsets is not None and (phase_offsets.shape != (records,) or not bool(
+                ((phase_offsets >= 0) & (phase_offsets < 1)).all())):
+            raise ConfigError(f"phase_offsets must be {records} values in [0, 1)")
+        # Each record's offset of the interrupt rule (rounds.record_phase), attached to the
+        # record: a client whose data carries them passes them; else drawn when first needed.
+        self._phase_offsets = None if phase_offsets is None else phase_offsets.to(
+            "cpu", torch.float64)
         self._adaptive_norm: float | None = None
         self._warned_nonfinite = False
 
@@ -257,6 +269,20 @@ class LocalTrainer:
     def rows_of(self, indices: torch.Tensor) -> torch.Tensor:
         """The rows of ``features``/``labels`` that a batch's record ``indices`` name."""
         return indices if self.rows is None else self.rows.index_select(0, indices)
+
+    @property
+    def phase_offsets(self) -> torch.Tensor:
+        """Each record's offset of the interrupt rule (float64, in storage order): those given
+        to the constructor, else drawn on first use from the phase stream of ``generator``
+        (:func:`~fedsim.training.rounds.draw_phase_offsets`, which draws none of its numbers)."""
+        if self._phase_offsets is None:
+            self._phase_offsets = draw_phase_offsets(self.num_records, self.generator)
+        return self._phase_offsets
+
+    def record_phases(self, indices: torch.Tensor, round_index: int) -> torch.Tensor:
+        """When each record of ``indices`` is due in a step of round ``round_index``
+        (:func:`~fedsim.training.rounds.record_phase` of its own offset)."""
+        return record_phase(self.phase_offsets.index_select(0, indices.cpu()), round_index)
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         """The privacy events of round ``round_index``, known before it is computed."""
@@ -442,8 +468,8 @@ class LocalTrainer:
         ``exclude``, as :class:`NoisyGradient`'s ``dropped`` names them) at its ``w``,
         the first noised, the later ones added into its gradient (``parts[0].gradient``)."""
         parts: list[NoisyGradient] = []
-        for k, indices in step_segments(segments, step, self.local_steps, draws.indices,
-                                        round_index):
+        phases = self.record_phases(draws.indices, round_index)
+        for k, indices in step_segments(segments, step, self.local_steps, draws.indices, phases):
             if exclude is not None:
                 indices = indices[~torch.isin(self.rows_of(indices), exclude)]
             here = bases[k] if accumulated is None else (

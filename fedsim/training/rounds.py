@@ -14,21 +14,16 @@ global model from the server through the interrupt service routine", and the rou
 replace the locally kept model w by a received global model w-hat. This may happen in the
 middle of a round." A round whose client receives w-hat at a fraction ``f`` of its compute time
 is therefore split (:meth:`PendingRound.switch`): the gradients due before ``f`` are computed
-at the old ``w``, the rest at ``w-hat``. *When* a gradient is due must not depend on the other
-records of the batch: with Poisson sampling the batch size is private, and if record ``i``'s
-time were its position in the batch, adding or removing one record would move other records
-across an arrival and change their gradients too (the paper: "the different gradient
-computations a_h in U should be independent of one another"). So a round of ``L`` local steps
-gives step ``s`` the ``s``-th ``1/L`` of its time, and inside a step record ``i`` (its index in
-the client's data) is due at the phase :func:`record_phase` ``(i, round)`` of that slot, a
-fixed function of the record and the round alone: it is as if the client computed its batch in
-an order fixed by the records, one gradient chunk per record. Each ``a_h`` still depends on
-one example and on ``w`` or ``w-hat``, which are post-processing of released updates, so the
-sensitivity (C or 2C) and the privacy accounting are those of the unsplit round.
+at the old ``w``, the rest at ``w-hat``. A round of ``L`` local steps gives step ``s`` the
+``s``-th ``1/L`` of its time, and inside a step each record is due at its phase
+(:func:`record_phase`), as if the client computed its batch in an order fixed by the records.
+Which model a record's gradient uses depends on that record's phase alone; the coupling
+argument that keeps the round's sensitivity is :func:`record_phase`'s.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,20 +43,74 @@ __all__ = [
     "RoundResult",
     "RoundTrainer",
     "StepDraws",
+    "phase_generator",
+    "draw_phase_offsets",
     "record_phase",
     "step_segments",
 ]
 
-_PHI = 0.6180339887498949  # golden-ratio Weyl sequence: phases spread evenly over [0, 1)
-_SQRT2 = 0.41421356237309503
+_ROTATION = 0.41421356237309503  # sqrt 2 - 1: irrational, so every record is sometimes due early
+_PHASE_STREAM = b"fedsim/record-phases"
 
 
-def record_phase(indices: torch.Tensor, round_index: int) -> torch.Tensor:
-    """When, as a fraction of its step's compute time, each record of ``indices`` is due:
-    ``frac((i + 1) phi + (round + 1) (sqrt 2 - 1))`` (float64). A function of the record's
-    own index and the round only, never of the rest of the batch (see the module docstring)."""
-    values = (indices.to(torch.float64) + 1.0) * _PHI + (round_index + 1) * _SQRT2
+def record_phase(offsets: torch.Tensor, round_index: int) -> torch.Tensor:
+    """When, as a fraction of its step's compute time, each record is due in round
+    ``round_index``: ``frac(u + (round + 1) (sqrt 2 - 1))`` (float64), ``u`` the record's own
+    offset (``offsets``, one per record: :func:`draw_phase_offsets`). Nothing else enters: not the
+    record's position in the client's data or in the batch, not the batch's (private, under
+    Poisson sampling) realised size, not the other records.
+
+    Why the sensitivity (C for Poisson batches and add/remove neighbours, 2C for fixed-size
+    batches and replace-one neighbours) is that of the unsplit round. The offsets are i.i.d.
+    uniform, drawn once per record from the client's private generator and never released, so
+    the mechanism run on a data set ``D`` is the mixture, over offsets attached to its records,
+    of the mechanism with those offsets fixed (drawing them in storage order gives the same joint
+    law as attaching them to the records, as with Poisson's coins). Couple neighbours ``D`` and
+    ``D' = D + {x}`` (add/remove) or ``D' = D - {x} + {x'}`` (replace) so that every record of
+    both has the same offset and the same sampling coins in either run. Then in every round every
+    such record is sampled alike, is due at the same phase, and so falls in the same segment; the
+    split fraction ``f`` and the models ``w`` and ``w-hat`` of the segments are functions of the
+    public schedule and of earlier releases (van Dijk & Nguyen, after Alg. 1: ``w-hat`` enters
+    "through its dependency on the global model ... without weakening the DP guarantee", by
+    post-processing; their section 4 adversary even knows "when and how the interrupt service
+    routine overwrites the local model"). The round's clipped sums under ``D`` and ``D'``
+    therefore differ by ``x``'s clipped gradient alone (norm <= C), or,
+    replacing, by ``x``'s minus ``x'``'s (<= 2C): each round, given the past, is the Gaussian
+    mechanism the accountant charges (a subsampled one under Poisson), for every fixed offsets,
+    and their adaptive composition is the run's ``C_q(G_{1/sigma})^(x)T`` bound. Mixing over
+    offsets drawn alike for ``D`` and ``D'`` keeps it: a test's errors are averages of the
+    fixed-offset errors ``(alpha_u, beta_u)`` with ``beta_u >= f(alpha_u)``, and ``f`` is
+    convex, so ``beta >= f(alpha)``. The argument needs the offsets secret: whoever knew them by
+    position (a public seed) could not be given the coupling, since removing a record moves
+    every later position; so in deployment they come from OS entropy
+    (:func:`draw_phase_offsets`). A phase fixed by the record's *index* (the rule before this
+    one) is exactly that: removing row 0 of a 1,000-record client moved 764 other records to
+    the other model of a round split at 1/2, a sensitivity far above C.
+
+    The rotation by the round keeps no record always early (always at the old ``w``): it is
+    public and the same for every record.
+    """
+    values = offsets.to(torch.float64) + (round_index + 1) * _ROTATION
     return values - torch.floor(values)
+
+
+def phase_generator(generator: torch.Generator) -> torch.Generator:
+    """The stream of a client's phase offsets: a CPU generator seeded from a BLAKE2b digest of
+    ``generator``'s seed. It is as private as the client's batches and noise (the simulator's
+    ``client/<id>/train`` of the seed tree; in deployment a generator keyed from ``os.urandom``,
+    :func:`~fedsim.training.dpsgd.secure_generator`), independent of their stream, and draws
+    none of its numbers (runs with and without interrupts sample and noise alike)."""
+    seed = generator.initial_seed() & (2**64 - 1)
+    digest = hashlib.blake2b(_PHASE_STREAM + seed.to_bytes(8, "little"), digest_size=8).digest()
+    stream = torch.Generator()
+    stream.manual_seed(int.from_bytes(digest, "little"))
+    return stream
+
+
+def draw_phase_offsets(num_records: int, generator: torch.Generator) -> torch.Tensor:
+    """One i.i.d. uniform offset per record (float64, in storage order) from the phase stream
+    of the client's private ``generator`` (:func:`phase_generator`; see :func:`record_phase`)."""
+    return torch.rand(num_records, generator=phase_generator(generator), dtype=torch.float64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,13 +123,15 @@ class Segment:
 
 
 def step_segments(
-    segments: list[Segment], step: int, local_steps: int, indices: torch.Tensor, round_index: int
+    segments: list[Segment], step: int, local_steps: int, indices: torch.Tensor,
+    phases: torch.Tensor,
 ) -> list[tuple[int, torch.Tensor]]:
-    """The records of step ``step`` grouped by the segment they are due in: ``(segment index,
-    indices)`` for every segment with at least one record, in segment order."""
+    """The records ``indices`` of step ``step`` grouped by the segment they are due in, given
+    their ``phases`` this round (:func:`record_phase`, aligned with ``indices``): ``(segment
+    index, indices)`` for every segment with at least one record, in segment order."""
     if len(segments) == 1:
         return [(0, indices)]
-    times = (step + record_phase(indices, round_index)) / local_steps
+    times = (step + phases) / local_steps
     starts = torch.tensor([seg.start for seg in segments], dtype=torch.float64)
     owner = torch.bucketize(times, starts, right=True) - 1  # the last segment started by then
     owner.clamp_(min=0)
@@ -135,6 +186,10 @@ class RoundTrainer(Protocol):
 
     def rows_of(self, indices: torch.Tensor) -> torch.Tensor:
         """The rows of ``features``/``labels`` that a batch's record ``indices`` name."""
+        ...
+
+    def record_phases(self, indices: torch.Tensor, round_index: int) -> torch.Tensor:
+        """The phases of records ``indices`` in round ``round_index`` (:func:`record_phase`)."""
         ...
 
     def sum_sigma(self, sigma: float) -> float:

@@ -14,7 +14,12 @@ from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset
 from fedsim.training.batched import RoundBatcher
 
 FEATURES, CLASSES, LR = 5, 3, 0.3
-PHI, SQRT2_M1 = (math.sqrt(5) - 1) / 2, math.sqrt(2) - 1
+SQRT2_M1 = math.sqrt(2) - 1
+
+
+def _offsets(seed: int, records: int = 40) -> torch.Tensor:
+    """Phase offsets attached to the records by hand (independent of the trainer's stream)."""
+    return torch.from_numpy(np.random.default_rng(seed + 1000).random(records))
 
 
 def _trainer(model: torch.nn.Module, seed: int, *, sampling: str = "fixed", batch: int = 12,
@@ -24,7 +29,8 @@ def _trainer(model: torch.nn.Module, seed: int, *, sampling: str = "fixed", batc
     return LocalTrainer(model, x, y, batch_size=batch, sampling=sampling,
                         clip=schedules.constant(100, 1.3, clip),
                         noise=schedules.constant(100, 1.3, clip), local_steps=local_steps,
-                        local_lr=LR, generator=torch.Generator().manual_seed(seed))
+                        local_lr=LR, generator=torch.Generator().manual_seed(seed),
+                        phase_offsets=_offsets(seed, records))
 
 
 def _logreg() -> torch.nn.Module:
@@ -46,8 +52,9 @@ def _clipped_grads(w: np.ndarray, x: np.ndarray, y: np.ndarray, clip: float) -> 
     return g * np.minimum(1.0, clip / (norms + 1e-6))[:, None]
 
 
-def _phase(indices: np.ndarray, round_index: int) -> np.ndarray:
-    v = (indices + 1.0) * PHI + (round_index + 1) * SQRT2_M1
+def _phase(offsets: np.ndarray, round_index: int) -> np.ndarray:
+    """frac(u + (round + 1)(sqrt 2 - 1)): the record's own offset, rotated by the round."""
+    v = offsets + (round_index + 1) * SQRT2_M1
     return v - np.floor(v)
 
 
@@ -64,7 +71,7 @@ def test_a_split_round_computes_the_later_gradients_at_w_hat(fraction: float) ->
     got = pending.result().update
     want_snapshot = whole.run_round(w0, 2).update
     indices = pending.draws[0].indices.numpy()
-    late = indices[_phase(indices, 2) >= fraction]
+    late = indices[_phase(_offsets(5).numpy()[indices], 2) >= fraction]
     x = split.features.numpy().astype(np.float64)
     y = split.labels.numpy()
     diff = (_clipped_grads(w1, x[late], y[late], 0.4)
@@ -88,14 +95,18 @@ def test_a_record_is_due_at_its_own_phase_whatever_the_rest_of_the_batch() -> No
     'each a_h independent of one another'): a record's segment depends on it alone."""
     from fedsim.training.rounds import Segment, step_segments
 
+    trainer = _trainer(_logreg(), 9, records=30)
     segments = [Segment(0.0, np.zeros(1)), Segment(0.5, np.ones(1))]
     batch = torch.arange(30)
-    full = dict(step_segments(segments, 0, 1, batch, 4))
-    fewer = dict(step_segments(segments, 0, 1, batch[batch != 7], 4))
+    fewer_batch = batch[batch != 7]
+    full = dict(step_segments(segments, 0, 1, batch, trainer.record_phases(batch, 4)))
+    fewer = dict(step_segments(segments, 0, 1, fewer_batch,
+                               trainer.record_phases(fewer_batch, 4)))
     for k in full:
         assert set(full[k].tolist()) - {7} == set(fewer[k].tolist())
     late = set(full[1].tolist())
-    assert late == {i for i in range(30) if _phase(np.array([i]), 4)[0] >= 0.5}
+    assert late == {i for i in range(30) if _phase(_offsets(9, 30).numpy()[[i]], 4)[0] >= 0.5}
+    assert 0 < len(late) < 30
 
 
 def test_two_local_steps_the_second_after_the_switch_starts_at_w_hat_minus_the_first() -> None:
