@@ -17,8 +17,11 @@ is therefore split (:meth:`PendingRound.switch`): the gradients due before ``f``
 at the old ``w``, the rest at ``w-hat``. A round of ``L`` local steps gives step ``s`` the
 ``s``-th ``1/L`` of its time, and inside a step each record is due at its phase
 (:func:`record_phase`), as if the client computed its batch in an order fixed by the records.
-Which model a record's gradient uses depends on that record's phase alone; the coupling
-argument that keeps the round's sensitivity is :func:`record_phase`'s.
+Which model a record's gradient uses depends on that record's phase alone, never on the rest of
+the batch (with Poisson sampling its size is private; the paper: "the different gradient
+computations a_h in U should be independent of one another"), nor on the record's place in the
+client's data; the coupling argument that keeps the round's sensitivity is
+:func:`record_phase`'s.
 """
 
 from __future__ import annotations
