@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsim.config import LoadedScenario, parse_scenario
-from fedsim.runtime.client_process import training_generator
+from fedsim.runtime.deployed.client_process import training_generator
 from fedsim.runtime.population import Population, build_population
 from fedsim.training import LocalTrainer
 from fedsim.training.rounds import draw_phase_offsets
@@ -38,7 +38,7 @@ def _simulated(population: Population, client: int = 0) -> LocalTrainer:
 
 
 def _deployed(population: Population, client: int = 0) -> LocalTrainer:
-    """The trainer as a client process builds it (:func:`fedsim.runtime.client_process`)."""
+    """The trainer as a client process builds it (:func:`fedsim.runtime.deployed.client_process.run_client`)."""
     plan = population.plans[client]
     trainer = population.trainer(plan, generator=training_generator(population, plan.client_id, 0))
     assert isinstance(trainer, LocalTrainer)
