@@ -1,9 +1,7 @@
 """Session 7 attacker's review of issue 16's features against docs/SECURITY.md (simulated).
 
-Each test states an attack and what the threat model promises. A test that fails on main is
-a finding: it is marked ``xfail(strict=True)`` with the fix it needs (the fix lives in a file
-another helper owns), so that it turns into a failure the day the fix lands and the mark is
-forgotten. The others pin down a property that holds on main.
+Each test states an attack and what the threat model promises, and pins down that the
+promise holds (the findings of that review, R1-R5, were fixed; docs/SECURITY.md names them).
 """
 
 from __future__ import annotations
