@@ -157,7 +157,10 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
     from fedsim.config import load_scenario
     from fedsim.runtime.population import client_ids
 
+    from fedsim.runtime.deployed.guarantees import require_public_slots
+
     scenario = load_scenario(args.scenario, args.overrides).scenario
+    require_public_slots(scenario)
     return client_ids(scenario), args.run or scenario.name
 
 

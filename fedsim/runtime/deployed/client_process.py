@@ -25,6 +25,7 @@ from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
 from fedsim.runtime.deployed.deployment import reconnect_policy, run_name
+from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import (
@@ -115,6 +116,7 @@ async def run_client(
     Resumes the ledger in ``state_dir``; writes ``client-<id>.json`` there (also returned).
     """
     scenario = loaded.scenario
+    require_public_slots(scenario)
     run = run_name(scenario, run)
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)

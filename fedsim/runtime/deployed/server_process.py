@@ -30,6 +30,7 @@ from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowRepo
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
 from fedsim.runtime.deployed.deployment import reconnect_policy, run_name
+from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
@@ -243,6 +244,7 @@ async def serve(
     (the outcome, also returned) to ``out_dir``.
     """
     scenario = loaded.scenario
+    require_public_slots(scenario)
     run = run_name(scenario, run)
     started = wallclock.perf_counter()
     population = population or build_population(loaded)
