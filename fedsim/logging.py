@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging as std_logging
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TextIO
@@ -105,6 +106,58 @@ def level_from(*, quiet: bool = False, verbose: bool = False, log_level: str | N
     return "debug" if verbose else "info"
 
 
+REJECTION_EVENTS = frozenset({
+    "message rejected", "update rejected", "status rejected",
+    "message of another run incarnation ignored",
+})
+"""Warnings a hostile or broken peer can cause once per message it sends (:class:`Throttle`)."""
+SUMMARY_EVERY = 60.0
+"""Seconds between two summaries of the throttled warnings."""
+MAX_THROTTLE_KEYS = 10_000
+"""(event, sender, kind) triples remembered as already warned about; beyond it every
+further rejection is summarised only (memory stays bounded whatever the peers send)."""
+
+
+class Throttle:
+    """A structlog processor that keeps a peer's flood of rejections from flooding the log.
+
+    The first of :data:`REJECTION_EVENTS` per ``(event, sender, kind)`` is a warning (it says
+    that the rest are summarised); the others are counted and written at debug only (when the
+    log level is debug) and, every :data:`SUMMARY_EVERY` seconds, one info line counts them by
+    event and kind (``rejections summarised``; the line replaces the rejection that is due
+    when the period is over). The counts by kind and window are in ``metrics.jsonl`` as ever:
+    this changes the log, not what is counted (issue 25, finding 3: 1.2-1.6 GB of warnings
+    an hour from one client)."""
+
+    def __init__(self, threshold: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.debug = threshold <= std_logging.DEBUG
+        self.clock = clock
+        self.warned: set[tuple[str, str, str]] = set()
+        self.counts: dict[str, int] = {}
+        self.since = clock()
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        name = event.get("event")
+        if name not in REJECTION_EVENTS or method not in ("warning", "warn"):
+            return event
+        kind = str(event.get("kind", ""))
+        key = (str(name), str(event.get("client", event.get("topic", ""))), kind)
+        if key not in self.warned and len(self.warned) < MAX_THROTTLE_KEYS:
+            self.warned.add(key)
+            return {**event, "further": f"summarised every {SUMMARY_EVERY:g} s at info"}
+        label = f"{name}: {kind}" if kind else str(name)
+        self.counts[label] = self.counts.get(label, 0) + 1
+        now = self.clock()
+        if now - self.since >= SUMMARY_EVERY:
+            counts, self.counts, self.since = self.counts, {}, now
+            kept = {k: v for k, v in event.items() if k in ("timestamp", "logger")}
+            return kept | {"event": "rejections summarised", "level": "info",
+                           "seconds": SUMMARY_EVERY, "counts": dict(sorted(counts.items()))}
+        if self.debug:
+            return {**event, "level": "debug"}
+        raise structlog.DropEvent
+
+
 class _StderrLoggerFactory:
     """Creates named loggers that write to the *current* ``sys.stderr``.
 
@@ -146,6 +199,7 @@ def configure_logging(json: bool | None = None, level: str = "info") -> bool:
         structlog.processors.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        Throttle(threshold),
     ]
     renderer: Any
     if use_json:

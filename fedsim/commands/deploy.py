@@ -101,7 +101,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--max-packet-bytes",
         type=int,
         metavar="N",
-        help="The broker's message size limit in bytes (by default mosquitto's own).",
+        help="The broker's packet size limit in bytes (by default sized from the scenario's "
+        "model: its update plus a header allowance; without a scenario, mosquitto's own).",
     )
     parser.add_argument(
         "--tls-cert", metavar="FILE", help="The broker's TLS certificate (its path as the broker sees it)."
@@ -145,20 +146,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str]:
+def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int | None]:
+    """The client ids, the run name and the largest message of the run (None: not known)."""
     if args.scenario and args.client_ids:
         raise ConfigError("give a SCENARIO or --client-id, not both")
     if args.client_ids:
         if not args.run:
             raise ConfigError("--client-id needs --run (there is no scenario to name the run)")
-        return list(args.client_ids), args.run
+        return list(args.client_ids), args.run, None
     if not args.scenario:
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
-    from fedsim.runtime.population import client_ids
+    from fedsim.runtime.deployed.deployment import message_limit
+    from fedsim.runtime.deployed.guarantees import require_public_slots
+    from fedsim.runtime.population import build_population, client_ids
 
-    scenario = load_scenario(args.scenario, args.overrides).scenario
-    return client_ids(scenario), args.run or scenario.name
+    loaded = load_scenario(args.scenario, args.overrides)
+    scenario = loaded.scenario
+    require_public_slots(scenario)
+    largest = None
+    if args.max_packet_bytes is None:  # sized from the model, as the processes size theirs
+        largest = message_limit(scenario, int(build_population(loaded).initial_params.size))
+    return client_ids(scenario), args.run or scenario.name, largest
 
 
 def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
@@ -184,7 +193,7 @@ def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.transports.security import write_broker_files
+    from fedsim.transports.security import packet_limit, queue_limit, write_broker_files
 
     if args.port is None:
         args.port = 1883 if args.plain else 8883
@@ -192,7 +201,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
-    ids, run_name = _client_ids_and_run(args)
+    ids, run_name, largest = _client_ids_and_run(args)
+    max_packet_bytes = args.max_packet_bytes
+    max_queued_bytes = None
+    if largest is not None:
+        # Every packet fits one message of the run; a session's queue at most the messages
+        # the server may legitimately have queued (every client's whole outbox).
+        max_packet_bytes = packet_limit(largest)
+        max_queued_bytes = queue_limit(len(ids)) * max_packet_bytes
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
     # Checked before anything is written: the containers must find the scenario in the image.
@@ -210,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
         bind_address=args.bind,
         broker_config_dir=args.broker_config_dir,
         persistence_dir=persistence_dir,
-        max_packet_bytes=args.max_packet_bytes,
+        max_packet_bytes=max_packet_bytes,
+        max_queued_bytes=max_queued_bytes,
         tls=tls,
         run_as_user=args.broker_user,
     )
@@ -222,6 +239,9 @@ def run(args: argparse.Namespace) -> int:
         f"  {files.secrets_file}  (mode 0600: clear-text passwords, keep it private)\n"
         + (f"  {ca_file}  (the run's CA: processes trust only it)\n" if ca_file else "")
         + ("  WARNING: --plain: passwords and updates travel unencrypted\n" if tls is None else "")
+        + (f"  packets limited to {max_packet_bytes:,} bytes (max_packet_size)\n"
+           if max_packet_bytes is not None else
+           "  WARNING: no packet size limit (give --max-packet-bytes or a SCENARIO)\n")
         + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl)\n"
         f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
         f"--secrets {files.secrets_file}{trust}",

@@ -52,4 +52,8 @@ def run(args: argparse.Namespace) -> int:
           f"seed {scenario.seed})")
     for line in warnings:
         print(f"  warning: {line}")
+    from fedsim.runtime.deployed.guarantees import guarantee_lines
+
+    for line in guarantee_lines(scenario):
+        print(f"  {line}")
     return 0

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from fedsim.config.limits import MAX_YAML_DEPTH
 from fedsim.errors import ConfigError
 
 __all__ = ["ALL", "Named", "Part", "assign_path", "format_path", "split_path"]
@@ -46,10 +47,15 @@ _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[(\*)\]|\[([^\[\]]+)\]")
 
 
 def split_path(path: str) -> list[Part]:
-    """The parts of a ``--set`` path (see the module docstring)."""
+    """The parts of a ``--set`` path (see the module docstring); at most
+    :data:`~fedsim.config.limits.MAX_YAML_DEPTH` of them, the nesting a scenario file may have
+    (assignment recurses once per part)."""
     parts: list[Part] = []
     position = 0
     for match in _TOKEN.finditer(path):
+        if len(parts) == MAX_YAML_DEPTH:
+            raise ConfigError(f"--set {path[:80]!r}...: a path has at most {MAX_YAML_DEPTH} "
+                              "parts (the nesting a scenario may have)")
         gap = path[position:match.start()]
         if gap not in ("", ".") or (gap == "." and not parts):
             raise ConfigError(f"--set {path!r}: cannot parse the path near {gap!r}")

@@ -299,13 +299,13 @@ def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Frame:
     """:func:`decode`, keeping the header's ``incarnation`` and ``lineage``."""
-    if not isinstance(data, bytes):
-        data = bytes(data)
     size = len(data)
-    if size > max_bytes:
+    if size > max_bytes:  # before anything is copied or read
         raise CodecError(
             f"message of {size} bytes exceeds the limit of {max_bytes} bytes", kind="oversized"
         )
+    if not isinstance(data, bytes):
+        data = bytes(data)
     if size < PREFIX_BYTES:
         raise CodecError(
             f"truncated message: {size} bytes, the fixed prefix alone is {PREFIX_BYTES}"

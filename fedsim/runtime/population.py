@@ -35,7 +35,7 @@ from fedsim.privacy.group_schedules import make_schedule
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
-from fedsim.runtime.actors.admission import public_round_seconds
+from fedsim.runtime.actors.admission import group_slot
 from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.actors.integrity import client_limits
@@ -501,9 +501,7 @@ def make_server_actor(
                 p.public_samples, p.group.local_lr, p.group.weight,
                 client_limits(p.group, p.public_samples, p.schedule, population.initial_params.size),
                 sequence=step_sequence(p.group),
-                slot=public_round_seconds(p.group.speed, expected_sample_grads(
-                    p.group.batch_size, p.group.local_steps, p.group.per_example_steps),
-                    population.scenario.privacy.timing, p.group.sampling))
+                slot=group_slot(p.group, population.scenario.privacy.timing))
             for p in population.plans
         },
         window=server_config.window,

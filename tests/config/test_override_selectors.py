@@ -55,3 +55,16 @@ def test_errors_name_the_missing_group_and_the_concrete_item() -> None:
         apply_override(tree(), "clients[*].count=1")
     with pytest.raises(ConfigError, match=r"out of range \(3 items\)"):
         apply_override(tree(), "clients.groups[3].count=1")
+
+
+def test_a_path_deeper_than_a_scenario_may_nest_is_a_clear_error() -> None:
+    # issue 25 finding 9: a 50,000-part path ended in a RecursionError traceback
+    from fedsim.config.limits import MAX_YAML_DEPTH
+    with pytest.raises(ConfigError, match=f"at most {MAX_YAML_DEPTH} parts"):
+        apply_override(tree(), ".".join(["a"] * 50_000) + "=1")
+    with pytest.raises(ConfigError, match=f"at most {MAX_YAML_DEPTH} parts"):
+        apply_override(tree(), "a" + "[0]" * (MAX_YAML_DEPTH + 1) + "=1")
+    deepest = apply_override(None, ".".join(["a"] * MAX_YAML_DEPTH) + "=1")
+    for _ in range(MAX_YAML_DEPTH - 1):
+        deepest = deepest["a"]
+    assert deepest == {"a": 1}

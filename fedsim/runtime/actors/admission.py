@@ -65,11 +65,13 @@ from fedsim.config.distributions import (
     ShiftedExponential,
     Uniform,
 )
+from fedsim.config.schema import ClientGroup
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
+from fedsim.runtime.actors.exposure import expected_sample_grads
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
 __all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "REALISED_PACE", "Pacer", "RateSlot",
-           "judge_claims", "judge_update", "public_round_seconds", "status_problem",
+           "group_slot", "judge_claims", "judge_update", "public_round_seconds", "status_problem",
            "version_ranges", "versions_from_ranges"]
 
 BURST = 16.0
@@ -131,6 +133,13 @@ def public_round_seconds(speed: object, expected_grads: float, timing: str,
     if not (slot > 0 and math.isfinite(slot)):
         return None
     return RateSlot(slot) if realised_poisson or isinstance(speed, Exponential) else slot
+
+
+def group_slot(group: ClientGroup, timing: str) -> float | None:
+    """The public slot of ``group``'s clients under ``timing`` (:func:`public_round_seconds` of
+    the group's speed and expected per-example gradients), or None where it has none."""
+    grads = expected_sample_grads(group.batch_size, group.local_steps, group.per_example_steps)
+    return public_round_seconds(group.speed, grads, timing, group.sampling)
 
 
 class RateSlot(float):

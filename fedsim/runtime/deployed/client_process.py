@@ -24,7 +24,8 @@ from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
-from fedsim.runtime.deployed.deployment import reconnect_policy, run_name
+from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
+from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import (
@@ -115,6 +116,7 @@ async def run_client(
     Resumes the ledger in ``state_dir``; writes ``client-<id>.json`` there (also returned).
     """
     scenario = loaded.scenario
+    require_public_slots(scenario)
     run = run_name(scenario, run)
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)
@@ -132,7 +134,7 @@ async def run_client(
         run=run,
         client_id=client_id,
         expected_params=int(population.initial_params.size),
-        max_message_bytes=scenario.network.max_message_bytes,
+        max_message_bytes=message_limit(scenario, int(population.initial_params.size)),
         reconnect=reconnect_policy(options),
         resend_after=client_resend_after(scenario, options.time_scale),
         seed=population.tree.integer("client", client_id, "mqtt", first_round),

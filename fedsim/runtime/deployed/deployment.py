@@ -64,6 +64,7 @@ import torch
 
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
+from fedsim.protocol import codec
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.transports.mqtt import BrokerSettings, ReconnectPolicy, TlsSettings, parse_broker_url
 from fedsim.transports.security import load_secrets
@@ -73,6 +74,7 @@ __all__ = [
     "BROKER_ENV",
     "SECRETS_ENV",
     "broker_for",
+    "message_limit",
     "reconnect_policy",
     "resolve_broker",
     "run_name",
@@ -123,6 +125,14 @@ def run_name(scenario: Scenario, run: str | None) -> str:
     name = run or scenario.name
     Topics(name)  # validates it (it names MQTT topics)
     return name
+
+
+def message_limit(scenario: Scenario, num_params: int) -> int:
+    """The largest message a deployed process accepts, and the broker's packet limit's base
+    (:func:`~fedsim.transports.security.packet_limit`): a model's size with its header
+    allowance (:func:`~fedsim.protocol.codec.max_message_bytes`), at most
+    ``network.max_message_bytes``. Anything larger is refused before it is decoded."""
+    return min(scenario.network.max_message_bytes, codec.max_message_bytes(num_params))
 
 
 def reconnect_policy(options: DeploymentOptions) -> ReconnectPolicy:

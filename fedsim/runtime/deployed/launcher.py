@@ -32,6 +32,7 @@ from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import RoundRecord
 from fedsim.runtime.deployed.client_process import client_state_file
 from fedsim.runtime.deployed.deployment import run_name
+from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
 from fedsim.runtime.run_outputs import (
@@ -276,6 +277,7 @@ class Launcher:
         check_unused(self.out)
         self.loaded = load_scenario(scenario_file, overrides)
         self.scenario = self.loaded.scenario
+        require_public_slots(self.scenario)
         self.run = run_name(self.scenario, None)
         self.client_ids = client_ids(self.scenario)
         self.options = replace(options, run=self.run, json_logs=True)

@@ -29,7 +29,8 @@ from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
-from fedsim.runtime.deployed.deployment import reconnect_policy, run_name
+from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
+from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import (
     Population,
@@ -243,6 +244,7 @@ async def serve(
     (the outcome, also returned) to ``out_dir``.
     """
     scenario = loaded.scenario
+    require_public_slots(scenario)
     run = run_name(scenario, run)
     started = wallclock.perf_counter()
     population = population or build_population(loaded)
@@ -267,7 +269,7 @@ async def serve(
         broker,
         run=run,
         expected_params=int(population.initial_params.size),
-        max_message_bytes=scenario.network.max_message_bytes,
+        max_message_bytes=message_limit(scenario, int(population.initial_params.size)),
         reconnect=reconnect_policy(options),
         seed=scenario.seed,
         lineage=snapshot.incarnations if snapshot is not None else (),

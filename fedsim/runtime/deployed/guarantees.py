@@ -1,0 +1,68 @@
+"""What a deployed run guarantees per client group, and the refusal of a posture that would
+deploy without them (docs/SECURITY.md, "Pacing and release padding").
+
+Two protections of a deployment rest on a group's **public slot**
+(:func:`~fedsim.runtime.actors.admission.group_slot`, from its ``speed`` and expected batch):
+
+* **pacing** (:class:`~fedsim.runtime.actors.admission.Pacer`): the server applies a client's
+  updates at most one per slot (plus a burst), so a client that sends its legal rounds back to
+  back moves the model no further than an honest one;
+* **release padding** (:func:`~fedsim.runtime.actors.exposure.release_time`, ``privacy.timing:
+  public``): a client releases each round at ``start + k * slot``, so the publish-to-arrival
+  time does not follow its realised Poisson batch size.
+
+A group without a slot (``speed: 0``, the schema's default, or an ``exponential`` speed under
+``timing: realised`` with Poisson sampling) has neither, so deployment refuses it
+(:func:`require_public_slots`); the simulator, where nobody observes time and every client is
+honest, runs it. :func:`guarantee_lines` says per group what holds (``fedsim validate``).
+"""
+
+from __future__ import annotations
+
+from fedsim.config.schema import Scenario
+from fedsim.errors import ConfigError
+from fedsim.runtime.actors.admission import group_slot
+
+__all__ = ["guarantee_lines", "require_public_slots"]
+
+
+def _missing(scenario: Scenario) -> list[str]:
+    timing = scenario.privacy.timing
+    problems = []
+    for index, group in enumerate(scenario.clients.groups):
+        if group_slot(group, timing) is None:
+            problems.append(
+                f"clients.groups[{index}] ({group.name}): its speed "
+                f"({group.speed.model_dump()}) gives no public round time "
+                + ("under privacy.timing = realised with Poisson sampling; " if timing == "realised"
+                   else "; ")
+                + "deployed, its clients would be neither paced by the server nor released on a "
+                "public schedule (give speed a positive value in seconds per sample gradient, "
+                "for example speed: 0.001)")
+    return problems
+
+
+def require_public_slots(scenario: Scenario) -> None:
+    """Refuse ``scenario`` for deployment (a :class:`ConfigError` naming each group) unless
+    every group has a public slot (module docstring)."""
+    problems = _missing(scenario)
+    if problems:
+        raise ConfigError("this scenario cannot be deployed:\n  " + "\n  ".join(problems))
+
+
+def guarantee_lines(scenario: Scenario) -> list[str]:
+    """One line per group: whether deployed it is paced and its releases padded (and by which
+    slot), or why it cannot be deployed."""
+    timing = scenario.privacy.timing
+    lines = []
+    for group in scenario.clients.groups:
+        slot = group_slot(group, timing)
+        if slot is None:
+            lines.append(f"group {group.name}: NOT DEPLOYABLE: no public round time (speed "
+                         "0?): it would be neither paced nor padded")
+            continue
+        padded = ("release times padded to the public schedule" if timing == "public" else
+                  "release times NOT padded (privacy.timing = realised)")
+        lines.append(f"group {group.name}: deployed, paced at one update per {slot:.4g} s "
+                     f"(a burst of more waits), {padded}")
+    return lines

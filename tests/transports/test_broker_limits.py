@@ -1,0 +1,167 @@
+"""Issue 25 findings 2 and 10, played over a real mosquitto configured by ``fedsim deploy``:
+
+* 2: a client's huge junk messages reached the server (no ``max_packet_size``; the server's
+  limit was 64 MiB whatever the model). The broker ``fedsim deploy`` configures now refuses a
+  packet larger than the scenario's largest message (and disconnects its sender); the server's
+  own limit is sized from the model too and refuses an oversized message before decoding it.
+* 10: a client that leaves a persistent session subscribed to ``global`` at QoS 1 had the
+  broker keep a copy of every model for it (RSS 22.5 -> 517 MB in 40 s). The model now travels
+  at QoS 0, which the broker does not queue for a session that is away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from fedsim.commands import deploy
+from fedsim.config import load_scenario
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientUpdate, GlobalModel
+from fedsim.runtime.deployed.deployment import message_limit
+from fedsim.transports.broker import find_mosquitto, free_loopback_port
+from fedsim.transports.mqtt import MqttServerEndpoint, ReconnectPolicy
+from fedsim.transports.security import load_secrets, packet_limit
+from fedsim.transports.topics import Topics
+
+SCENARIO = Path(__file__).resolve().parents[1] / "deployment" / "four_clients.yaml"
+FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.4, connect_timeout=10.0)
+needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
+PARAMS = 33  # logreg on 10 features and 3 classes: the four_clients scenario's model
+
+
+def _deploy(out: Path, port: int) -> None:
+    parser = argparse.ArgumentParser()
+    deploy.register(parser.add_subparsers(dest="command"))
+    import getpass
+
+    args = parser.parse_args(["deploy", str(SCENARIO), "--out", str(out), "--plain",
+                              "--port", str(port), "--bind", "127.0.0.1",
+                              "--broker-user", getpass.getuser()])
+    assert args.func(args) == 0
+
+
+def _start(config: Path, port: int) -> subprocess.Popen[bytes]:
+    binary = find_mosquitto()
+    assert binary is not None
+    log = (config.parent / "mosquitto.log").open("ab")
+    process = subprocess.Popen([binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    import socket
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert process.poll() is None, (config.parent / "mosquitto.log").read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise AssertionError("mosquitto did not start")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(10)
+
+
+def test_deploy_sizes_the_packet_limit_from_the_model(tmp_path: Path) -> None:
+    _deploy(tmp_path, 1883)
+    conf = (tmp_path / "mosquitto.conf").read_text()
+    scenario = load_scenario(SCENARIO).scenario
+    largest = message_limit(scenario, PARAMS)
+    assert largest == codec.PREFIX_BYTES + codec.MAX_HEADER_BYTES + 4 * PARAMS
+    assert f"max_packet_size {packet_limit(largest)}\n" in conf
+    assert "queue_qos0_messages false\n" in conf
+
+
+def test_the_servers_limit_refuses_an_oversized_message_before_decoding() -> None:
+    limit = message_limit(load_scenario(SCENARIO).scenario, PARAMS)
+    junk = memoryview(bytearray(limit + 1))  # not even a fedsim message: refused by its size
+    with pytest.raises(codec.CodecError, match="exceeds the limit") as refused:
+        codec.decode_frame(junk, expected_params=PARAMS, max_bytes=limit)
+    assert refused.value.kind == "oversized"
+
+
+@needs_mosquitto
+@pytest.mark.mqtt
+async def test_the_deployed_broker_refuses_junk_larger_than_the_model(tmp_path: Path) -> None:
+    port = free_loopback_port()
+    _deploy(tmp_path, port)
+    secrets = load_secrets(tmp_path / "secrets.json")
+    topics = Topics(secrets.run)
+    broker = _start(tmp_path / "mosquitto.conf", port)
+    try:
+        server_url = (f"mqtt://{secrets.server.username}:{secrets.server.password}"
+                      f"@127.0.0.1:{port}")
+        async with MqttServerEndpoint(server_url, run=secrets.run, reconnect=FAST,
+                                      expected_params=PARAMS) as server:
+            hostile = secrets.for_client("c-000")
+            junk = b"\0" * (2 * 1024 * 1024)  # 2 MiB, 30 times the scenario's largest message
+            with pytest.raises(aiomqtt.MqttError):  # the broker drops the connection
+                async with aiomqtt.Client("127.0.0.1", port, username=hostile.username,
+                                          password=hostile.password) as raw:
+                    for _ in range(5):
+                        await raw.publish(topics.updates("c-000"), junk, qos=1, timeout=5)
+                        await asyncio.sleep(0.2)
+            honest = secrets.for_client("c-001")
+            update = ClientUpdate("c-001", 0, 0, np.zeros(PARAMS, np.float32), 32.0)
+            async with aiomqtt.Client("127.0.0.1", port, username=honest.username,
+                                      password=honest.password) as raw:
+                await raw.publish(topics.updates("c-001"),
+                                  codec.encode(update, incarnation=server.incarnation.current),
+                                  qos=1)
+            got = await asyncio.wait_for(server.receive(), 10)
+            assert isinstance(got, ClientUpdate) and got.client_id == "c-001"
+            # the junk never reached the server: nothing refused, nothing decoded
+            assert server.stats.rejected == 0 and server.stats.received == 1
+    finally:
+        _stop(broker)
+
+
+@needs_mosquitto
+@pytest.mark.mqtt
+async def test_an_abandoned_persistent_session_is_sent_no_queued_models(tmp_path: Path) -> None:
+    port = free_loopback_port()
+    _deploy(tmp_path, port)
+    secrets = load_secrets(tmp_path / "secrets.json")
+    topics = Topics(secrets.run)
+    creds = secrets.for_client("c-000")
+    broker = _start(tmp_path / "mosquitto.conf", port)
+    try:
+        async def attacker() -> aiomqtt.Client:
+            return aiomqtt.Client("127.0.0.1", port, username=creds.username,
+                                  password=creds.password, identifier=creds.username,
+                                  clean_session=False)
+
+        async with await attacker() as raw:  # subscribe at QoS 1, leave the session behind
+            await raw.subscribe(topics.global_model, qos=1)
+            await asyncio.sleep(0.3)  # the retained model, if any, arrives and is forgotten
+        server_url = (f"mqtt://{secrets.server.username}:{secrets.server.password}"
+                      f"@127.0.0.1:{port}")
+        models = 30
+        async with MqttServerEndpoint(server_url, run=secrets.run, reconnect=FAST) as server:
+            for version in range(1, models + 1):
+                await server.publish(GlobalModel(version, np.zeros(PARAMS, np.float32), 0.0))
+            await asyncio.sleep(0.5)
+        delivered = 0
+        async with await attacker() as raw:  # back: what did the broker keep for it?
+            async def count() -> None:
+                nonlocal delivered
+                async for _ in raw.messages:
+                    delivered += 1
+
+            reader = asyncio.ensure_future(count())
+            await asyncio.sleep(1.5)
+            reader.cancel()
+        assert delivered == 0  # at QoS 1 the broker kept and now sent all 30 models
+    finally:
+        _stop(broker)
