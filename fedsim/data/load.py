@@ -1,9 +1,9 @@
 """Data sets as tensors (named ones, synthetic) and their partitioning across clients.
 
 Named data sets (``mnist``, ...) are found, downloaded and verified by
-:mod:`fedsim.training.datasets` (the registry and the search order) with the sources of
-:mod:`fedsim.training.sources`; this module turns their arrays into tensors. Pure functions
-otherwise: synthetic data and partitions (:mod:`fedsim.training.partition`) take a
+:mod:`fedsim.data.datasets` (the registry and the search order) with the sources of
+:mod:`fedsim.data.sources`; this module turns their arrays into tensors. Pure functions
+otherwise: synthetic data and partitions (:mod:`fedsim.data.partition`) take a
 ``numpy.random.Generator``.
 """
 
@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from fedsim.config.loading import resolve_path
-from fedsim.errors import ConfigError
-from fedsim.training import datasets
-from fedsim.training.partition import (  # noqa: F401 - re-exported
+from fedsim.data import datasets
+from fedsim.data.partition import (  # noqa: F401 - re-exported
     PartitionScheme,
     group_members,
     natural_partition,
     partition,
 )
+from fedsim.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------
 # data sets as tensors
@@ -105,7 +105,7 @@ def load_named_data(
     base_dir: Path | None = None,
     download: bool | None = None,
 ) -> NamedData:
-    """A registered data set, looked for as :func:`fedsim.training.datasets.resolve` says:
+    """A registered data set, looked for as :func:`fedsim.data.datasets.resolve` says:
     ``path`` (beside the scenario file ``base_dir``, then the working directory),
     ``$FEDSIM_DATA_DIR``, the user cache, a verified download (``download``: None follows
     ``FEDSIM_OFFLINE``)."""

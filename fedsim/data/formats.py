@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.errors import DataError
-from fedsim.training.sources import (
+from fedsim.data.sources import (
     Arrays,
     NumpyOnlyUnpickler,
     OpenUrl,
     download,
     require_digest,
 )
+from fedsim.errors import DataError
 
 CIFAR10_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_BATCH = "test_batch"

@@ -20,10 +20,8 @@ import yaml
 
 from fedsim.cli import main
 from fedsim.config import load_scenario
-from fedsim.errors import DataError
-from fedsim.training import datasets
-from fedsim.training.data import image_tensors
-from fedsim.training.datasets import (
+from fedsim.data import datasets
+from fedsim.data.datasets import (
     MNIST,
     MNIST_CONTENT_SHA256,
     DatasetSpec,
@@ -31,7 +29,8 @@ from fedsim.training.datasets import (
     fetch,
     resolve,
 )
-from fedsim.training.sources import (
+from fedsim.data.load import image_tensors
+from fedsim.data.sources import (
     IdxMirror,
     NpzSource,
     OpenUrl,
@@ -40,6 +39,7 @@ from fedsim.training.sources import (
     read_idx,
     urllib_open,
 )
+from fedsim.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SHAPES = {"x_train": (8, 28, 28), "y_train": (8,), "x_test": (2, 28, 28), "y_test": (2,)}

