@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsim.data import load_dataset
 from fedsim.privacy import schedules
 from fedsim.privacy.accountant import make_accountant
 from fedsim.training import (
@@ -34,7 +35,6 @@ from fedsim.training import (
     build_model,
     evaluate,
     flat_params,
-    load_dataset,
     load_flat_params,
 )
 

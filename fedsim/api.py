@@ -184,18 +184,18 @@ def simulate(
             ``num_classes`` if it takes them (and ``options`` from the scenario's ``model``
             section, which it otherwise replaces); checked for DP compatibility.
         dataset: ``x_train, y_train, x_test, y_test`` arrays (a mapping with those keys or a
-            4-tuple; see :mod:`fedsim.training.arrays`), or a ``(train, test)`` pair of
+            4-tuple; see :mod:`fedsim.data.arrays`), or a ``(train, test)`` pair of
             map-style torch Datasets (read once into tensors; see
-            :mod:`fedsim.training.factory_data`); replaces the scenario's data set (recorded
+            :mod:`fedsim.data.factory_data`); replaces the scenario's data set (recorded
             as ``name: arrays`` without a path). Partitions work on it as on MNIST.
         progress: True shows a progress bar on stderr, False none, None only on a terminal.
         tensorboard: also write TensorBoard scalars to this directory (needs the
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
     """
+    from fedsim.data.factory_data import user_data
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
-    from fedsim.training.factory_data import user_data
 
     lines = _override_lines(overrides)
     if seed is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from fedsim.data import datasets
+from fedsim.data.locate import offline
 from fedsim.errors import DataError
-from fedsim.training import datasets
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +23,7 @@ def real_mnist() -> datasets.Found:
     except DataError as exc:
         lines = [line.strip() for line in str(exc).splitlines()]
         failed = next((line for line in lines if line.startswith("download:")), lines[0])
-        why = ("offline (FEDSIM_OFFLINE=1) and no local copy" if datasets.offline()
+        why = ("offline (FEDSIM_OFFLINE=1) and no local copy" if offline()
                else f"no local copy, and {failed}")
         pytest.skip(f"needs real MNIST: {why}; run `fedsim data fetch mnist` once, or set "
                     "FEDSIM_DATA_DIR to a directory holding mnist.npz")

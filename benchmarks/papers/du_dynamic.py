@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 
+from fedsim.data import load_dataset
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.gdp import clt_mu, gdp_delta
@@ -61,7 +62,6 @@ from fedsim.training import (
     build_model,
     evaluate,
     flat_params,
-    load_dataset,
     load_flat_params,
 )
 

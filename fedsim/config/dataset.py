@@ -3,7 +3,7 @@ or the user's own factory.
 
 ``dataset: {factory: "package.module:function", options: {...}}`` names a callable that returns
 the data (arrays or torch ``Dataset`` s; the accepted return types are
-:mod:`fedsim.training.factory_data`'s contract). It is imported and called when the run is built.
+:mod:`fedsim.data.factory_data`'s contract). It is imported and called when the run is built.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Dataset(Strict):
     A named data set (``mnist``) is looked for at ``path`` when given (relative to the scenario
     file's directory first, then to the working directory), then in ``$FEDSIM_DATA_DIR``, then
     in the user cache, and otherwise downloaded (sha256-verified) into the cache unless
-    offline; see :mod:`fedsim.training.datasets`. ``factory`` (instead of ``name``) is the
+    offline; see :mod:`fedsim.data.locate`. ``factory`` (instead of ``name``) is the
     user's own code returning the data: imported like ``model.factory`` (installed, on
     PYTHONPATH, in the working directory or beside the scenario file) and called with
     ``options`` (and ``seed`` when it takes one and ``options`` does not give it).

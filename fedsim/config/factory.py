@@ -2,7 +2,7 @@
 
 The model (``model: {factory: ...}``) and the data set (``dataset: {factory: ...}``) name a
 callable this way, with keyword ``options``. The reference is checked for its shape here; it is
-imported when the run is built (:func:`fedsim.training.factories.resolve_factory`).
+imported when the run is built (:func:`fedsim.config.factories.resolve_factory`).
 """
 
 from __future__ import annotations

@@ -6,17 +6,16 @@ raises :class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit statu
 ``errors`` holds one line per problem, e.g. ``clients.groups[1].batch_size (line 23): must be
 > 0``.
 
-Relative paths inside a scenario (``dataset.path``) are resolved against the directory of the
-scenario file first and, when nothing exists there, against the current working directory
-(:func:`resolve_path`), so a scenario works from any working directory. A named data set
-needs no path at all (see :mod:`fedsim.training.datasets` for its search order).
+A path inside a scenario (``dataset.path``) is kept as written; :class:`LoadedScenario` records
+the scenario file's directory, against which :mod:`fedsim.data.locate` resolves it (then
+against the working directory) when the data is read, so a scenario works from any working
+directory. A named data set needs no path at all.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import os
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +37,6 @@ __all__ = [
     "dump_scenario",
     "load_scenario",
     "parse_scenario",
-    "path_candidates",
-    "resolve_path",
     "scenario_json_schema",
 ]
 
@@ -376,31 +373,6 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
 
 # ---------------------------------------------------------------------------------------------
 # Public entry points
-
-
-def path_candidates(path: str | os.PathLike[str], base_dir: Path | None) -> list[Path]:
-    """Where a scenario's relative path may be, in order: beside the scenario file
-    (``base_dir``), then in the working directory. An absolute path is itself."""
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute():
-        return [candidate]
-    places = [(base_dir / candidate).resolve()] if base_dir is not None else []
-    in_cwd = candidate.resolve()
-    return places if in_cwd in places else [*places, in_cwd]
-
-
-def resolve_path(path: str | Path, base_dir: Path) -> Path:
-    """The first of :func:`path_candidates` that exists (the first of all when none does)."""
-    places = path_candidates(path, base_dir)
-    return next((p for p in places if _exists(p)), places[0])
-
-
-def _exists(path: Path) -> bool:
-    """``path.exists()``, false for a name the OS refuses (too long, NUL byte)."""
-    try:
-        return path.exists()
-    except (OSError, ValueError):
-        return False
 
 
 def parse_scenario(data: Any, *, source: str = "<scenario>",

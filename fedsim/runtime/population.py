@@ -16,7 +16,7 @@ Every random draw comes from the scenario seed through the :class:`SeedTree`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,12 @@ import torch
 from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
-from fedsim.config.loading import LoadedScenario, resolve_path
+from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import ClientGroup, Scenario
-from fedsim.errors import ConfigError, FedsimError
+from fedsim.data.arrays import TensorSplits
+from fedsim.data.load import scenario_data
+from fedsim.data.partition import split_groups
+from fedsim.errors import ConfigError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.group_schedules import make_schedule
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -47,12 +50,9 @@ from fedsim.runtime.normalisation import (
 )
 from fedsim.runtime.rng import SeedTree
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
-from fedsim.training.arrays import TensorSplits, arrays_dataset
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import group_members, load_dataset, load_named_data, partition
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
-from fedsim.training.factory_data import factory_dataset
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.models import build_scenario_model
 from fedsim.training.preflight import check_batch_fits, check_model_size
@@ -283,42 +283,6 @@ def client_ids(scenario: Scenario) -> list[str]:
     return [client_id for group in scenario.clients.groups for client_id in _client_ids(group)]
 
 
-def _split_groups(
-    labels: np.ndarray, groups: Sequence[ClientGroup], tree: SeedTree,
-    writers: np.ndarray | None = None,
-) -> list[list[np.ndarray]]:
-    """Record indices per group (by ``data_share``; whole writers where the data set has
-    them) and then per client (``partition``)."""
-    shares = [group.data_share for group in groups]
-    every = group_members(len(labels), shares, tree.numpy("partition", "groups"), writers)
-    result: list[list[np.ndarray]] = []
-    for index, (group, members) in enumerate(zip(groups, every, strict=True)):
-        size = len(members)
-        where = f"clients.groups[{index}]"
-        if size < group.count:
-            raise ConfigError(
-                f"{where}: data_share {group.data_share} gives {size} records for "
-                f"{group.count} clients"
-            )
-        scheme = group.partition
-        try:
-            parts = partition(
-                labels[members],
-                group.count,
-                scheme.scheme,
-                rng=tree.numpy("partition", group.name),
-                alpha=scheme.alpha,
-                shards_per_client=scheme.shards_per_client,
-                size_sigma=scheme.size_sigma,
-                min_size=group.batch_size if scheme.scheme == "dirichlet" else 1,
-                writers=None if writers is None else writers[members],
-            )
-        except FedsimError as exc:
-            raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
-        result.append([members[p] for p in parts])
-    return result
-
-
 def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) -> dict[str, Any]:
     """The model's options, with the input size and class count filled in from the data for
     flat-input models when the scenario does not give them."""
@@ -329,50 +293,20 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     return options
 
 
-def _scenario_data(loaded: LoadedScenario, data: TensorSplits | None, seed: int
-                   ) -> tuple[TensorSplits, Path | None, np.ndarray | None]:
-    """The scenario's data (``data``: given from Python), the file it was read from, and each
-    training record's writer (for the natural partition)."""
-    dataset = loaded.scenario.dataset
-    path, writers = None, None
-    if data is None and dataset.name == "arrays":
-        path = resolve_path(dataset.path, loaded.base_dir) if dataset.path is not None else None
-        data = arrays_dataset(path)
-    if data is None and dataset.factory is not None:
-        data = factory_dataset(dataset, base_dir=loaded.base_dir, seed=seed)
-    if data is not None:
-        train_x, train_y, test_x, test_y = data
-    elif dataset.name == "synthetic":
-        train_x, train_y, test_x, test_y = load_dataset(
-            "synthetic",
-            seed=seed,
-            num_train=dataset.num_samples,
-            num_test=dataset.num_test_samples,
-            num_features=dataset.num_features,
-            num_classes=dataset.num_classes,
-        )
-    else:
-        assert dataset.name is not None  # a factory's data is in hand above
-        named = load_named_data(dataset.name, dataset.path, base_dir=loaded.base_dir)
-        (train_x, train_y, test_x, test_y), path, writers = (
-            named.tensors, named.path, named.train_writers)
-    if dataset.test_subset is not None:
-        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
-    return (train_x, train_y, test_x, test_y), path, writers
-
-
 def build_population(
     loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
     data: TensorSplits | None = None,
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
     ``model_factory``: a Python callable that builds the model (instead of ``model:``);
-    ``data``: the arrays given from Python (:mod:`fedsim.training.arrays`)."""
+    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
-    (train_x, train_y, test_x, test_y), path, writers = _scenario_data(
-        loaded, data, tree.integer("dataset"))
+    found = scenario_data(scenario.dataset, base_dir=loaded.base_dir,
+                          seed=tree.integer("dataset"), given=data)
+    (train_x, train_y, test_x, test_y), path, writers = (
+        found.tensors, found.path, found.train_writers)
     test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
@@ -388,7 +322,8 @@ def build_population(
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
     first_step = first_server_step(scenario)
-    split = _split_groups(labels, scenario.clients.groups, tree, writers)
+    split = split_groups(labels, scenario.clients.groups,
+                         lambda name: tree.numpy("partition", name), writers)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
         check_batch_fits(index, group, [len(p) for p in parts])

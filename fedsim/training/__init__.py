@@ -1,15 +1,15 @@
-"""Pure torch: models, data sets and partitioning, the DP-SGD step. No clocks, no transports.
+"""Pure torch: models and the DP-SGD step, on arrays or tensors (getting them is
+:mod:`fedsim.data`'s). No clocks, no transports.
 
 The runtime's contract is :class:`LocalTrainer` (one client's DP rounds: begun with their
 randomness drawn, computed when their update is taken, :class:`PendingRound` of
 :mod:`fedsim.training.rounds`), :class:`RoundBatcher` (the pending rounds of many clients
 computed together; it and the trainer see each other only through the protocols of
 ``rounds``), :class:`RoundResult`, :func:`flat_params` / :func:`load_flat_params`,
-:func:`evaluate`, :func:`load_dataset` and :func:`partition`.
+and :func:`evaluate`.
 """
 
 from fedsim.training.batched import RoundBatcher
-from fedsim.training.data import load_dataset, partition
 from fedsim.training.dpsgd import ClipSchedule, NoiseSchedule, secure_generator
 from fedsim.training.local import (
     AdaptiveClipConfig,
@@ -34,8 +34,6 @@ __all__ = [
     "check_dp_compatible",
     "evaluate",
     "flat_params",
-    "load_dataset",
     "load_flat_params",
-    "partition",
     "secure_generator",
 ]

@@ -53,7 +53,7 @@ from pathlib import Path
 import structlog
 import torch
 
-from fedsim.training.datasets import user_cache_dir
+from fedsim.data.locate import user_cache_dir
 
 __all__ = [
     "NoiseKey",

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from fedsim.config.factories import call_factory, resolve_factory, search_places
 from fedsim.config.factory import FACTORY_PATTERN  # noqa: F401 - re-exported
 from fedsim.errors import ConfigError, ModelError
-from fedsim.training.factories import call_factory, resolve_factory, search_places
 
 if TYPE_CHECKING:
     from fedsim.config.schema import Model as ModelSpec
@@ -297,7 +297,7 @@ def build_from_factory(
     where: str,
     data: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """``factory(**options)`` (see :func:`~fedsim.training.factories.call_factory`), checked
+    """``factory(**options)`` (see :func:`~fedsim.config.factories.call_factory`), checked
     to be an ``nn.Module``; errors name ``where``.
 
     ``data`` (``num_classes``, ``input_shape``: one example's shape) fills in those keyword

@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from fedsim.cli import main
+from fedsim.data.arrays import check_arrays, load_arrays_file
 from fedsim.errors import DataError
-from fedsim.training.arrays import check_arrays, load_arrays_file
 
 
 def good() -> dict[str, np.ndarray]:

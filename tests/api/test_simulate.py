@@ -161,8 +161,8 @@ def test_same_seed_same_results_and_seed_override() -> None:
 
 @pytest.mark.parametrize("scheme", ["iid", "shards", "dirichlet", "unequal"])
 def test_every_partition_works_on_arrays(scheme: str) -> None:
+    from fedsim.data.arrays import check_arrays
     from fedsim.runtime.simulated.simulation import build_population
-    from fedsim.training.arrays import check_arrays
 
     data = arrays()
     loaded = fedsim.load_scenario(scenario(scheme=scheme), {"dataset": {"name": "arrays"},

@@ -15,7 +15,6 @@ from fedsim.config import (
     dump_scenario,
     load_scenario,
     parse_scenario,
-    resolve_path,
     scenario_json_schema,
 )
 from fedsim.config.schema import Constant, LogNormal, Scenario
@@ -137,19 +136,6 @@ def test_scenario_is_frozen() -> None:
     scenario = parse_scenario(MINIMAL)
     with pytest.raises(Exception, match="frozen"):
         scenario.seed = 3  # type: ignore[misc]
-
-
-def test_relative_paths_try_the_scenario_directory_then_cwd(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    beside = tmp_path / "scenarios"
-    beside.mkdir()
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "data.npz").write_bytes(b"y")
-    assert resolve_path("data.npz", beside) == (tmp_path / "data.npz").resolve()
-    (beside / "data.npz").write_bytes(b"x")  # beside the scenario file wins over the cwd
-    assert resolve_path("data.npz", beside) == (beside / "data.npz").resolve()
-    assert resolve_path("none.npz", beside) == (beside / "none.npz").resolve()
 
 
 def test_schema_command_prints_the_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

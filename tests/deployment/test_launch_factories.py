@@ -13,8 +13,8 @@ import pytest
 
 from fedsim.cli import main
 from fedsim.config import load_scenario
+from fedsim.config.factories import SEARCH_ENV
 from fedsim.runtime.simulated.simulation import run_scenario
-from fedsim.training.factories import SEARCH_ENV
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
 
 pytestmark = [

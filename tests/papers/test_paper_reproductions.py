@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from fedsim.training.datasets import Found
+from fedsim.data.datasets import Found
 
 REPO = Path(__file__).resolve().parents[2]
 

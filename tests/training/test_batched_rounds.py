@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.data import load_dataset
 from fedsim.errors import ModelError
 from fedsim.privacy import schedules
-from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset
+from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.batched import RoundBatcher, batchable_layers
 from fedsim.training.local import AdaptiveClipConfig
 

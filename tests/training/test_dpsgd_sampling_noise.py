@@ -9,11 +9,12 @@ import pytest
 import torch
 from scipy import stats
 
+from fedsim.data import load_dataset
 from fedsim.errors import ConfigError, ModelError
 from fedsim.privacy import schedules
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.schedules import Schedule
-from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset, secure_generator
+from fedsim.training import LocalTrainer, build_model, flat_params, secure_generator
 from fedsim.training.dpsgd import fixed_size_batch, poisson_batch, sample_batch
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 

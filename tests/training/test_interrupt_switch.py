@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.data import load_dataset
 from fedsim.privacy import schedules
-from fedsim.training import LocalTrainer, build_model, flat_params, load_dataset
+from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.batched import RoundBatcher
 
 FEATURES, CLASSES, LR = 5, 3, 0.3

@@ -16,15 +16,15 @@ from scipy import optimize, stats
 from fedsim.cli import main
 from fedsim.config import load_scenario, parse_scenario
 from fedsim.config.loading import LoadedScenario
-from fedsim.errors import DataError
-from fedsim.privacy.accountant import make_accountant
-from fedsim.privacy.events import GaussianStep
-from fedsim.runtime.simulated.simulation import build_population
-from fedsim.training.partition import (
+from fedsim.data.partition import (
     DIRICHLET_ATTEMPTS,
     dirichlet_success_rate,
     partition,
 )
+from fedsim.errors import DataError
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.runtime.simulated.simulation import build_population
 from fedsim.training.preflight import first_round_fits, preflight_warnings
 
 REPO = Path(__file__).resolve().parents[2]

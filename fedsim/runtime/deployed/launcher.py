@@ -26,7 +26,9 @@ from typing import Any
 
 import structlog
 
+from fedsim.config.factories import SEARCH_ENV
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
+from fedsim.data.load import dataset_file
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import RoundRecord
@@ -51,8 +53,6 @@ from fedsim.runtime.run_outputs import (
     write_json,
     write_run_outputs,
 )
-from fedsim.training.data import dataset_file
-from fedsim.training.factories import SEARCH_ENV
 from fedsim.transports.broker import LocalMosquitto
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]

@@ -23,25 +23,18 @@ import pytest
 import yaml
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario
+from fedsim.data import datasets
+from fedsim.data.datasets import content_digest, fetch, resolve
+from fedsim.data.formats import read_cifar_tar
+from fedsim.data.load import image_tensors
+from fedsim.data.partition import group_members, partition
+from fedsim.data.sources import IdxMirror, OpenUrl, TarGzSource
 from fedsim.errors import ConfigError, DataError
-from fedsim.training import datasets
-from fedsim.training.data import group_members, image_tensors, partition
-from fedsim.training.datasets import content_digest, fetch, resolve
-from fedsim.training.formats import TarGzSource, read_cifar_tar
-from fedsim.training.sources import IdxMirror, OpenUrl
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"x_train": (8, 28, 28), "y_train": (8,), "x_test": (2, 28, 28), "y_test": (2,)}
 TINY_CIFAR = {"x_train": (10, 32, 32, 3), "y_train": (10,), "x_test": (2, 32, 32, 3),
               "y_test": (2,)}
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("FEDSIM_DATA_DIR", raising=False)
-    monkeypatch.delenv("FEDSIM_OFFLINE", raising=False)
-    return tmp_path / "cache" / "fedsim"
 
 
 def _served(files: dict[str, bytes]) -> OpenUrl:

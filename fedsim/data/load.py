@@ -1,9 +1,10 @@
-"""Data sets as tensors (named ones, synthetic) and their partitioning across clients.
+"""A scenario's data as tensors: :func:`scenario_data` is where a run gets its data, whatever
+the ``dataset:`` section names.
 
 Named data sets (``mnist``, ...) are found, downloaded and verified by
-:mod:`fedsim.training.datasets` (the registry and the search order) with the sources of
-:mod:`fedsim.training.sources`; this module turns their arrays into tensors. Pure functions
-otherwise: synthetic data and partitions (:mod:`fedsim.training.partition`) take a
+:mod:`fedsim.data.datasets` (the registry) in the places of :mod:`fedsim.data.locate`; this
+module turns their arrays into tensors. The user's arrays are :mod:`fedsim.data.arrays`', a
+factory's data :mod:`fedsim.data.factory_data`'s; synthetic data is drawn here from a
 ``numpy.random.Generator``.
 """
 
@@ -13,25 +14,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from fedsim.config.loading import resolve_path
+from fedsim.data import datasets
+from fedsim.data.arrays import TensorSplits, arrays_dataset
+from fedsim.data.factory_data import factory_dataset
+from fedsim.data.locate import resolve_path
 from fedsim.errors import ConfigError
-from fedsim.training import datasets
-from fedsim.training.partition import (  # noqa: F401 - re-exported
-    PartitionScheme,
-    group_members,
-    natural_partition,
-    partition,
-)
 
-# ---------------------------------------------------------------------------------------
-# data sets as tensors
-# ---------------------------------------------------------------------------------------
-TensorSplits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+if TYPE_CHECKING:
+    from fedsim.config.dataset import Dataset
 
 
 def image_tensors(arrays: Mapping[str, np.ndarray]) -> TensorSplits:
@@ -89,12 +84,13 @@ def synthetic_classification(
 
 
 @dataclass(frozen=True)
-class NamedData:
-    """A registered data set as tensors, the file it was read from, and (for a data set with
-    a natural partition, FEMNIST) each training record's writer index."""
+class ScenarioData:
+    """A data set as tensors, the file it was read from (None: generated, given from Python,
+    or a factory's), and (for a data set with a natural partition, FEMNIST) each training
+    record's writer index."""
 
     tensors: TensorSplits
-    path: Path
+    path: Path | None
     train_writers: np.ndarray | None = None
 
 
@@ -104,13 +100,13 @@ def load_named_data(
     *,
     base_dir: Path | None = None,
     download: bool | None = None,
-) -> NamedData:
-    """A registered data set, looked for as :func:`fedsim.training.datasets.resolve` says:
+) -> ScenarioData:
+    """A registered data set, looked for as :func:`fedsim.data.datasets.resolve` says:
     ``path`` (beside the scenario file ``base_dir``, then the working directory),
     ``$FEDSIM_DATA_DIR``, the user cache, a verified download (``download``: None follows
     ``FEDSIM_OFFLINE``)."""
     found = datasets.resolve(name, path, base_dir=base_dir, download=download)
-    return NamedData(image_tensors(found.arrays), found.path, found.arrays.get("w_train"))
+    return ScenarioData(image_tensors(found.arrays), found.path, found.arrays.get("w_train"))
 
 
 def load_named(
@@ -123,6 +119,7 @@ def load_named(
     """A registered data set as tensors, and the file it was read from (see
     :func:`load_named_data`)."""
     data = load_named_data(name, path, base_dir=base_dir, download=download)
+    assert data.path is not None  # a registered data set is read from a file
     return data.tensors, data.path
 
 
@@ -138,7 +135,7 @@ def dataset_file(
         return None
     if name == "arrays":
         assert path is not None
-        return resolve_path(Path(path), base_dir) if base_dir is not None else Path(path).resolve()
+        return resolve_path(path, base_dir)
     return datasets.resolve(name, path, base_dir=base_dir).path
 
 
@@ -166,3 +163,36 @@ def load_dataset(
     if name not in datasets.names():
         raise ConfigError(f"unknown dataset {name!r}; known: {[*datasets.names(), 'synthetic']}")
     return load_named(name, path, base_dir=base_dir, download=download)[0]
+
+
+def scenario_data(dataset: Dataset, *, base_dir: Path, seed: int,
+                  given: TensorSplits | None = None) -> ScenarioData:
+    """The data of a scenario's ``dataset:`` section (``base_dir``: the scenario file's
+    directory; ``seed``: the data set's seed, for synthetic data and factories), or the
+    tensors ``given`` from Python, cut to ``test_subset`` held-out records."""
+    path, writers = None, None
+    data = given
+    if data is None and dataset.name == "arrays":
+        path = resolve_path(dataset.path, base_dir) if dataset.path is not None else None
+        data = arrays_dataset(path)
+    if data is None and dataset.factory is not None:
+        data = factory_dataset(dataset, base_dir=base_dir, seed=seed)
+    if data is not None:
+        train_x, train_y, test_x, test_y = data
+    elif dataset.name == "synthetic":
+        train_x, train_y, test_x, test_y = load_dataset(
+            "synthetic",
+            seed=seed,
+            num_train=dataset.num_samples,
+            num_test=dataset.num_test_samples,
+            num_features=dataset.num_features,
+            num_classes=dataset.num_classes,
+        )
+    else:
+        assert dataset.name is not None  # a factory's data is in hand above
+        named = load_named_data(dataset.name, dataset.path, base_dir=base_dir)
+        (train_x, train_y, test_x, test_y), path, writers = (
+            named.tensors, named.path, named.train_writers)
+    if dataset.test_subset is not None:
+        test_x, test_y = test_x[: dataset.test_subset], test_y[: dataset.test_subset]
+    return ScenarioData((train_x, train_y, test_x, test_y), path, writers)

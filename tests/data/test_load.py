@@ -1,4 +1,4 @@
-"""Synthetic data, partitions, DP moments (named data sets: test_datasets.py)."""
+"""Synthetic data, partitions, a scenario's groups (named data sets: test_datasets.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.config import load_scenario
+from fedsim.data import load_dataset, partition, split_groups
 from fedsim.errors import ConfigError
-from fedsim.training.data import load_dataset, partition
-from fedsim.training.dp_stats import dp_feature_moments
 
 
 def test_synthetic_data_is_seeded_and_learnable() -> None:
@@ -48,23 +48,34 @@ def test_partition_skew_and_sizes() -> None:
         partition(labels[:5], 6, "iid", rng=rng)
 
 
-@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
-def test_dp_moments_are_accurate_and_noised_at_the_stated_scale(sampling: str) -> None:
-    rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.uniform(0, 1, (2000, 3)))
-    generator = torch.Generator().manual_seed(0)
-    releases = [
-        dp_feature_moments(
-            x, sampling=sampling, noise_multiplier=2.0, bound=4.0, generator=generator
-        )
-        for _ in range(200)
-    ]
-    moments, step = releases[0]
-    assert step.sampling == sampling and step.q == 1.0 and step.sigma == 2.0
-    means = torch.stack([m.mean for m, _ in releases])
-    torch.testing.assert_close(means.mean(0), x.mean(0), atol=0.01, rtol=0)
-    if sampling == "fixed":  # count public: mean noise std is exactly 2 B sigma / N
-        measured = float(means.std(0).mean())
-        assert measured == pytest.approx(2 * 4.0 * 2.0 / 2000, rel=0.15)
-    assert torch.allclose(moments.std, x.std(0), atol=0.05)
-    assert moments.apply(x).shape == x.shape
+def test_split_groups_cuts_shares_then_partitions_each_group() -> None:
+    """The shipped quickstart's groups (0.3, 0.4, 0.3 of the records; 4, 4, 2 clients; the
+    phones ``unequal``): disjoint clients, each group its share, seeded by name."""
+    groups = load_scenario("scenarios/quickstart.yaml").scenario.clients.groups
+    labels = np.repeat(np.arange(10), 200)
+
+    def rng(name: str) -> np.random.Generator:
+        return np.random.default_rng(sum(map(ord, name)))
+
+    split = split_groups(labels, groups, rng)
+    assert [len(parts) for parts in split] == [4, 4, 2]
+    assert [sum(len(p) for p in parts) for parts in split] == [600, 800, 600]
+    every = np.concatenate([p for parts in split for p in parts])
+    assert len(np.unique(every)) == len(every) == 2000
+    again = split_groups(labels, groups, rng)
+    assert all(np.array_equal(p, q) for a, b in zip(split, again, strict=True)
+               for p, q in zip(a, b, strict=True))
+    with pytest.raises(ConfigError, match=r"clients.groups\[0\]: data_share 0.3 gives 3 records"):
+        split_groups(labels[:10], groups, rng)
+
+
+def test_split_groups_keeps_each_writer_in_one_group() -> None:
+    groups = load_scenario("scenarios/quickstart.yaml").scenario.clients.groups
+    labels = np.repeat(np.arange(10), 200)
+    writers = np.repeat(np.arange(100), 20)
+    split = split_groups(labels, groups, lambda name: np.random.default_rng(len(name)), writers)
+    owner: dict[int, int] = {}
+    for g, parts in enumerate(split):
+        for w in np.unique(writers[np.concatenate(parts)]):
+            assert owner.setdefault(int(w), g) == g
+    assert len(owner) == 100  # 0.3, 0.4, 0.3 of 100 writers of 20 records: all placed
