@@ -168,7 +168,7 @@ def simulate(
     overrides: Overrides = None,
     model: Callable[..., nn.Module] | None = None,
     dataset: Any = None,
-    progress: bool | None = True,
+    progress: bool | None = None,
     tensorboard: str | PathLike[str] | None = None,
     plots: bool = True,
 ) -> RunResult:
@@ -188,7 +188,8 @@ def simulate(
             map-style torch Datasets (read once into tensors; see
             :mod:`fedsim.training.factory_data`); replaces the scenario's data set (recorded
             as ``name: arrays`` without a path). Partitions work on it as on MNIST.
-        progress: True shows a progress bar on stderr, False none, None only on a terminal.
+        progress: True shows a progress bar on stderr, False none, None (default) only
+            when stderr is a terminal.
         tensorboard: also write TensorBoard scalars to this directory (needs the
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
