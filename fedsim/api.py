@@ -194,9 +194,15 @@ def simulate(
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
     """
+    from fedsim.runtime.run_outputs import require_writable_dir
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
     from fedsim.training.factory_data import user_data
+
+    if out is not None:
+        require_writable_dir(out, "out")
+    if tensorboard is not None:
+        require_writable_dir(tensorboard, "tensorboard")
 
     lines = _override_lines(overrides)
     if seed is not None:
