@@ -296,6 +296,8 @@ def _format_cell(value: Any) -> str:
 
 
 def _reason_kind(reason: str) -> str:
+    if reason.startswith("the server finished"):  # its own reason follows: not the client's
+        return "the server finished the run"
     if "budget" in reason:
         return "their next round would have exceeded their privacy budget"
     if "finished" in reason:
