@@ -168,7 +168,7 @@ def simulate(
     overrides: Overrides = None,
     model: Callable[..., nn.Module] | None = None,
     dataset: Any = None,
-    progress: bool | None = True,
+    progress: bool | None = None,
     tensorboard: str | PathLike[str] | None = None,
     plots: bool = True,
 ) -> RunResult:
@@ -188,14 +188,21 @@ def simulate(
             map-style torch Datasets (read once into tensors; see
             :mod:`fedsim.data.factory_data`); replaces the scenario's data set (recorded
             as ``name: arrays`` without a path). Partitions work on it as on MNIST.
-        progress: True shows a progress bar on stderr, False none, None only on a terminal.
+        progress: True shows a progress bar on stderr, False none, None (default) only
+            when stderr is a terminal.
         tensorboard: also write TensorBoard scalars to this directory (needs the
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
     """
     from fedsim.data.factory_data import user_data
+    from fedsim.runtime.run_outputs import require_writable_dir
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
+
+    if out is not None:
+        require_writable_dir(out, "out")
+    if tensorboard is not None:
+        require_writable_dir(tensorboard, "tensorboard")
 
     lines = _override_lines(overrides)
     if seed is not None:

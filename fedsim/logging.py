@@ -7,8 +7,15 @@ flow.
 
 Call :func:`configure_logging` once at process start (the CLI does, with the level that
 ``--quiet``, ``--verbose`` or ``--log-level`` chose); calling it again simply replaces the
-configuration, so it is safe in tests. Library code only calls :func:`get_logger`; before
-configuration structlog's defaults apply.
+configuration, so it is safe in tests. Library code only calls :func:`get_logger`.
+
+As a library (``fedsim.simulate`` and friends in someone else's process) fedsim configures
+nothing: while structlog is configured (by the CLI's :func:`configure_logging`, or by the
+caller's own ``structlog.configure``) its loggers follow that configuration; while it is not,
+they hand their lines to the standard library's ``logging`` (loggers named ``fedsim.*``, the
+line's fields after its event), whose defaults show warnings and errors on stderr and nothing
+else - ``logging.basicConfig(level=logging.INFO)`` (or a level on the ``fedsim`` logger)
+shows more. Nothing is ever written to stdout.
 
 While a progress bar is drawn, :func:`route_lines` sends every finished log line through it
 (``tqdm.write``), so lines never garble the bar. Events that every client emits ("client
@@ -219,9 +226,58 @@ def configure_logging(json: bool | None = None, level: str = "info") -> bool:
     return use_json
 
 
+def _field(value: Any) -> str:
+    """A field's value in a message line: quoted where it is a string with spaces (or empty)."""
+    if isinstance(value, str) and (not value or any(c.isspace() for c in value)):
+        return repr(value)
+    return str(value)
+
+
+def _stdlib_message(_logger: Any, _method: str, event_dict: dict[str, Any]) -> Any:
+    """The last processor towards the standard library: ``"event key=value ..."`` as the
+    record's message, an exception as the record's own ``exc_info`` (its handler formats it)."""
+    exc_info = event_dict.pop("exc_info", None)
+    event = event_dict.pop("event", "")
+    fields = " ".join(f"{key}={_field(value)}" for key, value in sorted(event_dict.items()))
+    message = f"{event} {fields}" if fields else str(event)
+    return (message,), ({"exc_info": exc_info} if exc_info else {})
+
+
+_STDLIB_PROCESSORS: list[Any] = [
+    structlog.stdlib.filter_by_level,  # below the logger's level: dropped before rendering
+    structlog.contextvars.merge_contextvars,
+    _stdlib_message,
+]
+
+
+class _Logger:
+    """What :func:`get_logger` returns: each call goes to structlog's configuration when there
+    is one, otherwise to the standard library's ``logging`` (see the module's docstring)."""
+
+    __slots__ = ("_context", "_name")
+
+    def __init__(self, name: str, context: dict[str, Any]) -> None:
+        self._name = name
+        self._context = context
+
+    def _target(self) -> Any:
+        if structlog.is_configured():
+            return structlog.get_logger(self._name, **self._context)
+        return structlog.wrap_logger(
+            std_logging.getLogger(self._name), processors=_STDLIB_PROCESSORS,
+            wrapper_class=structlog.stdlib.BoundLogger, context_class=dict, **self._context)
+
+    def bind(self, **values: Any) -> Any:
+        return self._target().bind(**values)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target(), name)
+
+
 def get_logger(name: str, **context: Any) -> Any:
     """A structlog logger whose lines carry ``logger=name`` and ``context``.
 
-    It is a lazy proxy: safe to create at import time, before :func:`configure_logging`.
+    It is a lazy proxy: safe to create at import time, before :func:`configure_logging`, and
+    it follows whichever configuration holds when it logs (see the module's docstring).
     """
-    return structlog.get_logger(name, **context)
+    return _Logger(name, dict(context))

@@ -40,7 +40,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.compare import draw_comparison, format_table, run_row, unique_labels
     from fedsim.reporting.rundir import RunDirectory
+    from fedsim.runtime.run_outputs import require_writable_dir
 
+    if not args.no_plots:
+        require_writable_dir(args.plots, "--plots")
     paths = [Path(p) for p in args.run_dirs]
     if len({p.resolve() for p in paths}) != len(paths):
         raise ConfigError("the same run directory is given twice")

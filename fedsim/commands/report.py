@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
+from fedsim.runtime.run_outputs import require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
     from fedsim.reporting.plots import Drawn
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
                           f"`fedsim compare {' '.join(args.run_dir)}` (a table and overlaid "
                           "accuracy and epsilon plots)")
     directory = RunDirectory.load(args.run_dir[0])
+    require_writable_dir(directory.plot_dir, "plots directory")
     drawn = draw_run(directory)
     for line in summary_lines(directory, drawn):
         print(line)

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
+    from fedsim.runtime.run_outputs import require_writable_dir
     from fedsim.runtime.simulated.simulation import run_scenario
     from fedsim.training.preflight import preflight_warnings
 
@@ -82,12 +83,14 @@ def run(args: argparse.Namespace) -> int:
     if args.device is not None:
         overrides.append(f"device={args.device}")
     loaded = load_scenario(args.scenario, overrides)
+    scenario = loaded.scenario
+    out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
+    require_writable_dir(out, "--out" if args.out else "run directory")  # before any work
     if args.tensorboard:
         from fedsim.reporting.tensorboard import require_tensorboard
 
+        require_writable_dir(args.tensorboard, "--tensorboard")
         require_tensorboard()
-    scenario = loaded.scenario
-    out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
     set_population(scenario.clients.total)
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)

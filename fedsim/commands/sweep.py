@@ -187,6 +187,7 @@ def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str]
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.reporting.compare import format_table
+    from fedsim.runtime.run_outputs import require_writable_dir
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
@@ -194,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
     out = Path(args.out) if args.out else _default_out(base.name)
+    require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")
     plans = plan_runs(args.scenario, grid, seeds, args.overrides, out)

@@ -1,11 +1,15 @@
 """``fedsim validate FILE``: check a scenario file and list every problem with its YAML path.
 
-Beyond the schema it checks what can be known without training: that the data set is found
-(fetched into the user cache where it is nowhere, unless ``--offline``), that every group's
-data share gives each client at least ``batch_size`` records (q = m/N <= 1), that the model's
-size is trainable and that noise targets can be calibrated; it warns about clients whose budget
-cannot pay for a single round (they would never train). Exit status 0 when the file is valid
-(warnings included), 2 otherwise.
+Validation reads the file, never the network. Beyond the schema it checks what can be known
+without training: that every group's data share gives each client at least ``batch_size``
+records (q = m/N <= 1), that the model's size is trainable and that noise targets can be
+calibrated; it warns about clients whose budget cannot pay for a single round (they would
+never train). Those checks need the data set's records, so they run when the data is on this
+machine (synthetic data, an ``arrays`` file, a registered data set found where ``fedsim data
+where`` looks); otherwise they are skipped, and the output says so. ``--check-data`` makes the
+data's presence part of the check: it fetches a registered data set that is nowhere (unless
+``--offline``), runs a ``dataset.factory``, and a data set that cannot be had is an error.
+Exit status 0 when the file is valid (warnings and skipped checks included), 2 otherwise.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fedsim.config import load_scenario
+from fedsim.config import LoadedScenario, load_scenario
 
 DESCRIPTION = (
-    "Check a scenario file and list every problem with its place in the YAML file. Beyond the "
-    "schema it checks what can be known without training: that the data set can be found, that "
-    "every client gets at least batch_size records and that noise targets can be calibrated. "
+    "Check a scenario file and list every problem with its place in the YAML file. It reads "
+    "the file, never the network. Beyond the schema it checks what can be known without "
+    "training: that every client gets at least batch_size records, that the model's size is "
+    "trainable and that noise targets can be calibrated; these checks read the data set, so "
+    "they run when it is on this machine and are otherwise skipped, saying so. With "
+    "--check-data the data set must be had: fetched where it is nowhere (unless --offline). "
     "The exit status is 0 when the file is valid and 2 otherwise."
 )
 
@@ -30,16 +37,44 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE", help="Override one setting with a YAML value, for example "
                              "stop.windows=10; repeatable.")
-    parser.add_argument("--schema-only", action="store_true",
-                        help="Check the schema only; skip the checks that load the data set.")
+    checks = parser.add_mutually_exclusive_group()
+    checks.add_argument("--schema-only", action="store_true",
+                        help="Check the schema only; skip the checks that read the data set.")
+    checks.add_argument("--check-data", action="store_true",
+                        help="Also check that the data set can be had: fetch a registered one "
+                             "that is not on this machine (unless --offline) and run a data "
+                             "set factory; one that cannot be had is an error.")
     parser.set_defaults(func=run)
     return parser
+
+
+def data_not_here(loaded: LoadedScenario) -> str | None:
+    """Why the scenario's data cannot be read without the network or the user's code (a
+    registered data set in none of the places it is looked for, a ``dataset.factory``), or
+    None when it is on this machine (synthetic, an ``arrays`` file, a local copy)."""
+    dataset = loaded.scenario.dataset
+    if dataset.factory is not None:
+        return f"dataset.factory {dataset.factory!r} is code that may fetch its data"
+    if dataset.name is None or dataset.name in ("synthetic", "arrays"):
+        return None
+    from fedsim.data import datasets
+
+    spec = datasets.get(dataset.name)
+    for place in (p.where for p in datasets.places(spec, dataset.path, loaded.base_dir)):
+        try:
+            if place is not None and datasets.holds(spec, place):
+                return None
+        except OSError:  # a name the operating system refuses: not a place that holds it
+            continue
+    return f"{spec.name} is not on this machine (`fedsim data where {spec.name}` lists the places)"
 
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, args.overrides)
     scenario = loaded.scenario
-    if not args.schema_only:
+    skipped = None if args.check_data else ("--schema-only" if args.schema_only
+                                            else data_not_here(loaded))
+    if skipped is None:
         from fedsim.runtime.population import build_population  # torch import only when needed
         from fedsim.training.preflight import preflight_warnings
 
@@ -50,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         clients, warnings = scenario.clients.total, []
     print(f"{args.scenario}: valid ({clients} clients in {len(scenario.clients.groups)} groups, "
           f"seed {scenario.seed})")
+    if skipped is not None and not args.schema_only:
+        print(f"  not checked: the records each client gets, the model's size and the noise "
+              f"calibration, which read the data: {skipped}; `fedsim validate --check-data` "
+              f"checks them")
     for line in warnings:
         print(f"  warning: {line}")
     from fedsim.runtime.deployed.guarantees import guarantee_lines

@@ -158,8 +158,12 @@ def number_is_constant(value: Any) -> Any:
     return value
 
 
-Distribution = Annotated[
+_TaggedDistribution = Annotated[
     Constant | Uniform | Exponential | LogNormal | ShiftedExponential,
     Field(discriminator="kind"),
-    BeforeValidator(number_is_constant),
+]
+Distribution = Annotated[
+    _TaggedDistribution,
+    # the JSON Schema says what is accepted: a bare number (a constant's value) or a tagged one
+    BeforeValidator(number_is_constant, json_schema_input_type=Seconds | _TaggedDistribution),
 ]

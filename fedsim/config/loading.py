@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from fedsim.config import limits
 from fedsim.config.overrides import assign_path
@@ -409,9 +411,26 @@ def dump_scenario(scenario: Scenario, *, dataset_path: Path | None = None) -> st
     return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
 
+class _ScenarioJsonSchema(GenerateJsonSchema):
+    """Pydantic's JSON Schema, with each tagged union's choices requiring their tag: pydantic
+    picks a tagged union's member by its ``kind`` and refuses a mapping without one (even where
+    the member gives ``kind`` a default), and JSON Schema validators ignore the OpenAPI
+    ``discriminator`` keyword, so the requirement is spelled out."""
+
+    def tagged_union_schema(self, schema: core_schema.TaggedUnionSchema) -> JsonSchemaValue:
+        generated = super().tagged_union_schema(schema)
+        tag = schema["discriminator"]
+        choices = generated.get("oneOf")
+        if isinstance(tag, str) and isinstance(choices, list):
+            generated["oneOf"] = [{"allOf": [choice, {"required": [tag]}]} for choice in choices]
+        return generated
+
+
 def scenario_json_schema() -> dict[str, Any]:
-    """The JSON Schema of scenario files (for editor completion)."""
-    schema = Scenario.model_json_schema()
+    """The JSON Schema of scenario files (for editor completion): what :func:`parse_scenario`
+    accepts, shorthands included, apart from the rules that tie fields together (data shares
+    that sum to 1, unique group names, ...), which JSON Schema cannot state."""
+    schema = Scenario.model_json_schema(schema_generator=_ScenarioJsonSchema)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "fedsim scenario"
     return schema

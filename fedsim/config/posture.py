@@ -43,8 +43,11 @@ class DecayClip(_Strict):
         description="The last round's clip as a fraction of the first (in (0, 1]).")
 
 
+_TaggedClip = Annotated[ConstantClip | DecayClip, Field(discriminator="kind")]
 Clip = Annotated[
-    ConstantClip | DecayClip, Field(discriminator="kind"), BeforeValidator(_number_is_constant)
+    _TaggedClip,
+    # the JSON Schema says what is accepted: a bare number (a constant clip) or a tagged one
+    BeforeValidator(_number_is_constant, json_schema_input_type=Scale | _TaggedClip),
 ]
 
 
@@ -115,10 +118,13 @@ def _bare_sigma_is_constant(value: Any) -> Any:
     return value
 
 
+_TaggedNoise = Annotated[ConstantNoise | TargetNoise | GrowingMuNoise, Field(discriminator="kind")]
 Noise = Annotated[
-    ConstantNoise | TargetNoise | GrowingMuNoise,
-    Field(discriminator="kind"),
-    BeforeValidator(_bare_sigma_is_constant),
+    _TaggedNoise,
+    # the JSON Schema says what is accepted: a bare sigma, a constant one without its kind, or
+    # a tagged one
+    BeforeValidator(_bare_sigma_is_constant,
+                    json_schema_input_type=Scale | ConstantNoise | _TaggedNoise),
 ]
 
 

@@ -142,7 +142,8 @@ def delta_classic(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | n
 
 def epsilon_improved(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
                      delta: float) -> tuple[float, float]:
-    """(eps, order) from the closed-form bound of Asoodeh et al. (Lemma 1 / eq. 20),
+    """(eps, order) from the closed-form bound of Balle et al. 2020 ("Hypothesis Testing
+    Interpretations and Renyi Differential Privacy", Thm. 21; weaker than Asoodeh et al.'s Lemma 1),
     also Canonne, Kamath & Steinke 2020 Prop. 12:
     ``eps = r + log((a - 1)/a) - (log delta + log a)/(a - 1)``.
 

@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ __all__ = [
     "json_line",
     "ledger_file",
     "read_json",
+    "require_writable_dir",
     "write_json",
     "write_run_outputs",
 ]
@@ -110,6 +112,36 @@ def check_unused(out_dir: Path) -> None:
     ledgers = out_dir / LEDGER_DIR
     if ledgers.exists() and any(ledgers.iterdir()):
         raise ConfigError(f"{out_dir} already holds a run's ledgers; choose a new --out directory")
+
+
+def require_writable_dir(path: str | os.PathLike[str], what: str) -> Path:
+    """The one rule for an output directory (``--out``, ``--plots``, a run's ``plots/``):
+    checked before any work, it must be a directory this process can create files in, or
+    be creatable under its nearest existing parent. Probed by creating (and removing) a file
+    there - permission bits alone do not tell (root ignores them; a read-only file system
+    does not). Nothing is created for a directory that does not exist yet.
+
+    Raises:
+        ConfigError: one line naming ``what``, the path and why (a file in the way, a
+            read-only file system, no permission).
+    """
+    target = Path(path)
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: nothing to create the directory in
+            raise ConfigError(f"{what} {target}: {existing} is a broken symbolic link")
+        existing = existing.parent
+    existing = existing.absolute()  # "cannot write in /home/me/x", not "in ."
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {target}: {existing} is a file, not a directory")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".fedsim-write-check-", dir=existing)
+    except OSError as exc:
+        raise ConfigError(f"{what} {target}: cannot write in {existing} "
+                          f"({exc.strerror or exc})") from None
+    os.close(handle)
+    os.unlink(probe)
+    return target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +296,8 @@ def _format_cell(value: Any) -> str:
 
 
 def _reason_kind(reason: str) -> str:
+    if reason.startswith("the server finished"):  # its own reason follows: not the client's
+        return "the server finished the run"
     if "budget" in reason:
         return "their next round would have exceeded their privacy budget"
     if "finished" in reason:

@@ -50,10 +50,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
 import torch
 
 from fedsim.data.locate import user_cache_dir
+from fedsim.logging import get_logger
 
 __all__ = [
     "NoiseKey",
@@ -65,7 +65,7 @@ __all__ = [
     "reference_pairs",
 ]
 
-_log = structlog.get_logger("fedsim.training.gaussian")
+_log = get_logger("fedsim.training.gaussian")
 
 _MASK64 = (1 << 64) - 1
 _MIX1 = 0xBF58476D1CE4E5B9

@@ -23,12 +23,12 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
-import structlog
 import torch
 
 from fedsim.config import limits
 from fedsim.config.schema import ClientGroup
 from fedsim.errors import ConfigError, FedsimError, ModelError
+from fedsim.logging import get_logger
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK
@@ -37,7 +37,7 @@ from fedsim.training.models import MODELS
 
 __all__ = ["check_batch_fits", "check_model_size", "first_round_fits", "preflight_warnings"]
 
-_log = structlog.get_logger("fedsim.preflight")
+_log = get_logger("fedsim.preflight")
 _TENSOR_HEADER_ALLOWANCE = 64 * 1024  # the message header around a model's float32 values
 
 

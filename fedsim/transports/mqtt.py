@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import aiomqtt
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedsim.errors import AccessDenied, CodecError, ConfigError, TransportError
+from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import MAX_LINEAGE, Incarnation
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message, RunFinished
@@ -69,7 +69,7 @@ from fedsim.transports.mqtt_settings import (
     parse_broker_url,
 )
 
-_log = structlog.get_logger("fedsim.transports.mqtt")
+_log = get_logger("fedsim.transports.mqtt")
 HELLO_EVERY = 0.5  # seconds between a client's requests for the run's incarnation
 GLOBAL_QOS = 0
 """The global model (and the end of the run) is published at QoS 0, retained. A connected

@@ -19,9 +19,9 @@ from types import TracebackType
 from typing import Any, Self
 
 import aiomqtt
-import structlog
 
 from fedsim.errors import AccessDenied, CodecError, TransportError
+from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import Frame
 from fedsim.protocol.messages import Message
@@ -34,7 +34,7 @@ from fedsim.transports.mqtt_settings import (
 )
 from fedsim.transports.topics import Topics
 
-_log = structlog.get_logger("fedsim.transports.mqtt")
+_log = get_logger("fedsim.transports.mqtt")
 
 QOS = 1
 # CONNACK codes meaning "these credentials are refused" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135).

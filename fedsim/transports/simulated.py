@@ -49,10 +49,10 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import numpy as np
-import structlog
 
 from fedsim.clock import Clock
 from fedsim.errors import CodecError, ConfigError, TransportError
+from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
 from fedsim.transports.inbox import Inbox
@@ -60,7 +60,7 @@ from fedsim.transports.inbox import Inbox
 Direction = Literal["uplink", "downlink"]
 LatencySampler = Callable[[np.random.Generator], float]
 
-_log = structlog.get_logger("fedsim.transports.simulated")
+_log = get_logger("fedsim.transports.simulated")
 
 
 def no_latency(rng: np.random.Generator) -> float:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pty
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from fedsim.errors import ConfigError
 from fedsim.logging import configure_logging, get_logger
@@ -92,3 +95,41 @@ def test_process_logs_json_to_a_pipe_and_console_to_a_terminal() -> None:
     text = output.decode("utf-8", "replace")
     assert "window closed" in text
     assert not text.lstrip().startswith("{")  # a console line, not JSON
+
+
+@pytest.fixture
+def unconfigured_structlog() -> Iterator[None]:
+    """structlog as a program that never configured it has it; the configuration is restored."""
+    was_configured, config = structlog.is_configured(), structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    if was_configured:
+        structlog.configure(**config)
+    else:
+        structlog.reset_defaults()
+
+
+def test_unconfigured_lines_go_to_the_standard_library(
+        unconfigured_structlog: None, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = get_logger("fedsim.probe", run="r1")
+    with caplog.at_level(logging.INFO, logger="fedsim"):
+        log.debug("not asked for", window=1)
+        log.info("client stopped", client="c1", reason="budget spent")
+        log.bind(window=2).warning("late")
+        try:
+            raise ValueError("bad")
+        except ValueError:
+            log.exception("failed")
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("fedsim.probe", logging.INFO, "client stopped client=c1 reason='budget spent' run=r1"),
+        ("fedsim.probe", logging.WARNING, "late run=r1 window=2"),
+        ("fedsim.probe", logging.ERROR, "failed run=r1"),
+    ]
+    assert caplog.records[-1].exc_info is not None
+    assert caplog.records[-1].exc_info[0] is ValueError
+    assert capsys.readouterr().out == ""  # never stdout
+    # Configured (the CLI, or the program's own structlog.configure): structlog's way again.
+    configure_logging(json=True)
+    log.info("configured", window=3)
+    assert json.loads(capsys.readouterr().err)["event"] == "configured"

@@ -65,3 +65,27 @@ def test_duration_stop_tolerates_float_rounding_only() -> None:
         "it reached its limit of 30 scenario seconds")
     early = WindowReport(window=29, time=30.2, version=29, end=29.0)
     assert early.stop_reason(stop, active_clients=1) == ""
+
+
+@pytest.mark.parametrize(("server_reason", "client_reason"), [
+    ("it reached 1200 windows", None),
+    ("no client can train any more and every update has arrived", None),
+    (None, "finished its 12 rounds"),
+])
+def test_the_explanation_names_who_ended_a_clients_run(server_reason: str | None,
+                                                       client_reason: str | None) -> None:
+    """A client stopped by the server's end of the run is not said to have finished its
+    rounds (a deployed run's clients: issue 27, finding 12)."""
+    from types import SimpleNamespace
+
+    from fedsim.protocol.messages import RunFinished
+    from fedsim.runtime.actors.client import ClientActor
+    from fedsim.runtime.run_outputs import _reason_kind
+
+    if server_reason is not None:  # the reason a client records, as the client words it
+        reason = ClientActor._finished_reason(  # type: ignore[arg-type]
+            SimpleNamespace(finished=RunFinished(version=856, reason=server_reason)))
+        assert _reason_kind(reason) == "the server finished the run"
+    else:
+        assert client_reason is not None
+        assert _reason_kind(client_reason) == "they finished their configured rounds"

@@ -56,8 +56,6 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-import structlog
-
 from fedsim.config.distributions import (
     Constant,
     Exponential,
@@ -66,6 +64,7 @@ from fedsim.config.distributions import (
     Uniform,
 )
 from fedsim.config.schema import ClientGroup
+from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
 from fedsim.runtime.actors.exposure import expected_sample_grads
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
@@ -79,7 +78,7 @@ BURST = 16.0
 (network delay, reordering, an outage) without a single update waiting."""
 MAX_DEFERRED = 256
 """Updates one client may have waiting for a token; further ones are refused (``rate``)."""
-_log = structlog.get_logger("fedsim.runtime.actors.admission")
+_log = get_logger("fedsim.runtime.actors.admission")
 EXPONENTIAL_PACE = 4.0
 """An ``exponential`` speed has no minimum, but its rounds' times are independent: an honest
 client's ``k`` consecutive rounds take ``Gamma(k, mean)`` seconds per expected gradient. Its

@@ -74,11 +74,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
-import structlog
 
 from fedsim.clock import Clock
 from fedsim.errors import BudgetExhausted, ConfigError, TransportError
-from fedsim.logging import client_event_level
+from fedsim.logging import client_event_level, get_logger
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import (
     ClientState,
@@ -97,7 +96,7 @@ if TYPE_CHECKING:  # the actor never imports torch itself
 
 __all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
 
-_log = structlog.get_logger("fedsim.runtime.actors.client")
+_log = get_logger("fedsim.runtime.actors.client")
 
 
 class BegunRound(Protocol):

@@ -45,9 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
-
 from fedsim.config.schema import Scenario
+from fedsim.logging import get_logger
 
 if TYPE_CHECKING:  # the client actor imports this module and never imports torch itself
     import torch
@@ -68,7 +67,7 @@ __all__ = [
     "release_time",
 ]
 
-_log = structlog.get_logger("fedsim.runtime.actors.exposure")
+_log = get_logger("fedsim.runtime.actors.exposure")
 _warned: set[str] = set()
 
 Randomness = Literal["os_entropy", "seeded_not_private"]

@@ -67,7 +67,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import structlog
 
 from fedsim.aggregation import (
     AcceptedUpdate,
@@ -81,6 +80,7 @@ from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
 from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
+from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.actors.admission import Pacer, judge_update, status_problem
 from fedsim.runtime.actors.exposure import invitation_bits
@@ -96,7 +96,7 @@ from fedsim.transports.base import Endpoint
 
 __all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
 
-_log = structlog.get_logger("fedsim.runtime.actors.server")
+_log = get_logger("fedsim.runtime.actors.server")
 
 
 @dataclass(frozen=True)

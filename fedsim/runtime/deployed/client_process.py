@@ -13,12 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import Scenario
+from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.client import ClientActor
@@ -41,7 +41,7 @@ from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
 
 __all__ = ["client_resend_after", "client_state_file", "run_client", "training_generator"]
 
-_log = structlog.get_logger("fedsim.runtime.deployed.client_process")
+_log = get_logger("fedsim.runtime.deployed.client_process")
 
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
 

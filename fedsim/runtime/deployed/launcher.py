@@ -24,12 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from fedsim.config.factories import SEARCH_ENV
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
 from fedsim.data.load import dataset_file
 from fedsim.errors import ConfigError, FedsimError, TransportError
+from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import RoundRecord
 from fedsim.runtime.deployed.client_process import client_state_file
@@ -57,7 +56,7 @@ from fedsim.transports.broker import LocalMosquitto
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]
 
-_log = structlog.get_logger("fedsim.runtime.deployed.launcher")
+_log = get_logger("fedsim.runtime.deployed.launcher")
 
 
 def collect_outputs(

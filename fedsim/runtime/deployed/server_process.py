@@ -18,12 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import structlog
-
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
 from fedsim.errors import TransportError
+from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message, RunFinished
 from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
@@ -51,7 +50,7 @@ from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
 
 __all__ = ["keep_windows_through", "save_and_acknowledge", "serve"]
 
-_log = structlog.get_logger("fedsim.runtime.deployed.server_process")
+_log = get_logger("fedsim.runtime.deployed.server_process")
 
 
 def save_and_acknowledge(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-import structlog
+from fedsim.logging import get_logger
 
 try:
     import resource
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - not POSIX
 __all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "TRIM_FREE_BYTES", "free_heap_bytes",
            "ledger_handles_fit", "release_free_memory"]
 
-_log = structlog.get_logger("fedsim.runtime.simulated.memory")
+_log = get_logger("fedsim.runtime.simulated.memory")
 
 DESCRIPTORS_PER_LEDGER = 2
 """A held ledger's open files: the ledger (append) and its high-water mark (with the lock)."""

@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import structlog
 import torch
 
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
-from fedsim.logging import client_event_level
+from fedsim.logging import client_event_level, get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.runtime.actors.client import ClientActor, RoundRecord, Trainer
@@ -70,7 +69,7 @@ from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
 __all__ = ["ClientRecord", "RunResult", "TrainerHook", "run_scenario"]
 
-_log = structlog.get_logger("fedsim.runtime.simulated.simulation")
+_log = get_logger("fedsim.runtime.simulated.simulation")
 
 TrainerHook = Callable[[ClientPlan, Trainer], Trainer]
 """Wraps each client's trainer when the run builds it (instrumentation: benchmarks/simulator.py

@@ -27,12 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
 from fedsim.errors import ModelError
+from fedsim.logging import get_logger
 from fedsim.training.models import (
     changed_state,
     check_dp_compatible,
@@ -46,7 +46,7 @@ from fedsim.training.persample.rules import per_example_rule as _per_example_rul
 
 __all__ = ["ClippedSum", "PerSampleEngine", "engine_for"]
 
-_log = structlog.get_logger("fedsim.training.persample")
+_log = get_logger("fedsim.training.persample")
 
 # Tolerance of the first batch's attribution check, relative to the gradients compared: far
 # above float32 summation-order noise, far below a missing use of a parameter.
