@@ -236,4 +236,4 @@ class Rejections:
         return sum(self.counts.values())
 
     def as_dict(self) -> dict[str, int]:
-        return dict(sorted(self.counts.items()))
+        return {str(kind): n for kind, n in sorted(self.counts.items())}
