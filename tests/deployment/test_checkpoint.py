@@ -67,15 +67,17 @@ def _busy_server() -> ServerActor:
     server.params = np.arange(6, dtype=np.float32) / 7
     server.version = 9
     server.windows_closed = 12
-    server.seen = {("a", 0), ("a", 1), ("b", 0)}
+    for client, round_ in (("a", 0), ("a", 1), ("b", 0), ("b", 7)):
+        server.book.record(client, round_)
     server.step_size.observe(0.6)
     server.step_size.observe(0.5)  # no improvement: the step size halves
     server.rng.random(5)
     server.last_accuracy = 0.6
     server._evaluated_version = 9
     server._last_evaluation = (0.6, 0.9)
-    server.statuses = {"b": ClientStatus("b", "done", 4, 1.5, 1e-5, "finished", 11.0)}
-    server.invitations = {12: frozenset({"a"}), 13: frozenset({"b"})}
+    assert server.accept_status(ClientStatus("b", "training", 9, 1.5, 1e-5, "", 11.0))
+    server.book.invite(12, {"a"})
+    server.book.invite(13, {"b"})
     return server
 
 
@@ -90,11 +92,13 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
     restored.restore(ServerCheckpoint(tmp_path, IDENTITY).load())
     assert restored.params.tobytes() == original.params.tobytes()
     assert (restored.version, restored.windows_closed) == (9, 12)
-    assert restored.seen == original.seen
+    assert restored.book.state() == original.book.state(publishing=9)  # (may be broadcast next)
+    assert [r for r in range(9) if ("b", r) in restored.book] == [0, 7]
+    assert restored.book.watermark("a") == 2 and restored.book.missing() == 9 - 2
     assert vars(restored.step_size) == vars(original.step_size)
     assert restored.statuses == original.statuses
     assert restored.last_accuracy == 0.6 and restored._last_evaluation == (0.6, 0.9)
-    assert restored.invitations == original.invitations
+    assert restored.book.invited("a", 12) and not restored.book.invited("b", 12)
     # The participation generator continues exactly where the original was.
     assert restored._invite(14) == original._invite(14)
     assert restored.rng.random() == original.rng.random()

@@ -85,7 +85,7 @@ def _delta(kind: str) -> Any:
             "short": np.zeros(DIM - 1, np.float32)}[kind]
 
 
-def hostile_events(seed: int = 25, steps: int = 600) -> list[list[Any]]:
+def hostile_events(seed: int = 25, steps: int = 600) -> list[list[Any]]:  # noqa: C901
     """The events (JSON lists), drawn against the *old* server's state as the script plays
     them: ``["update", client, round, base_version, window, delta kind]``, ``["status",
     client, state, rounds]``, ``["close"]`` (apply what was accepted, publish every other time),
@@ -96,7 +96,7 @@ def hostile_events(seed: int = 25, steps: int = 600) -> list[list[Any]]:
     state: dict[str, Any] = {"next": dict.fromkeys(CLIENTS, 0), "sent": {c: [] for c in CLIENTS}}
     events: list[list[Any]] = []
 
-    def draw(server: Any) -> list[Any]:
+    def draw(server: Any) -> list[Any]:  # noqa: C901, PLR0911, PLR0912 - one branch per kind of event
         client = str(rng.choice(CLIENTS))
         version, window = server.version, server.windows_closed + 1
         base = int(rng.choice(sorted(server.published))) if rng.random() < 0.3 else version
@@ -235,8 +235,9 @@ class Player:
 
 def main(old_checkout: str) -> None:
     sys.path.insert(0, str(Path(old_checkout).resolve()))
-    import fedsim
     from structlog.testing import capture_logs
+
+    import fedsim
 
     commit = subprocess.run(["git", "-C", old_checkout, "rev-parse", "HEAD"], check=True,
                             capture_output=True, text=True).stdout.strip()

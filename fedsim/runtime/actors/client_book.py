@@ -68,7 +68,7 @@ from fedsim.runtime.actors.exposure import invitation_bits, is_invited
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
 __all__ = ["INVITED_WINDOWS", "PUBLISHED_RUNS", "WINDOW", "BookState", "ClientBook", "Kind",
-           "Verdict", "version_ranges"]
+           "PublishedVersions", "Verdict"]
 
 _log = structlog.get_logger("fedsim.runtime.actors.client_book")
 
@@ -157,18 +157,7 @@ class _Client:
         return max(self.highest + 1, self.base)
 
 
-def version_ranges(versions: Iterable[int]) -> list[list[int]]:
-    """``versions`` as sorted inclusive ``[first, last]`` runs."""
-    runs: list[list[int]] = []
-    for v in sorted(set(versions)):
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return runs
-
-
-class _Published:
+class PublishedVersions:
     """Published versions as sorted runs, the newest :data:`PUBLISHED_RUNS` of them."""
 
     def __init__(self, runs: Iterable[Iterable[int]] = ([0, 0],)) -> None:
@@ -264,7 +253,7 @@ class ClientBook:
         self.version = 0
         self._order = {c: i for i, c in enumerate(sorted(self.limits))}
         self._clients: dict[str, _Client] = {}
-        self.published = _Published()
+        self.published = PublishedVersions()
         self._invitations: dict[int, bytes] = {}
         self.adoptions = 0
         """Clients whose claimed rounds the book adopted (module docstring)."""
@@ -331,7 +320,7 @@ class ClientBook:
         return bits is not None and is_invited(bits, self._order.get(client_id, -1))
 
     # -- the verdicts -----------------------------------------------------------------------
-    def judge(self, update: ClientUpdate, pending: Any = frozenset()) -> Verdict:
+    def judge(self, update: ClientUpdate, pending: Any = frozenset()) -> Verdict:  # noqa: PLR0911 - one return per check, in order
         """The verdict on ``update`` (docs/SECURITY.md, in this order): unknown client, wrong
         length, round beyond its limit or ``MAX_ROUND_GAP`` beyond the known rounds, duplicate
         (judged, or accepted and waiting in ``pending``), a base version ahead of the server's
@@ -440,7 +429,7 @@ class ClientBook:
         about to be published, recorded as published in the copy."""
         published = self.published
         if publishing is not None and publishing not in published:
-            published = _Published(published.runs())
+            published = PublishedVersions(published.runs())
             published.add(publishing)
         return BookState(
             clients={c: [e.low, format(e.bits, "x"), e.highest, e.judged, e.base]
@@ -459,6 +448,6 @@ class ClientBook:
             entry.judged, entry.base = int(judged), int(base)
         for client_id, status in state.statuses.items():
             self._entry(client_id).status = status
-        self.published = _Published(state.published)
+        self.published = PublishedVersions(state.published)
         self._invitations = {int(w): bytes.fromhex(bits) for w, bits in state.invitations.items()}
         self.adoptions = state.adoptions

@@ -140,6 +140,9 @@ class ServerSnapshot:
     last_evaluation: tuple[float, float]
     incarnations: tuple[str, ...] = ()
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
+    version_ceiling: int | None = None
+    """No version above it was published before a later snapshot (None: ``version``); a
+    restored server renews its version above it (:meth:`ServerActor.renew_version`)."""
 
 
 class ServerActor:
@@ -208,6 +211,7 @@ class ServerActor:
         self.updates_after_end = 0
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
+        self._renew_above = 0  # (restore: the snapshot's version ceiling)
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
         self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
         self._stream: mixing.StreamedWindow | None = None
@@ -505,6 +509,8 @@ class ServerActor:
         self._evaluated_version = snapshot.evaluated_version
         self._last_evaluation = snapshot.last_evaluation
         self.optimizer.load_state(snapshot.optimizer_state)
+        self._renew_above = snapshot.version if snapshot.version_ceiling is None \
+            else max(snapshot.version, snapshot.version_ceiling)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -512,10 +518,13 @@ class ServerActor:
         Clients that sent an update on the restored version wait for a newer model; if those
         updates died with the crashed server's open window, nothing newer would ever come. The
         re-published model is unchanged, so its evaluation (and the step-size schedule) is
-        carried over rather than counted again."""
-        self.version += 1
-        if self._evaluated_version == self.version - 1:
-            self._evaluated_version = self.version
+        carried over rather than counted again. Above the snapshot's ``version_ceiling``: a
+        deployed server under an on-arrival policy publishes models between checkpoints, and a
+        client ignores any version not newer than the one it holds."""
+        renewed = max(self.version, self._renew_above) + 1
+        if self._evaluated_version == self.version:
+            self._evaluated_version = renewed
+        self.version = renewed
 
     def earliest_publish(self, next_update_arrival: float) -> float:
         """When the server can next publish a global model, given the earliest time an update
