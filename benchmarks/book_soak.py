@@ -52,6 +52,34 @@ class _Quiet:
         pass
 
 
+class _Traffic:
+    """Each client's next round as a hostile, lossy network delivers it (module docstring)."""
+
+    def __init__(self, clients: int) -> None:
+        self.next = [0] * clients
+        self.overtaken: list[list[tuple[int, int]]] = [[] for _ in range(clients)]
+        self.sent = [0] * clients
+
+    def next_round(self, i: int, u: float, v: float) -> int:
+        self.sent[i] += 1
+        late = self.overtaken[i]
+        if late and late[0][0] <= self.sent[i]:
+            return late.pop(0)[1]
+        if u < 0.01:  # this round is overtaken by the next: sent five updates later
+            late.append((self.sent[i] + 5, self.next[i]))
+            self.next[i] += 2
+            return self.next[i] - 1
+        if u < 0.02 and self.next[i]:  # a duplicate of the newest
+            return self.next[i] - 1
+        if u < 0.021:  # lost: never sent
+            self.next[i] += 2
+            return self.next[i] - 1
+        if i % 100 == 0 and v < 0.01:  # a hostile client names a far round
+            return self.next[i] + 5000
+        self.next[i] += 1
+        return self.next[i] - 1
+
+
 def soak(updates: int, clients: int, seconds: float, samples: int = 50) -> dict[str, Any]:
     ids = [f"c{i:05d}" for i in range(clients)]
     server = ServerActor(clock=WallClock(), endpoint=_Quiet(), initial_params=np.zeros(DIM),
@@ -60,9 +88,7 @@ def soak(updates: int, clients: int, seconds: float, samples: int = 50) -> dict[
     book = server.book
     delta = np.full(DIM, 1e-3, np.float32)
     rng = np.random.default_rng(25)
-    next_round = [0] * clients
-    overtaken: list[list[int]] = [[] for _ in range(clients)]  # (due at the client's n-th update)
-    sent = [0] * clients
+    traffic = _Traffic(clients)
     verdicts: dict[str, int] = {}
     rows: list[dict[str, Any]] = []
     every = max(1, updates // samples)
@@ -77,25 +103,7 @@ def soak(updates: int, clients: int, seconds: float, samples: int = 50) -> dict[
             t0 = time.perf_counter()
             for k in range(min(chunk, updates - done)):
                 i = (done + k) % clients
-                u, v = draws[k]
-                sent[i] += 1
-                late = overtaken[i]
-                if late and late[0] <= sent[i] - 5:
-                    round_ = late.pop(0)
-                elif u < 0.01:  # this round is overtaken by the next: sent five updates later
-                    overtaken[i].append(next_round[i])
-                    round_ = next_round[i] + 1
-                    next_round[i] += 2
-                elif u < 0.02 and next_round[i]:  # a duplicate of the newest
-                    round_ = next_round[i] - 1
-                elif u < 0.021:  # lost: never sent
-                    round_ = next_round[i] + 1
-                    next_round[i] += 2
-                elif i % 100 == 0 and v < 0.01:  # a hostile client names a far round
-                    round_ = next_round[i] + 5000
-                else:
-                    round_ = next_round[i]
-                    next_round[i] += 1
+                round_ = traffic.next_round(i, float(draws[k, 0]), float(draws[k, 1]))
                 update = ClientUpdate(ids[i], round_, 0, delta, 8.0)
                 verdict = book.judge(update)
                 if verdict.kind is Kind.ACCEPTED:
