@@ -7,19 +7,27 @@ import asyncio
 import json
 import math
 import os
+import time as wallclock
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fedsim.aggregation import PlateauStepSize, make_strategy
+from fedsim.aggregation.policies import FedAsync
 from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.deployed.checkpoint import CheckpointError, ServerCheckpoint
 from fedsim.runtime.deployed.deployment import resolve_broker
-from fedsim.runtime.deployed.server_process import keep_windows_through
+from fedsim.runtime.deployed.server_process import (
+    MIN_VERSION_LEASE,
+    Checkpoints,
+    keep_windows_through,
+)
 from fedsim.transports.security import generate_secrets, write_secrets
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
@@ -237,3 +245,66 @@ def test_resolve_broker_takes_credentials_from_url_or_secrets(
         resolve_broker(None, secrets_file=None, role="server")
     monkeypatch.setenv("FEDSIM_BROKER", "mqtt://envhost:1999")
     assert resolve_broker(None, secrets_file=None, role="server")[0].host == "envhost"
+
+
+class _SlowCheckpoint(ServerCheckpoint):
+    def save(self, snapshot: Any) -> None:
+        wallclock.sleep(0.2)  # a large checkpoint on a slow disk
+        super().save(snapshot)
+
+
+def test_checkpoints_are_written_off_the_event_loop_and_cover_the_versions_published(
+        tmp_path: Path) -> None:
+    """Finding 4: the event loop runs on while a checkpoint is written; receipts go out only
+    once it is durable; under FedAsync a model within the durable version ceiling leaves
+    without a new checkpoint, one beyond it waits for one; a restored server renews above the
+    ceiling (under time windows the ceiling is the version itself: renewed by one)."""
+    acknowledged: list[bool] = []
+    endpoint = SimpleNamespace(acknowledge=lambda book: acknowledged.append(("a", 1) in book))
+
+    async def main() -> tuple[int, int, int]:
+        server = _busy_server()  # version 9, ("a", 1) judged
+        server.policy = FedAsync(alpha=0.5)
+        checkpoints = Checkpoints(_SlowCheckpoint(tmp_path, IDENTITY), endpoint)  # type: ignore[arg-type]
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        written = checkpoints.start(server, window=True)
+        assert not written.done() and acknowledged == []
+        await checkpoints.cover(server, 9 + MIN_VERSION_LEASE)  # the pending one covers it
+        during = ticks
+        assert acknowledged == [True] and checkpoints.durable_ceiling == 9 + MIN_VERSION_LEASE
+        await checkpoints.cover(server, 20)
+        saves = checkpoints.checkpoint.saves
+        server.version = 10 + MIN_VERSION_LEASE
+        await checkpoints.cover(server, server.version)  # beyond the ceiling: one more
+        server.version += 300  # a busy window: the next lease is twice what it published
+        checkpoints.start(server, window=True)
+        await checkpoints.drain()
+        ticker.cancel()
+        return during, checkpoints.checkpoint.saves - saves, checkpoints.lease
+
+    during, more, lease = asyncio.run(main())
+    assert during >= 10  # the loop ticked through the 0.2 s write
+    assert more == 2 and lease == 2 * (10 + MIN_VERSION_LEASE + 300 - 9)
+    restored = _server()
+    loaded = ServerCheckpoint(tmp_path, IDENTITY).load()
+    assert loaded is not None and loaded.version_ceiling == 10 + MIN_VERSION_LEASE + 300 + lease
+    restored.restore(loaded)
+    restored.renew_version()
+    assert restored.version == loaded.version_ceiling + 1
+
+    async def windows() -> int | None:
+        server = _busy_server()
+        checkpoints = Checkpoints(ServerCheckpoint(tmp_path, IDENTITY), endpoint)  # type: ignore[arg-type]
+        await checkpoints.cover(server, server.version)
+        await checkpoints.drain()
+        return checkpoints.durable_ceiling
+
+    assert asyncio.run(windows()) == 9

@@ -9,11 +9,12 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
    kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
    length, its round is beyond the client's round limit or implausibly far ahead of what the
    server knows of it (:data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP`; such a round never
-   enters the de-duplication table), its ``base_version`` is ahead of the server's or was never
+   enters the client book), its ``base_version`` is ahead of the server's or was never
    published, or its norm exceeds what clipping plus the client's noise can produce
    (:func:`~fedsim.runtime.actors.integrity.update_norm_bound`); **duplicate** (logged) if
-   ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
-   double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
+   ``(client_id, round)`` was judged before (in any window: at-least-once delivery must never
+   double-apply; the :class:`~fedsim.runtime.actors.client_book.ClientBook` gives every verdict
+   here, typed); **stale** if ``version - base_version`` exceeds ``max_staleness``;
    **rejected** if the server invites (``participation < 1``) and never invited the client to
    the window the update names; otherwise **applied**;
 2. mixes the applied updates (weights normalised over the window or over the whole population,
@@ -50,7 +51,7 @@ passes ``check_model`` before it replaces the old one and is published. Each app
 weighted by the staleness weighting ``S(version - base_version)``, and the direction goes
 through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentum, Adam,
 Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
-de-duplication table), so a deployed server acknowledges it only once it is applied.
+client book), so a deployed server acknowledges it only once it is applied.
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an

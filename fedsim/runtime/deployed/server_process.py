@@ -7,12 +7,16 @@ the event loop (a copy of the model and of the client book: ``O(parameters + cli
 written on one worker thread (:class:`Checkpoints`), so that receiving and judging go on while
 it is serialised, fsynced and renamed; updates are acknowledged once the checkpoint that records
 them is durable. A global model leaves only once a durable checkpoint covers its version: each
-checkpoint grants a *version ceiling* (its version plus twice the versions published in the
-last window, at least :data:`MIN_VERSION_LEASE`), and only a model above the durable ceiling
-waits for a new checkpoint. So the server writes one checkpoint per window, also under the
-on-arrival policies (FedAsync, FedBuff publish a model per applied buffer), plus one whenever a
-window publishes more versions than its lease; a restarted server renews its version above the
-ceiling, so no client ever holds a newer version than it publishes. What a crash loses: the
+checkpoint grants a *version ceiling*, and only a model above the durable ceiling waits for a
+new checkpoint. Under time windows the ceiling is the checkpoint's own version (the window's
+one model is published right after its checkpoint); under the on-arrival policies (FedAsync,
+FedBuff publish a model per applied buffer) it is the version plus twice the versions published
+in the last window, at least :data:`MIN_VERSION_LEASE`. So the server writes one checkpoint per
+window, plus one whenever an on-arrival window publishes more versions than its lease; a
+restarted server renews its version above the ceiling, so no client ever holds a newer version
+than it publishes. The versions it skips count as staleness for updates still in flight
+(limit: with ``max_staleness`` below the lease, those are refused as stale after a crash).
+What a crash loses: the
 updates applied since the last checkpoint (unacknowledged, so their clients resend them and they
 are applied once, to the restored model) and the record of versions published since (updates
 based on them are refused as unpublished).
@@ -69,7 +73,7 @@ __all__ = ["MIN_VERSION_LEASE", "Checkpoints", "keep_windows_through", "serve"]
 _log = structlog.get_logger("fedsim.runtime.deployed.server_process")
 
 
-MIN_VERSION_LEASE = 64
+MIN_VERSION_LEASE = 16
 """Versions a checkpoint lets the server publish beyond its own before the next one."""
 
 
@@ -80,7 +84,7 @@ class Checkpoints:
         self.checkpoint = checkpoint
         self.endpoint = endpoint
         self.durable_ceiling = -1
-        self.lease = MIN_VERSION_LEASE
+        self.lease = 0
         self._window_version: int | None = None
         self._pending: tuple[int, asyncio.Task[None]] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
@@ -89,7 +93,9 @@ class Checkpoints:
         """Snapshot ``server`` now and write it on the worker thread; acknowledge what it
         records once durable. ``window``: the per-window checkpoint (it sizes the lease)."""
         self._raise_failed()
-        if window:
+        if not server.policy.on_arrival:
+            self.lease = 0  # the window's one model leaves right after its checkpoint
+        elif window or not self.lease:
             published = 0 if self._window_version is None else server.version - self._window_version
             self.lease = max(MIN_VERSION_LEASE, 2 * published)
             self._window_version = server.version
