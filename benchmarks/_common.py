@@ -8,6 +8,7 @@ and are also loaded by path from tests; each puts this directory on ``sys.path``
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 from fedsim.privacy.events import GaussianStep
 from fedsim.training import LocalTrainer
 
-__all__ = ["centralized_dp_sgd", "epoch_ends", "pyplot", "write_json"]
+__all__ = ["centralized_dp_sgd", "commit", "epoch_ends", "pyplot", "rss_mb", "write_json"]
 
 
 def centralized_dp_sgd(
@@ -52,6 +53,31 @@ def epoch_ends(steps: int, steps_per_epoch: float) -> list[int]:
             next_end += steps_per_epoch
             ends.append(done)
     return ends
+
+
+def commit() -> str:
+    """The checkout's commit (with ``+changes`` when the tree differs from it)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "fedsim"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def rss_mb() -> float:
+    """This process's resident set size now, in MiB (NaN where /proc is missing)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def write_json(path: Path, document: Any, *, indent: int = 2) -> None:

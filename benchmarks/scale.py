@@ -55,6 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from _common import commit, rss_mb  # noqa: E402
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario  # noqa: E402
 from fedsim.runtime.population import build_population  # noqa: E402
@@ -77,14 +78,6 @@ PLAN: list[tuple[int, str, float, int]] = [
     (10000, "message", 300.0, 900),
     (100000, "message", 60.0, 1800),
 ]
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _peak_mb() -> float:
@@ -141,13 +134,13 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     from simulator import interleaved_arms, released_per_group
 
     load_before = os.getloadavg()
-    rss_imports = _rss_mb()
+    rss_imports = rss_mb()
     started = time.perf_counter()
     loaded = scaled(clients, virtual_seconds, cross_device=mode == "message",
                     large_batches=mode == "train-large")
     population = build_population(loaded)
     population_seconds = time.perf_counter() - started
-    rss_population = _rss_mb()
+    rss_population = rss_mb()
     single = training = on_window = None
     if mode.startswith("train"):
         single, training, on_window = interleaved_arms(population)
@@ -168,7 +161,7 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
         "peak_rss_mb": round(_peak_mb()),
         "rss_after_imports_mb": round(rss_imports),
         "rss_after_population_mb": round(rss_population),
-        "end_rss_mb": round(_rss_mb()),
+        "end_rss_mb": round(rss_mb()),
         "updates_received": result.summary["updates"]["received"],
         "cpu_seconds": round(result.cpu_seconds, 2),
         "wall_seconds": round(result.wall_seconds, 2),
@@ -240,18 +233,18 @@ def breakdown(clients: int, virtual_seconds: float) -> dict[str, Any]:
     import numpy as np
 
     load_before = os.getloadavg()
-    phases = {"imports": _rss_mb()}
+    phases = {"imports": rss_mb()}
     loaded = scaled(clients, virtual_seconds, cross_device=False)
     population = build_population(loaded)
-    phases["population"] = _rss_mb()
+    phases["population"] = rss_mb()
     marks: dict[str, Any] = {}
 
     def on_window(line: dict[str, Any]) -> None:
         if "first_window" not in marks:
-            marks["first_window"] = _rss_mb()
+            marks["first_window"] = rss_mb()
             marks["peak_by_first_window"] = _peak_mb()
         marks["snapshot"] = tracemalloc.take_snapshot()
-        marks["last"] = _rss_mb()
+        marks["last"] = rss_mb()
 
     tracemalloc.start(1)
     with _scratch_dir() as scratch:
@@ -352,19 +345,6 @@ def _ray_rows(which: str) -> None:
             _save(document)
 
 
-def _commit() -> str:
-    """The checkout's commit (with ``+changes`` when the tree differs from it)."""
-    repo = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "fedsim"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
@@ -417,7 +397,7 @@ def main() -> None:
         row.setdefault("clients", clients)
         row.setdefault("mode", mode)
         row["time_bound_s"] = bound
-        row["code"] = _commit()
+        row["code"] = commit()
         print(json.dumps(row), flush=True)
         rows[(clients, mode)] = row
         document["rows"] = sorted(rows.values(), key=lambda r: (r["mode"], r["clients"]))

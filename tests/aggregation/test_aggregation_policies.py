@@ -165,7 +165,7 @@ def test_fedbuff_applies_each_full_buffer_at_once_and_publishes_it() -> None:
     assert [(r.received, r.applied, r.duplicate, r.version) for r in reports] == [
         (5, 4, 1, 2), (1, 0, 0, 2)]
     assert reports[0].applied_to == [0, 0, 1, 1]
-    assert ("a", 2) not in server.seen  # buffered, not judged: a deployed server won't ack it
+    assert ("a", 2) not in server.book  # buffered, not judged: a deployed server won't ack it
 
 
 def test_fedasync_mixes_every_update_on_arrival() -> None:

@@ -7,19 +7,27 @@ import asyncio
 import json
 import math
 import os
+import time as wallclock
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fedsim.aggregation import PlateauStepSize, make_strategy
+from fedsim.aggregation.policies import FedAsync
 from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.deployed.checkpoint import CheckpointError, ServerCheckpoint
 from fedsim.runtime.deployed.deployment import resolve_broker
-from fedsim.runtime.deployed.server_process import keep_windows_through
+from fedsim.runtime.deployed.server_process import (
+    MIN_VERSION_LEASE,
+    Checkpoints,
+    keep_windows_through,
+)
 from fedsim.transports.security import generate_secrets, write_secrets
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
@@ -67,15 +75,17 @@ def _busy_server() -> ServerActor:
     server.params = np.arange(6, dtype=np.float32) / 7
     server.version = 9
     server.windows_closed = 12
-    server.seen = {("a", 0), ("a", 1), ("b", 0)}
+    for client, round_ in (("a", 0), ("a", 1), ("b", 0), ("b", 7)):
+        server.book.record(client, round_)
     server.step_size.observe(0.6)
     server.step_size.observe(0.5)  # no improvement: the step size halves
     server.rng.random(5)
     server.last_accuracy = 0.6
     server._evaluated_version = 9
     server._last_evaluation = (0.6, 0.9)
-    server.statuses = {"b": ClientStatus("b", "done", 4, 1.5, 1e-5, "finished", 11.0)}
-    server.invitations = {12: frozenset({"a"}), 13: frozenset({"b"})}
+    assert server.accept_status(ClientStatus("b", "training", 9, 1.5, 1e-5, "", 11.0))
+    server.book.invite(12, {"a"})
+    server.book.invite(13, {"b"})
     return server
 
 
@@ -90,11 +100,13 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
     restored.restore(ServerCheckpoint(tmp_path, IDENTITY).load())
     assert restored.params.tobytes() == original.params.tobytes()
     assert (restored.version, restored.windows_closed) == (9, 12)
-    assert restored.seen == original.seen
+    assert restored.book.state() == original.book.state(publishing=9)  # (may be broadcast next)
+    assert [r for r in range(9) if ("b", r) in restored.book] == [0, 7]
+    assert restored.book.watermark("a") == 2 and restored.book.missing() == 9 - 2
     assert vars(restored.step_size) == vars(original.step_size)
     assert restored.statuses == original.statuses
     assert restored.last_accuracy == 0.6 and restored._last_evaluation == (0.6, 0.9)
-    assert restored.invitations == original.invitations
+    assert restored.book.invited("a", 12) and not restored.book.invited("b", 12)
     # The participation generator continues exactly where the original was.
     assert restored._invite(14) == original._invite(14)
     assert restored.rng.random() == original.rng.random()
@@ -233,3 +245,66 @@ def test_resolve_broker_takes_credentials_from_url_or_secrets(
         resolve_broker(None, secrets_file=None, role="server")
     monkeypatch.setenv("FEDSIM_BROKER", "mqtt://envhost:1999")
     assert resolve_broker(None, secrets_file=None, role="server")[0].host == "envhost"
+
+
+class _SlowCheckpoint(ServerCheckpoint):
+    def save(self, snapshot: Any) -> None:
+        wallclock.sleep(0.2)  # a large checkpoint on a slow disk
+        super().save(snapshot)
+
+
+def test_checkpoints_are_written_off_the_event_loop_and_cover_the_versions_published(
+        tmp_path: Path) -> None:
+    """Finding 4: the event loop runs on while a checkpoint is written; receipts go out only
+    once it is durable; under FedAsync a model within the durable version ceiling leaves
+    without a new checkpoint, one beyond it waits for one; a restored server renews above the
+    ceiling (under time windows the ceiling is the version itself: renewed by one)."""
+    acknowledged: list[bool] = []
+    endpoint = SimpleNamespace(acknowledge=lambda book: acknowledged.append(("a", 1) in book))
+
+    async def main() -> tuple[int, int, int]:
+        server = _busy_server()  # version 9, ("a", 1) judged
+        server.policy = FedAsync(alpha=0.5)
+        checkpoints = Checkpoints(_SlowCheckpoint(tmp_path, IDENTITY), endpoint)  # type: ignore[arg-type]
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        written = checkpoints.start(server, window=True)
+        assert not written.done() and acknowledged == []
+        await checkpoints.cover(server, 9 + MIN_VERSION_LEASE)  # the pending one covers it
+        during = ticks
+        assert acknowledged == [True] and checkpoints.durable_ceiling == 9 + MIN_VERSION_LEASE
+        await checkpoints.cover(server, 20)
+        saves = checkpoints.checkpoint.saves
+        server.version = 10 + MIN_VERSION_LEASE
+        await checkpoints.cover(server, server.version)  # beyond the ceiling: one more
+        server.version += 300  # a busy window: the next lease is twice what it published
+        checkpoints.start(server, window=True)
+        await checkpoints.drain()
+        ticker.cancel()
+        return during, checkpoints.checkpoint.saves - saves, checkpoints.lease
+
+    during, more, lease = asyncio.run(main())
+    assert during >= 10  # the loop ticked through the 0.2 s write
+    assert more == 2 and lease == 2 * (10 + MIN_VERSION_LEASE + 300 - 9)
+    restored = _server()
+    loaded = ServerCheckpoint(tmp_path, IDENTITY).load()
+    assert loaded is not None and loaded.version_ceiling == 10 + MIN_VERSION_LEASE + 300 + lease
+    restored.restore(loaded)
+    restored.renew_version()
+    assert restored.version == loaded.version_ceiling + 1
+
+    async def windows() -> int | None:
+        server = _busy_server()
+        checkpoints = Checkpoints(ServerCheckpoint(tmp_path, IDENTITY), endpoint)  # type: ignore[arg-type]
+        await checkpoints.cover(server, server.version)
+        await checkpoints.drain()
+        return checkpoints.durable_ceiling
+
+    assert asyncio.run(windows()) == 9

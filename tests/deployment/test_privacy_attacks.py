@@ -24,6 +24,7 @@ import yaml
 
 from fedsim.config import load_scenario
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.actors.client_book import BookState, ClientBook
 from fedsim.runtime.deployed.client_process import run_client
 from fedsim.runtime.deployed.launcher import Launcher, collect_outputs
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
@@ -143,8 +144,11 @@ def test_uninvited_deployed_clients_neither_train_nor_spend(tmp_path: Path) -> N
     assert summary["updates"]["rejected"] == 0 and summary["updates"]["applied"] > 0
     with np.load(tmp_path / "run" / "state" / "server" / "server.ckpt", allow_pickle=False) as f:
         state = json.loads(f["state"].tobytes())
-    invitations = {int(w): set(ids) for w, ids in state["invitations"].items()}
-    assert all(len(ids) == 2 for ids in invitations.values())
+    book = ClientBook(dict.fromkeys(launcher.client_ids), 1)
+    book.load(BookState.from_document(state["book"]))
+    invitations = {int(w): {c for c in launcher.client_ids if book.invited(c, int(w))}
+                   for w in state["book"]["invitations"]}
+    assert invitations and all(len(ids) == 2 for ids in invitations.values())
     released = 0
     for client_id in launcher.client_ids:
         report = json.loads((tmp_path / "run" / "state" / client_id

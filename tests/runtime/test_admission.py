@@ -27,9 +27,8 @@ from fedsim.runtime.actors.admission import (
     Pacer,
     RateSlot,
     public_round_seconds,
-    version_ranges,
-    versions_from_ranges,
 )
+from fedsim.runtime.actors.client_book import PUBLISHED_RUNS, PublishedVersions
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from tests.runtime.test_actors import FakeEndpoint
@@ -158,10 +157,19 @@ def test_a_restarted_servers_buckets_start_full() -> None:
         ["pass"] * int(BURST) + ["wait"]
 
 
-def test_version_ranges_round_trip() -> None:
-    versions = {0, 1, 2, 5, 7, 8}
-    assert version_ranges(versions) == [[0, 2], [5, 5], [7, 8]]
-    assert versions_from_ranges(version_ranges(versions)) == versions
+def test_published_versions_are_kept_as_bounded_runs() -> None:
+    published = PublishedVersions([])
+    for v in (0, 1, 2, 5, 8, 7):
+        published.add(v)
+    assert published.runs() == [[0, 2], [5, 5], [7, 8]]
+    published.add(6)
+    assert published.runs() == [[0, 2], [5, 8]]
+    assert [v for v in range(12) if v in published] == [0, 1, 2, 5, 6, 7, 8]
+    # broadcast_every = 2 for a long run: only the newest PUBLISHED_RUNS runs are kept.
+    for v in range(10, 10 + 2 * (PUBLISHED_RUNS + 5), 2):
+        published.add(v)
+    assert len(published.runs()) == PUBLISHED_RUNS and 0 not in published
+    assert published.oldest() == 10 + 2 * 5 and published.oldest() in published  # (7 dropped)
 
 
 def test_a_flooding_clients_deferred_rounds_are_applied_at_its_pace_not_dropped() -> None:
@@ -206,4 +214,4 @@ def test_an_unknown_version_claim_is_refused_and_counted() -> None:
     report = server.close_window()
     assert report.rejections == {"unpublished_version": 1} and report.applied == 1
     asyncio.run(server.broadcast())
-    assert server.published == {0, 4}
+    assert [v for v in range(6) if v in server.book.published] == [0, 4]

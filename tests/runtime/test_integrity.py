@@ -136,7 +136,9 @@ def test_hostile_updates_are_rejected_logged_and_counted_by_kind() -> None:
     rejected = [e for e in logs if e["event"] == "update rejected"]
     assert len(rejected) == len(hostile) and all(e["reason"] for e in rejected)
     assert any(e["event"].startswith("duplicate update ignored") for e in logs)
-    assert server.seen == {("a", 0)}  # no hostile round entered the de-duplication table
+    # No hostile round entered the client book: one round judged, none beyond it.
+    assert ("a", 0) in server.book and server.book.judged_count("a") == 1
+    assert server.book.known_rounds("a") == 1
     assert np.allclose(server.params, -honest.delta) and server.version == 1
     line = report.metrics_line(rejected=report.rejected, dropped_in_flight=0, active_clients=2,
                                min_remaining_epsilon=None, refused={"non_finite": 1})
@@ -194,7 +196,7 @@ def test_on_arrival_policies_check_every_update_before_it_is_buffered(policy: ob
     assert report.applied == 2 and report.duplicate == 1 and report.rejected == len(hostile)
     assert report.rejections == {"future_version": 1, "non_finite": 1, "norm": 1,
                                  "round_ahead": 1, "unknown_client": 1}
-    assert server.seen == {("a", 0), ("a", 1)}
+    assert server.book.judged_count("a") == 2 and server.book.known_rounds("a") == 2
     published = [m for _, m in server.endpoint.published]  # type: ignore[attr-defined]
     assert len(published) == server.version and all(isinstance(m, GlobalModel) for m in published)
     assert np.isfinite(server.params).all() and np.abs(server.params).max() <= 1.0

@@ -1,4 +1,4 @@
-"""Per-client pacing of updates and the server's published versions (docs/SECURITY.md).
+"""Per-client pacing of updates to their public compute slots (docs/SECURITY.md).
 
 Every update of a client passes the norm bound of :mod:`fedsim.runtime.actors.integrity`, but a client
 that sends its legal rounds back to back would otherwise be applied once per round: under the
@@ -38,13 +38,6 @@ share, ``1 + t / slot`` updates in ``t`` seconds plus one burst, however fast it
 honest run, whose clients never outrun their slots, is unchanged. The bucket of a restarted
 server starts full (its clients' outboxes replay what the crash left unacknowledged).
 
-**Published versions** (finding R4c): a client can only have trained on a model the server
-published. With ``broadcast_every > 1`` the versions between broadcasts are never sent; an
-update claiming one would get staleness 0 where every honest update has more, or pass
-``max_staleness``. The server remembers what it published (version 0, the initial model, and
-every model it sent; kept in its checkpoint as ranges, :func:`version_ranges`) and refuses an
-update whose ``base_version`` it never published (kind ``unpublished_version``).
-
 All of this uses public scenario values only; it costs the clients no privacy.
 """
 
@@ -52,7 +45,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -65,19 +57,22 @@ from fedsim.config.distributions import (
 )
 from fedsim.config.schema import ClientGroup
 from fedsim.logging import get_logger
-from fedsim.protocol.messages import ClientStatus, ClientUpdate
+from fedsim.protocol.messages import ClientUpdate
+from fedsim.runtime.actors.client_book import Kind
 from fedsim.runtime.actors.exposure import expected_sample_grads
-from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
 
-__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "REALISED_PACE", "Pacer", "RateSlot",
-           "group_slot", "judge_claims", "judge_update", "public_round_seconds", "status_problem",
-           "version_ranges", "versions_from_ranges"]
+__all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "PASSED_KEPT", "REALISED_PACE", "Pacer",
+           "RateSlot", "group_slot", "public_round_seconds"]
 
 BURST = 16.0
 """Token-bucket capacity: an honest client's arrivals may bunch by up to ``BURST - 1`` slots
 (network delay, reordering, an outage) without a single update waiting."""
 MAX_DEFERRED = 256
 """Updates one client may have waiting for a token; further ones are refused (``rate``)."""
+PASSED_KEPT = 1024
+"""Rounds per client whose passing the pacer remembers (a repeat of one is free: a network
+duplicate or a resend, which the judge then counts as a duplicate); a repeat of an older one
+costs a token like any update (an honest client resends only its 256 unacknowledged ones)."""
 _log = get_logger("fedsim.runtime.actors.admission")
 EXPONENTIAL_PACE = 4.0
 """An ``exponential`` speed has no minimum, but its rounds' times are independent: an honest
@@ -156,6 +151,19 @@ class _Bucket:
     waiting: deque[ClientUpdate] = field(default_factory=deque)
     deferred: int = 0
     index: int = 0  # the bucket's creation order: waiting clients are served in it
+    passed: set[int] = field(default_factory=set)  # the newest PASSED_KEPT rounds that passed
+    passed_order: deque[int] = field(default_factory=deque)
+
+    def has_passed(self, round_index: int) -> bool:
+        return round_index in self.passed
+
+    def pass_round(self, round_index: int) -> None:
+        if round_index in self.passed:
+            return
+        self.passed.add(round_index)
+        self.passed_order.append(round_index)
+        if len(self.passed_order) > PASSED_KEPT:
+            self.passed.discard(self.passed_order.popleft())
 
 
 class Pacer:
@@ -171,14 +179,13 @@ class Pacer:
         self.deferred = 0
         """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
         self._refused = 0
-        self._passed: set[tuple[str, int]] = set()  # (client, round) that passed: repeats are free
         self._noted: dict[int, tuple[ClientUpdate, str]] = {}  # id -> (the update, its verdict)
 
     def restart(self, start: float, *, full: bool) -> None:
         """Begin the buckets at ``start`` (the first model's time), full after a restart."""
         self.start = start
         self.initial = BURST if full else 1.0
-        self._buckets, self._passed, self._queued = {}, set(), set()
+        self._buckets, self._queued = {}, set()
 
     def _bucket(self, client_id: str, now: float) -> _Bucket:
         bucket = self._buckets.get(client_id)
@@ -196,8 +203,8 @@ class Pacer:
         # (1e-9: float rounding of the accrual must not defer an update that is on time)
         return self.slots.get(client_id) is None or bucket.tokens >= 1.0 - 1e-9
 
-    def _take(self, client_id: str, bucket: _Bucket, key: tuple[str, int]) -> None:
-        self._passed.add(key)
+    def _take(self, client_id: str, bucket: _Bucket, round_index: int) -> None:
+        bucket.pass_round(round_index)
         if self.slots.get(client_id) is not None:
             bucket.tokens -= 1.0
 
@@ -208,17 +215,16 @@ class Pacer:
         client_id = update.client_id
         if client_id not in self.slots:
             return "pass"  # not a client of the scenario: the judge refuses it
-        key = (client_id, update.round)
-        if key in self._passed:
-            return "pass"  # a network duplicate or resend: free (the judge counts it duplicate)
         bucket = self._bucket(client_id, now)
+        if bucket.has_passed(update.round):
+            return "pass"  # a network duplicate or resend: free (the judge counts it duplicate)
         if not bucket.waiting and self._may_pass(client_id, bucket):
-            self._take(client_id, bucket, key)
+            self._take(client_id, bucket, update.round)
             return "pass"
         if len(bucket.waiting) >= MAX_DEFERRED:
             self._refused += 1
             _log.warning("update rejected", client=client_id, round=update.round,
-                         base_version=update.base_version, kind="rate",
+                         base_version=update.base_version, kind=Kind.RATE,
                          reason=f"{MAX_DEFERRED} updates already wait for its compute slot")
             return "refuse"
         if not bucket.deferred:
@@ -242,10 +248,10 @@ class Pacer:
             return None  # the common case, on every arrival: no scan of every client's bucket
         for client_id in sorted(self._queued, key=lambda c: self._buckets[c].index):
             bucket = self._bucket(client_id, now)
-            key = (client_id, bucket.waiting[0].round)
-            if key in self._passed or self._may_pass(client_id, bucket):
-                if key not in self._passed:  # a repeat of a round that passed is free
-                    self._take(client_id, bucket, key)
+            round_index = bucket.waiting[0].round
+            if bucket.has_passed(round_index) or self._may_pass(client_id, bucket):
+                if not bucket.has_passed(round_index):  # a repeat of a round that passed is free
+                    self._take(client_id, bucket, round_index)
                 due = bucket.waiting.popleft()
                 if not bucket.waiting:
                     self._queued.discard(client_id)
@@ -274,82 +280,3 @@ class Pacer:
         return sum(len(b.waiting) for b in self._buckets.values())
 
 
-def judge_update(update: ClientUpdate, limits: ClientLimits | None, known: bool, size: int,  # noqa: PLR0913
-                 known_rounds: int, repeated: bool, version: int, published: Collection[int]) -> str:
-    """The server's verdict on one update (docs/SECURITY.md, in this order): '' if it may be
-    classified further, 'duplicate' (``repeated``: its (client, round) seen or buffered), or
-    ``'kind:reason'``: an unknown client (not ``known``), the wrong length (the model has
-    ``size`` parameters), a round beyond the client's limit or more than
-    :data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, then
-    :func:`judge_claims`."""
-    if not known:
-        return "unknown_client:not a client of this scenario"
-    if update.delta.size != size or update.delta.ndim != 1:
-        return f"shape:{update.delta.size} values, the model has {size}"
-    if limits is not None and limits.max_rounds is not None and update.round >= limits.max_rounds:
-        return f"round_ahead:round {update.round} beyond the client's {limits.max_rounds} rounds"
-    if update.round > known_rounds + MAX_ROUND_GAP:
-        return (f"round_ahead:round {update.round} is more than {MAX_ROUND_GAP} ahead of "
-                f"the {known_rounds} rounds known")
-    return "duplicate" if repeated else judge_claims(update, limits, version, published)
-
-
-def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int,
-                 published: Collection[int]) -> str:
-    """The server's checks of what an update claims (``'kind:reason'``, or '' if it passes):
-    a ``base_version`` ahead of the server's ``version`` or never ``published`` (R4c); a value
-    that is not finite; a norm beyond the client's bound (:mod:`fedsim.runtime.actors.integrity`)."""
-    if update.base_version > version:
-        return f"future_version:base version {update.base_version} > server version {version}"
-    if update.base_version not in published:
-        return f"unpublished_version:base version {update.base_version} was never published"
-    norm = update_norm(update.delta)
-    if not math.isfinite(norm):
-        return "non_finite:the update is not finite"
-    if limits is not None:
-        bound = limits.norm_bound(update.round)
-        if norm > bound:
-            return f"norm:norm {norm:.4g} exceeds the bound {bound:.4g} for this client"
-    return ""
-
-
-def status_problem(status: ClientStatus, known: bool, limits: ClientLimits | None, seen: int,
-                   known_rounds: int) -> tuple[str, str]:
-    """``(kind, reason)`` why a client's status disagrees with what the server saw (reason ''
-    if it agrees): an unknown client; fewer released rounds than the ``seen`` received, more
-    than :data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP` beyond the ``known_rounds``, more than
-    its round limit, or "done" without having reached it (``status_inconsistent``)."""
-    if not known:
-        return "unknown_client", "not a client of this scenario"
-    kind, rounds = "status_inconsistent", status.rounds
-    if rounds < seen:
-        return kind, f"claims {rounds} rounds released, the server received {seen}"
-    if rounds > known_rounds + MAX_ROUND_GAP:
-        return kind, (f"claims {rounds} rounds, more than {MAX_ROUND_GAP} beyond the "
-                      f"{known_rounds} known")
-    if limits is not None and limits.max_rounds is not None and rounds > limits.max_rounds:
-        return kind, f"claims {rounds} rounds, its limit is {limits.max_rounds}"
-    if status.state == "done" and limits is not None and (
-            limits.max_rounds is None or rounds != limits.max_rounds):
-        return kind, f"'done' after {rounds} rounds, its limit is {limits.max_rounds}"
-    return kind, ""
-
-
-def version_ranges(versions: Iterable[int]) -> list[list[int]]:
-    """``versions`` as sorted inclusive ``[first, last]`` runs (compact in a checkpoint: with
-    ``broadcast_every = 1`` every version is published, one run)."""
-    runs: list[list[int]] = []
-    for v in sorted(set(versions)):
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return runs
-
-
-def versions_from_ranges(runs: Iterable[Iterable[int]]) -> set[int]:
-    """The inverse of :func:`version_ranges`."""
-    out: set[int] = set()
-    for first, last in (tuple(r) for r in runs):
-        out.update(range(int(first), int(last) + 1))
-    return out

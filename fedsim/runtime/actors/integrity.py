@@ -76,7 +76,7 @@ MAX_PARAMETER = 1e6
 MAX_ROUND_GAP = 1024
 """How far beyond the highest round the server knows of a client's next update may be: its
 outbox holds at most 256 unacknowledged updates, so a larger gap cannot come from an honest
-client (and a forged ``round = 10**12`` never enters the de-duplication table)."""
+client (and a forged ``round = 10**12`` never enters the client book)."""
 
 
 def batch_size_bound(
@@ -236,4 +236,4 @@ class Rejections:
         return sum(self.counts.values())
 
     def as_dict(self) -> dict[str, int]:
-        return dict(sorted(self.counts.items()))
+        return {str(kind): n for kind, n in sorted(self.counts.items())}

@@ -9,11 +9,12 @@ that arrives in ``((k-1) W, k W]`` and at ``k W``:
    kind in ``WindowReport.rejections``) if the sender is unknown, its vector has the wrong
    length, its round is beyond the client's round limit or implausibly far ahead of what the
    server knows of it (:data:`~fedsim.runtime.actors.integrity.MAX_ROUND_GAP`; such a round never
-   enters the de-duplication table), its ``base_version`` is ahead of the server's or was never
+   enters the client book), its ``base_version`` is ahead of the server's or was never
    published, or its norm exceeds what clipping plus the client's noise can produce
    (:func:`~fedsim.runtime.actors.integrity.update_norm_bound`); **duplicate** (logged) if
-   ``(client_id, round)`` was seen before (in any window: at-least-once delivery must never
-   double-apply); **stale** if ``version - base_version`` exceeds ``max_staleness``;
+   ``(client_id, round)`` was judged before (in any window: at-least-once delivery must never
+   double-apply; the :class:`~fedsim.runtime.actors.client_book.ClientBook` gives every verdict
+   here, typed); **stale** if ``version - base_version`` exceeds ``max_staleness``;
    **rejected** if the server invites (``participation < 1``) and never invited the client to
    the window the update names; otherwise **applied**;
 2. mixes the applied updates (weights normalised over the window or over the whole population,
@@ -50,7 +51,7 @@ passes ``check_model`` before it replaces the old one and is published. Each app
 weighted by the staleness weighting ``S(version - base_version)``, and the direction goes
 through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentum, Adam,
 Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
-de-duplication table), so a deployed server acknowledges it only once it is applied.
+client book), so a deployed server acknowledges it only once it is applied.
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
@@ -82,8 +83,8 @@ from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
-from fedsim.runtime.actors.admission import Pacer, judge_update, status_problem
-from fedsim.runtime.actors.exposure import invitation_bits
+from fedsim.runtime.actors.admission import Pacer
+from fedsim.runtime.actors.client_book import BookState, ClientBook, Kind
 from fedsim.runtime.actors.integrity import (
     ClientLimits,
     Rejections,
@@ -123,25 +124,26 @@ Evaluator = Callable[[np.ndarray], tuple[float, float]]
 @dataclass(frozen=True, eq=False)
 class ServerSnapshot:
     """Everything a restarted server needs to continue where :meth:`ServerActor.snapshot` was
-    taken: the model and its version, the de-duplication table, the window count and clock
-    time, the step-size schedule's and participation generator's state, the last evaluation and
-    the clients' last statuses. Updates waiting in the current window are not part of it."""
+    taken: the model and its version, the client book (what was judged of each client, its
+    status, the published versions and kept invitations: :mod:`~fedsim.runtime.actors.client_book`),
+    the window count and clock time, the step-size schedule's and participation generator's
+    state and the last evaluation. Updates waiting in the current window are not part of it."""
 
     params: np.ndarray
     version: int
     windows_closed: int
     time: float
-    seen: frozenset[tuple[str, int]]
+    book: BookState
     step_size_state: dict[str, float | int]
     rng_state: dict[str, object]
     last_accuracy: float | None
     evaluated_version: int
     last_evaluation: tuple[float, float]
-    statuses: dict[str, ClientStatus]
     incarnations: tuple[str, ...] = ()
-    invitations: dict[int, frozenset[str]] = field(default_factory=dict)
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
-    published: frozenset[int] | None = None  # versions published (None: all up to ``version``)
+    version_ceiling: int | None = None
+    """No version above it was published before a later snapshot (None: ``version``); a
+    restored server renews its version above it (:meth:`ServerActor.renew_version`)."""
 
 
 class ServerActor:
@@ -172,8 +174,11 @@ class ServerActor:
         self.clock = clock
         self.endpoint = endpoint
         self.params = np.asarray(initial_params, dtype=np.float32).copy()
-        self.version = 0
         self.clients = dict(clients)
+        self.book = ClientBook({c: info.limits for c, info in self.clients.items()},
+                               self.params.size, max_staleness=max_staleness,
+                               invites=participation < 1.0)
+        """What the server judged of each client, statuses, published versions, invitations."""
         self.window = float(window)
         self.strategy = strategy
         self.policy: AggregationPolicy = policy if policy is not None else TimeWindows()
@@ -189,11 +194,6 @@ class ServerActor:
         # "window": a convex mix of what arrived in the window.
         self.total_weight = None if normalize == "window" else population_weight(
             strategy, [(cid, info.num_samples, info.weight) for cid, info in sorted(self.clients.items())])
-        self.seen: set[tuple[str, int]] = set()
-        # Per client: rounds in the de-duplication table and the highest of them.
-        self._seen_count: dict[str, int] = {}
-        self._highest_round: dict[str, int] = {}
-        self.statuses: dict[str, ClientStatus] = {}
         self._rejections = Rejections()
         """The open window's rejected updates and statuses by kind."""
         self.incarnations: tuple[str, ...] = ()
@@ -201,23 +201,35 @@ class ServerActor:
         self.windows_closed = 0
         self.last_accuracy: float | None = None
         self._inbox: list[ClientUpdate] = []
-        # window -> the clients invited to it (participation < 1), for the updates' check
-        self.invitations: dict[int, frozenset[str]] = {}
         self._evaluated_version = -1
         self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
         self._origin = 0.0  # when window 0 opened (run() sets it)
         # On-arrival policies: the open window's running report and the buffer of updates
-        # accepted but not yet applied (not in self.seen until applied).
+        # accepted but not yet applied (not in the book until applied).
         self._open: WindowReport | None = None
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self.ended = False  # the last window has closed: updates are no longer judged
         self.updates_after_end = 0
         self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
-        self.published: set[int] = {0}  # version 0, the initial model, opens the run
+        self._renew_above = 0  # (restore: the snapshot's version ceiling)
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
         self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
         self._stream: mixing.StreamedWindow | None = None
+
+    @property
+    def version(self) -> int:
+        """The model's version (the book judges base versions against it)."""
+        return self.book.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.book.version = version
+
+    @property
+    def statuses(self) -> dict[str, ClientStatus]:
+        """The clients' kept statuses (a copy; :meth:`accept_status`)."""
+        return self.book.statuses
 
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
@@ -246,20 +258,22 @@ class ServerActor:
         count = max(1, round(self.participation * len(ids)))
         chosen = frozenset(ids[i] for i in self.rng.choice(len(ids), size=count, replace=False))
         # A restarted server draws the open window again: both draws' invitees may train.
-        self.invitations[window] = self.invitations.get(window, frozenset()) | chosen
-        self._invited_bits = invitation_bits(ids, chosen)
+        self._invited_bits = self.book.invite(window, chosen)
         return self._invited_bits
 
     def _admit(self, update: ClientUpdate, report: WindowReport,
                buffered: AbstractSet[tuple[str, int]] = frozenset()
                ) -> tuple[AcceptedUpdate, float | None] | None:
-        """Check and classify one update, whichever the policy (:meth:`_judge`'s verdicts,
-        then stale and uninvited; counted in ``report``): the update to apply with its norm
-        bound, or None. A classified update enters the de-duplication table at once, an
-        accepted one only when its mix is applied or refused (``buffered``: accepted, waiting)."""
-        info = self.clients.get(update.client_id)
-        verdict = self._judge(update, info, buffered)
-        if verdict == "duplicate":
+        """Check and classify one update, whichever the policy (the book's verdict, counted in
+        ``report``): the update to apply with its norm bound, or None. A classified update
+        enters the book at once, an accepted one only when its mix is applied or refused
+        (``buffered``: accepted, waiting)."""
+        verdict = self.book.judge(update, buffered)
+        if verdict.dropped_status:
+            self._rejections.add(Kind.STATUS_INCONSISTENT)
+            _log.warning("status rejected", client=update.client_id,
+                         kind=Kind.STATUS_INCONSISTENT, reason=verdict.dropped_status)
+        if verdict.kind is Kind.DUPLICATE:
             report.duplicate += 1
             # At-least-once delivery duplicates, a replay looks the same: counted every time,
             # logged at info once per client (the rest at debug, not to flood a lossy run's log).
@@ -269,28 +283,23 @@ class ServerActor:
                 "duplicate update ignored (a network duplicate or a replay)",
                 client=update.client_id, round=update.round, base_version=update.base_version)
             return None
-        if verdict:
-            kind, reason = verdict.split(":", 1)
-            self._rejections.add(kind)
-            report.rejected += 1
-            _log.warning("update rejected", client=update.client_id, round=update.round,
-                         base_version=update.base_version, kind=kind, reason=reason)
-            return None
-        assert info is not None
-        self._contradicted_status(update)
-        if self.max_staleness is not None \
-                and self.version - update.base_version > self.max_staleness:
-            self._record_seen(update.client_id, update.round)
+        if verdict.kind is Kind.STALE:
             report.stale += 1
             return None
-        if (self.participation < 1.0
-                and update.client_id not in self.invitations.get(update.window, ())):
-            self._record_seen(update.client_id, update.round)
+        if verdict.kind is Kind.NOT_INVITED:
             _log.warning("update of a round the client was not invited to",
                          client=update.client_id, round=update.round, window=update.window)
             report.rejected += 1
-            self._rejections.add("not_invited")
+            self._rejections.add(Kind.NOT_INVITED)
             return None
+        if verdict.kind is not Kind.ACCEPTED:
+            self._rejections.add(verdict.kind)
+            report.rejected += 1
+            _log.warning("update rejected", client=update.client_id, round=update.round,
+                         base_version=update.base_version, kind=verdict.kind,
+                         reason=verdict.reason)
+            return None
+        info = self.clients[update.client_id]
         accepted = AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
                                   info.step_at(update.round), info.weight, update.base_version)
         return accepted, info.limits.norm_bound(update.round) if info.limits else None
@@ -316,7 +325,7 @@ class ServerActor:
                     bound: float | None, report: WindowReport, step: float) -> bool:
         """The optimizer's step for ``entries``, kept only if it passes :func:`check_model`."""
         for client_id, round_index, _ in entries:
-            self._record_seen(client_id, round_index)
+            self.book.record(client_id, round_index)
         before = copy.deepcopy(self.optimizer)
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
             new = self.optimizer.step(self.params, direction, step)
@@ -326,7 +335,7 @@ class ServerActor:
             self.optimizer = before
             _log.error("mixed model refused; its updates are not applied", window=report.window,
                        reason=problem, updates=len(entries))
-            self._rejections.add("bad_mix", len(entries))
+            self._rejections.add(Kind.BAD_MIX, len(entries))
             report.rejected += len(entries)
             return False
         self.params = new
@@ -396,7 +405,7 @@ class ServerActor:
         keys: set[tuple[str, int]] = set()
         paced = due + self.pacer.judged_now(arrived, now)
         if refused := self.pacer.take_refused():  # beyond the waiting limit: "rate"
-            self._rejections.add("rate", refused)
+            self._rejections.add(Kind.RATE, refused)
             report.rejected += refused
         for update in paced:
             admitted = self._admit(update, report, keys)
@@ -422,15 +431,6 @@ class ServerActor:
             self.last_accuracy = report.accuracy
         return report
 
-    def _judge(self, update: ClientUpdate, info: ClientInfo | None,
-               buffered: AbstractSet[tuple[str, int]] = frozenset()) -> str:
-        """:func:`~fedsim.runtime.actors.admission.judge_update` against this server's state
-        ('duplicate': seen, or accepted and waiting in ``buffered``)."""
-        key = (update.client_id, update.round)
-        return judge_update(update, info.limits if info is not None else None, info is not None,
-                            self.params.size, self._known_rounds(update.client_id),
-                            key in self.seen or key in buffered, self.version, self.published)
-
     def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
                          bounds: list[float | None]) -> float | None:
         """``D = sum_i |c_i| eta_i bound_i`` bounds the direction for its coefficients ``c_i``;
@@ -442,51 +442,21 @@ class ServerActor:
         return sum(abs(float(c)) * abs(u.step_size) * b
                    for c, u, b in zip(factors, accepted, known, strict=True))
 
-    def _record_seen(self, client_id: str, round_index: int) -> None:
-        self.seen.add((client_id, round_index))
-        self._seen_count[client_id] = self._seen_count.get(client_id, 0) + 1
-        self._highest_round[client_id] = max(self._highest_round.get(client_id, -1), round_index)
-
-    def _known_rounds(self, client_id: str) -> int:
-        """Rounds the server knows ``client_id`` released (received, or kept statuses)."""
-        return max(self._highest_round.get(client_id, -1) + 1, self._released(client_id))
-
-    def _released(self, client_id: str) -> int:
-        status = self.statuses.get(client_id)
-        return status.rounds if status is not None else 0
-
-    def _contradicted_status(self, update: ClientUpdate) -> None:
-        status = self.statuses.get(update.client_id)
-        if status is not None and status.state in ("done", "budget_exhausted") \
-                and update.round >= status.rounds:
-            del self.statuses[update.client_id]
-            self._rejections.add("status_inconsistent")
-            _log.warning("status rejected", client=update.client_id, kind="status_inconsistent",
-                         reason=f"round {update.round} arrived after a {status.state!r} status "
-                                f"claiming {status.rounds} rounds")
-
     def accept_status(self, status: ClientStatus) -> bool:
-        """Keep ``status`` if it agrees with what the server saw; else log and count it."""
-        info = self.clients.get(status.client_id)
-        kind, reason = status_problem(
-            status, info is not None, info.limits if info is not None else None,
-            self._seen_count.get(status.client_id, 0), self._known_rounds(status.client_id))
-        if reason:
-            self._rejections.add(kind)
+        """Keep ``status`` if it agrees with what the server saw (:meth:`ClientBook.judge_status`,
+        which may adopt a first far claim); else log and count it."""
+        verdict = self.book.judge_status(status)
+        if verdict.kind is not Kind.ACCEPTED:
+            self._rejections.add(verdict.kind)
             _log.warning("status rejected", client=status.client_id, state=status.state,
-                         rounds=status.rounds, kind=kind, reason=reason)
+                         rounds=status.rounds, kind=verdict.kind, reason=verdict.reason)
             return False
-        self.statuses[status.client_id] = status
         return True
 
     def missing_updates(self) -> int:
         """Updates the clients released (by their statuses and round numbers) that never
-        reached this server's de-duplication table (lost, or still in flight)."""
-        missing = 0
-        for client_id in self.clients:
-            released = max(self._highest_round.get(client_id, -1) + 1, self._released(client_id))
-            missing += max(0, released - self._seen_count.get(client_id, 0))
-        return missing
+        reached this server's book (lost, or still in flight; after any adopted rounds)."""
+        return self.book.missing()
 
     async def broadcast(self) -> None:
         """Publish the model; it opens the next window and carries that window's invitation."""
@@ -497,7 +467,7 @@ class ServerActor:
         (False: repeat the open window's, for a model published mid-window)."""
         window = self.windows_closed + 1
         invited = self._invite(window) if invite else self._invited_bits
-        self.published.add(self.version)
+        self.book.publish(self.version)
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
                                                 window, invited, self.step_size.current(window)))
 
@@ -509,17 +479,14 @@ class ServerActor:
             version=self.version,
             windows_closed=self.windows_closed,
             time=self.clock.now(),
-            seen=frozenset(self.seen),
+            book=self.book.state(publishing=self.version),  # (may be broadcast next)
             step_size_state=self.step_size.state_dict(),
             rng_state=dict(self.rng.bit_generator.state),
             last_accuracy=self.last_accuracy,
             evaluated_version=self._evaluated_version,
             last_evaluation=self._last_evaluation,
-            statuses=dict(self.statuses),
             incarnations=self.incarnations,
-            invitations=dict(self.invitations),
             optimizer_state=self.optimizer.state(),
-            published=frozenset(self.published | {self.version}),  # (may be broadcast next)
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -535,20 +502,16 @@ class ServerActor:
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
-        self.seen = set()
-        self._seen_count, self._highest_round = {}, {}
-        for client_id, round_index in sorted(snapshot.seen):
-            self._record_seen(client_id, round_index)
+        self.book.load(snapshot.book)
         self.incarnations = tuple(snapshot.incarnations)
         self.step_size.load_state_dict(snapshot.step_size_state)
         self.rng.bit_generator.state = snapshot.rng_state
         self.last_accuracy = snapshot.last_accuracy
         self._evaluated_version = snapshot.evaluated_version
         self._last_evaluation = snapshot.last_evaluation
-        self.statuses = dict(snapshot.statuses)
-        self.invitations = dict(snapshot.invitations)
         self.optimizer.load_state(snapshot.optimizer_state)
-        self.published = set(snapshot.published or range(self.version + 1))  # (holds 0)
+        self._renew_above = snapshot.version if snapshot.version_ceiling is None \
+            else max(snapshot.version, snapshot.version_ceiling)
 
     def renew_version(self) -> None:
         """Give the current model a new version (after a restart from a snapshot).
@@ -556,10 +519,13 @@ class ServerActor:
         Clients that sent an update on the restored version wait for a newer model; if those
         updates died with the crashed server's open window, nothing newer would ever come. The
         re-published model is unchanged, so its evaluation (and the step-size schedule) is
-        carried over rather than counted again."""
-        self.version += 1
-        if self._evaluated_version == self.version - 1:
-            self._evaluated_version = self.version
+        carried over rather than counted again. Above the snapshot's ``version_ceiling``: a
+        deployed server under an on-arrival policy publishes models between checkpoints, and a
+        client ignores any version not newer than the one it holds."""
+        renewed = max(self.version, self._renew_above) + 1
+        if self._evaluated_version == self.version:
+            self._evaluated_version = renewed
+        self.version = renewed
 
     def earliest_publish(self, next_update_arrival: float) -> float:
         """When the server can next publish a global model, given the earliest time an update

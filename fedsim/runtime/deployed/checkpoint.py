@@ -2,16 +2,20 @@
 
 A checkpoint is one file, ``<state dir>/server.ckpt``: a numpy ``.npz`` archive (no pickle)
 holding the flat float32 model as ``params`` and everything else of a
-:class:`~fedsim.runtime.actors.server.ServerSnapshot` (version, window count, clock time,
-de-duplication table, step-size and participation-generator state, last evaluation, client
-statuses) as a UTF-8 JSON document ``state``, plus the run's *identity* (scenario name, seed,
+:class:`~fedsim.runtime.actors.server.ServerSnapshot` (version and version ceiling, window
+count, clock time, the client book - per client a watermark and a bitmap of at most 1024
+rounds, its status, the published versions as runs, the kept invitations: ``O(clients)``, not
+``O(updates)``, :mod:`fedsim.runtime.actors.client_book` - step-size and participation-generator
+state, last evaluation) as a UTF-8 JSON document ``state``, plus the run's *identity* (scenario name, seed,
 model size, ...), which must match on load so that a state directory is never resumed by a
 different scenario.
 
 Writes are atomic and durable: the archive goes to a temporary file in the same directory,
 which is fsynced, renamed over the old checkpoint with :func:`os.replace` (atomic on POSIX), and
 the directory is fsynced so the rename itself survives a power loss. A crash at any moment
-leaves either the old or the new checkpoint, never a torn one.
+leaves either the old or the new checkpoint, never a torn one. :meth:`ServerCheckpoint.save`
+blocks; the deployed server calls it on a worker thread, off the event loop
+(:mod:`fedsim.runtime.deployed.server_process`).
 """
 
 from __future__ import annotations
@@ -20,21 +24,23 @@ import io
 import json
 import math
 import os
+import time
 import zipfile
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedsim.errors import FedsimError
-from fedsim.protocol.messages import ClientStatus
-from fedsim.runtime.actors.admission import version_ranges, versions_from_ranges
+from fedsim.runtime.actors.client_book import BookState
 from fedsim.runtime.actors.server import ServerSnapshot
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint"]
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
+"""2: the client book replaces the de-duplication table, statuses, invitations and versions of
+format 1 (a format-1 checkpoint is refused with a clear error)."""
 FILE_NAME = "server.ckpt"
 
 
@@ -51,18 +57,15 @@ def _state_document(snapshot: ServerSnapshot, identity: dict[str, Any]) -> dict[
         "version": snapshot.version,
         "windows_closed": snapshot.windows_closed,
         "time": snapshot.time,
-        "seen": sorted([client, round_] for client, round_ in snapshot.seen),
+        "version_ceiling": snapshot.version_ceiling,
+        "book": snapshot.book.document(),
         "step_size_state": snapshot.step_size_state,
         "rng_state": snapshot.rng_state,
         "last_accuracy": snapshot.last_accuracy,
         "evaluated_version": snapshot.evaluated_version,
         # JSON has no NaN; "not evaluated yet" is stored as null.
         "last_evaluation": [None if math.isnan(v) else v for v in snapshot.last_evaluation],
-        "statuses": {client: asdict(status) for client, status in snapshot.statuses.items()},
         "incarnations": list(snapshot.incarnations),
-        "invitations": {str(w): sorted(ids) for w, ids in snapshot.invitations.items()},
-        # The versions it published, as [first, last] runs (None: not recorded).
-        "published": None if snapshot.published is None else version_ranges(snapshot.published),
     }
 
 
@@ -73,17 +76,15 @@ def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
         version=int(state["version"]),
         windows_closed=int(state["windows_closed"]),
         time=float(state["time"]),
-        seen=frozenset((str(client), int(round_)) for client, round_ in state["seen"]),
+        version_ceiling=(None if state.get("version_ceiling") is None
+                         else int(state["version_ceiling"])),
+        book=BookState.from_document(state["book"]),
         step_size_state=dict(state["step_size_state"]),
         rng_state=dict(state["rng_state"]),
         last_accuracy=state["last_accuracy"],
         evaluated_version=int(state["evaluated_version"]),
         last_evaluation=(accuracy, loss),
-        statuses={client: ClientStatus(**fields) for client, fields in state["statuses"].items()},
         incarnations=tuple(str(i) for i in state.get("incarnations", [])),
-        invitations={int(w): frozenset(ids) for w, ids in state.get("invitations", {}).items()},
-        published=(None if state.get("published") is None
-                   else frozenset(versions_from_ranges(state["published"]))),
     )
 
 
@@ -107,9 +108,11 @@ class ServerCheckpoint:
         self.path = self.directory / FILE_NAME
         self.identity = json.loads(json.dumps(identity))  # as it will read back
         self.saves = 0
+        self.seconds: list[float] = []  # each save's duration, for the run's summary (bounded)
 
     def save(self, snapshot: ServerSnapshot) -> None:
-        """Write ``snapshot`` atomically and durably (see the module docstring)."""
+        """Write ``snapshot`` atomically and durably (see the module docstring); blocks."""
+        started = time.perf_counter()
         self.directory.mkdir(parents=True, exist_ok=True)
         state = json.dumps(_state_document(snapshot, self.identity), allow_nan=True).encode()
         buffer = io.BytesIO()
@@ -128,6 +131,7 @@ class ServerCheckpoint:
         os.replace(temporary, self.path)
         _fsync_directory(self.directory)
         self.saves += 1
+        self.seconds = [*self.seconds[-99:], time.perf_counter() - started]
 
     def load(self) -> ServerSnapshot | None:
         """The saved snapshot, or None if there is no checkpoint yet."""

@@ -33,18 +33,19 @@ a released update. A restarted client continues after its last committed round; 
 draws its batches and noise from OS entropy (in the opt-in, not private, seeded mode: from a
 fresh seed stream keyed by that round: replaying the first incarnation's stream would release
 the same noise twice). The server writes a checkpoint
-(:mod:`fedsim.runtime.deployed.checkpoint`) after every window and before every broadcast, so no
-version it ever published is lost; a restarted server resumes model, version, step size,
-de-duplication table and window count and continues ``metrics.jsonl`` and ``applied.jsonl``
-(one line per applied update, for audits) from there. An update is acknowledged to its client
-only after the checkpoint that records it (applied, or judged duplicate or stale, in the
-de-duplication table) is on disk
-(:func:`~fedsim.runtime.deployed.server_process.save_and_acknowledge`); updates received in the window
-in progress when the server dies were never acknowledged, so their clients resend them (after
-``resend_after``, :func:`~fedsim.runtime.deployed.client_process.client_resend_after`) and the restarted
-server applies them once: not lost, and not applied twice, since those in the checkpoint's table are duplicates.
-So that clients waiting for a model newer than the restored one do not wait for their resend,
-the restarted server re-publishes its model under a new version
+(:mod:`fedsim.runtime.deployed.checkpoint`) after every window, on a worker thread, and a global
+model leaves only once a durable checkpoint covers its version (its *version ceiling*,
+:class:`~fedsim.runtime.deployed.server_process.Checkpoints`); a restarted server resumes model,
+version, step size, client book and window count and continues ``metrics.jsonl`` and
+``applied.jsonl`` (one line per applied update, for audits) from there. An update is
+acknowledged to its client only after a checkpoint that records it (applied, or judged
+duplicate or stale, in the client book) is on disk; updates received since the last durable
+checkpoint when the server dies were never acknowledged, so their clients resend them (after
+``resend_after``, :func:`~fedsim.runtime.deployed.client_process.client_resend_after`) and the
+restarted server applies them once: not lost, and not applied twice, since those the
+checkpoint's book holds are duplicates. So that clients waiting for a model newer than the
+restored one do not wait for their resend, the restarted server re-publishes its model under a
+new version above the checkpoint's ceiling
 (:meth:`~fedsim.runtime.actors.server.ServerActor.renew_version`).
 
 State directory layout: server ``<state>/server.ckpt``; client ``<state>/ledgers/<id>.jsonl``

@@ -2,6 +2,25 @@
 MQTT endpoint, with a checkpoint after every window (see :mod:`fedsim.runtime.deployed.deployment` for
 the crash-safety contract).
 
+**Checkpoints off the event loop** (issue 25, finding 4). A checkpoint is a snapshot taken on
+the event loop (a copy of the model and of the client book: ``O(parameters + clients)``) and
+written on one worker thread (:class:`Checkpoints`), so that receiving and judging go on while
+it is serialised, fsynced and renamed; updates are acknowledged once the checkpoint that records
+them is durable. A global model leaves only once a durable checkpoint covers its version: each
+checkpoint grants a *version ceiling*, and only a model above the durable ceiling waits for a
+new checkpoint. Under time windows the ceiling is the checkpoint's own version (the window's
+one model is published right after its checkpoint); under the on-arrival policies (FedAsync,
+FedBuff publish a model per applied buffer) it is the version plus twice the versions published
+in the last window, at least :data:`MIN_VERSION_LEASE`. So the server writes one checkpoint per
+window, plus one whenever an on-arrival window publishes more versions than its lease; a
+restarted server renews its version above the ceiling, so no client ever holds a newer version
+than it publishes. The versions it skips count as staleness for updates still in flight
+(limit: with ``max_staleness`` below the lease, those are refused as stale after a crash).
+What a crash loses: the
+updates applied since the last checkpoint (unacknowledged, so their clients resend them and they
+are applied once, to the restored model) and the record of versions published since (updates
+based on them are refused as unpublished).
+
 :func:`serve` lays out the output directory, restores the checkpoint if there is one, waits
 for the clients, runs the actor with the per-window monitor (metrics line, applied log,
 checkpoint, acknowledgements, stop condition) and writes ``server.json``.
@@ -14,7 +33,8 @@ import json
 import os
 import time as wallclock
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,23 +68,72 @@ from fedsim.runtime.run_outputs import (
 )
 from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
 
-__all__ = ["keep_windows_through", "save_and_acknowledge", "serve"]
+__all__ = ["MIN_VERSION_LEASE", "Checkpoints", "keep_windows_through", "serve"]
 
 _log = get_logger("fedsim.runtime.deployed.server_process")
 
 
-def save_and_acknowledge(
-    server: ServerActor, checkpoint: ServerCheckpoint, endpoint: MqttServerEndpoint
-) -> None:
-    """Checkpoint the server, then acknowledge the updates that checkpoint records.
+MIN_VERSION_LEASE = 16
+"""Versions a checkpoint lets the server publish beyond its own before the next one."""
 
-    In this order: a receipt lets the client forget its update, so it must never precede the
-    durable record. The de-duplication table holds every update the server has judged
-    (applied, stale, or outside the window's participants); received updates not in it are
-    still waiting for their window and stay unacknowledged."""
-    snapshot = server.snapshot()
-    checkpoint.save(snapshot)
-    endpoint.acknowledge(snapshot.seen)
+
+class Checkpoints:
+    """The server's checkpoints, written in order on one worker thread (module docstring)."""
+
+    def __init__(self, checkpoint: ServerCheckpoint, endpoint: MqttServerEndpoint) -> None:
+        self.checkpoint = checkpoint
+        self.endpoint = endpoint
+        self.durable_ceiling = -1
+        self.lease = 0
+        self._window_version: int | None = None
+        self._pending: tuple[int, asyncio.Task[None]] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
+
+    def start(self, server: ServerActor, *, window: bool = False) -> asyncio.Task[None]:
+        """Snapshot ``server`` now and write it on the worker thread; acknowledge what it
+        records once durable. ``window``: the per-window checkpoint (it sizes the lease)."""
+        self._raise_failed()
+        if not server.policy.on_arrival:
+            self.lease = 0  # the window's one model leaves right after its checkpoint
+        elif window or not self.lease:
+            published = 0 if self._window_version is None else server.version - self._window_version
+            self.lease = max(MIN_VERSION_LEASE, 2 * published)
+            self._window_version = server.version
+        ceiling = server.version + self.lease
+        snapshot = replace(server.snapshot(), version_ceiling=ceiling)
+        written = asyncio.get_running_loop().run_in_executor(
+            self._executor, self.checkpoint.save, snapshot)
+
+        async def durable() -> None:
+            await written
+            self.durable_ceiling = max(self.durable_ceiling, ceiling)
+            self.endpoint.acknowledge(snapshot.book)
+
+        task = asyncio.ensure_future(durable())
+        self._pending = (ceiling, task)
+        return task
+
+    def _raise_failed(self) -> None:
+        if self._pending is not None and self._pending[1].done():
+            self._pending[1].result()  # a failed write (disk full, ...) stops the server here
+
+    async def cover(self, server: ServerActor, version: int) -> None:
+        """Return once a durable checkpoint lets ``version`` be published."""
+        if version <= self.durable_ceiling:
+            self._raise_failed()
+            return
+        if self._pending is not None and self._pending[0] >= version:
+            await asyncio.shield(self._pending[1])
+        if version > self.durable_ceiling:
+            await asyncio.shield(self.start(server))
+
+    async def drain(self) -> None:
+        """Wait for the checkpoint being written; release the worker thread."""
+        try:
+            if self._pending is not None:
+                await asyncio.shield(self._pending[1])
+        finally:
+            self._executor.shutdown(wait=True)
 
 
 class _CheckpointBeforeBroadcast:
@@ -75,9 +144,9 @@ class _CheckpointBeforeBroadcast:
     open the next window announces the end of the run instead (:class:`RunFinished`): no
     client starts a round on a model nobody will apply updates to."""
 
-    def __init__(self, inner: MqttServerEndpoint, checkpoint: ServerCheckpoint) -> None:
+    def __init__(self, inner: MqttServerEndpoint, checkpoints: Checkpoints) -> None:
         self.inner = inner
-        self.checkpoint = checkpoint
+        self.checkpoints = checkpoints
         self.server: ServerActor | None = None  # set once the actor exists
         self.stop_reason: Callable[[], str] = str  # set once the monitor exists
         self.announced = False
@@ -86,7 +155,7 @@ class _CheckpointBeforeBroadcast:
         if isinstance(message, GlobalModel):
             if self.server is None:
                 raise TransportError("a global model left before its server was set up")
-            save_and_acknowledge(self.server, self.checkpoint, self.inner)
+            await self.checkpoints.cover(self.server, message.version)
             if self.stop_reason():
                 await self.announce_end(message.version, message.sent_at)
                 return
@@ -141,7 +210,7 @@ class _ServerMonitor:
     scenario: Scenario
     server: ServerActor
     endpoint: MqttServerEndpoint
-    checkpoint: ServerCheckpoint
+    checkpoints: Checkpoints
     metrics: IO[str]
     applied: IO[str]
     stop_reason: str = ""
@@ -176,7 +245,7 @@ class _ServerMonitor:
         )
         _write_lines(self.metrics, [line])
         # After the lines: a restart trims lines past the checkpoint's window and redoes them.
-        save_and_acknowledge(self.server, self.checkpoint, self.endpoint)
+        self.checkpoints.start(self.server, window=True)
         if report.accuracy is not None:
             _log.info(
                 "window",
@@ -253,6 +322,7 @@ async def serve(
         dump_scenario(scenario, dataset_path=population.dataset_path), encoding="utf-8"
     )
     checkpoint = ServerCheckpoint(state_dir, _identity(run, population))
+    checkpoints: Checkpoints | None = None
     snapshot = checkpoint.load()
     resumed_from = snapshot.windows_closed if snapshot is not None else None
     for name in (METRICS_FILE, APPLIED_FILE):
@@ -291,8 +361,9 @@ async def serve(
                         return outcome
                     joined = statuses
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
-                server = _server_actor(population, clock, mqtt, checkpoint, snapshot, joined)
-                monitor = _ServerMonitor(scenario, server, mqtt, checkpoint, metrics, applied)
+                checkpoints = Checkpoints(checkpoint, mqtt)
+                server = _server_actor(population, clock, mqtt, checkpoints, snapshot, joined)
+                monitor = _ServerMonitor(scenario, server, mqtt, checkpoints, metrics, applied)
                 endpoint = server.endpoint
                 assert isinstance(endpoint, _CheckpointBeforeBroadcast)
                 endpoint.stop_reason = lambda: monitor.stop_reason
@@ -305,11 +376,13 @@ async def serve(
                         monitor.stop_reason = "stopped by a signal"
                 finally:
                     outcome.update(_server_outcome(server, monitor.stop_reason, clock))
+                    await checkpoints.drain()  # (before the receipts it leads to go out)
     finally:
         outcome.update(
             {
                 "mqtt": mqtt.stats.as_dict(),
                 "checkpoints_written": checkpoint.saves,
+                "checkpoint_seconds_max": max(checkpoint.seconds, default=None),
                 # Received but never judged: arrived after the last window closed.
                 "unjudged_updates": mqtt.unacknowledged,
                 "wall_seconds": wallclock.perf_counter() - started,
@@ -335,13 +408,13 @@ def _server_actor(
     population: Population,
     clock: ScaledClock,
     mqtt: MqttServerEndpoint,
-    checkpoint: ServerCheckpoint,
+    checkpoints: Checkpoints,
     snapshot: ServerSnapshot | None,
     joined: Mapping[str, ClientStatus],
 ) -> ServerActor:
     """The scenario's server actor behind a checkpoint-before-broadcast endpoint, restored from
     ``snapshot`` (and renewed, see :mod:`fedsim.runtime.deployed.deployment`) if there is one."""
-    endpoint = _CheckpointBeforeBroadcast(mqtt, checkpoint)
+    endpoint = _CheckpointBeforeBroadcast(mqtt, checkpoints)
     server = endpoint.server = make_server_actor(
         population, clock=clock, endpoint=endpoint, evaluate=make_evaluator(population)
     )
@@ -355,7 +428,6 @@ def _server_actor(
             window=snapshot.windows_closed,
             version=snapshot.version,
             renewed_version=server.version,
-            seen=len(snapshot.seen),
         )
     server.incarnations = mqtt.incarnation.all  # kept by every checkpoint
     return server
@@ -369,6 +441,7 @@ def _server_outcome(server: ServerActor, stop_reason: str, clock: ScaledClock) -
         "last_accuracy": server.last_accuracy,
         "time": clock.now(),
         "statuses": {c: asdict(s) for c, s in sorted(server.statuses.items())},
-        "duplicates_seen_table": len(server.seen),
+        # Clients whose claimed rounds were adopted (the server had no record of them).
+        "adopted_clients": server.book.adoptions,
         "updates_after_end": server.updates_after_end,
     }
