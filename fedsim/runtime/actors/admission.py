@@ -295,7 +295,7 @@ def judge_claims(update: ClientUpdate, limits: ClientLimits | None, version: int
         return f"future_version:base version {update.base_version} > server version {version}"
     if update.base_version not in published:
         return f"unpublished_version:base version {update.base_version} was never published"
-    norm = update_norm(update.delta)
+    norm = update.norm if update.norm is not None else update_norm(update.delta)
     if not math.isfinite(norm):
         return "non_finite:the update is not finite"
     if limits is not None:
