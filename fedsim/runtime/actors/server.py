@@ -212,7 +212,6 @@ class ServerActor:
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self.ended = False  # the last window has closed: updates are no longer judged
         self.updates_after_end = 0
-        self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
         self.published: set[int] = {0}  # version 0, the initial model, opens the run
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
@@ -261,11 +260,9 @@ class ServerActor:
         verdict = self._judge(update, info, buffered)
         if verdict == "duplicate":
             report.duplicate += 1
-            # At-least-once delivery duplicates, a replay looks the same: counted every time,
-            # logged at info once per client (the rest at debug, not to flood a lossy run's log).
-            first = update.client_id not in self._duplicates_logged
-            self._duplicates_logged.add(update.client_id)
-            (_log.info if first else _log.debug)(
+            # At-least-once delivery duplicates, a replay looks the same: counted in the
+            # window's report (metrics.jsonl, and its one "window events" line), each at debug.
+            _log.debug(
                 "duplicate update ignored (a network duplicate or a replay)",
                 client=update.client_id, round=update.round, base_version=update.base_version)
             return None
@@ -420,6 +417,7 @@ class ServerActor:
                 self.step_size.observe(self._last_evaluation[0])
             report.accuracy, report.loss = self._last_evaluation
             self.last_accuracy = report.accuracy
+        report.log_events()
         return report
 
     def _judge(self, update: ClientUpdate, info: ClientInfo | None,
