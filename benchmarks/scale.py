@@ -27,12 +27,21 @@ cannot take the others down and peak RSS is the size's own):
 Every row records the load average next to it (the machine is shared). Run directories go to
 /dev/shm when present (the ledgers' fsyncs then measure the simulator, not the disk).
 
+``--floor`` measures the simulator against the floor of its own work at 1,000 training clients
+(issue 24): the same run's CPU per round beside the plain-torch cost of that run's work in the
+same process, interleaved window by window (:class:`_Floor`: per-sample gradients of the same
+MLP in batches of 256 with ``torch.func``, and per round one Gaussian vector of the model's
+size, one norm, one copy and one add); ``floor / simulator`` is the ratio (target >= 0.8).
+``--floor --profile`` runs it once more under cProfile and prints where each ms of a round
+goes (docs/SCALE.md).
+
 ``--breakdown N`` measures where memory goes at N training clients (resident size by phase,
 what the clients hold at the end, and Python/numpy allocations by source line under
 tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that code.
 
     python benchmarks/scale.py [--sizes 100,1000,10000,100000] [--timeout S]
     python benchmarks/scale.py --breakdown 1000 [--label NAME]
+    python benchmarks/scale.py --floor [--virtual-seconds 3] [--profile]
     python benchmarks/scale.py --ray [--ray-scenarios hetero-100,10000]   # docs/RAY.md
 
 writes (updates) ``benchmarks/results/scale.json``.
@@ -186,6 +195,129 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     row["loadavg_before"] = [round(x, 2) for x in load_before]
     row["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     return row
+
+
+FLOOR_BATCH = 256
+"""Per-sample gradients of the floor are computed in batches of this many samples."""
+
+
+class _Floor:
+    """The plain-torch floor of a run's work (see the module docstring): caught up with the
+    run's sample gradients and rounds at every window's end, its CPU seconds counted apart."""
+
+    def __init__(self, population: Any) -> None:
+        from torch.func import functional_call, grad, vmap
+
+        model = population.model
+        names = [name for name, _ in model.named_parameters()]
+        self.params = {name: p.detach().clone() for name, p in model.named_parameters()}
+        self.dim = sum(p.numel() for p in self.params.values())
+
+        def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> Any:
+            out = functional_call(model, params, (x.unsqueeze(0),))
+            return torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
+
+        self.per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+        self.x, self.y = population.train_x, population.train_y
+        self.names = names
+        self.generator = torch.Generator().manual_seed(0)
+        self.w = torch.zeros(self.dim)
+        self.grads = self.rounds = 0
+        self.cpu = 0.0
+
+    def catch_up(self, grads: int, rounds: int) -> None:
+        started = time.process_time()
+        while self.grads < grads:
+            count = min(FLOOR_BATCH, grads - self.grads)
+            first = (self.grads * 7919) % max(1, len(self.x) - count)
+            gradients = self.per_sample(self.params, self.x[first:first + count],
+                                        self.y[first:first + count])
+            torch.cat([g.reshape(count, -1) for g in gradients.values()], dim=1).sum(0)
+            self.grads += count
+        while self.rounds < rounds:
+            noise = torch.randn(self.dim, generator=self.generator)
+            float(torch.linalg.vector_norm(noise))
+            copy = noise.clone()
+            self.w.add_(copy)
+            self.rounds += 1
+        self.cpu += time.process_time() - started
+
+
+def floor_row(clients: int, virtual_seconds: float) -> dict[str, Any]:
+    """The simulator's CPU per round at ``clients`` training clients beside the floor of the
+    same work, measured interleaved in one process (see the module docstring)."""
+    from simulator import _TrainingTotals, _warm_imports
+
+    load_before = os.getloadavg()
+    loaded = scaled(clients, virtual_seconds, cross_device=False)
+    population = build_population(loaded)
+    _warm_imports(population)
+    floor = _Floor(population)
+    floor.catch_up(FLOOR_BATCH, 10)  # torch.func's first call compiles its transforms
+    floor.grads = floor.rounds = 0
+    floor.cpu = 0.0
+    training = _TrainingTotals()
+
+    def on_window(_line: dict[str, Any]) -> None:
+        floor.catch_up(sum(training.per_group.values()), training.rounds)
+
+    with _scratch_dir() as scratch:
+        result = run_scenario(loaded, Path(scratch) / "run", population=population,
+                              on_window=on_window, wrap_trainer=training.wrap)
+    floor.catch_up(sum(training.per_group.values()), training.rounds)
+    sim_cpu = result.cpu_seconds - floor.cpu
+    return {
+        "clients": clients, "mode": "floor",
+        "virtual_seconds": result.summary["virtual_time"],
+        "rounds": training.rounds, "sample_grads": sum(training.per_group.values()),
+        "simulator_cpu_seconds": round(sim_cpu, 2),
+        "floor_cpu_seconds": round(floor.cpu, 2),
+        "simulator_ms_per_round": round(1e3 * sim_cpu / training.rounds, 3),
+        "floor_ms_per_round": round(1e3 * floor.cpu / training.rounds, 3),
+        "floor_over_simulator": round(floor.cpu / sim_cpu, 3),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def profile_rounds(clients: int, virtual_seconds: float, top: int = 40) -> dict[str, Any]:
+    """The same run as :func:`floor_row` (without the floor) under cProfile with a CPU-time
+    timer: CPU ms per round by function (own time) and the heaviest cumulative entries."""
+    import cProfile
+    import pstats
+
+    from simulator import _TrainingTotals, _warm_imports
+
+    loaded = scaled(clients, virtual_seconds, cross_device=False)
+    population = build_population(loaded)
+    _warm_imports(population)
+    training = _TrainingTotals()
+    profile = cProfile.Profile(time.process_time)
+    with _scratch_dir() as scratch:
+        profile.enable()
+        run_scenario(loaded, Path(scratch) / "run", population=population,
+                     wrap_trainer=training.wrap)
+        profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rounds = max(1, training.rounds)
+
+    def where(key: tuple[str, int, str]) -> str:
+        file, line, name = key
+        short = file.split("fedsim/", 1)[-1] if "fedsim/" in file else Path(file).name
+        return f"{short}:{line}({name})"
+
+    own = sorted(((t, c, where(k)) for k, (_, c, t, _, _) in stats.items()), reverse=True)
+    cumulative = sorted(((t, c, where(k)) for k, (_, c, _, t, _) in stats.items()), reverse=True)
+    total = sum(t for t, _, _ in own)
+    return {
+        "clients": clients, "virtual_seconds": virtual_seconds, "rounds": training.rounds,
+        "profiled_cpu_seconds": round(total, 2),
+        "ms_per_round_profiled": round(1e3 * total / rounds, 3),
+        "own_ms_per_round": [{"ms": round(1e3 * t / rounds, 4), "calls": c, "where": w}
+                             for t, c, w in own[:top]],
+        "cumulative_ms_per_round": [{"ms": round(1e3 * t / rounds, 4), "calls": c, "where": w}
+                                    for t, c, w in cumulative[:top]],
+    }
 
 
 def ray_row(scenario: str, executor: str, virtual_seconds: float) -> dict[str, Any]:
@@ -345,6 +477,27 @@ def _ray_rows(which: str) -> None:
             _save(document)
 
 
+def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool) -> None:
+    document = _load_results()
+    floor = floor_row(clients, virtual_seconds)
+    floor["code"] = commit()
+    print(json.dumps(floor), flush=True)
+    document.setdefault("floor", []).append(floor)
+    if profile:
+        profiled = profile_rounds(clients, virtual_seconds)
+        profiled["code"] = floor["code"]
+        print(json.dumps(profiled, indent=1), flush=True)
+        document["floor_profile"] = profiled
+    _save(document)
+
+
+def _floor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--floor", action="store_true",
+                        help="simulator vs the floor of its work at 1,000 training clients")
+    parser.add_argument("--floor-clients", type=int, default=1000)
+    parser.add_argument("--profile", action="store_true", help="with --floor: a cProfile run")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
@@ -353,6 +506,7 @@ def main() -> None:
     parser.add_argument("--breakdown", type=int, metavar="N")
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--virtual-seconds", type=float, default=3.0)
+    _floor_arguments(parser)
     parser.add_argument("--ray", action="store_true",
                         help="executor rows: in-process vs 1 and 2 local Ray workers")
     parser.add_argument("--ray-scenarios", default="hetero-100,10000")
@@ -375,6 +529,9 @@ def main() -> None:
         return
     if args.one:
         print(json.dumps(measure(int(args.one[0]), args.one[1], float(args.one[2]))))
+        return
+    if args.floor:
+        _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile)
         return
     if args.breakdown:
         result = breakdown(args.breakdown, args.virtual_seconds)

@@ -38,6 +38,10 @@ class ClientUpdate:
     batch_size: float  # m, a public parameter (the expected batch size for Poisson)
     sent_at: float = 0.0  # sender's clock, for latency metrics only
     window: int = 0
+    norm: float | None = field(default=None, repr=False)
+    """The L2 norm of ``delta`` (:func:`fedsim.protocol.codec.vector_norm`), set by the decoder
+    from the same pass that checks the values are finite; not on the wire. None: not known
+    (a receiver computes it)."""
 
 
 @dataclass(frozen=True, eq=False)

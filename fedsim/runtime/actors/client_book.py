@@ -62,9 +62,10 @@ from enum import StrEnum
 from typing import Any
 
 from fedsim.logging import get_logger
+from fedsim.protocol.codec import vector_norm
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
 from fedsim.runtime.actors.exposure import invitation_bits, is_invited
-from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits, update_norm
+from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits
 
 __all__ = ["INVITED_WINDOWS", "PUBLISHED_RUNS", "WINDOW", "BookState", "ClientBook", "Kind",
            "PublishedVersions", "Verdict"]
@@ -365,7 +366,7 @@ class ClientBook:
             return Verdict(Kind.UNPUBLISHED_VERSION, f"base version {update.base_version} was "
                            + ("published before the versions the server keeps" if older
                               else "never published"))
-        norm = update_norm(update.delta)
+        norm = update.norm if update.norm is not None else vector_norm(update.delta)
         if not math.isfinite(norm):
             return Verdict(Kind.NON_FINITE, "the update is not finite")
         if limits is not None:

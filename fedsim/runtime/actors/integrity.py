@@ -51,6 +51,7 @@ import numpy as np
 
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.schedules import Schedule
+from fedsim.protocol.codec import vector_norm
 from fedsim.training.local import sum_noise_multiplier
 
 __all__ = [
@@ -179,13 +180,9 @@ def client_limits(group: ClientGroup, num_samples: int, schedule: Schedule, dim:
     )
 
 
-def update_norm(values: np.ndarray) -> float:
-    """The L2 norm in float64 (a float32 sum of squares of 3.4e38 values would overflow)."""
-    as64 = np.asarray(values, dtype=np.float64)
-    # einsum, not np.dot: a BLAS dot wakes the BLAS thread pool for every update, measured
-    # 2.2 ms of CPU (5.7 ms wall) per 10^5-parameter update on a busy 2-core machine against
-    # 0.24 ms (benchmarks/scale.py; docs/SCALE.md).
-    return math.sqrt(float(np.einsum("i,i->", as64.ravel(), as64.ravel())))
+update_norm = vector_norm
+"""The L2 norm in float64 (a float32 sum of squares of 3.4e38 values would overflow): the
+codec's :func:`~fedsim.protocol.codec.vector_norm`, which a decoded update carries already."""
 
 
 def bad_model(params: np.ndarray, size: int | None) -> str:

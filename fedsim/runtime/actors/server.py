@@ -210,7 +210,6 @@ class ServerActor:
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self.ended = False  # the last window has closed: updates are no longer judged
         self.updates_after_end = 0
-        self._duplicates_logged: set[str] = set()
         self._invited_bits: bytes | None = None
         self._renew_above = 0  # (restore: the snapshot's version ceiling)
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
@@ -275,11 +274,9 @@ class ServerActor:
                          kind=Kind.STATUS_INCONSISTENT, reason=verdict.dropped_status)
         if verdict.kind is Kind.DUPLICATE:
             report.duplicate += 1
-            # At-least-once delivery duplicates, a replay looks the same: counted every time,
-            # logged at info once per client (the rest at debug, not to flood a lossy run's log).
-            first = update.client_id not in self._duplicates_logged
-            self._duplicates_logged.add(update.client_id)
-            (_log.info if first else _log.debug)(
+            # At-least-once delivery duplicates, a replay looks the same: counted in the
+            # window's report (metrics.jsonl, and its one "window events" line), each at debug.
+            _log.debug(
                 "duplicate update ignored (a network duplicate or a replay)",
                 client=update.client_id, round=update.round, base_version=update.base_version)
             return None
@@ -429,6 +426,7 @@ class ServerActor:
                 self.step_size.observe(self._last_evaluation[0])
             report.accuracy, report.loss = self._last_evaluation
             self.last_accuracy = report.accuracy
+        report.log_events()
         return report
 
     def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,

@@ -8,8 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fedsim.config.schema import Stop
+from fedsim.logging import get_logger
 
 __all__ = ["DURATION_RELATIVE_TOLERANCE", "WindowReport", "duration_stop"]
+
+_log = get_logger("fedsim.runtime.actors.server")
 
 
 @dataclass
@@ -69,6 +72,15 @@ class WindowReport:
             "min_remaining_epsilon": min_remaining_epsilon,
             "rejections": dict(sorted(kinds.items())),
         }
+
+    def log_events(self) -> None:
+        """One info line for the window's per-message events (duplicates, stale updates,
+        rejections by kind), none when there were none: a lossy network's duplicates are
+        counted, not logged one by one (each is logged at debug where it is judged)."""
+        if self.duplicate or self.stale or self.rejected or self.rejections:
+            _log.info("window events", window=self.window, duplicate=self.duplicate,
+                      stale=self.stale, rejected=self.rejected,
+                      rejections=dict(sorted(self.rejections.items())))
 
     def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
                     seconds: str = "virtual") -> str:
