@@ -114,27 +114,31 @@ def given_header(header: Any) -> dict[str, Any]:
     return header_of(client_id, sampling, accountant, budget.to_json() if budget else None)
 
 
-def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
-    complete = data.rfind(b"\n") + 1  # a crash-cut final line was never acknowledged
-    lines = data[:complete].split(b"\n")[:-1]
+def _header_and_lines(path: Path, lines: list[bytes],
+                      given: dict[str, Any] | None) -> tuple[dict[str, Any], list[bytes], bool]:
+    """The header to repair under, the lines with a header first, and whether the file's own
+    header was readable (else ``given`` stands for it and every line is a record)."""
     header: Any = None
     if lines:
         try:
             header = json.loads(lines[0].decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             header = None
-    readable = isinstance(header, dict) and header.get("format") in (LEDGER_FORMAT, *OLD_FORMATS)
-    if readable and given is not None and {k: header.get(k) for k in given} != given:
-        raise LedgerError(f"{path}: its header differs from --header; drop --header (the "
-                          f"file's own header is readable)")
-    if not readable:
-        if given is None:
-            what = "is empty" if not lines else "line 1 is not a ledger header"
-            raise LedgerError(f"{path}: {what}: the client id, sampling, accountant and budget "
-                              f"are lost with it; give them with {_HEADER_HINT}")
-        header = given
-        lines = [json.dumps(given).encode(), *lines]  # every line of the file is a record
-    assert isinstance(header, dict)
+    if isinstance(header, dict) and header.get("format") in (LEDGER_FORMAT, *OLD_FORMATS):
+        if given is not None and {k: header.get(k) for k in given} != given:
+            raise LedgerError(f"{path}: its header differs from --header; drop --header (the "
+                              f"file's own header is readable)")
+        return header, lines, True
+    if given is None:
+        what = "is empty" if not lines else "line 1 is not a ledger header"
+        raise LedgerError(f"{path}: {what}: the client id, sampling, accountant and budget "
+                          f"are lost with it; give them with {_HEADER_HINT}")
+    return given, [json.dumps(given).encode(), *lines], False
+
+
+def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
+    complete = data.rfind(b"\n") + 1  # a crash-cut final line was never acknowledged
+    header, lines, readable = _header_and_lines(path, data[:complete].split(b"\n")[:-1], given)
     chained = header["format"] == LEDGER_FORMAT
     records: list[tuple[int, LedgerRecord | None]] = []
     hashes = [line_hash(lines[0])]

@@ -50,7 +50,7 @@ SCENARIO = textwrap.dedent('''
     clients:
       groups:
         - {name: c, count: 2, data_share: 1.0, batch_size: 32, sampling: poisson, clip: 1.0,
-           noise: 1.0, local_lr: 0.5, staleness: {max_versions_behind: 1},
+           noise: 1.0, local_lr: 0.5, speed: 0.001, staleness: {max_versions_behind: 1},
            budget: {epsilon: 8.0, delta: 1.0e-5}}
     server: {window: 1.0, max_staleness: 3}
 ''')
