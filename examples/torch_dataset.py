@@ -81,7 +81,9 @@ if __name__ == "__main__":
 
     # 1. From Python: pass the (train, test) Datasets.
     train, test = stripes(**sizes)
-    result = fedsim.simulate(federation(), dataset=(train, test), progress=not TINY)
+    # The model is named as a factory in the scenario: this file's own code, so opt in.
+    result = fedsim.simulate(federation(), dataset=(train, test), progress=not TINY,
+                             allow_factories=True)
     print(f"from Python: final accuracy {result.final_accuracy:.3f} after "
           f"{result.virtual_time:.1f} virtual s; eps per client "
           + ", ".join(f"{c.epsilon:.2f}" for c in result.clients))
@@ -90,7 +92,7 @@ if __name__ == "__main__":
     #    what a YAML file says as  dataset: {factory: "torch_dataset:stripes", options: {...}}
     scenario = {**federation(), "dataset": {"factory": "torch_dataset:stripes",
                                             "options": {**sizes, "seed": 0}}}
-    again = fedsim.simulate(scenario, progress=not TINY)
+    again = fedsim.simulate(scenario, progress=not TINY, allow_factories=True)
     print(f"from the factory: final accuracy {again.final_accuracy:.3f} "
           f"(the same data and seed: {'identical' if again.windows == result.windows else 'DIFFERENT'})")
 

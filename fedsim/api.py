@@ -125,25 +125,29 @@ def _override_lines(overrides: Overrides) -> list[str]:
     return list(overrides)
 
 
-def load_scenario(source: ScenarioSource, overrides: Overrides = None) -> LoadedScenario:
+def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
+                  allow_factories: bool = False) -> LoadedScenario:
     """A validated scenario from a YAML file, a plain dict (as YAML would give), a
     :class:`Scenario` or a :class:`LoadedScenario`, with ``overrides`` applied in order
     (``["path=value", ...]`` as ``--set`` takes them, or ``{"path": value}``; paths may use
     ``[*]`` and ``[name]``). Relative paths in a dict resolve against the current directory.
+    ``allow_factories``: opt in to running the ``model.factory`` / ``dataset.factory`` it
+    names (a :class:`LoadedScenario` given with the opt-in keeps it).
 
     Raises :class:`~fedsim.config.loading.ScenarioError` (a :class:`ConfigError`) listing
     every problem.
     """
     lines = _override_lines(overrides)
     if isinstance(source, str | PathLike):
-        return _load_file(Path(source), lines)
+        return _load_file(Path(source), lines, allow_factories=allow_factories)
     if isinstance(source, LoadedScenario):
+        allow_factories = allow_factories or source.allow_factories
         if not lines:
-            return source
+            return LoadedScenario(source.scenario, source.source, allow_factories)
         tree, origin = source.scenario.model_dump(mode="json"), source.source
     elif isinstance(source, Scenario):
         if not lines:
-            return LoadedScenario(source, None)
+            return LoadedScenario(source, None, allow_factories)
         tree, origin = source.model_dump(mode="json"), None
     elif isinstance(source, Mapping):
         tree, origin = copy.deepcopy(dict(source)), None
@@ -153,7 +157,7 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None) -> Loaded
     for line in lines:
         tree = apply_override(tree, line)
     scenario = parse_scenario(tree, source=str(origin or "<scenario>"))
-    return LoadedScenario(scenario, origin)
+    return LoadedScenario(scenario, origin, allow_factories)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +175,7 @@ def simulate(
     progress: bool | None = None,
     tensorboard: str | PathLike[str] | None = None,
     plots: bool = True,
+    allow_factories: bool = False,
 ) -> RunResult:
     """Simulate ``scenario`` under virtual time (as ``fedsim run``) and return its results.
 
@@ -193,6 +198,9 @@ def simulate(
         tensorboard: also write TensorBoard scalars to this directory (needs the
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
+        allow_factories: run the ``model.factory`` / ``dataset.factory`` the scenario names
+            (Python code it makes this process import and call); a scenario naming one is
+            refused without it. Your own ``model`` and ``dataset`` arguments need no opt-in.
     """
     from fedsim.data.factory_data import user_data
     from fedsim.runtime.run_outputs import require_writable_dir
@@ -218,7 +226,7 @@ def simulate(
         data = user_data(dataset, where="dataset (from Python)")
         lines += ["dataset.name=arrays", "dataset.path=null", "dataset.factory=null",
                   "dataset.options={}"]
-    loaded = load_scenario(scenario, lines)
+    loaded = load_scenario(scenario, lines, allow_factories=allow_factories)
     if tensorboard is not None:
         from fedsim.reporting.tensorboard import require_tensorboard
 

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.deployed.deployment import broker_for, run_process
 
     options = DeploymentOptions.from_args(args)
-    loaded = load_scenario(args.scenario, args.overrides)
+    loaded = load_scenario(args.scenario, args.overrides,
+                           allow_factories=options.allow_factories)
     broker, run_name = broker_for(options, role="client", client_id=args.client_id)
     run_name = run_name or loaded.scenario.name
     state = Path(args.state) if args.state else Path("fedsim-state") / run_name / args.client_id

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
-from fedsim.runtime.deployed.options import add_set_option
+from fedsim.runtime.deployed.options import add_allow_factory_option, add_set_option
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0.18"
 BROKER_UID = 1883  # the mosquitto user of the eclipse-mosquitto image
@@ -142,6 +142,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="The time scale of the composed server and clients (default 1.0).",
     )
     add_set_option(parser)
+    add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -157,12 +158,15 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
     if not args.scenario:
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
+    from fedsim.config.factories import require_allowed
     from fedsim.runtime.deployed.deployment import message_limit
     from fedsim.runtime.deployed.guarantees import require_public_slots
     from fedsim.runtime.population import build_population, client_ids
 
-    loaded = load_scenario(args.scenario, args.overrides)
+    # Sizing the broker's limits builds the model: a factory runs only with the opt-in.
+    loaded = load_scenario(args.scenario, args.overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
+    require_allowed(scenario, loaded.allow_factories)  # also what the composed processes run
     require_public_slots(scenario)
     largest = None
     if args.max_packet_bytes is None:  # sized from the model, as the processes size theirs
@@ -262,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
                 time_scale=args.time_scale,
                 overrides=args.overrides,
                 tls_ca=ca_file is not None,
+                allow_factories=args.allow_factories,
             )
         )
         print(f"compose: {compose} ({len(ids)} client services)")
@@ -327,6 +332,7 @@ def compose_text(
     time_scale: float = 1.0,
     overrides: Sequence[str] = (),
     tls_ca: bool = False,
+    allow_factories: bool = False,
 ) -> str:
     """A docker-compose file: broker, server and one service per client, as YAML text.
 
@@ -346,6 +352,7 @@ def compose_text(
     ``tls_ca``: the broker listens with the certificate ``fedsim deploy`` made; every process
     connects with ``mqtts://broker:PORT`` and trusts the run's ``ca.crt``, the compose secret
     ``fedsim-ca`` (a public certificate: a file secret, bind-mounted as it is, mode 0644).
+    ``allow_factories``: the services run the scenario's factories (``--allow-factory``).
     """
     import yaml
 
@@ -365,6 +372,7 @@ def compose_text(
             wait_for_clients=COMPOSE_WAIT_FOR_CLIENTS,
             json_logs=True,
             tls_ca=CONTAINER_CA if tls_ca else None,
+            allow_factories=allow_factories,
         ),
         state_root=CONTAINER_STATE,
         out=f"{CONTAINER_RUNS}/{run}",

@@ -49,12 +49,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
+    from fedsim.config.factories import require_allowed
     from fedsim.reporting.horizon import HorizonTracker, bound_horizon
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.deployed.launcher import Launcher
 
     options = DeploymentOptions.from_args(args)
-    name = load_scenario(args.scenario, args.overrides).scenario.name
+    loaded = load_scenario(args.scenario, args.overrides)
+    require_allowed(loaded.scenario, options.allow_factories)  # before any directory is made
+    name = loaded.scenario.name
     out = Path(args.out) if args.out else Path("runs") / f"{name}-launch"
     launcher = Launcher(args.scenario, out, options=options, overrides=args.overrides)
     horizon = bound_horizon(launcher.scenario)  # the first hard stop, in scenario seconds

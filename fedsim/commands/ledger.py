@@ -1,7 +1,8 @@
 """``fedsim ledger``: check a client's privacy ledger, or repair a damaged one.
 
 ``check FILE`` verifies the hash chain and the high-water mark (exit 0), or says what is wrong
-(exit 2). ``repair FILE`` rewrites a ledger that is refused, keeping every readable record and
+(exit 2): a ledger shorter than its mark, or different at the mark's count, and a missing or
+unreadable mark (without it a cut cannot be detected) are problems. ``repair FILE`` rewrites a ledger that is refused, keeping every readable record and
 adding a substitute step for each acknowledged record it cannot verify: a repair may only add
 spending, never remove it (see :mod:`fedsim.privacy.ledger_repair`).
 """
@@ -43,6 +44,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     repair.add_argument("--assume-lost", type=int, metavar="N",
                         help="The records lost beyond what the file shows, when it has no usable "
                              "high-water mark (0: you vouch that it is complete).")
+    repair.add_argument("--header", metavar="JSON",
+                        help="The client's header, for a ledger that lost its own (emptied, or "
+                             "line 1 damaged): a JSON object with client_id, sampling, "
+                             "accountant and budget ({\"epsilon\": E, \"delta\": D} or null).")
     repair.add_argument("--dry-run", action="store_true", help="Say what would change without changing anything.")
     repair.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     repair.set_defaults(func=run_repair)
@@ -63,11 +68,28 @@ def _header(path: Path) -> dict[str, Any]:
     return header
 
 
+def _lost_header(path: Path) -> dict[str, Any]:
+    """The file's header, or an error saying to give it with --header."""
+    try:
+        return _header(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (the file was emptied or its first line damaged): give the "
+                          f"client's header with --header JSON (client_id, sampling, accountant, "
+                          f"budget)") from None
+
+
 def run_check(args: argparse.Namespace) -> int:
     from fedsim.privacy.ledger import Budget, PrivacyLedger
+    from fedsim.privacy.ledger_file import mark_path, read_mark
 
     path = Path(args.file)
     header = _header(path)
+    mark = read_mark(path)
+    if mark is None:  # the chain alone verifies a ledger cut at any line
+        raise ConfigError(
+            f"{path}: no high-water mark ({mark_path(path).name} is missing, empty or "
+            f"unreadable), so a cut or removed records cannot be detected; if you vouch that "
+            f"the file is complete, `fedsim ledger repair {path} --assume-lost 0` writes one")
     try:
         budget = Budget.from_json(header.get("budget"))
         ledger = PrivacyLedger.open(path, client_id=str(header.get("client_id")),
@@ -79,8 +101,8 @@ def run_check(args: argparse.Namespace) -> int:
     with ledger:
         delta = budget.delta if budget is not None else 1e-5
         result = {"path": str(path), "client_id": ledger.client_id, "records":
-                  len(ledger.records), "epsilon": ledger.epsilon(delta), "delta": delta,
-                  "last_time": ledger.last_time, "ok": True}
+                  len(ledger.records), "marked": mark.count, "epsilon": ledger.epsilon(delta),
+                  "delta": delta, "last_time": ledger.last_time, "ok": True}
     _print(result, args.json)
     return 0
 
@@ -90,14 +112,21 @@ def run_repair(args: argparse.Namespace) -> int:
     from fedsim.privacy.ledger_repair import repair_ledger
 
     path = Path(args.file)
+    header = None
+    if args.header is not None:
+        try:
+            header = json.loads(args.header)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--header is not JSON: {exc}") from None
     lost_step = None
     if args.lost_step is not None:
         q, sigma = args.lost_step
         if not all(math.isfinite(v) for v in (q, sigma)):
             raise ConfigError("--lost-step Q SIGMA must be finite numbers")
-        lost_step = GaussianStep(str(_header(path).get("sampling")), q, sigma)  # type: ignore[arg-type]
+        source = header if isinstance(header, dict) else _lost_header(path)
+        lost_step = GaussianStep(str(source.get("sampling")), q, sigma)  # type: ignore[arg-type]
     report = repair_ledger(path, lost_step=lost_step, assume_lost=args.assume_lost,
-                           dry_run=args.dry_run)
+                           dry_run=args.dry_run, header=header)
     _print({**report.to_json(), "dry_run": bool(args.dry_run)}, args.json)
     return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.config import load_scenario
+from fedsim.runtime.deployed.options import add_allow_factory_option
 
 # Exit statuses of a run ended by a signal (the shell's 128 + signal number).
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="Write log lines as JSON (by default exactly when stderr is not "
                              "a terminal).")
+    add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"seed={args.seed}")
     if args.device is not None:
         overrides.append(f"device={args.device}")
-    loaded = load_scenario(args.scenario, overrides)
+    loaded = load_scenario(args.scenario, overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
     out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
     require_writable_dir(out, "--out" if args.out else "run directory")  # before any work

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.deployed.server_process import serve
 
     options = DeploymentOptions.from_args(args)
-    loaded = load_scenario(args.scenario, args.overrides)
+    loaded = load_scenario(args.scenario, args.overrides,
+                           allow_factories=options.allow_factories)
     broker, run_name = broker_for(options, role="server")
     run_name = run_name or loaded.scenario.name
     state = Path(args.state) if args.state else Path("fedsim-state") / run_name / "server"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError, FedsimError
+from fedsim.runtime.deployed.options import add_allow_factory_option
 
 DESCRIPTION = (
     "Run every combination of grid values and seeds, one run directory each, and write a "
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--out", metavar="DIR",
                         help="The sweep directory; it must be new or empty.")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw each run's plots.")
+    add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -135,7 +137,8 @@ def plan_runs(scenario: str, grid: list[tuple[str, list[str]]], seeds: list[int]
     return runs
 
 
-def run_one(scenario: str, plan: dict[str, Any], plots: bool) -> dict[str, Any]:
+def run_one(scenario: str, plan: dict[str, Any], plots: bool,
+            allow_factories: bool = False) -> dict[str, Any]:
     """Simulate one run of the sweep and return its table row (a failed run: its status)."""
     from fedsim.api import simulate
     from fedsim.logging import configure_logging
@@ -146,7 +149,7 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
     try:
         result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"], progress=False,
-                          plots=plots)
+                          plots=plots, allow_factories=allow_factories)
     except FedsimError as exc:
         return {**row, "status": f"failed: {exc}"}
     measured = run_row(RunDirectory.load(plan["dir"]))
@@ -186,6 +189,7 @@ def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str]
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
+    from fedsim.config.factories import require_allowed
     from fedsim.reporting.compare import format_table
     from fedsim.runtime.run_outputs import require_writable_dir
 
@@ -194,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid)
     seeds = parse_seeds(args.seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
+    require_allowed(base, args.allow_factories)  # refused once, before any run is planned
     out = Path(args.out) if args.out else _default_out(base.name)
     require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
@@ -205,13 +210,14 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     if args.jobs == 1 or len(plans) == 1:
         for plan in plans:
-            rows.append(run_one(args.scenario, plan, plots))
+            rows.append(run_one(args.scenario, plan, plots, args.allow_factories))
             print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
     else:
         # spawn: a fresh interpreter per worker (no forked torch state)
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)),
                                  mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(run_one, args.scenario, plan, plots) for plan in plans]
+            futures = [pool.submit(run_one, args.scenario, plan, plots, args.allow_factories)
+                       for plan in plans]
             for future in futures:
                 rows.append(future.result())
                 print(f"  {rows[-1]['run']}: {rows[-1]['status']}")

@@ -10,6 +10,11 @@ where`` looks); otherwise they are skipped, and the output says so. ``--check-da
 data's presence part of the check: it fetches a registered data set that is nowhere (unless
 ``--offline``), runs a ``dataset.factory``, and a data set that cannot be had is an error.
 Exit status 0 when the file is valid (warnings and skipped checks included), 2 otherwise.
+
+A ``model.factory`` or ``dataset.factory`` is code the scenario makes this machine run: it is
+neither imported nor called without ``--allow-factory``. The checks that need it are then
+skipped, and the output says which (a scenario whose model alone is a factory still has its
+data, partition and calibration checked).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import argparse
 from typing import Any
 
 from fedsim.config import LoadedScenario, load_scenario
+from fedsim.config.factories import ALLOW_FLAG, scenario_factories
+from fedsim.runtime.deployed.options import add_allow_factory_option
 
 DESCRIPTION = (
     "Check a scenario file and list every problem with its place in the YAML file. It reads "
@@ -26,6 +33,7 @@ DESCRIPTION = (
     "trainable and that noise targets can be calibrated; these checks read the data set, so "
     "they run when it is on this machine and are otherwise skipped, saying so. With "
     "--check-data the data set must be had: fetched where it is nowhere (unless --offline). "
+    "A model or data set factory the scenario names is not run without --allow-factory. "
     "The exit status is 0 when the file is valid and 2 otherwise."
 )
 
@@ -44,6 +52,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         help="Also check that the data set can be had: fetch a registered one "
                              "that is not on this machine (unless --offline) and run a data "
                              "set factory; one that cannot be had is an error.")
+    add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -69,28 +78,54 @@ def data_not_here(loaded: LoadedScenario) -> str | None:
     return f"{spec.name} is not on this machine (`fedsim data where {spec.name}` lists the places)"
 
 
-def run(args: argparse.Namespace) -> int:
-    loaded = load_scenario(args.scenario, args.overrides)
+def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check that may be skipped, in order
+    loaded = load_scenario(args.scenario, args.overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
-    skipped = None if args.check_data else ("--schema-only" if args.schema_only
-                                            else data_not_here(loaded))
-    if skipped is None:
-        from fedsim.runtime.population import build_population  # torch import only when needed
-        from fedsim.training.preflight import preflight_warnings
+    factories = {} if loaded.allow_factories else scenario_factories(scenario)
+    skipped: list[str] = []
+    not_here: str | None = None
+    clients, warnings = scenario.clients.total, []
+    if not args.schema_only:
+        plans: list[Any] = []
+        if "dataset.factory" in factories:  # the data is the user's code: not run
+            skipped.append("the data, partition, calibration and model checks")
+        elif not args.check_data and (not_here := data_not_here(loaded)) is not None:
+            pass  # said below: the checks that read the data need it on this machine
+        # torch is imported only when needed
+        elif not factories:
+            from fedsim.runtime.population import build_population
 
-        population = build_population(loaded)
-        clients = len(population.plans)
-        warnings = preflight_warnings(population.plans, log=False)  # printed below
-    else:
-        clients, warnings = scenario.clients.total, []
+            plans = build_population(loaded).plans
+        else:  # the data checked, the model (a factory) not built
+            from fedsim.data.load import scenario_data
+            from fedsim.runtime.population import client_plans
+            from fedsim.runtime.rng import SeedTree
+
+            tree = SeedTree(scenario.seed)
+            found = scenario_data(scenario.dataset, base_dir=loaded.base_dir,
+                                  seed=tree.integer("dataset"))
+            plans = client_plans(scenario, tree, found.tensors[1].numpy(),
+                                 found.train_writers)
+            skipped.append("the model checks (size, DP compatibility, forward probe)")
+        if plans:
+            from fedsim.training.preflight import preflight_warnings
+
+            clients = len(plans)
+            warnings = preflight_warnings(plans, log=False)  # printed below
     print(f"{args.scenario}: valid ({clients} clients in {len(scenario.clients.groups)} groups, "
           f"seed {scenario.seed})")
-    if skipped is not None and not args.schema_only:
+    if not_here is not None:
         print(f"  not checked: the records each client gets, the model's size and the noise "
-              f"calibration, which read the data: {skipped}; `fedsim validate --check-data` "
+              f"calibration, which read the data: {not_here}; `fedsim validate --check-data` "
               f"checks them")
     for line in warnings:
         print(f"  warning: {line}")
+    if factories:
+        named = ", ".join(f"{where} {reference!r}" for where, reference in factories.items())
+        print(f"  not run: {named} is Python code this scenario would import and call; "
+              f"validate runs it only with {ALLOW_FLAG} (and run, launch, client, server and "
+              "deploy refuse it without that flag)"
+              + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     from fedsim.runtime.deployed.guarantees import guarantee_lines
 
     for line in guarantee_lines(scenario):

@@ -5,6 +5,15 @@ imports the callable (also from the working directory, the scenario file's direc
 ``$FEDSIM_FACTORY_PATH``, which are not left on ``sys.path``), :func:`call_factory` calls it with its options and the keyword
 arguments it takes from the run. Every failure is a :class:`~fedsim.errors.ConfigError` that
 names the scenario path and the factory, never a traceback.
+
+A factory named in a scenario is code the scenario makes this machine run (``subprocess:call``
+is a callable too), and a scenario file travels: a deployed client reads the server's. So a
+scenario that names one runs only with the explicit opt-in (:func:`require_allowed`):
+``--allow-factory`` on the command line, ``allow_factories=True`` in Python. Importing the
+module already runs its code, so the check comes before any import. The opt-in is the whole
+rule: where the module is found (the scenario's directory, ``$FEDSIM_FACTORY_PATH``, an
+installed package) is no safety boundary, since an installed module such as ``os`` or
+``subprocess`` is as dangerous as any file.
 """
 
 from __future__ import annotations
@@ -14,12 +23,39 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedsim.config.factory import FACTORY_PATTERN
+from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError, FedsimError
+
+ALLOW_FLAG = "--allow-factory"
+"""The command-line opt-in to running the factories a scenario names."""
+
+
+def scenario_factories(scenario: Scenario) -> dict[str, str]:
+    """The factories ``scenario`` names, by scenario path (``model.factory``,
+    ``dataset.factory``): the code building its run would import and call."""
+    named = {"model.factory": scenario.model.factory, "dataset.factory": scenario.dataset.factory}
+    return {where: reference for where, reference in named.items() if reference is not None}
+
+
+def refusal(factories: Mapping[str, str]) -> str:
+    """Why a scenario naming ``factories`` is not run without the opt-in, and how to give it."""
+    named = ", ".join(f"{where} {reference!r}" for where, reference in factories.items())
+    return (f"{named}: the scenario names Python code to import and call on this machine, which "
+            f"is run only when you opt in; read the scenario and its module first, then pass "
+            f"{ALLOW_FLAG} (allow_factories=True in Python)")
+
+
+def require_allowed(scenario: Scenario, allowed: bool, *, unused: Collection[str] = ()) -> None:
+    """Refuse (:class:`ConfigError`) a scenario that names a factory unless ``allowed``
+    (``unused``: the paths of factories the run replaces from Python, never called)."""
+    factories = {k: v for k, v in scenario_factories(scenario).items() if k not in unused}
+    if factories and not allowed:
+        raise ConfigError(refusal(factories))
 
 
 def _try_import(name: str, where: str) -> Any:

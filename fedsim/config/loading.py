@@ -62,10 +62,15 @@ class ScenarioError(ConfigError):
 
 @dataclass(frozen=True)
 class LoadedScenario:
-    """A validated scenario and where it came from (for resolving relative paths)."""
+    """A validated scenario and where it came from (for resolving relative paths).
+
+    ``allow_factories``: the user opted in to running the factories it names
+    (:func:`fedsim.config.factories.require_allowed`); without it a run that would import one
+    is refused."""
 
     scenario: Scenario
     source: Path | None
+    allow_factories: bool = False
 
     @property
     def base_dir(self) -> Path:
@@ -390,8 +395,10 @@ def parse_scenario(data: Any, *, source: str = "<scenario>",
     return scenario
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> LoadedScenario:
-    """Read, override (``--set path=value``, applied in order) and validate a scenario file."""
+def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
+                  allow_factories: bool = False) -> LoadedScenario:
+    """Read, override (``--set path=value``, applied in order) and validate a scenario file
+    (``allow_factories``: see :class:`LoadedScenario`)."""
     file = Path(path)
     text = _read_text(file)
     data, node = _read_yaml(text, str(path))
@@ -400,7 +407,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> LoadedScen
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree
     scenario = parse_scenario(data, source=str(path), node=node)
-    return LoadedScenario(scenario, file.resolve())
+    return LoadedScenario(scenario, file.resolve(), allow_factories)
 
 
 def dump_scenario(scenario: Scenario, *, dataset_path: Path | None = None) -> str:

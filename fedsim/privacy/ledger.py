@@ -233,6 +233,7 @@ class PrivacyLedger:
             write_mark_at(mark_path(self._path), mark)
             return
         assert self._file is not None and self._mark is not None
+        self._mark.verify()  # before the records: a replaced mark lets a second writer in
         append_durably(self._file, payload)
         self._mark.write(mark)
 

@@ -18,8 +18,13 @@ or an edit and is refused (:class:`LedgerError`); more records than the mark is 
 between the two writes (those records were fsynced; counting them is the safe direction) and
 the mark is moved up. The mark also carries the exclusive lock: ``flock`` on its open file,
 held for the ledger's lifetime, so a second writer, in this process or another, fails at
-open. A ledger file without a mark is refused for writing (records may have been cut off
-with it); read-only views verify its chain alone.
+open. A lock belongs to an inode, not a name: replacing the mark (``mv``, ``cp`` to a new
+file) would let a second writer lock the new file while the first keeps writing (issue 25,
+finding 7a: 76 rounds written twice). So the holder checks that the name still leads to the
+inode it locked, after taking the lock and before every write (:meth:`MarkFile.verify`), and
+refuses to write once it does not: of two writers that a replaced mark let in, the one that
+held the lock stops at its next spend. A ledger file without a mark is refused for writing
+(records may have been cut off with it); read-only views verify its chain alone.
 
 *Many ledgers in one process* (a simulation of 10^4-10^5 clients; a held ledger costs two
 file descriptors, and common limits are 1,024-20,000): the process takes a
@@ -144,12 +149,28 @@ class MarkFile:
             raise LedgerError(
                 f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
                 f"handle holds its lock); one ledger has one writer") from None
-        if not directory_held:
-            try:
+        self._identity = _identity(os.fstat(self._fd))
+        try:
+            self.verify()  # replaced between the open and the lock: this lock guards nothing
+            if not directory_held:
                 check_directory_free(path.parent)
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
+
+    def verify(self) -> None:
+        """Raise :class:`LedgerError` unless the mark's name still leads to the file this
+        object locked (a replaced or removed mark no longer excludes a second writer)."""
+        try:
+            current: tuple[int, int] | None = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            current = None
+        if current != self._identity:
+            raise LedgerError(
+                f"{self.path.with_suffix('')}: its high-water mark {self.path.name} was "
+                f"replaced or removed while this writer held its lock, so a second writer may "
+                f"have opened the ledger; nothing more is written here (stop every writer of "
+                f"this ledger, then `fedsim ledger check` it)")
 
     def read(self) -> Mark | None:
         data = os.pread(self._fd, 2 * _MARK_SLOT, 0)
@@ -158,11 +179,13 @@ class MarkFile:
         return max(marks, key=lambda m: m.count, default=None)
 
     def write(self, mark: Mark) -> None:
+        self.verify()
         os.pwrite(self._fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
         os.fsync(self._fd)
 
     def write_both(self, mark: Mark) -> None:
         """Write ``mark`` into both slots (after a repair lowered nothing but renumbered)."""
+        self.verify()
         os.pwrite(self._fd, _encode_mark(mark) * 2, 0)
         os.fsync(self._fd)
 
@@ -170,6 +193,10 @@ class MarkFile:
         if self._fd >= 0:
             os.close(self._fd)  # releases the lock
             self._fd = -1
+
+
+def _identity(status: os.stat_result) -> tuple[int, int]:
+    return status.st_dev, status.st_ino
 
 
 def write_mark_at(path: Path, mark: Mark) -> None:

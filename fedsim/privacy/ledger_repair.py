@@ -20,8 +20,18 @@ into a valid chained ledger whose spending is at least what the damaged file hel
 
 The substitute step must be given when anything is substituted (``lost_step``): the ledger
 cannot know what a lost record released, so a human names a step at least as expensive
-(typically the client's smallest sigma and largest q). The damaged file is kept beside the
-repaired one (``<ledger>.damaged-<n>``).
+(typically the client's smallest sigma and largest q). It may not be cheaper than what the kept
+records show the client released: a ``lost_step`` with a smaller q or a larger sigma than any
+kept record's is refused (issue 25, finding 7c: ``--lost-step 0.000001 1000`` took eps 3.64 down
+to 3.39), and each lost record is charged as many steps as the largest kept record holds (a
+round of ``local_steps`` steps is one record). With no kept record (an emptied ledger) the
+named step stands alone.
+
+An emptied ledger, or one whose first line is damaged, has lost its header (client id,
+sampling, accountant, budget, which the client's own open checks): the caller gives it
+(``header``); the mark's count then says how many records to substitute (finding 7d: such a
+ledger could not be repaired at all). The damaged file is kept beside the repaired one
+(``<ledger>.damaged-<n>``).
 """
 
 from __future__ import annotations
@@ -29,12 +39,15 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError, LedgerError
-from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.accountant import make_accountant_class
+from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep
+from fedsim.privacy.ledger import Budget
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
     MAX_LINE_BYTES,
@@ -43,10 +56,15 @@ from fedsim.privacy.ledger_file import (
     Mark,
     encode_record,
     fsync_directory,
+    header_of,
     line_hash,
     locked,
     parse_record,
 )
+
+_HEADER_HINT = ("--header '{\"client_id\": ..., \"sampling\": ..., \"accountant\": ..., "
+                "\"budget\": {\"epsilon\": ..., \"delta\": ...} or null}' (the client's "
+                "values from its scenario)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,23 +93,57 @@ class _Scan:
     hashes: list[str]  # chain hash after each verified record (hashes[0]: the header's)
 
 
-def _scan(path: Path, data: bytes) -> _Scan:
-    complete = data.rfind(b"\n") + 1  # a crash-cut final line was never acknowledged
-    lines = data[:complete].split(b"\n")[:-1]
-    if not lines:
-        raise LedgerError(f"{path}: no header line: nothing to repair from (the client id, "
-                          f"sampling and budget are in the header)")
+def given_header(header: Any) -> dict[str, Any]:
+    """The header a caller gives for a ledger that lost its own, checked and normalised."""
+    if not isinstance(header, Mapping) or not {"client_id", "sampling", "accountant",
+                                               "budget"} <= set(header):
+        raise ConfigError(f"--header must be a JSON object with client_id, sampling, accountant "
+                          f"and budget, got {header!r}")
+    client_id, sampling, accountant = header["client_id"], header["sampling"], header["accountant"]
+    if not isinstance(client_id, str) or not client_id:
+        raise ConfigError(f"--header: client_id must be a non-empty string, got {client_id!r}")
+    if sampling not in SAMPLING_SCHEMES:
+        raise ConfigError(f"--header: sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
+    if not isinstance(accountant, str):
+        raise ConfigError(f"--header: accountant must be a name, got {accountant!r}")
+    make_accountant_class(accountant)
     try:
-        header = json.loads(lines[0].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        header = None
-    if not isinstance(header, dict) or header.get("format") not in (LEDGER_FORMAT, *OLD_FORMATS):
-        raise LedgerError(f"{path}: line 1 is not a ledger header: nothing to repair from")
+        budget = Budget.from_json(header["budget"])
+    except (ConfigError, LedgerError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--header: {exc}") from None
+    return header_of(client_id, sampling, accountant, budget.to_json() if budget else None)
+
+
+def _header_and_lines(path: Path, lines: list[bytes],
+                      given: dict[str, Any] | None) -> tuple[dict[str, Any], list[bytes], bool]:
+    """The header to repair under, the lines with a header first, and whether the file's own
+    header was readable (else ``given`` stands for it and every line is a record)."""
+    header: Any = None
+    if lines:
+        try:
+            header = json.loads(lines[0].decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = None
+    if isinstance(header, dict) and header.get("format") in (LEDGER_FORMAT, *OLD_FORMATS):
+        if given is not None and {k: header.get(k) for k in given} != given:
+            raise LedgerError(f"{path}: its header differs from --header; drop --header (the "
+                              f"file's own header is readable)")
+        return header, lines, True
+    if given is None:
+        what = "is empty" if not lines else "line 1 is not a ledger header"
+        raise LedgerError(f"{path}: {what}: the client id, sampling, accountant and budget "
+                          f"are lost with it; give them with {_HEADER_HINT}")
+    return given, [json.dumps(given).encode(), *lines], False
+
+
+def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
+    complete = data.rfind(b"\n") + 1  # a crash-cut final line was never acknowledged
+    header, lines, readable = _header_and_lines(path, data[:complete].split(b"\n")[:-1], given)
     chained = header["format"] == LEDGER_FORMAT
     records: list[tuple[int, LedgerRecord | None]] = []
     hashes = [line_hash(lines[0])]
     verified, intact = 0, True
-    for number, line in enumerate(lines[1:], start=2):
+    for number, line in enumerate(lines[1:], start=2 if readable else 1):
         record: LedgerRecord | None = None
         prev: str | None = None
         try:
@@ -136,12 +188,33 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
     return assume_lost + after_break
 
 
+def _charged(lost: int, lost_step: GaussianStep, kept: list[LedgerRecord],
+             path: Path) -> GaussianStep:
+    """The substitute for ``lost`` records: ``lost_step``, refused if it is cheaper than a kept
+    record's step (smaller q or larger sigma), taken as many times per lost record as the
+    largest kept record (a previous repair's substitute, round -1, is no evidence of a round)."""
+    released = [r.step for r in kept if r.round >= 0]
+    if released:
+        q = max(step.q for step in released)
+        sigma = min(step.sigma for step in released)
+        if lost_step.q < q or lost_step.sigma > sigma:
+            raise ConfigError(
+                f"{path}: --lost-step q={lost_step.q:g} sigma={lost_step.sigma:g} is cheaper than "
+                f"what the kept records show this client released; a lost record is charged "
+                f"at least q >= {q:g} and sigma <= {sigma:g} (a repair never lowers spending)")
+    per_record = max([lost_step.count, *(step.count for step in released)])
+    return lost_step.times(lost * per_record)
+
+
 def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
-                  assume_lost: int | None = None, dry_run: bool = False) -> RepairReport:
+                  assume_lost: int | None = None, dry_run: bool = False,
+                  header: Any = None) -> RepairReport:
     """Rewrite a damaged ledger so that it verifies, adding (never removing) spending (module
     docstring). Takes the ledger's lock. Raises :class:`LedgerError` when substitutes are
-    needed but ``lost_step`` is missing, or the header is unreadable."""
+    needed but ``lost_step`` is missing or cheaper than a kept record, or the header is lost
+    and ``header`` (client_id, sampling, accountant, budget) is not given."""
     path = Path(path)
+    given = None if header is None else given_header(header)
     if assume_lost is not None and (isinstance(assume_lost, bool) or assume_lost < 0):
         raise ConfigError(f"--assume-lost must be an integer >= 0, got {assume_lost!r}")
     with locked(path) as mark_file:
@@ -149,7 +222,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
             data = path.read_bytes()
         except FileNotFoundError:
             raise LedgerError(f"{path}: no such ledger") from None
-        scan = _scan(path, data)
+        scan = _scan(path, data, given)
         mark = mark_file.read()
         lost = _substitutes(scan, mark, assume_lost, path)
         unreadable = sum(1 for _, r in scan.records if r is None)
@@ -165,6 +238,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         if lost_step is not None and lost_step.sampling != scan.header.get("sampling"):
             raise ConfigError(f"--lost-step is {lost_step.sampling} but the ledger records "
                               f"{scan.header.get('sampling')} steps")
+        substitute = _charged(lost, lost_step, kept, path) if lost and lost_step else None
         if not damaged or dry_run:
             return RepairReport(str(path), len(kept), unreadable, lost, None, damaged)
         header = {**scan.header, "format": LEDGER_FORMAT}
@@ -175,9 +249,8 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
             line = encode_record(LedgerRecord(clock, record.round, record.step), last)
             out.append(line)
             last = line_hash(line)
-        if lost:
-            assert lost_step is not None
-            line = encode_record(LedgerRecord(clock, -1, lost_step.times(lost)), last,
+        if substitute is not None:
+            line = encode_record(LedgerRecord(clock, -1, substitute), last,
                                  repair=f"substitute for {lost} record(s) that could not be "
                                         f"verified")
             out.append(line)

@@ -27,6 +27,7 @@ import torch
 from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
+from fedsim.config.factories import require_allowed
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.data.arrays import TensorSplits
@@ -67,6 +68,7 @@ __all__ = [
     "VirtualDurationTrainer",
     "build_population",
     "client_ids",
+    "client_plans",
     "make_client_actor",
     "make_evaluator",
     "make_server_actor",
@@ -299,8 +301,12 @@ def build_population(
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
     ``model_factory``: a Python callable that builds the model (instead of ``model:``);
-    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`)."""
+    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`). A scenario that names
+    a factory is refused unless ``loaded.allow_factories`` (before anything is imported)."""
     scenario = loaded.scenario
+    require_allowed(scenario, loaded.allow_factories, unused=(
+        *(["model.factory"] if model_factory is not None else []),
+        *(["dataset.factory"] if data is not None else [])))
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
     found = scenario_data(scenario.dataset, base_dir=loaded.base_dir,
@@ -320,6 +326,18 @@ def build_population(
             scenario.model, options, sample=train_x[:2],
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
+    plans = client_plans(scenario, tree, labels, writers)
+    return Population(
+        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
+        device,
+    )
+
+
+def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
+                 writers: np.ndarray | None) -> list[ClientPlan]:
+    """Every client's plan: the data's training ``labels`` split among the groups and within
+    each (``writers``: the data set's natural partition, or None), one calibrated schedule per
+    group. Needs no model (``fedsim validate`` checks a factory scenario's data with it)."""
     plans: list[ClientPlan] = []
     first_step = first_server_step(scenario)
     split = split_groups(labels, scenario.clients.groups,
@@ -341,10 +359,7 @@ def build_population(
         for client_id, indices in zip(_client_ids(group), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedule,
                                     first_server_step=first_step))
-    return Population(
-        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
-        device,
-    )
+    return plans
 
 
 def open_ledger(plan: ClientPlan, path: Path,

@@ -47,13 +47,21 @@ def _expected(path: Path) -> str:
     return first.removeprefix("# expect: ")
 
 
+def _arguments(path: Path) -> list[str]:
+    """Further ``validate`` arguments a corpus file gives on a ``# args:`` line (a factory's
+    checks need ``--allow-factory``)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return next((line.removeprefix("# args: ").split() for line in lines[1:2]
+                 if line.startswith("# args: ")), [])
+
+
 def test_the_corpus_is_large_enough() -> None:
     assert len(BAD) >= 15
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
 def test_bad_scenario_gives_a_clear_error(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    status = main(["validate", str(path)])
+    status = main(["validate", str(path), *_arguments(path)])
     captured = capsys.readouterr()
     assert status == 2, captured
     assert "Traceback" not in captured.err

@@ -122,7 +122,8 @@ def scenario(dataset: dict[str, Any], scheme: str = "iid", windows: int = 6) -> 
 
 
 def _population(tree: dict[str, Any], base_dir: Path | None, data: Any = None) -> Any:
-    loaded = LoadedScenario(parse_scenario(tree), base_dir / "s.yaml" if base_dir else None)
+    loaded = LoadedScenario(parse_scenario(tree), base_dir / "s.yaml" if base_dir else None,
+                            allow_factories=True)
     splits = None if data is None else user_data(data, "dataset (from Python)")
     return build_population(loaded, data=splits)
 
@@ -189,7 +190,7 @@ def test_a_scenario_file_with_a_torch_dataset_factory_runs(
     (factory_dir / "s.yaml").write_text(yaml.safe_dump(scenario(
         {"factory": f"{MODULE}:torch_mapping", "options": {"n": 600}}, windows=8)))
     assert main(["run", str(factory_dir / "s.yaml"), "--out", str(factory_dir / "run"),
-                 "--no-plots"]) == 0, capsys.readouterr().err
+                 "--no-plots", "--allow-factory"]) == 0, capsys.readouterr().err
     resolved = yaml.safe_load((factory_dir / "run" / "scenario.resolved.yaml").read_text())
     assert resolved["dataset"]["factory"] == f"{MODULE}:torch_mapping"
     assert resolved["dataset"]["name"] is None and resolved["dataset"]["options"] == {"n": 600}
@@ -318,7 +319,8 @@ def test_bad_factories_name_the_factory(factory_dir: Path, factory: str, error: 
         _population(tree, factory_dir)
     assert str(caught.value).startswith(f"dataset.factory {factory}: ")
     (factory_dir / "s.yaml").write_text(yaml.safe_dump(tree))
-    assert main(["run", str(factory_dir / "s.yaml"), "--out", str(factory_dir / "run")]) == 2
+    assert main(["run", str(factory_dir / "s.yaml"), "--out", str(factory_dir / "run"),
+                 "--allow-factory"]) == 2
     err = capsys.readouterr().err
     assert f"dataset.factory {factory}: " in err and "Traceback" not in err
 

@@ -50,7 +50,7 @@ SCENARIO = textwrap.dedent('''
     clients:
       groups:
         - {name: c, count: 2, data_share: 1.0, batch_size: 32, sampling: poisson, clip: 1.0,
-           noise: 1.0, local_lr: 0.5, staleness: {max_versions_behind: 1},
+           noise: 1.0, local_lr: 0.5, speed: 0.001, staleness: {max_versions_behind: 1},
            budget: {epsilon: 8.0, delta: 1.0e-5}}
     server: {window: 1.0, max_staleness: 3}
 ''')
@@ -69,12 +69,12 @@ def test_launched_processes_find_the_factory_module_beside_the_scenario(
     monkeypatch.chdir(elsewhere)  # neither the launcher's nor the processes' directory holds it
     monkeypatch.delenv(SEARCH_ENV, raising=False)
     out = tmp_path / "launch"
-    code = main(["launch", str(scenario), "--out", str(out), "--time-scale", "0.25",
+    code = main(["launch", str(scenario), "--allow-factory", "--out", str(out), "--time-scale", "0.25",
                  "--max-backoff", "1", "--no-plots", "--timeout", "90"])
     logs = {p.name: p.read_text()[-2000:] for p in (out / "logs").glob("*.log")}
     assert code == 0, logs
     summary = json.loads((out / "summary.json").read_text())
     assert summary["windows"] == 6 and summary["updates"]["applied"] > 0
     # The same model and data as the in-process run of the same file.
-    simulated = run_scenario(load_scenario(scenario), tmp_path / "sim").summary
+    simulated = run_scenario(load_scenario(scenario, allow_factories=True), tmp_path / "sim").summary
     assert summary["final_accuracy"] > 0.5 and simulated["final_accuracy"] > 0.5

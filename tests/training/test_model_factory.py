@@ -246,7 +246,7 @@ def test_a_scenario_with_a_factory_model_runs_end_to_end(
         "server": {"window": 1.0},
     }
     scenario = parse_scenario(data)
-    loaded = LoadedScenario(scenario, factory_dir / "scenario.yaml")
+    loaded = LoadedScenario(scenario, factory_dir / "scenario.yaml", allow_factories=True)
     result = run_scenario(loaded, tmp_path / "yaml")
     assert result.summary["windows"] == 3
     assert result.sample_grads > 0

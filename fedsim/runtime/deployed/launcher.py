@@ -274,7 +274,8 @@ class Launcher:
             raise ConfigError("fedsim launch names the run after the scenario; --run is not used")
         self.out = Path(out)
         check_unused(self.out)
-        self.loaded = load_scenario(scenario_file, overrides)
+        self.loaded = load_scenario(scenario_file, overrides,
+                                    allow_factories=options.allow_factories)
         self.scenario = self.loaded.scenario
         require_public_slots(self.scenario)
         self.run = run_name(self.scenario, None)

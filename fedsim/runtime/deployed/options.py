@@ -17,9 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fedsim.config.factories import ALLOW_FLAG
 from fedsim.errors import ConfigError
 
-__all__ = ["LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions", "add_set_option"]
+__all__ = ["LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions", "add_allow_factory_option",
+           "add_set_option"]
 
 # How long a launched server waits for every client before its first window (wall seconds).
 LAUNCH_WAIT_FOR_CLIENTS = 600.0
@@ -38,6 +40,19 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_allow_factory_option(parser: argparse.ArgumentParser) -> None:
+    """``--allow-factory`` (``args.allow_factories``): the opt-in to running the model and data
+    set factories the scenario names (:mod:`fedsim.config.factories`)."""
+    parser.add_argument(
+        ALLOW_FLAG,
+        dest="allow_factories",
+        action="store_true",
+        help="Run the model.factory and dataset.factory the scenario names: Python code "
+        "imported and called on this machine (refused without this flag; read the scenario "
+        "and its module first).",
+    )
+
+
 @dataclass(frozen=True)
 class DeploymentOptions:
     """How a deployed process reaches the broker and runs scenario time.
@@ -49,6 +64,7 @@ class DeploymentOptions:
     (None: ``$FEDSIM_BROKER``). ``secrets_file``: the credentials file ``fedsim deploy`` writes
     (None: ``$FEDSIM_SECRETS``). ``run``: the run name in the MQTT topics (None: the secrets
     file's, else the scenario's). ``tls_*``: client-side TLS for ``mqtts://``.
+    ``allow_factories``: the opt-in to running the scenario's factories (``--allow-factory``).
     """
 
     time_scale: float = 1.0
@@ -62,6 +78,7 @@ class DeploymentOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_insecure: bool = False
+    allow_factories: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
@@ -99,6 +116,8 @@ class DeploymentOptions:
                 args += [flag, value]
         if self.tls_insecure:
             args.append("--tls-insecure")
+        if self.allow_factories:
+            args.append(ALLOW_FLAG)
         return args
 
     def server_argv(self) -> list[str]:
@@ -170,6 +189,7 @@ class DeploymentOptions:
                 + "; not when resuming from a checkpoint).",
             )
         add_set_option(parser)
+        add_allow_factory_option(parser)
         parser.add_argument(
             "--json-logs",
             action=argparse.BooleanOptionalAction,
@@ -200,6 +220,7 @@ class DeploymentOptions:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_insecure=args.tls_insecure,
+            allow_factories=args.allow_factories,
         )
 
     @classmethod

@@ -1,0 +1,196 @@
+"""Ledger edges of issue 25, finding 7, each played as the attack: (a) a replaced mark must not
+let a second writer spend beside the first; (b) ``ledger check`` must report a lost mark and a
+cut ledger; (c) a repair must never charge less than the records it keeps show was released;
+(d) an emptied ledger whose mark counts records can be repaired."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.errors import ConfigError, LedgerError
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import mark_path
+from fedsim.privacy.ledger_repair import repair_ledger
+
+STEP = GaussianStep("poisson", 0.05, 1.0)
+BUDGET = Budget(8.0, 1e-5)
+HEADER = {"client_id": "c1", "sampling": "poisson", "accountant": "pld",
+          "budget": BUDGET.to_json()}
+
+
+def open_ledger(path: Path, **kw: object) -> PrivacyLedger:
+    return PrivacyLedger.open(path, client_id="c1", sampling="poisson", budget=BUDGET, **kw)  # type: ignore[arg-type]
+
+
+def written(path: Path, rounds: int = 61) -> float:
+    """A closed ledger of ``rounds`` acknowledged spends of STEP; its eps."""
+    with open_ledger(path) as ledger:
+        for r in range(rounds):
+            ledger.spend(STEP, time=float(r), round=r)
+        return ledger.epsilon()
+
+
+def eps_of(steps: list[GaussianStep]) -> float:
+    """The eps at BUDGET.delta of exactly ``steps`` (a fresh accountant, no ledger)."""
+    return make_accountant("pld", steps).epsilon(BUDGET.delta)
+
+
+def _replace(file: Path) -> None:
+    """``cp FILE tmp && mv tmp FILE``: the same bytes under a new inode."""
+    temporary = file.with_name(file.name + ".new")
+    shutil.copyfile(file, temporary)
+    os.replace(temporary, file)
+
+
+# -- (a) the lock is not defeated by replacing the mark ------------------------------------------
+@pytest.mark.parametrize("swap", ["replaced", "removed-then-copied-back"])
+def test_a_replaced_mark_stops_the_writer_that_held_the_lock(tmp_path: Path, swap: str) -> None:
+    """Before: a second writer opened the ledger beside the first and both spent the same
+    rounds (76 rounds twice; true eps 9.78 against 8.0). Now the first stops at its next
+    spend, so no round is written twice."""
+    path = tmp_path / "l.jsonl"
+    first = open_ledger(path)
+    for r in range(10):
+        first.spend(STEP, time=float(r), round=r)
+    if swap == "replaced":
+        _replace(mark_path(path))
+    else:
+        saved = mark_path(path).read_bytes()
+        mark_path(path).unlink()
+        mark_path(path).write_bytes(saved)
+    second = open_ledger(path)  # its lock is on the new inode
+    second.spend(STEP, time=10.0, round=10)
+    with pytest.raises(LedgerError, match="replaced or removed while this writer held its lock"):
+        first.spend(STEP, time=10.0, round=10)
+    for r in range(11, 15):
+        second.spend(STEP, time=float(r), round=r)
+    first.close()
+    second.close()
+    with open_ledger(path) as ledger:  # one writer's history, intact
+        rounds = [record.round for record in ledger.records]
+        assert rounds == list(range(15))
+        assert ledger.epsilon() == pytest.approx(eps_of([STEP.times(15)]), rel=1e-9)
+
+
+def test_a_mark_removed_under_its_holder_stops_it(tmp_path: Path) -> None:
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path) as ledger:
+        ledger.spend(STEP, time=0.0, round=0)
+        mark_path(path).unlink()
+        with pytest.raises(LedgerError, match="replaced or removed"):
+            ledger.spend(STEP, time=1.0, round=1)
+    assert len(path.read_bytes().splitlines()) == 2  # header + the one record
+
+
+# -- (b) check reports a lost mark and a cut ledger ----------------------------------------------
+@pytest.mark.parametrize("damage", ["mark deleted", "mark emptied", "cut 20 and mark deleted"])
+def test_check_reports_a_lost_mark(tmp_path: Path, damage: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``ok`` (and 41 records, eps 3.12, after a cut of 20 of 61 with the mark gone)."""
+    path = tmp_path / "l.jsonl"
+    written(path)
+    if damage == "mark emptied":
+        mark_path(path).write_bytes(b"")
+    else:
+        mark_path(path).unlink()
+    if damage.startswith("cut"):
+        path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:42]))
+    assert main(["ledger", "check", str(path), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "no high-water mark" in err and "cannot be detected" in err, err
+
+
+def test_check_reports_a_cut_against_the_mark(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "l.jsonl"
+    written(path)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:42]))
+    assert main(["ledger", "check", str(path)]) == 2
+    assert "holds 41 records but 61 were acknowledged" in capsys.readouterr().err
+
+
+def test_check_of_an_intact_ledger_reports_its_spending(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "l.jsonl"
+    spent = written(path)
+    assert main(["ledger", "check", str(path), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["ok"] is True and answer["records"] == 61 and answer["marked"] == 61
+    assert answer["epsilon"] == pytest.approx(spent, rel=1e-12)
+
+
+# -- (c) a repair never charges a lost record less than the kept records show ------------------
+def test_repair_refuses_a_lost_step_cheaper_than_the_kept_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``--lost-step 0.000001 1000`` was accepted, eps 3.64 -> 3.39."""
+    path = tmp_path / "l.jsonl"
+    spent = written(path)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:42]))
+    assert main(["ledger", "repair", str(path), "--lost-step", "0.000001", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "cheaper than" in err and "q >= 0.05" in err and "sigma <= 1" in err, err
+    with pytest.raises(ConfigError, match="cheaper than"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 1.5))
+    assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0"]) == 0
+    with open_ledger(path) as ledger:
+        assert ledger.epsilon() == pytest.approx(spent, rel=1e-9)
+        assert ledger.epsilon() == pytest.approx(eps_of([STEP.times(61)]), rel=1e-9)
+
+
+def test_repair_charges_each_lost_record_as_many_steps_as_the_largest_kept(
+    tmp_path: Path
+) -> None:
+    """A record may hold several steps (local_steps): a lost one is charged the most any kept
+    record holds."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path) as ledger:
+        for r in range(30):
+            ledger.spend(STEP.times(4), time=float(r), round=r)
+        spent = ledger.epsilon()
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:21]))
+    repair_ledger(path, lost_step=STEP)
+    with open_ledger(path) as ledger:
+        assert sum(s.count for s in ledger.steps) == 120
+        assert ledger.epsilon() == pytest.approx(spent, rel=1e-9)
+
+
+# -- (d) an emptied ledger with a mark can be repaired -------------------------------------------
+def test_an_emptied_ledger_is_repaired_from_its_mark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: rc 2, "not a ledger header", whatever was given."""
+    path = tmp_path / "l.jsonl"
+    spent = written(path)
+    path.write_bytes(b"")
+    assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0"]) == 2
+    assert "--header" in capsys.readouterr().err  # the header's fields are lost with it
+    header = json.dumps(HEADER)
+    assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0",
+                 "--header", header]) == 0
+    with open_ledger(path) as ledger:  # the client's own open accepts it
+        assert sum(s.count for s in ledger.steps) == 61
+        assert ledger.epsilon() == pytest.approx(spent, rel=1e-9)
+        ledger.spend(STEP, time=100.0, round=61)
+    assert main(["ledger", "check", str(path)]) == 0
+
+
+@pytest.mark.parametrize("header", [
+    "{}", "[1]", "not json", json.dumps({**HEADER, "sampling": "shuffled"}),
+    json.dumps({**HEADER, "budget": {"epsilon": -1, "delta": 1e-5}}),
+])
+def test_a_bad_header_is_refused(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "l.jsonl"
+    written(path, 3)
+    path.write_bytes(b"")
+    with pytest.raises((ConfigError, LedgerError), match="--header"):
+        repair_ledger(path, lost_step=STEP, header=json.loads(header)
+                      if header.startswith(("{", "[")) else header)  # type: ignore[arg-type]
