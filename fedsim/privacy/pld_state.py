@@ -173,7 +173,6 @@ def fixed_point_spectrum(probs: np.ndarray, size: int) -> tuple[np.ndarray, np.n
     work += imag * imag
     np.maximum(work, 1e-300, out=work)
     np.log(work, out=work)
-    np.minimum(work, 0.0, out=work)
     work *= 0.5 * _RE_SCALE
     re = np.rint(work, out=work).astype(np.int64)
     turns = np.arctan2(imag, real, out=work)
