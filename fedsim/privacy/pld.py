@@ -57,7 +57,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -481,10 +481,10 @@ def composed_pmfs(kinds: Sequence[tuple[Kind, int]], h: float, tail_mass: float,
             for k, n in kinds:
                 held.add(factor_spectrum(*k, h, where.size, d), n)
             sums[d] = held
-        probs, dropped = held.invert(where)
+        probs, _ = held.invert(where)
         charge = tail_mass if where.truncated else 0.0
         out.append(LossPmf(h, where.lower + where.lo, probs,
-                           min(1.0, where.infinity_mass + dropped + charge)))
+                           min(1.0, where.infinity_mass + charge)))
     return tuple(out)
 
 
