@@ -385,8 +385,8 @@ def symmetric_pmf(h: float, indices: np.ndarray, q: float, sigma: float) -> Loss
     include 0.
 
     ``C_q(f)`` is ``f_q`` where its slope is below -1, the segment of slope -1 through its
-    fixed point, and ``f_q^{-1}`` beyond (Dong, Roth & Su 2022, Prop. A.? / Sec. 4.2's
-    definition of C_q): in privacy-loss terms the *remove* loss above 0, the *add* loss below
+    fixed point, and ``f_q^{-1}`` beyond (Dong, Roth & Su 2022, Sec. 4.2, the explicit form
+    of C_q): in privacy-loss terms the *remove* loss above 0, the *add* loss below
     0, and at 0 the atom ``(1-q)(Phi(mu/2) - Phi(-mu/2))`` of the linear segment (the two
     curves' delta agree at eps = 0, the total variation distance). Each side is split per gap
     as in :func:`hat_split`; the masses add up to 1.
