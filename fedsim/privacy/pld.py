@@ -26,10 +26,12 @@ How it is computed:
 
 1. Each distinct step is discretised on the grid ``h Z`` with the pessimistic
    *connect-the-dots* algorithm (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi, PETS 2022,
-   Alg. 1; the same formula as ``dp_accounting.pld.pld_pmf.
-   create_pmf_pessimistic_connect_dots_fixed_gap``), fed with the exact hockey-stick
-   divergence of the step evaluated in closed form (vectorised). The result dominates the
-   true step for every eps, so every number below is an upper bound.
+   Alg. 1), written per gap between grid points (:func:`hat_split`): each gap's P-mass,
+   from Gaussian interval probabilities in log space (``log_ndtr``), is split between its two
+   ends so that its P- and Q-masses are kept. Every mass is >= 0 and no two nearly equal
+   deltas are subtracted (the earlier formula in delta differences made a step sum to
+   1 + 7e-9 at q = 1e-4, and its clipped noise erased the composed upper tail; issue 23).
+   The result dominates the true step for every eps, so every number below is an upper bound.
 2. Histories with more than ``bucket_above`` (32) distinct kinds of step are bucketed
    pessimistically: sigma is rounded *down* and q *up* to a geometric grid of relative
    resolution ``bucket_resolution`` (2^-9; smaller sigma and larger q are never more private),
@@ -57,7 +59,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,32 +216,116 @@ class LossPmf:
         return np.asarray(np.clip(out + self.infinity_mass, 0.0, 1.0), dtype=float)
 
 
-def connect_the_dots(h: float, indices: np.ndarray, deltas: np.ndarray) -> LossPmf:
-    """Pessimistic connect-the-dots PMF from delta at ``eps_i = h * indices[i]``.
 
-    Doroshenko, Ghazi, Kamath, Kumar & Manurangsi, "Connect the Dots" (PETS 2022), Alg. 1, for
-    any increasing set of grid points (the same formula as ``dp_accounting``'s
-    ``create_pmf_pessimistic_connect_dots``): the mass at eps_i is
-    ``(delta_i - delta_{i-1}) / (e^{eps_{i-1} - eps_i} - 1)
-    + (delta_{i+1} - delta_i) / (e^{eps_{i+1} - eps_i} - 1)`` with delta_0 = 1 at -infinity, and
-    delta_n goes to +infinity. The PMF dominates the mechanism at every eps, so composing it
-    gives upper bounds. Returned as a dense array on ``h Z`` (zeros between sparse points).
+# Relative error allowed for in the log-ratio of an interval's two masses (float error of
+# log_ndtr differences is far below it); see :func:`hat_pmf`.
+_LOG_RATIO_SLACK = 2.0**-36
+
+
+def _log1mexp(d: np.ndarray) -> np.ndarray:
+    """log(1 - e^d) for d <= 0, accurate for d near 0 and d very negative (Maechler 2012)."""
+    with np.errstate(divide="ignore"):
+        return np.where(d > -math.log(2.0), np.log(-np.expm1(d)), np.log1p(-np.exp(d)))
+
+
+def log_gauss_mass(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    """log(Phi(b) - Phi(a)) for a <= b (+-inf allowed), with relative accuracy in both tails:
+    the difference is taken between the two values on the side where both are small
+    (``log_ndtr``), never between two numbers near 1."""
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    upper = a > 0  # both in the upper tail: Phi(-a) - Phi(-b)
+    big = np.where(upper, special.log_ndtr(-a), special.log_ndtr(b))
+    small = np.where(upper, special.log_ndtr(-b), special.log_ndtr(a))
+    with np.errstate(invalid="ignore"):
+        out = big + _log1mexp(np.minimum(small - big, 0.0))
+    return np.asarray(np.where(big == -np.inf, -np.inf, out), dtype=float)
+
+
+def _log_mixture_mass(a: np.ndarray | float, b: np.ndarray | float, q: float,
+                      mu: float) -> np.ndarray:
+    """log of ``((1-q) N(0,1) + q N(mu,1))([a, b])``."""
+    shifted = math.log(q) + log_gauss_mass(a - mu, b - mu)
+    if q == 1.0:
+        return shifted
+    return np.asarray(np.logaddexp(math.log1p(-q) + log_gauss_mass(a, b), shifted), dtype=float)
+
+
+def _boundaries(eps: np.ndarray, q: float, mu: float) -> np.ndarray:
+    """x with ``log((1-q) + q e^{mu x - mu^2/2}) = eps`` (-inf where eps <= log(1-q))."""
+    if q == 1.0:
+        return np.asarray((eps + 0.5 * mu * mu) / mu, dtype=float)
+    x = np.full(eps.shape, -np.inf)
+    live = eps > math.log1p(-q)
+    x[live] = (_log_mix_shift(eps[live], q) + 0.5 * mu * mu) / mu
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A privacy loss L (under P) cut at the grid ``eps``: for each gap ``(eps_k, eps_k+1]``
+    the log-masses ``log P(L in gap)`` and ``log Q(L in gap)`` (``Q(A) = E_P[e^{-L}; A]``),
+    and the log P-masses below ``eps_0`` and above the last point."""
+
+    eps: np.ndarray
+    log_p: np.ndarray
+    log_q: np.ndarray
+    log_below: float
+    log_above: float
+
+
+def remove_segments(eps: np.ndarray, q: float, sigma: float) -> Segments:
+    """The *remove* pair ``P = (1-q)N(0,1) + qN(mu,1)`` vs ``Q = N(0,1)``: L increasing in x."""
+    mu = 1.0 / sigma
+    x = _boundaries(eps, q, mu)
+    return Segments(eps, _log_mixture_mass(x[:-1], x[1:], q, mu), log_gauss_mass(x[:-1], x[1:]),
+                    float(_log_mixture_mass(-np.inf, x[0], q, mu)),
+                    float(_log_mixture_mass(x[-1], np.inf, q, mu)))
+
+
+def add_segments(eps: np.ndarray, q: float, sigma: float) -> Segments:
+    """The *add* pair ``Q = N(0,1)`` vs ``P = (1-q)N(0,1) + qN(mu,1)``: L = -log(...)
+    decreasing in x, so L in (eps_k, eps_k+1] is x in [x_k+1, x_k)."""
+    mu = 1.0 / sigma
+    x = _boundaries(-eps, q, mu)
+    return Segments(eps, log_gauss_mass(x[1:], x[:-1]), _log_mixture_mass(x[1:], x[:-1], q, mu),
+                    float(log_gauss_mass(x[0], np.inf)), float(log_gauss_mass(-np.inf, x[-1])))
+
+
+def hat_split(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """Each gap's P-mass split between its two end points so that both P(gap) and Q(gap) are
+    kept: ``(to the left end, to the right end)``.
+
+    This is the pessimistic connect-the-dots discretisation (Doroshenko et al., PETS 2022,
+    Alg. 1: the PMF whose delta(eps) equals the mechanism's at every grid point and is
+    linear in e^eps between them, hence above it) written per gap, with no differences of
+    delta values: the right share is ``P (1 - e^{eps_k} Q/P) / (1 - e^{-gap})`` with
+    ``log(Q/P)`` from log-masses, so every share is >= 0 and accurate to a relative
+    ``~1e-11 / gap``. The log-ratio is lowered by a slack well above its float error, which
+    can only move mass up (pessimistic).
     """
-    deltas = np.minimum.accumulate(np.asarray(deltas, dtype=float))
-    indices = np.asarray(indices, dtype=np.int64)
+    eps = seg.eps
+    gaps = np.diff(eps)
+    with np.errstate(invalid="ignore"):
+        z = eps[:-1] + seg.log_q - seg.log_p  # log(e^{eps_k} Q / P), in [-gap, 0]
+    slack = _LOG_RATIO_SLACK * (1.0 + np.abs(eps[:-1]) + np.abs(seg.log_q))
+    share = -np.expm1(np.minimum(z - slack, 0.0)) / -np.expm1(-gaps)
+    share = np.where(np.isfinite(seg.log_p), np.clip(np.nan_to_num(share, nan=1.0), 0.0, 1.0), 0.0)
+    mass = np.exp(seg.log_p)
+    right = mass * share
+    return mass - right, right
+
+
+def hat_pmf(h: float, indices: np.ndarray, seg: Segments) -> LossPmf:
+    """The pessimistic connect-the-dots PMF of one loss (see :func:`hat_split`): mass below
+    the first point goes to it, mass above the last point to +infinity."""
+    left, right = hat_split(seg)
     lower = int(indices[0])
     probs = np.zeros(int(indices[-1]) - lower + 1)
-    if deltas.size == 1:
-        probs[0] = 1.0 - deltas[0]
-        return LossPmf(h, lower, probs, float(deltas[0]))
-    gaps = np.diff(indices) * h
-    steps = np.diff(deltas)
-    masses = np.zeros_like(deltas)
-    masses[0] = 1.0 - deltas[0]
-    masses[1:] += steps / np.expm1(-gaps)  # from the segment on the left
-    masses[:-1] += steps / np.expm1(gaps)  # from the segment on the right
-    probs[indices - lower] = np.maximum(masses, 0.0)
-    return LossPmf(h, lower, probs, float(deltas[-1]))
+    where = indices - lower
+    probs[where[:-1]] += left
+    probs[where[1:]] += right
+    probs[0] += math.exp(seg.log_below)
+    return LossPmf(h, lower, probs, math.exp(seg.log_above))
 
 
 # One-step grids: uniform on the core |eps| <= _CORE_STEP_STDS * s (+ |log(1-q)|), where the
@@ -286,16 +372,40 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
             f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
             f"reaches {top:.3g}; such a release gives essentially no privacy")
 
-    def pmf(low: float, high: float,
-            hockey_stick: Callable[[np.ndarray], np.ndarray]) -> LossPmf:
-        k = _step_grid(low, high, core, h)
-        return connect_the_dots(h, k, hockey_stick(k * h))
-
     if sampling == "poisson":
-        return (pmf(remove_low, top, lambda e: hockey_stick_remove(e, q, sigma)),
-                pmf(-top, add_high, lambda e: hockey_stick_add(e, q, sigma)))
-    return (pmf(-top, top, lambda e: np.maximum(hockey_stick_remove(e, q, sigma),
-                                                 hockey_stick_add(e, q, sigma))),)
+        k = _step_grid(remove_low, top, core, h)
+        remove = hat_pmf(h, k, remove_segments(k * h, q, sigma))
+        k = _step_grid(-top, add_high, core, h)
+        return remove, hat_pmf(h, k, add_segments(k * h, q, sigma))
+    return (symmetric_pmf(h, _step_grid(-top, top, core, h), q, sigma),)
+
+
+def symmetric_pmf(h: float, indices: np.ndarray, q: float, sigma: float) -> LossPmf:
+    """The pessimistic PMF of ``C_q(G_{1/sigma})`` (fixed-size steps) on grid points that
+    include 0.
+
+    ``C_q(f)`` is ``f_q`` where its slope is below -1, the segment of slope -1 through its
+    fixed point, and ``f_q^{-1}`` beyond (Dong, Roth & Su 2022, Sec. 4.2, the explicit form
+    of C_q): in privacy-loss terms the *remove* loss above 0, the *add* loss below
+    0, and at 0 the atom ``(1-q)(Phi(mu/2) - Phi(-mu/2))`` of the linear segment (the two
+    curves' delta agree at eps = 0, the total variation distance). Each side is split per gap
+    as in :func:`hat_split`; the masses add up to 1.
+    """
+    zero = int(np.searchsorted(indices, 0))
+    if indices[zero] != 0:
+        raise PrivacyError("the grid of a fixed-size step must contain eps = 0")
+    mu = 1.0 / sigma
+    remove = remove_segments(indices[zero:] * h, q, sigma)
+    add = add_segments(indices[: zero + 1] * h, q, sigma)
+    lower = int(indices[0])
+    probs = np.zeros(int(indices[-1]) - lower + 1)
+    for part, seg in ((indices[zero:], remove), (indices[: zero + 1], add)):
+        left, right = hat_split(seg)
+        probs[part[:-1] - lower] += left
+        probs[part[1:] - lower] += right
+    probs[0] += math.exp(add.log_below)
+    probs[-lower] += (1.0 - q) * math.exp(float(log_gauss_mass(-0.5 * mu, 0.5 * mu)))
+    return LossPmf(h, lower, probs, math.exp(remove.log_above))
 
 
 # -- bucketing and the grid ------------------------------------------------------------------------
@@ -374,10 +484,10 @@ def composed_pmfs(kinds: Sequence[tuple[Kind, int]], h: float, tail_mass: float,
             for k, n in kinds:
                 held.add(factor_spectrum(*k, h, where.size, d), n)
             sums[d] = held
-        probs, dropped = held.invert(where)
+        probs, _ = held.invert(where)
         charge = tail_mass if where.truncated else 0.0
         out.append(LossPmf(h, where.lower + where.lo, probs,
-                           min(1.0, where.infinity_mass + dropped + charge)))
+                           min(1.0, where.infinity_mass + charge)))
     return tuple(out)
 
 

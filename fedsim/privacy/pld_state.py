@@ -8,16 +8,16 @@ history. A ledger asks for eps by inverting the sum once (one inverse FFT), not 
 re-composing its history.
 
 Exactness, not just closeness. The sum is kept in *fixed point* on int64: the log modulus in
-units of 2^-52 (saturating below ``-700``, where ``e^-700`` is already below every
-probability that matters; every term is <= 0, so saturating is associative) and the phase in
-units of 2^-62 turns (int64 arithmetic wraps modulo 2^64 = 4 turns, so phases add exactly).
-Integer sums do not depend on the order of their terms, so the state reached by composing a
-history step by step (with dry runs in between, see :meth:`SpectrumSum.copy`) is *bit for bit*
-the state the one-shot composition builds from the history's counts: the accountant's eps is a
-function of the multiset of steps, however it was fed. (With floating-point sums the two
-paths would differ in the last bits and neither would bound the other.) The quantisation error
-is at most 2^-53 per factor in the log modulus, n_b times that after n_b copies: the same order
-as repeated squaring in double precision.
+units of 2^-56 (saturating below ``-60``: a spectrum value below ``e^-60 ~ 1e-26`` changes no
+atom by more than that; saturating is associative because only frequencies far from 0, where
+every term is negative, reach the floor) and the phase in units of 2^-62 turns (int64
+arithmetic wraps modulo 2^64 = 4 turns, so phases add exactly). Integer sums do not depend on
+the order of their terms, so the state reached by composing a history step by step (with dry
+runs in between, see :meth:`SpectrumSum.copy`) is *bit for bit* the state the one-shot
+composition builds from the history's counts: the accountant's eps is a function of the
+multiset of steps, however it was fed. (With floating-point sums the two paths would differ in
+the last bits and neither would bound the other.) Each factor's DFT runs in extended precision
+and is quantised to 2^-57, so the relative spectrum error after n copies is about n 1e-17.
 
 Everything else a composition needs (the output window from Chernoff bounds, the lower end,
 the mass at +infinity) is a small sum over the distinct kinds, recomputed from the counts in
@@ -25,9 +25,13 @@ sorted order at each answer. The FFT size is the power of two covering the windo
 window outgrows it (the history's loss spreads like sqrt(T)), the sum is rebuilt at twice the
 size from the counts (O(log T) times over a history).
 
-The pessimism argument is the one of :func:`fedsim.privacy.pld.compose`: mass below the window
-can only wrap upwards, mass above it is bounded by ``tail_mass / 2`` (Chernoff) and charged
-to +infinity, negative FFT noise is clipped to zero.
+Pessimism (every atom returned is an upper bound on the composed atom): mass below the window
+can only wrap upwards; mass above it is bounded by ``tail_mass / 2`` (Chernoff) and charged to
++infinity. FFT rounding leaves noise of about the same size on every atom (the inverse DFT
+spreads each frequency's error over all atoms alike); the true PMF is >= 0, so the deepest
+negative value of the whole circular output measures that noise, and
+:data:`NOISE_FACTOR` times it is added to every atom of the window. Clipping the noise to
+zero instead (as before) erased the upper tail whenever the noise was biased downwards.
 """
 
 from __future__ import annotations
@@ -42,8 +46,12 @@ from scipy import fft
 from fedsim.errors import PrivacyError
 
 # Fixed-point units of the log-spectrum sum (see module docstring).
-_RE_SCALE = 2.0**52
-_RE_FLOOR = -700 * 2**52  # log modulus floor, in units (e^-700 ~ 1e-304)
+_RE_BITS = 56
+_RE_SCALE = 2.0**_RE_BITS
+_FLOOR_LOG = 60  # |F| below e^-60 ~ 1e-26 is read as e^-60 (two floors still fit in int64)
+_RE_FLOOR = -_FLOOR_LOG * 2**_RE_BITS  # log modulus floor, in units
+_FLOOR_SQUARED = np.exp(np.longdouble(-2 * _FLOOR_LOG - 2))
+_PI = 4 * np.arctan(np.longdouble(1))  # pi in extended precision
 _PHASE_BITS = 62
 _PHASE_SCALE = 2.0**_PHASE_BITS
 _PHASE_MASK = np.int64(2**_PHASE_BITS - 1)
@@ -56,6 +64,8 @@ _MIN_SIZE = 256
 MAX_SIZE = 2**23
 _CORE_STDS = 20.0
 _TAIL_BLOCK = 64
+# Allowance for FFT rounding per atom, in units of the deepest negative output value.
+NOISE_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -161,23 +171,29 @@ def window(factors: Sequence[tuple[FactorSummary, int]], tail_mass: float) -> Wi
 
 def fixed_point_spectrum(probs: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """``(log|F|, arg F)`` of the length-``size`` DFT of ``probs`` in fixed point (module
-    docstring): read-only int64 arrays of ``size // 2 + 1`` values."""
-    folded = probs
+    docstring): read-only int64 arrays of ``size // 2 + 1`` values.
+
+    The DFT runs in extended precision (``np.longdouble``): composing n copies multiplies a
+    factor's relative spectrum error by n, so a double-precision DFT (error ~1e-16) leaves
+    FFT noise of ~n 1e-16 of the largest atom in the composed PMF, which at n = 10^5 hides
+    the tail that sets eps at delta ~ 1e-12.
+    """
+    folded = probs.astype(np.longdouble)
     if folded.size > size:  # circular wrap of a factor longer than the window
         folded = np.pad(folded, (0, -folded.size % size)).reshape(-1, size).sum(axis=0)
     spectrum = fft.rfft(folded, size)
     real, imag = spectrum.real, spectrum.imag
-    # log|F| <= 0 (|F| <= 1 for a sub-probability vector; rounding above 1 is cut). |F| below
-    # 1e-150 is read as 1e-150: a change below 1e-150 per frequency, far below the tail mass.
+    # |F| below e^-60 saturates at the floor (see SpectrumSum.add). No cap at |F| = 1: a
+    # one-step PMF sums to 1 within rounding, and cutting that rounding at the zero frequency
+    # would lower every composed atom by the same amount.
     work = real * real
     work += imag * imag
-    np.maximum(work, 1e-300, out=work)
+    np.maximum(work, _FLOOR_SQUARED, out=work)
     np.log(work, out=work)
-    np.minimum(work, 0.0, out=work)
     work *= 0.5 * _RE_SCALE
     re = np.rint(work, out=work).astype(np.int64)
     turns = np.arctan2(imag, real, out=work)
-    turns *= _PHASE_SCALE / (2.0 * math.pi)
+    turns *= _PHASE_SCALE / (2 * _PI)
     phase = np.rint(turns, out=turns).astype(np.int64)
     re.setflags(write=False)
     phase.setflags(write=False)
@@ -211,12 +227,12 @@ class SpectrumSum:
         self.phase += phase * np.int64(count)  # wraps modulo 2^64 = 4 turns: exact
 
     def invert(self, where: Window) -> tuple[np.ndarray, float]:
-        """The composed finite PMF on the window and the mass the window drops."""
+        """The composed finite PMF on the window, each atom raised by the FFT noise bound
+        (returned too): an atom-wise upper bound on the composed PMF (module docstring)."""
         turns = (self.phase & _PHASE_MASK).astype(float) / _PHASE_SCALE
         spectrum = np.exp(self.re.astype(float) / _RE_SCALE + 2j * math.pi * turns)
         circular = fft.irfft(spectrum, self.size)
+        noise = NOISE_FACTOR * max(0.0, -float(circular.min()))
         ordered = np.roll(circular, -where.lo)
-        width = where.hi - where.lo + 1
-        probs = np.maximum(ordered[:width], 0.0)
-        dropped = float(np.maximum(ordered[width:], 0.0).sum())
-        return probs, dropped
+        probs = ordered[: where.hi - where.lo + 1] + noise
+        return np.maximum(probs, 0.0, out=probs), noise
