@@ -124,6 +124,7 @@ def collect_outputs(
                 wall_seconds=wall_seconds,
                 cpu_seconds=cpu_seconds,
                 time_kind="scenario",
+                final_evaluation=server.get("final_evaluation"),
             )
         )
     finally:

@@ -302,6 +302,8 @@ async def serve(
                     outcome["finished"] = finished
                     if finished:  # the clients stop at once (a signal leaves room to resume)
                         await endpoint.announce_end(server.version, clock.now())
+                        final = server.evaluate_final()  # the model the run ends with
+                        outcome["final_evaluation"] = None if final is None else asdict(final)
                     else:
                         monitor.stop_reason = "stopped by a signal"
                 finally:
