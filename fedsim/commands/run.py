@@ -57,21 +57,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _default_out(name: str, seed: int) -> Path:
-    base = Path("runs") / f"{name}-seed{seed}"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        candidate = base.with_name(f"{base.name}-{suffix}")
-        suffix += 1
-    return candidate
-
-
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger, set_population
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
+    from fedsim.runtime.run_outputs import default_run_dir
     from fedsim.runtime.simulated.simulation import run_scenario
     from fedsim.training.preflight import preflight_warnings
 
@@ -87,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_tensorboard()
     scenario = loaded.scenario
-    out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
+    out = Path(args.out) if args.out else default_run_dir(f"{scenario.name}-seed{scenario.seed}")
     set_population(scenario.clients.total)
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
@@ -121,12 +113,13 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             result = None
     if result is None:
-        return _interrupted(out)
+        return interrupted_exit(out)
     return _finished(args, out, result, log)
 
 
-def _interrupted(out: Path) -> int:
-    """What an interrupted run prints; its exit status (128 + the signal's number)."""
+def interrupted_exit(out: Path) -> int:
+    """What an interrupted run (``fedsim run`` or ``launch``) prints; its exit status (128 + the
+    signal's number)."""
     from fedsim.runtime.interrupted import interrupting_signal
 
     name = interrupting_signal()

@@ -156,15 +156,6 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool) -> dict[str, Any]:
     return row
 
 
-def _default_out(name: str) -> Path:
-    base = Path("runs") / f"{name}-sweep"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        candidate = base.with_name(f"{base.name}-{suffix}")
-        suffix += 1
-    return candidate
-
-
 def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str],
                 meta: dict[str, Any]) -> tuple[Path, Path]:
     columns = ["run", *grid_paths, "seed", *TABLE_COLUMNS, "wall_seconds"]
@@ -187,13 +178,14 @@ def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str]
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.reporting.compare import format_table
+    from fedsim.runtime.run_outputs import default_run_dir
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     grid = parse_grid(args.grid)
     seeds = parse_seeds(args.seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
-    out = Path(args.out) if args.out else _default_out(base.name)
+    out = Path(args.out) if args.out else default_run_dir(f"{base.name}-sweep")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")
     plans = plan_runs(args.scenario, grid, seeds, args.overrides, out)

@@ -58,6 +58,7 @@ __all__ = [
     "StoppedClient",
     "check_unused",
     "clean_json",
+    "default_run_dir",
     "json_line",
     "ledger_file",
     "read_json",
@@ -102,6 +103,19 @@ CLIENT_COLUMNS = (
 def ledger_file(directory: str | Path, client_id: str) -> Path:
     """``<directory>/ledgers/<client_id>.jsonl`` (a run directory or a client's state)."""
     return Path(directory) / LEDGER_DIR / f"{client_id}.jsonl"
+
+
+def default_run_dir(name: str, root: str | Path = "runs") -> Path:
+    """The run directory a run named ``name`` writes by default (``fedsim run``:
+    ``<scenario>-seed<N>``, ``fedsim launch``: ``<scenario>-launch``): ``root/name``, or, if
+    that exists, the first of ``name-1``, ``name-2``, ... that does not (a run directory is
+    never reused: its ledgers would continue spending)."""
+    base = Path(root) / name
+    candidate, suffix = base, 1
+    while candidate.exists():
+        candidate = base.with_name(f"{base.name}-{suffix}")
+        suffix += 1
+    return candidate
 
 
 def check_unused(out_dir: Path) -> None:
@@ -214,6 +228,9 @@ class RunRecord:
     """Computed rounds a late w-hat split (interrupt = switch) and computed again."""
     time_kind: str = "virtual"
     """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
+    interrupted: str | None = None
+    """The signal that interrupted the run (None: it ran to its stop condition); the summary
+    then says ``"interrupted": {"signal": ..., "partial": true}``."""
     final_evaluation: Mapping[str, Any] | None = None
     """The final model's evaluation at the run's end: ``version``, ``accuracy``, ``loss``
     (None: not evaluated, e.g. an interrupted or message-only run)."""
@@ -369,7 +386,8 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "caveats": caveats,
         },
         "explanation": _explain(record, rows, caveats),
-    }
+    } | ({"interrupted": {"signal": record.interrupted, "partial": True}}
+         if record.interrupted else {})
 
 
 def write_run_outputs(record: RunRecord) -> dict[str, Any]:
