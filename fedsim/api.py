@@ -171,6 +171,8 @@ def simulate(
     progress: bool | None = True,
     tensorboard: str | PathLike[str] | None = None,
     plots: bool = True,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    fix_batchnorm: bool = False,
 ) -> RunResult:
     """Simulate ``scenario`` under virtual time (as ``fedsim run``) and return its results.
 
@@ -192,6 +194,11 @@ def simulate(
         tensorboard: also write TensorBoard scalars to this directory (needs the
             ``fedsim[tensorboard]`` extra).
         plots: draw the run directory's plots (only when ``out`` is given).
+        loss: the training loss, ``loss(outputs, targets)`` -> one value per example
+            (``reduction='none'``; checked on a probe batch), instead of cross-entropy or
+            the scenario's ``model.loss``.
+        fix_batchnorm: replace the model's BatchNorm layers by GroupNorm (as
+            ``model.fix_batchnorm: true``) instead of refusing the model.
     """
     from fedsim.data.factory_data import user_data
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
@@ -216,7 +223,8 @@ def simulate(
         from fedsim.reporting.tensorboard import require_tensorboard
 
         require_tensorboard()
-    population = build_population(loaded, model_factory=model, data=data)
+    population = build_population(loaded, model_factory=model, data=data, loss=loss,
+                                  fix_batchnorm=fix_batchnorm)
     with tempfile.TemporaryDirectory(prefix="fedsim-run-") as scratch:
         run_dir = Path(out) if out is not None else Path(scratch) / "run"
         result = _run(loaded, population, run_dir, progress, run_scenario)

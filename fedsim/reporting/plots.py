@@ -366,7 +366,10 @@ def _draw_groups(axes: Any, history: EpsilonHistory, groups: dict[str, list[int]
         same = bool(np.allclose(low, high, rtol=1e-9, atol=1e-12))
         if not same:
             axes.fill_between(times, low, high, color=colour, alpha=0.2, linewidth=0)
-        spread = "all identical" if same else "median, band min-max"
+        # A band thinner than the line says nothing: say how close the curves are instead.
+        close = bool(np.all(high - low <= 0.01 * np.maximum(high, 1e-12)))
+        spread = ("all identical" if same else "median; all within 1 %" if close
+                  else "median, band min-max")
         axes.plot(times, np.median(eps, axis=0), color=colour, linewidth=width, linestyle=dash,
                   label=f"{name}: {len(rows)} clients ({spread})")
 

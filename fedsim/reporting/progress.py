@@ -28,12 +28,12 @@ ProgressUnit = Literal["time", "windows"]
 ProgressClock = Literal["virtual", "scenario"]
 
 
-class _SecondsBar(tqdm):  # type: ignore[type-arg]
+class _SecondsBar(tqdm):
     """A tqdm bar that shows its count and total in seconds to 0.1 s ("160.7/1200.0 s"), not
     as the float it advances by ("160.7273662500029/1200.0")."""
 
     @staticmethod
-    def format_meter(n: float, total: float | None, elapsed: float,  # type: ignore[override]
+    def format_meter(n: float, total: float | None, elapsed: float,
                      *args: object, **kwargs: object) -> str:
         return tqdm.format_meter(round(n, 1), None if total is None else round(total, 1),
                                  elapsed, *args, **kwargs)

@@ -54,7 +54,9 @@ from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
+from fedsim.training.losses import build_loss, check_per_example_loss
 from fedsim.training.models import build_scenario_model
+from fedsim.training.persample import LossFn, per_example_cross_entropy
 from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
@@ -117,6 +119,8 @@ class Population:
     dataset_path: Path | None
     device: torch.device = torch.device("cpu")
     """Where the model, the clients' records and their rounds live (scenario ``device``)."""
+    loss_fn: LossFn = per_example_cross_entropy
+    """The per-example training loss (``model.loss``, :mod:`fedsim.training.losses`)."""
 
     def trainer(
         self,
@@ -176,6 +180,7 @@ class Population:
             per_example_lr=group.per_example_lr,
             generator=generator,
             declared_records=plan.public_samples,
+            loss_fn=self.loss_fn,
         )
         return trainer if batcher is None else BatchedTrainer(trainer, batcher, plan.client_id)
 
@@ -295,11 +300,13 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
 
 def build_population(
     loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
-    data: TensorSplits | None = None,
+    data: TensorSplits | None = None, loss: LossFn | None = None, fix_batchnorm: bool = False,
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
     ``model_factory``: a Python callable that builds the model (instead of ``model:``);
-    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`)."""
+    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`); ``loss``: a
+    per-example loss from Python (instead of ``model.loss``); ``fix_batchnorm``: replace
+    BatchNorm by GroupNorm (as ``model.fix_batchnorm``)."""
     scenario = loaded.scenario
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
@@ -318,7 +325,11 @@ def build_population(
                              max_message_bytes=scenario.network.max_message_bytes)
         model = build_scenario_model(
             scenario.model, options, sample=train_x[:2],
-            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
+            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir,
+            fix_batchnorm=fix_batchnorm)
+        loss_fn, where = build_loss(scenario.model.loss, scenario.model.loss_options, loss=loss,
+                                    base_dir=loaded.base_dir)
+        check_per_example_loss(loss_fn, model, train_x[:2], train_y[:2], where)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans: list[ClientPlan] = []
     first_step = first_server_step(scenario)
@@ -343,7 +354,7 @@ def build_population(
                                     first_server_step=first_step))
     return Population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
-        device,
+        device, loss_fn,
     )
 
 
@@ -413,7 +424,8 @@ def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float
 
     def evaluate_params(params: np.ndarray) -> tuple[float, float]:
         load_flat_params(population.model, params)
-        return evaluate(population.model, population.test_x, population.test_y)
+        return evaluate(population.model, population.test_x, population.test_y,
+                        loss_fn=population.loss_fn)
 
     return evaluate_params
 
