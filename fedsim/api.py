@@ -201,6 +201,7 @@ def simulate(
             ``model.fix_batchnorm: true``) instead of refusing the model.
     """
     from fedsim.data.factory_data import user_data
+    from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
 
@@ -227,11 +228,8 @@ def simulate(
                                   fix_batchnorm=fix_batchnorm)
     with tempfile.TemporaryDirectory(prefix="fedsim-run-") as scratch:
         run_dir = Path(out) if out is not None else Path(scratch) / "run"
-        result = _run(loaded, population, run_dir, progress, run_scenario)
-        if tensorboard is not None:
-            from fedsim.reporting.tensorboard import export_run
-
-            export_run(run_dir, Path(tensorboard))
+        with tensorboard_during(tensorboard, run_dir) as to_tensorboard:  # per window
+            result = _run(loaded, population, run_dir, progress, run_scenario, to_tensorboard)
         if out is not None and plots:
             from fedsim.reporting.plots import draw_all
 
@@ -246,7 +244,8 @@ def simulate(
 
 
 def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool | None,
-         run_scenario: Callable[..., Any]) -> Any:
+         run_scenario: Callable[..., Any],
+         also: Callable[[dict[str, Any]], None] = lambda line: None) -> Any:
     from fedsim.reporting.progress import ProgressUnit, RunProgress
 
     stop = loaded.scenario.stop
@@ -258,6 +257,7 @@ def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool 
         def on_window(line: dict[str, Any]) -> None:
             bar.update(line["time"], line["window"], line["accuracy"],
                        line["min_remaining_epsilon"])
+            also(line)  # e.g. TensorBoard scalars as the run goes
 
         return run_scenario(loaded, run_dir, on_window=on_window, population=population)
 

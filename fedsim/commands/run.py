@@ -48,8 +48,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                              "scenario's device; auto takes cuda, else mps, else cpu.")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     parser.add_argument("--tensorboard", metavar="DIR",
-                        help="Also write TensorBoard scalars (per window, per-client epsilon) "
-                             "to DIR; needs the fedsim[tensorboard] extra.")
+                        help="Also write TensorBoard scalars to DIR: per window as the run "
+                             "goes, per-client epsilon when it ends; needs the "
+                             "fedsim[tensorboard] extra.")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="Write log lines as JSON (by default exactly when stderr is not "
                              "a terminal).")
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger, set_population
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
     from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
     from fedsim.runtime.run_outputs import default_run_dir
@@ -90,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("run horizon", seconds=horizon.seconds, source=horizon.source,
              estimated=horizon.estimated)
     quiet = getattr(args, "quiet", False)
-    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
+    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress, \
+            tensorboard_during(args.tensorboard, out) as to_tensorboard:
         def on_window(line: dict[str, Any]) -> None:
             progress.set_total(tracker.observe(line["time"], line["active_clients"]))
             progress.update(line["time"], line["window"], line["accuracy"],
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             if line["accuracy"] is not None:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
+            to_tensorboard(line)
 
         make_batcher = None
         if args.executor == "ray":
@@ -141,10 +145,6 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int
     if summary["stopped"]:
         counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
         log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
-    if args.tensorboard:
-        from fedsim.reporting.tensorboard import export_run
-
-        export_run(out, args.tensorboard)
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all
