@@ -17,7 +17,7 @@ import numpy as np
 from fedsim.privacy.events import GaussianStep
 from fedsim.training import LocalTrainer
 
-__all__ = ["centralized_dp_sgd", "epoch_ends", "pyplot", "write_json"]
+__all__ = ["centralized_dp_sgd", "epoch_ends", "provenance", "pyplot", "write_json"]
 
 
 def centralized_dp_sgd(
@@ -52,6 +52,25 @@ def epoch_ends(steps: int, steps_per_epoch: float) -> list[int]:
             next_end += steps_per_epoch
             ends.append(done)
     return ends
+
+
+def provenance() -> str:
+    """What made a result: ``"<commit> (fedsim <version>)"``, the commit suffixed ``+dirty``
+    when the working tree has uncommitted changes to tracked files (for every results JSON's
+    ``commit`` field; the results page prints it)."""
+    import subprocess
+
+    import fedsim
+
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, check=True,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown commit", ""
+    return f"{commit}{'+dirty' if dirty else ''} (fedsim {fedsim.__version__})"
 
 
 def write_json(path: Path, document: Any, *, indent: int = 2) -> None:
