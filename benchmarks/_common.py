@@ -18,7 +18,8 @@ import numpy as np
 from fedsim.privacy.events import GaussianStep
 from fedsim.training import LocalTrainer
 
-__all__ = ["centralized_dp_sgd", "commit", "epoch_ends", "pyplot", "rss_mb", "write_json"]
+__all__ = ["centralized_dp_sgd", "commit", "epoch_ends", "provenance", "pyplot", "rss_mb",
+           "write_json"]
 
 
 def centralized_dp_sgd(
@@ -78,6 +79,25 @@ def rss_mb() -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def provenance() -> str:
+    """What made a result: ``"<commit> (fedsim <version>)"``, the commit suffixed ``+dirty``
+    when the working tree has uncommitted changes to tracked files (for every results JSON's
+    ``commit`` field; the results page prints it)."""
+    import subprocess
+
+    import fedsim
+
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, check=True,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown commit", ""
+    return f"{commit}{'+dirty' if dirty else ''} (fedsim {fedsim.__version__})"
 
 
 def write_json(path: Path, document: Any, *, indent: int = 2) -> None:

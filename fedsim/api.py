@@ -176,6 +176,8 @@ def simulate(
     tensorboard: str | PathLike[str] | None = None,
     plots: bool = True,
     allow_factories: bool = False,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    fix_batchnorm: bool = False,
 ) -> RunResult:
     """Simulate ``scenario`` under virtual time (as ``fedsim run``) and return its results.
 
@@ -201,8 +203,14 @@ def simulate(
         allow_factories: run the ``model.factory`` / ``dataset.factory`` the scenario names
             (Python code it makes this process import and call); a scenario naming one is
             refused without it. Your own ``model`` and ``dataset`` arguments need no opt-in.
+        loss: the training loss, ``loss(outputs, targets)`` -> one value per example
+            (``reduction='none'``; checked on a probe batch), instead of cross-entropy or
+            the scenario's ``model.loss``.
+        fix_batchnorm: replace the model's BatchNorm layers by GroupNorm (as
+            ``model.fix_batchnorm: true``) instead of refusing the model.
     """
     from fedsim.data.factory_data import user_data
+    from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.run_outputs import require_writable_dir
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
@@ -231,14 +239,12 @@ def simulate(
         from fedsim.reporting.tensorboard import require_tensorboard
 
         require_tensorboard()
-    population = build_population(loaded, model_factory=model, data=data)
+    population = build_population(loaded, model_factory=model, data=data, loss=loss,
+                                  fix_batchnorm=fix_batchnorm)
     with tempfile.TemporaryDirectory(prefix="fedsim-run-") as scratch:
         run_dir = Path(out) if out is not None else Path(scratch) / "run"
-        result = _run(loaded, population, run_dir, progress, run_scenario)
-        if tensorboard is not None:
-            from fedsim.reporting.tensorboard import export_run
-
-            export_run(run_dir, Path(tensorboard))
+        with tensorboard_during(tensorboard, run_dir) as to_tensorboard:  # per window
+            result = _run(loaded, population, run_dir, progress, run_scenario, to_tensorboard)
         if out is not None and plots:
             from fedsim.reporting.plots import draw_all
 
@@ -253,7 +259,8 @@ def simulate(
 
 
 def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool | None,
-         run_scenario: Callable[..., Any]) -> Any:
+         run_scenario: Callable[..., Any],
+         also: Callable[[dict[str, Any]], None] = lambda line: None) -> Any:
     from fedsim.reporting.progress import ProgressUnit, RunProgress
 
     stop = loaded.scenario.stop
@@ -265,6 +272,7 @@ def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool 
         def on_window(line: dict[str, Any]) -> None:
             bar.update(line["time"], line["window"], line["accuracy"],
                        line["min_remaining_epsilon"])
+            also(line)  # e.g. TensorBoard scalars as the run goes
 
         return run_scenario(loaded, run_dir, on_window=on_window, population=population)
 

@@ -45,7 +45,10 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fedsim.privacy.calibration import epsilon_for, largest_fitting
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import provenance  # noqa: E402
+
+from fedsim.privacy.calibration import epsilon_for, largest_fitting  # noqa: E402
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.fdp import gdp_mu_at_point
 from fedsim.privacy.gdp import gdp_delta
@@ -322,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "paper": PAPER,
         "command": COMMAND + (" --quick" if args.quick else ""),
         "quick": bool(args.quick),
+        "commit": provenance(),
         "plot": _relative(plot),
         "delta": DELTA,
         "group_by": "mechanism",

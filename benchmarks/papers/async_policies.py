@@ -44,6 +44,9 @@ from fedsim.config import load_scenario
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vandijk_async import Variant, aggregate, collect, plot, run_variant  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import provenance  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "async_study.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -144,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot(curves, epsilons, args.plot)
     document = {
         "command": "python benchmarks/papers/async_policies.py",
+        "commit": provenance(),
         "notes": findings(rows, per_seed),
         "rows": list(rows.values()),
         "per_seed": per_seed,

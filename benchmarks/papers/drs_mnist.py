@@ -31,7 +31,7 @@ instead of retraining.
     python benchmarks/papers/drs_mnist.py --full --device cuda   # the paper's epochs
     python benchmarks/papers/drs_mnist.py --no-train             # privacy and plot only
 
-Writes benchmarks/results/papers/drs_mnist.json (a list of rows), the training records under
+Writes benchmarks/results/papers/drs_mnist.json (its rows and commit), the training records under
 benchmarks/results/papers/drs_mnist_runs/, and docs/img/drs_mnist_tradeoff.png.
 """
 
@@ -57,7 +57,7 @@ from fedsim.privacy.fdp import eps_delta_tradeoff
 from fedsim.privacy.gdp import clt_mu, gdp_epsilon, gdp_tradeoff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import pyplot  # noqa: E402
+from _common import provenance, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -359,7 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run.name in args.poisson_runs.upper():
             rows.append(poisson_row(run, args, centralized, records))
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "drs_mnist.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.results / "drs_mnist.json").write_text(
+        json.dumps({"commit": provenance(), "rows": rows}, indent=2) + "\n")
     (records).mkdir(parents=True, exist_ok=True)
     (records / "tradeoff_curves.json").write_text(json.dumps(curves) + "\n")
     plot_tradeoffs(curves, numbers, args.plot)

@@ -66,7 +66,7 @@ from fedsim.training import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import centralized_dp_sgd, epoch_ends, pyplot  # noqa: E402
+from _common import centralized_dp_sgd, epoch_ends, provenance, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -578,6 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python benchmarks/papers/du_dynamic.py --part federated"
     )
     document["plot"] = "docs/img/du_dynamic.png"
+    document["commit"] = provenance()
     document["notes"] = notes(document["rows"])
     args.results.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=1) + "\n")

@@ -5,7 +5,8 @@ the data cannot disagree: ``--check`` exits 1 when the committed page is out of 
 test suite runs that check.
 
 Each result file is either a list of row objects or an object with ``rows`` (a list of row
-objects) and optionally ``command``, ``plot`` / ``plots``, ``paper``, ``note`` / ``notes``,
+objects) and optionally ``command``, ``commit`` (the commit and fedsim version that made it,
+printed on the page), ``plot`` / ``plots``, ``paper``, ``note`` / ``notes``,
 ``comparison`` (rows of {claim, paper, ours}), ``group_by`` (a column: one table per value)
 and ``curves`` (plot data, not shown). In a row,
 a key ``paper_X`` is the paper's value of the column ``X`` and is shown next to it. A result
@@ -223,6 +224,10 @@ def render_section(spec: ResultSpec, results_dir: Path, repo: Path) -> str:
     document = _as_document(json.loads(path.read_text(encoding="utf-8")), path)
     command = document.get("command", spec.command)
     parts += [f"Regenerate: `{command}` (raw output: `{relative}`).", ""]
+    made_by = document.get("commit")
+    parts += [f"Made by: {made_by}." if made_by else
+              "Made by: not recorded (these figures predate the results' commit field; the "
+              "code may have changed since: regenerate them with the command above).", ""]
     for note in _listify(document.get("note")) + _listify(document.get("notes")):
         parts += [f"> {note}", ""]
     comparison = document.get("comparison")

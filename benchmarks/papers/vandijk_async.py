@@ -47,7 +47,7 @@ from typing import Any
 from fedsim.config import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import pyplot  # noqa: E402
+from _common import provenance, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "vandijk_async.yaml"
@@ -385,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the
     base, thought = curves.get("poisson"), curves.get(THOUGHT)
     document["comparison"] = paper_claims(rows, base, thought)
     document["command"] = "python benchmarks/papers/vandijk_async.py"
+    document["commit"] = provenance()
     document["plot"] = "docs/img/vandijk_async.png"
     document["notes"] = [
         "Every row is `fedsim run scenarios/papers/vandijk_async.yaml --set ...` once per seed (100 "

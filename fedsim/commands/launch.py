@@ -5,7 +5,9 @@ does with containers, without Docker), then collect the same run directory as ``
 Without ``--broker`` a private mosquitto with generated passwords and ACL is started on
 127.0.0.1 (a free port) and stopped at the end. With ``--broker``, pass the run's secrets file
 (``fedsim deploy``) with ``--secrets``, and for ``mqtts://`` the ``--tls-*`` options, which
-every process gets. ``--time-scale X``: X wall seconds per scenario second.
+every process gets. ``--time-scale X``: X wall seconds per scenario second. Interrupted
+(Ctrl-C or SIGTERM), it stops the processes and still writes a partial summary that ``fedsim
+report`` reads, as ``fedsim run`` does.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument(
-        "--out", metavar="DIR", help="The run directory (by default runs/NAME-launch)."
+        "--out", metavar="DIR",
+        help="The run directory (by default runs/NAME-launch, with a numeric suffix if that "
+             "exists, as fedsim run does)."
     )
     parser.add_argument(
         "--timeout",
@@ -48,17 +52,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedsim.commands.run import interrupted_exit
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
     from fedsim.reporting.horizon import HorizonTracker, bound_horizon
     from fedsim.reporting.progress import RunProgress
     from fedsim.runtime.deployed.launcher import Launcher
+    from fedsim.runtime.interrupted import signals_interrupt
+    from fedsim.runtime.run_outputs import default_run_dir
 
     options = DeploymentOptions.from_args(args)
     loaded = load_scenario(args.scenario, args.overrides)
     require_allowed(loaded.scenario, options.allow_factories)  # before any directory is made
     name = loaded.scenario.name
-    out = Path(args.out) if args.out else Path("runs") / f"{name}-launch"
+    out = Path(args.out) if args.out else default_run_dir(f"{name}-launch")
     launcher = Launcher(args.scenario, out, options=options, overrides=args.overrides)
     horizon = bound_horizon(launcher.scenario)  # the first hard stop, in scenario seconds
     tracker = HorizonTracker(horizon, launcher.scenario.server.window)
@@ -69,8 +76,15 @@ def run(args: argparse.Namespace) -> int:
         progress.update(line["time"], line["window"], line["accuracy"],
                         line["min_remaining_epsilon"], line["active_clients"])
 
-    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
-        summary = launcher.run_to_end(args.timeout, on_window=on_window)
+    with RunProgress(horizon.seconds, unit="time", clock="scenario",
+                     enabled=False if quiet else None) as progress:
+        try:
+            with signals_interrupt():
+                summary = launcher.run_to_end(args.timeout, on_window=on_window)
+        except KeyboardInterrupt:
+            summary = None
+    if summary is None:
+        return interrupted_exit(out)
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all
 

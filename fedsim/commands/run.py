@@ -49,8 +49,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                              "scenario's device; auto takes cuda, else mps, else cpu.")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     parser.add_argument("--tensorboard", metavar="DIR",
-                        help="Also write TensorBoard scalars (per window, per-client epsilon) "
-                             "to DIR; needs the fedsim[tensorboard] extra.")
+                        help="Also write TensorBoard scalars to DIR: per window as the run "
+                             "goes, per-client epsilon when it ends; needs the "
+                             "fedsim[tensorboard] extra.")
     parser.add_argument("--json-logs", action=argparse.BooleanOptionalAction, default=None,
                         help="Write log lines as JSON (by default exactly when stderr is not "
                              "a terminal).")
@@ -59,22 +60,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _default_out(name: str, seed: int) -> Path:
-    base = Path("runs") / f"{name}-seed{seed}"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        candidate = base.with_name(f"{base.name}-{suffix}")
-        suffix += 1
-    return candidate
-
-
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger, set_population
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
     from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
-    from fedsim.runtime.run_outputs import require_writable_dir
+    from fedsim.runtime.run_outputs import default_run_dir, require_writable_dir
     from fedsim.runtime.simulated.simulation import run_scenario
     from fedsim.training.preflight import preflight_warnings
 
@@ -86,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"device={args.device}")
     loaded = load_scenario(args.scenario, overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
-    out = Path(args.out) if args.out else _default_out(scenario.name, scenario.seed)
+    out = Path(args.out) if args.out else default_run_dir(f"{scenario.name}-seed{scenario.seed}")
     require_writable_dir(out, "--out" if args.out else "run directory")  # before any work
     if args.tensorboard:
         from fedsim.reporting.tensorboard import require_tensorboard
@@ -103,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("run horizon", seconds=horizon.seconds, source=horizon.source,
              estimated=horizon.estimated)
     quiet = getattr(args, "quiet", False)
-    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress:
+    with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress, \
+            tensorboard_during(args.tensorboard, out) as to_tensorboard:
         def on_window(line: dict[str, Any]) -> None:
             progress.set_total(tracker.observe(line["time"], line["active_clients"]))
             progress.update(line["time"], line["window"], line["accuracy"],
@@ -111,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             if line["accuracy"] is not None:
                 log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
                                                          "applied", "active_clients")})
+            to_tensorboard(line)
 
         make_batcher = None
         if args.executor == "ray":
@@ -126,12 +121,13 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             result = None
     if result is None:
-        return _interrupted(out)
+        return interrupted_exit(out)
     return _finished(args, out, result, log)
 
 
-def _interrupted(out: Path) -> int:
-    """What an interrupted run prints; its exit status (128 + the signal's number)."""
+def interrupted_exit(out: Path) -> int:
+    """What an interrupted run (``fedsim run`` or ``launch``) prints; its exit status (128 + the
+    signal's number)."""
     from fedsim.runtime.interrupted import interrupting_signal
 
     name = interrupting_signal()
@@ -153,10 +149,6 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int
     if summary["stopped"]:
         counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
         log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
-    if args.tensorboard:
-        from fedsim.reporting.tensorboard import export_run
-
-        export_run(out, args.tensorboard)
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all

@@ -159,15 +159,6 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
     return row
 
 
-def _default_out(name: str) -> Path:
-    base = Path("runs") / f"{name}-sweep"
-    candidate, suffix = base, 1
-    while candidate.exists():
-        candidate = base.with_name(f"{base.name}-{suffix}")
-        suffix += 1
-    return candidate
-
-
 def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str],
                 meta: dict[str, Any]) -> tuple[Path, Path]:
     columns = ["run", *grid_paths, "seed", *TABLE_COLUMNS, "wall_seconds"]
@@ -191,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
     from fedsim.reporting.compare import format_table
-    from fedsim.runtime.run_outputs import require_writable_dir
+    from fedsim.runtime.run_outputs import default_run_dir, require_writable_dir
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
@@ -199,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
     require_allowed(base, args.allow_factories)  # refused once, before any run is planned
-    out = Path(args.out) if args.out else _default_out(base.name)
+    out = Path(args.out) if args.out else default_run_dir(f"{base.name}-sweep")
     require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")

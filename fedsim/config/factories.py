@@ -36,9 +36,10 @@ ALLOW_FLAG = "--allow-factory"
 
 
 def scenario_factories(scenario: Scenario) -> dict[str, str]:
-    """The factories ``scenario`` names, by scenario path (``model.factory``,
+    """The factories ``scenario`` names, by scenario path (``model.factory``, ``model.loss``,
     ``dataset.factory``): the code building its run would import and call."""
-    named = {"model.factory": scenario.model.factory, "dataset.factory": scenario.dataset.factory}
+    named = {"model.factory": scenario.model.factory, "model.loss": scenario.model.loss,
+             "dataset.factory": scenario.dataset.factory}
     return {where: reference for where, reference in named.items() if reference is not None}
 
 

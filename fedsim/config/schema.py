@@ -119,6 +119,16 @@ class Model(_Strict):
     options: dict[str, OptionValue] = Field(
         default_factory=dict, description="Keyword options of the model, such as hidden: "
         "[128] for an MLP; input size and class count come from the data when omitted.")
+    loss: FactoryReference | None = Field(
+        default=None, description="Your own training loss: 'package.module:function', a "
+        "factory called with loss_options that returns loss(outputs, targets) -> one loss per "
+        "example (reduction='none'; checked on a probe batch). Default: cross-entropy.")
+    loss_options: dict[str, OptionValue] = Field(
+        default_factory=dict, description="Keyword options of the loss factory.")
+    fix_batchnorm: bool = Field(
+        default=False, description="Replace every BatchNorm layer by GroupNorm (as Opacus's "
+        "ModuleValidator.fix does) instead of refusing the model: BatchNorm mixes the "
+        "examples of a batch, which per-example DP-SGD cannot train.")
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> Model:

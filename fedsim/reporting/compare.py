@@ -148,19 +148,66 @@ def _legend_beside(axes: Any) -> None:
                     borderaxespad=0.0, fontsize=8, frameon=False)
 
 
+def _label(run: RunDirectory, label: str) -> str:
+    """A run's legend label; an interrupted run says so."""
+    return f"{label} (interrupted by {run.interrupted})" if run.interrupted else label
+
+
+def _time_axis(runs: Sequence[RunDirectory]) -> tuple[str, str]:
+    """The time axis's label and name: the runs' own (virtual or scenario time), or both."""
+    labels = sorted({run.time_label for run in runs})
+    names = sorted({run.time_name for run in runs})
+    if len(labels) == 1:
+        return labels[0], names[0]
+    return "virtual or scenario time (s; see each run)", " / ".join(names)
+
+
+def _draw_run_line(axes: Any, run: RunDirectory, times: Sequence[float], values: Sequence[float],
+                   label: str, style: dict[str, Any]) -> None:
+    """A run's curve, with a marker on every point when it has few (a run with one evaluated
+    window is a point, which a line alone would not show) and, for an interrupted run, a cross
+    where it stopped."""
+    axes.plot(times, values, label=_label(run, label), marker="o" if len(times) < 12 else None,
+              markersize=4, **style)
+    if run.interrupted and len(times):
+        axes.plot([times[-1]], [values[-1]], linestyle="none", marker="X", markersize=10,
+                  color=style["color"], markeredgecolor="black")
+
+
 def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
                              path: Path) -> Path:
-    """Held-out accuracy against virtual time, one line per run."""
+    """Held-out accuracy against time, one line per run (axis fitted to the values); the
+    final model's evaluation of each run that has one as a star, the end of an interrupted run
+    as a cross."""
+    from fedsim.reporting.plots import accuracy_limits, final_point
+
     figure, (axes,) = _figure(1)
+    values: list[float] = []
     for index, (run, label) in enumerate(zip(runs, labels, strict=True)):
         points = [(m["time"], a) for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
+        style = _style(index, len(runs))
         if points:
-            axes.plot(*zip(*points, strict=True), label=label, **_style(index, len(runs)))
-    axes.set_xlabel("virtual time (s)")
+            times, accuracies = zip(*points, strict=True)
+            _draw_run_line(axes, run, times, accuracies, label, style)
+            values.extend(accuracies)
+        final = final_point(run)
+        if final is not None:
+            axes.plot([final[0]], [final[1]], linestyle="none", marker="*", markersize=11,
+                      color=style["color"], markeredgecolor="black",
+                      label=None if points else _label(run, label))
+            values.append(final[1])
+    if any(run.interrupted for run in runs):
+        axes.plot([], [], linestyle="none", marker="X", color="0.5", markeredgecolor="black",
+                  label="an interrupted run's last point")
+    if any(final_point(run) is not None for run in runs):
+        axes.plot([], [], linestyle="none", marker="*", color="0.5", markeredgecolor="black",
+                  label="final model, evaluated at the end")
+    axis_label, name = _time_axis(runs)
+    axes.set_xlabel(axis_label)
     axes.set_ylabel("held-out accuracy")
-    axes.set_ylim(0.0, 1.0)
+    axes.set_ylim(*(accuracy_limits(values) if values else (0.0, 1.0)))
     axes.grid(True, alpha=0.3)
-    axes.set_title("accuracy over virtual time")
+    axes.set_title(f"accuracy over {name}")
     _legend_beside(axes)
     return _save(figure, path)
 
@@ -211,10 +258,10 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
                 continue
             times, low, mid, high = run_curves[relation]
             style = _style(index, len(runs))
-            axes.plot(times, mid, label=label, **style)
+            _draw_run_line(axes, runs[index], times, mid, label, style)
             axes.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
         axes.set_title(f"{relation} neighbours: median client, band min-max client", fontsize=10)
-        axes.set_xlabel("virtual time (s)")
+        axes.set_xlabel(_time_axis(runs)[0])
         axes.set_ylabel(f"epsilon (delta = {', '.join(f'{d:g}' for d in deltas)})")
         axes.set_ylim(bottom=0.0)
         axes.grid(True, alpha=0.3)

@@ -2,20 +2,26 @@
 
 :func:`draw_all` reads a run directory (see :mod:`fedsim.reporting.rundir`) and writes
 
-* ``plots/accuracy.png``: held-out accuracy against virtual time, the server step size on a
+* ``plots/accuracy.png``: held-out accuracy against virtual time on an axis fitted to the
+  values, the final model's evaluation at the run's end as a star, the server step size on a
   secondary axis, the legend below the axes;
-* ``plots/epsilon.png``: each client's epsilon at the scenario's delta against virtual time,
-  from its ledger, one panel per neighbouring relation (Poisson sampling with add/remove
+* ``plots/epsilon.png``: the clients' epsilon at the scenario's delta against virtual time,
+  from their ledgers, one panel per neighbouring relation (Poisson sampling with add/remove
   neighbours, fixed-size batches with replace-one neighbours: their eps measure different
-  things and never share an axis). Clients with equal curves share one line and one label;
-  the other curves are drawn thick to thin with distinct dash patterns, so none hides another;
-  with many clients, a few representative clients over the min / median / max band. Each
-  budget is a line of its own style; legends stand beside the axes;
+  things and never share an axis). One line per client group (its median client, with a band
+  from its least to its most spent client; the label says how many clients, and when their
+  curves are identical), drawn thick to thin with distinct dash patterns, so none hides
+  another; with many groups, a few representative clients over the min / median / max band.
+  Each budget is a line of its own style; legends stand beside the axes;
 * ``plots/tradeoff.png``: per relation, the trade-off curves (type I error alpha against type
-  II error beta) of up to three clients with clearly different spending, from their accountant
-  (a lower bound on the true curve for ``pld``), against the Gaussian-DP curve G_mu fitted to
-  them, and the piecewise-linear curve of the single (eps, delta) pair they report (Dong, Roth
-  & Su, "Gaussian Differential Privacy", Prop. 2.5 / Def. 2.3).
+  II error beta) of one client per group (the group's median spender; the title says how many
+  of how many clients), from their accountant (a lower bound on the true curve for ``pld``),
+  against the Gaussian-DP curve G_mu fitted to them, and the piecewise-linear curve of the
+  single (eps, delta) pair they report (Dong, Roth & Su, "Gaussian Differential Privacy",
+  Prop. 2.5 / Def. 2.3).
+
+An interrupted run (``summary.interrupted``) says so in every title and has a vertical line
+where it stopped.
 
 Every number is each client's own guarantee about its own data set (per client, per
 sample); the neighbouring relation is the one of the client's sampling scheme.
@@ -186,26 +192,67 @@ def _save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
     return path
 
 
+def interruption_note(run: RunDirectory) -> str:
+    """" (interrupted by SIGINT: partial run)" for an interrupted run, else ""."""
+    return f" (interrupted by {run.interrupted}: partial run)" if run.interrupted else ""
+
+
+def mark_interruption(axes: Any, run: RunDirectory, colour: str = "tab:red",
+                      label: str | None = None) -> None:
+    """A vertical line where an interrupted run stopped (nothing for a finished run)."""
+    if run.interrupted:
+        axes.axvline(run.virtual_time, color=colour, linestyle=(0, (4, 2)), linewidth=1.2,
+                     label=label or f"interrupted by {run.interrupted}")
+
+
+def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:
+    """The accuracy axis fitted to ``values`` with a margin of 8 % of their range (at least
+    0.01), kept within [0, 1], so that 0.73-0.88 is not flattened on a fixed 0-1 axis."""
+    low, high = min(values), max(values)
+    margin = max(0.08 * (high - low), 0.01)
+    return max(0.0, low - margin), min(1.0, high + margin)
+
+
+def final_point(run: RunDirectory) -> tuple[float, float, int] | None:
+    """(time, accuracy, version) of the final model's evaluation at the run's end (None: an
+    interrupted or older run, where ``final_accuracy`` is a periodic evaluation's)."""
+    accuracy = run.summary.get("final_accuracy")
+    version = run.summary.get("final_evaluated_version")
+    if run.interrupted or not isinstance(accuracy, int | float) or not isinstance(version, int) \
+            or version != run.summary.get("final_version"):
+        return None
+    return run.virtual_time, float(accuracy), version
+
+
 def draw_accuracy(run: RunDirectory, path: Path) -> Path:
-    """Held-out accuracy against virtual time, the server step size on a secondary axis; the
-    legend below the axes."""
+    """Held-out accuracy against virtual time (the axis fitted to the values), the final
+    model's evaluation at the run's end as a star, the server step size on a secondary axis,
+    an interruption marked; the legend below the axes."""
     figure, (axes,) = _new_figure((FIGSIZE[0], FIGSIZE[1] + 0.5))
     evaluated = [m for m in run.metrics if isinstance(m.get("accuracy"), int | float)]
+    values = [float(m["accuracy"]) for m in evaluated]
     if evaluated:
         axes.plot(
             [m["time"] for m in evaluated],
-            [m["accuracy"] for m in evaluated],
+            values,
             color="tab:blue",
             marker="." if len(evaluated) < 60 else None,
-            label="held-out accuracy (left axis)",
+            label="held-out accuracy, every eval_every windows (left axis)",
         )
-    else:
+    final = final_point(run)
+    if final is not None:
+        axes.plot([final[0]], [final[1]], linestyle="none", marker="*", markersize=12,
+                  color="tab:blue", markeredgecolor="black",
+                  label=f"final model (version {final[2]}): {final[1]:.4f}")
+        values.append(final[1])
+    if not values:
         axes.text(
             0.5, 0.5, "no window was evaluated", ha="center", va="center", transform=axes.transAxes
         )
+    mark_interruption(axes, run)
     axes.set_xlabel(run.time_label)
     axes.set_ylabel("accuracy", color="tab:blue")
-    axes.set_ylim(0.0, 1.0)
+    axes.set_ylim(*(accuracy_limits(values) if values else (0.0, 1.0)))
     axes.grid(True, alpha=0.3)
     handles, labels = axes.get_legend_handles_labels()
     stepped = [m for m in run.metrics if isinstance(m.get("step_size"), int | float)]
@@ -227,8 +274,9 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     if handles:
         axes.legend(handles, labels, fontsize=8, loc="upper center", ncol=2,
                     bbox_to_anchor=(0.5, -0.13), frameon=False)
-    axes.set_title(f"{run.scenario_name}: accuracy over {run.time_name}")
-    return _save(figure, path, bottom=0.2)
+    axes.set_title(f"{run.scenario_name}: accuracy over {run.time_name}{interruption_note(run)}",
+                   fontsize=11)
+    return _save(figure, path, bottom=0.24)
 
 
 def _budgets(run: RunDirectory, groups: set[str] | None = None) -> dict[float, list[str]]:
@@ -273,6 +321,7 @@ class EpsilonPanel:
     labels: dict[str, str] = field(default_factory=dict)  # quantile names, when fewer
     groups: frozenset[str] = frozenset()
     final: dict[str, float] = field(default_factory=dict)  # every member's final eps
+    client_groups: dict[str, str] = field(default_factory=dict)  # client id -> its group
 
 
 def _draw_individual(axes: Any, ids: Sequence[str], rows: np.ndarray, times: np.ndarray,
@@ -287,6 +336,42 @@ def _draw_individual(axes: Any, ids: Sequence[str], rows: np.ndarray, times: np.
         colour = colours[index] if colours is not None else f"C{index % 10}"
         axes.plot(times, curve, color=colour, linewidth=width,
                   linestyle=CURVE_STYLES[index % len(CURVE_STYLES)], label=label)
+
+
+def _by_group(history: EpsilonHistory, client_groups: dict[str, str]) -> dict[str, list[int]]:
+    """Group name -> the rows of its clients in ``history`` (groups sorted by name); {} when a
+    client's group is unknown (no clients.csv)."""
+    if not all(cid in client_groups for cid in history.client_ids):
+        return {}
+    rows: dict[str, list[int]] = {}
+    for row, cid in enumerate(history.client_ids):
+        rows.setdefault(client_groups[cid], []).append(row)
+    return dict(sorted(rows.items()))
+
+
+def _draw_groups(axes: Any, history: EpsilonHistory, groups: dict[str, list[int]]) -> None:
+    """One line per group: its only client, or its clients' median with a band from the least
+    to the most spent (a band of zero width when their curves are identical, which the label
+    says, so identical curves never hide each other). Thick to thin, each its own dash."""
+    times, count = history.times, len(groups)
+    for index, (name, rows) in enumerate(groups.items()):
+        colour, dash = f"C{index % 10}", CURVE_STYLES[index % len(CURVE_STYLES)]
+        width = 3.2 - 1.8 * index / max(count - 1, 1)
+        eps = history.epsilon[rows]
+        if len(rows) == 1:
+            axes.plot(times, eps[0], color=colour, linewidth=width, linestyle=dash,
+                      label=f"{name}: {history.client_ids[rows[0]]}")
+            continue
+        low, high = eps.min(axis=0), eps.max(axis=0)
+        same = bool(np.allclose(low, high, rtol=1e-9, atol=1e-12))
+        if not same:
+            axes.fill_between(times, low, high, color=colour, alpha=0.2, linewidth=0)
+        # A band thinner than the line says nothing: say how close the curves are instead.
+        close = bool(np.all(high - low <= 0.01 * np.maximum(high, 1e-12)))
+        spread = ("all identical" if same else "median; all within 1 %" if close
+                  else "median, band min-max")
+        axes.plot(times, np.median(eps, axis=0), color=colour, linewidth=width, linestyle=dash,
+                  label=f"{name}: {len(rows)} clients ({spread})")
 
 
 def _draw_band(axes: Any, history: EpsilonHistory) -> None:
@@ -338,9 +423,10 @@ def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[fl
 def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) -> Path:
     """Per-client epsilon over virtual time, one panel per neighbouring relation.
 
-    In a panel, up to :data:`MAX_INDIVIDUAL_CLIENTS` distinct curves are drawn one by one
-    (clients with equal curves share one line and its label), more as a min-max band, the
-    median and three representatives. If a panel's history holds only the clients at quantiles
+    In a panel, up to :data:`MAX_INDIVIDUAL_CLIENTS` groups are drawn one line each (the
+    group's median with a min-max band, :func:`_draw_groups`); without groups (no clients.csv)
+    up to that many distinct curves one by one (clients with equal curves share one line and
+    its label); more as a min-max band, the median and three representatives. If a panel's history holds only the clients at quantiles
     of final epsilon out of a larger population (see :func:`draw_run`), those are drawn, each
     labelled with its quantile, and the legend says so. Budgets are lines of distinct styles;
     legends stand beside the axes.
@@ -364,10 +450,14 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
                              panel.labels, colours)
             axes.plot([], [], " ", label=f"{count} of {panel.population} clients, at quantiles "
                                          "of final eps")
+        elif 0 < len(groups := _by_group(history, panel.client_groups)) \
+                <= MAX_INDIVIDUAL_CLIENTS:
+            _draw_groups(axes, history, groups)
         elif len(_same_curves(history.client_ids, eps)) <= MAX_INDIVIDUAL_CLIENTS:
             _draw_individual(axes, history.client_ids, eps, times, panel.labels)
         else:
             _draw_band(axes, history)
+        mark_interruption(axes, run)
         _draw_budgets(axes, _budgets(run, set(panel.groups) or None), list(_budgets(run)),
                       panel.final)
         axes.set_xlabel(run.time_label)
@@ -382,7 +472,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
             axes.legend(**LEGEND_OUTSIDE)
     note = " (eps of different relations are not comparable)" if len(panels) > 1 else ""
     figure.suptitle(f"{run.scenario_name}: privacy spent per client ({accountant}, delta = "
-                    f"{delta:g}){note}", fontsize=11)
+                    f"{delta:g}){note}{interruption_note(run)}", fontsize=11)
     height = 3.6 * rows + 0.6
     return _save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
                  top=1 - 0.8 / height)
@@ -414,26 +504,55 @@ def distinct_spenders(final: dict[str, float], count: int = TRADEOFF_CLIENTS) ->
     return sorted(chosen, key=lambda cid: (spent[cid], cid))
 
 
+def tradeoff_clients(final: dict[str, float], client_groups: dict[str, str],
+                     count: int = TRADEOFF_CLIENTS) -> list[tuple[str, str]]:
+    """The clients whose trade-off curves a panel shows, each with its legend name: one per
+    group, the client with the group's median final eps (``"phone, median of 4: phone-002"``);
+    with more than ``count`` groups (or groups unknown: no clients.csv), the least, median and
+    most spent of those (:func:`distinct_spenders`), so no curve hides another."""
+    spent = {cid: eps for cid, eps in final.items() if eps > 0}
+    members: dict[str, dict[str, float]] = {}
+    for cid, eps in sorted(spent.items()):
+        if cid not in client_groups:
+            return [(cid, cid) for cid in distinct_spenders(spent, count)]
+        members.setdefault(client_groups[cid], {})[cid] = eps
+    names = {}
+    for group, own in sorted(members.items()):
+        (middle,) = quantile_clients(own, [0.5])
+        names[middle] = (f"{group}, median of {len(own)}: {middle}" if len(own) > 1
+                         else f"{group}: {middle}")
+    chosen = distinct_spenders({cid: spent[cid] for cid in names}, count) \
+        if len(names) > count else sorted(names, key=lambda cid: (spent[cid], cid))
+    return [(cid, names[cid]) for cid in chosen]
+
+
 def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dict[str, float],
                   path: Path) -> Path:
-    """Trade-off curves of up to three clients per neighbouring relation (one panel each)
-    against the GDP curve fitted to each (the smallest mu with G_mu below the curve on the
-    grid, so the client is also mu-GDP there) and the curve of its single (eps, delta) pair."""
+    """Trade-off curves per neighbouring relation (one panel each) of one client per group
+    (:func:`tradeoff_clients`: the group's median spender; the title says so) against the GDP
+    curve fitted to each (the smallest mu with G_mu below the curve on the grid, so the client
+    is also mu-GDP there) and the curve of its single (eps, delta) pair."""
+    client_groups = {str(row.get("client_id")): str(row.get("group") or "?")
+                     for row in run.clients}
     by_relation: dict[str, list[ClientLedger]] = {}
     for ledger in ledgers:
         by_relation.setdefault(ledger.sampling, []).append(ledger)
     relations = sorted(by_relation, key=lambda name: (name != "poisson", name)) or ["poisson"]
-    figure = Figure(figsize=(4.2 * len(relations) + 3.2, 5.6), dpi=DPI)
+    width = 4.2 * len(relations) + 3.8
+    figure = Figure(figsize=(width, 5.6), dpi=DPI)
     FigureCanvasAgg(figure)
     colours = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:cyan")
     used = 0  # colours run on across panels: one colour, one client in the shared legend
+    shown = 0
     for column, sampling in enumerate(relations):
         axes = figure.add_subplot(1, len(relations), column + 1)
         members = {lg.client_id: lg for lg in by_relation.get(sampling, [])}
-        chosen = distinct_spenders({cid: final[cid] for cid in members if cid in final})
+        chosen = tradeoff_clients({cid: final[cid] for cid in members if cid in final},
+                                  client_groups)
         axes.plot([0, 1], [1, 0], color="0.6", linewidth=0.8,
                   label="no privacy loss (1 - alpha)" if column == 0 else None)
-        for cid in chosen:
+        shown += len(chosen)
+        for cid, name in chosen:
             colour = colours[used % len(colours)]
             used += 1
             accountant = members[cid].accountant
@@ -444,12 +563,12 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
             # Wide and light, so the fitted curve drawn over it stays visible where they agree.
             relation = {str(k): v for k, v in NEIGHBOURING_RELATION.items()}.get(sampling, "?")
             axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45,
-                      label=f"{cid} ({accountant.name}, {relation})")
+                      label=f"{name} ({accountant.name}, {relation})")
             axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--",
-                      linewidth=1, label=f"{cid} GDP fit, mu = {mu:.3f}")
+                      linewidth=1, label=f"  {cid} GDP fit, mu = {mu:.3f}")
             axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
                       linestyle=":", linewidth=1.2,
-                      label=f"{cid} ({epsilon:.3f}, {run.delta:g})-DP")
+                      label=f"  {cid} ({epsilon:.3f}, {run.delta:g})-DP")
         if not chosen:
             axes.text(0.5, 0.5, "no client has spent privacy yet", ha="center", va="center",
                       transform=axes.transAxes)
@@ -465,11 +584,12 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
     for axes in figure.axes:
         h, lab = axes.get_legend_handles_labels()
         handles, labels = handles + h, labels + lab
-    width = 4.2 * len(relations) + 3.2
-    right = 1 - 3.0 / width
+    right = 1 - 3.6 / width
     figure.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.01, 0.5),
                   fontsize=7, frameon=False)
-    figure.suptitle(f"{run.scenario_name}: trade-off curves", fontsize=11)
+    figure.suptitle(f"{run.scenario_name}: trade-off curves of {shown} of {len(ledgers)} "
+                    "clients: per group, the client with the group's median final eps"
+                    f"{interruption_note(run)}", fontsize=10)
     return _save(figure, path, left=0.6 / width, right=right, bottom=0.1, top=0.86,
                  hspace=0.2)
 
@@ -523,7 +643,8 @@ def draw_run(run: RunDirectory) -> Drawn:
         panels.append(EpsilonPanel(
             sampling, epsilon_history(shown, grid, delta, cache), len(members), labels,
             frozenset(groups.get(lg.client_id, "?") for lg in members),
-            {lg.client_id: final[lg.client_id] for lg in members}))
+            {lg.client_id: final[lg.client_id] for lg in members},
+            {lg.client_id: groups[lg.client_id] for lg in members if lg.client_id in groups}))
     paths = [
         draw_accuracy(run, run.plot_dir / "accuracy.png"),
         draw_epsilon(run, panels, run.plot_dir / "epsilon.png"),

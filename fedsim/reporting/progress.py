@@ -1,6 +1,7 @@
 """A progress bar for ``fedsim run`` and ``fedsim launch`` (tqdm), shown only on a terminal.
 
-The bar advances in virtual seconds (or in server windows); its total is the run's expected
+The bar advances in virtual seconds (``fedsim launch``: scenario seconds), shown to 0.1 s,
+or in server windows; its total is the run's expected
 end (:mod:`fedsim.reporting.horizon`: the stop that will come first, the budgets' end
 estimated) and can be changed while the bar is shown (:meth:`RunProgress.set_total`). Its
 postfix shows the virtual time, the window, the last held-out accuracy, the clients still
@@ -24,6 +25,18 @@ from fedsim.errors import ConfigError
 from fedsim.logging import route_lines
 
 ProgressUnit = Literal["time", "windows"]
+ProgressClock = Literal["virtual", "scenario"]
+
+
+class _SecondsBar(tqdm):
+    """A tqdm bar that shows its count and total in seconds to 0.1 s ("160.7/1200.0 s"), not
+    as the float it advances by ("160.7273662500029/1200.0")."""
+
+    @staticmethod
+    def format_meter(n: float, total: float | None, elapsed: float,
+                     *args: object, **kwargs: object) -> str:
+        return tqdm.format_meter(round(n, 1), None if total is None else round(total, 1),
+                                 elapsed, *args, **kwargs)
 
 
 class RunProgress:
@@ -36,16 +49,20 @@ class RunProgress:
         enabled: force the bar on or off; ``None`` (default) shows it only when ``stream`` is
             a terminal.
         stream: where the bar is drawn; defaults to the current ``sys.stderr``.
+        clock: what the seconds are: ``"virtual"`` (``fedsim run``) or ``"scenario"``
+            (``fedsim launch``: the wall clock times the time scale); the bar's label.
     """
 
     def __init__(self, total: float | None, *, unit: ProgressUnit = "time",
-                 enabled: bool | None = None, stream: TextIO | None = None) -> None:
+                 enabled: bool | None = None, stream: TextIO | None = None,
+                 clock: ProgressClock = "virtual") -> None:
         if unit not in ("time", "windows"):
             raise ConfigError(f"progress unit must be 'time' or 'windows', got {unit!r}")
         if total is not None and not (math.isfinite(total) and total > 0):
             raise ConfigError(f"progress total must be a finite number > 0, got {total!r}")
         self.total = total
         self.unit: ProgressUnit = unit
+        self.clock: ProgressClock = clock
         self._stream = stream if stream is not None else sys.stderr
         if enabled is None:
             isatty = getattr(self._stream, "isatty", None)
@@ -59,10 +76,11 @@ class RunProgress:
     def __enter__(self) -> Self:
         if self.enabled:
             self._routing.enter_context(route_lines(self.write))
-        self._bar = tqdm(
+        bar = _SecondsBar if self.unit == "time" else tqdm
+        self._bar = bar(
             total=self.total,
             unit="s" if self.unit == "time" else "window",
-            desc="virtual time" if self.unit == "time" else "windows",
+            desc=f"{self.clock} time" if self.unit == "time" else "windows",
             file=self._stream,
             disable=not self.enabled,
             dynamic_ncols=True,

@@ -97,6 +97,15 @@ class RunDirectory:
         return "virtual time (s)"
 
     @property
+    def interrupted(self) -> str | None:
+        """The signal that interrupted the run (``summary.interrupted.signal``); None if it ran
+        to its stop condition."""
+        found = self.summary.get("interrupted")
+        if not isinstance(found, Mapping):
+            return None
+        return str(found.get("signal") or "a signal")
+
+    @property
     def virtual_time(self) -> float:
         """Virtual seconds the run lasted (summary, else the last window's time, else 0)."""
         value = self.summary.get("virtual_time")

@@ -11,11 +11,10 @@ the ledgers (each is on disk before its update was sent). The summary says
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -55,19 +54,18 @@ class _Version:
     version: int
 
 
+def interrupted_reason(name: str, windows: int, time: float, time_kind: str) -> str:
+    """The stop reason of a run that ``name`` interrupted after ``windows`` windows."""
+    return f"it was interrupted by {name} after window {windows} ({time_kind} time {time:.6g} s)"
+
+
 def write_interrupted_outputs(sim: Any, wall_seconds: float) -> dict[str, Any]:
     """Write the outputs of a run interrupted by a signal and return the summary (``sim``: the
     in-process simulation, whose ``record`` gives :func:`write_run_outputs` what it writes)."""
     name = interrupting_signal()
     sim._note_stops()
     at = sim.metrics[-1]["time"] if sim.metrics else 0.0
-    sim.stop_reason = (f"it was interrupted by {name} after window {len(sim.metrics)} "
-                       f"(virtual time {at:.6g} s)")
+    sim.stop_reason = interrupted_reason(name, len(sim.metrics), at, "virtual")
     version = int(sim.metrics[-1]["version"]) if sim.metrics else 0
-    summary = write_run_outputs(sim.record(_Version(version), wall_seconds))
-    summary["interrupted"] = {"signal": name, "partial": True}
-    path = sim.out_dir / "summary.json"
-    path.write_text(json.dumps(json.loads(path.read_text(encoding="utf-8"))
-                               | {"interrupted": summary["interrupted"]}, indent=2) + "\n",
-                    encoding="utf-8")
-    return summary
+    record = sim.record(_Version(version), wall_seconds)
+    return write_run_outputs(replace(record, interrupted=name))

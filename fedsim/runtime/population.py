@@ -55,7 +55,9 @@ from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import resolve_device
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
+from fedsim.training.losses import build_loss, check_per_example_loss
 from fedsim.training.models import build_scenario_model
+from fedsim.training.persample import LossFn, per_example_cross_entropy
 from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
@@ -119,6 +121,8 @@ class Population:
     dataset_path: Path | None
     device: torch.device = torch.device("cpu")
     """Where the model, the clients' records and their rounds live (scenario ``device``)."""
+    loss_fn: LossFn = per_example_cross_entropy
+    """The per-example training loss (``model.loss``, :mod:`fedsim.training.losses`)."""
 
     def trainer(
         self,
@@ -178,6 +182,7 @@ class Population:
             per_example_lr=group.per_example_lr,
             generator=generator,
             declared_records=plan.public_samples,
+            loss_fn=self.loss_fn,
         )
         return trainer if batcher is None else BatchedTrainer(trainer, batcher, plan.client_id)
 
@@ -297,15 +302,18 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
 
 def build_population(
     loaded: LoadedScenario, *, model_factory: Callable[..., torch.nn.Module] | None = None,
-    data: TensorSplits | None = None,
+    data: TensorSplits | None = None, loss: LossFn | None = None, fix_batchnorm: bool = False,
 ) -> Population:
     """Data, partition, model and per-client plans (no clock, no network, no files).
     ``model_factory``: a Python callable that builds the model (instead of ``model:``);
-    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`). A scenario that names
-    a factory is refused unless ``loaded.allow_factories`` (before anything is imported)."""
+    ``data``: the arrays given from Python (:mod:`fedsim.data.arrays`); ``loss``: a
+    per-example loss from Python (instead of ``model.loss``); ``fix_batchnorm``: replace
+    BatchNorm by GroupNorm (as ``model.fix_batchnorm``). A scenario that names a factory is
+    refused unless ``loaded.allow_factories`` (before anything is imported)."""
     scenario = loaded.scenario
     require_allowed(scenario, loaded.allow_factories, unused=(
         *(["model.factory"] if model_factory is not None else []),
+        *(["model.loss"] if loss is not None else []),
         *(["dataset.factory"] if data is not None else [])))
     tree = SeedTree(scenario.seed)
     device = resolve_device(scenario.device)  # before the data: a missing device fails fast
@@ -324,12 +332,16 @@ def build_population(
                              max_message_bytes=scenario.network.max_message_bytes)
         model = build_scenario_model(
             scenario.model, options, sample=train_x[:2],
-            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir)
+            num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir,
+            fix_batchnorm=fix_batchnorm)
+        loss_fn, where = build_loss(scenario.model.loss, scenario.model.loss_options, loss=loss,
+                                    base_dir=loaded.base_dir)
+        check_per_example_loss(loss_fn, model, train_x[:2], train_y[:2], where)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans = client_plans(scenario, tree, labels, writers)
     return Population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
-        device,
+        device, loss_fn,
     )
 
 
@@ -428,7 +440,8 @@ def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float
 
     def evaluate_params(params: np.ndarray) -> tuple[float, float]:
         load_flat_params(population.model, params)
-        return evaluate(population.model, population.test_x, population.test_y)
+        return evaluate(population.model, population.test_x, population.test_y,
+                        loss_fn=population.loss_fn)
 
     return evaluate_params
 

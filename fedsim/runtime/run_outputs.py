@@ -59,6 +59,7 @@ __all__ = [
     "StoppedClient",
     "check_unused",
     "clean_json",
+    "default_run_dir",
     "json_line",
     "ledger_file",
     "read_json",
@@ -104,6 +105,19 @@ CLIENT_COLUMNS = (
 def ledger_file(directory: str | Path, client_id: str) -> Path:
     """``<directory>/ledgers/<client_id>.jsonl`` (a run directory or a client's state)."""
     return Path(directory) / LEDGER_DIR / f"{client_id}.jsonl"
+
+
+def default_run_dir(name: str, root: str | Path = "runs") -> Path:
+    """The run directory a run named ``name`` writes by default (``fedsim run``:
+    ``<scenario>-seed<N>``, ``fedsim launch``: ``<scenario>-launch``): ``root/name``, or, if
+    that exists, the first of ``name-1``, ``name-2``, ... that does not (a run directory is
+    never reused: its ledgers would continue spending)."""
+    base = Path(root) / name
+    candidate, suffix = base, 1
+    while candidate.exists():
+        candidate = base.with_name(f"{base.name}-{suffix}")
+        suffix += 1
+    return candidate
 
 
 def check_unused(out_dir: Path) -> None:
@@ -246,6 +260,12 @@ class RunRecord:
     """Computed rounds a late w-hat split (interrupt = switch) and computed again."""
     time_kind: str = "virtual"
     """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
+    interrupted: str | None = None
+    """The signal that interrupted the run (None: it ran to its stop condition); the summary
+    then says ``"interrupted": {"signal": ..., "partial": true}``."""
+    final_evaluation: Mapping[str, Any] | None = None
+    """The final model's evaluation at the run's end: ``version``, ``accuracy``, ``loss``
+    (None: not evaluated, e.g. an interrupted or message-only run)."""
 
     @property
     def sample_grads(self) -> int:
@@ -347,6 +367,21 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
     return " ".join(parts)
 
 
+def _final_accuracy(record: RunRecord, metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``final_accuracy`` / ``final_loss`` and the model ``final_evaluated_version`` they are of:
+    the final model's, evaluated at the run's end; without that evaluation (an interrupted or
+    message-only run) the last periodic evaluation's, and ``final_evaluated_version`` says
+    which model that was."""
+    final = record.final_evaluation
+    if final is not None:
+        return {"final_accuracy": final["accuracy"], "final_loss": final["loss"],
+                "final_evaluated_version": final["version"]}
+    last = next((m for m in reversed(metrics) if m["accuracy"] is not None), None)
+    return {"final_accuracy": last["accuracy"] if last else None,
+            "final_loss": last["loss"] if last else None,
+            "final_evaluated_version": last["version"] if last else None}
+
+
 def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
     metrics = record.metrics
     accuracies = [m["accuracy"] for m in metrics if m["accuracy"] is not None]
@@ -359,11 +394,14 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         states[row["state"]] = states.get(row["state"], 0) + 1
     epsilons = sorted(r["epsilon"] for r in rows)
     caveats = privacy_caveats(record.scenario.privacy.timing, record.clients)
+    final = _final_accuracy(record, metrics)
     return {
         "scenario": record.scenario.name,
         "seed": record.scenario.seed,
-        "final_accuracy": accuracies[-1] if accuracies else None,
-        "best_accuracy": max(accuracies) if accuracies else None,
+        **final,
+        "best_accuracy": max(accuracies + [a for a in [final["final_accuracy"]] if a is not None],
+                             default=None),
+        "last_periodic_accuracy": accuracies[-1] if accuracies else None,
         "windows": len(metrics),
         "virtual_time": record.virtual_time,
         "time_kind": record.time_kind,
@@ -382,7 +420,8 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "caveats": caveats,
         },
         "explanation": _explain(record, rows, caveats),
-    }
+    } | ({"interrupted": {"signal": record.interrupted, "partial": True}}
+         if record.interrupted else {})
 
 
 def write_run_outputs(record: RunRecord) -> dict[str, Any]:

@@ -92,9 +92,11 @@ def load_flat_params(model: nn.Module, vec: np.ndarray) -> None:
 
 
 def evaluate(
-    model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 1024
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 1024,
+    *, loss_fn: LossFn = per_example_cross_entropy,
 ) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of ``model`` on a data set; no gradients."""
+    """(accuracy, mean loss) of ``model`` on a data set (the loss is ``loss_fn``, the run's
+    per-example training loss; cross-entropy by default); no gradients."""
     if len(features) == 0:
         raise ConfigError("cannot evaluate on an empty data set")
     param = next(model.parameters())
@@ -106,7 +108,7 @@ def evaluate(
             x = features[start : start + batch_size].to(param.device, param.dtype)
             y = labels[start : start + batch_size].to(param.device)
             out = model(x)
-            loss += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
+            loss += float(loss_fn(out, y).sum())
             correct += int((out.argmax(1) == y).sum())
     model.train(was_training)
     return correct / len(features), loss / len(features)

@@ -14,6 +14,7 @@ from Python) through :func:`build_scenario_model`, which also probes the model o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,8 @@ def _static_refusal(module: nn.Module) -> str | None:
         return (
             "normalises with statistics of the whole batch, so one example's output depends on "
             "every other example, and its running statistics are updated by forward and released "
-            "with the model without noise; use GroupNorm or LayerNorm instead"
+            "with the model without noise; use GroupNorm or LayerNorm instead, or let fedsim "
+            "replace it by GroupNorm (model.fix_batchnorm: true, or simulate(fix_batchnorm=True))"
         )
     if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
         return (
@@ -311,6 +313,32 @@ def build_from_factory(
     return model
 
 
+# Opacus's choice (ModuleValidator.fix): at most 32 groups.
+MAX_NORM_GROUPS = 32
+
+
+def replace_batchnorm(model: nn.Module) -> tuple[nn.Module, int]:
+    """``model`` with every BatchNorm layer replaced by a GroupNorm over the same channels
+    (``gcd(32, C)`` groups, so the groups divide the channels; affine if the BatchNorm was), as
+    Opacus's ``ModuleValidator.fix`` does, and how many were replaced. GroupNorm normalises
+    each example by its own statistics, so examples no longer mix; the replaced layers'
+    weights start fresh (GroupNorm's initialisation), the model must be trained with them."""
+    replaced = 0
+
+    def swap(module: nn.Module) -> nn.Module:
+        nonlocal replaced
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):  # SyncBatchNorm too
+            replaced += 1
+            channels = module.num_features
+            return nn.GroupNorm(math.gcd(MAX_NORM_GROUPS, channels), channels,
+                                eps=module.eps, affine=module.affine)
+        for name, child in module.named_children():
+            setattr(module, name, swap(child))
+        return module
+
+    return swap(model), replaced
+
+
 def build_scenario_model(
     spec: ModelSpec,
     options: Mapping[str, Any],
@@ -319,10 +347,13 @@ def build_scenario_model(
     num_classes: int | None = None,
     factory: Callable[..., nn.Module] | None = None,
     base_dir: Path | None = None,
+    fix_batchnorm: bool = False,
 ) -> nn.Module:
     """The scenario's model: ``factory`` (a Python callable) if given, else ``spec.factory``
     (imported now) or the registered ``spec.name``, built with ``options`` and checked for DP
     compatibility, statically and by the forward probe on ``sample`` (a few training examples).
+    With ``fix_batchnorm`` (or ``spec.fix_batchnorm``) its BatchNorm layers are first replaced
+    by GroupNorm (:func:`replace_batchnorm`).
 
     Every error is a :class:`ConfigError` (:class:`ModelError` for DP refusals) whose message
     starts with the scenario path it concerns.
@@ -352,6 +383,8 @@ def build_scenario_model(
             "model: give name (a built-in model) or factory ('package.module:function'), or pass "
             "a model factory from Python"
         )
+    if fix_batchnorm or spec.fix_batchnorm:
+        model, _ = replace_batchnorm(model)
     check_dp_compatible(model)
     if sample is not None:
         check_forward_is_per_example(model, sample)

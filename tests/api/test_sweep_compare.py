@@ -99,3 +99,40 @@ def test_report_with_two_directories_points_to_compare(
         tiny_scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert f"fedsim compare {tmp_path / 'a'} {tmp_path / 'b'}" in capsys.readouterr().err
+
+
+def test_compare_shows_an_interrupted_run_that_lies_under_a_finished_one(
+        tiny_scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27, finding 8: an interrupted run of the same scenario and seed is the finished
+    run's prefix; a plain line lay hidden under it. It now has markers, a cross where it
+    stopped and a label that says it was interrupted."""
+    from fedsim.reporting import compare
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main(["run", str(tiny_scenario), "--out", str(full), "--no-plots"]) == 0
+    assert main(["run", str(tiny_scenario), "--out", str(cut), "--no-plots",
+                 "--set", "stop.windows=4"]) == 0
+    summary = json.loads((cut / "summary.json").read_text())
+    summary["interrupted"] = {"signal": "SIGINT", "partial": True}
+    (cut / "summary.json").write_text(json.dumps(summary))
+    figures = {}
+    original = compare._save
+
+    def recording_save(figure, path):  # type: ignore[no-untyped-def]
+        figures[path.name] = figure
+        return original(figure, path)
+
+    monkeypatch.setattr(compare, "_save", recording_save)
+    capsys.readouterr()
+    assert main(["compare", str(full), str(cut), "--plots", str(tmp_path / "cmp")]) == 0
+    for name in ("accuracy.png", "epsilon.png"):
+        axes = figures[name].axes[0]
+        lines = {line.get_label(): line for line in axes.get_lines()}
+        interrupted = lines["cut (interrupted by SIGINT)"]
+        assert interrupted.get_marker() == "o" or name == "epsilon.png"
+        # a cross at its last point
+        crosses = [line for line in axes.get_lines() if line.get_marker() == "X"
+                   and len(line.get_xdata()) == 1]
+        assert crosses and crosses[0].get_xdata()[0] == interrupted.get_xdata()[-1]
+        assert axes.get_xlabel() == "virtual time (s)"

@@ -43,10 +43,13 @@ def _attacks(target: Path) -> dict[str, dict[str, Any]]:
         "dataset-os-system": _scenario(
             {"name": "logreg"},
             {"factory": "os:system", "options": {"command": f"touch {target}"}}),
+        "loss-os-system": _scenario(
+            {"name": "logreg", "loss": "os:system", "loss_options": {"command": f"touch {target}"}},
+            {"name": "synthetic"}),
     }
 
 
-ATTACKS = ["model-subprocess", "model-os-system", "dataset-os-system"]
+ATTACKS = ["model-subprocess", "model-os-system", "dataset-os-system", "loss-os-system"]
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def drs_rows(drs: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[
     out = tmp_path_factory.mktemp("drs")
     assert drs.main(["--no-train", "--results", str(out), "--plot", str(out / "drs.png")]) == 0
     assert (out / "drs.png").stat().st_size > 10_000
-    return json.loads((out / "drs_mnist.json").read_text())
+    return json.loads((out / "drs_mnist.json").read_text())["rows"]
 
 
 # -- Dong, Roth & Su (paper 003) ----------------------------------------------------------------

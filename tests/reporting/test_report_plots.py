@@ -303,3 +303,79 @@ def test_the_time_axis_says_what_the_seconds_are(
     draw_all(run.path)
     time_labels = [text for text in labels if "time" in text]
     assert time_labels and set(time_labels) == {label}
+
+
+def _drawn_figures(monkeypatch: pytest.MonkeyPatch, module: Any = plots) -> dict[str, Any]:
+    """File name -> the figure saved to it (by spying on the module's ``_save``)."""
+    figures: dict[str, Any] = {}
+    original = module._save
+
+    def recording_save(figure: Any, path: Path, **kwargs: Any) -> Any:
+        figures[path.name] = figure
+        return original(figure, path, **kwargs)
+
+    monkeypatch.setattr(module, "_save", recording_save)
+    return figures
+
+
+def _legend_texts(figure: Any) -> list[str]:
+    legends = [axes.get_legend() for axes in figure.axes] + list(figure.legends)
+    return [t.get_text() for legend in legends if legend is not None for t in legend.get_texts()]
+
+
+def test_plots_group_clients_fit_the_accuracy_axis_and_mark_an_interruption(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27, finding 8: identical curves no longer hide each other (one line per group),
+    the trade-off plot says which clients it shows and why, the accuracy axis fits the values,
+    the final model's evaluation is marked, and an interrupted run says so."""
+    run = copy_run(small_run)
+    directory = RunDirectory.load(run.path)
+    groups: dict[str, list[str]] = {}
+    for row in directory.clients:
+        groups.setdefault(str(row["group"]), []).append(str(row["client_id"]))
+    figures = _drawn_figures(monkeypatch)
+    draw_all(run.path)
+    # epsilon.png: one legend entry per group (not per client), naming its size.
+    eps_labels = [t for t in _legend_texts(figures["epsilon.png"]) if "budget" not in t]
+    assert len(eps_labels) == len(groups)
+    for name, members in groups.items():
+        (label,) = [t for t in eps_labels if t.startswith(f"{name}:")]
+        assert (f"{len(members)} clients" in label) if len(members) > 1 else members[0] in label
+    # tradeoff.png: per group, the client with the group's median final eps; the title says so.
+    finals = {cid: run.final_epsilon(cid) for cid in run.histories}
+    title = figures["tradeoff.png"]._suptitle.get_text()
+    assert f"of {len(groups)} of {len(finals)} clients" in title and "median" in title
+    tradeoff_labels = _legend_texts(figures["tradeoff.png"])
+    for name, members in groups.items():
+        own = {cid: finals[cid] for cid in members}
+        (middle,) = plots.quantile_clients(own, [0.5])
+        assert any(t.startswith(f"{name}") and middle in t for t in tradeoff_labels), name
+    # accuracy.png: the axis fits the values with a margin, not 0-1.
+    values = [m["accuracy"] for m in directory.metrics if m["accuracy"] is not None]
+    (axes, *_) = figures["accuracy.png"].axes
+    low, high = axes.get_ylim()
+    assert low <= min(values) and high >= max(values)
+    assert (high - low) < 1.2 * (max(values) - min(values)) + 0.021
+    # An interrupted run: the titles and a vertical line say so.
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["interrupted"] = {"signal": "SIGINT", "partial": True}
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    figures.clear()
+    draw_all(run.path)
+    assert "interrupted by SIGINT" in figures["accuracy.png"].axes[0].get_title()
+    assert "interrupted by SIGINT" in figures["epsilon.png"]._suptitle.get_text()
+    assert any(t == "interrupted by SIGINT" for t in _legend_texts(figures["accuracy.png"]))
+
+
+def test_the_final_models_evaluation_is_a_star_on_the_accuracy_plot(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    run = copy_run(small_run)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary.update(final_accuracy=0.9321, final_evaluated_version=57, final_version=57)
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    figures = _drawn_figures(monkeypatch)
+    draw_all(run.path)
+    assert "final model (version 57): 0.9321" in _legend_texts(figures["accuracy.png"])
+    assert figures["accuracy.png"].axes[0].get_ylim()[1] >= 0.9321

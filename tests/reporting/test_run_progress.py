@@ -69,3 +69,18 @@ def test_total_can_change_and_log_lines_go_through_the_bar() -> None:
     assert line.startswith("{") and '"n": 1' in line  # a whole line of its own
     with pytest.raises(ConfigError):
         progress.set_total(0.0)
+
+
+def test_seconds_show_to_a_tenth_and_the_launch_bar_says_scenario_time() -> None:
+    """Issue 27, finding 5: a deployed run's bar showed ``160.7273662500029/1200.0``."""
+    stream = io.StringIO()
+    with RunProgress(1200.0, enabled=True, stream=stream, clock="scenario") as progress:
+        progress.update(160.7273662500029, 643)
+    text = stream.getvalue()
+    assert "160.7/1200.0" in text and "160.727" not in text
+    assert text.rsplit("\r", 1)[-1].startswith("scenario time:")
+    virtual = io.StringIO()
+    with RunProgress(None, enabled=True, stream=virtual) as progress:  # no total
+        progress.update(7.3100000001, 2)
+    assert "7.3s" in virtual.getvalue() and "7.31" not in virtual.getvalue()
+    assert virtual.getvalue().rsplit("\r", 1)[-1].startswith("virtual time:")

@@ -14,6 +14,7 @@ from fedsim.errors import ConfigError
 from fedsim.runtime.run_outputs import (
     check_unused,
     clean_json,
+    default_run_dir,
     json_line,
     ledger_file,
     read_json,
@@ -51,3 +52,13 @@ def test_a_directory_holding_ledgers_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="already holds a run's ledgers"):
         check_unused(tmp_path)
 
+
+
+def test_default_run_directories_get_a_suffix_instead_of_being_reused(tmp_path: Path) -> None:
+    """The one naming rule of run, launch and sweep (issue 27, finding 5)."""
+    assert default_run_dir("q-launch", tmp_path) == tmp_path / "q-launch"
+    (tmp_path / "q-launch").mkdir()
+    assert default_run_dir("q-launch", tmp_path) == tmp_path / "q-launch-1"
+    (tmp_path / "q-launch-1").mkdir()
+    assert default_run_dir("q-launch", tmp_path) == tmp_path / "q-launch-2"
+    assert default_run_dir("other", tmp_path) == tmp_path / "other"

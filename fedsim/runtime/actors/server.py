@@ -95,7 +95,8 @@ from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.actors.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
 
-__all__ = ["ClientInfo", "ServerActor", "ServerSnapshot", "WindowReport", "duration_stop"]
+__all__ = ["ClientInfo", "FinalEvaluation", "ServerActor", "ServerSnapshot", "WindowReport",
+           "duration_stop"]
 
 _log = get_logger("fedsim.runtime.actors.server")
 
@@ -119,6 +120,15 @@ class ClientInfo:
 
 
 Evaluator = Callable[[np.ndarray], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class FinalEvaluation:
+    """The held-out accuracy and loss of the model the run ends with (``version``)."""
+
+    version: int
+    accuracy: float
+    loss: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -428,6 +438,18 @@ class ServerActor:
             self.last_accuracy = report.accuracy
         report.log_events()
         return report
+
+    def evaluate_final(self) -> FinalEvaluation | None:
+        """Evaluate the model as the run leaves it (the last periodic evaluation may be of an
+        older version); an already evaluated version is not evaluated again. The step-size
+        schedule does not see it: no window follows. None without an evaluator."""
+        if self.evaluate is None:
+            return None
+        if self.version != self._evaluated_version:
+            self._last_evaluation = self.evaluate(self.params)
+            self._evaluated_version = self.version
+        accuracy, loss = self._last_evaluation
+        return FinalEvaluation(self.version, float(accuracy), float(loss))
 
     def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
                          bounds: list[float | None]) -> float | None:

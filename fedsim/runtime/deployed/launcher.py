@@ -35,6 +35,7 @@ from fedsim.runtime.deployed.client_process import client_state_file
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.interrupted import interrupted_reason, interrupting_signal
 from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
@@ -67,10 +68,13 @@ def collect_outputs(
     wall_seconds: float,
     cpu_seconds: float = math.nan,
     population: Population | None = None,
+    interrupted: str | None = None,
 ) -> dict[str, Any]:
     """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
 
-    ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``.
+    ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
+    ``interrupted``: the signal that interrupted the launch (the summary says so, as an
+    interrupted ``fedsim run``'s does).
 
     ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
     ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
@@ -110,6 +114,10 @@ def collect_outputs(
                     timing_overruns=int(report.get("timing_overruns", 0)),
                 )
             )
+        stop_reason = server.get("stop_reason", "")
+        if interrupted:
+            at = metrics[-1]["time"] if metrics else 0.0
+            stop_reason = interrupted_reason(interrupted, len(metrics), at, "scenario")
         return write_run_outputs(
             RunRecord(
                 scenario=loaded.scenario,
@@ -117,12 +125,14 @@ def collect_outputs(
                 metrics=metrics,
                 clients=clients,
                 stopped=stopped,
-                stop_reason=server.get("stop_reason", ""),
+                stop_reason=stop_reason,
+                interrupted=interrupted,
                 final_version=int(server.get("final_version", 0)),
                 network={"mqtt_server": server.get("mqtt", {})},
                 wall_seconds=wall_seconds,
                 cpu_seconds=cpu_seconds,
                 time_kind="scenario",
+                final_evaluation=server.get("final_evaluation"),
             )
         )
     finally:
@@ -389,14 +399,16 @@ class Launcher:
             self._ended(process, code)
 
     # -- the whole run -----------------------------------------------------------------------
-    def collect(self) -> dict[str, Any]:
-        """Write the run directory (after the processes have ended)."""
+    def collect(self, interrupted: str | None = None) -> dict[str, Any]:
+        """Write the run directory (after the processes have ended); ``interrupted``: the
+        signal that interrupted the run."""
         summary = collect_outputs(
             self.loaded,
             self.out,
             {c: self.state_dir(c) for c in self.client_ids},
             wall_seconds=wallclock.perf_counter() - self._started,
             cpu_seconds=_children_cpu_seconds() - self._children_cpu_at_start,
+            interrupted=interrupted,
         )
         write_json(
             self.out / PROCESSES_FILE,
@@ -425,7 +437,13 @@ class Launcher:
     ) -> dict[str, Any]:
         """Start everything, wait for the server to stop (or ``timeout`` wall seconds), stop
         the clients, collect the run directory and return its summary. ``on_window`` gets each
-        new ``metrics.jsonl`` line while the run goes on (a progress display)."""
+        new ``metrics.jsonl`` line while the run goes on (a progress display).
+
+        Interrupted (Ctrl-C, or SIGTERM under :func:`~fedsim.runtime.interrupted.signals_interrupt`)
+        once the processes have started, it stops them, still writes the run directory of what
+        they did (a partial summary that says so, as an interrupted ``fedsim run``'s does) and
+        raises :class:`KeyboardInterrupt` again."""
+        interrupted: str | None = None
         try:
             self.prepare()
             self.start_all()
@@ -448,9 +466,16 @@ class Launcher:
                     f"the server exited with status {code} (see {self.out / 'logs' / 'server.log'})"
                 )
             self.stop_all()
+        except KeyboardInterrupt:
+            if not any(p.starts for p in self.processes.values()):
+                raise  # nothing ran: there is no run directory to write
+            interrupted = interrupting_signal()
         finally:
             self.close()
-        return self.collect()
+        summary = self.collect(interrupted)
+        if interrupted:
+            raise KeyboardInterrupt
+        return summary
 
 
 class _LineFollower:

@@ -316,17 +316,11 @@ async def serve(
     run = run_name(scenario, run)
     started = wallclock.perf_counter()
     population = population or build_population(loaded)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SCENARIO_FILE).write_text(
-        dump_scenario(scenario, dataset_path=population.dataset_path), encoding="utf-8"
-    )
     checkpoint = ServerCheckpoint(state_dir, _identity(run, population))
     checkpoints: Checkpoints | None = None
     snapshot = checkpoint.load()
     resumed_from = snapshot.windows_closed if snapshot is not None else None
-    for name in (METRICS_FILE, APPLIED_FILE):
-        keep_windows_through(out / name, resumed_from or 0)
+    out = _prepare_out(Path(out_dir), population, resumed_from or 0)
     outcome: dict[str, Any] = {
         "run": run,
         "resumed_from_window": resumed_from,
@@ -372,6 +366,8 @@ async def serve(
                     outcome["finished"] = finished
                     if finished:  # the clients stop at once (a signal leaves room to resume)
                         await endpoint.announce_end(server.version, clock.now())
+                        final = server.evaluate_final()  # the model the run ends with
+                        outcome["final_evaluation"] = None if final is None else asdict(final)
                     else:
                         monitor.stop_reason = "stopped by a signal"
                 finally:
@@ -390,6 +386,19 @@ async def serve(
         )
         write_json(out / SERVER_FILE, outcome)
     return outcome
+
+
+def _prepare_out(out: Path, population: Population, windows_kept: int) -> Path:
+    """The server's output directory ``out``, made, with the resolved scenario written and the
+    per-window files cut back to the ``windows_kept`` a resumed checkpoint covers."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SCENARIO_FILE).write_text(
+        dump_scenario(population.scenario, dataset_path=population.dataset_path),
+        encoding="utf-8",
+    )
+    for name in (METRICS_FILE, APPLIED_FILE):
+        keep_windows_through(out / name, windows_kept)
+    return out
 
 
 def _identity(run: str, population: Population) -> dict[str, Any]:

@@ -116,12 +116,13 @@ class ShardWorker:
     """One worker's clients' data and the batched pass over their rounds (a Ray actor)."""
 
     def __init__(self, model: nn.Module, features: torch.Tensor, labels: torch.Tensor,
-                 offsets: dict[int, tuple[int, int]], threads: int = 1) -> None:
+                 offsets: dict[int, tuple[int, int]], threads: int = 1,
+                 loss_fn: LossFn = per_example_cross_entropy) -> None:
         torch.set_num_threads(threads)
         self.batcher = RoundBatcher(model)
         self.clients = {
             key: _ShardClient(torch.arange(start, stop, dtype=torch.int64), features, labels,
-                              per_example_cross_entropy)
+                              loss_fn)
             for key, (start, stop) in offsets.items()
         }
 
@@ -150,7 +151,8 @@ class RayRoundBatcher(RoundBatcher):
 
     def __init__(self, model: nn.Module, features: torch.Tensor, labels: torch.Tensor,
                  client_rows: Sequence[np.ndarray], *, workers: int = 2,
-                 address: str | None = None, threads: int = 1) -> None:
+                 address: str | None = None, threads: int = 1,
+                 loss_fn: LossFn = per_example_cross_entropy) -> None:
         super().__init__(model)
         if workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {workers}")
@@ -181,7 +183,7 @@ class RayRoundBatcher(RoundBatcher):
                      if clients else torch.zeros(0, dtype=torch.int64))
             self._actors.append(remote_class.remote(
                 model, features.index_select(0, shard), labels.index_select(0, shard), offsets,
-                threads))
+                threads, loss_fn))
         self._clients: dict[int, tuple[object, int]] = {}
         self.remote_passes = 0
 
@@ -242,6 +244,6 @@ def ray_batcher(*, workers: int = 2, address: str | None = None,
     def make(population: Population) -> RayRoundBatcher:
         return RayRoundBatcher(population.model, population.train_x, population.train_y,
                                [plan.indices for plan in population.plans], workers=workers,
-                               address=address, threads=threads)
+                               address=address, threads=threads, loss_fn=population.loss_fn)
 
     return make

@@ -23,7 +23,7 @@ import asyncio
 import io
 import time as wallclock
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,7 @@ class _Simulation:
         """Held for the run when the clients' ledgers cannot each keep their files open
         (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
         self._metrics_file: io.TextIOBase | None = None
+        self.final_evaluation: dict[str, Any] | None = None
 
     # -- setup --------------------------------------------------------------------------------
     def _network(self, clock: VirtualClock) -> SimulatedNetwork:
@@ -416,6 +417,9 @@ class _Simulation:
                 tasks.extend(c.task for c in self.clients.values() if c.task is not None)
         self._check_tasks()
         self.network_stats = network.stats.as_dict()
+        # The model the run ends with (the last periodic evaluation may be of an older one).
+        final = server.evaluate_final()
+        self.final_evaluation = None if final is None else asdict(final)
         return server
 
     def record(self, server: ServerActor, wall_seconds: float) -> RunRecord:
@@ -435,6 +439,7 @@ class _Simulation:
             rounds_batched=batcher.rounds_batched if batcher is not None else 0,
             batched_passes=batcher.batches if batcher is not None else 0,
             rounds_recomputed=batcher.recomputed if batcher is not None else 0,
+            final_evaluation=self.final_evaluation,
         )
 
     def run(self) -> tuple[ServerActor, float]:
