@@ -298,6 +298,10 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912,
         assert isinstance(accountant, GDPCLTAccountant)
         result["mu"] = accountant.mu * group
         result["mu_kind"] = "clt"
+        if group == 1:  # certified: the true curve lies within gamma of G_mu (Berry-Esseen)
+            from fedsim.privacy.clt_error import clt_band
+
+            result["clt_gamma"] = clt_band(steps, accountant.mu).gamma
     elif betas is not None:
         group_betas = fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas
         try:
@@ -400,7 +404,7 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
     print(f"sampling:   {result['sampling']} ({result['neighbouring_relation']} neighbours)")
     for key in ("q", "sigma", "steps", "distinct_steps", "steps_classic", "steps_optimal",
                 "group_size", "epsilon", "epsilon_classic", "epsilon_optimal", "delta",
-                "delta_classic", "delta_optimal", "mu", "mu_kind", "plot"):
+                "delta_classic", "delta_optimal", "mu", "mu_kind", "clt_gamma", "plot"):
         if result.get(key) is not None:
             value = result[key]
             text = f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -15,7 +15,8 @@ from fedsim.config import limits
 from fedsim.config.distributions import Delta, Epsilon, Fraction, Scale, Strict
 from fedsim.config.distributions import number_is_constant as _number_is_constant
 
-__all__ = ["Budget", "Clip", "ConstantClip", "ConstantNoise", "DecayClip", "GrowingMuNoise",
+__all__ = ["Budget", "Clip", "ClipTiedNoise", "ConstantClip", "ConstantNoise", "DecayClip",
+           "GrowingMuNoise",
            "Noise", "TargetNoise"]
 
 _Strict = Strict
@@ -100,12 +101,42 @@ class GrowingMuNoise(_Strict):
 
     @model_validator(mode="after")
     def _one_target(self) -> GrowingMuNoise:
-        by_budget = self.epsilon is not None or self.delta is not None
-        if by_budget and (self.epsilon is None or self.delta is None):
-            raise ValueError("growing_mu: give epsilon and delta together")
-        if by_budget == (self.mu_total is not None):
-            raise ValueError("growing_mu: give either epsilon + delta (solved under the "
-                             "group's accountant) or mu_total (CLT approximation), not both")
+        _one_target(self.kind, self.epsilon, self.delta, self.mu_total)
+        return self
+
+
+def _one_target(kind: str, epsilon: float | None, delta: float | None,
+                mu_total: float | None) -> None:
+    by_budget = epsilon is not None or delta is not None
+    if by_budget and (epsilon is None or delta is None):
+        raise ValueError(f"{kind}: give epsilon and delta together")
+    if by_budget == (mu_total is not None):
+        raise ValueError(f"{kind}: give either epsilon + delta (solved under the "
+                         "group's accountant) or mu_total (CLT approximation), not both")
+
+
+class ClipTiedNoise(_Strict):
+    """Du et al.'s allocation ("Dynamic Differential-Privacy Preserving SGD", Sec. 3, remark on
+    the noise term D_1, App. A.7): the noise follows the clip schedule, mu_t proportional to
+    sqrt(C_t) (noise std proportional to sqrt(C_t)), the common factor solved like
+    ``growing_mu``'s mu_0: ``epsilon`` + ``delta`` under the group's accountant (a guarantee)
+    or ``mu_total`` by the heterogeneous GDP CLT (an approximation)
+    (:func:`fedsim.privacy.schedules.clip_tied`)."""
+
+    kind: Literal["clip_tied"] = Field(
+        description="Noise tied to the clip schedule, mu_t proportional to sqrt(C_t) (Du et "
+        "al.'s allocation), calibrated over the group's rounds.")
+    epsilon: Epsilon | None = Field(
+        default=None, description="With delta: the rounds meet (epsilon, delta) under the "
+        "group's accountant (a guarantee).")
+    delta: Delta | None = Field(default=None, description="The delta at which epsilon is met.")
+    mu_total: Scale | None = Field(
+        default=None, description="Instead of epsilon and delta: the heterogeneous GDP central "
+        "limit theorem gives this total mu (an approximation that can under-report epsilon).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ClipTiedNoise:
+        _one_target(self.kind, self.epsilon, self.delta, self.mu_total)
         return self
 
 
@@ -118,7 +149,8 @@ def _bare_sigma_is_constant(value: Any) -> Any:
     return value
 
 
-_TaggedNoise = Annotated[ConstantNoise | TargetNoise | GrowingMuNoise, Field(discriminator="kind")]
+_TaggedNoise = Annotated[ConstantNoise | TargetNoise | GrowingMuNoise | ClipTiedNoise,
+                         Field(discriminator="kind")]
 Noise = Annotated[
     _TaggedNoise,
     # the JSON Schema says what is accepted: a bare sigma, a constant one without its kind, or

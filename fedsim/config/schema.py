@@ -57,6 +57,7 @@ from fedsim.config.factory import FactoryReference, OptionValue
 from fedsim.config.posture import (
     Budget,
     Clip,
+    ClipTiedNoise,
     ConstantClip,
     ConstantNoise,
     DecayClip,
@@ -66,7 +67,7 @@ from fedsim.config.posture import (
 )
 
 __all__ = [
-    "Budget", "ClientGroup", "Clients", "Clip", "Constant", "ConstantClip", "ConstantNoise",
+    "Budget", "ClientGroup", "ClipTiedNoise", "Clients", "Clip", "Constant", "ConstantClip", "ConstantNoise",
     "Dataset", "DecayClip", "Distribution", "Exponential", "GrowingMuNoise", "Link", "LogNormal",
     "Model", "Network", "Noise", "Scenario", "Server", "ShiftedExponential", "Stop",
     "TargetNoise", "Uniform",
@@ -268,7 +269,7 @@ class ClientGroup(_Strict):
     clip: Clip = Field(description="The clipping norm C: a number, or a constant or decay "
                                    "schedule.")
     noise: Noise = Field(description="The noise multiplier sigma: a number, or a constant, "
-                                     "target or growing_mu schedule.")
+                                     "target, growing_mu or clip_tied schedule.")
     local_steps: StepCount = Field(
         default=1, description="DP-SGD steps in each round before its update is released.")
     local_lr: Scale = Field(default=0.1, description="The learning rate of the local DP-SGD steps.")
@@ -320,13 +321,13 @@ class ClientGroup(_Strict):
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
         if self.rounds is None:
-            if self.noise.kind in ("target", "growing_mu"):
+            if self.noise.kind in ("target", "growing_mu", "clip_tied"):
                 raise ValueError(
                     f"noise kind {self.noise.kind!r} is calibrated over a fixed number of "
                     "rounds: set rounds")
             if self.clip.kind == "decay":
                 raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
-        if self.dp_normalisation is not None and self.noise.kind == "growing_mu":
+        if self.dp_normalisation is not None and self.noise.kind in ("growing_mu", "clip_tied"):
             raise ValueError("dp_normalisation: calibrate with noise kind target or constant")
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "

@@ -15,7 +15,9 @@ reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the r
   solved so the T rounds meet (eps, delta) under the group's accountant
   (:func:`fedsim.privacy.schedules.solve_growing_mu`), or - labelled as the CLT approximation -
   so that the heterogeneous GDP CLT meets ``mu_total``
-  (:func:`fedsim.privacy.schedules.clt_growing_mu`).
+  (:func:`fedsim.privacy.schedules.clt_growing_mu`). ``clip_tied`` (Du et al.'s allocation):
+  mu_t proportional to sqrt(C_t), its factor solved the same two ways
+  (:func:`fedsim.privacy.schedules.clip_tied`).
 
 A schedule with a horizon raises for rounds past it; the client actor stops ("done") at the
 group's ``rounds`` and never asks beyond.
@@ -27,6 +29,7 @@ from functools import lru_cache
 
 from fedsim.config.schema import (
     ClientGroup,
+    ClipTiedNoise,
     ConstantClip,
     ConstantNoise,
     DecayClip,
@@ -36,7 +39,7 @@ from fedsim.config.schema import (
 from fedsim.errors import ConfigError
 from fedsim.privacy import calibration as privacy_calibration
 from fedsim.privacy.events import GaussianStep, Sampling
-from fedsim.privacy.schedules import Schedule, clt_growing_mu, solve_growing_mu
+from fedsim.privacy.schedules import Schedule, clip_tied, clt_growing_mu, solve_growing_mu
 
 __all__ = ["calibrate_sigma", "make_schedule", "normalisation_steps"]
 
@@ -75,6 +78,15 @@ def _growing_mu(noise: GrowingMuNoise, rounds: int, sampling: Sampling, q: float
                             steps_per_index=local_steps)
 
 
+@lru_cache(maxsize=256)
+def _clip_tied(noise: ClipTiedNoise, rounds: int, sampling: Sampling, q: float, local_steps: int,
+               accountant: str, clip_0: float, rho_c: float) -> Schedule:
+    """Solved once per group and q (cached like :func:`_growing_mu`)."""
+    return clip_tied(rounds, sampling, q, clip_0=clip_0, rho_c=rho_c, epsilon=noise.epsilon,
+                     delta=noise.delta, mu_total=noise.mu_total, accountant=accountant,
+                     steps_per_index=local_steps)
+
+
 def make_schedule(group: ClientGroup, *, q: float, where: str) -> Schedule:
     """The clip and noise schedule of one client of ``group`` whose batch fraction is ``q``
     (one object: the trainer reads ``clip(t)`` and ``sigma(t)`` from it)."""
@@ -101,6 +113,10 @@ def make_schedule(group: ClientGroup, *, q: float, where: str) -> Schedule:
         assert rounds is not None
         schedule = _growing_mu(noise_config, rounds, group.sampling, q, group.local_steps,
                                group.accountant, clip_0, rho_c)
+    elif isinstance(noise_config, ClipTiedNoise):
+        assert rounds is not None
+        schedule = _clip_tied(noise_config, rounds, group.sampling, q, group.local_steps,
+                              group.accountant, clip_0, rho_c)
     else:
         raise ConfigError(f"{where}.noise: unsupported noise kind {noise_config!r}")
     return schedule

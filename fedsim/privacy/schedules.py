@@ -12,7 +12,11 @@ Shapes (Du et al., "Dynamic differential-privacy preserving SGD", 2021, Alg. 2):
 * constant: ``C_t = C_0``, ``sigma_t = sigma_0``;
 * sensitivity decay: ``C_t = C_0 rho_c^{t/T}`` with ``0 < rho_c <= 1``;
 * growing mu: ``mu_t = 1/sigma_t = mu_0 rho_mu^{t/T}`` with ``rho_mu >= 1`` (noise shrinks
-  as training converges). :func:`solve_growing_mu` picks ``mu_0`` so that the composed budget
+  as training converges). (``rho_mu < 1`` arises only from the clip-tied allocation below.)
+* clip-tied (Du et al., Sec. 3 "Remark on term D_1" and App. A.7): for a given clip sequence
+  the noise term of their utility bound is smallest with noise std ``sigma~_t = sqrt(C_t)``
+  (up to one common factor), i.e. ``mu_t = C_t / sigma~_t`` proportional to ``sqrt(C_t)``:
+  :func:`clip_tied` gives ``mu_t = mu_0 sqrt(C_t / C_0) = mu_0 rho_c^{t/(2T)}``. :func:`solve_growing_mu` picks ``mu_0`` so that the composed budget
   meets a target (eps, delta) under a chosen accountant. :func:`clt_growing_mu` instead
   meets a target GDP mu under the heterogeneous CLT (Du et al. Thm 1) - the paper's own
   calibration, an approximation that can under-report eps, never a guarantee.
@@ -69,8 +73,6 @@ class Schedule:
                 raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
         if self.rho_c > 1:
             raise ConfigError(f"rho_c must be in (0, 1] (sensitivity decay), got {self.rho_c!r}")
-        if self.rho_mu < 1:
-            raise ConfigError(f"rho_mu must be >= 1 (growing mu), got {self.rho_mu!r}")
         if self.total_steps is None and not self.is_constant:
             raise ConfigError("a decaying clip or growing mu needs a horizon (total_steps)")
 
@@ -218,3 +220,35 @@ def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: flo
         middle = math.sqrt(low * high)
         low, high = (middle, high) if eps_of(middle) <= epsilon else (low, middle)
     return make(low)
+
+
+def clip_tied(total_steps: int, sampling: Sampling, q: float, *, clip_0: float = 1.0,
+              rho_c: float = 1.0, epsilon: float | None = None, delta: float | None = None,
+              mu_total: float | None = None, accountant: str = "pld",
+              steps_per_index: int = 1) -> Schedule:
+    """Du et al.'s noise allocation from the clip schedule: ``mu_t`` proportional to
+    ``sqrt(C_t)`` (their Sec. 3, "Remark on term D_1": ``sigma~_t = sqrt(C_t)`` minimises the
+    noise term of the utility bound of their Thm 2 for a given ``C_t``; proof in App. A.7).
+
+    With ``C_t = clip_0 rho_c^{t/T}`` this is the schedule ``mu_t = mu_0 rho_c^{t/(2T)}``, so the
+    noise std ``C_t sigma_t = C_t / mu_t`` (Poisson; twice that for fixed-size batches) is
+    proportional to ``sqrt(C_t)``. The common factor ``mu_0`` is solved exactly like growing mu:
+    with ``epsilon`` and ``delta``, so that the T steps meet (eps, delta) under ``accountant`` (a
+    guarantee, :func:`solve_growing_mu`); with ``mu_total`` instead, so that the heterogeneous
+    GDP CLT (Du et al. Thm 1) gives ``mu_total`` (an approximation, :func:`clt_growing_mu`).
+    Neighbouring relation: the sampling scheme's (add/remove for Poisson, replace-one for
+    fixed-size batches).
+    """
+    if not (isinstance(rho_c, int | float) and math.isfinite(rho_c) and 0 < rho_c <= 1):
+        raise ConfigError(f"rho_c must be in (0, 1], got {rho_c!r}")
+    rho_mu = math.sqrt(rho_c)
+    if mu_total is not None:
+        if epsilon is not None or delta is not None:
+            raise ConfigError("clip_tied: give either epsilon + delta or mu_total, not both")
+        return clt_growing_mu(mu_total, total_steps, rho_mu, sampling, q, clip_0=clip_0,
+                              rho_c=rho_c, steps_per_index=steps_per_index)
+    if epsilon is None or delta is None:
+        raise ConfigError("clip_tied: give epsilon and delta (or mu_total)")
+    return solve_growing_mu(epsilon, delta, total_steps, rho_mu, sampling, q,
+                            accountant=accountant, clip_0=clip_0, rho_c=rho_c,
+                            steps_per_index=steps_per_index)

@@ -33,6 +33,7 @@ import numpy as np
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.events import group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
@@ -94,6 +95,7 @@ CLIENT_COLUMNS = (
     "clip",
     "epsilon",
     "mu_clt",
+    "mu_clt_gamma",
     "budget_epsilon",
     "remaining_epsilon",
     "state",
@@ -300,6 +302,8 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "clip": released[-1].clip if released else float(plan.schedule.clip(0)),
         "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
         "mu_clt": clt_mu(steps) if steps else 0.0,
+        # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)
+        "mu_clt_gamma": clt_band(steps).gamma if steps else 0.0,
         "budget_epsilon": budget.epsilon if budget else None,
         "remaining_epsilon": float(remaining) if remaining is not None else None,
         "state": client.state,
