@@ -377,8 +377,10 @@ class _Simulation:
         self._metrics_file.flush()
         if self.on_window_hook is not None:
             self.on_window_hook(line)
+        links = network.aggregator_stats  # (zeros without aggregators)
+        in_flight = stats.uplink.in_flight + links["uplink"]["in_flight"]
         self.stop_reason = report.stop_reason(
-            self.scenario.stop, active_clients=active, in_flight=stats.uplink.in_flight
+            self.scenario.stop, active_clients=active, in_flight=in_flight
         )
         return bool(self.stop_reason)
 
