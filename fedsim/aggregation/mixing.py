@@ -40,6 +40,7 @@ __all__ = [
     "MixingStrategy",
     "RunningDirection",
     "STREAM_ABOVE",
+    "client_weights",
     "StreamedWindow",
     "UniformWeights",
     "descent_direction",
@@ -105,12 +106,21 @@ _STRATEGIES: dict[str, type[DataSizeWeights | ConfiguredWeights | UniformWeights
 }
 
 
+def client_weights(strategy: MixingStrategy,
+                   clients: Sequence[tuple[str, int, float]]) -> dict[str, float]:
+    """The strategy's raw weight of each client of ``(client_id, num_samples, weight)`` (its
+    weights depend on public scenario values only: an aggregator weighs the updates it
+    pre-mixes with them, and the server checks its manifests against them)."""
+    empty = np.zeros(0, np.float32)
+    stand_ins = [AcceptedUpdate(cid, 0, empty, n, 1.0, w) for cid, n, w in clients]
+    raw = _raw_weights(strategy, stand_ins) if stand_ins else np.zeros(0)
+    return {cid: float(value) for (cid, _, _), value in zip(clients, raw, strict=True)}
+
+
 def population_weight(strategy: MixingStrategy, clients: Sequence[tuple[str, int, float]]) -> float:
     """The strategy's total weight over a population of ``(client_id, num_samples, weight)``:
     each client counted once, as if every client sent one update."""
-    empty = np.zeros(0, np.float32)
-    stand_ins = [AcceptedUpdate(cid, 0, empty, n, 1.0, w) for cid, n, w in clients]
-    return float(np.sum(strategy.weights(stand_ins))) if stand_ins else 0.0
+    return float(np.sum(list(client_weights(strategy, clients).values()))) if clients else 0.0
 
 
 def make_strategy(name: str) -> MixingStrategy:

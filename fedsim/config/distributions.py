@@ -50,6 +50,7 @@ ClassCount = Annotated[int, Field(ge=2, le=limits.MAX_CLASSES), _NoBool]
 ShardCount = Annotated[int, Field(gt=0, le=limits.MAX_SHARDS_PER_CLIENT), _NoBool]
 MessageBytes = Annotated[int, Field(gt=0, le=limits.MAX_MESSAGE_BYTES), _NoBool]
 ThreadCount = Annotated[int, Field(gt=0, le=limits.MAX_TORCH_THREADS), _NoBool]
+AggregatorCount = Annotated[int, Field(ge=0, le=limits.MAX_AGGREGATORS), _NoBool]
 Seed = Annotated[int, Field(ge=0, le=limits.MAX_SEED), _NoBool]
 
 

@@ -114,3 +114,6 @@ MAX_DATASET_VALUES = 1_000_000_000
 """Values (records x values per record) of one split of a torch ``Dataset`` converted to
 tensors: 4 GB as float32, allocated at once before the items are copied in (CIFAR-10's training
 set holds 1.5 x 10^8). Checked from the first item's shape before anything is allocated."""
+
+MAX_AGGREGATORS = 64
+"""The most aggregation nodes a scenario may place between its clients and its server."""

@@ -28,6 +28,7 @@ from fedsim.config.aggregation import (
 )
 from fedsim.config.dataset import Dataset
 from fedsim.config.distributions import (
+    AggregatorCount,
     BatchSize,
     ClientCount,
     Constant,
@@ -43,6 +44,7 @@ from fedsim.config.distributions import (
     Probability,
     RoundCount,
     Scale,
+    Seconds,
     Seed,
     ShardCount,
     ShiftedExponential,
@@ -242,6 +244,25 @@ class Network(_Strict):
     max_message_bytes: MessageBytes = Field(
         default=64 * 1024 * 1024, description="The largest message the network carries, in bytes "
         "(at most 1 GiB); a model must fit in one.")
+
+
+class Aggregators(_Strict):
+    """Aggregation nodes between the clients and the server (each update goes through one;
+    docs/DEPLOYMENT.md, "Aggregation nodes")."""
+
+    count: AggregatorCount = Field(
+        default=0, description=f"How many aggregators (0 to {limits.MAX_AGGREGATORS}); 0: updates "
+        "go straight to the server.")
+    latency: Distribution = Field(
+        default_factory=lambda: Constant(value=0.0),
+        description="The delay of each message between an aggregator and the server, in "
+        "virtual seconds.")
+    drop: Probability = Field(
+        default=0.0, description="The probability that a message between an aggregator and "
+        "the server is lost.")
+    wait: Seconds | None = Field(
+        default=None, description="How long the server waits for the aggregators' partials "
+        "after a window's end, in seconds; omitted, half a window.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,6 +544,9 @@ class Scenario(_Strict):
     server: Server = Field(description="The server's windows, mixing and step size.")
     network: Network = Field(default_factory=Network,
                              description="The simulated network between clients and the server.")
+    aggregators: Aggregators = Field(
+        default_factory=Aggregators,
+        description="Aggregation nodes between the clients and the server (none by default).")
     privacy: Privacy = Field(default_factory=Privacy,
                              description="How the reports state each client's privacy.")
     torch_threads: ThreadCount = Field(

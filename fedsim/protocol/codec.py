@@ -53,8 +53,11 @@ from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
     GlobalModel,
+    ManifestEntry,
     Message,
+    Partial,
     RunFinished,
+    WindowClose,
 )
 
 MAGIC = b"FSIM"
@@ -82,6 +85,15 @@ MAX_STEP_SIZE = 1e6
 """The largest server step size a global model may carry (finite and > 0 as well): a larger
 one would move a client's model by more than :data:`~fedsim.runtime.actors.integrity.MAX_PARAMETER`
 per unit of update."""
+MAX_PARTIAL_ENTRIES = 16384
+"""At most this many updates folded (and as many settled) in one aggregator's partial."""
+MAX_PARTIAL_GROUPS = 64
+"""At most this many base versions (one sum each) in one partial."""
+MAX_PARTIAL_HEADER_BYTES = 4 * 1024 * 1024
+"""A partial's header (its manifest) may exceed :data:`MAX_HEADER_BYTES`, up to this."""
+_PARTIAL_PREFIX = b'{"kind":"partial"'
+MAX_WEIGHT = 1e15
+"""The largest mixing weight a manifest entry may carry (data set sizes, configured weights)."""
 _NonNegativeInt = Annotated[int, Field(ge=0)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
 Incarnation = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,32}$")]
@@ -135,6 +147,34 @@ class FinishedHeader(_Header):
     sent_at: _FiniteFloat
 
 
+class CloseHeader(_Header):
+    kind: Literal["close"]
+    incarnation: Incarnation = ""
+    window: _Counter
+    version: _Counter
+    sent_at: _FiniteFloat
+
+
+_Weight = Annotated[float, Field(ge=0.0, le=MAX_WEIGHT, allow_inf_nan=False)]
+_Entry = tuple[ClientId, _Counter, _Counter, _Counter, _Weight]
+
+
+class PartialHeader(_Header):
+    kind: Literal["partial"]
+    incarnation: Incarnation = ""
+    aggregator_id: ClientId
+    window: _Counter
+    bases: tuple[_Counter, ...] = Field(max_length=MAX_PARTIAL_GROUPS)
+    entries: tuple[_Entry, ...] = Field(max_length=MAX_PARTIAL_ENTRIES)
+    settled: tuple[tuple[ClientId, _Counter], ...] = Field(max_length=MAX_PARTIAL_ENTRIES)
+    rejections: Annotated[
+        dict[Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")], _Counter],
+        Field(max_length=64),
+    ]
+    sent_at: _FiniteFloat
+    tensor: TensorSpec
+
+
 class StatusHeader(_Header):
     kind: Literal["status"]
     incarnation: Incarnation = ""
@@ -152,7 +192,8 @@ class StatusHeader(_Header):
 
 
 _CLIENT_ID = TypeAdapter(ClientId)
-_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader | FinishedHeader
+_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader | FinishedHeader | CloseHeader \
+    | PartialHeader
 _HEADER: TypeAdapter[_AnyHeader] = TypeAdapter(
     Annotated[_AnyHeader, Field(discriminator="kind")]
 )
@@ -244,6 +285,27 @@ def _header_for(
             extra={key: float(value) for key, value in message.extra.items()},
         )
         return header, None
+    if isinstance(message, WindowClose):
+        header = CloseHeader(kind="close", incarnation=incarnation, window=message.window,
+                             version=message.version, sent_at=float(message.sent_at))
+        return header, None
+    if isinstance(message, Partial):
+        header = PartialHeader(
+            kind="partial",
+            incarnation=incarnation,
+            aggregator_id=message.aggregator_id,
+            window=message.window,
+            bases=tuple(message.bases),
+            entries=tuple((e.client_id, e.round, e.base_version, e.window, float(e.weight))
+                          for e in message.entries),
+            settled=tuple(message.settled),
+            rejections=dict(message.rejections),
+            sent_at=float(message.sent_at),
+            tensor=_tensor_spec(message.sums, "Partial.sums"),
+        )
+        _check_partial(header, int(message.sums.size), None)
+        _check_finite(message.sums, "Partial.sums")
+        return header, message.sums
     if isinstance(message, RunFinished):
         header = FinishedHeader(
             kind="finished",
@@ -307,7 +369,7 @@ def decode(
     return decode_frame(data, expected_params=expected_params, max_bytes=max_bytes).message
 
 
-def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format, in its order
+def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wire format, in its order
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,
@@ -332,7 +394,9 @@ def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format
         raise CodecError(
             f"unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})"
         )
-    if header_len > MAX_HEADER_BYTES:
+    if header_len > MAX_HEADER_BYTES and not (
+            header_len <= MAX_PARTIAL_HEADER_BYTES
+            and data[PREFIX_BYTES:PREFIX_BYTES + len(_PARTIAL_PREFIX)] == _PARTIAL_PREFIX):
         raise CodecError(
             f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES} bytes", kind="oversized"
         )
@@ -367,9 +431,16 @@ def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format
         finished = RunFinished(version=header.version, reason=header.reason,
                                sent_at=header.sent_at)
         return Frame(finished, header.incarnation, header.lineage)
+    if isinstance(header, CloseHeader):
+        if body_bytes:
+            raise CodecError(f"close message carries {body_bytes} unexpected trailing bytes")
+        return Frame(WindowClose(header.window, header.version, header.sent_at),
+                     header.incarnation)
 
     (length,) = header.tensor.shape
-    if expected_params is not None and length != expected_params:
+    if isinstance(header, PartialHeader):
+        _check_partial(header, length, expected_params)
+    elif expected_params is not None and length != expected_params:
         raise CodecError(
             f"{header.kind} tensor has {length} values, the model has {expected_params} parameters",
             kind="shape",
@@ -400,11 +471,43 @@ def decode_frame(  # noqa: C901, PLR0912 - one check per rule of the wire format
             norm=norm,
         )
         return Frame(update, header.incarnation)
-    _check_finite(values, "global tensor")
+    _check_finite(values, "global tensor" if isinstance(header, GlobalHeader)
+                  else "partial tensor")
+    if isinstance(header, PartialHeader):
+        partial = Partial(
+            aggregator_id=header.aggregator_id, window=header.window, bases=header.bases,
+            entries=tuple(ManifestEntry(*entry) for entry in header.entries), sums=values,
+            settled=header.settled, rejections=dict(header.rejections),
+            sent_at=header.sent_at)
+        return Frame(partial, header.incarnation)
     invited = None if header.invited is None else bytes.fromhex(header.invited)
     model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
                         window=header.window, invited=invited, step_size=header.step_size)
     return Frame(model, header.incarnation, header.lineage)
+
+
+def _check_partial(header: PartialHeader, length: int, expected_params: int | None) -> None:
+    """A partial's manifest is consistent: base versions strictly ascending, every entry's
+    base version among them and every base version with an entry, no ``(client, round)``
+    twice, and one sum of the model's length per base version."""
+    bases = header.bases
+    if any(a >= b for a, b in zip(bases, bases[1:], strict=False)):
+        raise CodecError("partial base versions must be strictly ascending")
+    used = {entry[2] for entry in header.entries}
+    if used != set(bases):
+        raise CodecError("partial base versions do not match its entries' base versions")
+    keys = {(entry[0], entry[1]) for entry in header.entries}
+    if len(keys) != len(header.entries):
+        raise CodecError("partial names a (client, round) twice")
+    groups = len(bases)
+    if groups == 0:
+        if length:
+            raise CodecError(f"an empty partial carries {length} values")
+        return
+    if length % groups or (expected_params is not None and length != groups * expected_params):
+        model = "" if expected_params is None else f" of {expected_params} parameters"
+        raise CodecError(f"partial tensor has {length} values, not {groups} sums{model}",
+                         kind="shape")
 
 
 def check_client_id(client_id: str) -> str:

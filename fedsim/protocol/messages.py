@@ -97,4 +97,57 @@ class ClientStatus:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-Message = ClientUpdate | GlobalModel | ClientStatus | RunFinished
+@dataclass(frozen=True)
+class WindowClose:
+    """The server closes window ``window`` at model ``version`` (time windows with aggregation
+    nodes): every aggregator flushes what it holds for the window as one :class:`Partial`.
+
+    Published by the server only (on the aggregators' control topic); ``version`` is the model
+    the window's updates are judged against (staleness, base versions)."""
+
+    window: int
+    version: int
+    sent_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One update an aggregator folded into a partial: its ``(client_id, round)``, the
+    ``base_version`` it was computed on, the ``window`` of its invitation and the mixing
+    ``weight`` the aggregator gave it (the scenario's raw weight of the client, which the
+    server recomputes)."""
+
+    client_id: str
+    round: int
+    base_version: int
+    window: int
+    weight: float
+
+
+@dataclass(frozen=True, eq=False)
+class Partial:
+    """An aggregator's pre-mixed updates of one window (:mod:`fedsim.runtime.actors.aggregator`).
+
+    ``bases`` are the distinct base versions of the folded updates, ascending; ``sums`` holds
+    one vector per base version, concatenated in that order: ``sum_i weight_i eta_i u_i``
+    over the ``entries`` of that base version (``eta_i`` the client's agreed step size of
+    the round). ``settled`` are ``(client_id, round)`` the aggregator judged for good without
+    folding (stale, not invited), ``rejections`` what it refused by kind (the
+    :class:`~fedsim.runtime.actors.client_book.Kind` names, plus ``duplicate`` and ``stale``).
+    An aggregator sends exactly one per :class:`WindowClose`, empty when it holds nothing."""
+
+    aggregator_id: str
+    window: int
+    bases: tuple[int, ...]
+    entries: tuple[ManifestEntry, ...]
+    sums: np.ndarray
+    settled: tuple[tuple[str, int], ...] = ()
+    rejections: dict[str, int] = field(default_factory=dict)
+    sent_at: float = 0.0
+
+    def group(self, index: int, size: int) -> np.ndarray:
+        """The sum of base version ``bases[index]`` (a view of ``sums``; ``size`` parameters)."""
+        return self.sums[index * size:(index + 1) * size]
+
+
+Message = ClientUpdate | GlobalModel | ClientStatus | RunFinished | WindowClose | Partial

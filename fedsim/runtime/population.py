@@ -40,6 +40,7 @@ from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.actors.admission import group_slot
+from fedsim.runtime.actors.aggregator import AggregatorActor, aggregator_ids
 from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.actors.integrity import client_limits
@@ -455,18 +456,13 @@ def make_server_actor(
 ) -> ServerActor:
     """The scenario's :class:`ServerActor` (simulation and deployed server process alike)."""
     server_config = population.scenario.server
+    aggregators = population.scenario.aggregators
+    wait = aggregators.wait if aggregators.wait is not None else server_config.window / 2
     return ServerActor(
         clock=clock,
         endpoint=endpoint,
         initial_params=population.initial_params,
-        clients={
-            p.client_id: ClientInfo(
-                p.public_samples, p.group.local_lr, p.group.weight,
-                client_limits(p.group, p.public_samples, p.schedule, population.initial_params.size),
-                sequence=step_sequence(p.group),
-                slot=group_slot(p.group, population.scenario.privacy.timing))
-            for p in population.plans
-        },
+        clients=client_infos(population),
         window=server_config.window,
         strategy=make_strategy(server_config.mixing),
         step_size=make_step_size(server_config.step_size),
@@ -479,7 +475,33 @@ def make_server_actor(
         normalize=server_config.normalize,
         policy=make_policy(server_config),
         optimizer=make_optimizer(server_config.optimizer),
+        aggregators=aggregator_ids(aggregators.count),
+        aggregator_wait=wait,
     )
+
+
+def client_infos(population: Population) -> dict[str, ClientInfo]:
+    """What the server and its aggregators know of each client in advance (public values)."""
+    return {
+        p.client_id: ClientInfo(
+            p.public_samples, p.group.local_lr, p.group.weight,
+            client_limits(p.group, p.public_samples, p.schedule, population.initial_params.size),
+            sequence=step_sequence(p.group),
+            slot=group_slot(p.group, population.scenario.privacy.timing))
+        for p in population.plans
+    }
+
+
+def make_aggregator_actor(population: Population, aggregator_id: str, *, clock: Clock,
+                          endpoint: Endpoint) -> AggregatorActor:
+    """The scenario's aggregation node ``aggregator_id`` (simulation and deployed alike)."""
+    server_config = population.scenario.server
+    return AggregatorActor(
+        aggregator_id=aggregator_id, clock=clock, endpoint=endpoint,
+        clients=client_infos(population), size=population.initial_params.size,
+        strategy=make_strategy(server_config.mixing), policy=make_policy(server_config),
+        max_staleness=server_config.max_staleness,
+        invites=server_config.participation < 1.0)
 
 
 def plan_of(population: Population, client_id: str) -> ClientPlan:

@@ -32,6 +32,14 @@ messages arriving for it are lost, and what it had received but not yet taken is
 latest global model is *retained*: a client endpoint that is created or comes back online is
 sent it at once, over its downlink, as a broker sends a retained message on subscribe.
 
+**Aggregation nodes** (``aggregators``, :mod:`fedsim.runtime.actors.aggregator`): with aggregator
+ids given, every client update is delivered to one aggregator instead of the server (sticky: the
+client's id hashed over the sorted aggregator ids, as a broker's shared subscription spreads
+publishers), statuses still go to the server. Each aggregator has its own link pair under
+``aggregator_link`` (the same rules as above): global models and window closes go down it,
+partials and forwarded updates go up it to the server. Updates in a partial that is dropped or
+lost count in :attr:`SimulatedNetwork.partial_updates_lost`.
+
 The server endpoint applies the same rule as the MQTT server endpoint: a client's update or
 status is delivered only if its ``client_id`` is the id of the endpoint that sent it.
 Undecodable or misaddressed messages are logged and counted as ``rejected``; they never reach
@@ -44,6 +52,7 @@ import asyncio
 import collections
 import heapq
 import math
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -54,10 +63,17 @@ from fedsim.clock import Clock
 from fedsim.errors import CodecError, ConfigError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import (
+    ClientStatus,
+    ClientUpdate,
+    GlobalModel,
+    Message,
+    Partial,
+    WindowClose,
+)
 from fedsim.transports.inbox import Inbox
 
-Direction = Literal["uplink", "downlink"]
+Direction = Literal["uplink", "downlink", "aggregator_uplink", "aggregator_downlink"]
 LatencySampler = Callable[[np.random.Generator], float]
 
 _log = get_logger("fedsim.transports.simulated")
@@ -180,9 +196,13 @@ class SimulatedServerEndpoint:
     async def publish(self, message: Message) -> None:
         if self._inbox.closed:
             raise TransportError("simulated server endpoint: publish after close")
+        if isinstance(message, WindowClose):
+            self._network._announce(codec.encode(message))
+            return
         if not isinstance(message, GlobalModel):
             raise TransportError(
-                f"the server endpoint publishes GlobalModel only, not {type(message).__name__}"
+                f"the server endpoint publishes GlobalModel only (and WindowClose to its "
+                f"aggregators), not {type(message).__name__}"
             )
         self._network._broadcast(codec.encode(message))
 
@@ -224,6 +244,36 @@ class SimulatedClientEndpoint:
         self._inbox.close()
 
 
+class SimulatedAggregatorEndpoint:
+    """One aggregator's endpoint: receives the updates routed to it, global models and window
+    closes; publishes partials and forwarded updates to the server."""
+
+    def __init__(self, network: SimulatedNetwork, aggregator_id: str) -> None:
+        self._network = network
+        self.aggregator_id = aggregator_id
+        self._inbox = Inbox(f"simulated aggregator endpoint {aggregator_id!r}")
+
+    async def publish(self, message: Message) -> None:
+        if self._inbox.closed:
+            raise TransportError(
+                f"simulated aggregator endpoint {self.aggregator_id!r}: publish after close")
+        if not isinstance(message, Partial | ClientUpdate):
+            raise TransportError(
+                f"aggregator endpoint {self.aggregator_id!r} publishes Partial or ClientUpdate "
+                f"only, not {type(message).__name__}")
+        link = self._network._link("aggregator_uplink", self.aggregator_id)
+        if self._network._aggregators.get(self.aggregator_id) is not self:
+            self._network._lose(link, codec.encode(message))
+            return
+        self._network._transmit(link, codec.encode(message))
+
+    async def receive(self) -> Message:
+        return await self._inbox.get()
+
+    async def close(self) -> None:
+        self._inbox.close()
+
+
 class SimulatedNetwork:
     """In-process network between one server and any number of clients, under a :class:`Clock`.
 
@@ -242,6 +292,8 @@ class SimulatedNetwork:
         max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
         expected_params: int | None = None,
         record_trace: bool = False,
+        aggregators: tuple[str, ...] = (),
+        aggregator_link: LinkModel | None = None,
     ) -> None:
         self._clock = clock
         self._rng = rng
@@ -254,7 +306,14 @@ class SimulatedNetwork:
         self._stats: dict[Direction, DirectionStats] = {
             "uplink": DirectionStats(),
             "downlink": DirectionStats(),
+            "aggregator_uplink": DirectionStats(),
+            "aggregator_downlink": DirectionStats(),
         }
+        self.aggregator_ids = tuple(sorted(aggregators))
+        self._aggregator_link = aggregator_link or LinkModel()
+        self._aggregators: dict[str, SimulatedAggregatorEndpoint] = {}
+        self.partial_updates_lost = 0
+        """Updates in partials (or forwarded alone) that an aggregator link dropped or lost."""
         self._server: SimulatedServerEndpoint | None = None
         self._clients: dict[str, SimulatedClientEndpoint] = {}
         self._links: dict[tuple[Direction, str], _Link] = {}
@@ -266,7 +325,8 @@ class SimulatedNetwork:
         """Keep the delivery times for :meth:`next_arrival` (off: it reports nothing)."""
         # Scheduled delivery times per direction and per client's downlink (heaps; past
         # entries are dropped lazily).
-        self._arrivals: dict[Direction, list[float]] = {"uplink": [], "downlink": []}
+        self._arrivals: dict[Direction, list[float]] = {
+            "uplink": [], "downlink": [], "aggregator_uplink": [], "aggregator_downlink": []}
         self._arrivals_to: dict[str, list[float]] = {}
 
     # ----------------------------------------------------------------------------- endpoints
@@ -298,6 +358,32 @@ class SimulatedNetwork:
         if self._retained is not None and client_id not in self._offline:
             self._transmit(self._link("downlink", client_id), self._retained)
         return endpoint
+
+    def aggregator_endpoint(self, aggregator_id: str) -> SimulatedAggregatorEndpoint:
+        """An aggregator's endpoint (one of ``aggregators``); the retained global model is sent
+        to it at once. A second call replaces (and closes) the first, like a restart."""
+        if aggregator_id not in self.aggregator_ids:
+            raise ConfigError(f"{aggregator_id!r} is not one of the network's aggregators "
+                              f"{list(self.aggregator_ids)}")
+        previous = self._aggregators.get(aggregator_id)
+        if previous is not None:
+            previous._inbox.close()
+        endpoint = self._aggregators[aggregator_id] = SimulatedAggregatorEndpoint(
+            self, aggregator_id)
+        if self._retained is not None:
+            self._transmit(self._link("aggregator_downlink", aggregator_id), self._retained)
+        return endpoint
+
+    def aggregator_of(self, client_id: str) -> str:
+        """The aggregator that ``client_id``'s updates are routed to."""
+        ids = self.aggregator_ids
+        return ids[zlib.crc32(client_id.encode()) % len(ids)]
+
+    @property
+    def aggregator_stats(self) -> dict[str, dict[str, int]]:
+        """The aggregator links' counters, per direction."""
+        return {"uplink": self._stats["aggregator_uplink"].as_dict(),
+                "downlink": self._stats["aggregator_downlink"].as_dict()}
 
     def set_online(self, client_id: str, online: bool) -> None:
         """Take a client off the network or bring it back (it then receives the retained model)."""
@@ -353,6 +439,9 @@ class SimulatedNetwork:
     def _link(self, direction: Direction, client_id: str) -> _Link:
         key = (direction, client_id)
         link = self._links.get(key)
+        if link is None and direction in ("aggregator_uplink", "aggregator_downlink"):
+            link = self._links[key] = _Link(model=self._aggregator_link, direction=direction,
+                                            client_id=client_id)
         if link is None:
             models = self._link_models[direction]
             if isinstance(models, LinkModel):
@@ -380,7 +469,28 @@ class SimulatedNetwork:
             return
         self._transmit(link, data)
 
+    def _lose(self, link: _Link, data: bytes) -> None:
+        stats = self._stats[link.direction]
+        stats.sent += 1
+        stats.lost += 1
+        self._record(link, "lost", len(data))
+        self._count_partial(link, data)
+
+    def _count_partial(self, link: _Link, data: bytes) -> None:
+        if link.direction != "aggregator_uplink":
+            return
+        try:
+            message = codec.decode(data, max_bytes=self._max_bytes)
+        except CodecError:
+            return
+        self.partial_updates_lost += len(message.entries) if isinstance(message, Partial) else 1
+
+    def _announce(self, data: bytes) -> None:
+        for aggregator_id in self.aggregator_ids:
+            self._transmit(self._link("aggregator_downlink", aggregator_id), data)
+
     def _broadcast(self, data: bytes) -> None:
+        self._announce(data)
         self._retained = data
         for client_id in self._clients:
             link = self._link("downlink", client_id)
@@ -412,6 +522,7 @@ class SimulatedNetwork:
         if model.drop > 0 and self._rng.random() < model.drop:
             stats.dropped += 1
             self._record(link, "drop", len(data))
+            self._count_partial(link, data)
             return
         arrival = sent_at + self._latency(link)
         if model.reorder > 0 and self._rng.random() < model.reorder:
@@ -462,6 +573,7 @@ class SimulatedNetwork:
         if receiver is None:
             stats.lost += 1
             self._record(link, "lost", len(data))
+            self._count_partial(link, data)
             return
         cached = self._last_decoded
         if cached is not None and cached[0] is data:
@@ -477,31 +589,27 @@ class SimulatedNetwork:
                 self._reject(link, data, f"undecodable message: {exc}")
                 return
             self._last_decoded = (data, message)
-        if link.direction == "downlink":
-            if not isinstance(message, GlobalModel):
-                self._reject(
-                    link, data, f"clients accept GlobalModel only, got {type(message).__name__}"
-                )
+        refusal = _refusal(link, message)
+        if refusal:
+            self._reject(link, data, refusal)
+            return
+        if link.direction == "uplink" and isinstance(message, ClientUpdate) and self.aggregator_ids:
+            aggregator = self._aggregators.get(self.aggregator_of(link.client_id))
+            receiver = aggregator._inbox if aggregator is not None else None
+            if receiver is None or receiver.closed:  # the aggregator is down: lost with it
+                stats.lost += 1
+                self._record(link, "lost", len(data))
                 return
-        elif not isinstance(message, ClientUpdate | ClientStatus):
-            self._reject(
-                link, data, f"the server accepts updates and statuses, got {type(message).__name__}"
-            )
-            return
-        elif message.client_id != link.client_id:
-            self._reject(
-                link,
-                data,
-                f"client id {message.client_id!r} in the payload does not match sender {link.client_id!r}",
-            )
-            return
         stats.delivered += 1
         self._record(link, "deliver", len(data))
         receiver.put(message)
 
     def _receiver(self, link: _Link) -> Inbox | None:
-        if link.direction == "uplink":
+        if link.direction in ("uplink", "aggregator_uplink"):
             inbox = self._server._inbox if self._server is not None else None
+        elif link.direction == "aggregator_downlink":
+            aggregator = self._aggregators.get(link.client_id)
+            inbox = aggregator._inbox if aggregator is not None else None
         else:
             endpoint = self._clients.get(link.client_id)
             if endpoint is None or link.client_id in self._offline:
@@ -521,10 +629,32 @@ class SimulatedNetwork:
         )
 
 
+def _refusal(link: _Link, message: Message) -> str:
+    """Why ``message`` may not travel over ``link`` (who may send what to whom), or ''."""
+    if link.direction == "aggregator_uplink":
+        if not isinstance(message, Partial | ClientUpdate) or (
+                isinstance(message, Partial) and message.aggregator_id != link.client_id):
+            return ("the server accepts an aggregator's own partials and forwarded updates, "
+                    f"got {type(message).__name__}")
+    elif link.direction == "aggregator_downlink":
+        if not isinstance(message, GlobalModel | WindowClose):
+            return f"aggregators accept GlobalModel and WindowClose only, got {type(message).__name__}"
+    elif link.direction == "downlink":
+        if not isinstance(message, GlobalModel):
+            return f"clients accept GlobalModel only, got {type(message).__name__}"
+    elif not isinstance(message, ClientUpdate | ClientStatus):
+        return f"the server accepts updates and statuses, got {type(message).__name__}"
+    elif message.client_id != link.client_id:
+        return (f"client id {message.client_id!r} in the payload does not match sender "
+                f"{link.client_id!r}")
+    return ""
+
+
 __all__ = [
     "DirectionStats",
     "LinkModel",
     "NetworkStats",
+    "SimulatedAggregatorEndpoint",
     "SimulatedClientEndpoint",
     "SimulatedNetwork",
     "SimulatedServerEndpoint",

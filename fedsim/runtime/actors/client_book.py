@@ -98,6 +98,7 @@ class Kind(StrEnum):
     STATUS_INCONSISTENT = "status_inconsistent"
     RATE = "rate"
     BAD_MIX = "bad_mix"
+    BAD_PARTIAL = "bad_partial"
 
     @property
     def rejected(self) -> bool:
@@ -309,29 +310,46 @@ class ClientBook:
     def invite(self, window: int, invited: Iterable[str]) -> bytes:
         """Remember ``window``'s invitees (added to an earlier draw of it); its bitmap."""
         bits = invitation_bits(sorted(self.limits), invited)
+        self.remember_invitation(window, bits)
+        return bits
+
+    def remember_invitation(self, window: int, bits: bytes) -> None:
+        """Keep ``window``'s invitation bitmap as a global model carried it (an aggregator
+        learns the server's draws from the models it publishes)."""
         old = self._invitations.pop(window, bytes(len(bits)))
-        self._invitations[window] = bytes(a | b for a, b in zip(old, bits, strict=True))
+        if len(old) == len(bits):
+            self._invitations[window] = bytes(a | b for a, b in zip(old, bits, strict=True))
         while len(self._invitations) > INVITED_WINDOWS:
             del self._invitations[next(iter(self._invitations))]
-        return bits
 
     def invited(self, client_id: str, window: int) -> bool:
         bits = self._invitations.get(window)
         return bits is not None and is_invited(bits, self._order.get(client_id, -1))
 
     # -- the verdicts -----------------------------------------------------------------------
-    def judge(self, update: ClientUpdate, pending: Any = frozenset()) -> Verdict:  # noqa: PLR0911 - one return per check, in order
+    def judge(self, update: ClientUpdate, pending: Any = frozenset()) -> Verdict:
         """The verdict on ``update`` (docs/SECURITY.md, in this order): unknown client, wrong
         length, round beyond its limit or ``MAX_ROUND_GAP`` beyond the known rounds, duplicate
         (judged, or accepted and waiting in ``pending``), a base version ahead of the server's
         or never published, not finite, beyond the norm bound; then stale (``max_staleness``)
         and not invited, both recorded as judged; else accepted (recorded once applied).
         ``O(1)``."""
-        client_id, round_index = update.client_id, update.round
+        return self._judge(update.client_id, update.round, update.base_version, update.window,
+                           pending, update)
+
+    def judge_entry(self, client_id: str, round_index: int, base_version: int, window: int,
+                    pending: Any = frozenset()) -> Verdict:
+        """:meth:`judge` of an update known by its manifest entry alone (an aggregator's
+        partial, :mod:`~fedsim.runtime.actors.aggregator`): every check but the vector's
+        length, finiteness and norm, which the server checks on the partial's sum."""
+        return self._judge(client_id, round_index, base_version, window, pending, None)
+
+    def _judge(self, client_id: str, round_index: int, base_version: int, window: int,  # noqa: PLR0911, PLR0913 - one return per check, in order
+               pending: Any, update: ClientUpdate | None) -> Verdict:
         if client_id not in self.limits:
             return Verdict(Kind.UNKNOWN_CLIENT, "not a client of this scenario")
         limits = self.limits[client_id]
-        if update.delta.size != self.size or update.delta.ndim != 1:
+        if update is not None and (update.delta.size != self.size or update.delta.ndim != 1):
             return Verdict(Kind.SHAPE, f"{update.delta.size} values, the model has {self.size}")
         if limits is not None and limits.max_rounds is not None and round_index >= limits.max_rounds:
             return Verdict(Kind.ROUND_AHEAD,
@@ -345,27 +363,30 @@ class ClientBook:
             low = entry.low if entry is not None else 0
             return Verdict(Kind.DUPLICATE, "judged before" if round_index >= low else
                            f"round {round_index} is below the client's watermark {low}")
-        problem = self._claims(update, limits)
+        problem = self._claims(base_version, update, limits)
         if problem is not None:
             return problem
         dropped = self._contradicted(entry, round_index)
-        if self.max_staleness is not None and self.version - update.base_version > self.max_staleness:
+        if self.max_staleness is not None and self.version - base_version > self.max_staleness:
             self.record(client_id, round_index)
-            return Verdict(Kind.STALE, f"staleness {self.version - update.base_version}", dropped)
-        if self.invites and not self.invited(client_id, update.window):
+            return Verdict(Kind.STALE, f"staleness {self.version - base_version}", dropped)
+        if self.invites and not self.invited(client_id, window):
             self.record(client_id, round_index)
-            return Verdict(Kind.NOT_INVITED, f"window {update.window}", dropped)
+            return Verdict(Kind.NOT_INVITED, f"window {window}", dropped)
         return Verdict(Kind.ACCEPTED, "", dropped) if dropped else ACCEPTED
 
-    def _claims(self, update: ClientUpdate, limits: ClientLimits | None) -> Verdict | None:
-        if update.base_version > self.version:
-            return Verdict(Kind.FUTURE_VERSION, f"base version {update.base_version} > server "
+    def _claims(self, base_version: int, update: ClientUpdate | None,
+                limits: ClientLimits | None) -> Verdict | None:
+        if base_version > self.version:
+            return Verdict(Kind.FUTURE_VERSION, f"base version {base_version} > server "
                                                 f"version {self.version}")
-        if update.base_version not in self.published:
-            older = update.base_version < self.published.oldest()
-            return Verdict(Kind.UNPUBLISHED_VERSION, f"base version {update.base_version} was "
+        if base_version not in self.published:
+            older = base_version < self.published.oldest()
+            return Verdict(Kind.UNPUBLISHED_VERSION, f"base version {base_version} was "
                            + ("published before the versions the server keeps" if older
                               else "never published"))
+        if update is None:
+            return None
         norm = update.norm if update.norm is not None else vector_norm(update.delta)
         if not math.isfinite(norm):
             return Verdict(Kind.NON_FINITE, "the update is not finite")

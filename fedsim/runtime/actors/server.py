@@ -53,6 +53,22 @@ through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentu
 Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
 client book), so a deployed server acknowledges it only once it is applied.
 
+**Aggregation nodes** (``aggregators``, :mod:`fedsim.runtime.actors.aggregator`): at each
+window's end the server announces the close (:class:`~fedsim.protocol.messages.WindowClose`,
+with its version) and waits, at most ``aggregator_wait`` seconds, for a partial from every live
+aggregator (one that answered the previous close, or any partial since). A partial's manifest is
+checked group by group (one group per base version): every entry passes the book's checks
+(:meth:`~fedsim.runtime.actors.client_book.ClientBook.judge_entry`: a known client, its rounds,
+no ``(client, round)`` judged before or named twice across aggregators and direct updates, a
+published base version, staleness, invitation), carries the scenario's weight of its client,
+and the group's sum is no longer than ``sum_i w_i |eta_i| bound_i`` (float32 rounding aside);
+a group failing any of it is refused whole (``bad_partial``, its updates counted as rejected).
+Accepted groups join the window's mix with the coefficient ``S(s) / total`` their updates would
+have had one by one (time windows are linear in each update's weight), so with aggregators the
+model is the flat deployment's up to float32 rounding of the sums. A partial of a window
+already closed (a late or dead aggregator's) is not applied: its updates count in
+``WindowReport.lost_in_partials`` (dropped in flight; their privacy was spent on the client).
+
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
@@ -62,7 +78,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Mapping
+import math
+import sys
+from collections.abc import Callable, Collection, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
@@ -76,13 +94,21 @@ from fedsim.aggregation import (
     mixing,
     population_weight,
 )
-from fedsim.aggregation.mixing import descent_direction, normalised_weights
+from fedsim.aggregation.mixing import client_weights, descent_direction, normalised_weights
 from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
 from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.protocol.codec import vector_norm
+from fedsim.protocol.messages import (
+    ClientStatus,
+    ClientUpdate,
+    GlobalModel,
+    ManifestEntry,
+    Partial,
+    WindowClose,
+)
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import BookState, ClientBook, Kind
 from fedsim.runtime.actors.integrity import (
@@ -99,6 +125,10 @@ __all__ = ["ClientInfo", "FinalEvaluation", "ServerActor", "ServerSnapshot", "Wi
            "duration_stop"]
 
 _log = get_logger("fedsim.runtime.actors.server")
+
+PARTIAL_ROUNDING = 1.0 + 1e-5
+"""Slack on a partial's norm bound: its sum is rounded to float32 once (a relative error below
+``2^-24`` per value) after float64 accumulation."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +189,7 @@ class ServerSnapshot:
 class ServerActor:
     """Collects client updates per time window and publishes global models."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the scenario's server settings, one keyword each
         self,
         *,
         clock: Clock,
@@ -178,6 +208,8 @@ class ServerActor:
         normalize: Literal["window", "population"] = "window",
         policy: AggregationPolicy | None = None,
         optimizer: ServerOptimizer | None = None,
+        aggregators: Collection[str] = (),
+        aggregator_wait: float = 0.0,
     ) -> None:
         if window <= 0:
             raise ConfigError(f"window must be > 0, got {window}")
@@ -225,6 +257,23 @@ class ServerActor:
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
         self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
         self._stream: mixing.StreamedWindow | None = None
+        self._init_aggregators(aggregators, aggregator_wait)
+
+    def _init_aggregators(self, aggregators: Collection[str], wait: float) -> None:
+        self.aggregators = frozenset(aggregators)
+        """The aggregation nodes' ids (module docstring; empty: updates come straight)."""
+        if self.aggregators:
+            # Only forwarded updates reach the inbox: partials join the mix at the close.
+            self.stream_above = sys.maxsize
+        if not (math.isfinite(wait) and wait >= 0):
+            raise ConfigError(f"aggregator_wait must be >= 0 seconds, got {wait!r}")
+        self.aggregator_wait = float(wait)
+        self._live: set[str] = set(self.aggregators)
+        self._partials: dict[str, Partial] = {}  # the closing window's, by aggregator
+        self._answered = asyncio.Event()
+        self._lost_in_partials = 0
+        self.weights = client_weights(self.strategy, [
+            (c, info.num_samples, info.weight) for c, info in sorted(self.clients.items())])
 
     @property
     def version(self) -> int:
@@ -255,6 +304,8 @@ class ServerActor:
                     self._fold_inbox()
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
+            elif isinstance(message, Partial):
+                self._take_partial(message)
             else:
                 _log.warning("server ignored a message", kind=type(message).__name__)
 
@@ -391,6 +442,141 @@ class ServerActor:
             if self._apply(batch, report, self.step_size.current(self.windows_closed + 1)):
                 await self.publish_model(invite=False)
 
+    # -- aggregation nodes -----------------------------------------------------------------
+    def _take_partial(self, partial: Partial) -> None:
+        """Keep ``partial`` for the closing window; a late one's updates are lost in flight."""
+        aggregator = partial.aggregator_id
+        if aggregator not in self.aggregators:
+            self._rejections.add(Kind.BAD_PARTIAL, len(partial.entries))
+            _log.warning("partial of an unknown aggregator refused", aggregator=aggregator)
+            return
+        self._live.add(aggregator)  # it is up: waited for from the next close on
+        if partial.window != self.windows_closed + 1 or self.ended:
+            self._lost_in_partials += len(partial.entries)
+            _log.warning("late partial: its updates count as dropped in flight",
+                         aggregator=aggregator, window=partial.window,
+                         updates=len(partial.entries), closing=self.windows_closed + 1)
+            return
+        if aggregator in self._partials:  # a network duplicate
+            return
+        self._partials[aggregator] = partial
+        if self._live <= self._partials.keys():
+            self._answered.set()
+
+    async def _gather_partials(self) -> None:
+        """Announce the window's close and wait for the live aggregators' partials (at most
+        ``aggregator_wait``); those that did not answer are no longer waited for."""
+        self._answered.clear()
+        if self._live <= self._partials.keys():
+            self._answered.set()
+        await self.endpoint.publish(WindowClose(self.windows_closed + 1, self.version,
+                                                self.clock.now()))
+        waiter = asyncio.ensure_future(self._answered.wait())
+        timer = asyncio.ensure_future(self.clock.sleep(self.aggregator_wait))
+        try:
+            await asyncio.wait({waiter, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiter, timer):
+                task.cancel()
+        missing = self._live - self._partials.keys()
+        if missing:
+            _log.warning("aggregators did not answer the window's close in time",
+                         window=self.windows_closed + 1, aggregators=sorted(missing))
+        self._live = set(self._partials)
+
+    def _check_group(self, entries: list[ManifestEntry], total: np.ndarray,
+                     keys: set[tuple[str, int]]) -> tuple[float, float | None] | str:
+        """A partial's group (one base version): its weight and the bound on its sum's norm
+        ``sum_i w_i |eta_i| bound_i`` (None: a bound unknown), or why it is refused."""
+        weight, bound = 0.0, 0.0
+        known = True
+        group: set[tuple[str, int]] = set()
+        for entry in entries:
+            key = (entry.client_id, entry.round)
+            verdict = self.book.judge_entry(entry.client_id, entry.round, entry.base_version,
+                                            entry.window, keys | group)
+            if verdict.kind is not Kind.ACCEPTED:
+                return f"{entry.client_id} round {entry.round}: {verdict.kind} ({verdict.reason})"
+            if entry.weight != self.weights[entry.client_id]:
+                return (f"{entry.client_id} weighed {entry.weight!r}, the scenario says "
+                        f"{self.weights[entry.client_id]!r}")
+            group.add(key)
+            info = self.clients[entry.client_id]
+            weight += entry.weight
+            if info.limits is None:
+                known = False
+            else:
+                bound += entry.weight * abs(info.step_at(entry.round)) \
+                    * info.limits.norm_bound(entry.round)
+        norm = vector_norm(total)
+        if known and norm > bound * PARTIAL_ROUNDING:
+            return f"its sum's norm {norm:.6g} exceeds the bound {bound:.6g} of its updates"
+        return weight, bound if known else None
+
+    def _take_partials(self, report: WindowReport, keys: set[tuple[str, int]]
+                       ) -> list[tuple[int, np.ndarray, float, float | None, list[ManifestEntry]]]:
+        """Check the closing window's partials (class docstring): the accepted groups as
+        ``(base_version, sum, weight, bound, entries)``; the rest counted in ``report``."""
+        groups = []
+        partials, self._partials = self._partials, {}
+        for aggregator, partial in sorted(partials.items()):
+            counts = dict(partial.rejections)
+            report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
+            report.stale += counts.pop(Kind.STALE.value, 0)
+            for kind, count in counts.items():
+                self._rejections.add(kind, count)
+                report.rejected += count
+            report.received += len(partial.entries) + sum(partial.rejections.values())
+            for client_id, round_index in partial.settled:
+                if client_id in self.clients:
+                    self.book.record(client_id, round_index)
+            for index, base in enumerate(partial.bases):
+                entries = [e for e in partial.entries if e.base_version == base]
+                total = partial.group(index, self.params.size)
+                checked = (self._check_group(entries, total, keys) if not self.policy.on_arrival
+                           else "an on-arrival policy takes single updates only")
+                if isinstance(checked, str):
+                    self._rejections.add(Kind.BAD_PARTIAL, len(entries))
+                    report.rejected += len(entries)
+                    _log.warning("partial refused", aggregator=aggregator, base_version=base,
+                                 updates=len(entries), reason=checked)
+                    continue
+                keys.update((e.client_id, e.round) for e in entries)
+                groups.append((base, total, checked[0], checked[1], entries))
+        return groups
+
+    def _apply_with_partials(
+            self, accepted: list[tuple[AcceptedUpdate, float | None]],
+            groups: list[tuple[int, np.ndarray, float, float | None, list[ManifestEntry]]],
+            report: WindowReport, step: float) -> bool:
+        """A time window's step with direct updates and aggregators' groups: each group's sum
+        gets the coefficient ``S(s) / total`` (linear policies; module docstring)."""
+        updates = [a for a, _ in accepted]
+        total = self.total_weight
+        if total is None:
+            raw = self.strategy.weights(updates) if updates else np.zeros(0)
+            total = float(np.sum(raw)) + sum(g[2] for g in groups)
+        direction = np.zeros(self.params.shape, dtype=np.float64)
+        bound: float | None = 0.0
+        entries = []
+        if updates:
+            factors = self.policy.factors(
+                normalised_weights(self.strategy, updates, total),
+                staleness_of(self.version, [a.base_version for a in updates]))
+            with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
+                direction += descent_direction(updates, factors)
+            bound = self._direction_bound(updates, factors, [b for _, b in accepted])
+            entries = [(a.client_id, a.round, a.base_version) for a in updates]
+        for base, summed, _, group_bound, group_entries in groups:
+            factor = float(self.policy.factors(np.array([1.0 / total]),
+                                               staleness_of(self.version, [base]))[0])
+            with np.errstate(over="ignore", invalid="ignore"):
+                direction += factor * summed.astype(np.float64)
+            bound = None if bound is None or group_bound is None \
+                else bound + abs(factor) * group_bound
+            entries.extend((e.client_id, e.round, e.base_version) for e in group_entries)
+        return self._step_model(entries, direction, bound, report, step)
+
     def close_window(self) -> WindowReport:
         """Check, classify, mix and apply what arrived since the last window (on-arrival
         policies: report what was applied in it); evaluate if due."""
@@ -419,8 +605,12 @@ class ServerActor:
             if admitted is not None:
                 accepted.append(admitted)
                 keys.add((update.client_id, update.round))
+        groups = self._take_partials(report, keys)
+        report.lost_in_partials, self._lost_in_partials = self._lost_in_partials, 0
         report.step_size = self.step_size.current(window)
-        if accepted:
+        if groups:
+            self._apply_with_partials(accepted, groups, report, report.step_size)
+        elif accepted:
             self._apply(accepted, report, report.step_size)
         elif stream is not None and stream.accepted:
             direction, bound = stream.finish()
@@ -571,6 +761,8 @@ class ServerActor:
                 await self.clock.sleep(
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
+                if self.aggregators:
+                    await self._gather_partials()
                 if self.policy.on_arrival:
                     await self._release_waiting()
                 report = self.close_window()

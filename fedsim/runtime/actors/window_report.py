@@ -38,6 +38,9 @@ class WindowReport:
     was ``version - 1`` (time windows; on-arrival policies: :attr:`applied_to`)."""
     applied_to: list[int] = field(default_factory=list)
     """The version each applied update was applied to (the model's version before it)."""
+    lost_in_partials: int = 0
+    """Updates in aggregators' partials that came after their window closed (dropped in
+    flight; :mod:`fedsim.runtime.actors.aggregator`)."""
     end: float | None = None
     """The window's scheduled end on the server's timeline (``time`` is when it was closed:
     the same up to float rounding under virtual time, a little later on the wall clock)."""

@@ -35,6 +35,7 @@ from fedsim.config.schema import Link
 from fedsim.logging import client_event_level, get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.runtime.actors.aggregator import aggregator_ids
 from fedsim.runtime.actors.client import ClientActor, RoundRecord, Trainer
 from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
 from fedsim.runtime.actors.server import ServerActor, WindowReport
@@ -43,6 +44,7 @@ from fedsim.runtime.population import (
     ClientPlan,
     Population,
     build_population,
+    make_aggregator_actor,
     make_client_actor,
     make_evaluator,
     make_server_actor,
@@ -185,6 +187,7 @@ class _Simulation:
         self._remaining_cache: dict[str, tuple[int, float | None]] = {}
         self._positions = invitation_positions(p.client_id for p in population.plans)
         self._dropped_seen = 0
+        self._late_partials = 0
         self.directory_lock: DirectoryLock | None = None
         """Held for the run when the clients' ledgers cannot each keep their files open
         (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
@@ -210,6 +213,7 @@ class _Simulation:
                 override = plan.group.network and getattr(plan.group.network, direction)
                 per_client[plan.client_id] = _link_model(override) if override else default
             links[direction] = per_client
+        aggregators = self.scenario.aggregators
         return SimulatedNetwork(
             clock,
             rng=self.population.tree.numpy("network"),
@@ -217,6 +221,9 @@ class _Simulation:
             downlink=links["downlink"],
             max_message_bytes=network.max_message_bytes,
             expected_params=self.population.initial_params.size,
+            aggregators=aggregator_ids(aggregators.count),
+            aggregator_link=LinkModel(latency=aggregators.latency.sampler(),
+                                      drop=aggregators.drop),
         )
 
     def _start_actor(self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork) -> None:
@@ -234,6 +241,14 @@ class _Simulation:
         actor.set_online(client.online)
         client.actor = actor
         client.task = asyncio.create_task(actor.run(), name=f"client-{plan.client_id}")
+
+    def _start_aggregators(self, clock: VirtualClock,
+                           network: SimulatedNetwork) -> list[asyncio.Task[None]]:
+        """The scenario's aggregation nodes, each on its endpoint (none: an empty list)."""
+        return [asyncio.create_task(make_aggregator_actor(
+            self.population, aggregator_id, clock=clock,
+            endpoint=network.aggregator_endpoint(aggregator_id)).run(), name=aggregator_id)
+            for aggregator_id in network.aggregator_ids]
 
     # -- availability ---------------------------------------------------------------------------
     def _on_off(
@@ -342,7 +357,10 @@ class _Simulation:
         self._check_tasks()
         self._note_stops()
         stats = network.stats
-        dropped = stats.uplink.dropped + stats.uplink.lost
+        # Updates lost with a partial (its link, or too late for its window) are in flight too.
+        dropped = stats.uplink.dropped + stats.uplink.lost + network.partial_updates_lost
+        self._late_partials += report.lost_in_partials
+        dropped += self._late_partials
         evaluated = report.accuracy is not None
         active = sum(not c.finished for c in self.clients.values())
         line = report.metrics_line(
@@ -360,8 +378,10 @@ class _Simulation:
         self._metrics_file.flush()
         if self.on_window_hook is not None:
             self.on_window_hook(line)
+        links = network.aggregator_stats  # (zeros without aggregators)
+        in_flight = stats.uplink.in_flight + links["uplink"]["in_flight"]
         self.stop_reason = report.stop_reason(
-            self.scenario.stop, active_clients=active, in_flight=stats.uplink.in_flight
+            self.scenario.stop, active_clients=active, in_flight=in_flight
         )
         return bool(self.stop_reason)
 
@@ -403,6 +423,7 @@ class _Simulation:
 
             batcher.horizon = horizon
         async with helper_tasks() as tasks:
+            tasks.extend(self._start_aggregators(clock, network))  # before the first model
             for client in self.clients.values():
                 self._start_actor(client, clock, network)
                 availability = client.plan.group.availability
@@ -416,7 +437,9 @@ class _Simulation:
             finally:  # the clients' current incarnations end with the helpers
                 tasks.extend(c.task for c in self.clients.values() if c.task is not None)
         self._check_tasks()
-        self.network_stats = network.stats.as_dict()
+        self.network_stats = dict(network.stats.as_dict())
+        if network.aggregator_ids:
+            self.network_stats["aggregators"] = network.aggregator_stats
         # The model the run ends with (the last periodic evaluation may be of an older one).
         final = server.evaluate_final()
         self.final_evaluation = None if final is None else asdict(final)

@@ -1,0 +1,213 @@
+"""The aggregation node (issue 26; van Dijk & Nguyen: "from the clients through aggregation
+nodes to the server"): it takes a share of the clients' updates off the server.
+
+An aggregator keeps a :class:`~fedsim.runtime.actors.client_book.ClientBook` of its own and
+applies every check that needs only public data, the server's in the same order: codec and
+finite values (the endpoint's decoder), the norm bound from the client's public C, m, sigma and
+sampling, its pace (:class:`~fedsim.runtime.actors.admission.Pacer`), its round limit, base
+versions, staleness and invitations (learnt from the global models and window closes the server
+publishes), duplicates by ``(client, round)``.
+
+**Time windows** (the default policy): it holds the window's updates and, when the server
+announces the window's close (:class:`~fedsim.protocol.messages.WindowClose`, which carries the
+server's version), judges them against that version and pre-mixes the accepted ones into one
+sum per base version, ``sum_i w_i eta_i u_i`` (``w_i`` the mixing strategy's raw weight of the
+client, ``eta_i`` its agreed step size of the round; float64, sent as float32), and sends one
+:class:`~fedsim.protocol.messages.Partial`: the sums plus the manifest (each folded ``(client,
+round, base_version, window, weight)``, the ``(client, round)`` it settled as stale, its
+rejections by kind). The server's staleness weighting and normalisation are linear in each
+update's weight, so the server finishes the mix from the sums alone
+(:meth:`~fedsim.runtime.actors.server.ServerActor.close_window`).
+
+**On-arrival policies** (FedAsync, FedBuff) need each update alone: the aggregator checks it on
+arrival and forwards it unmixed; at each window's close its partial carries its rejections only.
+
+An update whose verdict depends on what only the server knows for sure (a base version the
+aggregator has not seen published, an invitation it has not seen, a round beyond what it knows of
+the client: the server also keeps the clients' statuses) is forwarded unmixed, and the server
+judges it as if it had come straight from its client. An update is judged once: a duplicate of a
+folded or forwarded update stops here.
+
+Everything here is post-processing of released updates: it costs the clients no privacy. The
+actor sees only a :class:`~fedsim.clock.Clock` and an
+:class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from fedsim.aggregation import MixingStrategy
+from fedsim.aggregation.mixing import client_weights
+from fedsim.aggregation.policies import AggregationPolicy
+from fedsim.clock import Clock
+from fedsim.logging import get_logger
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
+from fedsim.runtime.actors.admission import Pacer
+from fedsim.runtime.actors.client_book import ClientBook, Kind
+from fedsim.runtime.actors.integrity import Rejections
+from fedsim.runtime.actors.server import ClientInfo
+from fedsim.transports.base import Endpoint
+
+__all__ = ["FORWARDED_KINDS", "AggregatorActor", "aggregator_ids"]
+
+_log = get_logger("fedsim.runtime.actors.aggregator")
+
+FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLISHED_VERSION,
+                             Kind.NOT_INVITED})
+"""Verdicts an aggregator may reach only because it knows less than the server: such an update
+is forwarded unmixed for the server to judge (module docstring)."""
+
+
+def aggregator_ids(count: int) -> tuple[str, ...]:
+    """The ids of a deployment's ``count`` aggregators (they name MQTT topics and ACL users)."""
+    return tuple(f"aggregator-{i}" for i in range(count))
+
+
+class AggregatorActor:
+    """Checks and pre-mixes the updates routed to it, window by window (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        aggregator_id: str,
+        clock: Clock,
+        endpoint: Endpoint,
+        clients: Mapping[str, ClientInfo],
+        size: int,
+        strategy: MixingStrategy,
+        policy: AggregationPolicy,
+        max_staleness: int | None = None,
+        invites: bool = False,
+    ) -> None:
+        self.aggregator_id = aggregator_id
+        self.clock = clock
+        self.endpoint = endpoint
+        self.clients = dict(clients)
+        self.size = size
+        self.policy = policy
+        self.book = ClientBook({c: info.limits for c, info in self.clients.items()}, size,
+                               max_staleness=max_staleness, invites=invites)
+        self.weights = client_weights(strategy, [(c, info.num_samples, info.weight)
+                                                 for c, info in sorted(self.clients.items())])
+        self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
+        self._paced = False  # the pacer starts with the first global model
+        self._inbox: list[ClientUpdate] = []
+        self._rejections = Rejections()
+        self.folded = 0
+        """Updates folded into partials so far."""
+        self.forwarded = 0
+        """Updates forwarded unmixed so far."""
+        self.partials = 0
+        """Partials sent so far."""
+
+    async def run(self) -> None:
+        """Serve until cancelled."""
+        while True:
+            message = await self.endpoint.receive()
+            if isinstance(message, ClientUpdate):
+                await self._arrived(message)
+            elif isinstance(message, GlobalModel):
+                self._learn(message)
+            elif isinstance(message, WindowClose):
+                await self.flush(message)
+            else:
+                _log.warning("aggregator ignored a message", kind=type(message).__name__)
+
+    def _learn(self, model: GlobalModel) -> None:
+        """What a global model tells: a published version, the server's version, an invitation."""
+        if not self._paced:  # as the server's pacer: from the first model, full after a restart
+            self.pacer.restart(self.clock.now(), full=model.version > 0)
+            self._paced = True
+        self.book.publish(model.version)
+        self.book.version = max(self.book.version, model.version)
+        if model.invited is not None:
+            self.book.remember_invitation(model.window, model.invited)
+
+    async def _arrived(self, update: ClientUpdate) -> None:
+        if not self.policy.on_arrival:
+            self.pacer.note(update, self.clock.now())  # paced by its arrival time
+            self._inbox.append(update)
+            return
+        now = self.clock.now()
+        for due in self.pacer.due(now):
+            await self._check_and_forward(due)
+        if self.pacer.offer(update, now) == "pass":
+            await self._check_and_forward(update)
+
+    async def _check_and_forward(self, update: ClientUpdate) -> None:
+        """On-arrival policies: forward ``update`` unless a public check refuses it."""
+        verdict = self.book.judge(update)
+        if verdict.kind in (Kind.ACCEPTED, *FORWARDED_KINDS):
+            self.book.record(update.client_id, update.round)  # judged here: later copies stop
+            await self._forward(update)
+        else:
+            self._refuse(update, verdict.kind, verdict.reason)
+
+    async def _forward(self, update: ClientUpdate) -> None:
+        self.forwarded += 1
+        await self.endpoint.publish(update)
+
+    def _refuse(self, update: ClientUpdate, kind: Kind, reason: str) -> None:
+        self._rejections.add(kind)
+        if kind.rejected:
+            _log.warning("update rejected", client=update.client_id, round=update.round,
+                         base_version=update.base_version, kind=kind, reason=reason,
+                         aggregator=self.aggregator_id)
+
+    async def flush(self, close: WindowClose) -> Partial:
+        """Judge the held updates against the server's ``close.version``, send the window's
+        partial (and forward what only the server can judge); the partial sent."""
+        now = self.clock.now()
+        self.book.version = max(self.book.version, close.version)
+        if self.policy.on_arrival:  # the deferred updates whose token has accrued
+            for due in self.pacer.due(now):
+                await self._check_and_forward(due)
+            paced = []
+        else:
+            paced = self.pacer.due(now) + self.pacer.judged_now(self._inbox, now)
+            self._inbox = []
+        if refused := self.pacer.take_refused():
+            self._rejections.add(Kind.RATE, refused)
+        sums: dict[int, np.ndarray] = {}
+        entries: list[ManifestEntry] = []
+        settled: list[tuple[str, int]] = []
+        keys: set[tuple[str, int]] = set()
+        scaled = np.empty(self.size, dtype=np.float64)
+        for update in paced:
+            verdict = self.book.judge(update, keys)
+            key = (update.client_id, update.round)
+            if verdict.kind is Kind.ACCEPTED:
+                weight = self.weights[update.client_id]
+                eta = self.clients[update.client_id].step_at(update.round)
+                total = sums.get(update.base_version)
+                if total is None:
+                    total = sums[update.base_version] = np.zeros(self.size, dtype=np.float64)
+                np.multiply(update.delta, weight * eta, out=scaled, dtype=np.float64)
+                total += scaled
+                entries.append(ManifestEntry(update.client_id, update.round,
+                                             update.base_version, update.window, weight))
+                keys.add(key)
+            elif verdict.kind in FORWARDED_KINDS:
+                self.book.record(*key)
+                await self._forward(update)
+            else:
+                if verdict.kind is Kind.STALE:
+                    settled.append(key)  # the book recorded it: judged for good
+                self._refuse(update, verdict.kind, verdict.reason)
+        for client_id, round_index in keys:
+            self.book.record(client_id, round_index)
+        bases = tuple(sorted(sums))
+        vectors = [sums[b].astype(np.float32) for b in bases]
+        partial = Partial(
+            aggregator_id=self.aggregator_id, window=close.window, bases=bases,
+            entries=tuple(sorted(entries, key=lambda e: e.base_version)),
+            sums=np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32),
+            settled=tuple(settled), rejections=self._rejections.as_dict(), sent_at=now)
+        self._rejections = Rejections()
+        self.folded += len(entries)
+        self.partials += 1
+        await self.endpoint.publish(partial)
+        return partial

@@ -1,0 +1,82 @@
+"""The aggregation nodes' messages on the wire: window closes and partials round-trip, and a
+partial whose manifest does not match its sums, or is too large, is refused."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from fedsim.errors import CodecError
+from fedsim.protocol import codec
+from fedsim.protocol.messages import PROTOCOL_VERSION, ManifestEntry, Partial, WindowClose
+
+
+def _partial(**changes: object) -> Partial:
+    fields: dict[str, object] = dict(
+        aggregator_id="aggregator-0", window=3, bases=(1, 2),
+        entries=(ManifestEntry("a", 4, 1, 0, 120.0), ManifestEntry("b", 2, 2, 0, 80.0)),
+        sums=np.arange(6, dtype=np.float32), settled=(("c", 1),),
+        rejections={"norm": 2, "duplicate": 1}, sent_at=3.5)
+    fields.update(changes)
+    return Partial(**fields)  # type: ignore[arg-type]
+
+
+def test_a_partial_and_a_close_round_trip() -> None:
+    partial = _partial()
+    back = codec.decode(codec.encode(partial, incarnation="ab"), expected_params=3)
+    assert isinstance(back, Partial)
+    assert (back.aggregator_id, back.window, back.bases, back.entries, back.settled,
+            back.rejections) == (partial.aggregator_id, 3, (1, 2), partial.entries, (("c", 1),),
+                                 {"norm": 2, "duplicate": 1})
+    np.testing.assert_array_equal(back.group(1, 3), [3, 4, 5])
+    empty = _partial(bases=(), entries=(), sums=np.zeros(0, np.float32))
+    assert codec.decode(codec.encode(empty), expected_params=3).entries == ()  # type: ignore[union-attr]
+    close = codec.decode(codec.encode(WindowClose(7, 6, 1.0)))
+    assert close == WindowClose(7, 6, 1.0)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"bases": (2, 1)}, "ascending"),
+    ({"bases": (1, 3)}, "do not match"),
+    ({"entries": (ManifestEntry("a", 4, 1, 0, 1.0), ManifestEntry("a", 4, 2, 0, 1.0))}, "twice"),
+    ({"sums": np.arange(5, dtype=np.float32)}, "sums"),
+    ({"sums": np.array([0, 1, 2, 3, 4, np.inf], np.float32)}, "non-finite"),
+    ({"entries": (ManifestEntry("a/b", 4, 1, 0, 1.0), ManifestEntry("b", 2, 2, 0, 1.0))},
+     "entries"),
+    ({"entries": (ManifestEntry("a", 4, 1, 0, -1.0), ManifestEntry("b", 2, 2, 0, 1.0))},
+     "entries"),
+    ({"rejections": {"Not A Kind": 1}}, "rejections"),
+])
+def test_an_inconsistent_partial_is_refused_by_the_encoder(changes: dict, message: str) -> None:
+    with pytest.raises(CodecError, match=message):
+        codec.encode(_partial(**changes))
+
+
+def test_the_decoder_refuses_a_partial_of_another_model_and_a_forged_one() -> None:
+    data = codec.encode(_partial())
+    with pytest.raises(CodecError, match="not 2 sums of 4 parameters"):
+        codec.decode(data, expected_params=4)
+    # A forged header (no encoder checks): its entries name a base version without a sum.
+    header = json.loads(data[10:10 + struct.unpack_from("<I", data, 6)[0]])
+    header["entries"][1][2] = 9
+    forged = json.dumps(header, separators=(",", ":")).encode()
+    frame = struct.pack("<4sHI", b"FSIM", PROTOCOL_VERSION, len(forged)) + forged \
+        + np.arange(6, dtype=np.float32).tobytes()
+    with pytest.raises(CodecError, match="do not match"):
+        codec.decode(frame, expected_params=3)
+
+
+def test_only_a_partial_header_may_exceed_the_ordinary_header_limit() -> None:
+    many = tuple(ManifestEntry(f"c{i}", 0, 0, 0, 1.0) for i in range(4000))
+    big = codec.encode(_partial(bases=(0,), entries=many, sums=np.zeros(3, np.float32)))
+    header_bytes = struct.unpack_from("<I", big, 6)[0]
+    assert header_bytes > codec.MAX_HEADER_BYTES
+    assert len(codec.decode(big, expected_params=3).entries) == 4000  # type: ignore[union-attr]
+    # The same length claimed by a status header is refused before it is parsed.
+    status = b'{"kind":"status"' + b" " * (header_bytes - 16)
+    frame = struct.pack("<4sHI", b"FSIM", PROTOCOL_VERSION, len(status)) + status
+    with pytest.raises(CodecError, match="exceeds"):
+        codec.decode(frame)

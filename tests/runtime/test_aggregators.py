@@ -1,0 +1,194 @@
+"""Aggregation nodes (issue 26): the simulated topology against the flat one, lossy and late
+aggregators, and the server's checks of partials and manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+from fedsim.aggregation import ConstantStepSize, UniformWeights
+from fedsim.aggregation.mixing import DataSizeWeights
+from fedsim.aggregation.policies import TimeWindows
+from fedsim.clock import WallClock
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
+from fedsim.runtime.actors.aggregator import AggregatorActor
+from fedsim.runtime.actors.client_book import Kind
+from fedsim.runtime.actors.integrity import ClientLimits, update_norm_bound
+from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from tests.doubles import RecordingEndpoint
+from tests.runtime.test_simulation import run, scenario
+
+
+def _with_aggregators(data: dict, **aggregators: object) -> dict:
+    changed = copy.deepcopy(data)
+    changed["aggregators"] = aggregators
+    return changed
+
+
+def _applied_by_window(result) -> list[list[tuple[str, int, int]]]:
+    by_version: dict[int, list[tuple[str, int, int]]] = collections.defaultdict(list)
+    for client, round_, base, version in result.applied_log:
+        by_version[version].append((client, round_, base))
+    return [sorted(by_version[v]) for v in sorted(by_version)]
+
+
+@pytest.mark.parametrize("changes", [{}, {"server.participation": 0.5},
+                                     {"server.normalize": "window", "server.mixing": "data_size"}],
+                         ids=["shipped-defaults", "invitations", "window-normalised"])
+def test_zero_latency_aggregators_give_the_flat_model(tmp_path: Path, changes: dict) -> None:
+    data = scenario(**changes)
+    flat = run(data, tmp_path / "flat")
+    two = run(_with_aggregators(data, count=2), tmp_path / "two")
+    # The same updates applied to the same versions, the same counts in every window ...
+    assert _applied_by_window(two) == _applied_by_window(flat)
+    assert len(flat.applied_log) > 10
+    keys = ("window", "version", "received", "applied", "stale", "duplicate", "rejected",
+            "dropped_in_flight")
+    assert [[m[k] for k in keys] for m in two.metrics] == [[m[k] for k in keys] for m in flat.metrics]
+    # ... through both aggregators (one partial per window each) ...
+    links = two.summary["network"]["aggregators"]
+    windows = len(flat.metrics)
+    assert links["uplink"]["delivered"] >= 2 * windows - 2
+    # ... and the same model up to float32 rounding of the pre-mixed sums.
+    scale = float(np.max(np.abs(flat.final_params)))
+    np.testing.assert_allclose(two.final_params, flat.final_params, rtol=0, atol=1e-5 * scale)
+
+
+def test_lossy_and_late_aggregators_lose_updates_and_never_apply_one_twice(tmp_path: Path) -> None:
+    data = scenario()
+    flat = run(data, tmp_path / "flat")
+    # A close and its partial take up to 0.6 s against a wait of 0.3 s: about half the
+    # partials miss their window, and a tenth of the messages are lost.
+    lossy = run(_with_aggregators(data, count=3, drop=0.1,
+                                  latency={"kind": "uniform", "low": 0.0, "high": 0.3}, wait=0.3),
+                tmp_path / "lossy")
+    keys = [(c, r) for c, r, _, _ in lossy.applied_log]
+    assert len(keys) == len(set(keys)), "an update was applied twice"
+    applied = lossy.summary["updates"]["applied"]
+    assert 0 < applied < flat.summary["updates"]["applied"]
+    lost = sum(m["dropped_in_flight"] for m in lossy.metrics)
+    assert lost > sum(m["dropped_in_flight"] for m in flat.metrics)
+    assert lossy.summary["network"]["aggregators"]["uplink"]["dropped"] > 0
+
+
+def test_on_arrival_policies_get_single_updates_through_aggregators(tmp_path: Path) -> None:
+    data = scenario(**{"server.aggregation": {"kind": "fedasync", "alpha": 0.5}})
+    flat = run(data, tmp_path / "flat")
+    two = run(_with_aggregators(data, count=2), tmp_path / "two")
+    assert sorted(two.applied_log) == sorted(flat.applied_log)
+    np.testing.assert_array_equal(two.final_params, flat.final_params)
+
+
+# -- the server's checks of partials --------------------------------------------------------
+
+DIM = 4
+
+
+def _limits() -> ClientLimits:
+    return ClientLimits(sampling="poisson", batch_size=8.0, num_samples=100, dim=DIM,
+                        clip=lambda r: 1.0, sigma=lambda r: 1.0)
+
+
+def _server(endpoint: RecordingEndpoint) -> ServerActor:
+    clients = {c: ClientInfo(100 * (i + 1), 0.5, limits=_limits()) for i, c in enumerate("abc")}
+    return ServerActor(clock=endpoint.clock, endpoint=endpoint, initial_params=np.zeros(DIM),
+                       clients=clients, window=1.0, strategy=DataSizeWeights(),
+                       step_size=ConstantStepSize(1.0), aggregators=("g0", "g1"),
+                       aggregator_wait=0.05)
+
+
+def _partial(aggregator: str, entries: list[tuple[str, int, float]], total: np.ndarray,
+             window: int = 1) -> Partial:
+    return Partial(aggregator, window, (0,) if entries else (),
+                   tuple(ManifestEntry(c, r, 0, 0, w) for c, r, w in entries),
+                   total.astype(np.float32) if entries else np.zeros(0, np.float32))
+
+
+def test_the_server_mixes_partials_like_the_updates_they_hold() -> None:
+    server = _server(RecordingEndpoint(WallClock()))
+    u = {c: np.full(DIM, 0.01 * (i + 1), np.float32) for i, c in enumerate("abc")}
+    server._take_partial(_partial("g0", [("a", 0, 100.0), ("b", 0, 200.0)],
+                                  0.5 * (100 * u["a"].astype(np.float64) + 200 * u["b"])))
+    server._inbox = [ClientUpdate("c", 0, 0, u["c"], 8.0)]  # a forwarded update, judged here
+    report = server.close_window()
+    assert report.applied == 3 and report.rejected == 0
+    expected = -0.5 * (100 * u["a"].astype(np.float64) + 200 * u["b"] + 300 * u["c"]) / 600
+    np.testing.assert_allclose(server.params, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("forgery", ["weight", "norm", "twice", "unknown", "future"])
+def test_a_forged_partial_is_refused_whole(forgery: str) -> None:
+    server = _server(RecordingEndpoint(WallClock()))
+    bound = update_norm_bound(sampling="poisson", clip=1.0, sigma=1.0, batch_size=8.0,
+                              num_samples=100, dim=DIM)
+    small = np.full(DIM, 0.01, np.float64)
+    honest = [("a", 0, 100.0), ("b", 0, 200.0)]
+    total = 0.5 * 300 * small
+    if forgery == "twice":  # the same (client, round) from the other aggregator too
+        server._take_partial(_partial("g0", [("a", 0, 100.0)], 50 * small))
+    entries = {"weight": [("a", 0, 1e6), ("b", 0, 200.0)],
+               "unknown": [("z", 0, 100.0), ("b", 0, 200.0)]}.get(forgery, honest)
+    if forgery == "norm":  # just beyond what two honest updates can sum to
+        total = np.full(DIM, 1.0001 * 0.5 * 300 * bound / np.sqrt(DIM))
+    partial = _partial("g1", entries, total)
+    if forgery == "future":
+        partial = Partial("g1", 1, (5,), tuple(ManifestEntry(c, r, 5, 0, w) for c, r, w in honest),
+                          total.astype(np.float32))
+    with capture_logs() as logs:
+        server._take_partial(partial)
+        report = server.close_window()
+    assert report.rejections.get(Kind.BAD_PARTIAL) == 2
+    assert report.applied == (1 if forgery == "twice" else 0)
+    assert any(entry["event"] == "partial refused" for entry in logs)
+
+
+def test_a_late_partial_counts_as_lost_and_a_silent_aggregator_is_not_waited_for() -> None:
+    async def scenario_() -> tuple[list[int], list[float]]:
+        endpoint = RecordingEndpoint(WallClock())
+        server = _server(endpoint)
+        lost, waits = [], []
+        for window in (1, 2):
+            started = endpoint.clock.now()
+            await server._gather_partials()  # nobody answers: g0 and g1 are silent
+            waits.append(endpoint.clock.now() - started)
+            report = server.close_window()
+            lost.append(report.lost_in_partials)
+            if window == 1:  # g0 answers window 1 after it closed: lost, and live again
+                server._take_partial(_partial("g0", [("a", 0, 100.0)], 50 * np.ones(DIM) * 0.01,
+                                              window=1))
+        assert [type(m) for _, m in endpoint.published] == [WindowClose, WindowClose]
+        return lost, waits
+
+    lost, waits = asyncio.run(scenario_())
+    assert lost == [0, 1]
+    assert waits[0] >= 0.05  # waited its bound for both; then only for g0 (live again)
+
+
+def test_an_aggregator_folds_what_passes_and_forwards_what_only_the_server_can_judge() -> None:
+    async def scenario_() -> Partial:
+        endpoint = RecordingEndpoint(WallClock())
+        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "ab"}
+        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                                clients=clients, size=DIM, strategy=UniformWeights(),
+                                policy=TimeWindows(), max_staleness=2)
+        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        ok = np.full(DIM, 0.01, np.float32)
+        for update in (ClientUpdate("a", 0, 0, ok, 8.0), ClientUpdate("a", 0, 0, ok, 8.0),
+                       ClientUpdate("b", 0, 0, np.full(DIM, 1e3, np.float32), 8.0),
+                       ClientUpdate("b", 1, 7, ok, 8.0), ClientUpdate("z", 0, 0, ok, 8.0)):
+            await actor._arrived(update)
+        partial = await actor.flush(WindowClose(1, 0))
+        forwarded = [m for _, m in endpoint.published if isinstance(m, ClientUpdate)]
+        assert [(m.client_id, m.round) for m in forwarded] == [("b", 1)]  # future version
+        return partial
+
+    partial = asyncio.run(scenario_())
+    assert [(e.client_id, e.round, e.weight) for e in partial.entries] == [("a", 0, 1.0)]
+    np.testing.assert_allclose(partial.sums, 0.5 * 0.01, rtol=1e-6)
+    assert partial.rejections == {"duplicate": 1, "norm": 1, "unknown_client": 1}
