@@ -55,7 +55,8 @@ def _scenario_file(tmp_path: Path, randomness: str) -> Path:
         "model": {"name": "logreg"},
         "clients": {"groups": [
             {"name": "c", "count": 1, "data_share": 1.0, "batch_size": 8, "sampling": "poisson",
-             "clip": 1.0, "noise": 1.0, "local_lr": 0.1, "rounds": ROUNDS}]},
+             "clip": 1.0, "noise": 1.0, "local_lr": 0.1, "rounds": ROUNDS,
+             "speed": 0.0005}]},  # a public slot: deployed postures need one (SECURITY.md)
         "server": {"window": 1.0},
         "privacy": {"deployed_randomness": randomness},
     }
