@@ -383,7 +383,11 @@ class Launcher:
             return None
 
     def stop_all(self, grace: float = 15.0) -> None:
-        """SIGTERM every running process (clients flush their outboxes), SIGKILL stragglers."""
+        """SIGTERM every running process (clients flush their outboxes), SIGKILL stragglers;
+        a process that already ended by itself has its exit status recorded too."""
+        for process in self.processes.values():
+            if process.child is not None and not process.running:
+                self._ended(process, process.child.wait())
         running = [p for p in self.processes.values() if p.running]
         for process in running:
             assert process.child is not None
