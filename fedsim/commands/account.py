@@ -25,6 +25,10 @@ MAX_STEPS = 10**12
 MAX_EPSILON = 700.0  # e^eps must be a double
 MAX_GROUP_SIZE = 10_000
 MAX_LEDGER_BYTES = 256 * 2**20
+# A pld answer is compared with rdp's for histories of at most this many distinct kinds of
+# step (rdp costs one quadrature per kind, ~30 ms); longer mixes ask rdp only where pld has
+# no finite answer.
+COMPARE_KINDS = 64
 
 
 def _count(text: str) -> int:
@@ -269,6 +273,15 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912,
         else:
             result["steps"] = calibration.max_steps(
                 name, args.sampling, args.q, args.sigma, args.target_epsilon, args.delta)
+            if name == "pld":  # the most steps any guarantee allows (see _smallest_bound)
+                from fedsim.privacy import rdp
+
+                result["steps_pld"] = result["steps"]
+                result["steps_rdp"] = min(rdp.max_steps(
+                    GaussianStep(args.sampling, args.q, args.sigma), args.target_epsilon,
+                    args.delta), calibration.MAX_STEPS_LIMIT)
+                result["bound"] = "rdp" if result["steps_rdp"] > result["steps_pld"] else "pld"
+                result["steps"] = max(result["steps_pld"], result["steps_rdp"])
         steps = [GaussianStep(args.sampling, args.q, args.sigma, max(result["steps"], 1))]
     elif args.target_epsilon is not None:
         result.update(q=args.q, steps=args.steps, epsilon=args.target_epsilon)
@@ -289,8 +302,11 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912,
     group = args.group_size
     need_curve = name != "gdp-clt" and (group > 1 or args.plot or not args.max_steps)
     alphas = fdp.default_alphas(20001 if group > 1 else 2001)
-    if group > 1:  # (1 - f)^{o g} at alpha = 0 needs the curve far below 1e-9 (else eps = inf)
-        alphas = np.unique(np.concatenate([alphas, np.logspace(-15.0, -9.0, 3000)]))
+    if group > 1:
+        # (1 - f)^{o g} is tangent to eps's line at alpha ~ e^-eps delta: far below 1e-9 for a
+        # group eps of 20 or more, so the grid reaches the smallest doubles' scale (a floor at
+        # 1e-15 made every group eps above about 20 infinite)
+        alphas = np.unique(np.concatenate([alphas, np.logspace(-300.0, -9.0, 6000)]))
     betas = accountant.tradeoff(alphas) if need_curve or name == "gdp-clt" else None
     if name == "gdp-clt":
         from fedsim.privacy.gdp import GDPCLTAccountant
@@ -305,7 +321,9 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912,
     elif betas is not None:
         group_betas = fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas
         try:
-            result["mu"] = fdp.fit_gdp_mu(alphas, group_betas)
+            # fitted where 1 - beta is resolved in doubles (not on the far group grid)
+            fit = alphas >= 1e-15
+            result["mu"] = fdp.fit_gdp_mu(alphas[fit], group_betas[fit])
             result["mu_kind"] = "fit (smallest mu with G_mu below the curve)"
         except ConfigError:  # the curve is 0 on the whole grid: eps is still answered
             result["mu_kind"] = "none: the trade-off curve is 0 on the alpha grid (no GDP fit)"
@@ -325,7 +343,9 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0912,
 
 def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, betas: Any,
                     result: dict[str, Any]) -> float:
+    """eps at delta; for ``pld`` the smallest of the guarantees' (named in ``bound``)."""
     from fedsim.privacy import fdp, gdp
+    from fedsim.privacy.accountant import smallest_epsilon
 
     if accountant.name == "gdp-clt":
         return gdp.gdp_epsilon(delta, result["mu"])
@@ -334,12 +354,17 @@ def _answer_epsilon(accountant: Any, delta: float, group: int, alphas: Any, beta
     if accountant.name == "rdp":
         result["epsilon_classic"] = accountant.epsilon_classic(delta)
         result["epsilon_optimal"] = accountant.epsilon_optimal(delta)
-    return float(accountant.epsilon(delta))
+        return float(accountant.epsilon(delta))
+    epsilon, result["bound"] = smallest_epsilon(
+        accountant, delta, only_if_infinite=accountant.kinds > COMPARE_KINDS)
+    return float(epsilon)
 
 
 def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, betas: Any,
                   result: dict[str, Any]) -> float:
+    """delta at eps; for ``pld`` the smallest of the guarantees' (named in ``bound``)."""
     from fedsim.privacy import fdp, gdp
+    from fedsim.privacy.accountant import GUARANTEES, make_accountant
 
     if accountant.name == "gdp-clt":
         return gdp.gdp_delta(epsilon, result["mu"])
@@ -348,7 +373,14 @@ def _answer_delta(accountant: Any, epsilon: float, group: int, alphas: Any, beta
     if accountant.name == "rdp":
         result["delta_classic"] = accountant.delta_classic(epsilon)
         result["delta_optimal"] = accountant.delta(epsilon)
-    return float(accountant.delta(epsilon))
+        return float(accountant.delta(epsilon))
+    # the smallest guarantee's delta, like smallest_epsilon's eps
+    deltas = {accountant.name: float(accountant.delta(epsilon))}
+    if accountant.kinds <= COMPARE_KINDS or deltas[accountant.name] >= 1.0:
+        deltas.update({name: float(make_accountant(name, accountant.steps).delta(epsilon))
+                       for name in GUARANTEES if name != accountant.name})
+    result["bound"] = min(deltas, key=lambda name: deltas[name])
+    return deltas[result["bound"]]
 
 
 def _plot(path: Path, alphas: Any, betas: Any, result: dict[str, Any]) -> None:
@@ -403,8 +435,9 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
     print(f"accountant: {result['accountant']} ({kind})")
     print(f"sampling:   {result['sampling']} ({result['neighbouring_relation']} neighbours)")
     for key in ("q", "sigma", "steps", "distinct_steps", "steps_classic", "steps_optimal",
-                "group_size", "epsilon", "epsilon_classic", "epsilon_optimal", "delta",
-                "delta_classic", "delta_optimal", "mu", "mu_kind", "clt_gamma", "plot"):
+                "steps_pld", "steps_rdp", "bound", "group_size", "epsilon", "epsilon_classic",
+                "epsilon_optimal", "delta", "delta_classic", "delta_optimal", "mu", "mu_kind",
+                "clt_gamma", "plot"):
         if result.get(key) is not None:
             value = result[key]
             text = f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any, ClassVar, Self
@@ -179,3 +180,33 @@ def make_accountant(name: str = DEFAULT_ACCOUNTANT, steps: Iterable[GaussianStep
                     **settings: Any) -> Accountant:
     """An accountant by registry name (``"pld"``, ``"rdp"``, ``"gdp-clt"``)."""
     return make_accountant_class(name)(steps, **settings)
+
+
+GUARANTEES = ("pld", "rdp")
+"""The registered accountants whose answers are upper bounds (``is_guarantee``)."""
+
+
+def smallest_epsilon(accountant: Accountant, delta: float, *,
+                     only_if_infinite: bool = False) -> tuple[float, str]:
+    """(eps, name): the smallest eps(delta) among ``accountant`` and the other
+    :data:`GUARANTEES` for the same history, and the accountant that gave it.
+
+    Every guarantee's eps is an upper bound on the history's true eps, so the smallest is one
+    too; they fail in different places (the PLD grid cannot resolve some long histories of tiny
+    per-step loss and answers ``inf`` where RDP is finite). With ``only_if_infinite`` the others
+    are asked only when ``accountant``'s own answer is infinite (a ledger, which asks often and
+    whose RDP would cost one quadrature per new kind of step). ``accountant`` must be a
+    guarantee; it is never changed.
+    """
+    if not accountant.is_guarantee:
+        raise ConfigError(f"{accountant.name} is not a guarantee; its eps bounds nothing")
+    best, source = accountant.epsilon(delta), accountant.name
+    if only_if_infinite and math.isfinite(best):
+        return best, source
+    steps = accountant.steps
+    for name in GUARANTEES:
+        if name != accountant.name and steps:
+            other = make_accountant(name, steps).epsilon(delta)
+            if other < best:
+                best, source = other, name
+    return best, source

@@ -21,44 +21,61 @@ Time. Records' times never go back: :meth:`PrivacyLedger.spend` refuses a time b
 last record's, and :attr:`PrivacyLedger.last_time` is where a restarted client's clock starts.
 
 Enforcement uses a guarantee: the ledger's accountant if it is one (``pld``, ``rdp``),
-otherwise ``pld`` (``gdp-clt`` is an approximation and never enforces a budget).
+otherwise ``pld`` (``gdp-clt`` is an approximation and never enforces a budget). Where that
+accountant has no finite answer (the PLD grid cannot resolve some long histories of tiny
+per-step loss), the other guarantee's is used: the reported eps and every budget test are the
+smallest valid bound (:func:`within`, :func:`fedsim.privacy.accountant.smallest_epsilon`).
 
-Speed. The runtime asks :meth:`can_spend` every round for hundreds of clients. For a kind of
-step (sampling, q, sigma) the ledger computes once, by doubling and bisection, how many more
-such steps fit in the budget (the *headroom*); eps grows with the count of a kind for every
-accountant, so later checks of the same kind are answered exactly by counting. The headroom is
-recomputed only when a different kind is spent or checked. The first answer is a lower bound,
-the last success of the doubling (about half the evaluations of the exact count, and a fresh
-client far from its budget needs no more); the bisection to the exact count runs only when a
-check asks for more steps than the bound.
+Speed. The runtime asks :meth:`can_spend` every round for hundreds of clients. The ledger keeps
+an *allowance*: a step kind E (sampling, q, sigma) and how many more E-steps surely fit in the
+budget from the current state, found once by doubling (from the previous allowance's count)
+and, only when a check asks for more than that lower bound, bisection to the exact count. A
+round whose steps all have q <= E's and sigma >= E's is dominated by as many E-steps (see
+:func:`envelope`), so it fits if its count is within the allowance, and spending it uses that
+much of the allowance: a round of an unchanged posture is answered in O(1) by counting, with
+no accountant evaluation. Only a posture the allowance does not cover (a schedule step, a new
+sigma) computes a new one. A posture that moves past the last one gets an envelope widened
+by 1/16 in the direction it moved, so a schedule that changes sigma every round (growing mu_t)
+computes a new allowance only every few percent of drift, not every round: 10^4 such rounds
+cost O(100) evaluations instead of 10^4 (each of which costs more as the history grows).
 
-Changing schedules (growing mu_t: every round is a new kind) defeat that cache, so a client
-that knows its future rounds registers them with :meth:`plan`. The ledger then finds, once,
+The answers are the accountant's own, for an unchanged posture exactly: "fits" means that
+eps of the history with each round replaced by E-steps is within the budget (a valid upper
+bound: a dominated step is a garbling of its envelope), and "does not fit" is only ever
+answered by the exact count of the round's own kind, or by a dry run of the round. When a
+widened envelope runs out, the allowance is recomputed for the round's own kind, so the
+boundary step is decided by the accountant exactly as a fresh one would. Like the plan below,
+this relies on eps growing with every composed step (and shrinking with q and 1/sigma).
+
+Changing schedules can also be registered ahead with :meth:`plan`. The ledger then finds, once,
 how many of the planned rounds fit: the whole plan first (one evaluation), otherwise a
 galloping search that extends one dry-run accountant along the plan (k = 1, 2, 4, ... rounds)
 and bisects the last bracket from a copy, so each planned step is composed O(1) times and the
 accountant is evaluated O(log T) times. The PLD accountant composes incrementally (see
 :mod:`fedsim.privacy.pld_state`) and its eps is a function of the multiset of steps, bit for
-bit, however they were fed; a kind checked for the first time is answered by one dry run,
-the headroom is computed when it comes again. While the client spends exactly the planned rounds in order,
+bit, however they were fed. While the client spends exactly the planned rounds in order,
 :meth:`can_spend` for the next planned round is answered by counting; the answer is the one
 the full check gives, because the accountant's state is a function of the multiset of steps
 (:func:`group_steps` sorts) and "recorded + next round" is then exactly "recorded at plan time
-+ the first k planned rounds". Anything off the plan drops it and falls back to the full check.
-Like the headroom cache this relies on eps growing with every composed step.
++ the first k planned rounds". Anything off the plan drops it and falls back to the allowance.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
-from fedsim.privacy.accountant import Accountant, make_accountant, make_accountant_class
+from fedsim.privacy.accountant import (
+    Accountant,
+    make_accountant,
+    make_accountant_class,
+    smallest_epsilon,
+)
 from fedsim.privacy.calibration import bisect_fitting, doubling_bracket
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, group_steps
 from fedsim.privacy.ledger_file import (
@@ -88,7 +105,6 @@ ENFORCEMENT_FALLBACK = "pld"
 NORMALISATION_ROUND = -1
 """The ``round`` of a release before the first training round (DP data normalisation): its
 own privacy event, composed with the rounds' steps, but not a round (:attr:`PrivacyLedger.rounds`)."""
-_MAX_HEADROOM = 10**9
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,10 +149,8 @@ class PrivacyLedger:
         self._records = list(records)
         self._last_hash = last_hash
         self._accountant = make_accountant(enforcing, [r.step for r in records])
-        self._headroom: dict[tuple[Sampling, float, float], int] = {}
-        # Kinds whose headroom is only a lower bound map to the first count known not to fit.
-        self._headroom_above: dict[tuple[Sampling, float, float], int] = {}
-        self._checked_once: set[tuple[Sampling, float, float]] = set()
+        self._allowance: Allowance | None = None
+        self._previous_envelope: GaussianStep | None = None
         self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
         self._plan: list[tuple[GaussianStep, ...]] | None = None
         self._plan_cursor = 0  # planned rounds spent since plan()
@@ -291,8 +305,14 @@ class PrivacyLedger:
         return self._accountant.steps
 
     def epsilon(self, delta: float | None = None) -> float:
-        """eps spent so far at ``delta`` (default: the budget's delta)."""
-        return self._accountant.epsilon(self._delta(delta))
+        """eps spent so far at ``delta`` (default: the budget's delta): the enforcing
+        accountant's, or the smallest other guarantee's where it has no finite answer
+        (:func:`fedsim.privacy.accountant.smallest_epsilon`)."""
+        return self.epsilon_bound(delta)[0]
+
+    def epsilon_bound(self, delta: float | None = None) -> tuple[float, str]:
+        """(eps, the accountant that gave it); see :meth:`epsilon`."""
+        return smallest_epsilon(self._accountant, self._delta(delta), only_if_infinite=True)
 
     @property
     def remaining_epsilon(self) -> float | None:
@@ -355,18 +375,61 @@ class PrivacyLedger:
     def _check(self, kinds: tuple[GaussianStep, ...], steps: tuple[GaussianStep, ...]) -> bool:
         budget = self._budget
         assert budget is not None
-        if len(kinds) == 1 and kinds[0].key not in self._headroom \
-                and kinds[0].key not in self._checked_once:
-            # A kind seen for the first time (a changing schedule without a plan): one dry
-            # run; its headroom is worth computing only if it comes again.
-            self._checked_once.add(kinds[0].key)
-        elif len(kinds) == 1:
-            kind = kinds[0]
-            return kind.count <= self._headroom_for(kind) or (
-                kind.key in self._headroom_above
-                and kind.count <= self._headroom_for(kind, exact=True)
-            )
-        return self._accountant.preview(steps).epsilon(budget.delta) <= budget.epsilon
+        count = sum(kind.count for kind in kinds)
+        held = self._allowance
+        if held is None or not held.covers(kinds):
+            previous = held.kind if held is not None else self._previous_envelope
+            held = self._new_allowance(envelope(kinds, previous), held, count, budget)
+        elif held.capped and count > held.fits:  # far from the budget: look further
+            held = self._new_allowance(held.kind, held, count, budget)
+        answer = self._answer(held, kinds, count, budget)
+        if answer is None:  # a widened envelope ran out, or a round of several kinds
+            exact = envelope(kinds, None)
+            if exact.key != held.kind.key:
+                held = self._new_allowance(exact, held, count, budget)
+                answer = self._answer(held, kinds, count, budget)
+        return within(self._accountant.preview(steps), budget) if answer is None else answer
+
+    def _answer(self, held: Allowance, kinds: tuple[GaussianStep, ...], count: int,
+                budget: Budget) -> bool | None:
+        """True if ``held`` shows that ``count`` steps of ``kinds`` fit, False if it shows they
+        do not (``kinds`` are ``held``'s own kind), None if it cannot tell."""
+        if count <= held.fits:
+            return True
+        if held.above is not None and count < held.above and self._refine(held, budget) >= count:
+            return True
+        if not held.capped and len(kinds) == 1 and kinds[0].key == held.kind.key:
+            return False  # more than the largest count of this kind that fits
+        return None
+
+    def _new_allowance(self, unit: GaussianStep, previous: Allowance | None, count: int,
+                       budget: Budget) -> Allowance:
+        """The allowance of ``unit`` from the current state, kept as the ledger's: a lower
+        bound on how many of its steps fit, found by doubling from the previous allowance's
+        grant (a posture change rarely moves it far). The search looks no further than twice
+        the steps recorded (and twice ``count``): a client far from its budget is granted
+        that many, and once it has spent them, twice as many again (O(log T) evaluations over
+        a history of T steps, each of a history no longer than about 3T steps)."""
+        limit = max(64, 2 * (self._accountant.total_steps + 64), 2 * count)
+        start = min(limit, 64 if previous is None else max(1, previous.granted))
+        low, high = doubling_bracket(self._fits_of(unit, budget), start=start, limit=limit)
+        capped = high == limit + 1
+        held = Allowance(unit, low, None if capped or high - low <= 1 else high, capped, low)
+        self._allowance = held
+        return held
+
+    def _refine(self, allowance: Allowance, budget: Budget) -> int:
+        """Bisect ``allowance``'s bracket to the exact count; return it."""
+        assert allowance.above is not None
+        allowance.fits = bisect_fitting(self._fits_of(allowance.kind, budget), allowance.fits,
+                                        allowance.above)
+        allowance.above = None
+        return allowance.fits
+
+    def _fits_of(self, unit: GaussianStep, budget: Budget) -> Callable[[int], bool]:
+        def fits(count: int) -> bool:
+            return within(self._accountant.preview([unit.times(count)]), budget)
+        return fits
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
               round: int) -> None:  # noqa: A002 - the ledger's field is called round
@@ -410,12 +473,9 @@ class PrivacyLedger:
             self._plan = None  # off the plan: its counts no longer describe the state
         else:
             self._plan_cursor += 1
-        kept = {}
-        if len(kinds) == 1 and kinds[0].key in self._headroom:
-            kept[kinds[0].key] = self._headroom[kinds[0].key] - kinds[0].count
-        self._headroom = kept
-        self._headroom_above = {key: above - kinds[0].count
-                                for key, above in self._headroom_above.items() if key in kept}
+        allowance = self._allowance
+        if allowance is not None and not allowance.spend(kinds):
+            self._allowance, self._previous_envelope = None, allowance.kind
 
     # -- internals -----------------------------------------------------------------------------------
     def _delta(self, delta: float | None) -> float:
@@ -436,29 +496,68 @@ class PrivacyLedger:
                     f"got a {step.sampling} step")
         return steps
 
-    def _headroom_for(self, kind: GaussianStep, *, exact: bool = False) -> int:
-        """How many more steps of this kind surely fit in the budget: the exact count when
-        ``exact``, else possibly a lower bound (cached until the state moves)."""
-        key = kind.key
-        if key in self._headroom and not (exact and key in self._headroom_above):
-            return self._headroom[key]
-        budget = self._budget
-        assert budget is not None
-        unit = kind.times(1)
 
-        def fits(count: int) -> bool:
-            trial = self._accountant.preview([unit.times(count)])
-            return trial.epsilon(budget.delta) <= budget.epsilon
+_ENVELOPE_MARGIN = 1.0 / 16.0
 
-        if key in self._headroom:  # a lower bound and a failing count: bisect between them
-            low, high = self._headroom[key], self._headroom_above.pop(key)
-        else:
-            low, high = doubling_bracket(fits, start=64, limit=_MAX_HEADROOM)
-            if low > 0 and high - low > 1 and not exact:
-                self._headroom[key], self._headroom_above[key] = low, high
-                return low
-        self._headroom[key] = bisect_fitting(fits, low, high)
-        return self._headroom[key]
+
+def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> GaussianStep:
+    """One step (count 1) that every step of ``kinds`` is dominated by: the largest q and the
+    smallest sigma among them, widened by :data:`_ENVELOPE_MARGIN` in each direction in which
+    they moved past ``previous`` (the last envelope): a drifting schedule (a new sigma every
+    round) is then covered for many rounds by one allowance, and an unchanged posture is
+    covered exactly.
+
+    Domination: a Gaussian step with a smaller rate q and a larger noise multiplier sigma is a
+    garbling of the larger one's pair for both relations (Poisson: by joint convexity of the
+    hockey-stick divergence, ``(1-t) Q + t P`` against Q with t = q'/q; fixed-size:
+    ``C_q(G_mu)`` decreases in q and mu, Dong, Roth & Su 2022 Sec. 4), so replacing each step
+    of a history by its envelope can only raise every accountant's bound.
+    """
+    sampling = kinds[0].sampling
+    q = max(kind.q for kind in kinds)
+    sigma = min(kind.sigma for kind in kinds)
+    if previous is not None:
+        if q > previous.q:
+            q = min(1.0, q * (1.0 + _ENVELOPE_MARGIN))
+        if sigma < previous.sigma:
+            sigma = sigma / (1.0 + _ENVELOPE_MARGIN)
+    return GaussianStep(sampling, q, sigma)
+
+
+@dataclass(slots=True)
+class Allowance:
+    """How many more steps of ``kind`` surely fit in the budget from the current state:
+    ``fits``, the exact count unless ``above`` (then a lower bound, and ``above`` the first
+    count known not to fit) or ``capped`` (the search stopped at ``fits``; more may fit).
+    Spending rounds that ``kind`` dominates uses it up, count by count. ``granted`` is
+    ``fits`` when it was computed (where the next search starts)."""
+
+    kind: GaussianStep
+    fits: int
+    above: int | None
+    capped: bool
+    granted: int
+
+    def covers(self, kinds: Sequence[GaussianStep]) -> bool:
+        return all(k.q <= self.kind.q and k.sigma >= self.kind.sigma for k in kinds)
+
+    def spend(self, kinds: Sequence[GaussianStep]) -> bool:
+        """Use the allowance for a spent round; False if it does not cover the round (then
+        it no longer describes the state)."""
+        count = sum(k.count for k in kinds)
+        if not self.covers(kinds) or count > self.fits:
+            return False
+        self.fits -= count
+        if self.above is not None:
+            self.above -= count
+        return True
+
+
+def within(accountant: Accountant, budget: Budget) -> bool:
+    """The ledger's one budget test: the history's eps (the smallest guarantee's where the
+    enforcing accountant has no finite answer) is at most the budget's."""
+    eps, _ = smallest_epsilon(accountant, budget.delta, only_if_infinite=True)
+    return eps <= budget.epsilon
 
 
 def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[GaussianStep]],
@@ -472,7 +571,7 @@ def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[Gau
     bounded number of times and eps is evaluated O(log len(rounds)) times.
     """
     def fits(trial: Accountant) -> bool:
-        return trial.epsilon(budget.delta) <= budget.epsilon
+        return within(trial, budget)
 
     def flat(part: Sequence[Sequence[GaussianStep]]) -> list[GaussianStep]:
         return [step for r in part for step in r]

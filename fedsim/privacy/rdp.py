@@ -82,14 +82,25 @@ DEFAULT_ORDERS: tuple[float, ...] = tuple(sorted(
 
 _GL_NODES = 8
 _TAIL = 15.0  # standard deviations: exp(-15^2/2) = 2e-49, far below double precision
+# Most quadrature panels per integral. The panels are sigma/2 wide (the integrand bends on that
+# scale) over a range of about alpha/sigma, so small sigma needs ~alpha/sigma^2 of them (sigma
+# = 0.01 took 37 s); beyond this count a step uses a bound instead (see poisson_rdp and
+# fixed_size_rdp), which only happens where the RDP is already large.
+_MAX_PANELS = 4096
 _TRADEOFF_GRID = 160
 
 
 # -- quadrature -----------------------------------------------------------------------
+def _panels(lo: float, hi: float, panel: float) -> float:
+    """How many panels of width <= ``panel`` cover [lo, hi] (inf if that overflows)."""
+    span = (hi - lo) / panel
+    return max(1.0, math.ceil(span)) if math.isfinite(span) else math.inf
+
+
 def _log_integral(log_integrand: Any, lo: float, hi: float, panel: float) -> np.ndarray:
     """log of the integral over [lo, hi] of exp(log_integrand(x)) (rows = functions), by
     composite 8-point Gauss-Legendre on panels of width <= ``panel``, scaled per row."""
-    n_panels = max(1, math.ceil((hi - lo) / panel))
+    n_panels = int(_panels(lo, hi, panel))
     edges = np.linspace(lo, hi, n_panels + 1)
     nodes, weights = np.polynomial.legendre.leggauss(_GL_NODES)
     half = 0.5 * (edges[1] - edges[0])
@@ -124,7 +135,9 @@ def _poisson_log_excess_integer(q: float, sigma: float, orders: np.ndarray) -> n
     k = np.arange(2, top + 1, dtype=float)
     alpha = orders[:, None]
     log_binom = special.gammaln(alpha + 1) - special.gammaln(k + 1) - special.gammaln(alpha - k + 1)
-    x = k * (k - 1) / (2.0 * sigma**2)
+    mu = 1.0 / sigma
+    with np.errstate(over="ignore"):  # mu^2 = inf: no noise, infinite RDP
+        x = k * (k - 1) / 2.0 * (mu * mu)
     with np.errstate(invalid="ignore"):
         terms = log_binom + k * math.log(q) + (alpha - k) * math.log1p(-q) + _log_abs_expm1(x)
     terms = np.where(k[None, :] <= alpha, terms, -np.inf)
@@ -161,6 +174,12 @@ def _log_binomial_remainder(beta: np.ndarray, t: np.ndarray, log_t: np.ndarray) 
                              np.where((beta < 0) & (t > 1.0), shrinks, direct)))
 
 
+def _poisson_fractional_panels(sigma: float, orders: np.ndarray) -> float:
+    """Panels :func:`_poisson_log_excess_fractional` would integrate over."""
+    mu = 1.0 / sigma
+    return _panels(-_TAIL, max(float(orders.max()) * mu, 2.0 * mu) + _TAIL, min(0.5, 0.5 * sigma))
+
+
 def _poisson_log_excess_fractional(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     """log(A_alpha - 1) for any order > 1 by quadrature of E[(1+t)^a - 1 - a t] >= 0,
     t = q (exp(mu x - mu^2/2) - 1), x ~ N(0, 1)."""
@@ -179,24 +198,40 @@ def _poisson_log_excess_fractional(q: float, sigma: float, orders: np.ndarray) -
 
 
 def gaussian_rdp(sigma: float, orders: Sequence[float] | np.ndarray) -> np.ndarray:
-    """RDP of the Gaussian mechanism with noise multiplier sigma: ``alpha / (2 sigma^2)``."""
-    return np.asarray(orders, dtype=float) / (2.0 * sigma**2)
+    """RDP of the Gaussian mechanism with noise multiplier sigma: ``alpha / (2 sigma^2)``
+    (``inf`` where sigma is so small that 1/sigma^2 overflows: no noise)."""
+    mu = 1.0 / sigma
+    with np.errstate(over="ignore"):
+        return np.asarray(orders, dtype=float) * (0.5 * mu * mu)
 
 
 def poisson_rdp(q: float, sigma: float, orders: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Exact RDP of one Poisson-subsampled Gaussian step (add/remove neighbours)."""
+    """Exact RDP of one Poisson-subsampled Gaussian step (add/remove neighbours).
+
+    Where the quadrature of fractional orders would need more than ``_MAX_PANELS`` panels
+    (sigma below about 0.1 at the default orders), a fractional order alpha gets the exact
+    value at ``ceil(alpha)`` instead: an upper bound, since the Renyi divergence is
+    non-decreasing in its order (van Erven & Harremoes, "Renyi divergence and
+    Kullback-Leibler divergence", IEEE Trans. Inf. Theory 2014, Thm 3).
+    """
     orders_arr = _check_orders(orders)
     _check_q_sigma(q, sigma)
     if q == 1.0:
         return gaussian_rdp(sigma, orders_arr)
+    if not math.isfinite(0.5 / sigma / sigma):  # no noise at double precision
+        return np.full_like(orders_arr, np.inf)
     integer = orders_arr == np.round(orders_arr)
+    fractional = orders_arr[~integer]
+    bounded = fractional.size > 0 and _poisson_fractional_panels(sigma, fractional) > _MAX_PANELS
+    exact = np.ceil(orders_arr) if bounded else orders_arr
+    integer = exact == np.round(exact)
     log_excess = np.empty_like(orders_arr)
     if np.any(integer):
-        log_excess[integer] = _poisson_log_excess_integer(q, sigma, orders_arr[integer])
+        log_excess[integer] = _poisson_log_excess_integer(q, sigma, exact[integer])
     if np.any(~integer):
-        log_excess[~integer] = _poisson_log_excess_fractional(q, sigma, orders_arr[~integer])
-    rdp = np.logaddexp(0.0, log_excess) / (orders_arr - 1.0)
-    return np.minimum(rdp, gaussian_rdp(sigma, orders_arr))
+        log_excess[~integer] = _poisson_log_excess_fractional(q, sigma, exact[~integer])
+    rdp = np.logaddexp(0.0, log_excess) / (exact - 1.0)
+    return np.minimum(rdp, gaussian_rdp(sigma, exact))
 
 
 # -- fixed-size sampling without replacement, replace-one -------------------------------
@@ -259,10 +294,16 @@ def fixed_size_rdp(q: float, sigma: float, orders: Sequence[float] | np.ndarray)
     ``I_b = int_{mu/2}^inf (1 - q + q e^{mu z - mu^2/2})^b phi(z) dz``, hence
     ``e^{(alpha-1) rdp} - 1 = H_alpha + H_{1-alpha}`` (see :func:`_fixed_log_excess`).
     For q = 1 this is the Gaussian's ``alpha / (2 sigma^2)``.
+
+    Where its quadrature would need more than ``_MAX_PANELS`` panels (sigma below about 0.1),
+    the step gets the Gaussian's value, an upper bound (subsampling never hurts privacy).
     """
     orders_arr = _check_orders(orders)
     _check_q_sigma(q, sigma)
-    if q == 1.0:
+    mu = 1.0 / sigma
+    fractional = orders_arr[orders_arr != np.round(orders_arr)]
+    top = max(float(fractional.max()) if fractional.size else 0.0, 2.0)
+    if q == 1.0 or _panels(0.5 * mu, top * mu + _TAIL, min(0.5, 0.5 * sigma)) > _MAX_PANELS:
         return gaussian_rdp(sigma, orders_arr)
     rdp = np.logaddexp(0.0, _fixed_log_excess(q, sigma, orders_arr)) / (orders_arr - 1.0)
     return np.minimum(rdp, gaussian_rdp(sigma, orders_arr))

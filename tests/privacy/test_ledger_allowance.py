@@ -1,0 +1,144 @@
+"""The ledger's allowance: can_spend by counting, the same decisions as a fresh accountant
+(issue 24, item 1), near-linear unplanned spending and finite eps where pld has none
+(issue 23, part 3)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedsim.privacy.accountant import make_accountant, smallest_epsilon
+from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.pld import PLDAccountant
+
+DELTA = 1e-5
+
+
+def open_ledger(path: Path, sampling: Sampling, epsilon: float) -> PrivacyLedger:
+    return PrivacyLedger.open(path, client_id="c", sampling=sampling,
+                              budget=Budget(epsilon, DELTA))
+
+
+def fresh_decision(history: tuple[GaussianStep, ...], round_steps: list[GaussianStep],
+                   epsilon: float) -> bool:
+    """The decision of a fresh accountant for the history plus the round, through the
+    accountant interface (no ledger state)."""
+    fresh = make_accountant("pld", [*history, *round_steps])
+    return smallest_epsilon(fresh, DELTA, only_if_infinite=True)[0] <= epsilon
+
+
+class Evaluations:
+    """Counts eps evaluations of the pld accountant (the ledger's enforcing one)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = PLDAccountant.epsilon
+
+        def counted(accountant: PLDAccountant, delta: float) -> float:
+            self.count += 1
+            return real(accountant, delta)
+
+        monkeypatch.setattr(PLDAccountant, "epsilon", counted)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_decisions_equal_a_fresh_accountant_on_random_schedules(tmp_path: Path,
+                                                                sampling: Sampling) -> None:
+    rng = random.Random(24 if sampling == "poisson" else 25)
+    qs, sigmas = (0.01, 0.02, 0.03), (0.9, 1.1, 1.3, 1.6)
+    posture = (rng.choice(qs), rng.choice(sigmas))
+    answers: list[bool] = []
+    budget = 1.2 if sampling == "poisson" else 3.0  # replace-one costs more per step
+    with open_ledger(tmp_path / "l.jsonl", sampling, budget) as ledger:
+        for index in range(400):
+            if rng.random() < 0.15:  # a schedule step: new q and/or sigma
+                posture = (rng.choice(qs), rng.choice(sigmas))
+            local = rng.choice([1, 1, 2, 3])
+            round_steps = [GaussianStep(sampling, posture[0], posture[1], local)]
+            expected = fresh_decision(ledger.steps, round_steps, budget)
+            assert ledger.can_spend(round_steps) == expected, (index, round_steps)
+            answers.append(expected)
+            if expected:
+                ledger.spend(round_steps, time=float(index), round=index)
+            elif answers.count(False) >= 25:
+                break
+    # the schedules reached the budget's edge: refusals, and acceptances after the first one
+    # (a more private posture, or a smaller round, still fitting)
+    first_refusal = answers.index(False)
+    assert first_refusal > 20 and True in answers[first_refusal:]
+
+
+def test_unchanged_posture_is_answered_by_counting(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    step = GaussianStep("poisson", 0.01, 1.5, 2)
+    evaluations = Evaluations(monkeypatch)
+    with open_ledger(tmp_path / "l.jsonl", "poisson", 0.6) as ledger:
+        released = 0
+        while ledger.can_spend(step):
+            ledger.spend(step, time=float(released), round=released)
+            released += 1
+        checks = released + 1
+        # O(log T) evaluations for the whole run, not one (or more) per check
+        assert released > 100 and evaluations.count <= 3 * math.log2(2 * released) + 6, \
+            (released, evaluations.count)
+        # the boundary is the fresh accountant's
+        assert ledger.steps == (step.times(step.count * released),)
+        assert fresh_decision(ledger.steps, [], 0.6)
+        assert not fresh_decision(ledger.steps, [step], 0.6)
+        assert checks > 10 * evaluations.count
+
+
+def drifting_steps(count: int) -> list[GaussianStep]:
+    """Growing mu_t: a different sigma every round (the benchmark's schedule)."""
+    return [GaussianStep("poisson", 256 / 60000, 1.5 * (0.8 / 1.5) ** (t / count))
+            for t in range(count)]
+
+
+@pytest.mark.slow
+def test_unplanned_drifting_schedule_is_near_linear(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plan, sigma changing every round: the number of accountant evaluations grows far
+    slower than the rounds (it was one or more per round), and the boundary round is decided
+    as a fresh accountant decides it."""
+    counts: dict[int, int] = {}
+    for count in (150, 600):
+        evaluations = Evaluations(monkeypatch)
+        with open_ledger(tmp_path / f"far-{count}.jsonl", "poisson", 1000.0) as ledger:
+            for index, step in enumerate(drifting_steps(count)):
+                assert ledger.can_spend(step)
+                ledger.spend(step, time=float(index), round=index)
+        counts[count] = evaluations.count
+    assert counts[600] <= 40 and counts[600] < counts[150] * 2, counts
+    # a budget that binds part-way: every decision near the edge is the fresh accountant's
+    steps = drifting_steps(600)
+    with open_ledger(tmp_path / "edge.jsonl", "poisson", 0.5) as ledger:
+        index = 0
+        while ledger.can_spend(steps[index]):
+            ledger.spend(steps[index], time=float(index), round=index)
+            index += 1
+        assert 0 < index < len(steps)
+        assert fresh_decision(ledger.steps, [], 0.5)
+        assert not fresh_decision(ledger.steps, [steps[index]], 0.5)
+        for later in steps[index: index + 5]:  # less private still: refused, like the fresh
+            assert not ledger.can_spend(later) and not fresh_decision(ledger.steps, [later], 0.5)
+
+
+def test_ledger_eps_is_finite_where_pld_is_not(tmp_path: Path) -> None:
+    """A budget at delta 1e-100, which pld does not resolve (it answers inf: its tail is
+    truncated near 1e-15): the ledger keeps spending under rdp's finite bound and reports it."""
+    tiny = 1e-100
+    block = GaussianStep("poisson", 1e-4, 100.0, 60_000)
+    with PrivacyLedger.open(tmp_path / "l.jsonl", client_id="c", sampling="poisson",
+                            budget=Budget(1.0, tiny)) as ledger:
+        for index in range(4):
+            assert ledger.can_spend(block)
+            ledger.spend(block, time=float(index), round=index)
+        assert math.isinf(ledger.accountant.epsilon(tiny))
+        eps, source = ledger.epsilon_bound()
+        rdp: Any = make_accountant("rdp", ledger.steps)
+        assert source == "rdp" and eps == ledger.epsilon() == rdp.epsilon(tiny) < 1.0
