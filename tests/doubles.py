@@ -39,3 +39,27 @@ class RecordingEndpoint:
 
     async def close(self) -> None:
         pass
+
+
+class RoundTimes:
+    """A runtime's round schedule for a RoundBatcher (fedsim.training.batched.RoundSchedule):
+    the test says each round's end (``ends``, by round) and client (``owners``), and
+    ``reach(client)`` when a model can next reach that client; ``asked`` records the clients
+    each horizon question named."""
+
+    def __init__(self, reach: Any = None) -> None:
+        self.ends: dict[int, float | None] = {}
+        self.owners: dict[int, str | None] = {}
+        self.reach = reach if reach is not None else (lambda owner: float("inf"))
+        self.asked: list[list[str | None]] = []
+
+    def set(self, round_: Any, ends_at: float | None, owner: str | None = None) -> None:
+        self.ends[id(round_)], self.owners[id(round_)] = ends_at, owner
+
+    def ends_at(self, round_: Any) -> float | None:
+        return self.ends.get(id(round_))
+
+    def horizon(self, rounds: Any) -> list[float]:
+        owners = [self.owners.get(id(r)) for r in rounds]
+        self.asked.append(owners)
+        return [float(self.reach(owner)) for owner in owners]

@@ -149,7 +149,7 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int
 
     summary = result.summary
     if summary["stopped"]:
-        counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
+        counts = stop_counts(entry.get("kind") for entry in summary["stopped"])
         log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
     if args.tensorboard:
         from fedsim.reporting.tensorboard import export_run

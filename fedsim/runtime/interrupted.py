@@ -11,7 +11,6 @@ the ledgers (each is on disk before its update was sent). The summary says
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from fedsim.runtime.run_outputs import write_run_outputs
+from fedsim.runtime.actors.stops import RunStop, RunStopKind
+from fedsim.runtime.run_outputs import write_json, write_run_outputs
 
 _received: list[str] = []
 
@@ -61,13 +61,11 @@ def write_interrupted_outputs(sim: Any, wall_seconds: float) -> dict[str, Any]:
     name = interrupting_signal()
     sim._note_stops()
     at = sim.metrics[-1]["time"] if sim.metrics else 0.0
-    sim.stop_reason = (f"it was interrupted by {name} after window {len(sim.metrics)} "
-                       f"(virtual time {at:.6g} s)")
+    sim.stop_reason = RunStop(RunStopKind.SIGNAL,
+                              f"it was interrupted by {name} after window {len(sim.metrics)} "
+                              f"(virtual time {at:.6g} s)")
     version = int(sim.metrics[-1]["version"]) if sim.metrics else 0
     summary = write_run_outputs(sim.record(_Version(version), wall_seconds))
     summary["interrupted"] = {"signal": name, "partial": True}
-    path = sim.out_dir / "summary.json"
-    path.write_text(json.dumps(json.loads(path.read_text(encoding="utf-8"))
-                               | {"interrupted": summary["interrupted"]}, indent=2) + "\n",
-                    encoding="utf-8")
+    write_json(sim.out_dir / "summary.json", summary)
     return summary

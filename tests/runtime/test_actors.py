@@ -459,21 +459,23 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     """The simulator and the deployed server share one stop rule (WindowReport.stop_reason)."""
     from fedsim.config.schema import Stop
     from fedsim.runtime.actors.server import WindowReport
+    from fedsim.runtime.actors.stops import RunStop, RunStopKind
 
     stop = Stop(windows=10, virtual_seconds=5.0, target_accuracy=0.9)
     report = WindowReport(window=3, time=2.0, version=3, accuracy=0.5, received=4)
-    assert report.stop_reason(stop, active_clients=2) == ""
+    assert report.stop_reason(stop, active_clients=2) is None
     assert WindowReport(window=10, time=9.0, version=9).stop_reason(
-        stop, active_clients=2) == "it reached 10 windows"  # windows first, then duration
+        stop, active_clients=2) == RunStop(RunStopKind.WINDOWS, "it reached 10 windows")
     assert WindowReport(window=6, time=6.0, version=6).stop_reason(
-        stop, active_clients=2, seconds="scenario") == (
+        stop, active_clients=2, seconds="scenario") == RunStop(RunStopKind.DURATION,
         "window 6 ended at 6 scenario seconds, the first window end at or after its limit of 5 s")
     assert WindowReport(window=3, time=2.0, version=3, accuracy=0.95).stop_reason(
-        stop, active_clients=2) == "it reached the target accuracy 0.9"
+        stop, active_clients=2) == RunStop(RunStopKind.TARGET_ACCURACY,
+                                           "it reached the target accuracy 0.9")
     # all budgets spent: nobody active, nothing received this window and nothing in flight
     idle = WindowReport(window=3, time=2.0, version=3)
-    assert idle.stop_reason(stop, active_clients=0, in_flight=1) == ""
-    assert idle.stop_reason(stop, active_clients=1) == ""
-    assert idle.stop_reason(stop, active_clients=0) == (
-        "no client can train any more and every update has arrived")
-    assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) == ""
+    assert idle.stop_reason(stop, active_clients=0, in_flight=1) is None
+    assert idle.stop_reason(stop, active_clients=1) is None
+    assert idle.stop_reason(stop, active_clients=0) == RunStop(
+        RunStopKind.BUDGETS_SPENT, "no client can train any more and every update has arrived")
+    assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) is None

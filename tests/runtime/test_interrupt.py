@@ -170,3 +170,35 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     else:
         assert log == [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)]
         assert computed == ([2, 3] if pad_release else [1, 1])
+
+
+def test_the_runtime_writes_nothing_onto_the_training_rounds(tmp_path: Path) -> None:
+    """The batcher's hold on splittable rounds comes from the runtime's own record (its round
+    schedule: the actor's split deadline, the client's trainer), not from attributes the
+    runtime sets on training objects (issue 28, item 6): a round keeps exactly the attributes
+    its trainer gave it, and the hold still works (no round computed twice)."""
+    from fedsim.training.rounds import PendingRound
+
+    begun: list[Any] = []
+
+    class Recording:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def planned_steps(self, round_index: int) -> Any:
+            return self.inner.planned_steps(round_index)
+
+        def begin_round(self, params: Any, round_index: int) -> Any:
+            pending = self.inner.begin_round(params, round_index)
+            begun.append((pending, set(vars(pending))))
+            return pending
+
+    result = _run(_scenario("switch"), tmp_path / "run",
+                  wrap_trainer=lambda plan, trainer: Recording(trainer))
+    rounds = [(p, names) for p, names in begun if isinstance(p, PendingRound)]
+    assert rounds and sum(c.actor.switched_rounds for c in result.clients.values()) > 0
+    for pending, names in rounds:
+        assert set(vars(pending)) == names
+        assert not {"ends_at", "owner"} & set(vars(pending))
+    timing = json.loads((tmp_path / "run" / "timing.json").read_text())
+    assert timing["rounds_recomputed"] == 0 and timing["rounds_batched"] > 0

@@ -470,12 +470,8 @@ def test_the_server_step_size_changes_the_model_and_never_the_ledger(tmp_path: A
     assert eps_small == eps_large and eps_small > 0
 
 
-def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
-    """Virtual time between a lone client's consecutive releases (its public compute slot)."""
-    from fedsim.config import LoadedScenario, parse_scenario
-    from fedsim.runtime.simulated.simulation import run_scenario
-
-    data = {
+def _slot_scenario(per_example_steps: int) -> dict[str, Any]:
+    return {
         "name": "slot", "seed": 2, "stop": {"virtual_seconds": 20.0},
         "dataset": {"name": "synthetic", "num_samples": 200, "num_test_samples": 50,
                     "num_features": 4, "num_classes": 2},
@@ -485,7 +481,15 @@ def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
                                 "per_example_steps": per_example_steps}]},
         "server": {"window": 100.0},  # no model arrives between its rounds
     }
+
+
+def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
+    """Virtual time between a lone client's consecutive releases (its public compute slot)."""
+    from fedsim.config import LoadedScenario, parse_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
+
     torch.set_num_threads(1)
+    data = _slot_scenario(per_example_steps)
     result = run_scenario(LoadedScenario(parse_scenario(data), None), out)
     (client,) = result.clients.values()
     times = [r.time for r in client.released_rounds()]
@@ -502,6 +506,22 @@ def test_the_public_slot_covers_the_compute_of_per_example_local_steps(tmp_path:
     four = _round_gaps(4, tmp_path / "four")
     assert one == pytest.approx([0.05 * 10] * 3)
     assert four == pytest.approx([4 * 0.05 * 10] * 3)
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_the_run_horizon_counts_a_round_as_the_simulator_spends_it(steps: int,
+                                                                   tmp_path: Any) -> None:
+    """A round's public cost has one definition (exposure.group_sample_grads); the progress
+    bar's horizon once wrote its own (batch size x local steps) without per_example_steps, and
+    expected a quarter of the round with 4 such steps (issue 28, item 3)."""
+    from fedsim.config import parse_scenario
+    from fedsim.reporting.horizon import round_seconds
+
+    scenario = parse_scenario(_slot_scenario(steps))
+    (group,) = scenario.clients.groups
+    expected = round_seconds(group, scenario)
+    assert expected == pytest.approx(0.05 * 10 * steps)
+    assert _round_gaps(steps, tmp_path / "run") == pytest.approx([expected] * 3)
 
 
 # ---------------------------------------------------------------------------------------------

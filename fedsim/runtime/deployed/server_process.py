@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from fedsim.atomic import write_atomically
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
@@ -46,6 +47,7 @@ from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, GlobalModel, Message, RunFinished
 from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
+from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
 from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
@@ -140,7 +142,7 @@ class _CheckpointBeforeBroadcast:
     """The server's endpoint, writing a checkpoint before every global model leaves, so that
     a restarted server never publishes a version older than one already seen.
 
-    Once the stop condition holds (``stop_reason()`` is not empty), the broadcast that would
+    Once the stop condition holds (``stop_reason()`` is not None), the broadcast that would
     open the next window announces the end of the run instead (:class:`RunFinished`): no
     client starts a round on a model nobody will apply updates to."""
 
@@ -148,7 +150,7 @@ class _CheckpointBeforeBroadcast:
         self.inner = inner
         self.checkpoints = checkpoints
         self.server: ServerActor | None = None  # set once the actor exists
-        self.stop_reason: Callable[[], str] = str  # set once the monitor exists
+        self.stop_reason: Callable[[], RunStop | None] = lambda: None  # set with the monitor
         self.announced = False
 
     async def publish(self, message: Message) -> None:
@@ -156,7 +158,7 @@ class _CheckpointBeforeBroadcast:
             if self.server is None:
                 raise TransportError("a global model left before its server was set up")
             await self.checkpoints.cover(self.server, message.version)
-            if self.stop_reason():
+            if self.stop_reason() is not None:
                 await self.announce_end(message.version, message.sent_at)
                 return
         await self.inner.publish(message)
@@ -165,7 +167,7 @@ class _CheckpointBeforeBroadcast:
         """Tell the clients the run is over (retained), once."""
         if not self.announced:
             self.announced = True
-            await self.inner.publish(RunFinished(version, self.stop_reason(), time))
+            await self.inner.publish(RunFinished(version, str(self.stop_reason() or ""), time))
 
     async def receive(self) -> Message:
         return await self.inner.receive()
@@ -198,9 +200,9 @@ def keep_windows_through(path: Path, windows: int) -> None:
             and line["window"] <= windows
         ):
             kept.append(text + "\n")
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(kept), encoding="utf-8")
-    os.replace(temporary, path)
+    # Durable: the lines appended after the trim are fsynced, worth nothing if the file they
+    # were appended to could revert to its untrimmed version after a power failure.
+    write_atomically(path, "".join(kept), durability="durable")
 
 
 @dataclass
@@ -213,7 +215,7 @@ class _ServerMonitor:
     checkpoints: Checkpoints
     metrics: IO[str]
     applied: IO[str]
-    stop_reason: str = ""
+    stop_reason: RunStop | None = None
     _refused_seen: dict[str, int] = field(default_factory=dict)
     _missing_reported: int = 0
 
@@ -265,7 +267,7 @@ class _ServerMonitor:
         self.stop_reason = report.stop_reason(
             self.scenario.stop, active_clients=active, seconds="scenario"
         )
-        return bool(self.stop_reason)
+        return self.stop_reason is not None
 
 
 async def _wait_for_clients(
@@ -330,7 +332,7 @@ async def serve(
     outcome: dict[str, Any] = {
         "run": run,
         "resumed_from_window": resumed_from,
-        "stop_reason": "",
+        **stop_fields(None),
         "finished": False,
     }
     clock = ScaledClock(options.time_scale, start=snapshot.time if snapshot is not None else 0.0)
@@ -357,7 +359,8 @@ async def serve(
                         _wait_for_clients(mqtt, ids, options.wait_for_clients), stop
                     )
                     if not waited or statuses is None:
-                        outcome["stop_reason"] = "stopped by a signal before the first window"
+                        outcome.update(stop_fields(RunStop(
+                            RunStopKind.SIGNAL, "stopped by a signal before the first window")))
                         return outcome
                     joined = statuses
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
@@ -373,7 +376,7 @@ async def serve(
                     if finished:  # the clients stop at once (a signal leaves room to resume)
                         await endpoint.announce_end(server.version, clock.now())
                     else:
-                        monitor.stop_reason = "stopped by a signal"
+                        monitor.stop_reason = RunStop(RunStopKind.SIGNAL, "stopped by a signal")
                 finally:
                     outcome.update(_server_outcome(server, monitor.stop_reason, clock))
                     await checkpoints.drain()  # (before the receipts it leads to go out)
@@ -433,9 +436,10 @@ def _server_actor(
     return server
 
 
-def _server_outcome(server: ServerActor, stop_reason: str, clock: ScaledClock) -> dict[str, Any]:
+def _server_outcome(server: ServerActor, stop_reason: RunStop | None, clock: ScaledClock
+                    ) -> dict[str, Any]:
     return {
-        "stop_reason": stop_reason,
+        **stop_fields(stop_reason),
         "final_version": server.version,
         "windows": server.windows_closed,
         "last_accuracy": server.last_accuracy,
