@@ -308,3 +308,45 @@ def test_checkpoints_are_written_off_the_event_loop_and_cover_the_versions_publi
         return checkpoints.durable_ceiling
 
     assert asyncio.run(windows()) == 9
+
+
+def test_the_checkpoint_before_a_broadcast_is_an_explicit_step_not_the_endpoints(
+        tmp_path: Path) -> None:
+    """The deployed server's endpoint is the transport's, unwrapped; before a model leaves,
+    the server runs the runtime's step (ServerActor.before_publish): a durable checkpoint that
+    covers its version, or, once the run has ended, the end announced instead of the model
+    (issue 28, item 6)."""
+    from fedsim.protocol.messages import GlobalModel, RunFinished
+    from fedsim.runtime.actors.stops import RunStop, RunStopKind
+    from fedsim.runtime.deployed.server_process import _BeforePublish
+
+    sent: list[tuple[object, int]] = []
+
+    class Transport:
+        def acknowledge(self, book: object) -> None:
+            pass
+
+        async def publish(self, message: object) -> None:
+            sent.append((message, checkpoints.checkpoint.saves))
+
+    transport = Transport()
+
+    async def main() -> None:
+        server = _busy_server()
+        server.endpoint = transport  # type: ignore[assignment]
+        step = _BeforePublish(transport, checkpoints, server)  # type: ignore[arg-type]
+        await server.publish_model(invite=True)
+        step.stop_reason = lambda: RunStop(RunStopKind.WINDOWS, "it reached 12 windows")
+        server.version += 1
+        await server.publish_model(invite=True)
+        await server.publish_model(invite=True)  # announced once
+        await checkpoints.drain()
+
+    checkpoints = Checkpoints(ServerCheckpoint(tmp_path, IDENTITY), transport)  # type: ignore[arg-type]
+    asyncio.run(main())
+    (model, saves), (end, _) = sent
+    assert isinstance(model, GlobalModel) and model.version == 9 and saves == 1
+    assert isinstance(end, RunFinished) and end.reason == "it reached 12 windows"
+    assert checkpoints.checkpoint.saves == 2  # the ended run's last version is covered too
+    loaded = ServerCheckpoint(tmp_path, IDENTITY).load()
+    assert loaded is not None and loaded.version == 10
