@@ -165,6 +165,7 @@ def _scenario() -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_simulation_with_streamed_windows_writes_the_same_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = LoadedScenario(parse_scenario(_scenario()), None)

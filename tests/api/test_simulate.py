@@ -214,6 +214,7 @@ def test_bad_model_and_data_are_clear_errors() -> None:
                         progress=False)
 
 
+@pytest.mark.slow
 def test_account_mirrors_the_command() -> None:
     answer = fedsim.account(q=0.01, sigma=1.1, steps=1000)
     command = subprocess.run(
@@ -230,6 +231,7 @@ def test_account_mirrors_the_command() -> None:
         fedsim.account(q=0.01, sigma=1.1, steps=10, accountant="moments")
 
 
+@pytest.mark.slow
 def test_import_fedsim_is_cheap() -> None:
     code = ("import sys, fedsim; assert 'torch' not in sys.modules; "
             "assert callable(fedsim.simulate) and 'torch' in sys.modules")

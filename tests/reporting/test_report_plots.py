@@ -49,6 +49,7 @@ def test_draw_all_writes_the_three_plots(small_run: SyntheticRun,
         assert b"matplotlib" not in data.lower()  # no software stamp in the metadata
 
 
+@pytest.mark.slow
 def test_same_inputs_give_byte_identical_plots(small_run: SyntheticRun,
                                                copy_run: Callable[..., SyntheticRun]) -> None:
     first, second = copy_run(small_run), copy_run(small_run)

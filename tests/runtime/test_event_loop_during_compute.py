@@ -8,10 +8,12 @@ padding would hide the batch in the update's send time and reveal it in every ot
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from fedsim.clock import ScaledClock
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
@@ -122,11 +124,13 @@ class _SwitchableRound:
         self.splits: list[tuple[float, float]] = []  # (fraction, w-hat's first value)
         self.computed: list[int] = []  # the splits each computation saw
         self.split_while_computing = False
+        self.started = threading.Event()  # set once the (first) computation is under way
 
     def result(self) -> Any:
         from fedsim.training.rounds import RoundResult
 
         self.computing = True
+        self.started.set()
         time.sleep(COMPUTE_SECONDS / 2)
         seen = len(self.splits)
         time.sleep(COMPUTE_SECONDS / 2)
@@ -142,6 +146,7 @@ class _SwitchableRound:
         pass
 
 
+@pytest.mark.slow
 def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
     """interrupt = switch on a deployed client: a global model arriving while the worker
     thread computes is applied when the thread returns (never under it), the round is
@@ -163,7 +168,8 @@ def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
         assert actor.interrupt == "switch"
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))
         running = asyncio.create_task(actor.run())
-        await asyncio.sleep(COMPUTE_SECONDS / 4)  # inside the first computation
+        # inside the first computation (its thread holds it for COMPUTE_SECONDS)
+        assert await asyncio.to_thread(round_.started.wait, 30)
         assert round_.computing
         endpoint.inbox.put_nowait(GlobalModel(2, np.full(3, 7.0, np.float32)))
         await asyncio.wait_for(running, 30)
