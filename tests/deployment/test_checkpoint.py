@@ -29,6 +29,7 @@ from fedsim.runtime.deployed.server_process import (
     keep_windows_through,
 )
 from fedsim.transports.security import generate_secrets, write_secrets
+from tests.doubles import SilentEndpoint
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
 
@@ -44,21 +45,10 @@ class _StillClock:
         self.value += seconds
 
 
-class _NoEndpoint:
-    async def publish(self, message: object) -> None:
-        raise AssertionError("nothing is published in these tests")
-
-    async def receive(self) -> object:
-        raise AssertionError("nothing is received in these tests")
-
-    async def close(self) -> None:
-        """Nothing to close."""
-
-
 def _server(now: float = 0.0, *, seed: int = 7) -> ServerActor:
     return ServerActor(
         clock=_StillClock(now),
-        endpoint=_NoEndpoint(),
+        endpoint=SilentEndpoint(),
         initial_params=np.zeros(6, np.float32),
         clients={"a": ClientInfo(100, 0.5), "b": ClientInfo(50, 0.5)},
         window=1.0,
@@ -144,14 +134,7 @@ def test_a_restored_server_continues_its_window_count() -> None:
         reports.append((report.window, report.time))
         return report.window >= 14
 
-    class _Quiet(_NoEndpoint):
-        async def publish(self, message: object) -> None:
-            """Broadcasts go nowhere here."""
-
-        async def receive(self) -> object:
-            await asyncio.Event().wait()
-
-    server.endpoint = _Quiet()
+    server.endpoint = SilentEndpoint()  # broadcasts go nowhere here
     asyncio.run(server.run(on_window))
     # Window 13 ends one window length after the restore, not 13 windows later.
     assert reports == [(13, 13.5), (14, 14.5)]
