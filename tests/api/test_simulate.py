@@ -91,6 +91,7 @@ def _checked_fallback(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 def test_custom_model_and_arrays_through_simulate(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     data = arrays()

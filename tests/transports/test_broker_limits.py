@@ -73,6 +73,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     process.wait(10)
 
 
+@pytest.mark.slow
 def test_deploy_sizes_the_packet_limit_from_the_model(tmp_path: Path) -> None:
     _deploy(tmp_path, 1883)
     conf = (tmp_path / "mosquitto.conf").read_text()
