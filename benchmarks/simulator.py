@@ -174,14 +174,6 @@ class _TimedRound:
     def switch(self, fraction: float, params: Any) -> None:  # the interrupt rule 'switch'
         self.pending.switch(fraction, params)
 
-    @property
-    def ends_at(self) -> float | None:  # the round's end, which the batcher's horizon reads
-        return self.pending.ends_at
-
-    @ends_at.setter
-    def ends_at(self, value: float | None) -> None:
-        self.pending.ends_at = value
-
 
 @dataclass
 class _TrainingTotals:

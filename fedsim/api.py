@@ -61,6 +61,9 @@ class ClientPrivacy:
     state: str
     stop_reason: str
     stopped_at: float | None
+    stop_kind: str | None = None
+    """Why it stopped, typed (:class:`fedsim.runtime.actors.stops.ClientStopKind`'s value);
+    None while it could still train."""
 
 
 @dataclass
@@ -249,8 +252,7 @@ def simulate(
             from fedsim.reporting.plots import draw_all
 
             draw_all(run_dir)
-        outcome = _collect(run_dir, result.wall_seconds, loaded.scenario,
-                           kept=out is not None)
+        outcome = _collect(result, run_dir, loaded.scenario, kept=out is not None)
     trained = population.model
     with torch.no_grad():
         load_flat_params(trained, result.final_params)
@@ -277,32 +279,31 @@ def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool 
         return run_scenario(loaded, run_dir, on_window=on_window, population=population)
 
 
-def _collect(run_dir: Path, wall_seconds: float, scenario: Scenario, *, kept: bool) -> RunResult:
-    """The run directory's results, read back by the reader ``fedsim report`` uses."""
-    from fedsim.reporting.rundir import RunDirectory
-
-    run = RunDirectory.load(run_dir)
+def _collect(result: Any, run_dir: Path, scenario: Scenario, *, kept: bool) -> RunResult:
+    """The run's results as the simulation computed them (not read back from the run
+    directory, whose CSV cells cannot hold an unbounded epsilon: it stays ``inf`` here)."""
     clients = [
         ClientPrivacy(
             client_id=str(row["client_id"]), group=str(row["group"]),
-            epsilon=float(row["epsilon"] or 0.0), mu=float(row["mu_clt"] or 0.0),
-            budget_epsilon=row.get("budget_epsilon"), budget_left=row.get("remaining_epsilon"),
-            rounds=int(row.get("rounds") or 0), steps=int(row.get("steps") or 0),
-            state=str(row.get("state") or ""), stop_reason=str(row.get("stop_reason") or ""),
-            stopped_at=row.get("stopped_at"),
+            epsilon=float(row["epsilon"]), mu=float(row["mu_clt"]),
+            budget_epsilon=row["budget_epsilon"], budget_left=row["remaining_epsilon"],
+            rounds=int(row["rounds"]), steps=int(row["steps"]),
+            state=str(row["state"]), stop_reason=str(row["stop_reason"]),
+            stopped_at=row["stopped_at"],
+            stop_kind=None if row["stop_kind"] is None else str(row["stop_kind"]),
         )
-        for row in run.clients
+        for row in result.client_rows
     ]
-    summary = run.summary
+    summary = result.summary
     return RunResult(
         final_accuracy=summary.get("final_accuracy"),
         best_accuracy=summary.get("best_accuracy"),
-        windows=[dict(m) for m in run.metrics],
+        windows=[dict(m) for m in result.metrics],
         clients=clients,
         summary=summary,
         run_dir=run_dir.resolve() if kept else None,
         model=nn.Identity(),  # replaced by the trained model
-        wall_seconds=wall_seconds,
+        wall_seconds=result.wall_seconds,
         scenario=scenario,
     )
 

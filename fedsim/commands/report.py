@@ -101,7 +101,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     )
 
     stopped = stop_counts(
-        str(row.get("stop_reason") or "stopped")
+        row.get("stop_kind")
         for row in run.clients
         if row.get("stopped_at") is not None or row.get("stop_reason")
     )

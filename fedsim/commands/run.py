@@ -147,7 +147,7 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int
 
     summary = result.summary
     if summary["stopped"]:
-        counts = stop_counts(str(entry.get("reason") or "") for entry in summary["stopped"])
+        counts = stop_counts(entry.get("kind") for entry in summary["stopped"])
         log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from fedsim.atomic import write_atomically
 from fedsim.data import formats
 from fedsim.data.formats import (
     Arrays,
@@ -500,10 +500,11 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
 def _write_atomically(target: Path, arrays: Arrays) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".npz", delete=False) as handle:
-            np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]  # numpy stub
-        os.chmod(handle.name, 0o644)  # public data: readable by whoever shares the directory
-        os.replace(handle.name, target)
+        # Durability "file": a cache, verified by its digest; public data, readable by whoever
+        # shares the directory.
+        write_atomically(
+            target, lambda handle: np.savez_compressed(handle, **arrays),  # type: ignore[arg-type]  # numpy stub
+            durability="file", mode=0o644)
     except OSError as exc:
         raise DataError(f"cannot write {target}: {exc}") from None
 

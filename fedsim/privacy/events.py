@@ -42,6 +42,20 @@ SAMPLING_SCHEMES: tuple[Sampling, ...] = ("poisson", "fixed")
 NEIGHBOURING_RELATION: dict[Sampling, str] = {"poisson": "add/remove", "fixed": "replace-one"}
 
 
+def sensitivity(sampling: Sampling, clip: float) -> float:
+    """L2 sensitivity of a sum of per-record vectors each clipped to norm ``clip``.
+
+    Under ``"poisson"`` (add/remove neighbours) one record's presence moves the sum by at most
+    ``C``; under ``"fixed"`` (replace-one neighbours) one record is swapped for another, moving
+    the sum by at most ``2C`` (Dong, Roth & Su 2022, sec. 5 and Alg. 1; van Dijk & Nguyen, sec.
+    "probabilistic mini-batch"). A step's noise std is ``sensitivity * sigma``. The one
+    definition: DP-SGD's noise and the server's honest-update bound both call it.
+    """
+    if sampling not in SAMPLING_SCHEMES:
+        raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
+    return clip if sampling == "poisson" else 2.0 * clip
+
+
 @dataclass(frozen=True, slots=True)
 class GaussianStep:
     """``count`` identical subsampled Gaussian releases.

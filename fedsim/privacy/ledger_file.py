@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from fedsim.atomic import fsync_directory
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.events import GaussianStep, Sampling
 
@@ -420,14 +421,6 @@ def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:
 
 
 # -- writing -------------------------------------------------------------------------------------
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_new(path: Path, payload: bytes) -> None:
     """Create ``path`` with ``payload``, durably (file and directory entry)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsim.atomic import write_atomically
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant_class
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep
@@ -55,7 +56,6 @@ from fedsim.privacy.ledger_file import (
     LedgerRecord,
     Mark,
     encode_record,
-    fsync_directory,
     header_of,
     line_hash,
     locked,
@@ -257,12 +257,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
             last = line_hash(line)
         backup = _backup_name(path)
         os.link(path, backup)  # the damaged file stays, under another name
-        temporary = path.with_name(path.name + ".repairing")
-        temporary.write_bytes(b"\n".join(out) + b"\n")
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        fsync_directory(path.parent)
+        write_atomically(path, b"\n".join(out) + b"\n", durability="durable")
         count = len(out) - 1
         mark_file.write_both(Mark(count, last))  # the old count is gone from both slots
         return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True)

@@ -53,8 +53,8 @@ def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
     accuracies = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
     final = _number(summary.get("final_accuracy"))
     best = _number(summary.get("best_accuracy"))
-    stops = stop_counts(str(row.get("stop_reason") or "") for row in run.clients
-                        if row.get("stop_reason"))
+    stops = stop_counts(row.get("stop_kind") for row in run.clients
+                        if row.get("stopped_at") is not None or row.get("stop_reason"))
     return {
         "run": label or run.path.name,
         "path": str(run.path),

@@ -8,8 +8,9 @@ privacy postures and speed models:
 * the rounds a client can afford are the most rounds whose privacy events stay within its
   budget, counted by the group's own accountant (:func:`fedsim.privacy.calibration.max_steps`,
   the same count the client's ledger enforces), capped by ``rounds``;
-* a round lasts its expected compute time (batch size x local steps x the mean seconds per
-  sample of the speed model), at least the broadcast period divided by
+* a round lasts its expected compute time (its public per-example gradients,
+  :func:`fedsim.runtime.actors.exposure.group_sample_grads`: batch size x local steps x
+  per-example steps, times the mean seconds per sample of the speed model), at least the broadcast period divided by
   ``staleness.max_versions_behind`` (a client that may apply only k local rounds per global
   model waits for the next one), stretched by the share of time the client is online.
 
@@ -31,6 +32,7 @@ from typing import Any
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.privacy.calibration import max_steps
 from fedsim.privacy.group_schedules import normalisation_steps
+from fedsim.runtime.actors.exposure import group_sample_grads
 
 # The estimate's search stops here (rounds); beyond it a budget is no horizon worth showing.
 MAX_ESTIMATED_ROUNDS = 10**7
@@ -96,7 +98,7 @@ def bound_horizon(scenario: Scenario) -> Horizon:
 
 def round_seconds(group: ClientGroup, scenario: Scenario) -> float:
     """Expected scenario seconds between two rounds of a client of ``group``."""
-    compute = group.batch_size * group.local_steps * mean_of(group.speed)
+    compute = group_sample_grads(group) * mean_of(group.speed)
     behind = group.staleness.max_versions_behind
     if behind is not None:
         compute = max(compute, scenario.server.broadcast_every * scenario.server.window / behind)

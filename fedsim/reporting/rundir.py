@@ -30,7 +30,7 @@ from fedsim.runtime.run_outputs import CLIENTS_FILE, LEDGER_DIR, METRICS_FILE, S
 PLOT_DIR = "plots"
 
 # Columns of clients.csv that hold text; every other column is a number or empty (None).
-_TEXT_COLUMNS = frozenset({"client_id", "group", "sampling", "state", "stop_reason"})
+_TEXT_COLUMNS = frozenset({"client_id", "group", "sampling", "state", "stop_reason", "stop_kind"})
 
 
 def _number_or_text(column: str, value: str) -> Any:

@@ -1,26 +1,18 @@
-"""Clients' stop reasons by kind: "round 498 would exceed its privacy budget" is a *budget*
-stop, "finished its 12 rounds" is *done*, "crashed and did not rejoin" is *crashed*."""
+"""Clients' stops by kind, for the report, the comparison and the run's last log line.
+
+A stop's kind is written with it (``clients.csv``'s ``stop_kind``, each entry of
+``summary.json``'s ``stopped``; :class:`fedsim.runtime.actors.stops.ClientStopKind`); it is
+counted as written, never guessed from the reason's text. A run directory written before stop
+kinds existed counts its stops as ``stopped``."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
 
-# (word in the reason, kind), first match wins.
-STOP_KINDS: tuple[tuple[str, str], ...] = (
-    ("budget", "budget"),
-    ("finished", "done"),
-    ("rounds", "done"),
-    ("crash", "crashed"),
-)
+UNKNOWN_KIND = "stopped"
 
 
-def stop_kind(reason: str) -> str:
-    """The kind of a client's stop reason: budget, done, crashed, or the reason itself."""
-    text = reason.lower()
-    return next((kind for word, kind in STOP_KINDS if word in text), reason or "stopped")
-
-
-def stop_counts(reasons: Iterable[str]) -> Counter[str]:
-    """How many clients stopped for each kind of reason."""
-    return Counter(stop_kind(reason) for reason in reasons)
+def stop_counts(kinds: Iterable[object]) -> Counter[str]:
+    """How many clients stopped for each kind (an empty or missing kind: ``stopped``)."""
+    return Counter(str(kind) if kind else UNKNOWN_KIND for kind in kinds)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
+from fedsim.runtime.actors.stops import RunStop, RunStopKind
 from fedsim.runtime.run_outputs import write_run_outputs
 
 _received: list[str] = []
@@ -65,7 +66,8 @@ def write_interrupted_outputs(sim: Any, wall_seconds: float) -> dict[str, Any]:
     name = interrupting_signal()
     sim._note_stops()
     at = sim.metrics[-1]["time"] if sim.metrics else 0.0
-    sim.stop_reason = interrupted_reason(name, len(sim.metrics), at, "virtual")
+    sim.stop_reason = RunStop(RunStopKind.SIGNAL,
+                              interrupted_reason(name, len(sim.metrics), at, "virtual"))
     version = int(sim.metrics[-1]["version"]) if sim.metrics else 0
     record = sim.record(_Version(version), wall_seconds)
     return write_run_outputs(replace(record, interrupted=name))

@@ -33,13 +33,13 @@ trained and evaluated on one input scale (hence every group normalises, or none)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from fedsim.atomic import write_atomically
 from fedsim.config.schema import ClientGroup, Scenario, TargetNoise
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
@@ -135,12 +135,12 @@ def normalised_features(plan: ClientPlan, features: torch.Tensor | None, ledger:
 
 
 def _save(path: Path, moments: FeatureMoments) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as file:
-        np.savez(file, mean=moments.mean.numpy(), std=moments.std.numpy())
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    """Durability ``"file"``: the ledger, fsynced before this write, records the release; if a
+    power failure loses this file, the next start finds the release charged and no moments, and
+    re-releases them (charged again: :func:`feature_moments`), which over-counts, never under."""
+    write_atomically(
+        path, lambda file: np.savez(file, mean=moments.mean.numpy(), std=moments.std.numpy()),
+        durability="file")
 
 
 def _load(path: Path, features: torch.Tensor) -> FeatureMoments:

@@ -196,15 +196,13 @@ class BatchedTrainer:
         self.trainer = trainer
         self.batcher = batcher
         self.owner = owner
-        """The client's id (the batcher's horizon asks when a model can next reach it)."""
+        """The client's id (the runtime's round schedule maps the trainer's rounds to it)."""
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
         return self.trainer.planned_steps(round_index)
 
     def begin_round(self, params: np.ndarray, round_index: int) -> PendingRound:
-        pending = self.trainer.begin_round(params, round_index, self.batcher)
-        pending.owner = self.owner
-        return pending
+        return self.trainer.begin_round(params, round_index, self.batcher)
 
 
 class VirtualDurationTrainer:

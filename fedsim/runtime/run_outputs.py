@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from fedsim.atomic import write_atomically
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
@@ -39,6 +40,7 @@ from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.actors.client import RoundRecord
 from fedsim.runtime.actors.exposure import privacy_caveats
+from fedsim.runtime.actors.stops import ClientStopKind, RunStop, client_stop_phrase, stop_fields
 
 if TYPE_CHECKING:  # the plan's module imports torch; this one is read by fedsim.reporting
     from fedsim.runtime.population import ClientPlan
@@ -101,6 +103,7 @@ CLIENT_COLUMNS = (
     "state",
     "stopped_at",
     "stop_reason",
+    "stop_kind",
 )
 
 
@@ -193,16 +196,13 @@ def json_line(obj: Mapping[str, Any]) -> str:
     return json.dumps(clean_json(dict(obj)), allow_nan=False) + "\n"
 
 
-def write_json(path: Path, obj: Mapping[str, Any], *, atomic: bool = False) -> None:
-    """``obj`` as indented strict JSON; ``atomic``: through a temporary file and a rename, so a
-    reader (or a process killed mid-write) never sees half a file."""
+def write_json(path: Path, obj: Mapping[str, Any]) -> None:
+    """``obj`` as indented strict JSON, replaced atomically (:mod:`fedsim.atomic`), so a reader
+    (or a process killed mid-write) never sees half a file. Durability ``"file"``: an output
+    that a power failure may roll back to its previous version (the run is redone, nothing is
+    acknowledged on it)."""
     text = json.dumps(clean_json(dict(obj)), indent=2, allow_nan=False) + "\n"
-    if not atomic:
-        path.write_text(text, encoding="utf-8")
-        return
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    write_atomically(path, text, durability="file")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,11 +210,13 @@ def write_json(path: Path, obj: Mapping[str, Any], *, atomic: bool = False) -> N
 
 
 class StoppedClient(TypedDict):
-    """A client that stopped for good: when (scenario time) and why."""
+    """A client that stopped for good: when (scenario time), why (``reason``, text) and the
+    kind of why (``kind``, a :class:`~fedsim.runtime.actors.stops.ClientStopKind`)."""
 
     client_id: str
     time: float | None
     reason: str
+    kind: ClientStopKind
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,7 +251,8 @@ class RunRecord:
     clients: Sequence[ClientOutcome]
     stopped: Sequence[StoppedClient]
     """Clients that stopped for good, in the order they stopped."""
-    stop_reason: str
+    stop_reason: RunStop | None
+    """Why the run ended (None: it ended without a stop condition holding)."""
     final_version: int
     network: Mapping[str, Any]
     """Transport counters (the simulated network's, or the deployed server's MQTT endpoint's)."""
@@ -309,6 +312,7 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "state": client.state,
         "stopped_at": stopped["time"] if stopped else None,
         "stop_reason": stopped["reason"] if stopped else "",
+        "stop_kind": stopped["kind"] if stopped else None,
     }
 
 
@@ -319,27 +323,16 @@ def _format_cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _reason_kind(reason: str) -> str:
-    if reason.startswith("the server finished"):  # its own reason follows: not the client's
-        return "the server finished the run"
-    if "budget" in reason:
-        return "their next round would have exceeded their privacy budget"
-    if "finished" in reason:
-        return "they finished their configured rounds"
-    if "crash" in reason:
-        return "they crashed and did not rejoin"
-    return reason
-
-
 def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
     parts = [
         f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
-        f"{len(record.metrics)} server windows because {record.stop_reason}."
+        f"{len(record.metrics)} server windows"
+        + (f" because {record.stop_reason.text}." if record.stop_reason else ".")
     ]
-    by_reason: dict[str, list[StoppedClient]] = {}
+    by_kind: dict[str, list[StoppedClient]] = {}
     for entry in record.stopped:
-        by_reason.setdefault(_reason_kind(entry["reason"]), []).append(entry)
-    for kind, entries in sorted(by_reason.items()):
+        by_kind.setdefault(client_stop_phrase(entry["kind"]), []).append(entry)
+    for kind, entries in sorted(by_kind.items()):
         times = [e["time"] for e in entries if e["time"] is not None]
         names = ", ".join(e["client_id"] for e in entries[:5]) + (
             " and others" if len(entries) > 5 else ""
@@ -410,7 +403,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "virtual_time": record.virtual_time,
         "time_kind": record.time_kind,
         "final_version": record.final_version,
-        "stop_reason": record.stop_reason,
+        **stop_fields(record.stop_reason),
         "updates": totals,
         "network": record.network,
         "client_states": dict(sorted(states.items())),
@@ -428,15 +421,23 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
          if record.interrupted else {})
 
 
-def write_run_outputs(record: RunRecord) -> dict[str, Any]:
-    """Write ``clients.csv``, ``summary.json`` and ``timing.json`` of a finished run into
-    ``record.out_dir`` and return the summary."""
-    out = record.out_dir
+def client_rows(record: RunRecord) -> list[dict[str, Any]]:
+    """The rows of ``clients.csv`` (:data:`CLIENT_COLUMNS`), as computed: an epsilon the
+    accountant could not bound is ``inf`` here (``clients.csv`` leaves its cell empty)."""
     delta = record.scenario.privacy.delta
     stops: dict[str, StoppedClient] = {}
     for entry in record.stopped:
         stops.setdefault(entry["client_id"], entry)
-    rows = [_client_row(c, delta, stops.get(c.plan.client_id)) for c in record.clients]
+    return [_client_row(c, delta, stops.get(c.plan.client_id)) for c in record.clients]
+
+
+def write_run_outputs(record: RunRecord, rows: list[dict[str, Any]] | None = None
+                      ) -> dict[str, Any]:
+    """Write ``clients.csv``, ``summary.json`` and ``timing.json`` of a finished run into
+    ``record.out_dir`` and return the summary (``rows``: :func:`client_rows`, if the caller
+    computed them already)."""
+    out = record.out_dir
+    rows = client_rows(record) if rows is None else rows
     with open(out / CLIENTS_FILE, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(CLIENT_COLUMNS)

@@ -26,7 +26,7 @@ per-example local updates, and a pass of one round are computed alone, exactly a
 **Interrupted rounds** (the interrupt rule ``switch``, :mod:`fedsim.training.rounds`): each
 segment of a one-step round is a job of the pass like a round (its records, its own ``w``);
 the round's noise rides on its first segment and the segments' sums are added. A round that a
-``w-hat`` may still split (``ends_at`` after the :attr:`RoundBatcher.horizon` of its client:
+``w-hat`` may still split (its end, :meth:`RoundSchedule.ends_at`, after the horizon of its client:
 the earliest time a global model can still reach that client, which the runtime supplies from
 the messages in flight to it and the server's next possible publish) is left pending until it
 cannot; computing it earlier would be wasted when the split comes. A split that comes
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -56,11 +56,22 @@ from fedsim.training.models import MLP, LogisticRegression
 from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
 from fedsim.training.rounds import PendingRound, step_segments
 
-__all__ = ["Horizon", "RoundBatcher", "batchable_layers"]
+__all__ = ["RoundBatcher", "RoundSchedule", "batchable_layers"]
 
-Horizon: TypeAlias = Callable[[Sequence[str | None]], Sequence[float]]
-"""For each round owner (a client id, None: any client), the earliest time a global model can
-still reach it; ``inf``: never."""
+
+class RoundSchedule(Protocol):
+    """The runtime's record of when its pending rounds end and when a model can reach them
+    (the batcher asks; it never stores the runtime's times on the rounds)."""
+
+    def ends_at(self, round_: PendingRound) -> float | None:
+        """When the round's compute time ends, if a ``w-hat`` may split it until then; None:
+        it will not be split (it may be computed at any time)."""
+        ...
+
+    def horizon(self, rounds: Sequence[PendingRound]) -> Sequence[float]:
+        """For each round, the earliest time a global model can still reach its client
+        (``inf``: never)."""
+        ...
 
 # Parameter-free modules that act on each value alone: they commute with batching over clients.
 _ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.ELU, nn.LeakyReLU, nn.SiLU,
@@ -136,10 +147,11 @@ class RoundBatcher:
     runtime stays deterministic.
     """
 
-    def __init__(self, model: nn.Module, horizon: Horizon | None = None) -> None:
+    def __init__(self, model: nn.Module, schedule: RoundSchedule | None = None) -> None:
         self.model = model
-        self.horizon = horizon
-        """When a global model can next reach each round's client (None: never)."""
+        self.schedule = schedule
+        """The runtime's record of its rounds' ends and horizons (None: no round is ever
+        split, each may be computed at any time)."""
         self.chain = batchable_layers(model)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.device = next(model.parameters()).device
@@ -177,25 +189,34 @@ class RoundBatcher:
             and trainer.features.device == self.device
         )
 
+    def _held(self, due: PendingRound | None) -> tuple[set[int], dict[int, float]]:
+        """The pending rounds a ``w-hat`` may still split (they stay pending), and the ends of
+        the splittable ones (by ``id``), as the runtime's schedule says."""
+        schedule = self.schedule
+        if schedule is None:
+            return set(), {}
+        ends: dict[int, float] = {}
+        for key, r in self._pending.items():
+            if r is not due and (end := schedule.ends_at(r)) is not None:
+                ends[key] = end
+        splittable = [self._pending[key] for key in ends]
+        if not splittable:
+            return set(), ends
+        bounds = schedule.horizon(splittable)
+        return {id(r) for r, bound in zip(splittable, bounds, strict=True)
+                if ends[id(r)] > bound}, ends
+
     def flush(self, due: PendingRound | None = None) -> None:
         """Compute every pending round that no ``w-hat`` can split any more, and ``due`` (each
         computed round's ``result()`` then returns at once)."""
-        held: set[int] = set()  # rounds a w-hat may still split: they stay pending
-        if self.horizon is not None:
-            splittable = [r for r in self._pending.values()
-                          if r is not due and r.ends_at is not None]
-            if splittable:
-                bounds = self.horizon([r.owner for r in splittable])
-                held = {id(r) for r, bound in zip(splittable, bounds, strict=True)
-                        if r.ends_at is not None and r.ends_at > bound}
+        held, ends = self._held(due)
         pending = [r for key, r in self._pending.items() if key not in held]
         if len(pending) > _MAX_PASS:
             # One pass a flush, of the rounds that end soonest (those without an end first, in
             # the order they began): a result computed early waits in memory until its round
             # ends, and computing every eligible round of 10^4 clients at once held 2 GB more.
             soonest = sorted(range(len(pending)), key=lambda k: (
-                pending[k] is not due, -math.inf if pending[k].ends_at is None
-                else pending[k].ends_at, k))
+                pending[k] is not due, ends.get(id(pending[k]), -math.inf), k))
             pending = [pending[k] for k in sorted(soonest[:_MAX_PASS])]
         for round_ in pending:
             del self._pending[id(round_)]

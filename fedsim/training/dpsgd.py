@@ -35,7 +35,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from fedsim.errors import ConfigError
-from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling
+from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, sensitivity
 from fedsim.training.gaussian import NoiseKey, gaussian_noise
 from fedsim.training.persample import LossFn, PerSampleEngine, per_example_cross_entropy
 
@@ -58,11 +58,6 @@ def check_sampling(sampling: str) -> Sampling:
     if sampling not in SAMPLING_SCHEMES:
         raise ConfigError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
     return sampling
-
-
-def sensitivity(sampling: Sampling, clip: float) -> float:
-    """L2 sensitivity of the clipped sum: ``C`` (Poisson, add/remove), ``2C`` (fixed, replace-one)."""
-    return clip if sampling == "poisson" else 2.0 * clip
 
 
 def noise_std(

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from fedsim.atomic import move_into_place
 from fedsim.data.locate import user_cache_dir
 from fedsim.logging import get_logger
 
@@ -171,7 +172,9 @@ def _compile(compiler: str, target: Path) -> None:
                     errors.append(result.stderr.decode(errors="replace").strip()[-300:])
                     break
             else:
-                os.replace(library, target)
+                # Durability "file": a torn library would crash the loader after a power
+                # failure; losing the rename only means compiling again.
+                move_into_place(library, target, durability="file")
                 return
     raise RuntimeError("every build recipe failed: " + " | ".join(errors))
 

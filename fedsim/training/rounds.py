@@ -277,12 +277,6 @@ class PendingRound:
         """Per-example gradients the round computes, known before it is computed."""
         self.segments = [Segment(0.0, params)]
         """Where the round's ``w`` changes (:meth:`switch`); one segment unless interrupted."""
-        self.ends_at: float | None = None
-        """When its compute time ends (the runtime's clock), if a ``w-hat`` may still split it
-        until then; None: it will not be split (the batcher may compute it at any time)."""
-        self.owner: str | None = None
-        """The client whose round it is, when the runtime says (the batcher asks its horizon
-        for that client's next possible ``w-hat``); None: any client's."""
         self.recomputed = 0
         """Times a computed result was discarded by a later :meth:`switch` (wasted work)."""
         self.batcher: RoundQueue | None = None
@@ -361,8 +355,6 @@ class DoneRound:
 
     def switch(self, fraction: float, params: np.ndarray) -> None:
         """Nothing is left to compute: a received ``w-hat`` changes nothing."""
-
-    ends_at: float | None = None
 
     def cancel(self) -> None:
         pass

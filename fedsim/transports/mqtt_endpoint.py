@@ -41,7 +41,7 @@ QOS = 1
 _AUTH_REFUSED = {4, 5, 134, 135}
 
 
-class _Dispatch(asyncio.Queue):
+class _Dispatch(asyncio.Queue[aiomqtt.Message]):
     """aiomqtt's incoming-message queue (its ``queue_type`` option) that hands each message
     straight to the endpoint instead of storing it.
 

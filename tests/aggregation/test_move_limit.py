@@ -16,7 +16,7 @@ from fedsim.clock import WallClock
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.actors.integrity import ClientLimits
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
-from tests.runtime.test_actors import FakeEndpoint
+from tests.doubles import RecordingEndpoint
 
 DIM = 4
 LIMITS = ClientLimits(sampling="poisson", batch_size=32, num_samples=500, dim=DIM,
@@ -85,7 +85,7 @@ def test_no_direction_within_the_bound_moves_the_model_further(kind: str) -> Non
 
 def _server(optimizer) -> ServerActor:
     clients = {c: ClientInfo(500, 1.0, limits=LIMITS) for c in ("good", "evil")}
-    return ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(DIM),
+    return ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(), initial_params=np.zeros(DIM),
                        clients=clients, window=1.0, strategy=UniformWeights(),
                        step_size=ConstantStepSize(0.5), optimizer=optimizer)
 

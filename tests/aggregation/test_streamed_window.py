@@ -23,7 +23,7 @@ from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.actors.integrity import ClientLimits
 from fedsim.runtime.actors.server import ClientInfo, ServerActor, WindowReport
 from fedsim.runtime.simulated.simulation import run_scenario
-from tests.runtime.test_actors import FakeEndpoint
+from tests.doubles import RecordingEndpoint
 
 DIM = 40
 CLIENTS = [f"c{k:02d}" for k in range(12)]
@@ -34,7 +34,7 @@ LIMITS = ClientLimits(sampling="poisson", batch_size=8, num_samples=200, dim=DIM
 def _server(strategy: Any, normalize: str, stream_above: int, **kw: Any) -> ServerActor:
     clients = {c: ClientInfo(50 + 13 * k, 0.1 + 0.05 * k, weight=1.0 + k % 3, limits=LIMITS)
                for k, c in enumerate(CLIENTS)}
-    server = ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(DIM),
+    server = ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(), initial_params=np.zeros(DIM),
                          clients=clients, window=1.0, strategy=strategy,
                          step_size=ConstantStepSize(0.7), max_staleness=1,
                          normalize=normalize, **kw)  # type: ignore[arg-type]
@@ -75,7 +75,7 @@ def _drive(server: ServerActor, windows: list[list[ClientUpdate]]) -> list[Windo
 
     async def main() -> list[WindowReport]:
         endpoint = server.endpoint
-        assert isinstance(endpoint, FakeEndpoint)
+        assert isinstance(endpoint, RecordingEndpoint)
         receiver = asyncio.create_task(server._receive_forever())
         reports = []
         for messages in windows:
@@ -136,7 +136,7 @@ def test_a_streamed_mix_that_is_not_finite_is_refused_and_counted() -> None:
     """No limits known: the norm check cannot run, so the mixed model's check refuses the
     overflowing window, folded in or not."""
     for stream_above in (10**9, 1):
-        server = ServerActor(clock=WallClock(), endpoint=FakeEndpoint(),
+        server = ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(),
                              initial_params=np.zeros(3),
                              clients={"a": ClientInfo(1, 1.0), "b": ClientInfo(1, 1.0)},
                              window=1.0, strategy=UniformWeights(),
@@ -165,6 +165,7 @@ def _scenario() -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_simulation_with_streamed_windows_writes_the_same_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = LoadedScenario(parse_scenario(_scenario()), None)

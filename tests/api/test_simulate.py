@@ -91,6 +91,7 @@ def _checked_fallback(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 def test_custom_model_and_arrays_through_simulate(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     data = arrays()
@@ -139,6 +140,10 @@ def _records(path: Path) -> list[dict]:
 
 def test_out_none_leaves_nothing_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
+
+    # torch.func's first use imports torch._dynamo, which makes torch's own cache directory
+    # under the temporary directory: torch's, not the run's (imported before it is redirected).
+    import torch._dynamo  # noqa: F401
 
     monkeypatch.chdir(tmp_path)
     scratch = tmp_path / "tmp"
@@ -214,6 +219,7 @@ def test_bad_model_and_data_are_clear_errors() -> None:
                         progress=False)
 
 
+@pytest.mark.slow
 def test_account_mirrors_the_command() -> None:
     answer = fedsim.account(q=0.01, sigma=1.1, steps=1000)
     command = subprocess.run(
@@ -230,6 +236,7 @@ def test_account_mirrors_the_command() -> None:
         fedsim.account(q=0.01, sigma=1.1, steps=10, accountant="moments")
 
 
+@pytest.mark.slow
 def test_import_fedsim_is_cheap() -> None:
     code = ("import sys, fedsim; assert 'torch' not in sys.modules; "
             "assert callable(fedsim.simulate) and 'torch' in sys.modules")

@@ -21,6 +21,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_combination_and_jobs_do_not_change_results(
         tiny_scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"

@@ -74,6 +74,7 @@ def run_on_terminal(args: list[str]) -> tuple[int, str]:
     return proc.wait(timeout=120), ANSI.sub("", output.decode("utf-8", "replace"))
 
 
+@pytest.mark.slow
 def test_bar_total_is_the_horizon_and_log_lines_keep_their_own_lines(tmp_path: Path) -> None:
     path = write(tmp_path, scenario(windows=30))  # 30 windows of 0.5 s: the bar ends at 15 s
     data = yaml.safe_load(path.read_text())
@@ -93,6 +94,7 @@ def test_bar_total_is_the_horizon_and_log_lines_keep_their_own_lines(tmp_path: P
         assert segment.count("virtual time:") <= 1, segment
 
 
+@pytest.mark.slow
 def test_bar_shrinks_to_the_budgets_end(tmp_path: Path) -> None:
     """With a distant duration limit the budgets end the run first: the bar's total is their
     estimated end, and becomes the real end once no client can train any more."""
@@ -122,6 +124,7 @@ def records(stderr: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_quiet_verbose_and_per_client_summary(tmp_path: Path) -> None:
     data = scenario(virtual_seconds=5000)
     data["clients"]["groups"][0]["count"] = 25  # above PER_CLIENT_INFO_LIMIT
@@ -151,6 +154,7 @@ def test_quiet_verbose_and_per_client_summary(tmp_path: Path) -> None:
     assert level.returncode == 0 and not [e for e in records(level.stderr) if e["level"] == "info"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "name", "code"), [(signal.SIGINT, "SIGINT", 130),
                                                    (signal.SIGTERM, "SIGTERM", 143)])
 def test_interrupted_run_writes_a_partial_summary_that_report_reads(

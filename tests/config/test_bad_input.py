@@ -132,6 +132,7 @@ def test_the_documented_limit_is_one_mebibyte(tmp_path: Path,
     assert "larger than 1 MiB" in err
 
 
+@pytest.mark.slow
 def test_composition_stops_at_the_value_limit(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     file = _write(tmp_path, "a: [" + ", ".join(["1"] * (limits.MAX_YAML_VALUES + 10)) + "]\n")

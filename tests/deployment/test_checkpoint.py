@@ -29,6 +29,7 @@ from fedsim.runtime.deployed.server_process import (
     keep_windows_through,
 )
 from fedsim.transports.security import generate_secrets, write_secrets
+from tests.doubles import SilentEndpoint
 
 IDENTITY = {"run": "r", "scenario": "s", "seed": 1, "parameters": 6, "clients": ["a", "b"]}
 
@@ -44,21 +45,10 @@ class _StillClock:
         self.value += seconds
 
 
-class _NoEndpoint:
-    async def publish(self, message: object) -> None:
-        raise AssertionError("nothing is published in these tests")
-
-    async def receive(self) -> object:
-        raise AssertionError("nothing is received in these tests")
-
-    async def close(self) -> None:
-        """Nothing to close."""
-
-
 def _server(now: float = 0.0, *, seed: int = 7) -> ServerActor:
     return ServerActor(
         clock=_StillClock(now),
-        endpoint=_NoEndpoint(),
+        endpoint=SilentEndpoint(),
         initial_params=np.zeros(6, np.float32),
         clients={"a": ClientInfo(100, 0.5), "b": ClientInfo(50, 0.5)},
         window=1.0,
@@ -144,14 +134,7 @@ def test_a_restored_server_continues_its_window_count() -> None:
         reports.append((report.window, report.time))
         return report.window >= 14
 
-    class _Quiet(_NoEndpoint):
-        async def publish(self, message: object) -> None:
-            """Broadcasts go nowhere here."""
-
-        async def receive(self) -> object:
-            await asyncio.Event().wait()
-
-    server.endpoint = _Quiet()
+    server.endpoint = SilentEndpoint()  # broadcasts go nowhere here
     asyncio.run(server.run(on_window))
     # Window 13 ends one window length after the restore, not 13 windows later.
     assert reports == [(13, 13.5), (14, 14.5)]
@@ -308,3 +291,45 @@ def test_checkpoints_are_written_off_the_event_loop_and_cover_the_versions_publi
         return checkpoints.durable_ceiling
 
     assert asyncio.run(windows()) == 9
+
+
+def test_the_checkpoint_before_a_broadcast_is_an_explicit_step_not_the_endpoints(
+        tmp_path: Path) -> None:
+    """The deployed server's endpoint is the transport's, unwrapped; before a model leaves,
+    the server runs the runtime's step (ServerActor.before_publish): a durable checkpoint that
+    covers its version, or, once the run has ended, the end announced instead of the model
+    (issue 28, item 6)."""
+    from fedsim.protocol.messages import GlobalModel, RunFinished
+    from fedsim.runtime.actors.stops import RunStop, RunStopKind
+    from fedsim.runtime.deployed.server_process import _BeforePublish
+
+    sent: list[tuple[object, int]] = []
+
+    class Transport:
+        def acknowledge(self, book: object) -> None:
+            pass
+
+        async def publish(self, message: object) -> None:
+            sent.append((message, checkpoints.checkpoint.saves))
+
+    transport = Transport()
+
+    async def main() -> None:
+        server = _busy_server()
+        server.endpoint = transport  # type: ignore[assignment]
+        step = _BeforePublish(transport, checkpoints, server)  # type: ignore[arg-type]
+        await server.publish_model(invite=True)
+        step.stop_reason = lambda: RunStop(RunStopKind.WINDOWS, "it reached 12 windows")
+        server.version += 1
+        await server.publish_model(invite=True)
+        await server.publish_model(invite=True)  # announced once
+        await checkpoints.drain()
+
+    checkpoints = Checkpoints(ServerCheckpoint(tmp_path, IDENTITY), transport)  # type: ignore[arg-type]
+    asyncio.run(main())
+    (model, saves), (end, _) = sent
+    assert isinstance(model, GlobalModel) and model.version == 9 and saves == 1
+    assert isinstance(end, RunFinished) and end.reason == "it reached 12 windows"
+    assert checkpoints.checkpoint.saves == 2  # the ended run's last version is covered too
+    loaded = ServerCheckpoint(tmp_path, IDENTITY).load()
+    assert loaded is not None and loaded.version == 10

@@ -33,6 +33,7 @@ from fedsim.runtime.population import build_population, open_ledger
 from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics
+from tests.deployment.broker_log import log_debug, log_offset, wait_for_server_receipt
 
 pytestmark = [
     pytest.mark.mqtt,
@@ -308,7 +309,6 @@ def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None: 
 # longer than the server's receipt batching (0.2 s), so a server that acknowledged on arrival
 # would have sent its receipts before the kill.
 RECEIPT_WINDOW = 12.0
-RECEIPT_DELAY = 0.6
 
 
 async def _next_updates(broker: LocalMosquitto, run: str, count: int) -> set[tuple[str, int]]:
@@ -342,6 +342,7 @@ def test_updates_received_before_a_server_kill_are_applied_exactly_once(tmp_path
     out = tmp_path / "run"
     ids = [f"c-{i:03d}" for i in range(4)]
     broker = LocalMosquitto(tmp_path / "broker", "deploy-four", ids, observer=True)
+    log_debug(broker)  # the broker's log shows when the server has an update (its PUBACK)
     broker.start()
     # Staleness is not the point here: the resent updates must be applied, not judged stale.
     options = DeploymentOptions(time_scale=float(TIME_SCALE), max_backoff=0.5,
@@ -355,8 +356,11 @@ def test_updates_received_before_a_server_kill_are_applied_exactly_once(tmp_path
         launcher.prepare()
         launcher.start_all()
         _wait_for_window(out, 2, timeout=90)
+        offset = log_offset(broker)
         received = asyncio.run(asyncio.wait_for(_next_updates(broker, launcher.run, 2), 60))
-        time.sleep(RECEIPT_DELAY)
+        # Killed once the server holds them (acknowledged to the broker), before the
+        # checkpoint that records them.
+        wait_for_server_receipt(broker, {c for c, _ in received}, offset)
         launcher.kill("server", signal.SIGKILL)
         before = _checkpoint_state(out / "state" / "server" / "server.ckpt")
         launcher.start("server")

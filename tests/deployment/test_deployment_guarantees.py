@@ -22,7 +22,7 @@ from fedsim.runtime.deployed.launcher import Launcher
 from fedsim.runtime.deployed.server_process import serve
 from fedsim.runtime.population import build_population, make_server_actor
 from fedsim.transports.mqtt import parse_broker_url
-from tests.runtime.test_actors import FakeEndpoint
+from tests.doubles import RecordingEndpoint
 
 SCENARIO = Path(__file__).parent / "four_clients.yaml"
 NO_SPEED = "clients.groups[0].speed=0"  # the schema's default
@@ -32,7 +32,7 @@ def test_the_shipped_deployment_scenario_paces_a_flooding_client() -> None:
     # The attack: one client sends 40 within-bound rounds per model. With the default speed 0
     # the server had no slot for it and applied all 40; the shipped scenario's slot paces it.
     population = build_population(load_scenario(SCENARIO))
-    server = make_server_actor(population, clock=WallClock(), endpoint=FakeEndpoint(),
+    server = make_server_actor(population, clock=WallClock(), endpoint=RecordingEndpoint(),
                                evaluate=None)
     slots = {c: info.slot for c, info in server.clients.items()}
     assert all(slot is not None and slot > 0 for slot in slots.values())

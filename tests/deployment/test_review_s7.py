@@ -49,6 +49,7 @@ async def _received(endpoint: MqttClientEndpoint, quiet: float = 0.5) -> list[ob
             return got
 
 
+@pytest.mark.slow
 async def test_a_client_cannot_end_the_run_for_the_others(broker: LocalMosquitto) -> None:
     """Mallory holds valid client credentials and knows the live incarnation (it is in every
     global model). It publishes, retained, a RunFinished stamped with the live incarnation, one

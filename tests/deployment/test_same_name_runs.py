@@ -22,6 +22,7 @@ import torch
 from fedsim.runtime.deployed.launcher import Launcher
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.transports.broker import LocalMosquitto, find_mosquitto
+from tests.deployment.broker_log import log_debug, log_offset, wait_for_client_update
 
 pytestmark = [
     pytest.mark.mqtt,
@@ -58,6 +59,7 @@ def _launcher(out: Path, broker: LocalMosquitto, windows: int) -> Launcher:
 
 def test_a_second_run_of_the_same_name_ignores_the_first_runs_leftovers(tmp_path: Path) -> None:
     broker = LocalMosquitto(tmp_path / "broker", "deploy-four", IDS, persistence=True)
+    log_debug(broker)  # the broker's log shows the clients' updates queued for the server
     broker.start()
     try:
         first = _launcher(tmp_path / "run1", broker, 20)
@@ -65,8 +67,10 @@ def test_a_second_run_of_the_same_name_ignores_the_first_runs_leftovers(tmp_path
             first.prepare()
             first.start_all()
             _wait_for_window(tmp_path / "run1", 16)
+            offset = log_offset(broker)
             first.kill("server", signal.SIGKILL)
-            time.sleep(3.0)  # the clients resend what was never acknowledged, into the queue
+            # The clients go on (and resend what was never acknowledged) into the queue.
+            wait_for_client_update(broker, offset)
             first.stop_all(grace=3.0)
         finally:
             first.close()

@@ -25,6 +25,7 @@ def test_every_example_is_listed() -> None:
     assert sorted(p.name for p in EXAMPLES) == sorted(EXPECTED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_on_tiny_settings(script: Path, tmp_path: Path) -> None:
     env = {**os.environ, "FEDSIM_EXAMPLE_TINY": "1",

@@ -148,6 +148,7 @@ def test_du_schedules_spend_exactly_the_clt_budget(du: ModuleType, decay_clip: b
             0.3 ** ((epochs - 1) / epochs))
 
 
+@pytest.mark.slow
 def test_du_quick_run_writes_every_variant(du: ModuleType, tmp_path: Path,
                                            real_mnist: Found) -> None:
     args = ["--quick", "--seeds", "2", "--data", str(real_mnist.path), "--results", str(tmp_path),
@@ -206,6 +207,7 @@ def test_vandijk_variants_are_valid_scenario_overrides() -> None:
                 assert group.rounds == base.rounds  # E -> 2E epochs at twice the batch
 
 
+@pytest.mark.slow
 def test_vandijk_quick_run_reports_accuracy_and_per_client_eps(tmp_path: Path,
                                                                real_mnist: Found) -> None:
     """One `fedsim run` of the base scenario in smoke mode (10 clients, 5 rounds each); the

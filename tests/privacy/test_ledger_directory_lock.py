@@ -102,6 +102,7 @@ print("OPENED")
 """
 
 
+@pytest.mark.slow
 def test_another_process_cannot_write_a_ledger_of_a_locked_directory(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     path = tmp_path / "c1.jsonl"

@@ -83,6 +83,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_cannot_both_spend_one_ledger(tmp_path: Path) -> None:
     """Today's attack: two processes on one ledger each spent to the budget (eps 2.84 for a
     budget of 2.0). Now the second is refused while the first holds the ledger."""

@@ -30,6 +30,7 @@ steps_strategy = st.lists(
     min_size=1, max_size=50)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(steps=steps_strategy, data=st.data())
 def test_step_by_step_with_dry_runs_equals_one_shot(steps: list[GaussianStep],

@@ -159,6 +159,7 @@ def _both_epsilons(q: float, sigma: float, steps: int) -> tuple[float, float]:
             rdp_conversion.epsilon_classic(DEFAULT_ORDERS, curve, DELTA)[0])
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(q=st.sampled_from([0.001, 0.003, 0.01, 0.05]),
        sigma=st.floats(min_value=0.5, max_value=4.5),

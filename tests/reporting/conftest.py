@@ -26,7 +26,7 @@ DELTA = 1e-5
 BUDGET_EPSILON = 3.0
 CLIENT_COLUMNS = ("client_id", "group", "num_samples", "batch_size", "sampling", "q", "rounds",
                   "steps", "sigma", "clip", "epsilon", "mu_clt", "budget_epsilon",
-                  "remaining_epsilon", "state", "stopped_at", "stop_reason")
+                  "remaining_epsilon", "state", "stopped_at", "stop_reason", "stop_kind")
 # Three postures (group, q, sigma, seconds between rounds, budget eps); clients of one group
 # start at different times, so they share postures but not histories. Only the fast group has
 # a budget (and runs into it): a budgeted ledger costs a headroom search when it is written.
@@ -105,7 +105,8 @@ def build_run(root: Path, clients: int = 4, windows: int = 12, window: float = 5
                      "remaining_epsilon": budget - epsilon if budget else None,
                      "state": "budget_exhausted" if stopped else "active",
                      "stopped_at": time if stopped else None,
-                     "stop_reason": "budget exhausted" if stopped else ""})
+                     "stop_reason": "budget exhausted" if stopped else "",
+                     "stop_kind": "budget" if stopped else ""})
     with (root / "clients.csv").open("w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CLIENT_COLUMNS)
         writer.writeheader()
@@ -116,7 +117,8 @@ def build_run(root: Path, clients: int = 4, windows: int = 12, window: float = 5
                "best_accuracy": max(evaluated), "windows": windows, "virtual_time": duration,
                "updates": {"received": 3 * windows, "applied": 2 * windows, "stale": windows}, "client_states": {},
                "stopped": [{"client_id": r["client_id"], "time": r["stopped_at"],
-                            "reason": r["stop_reason"]} for r in rows if r["stop_reason"]],
+                            "reason": r["stop_reason"], "kind": r["stop_kind"]}
+                           for r in rows if r["stop_reason"]],
                "privacy": {"delta": DELTA, "accountant": "pld"},
                "explanation": f"{name} ran {windows} windows."}
     (root / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")

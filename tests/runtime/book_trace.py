@@ -43,20 +43,6 @@ class _Clock:
         self.time += max(0.0, seconds)
 
 
-class _Endpoint:
-    def __init__(self) -> None:
-        self.published: list[Any] = []
-
-    async def publish(self, message: Any) -> None:
-        self.published.append(message)
-
-    async def receive(self) -> Any:
-        await asyncio.Event().wait()
-
-    async def close(self) -> None:
-        pass
-
-
 def make_server() -> Any:
     """The trace's server: 4-parameter model, participation 0.5, max staleness 3, no pacing."""
     import numpy as np
@@ -64,6 +50,7 @@ def make_server() -> Any:
     from fedsim.aggregation import ConstantStepSize, UniformWeights
     from fedsim.runtime.actors.integrity import ClientLimits
     from fedsim.runtime.actors.server import ClientInfo, ServerActor
+    from tests.doubles import SilentEndpoint  # (it imports fedsim: inside, as fedsim is)
 
     def limits(max_rounds: int | None) -> ClientLimits:
         return ClientLimits(sampling="poisson", batch_size=8.0, num_samples=100, dim=DIM,
@@ -71,7 +58,7 @@ def make_server() -> Any:
 
     clients = {c: ClientInfo(100, 0.1, limits=limits(60 if c == "a" else None))
                for c in CLIENTS}
-    return ServerActor(clock=_Clock(), endpoint=_Endpoint(), initial_params=np.zeros(DIM),
+    return ServerActor(clock=_Clock(), endpoint=SilentEndpoint(), initial_params=np.zeros(DIM),
                        clients=clients, window=1.0, strategy=UniformWeights(),
                        step_size=ConstantStepSize(1.0), max_staleness=3, participation=0.5,
                        rng=np.random.default_rng(3))

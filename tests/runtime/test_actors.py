@@ -21,7 +21,7 @@ from fedsim.aggregation import (
     mix,
     population_weight,
 )
-from fedsim.errors import BudgetExhausted, ConfigError, TransportError
+from fedsim.errors import BudgetExhausted, ConfigError
 from fedsim.privacy.events import GaussianStep
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message, RunFinished
 from fedsim.runtime.actors.client import ClientActor, StalenessPolicy
@@ -29,29 +29,10 @@ from fedsim.runtime.actors.exposure import is_invited
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.training.rounds import DoneRound, RoundResult
+from tests.doubles import RecordingEndpoint
 
 DIM = 3
 STEP = GaussianStep("poisson", 0.1, 1.0)
-
-
-class FakeEndpoint:
-    """Records what is published; ``deliver`` puts a message in the inbox."""
-
-    def __init__(self, log: list[str] | None = None) -> None:
-        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self.published: list[tuple[float, Message]] = []
-        self.log = log if log is not None else []
-        self.clock: VirtualClock | None = None
-
-    async def publish(self, message: Message) -> None:
-        self.log.append(f"publish {type(message).__name__}")
-        self.published.append((self.clock.now() if self.clock else 0.0, message))
-
-    async def receive(self) -> Message:
-        return await self.inbox.get()
-
-    async def close(self) -> None:
-        raise TransportError("closed")
 
 
 class FakeTrainer:
@@ -91,10 +72,9 @@ class FakeLedger:
 
 
 def make_client(clock: VirtualClock, *, allowed: int = 100, policy: StalenessPolicy = StalenessPolicy(),
-                max_rounds: int | None = None) -> tuple[ClientActor, FakeEndpoint, FakeTrainer, FakeLedger]:
+                max_rounds: int | None = None) -> tuple[ClientActor, RecordingEndpoint, FakeTrainer, FakeLedger]:
     log: list[str] = []
-    endpoint, trainer, ledger = FakeEndpoint(log), FakeTrainer(), FakeLedger(allowed, log)
-    endpoint.clock = clock
+    endpoint, trainer, ledger = RecordingEndpoint(clock, log=log), FakeTrainer(), FakeLedger(allowed, log)
     actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer, ledger=ledger,
                         local_lr=0.5, batch_size=10,
                         seconds_per_sample=lambda: 0.1,  # a round costs 10 x 0.1 = 1 s
@@ -102,26 +82,18 @@ def make_client(clock: VirtualClock, *, allowed: int = 100, policy: StalenessPol
     return actor, endpoint, trainer, ledger
 
 
-def deliver_at(clock: VirtualClock, endpoint: FakeEndpoint, when: float, message: Message) -> None:
-    asyncio.get_running_loop().call_later(when - clock.now(), endpoint.inbox.put_nowait, message)
-
-
-def updates(endpoint: FakeEndpoint) -> list[tuple[float, ClientUpdate]]:
-    return [(t, m) for t, m in endpoint.published if isinstance(m, ClientUpdate)]
-
-
 def test_global_model_mid_round_overwrites_w_and_the_round_continues() -> None:
     g1, g2 = np.zeros(DIM, np.float32), np.full(DIM, 10.0, np.float32)
 
     async def main(clock: VirtualClock):
         actor, endpoint, trainer, ledger = make_client(clock, max_rounds=2)
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, g1))
-        deliver_at(clock, endpoint, 0.5, GlobalModel(2, g2))  # in the middle of round 0
+        endpoint.deliver_at(0.0, GlobalModel(1, g1))
+        endpoint.deliver_at(0.5, GlobalModel(2, g2))  # in the middle of round 0
         await asyncio.wait_for(actor.run(), timeout=100)
         return actor, endpoint, trainer, ledger
 
     actor, endpoint, trainer, ledger = run_virtual(main)
-    sent = updates(endpoint)
+    sent = endpoint.updates()
     assert [(t, m.round, m.base_version) for t, m in sent] == [(1.0, 0, 1), (2.0, 1, 2)]
     # With a round limit the actor registered its 2 remaining rounds with the ledger once.
     assert ledger.planned == [2]
@@ -151,14 +123,14 @@ def test_staleness_wait_for_a_fresh_global_model() -> None:
     async def main(clock: VirtualClock):
         actor, endpoint, trainer, _ = make_client(
             clock, policy=StalenessPolicy(max_versions_behind=2), max_rounds=3)
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
-        deliver_at(clock, endpoint, 7.5, GlobalModel(2, np.ones(DIM, np.float32)))
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(7.5, GlobalModel(2, np.ones(DIM, np.float32)))
         await asyncio.wait_for(actor.run(), timeout=100)
         return endpoint, trainer
 
     endpoint, trainer = run_virtual(main)
     # Two rounds on version 1 (t = 1, 2), then a wait until version 2 arrives at 7.5.
-    assert [(t, m.round, m.base_version) for t, m in updates(endpoint)] == [
+    assert [(t, m.round, m.base_version) for t, m in endpoint.updates()] == [
         (1.0, 0, 1), (2.0, 1, 1), (8.5, 2, 2)]
     np.testing.assert_array_equal(trainer.seen[2], np.ones(DIM))
 
@@ -168,12 +140,12 @@ def test_distance_rule_waits_when_the_local_model_drifted() -> None:
         # One local step moves w by 0.5 * ||0 + 1|| = 0.5 * sqrt(3) ~ 0.87 > 0.5.
         actor, endpoint, _, _ = make_client(clock, policy=StalenessPolicy(max_distance=0.5),
                                             max_rounds=2)
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
-        deliver_at(clock, endpoint, 4.0, GlobalModel(2, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(4.0, GlobalModel(2, np.zeros(DIM, np.float32)))
         await asyncio.wait_for(actor.run(), timeout=100)
         return endpoint
 
-    assert [t for t, _ in updates(run_virtual(main))] == [1.0, 5.0]
+    assert [t for t, _ in run_virtual(main).updates()] == [1.0, 5.0]
 
 
 def test_a_crash_mid_round_cancels_the_round_and_charges_nothing() -> None:
@@ -195,7 +167,7 @@ def test_a_crash_mid_round_cancels_the_round_and_charges_nothing() -> None:
     async def main(clock: VirtualClock):
         actor, endpoint, trainer, ledger = make_client(clock, max_rounds=2)
         trainer.begin_round = lambda params, round_index: began.append(RecordingRound()) or began[-1]
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
         task = asyncio.create_task(actor.run())
         await clock.sleep(0.5)  # the round's compute time (1.0) is passing: crash now
         task.cancel()
@@ -205,13 +177,13 @@ def test_a_crash_mid_round_cancels_the_round_and_charges_nothing() -> None:
 
     endpoint, ledger = run_virtual(main)
     assert len(began) == 1 and began[0].cancelled and not began[0].taken
-    assert ledger.spent == [] and updates(endpoint) == []
+    assert ledger.spent == [] and endpoint.updates() == []
 
 
 def test_ledger_is_charged_before_each_send_and_the_client_stops_at_its_budget() -> None:
     async def main(clock: VirtualClock):
         actor, endpoint, _, ledger = make_client(clock, allowed=3)
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
         await asyncio.wait_for(actor.run(), timeout=100)
         return actor, endpoint, ledger
 
@@ -249,13 +221,13 @@ def test_the_end_of_the_run_mid_round_cancels_it_uncharged_and_unreleased() -> N
     async def main(clock: VirtualClock):
         actor, endpoint, trainer, ledger = make_client(clock)  # no round limit, a large budget
         trainer.begin_round = lambda params, r: began.append(RecordingRound(params)) or began[-1]
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
-        deliver_at(clock, endpoint, 1.5, RunFinished(1, "stop.windows reached", 1.5))
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(1.5, RunFinished(1, "stop.windows reached", 1.5))
         await asyncio.wait_for(actor.run(), timeout=100)  # returns: the end is not a crash
         return actor, endpoint, ledger
 
     actor, endpoint, ledger = run_virtual(main)
-    assert ledger.spent == [0] and [m.round for _, m in updates(endpoint)] == [0]
+    assert ledger.spent == [0] and [m.round for _, m in endpoint.updates()] == [0]
     assert len(began) == 2 and began[0].taken and not began[0].cancelled
     assert began[1].cancelled and not began[1].taken
     assert ledger.log == ["spend 0", "publish ClientUpdate", "publish ClientStatus"]
@@ -272,15 +244,15 @@ def test_the_end_of_the_run_while_waiting_or_releasing_starts_no_round() -> None
 
     async def waiting(clock: VirtualClock):
         actor, endpoint, _, ledger = make_client(clock)
-        deliver_at(clock, endpoint, 2.0, RunFinished(0, "all clients finished"))  # no model yet
+        endpoint.deliver_at(2.0, RunFinished(0, "all clients finished"))  # no model yet
         await asyncio.wait_for(actor.run(), timeout=100)
         return actor, endpoint, ledger
 
     actor, endpoint, ledger = run_virtual(waiting)
-    assert ledger.spent == [] and updates(endpoint) == [] and actor.stopped_at == 2.0
+    assert ledger.spent == [] and endpoint.updates() == [] and actor.stopped_at == 2.0
     assert actor.state == "done" and "server finished" in actor.stop_reason
 
-    class SlowEndpoint(FakeEndpoint):
+    class SlowEndpoint(RecordingEndpoint):
         async def publish(self, message: Message) -> None:
             if isinstance(message, ClientUpdate):
                 assert self.clock is not None
@@ -289,17 +261,16 @@ def test_the_end_of_the_run_while_waiting_or_releasing_starts_no_round() -> None
 
     async def releasing(clock: VirtualClock):
         actor, _, _, ledger = make_client(clock)
-        endpoint = SlowEndpoint(ledger.log)
-        endpoint.clock = clock
+        endpoint = SlowEndpoint(clock, log=ledger.log)
         actor.endpoint = endpoint
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
-        deliver_at(clock, endpoint, 1.2, RunFinished(1, "done"))  # round 0 charged at t = 1
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(1.2, RunFinished(1, "done"))  # round 0 charged at t = 1
         await asyncio.wait_for(actor.run(), timeout=100)
         return actor, endpoint, ledger
 
     actor, endpoint, ledger = run_virtual(releasing)
     assert ledger.log == ["spend 0", "publish ClientUpdate", "publish ClientStatus"]
-    assert [(t, m.round) for t, m in updates(endpoint)] == [(1.5, 0)]
+    assert [(t, m.round) for t, m in endpoint.updates()] == [(1.5, 0)]
     assert actor.stopped_at == 1.5 and actor.state == "done"
 
 
@@ -309,7 +280,7 @@ def test_a_crash_after_the_end_of_the_run_is_still_a_crash() -> None:
     async def main(clock: VirtualClock):
         actor, endpoint, trainer, ledger = make_client(clock)
         trainer.begin_round = lambda params, r: RecordingRound(params)
-        deliver_at(clock, endpoint, 0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
+        endpoint.deliver_at(0.0, GlobalModel(1, np.zeros(DIM, np.float32)))
         task = asyncio.create_task(actor.run())
         await clock.sleep(0.5)
         actor.accept_finished(RunFinished(1, "done"))  # the actor cancels its own round...
@@ -330,7 +301,7 @@ def update(client: str, round_: int, base: int, value: float) -> ClientUpdate:
     return ClientUpdate(client, round_, base, np.full(DIM, value, np.float32), 10.0)
 
 
-def make_server(clock: VirtualClock, endpoint: FakeEndpoint, **kwargs) -> ServerActor:
+def make_server(clock: VirtualClock, endpoint: RecordingEndpoint, **kwargs) -> ServerActor:
     clients = {"a": ClientInfo(100, 0.5, 1.0), "b": ClientInfo(300, 0.5, 3.0)}
     return ServerActor(clock=clock, endpoint=endpoint, initial_params=np.zeros(DIM, np.float32),
                        clients=clients, window=1.0, strategy=DataSizeWeights(),
@@ -339,15 +310,14 @@ def make_server(clock: VirtualClock, endpoint: FakeEndpoint, **kwargs) -> Server
 
 def test_server_never_applies_an_update_twice_and_drops_stale_ones() -> None:
     async def main(clock: VirtualClock):
-        endpoint = FakeEndpoint()
-        endpoint.clock = clock
+        endpoint = RecordingEndpoint(clock)
         server = make_server(clock, endpoint, max_staleness=1)
         reports = []
         for t, message in [(0.2, update("a", 0, 0, 1.0)), (0.3, update("a", 0, 0, 1.0)),
                            (0.4, update("b", 0, 0, 2.0)), (1.5, update("a", 0, 0, 1.0)),
                            (2.5, update("a", 1, 0, 1.0)), (3.5, update("a", 2, 0, 1.0)),
                            (3.6, update("zz", 0, 0, 1.0))]:
-            deliver_at(clock, endpoint, t, message)
+            endpoint.deliver_at(t, message)
         await server.run(lambda r: reports.append(r) or r.window >= 4)
         return server, reports, endpoint
 
@@ -372,8 +342,7 @@ def test_participation_invites_each_window_and_applies_every_invited_round() -> 
     ids = ["a", "b"]
 
     async def main(clock: VirtualClock):
-        endpoint = FakeEndpoint()
-        endpoint.clock = clock
+        endpoint = RecordingEndpoint(clock)
         server = make_server(clock, endpoint, participation=0.5, rng=np.random.default_rng(3))
         reports: list = []
         invited: dict[int, str] = {}
@@ -459,21 +428,23 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     """The simulator and the deployed server share one stop rule (WindowReport.stop_reason)."""
     from fedsim.config.schema import Stop
     from fedsim.runtime.actors.server import WindowReport
+    from fedsim.runtime.actors.stops import RunStop, RunStopKind
 
     stop = Stop(windows=10, virtual_seconds=5.0, target_accuracy=0.9)
     report = WindowReport(window=3, time=2.0, version=3, accuracy=0.5, received=4)
-    assert report.stop_reason(stop, active_clients=2) == ""
+    assert report.stop_reason(stop, active_clients=2) is None
     assert WindowReport(window=10, time=9.0, version=9).stop_reason(
-        stop, active_clients=2) == "it reached 10 windows"  # windows first, then duration
+        stop, active_clients=2) == RunStop(RunStopKind.WINDOWS, "it reached 10 windows")
     assert WindowReport(window=6, time=6.0, version=6).stop_reason(
-        stop, active_clients=2, seconds="scenario") == (
+        stop, active_clients=2, seconds="scenario") == RunStop(RunStopKind.DURATION,
         "window 6 ended at 6 scenario seconds, the first window end at or after its limit of 5 s")
     assert WindowReport(window=3, time=2.0, version=3, accuracy=0.95).stop_reason(
-        stop, active_clients=2) == "it reached the target accuracy 0.9"
+        stop, active_clients=2) == RunStop(RunStopKind.TARGET_ACCURACY,
+                                           "it reached the target accuracy 0.9")
     # all budgets spent: nobody active, nothing received this window and nothing in flight
     idle = WindowReport(window=3, time=2.0, version=3)
-    assert idle.stop_reason(stop, active_clients=0, in_flight=1) == ""
-    assert idle.stop_reason(stop, active_clients=1) == ""
-    assert idle.stop_reason(stop, active_clients=0) == (
-        "no client can train any more and every update has arrived")
-    assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) == ""
+    assert idle.stop_reason(stop, active_clients=0, in_flight=1) is None
+    assert idle.stop_reason(stop, active_clients=1) is None
+    assert idle.stop_reason(stop, active_clients=0) == RunStop(
+        RunStopKind.BUDGETS_SPENT, "no client can train any more and every update has arrived")
+    assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) is None

@@ -31,7 +31,7 @@ from fedsim.runtime.actors.admission import (
 from fedsim.runtime.actors.client_book import PUBLISHED_RUNS, PublishedVersions
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
-from tests.runtime.test_actors import FakeEndpoint
+from tests.doubles import RecordingEndpoint
 
 
 def _update(client: str, round_: int, base: int = 0) -> ClientUpdate:
@@ -179,7 +179,7 @@ def test_a_flooding_clients_deferred_rounds_are_applied_at_its_pace_not_dropped(
 
     async def main(clock: VirtualClock) -> tuple[list[tuple[str, int, float]], int]:
         clients = {c: ClientInfo(1, 1.0, slot=1.0) for c in ("mallory", "h")}
-        server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(2),
+        server = ServerActor(clock=clock, endpoint=RecordingEndpoint(), initial_params=np.zeros(2),
                              clients=clients, window=2.0, strategy=UniformWeights(),
                              step_size=ConstantStepSize(1.0), policy=FedAsync(alpha=0.5))
         applied: list[tuple[str, int, float]] = []
@@ -206,7 +206,7 @@ def test_a_flooding_clients_deferred_rounds_are_applied_at_its_pace_not_dropped(
 
 
 def test_an_unknown_version_claim_is_refused_and_counted() -> None:
-    server = ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(2),
+    server = ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(), initial_params=np.zeros(2),
                          clients={"a": ClientInfo(1, 1.0)}, window=1.0, strategy=UniformWeights(),
                          step_size=ConstantStepSize(1.0))
     server.version = 3  # versions 1-3 made but never published

@@ -17,8 +17,8 @@ from fedsim.protocol.messages import ClientStatus, ClientUpdate
 from fedsim.runtime.actors.client_book import WINDOW, BookState, ClientBook, Kind
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from tests.doubles import RecordingEndpoint
 from tests.runtime.book_trace import TRACE, Player, make_server
-from tests.runtime.test_actors import FakeEndpoint
 
 
 def test_the_book_gives_the_old_servers_verdicts_on_a_recorded_hostile_trace() -> None:
@@ -110,7 +110,7 @@ def test_rejection_kinds_are_their_metrics_column_names(kind: Kind) -> None:
 
 
 def _server(clients: tuple[str, ...]) -> ServerActor:
-    return ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+    return ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(), initial_params=np.zeros(3),
                        clients={c: ClientInfo(1, 1.0) for c in clients}, window=1.0,
                        strategy=UniformWeights(), step_size=ConstantStepSize(1.0))
 

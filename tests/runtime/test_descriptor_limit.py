@@ -92,6 +92,7 @@ def _ledgers(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "ledgers").iterdir())}
 
 
+@pytest.mark.slow
 def test_a_run_beyond_the_hard_limit_writes_its_ledgers_under_one_directory_lock(
         tmp_path: Path) -> None:
     data = scenario()

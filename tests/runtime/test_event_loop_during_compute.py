@@ -8,16 +8,18 @@ padding would hide the batch in the update's send time and reveal it in every ot
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from fedsim.clock import ScaledClock
-from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import ClientUpdate, GlobalModel
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import ClientExposure
-from tests.doubles import FreeLedger
+from tests.doubles import FreeLedger, RecordingEndpoint
 
 COMPUTE_SECONDS = 0.6  # the blocking compute of the one round (a real round holds the CPU)
 
@@ -37,19 +39,6 @@ def client_exposure_is_threaded() -> bool:
         "server": {"window": 1.0}})
     exposure = client_exposure(scenario, ["p-000"], "p-000", deployed=True)
     return exposure.pad_release and exposure.compute_in_thread
-
-
-class _Endpoint:
-    def __init__(self) -> None:
-        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self.updates: list[ClientUpdate] = []
-
-    async def publish(self, message: Message) -> None:
-        if isinstance(message, ClientUpdate):
-            self.updates.append(message)
-
-    async def receive(self) -> Message:
-        return await self.inbox.get()
 
 
 class _BlockingRound:
@@ -92,7 +81,7 @@ def test_a_deployed_round_does_not_block_the_event_loop() -> None:
             await asyncio.sleep(0.02)
 
     async def main() -> list[ClientUpdate]:
-        endpoint = _Endpoint()
+        endpoint = RecordingEndpoint()
         actor = ClientActor(
             "c1", clock=ScaledClock(1.0), endpoint=endpoint, trainer=_Trainer(log),
             ledger=FreeLedger(), local_lr=0.1, batch_size=10,
@@ -102,7 +91,7 @@ def test_a_deployed_round_does_not_block_the_event_loop() -> None:
         housekeeping = asyncio.create_task(connection_housekeeping())
         await asyncio.wait_for(actor.run(), 30)
         housekeeping.cancel()
-        return endpoint.updates
+        return [m for _, m in endpoint.updates()]
 
     updates = asyncio.run(main())
     assert len(updates) == 1
@@ -122,11 +111,13 @@ class _SwitchableRound:
         self.splits: list[tuple[float, float]] = []  # (fraction, w-hat's first value)
         self.computed: list[int] = []  # the splits each computation saw
         self.split_while_computing = False
+        self.started = threading.Event()  # set once the (first) computation is under way
 
     def result(self) -> Any:
         from fedsim.training.rounds import RoundResult
 
         self.computing = True
+        self.started.set()
         time.sleep(COMPUTE_SECONDS / 2)
         seen = len(self.splits)
         time.sleep(COMPUTE_SECONDS / 2)
@@ -142,6 +133,7 @@ class _SwitchableRound:
         pass
 
 
+@pytest.mark.slow
 def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
     """interrupt = switch on a deployed client: a global model arriving while the worker
     thread computes is applied when the thread returns (never under it), the round is
@@ -153,7 +145,7 @@ def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
             return round_
 
     async def main() -> list[ClientUpdate]:
-        endpoint = _Endpoint()
+        endpoint = RecordingEndpoint()
         actor = ClientActor(
             "c1", clock=ScaledClock(1.0), endpoint=endpoint, trainer=Trainer({}),
             ledger=FreeLedger(), local_lr=0.1, batch_size=10,
@@ -163,11 +155,12 @@ def test_a_w_hat_during_a_threaded_compute_splits_the_round_after_it() -> None:
         assert actor.interrupt == "switch"
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))
         running = asyncio.create_task(actor.run())
-        await asyncio.sleep(COMPUTE_SECONDS / 4)  # inside the first computation
+        # inside the first computation (its thread holds it for COMPUTE_SECONDS)
+        assert await asyncio.to_thread(round_.started.wait, 30)
         assert round_.computing
         endpoint.inbox.put_nowait(GlobalModel(2, np.full(3, 7.0, np.float32)))
         await asyncio.wait_for(running, 30)
-        return endpoint.updates
+        return [m for _, m in endpoint.updates()]
 
     updates = asyncio.run(main())
     assert not round_.split_while_computing

@@ -34,7 +34,8 @@ from fedsim.runtime.actors.integrity import (
 )
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.population import build_population
-from tests.runtime.test_actors import FakeEndpoint, FakeLedger, FakeTrainer
+from tests.doubles import RecordingEndpoint
+from tests.runtime.test_actors import FakeLedger, FakeTrainer
 
 SCENARIO = "tests/deployment/four_clients.yaml"
 
@@ -104,7 +105,7 @@ BOUND = LIMITS.norm_bound(0)
 def _server(**kwargs: object) -> tuple[ServerActor, WallClock]:
     clock = WallClock()
     clients = {c: ClientInfo(500, 1.0, limits=LIMITS) for c in ("a", "b")}
-    server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+    server = ServerActor(clock=clock, endpoint=RecordingEndpoint(), initial_params=np.zeros(3),
                          clients=clients, window=1.0, strategy=UniformWeights(),
                          step_size=ConstantStepSize(1.0), **kwargs)  # type: ignore[arg-type]
     return server, clock
@@ -161,7 +162,7 @@ def test_a_mix_that_is_not_finite_is_never_applied() -> None:
     """Without known limits the norm check cannot run; the mixed model's check still refuses an
     overflowing mix (float32 max + float32 max) and the model stays as it was."""
     clock = WallClock()
-    server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+    server = ServerActor(clock=clock, endpoint=RecordingEndpoint(), initial_params=np.zeros(3),
                          clients={"a": ClientInfo(1, 1.0), "b": ClientInfo(1, 1.0)}, window=1.0,
                          strategy=UniformWeights(), step_size=ConstantStepSize(2.0))
     server._inbox = [_update("a", 0, np.full(3, -3.4e38)), _update("b", 0, np.full(3, -3.4e38))]
@@ -206,7 +207,7 @@ def test_an_on_arrival_step_that_diverges_is_refused_and_the_optimizer_state_kep
     """FedAsync with momentum: a step whose model overflows is never applied nor published,
     and the momentum buffer is the one before it (the refused update leaves no trace)."""
     clock = WallClock()
-    server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+    server = ServerActor(clock=clock, endpoint=RecordingEndpoint(), initial_params=np.zeros(3),
                          clients={"a": ClientInfo(1, 1.0), "b": ClientInfo(1, 1.0)}, window=1.0,
                          strategy=UniformWeights(), step_size=ConstantStepSize(2.0),
                          policy=FedAsync(alpha=1.0), optimizer=Momentum(0.9))
@@ -259,7 +260,7 @@ def test_restored_servers_keep_the_round_tables_and_incarnations() -> None:
 
 def test_a_client_skips_a_bad_global_model_and_trains_on_the_next_good_one() -> None:
     clock = WallClock()
-    actor = ClientActor("a", clock=clock, endpoint=FakeEndpoint(), trainer=FakeTrainer(),
+    actor = ClientActor("a", clock=clock, endpoint=RecordingEndpoint(), trainer=FakeTrainer(),
                         ledger=FakeLedger(5, []), local_lr=0.1, batch_size=10,
                         seconds_per_sample=lambda: 0.0)
     assert actor.accept_global(GlobalModel(1, np.zeros(3, np.float32)))
@@ -273,7 +274,7 @@ def test_a_client_skips_a_bad_global_model_and_trains_on_the_next_good_one() -> 
 
 def test_a_round_with_a_non_finite_update_is_neither_released_nor_charged() -> None:
     clock = WallClock()
-    endpoint = FakeEndpoint()
+    endpoint = RecordingEndpoint()
     ledger = FakeLedger(5, [])
     actor = ClientActor("a", clock=clock, endpoint=endpoint, trainer=FakeTrainer(), ledger=ledger,
                         local_lr=0.1, batch_size=10,
@@ -301,7 +302,7 @@ def test_a_status_cannot_claim_rounds_far_beyond_what_the_server_knows() -> None
     check of its updates was void (any round up to 2**53 was 'known')."""
     limits = dataclasses.replace(LIMITS, max_rounds=None)
     clock = WallClock()
-    server = ServerActor(clock=clock, endpoint=FakeEndpoint(), initial_params=np.zeros(3),
+    server = ServerActor(clock=clock, endpoint=RecordingEndpoint(), initial_params=np.zeros(3),
                          clients={"a": ClientInfo(500, 1.0, limits=limits)}, window=1.0,
                          strategy=UniformWeights(), step_size=ConstantStepSize(1.0))
     server._inbox = [_update("a", r, [0.01, 0, 0]) for r in range(3)]

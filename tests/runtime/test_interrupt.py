@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from fedsim.config import LoadedScenario, parse_scenario
-from fedsim.protocol.messages import ClientUpdate, GlobalModel
+from fedsim.protocol.messages import GlobalModel
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import ClientExposure
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.simulation import run_scenario
-from tests.doubles import FreeLedger
+from tests.doubles import FreeLedger, RecordingEndpoint
 
 torch.set_num_threads(1)
 
@@ -110,28 +110,6 @@ class _Trainer:
         return self.rounds[-1]
 
 
-class _Endpoint:
-    def __init__(self, clock: VirtualClock, arrivals: list[tuple[float, GlobalModel]]) -> None:
-        import asyncio
-        self.clock, self.inbox, self.sent = clock, asyncio.Queue(), []
-        self.arrivals = arrivals
-
-    async def feed(self) -> None:
-        for at, message in self.arrivals:
-            await self.clock.sleep(at - self.clock.now())
-            self.inbox.put_nowait(message)
-
-    async def publish(self, message: Any) -> None:
-        if isinstance(message, ClientUpdate):
-            self.sent.append(message)
-
-    async def receive(self) -> Any:
-        return await self.inbox.get()
-
-    async def close(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("rule", ["switch", "snapshot"])
 @pytest.mark.parametrize("pad_release", [False, True])
 def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool) -> None:
@@ -152,16 +130,16 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
                     (0.25, GlobalModel(2, np.full(2, 2.0, np.float32))),
                     (second + 0.2, GlobalModel(3, np.full(2, 3.0, np.float32))),
                     (second + 0.6, GlobalModel(4, np.full(2, 4.0, np.float32)))]
-        endpoint = _Endpoint(clock, arrivals)
+        endpoint = RecordingEndpoint(clock)
         actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
                             ledger=FreeLedger(), local_lr=0.1, batch_size=10,
                             seconds_per_sample=lambda: 0.1, max_rounds=2, interrupt=rule,
                             exposure=ClientExposure(pad_release=pad_release),
                             status_epsilon=lambda: (0.0, 1e-5))
-        feeder = asyncio.create_task(endpoint.feed())
+        feeder = asyncio.create_task(endpoint.feed(arrivals))
         await actor.run()
         await feeder
-        return log, [m.sent_at for m in endpoint.sent], [r.computed for r in trainer.rounds]
+        return log, [m.sent_at for _, m in endpoint.updates()], [r.computed for r in trainer.rounds]
 
     log, sent, computed = run_virtual(main)
     assert sent == pytest.approx([2.0, 4.0] if padded_switch else [1.0, 2.0])
@@ -170,3 +148,35 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     else:
         assert log == [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)]
         assert computed == ([2, 3] if pad_release else [1, 1])
+
+
+def test_the_runtime_writes_nothing_onto_the_training_rounds(tmp_path: Path) -> None:
+    """The batcher's hold on splittable rounds comes from the runtime's own record (its round
+    schedule: the actor's split deadline, the client's trainer), not from attributes the
+    runtime sets on training objects (issue 28, item 6): a round keeps exactly the attributes
+    its trainer gave it, and the hold still works (no round computed twice)."""
+    from fedsim.training.rounds import PendingRound
+
+    begun: list[Any] = []
+
+    class Recording:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def planned_steps(self, round_index: int) -> Any:
+            return self.inner.planned_steps(round_index)
+
+        def begin_round(self, params: Any, round_index: int) -> Any:
+            pending = self.inner.begin_round(params, round_index)
+            begun.append((pending, set(vars(pending))))
+            return pending
+
+    result = _run(_scenario("switch"), tmp_path / "run",
+                  wrap_trainer=lambda plan, trainer: Recording(trainer))
+    rounds = [(p, names) for p, names in begun if isinstance(p, PendingRound)]
+    assert rounds and sum(c.actor.switched_rounds for c in result.clients.values()) > 0
+    for pending, names in rounds:
+        assert set(vars(pending)) == names
+        assert not {"ends_at", "owner"} & set(vars(pending))
+    timing = json.loads((tmp_path / "run" / "timing.json").read_text())
+    assert timing["rounds_recomputed"] == 0 and timing["rounds_batched"] > 0

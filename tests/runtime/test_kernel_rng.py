@@ -114,3 +114,23 @@ def test_seed_tree_streams_are_stable_and_independent() -> None:
     assert g1.initial_seed() == g2.initial_seed() != tree.torch("y").initial_seed()
     with pytest.raises(ValueError):
         SeedTree(-1)
+
+
+def test_the_kernel_runs_only_on_the_python_versions_it_was_tested_on() -> None:
+    """The kernel uses asyncio internals: importing it on an untested Python is a clear
+    error naming the tested versions, and pyproject's requires-python has the same bounds."""
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from fedsim.runtime.simulated.kernel import TESTED_PYTHONS, check_python
+
+    assert tuple(sys.version_info[:2]) in TESTED_PYTHONS  # this run is on one of them
+    check_python((3, 11))
+    with pytest.raises(ImportError, match=r"tested on Python 3\.11, 3\.12, 3\.13; this is "
+                                          r"Python 3\.14"):
+        check_python((3, 14))
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    requires = tomllib.loads(pyproject.read_text())["project"]["requires-python"]
+    low, high = min(TESTED_PYTHONS), max(TESTED_PYTHONS)
+    assert requires == f">={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"

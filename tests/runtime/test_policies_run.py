@@ -60,6 +60,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             for name, server in POLICIES.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_each_policy_learns_and_costs_what_windows_cost(runs: dict[str, Any], name: str) -> None:
     result, out = runs[name]
@@ -74,6 +75,7 @@ def test_each_policy_learns_and_costs_what_windows_cost(runs: dict[str, Any], na
         assert sum(line["applied"] for line in windows) == result.summary["updates"]["applied"]
 
 
+@pytest.mark.slow
 def test_an_on_arrival_policy_is_deterministic(runs: dict[str, Any], tmp_path: Path) -> None:
     again = run_scenario(LoadedScenario(parse_scenario(_scenario(POLICIES["fedasync"])), None),
                          tmp_path / "again")

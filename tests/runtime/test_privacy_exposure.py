@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from fedsim.config import LoadedScenario, parse_scenario
-from fedsim.protocol import codec
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import (
     ClientExposure,
@@ -36,7 +35,7 @@ from fedsim.runtime.population import (
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.simulation import run_scenario
-from tests.doubles import FreeLedger
+from tests.doubles import FreeLedger, RecordingEndpoint
 
 torch.set_num_threads(1)
 
@@ -58,25 +57,6 @@ def _scenario(**privacy: Any) -> dict[str, Any]:
     }
 
 
-class _WireEndpoint:
-    """The server's view of one client: every message it publishes, as decoded by the codec,
-    with the virtual time it left; global models are handed in by the test."""
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self.seen: list[tuple[float, Message]] = []
-
-    async def publish(self, message: Message) -> None:
-        self.seen.append((self.clock.now(), codec.decode(codec.encode(message))))
-
-    async def receive(self) -> Message:
-        return await self.inbox.get()
-
-    async def close(self) -> None:
-        pass
-
-
 def _wire_messages(tmp_path: Path, data: dict[str, Any], *, extra_records: int) -> list:
     """Run the scenario's one client holding its declared records plus ``extra_records``
     more (a neighbouring data set) and return what the server received."""
@@ -91,8 +71,8 @@ def _wire_messages(tmp_path: Path, data: dict[str, Any], *, extra_records: int) 
     trainer = population.trainer(held)
     ledger = open_ledger(held, tmp_path / f"ledger-{extra_records}.jsonl")
 
-    async def main(clock: VirtualClock) -> _WireEndpoint:
-        endpoint = _WireEndpoint(clock)
+    async def main(clock: VirtualClock) -> RecordingEndpoint:
+        endpoint = RecordingEndpoint(clock, wire=True)
         actor = make_client_actor(
             held, clock=clock, endpoint=endpoint, trainer=trainer, ledger=ledger,
             speed_rng=population.tree.numpy("client", held.client_id, "speed"),
@@ -105,7 +85,7 @@ def _wire_messages(tmp_path: Path, data: dict[str, Any], *, extra_records: int) 
 
     endpoint = run_virtual(main)
     ledger.close()
-    return endpoint.seen
+    return endpoint.published
 
 
 def _differences(a: list, b: list) -> list[str]:
@@ -212,7 +192,7 @@ def test_a_deployed_client_releases_on_the_public_schedule_whatever_its_batch(si
 
     async def main(clock: VirtualClock) -> list[float]:
         wall = _ComputeTakesTime(clock)
-        endpoint = _WireEndpoint(clock)
+        endpoint = RecordingEndpoint(clock, wire=True)
         actor = ClientActor(
             "c1", clock=wall, endpoint=endpoint, trainer=Trainer(wall), ledger=FreeLedger(),
             local_lr=0.1, batch_size=10, seconds_per_sample=lambda: 0.01, max_rounds=len(sizes),
@@ -220,7 +200,7 @@ def test_a_deployed_client_releases_on_the_public_schedule_whatever_its_batch(si
         endpoint.inbox.put_nowait(GlobalModel(1, np.zeros(3, np.float32)))
         await actor.run()
         assert actor.timing_overruns == 0
-        return [m.sent_at for _, m in endpoint.seen if isinstance(m, ClientUpdate)]
+        return [m.sent_at for _, m in endpoint.published if isinstance(m, ClientUpdate)]
 
     # Slot: 0.01 s x 10 expected examples; each round ends at 0.1 s, 0.2 s, ... exactly.
     assert run_virtual(main) == pytest.approx([0.1, 0.2, 0.3, 0.4], abs=1e-9)

@@ -18,14 +18,13 @@ import torch
 from fedsim.aggregation import ConstantStepSize, UniformWeights
 from fedsim.aggregation.policies import FedAsync, FedBuff, PolynomialStaleness, TimeWindows
 from fedsim.clock import ScaledClock, WallClock
-from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import ClientUpdate, GlobalModel
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import ClientExposure
 from fedsim.runtime.actors.integrity import ClientLimits
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.training.rounds import RoundResult
-from tests.doubles import FreeLedger
-from tests.runtime.test_actors import FakeEndpoint
+from tests.doubles import FreeLedger, RecordingEndpoint
 
 DIM = 3
 LIMITS = ClientLimits(sampling="poisson", batch_size=32, num_samples=500, dim=DIM,
@@ -37,7 +36,7 @@ def _server(policy: Any = None, **kwargs: Any) -> ServerActor:
     # Each client's public compute slot is the window: an honest client releases at most one
     # round per window (plus the pacer's burst after idle time).
     clients = {c: ClientInfo(500, 1.0, limits=LIMITS, slot=1.0) for c in ("mallory", "h1", "h2")}
-    return ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(DIM),
+    return ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(), initial_params=np.zeros(DIM),
                        clients=clients, window=1.0, strategy=UniformWeights(),
                        step_size=ConstantStepSize(1.0), policy=policy, **kwargs)
 
@@ -185,20 +184,6 @@ PER_RECORD = 0.02  # the real compute: 20 ms per realised record (5 records: 0.1
 SPLIT_AT = 0.7  # when the server's next model arrives, as a fraction of the slot
 
 
-class _Endpoint:
-    def __init__(self, clock: ScaledClock) -> None:
-        self.clock = clock
-        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self.updates: list[float] = []
-
-    async def publish(self, message: Message) -> None:
-        if isinstance(message, ClientUpdate):
-            self.updates.append(self.clock.now())
-
-    async def receive(self) -> Message:
-        return await self.inbox.get()
-
-
 class _PoissonRound:
     """A round whose real compute time is its realised batch size times PER_RECORD (as a
     torch round's is), which a w-hat may split."""
@@ -222,7 +207,7 @@ class _PoissonRound:
 
 
 class _Trainer:
-    def __init__(self, realised: int, endpoint: _Endpoint, split: bool) -> None:
+    def __init__(self, realised: int, endpoint: RecordingEndpoint, split: bool) -> None:
         self.realised = realised
         self.split = split
         self.endpoint = endpoint
@@ -250,7 +235,7 @@ def _release_offset(realised: int, *, split: bool = True) -> tuple[float, int]:
 
     async def main() -> tuple[float, int]:
         clock = ScaledClock(1.0)
-        endpoint = _Endpoint(clock)
+        endpoint = RecordingEndpoint(clock)
         trainer = _Trainer(realised, endpoint, split)
         actor = ClientActor(
             "c1", clock=clock, endpoint=endpoint, trainer=trainer, ledger=FreeLedger(),
@@ -261,7 +246,7 @@ def _release_offset(realised: int, *, split: bool = True) -> tuple[float, int]:
         await asyncio.wait_for(actor.run(), 20)
         assert actor.switched_rounds == int(split) and trainer.round is not None
         assert trainer.round.computed == 1 + int(split)  # (split: computed again)
-        return endpoint.updates[0] - trainer.begun_at, actor.timing_overruns
+        return endpoint.updates()[0][0] - trainer.begun_at, actor.timing_overruns
 
     return asyncio.run(main())
 
@@ -354,7 +339,7 @@ def test_the_norm_bound_of_adaptive_clipping_is_its_public_ceilings(max_clip: fl
     assert limits.norm_bound(0) == pytest.approx(bound, rel=1e-12)
     assert limits.norm_bound(11) == limits.norm_bound(0)  # the ceiling, whatever the round
 
-    server = ServerActor(clock=WallClock(), endpoint=FakeEndpoint(), initial_params=np.zeros(DIM),
+    server = ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(), initial_params=np.zeros(DIM),
                          clients={"a": ClientInfo(200, 1.0, limits=limits)}, window=1.0,
                          strategy=UniformWeights(), step_size=ConstantStepSize(1.0))
     server._inbox = [_update("a", 0, [0.999 * bound, 0, 0]), _update("a", 1, [0, 1.001 * bound, 0])]
@@ -441,7 +426,7 @@ def _rounds_under_server_step(step: float, ledger_path: Any) -> tuple[float, lis
     start = flat_params(model)
 
     async def main(clock: VirtualClock) -> tuple[float, list, list]:
-        endpoint = FakeEndpoint()
+        endpoint = RecordingEndpoint()
         endpoint.clock = clock
         with PrivacyLedger.open(ledger_path, client_id="c1", sampling="poisson",
                                 budget=None) as ledger:
@@ -470,12 +455,8 @@ def test_the_server_step_size_changes_the_model_and_never_the_ledger(tmp_path: A
     assert eps_small == eps_large and eps_small > 0
 
 
-def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
-    """Virtual time between a lone client's consecutive releases (its public compute slot)."""
-    from fedsim.config import LoadedScenario, parse_scenario
-    from fedsim.runtime.simulated.simulation import run_scenario
-
-    data = {
+def _slot_scenario(per_example_steps: int) -> dict[str, Any]:
+    return {
         "name": "slot", "seed": 2, "stop": {"virtual_seconds": 20.0},
         "dataset": {"name": "synthetic", "num_samples": 200, "num_test_samples": 50,
                     "num_features": 4, "num_classes": 2},
@@ -485,7 +466,15 @@ def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
                                 "per_example_steps": per_example_steps}]},
         "server": {"window": 100.0},  # no model arrives between its rounds
     }
+
+
+def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
+    """Virtual time between a lone client's consecutive releases (its public compute slot)."""
+    from fedsim.config import LoadedScenario, parse_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
+
     torch.set_num_threads(1)
+    data = _slot_scenario(per_example_steps)
     result = run_scenario(LoadedScenario(parse_scenario(data), None), out)
     (client,) = result.clients.values()
     times = [r.time for r in client.released_rounds()]
@@ -502,6 +491,22 @@ def test_the_public_slot_covers_the_compute_of_per_example_local_steps(tmp_path:
     four = _round_gaps(4, tmp_path / "four")
     assert one == pytest.approx([0.05 * 10] * 3)
     assert four == pytest.approx([4 * 0.05 * 10] * 3)
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_the_run_horizon_counts_a_round_as_the_simulator_spends_it(steps: int,
+                                                                   tmp_path: Any) -> None:
+    """A round's public cost has one definition (exposure.group_sample_grads); the progress
+    bar's horizon once wrote its own (batch size x local steps) without per_example_steps, and
+    expected a quarter of the round with 4 such steps (issue 28, item 3)."""
+    from fedsim.config import parse_scenario
+    from fedsim.reporting.horizon import round_seconds
+
+    scenario = parse_scenario(_slot_scenario(steps))
+    (group,) = scenario.clients.groups
+    expected = round_seconds(group, scenario)
+    assert expected == pytest.approx(0.05 * 10 * steps)
+    assert _round_gaps(steps, tmp_path / "run") == pytest.approx([expected] * 3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.config.schema import Stop
 from fedsim.runtime.actors.server import WindowReport, duration_stop
+from fedsim.runtime.actors.stops import ClientStopKind, RunStop, RunStopKind, client_stop_phrase
 from fedsim.runtime.simulated.simulation import run_scenario
 
 
@@ -45,6 +47,7 @@ def test_run_ends_with_the_first_window_end_at_or_after_the_limit(
     assert summary["windows"] == expected_windows
     end = float(expected_windows * Fraction(str(window)))
     assert summary["virtual_time"] == pytest.approx(end, rel=1e-12)
+    assert summary["stop_kind"] == RunStopKind.DURATION
     if end == seconds:
         assert summary["stop_reason"] == f"it reached its limit of {seconds:g} virtual seconds"
     else:
@@ -61,31 +64,68 @@ def test_duration_stop_tolerates_float_rounding_only() -> None:
     stop = Stop(virtual_seconds=30.0)
     # The scheduled end decides, not the (later, wall-clock) time the window was closed at.
     late = WindowReport(window=30, time=30.4, version=30, end=30.0)
-    assert late.stop_reason(stop, active_clients=1, seconds="scenario") == (
-        "it reached its limit of 30 scenario seconds")
+    assert late.stop_reason(stop, active_clients=1, seconds="scenario") == RunStop(
+        RunStopKind.DURATION, "it reached its limit of 30 scenario seconds")
     early = WindowReport(window=29, time=30.2, version=29, end=29.0)
-    assert early.stop_reason(stop, active_clients=1) == ""
+    assert early.stop_reason(stop, active_clients=1) is None
 
 
-@pytest.mark.parametrize(("server_reason", "client_reason"), [
-    ("it reached 1200 windows", None),
-    ("no client can train any more and every update has arrived", None),
-    (None, "finished its 12 rounds"),
+@pytest.mark.parametrize("server_reason", [
+    "it reached 1200 windows",
+    "no client can train any more and every update has arrived",
+    "every client finished its rounds or spent its budget",  # words a parser would misread
 ])
-def test_the_explanation_names_who_ended_a_clients_run(server_reason: str | None,
-                                                       client_reason: str | None) -> None:
+def test_a_client_stopped_by_the_servers_end_is_typed_so_whatever_the_text(
+        server_reason: str) -> None:
     """A client stopped by the server's end of the run is not said to have finished its
-    rounds (a deployed run's clients: issue 27, finding 12)."""
+    rounds or spent its budget (a deployed run's clients: issue 27, finding 12): the kind is
+    set where the stop happens, not parsed from the text (issue 28, item 5)."""
     from types import SimpleNamespace
 
     from fedsim.protocol.messages import RunFinished
     from fedsim.runtime.actors.client import ClientActor
-    from fedsim.runtime.run_outputs import _reason_kind
 
-    if server_reason is not None:  # the reason a client records, as the client words it
-        reason = ClientActor._finished_reason(  # type: ignore[arg-type]
-            SimpleNamespace(finished=RunFinished(version=856, reason=server_reason)))
-        assert _reason_kind(reason) == "the server finished the run"
-    else:
-        assert client_reason is not None
-        assert _reason_kind(client_reason) == "they finished their configured rounds"
+    actor = SimpleNamespace(finished=RunFinished(version=856, reason=server_reason),
+                            max_rounds=12, next_round=12)
+    actor._finished_reason = lambda: ClientActor._finished_reason(actor)  # type: ignore[arg-type]
+    kind, text = ClientActor._end_before_round(actor)  # type: ignore[arg-type,misc]
+    assert kind is ClientStopKind.SERVER_FINISHED
+    assert server_reason in text
+    assert client_stop_phrase(kind) == "the server finished the run"
+    done = SimpleNamespace(finished=None, max_rounds=12, next_round=12)
+    assert ClientActor._end_before_round(done) == (  # type: ignore[arg-type]
+        ClientStopKind.DONE, "finished its 12 rounds")
+
+
+def test_budget_and_round_stops_carry_their_kind_into_the_outputs(tmp_path: Path) -> None:
+    """One group stops on its budget, one on its rounds: summary.json's stopped entries and
+    clients.csv's stop_kind say which, next to the text; the run's stop is typed too."""
+    import csv
+
+    data = tiny(0.5, 200.0)
+    data["stop"] = {"all_budgets_spent": True, "virtual_seconds": 200.0}
+    data["clients"]["groups"] = [
+        {"name": "b", "count": 1, "data_share": 0.5, "batch_size": 10, "clip": 1.0,
+         "noise": 0.6, "speed": 0.01, "budget": {"epsilon": 1.0, "delta": 1e-5}},
+        {"name": "r", "count": 1, "data_share": 0.5, "batch_size": 10, "clip": 1.0,
+         "noise": 1.0, "speed": 0.01, "rounds": 3},
+    ]
+    result = run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path / "run",
+                          message_only=True)
+    summary = result.summary
+    kinds = {e["client_id"]: (e["kind"], e["reason"]) for e in summary["stopped"]}
+    (budget_id,) = [c for c in kinds if c.startswith("b")]
+    (rounds_id,) = [c for c in kinds if c.startswith("r")]
+    assert kinds[budget_id][0] == ClientStopKind.BUDGET
+    assert "budget" in kinds[budget_id][1]
+    assert kinds[rounds_id] == (ClientStopKind.DONE, "finished its 3 rounds")
+    assert summary["stop_kind"] == RunStopKind.BUDGETS_SPENT
+    assert summary["stop_reason"] == "no client can train any more and every update has arrived"
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["stop_kind"] == "budgets_spent"
+    assert {e["kind"] for e in written["stopped"]} == {"budget", "done"}
+    with open(tmp_path / "run" / "clients.csv", encoding="utf-8") as handle:
+        rows = {r["client_id"]: r for r in csv.DictReader(handle)}
+    assert rows[budget_id]["stop_kind"] == "budget" and rows[rounds_id]["stop_kind"] == "done"
+    assert "exceeded their privacy budget" in summary["explanation"]
+    assert "finished their configured rounds" in summary["explanation"]

@@ -12,6 +12,7 @@ from fedsim.privacy import schedules
 from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.batched import RoundBatcher, batchable_layers
 from fedsim.training.local import AdaptiveClipConfig
+from tests.doubles import RoundTimes
 
 FEATURES, CLASSES = 12, 4
 
@@ -199,13 +200,14 @@ def test_a_flush_computes_one_pass_of_the_rounds_that_end_soonest() -> None:
                             noise=schedules.constant(100, 1.0, 1.2), local_lr=0.3,
                             generator=torch.Generator().manual_seed(500 + k))
 
-    batcher = RoundBatcher(model)  # no horizon: every round may be computed at any time
+    times = RoundTimes()  # no model ever reaches a client: every round may be computed now
+    batcher = RoundBatcher(model, schedule=times)
     params = _params(model, 1)[0]
     ends = np.random.default_rng(3).permutation(count).astype(float)
     rounds = []
     for k in range(count):
         rounds.append(trainer(k).begin_round(params, 0, batcher))
-        rounds[-1].ends_at = float(ends[k])
+        times.set(rounds[-1], float(ends[k]))
     due = int(np.argmax(ends))  # the round ending last is asked for first
     result = rounds[due].result()
     computed = {k for k, r in enumerate(rounds) if r.done}

@@ -88,6 +88,7 @@ def test_tensors_land_on_the_device_asked_for() -> None:
     assert torch.equal(update, expected)
 
 
+@pytest.mark.slow
 def test_auto_without_an_accelerator_runs_on_the_cpu_exactly_as_cpu(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ from fedsim.data import load_dataset
 from fedsim.privacy import schedules
 from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.batched import RoundBatcher
+from tests.doubles import RoundTimes
 
 FEATURES, CLASSES, LR = 5, 3, 0.3
 SQRT2_M1 = math.sqrt(2) - 1
@@ -159,10 +160,12 @@ def test_the_batcher_keeps_a_round_that_may_still_be_split_until_the_horizon() -
     model = _logreg()
     w0 = flat_params(model)
     horizon = [5.0]
-    batcher = RoundBatcher(model, horizon=lambda owners: [horizon[0]] * len(owners))
+    times = RoundTimes(lambda owner: horizon[0])
+    batcher = RoundBatcher(model, schedule=times)
     trainers = [_trainer(model, 30 + k) for k in range(3)]
     rounds = [t.begin_round(w0, 0, batcher) for t in trainers]
-    rounds[0].ends_at, rounds[1].ends_at, rounds[2].ends_at = 4.0, 9.0, 5.0
+    for round_, end in zip(rounds, (4.0, 9.0, 5.0), strict=True):
+        times.set(round_, end)
     rounds[0].result()
     assert rounds[0].done and rounds[2].done and not rounds[1].done
     rounds[1].switch(0.5, w0 + np.float32(0.1))  # not computed yet: nothing wasted
@@ -179,22 +182,16 @@ def test_the_horizon_is_asked_per_client_and_holds_only_that_clients_round() -> 
     round computed while another client's round, with a model still on the way, waits."""
     model = _logreg()
     w0 = flat_params(model)
-    asked: list[list[str | None]] = []
     next_model = {"a": 10.0, "b": 3.0}
-
-    def horizon(owners):
-        asked.append(list(owners))
-        return [next_model[o] for o in owners]
-
-    batcher = RoundBatcher(model, horizon=horizon)
+    times = RoundTimes(lambda owner: next_model[owner])
+    batcher = RoundBatcher(model, schedule=times)
     rounds = {}
     for k, owner in enumerate(("a", "b", "c")):
         rounds[owner] = _trainer(model, 40 + k).begin_round(w0, 0, batcher)
-        rounds[owner].owner = owner
-        rounds[owner].ends_at = 5.0
-    rounds["c"].ends_at = None  # not splittable: computed with the first flush, never asked
+        # c is not splittable: computed with the first flush, never asked about
+        times.set(rounds[owner], None if owner == "c" else 5.0, owner)
     rounds["a"].result()
-    assert asked == [["b"]]  # the due round and the unsplittable one are not asked about
+    assert times.asked == [["b"]]  # the due round and the unsplittable one are not asked about
     assert rounds["a"].done and rounds["c"].done and not rounds["b"].done
     rounds["b"].switch(0.4, w0 + np.float32(0.1))  # arrives before b's end: nothing wasted
     next_model["b"] = 12.0

@@ -228,6 +228,7 @@ def test_the_probe_accepts_per_example_models_with_dropout_and_leaves_rng_and_mo
         check_forward_is_per_example(model, torch.randn(4, 7))
 
 
+@pytest.mark.slow
 def test_a_scenario_with_a_factory_model_runs_end_to_end(
     factory_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

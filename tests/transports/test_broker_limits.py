@@ -73,6 +73,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     process.wait(10)
 
 
+@pytest.mark.slow
 def test_deploy_sizes_the_packet_limit_from_the_model(tmp_path: Path) -> None:
     _deploy(tmp_path, 1883)
     conf = (tmp_path / "mosquitto.conf").read_text()
@@ -91,6 +92,7 @@ def test_the_servers_limit_refuses_an_oversized_message_before_decoding() -> Non
     assert refused.value.kind == "oversized"
 
 
+@pytest.mark.slow
 @needs_mosquitto
 @pytest.mark.mqtt
 async def test_the_deployed_broker_refuses_junk_larger_than_the_model(tmp_path: Path) -> None:
@@ -127,6 +129,7 @@ async def test_the_deployed_broker_refuses_junk_larger_than_the_model(tmp_path: 
         _stop(broker)
 
 
+@pytest.mark.slow
 @needs_mosquitto
 @pytest.mark.mqtt
 async def test_an_abandoned_persistent_session_is_sent_no_queued_models(tmp_path: Path) -> None:

@@ -82,6 +82,7 @@ def test_deploy_defaults_to_tls_and_private_files(tmp_path: Path, capsys) -> Non
     assert "WARNING: --plain" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @needs_mosquitto
 @pytest.mark.mqtt
 @pytest.mark.parametrize("backend", ["cryptography", "openssl"])
@@ -155,6 +156,7 @@ def test_generated_certificates_name_the_given_hosts(tmp_path: Path) -> None:
     assert json.dumps(stat.S_IMODE(files.key.stat().st_mode)) == str(0o600)
 
 
+@pytest.mark.slow
 def test_a_tls_compose_file_connects_over_mqtts_and_trusts_the_runs_ca(tmp_path: Path) -> None:
     import yaml
 

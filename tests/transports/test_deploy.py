@@ -211,6 +211,7 @@ def test_compose_commands_match_what_fedsim_launch_runs(
         assert options(composed) == expected
 
 
+@pytest.mark.slow
 def test_compose_written_outside_the_clone_builds_from_the_clone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Paths in the compose file are relative to it: the build context is the clone and the
@@ -229,6 +230,7 @@ def test_compose_written_outside_the_clone_builds_from_the_clone(
     assert (compose.parent / broker_config).resolve() == (tmp_path / "generated").resolve()
 
 
+@pytest.mark.slow
 def test_compose_refuses_a_scenario_the_image_does_not_hold(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     own = tmp_path / "mine.yaml"

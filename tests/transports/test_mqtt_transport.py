@@ -115,6 +115,7 @@ async def test_late_joiner_gets_the_retained_latest_model(mosquitto: Broker) -> 
             assert [m.version for m in await receive_all(late)] == [3]
 
 
+@pytest.mark.slow
 @pytest.mark.mqtt
 async def test_the_end_of_the_run_is_retained_and_follows_the_due_receipts(
     mosquitto: Broker,

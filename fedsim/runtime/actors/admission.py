@@ -59,7 +59,7 @@ from fedsim.config.schema import ClientGroup
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.actors.client_book import Kind
-from fedsim.runtime.actors.exposure import expected_sample_grads
+from fedsim.runtime.actors.exposure import group_sample_grads
 
 __all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "PASSED_KEPT", "REALISED_PACE", "Pacer",
            "RateSlot", "group_slot", "public_round_seconds"]
@@ -132,8 +132,7 @@ def public_round_seconds(speed: object, expected_grads: float, timing: str,
 def group_slot(group: ClientGroup, timing: str) -> float | None:
     """The public slot of ``group``'s clients under ``timing`` (:func:`public_round_seconds` of
     the group's speed and expected per-example gradients), or None where it has none."""
-    grads = expected_sample_grads(group.batch_size, group.local_steps, group.per_example_steps)
-    return public_round_seconds(group.speed, grads, timing, group.sampling)
+    return public_round_seconds(group.speed, group_sample_grads(group), timing, group.sampling)
 
 
 class RateSlot(float):

@@ -88,6 +88,7 @@ from fedsim.protocol.messages import (
 )
 from fedsim.runtime.actors.exposure import ClientExposure, is_invited, release_time
 from fedsim.runtime.actors.integrity import bad_model
+from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.transports.base import Endpoint
 
@@ -104,8 +105,6 @@ class BegunRound(Protocol):
     :class:`~fedsim.training.rounds.DoneRound` when nothing is left to compute)."""
 
     sample_grads: int
-
-    ends_at: float | None
 
     def result(self) -> RoundResult: ...
 
@@ -217,6 +216,7 @@ class ClientActor:
         self.status_epsilon = status_epsilon
         self.state: ClientState = "waiting"
         self.stop_reason = ""
+        self.stop_kind: ClientStopKind | None = None
         self.stopped_at: float | None = None
         self.w: np.ndarray | None = None
         self.held_global: np.ndarray | None = None
@@ -304,6 +304,16 @@ class ClientActor:
             return eta
         return eta * (self.server_step / self.first_server_step)
 
+    @property
+    def split_deadline(self) -> float | None:
+        """When the round in compute ends, if a global model arriving before then splits it
+        (``interrupt = switch``); None otherwise. The runtime's own record of the round: the
+        virtual-time runtime asks it which pending rounds its batcher must keep."""
+        if self._round is None or self.interrupt != "switch":
+            return None
+        _, start, slot = self._round
+        return start + slot
+
     def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
         fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
@@ -357,9 +367,10 @@ class ClientActor:
         return None
 
     # -- the actor ----------------------------------------------------------------------------
-    async def _stop(self, state: ClientState, reason: str) -> None:
+    async def _stop(self, state: ClientState, kind: ClientStopKind, reason: str) -> None:
         self._interruptible = False
         self.state = state
+        self.stop_kind = kind
         self.stop_reason = reason
         self.stopped_at = self.clock.now()
         _log.log(client_event_level(), "client stopped", client=self.client_id, state=state,
@@ -384,20 +395,20 @@ class ClientActor:
                 # Only the end of the run is caught here; a crash (another cancel) goes on.
                 if not self._interrupted or task is None or task.uncancel() > 0:
                     raise
-                await self._stop("done", self._finished_reason())
+                await self._stop("done", ClientStopKind.SERVER_FINISHED, self._finished_reason())
 
     def _finished_reason(self) -> str:
         assert self.finished is not None
         return (f"the server finished the run at version {self.finished.version} "
                 f"({self.finished.reason})")
 
-    def _end_before_round(self) -> str | None:
+    def _end_before_round(self) -> tuple[ClientStopKind, str] | None:
         """Why the client is done before its next round (the server finished the run, or the
         round limit is reached), or None."""
         if self.finished is not None:
-            return self._finished_reason()
+            return ClientStopKind.SERVER_FINISHED, self._finished_reason()
         if self.max_rounds is not None and self.next_round >= self.max_rounds:
-            return f"finished its {self.max_rounds} rounds"
+            return ClientStopKind.DONE, f"finished its {self.max_rounds} rounds"
         return None
 
     async def _rounds(self) -> None:  # noqa: C901 - one branch per way a round can end, in order
@@ -412,7 +423,7 @@ class ClientActor:
         while True:
             self._interruptible = True
             if (end := self._end_before_round()) is not None:
-                await self._stop("done", end)
+                await self._stop("done", *end)
                 return
             if not self.online.is_set():
                 self.state = "offline"
@@ -428,7 +439,7 @@ class ClientActor:
             round_index = self.next_round
             planned = self.trainer.planned_steps(round_index)
             if not self.ledger.can_spend(planned):
-                await self._stop("budget_exhausted",
+                await self._stop("budget_exhausted", ClientStopKind.BUDGET,
                                  f"round {round_index} would exceed its privacy budget")
                 return
             self.state = "training"
@@ -456,7 +467,7 @@ class ClientActor:
             try:
                 self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
             except BudgetExhausted as exc:
-                await self._stop("budget_exhausted", str(exc))
+                await self._stop("budget_exhausted", ClientStopKind.BUDGET, str(exc))
                 return
             self.next_round = round_index + 1
             self.released.append(RoundRecord(round_index, self.clock.now(), base_version,
@@ -494,8 +505,6 @@ class ClientActor:
         per_sample = self.seconds_per_sample()
         realised = self.exposure.timing == "realised"
         slot = per_sample * (pending.sample_grads if realised else self.expected_sample_grads)
-        if self.interrupt == "switch":
-            pending.ends_at = start + slot
         self._round = (pending, start, slot)
         self._split_at = None
         try:

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedsim.config.schema import Scenario
+from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.logging import get_logger
 
 if TYPE_CHECKING:  # the client actor imports this module and never imports torch itself
@@ -61,6 +61,7 @@ __all__ = [
     "client_exposure",
     "client_generator",
     "expected_sample_grads",
+    "group_sample_grads",
     "invitation_bits",
     "is_invited",
     "privacy_caveats",
@@ -165,6 +166,13 @@ def expected_sample_grads(batch_size: int, local_steps: int, per_example_steps: 
     deployed round would overrun it every time and be released at a time that follows its
     realised batch."""
     return float(local_steps * batch_size * per_example_steps)
+
+
+def group_sample_grads(group: ClientGroup) -> float:
+    """:func:`expected_sample_grads` of a client of ``group``: a round's public cost in
+    per-example gradients, the one definition the slot, the pacing and the run's horizon
+    multiply by seconds per sample."""
+    return expected_sample_grads(group.batch_size, group.local_steps, group.per_example_steps)
 
 
 def release_time(start: float, slot: float, now: float) -> float:

@@ -50,6 +50,7 @@ from typing import Literal
 import numpy as np
 
 from fedsim.config.schema import ClientGroup
+from fedsim.privacy.events import sensitivity
 from fedsim.privacy.schedules import Schedule
 from fedsim.protocol.codec import vector_norm
 from fedsim.training.local import sum_noise_multiplier
@@ -123,8 +124,7 @@ def update_norm_bound(
     probability)."""
     half = failure_probability / 2.0
     total_batch = batch_size_bound(sampling, batch_size, num_samples, steps, half)
-    sensitivity = clip if sampling == "poisson" else 2.0 * clip
-    noise = noise_norm_bound(dim, math.sqrt(steps) * sensitivity * sigma, half)
+    noise = noise_norm_bound(dim, math.sqrt(steps) * sensitivity(sampling, clip) * sigma, half)
     return (clip * total_batch + noise) / batch_size
 
 

@@ -80,7 +80,7 @@ import asyncio
 import copy
 import math
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
@@ -240,6 +240,9 @@ class ServerActor:
         """The open window's rejected updates and statuses by kind."""
         self.incarnations: tuple[str, ...] = ()
         """The run incarnations this server continues (its transport's, kept in snapshots)."""
+        self.before_publish: Callable[[int, float], Awaitable[bool]] | None = None
+        """The runtime's step before a model of ``version`` leaves at ``time`` (the deployed
+        server: a durable checkpoint covering it); False: publish nothing (the run is over)."""
         self.windows_closed = 0
         self.last_accuracy: float | None = None
         self._inbox: list[ClientUpdate] = []
@@ -678,6 +681,9 @@ class ServerActor:
         window = self.windows_closed + 1
         invited = self._invite(window) if invite else self._invited_bits
         self.book.publish(self.version)
+        if self.before_publish is not None and not await self.before_publish(
+                self.version, self.clock.now()):
+            return
         await self.endpoint.publish(GlobalModel(self.version, self.params.copy(), self.clock.now(),
                                                 window, invited, self.step_size.current(window)))
 

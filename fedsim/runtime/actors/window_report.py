@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fedsim.config.schema import Stop
 from fedsim.logging import get_logger
+from fedsim.runtime.actors.stops import RunStop, RunStopKind
 
 __all__ = ["DURATION_RELATIVE_TOLERANCE", "WindowReport", "duration_stop"]
 
@@ -86,27 +87,29 @@ class WindowReport:
                       rejections=dict(sorted(self.rejections.items())))
 
     def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
-                    seconds: str = "virtual") -> str:
+                    seconds: str = "virtual") -> RunStop | None:
         """Why the run ends after this window under the scenario's ``stop`` conditions, in
-        their order (windows, duration, target accuracy, all budgets spent); '' to go on.
+        their order (windows, duration, target accuracy, all budgets spent); None to go on.
 
         Shared by the simulator and the deployed server; ``seconds`` names their clock and
         ``in_flight`` counts updates the network still carries (0 where delivery is
         at-least-once end to end)."""
         if stop.windows is not None and self.window >= stop.windows:
-            return f"it reached {stop.windows} windows"
+            return RunStop(RunStopKind.WINDOWS, f"it reached {stop.windows} windows")
         if stop.virtual_seconds is not None:
             reason = duration_stop(stop.virtual_seconds, self.window,
                                    self.time if self.end is None else self.end, seconds)
             if reason:
-                return reason
+                return RunStop(RunStopKind.DURATION, reason)
         if (stop.target_accuracy is not None and self.accuracy is not None
                 and self.accuracy >= stop.target_accuracy):
-            return f"it reached the target accuracy {stop.target_accuracy:g}"
+            return RunStop(RunStopKind.TARGET_ACCURACY,
+                           f"it reached the target accuracy {stop.target_accuracy:g}")
         if stop.all_budgets_spent and active_clients == 0 and self.received == 0 \
                 and in_flight == 0:
-            return "no client can train any more and every update has arrived"
-        return ""
+            return RunStop(RunStopKind.BUDGETS_SPENT,
+                           "no client can train any more and every update has arrived")
+        return None
 
 
 # Window ends are sums and products of floats: 300 windows of 0.1 s end at 29.99999999999996 s

@@ -10,9 +10,10 @@ state, last evaluation) as a UTF-8 JSON document ``state``, plus the run's *iden
 model size, ...), which must match on load so that a state directory is never resumed by a
 different scenario.
 
-Writes are atomic and durable: the archive goes to a temporary file in the same directory,
-which is fsynced, renamed over the old checkpoint with :func:`os.replace` (atomic on POSIX), and
-the directory is fsynced so the rename itself survives a power loss. A crash at any moment
+Writes are atomic and durable (:func:`fedsim.atomic.write_atomically`, ``"durable"``): the
+archive goes to a temporary file in the same directory, which is fsynced, renamed over the old
+checkpoint, and the directory is fsynced so the rename itself survives a power loss (updates are
+acknowledged once the checkpoint that records them is saved). A crash at any moment
 leaves either the old or the new checkpoint, never a torn one. :meth:`ServerCheckpoint.save`
 blocks; the deployed server calls it on a worker thread, off the event loop
 (:mod:`fedsim.runtime.deployed.server_process`).
@@ -23,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import time
 import zipfile
 from dataclasses import replace
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.atomic import write_atomically
 from fedsim.errors import FedsimError
 from fedsim.runtime.actors.client_book import BookState
 from fedsim.runtime.actors.server import ServerSnapshot
@@ -88,14 +89,6 @@ def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
     )
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ServerCheckpoint:
     """The checkpoint file of one server state directory.
 
@@ -123,13 +116,7 @@ class ServerCheckpoint:
             **{f"optimizer_{k}": v for k, v in snapshot.optimizer_state.items()},
         }
         np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types allow_pickle
-        temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-        with open(temporary, "wb") as handle:
-            handle.write(buffer.getbuffer())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
-        _fsync_directory(self.directory)
+        write_atomically(self.path, buffer.getbuffer(), durability="durable")
         self.saves += 1
         self.seconds = [*self.seconds[-99:], time.perf_counter() - started]
 

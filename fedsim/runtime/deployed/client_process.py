@@ -190,6 +190,7 @@ async def run_client(
             "first_round": first_round,
             "state": actor.state if actor is not None else "waiting",
             "stop_reason": actor.stop_reason if actor is not None else "",
+            "stop_kind": actor.stop_kind if actor is not None else None,
             "stopped_at": actor.stopped_at if actor is not None else None,
             "ledger_rounds": sorted(ledger.rounds),
             "released": released,
@@ -200,7 +201,7 @@ async def run_client(
         }
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)
-        write_json(report_file, outcome, atomic=True)
+        write_json(report_file, outcome)
     return outcome
 
 

@@ -31,6 +31,7 @@ from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import RoundRecord
+from fedsim.runtime.actors.stops import ClientStopKind, RunStop, RunStopKind
 from fedsim.runtime.deployed.client_process import client_state_file
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
@@ -105,7 +106,8 @@ def collect_outputs(
             stopped_at = report.get("stopped_at", status.get("sent_at"))
             finished = state in FINISHED_STATES
             if finished:
-                stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason})
+                stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason,
+                                "kind": _stop_kind(report, status, plan.group.rounds)})
             released = [RoundRecord(**r) for r in report.get("released", [])]
             clients.append(
                 ClientOutcome(
@@ -114,10 +116,11 @@ def collect_outputs(
                     timing_overruns=int(report.get("timing_overruns", 0)),
                 )
             )
-        stop_reason = server.get("stop_reason", "")
+        stop_reason = RunStop.read(server)
         if interrupted:
             at = metrics[-1]["time"] if metrics else 0.0
-            stop_reason = interrupted_reason(interrupted, len(metrics), at, "scenario")
+            stop_reason = RunStop(RunStopKind.SIGNAL,
+                                  interrupted_reason(interrupted, len(metrics), at, "scenario"))
         return write_run_outputs(
             RunRecord(
                 scenario=loaded.scenario,
@@ -142,6 +145,21 @@ def collect_outputs(
 
 # ---------------------------------------------------------------------------------------------
 # Launching everything as local processes
+
+
+def _stop_kind(report: dict[str, Any], status: dict[str, Any], rounds: int | None
+               ) -> ClientStopKind:
+    """A finished client's stop kind: from its process's report, or, where the process died
+    before writing one, from its last status (typed fields: the state and the rounds, never
+    the text)."""
+    kind = report.get("stop_kind")
+    if kind in set(ClientStopKind):
+        return ClientStopKind(kind)
+    if status.get("state") == "budget_exhausted":
+        return ClientStopKind.BUDGET
+    if rounds is not None and int(status.get("rounds", 0)) >= rounds:
+        return ClientStopKind.DONE
+    return ClientStopKind.SERVER_FINISHED
 
 
 def _children_cpu_seconds() -> float:

@@ -38,14 +38,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from fedsim.atomic import write_atomically
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
-from fedsim.errors import TransportError
 from fedsim.logging import get_logger
-from fedsim.protocol.messages import ClientStatus, GlobalModel, Message, RunFinished
+from fedsim.protocol.messages import ClientStatus, RunFinished
 from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
+from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
 from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
@@ -136,42 +137,36 @@ class Checkpoints:
             self._executor.shutdown(wait=True)
 
 
-class _CheckpointBeforeBroadcast:
-    """The server's endpoint, writing a checkpoint before every global model leaves, so that
-    a restarted server never publishes a version older than one already seen.
+class _BeforePublish:
+    """The deployed server's explicit step before each global model leaves
+    (:attr:`ServerActor.before_publish`): a durable checkpoint that covers the model's version,
+    so that a restarted server never publishes a version older than one already seen.
 
-    Once the stop condition holds (``stop_reason()`` is not empty), the broadcast that would
+    Once the stop condition holds (``stop_reason()`` is not None), the broadcast that would
     open the next window announces the end of the run instead (:class:`RunFinished`): no
     client starts a round on a model nobody will apply updates to."""
 
-    def __init__(self, inner: MqttServerEndpoint, checkpoints: Checkpoints) -> None:
-        self.inner = inner
+    def __init__(self, mqtt: MqttServerEndpoint, checkpoints: Checkpoints,
+                 server: ServerActor) -> None:
+        self.mqtt = mqtt
         self.checkpoints = checkpoints
-        self.server: ServerActor | None = None  # set once the actor exists
-        self.stop_reason: Callable[[], str] = str  # set once the monitor exists
+        self.server = server
+        self.stop_reason: Callable[[], RunStop | None] = lambda: None  # set with the monitor
         self.announced = False
+        server.before_publish = self
 
-    async def publish(self, message: Message) -> None:
-        if isinstance(message, GlobalModel):
-            if self.server is None:
-                raise TransportError("a global model left before its server was set up")
-            await self.checkpoints.cover(self.server, message.version)
-            if self.stop_reason():
-                await self.announce_end(message.version, message.sent_at)
-                return
-        await self.inner.publish(message)
+    async def __call__(self, version: int, time: float) -> bool:
+        await self.checkpoints.cover(self.server, version)
+        if self.stop_reason() is not None:
+            await self.announce_end(version, time)
+            return False
+        return True
 
     async def announce_end(self, version: int, time: float) -> None:
         """Tell the clients the run is over (retained), once."""
         if not self.announced:
             self.announced = True
-            await self.inner.publish(RunFinished(version, self.stop_reason(), time))
-
-    async def receive(self) -> Message:
-        return await self.inner.receive()
-
-    async def close(self) -> None:
-        await self.inner.close()
+            await self.mqtt.publish(RunFinished(version, str(self.stop_reason() or ""), time))
 
 
 def _write_lines(handle: IO[str], lines: Sequence[Mapping[str, Any]]) -> None:
@@ -198,9 +193,9 @@ def keep_windows_through(path: Path, windows: int) -> None:
             and line["window"] <= windows
         ):
             kept.append(text + "\n")
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(kept), encoding="utf-8")
-    os.replace(temporary, path)
+    # Durable: the lines appended after the trim are fsynced, worth nothing if the file they
+    # were appended to could revert to its untrimmed version after a power failure.
+    write_atomically(path, "".join(kept), durability="durable")
 
 
 @dataclass
@@ -213,7 +208,7 @@ class _ServerMonitor:
     checkpoints: Checkpoints
     metrics: IO[str]
     applied: IO[str]
-    stop_reason: str = ""
+    stop_reason: RunStop | None = None
     _refused_seen: dict[str, int] = field(default_factory=dict)
     _missing_reported: int = 0
 
@@ -265,7 +260,7 @@ class _ServerMonitor:
         self.stop_reason = report.stop_reason(
             self.scenario.stop, active_clients=active, seconds="scenario"
         )
-        return bool(self.stop_reason)
+        return self.stop_reason is not None
 
 
 async def _wait_for_clients(
@@ -324,7 +319,7 @@ async def serve(
     outcome: dict[str, Any] = {
         "run": run,
         "resumed_from_window": resumed_from,
-        "stop_reason": "",
+        **stop_fields(None),
         "finished": False,
     }
     clock = ScaledClock(options.time_scale, start=snapshot.time if snapshot is not None else 0.0)
@@ -351,25 +346,25 @@ async def serve(
                         _wait_for_clients(mqtt, ids, options.wait_for_clients), stop
                     )
                     if not waited or statuses is None:
-                        outcome["stop_reason"] = "stopped by a signal before the first window"
+                        outcome.update(stop_fields(RunStop(
+                            RunStopKind.SIGNAL, "stopped by a signal before the first window")))
                         return outcome
                     joined = statuses
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
                 checkpoints = Checkpoints(checkpoint, mqtt)
-                server = _server_actor(population, clock, mqtt, checkpoints, snapshot, joined)
+                server = _server_actor(population, clock, mqtt, snapshot, joined)
+                before_publish = _BeforePublish(mqtt, checkpoints, server)
                 monitor = _ServerMonitor(scenario, server, mqtt, checkpoints, metrics, applied)
-                endpoint = server.endpoint
-                assert isinstance(endpoint, _CheckpointBeforeBroadcast)
-                endpoint.stop_reason = lambda: monitor.stop_reason
+                before_publish.stop_reason = lambda: monitor.stop_reason
                 try:
                     finished, _ = await unless_stopped(server.run(monitor.on_window), stop)
                     outcome["finished"] = finished
                     if finished:  # the clients stop at once (a signal leaves room to resume)
-                        await endpoint.announce_end(server.version, clock.now())
+                        await before_publish.announce_end(server.version, clock.now())
                         final = server.evaluate_final()  # the model the run ends with
                         outcome["final_evaluation"] = None if final is None else asdict(final)
                     else:
-                        monitor.stop_reason = "stopped by a signal"
+                        monitor.stop_reason = RunStop(RunStopKind.SIGNAL, "stopped by a signal")
                 finally:
                     outcome.update(_server_outcome(server, monitor.stop_reason, clock))
                     await checkpoints.drain()  # (before the receipts it leads to go out)
@@ -417,15 +412,14 @@ def _server_actor(
     population: Population,
     clock: ScaledClock,
     mqtt: MqttServerEndpoint,
-    checkpoints: Checkpoints,
     snapshot: ServerSnapshot | None,
     joined: Mapping[str, ClientStatus],
 ) -> ServerActor:
-    """The scenario's server actor behind a checkpoint-before-broadcast endpoint, restored from
-    ``snapshot`` (and renewed, see :mod:`fedsim.runtime.deployed.deployment`) if there is one."""
-    endpoint = _CheckpointBeforeBroadcast(mqtt, checkpoints)
-    server = endpoint.server = make_server_actor(
-        population, clock=clock, endpoint=endpoint, evaluate=make_evaluator(population)
+    """The scenario's server actor on the MQTT endpoint, restored from ``snapshot`` (and
+    renewed, see :mod:`fedsim.runtime.deployed.deployment`) if there is one. The checkpoint
+    before each broadcast is a separate, explicit step (:class:`_BeforePublish`)."""
+    server = make_server_actor(
+        population, clock=clock, endpoint=mqtt, evaluate=make_evaluator(population)
     )
     for status in joined.values():
         server.accept_status(status)
@@ -442,9 +436,10 @@ def _server_actor(
     return server
 
 
-def _server_outcome(server: ServerActor, stop_reason: str, clock: ScaledClock) -> dict[str, Any]:
+def _server_outcome(server: ServerActor, stop_reason: RunStop | None, clock: ScaledClock
+                    ) -> dict[str, Any]:
     return {
-        "stop_reason": stop_reason,
+        **stop_fields(stop_reason),
         "final_version": server.version,
         "windows": server.windows_closed,
         "last_accuracy": server.last_accuracy,

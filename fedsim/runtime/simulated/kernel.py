@@ -16,6 +16,16 @@ from another thread is not supported.
 
 If every task is waiting on something that no timer will ever cause, the loop raises
 :class:`VirtualDeadlock` instead of hanging.
+
+**Tested Python versions.** asyncio has no public hook for a loop's clock, so the kernel
+subclasses :class:`asyncio.BaseEventLoop` and uses three of its internals: the timer heap
+``_scheduled``, a timer's ``_when`` and ``_check_closed()``. They have been stable since 3.4,
+but nothing promises them; so the kernel runs only on the CPython versions it was tested on
+(:data:`TESTED_PYTHONS`; ``requires-python`` in pyproject.toml has the same bound), and
+importing it elsewhere raises an ImportError that names them. (The alternative, a loop that
+re-implements ``BaseEventLoop``'s scheduling on public API only, would copy a few hundred lines
+of asyncio and their bugs.) To add a version: run ``tests/runtime/test_kernel_rng.py`` and the
+simulation tests on it, then widen both bounds.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import asyncio
 import contextvars
 import heapq
 import selectors
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -31,7 +42,27 @@ from fedsim.errors import FedsimError
 
 T = TypeVar("T")
 
-__all__ = ["VirtualClock", "VirtualDeadlock", "VirtualTimeLoop", "run_virtual"]
+__all__ = ["TESTED_PYTHONS", "VirtualClock", "VirtualDeadlock", "VirtualTimeLoop", "check_python",
+           "run_virtual"]
+
+TESTED_PYTHONS: tuple[tuple[int, int], ...] = ((3, 11), (3, 12), (3, 13))
+"""The CPython versions whose asyncio internals the kernel was tested against."""
+
+
+def check_python(version: tuple[int, ...] | None = None) -> None:
+    """Raise ImportError unless ``version`` (default: this interpreter's) is one of
+    :data:`TESTED_PYTHONS`."""
+    version = tuple(sys.version_info[:2]) if version is None else version
+    if tuple(version[:2]) not in TESTED_PYTHONS:
+        tested = ", ".join(f"{major}.{minor}" for major, minor in TESTED_PYTHONS)
+        found = ".".join(str(v) for v in version[:2])
+        raise ImportError(
+            f"fedsim's virtual-time kernel uses asyncio internals (BaseEventLoop._scheduled, "
+            f"TimerHandle._when, _check_closed) and is tested on Python {tested}; this is "
+            f"Python {found}. Use one of those versions (pyproject.toml's requires-python).")
+
+
+check_python()
 
 
 class VirtualDeadlock(FedsimError):

@@ -39,8 +39,10 @@ from fedsim.runtime.actors.aggregator import aggregator_ids
 from fedsim.runtime.actors.client import ClientActor, RoundRecord, Trainer
 from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
 from fedsim.runtime.actors.server import ServerActor, WindowReport
+from fedsim.runtime.actors.stops import ClientStopKind, RunStop
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.population import (
+    BatchedTrainer,
     ClientPlan,
     Population,
     build_population,
@@ -60,6 +62,7 @@ from fedsim.runtime.run_outputs import (
     RunRecord,
     StoppedClient,
     check_unused,
+    client_rows,
     json_line,
     ledger_file,
     write_run_outputs,
@@ -67,6 +70,7 @@ from fedsim.runtime.run_outputs import (
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.memory import ledger_handles_fit, release_free_memory
 from fedsim.training.batched import RoundBatcher
+from fedsim.training.rounds import PendingRound
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
 
 __all__ = ["ClientRecord", "RunResult", "TrainerHook", "run_scenario"]
@@ -153,6 +157,36 @@ class RunResult:
     """CPU time of the simulation loop (all threads of this process)."""
     setup_seconds: float = 0.0
     """Wall seconds the run took to build its ledgers, actors and network (in ``wall_seconds``)."""
+    client_rows: list[dict[str, Any]] = field(default_factory=list)
+    """The rows of ``clients.csv`` as computed (:func:`~fedsim.runtime.run_outputs.client_rows`:
+    numbers before they are written as text, an unbounded epsilon ``inf``)."""
+
+
+class _RoundSchedule:
+    """The runtime's record of its clients' pending rounds, which the batcher asks
+    (:class:`fedsim.training.batched.RoundSchedule`): a round is its client's (by the client's
+    trainer), it ends when the client actor says (:attr:`ClientActor.split_deadline`), and a
+    model can next reach the client at the earlier of the server's next possible publish and
+    the next model in flight to it. Nothing is written on the rounds."""
+
+    def __init__(self, owners: dict[int, str], clients: dict[str, ClientRecord],
+                 server: ServerActor, network: SimulatedNetwork) -> None:
+        self.owners, self.clients, self.server, self.network = owners, clients, server, network
+
+    def _owner(self, round_: PendingRound) -> str | None:
+        return self.owners.get(id(round_.trainer))
+
+    def ends_at(self, round_: PendingRound) -> float | None:
+        owner = self._owner(round_)
+        actor = self.clients[owner].actor if owner is not None else None
+        return actor.split_deadline if actor is not None else None
+
+    def horizon(self, rounds: Sequence[PendingRound]) -> list[float]:
+        network = self.network
+        publish = self.server.earliest_publish(network.next_arrival("uplink"))
+        return [min(publish, network.next_arrival("downlink") if owner is None
+                    else network.next_arrival_to(owner))
+                for owner in (self._owner(r) for r in rounds)]
 
 
 class _Simulation:
@@ -180,7 +214,7 @@ class _Simulation:
         self.applied_log: list[tuple[str, int, int, int]] = []
         self.clients: dict[str, ClientRecord] = {}
         self.stopped: list[StoppedClient] = []
-        self.stop_reason = ""
+        self.stop_reason: RunStop | None = None
         self.cpu_seconds = 0.0
         self.setup_seconds = 0.0  # wall seconds from the run's start to the server's first window
         self.network_stats: dict[str, Any] = {}
@@ -293,6 +327,7 @@ class _Simulation:
                         "client_id": client.plan.client_id,
                         "time": clock.now(),
                         "reason": "crashed and did not rejoin",
+                        "kind": ClientStopKind.CRASHED,
                     }
                 )
                 return
@@ -335,12 +370,14 @@ class _Simulation:
                 actor is not None
                 and actor.state in FINISHED_STATES
                 and client.plan.client_id not in known
+                and actor.stop_kind is not None  # set with the finished state (_stop)
             ):
                 self.stopped.append(
                     {
                         "client_id": client.plan.client_id,
                         "time": actor.stopped_at,
                         "reason": actor.stop_reason,
+                        "kind": actor.stop_kind,
                     }
                 )
 
@@ -383,7 +420,7 @@ class _Simulation:
         self.stop_reason = report.stop_reason(
             self.scenario.stop, active_clients=active, in_flight=in_flight
         )
-        return bool(self.stop_reason)
+        return self.stop_reason is not None
 
     # -- the run --------------------------------------------------------------------------------
     async def main(self, clock: VirtualClock) -> ServerActor:
@@ -397,6 +434,7 @@ class _Simulation:
         # first of them is needed (see fedsim.training.batched).
         batcher = self.batcher = (
             (self.make_batcher or _local_batcher)(population) if self.batch_rounds else None)
+        owners: dict[int, str] = {}  # id of a client's LocalTrainer -> its client id
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
             # first: a DP normalisation is charged to it
@@ -404,6 +442,8 @@ class _Simulation:
             trainer: Trainer = population.trainer(
                 plan, message_only=self.message_only, batcher=batcher, ledger=ledger
             )
+            if isinstance(trainer, BatchedTrainer):
+                owners[id(trainer.trainer)] = plan.client_id
             if self.wrap_trainer is not None:
                 trainer = self.wrap_trainer(plan, trainer)
             self.clients[plan.client_id] = ClientRecord(plan, trainer, path, ledger)
@@ -416,12 +456,7 @@ class _Simulation:
         if batcher is not None and any(g.interrupt == "switch" for g in self.scenario.clients.groups):
             # Rounds a w-hat may still split wait in the batcher until none can (see there).
             network.track_arrivals = True
-            def horizon(owners: Sequence[str | None]) -> list[float]:
-                publish = server.earliest_publish(network.next_arrival("uplink"))
-                return [min(publish, network.next_arrival("downlink") if owner is None
-                            else network.next_arrival_to(owner)) for owner in owners]
-
-            batcher.horizon = horizon
+            batcher.schedule = _RoundSchedule(owners, self.clients, server, network)
         async with helper_tasks() as tasks:
             tasks.extend(self._start_aggregators(clock, network))  # before the first model
             for client in self.clients.values():
@@ -517,7 +552,8 @@ def run_scenario(
         try:
             server, wall_seconds = sim.run()
             record = sim.record(server, wall_seconds)
-            summary = write_run_outputs(record)
+            rows = client_rows(record)
+            summary = write_run_outputs(record, rows)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
             from fedsim.runtime.interrupted import write_interrupted_outputs
 
@@ -541,4 +577,5 @@ def run_scenario(
         sim.clients,
         sim.cpu_seconds,
         sim.setup_seconds,
+        rows,
     )

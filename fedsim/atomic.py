@@ -1,0 +1,113 @@
+"""Atomic file replacement: the one way fedsim rewrites a file that a reader or a restart relies on.
+
+:func:`write_atomically` writes into a temporary file in the target's directory and renames it
+over the target (:func:`os.replace`, atomic on POSIX and on Windows within one volume), so a
+reader, or a process killed at any moment, sees the old file or the new one, never half of one;
+a write that raises leaves the old file untouched and removes its temporary file.
+
+What survives a *power failure* (or a kernel crash) depends on what is flushed to the disk; a
+caller chooses, per file, one of two levels (:data:`Durability`):
+
+* ``"file"``: the new content is fsynced before the rename. After a power failure the target
+  holds the old content or the new content in full (without this fsync some file systems
+  persist the rename before the data and leave an empty or zero-filled file), but the rename
+  itself may be lost: the *old* version may come back. For files whose loss on power failure is
+  harmless because they are derived or re-created: run outputs (``summary.json``, a client's
+  report), the cached feature moments of DP normalisation (the ledger, not this file, says
+  whether the release was charged), a downloaded data set (verified by its digest), the
+  compiled noise kernel.
+* ``"durable"``: the file is fsynced, renamed, and then its directory is fsynced
+  (:func:`fsync_directory`), so once the call returns the new version survives a power
+  failure. For state that acknowledgements or privacy spending depend on: the deployed
+  server's checkpoint (updates are acknowledged after it is saved), a repaired privacy ledger,
+  the per-window files a restarted server trims back to its checkpoint (their later appends are
+  fsynced, which is worth nothing if the file they were appended to can revert).
+
+The privacy ledger itself is append-only and is not rewritten through this module; it shares
+:func:`fsync_directory` for the directory entry of a new ledger.
+
+This module sits in the lowest layer (with :mod:`fedsim.errors`): it imports nothing from
+fedsim, so the privacy code can use it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Literal
+
+__all__ = ["Durability", "fsync_directory", "move_into_place", "write_atomically"]
+
+Durability = Literal["file", "durable"]
+DURABILITIES: tuple[Durability, ...] = ("file", "durable")
+
+Content = bytes | bytearray | memoryview | str | Callable[[IO[bytes]], object]
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Flush ``directory``'s entries (a rename or a new file in it) to the disk.
+
+    Where the platform cannot open a directory for reading (Windows) there is nothing to do:
+    its file systems persist renames with the metadata journal."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except (IsADirectoryError, PermissionError):
+        if os.name == "nt":
+            return
+        raise
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check(durability: str) -> None:
+    if durability not in DURABILITIES:
+        raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+
+
+def move_into_place(source: str | Path, target: str | Path, *, durability: Durability) -> None:
+    """Rename the finished file ``source`` over ``target`` (same directory or file system),
+    flushed as ``durability`` says (module docstring). For a file another program wrote (a
+    compiler's output); :func:`write_atomically` writes and moves in one call."""
+    _check(durability)
+    with open(source, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(source, target)
+    if durability == "durable":
+        fsync_directory(Path(target).parent)
+
+
+def write_atomically(
+    path: str | Path, content: Content, *, durability: Durability, mode: int | None = None
+) -> None:
+    """Replace ``path`` by ``content`` atomically, flushed as ``durability`` says.
+
+    ``content`` is bytes, text (UTF-8) or a function that writes into the open binary file
+    (``np.savez``). ``mode``: the new file's permission bits (default: what ``open`` gives,
+    0o666 less the umask). If writing raises, ``path`` keeps its old content (or stays absent)
+    and the temporary file is removed."""
+    _check(durability)
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "wb") as handle:
+            if isinstance(content, str):
+                handle.write(content.encode("utf-8"))
+            elif isinstance(content, bytes | bytearray | memoryview):
+                handle.write(content)
+            else:
+                content(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    if durability == "durable":
+        fsync_directory(target.parent)
