@@ -28,6 +28,10 @@ torch fallback did (no C compiler).
 
     python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
     python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
+    FEDSIM_BENCH_TREE=/path/to/old/checkout python benchmarks/dp_step.py --out old.json
+
+The fedsim measured is this checkout's (``sys.path``), or ``FEDSIM_BENCH_TREE``'s; each worker
+checks that it imported that one, and ``commit`` names that tree's HEAD.
 
 Notes (what the figures are made of) are in docs/SCALE.md, "The DP-SGD step".
 """
@@ -48,6 +52,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# The fedsim measured: this tree's (not an installed copy's), or FEDSIM_BENCH_TREE's (an old
+# checkout, for side-by-side runs); its commit is what every row names.
+TREE = Path(os.environ.get("FEDSIM_BENCH_TREE", str(ROOT))).resolve()
+sys.path.insert(0, str(TREE))
 MODELS = ("dp_mnist_cnn", "mlp", "groupnorm_cnn")
 GROUPNORM_SCENARIO = ROOT / "scenarios" / "cifar10-groupnorm.yaml"
 VARIANTS = ("plain", "fedsim", "opacus_hooks", "opacus_functorch", "opacus_ghost")
@@ -74,9 +82,9 @@ def _input_shape(model_name: str) -> tuple[int, ...]:
 
 
 def code_version() -> dict[str, Any]:
-    """The commit measured and whether tracked files differed from it."""
+    """The commit of the tree measured and whether its tracked files differed from it."""
     def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, check=False)
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=TREE, check=False)
         return done.stdout.strip() if done.returncode == 0 else ""
 
     commit = git("rev-parse", "HEAD") or "unknown"
@@ -199,6 +207,10 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
     """
     import torch
 
+    import fedsim
+
+    if not Path(fedsim.__file__).resolve().is_relative_to(TREE):
+        raise RuntimeError(f"measuring {fedsim.__file__}, not the tree {TREE}")
     load_start = os.getloadavg()
     torch.set_num_threads(threads)
     step = _step_function(model_name, variant)
