@@ -90,6 +90,12 @@ LAYERS: list[Case] = [
         3,
     ),
     (
+        "conv2d_few_positions",  # 4 output positions, 8 channels: im2col into kept buffers
+        lambda: nn.Sequential(nn.Conv2d(4, 8, 3, stride=2), MeanOver(2, 3)),
+        lambda b: torch.randn(b, 4, 5, 5),
+        8,
+    ),
+    (
         "conv2d_ghost",  # one output position, 2 x 2 x 8 x 16 weights: ghost norms
         lambda: nn.Sequential(nn.Conv2d(8, 16, 2), nn.Flatten()),
         lambda b: torch.randn(b, 8, 2, 2),
@@ -309,6 +315,21 @@ def test_a_layer_the_fallback_cannot_run_fails_with_a_model_error_naming_it() ->
     assert engine.fallback_parameters == ["1.gain"]
     with pytest.raises(ModelError, match="per-example gradients of 1.gain .* torch.func"):
         engine.clipped_sum(torch.randn(4, 3), torch.randint(0, 3, (4,)), 1.0)
+
+
+def test_kept_buffers_serve_batches_of_every_size() -> None:
+    """The rules' buffers kept between batches (:func:`~fedsim.training.persample.rules.scratch`)
+    give the reference's result for a batch larger, smaller or as large as the ones before
+    (Poisson batches vary), and never grow past the largest."""
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, stride=2), nn.Tanh(), nn.Conv2d(4, 12, 2), nn.Flatten(), nn.Linear(108, 3)
+    )
+    engine = PerSampleEngine(model)
+    for batch in (5, 2, 7, 7, 3):
+        _assert_matches_reference(engine, torch.randn(batch, 1, 9, 9), torch.randint(0, 3, (batch,)))
+    kept = [t for layer in engine._layers for t in layer.workspace.values()]
+    assert kept and all(t.shape[0] == 7 for t in kept)
 
 
 def test_group_norm_rule_reads_the_forward_statistics_and_agrees_with_recomputing() -> None:

@@ -68,6 +68,35 @@ class Layer:
     params: list[nn.Parameter]  # direct, trainable parameters, in module order
     kind: str
     uses: list[Use] = field(default_factory=list)
+    workspace: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Buffers a rule keeps between batches (see :func:`scratch`)."""
+
+
+def scratch(
+    store: dict[str, torch.Tensor] | None, name: str, shape: tuple[int, ...], like: torch.Tensor
+) -> torch.Tensor:
+    """An uninitialised contiguous tensor of ``shape`` (like ``like``), from ``store`` when given.
+
+    The buffer is kept between batches, as large as the largest batch seen (a physical batch
+    at most), and a smaller batch takes its first rows. A tensor allocated afresh each step is
+    often memory glibc has just given back to the system, and its first touch then faults
+    every page in again: measured on the DP MNIST CNN's step, 2,000-7,000 page faults and
+    3-13 ms of system time a step, more than the arithmetic that fills the tensor.
+    """
+    if store is None:
+        return like.new_empty(shape)
+    buffer = store.get(name)
+    fits = (
+        buffer is not None
+        and buffer.shape[1:] == shape[1:]
+        and buffer.dtype == like.dtype
+        and buffer.device == like.device
+    )
+    if buffer is None or not fits or buffer.shape[0] < shape[0]:
+        rows = max(shape[0], buffer.shape[0]) if buffer is not None and fits else shape[0]
+        buffer = like.new_empty((rows, *shape[1:]))
+        store[name] = buffer
+    return buffer[: shape[0]]
 
 
 WeightedSum = Callable[[torch.Tensor, list[torch.Tensor]], None]
@@ -172,8 +201,11 @@ def _linear_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     return sq, weighted_seq
 
 
-def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """im2col as (B, L, G, C_in/G * kh * kw): one strided copy, positions-major.
+def _patches(
+    module: nn.Conv2d, x: torch.Tensor, store: dict[str, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """im2col as (B, L, G, C_in/G * kh * kw): one strided copy, positions-major (into a
+    :func:`scratch` buffer of ``store`` when given).
 
     The channel-major patch order matches the weight layout (C_out, C_in/G, kh, kw). This is
     about twice as fast on CPU as ``F.unfold`` and leaves the patches ready for ``bmm``.
@@ -192,27 +224,41 @@ def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
         (batch, oh, ow, channels, kh, kw),
         (st[0], st[2] * sh, st[3] * sw, st[1], st[2] * dh, st[3] * dw),
     )
-    return view.reshape(batch, oh * ow, module.groups, -1)
+    out = scratch(store, "patches", (batch, oh * ow, module.groups, channels // module.groups * kh * kw), x)
+    out.view(batch, oh, ow, channels, kh, kw).copy_(view)
+    return out
 
 
-def _conv2d_weight_per_example(module: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def _conv2d_weight_per_example(
+    module: nn.Conv2d,
+    x: torch.Tensor,
+    g: torch.Tensor,
+    store: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Per-example weight gradients (B, *weight.shape) of one call on ``x`` with output
     gradient ``g``.
 
-    The batch is folded into the channels, ``(1, B C_in, H, W)``, and the weight gradient of
-    a convolution with ``B * groups`` groups is exactly every example's own (the trick of
-    torch.func's batching rule for convolutions). Measured on CPU (B=256, 1 thread, CPU time,
-    medians of interleaved runs), against im2col + bmm: 1.7x faster for the second layer of
-    the DP MNIST CNN, 1.6-9x for the 3x3 padded layers of the GroupNorm CNN; but 1.1x slower
-    for a layer with one input channel (the DP MNIST CNN's first), where the patches are the
-    kernel windows themselves and one batched matrix product is the cheaper way.
+    Two ways. The grouped convolution: the batch is folded into the channels,
+    ``(1, B C_in, H, W)``, and the weight gradient of a convolution with ``B * groups`` groups
+    is exactly every example's own (the trick of torch.func's batching rule for
+    convolutions). im2col and one batched product, both into buffers kept in ``store``
+    (:func:`scratch`), where the patches are cheap: one input channel (they are the kernel
+    windows themselves) or no more output positions than output channels (the patches are
+    then no larger than the gradients). Measured on CPU (B=256, 1 thread, CPU time, medians
+    of interleaved runs): the grouped convolution is 1.6-9x faster on the 3x3 padded layers
+    of the GroupNorm CNN, whose patches are 8-64 times the gradients; on both layers of the DP
+    MNIST CNN im2col into kept buffers costs less, mostly because the grouped convolution's
+    output is fresh memory every step (page faults: user + system time per step 36 ms
+    against 38-41 ms, plain SGD 25 ms).
     """
     batch = x.shape[0]
     weight = module.weight.detach()
-    if module.groups == 1 and module.in_channels == 1:
-        patches = _patches(module, x)[:, :, 0]  # (B, L, kh * kw)
-        per_example = torch.bmm(g.reshape(batch, module.out_channels, -1), patches)
-        return per_example.reshape(batch, *weight.shape)
+    positions = g.shape[2] * g.shape[3]
+    if module.groups == 1 and (module.in_channels == 1 or positions <= module.out_channels):
+        patches = _patches(module, x, store)[:, :, 0]  # (B, L, C_in kh kw)
+        per_example = scratch(store, "per_example", (batch, module.out_channels, patches.shape[2]), x)
+        torch.bmm(g.reshape(batch, module.out_channels, -1), patches, out=per_example)
+        return per_example.view(batch, *weight.shape)
     _, grad_weight, _ = torch.ops.aten.convolution_backward(
         g.reshape(1, -1, *g.shape[2:]),
         x.reshape(1, -1, *x.shape[2:]),
@@ -251,7 +297,10 @@ def _conv2d_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
     ghost = 4 * positions * positions * (k + cout) < positions * cout * k
     if has_weight and not ghost:
         weight_pe = _conv2d_weight_per_example(
-            module, layer.uses[0].inputs[0], layer.uses[0].out_grad
+            module,
+            layer.uses[0].inputs[0],
+            layer.uses[0].out_grad,
+            layer.workspace if len(layer.uses) == 1 else None,  # one use: nothing overwritten
         )
         for use in layer.uses[1:]:
             weight_pe = weight_pe + _conv2d_weight_per_example(module, use.inputs[0], use.out_grad)
