@@ -1,6 +1,7 @@
 """Cost of one DP-SGD step against a plain SGD step: fedsim vs Opacus 1.6, batch 256.
 
-Models: the classic DP MNIST CNN (26k parameters) and the MLP 784-256-10 (203k). Variants:
+Models: the classic DP MNIST CNN (26k parameters), the MLP 784-256-10 (203k) and the GroupNorm
+CNN of ``scenarios/cifar10-groupnorm.yaml`` (read from that file, on 3x32x32 inputs). Variants:
 
 * ``plain``: forward, mean cross-entropy, backward, SGD update (no privacy);
 * ``fedsim``: :func:`fedsim.training.dpsgd.noisy_gradient` (per-example norms by book-keeping,
@@ -12,21 +13,35 @@ Each (model, variant, threads) runs in its own process, so ``peak_rss_mb`` (ru_m
 variant's own peak. The machine is shared with other work, so each process alternates blocks
 of the variant with blocks of plain SGD and ``ratio_vs_plain`` is the median ratio of adjacent
 blocks (step time / plain step time, same model and threads); ``samples_per_s`` is from the
-median block. With ``--passes`` > 1 the pass with the lowest ratio is kept.
+median block. ``cpu_ratio_vs_plain`` is the same median of ratios with the process's CPU time
+(``time.process_time``) in place of wall time: other processes' share of the CPUs leaves it
+alone, so on a loaded machine it is the steadier figure (at one thread it counts the same work).
+With ``--passes`` > 1 the pass with the lowest ratio is kept.
 Writes benchmarks/results/dp_step.json: a list of {model, variant, threads, samples_per_s,
-ratio_vs_plain, peak_rss_mb}; fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
+ratio_vs_plain, cpu_ratio_vs_plain, peak_rss_mb, commit, dirty, loadavg_start, loadavg_end}:
+``commit`` is ``git rev-parse HEAD`` of the code measured, ``dirty`` whether tracked files
+differed from it, ``loadavg_*`` the machine's ``os.getloadavg()`` (1, 5, 15 min) when that
+row's process started and ended. fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
 value per parameter, :mod:`fedsim.training.gaussian`) against the plain step, measured the same
 way, and ``noise_kernel``: ``compiled`` when the sampler's C kernel ran, ``torch`` when its
 torch fallback did (no C compiler).
 
     python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
     python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
+    FEDSIM_BENCH_TREE=/path/to/old/checkout python benchmarks/dp_step.py --out old.json
+
+The fedsim measured is this checkout's (``sys.path``), or ``FEDSIM_BENCH_TREE``'s; each worker
+checks that it imported that one, and ``commit`` names that tree's HEAD.
+
+Notes (what the figures are made of) are in docs/SCALE.md, "The DP-SGD step".
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -37,7 +52,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("dp_mnist_cnn", "mlp")
+# The fedsim measured: this tree's (not an installed copy's), or FEDSIM_BENCH_TREE's (an old
+# checkout, for side-by-side runs); its commit is what every row names.
+TREE = Path(os.environ.get("FEDSIM_BENCH_TREE", str(ROOT))).resolve()
+sys.path.insert(0, str(TREE))
+MODELS = ("dp_mnist_cnn", "mlp", "groupnorm_cnn")
+GROUPNORM_SCENARIO = ROOT / "scenarios" / "cifar10-groupnorm.yaml"
 VARIANTS = ("plain", "fedsim", "opacus_hooks", "opacus_functorch", "opacus_ghost")
 BATCH = 256
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
@@ -46,9 +66,29 @@ CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 def _build(model_name: str):  # noqa: ANN202 - torch imported lazily in the worker
     from fedsim.training import build_model
 
-    return (
-        build_model(model_name, hidden=(256,)) if model_name == "mlp" else build_model(model_name)
-    )
+    if model_name == "mlp":
+        return build_model(model_name, hidden=(256,))
+    if model_name == "groupnorm_cnn":  # the scenario's model, options and all
+        from fedsim.config.loading import load_scenario
+
+        spec = load_scenario(GROUPNORM_SCENARIO).scenario.model
+        assert spec.name == model_name, spec
+        return build_model(spec.name, **spec.options)
+    return build_model(model_name)
+
+
+def _input_shape(model_name: str) -> tuple[int, ...]:
+    return (BATCH, 3, 32, 32) if model_name == "groupnorm_cnn" else (BATCH, 1, 28, 28)
+
+
+def code_version() -> dict[str, Any]:
+    """The commit of the tree measured and whether its tracked files differed from it."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=TREE, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def _step_function(model_name: str, variant: str) -> Callable[[], None]:
@@ -57,7 +97,7 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
 
     torch.manual_seed(0)
     model = _build(model_name)
-    x = torch.rand(BATCH, 1, 28, 28)
+    x = torch.rand(*_input_shape(model_name))
     y = torch.randint(0, 10, (BATCH,))
     if variant == "plain":
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -147,10 +187,15 @@ def _noise_draw(model_name: str) -> Callable[[], None]:
 
 
 def _block_time(step: Callable[[], None], block: int) -> float:
-    started = time.perf_counter()
+    return _block_times(step, block)[0]
+
+
+def _block_times(step: Callable[[], None], block: int) -> tuple[float, float]:
+    """Wall and process CPU seconds per step over ``block`` steps."""
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(block):
         step()
-    return (time.perf_counter() - started) / block
+    return (time.perf_counter() - started) / block, (time.process_time() - cpu) / block
 
 
 def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, Any]:
@@ -162,6 +207,11 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
     """
     import torch
 
+    import fedsim
+
+    if not Path(fedsim.__file__).resolve().is_relative_to(TREE):
+        raise RuntimeError(f"measuring {fedsim.__file__}, not the tree {TREE}")
+    load_start = os.getloadavg()
     torch.set_num_threads(threads)
     step = _step_function(model_name, variant)
     for _ in range(2):  # warm-up (allocations, lazy initialisation)
@@ -174,19 +224,22 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
     for _ in range(2):
         plain()
     plain_block = max(1, min(200, int(block * single / max(_block_time(plain, 1), 1e-6))))
-    times, ratios = [first], []
+    times, ratios, cpu_ratios = [first], [], []
     deadline = time.perf_counter() + seconds
     while len(ratios) < 3 or (time.perf_counter() < deadline and len(ratios) < 40):
-        variant_time = _block_time(step, block)
-        plain_time = _block_time(plain, plain_block)
+        variant_time, variant_cpu = _block_times(step, block)
+        plain_time, plain_cpu = _block_times(plain, plain_block)
         times.append(variant_time)
         ratios.append(variant_time / plain_time)
+        cpu_ratios.append(variant_cpu / max(plain_cpu, 1e-9))
     step_time = statistics.median(times)
     measured = {
         "step_s": step_time,
         "samples_per_s": BATCH / step_time,
         "ratio_vs_plain": statistics.median(ratios),
+        "cpu_ratio_vs_plain": statistics.median(cpu_ratios),
         "peak_rss_mb": peak_mb,
+        "loadavg_start": [round(v, 2) for v in load_start],
     }
     if variant == "fedsim":
         # How much of the ratio is the noise draw alone.
@@ -198,6 +251,7 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
         ]
         measured["noise_vs_plain"] = statistics.median(noise_ratios)
         measured["noise_kernel"] = "compiled" if native_kernel_available() else "torch"
+    measured["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     return measured
 
 
@@ -215,6 +269,16 @@ def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> d
     if done.returncode != 0:
         raise RuntimeError(f"{model_name}/{variant} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _available(variants: list[str]) -> list[str]:
+    """``variants`` less the Opacus ones when Opacus is not installed (said on stdout)."""
+    if importlib.util.find_spec("opacus") is not None:
+        return variants
+    skipped = [v for v in variants if v.startswith("opacus_")]
+    if skipped:
+        print(f"opacus is not installed: {', '.join(skipped)} not measured", flush=True)
+    return [v for v in variants if not v.startswith("opacus_")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.threads, args.passes, args.seconds = "1", 1, 1.5
+    version = code_version()
     thread_counts = [int(t) for t in args.threads.split(",")]
-    models, variants = args.models.split(","), args.variants.split(",")
+    models, variants = args.models.split(","), _available(args.variants.split(","))
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for _ in range(args.passes):
         for threads in thread_counts:
@@ -255,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{model_name:13s} {variant:17s} threads={threads} "
                         f"{measured['samples_per_s']:10.0f} samples/s  x{measured['ratio_vs_plain']:.2f}  "
-                        f"peak {measured['peak_rss_mb']:.0f} MB",
+                        f"cpu x{measured['cpu_ratio_vs_plain']:.2f}  "
+                        f"peak {measured['peak_rss_mb']:.0f} MB  load {measured['loadavg_start'][0]:.1f}",
                         flush=True,
                     )
     rows = [
@@ -265,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
             "threads": threads,
             "samples_per_s": round(measured["samples_per_s"], 1),
             "ratio_vs_plain": round(measured["ratio_vs_plain"], 3),
+            "cpu_ratio_vs_plain": round(measured["cpu_ratio_vs_plain"], 3),
             "peak_rss_mb": round(measured["peak_rss_mb"], 1),
+            **version,
+            "loadavg_start": measured["loadavg_start"],
+            "loadavg_end": measured["loadavg_end"],
             **(
                 {
                     "noise_vs_plain": round(measured["noise_vs_plain"], 3),

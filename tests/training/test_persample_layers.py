@@ -84,6 +84,18 @@ LAYERS: list[Case] = [
         6,
     ),
     (
+        "conv2d_one_input_channel",  # im2col and one batched product, not the grouped conv
+        lambda: nn.Sequential(nn.Conv2d(1, 3, 4, stride=2, padding=1), MeanOver(2, 3)),
+        lambda b: torch.randn(b, 1, 7, 7),
+        3,
+    ),
+    (
+        "conv2d_few_positions",  # 4 output positions, 8 channels: im2col into kept buffers
+        lambda: nn.Sequential(nn.Conv2d(4, 8, 3, stride=2), MeanOver(2, 3)),
+        lambda b: torch.randn(b, 4, 5, 5),
+        8,
+    ),
+    (
         "conv2d_ghost",  # one output position, 2 x 2 x 8 x 16 weights: ghost norms
         lambda: nn.Sequential(nn.Conv2d(8, 16, 2), nn.Flatten()),
         lambda b: torch.randn(b, 8, 2, 2),
@@ -118,6 +130,12 @@ LAYERS: list[Case] = [
         "groupnorm",
         lambda: nn.Sequential(_randomise(nn.GroupNorm(2, 4)), MeanOver(2, 3)),
         lambda b: torch.randn(b, 4, 3, 3),
+        4,
+    ),
+    (
+        "groupnorm_offset",  # mean far from 0: the saved statistics' formula still exact
+        lambda: nn.Sequential(_randomise(nn.GroupNorm(2, 4)), MeanOver(2, 3)),
+        lambda b: 30.0 + 0.5 * torch.randn(b, 4, 3, 3),
         4,
     ),
     ("layernorm_twice", lambda: Twice(_randomise(nn.LayerNorm(5))), lambda b: torch.randn(b, 5), 5),
@@ -297,3 +315,53 @@ def test_a_layer_the_fallback_cannot_run_fails_with_a_model_error_naming_it() ->
     assert engine.fallback_parameters == ["1.gain"]
     with pytest.raises(ModelError, match="per-example gradients of 1.gain .* torch.func"):
         engine.clipped_sum(torch.randn(4, 3), torch.randint(0, 3, (4,)), 1.0)
+
+
+def test_kept_buffers_serve_batches_of_every_size() -> None:
+    """The rules' buffers kept between batches (:func:`~fedsim.training.persample.rules.scratch`)
+    give the reference's result for a batch larger, smaller or as large as the ones before
+    (Poisson batches vary), and never grow past the largest."""
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, stride=2), nn.Tanh(), nn.Conv2d(4, 12, 2), nn.Flatten(), nn.Linear(108, 3)
+    )
+    engine = PerSampleEngine(model)
+    for batch in (5, 2, 7, 7, 3):
+        _assert_matches_reference(engine, torch.randn(batch, 1, 9, 9), torch.randint(0, 3, (batch,)))
+    kept = [t for layer in engine._layers for t in layer.workspace.values()]
+    assert kept and all(t.shape[0] == 7 for t in kept)
+
+
+def test_group_norm_rule_reads_the_forward_statistics_and_agrees_with_recomputing() -> None:
+    """The GroupNorm rule's two ways (the forward's saved mean and 1/std; ``x_hat`` formed
+    again) give the same per-example gradients, in float32 too with a mean far from 0."""
+    from fedsim.training.persample import rules
+
+    torch.manual_seed(3)
+    for dtype, offset, rtol in ((torch.float64, 0.0, 1e-12), (torch.float32, 20.0, 2e-4)):
+        module = _randomise(nn.GroupNorm(4, 8)).to(dtype)
+        x = offset + torch.randn(5, 8, 6, 6, dtype=dtype)
+        output = module(x)
+        stats = rules.group_norm_statistics(module, output)
+        assert stats is not None  # read from the autograd node, before any backward
+        mean, rstd = stats
+        grouped = x.reshape(5, 4, -1)
+        torch.testing.assert_close(mean, grouped.mean(-1))
+        torch.testing.assert_close(rstd, (grouped.var(-1, unbiased=False) + module.eps).rsqrt())
+        g = torch.randn_like(output)
+        layer = rules.Layer(module, list(module.parameters()), "norm")
+        layer.uses = [rules.Use((x,), output, g, stats)]
+        with_stats = rules._norm_affine_rule(layer)
+        layer.uses = [rules.Use((x,), output, g, None)]
+        recomputed = rules._norm_affine_rule(layer)
+        torch.testing.assert_close(with_stats[0], recomputed[0], rtol=rtol, atol=0.0)
+        outs = [[torch.zeros_like(p) for p in module.parameters()] for _ in range(2)]
+        c = torch.rand(5, dtype=dtype)
+        with_stats[1](c, outs[0])
+        recomputed[1](c, outs[1])
+        for a, b in zip(*outs, strict=True):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()))
+    # Not a GroupNorm node (no grad, another module): no statistics, the rule recomputes.
+    with torch.no_grad():
+        assert rules.group_norm_statistics(module, module(x)) is None
+    assert rules.group_norm_statistics(nn.LayerNorm(6), nn.LayerNorm(6)(torch.randn(2, 6))) is None

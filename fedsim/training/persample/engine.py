@@ -41,7 +41,14 @@ from fedsim.training.models import (
 )
 from fedsim.training.persample import fallback
 from fedsim.training.persample.clipping import LossFn, clip_factors, per_example_cross_entropy
-from fedsim.training.persample.rules import RULES, Layer, Use, WeightedSum, fast_path
+from fedsim.training.persample.rules import (
+    RULES,
+    Layer,
+    Use,
+    WeightedSum,
+    fast_path,
+    group_norm_statistics,
+)
 from fedsim.training.persample.rules import per_example_rule as _per_example_rule
 
 __all__ = ["ClippedSum", "PerSampleEngine", "engine_for"]
@@ -138,7 +145,11 @@ class PerSampleEngine:
                     f"{type(module).__name__} returns {type(output).__name__}; per-sample clipping needs a tensor output"
                 )
             layer.uses.append(
-                Use(tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), output)
+                Use(
+                    tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args),
+                    output,
+                    stats=group_norm_statistics(module, output) if layer.kind == "norm" else None,
+                )
             )
             # Differentiate by the recorded tensor; hand a copy downstream so that an in-place
             # op there (ReLU(inplace=True)) cannot rewrite the recorded one.
