@@ -56,6 +56,7 @@ from fedsim.config.distributions import (
     WindowCount,
 )
 from fedsim.config.factory import FactoryReference, OptionValue
+from fedsim.config.features import DpPca
 from fedsim.config.posture import (
     Budget,
     Clip,
@@ -338,6 +339,8 @@ class ClientGroup(_Strict):
         "the round began on. The same privacy either way (the new model is post-processing)."))
     dp_normalisation: DpNormalisation | None = Field(default=None, description="DP feature "
         "standardisation before round 0, charged to the ledger (every group or none).")
+    dp_pca: DpPca | None = Field(default=None, description="DP principal components before "
+        "round 0, charged to the ledger; one shared projection (every group or none).")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:
@@ -350,6 +353,11 @@ class ClientGroup(_Strict):
                 raise ValueError("clip kind 'decay' decays over a fixed number of rounds: set rounds")
         if self.dp_normalisation is not None and self.noise.kind in ("growing_mu", "clip_tied"):
             raise ValueError("dp_normalisation: calibrate with noise kind target or constant")
+        if self.dp_pca is not None and self.noise.kind in ("growing_mu", "clip_tied"):
+            raise ValueError("dp_pca: calibrate with noise kind target or constant")
+        if self.dp_pca is not None and self.dp_normalisation is not None:
+            raise ValueError("dp_pca and dp_normalisation: give one of them (both release "
+                             "before round 0 and are not combined)")
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
                              "(its starting value), not a schedule")
@@ -385,6 +393,9 @@ class Clients(_Strict):
         if len({g.dp_normalisation is None for g in self.groups}) > 1:
             raise ValueError("dp_normalisation: set it for every group or none (the model and "
                              "its evaluation see one input scale)")
+        if len({None if g.dp_pca is None else g.dp_pca.components for g in self.groups}) > 1:
+            raise ValueError("dp_pca: set it for every group or none, with the same "
+                             "components (the model sees one projected input)")
         if self.total > limits.MAX_CLIENTS:
             raise ValueError(f"the groups have {self.total} clients together, more than the "
                              f"{limits.MAX_CLIENTS} one simulation holds")
@@ -555,6 +566,20 @@ class Scenario(_Strict):
     device: Literal["cpu", "cuda", "mps", "auto"] = Field(
         default="cpu", description="Where rounds and evaluation run: cpu, cuda, mps, or auto "
         "(cuda, else mps, else cpu); generators, ledgers and accounting stay on the CPU.")
+
+    @model_validator(mode="after")
+    def _pca_model(self) -> Scenario:
+        pca = self.clients.groups[0].dp_pca
+        if pca is None or self.model.name is None:
+            return self
+        if self.model.name not in ("logreg", "mlp"):
+            raise ValueError(f"dp_pca: the model sees {pca.components} projected features; "
+                             f"use a flat-input model (logreg or mlp), not {self.model.name!r}")
+        given = self.model.options.get("in_features", pca.components)
+        if given != pca.components:
+            raise ValueError(f"model.options.in_features={given!r}: dp_pca gives the model "
+                             f"{pca.components} inputs (its components)")
+        return self
 
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:

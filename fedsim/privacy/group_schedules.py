@@ -8,7 +8,7 @@ reads ``clip(t)`` and ``sigma(t)`` at ``t = round index`` and every one of the r
 * clip ``constant``: C_t = C. ``decay`` (sensitivity decay, Du et al.):
   C_t = C_0 rho_c^{t/T} over the group's T rounds.
 * noise ``constant``: sigma_t = sigma. ``target``: the smallest constant sigma such that the
-  group's T rounds (composed with its DP data normalisation release, if any) are
+  group's T rounds (composed with its DP data normalisation or DP-PCA release, if any) are
   (eps, delta)-DP under the group's accountant
   (:func:`fedsim.privacy.calibration.calibrate_sigma`, the same numerical guarantee the ledger
   enforces). ``growing_mu`` (Du et al.): mu_t = mu_0 g^{t/T}, sigma_t = 1/mu_t, with mu_0
@@ -41,7 +41,8 @@ from fedsim.privacy import calibration as privacy_calibration
 from fedsim.privacy.events import GaussianStep, Sampling
 from fedsim.privacy.schedules import Schedule, clip_tied, clt_growing_mu, solve_growing_mu
 
-__all__ = ["calibrate_sigma", "make_schedule", "normalisation_steps"]
+__all__ = ["calibrate_sigma", "make_schedule", "normalisation_steps", "pca_sigma", "pca_steps",
+           "release_steps"]
 
 
 def normalisation_steps(group: ClientGroup) -> tuple[GaussianStep, ...]:
@@ -52,6 +53,33 @@ def normalisation_steps(group: ClientGroup) -> tuple[GaussianStep, ...]:
     if config is None:
         return ()
     return (GaussianStep(group.sampling, 1.0, config.noise_multiplier),)
+
+
+def pca_sigma(group: ClientGroup) -> float | None:
+    """The noise multiplier of the group's DP-PCA release (None without ``dp_pca``): as given,
+    or, for a target, the smallest sigma whose one unsampled release (q = 1) meets it under the
+    group's accountant."""
+    config = group.dp_pca
+    if config is None:
+        return None
+    if isinstance(config.noise, float | int):
+        return float(config.noise)
+    return calibrate_sigma(group.sampling, 1.0, 1, config.noise.epsilon, config.noise.delta,
+                           group.accountant)
+
+
+def pca_steps(group: ClientGroup) -> tuple[GaussianStep, ...]:
+    """The group's DP-PCA release as privacy events (empty without one): one unsampled (q = 1)
+    Gaussian release of noise multiplier :func:`pca_sigma` under the group's neighbouring
+    relation (:mod:`fedsim.training.dp_pca`)."""
+    sigma = pca_sigma(group)
+    return () if sigma is None else (GaussianStep(group.sampling, 1.0, sigma),)
+
+
+def release_steps(group: ClientGroup) -> tuple[GaussianStep, ...]:
+    """Every release the group's clients make before their first round (a DP data
+    normalisation, a DP-PCA), composed with the rounds' steps."""
+    return normalisation_steps(group) + pca_steps(group)
 
 
 @lru_cache(maxsize=256)
@@ -104,10 +132,10 @@ def make_schedule(group: ClientGroup, *, q: float, where: str) -> Schedule:
         schedule = Schedule(rounds, noise_config.sigma, clip_0, 1.0, rho_c)
     elif isinstance(noise_config, TargetNoise):
         assert rounds is not None
-        # The rounds share the target with the group's DP normalisation release, if any.
+        # The rounds share the target with the group's releases before round 0, if any.
         sigma = calibrate_sigma(group.sampling, q, rounds * group.local_steps,
                                 noise_config.epsilon, noise_config.delta, group.accountant,
-                                normalisation_steps(group))
+                                release_steps(group))
         schedule = Schedule(rounds, sigma, clip_0, 1.0, rho_c)
     elif isinstance(noise_config, GrowingMuNoise):
         assert rounds is not None

@@ -31,7 +31,7 @@ from typing import Any
 
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.privacy.calibration import max_steps
-from fedsim.privacy.group_schedules import normalisation_steps
+from fedsim.privacy.group_schedules import release_steps
 from fedsim.runtime.actors.exposure import group_sample_grads
 
 # The estimate's search stops here (rounds); beyond it a budget is no horizon worth showing.
@@ -122,7 +122,7 @@ def affordable_rounds(group: ClientGroup, num_samples: int, *, limit: int) -> in
     steps = max_steps(group.accountant, group.sampling, q, float(group.noise.sigma),
                       group.budget.epsilon, group.budget.delta,
                       limit=cap * group.local_steps + 1,
-                      prior=normalisation_steps(group))  # a release before round 0
+                      prior=release_steps(group))  # releases before round 0
     return min(cap, steps // group.local_steps)
 
 

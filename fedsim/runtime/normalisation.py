@@ -33,6 +33,7 @@ trained and evaluated on one input scale (hence every group normalises, or none)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ from fedsim.atomic import write_atomically
 from fedsim.config.schema import ClientGroup, Scenario, TargetNoise
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
+from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.group_schedules import normalisation_steps
 from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK, NORMALISATION_ROUND, PrivacyLedger
 from fedsim.runtime.rng import SeedTree
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NORMALISATION_ROUND",
     "check_normalisation_budget",
+    "check_release_budget",
     "held_out_features",
     "moments_file",
     "normalisation_generator",
@@ -79,7 +82,15 @@ def normalisation_generator(tree: SeedTree, client_id: str, randomness: str) -> 
 def check_normalisation_budget(group: ClientGroup, where: str) -> None:
     """Raise :class:`ConfigError` if the group's normalisation release alone costs more than its
     budget or its noise target (under the accountant that enforces its budget)."""
-    steps = normalisation_steps(group)
+    check_release_budget(group, normalisation_steps(group), f"{where}.dp_normalisation",
+                         "raise its noise_multiplier")
+
+
+def check_release_budget(group: ClientGroup, steps: Sequence[GaussianStep], where: str,
+                         remedy: str) -> None:
+    """Raise :class:`ConfigError` (naming ``where`` and saying ``remedy``) if the release
+    ``steps`` before round 0 alone cost more than the group's budget or its noise target
+    (under the accountant that enforces its budget)."""
     if not steps:
         return
     name = group.accountant if make_accountant_class(group.accountant).is_guarantee \
@@ -93,9 +104,8 @@ def check_normalisation_budget(group: ClientGroup, where: str) -> None:
         spent = make_accountant(name, steps).epsilon(delta)
         if spent > epsilon:
             raise ConfigError(
-                f"{where}.dp_normalisation: its release alone costs eps={spent:.4g} at "
-                f"delta={delta:g}, more than the {label}'s eps={epsilon:g}; raise its "
-                "noise_multiplier")
+                f"{where}: its release alone costs eps={spent:.4g} at delta={delta:g}, more "
+                f"than the {label}'s eps={epsilon:g}; {remedy}")
 
 
 def held_out_features(scenario: Scenario, features: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,7 @@ from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.actors.integrity import client_limits
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
+from fedsim.runtime.dp_pca import check_pca_budget, pca_components
 from fedsim.runtime.normalisation import (
     check_normalisation_budget,
     held_out_features,
@@ -54,6 +55,7 @@ from fedsim.runtime.rng import SeedTree
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import resolve_device
+from fedsim.training.dp_pca import Projection
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.losses import build_loss, check_per_example_loss
@@ -124,6 +126,18 @@ class Population:
     """Where the model, the clients' records and their rounds live (scenario ``device``)."""
     loss_fn: LossFn = per_example_cross_entropy
     """The per-example training loss (``model.loss``, :mod:`fedsim.training.losses`)."""
+    pca_released: bool = False
+    """With ``dp_pca``: whether the clients' releases are charged and (unless the run is
+    message-only) :meth:`project` has applied their projection (:mod:`fedsim.runtime.dp_pca`)."""
+
+    def project(self, projection: Projection | None) -> None:
+        """Mark the DP-PCA releases done; with a ``projection``, replace the training and
+        held-out features by their projected coordinates (every client's records projected by
+        the shared projection, the server's held-out set likewise)."""
+        if projection is not None:
+            self.train_x = projection.apply(self.train_x)
+            self.test_x = projection.apply(self.test_x)
+        self.pca_released = True
 
     def trainer(
         self,
@@ -142,6 +156,10 @@ class Population:
         ``ledger`` (:mod:`fedsim.runtime.normalisation`; noise from ``normalisation_generator``,
         by default ``client/<id>/dp-normalisation``)."""
         group = plan.group
+        if group.dp_pca is not None and not self.pca_released:
+            raise ConfigError(f"client {plan.client_id}: dp_pca needs every client's release "
+                              "before round 0 (fedsim.runtime.dp_pca.release_projection), which "
+                              "only the simulated runtime gathers")
         if generator is None:
             generator = self.tree.torch("client", plan.client_id, "train")
         index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
@@ -294,7 +312,9 @@ def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) 
     flat-input models when the scenario does not give them."""
     options: dict[str, Any] = dict(scenario.model.options)
     if scenario.model.name in ("logreg", "mlp"):
-        options.setdefault("in_features", int(np.prod(train_x.shape[1:])))
+        # with dp_pca the model sees the projected coordinates (the schema checks a given size)
+        components = pca_components(scenario)
+        options.setdefault("in_features", components or int(np.prod(train_x.shape[1:])))
         options.setdefault("num_classes", num_classes)
     return options
 
@@ -323,6 +343,10 @@ def build_population(
     test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
+    components = pca_components(scenario)
+    # what the model sees: with dp_pca, a record's projected coordinates (zeros as the probe)
+    sample = train_x[:2] if components is None else torch.zeros(2, components,
+                                                                 dtype=train_x.dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tree.integer("model-init"))
         options = _model_options(scenario, train_x, num_classes)
@@ -330,12 +354,12 @@ def build_population(
             check_model_size(scenario.model.name, options,
                              max_message_bytes=scenario.network.max_message_bytes)
         model = build_scenario_model(
-            scenario.model, options, sample=train_x[:2],
+            scenario.model, options, sample=sample,
             num_classes=num_classes, factory=model_factory, base_dir=loaded.base_dir,
             fix_batchnorm=fix_batchnorm)
         loss_fn, where = build_loss(scenario.model.loss, scenario.model.loss_options, loss=loss,
                                     base_dir=loaded.base_dir)
-        check_per_example_loss(loss_fn, model, train_x[:2], train_y[:2], where)
+        check_per_example_loss(loss_fn, model, sample, train_y[:2], where)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans = client_plans(scenario, tree, labels, writers)
     return Population(
@@ -360,6 +384,7 @@ def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.
         check_normalisation_budget(group, where)
+        check_pca_budget(group, where)
         schedule = make_schedule(group, q=group.batch_size / smallest, where=where)
         if group.adaptive_clip is not None:  # the count's noise must leave room for the sum's
             try:

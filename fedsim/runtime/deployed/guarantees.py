@@ -14,7 +14,8 @@ Two protections of a deployment rest on a group's **public slot**
 A group without a slot (``speed: 0``, the schema's default, or an ``exponential`` speed under
 ``timing: realised`` with Poisson sampling) has neither, so deployment refuses it
 (:func:`require_public_slots`); the simulator, where nobody observes time and every client is
-honest, runs it. :func:`guarantee_lines` says per group what holds (``fedsim validate``).
+honest, runs it. It refuses ``dp_pca`` too: its shared projection needs every client's release
+before round 0, which only the simulated runtime gathers (:mod:`fedsim.runtime.dp_pca`). :func:`guarantee_lines` says per group what holds (``fedsim validate``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def _missing(scenario: Scenario) -> list[str]:
                 + "deployed, its clients would be neither paced by the server nor released on a "
                 "public schedule (give speed a positive value in seconds per sample gradient, "
                 "for example speed: 0.001)")
+        if group.dp_pca is not None:
+            problems.append(
+                f"clients.groups[{index}] ({group.name}): dp_pca needs every client's released "
+                "matrix before round 0 for the shared projection, which only the simulated "
+                "runtime gathers (fedsim run)")
     return problems
 
 
@@ -57,6 +63,10 @@ def guarantee_lines(scenario: Scenario) -> list[str]:
     lines = []
     for group in scenario.clients.groups:
         slot = group_slot(group, timing)
+        if group.dp_pca is not None:
+            lines.append(f"group {group.name}: NOT DEPLOYABLE: dp_pca's shared projection is "
+                         "gathered by the simulated runtime only")
+            continue
         if slot is None:
             lines.append(f"group {group.name}: NOT DEPLOYABLE: no public round time (speed "
                          "0?): it would be neither paced nor padded")

@@ -41,6 +41,7 @@ from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
 from fedsim.runtime.actors.server import ServerActor, WindowReport
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop
 from fedsim.runtime.actors.tasks import helper_tasks
+from fedsim.runtime.dp_pca import pca_components, release_projection
 from fedsim.runtime.population import (
     BatchedTrainer,
     ClientPlan,
@@ -423,6 +424,19 @@ class _Simulation:
         return self.stop_reason is not None
 
     # -- the run --------------------------------------------------------------------------------
+    def _open_ledgers(self) -> dict[str, PrivacyLedger]:
+        """Every client's ledger, with the DP-PCA releases charged to them and their shared
+        projection applied to the population (before anything holds its features); a DP
+        normalisation is charged later, by each client's trainer."""
+        population = self.population
+        ledgers = {plan.client_id: open_ledger(plan, ledger_file(self.out_dir, plan.client_id),
+                                               self.directory_lock)
+                   for plan in population.plans}
+        if pca_components(self.scenario) is not None:
+            population.project(release_projection(
+                population, ledgers, self.out_dir / LEDGER_DIR, message_only=self.message_only))
+        return ledgers
+
     async def main(self, clock: VirtualClock) -> ServerActor:
         setup_started = wallclock.perf_counter()
         population = self.population
@@ -430,6 +444,7 @@ class _Simulation:
         (self.out_dir / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
         if not ledger_handles_fit(len(population.plans)):
             self.directory_lock = DirectoryLock(self.out_dir / LEDGER_DIR)
+        ledgers = self._open_ledgers()
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
         batcher = self.batcher = (
@@ -437,8 +452,7 @@ class _Simulation:
         owners: dict[int, str] = {}  # id of a client's LocalTrainer -> its client id
         for plan in population.plans:
             path = ledger_file(self.out_dir, plan.client_id)
-            # first: a DP normalisation is charged to it
-            ledger = open_ledger(plan, path, self.directory_lock)
+            ledger = ledgers[plan.client_id]
             trainer: Trainer = population.trainer(
                 plan, message_only=self.message_only, batcher=batcher, ledger=ledger
             )
