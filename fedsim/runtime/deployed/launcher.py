@@ -371,15 +371,18 @@ class Launcher:
             self.start(name)
 
     def supervise_aggregators(self) -> list[str]:
-        """Restart every aggregator that has exited (a crash) while the run goes on; the
-        names restarted. An aggregator keeps nothing on disk: a fresh one rejoins at once."""
+        """Restart every aggregator that has failed (a crash: a non-zero status) while the run
+        goes on; the names restarted. One that exited 0 saw the end of the run. An aggregator
+        keeps nothing on disk: a fresh one rejoins at once."""
         restarted = []
         for name in self.aggregator_ids:
             process = self.processes[name]
             if process.child is None or process.running:
                 continue
             code = self._ended(process, process.child.wait(timeout=0))
-            _log.warning("aggregator exited; restarting it", aggregator=name, code=code)
+            if code == 0:
+                continue
+            _log.warning("aggregator failed; restarting it", aggregator=name, code=code)
             self.start(name)
             restarted.append(name)
         return restarted
