@@ -115,7 +115,8 @@ def test_a_killed_aggregator_restarts_rejoins_and_nothing_is_applied_twice(
     rejoined = json.loads((out / "state" / victim / f"{victim}.json").read_text())
     assert rejoined["finished"] and rejoined["folded"] + rejoined["forwarded"] > 0
     metrics = _lines(out / "metrics.jsonl")
-    print(f"killed in window {killed_in}; applied {len(applied)}; lost in partials "
-          f"{sum(m.get('lost_in_partials', 0) for m in metrics)}; dropped in flight "
-          f"{sum(m['dropped_in_flight'] for m in metrics)}; accuracy {summary['final_accuracy']}")
+    print(f"killed in window {killed_in}; applied {len(applied)}; dropped in flight "
+          f"{sum(m['dropped_in_flight'] for m in metrics)}; rejoined: folded "
+          f"{rejoined['folded']}, forwarded {rejoined['forwarded']}; accuracy "
+          f"{summary['final_accuracy']}")
     assert summary["windows"] == 24 and summary["final_accuracy"] >= ACCURACY_FLOOR
