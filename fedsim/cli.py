@@ -34,12 +34,13 @@ COMMANDS: tuple[str, ...] = (
     "data",
     "server",
     "client",
+    "aggregator",
     "launch",
     "deploy",
 )
 
 # Commands that may load a data set: they take --offline (no download; FEDSIM_OFFLINE=1).
-DATA_COMMANDS = frozenset({"run", "validate", "server", "client", "launch"})
+DATA_COMMANDS = frozenset({"run", "validate", "server", "client", "aggregator", "launch"})
 OFFLINE_HELP = ("Never download a data set: use only a local copy (the same as "
                 "FEDSIM_OFFLINE=1; processes started by this command inherit it).")
 

@@ -6,8 +6,11 @@ Writes to ``--out`` (default ``deploy/generated``):
   scenario; ``fedsim server``/``client`` read their own with ``--secrets``;
 * ``passwd``: the mosquitto password file (PBKDF2-SHA512 hashes);
 * ``acl``: each client may write only its own ``updates``/``status`` topics and read only the
-  global model and its own receipts; the server reads all updates/statuses and writes the
-  model and the receipts; nothing else;
+  global model and its own receipts; the server reads all updates/statuses and the
+  aggregators' partials and writes the model, the receipts and the window closes; aggregator
+  ``k`` (``--aggregators K`` or the scenario's ``aggregators.count``; its own password) reads
+  the updates of the clients routed to it, the model and the closes, and writes only its own
+  partials; nothing else;
 * ``mosquitto.conf``: one authenticated listener, anonymous access denied, client ids bound to
   usernames, the queue sized for the run, the files above as the broker sees them
   (``--broker-config-dir``, ``/mosquitto/config`` in the eclipse-mosquitto container);
@@ -79,6 +82,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="The output directory.")
     parser.add_argument(
+        "--aggregators", type=int, metavar="K",
+        help="Credentials, ACL roles (and with --compose services) for K aggregation nodes (the "
+        "same as --set aggregators.count=K; by default the scenario's aggregators.count).",
+    )
+    parser.add_argument(
         "--port", type=int, help="The broker's port (by default 8883 with TLS, 1883 with --plain)."
     )
     parser.add_argument(
@@ -147,14 +155,19 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int | None]:
-    """The client ids, the run name and the largest message of the run (None: not known)."""
+def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int | None, int]:
+    """The client ids, the run name, the largest message of the run (None: not known) and the
+    number of aggregators (``--aggregators``, else the scenario's ``aggregators.count``)."""
     if args.scenario and args.client_ids:
         raise ConfigError("give a SCENARIO or --client-id, not both")
+    if args.aggregators is not None and args.aggregators < 0:
+        raise ConfigError(f"--aggregators must be >= 0, got {args.aggregators}")
     if args.client_ids:
         if not args.run:
             raise ConfigError("--client-id needs --run (there is no scenario to name the run)")
-        return list(args.client_ids), args.run, None
+        return list(args.client_ids), args.run, None, args.aggregators or 0
+    if args.aggregators is not None:  # one spelling of the count: the scenario's
+        args.overrides = [*args.overrides, f"aggregators.count={args.aggregators}"]
     if not args.scenario:
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
@@ -171,7 +184,7 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
     largest = None
     if args.max_packet_bytes is None:  # sized from the model, as the processes size theirs
         largest = message_limit(scenario, int(build_population(loaded).initial_params.size))
-    return client_ids(scenario), args.run or scenario.name, largest
+    return client_ids(scenario), args.run or scenario.name, largest, scenario.aggregators.count
 
 
 def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
@@ -205,7 +218,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
-    ids, run_name, largest = _client_ids_and_run(args)
+    from fedsim.transports.topics import aggregator_ids
+
+    ids, run_name, largest, count = _client_ids_and_run(args)
+    aggregators = aggregator_ids(count)
     max_packet_bytes = args.max_packet_bytes
     max_queued_bytes = None
     if largest is not None:
@@ -234,11 +250,13 @@ def run(args: argparse.Namespace) -> int:
         max_queued_bytes=max_queued_bytes,
         tls=tls,
         run_as_user=args.broker_user,
+        aggregators=aggregators,
     )
     scheme = "mqtt" if tls is None else "mqtts"
     trust = f" --tls-ca {ca_file}" if ca_file else ""
     print(
-        f"run {run_name!r}: {len(ids)} clients + server\n"
+        f"run {run_name!r}: {len(ids)} clients + server"
+        + (f" + {len(aggregators)} aggregators" if aggregators else "") + "\n"
         f"  {files.config}\n  {files.password_file}\n  {files.acl_file}\n"
         f"  {files.secrets_file}  (mode 0600: clear-text passwords, keep it private)\n"
         + (f"  {ca_file}  (the run's CA: processes trust only it)\n" if ca_file else "")
@@ -267,9 +285,11 @@ def run(args: argparse.Namespace) -> int:
                 overrides=args.overrides,
                 tls_ca=ca_file is not None,
                 allow_factories=args.allow_factories,
+                aggregators=aggregators,
             )
         )
-        print(f"compose: {compose} ({len(ids)} client services)")
+        print(f"compose: {compose} ({len(ids)} client services"
+              + (f", {len(aggregators)} aggregator services)" if aggregators else ")"))
     return 0
 
 
@@ -333,8 +353,11 @@ def compose_text(
     overrides: Sequence[str] = (),
     tls_ca: bool = False,
     allow_factories: bool = False,
+    aggregators: Sequence[str] = (),
 ) -> str:
-    """A docker-compose file: broker, server and one service per client, as YAML text.
+    """A docker-compose file: broker, server, one service per client and one per aggregation
+    node (``aggregators``: their ids; ``overrides`` must set the scenario's
+    ``aggregators.count`` to their number), as YAML text.
 
     ``scenario`` is its path inside the image (:func:`image_scenario_path`); ``build_context``
     (the clone the image is built from) and ``generated_dir`` are relative to the compose
@@ -377,6 +400,7 @@ def compose_text(
         state_root=CONTAINER_STATE,
         out=f"{CONTAINER_RUNS}/{run}",
         overrides=overrides,
+        aggregators=aggregators,
     )
     secrets: list[dict[str, Any]] = [{"source": "fedsim", "target": CONTAINER_SECRETS,
                                       "uid": str(FEDSIM_UID), "gid": str(FEDSIM_UID), "mode": 0o400}]
@@ -407,9 +431,9 @@ def compose_text(
         "server": fedsim_service("server", f"runs:{CONTAINER_RUNS}"),
     }
     volumes: dict[str, None] = {"broker-data": None, "runs": None, "state-server": None}
-    for client_id in client_ids:
-        services[client_id] = fedsim_service(client_id)
-        volumes[f"state-{client_id}"] = None
+    for name in [*client_ids, *aggregators]:
+        services[name] = fedsim_service(name)
+        volumes[f"state-{name}"] = None
     document: dict[str, Any] = {
         "name": f"fedsim-{run}",
         "services": services,
@@ -419,9 +443,10 @@ def compose_text(
     if tls_ca:
         document["secrets"]["fedsim-ca"] = {"file": f"./{generated_dir}/ca.crt"}
     private = ["passwd", "acl", *(["broker.key"] if tls_ca else [])]
+    settings = "".join(f" --set {override}" for override in overrides)  # e.g. aggregators
     header = (
-        f"# Generated by `fedsim deploy {scenario} --compose ...` for run {run!r}.\n"
-        f"# First: fedsim deploy {scenario} --out {generated_dir} "
+        f"# Generated by `fedsim deploy {scenario}{settings} --compose ...` for run {run!r}.\n"
+        f"# First: fedsim deploy {scenario}{settings} --out {generated_dir} "
         "--broker-config-dir /mosquitto/config --persistence-dir /mosquitto/data\n"
         # passwd, acl (and broker.key) are mode 0600: the broker's user must own them.
         f"# Then:  sudo chown {BROKER_UID}:{BROKER_UID} "

@@ -1,5 +1,6 @@
 """``fedsim launch SCENARIO [--broker URL] [--out DIR]``: run a scenario as separate local
-processes - one server, one per client - talking through MQTT (what ``docker-compose.yml``
+processes - one server, one per client and ``--aggregators K`` aggregation nodes - talking
+through MQTT (what ``docker-compose.yml``
 does with containers, without Docker), then collect the same run directory as ``fedsim run``.
 
 Without ``--broker`` a private mosquitto with generated passwords and ACL is started on
@@ -45,6 +46,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="Give up if the server has not stopped after this many wall seconds.",
     )
+    parser.add_argument(
+        "--aggregators",
+        type=int,
+        metavar="K",
+        help="Start K aggregation nodes between the clients and the server (the same as --set "
+        "aggregators.count=K; by default the scenario's aggregators.count).",
+    )
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
     DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
     parser.set_defaults(func=run)
@@ -62,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.run_outputs import default_run_dir
 
     options = DeploymentOptions.from_args(args)
+    if args.aggregators is not None:  # one spelling of the count: the scenario's
+        args.overrides = [*args.overrides, f"aggregators.count={args.aggregators}"]
     loaded = load_scenario(args.scenario, args.overrides)
     require_allowed(loaded.scenario, options.allow_factories)  # before any directory is made
     name = loaded.scenario.name
@@ -94,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} scenario s, "
         f"final accuracy {'n/a' if accuracy is None else f'{accuracy:.4f}'}, "
         f"{len(launcher.client_ids)} client processes"
+        + (f", {len(launcher.aggregator_ids)} aggregators" if launcher.aggregator_ids else "")
     )
     print(summary["explanation"])
     return 0

@@ -69,6 +69,7 @@ class LocalMosquitto:
         tls: ListenerTls | None = None,
         observer: bool = False,
         persistence: bool = False,
+        aggregators: Sequence[str] = (),
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
@@ -92,6 +93,7 @@ class LocalMosquitto:
             tls=tls,
             observer=observer,
             persistence_dir=str((self.directory / "data").resolve()) if persistence else None,
+            aggregators=aggregators,
         )
         if persistence:
             (self.directory / "data").mkdir(parents=True, exist_ok=True)
@@ -118,6 +120,10 @@ class LocalMosquitto:
 
     def client_url(self, client_id: str) -> str:
         creds = self.secrets.for_client(client_id)
+        return self.url(creds.username, creds.password)
+
+    def aggregator_url(self, aggregator_id: str) -> str:
+        creds = self.secrets.for_aggregator(aggregator_id)
         return self.url(creds.username, creds.password)
 
     def start(self, timeout: float = 10.0) -> None:

@@ -33,6 +33,14 @@ each server start draws a fresh one; messages of another incarnation (a retained
 queued update of an earlier run of the same name) are ignored, logged and counted on both
 sides; a client learns the incarnation from the live server's welcome or receipts.
 
+**Aggregation nodes** (:class:`MqttAggregatorEndpoint`; docs/DEPLOYMENT.md, "Aggregation
+nodes"). With aggregators the server endpoint reads ``partials/+`` instead of ``updates/+``: an
+aggregator's partials, and the updates it forwards unmixed (delivered only if their client is
+routed to that aggregator, :func:`~fedsim.transports.topics.aggregator_of`); it publishes each
+window's close on ``close`` at QoS 0, not retained (no broker queues a stale close for an
+aggregator that is away). Receipts still go to the clients: the ``(client, round)`` a partial
+names (folded or settled) wait for :meth:`MqttServerEndpoint.acknowledge` like direct updates.
+
 The end of the run (:class:`~fedsim.protocol.messages.RunFinished`) travels like a global
 model: on the global topic (the broker lets only the server publish there), retained (it
 replaces the last model, so a client that reconnects later learns it), stamped with the
@@ -56,7 +64,15 @@ from fedsim.errors import AccessDenied, CodecError, ConfigError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import MAX_LINEAGE, Incarnation
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message, RunFinished
+from fedsim.protocol.messages import (
+    ClientStatus,
+    ClientUpdate,
+    GlobalModel,
+    Message,
+    Partial,
+    RunFinished,
+    WindowClose,
+)
 from fedsim.transports.incarnation import ClientIncarnation, ServerIncarnation
 from fedsim.transports.mqtt_endpoint import QOS, _MqttEndpoint
 from fedsim.transports.mqtt_settings import (
@@ -68,6 +84,7 @@ from fedsim.transports.mqtt_settings import (
     TlsSettings,
     parse_broker_url,
 )
+from fedsim.transports.topics import aggregator_of
 
 _log = get_logger("fedsim.transports.mqtt")
 HELLO_EVERY = 0.5  # seconds between a client's requests for the run's incarnation
@@ -111,6 +128,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         seed: int | None = None,
         ack_interval: float = 0.2,
         lineage: Sequence[str] = (),
+        aggregators: Sequence[str] = (),
     ) -> None:
         super().__init__(
             broker,
@@ -134,6 +152,8 @@ class MqttServerEndpoint(_MqttEndpoint):
         self._pending_acks: dict[str, set[int]] = {}
         self._acks_due = asyncio.Event()
         self._ack_interval = ack_interval
+        self.aggregators = tuple(sorted(aggregators))
+        """The aggregation nodes' ids (empty: updates come straight from the clients)."""
 
     @property
     def unacknowledged(self) -> int:
@@ -173,11 +193,17 @@ class MqttServerEndpoint(_MqttEndpoint):
 
     async def publish(self, message: Message) -> None:
         """Publish a global model or the end of the run, retained; kept and re-published after
-        a reconnect. The receipts already due leave before the end of the run."""
+        a reconnect. The receipts already due leave before the end of the run. A window's close
+        goes to the aggregators (QoS 0, not retained)."""
         self._check_open()
+        if isinstance(message, WindowClose):
+            payload = codec.encode(message, incarnation=self.incarnation.current)
+            if await self._send(self.topics.close, payload, qos=GLOBAL_QOS):
+                self.stats.published += 1
+            return
         if not isinstance(message, GlobalModel | RunFinished):
             raise TransportError(
-                f"the server endpoint publishes GlobalModel or RunFinished only, "
+                f"the server endpoint publishes GlobalModel, RunFinished or WindowClose only, "
                 f"not {type(message).__name__}"
             )
         if isinstance(message, RunFinished) and self._pending_acks:
@@ -190,7 +216,10 @@ class MqttServerEndpoint(_MqttEndpoint):
             self.stats.published += 1
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
-        await client.subscribe(self.topics.all_updates, qos=QOS)
+        if self.aggregators:
+            await client.subscribe(self.topics.all_partials, qos=QOS)
+        else:
+            await client.subscribe(self.topics.all_updates, qos=QOS)
         await client.subscribe(self.topics.all_status, qos=QOS)
         await client.subscribe(self.topics.all_hello, qos=0)
         if self._latest_global is not None:
@@ -207,10 +236,20 @@ class MqttServerEndpoint(_MqttEndpoint):
             self._reject(topic, "not a client topic of this run")
             return
         kind, topic_client = sender
+        if kind == "partials":
+            self._from_aggregator(topic, topic_client, payload)
+            return
         if kind == "hello":  # "tell me the incarnation": answered with a welcome receipt
             self._welcome.add(topic_client)
             self._acks_due.set()
             return
+        if kind == "updates" and self.aggregators:
+            self._reject(topic, "an update straight from a client: they go to aggregators",
+                         kind="wrong_topic")
+            return
+        self._from_client(topic, kind, topic_client, payload)
+
+    def _from_client(self, topic: str, kind: str, topic_client: str, payload: object) -> None:
         frame = self._decode(topic, payload)
         if frame is None:
             return
@@ -241,6 +280,39 @@ class MqttServerEndpoint(_MqttEndpoint):
         self._inbox.put(message)
         if isinstance(message, ClientUpdate):
             self._unrecorded.setdefault(topic_client, set()).add(message.round)
+
+    def _from_aggregator(self, topic: str, aggregator: str, payload: object) -> None:
+        """A partial of ``aggregator`` (its own id inside), or an update it forwards (of a
+        client routed to it); the ``(client, round)`` they name wait for a receipt."""
+        if aggregator not in self.aggregators:
+            self._reject(topic, "not an aggregator of this run", kind="wrong_topic")
+            return
+        frame = self._decode(topic, payload)
+        if frame is None:
+            return
+        message = frame.message
+        if isinstance(message, Partial):
+            sender = message.aggregator_id
+            named = [(e.client_id, e.round) for e in message.entries] + list(message.settled)
+        elif isinstance(message, ClientUpdate):
+            sender = aggregator_of(message.client_id, self.aggregators)
+            named = [(message.client_id, message.round)]
+        else:
+            self._reject(topic, f"{type(message).__name__} on a partials topic", kind="wrong_topic")
+            return
+        if sender != aggregator:
+            self.stats.denied += 1
+            self.stats.refused("forged_aggregator")
+            self._log.warning("access denied: not this aggregator's", topic=topic,
+                              kind=type(message).__name__, claimed=sender)
+            return
+        if not self.incarnation.accepts(frame.incarnation, status=False):
+            self._other_incarnation(topic, frame.incarnation, self.incarnation.current)
+            return
+        self.stats.received += 1
+        self._inbox.put(message)
+        for client_id, round_index in named:
+            self._unrecorded.setdefault(client_id, set()).add(round_index)
 
     async def _ack_loop(self) -> None:
         """Send receipts, batched: at most one small QoS 0 message per client per ``ack_interval``.
@@ -467,10 +539,154 @@ class MqttClientEndpoint(_MqttEndpoint):
             self._outbox_empty.set()
 
 
+MAX_HELD_UPDATES = 100_000
+"""Updates an aggregator keeps while it does not yet know the run's incarnation (a restart's
+queued backlog); beyond it the oldest are dropped (their clients resend them)."""
+
+
+class MqttAggregatorEndpoint(_MqttEndpoint):
+    """One aggregation node's endpoint: receives the updates of the clients routed to it
+    (:func:`~fedsim.transports.topics.aggregator_of`), the global models and the window
+    closes; publishes partials and forwarded updates on ``partials/<aggregator id>``.
+
+    A persistent session (fixed client identifier, ``clean_session=False``): while the
+    aggregator is away (a restart), the broker queues its clients' updates (QoS 1), not the
+    closes (QoS 0). The run's incarnation is learnt from the live server's window closes (or a
+    global model continuing the one followed); until then global models and updates are held
+    back, updates of another incarnation are ignored.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerSettings | str,
+        *,
+        run: str,
+        aggregator_id: str,
+        aggregators: Sequence[str],
+        client_ids: Sequence[str],
+        expected_params: int | None = None,
+        max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
+        reconnect: ReconnectPolicy = ReconnectPolicy(),
+        max_concurrent_outgoing_calls: int = 20,
+        keepalive: int = 30,
+        seed: int | None = None,
+    ) -> None:
+        if aggregator_id not in aggregators:
+            raise ConfigError(f"{aggregator_id!r} is not one of the aggregators {list(aggregators)}")
+        super().__init__(
+            broker,
+            run=run,
+            identifier=f"fedsim-{run}-{aggregator_id}",
+            clean_session=False,
+            expected_params=expected_params,
+            max_message_bytes=max_message_bytes,
+            reconnect=reconnect,
+            max_concurrent_outgoing_calls=max_concurrent_outgoing_calls,
+            keepalive=keepalive,
+            seed=seed,
+            role=aggregator_id,
+        )
+        self.aggregator_id = aggregator_id
+        self.client_ids = frozenset(c for c in client_ids if aggregator_of(c, aggregators) == aggregator_id)
+        """The clients whose updates this aggregator reads."""
+        self.incarnation = ClientIncarnation()
+        self._lineage: frozenset[str] = frozenset()
+        self._held: list[tuple[str, ClientUpdate]] = []
+
+    async def publish(self, message: Message) -> None:
+        """Send a partial or a forwarded update to the server (QoS 1)."""
+        self._check_open()
+        if not isinstance(message, Partial | ClientUpdate):
+            raise TransportError(f"aggregator endpoint {self.aggregator_id!r} publishes Partial or "
+                                 f"ClientUpdate only, not {type(message).__name__}")
+        payload = codec.encode(message, incarnation=self.incarnation.current or "")
+        if await self._send(self.topics.partials(self.aggregator_id), payload):
+            self.stats.published += 1
+
+    async def _on_connected(self, client: aiomqtt.Client) -> None:
+        topics = sorted(self.topics.updates(c) for c in self.client_ids)
+        for start in range(0, len(topics), 1000):  # a few SUBSCRIBE packets, not thousands
+            await client.subscribe([(t, QOS) for t in topics[start:start + 1000]])
+        await client.subscribe(self.topics.global_model, qos=GLOBAL_QOS)
+        await client.subscribe(self.topics.close, qos=GLOBAL_QOS)
+
+    def _on_message(self, topic: str, payload: object) -> None:
+        if topic in (self.topics.close, self.topics.global_model):
+            self._from_server(topic, payload)
+            return
+        sender = self.topics.sender_of(topic)
+        if sender is None or sender[0] != "updates" or sender[1] not in self.client_ids:
+            self._reject(topic, "not the update topic of a client of this aggregator")
+            return
+        frame = self._decode(topic, payload)
+        if frame is None:
+            return
+        message = frame.message
+        if not isinstance(message, ClientUpdate):
+            self._reject(topic, f"{type(message).__name__} on an updates topic", kind="wrong_topic")
+            return
+        if message.client_id != sender[1]:
+            self.stats.denied += 1
+            self.stats.refused("forged_client_id")
+            self._log.warning("access denied: forged client id", topic=topic,
+                              payload_client_id=message.client_id)
+            return
+        if self.incarnation.current is None:
+            self._held.append((frame.incarnation, message))
+            if len(self._held) > MAX_HELD_UPDATES:
+                del self._held[0]
+                self.stats.abandoned += 1
+            return
+        self._deliver_update(topic, frame.incarnation, message)
+
+    def _deliver_update(self, topic: str, incarnation: str, update: ClientUpdate) -> None:
+        if incarnation != self.incarnation.current and incarnation not in self._lineage:
+            self._other_incarnation(topic, incarnation, self.incarnation.current)
+            return
+        self.stats.received += 1
+        self._inbox.put(update)
+
+    def _from_server(self, topic: str, payload: object) -> None:
+        frame = self._decode(topic, payload)
+        if frame is None:
+            return
+        message = frame.message
+        before = self.incarnation.current
+        if isinstance(message, WindowClose):
+            # Closes are live (QoS 0, never retained or queued): the running server's.
+            self.incarnation.current = frame.incarnation
+            if before is None:
+                released, _ = self.incarnation.release_held_back()
+                if released is not None:
+                    self._lineage = frozenset(released.lineage)
+                    self._deliver(released.message)
+            self._deliver(message)
+        elif isinstance(message, GlobalModel | RunFinished):
+            admitted = self.incarnation.admit_global(frame)
+            if admitted is None:
+                if before is not None:
+                    self._other_incarnation(topic, frame.incarnation, before)
+                return
+            self._lineage = frozenset(frame.lineage)
+            self._deliver(message)
+        else:
+            self._reject(topic, f"{type(message).__name__} from the server", kind="wrong_topic")
+            return
+        if before is None and self.incarnation.current is not None:
+            held, self._held = self._held, []
+            for incarnation, update in held:
+                self._deliver_update(self.topics.updates(update.client_id), incarnation, update)
+
+    def _deliver(self, message: Message) -> None:
+        self.stats.received += 1
+        self._inbox.put(message)
+
+
 __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_TLS_PORT",
     "BrokerSettings",
+    "MqttAggregatorEndpoint",
     "MqttClientEndpoint",
     "MqttServerEndpoint",
     "MqttStats",

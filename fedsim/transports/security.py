@@ -5,8 +5,12 @@ that the client id inside a payload is the one in its topic):
 
 * a client may publish only to ``updates/<its id>``, ``status/<its id>`` and ``hello/<its
   id>``, and read only ``global`` and ``acks/<its id>``;
-* the server reads ``updates/+``, ``status/+`` and ``hello/+`` and writes ``global`` and
-  ``acks/+``;
+* the server reads ``updates/+``, ``status/+``, ``hello/+`` and ``partials/+`` and writes
+  ``global``, ``acks/+`` and ``close``;
+* aggregation node ``k`` (user ``fedsim-aggregator-k``, with ``aggregators``) reads
+  ``updates/<client>`` of exactly the clients routed to it
+  (:func:`~fedsim.transports.topics.aggregator_of`), ``global`` and ``close``, and writes only
+  ``partials/aggregator-k``; no client may write any ``partials`` topic or read ``close``;
 * anonymous connections are refused (``allow_anonymous false``);
 * a connection's MQTT client id is its username (``use_username_as_clientid true``), so nobody
   can take over another's session (connecting with the server's client id used to kick the
@@ -35,14 +39,16 @@ import json
 import os
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedsim.errors import CodecError, ConfigError
 from fedsim.protocol.codec import check_client_id
-from fedsim.transports.topics import Topics
+from fedsim.transports.topics import Topics, aggregator_of
 
 SERVER_USERNAME = "fedsim-server"
+AGGREGATOR_USER_PREFIX = "fedsim-"
+"""An aggregator's username is its id with this prefix (``fedsim-aggregator-0``)."""
 OBSERVER_USERNAME = "fedsim-observer"
 """An optional read-only user (updates and statuses), for audits and tests; off by default."""
 PBKDF2_ITERATIONS = 210_000
@@ -69,6 +75,17 @@ class RunSecrets:
     run: str
     server: Credentials
     clients: dict[str, Credentials]
+    aggregators: dict[str, Credentials] = field(default_factory=dict)
+    """Aggregator id -> credentials (none without aggregation nodes)."""
+
+    def for_aggregator(self, aggregator_id: str) -> Credentials:
+        try:
+            return self.aggregators[aggregator_id]
+        except KeyError:
+            raise ConfigError(
+                f"no credentials for aggregator {aggregator_id!r} in run {self.run!r} "
+                f"(fedsim deploy writes them for the scenario's aggregators.count)"
+            ) from None
 
     def for_client(self, client_id: str) -> Credentials:
         try:
@@ -79,8 +96,10 @@ class RunSecrets:
             ) from None
 
 
-def generate_secrets(run: str, client_ids: Iterable[str]) -> RunSecrets:
-    """Fresh random credentials; each client's username is its id (ids are unique)."""
+def generate_secrets(run: str, client_ids: Iterable[str],
+                     aggregators: Sequence[str] = ()) -> RunSecrets:
+    """Fresh random credentials; each client's username is its id (ids are unique), each
+    aggregator's its id with :data:`AGGREGATOR_USER_PREFIX`."""
     Topics(run)  # validates the run name
     ids = list(client_ids)
     for client_id in ids:
@@ -94,10 +113,16 @@ def generate_secrets(run: str, client_ids: Iterable[str]) -> RunSecrets:
     for reserved in (SERVER_USERNAME, OBSERVER_USERNAME):
         if reserved in ids:
             raise ConfigError(f"{reserved!r} is reserved for the server and its observer")
+    taken = sorted(c for c in ids if c.startswith(AGGREGATOR_USER_PREFIX))
+    if aggregators and taken:
+        raise ConfigError(f"client ids starting with {AGGREGATOR_USER_PREFIX!r} are reserved "
+                          f"for aggregators: {taken[:5]}")
     return RunSecrets(
         run=run,
         server=Credentials(SERVER_USERNAME, secrets.token_urlsafe(24)),
         clients={c: Credentials(c, secrets.token_urlsafe(24)) for c in ids},
+        aggregators={a: Credentials(AGGREGATOR_USER_PREFIX + a, secrets.token_urlsafe(24))
+                     for a in aggregators},
     )
 
 
@@ -135,7 +160,8 @@ def password_file_text(
     iterations: int = PBKDF2_ITERATIONS,
     extra: Sequence[Credentials] = (),
 ) -> str:
-    users = [run_secrets.server, *run_secrets.clients.values(), *extra]
+    users = [run_secrets.server, *run_secrets.clients.values(),
+             *run_secrets.aggregators.values(), *extra]
     return "".join(
         f"{u.username}:{mosquitto_password_hash(u.password, iterations=iterations)}\n"
         for u in users
@@ -156,6 +182,18 @@ def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
         f"topic write {topics.global_model}",
         f"topic write {topics.root}/acks/+",
     ]
+    if run_secrets.aggregators:
+        lines += [f"topic read {topics.all_partials}", f"topic write {topics.close}"]
+    ids = sorted(run_secrets.aggregators)
+    for aggregator_id in ids:
+        lines += ["", f"user {run_secrets.aggregators[aggregator_id].username}"]
+        lines += [f"topic read {topics.updates(c)}" for c in run_secrets.clients
+                  if aggregator_of(c, ids) == aggregator_id]
+        lines += [
+            f"topic read {topics.global_model}",
+            f"topic read {topics.close}",
+            f"topic write {topics.partials(aggregator_id)}",
+        ]
     for client_id, creds in run_secrets.clients.items():
         lines += [
             "",
@@ -282,6 +320,8 @@ def write_secrets(
         "server": vars(run_secrets.server),
         "clients": {c: vars(creds) for c, creds in run_secrets.clients.items()},
     }
+    if run_secrets.aggregators:
+        data["aggregators"] = {a: vars(c) for a, c in run_secrets.aggregators.items()}
     if observer is not None:
         data["observer"] = vars(observer)
     _write_private(Path(path), json.dumps(data, indent=2) + "\n")
@@ -304,6 +344,8 @@ def load_secrets(path: str | Path) -> RunSecrets:
             run=str(data["run"]),
             server=Credentials(**data["server"]),
             clients={c: Credentials(**creds) for c, creds in data["clients"].items()},
+            aggregators={a: Credentials(**creds)
+                         for a, creds in data.get("aggregators", {}).items()},
         )
     except OSError as exc:
         raise ConfigError(f"cannot read secrets file {path}: {exc.strerror}") from None
@@ -338,6 +380,7 @@ def write_broker_files(
     iterations: int = PBKDF2_ITERATIONS,
     max_queued_messages: int | None = None,
     max_queued_bytes: int | None = None,
+    aggregators: Sequence[str] = (),
 ) -> BrokerFiles:
     """Generate credentials and write ``mosquitto.conf``, ``passwd`` and ``acl`` (both 0600),
     ``secrets.json`` (0600; with ``observer`` it also holds the read-only observer's password
@@ -346,11 +389,12 @@ def write_broker_files(
     ``broker_config_dir`` is where the broker will see ``out_dir`` (``/mosquitto/config`` in the
     eclipse-mosquitto container); by default the absolute path of ``out_dir`` itself. The
     broker's queue is sized for the run (:func:`queue_limit`) unless ``max_queued_messages``;
-    ``max_queued_bytes`` (default 1 GiB) bounds it in bytes, per client.
+    ``max_queued_bytes`` (default 1 GiB) bounds it in bytes, per client. ``aggregators``:
+    the aggregation nodes' ids (their credentials and ACL role).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run_secrets = generate_secrets(run, client_ids)
+    run_secrets = generate_secrets(run, client_ids, aggregators)
     seen_as = (broker_config_dir or str(out.resolve())).rstrip("/")
     files = BrokerFiles(
         config=out / "mosquitto.conf",

@@ -52,7 +52,6 @@ import asyncio
 import collections
 import heapq
 import math
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -72,6 +71,7 @@ from fedsim.protocol.messages import (
     WindowClose,
 )
 from fedsim.transports.inbox import Inbox
+from fedsim.transports.topics import aggregator_of
 
 Direction = Literal["uplink", "downlink", "aggregator_uplink", "aggregator_downlink"]
 LatencySampler = Callable[[np.random.Generator], float]
@@ -376,8 +376,7 @@ class SimulatedNetwork:
 
     def aggregator_of(self, client_id: str) -> str:
         """The aggregator that ``client_id``'s updates are routed to."""
-        ids = self.aggregator_ids
-        return ids[zlib.crc32(client_id.encode()) % len(ids)]
+        return aggregator_of(client_id, self.aggregator_ids)
 
     @property
     def aggregator_stats(self) -> dict[str, dict[str, int]]:

@@ -192,3 +192,34 @@ def test_an_aggregator_folds_what_passes_and_forwards_what_only_the_server_can_j
     assert [(e.client_id, e.round, e.weight) for e in partial.entries] == [("a", 0, 1.0)]
     np.testing.assert_allclose(partial.sums, 0.5 * 0.01, rtol=1e-6)
     assert partial.rejections == {"duplicate": 1, "norm": 1, "unknown_client": 1}
+
+
+def test_a_rejoining_aggregator_forwards_what_its_predecessor_may_have_folded() -> None:
+    """Joining at window 5 (server version 3): updates on versions <= 3 go to the server alone
+    (it may have applied them from the predecessor's partial); newer ones are folded. A resend
+    of an update judged here before goes to the server too (for its receipt); a copy within the
+    same partial stops here."""
+    async def scenario_() -> tuple[Partial, Partial, list[tuple[str, int]]]:
+        endpoint = RecordingEndpoint(WallClock())
+        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "ab"}
+        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                                clients=clients, size=DIM, strategy=UniformWeights(),
+                                policy=TimeWindows())
+        for version in range(5):
+            actor._learn(GlobalModel(version, np.zeros(DIM, np.float32)))
+        ok = np.full(DIM, 0.01, np.float32)
+        for update in (ClientUpdate("a", 0, 3, ok, 8.0), ClientUpdate("b", 0, 4, ok, 8.0),
+                       ClientUpdate("b", 0, 4, ok, 8.0)):
+            await actor._arrived(update)
+        first = await actor.flush(WindowClose(5, 3))
+        await actor._arrived(ClientUpdate("b", 0, 4, ok, 8.0))  # a resend, next window
+        second = await actor.flush(WindowClose(6, 4))
+        forwarded = [(m.client_id, m.round) for _, m in endpoint.published
+                     if isinstance(m, ClientUpdate)]
+        return first, second, forwarded
+
+    first, second, forwarded = asyncio.run(scenario_())
+    assert [(e.client_id, e.base_version) for e in first.entries] == [("b", 4)]
+    assert first.rejections == {"duplicate": 1}  # the copy in the same partial
+    assert forwarded == [("a", 0), ("b", 0)]  # base 3 alone; then the resend of b's round 0
+    assert second.entries == () and second.rejections == {}

@@ -125,18 +125,27 @@ def _compose() -> dict:
 def test_compose_file_is_current_and_has_one_service_per_client() -> None:
     from fedsim.config import load_scenario
     from fedsim.runtime.population import client_ids
+    from fedsim.transports.topics import aggregator_ids
 
     scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
     ids = client_ids(scenario)
-    # As `fedsim deploy` writes it by default: TLS on port 8883, the run's CA a secret.
+    # As `fedsim deploy --aggregators 2` writes it by default: TLS on port 8883, the run's CA
+    # a secret, two aggregation nodes.
+    aggregators = aggregator_ids(2)
     regenerated = deploy.compose_text(
-        "scenarios/quickstart.yaml", scenario.name, ids, port=8883, tls_ca=True
+        "scenarios/quickstart.yaml", scenario.name, ids, port=8883, tls_ca=True,
+        overrides=["aggregators.count=2"], aggregators=aggregators,
     )
     assert (REPO / "docker-compose.yml").read_text() == regenerated, (
         "docker-compose.yml is stale: regenerate it (see deploy/README.md)"
     )
     services = _compose()["services"]
-    assert list(services) == ["broker", "server", *ids]
+    assert list(services) == ["broker", "server", *ids, *aggregators]
+    for name in aggregators:  # each its own process, state volume and the same count
+        command = services[name]["command"]
+        assert command[:2] == ["fedsim", "aggregator"] and name in command
+        assert "aggregators.count=2" in command and "aggregators.count=2" in \
+            services["server"]["command"]
     assert services["broker"]["image"].startswith("eclipse-mosquitto:2")
     volumes = {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])}
     assert {f"state-{c}" for c in ids} | {"state-server"} <= volumes  # a state volume each
@@ -159,12 +168,14 @@ def test_every_compose_command_is_a_valid_fedsim_invocation() -> None:
         assert args.tls_ca == deploy.CONTAINER_CA
         if args.command == "client":
             assert args.client_id == name
+        if args.command == "aggregator":
+            assert args.aggregator_id == name
         # The state directory is in the service's own volume, so the ledger survives the
         # container (the volume is mounted at /state, a directory the image's user owns).
         assert f"state-{name}:{deploy.CONTAINER_STATE}" in service["volumes"]
         assert args.state == f"{deploy.CONTAINER_STATE}/{name}"
     assert roles.pop("server") == "server"
-    assert set(roles.values()) == {"client"}
+    assert set(roles.values()) == {"client", "aggregator"}
 
 
 def test_compose_commands_match_what_fedsim_launch_runs(
@@ -186,6 +197,7 @@ def test_compose_commands_match_what_fedsim_launch_runs(
             tls_ca=str(tmp_path / "ca.crt"),
             wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
         ),
+        overrides=["aggregators.count=2"],  # as the tracked compose file was made
     )
     launcher.prepare()
     services = _compose()["services"]
@@ -208,6 +220,9 @@ def test_compose_commands_match_what_fedsim_launch_runs(
         expected = options(launched)
         if name == "server":
             expected["--wait-for-clients"] = repr(deploy.COMPOSE_WAIT_FOR_CLIENTS)
+        # The launcher's processes read the resolved scenario (the count in it); the
+        # containers read the image's and get the count as an override.
+        expected["--set"] = "aggregators.count=2"
         assert options(composed) == expected
 
 

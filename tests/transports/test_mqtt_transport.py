@@ -295,7 +295,7 @@ async def test_closed_endpoint_refuses_and_wakes_receivers(mosquitto: Broker) ->
         await endpoint.publish(update("c1", 1))
     await endpoint.close()  # idempotent
     async with server(mosquitto) as srv:
-        with pytest.raises(TransportError, match="GlobalModel or RunFinished only"):
+        with pytest.raises(TransportError, match="GlobalModel, RunFinished or WindowClose only"):
             await srv.publish(update("c1", 1))
 
 

@@ -25,8 +25,18 @@ arrival and forwards it unmixed; at each window's close its partial carries its 
 An update whose verdict depends on what only the server knows for sure (a base version the
 aggregator has not seen published, an invitation it has not seen, a round beyond what it knows of
 the client: the server also keeps the clients' statuses) is forwarded unmixed, and the server
-judges it as if it had come straight from its client. An update is judged once: a duplicate of a
-folded or forwarded update stops here.
+judges it as if it had come straight from its client. A copy of an update judged here before (a
+client resends what the server has not acknowledged, e.g. a receipt lost while it was
+disconnected) is forwarded unmixed too: the server judges it (a duplicate it acknowledges again,
+or an update whose partial was lost, applied once); only a copy of an update folded into the same
+partial stops here.
+
+**Joining a run in progress** (a restarted aggregator, whose predecessor's book died with it):
+the server may already have applied an update that reaches it again as a resend, and a partial
+naming it would be refused whole. Such an update was computed on a model published before this
+aggregator's first window close, so from the first close it sees (if that is not the run's first)
+it forwards unmixed every update whose base version is at most that close's version
+(``unsure_through``) and folds only the newer ones.
 
 Everything here is post-processing of released updates: it costs the clients no privacy. The
 actor sees only a :class:`~fedsim.clock.Clock` and an
@@ -50,6 +60,7 @@ from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import Rejections
 from fedsim.runtime.actors.server import ClientInfo
 from fedsim.transports.base import Endpoint
+from fedsim.transports.topics import aggregator_ids
 
 __all__ = ["FORWARDED_KINDS", "AggregatorActor", "aggregator_ids"]
 
@@ -59,11 +70,6 @@ FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLI
                              Kind.NOT_INVITED})
 """Verdicts an aggregator may reach only because it knows less than the server: such an update
 is forwarded unmixed for the server to judge (module docstring)."""
-
-
-def aggregator_ids(count: int) -> tuple[str, ...]:
-    """The ids of a deployment's ``count`` aggregators (they name MQTT topics and ACL users)."""
-    return tuple(f"aggregator-{i}" for i in range(count))
 
 
 class AggregatorActor:
@@ -96,6 +102,9 @@ class AggregatorActor:
         self._paced = False  # the pacer starts with the first global model
         self._inbox: list[ClientUpdate] = []
         self._rejections = Rejections()
+        self.unsure_through: int | None = None
+        """Updates with a base version up to this are forwarded unmixed (module docstring,
+        "Joining a run in progress"); -1 once a run's first close showed a fresh start."""
         self.folded = 0
         """Updates folded into partials so far."""
         self.forwarded = 0
@@ -140,7 +149,7 @@ class AggregatorActor:
     async def _check_and_forward(self, update: ClientUpdate) -> None:
         """On-arrival policies: forward ``update`` unless a public check refuses it."""
         verdict = self.book.judge(update)
-        if verdict.kind in (Kind.ACCEPTED, *FORWARDED_KINDS):
+        if verdict.kind in (Kind.ACCEPTED, Kind.DUPLICATE, *FORWARDED_KINDS):
             self.book.record(update.client_id, update.round)  # judged here: later copies stop
             await self._forward(update)
         else:
@@ -157,11 +166,9 @@ class AggregatorActor:
                          base_version=update.base_version, kind=kind, reason=reason,
                          aggregator=self.aggregator_id)
 
-    async def flush(self, close: WindowClose) -> Partial:
-        """Judge the held updates against the server's ``close.version``, send the window's
-        partial (and forward what only the server can judge); the partial sent."""
-        now = self.clock.now()
-        self.book.version = max(self.book.version, close.version)
+    async def _paced_at_close(self, now: float) -> list[ClientUpdate]:
+        """The held updates the pacer lets through at a close (on-arrival policies: the
+        deferred ones are checked and forwarded now, none is held)."""
         if self.policy.on_arrival:  # the deferred updates whose token has accrued
             for due in self.pacer.due(now):
                 await self._check_and_forward(due)
@@ -171,6 +178,16 @@ class AggregatorActor:
             self._inbox = []
         if refused := self.pacer.take_refused():
             self._rejections.add(Kind.RATE, refused)
+        return paced
+
+    async def flush(self, close: WindowClose) -> Partial:
+        """Judge the held updates against the server's ``close.version``, send the window's
+        partial (and forward what only the server can judge); the partial sent."""
+        now = self.clock.now()
+        self.book.version = max(self.book.version, close.version)
+        if self.unsure_through is None:
+            self.unsure_through = close.version if close.window > 1 else -1
+        paced = await self._paced_at_close(now)
         sums: dict[int, np.ndarray] = {}
         entries: list[ManifestEntry] = []
         settled: list[tuple[str, int]] = []
@@ -179,7 +196,10 @@ class AggregatorActor:
         for update in paced:
             verdict = self.book.judge(update, keys)
             key = (update.client_id, update.round)
-            if verdict.kind is Kind.ACCEPTED:
+            if verdict.kind is Kind.ACCEPTED and update.base_version <= self.unsure_through:
+                self.book.record(*key)  # joining a run: the server judges it alone
+                await self._forward(update)
+            elif verdict.kind is Kind.ACCEPTED:
                 weight = self.weights[update.client_id]
                 eta = self.clients[update.client_id].step_at(update.round)
                 total = sums.get(update.base_version)
@@ -190,7 +210,8 @@ class AggregatorActor:
                 entries.append(ManifestEntry(update.client_id, update.round,
                                              update.base_version, update.window, weight))
                 keys.add(key)
-            elif verdict.kind in FORWARDED_KINDS:
+            elif verdict.kind in FORWARDED_KINDS or (verdict.kind is Kind.DUPLICATE
+                                                     and key not in keys):
                 self.book.record(*key)
                 await self._forward(update)
             else:

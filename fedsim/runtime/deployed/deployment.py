@@ -6,6 +6,8 @@ The deployed runtime, by process:
 * :mod:`fedsim.runtime.deployed.server_process` - the server (:func:`~fedsim.runtime.deployed.server_process.serve`);
 * :mod:`fedsim.runtime.deployed.client_process` - one client
   (:func:`~fedsim.runtime.deployed.client_process.run_client`);
+* :mod:`fedsim.runtime.deployed.aggregator_process` - one aggregation node
+  (:func:`~fedsim.runtime.deployed.aggregator_process.run_aggregator`);
 * :mod:`fedsim.runtime.deployed.launcher` - every process of a run on this machine, and the collection
   of their files into the run directory ``fedsim run`` writes;
 * :mod:`fedsim.runtime.deployed.options` - the options they share (:class:`DeploymentOptions`).
@@ -100,7 +102,8 @@ def resolve_broker(
     """Broker settings with credentials, and the run name the credentials are for.
 
     ``url`` (default ``$FEDSIM_BROKER``) may carry ``user:password@``; otherwise the
-    credentials of ``role`` (``server`` or ``client`` ``client_id``) come from the secrets file
+    credentials of ``role`` (``server``, ``client`` ``client_id`` or ``aggregator``
+    ``client_id``, the aggregator's id) come from the secrets file
     written by ``fedsim deploy`` / :func:`fedsim.transports.security.write_secrets` (default
     ``$FEDSIM_SECRETS``). Without either the connection is anonymous (refused by brokers set
     up by fedsim). The returned run is the secrets file's, or ``run``; they must agree.
@@ -116,7 +119,12 @@ def resolve_broker(
     if run is not None and run != secrets.run:
         raise ConfigError(f"secrets file {secrets_file} is for run {secrets.run!r}, not {run!r}")
     if settings.username is None:
-        credentials = secrets.server if role == "server" else secrets.for_client(str(client_id))
+        if role == "server":
+            credentials = secrets.server
+        elif role == "aggregator":
+            credentials = secrets.for_aggregator(str(client_id))
+        else:
+            credentials = secrets.for_client(str(client_id))
         settings = settings.with_credentials(credentials)
     return settings, secrets.run
 

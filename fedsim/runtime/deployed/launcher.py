@@ -55,6 +55,7 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.transports.broker import LocalMosquitto
+from fedsim.transports.topics import aggregator_ids
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]
 
@@ -176,10 +177,12 @@ def process_commands(
     state_root: str | Path,
     out: str | Path,
     overrides: Sequence[str] = (),
+    aggregators: Sequence[str] = (),
 ) -> dict[str, list[str]]:
-    """The command line of every process of a deployed run, clients first, then ``server``:
-    ``fedsim client ... --state <state_root>/<id>`` and ``fedsim server ... --state
-    <state_root>/server --out <out>``. The one source of these command lines: :class:`Launcher`
+    """The command line of every process of a deployed run, clients first, then the
+    ``aggregators``, then ``server``: ``fedsim client ... --state <state_root>/<id>``,
+    ``fedsim aggregator ... --aggregator-id <id> --state <state_root>/<id>`` and ``fedsim
+    server ... --state <state_root>/server --out <out>``. The one source of these command lines: :class:`Launcher`
     runs them as local processes, ``fedsim deploy --compose`` puts them (with container paths)
     into the compose file. ``options`` (which must name the broker and the run) are passed to
     every process as :meth:`DeploymentOptions.argv` writes them; ``overrides``
@@ -195,6 +198,9 @@ def process_commands(
                     "--state", str(state / client_id)]
         for client_id in client_ids
     }  # fmt: skip
+    for aggregator_id in aggregators:
+        commands[aggregator_id] = ["fedsim", "aggregator", *common, "--aggregator-id",
+                                   aggregator_id, "--state", str(state / aggregator_id)]
     commands["server"] = [
         "fedsim", "server", *common, "--state", str(state / "server"), "--out", str(out),
         *options.server_argv(),
@@ -271,7 +277,9 @@ class _Process:
 
 
 class Launcher:
-    """The server and every client of a scenario as local processes (``fedsim launch``).
+    """The server, every client and the scenario's aggregation nodes (``aggregators.count``)
+    as local processes (``fedsim launch``); an aggregator that exits while the run goes on is
+    restarted (:meth:`supervise_aggregators`).
 
     Each process runs ``fedsim server ...`` / ``fedsim client ...`` (the commands are in
     ``processes.json``, the same ones ``docker-compose.yml`` runs) with ``options`` (the run is
@@ -308,6 +316,7 @@ class Launcher:
         require_public_slots(self.scenario)
         self.run = run_name(self.scenario, None)
         self.client_ids = client_ids(self.scenario)
+        self.aggregator_ids = aggregator_ids(self.scenario.aggregators.count)
         self.options = replace(options, run=self.run, json_logs=True)
         self.fork = fork
         self.local_broker: LocalMosquitto | None = None
@@ -337,7 +346,8 @@ class Launcher:
             dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"
         )
         if self.options.broker is None:
-            self.local_broker = LocalMosquitto(self.out / "broker", self.run, self.client_ids)
+            self.local_broker = LocalMosquitto(self.out / "broker", self.run, self.client_ids,
+                                               aggregators=self.aggregator_ids)
             self.local_broker.start()
             url = self.local_broker.url()
             self.options = replace(
@@ -350,6 +360,7 @@ class Launcher:
             options=self.options.with_absolute_paths(),
             state_root=(self.out / "state").resolve(),
             out=self.out.resolve(),
+            aggregators=self.aggregator_ids,
         )
         for name, argv in commands.items():
             self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")
@@ -374,8 +385,25 @@ class Launcher:
         process.starts += 1
 
     def start_all(self) -> None:
-        for name in self.processes:  # clients first, the server last
+        for name in self.processes:  # clients first, then the aggregators, the server last
             self.start(name)
+
+    def supervise_aggregators(self) -> list[str]:
+        """Restart every aggregator that has failed (a crash: a non-zero status) while the run
+        goes on; the names restarted. One that exited 0 saw the end of the run. An aggregator
+        keeps nothing on disk: a fresh one rejoins at once."""
+        restarted = []
+        for name in self.aggregator_ids:
+            process = self.processes[name]
+            if process.child is None or process.running:
+                continue
+            code = self._ended(process, process.child.wait(timeout=0))
+            if code == 0:
+                continue
+            _log.warning("aggregator failed; restarting it", aggregator=name, code=code)
+            self.start(name)
+            restarted.append(name)
+        return restarted
 
     def _ended(self, process: _Process, code: int) -> int:
         self.exit_codes.setdefault(process.name, []).append(code)
@@ -474,6 +502,8 @@ class Launcher:
             code = None
             while code is None and wallclock.monotonic() < deadline:
                 code = self.wait("server", min(0.5, max(0.0, deadline - wallclock.monotonic())))
+                if code is None:
+                    self.supervise_aggregators()
                 for line in follower.new_lines():
                     if on_window is not None:
                         on_window(line)

@@ -68,6 +68,7 @@ from fedsim.runtime.run_outputs import (
     write_json,
 )
 from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
+from fedsim.transports.topics import aggregator_ids
 
 __all__ = ["MIN_VERSION_LEASE", "Checkpoints", "keep_windows_through", "serve"]
 
@@ -331,6 +332,7 @@ async def serve(
         reconnect=reconnect_policy(options),
         seed=scenario.seed,
         lineage=snapshot.incarnations if snapshot is not None else (),
+        aggregators=aggregator_ids(scenario.aggregators.count),
     )
     outcome["incarnation"] = mqtt.incarnation.current
     try:
