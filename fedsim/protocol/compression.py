@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -46,6 +47,7 @@ __all__ = ["Quantised", "Sparse", "compress", "densify", "pack", "public_rng", "
 _INDEX = np.dtype("<u4")
 _VALUE = np.dtype("<f4")
 _SEED_DOMAIN = b"fedsim/compression/v1\0"
+Bits = Literal[4, 8]
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +63,7 @@ class Sparse:
 class Quantised:
     """Every coordinate as ``low + code * step``, ``code`` in ``[0, 2^bits - 1]``."""
 
-    bits: int
+    bits: Bits
     low: float
     step: float
     codes: np.ndarray  # uint8, one per coordinate
@@ -94,7 +96,7 @@ def threshold(values: np.ndarray, limit: float) -> Sparse:
     return Sparse(int(values.size), indices.astype(np.uint32), values[indices].astype(np.float32))
 
 
-def quantise(values: np.ndarray, bits: int, rng: np.random.Generator) -> Quantised:
+def quantise(values: np.ndarray, bits: Bits, rng: np.random.Generator) -> Quantised:
     """Unbiased stochastic rounding to ``2^bits`` levels evenly spaced over ``[min, max]``.
 
     With ``t = (x - low) / step`` a coordinate becomes level ``floor(t) + 1`` with probability
@@ -169,7 +171,7 @@ def unpack_sparse(body: bytes, count: int, length: int) -> np.ndarray:
     return dense
 
 
-def unpack_quantised(body: bytes, bits: int, low: float, step: float, length: int) -> np.ndarray:
+def unpack_quantised(body: bytes, bits: Bits, low: float, step: float, length: int) -> np.ndarray:
     """The dense vector of a quantised payload (``low``/``step`` already checked finite)."""
     expected = length if bits == 8 else (length + 1) // 2
     if len(body) != expected:
