@@ -286,3 +286,4 @@ def test_honest_quantised_updates_stay_within_the_quantised_bound(bits: int, sam
 def test_a_quantised_payload_dataclass_densifies_on_its_grid() -> None:
     q = Quantised(4, -1.0, 0.5, np.array([0, 1, 15], dtype=np.uint8))
     np.testing.assert_array_equal(densify(q), np.array([-1.0, -0.5, 6.5], dtype=np.float32))
+
