@@ -26,6 +26,7 @@ from fedsim.config.aggregation import (
     StalenessWeighting,
     WindowsAggregation,
 )
+from fedsim.config.compression import Compression
 from fedsim.config.dataset import Dataset
 from fedsim.config.distributions import (
     AggregatorCount,
@@ -341,6 +342,9 @@ class ClientGroup(_Strict):
         "standardisation before round 0, charged to the ledger (every group or none).")
     dp_pca: DpPca | None = Field(default=None, description="DP principal components before "
         "round 0, charged to the ledger; one shared projection (every group or none).")
+    compression: Compression | None = Field(default=None, description="How the clients "
+        "compress each update on the wire (top_k, threshold, quantise), after its noise: "
+        "post-processing, no privacy cost; omitted, the full float32 vector.")
 
     @model_validator(mode="after")
     def _calibration_needs_rounds(self) -> ClientGroup:

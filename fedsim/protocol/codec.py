@@ -9,6 +9,12 @@ Layout of one encoded message (all integers little-endian)::
     10      H     header: UTF-8 JSON, one of the pydantic models below (``kind`` discriminates)
     10+H    4*n   tensor: n raw float32 values (``<f4``), only for updates and global models
 
+A compressed update (:mod:`fedsim.protocol.compression`) carries ``compression`` in its header
+(``{"kind": "sparse", "count": k}`` or ``{"kind": "quantised", "bits": b, "low": .., "step":
+..}``) and that payload in place of the raw tensor; ``tensor`` still names the dense length,
+and :func:`decode` returns the dense float32 vector it stands for, checked like any other. An
+update without compression is byte for byte what it was before compression existed.
+
 A ``finished`` message (:class:`~fedsim.protocol.messages.RunFinished`, the server's end of the
 run) is a header alone, stamped with the incarnation and lineage like a global model.
 
@@ -48,6 +54,7 @@ from pydantic import (
 )
 
 from fedsim.errors import CodecError
+from fedsim.protocol import compression
 from fedsim.protocol.messages import (
     PROTOCOL_VERSION,
     ClientStatus,
@@ -113,6 +120,18 @@ class TensorSpec(_Header):
     shape: tuple[_NonNegativeInt]
 
 
+class SparseSpec(_Header):
+    kind: Literal["sparse"]
+    count: _NonNegativeInt
+
+
+class QuantisedSpec(_Header):
+    kind: Literal["quantised"]
+    bits: Literal[4, 8]
+    low: _FiniteFloat
+    step: Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
 class UpdateHeader(_Header):
     kind: Literal["update"]
     incarnation: Incarnation = ""
@@ -123,6 +142,7 @@ class UpdateHeader(_Header):
     sent_at: _FiniteFloat
     window: _Counter = 0
     tensor: TensorSpec
+    compression: Annotated[SparseSpec | QuantisedSpec, Field(discriminator="kind")] | None = None
 
 
 class GlobalHeader(_Header):
@@ -239,11 +259,31 @@ def _check_finite(values: np.ndarray, field: str) -> None:
         raise _non_finite(values, field)
 
 
+def _compressed(
+    message: ClientUpdate,
+) -> tuple[SparseSpec | QuantisedSpec | None, np.ndarray | bytes]:
+    """The update's payload under its ``compression`` (a sparse vector that would take more
+    bytes than the dense one travels dense, its dropped coordinates zero)."""
+    if message.compression is None:
+        return None, message.delta
+    payload = compression.compress(message.delta, message.compression,
+                                   client_id=message.client_id, round_index=message.round)
+    if isinstance(payload, compression.Sparse):
+        if 2 * payload.indices.size >= payload.length:
+            return None, compression.densify(payload)
+        return SparseSpec(kind="sparse", count=int(payload.indices.size)), compression.pack(payload)
+    return (QuantisedSpec(kind="quantised", bits=payload.bits, low=payload.low, step=payload.step),
+            compression.pack(payload))
+
+
 def _header_for(
     message: Message, incarnation: str, lineage: tuple[str, ...]
-) -> tuple[_Header, np.ndarray | None]:
+) -> tuple[_Header, np.ndarray | bytes | None]:
     header: _AnyHeader
     if isinstance(message, ClientUpdate):
+        spec = _tensor_spec(message.delta, "ClientUpdate.delta")
+        _check_finite(message.delta, "ClientUpdate.delta")
+        packed, body = _compressed(message)
         header = UpdateHeader(
             kind="update",
             incarnation=incarnation,
@@ -253,10 +293,10 @@ def _header_for(
             batch_size=float(message.batch_size),
             sent_at=float(message.sent_at),
             window=message.window,
-            tensor=_tensor_spec(message.delta, "ClientUpdate.delta"),
+            tensor=spec,
+            compression=packed,
         )
-        _check_finite(message.delta, "ClientUpdate.delta")
-        return header, message.delta
+        return header, body
     if isinstance(message, GlobalModel):
         header = GlobalHeader(
             kind="global",
@@ -326,10 +366,14 @@ def encode(message: Message, *, incarnation: str = "", lineage: tuple[str, ...] 
         header, tensor = _header_for(message, incarnation, tuple(lineage))
     except ValidationError as exc:
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
-    header_json = header.model_dump_json().encode()
+    # An uncompressed update's header is what it was before compression existed.
+    plain = isinstance(header, UpdateHeader) and header.compression is None
+    header_json = header.model_dump_json(exclude={"compression"} if plain else None).encode()
     prefix = _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(header_json))
     if tensor is None:
         return prefix + header_json
+    if isinstance(tensor, bytes):
+        return b"".join((prefix, header_json, tensor))
     # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere; the
     # join copies the values once, straight from the array's buffer.
     values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
@@ -445,16 +489,20 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
             f"{header.kind} tensor has {length} values, the model has {expected_params} parameters",
             kind="shape",
         )
-    if body_bytes != length * _FLOAT32.itemsize:
-        raise CodecError(
-            f"tensor payload is {body_bytes} bytes, header declares {length} float32 values "
-            f"({length * _FLOAT32.itemsize} bytes)"
-        )
-    # Zero-copy: a read-only view of the payload (messages are immutable; the actors copy what
-    # they keep). Converted only on a big-endian host, where it must be byte-swapped anyway.
-    values = np.frombuffer(data, dtype=_FLOAT32, offset=body_start)
-    if values.dtype != np.float32:
-        values = values.astype(np.float32)
+    packed = header.compression if isinstance(header, UpdateHeader) else None
+    if packed is not None:
+        values = _decompressed(packed, data[body_start:], length)
+    else:
+        if body_bytes != length * _FLOAT32.itemsize:
+            raise CodecError(
+                f"tensor payload is {body_bytes} bytes, header declares {length} float32 values "
+                f"({length * _FLOAT32.itemsize} bytes)"
+            )
+        # Zero-copy: a read-only view of the payload (messages are immutable; the actors copy
+        # what they keep). Converted only on a big-endian host, where it must be byte-swapped.
+        values = np.frombuffer(data, dtype=_FLOAT32, offset=body_start)
+        if values.dtype != np.float32:
+            values = values.astype(np.float32)
     if isinstance(header, UpdateHeader):
         # One pass: the norm the server checks is finite exactly when every value is.
         norm = vector_norm(values)
@@ -484,6 +532,17 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
     model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at,
                         window=header.window, invited=invited, step_size=header.step_size)
     return Frame(model, header.incarnation, header.lineage)
+
+
+def _decompressed(packed: SparseSpec | QuantisedSpec, body: bytes, length: int) -> np.ndarray:
+    """The dense vector of a compressed update's payload (its checks:
+    :mod:`fedsim.protocol.compression`); read-only like an uncompressed one."""
+    if isinstance(packed, SparseSpec):
+        values = compression.unpack_sparse(body, packed.count, length)
+    else:
+        values = compression.unpack_quantised(body, packed.bits, packed.low, packed.step, length)
+    values.flags.writeable = False
+    return values
 
 
 def _check_partial(header: PartialHeader, length: int, expected_params: int | None) -> None:

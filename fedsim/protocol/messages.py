@@ -11,6 +11,8 @@ from typing import Literal
 
 import numpy as np
 
+from fedsim.config.compression import Compression
+
 PROTOCOL_VERSION = 3
 """2: updates lost ``num_samples`` (N is private) and gained ``window``; global models carry
 the window they open and its invitation. 3: global models carry the server step size
@@ -42,6 +44,10 @@ class ClientUpdate:
     """The L2 norm of ``delta`` (:func:`fedsim.protocol.codec.vector_norm`), set by the decoder
     from the same pass that checks the values are finite; not on the wire. None: not known
     (a receiver computes it)."""
+    compression: Compression | None = field(default=None, repr=False)
+    """How the sender's codec compresses ``delta`` on the wire (the group's ``compression:``,
+    :mod:`fedsim.protocol.compression`); None: the full vector. A decoded update holds the
+    dense vector the payload stands for, and None here."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -450,6 +450,7 @@ def make_client_actor(
         status_epsilon=lambda: (ledger.epsilon(delta), delta),
         interrupt=group.interrupt,
         first_server_step=plan.first_server_step if group.follow_server_step else None,
+        compression=group.compression,
     )
 
 

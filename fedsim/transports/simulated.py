@@ -147,6 +147,12 @@ class DirectionStats:
     rejected: int = 0
     lost: int = 0
     in_flight: int = 0
+    bytes_sent: int = 0
+    """Encoded bytes of every message sent (each once, as the sender puts it on the link)."""
+
+    def count_sent(self, data: bytes) -> None:
+        self.sent += 1
+        self.bytes_sent += len(data)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -462,7 +468,7 @@ class SimulatedNetwork:
         link = self._link("uplink", sender.client_id)
         if sender.client_id in self._offline or self._clients.get(sender.client_id) is not sender:
             stats = self._stats["uplink"]
-            stats.sent += 1
+            stats.count_sent(data)
             stats.lost += 1
             self._record(link, "lost", len(data))
             return
@@ -470,7 +476,7 @@ class SimulatedNetwork:
 
     def _lose(self, link: _Link, data: bytes) -> None:
         stats = self._stats[link.direction]
-        stats.sent += 1
+        stats.count_sent(data)
         stats.lost += 1
         self._record(link, "lost", len(data))
         self._count_partial(link, data)
@@ -495,7 +501,7 @@ class SimulatedNetwork:
             link = self._link("downlink", client_id)
             if client_id in self._offline or self._clients[client_id]._inbox.closed:
                 stats = self._stats["downlink"]
-                stats.sent += 1
+                stats.count_sent(data)
                 stats.lost += 1
                 self._record(link, "lost", len(data))
             else:
@@ -510,7 +516,7 @@ class SimulatedNetwork:
     def _transmit(self, link: _Link, data: bytes) -> None:
         """Sample the link for one message and schedule its deliveries (draw order is fixed)."""
         stats = self._stats[link.direction]
-        stats.sent += 1
+        stats.count_sent(data)
         self._record(link, "send", len(data))
         now = self._clock.now()
         model = link.model

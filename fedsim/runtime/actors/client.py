@@ -26,7 +26,9 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      and the release waits for the public schedule;
   4. commit the events to the ledger (durable, fsynced) and only then publish the update
      ``(client, r, base_version, Ubar/m)`` - the ledger is charged even if the network then
-     drops the message;
+     drops the message; with the group's ``compression`` the codec sends a sparsified or
+     quantised ``Ubar/m`` (post-processing of the noisy update, :mod:`fedsim.protocol.compression`),
+     while the local step below uses the full update, which the client holds anyway;
   5. apply the update locally: ``w <- w - eta * Ubar/m`` with ``eta = eta_i(r) s_t / s_0``
      when following the server step (:meth:`ClientActor.local_step`).
 
@@ -76,6 +78,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from fedsim.clock import Clock
+from fedsim.config.compression import Compression
 from fedsim.errors import BudgetExhausted, ConfigError, TransportError
 from fedsim.logging import client_event_level, get_logger
 from fedsim.privacy.events import GaussianStep
@@ -155,7 +158,7 @@ class RoundRecord:
 class ClientActor:
     """One client: see the module docstring for the round and the overwrite semantics."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only, one per client setting of the scenario
         self,
         client_id: str,
         *,
@@ -174,6 +177,7 @@ class ClientActor:
         exposure: ClientExposure = ClientExposure(),
         interrupt: Literal["switch", "snapshot"] = "switch",
         first_server_step: float | None = 1.0,
+        compression: Compression | None = None,
     ) -> None:
         self.client_id = client_id
         self.clock = clock
@@ -197,6 +201,7 @@ class ClientActor:
         )
         self.exposure = exposure
         self.interrupt = interrupt
+        self.compression = compression
         self.switched_rounds = 0  # rounds a w-hat split (interrupt = switch)
         # The round in progress: (its begun round, start time, compute time), for a switch.
         self._round: tuple[BegunRound, float, float] | None = None
@@ -475,7 +480,7 @@ class ClientActor:
                                              window))
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
-                self.clock.now(), window))
+                self.clock.now(), window, compression=self.compression))
             self._step_locally(result, round_index)
             # The round's vectors (its update, its snapshot) are not kept while the client
             # waits for its next round: at 10^4 clients each kept one costs 4 GB.

@@ -28,6 +28,18 @@ So an honest update exceeds the bound with probability at most ``p`` (union boun
 honest one with probability below ``1e-6``. The bound says nothing about direction: a malicious
 client can still push the model anywhere *within* it, every round (see docs/SECURITY.md).
 
+**Compressed updates** (the group's ``compression:``). The server judges the decoded vector.
+Sparsification (top-k, threshold) only zeroes coordinates, so the decoded norm is at most the
+update's and the bound stands. Stochastic quantisation moves each coordinate by an error
+``e_i`` in ``(-h, h)``, zero-mean and independent given the update ``x`` (public randomness),
+``h = (max x - min x) / (2^b - 1) <= 2 ||x||_inf / (2^b - 1)``, so
+``||x + e||^2 = ||x||^2 + 2 <x, e> + ||e||^2`` is bounded by :func:`quantised_norm_bound`: the
+norm bound R above, ``||x||_inf <= (C B + s_inf) / m`` with ``s_inf`` the Gaussian maximum
+over ``d`` coordinates (``P(|Z_i| >= t std) <= 2 exp(-t^2/2)``, union bound), Hoeffding's
+inequality for ``sum e_i^2`` (terms in ``[0, h^2]``, means at most ``h^2/4``) and for
+``<x, e>`` (terms in intervals of length ``|x_i| h``); five events, each at ``p/4`` or less
+(the batch-size bound of ``||x||_inf`` at ``p/8``, its Gaussian maximum at ``p/8``).
+
 **The mixed model** (:func:`check_model`): finite, every parameter within
 :data:`MAX_PARAMETER` in magnitude, and no further from the previous model than the accepted
 updates allow (``s_t sum_i lambda_i eta_i bound_i``, float32 rounding aside); a model failing
@@ -49,6 +61,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedsim.config.compression import QuantiseCompression
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.events import sensitivity
 from fedsim.privacy.schedules import Schedule
@@ -66,6 +79,7 @@ __all__ = [
     "check_model",
     "client_limits",
     "noise_norm_bound",
+    "quantised_norm_bound",
     "update_norm_bound",
     "window_refusals",
 ]
@@ -128,12 +142,44 @@ def update_norm_bound(
     return (clip * total_batch + noise) / batch_size
 
 
+def quantised_norm_bound(
+    *,
+    sampling: Literal["poisson", "fixed"],
+    clip: float,
+    sigma: float,
+    batch_size: float,
+    num_samples: int,
+    dim: int,
+    bits: int,
+    steps: int = 1,
+    failure_probability: float = FAILURE_PROBABILITY,
+) -> float:
+    """The largest L2 norm an honest round's update reaches after unbiased stochastic
+    quantisation to ``bits`` bits, except with probability ``failure_probability`` (module
+    docstring, "Compressed updates")."""
+    quarter = failure_probability / 4.0
+    norm = update_norm_bound(sampling=sampling, clip=clip, sigma=sigma, batch_size=batch_size,
+                             num_samples=num_samples, dim=dim, steps=steps,
+                             failure_probability=quarter)
+    total_batch = batch_size_bound(sampling, batch_size, num_samples, steps, quarter / 2.0)
+    sensitivity = clip if sampling == "poisson" else 2.0 * clip
+    std = math.sqrt(steps) * sensitivity * sigma
+    peak = std * math.sqrt(2.0 * math.log(2.0 * max(dim, 1) / (quarter / 2.0)))
+    largest = min(norm, (clip * total_batch + peak) / batch_size)  # ||x||_inf <= ||x||_2 too
+    step = 2.0 * largest / ((1 << bits) - 1)
+    x = math.log(1.0 / quarter)
+    error_sq = dim * step * step / 4.0 + step * step * math.sqrt(dim * x / 2.0)
+    cross = norm * step * math.sqrt(x / 2.0)
+    return math.sqrt(norm * norm + 2.0 * cross + error_sq)
+
+
 @dataclass(frozen=True)
 class ClientLimits:
     """What the server may expect of one client's messages (from the public scenario).
 
     ``clip(r)`` and ``sigma(r)`` are the client's clip and noise multiplier in round ``r``;
-    ``max_rounds`` its round limit (None: until its budget ends)."""
+    ``max_rounds`` its round limit (None: until its budget ends); ``quantise_bits`` the bits
+    of its stochastic quantisation (None: none; :func:`quantised_norm_bound`)."""
 
     sampling: Literal["poisson", "fixed"]
     batch_size: float
@@ -143,6 +189,7 @@ class ClientLimits:
     sigma: Callable[[int], float]
     steps: int = 1
     max_rounds: int | None = None
+    quantise_bits: int | None = None
     _cache: dict[tuple[float, float], float] = field(default_factory=dict, compare=False)
 
     def norm_bound(self, round_index: int) -> float:
@@ -150,10 +197,18 @@ class ClientLimits:
         key = (float(self.clip(round_index)), float(self.sigma(round_index)))
         bound = self._cache.get(key)
         if bound is None:
-            bound = update_norm_bound(
-                sampling=self.sampling, clip=key[0], sigma=key[1], batch_size=self.batch_size,
-                num_samples=self.num_samples, dim=self.dim, steps=self.steps,
-            )
+            if self.quantise_bits is None:
+                bound = update_norm_bound(
+                    sampling=self.sampling, clip=key[0], sigma=key[1],
+                    batch_size=self.batch_size, num_samples=self.num_samples, dim=self.dim,
+                    steps=self.steps,
+                )
+            else:
+                bound = quantised_norm_bound(
+                    sampling=self.sampling, clip=key[0], sigma=key[1],
+                    batch_size=self.batch_size, num_samples=self.num_samples, dim=self.dim,
+                    steps=self.steps, bits=self.quantise_bits,
+                )
             self._cache[key] = bound
         return bound
 
@@ -177,6 +232,8 @@ def client_limits(group: ClientGroup, num_samples: int, schedule: Schedule, dim:
         sampling=group.sampling, batch_size=float(group.batch_size), num_samples=num_samples,
         dim=dim, clip=clip, sigma=sigma, steps=group.local_steps,
         max_rounds=group.rounds,
+        quantise_bits=(group.compression.bits
+                       if isinstance(group.compression, QuantiseCompression) else None),
     )
 
 
