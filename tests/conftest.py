@@ -8,7 +8,10 @@ no local copy they skip, saying why. Every other test makes its own small data.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import structlog
 
 from fedsim.data import datasets
 from fedsim.data.locate import offline
@@ -27,3 +30,12 @@ def real_mnist() -> datasets.Found:
                else f"no local copy, and {failed}")
         pytest.skip(f"needs real MNIST: {why}; run `fedsim data fetch mnist` once, or set "
                     "FEDSIM_DATA_DIR to a directory holding mnist.npz")
+
+
+@pytest.fixture(autouse=True)
+def _unconfigured_logging() -> Iterator[None]:
+    """Each test starts with structlog as a fresh process has it: a test that runs the CLI
+    configures it (a level, JSON lines), and that configuration would otherwise decide what a
+    later test's ``capture_logs`` sees (its filtering level survives the capture)."""
+    yield
+    structlog.reset_defaults()
