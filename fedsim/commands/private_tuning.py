@@ -25,7 +25,7 @@ are not composed beside it (the trial runs' ledgers still give each trial's own 
 from __future__ import annotations
 
 import math
-import secrets
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ from fedsim.privacy.tuning import PoissonTrials, TrialDistribution, TruncatedNeg
 TUNING_LEDGER_DIR = Path("tuning") / "ledgers"
 _MAX_TRIALS = 100_000
 _ROUNDS_CAP = 1 << 20
+_ENTROPY = random.SystemRandom()
+"""K's and the candidates' source: the operating system's entropy (``os.urandom``)."""
 
 
 def trial_distribution(kind: str, mean: float, eta: float = 0.0) -> TrialDistribution:
@@ -64,8 +66,8 @@ def selection_of(trials: TrialDistribution,
 
 def draw_trials(trials: TrialDistribution) -> int:
     """K, drawn by inversion from one uniform of the operating system's entropy
-    (``secrets.SystemRandom``; never the scenario seed: see the module docstring)."""
-    uniform = secrets.SystemRandom().random()
+    (:data:`_ENTROPY`; never the scenario seed: see the module docstring)."""
+    uniform = _ENTROPY.random()
     start, total = (1 if isinstance(trials, TruncatedNegativeBinomial) else 0), 0.0
     while start < _MAX_TRIALS:
         k = np.arange(start, start + 1024)
@@ -81,7 +83,7 @@ def draw_trials(trials: TrialDistribution) -> int:
 
 def draw_candidate(count: int) -> int:
     """A candidate's index, uniform over ``count``, from the operating system's entropy."""
-    return secrets.randbelow(count)
+    return _ENTROPY.randrange(count)
 
 
 def trial_steps(scenario: str, overrides: Sequence[str],
