@@ -9,6 +9,10 @@ combination and seed (``000-sigma=1.0-seed0``, ...), and ``sweep.csv`` / ``sweep
 row per run with its grid values, seed, final and best accuracy, eps min / median / max,
 virtual time, windows, stops by kind and status. ``--jobs N`` runs N at a time in separate
 processes (same results: each run depends only on its scenario and seed).
+
+``--private-tuning {nb,poisson} [--tuning-mean M]`` tunes privately instead: K random trials,
+each with a candidate drawn uniformly from the grid, the best released and every client charged
+the tuning's bound (:mod:`fedsim.commands.private_tuning`).
 """
 
 from __future__ import annotations
