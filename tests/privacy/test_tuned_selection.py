@@ -32,7 +32,7 @@ def _curve(steps: tuple[GaussianStep, ...]) -> np.ndarray:
 
 @pytest.mark.parametrize("trials", [TruncatedNegativeBinomial.with_mean(0.0, 5.0),
                                     TruncatedNegativeBinomial.with_mean(1.0, 3.0),
-                                    PoissonTrials(4.0)])
+                                    pytest.param(PoissonTrials(4.0), marks=pytest.mark.slow)])
 def test_selection_rdp_is_the_tuning_bound_of_the_candidates(trials: object) -> None:
     if isinstance(trials, TruncatedNegativeBinomial):
         event = TunedSelection("negative_binomial", (trials.eta, trials.gamma), (A, B, ()))
@@ -62,7 +62,7 @@ def test_selection_rdp_is_the_tuning_bound_of_the_candidates(trials: object) -> 
 
 
 def test_pld_refuses_a_selection_and_smallest_epsilon_never_drops_it() -> None:
-    event = TunedSelection("poisson", (3.0,), (A, B))
+    event = TunedSelection("negative_binomial", (0.0, 0.2), (A, B))
     with pytest.raises(UnsupportedEventError, match="rdp accountant"):
         make_accountant("pld", [event])
     with pytest.raises(UnsupportedEventError):
