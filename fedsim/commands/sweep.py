@@ -9,6 +9,10 @@ combination and seed (``000-sigma=1.0-seed0``, ...), and ``sweep.csv`` / ``sweep
 row per run with its grid values, seed, final and best accuracy, eps min / median / max,
 virtual time, windows, stops by kind and status. ``--jobs N`` runs N at a time in separate
 processes (same results: each run depends only on its scenario and seed).
+
+``--private-tuning {nb,poisson} [--tuning-mean M]`` tunes privately instead: K random trials,
+each with a candidate drawn uniformly from the grid, the best released and every client charged
+the tuning's bound (:mod:`fedsim.commands.private_tuning`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--out", metavar="DIR",
                         help="The sweep directory; it must be new or empty.")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw each run's plots.")
+    tuning = parser.add_argument_group(
+        "private tuning", "Run a random number K of trials, each with a candidate drawn "
+        "uniformly from the grid, release the best by final accuracy, and charge every client "
+        "the tuning's privacy bound (Papernot & Steinke 2022; docs/API.md)")
+    tuning.add_argument("--private-tuning", choices=("nb", "poisson"), default=None,
+                        help="K's distribution: nb (truncated negative binomial) or poisson.")
+    tuning.add_argument("--tuning-mean", type=float, default=10.0, metavar="M",
+                        help="E[K], the mean number of trials (default 10).")
+    tuning.add_argument("--tuning-eta", type=float, default=0.0, metavar="ETA",
+                        help="nb's eta > -1 (default 0: the logarithmic distribution).")
+    tuning.add_argument("--tuning-budget", type=float, default=None, metavar="EPS",
+                        help="Refuse, before any trial, if a client's tuned total exceeds EPS.")
     add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
@@ -160,8 +176,8 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
 
 
 def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str],
-                meta: dict[str, Any]) -> tuple[Path, Path]:
-    columns = ["run", *grid_paths, "seed", *TABLE_COLUMNS, "wall_seconds"]
+                meta: dict[str, Any], extra: Sequence[str] = ()) -> tuple[Path, Path]:
+    columns = ["run", *grid_paths, "seed", *TABLE_COLUMNS, "wall_seconds", *extra]
     csv_path, json_path = out / "sweep.csv", out / "sweep.json"
     with csv_path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
@@ -194,12 +210,30 @@ def run(args: argparse.Namespace) -> int:
     require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")
+    if args.private_tuning is not None:
+        if seeds is not None:
+            raise ConfigError("--seeds: private tuning runs every trial on the scenario's seed "
+                              "(its clients' data sets are fixed; K and the candidates come "
+                              "from the operating system)")
+        return run_private(args, grid, base.privacy.delta, out)
     plans = plan_runs(args.scenario, grid, seeds, args.overrides, out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{out}: {len(plans)} run(s), {args.jobs} at a time")
+    rows = execute(args, plans)
+    meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": seeds,
+            "overrides": list(args.overrides)}
+    csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
+    for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
+        print(line)
+    print(f"table: {csv_path}, {json_path}")
+    return 0 if all(row["status"] == "ok" for row in rows) else 1
+
+
+def execute(args: argparse.Namespace, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run ``plans`` (``--jobs`` at a time) and return their rows, in order."""
     plots = not args.no_plots
     rows: list[dict[str, Any]] = []
-    if args.jobs == 1 or len(plans) == 1:
+    if args.jobs == 1 or len(plans) <= 1:
         for plan in plans:
             rows.append(run_one(args.scenario, plan, plots, args.allow_factories))
             print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
@@ -212,10 +246,60 @@ def run(args: argparse.Namespace) -> int:
             for future in futures:
                 rows.append(future.result())
                 print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
-    meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": seeds,
-            "overrides": list(args.overrides)}
-    csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
-    for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
+    return rows
+
+
+def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], delta: float,
+                out: Path) -> int:
+    """``--private-tuning``: bound and charge the tuning, then run K trials and select the
+    best (:mod:`fedsim.commands.private_tuning`)."""
+    from fedsim.commands import private_tuning as tuning
+    from fedsim.reporting.compare import format_table
+
+    candidates = plan_runs(args.scenario, grid, None, args.overrides, out)
+    trials = tuning.trial_distribution(args.private_tuning, args.tuning_mean, args.tuning_eta)
+    # every candidate's per-trial releases, per client, bounded before any trial runs
+    bounded = [tuning.trial_steps(args.scenario, c["overrides"], args.allow_factories)
+               for c in candidates]
+    clients = sorted(set().union(*bounded))
+    selections = {client: tuning.selection_of(trials, [b.get(client, ()) for b in bounded])
+                  for client in clients}
+    out.mkdir(parents=True, exist_ok=True)
+    totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
+    count = tuning.draw_trials(trials)
+    plans = []
+    for index in range(count):
+        chosen = candidates[tuning.draw_candidate(len(candidates))]
+        label = Path(chosen["dir"]).name.split("-", 1)[1]
+        plans.append({**chosen, "dir": str(out / f"trial-{index:03d}-{label}")})
+    print(f"{out}: private tuning, {count} trial(s) of {len(candidates)} candidate(s), "
+          f"{args.jobs} at a time (a deployment keeps K and the unselected trials secret)")
+    rows = execute(args, plans)
+    best = tuning.best_trial(rows)
+    tuned_max = max(totals.values(), default=0.0)
+    for index, row in enumerate(rows):
+        row["selected"] = index == best
+        row["tuned_eps_max"] = tuned_max
+    meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": None,
+            "overrides": list(args.overrides),
+            "private_tuning": {
+                "distribution": args.private_tuning, "mean": trials.mean,
+                "parameters": selections[clients[0]].named_parameters if clients else {},
+                "trials": count, "candidates": [c["grid"] for c in candidates],
+                "selected": None if best is None else rows[best]["run"],
+                "delta": delta, "tuned_epsilon": totals, "tuned_epsilon_max": tuned_max,
+                "ledgers": str(tuning.TUNING_LEDGER_DIR)}}
+    grid_paths = [p for p, _ in grid]
+    csv_path, json_path = write_table(out, rows, grid_paths, meta,
+                                      extra=("selected", "tuned_eps_max"))
+    columns = ["run", *grid_paths, "final_accuracy", "eps_max", "selected", "tuned_eps_max"]
+    for line in format_table(rows, columns):
         print(line)
+    chosen_run = "none" if best is None else rows[best]["run"]
+    trial_max = max((r["eps_max"] for r in rows if isinstance(r.get("eps_max"), float)),
+                    default=None)
+    print(f"selected: {chosen_run}; tuned eps (every client, all trials and the selection) "
+          f"max {tuned_max:.4g} at delta {delta:g}"
+          + ("" if trial_max is None else f" (largest per-trial eps {trial_max:.4g})"))
     print(f"table: {csv_path}, {json_path}")
-    return 0 if all(row["status"] == "ok" for row in rows) else 1
+    return 0 if best is not None or count == 0 else 1

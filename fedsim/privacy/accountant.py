@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from fedsim.errors import ConfigError, UnsupportedEventError
-from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.events import GaussianStep, PrivacyEvent, Sampling, TunedSelection
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {}
 DEFAULT_ACCOUNTANT = "pld"
@@ -39,6 +39,8 @@ class Accountant(ABC):
 
     name: ClassVar[str]
     is_guarantee: ClassVar[bool] = True
+    holds_selections: ClassVar[bool] = False
+    """Whether it can compose a :class:`TunedSelection` (whose bound is an RDP curve)."""
 
     def __init__(self, steps: Iterable[GaussianStep] = ()) -> None:
         # The history as counts per kind (insertion order); `steps` sorts it on demand.
@@ -60,6 +62,11 @@ class Accountant(ABC):
             self._sorted = tuple(GaussianStep(s, q, sigma, n)
                                  for (s, q, sigma), n in sorted(self._counts.items()))
         return self._sorted
+
+    @property
+    def selections(self) -> tuple[TunedSelection, ...]:
+        """Tuned selections composed with the steps (only where :attr:`holds_selections`)."""
+        return ()
 
     @property
     def kinds(self) -> int:
@@ -144,18 +151,21 @@ class Accountant(ABC):
         return {}
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "accountant": self.name,
             "settings": self.settings(),
             "steps": [s.to_json() for s in self.steps],
         }
+        if self.selections:
+            state["selections"] = [s.to_json() for s in self.selections]
+        return state
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Accountant:
         try:
-            kind = make_accountant_class(obj["accountant"])
-            steps = [GaussianStep.from_json(s) for s in obj["steps"]]
-            return kind(steps, **obj.get("settings", {}))
+            events: list[PrivacyEvent] = [GaussianStep.from_json(s) for s in obj["steps"]]
+            events += [TunedSelection.from_json(s) for s in obj.get("selections", [])]
+            return make_accountant(obj["accountant"], events, **obj.get("settings", {}))
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"not an accountant state: {exc}") from exc
 
@@ -176,10 +186,26 @@ def make_accountant_class(name: str) -> type[Accountant]:
         ) from None
 
 
-def make_accountant(name: str = DEFAULT_ACCOUNTANT, steps: Iterable[GaussianStep] = (),
+def make_accountant(name: str = DEFAULT_ACCOUNTANT, steps: Iterable[PrivacyEvent] = (),
                     **settings: Any) -> Accountant:
-    """An accountant by registry name (``"pld"``, ``"rdp"``, ``"gdp-clt"``)."""
-    return make_accountant_class(name)(steps, **settings)
+    """An accountant by registry name (``"pld"``, ``"rdp"``, ``"gdp-clt"``) over ``steps``,
+    which may hold :class:`TunedSelection` s: only an accountant that :attr:`holds_selections`
+    (``rdp``) takes them; the others raise :class:`UnsupportedEventError` (a selection's bound
+    is an RDP curve, which has no exact privacy-loss distribution or GDP form)."""
+    kind = make_accountant_class(name)
+    events = tuple(steps)
+    selections = tuple(e for e in events if isinstance(e, TunedSelection))
+    gaussian = [e for e in events if isinstance(e, GaussianStep)]
+    if len(gaussian) + len(selections) != len(events):
+        odd = next(e for e in events if not isinstance(e, GaussianStep | TunedSelection))
+        raise ConfigError(f"expected GaussianStep or TunedSelection, got {type(odd).__name__}")
+    if not selections:
+        return kind(gaussian, **settings)
+    if not kind.holds_selections:
+        raise UnsupportedEventError(
+            f"the {name} accountant cannot hold a tuned selection: its bound (Papernot & "
+            f"Steinke) is an RDP curve with no exact {name} form; use the rdp accountant")
+    return kind(gaussian, **settings, selections=selections)  # type: ignore[call-arg]
 
 
 GUARANTEES = ("pld", "rdp")
@@ -195,13 +221,16 @@ def smallest_epsilon(accountant: Accountant, delta: float, *,
     too; they fail in different places (the PLD grid cannot resolve some long histories of tiny
     per-step loss and answers ``inf`` where RDP is finite). With ``only_if_infinite`` the others
     are asked only when ``accountant``'s own answer is infinite (a ledger, which asks often and
-    whose RDP would cost one quadrature per new kind of step). ``accountant`` must be a
-    guarantee; it is never changed.
+    whose RDP would cost one quadrature per new kind of step). A history holding a
+    :class:`TunedSelection` is answered by ``accountant`` alone (no other can hold it).
+    ``accountant`` must be a guarantee; it is never changed.
     """
     if not accountant.is_guarantee:
         raise ConfigError(f"{accountant.name} is not a guarantee; its eps bounds nothing")
     best, source = accountant.epsilon(delta), accountant.name
-    if only_if_infinite and math.isfinite(best):
+    if (only_if_infinite and math.isfinite(best)) or accountant.selections:
+        # a history with a tuned selection has one accountant (rdp): the others' eps of its
+        # Gaussian steps alone would leave the selection out, below a valid bound
         return best, source
     steps = accountant.steps
     for name in GUARANTEES:

@@ -122,3 +122,89 @@ def group_steps(steps: Iterable[GaussianStep]) -> tuple[GaussianStep, ...]:
     for step in steps:
         counts[step.key] += step.count
     return tuple(GaussianStep(s, q, sig, n) for (s, q, sig), n in sorted(counts.items()))
+
+
+TrialDistributionKind = Literal["negative_binomial", "poisson"]
+TRIAL_DISTRIBUTIONS: dict[TrialDistributionKind, tuple[str, ...]] = {
+    "negative_binomial": ("eta", "gamma"), "poisson": ("mu",)}
+"""Each distribution of the number of trials and the names of its parameters."""
+
+
+@dataclass(frozen=True, slots=True)
+class TunedSelection:
+    """Private hyperparameter tuning as one release: K random trials, each a run of a candidate
+    drawn uniformly from a public list, and only the best trial released (Papernot & Steinke,
+    ICLR 2022; the bound is :func:`fedsim.privacy.rdp.selection_rdp`).
+
+    Attributes:
+        distribution: how K is drawn: ``"negative_binomial"`` (truncated, parameters eta and
+            gamma: their Thm 2) or ``"poisson"`` (parameter mu: their Thm 6).
+        parameters: the distribution's parameters, in :data:`TRIAL_DISTRIBUTIONS` order.
+        candidates: per candidate, every step ONE trial of it may release for this client,
+            bounded before the run (a candidate under which the client takes no part: ``()``).
+            The event covers all K trials: they are not to be composed beside it.
+
+    Neighbouring relation: the steps' (one sampling scheme for all candidates).
+    """
+
+    distribution: TrialDistributionKind
+    parameters: tuple[float, ...]
+    candidates: tuple[tuple[GaussianStep, ...], ...]
+
+    def __post_init__(self) -> None:
+        names = TRIAL_DISTRIBUTIONS.get(self.distribution)
+        if names is None:
+            raise ConfigError(f"distribution must be one of {sorted(TRIAL_DISTRIBUTIONS)}, "
+                              f"got {self.distribution!r}")
+        parameters = tuple(self.parameters)
+        if len(parameters) != len(names) or not all(
+                isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p)
+                for p in parameters):
+            raise ConfigError(f"a {self.distribution} selection takes finite {names}, "
+                              f"got {self.parameters!r}")
+        candidates = tuple(group_steps(c) if c else () for c in self.candidates)
+        if not candidates:
+            raise ConfigError("a tuned selection needs at least one candidate")
+        for candidate in candidates:
+            for step in candidate:
+                if not isinstance(step, GaussianStep):
+                    raise ConfigError(f"a candidate's steps must be GaussianStep, got "
+                                      f"{type(step).__name__}")
+        if len({s.sampling for c in candidates for s in c}) > 1:
+            raise ConfigError("a tuned selection's candidates must share one sampling scheme "
+                              "(one neighbouring relation)")
+        object.__setattr__(self, "parameters", tuple(float(p) for p in parameters))
+        object.__setattr__(self, "candidates", candidates)
+
+    @property
+    def sampling(self) -> Sampling | None:
+        """The candidates' sampling scheme (None if no candidate releases anything)."""
+        return next((s.sampling for c in self.candidates for s in c), None)
+
+    @property
+    def named_parameters(self) -> dict[str, float]:
+        return dict(zip(TRIAL_DISTRIBUTIONS[self.distribution], self.parameters, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"distribution": self.distribution, "parameters": self.named_parameters,
+                "candidates": [[s.to_json() for s in c] for c in self.candidates]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> TunedSelection:
+        if not isinstance(obj, Mapping) or set(obj) != {"distribution", "parameters",
+                                                        "candidates"}:
+            raise ConfigError("a tuned selection is {distribution, parameters, candidates}")
+        names = TRIAL_DISTRIBUTIONS.get(obj["distribution"])
+        parameters = obj["parameters"]
+        if names is None or not isinstance(parameters, Mapping) or set(parameters) != set(names):
+            raise ConfigError(f"bad distribution or parameters: {obj['distribution']!r}, "
+                              f"{parameters!r}")
+        candidates = obj["candidates"]
+        if not isinstance(candidates, list) or not all(isinstance(c, list) for c in candidates):
+            raise ConfigError("candidates must be a list of lists of steps")
+        return cls(obj["distribution"], tuple(parameters[n] for n in names),
+                   tuple(tuple(GaussianStep.from_json(s) for s in c) for c in candidates))
+
+
+PrivacyEvent = GaussianStep | TunedSelection
+"""What a ledger records: a (subsampled) Gaussian release, or a tuned selection."""

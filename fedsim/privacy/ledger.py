@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
-from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
+from fedsim.errors import BudgetExhausted, ConfigError, LedgerError, UnsupportedEventError
 from fedsim.privacy.accountant import (
     Accountant,
     make_accountant,
@@ -77,7 +77,13 @@ from fedsim.privacy.accountant import (
     smallest_epsilon,
 )
 from fedsim.privacy.calibration import bisect_fitting, doubling_bracket
-from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep, Sampling, group_steps
+from fedsim.privacy.events import (
+    SAMPLING_SCHEMES,
+    GaussianStep,
+    Sampling,
+    TunedSelection,
+    group_steps,
+)
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
     DirectoryLock,
@@ -148,7 +154,11 @@ class PrivacyLedger:
             else ENFORCEMENT_FALLBACK
         self._records = list(records)
         self._last_hash = last_hash
-        self._accountant = make_accountant(enforcing, [r.step for r in records])
+        try:
+            self._accountant = make_accountant(enforcing, [r.step for r in records])
+        except UnsupportedEventError as exc:  # a tuned selection under pld / gdp-clt
+            raise LedgerError(f"{path}: {exc}; a tuning ledger is opened with accountant "
+                              f"rdp") from None
         self._allowance: Allowance | None = None
         self._previous_envelope: GaussianStep | None = None
         self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
@@ -437,6 +447,58 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if not steps:
             return
+        self._check_record(time, round)
+        if not self.can_spend(steps):
+            budget = self._budget
+            assert budget is not None
+            raise BudgetExhausted(
+                f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
+                f"eps={budget.epsilon:g} at delta={budget.delta:g} "
+                f"(spent {self.epsilon():.4g})")
+        self._append([LedgerRecord(float(time), round, s) for s in steps])
+        self._accountant.compose(steps)
+        kinds = group_steps(steps)
+        if self._planned_answer(kinds) is None:
+            self._plan = None  # off the plan: its counts no longer describe the state
+        else:
+            self._plan_cursor += 1
+        allowance = self._allowance
+        if allowance is not None and not allowance.spend(kinds):
+            self._allowance, self._previous_envelope = None, allowance.kind
+
+    def spend_selection(self, selection: TunedSelection, *, time: float,
+                        round: int) -> None:  # noqa: A002 - the ledger's field is called round
+        """Record a tuned selection (:class:`TunedSelection`: all its trials and the release
+        of the best) durably, or raise :class:`BudgetExhausted` and write nothing.
+
+        Only an ``rdp`` ledger holds one (the bound is an RDP curve; any other accountant
+        raises :class:`LedgerError`); it composes with the recorded steps and any later ones.
+        """
+        if not isinstance(selection, TunedSelection):
+            raise ConfigError(f"expected TunedSelection, got {type(selection).__name__}")
+        if selection.sampling not in (self._sampling, None):
+            raise ConfigError(f"ledger of client {self._client_id} records {self._sampling} "
+                              f"steps, got a {selection.sampling} selection")
+        self._check_record(time, round)
+        held = self._accountant
+        try:
+            trial = make_accountant(held.name, [*held.steps, *held.selections, selection],
+                                    **held.settings())
+        except UnsupportedEventError as exc:
+            raise LedgerError(f"ledger of client {self._client_id}: {exc}") from None
+        if self._budget is not None and not within(trial, self._budget):
+            raise BudgetExhausted(
+                f"client {self._client_id}: the tuned selection would exceed "
+                f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
+                f"(spent {self.epsilon():.4g})")
+        self._append([LedgerRecord(float(time), round, selection)])
+        self._accountant = trial
+        # the allowance and plan counted Gaussian steps from the old state
+        self._allowance = self._previous_envelope = self._plan = self._last_check = None
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _check_record(self, time: float, round: int) -> None:  # noqa: A002
+        """Refuse a record the ledger cannot write now (closed, bad or backward time)."""
         if not self._writable:
             raise LedgerError(f"ledger of client {self._client_id} was opened read-only "
                               f"or is closed")
@@ -449,14 +511,9 @@ class PrivacyLedger:
                 f"PrivacyLedger.last_time")
         if isinstance(round, bool) or not isinstance(round, int):
             raise ConfigError(f"round must be an integer, got {round!r}")
-        if not self.can_spend(steps):
-            budget = self._budget
-            assert budget is not None
-            raise BudgetExhausted(
-                f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
-                f"eps={budget.epsilon:g} at delta={budget.delta:g} "
-                f"(spent {self.epsilon():.4g})")
-        records = [LedgerRecord(float(time), round, s) for s in steps]
+
+    def _append(self, records: list[LedgerRecord]) -> None:
+        """Write ``records`` durably (then the mark), then hold them in memory."""
         lines, last = [], self._last_hash
         for record in records:
             line = encode_record(record, last)
@@ -467,17 +524,7 @@ class PrivacyLedger:
         # Committed on disk (records, then the mark): now in memory.
         self._last_hash = last
         self._records.extend(records)
-        self._accountant.compose(steps)
-        kinds = group_steps(steps)
-        if self._planned_answer(kinds) is None:
-            self._plan = None  # off the plan: its counts no longer describe the state
-        else:
-            self._plan_cursor += 1
-        allowance = self._allowance
-        if allowance is not None and not allowance.spend(kinds):
-            self._allowance, self._previous_envelope = None, allowance.kind
 
-    # -- internals -----------------------------------------------------------------------------------
     def _delta(self, delta: float | None) -> float:
         if delta is None:
             if self._budget is None:
@@ -638,4 +685,8 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     data = path.read_bytes()
     parsed = read_verified(path, data)
     check_mark(path, parsed, read_mark(path))
-    return [record.step for record in parsed.records]
+    steps = [record.step for record in parsed.records]
+    if not all(isinstance(step, GaussianStep) for step in steps):
+        raise LedgerError(f"{path}: holds a tuned selection (a sweep's tuning ledger): its eps "
+                          f"is the ledger's own (rdp accountant), not a composition of steps")
+    return [step for step in steps if isinstance(step, GaussianStep)]

@@ -61,7 +61,7 @@ from typing import IO, Any
 
 from fedsim.atomic import fsync_directory
 from fedsim.errors import ConfigError, LedgerError
-from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.events import GaussianStep, PrivacyEvent, Sampling, TunedSelection
 
 try:
     import fcntl
@@ -71,22 +71,28 @@ except ImportError:  # pragma: no cover - not POSIX
 LEDGER_FORMAT = "fedsim-ledger/2"
 OLD_FORMATS = ("fedsim-ledger/1",)
 RECORD_KEYS = frozenset({"time", "round", "step", "prev"})
+SELECTION_KEYS = frozenset({"time", "round", "selection", "prev"})
+"""A record of a tuned selection (:class:`TunedSelection`) has ``selection`` for ``step``."""
 _MARK_SLOT = 128
 _MARK_MAGIC = "fedsim-hwm/1"
-# A ledger line longer than this is damage, not a record (a record is ~150 bytes).
+# A ledger line longer than this is damage, not a record (a record is ~150 bytes; a tuned
+# selection lists its candidates' steps, up to a few per round).
 MAX_LINE_BYTES = 4096
+MAX_SELECTION_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerRecord:
-    """One released step: when (virtual or wall time), in which round, and what."""
+    """One released step (or tuned selection): when (virtual or wall time), in which round,
+    and what."""
 
     time: float
     round: int
-    step: GaussianStep
+    step: PrivacyEvent
 
     def to_json(self) -> dict[str, Any]:
-        return {"time": self.time, "round": self.round, "step": self.step.to_json()}
+        key = "selection" if isinstance(self.step, TunedSelection) else "step"
+        return {"time": self.time, "round": self.round, key: self.step.to_json()}
 
 
 def line_hash(line: bytes) -> str:
@@ -343,19 +349,29 @@ def parse_header(path: Path, line: bytes) -> dict[str, Any]:
     return header
 
 
-def parse_record(obj: Any, sampling: str, *, repair_ok: bool = True) -> tuple[LedgerRecord, str]:
-    """One record line's (record, prev hash); ValueError/ConfigError names what is wrong."""
-    keys = RECORD_KEYS | ({"repair"} if repair_ok else set())
-    if not isinstance(obj, dict) or not RECORD_KEYS <= set(obj) or not set(obj) <= keys:
-        raise ValueError(f"expected keys {sorted(RECORD_KEYS)}")
+def _parse_event(obj: dict[str, Any]) -> PrivacyEvent:
+    """A record's event: its ``selection`` or its ``step``."""
+    if "selection" in obj:
+        if not isinstance(obj["selection"], dict):
+            raise ValueError("selection must be an object")
+        return TunedSelection.from_json(obj["selection"])
     step_obj = obj["step"]
     if not isinstance(step_obj, dict):
         raise ValueError("step must be an object")
     for field in ("q", "sigma"):  # JSON true is not a number here
         if isinstance(step_obj.get(field), bool):
             raise ValueError(f"step {field} must be a number, got {step_obj[field]!r}")
-    step = GaussianStep.from_json(step_obj)
-    if step.sampling != sampling:
+    return GaussianStep.from_json(step_obj)
+
+
+def parse_record(obj: Any, sampling: str, *, repair_ok: bool = True) -> tuple[LedgerRecord, str]:
+    """One record line's (record, prev hash); ValueError/ConfigError names what is wrong."""
+    required = SELECTION_KEYS if isinstance(obj, dict) and "selection" in obj else RECORD_KEYS
+    keys = required | ({"repair"} if repair_ok else set())
+    if not isinstance(obj, dict) or not required <= set(obj) or not set(obj) <= keys:
+        raise ValueError(f"expected keys {sorted(RECORD_KEYS)}")
+    step = _parse_event(obj)
+    if step.sampling not in (sampling, None):
         raise ValueError(f"a {step.sampling} step in a {sampling} ledger")
     time, round_, prev = obj["time"], obj["round"], obj["prev"]
     if isinstance(time, bool) or not isinstance(time, int | float) or not math.isfinite(time):
@@ -386,7 +402,8 @@ def read_verified(path: Path, data: bytes) -> Parsed:
     last_time = -math.inf
     for number, line in lines:
         try:
-            if len(line) > MAX_LINE_BYTES:
+            if len(line) > (MAX_SELECTION_LINE_BYTES if b'"selection":' in line[:80]
+                            else MAX_LINE_BYTES):
                 raise ValueError(f"a line of {len(line)} bytes")
             obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
             record, prev = parse_record(obj, str(header.get("sampling")))

@@ -193,7 +193,7 @@ def _charged(lost: int, lost_step: GaussianStep, kept: list[LedgerRecord],
     """The substitute for ``lost`` records: ``lost_step``, refused if it is cheaper than a kept
     record's step (smaller q or larger sigma), taken as many times per lost record as the
     largest kept record (a previous repair's substitute, round -1, is no evidence of a round)."""
-    released = [r.step for r in kept if r.round >= 0]
+    released = [r.step for r in kept if r.round >= 0 and isinstance(r.step, GaussianStep)]
     if released:
         q = max(step.q for step in released)
         sigma = min(step.sigma for step in released)
@@ -230,6 +230,10 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records)
                    or scan.header["format"] != LEDGER_FORMAT or mark is None
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1)
+        if lost and any(not isinstance(r.step, GaussianStep) for r in kept):
+            raise LedgerError(
+                f"{path}: holds a tuned selection (a sweep's tuning ledger) and lost records; "
+                f"a lost selection has no Gaussian substitute, so it is not repaired")
         if lost and lost_step is None:
             raise LedgerError(
                 f"{path}: {lost} acknowledged record(s) cannot be verified; name a step at "

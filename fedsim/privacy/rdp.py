@@ -52,10 +52,11 @@ from typing import Any, Literal
 import numpy as np
 from scipy import special
 
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, UnsupportedEventError
 from fedsim.privacy import rdp_conversion
 from fedsim.privacy.accountant import Accountant
-from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.events import GaussianStep, Sampling, TunedSelection
+from fedsim.privacy.tuning import base_rdp, trials_of, tuned_rdp
 
 __all__ = [
     "DEFAULT_ORDERS",
@@ -65,6 +66,7 @@ __all__ = [
     "history_rdp",
     "max_steps",
     "poisson_rdp",
+    "selection_rdp",
     "step_rdp",
 ]
 
@@ -334,6 +336,24 @@ def history_rdp(steps: Iterable[GaussianStep],
     return total
 
 
+def selection_rdp(event: TunedSelection,
+                  orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS) -> np.ndarray:
+    """RDP of a tuned selection (all its trials and the release of the best): the candidates'
+    per-trial curves (:func:`history_rdp`) combined by their pointwise maximum
+    (:func:`fedsim.privacy.tuning.base_rdp`), then Papernot & Steinke's Thm 2 / Thm 6 for the
+    event's distribution of K (:func:`fedsim.privacy.tuning.tuned_rdp`). Neighbouring
+    relation: the candidates' steps'. The orders may come in any order."""
+    orders_arr = _check_orders(orders)
+    rank = np.argsort(orders_arr, kind="stable")
+    ordered, first = np.unique(orders_arr[rank], return_inverse=True)
+    curves = [history_rdp(candidate, ordered) for candidate in event.candidates]
+    tuned = tuned_rdp(ordered, base_rdp(curves),
+                      trials_of(event.distribution, event.parameters))
+    out = np.empty_like(orders_arr)
+    out[rank] = tuned[first]
+    return out
+
+
 def max_steps(step: GaussianStep, epsilon: float, delta: float,
               conversion: Conversion = "optimal",
               orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS) -> int:
@@ -390,21 +410,67 @@ class RDPAccountant(Accountant):
     ``epsilon_classic``/``delta_classic`` the classic one (Mironov 2017) for comparison.
 
     Settings: ``orders``, the Renyi orders (> 1) the curve is evaluated at
-    (default :data:`DEFAULT_ORDERS`, 1.01 ... 1024).
+    (default :data:`DEFAULT_ORDERS`, 1.01 ... 1024). ``selections``: tuned selections
+    (:class:`~fedsim.privacy.events.TunedSelection`) composed with the steps by adding their
+    curves (:func:`selection_rdp`); the only accountant that holds them.
     """
 
     name = "rdp"
+    holds_selections = True
 
     def __init__(self, steps: Iterable[GaussianStep] = (), *,
-                 orders: Sequence[float] | None = None) -> None:
+                 orders: Sequence[float] | None = None,
+                 selections: Iterable[TunedSelection] = ()) -> None:
         self._orders = _check_orders(DEFAULT_ORDERS if orders is None else orders)
         self._orders.setflags(write=False)
         self._composed: np.ndarray | None = None
+        self._selections: tuple[TunedSelection, ...] = ()
+        self._selection_curve: np.ndarray | None = None  # their summed RDP at the orders
         super().__init__(steps)
+        self.compose_selections(selections)
 
     @property
     def orders(self) -> np.ndarray:
         return self._orders
+
+    @property
+    def selections(self) -> tuple[TunedSelection, ...]:
+        return self._selections
+
+    def _schemes(self) -> set[Sampling]:
+        held = {sel.sampling for sel in self._selections if sel.sampling is not None}
+        return held | ({self.sampling} if self.sampling is not None else set())
+
+    def check(self, steps: Iterable[GaussianStep]) -> None:
+        steps = tuple(steps)
+        super().check(steps)
+        if len(self._schemes() | {s.sampling for s in steps}) > 1:
+            raise UnsupportedEventError(
+                "one accountant analyses one neighbouring relation; a tuned selection and "
+                "the steps use different sampling schemes")
+
+    def compose_selections(self, selections: Iterable[TunedSelection]) -> None:
+        """Compose tuned selections with the history: their RDP curves
+        (:func:`selection_rdp`) add to the steps' (Mironov 2017, Prop. 1). Checks first and
+        changes nothing when it raises."""
+        new = tuple(selections)
+        if not new:
+            return
+        for selection in new:
+            if not isinstance(selection, TunedSelection):
+                raise ConfigError(f"expected TunedSelection, got {type(selection).__name__}")
+        schemes = self._schemes() | {sel.sampling for sel in new if sel.sampling is not None}
+        if len(schemes) > 1:
+            raise UnsupportedEventError(
+                "one accountant analyses one neighbouring relation; got both poisson "
+                "(add/remove) and fixed (replace-one) releases")
+        curve = sum((selection_rdp(sel, self._orders) for sel in new),
+                    np.zeros_like(self._orders) if self._selection_curve is None
+                    else self._selection_curve)
+        curve.setflags(write=False)
+        self._selections += new
+        self._selection_curve = curve
+        self._composed = None
 
     def settings(self) -> dict[str, Any]:
         return {"orders": [float(a) for a in self._orders]}
@@ -419,16 +485,20 @@ class RDPAccountant(Accountant):
     def rdp(self, orders: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
         """The composed RDP curve at ``orders`` (default: the accountant's orders)."""
         if orders is not None:
-            return history_rdp(self.steps, orders)
+            return history_rdp(self.steps, orders) + sum(
+                (selection_rdp(sel, orders) for sel in self._selections),
+                np.zeros(np.size(orders)))
         if self._composed is None:
             composed = history_rdp(self.steps, self._orders)
+            if self._selection_curve is not None:
+                composed = composed + self._selection_curve
             composed.setflags(write=False)
             self._composed = composed
         return self._composed
 
     def _convert(self, convert: Any, value: float) -> tuple[float, float | None]:
         """(answer, order) of a conversion from :mod:`rdp_conversion`; (0, None) if empty."""
-        if not self.steps:
+        if not self.steps and not self._selections:
             return 0.0, None
         return convert(self._orders, self.rdp(), value)
 
@@ -470,7 +540,7 @@ class RDPAccountant(Accountant):
         alpha_arr = np.asarray(alpha, dtype=float)
         if np.any(~np.isfinite(alpha_arr)) or np.any((alpha_arr < 0) | (alpha_arr > 1)):
             raise ConfigError("type I errors alpha must lie in [0, 1]")
-        if not self.steps:
+        if not self.steps and not self._selections:
             return 1.0 - alpha_arr
         # beyond eps = 700 the bounds 1 - delta - e^eps a are vacuous for any a > e^-700
         eps_top = min(max(self.epsilon_optimal(1e-12), 1e-6), 700.0)

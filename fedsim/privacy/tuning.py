@@ -176,3 +176,14 @@ def tuned_epsilon(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | n
     if not np.any(finite):
         return math.inf
     return epsilon_optimal(alpha[finite], curve[finite], delta)[0]
+
+
+def trials_of(distribution: str, parameters: Sequence[float]) -> TrialDistribution:
+    """The distribution of K named by a :class:`fedsim.privacy.events.TunedSelection`:
+    ``"negative_binomial"`` with (eta, gamma), ``"poisson"`` with (mu,)."""
+    values = tuple(float(p) for p in parameters)
+    if distribution == "negative_binomial" and len(values) == 2:
+        return TruncatedNegativeBinomial(*values)
+    if distribution == "poisson" and len(values) == 1:
+        return PoissonTrials(*values)
+    raise ConfigError(f"unknown trial distribution {distribution!r} with parameters {values!r}")

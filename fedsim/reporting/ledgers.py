@@ -57,8 +57,11 @@ def read_ledger(path: Path) -> ClientLedger:
                             sampling=str(header["sampling"]), budget=budget,
                             accountant=str(header.get("accountant", "pld")),
                             read_only=True) as ledger:
-        timed = tuple(sorted(((record.time, record.step) for record in ledger.records),
-                             key=lambda pair: pair[0]))
+        if ledger.accountant.selections:
+            raise LedgerError(f"{path}: holds a tuned selection (a sweep's tuning ledger, "
+                              f"not a run's); its eps is the sweep's tuned total")
+        timed = tuple(sorted(((record.time, record.step) for record in ledger.records
+                              if isinstance(record.step, GaussianStep)), key=lambda pair: pair[0]))
         return ClientLedger(ledger.client_id, timed, ledger.accountant, str(ledger.sampling))
 
 

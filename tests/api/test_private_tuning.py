@@ -1,0 +1,167 @@
+"""``fedsim sweep --private-tuning``: a tiny private search end to end. The tuned total of every
+client is never below any trial's own eps and equals an independent recomputation (the
+client's per-trial steps rebuilt here from its group's rounds, or from the largest round count
+its budget admits, and fed to fedsim.privacy.tuning); K and the candidates come from the
+operating system's entropy, not the scenario seed."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fedsim.cli import main
+from fedsim.commands import private_tuning
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import read_ledger_steps
+from fedsim.privacy.rdp import DEFAULT_ORDERS, history_rdp
+from fedsim.privacy.tuning import PoissonTrials, base_rdp, tuned_epsilon
+
+SCENARIO = {
+    "name": "tiny-tune", "seed": 1, "stop": {"windows": 4},
+    "dataset": {"name": "synthetic", "num_samples": 400, "num_test_samples": 100,
+                "num_features": 6, "num_classes": 3},
+    "model": {"name": "logreg"},
+    "clients": {"groups": [
+        {"name": "phone", "count": 2, "data_share": 0.5, "batch_size": 16, "clip": 1.0,
+         "noise": {"sigma": 1.0}, "speed": 0.01, "rounds": 12},
+        {"name": "laptop", "count": 2, "data_share": 0.5, "batch_size": 16, "sampling": "fixed",
+         "clip": 1.0, "noise": {"sigma": 1.0}, "speed": 0.02,
+         "budget": {"epsilon": 3.0, "delta": 1e-5}},
+    ]},
+    "server": {"window": 1.0},
+}
+SIGMAS = ("1.0", "2.0")
+GRID = f"clients.groups[*].noise.sigma={','.join(SIGMAS)}"
+
+
+class Entropy:
+    """Stands in for the OS entropy source: a fixed uniform for K, then the given candidates."""
+
+    def __init__(self, uniform: float, candidates: list[int]) -> None:
+        self.uniform, self.candidates, self.calls = uniform, list(candidates), 0
+
+    def random(self) -> float:
+        self.calls += 1
+        return self.uniform
+
+    def randrange(self, count: int) -> int:
+        self.calls += 1
+        return self.candidates.pop(0) % count
+
+
+def _budget_rounds(step: GaussianStep, epsilon: float, delta: float) -> int:
+    """Largest n with n steps within (epsilon, delta) by the pld accountant, by bisection."""
+    low, high = 0, 1
+    while make_accountant("pld", [step.times(high)]).epsilon(delta) <= epsilon:
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        ok = make_accountant("pld", [step.times(middle)]).epsilon(delta) <= epsilon
+        low, high = (middle, high) if ok else (low, middle)
+    return low
+
+
+def test_the_entropy_source_is_the_operating_system() -> None:
+    assert isinstance(private_tuning._ENTROPY, random.SystemRandom)
+
+
+@pytest.mark.slow
+def test_private_tuning_sweep_charges_the_tuning_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    entropy = Entropy(0.5, [0, 1])  # Poisson(2): P[K <= 1] = 0.406, P[K <= 2] = 0.677: K = 2
+    monkeypatch.setattr(private_tuning, "_ENTROPY", entropy)
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
+                 "--tuning-mean", "2", "--out", str(out), "--no-plots"]) == 0
+    assert entropy.calls == 3  # K, then one candidate per trial
+    printed = capsys.readouterr().out
+    table = json.loads((out / "sweep.json").read_text())
+    tuning = table["private_tuning"]
+    assert tuning["trials"] == 2 and len(table["runs"]) == 2
+    runs = table["runs"]
+    assert [r["clients.groups[*].noise.sigma"] for r in runs] == list(SIGMAS)
+    best = max(range(2), key=lambda i: (runs[i]["final_accuracy"], -i))
+    assert tuning["selected"] == runs[best]["run"] and runs[best]["selected"]
+    assert f"selected: {runs[best]['run']}" in printed
+    delta = tuning["delta"]
+    trials = PoissonTrials(2.0)
+    for client, total in tuning["tuned_epsilon"].items():
+        per_candidate = []
+        for run, sigma in zip(runs, SIGMAS, strict=True):
+            ledger = out / run["run"] / "ledgers" / f"{client}.jsonl"
+            spent = list(read_ledger_steps(ledger))
+            # never below the trial's own eps (its realised ledger, and the table's max)
+            assert total >= make_accountant("pld", spent).epsilon(delta)
+            assert tuning["tuned_epsilon_max"] >= run["eps_max"]
+            # the bounded per-trial steps, rebuilt from the group's rule at the trial's q
+            step = GaussianStep(spent[0].sampling, spent[0].q, float(sigma))
+            assert spent[0].sigma == float(sigma)
+            count = 12 if client.startswith("phone") else _budget_rounds(step, 3.0, 1e-5)
+            assert sum(s.count for s in spent) <= count
+            per_candidate.append(history_rdp([step.times(count)], DEFAULT_ORDERS))
+        expected = tuned_epsilon(DEFAULT_ORDERS, base_rdp(per_candidate), trials, delta)
+        assert total == pytest.approx(expected, rel=1e-9)
+        ledger_total = make_accountant("rdp", read_tuning(out, client)).epsilon(delta)
+        assert ledger_total == pytest.approx(total, rel=1e-12)
+    assert runs[0]["tuned_eps_max"] == tuning["tuned_epsilon_max"] == max(
+        tuning["tuned_epsilon"].values())
+    assert "tuned_eps_max" in (out / "sweep.csv").read_text().splitlines()[0]
+
+    # the same scenario and seed, another draw of the OS entropy: another K (here none)
+    monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.1, []))
+    again = tmp_path / "again"
+    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
+                 "--tuning-mean", "2", "--out", str(again), "--no-plots"]) == 0
+    second = json.loads((again / "sweep.json").read_text())["private_tuning"]
+    assert second["trials"] == 0 and second["selected"] is None
+    # nothing was released, but the selection was charged before K was known
+    assert second["tuned_epsilon"] == pytest.approx(tuning["tuned_epsilon"], rel=1e-12)
+
+
+def read_tuning(out: Path, client: str) -> list[object]:
+    from fedsim.privacy.ledger_file import read_verified
+
+    path = out / private_tuning.TUNING_LEDGER_DIR / f"{client}.jsonl"
+    return [record.step for record in read_verified(path, path.read_bytes()).records]
+
+
+def test_private_tuning_refuses_an_unbounded_group_and_a_budget_it_exceeds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unbounded = {**SCENARIO, "clients": {"groups": [
+        {**SCENARIO["clients"]["groups"][1], "budget": None}]}}  # type: ignore[index]
+    path = tmp_path / "unbounded.yaml"
+    path.write_text(yaml.safe_dump(unbounded), encoding="utf-8")
+    assert main(["sweep", str(path), "--grid", GRID, "--private-tuning", "nb",
+                 "--out", str(tmp_path / "a"), "--no-plots"]) == 2
+    assert "give the group `rounds` or a budget" in capsys.readouterr().err
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "nb",
+                 "--tuning-budget", "1.0", "--out", str(tmp_path / "b"), "--no-plots"]) == 2
+    assert "--tuning-budget 1: the tuned total of 4 client(s) exceeds it" in \
+        capsys.readouterr().err
+    assert not any((tmp_path / "b").glob("trial-*"))  # refused before any trial
+
+
+def test_draw_trials_inverts_the_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    trials = PoissonTrials(2.0)
+    from scipy import stats
+    for uniform in (0.05, 0.3, 0.5, 0.9, 0.999):
+        monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(uniform, []))
+        k = private_tuning.draw_trials(trials)
+        assert stats.poisson.cdf(k - 1, 2.0) < uniform <= stats.poisson.cdf(k, 2.0)
+    nb = private_tuning.trial_distribution("nb", 3.0)
+    monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.0, []))
+    assert private_tuning.draw_trials(nb) == 1  # the truncated negative binomial never draws 0
+    cdf = np.cumsum(nb.pmf(np.arange(1, 200)))
+    monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.7, []))
+    assert private_tuning.draw_trials(nb) == 1 + int(np.searchsorted(cdf, 0.7))
