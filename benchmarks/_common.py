@@ -1,22 +1,46 @@
 """What several benchmarks share: the centralised DP-SGD loop, result files, plotting set-up.
 
 Benchmarks are scripts (``python benchmarks/NAME.py``, ``python benchmarks/papers/NAME.py``)
-and are also loaded by path from tests; each puts this directory on ``sys.path`` and imports
-``_common``.
+and are also loaded by path from tests; each imports ``_common`` before any of fedsim (a
+script in ``papers/`` first puts this directory on ``sys.path``).
+
+Which fedsim is measured: ``python benchmarks/NAME.py`` puts ``benchmarks/`` on ``sys.path``,
+not the checkout, so ``import fedsim`` would find whatever fedsim is installed (an editable
+install of another checkout) and its figures would be filed under this checkout's commit.
+Importing this module puts this checkout (or ``FEDSIM_BENCH_TREE``, another tree to measure
+side by side) first on ``sys.path``, refuses to go on when a fedsim from elsewhere is already
+imported, and :func:`commit` / :func:`provenance` name the commit of the tree that holds the
+imported fedsim.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim.privacy.events import GaussianStep
-from fedsim.training import LocalTrainer
+ROOT = Path(__file__).resolve().parents[1]
+TREE = Path(os.environ.get("FEDSIM_BENCH_TREE", str(ROOT))).resolve()
+if sys.path[:1] != [str(TREE)]:
+    sys.path.insert(0, str(TREE))
+
+import fedsim  # after the tree to measure is first on sys.path
+
+FEDSIM_TREE = Path(fedsim.__file__).resolve().parents[1]
+"""The tree whose fedsim this process measures (``TREE``, checked below)."""
+if FEDSIM_TREE != TREE:
+    raise ImportError(f"benchmarks: fedsim was imported from {FEDSIM_TREE}, not {TREE}: import "
+                      f"_common before fedsim (or set FEDSIM_BENCH_TREE to the tree to measure)")
+
+if TYPE_CHECKING:
+    from fedsim.privacy.events import GaussianStep
+    from fedsim.training import LocalTrainer
 
 __all__ = ["centralized_dp_sgd", "commit", "epoch_ends", "provenance", "pyplot", "rss_mb",
            "write_json"]
@@ -57,8 +81,9 @@ def epoch_ends(steps: int, steps_per_epoch: float) -> list[int]:
 
 
 def commit() -> str:
-    """The checkout's commit (with ``+changes`` when the tree differs from it)."""
-    repo = Path(__file__).resolve().parents[1]
+    """The commit of the tree whose fedsim is imported (with ``+changes`` when its fedsim/
+    differs from it)."""
+    repo = FEDSIM_TREE
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
@@ -82,14 +107,10 @@ def rss_mb() -> float:
 
 
 def provenance() -> str:
-    """What made a result: ``"<commit> (fedsim <version>)"``, the commit suffixed ``+dirty``
-    when the working tree has uncommitted changes to tracked files (for every results JSON's
-    ``commit`` field; the results page prints it)."""
-    import subprocess
-
-    import fedsim
-
-    repo = Path(__file__).resolve().parents[1]
+    """What made a result: ``"<commit> (fedsim <version>)"``, the commit of the tree whose
+    fedsim is imported, suffixed ``+dirty`` when that tree has uncommitted changes to tracked
+    files (for every results JSON's ``commit`` field; the results page prints it)."""
+    repo = FEDSIM_TREE
     try:
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, check=True,
                                 capture_output=True, text=True).stdout.strip()

@@ -37,6 +37,7 @@ import numpy as np
 # FEDSIM_BENCH_TREE: run against another fedsim tree (the --old-commit side-by-side rows).
 sys.path.insert(0, os.environ.get("FEDSIM_BENCH_TREE", str(Path(__file__).resolve().parents[1])))
 
+import _common  # noqa: E402, F401 - checks that this fedsim is the one measured
 from dp_accounting.pld import pld_pmf, privacy_loss_mechanism  # noqa: E402
 from dp_accounting.pld import privacy_loss_distribution as dp_pld  # noqa: E402
 

@@ -25,6 +25,8 @@ from typing import Any
 
 sys.path.insert(0, os.environ.get("FEDSIM_BENCH_TREE", str(Path(__file__).resolve().parents[1])))
 
+import _common  # noqa: E402, F401 - checks that this fedsim is the one measured
+
 from fedsim.privacy.events import GaussianStep  # noqa: E402
 from fedsim.privacy.ledger import Budget, PrivacyLedger  # noqa: E402
 from fedsim.privacy.pld import PLDAccountant  # noqa: E402

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
 import numpy as np
 import torch
 

@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
 import aiomqtt
 import numpy as np
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
 import torch
 from torch import nn
 

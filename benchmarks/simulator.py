@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
 import numpy as np
 import torch
 

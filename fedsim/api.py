@@ -11,12 +11,11 @@ virtual-time run), with optionally your own model (an ``nn.Module`` factory) and
 durable files by design (a ledger is written before each release), so the run writes its
 directory into a temporary directory, reads the results back into the :class:`RunResult`,
 and removes it. :func:`account` answers what ``fedsim account`` answers, through the same
-code.
+library call (:func:`fedsim.privacy.answers.account`).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
@@ -34,6 +33,9 @@ from fedsim.config.loading import LoadedScenario, apply_override, parse_scenario
 from fedsim.config.loading import load_scenario as _load_file
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
+from fedsim.privacy.answers import DEFAULT_DELTA, AccountantChoice
+from fedsim.privacy.answers import account as answer_question
+from fedsim.privacy.events import Sampling
 
 __all__ = ["ClientPrivacy", "RunResult", "account", "load_scenario", "simulate"]
 
@@ -314,7 +316,7 @@ def _collect(result: Any, run_dir: Path, scenario: Scenario, *, kept: bool) -> R
 
 def account(
     *,
-    sampling: str | None = None,
+    sampling: Sampling | None = None,
     q: float | None = None,
     batch_size: int | None = None,
     dataset_size: int | None = None,
@@ -323,14 +325,15 @@ def account(
     epochs: float | None = None,
     ledger: str | PathLike[str] | None = None,
     delta: float | None = None,
-    accountant: str | None = None,
+    accountant: AccountantChoice | None = None,
     epsilon: float | None = None,
     target_epsilon: float | None = None,
     max_steps: bool = False,
     group_size: int | None = None,
     plot: str | PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """What ``fedsim account`` answers, as a dict (its ``--json`` object), through the same code.
+    """What ``fedsim account`` answers, as a dict (its ``--json`` object), through the same
+    library call (:func:`fedsim.privacy.answers.account`, whose typed answer this is as a dict).
 
     Each argument is the command's flag of the same name (``batch_size`` is
     ``--batch-size``, ...); an argument left None takes the command's default. Examples::
@@ -341,23 +344,16 @@ def account(
 
     Raises :class:`ConfigError` for a combination the command refuses.
     """
-    from fedsim.commands import account as command
+    from fedsim.commands.account import plot as draw
 
-    parser = argparse.ArgumentParser(prog="fedsim")
-    command.register(parser.add_subparsers())
-    args = parser.parse_args(["account"])
-    given = {"sampling": sampling, "q": q, "batch_size": batch_size,
-             "dataset_size": dataset_size, "sigma": sigma, "steps": steps, "epochs": epochs,
-             "ledger": None if ledger is None else str(ledger), "delta": delta,
-             "accountant": accountant, "epsilon": epsilon, "target_epsilon": target_epsilon,
-             "group_size": group_size, "plot": None if plot is None else str(plot)}
-    choices = {"sampling": ("poisson", "fixed"), "accountant": command.ACCOUNTANT_CHOICES}
-    for name, value in given.items():
-        if value is None:
-            continue
-        if name in choices and value not in choices[name]:
-            raise ConfigError(f"account: {name} must be one of {list(choices[name])}, got "
-                              f"{value!r}")
-        setattr(args, name, value)
-    args.max_steps = bool(max_steps)
-    return command.answer(args)
+    answer = answer_question(
+        sampling="poisson" if sampling is None else sampling, q=q, batch_size=batch_size, dataset_size=dataset_size,
+        sigma=sigma, steps=steps, epochs=epochs, ledger=ledger,
+        delta=DEFAULT_DELTA if delta is None else delta, accountant="pld" if accountant is None else accountant,
+        epsilon=epsilon, target_epsilon=target_epsilon, max_steps=bool(max_steps),
+        group_size=1 if group_size is None else group_size, curve=plot is not None)
+    result = answer.as_dict()
+    if plot is not None:
+        draw(Path(plot), answer)
+        result["plot"] = str(plot)
+    return result

@@ -39,13 +39,13 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import provenance  # first: this checkout's fedsim (see _common)
+
 from fedsim.config import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vandijk_async import Variant, aggregate, collect, plot, run_variant  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import provenance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "async_study.yaml"

@@ -51,13 +51,13 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import provenance, pyplot  # first: this checkout's fedsim (see _common)
+
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.fdp import eps_delta_tradeoff
 from fedsim.privacy.gdp import clt_mu, gdp_epsilon, gdp_tradeoff
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import provenance, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"

@@ -52,6 +52,10 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# first: this checkout's fedsim (see _common)
+from _common import centralized_dp_sgd, epoch_ends, provenance, pyplot
+
 from fedsim.data import load_dataset
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
@@ -64,9 +68,6 @@ from fedsim.training import (
     flat_params,
     load_flat_params,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import centralized_dp_sgd, epoch_ends, provenance, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"

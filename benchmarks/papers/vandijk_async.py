@@ -44,10 +44,10 @@ from pathlib import Path
 from statistics import mean, median, stdev
 from typing import Any
 
-from fedsim.config import load_scenario
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import provenance, pyplot  # noqa: E402
+from _common import provenance, pyplot  # first: this checkout's fedsim (see _common)
+
+from fedsim.config import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "vandijk_async.yaml"

@@ -149,7 +149,6 @@ class PrivacyLedger:
         self._client_id = client_id
         self._sampling = sampling
         self._budget = budget
-        self._accountant_name = accountant
         enforcing = accountant if make_accountant_class(accountant).is_guarantee \
             else ENFORCEMENT_FALLBACK
         self._records = list(records)
@@ -285,11 +284,6 @@ class PrivacyLedger:
         return self._budget
 
     @property
-    def accountant_name(self) -> str:
-        """The accountant named in the header (may be ``gdp-clt``, which only reports)."""
-        return self._accountant_name
-
-    @property
     def accountant(self) -> Accountant:
         """The enforcing accountant (a guarantee) holding every recorded step."""
         return self._accountant
@@ -329,16 +323,6 @@ class PrivacyLedger:
         if self._budget is None:
             return None
         return max(0.0, self._budget.epsilon - self.epsilon())
-
-    def epsilon_history(self, times: Sequence[float], delta: float | None = None) -> list[float]:
-        """eps spent by the records with ``time <= t``, for each t in ``times``."""
-        delta = self._delta(delta)
-        ordered = sorted(self._records, key=lambda r: r.time)
-        out = []
-        for t in times:
-            spent = [r.step for r in ordered if r.time <= t]
-            out.append(make_accountant(self._accountant.name, spent).epsilon(delta))
-        return out
 
     # -- planning ----------------------------------------------------------------------------------
     def plan(self, future_rounds: Sequence[Sequence[GaussianStep]]) -> int:

@@ -1,0 +1,457 @@
+"""The answers of ``fedsim account`` (and :func:`fedsim.account`) as typed library calls.
+
+:func:`account` validates one privacy question about DP-SGD and answers it as an
+:class:`AccountAnswer`: eps at delta (the default), delta at eps, the smallest sigma for a
+target eps (:func:`fedsim.privacy.calibration.calibrate_sigma`), or the most steps for a target
+eps (:func:`fedsim.privacy.calibration.max_steps`), each optionally for groups of records
+(Dong, Roth & Su, "Gaussian Differential Privacy", Theorem 2.14). The command parses flags into
+these keyword arguments and formats the answer; the Python API passes its keywords straight in.
+
+Sampling schemes measure different things (never compare one's numbers with the other's):
+``poisson`` = add/remove neighbours, noise C sigma; ``fixed`` = batches of exactly m,
+replace-one neighbours, noise 2 C sigma (Dong-Roth-Su Thm 5.1). ``pld`` and ``rdp`` answer
+guarantees, and ``pld`` answers the smallest of the guarantees' (its ``bound`` names which);
+``gdp-clt`` is the central limit theorem's approximation (Dong-Roth-Su Thm 3.5), labelled as
+one, with its certified Berry-Esseen distance ``clt_gamma``.
+
+Error messages name the command's flags (``--delta``, ...): the API's keyword of each is the
+flag's name with ``_`` for ``-``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from os import PathLike
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fedsim.errors import ConfigError, LedgerError, PrivacyError
+from fedsim.privacy import calibration, fdp, gdp
+from fedsim.privacy.accountant import GUARANTEES, Accountant, make_accountant, smallest_epsilon
+from fedsim.privacy.events import NEIGHBOURING_RELATION, SAMPLING_SCHEMES, GaussianStep, Sampling
+
+AccountantChoice = Literal["pld", "rdp", "gdp-clt"]
+ACCOUNTANT_CHOICES: tuple[AccountantChoice, ...] = ("pld", "rdp", "gdp-clt")
+# Bounds that keep every answer finite in time and memory (larger values are refused).
+MAX_STEPS = 10**12
+MAX_EPSILON = 700.0  # e^eps must be a double
+MAX_GROUP_SIZE = 10_000
+MAX_LEDGER_BYTES = 256 * 2**20
+# A pld answer is compared with rdp's for histories of at most this many distinct kinds of
+# step (rdp costs one quadrature per kind, ~30 ms); longer mixes ask rdp only where pld has
+# no finite answer.
+COMPARE_KINDS = 64
+DEFAULT_DELTA = 1e-5
+CLT_NOTE = "CLT approximation, not a guarantee (it can under-report)"
+
+
+@dataclass(frozen=True)
+class TradeoffCurve:
+    """The answered history's trade-off curve for the asked group (alpha grid, beta lower
+    bounds): what ``--plot`` draws."""
+
+    alphas: np.ndarray
+    betas: np.ndarray
+
+
+# Keys of AccountAnswer.as_dict() present even when None (a ledger of mixed steps has no one q).
+_ALWAYS = ("accountant", "sampling", "neighbouring_relation", "is_guarantee", "delta",
+           "group_size", "q", "sigma", "steps", "epsilon")
+
+
+@dataclass(frozen=True)
+class AccountAnswer:
+    """One answer of ``fedsim account`` (fields None where the question did not ask them).
+
+    ``epsilon`` / ``delta``: the pair answered (for ``target_epsilon`` questions ``epsilon``
+    is the target). ``steps``: the history's length (the answer with ``max_steps``).
+    ``bound``: which guarantee gave the smallest eps / delta / most steps (``pld`` or ``rdp``).
+    ``mu``: the GDP mu (the CLT's for ``gdp-clt``, else the smallest G_mu below the curve).
+    """
+
+    accountant: AccountantChoice
+    sampling: Sampling
+    neighbouring_relation: str
+    is_guarantee: bool
+    delta: float
+    group_size: int
+    q: float | None
+    sigma: float | None
+    steps: int
+    epsilon: float
+    note: str | None = None
+    distinct_steps: int | None = None
+    steps_classic: int | None = None
+    steps_optimal: int | None = None
+    steps_pld: int | None = None
+    steps_rdp: int | None = None
+    bound: str | None = None
+    epsilon_classic: float | None = None
+    epsilon_optimal: float | None = None
+    delta_classic: float | None = None
+    delta_optimal: float | None = None
+    mu: float | None = None
+    mu_kind: str | None = None
+    clt_gamma: float | None = None
+    curve: TradeoffCurve | None = field(default=None, compare=False, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The command's ``--json`` object (before non-finite numbers become null)."""
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name != "curve" and (value is not None or item.name in _ALWAYS):
+                out[item.name] = value
+        return out
+
+
+def account(
+    *,
+    sampling: Sampling = "poisson",
+    q: float | None = None,
+    batch_size: int | None = None,
+    dataset_size: int | None = None,
+    sigma: float | None = None,
+    steps: int | None = None,
+    epochs: float | None = None,
+    ledger: str | PathLike[str] | None = None,
+    delta: float = DEFAULT_DELTA,
+    accountant: AccountantChoice = "pld",
+    epsilon: float | None = None,
+    target_epsilon: float | None = None,
+    max_steps: bool = False,
+    group_size: int = 1,
+    curve: bool = False,
+) -> AccountAnswer:
+    """Answer one privacy question about DP-SGD (see the module docstring).
+
+    The mechanism is ``q`` (or ``batch_size`` / ``dataset_size``), ``sigma`` and ``steps`` (or
+    ``epochs``), or a ``ledger`` file of steps. With ``curve`` the answer carries the
+    trade-off curve (and, for a guarantee, its GDP fit even for a ``max_steps`` question).
+    Raises :class:`ConfigError` for a question that cannot be answered (conflicting or
+    out-of-range values, a damaged ledger, a release beyond double precision).
+    """
+    if sampling not in SAMPLING_SCHEMES:
+        raise ConfigError(f"account: sampling must be one of {list(SAMPLING_SCHEMES)}, got "
+                          f"{sampling!r}")
+    if accountant not in ACCOUNTANT_CHOICES:
+        raise ConfigError(f"account: accountant must be one of {list(ACCOUNTANT_CHOICES)}, got "
+                          f"{accountant!r}")
+    _check_question(q=q, batch_size=batch_size, sigma=sigma, steps=steps, epochs=epochs,
+                    ledger=ledger, delta=delta, epsilon=epsilon, target_epsilon=target_epsilon,
+                    max_steps=max_steps, group_size=group_size)
+    history: list[GaussianStep] | None = None
+    if ledger is not None:
+        history = load_steps(Path(ledger), sampling)
+    else:
+        q, steps = _mechanism(q=q, batch_size=batch_size, dataset_size=dataset_size,
+                              sigma=sigma, steps=steps, epochs=epochs,
+                              target_epsilon=target_epsilon, max_steps=max_steps)
+    try:
+        return _answer(sampling, accountant, history, q, sigma, steps, delta=delta,
+                       epsilon=epsilon, target_epsilon=target_epsilon, max_steps=max_steps,
+                       group=group_size, curve=curve)
+    except PrivacyError as exc:  # a question the accountants cannot answer: bad input here
+        raise ConfigError(str(exc)) from None
+
+
+# -- input checking ------------------------------------------------------------------------------
+def _check_question(*, q: float | None, batch_size: int | None, sigma: float | None,  # noqa: C901
+                    steps: int | None, epochs: float | None, ledger: object, delta: float,
+                    epsilon: float | None, target_epsilon: float | None, max_steps: bool,
+                    group_size: int) -> None:
+    """Refuse conflicting or out-of-range values that do not depend on the mechanism."""
+    given = {"--q": q, "--batch-size": batch_size, "--steps": steps, "--epochs": epochs,
+             "--epsilon": epsilon, "--target-epsilon": target_epsilon,
+             "--max-steps": max_steps or None}
+    for pair in (("--q", "--batch-size"), ("--steps", "--epochs"),
+                 ("--epsilon", "--target-epsilon"), ("--steps", "--max-steps"),
+                 ("--epochs", "--max-steps")):
+        if all(given[name] is not None for name in pair):
+            raise ConfigError(f"conflicting flags: {' and '.join(pair)}")
+    if ledger is not None:
+        for flag, value in (("q", q), ("batch-size", batch_size), ("sigma", sigma),
+                            ("steps", steps), ("epochs", epochs),
+                            ("target-epsilon", target_epsilon)):
+            if value is not None:
+                raise ConfigError(f"conflicting flags: --ledger and --{flag}")
+    if max_steps and target_epsilon is None:
+        raise ConfigError("--max-steps needs --target-epsilon")
+    if target_epsilon is not None and not max_steps and sigma is not None:
+        raise ConfigError("conflicting flags: --target-epsilon answers sigma; drop --sigma "
+                          "(or add --max-steps to answer the number of steps)")
+    if not 0 < delta < 1:
+        raise ConfigError(f"--delta must be in (0, 1), got {delta}")
+    for flag, value in (("epsilon", epsilon), ("target-epsilon", target_epsilon)):
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_EPSILON):
+            raise ConfigError(f"--{flag} must be a number in (0, {MAX_EPSILON:g}] (e^eps must "
+                              f"be a double), got {value}")
+    if not 1 <= group_size <= MAX_GROUP_SIZE:
+        raise ConfigError(f"--group-size must be in 1..{MAX_GROUP_SIZE}, got {group_size}")
+
+
+def _mechanism(*, q: float | None, batch_size: int | None,  # noqa: C901, PLR0912 - one check per combination, each with its own message
+               dataset_size: int | None, sigma: float | None, steps: int | None,
+               epochs: float | None, target_epsilon: float | None,
+               max_steps: bool) -> tuple[float, int | None]:
+    """(q, steps) of a mechanism given by flags, validated (steps None for ``max_steps``)."""
+    if batch_size is not None or dataset_size is not None:
+        if batch_size is None or dataset_size is None:
+            raise ConfigError("--batch-size and --dataset-size go together")
+        if not 1 <= batch_size <= dataset_size:
+            raise ConfigError(f"need 1 <= --batch-size <= --dataset-size, got "
+                              f"{batch_size} and {dataset_size}")
+        if q is None:
+            q = batch_size / dataset_size
+    if q is None:
+        raise ConfigError("give --q, or --batch-size and --dataset-size (or --ledger)")
+    if not (math.isfinite(q) and 0 < q <= 1):
+        raise ConfigError(f"q must be in (0, 1], got {q}")
+    if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
+        raise ConfigError(f"--sigma must be > 0, got {sigma}")
+    if sigma is None and target_epsilon is None:
+        raise ConfigError("give --sigma (or --target-epsilon to answer it)")
+    if max_steps and sigma is None:
+        raise ConfigError("--max-steps needs --sigma")
+    if epochs is not None:
+        if not (math.isfinite(epochs) and epochs > 0):
+            raise ConfigError(f"--epochs must be > 0, got {epochs}")
+        # Dong-Roth-Su count T = epochs * N / m steps; a partial last step is still a release.
+        per_epoch = (dataset_size / batch_size if batch_size is not None and
+                     dataset_size is not None else 1.0 / q)
+        if not epochs * per_epoch <= MAX_STEPS:
+            raise ConfigError(f"--epochs {epochs:g} is {epochs * per_epoch:.3g} steps; at most "
+                              f"{MAX_STEPS:.0e} are accounted")
+        steps = math.ceil(epochs * per_epoch - 1e-9)
+    if not max_steps:
+        if steps is None:
+            raise ConfigError("give --steps or --epochs")
+        if not 1 <= steps <= MAX_STEPS:
+            raise ConfigError(f"T must be in 1..{MAX_STEPS:.0e}, got {steps}")
+    return q, steps
+
+
+def load_steps(path: Path, sampling: Sampling) -> list[GaussianStep]:  # noqa: C901, PLR0912 - one refusal per kind of damage
+    """Steps from a JSON list / ``{"steps": [...]}`` file or a fedsim ledger (JSON lines,
+    verified like the client's own: header, hash chain, high-water mark if present), all of
+    ``sampling``'s scheme; :class:`ConfigError` names the damage."""
+    from fedsim.privacy.ledger import read_ledger_steps
+
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_LEDGER_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"--ledger {path}: {exc.strerror}") from None
+    if len(data) > MAX_LEDGER_BYTES:
+        raise ConfigError(f"--ledger {path}: larger than {MAX_LEDGER_BYTES // 2**20} MB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"--ledger {path}: line {line}: not UTF-8 text") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError:
+        obj = None  # perhaps JSON lines
+    except ValueError as exc:  # NaN / Infinity
+        raise ConfigError(f"--ledger {path}: {exc}") from None
+    if obj is None or (isinstance(obj, dict) and "format" in obj):
+        # a fedsim ledger: JSON lines, a header then chained records
+        try:
+            steps = list(read_ledger_steps(path))
+        except (LedgerError, ConfigError) as exc:
+            raise ConfigError(f"--ledger: {exc}") from None
+    else:
+        items = obj.get("steps") if isinstance(obj, dict) else obj
+        if not isinstance(items, list):
+            raise ConfigError(f"--ledger {path}: expected a list of steps or {{'steps': [...]}}")
+        try:
+            steps = [GaussianStep.from_json(item) for item in items]
+        except ConfigError as exc:
+            raise ConfigError(f"--ledger {path}: {exc}") from None
+    if not steps:
+        raise ConfigError(f"--ledger {path}: no steps")
+    total = sum(s.count for s in steps)
+    if total > MAX_STEPS:
+        raise ConfigError(f"--ledger {path}: {total:.3g} steps; at most {MAX_STEPS:.0e} are "
+                          f"accounted")
+    schemes = {s.sampling for s in steps}
+    if len(schemes) > 1:
+        raise ConfigError(f"--ledger {path} mixes poisson and fixed steps")
+    if schemes != {sampling}:
+        raise ConfigError(f"--ledger {path} has {schemes.pop()} steps but --sampling is {sampling}")
+    return steps
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
+# -- the answers -----------------------------------------------------------------------------------
+def _answer(sampling: Sampling, name: AccountantChoice,
+            history: list[GaussianStep] | None, q: float | None, sigma: float | None,
+            count: int | None, *, delta: float, epsilon: float | None,
+            target_epsilon: float | None, max_steps: bool, group: int,
+            curve: bool) -> AccountAnswer:
+    found: dict[str, Any] = {}
+    if max_steps:
+        assert q is not None and sigma is not None and target_epsilon is not None
+        found = _most_steps(name, sampling, q, sigma, target_epsilon, delta)
+        count = found["steps"]
+        steps = [GaussianStep(sampling, q, sigma, max(found["steps"], 1))]
+    elif target_epsilon is not None:
+        assert q is not None and count is not None
+        sigma = calibration.calibrate_sigma(name, sampling, q, count, target_epsilon, delta)
+        steps = [GaussianStep(sampling, q, sigma, count)]
+    elif history is not None:
+        steps = history
+        kinds = {(s.q, s.sigma) for s in steps}
+        q, sigma = next(iter(kinds)) if len(kinds) == 1 else (None, None)
+        count = sum(s.count for s in steps)
+        found["distinct_steps"] = len(kinds)
+    else:
+        assert q is not None and sigma is not None and count is not None
+        steps = [GaussianStep(sampling, q, sigma, count)]
+    assert count is not None
+
+    accountant = make_accountant(name, steps)
+    alphas, betas = _curve(accountant, group, curve=curve or not max_steps or group > 1)
+    if name == "gdp-clt":
+        found.update(_clt(accountant, steps, group))
+    elif betas is not None:
+        found.update(_gdp_fit(alphas, betas))
+    if name == "gdp-clt" and curve:  # G_mu for the group's mu, the composed curve for one record
+        betas = (gdp.gdp_tradeoff(alphas, found["mu"]) if group > 1
+                 else accountant.tradeoff(alphas))
+
+    if epsilon is not None:
+        found.update(_delta_at(accountant, epsilon, group, alphas, betas, found.get("mu")))
+    elif not max_steps and target_epsilon is None:
+        found.update(_epsilon_at(accountant, delta, group, alphas, betas, found.get("mu")))
+    else:
+        found.update(epsilon=target_epsilon, delta=delta)
+    return AccountAnswer(
+        accountant=name, sampling=sampling, neighbouring_relation=NEIGHBOURING_RELATION[sampling],
+        is_guarantee=name != "gdp-clt", group_size=group, q=q, sigma=sigma,
+        note=CLT_NOTE if name == "gdp-clt" else None,
+        curve=TradeoffCurve(alphas, betas) if curve and betas is not None else None,
+        **{**found, "steps": count})
+
+
+def _most_steps(name: AccountantChoice, sampling: Sampling, q: float, sigma: float,
+               target_epsilon: float, delta: float) -> dict[str, Any]:
+    """The most steps T with eps(delta) <= ``target_epsilon`` (``steps``), by
+    :func:`fedsim.privacy.calibration.max_steps`. For ``rdp`` both conversions' answers
+    (``steps_classic``, ``steps_optimal``; ``steps`` is the optimal one); for ``pld`` the most
+    any guarantee allows (``steps_pld``, ``steps_rdp``; ``bound`` names the larger)."""
+    if name == "rdp":
+        found: dict[str, Any] = {}
+        for conversion in ("classic", "optimal"):
+            def measure(acc: Accountant, d: float, c: str = conversion) -> float:
+                return float(getattr(acc, f"epsilon_{c}")(d))
+
+            found[f"steps_{conversion}"] = calibration.max_steps(
+                name, sampling, q, sigma, target_epsilon, delta, measure=measure)
+        return {**found, "steps": found["steps_optimal"]}
+    steps = calibration.max_steps(name, sampling, q, sigma, target_epsilon, delta)
+    if name != "pld":
+        return {"steps": steps}
+    from fedsim.privacy import rdp
+
+    by_rdp = min(rdp.max_steps(GaussianStep(sampling, q, sigma), target_epsilon, delta),
+                 calibration.MAX_STEPS_LIMIT)
+    return {"steps_pld": steps, "steps_rdp": by_rdp, "bound": "rdp" if by_rdp > steps else "pld",
+            "steps": max(steps, by_rdp)}
+
+
+def _curve(accountant: Accountant, group: int, *,
+           curve: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The alpha grid and (for a guarantee, where asked) the group's trade-off curve on it
+    (Dong-Roth-Su Thm 2.14 for groups)."""
+    alphas = fdp.default_alphas(20001 if group > 1 else 2001)
+    if group > 1:
+        # (1 - f)^{o g} is tangent to eps's line at alpha ~ e^-eps delta: far below 1e-9 for a
+        # group eps of 20 or more, so the grid reaches the smallest doubles' scale (a floor at
+        # 1e-15 made every group eps above about 20 infinite)
+        alphas = np.unique(np.concatenate([alphas, np.logspace(-300.0, -9.0, 6000)]))
+    if accountant.name == "gdp-clt" or not curve:
+        return alphas, None
+    betas = accountant.tradeoff(alphas)
+    return alphas, fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas
+
+
+def _clt(accountant: Accountant, steps: list[GaussianStep], group: int) -> dict[str, Any]:
+    """The CLT's mu (times the group size, Dong-Roth-Su Cor. 2.15) and, for one record, the
+    certified Berry-Esseen distance of the composed curve from G_mu."""
+    from fedsim.privacy.gdp import GDPCLTAccountant
+
+    assert isinstance(accountant, GDPCLTAccountant)
+    found: dict[str, Any] = {"mu": accountant.mu * group, "mu_kind": "clt"}
+    if group == 1:
+        from fedsim.privacy.clt_error import clt_band
+
+        found["clt_gamma"] = clt_band(steps, accountant.mu).gamma
+    return found
+
+
+def _gdp_fit(alphas: np.ndarray, betas: np.ndarray) -> dict[str, Any]:
+    """The smallest mu with G_mu below the curve, fitted where 1 - beta is resolved in doubles
+    (not on the far group grid)."""
+    fit = alphas >= 1e-15
+    try:
+        return {"mu": fdp.fit_gdp_mu(alphas[fit], betas[fit]),
+                "mu_kind": "fit (smallest mu with G_mu below the curve)"}
+    except ConfigError:  # the curve is 0 on the whole grid: eps is still answered
+        return {"mu_kind": "none: the trade-off curve is 0 on the alpha grid (no GDP fit)"}
+
+
+def _epsilon_at(accountant: Accountant, delta: float, group: int, alphas: np.ndarray,
+               betas: np.ndarray | None, mu: float | None) -> dict[str, Any]:
+    """eps at ``delta`` (``epsilon``); for ``pld`` the smallest of the guarantees' (named in
+    ``bound``), for ``rdp`` both conversions', for groups from the group curve ``betas``
+    (Dong-Roth-Su Prop. 2.12), for ``gdp-clt`` G_mu's (Cor. 2.13)."""
+    if accountant.name == "gdp-clt":
+        assert mu is not None
+        return {"epsilon": gdp.gdp_epsilon(delta, mu), "delta": delta}
+    if group > 1:
+        assert betas is not None
+        return {"epsilon": fdp.epsilon_from_tradeoff(alphas, betas, delta), "delta": delta}
+    if accountant.name == "rdp":
+        from fedsim.privacy.rdp import RDPAccountant
+
+        assert isinstance(accountant, RDPAccountant)
+        return {"epsilon_classic": accountant.epsilon_classic(delta),
+                "epsilon_optimal": accountant.epsilon_optimal(delta),
+                "epsilon": float(accountant.epsilon(delta)), "delta": delta}
+    epsilon, bound = smallest_epsilon(accountant, delta,
+                                      only_if_infinite=accountant.kinds > COMPARE_KINDS)
+    return {"epsilon": float(epsilon), "bound": bound, "delta": delta}
+
+
+def _delta_at(accountant: Accountant, epsilon: float, group: int, alphas: np.ndarray,
+             betas: np.ndarray | None, mu: float | None) -> dict[str, Any]:
+    """delta at ``epsilon`` (``delta``), like :func:`_epsilon_at`: for ``pld`` the smallest
+    of the guarantees' (named in ``bound``)."""
+    if accountant.name == "gdp-clt":
+        assert mu is not None
+        return {"delta": gdp.gdp_delta(epsilon, mu), "epsilon": epsilon}
+    if group > 1:
+        assert betas is not None
+        return {"delta": fdp.delta_from_tradeoff(alphas, betas, epsilon), "epsilon": epsilon}
+    if accountant.name == "rdp":
+        from fedsim.privacy.rdp import RDPAccountant
+
+        assert isinstance(accountant, RDPAccountant)
+        return {"delta_classic": accountant.delta_classic(epsilon),
+                "delta_optimal": accountant.delta(epsilon),
+                "delta": float(accountant.delta(epsilon)), "epsilon": epsilon}
+    deltas = {accountant.name: float(accountant.delta(epsilon))}
+    if accountant.kinds <= COMPARE_KINDS or deltas[accountant.name] >= 1.0:
+        deltas.update({name: float(make_accountant(name, accountant.steps).delta(epsilon))
+                       for name in GUARANTEES if name != accountant.name})
+    bound = min(deltas, key=lambda name: deltas[name])
+    return {"delta": deltas[bound], "bound": bound, "epsilon": epsilon}
