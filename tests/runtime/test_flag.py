@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fedsim.errors import TransportError
-from fedsim.protocol.messages import ClientStatus
+from fedsim.protocol.messages import ClientStatus, Message
 from fedsim.runtime.actors.flag import Flag
 from fedsim.transports.inbox import Inbox
 
@@ -67,6 +67,11 @@ def _status(i: int) -> ClientStatus:
     return ClientStatus("c", "training", i, 0.0, 1e-5, "", 0.0)
 
 
+def _rounds(message: Message) -> int:
+    assert isinstance(message, ClientStatus)
+    return message.rounds
+
+
 async def test_inbox_keeps_fifo_order_and_frees_its_queue() -> None:
     inbox = Inbox("test")
     assert len(inbox) == 0
@@ -74,10 +79,10 @@ async def test_inbox_keeps_fifo_order_and_frees_its_queue() -> None:
     await asyncio.sleep(0)
     for i in range(4):
         inbox.put(_status(i))
-    got = [(await g).rounds for g in getters]  # type: ignore[attr-defined]
+    got = [_rounds(await g) for g in getters]
     assert got == [0, 1]
     assert len(inbox) == 2
-    assert [(await inbox.get()).rounds for _ in range(2)] == [2, 3]  # type: ignore[attr-defined]
+    assert [_rounds(await inbox.get()) for _ in range(2)] == [2, 3]
     assert inbox._items is None  # no empty deque held between messages
     inbox.put(_status(5))
     assert inbox.discard_all() == 1 and len(inbox) == 0
