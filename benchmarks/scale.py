@@ -89,6 +89,14 @@ PLAN: list[tuple[int, str, float, int]] = [
 ]
 
 
+def _fedsim_is_this_checkout() -> bool:
+    """Whether the imported fedsim is this checkout's (not, say, an editable install of another
+    tree: run with ``PYTHONPATH`` at the checkout's root)."""
+    import fedsim
+
+    return Path(fedsim.__file__).resolve().parents[1] == REPO
+
+
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -174,6 +182,7 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
         "updates_received": result.summary["updates"]["received"],
         "cpu_seconds": round(result.cpu_seconds, 2),
         "wall_seconds": round(result.wall_seconds, 2),
+        "fedsim_is_this_checkout": _fedsim_is_this_checkout(),
     }
     loop_wall = single.clocks.wall if single is not None else 0.0
     loop_cpu = single.clocks.cpu if single is not None else 0.0
@@ -275,6 +284,7 @@ def floor_row(clients: int, virtual_seconds: float) -> dict[str, Any]:
         "simulator_ms_per_round": round(1e3 * sim_cpu / training.rounds, 3),
         "floor_ms_per_round": round(1e3 * floor.cpu / training.rounds, 3),
         "floor_over_simulator": round(floor.cpu / sim_cpu, 3),
+        "fedsim_is_this_checkout": _fedsim_is_this_checkout(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }

@@ -90,6 +90,7 @@ from fedsim.protocol.messages import (
     RunFinished,
 )
 from fedsim.runtime.actors.exposure import ClientExposure, is_invited, release_time
+from fedsim.runtime.actors.flag import Flag
 from fedsim.runtime.actors.integrity import bad_model
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.actors.tasks import helper_tasks
@@ -158,6 +159,20 @@ class RoundRecord:
 class ClientActor:
     """One client: see the module docstring for the round and the overwrite semantics."""
 
+    # A client's state in slots, not a dict (issue 24 item 5: 10^6 clients in one process).
+    __slots__ = (
+        "_arrival", "_computing", "_deferred_switches", "_interrupted", "_interruptible",
+        "_round", "_split_at", "_switched", "_task", "batch_size", "client_id", "clock",
+        "compression",
+        "endpoint", "expected_sample_grads", "exposure", "finished", "first_server_step",
+        "follow_server_step", "held_global", "held_version", "ignored_globals", "interrupt",
+        "invitation_window", "invited", "ledger", "local_lr", "max_rounds", "next_round",
+        "online", "randomness", "released", "rounds_since_global", "seconds_per_sample",
+        "server_step", "skipped_invitations", "staleness", "state", "status_epsilon",
+        "step_sequence", "stop_kind", "stop_reason", "stopped_at", "switched_rounds",
+        "timing_overruns", "trainer", "w",
+    )
+
     def __init__(  # noqa: PLR0913 - keyword-only, one per client setting of the scenario
         self,
         client_id: str,
@@ -205,7 +220,7 @@ class ClientActor:
         self.switched_rounds = 0  # rounds a w-hat split (interrupt = switch)
         # The round in progress: (its begun round, start time, compute time), for a switch.
         self._round: tuple[BegunRound, float, float] | None = None
-        self._switched = asyncio.Event()  # set by a switch of the round in progress
+        self._switched = Flag()  # set by a switch of the round in progress
         self._computing = False  # a worker thread computes the round in progress
         self._deferred_switches: list[tuple[float, np.ndarray]] = []
         self._split_at: float | None = None  # when a w-hat split the round in progress
@@ -229,9 +244,9 @@ class ClientActor:
         self.rounds_since_global = 0
         self.ignored_globals = 0
         self.released: list[RoundRecord] = []
-        self.online = asyncio.Event()
+        self.online = Flag()
         self.online.set()
-        self._arrival = asyncio.Event()
+        self._arrival = Flag()
         self.finished: RunFinished | None = None  # the server's end of the run, once received
         self._task: asyncio.Task[object] | None = None
         self._interruptible = False  # False from charging a round until it is released
@@ -254,7 +269,7 @@ class ClientActor:
         self.invited = is_invited(message.invited, index)
         if not self.invited:
             self.skipped_invitations += 1
-        arrived, self._arrival = self._arrival, asyncio.Event()
+        arrived, self._arrival = self._arrival, Flag()
         arrived.set()
 
     def accept_global(self, message: GlobalModel) -> bool:
@@ -280,7 +295,7 @@ class ClientActor:
         self.rounds_since_global = 0
         if self._round is not None and self.interrupt == "switch":
             self._switch(*self._round)
-        arrived, self._arrival = self._arrival, asyncio.Event()
+        arrived, self._arrival = self._arrival, Flag()
         arrived.set()
         return True
 
