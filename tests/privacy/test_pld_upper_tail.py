@@ -11,8 +11,11 @@ at delta 1e-5; a finer grid made it worse; a budget of 1.70 was overspent).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -22,6 +25,7 @@ from fedsim.errors import BudgetExhausted
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.pld import PLDAccountant, step_pmfs
+from tests.privacy import make_pld_reference as make_ref
 from tests.privacy import pld_reference as ref
 
 DRS_Q, DRS_SIGMA, DRS_T = 256 / 60000, 1.3, 3516
@@ -81,44 +85,71 @@ def test_a_finer_grid_stays_at_or_above_gdp(divisor: int) -> None:
 
 
 # -- subsampled steps against the connect-the-dots reference --------------------------------
-def _check(step: GaussianStep, deltas: tuple[float, ...], divisor: float = 1.0) -> None:
+# The reference takes a minute or two a case: its values are computed by the committed script
+# make_pld_reference.py into data/pld_reference.json (with the grid they were refined from),
+# the cheapest case is recomputed on every run, and FEDSIM_REFERENCE_TESTS=1 recomputes all.
+def _entry(name: str) -> dict[str, Any]:
+    cases = json.loads(make_ref.FILE.read_text(encoding="utf-8"))["cases"]
+    return next(c for c in cases if c["name"] == name)
+
+
+def _check(name: str, divisor: float = 1.0, deltas: tuple[float, ...] | None = None) -> None:
+    entry = _entry(name)
+    step = GaussianStep(entry["sampling"], entry["q"], entry["sigma"], entry["count"])
     accountant = PLDAccountant([step])
     h = accountant.discretisation()
+    assert h == entry["h"], "the default grid changed: run python -m tests.privacy.make_pld_reference"
     if divisor != 1.0:
         accountant = PLDAccountant([step], value_discretization=h / divisor)
-    for delta in deltas:
-        low, high = ref.bracketed_epsilon(step.sampling, step.q, step.sigma, step.count,
-                                          delta, h)
+    for delta, low, high in entry["brackets"]:
+        if deltas is not None and delta not in deltas:
+            continue
         assert high - low <= 1e-3 * high  # the reference has converged
         assert low <= accountant.epsilon(delta) <= low * 1.01, (delta, low, high)
 
 
 @pytest.mark.slow
+def test_the_reference_file_follows_from_its_script() -> None:
+    entry = _entry("cheap")
+    args = (entry["sampling"], entry["q"], entry["sigma"], entry["count"])
+    recomputed = make_ref.case_entry("cheap", *args, tuple(d for d, _, _ in entry["brackets"]))
+    assert recomputed == entry
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("FEDSIM_REFERENCE_TESTS") != "1",
+                    reason="recomputes every reference case (minutes of mpmath); "
+                           "set FEDSIM_REFERENCE_TESTS=1")
+@pytest.mark.parametrize("case", [c[0] for c in make_ref.CASES])
+def test_every_reference_value_follows_from_its_script(case: str) -> None:
+    entry = _entry(case)
+    assert make_ref.case_entry(case, *next(c[1:] for c in make_ref.CASES if c[0] == case)) == entry
+
+
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])
 def test_drs_run_a_small_delta(sampling: str) -> None:
-    _check(GaussianStep(sampling, DRS_Q, DRS_SIGMA, DRS_T), (1e-8, 1e-9, 1e-10, 1e-11))
+    _check(f"drs-{sampling}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("divisor", [4, 8])
 def test_drs_run_a_finer_grid(divisor: int) -> None:
-    _check(GaussianStep("fixed", DRS_Q, DRS_SIGMA, DRS_T), (1e-10,), divisor)
+    _check("drs-fixed", divisor, deltas=(1e-10,))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sampling,q,sigma", [("fixed", 1e-4, 2.0), ("fixed", 1e-3, 2.0),
-                                              ("poisson", 1e-4, 10.0)])
-def test_long_histories_of_tiny_loss(sampling: str, q: float, sigma: float) -> None:
-    _check(GaussianStep(sampling, q, sigma, 100_000), (1e-5,))
+@pytest.mark.parametrize("name", ["tiny-fixed-1e-4", "tiny-fixed-1e-3", "tiny-poisson-1e-4"])
+def test_long_histories_of_tiny_loss(name: str) -> None:
+    _check(name)
 
 
-@pytest.mark.slow
 def test_long_history_of_tiny_loss_two_deltas() -> None:
-    """2000 steps of q = 1e-3, sigma = 2 at delta 1e-5 and 1e-10 (~100 s of mpmath)."""
-    _check(GaussianStep("fixed", 1e-3, 2.0, 2000), (1e-5, 1e-10))
+    """2000 steps of q = 1e-3, sigma = 2 at delta 1e-5 and 1e-10."""
+    _check("two-deltas")
 
 
 # -- the budget case -----------------------------------------------------------------------------
+BUDGET = Budget(1.70, 1e-10)
+
+
 def _spend_until_refused(ledger: PrivacyLedger, step: GaussianStep) -> int:
     spent, chunk = 0, 512
     while chunk:
@@ -133,14 +164,17 @@ def _spend_until_refused(ledger: PrivacyLedger, step: GaussianStep) -> int:
     return spent
 
 
-@pytest.mark.slow
-def test_budget_is_not_overspent_at_small_delta(tmp_path: Path) -> None:
-    budget = Budget(1.70, 1e-10)
-    step = GaussianStep("fixed", DRS_Q, DRS_SIGMA)
+def accepted_steps(tmp_path: Path) -> int:
+    """How many DRS run A fixed-size steps a ledger with a budget of 1.70 at 1e-10 accepts."""
     with PrivacyLedger.open(tmp_path / "l.jsonl", client_id="c", sampling="fixed",
-                            budget=budget) as ledger:
-        spent = _spend_until_refused(ledger, step)
-    h = PLDAccountant([GaussianStep("fixed", DRS_Q, DRS_SIGMA, spent)]).discretisation()
-    _, truth_high = ref.bracketed_epsilon("fixed", DRS_Q, DRS_SIGMA, spent, 1e-10, h)
-    assert truth_high <= budget.epsilon  # what was accepted is within budget in truth
+                            budget=BUDGET) as ledger:
+        return _spend_until_refused(ledger, GaussianStep("fixed", DRS_Q, DRS_SIGMA))
+
+
+def test_budget_is_not_overspent_at_small_delta(tmp_path: Path) -> None:
+    spent = accepted_steps(tmp_path)
+    entry = _entry("budget")
+    assert spent == entry["count"], "run python -m tests.privacy.make_pld_reference"
+    [(_, _, truth_high)] = entry["brackets"]
+    assert truth_high <= BUDGET.epsilon  # what was accepted is within budget in truth
     assert spent > 3400  # and the budget is not wasted (1% of eps is ~70 steps here)
