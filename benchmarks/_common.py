@@ -106,15 +106,22 @@ def rss_mb() -> float:
     return float("nan")
 
 
+# What the benchmarks write (relative to the repository root); not code, so not "+dirty".
+OUTPUTS = ("benchmarks/results", "docs/img", "docs/RESULTS.md")
+
+
 def provenance() -> str:
     """What made a result: ``"<commit> (fedsim <version>)"``, the commit of the tree whose
     fedsim is imported, suffixed ``+dirty`` when that tree has uncommitted changes to tracked
-    files (for every results JSON's ``commit`` field; the results page prints it)."""
+    files (for every results JSON's ``commit`` field; the results page prints it). Changed
+    outputs (:data:`OUTPUTS`: results, plots, the results page) do not count: a study run
+    after another has rewritten them is still made by the committed code."""
     repo = FEDSIM_TREE
     try:
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, check=True,
                                 capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                *(f":(exclude){path}" for path in OUTPUTS)],
                                cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown commit", ""

@@ -40,7 +40,7 @@ from fedsim.training import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import centralized_dp_sgd, epoch_ends, write_json  # noqa: E402
+from _common import centralized_dp_sgd, epoch_ends, provenance, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "seed": args.seed,
         "history": history,
+        "commit": provenance(),
     }
     print(
         f"test accuracy {summary['accuracy']:.4f}; eps(delta={args.delta:g}) pld {epsilon_pld:.4f} "

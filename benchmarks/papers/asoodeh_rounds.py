@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": COMMAND + (" --quick" if args.quick else ""),
         "quick": bool(args.quick),
         "commit": provenance(),
-        "plot": _relative(plot),
+        # a plot outside the repository (a scratch folder) is no page's business
+        "plot": _relative(plot) if plot.resolve().is_relative_to(REPO) else None,
         "delta": DELTA,
         "group_by": "mechanism",
         "note": (

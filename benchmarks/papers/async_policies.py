@@ -45,7 +45,7 @@ from _common import provenance  # first: this checkout's fedsim (see _common)
 from fedsim.config import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vandijk_async import Variant, aggregate, collect, plot, run_variant  # noqa: E402
+from vandijk_async import Variant, aggregate, collect, plot, run_variant, verdict  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "papers" / "async_study.yaml"
@@ -93,11 +93,10 @@ def findings(rows: dict[str, dict[str, Any]], per_seed: dict[str, dict[str, floa
         ahead = sum(per_seed[other][k] > per_seed["windows"][k] for k in common)
         diff = rows[other]["final_accuracy"] - base["final_accuracy"]
         spread = max(base.get("final_accuracy_sd") or 0.0, rows[other].get("final_accuracy_sd") or 0.0)
-        verdict = ("within the seed spread: not a finding" if abs(diff) <= spread
-                   or ahead not in (0, len(common)) else "holds in every seed, beyond the spread")
         out.append(f"{rows[other]['description']}: {acc(other)} against the base's {acc('windows')} "
                    f"(difference {100 * diff:+.1f} points; ahead in {ahead} of {len(common)} "
-                   f"seeds; {verdict}); median client eps {rows[other]['eps_median']:.3g} vs "
+                   f"seeds; {verdict(diff, spread, ahead, len(common))}); median client eps "
+                   f"{rows[other]['eps_median']:.3g} vs "
                    f"{base['eps_median']:.3g}.")
     if base and base.get("final_accuracy_sd") is not None:
         out.append(f"Seed-to-seed standard deviation of the base: "

@@ -362,7 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.results / "drs_mnist.json").write_text(
         json.dumps({"commit": provenance(), "rows": rows}, indent=2) + "\n")
     (records).mkdir(parents=True, exist_ok=True)
-    (records / "tradeoff_curves.json").write_text(json.dumps(curves) + "\n")
+    (records / "tradeoff_curves.json").write_text(
+        json.dumps({"commit": provenance(), "curves": curves}) + "\n")
     plot_tradeoffs(curves, numbers, args.plot)
     for row in rows:
         print(json.dumps({k: row[k] for k in ("run", "full", "epochs", "accuracy", "mu_clt",

@@ -346,6 +346,7 @@ def _centralized_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "seconds": time.perf_counter() - started,
         "n": n,
         "quick": args.quick,
+        "commit": provenance(),
     }
 
 
@@ -430,7 +431,7 @@ def run_federated(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     curves: dict[str, dict[str, list[float]]] = {}
     for name, overrides in FEDERATED_VARIANTS.items():
-        out = REPO / FEDERATED_RUNS / name
+        out = args.runs / name
         if out.exists():
             shutil.rmtree(out)
         command = [
@@ -550,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="centralized: seeds to run (each seed's runs are cached)")
     parser.add_argument("--retrain", action="store_true",
                         help="centralized: retrain seeds that have a cached record")
+    parser.add_argument("--runs", type=Path, default=REPO / FEDERATED_RUNS,
+                        help="federated: where the run folders go")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args(argv)

@@ -232,6 +232,17 @@ def paper_claims(rows: dict[str, dict[str, Any]], base: dict[str, Any] | None,
     return claims
 
 
+def verdict(difference: float, spread: float, ahead: int, seeds: int) -> str:
+    """The page's rule for a paired comparison over seeds: a finding only when the mean
+    difference exceeds ``spread`` (the larger of the two seed standard deviations) and one
+    side is ahead in every seed."""
+    if seeds < 2:
+        return "one seed: not a finding"
+    if abs(difference) <= spread or ahead not in (0, seeds):
+        return "within the seed spread: not a finding"
+    return "holds in every seed, beyond the spread"
+
+
 def findings(rows: dict[str, dict[str, Any]],
              per_seed: dict[str, dict[str, float]]) -> list[str]:
     """One line per comparison, generated from the rows: mean final accuracy (sd) over seeds,
@@ -253,13 +264,16 @@ def findings(rows: dict[str, dict[str, Any]],
     for left, right, label in pairs:
         if left not in rows or right not in rows:
             continue
+        difference = rows[left]["final_accuracy"] - rows[right]["final_accuracy"]
         line = (f"{label} {acc(left)} against {rows[right]['description']}: {acc(right)} "
-                f"(difference {100 * (rows[left]['final_accuracy'] - rows[right]['final_accuracy']):+.1f} "
-                f"points")
+                f"(difference {100 * difference:+.1f} points")
         common = sorted(set(per_seed.get(left, {})) & set(per_seed.get(right, {})))
         if common:
             ahead = sum(per_seed[left][k] > per_seed[right][k] for k in common)
-            line += f"; ahead in {ahead} of {len(common)} seeds"
+            spread = max(rows[left].get("final_accuracy_sd") or 0.0,
+                         rows[right].get("final_accuracy_sd") or 0.0)
+            line += (f"; ahead in {ahead} of {len(common)} seeds; "
+                     f"{verdict(difference, spread, ahead, len(common))}")
         out.append(f"{line}); median client eps {rows[left]['eps_median']:.3g} vs "
                    f"{rows[right]['eps_median']:.3g}.")
     base = rows.get("poisson")

@@ -124,6 +124,13 @@ def _loss(z: np.ndarray, q: float, mu_1: float) -> np.ndarray:
     return np.asarray(np.logaddexp(math.log1p(-q), shift), dtype=float)
 
 
+def _mixture_density(loss: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``e^{l(z)} phi(z)``, the density of the other distribution of the pair, formed in log
+    space: ``e^{l(z)}`` alone overflows once ``mu_1 z`` passes ~709 (sigma below ~0.04), where
+    the product is still an ordinary density."""
+    return np.asarray(np.exp(loss - 0.5 * z * z - 0.5 * math.log(2.0 * math.pi)), dtype=float)
+
+
 def _simpson(values: np.ndarray, z: np.ndarray) -> float:
     return float(integrate.simpson(values, x=z))
 
@@ -146,7 +153,7 @@ def loss_moments(sampling: Sampling, q: float, sigma: float) -> LossMoments:
         z = np.linspace(-_TAIL_Z, mu_1 + _TAIL_Z, _GRID_POINTS)
         loss = _loss(z, q, mu_1)
         phi = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-        mixture = np.exp(loss) * phi
+        mixture = _mixture_density(loss, z)
         mean_p = _simpson(loss * phi, z)
         var_p = max(0.0, _simpson((loss - mean_p) ** 2 * phi, z))
         mean_q = _simpson(loss * mixture, z)
@@ -160,7 +167,7 @@ def loss_moments(sampling: Sampling, q: float, sigma: float) -> LossMoments:
     z = np.linspace(0.5 * mu_1, mu_1 + _TAIL_Z, _GRID_POINTS)
     loss = _loss(z, q, mu_1)
     phi = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    mixture = np.exp(loss) * phi
+    mixture = _mixture_density(loss, z)
     atom = (1.0 - q) * (special.ndtr(0.5 * mu_1) - special.ndtr(-0.5 * mu_1))
 
     def expect(power: int, centre: float = 0.0, absolute: bool = False) -> float:

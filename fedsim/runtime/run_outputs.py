@@ -292,6 +292,7 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
     released = client.released
     budget = plan.group.budget
     remaining = ledger.remaining_epsilon if budget else None
+    mu_clt = clt_mu(steps) if steps else 0.0
     return {
         "client_id": plan.client_id,
         "group": plan.group.name,
@@ -304,9 +305,11 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "sigma": released[-1].sigma if released else float(plan.schedule.sigma(0)),
         "clip": released[-1].clip if released else float(plan.schedule.clip(0)),
         "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
-        "mu_clt": clt_mu(steps) if steps else 0.0,
-        # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)
-        "mu_clt_gamma": clt_band(steps).gamma if steps else 0.0,
+        "mu_clt": mu_clt,
+        # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error); no
+        # band around an infinite mu (a sigma so small that e^{1/sigma^2} overflows)
+        "mu_clt_gamma": (clt_band(steps, mu_clt).gamma if steps and math.isfinite(mu_clt)
+                         else (0.0 if not steps else None)),
         "budget_epsilon": budget.epsilon if budget else None,
         "remaining_epsilon": float(remaining) if remaining is not None else None,
         "state": client.state,

@@ -1,16 +1,23 @@
 """The committed study figures still follow from the code (issue 27, finding 11).
 
-A reduced variant of the van Dijk & Nguyen study (``--quick``: 10 clients, 20 virtual
-seconds; one seed; the poisson and fixed variants, about 30 s) is committed beside the full
-results (``benchmarks/results/papers/reduced/vandijk_async.json``); this test reruns it and
-fails when the code no longer reproduces it: the run is deterministic, so the update counts
-must match exactly and accuracy / eps to float rounding. When it fails, the full figures on
-docs/RESULTS.md are stale too: regenerate both (the commands are in the file and on the page).
+Every paper study in benchmarks/papers/ has a reduced variant (benchmarks/papers/reduced_studies.py:
+its own script with quick settings, 20-60 s each) whose results JSON is committed in
+``benchmarks/results/papers/reduced/``. Each test reruns one variant and fails when the code no
+longer reproduces the committed file: fedsim runs, the DP-SGD training on CPU and the privacy
+accounting are deterministic for a seed, so integers, strings and the generated notes must match
+exactly and floats to a relative 1e-6 (float rounding, not a tolerance for change). When one
+fails, the full figures on docs/RESULTS.md are stale too: regenerate both (the reduced file with
+``python benchmarks/papers/reduced_studies.py STUDY``, the full one with the command on the page).
+
+Also: every results JSON under benchmarks/results/papers/ says which commit and fedsim version
+made it (its ``commit`` field, printed on the page).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,38 +25,92 @@ import pytest
 
 from fedsim.data import datasets
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
-REDUCED = REPO / "benchmarks" / "results" / "papers" / "reduced"
-COMMAND = ["--quick", "--seeds", "1", "--variants", "poisson", "fixed"]
+RESULTS = REPO / "benchmarks" / "results" / "papers"
+REDUCED = RESULTS / "reduced"
 
 
-def _script() -> Any:
-    import importlib.util
-    import sys
+def _reduced_studies() -> Any:
+    name = "papers_reduced_studies"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, REPO / "benchmarks" / "papers" / "reduced_studies.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
-    path = REPO / "benchmarks" / "papers" / "vandijk_async.py"
-    spec = importlib.util.spec_from_file_location("papers_vandijk_async_current", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+
+STUDIES = sorted(_reduced_studies().STUDIES)
 
 
-def test_the_reduced_van_dijk_study_is_reproduced(tmp_path: Path,
-                                                  real_mnist: datasets.Found) -> None:
-    committed = json.loads((REDUCED / "vandijk_async.json").read_text())
+def _same(old: Any, new: Any, where: str) -> None:
+    """``new`` reproduces ``old``: floats to a relative 1e-6, everything else exactly."""
+    if isinstance(old, float) and isinstance(new, (int, float)) and not isinstance(new, bool):
+        assert new == pytest.approx(old, rel=1e-6, abs=1e-9), where
+    elif isinstance(old, dict):
+        assert isinstance(new, dict) and sorted(new) == sorted(old), where
+        for key in old:
+            _same(old[key], new[key], f"{where}.{key}")
+    elif isinstance(old, list):
+        assert isinstance(new, list) and len(new) == len(old), where
+        for index, (a, b) in enumerate(zip(old, new, strict=True)):
+            _same(a, b, f"{where}[{index}]")
+    else:
+        assert new == old, where
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", STUDIES)
+def test_the_reduced_study_is_reproduced(study: str, tmp_path: Path,
+                                         real_mnist: datasets.Found) -> None:
+    committed = json.loads((REDUCED / f"{study}.json").read_text())
     assert committed["commit"]  # which code made it
-    assert _script().main([*COMMAND, "--runs", str(tmp_path / "runs"), "--results",
-                           str(tmp_path), "--plot", str(tmp_path / "plot.png")]) == 0
-    rerun = json.loads((tmp_path / "vandijk_async.json").read_text())
-    assert [r["variant"] for r in rerun["rows"]] == [r["variant"] for r in committed["rows"]]
-    for old, new in zip(committed["rows"], rerun["rows"], strict=True):
-        for key, value in old.items():
-            if isinstance(value, float):
-                assert new[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (old["variant"], key)
-            else:
-                assert new[key] == value, (old["variant"], key)
-    assert rerun["notes"] == committed["notes"]  # the page's sentences follow from the rows
+    rerun = _reduced_studies().run(study, tmp_path)
+    # what the page shows: the rows, and the sentences and comparisons generated from them
+    for key in ("rows", "notes", "note", "comparison"):
+        assert (key in rerun) == (key in committed), key
+        if key in committed:
+            _same(committed[key], rerun[key], f"{study}: {key}")
+
+
+def test_every_reduced_study_has_its_committed_file() -> None:
+    assert sorted(p.stem for p in REDUCED.glob("*.json")) == STUDIES
+
+
+def _results_page() -> Any:
+    name = "papers_make_results_page"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, REPO / "benchmarks" / "papers" / "make_results_page.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_every_results_file_names_the_commit_that_made_it() -> None:
+    """Every JSON under benchmarks/results/papers/ (results, reduced results, training records,
+    curves) names the commit and fedsim version that made it, which the page prints; the only
+    exceptions are the training records listed as legacy, whose reason the page prints, and a
+    legacy record that gained a commit must leave the list."""
+    page = _results_page()
+    legacy = page.LEGACY_RECORDS
+    files = sorted(RESULTS.rglob("*.json"))
+    assert len(files) >= 2 * len(STUDIES)
+    for path in files:
+        name = path.relative_to(RESULTS).as_posix()
+        document = json.loads(path.read_text())
+        assert isinstance(document, dict), name
+        commit = document.get("commit")
+        if name in legacy:
+            assert commit is None, f"{name} names its commit: drop it from LEGACY_RECORDS"
+            continue
+        assert isinstance(commit, str) and "(fedsim " in commit, name
+        assert "+dirty" not in commit and "unknown" not in commit, (name, commit)
+    assert set(legacy) <= {p.relative_to(RESULTS).as_posix() for p in files}
+    text = (REPO / "docs" / "RESULTS.md").read_text()
+    for name, reason in legacy.items():
+        assert f"`{Path(name).name}`" in text and f"made by: not recorded ({reason})." in text
