@@ -137,7 +137,7 @@ async def _serve(config: dict[str, Any]) -> dict[str, Any]:
 
         def on_window(report: WindowReport) -> bool:
             now = time.time()
-            for client, round_, _ in report.applied_updates:
+            for client, _round, _ in report.applied_updates:
                 applied_at.setdefault(client, []).append(now)
             totals["applied"] += report.applied
             totals["received"] += report.received
@@ -218,7 +218,9 @@ class Tier:
         self.incarnation = ""
 
     def _spawn(self, role: str, config: dict[str, Any]) -> subprocess.Popen[str]:
-        path = self.directory / f"{config.get('id', role)}.json"
+        # Command lines without "aggregator" or "server": others on a shared machine end their
+        # own processes by such names (pkill -f), and would end these.
+        path = self.directory / f"tier-{role}-{len(self.nodes)}.json"
         path.write_text(json.dumps(config))
         return subprocess.Popen([sys.executable, __file__, role, str(path)], env=child_env(),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -226,14 +228,14 @@ class Tier:
     def __enter__(self) -> Tier:
         common = {"run": self.broker.run, "aggregators": len(self.aggregators),
                   "clients": self.clients}
-        self.server = self._spawn("server", {
+        self.server = self._spawn("head", {
             **common, "url": self.broker.server_url(), "expected": self.expected,
             "window": self.window, "bound": self.bound, "wait": self.wait,
-            "out": str(self.directory / "server-out.json")})
+            "out": str(self.directory / "head-out.json")})
         assert self.server.stdout is not None
         self.incarnation = _read_line(self.server.stdout, "the server")["incarnation"]
         for aggregator in self.aggregators:
-            self.nodes.append(self._spawn("aggregator", {
+            self.nodes.append(self._spawn("node", {
                 **common, "id": aggregator, "url": self.broker.aggregator_url(aggregator)}))
         for node in self.nodes:
             assert node.stdout is not None
@@ -272,12 +274,14 @@ class Tier:
             node.send_signal(signal.SIGTERM)
         for node in self.nodes:
             assert node.stdout is not None
-            nodes.append(_read_line(node.stdout, "an aggregator"))
+            line = node.stdout.readline()
+            # A process that died (on a shared machine, killed by someone else) says so.
+            nodes.append(json.loads(line) if line else {"exited": node.wait(30)})
             node.wait(30)
         assert self.server.stdin is not None
         self.server.stdin.close()
         self.server.wait(30)
-        outcome = json.loads((self.directory / "server-out.json").read_text())
+        outcome = json.loads((self.directory / "head-out.json").read_text())
         outcome["rss_mib"] = memory
         return outcome, cpu, nodes
 
@@ -289,7 +293,7 @@ def summarise(outcome: dict[str, Any], sent_at: dict[str, list[float]], first_se
     applied_at: dict[str, list[float]] = outcome["applied_at"]
     latencies = sorted(
         a - s for client, times in applied_at.items()
-        for a, s in zip(sorted(times), sorted(sent_at.get(client, []))))
+        for a, s in zip(sorted(times), sorted(sent_at.get(client, [])), strict=False))
     applied = outcome["totals"]["applied"]
     last = max((t for times in applied_at.values() for t in times), default=first_sent)
     sent = sum(len(times) for times in sent_at.values())
@@ -309,10 +313,11 @@ def summarise(outcome: dict[str, Any], sent_at: dict[str, list[float]], first_se
         "server": outcome["totals"],
         "server_refused": outcome["refused"],
         "server_mqtt": {k: v for k, v in outcome["mqtt"].items() if v},
-        "aggregators": [{**n, "mqtt": {k: v for k, v in n["mqtt"].items() if v}} for n in nodes],
+        "aggregator_processes": [{**n, "mqtt": {k: v for k, v in n.get("mqtt", {}).items() if v}}
+                                 for n in nodes],
         "rss_mib": outcome["rss_mib"],
     }
 
 
 if __name__ == "__main__":
-    {"server": server_main, "aggregator": aggregator_main}[sys.argv[1]](sys.argv[2])
+    {"head": server_main, "node": aggregator_main}[sys.argv[1]](sys.argv[2])
