@@ -134,6 +134,7 @@ async def _serve(config: dict[str, Any]) -> dict[str, Any]:
         # the run's first joins "a run in progress" and forwards old-based updates unmixed.
         await asyncio.to_thread(sys.stdin.readline)
         deadline = time.time() + config["bound"]
+        progress = [time.time()]
 
         def on_window(report: WindowReport) -> bool:
             now = time.time()
@@ -146,8 +147,13 @@ async def _serve(config: dict[str, Any]) -> dict[str, Any]:
             totals["stale"] += report.stale
             totals["lost_in_partials"] += report.lost_in_partials
             totals["windows"] += 1
+            if report.applied:
+                progress[0] = now
             endpoint.acknowledge({(c, r) for c, r, _ in report.applied_updates})
-            return totals["applied"] >= config["expected"] or now > deadline
+            # Done: all applied, the time bound, or nothing new for ``idle`` seconds since
+            # the last application (what was sent and never applied counts as dropped).
+            return (totals["applied"] >= config["expected"] or now > deadline
+                    or (totals["applied"] > 0 and now - progress[0] > config.get("idle", 30.0)))
 
         await server.run(on_window)
         stats = endpoint.stats.as_dict()
@@ -204,7 +210,7 @@ class Tier:
 
     def __init__(self, broker: LocalMosquitto, directory: Path, aggregators: int,
                  clients: Sequence[str], *, expected: int, window: float, bound: float,
-                 wait: float) -> None:
+                 wait: float, idle: float = 30.0) -> None:
         self.broker = broker
         self.directory = directory
         self.aggregators = aggregator_ids(aggregators)
@@ -213,6 +219,7 @@ class Tier:
         self.window = window
         self.bound = bound
         self.wait = wait
+        self.idle = idle
         self.server: subprocess.Popen[str] | None = None
         self.nodes: list[subprocess.Popen[str]] = []
         self.incarnation = ""
@@ -230,7 +237,7 @@ class Tier:
                   "clients": self.clients}
         self.server = self._spawn("head", {
             **common, "url": self.broker.server_url(), "expected": self.expected,
-            "window": self.window, "bound": self.bound, "wait": self.wait,
+            "window": self.window, "bound": self.bound, "wait": self.wait, "idle": self.idle,
             "out": str(self.directory / "head-out.json")})
         assert self.server.stdout is not None
         self.incarnation = _read_line(self.server.stdout, "the server")["incarnation"]

@@ -40,7 +40,7 @@ def _launch(seed: int, aggregators: int, clients: int, timeout: float) -> dict:
                    "--aggregators", str(aggregators), "--out", str(out),
                    "--time-scale", "0.25", "--max-backoff", "1", "--no-plots",
                    "--timeout", str(timeout), "--log-level", "error",
-                   "--set", f"seed={seed}", "--set", f"clients.groups.0.count={clients}",
+                   "--set", f"seed={seed}", "--set", f"clients.groups[0].count={clients}",
                    "--set", "name=accuracy"]
         done = subprocess.run(command, env=child_env(), capture_output=True, text=True,
                               timeout=timeout + 120, check=False)

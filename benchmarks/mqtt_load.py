@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -59,6 +60,22 @@ _QUIET = logging.getLogger("mqtt_load.clients")
 _QUIET.setLevel(logging.CRITICAL)
 
 
+async def _connect(stack: contextlib.AsyncExitStack, config: dict, client_id: str,
+                   password: str, gate: asyncio.Semaphore, tries: int) -> aiomqtt.Client:
+    """One client's connection (entered on ``stack``), at most ``tries`` attempts, each
+    holding ``gate``."""
+    for attempt in range(tries):
+        try:
+            async with gate:
+                return await stack.enter_async_context(aiomqtt.Client(
+                    config["host"], config["port"], username=client_id, password=password,
+                    timeout=60, logger=_QUIET))
+        except aiomqtt.MqttError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def _clients(config: dict) -> None:
     """The client process: every client connects, then sends its rounds on its own phase."""
     topics = Topics(config["run"])
@@ -71,11 +88,16 @@ async def _clients(config: dict) -> None:
     total = len(config["clients"])
     failures: list[str] = []
 
+    # --aggregators: at most this many connects at once, each tried 3 times (10,000 at once
+    # time out behind one another on a loaded machine); unbounded otherwise, as before.
+    gate = asyncio.Semaphore(config.get("connect_concurrency") or total)
+    tries = 3 if config.get("connect_concurrency") else 1
+
     async def one(client_id: str, password: str, phase: float) -> None:
         nonlocal connected
         try:
-            async with aiomqtt.Client(config["host"], config["port"], username=client_id,
-                                      password=password, timeout=60, logger=_QUIET) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await _connect(stack, config, client_id, password, gate, tries)
                 connected += 1
                 if connected == total:
                     all_connected.set()
@@ -193,7 +215,7 @@ def _tier_step(clients: int, aggregators: int, args: argparse.Namespace) -> dict
         sent_file = Path(tmp) / "sent.json"
         config = {"run": broker.run, "host": broker.host, "port": broker.port,
                   "rounds": args.rounds, "period": args.period, "incarnation": tier.incarnation,
-                  "sent_at": str(sent_file),
+                  "sent_at": str(sent_file), "connect_concurrency": 500,
                   "clients": {cid: c.password for cid, c in broker.secrets.clients.items()}}
         process = subprocess.Popen([sys.executable, __file__, "--clients-process"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
