@@ -326,5 +326,23 @@ def summarise(outcome: dict[str, Any], sent_at: dict[str, list[float]], first_se
     }
 
 
+def _main(role: str, config_path: str) -> None:
+    """Run ``role``; with ``FEDSIM_TIER_PROFILE=<dir>`` under cProfile, its statistics written
+    to ``<dir>/<role>-<pid>.prof`` (where the server's or an aggregator's CPU goes)."""
+    body = {"head": server_main, "node": aggregator_main}[role]
+    folder = os.environ.get("FEDSIM_TIER_PROFILE")
+    if not folder:
+        body(config_path)
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(body, config_path)
+    finally:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        profile.dump_stats(str(Path(folder) / f"{role}-{os.getpid()}.prof"))
+
+
 if __name__ == "__main__":
-    {"head": server_main, "node": aggregator_main}[sys.argv[1]](sys.argv[2])
+    _main(sys.argv[1], sys.argv[2])

@@ -20,6 +20,14 @@ machine runs, and the median ratio of back-to-back pairs.
 
     python benchmarks/mqtt_ingest.py            # writes benchmarks/results/mqtt_ingest.json
     python benchmarks/mqtt_ingest.py --quick    # a short check, prints only
+
+``--aggregators 0,1,2`` measures the deployed topology instead (issue 26, item 6; ``_mqtt_tier``):
+the server actor and K aggregator processes, ``--clients`` publishers (half routed to each of two
+aggregators) sending ``--updates`` updates at full speed, K rotated within each repetition.
+Per run: updates applied per second from the first publication to the last application, each
+process's CPU per applied update (``/proc/<pid>/stat``), publish-to-application latency,
+drops; the summary's ``paired_rate_ratio_to_flat`` compares runs of one repetition. Writes
+``benchmarks/results/mqtt_ingest_aggregators.json``.
 """
 
 from __future__ import annotations

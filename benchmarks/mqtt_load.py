@@ -19,6 +19,13 @@ only; bounded in clients, rounds and time.
     python benchmarks/mqtt_load.py [--steps 50,100,200,400,800] [--rounds 5] [--period 2]
 
 writes ``benchmarks/results/mqtt_load.json``.
+
+``--aggregators 2,0`` runs each step through the deployed server actor and K aggregator
+processes instead of the bare endpoint (``_mqtt_tier``; issue 26, item 6), clients connecting
+500 at a time (3 tries each) against a password file of ``--iterations`` PBKDF2 rounds, and
+reports per step what was applied, dropped, each process's CPU per update, latency and memory
+(``benchmarks/results/mqtt_load_aggregators.json``). Bounded: ``--bound`` seconds per step,
+the server stops once all are applied or after 30 s without progress.
 """
 
 from __future__ import annotations
