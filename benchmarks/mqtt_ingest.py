@@ -20,6 +20,14 @@ machine runs, and the median ratio of back-to-back pairs.
 
     python benchmarks/mqtt_ingest.py            # writes benchmarks/results/mqtt_ingest.json
     python benchmarks/mqtt_ingest.py --quick    # a short check, prints only
+
+``--aggregators 0,1,2`` measures the deployed topology instead (issue 26, item 6; ``_mqtt_tier``):
+the server actor and K aggregator processes, ``--clients`` publishers (half routed to each of two
+aggregators) sending ``--updates`` updates at full speed, K rotated within each repetition.
+Per run: updates applied per second from the first publication to the last application, each
+process's CPU per applied update (``/proc/<pid>/stat``), publish-to-application latency,
+drops; the summary's ``paired_rate_ratio_to_flat`` compares runs of one repetition. Writes
+``benchmarks/results/mqtt_ingest_aggregators.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
@@ -45,7 +54,12 @@ from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.mqtt import MqttServerEndpoint
-from fedsim.transports.topics import Topics
+from fedsim.transports.topics import Topics, aggregator_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import commit  # noqa: E402
+from _mqtt_tier import DELTA_SCALE, Tier, balanced_ids, child_env, summarise  # noqa: E402
 
 CNN_PARAMS = 26_010
 RUN = "bench"
@@ -56,15 +70,18 @@ _QUIET = logging.getLogger("mqtt_ingest.publisher")
 _QUIET.setLevel(logging.ERROR)
 
 
-def _update(client_id: str, round_: int, delta: np.ndarray, incarnation: str) -> bytes:
-    update = ClientUpdate(client_id, round_, 0, delta, 64.0)
+def _update(client_id: str, round_: int, delta: np.ndarray, incarnation: str,
+            sent_at: float = 0.0) -> bytes:
+    update = ClientUpdate(client_id, round_, 0, delta, 64.0, sent_at)
     return codec.encode(update, incarnation=incarnation)
 
 
 async def _publish(config: dict) -> None:
     """Publisher process body: every client publishes its share of the updates at full speed."""
     topics = Topics(config["run"])
-    delta = np.random.default_rng(0).standard_normal(CNN_PARAMS).astype(np.float32)
+    scale = config.get("scale", 1.0)
+    delta = (scale * np.random.default_rng(0).standard_normal(CNN_PARAMS)).astype(np.float32)
+    sent_at: dict[str, list[float]] = {}
 
     async def one_client(client_id: str, password: str, count: int) -> None:
         async with aiomqtt.Client(
@@ -79,7 +96,9 @@ async def _publish(config: dict) -> None:
             topic = topics.updates(client_id)
 
             async def send(round_: int) -> None:
-                payload = _update(client_id, round_, delta, config["incarnation"])
+                now = time.time()
+                payload = _update(client_id, round_, delta, config["incarnation"], now)
+                sent_at.setdefault(client_id, []).append(now)
                 await client.publish(topic, payload, qos=1)
 
             await asyncio.gather(*(send(r) for r in range(count)))
@@ -92,12 +111,16 @@ async def _publish(config: dict) -> None:
             for i, (cid, password) in enumerate(clients.items())
         )
     )
+    if config.get("sent_at"):
+        Path(config["sent_at"]).write_text(json.dumps({"sent_at": sent_at,
+                                                       "cpu_s": time.process_time()}))
 
 
 def _start_publishers(
-    broker: LocalMosquitto, updates: int, incarnation: str
+    broker: LocalMosquitto, updates: int, incarnation: str, **extra: object
 ) -> subprocess.Popen[str]:
     config = {
+        **extra,
         "run": broker.run,
         "incarnation": incarnation,  # the receiving server's (publishers play its clients)
         "host": broker.host,
@@ -106,7 +129,8 @@ def _start_publishers(
         "clients": {cid: c.password for cid, c in broker.secrets.clients.items()},
     }
     process = subprocess.Popen(
-        [sys.executable, __file__, "--publisher"], stdin=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--publisher"], stdin=subprocess.PIPE, text=True,
+        env=child_env(),
     )
     assert process.stdin is not None
     process.stdin.write(json.dumps(config))
@@ -204,6 +228,106 @@ async def _one(arm: str, updates: int, publishers: int, timeout: float) -> tuple
             return measured
 
 
+def _one_tier(aggregators: int, updates: int, clients: int, window: float, wait: float,
+              timeout: float) -> dict:
+    """One end-to-end measurement with ``aggregators`` aggregator processes (0: flat)."""
+    ids = balanced_ids(clients, "pub")
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalMosquitto(tmp, RUN, ids, aggregators=aggregator_ids(aggregators)) as broker, \
+            Tier(broker, Path(tmp), aggregators, ids, expected=updates, window=window,
+                 bound=timeout, wait=wait) as tier:
+        before = tier.sample()
+        sent_file = Path(tmp) / "sent.json"
+        process = _start_publishers(broker, updates, tier.incarnation, scale=DELTA_SCALE,
+                                    sent_at=str(sent_file))
+        try:
+            outcome, after, nodes = tier.finish()
+        finally:
+            process.wait(timeout=60)
+        if process.returncode != 0:
+            raise RuntimeError(f"publisher process exited with {process.returncode}")
+        published = json.loads(sent_file.read_text())
+    sent_at = published["sent_at"]
+    first = min(t for times in sent_at.values() for t in times)
+    row = {"aggregators": aggregators,
+           **summarise(outcome, sent_at, first, before, after, nodes)}
+    row["cpu_seconds"]["load_generator"] = round(published["cpu_s"], 2)
+    return row
+
+
+TIER_RESULTS = Path(__file__).parent / "results" / "mqtt_ingest_aggregators.json"
+
+
+def _tiers(args: argparse.Namespace) -> int:
+    """``--aggregators``: K = each given count, interleaved, end to end (module docstring)."""
+    counts = [int(k) for k in args.aggregators.split(",")]
+    rows: dict[int, list[dict]] = {k: [] for k in counts}
+    for rep in range(args.reps):
+        # Rotate the order so a drift in machine load hits every K alike.
+        order = counts[rep % len(counts):] + counts[:rep % len(counts)]
+        for k in order:
+            load = os.getloadavg()[0]
+            row = _one_tier(k, args.updates, args.clients, args.window, args.wait, args.timeout)
+            row["loadavg_1min_before"] = round(load, 2)
+            rows[k].append(row)
+            print(f"rep {rep} K={k}: {row['updates_per_s']} updates/s, server "
+                  f"{row['cpu_us_per_update']['server']} us CPU/update, p50 "
+                  f"{row['latency_p50_ms']} ms, dropped {row['dropped']}, load {load:.1f}",
+                  flush=True)
+
+    def median(k: int, pick: Callable[[dict], float]) -> float:
+        return round(statistics.median(pick(r) for r in rows[k]), 1)
+
+    summary = {}
+    for k in counts:
+        roles = rows[k][0]["cpu_us_per_update"].keys()
+        summary[str(k)] = {
+            "updates_per_s": median(k, lambda r: r["updates_per_s"]),
+            "cpu_us_per_update": {role: median(k, lambda r, role=role:
+                                               r["cpu_us_per_update"][role]) for role in roles},
+            "latency_p50_ms": median(k, lambda r: r["latency_p50_ms"]),
+            "latency_p99_ms": median(k, lambda r: r["latency_p99_ms"]),
+            "dropped_total": sum(r["dropped"] for r in rows[k]),
+        }
+    document: dict = {
+        "benchmark": "mqtt_ingest --aggregators",
+        "commit": commit(),
+        "params": CNN_PARAMS,
+        "updates_per_measurement": args.updates,
+        "clients": args.clients,
+        "window_s": args.window,
+        "aggregator_wait_s": args.wait,
+        "repetitions": args.reps,
+        "by_aggregators": summary,
+        "runs": {str(k): rows[k] for k in counts},
+        "flat_server_cpu_us_per_update_issue_26": 457.9,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "shared": "2 cores shared with other engineers' work (load 5-10 typical)",
+                    "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
+    }
+    if 0 in rows:
+        flat_server = summary["0"]["cpu_us_per_update"]["server"]
+        for k in counts:
+            if k == 0:
+                continue
+            # Each rep ran K and flat back to back: the paired ratio cancels slow load drifts.
+            paired = [r["updates_per_s"] / f["updates_per_s"]
+                      for r, f in zip(rows[k], rows[0], strict=True)]
+            summary[str(k)]["paired_rate_ratio_to_flat"] = [round(x, 3) for x in paired]
+            summary[str(k)]["median_rate_ratio_to_flat"] = round(statistics.median(paired), 3)
+            summary[str(k)]["server_cpu_share_of_flat_measured"] = round(
+                summary[str(k)]["cpu_us_per_update"]["server"] / flat_server, 4)
+            summary[str(k)]["server_cpu_share_of_issue_458us"] = round(
+                summary[str(k)]["cpu_us_per_update"]["server"] / 457.9, 4)
+    print(json.dumps(summary, indent=2))
+    if not args.quick:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        out = TIER_RESULTS if args.out == RESULTS else args.out
+        out.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=2000, help="updates per measurement")
@@ -212,6 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--quick", action="store_true", help="500 updates, 1 rep, print only")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--aggregators", default=None,
+                        help="e.g. 0,1,2: end to end through the deployed server and K "
+                             "aggregator processes (writes mqtt_ingest_aggregators.json)")
+    parser.add_argument("--clients", type=int, default=20,
+                        help="publishing clients with --aggregators (half routed to each of 2)")
+    parser.add_argument("--window", type=float, default=1.0,
+                        help="the server's window in seconds with --aggregators")
+    parser.add_argument("--wait", type=float, default=10.0,
+                        help="seconds the server waits for partials after a window's end")
     parser.add_argument("--publisher", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.publisher:
@@ -219,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.updates, args.reps = 500, 1
+    if args.aggregators is not None:
+        return _tiers(args)
 
     rates: dict[str, list[float]] = {"ceiling": [], "fedsim": []}
     cpu: dict[str, list[float]] = {"ceiling": [], "fedsim": []}
