@@ -67,7 +67,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     tuning.add_argument("--tuning-mean", type=float, default=10.0, metavar="M",
                         help="E[K], the mean number of trials (default 10).")
     tuning.add_argument("--tuning-eta", type=float, default=0.0, metavar="ETA",
-                        help="nb's eta > -1 (default 0: the logarithmic distribution).")
+                        help="The eta of nb, above -1 (default 0: the logarithmic distribution).")
     tuning.add_argument("--tuning-budget", type=float, default=None, metavar="EPS",
                         help="Refuse, before any trial, if a client's tuned total exceeds EPS.")
     add_allow_factory_option(parser)

@@ -36,7 +36,6 @@ the release): :func:`release_projection` refuses it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedsim.atomic import write_atomically
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import BudgetExhausted, ConfigError
 from fedsim.logging import get_logger
@@ -123,9 +123,7 @@ def _spend(ledger: PrivacyLedger, step: GaussianStep, client_id: str) -> bool:
 
 
 def _save(path: Path, projection: Projection) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as file:
-        np.savez(file, basis=projection.basis.numpy())
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    """The shared projection beside the ledgers (an output: a lost file on power failure
+    costs nothing, the run never reads it back)."""
+    write_atomically(path, lambda file: np.savez(file, basis=projection.basis.numpy()),
+                     durability="file")
