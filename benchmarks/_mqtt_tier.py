@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
 import numpy as np
 
 import fedsim
