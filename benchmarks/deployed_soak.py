@@ -1,8 +1,8 @@
 """Soak a deployed fedsim server at its ingest ceiling over a real mosquitto, sampled every minute.
 
-``python benchmarks/deployed_soak.py [--minutes 30] [--clients 200] [--rate 400]``
+``python benchmarks/deployed_soak.py [--minutes 30] [--clients 100] [--rate 3000] [--in-flight 32]``
 
-Three processes besides this one, all on 127.0.0.1 and all ended by their PIDs:
+Four processes besides this one, all on 127.0.0.1 and all ended by their PIDs:
 
 * a **mosquitto** with per-client passwords, the ACL and the limits of
   :class:`fedsim.transports.broker.LocalMosquitto` (``max_packet_size`` sized from the model,
@@ -12,12 +12,14 @@ Three processes besides this one, all on 127.0.0.1 and all ended by their PIDs:
   windows, the shipped defaults otherwise). Only a timing wrapper is added around
   :meth:`ServerCheckpoint.save` so that each checkpoint's duration reaches this script (the
   server keeps only its last hundred, and says them only at exit);
-* a **load generator**: ``--clients`` MQTT connections, each with its own credentials, playing
+* **load generators** (``--load-processes``, 2): ``--clients`` MQTT connections in all, each with its own credentials, playing
   the scenario's clients by hand (hello, a "connected" status, then encoded
   :class:`~fedsim.protocol.messages.ClientUpdate` messages within the norm bound, on the newest
-  global model, one round after another, QoS 1), together offering ``--rate`` updates per second
-  with random phases. Each client's share stays within its public pacing slot, so what the
-  server does not apply it did not keep up with.
+  global model, one round after another, QoS 1), together offering ``--rate`` updates per
+  second with random phases, each within its public pacing slot. Like a deployed client, each
+  holds at most ``--in-flight`` updates unacknowledged and waits for the server's receipts
+  (sent once a checkpoint records them) before it sends more: offered above what the server
+  acknowledges, the clients are paced by the server, which runs at its ceiling.
 
 Every ``--sample`` seconds (60) the script records the server's and the broker's resident set
 size (``/proc/<pid>/status``), the checkpoint file's size, the number and the longest of the
@@ -26,9 +28,9 @@ checkpoints written since the last sample, the windows closed, updates applied a
 run (the last 20 minutes of 30): the RSS slope relative to its mean, the longest checkpoint
 against the first minutes', and the spread of the per-minute window and applied rates.
 
-``--trial`` (2 minutes, print only) measures the ceiling: offer more than the server applies and
-read its applied rate; the soak then offers a little more than that. Writes
-``benchmarks/results/deployed_soak.json``.
+``--trial`` (2 minutes, print only) finds the rate to offer; with a large ``--in-flight`` (clients
+that never wait for receipts) it shows what happens above the ceiling: the broker's backlog
+makes updates stale. Writes ``benchmarks/results/deployed_soak.json``.
 """
 
 from __future__ import annotations
@@ -348,6 +350,7 @@ class _Soak:
         self.logs: list[Any] = []
         self.series: list[dict[str, Any]] = []
         self.connect_seconds: list[float] = []
+        self.load_reports: dict[int, dict[str, Any]] = {}  # each generator's latest
 
     def _log(self, name: str) -> Any:
         handle = open(self.root / name, "wb")  # noqa: SIM115  # closed by close()
@@ -419,7 +422,9 @@ class _Soak:
             lines, saves = metrics.new(), checkpoints.new()
             before = sum(sent)
             for i, load in enumerate(loads):
-                sent[i] = max([sent[i]] + [r["sent"] for r in load.new()])
+                reports = load.new()
+                sent[i] = max([sent[i]] + [r["sent"] for r in reports])
+                self.load_reports[i] = reports[-1] if reports else self.load_reports.get(i, {})
             self.series.append({
                 "t_s": round(time.monotonic() - started),
                 "server_rss_mb": rss_of(server.pid),
@@ -482,6 +487,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "load_processes": args.load_processes,
         "in_flight_per_client": args.in_flight,
         "connect_seconds": run.connect_seconds,
+        # Each generator's last report: updates sent, the times a client waited for receipts
+        # (it held --in-flight unacknowledged: the server, not the clients, set the pace).
+        "load_generators": [run.load_reports.get(i, {}) for i in range(args.load_processes)],
         "minutes": args.minutes,
         "sample_seconds": args.sample,
         "series": run.series,
