@@ -411,8 +411,8 @@ class _Soak:
         metrics, checkpoints = _Lines(self.state / "metrics.jsonl"), _Lines(self.timings)
         metrics.new(), checkpoints.new()  # what came before the clients were all connected
         sent = [0] * len(loads)
-        for lines_of, lines in enumerate(loads):
-            sent[lines_of] = max([0] + [r["sent"] for r in lines.new()])
+        for i, load in enumerate(loads):
+            sent[i] = max([0] + [r["sent"] for r in load.new()])
         ckpt = self.state / "server.ckpt"
         started = time.monotonic()
         for index in range(1, int(self.seconds // self.args.sample) + 1):
