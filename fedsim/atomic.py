@@ -34,11 +34,15 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import IO, Literal
 
-__all__ = ["Durability", "fsync_directory", "move_into_place", "write_atomically"]
+__all__ = ["Durability", "fsync_directory", "move_into_place", "uninterrupted", "write_atomically"]
 
 Durability = Literal["file", "durable"]
 DURABILITIES: tuple[Durability, ...] = ("file", "durable")
@@ -111,3 +115,39 @@ def write_atomically(
         raise
     if durability == "durable":
         fsync_directory(target.parent)
+
+
+_DEFERRED = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Within the block Ctrl-C and SIGTERM wait: their handlers run when it ends.
+
+    For a commit that writes to disk and then records the write in memory (a privacy ledger's
+    spend): a KeyboardInterrupt raised between the two would leave the process believing in
+    fewer records than the file holds, and an interrupted run would then report less spending
+    than its ledger. Python runs signal handlers in the main thread only, so there the block
+    swaps in handlers that note the signal, and the ones it replaced run (or the default
+    action is taken) once it ends; in another thread no handler can interrupt it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, FrameType | None]] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        pending.append((signum, frame))
+
+    previous = {s: signal.signal(s, hold) for s in _DEFERRED}
+    try:
+        yield
+    finally:
+        for deferred, replaced in previous.items():
+            signal.signal(deferred, replaced if replaced is not None else signal.SIG_DFL)
+        for signum, frame in pending:
+            handler = previous[signal.Signals(signum)]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler != signal.SIG_IGN:  # the default action, now that it is back
+                signal.raise_signal(signum)

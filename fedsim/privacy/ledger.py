@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
+from fedsim.atomic import uninterrupted
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError, UnsupportedEventError
 from fedsim.privacy.accountant import (
     Accountant,
@@ -503,11 +504,13 @@ class PrivacyLedger:
             line = encode_record(record, last)
             lines.append(line)
             last = line_hash(line)
-        self._write(b"".join(line + b"\n" for line in lines),
-                    Mark(len(self._records) + len(records), last))
-        # Committed on disk (records, then the mark): now in memory.
-        self._last_hash = last
-        self._records.extend(records)
+        # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:
+        # an interrupted run reports from memory what its ledger file holds.
+        with uninterrupted():
+            self._write(b"".join(line + b"\n" for line in lines),
+                        Mark(len(self._records) + len(records), last))
+            self._last_hash = last
+            self._records.extend(records)
 
     def _delta(self, delta: float | None) -> float:
         if delta is None:
