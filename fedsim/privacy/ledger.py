@@ -440,7 +440,11 @@ class PrivacyLedger:
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
                 f"eps={budget.epsilon:g} at delta={budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
-        self._append([LedgerRecord(float(time), round, s) for s in steps])
+        self._append([LedgerRecord(float(time), round, s) for s in steps],
+                     lambda: self._hold_spent(steps))
+
+    def _hold_spent(self, steps: tuple[GaussianStep, ...]) -> None:
+        """The in-memory side of a spend: the accountant (clients.csv's eps), plan, allowance."""
         self._accountant.compose(steps)
         kinds = group_steps(steps)
         if self._planned_answer(kinds) is None:
@@ -476,10 +480,12 @@ class PrivacyLedger:
                 f"client {self._client_id}: the tuned selection would exceed "
                 f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
-        self._append([LedgerRecord(float(time), round, selection)])
-        self._accountant = trial
-        # the allowance and plan counted Gaussian steps from the old state
-        self._allowance = self._previous_envelope = self._plan = self._last_check = None
+        def hold() -> None:
+            self._accountant = trial
+            # the allowance and plan counted Gaussian steps from the old state
+            self._allowance = self._previous_envelope = self._plan = self._last_check = None
+
+        self._append([LedgerRecord(float(time), round, selection)], hold)
 
     # -- internals -----------------------------------------------------------------------------------
     def _check_record(self, time: float, round: int) -> None:  # noqa: A002
@@ -497,20 +503,22 @@ class PrivacyLedger:
         if isinstance(round, bool) or not isinstance(round, int):
             raise ConfigError(f"round must be an integer, got {round!r}")
 
-    def _append(self, records: list[LedgerRecord]) -> None:
-        """Write ``records`` durably (then the mark), then hold them in memory."""
+    def _append(self, records: list[LedgerRecord], hold: Callable[[], None]) -> None:
+        """Write ``records`` durably (then the mark), then hold them in memory (the records,
+        and ``hold()``: the accountant's and the counters' side of them)."""
         lines, last = [], self._last_hash
         for record in records:
             line = encode_record(record, last)
             lines.append(line)
             last = line_hash(line)
-        # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:
-        # an interrupted run reports from memory what its ledger file holds.
+        # Committed on disk (records, then the mark), then in memory (records and accountant),
+        # with no Ctrl-C between: an interrupted run reports from memory what its file holds.
         with uninterrupted():
             self._write(b"".join(line + b"\n" for line in lines),
                         Mark(len(self._records) + len(records), last))
             self._last_hash = last
             self._records.extend(records)
+            hold()
 
     def _delta(self, delta: float | None) -> float:
         if delta is None:

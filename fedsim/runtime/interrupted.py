@@ -2,7 +2,11 @@
 
 Ctrl-C (SIGINT) stops the virtual-time loop through :class:`asyncio.Runner`'s own handler
 (it cancels the run's main task, which cancels every actor); :func:`signals_interrupt`
-makes SIGTERM do the same and remembers which signal came. :func:`write_interrupted_outputs`
+makes SIGTERM do the same and remembers which signal came. Where SIGINT is ignored (a job
+started with ``&`` by a shell without job control, or under ``nohup``, inherits that, and
+:class:`asyncio.Runner` then installs no handler) SIGTERM still cancels the main task that
+the loop registered with :func:`main_task`, instead of raising a KeyboardInterrupt at whatever
+line is running. :func:`write_interrupted_outputs`
 then writes ``clients.csv``, ``summary.json`` and ``timing.json`` from what the run had done:
 every window closed so far (``metrics.jsonl`` is written as they close) and every release in
 the ledgers (each is on disk before its update was sent). The summary says
@@ -11,6 +15,7 @@ the ledgers (each is on disk before its update was sent). The summary says
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,21 +27,53 @@ from fedsim.runtime.actors.stops import RunStop, RunStopKind
 from fedsim.runtime.run_outputs import write_run_outputs
 
 _received: list[str] = []
+_main_tasks: list[asyncio.Task[Any]] = []
+_cancelled: list[asyncio.Task[Any]] = []
+
+
+@contextmanager
+def main_task(task: asyncio.Task[Any] | None) -> Iterator[None]:
+    """Within the block a SIGTERM under :func:`signals_interrupt` cancels ``task`` (a run's
+    main task) when no :class:`asyncio.Runner` handler is there to do it; the loop's runner
+    then turns the cancellation into a KeyboardInterrupt (:func:`cancelled_by_signal`)."""
+    if task is None:
+        yield
+        return
+    _main_tasks.append(task)
+    try:
+        yield
+    finally:
+        _main_tasks.remove(task)
+
+
+def cancelled_by_signal(task: asyncio.Task[Any] | None = None) -> bool:
+    """Whether a signal cancelled ``task`` (any registered main task if None) through
+    :func:`main_task`: its CancelledError is an interrupt, not a bug."""
+    return bool(_cancelled) if task is None else task in _cancelled
 
 
 @contextmanager
 def signals_interrupt() -> Iterator[None]:
-    """Within the block SIGTERM interrupts a run as Ctrl-C does (main thread only)."""
+    """Within the block SIGTERM interrupts a run as Ctrl-C does (main thread only).
+
+    A SIGTERM is handed to :class:`asyncio.Runner`'s Ctrl-C handler where there is one, else it
+    cancels the innermost :func:`main_task`; a second one (or one with neither) raises
+    KeyboardInterrupt at once, as a second Ctrl-C does."""
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         _received.append("SIGTERM")
         handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
+        if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)  # asyncio.Runner's: cancels the main task
-        else:
-            raise KeyboardInterrupt
+            return
+        live = [task for task in _main_tasks if not task.done()]
+        if live and not _cancelled:
+            _cancelled.append(live[-1])
+            live[-1].cancel()
+            return
+        raise KeyboardInterrupt
 
-    del _received[:]
+    del _received[:], _cancelled[:]
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield

@@ -36,5 +36,12 @@ def test_a_ctrl_c_after_the_durable_write_waits_for_the_memory(tmp_path: Path,
             ledger.spend(GaussianStep("poisson", 0.01, 1.0), time=1.0, round=1)
         monkeypatch.setattr(ledger_module, "append_durably", original)
         assert len(ledger.records) == len(list(read_ledger_steps(path))) == 2
+        # The accountant (clients.csv's eps) holds what the file holds, not one spend fewer.
+        assert sum(step.count for step in ledger.steps) == 2
+        spent = ledger.epsilon()
+        with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=Budget(10.0, 1e-5),
+                                read_only=True) as reread:
+            assert reread.epsilon(1e-5) == spent
         ledger.spend(GaussianStep("poisson", 0.01, 1.0), time=2.0, round=2)  # still usable
     assert len(list(read_ledger_steps(path))) == 3
+

@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fedsim.errors import FedsimError
+from fedsim.runtime.interrupted import cancelled_by_signal, main_task
 
 T = TypeVar("T")
 
@@ -193,8 +194,19 @@ def run_virtual(main: Callable[[VirtualClock], Coroutine[Any, Any, T] | Awaitabl
     loop = VirtualTimeLoop(start)
     with asyncio.Runner(loop_factory=lambda: loop) as runner:
         clock = VirtualClock(loop)
-        return runner.run(_as_coroutine(main(clock)))
+        ran: list[asyncio.Task[Any]] = []
+        try:
+            return runner.run(_as_coroutine(main(clock), ran))
+        except asyncio.CancelledError:
+            # A SIGTERM where no Ctrl-C handler was (fedsim.runtime.interrupted.main_task).
+            if ran and cancelled_by_signal(ran[0]):
+                raise KeyboardInterrupt from None
+            raise
 
 
-async def _as_coroutine(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+async def _as_coroutine(awaitable: Awaitable[T], ran: list[asyncio.Task[Any]]) -> T:
+    task = asyncio.current_task()
+    assert task is not None
+    ran.append(task)
+    with main_task(task):
+        return await awaitable
