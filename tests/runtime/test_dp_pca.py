@@ -226,7 +226,7 @@ def test_the_schema_refuses_inconsistent_groups() -> None:
         parse_scenario(scenario)
     scenario = _small()
     scenario["clients"]["groups"][0]["dp_normalisation"] = {"noise_multiplier": 2.0, "bound": 5}
-    with pytest.raises(ScenarioError, match="give one of them"):
+    with pytest.raises(ScenarioError, match="give one of them.*differently transformed inputs"):
         parse_scenario(scenario)
     scenario = _small()
     scenario["clients"]["groups"][0]["noise"] = {"kind": "growing_mu", "growth": 2.0,
