@@ -359,13 +359,6 @@ class ClientGroup(_Strict):
             raise ValueError("dp_normalisation: calibrate with noise kind target or constant")
         if self.dp_pca is not None and self.noise.kind in ("growing_mu", "clip_tied"):
             raise ValueError("dp_pca: calibrate with noise kind target or constant")
-        if self.dp_pca is not None and self.dp_normalisation is not None:
-            raise ValueError("dp_pca and dp_normalisation: give one of them. Their releases "
-                             "would compose on the ledger, but the inputs would not agree: the "
-                             "projection is taken of the clients' raw records while each client "
-                             "standardises by its own released moments and the server its "
-                             "held-out set by that set's moments, so the model would train and "
-                             "be evaluated on differently transformed inputs")
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
                              "(its starting value), not a schedule")
