@@ -24,7 +24,8 @@ removed (every client trains on the 784 raw features; the Poisson group's noise 
 calibrates its rounds alone, so both variants end at the same budget, eps 4). ``--seeds``
 (default 2) seeds each.
 
-    python benchmarks/papers/dp_pca_study.py          # ~1 min projection, 2 x 2 runs (~6 min)
+    python benchmarks/papers/dp_pca_study.py          # ~2 min projection, 2 x 2 runs (~10 min)
+    python benchmarks/papers/dp_pca_study.py --runs DIR --collect-only COMMIT   # no runs
 
 Writes benchmarks/results/papers/dp_pca_study.json and docs/img/dp_pca_study.png, then
 regenerates docs/RESULTS.md; run directories go to runs/papers/dp_pca_study/.
@@ -127,10 +128,12 @@ def projection_rows(scales: Sequence[float], run_dir: Path | None) -> list[dict[
     return rows
 
 
-def run_rows(seeds: Sequence[int], runs: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_rows(seeds: Sequence[int], runs: Path,
+             collect_only: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows, curves = [], {}
     for variant in VARIANTS:
-        dirs = [run_variant(variant, scenario=SCENARIO, quick=(),
+        dirs = [runs / variant.name / f"seed{seed}" if collect_only else
+                run_variant(variant, scenario=SCENARIO, quick=(),
                             out=runs / variant.name / f"seed{seed}", seed=seed) for seed in seeds]
         results = [collect(variant, d) for d in dirs]
         aggregated = aggregate(variant, seeds, results)
@@ -162,7 +165,12 @@ def findings(rows: Sequence[dict[str, Any]]) -> list[str]:
         out.append(f"dp-pca against raw features at the same budget: final accuracy "
                    f"{100 * pca['final_accuracy']:.2f} % vs {100 * raw['final_accuracy']:.2f} % "
                    f"({100 * diff:+.2f} points, {verdict}); eps max {pca['eps_max']:.4g} vs "
-                   f"{raw['eps_max']:.4g} (the release included).")
+                   f"{raw['eps_max']:.4g} (the release included). The release's share of the "
+                   f"budget is paid in DP-SGD: the Poisson group's target gives it sigma "
+                   f"{pca['sigma_poisson']:.4g} against {raw['sigma_poisson']:.4g}, the fixed "
+                   f"group's budget fewer rounds ({pca['applied_updates']:g} updates applied "
+                   f"against {raw['applied_updates']:g}, the run ending at "
+                   f"{pca['virtual_time']:g} virtual s against {raw['virtual_time']:g}).")
     return out
 
 
@@ -170,17 +178,20 @@ def plot(rows: Sequence[dict[str, Any]], curves: dict[str, Any], path: Path) -> 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     swept = [r for r in rows if r["part"] == "projection" and "release_eps_poisson" in r]
-    for name, marker in (("poisson", "o-"), ("fixed", "s-")):
-        left.plot([r[f"release_eps_{name}"] for r in swept], [r["energy_ratio"] for r in swept],
-                  marker, label=f"{name} group's release eps")
+    eps = [r["release_eps_poisson"] for r in swept]
+    left.plot(eps, [r["energy_ratio"] for r in swept], "o-",
+              label="training records' energy (clipped)")
+    left.plot(eps, [r["test_energy"] / r["test_energy_exact"] for r in swept], "s-",
+              label="held-out images' energy")
     scenario = next((r for r in swept if r["projection"] == "noise x 1"), None)
     if scenario is not None:
         left.axvline(scenario["release_eps_poisson"], color="grey", ls=":", lw=0.8)
         left.annotate("scenario", (scenario["release_eps_poisson"], scenario["energy_ratio"]),
                       textcoords="offset points", xytext=(5, -12), fontsize=8)
     left.set_xscale("log")
-    left.set_xlabel("one release's eps at delta 1e-5 (log)")
-    left.set_ylabel("energy kept / exact PCA's (top 50)")
+    left.set_xlabel("a Poisson client's release eps at delta 1e-5 (log); fixed-size "
+                    "clients' noise scaled alike", fontsize=8)
+    left.set_ylabel("kept by the DP top 50 / by exact PCA's")
     left.set_title("DP projection against non-private PCA", fontsize=9)
     left.legend(fontsize=8)
     for name, curve in curves.items():
@@ -203,10 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    parser.add_argument("--collect-only", metavar="COMMIT", default=None,
+                        help="do not run: collect the run directories in --runs, made by "
+                             "COMMIT (named in the notes); the projection rows are recomputed")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
-    run_part, curves = run_rows(list(range(args.seeds)), args.runs)
+    run_part, curves = run_rows(list(range(args.seeds)), args.runs, args.collect_only is not None)
     rows = projection_rows(args.scales, args.runs / "dp_pca" / "seed0") + run_part
     plot(rows, curves, args.plot)
     document = {
@@ -215,7 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notes": ["scenarios/dp-pca.yaml as shipped (MNIST, 10 clients, 50 components, records "
                   "clipped to norm 10, every client's budget eps 4 at delta 1e-5); the "
                   f"projection rows draw each client's release noise from seed = its index; "
-                  f"{args.seeds} seed(s) per run variant."] + findings(rows),
+                  f"{args.seeds} seed(s) per run variant."]
+        + ([f"The runs were made at {args.collect_only} and collected by the commit above "
+            "(--collect-only)."] if args.collect_only else [])
+        + findings(rows),
         "group_by": "part",
         "rows": rows,
         "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
