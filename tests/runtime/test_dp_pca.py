@@ -184,6 +184,7 @@ def test_with_dp_normalisation_both_releases_are_charged_and_composed(tmp_path: 
     assert reference * (1 - 1e-9) <= ledger.epsilon(DELTA) <= reference * 1.01
 
 
+@pytest.mark.slow
 def test_with_dp_normalisation_clients_and_server_project_then_standardise(
         tmp_path: Path) -> None:
     """The order is project, then standardise, for clients and server alike: a client's
