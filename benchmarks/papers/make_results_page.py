@@ -118,6 +118,52 @@ RESULTS: tuple[ResultSpec, ...] = (
         "python benchmarks/papers/compression_study.py",
         ("docs/img/compression_study.png",),
     ),
+    ResultSpec(
+        "dp_pca_study",
+        "DP principal components before training (Analyze Gauss)",
+        "van Dijk & Nguyen (\"PCA can be made differentially private ... DP-SGD can be seen as "
+        "a post-processing after PCA\"); Dwork, Talwar, Thakurta & Zhang 2014 (Analyze Gauss)",
+        "a per-client DP release of the records' second moment, charged to the client's ledger "
+        "and composed with its DP-SGD steps, gives a projection close to non-private PCA; here: "
+        "its quality against the exact top components, and the dp-pca scenario's accuracy and "
+        "eps against the same scenario on raw features.",
+        "python benchmarks/papers/dp_pca_study.py",
+        ("docs/img/dp_pca_study.png",),
+    ),
+    ResultSpec(
+        "private_tuning_study",
+        "Private hyperparameter search: the tuning's total eps beside each trial's",
+        'Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy" (ICLR '
+        "2022); van Dijk & Nguyen, Appendix D (\"the additional privacy leakage due to the "
+        "search\")",
+        "a random number K of trials (truncated negative binomial or Poisson) and the best "
+        "released costs a bounded multiple of one trial's RDP; fedsim charges that bound to "
+        "every client's ledger before the first trial.",
+        "python benchmarks/papers/private_tuning_study.py",
+        ("docs/img/private_tuning_study.png",),
+    ),
+    ResultSpec(
+        "clt_certified",
+        "A certified error for the CLT: gamma beside mu on the DRS settings",
+        'Dong, Roth & Su, "Gaussian Differential Privacy" (Thm 3.5, Cor. 5.6: Berry-Esseen '
+        "for composition)",
+        "after T steps the true trade-off curve lies within gamma of G_mu (in the band "
+        "[G_mu(a + gamma) - gamma, G_mu(a - gamma) + gamma]); fedsim reports gamma beside the CLT "
+        "mu. Checked here against the PLD accountant's curve on runs A, B and C.",
+        "python benchmarks/papers/clt_certified.py",
+        ("docs/img/clt_certified.png",),
+    ),
+    ResultSpec(
+        "clip_tied_study",
+        "Du et al.'s clip-tied noise allocation against constant noise",
+        'Du et al., "Dynamic Differential-Privacy Preserving SGD" (mu_t from C_t: noise std '
+        "proportional to sqrt(C_t))",
+        "tying the noise to a decaying clip spends the same budget better than a constant "
+        "schedule; here: the shipped du-allocation scenario against constant sigma, growing mu "
+        "and no decay at all, each calibrated for the same (eps, delta).",
+        "python benchmarks/papers/clip_tied_study.py",
+        ("docs/img/clip_tied_study.png",),
+    ),
 )
 
 _DRS_LEGACY = ("trained before training records carried their commit; retraining is the paper's "

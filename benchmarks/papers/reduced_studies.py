@@ -17,7 +17,8 @@ The commands (``{tmp}`` is the temporary folder):
 * ``drs_mnist``: ``--runs A --epochs 0.05 --poisson-runs ''`` (run A trained for 12 steps; the
   privacy columns of A, B and C for their full schedules);
 * ``asoodeh_rounds``: ``--quick`` (eps in {1, 2}, one sigma per mechanism);
-* ``async_policies``: ``--seeds 1 --variants windows fedbuff``.
+* ``async_policies``: ``--seeds 1 --variants windows fedbuff``;
+* ``clt_certified``: the study itself (pure accounting, ~10 s).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ STUDIES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "async_policies": (
         ("async_policies", ("--seeds", "1", "--variants", "windows", "fedbuff",
                             "--runs", "{tmp}/runs", "--no-page", *_OUT)),
+    ),
+    "clt_certified": (
+        ("clt_certified", ("--no-page", *_OUT)),
     ),
 }
 

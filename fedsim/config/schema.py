@@ -359,9 +359,6 @@ class ClientGroup(_Strict):
             raise ValueError("dp_normalisation: calibrate with noise kind target or constant")
         if self.dp_pca is not None and self.noise.kind in ("growing_mu", "clip_tied"):
             raise ValueError("dp_pca: calibrate with noise kind target or constant")
-        if self.dp_pca is not None and self.dp_normalisation is not None:
-            raise ValueError("dp_pca and dp_normalisation: give one of them (both release "
-                             "before round 0 and are not combined)")
         if self.adaptive_clip is not None and self.clip.kind != "constant":
             raise ValueError("adaptive_clip moves the clipping norm itself: give a constant clip "
                              "(its starting value), not a schedule")

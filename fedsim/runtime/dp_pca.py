@@ -23,6 +23,16 @@ Gathering the matrices needs every client before round 0, which the simulated ru
 here; a deployed run would need them sent to the server first, so deployment refuses
 ``dp_pca`` (:mod:`fedsim.runtime.deployed.guarantees`).
 
+**With dp_normalisation** (project, then standardise): the projection is taken of the raw
+records as above; each client then releases the moments of its *projected* coordinates and
+standardises them (:mod:`fedsim.runtime.normalisation`, charged by its trainer at round
+:data:`NORMALISATION_ROUND` too), and the server standardises its projected held-out set by
+that set's own moments (:meth:`Population.project`), so clients and server transform inputs
+the same way. The two releases are two events on the ledger, composed with the steps by its
+accountant like any others (the projection the second one sees is post-processing of the
+releases: adaptive composition), and a noise ``target`` is calibrated for both
+(:func:`~fedsim.privacy.group_schedules.release_steps`).
+
 **Budget.** :func:`check_pca_budget` refuses a scenario whose release alone exceeds a group's
 budget (or its noise target) before anything runs; a ledger that still refuses the charge
 (:class:`~fedsim.errors.BudgetExhausted`) is logged, that client's matrix is left out of the
@@ -48,7 +58,7 @@ from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.errors import BudgetExhausted, ConfigError
 from fedsim.logging import get_logger
 from fedsim.privacy.events import GaussianStep
-from fedsim.privacy.group_schedules import pca_sigma, pca_steps
+from fedsim.privacy.group_schedules import pca_sigma, pca_steps, release_steps
 from fedsim.privacy.ledger import NORMALISATION_ROUND, PrivacyLedger
 from fedsim.runtime.normalisation import check_release_budget
 from fedsim.training.dp_pca import Projection, dp_second_moment, top_components
@@ -72,9 +82,12 @@ def pca_components(scenario: Scenario) -> int | None:
 
 
 def check_pca_budget(group: ClientGroup, where: str) -> None:
-    """Raise :class:`ConfigError` if the group's DP-PCA release alone costs more than its
-    budget or its noise target."""
-    check_release_budget(group, pca_steps(group), f"{where}.dp_pca",
+    """Raise :class:`ConfigError` if the group's DP-PCA release alone (with a
+    ``dp_normalisation``: the two releases together) costs more than its budget or its noise
+    target."""
+    both = group.dp_normalisation is not None
+    check_release_budget(group, release_steps(group) if both else pca_steps(group),
+                         f"{where}.dp_pca" + (" with its dp_normalisation" if both else ""),
                          "raise its noise (or lower its target's epsilon)")
 
 

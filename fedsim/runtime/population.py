@@ -133,10 +133,13 @@ class Population:
     def project(self, projection: Projection | None) -> None:
         """Mark the DP-PCA releases done; with a ``projection``, replace the training and
         held-out features by their projected coordinates (every client's records projected by
-        the shared projection, the server's held-out set likewise)."""
+        the shared projection, the server's held-out set likewise, then standardised as
+        :func:`~fedsim.runtime.normalisation.held_out_features` says: with
+        ``dp_normalisation`` each client standardises its projected coordinates, so the
+        held-out set is standardised after its projection too)."""
         if projection is not None:
             self.train_x = projection.apply(self.train_x)
-            self.test_x = projection.apply(self.test_x)
+            self.test_x = held_out_features(self.scenario, projection.apply(self.test_x))
         self.pca_released = True
 
     def trainer(
@@ -340,7 +343,8 @@ def build_population(
                           seed=tree.integer("dataset"), given=data)
     (train_x, train_y, test_x, test_y), path, writers = (
         found.tensors, found.path, found.train_writers)
-    test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
+    if pca_components(scenario) is None:  # with dp_pca: after its projection (project)
+        test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
     components = pca_components(scenario)
