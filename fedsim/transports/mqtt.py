@@ -8,8 +8,9 @@ Topics (:class:`~fedsim.transports.topics.Topics`) under ``fedsim/<run>/``: ``gl
 
 Delivery is at-least-once end to end, not only to the broker: a client keeps every update in an
 outbox until the *server* acknowledges it on ``acks/<client>``; it resends the outbox after every
-reconnect and whatever stays unacknowledged for ``resend_after`` seconds (a broker restart loses
-what it held; a PUBACK alone proves nothing about the server). The server endpoint does not
+reconnect and whatever stays unacknowledged for ``resend_after`` seconds, then at doubling
+intervals (:data:`RESEND_BACKOFF_MAX`); a broker restart loses what it held, and a PUBACK
+alone proves nothing about the server. The server endpoint does not
 acknowledge on receipt: its owner calls :meth:`MqttServerEndpoint.acknowledge` with the
 ``(client_id, round)`` pairs it has durably recorded (the deployment's server does so right
 after each checkpoint), so an update that dies with a crashed server is resent to its successor.
@@ -344,10 +345,23 @@ class MqttServerEndpoint(_MqttEndpoint):
             # An ack lost here only causes a resend, which the server de-duplicates.
 
 
+RESEND_BACKOFF_MAX = 8
+"""An unacknowledged update is resent after ``resend_after`` seconds, then after twice that
+since its last sending, and so on up to ``RESEND_BACKOFF_MAX`` times ``resend_after``: under an
+overload receipts come late, and resending every outstanding update at a fixed period would
+add load exactly when the server has none to spare (a redelivery storm). A reconnect resends
+every one at once, as before."""
+
+
 @dataclass
 class _Pending:
     payload: bytes
     sent_at: float
+    resends: int = 0
+
+    def due(self, now: float, after: float) -> bool:
+        """Whether it waited long enough to be resent (:data:`RESEND_BACKOFF_MAX`)."""
+        return self.sent_at <= now - after * min(2 ** self.resends, RESEND_BACKOFF_MAX)
 
 
 class MqttClientEndpoint(_MqttEndpoint):
@@ -475,11 +489,12 @@ class MqttClientEndpoint(_MqttEndpoint):
     async def _resend(self, *, older_than: float | None) -> None:
         loop = asyncio.get_running_loop()
         for round_, pending in list(self._outbox.items()):
-            if older_than is not None and pending.sent_at > loop.time() - older_than:
+            if older_than is not None and not pending.due(loop.time(), older_than):
                 continue
             if self._outbox.get(round_) is not pending:
                 continue  # acknowledged meanwhile
             pending.sent_at = loop.time()
+            pending.resends += 1
             if await self._send(self.topics.updates(self.client_id), pending.payload):
                 self.stats.resent += 1
 
