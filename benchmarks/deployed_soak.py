@@ -21,8 +21,8 @@ Four processes besides this one, all on 127.0.0.1 and all ended by their PIDs:
   (sent once a checkpoint records them) before it sends more: offered above what the server
   acknowledges, the clients are paced by the server, which runs at its ceiling. Like a deployed
   client, each resends what stays unacknowledged (after the deployed client's ``resend_after``,
-  then at doubling intervals: the broker may have dropped it) and keeps at most 256 updates
-  (the oldest abandoned beyond).
+  then at doubling intervals: the broker may have dropped it, until it is stale by the newest
+  model seen) and keeps at most 256 updates (the oldest abandoned beyond).
 
 Every ``--sample`` seconds (60) the script records the server's and the broker's resident set
 size (``/proc/<pid>/status``), the checkpoint file's size, the number and the longest of the
@@ -128,16 +128,18 @@ SHA-512 as ``fedsim deploy`` writes them), a fraction of a second on a loaded co
 class _Outbox:
     """One client's unacknowledged updates, as a deployed client keeps them
     (:class:`~fedsim.transports.mqtt.MqttClientEndpoint`): at most ``CLIENT_OUTBOX`` (the oldest
-    abandoned beyond), each resent after ``resend_after`` seconds, then at doubling intervals."""
+    abandoned beyond), each resent after ``resend_after`` seconds, then at doubling intervals,
+    until its base version is more than ``max_staleness`` behind the newest model seen."""
 
-    def __init__(self, resend_after: float) -> None:
+    def __init__(self, resend_after: float, max_staleness: int) -> None:
         self.resend_after = resend_after
-        self.pending: dict[int, list[Any]] = {}  # round -> [payload, sent at, resends]
+        self.max_staleness = max_staleness
+        self.pending: dict[int, list[Any]] = {}  # round -> [payload, sent at, resends, base]
         self.freed = asyncio.Event()
-        self.resent = self.abandoned = 0
+        self.resent = self.abandoned = self.expired = 0
 
-    def keep(self, round_: int, payload: bytes) -> None:
-        self.pending[round_] = [payload, time.monotonic(), 0]
+    def keep(self, round_: int, payload: bytes, base: int) -> None:
+        self.pending[round_] = [payload, time.monotonic(), 0, base]
         while len(self.pending) > CLIENT_OUTBOX:
             del self.pending[next(iter(self.pending))]
             self.abandoned += 1
@@ -147,11 +149,16 @@ class _Outbox:
             self.pending.pop(round_, None)
         self.freed.set()
 
-    def due(self) -> list[tuple[int, bytes]]:
+    def due(self, newest: int) -> list[tuple[int, bytes]]:
         from fedsim.transports.mqtt import RESEND_BACKOFF_MAX
 
         now, due = time.monotonic(), []
-        for round_, entry in self.pending.items():
+        for round_, entry in list(self.pending.items()):
+            if newest - entry[3] > self.max_staleness:
+                del self.pending[round_]
+                self.expired += 1
+                self.freed.set()
+                continue
             if entry[1] <= now - self.resend_after * min(2 ** entry[2], RESEND_BACKOFF_MAX):
                 entry[1], entry[2] = now, entry[2] + 1
                 due.append((round_, entry[0]))
@@ -212,7 +219,7 @@ class _Load:
         """Resend what stays unacknowledged (a broker that dropped it never says so)."""
         while True:
             await asyncio.sleep(outbox.resend_after / 2)
-            for _, payload in outbox.due():
+            for _, payload in outbox.due(self.version):
                 await mqtt.publish(self.topics.updates(client_id), payload, qos=1)
                 outbox.resent += 1
                 self.resent += 1
@@ -245,7 +252,7 @@ class _Load:
                                       logger=_QUIET) as mqtt:
                 self.connecting.release()
                 self._joined()
-                outbox = _Outbox(self.config["resend_after"])
+                outbox = _Outbox(self.config["resend_after"], self.config["max_staleness"])
                 listener = asyncio.create_task(
                     self.watch(mqtt, client_id, outbox) if client_id == self.first
                     else self.receipts(mqtt, client_id, outbox))
@@ -269,7 +276,7 @@ class _Load:
                     update = ClientUpdate(client_id, round_, self.version, delta, float(BATCH),
                                           time.time())
                     payload = codec.encode(update, incarnation=self.incarnation)
-                    outbox.keep(round_, payload)
+                    outbox.keep(round_, payload, update.base_version)
                     await mqtt.publish(self.topics.updates(client_id), payload, qos=1)
                     self.sent += 1
                     round_ += 1
@@ -430,7 +437,8 @@ class _Soak:
     def server_log(self) -> str:
         return (self.root / "server.log").read_text(errors="replace")[-2000:]
 
-    def start_load(self, broker: Any, resend_after: float) -> list[_Lines]:
+    def start_load(self, broker: Any, resend_after: float, max_staleness: int
+                   ) -> list[_Lines]:
         """``--load-processes`` generators, each with its share of the clients and the rate;
         returns once every client is connected (the samples start then)."""
         parts = self.args.load_processes
@@ -448,6 +456,7 @@ class _Soak:
                 "seconds": self.seconds + 2 * self.args.sample,
                 "in_flight": self.args.in_flight,
                 "resend_after": resend_after,
+                "max_staleness": max_staleness,
                 "clients": {c: broker.secrets.for_client(c).password for c in ids},
             }).encode())
             load.stdin.close()
@@ -534,7 +543,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 server = run.start_server(broker, scenario_file)
                 resend_after = client_resend_after(loaded.scenario, 1.0)
-                run.sample(server, broker.pid, run.start_load(broker, resend_after))
+                max_staleness = loaded.scenario.server.max_staleness
+                assert max_staleness is not None
+                run.sample(server, broker.pid, run.start_load(broker, resend_after, max_staleness))
             finally:
                 run.close()
             server_file = run.state / "server.json"
