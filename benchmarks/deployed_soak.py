@@ -19,7 +19,10 @@ Four processes besides this one, all on 127.0.0.1 and all ended by their PIDs:
   second with random phases, each within its public pacing slot. Like a deployed client, each
   holds at most ``--in-flight`` updates unacknowledged and waits for the server's receipts
   (sent once a checkpoint records them) before it sends more: offered above what the server
-  acknowledges, the clients are paced by the server, which runs at its ceiling.
+  acknowledges, the clients are paced by the server, which runs at its ceiling. Like a deployed
+  client, each resends what stays unacknowledged (after the deployed client's ``resend_after``,
+  then at doubling intervals: the broker may have dropped it, until it is stale by the newest
+  model seen) and keeps at most 256 updates (the oldest abandoned beyond).
 
 Every ``--sample`` seconds (60) the script records the server's and the broker's resident set
 size (``/proc/<pid>/status``), the checkpoint file's size, the number and the longest of the
@@ -29,8 +32,17 @@ run (the last 20 minutes of 30): the RSS slope relative to its mean, the longest
 against the first minutes', and the spread of the per-minute window and applied rates.
 
 ``--trial`` (2 minutes, print only) finds the rate to offer; with a large ``--in-flight`` (clients
-that never wait for receipts) it shows what happens above the ceiling: the broker's backlog
-makes updates stale. Writes ``benchmarks/results/deployed_soak.json``.
+that never wait for receipts) it shows what happens above the ceiling. Writes
+``benchmarks/results/deployed_soak.json``.
+
+``--overload`` (docs/DEPLOYMENT.md, "Overload") runs two phases of ``--minutes`` each: the
+clients paced by receipts (the applied rate is the server's capacity), then the same clients
+offering ``--rate`` without waiting for receipts; it reports both applied rates, their ratio,
+the overload factor (offered over capacity), the share of what reached the server that it
+applied (a collapse drives it to 0; on two shared cores the flooding generators also take CPU
+from the server, which lowers the first ratio but not this one) and what was shed, and writes
+``benchmarks/results/deployed_soak_overload.json``. The scenario's public slot is made short
+enough for ``--rate`` (its clients stay within their pace).
 """
 
 from __future__ import annotations
@@ -59,14 +71,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import commit, write_json  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent / "results" / "deployed_soak.json"
+OVERLOAD_RESULT = RESULT.with_name("deployed_soak_overload.json")
 RUN = "soak"
 BATCH = 16
 _QUIET = logging.getLogger("deployed_soak.clients")
 _QUIET.setLevel(logging.CRITICAL)
 
 
-def scenario(clients: int) -> dict[str, Any]:
-    """The soak's scenario: tests/deployment/four_clients.yaml with ``clients`` clients."""
+def scenario(clients: int, rate: float = 0.0) -> dict[str, Any]:
+    """The soak's scenario: tests/deployment/four_clients.yaml with ``clients`` clients, whose
+    public slot (speed x batch) leaves room for ``rate`` updates per second among them."""
+    speed = min(0.002, clients / max(rate, 1e-9) / BATCH / 1.25)
     return {
         "name": "deployed-soak",
         "seed": 5,
@@ -77,7 +92,7 @@ def scenario(clients: int) -> dict[str, Any]:
         "clients": {"groups": [{
             "name": "c", "count": clients, "data_share": 1.0, "batch_size": BATCH,
             "sampling": "poisson", "clip": 1.0, "noise": 1.0, "local_lr": 0.5,
-            "speed": 0.002,  # a public slot of 0.032 s: a client may send 31 updates/s
+            "speed": speed,  # 0.002: a public slot of 0.032 s, a client may send 31 updates/s
             "staleness": {"max_versions_behind": 1},
             "budget": {"epsilon": 8.0, "delta": 1.0e-5},
         }]},
@@ -105,9 +120,51 @@ def _server_process(timings: str, argv: list[str]) -> int:
 
 
 # -- the load generator process --------------------------------------------------------------
+CLIENT_OUTBOX = 256
+"""Unacknowledged updates a client keeps (``MqttClientEndpoint``'s ``max_unacknowledged``)."""
 CONNECTING = 4
 """Connections opened at once: each costs the broker a PBKDF2 password check (210,000 rounds of
 SHA-512 as ``fedsim deploy`` writes them), a fraction of a second on a loaded core."""
+
+
+class _Outbox:
+    """One client's unacknowledged updates, as a deployed client keeps them
+    (:class:`~fedsim.transports.mqtt.MqttClientEndpoint`): at most ``CLIENT_OUTBOX`` (the oldest
+    abandoned beyond), each resent after ``resend_after`` seconds, then at doubling intervals,
+    until its base version is more than ``max_staleness`` behind the newest model seen."""
+
+    def __init__(self, resend_after: float, max_staleness: int) -> None:
+        self.resend_after = resend_after
+        self.max_staleness = max_staleness
+        self.pending: dict[int, list[Any]] = {}  # round -> [payload, sent at, resends, base]
+        self.freed = asyncio.Event()
+        self.resent = self.abandoned = self.expired = 0
+
+    def keep(self, round_: int, payload: bytes, base: int) -> None:
+        self.pending[round_] = [payload, time.monotonic(), 0, base]
+        while len(self.pending) > CLIENT_OUTBOX:
+            del self.pending[next(iter(self.pending))]
+            self.abandoned += 1
+
+    def acknowledged(self, rounds: Any) -> None:
+        for round_ in rounds:
+            self.pending.pop(round_, None)
+        self.freed.set()
+
+    def due(self, newest: int) -> list[tuple[int, bytes]]:
+        from fedsim.transports.mqtt import RESEND_BACKOFF_MAX
+
+        now, due = time.monotonic(), []
+        for round_, entry in list(self.pending.items()):
+            if newest - entry[3] > self.max_staleness:
+                del self.pending[round_]
+                self.expired += 1
+                self.freed.set()
+                continue
+            if entry[1] <= now - self.resend_after * min(2 ** entry[2], RESEND_BACKOFF_MAX):
+                entry[1], entry[2] = now, entry[2] + 1
+                due.append((round_, entry[0]))
+        return due
 
 
 class _Load:
@@ -125,13 +182,12 @@ class _Load:
         self.incarnation = ""
         self.version = -1
         self.dim = 0
-        self.sent = self.errors = self.connected = self.waits = 0
+        self.sent = self.errors = self.connected = self.waits = self.resent = 0
         self.all_connected = asyncio.Event()
         self.connecting = asyncio.Semaphore(CONNECTING)
         self.rng = np.random.default_rng(0)
 
-    async def watch(self, mqtt: Any, client_id: str, acked: list[int],
-                    freed: asyncio.Event) -> None:
+    async def watch(self, mqtt: Any, client_id: str, outbox: _Outbox) -> None:
         """On the first client's connection (the broker takes the username as the MQTT client
         id, so one connection per client): the incarnation and the newest model's version."""
         from fedsim.protocol import codec
@@ -152,8 +208,7 @@ class _Load:
                 if str(message.topic) == self.topics.acks(client_id):
                     receipt = json.loads(payload)
                     self.incarnation = receipt.get("incarnation") or self.incarnation
-                    acked[0] += len(receipt.get("rounds", ()))
-                    freed.set()
+                    outbox.acknowledged(receipt.get("rounds", ()))
                     continue
                 frame = codec.decode_frame(payload)
                 if isinstance(frame.message, GlobalModel):
@@ -162,20 +217,27 @@ class _Load:
         finally:
             hellos.cancel()
 
+    async def resend(self, mqtt: Any, client_id: str, outbox: _Outbox) -> None:
+        """Resend what stays unacknowledged (a broker that dropped it never says so)."""
+        while True:
+            await asyncio.sleep(outbox.resend_after / 2)
+            for _, payload in outbox.due(self.version):
+                await mqtt.publish(self.topics.updates(client_id), payload, qos=1)
+                outbox.resent += 1
+                self.resent += 1
+
     def _joined(self) -> None:
         self.connected += 1
         if self.connected == len(self.clients):
             self.deadline = time.monotonic() + self.config["seconds"]
             self.all_connected.set()
 
-    async def receipts(self, mqtt: Any, client_id: str, acked: list[int],
-                       freed: asyncio.Event) -> None:
+    async def receipts(self, mqtt: Any, client_id: str, outbox: _Outbox) -> None:
         """Count the rounds the server acknowledges (its checkpoint recorded them)."""
         await mqtt.subscribe(self.topics.acks(client_id), qos=0)
         async for message in mqtt.messages:
             if str(message.topic) == self.topics.acks(client_id):
-                acked[0] += len(json.loads(bytes(message.payload)).get("rounds", ()))
-                freed.set()
+                outbox.acknowledged(json.loads(bytes(message.payload)).get("rounds", ()))
 
     async def one(self, client_id: str, password: str, phase: float) -> None:
         """One client: connect, say "connected", then one update every period until the end,
@@ -192,10 +254,11 @@ class _Load:
                                       logger=_QUIET) as mqtt:
                 self.connecting.release()
                 self._joined()
-                acked, freed = [0], asyncio.Event()
+                outbox = _Outbox(self.config["resend_after"], self.config["max_staleness"])
                 listener = asyncio.create_task(
-                    self.watch(mqtt, client_id, acked, freed) if client_id == self.first
-                    else self.receipts(mqtt, client_id, acked, freed))
+                    self.watch(mqtt, client_id, outbox) if client_id == self.first
+                    else self.receipts(mqtt, client_id, outbox))
+                resender = asyncio.create_task(self.resend(mqtt, client_id, outbox))
                 await self.all_connected.wait()
                 while not (self.incarnation and self.dim):
                     await asyncio.sleep(0.2)
@@ -205,22 +268,24 @@ class _Load:
                 await asyncio.sleep(phase)
                 next_at, round_ = time.monotonic(), 0
                 while time.monotonic() < self.deadline:
-                    if round_ - acked[0] >= self.config["in_flight"]:
-                        freed.clear()
+                    if len(outbox.pending) >= self.config["in_flight"]:
+                        outbox.freed.clear()
                         self.waits += 1
-                        await freed.wait()
+                        await outbox.freed.wait()
                         next_at = time.monotonic()  # no catching up: the pace stays the slot's
                         continue
                     delta = (0.01 * self.rng.standard_normal(self.dim)).astype(np.float32)
                     update = ClientUpdate(client_id, round_, self.version, delta, float(BATCH),
                                           time.time())
-                    await mqtt.publish(self.topics.updates(client_id),
-                                       codec.encode(update, incarnation=self.incarnation), qos=1)
+                    payload = codec.encode(update, incarnation=self.incarnation)
+                    outbox.keep(round_, payload, update.base_version)
+                    await mqtt.publish(self.topics.updates(client_id), payload, qos=1)
                     self.sent += 1
                     round_ += 1
                     next_at += self.period
                     await asyncio.sleep(max(0.0, next_at - time.monotonic()))
                 listener.cancel()
+                resender.cancel()
         except aiomqtt.MqttError:
             self.errors += 1
             self.connecting.release()
@@ -228,7 +293,7 @@ class _Load:
 
     def report(self, **extra: Any) -> None:
         print(json.dumps({"t": time.time(), "sent": self.sent, "errors": self.errors,
-                          "waits_for_receipts": self.waits,
+                          "waits_for_receipts": self.waits, "resent": self.resent,
                           "connected": self.connected, "version": self.version, **extra}),
               flush=True)
 
@@ -374,7 +439,8 @@ class _Soak:
     def server_log(self) -> str:
         return (self.root / "server.log").read_text(errors="replace")[-2000:]
 
-    def start_load(self, broker: Any) -> list[_Lines]:
+    def start_load(self, broker: Any, resend_after: float, max_staleness: int
+                   ) -> list[_Lines]:
         """``--load-processes`` generators, each with its share of the clients and the rate;
         returns once every client is connected (the samples start then)."""
         parts = self.args.load_processes
@@ -391,6 +457,8 @@ class _Soak:
                 "rate": self.args.rate * len(ids) / len(self.ids),
                 "seconds": self.seconds + 2 * self.args.sample,
                 "in_flight": self.args.in_flight,
+                "resend_after": resend_after,
+                "max_staleness": max_staleness,
                 "clients": {c: broker.secrets.for_client(c).password for c in ids},
             }).encode())
             load.stdin.close()
@@ -433,8 +501,11 @@ class _Soak:
                 "checkpoints": len(saves),
                 "checkpoint_max_s": round(max(s["s"] for s in saves), 4) if saves else None,
                 "windows": len(lines),
+                "received": sum(line.get("received", 0) for line in lines),
                 "applied": sum(line.get("applied", 0) for line in lines),
                 "rejected": sum(line.get("rejected", 0) for line in lines),
+                "stale": sum(line.get("stale", 0) for line in lines),
+                "shed_on_arrival": sum(line.get("shed", 0) for line in lines),
                 "dropped_in_flight": sum(line.get("dropped_in_flight", 0) for line in lines),
                 "offered": sum(sent) - before,
                 "version": lines[-1].get("version") if lines else None,
@@ -454,6 +525,7 @@ class _Soak:
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.client_process import client_resend_after
     from fedsim.runtime.deployed.deployment import message_limit
     from fedsim.runtime.population import build_population
     from fedsim.transports.broker import LocalMosquitto
@@ -463,7 +535,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(args.keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
         scenario_file = root / "scenario.yaml"
-        scenario_file.write_text(yaml.safe_dump(scenario(args.clients)), encoding="utf-8")
+        scenario_file.write_text(yaml.safe_dump(scenario(args.clients, args.rate)),
+                                 encoding="utf-8")
         loaded = load_scenario(scenario_file)
         params = int(build_population(loaded).initial_params.size)
         limit = packet_limit(message_limit(loaded.scenario, params))
@@ -472,7 +545,10 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             assert broker.pid is not None
             try:
                 server = run.start_server(broker, scenario_file)
-                run.sample(server, broker.pid, run.start_load(broker))
+                resend_after = client_resend_after(loaded.scenario, 1.0)
+                max_staleness = loaded.scenario.server.max_staleness
+                assert max_staleness is not None
+                run.sample(server, broker.pid, run.start_load(broker, resend_after, max_staleness))
             finally:
                 run.close()
             server_file = run.state / "server.json"
@@ -502,6 +578,52 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _rate(result: dict[str, Any], key: str) -> float:
+    """Per second, over the samples after the first (the first fills the pipes)."""
+    tail = result["series"][1:]
+    return sum(s[key] for s in tail) / (len(tail) * result["sample_seconds"])
+
+
+def overload(args: argparse.Namespace) -> dict[str, Any]:
+    """The server's capacity, then the same clients offering ``--rate`` without waiting for
+    receipts: applied updates per second in both, and their ratio (docs/DEPLOYMENT.md,
+    "Overload"). Each phase is a fresh broker, server and clients, ``--minutes`` long."""
+    def phase(name: str, in_flight: int) -> dict[str, Any]:
+        keep = args.keep / name if args.keep else None
+        return soak(argparse.Namespace(**{**vars(args), "in_flight": in_flight, "keep": keep}))
+
+    paced, flood = phase("paced", args.in_flight), phase("overload", 10**9)
+    capacity, applied = _rate(paced, "applied"), _rate(flood, "applied")
+    offered, received = _rate(flood, "offered"), _rate(flood, "received")
+    return {
+        "commit": commit(),
+        "what": "applied updates/s of a deployed server (fedsim server, logreg, 1 s windows) "
+                "over a real mosquitto on loopback: clients paced by receipts (its capacity), "
+                "then the same clients offering --rate without waiting for receipts",
+        "clients": args.clients,
+        "offered_updates_per_s_nominal": args.rate,
+        "minutes_per_phase": args.minutes,
+        "sample_seconds": args.sample,
+        "capacity_applied_per_s": round(capacity, 1),
+        "overload_offered_per_s": round(offered, 1),
+        "overload_factor": round(offered / capacity, 2) if capacity else None,
+        "overload_applied_per_s": round(applied, 1),
+        "applied_ratio": round(applied / capacity, 3) if capacity else None,
+        # Of what reached the server in the overload, the share it applied (the rest arrived
+        # stale): a collapse drives it to 0, whatever the CPU the load generators leave it.
+        "overload_received_per_s": round(received, 1),
+        "overload_applied_share_of_received": round(applied / received, 3) if received else None,
+        "overload_shed_on_arrival_per_s": round(_rate(flood, "shed_on_arrival"), 1),
+        "overload_stale_per_s": round(_rate(flood, "stale"), 1),
+        "overload_dropped_in_flight_per_s": round(_rate(flood, "dropped_in_flight"), 1),
+        "paced_series": paced["series"],
+        "overload_series": flood["series"],
+        "server": {"paced": paced["server"], "overload": flood["server"]},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_at_end": [round(v, 2) for v in os.getloadavg()]},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--server-process"]:
@@ -521,9 +643,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trial", action="store_true", help="2 minutes, print only")
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
+    parser.add_argument("--overload", action="store_true",
+                        help="capacity, then --rate offered without waiting for receipts, "
+                             "--minutes each (writes deployed_soak_overload.json)")
     args = parser.parse_args(argv)
     if args.trial:
         args.minutes = 2.0
+    if args.overload:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        outcome = overload(args)
+        print(json.dumps({k: v for k, v in outcome.items() if not k.endswith("series")},
+                         indent=2))
+        if not args.trial:
+            write_json(OVERLOAD_RESULT if args.out == RESULT else args.out, outcome)
+        return 0
     # SIGTERM ends the soak through its clean-up (the processes it started, by PID).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = soak(args)

@@ -12,10 +12,9 @@ URL, or the secrets file ``fedsim deploy`` writes (``--secrets FILE`` or ``$FEDS
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from fedsim.config import load_scenario
+from fedsim.commands.processes import add_process_parser, process_setup
 from fedsim.runtime.deployed.options import DeploymentOptions
 
 DESCRIPTION = (
@@ -25,18 +24,11 @@ DESCRIPTION = (
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "aggregator", help="Run one aggregation node of a scenario as a process.",
+    parser = add_process_parser(
+        subparsers, "aggregator", help="Run one aggregation node of a scenario as a process.",
         description=DESCRIPTION,
-    )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
-    parser.add_argument(
-        "--aggregator-id", required=True, metavar="ID",
-        help="Which aggregator to run: aggregator-0 ... aggregator-(K-1).",
-    )
-    parser.add_argument(
-        "--state", metavar="DIR",
-        help="Where its outcome file goes (by default fedsim-state/RUN/AGGREGATOR-ID).",
+        identity=("--aggregator-id", "Which aggregator to run: aggregator-0 ... aggregator-(K-1)."),
+        state_help="Where its outcome file goes (by default fedsim-state/RUN/AGGREGATOR-ID).",
     )
     DeploymentOptions.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -45,18 +37,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.deployed.aggregator_process import run_aggregator
-    from fedsim.runtime.deployed.deployment import broker_for, run_process
+    from fedsim.runtime.deployed.deployment import run_process
 
-    options = DeploymentOptions.from_args(args)
-    loaded = load_scenario(args.scenario, args.overrides,
-                           allow_factories=options.allow_factories)
-    broker, run_name = broker_for(options, role="aggregator", client_id=args.aggregator_id)
-    run_name = run_name or loaded.scenario.name
-    state = Path(args.state) if args.state else Path("fedsim-state") / run_name / args.aggregator_id
+    setup = process_setup(args, role="aggregator", identity=args.aggregator_id)
     outcome = run_process(
-        lambda stop: run_aggregator(loaded, args.aggregator_id, broker, run=run_name,
-                                    state_dir=state, options=options, stop=stop),
-        loaded.scenario.torch_threads,
+        lambda stop: run_aggregator(setup.loaded, args.aggregator_id, setup.broker,
+                                    run=setup.run_name, state_dir=setup.state,
+                                    options=setup.options, stop=stop),
+        setup.loaded.scenario.torch_threads,
     )
     print(f"{args.aggregator_id}: {outcome['folded']} updates folded into {outcome['partials']} "
           f"partials, {outcome['forwarded']} forwarded"

@@ -11,10 +11,9 @@ its updates) or on SIGTERM/SIGINT. Time scale, credentials and broker: see ``fed
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from fedsim.config import load_scenario
+from fedsim.commands.processes import add_process_parser, process_setup
 from fedsim.runtime.deployed.options import DeploymentOptions
 
 DESCRIPTION = (
@@ -25,19 +24,12 @@ DESCRIPTION = (
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "client", help="Run one client of a scenario as a process talking to an MQTT broker.",
+    parser = add_process_parser(
+        subparsers, "client",
+        help="Run one client of a scenario as a process talking to an MQTT broker.",
         description=DESCRIPTION,
-    )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
-    parser.add_argument(
-        "--client-id",
-        required=True,
-        metavar="ID",
-        help="Which client of the scenario to run, for example phone-000.",
-    )
-    parser.add_argument(
-        "--state", metavar="DIR", help="The ledger directory (by default fedsim-state/RUN/CLIENT-ID)."
+        identity=("--client-id", "Which client of the scenario to run, for example phone-000."),
+        state_help="The ledger directory (by default fedsim-state/RUN/CLIENT-ID).",
     )
     parser.add_argument(
         "--flush-timeout",
@@ -53,26 +45,21 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.deployed.client_process import run_client
-    from fedsim.runtime.deployed.deployment import broker_for, run_process
+    from fedsim.runtime.deployed.deployment import run_process
 
-    options = DeploymentOptions.from_args(args)
-    loaded = load_scenario(args.scenario, args.overrides,
-                           allow_factories=options.allow_factories)
-    broker, run_name = broker_for(options, role="client", client_id=args.client_id)
-    run_name = run_name or loaded.scenario.name
-    state = Path(args.state) if args.state else Path("fedsim-state") / run_name / args.client_id
+    setup = process_setup(args, role="client", identity=args.client_id)
     outcome = run_process(
         lambda stop: run_client(
-            loaded,
+            setup.loaded,
             args.client_id,
-            broker,
-            run=run_name,
-            state_dir=state,
-            options=options,
+            setup.broker,
+            run=setup.run_name,
+            state_dir=setup.state,
+            options=setup.options,
             flush_timeout=args.flush_timeout,
             stop=stop,
         ),
-        loaded.scenario.torch_threads,
+        setup.loaded.scenario.torch_threads,
     )
     print(
         f"client {args.client_id}: {outcome['state']}, {len(outcome['ledger_rounds'])} rounds "

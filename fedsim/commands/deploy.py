@@ -225,8 +225,8 @@ def run(args: argparse.Namespace) -> int:
     max_packet_bytes = args.max_packet_bytes
     max_queued_bytes = None
     if largest is not None:
-        # Every packet fits one message of the run; a session's queue at most the messages
-        # the server may legitimately have queued (every client's whole outbox).
+        # Every packet fits one message of the run; a session's queue at most the server's
+        # bounded backlog of them (queue_limit).
         max_packet_bytes = packet_limit(largest)
         max_queued_bytes = queue_limit(len(ids)) * max_packet_bytes
     if args.compose and not args.scenario:

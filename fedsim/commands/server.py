@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fedsim.config import load_scenario
+from fedsim.commands.processes import add_process_parser, process_setup
 from fedsim.runtime.deployed.options import DeploymentOptions
 
 DESCRIPTION = (
@@ -26,13 +26,11 @@ DESCRIPTION = (
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "server", help="Run a scenario's server as a process talking to an MQTT broker.",
+    parser = add_process_parser(
+        subparsers, "server",
+        help="Run a scenario's server as a process talking to an MQTT broker.",
         description=DESCRIPTION,
-    )
-    parser.add_argument("--scenario", required=True, metavar="FILE", help="The scenario YAML file.")
-    parser.add_argument(
-        "--state", metavar="DIR", help="The checkpoint directory (by default fedsim-state/RUN/server)."
+        state_help="The checkpoint directory (by default fedsim-state/RUN/server).",
     )
     parser.add_argument(
         "--out", metavar="DIR", help="Where metrics.jsonl and server.json go (by default the --state directory)."
@@ -43,31 +41,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.runtime.deployed.deployment import broker_for, run_process
+    from fedsim.runtime.deployed.deployment import run_process
     from fedsim.runtime.deployed.server_process import serve
 
-    options = DeploymentOptions.from_args(args)
-    loaded = load_scenario(args.scenario, args.overrides,
-                           allow_factories=options.allow_factories)
-    broker, run_name = broker_for(options, role="server")
-    run_name = run_name or loaded.scenario.name
-    state = Path(args.state) if args.state else Path("fedsim-state") / run_name / "server"
-    out = Path(args.out) if args.out else state
+    setup = process_setup(args, role="server")
+    out = Path(args.out) if args.out else setup.state
     outcome = run_process(
         lambda stop: serve(
-            loaded,
-            broker,
-            run=run_name,
-            state_dir=state,
+            setup.loaded,
+            setup.broker,
+            run=setup.run_name,
+            state_dir=setup.state,
             out_dir=out,
-            options=options,
+            options=setup.options,
             stop=stop,
         ),
-        loaded.scenario.torch_threads,
+        setup.loaded.scenario.torch_threads,
     )
     accuracy = outcome.get("last_accuracy")
     print(
-        f"server {run_name}: {outcome.get('windows')} windows, version "
+        f"server {setup.run_name}: {outcome.get('windows')} windows, version "
         f"{outcome.get('final_version')}, accuracy "
         f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {outcome['stop_reason']}"
     )

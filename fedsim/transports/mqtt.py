@@ -8,8 +8,9 @@ Topics (:class:`~fedsim.transports.topics.Topics`) under ``fedsim/<run>/``: ``gl
 
 Delivery is at-least-once end to end, not only to the broker: a client keeps every update in an
 outbox until the *server* acknowledges it on ``acks/<client>``; it resends the outbox after every
-reconnect and whatever stays unacknowledged for ``resend_after`` seconds (a broker restart loses
-what it held; a PUBACK alone proves nothing about the server). The server endpoint does not
+reconnect and whatever stays unacknowledged for ``resend_after`` seconds, then at doubling
+intervals (:data:`RESEND_BACKOFF_MAX`); a broker restart loses what it held, and a PUBACK
+alone proves nothing about the server. The server endpoint does not
 acknowledge on receipt: its owner calls :meth:`MqttServerEndpoint.acknowledge` with the
 ``(client_id, round)`` pairs it has durably recorded (the deployment's server does so right
 after each checkpoint), so an update that dies with a crashed server is resent to its successor.
@@ -344,10 +345,24 @@ class MqttServerEndpoint(_MqttEndpoint):
             # An ack lost here only causes a resend, which the server de-duplicates.
 
 
+RESEND_BACKOFF_MAX = 8
+"""An unacknowledged update is resent after ``resend_after`` seconds, then after twice that
+since its last sending, and so on up to ``RESEND_BACKOFF_MAX`` times ``resend_after``: under an
+overload receipts come late, and resending every outstanding update at a fixed period would
+add load exactly when the server has none to spare (a redelivery storm). A reconnect resends
+every one at once, as before."""
+
+
 @dataclass
 class _Pending:
     payload: bytes
     sent_at: float
+    base_version: int
+    resends: int = 0
+
+    def due(self, now: float, after: float) -> bool:
+        """Whether it waited long enough to be resent (:data:`RESEND_BACKOFF_MAX`)."""
+        return self.sent_at <= now - after * min(2 ** self.resends, RESEND_BACKOFF_MAX)
 
 
 class MqttClientEndpoint(_MqttEndpoint):
@@ -355,6 +370,8 @@ class MqttClientEndpoint(_MqttEndpoint):
 
     Updates stay in an outbox (at most ``max_unacknowledged``, oldest abandoned first) until the
     server acknowledges them; see the module docstring. ``flush`` waits for the outbox to empty.
+    ``max_staleness`` (the scenario's server setting): an update is not resent once its base
+    version is more than that behind the newest global model delivered (``stats.expired``).
     """
 
     def __init__(
@@ -368,6 +385,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         reconnect: ReconnectPolicy = ReconnectPolicy(),
         resend_after: float = 10.0,
         max_unacknowledged: int = 256,
+        max_staleness: int | None = None,
         max_concurrent_outgoing_calls: int = 20,
         keepalive: int = 30,
         seed: int | None = None,
@@ -392,6 +410,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         self.client_id = client_id
         self._resend_after = resend_after
         self._max_unacked = max_unacknowledged
+        self._max_staleness = max_staleness
+        self._newest_version = -1  # of the global models delivered
         self._outbox: dict[int, _Pending] = {}
         self._outbox_empty = asyncio.Event()
         self._outbox_empty.set()
@@ -417,7 +437,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         if isinstance(message, ClientUpdate):
             payload = codec.encode(message, incarnation=stamp)
             self._outbox.pop(message.round, None)
-            self._outbox[message.round] = _Pending(payload, loop.time())
+            self._outbox[message.round] = _Pending(payload, loop.time(), message.base_version)
             self._outbox_empty.clear()
             while len(self._outbox) > self._max_unacked:
                 abandoned = next(iter(self._outbox))
@@ -475,13 +495,30 @@ class MqttClientEndpoint(_MqttEndpoint):
     async def _resend(self, *, older_than: float | None) -> None:
         loop = asyncio.get_running_loop()
         for round_, pending in list(self._outbox.items()):
-            if older_than is not None and pending.sent_at > loop.time() - older_than:
+            if older_than is not None and not pending.due(loop.time(), older_than):
                 continue
             if self._outbox.get(round_) is not pending:
                 continue  # acknowledged meanwhile
+            if self._expired(round_, pending):
+                continue
             pending.sent_at = loop.time()
+            pending.resends += 1
             if await self._send(self.topics.updates(self.client_id), pending.payload):
                 self.stats.resent += 1
+
+    def _expired(self, round_: int, pending: _Pending) -> bool:
+        """Forget an unacknowledged update the server can only refuse as stale: its base version
+        is more than ``max_staleness`` behind the newest model this client has seen (the
+        server's is newer still). Its privacy was spent; the server counts it as dropped in
+        flight. Resending it would only take the place of a fresh one in an overload."""
+        if self._max_staleness is None or \
+                self._newest_version - pending.base_version <= self._max_staleness:
+            return False
+        del self._outbox[round_]
+        self.stats.expired += 1
+        if not self._outbox:
+            self._outbox_empty.set()
+        return True
 
     async def _resend_timer(self) -> None:
         while True:
@@ -513,6 +550,8 @@ class MqttClientEndpoint(_MqttEndpoint):
 
     def _deliver(self, message: Message) -> None:
         self.stats.received += 1
+        if isinstance(message, GlobalModel):
+            self._newest_version = max(self._newest_version, message.version)
         self._inbox.put(message)
 
     def _on_ack(self, topic: str, payload: object) -> None:

@@ -116,6 +116,7 @@ class MqttStats:
     acked: int = 0
     resent: int = 0
     abandoned: int = 0  # updates dropped from a full outbox
+    expired: int = 0  # unacknowledged updates not resent: stale by the newest model seen
     other_incarnation: int = 0  # messages of another run incarnation, ignored
     refused_by_kind: dict[str, int] = field(default_factory=dict)
     """Every message the endpoint refused (rejected, denied, other incarnation), by kind."""

@@ -183,12 +183,13 @@ class Pacer:
         """Updates that had to wait (a flooding client's, or bunched by more than the burst)."""
         self._refused = 0
         self._noted: dict[int, tuple[ClientUpdate, str]] = {}  # id -> (the update, its verdict)
+        self._released: list[ClientUpdate] = []  # served by note(), judged with due()
 
     def restart(self, start: float, *, full: bool) -> None:
         """Begin the buckets at ``start`` (the first model's time), full after a restart."""
         self.start = start
         self.initial = BURST if full else 1.0
-        self._buckets, self._queued = {}, set()
+        self._buckets, self._queued, self._released = {}, set(), []
 
     def _bucket(self, client_id: str, now: float) -> _Bucket:
         bucket = self._buckets.get(client_id)
@@ -250,25 +251,47 @@ class Pacer:
         if not self._queued:
             return None  # the common case, on every arrival: no scan of every client's bucket
         for client_id in sorted(self._queued, key=lambda c: self._buckets[c].index):
-            bucket = self._bucket(client_id, now)
-            round_index = bucket.waiting[0].round
-            if bucket.has_passed(round_index) or self._may_pass(client_id, bucket):
-                if not bucket.has_passed(round_index):  # a repeat of a round that passed is free
-                    self._take(client_id, bucket, round_index)
-                due = bucket.waiting.pop(0)
-                if not bucket.waiting:
-                    self._queued.discard(client_id)
+            due = self._serve(client_id, now)
+            if due is not None:
                 return due
         return None
 
+    def _serve(self, client_id: str, now: float) -> ClientUpdate | None:
+        """The head of ``client_id``'s queue if it may now be judged (its token spent)."""
+        bucket = self._bucket(client_id, now)
+        round_index = bucket.waiting[0].round
+        if not (bucket.has_passed(round_index) or self._may_pass(client_id, bucket)):
+            return None
+        if not bucket.has_passed(round_index):  # a repeat of a round that passed is free
+            self._take(client_id, bucket, round_index)
+        due = bucket.waiting.pop(0)
+        if not bucket.waiting:
+            self._queued.discard(client_id)
+        return due
+
     def note(self, update: ClientUpdate, now: float) -> None:
         """Pace a time window's ``update`` at its arrival (:meth:`offer`); the verdict is used
-        when the window closes (:meth:`judged_now`)."""
+        when the window closes (:meth:`judged_now`).
+
+        A client with updates waiting is served at its arrivals too, not only at the window's
+        end: its tokens accrue at one a slot but its bucket holds at most :data:`BURST`, so a
+        queue served once a window would drain at ``BURST`` updates a window, below the slot
+        rate of an honest client whose window is longer than ``BURST`` slots; once deferred,
+        such a client would fall behind for good and its updates would wait until stale."""
+        client_id = update.client_id
+        while client_id in self._queued and (due := self._serve(client_id, now)) is not None:
+            self._released.append(due)
         self._noted[id(update)] = (update, self.offer(update, now))
 
+    def take_released(self) -> list[ClientUpdate]:
+        """The updates served at their client's arrivals (:meth:`note`) since the last call."""
+        released, self._released = self._released, []
+        return released
+
     def due(self, now: float) -> list[ClientUpdate]:
-        """Every waiting update that may now be judged (:meth:`next_due`, repeatedly)."""
-        return list(iter(lambda: self.next_due(now), None))
+        """Every waiting update that may now be judged: those served at their client's
+        arrivals (:meth:`note`), then :meth:`next_due`, repeatedly."""
+        return self.take_released() + list(iter(lambda: self.next_due(now), None))
 
     def judged_now(self, arrived: list[ClientUpdate], now: float) -> list[ClientUpdate]:
         """Those of a time window's ``arrived`` updates to judge now: those that passed when

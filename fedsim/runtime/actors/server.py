@@ -69,6 +69,13 @@ model is the flat deployment's up to float32 rounding of the sums. A partial of 
 already closed (a late or dead aggregator's) is not applied: its updates count in
 ``WindowReport.lost_in_partials`` (dropped in flight; their privacy was spent on the client).
 
+**Overload** (:attr:`ServerActor.shed_on_arrival`, the deployed server; docs/DEPLOYMENT.md): under
+time windows an update that arrives already stale (``version - base_version > max_staleness``)
+is judged as it arrives, before pacing, instead of waiting for the window's end behind the
+others: the verdict is the same (it could only be staler then), it takes no token of its
+client's pace, and it enters the book at once, so the receipt after the next checkpoint frees
+its client. It counts as stale and as ``WindowReport.shed``.
+
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
@@ -254,6 +261,9 @@ class ServerActor:
         self._open: WindowReport | None = None
         self._buffer: list[tuple[AcceptedUpdate, float | None]] = []
         self.ended = False  # the last window has closed: updates are no longer judged
+        self.shed_on_arrival = False
+        """Time windows: judge an update that arrives already stale at once (the deployed
+        server; module docstring, "Overload")."""
         self.updates_after_end = 0
         self._invited_bits: bytes | None = None
         self._renew_above = 0  # (restore: the snapshot's version ceiling)
@@ -300,17 +310,36 @@ class ServerActor:
                 self.updates_after_end += 1  # never judged: the last window has closed
             elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
                 await self._arrived(message)
+            elif isinstance(message, ClientUpdate) and self._stale_on_arrival(message):
+                self._shed(message)
             elif isinstance(message, ClientUpdate):
                 self.pacer.note(message, self.clock.now())  # paced by its arrival time
                 self._inbox.append(message)
                 if len(self._inbox) > self.stream_above:
-                    self._fold_inbox()
+                    self._fold_inbox(tuple(self.pacer.take_released()))
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             elif isinstance(message, Partial):
                 self._take_partial(message)
             else:
                 _log.warning("server ignored a message", kind=type(message).__name__)
+
+    def _stale_on_arrival(self, update: ClientUpdate) -> bool:
+        """Under :attr:`shed_on_arrival`, whether ``update`` is already stale as it arrives:
+        it can only be staler when its window closes."""
+        return (self.shed_on_arrival and self.max_staleness is not None
+                and self.version - update.base_version > self.max_staleness)
+
+    def _shed(self, update: ClientUpdate) -> None:
+        """Judge now an update that arrived stale (module docstring, "Overload"): no pacing,
+        no place in the window's inbox; it enters the book (its receipt frees the client)."""
+        report = self._open = self._open or WindowReport(self.windows_closed + 1,
+                                                         self.clock.now(), self.version)
+        report.received += 1
+        stale = report.stale
+        # Never accepted (stale already); an earlier check of the judge may refuse it instead.
+        self._admit(update, report)
+        report.shed += report.stale - stale
 
     # -- one window -----------------------------------------------------------------------
     def _invite(self, window: int) -> bytes | None:

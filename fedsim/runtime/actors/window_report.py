@@ -27,6 +27,9 @@ class WindowReport:
     received: int = 0
     applied: int = 0
     stale: int = 0
+    shed: int = 0
+    """Of the ``stale``, those that arrived stale and were judged at once (an overload's
+    backlog; :attr:`ServerActor.shed_on_arrival`)."""
     duplicate: int = 0
     rejected: int = 0
     step_size: float = 0.0
@@ -84,7 +87,8 @@ class WindowReport:
         if self.duplicate or self.stale or self.rejected or self.rejections:
             _log.info("window events", window=self.window, duplicate=self.duplicate,
                       stale=self.stale, rejected=self.rejected,
-                      rejections=dict(sorted(self.rejections.items())))
+                      rejections=dict(sorted(self.rejections.items())),
+                      **({"shed_on_arrival": self.shed} if self.shed else {}))
 
     def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
                     seconds: str = "virtual") -> RunStop | None:

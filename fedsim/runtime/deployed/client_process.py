@@ -137,6 +137,7 @@ async def run_client(
         max_message_bytes=message_limit(scenario, int(population.initial_params.size)),
         reconnect=reconnect_policy(options),
         resend_after=client_resend_after(scenario, options.time_scale),
+        max_staleness=scenario.server.max_staleness,
         seed=population.tree.integer("client", client_id, "mqtt", first_round),
     )
     report_file = client_state_file(state, client_id)

@@ -231,6 +231,7 @@ class _ServerMonitor:
             min_remaining_epsilon=None,  # the ledgers live with the clients
             refused=refused,
         )
+        line["shed"] = report.shed  # of the stale: judged as they arrived (an overload)
         self._missing_reported = missing
         _write_lines(
             self.applied,
@@ -435,6 +436,7 @@ def _server_actor(
             renewed_version=server.version,
         )
     server.incarnations = mqtt.incarnation.all  # kept by every checkpoint
+    server.shed_on_arrival = True  # an overload's backlog is judged as it arrives
     return server
 
 
