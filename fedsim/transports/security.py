@@ -247,7 +247,7 @@ def mosquitto_conf_text(
     password_file: str,
     acl_file: str,
     persistence_dir: str | None = None,
-    max_queued_messages: int = 100_000,
+    max_queued_messages: int = SERVER_BACKLOG,
     max_queued_bytes: int = DEFAULT_QUEUED_BYTES,
     max_packet_bytes: int | None = None,
     log_file: str | None = None,
@@ -256,9 +256,11 @@ def mosquitto_conf_text(
 ) -> str:
     """A mosquitto 2 configuration for one authenticated, ACL-restricted listener.
 
-    ``max_queued_messages`` is per client: mosquitto's default of 1000 silently drops QoS 1
-    messages queued beyond it for a slow server, so it is raised here (size it with
-    :func:`queue_limit`) and bounded in bytes (``max_queued_bytes``). The limits are the same
+    ``max_queued_messages`` is per client (size it with :func:`queue_limit`; the default, with
+    no run to size it for, is :data:`SERVER_BACKLOG`): QoS 1 messages queued beyond it are
+    dropped, which costs a resend, not an update (the clients resend what the server never
+    acknowledged), while a longer queue would only make every update in it arrive stale. It is
+    also bounded in bytes (``max_queued_bytes``). The limits are the same
     for every client (mosquitto has no per-user ones), so what a *client's* session may hold
     is kept small another way: the only QoS 1 messages a client may read are its receipts;
     the global model travels at QoS 0 and QoS 0 messages are not queued for a session that
