@@ -32,6 +32,7 @@ fedsim, so the privacy code can use it.
 
 from __future__ import annotations
 
+import importlib
 import os
 import secrets
 import signal
@@ -117,7 +118,13 @@ def write_atomically(
         fsync_directory(target.parent)
 
 
-_DEFERRED = (signal.SIGINT, signal.SIGTERM)
+_DEFERRED = (int(signal.SIGINT), int(signal.SIGTERM))
+# signal.signal without its enum wrapping: converting a handler that is not a Signals or
+# Handlers member (asyncio.Runner's Ctrl-C handler, a partial of its main task) to one fails
+# with a ValueError whose message holds the handler's repr, and so the task's: 0.1-0.3 ms a
+# call, most of a ledger spend's cost in a simulation (docs/SCALE.md). The C function sets and
+# returns the same handlers.
+_set_handler: Callable[[int, object], object] = importlib.import_module("_signal").signal
 
 
 @contextmanager
@@ -139,14 +146,14 @@ def uninterrupted() -> Iterator[None]:
     def hold(signum: int, frame: FrameType | None) -> None:
         pending.append((signum, frame))
 
-    previous = {s: signal.signal(s, hold) for s in _DEFERRED}
+    previous = {s: _set_handler(s, hold) for s in _DEFERRED}
     try:
         yield
     finally:
         for deferred, replaced in previous.items():
-            signal.signal(deferred, replaced if replaced is not None else signal.SIG_DFL)
+            _set_handler(deferred, replaced if replaced is not None else signal.SIG_DFL)
         for signum, frame in pending:
-            handler = previous[signal.Signals(signum)]
+            handler = previous[int(signum)]
             if callable(handler):
                 handler(signum, frame)
             elif handler != signal.SIG_IGN:  # the default action, now that it is back

@@ -62,6 +62,7 @@ class AcceptedUpdate:
     step_size: float  # eta_i, the client's agreed step size
     weight: float = 1.0  # the configured per-client weight
     base_version: int = 0  # the global version the update was computed on
+    norm: float | None = None  # ||update||_2 where the decoder measured it (None: unknown)
 
 
 class MixingStrategy(Protocol):
@@ -152,9 +153,16 @@ class RunningDirection:
         self._scaled = np.empty(shape, dtype=np.float64)
 
     def add(self, update: AcceptedUpdate, coefficient: float) -> None:
+        scale = coefficient * update.step_size
+        if update.norm == 0.0 and math.isfinite(scale):
+            # Every value is +0 or -0 (a float32 square cannot underflow in float64), so each
+            # product is a signed zero, and adding one changes no entry of d: x + 0 = x for
+            # x != 0, NaN and inf stay, and an entry that is zero is +0, which adding -0 or
+            # +0 leaves +0 (d starts at +0 and a sum is -0 only when both terms are). A
+            # message-only client's update is zero (docs/SCALE.md).
+            return
         # Two passes per update and no allocation: scale into a float64 scratch, then add.
-        np.multiply(update.update, coefficient * update.step_size, out=self._scaled,
-                    dtype=np.float64)
+        np.multiply(update.update, scale, out=self._scaled, dtype=np.float64)
         self.direction += self._scaled
 
 

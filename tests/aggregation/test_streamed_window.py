@@ -186,3 +186,60 @@ def test_a_simulation_with_streamed_windows_writes_the_same_run(
     for name in ("metrics.jsonl", "clients.csv"):
         assert (tmp_path / "streamed" / name).read_bytes() == \
             (tmp_path / "buffered" / name).read_bytes()
+
+
+def _plain_direction(updates: list[Any], coefficients: list[float]) -> np.ndarray:
+    """d = sum_i c_i eta_i u_i, every update multiplied and added (no skip)."""
+    direction = np.zeros(updates[0].update.shape, dtype=np.float64)
+    for update, c in zip(updates, coefficients, strict=True):
+        direction += np.multiply(update.update, c * update.step_size, dtype=np.float64)
+    return direction
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_zero_update_skipped_in_the_fold_changes_no_bit(seed: int) -> None:
+    """An update the decoder measured at norm 0 (message-only clients send only those) is not
+    multiplied and added: d is the plain sum's bit for bit, signed zeros included, with
+    updates of +0 and -0, negative coefficients, NaN and inf entries from other updates, and
+    exact cancellation (which leaves +0 entries a -0 product would otherwise test)."""
+    from fedsim.aggregation.mixing import AcceptedUpdate, RunningDirection
+    from fedsim.protocol.codec import vector_norm
+
+    rng = np.random.default_rng(seed)
+    updates, coefficients = [], []
+    for k in range(30):
+        kind = rng.integers(4)
+        if kind == 0:
+            values = np.where(rng.random(DIM) < 0.5, -0.0, 0.0).astype(np.float32)
+        elif kind == 1:
+            values = np.zeros(DIM, dtype=np.float32)
+        else:
+            values = rng.standard_normal(DIM).astype(np.float32)
+            values[rng.random(DIM) < 0.2] = 0.0
+            if k == 7:
+                values[3] = np.inf
+            if k == 11:
+                values[5] = np.nan
+        updates.append(AcceptedUpdate(f"c{k}", k, values, 10, float(rng.uniform(0.1, 2.0)),
+                                      norm=vector_norm(values)))
+        coefficients.append(float(rng.choice([-1.0, 1.0]) * rng.uniform(0.0, 1.0)))
+    # exact cancellation: the same update with opposite coefficients gives +0 entries
+    updates += [updates[2], updates[2]]
+    coefficients += [0.5, -0.5]
+    running = RunningDirection((DIM,))
+    for update, c in zip(updates, coefficients, strict=True):
+        running.add(update, c)
+    plain = _plain_direction(updates, coefficients)
+    assert running.direction.tobytes() == plain.tobytes()
+    assert sum(u.norm == 0.0 for u in updates) > 0  # some were skipped
+
+
+def test_a_zero_update_with_an_infinite_scale_is_added() -> None:
+    """0 * inf is NaN: with an infinite coefficient the zero update is multiplied as before,
+    so the mix check sees the NaN it would have seen."""
+    from fedsim.aggregation.mixing import AcceptedUpdate, RunningDirection
+
+    zero = np.zeros(DIM, dtype=np.float32)
+    running = RunningDirection((DIM,))
+    running.add(AcceptedUpdate("c", 0, zero, 10, 1.0, norm=0.0), math.inf)
+    assert np.isnan(running.direction).all()

@@ -146,3 +146,55 @@ def test_each_former_hand_written_atomic_write_uses_the_helper(relative: str,
     assert "from fedsim.atomic import" in text
     assert f"durability={durability}" in text
     assert "durability=" + ('"durable"' if durability == '"file"' else '"file"') not in text
+
+
+def test_uninterrupted_restores_the_same_handlers_and_runs_a_held_signal_after() -> None:
+    """The block sets and restores handlers through the C function (no enum wrapping); what
+    ``signal.signal`` sees afterwards is exactly what was there, a partial included, and a
+    Ctrl-C sent inside runs that handler once the block ends, not before."""
+    import functools
+    import signal
+
+    from fedsim.atomic import uninterrupted
+
+    seen: list[tuple[str, int]] = []
+
+    def handler(tag: str, signum: int, _frame: object) -> None:
+        seen.append((tag, signum))
+
+    partial = functools.partial(handler, "int")
+    old_int = signal.signal(signal.SIGINT, partial)
+    old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with uninterrupted():
+            assert signal.getsignal(signal.SIGINT) is not partial  # held meanwhile
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored before, so ignored after
+            assert seen == []
+        assert seen == [("int", signal.SIGINT)]
+        assert signal.getsignal(signal.SIGINT) is partial
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        with uninterrupted():
+            pass
+        assert signal.getsignal(signal.SIGINT) is partial and seen == [("int", signal.SIGINT)]
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def test_uninterrupted_under_an_asyncio_runner_keeps_its_ctrl_c_handler() -> None:
+    """Inside ``asyncio.run`` (a partial of the main task as Ctrl-C handler, whose repr the
+    enum-wrapping ``signal.signal`` would format) the runner's handler comes back intact."""
+    import asyncio
+    import signal
+
+    from fedsim.atomic import uninterrupted
+
+    async def main() -> tuple[object, object]:
+        before = signal.getsignal(signal.SIGINT)
+        with uninterrupted():
+            pass
+        return before, signal.getsignal(signal.SIGINT)
+
+    before, after = asyncio.run(main())
+    assert after is before and callable(before)

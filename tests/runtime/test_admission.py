@@ -215,3 +215,80 @@ def test_an_unknown_version_claim_is_refused_and_counted() -> None:
     assert report.rejections == {"unpublished_version": 1} and report.applied == 1
     asyncio.run(server.broadcast())
     assert [v for v in range(6) if v in server.book.published] == [0, 4]
+
+
+class _PassedInOrder:
+    """The pacer's former memory of passed rounds: a set of the newest PASSED_KEPT rounds to
+    pass, in the order they passed (it grew to PASSED_KEPT entries a client)."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self.passed: set[int] = set()
+        self.order: deque[int] = deque()
+
+    def has_passed(self, round_index: int) -> bool:
+        return round_index in self.passed
+
+    def pass_round(self, round_index: int) -> None:
+        from fedsim.runtime.actors.admission import PASSED_KEPT
+
+        if round_index in self.passed:
+            return
+        self.passed.add(round_index)
+        self.order.append(round_index)
+        if len(self.order) > PASSED_KEPT:
+            self.passed.discard(self.order.popleft())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_passed_rounds_bitmask_decides_as_the_set_for_honest_orders(seed: int) -> None:
+    """For an honest client's arrivals (its rounds in order, bunched and reordered by the
+    network within its 256 unacknowledged ones, duplicated and resent) the bounded memory of
+    passed rounds answers every question as the former set of the newest PASSED_KEPT did,
+    over several times PASSED_KEPT rounds, and holds at most PASSED_KEPT bits."""
+    from fedsim.runtime.actors.admission import PASSED_KEPT, _Bucket
+
+    rng = np.random.default_rng(seed)
+    bucket, reference = _Bucket(1.0, 0.0), _PassedInOrder()
+    rounds = np.arange(4 * PASSED_KEPT)
+    for start in range(0, rounds.size, 200):  # reordered within blocks of up to 200
+        rng.shuffle(rounds[start:start + int(rng.integers(1, 200))])
+    for round_index in rounds.tolist():
+        if rng.random() < 0.3:  # skipped (never sent, or waiting): never passes
+            continue
+        for asked in {round_index, round_index - int(rng.integers(0, 300)),
+                      round_index + int(rng.integers(0, 300))}:
+            assert bucket.has_passed(asked) == reference.has_passed(asked)
+        bucket.pass_round(round_index)
+        reference.pass_round(round_index)
+        if rng.random() < 0.2:  # a duplicate or a resend of a recent round
+            again = round_index - int(rng.integers(0, 256))
+            assert bucket.has_passed(again) == reference.has_passed(again)
+    assert bucket.passed.bit_length() <= PASSED_KEPT
+    top = int(rounds.max())
+    for asked in range(top - PASSED_KEPT + 1, top + 5):
+        assert bucket.has_passed(asked) == reference.has_passed(asked), asked
+    # Further back the set (1,024 rounds that passed, spread over more indices where rounds
+    # were skipped) remembered more: a repeat of a round over 1,024 rounds old, which an
+    # honest client (256 unacknowledged) never sends, now costs a token.
+    assert not any(bucket.has_passed(r) for r in range(top - 2 * PASSED_KEPT, top - PASSED_KEPT))
+
+
+def test_passed_rounds_forget_a_round_far_below_the_newest() -> None:
+    """A round more than PASSED_KEPT below the highest that passed is not remembered (its
+    repeat costs a token), and a jump far ahead clears the memory without a huge shift."""
+    from fedsim.runtime.actors.admission import PASSED_KEPT, _Bucket
+
+    bucket = _Bucket(1.0, 0.0)
+    bucket.pass_round(5)
+    assert bucket.has_passed(5) and not bucket.has_passed(4) and not bucket.has_passed(6)
+    bucket.pass_round(5 + PASSED_KEPT - 1)
+    assert bucket.has_passed(5)
+    bucket.pass_round(5 + PASSED_KEPT)
+    assert not bucket.has_passed(5) and bucket.has_passed(5 + PASSED_KEPT)
+    bucket.pass_round(10**18)
+    assert bucket.has_passed(10**18) and not bucket.has_passed(5 + PASSED_KEPT)
+    assert bucket.passed == 1
+    bucket.pass_round(3)  # far below: not kept
+    assert not bucket.has_passed(3)

@@ -134,3 +134,18 @@ def test_the_kernel_runs_only_on_the_python_versions_it_was_tested_on() -> None:
     requires = tomllib.loads(pyproject.read_text())["project"]["requires-python"]
     low, high = min(TESTED_PYTHONS), max(TESTED_PYTHONS)
     assert requires == f">={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
+
+
+def test_timers_order_as_when_then_sequence_tuples() -> None:
+    """The timer heap's comparison is the (when, sequence) tuple order, ties included."""
+    import itertools
+
+    from fedsim.runtime.simulated.kernel import _SequencedTimer
+
+    loop = VirtualTimeLoop()
+    whens = [0.0, 0.5, 0.5, 1.0, 1e-9, 2.0**-1074, 3.0]
+    timers = [_SequencedTimer(seq, when, lambda: None, (), loop, None)
+              for seq, when in zip([3, 1, 2, 7, 5, 4, 6], whens, strict=True)]
+    for a, b in itertools.product(timers, repeat=2):
+        assert (a < b) == ((a._when, a._sequence) < (b._when, b._sequence))
+    loop.close()

@@ -227,6 +227,24 @@ def test_message_only_runs_charge_the_same_events(tmp_path: Path) -> None:
         LoadedScenario(parse_scenario(scenario()), None)).initial_params)
 
 
+def test_message_only_batch_sizes_are_the_plain_binomial_draws() -> None:
+    """A message-only round's Poisson batch sizes (shared, cached count and rate tensors) are
+    the draws of Binomial(N, q) built afresh each round from the same generator."""
+    population = build_population(LoadedScenario(parse_scenario(
+        scenario(**{"clients.groups.0.local_steps": 3})), None))
+    plan = next(p for p in population.plans if p.group.sampling == "poisson")
+    trainer = population.trainer(plan, message_only=True,
+                                 generator=torch.Generator().manual_seed(11))
+    plain = torch.Generator().manual_seed(11)
+    for round_index in range(40):
+        rate = torch.full((plan.group.local_steps,), plan.q, dtype=torch.float64)
+        counts = torch.binomial(torch.full_like(rate, plan.num_samples), rate, generator=plain)
+        expected = [int(c) for c in counts]
+        result = trainer.begin_round(population.initial_params, round_index).result()
+        assert result.batch_sizes == expected
+        assert result.sample_grads == sum(expected)
+
+
 def test_offline_clients_start_no_rounds(tmp_path: Path) -> None:
     speed = 0.01
     data = scenario(**{"stop": {"virtual_seconds": 30.0}, "network": {}})

@@ -44,7 +44,6 @@ All of this uses public scenario values only; it costs the clients no privacy.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -70,9 +69,11 @@ BURST = 16.0
 MAX_DEFERRED = 256
 """Updates one client may have waiting for a token; further ones are refused (``rate``)."""
 PASSED_KEPT = 1024
-"""Rounds per client whose passing the pacer remembers (a repeat of one is free: a network
-duplicate or a resend, which the judge then counts as a duplicate); a repeat of an older one
-costs a token like any update (an honest client resends only its 256 unacknowledged ones)."""
+"""Rounds per client whose passing the pacer remembers: those among the ``PASSED_KEPT`` round
+indices up to the highest that passed (a repeat of one is free: a network duplicate or a
+resend, which the judge then counts as a duplicate); a repeat of an older one costs a token
+like any update (an honest client resends only its 256 unacknowledged ones). One bit a round:
+a bucket's memory does not grow with the run."""
 _log = get_logger("fedsim.runtime.actors.admission")
 EXPONENTIAL_PACE = 4.0
 """An ``exponential`` speed has no minimum, but its rounds' times are independent: an honest
@@ -152,21 +153,28 @@ class _Bucket:
     waiting: list[ClientUpdate] = field(default_factory=list)
     deferred: int = 0
     index: int = 0  # the bucket's creation order: waiting clients are served in it
-    passed: set[int] = field(default_factory=set)  # the newest PASSED_KEPT rounds that passed
-    passed_order: deque[int] | None = None  # ``passed`` in order, from the first that passed
+    # Bit k: round ``top - k`` passed (k < PASSED_KEPT); an int of at most PASSED_KEPT bits,
+    # not a set of every round, so a bucket stays a few hundred bytes however long the run.
+    passed: int = 0
+    top: int = -1  # the highest round that passed (-1: none yet)
 
     def has_passed(self, round_index: int) -> bool:
-        return round_index in self.passed
+        back = self.top - round_index
+        return 0 <= back < PASSED_KEPT and bool(self.passed >> back & 1)
 
     def pass_round(self, round_index: int) -> None:
-        if round_index in self.passed:
+        back = self.top - round_index
+        if back >= 0:
+            if back < PASSED_KEPT:
+                self.passed |= 1 << back
             return
-        self.passed.add(round_index)
-        if self.passed_order is None:
-            self.passed_order = deque()
-        self.passed_order.append(round_index)
-        if len(self.passed_order) > PASSED_KEPT:
-            self.passed.discard(self.passed_order.popleft())
+        # a new highest round: shift the older ones back, forgetting those past PASSED_KEPT
+        shifted = self.passed << -back if -back < PASSED_KEPT else 0
+        self.passed = (shifted | 1) & _KEPT_MASK
+        self.top = round_index
+
+
+_KEPT_MASK = (1 << PASSED_KEPT) - 1
 
 
 class Pacer:

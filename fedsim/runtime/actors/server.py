@@ -391,7 +391,8 @@ class ServerActor:
             return None
         info = self.clients[update.client_id]
         accepted = AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
-                                  info.step_at(update.round), info.weight, update.base_version)
+                                  info.step_at(update.round), info.weight, update.base_version,
+                                  update.norm)
         return accepted, info.limits.norm_bound(update.round) if info.limits else None
 
     def _apply(self, accepted: list[tuple[AcceptedUpdate, float | None]], report: WindowReport,

@@ -17,12 +17,23 @@ project's CI machine: 20,000). :func:`ledger_handles_fit` raises the soft limit 
 one when that is enough; when it is not, the simulation writes its ledgers under one
 directory lock instead (:class:`fedsim.privacy.ledger_file.DirectoryLock`: one descriptor for
 all, the same files and the same one-writer guarantee).
+
+The cyclic garbage collector: a run's long-lived objects (the population, its ledgers and
+accountants, the actors) number millions at 10^3-10^5 clients, and each full collection walks
+all of them to find none garbage (0.9 s of a 1,000-client message-only run's 3.9 CPU s, 72
+collections). :func:`long_lived_spared` moves what exists into the collector's permanent
+generation (``gc.freeze``) for the run and back when it ends; reference counting still frees
+everything that is not in a cycle, and cyclic garbage is collected among the run's new objects
+as before, or after the run for the spared ones.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from fedsim.logging import get_logger
 
@@ -32,7 +43,7 @@ except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
 __all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "TRIM_FREE_BYTES", "free_heap_bytes",
-           "ledger_handles_fit", "release_free_memory"]
+           "ledger_handles_fit", "long_lived_spared", "release_free_memory"]
 
 _log = get_logger("fedsim.runtime.simulated.memory")
 
@@ -117,3 +128,20 @@ def ledger_handles_fit(ledgers: int) -> bool:
     _log.info("raised the open-file limit for the ledgers", ledgers=ledgers, soft_limit=needed,
               hard_limit=hard)
     return True
+
+
+@contextmanager
+def long_lived_spared() -> Iterator[Callable[[], None]]:
+    """Within the block the cyclic collector skips every object that existed at its start
+    (``gc.freeze``); the callable it yields spares those made since too (call it once a run's
+    set-up is done). They are handed back to the collector (``gc.unfreeze``) when the block
+    ends. Where something else has frozen objects already, it does nothing (an unfreeze would
+    release those too)."""
+    if gc.get_freeze_count():
+        yield lambda: None
+        return
+    gc.freeze()
+    try:
+        yield gc.freeze
+    finally:
+        gc.unfreeze()

@@ -69,7 +69,11 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
-from fedsim.runtime.simulated.memory import ledger_handles_fit, release_free_memory
+from fedsim.runtime.simulated.memory import (
+    ledger_handles_fit,
+    long_lived_spared,
+    release_free_memory,
+)
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.rounds import PendingRound
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
@@ -107,8 +111,7 @@ class ClientRecord:
 
     plan: ClientPlan
     trainer: Trainer
-    ledger_path: Path
-    ledger: PrivacyLedger
+    ledger: PrivacyLedger  # its path is the client's ledger file (reopened after a crash)
     actor: ClientActor | None = None
     task: asyncio.Task[None] | None = None
     online: bool = True
@@ -224,6 +227,7 @@ class _Simulation:
         self._dropped_seen = 0
         self._late_partials = 0
         self.directory_lock: DirectoryLock | None = None
+        self._spare_set_up: Callable[[], None] = lambda: None  # see memory.long_lived_spared
         """Held for the run when the clients' ledgers cannot each keep their files open
         (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
         self._metrics_file: io.TextIOBase | None = None
@@ -335,7 +339,7 @@ class _Simulation:
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger.close()
-            client.ledger = open_ledger(client.plan, client.ledger_path, self.directory_lock)
+            client.ledger = open_ledger(client.plan, client.ledger.path, self.directory_lock)
             self._start_actor(client, clock, network)
             _log.log(
                 client_event_level(),
@@ -451,7 +455,6 @@ class _Simulation:
             (self.make_batcher or _local_batcher)(population) if self.batch_rounds else None)
         owners: dict[int, str] = {}  # id of a client's LocalTrainer -> its client id
         for plan in population.plans:
-            path = ledger_file(self.out_dir, plan.client_id)
             ledger = ledgers[plan.client_id]
             trainer: Trainer = population.trainer(
                 plan, message_only=self.message_only, batcher=batcher, ledger=ledger
@@ -460,7 +463,7 @@ class _Simulation:
                 owners[id(trainer.trainer)] = plan.client_id
             if self.wrap_trainer is not None:
                 trainer = self.wrap_trainer(plan, trainer)
-            self.clients[plan.client_id] = ClientRecord(plan, trainer, path, ledger)
+            self.clients[plan.client_id] = ClientRecord(plan, trainer, ledger)
         server = make_server_actor(
             population,
             clock=clock,
@@ -481,6 +484,7 @@ class _Simulation:
                 if availability.crashes is not None:
                     tasks.append(asyncio.create_task(self._crashes(client, clock, network)))
             self.setup_seconds = wallclock.perf_counter() - setup_started
+            self._spare_set_up()  # the clients, ledgers and actors live for the run
             try:
                 await server.run(lambda report: self._window_done(report, network))
             finally:  # the clients' current incarnations end with the helpers
@@ -523,7 +527,8 @@ class _Simulation:
         started, cpu_started = wallclock.perf_counter(), wallclock.process_time()
         with open(self.out_dir / METRICS_FILE, "w", encoding="utf-8") as metrics:
             self._metrics_file = metrics
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), long_lived_spared() as spare:
+                self._spare_set_up = spare
                 server = run_virtual(self.main)
         # CPU time of this process: on a shared machine it says what the run costs.
         self.cpu_seconds = wallclock.process_time() - cpu_started
