@@ -64,6 +64,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,10 +157,11 @@ class PrivacyLedger:
         self._records = list(records)
         self._last_hash = last_hash
         try:
-            self._accountant = make_accountant(enforcing, [r.step for r in records])
+            self._composed = make_accountant(enforcing, [r.step for r in records])
         except UnsupportedEventError as exc:  # a tuned selection under pld / gdp-clt
             raise LedgerError(f"{path}: {exc}; a tuning ledger is opened with accountant "
                               f"rdp") from None
+        self._uncomposed: list[GaussianStep] = []  # spent, not yet in _composed (see spend)
         self._allowance: Allowance | None = None
         self._previous_envelope: GaussianStep | None = None
         self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
@@ -288,6 +291,16 @@ class PrivacyLedger:
     def accountant(self) -> Accountant:
         """The enforcing accountant (a guarantee) holding every recorded step."""
         return self._accountant
+
+    @property
+    def _accountant(self) -> Accountant:
+        """The enforcing accountant with every recorded step composed: :meth:`spend` leaves
+        its steps aside and they are composed here, when something reads the accountant."""
+        if self._uncomposed:
+            steps = tuple(self._uncomposed)
+            self._uncomposed.clear()
+            self._composed.compose(steps)
+        return self._composed
 
     @property
     def records(self) -> tuple[LedgerRecord, ...]:
@@ -423,7 +436,7 @@ class PrivacyLedger:
 
     def _fits_of(self, unit: GaussianStep, budget: Budget) -> Callable[[int], bool]:
         def fits(count: int) -> bool:
-            return within(self._accountant.preview([unit.times(count)]), budget)
+            return fits_after(self._accountant, unit.times(count), budget)
         return fits
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
@@ -441,7 +454,13 @@ class PrivacyLedger:
                 f"eps={budget.epsilon:g} at delta={budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
         self._append([LedgerRecord(float(time), round, s) for s in steps])
-        self._accountant.compose(steps)
+        # Composed when the accountant is next read (or a batch is due): a round that the
+        # allowance answers reads nothing, and steps of one kind composed together cost one
+        # update of the accountant's state, the same state step by step (its answers are a
+        # function of the counts of each kind: accountant.compose).
+        self._uncomposed.extend(steps)
+        if len(self._uncomposed) >= _COMPOSE_BATCH:
+            self._accountant  # noqa: B018 - composes them
         kinds = group_steps(steps)
         if self._planned_answer(kinds) is None:
             self._plan = None  # off the plan: its counts no longer describe the state
@@ -477,7 +496,7 @@ class PrivacyLedger:
                 f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
         self._append([LedgerRecord(float(time), round, selection)])
-        self._accountant = trial
+        self._composed = trial  # holds every step (``held`` composed the deferred ones)
         # the allowance and plan counted Gaussian steps from the old state
         self._allowance = self._previous_envelope = self._plan = self._last_check = None
 
@@ -532,6 +551,8 @@ class PrivacyLedger:
 
 
 _ENVELOPE_MARGIN = 1.0 / 16.0
+_COMPOSE_BATCH = 64
+"""At most this many spent steps wait to be composed (the ledger's memory stays bounded)."""
 
 
 def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> GaussianStep:
@@ -592,6 +613,41 @@ def within(accountant: Accountant, budget: Budget) -> bool:
     enforcing accountant has no finite answer) is at most the budget's."""
     eps, _ = smallest_epsilon(accountant, budget.delta, only_if_infinite=True)
     return eps <= budget.epsilon
+
+
+_FITS_KEPT = 1024
+_FITS_KINDS = 8
+_fits_answers: OrderedDict[tuple[Any, ...], bool] = OrderedDict()
+_fits_lock = threading.Lock()
+
+
+def fits_after(accountant: Accountant, steps: GaussianStep, budget: Budget) -> bool:
+    """``within(accountant.preview([steps]), budget)``, remembered across ledgers.
+
+    The answer is a function of the accountant's kind, settings and history (the multiset
+    of its steps: :mod:`fedsim.privacy.pld_state`, bit for bit however they were fed), of
+    ``steps`` and of the budget, which together are the key: the clients of one group open
+    their ledgers with the same budget and posture, so the first allowance of each of them
+    (the same searches over an empty history) is computed once, not once a client. Only
+    short histories (at most :data:`_FITS_KINDS` kinds) are remembered, the last
+    :data:`_FITS_KEPT` answers: memory stays bounded, and a long history (which no other
+    ledger holds) is not copied into a key.
+    """
+    if accountant.kinds > _FITS_KINDS or accountant.selections:
+        return within(accountant.preview([steps]), budget)
+    key = (type(accountant), repr(sorted(accountant.settings().items())), accountant.steps,
+           steps, budget)
+    with _fits_lock:
+        answer = _fits_answers.get(key)
+        if answer is not None:
+            _fits_answers.move_to_end(key)
+            return answer
+    answer = within(accountant.preview([steps]), budget)
+    with _fits_lock:
+        _fits_answers[key] = answer
+        if len(_fits_answers) > _FITS_KEPT:
+            _fits_answers.popitem(last=False)
+    return answer
 
 
 def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[GaussianStep]],
