@@ -4,9 +4,16 @@ File format, hash chain, high-water mark and lock: see :mod:`fedsim.privacy.ledg
 
 Durability rule. :meth:`PrivacyLedger.spend` writes its lines with one ``write`` call, then
 ``flush`` + ``os.fsync``, then moves the high-water mark (fsynced), and only then returns (and
-the caller releases the update). A spend is *acknowledged* when it returns. On
-:meth:`PrivacyLedger.open`:
+the caller releases the update). A spend is *acknowledged* when it returns. A new ledger is created without an
+fsync (header and a mark of 0 records, written): its first spend makes them durable, the mark
+and the directory's entries (one directory fsync covers every ledger created before it)
+before its own records, so a run of 10^3 clients on a disk does not start with 3,000 fsyncs
+(about 30 ms a ledger measured on this project's machine) and nothing that was acknowledged
+depends on an entry that is not on disk. On :meth:`PrivacyLedger.open`:
 
+* a file without a complete line (and a mark of 0 records or none), or a header alone without
+  a mark, is a ledger whose run stopped before its first spend was acknowledged: it is
+  (re)created, or resumed from its header;
 * a final line without its terminating newline is a write that was cut by a crash before the
   fsync returned, so it was never acknowledged and the update was never released: it is
   ignored and cut off the file (later lines append cleanly);
@@ -97,12 +104,15 @@ from fedsim.privacy.ledger_file import (
     check_mark,
     cut_partial_line,
     encode_record,
+    entry_created,
     header_of,
     line_hash,
     mark_path,
     parse_header,
     read_mark,
     read_verified,
+    sync_entries,
+    sync_file,
     write_mark_at,
     write_new,
 )
@@ -162,6 +172,7 @@ class PrivacyLedger:
             raise LedgerError(f"{path}: {exc}; a tuning ledger is opened with accountant "
                               f"rdp") from None
         self._uncomposed: list[GaussianStep] = []  # spent, not yet in _composed (see spend)
+        self._created: int | None = None  # a new ledger's entry, not yet durable (see open)
         self._allowance: Allowance | None = None
         self._previous_envelope: GaussianStep | None = None
         self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
@@ -210,15 +221,29 @@ class PrivacyLedger:
         try:
             mark = lock.read()
             data = path.read_bytes() if path.exists() else b""
-            if not data and (mark is None or mark.count == 0):
-                # New (or created up to its header only: the mark is written first).
+            if b"\n" not in data and (mark is None or mark.count == 0):
+                # New, or created by a run that stopped before its first spend (not even a
+                # complete header: nothing was acknowledged). Nothing is fsynced yet: the
+                # first spend makes the creation durable before its own records.
                 line = json.dumps(header).encode()
-                lock.write(Mark(0, line_hash(line)))
+                lock.write(Mark(0, line_hash(line)), sync=False)
                 if path.exists():
                     path.unlink()
-                write_new(path, line + b"\n")
+                write_new(path, line + b"\n", durable=False)
+                created = cls(path, client_id, sampling, budget, accountant,
+                              [], line_hash(line), mark=lock, directory=directory)
+                created._created = entry_created()
+                return created
+            if mark is None and data.count(b"\n") == 1:
+                # A header alone and no mark: created by a run that stopped before its first
+                # spend made the mark durable; nothing was acknowledged. Resumed (the header
+                # is checked like any other), its mark written durably now.
+                records, last = _read(path, cut_partial_line(path, data), header, None)
+                sync_file(path)
+                lock.write(Mark(0, last))
+                sync_entries(path.parent, entry_created())
                 return cls(path, client_id, sampling, budget, accountant,
-                           [], line_hash(line), mark=lock, directory=directory)
+                           records, last, mark=lock, directory=directory)
             if mark is None:
                 parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
                 raise LedgerError(
@@ -228,8 +253,11 @@ class PrivacyLedger:
             records, last = _read(path, cut_partial_line(path, data), header, mark)
             if len(records) > mark.count:  # a crash between the two writes: move it up
                 lock.write(Mark(len(records), last))
-            return cls(path, client_id, sampling, budget, accountant,
-                       records, last, mark=lock, directory=directory)
+            resumed = cls(path, client_id, sampling, budget, accountant,
+                          records, last, mark=lock, directory=directory)
+            if not records:  # created by an earlier open, maybe never made durable
+                resumed._created = entry_created()
+            return resumed
         except BaseException:
             _drop_lock(lock, path, directory)
             raise
@@ -253,16 +281,35 @@ class PrivacyLedger:
         return self._file is not None and self._mark is not None
 
     def _write(self, payload: bytes, mark: Mark) -> None:
-        """The records durably, then the mark that counts them."""
+        """The records durably, then the mark that counts them (after a new ledger's first
+        mark and directory entries: :meth:`_make_creation_durable`)."""
         if self._directory is not None:
+            if self._created is not None:
+                self._make_creation_durable()
             with open(self._path, "ab") as handle:
                 append_durably(handle, payload)
             write_mark_at(mark_path(self._path), mark)
             return
         assert self._file is not None and self._mark is not None
         self._mark.verify()  # before the records: a replaced mark lets a second writer in
+        if self._created is not None:
+            self._make_creation_durable()
         append_durably(self._file, payload)
         self._mark.write(mark)
+
+    def _make_creation_durable(self) -> None:
+        """The durability :meth:`open` deferred for a new ledger, before its first records:
+        its mark of 0 records, then the directory's entries of both files (one directory
+        fsync for all the ledgers created before it). The header reaches the disk with the
+        records' fsync. A crash anywhere before leaves a ledger that opens as new or as
+        its header alone (nothing acknowledged); after, the crash cases of every spend."""
+        if self._mark is not None:
+            self._mark.sync()
+        else:
+            sync_file(mark_path(self._path))
+        assert self._created is not None
+        sync_entries(self._path.parent, self._created)
+        self._created = None
 
     def __enter__(self) -> Self:
         return self
