@@ -223,36 +223,20 @@ class PrivacyLedger:
             data = path.read_bytes() if path.exists() else b""
             if b"\n" not in data and (mark is None or mark.count == 0):
                 # New, or created by a run that stopped before its first spend (not even a
-                # complete header: nothing was acknowledged). Nothing is fsynced yet: the
-                # first spend makes the creation durable before its own records.
-                line = json.dumps(header).encode()
-                lock.write(Mark(0, line_hash(line)), sync=False)
-                if path.exists():
-                    path.unlink()
-                write_new(path, line + b"\n", durable=False)
-                created = cls(path, client_id, sampling, budget, accountant,
-                              [], line_hash(line), mark=lock, directory=directory)
-                created._created = entry_created()
-                return created
-            if mark is None and data.count(b"\n") == 1:
-                # A header alone and no mark: created by a run that stopped before its first
-                # spend made the mark durable; nothing was acknowledged. Resumed (the header
-                # is checked like any other), its mark written durably now.
-                records, last = _read(path, cut_partial_line(path, data), header, None)
-                sync_file(path)
-                lock.write(Mark(0, last))
-                sync_entries(path.parent, entry_created())
-                return cls(path, client_id, sampling, budget, accountant,
-                           records, last, mark=lock, directory=directory)
-            if mark is None:
+                # complete header: nothing was acknowledged).
+                return cls._create(path, header, lock, directory, budget)
+            if mark is None and data.count(b"\n") != 1:
                 parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
                 raise LedgerError(
                     f"{path}: no high-water mark ({mark_path(path).name}), so a cut file "
                     f"cannot be detected; `fedsim ledger repair {path} --assume-lost N` "
                     f"adopts it")
             records, last = _read(path, cut_partial_line(path, data), header, mark)
-            if len(records) > mark.count:  # a crash between the two writes: move it up
-                lock.write(Mark(len(records), last))
+            if mark is None or len(records) > mark.count:
+                # A header alone and no mark (created by a run that stopped before its first
+                # spend made the mark durable: nothing was acknowledged; the header is checked
+                # like any other), or a crash between the two writes: move the mark up.
+                lock.write(Mark(len(records), last), sync=mark is not None)
             resumed = cls(path, client_id, sampling, budget, accountant,
                           records, last, mark=lock, directory=directory)
             if not records:  # created by an earlier open, maybe never made durable
@@ -261,6 +245,21 @@ class PrivacyLedger:
         except BaseException:
             _drop_lock(lock, path, directory)
             raise
+
+    @classmethod
+    def _create(cls, path: Path, header: dict[str, Any], lock: MarkFile,
+                directory: DirectoryLock | None, budget: Budget | None) -> Self:
+        """A new ledger: its mark of 0 records, then its header, written without an fsync (its
+        first spend makes them durable before its own records: :meth:`_make_creation_durable`)."""
+        line = json.dumps(header).encode()
+        lock.write(Mark(0, line_hash(line)), sync=False)
+        if path.exists():
+            path.unlink()
+        write_new(path, line + b"\n", durable=False)
+        created = cls(path, header["client_id"], header["sampling"], budget, header["accountant"],
+                      [], line_hash(line), mark=lock, directory=directory)
+        created._created = entry_created()
+        return created
 
     def close(self) -> None:
         """Close the file and release the lock (idempotent)."""
@@ -500,12 +499,11 @@ class PrivacyLedger:
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
                 f"eps={budget.epsilon:g} at delta={budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
+        # The steps wait to be composed until the accountant is next read (or a batch is
+        # due): a round that the allowance answers reads nothing, and steps of one kind
+        # composed together cost one update of the accountant's state, the same state step
+        # by step (its answers are a function of the counts of each kind: accountant.compose).
         self._append([LedgerRecord(float(time), round, s) for s in steps])
-        # Composed when the accountant is next read (or a batch is due): a round that the
-        # allowance answers reads nothing, and steps of one kind composed together cost one
-        # update of the accountant's state, the same state step by step (its answers are a
-        # function of the counts of each kind: accountant.compose).
-        self._uncomposed.extend(steps)
         if len(self._uncomposed) >= _COMPOSE_BATCH:
             self._accountant  # noqa: B018 - composes them
         kinds = group_steps(steps)
@@ -542,8 +540,8 @@ class PrivacyLedger:
                 f"client {self._client_id}: the tuned selection would exceed "
                 f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
-        self._append([LedgerRecord(float(time), round, selection)])
-        self._composed = trial  # holds every step (``held`` composed the deferred ones)
+        # ``trial`` holds every step (``held`` composed the waiting ones) and the selection
+        self._append([LedgerRecord(float(time), round, selection)], accountant=trial)
         # the allowance and plan counted Gaussian steps from the old state
         self._allowance = self._previous_envelope = self._plan = self._last_check = None
 
@@ -563,8 +561,9 @@ class PrivacyLedger:
         if isinstance(round, bool) or not isinstance(round, int):
             raise ConfigError(f"round must be an integer, got {round!r}")
 
-    def _append(self, records: list[LedgerRecord]) -> None:
-        """Write ``records`` durably (then the mark), then hold them in memory."""
+    def _append(self, records: list[LedgerRecord], *, accountant: Accountant | None = None) -> None:
+        """Write ``records`` durably (then the mark), then hold them in memory: their steps
+        waiting to be composed, or ``accountant`` (already holding them) as the ledger's."""
         lines, last = [], self._last_hash
         for record in records:
             line = encode_record(record, last)
@@ -577,6 +576,11 @@ class PrivacyLedger:
                         Mark(len(self._records) + len(records), last))
             self._last_hash = last
             self._records.extend(records)
+            if accountant is None:
+                self._uncomposed.extend(r.step for r in records
+                                        if isinstance(r.step, GaussianStep))
+            else:
+                self._composed = accountant
 
     def _delta(self, delta: float | None) -> float:
         if delta is None:

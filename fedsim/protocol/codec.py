@@ -261,9 +261,9 @@ def _as_float64(values: np.ndarray) -> np.ndarray:
     """``values`` as a flat contiguous float64 array: the same values in the same order as
     ``np.asarray(values, dtype=np.float64).ravel()`` (so every sum over it is bit for bit
     the same), but a float32 vector is converted into this thread's reused buffer, not a
-    fresh array: a fresh 0.8 MB per received update is faulted in page by page (the run
-    spent a third of its CPU in the kernel on such faults, docs/SCALE.md), and the norm is
-    taken once per update. Valid until this thread's next call."""
+    fresh array: a fresh 0.8 MB per received update is memory the allocator hands out anew
+    (measured in a 1,000-client run: the norm's 0.126 ms a round became 0.087, docs/SCALE.md).
+    Valid until this thread's next call."""
     values = np.asarray(values)
     if values.dtype == np.float64 or values.dtype.kind != "f":
         return np.asarray(values, dtype=np.float64).ravel()

@@ -152,3 +152,32 @@ def test_a_remembered_answer_is_never_another_budgets(tmp_path: Path, other: Bud
             assert fresh.epsilon(budget.delta) <= budget.epsilon
             assert fresh.preview([step]).epsilon(budget.delta) > budget.epsilon
     assert counts[0] > counts[1]
+
+
+def test_a_ctrl_c_after_the_durable_write_leaves_the_accountant_with_the_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps waiting to be composed are noted with the records, in the same block that
+    Ctrl-C waits for: an interrupted run's eps is that of its ledger file."""
+    import os
+    import signal
+
+    from fedsim.privacy.ledger import read_ledger_steps
+
+    original = ledger_module.append_durably
+
+    def append_then_interrupt(handle: object, payload: bytes) -> None:
+        original(handle, payload)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGINT)
+
+    step = GaussianStep("poisson", 0.02, 1.1)
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson",
+                            budget=Budget(10.0, DELTA)) as ledger:
+        ledger.spend(step, time=0.0, round=0)
+        monkeypatch.setattr(ledger_module, "append_durably", append_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            ledger.spend(step, time=1.0, round=1)
+        monkeypatch.setattr(ledger_module, "append_durably", original)
+        on_disk = make_accountant("pld", read_ledger_steps(path))
+        assert ledger.epsilon().hex() == on_disk.epsilon(DELTA).hex()
+        assert on_disk.total_steps == 2
