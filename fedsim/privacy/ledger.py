@@ -8,7 +8,7 @@ the caller releases the update). A spend is *acknowledged* when it returns. A ne
 fsync (header and a mark of 0 records, written): its first spend makes them durable, the mark
 and the directory's entries (one directory fsync covers every ledger created before it)
 before its own records, so a run of 10^3 clients on a disk does not start with 3,000 fsyncs
-(about 30 ms a ledger measured on this project's machine) and nothing that was acknowledged
+(2.5-16 ms a ledger on this project's machine, docs/SCALE.md) and nothing that was acknowledged
 depends on an entry that is not on disk. On :meth:`PrivacyLedger.open`:
 
 * a file without a complete line (and a mark of 0 records or none), or a header alone without
