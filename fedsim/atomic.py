@@ -32,13 +32,12 @@ fedsim, so the privacy code can use it.
 
 from __future__ import annotations
 
-import importlib
+import _signal  # type: ignore[import-not-found]  # no stub: signal's C module
 import os
 import secrets
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO, Literal
@@ -119,16 +118,12 @@ def write_atomically(
 
 
 _DEFERRED = (int(signal.SIGINT), int(signal.SIGTERM))
-# signal.signal without its enum wrapping: converting a handler that is not a Signals or
-# Handlers member (asyncio.Runner's Ctrl-C handler, a partial of its main task) to one fails
-# with a ValueError whose message holds the handler's repr, and so the task's: 0.1-0.3 ms a
-# call, most of a ledger spend's cost in a simulation (docs/SCALE.md). The C function sets and
-# returns the same handlers.
-_set_handler: Callable[[int, object], object] = importlib.import_module("_signal").signal
+_raw_signal: Callable[[int, object], object] = _signal.signal
+_SIG_DFL = int(signal.SIG_DFL)
+_SIG_IGN = int(signal.SIG_IGN)
 
 
-@contextmanager
-def uninterrupted() -> Iterator[None]:
+class uninterrupted:  # noqa: N801 - used like the function (and context manager) it was
     """Within the block Ctrl-C and SIGTERM wait: their handlers run when it ends.
 
     For a commit that writes to disk and then records the write in memory (a privacy ledger's
@@ -137,24 +132,39 @@ def uninterrupted() -> Iterator[None]:
     than its ledger. Python runs signal handlers in the main thread only, so there the block
     swaps in handlers that note the signal, and the ones it replaced run (or the default
     action is taken) once it ends; in another thread no handler can interrupt it.
+
+    A ledger spends once a round, so this is a class on ``_signal`` (the C module that
+    :mod:`signal` wraps: the same calls without converting every handler to and from an enum,
+    which was 3/4 of the block's cost), not a generator-based context manager. Masking the
+    signals instead (``pthread_sigmask``) would not do: a signal the main thread blocks is
+    delivered to another thread (torch's), whose C handler trips Python's handler in the main
+    thread at once.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[tuple[int, FrameType | None]] = []
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        pending.append((signum, frame))
+    __slots__ = ("_pending", "_previous")
 
-    previous = {s: _set_handler(s, hold) for s in _DEFERRED}
-    try:
-        yield
-    finally:
-        for deferred, replaced in previous.items():
-            _set_handler(deferred, replaced if replaced is not None else signal.SIG_DFL)
-        for signum, frame in pending:
-            handler = previous[int(signum)]
+    def __init__(self) -> None:
+        self._previous: list[object] | None = None
+        self._pending: list[tuple[int, FrameType | None]] = []
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        self._pending.append((signum, frame))
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            hold = self._hold
+            self._previous = [_raw_signal(s, hold) for s in _DEFERRED]
+
+    def __exit__(self, *exc: object) -> None:
+        previous = self._previous
+        if previous is None:
+            return
+        self._previous = None
+        for deferred, replaced in zip(_DEFERRED, previous, strict=True):
+            _raw_signal(deferred, replaced if replaced is not None else _SIG_DFL)
+        for signum, frame in self._pending:
+            handler = previous[_DEFERRED.index(signum)]
             if callable(handler):
                 handler(signum, frame)
-            elif handler != signal.SIG_IGN:  # the default action, now that it is back
+            elif handler != _SIG_IGN:  # the default action, now that it is back
                 signal.raise_signal(signum)

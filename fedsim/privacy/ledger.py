@@ -4,9 +4,16 @@ File format, hash chain, high-water mark and lock: see :mod:`fedsim.privacy.ledg
 
 Durability rule. :meth:`PrivacyLedger.spend` writes its lines with one ``write`` call, then
 ``flush`` + ``os.fsync``, then moves the high-water mark (fsynced), and only then returns (and
-the caller releases the update). A spend is *acknowledged* when it returns. On
-:meth:`PrivacyLedger.open`:
+the caller releases the update). A spend is *acknowledged* when it returns. A new ledger is created without an
+fsync (header and a mark of 0 records, written): its first spend makes them durable, the mark
+and the directory's entries (one directory fsync covers every ledger created before it)
+before its own records, so a run of 10^3 clients on a disk does not start with 3,000 fsyncs
+(2.5-16 ms a ledger on this project's machine, docs/SCALE.md) and nothing that was acknowledged
+depends on an entry that is not on disk. On :meth:`PrivacyLedger.open`:
 
+* a file without a complete line (and a mark of 0 records or none), or a header alone without
+  a mark, is a ledger whose run stopped before its first spend was acknowledged: it is
+  (re)created, or resumed from its header;
 * a final line without its terminating newline is a write that was cut by a crash before the
   fsync returned, so it was never acknowledged and the update was never released: it is
   ignored and cut off the file (later lines append cleanly);
@@ -64,6 +71,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +104,15 @@ from fedsim.privacy.ledger_file import (
     check_mark,
     cut_partial_line,
     encode_record,
+    entry_created,
     header_of,
     line_hash,
     mark_path,
     parse_header,
     read_mark,
     read_verified,
+    sync_entries,
+    sync_file,
     write_mark_at,
     write_new,
 )
@@ -155,10 +167,12 @@ class PrivacyLedger:
         self._records = list(records)
         self._last_hash = last_hash
         try:
-            self._accountant = make_accountant(enforcing, [r.step for r in records])
+            self._composed = make_accountant(enforcing, [r.step for r in records])
         except UnsupportedEventError as exc:  # a tuned selection under pld / gdp-clt
             raise LedgerError(f"{path}: {exc}; a tuning ledger is opened with accountant "
                               f"rdp") from None
+        self._uncomposed: list[GaussianStep] = []  # spent, not yet in _composed (see spend)
+        self._created: int | None = None  # a new ledger's entry, not yet durable (see open)
         self._allowance: Allowance | None = None
         self._previous_envelope: GaussianStep | None = None
         self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
@@ -207,29 +221,45 @@ class PrivacyLedger:
         try:
             mark = lock.read()
             data = path.read_bytes() if path.exists() else b""
-            if not data and (mark is None or mark.count == 0):
-                # New (or created up to its header only: the mark is written first).
-                line = json.dumps(header).encode()
-                lock.write(Mark(0, line_hash(line)))
-                if path.exists():
-                    path.unlink()
-                write_new(path, line + b"\n")
-                return cls(path, client_id, sampling, budget, accountant,
-                           [], line_hash(line), mark=lock, directory=directory)
-            if mark is None:
+            if b"\n" not in data and (mark is None or mark.count == 0):
+                # New, or created by a run that stopped before its first spend (not even a
+                # complete header: nothing was acknowledged).
+                return cls._create(path, header, lock, directory, budget)
+            if mark is None and data.count(b"\n") != 1:
                 parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
                 raise LedgerError(
                     f"{path}: no high-water mark ({mark_path(path).name}), so a cut file "
                     f"cannot be detected; `fedsim ledger repair {path} --assume-lost N` "
                     f"adopts it")
             records, last = _read(path, cut_partial_line(path, data), header, mark)
-            if len(records) > mark.count:  # a crash between the two writes: move it up
-                lock.write(Mark(len(records), last))
-            return cls(path, client_id, sampling, budget, accountant,
-                       records, last, mark=lock, directory=directory)
+            if mark is None or len(records) > mark.count:
+                # A header alone and no mark (created by a run that stopped before its first
+                # spend made the mark durable: nothing was acknowledged; the header is checked
+                # like any other), or a crash between the two writes: move the mark up.
+                lock.write(Mark(len(records), last), sync=mark is not None)
+            resumed = cls(path, client_id, sampling, budget, accountant,
+                          records, last, mark=lock, directory=directory)
+            if not records:  # created by an earlier open, maybe never made durable
+                resumed._created = entry_created()
+            return resumed
         except BaseException:
             _drop_lock(lock, path, directory)
             raise
+
+    @classmethod
+    def _create(cls, path: Path, header: dict[str, Any], lock: MarkFile,
+                directory: DirectoryLock | None, budget: Budget | None) -> Self:
+        """A new ledger: its mark of 0 records, then its header, written without an fsync (its
+        first spend makes them durable before its own records: :meth:`_make_creation_durable`)."""
+        line = json.dumps(header).encode()
+        lock.write(Mark(0, line_hash(line)), sync=False)
+        if path.exists():
+            path.unlink()
+        write_new(path, line + b"\n", durable=False)
+        created = cls(path, header["client_id"], header["sampling"], budget, header["accountant"],
+                      [], line_hash(line), mark=lock, directory=directory)
+        created._created = entry_created()
+        return created
 
     def close(self) -> None:
         """Close the file and release the lock (idempotent)."""
@@ -250,16 +280,35 @@ class PrivacyLedger:
         return self._file is not None and self._mark is not None
 
     def _write(self, payload: bytes, mark: Mark) -> None:
-        """The records durably, then the mark that counts them."""
+        """The records durably, then the mark that counts them (after a new ledger's first
+        mark and directory entries: :meth:`_make_creation_durable`)."""
         if self._directory is not None:
+            if self._created is not None:
+                self._make_creation_durable()
             with open(self._path, "ab") as handle:
                 append_durably(handle, payload)
             write_mark_at(mark_path(self._path), mark)
             return
         assert self._file is not None and self._mark is not None
         self._mark.verify()  # before the records: a replaced mark lets a second writer in
+        if self._created is not None:
+            self._make_creation_durable()
         append_durably(self._file, payload)
         self._mark.write(mark)
+
+    def _make_creation_durable(self) -> None:
+        """The durability :meth:`open` deferred for a new ledger, before its first records:
+        its mark of 0 records, then the directory's entries of both files (one directory
+        fsync for all the ledgers created before it). The header reaches the disk with the
+        records' fsync. A crash anywhere before leaves a ledger that opens as new or as
+        its header alone (nothing acknowledged); after, the crash cases of every spend."""
+        if self._mark is not None:
+            self._mark.sync()
+        else:
+            sync_file(mark_path(self._path))
+        assert self._created is not None
+        sync_entries(self._path.parent, self._created)
+        self._created = None
 
     def __enter__(self) -> Self:
         return self
@@ -288,6 +337,16 @@ class PrivacyLedger:
     def accountant(self) -> Accountant:
         """The enforcing accountant (a guarantee) holding every recorded step."""
         return self._accountant
+
+    @property
+    def _accountant(self) -> Accountant:
+        """The enforcing accountant with every recorded step composed: :meth:`spend` leaves
+        its steps aside and they are composed here, when something reads the accountant."""
+        if self._uncomposed:
+            steps = tuple(self._uncomposed)
+            self._uncomposed.clear()
+            self._composed.compose(steps)
+        return self._composed
 
     @property
     def records(self) -> tuple[LedgerRecord, ...]:
@@ -423,7 +482,7 @@ class PrivacyLedger:
 
     def _fits_of(self, unit: GaussianStep, budget: Budget) -> Callable[[int], bool]:
         def fits(count: int) -> bool:
-            return within(self._accountant.preview([unit.times(count)]), budget)
+            return fits_after(self._accountant, unit.times(count), budget)
         return fits
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
@@ -440,13 +499,18 @@ class PrivacyLedger:
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
                 f"eps={budget.epsilon:g} at delta={budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
+        # The steps wait to be composed until the accountant is next read (or a batch is
+        # due): a round that the allowance answers reads nothing, and steps of one kind
+        # composed together cost one update of the accountant's state, the same state step
+        # by step (its answers are a function of the counts of each kind: accountant.compose).
         self._append([LedgerRecord(float(time), round, s) for s in steps],
-                     lambda: self._hold_spent(steps))
+                     counted=lambda: self._count_spent(group_steps(steps)))
+        if len(self._uncomposed) >= _COMPOSE_BATCH:
+            self._accountant  # noqa: B018 - composes them
 
-    def _hold_spent(self, steps: tuple[GaussianStep, ...]) -> None:
-        """The in-memory side of a spend: the accountant (clients.csv's eps), plan, allowance."""
-        self._accountant.compose(steps)
-        kinds = group_steps(steps)
+    def _count_spent(self, kinds: tuple[GaussianStep, ...]) -> None:
+        """A spend's side in the plan and the allowance (inside the spend's commit: an
+        interrupt between would leave them answering for a budget already spent)."""
         if self._planned_answer(kinds) is None:
             self._plan = None  # off the plan: its counts no longer describe the state
         else:
@@ -480,12 +544,12 @@ class PrivacyLedger:
                 f"client {self._client_id}: the tuned selection would exceed "
                 f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
-        def hold() -> None:
-            self._accountant = trial
-            # the allowance and plan counted Gaussian steps from the old state
+        # ``trial`` holds every step (``held`` composed the waiting ones) and the selection
+        def forget_counts() -> None:  # the allowance and plan counted from the old state
             self._allowance = self._previous_envelope = self._plan = self._last_check = None
 
-        self._append([LedgerRecord(float(time), round, selection)], hold)
+        self._append([LedgerRecord(float(time), round, selection)], accountant=trial,
+                     counted=forget_counts)
 
     # -- internals -----------------------------------------------------------------------------------
     def _check_record(self, time: float, round: int) -> None:  # noqa: A002
@@ -503,22 +567,29 @@ class PrivacyLedger:
         if isinstance(round, bool) or not isinstance(round, int):
             raise ConfigError(f"round must be an integer, got {round!r}")
 
-    def _append(self, records: list[LedgerRecord], hold: Callable[[], None]) -> None:
-        """Write ``records`` durably (then the mark), then hold them in memory (the records,
-        and ``hold()``: the accountant's and the counters' side of them)."""
+    def _append(self, records: list[LedgerRecord], *, accountant: Accountant | None = None,
+                counted: Callable[[], None]) -> None:
+        """Write ``records`` durably (then the mark), then hold them in memory: their steps
+        waiting to be composed, or ``accountant`` (already holding them) as the ledger's, and
+        ``counted()`` updates the budget's counters - all with no Ctrl-C between."""
         lines, last = [], self._last_hash
         for record in records:
             line = encode_record(record, last)
             lines.append(line)
             last = line_hash(line)
-        # Committed on disk (records, then the mark), then in memory (records and accountant),
-        # with no Ctrl-C between: an interrupted run reports from memory what its file holds.
+        # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:
+        # an interrupted run reports from memory what its ledger file holds.
         with uninterrupted():
             self._write(b"".join(line + b"\n" for line in lines),
                         Mark(len(self._records) + len(records), last))
             self._last_hash = last
             self._records.extend(records)
-            hold()
+            if accountant is None:
+                self._uncomposed.extend(r.step for r in records
+                                        if isinstance(r.step, GaussianStep))
+            else:
+                self._composed = accountant
+            counted()
 
     def _delta(self, delta: float | None) -> float:
         if delta is None:
@@ -540,6 +611,8 @@ class PrivacyLedger:
 
 
 _ENVELOPE_MARGIN = 1.0 / 16.0
+_COMPOSE_BATCH = 64
+"""At most this many spent steps wait to be composed (the ledger's memory stays bounded)."""
 
 
 def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> GaussianStep:
@@ -600,6 +673,41 @@ def within(accountant: Accountant, budget: Budget) -> bool:
     enforcing accountant has no finite answer) is at most the budget's."""
     eps, _ = smallest_epsilon(accountant, budget.delta, only_if_infinite=True)
     return eps <= budget.epsilon
+
+
+_FITS_KEPT = 1024
+_FITS_KINDS = 8
+_fits_answers: OrderedDict[tuple[Any, ...], bool] = OrderedDict()
+_fits_lock = threading.Lock()
+
+
+def fits_after(accountant: Accountant, steps: GaussianStep, budget: Budget) -> bool:
+    """``within(accountant.preview([steps]), budget)``, remembered across ledgers.
+
+    The answer is a function of the accountant's kind, settings and history (the multiset
+    of its steps: :mod:`fedsim.privacy.pld_state`, bit for bit however they were fed), of
+    ``steps`` and of the budget, which together are the key: the clients of one group open
+    their ledgers with the same budget and posture, so the first allowance of each of them
+    (the same searches over an empty history) is computed once, not once a client. Only
+    short histories (at most :data:`_FITS_KINDS` kinds) are remembered, the last
+    :data:`_FITS_KEPT` answers: memory stays bounded, and a long history (which no other
+    ledger holds) is not copied into a key.
+    """
+    if accountant.kinds > _FITS_KINDS or accountant.selections:
+        return within(accountant.preview([steps]), budget)
+    key = (type(accountant), repr(sorted(accountant.settings().items())), accountant.steps,
+           steps, budget)
+    with _fits_lock:
+        answer = _fits_answers.get(key)
+        if answer is not None:
+            _fits_answers.move_to_end(key)
+            return answer
+    answer = within(accountant.preview([steps]), budget)
+    with _fits_lock:
+        _fits_answers[key] = answer
+        if len(_fits_answers) > _FITS_KEPT:
+            _fits_answers.popitem(last=False)
+    return answer
 
 
 def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[GaussianStep]],

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -185,9 +186,15 @@ class MarkFile:
                  if m is not None]
         return max(marks, key=lambda m: m.count, default=None)
 
-    def write(self, mark: Mark) -> None:
+    def write(self, mark: Mark, *, sync: bool = True) -> None:
+        """Write ``mark`` into its slot; fsynced unless ``sync=False`` (a new ledger's first
+        mark, made durable by its first spend: :meth:`sync`)."""
         self.verify()
         os.pwrite(self._fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
+        if sync:
+            os.fsync(self._fd)
+
+    def sync(self) -> None:
         os.fsync(self._fd)
 
     def write_both(self, mark: Mark) -> None:
@@ -438,15 +445,49 @@ def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:
 
 
 # -- writing -------------------------------------------------------------------------------------
-def write_new(path: Path, payload: bytes) -> None:
-    """Create ``path`` with ``payload``, durably (file and directory entry)."""
+def write_new(path: Path, payload: bytes, *, durable: bool = True) -> None:
+    """Create ``path`` with ``payload``, durably (file and directory entry) unless
+    ``durable=False`` (a new ledger's header: its first spend makes it durable)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     try:
         os.write(fd, payload)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if durable:
+        fsync_directory(path.parent)
+
+
+def sync_file(path: Path) -> None:
+    """fsync the file at ``path`` (through a descriptor opened for it alone)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    fsync_directory(path.parent)
+
+
+_entries = itertools.count()
+_directories_synced: dict[str, int] = {}
+
+
+def entry_created() -> int:
+    """A number for a directory entry just created (see :func:`sync_entries`)."""
+    return next(_entries)
+
+
+def sync_entries(directory: Path, created: int) -> None:
+    """Make the directory entry numbered ``created`` (:func:`entry_created`) durable: fsync
+    ``directory`` unless it was fsynced after that entry was created. One fsync covers every
+    entry created before it: the first spends of a simulation's ledgers, created together,
+    cost one directory fsync between them, not one each."""
+    key = str(directory)
+    if _directories_synced.get(key, -1) > created:
+        return
+    covered = next(_entries)  # every entry numbered below this one exists now
+    fsync_directory(directory)
+    _directories_synced[key] = max(covered, _directories_synced.get(key, -1))
 
 
 def append_durably(handle: IO[bytes], payload: bytes) -> None:

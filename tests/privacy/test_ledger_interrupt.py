@@ -45,3 +45,37 @@ def test_a_ctrl_c_after_the_durable_write_waits_for_the_memory(tmp_path: Path,
         ledger.spend(GaussianStep("poisson", 0.01, 1.0), time=2.0, round=2)  # still usable
     assert len(list(read_ledger_steps(path))) == 3
 
+
+def test_the_budget_counters_move_with_the_interrupted_spend(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allowance (how many more rounds fit, counted down per spend) is part of the commit:
+    had it missed the interrupted spend, it would let one round too many through."""
+    original = ledger_module.append_durably
+    step = GaussianStep("poisson", 0.05, 2.0)
+
+    def append_then_interrupt(handle: Any, payload: bytes) -> None:
+        original(handle, payload)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson",
+                            budget=Budget(0.8, 1e-5)) as ledger:
+        # The allowance is built here: 52 steps fit, fewer than its first search's 64, so it
+        # counts exactly and only its count stops the 53rd.
+        assert ledger.can_spend(step)
+        monkeypatch.setattr(ledger_module, "append_durably", append_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            ledger.spend(step, time=0.0, round=0)
+        monkeypatch.setattr(ledger_module, "append_durably", original)
+        spent = 1
+        while ledger.can_spend(step):
+            ledger.spend(step, time=float(spent), round=spent)
+            spent += 1
+    # A fresh accountant over the file: the last spend fits, one more does not.
+    steps = list(read_ledger_steps(path))
+    assert len(steps) == spent
+    from fedsim.privacy.accountant import make_accountant
+
+    assert make_accountant("pld", [step.times(spent)]).epsilon(1e-5) <= 0.8
+    assert make_accountant("pld", [step.times(spent + 1)]).epsilon(1e-5) > 0.8
+
