@@ -6,11 +6,13 @@ that the client id inside a payload is the one in its topic):
 * a client may publish only to ``updates/<its id>``, ``status/<its id>`` and ``hello/<its
   id>``, and read only ``global`` and ``acks/<its id>``;
 * the server reads ``updates/+``, ``status/+``, ``hello/+`` and ``partials/+`` and writes
-  ``global``, ``acks/+`` and ``close``;
+  ``global``, ``acks/+``, ``close`` and ``receipts/+``;
 * aggregation node ``k`` (user ``fedsim-aggregator-k``, with ``aggregators``) reads
   ``updates/<client>`` of exactly the clients routed to it
-  (:func:`~fedsim.transports.topics.aggregator_of`), ``global`` and ``close``, and writes only
-  ``partials/aggregator-k``; no client may write any ``partials`` topic or read ``close``;
+  (:func:`~fedsim.transports.topics.aggregator_of`), ``global``, ``close`` and
+  ``receipts/aggregator-k``, and writes ``partials/aggregator-k`` and ``acks/<client>`` of
+  exactly its clients (it passes on the server's receipts); no client may write any
+  ``partials`` or ``receipts`` topic or read ``close``;
 * anonymous connections are refused (``allow_anonymous false``);
 * a connection's MQTT client id is its username (``use_username_as_clientid true``), so nobody
   can take over another's session (connecting with the server's client id used to kick the
@@ -183,15 +185,18 @@ def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
         f"topic write {topics.root}/acks/+",
     ]
     if run_secrets.aggregators:
-        lines += [f"topic read {topics.all_partials}", f"topic write {topics.close}"]
+        lines += [f"topic read {topics.all_partials}", f"topic write {topics.close}",
+                  f"topic write {topics.root}/receipts/+"]
     ids = sorted(run_secrets.aggregators)
     for aggregator_id in ids:
         lines += ["", f"user {run_secrets.aggregators[aggregator_id].username}"]
-        lines += [f"topic read {topics.updates(c)}" for c in run_secrets.clients
-                  if aggregator_of(c, ids) == aggregator_id]
+        routed = [c for c in run_secrets.clients if aggregator_of(c, ids) == aggregator_id]
+        lines += [f"topic read {topics.updates(c)}" for c in routed]
+        lines += [f"topic write {topics.acks(c)}" for c in routed]
         lines += [
             f"topic read {topics.global_model}",
             f"topic read {topics.close}",
+            f"topic read {topics.receipts(aggregator_id)}",
             f"topic write {topics.partials(aggregator_id)}",
         ]
     for client_id, creds in run_secrets.clients.items():

@@ -8,7 +8,8 @@ server's receipts for that client's updates (so the client can resend what was n
 
 With aggregation nodes (:mod:`fedsim.runtime.actors.aggregator`): ``close`` carries the server's
 window closes to the aggregators, ``partials/<aggregator>`` one aggregator's partials and the
-updates it forwards unmixed. Each client's updates go to one fixed aggregator,
+updates it forwards unmixed, ``receipts/<aggregator>`` the server's receipts for that
+aggregator's clients, which the aggregator passes on to each client's ``acks/<client>``. Each client's updates go to one fixed aggregator,
 :func:`aggregator_of` (aggregator ``k`` subscribes to ``updates/<client>`` of exactly its clients,
 and the broker's ACL lets it read no others).
 """
@@ -82,6 +83,9 @@ class Topics:
 
     def partials(self, aggregator_id: str) -> str:
         return f"{self.root}/partials/{aggregator_id}"
+
+    def receipts(self, aggregator_id: str) -> str:
+        return f"{self.root}/receipts/{aggregator_id}"
 
     @property
     def all_partials(self) -> str:
