@@ -275,6 +275,7 @@ class ServerActor:
         self._partials: dict[str, Partial] = {}  # the closing window's, by aggregator
         self._answered = asyncio.Event()
         self._lost_in_partials = 0
+        self._partial_wait: float | None = None  # the closing window's (WindowReport)
         self.weights = client_weights(self.strategy, [
             (c, info.num_samples, info.weight) for c, info in sorted(self.clients.items())])
 
@@ -472,6 +473,7 @@ class ServerActor:
         self._answered.clear()
         if self._live <= self._partials.keys():
             self._answered.set()
+        started = self.clock.now()
         await self.endpoint.publish(WindowClose(self.windows_closed + 1, self.version,
                                                 self.clock.now()))
         waiter = asyncio.ensure_future(self._answered.wait())
@@ -481,6 +483,7 @@ class ServerActor:
         finally:
             for task in (waiter, timer):
                 task.cancel()
+        self._partial_wait = self.clock.now() - started
         missing = self._live - self._partials.keys()
         if missing:
             _log.warning("aggregators did not answer the window's close in time",
@@ -610,6 +613,7 @@ class ServerActor:
                 keys.add((update.client_id, update.round))
         groups = self._take_partials(report, keys)
         report.lost_in_partials, self._lost_in_partials = self._lost_in_partials, 0
+        report.partial_wait, self._partial_wait = self._partial_wait, None
         report.step_size = self.step_size.current(window)
         if groups:
             self._apply_with_partials(accepted, groups, report, report.step_size)

@@ -42,6 +42,9 @@ class WindowReport:
     lost_in_partials: int = 0
     """Updates in aggregators' partials that came after their window closed (dropped in
     flight; :mod:`fedsim.runtime.actors.aggregator`)."""
+    partial_wait: float | None = None
+    """Seconds the server waited after the window's end for the aggregators' partials (on its
+    clock; at most ``aggregator_wait``; None: no aggregators). Not a ``metrics.jsonl`` column."""
     end: float | None = None
     """The window's scheduled end on the server's timeline (``time`` is when it was closed:
     the same up to float rounding under virtual time, a little later on the wall clock)."""
