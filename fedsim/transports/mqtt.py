@@ -45,7 +45,8 @@ like direct updates, so an update is acknowledged only once the server has durab
 unacknowledged: their clients resend them, and the aggregator forwards a resend unmixed). Only
 the delivery moves: the server sends each batch of receipts as a few messages on
 ``receipts/<aggregator>`` (:data:`RECEIPT_BATCH_BYTES` each) to the aggregator its clients are
-routed to, which passes each client's on to ``acks/<client>``, stamped with the server's
+routed to, which passes each client's on to ``acks/<aggregator>/<client>`` (the client
+subscribes there too: :class:`MqttClientEndpoint`'s ``aggregator``), stamped with the server's
 incarnation and lineage: the server publishes a few messages per batch instead of one per
 client. Welcomes (receipts naming no round) still go straight from the server.
 
@@ -61,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Container, Coroutine, Sequence
+from collections.abc import Callable, Collection, Container, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -110,7 +111,7 @@ RECEIPT_BATCH_BYTES = 32 * 1024
 any broker packet limit fedsim sets, :func:`~fedsim.transports.security.packet_limit`)."""
 
 
-def _receipt(rounds: Sequence[int], incarnation: str | None, lineage: Sequence[str]) -> bytes:
+def _receipt(rounds: Collection[int], incarnation: str | None, lineage: Sequence[str]) -> bytes:
     """One client's receipt (``rounds``: what the server recorded; none: a welcome)."""
     return json.dumps({"rounds": sorted(rounds), "incarnation": incarnation,
                        "lineage": list(lineage)}).encode()
@@ -412,6 +413,8 @@ class MqttClientEndpoint(_MqttEndpoint):
 
     Updates stay in an outbox (at most ``max_unacknowledged``, oldest abandoned first) until the
     server acknowledges them; see the module docstring. ``flush`` waits for the outbox to empty.
+    ``aggregator``: the aggregator its updates are routed to, which passes the server's receipts
+    on (``acks/<aggregator>/<client>``; None: no aggregators).
     """
 
     def __init__(
@@ -428,6 +431,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         max_concurrent_outgoing_calls: int = 20,
         keepalive: int = 30,
         seed: int | None = None,
+        aggregator: str | None = None,
     ) -> None:
         try:
             codec.check_client_id(client_id)
@@ -447,6 +451,9 @@ class MqttClientEndpoint(_MqttEndpoint):
             role=f"client {client_id}",
         )
         self.client_id = client_id
+        self._ack_topics = {self.topics.acks(client_id)}
+        if aggregator is not None:
+            self._ack_topics.add(self.topics.relayed_acks(aggregator, client_id))
         self._resend_after = resend_after
         self._max_unacked = max_unacknowledged
         self._outbox: dict[int, _Pending] = {}
@@ -504,7 +511,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         return True
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
-        await client.subscribe(self.topics.acks(self.client_id), qos=QOS)
+        for topic in sorted(self._ack_topics):
+            await client.subscribe(topic, qos=QOS)
         await client.subscribe(self.topics.global_model, qos=GLOBAL_QOS)
         self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-resend")
 
@@ -547,7 +555,7 @@ class MqttClientEndpoint(_MqttEndpoint):
                 await self._resend(older_than=self._resend_after)
 
     def _on_message(self, topic: str, payload: object) -> None:
-        if topic == self.topics.acks(self.client_id):
+        if topic in self._ack_topics:
             self._on_ack(topic, payload)
             return
         if topic != self.topics.global_model:
@@ -606,7 +614,7 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
     (:func:`~fedsim.transports.topics.aggregator_of`), the global models and the window
     closes; publishes partials and forwarded updates on ``partials/<aggregator id>``; passes
     the server's receipts for its clients (``receipts/<aggregator id>``) on to each client's
-    ``acks/<client>`` (module docstring), only those of the live incarnation and of its own
+    ``acks/<aggregator id>/<client>`` (module docstring), only those of the live incarnation and of its own
     clients.
 
     A persistent session (fixed client identifier, ``clean_session=False``): while the
@@ -683,6 +691,9 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         if topic == self.topics.receipts(self.aggregator_id):
             self._take_receipts(topic, payload)
             return
+        self._from_client(topic, payload)
+
+    def _from_client(self, topic: str, payload: object) -> None:
         sender = self.topics.sender_of(topic)
         if sender is None or sender[0] != "updates" or sender[1] not in self.client_ids:
             self._reject(topic, "not the update topic of a client of this aggregator")
@@ -793,7 +804,8 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         for batch in batches:
             for client_id, rounds in batch.receipts.items():
                 payload = _receipt(rounds, batch.incarnation, batch.lineage)
-                if await self._send(self.topics.acks(client_id), payload, qos=0):
+                if await self._send(self.topics.relayed_acks(self.aggregator_id, client_id),
+                                    payload, qos=0):
                     self.stats.acks_sent += 1
 
 

@@ -1,6 +1,7 @@
 """Aggregation nodes over a real mosquitto (127.0.0.1, free port, stopped by PID) with the
 passwords and ACL ``fedsim deploy`` writes: an aggregator reads the updates of exactly the
-clients routed to it and writes only its own partials topic; a client can neither publish a
+clients routed to it and writes only its own partials topic and the receipts it passes on
+(reaching only its own clients); a client can neither publish a
 partial nor read another client's updates nor the window closes. And the endpoints: a client's
 update reaches its one aggregator, a window close reaches every aggregator, a partial and a
 forwarded update reach the server (which waits to acknowledge what they name)."""
@@ -133,12 +134,19 @@ def test_the_acl_gives_aggregators_their_clients_and_clients_no_partials(
             got = await _received(broker, reader, [topics.receipts("aggregator-0")], [
                 (server, topics.receipts("aggregator-0"), b"{}")])
             assert got == []
-        # An aggregator writes the receipts of its own clients only (a client those of nobody).
-        got = await _received(broker, cli[mine[0]], [topics.acks(mine[0])], [
+        # An aggregator passes receipts on under its own prefix only, and a client reads there
+        # only its own, from its own aggregator: what aggregator 1 (or another client) writes
+        # for aggregator 0's client reaches nobody.
+        relayed = topics.relayed_acks("aggregator-0", mine[0])
+        got = await _received(broker, cli[mine[0]], [topics.root + "/acks/#"], [
             (agg["aggregator-1"], topics.acks(mine[0]), b"{}"),
-            (cli[mine[1]], topics.acks(mine[0]), b"{}"),
-            (agg["aggregator-0"], topics.acks(mine[0]), b"{}")])
-        assert got == [topics.acks(mine[0])]
+            (agg["aggregator-1"], topics.relayed_acks("aggregator-0", mine[0]), b"{}"),
+            (agg["aggregator-1"], topics.relayed_acks("aggregator-1", mine[0]), b"{}"),
+            (cli[mine[1]], relayed, b"{}"),
+            (agg["aggregator-0"], topics.relayed_acks("aggregator-0", mine[1]), b"{}"),
+            (agg["aggregator-0"], relayed, b"{}"),
+            (server, topics.acks(mine[0]), b"{}")])
+        assert sorted(got) == sorted([relayed, topics.acks(mine[0])])
 
     asyncio.run(scenario())
 
@@ -155,7 +163,7 @@ def test_updates_closes_and_partials_travel_between_the_endpoints(
             broker.aggregator_url(a), run=RUN, aggregator_id=a, aggregators=AGGREGATORS,
             client_ids=CLIENTS, expected_params=4, reconnect=FAST) for a in AGGREGATORS]
         client = MqttClientEndpoint(broker.client_url(mine[0]), run=RUN, client_id=mine[0],
-                                    expected_params=4, reconnect=FAST)
+                                    expected_params=4, reconnect=FAST, aggregator="aggregator-0")
         assert secrets.for_aggregator("aggregator-0").username == "fedsim-aggregator-0"
         async with server, aggregators[0], aggregators[1], client:
             assert set(aggregators[0].client_ids) == set(mine)
