@@ -67,7 +67,9 @@ Accepted groups join the window's mix with the coefficient ``S(s) / total`` thei
 have had one by one (time windows are linear in each update's weight), so with aggregators the
 model is the flat deployment's up to float32 rounding of the sums. A partial of a window
 already closed (a late or dead aggregator's) is not applied: its updates count in
-``WindowReport.lost_in_partials`` (dropped in flight; their privacy was spent on the client).
+``WindowReport.lost_in_partials`` (dropped in flight; their privacy was spent on the client;
+deployed, the server never acknowledges them, so their clients resend them and they are applied
+once, forwarded unmixed by the aggregator that judged them before).
 
 Everything here is post-processing of released updates: it costs the clients no privacy.
 The actor sees only a :class:`~fedsim.clock.Clock` and an
