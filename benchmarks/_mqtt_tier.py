@@ -23,7 +23,9 @@ paced); every update is based on version 0 (published by the server's first broa
 stale: no staleness bound), so every update that arrives is applied: with aggregators through a
 partial, without them alone. An update's latency is the wall time from its publication (the
 load generator's record) to the close of the window that applied it (the server's record);
-both processes share the machine's clock.
+both processes share the machine's clock. Per run also the spread over windows of how long
+the server waited for the partials after a window's end (``partial_wait_s``) and of how late
+each window closed after its scheduled end (``close_after_end_s``).
 
 Not imported by fedsim: the benchmarks load it from this directory.
 """
@@ -122,6 +124,8 @@ async def _serve(config: dict[str, Any]) -> dict[str, Any]:
                                   aggregators=ids)
     window = config["window"]
     applied_at: dict[str, list[float]] = {}
+    waits: list[float] = []  # per window: seconds waited for the partials after its end
+    late: list[float] = []  # per window: seconds its close came after its scheduled end
     totals = {"applied": 0, "received": 0, "rejected": 0, "duplicate": 0, "stale": 0,
               "lost_in_partials": 0, "windows": 0}
     async with endpoint:
@@ -148,6 +152,10 @@ async def _serve(config: dict[str, Any]) -> dict[str, Any]:
             totals["stale"] += report.stale
             totals["lost_in_partials"] += report.lost_in_partials
             totals["windows"] += 1
+            if report.partial_wait is not None:
+                waits.append(report.partial_wait)
+            if report.end is not None:
+                late.append(report.time - report.end)
             if report.applied:
                 progress[0] = now
             endpoint.acknowledge({(c, r) for c, r, _ in report.applied_updates})
@@ -159,7 +167,18 @@ async def _serve(config: dict[str, Any]) -> dict[str, Any]:
         await server.run(on_window)
         stats = endpoint.stats.as_dict()
     return {"applied_at": applied_at, "totals": totals, "mqtt": stats,
-            "refused": server._rejections.as_dict()}
+            "refused": server._rejections.as_dict(), "partial_wait_s": _spread(waits),
+            "close_after_end_s": _spread(late)}
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    """p50, p99 and max of per-window seconds (None: no window had any)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"p50": round(statistics.median(ordered), 3),
+            "p99": round(ordered[int(0.99 * (len(ordered) - 1))], 3),
+            "max": round(ordered[-1], 3)}
 
 
 def server_main(config_path: str) -> None:
@@ -320,6 +339,8 @@ def summarise(outcome: dict[str, Any], sent_at: dict[str, list[float]], first_se
                            if latencies else None),
         "server": outcome["totals"],
         "server_refused": outcome["refused"],
+        "partial_wait_s": outcome["partial_wait_s"],
+        "close_after_end_s": outcome["close_after_end_s"],
         "server_mqtt": {k: v for k, v in outcome["mqtt"].items() if v},
         "aggregator_processes": [{**n, "mqtt": {k: v for k, v in n.get("mqtt", {}).items() if v}}
                                  for n in nodes],

@@ -26,8 +26,12 @@ the server actor and K aggregator processes, ``--clients`` publishers (half rout
 aggregators) sending ``--updates`` updates at full speed, K rotated within each repetition.
 Per run: updates applied per second from the first publication to the last application, each
 process's CPU per applied update (``/proc/<pid>/stat``), publish-to-application latency,
-drops; the summary's ``paired_rate_ratio_to_flat`` compares runs of one repetition. Writes
-``benchmarks/results/mqtt_ingest_aggregators.json``.
+drops; the summary's ``paired_rate_ratio_to_flat`` compares runs of one repetition. The
+publishers all log in before any publishes, and the broker's CPU is read then too, so its CPU
+per message is reported apart from its logins (PBKDF2, ~0.1 s of CPU each at the shipped
+rounds); ``ceiling_updates_per_s_one_core_per_process`` is the rate the processes' CPU per
+update would allow with a core each (the clients elsewhere), the busiest one setting the pace.
+Writes ``benchmarks/results/mqtt_ingest_aggregators.json``.
 """
 
 from __future__ import annotations
@@ -59,7 +63,14 @@ from fedsim.transports.topics import Topics, aggregator_ids
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import commit  # noqa: E402
-from _mqtt_tier import DELTA_SCALE, Tier, balanced_ids, child_env, summarise  # noqa: E402
+from _mqtt_tier import (  # noqa: E402
+    DELTA_SCALE,
+    Tier,
+    balanced_ids,
+    child_env,
+    cpu_seconds,
+    summarise,
+)
 
 CNN_PARAMS = 26_010
 RUN = "bench"
@@ -82,6 +93,8 @@ async def _publish(config: dict) -> None:
     scale = config.get("scale", 1.0)
     delta = (scale * np.random.default_rng(0).standard_normal(CNN_PARAMS)).astype(np.float32)
     sent_at: dict[str, list[float]] = {}
+    connected = {"count": 0}
+    all_connected, go = asyncio.Event(), asyncio.Event()
 
     async def one_client(client_id: str, password: str, count: int) -> None:
         async with aiomqtt.Client(
@@ -94,6 +107,10 @@ async def _publish(config: dict) -> None:
             logger=_QUIET,
         ) as client:
             topic = topics.updates(client_id)
+            connected["count"] += 1
+            if connected["count"] == len(config["clients"]):
+                all_connected.set()
+            await go.wait()  # every client logged in: the broker's logins are behind it
 
             async def send(round_: int) -> None:
                 now = time.time()
@@ -105,15 +122,22 @@ async def _publish(config: dict) -> None:
 
     clients = config["clients"]
     share, extra = divmod(config["updates"], len(clients))
-    await asyncio.gather(
+    sending = asyncio.gather(
         *(
             one_client(cid, password, share + (i < extra))
             for i, (cid, password) in enumerate(clients.items())
         )
     )
+    await all_connected.wait()
+    # The broker's CPU once every publisher has logged in (PBKDF2: ~0.1 s each at the
+    # shipped rounds), so its CPU per message can be told from its CPU per login.
+    broker_cpu = cpu_seconds(config["broker_pid"]) if config.get("broker_pid") else None
+    go.set()
+    await sending
     if config.get("sent_at"):
         Path(config["sent_at"]).write_text(json.dumps({"sent_at": sent_at,
-                                                       "cpu_s": time.process_time()}))
+                                                       "cpu_s": time.process_time(),
+                                                       "broker_cpu_logged_in": broker_cpu}))
 
 
 def _start_publishers(
@@ -239,7 +263,7 @@ def _one_tier(aggregators: int, updates: int, clients: int, window: float, wait:
         before = tier.sample()
         sent_file = Path(tmp) / "sent.json"
         process = _start_publishers(broker, updates, tier.incarnation, scale=DELTA_SCALE,
-                                    sent_at=str(sent_file))
+                                    sent_at=str(sent_file), broker_pid=broker.pid)
         try:
             outcome, after, nodes = tier.finish()
         finally:
@@ -252,10 +276,52 @@ def _one_tier(aggregators: int, updates: int, clients: int, window: float, wait:
     row = {"aggregators": aggregators,
            **summarise(outcome, sent_at, first, before, after, nodes)}
     row["cpu_seconds"]["load_generator"] = round(published["cpu_s"], 2)
+    if published.get("broker_cpu_logged_in") is not None:
+        # The broker's CPU per update after its logins: what it costs per message.
+        row["broker_cpu_us_per_update_after_logins"] = round(
+            1e6 * (after["broker"] - published["broker_cpu_logged_in"])
+            / max(row["applied"], 1), 1)
     return row
 
 
 TIER_RESULTS = Path(__file__).parent / "results" / "mqtt_ingest_aggregators.json"
+
+
+def _ceiling(summary: dict) -> float:
+    """Updates/s the deployment would ingest with a core for each process (the clients on
+    other machines): every process here is single-threaded, so the one with the most CPU per
+    update sets the pace; the broker counted per message, without its logins."""
+    costs = [us for role, us in summary["cpu_us_per_update"].items() if role != "broker"]
+    costs.append(summary["broker_cpu_us_per_update_after_logins"])
+    return round(1e6 / max(costs), 1)
+
+
+def _summary(rows: list[dict]) -> dict:
+    """One K's runs: medians, drops, the waits for partials and the one-core-per-process
+    ceiling."""
+
+    def median(pick: Callable[[dict], float]) -> float:
+        return round(statistics.median(pick(r) for r in rows), 1)
+
+    roles = rows[0]["cpu_us_per_update"].keys()
+    summary = {
+        "updates_per_s": median(lambda r: r["updates_per_s"]),
+        "cpu_us_per_update": {role: median(lambda r, role=role: r["cpu_us_per_update"][role])
+                              for role in roles},
+        "latency_p50_ms": median(lambda r: r["latency_p50_ms"]),
+        "latency_p99_ms": median(lambda r: r["latency_p99_ms"]),
+        "dropped_total": sum(r["dropped"] for r in rows),
+    }
+    waits = [r["partial_wait_s"] for r in rows if r.get("partial_wait_s")]
+    if waits:  # over every run's windows: the longest wait for partials, the median p99
+        summary["partial_wait_s"] = {
+            "max": max(w["max"] for w in waits),
+            "median_p99": round(statistics.median(w["p99"] for w in waits), 3)}
+    if all("broker_cpu_us_per_update_after_logins" in r for r in rows):
+        summary["broker_cpu_us_per_update_after_logins"] = median(
+            lambda r: r["broker_cpu_us_per_update_after_logins"])
+        summary["ceiling_updates_per_s_one_core_per_process"] = _ceiling(summary)
+    return summary
 
 
 def _tiers(args: argparse.Namespace) -> int:
@@ -275,20 +341,7 @@ def _tiers(args: argparse.Namespace) -> int:
                   f"{row['latency_p50_ms']} ms, dropped {row['dropped']}, load {load:.1f}",
                   flush=True)
 
-    def median(k: int, pick: Callable[[dict], float]) -> float:
-        return round(statistics.median(pick(r) for r in rows[k]), 1)
-
-    summary = {}
-    for k in counts:
-        roles = rows[k][0]["cpu_us_per_update"].keys()
-        summary[str(k)] = {
-            "updates_per_s": median(k, lambda r: r["updates_per_s"]),
-            "cpu_us_per_update": {role: median(k, lambda r, role=role:
-                                               r["cpu_us_per_update"][role]) for role in roles},
-            "latency_p50_ms": median(k, lambda r: r["latency_p50_ms"]),
-            "latency_p99_ms": median(k, lambda r: r["latency_p99_ms"]),
-            "dropped_total": sum(r["dropped"] for r in rows[k]),
-        }
+    summary = {str(k): _summary(rows[k]) for k in counts}
     document: dict = {
         "benchmark": "mqtt_ingest --aggregators",
         "commit": commit(),
@@ -319,6 +372,11 @@ def _tiers(args: argparse.Namespace) -> int:
                 summary[str(k)]["cpu_us_per_update"]["server"] / flat_server, 4)
             summary[str(k)]["server_cpu_share_of_issue_458us"] = round(
                 summary[str(k)]["cpu_us_per_update"]["server"] / 457.9, 4)
+            ceilings = (summary["0"].get("ceiling_updates_per_s_one_core_per_process"),
+                        summary[str(k)].get("ceiling_updates_per_s_one_core_per_process"))
+            if None not in ceilings:
+                summary[str(k)]["ceiling_ratio_to_flat_one_core_per_process"] = round(
+                    ceilings[1] / ceilings[0], 2)
     print(json.dumps(summary, indent=2))
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -264,7 +264,7 @@ class Aggregators(_Strict):
         "the server is lost.")
     wait: Seconds | None = Field(
         default=None, description="How long the server waits for the aggregators' partials "
-        "after a window's end, in seconds; omitted, half a window.")
+        "after a window's end, in seconds; omitted, one window.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -494,7 +494,6 @@ def make_server_actor(
     """The scenario's :class:`ServerActor` (simulation and deployed server process alike)."""
     server_config = population.scenario.server
     aggregators = population.scenario.aggregators
-    wait = aggregators.wait if aggregators.wait is not None else server_config.window / 2
     return ServerActor(
         clock=clock,
         endpoint=endpoint,
@@ -513,8 +512,23 @@ def make_server_actor(
         policy=make_policy(server_config),
         optimizer=make_optimizer(server_config.optimizer),
         aggregators=aggregator_ids(aggregators.count),
-        aggregator_wait=wait,
+        aggregator_wait=aggregator_wait(population.scenario),
     )
+
+
+DEFAULT_WAIT_WINDOWS = 1.0
+"""The server's default wait for partials, in windows (``aggregators.wait`` omitted): a
+partial comes as soon as its aggregator has read what its clients sent before the close, so
+the wait covers an aggregator's backlog (measured in benchmarks/results/mqtt_*_aggregators.json,
+``partial_wait_s``); never more than a window, so a close is done before the next window ends."""
+
+
+def aggregator_wait(scenario: Scenario) -> float:
+    """How long the server waits for the aggregators' partials after a window's end, in
+    scenario seconds: ``aggregators.wait``, or by default :data:`DEFAULT_WAIT_WINDOWS` windows
+    (docs/DEPLOYMENT.md, "Aggregation nodes", says why)."""
+    wait = scenario.aggregators.wait
+    return wait if wait is not None else DEFAULT_WAIT_WINDOWS * scenario.server.window
 
 
 def client_infos(population: Population) -> dict[str, ClientInfo]:

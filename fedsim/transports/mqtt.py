@@ -39,8 +39,17 @@ nodes"). With aggregators the server endpoint reads ``partials/+`` instead of ``
 aggregator's partials, and the updates it forwards unmixed (delivered only if their client is
 routed to that aggregator, :func:`~fedsim.transports.topics.aggregator_of`); it publishes each
 window's close on ``close`` at QoS 0, not retained (no broker queues a stale close for an
-aggregator that is away). Receipts still go to the clients: the ``(client, round)`` a partial
-names (folded or settled) wait for :meth:`MqttServerEndpoint.acknowledge` like direct updates.
+aggregator that is away). Receipts mean what they mean without aggregators: the ``(client,
+round)`` a partial names (folded or settled) wait for :meth:`MqttServerEndpoint.acknowledge`
+like direct updates, so an update is acknowledged only once the server has durably recorded it
+(a partial refused or late, or one lost with a crashed server, leaves its updates
+unacknowledged: their clients resend them, and the aggregator forwards a resend unmixed). Only
+the delivery moves: the server sends each batch of receipts as a few messages on
+``receipts/<aggregator>`` (:data:`RECEIPT_BATCH_BYTES` each) to the aggregator its clients are
+routed to, which passes each client's on to ``acks/<aggregator>/<client>`` (the client
+subscribes there too: :class:`MqttClientEndpoint`'s ``aggregator``), stamped with the server's
+incarnation and lineage: the server publishes a few messages per batch instead of one per
+client. Welcomes (receipts naming no round) still go straight from the server.
 
 The end of the run (:class:`~fedsim.protocol.messages.RunFinished`) travels like a global
 model: on the global topic (the broker lets only the server publish there), retained (it
@@ -54,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Container, Coroutine, Sequence
+from collections.abc import Callable, Collection, Container, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -98,6 +107,37 @@ client gets it over TCP; a client that (re)connects gets the retained one when i
 broker RSS 22.5 -> 517 MB in 40 s at QoS 1)."""
 
 
+RECEIPT_BATCH_BYTES = 32 * 1024
+"""The server's receipts to one aggregator go in messages of about this many bytes (far below
+any broker packet limit fedsim sets, :func:`~fedsim.transports.security.packet_limit`)."""
+
+
+def _receipt(rounds: Collection[int], incarnation: str | None, lineage: Sequence[str]) -> bytes:
+    """One client's receipt (``rounds``: what the server recorded; none: a welcome)."""
+    return json.dumps({"rounds": sorted(rounds), "incarnation": incarnation,
+                       "lineage": list(lineage)}).encode()
+
+
+def _receipt_batches(receipts: dict[str, set[int]], incarnation: str | None,
+                     lineage: Sequence[str]) -> list[bytes]:
+    """The server's receipts for one aggregator's clients, as messages of at most about
+    :data:`RECEIPT_BATCH_BYTES` (:class:`_Receipts`)."""
+    head = json.dumps({"incarnation": incarnation, "lineage": list(lineage)})[:-1]
+    batches: list[bytes] = []
+    parts: list[str] = []
+    size = 0
+    for client_id, rounds in sorted(receipts.items()):
+        part = f"{json.dumps(client_id)}:{json.dumps(sorted(rounds))}"
+        if parts and size + len(part) > RECEIPT_BATCH_BYTES:
+            batches.append(f'{head},"receipts":{{{",".join(parts)}}}}}'.encode())
+            parts, size = [], 0
+        parts.append(part)
+        size += len(part) + 1
+    if parts:
+        batches.append(f'{head},"receipts":{{{",".join(parts)}}}}}'.encode())
+    return batches
+
+
 class _Ack(BaseModel):
     """A receipt (``rounds`` the server recorded) or, with no rounds, a welcome; both carry
     the server's incarnation and lineage (:mod:`fedsim.transports.incarnation`)."""
@@ -105,6 +145,17 @@ class _Ack(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     rounds: list[Annotated[int, Field(ge=0, le=codec.MAX_COUNTER)]] = Field(max_length=100_000)
     incarnation: Incarnation = ""
+    lineage: list[Incarnation] = Field(default_factory=list, max_length=MAX_LINEAGE)
+
+
+class _Receipts(BaseModel):
+    """The server's receipts for some of one aggregator's clients: ``receipts`` maps a client
+    to the rounds recorded, each passed on as that client's :class:`_Ack`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    receipts: dict[str, list[Annotated[int, Field(ge=0, le=codec.MAX_COUNTER)]]] = Field(
+        max_length=100_000)
+    incarnation: Incarnation
     lineage: list[Incarnation] = Field(default_factory=list, max_length=MAX_LINEAGE)
 
 
@@ -155,6 +206,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         self._ack_interval = ack_interval
         self.aggregators = tuple(sorted(aggregators))
         """The aggregation nodes' ids (empty: updates come straight from the clients)."""
+        self._routes: dict[str, str] = {}  # client -> its aggregator (aggregator_of), as met
 
     @property
     def unacknowledged(self) -> int:
@@ -332,17 +384,23 @@ class MqttServerEndpoint(_MqttEndpoint):
         for client_id in self._welcome:
             pending.setdefault(client_id, set())
         self._welcome = set()
+        current, lineage = self.incarnation.current, self.incarnation.lineage
+        by_aggregator: dict[str, dict[str, set[int]]] = {}
         for client_id, rounds in pending.items():
-            payload = json.dumps(
-                {
-                    "rounds": sorted(rounds),
-                    "incarnation": self.incarnation.current,
-                    "lineage": list(self.incarnation.lineage),
-                }
-            ).encode()
-            if await self._send(self.topics.acks(client_id), payload, qos=0):
+            if rounds and self.aggregators:  # passed on by the client's aggregator
+                route = self._routes.get(client_id)
+                if route is None:
+                    route = self._routes[client_id] = aggregator_of(client_id, self.aggregators)
+                by_aggregator.setdefault(route, {})[client_id] = rounds
+                continue
+            if await self._send(self.topics.acks(client_id), _receipt(rounds, current, lineage),
+                                qos=0):
                 self.stats.acks_sent += 1
             # An ack lost here only causes a resend, which the server de-duplicates.
+        for aggregator, receipts in sorted(by_aggregator.items()):
+            for payload in _receipt_batches(receipts, current, lineage):
+                if await self._send(self.topics.receipts(aggregator), payload, qos=0):
+                    self.stats.acks_sent += 1
 
 
 RESEND_BACKOFF_MAX = 8
@@ -372,6 +430,8 @@ class MqttClientEndpoint(_MqttEndpoint):
     server acknowledges them; see the module docstring. ``flush`` waits for the outbox to empty.
     ``max_staleness`` (the scenario's server setting): an update is not resent once its base
     version is more than that behind the newest global model delivered (``stats.expired``).
+    ``aggregator``: the aggregator its updates are routed to, which passes the server's receipts
+    on (``acks/<aggregator>/<client>``; None: no aggregators).
     """
 
     def __init__(
@@ -389,6 +449,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         max_concurrent_outgoing_calls: int = 20,
         keepalive: int = 30,
         seed: int | None = None,
+        aggregator: str | None = None,
     ) -> None:
         try:
             codec.check_client_id(client_id)
@@ -408,6 +469,9 @@ class MqttClientEndpoint(_MqttEndpoint):
             role=f"client {client_id}",
         )
         self.client_id = client_id
+        self._ack_topics = {self.topics.acks(client_id)}
+        if aggregator is not None:
+            self._ack_topics.add(self.topics.relayed_acks(aggregator, client_id))
         self._resend_after = resend_after
         self._max_unacked = max_unacknowledged
         self._max_staleness = max_staleness
@@ -467,7 +531,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         return True
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
-        await client.subscribe(self.topics.acks(self.client_id), qos=QOS)
+        for topic in sorted(self._ack_topics):
+            await client.subscribe(topic, qos=QOS)
         await client.subscribe(self.topics.global_model, qos=GLOBAL_QOS)
         self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-resend")
 
@@ -527,7 +592,7 @@ class MqttClientEndpoint(_MqttEndpoint):
                 await self._resend(older_than=self._resend_after)
 
     def _on_message(self, topic: str, payload: object) -> None:
-        if topic == self.topics.acks(self.client_id):
+        if topic in self._ack_topics:
             self._on_ack(topic, payload)
             return
         if topic != self.topics.global_model:
@@ -586,7 +651,10 @@ queued backlog); beyond it the oldest are dropped (their clients resend them).""
 class MqttAggregatorEndpoint(_MqttEndpoint):
     """One aggregation node's endpoint: receives the updates of the clients routed to it
     (:func:`~fedsim.transports.topics.aggregator_of`), the global models and the window
-    closes; publishes partials and forwarded updates on ``partials/<aggregator id>``.
+    closes; publishes partials and forwarded updates on ``partials/<aggregator id>``; passes
+    the server's receipts for its clients (``receipts/<aggregator id>``) on to each client's
+    ``acks/<aggregator id>/<client>`` (module docstring), only those of the live incarnation and of its own
+    clients.
 
     A persistent session (fixed client identifier, ``clean_session=False``): while the
     aggregator is away (a restart), the broker queues its clients' updates (QoS 1), not the
@@ -631,6 +699,8 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         self.incarnation = ClientIncarnation()
         self._lineage: frozenset[str] = frozenset()
         self._held: list[tuple[str, ClientUpdate]] = []
+        self._receipts: list[_Receipts] = []  # the server's, not yet passed on
+        self._receipts_due = asyncio.Event()
 
     async def publish(self, message: Message) -> None:
         """Send a partial or a forwarded update to the server (QoS 1)."""
@@ -648,11 +718,21 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
             await client.subscribe([(t, QOS) for t in topics[start:start + 1000]])
         await client.subscribe(self.topics.global_model, qos=GLOBAL_QOS)
         await client.subscribe(self.topics.close, qos=GLOBAL_QOS)
+        await client.subscribe(self.topics.receipts(self.aggregator_id), qos=0)
+
+    def _background_loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+        return {f"mqtt-{self.aggregator_id}-receipts": self._receipt_loop}
 
     def _on_message(self, topic: str, payload: object) -> None:
         if topic in (self.topics.close, self.topics.global_model):
             self._from_server(topic, payload)
             return
+        if topic == self.topics.receipts(self.aggregator_id):
+            self._take_receipts(topic, payload)
+            return
+        self._from_client(topic, payload)
+
+    def _from_client(self, topic: str, payload: object) -> None:
         sender = self.topics.sender_of(topic)
         if sender is None or sender[0] != "updates" or sender[1] not in self.client_ids:
             self._reject(topic, "not the update topic of a client of this aggregator")
@@ -719,6 +799,53 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
     def _deliver(self, message: Message) -> None:
         self.stats.received += 1
         self._inbox.put(message)
+
+    def _take_receipts(self, topic: str, payload: object) -> None:
+        """The server's receipts (the broker lets only the server write them): kept to pass on
+        if they are the live incarnation's (a receipt from an earlier server would make a
+        client forget an update its successor never recorded)."""
+        try:
+            receipts = _Receipts.model_validate_json(payload)  # type: ignore[arg-type]
+        except (ValidationError, TypeError) as exc:
+            self._reject(topic, f"malformed receipts: {exc}")
+            return
+        current = self.incarnation.current
+        if receipts.incarnation != current:
+            self._other_incarnation(topic, receipts.incarnation, current)
+            return
+        foreign = [c for c in receipts.receipts if c not in self.client_ids]
+        if foreign:
+            self._reject(topic, f"receipts for clients not routed here: {foreign[:3]}",
+                         kind="wrong_topic")
+            return
+        self._receipts.append(receipts)
+        self._receipts_due.set()
+
+    async def close(self) -> None:
+        """Pass on the receipts already here (bounded wait; those the server sent before the
+        end of the run), then disconnect; idempotent."""
+        if self._receipts and self.connected and not self._closing:
+            self._receipts_due.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pass_receipts(), self._policy.connect_timeout)
+        await super().close()
+
+    async def _receipt_loop(self) -> None:
+        """Pass the server's receipts on, one message per client (QoS 0, as the server would:
+        a lost one costs a resend, which the server de-duplicates)."""
+        while True:
+            await self._receipts_due.wait()
+            await self._pass_receipts()
+
+    async def _pass_receipts(self) -> None:
+        self._receipts_due.clear()
+        batches, self._receipts = self._receipts, []
+        for batch in batches:
+            for client_id, rounds in batch.receipts.items():
+                payload = _receipt(rounds, batch.incarnation, batch.lineage)
+                if await self._send(self.topics.relayed_acks(self.aggregator_id, client_id),
+                                    payload, qos=0):
+                    self.stats.acks_sent += 1
 
 
 __all__ = [

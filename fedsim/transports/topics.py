@@ -8,7 +8,10 @@ server's receipts for that client's updates (so the client can resend what was n
 
 With aggregation nodes (:mod:`fedsim.runtime.actors.aggregator`): ``close`` carries the server's
 window closes to the aggregators, ``partials/<aggregator>`` one aggregator's partials and the
-updates it forwards unmixed. Each client's updates go to one fixed aggregator,
+updates it forwards unmixed, ``receipts/<aggregator>`` the server's receipts for that
+aggregator's clients, which the aggregator passes on to each client's
+``acks/<aggregator>/<client>`` (under its own prefix: the broker's ACL grants it one line, not
+one per client, which it would scan for every message). Each client's updates go to one fixed aggregator,
 :func:`aggregator_of` (aggregator ``k`` subscribes to ``updates/<client>`` of exactly its clients,
 and the broker's ACL lets it read no others).
 """
@@ -73,6 +76,10 @@ class Topics:
     def acks(self, client_id: str) -> str:
         return f"{self.root}/acks/{client_id}"
 
+    def relayed_acks(self, aggregator_id: str, client_id: str) -> str:
+        """Where ``aggregator_id`` passes on the server's receipts for ``client_id``."""
+        return f"{self.root}/acks/{aggregator_id}/{client_id}"
+
     def hello(self, client_id: str) -> str:
         return f"{self.root}/hello/{client_id}"
 
@@ -82,6 +89,9 @@ class Topics:
 
     def partials(self, aggregator_id: str) -> str:
         return f"{self.root}/partials/{aggregator_id}"
+
+    def receipts(self, aggregator_id: str) -> str:
+        return f"{self.root}/receipts/{aggregator_id}"
 
     @property
     def all_partials(self) -> str:

@@ -1,7 +1,8 @@
 """The deployed aggregation tier over a real mosquitto (127.0.0.1, free port, stopped by PID):
 ``fedsim launch four_clients.yaml --aggregators 2`` reaches the flat run's accuracy, and an
 aggregator killed with SIGKILL mid-run is restarted by the launcher, rejoins, and nothing is
-applied twice (``applied.jsonl`` holds each ``(client, round)`` once).
+applied twice (``applied.jsonl`` holds each ``(client, round)`` once). The server's receipts
+reach every client through its aggregator: no client ends with an update unacknowledged.
 
 Scenario: the shipped ``four_clients.yaml`` (4 logistic-regression clients; two per aggregator),
 at 0.25 wall seconds per scenario second.
@@ -74,6 +75,14 @@ def test_launch_with_two_aggregators_reaches_the_flat_accuracy(tmp_path: Path) -
         assert outcome["finished"] and outcome["clients"] == len(routed[aggregator])
         assert outcome["folded"] > 0 and outcome["partials"] >= 20
         assert {c for c, _ in applied} >= routed[aggregator]
+        # It passed the server's receipts on to its clients (one message per client a batch).
+        assert outcome["mqtt"]["acks_sent"] >= len(routed[aggregator])
+    # Every client's updates were acknowledged by the end of the run: the receipts, decided by
+    # the server after its checkpoints, reached them through their aggregators.
+    for client_id in sorted(set().union(*routed.values())):
+        state = json.loads((out / "state" / client_id / f"client-{client_id}.json").read_text())
+        assert state["unacknowledged"] == [], f"{client_id}: released, never acknowledged"
+        assert state["mqtt"]["acked"] == len(state["released"]) > 0, client_id
 
 
 def test_a_killed_aggregator_restarts_rejoins_and_nothing_is_applied_twice(

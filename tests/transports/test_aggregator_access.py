@@ -1,6 +1,7 @@
 """Aggregation nodes over a real mosquitto (127.0.0.1, free port, stopped by PID) with the
 passwords and ACL ``fedsim deploy`` writes: an aggregator reads the updates of exactly the
-clients routed to it and writes only its own partials topic; a client can neither publish a
+clients routed to it and writes only its own partials topic and the receipts it passes on
+(reaching only its own clients); a client can neither publish a
 partial nor read another client's updates nor the window closes. And the endpoints: a client's
 update reaches its one aggregator, a window close reaches every aggregator, a partial and a
 forwarded update reach the server (which waits to acknowledge what they name)."""
@@ -8,6 +9,7 @@ forwarded update reach the server (which waits to acknowledge what they name).""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,7 +96,7 @@ def test_the_acl_gives_aggregators_their_clients_and_clients_no_partials(
            for a in AGGREGATORS}
     cli = {c: (secrets.clients[c].username, secrets.clients[c].password) for c in CLIENTS}
     mine, other = _clients_of("aggregator-0"), _clients_of("aggregator-1")
-    assert mine and other  # both aggregators have clients (the route spreads these ids)
+    assert len(mine) > 1 and other  # both aggregators have clients (the route spreads these ids)
 
     async def scenario() -> None:
         # The server reads an aggregator's own partials; not a client's "partial", nor one an
@@ -121,6 +123,30 @@ def test_the_acl_gives_aggregators_their_clients_and_clients_no_partials(
             (server, topics.close, codec.encode(WindowClose(1, 0))),
             (agg["aggregator-0"], topics.global_model, b"forged")])
         assert got == [topics.close]
+        # Receipts: the server writes them to an aggregator's receipts topic, which only that
+        # aggregator reads (not a client, not the other aggregator); nobody else writes there.
+        got = await _received(broker, agg["aggregator-0"], [topics.receipts("aggregator-0")], [
+            (cli[mine[0]], topics.receipts("aggregator-0"), b"{}"),
+            (agg["aggregator-1"], topics.receipts("aggregator-0"), b"{}"),
+            (server, topics.receipts("aggregator-0"), b"{}")])
+        assert got == [topics.receipts("aggregator-0")]
+        for reader in (cli[mine[0]], agg["aggregator-1"]):
+            got = await _received(broker, reader, [topics.receipts("aggregator-0")], [
+                (server, topics.receipts("aggregator-0"), b"{}")])
+            assert got == []
+        # An aggregator passes receipts on under its own prefix only, and a client reads there
+        # only its own, from its own aggregator: what aggregator 1 (or another client) writes
+        # for aggregator 0's client reaches nobody.
+        relayed = topics.relayed_acks("aggregator-0", mine[0])
+        got = await _received(broker, cli[mine[0]], [topics.root + "/acks/#"], [
+            (agg["aggregator-1"], topics.acks(mine[0]), b"{}"),
+            (agg["aggregator-1"], topics.relayed_acks("aggregator-0", mine[0]), b"{}"),
+            (agg["aggregator-1"], topics.relayed_acks("aggregator-1", mine[0]), b"{}"),
+            (cli[mine[1]], relayed, b"{}"),
+            (agg["aggregator-0"], topics.relayed_acks("aggregator-0", mine[1]), b"{}"),
+            (agg["aggregator-0"], relayed, b"{}"),
+            (server, topics.acks(mine[0]), b"{}")])
+        assert sorted(got) == sorted([relayed, topics.acks(mine[0])])
 
     asyncio.run(scenario())
 
@@ -137,7 +163,7 @@ def test_updates_closes_and_partials_travel_between_the_endpoints(
             broker.aggregator_url(a), run=RUN, aggregator_id=a, aggregators=AGGREGATORS,
             client_ids=CLIENTS, expected_params=4, reconnect=FAST) for a in AGGREGATORS]
         client = MqttClientEndpoint(broker.client_url(mine[0]), run=RUN, client_id=mine[0],
-                                    expected_params=4, reconnect=FAST)
+                                    expected_params=4, reconnect=FAST, aggregator="aggregator-0")
         assert secrets.for_aggregator("aggregator-0").username == "fedsim-aggregator-0"
         async with server, aggregators[0], aggregators[1], client:
             assert set(aggregators[0].client_ids) == set(mine)
@@ -167,8 +193,33 @@ def test_updates_closes_and_partials_travel_between_the_endpoints(
             assert server.unacknowledged == 2
             await asyncio.sleep(0.3)
             assert server.stats.denied == 1
+            # The server's receipt goes to the client's aggregator, which passes it on.
+            sent_before = server.stats.acks_sent
             assert server.acknowledge({(mine[0], 0)}) == 1
-            assert await client.flush(10)  # the receipt came back through the server
+            assert await client.flush(10)
+            await asyncio.sleep(0.2)  # (the aggregator counts once its publish has returned)
+            assert aggregators[0].stats.acks_sent == 1 and aggregators[1].stats.acks_sent == 0
+            assert server.stats.acks_sent == sent_before + 1  # one message to aggregator-0
+            # The receipt of a round (1, folded in the partial) recorded later comes too; a
+            # receipt of another incarnation, or naming a client routed elsewhere, is not
+            # passed on.
+            await client.publish(ClientUpdate(mine[0], 1, 0, np.zeros(4, np.float32), 8.0))
+            await asyncio.wait_for(aggregators[0].receive(), 10)
+            assert client.unacknowledged == (1,)
+            refused = aggregators[0].stats.rejected, aggregators[0].stats.other_incarnation
+            async with aiomqtt.Client(broker.host, broker.port, username=secrets.server.username,
+                                      password=secrets.server.password) as forger:
+                for incarnation, whom in (("0" * 16, mine[0]), (server.incarnation.current,
+                                                                _clients_of("aggregator-1")[0])):
+                    await forger.publish(Topics(RUN).receipts("aggregator-0"), json.dumps(
+                        {"receipts": {whom: [1]}, "incarnation": incarnation,
+                         "lineage": []}).encode())
+            await asyncio.sleep(QUIET)
+            assert client.unacknowledged == (1,)
+            assert (aggregators[0].stats.rejected, aggregators[0].stats.other_incarnation) == (
+                refused[0] + 1, refused[1] + 1)
+            assert server.acknowledge({(mine[0], 1)}) == 1
+            assert await client.flush(10)
 
     asyncio.run(scenario())
 

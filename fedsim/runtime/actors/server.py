@@ -66,8 +66,12 @@ a group failing any of it is refused whole (``bad_partial``, its updates counted
 Accepted groups join the window's mix with the coefficient ``S(s) / total`` their updates would
 have had one by one (time windows are linear in each update's weight), so with aggregators the
 model is the flat deployment's up to float32 rounding of the sums. A partial of a window
-already closed (a late or dead aggregator's) is not applied: its updates count in
-``WindowReport.lost_in_partials`` (dropped in flight; their privacy was spent on the client).
+already closed (a late aggregator's) joins the next window's mix, as a direct update arriving
+after its window's close would (judged then: a group whose base version has grown too stale
+counts as stale); only a partial that comes after the end of the run is lost
+(``WindowReport.lost_in_partials``, dropped in flight; their privacy was spent on the client).
+So the wait trades how soon a slow aggregator's updates are applied against how late each
+window closes, and loses nothing.
 
 **Overload** (:attr:`ServerActor.shed_on_arrival`, the deployed server; docs/DEPLOYMENT.md): under
 time windows an update that arrives already stale (``version - base_version > max_staleness``)
@@ -282,9 +286,11 @@ class ServerActor:
             raise ConfigError(f"aggregator_wait must be >= 0 seconds, got {wait!r}")
         self.aggregator_wait = float(wait)
         self._live: set[str] = set(self.aggregators)
-        self._partials: dict[str, Partial] = {}  # the closing window's, by aggregator
+        self._partials: dict[tuple[str, int], Partial] = {}  # to mix at the next close
+        self._taken: dict[str, int] = {}  # the last window taken from each aggregator
         self._answered = asyncio.Event()
         self._lost_in_partials = 0
+        self._partial_wait: float | None = None  # the closing window's (WindowReport)
         self.weights = client_weights(self.strategy, [
             (c, info.num_samples, info.weight) for c, info in sorted(self.clients.items())])
 
@@ -477,31 +483,45 @@ class ServerActor:
 
     # -- aggregation nodes -----------------------------------------------------------------
     def _take_partial(self, partial: Partial) -> None:
-        """Keep ``partial`` for the closing window; a late one's updates are lost in flight."""
+        """Keep ``partial`` for the next close: the closing window's, or a late one of a window
+        already closed (it joins the open window's mix, as a direct update arriving after its
+        window's close would); one after the end of the run is lost in flight."""
         aggregator = partial.aggregator_id
         if aggregator not in self.aggregators:
             self._rejections.add(Kind.BAD_PARTIAL, len(partial.entries))
             _log.warning("partial of an unknown aggregator refused", aggregator=aggregator)
             return
         self._live.add(aggregator)  # it is up: waited for from the next close on
-        if partial.window != self.windows_closed + 1 or self.ended:
+        closing = self.windows_closed + 1
+        if self.ended or partial.window > closing:  # (no close of a later window was sent)
             self._lost_in_partials += len(partial.entries)
-            _log.warning("late partial: its updates count as dropped in flight",
-                         aggregator=aggregator, window=partial.window,
-                         updates=len(partial.entries), closing=self.windows_closed + 1)
+            _log.warning("partial after the end of the run or of a window not closed: its "
+                         "updates count as dropped in flight", aggregator=aggregator,
+                         window=partial.window, updates=len(partial.entries), closing=closing)
             return
-        if aggregator in self._partials:  # a network duplicate
-            return
-        self._partials[aggregator] = partial
-        if self._live <= self._partials.keys():
+        if partial.window <= self._taken.get(aggregator, 0):
+            return  # a network duplicate: an aggregator's partials come in window order
+        self._taken[aggregator] = partial.window
+        self._partials[(aggregator, partial.window)] = partial
+        if partial.window < closing:
+            _log.info("late partial: its updates join the open window's mix",
+                      aggregator=aggregator, window=partial.window,
+                      updates=len(partial.entries), closing=closing)
+        if self._live <= self._answered_close():
             self._answered.set()
+
+    def _answered_close(self) -> set[str]:
+        """The aggregators whose partial of the closing window is here."""
+        closing = self.windows_closed + 1
+        return {a for a, window in self._partials if window == closing}
 
     async def _gather_partials(self) -> None:
         """Announce the window's close and wait for the live aggregators' partials (at most
         ``aggregator_wait``); those that did not answer are no longer waited for."""
         self._answered.clear()
-        if self._live <= self._partials.keys():
+        if self._live <= self._answered_close():
             self._answered.set()
+        started = self.clock.now()
         await self.endpoint.publish(WindowClose(self.windows_closed + 1, self.version,
                                                 self.clock.now()))
         waiter = asyncio.ensure_future(self._answered.wait())
@@ -511,23 +531,31 @@ class ServerActor:
         finally:
             for task in (waiter, timer):
                 task.cancel()
-        missing = self._live - self._partials.keys()
+        self._partial_wait = self.clock.now() - started
+        answered = self._answered_close()
+        missing = self._live - answered
         if missing:
             _log.warning("aggregators did not answer the window's close in time",
                          window=self.windows_closed + 1, aggregators=sorted(missing))
-        self._live = set(self._partials)
+        self._live = answered
 
     def _check_group(self, entries: list[ManifestEntry], total: np.ndarray,
-                     keys: set[tuple[str, int]]) -> tuple[float, float | None] | str:
+                     keys: set[tuple[str, int]]) -> tuple[float, float | None] | str | None:
         """A partial's group (one base version): its weight and the bound on its sum's norm
-        ``sum_i w_i |eta_i| bound_i`` (None: a bound unknown), or why it is refused."""
+        ``sum_i w_i |eta_i| bound_i`` (None: a bound unknown), or why it is refused, or None if
+        its base version is too stale by now (a late partial; the book recorded its entries)."""
         weight, bound = 0.0, 0.0
         known = True
         group: set[tuple[str, int]] = set()
+        stale = 0
         for entry in entries:
             key = (entry.client_id, entry.round)
             verdict = self.book.judge_entry(entry.client_id, entry.round, entry.base_version,
                                             entry.window, keys | group)
+            if verdict.kind is Kind.STALE:  # then so is every entry: one base version
+                stale += 1
+                group.add(key)
+                continue
             if verdict.kind is not Kind.ACCEPTED:
                 return f"{entry.client_id} round {entry.round}: {verdict.kind} ({verdict.reason})"
             if entry.weight != self.weights[entry.client_id]:
@@ -541,6 +569,8 @@ class ServerActor:
             else:
                 bound += entry.weight * abs(info.step_at(entry.round)) \
                     * info.limits.norm_bound(entry.round)
+        if stale:
+            return None
         norm = vector_norm(total)
         if known and norm > bound * PARTIAL_ROUNDING:
             return f"its sum's norm {norm:.6g} exceeds the bound {bound:.6g} of its updates"
@@ -552,7 +582,7 @@ class ServerActor:
         ``(base_version, sum, weight, bound, entries)``; the rest counted in ``report``."""
         groups = []
         partials, self._partials = self._partials, {}
-        for aggregator, partial in sorted(partials.items()):
+        for (aggregator, _), partial in sorted(partials.items()):
             counts = dict(partial.rejections)
             report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
             report.stale += counts.pop(Kind.STALE.value, 0)
@@ -568,6 +598,10 @@ class ServerActor:
                 total = partial.group(index, self.params.size)
                 checked = (self._check_group(entries, total, keys) if not self.policy.on_arrival
                            else "an on-arrival policy takes single updates only")
+                if checked is None:  # judged stale for good, as late direct updates can be
+                    report.stale += len(entries)
+                    keys.update((e.client_id, e.round) for e in entries)
+                    continue
                 if isinstance(checked, str):
                     self._rejections.add(Kind.BAD_PARTIAL, len(entries))
                     report.rejected += len(entries)
@@ -633,13 +667,16 @@ class ServerActor:
         if refused := self.pacer.take_refused():  # beyond the waiting limit: "rate"
             self._rejections.add(Kind.RATE, refused)
             report.rejected += refused
+        # Partials first: a copy of an update in a late partial, forwarded unmixed meanwhile
+        # (its client resent it), is then the duplicate, not the partial's whole group.
+        groups = self._take_partials(report, keys)
         for update in paced:
             admitted = self._admit(update, report, keys)
             if admitted is not None:
                 accepted.append(admitted)
                 keys.add((update.client_id, update.round))
-        groups = self._take_partials(report, keys)
         report.lost_in_partials, self._lost_in_partials = self._lost_in_partials, 0
+        report.partial_wait, self._partial_wait = self._partial_wait, None
         report.step_size = self.step_size.current(window)
         if groups:
             self._apply_with_partials(accepted, groups, report, report.step_size)

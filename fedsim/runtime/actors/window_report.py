@@ -43,8 +43,11 @@ class WindowReport:
     applied_to: list[int] = field(default_factory=list)
     """The version each applied update was applied to (the model's version before it)."""
     lost_in_partials: int = 0
-    """Updates in aggregators' partials that came after their window closed (dropped in
-    flight; :mod:`fedsim.runtime.actors.aggregator`)."""
+    """Updates in aggregators' partials that came after the end of the run (dropped in flight;
+    a partial late for its window joins the next one's mix: :mod:`fedsim.runtime.actors.server`)."""
+    partial_wait: float | None = None
+    """Seconds the server waited after the window's end for the aggregators' partials (on its
+    clock; at most ``aggregator_wait``; None: no aggregators). Not a ``metrics.jsonl`` column."""
     end: float | None = None
     """The window's scheduled end on the server's timeline (``time`` is when it was closed:
     the same up to float rounding under virtual time, a little later on the wall clock)."""

@@ -30,6 +30,7 @@ from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import (
     Population,
+    aggregator_wait,
     build_population,
     make_client_actor,
     open_ledger,
@@ -38,21 +39,28 @@ from fedsim.runtime.population import (
 )
 from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
+from fedsim.transports.topics import aggregator_ids, aggregator_of
 
 __all__ = ["client_resend_after", "client_state_file", "run_client", "training_generator"]
 
 _log = get_logger("fedsim.runtime.deployed.client_process")
 
 ANNOUNCE_EVERY = 1.0  # wall seconds between a starting client's "connected" statuses
+RELAYED_RECEIPTS_WAIT = 5.0
+"""Wall seconds a client routed through an aggregator waits, once the server has finished the
+run, for receipts still on their way (the server sends the last ones just before the end; an
+aggregator passes them on a few milliseconds later)."""
 
 
 def client_resend_after(scenario: Scenario, time_scale: float) -> float:
     """Wall seconds after which a client resends an unacknowledged update.
 
     The server acknowledges at the end of the window after arrival (after its checkpoint), so a
-    receipt takes up to one window of wall time; 1.5 windows plus a second keeps resends to
+    receipt takes up to one window of wall time, and with aggregators up to the server's wait
+    for their partials more; 1.5 windows (and that wait) plus a second keeps resends to
     updates that were really lost (a crashed server, a broker that lost its queue)."""
-    return max(2.0, 1.5 * scenario.server.window * time_scale + 1.0)
+    wait = aggregator_wait(scenario) if scenario.aggregators.count else 0.0
+    return max(2.0, (1.5 * scenario.server.window + wait) * time_scale + 1.0)
 
 
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
@@ -139,6 +147,8 @@ async def run_client(
         resend_after=client_resend_after(scenario, options.time_scale),
         max_staleness=scenario.server.max_staleness,
         seed=population.tree.integer("client", client_id, "mqtt", first_round),
+        aggregator=(aggregator_of(client_id, aggregator_ids(scenario.aggregators.count))
+                    if scenario.aggregators.count else None),
     )
     report_file = client_state_file(state, client_id)
     previous = read_json(report_file)
@@ -172,7 +182,10 @@ async def run_client(
                 )
                 helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
             await unless_stopped(alongside(actor.run(), helpers), stop)
-            if actor.finished is not None:  # its last receipts came before: none will follow
+            if actor.finished is not None:  # its last receipts came before (flat): none follow
+                if endpoint.unacknowledged and scenario.aggregators.count:
+                    # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
+                    await endpoint.flush(RELAYED_RECEIPTS_WAIT)
                 if endpoint.unacknowledged:
                     _log.warning("updates not acknowledged before the server finished",
                                  client=client_id, rounds=list(endpoint.unacknowledged))

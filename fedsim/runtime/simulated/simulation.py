@@ -399,7 +399,7 @@ class _Simulation:
         self._check_tasks()
         self._note_stops()
         stats = network.stats
-        # Updates lost with a partial (its link, or too late for its window) are in flight too.
+        # Updates lost with a partial (its link, or after the end of the run) are in flight too.
         dropped = stats.uplink.dropped + stats.uplink.lost + network.partial_updates_lost
         self._late_partials += report.lost_in_partials
         dropped += self._late_partials
