@@ -207,9 +207,10 @@ class PerSampleEngine:
                     asked = self._rules_during_backward(uses, total)
                 else:  # small: every gradient held to the end, no graph walk
                     asked = [use for use in uses if use.output.requires_grad]
-                grads = torch.autograd.grad(
-                    total, [u.output for u in asked] + list(also), allow_unused=True
-                )
+                del uses
+                wrt = [u.output for u in asked]
+                grads = torch.autograd.grad(total, wrt + list(also), allow_unused=True)
+                del wrt
                 if not early:
                     for use, grad in zip(asked, grads, strict=False):
                         use.grad = None if grad is None else grad.detach()
@@ -461,12 +462,12 @@ def _apply_rule(layer: Layer) -> Callable[[torch.Tensor], None]:
     """A tensor hook on a once-called layer's output: its rule, from the gradient just in."""
 
     def hook(grad: torch.Tensor) -> None:
-        use = layer.uses[0]
-        use.grad = grad.detach()
-        try:
-            layer.result = RULES[layer.kind](layer)
-        finally:
-            use.grad = None  # the rule keeps what its weighted sum needs, nothing more
+        layer.uses[0].grad = grad.detach()
+        layer.result = RULES[layer.kind](layer)
+        # The rule keeps what its weighted sum needs; the recorded input, output and gradient
+        # go now, so autograd frees each activation once its backward has run (as in plain
+        # SGD), not at the end of the step.
+        layer.uses = []
 
     return hook
 
