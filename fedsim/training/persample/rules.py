@@ -9,7 +9,8 @@ layer's structure allows it:
   per-example gradient;
 * ``Conv2d`` (zero padding): per-example gradients, ``B x C_out x C_in k^2`` (small for
   convolutions), as the weight gradient of one convolution with the examples as groups (or, for
-  a single input channel, im2col and one batched matrix product), unless the ghost norm over
+  a single input channel or few output positions, channels-last im2col and one batched matrix
+  product), unless the ghost norm over
   output positions is cheaper (``L^2 (k + C_out) < L C_out k``);
 * ``Embedding``: ``sum_{t,s} [idx_t = idx_s] g_t.g_s``;
 * ``GroupNorm``/``LayerNorm`` affine weights: per-example gradients (one value per channel);
