@@ -17,6 +17,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedsim.training.persample import PerSampleEngine, clip_rows, naive_per_example_gradients
+from fedsim.training.persample import engine as engine_module
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["rules_after", "rules_during"])
+def _rules_during_backward(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case twice: the rules run after the backward pass (small models) and during it,
+    from hooks on the layers' outputs, with only the most upstream outputs asked for."""
+    monkeypatch.setattr(engine_module, "_EARLY_RULES_MIN_VALUES", 0 if request.param else 1 << 62)
 
 
 @pytest.fixture(autouse=True)
@@ -94,6 +102,21 @@ LAYERS: list[Case] = [
         lambda: nn.Sequential(nn.Conv2d(4, 8, 3, stride=2), MeanOver(2, 3)),
         lambda b: torch.randn(b, 4, 5, 5),
         8,
+    ),
+    (
+        "conv2d_few_positions_padded",  # channels-last im2col with a zero border, dilated
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 10, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+            MeanOver(2, 3),
+        ),
+        lambda b: torch.randn(b, 3, 3, 2),
+        10,
+    ),
+    (
+        "conv2d_few_positions_twice",  # two uses of a channels-last im2col layer
+        lambda: Twice(nn.Conv2d(3, 3, 3, padding=1), 2, 3),
+        lambda b: torch.randn(b, 3, 1, 2),
+        3,
     ),
     (
         "conv2d_ghost",  # one output position, 2 x 2 x 8 x 16 weights: ghost norms
@@ -314,7 +337,8 @@ def test_a_layer_the_fallback_cannot_run_fails_with_a_model_error_naming_it() ->
     engine = PerSampleEngine(nn.Sequential(nn.Linear(3, 3), DataDependent()))
     assert engine.fallback_parameters == ["1.gain"]
     with pytest.raises(ModelError, match="per-example gradients of 1.gain .* torch.func"):
-        engine.clipped_sum(torch.randn(4, 3), torch.randint(0, 3, (4,)), 1.0)
+        # Positive inputs: every sub-batch takes the same branch, so the forward probe passes.
+        engine.clipped_sum(torch.rand(4, 3), torch.randint(0, 3, (4,)), 1.0)
 
 
 def test_kept_buffers_serve_batches_of_every_size() -> None:

@@ -9,7 +9,9 @@ norms of Goodfellow 2015 and Li et al. 2022):
 
 1. one forward pass records each trainable layer's input ``a`` (hooks);
 2. one backward pass asks autograd only for the gradients ``g`` with respect to the layers'
-   *outputs* (the parameter gradients are never formed);
+   *outputs* (the parameter gradients are never formed); on models with large activations
+   each layer's rule (step 3) runs from a hook as soon as its ``g`` is in, and its recorded
+   tensors are dropped, so memory is freed as plain SGD's backward frees it;
 3. from ``(a, g)`` each layer with a fast rule (``Linear``, ``Conv2d``, ``Embedding``,
    ``LayerNorm``, ``GroupNorm``: :mod:`.rules`) yields every example's squared gradient
    norm, without the per-example gradient where the layer's structure allows it; every other
