@@ -1,0 +1,84 @@
+"""What a client holds, made smaller without changing what it draws or decides (issue 24
+item 5): the shared integrity limits, the parked speed stream, the status callable."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.runtime.actors.integrity import client_limits
+from fedsim.runtime.population import (
+    build_population,
+    client_infos,
+    make_client_actor,
+    open_ledger,
+)
+from tests.runtime.test_simulation import scenario
+
+
+def _population(**changes: object):  # type: ignore[no-untyped-def]
+    return build_population(LoadedScenario(parse_scenario(scenario(**changes)), None))
+
+
+def test_clients_alike_share_limits_that_bound_what_their_own_would() -> None:
+    data = scenario()
+    data["clients"]["groups"][0]["count"] = 5  # five clients of one group, equal shares
+    data["clients"]["groups"][0]["partition"] = {"scheme": "iid"}
+    population = build_population(LoadedScenario(parse_scenario(data), None))
+    infos = client_infos(population)
+    dim = population.initial_params.size
+    for plan in population.plans:
+        shared = infos[plan.client_id].limits
+        own = client_limits(plan.group, plan.public_samples, plan.schedule, dim)
+        assert shared is not None
+        for r in (0, 1, 5, 11):
+            assert shared.norm_bound(r) == own.norm_bound(r)
+        assert (shared.max_rounds, shared.num_samples, shared.batch_size) == (
+            own.max_rounds, own.num_samples, own.batch_size)
+    by_group: dict[str, set[int]] = {}
+    for plan in population.plans:
+        key = f"{plan.group.name}/{plan.public_samples}"
+        by_group.setdefault(key, set()).add(id(infos[plan.client_id].limits))
+    assert all(len(ids) == 1 for ids in by_group.values())
+    assert len({id(i.limits) for i in infos.values()}) == len(by_group) < len(infos)
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class _Endpoint:
+    async def publish(self, message: object) -> None: ...
+
+    async def receive(self) -> object: ...
+
+    async def close(self) -> None: ...
+
+
+def test_an_actor_draws_its_speed_and_reports_its_epsilon_as_the_plain_closures_did(
+        tmp_path: Path) -> None:
+    population = _population()
+    plan = population.plans[0]  # a uniform speed
+    ledger = open_ledger(plan, tmp_path / "c.jsonl")
+    try:
+        actor = make_client_actor(
+            plan, clock=_Clock(), endpoint=_Endpoint(),  # type: ignore[arg-type]
+            trainer=population.trainer(plan, message_only=True), ledger=ledger,
+            speed_rng=population.tree.numpy("client", plan.client_id, "speed", 0), delta=1e-5)
+        plain = population.tree.numpy("client", plan.client_id, "speed", 0)
+        expected = [plan.group.speed.sample(plain) for _ in range(40)]
+        assert [actor.seconds_per_sample() for _ in range(40)] == expected
+        assert len(set(expected)) == 40  # drawn, not a constant
+        assert actor.status_epsilon is not None
+        epsilon, delta = actor.status_epsilon()
+        assert (epsilon, delta) == (ledger.epsilon(1e-5), 1e-5)
+        assert not math.isnan(epsilon)
+    finally:
+        ledger.close()
+    assert np.isfinite(population.initial_params).all()
