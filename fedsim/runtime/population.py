@@ -44,7 +44,7 @@ from fedsim.runtime.actors.admission import group_slot
 from fedsim.runtime.actors.aggregator import AggregatorActor, aggregator_ids
 from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
-from fedsim.runtime.actors.integrity import ClientLimits, client_limits
+from fedsim.runtime.actors.integrity import client_limits
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.dp_pca import check_pca_budget, pca_components
 from fedsim.runtime.normalisation import (
@@ -553,26 +553,23 @@ def make_server_actor(
 
 def client_infos(population: Population) -> dict[str, ClientInfo]:
     """What the server and its aggregators know of each client in advance (public values).
-    Clients of one group with the same declared size have equal limits: they share one
-    (frozen) :class:`ClientLimits`, whose norm-bound memo depends on nothing else (issue 24
-    item 5: its memo dict was 0.5 KB a client)."""
+    Clients of one group with the same declared size know the same: they share one (frozen)
+    :class:`ClientInfo` and its :class:`ClientLimits`, whose norm-bound memo depends on
+    nothing else (issue 24 item 5: 0.6 KB a client, most of it the memo's dict)."""
     dim, timing = population.initial_params.size, population.scenario.privacy.timing
-    shared: dict[tuple[int, int, int], ClientLimits] = {}
+    shared: dict[tuple[int, int, int], ClientInfo] = {}
 
-    def limits(plan: ClientPlan) -> ClientLimits:
-        key = (id(plan.group), plan.public_samples, id(plan.schedule))
+    def info(p: ClientPlan) -> ClientInfo:
+        key = (id(p.group), p.public_samples, id(p.schedule))
         found = shared.get(key)
         if found is None:
-            found = shared[key] = client_limits(plan.group, plan.public_samples, plan.schedule,
-                                                dim)
+            found = shared[key] = ClientInfo(
+                p.public_samples, p.group.local_lr, p.group.weight,
+                client_limits(p.group, p.public_samples, p.schedule, dim),
+                sequence=step_sequence(p.group), slot=group_slot(p.group, timing))
         return found
 
-    return {
-        p.client_id: ClientInfo(
-            p.public_samples, p.group.local_lr, p.group.weight, limits(p),
-            sequence=step_sequence(p.group), slot=group_slot(p.group, timing))
-        for p in population.plans
-    }
+    return {p.client_id: info(p) for p in population.plans}
 
 
 def make_aggregator_actor(population: Population, aggregator_id: str, *, clock: Clock,

@@ -23,7 +23,7 @@ def _population(**changes: object):  # type: ignore[no-untyped-def]
     return build_population(LoadedScenario(parse_scenario(scenario(**changes)), None))
 
 
-def test_clients_alike_share_limits_that_bound_what_their_own_would() -> None:
+def test_clients_alike_share_what_the_server_knows_and_it_bounds_what_their_own_would() -> None:
     data = scenario()
     data["clients"]["groups"][0]["count"] = 5  # five clients of one group, equal shares
     data["clients"]["groups"][0]["partition"] = {"scheme": "iid"}
@@ -38,12 +38,16 @@ def test_clients_alike_share_limits_that_bound_what_their_own_would() -> None:
             assert shared.norm_bound(r) == own.norm_bound(r)
         assert (shared.max_rounds, shared.num_samples, shared.batch_size) == (
             own.max_rounds, own.num_samples, own.batch_size)
+        known = infos[plan.client_id]
+        assert (known.num_samples, known.step_size, known.weight) == (
+            plan.public_samples, plan.group.local_lr, plan.group.weight)
+        assert [known.step_at(r) for r in (0, 3, 9)] == [plan.group.local_lr] * 3
     by_group: dict[str, set[int]] = {}
     for plan in population.plans:
         key = f"{plan.group.name}/{plan.public_samples}"
-        by_group.setdefault(key, set()).add(id(infos[plan.client_id].limits))
+        by_group.setdefault(key, set()).add(id(infos[plan.client_id]))
     assert all(len(ids) == 1 for ids in by_group.values())
-    assert len({id(i.limits) for i in infos.values()}) == len(by_group) < len(infos)
+    assert len({id(i) for i in infos.values()}) == len(by_group) < len(infos)
 
 
 class _Clock:
