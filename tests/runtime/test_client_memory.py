@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.runtime.actors.integrity import client_limits
@@ -86,3 +87,20 @@ def test_an_actor_draws_its_speed_and_reports_its_epsilon_as_the_plain_closures_
     finally:
         ledger.close()
     assert np.isfinite(population.initial_params).all()
+
+
+def test_equal_postures_share_one_step_and_a_bad_one_is_refused_every_time() -> None:
+    from fedsim.errors import ConfigError
+    from fedsim.privacy.events import GaussianStep
+    from fedsim.training.dpsgd import step_for
+
+    step = step_for("poisson", 60, 4, 1.25, 2)
+    assert step is step_for("poisson", 60, 4, 1.25, 2)
+    assert step == GaussianStep("poisson", 4 / 60, 1.25, 2)
+    assert step_for("poisson", 60, 4, np.float64(1.25), 2) == step  # typed: its own entry
+    assert step_for("fixed", 60, 4, 1.25, 2) != step
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="sigma"):
+            step_for("poisson", 60, 4, -1.0, 1)
+        with pytest.raises(ConfigError, match="count"):
+            step_for("poisson", 60, 4, 1.0, True)  # type: ignore[arg-type]
