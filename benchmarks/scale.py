@@ -35,12 +35,18 @@ size, one norm, one copy and one add); ``floor / simulator`` is the ratio (targe
 ``--floor --profile`` runs it once more under cProfile and prints where each ms of a round
 goes (docs/SCALE.md).
 
+``--per-client N,M`` measures what one message-only client holds (issue 24 item 5): Python
+allocations under ``tracemalloc`` at the first window's end of message-only runs of N and M
+clients (each in its own process, under the directory lock as from 9,870 clients, the
+population built before tracing), their difference over M - N by file and by line.
+
 ``--breakdown N`` measures where memory goes at N training clients (resident size by phase,
 what the clients hold at the end, and Python/numpy allocations by source line under
 tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that code.
 
     python benchmarks/scale.py [--sizes 100,1000,10000,100000] [--timeout S]
     python benchmarks/scale.py --breakdown 1000 [--label NAME]
+    python benchmarks/scale.py --per-client 2000,4000
     python benchmarks/scale.py --floor [--virtual-seconds 3] [--profile]
     python benchmarks/scale.py --ray [--ray-scenarios hetero-100,10000]   # docs/RAY.md
 
@@ -464,6 +470,58 @@ def breakdown(clients: int, virtual_seconds: float) -> dict[str, Any]:
     }
 
 
+def client_allocations(clients: int) -> dict[str, int]:
+    """Bytes ``tracemalloc`` sees live, by ``file:line``, at the first window's end of a
+    message-only run of ``clients`` (under the directory lock; see ``--per-client``)."""
+    import gc
+
+    from fedsim.runtime.simulated import simulation
+
+    simulation.ledger_handles_fit = lambda _ledgers: False  # as from 9,870 clients
+    loaded = scaled(clients, 61.0, cross_device=True)
+    population = build_population(loaded)
+    snapshots: list[tracemalloc.Snapshot] = []
+
+    def on_window(_line: dict[str, Any]) -> None:
+        if not snapshots:
+            gc.collect()
+            snapshots.append(tracemalloc.take_snapshot())
+
+    tracemalloc.start(1)
+    with _scratch_dir() as scratch:
+        run_scenario(loaded, Path(scratch) / "run", population=population, message_only=True,
+                     on_window=on_window)
+    tracemalloc.stop()
+    lines: dict[str, int] = {}
+    for stat in snapshots[0].statistics("lineno"):
+        frame = stat.traceback[0]
+        name = frame.filename.split("fedsim/", 1)[-1] if "fedsim/" in frame.filename else \
+            Path(frame.filename).name
+        lines[f"{name}:{frame.lineno}"] = stat.size
+    return lines
+
+
+def per_client(sizes: tuple[int, int]) -> dict[str, Any]:
+    """One message-only client's share of the Python allocations (see ``--per-client``)."""
+    small, large = (_subprocess(["--allocations-one", str(n)], 1200) for n in sizes)
+    if "lines" not in small or "lines" not in large:
+        return {"failed": True, "runs": [small, large]}
+    share = {k: (large["lines"].get(k, 0) - small["lines"].get(k, 0)) / (sizes[1] - sizes[0])
+             for k in set(small["lines"]) | set(large["lines"])}
+    by_file: dict[str, float] = {}
+    for key, value in share.items():
+        by_file[key.rsplit(":", 1)[0]] = by_file.get(key.rsplit(":", 1)[0], 0.0) + value
+    top = sorted(share.items(), key=lambda kv: -kv[1])
+    return {
+        "clients": list(sizes),
+        "bytes_a_client": round(sum(share.values())),
+        "by_file": {k: round(v) for k, v in sorted(by_file.items(), key=lambda kv: -kv[1])[:20]},
+        "top_lines": {k: round(v) for k, v in top[:25]},
+        "code": commit(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def _subprocess(args: list[str], timeout: int) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), *args]
     try:
@@ -523,6 +581,32 @@ def _floor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true", help="with --floor: a cProfile run")
 
 
+def _per_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--per-client`` and the rows' own subprocesses' arguments."""
+    parser.add_argument("--ray-one", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=3, metavar=("CLIENTS", "MODE", "VIRTUAL_SECONDS"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--per-client", metavar="N,M",
+                        help="one message-only client's Python allocations (tracemalloc, M vs N)")
+    parser.add_argument("--allocations-one", type=int, help=argparse.SUPPRESS)
+
+
+def _per_client_modes(args: argparse.Namespace) -> bool:
+    """``--per-client`` (and its subprocesses); False: neither was asked for."""
+    if args.allocations_one:
+        print(json.dumps({"lines": client_allocations(args.allocations_one)}))
+        return True
+    if not args.per_client:
+        return False
+    small, large = (int(n) for n in args.per_client.split(","))
+    result = per_client((small, large))
+    print(json.dumps(result, indent=1))
+    document = _load_results()
+    document["per_client_memory"] = result
+    _save(document)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="comma-separated client counts to run from the plan")
@@ -535,9 +619,7 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true",
                         help="executor rows: in-process vs 1 and 2 local Ray workers")
     parser.add_argument("--ray-scenarios", default="hetero-100,10000")
-    parser.add_argument("--ray-one", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--one", nargs=3, metavar=("CLIENTS", "MODE", "VIRTUAL_SECONDS"),
-                        help=argparse.SUPPRESS)
+    _per_client_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -554,6 +636,8 @@ def main() -> None:
         return
     if args.one:
         print(json.dumps(measure(int(args.one[0]), args.one[1], float(args.one[2]))))
+        return
+    if _per_client_modes(args):
         return
     if args.floor:
         _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile)

@@ -13,11 +13,16 @@ Names map to spawn keys through a stable hash (BLAKE2b), not Python's salted ``h
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["SeedTree"]
+__all__ = ["ParkedStream", "SeedTree"]
+
+_T = TypeVar("_T")
 
 
 def _key(name: str | int) -> int:
@@ -60,3 +65,45 @@ class SeedTree:
 
     def __repr__(self) -> str:
         return f"SeedTree({self.seed}, {'/'.join(map(str, self.path)) or '<root>'})"
+
+
+class ParkedStream:
+    """A numpy PCG64 stream kept as its bit generator's state alone (two 128-bit integers and
+    a cached 32-bit half: about 150 bytes, where the stream's own ``Generator``, ``PCG64`` and
+    ``SeedSequence`` hold about 1.1 KB), drawn from through one shared ``Generator`` whose
+    state is swapped in for the draw and read back after it (issue 24 item 5: a client's speed
+    stream at 10^6 clients).
+
+    The draws are the stream's own, bit for bit: a ``Generator``'s only state is its bit
+    generator's (no cached normal, unlike the legacy ``RandomState``), and the swapped-in state
+    is the whole of PCG64's (``state``, ``inc`` and the ``has_uint32``/``uinteger`` half kept
+    for 32-bit draws). A lock serialises the swaps, so threads never share a state."""
+
+    __slots__ = ("_state",)
+
+    _shared = np.random.Generator(np.random.PCG64(0))
+    _lock = threading.Lock()
+
+    def __init__(self, generator: np.random.Generator) -> None:
+        if type(generator.bit_generator) is not np.random.PCG64:
+            raise TypeError(f"a parked stream is a PCG64 stream, not "
+                            f"{type(generator.bit_generator).__name__}")
+        self._state = self._park(generator.bit_generator.state)
+
+    @staticmethod
+    def _park(state: Mapping[str, Any]) -> tuple[int, int, int, int]:
+        inner = state["state"]
+        return (int(inner["state"]), int(inner["inc"]), int(state["has_uint32"]),
+                int(state["uinteger"]))
+
+    def draw(self, sample: Callable[[np.random.Generator], _T]) -> _T:
+        """``sample(generator)`` on this stream, which moves on by what it drew."""
+        state, inc, has_uint32, uinteger = self._state
+        with self._lock:
+            bits = self._shared.bit_generator
+            bits.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                          "has_uint32": has_uint32, "uinteger": uinteger}
+            try:
+                return sample(self._shared)
+            finally:
+                self._state = self._park(bits.state)

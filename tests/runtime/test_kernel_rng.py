@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fedsim.clock import Clock
-from fedsim.runtime.rng import SeedTree
+from fedsim.config.distributions import LogNormal
+from fedsim.runtime.rng import ParkedStream, SeedTree
 from fedsim.runtime.simulated.kernel import (
     VirtualClock,
     VirtualDeadlock,
@@ -149,3 +150,36 @@ def test_timers_order_as_when_then_sequence_tuples() -> None:
     for a, b in itertools.product(timers, repeat=2):
         assert (a < b) == ((a._when, a._sequence) < (b._when, b._sequence))
     loop.close()
+
+
+def test_a_parked_stream_draws_what_its_own_generator_draws() -> None:
+    """Two parked streams interleaved (each swapped in and out of the one shared generator)
+    draw bit for bit what their own generators draw: 64-bit, 32-bit (the cached half of a
+    64-bit word is part of the parked state), normal, log-normal and bounded integer draws."""
+    tree = SeedTree(11)
+    plain = [tree.numpy("client", name, "speed") for name in ("a", "b")]
+    parked = [ParkedStream(tree.numpy("client", name, "speed")) for name in ("a", "b")]
+    draws = [
+        lambda g: g.standard_normal(),
+        lambda g: g.integers(0, 2**31, size=3, dtype=np.uint32),  # 32-bit: one cached half
+        lambda g: g.lognormal(0.0, 0.5, size=2),
+        lambda g: g.random(),
+        lambda g: g.integers(0, 7),
+        lambda g: g.exponential(2.0, size=5),
+        lambda g: g.integers(0, 2**16, size=1, dtype=np.uint16),
+    ]
+    for i in range(700):
+        draw = draws[i % len(draws)]
+        which = (i * 7) % 3 % 2
+        expected, got = draw(plain[which]), parked[which].draw(draw)
+        assert np.array_equal(expected, got), (i, expected, got)
+    # A speed distribution of the scenario, as the client actor draws it.
+    speed = LogNormal(kind="lognormal", median=10.0, sigma=0.5)
+    own, stream = tree.numpy("speed"), ParkedStream(tree.numpy("speed"))
+    assert [speed.sample(own) for _ in range(50)] == [stream.draw(speed.sample)
+                                                      for _ in range(50)]
+
+
+def test_only_a_pcg64_stream_is_parked() -> None:
+    with pytest.raises(TypeError, match="PCG64"):
+        ParkedStream(np.random.Generator(np.random.MT19937(3)))

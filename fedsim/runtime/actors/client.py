@@ -143,7 +143,7 @@ class StalenessPolicy:
     max_distance: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a released round, kept for the run (no dict)
 class RoundRecord:
     """One released round, for the runtime's bookkeeping (never sent anywhere)."""
 

@@ -105,7 +105,7 @@ def _link_model(link: Link) -> LinkModel:
     )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ClientRecord:
     """A client's runtime state across crashes."""
 

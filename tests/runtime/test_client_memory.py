@@ -1,0 +1,106 @@
+"""What a client holds, made smaller without changing what it draws or decides (issue 24
+item 5): the shared integrity limits, the parked speed stream, the status callable."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.runtime.actors.integrity import client_limits
+from fedsim.runtime.population import (
+    build_population,
+    client_infos,
+    make_client_actor,
+    open_ledger,
+)
+from tests.runtime.test_simulation import scenario
+
+
+def _population(**changes: object):  # type: ignore[no-untyped-def]
+    return build_population(LoadedScenario(parse_scenario(scenario(**changes)), None))
+
+
+def test_clients_alike_share_what_the_server_knows_and_it_bounds_what_their_own_would() -> None:
+    data = scenario()
+    data["clients"]["groups"][0]["count"] = 5  # five clients of one group, equal shares
+    data["clients"]["groups"][0]["partition"] = {"scheme": "iid"}
+    population = build_population(LoadedScenario(parse_scenario(data), None))
+    infos = client_infos(population)
+    dim = population.initial_params.size
+    for plan in population.plans:
+        shared = infos[plan.client_id].limits
+        own = client_limits(plan.group, plan.public_samples, plan.schedule, dim)
+        assert shared is not None
+        for r in (0, 1, 5, 11):
+            assert shared.norm_bound(r) == own.norm_bound(r)
+        assert (shared.max_rounds, shared.num_samples, shared.batch_size) == (
+            own.max_rounds, own.num_samples, own.batch_size)
+        known = infos[plan.client_id]
+        assert (known.num_samples, known.step_size, known.weight) == (
+            plan.public_samples, plan.group.local_lr, plan.group.weight)
+        assert [known.step_at(r) for r in (0, 3, 9)] == [plan.group.local_lr] * 3
+    by_group: dict[str, set[int]] = {}
+    for plan in population.plans:
+        key = f"{plan.group.name}/{plan.public_samples}"
+        by_group.setdefault(key, set()).add(id(infos[plan.client_id]))
+    assert all(len(ids) == 1 for ids in by_group.values())
+    assert len({id(i) for i in infos.values()}) == len(by_group) < len(infos)
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class _Endpoint:
+    async def publish(self, message: object) -> None: ...
+
+    async def receive(self) -> object: ...
+
+    async def close(self) -> None: ...
+
+
+def test_an_actor_draws_its_speed_and_reports_its_epsilon_as_the_plain_closures_did(
+        tmp_path: Path) -> None:
+    population = _population()
+    plan = population.plans[0]  # a uniform speed
+    ledger = open_ledger(plan, tmp_path / "c.jsonl")
+    try:
+        actor = make_client_actor(
+            plan, clock=_Clock(), endpoint=_Endpoint(),  # type: ignore[arg-type]
+            trainer=population.trainer(plan, message_only=True), ledger=ledger,
+            speed_rng=population.tree.numpy("client", plan.client_id, "speed", 0), delta=1e-5)
+        plain = population.tree.numpy("client", plan.client_id, "speed", 0)
+        expected = [plan.group.speed.sample(plain) for _ in range(40)]
+        assert [actor.seconds_per_sample() for _ in range(40)] == expected
+        assert len(set(expected)) == 40  # drawn, not a constant
+        assert actor.status_epsilon is not None
+        epsilon, delta = actor.status_epsilon()
+        assert (epsilon, delta) == (ledger.epsilon(1e-5), 1e-5)
+        assert not math.isnan(epsilon)
+    finally:
+        ledger.close()
+    assert np.isfinite(population.initial_params).all()
+
+
+def test_equal_postures_share_one_step_and_a_bad_one_is_refused_every_time() -> None:
+    from fedsim.errors import ConfigError
+    from fedsim.privacy.events import GaussianStep
+    from fedsim.training.dpsgd import step_for
+
+    step = step_for("poisson", 60, 4, 1.25, 2)
+    assert step is step_for("poisson", 60, 4, 1.25, 2)
+    assert step == GaussianStep("poisson", 4 / 60, 1.25, 2)
+    assert step_for("poisson", 60, 4, np.float64(1.25), 2) == step  # typed: its own entry
+    assert step_for("fixed", 60, 4, 1.25, 2) != step
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="sigma"):
+            step_for("poisson", 60, 4, -1.0, 1)
+        with pytest.raises(ConfigError, match="count"):
+            step_for("poisson", 60, 4, 1.0, True)  # type: ignore[arg-type]
