@@ -347,6 +347,11 @@ class MqttServerEndpoint(_MqttEndpoint):
         if isinstance(message, Partial):
             sender = message.aggregator_id
             named = [(e.client_id, e.round) for e in message.entries] + list(message.settled)
+            # Every client it names must be routed to it: otherwise one aggregator could settle
+            # (and so have acknowledged and forgotten) the updates of another's clients.
+            if any(aggregator_of(client_id, self.aggregators) != aggregator
+                   for client_id, _ in named):
+                sender = "another aggregator's clients"
         elif isinstance(message, ClientUpdate):
             sender = aggregator_of(message.client_id, self.aggregators)
             named = [(message.client_id, message.round)]
@@ -626,6 +631,11 @@ class MqttClientEndpoint(_MqttEndpoint):
             self._reject(topic, f"malformed acknowledgement: {exc}")
             return
         before = self.incarnation.current
+        if topic != self.topics.acks(self.client_id) and ack.incarnation != before:
+            # A relayed receipt (acks/<aggregator>/<client>) only acknowledges: an aggregator
+            # must not move the client to another incarnation (the server's would be ignored).
+            self._other_incarnation(topic, ack.incarnation, before)
+            return
         if not self.incarnation.confirm(ack.incarnation, ack.lineage):
             self._other_incarnation(topic, ack.incarnation, before)
             return

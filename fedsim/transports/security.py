@@ -10,7 +10,7 @@ that the client id inside a payload is the one in its topic):
 * aggregation node ``k`` (user ``fedsim-aggregator-k``, with ``aggregators``) reads
   ``updates/<client>`` of exactly the clients routed to it
   (:func:`~fedsim.transports.topics.aggregator_of`), ``global``, ``close`` and
-  ``receipts/aggregator-k``, and writes ``partials/aggregator-k`` and ``acks/aggregator-k/#``
+  ``receipts/aggregator-k``, and writes ``partials/aggregator-k`` and ``acks/aggregator-k/+``
   (it passes on the server's receipts; a client reads ``acks/<its aggregator>/<its id>`` only,
   so what it writes there for another aggregator's client reaches nobody); no client may write
   any ``partials``, ``receipts`` or ``acks`` topic or read ``close``;
@@ -152,7 +152,8 @@ the applied rate held at the server's capacity and the broker dropped the excess
 
 def queue_limit(num_clients: int) -> int:
     """``max_queued_messages`` for a run: :data:`SERVER_BACKLOG`, or four messages a client
-    (statuses) if more. What it drops costs time, not updates: the clients resend what the
+    (statuses) if more. What it drops costs time, not updates (unless a resend comes more than
+    ``max_staleness`` versions late, when it is given up): the clients resend what the
     server never acknowledged, and the server counts what never arrived (``dropped_in_flight``)."""
     return max(SERVER_BACKLOG, 4 * num_clients)
 
@@ -208,7 +209,7 @@ def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
         # line: mosquitto scans a user's lines in order for each message it checks (with one
         # line per client, 5,000 of them, a receipt cost the broker 100 us of CPU, not 10).
         lines += [
-            f"topic write {topics.root}/acks/{aggregator_id}/#",
+            f"topic write {topics.root}/acks/{aggregator_id}/+",
             f"topic write {topics.partials(aggregator_id)}",
             f"topic read {topics.receipts(aggregator_id)}",
             f"topic read {topics.close}",

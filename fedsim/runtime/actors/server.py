@@ -123,6 +123,7 @@ from fedsim.protocol.messages import (
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import BookState, ClientBook, Kind
 from fedsim.runtime.actors.integrity import (
+    MAX_ROUND_GAP,
     ClientLimits,
     Rejections,
     bad_model,
@@ -591,7 +592,9 @@ class ServerActor:
                 report.rejected += count
             report.received += len(partial.entries) + sum(partial.rejections.values())
             for client_id, round_index in partial.settled:
-                if client_id in self.clients:
+                # No further beyond the known rounds than an update could name (ROUND_AHEAD).
+                if client_id in self.clients and \
+                        round_index <= self.book.known_rounds(client_id) + MAX_ROUND_GAP:
                     self.book.record(client_id, round_index)
             for index, base in enumerate(partial.bases):
                 entries = [e for e in partial.entries if e.base_version == base]
