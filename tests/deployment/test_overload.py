@@ -51,7 +51,13 @@ def test_the_applied_rate_does_not_collapse_under_overload(tmp_path: Path) -> No
     applied = _applied(tmp_path / "overload" / "state")
     assert max(Counter(applied).values()) == 1  # nothing applied twice
     assert {c for c, _ in applied} == {f"c-{i:03d}" for i in range(clients)}  # none starved
-    # The excess is counted: shed as it arrived (stale), or dropped at the broker's door.
+    # An excess the server did not apply is counted: shed as it arrived (stale), or dropped at
+    # the broker's door. On a quiet machine the server can keep up with the whole flood (the
+    # paced phase measures what clients waiting for receipts get, below the server's own
+    # ceiling: 640/s paced, then all of 4,000/s applied in one fresh-clone run); then there is
+    # no excess to count.
     series = result["overload_series"]
     excess = sum(s["stale"] + s["dropped_in_flight"] for s in series)
-    assert excess > 0
+    offered = sum(s["offered"] for s in series)
+    if sum(s["applied"] for s in series) < 0.95 * offered:
+        assert excess > 0, summary
