@@ -41,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import provenance  # first: this checkout's fedsim (see _common)
+from _study import add_output_arguments, plot_field, publish  # noqa: E402
 
 from fedsim.config import load_scenario
 
@@ -110,10 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--scenario", type=Path, default=SCENARIO)
-    parser.add_argument("--runs", type=Path, default=RUNS)
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    add_output_arguments(parser, results=RESULTS, plot=PLOT, runs=RUNS)
     parser.add_argument("--variants", nargs="*", default=None,
                         help="run only these (the others' rows are kept from the JSON)")
     args = parser.parse_args(argv)
@@ -152,16 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "per_seed": per_seed,
         "curves": curves,
         "epsilons": epsilons,
-        "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
+        "plot": plot_field(args.plot),
     }
     args.results.mkdir(parents=True, exist_ok=True)
     order = [v.name for v in variants(args.scenario)]
     document["rows"] = sorted(document["rows"], key=lambda r: order.index(r["variant"]))
-    target.write_text(json.dumps(document, indent=1) + "\n")
-    print("\n".join(document["notes"]))
-    if not args.no_page:
-        import make_results_page
-        make_results_page.main([])
+    publish(document, target, page=not args.no_page)
     return 0
 
 

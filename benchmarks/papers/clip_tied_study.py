@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ from vandijk_async import Variant, aggregate, collect, run_variant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import provenance, pyplot  # noqa: E402
+from _study import add_output_arguments, plot_field, publish, save_figure  # noqa: E402
 
 from fedsim.config.loading import load_scenario  # noqa: E402
 from fedsim.privacy.group_schedules import make_schedule  # noqa: E402
@@ -121,19 +121,13 @@ def plot(rows: Sequence[dict[str, Any]], curves: dict[str, dict[str, Any]], path
     right.set_ylabel("held-out accuracy (%), mean over seeds")
     right.set_title("du-allocation: 5 clients, eps <= 2 at delta 1e-5", fontsize=9)
     right.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--runs", type=Path, default=RUNS)
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    add_output_arguments(parser, results=RESULTS, plot=PLOT, runs=RUNS)
     parser.add_argument("--collect-only", metavar="COMMIT", default=None,
                         help="do not run: collect the run directories in --runs, made by "
                              "COMMIT (named in the notes)")
@@ -173,14 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(--collect-only)."] if args.collect_only else [])
         + findings(rows),
         "rows": rows,
-        "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
+        "plot": plot_field(args.plot),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "clip_tied_study.json").write_text(json.dumps(document, indent=1) + "\n")
-    print("\n".join(document["notes"]))
-    if not args.no_page:
-        import make_results_page
-        make_results_page.main([])
+    publish(document, args.results / "clip_tied_study.json", page=not args.no_page)
     return 0
 
 

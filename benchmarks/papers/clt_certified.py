@@ -35,6 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import provenance, pyplot  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _study import add_output_arguments, plot_field, publish, save_figure  # noqa: E402
+
 from fedsim.privacy.accountant import make_accountant  # noqa: E402
 from fedsim.privacy.clt_error import clt_band  # noqa: E402
 from fedsim.privacy.events import GaussianStep, Sampling  # noqa: E402
@@ -127,17 +130,12 @@ def plot(panels: Sequence[tuple[dict[str, Any], dict[str, Any]]], path: Path) ->
         bottom.legend(fontsize=7, loc="lower right")
     fig.suptitle("Dong-Roth-Su MNIST settings: the PLD trade-off curve inside the CLT's "
                  "certified Berry-Esseen band", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    add_output_arguments(parser, results=RESULTS, plot=PLOT)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     panels = []
@@ -157,14 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "privacy loss's law under each distribution of the pair, gamma the band's "
                   "half-width for the reported mu."] + findings(rows),
         "rows": rows,
-        "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
+        "plot": plot_field(args.plot),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "clt_certified.json").write_text(json.dumps(document, indent=1) + "\n")
-    print("\n".join(document["notes"]))
-    if not args.no_page:
-        import make_results_page
-        make_results_page.main([])
+    publish(document, args.results / "clt_certified.json", page=not args.no_page)
     return 0
 
 

@@ -38,6 +38,7 @@ from vandijk_async import Variant, collect, run_variant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import provenance, pyplot  # noqa: E402
+from _study import add_output_arguments, plot_field, publish, save_figure  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "scenarios" / "hetero-100.yaml"
@@ -125,20 +126,14 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("uplink kB per message (log)")
     ax.set_ylabel("final held-out accuracy (%)")
     ax.set_title("hetero-100: compressed updates at equal eps (3 seeds)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--virtual-seconds", type=float, default=30.0)
-    parser.add_argument("--runs", type=Path, default=RUNS)
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    add_output_arguments(parser, results=RESULTS, plot=PLOT, runs=RUNS)
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
@@ -162,14 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "setting as shipped, so each client's noise and budget are the same in every "
                   "variant: equal eps."] + findings(rows),
         "rows": rows,
-        "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
+        "plot": plot_field(args.plot),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "compression_study.json").write_text(json.dumps(document, indent=1) + "\n")
-    print("\n".join(document["notes"]))
-    if not args.no_page:
-        import make_results_page
-        make_results_page.main([])
+    publish(document, args.results / "compression_study.json", page=not args.no_page)
     return 0
 
 

@@ -38,6 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import provenance, pyplot  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _study import add_output_arguments, plot_field, publish, save_figure  # noqa: E402
+
 from fedsim.commands.private_tuning import selection_of, trial_distribution, trial_steps  # noqa: E402
 from fedsim.privacy.accountant import make_accountant  # noqa: E402
 
@@ -156,20 +159,14 @@ def plot(curves: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("eps at delta 1e-5")
         ax.set_title(f"quickstart, group {group}", fontsize=9)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tuning-mean", type=float, default=3.0)
     parser.add_argument("--virtual-seconds", type=float, default=30.0)
-    parser.add_argument("--runs", type=Path, default=RUNS)
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--no-page", action="store_true", help="do not regenerate docs/RESULTS.md")
+    add_output_arguments(parser, results=RESULTS, plot=PLOT, runs=RUNS)
     args = parser.parse_args(argv)
     horizon = f"stop.virtual_seconds={args.virtual_seconds:g}"
     bound, curves = bound_rows(horizon)
@@ -187,14 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         + findings(table, trials, bound),
         "group_by": "part",
         "rows": trials + bound,
-        "plot": str(args.plot.relative_to(REPO)) if args.plot.is_relative_to(REPO) else None,
+        "plot": plot_field(args.plot),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "private_tuning_study.json").write_text(json.dumps(document, indent=1) + "\n")
-    print("\n".join(document["notes"]))
-    if not args.no_page:
-        import make_results_page
-        make_results_page.main([])
+    publish(document, args.results / "private_tuning_study.json", page=not args.no_page)
     return 0
 
 
