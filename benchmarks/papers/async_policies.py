@@ -41,11 +41,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import provenance  # first: this checkout's fedsim (see _common)
-from _study import add_output_arguments, plot_field, publish  # noqa: E402
 
 from fedsim.config import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _study import add_output_arguments, plot_field, publish  # noqa: E402
 from vandijk_async import Variant, aggregate, collect, plot, run_variant, verdict  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
