@@ -181,6 +181,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         ack_interval: float = 0.2,
         lineage: Sequence[str] = (),
         aggregators: Sequence[str] = (),
+        clients: Collection[str] | None = None,
     ) -> None:
         super().__init__(
             broker,
@@ -207,6 +208,11 @@ class MqttServerEndpoint(_MqttEndpoint):
         self.aggregators = tuple(sorted(aggregators))
         """The aggregation nodes' ids (empty: updates come straight from the clients)."""
         self._routes: dict[str, str] = {}  # client -> its aggregator (aggregator_of), as met
+        self.clients = None if clients is None else frozenset(clients)
+        """The run's client ids (None: any id the broker lets through). A message from, or a
+        partial naming, any other id is refused (``unknown_client``): the tables above then
+        hold the run's clients at most, whatever a compromised aggregator or a client let in
+        by an open broker invents."""
 
     @property
     def unacknowledged(self) -> int:
@@ -292,6 +298,9 @@ class MqttServerEndpoint(_MqttEndpoint):
         if kind == "partials":
             self._from_aggregator(topic, topic_client, payload)
             return
+        if self.clients is not None and topic_client not in self.clients:
+            self._unknown(topic, topic_client)
+            return
         if kind == "hello":  # "tell me the incarnation": answered with a welcome receipt
             self._welcome.add(topic_client)
             self._acks_due.set()
@@ -301,6 +310,12 @@ class MqttServerEndpoint(_MqttEndpoint):
                          kind="wrong_topic")
             return
         self._from_client(topic, kind, topic_client, payload)
+
+    def _unknown(self, topic: str, client_id: str) -> None:
+        self.stats.denied += 1
+        self.stats.refused("unknown_client")
+        self._log.warning("access denied: not a client of this run", topic=topic,
+                          client=client_id)
 
     def _from_client(self, topic: str, kind: str, topic_client: str, payload: object) -> None:
         frame = self._decode(topic, payload)
@@ -352,6 +367,10 @@ class MqttServerEndpoint(_MqttEndpoint):
             if any(aggregator_of(client_id, self.aggregators) != aggregator
                    for client_id, _ in named):
                 sender = "another aggregator's clients"
+            elif self.clients is not None and (
+                    unknown := next((c for c, _ in named if c not in self.clients), None)):
+                self._unknown(topic, unknown)
+                return
         elif isinstance(message, ClientUpdate):
             sender = aggregator_of(message.client_id, self.aggregators)
             named = [(message.client_id, message.round)]

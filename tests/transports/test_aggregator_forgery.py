@@ -98,3 +98,34 @@ def test_an_aggregator_writes_only_relayed_receipts_under_its_prefix() -> None:
     for aggregator in AGGREGATORS:
         assert f"topic write {topics.root}/acks/{aggregator}/+" in lines
         assert f"topic write {topics.root}/acks/{aggregator}/#" not in lines
+
+
+def test_the_server_endpoint_refuses_ids_outside_the_run() -> None:
+    """With the run's client list (the deployed server passes it), neither a partial naming an
+    invented id routed to its sender nor a client topic of an unknown id reaches the tables
+    that wait for receipts: they hold the run's clients at most."""
+    endpoint = MqttServerEndpoint("mqtt://127.0.0.1:1", run="r", expected_params=DIM,
+                                  aggregators=AGGREGATORS, clients=CLIENTS)
+    invented = next(f"mallory{i}" for i in range(100)
+                    if aggregator_of(f"mallory{i}", AGGREGATORS) == "aggregator-0")
+    topic = endpoint.topics.partials("aggregator-0")
+    stamp = endpoint.incarnation.current
+    endpoint._from_aggregator(topic, "aggregator-0", codec.encode(
+        Partial("aggregator-0", 1, (), (), np.zeros(0, np.float32),
+                settled=((OWN, 0), (invented, 0))), incarnation=stamp))
+    assert endpoint.stats.refused_by_kind == {"unknown_client": 1}
+    assert endpoint.unacknowledged == 0
+    endpoint._on_message(endpoint.topics.hello(invented), b"")
+    assert endpoint.stats.refused_by_kind == {"unknown_client": 2}
+    assert not endpoint._welcome
+    endpoint._on_message(endpoint.topics.hello(OWN), b"")
+    assert endpoint._welcome == {OWN}
+    endpoint._from_aggregator(topic, "aggregator-0", codec.encode(
+        Partial("aggregator-0", 1, (), (), np.zeros(0, np.float32), settled=((OWN, 0),)),
+        incarnation=stamp))
+    assert endpoint.unacknowledged == 1
+    # Without a list (a library user's endpoint), ids are not checked here, as before.
+    open_endpoint = MqttServerEndpoint("mqtt://127.0.0.1:1", run="r", expected_params=DIM,
+                                       aggregators=AGGREGATORS)
+    open_endpoint._on_message(open_endpoint.topics.hello(invented), b"")
+    assert open_endpoint._welcome == {invented}

@@ -334,6 +334,7 @@ async def serve(
         seed=scenario.seed,
         lineage=snapshot.incarnations if snapshot is not None else (),
         aggregators=aggregator_ids(scenario.aggregators.count),
+        clients=[plan.client_id for plan in population.plans],
     )
     outcome["incarnation"] = mqtt.incarnation.current
     try:
