@@ -248,3 +248,27 @@ def test_a_rejoining_aggregator_forwards_what_its_predecessor_may_have_folded() 
     assert first.rejections == {"duplicate": 1}  # the copy in the same partial
     assert forwarded == [("a", 0), ("b", 0)]  # base 3 alone; then the resend of b's round 0
     assert second.entries == () and second.rejections == {}
+
+
+def test_a_partial_overtaken_by_a_later_one_still_joins_once() -> None:
+    """Network reordering (an aggregator link's ``reorder``) can deliver window 1's partial
+    after window 2's: it joins the mix like a late partial, once; a duplicate of it is ignored;
+    one older than the remembered horizon counts as dropped in flight, logged."""
+    from fedsim.runtime.actors.server import TAKEN_HORIZON
+
+    server = _server(RecordingEndpoint(WallClock()))
+    server.windows_closed = 1  # window 2 is closing
+    u = 0.01 * np.ones(DIM)
+    server._take_partial(_partial("g0", [("a", 1, 100.0)], 100 * u, window=2))
+    server._take_partial(_partial("g0", [("a", 0, 100.0)], 100 * u, window=1))
+    server._take_partial(_partial("g0", [("a", 0, 100.0)], 100 * u, window=1))  # duplicate
+    server._take_partial(_partial("g0", [("a", 1, 100.0)], 100 * u, window=2))  # duplicate
+    assert sorted(server._partials) == [("g0", 1), ("g0", 2)]
+    report = server.close_window()
+    assert report.applied == 2 and report.rejected == 0 and report.lost_in_partials == 0
+    server.windows_closed = TAKEN_HORIZON + 5
+    server._take_partial(_partial("g0", [("b", 0, 200.0)], 200 * u, window=TAKEN_HORIZON + 5))
+    with capture_logs() as logs:
+        server._take_partial(_partial("g0", [("c", 0, 100.0)], 100 * u, window=3))
+    assert report.lost_in_partials == 0 and server._lost_in_partials == 1
+    assert any("older than the windows" in entry["event"] for entry in logs)

@@ -198,6 +198,13 @@ class ServerSnapshot:
     restored server renews its version above it (:meth:`ServerActor.renew_version`)."""
 
 
+TAKEN_HORIZON = 64
+"""How many windows before an aggregator's latest partial the server remembers as taken or not:
+a partial reordered behind a later one within it still joins the mix (once); an older one is
+counted as dropped in flight (its clients resend what was not acknowledged)."""
+TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
+
+
 class ServerActor:
     """Collects client updates per time window and publishes global models."""
 
@@ -288,7 +295,9 @@ class ServerActor:
         self.aggregator_wait = float(wait)
         self._live: set[str] = set(self.aggregators)
         self._partials: dict[tuple[str, int], Partial] = {}  # to mix at the next close
-        self._taken: dict[str, int] = {}  # the last window taken from each aggregator
+        # Per aggregator: the last window taken and, as bits, which of the TAKEN_HORIZON
+        # windows before it were taken too (network reordering can deliver those late).
+        self._taken: dict[str, tuple[int, int]] = {}
         self._answered = asyncio.Event()
         self._lost_in_partials = 0
         self._partial_wait: float | None = None  # the closing window's (WindowReport)
@@ -500,9 +509,22 @@ class ServerActor:
                          "updates count as dropped in flight", aggregator=aggregator,
                          window=partial.window, updates=len(partial.entries), closing=closing)
             return
-        if partial.window <= self._taken.get(aggregator, 0):
-            return  # a network duplicate: an aggregator's partials come in window order
-        self._taken[aggregator] = partial.window
+        last, earlier = self._taken.get(aggregator, (0, 0))
+        behind = last - partial.window
+        if behind == 0 or (0 < behind <= TAKEN_HORIZON and earlier >> (behind - 1) & 1):
+            return  # a network duplicate of a partial taken already
+        if behind > TAKEN_HORIZON:
+            self._lost_in_partials += len(partial.entries)
+            _log.warning("partial older than the windows the server remembers: its updates "
+                         "count as dropped in flight", aggregator=aggregator,
+                         window=partial.window, updates=len(partial.entries), last=last)
+            return
+        if behind > 0:  # overtaken on the way by a later partial: it joins like a late one
+            self._taken[aggregator] = (last, earlier | 1 << (behind - 1))
+        else:
+            ahead = -behind
+            shifted = (earlier << ahead | 1 << (ahead - 1)) if last else 0
+            self._taken[aggregator] = (partial.window, shifted & TAKEN_MASK)
         self._partials[(aggregator, partial.window)] = partial
         if partial.window < closing:
             _log.info("late partial: its updates join the open window's mix",
