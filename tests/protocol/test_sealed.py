@@ -179,8 +179,11 @@ def _same(a: Any, b: Any, where: str = "message") -> None:
 
 def _check(message: Message, rng: np.random.Generator) -> str:
     """Compare both paths on ``message`` under random receiver limits; the outcome's name."""
-    encoded = _outcome(lambda: codec.encode(message))  # type: ignore[arg-type, return-value]
-    sealed = _outcome(lambda: codec.seal(message))  # type: ignore[arg-type, return-value]
+    stamp = {"incarnation": str(rng.choice(["", "ab12", "f" * 32])),
+             "lineage": tuple(str(rng.choice(["", "0a", "e" * 32])) for _ in
+                              range(int(rng.choice([0, 1, 70]))))}
+    encoded = _outcome(lambda: codec.encode(message, **stamp))  # type: ignore[arg-type, return-value]
+    sealed = _outcome(lambda: codec.seal(message, **stamp))  # type: ignore[arg-type, return-value]
     if isinstance(encoded, tuple):  # refused at the sender: the same refusal
         assert sealed == encoded
         return f"send:{encoded[0]}"
