@@ -6,7 +6,9 @@ receiver's codec limits when it is delivered, exactly as over MQTT. An actor's m
 its frame, without writing or parsing the frame's bytes; delivery opens it with the receiver's
 limits (:meth:`~fedsim.protocol.codec.Sealed.open`: the message, or the rejection, that decoding
 its frame gives). Raw bytes (:meth:`SimulatedClientEndpoint.publish_bytes`) are decoded in
-full. ``wire_bytes=True`` encodes every message to bytes instead (the same run, bit for bit).
+full. ``wire_bytes=True`` encodes every message to bytes instead: the same messages, events
+and counts; only a received vector's address differs (a view into its frame, which some torch
+kernels round by: docs/SCALE.md, "Sealed messages").
 
 Deliveries are ``loop.call_later`` timers, so under the virtual-time loop of
 :mod:`fedsim.runtime.simulated.kernel` they happen in virtual time, and a run is a
@@ -300,7 +302,7 @@ class SimulatedNetwork:
     for every client or a mapping from client id to its own. ``max_message_bytes`` and
     ``expected_params`` are the receiving side's codec limits. ``wire_bytes`` encodes every
     message to its frame at publish and decodes it at delivery (as over MQTT) instead of
-    carrying it sealed: the same run, at the cost of the copies.
+    carrying it sealed (the same messages, at the cost of the copies).
     """
 
     def __init__(
