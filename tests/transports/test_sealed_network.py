@@ -1,7 +1,8 @@
 """The simulated network carries actors' messages sealed (issue 24): a run is bit for bit the
 run whose every message is encoded to bytes and decoded (``wire_bytes=True``), over lossy
 links, through aggregators, with compressed updates and message-only clients; forged bytes are
-still decoded in full and refused as before."""
+still decoded in full and refused as before. (A logistic regression: no torch product here
+rounds by the address of a received model, which a frame's view moves; docs/SCALE.md.)"""
 
 from __future__ import annotations
 
