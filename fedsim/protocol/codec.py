@@ -305,12 +305,20 @@ def _compressed(
 
 
 def _header_for(
-    message: Message, incarnation: str, lineage: tuple[str, ...]
-) -> tuple[_Header, np.ndarray | bytes | None]:
+    message: Message, incarnation: str, lineage: tuple[str, ...], *, measure: bool = False
+) -> tuple[_AnyHeader, np.ndarray | bytes | None, float | None]:
+    """The validated header and body of ``message``; with ``measure``, an uncompressed
+    update's finiteness check is its norm (one pass, :func:`vector_norm`), returned third."""
     header: _AnyHeader
     if isinstance(message, ClientUpdate):
         spec = _tensor_spec(message.delta, "ClientUpdate.delta")
-        _check_finite(message.delta, "ClientUpdate.delta")
+        norm = None
+        if measure and message.compression is None:
+            norm = vector_norm(message.delta)
+            if not math.isfinite(norm):
+                raise _non_finite(message.delta, "ClientUpdate.delta")
+        else:
+            _check_finite(message.delta, "ClientUpdate.delta")
         packed, body = _compressed(message)
         header = UpdateHeader(
             kind="update",
@@ -324,7 +332,7 @@ def _header_for(
             tensor=spec,
             compression=packed,
         )
-        return header, body
+        return header, body, norm
     if isinstance(message, GlobalModel):
         header = GlobalHeader(
             kind="global",
@@ -338,7 +346,7 @@ def _header_for(
             tensor=_tensor_spec(message.params, "GlobalModel.params"),
         )
         _check_finite(message.params, "GlobalModel.params")
-        return header, message.params
+        return header, message.params, None
     if isinstance(message, ClientStatus):
         header = StatusHeader(
             kind="status",
@@ -352,11 +360,11 @@ def _header_for(
             sent_at=float(message.sent_at),
             extra={key: float(value) for key, value in message.extra.items()},
         )
-        return header, None
+        return header, None, None
     if isinstance(message, WindowClose):
         header = CloseHeader(kind="close", incarnation=incarnation, window=message.window,
                              version=message.version, sent_at=float(message.sent_at))
-        return header, None
+        return header, None, None
     if isinstance(message, Partial):
         header = PartialHeader(
             kind="partial",
@@ -373,7 +381,7 @@ def _header_for(
         )
         _check_partial(header, int(message.sums.size), None)
         _check_finite(message.sums, "Partial.sums")
-        return header, message.sums
+        return header, message.sums, None
     if isinstance(message, RunFinished):
         header = FinishedHeader(
             kind="finished",
@@ -383,29 +391,86 @@ def _header_for(
             reason=message.reason,
             sent_at=float(message.sent_at),
         )
-        return header, None
+        return header, None, None
     raise CodecError(f"cannot encode {type(message).__name__}: not a fedsim message")
 
 
 def encode(message: Message, *, incarnation: str = "", lineage: tuple[str, ...] = ()) -> bytes:
     """Encode a message, stamped with the sender's run ``incarnation`` (a global model also
     with its ``lineage``); raises :class:`CodecError` if it would not pass :func:`decode`."""
+    return _seal(message, incarnation, tuple(lineage), measure=False).to_bytes()
+
+
+def seal(message: Message, *, incarnation: str = "", lineage: tuple[str, ...] = ()) -> Sealed:
+    """``message`` checked exactly as :func:`encode` checks it, without writing its bytes:
+    the in-process network's form of a message (:mod:`fedsim.transports.simulated`).
+
+    The tensor travels as the message's own array, made read-only here (a copy only when it
+    is not contiguous): the sender gives it up at publish, as it gives up the bytes of an
+    encoded frame. An uncompressed update's norm is computed here, once, and is its
+    finiteness check. :meth:`Sealed.open` applies the receiver's limits."""
+    return _seal(message, incarnation, tuple(lineage), measure=True)
+
+
+def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
+          measure: bool) -> Sealed:
     try:
-        header, tensor = _header_for(message, incarnation, tuple(lineage))
+        header, tensor, norm = _header_for(message, incarnation, lineage, measure=measure)
     except ValidationError as exc:
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
     # An uncompressed update's header is what it was before compression existed.
     plain = isinstance(header, UpdateHeader) and header.compression is None
     header_json = header.model_dump_json(exclude={"compression"} if plain else None).encode()
-    prefix = _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(header_json))
-    if tensor is None:
-        return prefix + header_json
-    if isinstance(tensor, bytes):
-        return b"".join((prefix, header_json, tensor))
-    # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere; the
-    # join copies the values once, straight from the array's buffer.
-    values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
-    return b"".join((prefix, header_json, memoryview(values).cast("B")))  # type: ignore[arg-type]  # ndarray is a buffer
+    size = PREFIX_BYTES + len(header_json)
+    if isinstance(tensor, np.ndarray):
+        size += _FLOAT32.itemsize * tensor.size
+        if measure:
+            tensor = np.ascontiguousarray(tensor)
+            tensor.flags.writeable = False
+    elif tensor is not None:
+        size += len(tensor)
+    return Sealed(header, header_json, tensor, norm, size)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Sealed:
+    """A message checked as :func:`encode` checks it, carried without its bytes: its
+    validated header (and that header's JSON), its body (the tensor, or a compressed
+    update's packed payload) and an uncompressed update's norm. ``len()`` is the size of its
+    frame, :meth:`to_bytes` the frame itself (``encode``'s bytes), :meth:`open` what
+    :func:`decode` of those bytes returns or raises."""
+
+    header: _AnyHeader
+    header_json: bytes
+    body: np.ndarray | bytes | None
+    norm: float | None
+    nbytes: int
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def to_bytes(self) -> bytes:
+        """The encoded frame (:func:`encode`)."""
+        prefix = _PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(self.header_json))
+        tensor = self.body
+        if tensor is None:
+            return prefix + self.header_json
+        if isinstance(tensor, bytes):
+            return b"".join((prefix, self.header_json, tensor))
+        # ``astype(..., copy=False)`` is free on little-endian hosts and byte-swaps elsewhere;
+        # the join copies the values once, straight from the array's buffer.
+        values = np.ascontiguousarray(tensor.astype(_FLOAT32, copy=False))
+        return b"".join((prefix, self.header_json, memoryview(values).cast("B")))  # type: ignore[arg-type]  # ndarray is a buffer
+
+    def open(self, *, expected_params: int | None = None,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+        """The message a receiver with these limits decodes from :meth:`to_bytes` (the same
+        fields, the same norm, the same :class:`CodecError`), from the checked parts: the
+        rules that no encoded frame can break (magic, version, schema, payload length,
+        finiteness) were settled when it was sealed."""
+        _check_size(self.nbytes, max_bytes)
+        _check_header_length(len(self.header_json), self.header_json)
+        return _frame(self.header, self.body, 0, expected_params, self.norm).message
 
 
 def _describe(exc: ValidationError) -> str:
@@ -441,7 +506,7 @@ def decode(
     return decode_frame(data, expected_params=expected_params, max_bytes=max_bytes).message
 
 
-def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wire format, in its order
+def decode_frame(
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,
@@ -449,10 +514,7 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
 ) -> Frame:
     """:func:`decode`, keeping the header's ``incarnation`` and ``lineage``."""
     size = len(data)
-    if size > max_bytes:  # before anything is copied or read
-        raise CodecError(
-            f"message of {size} bytes exceeds the limit of {max_bytes} bytes", kind="oversized"
-        )
+    _check_size(size, max_bytes)  # before anything is copied or read
     if not isinstance(data, bytes):
         data = bytes(data)
     if size < PREFIX_BYTES:
@@ -466,12 +528,7 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
         raise CodecError(
             f"unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})"
         )
-    if header_len > MAX_HEADER_BYTES and not (
-            header_len <= MAX_PARTIAL_HEADER_BYTES
-            and data[PREFIX_BYTES:PREFIX_BYTES + len(_PARTIAL_PREFIX)] == _PARTIAL_PREFIX):
-        raise CodecError(
-            f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES} bytes", kind="oversized"
-        )
+    _check_header_length(header_len, data[PREFIX_BYTES:PREFIX_BYTES + len(_PARTIAL_PREFIX)])
     body_start = PREFIX_BYTES + header_len
     if body_start > size:
         raise CodecError(
@@ -481,8 +538,45 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
         header = _HEADER.validate_json(data[PREFIX_BYTES:body_start])
     except ValidationError as exc:
         raise CodecError(f"invalid header: {_describe(exc)}") from None
+    return _frame(header, data, body_start, expected_params, None)
 
-    body_bytes = size - body_start
+
+def _check_size(size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise CodecError(
+            f"message of {size} bytes exceeds the limit of {max_bytes} bytes", kind="oversized"
+        )
+
+
+def _check_header_length(header_len: int, head: bytes) -> None:
+    """A header is at most :data:`MAX_HEADER_BYTES`, a partial's (``head``: its first bytes)
+    at most :data:`MAX_PARTIAL_HEADER_BYTES`."""
+    if header_len > MAX_HEADER_BYTES and not (
+            header_len <= MAX_PARTIAL_HEADER_BYTES
+            and head[:len(_PARTIAL_PREFIX)] == _PARTIAL_PREFIX):
+        raise CodecError(
+            f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES} bytes", kind="oversized"
+        )
+
+
+def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire format, in its order
+    header: _AnyHeader,
+    body: bytes | np.ndarray | None,
+    offset: int,
+    expected_params: int | None,
+    norm: float | None,
+) -> Frame:
+    """The message of a valid ``header`` and its body, checked against the receiver's
+    ``expected_params``: :func:`decode_frame` passes the frame's bytes with the body at
+    ``offset``; :meth:`Sealed.open` passes the sealed body (a tensor that :func:`seal` found
+    finite, of the length its header declares, with an update's ``norm``; or a compressed
+    update's payload)."""
+    if body is None:
+        body_bytes = 0
+    elif isinstance(body, np.ndarray):
+        body_bytes = body.nbytes
+    else:
+        body_bytes = len(body) - offset
     if isinstance(header, StatusHeader):
         if body_bytes:
             raise CodecError(f"status message carries {body_bytes} unexpected trailing bytes")
@@ -517,9 +611,13 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
             f"{header.kind} tensor has {length} values, the model has {expected_params} parameters",
             kind="shape",
         )
+    assert body is not None  # a header with a tensor comes with a body
     packed = header.compression if isinstance(header, UpdateHeader) else None
-    if packed is not None:
-        values = _decompressed(packed, data[body_start:], length)
+    sealed = isinstance(body, np.ndarray)
+    if isinstance(body, np.ndarray):
+        values = body
+    elif packed is not None:
+        values = _decompressed(packed, body[offset:], length)
     else:
         if body_bytes != length * _FLOAT32.itemsize:
             raise CodecError(
@@ -528,14 +626,15 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
             )
         # Zero-copy: a read-only view of the payload (messages are immutable; the actors copy
         # what they keep). Converted only on a big-endian host, where it must be byte-swapped.
-        values = np.frombuffer(data, dtype=_FLOAT32, offset=body_start)
+        values = np.frombuffer(body, dtype=_FLOAT32, offset=offset)
         if values.dtype != np.float32:
             values = values.astype(np.float32)
     if isinstance(header, UpdateHeader):
-        # One pass: the norm the server checks is finite exactly when every value is.
-        norm = vector_norm(values)
-        if not math.isfinite(norm):
-            raise _non_finite(values, "update tensor")
+        if norm is None:
+            # One pass: the norm the server checks is finite exactly when every value is.
+            norm = vector_norm(values)
+            if not math.isfinite(norm):
+                raise _non_finite(values, "update tensor")
         update = ClientUpdate(
             client_id=header.client_id,
             round=header.round,
@@ -547,8 +646,9 @@ def decode_frame(  # noqa: C901, PLR0912, PLR0915 - one check per rule of the wi
             norm=norm,
         )
         return Frame(update, header.incarnation)
-    _check_finite(values, "global tensor" if isinstance(header, GlobalHeader)
-                  else "partial tensor")
+    if not sealed:
+        _check_finite(values, "global tensor" if isinstance(header, GlobalHeader)
+                      else "partial tensor")
     if isinstance(header, PartialHeader):
         partial = Partial(
             aggregator_id=header.aggregator_id, window=header.window, bases=header.bases,
@@ -615,10 +715,12 @@ __all__ = [
     "Frame",
     "MAX_HEADER_BYTES",
     "PREFIX_BYTES",
+    "Sealed",
     "check_client_id",
     "decode",
     "decode_frame",
     "encode",
     "max_message_bytes",
+    "seal",
     "vector_norm",
 ]

@@ -1,9 +1,18 @@
 """The in-process network: endpoints joined by lossy links, driven by the event loop's timers.
 
-Every message is encoded with :mod:`fedsim.protocol.codec` when it is published and decoded
-when it is delivered, exactly as over MQTT. Deliveries are ``loop.call_later`` timers, so under
-the virtual-time loop of :mod:`fedsim.runtime.simulated.kernel` they happen in virtual time, and a run is
-a deterministic function of the ``rng`` passed in (every random draw comes from it, in a fixed
+Every message is checked by :mod:`fedsim.protocol.codec` when it is published and by the
+receiver's codec limits when it is delivered, exactly as over MQTT. An actor's message travels
+*sealed* (:func:`~fedsim.protocol.codec.seal`): checked as the encoder checks it and sized as
+its frame, without writing or parsing the frame's bytes; delivery opens it with the receiver's
+limits (:meth:`~fedsim.protocol.codec.Sealed.open`: the message, or the rejection, that decoding
+its frame gives). Raw bytes (:meth:`SimulatedClientEndpoint.publish_bytes`) are decoded in
+full. ``wire_bytes=True`` encodes every message to bytes instead: the same messages, events
+and counts; only a received vector's address differs (a view into its frame, which some torch
+kernels round by: docs/SCALE.md, "Sealed messages").
+
+Deliveries are ``loop.call_later`` timers, so under the virtual-time loop of
+:mod:`fedsim.runtime.simulated.kernel` they happen in virtual time, and a run is a
+deterministic function of the ``rng`` passed in (every random draw comes from it, in a fixed
 order per message).
 
 Link model (one link per client and direction; a broadcast samples every client's downlink
@@ -73,6 +82,8 @@ from fedsim.protocol.messages import (
 from fedsim.transports.inbox import Inbox
 from fedsim.transports.topics import aggregator_of
 
+Wire = bytes | codec.Sealed
+"""What a link carries: an actor's sealed message or raw bytes; ``len()`` is its frame size."""
 Direction = Literal["uplink", "downlink", "aggregator_uplink", "aggregator_downlink"]
 LatencySampler = Callable[[np.random.Generator], float]
 
@@ -150,7 +161,7 @@ class DirectionStats:
     bytes_sent: int = 0
     """Encoded bytes of every message sent (each once, as the sender puts it on the link)."""
 
-    def count_sent(self, data: bytes) -> None:
+    def count_sent(self, data: Wire) -> None:
         self.sent += 1
         self.bytes_sent += len(data)
 
@@ -189,7 +200,7 @@ class _Link:
     last_in_order_arrival: float = 0.0
     # In-order messages awaiting delivery: (sequence number, payload), in send order; None
     # while none waits (every client has two links, and an empty deque is 760 bytes).
-    in_order: collections.deque[tuple[int, bytes]] | None = None
+    in_order: collections.deque[tuple[int, Wire]] | None = None
     next_seq: int = 0
 
 
@@ -204,14 +215,14 @@ class SimulatedServerEndpoint:
         if self._inbox.closed:
             raise TransportError("simulated server endpoint: publish after close")
         if isinstance(message, WindowClose):
-            self._network._announce(codec.encode(message))
+            self._network._announce(self._network._wire(message))
             return
         if not isinstance(message, GlobalModel):
             raise TransportError(
                 f"the server endpoint publishes GlobalModel only (and WindowClose to its "
                 f"aggregators), not {type(message).__name__}"
             )
-        self._network._broadcast(codec.encode(message))
+        self._network._broadcast(self._network._wire(message))
 
     async def receive(self) -> Message:
         return await self._inbox.get()
@@ -238,7 +249,7 @@ class SimulatedClientEndpoint:
                 f"client endpoint {self.client_id!r} publishes ClientUpdate or ClientStatus only, "
                 f"not {type(message).__name__}"
             )
-        self._network._send_uplink(self, codec.encode(message))
+        self._network._send_uplink(self, self._network._wire(message))
 
     def publish_bytes(self, data: bytes) -> None:
         """Put raw bytes on this client's uplink (fault injection: malformed or forged payloads)."""
@@ -271,10 +282,11 @@ class SimulatedAggregatorEndpoint:
                 f"aggregator endpoint {self.aggregator_id!r} publishes Partial or ClientUpdate "
                 f"only, not {type(message).__name__}")
         link = self._network._link("aggregator_uplink", self.aggregator_id)
+        data = self._network._wire(message)
         if self._network._aggregators.get(self.aggregator_id) is not self:
-            self._network._lose(link, codec.encode(message))
+            self._network._lose(link, data)
             return
-        self._network._transmit(link, codec.encode(message))
+        self._network._transmit(link, data)
 
     async def receive(self) -> Message:
         return await self._inbox.get()
@@ -288,7 +300,9 @@ class SimulatedNetwork:
 
     ``uplink`` (client -> server) and ``downlink`` (server -> client) are one :class:`LinkModel`
     for every client or a mapping from client id to its own. ``max_message_bytes`` and
-    ``expected_params`` are the receiving side's codec limits.
+    ``expected_params`` are the receiving side's codec limits. ``wire_bytes`` encodes every
+    message to its frame at publish and decodes it at delivery (as over MQTT) instead of
+    carrying it sealed (the same messages, at the cost of the copies).
     """
 
     def __init__(
@@ -303,8 +317,10 @@ class SimulatedNetwork:
         record_trace: bool = False,
         aggregators: tuple[str, ...] = (),
         aggregator_link: LinkModel | None = None,
+        wire_bytes: bool = False,
     ) -> None:
         self._clock = clock
+        self.wire_bytes = wire_bytes
         self._rng = rng
         self._link_models: dict[Direction, LinkModel | Mapping[str, LinkModel]] = {
             "uplink": uplink,
@@ -327,8 +343,8 @@ class SimulatedNetwork:
         self._clients: dict[str, SimulatedClientEndpoint] = {}
         self._links: dict[tuple[Direction, str], _Link] = {}
         self._offline: set[str] = set()
-        self._retained: bytes | None = None
-        self._last_decoded: tuple[bytes, Message] | None = None
+        self._retained: Wire | None = None
+        self._last_decoded: tuple[Wire, Message] | None = None
         self._trace: list[TraceEntry] | None = [] if record_trace else None
         self.track_arrivals = False
         """Keep the delivery times for :meth:`next_arrival` (off: it reports nothing)."""
@@ -467,7 +483,17 @@ class SimulatedNetwork:
                 TraceEntry(self._clock.now(), link.direction, link.client_id, event, nbytes)  # type: ignore[arg-type]
             )
 
-    def _send_uplink(self, sender: SimulatedClientEndpoint, data: bytes) -> None:
+    def _wire(self, message: Message) -> Wire:
+        """``message`` as it travels: sealed, or its frame with ``wire_bytes``."""
+        return codec.encode(message) if self.wire_bytes else codec.seal(message)
+
+    def _open(self, data: Wire, expected_params: int | None) -> Message:
+        """What the receiver's codec makes of ``data`` (raises :class:`CodecError`)."""
+        if isinstance(data, codec.Sealed):
+            return data.open(expected_params=expected_params, max_bytes=self._max_bytes)
+        return codec.decode(data, expected_params=expected_params, max_bytes=self._max_bytes)
+
+    def _send_uplink(self, sender: SimulatedClientEndpoint, data: Wire) -> None:
         link = self._link("uplink", sender.client_id)
         if sender.client_id in self._offline or self._clients.get(sender.client_id) is not sender:
             stats = self._stats["uplink"]
@@ -477,27 +503,27 @@ class SimulatedNetwork:
             return
         self._transmit(link, data)
 
-    def _lose(self, link: _Link, data: bytes) -> None:
+    def _lose(self, link: _Link, data: Wire) -> None:
         stats = self._stats[link.direction]
         stats.count_sent(data)
         stats.lost += 1
         self._record(link, "lost", len(data))
         self._count_partial(link, data)
 
-    def _count_partial(self, link: _Link, data: bytes) -> None:
+    def _count_partial(self, link: _Link, data: Wire) -> None:
         if link.direction != "aggregator_uplink":
             return
         try:
-            message = codec.decode(data, max_bytes=self._max_bytes)
+            message = self._open(data, None)
         except CodecError:
             return
         self.partial_updates_lost += len(message.entries) if isinstance(message, Partial) else 1
 
-    def _announce(self, data: bytes) -> None:
+    def _announce(self, data: Wire) -> None:
         for aggregator_id in self.aggregator_ids:
             self._transmit(self._link("aggregator_downlink", aggregator_id), data)
 
-    def _broadcast(self, data: bytes) -> None:
+    def _broadcast(self, data: Wire) -> None:
         self._announce(data)
         self._retained = data
         for client_id in self._clients:
@@ -516,7 +542,7 @@ class SimulatedNetwork:
             raise ConfigError(f"{link.direction} latency of {link.client_id!r} drew {value}")
         return max(0.0, value)
 
-    def _transmit(self, link: _Link, data: bytes) -> None:
+    def _transmit(self, link: _Link, data: Wire) -> None:
         """Sample the link for one message and schedule its deliveries (draw order is fixed)."""
         stats = self._stats[link.direction]
         stats.count_sent(data)
@@ -579,7 +605,7 @@ class SimulatedNetwork:
         if not waiting and link.in_order is waiting:
             link.in_order = None
 
-    def _deliver(self, link: _Link, data: bytes) -> None:
+    def _deliver(self, link: _Link, data: Wire) -> None:
         stats = self._stats[link.direction]
         stats.in_flight -= 1
         receiver = self._receiver(link)
@@ -590,14 +616,12 @@ class SimulatedNetwork:
             return
         cached = self._last_decoded
         if cached is not None and cached[0] is data:
-            # A broadcast hands the same bytes object to every link: decode it once. Decoded
-            # arrays are read-only views, so receivers cannot change what the others get.
+            # A broadcast hands the same object to every link: decode it once. Its arrays are
+            # read-only, so receivers cannot change what the others get.
             message = cached[1]
         else:
             try:
-                message = codec.decode(
-                    data, expected_params=self._expected_params, max_bytes=self._max_bytes
-                )
+                message = self._open(data, self._expected_params)
             except CodecError as exc:
                 self._reject(link, data, f"undecodable message: {exc}")
                 return
@@ -630,7 +654,7 @@ class SimulatedNetwork:
             inbox = endpoint._inbox
         return None if inbox is None or inbox.closed else inbox
 
-    def _reject(self, link: _Link, data: bytes, reason: str) -> None:
+    def _reject(self, link: _Link, data: Wire, reason: str) -> None:
         self._stats[link.direction].rejected += 1
         self._record(link, "reject", len(data))
         _log.warning(
