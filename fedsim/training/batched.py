@@ -352,11 +352,24 @@ class RoundBatcher:
         features_per_row = math.prod(first.features.shape[1:])
         x = self._scratch("x", (total, features_per_row), torch.float32)
         y = self._scratch("y", (total,), first.labels.dtype)
+        # Clients that hold the same received model share its vector (docs/SCALE.md): one
+        # tensor and one set of layer views for each vector of the pass.
+        shared: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor | None]]]] = {}
+        assert self.chain is not None
+        layers = [m for m in self.chain if type(m) is nn.Linear]
         with warnings.catch_warnings():
             # Received models are read-only buffers; nothing here writes to them.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            params = [torch.from_numpy(np.asarray(job.params, dtype=np.float32)).to(self.device)
-                      for job in jobs]
+            for job in jobs:
+                if id(job.params) not in shared:
+                    vector = torch.from_numpy(np.asarray(job.params, dtype=np.float32)).to(
+                        self.device)
+                    pieces = iter(vector.split(self._pieces))
+                    shared[id(job.params)] = (vector, [
+                        (next(pieces).view(m.out_features, m.in_features),
+                         next(pieces) if m.bias is not None else None) for m in layers])
+        params = [shared[id(job.params)][0] for job in jobs]
+        weights = [shared[id(job.params)][1] for job in jobs]
         features, labels = first.features, first.labels
         if total and all(job.pending.trainer.features is features
                          and job.pending.trainer.labels is labels for job in jobs):
@@ -368,13 +381,6 @@ class RoundBatcher:
                     trainer = job.pending.trainer
                     self._select(trainer.features, trainer.labels, trainer.rows_of(job.indices),
                                  x[start:stop], y[start:stop])
-        assert self.chain is not None
-        layers = [m for m in self.chain if type(m) is nn.Linear]
-        weights: list[list[tuple[torch.Tensor, torch.Tensor | None]]] = []
-        for vector in params:
-            pieces = iter(vector.split(self._pieces))
-            weights.append([(next(pieces).view(m.out_features, m.in_features),
-                             next(pieces) if m.bias is not None else None) for m in layers])
         owner = torch.repeat_interleave(torch.arange(len(jobs), device=self.device),
                                         torch.tensor(sizes, device=self.device))
         return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), x, y, params,
@@ -405,8 +411,14 @@ class RoundBatcher:
         (while it is in cache): non-finite only if a parameter is (or, rarely, if a huge
         finite vector overflows: then the exact check decides)."""
         assert self.chain is not None
-        total, spans, weights = batch.total, batch.spans, batch.weights
-        sums: list[torch.Tensor] = []
+        total = batch.total
+        # The rounds of one parameter vector one after the other: it is read from memory once
+        # (the products of different rounds are independent; their order changes no value).
+        groups: dict[int, list[int]] = {}
+        for k, vector in enumerate(batch.params):
+            groups.setdefault(id(vector), []).append(k)
+        order = [k for ks in groups.values() for k in ks]
+        vector_sums: dict[int, torch.Tensor] = {}
         inputs: list[torch.Tensor] = []
         leaves: list[torch.Tensor] = []  # each Linear layer's output, where its graph starts
         tails: list[torch.Tensor] = []  # the same after the activations that follow it
@@ -421,19 +433,11 @@ class RoundBatcher:
                     tails.append(h)
                 a = h.detach()
                 inputs.append(a)
-                z = self._scratch(f"z{index}", (total, module.out_features), torch.float32)
-                for k, (start, stop) in enumerate(spans):
-                    w, b = weights[k][index]
-                    if stop > start:
-                        if b is None:
-                            torch.mm(a[start:stop], w.t(), out=z[start:stop])
-                        else:
-                            torch.addmm(b, a[start:stop], w.t(), out=z[start:stop])
-                    if not index:
-                        sums.append(batch.params[k].sum())
+                z = self._products(batch, index, a, order, vector_sums)
                 h = z.detach().requires_grad_()
                 leaves.append(h)
             tails.append(h)
+            sums = [vector_sums[id(vector)] for vector in batch.params]
             losses = batch.loss_fn(h, batch.y) if total else h.new_zeros(0)
             if losses.shape != (total,):
                 raise ModelError(f"loss_fn must return per-example losses of shape ({total},), "
@@ -441,23 +445,48 @@ class RoundBatcher:
             if not total:
                 return _Forward(inputs, [torch.zeros_like(o) for o in leaves], losses.detach(),
                                 sums)
-            grads = [torch.autograd.grad(losses.sum(), leaves[-1])[0]]
-            for index in range(len(leaves) - 1, 0, -1):
-                # The gradient at layer ``index``'s input, round by round; every row belongs
-                # to one round, and a graph through the rounds' slices would add the zeros of
-                # the others (x + 0: only -0 changes, to +0).
-                module = batch.layers[index]
-                g = grads[0]
-                into = self._scratch(f"g{index}", (total, module.in_features), torch.float32)
-                for k, (start, stop) in enumerate(spans):
-                    if stop > start:
-                        _input_grad(g[start:stop], weights[k][index][0], inputs[index][start:stop],
-                                    into[start:stop])
-                into.add_(0.0)
-                below, tail = leaves[index - 1], tails[index - 1]
-                grads.insert(0, into if tail is below else
-                             torch.autograd.grad(tail, below, into)[0])
+            grads = self._backward(batch, losses, inputs, leaves, tails)
         return _Forward(inputs, grads, losses.detach(), sums)
+
+    def _products(self, batch: _Batch, index: int, a: torch.Tensor, order: list[int],
+                  vector_sums: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Linear layer ``index``'s outputs for input ``a``: each round's rows times its own
+        weights, in ``order``; for the first layer, each parameter vector's sum (into
+        ``vector_sums``, by ``id``) right after its first product read it."""
+        module = batch.layers[index]
+        z = self._scratch(f"z{index}", (batch.total, module.out_features), torch.float32)
+        for k in order:
+            start, stop = batch.spans[k]
+            w, b = batch.weights[k][index]
+            if stop > start:
+                if b is None:
+                    torch.mm(a[start:stop], w.t(), out=z[start:stop])
+                else:
+                    torch.addmm(b, a[start:stop], w.t(), out=z[start:stop])
+            if not index and id(batch.params[k]) not in vector_sums:
+                vector_sums[id(batch.params[k])] = batch.params[k].sum()
+        return z
+
+    def _backward(self, batch: _Batch, losses: torch.Tensor, inputs: list[torch.Tensor],
+                  leaves: list[torch.Tensor], tails: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The loss sum's gradient with respect to each Linear layer's output (``leaves``;
+        ``tails``: the same after the activations that follow it)."""
+        grads = [torch.autograd.grad(losses.sum(), leaves[-1])[0]]
+        for index in range(len(leaves) - 1, 0, -1):
+            # The gradient at layer ``index``'s input, round by round; every row belongs to
+            # one round, and a graph through the rounds' slices would add the zeros of the
+            # others (x + 0: only -0 changes, to +0).
+            g = grads[0]
+            into = self._scratch(f"g{index}", (batch.total, batch.layers[index].in_features),
+                                 torch.float32)
+            for k, (start, stop) in enumerate(batch.spans):
+                if stop > start:
+                    _input_grad(g[start:stop], batch.weights[k][index][0],
+                                inputs[index][start:stop], into[start:stop])
+            into.add_(0.0)
+            below, tail = leaves[index - 1], tails[index - 1]
+            grads.insert(0, into if tail is below else torch.autograd.grad(tail, below, into)[0])
+        return grads
 
     def _clip_factors(
         self, batch: _Batch, forward: _Forward
