@@ -39,6 +39,7 @@ are computed twice, which costs less than computing every round alone.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Sequence
@@ -107,6 +108,16 @@ def batchable_layers(model: nn.Module) -> list[nn.Module] | None:
     return chain
 
 
+def _input_grad(g: torch.Tensor, w: torch.Tensor, a: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` := the gradient at the input ``a`` of ``a @ w.t() (+ b)`` given ``g`` at its
+    output, computed as autograd's backward of ``addmm`` computes it (``mm_mat1_backward``:
+    its column-major case too), so the values are the same."""
+    if a.stride(0) == 1 and a.stride(1) == a.shape[0]:
+        out.copy_(torch.mm(w.t(), g.t()).t())
+    else:
+        torch.mm(g, w, out=out)
+
+
 class _Job:
     """One segment of a pending round of one step (the whole round unless it was split),
     resolved to what the batched pass needs; only the round's first job carries its noise."""
@@ -118,7 +129,7 @@ class _Job:
         self.params = params
         self.draws = pending.draws[0]
         self.indices = indices
-        self.size = len(indices)
+        self.size = indices.shape[0]  # (Tensor.__len__ is a Python call)
         self.first = first
         self.clip = trainer.clip_for(pending.round_index)
         sum_sigma = trainer.sum_sigma(pending.steps[0].sigma)
@@ -154,6 +165,9 @@ class RoundBatcher:
         split, each may be computed at any time)."""
         self.chain = batchable_layers(model)
         self.num_params = sum(p.numel() for p in model.parameters())
+        self._pieces = [p.numel() for m in self.chain if type(m) is nn.Linear
+                        for p in m.parameters()] if self.chain is not None else []
+        """The sizes of the Linear layers' weights and biases in a parameter vector, in order."""
         self.device = next(model.parameters()).device
         """Where every tensor of a pass is made (the model's device)."""
         self._pending: dict[int, PendingRound] = {}
@@ -295,7 +309,8 @@ class RoundBatcher:
             pending.compute_alone()
             return
         self.rounds_batched += 1
-        trainer, draws, size = pending.trainer, jobs[0].draws, len(jobs[0].draws.indices)
+        trainer, draws = pending.trainer, jobs[0].draws
+        size = draws.indices.shape[0]
         if draws.count_noise is not None:
             trainer.update_adaptive_clip(sum(within), size, jobs[0].clip, draws.count_noise)
         pending.complete(trainer.round_result(
@@ -316,75 +331,97 @@ class RoundBatcher:
         outputs), per-example norms and clip factors, scatter of the clipped sums.
         """
         batch = self._gather(jobs)
-        # The noise first (as noisy_gradient does), then each layer's clipped sum is added in.
-        updates = [torch.empty(self.num_params + self.num_params % 2, device=self.device)
-                   for _ in jobs]
-        for update, job in zip(updates, jobs, strict=True):
-            if job.first:
-                fill_noise(update, job.draws.noise, job.std)
-            else:
-                update.zero_()
         forward = self._forward(batch)
         factors, counts, nonfinite = self._clip_factors(batch, forward)
-        self._scatter(batch, forward, factors, updates)
+        updates = self._scatter(batch, forward, factors)
         loss_sums = torch.zeros(len(jobs), device=self.device).index_add_(0, batch.owner, forward.losses).tolist()
-        finite = [bool(torch.isfinite(s)) or bool(torch.isfinite(p).all())
-                  for s, p in zip(forward.param_sums, batch.params, strict=True)]
+        finite = [bool(s) or bool(torch.isfinite(p).all()) for s, p in zip(
+            torch.isfinite(torch.stack(forward.param_sums)).tolist(), batch.params, strict=True)]
         return updates, counts, nonfinite, loss_sums, finite
 
     def _gather(self, jobs: Sequence[_Job]) -> _Batch:
         """Every round's examples laid end to end (x, y), its parameter vector as a tensor
-        and, per Linear layer, its (weight, bias) as views of that vector."""
+        and, per Linear layer, its (weight, bias) as views of that vector.
+
+        Rounds whose trainers share one data set (the simulator stores it once and each
+        client holds its row indices) are gathered by one ``index_select`` of all their rows."""
         first = jobs[0].pending.trainer
         sizes = [job.size for job in jobs]
         total = sum(sizes)
-        bounds = np.cumsum([0, *sizes]).tolist()
+        bounds = list(itertools.accumulate(sizes, initial=0))
         features_per_row = math.prod(first.features.shape[1:])
         x = self._scratch("x", (total, features_per_row), torch.float32)
         y = self._scratch("y", (total,), first.labels.dtype)
+        # Clients that hold the same received model share its vector (docs/SCALE.md): one
+        # tensor and one set of layer views for each vector of the pass.
+        shared: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor | None]]]] = {}
+        assert self.chain is not None
+        layers = [m for m in self.chain if type(m) is nn.Linear]
         with warnings.catch_warnings():
             # Received models are read-only buffers; nothing here writes to them.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            params = [torch.from_numpy(np.asarray(job.params, dtype=np.float32)).to(self.device)
-                      for job in jobs]
-        for job, start, stop in zip(jobs, bounds, bounds[1:], strict=False):
-            if job.size:
-                trainer = job.pending.trainer
-                indices = trainer.rows_of(job.indices).to(self.device)
-                features = trainer.features.reshape(len(trainer.features), -1)
-                if features.dtype == torch.float32:
-                    torch.index_select(features, 0, indices, out=x[start:stop])
-                else:
-                    x[start:stop] = features.index_select(0, indices)
-                torch.index_select(trainer.labels, 0, indices, out=y[start:stop])
-        assert self.chain is not None
-        layers = [m for m in self.chain if type(m) is nn.Linear]
-        weights: list[list[tuple[torch.Tensor, torch.Tensor | None]]] = [[] for _ in jobs]
-        offset = 0
-        for module in layers:
-            size, width = module.weight.numel(), module.out_features
-            for own, vector in zip(weights, params, strict=True):
-                own.append((vector[offset : offset + size].view(width, module.in_features),
-                            vector[offset + size : offset + size + width]
-                            if module.bias is not None else None))
-            offset += size + (width if module.bias is not None else 0)
+            for job in jobs:
+                if id(job.params) not in shared:
+                    vector = torch.from_numpy(np.asarray(job.params, dtype=np.float32)).to(
+                        self.device)
+                    pieces = iter(vector.split(self._pieces))
+                    shared[id(job.params)] = (vector, [
+                        (next(pieces).view(m.out_features, m.in_features),
+                         next(pieces) if m.bias is not None else None) for m in layers])
+        params = [shared[id(job.params)][0] for job in jobs]
+        weights = [shared[id(job.params)][1] for job in jobs]
+        features, labels = first.features, first.labels
+        if total and all(job.pending.trainer.features is features
+                         and job.pending.trainer.labels is labels for job in jobs):
+            self._select(features, labels, torch.cat(
+                [job.pending.trainer.rows_of(job.indices) for job in jobs if job.size]), x, y)
+        else:
+            for job, start, stop in zip(jobs, bounds, bounds[1:], strict=False):
+                if job.size:
+                    trainer = job.pending.trainer
+                    self._select(trainer.features, trainer.labels, trainer.rows_of(job.indices),
+                                 x[start:stop], y[start:stop])
         owner = torch.repeat_interleave(torch.arange(len(jobs), device=self.device),
                                         torch.tensor(sizes, device=self.device))
         return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), x, y, params,
                       layers, weights, owner, first.loss_fn)
 
+    def _select(self, features: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor,
+                x: torch.Tensor, y: torch.Tensor) -> None:
+        """``x``/``y`` := the ``rows`` of ``features`` (flattened) and ``labels``."""
+        rows = rows.to(self.device)
+        flat = features.reshape(len(features), -1)
+        if flat.dtype == torch.float32:
+            torch.index_select(flat, 0, rows, out=x)
+        else:
+            x.copy_(flat.index_select(0, rows))
+        torch.index_select(labels, 0, rows, out=y)
+
     def _forward(self, batch: _Batch) -> _Forward:
         """Activations through the chain (each round's products with its own weights), the
         per-example losses, and their gradients with respect to every Linear layer's output.
+
+        Only the loss and the elementwise activations run under autograd (over all examples
+        at once); the products of a Linear layer and their gradients with respect to its input
+        are taken per round into preallocated buffers, with the operations autograd would
+        run (:func:`_input_grad`): the values are those of a graph through every round's
+        products, without building one (some 3 nodes a round).
 
         A sum of each parameter vector is taken right after its first product has read it
         (while it is in cache): non-finite only if a parameter is (or, rarely, if a huge
         finite vector overflows: then the exact check decides)."""
         assert self.chain is not None
-        total, spans, weights = batch.total, batch.spans, batch.weights
-        sums: list[torch.Tensor] = []
+        total = batch.total
+        # The rounds of one parameter vector one after the other: it is read from memory once
+        # (the products of different rounds are independent; their order changes no value).
+        groups: dict[int, list[int]] = {}
+        for k, vector in enumerate(batch.params):
+            groups.setdefault(id(vector), []).append(k)
+        order = [k for ks in groups.values() for k in ks]
+        vector_sums: dict[int, torch.Tensor] = {}
         inputs: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
+        leaves: list[torch.Tensor] = []  # each Linear layer's output, where its graph starts
+        tails: list[torch.Tensor] = []  # the same after the activations that follow it
         with torch.enable_grad():
             h = batch.x
             for module in self.chain:
@@ -392,29 +429,64 @@ class RoundBatcher:
                     h = module(h)
                     continue
                 index = len(inputs)
-                inputs.append(h.detach())
-                if index == 0:  # no gradient flows into the first layer: products in place
-                    z = self._scratch("z0", (total, module.out_features), torch.float32)
-                    for k, (start, stop) in enumerate(spans):
-                        w, b = weights[k][0]
-                        if stop > start:
-                            if b is None:
-                                torch.mm(h[start:stop], w.t(), out=z[start:stop])
-                            else:
-                                torch.addmm(b, h[start:stop], w.t(), out=z[start:stop])
-                        sums.append(batch.params[k].sum())
-                    h = z.detach().requires_grad_()  # the graph starts at the first layer's output
-                else:
-                    h = torch.cat([torch.nn.functional.linear(h[start:stop], *weights[k][index])
-                                   for k, (start, stop) in enumerate(spans)])
-                outputs.append(h)
+                if index:
+                    tails.append(h)
+                a = h.detach()
+                inputs.append(a)
+                z = self._products(batch, index, a, order, vector_sums)
+                h = z.detach().requires_grad_()
+                leaves.append(h)
+            tails.append(h)
+            sums = [vector_sums[id(vector)] for vector in batch.params]
             losses = batch.loss_fn(h, batch.y) if total else h.new_zeros(0)
             if losses.shape != (total,):
                 raise ModelError(f"loss_fn must return per-example losses of shape ({total},), "
                                  f"got {tuple(losses.shape)}")
-            grads = torch.autograd.grad(losses.sum(), outputs) if total else \
-                tuple(torch.zeros_like(o) for o in outputs)
-        return _Forward(inputs, list(grads), losses.detach(), sums)
+            if not total:
+                return _Forward(inputs, [torch.zeros_like(o) for o in leaves], losses.detach(),
+                                sums)
+            grads = self._backward(batch, losses, inputs, leaves, tails)
+        return _Forward(inputs, grads, losses.detach(), sums)
+
+    def _products(self, batch: _Batch, index: int, a: torch.Tensor, order: list[int],
+                  vector_sums: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Linear layer ``index``'s outputs for input ``a``: each round's rows times its own
+        weights, in ``order``; for the first layer, each parameter vector's sum (into
+        ``vector_sums``, by ``id``) right after its first product read it."""
+        module = batch.layers[index]
+        z = self._scratch(f"z{index}", (batch.total, module.out_features), torch.float32)
+        for k in order:
+            start, stop = batch.spans[k]
+            w, b = batch.weights[k][index]
+            if stop > start:
+                if b is None:
+                    torch.mm(a[start:stop], w.t(), out=z[start:stop])
+                else:
+                    torch.addmm(b, a[start:stop], w.t(), out=z[start:stop])
+            if not index and id(batch.params[k]) not in vector_sums:
+                vector_sums[id(batch.params[k])] = batch.params[k].sum()
+        return z
+
+    def _backward(self, batch: _Batch, losses: torch.Tensor, inputs: list[torch.Tensor],
+                  leaves: list[torch.Tensor], tails: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The loss sum's gradient with respect to each Linear layer's output (``leaves``;
+        ``tails``: the same after the activations that follow it)."""
+        grads = [torch.autograd.grad(losses.sum(), leaves[-1])[0]]
+        for index in range(len(leaves) - 1, 0, -1):
+            # The gradient at layer ``index``'s input, round by round; every row belongs to
+            # one round, and a graph through the rounds' slices would add the zeros of the
+            # others (x + 0: only -0 changes, to +0).
+            g = grads[0]
+            into = self._scratch(f"g{index}", (batch.total, batch.layers[index].in_features),
+                                 torch.float32)
+            for k, (start, stop) in enumerate(batch.spans):
+                if stop > start:
+                    _input_grad(g[start:stop], batch.weights[k][index][0],
+                                inputs[index][start:stop], into[start:stop])
+            into.add_(0.0)
+            below, tail = leaves[index - 1], tails[index - 1]
+            grads.insert(0, into if tail is below else torch.autograd.grad(tail, below, into)[0])
+        return grads
 
     def _clip_factors(
         self, batch: _Batch, forward: _Forward
@@ -441,24 +513,35 @@ class RoundBatcher:
         return factors, [int(c) for c in within], [int(c) for c in nonfinite]
 
     def _scatter(
-        self, batch: _Batch, forward: _Forward, factors: torch.Tensor, updates: list[torch.Tensor]
-    ) -> None:
-        """Each round's clipped sums go straight into its update (which holds its noise): the
-        update's slice for a weight is a view shaped like the weight."""
-        offset = 0
-        for module, a, g in zip(batch.layers, forward.inputs, forward.grads, strict=True):
-            weighted = g * factors.unsqueeze(1)
-            size, width = module.weight.numel(), module.out_features
-            bias_sums = (torch.zeros(len(batch.jobs), width, device=self.device).index_add_(
-                0, batch.owner, weighted)
-                         if module.bias is not None else None)
-            for k, (update, (start, stop)) in enumerate(zip(updates, batch.spans, strict=True)):
+        self, batch: _Batch, forward: _Forward, factors: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Each round's update: its noise first (as ``noisy_gradient`` does), then each layer's
+        clipped sum added straight in (the update's slice for a weight is a view shaped like
+        the weight). A round's update is filled and summed into while it is in cache, one
+        round after the other: filling every round's noise before the pass read each update
+        from memory twice."""
+        weighted = [g * factors.unsqueeze(1) for g in forward.grads]
+        bias_sums = [torch.zeros(len(batch.jobs), module.out_features, device=self.device)
+                     .index_add_(0, batch.owner, cg) if module.bias is not None else None
+                     for module, cg in zip(batch.layers, weighted, strict=True)]
+        updates = []
+        for k, (job, (start, stop)) in enumerate(zip(batch.jobs, batch.spans, strict=True)):
+            update = torch.empty(self.num_params + self.num_params % 2, device=self.device)
+            if job.first:
+                fill_noise(update, job.draws.noise, job.std)
+            else:
+                update.zero_()
+            pieces = iter(update[: self.num_params].split(self._pieces))
+            for module, a, cg, sums in zip(batch.layers, forward.inputs, weighted, bias_sums,
+                                           strict=True):
+                weight = next(pieces)
                 if stop > start:
-                    update[offset : offset + size].view(width, module.in_features).addmm_(
-                        weighted[start:stop].t(), a[start:stop])
-                if bias_sums is not None:
-                    update[offset + size : offset + size + width].add_(bias_sums[k])
-            offset += size + (width if module.bias is not None else 0)
+                    weight.view(module.out_features, module.in_features).addmm_(
+                        cg[start:stop].t(), a[start:stop])
+                if sums is not None:
+                    next(pieces).add_(sums[k])
+            updates.append(update)
+        return updates
 
 
 @dataclass(frozen=True, eq=False)

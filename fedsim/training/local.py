@@ -215,6 +215,7 @@ class LocalTrainer:
             raise ConfigError(f"rows must be int64 indices into the {len(features)} records")
         self.rows = rows
         records = len(features) if rows is None else len(rows)
+        self._num_records = records  # asked at every round's batch draw (Tensor.__len__ is slow)
         # The public size that fixes q = m / N (the real record count may differ by the
         # neighbouring record: nothing may depend on it but the mechanism).
         self.declared_records = int(declared_records or records)
@@ -266,7 +267,7 @@ class LocalTrainer:
 
     @property
     def num_records(self) -> int:
-        return len(self.features) if self.rows is None else len(self.rows)
+        return self._num_records
 
     def rows_of(self, indices: torch.Tensor) -> torch.Tensor:
         """The rows of ``features``/``labels`` that a batch's record ``indices`` name."""

@@ -273,7 +273,7 @@ class PendingRound:
         self.round_index = round_index
         self.steps = steps
         self.draws = draws
-        self.sample_grads = sum(len(d.indices) for d in draws)
+        self.sample_grads = sum(d.indices.shape[0] for d in draws)
         """Per-example gradients the round computes, known before it is computed."""
         self.segments = [Segment(0.0, params)]
         """Where the round's ``w`` changes (:meth:`switch`); one segment unless interrupted."""

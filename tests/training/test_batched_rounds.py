@@ -10,7 +10,7 @@ from fedsim.data import load_dataset
 from fedsim.errors import ModelError
 from fedsim.privacy import schedules
 from fedsim.training import LocalTrainer, build_model, flat_params
-from fedsim.training.batched import RoundBatcher, batchable_layers
+from fedsim.training.batched import RoundBatcher, _Batch, _jobs, batchable_layers
 from fedsim.training.local import AdaptiveClipConfig
 from tests.doubles import RoundTimes
 
@@ -217,3 +217,90 @@ def test_a_flush_computes_one_pass_of_the_rounds_that_end_soonest() -> None:
     np.testing.assert_allclose(result.update, expected[due].update, atol=2e-6)
     for k in sorted(set(range(count)) - computed)[:5]:
         np.testing.assert_allclose(rounds[k].result().update, expected[k].update, atol=2e-6)
+
+
+def _graph_grads(batch: _Batch, chain: list[torch.nn.Module]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The per-example losses and the loss sum's gradients at every Linear layer's output
+    through one autograd graph over every round's products (the pass before issue 24's)."""
+    outputs: list[torch.Tensor] = []
+    with torch.enable_grad():
+        h, index = batch.x, -1
+        for module in chain:
+            if type(module) is not torch.nn.Linear:
+                h = module(h)
+                continue
+            index += 1
+            h = torch.cat([torch.nn.functional.linear(h[start:stop], *batch.weights[k][index])
+                           for k, (start, stop) in enumerate(batch.spans)])
+            if index == 0:
+                h = h.detach().requires_grad_()
+            outputs.append(h)
+        losses = batch.loss_fn(h, batch.y)
+        return losses.detach(), torch.autograd.grad(losses.sum(), outputs)
+
+
+@pytest.mark.parametrize("shape", ["tanh-mlp", "linear-linear-sigmoid"])
+def test_the_pass_computes_what_a_graph_through_every_rounds_products_computes(shape: str) -> None:
+    """The pass takes each Linear layer's products and input gradients round by round without
+    an autograd graph: its losses, inputs and gradients equal, bit for bit, those of one graph
+    through all rounds' products; models with activations between, no activation between two
+    Linear layers and one after the last; rounds with an empty batch and rounds sharing a vector."""
+    torch.manual_seed(0)
+    model = _mlp() if shape == "tanh-mlp" else torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 6), torch.nn.Linear(6, 5), torch.nn.Tanh(),
+        torch.nn.Linear(5, CLASSES), torch.nn.Sigmoid())
+    chain = batchable_layers(model)
+    assert chain is not None
+    trainers = _trainers(model)
+    params = _params(model, len(trainers))
+    params[3] = params[1]  # two clients holding the same received model
+    batcher = RoundBatcher(model)
+    empty = 0
+    for round_index in range(4):
+        pending = [t.begin_round(p, round_index, batcher) for t, p in
+                   zip(trainers, params, strict=True)]
+        jobs = [job for p in pending for job in _jobs(p)]
+        empty += sum(job.size == 0 for job in jobs)
+        batch = batcher._gather(jobs)
+        forward = batcher._forward(batch)
+        losses, grads = _graph_grads(batch, chain)
+        assert torch.equal(forward.losses, losses)
+        assert len(forward.grads) == len(grads)
+        for got, want in zip(forward.grads, grads, strict=True):
+            assert torch.equal(got, want)
+        for p in pending:
+            p.cancel()
+    assert empty  # the batch-1 Poisson posture drew an empty batch
+
+
+def test_rounds_sharing_a_vector_or_a_data_set_compute_what_rounds_with_their_own_do() -> None:
+    """Rounds of clients that share one stored data set (``rows``) are gathered by one
+    selection, and rounds of one parameter vector computed one after the other with one sum
+    for its finite check: every result equals, bit for bit, that of the same pass over
+    clients holding their own copies of their records and of the vector."""
+    torch.manual_seed(0)
+    model = _mlp()
+    x, y = _data(0)
+    rows = [torch.arange(k, 60, 3) for k in range(3)] * 2
+
+    def trainers(shared: bool) -> list[LocalTrainer]:
+        return [LocalTrainer(
+            model, x if shared else x.index_select(0, r).clone(),
+            y if shared else y.index_select(0, r).clone(), rows=r if shared else None,
+            batch_size=3, sampling="poisson", clip=schedules.constant(100, 1.0, 1.2),
+            noise=schedules.constant(100, 1.0, 1.2), generator=torch.Generator().manual_seed(k))
+            for k, r in enumerate(rows)]
+
+    vectors = _params(model, 2)
+    results = {}
+    for shared in (True, False):
+        batcher = RoundBatcher(model)
+        own = trainers(shared)
+        pending = [t.begin_round(vectors[k % 2] if shared else vectors[k % 2].copy(), 0, batcher)
+                   for k, t in enumerate(own)]
+        results[shared] = [p.result() for p in pending]
+        assert batcher.rounds_batched == len(own)
+    for a, b in zip(results[True], results[False], strict=True):
+        np.testing.assert_array_equal(a.update, b.update)
+        assert (a.batch_sizes, a.mean_loss, a.sample_grads) == (b.batch_sizes, b.mean_loss,
+                                                                  b.sample_grads)
