@@ -435,7 +435,12 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if self._budget is None or not steps:
             return True
-        kinds = group_steps(steps)
+        return self._can_spend(steps, group_steps(steps))
+
+    def _can_spend(self, steps: tuple[GaussianStep, ...], kinds: tuple[GaussianStep, ...]) -> bool:
+        """:meth:`can_spend` of validated, non-empty ``steps`` (``kinds``: grouped)."""
+        if self._budget is None:
+            return True
         planned = self._planned_answer(kinds)
         if planned is not None:
             return planned
@@ -531,7 +536,8 @@ class PrivacyLedger:
         if not steps:
             return
         self._check_record(time, round)
-        if not self.can_spend(steps):
+        kinds = group_steps(steps)
+        if not self._can_spend(steps, kinds):
             budget = self._budget
             assert budget is not None
             raise BudgetExhausted(
@@ -543,7 +549,7 @@ class PrivacyLedger:
         # composed together cost one update of the accountant's state, the same state step
         # by step (its answers are a function of the counts of each kind: accountant.compose).
         self._append([LedgerRecord(float(time), round, s) for s in steps],
-                     counted=lambda: self._count_spent(group_steps(steps)))
+                     counted=lambda: self._count_spent(kinds))
         if len(self._uncomposed) >= _COMPOSE_BATCH:
             self._accountant  # noqa: B018 - composes them
 
@@ -623,7 +629,7 @@ class PrivacyLedger:
         # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:
         # an interrupted run reports from memory what its ledger file holds.
         with uninterrupted():
-            self._write(b"".join(line + b"\n" for line in lines),
+            self._write(b"\n".join(lines) + b"\n",
                         Mark(len(self._records) + len(records), last))
             self._last_hash = last
             self._records.extend(records)
