@@ -118,7 +118,7 @@ def encode_record(record: LedgerRecord, prev: str, repair: str | None = None) ->
     step = record.step
     if (repair is None and type(step) is GaussianStep and type(record.time) is float
             and type(record.round) is int and type(step.count) is int
-            and step.sampling in _PLAIN_SAMPLINGS and _plain(prev)
+            and type(step.sampling) is str and step.sampling in _PLAIN_SAMPLINGS and _plain(prev)
             and math.isfinite(record.time)):
         return (f'{{"time": {float.__repr__(record.time)}, "round": {int.__repr__(record.round)}'
                 f', "step": {{"sampling": "{step.sampling}", "q": {float.__repr__(step.q)}, '
