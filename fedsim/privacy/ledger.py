@@ -71,12 +71,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import Any, Self
 
 from fedsim.atomic import uninterrupted
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError, UnsupportedEventError
@@ -108,6 +109,7 @@ from fedsim.privacy.ledger_file import (
     header_of,
     line_hash,
     mark_path,
+    open_append,
     parse_header,
     read_mark,
     read_verified,
@@ -186,7 +188,9 @@ class PrivacyLedger:
             mark.close()
             mark = None
         self._mark = mark
-        self._file: IO[bytes] | None = None if mark is None else open(path, "ab")  # noqa: SIM115
+        self._mark_path = mark_path(path)
+        self._fd = -1 if mark is None else open_append(path)  # the records' descriptor
+        self._failed: str | None = None  # why a write failed midway (see _write)
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -263,9 +267,9 @@ class PrivacyLedger:
 
     def close(self) -> None:
         """Close the file and release the lock (idempotent)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._mark is not None:
             self._mark.close()
             self._mark = None
@@ -277,24 +281,40 @@ class PrivacyLedger:
     def _writable(self) -> bool:
         if self._directory is not None:
             return self._directory.held
-        return self._file is not None and self._mark is not None
+        return self._fd >= 0 and self._mark is not None
 
     def _write(self, payload: bytes, mark: Mark) -> None:
         """The records durably, then the mark that counts them (after a new ledger's first
-        mark and directory entries: :meth:`_make_creation_durable`)."""
-        if self._directory is not None:
-            if self._created is not None:
-                self._make_creation_durable()
-            with open(self._path, "ab") as handle:
-                append_durably(handle, payload)
-            write_mark_at(mark_path(self._path), mark)
-            return
-        assert self._file is not None and self._mark is not None
-        self._mark.verify()  # before the records: a replaced mark lets a second writer in
+        mark and directory entries: :meth:`_make_creation_durable`).
+
+        Five system calls a spend: the mark's ``stat`` (:meth:`MarkFile.verify`, before the
+        records: a replaced mark lets a second writer in), one ``write`` and one ``fsync`` of
+        the records on a descriptor held open, one ``pwrite`` and one ``fsync`` of the mark.
+        If a write or fsync fails, the file may hold a prefix of the records (a torn line) or
+        all of them without the mark, while memory holds neither: the ledger writes nothing
+        more (its next record would continue the chain from the wrong line) and opening it
+        again reads what the file holds (a torn line cut off, complete lines counted).
+        """
+        if self._directory is None:
+            assert self._mark is not None
+            self._mark.verify()
         if self._created is not None:
             self._make_creation_durable()
-        append_durably(self._file, payload)
-        self._mark.write(mark)
+        try:
+            if self._directory is not None:
+                fd = open_append(self._path)
+                try:
+                    append_durably(fd, payload)
+                finally:
+                    os.close(fd)
+                write_mark_at(self._mark_path, mark)
+            else:
+                assert self._mark is not None
+                append_durably(self._fd, payload)
+                self._mark.write(mark, verified=True)
+        except BaseException as exc:
+            self._failed = f"a write failed ({type(exc).__name__}: {exc})"
+            raise
 
     def _make_creation_durable(self) -> None:
         """The durability :meth:`open` deferred for a new ledger, before its first records:
@@ -305,7 +325,7 @@ class PrivacyLedger:
         if self._mark is not None:
             self._mark.sync()
         else:
-            sync_file(mark_path(self._path))
+            sync_file(self._mark_path)
         assert self._created is not None
         sync_entries(self._path.parent, self._created)
         self._created = None
@@ -415,7 +435,12 @@ class PrivacyLedger:
         steps = self._validated(steps)
         if self._budget is None or not steps:
             return True
-        kinds = group_steps(steps)
+        return self._can_spend(steps, group_steps(steps))
+
+    def _can_spend(self, steps: tuple[GaussianStep, ...], kinds: tuple[GaussianStep, ...]) -> bool:
+        """:meth:`can_spend` of validated, non-empty ``steps`` (``kinds``: grouped)."""
+        if self._budget is None:
+            return True
         planned = self._planned_answer(kinds)
         if planned is not None:
             return planned
@@ -463,10 +488,21 @@ class PrivacyLedger:
         grant (a posture change rarely moves it far). The search looks no further than twice
         the steps recorded (and twice ``count``): a client far from its budget is granted
         that many, and once it has spent them, twice as many again (O(log T) evaluations over
-        a history of T steps, each of a history no longer than about 3T steps)."""
+        a history of T steps, each of a history no longer than about 3T steps).
+
+        Without a previous grant (a ledger's first allowance) the limit is tried first: a
+        client far from its budget, the common case, is granted it in one evaluation instead
+        of two (the doubling's ``start``, then the limit). The bracket is the doubling's
+        either way (eps grows with every step composed: if the limit fits, every count below
+        it does, and the doubling ends at the limit too); when the limit does not fit, the
+        doubling runs as before, its answer for the limit taken from the probe."""
         limit = max(64, 2 * (self._accountant.total_steps + 64), 2 * count)
         start = min(limit, 64 if previous is None else max(1, previous.granted))
-        low, high = doubling_bracket(self._fits_of(unit, budget), start=start, limit=limit)
+        fits = self._fits_of(unit, budget)
+        if previous is None and start < limit and fits(limit):
+            low, high = limit, limit + 1
+        else:
+            low, high = doubling_bracket(fits, start=start, limit=limit)
         capped = high == limit + 1
         held = Allowance(unit, low, None if capped or high - low <= 1 else high, capped, low)
         self._allowance = held
@@ -481,8 +517,16 @@ class PrivacyLedger:
         return allowance.fits
 
     def _fits_of(self, unit: GaussianStep, budget: Budget) -> Callable[[int], bool]:
+        """Whether ``count`` steps of ``unit`` fit after the current state; each count is
+        evaluated at most once per search (a long history is not in :func:`fits_after`'s
+        memory)."""
+        answers: dict[int, bool] = {}
+
         def fits(count: int) -> bool:
-            return fits_after(self._accountant, unit.times(count), budget)
+            answer = answers.get(count)
+            if answer is None:
+                answer = answers[count] = fits_after(self._accountant, unit.times(count), budget)
+            return answer
         return fits
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
@@ -492,7 +536,8 @@ class PrivacyLedger:
         if not steps:
             return
         self._check_record(time, round)
-        if not self.can_spend(steps):
+        kinds = group_steps(steps)
+        if not self._can_spend(steps, kinds):
             budget = self._budget
             assert budget is not None
             raise BudgetExhausted(
@@ -504,7 +549,7 @@ class PrivacyLedger:
         # composed together cost one update of the accountant's state, the same state step
         # by step (its answers are a function of the counts of each kind: accountant.compose).
         self._append([LedgerRecord(float(time), round, s) for s in steps],
-                     counted=lambda: self._count_spent(group_steps(steps)))
+                     counted=lambda: self._count_spent(kinds))
         if len(self._uncomposed) >= _COMPOSE_BATCH:
             self._accountant  # noqa: B018 - composes them
 
@@ -554,6 +599,10 @@ class PrivacyLedger:
     # -- internals -----------------------------------------------------------------------------------
     def _check_record(self, time: float, round: int) -> None:  # noqa: A002
         """Refuse a record the ledger cannot write now (closed, bad or backward time)."""
+        if self._failed is not None:
+            raise LedgerError(f"ledger of client {self._client_id}: {self._failed}; nothing "
+                              f"more is written through this handle (close it and open the "
+                              f"ledger again)")
         if not self._writable:
             raise LedgerError(f"ledger of client {self._client_id} was opened read-only "
                               f"or is closed")
@@ -580,7 +629,7 @@ class PrivacyLedger:
         # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:
         # an interrupted run reports from memory what its ledger file holds.
         with uninterrupted():
-            self._write(b"".join(line + b"\n" for line in lines),
+            self._write(b"\n".join(lines) + b"\n",
                         Mark(len(self._records) + len(records), last))
             self._last_hash = last
             self._records.extend(records)

@@ -58,11 +58,17 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from fedsim.atomic import fsync_directory
 from fedsim.errors import ConfigError, LedgerError
-from fedsim.privacy.events import GaussianStep, PrivacyEvent, Sampling, TunedSelection
+from fedsim.privacy.events import (
+    SAMPLING_SCHEMES,
+    GaussianStep,
+    PrivacyEvent,
+    Sampling,
+    TunedSelection,
+)
 
 try:
     import fcntl
@@ -102,10 +108,35 @@ def line_hash(line: bytes) -> str:
 
 
 def encode_record(record: LedgerRecord, prev: str, repair: str | None = None) -> bytes:
+    """The record's line: ``json.dumps`` of its fields and ``prev`` (without the newline).
+
+    A step's record (the one written every round) is formatted directly, to the same bytes:
+    ``json.dumps`` writes a float as ``float.__repr__`` and an int as ``int.__repr__``, and
+    the strings (a sampling scheme, a hex hash) need no escaping. Anything else (a tuned
+    selection, a repair note, a value of another type) goes through ``json.dumps``.
+    """
+    step = record.step
+    if (repair is None and type(step) is GaussianStep and type(record.time) is float
+            and type(record.round) is int and type(step.count) is int
+            and type(step.sampling) is str and step.sampling in _PLAIN_SAMPLINGS and _plain(prev)
+            and math.isfinite(record.time)):
+        return (f'{{"time": {float.__repr__(record.time)}, "round": {int.__repr__(record.round)}'
+                f', "step": {{"sampling": "{step.sampling}", "q": {float.__repr__(step.q)}, '
+                f'"sigma": {float.__repr__(step.sigma)}, "count": {int.__repr__(step.count)}}}, '
+                f'"prev": "{prev}"}}').encode()
     obj: dict[str, Any] = {**record.to_json(), "prev": prev}
     if repair is not None:
         obj["repair"] = repair
     return json.dumps(obj, allow_nan=False).encode()
+
+
+_PLAIN_SAMPLINGS = frozenset(SAMPLING_SCHEMES)
+
+
+def _plain(text: str) -> bool:
+    """``text`` is a str of ASCII letters and digits (a :func:`line_hash`), which JSON writes
+    as they are."""
+    return type(text) is str and text.isascii() and text.isalnum()
 
 
 def mark_path(path: Path) -> Path:
@@ -186,10 +217,13 @@ class MarkFile:
                  if m is not None]
         return max(marks, key=lambda m: m.count, default=None)
 
-    def write(self, mark: Mark, *, sync: bool = True) -> None:
+    def write(self, mark: Mark, *, sync: bool = True, verified: bool = False) -> None:
         """Write ``mark`` into its slot; fsynced unless ``sync=False`` (a new ledger's first
-        mark, made durable by its first spend: :meth:`sync`)."""
-        self.verify()
+        mark, made durable by its first spend: :meth:`sync`). ``verified``: the caller ran
+        :meth:`verify` before this write's records (a spend verifies once, before its
+        records; a mark replaced after that check stops the writer at its next spend)."""
+        if not verified:
+            self.verify()
         os.pwrite(self._fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
         if sync:
             os.fsync(self._fd)
@@ -490,10 +524,25 @@ def sync_entries(directory: Path, created: int) -> None:
     _directories_synced[key] = max(covered, _directories_synced.get(key, -1))
 
 
-def append_durably(handle: IO[bytes], payload: bytes) -> None:
-    handle.write(payload)
-    handle.flush()
-    os.fsync(handle.fileno())
+def open_append(path: Path) -> int:
+    """A descriptor that appends to the existing file at ``path`` (``O_APPEND``)."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND)
+
+
+def append_durably(fd: int, payload: bytes) -> None:
+    """Append ``payload`` to the file open at ``fd`` (:func:`open_append`), then fsync it.
+
+    ``os.write`` straight to the descriptor, no buffer in between: a short write continues
+    where it stopped, and an error leaves at most a prefix of ``payload`` at the file's end
+    (an unterminated line, never acknowledged: :func:`cut_partial_line`), with nothing kept
+    in memory that a later write or close could still flush.
+    """
+    written = os.write(fd, payload)
+    if written != len(payload):
+        rest = memoryview(payload)[written:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
+    os.fsync(fd)
 
 
 def cut_partial_line(path: Path, data: bytes) -> bytes:

@@ -82,6 +82,9 @@ class Schedule:
 
     def _fraction(self, t: int) -> float:
         """``t / T`` after checking that t is inside the horizon."""
+        total = self.total_steps
+        if type(t) is int and t >= 0 and (total is None or t < total):  # asked every round
+            return 0.0 if total is None else t / total
         if isinstance(t, bool) or not isinstance(t, int | np.integer) or t < 0 \
                 or (self.total_steps is not None and t >= self.total_steps):
             horizon = "0.." + str(self.total_steps - 1) if self.total_steps else ">= 0"

@@ -65,6 +65,26 @@ def test_schedule_shapes() -> None:
         schedules.Schedule(10, sigma_0=1.0, rho_c=2.0)
 
 
+def test_a_schedules_steps_are_checked_and_computed_alike_for_any_integer() -> None:
+    """Step indices as a plain int (the per-round path) and as numpy integers give the same
+    values, bit for bit; anything outside the horizon, negative or not an integer is refused."""
+    import numpy as np
+
+    for schedule in (schedules.Schedule(100, sigma_0=2.0, clip_0=1.0, rho_mu=4.0, rho_c=0.25),
+                     schedules.constant(None, 1.5)):
+        for t in (0, 1, 37, 99):
+            for index in (np.int64(t), np.int32(t)):
+                assert schedule.sigma(t) == schedule.sigma(index)  # type: ignore[arg-type]
+                assert schedule.clip(t) == schedule.clip(index)  # type: ignore[arg-type]
+            assert schedule.sigma(t) == float(schedule.sigma_0 * schedule.rho_mu ** (
+                -(t / schedule.total_steps if schedule.total_steps else 0.0)))
+        for bad in (-1, True, 2.0, "3", np.int64(-2)):
+            with pytest.raises(ConfigError):
+                schedule.sigma(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        schedules.Schedule(100, sigma_0=2.0, rho_mu=4.0).clip(100)
+
+
 @pytest.mark.parametrize("name", ["pld", "gdp-clt"])
 def test_growing_mu_meets_the_budget(name: str) -> None:
     schedule = schedules.solve_growing_mu(1.0, DELTA, 50, 2.0, "poisson", 0.05, accountant=name,

@@ -142,3 +142,89 @@ def test_ledger_eps_is_finite_where_pld_is_not(tmp_path: Path) -> None:
         eps, source = ledger.epsilon_bound()
         rdp: Any = make_accountant("rdp", ledger.steps)
         assert source == "rdp" and eps == ledger.epsilon() == rdp.epsilon(tiny) < 1.0
+
+
+# -- a ledger's first allowance (issue 24: each client's first check searches once) ------------
+def _forget_shared_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.privacy import ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "_fits_answers", type(ledger_module._fits_answers)())
+
+
+def test_a_first_allowance_far_from_the_budget_costs_one_evaluation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit (128 steps from an empty history) is tried first: one eps evaluation grants
+    it (the doubling evaluated 64, then 128); the rounds it covers are answered by counting."""
+    _forget_shared_answers(monkeypatch)
+    evaluations = Evaluations(monkeypatch)
+    step = GaussianStep("poisson", 0.02, 1.1, 2)
+    with open_ledger(tmp_path / "l.jsonl", "poisson", 8.0) as ledger:
+        for index in range(64):
+            assert ledger.can_spend(step)
+            ledger.spend(step, time=float(index), round=index)
+        assert evaluations.count == 1
+    assert fresh_decision((), [step.times(64)], 8.0)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_first_allowances_decide_as_a_fresh_accountant(tmp_path: Path, sampling: Sampling,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty ledgers of random postures and budgets, each spent round by round to its budget:
+    budgets where the limit fits (the probe grants it) and where it does not (the doubling
+    and bisection as before), every decision the fresh accountant's. One process-wide memory
+    of answers serves them all (never another budget's or posture's)."""
+    _forget_shared_answers(monkeypatch)
+    rng = random.Random(2401 if sampling == "poisson" else 2402)
+    for trial in range(6):
+        q, sigma = rng.choice((0.01, 0.02, 0.05)), rng.choice((0.9, 1.1, 1.6))
+        budget = rng.choice((0.4, 0.8, 1.3, 2.0, 4.0))
+        local = rng.choice((1, 2, 3))
+        step = GaussianStep(sampling, q, sigma, local)
+        with open_ledger(tmp_path / f"l{trial}.jsonl", sampling, budget) as ledger:
+            spent = 0
+            while spent < 150:
+                fits = ledger.can_spend(step)
+                assert fits == fresh_decision(ledger.steps, [step], budget), (trial, spent)
+                if not fits:
+                    break
+                ledger.spend(step, time=float(spent), round=spent)
+                spent += 1
+
+
+def test_a_shared_answer_is_never_another_historys(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers are shared between ledgers of the same history (the multiset of its steps),
+    posture and budget only: a ledger with one more step searches its own, and decides to the
+    step what a fresh accountant decides; one with an equal history evaluates nothing."""
+    _forget_shared_answers(monkeypatch)
+    step = GaussianStep("poisson", 0.05, 0.9)
+    earlier = GaussianStep("poisson", 0.02, 1.1, 40)
+    counts = []
+    with open_ledger(tmp_path / "a.jsonl", "poisson", 2.0) as empty, \
+            open_ledger(tmp_path / "b.jsonl", "poisson", 2.0) as used:
+        used.spend(earlier, time=0.0, round=0)
+        for ledger in (empty, used):
+            spent = 0
+            while ledger.can_spend(step):
+                ledger.spend(step, time=float(spent + 1), round=spent + 1)
+                spent += 1
+            assert fresh_decision(ledger.steps, [], 2.0)
+            assert not fresh_decision(ledger.steps, [step], 2.0)
+            counts.append(spent)
+    assert counts[0] > counts[1] > 0
+    evaluations = Evaluations(monkeypatch)
+    with open_ledger(tmp_path / "c.jsonl", "poisson", 2.0) as same:
+        same.spend(earlier, time=0.0, round=0)
+        assert same.can_spend(step)
+    assert evaluations.count == 0
+
+
+def test_the_shared_answers_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.privacy import ledger as ledger_module
+
+    _forget_shared_answers(monkeypatch)
+    monkeypatch.setattr(ledger_module, "_FITS_KEPT", 4)
+    for k in range(10):
+        with open_ledger(tmp_path / f"l{k}.jsonl", "poisson", 4.0) as ledger:
+            assert ledger.can_spend(GaussianStep("poisson", 0.01 + 0.001 * k, 1.1))
+        assert len(ledger_module._fits_answers) <= 4
