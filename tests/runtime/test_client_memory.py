@@ -128,3 +128,17 @@ def test_counter_seeded_draws_are_their_own_whatever_is_drawn_between() -> None:
     assert alone != [other.draw(c, uniforms) for c in range(6)]
     with pytest.raises(ValueError, match="counter"):
         counter_seed(5, -1)
+
+
+def test_clients_share_their_exposure_where_it_is_equal() -> None:
+    from fedsim.runtime.actors.exposure import ClientExposure, client_exposure
+
+    loaded = parse_scenario(scenario())
+    ids = [f"c{i}" for i in range(4)]
+    shared = [client_exposure(loaded, ids, client_id) for client_id in ids]
+    assert all(e is shared[0] for e in shared)
+    assert shared[0] == ClientExposure(timing=loaded.privacy.timing)
+    inviting = parse_scenario(scenario(**{"server.participation": 0.5}))
+    own = [client_exposure(inviting, ids, client_id) for client_id in ids]
+    assert [e.invitation_index for e in own] == [0, 1, 2, 3]
+    assert client_exposure(inviting, ids, "c2") is own[2]
