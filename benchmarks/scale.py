@@ -6,9 +6,21 @@ The scenario is ``hetero-100`` scaled up (issue 18): the same three groups (60% 
 client of 10^4 holds a handful of records), IID partitions where Dirichlet cannot fill every
 client (more than 100 clients). MNIST's 60,000 records cannot give 10^5 clients one record
 each: from 20,000 clients up the data are a synthetic 10-class Gaussian mixture with 4
-records per client and 120 features (fedsim generates at most 5e7 values), and the model the
-MLP 120-777-10, of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
-message size and model vectors), every group partitioned IID.
+records per client, every group partitioned IID. fedsim generates at most 5e7 values
+(``limits.MAX_SYNTHETIC_VALUES``), so the features are as many as fit, at most 120
+(:func:`scaled_features`), and the message-only rows' model is the one-hidden-layer MLP whose
+parameter count is nearest 784-128-10's 101,770 (:func:`same_size_hidden`): 120-777-10 up to
+10^5 clients (101,797: the same message size and model vectors), 12-4424-10 at 10^6 (4 x 10^6
+records of 12 features; 101,762 parameters). fedsim holds at most 100,000 clients a scenario
+and a group (``limits.MAX_CLIENTS``, sized when one process held an open ledger file a
+client): the 10^6 row raises the scenario's bound in its own process (the schema reads it
+when it checks) and splits each group into groups of at most 100,000 with its settings.
+
+The training row of 10^5 clients (2 virtual s) uses a smaller model, the MLP 120-32-10 (4,202
+parameters, a 16.4 KB vector). Every training client holds its own local model (the vector it
+trains) from its first round on: 10^5 of them are the run's state, not bookkeeping, and 10^5
+x 400 KB of 101,770-parameter local models are 40 GB, which no 16 GB bound holds whatever the
+rest costs; at 4,202 parameters they are 1.6 GB.
 
 Rows (each size in its own subprocess, with a time bound, so a size that does not fit
 cannot take the others down and peak RSS is the size's own):
@@ -72,7 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from _common import commit, rss_mb  # noqa: E402
 
-from fedsim.config import LoadedScenario, load_scenario, parse_scenario  # noqa: E402
+from fedsim.config import LoadedScenario, limits, load_scenario, parse_scenario  # noqa: E402
 from fedsim.runtime.population import build_population  # noqa: E402
 from fedsim.runtime.simulated.simulation import run_scenario  # noqa: E402
 
@@ -92,7 +104,33 @@ PLAN: list[tuple[int, str, float, int]] = [
     (1000, "message", 600.0, 600),
     (10000, "message", 300.0, 900),
     (100000, "message", 60.0, 1800),
+    (100000, "train", 2.0, 3600),
+    (1000000, "message", 60.0, 5400),
 ]
+GROUP_CLIENTS = 100_000
+"""The most clients a group holds (the schema's per-group bound, ``limits.MAX_CLIENTS`` when
+it is imported): larger groups of the 10^6 row are split."""
+REFERENCE_PARAMETERS = 101_770
+"""784-128-10's parameter count: a message-only row's model is the MLP nearest it."""
+RECORDS_PER_CLIENT = 4
+"""Synthetic records a client from 20,000 clients up."""
+LARGE_TRAINING_HIDDEN = 32
+"""The hidden width of the 10^5 training row's MLP 120-32-10 (see the module docstring)."""
+LARGE_TRAINING_FROM = 50_000
+"""Training rows of this many clients or more use :data:`LARGE_TRAINING_HIDDEN`."""
+
+
+def scaled_features(records: int) -> int:
+    """As many features as fedsim generates for ``records`` synthetic records, at most 120."""
+    from fedsim.config.limits import MAX_SYNTHETIC_VALUES
+
+    return min(120, MAX_SYNTHETIC_VALUES // records)
+
+
+def same_size_hidden(features: int, classes: int = 10) -> int:
+    """The hidden width of the MLP ``features``-h-``classes`` whose parameter count,
+    ``(features + 1) h + (h + 1) classes``, is nearest :data:`REFERENCE_PARAMETERS`."""
+    return round((REFERENCE_PARAMETERS - classes) / (features + 1 + classes))
 
 
 def _fedsim_is_this_checkout() -> bool:
@@ -131,18 +169,45 @@ def scaled(clients: int, virtual_seconds: float, *, cross_device: bool,
         for group in groups:
             group["partition"] = {"scheme": "iid"}
     elif clients > 20000:
-        # fedsim generates at most 5e7 values of synthetic data: 120 features, and the MLP
-        # 120-777-10 of the same parameter count as 784-128-10 (101,797 vs 101,770: the same
-        # message size and model vectors).
-        tree["dataset"] = {"name": "synthetic", "num_samples": 4 * clients,
-                           "num_test_samples": 1000, "num_features": 120, "num_classes": 10}
-        tree["model"] = {"name": "mlp", "options": {"hidden": [777]}}
+        # fedsim generates at most 5e7 values of synthetic data: as many features as fit, and
+        # the MLP of 784-128-10's parameter count (the same message size and model vectors),
+        # or for many training clients a small one (see the module docstring).
+        records = RECORDS_PER_CLIENT * clients
+        features = scaled_features(records)
+        small = not cross_device and clients >= LARGE_TRAINING_FROM
+        hidden = LARGE_TRAINING_HIDDEN if small else same_size_hidden(features)
+        tree["dataset"] = {"name": "synthetic", "num_samples": records,
+                           "num_test_samples": 1000, "num_features": features,
+                           "num_classes": 10}
+        tree["model"] = {"name": "mlp", "options": {"hidden": [hidden]}}
         for group in groups:  # 4 records a client: log-normal sizes would leave some below m
             group["partition"] = {"scheme": "iid"}
+    if clients > limits.MAX_CLIENTS:  # the 10^6 row (see the module docstring)
+        limits.MAX_CLIENTS = clients
+        tree["clients"]["groups"] = split_groups(groups, GROUP_CLIENTS)
     tree["stop"] = {"virtual_seconds": virtual_seconds}
     if cross_device:
         tree["server"].update(window=60.0, broadcast_every=5)
     return LoadedScenario(parse_scenario(tree), base.source)
+
+
+def split_groups(groups: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """Each group of more than ``most`` clients as groups of at most ``most`` with its
+    settings (named ``<name>-<k>``; the first ones take the remainder), its ``data_share``
+    divided among them by their counts."""
+    out = []
+    for group in groups:
+        parts = -(-group["count"] // most)
+        each, extra = divmod(group["count"], parts)
+        counts = [each + (k < extra) for k in range(parts)]
+        for k, count in enumerate(counts):
+            part = dict(group, count=count)
+            if parts > 1:
+                part["name"] = f"{group['name']}-{k}"
+                if "data_share" in group:
+                    part["data_share"] = group["data_share"] * count / group["count"]
+            out.append(part)
+    return out
 
 
 def _scratch_dir() -> Any:
@@ -176,6 +241,9 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
         "clients": clients,
         "mode": mode,
         "dataset": loaded.scenario.dataset.name,
+        "num_features": loaded.scenario.dataset.num_features
+        if loaded.scenario.dataset.name == "synthetic" else None,
+        "model_parameters": int(population.initial_params.size),
         "batch_sizes": [group.batch_size for group in loaded.scenario.clients.groups],
         "virtual_seconds": result.summary["virtual_time"],
         "startup_seconds": round(population_seconds + setup, 3),

@@ -94,8 +94,6 @@ def trial_steps(scenario: str, overrides: Sequence[str],
     without ``rounds`` (a constant posture), for as many rounds as fit in its budget by the
     ledger's own rule (the ledger refuses any further round). A group with neither cannot be
     bounded and is refused."""
-    import torch
-
     from fedsim.config import load_scenario
     from fedsim.data.load import scenario_data
     from fedsim.privacy.accountant import make_accountant, make_accountant_class
@@ -112,7 +110,7 @@ def trial_steps(scenario: str, overrides: Sequence[str],
     out: dict[str, tuple[GaussianStep, ...]] = {}
     for plan in plans:
         group = plan.group
-        trainer = VirtualDurationTrainer(plan, 0, torch.Generator())
+        trainer = VirtualDurationTrainer(plan, 0, seed=0)  # planned steps only
         before = release_steps(group)
         rounds = group.rounds or 0
         if group.rounds is None:

@@ -52,7 +52,7 @@ from fedsim.runtime.normalisation import (
     held_out_features,
     normalised_features,
 )
-from fedsim.runtime.rng import ParkedStream, SeedTree
+from fedsim.runtime.rng import CounterSeededTorch, ParkedStream, SeedTree
 from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import resolve_device
@@ -164,8 +164,6 @@ class Population:
             raise ConfigError(f"client {plan.client_id}: dp_pca needs every client's release "
                               "before round 0 (fedsim.runtime.dp_pca.release_projection), which "
                               "only the simulated runtime gathers")
-        if generator is None:
-            generator = self.tree.torch("client", plan.client_id, "train")
         index = torch.from_numpy(np.asarray(plan.indices, dtype=np.int64))
         rows: torch.Tensor | None = None
         if group.dp_normalisation is not None:
@@ -186,8 +184,12 @@ class Population:
             features, labels, rows = self.train_x, self.train_y, index
         else:  # on an accelerator each client's records are copied there once
             features, labels = self.train_x.index_select(0, index), self.train_y.index_select(0, index)
-        if features is None:
-            return VirtualDurationTrainer(plan, self.initial_params.size, generator)
+        if features is None:  # message-only: batch sizes drawn per round from the seed alone
+            seed = generator.initial_seed() if generator is not None else \
+                self.tree.integer("client", plan.client_id, "train")
+            return VirtualDurationTrainer(plan, self.initial_params.size, seed)
+        if generator is None:
+            generator = self.tree.torch("client", plan.client_id, "train")
         trainer = LocalTrainer(
             self.model,
             features.to(self.device),
@@ -229,14 +231,17 @@ class BatchedTrainer:
 
 class VirtualDurationTrainer:
     """Training replaced by its cost: the same privacy events and sample counts as the real
-    trainer, a zero update, no gradient computed (message-only runs of the protocol)."""
+    trainer, a zero update, no gradient computed (message-only runs of the protocol). A round's
+    Poisson batch sizes are drawn from the counter-based stream ``seed`` at the round's index
+    (:class:`~fedsim.runtime.rng.CounterSeededTorch`), so a client holds an integer, not a
+    generator's 2.5 KB of state."""
 
-    __slots__ = ("generator", "num_params", "plan", "zeros")
+    __slots__ = ("draws", "num_params", "plan", "zeros")
 
-    def __init__(self, plan: ClientPlan, num_params: int, generator: torch.Generator) -> None:
+    def __init__(self, plan: ClientPlan, num_params: int, seed: int) -> None:
         self.plan = plan
         self.num_params = num_params
-        self.generator = generator
+        self.draws = CounterSeededTorch(seed)
         self.zeros = _zeros(num_params)
 
     def planned_steps(self, round_index: int) -> list[GaussianStep]:
@@ -254,7 +259,8 @@ class VirtualDurationTrainer:
         if group.sampling == "poisson":
             count, rate = _binomial_arguments(group.local_steps, self.plan.num_samples,
                                               self.plan.q)
-            counts = torch.binomial(count, rate, generator=self.generator)
+            counts = self.draws.draw(
+                round_index, lambda generator: torch.binomial(count, rate, generator=generator))
             sizes = [int(c) for c in counts.tolist()]
         else:
             sizes = [group.batch_size] * group.local_steps

@@ -104,3 +104,41 @@ def test_equal_postures_share_one_step_and_a_bad_one_is_refused_every_time() -> 
             step_for("poisson", 60, 4, -1.0, 1)
         with pytest.raises(ConfigError, match="count"):
             step_for("poisson", 60, 4, 1.0, True)  # type: ignore[arg-type]
+
+
+def test_counter_seeded_draws_are_their_own_whatever_is_drawn_between() -> None:
+    """A message-only client's batch-size draws (one shared generator, reseeded per draw) do
+    not depend on other streams' draws between them, and a bad counter is refused."""
+    import torch
+
+    from fedsim.runtime.rng import CounterSeededTorch, counter_seed
+
+    def uniforms(generator: torch.Generator) -> list[float]:
+        return torch.rand(3, generator=generator, dtype=torch.float64).tolist()
+
+    one, other = CounterSeededTorch(5), CounterSeededTorch(6)
+    alone = [one.draw(c, uniforms) for c in range(6)]
+    mixed = []
+    for c in range(6):
+        other.draw(c, uniforms)
+        mixed.append(one.draw(c, uniforms))
+    assert mixed == alone
+    assert alone[0] == uniforms(torch.Generator().manual_seed(counter_seed(5, 0)))
+    assert len({tuple(a) for a in alone}) == 6
+    assert alone != [other.draw(c, uniforms) for c in range(6)]
+    with pytest.raises(ValueError, match="counter"):
+        counter_seed(5, -1)
+
+
+def test_clients_share_their_exposure_where_it_is_equal() -> None:
+    from fedsim.runtime.actors.exposure import ClientExposure, client_exposure
+
+    loaded = parse_scenario(scenario())
+    ids = [f"c{i}" for i in range(4)]
+    shared = [client_exposure(loaded, ids, client_id) for client_id in ids]
+    assert all(e is shared[0] for e in shared)
+    assert shared[0] == ClientExposure(timing=loaded.privacy.timing)
+    inviting = parse_scenario(scenario(**{"server.participation": 0.5}))
+    own = [client_exposure(inviting, ids, client_id) for client_id in ids]
+    assert [e.invitation_index for e in own] == [0, 1, 2, 3]
+    assert client_exposure(inviting, ids, "c2") is own[2]

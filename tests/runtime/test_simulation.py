@@ -228,21 +228,37 @@ def test_message_only_runs_charge_the_same_events(tmp_path: Path) -> None:
 
 
 def test_message_only_batch_sizes_are_the_plain_binomial_draws() -> None:
-    """A message-only round's Poisson batch sizes (shared, cached count and rate tensors) are
-    the draws of Binomial(N, q) built afresh each round from the same generator."""
+    """A message-only round's Poisson batch sizes (shared, cached count and rate tensors, one
+    shared generator) are the draws of Binomial(N, q) built afresh from a generator of the
+    round's own, seeded by SplitMix64 (computed here from its published constants) at the
+    round's index; rounds drawn in any order, or again, draw the same."""
     population = build_population(LoadedScenario(parse_scenario(
         scenario(**{"clients.groups.0.local_steps": 3})), None))
     plan = next(p for p in population.plans if p.group.sampling == "poisson")
     trainer = population.trainer(plan, message_only=True,
                                  generator=torch.Generator().manual_seed(11))
-    plain = torch.Generator().manual_seed(11)
+    assert population.trainer(plan, message_only=True).draws.seed == \
+        population.tree.integer("client", plan.client_id, "train")
+
+    def splitmix64(state: int) -> int:
+        mask = 2**64 - 1
+        z = (state + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    expected: dict[int, list[int]] = {}
     for round_index in range(40):
+        plain = torch.Generator().manual_seed(
+            splitmix64(11 + round_index * 0x9E3779B97F4A7C15) & (2**63 - 1))
         rate = torch.full((plan.group.local_steps,), plan.q, dtype=torch.float64)
         counts = torch.binomial(torch.full_like(rate, plan.num_samples), rate, generator=plain)
-        expected = [int(c) for c in counts]
+        expected[round_index] = [int(c) for c in counts]
+    assert len({tuple(v) for v in expected.values()}) > 5  # drawn, not one constant
+    for round_index in [*range(40), 7, 3, 39]:
         result = trainer.begin_round(population.initial_params, round_index).result()
-        assert result.batch_sizes == expected
-        assert result.sample_grads == sum(expected)
+        assert result.batch_sizes == expected[round_index]
+        assert result.sample_grads == sum(expected[round_index])
 
 
 def test_offline_clients_start_no_rounds(tmp_path: Path) -> None:
