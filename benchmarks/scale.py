@@ -11,10 +11,7 @@ records per client, every group partitioned IID. fedsim generates at most 5e7 va
 (:func:`scaled_features`), and the message-only rows' model is the one-hidden-layer MLP whose
 parameter count is nearest 784-128-10's 101,770 (:func:`same_size_hidden`): 120-777-10 up to
 10^5 clients (101,797: the same message size and model vectors), 12-4424-10 at 10^6 (4 x 10^6
-records of 12 features; 101,762 parameters). fedsim holds at most 100,000 clients a scenario
-and a group (``limits.MAX_CLIENTS``, sized when one process held an open ledger file a
-client): the 10^6 row raises the scenario's bound in its own process (the schema reads it
-when it checks) and splits each group into groups of at most 100,000 with its settings.
+records of 12 features; 101,762 parameters).
 
 The training row of 10^5 clients (2 virtual s) uses a smaller model, the MLP 120-32-10 (4,202
 parameters, a 16.4 KB vector). Every training client holds its own local model (the vector it
@@ -84,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from _common import commit, rss_mb  # noqa: E402
 
-from fedsim.config import LoadedScenario, limits, load_scenario, parse_scenario  # noqa: E402
+from fedsim.config import LoadedScenario, load_scenario, parse_scenario  # noqa: E402
 from fedsim.runtime.population import build_population  # noqa: E402
 from fedsim.runtime.simulated.simulation import run_scenario  # noqa: E402
 
@@ -107,9 +104,6 @@ PLAN: list[tuple[int, str, float, int]] = [
     (100000, "train", 2.0, 3600),
     (1000000, "message", 60.0, 5400),
 ]
-GROUP_CLIENTS = 100_000
-"""The most clients a group holds (the schema's per-group bound, ``limits.MAX_CLIENTS`` when
-it is imported): larger groups of the 10^6 row are split."""
 REFERENCE_PARAMETERS = 101_770
 """784-128-10's parameter count: a message-only row's model is the MLP nearest it."""
 RECORDS_PER_CLIENT = 4
@@ -182,32 +176,10 @@ def scaled(clients: int, virtual_seconds: float, *, cross_device: bool,
         tree["model"] = {"name": "mlp", "options": {"hidden": [hidden]}}
         for group in groups:  # 4 records a client: log-normal sizes would leave some below m
             group["partition"] = {"scheme": "iid"}
-    if clients > limits.MAX_CLIENTS:  # the 10^6 row (see the module docstring)
-        limits.MAX_CLIENTS = clients
-        tree["clients"]["groups"] = split_groups(groups, GROUP_CLIENTS)
     tree["stop"] = {"virtual_seconds": virtual_seconds}
     if cross_device:
         tree["server"].update(window=60.0, broadcast_every=5)
     return LoadedScenario(parse_scenario(tree), base.source)
-
-
-def split_groups(groups: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
-    """Each group of more than ``most`` clients as groups of at most ``most`` with its
-    settings (named ``<name>-<k>``; the first ones take the remainder), its ``data_share``
-    divided among them by their counts."""
-    out = []
-    for group in groups:
-        parts = -(-group["count"] // most)
-        each, extra = divmod(group["count"], parts)
-        counts = [each + (k < extra) for k in range(parts)]
-        for k, count in enumerate(counts):
-            part = dict(group, count=count)
-            if parts > 1:
-                part["name"] = f"{group['name']}-{k}"
-                if "data_share" in group:
-                    part["data_share"] = group["data_share"] * count / group["count"]
-            out.append(part)
-    return out
 
 
 def _scratch_dir() -> Any:

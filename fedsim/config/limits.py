@@ -24,9 +24,12 @@ to about 1.5 s and 50 MB (a thousand groups of 30 settings each fit). Compositio
 cap, and anchors and aliases, which let a small file stand for an exponentially large tree (the
 "billion laughs" attack), are counted expanded."""
 
-MAX_CLIENTS = 100_000
-"""Clients in a scenario (all groups together). One process holds every client's actor, record
-indices and open ledger file; 100 times the largest shipped population."""
+MAX_CLIENTS = 1_000_000
+"""Clients in a scenario (all groups together) and in a group. One process holds every
+client's actor, ledger and record indices (the ledgers share one directory lock from a few
+thousand clients on, not a descriptor each): a message-only client holds about 12 KB
+(docs/SCALE.md, a million about 13 GB); a training client also holds its own local model,
+whose size the model sets. The bound catches a count off by orders of magnitude."""
 
 MAX_ROUNDS = 1_000_000
 """A group's ``rounds``: its clip and noise schedules and its privacy plan hold one entry per
