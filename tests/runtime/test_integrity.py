@@ -23,6 +23,7 @@ from fedsim.config import load_scenario
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.actors import integrity
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.integrity import (
     MAX_PARAMETER,
@@ -309,6 +310,38 @@ def test_bad_model_decides_what_isfinite_and_the_largest_magnitude_decide() -> N
             assert bad_model(vector, size) == plain(vector, size), (vector, size)
             verdicts.add((plain(vector, size).split(" ") + [""])[1])
     assert verdicts == {"", "parameters,", "finite", "parameter"}  # every kind of verdict seen
+
+
+def test_bad_model_keeps_a_verdict_only_for_values_that_cannot_change() -> None:
+    """A broadcast's decoded model (a view of immutable bytes) is checked once for every
+    client asking about it; an array whose values can change (its own buffer, a view of a
+    bytearray) is checked at every call, so a verdict never outlives the values it judged."""
+    good = np.ones(6, np.float32)
+    frame = codec.encode(GlobalModel(3, good))
+    shared = codec.decode(frame).params  # type: ignore[union-attr]
+    assert bad_model(shared, 6) == "" and bad_model(shared, 6) == ""
+    kept = integrity._last_verdict
+    assert kept is not None and kept[0] is shared  # the second client's answer was kept
+    assert bad_model(shared, 7) == "6 parameters, the model has 7"  # the size is part of it
+    assert bad_model(shared[1:], 5) == ""  # a view of a view of the frame
+
+    owned = np.ones(6, np.float32)
+    assert bad_model(owned, 6) == ""
+    owned[2] = np.nan
+    assert bad_model(owned, 6) == "not finite"
+    buffer = bytearray(np.ones(6, np.float32).tobytes())
+    view = np.frombuffer(buffer, np.float32)
+    assert bad_model(view, 6) == ""
+    buffer[0:4] = np.float32(np.inf).tobytes()
+    assert bad_model(view, 6) == "not finite"
+    readonly = np.ones(6, np.float32)
+    readonly.setflags(write=False)  # read-only, yet its owner may make it writeable again
+    assert bad_model(readonly, 6) == ""
+    readonly.setflags(write=True)
+    readonly[0] = 2e6
+    assert bad_model(readonly, 6).startswith("a parameter of magnitude 2e+06")
+    assert integrity._last_verdict is not None
+    assert all(integrity._last_verdict[0] is not a for a in (owned, view, readonly))
 
 
 def test_a_round_with_a_non_finite_update_is_neither_released_nor_charged() -> None:

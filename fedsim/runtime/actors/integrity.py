@@ -242,9 +242,39 @@ update_norm = vector_norm
 codec's :func:`~fedsim.protocol.codec.vector_norm`, which a decoded update carries already."""
 
 
+_last_verdict: tuple[np.ndarray, int | None, str] | None = None
+"""The latest verdict on a model whose values cannot change (see :func:`bad_model`)."""
+
+
 def bad_model(params: np.ndarray, size: int | None) -> str:
     """Why a received global model must not be trained on, or '': the wrong length, not finite,
-    or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits)."""
+    or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits).
+
+    A broadcast reaches every client of the simulated network as one decoded message (a
+    read-only view of the frame's ``bytes``): the verdict on such an array, whose values
+    cannot change, is kept for the next client asking about the same array and size (one
+    entry, which holds that array)."""
+    global _last_verdict
+    last = _last_verdict
+    if last is not None and last[0] is params and last[1] == size:
+        return last[2]
+    verdict = _model_problem(params, size)
+    if _values_fixed(params):
+        _last_verdict = (params, size, verdict)
+    return verdict
+
+
+def _values_fixed(array: np.ndarray) -> bool:
+    """Whether ``array``'s values can never change: it views, through any chain of views,
+    an immutable ``bytes`` object."""
+    root: object = array
+    while isinstance(root, np.ndarray):
+        root = root.base
+    return isinstance(root, bytes)
+
+
+def _model_problem(params: np.ndarray, size: int | None) -> str:
+    """:func:`bad_model`'s check itself."""
     if size is not None and params.size != size:
         return f"{params.size} parameters, the model has {size}"
     if not params.size:
