@@ -313,9 +313,10 @@ def test_bad_model_decides_what_isfinite_and_the_largest_magnitude_decide() -> N
 
 
 def test_bad_model_keeps_a_verdict_only_for_values_that_cannot_change() -> None:
-    """A broadcast's decoded model (a view of immutable bytes) is checked once for every
-    client asking about it; an array whose values can change (its own buffer, a view of a
-    bytearray) is checked at every call, so a verdict never outlives the values it judged."""
+    """A broadcast's model (a view of immutable bytes, or a read-only array its sender gave
+    up) is checked once for every client asking about it; an array whose values can change
+    (writeable, a view of a bytearray, a read-only view of a writeable array) is checked at
+    every call, so a verdict never outlives the values it judged."""
     good = np.ones(6, np.float32)
     frame = codec.encode(GlobalModel(3, good))
     shared = codec.decode(frame).params  # type: ignore[union-attr]
@@ -334,14 +335,19 @@ def test_bad_model_keeps_a_verdict_only_for_values_that_cannot_change() -> None:
     assert bad_model(view, 6) == ""
     buffer[0:4] = np.float32(np.inf).tobytes()
     assert bad_model(view, 6) == "not finite"
-    readonly = np.ones(6, np.float32)
-    readonly.setflags(write=False)  # read-only, yet its owner may make it writeable again
-    assert bad_model(readonly, 6) == ""
-    readonly.setflags(write=True)
-    readonly[0] = 2e6
-    assert bad_model(readonly, 6).startswith("a parameter of magnitude 2e+06")
+    readable = np.ones(6, np.float32)
+    readonly_view = readable[:]
+    readonly_view.setflags(write=False)  # read-only, but its base is not
+    assert bad_model(readonly_view, 6) == ""
+    readable[0] = 2e6
+    assert bad_model(readonly_view, 6).startswith("a parameter of magnitude 2e+06")
     assert integrity._last_verdict is not None
-    assert all(integrity._last_verdict[0] is not a for a in (owned, view, readonly))
+    assert all(integrity._last_verdict[0] is not a for a in (owned, view, readonly_view))
+
+    given_up = np.ones(6, np.float32)  # a sent array: the sender made it read-only
+    given_up.setflags(write=False)
+    assert bad_model(given_up, 6) == ""
+    assert integrity._last_verdict[0] is given_up
 
 
 def test_a_round_with_a_non_finite_update_is_neither_released_nor_charged() -> None:

@@ -250,10 +250,10 @@ def bad_model(params: np.ndarray, size: int | None) -> str:
     """Why a received global model must not be trained on, or '': the wrong length, not finite,
     or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits).
 
-    A broadcast reaches every client of the simulated network as one decoded message (a
-    read-only view of the frame's ``bytes``): the verdict on such an array, whose values
-    cannot change, is kept for the next client asking about the same array and size (one
-    entry, which holds that array)."""
+    A broadcast reaches every client of the simulated network as one message (a read-only
+    view of the frame's ``bytes``, or a sent array its sender gave up, read-only): the verdict
+    on such an array, whose values do not change, is kept for the next client asking about
+    the same array and size (one entry, which holds that array)."""
     global _last_verdict
     last = _last_verdict
     if last is not None and last[0] is params and last[1] == size:
@@ -265,10 +265,15 @@ def bad_model(params: np.ndarray, size: int | None) -> str:
 
 
 def _values_fixed(array: np.ndarray) -> bool:
-    """Whether ``array``'s values can never change: it views, through any chain of views,
-    an immutable ``bytes`` object."""
+    """Whether ``array``'s values do not change: read-only all the way down a chain of views
+    to an immutable ``bytes`` object, or to a read-only array that owns its memory (a sent
+    message's array: the sender gives it up at publish, and the codec makes it read-only)."""
     root: object = array
     while isinstance(root, np.ndarray):
+        if root.flags.writeable:
+            return False
+        if root.base is None:
+            return True
         root = root.base
     return isinstance(root, bytes)
 
