@@ -23,10 +23,13 @@ from fedsim.config import load_scenario
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.actors import integrity
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.integrity import (
+    MAX_PARAMETER,
     MAX_ROUND_GAP,
     ClientLimits,
+    bad_model,
     batch_size_bound,
     noise_norm_bound,
     update_norm,
@@ -270,6 +273,81 @@ def test_a_client_skips_a_bad_global_model_and_trains_on_the_next_good_one() -> 
         assert not actor.accept_global(GlobalModel(4, np.zeros(4, np.float32)))
     assert [e["event"] for e in logs] == ["bad global model skipped"] * 3
     assert actor.held_version == 1 and actor.accept_global(GlobalModel(5, np.ones(3, np.float32)))
+
+
+def test_bad_model_decides_what_isfinite_and_the_largest_magnitude_decide() -> None:
+    """The two-reduction check (max and min) gives the verdict of the plain one (isfinite of
+    every value, then max |x| against MAX_PARAMETER), message included, on vectors with NaN,
+    +-inf, -0.0, huge finite values and the bound's neighbours at every position."""
+    def plain(params: np.ndarray, size: int | None) -> str:
+        if size is not None and params.size != size:
+            return f"{params.size} parameters, the model has {size}"
+        if not np.isfinite(params).all():
+            return "not finite"
+        largest = float(np.max(np.abs(params))) if params.size else 0.0
+        if largest > MAX_PARAMETER:
+            return f"a parameter of magnitude {largest:.3g} exceeds {MAX_PARAMETER:g}"
+        return ""
+
+    rng = np.random.default_rng(3)
+    bound = np.float32(MAX_PARAMETER)
+    specials = [np.nan, np.inf, -np.inf, -0.0, 3.4e38, -3.4e38, bound, -bound,
+                np.nextafter(bound, np.float32(np.inf)), -np.nextafter(bound, np.float32(np.inf))]
+    cases = [np.zeros(0, np.float32), np.full(5, -0.0, np.float32)]
+    for special in specials:
+        for position in (0, 3, 6):
+            vector = rng.standard_normal(7).astype(np.float32)
+            vector[position] = special
+            cases.append(vector)
+    for _ in range(50):
+        vector = (rng.standard_normal(9) * 10.0 ** rng.integers(0, 8)).astype(np.float32)
+        vector[rng.integers(9)] = rng.choice(np.array(specials, np.float32))
+        vector[rng.integers(9)] = rng.choice(np.array(specials, np.float32))
+        cases.append(vector)
+    verdicts: set[str] = set()
+    for vector in cases:
+        for size in (None, vector.size, vector.size + 1):
+            assert bad_model(vector, size) == plain(vector, size), (vector, size)
+            verdicts.add((plain(vector, size).split(" ") + [""])[1])
+    assert verdicts == {"", "parameters,", "finite", "parameter"}  # every kind of verdict seen
+
+
+def test_bad_model_keeps_a_verdict_only_for_values_that_cannot_change() -> None:
+    """A broadcast's model (a view of immutable bytes, or a read-only array its sender gave
+    up) is checked once for every client asking about it; an array whose values can change
+    (writeable, a view of a bytearray, a read-only view of a writeable array) is checked at
+    every call, so a verdict never outlives the values it judged."""
+    good = np.ones(6, np.float32)
+    frame = codec.encode(GlobalModel(3, good))
+    shared = codec.decode(frame).params  # type: ignore[union-attr]
+    assert bad_model(shared, 6) == "" and bad_model(shared, 6) == ""
+    kept = integrity._last_verdict
+    assert kept is not None and kept[0] is shared  # the second client's answer was kept
+    assert bad_model(shared, 7) == "6 parameters, the model has 7"  # the size is part of it
+    assert bad_model(shared[1:], 5) == ""  # a view of a view of the frame
+
+    owned = np.ones(6, np.float32)
+    assert bad_model(owned, 6) == ""
+    owned[2] = np.nan
+    assert bad_model(owned, 6) == "not finite"
+    buffer = bytearray(np.ones(6, np.float32).tobytes())
+    view = np.frombuffer(buffer, np.float32)
+    assert bad_model(view, 6) == ""
+    buffer[0:4] = np.float32(np.inf).tobytes()
+    assert bad_model(view, 6) == "not finite"
+    readable = np.ones(6, np.float32)
+    readonly_view = readable[:]
+    readonly_view.setflags(write=False)  # read-only, but its base is not
+    assert bad_model(readonly_view, 6) == ""
+    readable[0] = 2e6
+    assert bad_model(readonly_view, 6).startswith("a parameter of magnitude 2e+06")
+    assert integrity._last_verdict is not None
+    assert all(integrity._last_verdict[0] is not a for a in (owned, view, readonly_view))
+
+    given_up = np.ones(6, np.float32)  # a sent array: the sender made it read-only
+    given_up.setflags(write=False)
+    assert bad_model(given_up, 6) == ""
+    assert integrity._last_verdict[0] is given_up
 
 
 def test_a_round_with_a_non_finite_update_is_neither_released_nor_charged() -> None:

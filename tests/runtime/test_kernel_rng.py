@@ -137,19 +137,32 @@ def test_the_kernel_runs_only_on_the_python_versions_it_was_tested_on() -> None:
     assert requires == f">={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
 
 
-def test_timers_order_as_when_then_sequence_tuples() -> None:
-    """The timer heap's comparison is the (when, sequence) tuple order, ties included."""
-    import itertools
+def test_timers_fire_in_when_then_sequence_order_cancelled_ones_never() -> None:
+    """The loop's own iteration (tuple heap entries, no selector) runs timers exactly in the
+    (when, sequence) order a plain sort gives, ties first-set first-run, skips cancelled ones
+    (through the heap's rebuild too: over 100 timers, more than half cancelled), and the
+    clock shows each timer's own time when it fires (one within the 1 ns resolution of now,
+    2**-1074, runs at now, as asyncio's loops run it)."""
+    rng = np.random.default_rng(5)
+    whens = [float(w) for w in rng.choice([0.0, 0.25, 0.5, 1.0, 1e-9, 2.0**-1074, 3.0], 400)]
+    cancel = set(rng.choice(400, 260, replace=False).tolist())
+    fired: list[tuple[int, float]] = []
 
-    from fedsim.runtime.simulated.kernel import _SequencedTimer
+    async def main(clock: VirtualClock) -> None:
+        loop = asyncio.get_running_loop()
+        timers = []
+        for k, when in enumerate(whens):
+            if k % 2:
+                timers.append(loop.call_at(when, lambda k=k: fired.append((k, loop.time()))))
+            else:
+                timers.append(loop.call_later(when, lambda k=k: fired.append((k, loop.time()))))
+        for k in sorted(cancel):
+            timers[k].cancel()
+        await asyncio.sleep(4.0)
 
-    loop = VirtualTimeLoop()
-    whens = [0.0, 0.5, 0.5, 1.0, 1e-9, 2.0**-1074, 3.0]
-    timers = [_SequencedTimer(seq, when, lambda: None, (), loop, None)
-              for seq, when in zip([3, 1, 2, 7, 5, 4, 6], whens, strict=True)]
-    for a, b in itertools.product(timers, repeat=2):
-        assert (a < b) == ((a._when, a._sequence) < (b._when, b._sequence))
-    loop.close()
+    run_virtual(main)
+    expected = sorted((when, k) for k, when in enumerate(whens) if k not in cancel)
+    assert fired == [(k, when if when >= 1e-9 else 0.0) for when, k in expected]
 
 
 def test_a_parked_stream_draws_what_its_own_generator_draws() -> None:

@@ -476,7 +476,8 @@ class ClientActor:
             except asyncio.CancelledError:
                 pending.cancel()  # crashed mid-round: nothing was released
                 raise
-            if not np.isfinite(result.update).all():
+            # (A zero update, training replaced by its cost, is finite: no pass over it.)
+            if not result.zero_update and not np.isfinite(result.update).all():
                 # Nothing is charged for a round that is not released.
                 _log.warning("round produced a non-finite update; not released",
                              client=self.client_id, round=round_index)

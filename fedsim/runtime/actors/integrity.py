@@ -242,14 +242,56 @@ update_norm = vector_norm
 codec's :func:`~fedsim.protocol.codec.vector_norm`, which a decoded update carries already."""
 
 
+_last_verdict: tuple[np.ndarray, int | None, str] | None = None
+"""The latest verdict on a model whose values cannot change (see :func:`bad_model`)."""
+
+
 def bad_model(params: np.ndarray, size: int | None) -> str:
     """Why a received global model must not be trained on, or '': the wrong length, not finite,
-    or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits)."""
+    or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits).
+
+    A broadcast reaches every client of the simulated network as one message (a read-only
+    view of the frame's ``bytes``, or a sent array its sender gave up, read-only): the verdict
+    on such an array, whose values do not change, is kept for the next client asking about
+    the same array and size (one entry, which holds that array)."""
+    global _last_verdict
+    last = _last_verdict
+    if last is not None and last[0] is params and last[1] == size:
+        return last[2]
+    verdict = _model_problem(params, size)
+    if _values_fixed(params):
+        _last_verdict = (params, size, verdict)
+    return verdict
+
+
+def _values_fixed(array: np.ndarray) -> bool:
+    """Whether ``array``'s values do not change: read-only all the way down a chain of views
+    to an immutable ``bytes`` object, or to a read-only array that owns its memory (a sent
+    message's array: the sender gives it up at publish, and the codec makes it read-only)."""
+    root: object = array
+    while isinstance(root, np.ndarray):
+        if root.flags.writeable:
+            return False
+        if root.base is None:
+            return True
+        root = root.base
+    return isinstance(root, bytes)
+
+
+def _model_problem(params: np.ndarray, size: int | None) -> str:
+    """:func:`bad_model`'s check itself."""
     if size is not None and params.size != size:
         return f"{params.size} parameters, the model has {size}"
-    if not np.isfinite(params).all():
+    if not params.size:
+        return ""
+    # Two reductions and no temporary: max and min propagate NaN, so both are finite exactly
+    # when every value is, and then the largest magnitude is max(max, -min) (a float's
+    # negation is exact). (isfinite + abs + max made two 0.4 MB temporaries; a client checks
+    # every global model it receives.)
+    high, low = float(params.max()), float(params.min())
+    if not (math.isfinite(high) and math.isfinite(low)):
         return "not finite"
-    largest = float(np.max(np.abs(params))) if params.size else 0.0
+    largest = max(high, -low)
     if largest > MAX_PARAMETER:
         return f"a parameter of magnitude {largest:.3g} exceeds {MAX_PARAMETER:g}"
     return ""

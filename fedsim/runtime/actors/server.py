@@ -322,17 +322,18 @@ class ServerActor:
     async def _receive_forever(self) -> None:
         while True:
             message = await self.endpoint.receive()
-            if isinstance(message, ClientUpdate) and self.ended:
-                self.updates_after_end += 1  # never judged: the last window has closed
-            elif isinstance(message, ClientUpdate) and self.policy.on_arrival:
-                await self._arrived(message)
-            elif isinstance(message, ClientUpdate) and self._stale_on_arrival(message):
-                self._shed(message)
-            elif isinstance(message, ClientUpdate):
-                self.pacer.note(message, self.clock.now())  # paced by its arrival time
-                self._inbox.append(message)
-                if len(self._inbox) > self.stream_above:
-                    self._fold_inbox(tuple(self.pacer.take_released()))
+            if isinstance(message, ClientUpdate):
+                if self.ended:
+                    self.updates_after_end += 1  # never judged: the last window has closed
+                elif self.policy.on_arrival:
+                    await self._arrived(message)
+                elif self._stale_on_arrival(message):
+                    self._shed(message)
+                else:
+                    self.pacer.note(message, self.clock.now())  # paced by its arrival time
+                    self._inbox.append(message)
+                    if len(self._inbox) > self.stream_above:
+                        self._fold_inbox(tuple(self.pacer.take_released()))
             elif isinstance(message, ClientStatus):
                 self.accept_status(message)
             elif isinstance(message, Partial):
