@@ -145,11 +145,13 @@ def test_long_lived_objects_are_spared_for_the_run_and_handed_back() -> None:
     assert gc.get_freeze_count() == 0
     gc.freeze()
     try:
+        # Frozen objects can still be freed by reference counting meanwhile (the count then
+        # falls): nothing is added, and theirs are left frozen (an unfreeze would give 0).
         before = gc.get_freeze_count()
         with long_lived_spared() as spare_set_up:
             spare_set_up()
-            assert gc.get_freeze_count() == before
-        assert gc.get_freeze_count() == before  # theirs are left frozen
+            assert 0 < gc.get_freeze_count() <= before
+        assert 0 < gc.get_freeze_count() <= before
     finally:
         gc.unfreeze()
 
