@@ -147,11 +147,13 @@ def _linear_single_step(
     sq = linear_sq_norms(a, g, has_weight, has_bias)
 
     def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        cg = g * c.unsqueeze(1)
-        if has_weight:  # in place: no P-sized temporary, no copy
-            outs[0].addmm_(cg.t(), a)
-        if has_bias:
-            outs[-1].add_(cg.sum(0))
+        # In place: no P-sized temporary, no copy. The product's orientation is plain SGD's
+        # (autograd's ``g^T a`` for a Linear weight); ``(a^T (c g))^T`` measured 12% slower
+        # on the MLP 784-256-10's step.
+        if has_weight:
+            outs[0].addmm_((g * c.unsqueeze(1)).t(), a)
+        if has_bias:  # one fused op: no scaled copy of g to sum
+            outs[-1].addmv_(g.t(), c)
 
     return sq, weighted
 
