@@ -182,7 +182,7 @@ def noisy_gradient(
         # One host sync a chunk, as before: the unclipped count and the norms' sum (not finite
         # exactly when a norm is not: each is at most sqrt(3.4e38) and a chunk is small).
         norms = part.norms
-        counts = torch.stack(((norms <= clip).sum().to(norms.dtype), norms.sum())).tolist()
+        counts = torch.stack((norms.le(clip).sum(dtype=norms.dtype), norms.sum())).tolist()
         within += int(counts[0])
         loss_sum += part.loss_sum
         if not math.isfinite(counts[1]):  # rare: such an example contributed zero

@@ -214,3 +214,57 @@ def test_per_example_local_updates_equal_separate_sgd_runs(name: str) -> None:
     )
     single = engine.clipped_local_updates(x, y, 0.5, steps=1, lr=0.3)  # one step = the gradient
     torch.testing.assert_close(single.flat_sum, engine.clipped_sum(x, y, 0.5).flat_sum)
+
+
+def test_scaled_clip_factors_follow_the_rule_in_float64() -> None:
+    """``clip_factors(n, C, scale)`` is ``scale * min(1, C / (n + 1e-6))`` computed in float64
+    (at, below and above the clipping norm, for a per-example clip tensor too), and 0 for a
+    norm that is not finite."""
+    from fedsim.training.persample import clip_factors
+    from fedsim.training.persample.clipping import CLIP_EPSILON
+
+    norms = torch.tensor([0.0, 0.3, 1.5 - CLIP_EPSILON, 1.5, 1.6, 4e3, 3e38, float("inf"), float("nan")])
+    for clip in (1.5, torch.linspace(0.5, 2.0, len(norms))):
+        for scale in (1.0, 1 / 256):
+            got = clip_factors(norms, clip, scale)
+            c = clip.double() if isinstance(clip, torch.Tensor) else clip
+            expected = scale * torch.clamp(c / (norms.double() + CLIP_EPSILON), max=1.0)
+            expected = torch.where(torch.isfinite(norms), expected, 0.0)
+            assert got.dtype == norms.dtype
+            torch.testing.assert_close(got.double(), expected, rtol=2e-7, atol=0.0)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_mlp_step_equals_the_reference_sum_for_every_batch_size(sampling: str) -> None:
+    """The MLP's Linear rule (norms from ``||g|| ||a||``, bias sum by ``g^T c``, weight sum by one
+    ``(c g)^T a`` product into the noise vector) gives ``noise + scale * sum_i clip(g_i)``
+    within float32 tolerance of single-example backward passes, for realised batch sizes 0, 1
+    and larger (Poisson), as for fixed-size batches."""
+    torch.manual_seed(11)
+    model = build_model("mlp", in_features=12, num_classes=5, hidden=(9,))
+    engine = PerSampleEngine(model)
+    features, labels = torch.randn(40, 12) * 3, torch.randint(0, 5, (40,))
+    clip, m = 0.7, 8.0
+    sizes = (0, 1, 13, 40) if sampling == "poisson" else (8, 8)
+    for size in sizes:
+        indices = torch.randperm(40)[:size]
+        seed = 100 + size
+        noise_only = noisy_gradient(
+            engine, features[:0], labels[:0], indices[:0], sampling=sampling, clip=clip,
+            noise_multiplier=1.0, expected_batch_size=m,
+            generator=torch.Generator().manual_seed(seed),
+        ).gradient
+        release = noisy_gradient(
+            engine, features, labels, indices, sampling=sampling, clip=clip, noise_multiplier=1.0,
+            expected_batch_size=m, generator=torch.Generator().manual_seed(seed),
+            max_physical_batch=16,
+        )
+        rows = (
+            naive_per_example_gradients(model, features[indices], labels[indices]).double()
+            if size
+            else torch.zeros(0, engine.num_params, dtype=torch.float64)
+        )
+        expected = noise_only.double() + clip_rows(rows, clip).sum(0) / m
+        torch.testing.assert_close(release.gradient.double(), expected, rtol=1e-5, atol=1e-6)
+        assert release.batch_size == size
+        assert release.within_clip == int((rows.norm(dim=1) <= clip).sum())

@@ -18,6 +18,7 @@ from torch import nn
 
 from fedsim.training.persample import PerSampleEngine, clip_rows, naive_per_example_gradients
 from fedsim.training.persample import engine as engine_module
+from fedsim.training.persample import rules as rules_module
 
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["rules_after", "rules_during"])
@@ -354,6 +355,23 @@ def test_kept_buffers_serve_batches_of_every_size() -> None:
         _assert_matches_reference(engine, torch.randn(batch, 1, 9, 9), torch.randint(0, 3, (batch,)))
     kept = [t for layer in engine._layers for t in layer.workspace.values()]
     assert kept and all(t.shape[0] == 7 for t in kept)
+
+
+def test_grouped_convolution_in_chunks_of_examples_equals_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grouped convolution's per-example gradients, computed a few examples a call (the
+    last chunk shorter) into a kept buffer, equal single-example passes for every batch size."""
+    conv = nn.Conv2d(3, 4, 3, padding=1)  # 49 positions > 4 output channels: grouped
+    per_example_values = 3 * 7 * 7 + 4 * 7 * 7 + conv.weight.numel()
+    monkeypatch.setattr(rules_module, "_GROUPED_CHUNK_VALUES", 3 * per_example_values)
+    torch.manual_seed(6)
+    model = nn.Sequential(conv, nn.Tanh(), MeanOver(2, 3))
+    engine = PerSampleEngine(model)
+    for batch in (5, 2, 7, 3):
+        x, y = torch.randn(batch, 3, 7, 7), torch.randint(0, 4, (batch,))
+        _assert_matches_reference(engine, x, y)
+    assert engine._layers[0].workspace["grouped"].shape == (7, conv.weight.numel())
 
 
 def test_group_norm_rule_reads_the_forward_statistics_and_agrees_with_recomputing() -> None:

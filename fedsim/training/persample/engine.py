@@ -422,7 +422,7 @@ class PerSampleEngine:
             with torch.no_grad():
                 loss_sum = float(loss_fn(model(features), targets).sum())
         norms = torch.linalg.vector_norm(rows, dim=1)
-        factors = clip_factors(norms, clip).mul_(scale)
+        factors = clip_factors(norms, clip, scale)
         flat = self._flat_zeros() if out is None else out
         flat.addmv_(rows.t(), factors)
         return ClippedSum(flat, norms, loss_sum)
@@ -441,9 +441,7 @@ class PerSampleEngine:
         if sq is None:
             sq = torch.zeros(batch, dtype=param.dtype, device=param.device)
         norms = sq.clamp_min(0).sqrt_()
-        factors = clip_factors(norms, clip)
-        if scale != 1.0:
-            factors.mul_(scale)
+        factors = clip_factors(norms, clip, scale)
         flat = self._flat_zeros() if out is None else out
         for params, weighted in parts:
             weighted(factors, self._views(flat, params))
