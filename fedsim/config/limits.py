@@ -31,6 +31,10 @@ thousand clients on, not a descriptor each): a message-only client holds about 1
 (docs/SCALE.md, a million about 13 GB); a training client also holds its own local model,
 whose size the model sets. The bound catches a count off by orders of magnitude."""
 
+MAX_INVITED_CLIENTS = 131_072
+"""Clients a window's invitation names (``server.participation < 1``): the global model's
+header carries the invitation as a bitmap of one bit a client, at most 32 KiB of hex."""
+
 MAX_ROUNDS = 1_000_000
 """A group's ``rounds``: its clip and noise schedules and its privacy plan hold one entry per
 round in memory."""

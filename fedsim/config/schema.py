@@ -583,6 +583,16 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _invitations_fit(self) -> Scenario:
+        total = self.clients.total
+        if self.server.participation < 1.0 and total > limits.MAX_INVITED_CLIENTS:
+            raise ValueError(
+                f"server.participation < 1 invites clients by a bitmap in the global model's "
+                f"header, which names at most {limits.MAX_INVITED_CLIENTS} clients; this "
+                f"scenario has {total}")
+        return self
+
+    @model_validator(mode="after")
     def _can_stop(self) -> Scenario:
         stop = self.stop
         if stop.virtual_seconds is not None and \

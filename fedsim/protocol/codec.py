@@ -54,6 +54,7 @@ from pydantic import (
     ValidationError,
 )
 
+from fedsim.config import limits
 from fedsim.errors import CodecError
 from fedsim.protocol import compression
 from fedsim.protocol.messages import (
@@ -76,8 +77,8 @@ MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Default size limit of one message (64 MiB: a 16M-parameter model). Use
 :func:`max_message_bytes` to size the limit from the model instead."""
-MAX_INVITED_HEX = 32 * 1024
-"""An invitation bitmap (hex) names up to 131,072 clients."""
+MAX_INVITED_HEX = limits.MAX_INVITED_CLIENTS // 4
+"""An invitation bitmap's hex digits (four clients a digit): 32 KiB."""
 TENSOR_DTYPE: Final = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
@@ -425,11 +426,36 @@ def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
     if isinstance(tensor, np.ndarray):
         size += _FLOAT32.itemsize * tensor.size
         if measure:
-            tensor = np.ascontiguousarray(tensor)
-            tensor.flags.writeable = False
+            tensor = _given_up(tensor)
     elif tensor is not None:
         size += len(tensor)
     return Sealed(header, header_json, tensor, norm, size)
+
+
+def _given_up(tensor: np.ndarray) -> np.ndarray:
+    """The array a sealed message carries, whose values nobody can change through numpy: the
+    sender's own array made read-only when it owns its memory (the sender gives it up at
+    publish, as it gives up an encoded frame's bytes; fedsim's senders never make a sent
+    array writeable again), else a read-only copy - a view of another buffer or a torch
+    tensor's memory could still be written through that buffer or tensor - unless it is
+    already a read-only view of an immutable frame. Receivers get views of it
+    (:meth:`Sealed.open`), which numpy refuses to make writeable."""
+    if tensor.base is not None and not _immutable(tensor):
+        tensor = np.array(tensor, order="C")
+    elif not tensor.flags.c_contiguous:
+        tensor = np.ascontiguousarray(tensor)
+    tensor.flags.writeable = False
+    return tensor
+
+
+def _immutable(array: np.ndarray) -> bool:
+    """Read-only all the way down a chain of views to an immutable ``bytes`` object."""
+    root: object = array
+    while isinstance(root, np.ndarray):
+        if root.flags.writeable:
+            return False
+        root = root.base
+    return isinstance(root, bytes)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -470,7 +496,8 @@ class Sealed:
         finiteness) were settled when it was sealed."""
         _check_size(self.nbytes, max_bytes)
         _check_header_length(len(self.header_json), self.header_json)
-        return _frame(self.header, self.body, 0, expected_params, self.norm).message
+        body = self.body.view() if isinstance(self.body, np.ndarray) else self.body
+        return _frame(self.header, body, 0, expected_params, self.norm).message
 
 
 def _describe(exc: ValidationError) -> str:

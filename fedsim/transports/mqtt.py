@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Collection, Container, Coroutine, Sequence
+from collections.abc import Callable, Collection, Container, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -311,6 +311,12 @@ class MqttServerEndpoint(_MqttEndpoint):
             return
         self._from_client(topic, kind, topic_client, payload)
 
+    def _first_unknown(self, client_ids: Iterable[str]) -> str | None:
+        """The first of ``client_ids`` outside the run (None: all in it, or no list)."""
+        if self.clients is None:
+            return None
+        return next((c for c in client_ids if c not in self.clients), None)
+
     def _unknown(self, topic: str, client_id: str) -> None:
         self.stats.denied += 1
         self.stats.refused("unknown_client")
@@ -367,15 +373,15 @@ class MqttServerEndpoint(_MqttEndpoint):
             if any(aggregator_of(client_id, self.aggregators) != aggregator
                    for client_id, _ in named):
                 sender = "another aggregator's clients"
-            elif self.clients is not None and (
-                    unknown := next((c for c, _ in named if c not in self.clients), None)):
-                self._unknown(topic, unknown)
-                return
         elif isinstance(message, ClientUpdate):
             sender = aggregator_of(message.client_id, self.aggregators)
             named = [(message.client_id, message.round)]
         else:
             self._reject(topic, f"{type(message).__name__} on a partials topic", kind="wrong_topic")
+            return
+        unknown = self._first_unknown(name for name, _ in named)
+        if unknown is not None and sender == aggregator:
+            self._unknown(topic, unknown)
             return
         if sender != aggregator:
             self.stats.denied += 1

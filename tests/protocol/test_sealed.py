@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from fedsim.config.compression import QuantiseCompression, ThresholdCompression, TopKCompression
 from fedsim.errors import CodecError
@@ -240,8 +241,22 @@ def test_the_senders_array_is_given_up_at_sealing_and_the_norm_is_the_decoders()
     opened = sealed.open(expected_params=values.size)
     decoded = codec.decode(sealed.to_bytes(), expected_params=values.size)
     assert isinstance(opened, ClientUpdate) and isinstance(decoded, ClientUpdate)
-    assert opened.delta is values  # no copy of a contiguous vector
+    assert opened.delta.base is values  # a view of the sender's own array, not a copy
+    with pytest.raises(ValueError):
+        opened.delta.flags.writeable = True  # a receiver cannot make it writeable
     assert opened.norm == decoded.norm == codec.vector_norm(values)
+    # A view of a writeable buffer or a torch tensor's memory travels as a copy: writing
+    # through the buffer or the tensor after publish changes nothing in flight.
+    buffer = np.ones(6, dtype=np.float32)
+    in_view = codec.seal(ClientUpdate("c-1", 0, 0, buffer[:3], 8.0, 1.0))
+    tensor = torch.ones(3)
+    in_tensor = codec.seal(ClientUpdate("c-1", 0, 0, tensor.numpy(), 8.0, 1.0))
+    buffer[:] = np.inf
+    tensor.fill_(float("nan"))
+    for sealed_copy in (in_view, in_tensor):
+        message = sealed_copy.open()
+        assert isinstance(message, ClientUpdate)
+        assert message.delta.tolist() == [1.0, 1.0, 1.0] and message.norm == math.sqrt(3.0)
     # A strided view is copied into a contiguous one; the sender's array is left alone.
     base = np.arange(10, dtype=np.float32)
     strided = codec.seal(ClientUpdate("c-1", 0, 0, base[::2], 8.0, 1.0)).open()

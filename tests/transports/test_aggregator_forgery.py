@@ -124,6 +124,12 @@ def test_the_server_endpoint_refuses_ids_outside_the_run() -> None:
         Partial("aggregator-0", 1, (), (), np.zeros(0, np.float32), settled=((OWN, 0),)),
         incarnation=stamp))
     assert endpoint.unacknowledged == 1
+    # Nor an update an aggregator forwards unmixed for an invented id routed to it.
+    from fedsim.protocol.messages import ClientUpdate
+    endpoint._from_aggregator(topic, "aggregator-0", codec.encode(
+        ClientUpdate(invented, 0, 0, np.zeros(DIM, np.float32), 8.0), incarnation=stamp))
+    assert endpoint.stats.refused_by_kind == {"unknown_client": 3}
+    assert endpoint.unacknowledged == 1
     # Without a list (a library user's endpoint), ids are not checked here, as before.
     open_endpoint = MqttServerEndpoint("mqtt://127.0.0.1:1", run="r", expected_params=DIM,
                                        aggregators=AGGREGATORS)

@@ -201,7 +201,8 @@ class ServerSnapshot:
 TAKEN_HORIZON = 64
 """How many windows before an aggregator's latest partial the server remembers as taken or not:
 a partial reordered behind a later one within it still joins the mix (once); an older one is
-counted as dropped in flight (its clients resend what was not acknowledged)."""
+ignored, logged (taken already or not, the server cannot tell; its clients resend what was
+not acknowledged)."""
 TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
 
 
@@ -515,10 +516,12 @@ class ServerActor:
         if behind == 0 or (0 < behind <= TAKEN_HORIZON and earlier >> (behind - 1) & 1):
             return  # a network duplicate of a partial taken already
         if behind > TAKEN_HORIZON:
-            self._lost_in_partials += len(partial.entries)
-            _log.warning("partial older than the windows the server remembers: its updates "
-                         "count as dropped in flight", aggregator=aggregator,
-                         window=partial.window, updates=len(partial.entries), last=last)
+            # Taken already or not, the server cannot tell (a duplicate of one it applied
+            # would otherwise count as lost): not counted, its clients resend what was not
+            # acknowledged.
+            _log.warning("partial older than the windows the server remembers: ignored",
+                         aggregator=aggregator, window=partial.window,
+                         updates=len(partial.entries), last=last)
             return
         if behind > 0:  # overtaken on the way by a later partial: it joins like a late one
             self._taken[aggregator] = (last, earlier | 1 << (behind - 1))
