@@ -274,3 +274,32 @@ applied: counting it as lost would be wrong)."""
     assert report.lost_in_partials == 0 and server._lost_in_partials == 0
     assert ("g0", 3) not in server._partials
     assert any("older than the windows" in entry["event"] for entry in logs)
+
+
+def test_updates_past_what_one_partial_may_carry_go_to_the_server_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partial carries at most the codec's MAX_PARTIAL_ENTRIES folded updates (and as many
+    settled, at most MAX_PARTIAL_GROUPS base versions): past that the aggregator forwards the
+    updates unmixed, for the server to judge, instead of building a partial no codec sends."""
+    from fedsim.runtime.actors import aggregator as aggregator_module
+
+    monkeypatch.setattr(aggregator_module, "MAX_PARTIAL_ENTRIES", 2)
+
+    async def scenario_() -> tuple[Partial, list[tuple[str, int]]]:
+        endpoint = RecordingEndpoint(WallClock())
+        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "abcd"}
+        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                                clients=clients, size=DIM, strategy=UniformWeights(),
+                                policy=TimeWindows())
+        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        ok = np.full(DIM, 0.01, np.float32)
+        for client in "abcd":
+            await actor._arrived(ClientUpdate(client, 0, 0, ok, 8.0))
+        partial = await actor.flush(WindowClose(1, 0))
+        forwarded = [(m.client_id, m.round) for _, m in endpoint.published
+                     if isinstance(m, ClientUpdate)]
+        return partial, forwarded
+
+    partial, forwarded = asyncio.run(scenario_())
+    assert [(e.client_id, e.round) for e in partial.entries] == [("a", 0), ("b", 0)]
+    assert forwarded == [("c", 0), ("d", 0)]

@@ -54,6 +54,7 @@ from fedsim.aggregation.mixing import client_weights
 from fedsim.aggregation.policies import AggregationPolicy
 from fedsim.clock import Clock
 from fedsim.logging import get_logger
+from fedsim.protocol.codec import MAX_PARTIAL_ENTRIES, MAX_PARTIAL_GROUPS
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import ClientBook, Kind
@@ -196,8 +197,14 @@ class AggregatorActor:
         for update in paced:
             verdict = self.book.judge(update, keys)
             key = (update.client_id, update.round)
-            if verdict.kind is Kind.ACCEPTED and update.base_version <= self.unsure_through:
-                self.book.record(*key)  # joining a run: the server judges it alone
+            full = verdict.kind is Kind.ACCEPTED and (
+                len(entries) >= MAX_PARTIAL_ENTRIES
+                or (update.base_version not in sums and len(sums) >= MAX_PARTIAL_GROUPS))
+            if verdict.kind is Kind.ACCEPTED and (update.base_version <= self.unsure_through
+                                                  or full):
+                # Joining a run, or past what one partial may carry (the codec's bounds):
+                # the server judges it alone.
+                self.book.record(*key)
                 await self._forward(update)
             elif verdict.kind is Kind.ACCEPTED:
                 weight = self.weights[update.client_id]
@@ -214,6 +221,9 @@ class AggregatorActor:
                                                      and key not in keys):
                 self.book.record(*key)
                 await self._forward(update)
+            elif verdict.kind is Kind.STALE and len(settled) >= MAX_PARTIAL_ENTRIES:
+                self.book.record(*key)
+                await self._forward(update)  # the server finds it stale and records it
             else:
                 if verdict.kind is Kind.STALE:
                     settled.append(key)  # the book recorded it: judged for good
