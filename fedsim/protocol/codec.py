@@ -448,14 +448,23 @@ def _given_up(tensor: np.ndarray) -> np.ndarray:
     return tensor
 
 
-def _immutable(array: np.ndarray) -> bool:
-    """Read-only all the way down a chain of views to an immutable ``bytes`` object."""
+def read_only_root(array: np.ndarray) -> object | None:
+    """What ``array``'s memory belongs to - the last array of its chain of views (one that
+    owns its memory) or the non-array object under it (``bytes``, a torch tensor) - if every
+    array along the chain is read-only; None if one of them is writeable."""
     root: object = array
     while isinstance(root, np.ndarray):
         if root.flags.writeable:
-            return False
+            return None
+        if root.base is None:
+            return root
         root = root.base
-    return isinstance(root, bytes)
+    return root
+
+
+def _immutable(array: np.ndarray) -> bool:
+    """Read-only all the way down a chain of views to an immutable ``bytes`` object."""
+    return isinstance(read_only_root(array), bytes)
 
 
 @dataclass(frozen=True, eq=False, slots=True)

@@ -65,7 +65,7 @@ from fedsim.config.compression import QuantiseCompression
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.events import sensitivity
 from fedsim.privacy.schedules import Schedule
-from fedsim.protocol.codec import vector_norm
+from fedsim.protocol.codec import read_only_root, vector_norm
 from fedsim.training.local import sum_noise_multiplier
 
 __all__ = [
@@ -268,14 +268,7 @@ def _values_fixed(array: np.ndarray) -> bool:
     """Whether ``array``'s values do not change: read-only all the way down a chain of views
     to an immutable ``bytes`` object, or to a read-only array that owns its memory (a sent
     message's array: the sender gives it up at publish, and the codec makes it read-only)."""
-    root: object = array
-    while isinstance(root, np.ndarray):
-        if root.flags.writeable:
-            return False
-        if root.base is None:
-            return True
-        root = root.base
-    return isinstance(root, bytes)
+    return isinstance(read_only_root(array), bytes | np.ndarray)
 
 
 def _model_problem(params: np.ndarray, size: int | None) -> str:
