@@ -123,8 +123,8 @@ def _server_process(timings: str, argv: list[str]) -> int:
 CLIENT_OUTBOX = 256
 """Unacknowledged updates a client keeps (``MqttClientEndpoint``'s ``max_unacknowledged``)."""
 CONNECTING = 4
-"""Connections opened at once: each costs the broker a PBKDF2 password check (210,000 rounds of
-SHA-512 as ``fedsim deploy`` writes them), a fraction of a second on a loaded core."""
+"""Connections opened at once: each costs the broker a PBKDF2 password check (the rounds
+``fedsim deploy`` writes, :data:`~fedsim.transports.security.PBKDF2_ITERATIONS`)."""
 
 
 class _Outbox:

@@ -297,7 +297,7 @@ def main() -> int:
                         help="with --aggregators: seconds the server waits for partials")
     parser.add_argument("--iterations", type=int, default=1000,
                         help="with --aggregators: PBKDF2 rounds of the broker's password file "
-                             "(the shipped 210,000 cost ~90 ms of broker CPU per login)")
+                             "(login_cost.py: 210,000 cost ~100 ms of broker CPU a login)")
     parser.add_argument("--clients-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.clients_process:

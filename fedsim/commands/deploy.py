@@ -135,6 +135,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "trusted networks.",
     )
     parser.add_argument(
+        "--pbkdf2-iterations", type=int, default=None, metavar="N",
+        help="PBKDF2 rounds of the broker's password file (default 1,000: the passwords are "
+        "192-bit random, so more rounds only cost the broker CPU at every login, a wrong one "
+        "included).",
+    )
+    parser.add_argument(
         "--broker-user", metavar="NAME", help="The user mosquitto runs as (the user option of mosquitto.conf)."
     )
     parser.add_argument(
@@ -210,7 +216,15 @@ def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.transports.security import packet_limit, queue_limit, write_broker_files
+    from tqdm import tqdm
+
+    from fedsim.transports.security import (
+        PBKDF2_ITERATIONS,
+        PasswordHashing,
+        packet_limit,
+        queue_limit,
+        write_broker_files,
+    )
 
     if args.port is None:
         args.port = 1883 if args.plain else 8883
@@ -218,6 +232,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
+    iterations = PBKDF2_ITERATIONS if args.pbkdf2_iterations is None else args.pbkdf2_iterations
+    if iterations < 1:
+        raise ConfigError(f"--pbkdf2-iterations must be at least 1, got {iterations}")
     from fedsim.transports.topics import aggregator_ids
 
     ids, run_name, largest, count = _client_ids_and_run(args)
@@ -238,20 +255,24 @@ def run(args: argparse.Namespace) -> int:
     if persistence_dir is not None and args.broker_config_dir is None:
         # Host paths (no --broker-config-dir): the directory is made here, for the broker.
         persistence_dir = str(prepare_persistence_dir(Path(persistence_dir)))
-    files = write_broker_files(
-        Path(args.out),
-        run_name,
-        ids,
-        port=args.port,
-        bind_address=args.bind,
-        broker_config_dir=args.broker_config_dir,
-        persistence_dir=persistence_dir,
-        max_packet_bytes=max_packet_bytes,
-        max_queued_bytes=max_queued_bytes,
-        tls=tls,
-        run_as_user=args.broker_user,
-        aggregators=aggregators,
-    )
+    # A bar on a terminal only (disable=None): hashing takes minutes from about 10^5 clients.
+    with tqdm(total=1 + len(ids) + len(aggregators), desc="hashing passwords",
+              unit="password", disable=None, leave=False) as bar:
+        files = write_broker_files(
+            Path(args.out),
+            run_name,
+            ids,
+            port=args.port,
+            bind_address=args.bind,
+            broker_config_dir=args.broker_config_dir,
+            persistence_dir=persistence_dir,
+            max_packet_bytes=max_packet_bytes,
+            max_queued_bytes=max_queued_bytes,
+            tls=tls,
+            run_as_user=args.broker_user,
+            aggregators=aggregators,
+            hashing=PasswordHashing(iterations, on_hashed=bar.update),
+        )
     scheme = "mqtt" if tls is None else "mqtts"
     trust = f" --tls-ca {ca_file}" if ca_file else ""
     print(

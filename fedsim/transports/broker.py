@@ -25,6 +25,7 @@ from fedsim.transports.security import (
     PBKDF2_ITERATIONS,
     BrokerFiles,
     ListenerTls,
+    PasswordHashing,
     RunSecrets,
     load_secrets,
     write_broker_files,
@@ -54,8 +55,7 @@ def free_loopback_port() -> int:
 class LocalMosquitto:
     """One authenticated mosquitto on 127.0.0.1 for run ``run`` and the given client ids.
 
-    ``iterations``: the PBKDF2 rounds of its password file (the shipped 210,000 cost the broker
-    about 90 ms of CPU per login; load benchmarks of thousands of connections lower them).
+    ``iterations``: the PBKDF2 rounds of its password file (:data:`PBKDF2_ITERATIONS`).
 
     Use as a context manager (``with LocalMosquitto(dir, "run", ["c1"]) as broker``), or call
     :meth:`start` and :meth:`kill`. Credentials are in :attr:`secrets`.
@@ -99,7 +99,7 @@ class LocalMosquitto:
             observer=observer,
             persistence_dir=str((self.directory / "data").resolve()) if persistence else None,
             aggregators=aggregators,
-            iterations=iterations,
+            hashing=PasswordHashing(iterations),
         )
         if persistence:
             (self.directory / "data").mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,10 +56,20 @@ AGGREGATOR_USER_PREFIX = "fedsim-"
 """An aggregator's username is its id with this prefix (``fedsim-aggregator-0``)."""
 OBSERVER_USERNAME = "fedsim-observer"
 """An optional read-only user (updates and statuses), for audits and tests; off by default."""
-PBKDF2_ITERATIONS = 210_000
-"""OWASP's 2023 recommendation for PBKDF2-HMAC-SHA512, the hash of mosquitto's ``$7$``
-format (600,000 is the figure for SHA-256; mosquitto_passwd itself writes only 101). mosquitto
-reads the count from each hash; every login then costs the broker about 0.1-0.3 s of CPU."""
+PBKDF2_ITERATIONS = 1_000
+"""The PBKDF2-HMAC-SHA512 rounds of the broker's password file (mosquitto's ``$7$`` format;
+``mosquitto_passwd`` itself writes 101). Stretching protects guessable passwords; these are
+192-bit random secrets (:func:`generate_secrets`), which no count makes more or less
+guessable. What the count does set is the broker's CPU for every login, a wrong password for a
+known username included (usernames are client ids, which topics name): measured with
+``benchmarks/login_cost.py``, 104 ms a wrong-password CONNECT at OWASP's 210,000 (the earlier
+default: about ten such CONNECTs a second, from anyone who reaches the listener, took a whole
+broker core) and 0.5 ms at 1,000; hashing a run's file took 0.17 s a client at 210,000
+(10^5 clients: 4.7 hours), 0.5 ms at 1,000. ``fedsim deploy --pbkdf2-iterations`` sets
+another count."""
+PARALLEL_HASHING_FROM = 64
+"""From this many users the password file is hashed on a thread per CPU
+(:func:`hashlib.pbkdf2_hmac` releases the GIL)."""
 _SALT_BYTES = 12
 DEFAULT_QUEUED_BYTES = 1 << 30
 """``max_queued_bytes`` when nothing sizes it from the model (``fedsim deploy`` does)."""
@@ -170,18 +181,41 @@ def packet_limit(message_bytes: int) -> int:
     return message_bytes + MQTT_PACKET_SLACK
 
 
+@dataclass(frozen=True)
+class PasswordHashing:
+    """How the broker's password file is hashed: ``iterations`` PBKDF2 rounds
+    (:data:`PBKDF2_ITERATIONS`), and ``on_hashed(n)`` told of every ``n`` passwords done."""
+
+    iterations: int = PBKDF2_ITERATIONS
+    on_hashed: Callable[[int], None] | None = None
+
+
 def password_file_text(
     run_secrets: RunSecrets,
     *,
     iterations: int = PBKDF2_ITERATIONS,
     extra: Sequence[Credentials] = (),
+    on_hashed: Callable[[int], None] | None = None,
 ) -> str:
+    """mosquitto's password file for the run's users (one ``user:$7$...`` line each, in the
+    order server, clients, aggregators, ``extra``). ``on_hashed(n)`` is told each time ``n``
+    more passwords are hashed (a progress bar: a run's file is the work of minutes at 10^6
+    clients)."""
+    if iterations < 1:
+        raise ConfigError(f"PBKDF2 iterations must be at least 1, got {iterations}")
     users = [run_secrets.server, *run_secrets.clients.values(),
              *run_secrets.aggregators.values(), *extra]
-    return "".join(
-        f"{u.username}:{mosquitto_password_hash(u.password, iterations=iterations)}\n"
-        for u in users
-    )
+
+    def line(user: Credentials) -> str:
+        hashed = mosquitto_password_hash(user.password, iterations=iterations)
+        if on_hashed is not None:
+            on_hashed(1)
+        return f"{user.username}:{hashed}\n"
+
+    if len(users) < PARALLEL_HASHING_FROM:
+        return "".join(line(u) for u in users)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return "".join(pool.map(line, users))
 
 
 def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
@@ -403,7 +437,7 @@ def write_broker_files(
     run_as_user: str | None = None,
     tls: ListenerTls | None = None,
     observer: bool = False,
-    iterations: int = PBKDF2_ITERATIONS,
+    hashing: PasswordHashing = PasswordHashing(),
     max_queued_messages: int | None = None,
     max_queued_bytes: int | None = None,
     aggregators: Sequence[str] = (),
@@ -416,7 +450,8 @@ def write_broker_files(
     eclipse-mosquitto container); by default the absolute path of ``out_dir`` itself. The
     broker's queue is sized for the run (:func:`queue_limit`) unless ``max_queued_messages``;
     ``max_queued_bytes`` (default 1 GiB) bounds it in bytes, per client. ``aggregators``:
-    the aggregation nodes' ids (their credentials and ACL role).
+    the aggregation nodes' ids (their credentials and ACL role). ``hashing``: the password
+    file's PBKDF2 rounds and progress callback.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -432,7 +467,8 @@ def write_broker_files(
     write_secrets(files.secrets_file, run_secrets, observer=watcher)
     # Salted PBKDF2 hashes, still not for everyone's eyes; the broker runs as their owner.
     _write_private(files.password_file, password_file_text(
-        run_secrets, iterations=iterations, extra=[watcher] if watcher else []))
+        run_secrets, iterations=hashing.iterations, extra=[watcher] if watcher else [],
+        on_hashed=hashing.on_hashed))
     _write_private(files.acl_file, acl_text(run_secrets, observer=observer))
     files.config.write_text(
         mosquitto_conf_text(

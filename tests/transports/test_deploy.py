@@ -16,12 +16,16 @@ from fedsim.cli import main as cli_main
 from fedsim.commands import deploy
 from fedsim.errors import ConfigError
 from fedsim.transports.security import (
+    PARALLEL_HASHING_FROM,
+    PBKDF2_ITERATIONS,
     Credentials,
     RunSecrets,
     acl_text,
+    generate_secrets,
     load_secrets,
     mosquitto_conf_text,
     mosquitto_password_hash,
+    password_file_text,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +63,50 @@ def test_deploy_writes_private_secrets_hashes_and_acl(tmp_path: Path) -> None:
     assert "fedsim/r/updates/b-2" not in acl.split("user b-2")[0].split("user a-1")[1]
     conf = (out / "mosquitto.conf").read_text()
     assert "allow_anonymous false" in conf and f"acl_file {out.resolve()}/acl" in conf
+
+
+def _hashed_users(text: str, passwords: dict[str, str]) -> list[tuple[str, int]]:
+    """Each line's user and iteration count, its hash checked independently of fedsim."""
+    seen = []
+    for line in text.splitlines():
+        user, _, hashed = line.partition(":")
+        _, kind, iterations, salt, digest = hashed.split("$")
+        expected = hashlib.pbkdf2_hmac(
+            "sha512", passwords[user].encode(), base64.b64decode(salt), int(iterations)
+        )
+        assert kind == "7" and base64.b64decode(digest) == expected, user
+        seen.append((user, int(iterations)))
+    return seen
+
+
+def test_deploy_hashes_at_the_default_count_or_the_one_asked(tmp_path: Path) -> None:
+    for argv, count in (((), PBKDF2_ITERATIONS), (("--pbkdf2-iterations", "2500"), 2500)):
+        out = tmp_path / str(count)
+        assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), *argv) == 0
+        secrets = load_secrets(out / "secrets.json")
+        passwords = {c.username: c.password for c in [secrets.server, *secrets.clients.values()]}
+        seen = _hashed_users((out / "passwd").read_text(), passwords)
+        assert {n for _, n in seen} == {count} and len(seen) == 2
+    with pytest.raises(ConfigError, match="--pbkdf2-iterations must be at least 1"):
+        run_deploy("--client-id", "a", "--run", "r", "--out", str(tmp_path / "zero"),
+                   "--pbkdf2-iterations", "0")
+    assert not (tmp_path / "zero").exists()  # refused before anything is written
+
+
+def test_many_users_hash_on_threads_in_order_and_report_progress() -> None:
+    ids = [f"c{i:03d}" for i in range(PARALLEL_HASHING_FROM + 37)]
+    run_secrets = generate_secrets("r", ids, ["aggregator-0"])
+    extra = Credentials("fedsim-observer", "watching")
+    told: list[int] = []
+    text = password_file_text(run_secrets, iterations=7, extra=[extra], on_hashed=told.append)
+    users = [run_secrets.server, *run_secrets.clients.values(),
+             *run_secrets.aggregators.values(), extra]
+    passwords = {u.username: u.password for u in users}
+    seen = _hashed_users(text, passwords)
+    assert [u for u, _ in seen] == [u.username for u in users]  # the order the file had
+    assert {n for _, n in seen} == {7} and sum(told) == len(users)
+    with pytest.raises(ConfigError, match="at least 1"):
+        password_file_text(run_secrets, iterations=0)
 
 
 def test_deploy_tls_flags_configure_the_listener(tmp_path: Path) -> None:
