@@ -110,6 +110,9 @@ broker RSS 22.5 -> 517 MB in 40 s at QoS 1)."""
 RECEIPT_BATCH_BYTES = 32 * 1024
 """The server's receipts to one aggregator go in messages of about this many bytes (far below
 any broker packet limit fedsim sets, :func:`~fedsim.transports.security.packet_limit`)."""
+MAX_UNRECORDED_PER_CLIENT = 1024
+"""Rounds of one client the server endpoint remembers as received and not yet recorded (four
+times a client's outbox, ``max_unacknowledged``): see ``MqttServerEndpoint._await_receipt``."""
 
 
 def _receipt(rounds: Collection[int], incarnation: str | None, lineage: Sequence[str]) -> bytes:
@@ -353,7 +356,26 @@ class MqttServerEndpoint(_MqttEndpoint):
         self.stats.received += 1
         self._inbox.put(message)
         if isinstance(message, ClientUpdate):
-            self._unrecorded.setdefault(topic_client, set()).add(message.round)
+            self._await_receipt(topic_client, message.round)
+
+    def _await_receipt(self, client_id: str, round_index: int) -> None:
+        """Note ``(client_id, round_index)`` as received and waiting to be recorded. A client
+        keeps at most ``max_unacknowledged`` (256) updates unacknowledged, but the rounds the
+        book refuses (``round_ahead``: a distinct forged round each time) are never recorded:
+        past :data:`MAX_UNRECORDED_PER_CLIENT` a client's lowest quarter is forgotten (no
+        receipt for them: an honest client resends), so one client's flood grows this table by
+        a bounded amount, not for the rest of the process's life (one sort per quarter: a
+        flood costs O(log n) a round)."""
+        rounds = self._unrecorded.setdefault(client_id, set())
+        rounds.add(round_index)
+        if len(rounds) > MAX_UNRECORDED_PER_CLIENT:
+            kept = sorted(rounds)[len(rounds) - MAX_UNRECORDED_PER_CLIENT * 3 // 4:]
+            forgotten = len(rounds) - len(kept)
+            self._unrecorded[client_id] = set(kept)
+            self.stats.receipts_forgotten += forgotten
+            self._log.warning("a client's table of unrecorded rounds is full: its lowest are "
+                              "forgotten", client=client_id, forgotten=forgotten,
+                              lowest_kept=kept[0])
 
     def _from_aggregator(self, topic: str, aggregator: str, payload: object) -> None:
         """A partial of ``aggregator`` (its own id inside), or an update it forwards (of a
@@ -395,7 +417,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         self.stats.received += 1
         self._inbox.put(message)
         for client_id, round_index in named:
-            self._unrecorded.setdefault(client_id, set()).add(round_index)
+            self._await_receipt(client_id, round_index)
 
     async def _ack_loop(self) -> None:
         """Send receipts, batched: at most one small QoS 0 message per client per ``ack_interval``.

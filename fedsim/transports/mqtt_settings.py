@@ -118,6 +118,7 @@ class MqttStats:
     abandoned: int = 0  # updates dropped from a full outbox
     expired: int = 0  # unacknowledged updates not resent: stale by the newest model seen
     other_incarnation: int = 0  # messages of another run incarnation, ignored
+    receipts_forgotten: int = 0  # rounds dropped from a client's full table of unrecorded ones
     refused_by_kind: dict[str, int] = field(default_factory=dict)
     """Every message the endpoint refused (rejected, denied, other incarnation), by kind."""
 
