@@ -318,7 +318,11 @@ def protocol_floor_ms(population: Population, updates_per_window: int, repeats: 
 
 def _warm_imports(population: Population) -> None:
     """Import what a ledger's first budget check imports (scipy's and the accountants'
-    modules: about 0.3 s once per process), so the timed run measures the steady state."""
+    modules: about 0.3 s once per process) and what the batched pass's first
+    ``torch.autograd.grad`` with a given output gradient imports (torch's
+    ``symbolic_shapes``: 0.27 s of CPU once per process, 4% of a 20-virtual-second hetero-100
+    run, which the loop never imports), so the timed run measures the steady state."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
     with _scratch() as scratch:
         plan = population.plans[0]
         ledger = open_ledger(plan, Path(scratch) / "warm.jsonl")
