@@ -67,6 +67,7 @@ import argparse
 import cProfile
 import json
 import math
+import os
 import platform
 import pstats
 import sys
@@ -77,7 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _common  # noqa: F401 - first: this checkout's fedsim on sys.path (see _common)
+import _common  # first: this checkout's fedsim on sys.path (see _common)
 import numpy as np
 import torch
 
@@ -502,8 +503,11 @@ def main() -> None:
     torch.set_num_threads(1)
     configure_logging(level="warning")
     if args.interrupt_rules:
+        load_start = os.getloadavg()
         rules = interrupt_rules(20.0 if args.quick else 60.0, args.repeats)
-        rules["quick"] = args.quick
+        rules.update(quick=args.quick, commit=_common.commit(),
+                     loadavg_start=[round(v, 2) for v in load_start],
+                     loadavg_end=[round(v, 2) for v in os.getloadavg()])
         target = args.out.with_name("simulator_interrupt.json")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(rules, indent=2) + "\n", encoding="utf-8")
