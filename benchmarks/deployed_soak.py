@@ -70,6 +70,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import commit, write_json  # noqa: E402
 
+from fedsim.config import limits  # noqa: E402
+
 RESULT = Path(__file__).resolve().parent / "results" / "deployed_soak.json"
 OVERLOAD_RESULT = RESULT.with_name("deployed_soak_overload.json")
 RUN = "soak"
@@ -120,7 +122,7 @@ def _server_process(timings: str, argv: list[str]) -> int:
 
 
 # -- the load generator process --------------------------------------------------------------
-CLIENT_OUTBOX = 256
+CLIENT_OUTBOX = limits.MAX_UNACKNOWLEDGED
 """Unacknowledged updates a client keeps (``MqttClientEndpoint``'s ``max_unacknowledged``)."""
 CONNECTING = 4
 """Connections opened at once: each costs the broker a PBKDF2 password check (the rounds

@@ -96,7 +96,9 @@ def write_atomically(
     _check(durability)
     target = Path(path)
     temporary = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    # Created with ``mode`` already (less the umask), so a private file's content is never
+    # readable by others between the write and the chmod below.
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
         with open(fd, "wb") as handle:
             if isinstance(content, str):

@@ -221,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.transports.security import (
         PBKDF2_ITERATIONS,
         PasswordHashing,
+        check_iterations,
         packet_limit,
         queue_limit,
         write_broker_files,
@@ -232,9 +233,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is not a TCP port")
     if args.max_packet_bytes is not None and args.max_packet_bytes <= 0:
         raise ConfigError("--max-packet-bytes must be positive")
-    iterations = PBKDF2_ITERATIONS if args.pbkdf2_iterations is None else args.pbkdf2_iterations
-    if iterations < 1:
-        raise ConfigError(f"--pbkdf2-iterations must be at least 1, got {iterations}")
+    iterations = check_iterations(
+        PBKDF2_ITERATIONS if args.pbkdf2_iterations is None else args.pbkdf2_iterations,
+        "--pbkdf2-iterations")
     from fedsim.transports.topics import aggregator_ids
 
     ids, run_name, largest, count = _client_ids_and_run(args)

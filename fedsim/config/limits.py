@@ -35,6 +35,13 @@ MAX_INVITED_CLIENTS = 131_072
 """Clients a window's invitation names (``server.participation < 1``): the global model's
 header carries the invitation as a bitmap of one bit a client, at most 32 KiB of hex."""
 
+MAX_UNACKNOWLEDGED = 256
+"""Updates a deployed client keeps unacknowledged (its outbox; the oldest is abandoned past
+it). The server sizes what it keeps per client from it: the farthest round ahead it accepts
+(``integrity.MAX_ROUND_GAP``) and its table of received, unrecorded rounds
+(``mqtt.MAX_UNRECORDED_PER_CLIENT``), four times this each, so honest resends never meet
+either bound."""
+
 MAX_ROUNDS = 1_000_000
 """A group's ``rounds``: its clip and noise schedules and its privacy plan hold one entry per
 round in memory."""

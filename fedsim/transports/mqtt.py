@@ -70,6 +70,7 @@ from typing import Annotated, Any
 import aiomqtt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fedsim.config import limits
 from fedsim.errors import AccessDenied, CodecError, ConfigError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
@@ -110,9 +111,10 @@ broker RSS 22.5 -> 517 MB in 40 s at QoS 1)."""
 RECEIPT_BATCH_BYTES = 32 * 1024
 """The server's receipts to one aggregator go in messages of about this many bytes (far below
 any broker packet limit fedsim sets, :func:`~fedsim.transports.security.packet_limit`)."""
-MAX_UNRECORDED_PER_CLIENT = 1024
-"""Rounds of one client the server endpoint remembers as received and not yet recorded (four
-times a client's outbox, ``max_unacknowledged``): see ``MqttServerEndpoint._await_receipt``."""
+MAX_UNRECORDED_PER_CLIENT = 4 * limits.MAX_UNACKNOWLEDGED
+"""Rounds of one client the server endpoint remembers as received and not yet recorded (1024:
+four times a client's outbox, :data:`~fedsim.config.limits.MAX_UNACKNOWLEDGED`): see
+``MqttServerEndpoint._await_receipt``."""
 
 
 def _receipt(rounds: Collection[int], incarnation: str | None, lineage: Sequence[str]) -> bytes:
@@ -359,23 +361,27 @@ class MqttServerEndpoint(_MqttEndpoint):
             self._await_receipt(topic_client, message.round)
 
     def _await_receipt(self, client_id: str, round_index: int) -> None:
-        """Note ``(client_id, round_index)`` as received and waiting to be recorded. A client
-        keeps at most ``max_unacknowledged`` (256) updates unacknowledged, but the rounds the
-        book refuses (``round_ahead``: a distinct forged round each time) are never recorded:
-        past :data:`MAX_UNRECORDED_PER_CLIENT` a client's lowest quarter is forgotten (no
-        receipt for them: an honest client resends), so one client's flood grows this table by
-        a bounded amount, not for the rest of the process's life (one sort per quarter: a
-        flood costs O(log n) a round)."""
+        """Note ``(client_id, round_index)`` as received and waiting to be recorded.
+
+        A round the client book judges (applied, duplicate, stale, refused) is acknowledged
+        and leaves the table; one it cannot judge yet, ``round_ahead`` (more than the book's
+        window beyond the client's lowest open round), stays. An honest client keeps at most
+        ``limits.MAX_UNACKNOWLEDGED`` (256) updates unacknowledged, all within the window; a client
+        forging distinct far rounds would grow its table for the process's life. So past
+        :data:`MAX_UNRECORDED_PER_CLIENT` a client's *highest* quarter is forgotten (counted,
+        logged): the forged rounds are the high ones, and a forgotten round that was honest
+        only misses its receipt (its client resends it, and the resend is noted again). One
+        sort per quarter: a flood costs O(log n) a round."""
         rounds = self._unrecorded.setdefault(client_id, set())
         rounds.add(round_index)
         if len(rounds) > MAX_UNRECORDED_PER_CLIENT:
-            kept = sorted(rounds)[len(rounds) - MAX_UNRECORDED_PER_CLIENT * 3 // 4:]
+            kept = sorted(rounds)[:MAX_UNRECORDED_PER_CLIENT * 3 // 4]
             forgotten = len(rounds) - len(kept)
             self._unrecorded[client_id] = set(kept)
             self.stats.receipts_forgotten += forgotten
-            self._log.warning("a client's table of unrecorded rounds is full: its lowest are "
+            self._log.warning("a client's table of unrecorded rounds is full: its highest are "
                               "forgotten", client=client_id, forgotten=forgotten,
-                              lowest_kept=kept[0])
+                              highest_kept=kept[-1])
 
     def _from_aggregator(self, topic: str, aggregator: str, payload: object) -> None:
         """A partial of ``aggregator`` (its own id inside), or an update it forwards (of a
@@ -496,7 +502,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
         reconnect: ReconnectPolicy = ReconnectPolicy(),
         resend_after: float = 10.0,
-        max_unacknowledged: int = 256,
+        max_unacknowledged: int = limits.MAX_UNACKNOWLEDGED,
         max_staleness: int | None = None,
         max_concurrent_outgoing_calls: int = 20,
         keepalive: int = 30,
@@ -525,6 +531,11 @@ class MqttClientEndpoint(_MqttEndpoint):
         if aggregator is not None:
             self._ack_topics.add(self.topics.relayed_acks(aggregator, client_id))
         self._resend_after = resend_after
+        if not 1 <= max_unacknowledged <= limits.MAX_UNACKNOWLEDGED:
+            # The server's round gap and receipt table are sized from this bound: a longer
+            # outbox would have honest resends refused as round_ahead, their receipts forgotten.
+            raise ConfigError(f"max_unacknowledged must be between 1 and "
+                              f"{limits.MAX_UNACKNOWLEDGED}, got {max_unacknowledged}")
         self._max_unacked = max_unacknowledged
         self._max_staleness = max_staleness
         self._newest_version = -1  # of the global models delivered

@@ -42,11 +42,13 @@ import hashlib
 import json
 import os
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedsim.atomic import write_atomically
 from fedsim.errors import CodecError, ConfigError
 from fedsim.protocol.codec import check_client_id
 from fedsim.transports.topics import Topics, aggregator_of
@@ -62,14 +64,20 @@ PBKDF2_ITERATIONS = 1_000
 192-bit random secrets (:func:`generate_secrets`), which no count makes more or less
 guessable. What the count does set is the broker's CPU for every login, a wrong password for a
 known username included (usernames are client ids, which topics name): measured with
-``benchmarks/login_cost.py``, 104 ms a wrong-password CONNECT at OWASP's 210,000 (the earlier
+``benchmarks/login_cost.py``, 84-104 ms a wrong-password CONNECT at OWASP's 210,000 (the earlier
 default: about ten such CONNECTs a second, from anyone who reaches the listener, took a whole
 broker core) and 0.5 ms at 1,000; hashing a run's file took 0.17 s a client at 210,000
 (10^5 clients: 4.7 hours), 0.5 ms at 1,000. ``fedsim deploy --pbkdf2-iterations`` sets
 another count."""
+MAX_PBKDF2_ITERATIONS = 10_000_000
+"""The most rounds a password file may ask for: at 0.5 us a round, 5 s of the broker's CPU a
+login (above it a login would be a denial of service of its own; OpenSSL itself refuses
+2^31)."""
 PARALLEL_HASHING_FROM = 64
 """From this many users the password file is hashed on a thread per CPU
 (:func:`hashlib.pbkdf2_hmac` releases the GIL)."""
+HASHING_CHUNK = 256
+"""Users hashed by one task of the thread pool."""
 _SALT_BYTES = 12
 DEFAULT_QUEUED_BYTES = 1 << 30
 """``max_queued_bytes`` when nothing sizes it from the model (``fedsim deploy`` does)."""
@@ -120,7 +128,7 @@ def generate_secrets(run: str, client_ids: Iterable[str],
             check_client_id(client_id)
         except CodecError as exc:
             raise ConfigError(str(exc)) from None
-    repeated = sorted({c for c in ids if ids.count(c) > 1})
+    repeated = sorted(c for c, n in Counter(ids).items() if n > 1)
     if repeated:
         raise ConfigError(f"client ids must be unique, repeated: {repeated}")
     for reserved in (SERVER_USERNAME, OBSERVER_USERNAME):
@@ -190,6 +198,15 @@ class PasswordHashing:
     on_hashed: Callable[[int], None] | None = None
 
 
+def check_iterations(iterations: int, what: str = "PBKDF2 iterations") -> int:
+    """``iterations`` if it is a count a password file may use
+    (1..:data:`MAX_PBKDF2_ITERATIONS`), else a ConfigError naming ``what``."""
+    if not 1 <= iterations <= MAX_PBKDF2_ITERATIONS:
+        raise ConfigError(f"{what} must be between 1 and {MAX_PBKDF2_ITERATIONS:,}, "
+                          f"got {iterations}")
+    return iterations
+
+
 def password_file_text(
     run_secrets: RunSecrets,
     *,
@@ -198,24 +215,33 @@ def password_file_text(
     on_hashed: Callable[[int], None] | None = None,
 ) -> str:
     """mosquitto's password file for the run's users (one ``user:$7$...`` line each, in the
-    order server, clients, aggregators, ``extra``). ``on_hashed(n)`` is told each time ``n``
-    more passwords are hashed (a progress bar: a run's file is the work of minutes at 10^6
-    clients)."""
-    if iterations < 1:
-        raise ConfigError(f"PBKDF2 iterations must be at least 1, got {iterations}")
+    order server, clients, aggregators, ``extra``). ``on_hashed(n)`` is told, in the calling
+    thread, each time ``n`` more passwords are hashed (a progress bar: a run's file is the
+    work of minutes at 10^6 clients). From :data:`PARALLEL_HASHING_FROM` users the hashing
+    runs on a thread per CPU this process may use, in chunks of :data:`HASHING_CHUNK` users
+    (a future per user would hold 2 KB each, about 2 GB at 10^6)."""
+    check_iterations(iterations)
     users = [run_secrets.server, *run_secrets.clients.values(),
              *run_secrets.aggregators.values(), *extra]
 
-    def line(user: Credentials) -> str:
-        hashed = mosquitto_password_hash(user.password, iterations=iterations)
-        if on_hashed is not None:
-            on_hashed(1)
-        return f"{user.username}:{hashed}\n"
+    def lines(chunk: Sequence[Credentials]) -> str:
+        return "".join(f"{u.username}:{mosquitto_password_hash(u.password, iterations=iterations)}\n"
+                       for u in chunk)
 
+    chunks = [users[k:k + HASHING_CHUNK] for k in range(0, len(users), HASHING_CHUNK)]
     if len(users) < PARALLEL_HASHING_FROM:
-        return "".join(line(u) for u in users)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return "".join(pool.map(line, users))
+        chunks = [users]
+    workers = min(len(chunks), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1)
+    parts: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        # pool.map keeps the users' order: a future per chunk, the progress told as each
+        # chunk is joined.
+        for chunk, text in zip(chunks, pool.map(lines, chunks), strict=True):
+            parts.append(text)
+            if on_hashed is not None:
+                on_hashed(len(chunk))
+    return "".join(parts)
 
 
 def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
@@ -388,11 +414,10 @@ def write_secrets(
 
 
 def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, mode 0600 from its creation (also when ``path`` existed with
+    wider permissions), replaced atomically: never a cut file, never readable by others."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(path, 0o600)  # also when the file existed with wider permissions
+    write_atomically(path, text, durability="file", mode=0o600)
 
 
 def load_secrets(path: str | Path) -> RunSecrets:
@@ -464,12 +489,17 @@ def write_broker_files(
         secrets_file=out / "secrets.json",
     )
     watcher = Credentials(OBSERVER_USERNAME, secrets.token_urlsafe(24)) if observer else None
+    # Everything computed before the first file is written: an error or an interrupt while
+    # hashing (minutes at 10^6 clients) leaves the directory as it was, not new secrets beside
+    # an old password file that nobody could log in with.
+    password_text = password_file_text(
+        run_secrets, iterations=hashing.iterations, extra=[watcher] if watcher else [],
+        on_hashed=hashing.on_hashed)
+    access_text = acl_text(run_secrets, observer=observer)
     write_secrets(files.secrets_file, run_secrets, observer=watcher)
     # Salted PBKDF2 hashes, still not for everyone's eyes; the broker runs as their owner.
-    _write_private(files.password_file, password_file_text(
-        run_secrets, iterations=hashing.iterations, extra=[watcher] if watcher else [],
-        on_hashed=hashing.on_hashed))
-    _write_private(files.acl_file, acl_text(run_secrets, observer=observer))
+    _write_private(files.password_file, password_text)
+    _write_private(files.acl_file, access_text)
     files.config.write_text(
         mosquitto_conf_text(
             port=port,

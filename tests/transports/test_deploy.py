@@ -87,13 +87,49 @@ def test_deploy_hashes_at_the_default_count_or_the_one_asked(tmp_path: Path) -> 
         passwords = {c.username: c.password for c in [secrets.server, *secrets.clients.values()]}
         seen = _hashed_users((out / "passwd").read_text(), passwords)
         assert {n for _, n in seen} == {count} and len(seen) == 2
-    with pytest.raises(ConfigError, match="--pbkdf2-iterations must be at least 1"):
-        run_deploy("--client-id", "a", "--run", "r", "--out", str(tmp_path / "zero"),
-                   "--pbkdf2-iterations", "0")
-    assert not (tmp_path / "zero").exists()  # refused before anything is written
+    for bad in ("0", "2147483648"):  # OpenSSL refuses 2^31 with an OverflowError
+        with pytest.raises(ConfigError, match="--pbkdf2-iterations must be between 1 and"):
+            run_deploy("--client-id", "a", "--run", "r", "--out", str(tmp_path / bad),
+                       "--pbkdf2-iterations", bad)
+        assert not (tmp_path / bad).exists()  # refused before anything is written
 
 
-def test_many_users_hash_on_threads_in_order_and_report_progress() -> None:
+def test_an_interrupted_hashing_leaves_the_earlier_files_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedsim.transports import security
+
+    out = tmp_path / "gen"
+    assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), "--plain") == 0
+    before = {name: (out / name).read_bytes() for name in ("secrets.json", "passwd", "acl")}
+    (out / "secrets.json").chmod(0o644)  # widened by someone: rewritten 0600 from creation
+
+    def interrupted(*_args: object, **_kwargs: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(security, "mosquitto_password_hash", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_deploy("--client-id", "a", "--run", "r", "--out", str(out), "--plain")
+    assert {name: (out / name).read_bytes() for name in before} == before
+    monkeypatch.undo()
+    assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), "--plain") == 0
+    assert stat.S_IMODE((out / "secrets.json").stat().st_mode) == 0o600
+    assert (out / "secrets.json").read_bytes() != before["secrets.json"]
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_duplicate_client_ids_are_found_in_linear_time() -> None:
+    ids = [f"c{i}" for i in range(200_000)] + ["c7", "c7", "c99"]
+    with pytest.raises(ConfigError, match=r"repeated: \['c7', 'c99'\]"):
+        generate_secrets("r", ids)
+
+
+def test_many_users_hash_on_threads_in_order_and_report_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fedsim.transports import security
+
+    monkeypatch.setattr(security, "HASHING_CHUNK", 7)  # many chunks, on several threads
     ids = [f"c{i:03d}" for i in range(PARALLEL_HASHING_FROM + 37)]
     run_secrets = generate_secrets("r", ids, ["aggregator-0"])
     extra = Credentials("fedsim-observer", "watching")
@@ -104,9 +140,10 @@ def test_many_users_hash_on_threads_in_order_and_report_progress() -> None:
     passwords = {u.username: u.password for u in users}
     seen = _hashed_users(text, passwords)
     assert [u for u, _ in seen] == [u.username for u in users]  # the order the file had
-    assert {n for _, n in seen} == {7} and sum(told) == len(users)
-    with pytest.raises(ConfigError, match="at least 1"):
-        password_file_text(run_secrets, iterations=0)
+    assert {n for _, n in seen} == {7} and sum(told) == len(users) and max(told) == 7
+    for bad in (0, security.MAX_PBKDF2_ITERATIONS + 1):
+        with pytest.raises(ConfigError, match="between 1 and"):
+            password_file_text(run_secrets, iterations=bad)
 
 
 def test_deploy_tls_flags_configure_the_listener(tmp_path: Path) -> None:

@@ -495,22 +495,27 @@ async def test_only_recorded_updates_are_acknowledged_the_rest_reach_the_next_se
 async def test_a_clients_table_of_unrecorded_rounds_stays_bounded(
     mosquitto: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Rounds the book never records (refused: a distinct forged round each time) used to stay
-    # in the server endpoint's table for the process's life; now a client's table is bounded
-    # and its lowest rounds are forgotten (counted), the newest kept and still acknowledged.
+    # Rounds the book cannot judge (round_ahead: a distinct forged far round each time) used to
+    # stay in the server endpoint's table for the process's life; now a client's table is
+    # bounded and its highest rounds are forgotten (counted): the forged ones, not the honest
+    # rounds below them, which are still acknowledged.
     from fedsim.transports import mqtt
 
     monkeypatch.setattr(mqtt, "MAX_UNRECORDED_PER_CLIENT", 16)
-    async with server(mosquitto) as srv, client(mosquitto, "c1") as c1, \
-            client(mosquitto, "c2") as c2:
-        await welcomed(c1)
-        await welcomed(c2)
-        for round_ in range(40):
-            await c1.publish(update("c1", round_))
-        await c2.publish(update("c2", 0))
-        received = await receive_all(srv)
-        assert len(received) == 41  # every message still reaches the server's inbox
-        held = srv.unacknowledged - 1  # c2's one round
-        assert 12 <= held <= 16 and srv.stats.receipts_forgotten == 40 - held
-        assert srv.acknowledge({("c1", 39), ("c1", 0), ("c2", 0)}) == 2  # 0 was forgotten
-        assert await c2.flush(5) and c2.unacknowledged == ()
+    async with server(mosquitto) as srv:
+        stamp = srv.incarnation.current
+        async with await _raw_client(mosquitto, "c1") as raw:
+            for forged in range(40):
+                await raw.publish(Topics(RUN).updates("c1"), codec.encode(
+                    update("c1", 10**6 + forged), incarnation=stamp), qos=1)
+        async with client(mosquitto, "c1") as c1:
+            await welcomed(c1)
+            for round_ in range(10):
+                await c1.publish(update("c1", round_))
+            received = await receive_all(srv)
+            assert len(received) == 50  # every message still reaches the server's inbox
+            held = srv.unacknowledged
+            assert 12 <= held <= 16 and srv.stats.receipts_forgotten == 50 - held
+            honest = {("c1", r) for r in range(10)}
+            assert srv.acknowledge(honest | {("c1", 10**6 + 39)}) == 10  # all honest kept
+            assert await c1.flush(5) and c1.unacknowledged == ()

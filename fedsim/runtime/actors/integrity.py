@@ -61,6 +61,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedsim.config import limits
 from fedsim.config.compression import QuantiseCompression
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.events import sensitivity
@@ -89,10 +90,11 @@ FAILURE_PROBABILITY = 1e-12
 MAX_PARAMETER = 1e6
 """A global model with a parameter beyond this magnitude is treated as diverged and refused
 (float32 holds 3.4e38; no model fedsim trains has weights anywhere near 1e6)."""
-MAX_ROUND_GAP = 1024
-"""How far beyond the highest round the server knows of a client's next update may be: its
-outbox holds at most 256 unacknowledged updates, so a larger gap cannot come from an honest
-client (and a forged ``round = 10**12`` never enters the client book)."""
+MAX_ROUND_GAP = 4 * limits.MAX_UNACKNOWLEDGED
+"""How far beyond the highest round the server knows of a client's next update may be (1024):
+its outbox holds at most :data:`~fedsim.config.limits.MAX_UNACKNOWLEDGED` (256)
+unacknowledged updates, so a larger gap cannot come from an honest client (and a forged
+``round = 10**12`` never enters the client book)."""
 
 
 def batch_size_bound(
