@@ -61,7 +61,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.logging import get_logger, set_population
+    from fedsim.logging import get_logger
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
     from fedsim.reporting.progress import RunProgress
     from fedsim.reporting.tensorboard import tensorboard_during
@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
 
         require_writable_dir(args.tensorboard, "--tensorboard")
         require_tensorboard()
-    set_population(scenario.clients.total)
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
     population = build_population(loaded)

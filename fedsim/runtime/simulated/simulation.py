@@ -32,7 +32,7 @@ import torch
 
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
-from fedsim.logging import client_event_level, get_logger
+from fedsim.logging import client_event_level, get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.runtime.actors.aggregator import aggregator_ids
@@ -560,6 +560,9 @@ def run_scenario(
     """
     out = Path(out_dir)
     check_unused(out)
+    # Per-client events at info for a few clients, at debug for a population (10^6 clients
+    # logged 643,444 "client stopped" lines at info through this entry point).
+    set_population(loaded.scenario.clients.total)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(loaded.scenario.torch_threads)
     try:
