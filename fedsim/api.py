@@ -250,6 +250,9 @@ def simulate(
         run_dir = Path(out) if out is not None else Path(scratch) / "run"
         with tensorboard_during(tensorboard, run_dir) as to_tensorboard:  # per window
             result = _run(loaded, population, run_dir, progress, run_scenario, to_tensorboard)
+        from fedsim.reporting.stops import log_stops
+
+        log_stops(result.summary["stopped"])
         if out is not None and plots:
             from fedsim.reporting.plots import draw_all
 

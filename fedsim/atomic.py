@@ -37,12 +37,13 @@ import os
 import secrets
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO, Literal
 
-__all__ = ["Durability", "fsync_directory", "move_into_place", "uninterrupted", "write_atomically"]
+__all__ = ["Durability", "fsync_directory", "move_into_place", "replace_together", "uninterrupted",
+           "write_atomically"]
 
 Durability = Literal["file", "durable"]
 DURABILITIES: tuple[Durability, ...] = ("file", "durable")
@@ -93,8 +94,40 @@ def write_atomically(
     (``np.savez``). ``mode``: the new file's permission bits (default: what ``open`` gives,
     0o666 less the umask). If writing raises, ``path`` keeps its old content (or stays absent)
     and the temporary file is removed."""
+    replace_together({Path(path): (content, mode)}, durability=durability)
+
+
+def replace_together(
+    files: Mapping[Path, tuple[Content, int | None]], *, durability: Durability
+) -> None:
+    """Replace each path of ``files`` by its ``(content, mode)`` (as :func:`write_atomically`)
+    as one step as far as a process can: every new content is written to a temporary file
+    beside its target and fsynced first, so an error (a full disk) or an interrupt while
+    writing leaves every target as it was and removes the temporary files; then all are
+    renamed over their targets back to back, with Ctrl-C and SIGTERM held
+    (:class:`uninterrupted`). For files that are only right together (a broker's password
+    file, access list and the secrets they were made from). A power failure between two of
+    the renames can still leave some replaced (``"durable"`` fsyncs the directories after)."""
     _check(durability)
-    target = Path(path)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for target, (content, mode) in files.items():
+            staged.append((_stage(target, content, mode), target))
+        with uninterrupted():
+            for temporary, target in staged:
+                os.replace(temporary, target)
+    except BaseException:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
+        raise
+    if durability == "durable":
+        for directory in dict.fromkeys(target.parent for target in files):
+            fsync_directory(directory)
+
+
+def _stage(target: Path, content: Content, mode: int | None) -> Path:
+    """``content`` in a new, fsynced temporary file beside ``target``, with ``mode``; removed
+    if writing raises."""
     temporary = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     # Created with ``mode`` already (less the umask), so a private file's content is never
     # readable by others between the write and the chmod below.
@@ -111,12 +144,10 @@ def write_atomically(
             os.fsync(handle.fileno())
         if mode is not None:
             os.chmod(temporary, mode)
-        os.replace(temporary, target)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    if durability == "durable":
-        fsync_directory(target.parent)
+    return temporary
 
 
 _DEFERRED = (int(signal.SIGINT), int(signal.SIGTERM))

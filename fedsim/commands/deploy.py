@@ -193,9 +193,17 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
     return client_ids(scenario), args.run or scenario.name, largest, scenario.aggregators.count
 
 
-def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
-    """The listener's TLS settings and the CA file processes trust (None: their own choice)."""
-    from fedsim.transports.certificates import DEFAULT_TLS_HOSTS, write_tls_files
+def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
+    """The listener's TLS settings, the CA file processes trust (None: their own choice) and
+    the files to write for them (a fresh CA and broker certificate; written by the caller
+    once everything else is ready, so a refused or interrupted deploy keeps the old ones)."""
+    from fedsim.transports.certificates import (
+        BROKER_CERT,
+        BROKER_KEY,
+        CA_CERT,
+        DEFAULT_TLS_HOSTS,
+        tls_file_contents,
+    )
     from fedsim.transports.security import ListenerTls
 
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -203,21 +211,22 @@ def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None]:
     if args.plain:
         if args.tls_cert or args.tls_hosts:
             raise ConfigError("--plain and the --tls-* options exclude each other")
-        return None, None
+        return None, None, {}
     if args.tls_cert:
-        return ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca), None
-    made = write_tls_files(Path(args.out), args.tls_hosts or DEFAULT_TLS_HOSTS)
+        return ListenerTls(certfile=args.tls_cert, keyfile=args.tls_key, cafile=args.tls_ca), None, {}
+    contents = tls_file_contents(args.tls_hosts or DEFAULT_TLS_HOSTS)
     seen_as = (args.broker_config_dir or str(Path(args.out).resolve())).rstrip("/")
     listener = ListenerTls(
-        certfile=f"{seen_as}/{made.cert.name}", keyfile=f"{seen_as}/{made.key.name}",
+        certfile=f"{seen_as}/{BROKER_CERT}", keyfile=f"{seen_as}/{BROKER_KEY}",
         cafile=args.tls_ca,
     )
-    return listener, str(made.ca_cert)
+    return listener, str(Path(args.out) / CA_CERT), contents
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from fedsim.atomic import replace_together
     from fedsim.transports.security import (
         PBKDF2_ITERATIONS,
         PasswordHashing,
@@ -251,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--compose needs a SCENARIO")
     # Checked before anything is written: the containers must find the scenario in the image.
     image = image_scenario_path(Path(args.scenario)) if args.compose else None
-    tls, ca_file = _listener_tls(args)
+    tls, ca_file, tls_files = _listener_tls(args)
     persistence_dir = args.persistence_dir
     if persistence_dir is not None and args.broker_config_dir is None:
         # Host paths (no --broker-config-dir): the directory is made here, for the broker.
@@ -274,6 +283,9 @@ def run(args: argparse.Namespace) -> int:
             aggregators=aggregators,
             hashing=PasswordHashing(iterations, on_hashed=bar.update),
         )
+    if tls_files:  # the broker files are in place: its certificates follow them at once
+        replace_together({Path(args.out) / name: content for name, content in tls_files.items()},
+                         durability="file")
     scheme = "mqtt" if tls is None else "mqtts"
     trust = f" --tls-ca {ca_file}" if ca_file else ""
     print(

@@ -141,13 +141,10 @@ def interrupted_exit(out: Path) -> int:
 
 def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any) -> int:
     """Log the stops' summary, draw the plots and print the run's answer."""
-    from fedsim.logging import summarise_counts
-    from fedsim.reporting.stops import stop_counts
+    from fedsim.reporting.stops import log_stops
 
     summary = result.summary
-    if summary["stopped"]:
-        counts = stop_counts(entry.get("kind") for entry in summary["stopped"])
-        log.info(summarise_counts(len(summary["stopped"]), counts), **dict(counts))
+    log_stops(summary["stopped"])
     plots: list[Path] = []
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all

@@ -8,7 +8,10 @@ kinds existed counts its stops as ``stopped``."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fedsim.logging import get_logger, summarise_counts
 
 UNKNOWN_KIND = "stopped"
 
@@ -16,3 +19,13 @@ UNKNOWN_KIND = "stopped"
 def stop_counts(kinds: Iterable[object]) -> Counter[str]:
     """How many clients stopped for each kind (an empty or missing kind: ``stopped``)."""
     return Counter(str(kind) if kind else UNKNOWN_KIND for kind in kinds)
+
+
+def log_stops(stopped: Sequence[Mapping[str, Any]], logger: str = "fedsim.run") -> None:
+    """The run's one info line on its clients' stops (``"1000 clients stopped: 954 budget, 46
+    done"``), from ``summary.json``'s ``stopped``: every entry point that runs a simulation
+    logs it, since past a few clients each stop is logged at debug only
+    (:func:`fedsim.logging.set_population`)."""
+    if stopped:
+        counts = stop_counts(entry.get("kind") for entry in stopped)
+        get_logger(logger).info(summarise_counts(len(stopped), counts), **dict(counts))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import shutil
 import subprocess
 import tempfile
@@ -21,9 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedsim.atomic import replace_together
 from fedsim.errors import ConfigError
 
-__all__ = ["DEFAULT_TLS_HOSTS", "TlsFiles", "write_tls_files"]
+__all__ = ["BROKER_CERT", "BROKER_KEY", "CA_CERT", "DEFAULT_TLS_HOSTS", "TlsFiles", "tls_file_contents",
+           "write_tls_files"]
 
 DEFAULT_TLS_HOSTS = ("broker", "localhost", "127.0.0.1")
 """Names in the generated broker certificate: the compose service, and loopback."""
@@ -38,13 +39,6 @@ class TlsFiles:
     key: Path
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.chmod(path, mode)
-
-
 def _is_ip(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
@@ -53,25 +47,40 @@ def _is_ip(name: str) -> bool:
     return True
 
 
+CA_CERT, BROKER_CERT, BROKER_KEY = "ca.crt", "broker.crt", "broker.key"
+
+
 def write_tls_files(
     out_dir: str | Path, hosts: Sequence[str] = DEFAULT_TLS_HOSTS, *, days: int = 825
 ) -> TlsFiles:
-    """Write ``ca.crt``, ``broker.crt`` and ``broker.key`` (0600) to ``out_dir``."""
-    if not hosts:
-        raise ConfigError("the broker certificate needs at least one host name")
+    """Write ``ca.crt``, ``broker.crt`` and ``broker.key`` (0600) to ``out_dir``, replaced
+    together (:func:`~fedsim.atomic.replace_together`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = TlsFiles(out / "ca.crt", out / "broker.crt", out / "broker.key")
+    contents = tls_file_contents(hosts, days=days)
+    replace_together({out / name: content for name, content in contents.items()},
+                     durability="file")
+    return TlsFiles(out / CA_CERT, out / BROKER_CERT, out / BROKER_KEY)
+
+
+def tls_file_contents(
+    hosts: Sequence[str] = DEFAULT_TLS_HOSTS, *, days: int = 825
+) -> dict[str, tuple[bytes, int]]:
+    """A fresh CA (its key forgotten) and a broker certificate and key for ``hosts``: each
+    file's name (:data:`CA_CERT`, :data:`BROKER_CERT`, :data:`BROKER_KEY`) -> its bytes and
+    mode (the key 0600), nothing written."""
+    if not hosts:
+        raise ConfigError("the broker certificate needs at least one host name")
     try:
         import cryptography  # noqa: F401
     except ImportError:
-        _with_openssl(files, list(hosts), days)
+        ca_cert, cert, key = _with_openssl(list(hosts), days)
     else:
-        _with_cryptography(files, list(hosts), days)
-    return files
+        ca_cert, cert, key = _with_cryptography(list(hosts), days)
+    return {CA_CERT: (ca_cert, 0o644), BROKER_CERT: (cert, 0o644), BROKER_KEY: (key, 0o600)}
 
 
-def _with_cryptography(files: TlsFiles, hosts: list[str], days: int) -> None:
+def _with_cryptography(hosts: list[str], days: int) -> tuple[bytes, bytes, bytes]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -110,13 +119,12 @@ def _with_cryptography(files: TlsFiles, hosts: list[str], days: int) -> None:
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
-    _write(files.ca_cert, ca_cert.public_bytes(pem), 0o644)
-    _write(files.cert, cert.public_bytes(pem), 0o644)
-    _write(files.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption()), 0o600)
+    return (ca_cert.public_bytes(pem), cert.public_bytes(pem),
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
 
 
-def _with_openssl(files: TlsFiles, hosts: list[str], days: int) -> None:
+def _with_openssl(hosts: list[str], days: int) -> tuple[bytes, bytes, bytes]:
     openssl = shutil.which("openssl")
     if openssl is None:
         raise ConfigError(
@@ -133,15 +141,16 @@ def _with_openssl(files: TlsFiles, hosts: list[str], days: int) -> None:
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
         steps = [
             ["req", "-x509", *ec, "-days", str(days), "-subj", "/CN=fedsim run CA",
-             "-keyout", tmp / "ca.key", "-out", files.ca_cert],
+             "-keyout", tmp / "ca.key", "-out", tmp / CA_CERT],
             ["req", *ec, "-subj", f"/CN={hosts[0]}", "-keyout", tmp / "broker.key",
              "-out", tmp / "broker.csr"],
-            ["x509", "-req", "-in", tmp / "broker.csr", "-CA", files.ca_cert, "-CAkey",
+            ["x509", "-req", "-in", tmp / "broker.csr", "-CA", tmp / CA_CERT, "-CAkey",
              tmp / "ca.key", "-CAcreateserial", "-days", str(days), "-extfile", tmp / "ext",
-             "-out", files.cert],
+             "-out", tmp / BROKER_CERT],
         ]
         for step in steps:
             done = subprocess.run([openssl, *map(str, step)], capture_output=True, check=False)
             if done.returncode != 0:
                 raise ConfigError(f"openssl {step[0]} failed: {done.stderr.decode(errors='replace')}")
-        _write(files.key, (tmp / "broker.key").read_bytes(), 0o600)
+        return ((tmp / CA_CERT).read_bytes(), (tmp / BROKER_CERT).read_bytes(),
+                (tmp / "broker.key").read_bytes())

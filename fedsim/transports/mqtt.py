@@ -513,6 +513,12 @@ class MqttClientEndpoint(_MqttEndpoint):
             codec.check_client_id(client_id)
         except CodecError as exc:
             raise ConfigError(str(exc)) from None
+        if isinstance(max_unacknowledged, bool) or \
+                not 1 <= max_unacknowledged <= limits.MAX_UNACKNOWLEDGED:
+            # The server's round gap and receipt table are sized from this bound: a longer
+            # outbox would have honest resends refused as round_ahead, their receipts forgotten.
+            raise ConfigError(f"max_unacknowledged must be between 1 and "
+                              f"{limits.MAX_UNACKNOWLEDGED}, got {max_unacknowledged}")
         super().__init__(
             broker,
             run=run,
@@ -531,11 +537,6 @@ class MqttClientEndpoint(_MqttEndpoint):
         if aggregator is not None:
             self._ack_topics.add(self.topics.relayed_acks(aggregator, client_id))
         self._resend_after = resend_after
-        if not 1 <= max_unacknowledged <= limits.MAX_UNACKNOWLEDGED:
-            # The server's round gap and receipt table are sized from this bound: a longer
-            # outbox would have honest resends refused as round_ahead, their receipts forgotten.
-            raise ConfigError(f"max_unacknowledged must be between 1 and "
-                              f"{limits.MAX_UNACKNOWLEDGED}, got {max_unacknowledged}")
         self._max_unacked = max_unacknowledged
         self._max_staleness = max_staleness
         self._newest_version = -1  # of the global models delivered

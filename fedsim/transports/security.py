@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import secrets
 from collections import Counter
@@ -48,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedsim.atomic import write_atomically
+from fedsim.atomic import replace_together, write_atomically
 from fedsim.errors import CodecError, ConfigError
 from fedsim.protocol.codec import check_client_id
 from fedsim.transports.topics import Topics, aggregator_of
@@ -201,7 +202,8 @@ class PasswordHashing:
 def check_iterations(iterations: int, what: str = "PBKDF2 iterations") -> int:
     """``iterations`` if it is a count a password file may use
     (1..:data:`MAX_PBKDF2_ITERATIONS`), else a ConfigError naming ``what``."""
-    if not 1 <= iterations <= MAX_PBKDF2_ITERATIONS:
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or \
+            not 1 <= iterations <= MAX_PBKDF2_ITERATIONS:
         raise ConfigError(f"{what} must be between 1 and {MAX_PBKDF2_ITERATIONS:,}, "
                           f"got {iterations}")
     return iterations
@@ -218,8 +220,8 @@ def password_file_text(
     order server, clients, aggregators, ``extra``). ``on_hashed(n)`` is told, in the calling
     thread, each time ``n`` more passwords are hashed (a progress bar: a run's file is the
     work of minutes at 10^6 clients). From :data:`PARALLEL_HASHING_FROM` users the hashing
-    runs on a thread per CPU this process may use, in chunks of :data:`HASHING_CHUNK` users
-    (a future per user would hold 2 KB each, about 2 GB at 10^6)."""
+    runs on a thread per CPU this process may use, in chunks of at most :data:`HASHING_CHUNK`
+    users, four or more a thread (a future per user would hold 2 KB each, about 2 GB at 10^6)."""
     check_iterations(iterations)
     users = [run_secrets.server, *run_secrets.clients.values(),
              *run_secrets.aggregators.values(), *extra]
@@ -228,11 +230,12 @@ def password_file_text(
         return "".join(f"{u.username}:{mosquitto_password_hash(u.password, iterations=iterations)}\n"
                        for u in chunk)
 
-    chunks = [users[k:k + HASHING_CHUNK] for k in range(0, len(users), HASHING_CHUNK)]
-    if len(users) < PARALLEL_HASHING_FROM:
-        chunks = [users]
-    workers = min(len(chunks), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # Chunks of at most HASHING_CHUNK, and at least four a thread: every CPU busy to the end.
+    size = len(users) if len(users) < PARALLEL_HASHING_FROM else \
+        max(1, min(HASHING_CHUNK, math.ceil(len(users) / (4 * cpus))))
+    chunks = [users[k:k + size] for k in range(0, len(users), size)]
+    workers = min(len(chunks), cpus)
     parts: list[str] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         # pool.map keeps the users' order: a future per chunk, the progress told as each
@@ -401,6 +404,11 @@ def write_secrets(
     path: str | Path, run_secrets: RunSecrets, *, observer: Credentials | None = None
 ) -> None:
     """Write the clear-text credentials, readable by the owner only (created with mode 0600)."""
+    _write_private(Path(path), secrets_text(run_secrets, observer=observer))
+
+
+def secrets_text(run_secrets: RunSecrets, *, observer: Credentials | None = None) -> str:
+    """The secrets file's JSON (see :func:`load_secrets`)."""
     data: dict[str, object] = {
         "run": run_secrets.run,
         "server": vars(run_secrets.server),
@@ -410,14 +418,18 @@ def write_secrets(
         data["aggregators"] = {a: vars(c) for a, c in run_secrets.aggregators.items()}
     if observer is not None:
         data["observer"] = vars(observer)
-    _write_private(Path(path), json.dumps(data, indent=2) + "\n")
+    return json.dumps(data, indent=2) + "\n"
+
+
+PRIVATE = 0o600
+"""Mode of the files that hold secrets or their hashes (the broker runs as their owner)."""
 
 
 def _write_private(path: Path, text: str) -> None:
     """``text`` into ``path``, mode 0600 from its creation (also when ``path`` existed with
     wider permissions), replaced atomically: never a cut file, never readable by others."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, text, durability="file", mode=0o600)
+    write_atomically(path, text, durability="file", mode=PRIVATE)
 
 
 def load_secrets(path: str | Path) -> RunSecrets:
@@ -489,30 +501,30 @@ def write_broker_files(
         secrets_file=out / "secrets.json",
     )
     watcher = Credentials(OBSERVER_USERNAME, secrets.token_urlsafe(24)) if observer else None
-    # Everything computed before the first file is written: an error or an interrupt while
-    # hashing (minutes at 10^6 clients) leaves the directory as it was, not new secrets beside
-    # an old password file that nobody could log in with.
+    # Everything computed before the first file is written, and the four replaced together
+    # (atomic.replace_together): an error, a full disk or an interrupt while hashing (minutes
+    # at 10^6 clients) leaves the directory as it was, not new secrets beside an old password
+    # file that nobody could log in with.
     password_text = password_file_text(
         run_secrets, iterations=hashing.iterations, extra=[watcher] if watcher else [],
         on_hashed=hashing.on_hashed)
-    access_text = acl_text(run_secrets, observer=observer)
-    write_secrets(files.secrets_file, run_secrets, observer=watcher)
-    # Salted PBKDF2 hashes, still not for everyone's eyes; the broker runs as their owner.
-    _write_private(files.password_file, password_text)
-    _write_private(files.acl_file, access_text)
-    files.config.write_text(
-        mosquitto_conf_text(
-            port=port,
-            bind_address=bind_address,
-            password_file=f"{seen_as}/passwd",
-            acl_file=f"{seen_as}/acl",
-            persistence_dir=persistence_dir,
-            log_file=log_file,
-            max_packet_bytes=max_packet_bytes,
-            run_as_user=run_as_user,
-            tls=tls,
-            max_queued_messages=max_queued_messages or queue_limit(len(run_secrets.clients)),
-            max_queued_bytes=max_queued_bytes or DEFAULT_QUEUED_BYTES,
-        )
+    config_text = mosquitto_conf_text(
+        port=port,
+        bind_address=bind_address,
+        password_file=f"{seen_as}/passwd",
+        acl_file=f"{seen_as}/acl",
+        persistence_dir=persistence_dir,
+        log_file=log_file,
+        max_packet_bytes=max_packet_bytes,
+        run_as_user=run_as_user,
+        tls=tls,
+        max_queued_messages=max_queued_messages or queue_limit(len(run_secrets.clients)),
+        max_queued_bytes=max_queued_bytes or DEFAULT_QUEUED_BYTES,
     )
+    replace_together({
+        files.secrets_file: (secrets_text(run_secrets, observer=watcher), PRIVATE),
+        files.password_file: (password_text, PRIVATE),
+        files.acl_file: (acl_text(run_secrets, observer=observer), PRIVATE),
+        files.config: (config_text, None),
+    }, durability="file")
     return files

@@ -198,3 +198,24 @@ def test_uninterrupted_under_an_asyncio_runner_keeps_its_ctrl_c_handler() -> Non
 
     before, after = asyncio.run(main())
     assert after is before and callable(before)
+
+
+def test_files_replaced_together_all_or_none(tmp_path: Path) -> None:
+    from fedsim.atomic import replace_together
+
+    first, second = tmp_path / "secrets.json", tmp_path / "passwd"
+    first.write_text("old secrets")
+    second.write_text("old hashes")
+
+    def full_disk(handle: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        replace_together({first: ("new secrets", 0o600), second: (full_disk, 0o600)},
+                         durability="file")
+    assert (first.read_text(), second.read_text()) == ("old secrets", "old hashes")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["passwd", "secrets.json"]
+    replace_together({first: ("new secrets", 0o600), second: (b"new hashes", None)},
+                     durability="durable")
+    assert (first.read_text(), second.read_text()) == ("new secrets", "new hashes")
+    assert stat.S_IMODE(first.stat().st_mode) == 0o600

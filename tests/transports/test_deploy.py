@@ -94,14 +94,17 @@ def test_deploy_hashes_at_the_default_count_or_the_one_asked(tmp_path: Path) -> 
         assert not (tmp_path / bad).exists()  # refused before anything is written
 
 
-def test_an_interrupted_hashing_leaves_the_earlier_files_as_they_were(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("listener", [["--plain"], []])  # [] : TLS, the default
+def test_an_interrupted_or_refused_deploy_leaves_the_earlier_files_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: list[str]
 ) -> None:
     from fedsim.transports import security
 
     out = tmp_path / "gen"
-    assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), "--plain") == 0
-    before = {name: (out / name).read_bytes() for name in ("secrets.json", "passwd", "acl")}
+    assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), *listener) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert ("ca.crt" in names) == (not listener)
+    before = {name: (out / name).read_bytes() for name in names}
     (out / "secrets.json").chmod(0o644)  # widened by someone: rewritten 0600 from creation
 
     def interrupted(*_args: object, **_kwargs: object) -> str:
@@ -109,13 +112,21 @@ def test_an_interrupted_hashing_leaves_the_earlier_files_as_they_were(
 
     monkeypatch.setattr(security, "mosquitto_password_hash", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_deploy("--client-id", "a", "--run", "r", "--out", str(out), "--plain")
-    assert {name: (out / name).read_bytes() for name in before} == before
+        run_deploy("--client-id", "a", "--run", "r", "--out", str(out), *listener)
     monkeypatch.undo()
-    assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), "--plain") == 0
+    with pytest.raises(ConfigError, match="repeated"):
+        run_deploy("--client-id", "a", "--client-id", "a", "--run", "r", "--out", str(out),
+                   *listener)
+    assert {name: (out / name).read_bytes() for name in names} == before
+    assert sorted(p.name for p in out.iterdir()) == names  # no temporary file left
+    assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), *listener) == 0
     assert stat.S_IMODE((out / "secrets.json").stat().st_mode) == 0o600
     assert (out / "secrets.json").read_bytes() != before["secrets.json"]
-    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ConfigError, match="repeated"):
+        run_deploy("--client-id", "a", "--client-id", "a", "--run", "r", "--out", str(fresh),
+                   *listener)
+    assert not fresh.exists() or not list(fresh.iterdir())
 
 
 def test_duplicate_client_ids_are_found_in_linear_time() -> None:
@@ -140,8 +151,9 @@ def test_many_users_hash_on_threads_in_order_and_report_progress(
     passwords = {u.username: u.password for u in users}
     seen = _hashed_users(text, passwords)
     assert [u for u, _ in seen] == [u.username for u in users]  # the order the file had
-    assert {n for _, n in seen} == {7} and sum(told) == len(users) and max(told) == 7
-    for bad in (0, security.MAX_PBKDF2_ITERATIONS + 1):
+    assert {n for _, n in seen} == {7} and sum(told) == len(users)
+    assert len(told) > 1 and max(told) <= 7  # in chunks, each told once it is joined
+    for bad in (0, security.MAX_PBKDF2_ITERATIONS + 1, True):
         with pytest.raises(ConfigError, match="between 1 and"):
             password_file_text(run_secrets, iterations=bad)
 

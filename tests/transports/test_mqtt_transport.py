@@ -519,3 +519,18 @@ async def test_a_clients_table_of_unrecorded_rounds_stays_bounded(
             honest = {("c1", r) for r in range(10)}
             assert srv.acknowledge(honest | {("c1", 10**6 + 39)}) == 10  # all honest kept
             assert await c1.flush(5) and c1.unacknowledged == ()
+
+
+def test_a_client_outbox_larger_than_the_servers_bounds_is_refused() -> None:
+    # The server's round gap and receipt table are four times limits.MAX_UNACKNOWLEDGED; a
+    # longer outbox would have honest resends refused as round_ahead.
+    from fedsim.config import limits
+    from fedsim.runtime.actors.client_book import WINDOW
+
+    assert WINDOW == 1024 == 4 * limits.MAX_UNACKNOWLEDGED  # checkpointed bitmaps are this wide
+    for bad in (0, limits.MAX_UNACKNOWLEDGED + 1, True):
+        with pytest.raises(ConfigError, match="max_unacknowledged must be between 1 and 256"):
+            MqttClientEndpoint("mqtt://127.0.0.1:1", run=RUN, client_id="c1",
+                               max_unacknowledged=bad)
+    MqttClientEndpoint("mqtt://127.0.0.1:1", run=RUN, client_id="c1",
+                       max_unacknowledged=limits.MAX_UNACKNOWLEDGED)
