@@ -237,6 +237,7 @@ class ServerActor:
         self.endpoint = endpoint
         self.params = np.asarray(initial_params, dtype=np.float32).copy()
         self.clients = dict(clients)
+        self._ids = sorted(self.clients)  # the invitation's draw order, sorted once, not a window
         self.book = ClientBook({c: info.limits for c, info in self.clients.items()},
                                self.params.size, max_staleness=max_staleness,
                                invites=participation < 1.0)
@@ -364,7 +365,7 @@ class ServerActor:
         """Draw ``window``'s participants (None: everyone is invited) and remember them."""
         if self.participation >= 1.0:
             return None
-        ids = sorted(self.clients)
+        ids = self._ids
         count = max(1, round(self.participation * len(ids)))
         chosen = frozenset(ids[i] for i in self.rng.choice(len(ids), size=count, replace=False))
         # A restarted server draws the open window again: both draws' invitees may train.
