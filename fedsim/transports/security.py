@@ -78,7 +78,7 @@ PARALLEL_HASHING_FROM = 64
 """From this many users the password file is hashed on a thread per CPU
 (:func:`hashlib.pbkdf2_hmac` releases the GIL)."""
 HASHING_CHUNK = 256
-"""Users hashed by one task of the thread pool."""
+"""At most this many users hashed by one task of the thread pool."""
 _SALT_BYTES = 12
 DEFAULT_QUEUED_BYTES = 1 << 30
 """``max_queued_bytes`` when nothing sizes it from the model (``fedsim deploy`` does)."""
