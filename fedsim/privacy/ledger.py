@@ -2,8 +2,9 @@
 
 File format, hash chain, high-water mark and lock: see :mod:`fedsim.privacy.ledger_file`.
 
-Durability rule. :meth:`PrivacyLedger.spend` writes its lines with one ``write`` call, then
-``flush`` + ``os.fsync``, then moves the high-water mark (fsynced), and only then returns (and
+Durability rule. :meth:`PrivacyLedger.spend` writes its lines with ``os.write`` on a descriptor
+held open (continued after a short write), then ``os.fsync``, then moves the high-water mark
+(fsynced), and only then returns (and
 the caller releases the update). A spend is *acknowledged* when it returns. A new ledger is created without an
 fsync (header and a mark of 0 records, written): its first spend makes them durable, the mark
 and the directory's entries (one directory fsync covers every ledger created before it)

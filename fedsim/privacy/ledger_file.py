@@ -484,7 +484,7 @@ def write_new(path: Path, payload: bytes, *, durable: bool = True) -> None:
     ``durable=False`` (a new ledger's header: its first spend makes it durable)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     try:
-        os.write(fd, payload)
+        _write_all(fd, payload)
         if durable:
             os.fsync(fd)
     finally:
@@ -537,12 +537,18 @@ def append_durably(fd: int, payload: bytes) -> None:
     (an unterminated line, never acknowledged: :func:`cut_partial_line`), with nothing kept
     in memory that a later write or close could still flush.
     """
+    _write_all(fd, payload)
+    os.fsync(fd)
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    """``os.write`` until all of ``payload`` is written (a short write continues where it
+    stopped; the common single write makes no memoryview)."""
     written = os.write(fd, payload)
     if written != len(payload):
         rest = memoryview(payload)[written:]
         while rest:
             rest = rest[os.write(fd, rest):]
-    os.fsync(fd)
 
 
 def cut_partial_line(path: Path, data: bytes) -> bytes:

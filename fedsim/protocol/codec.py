@@ -288,6 +288,14 @@ def _check_finite(values: np.ndarray, field: str) -> None:
         raise _non_finite(values, field)
 
 
+def _finite_norm(values: np.ndarray, field: str) -> float:
+    """:func:`vector_norm`, which is finite exactly when every value is (one pass for both)."""
+    norm = vector_norm(values)
+    if not math.isfinite(norm):
+        raise _non_finite(values, field)
+    return norm
+
+
 def _compressed(
     message: ClientUpdate,
 ) -> tuple[SparseSpec | QuantisedSpec | None, np.ndarray | bytes]:
@@ -315,9 +323,7 @@ def _header_for(
         spec = _tensor_spec(message.delta, "ClientUpdate.delta")
         norm = None
         if measure and message.compression is None:
-            norm = vector_norm(message.delta)
-            if not math.isfinite(norm):
-                raise _non_finite(message.delta, "ClientUpdate.delta")
+            norm = _finite_norm(message.delta, "ClientUpdate.delta")
         else:
             _check_finite(message.delta, "ClientUpdate.delta")
         packed, body = _compressed(message)
@@ -650,7 +656,7 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
     assert body is not None  # a header with a tensor comes with a body
     packed = header.compression if isinstance(header, UpdateHeader) else None
     sealed = isinstance(body, np.ndarray)
-    if isinstance(body, np.ndarray):
+    if isinstance(body, np.ndarray):  # (not ``sealed``: the type checker narrows on this)
         values = body
     elif packed is not None:
         values = _decompressed(packed, body[offset:], length)
@@ -668,9 +674,7 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
     if isinstance(header, UpdateHeader):
         if norm is None:
             # One pass: the norm the server checks is finite exactly when every value is.
-            norm = vector_norm(values)
-            if not math.isfinite(norm):
-                raise _non_finite(values, "update tensor")
+            norm = _finite_norm(values, "update tensor")
         update = ClientUpdate(
             client_id=header.client_id,
             round=header.round,

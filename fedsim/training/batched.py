@@ -165,8 +165,10 @@ class RoundBatcher:
         split, each may be computed at any time)."""
         self.chain = batchable_layers(model)
         self.num_params = sum(p.numel() for p in model.parameters())
-        self._pieces = [p.numel() for m in self.chain if type(m) is nn.Linear
-                        for p in m.parameters()] if self.chain is not None else []
+        self._linears = [m for m in self.chain if type(m) is nn.Linear] \
+            if self.chain is not None else []
+        """The chain's Linear layers, in order."""
+        self._pieces = [p.numel() for m in self._linears for p in m.parameters()]
         """The sizes of the Linear layers' weights and biases in a parameter vector, in order."""
         self.device = next(model.parameters()).device
         """Where every tensor of a pass is made (the model's device)."""
@@ -356,7 +358,7 @@ class RoundBatcher:
         # tensor and one set of layer views for each vector of the pass.
         shared: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor | None]]]] = {}
         assert self.chain is not None
-        layers = [m for m in self.chain if type(m) is nn.Linear]
+        layers = self._linears
         with warnings.catch_warnings():
             # Received models are read-only buffers; nothing here writes to them.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -197,16 +197,16 @@ class AggregatorActor:
         for update in paced:
             verdict = self.book.judge(update, keys)
             key = (update.client_id, update.round)
-            full = verdict.kind is Kind.ACCEPTED and (
-                len(entries) >= MAX_PARTIAL_ENTRIES
-                or (update.base_version not in sums and len(sums) >= MAX_PARTIAL_GROUPS))
-            if verdict.kind is Kind.ACCEPTED and (update.base_version <= self.unsure_through
-                                                  or full):
+            accepted = verdict.kind is Kind.ACCEPTED
+            if accepted and (update.base_version <= self.unsure_through
+                             or len(entries) >= MAX_PARTIAL_ENTRIES
+                             or (update.base_version not in sums
+                                 and len(sums) >= MAX_PARTIAL_GROUPS)):
                 # Joining a run, or past what one partial may carry (the codec's bounds):
                 # the server judges it alone.
                 self.book.record(*key)
                 await self._forward(update)
-            elif verdict.kind is Kind.ACCEPTED:
+            elif accepted:
                 weight = self.weights[update.client_id]
                 eta = self.clients[update.client_id].step_at(update.round)
                 total = sums.get(update.base_version)
@@ -222,8 +222,7 @@ class AggregatorActor:
                 self.book.record(*key)
                 await self._forward(update)
             elif verdict.kind is Kind.STALE and len(settled) >= MAX_PARTIAL_ENTRIES:
-                self.book.record(*key)
-                await self._forward(update)  # the server finds it stale and records it
+                await self._forward(update)  # the book recorded it; the server finds it stale
             else:
                 if verdict.kind is Kind.STALE:
                     settled.append(key)  # the book recorded it: judged for good

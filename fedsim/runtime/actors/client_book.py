@@ -64,7 +64,7 @@ from typing import Any
 from fedsim.logging import get_logger
 from fedsim.protocol.codec import vector_norm
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
-from fedsim.runtime.actors.exposure import invitation_bits, is_invited
+from fedsim.runtime.actors.exposure import invitation_bits_in, is_invited
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits
 
 __all__ = ["INVITED_WINDOWS", "PUBLISHED_RUNS", "WINDOW", "BookState", "ClientBook", "Kind",
@@ -309,7 +309,7 @@ class ClientBook:
 
     def invite(self, window: int, invited: Iterable[str]) -> bytes:
         """Remember ``window``'s invitees (added to an earlier draw of it); its bitmap."""
-        bits = invitation_bits(sorted(self.limits), invited)
+        bits = invitation_bits_in(self._order, invited)
         self.remember_invitation(window, bits)
         return bits
 

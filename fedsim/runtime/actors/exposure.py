@@ -64,6 +64,7 @@ __all__ = [
     "expected_sample_grads",
     "group_sample_grads",
     "invitation_bits",
+    "invitation_bits_in",
     "is_invited",
     "privacy_caveats",
     "release_time",
@@ -197,7 +198,12 @@ def release_time(start: float, slot: float, now: float) -> float:
 
 def invitation_bits(client_ids: Sequence[str], invited: Iterable[str]) -> bytes:
     """The bitmap naming ``invited`` among the sorted ``client_ids`` (bit i of byte i // 8)."""
-    order = {client_id: i for i, client_id in enumerate(sorted(client_ids))}
+    return invitation_bits_in({c: i for i, c in enumerate(sorted(client_ids))}, invited)
+
+
+def invitation_bits_in(order: Mapping[str, int], invited: Iterable[str]) -> bytes:
+    """:func:`invitation_bits` with the sorted ids' positions already known (``order``: id ->
+    its index among them; a server keeps it rather than sorting every window)."""
     bits = bytearray((len(order) + 7) // 8)
     for client_id in invited:
         index = order[client_id]
