@@ -83,13 +83,12 @@ class Schedule:
     def _fraction(self, t: int) -> float:
         """``t / T`` after checking that t is inside the horizon."""
         total = self.total_steps
-        if type(t) is int and t >= 0 and (total is None or t < total):  # asked every round
-            return 0.0 if total is None else t / total
-        if isinstance(t, bool) or not isinstance(t, int | np.integer) or t < 0 \
-                or (self.total_steps is not None and t >= self.total_steps):
-            horizon = "0.." + str(self.total_steps - 1) if self.total_steps else ">= 0"
+        # A plain int (asked every round) costs one type test before the range check.
+        if (type(t) is not int and (isinstance(t, bool) or not isinstance(t, int | np.integer))) \
+                or t < 0 or (total is not None and t >= total):
+            horizon = "0.." + str(total - 1) if total else ">= 0"
             raise ConfigError(f"step {t!r} outside the schedule's horizon {horizon}")
-        return 0.0 if self.total_steps is None else t / self.total_steps
+        return 0.0 if total is None else t / total
 
     def sigma(self, t: int) -> float:
         """Noise multiplier of step t."""

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from fedsim.training.gaussian import mix64
+
 __all__ = ["CounterSeededTorch", "ParkedStream", "SeedTree", "counter_seed"]
 
 _T = TypeVar("_T")
@@ -110,6 +112,8 @@ class ParkedStream:
 
 
 _MASK64 = 2**64 - 1
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+"""SplitMix64's default increment (2^64 over the golden ratio, odd)."""
 
 
 def counter_seed(seed: int, counter: int) -> int:
@@ -120,10 +124,7 @@ def counter_seed(seed: int, counter: int) -> int:
     ``counter`` needs no state of the draws before it."""
     if counter < 0:
         raise ValueError(f"counter must be non-negative, got {counter}")
-    z = (seed + (counter + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & (2**63 - 1)
+    return mix64((seed + (counter + 1) * GOLDEN_GAMMA) & _MASK64) & (2**63 - 1)
 
 
 class CounterSeededTorch:

@@ -61,6 +61,7 @@ __all__ = [
     "fill_gaussian",
     "fill_noise",
     "gaussian_noise",
+    "mix64",
     "mix_gamma",
     "native_kernel_available",
     "reference_pairs",
@@ -101,6 +102,14 @@ def _mix64(z: torch.Tensor) -> torch.Tensor:
     z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
     z = (z ^ _shift_right(z, 27)) * _signed(_MIX2)
     return z ^ _shift_right(z, 31)
+
+
+def mix64(value: int) -> int:
+    """SplitMix64's finaliser on one 64-bit integer (the scalar form of the stream's mixing;
+    Steele, Lea and Flood 2014)."""
+    z = ((value ^ (value >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
 
 
 def mix_gamma(value: int) -> int:

@@ -212,17 +212,17 @@ def check_iterations(iterations: int, what: str = "PBKDF2 iterations") -> int:
 def password_file_text(
     run_secrets: RunSecrets,
     *,
-    iterations: int = PBKDF2_ITERATIONS,
+    hashing: PasswordHashing = PasswordHashing(),
     extra: Sequence[Credentials] = (),
-    on_hashed: Callable[[int], None] | None = None,
 ) -> str:
     """mosquitto's password file for the run's users (one ``user:$7$...`` line each, in the
-    order server, clients, aggregators, ``extra``). ``on_hashed(n)`` is told, in the calling
-    thread, each time ``n`` more passwords are hashed (a progress bar: a run's file is the
+    order server, clients, aggregators, ``extra``), at ``hashing.iterations`` rounds.
+    ``hashing.on_hashed(n)`` is told, in the calling thread, each time ``n`` more passwords
+    are hashed (a progress bar: a run's file is the
     work of minutes at 10^6 clients). From :data:`PARALLEL_HASHING_FROM` users the hashing
     runs on a thread per CPU this process may use, in chunks of at most :data:`HASHING_CHUNK`
     users, four or more a thread (a future per user would hold 2 KB each, about 2 GB at 10^6)."""
-    check_iterations(iterations)
+    iterations, on_hashed = check_iterations(hashing.iterations), hashing.on_hashed
     users = [run_secrets.server, *run_secrets.clients.values(),
              *run_secrets.aggregators.values(), *extra]
 
@@ -505,9 +505,8 @@ def write_broker_files(
     # (atomic.replace_together): an error, a full disk or an interrupt while hashing (minutes
     # at 10^6 clients) leaves the directory as it was, not new secrets beside an old password
     # file that nobody could log in with.
-    password_text = password_file_text(
-        run_secrets, iterations=hashing.iterations, extra=[watcher] if watcher else [],
-        on_hashed=hashing.on_hashed)
+    password_text = password_file_text(run_secrets, hashing=hashing,
+                                       extra=[watcher] if watcher else [])
     config_text = mosquitto_conf_text(
         port=port,
         bind_address=bind_address,

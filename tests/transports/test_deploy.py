@@ -19,6 +19,7 @@ from fedsim.transports.security import (
     PARALLEL_HASHING_FROM,
     PBKDF2_ITERATIONS,
     Credentials,
+    PasswordHashing,
     RunSecrets,
     acl_text,
     generate_secrets,
@@ -145,7 +146,7 @@ def test_many_users_hash_on_threads_in_order_and_report_progress(
     run_secrets = generate_secrets("r", ids, ["aggregator-0"])
     extra = Credentials("fedsim-observer", "watching")
     told: list[int] = []
-    text = password_file_text(run_secrets, iterations=7, extra=[extra], on_hashed=told.append)
+    text = password_file_text(run_secrets, hashing=PasswordHashing(7, told.append), extra=[extra])
     users = [run_secrets.server, *run_secrets.clients.values(),
              *run_secrets.aggregators.values(), extra]
     passwords = {u.username: u.password for u in users}
@@ -155,7 +156,7 @@ def test_many_users_hash_on_threads_in_order_and_report_progress(
     assert len(told) > 1 and max(told) <= 7  # in chunks, each told once it is joined
     for bad in (0, security.MAX_PBKDF2_ITERATIONS + 1, True):
         with pytest.raises(ConfigError, match="between 1 and"):
-            password_file_text(run_secrets, iterations=bad)
+            password_file_text(run_secrets, hashing=PasswordHashing(bad))
 
 
 def test_deploy_tls_flags_configure_the_listener(tmp_path: Path) -> None:
