@@ -18,8 +18,10 @@ median block. ``cpu_ratio_vs_plain`` is the same median of ratios with the proce
 alone, so on a loaded machine it is the steadier figure (at one thread it counts the same work).
 With ``--passes`` > 1 the pass with the lowest ratio is kept.
 Writes benchmarks/results/dp_step.json: a list of {model, variant, threads, samples_per_s,
-ratio_vs_plain, cpu_ratio_vs_plain, peak_rss_mb, commit, dirty, loadavg_start, loadavg_end}:
-``commit`` is ``git rev-parse HEAD`` of the code measured, ``dirty`` whether tracked files
+ratio_vs_plain, cpu_ratio_vs_plain, peak_rss_mb, allocator, commit, dirty, loadavg_start,
+loadavg_end}: ``allocator`` is ``keep`` when the workers' allocator keeps freed memory as every
+fedsim command's process does (:mod:`fedsim.runtime.allocator`; the default) and ``system``
+for glibc's defaults (``--allocator system``: what a library caller gets); ``commit`` is ``git rev-parse HEAD`` of the code measured, ``dirty`` whether tracked files
 differed from it, ``loadavg_*`` the machine's ``os.getloadavg()`` (1, 5, 15 min) when that
 row's process started and ended. fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
 value per parameter, :mod:`fedsim.training.gaussian`) against the plain step, measured the same
@@ -198,8 +200,13 @@ def _block_times(step: Callable[[], None], block: int) -> tuple[float, float]:
     return (time.perf_counter() - started) / block, (time.process_time() - cpu) / block
 
 
-def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, Any]:
+def worker(
+    model_name: str, variant: str, threads: int, seconds: float, allocator: str = "keep"
+) -> dict[str, Any]:
     """Time one configuration in this process, paired with plain SGD; print one JSON line.
+
+    ``allocator``: ``keep`` sets the allocator as fedsim's commands do (both arms run in this
+    process under it), ``system`` leaves glibc's defaults.
 
     The machine is shared, so the ratio is the median of ratios of *adjacent* blocks
     (variant block, plain block, ...), which cancels slow drifts in the available CPU.
@@ -211,6 +218,11 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
 
     if not Path(fedsim.__file__).resolve().is_relative_to(TREE):
         raise RuntimeError(f"measuring {fedsim.__file__}, not the tree {TREE}")
+    if allocator == "keep":
+        from fedsim.runtime.allocator import keep_freed_memory
+
+        if not keep_freed_memory({}):  # {}: the benchmark's choice, not the caller's variables
+            raise RuntimeError("--allocator keep: this process's allocator could not be set")
     load_start = os.getloadavg()
     torch.set_num_threads(threads)
     step = _step_function(model_name, variant)
@@ -255,7 +267,9 @@ def worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[
     return measured
 
 
-def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> dict[str, Any]:
+def run_worker(
+    model_name: str, variant: str, threads: int, seconds: float, allocator: str = "keep"
+) -> dict[str, Any]:
     command = [
         sys.executable,
         __file__,
@@ -264,6 +278,7 @@ def run_worker(model_name: str, variant: str, threads: int, seconds: float) -> d
         variant,
         str(threads),
         str(seconds),
+        allocator,
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
@@ -293,15 +308,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dp_step.json"))
     parser.add_argument(
+        "--allocator", choices=("keep", "system"), default="keep",
+        help="keep: the workers' allocator keeps freed memory, as every fedsim command's "
+             "process does (fedsim.runtime.allocator); system: glibc's defaults (what a "
+             "library caller gets; the only choice for trees before the allocator module)")
+    parser.add_argument(
         "--worker",
-        nargs=4,
-        metavar=("MODEL", "VARIANT", "THREADS", "SECONDS"),
+        nargs=5,
+        metavar=("MODEL", "VARIANT", "THREADS", "SECONDS", "ALLOCATOR"),
         help=argparse.SUPPRESS,
     )
     args = parser.parse_args(argv)
     if args.worker:
-        model_name, variant, threads, seconds = args.worker
-        print(json.dumps(worker(model_name, variant, int(threads), float(seconds))))
+        model_name, variant, threads, seconds, allocator = args.worker
+        print(json.dumps(worker(model_name, variant, int(threads), float(seconds), allocator)))
         return 0
     if args.quick:
         args.threads, args.passes, args.seconds = "1", 1, 1.5
@@ -314,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             for model_name in models:
                 for variant in variants:
                     key = (model_name, variant, threads)
-                    measured = run_worker(model_name, variant, threads, args.seconds)
+                    measured = run_worker(model_name, variant, threads, args.seconds,
+                                          args.allocator)
                     if key not in best or measured["ratio_vs_plain"] < best[key]["ratio_vs_plain"]:
                         best[key] = measured
                     print(
@@ -333,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_vs_plain": round(measured["ratio_vs_plain"], 3),
             "cpu_ratio_vs_plain": round(measured["cpu_ratio_vs_plain"], 3),
             "peak_rss_mb": round(measured["peak_rss_mb"], 1),
+            "allocator": args.allocator,
             **version,
             "loadavg_start": measured["loadavg_start"],
             "loadavg_end": measured["loadavg_end"],

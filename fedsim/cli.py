@@ -131,6 +131,16 @@ def _sentences(parser: argparse.ArgumentParser) -> None:
                 _sentences(sub)
 
 
+def _keep_freed_memory() -> None:
+    """This process is fedsim's: its allocator keeps freed memory for the next training step
+    (fedsim.runtime.allocator says why and how to opt out)."""
+    from fedsim.logging import get_logger
+    from fedsim.runtime.allocator import keep_freed_memory
+
+    if keep_freed_memory():
+        get_logger("fedsim.cli").debug("allocator keeps freed memory for reuse")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -144,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 log_level=getattr(args, "log_level", None))
     try:
         configure_logging(getattr(args, "json_logs", None), level=args.log_level)
+        _keep_freed_memory()
         with _offline(getattr(args, "offline", False)):
             return int(args.func(args) or 0)
     except FedsimError as exc:

@@ -1,7 +1,7 @@
 """Process resources at scale (issue 18). File descriptors: a held ledger keeps two open, so
 a run checks RLIMIT_NOFILE before it opens its ledgers, raises the soft limit when the hard one
 allows, and otherwise writes every ledger under one directory lock, with the same run
-directory. Memory: free heap pages are given back when many are free, not at every window."""
+directory (the allocator: tests/runtime/test_allocator.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.runtime.simulated.memory import (
     DESCRIPTOR_RESERVE,
     DESCRIPTORS_PER_LEDGER,
-    free_heap_bytes,
     ledger_handles_fit,
-    release_free_memory,
 )
 from fedsim.runtime.simulated.simulation import run_scenario
 
@@ -110,18 +108,6 @@ def test_a_run_beyond_the_hard_limit_writes_its_ledgers_under_one_directory_lock
     assert ledgers == _ledgers(tmp_path / "held")
     for name in ("metrics.jsonl", "clients.csv"):
         assert (tmp_path / "locked" / name).read_bytes() == (tmp_path / "held" / name).read_bytes()
-
-
-def test_free_heap_pages_are_given_back_only_when_many_are_free() -> None:
-    """Trimming at every window on a small population made the next rounds fault their pages
-    in again (about 15% of hetero-100's CPU): below the threshold nothing is trimmed."""
-    before = free_heap_bytes()
-    if before is None:
-        pytest.skip("the allocator's free bytes are unknown here (not glibc >= 2.33)")
-    assert release_free_memory(threshold=before + 2**40) is False
-    assert release_free_memory(threshold=0) is True
-    after = free_heap_bytes()
-    assert after is not None and after <= before + 2**20
 
 
 def test_long_lived_objects_are_spared_for_the_run_and_handed_back() -> None:

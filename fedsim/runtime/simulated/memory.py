@@ -8,8 +8,10 @@ once its adaptive mmap threshold has grown past their size, and a heap fragmente
 not shrunk: at 1,000 clients of hetero-100 the resident size stayed at 3.4 GB while 1 GB was
 live. ``malloc_trim(0)`` returns the free pages inside the heap (glibc >= 2.8; elsewhere this
 is a no-op), measured: 1.06 GB resident at the end of the same run, CPU time unchanged within
-noise (benchmarks/scale.py). It trims only when much is free (:data:`TRIM_FREE_BYTES`): on a
-small population trimming at every window gives back pages the next round faults in again.
+noise (benchmarks/scale.py). It trims only when much is free
+(:data:`fedsim.runtime.allocator.TRIM_FREE_BYTES`): on a small population trimming at every
+window gives back pages the next round faults in again. The simulation calls
+:func:`fedsim.runtime.allocator.release_free_memory` at each window's end.
 
 File descriptors: a held ledger keeps two open (its file and its locked high-water mark), so
 a simulation of N clients needs 2N + a few under ``RLIMIT_NOFILE`` (often 1,024 soft; this
@@ -29,8 +31,6 @@ as before, or after the run for the spared ones.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,8 +42,8 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
-__all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "TRIM_FREE_BYTES", "free_heap_bytes",
-           "ledger_handles_fit", "long_lived_spared", "release_free_memory"]
+__all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "ledger_handles_fit",
+           "long_lived_spared"]
 
 _log = get_logger("fedsim.runtime.simulated.memory")
 
@@ -51,60 +51,6 @@ DESCRIPTORS_PER_LEDGER = 2
 """A held ledger's open files: the ledger (append) and its high-water mark (with the lock)."""
 DESCRIPTOR_RESERVE = 256
 """Descriptors left for everything else (imports, the run directory's files, a data loader)."""
-
-
-class _MallInfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (glibc >= 2.33): the allocator's byte counts."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
-
-
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        return ctypes.CDLL(name)
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-_TRIM = getattr(_LIBC, "malloc_trim", None)
-if _TRIM is not None:
-    _TRIM.argtypes = [ctypes.c_size_t]
-    _TRIM.restype = ctypes.c_int
-_INFO = getattr(_LIBC, "mallinfo2", None)
-if _INFO is not None:
-    _INFO.argtypes = []
-    _INFO.restype = _MallInfo2
-
-TRIM_FREE_BYTES = 256 * 2**20
-"""Free heap bytes above which :func:`release_free_memory` trims. Below it the free pages are
-kept: giving them back makes the next allocations of the same sizes fault them in again
-(measured on hetero-100: trimming at every window cost about 15% of the run's CPU)."""
-
-
-def free_heap_bytes() -> int | None:
-    """Bytes the allocator holds free in its heaps (glibc ``mallinfo2``); None where unknown."""
-    if _INFO is None:
-        return None
-    return int(_INFO().fordblks)
-
-
-def release_free_memory(threshold: int = TRIM_FREE_BYTES) -> bool:
-    """Return free heap pages to the OS (glibc ``malloc_trim``) when more than ``threshold``
-    bytes are free; True when it trimmed. Where the free bytes cannot be read (glibc < 2.33)
-    it trims whenever called; where there is no ``malloc_trim`` it does nothing."""
-    if _TRIM is None:
-        return False
-    free = free_heap_bytes()
-    if free is not None and free <= threshold:
-        return False
-    _TRIM(0)
-    return True
 
 
 def ledger_handles_fit(ledgers: int) -> bool:

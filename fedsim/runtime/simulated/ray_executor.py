@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fedsim.errors import ConfigError
+from fedsim.runtime.allocator import keep_freed_memory
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.gaussian import NoiseKey
 from fedsim.training.persample import LossFn, per_example_cross_entropy
@@ -117,7 +118,9 @@ class ShardWorker:
 
     def __init__(self, model: nn.Module, features: torch.Tensor, labels: torch.Tensor,
                  offsets: dict[int, tuple[int, int]], threads: int = 1,
-                 loss_fn: LossFn = per_example_cross_entropy) -> None:
+                 loss_fn: LossFn = per_example_cross_entropy, own_process: bool = False) -> None:
+        if own_process:  # a Ray worker's process is the worker's: keep freed memory for reuse
+            keep_freed_memory()
         torch.set_num_threads(threads)
         self.batcher = RoundBatcher(model)
         self.clients = {
@@ -183,7 +186,7 @@ class RayRoundBatcher(RoundBatcher):
                      if clients else torch.zeros(0, dtype=torch.int64))
             self._actors.append(remote_class.remote(
                 model, features.index_select(0, shard), labels.index_select(0, shard), offsets,
-                threads, loss_fn))
+                threads, loss_fn, True))
         self._clients: dict[int, tuple[object, int]] = {}
         self.remote_passes = 0
 

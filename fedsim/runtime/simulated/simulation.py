@@ -41,6 +41,7 @@ from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
 from fedsim.runtime.actors.server import ServerActor, WindowReport
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop
 from fedsim.runtime.actors.tasks import helper_tasks
+from fedsim.runtime.allocator import release_free_memory
 from fedsim.runtime.dp_pca import pca_components, release_projection
 from fedsim.runtime.population import (
     BatchedTrainer,
@@ -69,11 +70,7 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
-from fedsim.runtime.simulated.memory import (
-    ledger_handles_fit,
-    long_lived_spared,
-    release_free_memory,
-)
+from fedsim.runtime.simulated.memory import ledger_handles_fit, long_lived_spared
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.rounds import PendingRound
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
@@ -395,7 +392,7 @@ class _Simulation:
                     raise error  # a bug in an actor must not be silently swallowed
 
     def _window_done(self, report: WindowReport, network: SimulatedNetwork) -> bool:
-        release_free_memory()  # thousands of clients fragment the heap (runtime/memory.py)
+        release_free_memory()  # thousands of clients fragment the heap (runtime/allocator.py)
         self._check_tasks()
         self._note_stops()
         stats = network.stats

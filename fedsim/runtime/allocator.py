@@ -1,0 +1,142 @@
+"""The process's memory allocator (glibc's ``malloc``): freed memory kept for the next step,
+and given back to the operating system when much of it is free.
+
+Why fedsim's processes change the allocator's thresholds. A training step allocates and
+frees tens of MB of tensors (activations, their gradients, the per-example products), at the
+same sizes every step. glibc serves them from its heap once its adaptive mmap threshold has
+grown past their size, but gives the heap's free top back to the system whenever it exceeds
+the adaptive trim threshold (twice the mmap threshold: at most 64 MB), and the next step's
+first touch of each page faults it in again. Measured (``benchmarks/dp_step.py``'s models,
+batch 256, one thread, CPU time per step, processes alternated): the GroupNorm CNN of
+``scenarios/cifar10-groupnorm.yaml`` took 11,000-21,000 page faults and 24-44 ms of system
+time a step (about a third of its CPU), plain SGD and DP-SGD alike; with the thresholds fixed
+by :func:`keep_freed_memory` none, and the step took 15-30% less CPU. Every ``fedsim``
+command calls it at start (:mod:`fedsim.cli`), and so do Ray's workers; it leaves glibc's
+defaults alone where the user set glibc's own ``MALLOC_*`` variables or a ``glibc.malloc``
+tunable, or ``FEDSIM_ALLOCATOR=system``. A library call
+(``fedsim.simulate``) does not change a process-wide setting: call :func:`keep_freed_memory`
+there, or set ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` before Python starts.
+
+What the process holds instead: up to :data:`TRIM_THRESHOLD_BYTES` of free heap at its top.
+Long simulations also call :func:`release_free_memory` at each window's end, which gives
+back the free pages *inside* the heap as well once more than :data:`TRIM_FREE_BYTES` are free
+(thousands of clients' interleaved 400 KB vectors fragment it; see
+:mod:`fedsim.runtime.simulated.memory`). Elsewhere than glibc every function here does
+nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Mapping
+
+from fedsim.errors import ConfigError
+
+__all__ = ["ALLOCATOR_VARIABLE", "MMAP_THRESHOLD_BYTES", "TRIM_FREE_BYTES", "TRIM_THRESHOLD_BYTES",
+           "free_heap_bytes", "keep_freed_memory", "release_free_memory", "user_tuned"]
+
+ALLOCATOR_VARIABLE = "FEDSIM_ALLOCATOR"
+"""``keep`` (the default: :func:`keep_freed_memory` fixes the thresholds) or ``system``
+(glibc's defaults are left as they are)."""
+
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+"""Blocks from this size up get their own mapping, returned when freed: glibc's largest
+threshold on 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``). Fixing it also stops its
+adaptation, and with it the adaptive trim threshold."""
+
+TRIM_FREE_BYTES = 256 * 2**20
+"""Free heap bytes above which :func:`release_free_memory` trims. Below it the free pages are
+kept: giving them back makes the next allocations of the same sizes fault them in again
+(measured on hetero-100: trimming at every window cost about 15% of the run's CPU)."""
+
+TRIM_THRESHOLD_BYTES = TRIM_FREE_BYTES
+"""The free top of the heap that ``free`` leaves in place (glibc's ``M_TRIM_THRESHOLD``):
+the same bound as the windows' explicit trims."""
+
+# mallopt's parameter numbers (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+# The environment through which a user sets glibc's allocator: then it is theirs.
+_USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
+                  "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc >= 2.33): the allocator's byte counts."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+_TRIM = getattr(_LIBC, "malloc_trim", None)
+if _TRIM is not None:
+    _TRIM.argtypes = [ctypes.c_size_t]
+    _TRIM.restype = ctypes.c_int
+_INFO = getattr(_LIBC, "mallinfo2", None)
+if _INFO is not None:
+    _INFO.argtypes = []
+    _INFO.restype = _MallInfo2
+_MALLOPT = getattr(_LIBC, "mallopt", None)
+if _MALLOPT is not None:
+    _MALLOPT.argtypes = [ctypes.c_int, ctypes.c_int]
+    _MALLOPT.restype = ctypes.c_int
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes the allocator holds free in its heaps (glibc ``mallinfo2``); None where unknown."""
+    if _INFO is None:
+        return None
+    return int(_INFO().fordblks)
+
+
+def release_free_memory(threshold: int = TRIM_FREE_BYTES) -> bool:
+    """Return free heap pages to the OS (glibc ``malloc_trim``) when more than ``threshold``
+    bytes are free; True when it trimmed. Where the free bytes cannot be read (glibc < 2.33)
+    it trims whenever called; where there is no ``malloc_trim`` it does nothing."""
+    if _TRIM is None:
+        return False
+    free = free_heap_bytes()
+    if free is not None and free <= threshold:
+        return False
+    _TRIM(0)
+    return True
+
+
+def user_tuned(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``environ`` (default: this process's) tunes glibc's allocator itself or asks
+    for its defaults (``FEDSIM_ALLOCATOR=system``); raises ConfigError for another value of
+    that variable than ``keep`` or ``system``."""
+    env = os.environ if environ is None else environ
+    choice = env.get(ALLOCATOR_VARIABLE, "keep")
+    if choice not in ("keep", "system"):
+        raise ConfigError(f"{ALLOCATOR_VARIABLE} must be 'keep' or 'system', got {choice!r}")
+    return choice == "system" or any(name in env for name in _USER_SETTINGS) or (
+        "glibc.malloc" in env.get("GLIBC_TUNABLES", ""))
+
+
+def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` and its trim threshold at
+    :data:`TRIM_THRESHOLD_BYTES` for this process (see the module docstring); True when both
+    were set. Nothing is changed where the user tuned the allocator or chose glibc's defaults
+    (:func:`user_tuned`) or where there is no glibc ``mallopt``."""
+    if user_tuned(environ) or _MALLOPT is None:
+        return False
+    # mallopt returns 1 on success, 0 for a value it refuses.
+    mmap_set = _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    trim_set = _MALLOPT(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+    return mmap_set and trim_set
