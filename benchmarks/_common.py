@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from fedsim.privacy.events import GaussianStep
     from fedsim.training import LocalTrainer
 
-__all__ = ["centralized_dp_sgd", "commit", "epoch_ends", "provenance", "pyplot", "rss_mb",
+__all__ = ["ALLOCATORS", "add_allocator_option", "centralized_dp_sgd", "commit", "set_allocator", "epoch_ends", "provenance", "pyplot", "rss_mb",
            "write_json"]
 
 
@@ -78,6 +78,29 @@ def epoch_ends(steps: int, steps_per_epoch: float) -> list[int]:
             next_end += steps_per_epoch
             ends.append(done)
     return ends
+
+
+ALLOCATORS = ("keep", "system")
+
+
+def add_allocator_option(parser: Any) -> None:
+    """``--allocator``: how this process's allocator runs (see :func:`set_allocator`)."""
+    parser.add_argument(
+        "--allocator", choices=ALLOCATORS, default="keep",
+        help="keep (default): freed memory kept for reuse, as in every fedsim command's process "
+             "(fedsim.runtime.allocator); system: glibc's defaults, as a library caller gets")
+
+
+def set_allocator(choice: str) -> str:
+    """Set this process's allocator as ``choice`` says, before the measured work allocates;
+    return ``choice`` for the results. ``keep`` is what ``fedsim run`` does at start (a tree
+    from before fedsim.runtime.allocator can only be measured with ``system``)."""
+    if choice == "keep":
+        from fedsim.runtime.allocator import keep_freed_memory
+
+        if not keep_freed_memory({}):  # {}: the benchmark's choice, not the caller's variables
+            raise RuntimeError("--allocator keep: this process's allocator could not be set")
+    return choice
 
 
 def commit() -> str:

@@ -218,11 +218,9 @@ def worker(
 
     if not Path(fedsim.__file__).resolve().is_relative_to(TREE):
         raise RuntimeError(f"measuring {fedsim.__file__}, not the tree {TREE}")
-    if allocator == "keep":
-        from fedsim.runtime.allocator import keep_freed_memory
+    import _common
 
-        if not keep_freed_memory({}):  # {}: the benchmark's choice, not the caller's variables
-            raise RuntimeError("--allocator keep: this process's allocator could not be set")
+    _common.set_allocator(allocator)
     load_start = os.getloadavg()
     torch.set_num_threads(threads)
     step = _step_function(model_name, variant)
@@ -307,11 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dp_step.json"))
-    parser.add_argument(
-        "--allocator", choices=("keep", "system"), default="keep",
-        help="keep: the workers' allocator keeps freed memory, as every fedsim command's "
-             "process does (fedsim.runtime.allocator); system: glibc's defaults (what a "
-             "library caller gets; the only choice for trees before the allocator module)")
+    import _common  # after TREE is first on sys.path (it checks the same)
+
+    _common.add_allocator_option(parser)
     parser.add_argument(
         "--worker",
         nargs=5,

@@ -56,7 +56,11 @@ alone runs.
 Run directories go to a temporary directory in memory (/dev/shm when present): the ledgers'
 fsyncs measure the disk, not the simulator.
 
-    python benchmarks/simulator.py [--quick] [--repeats N] [--interrupt-rules]
+    python benchmarks/simulator.py [--quick] [--repeats N] [--interrupt-rules] [--allocator A]
+
+``--allocator keep`` (the default) runs the process as every ``fedsim`` command does, its
+allocator keeping freed memory for reuse (:mod:`fedsim.runtime.allocator`); ``system`` leaves
+glibc's defaults (a library caller's process). Both arms run in the one process under it.
 
 writes ``benchmarks/results/simulator.json``.
 """
@@ -499,13 +503,15 @@ def main() -> None:
     parser.add_argument("--interrupt-rules", action="store_true",
                         help="only the ratio under interrupt: switch and snapshot, alternately "
                              "(writes benchmarks/results/simulator_interrupt.json)")
+    _common.add_allocator_option(parser)
     args = parser.parse_args()
+    allocator = _common.set_allocator(args.allocator)
     torch.set_num_threads(1)
     configure_logging(level="warning")
     if args.interrupt_rules:
         load_start = os.getloadavg()
         rules = interrupt_rules(20.0 if args.quick else 60.0, args.repeats)
-        rules.update(quick=args.quick, commit=_common.commit(),
+        rules.update(quick=args.quick, allocator=allocator, commit=_common.commit(),
                      loadavg_start=[round(v, 2) for v in load_start],
                      loadavg_end=[round(v, 2) for v in os.getloadavg()])
         target = args.out.with_name("simulator_interrupt.json")
@@ -558,6 +564,7 @@ def main() -> None:
         "comparison": COMPARISON,
         "targets": {"ratio": 0.9, "simulated_s_per_wall_s": 1000.0},
         "quick": args.quick,
+        "allocator": allocator,
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,
