@@ -59,6 +59,10 @@ tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that cod
     python benchmarks/scale.py --floor [--virtual-seconds 3] [--profile]
     python benchmarks/scale.py --ray [--ray-scenarios hetero-100,10000]   # docs/RAY.md
 
+Every mode takes ``--allocator keep`` (the default: the process's allocator keeps freed memory
+for reuse, as every ``fedsim`` command's does; :mod:`fedsim.runtime.allocator`) or ``system``
+(glibc's defaults, a library caller's process); rows record which.
+
 writes (updates) ``benchmarks/results/scale.json``.
 """
 
@@ -79,7 +83,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _common import commit, rss_mb  # noqa: E402
+from _common import add_allocator_option, commit, rss_mb, set_allocator  # noqa: E402
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario  # noqa: E402
 from fedsim.runtime.population import build_population  # noqa: E402
@@ -601,14 +605,15 @@ def _save(document: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
-def _ray_rows(which: str) -> None:
+def _ray_rows(which: str, allocator: str) -> None:
     document = _load_results()
     rows = []
     for scenario, seconds, bound in (("hetero-100", 20.0, 600), ("10000", 0.3, 900)):
         if scenario not in which.split(","):
             continue
         for executor in ("local", "ray-1", "ray-2"):
-            row = _subprocess(["--ray-one", scenario, executor, str(seconds)], bound)
+            row = _subprocess(["--ray-one", scenario, executor, str(seconds),
+                               "--allocator", allocator], bound)
             row.update(scenario=scenario, executor=executor, time_bound_s=bound)
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -616,10 +621,11 @@ def _ray_rows(which: str) -> None:
             _save(document)
 
 
-def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool) -> None:
+def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocator: str) -> None:
     document = _load_results()
     floor = floor_row(clients, virtual_seconds)
     floor["code"] = commit()
+    floor["allocator"] = allocator
     print(json.dumps(floor), flush=True)
     document.setdefault("floor", []).append(floor)
     if profile:
@@ -676,7 +682,8 @@ def _plan_rows(args: argparse.Namespace, scratch: list[str]) -> None:
         bound = args.timeout or bound
         print(f"{clients} clients, {mode}, {virtual_seconds} virtual s (bound {bound} s)",
               flush=True)
-        row = _subprocess(["--one", str(clients), mode, str(virtual_seconds), *scratch], bound)
+        row = _subprocess(["--one", str(clients), mode, str(virtual_seconds), *scratch,
+                           "--allocator", args.allocator], bound)
         row.setdefault("clients", clients)
         row.setdefault("mode", mode)
         row["time_bound_s"] = bound
@@ -708,7 +715,9 @@ def main() -> None:
     _per_client_arguments(parser)
     parser.add_argument("--scratch", type=Path,
                         help="directory for run directories (default /dev/shm when present)")
+    add_allocator_option(parser)
     args = parser.parse_args()
+    allocator = set_allocator(args.allocator)
     scratch = _use_scratch(args.scratch)
     torch.set_num_threads(1)
     import logging
@@ -721,15 +730,17 @@ def main() -> None:
         print(json.dumps(ray_row(args.ray_one[0], args.ray_one[1], float(args.ray_one[2]))))
         return
     if args.ray:
-        _ray_rows(args.ray_scenarios)
+        _ray_rows(args.ray_scenarios, allocator)
         return
     if args.one:
-        print(json.dumps(measure(int(args.one[0]), args.one[1], float(args.one[2]))))
+        row = measure(int(args.one[0]), args.one[1], float(args.one[2]))
+        print(json.dumps({**row, "allocator": allocator}))
         return
     if _per_client_modes(args):
         return
     if args.floor:
-        _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile)
+        _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile,
+                    allocator=allocator)
         return
     if args.breakdown:
         result = breakdown(args.breakdown, args.virtual_seconds)
