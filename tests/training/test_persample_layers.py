@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedsim.training.persample import PerSampleEngine, clip_rows, naive_per_example_gradients
+from fedsim.training.persample import convolution as conv_module
 from fedsim.training.persample import engine as engine_module
-from fedsim.training.persample import rules as rules_module
 
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["rules_after", "rules_during"])
@@ -117,6 +117,27 @@ LAYERS: list[Case] = [
         "conv2d_few_positions_twice",  # two uses of a channels-last im2col layer
         lambda: Twice(nn.Conv2d(3, 3, 3, padding=1), 2, 3),
         lambda b: torch.randn(b, 3, 1, 2),
+        3,
+    ),
+    (
+        "conv2d_small_kernel",  # 27 weights a channel <= 2 x 16 channels, 36 positions: positions-last im2col
+        lambda: nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), MeanOver(2, 3)),
+        lambda b: torch.randn(b, 3, 6, 6),
+        16,
+    ),
+    (
+        "conv2d_small_kernel_strided",  # the same route, strided, dilated, a padded border
+        lambda: nn.Sequential(
+            nn.Conv2d(2, 6, (2, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1)),
+            MeanOver(2, 3),
+        ),
+        lambda b: torch.randn(b, 2, 7, 5),
+        6,
+    ),
+    (
+        "conv2d_small_kernel_twice",  # two uses of a positions-last im2col layer
+        lambda: Twice(nn.Conv2d(3, 3, (1, 2), padding=(0, 1)), 2, 3),
+        lambda b: torch.randn(b, 3, 4, 4),
         3,
     ),
     (
@@ -357,6 +378,33 @@ def test_kept_buffers_serve_batches_of_every_size() -> None:
     assert kept and all(t.shape[0] == 7 for t in kept)
 
 
+@pytest.mark.parametrize("name", ["conv2d_small_kernel", "conv2d_small_kernel_strided",
+                                  "conv2d_small_kernel_twice"])
+def test_small_kernels_take_the_positions_last_route(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cases above named for it run through positions-last im2col (not the grouped
+    convolution), every use of the layer; the reference check there is of this route."""
+    calls: list[tuple[int, ...]] = []
+    original = conv_module._patches_positions_last
+
+    def counted(module: nn.Conv2d, x: torch.Tensor,
+                store: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        out = original(module, x, store)
+        calls.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(conv_module, "_patches_positions_last", counted)
+    _, make, draw, classes = next(case for case in LAYERS if case[0] == name)
+    torch.manual_seed(13)
+    engine = PerSampleEngine(make())
+    x, y = draw(5), torch.randint(0, classes, (5,))
+    _assert_matches_reference(engine, x, y)
+    uses = 2 if name.endswith("twice") else 1
+    assert len(calls) >= uses and len(calls) % uses == 0  # the first batch's checks run it too
+    assert all(shape[0] == 5 for shape in calls)
+
+
 def test_grouped_convolution_in_chunks_of_examples_equals_the_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -364,7 +412,7 @@ def test_grouped_convolution_in_chunks_of_examples_equals_the_reference(
     last chunk shorter) into a kept buffer, equal single-example passes for every batch size."""
     conv = nn.Conv2d(3, 4, 3, padding=1)  # 49 positions > 4 output channels: grouped
     per_example_values = 3 * 7 * 7 + 4 * 7 * 7 + conv.weight.numel()
-    monkeypatch.setattr(rules_module, "_GROUPED_CHUNK_VALUES", 3 * per_example_values)
+    monkeypatch.setattr(conv_module, "_GROUPED_CHUNK_VALUES", 3 * per_example_values)
     torch.manual_seed(6)
     model = nn.Sequential(conv, nn.Tanh(), MeanOver(2, 3))
     engine = PerSampleEngine(model)
@@ -378,6 +426,7 @@ def test_group_norm_rule_reads_the_forward_statistics_and_agrees_with_recomputin
     """The GroupNorm rule's two ways (the forward's saved mean and 1/std; ``x_hat`` formed
     again) give the same per-example gradients, in float32 too with a mean far from 0."""
     from fedsim.training.persample import rules
+    from fedsim.training.persample.base import Layer, Use
 
     torch.manual_seed(3)
     for dtype, offset, rtol in ((torch.float64, 0.0, 1e-12), (torch.float32, 20.0, 2e-4)):
@@ -391,10 +440,10 @@ def test_group_norm_rule_reads_the_forward_statistics_and_agrees_with_recomputin
         torch.testing.assert_close(mean, grouped.mean(-1))
         torch.testing.assert_close(rstd, (grouped.var(-1, unbiased=False) + module.eps).rsqrt())
         g = torch.randn_like(output)
-        layer = rules.Layer(module, list(module.parameters()), "norm")
-        layer.uses = [rules.Use((x,), output, g, stats)]
+        layer = Layer(module, list(module.parameters()), "norm")
+        layer.uses = [Use((x,), output, g, stats)]
         with_stats = rules._norm_affine_rule(layer)
-        layer.uses = [rules.Use((x,), output, g, None)]
+        layer.uses = [Use((x,), output, g, None)]
         recomputed = rules._norm_affine_rule(layer)
         torch.testing.assert_close(with_stats[0], recomputed[0], rtol=rtol, atol=0.0)
         outs = [[torch.zeros_like(p) for p in module.parameters()] for _ in range(2)]

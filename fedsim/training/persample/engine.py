@@ -40,16 +40,10 @@ from fedsim.training.models import (
     tensor_state,
 )
 from fedsim.training.persample import fallback
+from fedsim.training.persample.base import Layer, Use, WeightedSum
+from fedsim.training.persample.base import per_example_rule as _per_example_rule
 from fedsim.training.persample.clipping import LossFn, clip_factors, per_example_cross_entropy
-from fedsim.training.persample.rules import (
-    RULES,
-    Layer,
-    Use,
-    WeightedSum,
-    fast_path,
-    group_norm_statistics,
-)
-from fedsim.training.persample.rules import per_example_rule as _per_example_rule
+from fedsim.training.persample.rules import RULES, fast_path, group_norm_statistics
 
 __all__ = ["ClippedSum", "PerSampleEngine", "engine_for"]
 
