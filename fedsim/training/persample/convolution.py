@@ -179,7 +179,7 @@ def _conv2d_weight_per_example(
     at most twice the output gradients and are copied in runs of whole output rows
     (GroupNorm CNN conv 1, 3 x 3 x 3 weights a channel, 16 channels: 1.0 + 5.8 ms against
     14.3 ms grouped; on its conv 2 and 3, 144 and 288 weights a channel for 32 channels, the
-    grouped convolution stays ahead: 4.4 and 3.4 ms against 12.2 and 7.8).
+    grouped convolution stays ahead: 4.4 and 3.4 ms against 14.0 and 8.5).
     The grouped convolution runs on chunks of examples (:data:`_GROUPED_CHUNK_VALUES`) into a
     kept buffer: the same values, without fresh memory each step.
     """
