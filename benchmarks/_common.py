@@ -92,14 +92,21 @@ def add_allocator_option(parser: Any) -> None:
 
 
 def set_allocator(choice: str) -> str:
-    """Set this process's allocator as ``choice`` says, before the measured work allocates;
-    return ``choice`` for the results. ``keep`` is what ``fedsim run`` does at start (a tree
-    from before fedsim.runtime.allocator can only be measured with ``system``)."""
+    """Set this process's allocator as ``choice`` says, before the measured work allocates,
+    and ``FEDSIM_ALLOCATOR`` for the processes it starts (rows' subprocesses, Ray's workers);
+    return what the results should record. ``keep`` is what ``fedsim run`` does at start (a
+    tree from before fedsim.runtime.allocator can only be measured with ``system``); where
+    there is no glibc ``mallopt`` nothing can be kept and ``system`` is returned (said on
+    stderr)."""
+    os.environ["FEDSIM_ALLOCATOR"] = choice
     if choice == "keep":
         from fedsim.runtime.allocator import keep_freed_memory
 
         if not keep_freed_memory({}):  # {}: the benchmark's choice, not the caller's variables
-            raise RuntimeError("--allocator keep: this process's allocator could not be set")
+            print("--allocator keep: no glibc mallopt here; measured with the system allocator",
+                  file=sys.stderr)
+            os.environ["FEDSIM_ALLOCATOR"] = "system"
+            return "system"
     return choice
 
 

@@ -21,9 +21,10 @@ Writes benchmarks/results/dp_step.json: a list of {model, variant, threads, samp
 ratio_vs_plain, cpu_ratio_vs_plain, peak_rss_mb, allocator, commit, dirty, loadavg_start,
 loadavg_end}: ``allocator`` is ``keep`` when the workers' allocator keeps freed memory as every
 fedsim command's process does (:mod:`fedsim.runtime.allocator`; the default) and ``system``
-for glibc's defaults (``--allocator system``: what a library caller gets); ``commit`` is ``git rev-parse HEAD`` of the code measured, ``dirty`` whether tracked files
-differed from it, ``loadavg_*`` the machine's ``os.getloadavg()`` (1, 5, 15 min) when that
-row's process started and ended. fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
+for glibc's defaults (``--allocator system``: what a library caller gets, and what is measured
+where there is no glibc); ``commit`` is ``git rev-parse HEAD`` of the code measured, ``dirty``
+whether tracked files differed from it, ``loadavg_*`` the machine's ``os.getloadavg()`` (1, 5,
+15 min) when that row's process started and ended. fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
 value per parameter, :mod:`fedsim.training.gaussian`) against the plain step, measured the same
 way, and ``noise_kernel``: ``compiled`` when the sampler's C kernel ran, ``torch`` when its
 torch fallback did (no C compiler).
@@ -220,7 +221,7 @@ def worker(
         raise RuntimeError(f"measuring {fedsim.__file__}, not the tree {TREE}")
     import _common
 
-    _common.set_allocator(allocator)
+    allocator = _common.set_allocator(allocator)
     load_start = os.getloadavg()
     torch.set_num_threads(threads)
     step = _step_function(model_name, variant)
@@ -250,6 +251,7 @@ def worker(
         "cpu_ratio_vs_plain": statistics.median(cpu_ratios),
         "peak_rss_mb": peak_mb,
         "loadavg_start": [round(v, 2) for v in load_start],
+        "allocator": allocator,
     }
     if variant == "fedsim":
         # How much of the ratio is the noise draw alone.
@@ -350,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_vs_plain": round(measured["ratio_vs_plain"], 3),
             "cpu_ratio_vs_plain": round(measured["cpu_ratio_vs_plain"], 3),
             "peak_rss_mb": round(measured["peak_rss_mb"], 1),
-            "allocator": args.allocator,
+            "allocator": measured["allocator"],
             **version,
             "loadavg_start": measured["loadavg_start"],
             "loadavg_end": measured["loadavg_end"],

@@ -61,7 +61,9 @@ tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that cod
 
 Every mode takes ``--allocator keep`` (the default: the process's allocator keeps freed memory
 for reuse, as every ``fedsim`` command's does; :mod:`fedsim.runtime.allocator`) or ``system``
-(glibc's defaults, a library caller's process); rows record which.
+(glibc's defaults, a library caller's process), also for the rows' subprocesses and Ray's
+workers (``FEDSIM_ALLOCATOR``); the rows of the plan, ``--ray``, ``--floor`` and
+``--breakdown`` record which.
 
 writes (updates) ``benchmarks/results/scale.json``.
 """
@@ -727,7 +729,8 @@ def main() -> None:
     configure_logging(True)
     logging.disable(logging.WARNING)
     if args.ray_one:
-        print(json.dumps(ray_row(args.ray_one[0], args.ray_one[1], float(args.ray_one[2]))))
+        row = ray_row(args.ray_one[0], args.ray_one[1], float(args.ray_one[2]))
+        print(json.dumps({**row, "allocator": allocator}))
         return
     if args.ray:
         _ray_rows(args.ray_scenarios, allocator)
@@ -743,7 +746,7 @@ def main() -> None:
                     allocator=allocator)
         return
     if args.breakdown:
-        result = breakdown(args.breakdown, args.virtual_seconds)
+        result = {**breakdown(args.breakdown, args.virtual_seconds), "allocator": allocator}
         print(json.dumps(result))
         document = _load_results()
         document.setdefault("memory_breakdown", {})[args.label] = result

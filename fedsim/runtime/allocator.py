@@ -17,7 +17,9 @@ tunable, or ``FEDSIM_ALLOCATOR=system``. A library call
 (``fedsim.simulate``) does not change a process-wide setting: call :func:`keep_freed_memory`
 there, or set ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` before Python starts.
 
-What the process holds instead: up to :data:`TRIM_THRESHOLD_BYTES` of free heap at its top.
+What the process holds instead: up to :data:`TRIM_THRESHOLD_BYTES` of free memory at the top
+of each of its heaps (the main heap, and one per arena of the threads that allocated), and, as
+before, whatever free chunks lie below a heap's top.
 Long simulations also call :func:`release_free_memory` at each window's end, which gives
 back the free pages *inside* the heap as well once more than :data:`TRIM_FREE_BYTES` are free
 (thousands of clients' interleaved 400 KB vectors fragment it; see
@@ -59,9 +61,6 @@ the same bound as the windows' explicit trims."""
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-# The environment through which a user sets glibc's allocator: then it is theirs.
-_USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
-                  "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")
 
 
 class _MallInfo2(ctypes.Structure):
@@ -125,7 +124,9 @@ def user_tuned(environ: Mapping[str, str] | None = None) -> bool:
     choice = env.get(ALLOCATOR_VARIABLE, "keep")
     if choice not in ("keep", "system"):
         raise ConfigError(f"{ALLOCATOR_VARIABLE} must be 'keep' or 'system', got {choice!r}")
-    return choice == "system" or any(name in env for name in _USER_SETTINGS) or (
+    # glibc reads its allocator's environment variables as MALLOC_*: any of them, or a
+    # glibc.malloc tunable, means the user set the allocator, and it is theirs.
+    return choice == "system" or any(name.startswith("MALLOC_") for name in env) or (
         "glibc.malloc" in env.get("GLIBC_TUNABLES", ""))
 
 
@@ -136,7 +137,8 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
     (:func:`user_tuned`) or where there is no glibc ``mallopt``."""
     if user_tuned(environ) or _MALLOPT is None:
         return False
-    # mallopt returns 1 on success, 0 for a value it refuses.
-    mmap_set = _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-    trim_set = _MALLOPT(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
-    return mmap_set and trim_set
+    # mallopt returns 1 on success, 0 for a value it refuses (a 32-bit glibc's largest mmap
+    # threshold is smaller): then neither is changed, not half of the policy.
+    if _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:
+        return False
+    return bool(_MALLOPT(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)

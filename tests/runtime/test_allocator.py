@@ -75,6 +75,7 @@ def test_a_users_own_allocator_settings_are_left_alone() -> None:
     assert not user_tuned({})
     assert not user_tuned({"FEDSIM_ALLOCATOR": "keep", "GLIBC_TUNABLES": "glibc.pthread.x=1"})
     for env in ({"MALLOC_TRIM_THRESHOLD_": "0"}, {"MALLOC_ARENA_MAX": "2"},
+                {"MALLOC_PERTURB_": "165"},
                 {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"},
                 {"FEDSIM_ALLOCATOR": "system"}):
         assert user_tuned(env), env
@@ -87,7 +88,8 @@ def test_a_users_own_allocator_settings_are_left_alone() -> None:
 
 
 def test_every_fedsim_command_keeps_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The command line sets it (its process is fedsim's); a library call does not."""
+    """The command line sets it (its process is fedsim's); a library call does not
+    (tests/api/test_library_allocator.py)."""
     from fedsim import cli
 
     calls: list[object] = []
@@ -116,3 +118,19 @@ def test_free_heap_pages_are_given_back_only_when_many_are_free() -> None:
     assert release_free_memory(threshold=0) is True
     after = free_heap_bytes()
     assert after is not None and after <= before + 2**20
+
+
+def test_a_refused_mmap_threshold_leaves_the_trim_threshold_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where glibc refuses the 32 MB mmap threshold (a 32-bit glibc's largest is smaller),
+    neither threshold is changed: not half of the policy."""
+    seen: list[tuple[int, int]] = []
+
+    def refusing(param: int, value: int) -> int:
+        seen.append((param, value))
+        return 0 if param == allocator._M_MMAP_THRESHOLD else 1
+
+    monkeypatch.setattr(allocator, "_MALLOPT", refusing)
+    assert keep_freed_memory({}) is False
+    assert seen == [(allocator._M_MMAP_THRESHOLD, allocator.MMAP_THRESHOLD_BYTES)]

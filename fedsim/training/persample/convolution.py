@@ -5,7 +5,7 @@ three routes (:func:`_conv2d_weight_per_example` says which and why): the weight
 one convolution with the examples as groups; channels-last im2col and one batched product (a
 single input channel, or few output positions); positions-last im2col and one product per
 example over the positions (small kernels over many positions). Unless the ghost norm over
-output positions is cheaper (``L^2 (k + C_out) < L C_out k``): two Gram matrices per example
+output positions is four times cheaper (``4 L^2 (k + C_out) < L C_out k``): two Gram matrices per example
 and one contraction for the clipped sum. The rule's contract is
 :mod:`fedsim.training.persample.rules`'.
 """
