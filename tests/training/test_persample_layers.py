@@ -405,6 +405,24 @@ def test_small_kernels_take_the_positions_last_route(
     assert all(shape[0] == 5 for shape in calls)
 
 
+def test_positions_last_route_in_chunks_of_examples_equals_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The positions-last route's products, a few examples at a time (the last chunk shorter),
+    equal single-example passes for every batch size, and its kept patches hold one chunk."""
+    conv = nn.Conv2d(3, 16, 3, padding=1)  # 27 weights a channel <= 32: positions-last
+    monkeypatch.setattr(conv_module, "_PATCHES_CHUNK_VALUES", 3 * 27 * 36)  # 3 examples
+    torch.manual_seed(7)
+    model = nn.Sequential(conv, nn.Tanh(), MeanOver(2, 3))
+    engine = PerSampleEngine(model)
+    for batch in (5, 2, 7, 3):
+        x, y = torch.randn(batch, 3, 6, 6), torch.randint(0, 16, (batch,))
+        _assert_matches_reference(engine, x, y)
+    workspace = engine._layers[0].workspace
+    assert workspace["patches_t"].shape == (3, 27, 36)
+    assert workspace["per_example_t"].shape == (7, 27, 16)
+
+
 def test_grouped_convolution_in_chunks_of_examples_equals_the_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
