@@ -1,17 +1,6 @@
-"""Process resources at scale: freed memory given back to the operating system during long
-runs, and file descriptors for many ledgers.
-
-A simulation of thousands of clients allocates and frees a parameter vector (hundreds of KB)
-several times per round, with lifetimes that interleave (a client's model lives until its next
-round, an update until its window closes). glibc's allocator serves such blocks from its heap
-once its adaptive mmap threshold has grown past their size, and a heap fragmented this way is
-not shrunk: at 1,000 clients of hetero-100 the resident size stayed at 3.4 GB while 1 GB was
-live. ``malloc_trim(0)`` returns the free pages inside the heap (glibc >= 2.8; elsewhere this
-is a no-op), measured: 1.06 GB resident at the end of the same run, CPU time unchanged within
-noise (benchmarks/scale.py). It trims only when much is free
-(:data:`fedsim.runtime.allocator.TRIM_FREE_BYTES`): on a small population trimming at every
-window gives back pages the next round faults in again. The simulation calls
-:func:`fedsim.runtime.allocator.release_free_memory` at each window's end.
+"""Process resources at scale: file descriptors for many ledgers, and the cyclic collector's
+walk over a large population. (Freed memory, kept for the next step and given back at each
+window's end when much is free: :mod:`fedsim.runtime.allocator`.)
 
 File descriptors: a held ledger keeps two open (its file and its locked high-water mark), so
 a simulation of N clients needs 2N + a few under ``RLIMIT_NOFILE`` (often 1,024 soft; this
