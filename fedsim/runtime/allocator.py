@@ -40,7 +40,7 @@ from collections.abc import Mapping
 
 from fedsim.errors import ConfigError
 
-__all__ = ["ALLOCATOR_VARIABLE", "MMAP_THRESHOLD_BYTES", "TRIM_FREE_BYTES", "TRIM_THRESHOLD_BYTES",
+__all__ = ["ALLOCATOR_VARIABLE", "MMAP_THRESHOLD_BYTES", "allocator_choice", "TRIM_FREE_BYTES", "TRIM_THRESHOLD_BYTES",
            "free_heap_bytes", "keep_freed_memory", "release_free_memory", "user_tuned"]
 
 ALLOCATOR_VARIABLE = "FEDSIM_ALLOCATOR"
@@ -120,14 +120,21 @@ def release_free_memory(threshold: int = TRIM_FREE_BYTES) -> bool:
     return True
 
 
-def user_tuned(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``environ`` (default: this process's) tunes glibc's allocator itself or asks
-    for its defaults (``FEDSIM_ALLOCATOR=system``); raises ConfigError for another value of
-    that variable than ``keep`` or ``system``."""
+def allocator_choice(environ: Mapping[str, str] | None = None) -> str:
+    """``FEDSIM_ALLOCATOR`` in ``environ`` (default: this process's): ``keep`` when unset;
+    ConfigError for another value than ``keep`` or ``system``."""
     env = os.environ if environ is None else environ
     choice = env.get(ALLOCATOR_VARIABLE, "keep")
     if choice not in ("keep", "system"):
         raise ConfigError(f"{ALLOCATOR_VARIABLE} must be 'keep' or 'system', got {choice!r}")
+    return choice
+
+
+def user_tuned(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``environ`` (default: this process's) tunes glibc's allocator itself or asks
+    for its defaults (:func:`allocator_choice` ``system``)."""
+    env = os.environ if environ is None else environ
+    choice = allocator_choice(env)
     # glibc reads its allocator's environment variables as MALLOC_*: any of them, or a
     # glibc.malloc tunable, means the user set the allocator, and it is theirs.
     return choice == "system" or any(name.startswith("MALLOC_") for name in env) or (

@@ -405,39 +405,35 @@ def test_small_kernels_take_the_positions_last_route(
     assert all(shape[0] == 5 for shape in calls)
 
 
-def test_positions_last_route_in_chunks_of_examples_equals_the_reference(
-    monkeypatch: pytest.MonkeyPatch,
+# (name, conv, input side, chunk budget in values, the kept buffers' shapes it must leave)
+CHUNKED = [
+    ("positions_last", lambda: nn.Conv2d(3, 16, 3, padding=1), 6,
+     3 * 27 * 36,  # 27 weights a channel <= 32: positions-last; 3 examples of patches
+     {"patches_t": (3, 27, 36), "per_example_t": (7, 27, 16)}),
+    ("grouped", lambda: nn.Conv2d(3, 4, 3, padding=1), 7,  # 49 positions > 4 channels
+     3 * (3 * 7 * 7 + 4 * 7 * 7 + 4 * 27),  # 3 examples' inputs, gradients, weight gradients
+     {"grouped": (7, 4 * 27)}),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "side", "budget", "kept"), CHUNKED,
+                         ids=[c[0] for c in CHUNKED])
+def test_chunked_routes_equal_the_reference(
+    name: str, make: Callable[[], nn.Conv2d], side: int, budget: int,
+    kept: dict[str, tuple[int, ...]], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The positions-last route's products, a few examples at a time (the last chunk shorter),
-    equal single-example passes for every batch size, and its kept patches hold one chunk."""
-    conv = nn.Conv2d(3, 16, 3, padding=1)  # 27 weights a channel <= 32: positions-last
-    monkeypatch.setattr(conv_module, "_PATCHES_CHUNK_VALUES", 3 * 27 * 36)  # 3 examples
+    """A route that works a few examples at a time (the last chunk shorter) gives
+    single-example passes' result for every batch size, and its kept buffers hold one chunk
+    (the per-example rows: the largest batch)."""
+    monkeypatch.setattr(conv_module, "_CHUNK_VALUES", budget)
     torch.manual_seed(7)
-    model = nn.Sequential(conv, nn.Tanh(), MeanOver(2, 3))
-    engine = PerSampleEngine(model)
+    conv = make()
+    engine = PerSampleEngine(nn.Sequential(conv, nn.Tanh(), MeanOver(2, 3)))
     for batch in (5, 2, 7, 3):
-        x, y = torch.randn(batch, 3, 6, 6), torch.randint(0, 16, (batch,))
-        _assert_matches_reference(engine, x, y)
+        x = torch.randn(batch, 3, side, side)
+        _assert_matches_reference(engine, x, torch.randint(0, conv.out_channels, (batch,)))
     workspace = engine._layers[0].workspace
-    assert workspace["patches_t"].shape == (3, 27, 36)
-    assert workspace["per_example_t"].shape == (7, 27, 16)
-
-
-def test_grouped_convolution_in_chunks_of_examples_equals_the_reference(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The grouped convolution's per-example gradients, computed a few examples a call (the
-    last chunk shorter) into a kept buffer, equal single-example passes for every batch size."""
-    conv = nn.Conv2d(3, 4, 3, padding=1)  # 49 positions > 4 output channels: grouped
-    per_example_values = 3 * 7 * 7 + 4 * 7 * 7 + conv.weight.numel()
-    monkeypatch.setattr(conv_module, "_GROUPED_CHUNK_VALUES", 3 * per_example_values)
-    torch.manual_seed(6)
-    model = nn.Sequential(conv, nn.Tanh(), MeanOver(2, 3))
-    engine = PerSampleEngine(model)
-    for batch in (5, 2, 7, 3):
-        x, y = torch.randn(batch, 3, 7, 7), torch.randint(0, 4, (batch,))
-        _assert_matches_reference(engine, x, y)
-    assert engine._layers[0].workspace["grouped"].shape == (7, conv.weight.numel())
+    assert {key: tuple(workspace[key].shape) for key in kept} == kept
 
 
 def test_group_norm_rule_reads_the_forward_statistics_and_agrees_with_recomputing() -> None:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from fedsim.errors import ConfigError
-from fedsim.runtime.allocator import keep_freed_memory, user_tuned
+from fedsim.runtime.allocator import allocator_choice, keep_freed_memory
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.gaussian import NoiseKey
 from fedsim.training.persample import LossFn, per_example_cross_entropy
@@ -159,7 +159,7 @@ class RayRoundBatcher(RoundBatcher):
         super().__init__(model)
         if workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {workers}")
-        user_tuned()  # a bad FEDSIM_ALLOCATOR is this call's ConfigError, not a worker's
+        allocator_choice()  # a bad FEDSIM_ALLOCATOR is this call's ConfigError, not a worker's
         ray = _ray()
         if not ray.is_initialized():
             if address is None:
@@ -187,7 +187,7 @@ class RayRoundBatcher(RoundBatcher):
                      if clients else torch.zeros(0, dtype=torch.int64))
             self._actors.append(remote_class.remote(
                 model, features.index_select(0, shard), labels.index_select(0, shard), offsets,
-                threads, loss_fn, True))
+                threads, loss_fn, own_process=True))
         self._clients: dict[int, tuple[object, int]] = {}
         self.remote_passes = 0
 

@@ -28,16 +28,14 @@ from fedsim.training.persample.base import (
 
 __all__ = ["conv2d_rule"]
 
-# Values (inputs, output gradients and weight gradients of the examples) per call of the grouped
-# convolution that gives per-example Conv2d gradients: 4 MB of float32. One call over a whole
-# batch of 256 allocated its output and working memory afresh every step, beyond what glibc
-# keeps, and faulted them in again (GroupNorm CNN at B=256, 1 thread: 4,200-4,600 page faults
-# and 11-13 ms CPU a layer against none and 3.4-4.7 ms in chunks of 64; same values).
-_GROUPED_CHUNK_VALUES = 1 << 20
-
-# Patch values per product of the positions-last route (:func:`_conv2d_weight_per_example`):
-# 4 MB of float32 kept, whatever the batch size and image size.
-_PATCHES_CHUNK_VALUES = 1 << 20
+# Values held per chunk of examples by the routes that work a few examples at a time (the
+# grouped convolution's inputs, output gradients and weight gradients; the positions-last
+# route's patches): 4 MB of float32, whatever the batch and image size. One call of the
+# grouped convolution over a whole batch of 256 allocated its output and working memory afresh
+# every step, beyond what glibc keeps, and faulted them in again (GroupNorm CNN at B=256, 1
+# thread: 4,200-4,600 page faults and 11-13 ms CPU a layer against none and 3.4-4.7 ms in
+# chunks of 64; same values).
+_CHUNK_VALUES = 1 << 20
 
 RowOrder = Literal["weight", "channels_last", "kernel_major"]
 """The order of a convolution's per-example weight-gradient rows: the weight's own
@@ -71,50 +69,42 @@ def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _padded_input(
+def _windows(
     module: nn.Conv2d, x: torch.Tensor, store: dict[str, torch.Tensor] | None, *,
     channels_last: bool,
-) -> tuple[torch.Tensor, int, int]:
-    """``x`` copied into a kept :func:`scratch` buffer with the convolution's zero padding
-    around it (NHWC when ``channels_last``, else NCHW; only the border is zeroed, the interior
-    is overwritten), and the output's height and width."""
+) -> torch.Tensor:
+    """Every output position's kernel window over ``x`` with the convolution's zero padding,
+    as a strided view of a kept :func:`scratch` buffer holding the padded input: (B, OH, OW,
+    kh, kw, C) over an NHWC copy when ``channels_last``, else (B, C, kh, kw, OH, OW) over an
+    NCHW one. Only the buffer's border is zeroed; its interior is overwritten."""
     ph, pw = cast(tuple[int, int], module.padding)  # a string padding takes the fallback
     batch, channels, height, width = x.shape
-    rows, cols = (1, 2) if channels_last else (2, 3)
-    shape = [batch, channels, height + 2 * ph, width + 2 * pw]
+    kh, kw = module.kernel_size
+    sh, sw = module.stride
+    dh, dw = module.dilation
+    oh = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if channels_last:
-        shape = [batch, height + 2 * ph, width + 2 * pw, channels]
-    padded = scratch(store, "padded" if channels_last else "padded_nchw", tuple(shape), x)
+        rows, cols, name = 1, 2, "padded"
+        shape = (batch, height + 2 * ph, width + 2 * pw, channels)
+    else:
+        rows, cols, name = 2, 3, "padded_nchw"
+        shape = (batch, channels, height + 2 * ph, width + 2 * pw)
+    padded = scratch(store, name, shape, x)
     for dim, pad, size in ((rows, ph, height), (cols, pw, width)):
         if pad:
             padded.narrow(dim, 0, pad).zero_()
             padded.narrow(dim, pad + size, pad).zero_()
     interior = padded.narrow(rows, ph, height).narrow(cols, pw, width)
     interior.copy_(x.permute(0, 2, 3, 1) if channels_last else x)
-    kh, kw = module.kernel_size
-    sh, sw = module.stride
-    dh, dw = module.dilation
-    oh = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    return padded, oh, ow
-
-
-def _windows(
-    module: nn.Conv2d, padded: torch.Tensor, oh: int, ow: int, *, channels_last: bool
-) -> torch.Tensor:
-    """Every output position's kernel window over ``padded`` (from :func:`_padded_input`), a
-    strided view: (B, OH, OW, kh, kw, C) of an NHWC buffer, (B, C, kh, kw, OH, OW) of NCHW."""
-    kh, kw = module.kernel_size
-    sh, sw = module.stride
-    dh, dw = module.dilation
     st = padded.stride()
-    if not channels_last:
+    if channels_last:
         return padded.as_strided(
-            (padded.shape[0], module.in_channels, kh, kw, oh, ow),
-            (st[0], st[1], st[2] * dh, st[3] * dw, st[2] * sh, st[3] * sw))
+            (batch, oh, ow, kh, kw, channels),
+            (st[0], st[1] * sh, st[2] * sw, st[1] * dh, st[2] * dw, st[3]))
     return padded.as_strided(
-        (padded.shape[0], oh, ow, kh, kw, module.in_channels),
-        (st[0], st[1] * sh, st[2] * sw, st[1] * dh, st[2] * dw, st[3]))
+        (batch, channels, kh, kw, oh, ow),
+        (st[0], st[1], st[2] * dh, st[3] * dw, st[2] * sh, st[3] * sw))
 
 
 def _patches_channels_last(
@@ -129,8 +119,7 @@ def _patches_channels_last(
     second conv of the DP MNIST CNN, 16 x 13 x 13 -> 25 positions x 256): 0.7 ms against
     2.6-2.8 ms. With one input channel both orders are the weight's.
     """
-    windows = _windows(module, *_padded_input(module, x, store, channels_last=True),
-                       channels_last=True)
+    windows = _windows(module, x, store, channels_last=True)
     batch, oh, ow, kh, kw, channels = windows.shape
     out = scratch(store, "patches", (batch, oh * ow, kh * kw * channels), x)
     out.view(windows.shape).copy_(windows)
@@ -148,8 +137,7 @@ def _patches_positions_last(
     first convolution (3 input channels, 3 x 3, 32 x 32 positions) 1.0 ms against 6.2 ms for
     the channels-last copy (runs of ``kw * C_in`` = 9 values), B=256, 1 thread.
     """
-    windows = _windows(module, *_padded_input(module, x, store, channels_last=False),
-                       channels_last=False)
+    windows = _windows(module, x, store, channels_last=False)
     batch, channels, kh, kw, oh, ow = windows.shape
     out = scratch(store, "patches_t", (batch, channels * kh * kw, oh * ow), x)
     out.view(windows.shape).copy_(windows)
@@ -178,14 +166,14 @@ def _conv2d_weight_per_example(
     costs less, mostly because the grouped convolution's output is fresh memory every step
     (page faults: user + system time per step 36 ms against 38-41 ms, plain SGD 25 ms).
     Positions-last im2col (:func:`_patches_positions_last`) and one product per example over
-    the positions, into kept buffers a few examples at a time (:data:`_PATCHES_CHUNK_VALUES`),
+    the positions, into kept buffers a few examples at a time (:data:`_CHUNK_VALUES`),
     where the kernel is small: at most twice as many
     weights per output channel as output channels (kernel-major rows): the patches are then
     at most twice the output gradients and are copied in runs of whole output rows
     (GroupNorm CNN conv 1, 3 x 3 x 3 weights a channel, 16 channels: 1.0 + 5.8 ms against
     14.3 ms grouped; on its conv 2 and 3, 144 and 288 weights a channel for 32 channels, the
     grouped convolution stays ahead: 4.4 and 3.4 ms against 14.0 and 8.5).
-    The grouped convolution runs on chunks of examples (:data:`_GROUPED_CHUNK_VALUES`) into a
+    The grouped convolution runs on chunks of examples (:data:`_CHUNK_VALUES`) into a
     kept buffer: the same values, without fresh memory each step.
     """
     batch = x.shape[0]
@@ -205,7 +193,7 @@ def _conv2d_weight_per_example(
         # image (the same values; chunks of 16-37 examples measured as fast as the whole batch
         # or faster, as they stay in cache).
         per_example = scratch(store, "per_example_t", (batch, kernel, module.out_channels), x)
-        chunk = max(1, _PATCHES_CHUNK_VALUES // (kernel * positions))
+        chunk = max(1, _CHUNK_VALUES // (kernel * positions))
         for start in range(0, batch, chunk):
             xs, gs = x[start : start + chunk], g[start : start + chunk]
             patches_t = _patches_positions_last(module, xs, store)  # (chunk, K, L)
@@ -214,7 +202,7 @@ def _conv2d_weight_per_example(
         return per_example.view(batch, -1), "kernel_major"
     rows = scratch(store, "grouped", (batch, weight.numel()), x)
     per_example_values = x[0].numel() + g[0].numel() + weight.numel()
-    chunk = max(1, _GROUPED_CHUNK_VALUES // per_example_values)
+    chunk = max(1, _CHUNK_VALUES // per_example_values)
     for start in range(0, batch, chunk):
         xs, gs = x[start : start + chunk], g[start : start + chunk]
         examples = xs.shape[0]
