@@ -12,8 +12,9 @@ WORKDIR /app
 # (gigabytes of libraries this image never uses).
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
-# A C compiler for fedsim's Gaussian noise kernel (fedsim/training/gaussian.py compiles it on
-# first use; without one the slower torch implementation of the same sampler runs).
+# A C compiler for fedsim's kernels, the Gaussian noise and the per-example convolution
+# gradients (fedsim/training/native.py compiles them on first use; without one the slower torch
+# implementations of the same computations run).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -39,8 +40,8 @@ USER fedsim
 # them. FEDSIM_DATASETS="" skips it (each container then downloads on first start).
 ARG FEDSIM_DATASETS=mnist
 RUN for name in $FEDSIM_DATASETS; do fedsim data fetch "$name"; done
-# Build the noise kernel into that cache now (it is rebuilt at start-up where the host's CPU
-# differs from this one's; if it cannot be built, fedsim logs it and uses the torch sampler).
-RUN python -c "from fedsim.training.gaussian import native_kernel_available as ok; print('noise kernel compiled:', ok())"
+# Build the kernels into that cache now (they are rebuilt at start-up where the host's CPU
+# differs from this one's; if one cannot be built, fedsim logs it and uses torch instead).
+RUN python -c "from fedsim.training.gaussian import native_kernel_available as noise; from fedsim.training.persample.direct import direct_kernel_available as conv; print('noise kernel compiled:', noise(), '- convolution kernel in use:', conv())"
 
 CMD ["fedsim", "--help"]

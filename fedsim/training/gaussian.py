@@ -30,7 +30,7 @@ so ``|value| <= std * sqrt(48 ln 2) ~ 5.77 std``; neither generator is a CSPRNG 
 addresses Mironov's (2012) attacks on floating-point noise.
 
 The C kernel (``_gaussian.c``, beside this file) is compiled on first use with the system's C
-compiler (``$CC``, else ``cc``) into the user cache and checked against the torch
+compiler into the user cache (:mod:`fedsim.training.native`) and checked against the torch
 implementation before use. Without a compiler (or with ``FEDSIM_PURE_TORCH_NOISE=1``) the torch
 implementation runs instead: the same values up to a few float32 rounding steps of log/cos,
 about 3x slower than ``torch.normal_`` on the CPU; it also serves generators on other devices.
@@ -40,21 +40,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fedsim.atomic import move_into_place
-from fedsim.data.locate import user_cache_dir
 from fedsim.logging import get_logger
+from fedsim.training.native import load_library
 
 __all__ = [
     "NoiseKey",
@@ -73,17 +66,6 @@ _MASK64 = (1 << 64) - 1
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _SOURCE = Path(__file__).with_name("_gaussian.c")
-# Build recipes, best first: (compile flags, link flags). -ffast-math lets the cos/log loop
-# vectorise through glibc's libmvec; the link step leaves it out so that gcc does not add
-# crtfastmath (which would flush denormals process-wide). Compilers without OpenMP (Apple's
-# clang) or libmvec (non-glibc) get the later recipes: the same code, serial or scalar.
-_BASE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
-_RECIPES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lmvec", "-lm")),
-    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lm")),
-    (_BASE_FLAGS, ("-shared", "-lm")),
-    (("-O3", "-fPIC"), ("-shared", "-lm")),
-)
 
 
 def _signed(value: int) -> int:
@@ -154,65 +136,17 @@ class _Kernel:
                        torch.get_num_threads())
 
 
-def _cpu_tag() -> str:
-    """The CPU the kernel is built for (-march=native): part of the cached library's name."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            flags = next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return f"{platform.machine()}|{platform.processor()}|{flags}"
-
-
-
-
-def _compile(compiler: str, target: Path) -> None:
-    """Build the shared library at ``target`` (atomically: concurrent processes may race)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    errors = []
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        obj, library = Path(scratch) / "gaussian.o", Path(scratch) / "gaussian.so"
-        for compile_flags, link_flags in _RECIPES:
-            for command in ([compiler, *compile_flags, "-c", str(_SOURCE), "-o", str(obj)],
-                            [compiler, str(obj), "-o", str(library), *link_flags]):
-                result = subprocess.run(command, capture_output=True, timeout=120, check=False)
-                if result.returncode != 0:
-                    errors.append(result.stderr.decode(errors="replace").strip()[-300:])
-                    break
-            else:
-                # Durability "file": a torn library would crash the loader after a power
-                # failure; losing the rename only means compiling again.
-                move_into_place(library, target, durability="file")
-                return
-    raise RuntimeError("every build recipe failed: " + " | ".join(errors))
-
-
 def _load_kernel() -> _Kernel | None:
-    if os.environ.get("FEDSIM_PURE_TORCH_NOISE"):
+    library = load_library(_SOURCE, what="Gaussian noise", opt_out="FEDSIM_PURE_TORCH_NOISE")
+    if library is None:
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        _log.warning("no C compiler found: Gaussian noise uses the torch implementation (slower)")
-        return None
-    tag = hashlib.sha256(
-        _SOURCE.read_bytes() + repr((_RECIPES, compiler, _cpu_tag())).encode()
-    ).hexdigest()[:16]
-    target = user_cache_dir() / "native" / f"gaussian-{tag}.so"
-    try:
-        if not target.is_file():
-            _compile(compiler, target)
-        kernel = _Kernel(ctypes.CDLL(str(target)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _log.warning("could not build the Gaussian noise kernel; using the torch implementation",
-                     error=str(exc)[-1000:])
-        return None
+    kernel = _Kernel(library)
     # A miscompiled kernel must never add wrong noise: check it against the definition.
     probe = (0x0123456789ABCDEF, mix_gamma(0xFEDCBA9876543210), 1.0)
     if not torch.allclose(kernel.pairs(4099, *probe), reference_pairs(4099, *probe),
                           rtol=1e-5, atol=1e-5):
         _log.warning("the compiled Gaussian noise kernel disagrees with its definition; "
-                     "using the torch implementation", library=str(target))
+                     "using the torch implementation")
         return None
     return kernel
 

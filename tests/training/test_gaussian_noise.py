@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fedsim.training import gaussian
+from fedsim.training import gaussian, native
 from fedsim.training.gaussian import gaussian_noise, mix_gamma, reference_pairs
 
 MASK = (1 << 64) - 1
@@ -162,7 +162,7 @@ def test_a_failing_compiler_falls_back_with_a_warning(
     monkeypatch.setenv("CC", "false")  # exists and always fails
     assert gaussian._load_kernel() is None
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    monkeypatch.setattr(gaussian.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     assert gaussian._load_kernel() is None
     # Where the warning goes depends on who configured logging (fedsim.logging): the CLI's
     # structlog lines on stderr, or, as a library, the standard library's fedsim.* loggers.
@@ -182,7 +182,7 @@ def test_a_failing_build_recipe_falls_through_to_the_next(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(gaussian, "_RECIPES", (
+    monkeypatch.setattr(native, "RECIPES", (
         (("-O3", "-fPIC", "--no-such-flag"), ("-shared", "-lm")),  # what a lesser compiler rejects
         (("-O3", "-fPIC"), ("-shared", "-lm")),
     ))

@@ -1,8 +1,9 @@
 """``Conv2d`` (zero padding): each example's squared gradient norm and the clipped sum.
 
 Per-example weight gradients, ``B x C_out x C_in k^2`` (small for convolutions), by one of
-three routes (:func:`_conv2d_weight_per_example` says which and why): the weight gradient of
-one convolution with the examples as groups; channels-last im2col and one batched product (a
+four routes (:func:`_conv2d_weight_per_example` says which and why): a compiled direct kernel
+(:mod:`.direct`) where it runs; else the weight gradient of one convolution with the examples
+as groups; channels-last im2col and one batched product (a
 single input channel, or few output positions); positions-last im2col and one product per
 example over the positions (small kernels over many positions). Unless the ghost norm over
 output positions is four times cheaper (``4 L^2 (k + C_out) < L C_out k``): two Gram matrices per example
@@ -25,6 +26,7 @@ from fedsim.training.persample.base import (
     row_sq_norms,
     scratch,
 )
+from fedsim.training.persample.direct import direct_applies, direct_weight_per_example
 
 __all__ = ["conv2d_rule"]
 
@@ -69,21 +71,18 @@ def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _windows(
+def _padded(
     module: nn.Conv2d, x: torch.Tensor, store: dict[str, torch.Tensor] | None, *,
     channels_last: bool,
 ) -> torch.Tensor:
-    """Every output position's kernel window over ``x`` with the convolution's zero padding,
-    as a strided view of a kept :func:`scratch` buffer holding the padded input: (B, OH, OW,
-    kh, kw, C) over an NHWC copy when ``channels_last``, else (B, C, kh, kw, OH, OW) over an
-    NCHW one. Only the buffer's border is zeroed; its interior is overwritten."""
+    """``x`` with the convolution's zero padding around it, in a kept :func:`scratch` buffer:
+    (B, Hp, Wp, C) when ``channels_last``, else (B, C, Hp, Wp); ``x`` itself when it is
+    already that (contiguous NCHW, no padding). Only the buffer's border is zeroed; its
+    interior is overwritten."""
     ph, pw = cast(tuple[int, int], module.padding)  # a string padding takes the fallback
+    if not (channels_last or ph or pw) and x.is_contiguous():
+        return x
     batch, channels, height, width = x.shape
-    kh, kw = module.kernel_size
-    sh, sw = module.stride
-    dh, dw = module.dilation
-    oh = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if channels_last:
         rows, cols, name = 1, 2, "padded"
         shape = (batch, height + 2 * ph, width + 2 * pw, channels)
@@ -97,6 +96,26 @@ def _windows(
             padded.narrow(dim, pad + size, pad).zero_()
     interior = padded.narrow(rows, ph, height).narrow(cols, pw, width)
     interior.copy_(x.permute(0, 2, 3, 1) if channels_last else x)
+    return padded
+
+
+def _windows(
+    module: nn.Conv2d, x: torch.Tensor, store: dict[str, torch.Tensor] | None, *,
+    channels_last: bool,
+) -> torch.Tensor:
+    """Every output position's kernel window over ``x`` with the convolution's zero padding,
+    as a strided view of :func:`_padded`: (B, OH, OW, kh, kw, C) over an NHWC copy when
+    ``channels_last``, else (B, C, kh, kw, OH, OW) over NCHW."""
+    padded = _padded(module, x, store, channels_last=channels_last)
+    kh, kw = module.kernel_size
+    sh, sw = module.stride
+    dh, dw = module.dilation
+    if channels_last:
+        batch, height, width, channels = padded.shape
+    else:
+        batch, channels, height, width = padded.shape
+    oh = (height - dh * (kh - 1) - 1) // sh + 1
+    ow = (width - dw * (kw - 1) - 1) // sw + 1
     st = padded.stride()
     if channels_last:
         return padded.as_strided(
@@ -153,7 +172,10 @@ def _conv2d_weight_per_example(
     """Per-example weight gradients of one call on ``x`` with output gradient ``g``, as
     contiguous rows (B, weight.numel()), and their :data:`RowOrder`.
 
-    Three ways. The grouped convolution (weight order): the batch is folded into the channels,
+    The compiled direct kernel (:mod:`.direct`) wherever it applies (float32 on a CPU with
+    AVX2 and FMA, ``groups == 1``, output channels a multiple of 8): on every convolution of
+    both CNNs it measured faster than the torch routes below (its module docstring), which
+    serve everything else. Three torch routes. The grouped convolution (weight order): the batch is folded into the channels,
     ``(1, B C_in, H, W)``, and the weight gradient of a convolution with ``B * groups`` groups
     is exactly every example's own (the trick of torch.func's batching rule for
     convolutions). Channels-last im2col (:func:`_patches_channels_last`) and one batched
@@ -179,12 +201,19 @@ def _conv2d_weight_per_example(
     batch = x.shape[0]
     weight = module.weight.detach()
     positions = g.shape[2] * g.shape[3]
+    kernel = weight[0].numel()  # C_in * kh * kw
+    if direct_applies(x, g, module.groups, module.out_channels):
+        per_example = scratch(store, "direct", (batch, kernel * module.out_channels), x)
+        direct_weight_per_example(
+            _padded(module, x, store, channels_last=False), g.contiguous(), per_example,
+            cast(tuple[int, int], module.kernel_size), cast(tuple[int, int], module.stride),
+            cast(tuple[int, int], module.dilation))
+        return per_example, "kernel_major"
     if module.groups == 1 and (module.in_channels == 1 or positions <= module.out_channels):
         patches = _patches_channels_last(module, x, store)  # (B, L, kh kw C_in)
         per_example = scratch(store, "per_example", (batch, module.out_channels, patches.shape[2]), x)
         torch.bmm(g.reshape(batch, module.out_channels, -1), patches, out=per_example)
         return per_example.view(batch, -1), "channels_last" if module.in_channels > 1 else "weight"
-    kernel = weight[0].numel()  # C_in * kh * kw
     if module.groups == 1 and kernel <= 2 * module.out_channels:
         # Small kernels over many positions: patches in long runs, at most twice the output
         # gradients' size, and one product per example whose inner dimension is the positions

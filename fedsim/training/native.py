@@ -1,0 +1,98 @@
+"""fedsim's C kernels: built on first use with the system's C compiler, cached per machine.
+
+Two kernels ship as C source beside this module: the Gaussian sampler (``_gaussian.c``,
+:mod:`fedsim.training.gaussian`) and the per-example convolution weight gradients
+(``_conv_grad.c``, :mod:`fedsim.training.persample.direct`). :func:`load_library` compiles one
+with ``$CC`` (else ``cc``, else ``gcc``) for this CPU (``-march=native``) into the user cache,
+once per source, recipe, compiler and CPU, and loads it through ctypes. Every caller checks the
+loaded kernel against its torch definition before use and keeps a torch implementation for
+when there is no compiler, a build fails, or the user opts out (each kernel's own environment
+variable): a kernel is a speed-up, never a requirement.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from fedsim.atomic import move_into_place
+from fedsim.data.locate import user_cache_dir
+from fedsim.logging import get_logger
+
+__all__ = ["RECIPES", "load_library"]
+
+_log = get_logger("fedsim.training.native")
+
+# Build recipes, best first: (compile flags, link flags). -ffast-math lets the sampler's cos/log
+# loop vectorise through glibc's libmvec; the link step leaves it out so that gcc does not add
+# crtfastmath (which would flush denormals process-wide). Compilers without OpenMP (Apple's
+# clang) or libmvec (non-glibc) get the later recipes: the same code, serial or scalar.
+_BASE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
+RECIPES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lmvec", "-lm")),
+    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lm")),
+    (_BASE_FLAGS, ("-shared", "-lm")),
+    (("-O3", "-fPIC"), ("-shared", "-lm")),
+)
+
+
+def _cpu_tag() -> str:
+    """The CPU a library is built for (-march=native): part of the cached library's name."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}|{flags}"
+
+
+def _compile(compiler: str, source: Path, target: Path) -> None:
+    """Build the shared library at ``target`` (atomically: concurrent processes may race)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        obj, library = Path(scratch) / "kernel.o", Path(scratch) / "kernel.so"
+        for compile_flags, link_flags in RECIPES:
+            for command in ([compiler, *compile_flags, "-c", str(source), "-o", str(obj)],
+                            [compiler, str(obj), "-o", str(library), *link_flags]):
+                result = subprocess.run(command, capture_output=True, timeout=120, check=False)
+                if result.returncode != 0:
+                    errors.append(result.stderr.decode(errors="replace").strip()[-300:])
+                    break
+            else:
+                # Durability "file": a torn library would crash the loader after a power
+                # failure; losing the rename only means compiling again.
+                move_into_place(library, target, durability="file")
+                return
+    raise RuntimeError("every build recipe failed: " + " | ".join(errors))
+
+
+def load_library(source: Path, *, what: str, opt_out: str) -> ctypes.CDLL | None:
+    """The compiled ``source``, built into the user cache if needed; None (with a warning
+    naming ``what``) when there is no compiler or no recipe builds it, and silently when the
+    environment variable ``opt_out`` is set."""
+    if os.environ.get(opt_out):
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        _log.warning(f"no C compiler found: {what} uses the torch implementation (slower)")
+        return None
+    tag = hashlib.sha256(
+        source.read_bytes() + repr((RECIPES, compiler, _cpu_tag())).encode()
+    ).hexdigest()[:16]
+    target = user_cache_dir() / "native" / f"{source.stem.lstrip('_')}-{tag}.so"
+    try:
+        if not target.is_file():
+            _compile(compiler, source, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        _log.warning(f"could not build the {what} kernel; using the torch implementation",
+                     error=str(exc)[-1000:])
+        return None
