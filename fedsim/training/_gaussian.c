@@ -1,4 +1,4 @@
-/* fedsim's Gaussian sampler, compiled once per machine by fedsim/training/gaussian.py.
+/* fedsim's Gaussian sampler, compiled once per machine by fedsim/training/native.py.
  *
  * Pair i of a draw from a SplitMix64 stream with seed s and odd gamma g (p = number of pairs,
  * std = the noise std):
@@ -6,14 +6,19 @@
  *   u1 = ((z >> 40) + 1) / 2^24                in (0, 1]
  *   u2 = ((z >> 16) & 0xFFFFFF) / 2^24         in [0, 1)
  *   out[i]     = std * sqrt(-2 ln u1) * cos(2 pi u2)
- *   out[p + i] = std * sqrt(-2 ln u1) * sin(2 pi u2)     (as cos(2 pi u2 - pi/2))
+ *   out[p + i] = std * sqrt(-2 ln u1) * sin(2 pi u2)
  * gaussian.py holds the same definition in torch operations; tests compare the two.
  *
- * Compiled with -ffast-math so that the cos/log loop vectorises through glibc's libmvec; the
- * library is linked without it (no crtfastmath: the process's denormal mode is left alone).
- * The sine is a shifted cosine because sin and cos of one argument fuse into a scalar sincosf.
+ * ln, cos and sin are Cephes' single-precision polynomials (Moshier, "Methods and Programs for
+ * Mathematical Functions", 1989: logf, sinf, cosf) written branch-free so that the loop
+ * vectorises (-O3 -ffast-math) with no vector maths library. The angle is reduced exactly
+ * from u2 (8 u2 is exact in float32; its octant is an integer), where glibc's cosf of
+ * 2 pi u2 first rounds the angle: against float64 over 20 M pairs the largest error is
+ * 9.5e-7 (1.7e-6 for the libmvec cos/log this replaced), and a draw of 101,765 pairs takes
+ * 280 us instead of 490 on one AVX2 core (AMD EPYC).
  */
 #include <stdint.h>
+#include <string.h>
 #include <math.h>
 
 #define BLOCK 1024
@@ -26,22 +31,62 @@ static inline uint64_t mix64(uint64_t z) {
 
 static void stream_bits(uint32_t *restrict hi, uint32_t *restrict lo, uint64_t seed,
                         uint64_t gamma, int64_t start, int n) {
-    for (int j = 0; j < n; j++) {
-        uint64_t z = mix64(seed + (uint64_t)(start + j + 1) * gamma);
+    /* The counter's multiple of gamma as a running sum: one 64-bit product less a value
+       (AVX2 has no 64-bit multiply; measured 154 -> 93 us for 101,765 pairs). */
+    uint64_t state = seed + (uint64_t)(start + 1) * gamma;
+    for (int j = 0; j < n; j++, state += gamma) {
+        uint64_t z = mix64(state);
         hi[j] = (uint32_t)(z >> 40);
         lo[j] = (uint32_t)(z >> 16) & 0xFFFFFFu;
     }
+}
+
+/* ln(x) for x in [2^-24, 1]: Cephes' logf (x = m 2^e, m in [sqrt(1/2), sqrt(2))). */
+static inline float log_unit(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    int e = (int)(bits >> 23) - 126;                 /* x = m 2^e, m in [0.5, 1) */
+    uint32_t mbits = (bits & 0x7FFFFFu) | 0x3F000000u;
+    float m;
+    memcpy(&m, &mbits, 4);
+    int small = m < 0.70710678118654752440f;
+    e = small ? e - 1 : e;
+    float f = small ? m + m - 1.0f : m - 1.0f;
+    float z = f * f;
+    float y = 7.0376836292E-2f;
+    y = y * f - 1.1514610310E-1f;
+    y = y * f + 1.1676998740E-1f;
+    y = y * f - 1.2420140846E-1f;
+    y = y * f + 1.4249322787E-1f;
+    y = y * f - 1.6668057665E-1f;
+    y = y * f + 2.0000714765E-1f;
+    y = y * f - 2.4999993993E-1f;
+    y = y * f + 3.3333331174E-1f;
+    y = y * f * z;
+    float fe = (float)e;
+    y += -2.12194440e-4f * fe;
+    y += -0.5f * z;
+    return f + y + 0.693359375f * fe;
 }
 
 static void box_muller(float *restrict a, float *restrict b, const uint32_t *restrict hi,
                        const uint32_t *restrict lo, int n, float std) {
     for (int j = 0; j < n; j++) {
         float u1 = ((float)(int32_t)hi[j] + 1.0f) * 0x1p-24f;
-        float u2 = (float)(int32_t)lo[j] * 0x1p-24f;
-        float r = std * sqrtf(-2.0f * logf(u1));
-        float t = 6.28318530717958647692f * u2;
-        a[j] = r * cosf(t);
-        b[j] = r * cosf(t - 1.57079632679489661923f);
+        float r = std * sqrtf(-2.0f * log_unit(u1));
+        /* 2 pi u2 = (pi / 4) (j8 + f): octant j8 rounded to even, f in [-1, 1) exactly. */
+        float v = (float)(int32_t)lo[j] * 0x1p-21f;       /* 8 u2, exact */
+        int oct = ((int)v + 1) & ~1;
+        float x = (v - (float)oct) * 0.78539816339744830962f;
+        float z = x * x;
+        float s = x + x * z * (-1.6666654611E-1f + z * (8.3321608736E-3f + z * -1.9515295891E-4f));
+        float c = 1.0f - 0.5f * z + z * z * (4.166664568298827E-2f + z * (-1.388731625493765E-3f + z * 2.443315711809948E-5f));
+        int q = (oct >> 1) & 3;
+        float cs = (q & 1) ? s : c, sn = (q & 1) ? c : s;
+        cs = (q == 1 || q == 2) ? -cs : cs;
+        sn = (q >= 2) ? -sn : sn;
+        a[j] = r * cs;
+        b[j] = r * sn;
     }
 }
 

@@ -29,13 +29,12 @@ __all__ = ["RECIPES", "load_library"]
 
 _log = get_logger("fedsim.training.native")
 
-# Build recipes, best first: (compile flags, link flags). -ffast-math lets the sampler's cos/log
-# loop vectorise through glibc's libmvec; the link step leaves it out so that gcc does not add
-# crtfastmath (which would flush denormals process-wide). Compilers without OpenMP (Apple's
-# clang) or libmvec (non-glibc) get the later recipes: the same code, serial or scalar.
+# Build recipes, best first: (compile flags, link flags). -ffast-math lets the kernels' loops
+# vectorise (no errno from sqrtf, reassociation); the link step leaves it out so that gcc does
+# not add crtfastmath (which would flush denormals process-wide). Compilers without OpenMP
+# (Apple's clang) get the later recipes: the same code, serial, or not vectorised.
 _BASE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
 RECIPES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lmvec", "-lm")),
     ((*_BASE_FLAGS, "-fopenmp"), ("-shared", "-fopenmp", "-lm")),
     (_BASE_FLAGS, ("-shared", "-lm")),
     (("-O3", "-fPIC"), ("-shared", "-lm")),
