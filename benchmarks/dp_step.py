@@ -26,8 +26,11 @@ where there is no glibc); ``commit`` is ``git rev-parse HEAD`` of the code measu
 whether tracked files differed from it, ``loadavg_*`` the machine's ``os.getloadavg()`` (1, 5,
 15 min) when that row's process started and ended. fedsim rows add ``noise_vs_plain``, the Gaussian draw alone (one
 value per parameter, :mod:`fedsim.training.gaussian`) against the plain step, measured the same
-way, and ``noise_kernel``: ``compiled`` when the sampler's C kernel ran, ``torch`` when its
-torch fallback did (no C compiler).
+way, ``noise_kernel``: ``compiled`` when the sampler's C kernel ran, ``torch`` when its
+torch fallback did (no C compiler), and ``conv_kernel``: ``compiled`` when convolutions' per-example
+gradients could take the compiled direct kernel (:mod:`fedsim.training.persample.direct`),
+``torch`` when only torch's routes ran (no compiler or AVX2, or ``FEDSIM_PURE_TORCH_CONV=1``,
+which measures those routes side by side).
 
     python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
     python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
@@ -257,12 +260,19 @@ def worker(
         # How much of the ratio is the noise draw alone.
         from fedsim.training.gaussian import native_kernel_available
 
+        try:
+            from fedsim.training.persample.direct import direct_kernel_available
+        except ImportError:  # an older tree (FEDSIM_BENCH_TREE) without the kernel
+            def direct_kernel_available() -> bool:
+                return False
+
         noise = _noise_draw(model_name)
         noise_ratios = [
             _block_time(noise, block) / _block_time(plain, plain_block) for _ in range(5)
         ]
         measured["noise_vs_plain"] = statistics.median(noise_ratios)
         measured["noise_kernel"] = "compiled" if native_kernel_available() else "torch"
+        measured["conv_kernel"] = "compiled" if direct_kernel_available() else "torch"
     measured["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     return measured
 
@@ -360,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "noise_vs_plain": round(measured["noise_vs_plain"], 3),
                     "noise_kernel": measured["noise_kernel"],
+                    "conv_kernel": measured["conv_kernel"],
                 }
                 if "noise_vs_plain" in measured
                 else {}

@@ -106,7 +106,7 @@ CALLERS = {
     "runtime/normalisation.py": '"file"',
     "privacy/ledger_repair.py": '"durable"',
     "data/datasets.py": '"file"',
-    "training/gaussian.py": '"file"',
+    "training/native.py": '"file"',
 }
 
 
