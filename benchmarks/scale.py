@@ -373,6 +373,73 @@ def floor_row(clients: int, virtual_seconds: float) -> dict[str, Any]:
     }
 
 
+def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
+    """The highest training ratio to the single loop that *any* simulator running fedsim's
+    protocol could reach at ``clients`` training clients (issue 24's 1.0 target), measured.
+
+    The single loop (:class:`simulator._SingleLoop`: each group's first client, its own
+    posture) runs ``rounds_per_group`` rounds a group; its CPU per round is split into the
+    per-sample engine's clipped sum (forward, backward, norms and the weighted sum into the
+    noise: all that batching rounds together could save, taken as saved entirely) and the
+    rest of its round (the sampling, the noise, the update and the local step: what every
+    round needs whoever computes it). A simulator must add the protocol's own per-message work
+    (:func:`simulator.protocol_floor_ms`: the client's durable ledger append, the update
+    encoded, decoded and checked, its share of the server's float64 mix; not the local step,
+    which the loop also makes), so its round costs at least ``rest + protocol`` even with
+    gradients for free and no event loop, network model or actors:
+    ``ratio <= loop / (rest + protocol)``.
+    """
+    from simulator import _SingleLoop, _warm_imports, protocol_floor_ms
+
+    from fedsim.training.persample import engine_for
+
+    load_before = os.getloadavg()
+    loaded = scaled(clients, 3.0, cross_device=False)
+    population = build_population(loaded)
+    _warm_imports(population)
+    single = _SingleLoop(population)
+    engine = engine_for(population.model)
+    spent = {"clipped_sum": 0.0}
+    untimed = engine.clipped_sum
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.process_time()
+        try:
+            return untimed(*args, **kwargs)
+        finally:
+            spent["clipped_sum"] += time.process_time() - started
+
+    engine.clipped_sum = timed  # type: ignore[method-assign]
+    single.catch_up(dict.fromkeys(single.loops, 50))  # warm: first batches' checks
+    spent["clipped_sum"], single.clocks.cpu = 0.0, 0.0
+    rounds_before = sum(single.rounds.values())
+    grads_before = sum(single.done.values())
+    for name in single.loops:  # rounds_per_group more rounds each, as gradients
+        while single.rounds[name] < rounds_per_group + 50:
+            single.catch_up({name: single.done[name] + 1})
+    rounds = sum(single.rounds.values()) - rounds_before
+    if not spent["clipped_sum"]:
+        raise RuntimeError("the loop's trainers did not use the population's engine")
+    loop_ms = 1e3 * single.clocks.cpu / rounds
+    gradients_ms = 1e3 * spent["clipped_sum"] / rounds
+    protocol = protocol_floor_ms(population, updates_per_window=100)
+    protocol_ms = protocol["total"] - protocol["local_step"]
+    rest_ms = loop_ms - gradients_ms
+    return {
+        "clients": clients, "mode": "loop_bound", "rounds": rounds,
+        "sample_grads": sum(single.done.values()) - grads_before,
+        "loop_ms_per_round": round(loop_ms, 4),
+        "loop_clipped_sum_ms_per_round": round(gradients_ms, 4),
+        "loop_rest_ms_per_round": round(rest_ms, 4),
+        "protocol_ms_per_round": round(protocol_ms, 4),
+        "protocol_parts_ms": protocol,
+        "highest_possible_ratio": round(loop_ms / (rest_ms + protocol_ms), 3),
+        "fedsim_is_this_checkout": _fedsim_is_this_checkout(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def profile_rounds(clients: int, virtual_seconds: float, top: int = 40) -> dict[str, Any]:
     """The same run as :func:`floor_row` (without the floor) under cProfile with a CPU-time
     timer: CPU ms per round by function (own time) and the heaviest cumulative entries."""
@@ -638,11 +705,36 @@ def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocato
     _save(document)
 
 
+def _loop_bound_rows(clients: int, allocator: str) -> None:
+    document = _load_results()
+    row = loop_bound_row(clients)
+    row["code"] = commit()
+    row["allocator"] = allocator
+    print(json.dumps(row), flush=True)
+    document.setdefault("loop_bound", []).append(row)
+    _save(document)
+
+
 def _floor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loop-bound", type=int, metavar="CLIENTS",
+                        help="the highest ratio to the single loop any simulator running the "
+                             "protocol could reach at CLIENTS training clients")
     parser.add_argument("--floor", action="store_true",
                         help="simulator vs the floor of its work at 1,000 training clients")
     parser.add_argument("--floor-clients", type=int, default=1000)
     parser.add_argument("--profile", action="store_true", help="with --floor: a cProfile run")
+
+
+def _floor_modes(args: argparse.Namespace, allocator: str) -> bool:
+    """``--loop-bound`` or ``--floor``; False: neither was asked for."""
+    if args.loop_bound:
+        _loop_bound_rows(args.loop_bound, allocator)
+        return True
+    if args.floor:
+        _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile,
+                    allocator=allocator)
+        return True
+    return False
 
 
 def _per_client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -741,9 +833,7 @@ def main() -> None:
         return
     if _per_client_modes(args):
         return
-    if args.floor:
-        _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile,
-                    allocator=allocator)
+    if _floor_modes(args, allocator):
         return
     if args.breakdown:
         result = {**breakdown(args.breakdown, args.virtual_seconds), "allocator": allocator}
