@@ -387,7 +387,9 @@ def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
     encoded, decoded and checked, its share of the server's float64 mix; not the local step,
     which the loop also makes), so its round costs at least ``rest + protocol`` even with
     gradients for free and no event loop, network model or actors:
-    ``ratio <= loop / (rest + protocol)``.
+    ``ratio <= loop / (rest + protocol)``. Every group runs as many rounds here, where a run's
+    rounds follow its groups' sizes: the loop's rounds average more examples than the run's
+    (the clipped sum changes little at 1-4 examples).
     """
     from simulator import _SingleLoop, _warm_imports, protocol_floor_ms
 

@@ -76,8 +76,9 @@ def _compile(compiler: str, source: Path, target: Path) -> None:
 def load_library(source: Path, *, what: str, opt_out: str) -> ctypes.CDLL | None:
     """The compiled ``source``, built into the user cache if needed; None (with a warning
     naming ``what``) when there is no compiler or no recipe builds it, and silently when the
-    environment variable ``opt_out`` is set."""
-    if os.environ.get(opt_out):
+    environment variable ``opt_out`` is set to anything but ``0``, ``false``, ``no`` or
+    ``off`` (any case) or the empty string."""
+    if os.environ.get(opt_out, "").strip().lower() not in ("", "0", "false", "no", "off"):
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedsim.training import native
 from fedsim.training.persample import (
     PerSampleEngine,
     clip_rows,
@@ -99,6 +100,12 @@ def test_inconsistent_shapes_are_refused_before_the_kernel_reads() -> None:
         (padded, g, out, (3, 3), (0, 2), (1, 1)),
         (padded.double(), g, out, (3, 3), (2, 2), (1, 1)),
         (padded.transpose(2, 3), g, out, (3, 3), (2, 2), (1, 1)),  # not contiguous
+        # Not pairs of ints: a third value would shift the C function's later arguments (it
+        # crashed the process before the check).
+        (padded, g, out, (3, 3, 10**6), (2, 2), (1, 1)),
+        (padded, g, out, (3,), (2, 2), (1, 1)),
+        (padded, g, out, (3, 3), (2.0, 2), (1, 1)),
+        (padded, g, out, (3, 3), (2, 2), (True, 1)),
     ]
     for args in bad:
         with pytest.raises(ValueError):
@@ -138,6 +145,41 @@ def test_the_engine_takes_the_kernel_and_equals_single_example_passes(
     assert {shape[1] for shape in calls} == {1, 16}  # both convolutions
 
 
+class _SharedConv(nn.Module):
+    """One convolution called twice in a forward pass (its uses summed per example)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.conv(torch.tanh(self.conv(x))))
+        return self.head(h.mean((2, 3)))
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["shared", "channels_last", "view"])
+def test_the_kernel_through_the_engine_on_awkward_inputs(layout: str) -> None:
+    """A convolution used twice, channels-last inputs and inputs that are offset views, over
+    batches of changing sizes through one engine (kept buffers reused), against
+    single-example passes in float64."""
+    torch.manual_seed(10)
+    model = _SharedConv() if layout == "shared" else nn.Sequential(
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(16 * 16, 5))
+    engine = PerSampleEngine(model)
+    for batch in (5, 9, 2, 9):
+        x = torch.randn(batch + 1, 8, 7, 7)[1:] if layout == "view" else torch.randn(batch, 8, 7, 7)
+        if layout == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 5, (batch,))
+        result = engine.clipped_sum(x, y, 0.7)
+        reference = naive_per_example_gradients(copy.deepcopy(model).double(), x.double(), y)
+        torch.testing.assert_close(result.flat_sum.double(), clip_rows(reference, 0.7).sum(0),
+                                   rtol=2e-4, atol=2e-5)
+
+
+@needs_kernel
 def test_without_the_kernel_the_torch_routes_give_the_same_sums(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -160,6 +202,7 @@ def test_the_kernel_is_used_only_where_it_applies(monkeypatch: pytest.MonkeyPatc
     assert not direct.direct_applies(x.double(), x.double(), 1, 16)
 
 
+@needs_kernel
 def test_opting_out_or_a_failing_build_leaves_the_torch_routes(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object,
 ) -> None:
@@ -169,6 +212,26 @@ def test_opting_out_or_a_failing_build_leaves_the_torch_routes(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached build to find
     monkeypatch.setenv("CC", "false")  # exists and always fails
     assert direct._load() is None
+
+
+def test_only_an_opt_out_value_skips_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FEDSIM_PURE_TORCH_CONV=0`` (or false, no, off, empty) does not opt out: the build is
+    tried; any other value skips it."""
+    tried: list[str] = []
+
+    def refuse(compiler: str, source: object, target: object) -> None:
+        tried.append(compiler)
+        raise RuntimeError("no build in this test")
+
+    monkeypatch.setattr(native, "_compile", refuse)
+    monkeypatch.setattr(native.shutil, "which", lambda name: "cc")  # a compiler or not
+    monkeypatch.setattr(native.Path, "is_file", lambda self: False)
+    for value, skipped in (("1", True), ("yes", True), ("0", False), ("false", False),
+                           ("Off", False), ("", False)):
+        tried.clear()
+        monkeypatch.setenv("FEDSIM_PURE_TORCH_CONV", value)
+        assert direct._load() is None
+        assert bool(tried) is not skipped, value
 
 
 @needs_kernel

@@ -7,7 +7,7 @@
  * with x the zero-padded input (B, C, Hp, Wp) and g the output gradient (B, O, OH, OW), both
  * contiguous float32; the rows are kernel-major, (C, kh, kw, O), and O is a multiple of 8.
  * Each example's output gradient is first transposed to (OH*OW, O) in a per-thread buffer;
- * then tiles of up to 16 eight-wide accumulators (OB blocks of 8 output channels x T kernel
+ * then tiles of up to 12 eight-wide accumulators (OB blocks of 8 output channels x T kernel
  * weights (c, ky, kx)) run over the output positions: per position OB vector loads of g, T
  * broadcasts of x and OB*T fused multiply-adds, so the arithmetic, not the loads, sets the
  * pace. Every example's sums run in one fixed order on one thread: the values do not depend
@@ -36,7 +36,8 @@ struct geometry {
 };
 
 /* One tile: OB blocks of 8 output channels (from ob0) x T kernel weights (offsets off[0..T)).
- * At most 12 accumulators: with OB vectors of g and one broadcast they fit AVX2's 16 registers. */
+ * At most 12 accumulators: with the OB vectors of g and one broadcast, 15 of AVX2's 16 registers
+ * for OB = 1 and 2; the 4 x 3 tile needs 17 and spills one. */
 #define DEFINE_TILE(OB, T)                                                                   \
     static void tile_##OB##_##T(const float *restrict x, const float *restrict gt,           \
                                 const int64_t *restrict offsets, float *restrict out,        \

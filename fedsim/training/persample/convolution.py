@@ -26,7 +26,11 @@ from fedsim.training.persample.base import (
     row_sq_norms,
     scratch,
 )
-from fedsim.training.persample.direct import direct_applies, direct_weight_per_example
+from fedsim.training.persample.direct import (
+    direct_applies,
+    direct_weight_per_example,
+    output_size,
+)
 
 __all__ = ["conv2d_rule"]
 
@@ -59,8 +63,7 @@ def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     kh, kw = module.kernel_size
     sh, sw = module.stride
     dh, dw = module.dilation
-    oh = (height - dh * (kh - 1) - 1) // sh + 1
-    ow = (width - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = output_size((height, width), (kh, kw), (sh, sw), (dh, dw))
     st = x.stride()
     view = x.as_strided(
         (batch, oh, ow, channels, kh, kw),
@@ -114,8 +117,7 @@ def _windows(
         batch, height, width, channels = padded.shape
     else:
         batch, channels, height, width = padded.shape
-    oh = (height - dh * (kh - 1) - 1) // sh + 1
-    ow = (width - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = output_size((height, width), (kh, kw), (sh, sw), (dh, dw))
     st = padded.stride()
     if channels_last:
         return padded.as_strided(
@@ -173,9 +175,10 @@ def _conv2d_weight_per_example(
     contiguous rows (B, weight.numel()), and their :data:`RowOrder`.
 
     The compiled direct kernel (:mod:`.direct`) wherever it applies (float32 on a CPU with
-    AVX2 and FMA, ``groups == 1``, output channels a multiple of 8): on every convolution of
-    both CNNs it measured faster than the torch routes below (its module docstring), which
-    serve everything else. Three torch routes. The grouped convolution (weight order): the batch is folded into the channels,
+    AVX2 and FMA, ``groups == 1``, output channels a multiple of 8): on the two CNNs'
+    convolutions it measured faster than the torch routes below, or within their scatter
+    (the GroupNorm CNN's second; figures in its module docstring); those serve everything
+    else. Three torch routes. The grouped convolution (weight order): the batch is folded into the channels,
     ``(1, B C_in, H, W)``, and the weight gradient of a convolution with ``B * groups`` groups
     is exactly every example's own (the trick of torch.func's batching rule for
     convolutions). Channels-last im2col (:func:`_patches_channels_last`) and one batched

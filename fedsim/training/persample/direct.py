@@ -9,9 +9,10 @@ window) then one product per example was the fastest torch route, and copying th
 cost as much as the products. ``_conv_grad.c`` (beside this file) computes the sums directly
 from the padded input in tiles of eight-wide fused multiply-adds; measured on this project's
 CPU (AMD EPYC, AVX2, B=256, 1 thread, CPU ms a call, medians of 7, the same process): DP
-MNIST CNN conv 1 2.0-2.2 against 6.3-6.5 by channels-last im2col + ``bmm``, conv 2 2.4
-against 5.8-6.5; GroupNorm CNN conv 1 7.7 against 8.7-9.3 (positions-last route), conv 2
-11.6-15.2 against 14.0-14.9 and conv 3 5.8 against 8.9-9.8 (grouped convolution).
+MNIST CNN conv 1 2.0-2.2 against 6.2-6.5 by channels-last im2col + ``bmm``, conv 2 2.4
+against 5.8-6.5; GroupNorm CNN conv 1 7.7 against 8.7-9.3 (positions-last route), conv 3 5.8
+against 8.9-9.8 (grouped convolution), and conv 2 11.6-15.2 against 14.0-14.9 (within the
+calls' scatter: no slower).
 
 Used where the compiled kernel is vectorised (AVX2 and FMA: where it was measured), for
 float32 CPU tensors of a ``groups == 1`` convolution whose output channels are a multiple of
@@ -34,7 +35,13 @@ import torch.nn.functional as F
 from fedsim.logging import get_logger
 from fedsim.training.native import load_library
 
-__all__ = ["direct_kernel_available", "direct_weight_per_example", "reference_weight_per_example"]
+__all__ = [
+    "direct_applies",
+    "direct_kernel_available",
+    "direct_weight_per_example",
+    "output_size",
+    "reference_weight_per_example",
+]
 
 _log = get_logger("fedsim.training.persample.direct")
 _SOURCE = Path(__file__).with_name("_conv_grad.c")
@@ -83,7 +90,7 @@ def _load() -> _Kernel | None:
     generator = torch.Generator().manual_seed(0)
     padded = torch.randn(3, 2, 9, 17, generator=generator)
     size, stride, dilation = (1, 7), (2, 1), (1, 2)
-    out_h, out_w = _output_size(padded.shape[2:], size, stride, dilation)
+    out_h, out_w = output_size(padded.shape[2:], size, stride, dilation)
     g = torch.randn(3, 56, out_h, out_w, generator=generator)
     out = torch.empty(3, 2 * 7 * 56)
     kernel.run(padded, g, out, size, stride, dilation)
@@ -106,10 +113,12 @@ def direct_kernel_available() -> bool:
     return _native() is not None
 
 
-def _output_size(
+def output_size(
     padded: tuple[int, ...] | torch.Size, size: tuple[int, int], stride: tuple[int, int],
     dilation: tuple[int, int],
 ) -> tuple[int, int]:
+    """A convolution's output height and width over an input of ``padded`` (height, width),
+    its padding already included."""
     return (
         (padded[0] - dilation[0] * (size[0] - 1) - 1) // stride[0] + 1,
         (padded[1] - dilation[1] * (size[1] - 1) - 1) // stride[1] + 1,
@@ -148,13 +157,17 @@ def direct_weight_per_example(
     ):
         raise ValueError("padded, g and out must be contiguous float32 CPU tensors of 4, 4 "
                          "and 2 dimensions")
-    if min(*kernel_size, *stride, *dilation) < 1:
-        raise ValueError("kernel size, stride and dilation must be positive")
+    geometry = (kernel_size, stride, dilation)
+    if any(len(pair) != 2 or any(type(v) is not int or v < 1 for v in pair) for pair in geometry):
+        # Exactly two positive ints each: the C function takes them by position, and ctypes
+        # would pass a third along, shifting every argument after it.
+        raise ValueError(
+            f"kernel size, stride and dilation must be pairs of positive ints, got {geometry}")
     batch, channels, height, width = padded.shape
     channels_out = g.shape[1]
     expected_out = (batch, channels * kernel_size[0] * kernel_size[1] * channels_out)
     if (g.shape[0] != batch or channels_out % _LANES
-            or tuple(g.shape[2:]) != _output_size((height, width), kernel_size, stride, dilation)
+            or tuple(g.shape[2:]) != output_size((height, width), kernel_size, stride, dilation)
             or min(g.shape[2:]) < 1 or tuple(out.shape) != expected_out):
         raise ValueError(
             f"inconsistent shapes: padded input {tuple(padded.shape)}, output gradient "
