@@ -114,10 +114,30 @@ def test_free_heap_pages_are_given_back_only_when_many_are_free() -> None:
     before = free_heap_bytes()
     if before is None:
         pytest.skip("the allocator's free bytes are unknown here (not glibc >= 2.33)")
-    assert release_free_memory(threshold=before + 2**40) is False
-    assert release_free_memory(threshold=0) is True
+    assert release_free_memory(threshold=before + 2**40, live_multiple=0) is False
+    assert release_free_memory(threshold=0, live_multiple=0) is True
     after = free_heap_bytes()
     assert after is not None and after <= before + 2**20
+
+
+@pytest.mark.parametrize(("free_mb", "used_mb", "trims"), [
+    (800, 550, False),  # a window's traffic at 1,000 clients: the next window's memory
+    (1_200, 500, True),  # more than twice the live heap free: fragmentation
+    (300, 100, True),
+    (200, 10, False),  # under TRIM_FREE_BYTES
+])
+def test_the_free_heap_is_trimmed_past_twice_the_live_heap(
+    monkeypatch: pytest.MonkeyPatch, free_mb: int, used_mb: int, trims: bool,
+) -> None:
+    import fedsim.runtime.allocator as allocator
+
+    calls: list[int] = []
+    info = allocator._MallInfo2()
+    info.fordblks, info.uordblks = free_mb * 2**20, used_mb * 2**20
+    monkeypatch.setattr(allocator, "_INFO", lambda: info)
+    monkeypatch.setattr(allocator, "_TRIM", lambda pad: calls.append(pad) or 1)
+    assert allocator.release_free_memory() is trims
+    assert calls == ([0] if trims else [])
 
 
 def test_a_refused_mmap_threshold_leaves_the_trim_threshold_alone(
