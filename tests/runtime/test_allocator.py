@@ -129,7 +129,7 @@ def test_free_heap_pages_are_given_back_only_when_many_are_free() -> None:
 def test_the_free_heap_is_trimmed_past_twice_the_live_heap(
     monkeypatch: pytest.MonkeyPatch, free_mb: int, used_mb: int, trims: bool,
 ) -> None:
-    import fedsim.runtime.allocator as allocator
+    from fedsim.runtime import allocator
 
     calls: list[int] = []
     info = allocator._MallInfo2()
