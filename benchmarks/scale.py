@@ -693,26 +693,29 @@ def _ray_rows(which: str, allocator: str) -> None:
 
 
 def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocator: str) -> None:
-    document = _load_results()
     floor = floor_row(clients, virtual_seconds)
     floor["code"] = commit()
     floor["allocator"] = allocator
     print(json.dumps(floor), flush=True)
-    document.setdefault("floor", []).append(floor)
+    profiled = None
     if profile:
         profiled = profile_rounds(clients, virtual_seconds)
         profiled["code"] = floor["code"]
         print(json.dumps(profiled, indent=1), flush=True)
+    # Read the results file only now: a row takes minutes, and what others wrote meanwhile stays.
+    document = _load_results()
+    document.setdefault("floor", []).append(floor)
+    if profiled is not None:
         document["floor_profile"] = profiled
     _save(document)
 
 
 def _loop_bound_rows(clients: int, allocator: str) -> None:
-    document = _load_results()
     row = loop_bound_row(clients)
     row["code"] = commit()
     row["allocator"] = allocator
     print(json.dumps(row), flush=True)
+    document = _load_results()  # after the row, as _floor_rows
     document.setdefault("loop_bound", []).append(row)
     _save(document)
 
