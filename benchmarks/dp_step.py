@@ -7,7 +7,10 @@ CNN of ``scenarios/cifar10-groupnorm.yaml`` (read from that file, on 3x32x32 inp
 * ``fedsim``: :func:`fedsim.training.dpsgd.noisy_gradient` (per-example norms by book-keeping,
   clip, sum, Gaussian noise, divide by m) plus the SGD update (one ``_foreach_add_``);
 * ``opacus_hooks`` / ``opacus_functorch`` / ``opacus_ghost``: Opacus' ``make_private`` with
-  that ``grad_sample_mode`` (ghost = fast gradient clipping), one ``optimizer.step()``.
+  that ``grad_sample_mode`` (ghost = fast gradient clipping), one ``optimizer.step()``;
+* ``minimal`` (the MLP only, asked for by name): the same DP step written by hand in the fewest
+  torch ops (:func:`_minimal_dp_step`), none of the engine's checks or generality: how close to
+  plain SGD any per-sample engine can get on the machine measured.
 
 Each (model, variant, threads) runs in its own process, so ``peak_rss_mb`` (ru_maxrss) is that
 variant's own peak. The machine is shared with other work, so each process alternates blocks
@@ -34,6 +37,7 @@ which measures those routes side by side).
 
     python benchmarks/dp_step.py              # threads 1 and 2, 2 passes
     python benchmarks/dp_step.py --quick      # short blocks, 1 pass, threads 1
+    python benchmarks/dp_step.py --models mlp --variants plain,fedsim,minimal --threads 1
     FEDSIM_BENCH_TREE=/path/to/old/checkout python benchmarks/dp_step.py --out old.json
 
 The fedsim measured is this checkout's (``sys.path``), or ``FEDSIM_BENCH_TREE``'s; each worker
@@ -65,6 +69,7 @@ sys.path.insert(0, str(TREE))
 MODELS = ("dp_mnist_cnn", "mlp", "groupnorm_cnn")
 GROUPNORM_SCENARIO = ROOT / "scenarios" / "cifar10-groupnorm.yaml"
 VARIANTS = ("plain", "fedsim", "opacus_hooks", "opacus_functorch", "opacus_ghost")
+EXTRA_VARIANTS = ("minimal",)  # asked for by name (--variants), the MLP only
 BATCH = 256
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 
@@ -144,6 +149,8 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
                 torch._foreach_add_(params, views, alpha=-LR)
 
         return fedsim_step
+    if variant == "minimal":
+        return _minimal_dp_step(model, x, y)
 
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
@@ -174,6 +181,66 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
         dp_optimizer.step()
 
     return opacus_step
+
+
+def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch imported lazily
+    """The least a DP-SGD step on an MLP (Linear and ReLU layers only) does, written by hand
+    in torch ops: the same noise (fedsim's sampler, fixed-size sampling's std), the batch
+    gathered, a forward with the parameters out of the graph and each Linear's output a leaf
+    of it, one backward to those outputs, ghost norms, clipping factors, each layer's clipped
+    sum added into the noise by one ``addmm_``, the update. None of fedsim's checks, hooks or
+    generality: it bounds what any per-sample engine can reach on the machine it runs on, and
+    is not a step to use."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedsim.training.gaussian import gaussian_noise
+
+    layers = [m for m in model.modules() if not list(m.children())]
+    if not all(isinstance(m, torch.nn.Linear | torch.nn.ReLU) for m in layers):
+        raise ValueError("the minimal step is written for Linear / ReLU networks (the MLP)")
+    linears = [m for m in layers if isinstance(m, torch.nn.Linear)]
+    params = [p for m in linears for p in (m.weight, m.bias)]
+    size = sum(p.numel() for p in params)
+    generator = torch.Generator().manual_seed(0)
+    indices = torch.arange(BATCH)
+    std = 2 * CLIP * SIGMA / BATCH  # fixed-size batches: sensitivity 2C
+
+    def minimal() -> None:
+        with torch.no_grad():
+            flat = gaussian_noise(size, std, generator, params[0])
+            h = x.index_select(0, indices).flatten(1)
+            labels = y.index_select(0, indices)
+        inputs, outputs = [], []
+        with torch.enable_grad():
+            for module in layers:
+                if isinstance(module, torch.nn.Linear):
+                    inputs.append(h.detach())
+                    h = torch.addmm(module.bias.detach(), h, module.weight.detach().t())
+                    if not h.requires_grad:
+                        h.requires_grad_()
+                    outputs.append(h)
+                else:
+                    h = torch.relu(h)
+            total = F.cross_entropy(h, labels, reduction="none").sum()
+            grads = torch.autograd.grad(total, outputs)
+        with torch.no_grad():
+            sq = None
+            for a, g in zip(inputs, grads, strict=True):
+                part = torch.linalg.vector_norm(g, dim=1).square_().mul_(
+                    torch.linalg.vector_norm(a, dim=1).square_().add_(1.0))
+                sq = part if sq is None else sq.add_(part)
+            factors = (sq.sqrt_() + 1e-6).reciprocal_().mul_(CLIP / BATCH).clamp_(max=1 / BATCH)
+            views, offset = [], 0
+            for p in params:
+                views.append(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+            for k, (a, g) in enumerate(zip(inputs, grads, strict=True)):
+                views[2 * k].addmm_((g * factors.unsqueeze(1)).t(), a)
+                views[2 * k + 1].addmv_(g.t(), factors)
+            torch._foreach_add_(params, views, alpha=-LR)
+
+    return minimal
 
 
 def _noise_draw(model_name: str) -> Callable[[], None]:
@@ -306,6 +373,14 @@ def _available(variants: list[str]) -> list[str]:
     return [v for v in variants if not v.startswith("opacus_")]
 
 
+def _check_choices(parser: argparse.ArgumentParser, models: list[str], variants: list[str]) -> None:
+    unknown = (set(models) - set(MODELS)) | (set(variants) - set(VARIANTS) - set(EXTRA_VARIANTS))
+    if unknown:
+        parser.error(f"unknown models or variants: {sorted(unknown)}")
+    if "minimal" in variants and models != ["mlp"]:
+        parser.error("the minimal variant is written for the MLP: use --models mlp")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 pass, 1 thread, short timing")
@@ -336,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     version = code_version()
     thread_counts = [int(t) for t in args.threads.split(",")]
     models, variants = args.models.split(","), _available(args.variants.split(","))
+    _check_choices(parser, models, variants)
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for _ in range(args.passes):
         for threads in thread_counts:
