@@ -9,8 +9,8 @@ CNN of ``scenarios/cifar10-groupnorm.yaml`` (read from that file, on 3x32x32 inp
 * ``opacus_hooks`` / ``opacus_functorch`` / ``opacus_ghost``: Opacus' ``make_private`` with
   that ``grad_sample_mode`` (ghost = fast gradient clipping), one ``optimizer.step()``;
 * ``minimal`` (the MLP only, asked for by name): the same DP step written by hand in the fewest
-  torch ops (:func:`_minimal_dp_step`), none of the engine's checks or generality: how close to
-  plain SGD any per-sample engine can get on the machine measured.
+  torch ops called from Python (:func:`_minimal_dp_step`), none of the engine's checks or
+  generality: a reference point for the engine's overhead on the machine measured.
 
 Each (model, variant, threads) runs in its own process, so ``peak_rss_mb`` (ru_maxrss) is that
 variant's own peak. The machine is shared with other work, so each process alternates blocks
@@ -184,27 +184,34 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
 
 
 def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch imported lazily
-    """The least a DP-SGD step on an MLP (Linear and ReLU layers only) does, written by hand
-    in torch ops: the same noise (fedsim's sampler, fixed-size sampling's std), the batch
-    gathered, a forward with the parameters out of the graph and each Linear's output a leaf
-    of it, one backward to those outputs, ghost norms, clipping factors, each layer's clipped
-    sum added into the noise by one ``addmm_``, the update. None of fedsim's checks, hooks or
-    generality: it bounds what any per-sample engine can reach on the machine it runs on, and
-    is not a step to use."""
+    """The MLP's DP-SGD step (``nn.Sequential`` of ``Linear`` with bias and ``ReLU``, run in
+    registration order) written by hand in the fewest torch ops called from Python: the same
+    noise (fedsim's sampler, fixed-size sampling's std ``2 C sigma / m``), the batch gathered,
+    a forward with the parameters out of the graph (the first Linear's output a leaf of it),
+    one backward to the Linears' outputs, ghost norms, clipping factors, each layer's clipped
+    sum added into the noise (``addmm_`` for the weight, ``addmv_`` for the bias), the update.
+    For finite norms it releases what fedsim's step releases, to the bit (tested). Left out:
+    fedsim's checks, hooks and generality, the factor 0 for a non-finite norm, the counts and
+    the loss sum a step returns. A reference point for the engine's overhead on the machine
+    measured, not a lower bound (fused or compiled code could go below it), and not a step to
+    use."""
     import torch
     import torch.nn.functional as F
 
     from fedsim.training.gaussian import gaussian_noise
 
     layers = [m for m in model.modules() if not list(m.children())]
-    if not all(isinstance(m, torch.nn.Linear | torch.nn.ReLU) for m in layers):
-        raise ValueError("the minimal step is written for Linear / ReLU networks (the MLP)")
+    if not all(type(m) in (torch.nn.Linear, torch.nn.ReLU) for m in layers) or any(
+        type(m) is torch.nn.Linear and m.bias is None for m in layers
+    ):
+        raise ValueError("the minimal step is written for Linear (with bias) / ReLU networks (the MLP)")
     linears = [m for m in layers if isinstance(m, torch.nn.Linear)]
     params = [p for m in linears for p in (m.weight, m.bias)]
     size = sum(p.numel() for p in params)
     generator = torch.Generator().manual_seed(0)
     indices = torch.arange(BATCH)
-    std = 2 * CLIP * SIGMA / BATCH  # fixed-size batches: sensitivity 2C
+    scale = 1.0 / BATCH  # the released sum is divided by m, as noisy_gradient does
+    std = 2.0 * CLIP * SIGMA * scale  # fixed-size batches: sensitivity 2C
 
     def minimal() -> None:
         with torch.no_grad():
@@ -230,7 +237,7 @@ def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch
                 part = torch.linalg.vector_norm(g, dim=1).square_().mul_(
                     torch.linalg.vector_norm(a, dim=1).square_().add_(1.0))
                 sq = part if sq is None else sq.add_(part)
-            factors = (sq.sqrt_() + 1e-6).reciprocal_().mul_(CLIP / BATCH).clamp_(max=1 / BATCH)
+            factors = (sq.sqrt_() + 1e-6).reciprocal_().mul_(CLIP * scale).clamp_(max=scale)
             views, offset = [], 0
             for p in params:
                 views.append(flat[offset : offset + p.numel()].view_as(p))
@@ -376,8 +383,9 @@ def _available(variants: list[str]) -> list[str]:
 def _check_choices(parser: argparse.ArgumentParser, models: list[str], variants: list[str]) -> None:
     unknown = (set(models) - set(MODELS)) | (set(variants) - set(VARIANTS) - set(EXTRA_VARIANTS))
     if unknown:
-        parser.error(f"unknown models or variants: {sorted(unknown)}")
-    if "minimal" in variants and models != ["mlp"]:
+        parser.error(f"unknown models or variants: {sorted(unknown)} (models: {', '.join(MODELS)}; "
+                     f"variants: {', '.join(VARIANTS + EXTRA_VARIANTS)})")
+    if "minimal" in variants and set(models) != {"mlp"}:
         parser.error("the minimal variant is written for the MLP: use --models mlp")
 
 
@@ -410,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         args.threads, args.passes, args.seconds = "1", 1, 1.5
     version = code_version()
     thread_counts = [int(t) for t in args.threads.split(",")]
-    models, variants = args.models.split(","), _available(args.variants.split(","))
+    models, variants = args.models.split(","), args.variants.split(",")
     _check_choices(parser, models, variants)
+    variants = _available(variants)
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for _ in range(args.passes):
         for threads in thread_counts:
