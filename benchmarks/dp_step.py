@@ -142,11 +142,7 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
                 max_physical_batch=BATCH,
             )
             with torch.no_grad():  # the in-place SGD update, as one multi-tensor op
-                views, offset = [], 0
-                for p in params:
-                    views.append(release.gradient[offset : offset + p.numel()].view_as(p))
-                    offset += p.numel()
-                torch._foreach_add_(params, views, alpha=-LR)
+                torch._foreach_add_(params, _views(release.gradient, params), alpha=-LR)
 
         return fedsim_step
     if variant == "minimal":
@@ -190,15 +186,18 @@ def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch
     a forward with the parameters out of the graph (the first Linear's output a leaf of it),
     one backward to the Linears' outputs, ghost norms, clipping factors, each layer's clipped
     sum added into the noise (``addmm_`` for the weight, ``addmv_`` for the bias), the update.
-    For finite norms it releases what fedsim's step releases, to the bit (tested). Left out:
-    fedsim's checks, hooks and generality, the factor 0 for a non-finite norm, the counts and
-    the loss sum a step returns. A reference point for the engine's overhead on the machine
+    The noise std and the clipping factors come from fedsim's one definition of each
+    (:func:`~fedsim.training.dpsgd.noise_std`, :func:`~fedsim.training.persample.clip_factors`);
+    it releases what fedsim's step releases, to the bit (tested). Left out: fedsim's checks,
+    hooks and generality, the counts and the loss sum a step returns. A reference point for the engine's overhead on the machine
     measured, not a lower bound (fused or compiled code could go below it), and not a step to
     use."""
     import torch
     import torch.nn.functional as F
 
+    from fedsim.training.dpsgd import noise_std
     from fedsim.training.gaussian import gaussian_noise
+    from fedsim.training.persample import clip_factors
 
     layers = [m for m in model.modules() if not list(m.children())]
     if not all(type(m) in (torch.nn.Linear, torch.nn.ReLU) for m in layers) or any(
@@ -211,7 +210,7 @@ def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch
     generator = torch.Generator().manual_seed(0)
     indices = torch.arange(BATCH)
     scale = 1.0 / BATCH  # the released sum is divided by m, as noisy_gradient does
-    std = 2.0 * CLIP * SIGMA * scale  # fixed-size batches: sensitivity 2C
+    std = noise_std("fixed", CLIP, SIGMA, BATCH)  # the one sensitivity rule: 2C for fixed size
 
     def minimal() -> None:
         with torch.no_grad():
@@ -237,11 +236,8 @@ def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch
                 part = torch.linalg.vector_norm(g, dim=1).square_().mul_(
                     torch.linalg.vector_norm(a, dim=1).square_().add_(1.0))
                 sq = part if sq is None else sq.add_(part)
-            factors = (sq.sqrt_() + 1e-6).reciprocal_().mul_(CLIP * scale).clamp_(max=scale)
-            views, offset = [], 0
-            for p in params:
-                views.append(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            factors = clip_factors(sq.sqrt_(), CLIP, scale)
+            views = _views(flat, params)
             for k, (a, g) in enumerate(zip(inputs, grads, strict=True)):
                 views[2 * k].addmm_((g * factors.unsqueeze(1)).t(), a)
                 views[2 * k + 1].addmv_(g.t(), factors)
@@ -378,6 +374,15 @@ def _available(variants: list[str]) -> list[str]:
     if skipped:
         print(f"opacus is not installed: {', '.join(skipped)} not measured", flush=True)
     return [v for v in variants if not v.startswith("opacus_")]
+
+
+def _views(flat, params) -> list:  # noqa: ANN001 - torch imported lazily
+    """Each parameter's view of the flat vector ``flat`` (parameters in order), shaped like it."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
 
 
 def _check_choices(parser: argparse.ArgumentParser, models: list[str], variants: list[str]) -> None:
