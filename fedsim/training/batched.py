@@ -53,8 +53,13 @@ from torch import nn
 from fedsim.errors import ModelError
 from fedsim.training.dpsgd import noise_std
 from fedsim.training.gaussian import fill_noise
-from fedsim.training.models import MLP, LogisticRegression
 from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
+from fedsim.training.persample.chain import (
+    any_hooks,
+    chain_modules,
+    flattens_input,
+    linear_chain,
+)
 from fedsim.training.rounds import PendingRound, step_segments
 
 __all__ = ["RoundBatcher", "RoundSchedule", "batchable_layers"]
@@ -75,8 +80,6 @@ class RoundSchedule(Protocol):
         ...
 
 # Parameter-free modules that act on each value alone: they commute with batching over clients.
-_ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.ELU, nn.LeakyReLU, nn.SiLU,
-                nn.Softplus, nn.Identity)
 # Rounds per pass, and per flush, at most (bounds the activations held at once, and the
 # results computed before their rounds end).
 _MAX_PASS = 128
@@ -84,26 +87,11 @@ _MAX_PASS = 128
 
 def batchable_layers(model: nn.Module) -> list[nn.Module] | None:
     """The modules of ``model`` as a chain of ``Linear`` layers and elementwise activations on
-    flattened inputs, or None when the model is anything else (it is then computed alone)."""
-    if isinstance(model, MLP):
-        chain = list(model.net)
-    elif isinstance(model, LogisticRegression):
-        chain = [model.linear]
-    elif type(model) is nn.Sequential:
-        chain = list(model)
-        if chain and isinstance(chain[0], nn.Flatten) and (chain[0].start_dim, chain[0].end_dim) == (1, -1):
-            chain = chain[1:]
-    else:
-        return None
-    linear = [m for m in chain if type(m) is nn.Linear]
-    if not linear or any(type(m) is not nn.Linear and not isinstance(m, _ELEMENTWISE) for m in chain):
-        return None
-    params = list(model.parameters())
-    chain_params = [p for m in linear for p in m.parameters()]
-    if [id(p) for p in params] != [id(p) for p in chain_params]:
-        return None  # parameters outside the chain or in another order
-    if any(not p.requires_grad or p.dtype != torch.float32 for p in params) \
-            or len({p.device for p in params}) != 1:
+    flattened inputs (:func:`~fedsim.training.persample.chain.linear_chain`) whose parameters
+    are float32 (rounds read them from float32 vectors), or None when the model is anything
+    else (it is then computed alone)."""
+    chain = linear_chain(model)
+    if chain is None or any(p.dtype != torch.float32 for p in model.parameters()):
         return None
     return chain
 
@@ -164,6 +152,10 @@ class RoundBatcher:
         """The runtime's record of its rounds' ends and horizons (None: no round is ever
         split, each may be computed at any time)."""
         self.chain = batchable_layers(model)
+        self._modules = chain_modules(model, self.chain) if self.chain is not None else []
+        """Every module a call of the model runs through (a hook on one: computed alone)."""
+        self._flattens = flattens_input(model)
+        """Whether the model flattens its inputs (if not, a chain only for (B, d) features)."""
         self.num_params = sum(p.numel() for p in model.parameters())
         self._linears = [m for m in self.chain if type(m) is nn.Linear] \
             if self.chain is not None else []
@@ -200,6 +192,8 @@ class RoundBatcher:
         return (
             self.chain is not None
             and trainer.model is self.model
+            and not any_hooks(self._modules)
+            and (self._flattens or trainer.features.dim() == 2)
             and trainer.local_steps == 1
             and trainer.per_example_steps == 1
             and trainer.features.device == self.device

@@ -26,7 +26,11 @@ The result equals the clipped sum from a loop of single-example backward passes
 type alone and for mixed models). Shared modules (called several times in one forward pass)
 are supported: their uses are summed per example before the norm is taken.
 
-Modules: clipping (lowest) <- rules, fallback, reference <- engine.
+A model that is a chain of ``Linear`` layers and elementwise activations (the MLP, logistic
+regression) skips the hooks: the engine runs the chain's products itself, with the same rule,
+the same backward pass and the same values (:mod:`.chain`).
+
+Modules: clipping (lowest) <- rules, fallback, reference, chain <- engine.
 """
 
 from collections.abc import Sequence

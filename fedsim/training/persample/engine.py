@@ -42,8 +42,20 @@ from fedsim.training.models import (
 from fedsim.training.persample import fallback
 from fedsim.training.persample.base import Layer, Use, WeightedSum
 from fedsim.training.persample.base import per_example_rule as _per_example_rule
+from fedsim.training.persample.chain import (
+    any_hooks,
+    chain_modules,
+    chain_outputs,
+    flattens_input,
+    linear_chain,
+)
 from fedsim.training.persample.clipping import LossFn, clip_factors, per_example_cross_entropy
-from fedsim.training.persample.rules import RULES, fast_path, group_norm_statistics
+from fedsim.training.persample.rules import (
+    RULES,
+    fast_path,
+    group_norm_statistics,
+    linear_rows_rule,
+)
 
 __all__ = ["ClippedSum", "PerSampleEngine", "engine_for"]
 
@@ -116,12 +128,24 @@ class PerSampleEngine:
         self._clone_outputs = any(getattr(m, "inplace", False) for m in model.modules())
         self._capturing = False
         self._checked = False
-        self._offsets: dict[int, tuple[int, int]] = {}
+        # Each parameter's place in a flat vector: start, stop, its shape (None: a vector).
+        self._spans: dict[int, tuple[int, int, torch.Size | None]] = {}
         offset = 0
         for p in self._all_params:
-            self._offsets[id(p)] = (offset, offset + p.numel())
+            self._spans[id(p)] = (offset, offset + p.numel(), None if p.dim() == 1 else p.shape)
             offset += p.numel()
         self.num_params = offset
+        chain = linear_chain(model) if fast_paths else None
+        self._chain = chain
+        """The model as a chain of Linear layers and activations (computed directly, see
+        :mod:`~fedsim.training.persample.chain`), or None."""
+        self._chain_flattens = flattens_input(model)
+        self._chain_modules = chain_modules(model, chain) if chain is not None else []
+        self._chain_linears = [
+            (m, list(m.parameters()), m.bias is not None) for m in chain or ()
+            if type(m) is nn.Linear
+        ]
+        """The chain's Linear layers: (module, its parameters in order, whether it has a bias)."""
 
     def parameters(self) -> list[nn.Parameter]:
         """All model parameters, in the order of the flat vectors."""
@@ -338,6 +362,10 @@ class PerSampleEngine:
             return self._empty_batch_sum(out)
         if not self._checked:
             self._first_batch_checks(features, targets, loss_fn)
+        chain = self._chain
+        if chain is not None and (self._chain_flattens or features.dim() == 2) \
+                and not any_hooks(self._chain_modules):
+            return self._chain_clipped_sum(chain, features, targets, clip, loss_fn, scale, out)
         sq: torch.Tensor | None = None
         parts: list[tuple[list[nn.Parameter], WeightedSum]] = []
         loss_sum = 0.0
@@ -363,6 +391,44 @@ class PerSampleEngine:
             return self._clip_and_sum(batch, clip, sq, parts, loss_sum, scale, out)
         finally:
             self._clear()
+
+    def _chain_clipped_sum(
+        self,
+        chain: list[nn.Module],
+        features: torch.Tensor,
+        targets: torch.Tensor,
+        clip: float,
+        loss_fn: LossFn,
+        scale: float,
+        out: torch.Tensor | None,
+    ) -> ClippedSum:
+        """:meth:`clipped_sum` of a chain model (:mod:`~fedsim.training.persample.chain`): the
+        same products, backward pass, rules and clipping as the hooked pass, in the same order
+        (equal to the bit), without hooks, module calls, the parameters' graph or the check
+        that forward changes no state (a chain has none to change). On a small model's step
+        those are a large share of the time (the MLP 784-256-10's at B=256: about 0.1 of a
+        plain SGD step)."""
+        batch = features.shape[0]
+        logits, inputs, outputs = chain_outputs(chain, features)
+        with torch.enable_grad():
+            losses = loss_fn(logits, targets)
+            if losses.shape != (batch,):
+                raise ModelError(
+                    f"loss_fn must return per-example losses of shape ({batch},), got {tuple(losses.shape)}"
+                )
+            total = losses.sum()
+            grads = torch.autograd.grad(total, outputs, allow_unused=True)
+        sq: torch.Tensor | None = None
+        parts: list[tuple[list[nn.Parameter], WeightedSum]] = []
+        for (_, params, has_bias), a, g, output in zip(
+            self._chain_linears, inputs, grads, outputs, strict=True
+        ):
+            layer_sq, weighted = linear_rows_rule(
+                a, torch.zeros_like(output) if g is None else g.detach(), True, has_bias)
+            sq = layer_sq if sq is None else sq.add_(layer_sq)  # sq: this pass's own tensor
+            parts.append((params, weighted))
+        return self._clip_and_sum(batch, clip, sq, parts, total.item(), scale, out,
+                                  nonnegative=True)
 
     def clipped_local_updates(
         self,
@@ -430,11 +496,16 @@ class PerSampleEngine:
         loss_sum: float,
         scale: float,
         out: torch.Tensor | None,
+        *,
+        nonnegative: bool = False,
     ) -> ClippedSum:
+        """Clip with the norms ``sqrt(sq)`` and add each part's weighted sum into ``out``.
+        ``nonnegative``: ``sq`` holds no negative value (nan aside) and is the caller's own
+        tensor, so it is neither clamped nor copied (each tensor op costs microseconds)."""
         param = self._all_params[0]
         if sq is None:
             sq = torch.zeros(batch, dtype=param.dtype, device=param.device)
-        norms = sq.clamp_min(0).sqrt_()
+        norms = (sq if nonnegative else sq.clamp_min(0)).sqrt_()
         factors = clip_factors(norms, clip, scale)
         flat = self._flat_zeros() if out is None else out
         for params, weighted in parts:
@@ -444,9 +515,8 @@ class PerSampleEngine:
     def _views(self, flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
         views = []
         for param in params:
-            start, stop = self._offsets[id(param)]
-            part = flat[start:stop]
-            views.append(part if param.dim() == 1 else part.view(param.shape))
+            start, stop, shape = self._spans[id(param)]
+            views.append(flat[start:stop] if shape is None else flat[start:stop].view(shape))
         return views
 
 

@@ -38,7 +38,7 @@ from fedsim.training.persample.base import (
 )
 from fedsim.training.persample.convolution import conv2d_rule
 
-__all__ = ["RULES", "fast_path", "group_norm_statistics", "linear_sq_norms"]
+__all__ = ["RULES", "fast_path", "group_norm_statistics", "linear_rows_rule", "linear_sq_norms"]
 
 
 def linear_sq_norms(
@@ -53,10 +53,11 @@ def linear_sq_norms(
     return sq
 
 
-def _linear_single_step(
+def linear_rows_rule(
     a: torch.Tensor, g: torch.Tensor, has_weight: bool, has_bias: bool
 ) -> tuple[torch.Tensor, WeightedSum]:
-    """``Linear`` on (B, d_in) -> (B, d_out): the norms of :func:`linear_sq_norms`."""
+    """The rule of a ``Linear`` layer called once on (B, d_in) -> (B, d_out), from its input
+    ``a`` and output gradient ``g``: the norms of :func:`linear_sq_norms` and the weighted sum."""
     sq = linear_sq_norms(a, g, has_weight, has_bias)
 
     def weighted(c: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -81,14 +82,14 @@ def _linear_rule(layer: Layer) -> tuple[torch.Tensor, WeightedSum]:
         # The common case, one call on (B, d): no reshapes. Few tensor ops matter here: each
         # costs microseconds of dispatch, as much as the arithmetic of a small model's step.
         a, g = first.inputs[0], first.out_grad
-        return _linear_single_step(a, g, has_weight, has_bias)
+        return linear_rows_rule(a, g, has_weight, has_bias)
     batch = first.output.shape[0]
     # Every use becomes positions along one sequence axis: (B, T, d).
     a = concat([u.inputs[0].reshape(batch, -1, module.in_features) for u in layer.uses], 1)
     g = concat([u.out_grad.reshape(batch, -1, module.out_features) for u in layer.uses], 1)
     steps = a.shape[1]
     if steps == 1:
-        return _linear_single_step(a[:, 0], g[:, 0], has_weight, has_bias)
+        return linear_rows_rule(a[:, 0], g[:, 0], has_weight, has_bias)
 
     per_example: list[torch.Tensor] = []
     sq = torch.zeros(batch, dtype=g.dtype, device=g.device)
