@@ -90,6 +90,11 @@ def _count_chain_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+class _Doubling(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2
+
+
 def test_models_that_are_not_chains_of_what_they_compute_are_left_to_the_hooked_pass() -> None:
     class Scaled(nn.Sequential):  # a subclass: its forward may differ from the chain's
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,6 +116,9 @@ def test_models_that_are_not_chains_of_what_they_compute_are_left_to_the_hooked_
                                          nn.Linear(10, 10)),
         "flatten of another range": nn.Sequential(nn.Flatten(2), nn.Linear(12, 10)),
         "convolution": build_model("dp_mnist_cnn"),
+        "parametrized weight": nn.Sequential(nn.Flatten(), torch.nn.utils.parametrize.
+                                             register_parametrization(nn.Linear(12, 10), "weight",
+                                                                      _Doubling())),
     }
     for name, model in refused.items():
         assert linear_chain(model) is None, name

@@ -61,6 +61,8 @@ def linear_chain(model: nn.Module) -> list[nn.Module] | None:
         for m in chain
     ):
         return None
+    if any(list(m.children()) for m in chain):
+        return None  # e.g. a parametrized weight (torch.nn.utils.parametrize): not W itself
     params = list(model.parameters())
     chain_params = [p for m in linear for p in m.parameters()]
     if [id(p) for p in params] != [id(p) for p in chain_params]:
