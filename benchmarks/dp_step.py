@@ -10,7 +10,9 @@ CNN of ``scenarios/cifar10-groupnorm.yaml`` (read from that file, on 3x32x32 inp
   that ``grad_sample_mode`` (ghost = fast gradient clipping), one ``optimizer.step()``;
 * ``minimal`` (the MLP only, asked for by name): the same DP step written by hand in the fewest
   torch ops called from Python (:func:`_minimal_dp_step`), none of the engine's checks or
-  generality: a reference point for the engine's overhead on the machine measured.
+  generality: a reference point for the engine's overhead on the machine measured;
+  ``minimal_noiseless`` the same without the Gaussian draw (a zero vector instead; not DP):
+  what the noise costs inside the step.
 
 Each (model, variant, threads) runs in its own process, so ``peak_rss_mb`` (ru_maxrss) is that
 variant's own peak. The machine is shared with other work, so each process alternates blocks
@@ -69,7 +71,7 @@ sys.path.insert(0, str(TREE))
 MODELS = ("dp_mnist_cnn", "mlp", "groupnorm_cnn")
 GROUPNORM_SCENARIO = ROOT / "scenarios" / "cifar10-groupnorm.yaml"
 VARIANTS = ("plain", "fedsim", "opacus_hooks", "opacus_functorch", "opacus_ghost")
-EXTRA_VARIANTS = ("minimal",)  # asked for by name (--variants), the MLP only
+EXTRA_VARIANTS = ("minimal", "minimal_noiseless")  # asked for by name (--variants), the MLP only
 BATCH = 256
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 
@@ -145,8 +147,8 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
                 torch._foreach_add_(params, _views(release.gradient, params), alpha=-LR)
 
         return fedsim_step
-    if variant == "minimal":
-        return _minimal_dp_step(model, x, y)
+    if variant in EXTRA_VARIANTS:
+        return _minimal_dp_step(model, x, y, noise=variant == "minimal")
 
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
@@ -179,7 +181,7 @@ def _step_function(model_name: str, variant: str) -> Callable[[], None]:
     return opacus_step
 
 
-def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch imported lazily
+def _minimal_dp_step(model, x, y, noise: bool = True) -> Callable[[], None]:  # noqa: ANN001
     """The MLP's DP-SGD step (``nn.Sequential`` of ``Linear`` with bias and ``ReLU``, run in
     registration order) written by hand in the fewest torch ops called from Python: the same
     noise (fedsim's sampler, fixed-size sampling's std ``2 C sigma / m``), the batch gathered,
@@ -191,7 +193,8 @@ def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch
     it releases what fedsim's step releases, to the bit (tested). Left out: fedsim's checks,
     hooks and generality, the counts and the loss sum a step returns. A reference point for the engine's overhead on the machine
     measured, not a lower bound (fused or compiled code could go below it), and not a step to
-    use."""
+    use. ``noise=False`` (``minimal_noiseless``) starts from a zero vector instead of the
+    Gaussian draw: not DP at all, it shows what the rest of the step costs."""
     import torch
     import torch.nn.functional as F
 
@@ -214,7 +217,7 @@ def _minimal_dp_step(model, x, y) -> Callable[[], None]:  # noqa: ANN001 - torch
 
     def minimal() -> None:
         with torch.no_grad():
-            flat = gaussian_noise(size, std, generator, params[0])
+            flat = gaussian_noise(size, std, generator, params[0]) if noise else torch.zeros(size)
             h = x.index_select(0, indices).flatten(1)
             labels = y.index_select(0, indices)
         inputs, outputs = [], []
@@ -390,8 +393,8 @@ def _check_choices(parser: argparse.ArgumentParser, models: list[str], variants:
     if unknown:
         parser.error(f"unknown models or variants: {sorted(unknown)} (models: {', '.join(MODELS)}; "
                      f"variants: {', '.join(VARIANTS + EXTRA_VARIANTS)})")
-    if "minimal" in variants and set(models) != {"mlp"}:
-        parser.error("the minimal variant is written for the MLP: use --models mlp")
+    if set(variants) & set(EXTRA_VARIANTS) and set(models) != {"mlp"}:
+        parser.error("the minimal variants are written for the MLP: use --models mlp")
 
 
 def main(argv: list[str] | None = None) -> int:

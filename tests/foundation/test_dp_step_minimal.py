@@ -66,3 +66,24 @@ def test_minimal_step_refuses_other_models(
         dp_step.main(["--models", "dp_mnist_cnn", "--variants", "minimal", "--quick"])
     assert refused.value.code == 2
     assert "written for the MLP" in capsys.readouterr().err
+
+
+def test_noiseless_minimal_step_is_the_clipped_step_without_noise(dp_step: ModuleType) -> None:
+    """``minimal_noiseless`` (the floor's measurement) differs from ``minimal`` by the noise
+    alone: its update is the engine's scaled clipped sum, to the bit."""
+    from fedsim.training.persample import PerSampleEngine
+
+    step = dp_step._step_function("mlp", "minimal_noiseless")
+    torch.manual_seed(0)  # as _step_function builds its model and batch
+    model = dp_step._build("mlp")
+    x = torch.rand(*dp_step._input_shape("mlp"))
+    y = torch.randint(0, 10, (dp_step.BATCH,))
+    expected = PerSampleEngine(model).clipped_sum(
+        x, y, dp_step.CLIP, scale=1.0 / dp_step.BATCH).flat_sum
+    step()
+    with torch.no_grad():
+        for p, update in zip(model.parameters(), dp_step._views(expected, list(model.parameters())),
+                             strict=True):
+            p.add_(update, alpha=-dp_step.LR)
+    for p, q in zip(model.parameters(), _parameters(step), strict=True):
+        assert torch.equal(p.detach(), q.detach())
