@@ -423,8 +423,9 @@ class PerSampleEngine:
         for (_, params, has_bias), a, g, output in zip(
             self._chain_linears, inputs, grads, outputs, strict=True
         ):
+            # autograd.grad's results are out of any graph (no create_graph): no detach.
             layer_sq, weighted = linear_rows_rule(
-                a, torch.zeros_like(output) if g is None else g.detach(), True, has_bias)
+                a, torch.zeros_like(output) if g is None else g, True, has_bias)
             sq = layer_sq if sq is None else sq.add_(layer_sq)  # sq: this pass's own tensor
             parts.append((params, weighted))
         return self._clip_and_sum(batch, clip, sq, parts, total.item(), scale, out,
