@@ -304,3 +304,46 @@ def test_rounds_sharing_a_vector_or_a_data_set_compute_what_rounds_with_their_ow
         np.testing.assert_array_equal(a.update, b.update)
         assert (a.batch_sizes, a.mean_loss, a.sample_grads) == (b.batch_sizes, b.mean_loss,
                                                                   b.sample_grads)
+
+
+def test_a_hooked_model_or_sequence_inputs_are_computed_alone() -> None:
+    """A hook would not run in the batched pass (it computes the chain's products itself), and
+    a Sequential without Flatten applies its first Linear to the last axis of (B, T, d)
+    records, which the pass (on flattened rows) does not compute: those rounds are computed
+    alone, with the hook and the model's own forward, and nothing is batched."""
+    model = _mlp()
+    handle = model.net[-1].register_forward_hook(lambda m, args, out: out * 0.5)
+    try:
+        together, alone = _trainers(model)[:3], _trainers(model)[:3]
+        params = _params(model, 3)
+        batcher = RoundBatcher(model)
+        pending = [t.begin_round(p, 0, batcher) for t, p in zip(together, params, strict=True)]
+        for p, trainer, w in zip(pending, alone, params, strict=True):
+            np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 0).update)
+        assert batcher.rounds_batched == 0 and batcher.batches == 0
+    finally:
+        handle.remove()
+
+    torch.manual_seed(0)
+    sequence = torch.nn.Sequential(torch.nn.Linear(FEATURES // 2, CLASSES))
+    assert batchable_layers(sequence) is not None  # a chain, for (B, d) records only
+
+    def trainers() -> list[LocalTrainer]:
+        made = []
+        for k in range(2):
+            x, y = _data(k)
+            made.append(LocalTrainer(
+                sequence, x.reshape(len(x), 2, FEATURES // 2), y, batch_size=4,
+                sampling="fixed", clip=schedules.constant(100, 1.0, 1.0),
+                noise=schedules.constant(100, 1.0, 1.0), local_lr=0.3,
+                generator=torch.Generator().manual_seed(1 + k),
+                loss_fn=lambda out, t: torch.nn.functional.cross_entropy(
+                    out.sum(1), t, reduction="none")))
+        return made
+
+    batcher = RoundBatcher(sequence)
+    w = flat_params(sequence)
+    pending = [t.begin_round(w, 0, batcher) for t in trainers()]
+    for p, trainer in zip(pending, trainers(), strict=True):
+        np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 0).update)
+    assert batcher.rounds_batched == 0 and batcher.batches == 0

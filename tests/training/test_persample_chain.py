@@ -25,6 +25,10 @@ def _models() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
                                      nn.Linear(9, 6, bias=False), nn.LeakyReLU(0.3),
                                      nn.Linear(6, 10), nn.Sigmoid()), (2, 6)),
         "sequential-2d": (nn.Sequential(nn.Linear(12, 5), nn.Linear(5, 10)), (12,)),
+        "other-activations": (nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ELU(2.0),
+                                            nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 8),
+                                            nn.Softplus(3.0, 0.5), nn.Identity(),
+                                            nn.Linear(8, 10), nn.GELU("tanh")), (12,)),
     }
 
 
@@ -51,6 +55,14 @@ def test_the_chain_path_releases_what_the_hooked_pass_releases_to_the_bit(
     passes = _count_chain_passes(monkeypatch)
     model, shape = _models()[name]
     direct, hooked = _engines(model, shape)
+    hooked_passes: list[int] = []
+    original = PerSampleEngine._forward_backward
+
+    def counted(self: PerSampleEngine, *args: object, **kwargs: object) -> object:
+        hooked_passes.append(1 if self is hooked else 0)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PerSampleEngine, "_forward_backward", counted)
     features = torch.randn(40, *shape) * 3
     features[7] = 1e30  # a finite record whose squared norm overflows: factor 0
     labels = torch.randint(0, 10, (40,))
@@ -69,12 +81,18 @@ def test_the_chain_path_releases_what_the_hooked_pass_releases_to_the_bit(
         assert released[0].nonfinite == released[1].nonfinite
         sums = [engine.clipped_sum(features[:9], labels[:9], clip, scale=0.25)
                 for engine in (direct, hooked)]
-        assert torch.equal(sums[0].flat_sum, sums[1].flat_sum)
+        # (an overflowing record's nan/inf activations reach the sum here: clipped_sum has no
+        # recompute without it, noisy_gradient does)
+        torch.testing.assert_close(sums[0].flat_sum, sums[1].flat_sum, rtol=0, atol=0,
+                                   equal_nan=True)
         torch.testing.assert_close(sums[0].norms, sums[1].norms, rtol=0, atol=0, equal_nan=True)
         assert sums[0].loss_sum == sums[1].loss_sum
     assert any(r.nonfinite for r in released) == (7 in indices.tolist())
-    # The warm-up batch, then per clip three physical batches and one clipped sum.
-    assert len(passes) == 1 + 3 * (3 + 1)
+    # The warm-up batch, then per clip three physical batches and one clipped sum (and, where
+    # the overflowing record's activations are not finite, three more without it).
+    assert len(passes) in (1 + 3 * (3 + 1), 1 + 3 * (3 + 1 + 3))
+    # The hooked pass ran for the hooked engine's batches only, as many as the chain's.
+    assert hooked_passes == [1] * (len(passes) - 1)
 
 
 def _count_chain_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -105,7 +123,15 @@ def test_models_that_are_not_chains_of_what_they_compute_are_left_to_the_hooked_
             return super().forward(x) * 2
 
     shared = nn.Linear(10, 10)
+    constant_bias = nn.Linear(12, 10)
+    del constant_bias.bias
+    constant_bias.bias = torch.zeros(10)  # a plain tensor: not a parameter the chain trains
+    own_forward = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
+    own_forward[1].forward = lambda x: x[:, :10] * 3  # type: ignore[method-assign]
     refused = {
+        "constant bias": nn.Sequential(nn.Flatten(), constant_bias),
+        "an instance's own forward": own_forward,
+        "activation with a parameter": nn.Sequential(nn.Flatten(), nn.Linear(12, 10), nn.PReLU()),
         "subclass": Scaled(nn.Flatten(), nn.Linear(12, 10)),
         "activation subclass": nn.Sequential(nn.Flatten(), nn.Linear(12, 10), Doubled()),
         "in-place activation": nn.Sequential(nn.Flatten(), nn.Linear(12, 10), nn.ReLU(True)),
@@ -122,6 +148,49 @@ def test_models_that_are_not_chains_of_what_they_compute_are_left_to_the_hooked_
     }
     for name, model in refused.items():
         assert linear_chain(model) is None, name
+
+
+def test_a_model_changed_after_its_engine_was_built_takes_the_hooked_pass() -> None:
+    """The engine recognises the chain once; a layer frozen, replaced or appended, a bias
+    removed or a forward overridden afterwards sends the batch through the hooked pass, which
+    follows the model (a frozen weight gets no gradient there)."""
+    def changes() -> dict[str, object]:
+        return {
+            "freeze a weight": lambda m: m.net[0].weight.requires_grad_(False),
+            "replace an activation": lambda m: m.net.__setitem__(1, nn.Sigmoid()),
+            "append an activation": lambda m: m.net.append(nn.Tanh()),
+            "remove a bias": lambda m: setattr(m.net[2], "bias", None),
+            "override a forward": lambda m: setattr(m.net[1], "forward", lambda x: x * 0.5),
+        }
+
+    x, y = torch.randn(6, 12), torch.randint(0, 10, (6,))
+    for name, change in changes().items():
+        torch.manual_seed(0)
+        model = build_model("mlp", in_features=12, hidden=(8,))
+        direct, hooked = _engines(model, (12,))
+        before = direct.clipped_sum(x, y, 1.0).flat_sum.clone()
+        change(model)  # type: ignore[operator]
+        after = direct.clipped_sum(x, y, 1.0).flat_sum
+        assert torch.equal(after, hooked.clipped_sum(x, y, 1.0).flat_sum), name
+        assert not torch.equal(after, before), name
+    torch.manual_seed(0)
+    model = build_model("mlp", in_features=12, hidden=(8,))
+    direct, _ = _engines(model, (12,))
+    model.net[0].weight.requires_grad_(False)
+    assert float(direct.clipped_sum(x, y, 1.0).flat_sum[: 8 * 12].abs().sum()) == 0.0
+
+
+def test_low_precision_parameters_are_refused() -> None:
+    """Clipping in float16/bfloat16 rounds a contribution up to about 1% above C."""
+    from fedsim.errors import ModelError
+
+    for dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(ModelError, match="float32 or float64"):
+            PerSampleEngine(build_model("mlp", in_features=12, hidden=(8,)).to(dtype))
+    model = build_model("mlp", in_features=12, hidden=(8,)).double()
+    assert linear_chain(model) is not None
+    PerSampleEngine(model).clipped_sum(torch.randn(3, 12, dtype=torch.float64),
+                                      torch.tensor([1, 2, 3]), 1.0)
 
 
 def test_a_hook_or_inputs_the_chain_does_not_flatten_send_a_batch_through_the_hooked_pass() -> None:

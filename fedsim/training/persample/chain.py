@@ -26,7 +26,8 @@ from torch.nn.modules import module as _module
 from fedsim.training.models import MLP, LogisticRegression
 
 __all__ = [
-    "ELEMENTWISE", "any_hooks", "chain_modules", "chain_outputs", "flattens_input", "linear_chain",
+    "ELEMENTWISE", "any_hooks", "chain_modules", "chain_outputs", "chain_state", "flattens_input",
+    "linear_chain",
 ]
 
 ELEMENTWISE: tuple[type[nn.Module], ...] = (
@@ -47,30 +48,37 @@ def linear_chain(model: nn.Module) -> list[nn.Module] | None:
     these types, activations not in place, every parameter a trainable Linear weight or bias
     in chain order, all on one device, no buffers.
     """
+    chain = _candidate(model)
+    return chain if chain is not None and _is_chain(model, chain) else None
+
+
+def _candidate(model: nn.Module) -> list[nn.Module] | None:
+    """The modules ``model`` would run in order if it is a chain (by its type alone)."""
     if type(model) is MLP and type(model.net) is nn.Sequential:
-        chain = list(model.net)
-    elif type(model) is LogisticRegression:
-        chain = [model.linear]
-    elif type(model) is nn.Sequential:
-        chain = list(model)[1:] if flattens_input(model) else list(model)
-    else:
-        return None
+        return list(model.net)
+    if type(model) is LogisticRegression:
+        return [model.linear]
+    if type(model) is nn.Sequential:
+        return list(model)[1:] if flattens_input(model) else list(model)
+    return None
+
+
+def _is_chain(model: nn.Module, chain: list[nn.Module]) -> bool:
     linear = [m for m in chain if type(m) is nn.Linear]
-    if not linear or any(
+    params = list(model.parameters())
+    return bool(linear) and not any(
         type(m) is not nn.Linear and (type(m) not in ELEMENTWISE or getattr(m, "inplace", False))
         for m in chain
-    ):
-        return None
-    if any(list(m.children()) for m in chain):
-        return None  # e.g. a parametrized weight (torch.nn.utils.parametrize): not W itself
-    params = list(model.parameters())
-    chain_params = [p for m in linear for p in m.parameters()]
-    if [id(p) for p in params] != [id(p) for p in chain_params]:
-        return None  # parameters outside the chain, in another order, or shared
-    if any(not p.requires_grad for p in params) or len({p.device for p in params}) != 1 \
-            or any(True for _ in model.buffers()):
-        return None
-    return chain
+    ) and not any(  # a weight or bias that is not the layer's registered parameter
+        list(m.children()) or m._parameters.get("weight") is not m.weight
+        or "bias" not in m._parameters or m._parameters["bias"] is not m.bias
+        for m in linear
+    ) and not any(  # an instance's own forward: not its type's
+        "forward" in vars(m) for m in chain_modules(model, chain)
+    ) and [id(p) for p in params] == [  # none outside the chain, in another order, or shared
+        id(p) for m in linear for p in m.parameters()
+    ] and all(p.requires_grad for p in params) and len({p.device for p in params}) == 1 \
+        and not any(True for _ in model.buffers())
 
 
 def flattens_input(model: nn.Module) -> bool:
@@ -85,6 +93,26 @@ def flattens_input(model: nn.Module) -> bool:
 def chain_modules(model: nn.Module, chain: list[nn.Module]) -> list[nn.Module]:
     """Every module a call of ``model`` runs through: the model, its containers, the chain."""
     return list(dict.fromkeys([*model.modules(), *chain]))
+
+
+def chain_state(modules: list[nn.Module]) -> tuple[object, ...]:
+    """What computing a chain directly relies on, for each of ``modules`` (from
+    :func:`chain_modules`): its submodules, its parameters and whether they train, whether it
+    holds buffers, whether an instance attribute overrides its ``forward``. Taken when the
+    chain is recognised and compared before each batch: a model changed since (a layer
+    frozen, replaced or appended, a bias removed) is no longer known to be that chain, and its
+    batches go through the hooked pass, which follows the model. (Identities are compared by
+    ``id``: the engine keeps every recognised module and parameter alive, so none is reused.)"""
+    return tuple(
+        (
+            tuple(map(id, m._modules.values())),
+            tuple(map(id, m._parameters.values())),
+            tuple(p.requires_grad for p in m._parameters.values() if p is not None),
+            bool(m._buffers),
+            "forward" in vars(m),
+        )
+        for m in modules
+    )
 
 
 def any_hooks(modules: list[nn.Module]) -> bool:

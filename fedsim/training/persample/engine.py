@@ -46,6 +46,7 @@ from fedsim.training.persample.chain import (
     any_hooks,
     chain_modules,
     chain_outputs,
+    chain_state,
     flattens_input,
     linear_chain,
 )
@@ -141,6 +142,8 @@ class PerSampleEngine:
         :mod:`~fedsim.training.persample.chain`), or None."""
         self._chain_flattens = flattens_input(model)
         self._chain_modules = chain_modules(model, chain) if chain is not None else []
+        self._chain_state = chain_state(self._chain_modules)
+        """The chain as recognised (:func:`~fedsim.training.persample.chain.chain_state`)."""
         self._chain_linears = [
             (m, list(m.parameters()), m.bias is not None) for m in chain or ()
             if type(m) is nn.Linear
@@ -324,6 +327,7 @@ class PerSampleEngine:
                 reason="their parameters are also used outside their forward (e.g. tied weights)",
             )
             self._layers = [layer for layer in self._layers if layer not in moved]
+            self._chain = None  # not the chain it looks like: its batches take the hooked pass
             self._fallback_ids.update(id(p) for layer in moved for p in layer.params)
 
     # -- results ---------------------------------------------------------------------------
@@ -364,7 +368,8 @@ class PerSampleEngine:
             self._first_batch_checks(features, targets, loss_fn)
         chain = self._chain
         if chain is not None and (self._chain_flattens or features.dim() == 2) \
-                and not any_hooks(self._chain_modules):
+                and not any_hooks(self._chain_modules) \
+                and chain_state(self._chain_modules) == self._chain_state:
             return self._chain_clipped_sum(chain, features, targets, clip, loss_fn, scale, out)
         sq: torch.Tensor | None = None
         parts: list[tuple[list[nn.Parameter], WeightedSum]] = []
