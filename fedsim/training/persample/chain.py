@@ -9,8 +9,17 @@ model is one (its exact types, not subclasses: a subclass may compute something 
 per-sample engine (:mod:`~fedsim.training.persample.engine`) then runs the chain directly,
 and the simulator's :class:`~fedsim.training.batched.RoundBatcher` computes many clients'
 rounds of it in one pass. Either way the products are those ``nn.Linear`` itself runs
-(``addmm(b, a, W^T)``) and the backward pass is autograd's, so the values are the hooked
-pass's to the bit (tested).
+(``addmm(b, a, W^T)``) and the backward pass is autograd's: the engine's values are the hooked
+pass's to the bit, the batched pass's equal them up to summation order (both tested).
+
+Why the sensitivity bound holds whatever the model (a record added, removed or replaced moves
+the clipped sum by at most ``C`` or ``2C``, :mod:`fedsim.training.dpsgd`): each example's
+contribution is ``c_i (g_i a_i^T, g_i)`` per Linear layer and its clipping factor ``c_i`` comes
+from the exact norm of that same quantity, ``sum_k ||g_ik||^2 (||a_ik||^2 + 1)`` (Goodfellow
+2015, "Efficient per-example gradient computations"); with elementwise activations ``a_i`` and
+``g_i`` depend on example ``i`` alone. A model that is not the chain it is taken for would get
+a wrong gradient (utility), not a larger contribution; hence the checks below are exact types
+and a state compared before each batch, not privacy checks.
 
 A chain's forward cannot change a parameter or buffer (no module of it has buffers or
 writes its input: in-place activations are not chains), and a module with hooks is left to
