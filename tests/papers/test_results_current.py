@@ -5,7 +5,8 @@ its own script with quick settings, 20-60 s each) whose results JSON is committe
 ``benchmarks/results/papers/reduced/``. Each test reruns one variant and fails when the code no
 longer reproduces the committed file: fedsim runs, the DP-SGD training on CPU and the privacy
 accounting are deterministic for a seed, so integers, strings and the generated notes must match
-exactly and floats to a relative 1e-6 (float rounding, not a tolerance for change). When one
+exactly and floats to a relative 1e-6 (float rounding, not a tolerance for change), test
+accuracies to 0.1 points (their GEMMs round differently across CPU instruction sets: ``_same``). When one
 fails, the full figures on docs/RESULTS.md are stale too: regenerate both (the reduced file with
 ``python benchmarks/papers/reduced_studies.py STUDY``, the full one with the command on the page).
 
@@ -45,18 +46,29 @@ def _reduced_studies() -> Any:
 STUDIES = sorted(_reduced_studies().STUDIES)
 
 
-def _same(old: Any, new: Any, where: str) -> None:
-    """``new`` reproduces ``old``: floats to a relative 1e-6, everything else exactly."""
+def _same(old: Any, new: Any, where: str, accuracy: bool = False) -> None:
+    """``new`` reproduces ``old``: floats to a relative 1e-6, everything else exactly; a test
+    accuracy (a field named ``*accuracy*``) to 0.001 of its full scale (0.1 points of a
+    percentage: 10 test examples of 10,000).
+
+    Why accuracies differ: training runs thousands of steps of float32 GEMMs whose kernels
+    round differently on different CPU instruction sets, and a test example near the decision
+    boundary may flip (the same commit's reduced drs_mnist: 36.88% on AMD EPYC with AVX2,
+    36.89% on Intel Xeon with AVX-512). The privacy figures (epsilon, mu, ledgers) are computed
+    in float64 from integers and parameters and stay exact to 1e-6."""
     if isinstance(old, float) and isinstance(new, (int, float)) and not isinstance(new, bool):
-        assert new == pytest.approx(old, rel=1e-6, abs=1e-9), where
+        if accuracy:
+            assert new == pytest.approx(old, abs=0.1 if abs(old) > 1 else 0.001), where
+        else:
+            assert new == pytest.approx(old, rel=1e-6, abs=1e-9), where
     elif isinstance(old, dict):
         assert isinstance(new, dict) and sorted(new) == sorted(old), where
         for key in old:
-            _same(old[key], new[key], f"{where}.{key}")
+            _same(old[key], new[key], f"{where}.{key}", accuracy or "accuracy" in key)
     elif isinstance(old, list):
         assert isinstance(new, list) and len(new) == len(old), where
         for index, (a, b) in enumerate(zip(old, new, strict=True)):
-            _same(a, b, f"{where}[{index}]")
+            _same(a, b, f"{where}[{index}]", accuracy)
     else:
         assert new == old, where
 
