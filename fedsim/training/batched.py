@@ -55,8 +55,9 @@ from fedsim.training.dpsgd import noise_std
 from fedsim.training.gaussian import fill_noise
 from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
 from fedsim.training.persample.chain import (
-    any_hooks,
+    chain_applies,
     chain_modules,
+    chain_state,
     flattens_input,
     linear_chain,
 )
@@ -154,6 +155,8 @@ class RoundBatcher:
         self.chain = batchable_layers(model)
         self._modules = chain_modules(model, self.chain) if self.chain is not None else []
         """Every module a call of the model runs through (a hook on one: computed alone)."""
+        self._state = chain_state(self._modules)
+        """The chain as recognised (a model changed since: computed alone)."""
         self._flattens = flattens_input(model)
         """Whether the model flattens its inputs (if not, a chain only for (B, d) features)."""
         self.num_params = sum(p.numel() for p in model.parameters())
@@ -192,8 +195,8 @@ class RoundBatcher:
         return (
             self.chain is not None
             and trainer.model is self.model
-            and not any_hooks(self._modules)
-            and (self._flattens or trainer.features.dim() == 2)
+            and chain_applies(self._modules, self._state, self._flattens,
+                              trainer.features.dim())
             and trainer.local_steps == 1
             and trainer.per_example_steps == 1
             and trainer.features.device == self.device

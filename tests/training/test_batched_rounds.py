@@ -347,3 +347,17 @@ def test_a_hooked_model_or_sequence_inputs_are_computed_alone() -> None:
     for p, trainer in zip(pending, trainers(), strict=True):
         np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 0).update)
     assert batcher.rounds_batched == 0 and batcher.batches == 0
+
+
+def test_a_model_changed_after_its_batcher_was_built_is_computed_alone() -> None:
+    """A layer frozen after the batcher recognised the chain: the pass would still train it,
+    so the rounds are computed alone (which follow the model) and nothing is batched."""
+    model = _mlp()
+    batcher = RoundBatcher(model)
+    model.net[0].weight.requires_grad_(False)
+    together, alone = _trainers(model)[:3], _trainers(model)[:3]
+    params = _params(model, 3)
+    pending = [t.begin_round(p, 0, batcher) for t, p in zip(together, params, strict=True)]
+    for p, trainer, w in zip(pending, alone, params, strict=True):
+        np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 0).update)
+    assert batcher.rounds_batched == 0 and batcher.batches == 0

@@ -35,7 +35,7 @@ from torch.nn.modules import module as _module
 from fedsim.training.models import MLP, LogisticRegression
 
 __all__ = [
-    "ELEMENTWISE", "any_hooks", "chain_modules", "chain_outputs", "chain_state", "flattens_input",
+    "ELEMENTWISE", "any_hooks", "chain_applies", "chain_modules", "chain_outputs", "chain_state", "flattens_input",
     "linear_chain",
 ]
 
@@ -122,6 +122,17 @@ def chain_state(modules: list[nn.Module]) -> tuple[object, ...]:
         )
         for m in modules
     )
+
+
+def chain_applies(
+    modules: list[nn.Module], state: tuple[object, ...], flattens: bool, features_dim: int
+) -> bool:
+    """Whether a chain recognised with ``state`` (:func:`chain_state` of ``modules``) may be
+    computed directly for a batch of ``features_dim``-dimensional inputs: inputs it flattens or
+    of shape (B, d), no hook, and the model unchanged since. The one rule for the engine and
+    the simulator's batched pass."""
+    return (flattens or features_dim == 2) and not any_hooks(modules) \
+        and chain_state(modules) == state
 
 
 def any_hooks(modules: list[nn.Module]) -> bool:

@@ -43,7 +43,7 @@ from fedsim.training.persample import fallback
 from fedsim.training.persample.base import Layer, Use, WeightedSum
 from fedsim.training.persample.base import per_example_rule as _per_example_rule
 from fedsim.training.persample.chain import (
-    any_hooks,
+    chain_applies,
     chain_modules,
     chain_outputs,
     chain_state,
@@ -367,9 +367,8 @@ class PerSampleEngine:
         if not self._checked:
             self._first_batch_checks(features, targets, loss_fn)
         chain = self._chain
-        if chain is not None and (self._chain_flattens or features.dim() == 2) \
-                and not any_hooks(self._chain_modules) \
-                and chain_state(self._chain_modules) == self._chain_state:
+        if chain is not None and chain_applies(self._chain_modules, self._chain_state,
+                                               self._chain_flattens, features.dim()):
             return self._chain_clipped_sum(chain, features, targets, clip, loss_fn, scale, out)
         sq: torch.Tensor | None = None
         parts: list[tuple[list[nn.Parameter], WeightedSum]] = []
