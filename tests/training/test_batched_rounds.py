@@ -361,3 +361,22 @@ def test_a_model_changed_after_its_batcher_was_built_is_computed_alone() -> None
     for p, trainer, w in zip(pending, alone, params, strict=True):
         np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 0).update)
     assert batcher.rounds_batched == 0 and batcher.batches == 0
+
+
+def test_the_chain_rule_is_decided_again_at_every_flush() -> None:
+    """The rule is decided once a flush, not once for the batcher: rounds of a first flush
+    are batched, a layer frozen before the next flush makes its rounds computed alone."""
+    model = _mlp()
+    batcher = RoundBatcher(model)
+    params = _params(model, 3)
+    first = [t.begin_round(p, 0, batcher) for t, p in zip(_trainers(model)[:3], params,
+                                                          strict=True)]
+    for p in first:
+        p.result()
+    assert batcher.rounds_batched == 3 and batcher.batches == 1
+    model.net[0].weight.requires_grad_(False)
+    together, alone = _trainers(model)[:3], _trainers(model)[:3]
+    second = [t.begin_round(p, 1, batcher) for t, p in zip(together, params, strict=True)]
+    for p, trainer, w in zip(second, alone, params, strict=True):
+        np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 1).update)
+    assert batcher.rounds_batched == 3 and batcher.batches == 1

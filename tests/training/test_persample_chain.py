@@ -180,6 +180,22 @@ def test_a_model_changed_after_its_engine_was_built_takes_the_hooked_pass() -> N
     assert float(direct.clipped_sum(x, y, 1.0).flat_sum[: 8 * 12].abs().sum()) == 0.0
 
 
+def test_a_layer_frozen_before_the_engines_first_batch() -> None:
+    """An engine built, then a weight frozen before its first batch: the first-batch check
+    asks autograd only for trainable parameters (asking for the frozen one raised), keeps
+    the fast path, and the sum equals that of an engine built after the change."""
+    x, y = torch.randn(6, 12), torch.randint(0, 10, (6,))
+    torch.manual_seed(0)
+    model = build_model("mlp", in_features=12, hidden=(8,))
+    early = PerSampleEngine(model)
+    model.net[0].weight.requires_grad_(False)
+    late = PerSampleEngine(model)
+    got = early.clipped_sum(x, y, 1.0).flat_sum
+    assert torch.equal(got, late.clipped_sum(x, y, 1.0).flat_sum)
+    assert float(got[: 8 * 12].abs().sum()) == 0.0 and float(got[8 * 12:].abs().sum()) > 0
+    assert early.fallback_parameters == []
+
+
 def test_low_precision_parameters_are_refused() -> None:
     """Clipping in float16/bfloat16 rounds a contribution up to about 1% above C."""
     from fedsim.errors import ModelError

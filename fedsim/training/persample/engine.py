@@ -291,7 +291,9 @@ class PerSampleEngine:
         missed use would bias the gradient without raising the sensitivity. A false alarm
         costs only speed (the fallback is exact).
         """
-        fast = [p for layer in self._layers for p in layer.params]
+        # Only parameters trainable now: one frozen since the engine was built gets no
+        # gradient from autograd (asking for it raises) nor from its rule (zero: compared so).
+        fast = [p for layer in self._layers for p in layer.params if p.requires_grad]
         spread: dict[int, float] = {}  # per layer: the sum of the examples' gradient norms
         try:
             _, true = self._forward_backward(features, targets, loss_fn, also=fast)
@@ -304,13 +306,11 @@ class PerSampleEngine:
                     spread[id(layer)] = float(layer_sq.clamp_min(0).sqrt().sum())
         finally:
             self._clear()
-        exact = {
-            id(p): torch.zeros_like(p) if g is None else g for p, g in zip(fast, true, strict=True)
-        }
+        exact = {id(p): g for p, g in zip(fast, true, strict=True) if g is not None}
         moved: list[Layer] = []
         for layer in self._layers:
             for p, summed in zip(layer.params, self._views(scratch, layer.params), strict=True):
-                g = exact[id(p)].reshape(summed.shape)
+                g = exact.get(id(p), torch.zeros_like(p)).reshape(summed.shape)
                 # Summation-order noise grows with the summed terms, not with their sum.
                 tol = _ATTRIBUTION_RTOL * (
                     float(g.norm()) + float(summed.norm()) + 0.1 * spread.get(id(layer), 0.0)
