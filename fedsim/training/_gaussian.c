@@ -17,6 +17,15 @@
  * 9.5e-7 (1.7e-6 for the libmvec cos/log this replaced), and a draw of 101,765 pairs takes
  * 280 us instead of 490 on one AVX2 core (AMD EPYC).
  */
+/* On x86-64 with AVX-512, GCC vectorises 256 bits at a time unless asked (-mprefer-vector-width
+ * defaults to 256 for fear of lowering the clock): here the loops are all arithmetic, and 512
+ * bits measured 30% faster (101,765 pairs: 240-350 us -> 160-250 us, Intel Xeon with
+ * AVX-512, one thread, interleaved runs); MKL's GEMMs around the draw already run 512-bit
+ * code. Other compilers and CPUs ignore this. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
+
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
