@@ -39,7 +39,8 @@ def _independent(x: torch.Tensor, g: torch.Tensor, conv: nn.Conv2d) -> torch.Ten
 
 
 # (C_in, side, C_out, kernel, stride, padding, dilation): the two CNNs' layers, and shapes
-# that take every tile (4, 2, 1 blocks of 8 channels) with short last tiles.
+# that take every tile (4, 2, 1 blocks of 8 channels, or of 16 where the CPU has AVX-512, then
+# a last block of 8) with short last tiles.
 CASES = [
     (1, 28, 16, (8, 8), (2, 2), (3, 3), (1, 1)),  # DP MNIST CNN conv 1
     (16, 13, 32, (4, 4), (2, 2), (0, 0), (1, 1)),  # DP MNIST CNN conv 2
@@ -47,6 +48,8 @@ CASES = [
     (5, 9, 56, (2, 3), (1, 2), (2, 0), (2, 1)),  # 7 blocks: 4 + 2 + 1; 30 weights a channel
     (2, 7, 8, (7, 1), (3, 1), (3, 0), (1, 1)),  # one block; a kernel taller than it is wide
     (4, 6, 24, (1, 1), (1, 1), (0, 0), (1, 1)),  # 1 x 1
+    (3, 8, 80, (3, 3), (1, 1), (1, 1), (1, 1)),  # 10 blocks of 8, 5 of 16: 4 + 1
+    (7, 10, 72, (5, 5), (1, 1), (2, 2), (1, 1)),  # 4 blocks of 16 and one of 8; 175 weights
 ]
 
 
