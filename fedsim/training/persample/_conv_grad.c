@@ -82,6 +82,16 @@ typedef void (*tile_fn)(const float *, const float *, const int64_t *, float *,
 #define NARROW_TILES(OB, T) DEFINE_TILE(narrow, v8, 8, OB, T)
 #define WIDE_TILES(OB, T) DEFINE_TILE(wide, vwide, 16, OB, T)
 
+/* One block of 8 channels: every block's tiles for T = 1..12 without AVX-512, the last block's
+ * (channels_out an odd multiple of 8) with it. */
+NARROW_TILES(1, 1) NARROW_TILES(1, 2) NARROW_TILES(1, 3) NARROW_TILES(1, 4)
+NARROW_TILES(1, 5) NARROW_TILES(1, 6) NARROW_TILES(1, 7) NARROW_TILES(1, 8)
+NARROW_TILES(1, 9) NARROW_TILES(1, 10) NARROW_TILES(1, 11) NARROW_TILES(1, 12)
+#define MOST_NARROW 12
+static const tile_fn TILES_NARROW[] = {0, narrow_1_1, narrow_1_2, narrow_1_3, narrow_1_4,
+                                       narrow_1_5, narrow_1_6, narrow_1_7, narrow_1_8,
+                                       narrow_1_9, narrow_1_10, narrow_1_11, narrow_1_12};
+
 #if WIDE == 16
 WIDE_TILES(4, 1) WIDE_TILES(4, 2) WIDE_TILES(4, 3) WIDE_TILES(4, 4)
 WIDE_TILES(2, 1) WIDE_TILES(2, 2) WIDE_TILES(2, 3) WIDE_TILES(2, 4)
@@ -90,39 +100,26 @@ WIDE_TILES(1, 1) WIDE_TILES(1, 2) WIDE_TILES(1, 3) WIDE_TILES(1, 4)
 WIDE_TILES(1, 5) WIDE_TILES(1, 6) WIDE_TILES(1, 7) WIDE_TILES(1, 8)
 WIDE_TILES(1, 9) WIDE_TILES(1, 10) WIDE_TILES(1, 11) WIDE_TILES(1, 12)
 WIDE_TILES(1, 13) WIDE_TILES(1, 14) WIDE_TILES(1, 15) WIDE_TILES(1, 16)
-/* A last block of 8 channels (channels_out an odd multiple of 8). */
-NARROW_TILES(1, 1) NARROW_TILES(1, 2) NARROW_TILES(1, 3) NARROW_TILES(1, 4)
-NARROW_TILES(1, 5) NARROW_TILES(1, 6) NARROW_TILES(1, 7) NARROW_TILES(1, 8)
-NARROW_TILES(1, 9) NARROW_TILES(1, 10) NARROW_TILES(1, 11) NARROW_TILES(1, 12)
 #define MOST4 4
 #define MOST2 8
 #define MOST1 16
-#define MOST_NARROW 12
 static const tile_fn TILES4[] = {0, wide_4_1, wide_4_2, wide_4_3, wide_4_4};
 static const tile_fn TILES2[] = {0, wide_2_1, wide_2_2, wide_2_3, wide_2_4, wide_2_5, wide_2_6,
                                  wide_2_7, wide_2_8};
 static const tile_fn TILES1[] = {0, wide_1_1, wide_1_2, wide_1_3, wide_1_4, wide_1_5, wide_1_6,
                                  wide_1_7, wide_1_8, wide_1_9, wide_1_10, wide_1_11, wide_1_12,
                                  wide_1_13, wide_1_14, wide_1_15, wide_1_16};
-static const tile_fn TILES_NARROW[] = {0, narrow_1_1, narrow_1_2, narrow_1_3, narrow_1_4,
-                                       narrow_1_5, narrow_1_6, narrow_1_7, narrow_1_8,
-                                       narrow_1_9, narrow_1_10, narrow_1_11, narrow_1_12};
 #else
 NARROW_TILES(4, 1) NARROW_TILES(4, 2) NARROW_TILES(4, 3)
 NARROW_TILES(2, 1) NARROW_TILES(2, 2) NARROW_TILES(2, 3) NARROW_TILES(2, 4)
 NARROW_TILES(2, 5) NARROW_TILES(2, 6)
-NARROW_TILES(1, 1) NARROW_TILES(1, 2) NARROW_TILES(1, 3) NARROW_TILES(1, 4)
-NARROW_TILES(1, 5) NARROW_TILES(1, 6) NARROW_TILES(1, 7) NARROW_TILES(1, 8)
-NARROW_TILES(1, 9) NARROW_TILES(1, 10) NARROW_TILES(1, 11) NARROW_TILES(1, 12)
 #define MOST4 3
 #define MOST2 6
-#define MOST1 12
+#define MOST1 MOST_NARROW
 static const tile_fn TILES4[] = {0, narrow_4_1, narrow_4_2, narrow_4_3};
 static const tile_fn TILES2[] = {0, narrow_2_1, narrow_2_2, narrow_2_3, narrow_2_4, narrow_2_5,
                                  narrow_2_6};
-static const tile_fn TILES1[] = {0, narrow_1_1, narrow_1_2, narrow_1_3, narrow_1_4, narrow_1_5,
-                                 narrow_1_6, narrow_1_7, narrow_1_8, narrow_1_9, narrow_1_10,
-                                 narrow_1_11, narrow_1_12};
+#define TILES1 TILES_NARROW
 #endif
 
 int fedsim_conv_grad_vectorised(void) {
