@@ -21,8 +21,8 @@
  * defaults to 256 for fear of lowering the clock): here the loops are all arithmetic, and 512
  * bits measured 30% faster (101,765 pairs: 240-350 us -> 160-250 us, Intel Xeon with
  * AVX-512, one thread, interleaved runs); MKL's GEMMs around the draw already run 512-bit
- * code. Other compilers and CPUs ignore this. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+ * code. Other compilers and CPUs ignore this (GCC before 8 does not know the option). */
+#if defined(__GNUC__) && __GNUC__ >= 8 && !defined(__clang__) && defined(__x86_64__)
 #pragma GCC target("prefer-vector-width=512")
 #endif
 

@@ -237,8 +237,8 @@ class RoundBatcher:
             del self._pending[id(round_)]
         jobs: list[_Job] = []
         # The chain's rule, once a flush for each features' dimension, not once a round (its
-        # state comparison was 2.5% of a 1,000-client run's CPU under cProfile): the passes
-        # below run after every round of the flush is decided, as with a check per round.
+        # state comparison was 2.5% of a 1,000-client run's CPU under cProfile), and again
+        # after a round computed alone (its user code, a loss function, may change the model).
         applies = functools.cache(functools.partial(
             chain_applies, self._modules, self._state, self._flattens))
         for round_ in pending:
@@ -246,6 +246,7 @@ class RoundBatcher:
                 jobs.extend(_jobs(round_))
             else:
                 round_.compute_alone()
+                applies.cache_clear()
         # A round's segments stay in one pass (their sums are added after it).
         start = 0
         while start < len(jobs):

@@ -380,3 +380,31 @@ def test_the_chain_rule_is_decided_again_at_every_flush() -> None:
     for p, trainer, w in zip(second, alone, params, strict=True):
         np.testing.assert_array_equal(p.result().update, trainer.run_round(w, 1).update)
     assert batcher.rounds_batched == 3 and batcher.batches == 1
+
+
+def test_rounds_after_one_computed_alone_are_decided_again() -> None:
+    """A round computed alone inside a flush runs user code (its loss function) that may
+    change the model: the rounds after it are decided again (here a layer it froze sends
+    them to be computed alone; batched, the pass would have trained the frozen layer)."""
+    model = _mlp()
+    batcher = RoundBatcher(model)
+
+    def freezing_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        model.net[0].weight.requires_grad_(False)
+        return torch.nn.functional.cross_entropy(out, target, reduction="none")
+
+    x, y = _data(9)
+    alone = LocalTrainer(model, x, y, batch_size=8, sampling="fixed",
+                         clip=schedules.constant(100, 1.0, 1.0),
+                         noise=schedules.constant(100, 1.0, 1.0), local_lr=0.3, local_steps=2,
+                         generator=torch.Generator().manual_seed(5), loss_fn=freezing_loss)
+    trainers = _trainers(model)[:4]
+    order = [trainers[0], trainers[1], alone, trainers[2], trainers[3]]
+    params = _params(model, 5)
+    pending = [t.begin_round(p, 0, batcher) for t, p in zip(order, params, strict=True)]
+    pending[0].result()
+    assert batcher.rounds_batched == 2  # the two decided before the freeze
+    fresh = _trainers(model)[2:4]  # the same postures and generators, the model now frozen
+    for later, trainer, w in zip(pending[3:], fresh, params[3:], strict=True):
+        np.testing.assert_array_equal(later.result().update, trainer.run_round(w, 0).update)
+    assert batcher.rounds_batched == 2

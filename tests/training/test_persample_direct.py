@@ -242,5 +242,5 @@ def test_a_kernel_that_disagrees_with_its_definition_is_not_used(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(direct, "reference_weight_per_example",
-                        lambda *args: torch.zeros(3, 14, 56, dtype=torch.float64))
+                        lambda *args: torch.zeros(3, 14, 120, dtype=torch.float64))
     assert direct._load() is None

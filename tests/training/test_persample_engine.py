@@ -268,3 +268,75 @@ def test_mlp_step_equals_the_reference_sum_for_every_batch_size(sampling: str) -
         torch.testing.assert_close(release.gradient.double(), expected, rtol=1e-5, atol=1e-6)
         assert release.batch_size == size
         assert release.within_clip == int((rows.norm(dim=1) <= clip).sum())
+
+
+class _BiasTwice(nn.Module):
+    """fc2's bias also used outside fc2's forward: the attribution check moves fc2 to the
+    fallback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 5), nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x))) + self.fc2.bias
+
+
+class _WeightOutside(nn.Module):
+    """fc2's weight also used outside fc2's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 3), nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        return self.fc2(h) + h @ self.fc2.weight.t()
+
+
+def _batch_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    model.zero_grad()
+    nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+    return torch.cat([torch.zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
+                      for p in model.parameters()])
+
+
+def test_the_engine_follows_parameters_frozen_and_unfrozen_after_it_was_built() -> None:
+    """The layers, the fallback and the first-batch check are of the parameters that train
+    now: a weight frozen after the engine was built gets no gradient, even through the
+    fallback (torch.func differentiates what it is given), and the sum equals an engine's
+    built after the change; a weight frozen during the first check and unfrozen afterwards is
+    checked again (a use outside its layer found: the fallback), so with no clipping the sum
+    is the batch gradient (found by an attacker's review: the sum missed the outside use)."""
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    torch.manual_seed(0)
+    model = _BiasTwice()
+    early = PerSampleEngine(model)
+    model.fc2.weight.requires_grad_(False)
+    late = PerSampleEngine(model)
+    got = early.clipped_sum(x, y, 1.0)
+    want = late.clipped_sum(x, y, 1.0)
+    assert torch.equal(got.flat_sum, want.flat_sum) and torch.equal(got.norms, want.norms)
+    assert early.fallback_parameters == late.fallback_parameters == ["fc2.bias"]
+    assert float(got.flat_sum[35:50].abs().sum()) == 0.0  # fc2.weight's span
+    model.fc2.weight.requires_grad_(True)  # and back: trained again, through the fallback
+    again = early.clipped_sum(x, y, 1e9).flat_sum
+    torch.testing.assert_close(again, _batch_gradient(model, x, y), rtol=1e-5, atol=1e-5)
+
+    torch.manual_seed(0)
+    model = _WeightOutside()
+    engine = PerSampleEngine(model)
+    model.fc2.weight.requires_grad_(False)
+    engine.clipped_sum(x, y, 1e9)  # the first batch's check, fc2.weight frozen
+    model.fc2.weight.requires_grad_(True)
+    got_sum = engine.clipped_sum(x, y, 1e9).flat_sum
+    assert "fc2.weight" in engine.fallback_parameters
+    torch.testing.assert_close(got_sum, _batch_gradient(model, x, y), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_with_every_parameter_frozen_after_its_engine_was_built_is_refused() -> None:
+    model = nn.Sequential(nn.Linear(4, 3))
+    engine = PerSampleEngine(model)
+    model.requires_grad_(False)
+    with pytest.raises(ModelError, match="no trainable parameters"):
+        engine.clipped_sum(torch.randn(2, 4), torch.randint(0, 3, (2,)), 1.0)

@@ -85,14 +85,15 @@ def _load() -> _Kernel | None:
     if not kernel.vectorised:  # measured only with AVX2 + FMA: the torch routes elsewhere
         return None
     # A miscompiled kernel must never give wrong gradients: check it against the definition
-    # on a case that takes tiles of 4, 2 and 1 blocks of 8 output channels (56 channels) with
-    # a short last tile in each (14 weights a channel), a stride and a dilation.
+    # on a case that takes every tile family with a short last tile (14 weights a channel), a
+    # stride and a dilation: 120 output channels are blocks of 4, 4, 4, 2 and 1 of 8 channels,
+    # or (AVX-512) 4, 2 and 1 of 16 and a last block of 8.
     generator = torch.Generator().manual_seed(0)
     padded = torch.randn(3, 2, 9, 17, generator=generator)
     size, stride, dilation = (1, 7), (2, 1), (1, 2)
     out_h, out_w = output_size(padded.shape[2:], size, stride, dilation)
-    g = torch.randn(3, 56, out_h, out_w, generator=generator)
-    out = torch.empty(3, 2 * 7 * 56)
+    g = torch.randn(3, 120, out_h, out_w, generator=generator)
+    out = torch.empty(3, 2 * 7 * 120)
     kernel.run(padded, g, out, size, stride, dilation)
     expected = reference_weight_per_example(padded, g, size, stride, dilation).reshape(3, -1)
     if not torch.allclose(out.double(), expected, rtol=1e-4, atol=1e-4):

@@ -106,7 +106,25 @@ class PerSampleEngine:
     def __init__(self, model: nn.Module, *, fast_paths: bool = True) -> None:
         check_dp_compatible(model)
         self.model = model
+        self._fast_paths = fast_paths
         self._all_params = list(model.parameters())
+        self._names = {id(p): n for n, p in model.named_parameters()}
+        self._clone_outputs = any(getattr(m, "inplace", False) for m in model.modules())
+        self._capturing = False
+        # Each parameter's place in a flat vector: start, stop, its shape (None: a vector).
+        self._spans: dict[int, tuple[int, int, torch.Size | None]] = {}
+        offset = 0
+        for p in self._all_params:
+            self._spans[id(p)] = (offset, offset + p.numel(), None if p.dim() == 1 else p.shape)
+            offset += p.numel()
+        self.num_params = offset
+        self._derive()
+
+    def _derive(self) -> None:
+        """The fast layers, the fallback's parameters and the chain, from the parameters that
+        train now (recorded in ``_trainable``); the next batch is checked as a first one."""
+        model, fast_paths = self.model, self._fast_paths
+        self._trainable = tuple(p.requires_grad for p in self._all_params)
         direct: list[tuple[nn.Module, list[nn.Parameter]]] = []
         owners: dict[int, int] = {}
         for module in model.modules():
@@ -125,17 +143,7 @@ class PerSampleEngine:
                 self._fallback_ids.update(id(p) for p in params)
             else:
                 self._layers.append(Layer(module, params, kind))
-        self._names = {id(p): n for n, p in model.named_parameters()}
-        self._clone_outputs = any(getattr(m, "inplace", False) for m in model.modules())
-        self._capturing = False
         self._checked = False
-        # Each parameter's place in a flat vector: start, stop, its shape (None: a vector).
-        self._spans: dict[int, tuple[int, int, torch.Size | None]] = {}
-        offset = 0
-        for p in self._all_params:
-            self._spans[id(p)] = (offset, offset + p.numel(), None if p.dim() == 1 else p.shape)
-            offset += p.numel()
-        self.num_params = offset
         chain = linear_chain(model) if fast_paths else None
         self._chain = chain
         """The model as a chain of Linear layers and activations (computed directly, see
@@ -149,6 +157,14 @@ class PerSampleEngine:
             if type(m) is nn.Linear
         ]
         """The chain's Linear layers: (module, its parameters in order, whether it has a bias)."""
+
+    def _follow_trainable(self) -> None:
+        """Derive the layers, fallback and chain again when a parameter was frozen or unfrozen
+        since they were derived: what they hold, the first-batch check's verdict included, is
+        of the parameters that trained then (a frozen one still went through the fallback or
+        the check; an unfrozen one got no gradient). About 1 us a parameter a batch."""
+        if tuple(p.requires_grad for p in self._all_params) != self._trainable:
+            self._derive()
 
     def parameters(self) -> list[nn.Parameter]:
         """All model parameters, in the order of the flat vectors."""
@@ -291,9 +307,7 @@ class PerSampleEngine:
         missed use would bias the gradient without raising the sensitivity. A false alarm
         costs only speed (the fallback is exact).
         """
-        # Only parameters trainable now: one frozen since the engine was built gets no
-        # gradient from autograd (asking for it raises) nor from its rule (zero: compared so).
-        fast = [p for layer in self._layers for p in layer.params if p.requires_grad]
+        fast = [p for layer in self._layers for p in layer.params]
         spread: dict[int, float] = {}  # per layer: the sum of the examples' gradient norms
         try:
             _, true = self._forward_backward(features, targets, loss_fn, also=fast)
@@ -306,11 +320,13 @@ class PerSampleEngine:
                     spread[id(layer)] = float(layer_sq.clamp_min(0).sqrt().sum())
         finally:
             self._clear()
-        exact = {id(p): g for p, g in zip(fast, true, strict=True) if g is not None}
+        exact = {
+            id(p): torch.zeros_like(p) if g is None else g for p, g in zip(fast, true, strict=True)
+        }
         moved: list[Layer] = []
         for layer in self._layers:
             for p, summed in zip(layer.params, self._views(scratch, layer.params), strict=True):
-                g = exact.get(id(p), torch.zeros_like(p)).reshape(summed.shape)
+                g = exact[id(p)].reshape(summed.shape)
                 # Summation-order noise grows with the summed terms, not with their sum.
                 tol = _ATTRIBUTION_RTOL * (
                     float(g.norm()) + float(summed.norm()) + 0.1 * spread.get(id(layer), 0.0)
@@ -364,6 +380,7 @@ class PerSampleEngine:
         batch = features.shape[0]
         if batch == 0:
             return self._empty_batch_sum(out)
+        self._follow_trainable()
         if not self._checked:
             self._first_batch_checks(features, targets, loss_fn)
         chain = self._chain
@@ -459,6 +476,7 @@ class PerSampleEngine:
         batch = features.shape[0]
         if batch == 0:
             return self._empty_batch_sum(out)
+        self._follow_trainable()
         if not self._checked:
             self._first_batch_checks(features, targets, loss_fn)
         names = [n for n, p in self.model.named_parameters()]
