@@ -79,6 +79,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +374,20 @@ def floor_row(clients: int, virtual_seconds: float) -> dict[str, Any]:
     }
 
 
+def _cpu_timed(function: Callable[..., Any], spent: dict[str, float],
+               key: str) -> Callable[..., Any]:
+    """``function`` adding the process CPU seconds of each call to ``spent[key]``."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.process_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[key] += time.process_time() - started
+
+    return timed
+
+
 def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
     """The highest training ratio to the single loop that *any* simulator running fedsim's
     protocol could reach at ``clients`` training clients (issue 24's 1.0 target), measured.
@@ -404,32 +419,15 @@ def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
     _warm_imports(population)
     single = _SingleLoop(population)
     engine = engine_for(population.model)
-    spent = {"clipped_sum": 0.0}
-    untimed = engine.clipped_sum
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.process_time()
-        try:
-            return untimed(*args, **kwargs)
-        finally:
-            spent["clipped_sum"] += time.process_time() - started
-
-    engine.clipped_sum = timed  # type: ignore[method-assign]
+    spent = {"clipped_sum": 0.0, "param_load": 0.0}
+    timed_sum = _cpu_timed(engine.clipped_sum, spent, "clipped_sum")
+    engine.clipped_sum = timed_sum  # type: ignore[method-assign]
     # The loop copies each round's parameters into its model; a batched pass reads every
     # round's vector in place (fedsim.training.batched), so that copy is the loop's own work.
     from fedsim.training import local as local_module
 
     untimed_load = local_module.load_flat_params
-
-    def timed_load(*args: Any, **kwargs: Any) -> Any:
-        started = time.process_time()
-        try:
-            return untimed_load(*args, **kwargs)
-        finally:
-            spent["param_load"] += time.process_time() - started
-
-    local_module.load_flat_params = timed_load
-    spent["param_load"] = 0.0
+    local_module.load_flat_params = _cpu_timed(untimed_load, spent, "param_load")
     try:
         single.catch_up(dict.fromkeys(single.loops, 50))  # warm: first batches' checks
         spent["clipped_sum"], spent["param_load"], single.clocks.cpu = 0.0, 0.0, 0.0
