@@ -130,6 +130,17 @@ int fedsim_conv_grad_vectorised(void) {
 #endif
 }
 
+/* One block (of the tiles' width, index ob0) of one example over all its kernel weights: tiles
+ * of `most` weights, the last one shorter. */
+static void sweep(const tile_fn *tiles, int64_t most, const float *xb, const float *gt,
+                  const int64_t *off, float *out, const struct geometry *geo, int64_t weights,
+                  int64_t ob0) {
+    for (int64_t k = 0; k < weights; k += most) {
+        const int64_t t = weights - k < most ? weights - k : most;
+        tiles[t](xb, gt, off + k, out + k * geo->channels_out, geo, ob0);
+    }
+}
+
 /* Returns 0, or -1 when a buffer could not be allocated (out is then incomplete). */
 int fedsim_conv_grad_per_example(const float *x, const float *g, float *out, int64_t batch,
                                  int64_t channels, int64_t height, int64_t width,
@@ -164,20 +175,13 @@ int fedsim_conv_grad_per_example(const float *x, const float *g, float *out, int
                 const int64_t blocks = left >= 4 ? 4 : left >= 2 ? 2 : 1;
                 const tile_fn *tiles = blocks == 4 ? TILES4 : blocks == 2 ? TILES2 : TILES1;
                 const int64_t most = blocks == 4 ? MOST4 : blocks == 2 ? MOST2 : MOST1;
-                for (int64_t k = 0; k < weights; k += most) {
-                    const int64_t t = weights - k < most ? weights - k : most;
-                    tiles[t](xb, gt, off + k, ob_out + k * channels_out, &geo, ob);
-                }
+                sweep(tiles, most, xb, gt, off, ob_out, &geo, weights, ob);
                 ob += blocks;
             }
 #if WIDE == 16
-            if (channels_out % 16) {  /* the last 8 channels: block channels_out / 8 - 1 of 8 */
-                for (int64_t k = 0; k < weights; k += MOST_NARROW) {
-                    const int64_t t = weights - k < MOST_NARROW ? weights - k : MOST_NARROW;
-                    TILES_NARROW[t](xb, gt, off + k, ob_out + k * channels_out, &geo,
-                                    channels_out / 8 - 1);
-                }
-            }
+            if (channels_out % 16)  /* the last 8 channels: block channels_out / 8 - 1 of 8 */
+                sweep(TILES_NARROW, MOST_NARROW, xb, gt, off, ob_out, &geo, weights,
+                      channels_out / 8 - 1);
 #endif
         }
         free(gt);
