@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
+from fedsim.atomic import uninterrupted
 from fedsim.runtime.actors.stops import RunStop, RunStopKind
 from fedsim.runtime.run_outputs import write_run_outputs
 
@@ -61,8 +62,14 @@ def signals_interrupt() -> Iterator[None]:
     KeyboardInterrupt at once, as a second Ctrl-C does."""
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        _received.append("SIGTERM")
         handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and isinstance(getattr(handler, "__self__", None), uninterrupted):
+            # A held block is being entered (SIGINT held, SIGTERM not yet): hold this one as
+            # a SIGTERM, so it comes back here when the block ends. Handed on as a held SIGINT
+            # it would be dropped where SIGINT is ignored (nohup).
+            handler(signal.SIGTERM, frame)
+            return
+        _received.append("SIGTERM")
         if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)  # asyncio.Runner's: cancels the main task
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import numpy as np
@@ -38,6 +39,28 @@ def test_time_jumps_to_the_next_timer_without_waiting() -> None:
     # Equal times fire in the order the timers were set (b set its 6.0 timer at 4.0, a at 4.5).
     assert log == [(1.5, "a"), (2.0, "b"), (3.0, "a"), (4.0, "b"), (4.5, "a"), (6.0, "b"),
                    (6.0, "a")]
+
+
+@pytest.mark.parametrize("start", [0.0, 4.4e6, 1e9, 1e15])
+def test_timers_still_fire_where_a_nanosecond_is_below_a_floats_step(start: float) -> None:
+    """Past about 4.5e6 virtual s (52 days) now + 1 ns == now: the loop once never ran a timer
+    due then and spun forever. Timers due at now, and ones a float's step apart, still fire
+    in order."""
+
+    async def main(clock: VirtualClock) -> list[float]:
+        seen: list[float] = []
+        await clock.sleep(start)
+        for _ in range(3):
+            await clock.sleep(1.0)
+            seen.append(clock.now())
+        step = math.ulp(clock.now())
+        await clock.sleep(step)  # the smallest sleep that moves the clock
+        seen.append(clock.now())
+        return seen
+
+    seen = run_virtual(main)
+    assert seen[:3] == [start + 1.0, start + 2.0, start + 3.0]
+    assert seen[3] == math.nextafter(start + 3.0, math.inf)
 
 
 def test_asyncio_primitives_work_in_virtual_time() -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import heapq
+import math
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -93,7 +94,8 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         # sequence is unique, so a timer itself is never compared.
         self._scheduled: list[tuple[float, int, asyncio.TimerHandle]] = []
         # Timers due before now + resolution are run; the clock lands exactly on a timer's
-        # `when`, so any positive value works; 1 ns matches the monotonic clock's.
+        # `when`, so any positive value works; 1 ns matches the monotonic clock's (and past
+        # 4.5e6 s, where 1 ns is below a float's step, the next float up is used: _run_once).
         self._clock_resolution = 1e-9
 
     def time(self) -> float:
@@ -130,7 +132,10 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
                 )
             # Jump exactly to the earliest timer (no float drift from now + (when - now)).
             self._virtual_now = max(self._virtual_now, scheduled[0][0])
-        end_time = self._virtual_now + self._clock_resolution
+        # Past about 4.5e6 s a float's step exceeds 1 ns and now + resolution == now: the
+        # next float up still takes the timers due now (a run of 10^9 virtual s hung).
+        end_time = max(self._virtual_now + self._clock_resolution,
+                       math.nextafter(self._virtual_now, math.inf))
         while scheduled and scheduled[0][0] < end_time:
             timer = heapq.heappop(scheduled)[2]
             timer._scheduled = False
