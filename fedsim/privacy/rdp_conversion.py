@@ -79,6 +79,7 @@ __all__ = [
     "epsilon_improved",
     "epsilon_optimal",
     "optimal_delta_curve",
+    "optimal_deltas_at",
     "optimal_deltas",
     "optimal_epsilons",
     "optimal_rdp_budget",
@@ -394,6 +395,31 @@ def optimal_delta_curve(orders: Sequence[float] | np.ndarray, rdp: Sequence[floa
     deltas = _delta_curve_over(alpha, r, eps_arr, winners).min(axis=1)
     deltas[rows] = sub.min(axis=1)
     return deltas
+
+
+def optimal_deltas_at(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                      epsilons: Sequence[float] | np.ndarray) -> np.ndarray:
+    """:func:`delta_optimal`'s delta at each of many eps, in one vectorised solve: at every
+    eps the minimum over all orders that can attain it (the same pruning, the same
+    per-(eps, order) solve, which iterates each element on its own), so equal to calling
+    :func:`delta_optimal` once per eps. Unlike :func:`optimal_delta_curve` no order is left
+    out; the cost is one pass of the solver over every (eps, candidate order) pair instead of
+    one pass per eps (Papernot & Steinke's Poisson tuning needs one eps per order)."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    eps_arr = np.array([check_epsilon(float(e)) for e in np.asarray(epsilons, dtype=float).ravel()],
+                       dtype=float)
+    deltas = np.ones((eps_arr.size, orders_arr.size))
+    deltas[:, rdp_arr == 0.0] = 0.0
+    finite = np.isfinite(rdp_arr) & (rdp_arr > 0.0)
+    if np.any(finite):
+        # delta_optimal prunes with the bounds of every order, the zero and infinite ones too
+        upper, lower = _delta_bounds(orders_arr[None, :], rdp_arr[None, :], eps_arr[:, None])
+        keep = _candidates(upper, lower)
+        rows, cols = np.nonzero(keep & finite[None, :])
+        deltas[rows, cols] = _optimal_deltas_elementwise(orders_arr[cols], rdp_arr[cols],
+                                                         eps_arr[rows])
+        deltas[~keep] = np.inf
+    return np.asarray(deltas.min(axis=1), dtype=float)
 
 
 def _delta_curve_over(alpha: np.ndarray, r: np.ndarray, eps: np.ndarray,

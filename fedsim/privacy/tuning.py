@@ -42,7 +42,7 @@ import numpy as np
 from scipy import optimize, special
 
 from fedsim.errors import ConfigError
-from fedsim.privacy.rdp_conversion import delta_optimal, epsilon_optimal
+from fedsim.privacy.rdp_conversion import epsilon_optimal, optimal_deltas_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +152,13 @@ def tuned_rdp(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.nd
         constant = float(np.nanmin(hat))
         out = curve + constant + math.log(trials.mean) / (alpha - 1)
     elif isinstance(trials, PoissonTrials):
-        out = np.empty_like(alpha)
-        for i, lam in enumerate(alpha):
-            eps_hat = math.log1p(1 / (lam - 1))
-            finite = np.isfinite(curve)
-            delta_hat = delta_optimal(alpha[finite], curve[finite], eps_hat)[0] \
-                if np.any(finite) else 1.0
-            out[i] = curve[i] + trials.mu * delta_hat + math.log(trials.mu) / (lam - 1)
+        # Theorem 6 at order lam: the base curve's delta at eps_hat = log(1 + 1/(lam - 1)),
+        # one eps per order, all solved at once (optimal_deltas_at).
+        eps_hat = np.log1p(1 / (alpha - 1))
+        finite = np.isfinite(curve)
+        delta_hat = optimal_deltas_at(alpha[finite], curve[finite], eps_hat) \
+            if np.any(finite) else np.ones_like(alpha)
+        out = curve + trials.mu * delta_hat + math.log(trials.mu) / (alpha - 1)
     else:
         raise ConfigError(f"unknown trial distribution {trials!r}")
     # monotone in the order: an order inherits the best bound of any larger order

@@ -156,3 +156,25 @@ def test_infinite_and_zero_rdp_values() -> None:
     assert conv.epsilon_optimal([2.0, 3.0], [np.inf, np.inf], 1e-5)[0] == math.inf
     assert conv.delta_optimal([2.0, 3.0], [np.inf, 0.0], 0.5)[0] == 0.0
     assert conv.epsilon_optimal([2.0, 3.0], [np.inf, 0.2], 1e-5)[0] < math.inf
+
+
+@pytest.mark.parametrize(("sampling", "q", "sigma", "steps"), [
+    ("poisson", 0.01, 1.0, 2_000), ("fixed", 0.3, 2.5, 40), ("poisson", 1.0, 0.7, 3),
+    ("fixed", 1e-3, 4.0, 500)])
+def test_deltas_at_many_eps_equal_one_conversion_per_eps(sampling: str, q: float, sigma: float,
+                                                         steps: int) -> None:
+    """One vectorised solve over every (eps, order) pair gives, to the bit, what
+    delta_optimal gives one eps at a time: the Poisson tuning's eps per order, and a spread
+    of eps from 0 to far past the curve's, with an infinite and a zero order mixed in."""
+    curve = np.asarray(history_rdp([GaussianStep(sampling, q, sigma).times(steps)], ORDERS))
+    epsilons = np.concatenate([np.log1p(1 / (ORDERS[::9] - 1)), [0.0, 0.05, 1.0, 7.5, 60.0]])
+    each = [conv.delta_optimal(ORDERS, curve, float(e))[0] for e in epsilons]
+    assert conv.optimal_deltas_at(ORDERS, curve, epsilons).tolist() == each
+    mixed = curve.copy()
+    mixed[3] = np.inf
+    each = [conv.delta_optimal(ORDERS, mixed, float(e))[0] for e in epsilons]
+    assert conv.optimal_deltas_at(ORDERS, mixed, epsilons).tolist() == each
+    mixed[7] = 0.0
+    assert conv.optimal_deltas_at(ORDERS, mixed, epsilons).tolist() == [0.0] * len(epsilons)
+    with pytest.raises(ConfigError):
+        conv.optimal_deltas_at(ORDERS, curve, [0.5, -1.0])
