@@ -193,9 +193,17 @@ class uninterrupted:  # noqa: N801 - used like the function (and context manager
         if previous is None:
             return
         self._previous = None
-        for deferred, replaced in zip(_DEFERRED, previous, strict=True):
-            _raw_signal(deferred, replaced if replaced is not None else _SIG_DFL)
-        for signum, frame in self._pending:
+        # SIGTERM's handler back first, SIGINT's last: until SIGINT's is back, a signal that
+        # comes is still held (a SIGTERM under fedsim.runtime.interrupted holds itself while
+        # SIGINT is held), where SIGINT back first let a Ctrl-C's KeyboardInterrupt escape
+        # with SIGTERM still held by this finished block, and every later SIGTERM lost.
+        sigint_back = previous[0] if previous[0] is not None else _SIG_DFL
+        try:
+            _raw_signal(_DEFERRED[1], previous[1] if previous[1] is not None else _SIG_DFL)
+        finally:
+            _raw_signal(_DEFERRED[0], sigint_back)
+        pending, self._pending = self._pending, []  # (a reused block replays nothing)
+        for signum, frame in pending:
             handler = previous[_DEFERRED.index(signum)]
             if callable(handler):
                 handler(signum, frame)

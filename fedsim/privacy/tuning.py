@@ -154,7 +154,8 @@ def tuned_rdp(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.nd
     elif isinstance(trials, PoissonTrials):
         # Theorem 6 at order lam: the base curve's delta at eps_hat = log(1 + 1/(lam - 1)),
         # one eps per order, all solved at once (optimal_deltas_at).
-        eps_hat = np.log1p(1 / (alpha - 1))
+        # (Rounded down: a smaller eps_hat only raises delta_hat, as the theorem allows.)
+        eps_hat = np.nextafter(np.log1p(1 / (alpha - 1)), 0.0)
         finite = np.isfinite(curve)
         delta_hat = optimal_deltas_at(alpha[finite], curve[finite], eps_hat) \
             if np.any(finite) else np.ones_like(alpha)

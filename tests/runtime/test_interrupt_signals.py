@@ -88,3 +88,53 @@ def test_a_sigterm_while_a_held_block_is_entered_still_ends_the_run(
         signal.signal(signal.SIGINT, previous)
     assert fired and held == ["inside the block"]
     assert interrupting_signal() == "SIGTERM"
+
+
+@pytest.mark.parametrize("gap", [0, 1, 2, 3], ids=["enter-before", "enter-between",
+                                                    "exit-between", "exit-after"])
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN, signal.default_int_handler],
+                         ids=["nohup", "terminal"])
+def test_a_sigterm_and_a_sigint_at_any_swap_of_a_held_block_lose_nothing(
+        gap: int, sigint: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held block swaps SIGINT's and SIGTERM's handlers in and out (four swaps); a SIGINT
+    comes right after swap ``gap`` and a SIGTERM inside the block. No signal is lost, no
+    KeyboardInterrupt escapes the block's end with a handler still held (the Ctrl-C between
+    the exit's two swaps once left SIGTERM held by the finished block, and every later
+    SIGTERM was lost), and afterwards both handlers are what they were."""
+    from fedsim import atomic
+
+    swap = atomic._raw_signal
+    swaps: list[int] = []
+
+    def swap_then_sigint(signum: int, handler: object) -> object:
+        replaced = swap(signum, handler)
+        swaps.append(signum)
+        if len(swaps) - 1 == gap:
+            signal.raise_signal(signal.SIGINT)
+        return replaced
+
+    previous = signal.signal(signal.SIGINT, sigint)
+    try:
+        with signals_interrupt():
+            on_sigterm = signal.getsignal(signal.SIGTERM)
+            interrupted = False
+            try:
+                monkeypatch.setattr(atomic, "_raw_signal", swap_then_sigint)
+                with atomic.uninterrupted():
+                    signal.raise_signal(signal.SIGTERM)  # held until the block ends
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                monkeypatch.setattr(atomic, "_raw_signal", swap)
+            assert len(swaps) == 4
+            # Both signals came and neither is ignored under signals_interrupt: the run stops,
+            # whichever of them the block let through first.
+            assert interrupted
+            assert signal.getsignal(signal.SIGTERM) is on_sigterm
+            assert signal.getsignal(signal.SIGINT) is sigint
+            if sigint is signal.SIG_IGN:  # the SIGINT is ignored: the SIGTERM stopped the run
+                assert interrupting_signal() == "SIGTERM"
+            with pytest.raises(KeyboardInterrupt):  # and a later SIGTERM still interrupts
+                signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGINT, previous)

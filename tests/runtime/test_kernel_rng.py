@@ -41,11 +41,11 @@ def test_time_jumps_to_the_next_timer_without_waiting() -> None:
                    (6.0, "a")]
 
 
-@pytest.mark.parametrize("start", [0.0, 4.4e6, 1e9, 1e15])
+@pytest.mark.parametrize("start", [0.0, 4.4e6, 2.0**24, 1e9, 1e15])
 def test_timers_still_fire_where_a_nanosecond_is_below_a_floats_step(start: float) -> None:
-    """Past about 4.5e6 virtual s (52 days) now + 1 ns == now: the loop once never ran a timer
-    due then and spun forever. Timers due at now, and ones a float's step apart, still fire
-    in order."""
+    """Past about 10^7 virtual s (2^23-2^24, four months) now + 1 ns rounds to now: the loop
+    once never ran a timer due then and spun forever. Timers due at now, and ones a float's
+    step apart, still fire in order."""
 
     async def main(clock: VirtualClock) -> list[float]:
         seen: list[float] = []
@@ -85,6 +85,14 @@ def test_a_stuck_simulation_raises_instead_of_hanging() -> None:
         await asyncio.Event().wait()
 
     with pytest.raises(VirtualDeadlock, match="no timer"):
+        run_virtual(main)
+
+
+def test_a_sleep_for_ever_with_nothing_else_to_do_is_a_deadlock() -> None:
+    async def main(clock: VirtualClock) -> None:
+        await clock.sleep(math.inf)  # a timer never due: it spun at 100% CPU before
+
+    with pytest.raises(VirtualDeadlock, match="nothing can ever happen"):
         run_virtual(main)
 
 

@@ -95,7 +95,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         self._scheduled: list[tuple[float, int, asyncio.TimerHandle]] = []
         # Timers due before now + resolution are run; the clock lands exactly on a timer's
         # `when`, so any positive value works; 1 ns matches the monotonic clock's (and past
-        # 4.5e6 s, where 1 ns is below a float's step, the next float up is used: _run_once).
+        # about 10^7 s, where now + 1 ns rounds to now, the next float up is used: _run_once).
         self._clock_resolution = 1e-9
 
     def time(self) -> float:
@@ -125,15 +125,15 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         scheduled = self._drop_cancelled()
         ready = self._ready
         if not ready and not self._stopping:
-            if not scheduled:
+            if not scheduled or scheduled[0][0] == math.inf:  # (a sleep(inf): never due)
                 raise VirtualDeadlock(
                     f"virtual time {self._virtual_now:.6g}: every task is waiting and no timer "
                     "is scheduled, so nothing can ever happen"
                 )
             # Jump exactly to the earliest timer (no float drift from now + (when - now)).
             self._virtual_now = max(self._virtual_now, scheduled[0][0])
-        # Past about 4.5e6 s a float's step exceeds 1 ns and now + resolution == now: the
-        # next float up still takes the timers due now (a run of 10^9 virtual s hung).
+        # Past about 10^7 s (2^23-2^24) now + 1 ns rounds to now: the next float up still
+        # takes the timers due now (a run of 10^9 virtual s hung).
         end_time = max(self._virtual_now + self._clock_resolution,
                        math.nextafter(self._virtual_now, math.inf))
         while scheduled and scheduled[0][0] < end_time:
