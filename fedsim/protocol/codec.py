@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -68,6 +67,7 @@ from fedsim.protocol.messages import (
     RunFinished,
     WindowClose,
 )
+from fedsim.protocol.norms import vector_norm
 
 MAGIC = b"FSIM"
 _PREFIX = struct.Struct("<4sHI")  # magic, version, header length
@@ -235,45 +235,6 @@ def _tensor_spec(values: np.ndarray, field: str) -> TensorSpec:
         )
         raise CodecError(f"{field} must be a 1-D float32 numpy array, got {got}", kind="shape")
     return TensorSpec(dtype=TENSOR_DTYPE, shape=(int(values.shape[0]),))
-
-
-def vector_norm(values: np.ndarray) -> float:
-    """The L2 norm of a float32 vector, accumulated in float64: a float32 sum of squares of
-    finite values near 3.4e38 would overflow, while in float64 the sum of n finite squares is
-    at most n * 1.2e77, finite for any vector that fits in memory. So the norm is finite if
-    and only if every value is: one pass is both the finiteness check and the norm."""
-    as64 = _as_float64(values)
-    # einsum, not np.dot: a BLAS dot wakes the BLAS thread pool for every update, measured
-    # 2.2 ms of CPU (5.7 ms wall) per 10^5-parameter update on a busy 2-core machine against
-    # 0.24 ms (benchmarks/scale.py; docs/SCALE.md).
-    return math.sqrt(float(np.einsum("i,i->", as64, as64)))
-
-
-class _Scratch(threading.local):
-    """One float64 buffer per thread, grown to the largest vector seen (a model's size)."""
-
-    buffer: np.ndarray = np.empty(0, dtype=np.float64)
-
-
-_scratch = _Scratch()
-
-
-def _as_float64(values: np.ndarray) -> np.ndarray:
-    """``values`` as a flat contiguous float64 array: the same values in the same order as
-    ``np.asarray(values, dtype=np.float64).ravel()`` (so every sum over it is bit for bit
-    the same), but a float32 vector is converted into this thread's reused buffer, not a
-    fresh array: a fresh 0.8 MB per received update is memory the allocator hands out anew
-    (measured in a 1,000-client run: the norm's 0.126 ms a round became 0.087, docs/SCALE.md).
-    Valid until this thread's next call."""
-    values = np.asarray(values)
-    if values.dtype == np.float64 or values.dtype.kind != "f":
-        return np.asarray(values, dtype=np.float64).ravel()
-    size = values.size
-    if _scratch.buffer.size < size:
-        _scratch.buffer = np.empty(size, dtype=np.float64)
-    out = _scratch.buffer[:size]
-    np.copyto(out.reshape(values.shape), values)
-    return out
 
 
 def _non_finite(values: np.ndarray, field: str) -> CodecError:

@@ -1,11 +1,12 @@
 """fedsim's C kernels: built on first use with the system's C compiler, cached per machine.
 
-Two kernels ship as C source beside this module: the Gaussian sampler (``_gaussian.c``,
-:mod:`fedsim.training.gaussian`) and the per-example convolution weight gradients
-(``_conv_grad.c``, :mod:`fedsim.training.persample.direct`). :func:`load_library` compiles one
+Three kernels ship as C source: beside this module the Gaussian sampler (``_gaussian.c``,
+:mod:`fedsim.training.gaussian`), the per-example convolution weight gradients
+(``_conv_grad.c``, :mod:`fedsim.training.persample.direct`) and an update's sum of squares
+(``fedsim/protocol/_sum_squares.c``, :mod:`fedsim.protocol.norms`). :func:`load_library` compiles one
 with ``$CC`` (else ``cc``, else ``gcc``) for this CPU (``-march=native``) into the user cache,
 once per source, recipe, compiler and CPU, and loads it through ctypes. Every caller checks the
-loaded kernel against its torch definition before use and keeps a torch implementation for
+loaded kernel against its torch or numpy definition before use and keeps that implementation for
 when there is no compiler, a build fails, or the user opts out (each kernel's own environment
 variable): a kernel is a speed-up, never a requirement.
 """
@@ -82,7 +83,7 @@ def load_library(source: Path, *, what: str, opt_out: str) -> ctypes.CDLL | None
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
-        _log.warning(f"no C compiler found: {what} uses the torch implementation (slower)")
+        _log.warning(f"no C compiler found: {what} uses its Python implementation (slower)")
         return None
     tag = hashlib.sha256(
         source.read_bytes() + repr((RECIPES, compiler, _cpu_tag())).encode()
@@ -93,6 +94,6 @@ def load_library(source: Path, *, what: str, opt_out: str) -> ctypes.CDLL | None
             _compile(compiler, source, target)
         return ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _log.warning(f"could not build the {what} kernel; using the torch implementation",
+        _log.warning(f"could not build the {what} kernel; using its Python implementation",
                      error=str(exc)[-1000:])
         return None

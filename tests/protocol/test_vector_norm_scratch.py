@@ -1,5 +1,6 @@
-"""codec.vector_norm converts into a reused per-thread float64 buffer instead of a fresh
-array: the same norm, bit for bit, as the plain conversion, whatever came before it."""
+"""The numpy norm (norms.numpy_vector_norm, the path of every vector the compiled kernel does
+not take) converts into a reused per-thread float64 buffer instead of a fresh array: the same
+norm, bit for bit, as the plain conversion, whatever came before it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from fedsim.protocol.codec import vector_norm
+from fedsim.protocol.norms import numpy_vector_norm as vector_norm
 
 
 def _plain(values: np.ndarray) -> float:

@@ -1,0 +1,123 @@
+"""The integrity norm of an update: its L2 norm, accumulated in float64, which is also its
+finiteness check (one pass for both).
+
+A float32 sum of squares of finite values near 3.4e38 would overflow, while in float64 the sum
+of n finite squares is at most n * 1.2e77, finite for any vector that fits in memory: so the
+norm is finite if and only if every value is. Every update a client seals and a server decodes
+is measured here once (:mod:`fedsim.protocol.codec`), and the server's admission compares the
+norm with the client's bound (:mod:`fedsim.runtime.actors.integrity`).
+
+A float32 vector goes through a compiled kernel (``_sum_squares.c``, built by
+:mod:`fedsim.training.native`): one pass that widens the floats in registers, where numpy first
+converts the vector into a float64 buffer and then sums it (two passes; about 0.1 ms for 10^5
+values). The kernel adds in a fixed order of its own, so its norm can differ from numpy's in
+the last bits (the same on every run of one machine); it is checked against numpy on finite,
+NaN and infinite probes before use, and numpy's path remains for other dtypes, when there is
+no compiler, or with ``FEDSIM_PURE_NUMPY_NORM=1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from fedsim.logging import get_logger
+from fedsim.training.native import load_library
+
+__all__ = ["numpy_vector_norm", "vector_norm"]
+
+_log = get_logger("fedsim.protocol.norms")
+_SOURCE = Path(__file__).with_name("_sum_squares.c")
+
+
+def vector_norm(values: np.ndarray) -> float:
+    """The L2 norm of ``values`` accumulated in float64; finite exactly when every value is
+    (see the module docstring)."""
+    values = np.asarray(values)
+    if values.dtype == np.float32:
+        kernel = _kernel()
+        if kernel is not None:
+            # Any layout is summed as its C-order copy: one vector's norm does not depend on
+            # how it is laid out (a strided update and the frame it is sent as agree).
+            flat = np.ascontiguousarray(values).reshape(-1)
+            return math.sqrt(kernel(flat.ctypes.data, flat.size))
+    return numpy_vector_norm(values)
+
+
+def numpy_vector_norm(values: np.ndarray) -> float:
+    """:func:`vector_norm` in numpy: the values converted to float64 (in this thread's reused
+    buffer), then one ``einsum`` over them."""
+    as64 = _as_float64(values)
+    # einsum, not np.dot: a BLAS dot wakes the BLAS thread pool for every update, measured
+    # 2.2 ms of CPU (5.7 ms wall) per 10^5-parameter update on a busy 2-core machine against
+    # 0.24 ms (benchmarks/scale.py; docs/SCALE.md).
+    return math.sqrt(float(np.einsum("i,i->", as64, as64)))
+
+
+@functools.cache
+def _kernel() -> Callable[[int, int], float] | None:
+    """The compiled sum of squares of this process (built or loaded once), or None."""
+    library = load_library(_SOURCE, what="update norm", opt_out="FEDSIM_PURE_NUMPY_NORM")
+    if library is None:
+        return None
+    function = library.fedsim_sum_squares
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    function.restype = ctypes.c_double
+    if not _agrees(function):
+        _log.warning("the compiled update norm disagrees with numpy's; using numpy")
+        return None
+    return function
+
+
+def _agrees(function: Callable[[int, int], float]) -> bool:
+    """Whether a loaded kernel gives numpy's norm (to float64 rounding) on finite vectors of
+    every length around its lanes, and a non-finite norm for NaN and inf anywhere in them."""
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 15, 16, 17, 33, 1037):
+        probe = (rng.standard_normal(size) * 10.0 ** rng.uniform(-20, 20)).astype(np.float32)
+        expected = numpy_vector_norm(probe)
+        if not math.isclose(math.sqrt(function(probe.ctypes.data, size)), expected,
+                            rel_tol=1e-12, abs_tol=0.0):
+            return False
+        for bad in (np.nan, np.inf, -np.inf):
+            for at in {0, size // 2, size - 1} if size else set():
+                spoiled = probe.copy()
+                spoiled[at] = bad
+                if math.isfinite(function(spoiled.ctypes.data, size)):
+                    return False
+    huge = np.full(1000, np.finfo(np.float32).max, dtype=np.float32)  # finite: its norm too
+    return math.isclose(math.sqrt(function(huge.ctypes.data, huge.size)),
+                        numpy_vector_norm(huge), rel_tol=1e-12)
+
+
+class _Scratch(threading.local):
+    """One float64 buffer per thread, grown to the largest vector seen (a model's size)."""
+
+    buffer: np.ndarray = np.empty(0, dtype=np.float64)
+
+
+_scratch = _Scratch()
+
+
+def _as_float64(values: np.ndarray) -> np.ndarray:
+    """``values`` as a flat contiguous float64 array: the same values in the same order as
+    ``np.asarray(values, dtype=np.float64).ravel()`` (so every sum over it is bit for bit
+    the same), but a float32 vector is converted into this thread's reused buffer, not a
+    fresh array: a fresh 0.8 MB per received update is memory the allocator hands out anew
+    (measured in a 1,000-client run: the norm's 0.126 ms a round became 0.087, docs/SCALE.md).
+    Valid until this thread's next call."""
+    values = np.asarray(values)
+    if values.dtype == np.float64 or values.dtype.kind != "f":
+        return np.asarray(values, dtype=np.float64).ravel()
+    size = values.size
+    if _scratch.buffer.size < size:
+        _scratch.buffer = np.empty(size, dtype=np.float64)
+    out = _scratch.buffer[:size]
+    np.copyto(out.reshape(values.shape), values)
+    return out
