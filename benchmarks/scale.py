@@ -718,6 +718,9 @@ def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocato
     floor = floor_row(clients, virtual_seconds)
     floor["code"] = commit()
     floor["allocator"] = allocator
+    from fedsim.protocol import norms
+
+    floor["norm_kernel"] = norms._kernel() is not None  # FEDSIM_PURE_NUMPY_NORM=1: numpy's
     print(json.dumps(floor), flush=True)
     profiled = None
     if profile:

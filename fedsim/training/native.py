@@ -1,9 +1,11 @@
 """fedsim's C kernels: built on first use with the system's C compiler, cached per machine.
 
-Three kernels ship as C source: beside this module the Gaussian sampler (``_gaussian.c``,
+Four kernels ship as C source: beside this module the Gaussian sampler (``_gaussian.c``,
 :mod:`fedsim.training.gaussian`), the per-example convolution weight gradients
-(``_conv_grad.c``, :mod:`fedsim.training.persample.direct`) and an update's sum of squares
-(``fedsim/protocol/_sum_squares.c``, :mod:`fedsim.protocol.norms`). :func:`load_library` compiles one
+(``_conv_grad.c``, :mod:`fedsim.training.persample.direct`), an update's sum of squares
+(``fedsim/protocol/_sum_squares.c``, :mod:`fedsim.protocol.norms`) and the server's scaled
+addition into its window mix (``fedsim/aggregation/_scaled_add.c``,
+:mod:`fedsim.aggregation.scaled_add`). :func:`load_library` compiles one
 with ``$CC`` (else ``cc``, else ``gcc``) for this CPU (``-march=native``) into the user cache,
 once per source, recipe, compiler and CPU, and loads it through ctypes. Every caller checks the
 loaded kernel against its torch or numpy definition before use and keeps that implementation for

@@ -1,0 +1,125 @@
+"""The server's d += s u through the compiled kernel (fedsim.aggregation.scaled_add): numpy's
+three-pass result to the bit, for every scale, length and value (NaN and inf too), numpy's path
+for what the kernel does not take, a wrong kernel refused, and the user's opt-out."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from fedsim.aggregation import scaled_add
+from fedsim.aggregation.mixing import AcceptedUpdate, descent_direction
+
+
+def _numpy(total: np.ndarray, update: np.ndarray, scale: float) -> np.ndarray:
+    widened = update.astype(np.float64).reshape(total.shape)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and huge values on purpose
+        widened *= scale
+        return total + widened
+
+
+@pytest.fixture
+def kernel_loaded() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: numpy's path is the only one")
+    assert scaled_add._kernels() is not None  # builds and passes its probes here
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_kernel_adds_as_numpy_to_the_bit(kernel_loaded: None, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for size in (0, 1, 7, 8, 9, 31, 32, 33, 4097, 101_770):
+        total = rng.standard_normal(size) * 10.0 ** rng.uniform(-5, 5)
+        update = (rng.standard_normal(size) * 10.0 ** rng.uniform(-30, 30)).astype(np.float32)
+        if size > 40:
+            update[rng.integers(size, size=3)] = [np.nan, np.inf, -np.inf]
+            update[rng.integers(size)] = np.finfo(np.float32).max
+        for scale in (rng.uniform(-3, 3), 1e-300, -7.0 / 3.0, 0.0):
+            expected = _numpy(total, update, scale)
+            held = total.copy()
+            scaled_add.add_scaled(held, update, scale)
+            assert held.tobytes() == expected.tobytes()
+
+
+def test_other_layouts_take_numpys_path_with_the_same_result(
+        kernel_loaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = scaled_add._kernels()
+    assert real is not None
+
+    class Counted:
+        def add_scaled(self, *args: object) -> None:
+            calls.append(1)
+            real.add_scaled(*args)
+
+    monkeypatch.setattr(scaled_add, "_kernels", lambda: Counted())
+    rng = np.random.default_rng(5)
+    update = rng.standard_normal(2000).astype(np.float32)
+    total = rng.standard_normal(1000)
+    unaligned = np.frombuffer(b"\0" + update[:1000].tobytes(), dtype=np.float32, offset=1)
+    for other in (update[::2], unaligned, update[:1000].astype(np.float64)):
+        held = total.copy()
+        scaled_add.add_scaled(held, other, 0.3)
+        assert held.tobytes() == _numpy(total, other, 0.3).tobytes()
+    assert calls == []
+    held = total.copy()
+    scaled_add.add_scaled(held, update[:1000], 0.3)
+    assert calls == [1] and held.tobytes() == _numpy(total, update[:1000], 0.3).tobytes()
+
+
+def test_the_window_direction_is_the_same_with_and_without_the_kernel(
+        kernel_loaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(9)
+    updates = [AcceptedUpdate(f"c-{k}", 0, rng.standard_normal(5000).astype(np.float32), 10,
+                              float(rng.uniform(0.01, 1))) for k in range(20)]
+    coefficients = rng.uniform(0, 1, 20)
+    with_kernel = descent_direction(updates, coefficients)
+    monkeypatch.setattr(scaled_add, "_kernels", lambda: None)
+    assert descent_direction(updates, coefficients).tobytes() == with_kernel.tobytes()
+
+
+@pytest.mark.parametrize("wrong", ["fused", "float32", "ignores NaN"])
+def test_a_kernel_that_disagrees_is_refused(wrong: str) -> None:
+    """A fused multiply-add (one rounding, not two), a float32 product, or a kernel that skips
+    NaN: each differs from numpy somewhere on the probes."""
+
+    def add(total_at: int, update_at: int, scale: float, size: int) -> None:
+        if not size:
+            return
+        total = np.ctypeslib.as_array(ctypes.cast(total_at, ctypes.POINTER(ctypes.c_double)),
+                                      shape=(size,))
+        update = np.ctypeslib.as_array(ctypes.cast(update_at, ctypes.POINTER(ctypes.c_float)),
+                                       shape=(size,))
+        if wrong == "fused":  # exact product and sum, rounded once
+            from fractions import Fraction
+
+            total[:] = [float(Fraction(t) + Fraction(float(u)) * Fraction(scale))
+                        if np.isfinite(u) else t + float(u) * scale
+                        for t, u in zip(total, update, strict=True)]
+        elif wrong == "float32":
+            total += (update * np.float32(scale)).astype(np.float64)
+        else:
+            total += np.nan_to_num(update.astype(np.float64), nan=0.0) * scale
+
+    fake = scaled_add._Kernels.__new__(scaled_add._Kernels)
+    fake.add_scaled = add
+    assert not scaled_add._agrees(fake)
+
+
+@pytest.fixture
+def fresh() -> Iterator[None]:
+    scaled_add._kernels.cache_clear()
+    yield
+    scaled_add._kernels.cache_clear()
+
+
+def test_the_user_can_opt_out(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDSIM_PURE_NUMPY_ADD", "1")
+    assert scaled_add._kernels() is None
+    total = np.ones(10)
+    scaled_add.add_scaled(total, np.full(10, 2.0, dtype=np.float32), 0.5)
+    assert total.tolist() == [2.0] * 10
