@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -108,18 +107,3 @@ def test_a_kernel_that_disagrees_is_refused(wrong: str) -> None:
     fake = scaled_add._Kernels.__new__(scaled_add._Kernels)
     fake.add_scaled = add
     assert not scaled_add._agrees(fake)
-
-
-@pytest.fixture
-def fresh() -> Iterator[None]:
-    scaled_add._kernels.cache_clear()
-    yield
-    scaled_add._kernels.cache_clear()
-
-
-def test_the_user_can_opt_out(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDSIM_PURE_NUMPY_ADD", "1")
-    assert scaled_add._kernels() is None
-    total = np.ones(10)
-    scaled_add.add_scaled(total, np.full(10, 2.0, dtype=np.float32), 0.5)
-    assert total.tolist() == [2.0] * 10

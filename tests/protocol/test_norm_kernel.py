@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -112,17 +112,3 @@ def test_a_kernel_that_disagrees_is_refused(wrong: str) -> None:
         return float(np.sum(kept * kept))
 
     assert not norms._agrees(kernel)
-
-
-@pytest.fixture
-def fresh_kernel() -> Iterator[None]:
-    norms._kernel.cache_clear()
-    yield
-    norms._kernel.cache_clear()
-
-
-def test_the_user_can_opt_out(fresh_kernel: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDSIM_PURE_NUMPY_NORM", "1")
-    assert norms._kernel() is None
-    values = np.random.default_rng(2).standard_normal(999).astype(np.float32)
-    assert norms.vector_norm(values) == norms.numpy_vector_norm(values)
