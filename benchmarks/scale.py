@@ -718,9 +718,12 @@ def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocato
     floor = floor_row(clients, virtual_seconds)
     floor["code"] = commit()
     floor["allocator"] = allocator
+    from fedsim.aggregation import scaled_add
     from fedsim.protocol import norms
 
-    floor["norm_kernel"] = norms._kernel() is not None  # FEDSIM_PURE_NUMPY_NORM=1: numpy's
+    # The compiled kernels the simulator ran with (FEDSIM_PURE_NUMPY_NORM=1 / _ADD=1: numpy's)
+    floor["norm_kernel"] = norms._kernel() is not None
+    floor["mix_kernel"] = scaled_add._kernels() is not None
     print(json.dumps(floor), flush=True)
     profiled = None
     if profile:

@@ -15,10 +15,16 @@
 #endif
 
 #include <stdint.h>
+#include <string.h>
 
-void fedsim_add_scaled_f64(double *restrict d, const float *restrict u, double s, int64_t n) {
+/* An update decoded from a frame is a view into it at any byte offset: its values are read
+ * with memcpy (an unaligned load, defined behaviour; the compiler emits plain vector loads). */
+void fedsim_add_scaled_f64(double *restrict d, const void *restrict u, double s, int64_t n) {
+    const unsigned char *bytes = (const unsigned char *)u;
     for (int64_t i = 0; i < n; i++) {
-        double product = (double)u[i] * s;
+        float value;
+        memcpy(&value, bytes + 4 * i, sizeof value);
+        double product = (double)value * s;
         d[i] = d[i] + product;
     }
 }

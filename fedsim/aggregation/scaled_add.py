@@ -5,8 +5,9 @@ numpy does it in three passes over the whole vector (widen into a float64 scratc
 add): 0.21 ms of a 1.5 ms round in a 10^3-client simulation (docs/SCALE.md, "Round cost").
 The compiled kernel (``_scaled_add.c``, built by :mod:`fedsim.training.native`) makes one pass
 with the same arithmetic: each product rounded, then each sum, in float64, so its results are
-numpy's to the bit; the loader checks that on probes before use. numpy's path remains for
-other dtypes and layouts, when there is no compiler, or with ``FEDSIM_PURE_NUMPY_ADD=1``.
+numpy's to the bit; the loader checks that on probes before use. It reads an update at any
+alignment (a decoded one is a view into its frame); numpy's path remains for other dtypes and
+layouts, when there is no compiler, or with ``FEDSIM_PURE_NUMPY_ADD=1``.
 (A client's local step ``w - eta u`` was tried the same way and kept in numpy: its cost is
 writing the new vector, 77 against 84 us for 10^5 values.)
 """
@@ -34,18 +35,16 @@ def add_scaled(total: np.ndarray, update: np.ndarray, scale: float,
     its size); numpy's path widens ``update`` into ``scratch`` (float64, the size of
     ``total``; a fresh array if None) first."""
     kernels = _kernels()
-    if (kernels is not None and _fits(total, np.float64) and _fits(update, np.float32)
-            and update.size == total.size):
+    if (kernels is not None and total.dtype == np.float64 and total.flags.c_contiguous
+            and total.flags.aligned and update.dtype == np.float32
+            and update.flags.c_contiguous and update.size == total.size):
+        # (an update may be unaligned: a decoded one is a view into its frame)
         kernels.add_scaled(total.ctypes.data, update.ctypes.data, float(scale), total.size)
         return
     widened = np.empty(total.shape, dtype=np.float64) if scratch is None else scratch
     np.copyto(widened, update.reshape(total.shape))
     widened *= scale
     total += widened
-
-
-def _fits(values: np.ndarray, dtype: type[np.floating]) -> bool:
-    return values.dtype == dtype and values.flags.c_contiguous and values.flags.aligned
 
 
 class _Kernels:
@@ -79,13 +78,16 @@ def _agrees(kernels: _Kernels) -> bool:
         if size > 2:
             update[1], update[2] = np.nan, np.inf
         for scale in (0.1, -1.0 / 3.0, 7e-5):
-            total = rng.standard_normal(size)
-            expected = total.copy()
+            start = rng.standard_normal(size)
+            total, unaligned_total, expected = start.copy(), start.copy(), start.copy()
             widened = update.astype(np.float64)
             with np.errstate(invalid="ignore", over="ignore"):  # the NaN and inf probes
                 widened *= scale
                 expected += widened
             kernels.add_scaled(total.ctypes.data, update.ctypes.data, scale, size)
-            if total.tobytes() != expected.tobytes():
+            shifted = np.frombuffer(b"\0" + update.tobytes(), dtype=np.float32, offset=1)
+            kernels.add_scaled(unaligned_total.ctypes.data, shifted.ctypes.data, scale, size)
+            if total.tobytes() != expected.tobytes() or (
+                    unaligned_total.tobytes() != expected.tobytes()):
                 return False
     return True
