@@ -5,8 +5,8 @@
  *
  * numpy makes it in three passes (widen into a float64 scratch, multiply, add). The result
  * must be numpy's to the bit: the product is rounded, then the sum (no fused multiply-add:
- * fp-contract is off below, and -ffast-math has no reduction here to reorder); the loader
- * checks this on probes. */
+ * it is built without -ffast-math, under which clang fuses them anyway, and GCC, which fuses
+ * by default in GNU C, is told not to below); the loader checks this on probes. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif

@@ -36,8 +36,9 @@ def add_scaled(total: np.ndarray, update: np.ndarray, scale: float,
     ``total``; a fresh array if None) first."""
     kernels = _kernels()
     if (kernels is not None and total.dtype == np.float64 and total.flags.c_contiguous
-            and total.flags.aligned and update.dtype == np.float32
-            and update.flags.c_contiguous and update.size == total.size):
+            and total.flags.aligned and total.flags.writeable and update.dtype == np.float32
+            and update.flags.c_contiguous and update.size == total.size
+            and not np.may_share_memory(total, update)):
         # (an update may be unaligned: a decoded one is a view into its frame)
         kernels.add_scaled(total.ctypes.data, update.ctypes.data, float(scale), total.size)
         return
@@ -58,7 +59,10 @@ class _Kernels:
 @functools.cache
 def _kernels() -> _Kernels | None:
     """The compiled kernels of this process (built or loaded once), or None."""
-    library = load_library(_SOURCE, what="window mix", opt_out="FEDSIM_PURE_NUMPY_ADD")
+    # Without -ffast-math: under it clang fuses the multiply and the add (one rounding, not
+    # numpy's two) whatever the source asks, and the probes would refuse the kernel.
+    library = load_library(_SOURCE, what="window mix", opt_out="FEDSIM_PURE_NUMPY_ADD",
+                           fast_math=False)
     if library is None:
         return None
     kernels = _Kernels(library)

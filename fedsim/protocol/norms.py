@@ -82,9 +82,12 @@ def _agrees(function: Callable[[int, int], float]) -> bool:
     for size in (0, 1, 15, 16, 17, 33, 1037):
         probe = (rng.standard_normal(size) * 10.0 ** rng.uniform(-20, 20)).astype(np.float32)
         expected = numpy_vector_norm(probe)
-        if not math.isclose(math.sqrt(function(probe.ctypes.data, size)), expected,
-                            rel_tol=1e-12, abs_tol=0.0):
-            return False
+        # (and at an odd byte offset, as a decoded update's view into its frame may lie)
+        shifted = np.frombuffer(b"\0" + probe.tobytes(), dtype=np.float32, offset=1)
+        for vector in (probe, shifted):
+            if not math.isclose(math.sqrt(function(vector.ctypes.data, size)), expected,
+                                rel_tol=1e-12, abs_tol=0.0):
+                return False
         for bad in (np.nan, np.inf, -np.inf):
             for at in {0, size // 2, size - 1} if size else set():
                 spoiled = probe.copy()

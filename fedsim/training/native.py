@@ -28,7 +28,7 @@ from fedsim.atomic import move_into_place
 from fedsim.data.locate import user_cache_dir
 from fedsim.logging import get_logger
 
-__all__ = ["RECIPES", "load_library"]
+__all__ = ["RECIPES", "load_library", "recipes"]
 
 _log = get_logger("fedsim.training.native")
 
@@ -55,13 +55,22 @@ def _cpu_tag() -> str:
     return f"{platform.machine()}|{platform.processor()}|{flags}"
 
 
-def _compile(compiler: str, source: Path, target: Path) -> None:
+def recipes(*, fast_math: bool = True) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """:data:`RECIPES`, or without ``-ffast-math`` for a kernel whose results must be IEEE's
+    to the bit (clang fuses a multiply and an add under it whatever the source asks)."""
+    if fast_math:
+        return RECIPES
+    return tuple((tuple(f for f in flags if f != "-ffast-math"), link) for flags, link in RECIPES)
+
+
+def _compile(compiler: str, source: Path, target: Path,
+             chosen: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = RECIPES) -> None:
     """Build the shared library at ``target`` (atomically: concurrent processes may race)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         obj, library = Path(scratch) / "kernel.o", Path(scratch) / "kernel.so"
-        for compile_flags, link_flags in RECIPES:
+        for compile_flags, link_flags in chosen:
             for command in ([compiler, *compile_flags, "-c", str(source), "-o", str(obj)],
                             [compiler, str(obj), "-o", str(library), *link_flags]):
                 result = subprocess.run(command, capture_output=True, timeout=120, check=False)
@@ -76,24 +85,27 @@ def _compile(compiler: str, source: Path, target: Path) -> None:
     raise RuntimeError("every build recipe failed: " + " | ".join(errors))
 
 
-def load_library(source: Path, *, what: str, opt_out: str) -> ctypes.CDLL | None:
+def load_library(source: Path, *, what: str, opt_out: str,
+                 fast_math: bool = True) -> ctypes.CDLL | None:
     """The compiled ``source``, built into the user cache if needed; None (with a warning
     naming ``what``) when there is no compiler or no recipe builds it, and silently when the
     environment variable ``opt_out`` is set to anything but ``0``, ``false``, ``no`` or
-    ``off`` (any case) or the empty string."""
+    ``off`` (any case) or the empty string. ``fast_math=False`` builds without
+    ``-ffast-math`` (:func:`recipes`)."""
     if os.environ.get(opt_out, "").strip().lower() not in ("", "0", "false", "no", "off"):
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         _log.warning(f"no C compiler found: {what} uses its Python implementation (slower)")
         return None
+    chosen = recipes(fast_math=fast_math)
     tag = hashlib.sha256(
-        source.read_bytes() + repr((RECIPES, compiler, _cpu_tag())).encode()
+        source.read_bytes() + repr((chosen, compiler, _cpu_tag())).encode()
     ).hexdigest()[:16]
     target = user_cache_dir() / "native" / f"{source.stem.lstrip('_')}-{tag}.so"
     try:
         if not target.is_file():
-            _compile(compiler, source, target)
+            _compile(compiler, source, target, chosen)
         return ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         _log.warning(f"could not build the {what} kernel; using its Python implementation",

@@ -109,3 +109,28 @@ def test_a_kernel_that_disagrees_is_refused(wrong: str) -> None:
     fake = scaled_add._Kernels.__new__(scaled_add._Kernels)
     fake.add_scaled = add
     assert not scaled_add._agrees(fake)
+
+
+def test_a_read_only_or_overlapping_total_is_never_written_by_the_kernel(
+        kernel_loaded: None) -> None:
+    """The kernel writes through a raw pointer: a read-only ``total`` gets numpy's refusal, and
+    a ``total`` sharing memory with ``update`` (undefined for the kernel's restrict pointers)
+    numpy's result, computed from the update as it was."""
+    total = np.ones(64)
+    total.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        scaled_add.add_scaled(total, np.ones(64, dtype=np.float32), 0.5)
+    assert total.tolist() == [1.0] * 64
+    memory = np.arange(64, dtype=np.float64)
+    shared_update = memory[16:32].view(np.float32)  # 32 float32 values
+    overlapping_total = memory[16:48]  # 32 float64 values over the update's bytes
+    expected = _numpy(overlapping_total.copy(), shared_update.copy(), 0.25)
+    scaled_add.add_scaled(overlapping_total, shared_update, 0.25)
+    assert overlapping_total.tobytes() == expected.tobytes()
+
+
+def test_the_mix_is_built_without_fast_math() -> None:
+    from fedsim.training.native import RECIPES, recipes
+
+    assert all("-ffast-math" not in flags for flags, _ in recipes(fast_math=False))
+    assert recipes() == RECIPES and any("-ffast-math" in flags for flags, _ in RECIPES)
