@@ -222,7 +222,7 @@ def test_only_an_opt_out_value_skips_the_build(monkeypatch: pytest.MonkeyPatch) 
     tried; any other value skips it."""
     tried: list[str] = []
 
-    def refuse(compiler: str, source: object, target: object) -> None:
+    def refuse(compiler: str, source: object, target: object, *recipes: object) -> None:
         tried.append(compiler)
         raise RuntimeError("no build in this test")
 
