@@ -378,9 +378,7 @@ def optimal_delta_curve(orders: Sequence[float] | np.ndarray, rdp: Sequence[floa
     small-q step at about a second instead of a minute.
     """
     orders_arr, rdp_arr = _as_curve(orders, rdp)
-    eps_arr = np.asarray(epsilons, dtype=float).ravel()
-    if np.any(~np.isfinite(eps_arr)) or np.any(eps_arr < 0):
-        raise ConfigError("epsilons must be finite and >= 0")
+    eps_arr = _checked_epsilons(epsilons)
     finite = np.isfinite(rdp_arr)
     if not np.any(finite):
         return np.ones_like(eps_arr)
@@ -404,22 +402,26 @@ def optimal_deltas_at(orders: Sequence[float] | np.ndarray, rdp: Sequence[float]
     per-(eps, order) solve, which iterates each element on its own), so equal to calling
     :func:`delta_optimal` once per eps. Unlike :func:`optimal_delta_curve` no order is left
     out; the cost is one pass of the solver over every (eps, candidate order) pair instead of
-    one pass per eps (Papernot & Steinke's Poisson tuning needs one eps per order)."""
+    one pass per eps (Papernot & Steinke's Poisson tuning needs one eps per order).
+    (An infinite order never changes the minimum: its bounds prune nothing and its delta is
+    1, which every finite order's is at most.)"""
     orders_arr, rdp_arr = _as_curve(orders, rdp)
-    eps_arr = np.array([check_epsilon(float(e)) for e in np.asarray(epsilons, dtype=float).ravel()],
-                       dtype=float)
-    deltas = np.ones((eps_arr.size, orders_arr.size))
-    deltas[:, rdp_arr == 0.0] = 0.0
-    finite = np.isfinite(rdp_arr) & (rdp_arr > 0.0)
-    if np.any(finite):
-        # delta_optimal prunes with the bounds of every order, the zero and infinite ones too
-        upper, lower = _delta_bounds(orders_arr[None, :], rdp_arr[None, :], eps_arr[:, None])
-        keep = _candidates(upper, lower)
-        rows, cols = np.nonzero(keep & finite[None, :])
-        deltas[rows, cols] = _optimal_deltas_elementwise(orders_arr[cols], rdp_arr[cols],
-                                                         eps_arr[rows])
-        deltas[~keep] = np.inf
-    return np.asarray(deltas.min(axis=1), dtype=float)
+    eps_arr = _checked_epsilons(epsilons)
+    finite = np.isfinite(rdp_arr)
+    if not np.any(finite):
+        return np.ones_like(eps_arr)
+    alpha, r = orders_arr[finite], rdp_arr[finite]
+    if np.any(r == 0.0):
+        return np.zeros_like(eps_arr)
+    return np.asarray(_delta_curve_over(alpha, r, eps_arr, np.ones(alpha.size, dtype=bool))
+                      .min(axis=1), dtype=float)
+
+
+def _checked_epsilons(epsilons: Sequence[float] | np.ndarray) -> np.ndarray:
+    eps_arr = np.asarray(epsilons, dtype=float).ravel()
+    if np.any(~np.isfinite(eps_arr)) or np.any(eps_arr < 0):
+        raise ConfigError("epsilons must be finite and >= 0")
+    return eps_arr
 
 
 def _delta_curve_over(alpha: np.ndarray, r: np.ndarray, eps: np.ndarray,
