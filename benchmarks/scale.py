@@ -723,7 +723,7 @@ def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocato
 
     # The compiled kernels the simulator ran with (FEDSIM_PURE_NUMPY_NORM=1 / _ADD=1: numpy's)
     floor["norm_kernel"] = norms._kernel() is not None
-    floor["mix_kernel"] = scaled_add._kernels() is not None
+    floor["mix_kernel"] = scaled_add._kernel() is not None
     print(json.dumps(floor), flush=True)
     profiled = None
     if profile:

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from fedsim.logging import get_logger
-from fedsim.training.native import load_library
+from fedsim.training.native import load_function
 
 __all__ = ["add_scaled"]
 
-_log = get_logger("fedsim.aggregation.scaled_add")
 _SOURCE = Path(__file__).with_name("_scaled_add.c")
 
 
@@ -34,13 +33,13 @@ def add_scaled(total: np.ndarray, update: np.ndarray, scale: float,
     """``total += float64(update) * scale`` in place (``total`` float64, ``update`` float32 of
     its size); numpy's path widens ``update`` into ``scratch`` (float64, the size of
     ``total``; a fresh array if None) first."""
-    kernels = _kernels()
-    if (kernels is not None and total.dtype == np.float64 and total.flags.c_contiguous
+    kernel = _kernel()
+    if (kernel is not None and total.dtype == np.float64 and total.flags.c_contiguous
             and total.flags.aligned and total.flags.writeable and update.dtype == np.float32
             and update.flags.c_contiguous and update.size == total.size
             and not np.may_share_memory(total, update)):
         # (an update may be unaligned: a decoded one is a view into its frame)
-        kernels.add_scaled(total.ctypes.data, update.ctypes.data, float(scale), total.size)
+        kernel(total.ctypes.data, update.ctypes.data, float(scale), total.size)
         return
     widened = np.empty(total.shape, dtype=np.float64) if scratch is None else scratch
     np.copyto(widened, update.reshape(total.shape))
@@ -48,31 +47,20 @@ def add_scaled(total: np.ndarray, update: np.ndarray, scale: float,
     total += widened
 
 
-class _Kernels:
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self.add_scaled = library.fedsim_add_scaled_f64
-        self.add_scaled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double,
-                                    ctypes.c_int64]
-        self.add_scaled.restype = None
-
-
 @functools.cache
-def _kernels() -> _Kernels | None:
-    """The compiled kernels of this process (built or loaded once), or None."""
+def _kernel() -> Callable[[int, int, float, int], None] | None:
+    """The compiled ``d += s u`` of this process (built or loaded once), or None."""
     # Without -ffast-math: under it clang fuses the multiply and the add (one rounding, not
     # numpy's two) whatever the source asks, and the probes would refuse the kernel.
-    library = load_library(_SOURCE, what="window mix", opt_out="FEDSIM_PURE_NUMPY_ADD",
-                           fast_math=False)
-    if library is None:
-        return None
-    kernels = _Kernels(library)
-    if not _agrees(kernels):
-        _log.warning("the compiled window mix disagrees with numpy's; using numpy")
-        return None
-    return kernels
+    kernel: Callable[[int, int, float, int], None] | None = load_function(
+        _SOURCE, "fedsim_add_scaled_f64",
+        argtypes=[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_int64],
+        restype=None, agrees=_agrees, what="window mix", opt_out="FEDSIM_PURE_NUMPY_ADD",
+        fast_math=False)
+    return kernel
 
 
-def _agrees(kernels: _Kernels) -> bool:
+def _agrees(kernel: Callable[[int, int, float, int], None]) -> bool:
     """Whether the kernel gives numpy's result to the bit on vectors of every length around
     the vector widths, with scales whose products round (and NaN and inf, which must
     propagate)."""
@@ -88,9 +76,9 @@ def _agrees(kernels: _Kernels) -> bool:
             with np.errstate(invalid="ignore", over="ignore"):  # the NaN and inf probes
                 widened *= scale
                 expected += widened
-            kernels.add_scaled(total.ctypes.data, update.ctypes.data, scale, size)
+            kernel(total.ctypes.data, update.ctypes.data, scale, size)
             shifted = np.frombuffer(b"\0" + update.tobytes(), dtype=np.float32, offset=1)
-            kernels.add_scaled(unaligned_total.ctypes.data, shifted.ctypes.data, scale, size)
+            kernel(unaligned_total.ctypes.data, shifted.ctypes.data, scale, size)
             if total.tobytes() != expected.tobytes() or (
                     unaligned_total.tobytes() != expected.tobytes()):
                 return False

@@ -27,12 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.logging import get_logger
-from fedsim.training.native import load_library
+from fedsim.training.native import load_function
 
 __all__ = ["numpy_vector_norm", "vector_norm"]
 
-_log = get_logger("fedsim.protocol.norms")
 _SOURCE = Path(__file__).with_name("_sum_squares.c")
 
 
@@ -63,16 +61,11 @@ def numpy_vector_norm(values: np.ndarray) -> float:
 @functools.cache
 def _kernel() -> Callable[[int, int], float] | None:
     """The compiled sum of squares of this process (built or loaded once), or None."""
-    library = load_library(_SOURCE, what="update norm", opt_out="FEDSIM_PURE_NUMPY_NORM")
-    if library is None:
-        return None
-    function = library.fedsim_sum_squares
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    function.restype = ctypes.c_double
-    if not _agrees(function):
-        _log.warning("the compiled update norm disagrees with numpy's; using numpy")
-        return None
-    return function
+    kernel: Callable[[int, int], float] | None = load_function(
+        _SOURCE, "fedsim_sum_squares", argtypes=[ctypes.c_void_p, ctypes.c_int64],
+        restype=ctypes.c_double, agrees=_agrees, what="update norm",
+        opt_out="FEDSIM_PURE_NUMPY_NORM")
+    return kernel
 
 
 def _agrees(function: Callable[[int, int], float]) -> bool:

@@ -22,13 +22,15 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from fedsim.atomic import move_into_place
 from fedsim.data.locate import user_cache_dir
 from fedsim.logging import get_logger
 
-__all__ = ["RECIPES", "load_library", "recipes"]
+__all__ = ["RECIPES", "load_function", "load_library", "recipes"]
 
 _log = get_logger("fedsim.training.native")
 
@@ -111,3 +113,23 @@ def load_library(source: Path, *, what: str, opt_out: str,
         _log.warning(f"could not build the {what} kernel; using its Python implementation",
                      error=str(exc)[-1000:])
         return None
+
+
+def load_function(source: Path, symbol: str, *, argtypes: Sequence[Any], restype: Any,
+                  agrees: Callable[[Any], bool], what: str, opt_out: str,
+                  fast_math: bool = True) -> Any | None:
+    """The C function ``symbol`` of the compiled ``source`` (:func:`load_library`) with its
+    ctypes signature, once ``agrees(function)`` has checked it against its definition; None
+    without a compiler, after a failed build, when opted out, or (with a warning) when the
+    check fails."""
+    library = load_library(source, what=what, opt_out=opt_out, fast_math=fast_math)
+    if library is None:
+        return None
+    function = getattr(library, symbol)
+    function.argtypes = list(argtypes)
+    function.restype = restype
+    if not agrees(function):
+        _log.warning(f"the compiled {what} disagrees with its definition; using its Python "
+                     "implementation")
+        return None
+    return function

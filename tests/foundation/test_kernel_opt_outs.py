@@ -35,7 +35,7 @@ def _mix_in_numpy() -> np.ndarray:
 
 @pytest.mark.parametrize(("loader", "variable", "computed", "numpy_result"), [
     (norms._kernel, "FEDSIM_PURE_NUMPY_NORM", _norm, _norm_in_numpy),
-    (scaled_add._kernels, "FEDSIM_PURE_NUMPY_ADD", _mix, _mix_in_numpy),
+    (scaled_add._kernel, "FEDSIM_PURE_NUMPY_ADD", _mix, _mix_in_numpy),
 ], ids=["norm", "mix"])
 def test_a_kernel_opted_out_is_not_loaded_and_numpy_computes(
         loader: Any, variable: str, computed: Callable[[], Any],
