@@ -40,10 +40,10 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import IO, Literal
+from typing import IO, Literal, TypeGuard
 
-__all__ = ["Durability", "fsync_directory", "move_into_place", "replace_together", "uninterrupted",
-           "write_atomically"]
+__all__ = ["Durability", "fsync_directory", "holds_for_a_block", "move_into_place",
+           "replace_together", "uninterrupted", "write_atomically"]
 
 Durability = Literal["file", "durable"]
 DURABILITIES: tuple[Durability, ...] = ("file", "durable")
@@ -209,3 +209,11 @@ class uninterrupted:  # noqa: N801 - used like the function (and context manager
                 handler(signum, frame)
             elif handler != _SIG_IGN:  # the default action, now that it is back
                 signal.raise_signal(signum)
+
+
+def holds_for_a_block(handler: object) -> TypeGuard[Callable[[int, FrameType | None], None]]:
+    """Whether ``handler`` is an :class:`uninterrupted` block's stand-in (the block holds
+    SIGINT, then SIGTERM, on entry): a SIGTERM handler that finds SIGINT's held hands the
+    SIGTERM to it, to run when the block ends, rather than passing it on as a SIGINT, which a
+    block drops where SIGINT is ignored."""
+    return callable(handler) and isinstance(getattr(handler, "__self__", None), uninterrupted)

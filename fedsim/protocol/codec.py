@@ -723,5 +723,4 @@ __all__ = [
     "encode",
     "max_message_bytes",
     "seal",
-    "vector_norm",
 ]

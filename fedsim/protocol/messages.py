@@ -41,7 +41,7 @@ class ClientUpdate:
     sent_at: float = 0.0  # sender's clock, for latency metrics only
     window: int = 0
     norm: float | None = field(default=None, repr=False)
-    """The L2 norm of ``delta`` (:func:`fedsim.protocol.codec.vector_norm`), set by the decoder
+    """The L2 norm of ``delta`` (:func:`fedsim.protocol.norms.vector_norm`), set by the decoder
     from the same pass that checks the values are finite; not on the wire. None: not known
     (a receiver computes it)."""
     compression: Compression | None = field(default=None, repr=False)

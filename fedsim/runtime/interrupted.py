@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
-from fedsim.atomic import uninterrupted
+from fedsim.atomic import holds_for_a_block
 from fedsim.runtime.actors.stops import RunStop, RunStopKind
 from fedsim.runtime.run_outputs import write_run_outputs
 
@@ -63,10 +63,9 @@ def signals_interrupt() -> Iterator[None]:
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         handler = signal.getsignal(signal.SIGINT)
-        if callable(handler) and isinstance(getattr(handler, "__self__", None), uninterrupted):
+        if holds_for_a_block(handler):
             # A held block is being entered (SIGINT held, SIGTERM not yet): hold this one as
-            # a SIGTERM, so it comes back here when the block ends. Handed on as a held SIGINT
-            # it would be dropped where SIGINT is ignored (nohup).
+            # a SIGTERM, so it comes back here when the block ends.
             handler(signal.SIGTERM, frame)
             return
         _received.append("SIGTERM")

@@ -203,7 +203,7 @@ def test_a_zero_update_skipped_in_the_fold_changes_no_bit(seed: int) -> None:
     updates of +0 and -0, negative coefficients, NaN and inf entries from other updates, and
     exact cancellation (which leaves +0 entries a -0 product would otherwise test)."""
     from fedsim.aggregation.mixing import AcceptedUpdate, RunningDirection
-    from fedsim.protocol.codec import vector_norm
+    from fedsim.protocol.norms import vector_norm
 
     rng = np.random.default_rng(seed)
     updates, coefficients = [], []

@@ -18,7 +18,7 @@ import torch
 
 from fedsim.config.compression import QuantiseCompression, ThresholdCompression, TopKCompression
 from fedsim.errors import CodecError
-from fedsim.protocol import codec
+from fedsim.protocol import codec, norms
 from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
@@ -244,7 +244,7 @@ def test_the_senders_array_is_given_up_at_sealing_and_the_norm_is_the_decoders()
     assert opened.delta.base is values  # a view of the sender's own array, not a copy
     with pytest.raises(ValueError):
         opened.delta.flags.writeable = True  # a receiver cannot make it writeable
-    assert opened.norm == decoded.norm == codec.vector_norm(values)
+    assert opened.norm == decoded.norm == norms.vector_norm(values)
     # A view of a writeable buffer or a torch tensor's memory travels as a copy: writing
     # through the buffer or the tensor after publish changes nothing in flight.
     buffer = np.ones(6, dtype=np.float32)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fedsim.clock import WallClock
-from fedsim.protocol import codec
+from fedsim.protocol import codec, norms
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.simulated import simulation
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
@@ -95,7 +95,7 @@ async def test_refusals_and_sizes_are_the_same_on_both_paths(wire_bytes: bool) -
     await server.publish(GlobalModel(1, np.full(4, 0.5, np.float32), 0.5))
     update, status = [await asyncio.wait_for(server.receive(), 1.0) for _ in range(2)]
     model = await asyncio.wait_for(client.receive(), 1.0)
-    assert isinstance(update, ClientUpdate) and update.norm == codec.vector_norm(update.delta)
+    assert isinstance(update, ClientUpdate) and update.norm == norms.vector_norm(update.delta)
     assert update.delta.tobytes() == np.arange(4, dtype=np.float32).tobytes()
     assert not update.delta.flags.writeable
     assert isinstance(status, ClientStatus) and status.extra == {"loss": 0.25}

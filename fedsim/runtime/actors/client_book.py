@@ -62,8 +62,8 @@ from enum import StrEnum
 from typing import Any
 
 from fedsim.logging import get_logger
-from fedsim.protocol.codec import vector_norm
 from fedsim.protocol.messages import ClientStatus, ClientUpdate
+from fedsim.protocol.norms import vector_norm
 from fedsim.runtime.actors.exposure import invitation_bits_in, is_invited
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, ClientLimits
 

@@ -66,7 +66,8 @@ from fedsim.config.compression import QuantiseCompression
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.events import sensitivity
 from fedsim.privacy.schedules import Schedule
-from fedsim.protocol.codec import read_only_root, vector_norm
+from fedsim.protocol.codec import read_only_root
+from fedsim.protocol.norms import vector_norm
 from fedsim.training.local import sum_noise_multiplier
 
 __all__ = [
@@ -241,7 +242,7 @@ def client_limits(group: ClientGroup, num_samples: int, schedule: Schedule, dim:
 
 update_norm = vector_norm
 """The L2 norm in float64 (a float32 sum of squares of 3.4e38 values would overflow): the
-codec's :func:`~fedsim.protocol.codec.vector_norm`, which a decoded update carries already."""
+codec's :func:`~fedsim.protocol.norms.vector_norm`, which a decoded update carries already."""
 
 
 _last_verdict: tuple[np.ndarray, int | None, str] | None = None

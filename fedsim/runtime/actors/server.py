@@ -111,7 +111,6 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, stalenes
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
-from fedsim.protocol.codec import vector_norm
 from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
@@ -120,6 +119,7 @@ from fedsim.protocol.messages import (
     Partial,
     WindowClose,
 )
+from fedsim.protocol.norms import vector_norm
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import BookState, ClientBook, Kind
 from fedsim.runtime.actors.integrity import (
