@@ -75,12 +75,25 @@ def secure_generator(device: str | torch.device = "cpu") -> torch.Generator:
     return generator
 
 
-def poisson_batch(num_records: int, rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of a Poisson sample: each record independently with probability ``rate``.
+def poisson_threshold(rate: float) -> float:
+    """The largest multiple of ``2^-24`` not above ``rate``: the threshold a float32 uniform is
+    compared with. torch's float32 uniforms are ``k 2^-24`` (``k`` uniform in ``[0, 2^24)``), so
+    ``u < t`` holds with probability exactly ``t`` for such a ``t``. Compared with ``rate``
+    itself (rounded to float32), a record was taken with probability up to ``2^-24`` above it
+    (0.01 became 0.0100000501): a sampling rate the accountant, given ``rate``, undercounts."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be in [0, 1], got {rate}")
+    return math.floor(rate * 2**24) / 2**24
 
-    The batch size is Binomial(num_records, rate) and may be 0.
+
+def poisson_batch(num_records: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of a Poisson sample: each record independently with probability
+    :func:`poisson_threshold` of ``rate`` (at most ``rate``, less by under ``2^-24``).
+
+    The batch size is Binomial(num_records, that probability) and may be 0.
     """
-    return torch.nonzero(torch.rand(num_records, generator=generator) < rate).flatten()
+    threshold = poisson_threshold(rate)
+    return torch.nonzero(torch.rand(num_records, generator=generator) < threshold).flatten()
 
 
 def fixed_size_batch(num_records: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:

@@ -23,13 +23,26 @@ are filled in parallel on torch's threads and the log/sin/cos loop is vectorised
 AVX-512 core, whose GEMMs make a plain step shorter, the kernel's loops run 512 bits wide
 (1.6-2.5 ns a pair against 2.4-3.5 at GCC's default of 256; ``torch.randn`` 3.9-4.6 ns a value).
 
+The tail. With ``u1`` on a grid of ``2^-24`` alone, as in torch's CPU sampler, the radius
+stops at ``sqrt(48 ln 2) ~ 5.77`` std. In DP-SGD that cap is not harmless: an observer who
+knows every other record sees, on a coordinate where the sensitive record's clipped gradient
+``v`` sits, a value more than ``5.77 std`` from the rest's sum only if the record took part,
+which happens with probability ``P(Z > 5.77 - |v| / std)``: about 6e-7 a participation at a
+noise multiplier of 1.1 (8e-5 at 0.5), a ``delta`` the accountant never counts. So a pair
+whose top 24 bits are zero (chance ``2^-24``) refines ``u1`` with the 16 bits below ``u2``
+(``b = z_i & 0xFFFF``) and the stream's output ``p + i`` (``c``, never used otherwise):
+``u1 = (2^64 b + c + 1) / 2^104``, computed in float64. The radius then reaches
+``sqrt(208 ln 2) ~ 12.01`` std: coupled with a sampler whose ``u1`` has no floor, this one
+differs only when ``u1 < 2^-104``, so the cap adds at most ``(1 + e^eps) 2^-104`` (``2^-104
+~ 4.9e-32``) a pair to a release's ``delta`` (total variation against ``(eps, delta)``). Other pairs' values are the 24-bit sampler's, unchanged. (Like every
+floating-point sampler this one is still a lattice of values: Mironov's 2012 attacks on such
+noise are not addressed.)
+
 Each draw has its own gamma, not only its own seed: with one gamma for all, two draws whose
 seeds fell within ``p`` steps of each other would repeat a whole shifted stream of noise
 (chance ``draws^2 p / 2^64``, not negligible for long runs of large models); with two
 gammas, outputs coincide only at isolated points (chance about ``p^2 / 2^64`` per pair of
-draws). Like torch's CPU sampler this is float32 Box-Muller on 24-bit uniforms,
-so ``|value| <= std * sqrt(48 ln 2) ~ 5.77 std``; neither generator is a CSPRNG and neither
-addresses Mironov's (2012) attacks on floating-point noise.
+draws). Neither this generator nor torch's is a CSPRNG.
 
 The C kernel (``_gaussian.c``, beside this file) is compiled on first use with the system's C
 compiler into the user cache (:mod:`fedsim.training.native`) and checked against the torch
@@ -60,6 +73,8 @@ __all__ = [
     "mix_gamma",
     "native_kernel_available",
     "reference_pairs",
+    "tail_key",
+    "unmix64",
 ]
 
 _log = get_logger("fedsim.training.gaussian")
@@ -96,6 +111,44 @@ def mix64(value: int) -> int:
     return z ^ (z >> 31)
 
 
+def unmix64(value: int) -> int:
+    """The inverse of :func:`mix64` (both steps are bijections of 64-bit integers): the state
+    whose stream output is ``value``. The kernel's probe uses it to make a key whose draw
+    reaches the tail."""
+
+    def unshift(z: int, bits: int) -> int:
+        x = z
+        for _ in range(64 // bits + 1):
+            x = z ^ (x >> bits)
+        return x
+
+    z = unshift(value & _MASK64, 31)
+    z = unshift(z * pow(_MIX2, -1, 1 << 64) & _MASK64, 27)
+    return unshift(z * pow(_MIX1, -1, 1 << 64) & _MASK64, 30)
+
+
+def tail_key(pairs: int, index: int, output: int, extra: int | None = None) -> NoiseKey:
+    """A key whose draw of ``pairs`` pairs has stream output ``output`` at pair ``index`` and,
+    if given, output ``extra`` at ``pairs + index`` (the tail's refining bits): a draw that
+    takes the tail path on purpose (the kernel's probe, tests). Raises ValueError when no odd
+    gamma gives ``extra``."""
+    if not 0 <= index < pairs:
+        raise ValueError(f"index must be in [0, {pairs}), got {index}")
+    first = unmix64(output)
+    if extra is None:
+        gamma = mix_gamma(first)
+    else:
+        # s + (index + 1) g = first and s + (pairs + index + 1) g = second, so
+        # pairs g = second - first (mod 2^64); with pairs = 2^k m (m odd), an odd g exists
+        # exactly when the difference is 2^k times an odd number.
+        difference = (unmix64(extra) - first) & _MASK64
+        k = (pairs & -pairs).bit_length() - 1
+        if difference & ((1 << (k + 1)) - 1) != 1 << k:
+            raise ValueError("no odd gamma gives that extra output for this many pairs")
+        gamma = ((difference >> k) * pow(pairs >> k, -1, 1 << 64)) & _MASK64
+    return NoiseKey((first - (index + 1) * gamma) & _MASK64, gamma)
+
+
 def mix_gamma(value: int) -> int:
     """SplittableRandom's ``mixGamma``: an odd gamma with at least 24 bit transitions."""
     z = ((value ^ (value >> 33)) * 0xFF51AFD7ED558CCD) & _MASK64
@@ -104,15 +157,33 @@ def mix_gamma(value: int) -> int:
     return z ^ 0xAAAAAAAAAAAAAAAA if bin(z ^ (z >> 1)).count("1") < 24 else z
 
 
+def _tail_radius(
+    z: torch.Tensor, counter: torch.Tensor, seed: int, gamma: int, std: float
+) -> torch.Tensor:
+    """The radius of the tail pairs (``z >> 40 == 0``) whose stream outputs are ``z``:
+    ``u1 = (2^64 b + c + 1) / 2^104`` with ``b = z & 0xFFFF`` and ``c`` the stream's output at
+    ``counter`` (pair ``i``'s ``p + i``), computed in float64."""
+    c = _mix64(counter * _signed(gamma) + _signed(seed)).to(torch.float64)
+    c = torch.where(c < 0, c + 2.0**64, c)  # the unsigned value of the bit pattern
+    u1 = (z & 0xFFFF).to(torch.float64) * 2.0**-40 + (c + 1.0) * 2.0**-104
+    return (torch.sqrt(-2.0 * torch.log(u1)) * std).to(torch.float32)
+
+
 def reference_pairs(
     pairs: int, seed: int, gamma: int, std: float, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """The sampler in torch operations: ``2 * pairs`` float32 values of stream ``(seed, gamma)``."""
     counter = torch.arange(1, pairs + 1, dtype=torch.int64, device=device)
     z = _mix64(counter * _signed(gamma) + _signed(seed))
-    u1 = (_shift_right(z, 40) + 1).to(torch.float32) * 2.0**-24
+    high = _shift_right(z, 40)
+    u1 = (high + 1).to(torch.float32) * 2.0**-24
     u2 = ((z >> 16) & 0xFFFFFF).to(torch.float32) * 2.0**-24
     radius = torch.sqrt(-2.0 * torch.log(u1)) * std
+    tail = torch.nonzero(high == 0).flatten()
+    if tail.numel():
+        # Rare (2^-24 a pair), so on the CPU: float64 is not on every device (MPS).
+        radius[tail] = _tail_radius(z[tail].cpu(), counter[tail].cpu() + pairs, seed, gamma,
+                                    std).to(device)
     angle = u2 * (2 * math.pi)
     return torch.cat([radius * torch.cos(angle), radius * torch.cos(angle - math.pi / 2)])
 
@@ -144,9 +215,12 @@ def _load_kernel() -> _Kernel | None:
         return None
     kernel = _Kernel(library)
     # A miscompiled kernel must never add wrong noise: check it against the definition.
-    probe = (0x0123456789ABCDEF, mix_gamma(0xFEDCBA9876543210), 1.0)
-    if not torch.allclose(kernel.pairs(4099, *probe), reference_pairs(4099, *probe),
-                          rtol=1e-5, atol=1e-5):
+    # The second probe takes the tail path (pair 3000 of 4099), which random keys almost never do.
+    tail = tail_key(4099, 3000, 0x3A5C_71E9)
+    probes = [(0x0123456789ABCDEF, mix_gamma(0xFEDCBA9876543210), 1.0),
+              (tail.seed, tail.gamma, 1.0)]
+    if not all(torch.allclose(kernel.pairs(4099, *probe), reference_pairs(4099, *probe),
+                              rtol=1e-5, atol=1e-5) for probe in probes):
         _log.warning("the compiled Gaussian noise kernel disagrees with its definition; "
                      "using the torch implementation")
         return None

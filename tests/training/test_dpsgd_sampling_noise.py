@@ -15,7 +15,7 @@ from fedsim.privacy import schedules
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.schedules import Schedule
 from fedsim.training import LocalTrainer, build_model, flat_params, secure_generator
-from fedsim.training.dpsgd import fixed_size_batch, poisson_batch, sample_batch
+from fedsim.training.dpsgd import fixed_size_batch, poisson_batch, poisson_threshold, sample_batch
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 
 
@@ -97,6 +97,29 @@ def test_poisson_batch_sizes_follow_binomial() -> None:
     assert (sizes == 0).sum() == 0 and len(
         poisson_batch(50, 1e-4, generator)
     ) == 0  # empty batches occur
+
+
+def test_a_record_is_never_taken_more_often_than_the_accounted_rate() -> None:
+    # torch's float32 uniforms are k 2^-24: the inclusion probability of "u < t" is the count of
+    # grid points below t over 2^24, computed here with integers for rates on and off the grid.
+    rng = np.random.default_rng(3)
+    rates = [0.01, 1 / 3, 0.5, 1.0, 0.0, 2.0**-24, 1.5 * 2.0**-24, *rng.uniform(0, 1, 200)]
+    for rate in rates:
+        threshold = poisson_threshold(rate)
+        below = math.ceil(threshold * 2**24)  # grid points k 2^-24 < threshold
+        assert below / 2**24 <= rate < (below + 1) / 2**24 or rate == 1.0
+    # The batch is exactly the records whose uniform is below the threshold: a record whose
+    # uniform sits on the grid point just below the rate is left out (it was taken before, at
+    # a probability of (k + 1) 2^-24 for a rate of (k + 1/2) 2^-24).
+    generator = torch.Generator().manual_seed(4)
+    uniforms = torch.rand(1000, generator=torch.Generator().manual_seed(4))
+    k = int(uniforms[7].item() * 2**24)
+    rate = (k + 0.5) * 2.0**-24
+    batch = set(poisson_batch(1000, rate, generator).tolist())
+    assert batch == {i for i in range(1000) if uniforms[i].item() < k * 2.0**-24}
+    assert 7 not in batch
+    with pytest.raises(ValueError, match="rate"):
+        poisson_threshold(1.5)
 
 
 def test_fixed_size_batches_are_uniform_without_replacement() -> None:

@@ -29,6 +29,9 @@ def expected_pairs(pairs: int, seed: int, gamma: int, std: float) -> np.ndarray:
     for i in range(pairs):
         z = splitmix_output((seed + (i + 1) * gamma) & MASK)
         u1 = ((z >> 40) + 1) / 2**24
+        if z >> 40 == 0:  # the tail: refined by the low 16 bits and output pairs + i
+            extra = splitmix_output((seed + (pairs + i + 1) * gamma) & MASK)
+            u1 = ((z & 0xFFFF) * 2**64 + extra + 1) / 2**104
         u2 = ((z >> 16) & 0xFFFFFF) / 2**24
         radius = std * math.sqrt(-2 * math.log(u1))
         out[i], out[pairs + i] = radius * math.cos(2 * math.pi * u2), radius * math.sin(2 * math.pi * u2)
@@ -86,8 +89,8 @@ def test_draws_are_standard_normal_and_bounded() -> None:
     assert stats.kstest(values, "norm").pvalue > 0.01
     assert abs(stats.skew(values)) < 5 * math.sqrt(6 / values.size)
     assert abs(stats.kurtosis(values)) < 5 * math.sqrt(24 / values.size)
-    # 24-bit uniforms bound the radius: sqrt(-2 ln 2^-24).
-    assert np.abs(values).max() <= math.sqrt(48 * math.log(2)) + 1e-5
+    # The tail's 104-bit uniforms bound the radius: sqrt(-2 ln 2^-104).
+    assert np.abs(values).max() <= math.sqrt(208 * math.log(2)) + 1e-5
     # The cosine half and the sine half of the pairs are uncorrelated.
     half = values.size // 2
     assert abs(np.corrcoef(values[:half], values[half : 2 * half])[0, 1]) < 5 / math.sqrt(half)
@@ -191,3 +194,88 @@ def test_a_failing_build_recipe_falls_through_to_the_next(
     assert kernel is not None
     key = (7, mix_gamma(8), 1.0)
     torch.testing.assert_close(kernel.pairs(999, *key), reference_pairs(999, *key), rtol=1e-5, atol=1e-5)
+
+
+def test_unmix64_inverts_mix64() -> None:
+    rng = np.random.default_rng(4)
+    for value in [0, 1, MASK, *(int(v) for v in rng.integers(0, 2**63, 200, dtype=np.int64))]:
+        assert splitmix_output(gaussian.unmix64(value)) == value
+        assert gaussian.unmix64(splitmix_output(value)) == value
+
+
+TAIL_OUTPUTS = [0x0000_0012_3456_5678, 0x0000_00FF_FFFF_FFFF, 0x0000_0000_ABCD_0000]
+
+
+@pytest.mark.parametrize("output", TAIL_OUTPUTS)
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_tail_pair_refines_u1_past_the_24_bit_floor(
+    output: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if compiled and not gaussian.native_kernel_available():
+        pytest.skip("no C compiler here")
+    if not compiled:
+        monkeypatch.setattr(gaussian, "_native", lambda: None)
+    pairs, index = 2049, 1500  # the tail pair in the second block of the kernel's 1,024
+    key = gaussian.tail_key(pairs, index, output)
+    assert splitmix_output((key.seed + (index + 1) * key.gamma) & MASK) == output
+    out = torch.empty(2 * pairs)
+    gaussian.fill_noise(out, key, 1.5)
+    expected = expected_pairs(pairs, key.seed, key.gamma, 1.5)
+    np.testing.assert_allclose(out.double().numpy(), expected, rtol=2e-5, atol=2e-5)
+    radius = math.hypot(out[index].item(), out[pairs + index].item())
+    # Below the old floor u1 = 2^-24 the radius exceeds the old cap 5.77 std.
+    assert radius > 1.5 * math.sqrt(48 * math.log(2))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_deepest_cell_reaches_twelve_standard_deviations(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if compiled and not gaussian.native_kernel_available():
+        pytest.skip("no C compiler here")
+    if not compiled:
+        monkeypatch.setattr(gaussian, "_native", lambda: None)
+    pairs, index = 9, 4
+    for extra in range(64):  # the first small output an odd gamma can place at pairs + index
+        try:
+            key = gaussian.tail_key(pairs, index, 0x0000_0000_7777_0000, extra)
+            break
+        except ValueError:
+            continue
+    else:
+        pytest.fail("no key found")
+    out = gaussian.gaussian_noise(2 * pairs, 1.0, key, torch.zeros(1))
+    radius = math.hypot(out[index].item(), out[pairs + index].item())
+    # u1 = (extra + 1) / 2^104: the radius only the refined tail can give.
+    assert radius == pytest.approx(math.sqrt(-2 * math.log((extra + 1) * 2.0**-104)), rel=1e-6)
+    assert radius > 11.9
+
+
+def test_the_tail_has_the_gaussian_tails_distribution() -> None:
+    # Given u1 <= 2^-24, a uniform u1 makes r^2 / 2 - 24 ln 2 an Exp(1) variable.
+    rng = np.random.default_rng(8)
+    excess = []
+    for low in rng.integers(0, 2**40, 500, dtype=np.int64):
+        key = gaussian.tail_key(1, 0, int(low))
+        out = gaussian.gaussian_noise(2, 1.0, key, torch.zeros(1, dtype=torch.float64))
+        excess.append((out[0].item() ** 2 + out[1].item() ** 2) / 2 - 24 * math.log(2))
+    assert stats.kstest(excess, "expon").pvalue > 0.01
+    assert max(excess) > 3  # beyond what the 24-bit floor (excess 0) allowed
+
+
+def test_pairs_outside_the_tail_keep_the_24_bit_sampler_values() -> None:
+    # The tail rule changes only tail pairs: a draw with one tail pair equals the 24-bit
+    # definition everywhere else, bit for bit against the same implementation's other draws.
+    pairs, index = 4099, 3000
+    key = gaussian.tail_key(pairs, index, 0x0000_0001_0000_0001)
+    out = gaussian.gaussian_noise(2 * pairs, 1.0, key, torch.zeros(1))
+    z = [splitmix_output((key.seed + (i + 1) * key.gamma) & MASK) for i in range(pairs)]
+    assert [i for i in range(pairs) if z[i] >> 40 == 0] == [index]
+    old = expected_pairs(pairs, key.seed, key.gamma, 1.0)
+    u1_old = 2.0**-24
+    old[index] = old[pairs + index] = 0.0
+    got = out.double().numpy().copy()
+    tail_radius = math.hypot(got[index], got[pairs + index])
+    got[index] = got[pairs + index] = 0.0
+    np.testing.assert_allclose(got, old, rtol=2e-5, atol=2e-5)
+    assert tail_radius > math.sqrt(-2 * math.log(u1_old))
