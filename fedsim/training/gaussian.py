@@ -24,19 +24,31 @@ AVX-512 core, whose GEMMs make a plain step shorter, the kernel's loops run 512 
 (1.6-2.5 ns a pair against 2.4-3.5 at GCC's default of 256; ``torch.randn`` 3.9-4.6 ns a value).
 
 The tail. With ``u1`` on a grid of ``2^-24`` alone, as in torch's CPU sampler, the radius
-stops at ``sqrt(48 ln 2) ~ 5.77`` std. In DP-SGD that cap is not harmless: an observer who
-knows every other record sees, on a coordinate where the sensitive record's clipped gradient
-``v`` sits, a value more than ``5.77 std`` from the rest's sum only if the record took part,
-which happens with probability ``P(Z > 5.77 - |v| / std)``: about 6e-7 a participation at a
-noise multiplier of 1.1 (8e-5 at 0.5), a ``delta`` the accountant never counts. So a pair
-whose top 24 bits are zero (chance ``2^-24``) refines ``u1`` with the 16 bits below ``u2``
-(``b = z_i & 0xFFFF``) and the stream's output ``p + i`` (``c``, never used otherwise):
-``u1 = (2^64 b + c + 1) / 2^104``, computed in float64. The radius then reaches
-``sqrt(208 ln 2) ~ 12.01`` std: coupled with a sampler whose ``u1`` has no floor, this one
-differs only when ``u1 < 2^-104``, so the cap adds at most ``(1 + e^eps) 2^-104`` (``2^-104
-~ 4.9e-32``) a pair to a release's ``delta`` (total variation against ``(eps, delta)``). Other pairs' values are the 24-bit sampler's, unchanged. (Like every
-floating-point sampler this one is still a lattice of values: Mironov's 2012 attacks on such
-noise are not addressed.)
+stops at ``sqrt(48 ln 2) ~ 5.77`` std: a release beyond it on the coordinate pair where the
+record's clipped gradient sits has probability 0 without the record. The Gaussian the
+accountants assume gives that region ``P(Z > 5.77) = 4.0e-9`` there, so the cap leaves about
+``e^eps 4.0e-9`` of ``delta`` a participation uncounted (the region itself, seen with the
+record, has probability ``P(Z > 5.77 - C / std)``: 5.9e-7 at a noise multiplier of 1.1). A pair
+whose top 24 bits are zero (chance ``2^-24``) therefore refines ``u1`` with the 16 bits below
+``u2`` (``b = z_i & 0xFFFF``) and the stream's output ``p + i`` (``c``, never used otherwise):
+``u1 = (2^64 b + c + 1) / 2^104``, computed in float64. The radius reaches ``sqrt(208 ln 2) ~
+12.01`` std and what the cap leaves uncounted falls to ``e^eps P(Z > 12.01) ~ e^eps 1.6e-33``.
+Other pairs' values are the 24-bit sampler's, unchanged.
+
+What this sampler does *not* give is Gaussian noise at float32's resolution. ``u1`` and ``u2``
+have 24 bits, so a pair's radius lies on a lattice (``2^24 exp(-r^2 / 2 std^2)`` an integer)
+whose spacing, 1.8e-6 std at ``r = 3 std`` and 4.4e-5 at ``4 std``, is wider than float32's
+rounding of a release. An observer who knows every other record and the exact float32
+computation can test which neighbour puts a pair's radius on the lattice: in a simulation at
+noise multiplier 1.1 with the record's gradient on one coordinate it decided correctly for
+8.7e-4 of such pairs and never wrongly, an event about 1,500 times likelier than the cap's,
+and a gradient spread over many coordinates gives many pairs to test. This is Mironov's (CCS
+2012) floating-point attack as Jin et al. carried it to Gaussian noise ("Are We There Yet?
+Timing and Floating-Point Attacks on Differential Privacy Systems", IEEE S&P 2022), and torch's
+``normal_`` (Opacus without ``secure_mode``) is open to it alike. Not built yet: uniforms of 53
+bits for both ``u1`` and ``u2`` with the transform in float64, rounded once to float32, or a
+sum of several draws as Opacus' ``secure_mode`` does (Holohan & Braghin, "Secure Random
+Sampling in Differential Privacy", ESORICS 2021).
 
 Each draw has its own gamma, not only its own seed: with one gamma for all, two draws whose
 seeds fell within ``p`` steps of each other would repeat a whole shifted stream of noise
@@ -83,6 +95,9 @@ _MASK64 = (1 << 64) - 1
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _SOURCE = Path(__file__).with_name("_gaussian.c")
+# Devices whose draws compute every pair's tail radius instead of finding the rare tail pairs
+# (a host sync): accelerators with float64.
+_SYNC_FREE_TAIL = ("cuda", "xpu")
 
 
 def _signed(value: int) -> int:
@@ -179,11 +194,17 @@ def reference_pairs(
     u1 = (high + 1).to(torch.float32) * 2.0**-24
     u2 = ((z >> 16) & 0xFFFFFF).to(torch.float32) * 2.0**-24
     radius = torch.sqrt(-2.0 * torch.log(u1)) * std
-    tail = torch.nonzero(high == 0).flatten()
-    if tail.numel():
-        # Rare (2^-24 a pair), so on the CPU: float64 is not on every device (MPS).
-        radius[tail] = _tail_radius(z[tail].cpu(), counter[tail].cpu() + pairs, seed, gamma,
-                                    std).to(device)
+    tail = high == 0
+    if torch.device(device).type in _SYNC_FREE_TAIL:
+        # No host sync a draw (which finding the rare tail pairs would cost): every pair's
+        # tail radius in float64, kept where the pair is in the tail.
+        radius = torch.where(tail, _tail_radius(z, counter + pairs, seed, gamma, std), radius)
+    else:
+        found = torch.nonzero(tail).flatten()
+        if found.numel():
+            # Rare (2^-24 a pair), so on the CPU: float64 is not on every device (MPS).
+            radius[found] = _tail_radius(z[found].cpu(), counter[found].cpu() + pairs, seed,
+                                         gamma, std).to(device)
     angle = u2 * (2 * math.pi)
     return torch.cat([radius * torch.cos(angle), radius * torch.cos(angle - math.pi / 2)])
 

@@ -263,9 +263,40 @@ def test_the_tail_has_the_gaussian_tails_distribution() -> None:
     assert max(excess) > 3  # beyond what the 24-bit floor (excess 0) allowed
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("index", [0, 1023, 1024, 9000, 10_006])
+def test_tail_pairs_in_any_block_of_a_parallel_draw(index: int, threads: int) -> None:
+    # 10,007 pairs: ten OpenMP blocks (more than 8, so two threads split them), the last one
+    # partial; the tail pair at the first, a block's last and first, a middle and the last pair.
+    if not gaussian.native_kernel_available():
+        pytest.skip("no C compiler here")
+    kernel = gaussian._native()
+    assert kernel is not None
+    pairs = 10_007
+    key = gaussian.tail_key(pairs, index, 0x0000_0000_0123_4567)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel.pairs(pairs, key.seed, key.gamma, 0.5)
+    finally:
+        torch.set_num_threads(before)
+    expected = reference_pairs(pairs, key.seed, key.gamma, 0.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert math.hypot(got[index].item(), got[pairs + index].item()) > 0.5 * 5.77
+
+
+def test_the_sync_free_tail_gives_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Accelerators take every pair's float64 tail radius where the tail is (no host sync); the
+    # same rule as finding the tail pairs, checked here on the CPU.
+    key = gaussian.tail_key(3001, 2000, 0x0000_0000_00F0_0F00)
+    found = reference_pairs(3001, key.seed, key.gamma, 1.25)
+    monkeypatch.setattr(gaussian, "_SYNC_FREE_TAIL", ("cpu",))
+    assert torch.equal(reference_pairs(3001, key.seed, key.gamma, 1.25), found)
+
+
 def test_pairs_outside_the_tail_keep_the_24_bit_sampler_values() -> None:
     # The tail rule changes only tail pairs: a draw with one tail pair equals the 24-bit
-    # definition everywhere else, bit for bit against the same implementation's other draws.
+    # definition everywhere else (to float32 rounding of the log and cosine).
     pairs, index = 4099, 3000
     key = gaussian.tail_key(pairs, index, 0x0000_0001_0000_0001)
     out = gaussian.gaussian_noise(2 * pairs, 1.0, key, torch.zeros(1))
