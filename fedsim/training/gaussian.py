@@ -45,10 +45,14 @@ noise multiplier 1.1 with the record's gradient on one coordinate it decided cor
 and a gradient spread over many coordinates gives many pairs to test. This is Mironov's (CCS
 2012) floating-point attack as Jin et al. carried it to Gaussian noise ("Are We There Yet?
 Timing and Floating-Point Attacks on Differential Privacy Systems", IEEE S&P 2022), and torch's
-``normal_`` (Opacus without ``secure_mode``) is open to it alike. Not built yet: uniforms of 53
-bits for both ``u1`` and ``u2`` with the transform in float64, rounded once to float32, or a
-sum of several draws as Opacus' ``secure_mode`` does (Holohan & Braghin, "Secure Random
-Sampling in Differential Privacy", ESORICS 2021).
+``normal_`` (Opacus without ``secure_mode``) is open to it alike. A finer sampler (53-bit
+uniforms for both draws and the transform in float64, or a sum of several draws as Opacus'
+``secure_mode`` does after Holohan & Braghin, ESORICS 2021) closes this lattice but not the
+next one: adding float32 noise to the gradients' sum is exact where they cancel, so the
+release's low bits follow the sum's (Haney et al., "Precision-based attacks and interval
+refining", arXiv 2207.13793, 2022). A release immune to both is computed on a fixed grid, the
+sum rounded to it and discrete Gaussian noise added (Canonne, Kamath & Steinke, NeurIPS 2020),
+with that mechanism's own accounting. Not built yet.
 
 Each draw has its own gamma, not only its own seed: with one gamma for all, two draws whose
 seeds fell within ``p`` steps of each other would repeat a whole shifted stream of noise
