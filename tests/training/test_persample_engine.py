@@ -270,6 +270,27 @@ def test_mlp_step_equals_the_reference_sum_for_every_batch_size(sampling: str) -
         assert release.within_clip == int((rows.norm(dim=1) <= clip).sum())
 
 
+def test_the_unclipped_count_asked_late_is_the_steps_own() -> None:
+    # within_clip is counted when first asked, from the norms the step kept: later steps on the
+    # same engine (other records, another clip) must not change it.
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
+    engine = PerSampleEngine(model)
+    features, labels = torch.randn(64, 12) * 3, torch.randint(0, 5, (64,))
+    releases, expected = [], []
+    for step, quantile in enumerate((0.3, 0.8, 0.5)):
+        indices = torch.arange(step * 20, step * 20 + 20)
+        rows = naive_per_example_gradients(model, features[indices], labels[indices]).double()
+        clip = float(rows.norm(dim=1).quantile(quantile))  # cuts through this step's norms
+        releases.append(noisy_gradient(
+            engine, features, labels, indices, sampling="fixed", clip=clip, noise_multiplier=1.0,
+            expected_batch_size=20, generator=torch.Generator().manual_seed(step),
+            max_physical_batch=8))
+        expected.append(int((rows.norm(dim=1) <= clip).sum()))
+    assert [r.within_clip for r in releases] == expected
+    assert all(0 < count < 20 for count in expected)
+
+
 class _BiasTwice(nn.Module):
     """fc2's bias also used outside fc2's forward: the attribution check moves fc2 to the
     fallback."""
