@@ -7,28 +7,20 @@ figure bounds nothing. Both steps start from the same model and generator seeds.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+from tests.scripts import load_script
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def dp_step() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("dp_step_under_test", BENCHMARKS / "dp_step.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_script(BENCHMARKS / "dp_step.py", "dp_step_under_test")
 
 
 def _parameters(step: object) -> list[torch.nn.Parameter]:

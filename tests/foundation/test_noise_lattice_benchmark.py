@@ -5,24 +5,13 @@ the sampler is made finer, the second half of this test is the one to change."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.scripts import BENCHMARKS, load_script
 
 
 def _benchmark() -> Any:
-    name = "noise_lattice_under_test"
-    if name not in sys.modules:
-        sys.path.insert(0, str(BENCHMARKS))
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / "noise_lattice.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script(BENCHMARKS / "noise_lattice.py", "noise_lattice_under_test")
 
 
 def test_the_attack_reads_chance_without_a_lattice_and_finds_the_24_bit_one() -> None:

@@ -3,10 +3,8 @@ numbers, calibration identities, and that each script's smoke mode runs and writ
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,18 +12,13 @@ import pytest
 import torch
 
 from fedsim.data.datasets import Found
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _script(name: str) -> ModuleType:
-    path = REPO / "benchmarks" / "papers" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"papers_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "papers" / f"{name}.py", f"papers_{name}")
 
 
 @pytest.fixture(autouse=True)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from fedsim.data import datasets
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "papers"
@@ -92,15 +93,8 @@ def test_every_reduced_study_has_its_committed_file() -> None:
 
 
 def _results_page() -> Any:
-    name = "papers_make_results_page"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, REPO / "benchmarks" / "papers" / "make_results_page.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script(REPO / "benchmarks" / "papers" / "make_results_page.py",
+                       "papers_make_results_page")
 
 
 def test_every_results_file_names_the_commit_that_made_it() -> None:

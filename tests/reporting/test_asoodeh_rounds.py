@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import mpmath
 import pytest
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "papers" / "asoodeh_rounds.py"
@@ -17,12 +17,7 @@ RESULT = REPO / "benchmarks" / "results" / "papers" / "asoodeh_rounds.json"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("asoodeh_rounds", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "asoodeh_rounds")
 
 
 rounds = _load()

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "papers" / "make_results_page.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_results_page", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "make_results_page")
 
 
 page_module = _load()
