@@ -377,14 +377,9 @@ def optimal_delta_curve(orders: Sequence[float] | np.ndarray, rdp: Sequence[floa
     ``_CURVE_NEIGHBOURS`` nearest orders on each side (the best order moves steadily with eps), which keeps a 160-point curve of a
     small-q step at about a second instead of a minute.
     """
-    orders_arr, rdp_arr = _as_curve(orders, rdp)
-    eps_arr = _checked_epsilons(epsilons)
-    finite = np.isfinite(rdp_arr)
-    if not np.any(finite):
-        return np.ones_like(eps_arr)
-    alpha, r = orders_arr[finite], rdp_arr[finite]
-    if np.any(r == 0.0):
-        return np.zeros_like(eps_arr)
+    eps_arr, alpha, r, settled = _curve_inputs(orders, rdp, epsilons)
+    if settled is not None:
+        return settled
     rows = np.unique(np.linspace(0, eps_arr.size - 1, min(_CURVE_ROWS, eps_arr.size)).astype(int))
     sub = _delta_curve_over(alpha, r, eps_arr[rows], np.ones(alpha.size, dtype=bool))
     positions = np.argsort(np.argsort(alpha))  # rank of each order
@@ -405,23 +400,30 @@ def optimal_deltas_at(orders: Sequence[float] | np.ndarray, rdp: Sequence[float]
     one pass per eps (Papernot & Steinke's Poisson tuning needs one eps per order).
     (An infinite order never changes the minimum: its bounds prune nothing and its delta is
     1, which every finite order's is at most.)"""
-    orders_arr, rdp_arr = _as_curve(orders, rdp)
-    eps_arr = _checked_epsilons(epsilons)
-    finite = np.isfinite(rdp_arr)
-    if not np.any(finite):
-        return np.ones_like(eps_arr)
-    alpha, r = orders_arr[finite], rdp_arr[finite]
-    if np.any(r == 0.0):
-        return np.zeros_like(eps_arr)
+    eps_arr, alpha, r, settled = _curve_inputs(orders, rdp, epsilons)
+    if settled is not None:
+        return settled
     return np.asarray(_delta_curve_over(alpha, r, eps_arr, np.ones(alpha.size, dtype=bool))
                       .min(axis=1), dtype=float)
 
 
-def _checked_epsilons(epsilons: Sequence[float] | np.ndarray) -> np.ndarray:
+def _curve_inputs(
+    orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+    epsilons: Sequence[float] | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The checked eps, the orders of finite RDP and their RDP, and the deltas when no solve
+    is needed (else None): 1 at every eps without a finite order, 0 with an order of RDP 0."""
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
     eps_arr = np.asarray(epsilons, dtype=float).ravel()
     if np.any(~np.isfinite(eps_arr)) or np.any(eps_arr < 0):
         raise ConfigError("epsilons must be finite and >= 0")
-    return eps_arr
+    finite = np.isfinite(rdp_arr)
+    alpha, r = orders_arr[finite], rdp_arr[finite]
+    if not alpha.size:
+        return eps_arr, alpha, r, np.ones_like(eps_arr)
+    if np.any(r == 0.0):
+        return eps_arr, alpha, r, np.zeros_like(eps_arr)
+    return eps_arr, alpha, r, None
 
 
 def _delta_curve_over(alpha: np.ndarray, r: np.ndarray, eps: np.ndarray,

@@ -72,13 +72,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fedsim.logging import get_logger
-from fedsim.training.native import load_library
+from fedsim.training.native import load_function
 
 __all__ = [
     "NoiseKey",
@@ -93,7 +93,6 @@ __all__ = [
     "unmix64",
 ]
 
-_log = get_logger("fedsim.training.gaussian")
 
 _MASK64 = (1 << 64) - 1
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -214,13 +213,10 @@ def reference_pairs(
 
 
 class _Kernel:
-    """The compiled sampler, loaded through ctypes."""
+    """The compiled sampler (``fedsim_gaussian_pairs``, loaded through ctypes)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._fill = library.fedsim_gaussian_pairs
-        self._fill.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
-                               ctypes.c_float, ctypes.c_int]
-        self._fill.restype = None
+    def __init__(self, fill: Callable[[int, int, int, int, float, int], None]) -> None:
+        self._fill = fill
 
     def pairs(self, pairs: int, seed: int, gamma: int, std: float) -> torch.Tensor:
         out = torch.empty(2 * pairs, dtype=torch.float32)
@@ -235,21 +231,24 @@ class _Kernel:
 
 
 def _load_kernel() -> _Kernel | None:
-    library = load_library(_SOURCE, what="Gaussian noise", opt_out="FEDSIM_PURE_TORCH_NOISE")
-    if library is None:
-        return None
-    kernel = _Kernel(library)
-    # A miscompiled kernel must never add wrong noise: check it against the definition.
-    # The second probe takes the tail path (pair 3000 of 4099), which random keys almost never do.
+    fill = load_function(
+        _SOURCE, "fedsim_gaussian_pairs",
+        argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
+                  ctypes.c_float, ctypes.c_int],
+        restype=None, agrees=lambda function: _agrees(_Kernel(function)),
+        what="Gaussian noise", opt_out="FEDSIM_PURE_TORCH_NOISE")
+    return None if fill is None else _Kernel(fill)
+
+
+def _agrees(kernel: _Kernel) -> bool:
+    """A miscompiled kernel must never add wrong noise: whether it gives the definition's
+    values, on a random key and on one whose pair 3000 of 4099 takes the tail path (which
+    random keys almost never do)."""
     tail = tail_key(4099, 3000, 0x3A5C_71E9)
     probes = [(0x0123456789ABCDEF, mix_gamma(0xFEDCBA9876543210), 1.0),
               (tail.seed, tail.gamma, 1.0)]
-    if not all(torch.allclose(kernel.pairs(4099, *probe), reference_pairs(4099, *probe),
-                              rtol=1e-5, atol=1e-5) for probe in probes):
-        _log.warning("the compiled Gaussian noise kernel disagrees with its definition; "
-                     "using the torch implementation")
-        return None
-    return kernel
+    return all(torch.allclose(kernel.pairs(4099, *probe), reference_pairs(4099, *probe),
+                              rtol=1e-5, atol=1e-5) for probe in probes)
 
 
 @functools.cache

@@ -16,9 +16,7 @@ made it (its ``commit`` field, printed on the page).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +31,8 @@ REDUCED = RESULTS / "reduced"
 
 
 def _reduced_studies() -> Any:
-    name = "papers_reduced_studies"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, REPO / "benchmarks" / "papers" / "reduced_studies.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script(REPO / "benchmarks" / "papers" / "reduced_studies.py",
+                       "papers_reduced_studies")
 
 
 STUDIES = sorted(_reduced_studies().STUDIES)

@@ -310,3 +310,19 @@ def test_pairs_outside_the_tail_keep_the_24_bit_sampler_values() -> None:
     got[index] = got[pairs + index] = 0.0
     np.testing.assert_allclose(got, old, rtol=2e-5, atol=2e-5)
     assert tail_radius > math.sqrt(-2 * math.log(u1_old))
+
+
+def test_the_probe_refuses_a_kernel_that_caps_the_tail() -> None:
+    # A kernel right everywhere but on tail pairs (the 24-bit floor kept, as before the tail
+    # rule) passes a random key's probe and must fail the tail key's.
+    class Capped:
+        def pairs(self, pairs: int, seed: int, gamma: int, std: float) -> torch.Tensor:
+            out = reference_pairs(pairs, seed, gamma, std)
+            radius = torch.hypot(out[:pairs], out[pairs:])
+            cap = std * math.sqrt(48 * math.log(2))
+            shrink = torch.where(radius > cap, cap / radius, torch.ones_like(radius))
+            return out * torch.cat([shrink, shrink])
+
+    key = (1, mix_gamma(2), 1.0)  # a random key: no tail pair, the capped kernel is exact
+    assert torch.equal(Capped().pairs(4099, *key), reference_pairs(4099, *key))
+    assert not gaussian._agrees(Capped())  # type: ignore[arg-type]
