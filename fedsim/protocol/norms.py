@@ -14,6 +14,13 @@ values). The kernel adds in a fixed order of its own, so its norm can differ fro
 the last bits (the same on every run of one machine); it is checked against numpy on finite,
 NaN and infinite probes before use, and numpy's path remains for other dtypes, when there is
 no compiler, or with ``FEDSIM_PURE_NUMPY_NORM=1``.
+
+A sender that checks its update before giving it up (a client does, before it charges the
+round to its ledger) measures it with :func:`given_up_norm`: the array is made read-only and
+its norm is remembered, so that the codec's check of the same unchanged array when it is sent
+(:func:`known_norm`) takes the remembered norm instead of reading the vector again. Only an
+array that owns its memory is remembered (a view could change through its base), only while
+it stays read-only, and only the last one of each thread.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import ctypes
 import functools
 import math
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +37,7 @@ import numpy as np
 
 from fedsim.training.native import load_function
 
-__all__ = ["numpy_vector_norm", "vector_norm"]
+__all__ = ["given_up_norm", "known_norm", "numpy_vector_norm", "vector_norm"]
 
 _SOURCE = Path(__file__).with_name("_sum_squares.c")
 
@@ -46,6 +54,37 @@ def vector_norm(values: np.ndarray) -> float:
             flat = np.ascontiguousarray(values).reshape(-1)
             return math.sqrt(kernel(flat.ctypes.data, flat.size))
     return numpy_vector_norm(values)
+
+
+class _Remembered(threading.local):
+    """The last array of this thread measured by :func:`given_up_norm`, and its norm."""
+
+    array: weakref.ref[np.ndarray] | None = None
+    norm: float = math.nan
+
+
+_remembered = _Remembered()
+
+
+def given_up_norm(values: np.ndarray) -> float:
+    """:func:`vector_norm` of an array its sender gives up: made read-only first (numpy then
+    refuses writes through it), and remembered for :func:`known_norm` when it owns its
+    memory. The sender must not make it writeable again (fedsim's never do)."""
+    values.flags.writeable = False
+    norm = vector_norm(values)
+    if values.base is None:
+        _remembered.array, _remembered.norm = weakref.ref(values), norm
+    return norm
+
+
+def known_norm(values: np.ndarray) -> float | None:
+    """The norm :func:`given_up_norm` measured of this very array, if it was the last one this
+    thread measured and nothing could have changed it since (it owns its memory and is still
+    read-only); else None."""
+    held = _remembered.array
+    if held is None or held() is not values or values.flags.writeable:
+        return None
+    return _remembered.norm
 
 
 def numpy_vector_norm(values: np.ndarray) -> float:

@@ -64,7 +64,11 @@ from fedsim.training.persample.chain import (
 )
 from fedsim.training.rounds import PendingRound, step_segments
 
-__all__ = ["RoundBatcher", "RoundSchedule", "batchable_layers"]
+__all__ = ["PassResult", "RoundBatcher", "RoundSchedule", "batchable_layers"]
+
+PassResult = tuple[list[torch.Tensor], list[int], list[int], list[float], list[bool],
+                   list["np.ndarray | None"]]
+"""What a batched pass returns (:meth:`RoundBatcher._pass`)."""
 
 
 class RoundSchedule(Protocol):
@@ -283,7 +287,7 @@ class RoundBatcher:
         if not usable:
             return
         try:
-            updates, within, nonfinite, losses, finite = self._pass(usable)
+            updates, within, nonfinite, losses, finite, owners = self._pass(usable)
         except Exception as exc:  # a model or loss error: every round of the pass reports it
             for job in usable:
                 job.pending.complete(exc)
@@ -296,12 +300,14 @@ class RoundBatcher:
             while end < len(usable) and usable[end].pending is usable[k].pending:
                 end += 1
             self._finish(usable[k:end], updates[k:end], within[k:end], nonfinite[k:end],
-                         losses[k:end], finite[k:end])
+                         losses[k:end], finite[k:end], owners[k])
             k = end
 
     def _finish(self, jobs: list[_Job], updates: list[torch.Tensor], within: list[int],
-                nonfinite: list[int], losses: list[float], finite: list[bool]) -> None:
-        """Complete one round from the jobs of its segments."""
+                nonfinite: list[int], losses: list[float], finite: list[bool],
+                owner: np.ndarray | None) -> None:
+        """Complete one round from the jobs of its segments (``owner``: the numpy array
+        whose memory the first segment's update is, if it has one)."""
         pending = jobs[0].pending
         if not all(finite):
             pending.complete(ModelError("parameter vector contains non-finite values"))
@@ -321,15 +327,14 @@ class RoundBatcher:
         if draws.count_noise is not None:
             trainer.update_adaptive_clip(sum(within), size, jobs[0].clip, draws.count_noise)
         pending.complete(trainer.round_result(
-            pending, update[: self.num_params].cpu().numpy(), [size], jobs[0].clip, sum(losses),
-            sum(nonfinite)))
+            pending, _released(update, owner, self.num_params), [size], jobs[0].clip,
+            sum(losses), sum(nonfinite)))
 
-    def _pass(
-        self, jobs: Sequence[_Job]
-    ) -> tuple[list[torch.Tensor], list[int], list[int], list[float], list[bool]]:
+    def _pass(self, jobs: Sequence[_Job]) -> PassResult:
         """One pass for all ``jobs`` over their examples laid end to end: noisy clipped sums
         (a vector each), counts of unclipped examples and of examples with a non-finite
-        gradient norm (factor 0), loss sums, whether the parameters were finite.
+        gradient norm (factor 0), loss sums, whether the parameters were finite, and for each
+        update the numpy array that owns its memory (on the CPU; None elsewhere).
 
         Everything per example (activations, loss, norms, clipping factors) runs once over all
         examples; only the products with a round's own weights run per round, straight from its
@@ -340,11 +345,11 @@ class RoundBatcher:
         batch = self._gather(jobs)
         forward = self._forward(batch)
         factors, counts, nonfinite = self._clip_factors(batch, forward)
-        updates = self._scatter(batch, forward, factors)
+        updates, owners = self._scatter(batch, forward, factors)
         loss_sums = torch.zeros(len(jobs), device=self.device).index_add_(0, batch.owner, forward.losses).tolist()
         finite = [bool(s) or bool(torch.isfinite(p).all()) for s, p in zip(
             torch.isfinite(torch.stack(forward.param_sums)).tolist(), batch.params, strict=True)]
-        return updates, counts, nonfinite, loss_sums, finite
+        return updates, counts, nonfinite, loss_sums, finite, owners
 
     def _gather(self, jobs: Sequence[_Job]) -> _Batch:
         """Every round's examples laid end to end (x, y), its parameter vector as a tensor
@@ -521,19 +526,30 @@ class RoundBatcher:
 
     def _scatter(
         self, batch: _Batch, forward: _Forward, factors: torch.Tensor
-    ) -> list[torch.Tensor]:
+    ) -> tuple[list[torch.Tensor], list[np.ndarray | None]]:
         """Each round's update: its noise first (as ``noisy_gradient`` does), then each layer's
         clipped sum added straight in (the update's slice for a weight is a view shaped like
         the weight). A round's update is filled and summed into while it is in cache, one
         round after the other: filling every round's noise before the pass read each update
-        from memory twice."""
+        from memory twice.
+
+        On the CPU an update's memory is a numpy array's (returned beside it): the released
+        vector is then an array that owns its memory, which the client hands to the network
+        as it is (:func:`fedsim.protocol.codec.seal` copies a view of a tensor's memory,
+        which the tensor could still change: 400 KB a round at 10^5 parameters)."""
         weighted = [g * factors.unsqueeze(1) for g in forward.grads]
         bias_sums = [torch.zeros(len(batch.jobs), module.out_features, device=self.device)
                      .index_add_(0, batch.owner, cg) if module.bias is not None else None
                      for module, cg in zip(batch.layers, weighted, strict=True)]
-        updates = []
+        updates: list[torch.Tensor] = []
+        owners: list[np.ndarray | None] = []
+        size = self.num_params + self.num_params % 2  # the noise comes in pairs
+        on_cpu = self.device.type == "cpu"
         for k, (job, (start, stop)) in enumerate(zip(batch.jobs, batch.spans, strict=True)):
-            update = torch.empty(self.num_params + self.num_params % 2, device=self.device)
+            owner = np.empty(size, dtype=np.float32) if on_cpu else None
+            update = (torch.from_numpy(owner) if owner is not None
+                      else torch.empty(size, device=self.device))
+            owners.append(owner)
             if job.first:
                 fill_noise(update, job.draws.noise, job.std)
             else:
@@ -548,7 +564,16 @@ class RoundBatcher:
                 if sums is not None:
                     next(pieces).add_(sums[k])
             updates.append(update)
-        return updates
+        return updates, owners
+
+
+def _released(update: torch.Tensor, owner: np.ndarray | None, size: int) -> np.ndarray:
+    """A round's update as its client releases it: the first ``size`` values (``update`` is
+    padded to whole noise pairs), as ``owner``, the array that owns their memory, when it
+    holds exactly them; else a view of the tensor (copied to the CPU first if elsewhere)."""
+    if owner is not None and owner.size == size:
+        return owner
+    return update[:size].cpu().numpy()
 
 
 @dataclass(frozen=True, eq=False)

@@ -228,3 +228,63 @@ def test_the_shared_answers_are_bounded(tmp_path: Path, monkeypatch: pytest.Monk
         with open_ledger(tmp_path / f"l{k}.jsonl", "poisson", 4.0) as ledger:
             assert ledger.can_spend(GaussianStep("poisson", 0.01 + 0.001 * k, 1.1))
         assert len(ledger_module._fits_answers) <= 4
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_the_shared_first_probe_dominates_as_the_accountant_computes(sampling: Sampling) -> None:
+    """A first allowance may be granted on the answer for the rate rounded up to the grid
+    (shared by ledgers whose rates round alike). That proves the client's own steps fit only
+    if the accountant's eps of the rounded steps is at least that of the client's own: checked
+    here as computed (grids, truncation and all) on random rates, sigmas and counts."""
+    from fedsim.privacy.ledger import SHARED_RATE_GRID, shared_unit
+
+    rng = random.Random(2403 if sampling == "poisson" else 2404)
+    for _ in range(14):
+        q = math.exp(rng.uniform(math.log(0.002), math.log(0.3)))
+        sigma, count = rng.uniform(0.7, 3.0), rng.choice((1, 17, 128, 256))
+        own = GaussianStep(sampling, q, sigma)
+        shared = shared_unit(own)
+        assert own.q <= shared.q <= own.q * 2 ** (1 / SHARED_RATE_GRID) * (1 + 1e-12)
+        assert shared.sigma == sigma and shared.count == 1
+        eps_own = make_accountant("pld", [own.times(count)]).epsilon(DELTA)
+        eps_shared = make_accountant("pld", [shared.times(count)]).epsilon(DELTA)
+        assert eps_own <= eps_shared, (q, sigma, count)
+    for q in (2 ** -5, 2 ** (-3 / SHARED_RATE_GRID), 1.0):  # on the grid: itself
+        assert shared_unit(GaussianStep(sampling, q, 1.0)).q == q
+
+
+def test_a_first_allowance_near_the_shared_answer_decides_as_a_fresh_accountant(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budgets just above the rounded rate's eps at the limit (the shared answer grants it,
+    one evaluation, none for the next ledger of a nearby rate) and between the two eps (the
+    shared answer does not fit, the client's own does): every decision the fresh accountant's."""
+    from fedsim.privacy.ledger import shared_unit
+
+    _forget_shared_answers(monkeypatch)
+    own, nearby = GaussianStep("poisson", 0.0301, 1.2), GaussianStep("poisson", 0.0295, 1.2)
+    shared = shared_unit(own)
+    assert shared_unit(nearby) == shared != own
+    limit = 128
+    eps_own = make_accountant("pld", [own.times(limit)]).epsilon(DELTA)
+    eps_shared = make_accountant("pld", [shared.times(limit)]).epsilon(DELTA)
+    assert eps_own < eps_shared
+    evaluations = Evaluations(monkeypatch)
+    above = eps_shared * 1.001
+    with open_ledger(tmp_path / "a.jsonl", "poisson", above) as first, \
+            open_ledger(tmp_path / "b.jsonl", "poisson", above) as second:
+        assert first.can_spend(own)
+        assert evaluations.count == 1
+        assert second.can_spend(nearby)
+        assert evaluations.count == 1  # the shared answer
+        assert fresh_decision((), [own.times(limit)], above)
+        assert fresh_decision((), [nearby.times(limit)], above)
+    between = (eps_own + eps_shared) / 2
+    with open_ledger(tmp_path / "c.jsonl", "poisson", between) as ledger:
+        for index in range(limit + 8):
+            fits = ledger.can_spend(own)
+            if index in (0, limit - 1, limit, limit + 1) or not fits:
+                assert fits == fresh_decision(ledger.steps, [own], between), index
+            if not fits:
+                break
+            ledger.spend(own, time=float(index), round=index)
+        assert ledger.rounds and len(ledger.rounds) >= limit

@@ -408,3 +408,39 @@ def test_rounds_after_one_computed_alone_are_decided_again() -> None:
     for later, trainer, w in zip(pending[3:], fresh, params[3:], strict=True):
         np.testing.assert_array_equal(later.result().update, trainer.run_round(w, 0).update)
     assert batcher.rounds_batched == 2
+
+
+@pytest.mark.parametrize("hidden", [[16, 8], [15]])
+def test_a_released_update_owns_its_memory_and_the_network_takes_it_uncopied(
+        hidden: list[int]) -> None:
+    """On the CPU a batched round's update is the numpy array its memory belongs to, so the
+    in-process network seals it as it is (made read-only) instead of copying a view of a
+    tensor's memory; a model of an odd size (the update padded to whole noise pairs) releases
+    a view of its first values, which the network copies. Either way the values are the pass's."""
+    from fedsim.protocol import codec
+    from fedsim.protocol.messages import ClientUpdate
+
+    torch.manual_seed(0)
+    model = build_model("mlp", in_features=FEATURES, hidden=hidden, num_classes=CLASSES,
+                        activation="tanh")
+    size = sum(p.numel() for p in model.parameters())
+    assert size % 2 == (1 if hidden == [15] else 0)
+    batcher = RoundBatcher(model)
+    trainers = _trainers(model)
+    params = _params(model, len(POSTURES))
+    pending = [t.begin_round(p, 0, batcher) for t, p in zip(trainers, params, strict=True)]
+    results = [p.result() for p in pending]
+    assert batcher.rounds_batched == len(POSTURES)
+    for k, result in enumerate(results):
+        update = result.update
+        assert update.shape == (size,) and update.dtype == np.float32
+        values = update.copy()
+        sealed = codec.seal(ClientUpdate(f"c{k}", 0, 0, update, 8.0))
+        if size % 2 == 0:
+            assert update.base is None and update.flags.owndata
+            assert sealed.body is update and not update.flags.writeable  # given up, not copied
+        else:
+            assert update.base is not None and sealed.body is not update
+        opened = sealed.open(expected_params=size)
+        assert isinstance(opened, ClientUpdate)
+        np.testing.assert_array_equal(opened.delta, values)

@@ -89,6 +89,7 @@ from fedsim.protocol.messages import (
     GlobalModel,
     RunFinished,
 )
+from fedsim.protocol.norms import given_up_norm
 from fedsim.runtime.actors.exposure import ClientExposure, is_invited, release_time
 from fedsim.runtime.actors.flag import Flag
 from fedsim.runtime.actors.integrity import bad_model
@@ -476,8 +477,9 @@ class ClientActor:
             except asyncio.CancelledError:
                 pending.cancel()  # crashed mid-round: nothing was released
                 raise
-            # (A zero update, training replaced by its cost, is finite: no pass over it.)
-            if not result.zero_update and not np.isfinite(result.update).all():
+            # (A zero update, training replaced by its cost, is finite: no pass over it.) The
+            # update is given up here: the codec takes this norm as its own finiteness check.
+            if not result.zero_update and not math.isfinite(given_up_norm(result.update)):
                 # Nothing is charged for a round that is not released.
                 _log.warning("round produced a non-finite update; not released",
                              client=self.client_id, round=round_index)

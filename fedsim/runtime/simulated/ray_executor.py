@@ -33,7 +33,7 @@ from torch import nn
 
 from fedsim.errors import ConfigError
 from fedsim.runtime.allocator import allocator_choice, keep_freed_memory
-from fedsim.training.batched import RoundBatcher
+from fedsim.training.batched import PassResult, RoundBatcher
 from fedsim.training.gaussian import NoiseKey
 from fedsim.training.persample import LossFn, per_example_cross_entropy
 from fedsim.training.rounds import StepDraws
@@ -145,8 +145,10 @@ class ShardWorker:
                        scale, std)
             for key, (params, alignment), indices, noise, first, clip, scale, std in jobs
         ]
-        updates, within, nonfinite, losses, finite = self.batcher._pass(remote)  # type: ignore[arg-type]
-        return [u.numpy() for u in updates], within, nonfinite, losses, finite
+        updates, within, nonfinite, losses, finite, owners = self.batcher._pass(remote)  # type: ignore[arg-type]
+        return ([u.numpy() if owner is None else owner for u, owner in zip(updates, owners,
+                                                                            strict=True)],
+                within, nonfinite, losses, finite)
 
 
 class RayRoundBatcher(RoundBatcher):
@@ -204,8 +206,7 @@ class RayRoundBatcher(RoundBatcher):
         self._clients[id(trainer)] = (trainer, client)
         return client
 
-    def _pass(self, jobs: Sequence[Any]) -> tuple[list[torch.Tensor], list[int], list[int],
-                                                  list[float], list[bool]]:
+    def _pass(self, jobs: Sequence[Any]) -> PassResult:
         per_worker: list[list[int]] = [[] for _ in self._actors]
         payloads: list[list[tuple[Any, ...]]] = [[] for _ in self._actors]
         for position, job in enumerate(jobs):
@@ -219,6 +220,7 @@ class RayRoundBatcher(RoundBatcher):
                                      job.clip, job.scale, job.std))
         futures = {w: self._actors[w].run_pass.remote(p) for w, p in enumerate(payloads) if p}
         updates: list[torch.Tensor | None] = [None] * len(jobs)
+        owners: list[np.ndarray | None] = [None] * len(jobs)
         within = [0] * len(jobs)
         nonfinite = [0] * len(jobs)
         losses = [math.nan] * len(jobs)
@@ -226,12 +228,13 @@ class RayRoundBatcher(RoundBatcher):
         for worker, future in futures.items():
             w_updates, w_within, w_nonfinite, w_losses, w_finite = self._ray.get(future)
             for k, position in enumerate(per_worker[worker]):
-                updates[position] = torch.from_numpy(np.array(w_updates[k]))
+                owner = owners[position] = np.array(w_updates[k])  # the worker's, copied
+                updates[position] = torch.from_numpy(owner)
                 within[position], losses[position] = w_within[k], w_losses[k]
                 nonfinite[position] = w_nonfinite[k]
                 finite[position] = w_finite[k]
         self.remote_passes += 1
-        return updates, within, nonfinite, losses, finite  # type: ignore[return-value]
+        return updates, within, nonfinite, losses, finite, owners  # type: ignore[return-value]
 
     def shutdown(self) -> None:
         """Stop the workers (the Ray session stays for the caller)."""
