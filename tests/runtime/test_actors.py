@@ -448,3 +448,48 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     assert idle.stop_reason(stop, active_clients=0) == RunStop(
         RunStopKind.BUDGETS_SPENT, "no client can train any more and every update has arrived")
     assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) is None
+
+
+def test_the_local_step_writes_only_the_clients_own_model() -> None:
+    """``w <- w - eta u``, rounded as ``(-eta u) + w``: in place on the client's own array (an
+    earlier local step's), into a new array after a received model, which is never written;
+    every round reads the model as it was when the round began (bit for bit)."""
+    rng = np.random.default_rng(3)
+    g1 = rng.standard_normal(DIM).astype(np.float32)
+    g2 = rng.standard_normal(DIM).astype(np.float32)
+    g1_copy, g2_copy = g1.copy(), g2.copy()
+    began_on: list[np.ndarray] = []
+    updates: list[np.ndarray] = []
+
+    class RandomTrainer(FakeTrainer):
+        def begin_round(self, params: np.ndarray, round_index: int) -> DoneRound:
+            began_on.append(params)
+            self.seen.append(params.copy())
+            update = rng.standard_normal(DIM).astype(np.float32)
+            updates.append(update.copy())
+            return DoneRound(RoundResult(update=update, steps=[STEP], batch_sizes=[10],
+                                         clip=1.0, sigma=1.0, mean_loss=0.0, sample_grads=10))
+
+    async def main(clock: VirtualClock):
+        actor, endpoint, _, _ = make_client(clock, max_rounds=5)
+        actor.trainer = trainer = RandomTrainer()
+        endpoint.deliver_at(0.0, GlobalModel(1, g1))
+        endpoint.deliver_at(2.5, GlobalModel(2, g2))  # in the middle of round 2
+        await asyncio.wait_for(actor.run(), timeout=100)
+        return actor, trainer
+
+    actor, trainer = run_virtual(main)
+    eta = np.float32(-0.5)
+    expected = [g1_copy]
+    for r, update in enumerate(updates):
+        start = g2_copy if r == 2 else expected[-1]  # g2 arrived while round 2 ran
+        expected.append((update * eta) + start)
+    for r in range(5):
+        np.testing.assert_array_equal(trainer.seen[r], expected[r])
+    np.testing.assert_array_equal(actor.w, expected[5])
+    np.testing.assert_array_equal(g1, g1_copy)  # received models: never written
+    np.testing.assert_array_equal(g2, g2_copy)
+    assert began_on[0] is g1
+    assert began_on[1] is began_on[2]  # the client's own model, stepped in place
+    assert began_on[3] is not began_on[2] and began_on[3] is not g2  # a new array after g2
+    assert began_on[4] is began_on[3] and actor.w is began_on[4]

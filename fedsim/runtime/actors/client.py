@@ -289,8 +289,8 @@ class ClientActor:
         self.held_version = message.version
         if self.follow_server_step:
             self.server_step = float(message.step_size)
-        # No copies: w is never modified in place (every local step makes a new array), so the
-        # local model may share the received, read-only parameter buffer until it moves.
+        # No copies: a received model is never modified (the first local step after it makes
+        # a new array), so the local model shares the received, read-only buffer until it moves.
         self.held_global = np.asarray(message.params, dtype=np.float32)
         self.w = self.held_global
         self.rounds_since_global = 0
@@ -465,8 +465,9 @@ class ClientActor:
                 return
             self.state = "training"
             assert self.w is not None
-            # The round's snapshot: self.w is rebound, never mutated, and the trainer only
-            # reads it (a received global model is a read-only view of the message).
+            # The round's snapshot: self.w is rebound, or changed in place only by a local
+            # step after the round that read it is over, and the trainer only reads it (a
+            # received global model is a read-only view of the message).
             base = self.w
             base_version, window = self.held_version, self.invitation_window
             pending = self.trainer.begin_round(base, round_index)
@@ -505,13 +506,19 @@ class ClientActor:
             del result, pending, base
 
     def _step_locally(self, result: RoundResult, round_index: int) -> None:
-        """``w <- w - eta * u`` into a new array (w is never mutated); a zero update leaves
+        """``w <- w - eta * u``: into a new array when ``w`` is a received model (shared with
+        the message, never written), in place when it is the client's own (an earlier local
+        step's: the round that read it is over, and only this actor holds it; the same values,
+        ``(-eta u) + w`` rounded once, without a fresh vector a round). A zero update leaves
         ``w`` the array it is (``w - eta * 0 == w`` exactly), still shared with the global."""
         if not result.zero_update:
             assert self.w is not None  # a round starts from a held model
-            local = result.update * np.float32(-self.local_step(round_index))  # a new array
-            local += self.w
-            self.w = local
+            scaled = result.update * np.float32(-self.local_step(round_index))  # a new array
+            if self.w is not self.held_global:  # the actor's own: a local step made it
+                self.w += scaled
+            else:
+                scaled += self.w
+                self.w = scaled
         self.rounds_since_global += 1
 
     async def _compute(self, pending: BegunRound, round_index: int) -> RoundResult:
