@@ -427,6 +427,13 @@ def bucket(step: GaussianStep, resolution: float) -> GaussianStep:
     return GaussianStep(step.sampling, q, sigma, step.count)
 
 
+@functools.lru_cache(maxsize=4096)
+def _bucketed_kind(kind: tuple[Sampling, float, float], resolution: float) -> GaussianStep:
+    """:func:`bucket` of one step of ``kind``, remembered: a ledger composes the same kind
+    round after round (a fresh step a spend was 1% of a 1,000-client run's CPU)."""
+    return bucket(GaussianStep(*kind), resolution)
+
+
 def adaptive_discretisation(steps: Iterable[GaussianStep]) -> float:
     """Grid ``h`` for a set of step kinds: a tenth of the smallest per-step loss std, floored at
     1/100 of the largest (see module docstring), snapped down to ``2^{k/4}``.
@@ -566,7 +573,7 @@ class PLDAccountant(Accountant):
         self._pmfs = None
         if new_kind:
             self._raw_stds = _widen(self._raw_stds, step)
-        bucketed = bucket(step, self.bucket_resolution)
+        bucketed = _bucketed_kind(step.key, self.bucket_resolution)
         held = self._bucket_counts.get(bucketed.key)
         self._bucket_counts[bucketed.key] = step.count if held is None else held + step.count
         if held is None:
