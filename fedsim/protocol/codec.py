@@ -38,6 +38,7 @@ continues (``lineage``): :func:`encode` takes it, :func:`decode_frame` returns i
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -234,7 +235,14 @@ def _tensor_spec(values: np.ndarray, field: str) -> TensorSpec:
             else type(values).__name__
         )
         raise CodecError(f"{field} must be a 1-D float32 numpy array, got {got}", kind="shape")
-    return TensorSpec(dtype=TENSOR_DTYPE, shape=(int(values.shape[0]),))
+    return _spec_of_length(int(values.shape[0]))
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_of_length(length: int) -> TensorSpec:
+    """The (frozen) spec of a float32 vector of ``length`` values: every message of a run
+    carries one of a model's few sizes, validated once each."""
+    return TensorSpec(dtype=TENSOR_DTYPE, shape=(length,))
 
 
 def _non_finite(values: np.ndarray, field: str) -> CodecError:
