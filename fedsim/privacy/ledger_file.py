@@ -299,6 +299,8 @@ class DirectoryLock:
                 f"{directory}: its ledgers are open elsewhere (another process holds the "
                 f"directory's lock); one ledger has one writer") from None
         self._open: set[str] = set()
+        self._resolved = self.directory.resolve()
+        """The locked directory as it resolved when locked (the lock is on that directory)."""
 
     @property
     def held(self) -> bool:
@@ -308,7 +310,7 @@ class DirectoryLock:
         """Register ``path`` as open in this process (a second open of it is refused)."""
         if not self.held:
             raise LedgerError(f"{self.directory}: the directory lock was released")
-        if path.parent.resolve() != self.directory.resolve():
+        if path.parent.resolve() != self._resolved:
             raise LedgerError(f"{path}: not in the locked directory {self.directory}")
         key = str(path.resolve())
         if key in self._open:

@@ -114,3 +114,20 @@ def test_another_process_cannot_write_a_ledger_of_a_locked_directory(tmp_path: P
     child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
                            text=True, env=env, timeout=120)
     assert child.returncode == 0 and "OPENED" in child.stdout
+
+
+def test_a_ledger_outside_the_directory_as_locked_is_refused(tmp_path: Path) -> None:
+    """The lock is on the directory its path led to when it was taken: a path through a
+    symlink re-pointed since (to a directory nobody locked) leads outside it."""
+    locked, other = tmp_path / "locked", tmp_path / "other"
+    locked.mkdir()
+    other.mkdir()
+    link = tmp_path / "ledgers"
+    link.symlink_to(locked)
+    with DirectoryLock(link) as lock:
+        lock.claim(link / "a.jsonl")  # in the locked directory
+        link.unlink()
+        link.symlink_to(other)
+        with pytest.raises(LedgerError, match="not in the locked directory"):
+            lock.claim(link / "b.jsonl")
+        lock.claim(locked / "c.jsonl")
