@@ -493,3 +493,18 @@ def test_the_local_step_writes_only_the_clients_own_model() -> None:
     assert began_on[1] is began_on[2]  # the client's own model, stepped in place
     assert began_on[3] is not began_on[2] and began_on[3] is not g2  # a new array after g2
     assert began_on[4] is began_on[3] and actor.w is began_on[4]
+
+
+def test_the_distance_rule_measures_the_same_difference_in_its_reused_buffer() -> None:
+    from fedsim.runtime.actors.client import _difference
+
+    rng = np.random.default_rng(5)
+    w, w0 = (rng.standard_normal(1001).astype(np.float32) for _ in range(2))
+    first = _difference(w, w0)
+    np.testing.assert_array_equal(first, w - w0)
+    small = _difference(w[:10].copy(), w0[:10].copy())  # the same buffer, a shorter view
+    np.testing.assert_array_equal(small, w[:10] - w0[:10])
+    assert np.shares_memory(first, small)
+    wide = _difference(w.astype(np.float64), w0)  # not two float32 vectors: numpy's own
+    np.testing.assert_array_equal(wide, w.astype(np.float64) - w0)
+    assert not np.shares_memory(wide, first)

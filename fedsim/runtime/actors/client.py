@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -155,6 +156,26 @@ class RoundRecord:
     clip: float
     sigma: float
     window: int = 0  # the invitation it was begun under (0: the server invites everyone)
+
+
+class _Scratch(threading.local):
+    """One float32 buffer per thread for :func:`_difference`, grown to the largest model."""
+
+    buffer: np.ndarray = np.empty(0, dtype=np.float32)
+
+
+_scratch = _Scratch()
+
+
+def _difference(w: np.ndarray, w0: np.ndarray) -> np.ndarray:
+    """``w - w0`` (float32 vectors of one size) in this thread's reused buffer, valid until
+    its next call: a fresh 400 KB difference before every round of a distance-limited client
+    was memory the allocator handed out cold (1.7% of a 10^4-client run)."""
+    if w.dtype != np.float32 or w0.dtype != np.float32 or w.shape != w0.shape or w.ndim != 1:
+        return w - w0
+    if _scratch.buffer.size < w.size:
+        _scratch.buffer = np.empty(w.size, dtype=np.float32)
+    return np.subtract(w, w0, out=_scratch.buffer[:w.size])
 
 
 class ClientActor:
@@ -381,7 +402,7 @@ class ClientActor:
             # einsum, not BLAS (np.linalg.norm): BLAS threads spin on a shared machine and made
             # this check cost more than a training round. Its vectorised float32 dot is twice
             # as fast as a float64 sum of squares and accurate to ~1e-7 here.
-            moved = self.w - self.held_global
+            moved = _difference(self.w, self.held_global)
             distance = math.sqrt(max(float(np.einsum("i,i->", moved, moved)), 0.0))
             if distance > policy.max_distance:
                 return f"distance {distance:.4g} from the last global model"
