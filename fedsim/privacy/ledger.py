@@ -516,14 +516,20 @@ class PrivacyLedger:
         return held
 
     def _shared_limit_fits(self, unit: GaussianStep, limit: int, budget: Budget) -> bool:
-        """Whether ``limit`` steps of :func:`shared_unit` of ``unit`` fit an empty history (False
-        when the history is not empty, or the shared unit is ``unit`` itself: then the caller's
-        own question is the same one)."""
+        """Whether ``limit`` steps of :func:`shared_unit` of ``unit`` fit an empty history
+        within all but :data:`SHARED_SLACK` of the budget (False when the history is not
+        empty, or the shared unit is ``unit`` itself: then the caller's own question is the
+        same one)."""
         accountant = self._accountant
         if accountant.total_steps or accountant.selections:
             return False
         shared = shared_unit(unit)
-        return shared != unit and fits_after(accountant, shared.times(limit), budget)
+        if shared.q == unit.q:
+            return False
+        # Room to spare as well: the shared answer grants only with the budget's last
+        # millionth unused (the same key for every ledger of the budget: still shared).
+        spare = Budget(budget.epsilon * (1.0 - SHARED_SLACK), budget.delta)
+        return fits_after(accountant, shared.times(limit), spare)
 
     def _refine(self, allowance: Allowance, budget: Budget) -> int:
         """Bisect ``allowance``'s bracket to the exact count; return it."""
@@ -683,17 +689,28 @@ _COMPOSE_BATCH = 64
 
 SHARED_RATE_GRID = 8
 """:func:`shared_unit` rounds a rate up to the next power of ``2^(1/SHARED_RATE_GRID)``."""
+SHARED_MIN_GAP = 1e-3
+"""The least relative amount by which :func:`shared_unit` raises a rate: the accountant's eps
+is monotone in q only up to its floating-point rounding (about 1e-8 relative, where two rates
+differ by under 4e-8: an attacker's review found such pairs whose larger rate read the
+smaller eps), so a dominating step must dominate by a margin far above that."""
+SHARED_SLACK = 1e-6
+"""A shared answer grants only if the shared steps fit ``(1 - SHARED_SLACK)`` of the budget."""
 
 
 def shared_unit(unit: GaussianStep) -> GaussianStep:
-    """``unit`` (count 1) with its rate q rounded up to the next point of the grid
-    ``2^(k / SHARED_RATE_GRID)`` (at most 1), sigma unchanged: a step that dominates ``unit``
-    (see :func:`envelope`), so that a count of it that fits a history proves the same count
-    of ``unit`` fits, and one that the first allowances of clients with nearby rates share."""
-    k = math.ceil(SHARED_RATE_GRID * math.log2(unit.q))
-    q = min(1.0, 2.0 ** (k / SHARED_RATE_GRID))
-    if q < unit.q:  # log2 rounded below an exact grid point
-        q = min(1.0, 2.0 ** ((k + 1) / SHARED_RATE_GRID))
+    """``unit`` (count 1) with its rate q rounded up to the first point of the grid
+    ``2^(k / SHARED_RATE_GRID)`` at least ``SHARED_MIN_GAP`` above it, sigma unchanged: a step
+    that dominates ``unit`` by a margin (see :func:`envelope`), so that a count of it that
+    fits a history proves the same count of ``unit`` fits, and one that the first allowances
+    of clients with nearby rates share. ``unit`` itself when no such point is at most 1."""
+    floor = unit.q * (1.0 + SHARED_MIN_GAP)
+    k = math.ceil(SHARED_RATE_GRID * math.log2(floor))
+    q = 2.0 ** (k / SHARED_RATE_GRID)
+    if q < floor:  # log2 rounded below an exact grid point
+        q = 2.0 ** ((k + 1) / SHARED_RATE_GRID)
+    if q > 1.0:
+        return GaussianStep(unit.sampling, unit.q, unit.sigma)
     return GaussianStep(unit.sampling, q, unit.sigma)
 
 

@@ -289,7 +289,11 @@ class DirectoryLock:
         if fcntl is None:  # pragma: no cover
             raise LedgerError("ledger locking needs a POSIX system (fcntl)")
         self.directory = Path(directory)
-        self._fd = _directory_fd(self.directory)
+        # Resolved first, and the resolved path opened and locked: claims compare with the
+        # directory the lock is on, whatever a symlink on the way points to later.
+        self._resolved = self.directory.resolve()
+        """The locked directory (its path without symlinks)."""
+        self._fd = _directory_fd(self._resolved)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -299,8 +303,6 @@ class DirectoryLock:
                 f"{directory}: its ledgers are open elsewhere (another process holds the "
                 f"directory's lock); one ledger has one writer") from None
         self._open: set[str] = set()
-        self._resolved = self.directory.resolve()
-        """The locked directory as it resolved when locked (the lock is on that directory)."""
 
     @property
     def held(self) -> bool:

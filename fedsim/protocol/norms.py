@@ -69,7 +69,9 @@ _remembered = _Remembered()
 def given_up_norm(values: np.ndarray) -> float:
     """:func:`vector_norm` of an array its sender gives up: made read-only first (numpy then
     refuses writes through it), and remembered for :func:`known_norm` when it owns its
-    memory. The sender must not make it writeable again (fedsim's never do)."""
+    memory. The sender must not make it writeable again, nor keep anything that could still
+    write its memory (a torch tensor or numpy view made from it before): fedsim's senders
+    never do (a batched round's update outlives its pass's tensors: tested)."""
     values.flags.writeable = False
     norm = vector_norm(values)
     if values.base is None:

@@ -236,21 +236,27 @@ def test_the_shared_first_probe_dominates_as_the_accountant_computes(sampling: S
     (shared by ledgers whose rates round alike). That proves the client's own steps fit only
     if the accountant's eps of the rounded steps is at least that of the client's own: checked
     here as computed (grids, truncation and all) on random rates, sigmas and counts."""
-    from fedsim.privacy.ledger import SHARED_RATE_GRID, shared_unit
+    from fedsim.privacy.ledger import SHARED_MIN_GAP, SHARED_RATE_GRID, shared_unit
 
     rng = random.Random(2403 if sampling == "poisson" else 2404)
-    for _ in range(14):
+    step_up = 2 ** (1 / SHARED_RATE_GRID)
+    for trial in range(16):
         q = math.exp(rng.uniform(math.log(0.002), math.log(0.3)))
+        if trial % 4 == 0:  # just below a grid point: the accountant's rounding is the gap
+            q = 2 ** (math.ceil(SHARED_RATE_GRID * math.log2(q)) / SHARED_RATE_GRID) * (1 - 3e-8)
         sigma, count = rng.uniform(0.7, 3.0), rng.choice((1, 17, 128, 256))
         own = GaussianStep(sampling, q, sigma)
         shared = shared_unit(own)
-        assert own.q <= shared.q <= own.q * 2 ** (1 / SHARED_RATE_GRID) * (1 + 1e-12)
+        assert own.q * (1 + SHARED_MIN_GAP) <= shared.q <= own.q * step_up * (1 + 2 * SHARED_MIN_GAP)
         assert shared.sigma == sigma and shared.count == 1
         eps_own = make_accountant("pld", [own.times(count)]).epsilon(DELTA)
         eps_shared = make_accountant("pld", [shared.times(count)]).epsilon(DELTA)
-        assert eps_own <= eps_shared, (q, sigma, count)
-    for q in (2 ** -5, 2 ** (-3 / SHARED_RATE_GRID), 1.0):  # on the grid: itself
-        assert shared_unit(GaussianStep(sampling, q, 1.0)).q == q
+        assert eps_own < eps_shared * (1 - 1e-4), (q, sigma, count)  # by a margin
+    for k in (-40, -3):  # on the grid: the next point
+        q = 2 ** (k / SHARED_RATE_GRID)
+        assert shared_unit(GaussianStep(sampling, q, 1.0)).q == 2 ** ((k + 1) / SHARED_RATE_GRID)
+    for q in (1.0, 0.9995):  # no point of the grid far enough above: the step itself
+        assert shared_unit(GaussianStep(sampling, q, 1.0)) == GaussianStep(sampling, q, 1.0)
 
 
 def test_a_first_allowance_near_the_shared_answer_decides_as_a_fresh_accountant(
@@ -288,3 +294,28 @@ def test_a_first_allowance_near_the_shared_answer_decides_as_a_fresh_accountant(
                 break
             ledger.spend(own, time=float(index), round=index)
         assert ledger.rounds and len(ledger.rounds) >= limit
+
+
+def test_a_rate_just_below_a_grid_point_is_decided_as_a_fresh_accountant_decides(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attacker's review's case: q = 5383/751386 lies 1e-8 below the grid point 2^(-57/8),
+    whose eps at 128 steps the accountant computes *below* q's own (its rounding). With the
+    budget between the two, the 128th step must be refused, as a fresh accountant refuses it
+    (the shared question is asked one grid point further up, with room to spare)."""
+    _forget_shared_answers(monkeypatch)
+    own = GaussianStep("poisson", 5383 / 751386, 1.0)
+    point = GaussianStep("poisson", 2 ** (-57 / 8), 1.0)
+    assert 0 < point.q / own.q - 1 < 1e-7
+    limit = 128
+    budget = make_accountant("pld", [point.times(limit)]).epsilon(DELTA)
+    assert make_accountant("pld", [own.times(limit)]).epsilon(DELTA) > budget
+    with open_ledger(tmp_path / "l.jsonl", "poisson", budget) as ledger:
+        for index in range(limit):
+            fits = ledger.can_spend(own)
+            if index in (0, limit - 2, limit - 1) or not fits:
+                assert fits == fresh_decision(ledger.steps, [own], budget), index
+            if not fits:
+                break
+            ledger.spend(own, time=float(index), round=index)
+        assert len(ledger.rounds) == limit - 1
+        assert ledger.epsilon() <= budget

@@ -131,3 +131,34 @@ def test_a_ledger_outside_the_directory_as_locked_is_refused(tmp_path: Path) -> 
         with pytest.raises(LedgerError, match="not in the locked directory"):
             lock.claim(link / "b.jsonl")
         lock.claim(locked / "c.jsonl")
+
+
+def test_a_symlink_re_pointed_while_the_lock_is_taken_leads_no_claim_outside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock resolves its path before it opens and locks it: a re-pointing between the
+    two (an attacker's review's race) cannot make it accept claims in an unlocked directory."""
+    from fedsim.privacy import ledger_file
+
+    locked, other = tmp_path / "A", tmp_path / "B"
+    locked.mkdir()
+    other.mkdir()
+    link = tmp_path / "ledgers"
+    link.symlink_to(locked)
+    real_fd = ledger_file._directory_fd
+
+    def open_then_re_point(directory: Path) -> int:
+        fd = real_fd(directory)
+        link.unlink()
+        link.symlink_to(other)
+        return fd
+
+    monkeypatch.setattr(ledger_file, "_directory_fd", open_then_re_point)
+    with DirectoryLock(link) as lock:
+        monkeypatch.setattr(ledger_file, "_directory_fd", real_fd)
+        with pytest.raises(LedgerError, match="not in the locked directory"):
+            lock.claim(link / "c.jsonl")
+        lock.claim(locked / "c.jsonl")
+        with DirectoryLock(other) as second:  # B was never locked: another writer may take it
+            assert second.held
+        with pytest.raises(LedgerError, match="open elsewhere"):
+            DirectoryLock(locked)

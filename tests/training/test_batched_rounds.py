@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -431,6 +433,16 @@ def test_a_released_update_owns_its_memory_and_the_network_takes_it_uncopied(
     pending = [t.begin_round(p, 0, batcher) for t, p in zip(trainers, params, strict=True)]
     results = [p.result() for p in pending]
     assert batcher.rounds_batched == len(POSTURES)
+    # Nothing of the pass can still write an update released as its own array: no live
+    # tensor shares its memory (an odd-sized model's update is a view of one: copied at seal).
+    gc.collect()
+    spans = [(r.update.ctypes.data, r.update.ctypes.data + r.update.nbytes) for r in results
+             if size % 2 == 0]
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu" and obj.numel():
+            start = obj.untyped_storage().data_ptr()
+            end = start + obj.untyped_storage().nbytes()
+            assert not any(start < high and low < end for low, high in spans)
     for k, result in enumerate(results):
         update = result.update
         assert update.shape == (size,) and update.dtype == np.float32
