@@ -234,8 +234,9 @@ def log_gauss_mass(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
     (``log_ndtr``), never between two numbers near 1."""
     a, b = np.broadcast_arrays(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
     upper = a > 0  # both in the upper tail: Phi(-a) - Phi(-b)
-    big = np.where(upper, special.log_ndtr(-a), special.log_ndtr(b))
-    small = np.where(upper, special.log_ndtr(-b), special.log_ndtr(a))
+    # (each side's argument chosen first: one log_ndtr a side, not both and a choice)
+    big = special.log_ndtr(np.where(upper, -a, b))
+    small = special.log_ndtr(np.where(upper, -b, a))
     with np.errstate(invalid="ignore"):
         out = big + _log1mexp(np.minimum(small - big, 0.0))
     return np.asarray(np.where(big == -np.inf, -np.inf, out), dtype=float)
