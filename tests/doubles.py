@@ -107,3 +107,19 @@ class RoundTimes:
         owners = [self.owners.get(id(r)) for r in rounds]
         self.asked.append(owners)
         return [float(self.reach(owner)) for owner in owners]
+
+
+def count_norm_reads(monkeypatch: Any) -> list[int]:
+    """Count the vectors :func:`fedsim.protocol.norms.vector_norm` reads from now on (in
+    ``[0]``): whether a remembered norm spared a pass."""
+    from fedsim.protocol import norms
+
+    reads = [0]
+    real = norms.vector_norm
+
+    def counted(values: Any) -> float:
+        reads[0] += 1
+        return real(values)
+
+    monkeypatch.setattr(norms, "vector_norm", counted)
+    return reads

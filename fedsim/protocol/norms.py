@@ -20,7 +20,12 @@ round to its ledger) measures it with :func:`given_up_norm`: the array is made r
 its norm is remembered, so that the codec's check of the same unchanged array when it is sent
 (:func:`known_norm`) takes the remembered norm instead of reading the vector again. Only an
 array that owns its memory is remembered (a view could change through its base), only while
-it stays read-only, and only the last one of each thread.
+it stays read-only, only by the thread that measured it, and only while it lives (its entry
+goes with it: what is remembered is bounded by the given-up arrays alive, not by a run's
+length). An array given up again while still read-only is not read again either: the batched
+pass gives a round's update up as it makes it, while the vector is in cache
+(:class:`fedsim.training.batched.RoundBatcher`'s ``measure``), and the client's own check
+of it later takes that norm.
 """
 
 from __future__ import annotations
@@ -57,10 +62,11 @@ def vector_norm(values: np.ndarray) -> float:
 
 
 class _Remembered(threading.local):
-    """The last array of this thread measured by :func:`given_up_norm`, and its norm."""
+    """The arrays this thread measured with :func:`given_up_norm` and still alive: ``id`` ->
+    (a weak reference to the array, its norm)."""
 
-    array: weakref.ref[np.ndarray] | None = None
-    norm: float = math.nan
+    def __init__(self) -> None:
+        self.norms: dict[int, tuple[weakref.ref[np.ndarray], float]] = {}
 
 
 _remembered = _Remembered()
@@ -69,24 +75,42 @@ _remembered = _Remembered()
 def given_up_norm(values: np.ndarray) -> float:
     """:func:`vector_norm` of an array its sender gives up: made read-only first (numpy then
     refuses writes through it), and remembered for :func:`known_norm` when it owns its
-    memory. The sender must not make it writeable again, nor keep anything that could still
-    write its memory (a torch tensor or numpy view made from it before): fedsim's senders
-    never do (a batched round's update outlives its pass's tensors: tested)."""
+    memory. The sender must not make it writeable again, nor write its memory through
+    anything made from it before (a torch tensor or numpy view): fedsim's senders never do
+    (a batched round's update outlives its pass's tensors, which stop writing it before it is
+    measured: tested). An array given up before by this thread and read-only since is not
+    read again: its remembered norm is returned."""
+    was_writeable = values.flags.writeable
     values.flags.writeable = False
+    if values.base is not None:
+        return vector_norm(values)
+    held = _remembered.norms
+    key = id(values)
+    if not was_writeable:
+        known = held.get(key)
+        if known is not None and known[0]() is values:
+            return known[1]
     norm = vector_norm(values)
-    if values.base is None:
-        _remembered.array, _remembered.norm = weakref.ref(values), norm
+
+    def forget(ref: weakref.ref[np.ndarray], key: int = key,
+               held: dict[int, tuple[weakref.ref[np.ndarray], float]] = held) -> None:
+        entry = held.get(key)
+        if entry is not None and entry[0] is ref:  # (not a later array's at a reused id)
+            del held[key]
+
+    held[key] = (weakref.ref(values, forget), norm)
     return norm
 
 
 def known_norm(values: np.ndarray) -> float | None:
-    """The norm :func:`given_up_norm` measured of this very array, if it was the last one this
-    thread measured and nothing could have changed it since (it owns its memory and is still
-    read-only); else None."""
-    held = _remembered.array
-    if held is None or held() is not values or values.flags.writeable:
+    """The norm :func:`given_up_norm` measured of this very array in this thread, if nothing
+    could have changed it since (it owns its memory and is still read-only); else None."""
+    if values.flags.writeable:
         return None
-    return _remembered.norm
+    known = _remembered.norms.get(id(values))
+    if known is None or known[0]() is not values:
+        return None
+    return known[1]
 
 
 def numpy_vector_norm(values: np.ndarray) -> float:

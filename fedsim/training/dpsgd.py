@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from fedsim.errors import ConfigError
@@ -93,7 +94,11 @@ def poisson_batch(num_records: int, rate: float, generator: torch.Generator) -> 
     The batch size is Binomial(num_records, that probability) and may be 0.
     """
     threshold = poisson_threshold(rate)
-    return torch.nonzero(torch.rand(num_records, generator=generator) < threshold).flatten()
+    # The comparison and the indices in numpy (the same int64 indices as torch.nonzero's):
+    # two torch calls fewer a step, each tens of microseconds when a simulation's thousands
+    # of clients leave torch's dispatch cold between their rounds.
+    uniforms = torch.rand(num_records, generator=generator).numpy()
+    return torch.from_numpy(np.flatnonzero(uniforms < threshold))
 
 
 def fixed_size_batch(num_records: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """fedsim's C kernels: built on first use with the system's C compiler, cached per machine.
 
-Four kernels ship as C source: beside this module the Gaussian sampler (``_gaussian.c``,
-:mod:`fedsim.training.gaussian`), the per-example convolution weight gradients
+Five kernels ship as C source: beside this module the Gaussian sampler (``_gaussian.c``,
+:mod:`fedsim.training.gaussian`), a client's local step (``_local_step.c``,
+:mod:`fedsim.training.local_step`), the per-example convolution weight gradients
 (``_conv_grad.c``, :mod:`fedsim.training.persample.direct`), an update's sum of squares
 (``fedsim/protocol/_sum_squares.c``, :mod:`fedsim.protocol.norms`) and the server's scaled
 addition into its window mix (``fedsim/aggregation/_scaled_add.c``,

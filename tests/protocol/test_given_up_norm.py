@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 
@@ -11,6 +12,7 @@ import pytest
 from fedsim.errors import CodecError
 from fedsim.protocol import codec, norms
 from fedsim.protocol.messages import ClientUpdate
+from tests.doubles import count_norm_reads
 
 
 def _update(values: np.ndarray) -> ClientUpdate:
@@ -63,17 +65,40 @@ def test_an_array_not_given_up_is_measured_by_the_codec(monkeypatch: pytest.Monk
     assert calls[0] == 1
 
 
-def test_only_the_last_array_of_the_thread_is_remembered() -> None:
+def test_every_live_array_of_the_thread_is_remembered_until_it_dies() -> None:
     first, second = np.ones(8, dtype=np.float32), np.full(8, 2.0, dtype=np.float32)
     norms.given_up_norm(first)
     assert norms.known_norm(first) == math.sqrt(8)
     norms.given_up_norm(second)
-    assert norms.known_norm(first) is None and norms.known_norm(second) == math.sqrt(32)
+    assert norms.known_norm(first) == math.sqrt(8) and norms.known_norm(second) == math.sqrt(32)
     seen: list[float | None] = []
     thread = threading.Thread(target=lambda: seen.append(norms.known_norm(second)))
     thread.start()
     thread.join()
     assert seen == [None]  # another thread (another sender) measures for itself
+    before = len(norms._remembered.norms)
+    key = id(first)
+    del first
+    gc.collect()
+    assert len(norms._remembered.norms) == before - 1 and key not in norms._remembered.norms
+    # what is remembered is bounded by the live arrays, not by how many were given up
+    for _ in range(1000):
+        norms.given_up_norm(np.ones(4, dtype=np.float32))
+    assert len(norms._remembered.norms) <= before
+
+
+def test_an_array_given_up_again_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched pass gives an update up as it makes it; the client's own check of it
+    later takes that norm, unless the array was made writeable in between."""
+    values = np.random.default_rng(1).standard_normal(333).astype(np.float32)
+    reads = count_norm_reads(monkeypatch)
+    norm = norms.given_up_norm(values)
+    assert norms.given_up_norm(values) == norm and reads[0] == 1
+    values.flags.writeable = True
+    values[5] = np.inf
+    assert not math.isfinite(norms.given_up_norm(values)) and reads[0] == 2
+    known = norms.known_norm(values)
+    assert known is not None and not math.isfinite(known)
 
 
 def test_a_view_is_not_remembered() -> None:

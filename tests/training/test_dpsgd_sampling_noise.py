@@ -99,6 +99,19 @@ def test_poisson_batch_sizes_follow_binomial() -> None:
     ) == 0  # empty batches occur
 
 
+def test_poisson_batch_takes_exactly_the_records_whose_uniform_is_below_the_threshold() -> None:
+    """The indices are torch's ``nonzero(rand < threshold)`` of the same draws (computed in
+    numpy since issue 24): the same records, the same dtype, the stream moved alike."""
+    for n, q in [(0, 0.5), (1, 1.0), (60, 1 / 60), (61, 2 / 61), (1000, 0.004), (7, 0.9999)]:
+        ours, theirs = torch.Generator().manual_seed(n + 5), torch.Generator().manual_seed(n + 5)
+        for _ in range(200):
+            got = poisson_batch(n, q, ours)
+            expected = torch.nonzero(
+                torch.rand(n, generator=theirs) < poisson_threshold(q)).flatten()
+            assert got.dtype == expected.dtype == torch.int64 and torch.equal(got, expected)
+        assert torch.equal(ours.get_state(), theirs.get_state())
+
+
 def test_a_record_is_never_taken_more_often_than_the_accounted_rate() -> None:
     # torch's float32 uniforms are k 2^-24: the inclusion probability of "u < t" is the count of
     # grid points below t over 2^24, computed here with integers for rates on and off the grid.

@@ -11,9 +11,10 @@ import torch
 
 from fedsim.data import load_dataset
 from fedsim.privacy import schedules
+from fedsim.protocol import norms
 from fedsim.training import LocalTrainer, build_model, flat_params
 from fedsim.training.batched import RoundBatcher
-from tests.doubles import RoundTimes
+from tests.doubles import RoundTimes, count_norm_reads
 
 FEATURES, CLASSES, LR = 5, 3, 0.3
 SQRT2_M1 = math.sqrt(2) - 1
@@ -154,6 +155,44 @@ def test_split_rounds_in_a_batched_pass_equal_each_computed_alone() -> None:
         if k < 3:
             mine.switch(0.25 * (k + 1), hat)
         np.testing.assert_allclose(p.result().update, mine.result().update, atol=2e-6)
+
+
+def test_the_pass_measures_each_whole_rounds_update_once_and_the_clients_check_reads_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``measure`` (the simulation's: the codec's given_up_norm) the pass measures a
+    whole round's update as it makes it; the client's check of it later reads no vector and
+    gets the same norm as a fresh measurement. A split round is added up after the pass and
+    measured by the client; the updates are those of a batcher without ``measure``."""
+    model = _logreg()
+    base = flat_params(model)
+    rng = np.random.default_rng(2)
+    params = [base + np.float32(0.2) * rng.standard_normal(base.size).astype(np.float32)
+              for _ in range(4)]
+    measured: list[np.ndarray] = []
+
+    def measure(update: np.ndarray) -> float:
+        measured.append(update)
+        return norms.given_up_norm(update)
+
+    results = {}
+    for batcher in (RoundBatcher(model, measure=measure), RoundBatcher(model)):
+        trainers = [_trainer(model, 60 + k, sampling="poisson") for k in range(4)]
+        pending = [t.begin_round(p, 1, batcher) for t, p in zip(trainers, params, strict=True)]
+        pending[1].switch(0.5, base - np.float32(0.25))  # one split round
+        pending[0].result()
+        results[batcher.measure is None] = [p.result().update for p in pending]
+    assert [r.tobytes() for r in results[True]] == [r.tobytes() for r in results[False]]
+    updates = results[False]
+    whole = [updates[k] for k in (0, 2, 3)]
+    assert len(measured) == 3 and all(any(m is u for m in measured) for u in whole)
+    assert not any(m is updates[1] for m in measured)
+    fresh = [norms.vector_norm(update.copy()) for update in whole]
+    reads = count_norm_reads(monkeypatch)
+    for update, norm in zip(whole, fresh, strict=True):
+        assert norms.given_up_norm(update) == norm
+    assert reads[0] == 0
+    norms.given_up_norm(updates[1])
+    assert reads[0] == 1
 
 
 def test_the_batcher_keeps_a_round_that_may_still_be_split_until_the_horizon() -> None:

@@ -95,6 +95,7 @@ from fedsim.runtime.actors.flag import Flag
 from fedsim.runtime.actors.integrity import bad_model
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.actors.tasks import helper_tasks
+from fedsim.training.local_step import apply_local_step
 from fedsim.transports.base import Endpoint
 
 if TYPE_CHECKING:  # the actor never imports torch itself
@@ -522,12 +523,9 @@ class ClientActor:
         ``w`` the array it is (``w - eta * 0 == w`` exactly), still shared with the global."""
         if not result.zero_update:
             assert self.w is not None  # a round starts from a held model
-            scaled = result.update * np.float32(-self.local_step(round_index))  # a new array
-            if self.w is not self.held_global:  # the actor's own: a local step made it
-                self.w += scaled
-            else:
-                scaled += self.w
-                self.w = scaled
+            # in place in the actor's own array (a local step made it), else a new one
+            self.w = apply_local_step(self.w, result.update, self.local_step(round_index),
+                                      in_place=self.w is not self.held_global)
         self.rounds_since_global += 1
 
     async def _compute(self, pending: BegunRound, round_index: int) -> RoundResult:
