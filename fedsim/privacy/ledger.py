@@ -698,6 +698,19 @@ SHARED_SLACK = 1e-6
 """A shared answer grants only if the shared steps fit ``(1 - SHARED_SLACK)`` of the budget."""
 
 
+def dominated_by_margin(step: GaussianStep, by: GaussianStep) -> bool:
+    """Whether ``by`` dominates ``step`` (a rate q at least ``step``'s, a noise multiplier
+    sigma at most its) so that the accountant's eps shows it: in each of q and sigma the two
+    are equal, or ``by`` is ahead by at least :data:`SHARED_MIN_GAP` (relative). Domination
+    alone is exact (see :func:`envelope`), but the accountant's eps follows it only up to its
+    rounding: a step of q 1e-11 below another's read a larger eps in a composition, and a
+    ledger counting it against the other's allowance granted a step at the budget's edge
+    that a fresh accountant refuses."""
+    q_ok = step.q == by.q or step.q * (1.0 + SHARED_MIN_GAP) <= by.q
+    sigma_ok = step.sigma == by.sigma or step.sigma >= by.sigma * (1.0 + SHARED_MIN_GAP)
+    return q_ok and sigma_ok
+
+
 def shared_unit(unit: GaussianStep) -> GaussianStep:
     """``unit`` (count 1) with its rate q rounded up to the first point of the grid
     ``2^(k / SHARED_RATE_GRID)`` at least ``SHARED_MIN_GAP`` above it, sigma unchanged: a step
@@ -717,7 +730,8 @@ def shared_unit(unit: GaussianStep) -> GaussianStep:
 def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> GaussianStep:
     """One step (count 1) that every step of ``kinds`` is dominated by: the largest q and the
     smallest sigma among them, widened by :data:`_ENVELOPE_MARGIN` in each direction in which
-    they moved past ``previous`` (the last envelope): a drifting schedule (a new sigma every
+    they moved past ``previous`` (the last envelope) or to within :data:`SHARED_MIN_GAP` of it
+    (:func:`dominated_by_margin`): a drifting schedule (a new sigma every
     round) is then covered for many rounds by one allowance, and an unchanged posture is
     covered exactly.
 
@@ -731,9 +745,11 @@ def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> Ga
     q = max(kind.q for kind in kinds)
     sigma = min(kind.sigma for kind in kinds)
     if previous is not None:
-        if q > previous.q:
+        # (moved past it, or to within the margin by which an allowance covers a kind:
+        # dominated_by_margin; else the next drift would need a new allowance at once)
+        if q != previous.q and q * (1.0 + SHARED_MIN_GAP) > previous.q:
             q = min(1.0, q * (1.0 + _ENVELOPE_MARGIN))
-        if sigma < previous.sigma:
+        if sigma != previous.sigma and sigma < previous.sigma * (1.0 + SHARED_MIN_GAP):
             sigma = sigma / (1.0 + _ENVELOPE_MARGIN)
     return GaussianStep(sampling, q, sigma)
 
@@ -753,7 +769,9 @@ class Allowance:
     granted: int
 
     def covers(self, kinds: Sequence[GaussianStep]) -> bool:
-        return all(k.q <= self.kind.q and k.sigma >= self.kind.sigma for k in kinds)
+        """Whether every step of ``kinds`` is this allowance's kind or dominated by it by a
+        margin (:func:`dominated_by_margin`)."""
+        return all(dominated_by_margin(k, self.kind) for k in kinds)
 
     def spend(self, kinds: Sequence[GaussianStep]) -> bool:
         """Use the allowance for a spent round; False if it does not cover the round (then

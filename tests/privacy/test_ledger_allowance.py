@@ -319,3 +319,38 @@ def test_a_rate_just_below_a_grid_point_is_decided_as_a_fresh_accountant_decides
             ledger.spend(own, time=float(index), round=index)
         assert len(ledger.rounds) == limit - 1
         assert ledger.epsilon() <= budget
+
+
+def test_an_allowance_covers_a_nearly_equal_kind_only_by_a_margin(tmp_path: Path) -> None:
+    """An allowance counted for kind A covered any kind with q <= A.q and sigma >= A.sigma.
+    Exactly true, but the accountant's eps is monotone in q only up to its rounding: with
+    B.q 1e-11 (relative) below A.q, 1 A + 127 B read a larger eps than 128 A, so with the
+    budget between the two the ledger granted a 128th step a fresh accountant refuses (its
+    own report then above the budget). A kind not equal to the allowance's is now covered
+    only if it is below it by SHARED_MIN_GAP; the decisions are a fresh accountant's."""
+    from fedsim.privacy.ledger import SHARED_MIN_GAP, Allowance
+
+    a = GaussianStep("poisson", 2 ** (-57 / 8), 1.0)
+    b = GaussianStep("poisson", 5383 / 751386, 1.0)
+    limit = 128
+    eps_a = make_accountant("pld", [a.times(limit)]).epsilon(DELTA)
+    eps_mixed = make_accountant("pld", [a, b.times(limit - 1)]).epsilon(DELTA)
+    assert b.q < a.q and eps_a < eps_mixed  # the accountant's rounding, as found
+    between = (eps_a + eps_mixed) / 2
+    with open_ledger(tmp_path / "l.jsonl", "poisson", between) as ledger:
+        assert ledger.can_spend(a)
+        ledger.spend(a, time=0.0, round=0)
+        for index in range(1, limit + 2):
+            fits = ledger.can_spend(b)
+            assert fits == fresh_decision(ledger.steps, [b], between), index
+            if not fits:
+                break
+            ledger.spend(b, time=float(index), round=index)
+        assert len(ledger.rounds) == limit - 1
+        eps, _ = smallest_epsilon(ledger._accountant, DELTA, only_if_infinite=True)
+        assert eps <= between
+    allowance = Allowance(a, 10, None, False, 10)
+    assert allowance.covers([a]) and not allowance.covers([b])
+    farther = GaussianStep("poisson", a.q / (1 + SHARED_MIN_GAP), a.sigma * (1 + SHARED_MIN_GAP))
+    assert allowance.covers([farther, a])
+    assert not allowance.covers([GaussianStep("poisson", a.q, a.sigma * (1 + 1e-9))])
