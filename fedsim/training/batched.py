@@ -383,7 +383,7 @@ class RoundBatcher:
                 if id(job.params) not in shared:
                     vector = torch.from_numpy(np.asarray(job.params, dtype=np.float32)).to(
                         self.device)
-                    pieces = iter(vector.split(self._pieces))
+                    pieces = iter(vector.split_with_sizes(self._pieces))
                     shared[id(job.params)] = (vector, [
                         (next(pieces).view(m.out_features, m.in_features),
                          next(pieces) if m.bias is not None else None) for m in layers])
@@ -561,7 +561,8 @@ class RoundBatcher:
                 fill_noise(update, job.draws.noise, job.std)
             else:
                 update.zero_()
-            pieces = iter(update[: self.num_params].split(self._pieces))
+            # (split_with_sizes: Tensor.split's C call without its Python wrapper, every round)
+            pieces = iter(update[: self.num_params].split_with_sizes(self._pieces))
             for module, a, cg, sums in zip(batch.layers, forward.inputs, weighted, bias_sums,
                                            strict=True):
                 weight = next(pieces)
