@@ -11,6 +11,7 @@ import pytest
 
 from fedsim.aggregation import scaled_add
 from fedsim.protocol import norms
+from fedsim.training import local_step
 
 UPDATE = np.random.default_rng(2).standard_normal(999).astype(np.float32)
 
@@ -25,6 +26,11 @@ def _mix() -> np.ndarray:
     return total
 
 
+def _step() -> np.ndarray:
+    return local_step.apply_local_step(np.ones(UPDATE.size, dtype=np.float32), UPDATE, 0.3,
+                                       in_place=True)
+
+
 def _norm_in_numpy() -> float:
     return norms.numpy_vector_norm(UPDATE)
 
@@ -33,10 +39,15 @@ def _mix_in_numpy() -> np.ndarray:
     return np.ones(UPDATE.size) + UPDATE.astype(np.float64) * 0.5
 
 
+def _step_in_numpy() -> np.ndarray:
+    return np.ones(UPDATE.size, dtype=np.float32) + UPDATE * np.float32(-0.3)
+
+
 @pytest.mark.parametrize(("loader", "variable", "computed", "numpy_result"), [
     (norms._kernel, "FEDSIM_PURE_NUMPY_NORM", _norm, _norm_in_numpy),
     (scaled_add._kernel, "FEDSIM_PURE_NUMPY_ADD", _mix, _mix_in_numpy),
-], ids=["norm", "mix"])
+    (local_step._kernel, "FEDSIM_PURE_NUMPY_STEP", _step, _step_in_numpy),
+], ids=["norm", "mix", "local step"])
 def test_a_kernel_opted_out_is_not_loaded_and_numpy_computes(
         loader: Any, variable: str, computed: Callable[[], Any],
         numpy_result: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> None:
