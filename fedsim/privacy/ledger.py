@@ -473,7 +473,11 @@ class PrivacyLedger:
     def _answer(self, held: Allowance, kinds: tuple[GaussianStep, ...], count: int,
                 budget: Budget) -> bool | None:
         """True if ``held`` shows that ``count`` steps of ``kinds`` fit, False if it shows they
-        do not (``kinds`` are ``held``'s own kind), None if it cannot tell."""
+        do not (``kinds`` are ``held``'s own kind), None if it cannot tell (also when ``held``
+        does not cover ``kinds`` by the margin: a fresh allowance of a round of several
+        kinds is their envelope, which dominates the smaller ones by any amount)."""
+        if not held.covers(kinds):
+            return None
         if count <= held.fits:
             return True
         if held.above is not None and count < held.above and self._refine(held, budget) >= count:

@@ -22,10 +22,10 @@ its norm is remembered, so that the codec's check of the same unchanged array wh
 array that owns its memory is remembered (a view could change through its base), only while
 it stays read-only, only by the thread that measured it, and only while it lives (its entry
 goes with it: what is remembered is bounded by the given-up arrays alive, not by a run's
-length). An array given up again while still read-only is not read again either: the batched
-pass gives a round's update up as it makes it, while the vector is in cache
-(:class:`fedsim.training.batched.RoundBatcher`'s ``measure``), and the client's own check
-of it later takes that norm.
+length). The code that makes an update may measure it for its sender at once, while the
+vector is in cache (:func:`measured_for_sender`: the batched pass,
+:class:`fedsim.training.batched.RoundBatcher`'s ``measure``): the sender's own check of the
+same read-only array then takes that norm, once; any other give-up reads the array.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import numpy as np
 
 from fedsim.training.native import load_function
 
-__all__ = ["given_up_norm", "known_norm", "numpy_vector_norm", "scratch", "vector_norm"]
+__all__ = ["given_up_norm", "known_norm", "measured_for_sender", "numpy_vector_norm", "scratch",
+           "vector_norm"]
 
 _SOURCE = Path(__file__).with_name("_sum_squares.c")
 
@@ -62,14 +63,24 @@ def vector_norm(values: np.ndarray) -> float:
 
 
 class _Remembered(threading.local):
-    """The arrays this thread measured with :func:`given_up_norm` and still alive: ``id`` ->
-    (a weak reference to the array, its norm)."""
+    """The arrays this thread measured and still alive: ``id`` -> (a weak reference to the
+    array, its norm, whether its maker handed the measurement on to its sender's give-up:
+    :func:`measured_for_sender`)."""
 
     def __init__(self) -> None:
-        self.norms: dict[int, tuple[weakref.ref[np.ndarray], float]] = {}
+        self.norms: dict[int, tuple[weakref.ref[np.ndarray], float, bool]] = {}
 
 
 _remembered = _Remembered()
+
+
+def measured_for_sender(values: np.ndarray) -> float:
+    """:func:`given_up_norm` by the code that makes ``values`` for a sender, at once (while
+    the vector is in cache): the sender's own :func:`given_up_norm` of the same array, still
+    read-only, then takes this norm instead of reading it again - once. The maker must not
+    write the array after this call (the batched pass: :class:`~fedsim.training.batched.
+    RoundBatcher`'s ``measure``)."""
+    return _measure(values, handed_on=True)
 
 
 def given_up_norm(values: np.ndarray) -> float:
@@ -78,33 +89,44 @@ def given_up_norm(values: np.ndarray) -> float:
     memory. The sender must not make it writeable again, nor write its memory through
     anything made from it before (a torch tensor or numpy view): fedsim's senders never do
     (a batched round's update outlives its pass's tensors, which stop writing it before it is
-    measured: tested). An array given up before by this thread and read-only since is not
-    read again: its remembered norm is returned."""
+    measured: tested). The array is read here unless its maker measured it for this give-up
+    (:func:`measured_for_sender`), which is taken once: given up again, it is read again."""
     was_writeable = values.flags.writeable
     values.flags.writeable = False
+    if values.base is None and not was_writeable:
+        known = _remembered.norms.get(id(values))
+        if known is not None and known[2] and known[0]() is values:
+            _remembered.norms[id(values)] = (known[0], known[1], False)  # taken
+            return known[1]
+    return _measure(values, handed_on=False)
+
+
+def _measure(values: np.ndarray, *, handed_on: bool) -> float:
+    """Make ``values`` read-only, measure it, and remember the norm when it owns its memory
+    (an entry that goes with the array: what is remembered is bounded by the live arrays)."""
+    values.flags.writeable = False
+    norm = vector_norm(values)
     if values.base is not None:
-        return vector_norm(values)
+        return norm
     held = _remembered.norms
     key = id(values)
-    if not was_writeable:
-        known = held.get(key)
-        if known is not None and known[0]() is values:
-            return known[1]
-    norm = vector_norm(values)
 
     def forget(ref: weakref.ref[np.ndarray], key: int = key,
-               held: dict[int, tuple[weakref.ref[np.ndarray], float]] = held) -> None:
+               held: dict[int, tuple[weakref.ref[np.ndarray], float, bool]] = held) -> None:
         entry = held.get(key)
         if entry is not None and entry[0] is ref:  # (not a later array's at a reused id)
             del held[key]
 
-    held[key] = (weakref.ref(values, forget), norm)
+    entry = held.get(key)
+    ref = entry[0] if entry is not None and entry[0]() is values else weakref.ref(values, forget)
+    held[key] = (ref, norm, handed_on)
     return norm
 
 
 def known_norm(values: np.ndarray) -> float | None:
-    """The norm :func:`given_up_norm` measured of this very array in this thread, if nothing
-    could have changed it since (it owns its memory and is still read-only); else None."""
+    """The norm last measured of this very array in this thread (:func:`given_up_norm`,
+    :func:`measured_for_sender`), if nothing could have changed it since (it owns its memory
+    and is still read-only); else None."""
     if values.flags.writeable:
         return None
     known = _remembered.norms.get(id(values))

@@ -40,6 +40,7 @@ are computed twice, which costs less than computing every round alone.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import math
 import warnings
@@ -157,9 +158,9 @@ class RoundBatcher:
         self.model = model
         self.measure = measure
         """Called with each whole round's released update (an array owning its memory) right
-        after the pass made it, while it is in cache: the runtime gives it the codec's
-        :func:`fedsim.protocol.norms.given_up_norm`, which the client's own check of the same
-        array later answers from memory (one read of a cold 400 KB vector less a round). The
+        after the pass made it, while it is in cache: the runtime gives it
+        :func:`fedsim.protocol.norms.measured_for_sender`, whose norm the client's own check
+        of the same array later takes (one read of a cold 400 KB vector less a round). The
         pass never writes an update after measuring it."""
         self.schedule = schedule
         """The runtime's record of its rounds' ends and horizons (None: no round is ever
@@ -241,9 +242,10 @@ class RoundBatcher:
             # One pass a flush, of the rounds that end soonest (those without an end first, in
             # the order they began): a result computed early waits in memory until its round
             # ends, and computing every eligible round of 10^4 clients at once held 2 GB more.
-            soonest = sorted(range(len(pending)), key=lambda k: (
+            # (heapq.nsmallest is sorted(...)[:n], without sorting the 10^4 others)
+            soonest = heapq.nsmallest(_MAX_PASS, range(len(pending)), key=lambda k: (
                 pending[k] is not due, ends.get(id(pending[k]), -math.inf), k))
-            pending = [pending[k] for k in sorted(soonest[:_MAX_PASS])]
+            pending = [pending[k] for k in sorted(soonest)]
         for round_ in pending:
             del self._pending[id(round_)]
         jobs: list[_Job] = []

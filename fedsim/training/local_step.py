@@ -29,13 +29,15 @@ _SOURCE = Path(__file__).with_name("_local_step.c")
 def apply_local_step(w: np.ndarray, update: np.ndarray, eta: float, *, in_place: bool) -> np.ndarray:
     """``w - eta * update`` (float32 vectors of one size): written into ``w`` itself when
     ``in_place`` (its owner's own array, which nothing else reads), else a new array (``w``
-    may be a read-only view of a received message). Either way the values are numpy's
-    ``w + update * float32(-eta)`` to the bit."""
+    may be a read-only view of a received message; in place, a read-only ``w`` raises
+    numpy's ValueError). Either way the values are numpy's ``w + update * float32(-eta)`` to
+    the bit, but for which NaN a sum of two NaNs keeps (a released update is finite)."""
     scale = np.float32(-eta)
     kernel = _kernel()
     if (kernel is not None and w.dtype == np.float32 and update.dtype == np.float32
             and w.ndim == 1 and update.shape == w.shape and w.flags.c_contiguous
-            and update.flags.c_contiguous and (not in_place or w.flags.aligned)
+            and update.flags.c_contiguous
+            and (not in_place or (w.flags.aligned and w.flags.writeable))
             and not np.may_share_memory(w, update)):
         out = w if in_place else np.empty_like(w)
         kernel(out.ctypes.data, w.ctypes.data, update.ctypes.data, float(scale), w.size)

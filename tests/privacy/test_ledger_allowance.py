@@ -354,3 +354,28 @@ def test_an_allowance_covers_a_nearly_equal_kind_only_by_a_margin(tmp_path: Path
     farther = GaussianStep("poisson", a.q / (1 + SHARED_MIN_GAP), a.sigma * (1 + SHARED_MIN_GAP))
     assert allowance.covers([farther, a])
     assert not allowance.covers([GaussianStep("poisson", a.q, a.sigma * (1 + 1e-9))])
+
+
+def test_a_round_of_several_nearly_equal_kinds_is_decided_as_a_fresh_accountant(
+        tmp_path: Path) -> None:
+    """A round of two kinds (A, and 127 of B with q 1e-11 below A's) gets a fresh allowance
+    of their envelope, A, which dominates B by less than the margin: it may not answer for
+    the round (an attacker's review: the ledger granted it with the budget between the two
+    eps, a fresh accountant refuses). Rates within the margin of 1, where the envelope's
+    widening is capped at q = 1, alike."""
+    a = GaussianStep("poisson", 2 ** (-57 / 8), 1.0)
+    b = GaussianStep("poisson", 5383 / 751386, 1.0)
+    round_steps = [a] + [b] * 127
+    eps_a = make_accountant("pld", [a.times(128)]).epsilon(DELTA)
+    eps_mixed = make_accountant("pld", round_steps).epsilon(DELTA)
+    assert eps_a < eps_mixed
+    between = (eps_a + eps_mixed) / 2
+    with open_ledger(tmp_path / "l.jsonl", "poisson", between) as ledger:
+        assert not ledger.can_spend(round_steps)
+        assert not fresh_decision((), round_steps, between)
+    near_one = [GaussianStep("fixed", 0.9996, 3.0), GaussianStep("fixed", 0.9999, 3.0)]
+    with open_ledger(tmp_path / "m.jsonl", "fixed", 1000.0) as ledger:
+        for index in range(40):
+            steps = [near_one[index % 2], near_one[(index + 1) % 2]]
+            assert ledger.can_spend(steps) == fresh_decision(ledger.steps, steps, 1000.0)
+            ledger.spend(steps, time=float(index), round=index)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -87,18 +88,30 @@ def test_every_live_array_of_the_thread_is_remembered_until_it_dies() -> None:
     assert len(norms._remembered.norms) <= before
 
 
-def test_an_array_given_up_again_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batched pass gives an update up as it makes it; the client's own check of it
-    later takes that norm, unless the array was made writeable in between."""
+def test_a_makers_measurement_is_taken_by_one_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched pass measures an update as it makes it (measured_for_sender); the client's
+    own check of it takes that norm once. Any other give-up reads the array: a sender that
+    gives up one array twice (a buffer reused and written through a tensor made before, as
+    an attacker's review tried) is measured afresh and its spoiled value refused."""
+    import torch
+
     values = np.random.default_rng(1).standard_normal(333).astype(np.float32)
     reads = count_norm_reads(monkeypatch)
-    norm = norms.given_up_norm(values)
+    norm = norms.measured_for_sender(values)
+    assert not values.flags.writeable and reads[0] == 1
     assert norms.given_up_norm(values) == norm and reads[0] == 1
-    values.flags.writeable = True
-    values[5] = np.inf
+    assert norms.known_norm(values) == norm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: the array is not writable
+        alias = torch.from_numpy(values)
+    alias[5] = float("nan")  # numpy's flag does not stop a tensor made before
     assert not math.isfinite(norms.given_up_norm(values)) and reads[0] == 2
-    known = norms.known_norm(values)
-    assert known is not None and not math.isfinite(known)
+    with pytest.raises(CodecError, match="non-finite"):
+        codec.seal(_update(values))
+    plain = np.ones(9, dtype=np.float32)
+    norms.given_up_norm(plain)
+    norms.given_up_norm(plain)
+    assert reads[0] == 4  # a sender's own give-up is read every time
 
 
 def test_a_view_is_not_remembered() -> None:

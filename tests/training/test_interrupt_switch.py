@@ -159,7 +159,7 @@ def test_split_rounds_in_a_batched_pass_equal_each_computed_alone() -> None:
 
 def test_the_pass_measures_each_whole_rounds_update_once_and_the_clients_check_reads_none(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``measure`` (the simulation's: the codec's given_up_norm) the pass measures a
+    """With ``measure`` (the simulation's: norms.measured_for_sender) the pass measures a
     whole round's update as it makes it; the client's check of it later reads no vector and
     gets the same norm as a fresh measurement. A split round is added up after the pass and
     measured by the client; the updates are those of a batcher without ``measure``."""
@@ -172,7 +172,7 @@ def test_the_pass_measures_each_whole_rounds_update_once_and_the_clients_check_r
 
     def measure(update: np.ndarray) -> float:
         measured.append(update)
-        return norms.given_up_norm(update)
+        return norms.measured_for_sender(update)
 
     results = {}
     for batcher in (RoundBatcher(model, measure=measure), RoundBatcher(model)):
@@ -191,8 +191,11 @@ def test_the_pass_measures_each_whole_rounds_update_once_and_the_clients_check_r
     for update, norm in zip(whole, fresh, strict=True):
         assert norms.given_up_norm(update) == norm
     assert reads[0] == 0
+    for update in whole:  # handed on once: given up again, read again
+        norms.given_up_norm(update)
+    assert reads[0] == 3
     norms.given_up_norm(updates[1])
-    assert reads[0] == 1
+    assert reads[0] == 4
 
 
 def test_the_batcher_keeps_a_round_that_may_still_be_split_until_the_horizon() -> None:

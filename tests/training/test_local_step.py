@@ -47,3 +47,13 @@ def test_other_layouts_take_numpys_path() -> None:
     double = np.ones(10)
     assert apply_local_step(double, update, 0.5, in_place=True) is double
     assert np.array_equal(double, np.full(10, 0.5))
+
+
+def test_a_read_only_model_is_never_written_in_place() -> None:
+    """An attacker's review: the kernel's path did not check writeability and wrote into an
+    immutable bytes object; now numpy's refusal stands."""
+    frozen = bytes(np.ones(8, dtype=np.float32).tobytes())
+    w = np.frombuffer(frozen, dtype=np.float32)
+    with pytest.raises(ValueError, match="read-only"):
+        apply_local_step(w, np.ones(8, dtype=np.float32), 0.5, in_place=True)
+    assert frozen == np.ones(8, dtype=np.float32).tobytes()

@@ -35,7 +35,7 @@ from fedsim.config.schema import Link
 from fedsim.logging import client_event_level, get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
-from fedsim.protocol.norms import given_up_norm
+from fedsim.protocol.norms import measured_for_sender
 from fedsim.runtime.actors.aggregator import aggregator_ids
 from fedsim.runtime.actors.client import ClientActor, RoundRecord, Trainer
 from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
@@ -91,7 +91,7 @@ workers, :mod:`fedsim.runtime.simulated.ray_executor`)."""
 
 def _local_batcher(population: Population) -> RoundBatcher:
     # Each update measured as the pass makes it: the client's check then reads no cold vector.
-    return RoundBatcher(population.model, measure=given_up_norm)
+    return RoundBatcher(population.model, measure=measured_for_sender)
 
 
 def _link_model(link: Link) -> LinkModel:
