@@ -5,15 +5,8 @@
  *
  * numpy makes it in three passes (widen into a float64 scratch, multiply, add). The result
  * must be numpy's to the bit: the product is rounded, then the sum (no fused multiply-add:
- * it is built without -ffast-math, under which clang fuses them anyway, and GCC, which fuses
- * by default in GNU C, is told not to below); the loader checks this on probes. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-
+ * native.recipes(fast_math=False) builds it without -ffast-math and with -ffp-contract=off);
+ * the loader checks this on probes. */
 #include <stdint.h>
 #include <string.h>
 

@@ -710,9 +710,17 @@ def dominated_by_margin(step: GaussianStep, by: GaussianStep) -> bool:
     rounding: a step of q 1e-11 below another's read a larger eps in a composition, and a
     ledger counting it against the other's allowance granted a step at the budget's edge
     that a fresh accountant refuses."""
-    q_ok = step.q == by.q or step.q * (1.0 + SHARED_MIN_GAP) <= by.q
-    sigma_ok = step.sigma == by.sigma or step.sigma >= by.sigma * (1.0 + SHARED_MIN_GAP)
-    return q_ok and sigma_ok
+    return _rate_covered(step.q, by.q) and _noise_covered(step.sigma, by.sigma)
+
+
+def _rate_covered(q: float, by: float) -> bool:
+    """``q`` is the rate ``by`` or below it by :data:`SHARED_MIN_GAP` (relative)."""
+    return q == by or q * (1.0 + SHARED_MIN_GAP) <= by
+
+
+def _noise_covered(sigma: float, by: float) -> bool:
+    """``sigma`` is the noise multiplier ``by`` or above it by :data:`SHARED_MIN_GAP`."""
+    return sigma == by or sigma >= by * (1.0 + SHARED_MIN_GAP)
 
 
 def shared_unit(unit: GaussianStep) -> GaussianStep:
@@ -751,9 +759,9 @@ def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> Ga
     if previous is not None:
         # (moved past it, or to within the margin by which an allowance covers a kind:
         # dominated_by_margin; else the next drift would need a new allowance at once)
-        if q != previous.q and q * (1.0 + SHARED_MIN_GAP) > previous.q:
+        if not _rate_covered(q, previous.q):
             q = min(1.0, q * (1.0 + _ENVELOPE_MARGIN))
-        if sigma != previous.sigma and sigma < previous.sigma * (1.0 + SHARED_MIN_GAP):
+        if not _noise_covered(sigma, previous.sigma):
             sigma = sigma / (1.0 + _ENVELOPE_MARGIN)
     return GaussianStep(sampling, q, sigma)
 

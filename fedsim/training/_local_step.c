@@ -5,15 +5,8 @@
  *
  * numpy makes it in two passes and a fresh vector (u * s, then the sum). The result must be
  * numpy's to the bit: the float32 product is rounded, then the float32 sum (no fused
- * multiply-add: built without -ffast-math, and GCC, which fuses by default in GNU C, is told
- * not to below); the loader checks this on probes. out may be w itself (the step in place). */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-
+ * multiply-add: native.recipes(fast_math=False) builds it without -ffast-math and with
+ * -ffp-contract=off); the loader checks this on probes. out may be w itself (in place). */
 #include <stdint.h>
 #include <string.h>
 

@@ -46,7 +46,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -574,7 +574,7 @@ class RoundBatcher:
                 if sums is not None:
                     next(pieces).add_(sums[k])
             updates.append(update)
-            if (self.measure is not None and owner is not None and owner.size == self.num_params
+            if (self.measure is not None and _releases_owner(owner, self.num_params)
                     and job.first and (k + 1 == len(batch.jobs)
                                        or batch.jobs[k + 1].pending is not job.pending)):
                 # A whole round's update is complete here (a split round's later segments are
@@ -583,11 +583,17 @@ class RoundBatcher:
         return updates, owners
 
 
+def _releases_owner(owner: np.ndarray | None, size: int) -> TypeGuard[np.ndarray]:
+    """Whether a round's update is released as ``owner``, the array owning its memory: when
+    it holds exactly the ``size`` values (not padded to whole noise pairs)."""
+    return owner is not None and owner.size == size
+
+
 def _released(update: torch.Tensor, owner: np.ndarray | None, size: int) -> np.ndarray:
     """A round's update as its client releases it: the first ``size`` values (``update`` is
-    padded to whole noise pairs), as ``owner``, the array that owns their memory, when it
-    holds exactly them; else a view of the tensor (copied to the CPU first if elsewhere)."""
-    if owner is not None and owner.size == size:
+    padded to whole noise pairs), as ``owner`` when :func:`_releases_owner`; else a view of
+    the tensor (copied to the CPU first if elsewhere)."""
+    if _releases_owner(owner, size):
         return owner
     return update[:size].cpu().numpy()
 

@@ -59,11 +59,14 @@ def _cpu_tag() -> str:
 
 
 def recipes(*, fast_math: bool = True) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
-    """:data:`RECIPES`, or without ``-ffast-math`` for a kernel whose results must be IEEE's
-    to the bit (clang fuses a multiply and an add under it whatever the source asks)."""
+    """:data:`RECIPES`, or for a kernel whose results must be numpy's to the bit (each product
+    rounded, then each sum) without ``-ffast-math`` (under which clang fuses a multiply and an
+    add whatever the source asks) and with ``-ffp-contract=off`` (GCC fuses them by default in
+    GNU C; clang accepts the flag too)."""
     if fast_math:
         return RECIPES
-    return tuple((tuple(f for f in flags if f != "-ffast-math"), link) for flags, link in RECIPES)
+    return tuple((tuple(f for f in flags if f != "-ffast-math") + ("-ffp-contract=off",), link)
+                 for flags, link in RECIPES)
 
 
 def _compile(compiler: str, source: Path, target: Path,
