@@ -243,12 +243,15 @@ def log_gauss_mass(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
 
 
 def _log_mixture_mass(a: np.ndarray | float, b: np.ndarray | float, q: float,
-                      mu: float) -> np.ndarray:
-    """log of ``((1-q) N(0,1) + q N(mu,1))([a, b])``."""
+                      mu: float, unshifted: np.ndarray | None = None) -> np.ndarray:
+    """log of ``((1-q) N(0,1) + q N(mu,1))([a, b])``; ``unshifted``: ``log_gauss_mass(a, b)``
+    when the caller has it already (the segments need it on its own too)."""
     shifted = math.log(q) + log_gauss_mass(a - mu, b - mu)
     if q == 1.0:
         return shifted
-    return np.asarray(np.logaddexp(math.log1p(-q) + log_gauss_mass(a, b), shifted), dtype=float)
+    if unshifted is None:
+        unshifted = log_gauss_mass(a, b)
+    return np.asarray(np.logaddexp(math.log1p(-q) + unshifted, shifted), dtype=float)
 
 
 def _boundaries(eps: np.ndarray, q: float, mu: float) -> np.ndarray:
@@ -278,7 +281,8 @@ def remove_segments(eps: np.ndarray, q: float, sigma: float) -> Segments:
     """The *remove* pair ``P = (1-q)N(0,1) + qN(mu,1)`` vs ``Q = N(0,1)``: L increasing in x."""
     mu = 1.0 / sigma
     x = _boundaries(eps, q, mu)
-    return Segments(eps, _log_mixture_mass(x[:-1], x[1:], q, mu), log_gauss_mass(x[:-1], x[1:]),
+    null = log_gauss_mass(x[:-1], x[1:])
+    return Segments(eps, _log_mixture_mass(x[:-1], x[1:], q, mu, null), null,
                     float(_log_mixture_mass(-np.inf, x[0], q, mu)),
                     float(_log_mixture_mass(x[-1], np.inf, q, mu)))
 
@@ -288,7 +292,8 @@ def add_segments(eps: np.ndarray, q: float, sigma: float) -> Segments:
     decreasing in x, so L in (eps_k, eps_k+1] is x in [x_k+1, x_k)."""
     mu = 1.0 / sigma
     x = _boundaries(-eps, q, mu)
-    return Segments(eps, log_gauss_mass(x[1:], x[:-1]), _log_mixture_mass(x[1:], x[:-1], q, mu),
+    null = log_gauss_mass(x[1:], x[:-1])
+    return Segments(eps, null, _log_mixture_mass(x[1:], x[:-1], q, mu, null),
                     float(log_gauss_mass(x[0], np.inf)), float(log_gauss_mass(-np.inf, x[-1])))
 
 

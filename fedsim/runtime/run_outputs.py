@@ -35,7 +35,7 @@ from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.clt_error import clt_band
-from fedsim.privacy.events import group_steps
+from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.actors.client import RoundRecord
@@ -286,13 +286,29 @@ class RunRecord:
 # The writer
 
 
-def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | None) -> dict[str, Any]:
+def _clt_figures(steps: tuple[GaussianStep, ...]) -> tuple[float, float | None]:
+    """A history's CLT mu and its certified band's gamma (the row's ``mu_clt`` and
+    ``mu_clt_gamma``)."""
+    if not steps:
+        return 0.0, 0.0
+    mu = clt_mu(steps)
+    # no band around an infinite mu (a sigma so small that e^{1/sigma^2} overflows)
+    return mu, clt_band(steps, mu).gamma if math.isfinite(mu) else None
+
+
+def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | None,
+                clt: dict[tuple[GaussianStep, ...], tuple[float, float | None]]) -> dict[str, Any]:
+    """``clt``: the CLT figures of the histories seen so far (a population's clients share
+    a few histories; the figures are a pure function of the history)."""
     plan, ledger = client.plan, client.ledger
-    steps = group_steps(ledger.steps)
+    steps = tuple(group_steps(ledger.steps))
     released = client.released
     budget = plan.group.budget
     remaining = ledger.remaining_epsilon if budget else None
-    mu_clt = clt_mu(steps) if steps else 0.0
+    figures = clt.get(steps)
+    if figures is None:
+        figures = clt[steps] = _clt_figures(steps)
+    mu_clt, gamma = figures
     return {
         "client_id": plan.client_id,
         "group": plan.group.name,
@@ -306,10 +322,8 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "clip": released[-1].clip if released else float(plan.schedule.clip(0)),
         "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
         "mu_clt": mu_clt,
-        # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error); no
-        # band around an infinite mu (a sigma so small that e^{1/sigma^2} overflows)
-        "mu_clt_gamma": (clt_band(steps, mu_clt).gamma if steps and math.isfinite(mu_clt)
-                         else (0.0 if not steps else None)),
+        # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)
+        "mu_clt_gamma": gamma,
         "budget_epsilon": budget.epsilon if budget else None,
         "remaining_epsilon": float(remaining) if remaining is not None else None,
         "state": client.state,
@@ -431,7 +445,8 @@ def client_rows(record: RunRecord) -> list[dict[str, Any]]:
     stops: dict[str, StoppedClient] = {}
     for entry in record.stopped:
         stops.setdefault(entry["client_id"], entry)
-    return [_client_row(c, delta, stops.get(c.plan.client_id)) for c in record.clients]
+    clt: dict[tuple[GaussianStep, ...], tuple[float, float | None]] = {}
+    return [_client_row(c, delta, stops.get(c.plan.client_id), clt) for c in record.clients]
 
 
 def write_run_outputs(record: RunRecord, rows: list[dict[str, Any]] | None = None

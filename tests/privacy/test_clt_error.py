@@ -19,7 +19,7 @@ import pytest
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.clt_error import BERRY_ESSEEN_CONSTANT, _sup_gap, clt_band, loss_moments
-from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
 
 DRS_Q = 256 / 60000
@@ -204,8 +204,10 @@ def test_clients_csv_reports_the_band_beside_mu(tmp_path: Path) -> None:
         "dataset": {"name": "synthetic", "num_samples": 400, "num_test_samples": 100,
                     "num_features": 6, "num_classes": 3},
         "model": {"name": "logreg"},
-        "clients": {"groups": [{"name": "a", "count": 2, "data_share": 1.0, "batch_size": 16,
-                                "clip": 1.0, "noise": 1.0, "speed": 0.01}]},
+        "clients": {"groups": [{"name": "a", "count": 4, "data_share": 0.5, "batch_size": 16,
+                                "clip": 1.0, "noise": 1.0, "speed": 0.01},
+                               {"name": "b", "count": 2, "data_share": 0.5, "batch_size": 8,
+                                "clip": 1.0, "noise": 1.3, "speed": 0.01}]},
         "server": {"window": 1.0},
     }
     path = tmp_path / "tiny.yaml"
@@ -214,12 +216,16 @@ def test_clients_csv_reports_the_band_beside_mu(tmp_path: Path) -> None:
     assert main(["run", str(path), "--out", str(out), "--no-plots"]) == 0
     with (out / "clients.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
+    histories = set()
     for row in rows:
         steps = list(read_ledger_steps(out / "ledgers" / f"{row['client_id']}.jsonl"))
-        band = clt_band(steps)
+        histories.add(tuple(group_steps(steps)))
+        band = clt_band(steps)  # each row's figures computed afresh, for its own history
         assert float(row["mu_clt"]) == pytest.approx(band.mu, rel=1e-12)
         assert float(row["mu_clt_gamma"]) == pytest.approx(band.gamma, rel=1e-12)
         assert 0 < band.gamma < 1
+    # clients share histories (the rows compute a shared history's figures once) and not all
+    assert 1 < len(histories) < len(rows)
 
 
 @pytest.mark.parametrize("sigma", [0.03, 0.01])

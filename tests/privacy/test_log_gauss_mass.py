@@ -42,3 +42,18 @@ def test_infinite_ends_and_empty_intervals() -> None:
         else:
             assert math.isclose(value, truth, rel_tol=1e-9, abs_tol=1e-15), (low, high, value)
     assert float(log_gauss_mass(-math.inf, math.inf)) == 0.0
+
+
+def test_segments_reuse_the_unshifted_mass_to_the_bit() -> None:
+    """The segments hand their ``log_gauss_mass(a, b)`` to the mixture's mass instead of it
+    being computed twice: the mixture's values are those it computes on its own."""
+    from fedsim.privacy.pld import _boundaries, _log_mixture_mass
+
+    for q, sigma in ((0.03, 1.5), (0.5, 0.8), (0.999, 4.0)):
+        mu = 1.0 / sigma
+        x = _boundaries(np.linspace(-8.0, 6.0, 2001), q, mu)  # -inf below log(1-q)
+        a, b = x[:-1], x[1:]
+        alone = _log_mixture_mass(a, b, q, mu)
+        handed = _log_mixture_mass(a, b, q, mu, log_gauss_mass(a, b))
+        assert np.array_equal(alone, handed)
+        assert np.isneginf(x).sum() > 1 and np.isfinite(alone).any()  # empty gaps at -inf too
