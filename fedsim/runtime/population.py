@@ -445,10 +445,12 @@ def make_client_actor(
     speed_rng: np.random.Generator,
     delta: float,
     exposure: ClientExposure = ClientExposure(),
+    park_speed_stream: bool = False,
 ) -> ClientActor:
     """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
-    deployed client process alike."""
+    deployed client process alike. ``park_speed_stream``: keep the speed stream parked (the
+    same draws in a seventh of the memory, a state swap a draw: see :class:`_SpeedDraws`)."""
     group = plan.group
     rounds_done = ledger.rounds
     return ClientActor(
@@ -459,7 +461,8 @@ def make_client_actor(
         ledger=ledger,
         local_lr=step_sequence(group) or group.local_lr,
         batch_size=float(group.batch_size),
-        seconds_per_sample=_SpeedDraws(group.speed.sampler(), speed_rng),
+        seconds_per_sample=_SpeedDraws(group.speed.sampler(), speed_rng,
+                                       parked=park_speed_stream),
         expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps,
                                                     group.per_example_steps),
         exposure=exposure,
@@ -474,18 +477,23 @@ def make_client_actor(
 
 
 class _SpeedDraws:
-    """A client's seconds per sample gradient, drawn from its speed stream (kept parked:
-    :class:`~fedsim.runtime.rng.ParkedStream`, the same draws in a seventh of the memory)."""
+    """A client's seconds per sample gradient, drawn from its speed stream: the generator
+    itself, or kept parked (:class:`~fedsim.runtime.rng.ParkedStream`: the same draws in a
+    seventh of the memory, for populations of millions; its state swap costs about 10 us a
+    draw, a live generator's draw 2)."""
 
     __slots__ = ("_sample", "_stream")
 
     def __init__(self, sample: Callable[[np.random.Generator], float],
-                 rng: np.random.Generator) -> None:
+                 rng: np.random.Generator, *, parked: bool) -> None:
         self._sample = sample
-        self._stream = ParkedStream(rng)
+        self._stream: ParkedStream | np.random.Generator = ParkedStream(rng) if parked else rng
 
     def __call__(self) -> float:
-        return self._stream.draw(self._sample)
+        stream = self._stream
+        if isinstance(stream, ParkedStream):
+            return stream.draw(self._sample)
+        return self._sample(stream)
 
 
 class _StatusEpsilon:

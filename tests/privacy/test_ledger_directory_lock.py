@@ -162,3 +162,31 @@ def test_a_symlink_re_pointed_while_the_lock_is_taken_leads_no_claim_outside_it(
             assert second.held
         with pytest.raises(LedgerError, match="open elsewhere"):
             DirectoryLock(locked)
+
+
+def test_one_ledger_is_claimed_once_whatever_path_names_it(tmp_path: Path) -> None:
+    """A claim knows a file by its directory's device and inode and its name (following a
+    symlinked name): the same ledger through a symlinked directory, or through a symlink
+    beside it, is the ledger already claimed; a released claim may be taken again."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    via = tmp_path / "via"
+    via.symlink_to(locked)
+    (locked / "alias.jsonl").symlink_to(locked / "a.jsonl")  # before a.jsonl exists
+    with DirectoryLock(locked) as lock:
+        lock.claim(locked / "a.jsonl")
+        for same in (via / "a.jsonl", locked / "alias.jsonl", via / "alias.jsonl",
+                     locked / "x" / ".." / "a.jsonl"):
+            with pytest.raises(LedgerError, match="open elsewhere|not in the locked"):
+                lock.claim(same)
+        lock.claim(via / "b.jsonl")  # another ledger of the directory
+        with pytest.raises(LedgerError, match="open elsewhere"):
+            lock.claim(locked / "b.jsonl")
+        lock.release(locked / "a.jsonl")
+        lock.claim(locked / "alias.jsonl")  # a.jsonl through its alias, now free
+        with pytest.raises(LedgerError, match="open elsewhere"):
+            lock.claim(via / "a.jsonl")
+        with pytest.raises(LedgerError, match="not in the locked"):
+            lock.claim(tmp_path / "a.jsonl")
+    with pytest.raises(LedgerError, match="released"):
+        lock.claim(locked / "c.jsonl")

@@ -66,8 +66,11 @@ class _Endpoint:
     async def close(self) -> None: ...
 
 
+@pytest.mark.parametrize("parked", [True, False])
 def test_an_actor_draws_its_speed_and_reports_its_epsilon_as_the_plain_closures_did(
-        tmp_path: Path) -> None:
+        tmp_path: Path, parked: bool) -> None:
+    """Its speed stream parked (populations of millions) or its own generator: the draws of
+    the stream itself, in order, either way."""
     population = _population()
     plan = population.plans[0]  # a uniform speed
     ledger = open_ledger(plan, tmp_path / "c.jsonl")
@@ -75,11 +78,13 @@ def test_an_actor_draws_its_speed_and_reports_its_epsilon_as_the_plain_closures_
         actor = make_client_actor(
             plan, clock=_Clock(), endpoint=_Endpoint(),  # type: ignore[arg-type]
             trainer=population.trainer(plan, message_only=True), ledger=ledger,
-            speed_rng=population.tree.numpy("client", plan.client_id, "speed", 0), delta=1e-5)
+            speed_rng=population.tree.numpy("client", plan.client_id, "speed", 0), delta=1e-5,
+            park_speed_stream=parked)
         plain = population.tree.numpy("client", plan.client_id, "speed", 0)
         expected = [plan.group.speed.sample(plain) for _ in range(40)]
         assert [actor.seconds_per_sample() for _ in range(40)] == expected
         assert len(set(expected)) == 40  # drawn, not a constant
+        assert (type(actor.seconds_per_sample._stream).__name__ == "ParkedStream") is parked
         assert actor.status_epsilon is not None
         epsilon, delta = actor.status_epsilon()
         assert (epsilon, delta) == (ledger.epsilon(1e-5), 1e-5)
@@ -142,3 +147,24 @@ def test_clients_share_their_exposure_where_it_is_equal() -> None:
     own = [client_exposure(inviting, ids, client_id) for client_id in ids]
     assert [e.invitation_index for e in own] == [0, 1, 2, 3]
     assert client_exposure(inviting, ids, "c2") is own[2]
+
+
+
+def test_a_simulation_draws_the_same_speeds_with_its_streams_parked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Populations above LIVE_SPEED_STREAMS_UP_TO park their clients' speed streams: a run
+    with them parked writes the same files as one with each client's own generator."""
+    from fedsim.runtime.simulated import memory, simulation
+    from fedsim.runtime.simulated.simulation import run_scenario
+
+    assert not memory.speed_streams_parked(memory.LIVE_SPEED_STREAMS_UP_TO)
+    assert memory.speed_streams_parked(memory.LIVE_SPEED_STREAMS_UP_TO + 1)
+    outputs = {}
+    for parked in (False, True):
+        monkeypatch.setattr(simulation, "speed_streams_parked", lambda clients, p=parked: p)
+        out = tmp_path / f"parked-{parked}"
+        run_scenario(LoadedScenario(parse_scenario(scenario()), None), out)
+        outputs[parked] = {name: (out / name).read_bytes()
+                           for name in ("clients.csv", "metrics.jsonl", "summary.json")}
+    assert outputs[True] == outputs[False]
+    assert outputs[False]["clients.csv"].count(b"\n") == 5  # a header and four clients

@@ -31,8 +31,8 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
-__all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "ledger_handles_fit",
-           "long_lived_spared"]
+__all__ = ["DESCRIPTORS_PER_LEDGER", "DESCRIPTOR_RESERVE", "LIVE_SPEED_STREAMS_UP_TO",
+           "ledger_handles_fit", "long_lived_spared", "speed_streams_parked"]
 
 _log = get_logger("fedsim.runtime.simulated.memory")
 
@@ -40,6 +40,17 @@ DESCRIPTORS_PER_LEDGER = 2
 """A held ledger's open files: the ledger (append) and its high-water mark (with the lock)."""
 DESCRIPTOR_RESERVE = 256
 """Descriptors left for everything else (imports, the run directory's files, a data loader)."""
+
+
+LIVE_SPEED_STREAMS_UP_TO = 65_536
+"""Populations up to this size keep each client's speed stream as its own generator (about
+1.1 KB a client, 72 MB at this size); larger ones park it (about 150 bytes, a state swap a
+draw: :class:`fedsim.runtime.rng.ParkedStream`). The draws are the same either way."""
+
+
+def speed_streams_parked(clients: int) -> bool:
+    """Whether a simulation of ``clients`` clients parks their speed streams."""
+    return clients > LIVE_SPEED_STREAMS_UP_TO
 
 
 def ledger_handles_fit(ledgers: int) -> bool:

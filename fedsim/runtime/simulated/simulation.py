@@ -71,7 +71,11 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
-from fedsim.runtime.simulated.memory import ledger_handles_fit, long_lived_spared
+from fedsim.runtime.simulated.memory import (
+    ledger_handles_fit,
+    long_lived_spared,
+    speed_streams_parked,
+)
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.rounds import PendingRound
 from fedsim.transports.simulated import LinkModel, SimulatedNetwork
@@ -275,6 +279,7 @@ class _Simulation:
             speed_rng=self.population.tree.numpy("client", plan.client_id, "speed", client.crashes),
             delta=self.scenario.privacy.delta,
             exposure=client_exposure(self.scenario, self._positions, plan.client_id),
+            park_speed_stream=speed_streams_parked(len(self.population.plans)),
         )
         actor.set_online(client.online)
         client.actor = actor
