@@ -404,8 +404,8 @@ class RoundBatcher:
                                  x[start:stop], y[start:stop])
         owner = torch.repeat_interleave(torch.arange(len(jobs), device=self.device),
                                         torch.tensor(sizes, device=self.device))
-        return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), x, y, params,
-                      layers, weights, owner, first.loss_fn)
+        return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), sizes, x, y,
+                      params, layers, weights, owner, first.loss_fn)
 
     def _select(self, features: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor,
                 x: torch.Tensor, y: torch.Tensor) -> None:
@@ -476,14 +476,14 @@ class RoundBatcher:
         ``vector_sums``, by ``id``) right after its first product read it."""
         module = batch.layers[index]
         z = self._scratch(f"z{index}", (batch.total, module.out_features), torch.float32)
+        rows_in, rows_out = batch.rows(a), batch.rows(z)
         for k in order:
-            start, stop = batch.spans[k]
             w, b = batch.weights[k][index]
-            if stop > start:
+            if batch.sizes[k]:
                 if b is None:
-                    torch.mm(a[start:stop], w.t(), out=z[start:stop])
+                    torch.mm(rows_in[k], w.t(), out=rows_out[k])
                 else:
-                    torch.addmm(b, a[start:stop], w.t(), out=z[start:stop])
+                    torch.addmm(b, rows_in[k], w.t(), out=rows_out[k])
             if not index and id(batch.params[k]) not in vector_sums:
                 vector_sums[id(batch.params[k])] = batch.params[k].sum()
         return z
@@ -500,10 +500,10 @@ class RoundBatcher:
             g = grads[0]
             into = self._scratch(f"g{index}", (batch.total, batch.layers[index].in_features),
                                  torch.float32)
-            for k, (start, stop) in enumerate(batch.spans):
-                if stop > start:
-                    _input_grad(g[start:stop], batch.weights[k][index][0],
-                                inputs[index][start:stop], into[start:stop])
+            for k, (g_k, a_k, into_k) in enumerate(zip(
+                    batch.rows(g), batch.rows(inputs[index]), batch.rows(into), strict=True)):
+                if batch.sizes[k]:
+                    _input_grad(g_k, batch.weights[k][index][0], a_k, into_k)
             into.add_(0.0)
             below, tail = leaves[index - 1], tails[index - 1]
             grads.insert(0, into if tail is below else torch.autograd.grad(tail, below, into)[0])
@@ -548,13 +548,17 @@ class RoundBatcher:
         which the tensor could still change: 400 KB a round at 10^5 parameters)."""
         weighted = [g * factors.unsqueeze(1) for g in forward.grads]
         bias_sums = [torch.zeros(len(batch.jobs), module.out_features, device=self.device)
-                     .index_add_(0, batch.owner, cg) if module.bias is not None else None
-                     for module, cg in zip(batch.layers, weighted, strict=True)]
+                     .index_add_(0, batch.owner, cg).unbind() if module.bias is not None
+                     else None for module, cg in zip(batch.layers, weighted, strict=True)]
+        # Each round's (cg)^T and a, as views: what cg[start:stop].t() and a[start:stop] give
+        # (the same strides and offsets), one call a layer instead of three a round.
+        products = [(batch.rows(cg.t(), 1), batch.rows(a))
+                    for cg, a in zip(weighted, forward.inputs, strict=True)]
         updates: list[torch.Tensor] = []
         owners: list[np.ndarray | None] = []
         size = self.num_params + self.num_params % 2  # the noise comes in pairs
         on_cpu = self.device.type == "cpu"
-        for k, (job, (start, stop)) in enumerate(zip(batch.jobs, batch.spans, strict=True)):
+        for k, job in enumerate(batch.jobs):
             owner = np.empty(size, dtype=np.float32) if on_cpu else None
             update = (torch.from_numpy(owner) if owner is not None
                       else torch.empty(size, device=self.device))
@@ -565,12 +569,10 @@ class RoundBatcher:
                 update.zero_()
             # (split_with_sizes: Tensor.split's C call without its Python wrapper, every round)
             pieces = iter(update[: self.num_params].split_with_sizes(self._pieces))
-            for module, a, cg, sums in zip(batch.layers, forward.inputs, weighted, bias_sums,
-                                           strict=True):
+            for module, (cg_t, a), sums in zip(batch.layers, products, bias_sums, strict=True):
                 weight = next(pieces)
-                if stop > start:
-                    weight.view(module.out_features, module.in_features).addmm_(
-                        cg[start:stop].t(), a[start:stop])
+                if batch.sizes[k]:
+                    weight.view(module.out_features, module.in_features).addmm_(cg_t[k], a[k])
                 if sums is not None:
                     next(pieces).add_(sums[k])
             updates.append(update)
@@ -606,6 +608,8 @@ class _Batch:
     total: int
     spans: list[tuple[int, int]]
     """Each round's rows of ``x``/``y``."""
+    sizes: list[int]
+    """Each round's number of rows (the spans' lengths, end to end)."""
     x: torch.Tensor
     y: torch.Tensor
     params: list[torch.Tensor]
@@ -615,6 +619,11 @@ class _Batch:
     owner: torch.Tensor
     """The round of each row."""
     loss_fn: LossFn
+
+    def rows(self, tensor: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
+        """Each round's rows of ``tensor`` (laid out like ``x`` along ``dim``): the views
+        ``tensor[start:stop]`` would give, in one call instead of one call a round."""
+        return tensor.split_with_sizes(self.sizes, dim)
 
 
 @dataclass(frozen=True, eq=False)

@@ -270,6 +270,13 @@ def test_the_pass_computes_what_a_graph_through_every_rounds_products_computes(s
         assert len(forward.grads) == len(grads)
         for got, want in zip(forward.grads, grads, strict=True):
             assert torch.equal(got, want)
+        # a pass's per-round views, taken in one call a tensor, are the slices themselves
+        for tensor, dim in ((batch.x, 0), (forward.grads[0].t(), 1)):
+            for view, (start, stop) in zip(batch.rows(tensor, dim), batch.spans, strict=True):
+                want = tensor[start:stop] if dim == 0 else tensor[:, start:stop]
+                assert (view.shape, view.stride(), view.storage_offset()) == (
+                    want.shape, want.stride(), want.storage_offset())
+                assert view.untyped_storage().data_ptr() == want.untyped_storage().data_ptr()
         for p in pending:
             p.cancel()
     assert empty  # the batch-1 Poisson posture drew an empty batch
