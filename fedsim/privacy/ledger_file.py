@@ -309,8 +309,9 @@ class DirectoryLock:
                 f"directory's lock); one ledger has one writer") from None
         self._locked = _identity(os.fstat(self._fd))
         """The locked directory's (device, inode): what a claim's directory must be."""
-        self._claimed: dict[str, _FileKey] = {}
-        """Each claimed path (as given) -> the file it names (:func:`_file_key`)."""
+        self._claimed: dict[str, tuple[_FileKey, ...]] = {}
+        """Each claimed path (as given) -> its name here and, if another, the file it names
+        (:func:`_file_key`; one key for a plain name: 10^6 ledgers share one lock)."""
         self._open: set[_FileKey] = set()
 
     @property
@@ -321,9 +322,9 @@ class DirectoryLock:
         """Register ``path`` as open in this process (a second open of it is refused).
 
         The path's directory must be the one locked (the same device and inode as the locked
-        descriptor's, whatever symlinks lead there now); the file is known by that directory
-        and its name, after following the name if it is a symlink (two stats, where resolving
-        both paths took some 50 lstats: 1.5 s of set-up at 10^4 clients)."""
+        descriptor's, whatever symlinks lead there now); the ledger is known by that directory
+        and its name, and by the file the name leads to if it is a symlink (two stats, where
+        resolving both paths took some 50 lstats: 1.5 s of set-up at 10^4 clients)."""
         if not self.held:
             raise LedgerError(f"{self.directory}: the directory lock was released")
         try:
@@ -332,17 +333,20 @@ class DirectoryLock:
             inside = False
         if not inside:
             raise LedgerError(f"{path}: not in the locked directory {self.directory}")
-        key = _file_key(path, self._locked)
-        if key in self._open:
+        # Known by its name here too, whatever the name leads to: a name re-pointed, or a
+        # symlinked name replaced by the file itself (a new ledger's _create), names the file
+        # a handle of it may still be writing through that name.
+        named: _FileKey = (self._locked, path.name)
+        followed = _file_key(path, self._locked)
+        keys = (named,) if followed == named else (named, followed)
+        if any(key in self._open for key in keys):
             raise LedgerError(f"{path}: the ledger is open elsewhere (another handle in this "
                               f"process); one ledger has one writer")
-        self._open.add(key)
-        self._claimed[str(path)] = key
+        self._open.update(keys)
+        self._claimed[str(path)] = keys
 
     def release(self, path: Path) -> None:
-        key = self._claimed.pop(str(path), None)
-        if key is not None:
-            self._open.discard(key)
+        self._open.difference_update(self._claimed.pop(str(path), ()))
 
     def close(self) -> None:
         """Release the lock (idempotent); the ledgers opened under it can no longer spend."""

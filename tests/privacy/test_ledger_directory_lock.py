@@ -190,3 +190,36 @@ def test_one_ledger_is_claimed_once_whatever_path_names_it(tmp_path: Path) -> No
             lock.claim(tmp_path / "a.jsonl")
     with pytest.raises(LedgerError, match="released"):
         lock.claim(locked / "c.jsonl")
+
+
+def test_a_claim_through_a_dangling_name_holds_once_its_target_appears(tmp_path: Path) -> None:
+    """A symlinked name whose target's directory is missing at the claim stays claimed when
+    the directory appears (2406e9f refused the second claim; the (device, inode) key took it)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "a.jsonl").symlink_to("later/x.jsonl")
+    with DirectoryLock(locked) as lock:
+        lock.claim(locked / "a.jsonl")
+        (locked / "later").mkdir()
+        with pytest.raises(LedgerError, match="open elsewhere"):
+            lock.claim(locked / "a.jsonl")
+
+
+def test_a_ledger_created_through_a_symlinked_name_has_one_writer(tmp_path: Path) -> None:
+    """Creating a ledger replaces a symlinked name by the file itself: the claim still holds
+    the name, so a second handle of it is refused (one writer per ledger file)."""
+    from fedsim.privacy.ledger import PrivacyLedger
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "x.jsonl").write_bytes(b"")
+    (locked / "a.jsonl").symlink_to("x.jsonl")
+    with DirectoryLock(locked) as lock:
+        options = dict(client_id="c", sampling="poisson", budget=None, accountant="rdp",
+                       directory=lock)
+        first = PrivacyLedger.open(locked / "a.jsonl", **options)
+        assert not (locked / "a.jsonl").is_symlink()
+        with pytest.raises(LedgerError, match="open elsewhere"):
+            PrivacyLedger.open(locked / "a.jsonl", **options)
+        first.close()
+        PrivacyLedger.open(locked / "a.jsonl", **options).close()
