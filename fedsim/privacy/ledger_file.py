@@ -372,7 +372,10 @@ def _file_key(path: Path, directory: tuple[int, int]) -> _FileKey:
         link = False  # not there yet: created under this name
     if not link:
         return directory, path.name
-    target = path.resolve()
+    try:
+        target = path.resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13)
+        raise LedgerError(f"{path}: its name leads nowhere ({exc})") from None
     try:
         return _identity(os.stat(target.parent)), target.name
     except OSError:  # a dangling link: known by where it leads

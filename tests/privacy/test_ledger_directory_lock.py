@@ -223,3 +223,12 @@ def test_a_ledger_created_through_a_symlinked_name_has_one_writer(tmp_path: Path
             PrivacyLedger.open(locked / "a.jsonl", **options)
         first.close()
         PrivacyLedger.open(locked / "a.jsonl", **options).close()
+
+
+def test_a_ledger_name_in_a_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").symlink_to("b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to("a.jsonl")
+    with DirectoryLock(tmp_path) as lock:
+        with pytest.raises(LedgerError, match="leads nowhere"):
+            lock.claim(tmp_path / "a.jsonl")
+        lock.claim(tmp_path / "c.jsonl")  # the lock goes on
