@@ -365,7 +365,9 @@ class DirectoryLock:
 
 def _file_key(path: Path, directory: tuple[int, int]) -> _FileKey:
     """The file ``path`` names, as (its directory's identity, its name): ``directory`` and the
-    name itself unless the name is a symlink, which is followed first."""
+    name itself unless the name is a symlink, which is followed first and must lead to a file
+    of the same directory (elsewhere the directory's lock would not cover it: another
+    process could write it under a lock of its own)."""
     try:
         link = stat.S_ISLNK(os.lstat(path).st_mode)
     except FileNotFoundError:
@@ -377,9 +379,12 @@ def _file_key(path: Path, directory: tuple[int, int]) -> _FileKey:
     except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13)
         raise LedgerError(f"{path}: its name leads nowhere ({exc})") from None
     try:
-        return _identity(os.stat(target.parent)), target.name
-    except OSError:  # a dangling link: known by where it leads
-        return (-1, -1), str(target)
+        inside = _identity(os.stat(target.parent)) == directory
+    except OSError:
+        inside = False
+    if not inside:
+        raise LedgerError(f"{path}: a symlink to {target}, outside the locked directory")
+    return directory, target.name
 
 
 def read_mark(path: Path) -> Mark | None:

@@ -192,17 +192,26 @@ def test_one_ledger_is_claimed_once_whatever_path_names_it(tmp_path: Path) -> No
         lock.claim(locked / "c.jsonl")
 
 
-def test_a_claim_through_a_dangling_name_holds_once_its_target_appears(tmp_path: Path) -> None:
-    """A symlinked name whose target's directory is missing at the claim stays claimed when
-    the directory appears (2406e9f refused the second claim; the (device, inode) key took it)."""
-    locked = tmp_path / "locked"
+def test_a_symlinked_name_leading_out_of_the_directory_is_refused(tmp_path: Path) -> None:
+    """A ledger name that is a symlink must lead to a file of the locked directory: one
+    elsewhere (another directory, a subdirectory, a target whose directory does not exist
+    yet) is not covered by this lock, so another process could write it under its own."""
+    locked, other = tmp_path / "locked", tmp_path / "other"
     locked.mkdir()
-    (locked / "a.jsonl").symlink_to("later/x.jsonl")
+    other.mkdir()
+    (locked / "a.jsonl").symlink_to("later/x.jsonl")  # dangling: 'later' does not exist
+    (locked / "b.jsonl").symlink_to(other / "b.jsonl")
+    (locked / "c.jsonl").symlink_to("c-real.jsonl")  # in the directory: fine
     with DirectoryLock(locked) as lock:
-        lock.claim(locked / "a.jsonl")
+        for name in ("a.jsonl", "b.jsonl"):
+            with pytest.raises(LedgerError, match="outside the locked directory"):
+                lock.claim(locked / name)
         (locked / "later").mkdir()
-        with pytest.raises(LedgerError, match="open elsewhere"):
+        with pytest.raises(LedgerError, match="outside the locked directory"):
             lock.claim(locked / "a.jsonl")
+        lock.claim(locked / "c.jsonl")
+        with pytest.raises(LedgerError, match="open elsewhere"):
+            lock.claim(locked / "c-real.jsonl")
 
 
 def test_a_ledger_created_through_a_symlinked_name_has_one_writer(tmp_path: Path) -> None:
