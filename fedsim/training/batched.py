@@ -303,14 +303,9 @@ class RoundBatcher:
             return
         self.batches += 1
         # Segments of one round are adjacent: their sums are added into the first's update.
-        k = 0
-        while k < len(usable):
-            end = k + 1
-            while end < len(usable) and usable[end].pending is usable[k].pending:
-                end += 1
+        for k, end in _round_ranges(usable):
             self._finish(usable[k:end], updates[k:end], within[k:end], nonfinite[k:end],
                          losses[k:end], finite[k:end], owners[k])
-            k = end
 
     def _finish(self, jobs: list[_Job], updates: list[torch.Tensor], within: list[int],
                 nonfinite: list[int], losses: list[float], finite: list[bool],
@@ -404,8 +399,7 @@ class RoundBatcher:
                                  x[start:stop], y[start:stop])
         owner = torch.repeat_interleave(torch.arange(len(jobs), device=self.device),
                                         torch.tensor(sizes, device=self.device))
-        return _Batch(jobs, total, list(zip(bounds, bounds[1:], strict=False)), sizes, x, y,
-                      params, layers, weights, owner, first.loss_fn)
+        return _Batch(jobs, total, sizes, x, y, params, layers, weights, owner, first.loss_fn)
 
     def _select(self, features: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor,
                 x: torch.Tensor, y: torch.Tensor) -> None:
@@ -556,6 +550,9 @@ class RoundBatcher:
                     for cg, a in zip(weighted, forward.inputs, strict=True)]
         updates: list[torch.Tensor] = []
         owners: list[np.ndarray | None] = []
+        # A round of one job here is whole after the pass (a split round's later segments
+        # are added to its first by _finish): measured as it is made, while in cache.
+        whole = {k for k, end in _round_ranges(batch.jobs) if end == k + 1}
         size = self.num_params + self.num_params % 2  # the noise comes in pairs
         on_cpu = self.device.type == "cpu"
         for k, job in enumerate(batch.jobs):
@@ -576,13 +573,24 @@ class RoundBatcher:
                 if sums is not None:
                     next(pieces).add_(sums[k])
             updates.append(update)
-            if (self.measure is not None and _releases_owner(owner, self.num_params)
-                    and job.first and (k + 1 == len(batch.jobs)
-                                       or batch.jobs[k + 1].pending is not job.pending)):
-                # A whole round's update is complete here (a split round's later segments are
-                # added to its first by _finish): measured while in cache, and written no more.
-                self.measure(owner)
+            if (self.measure is not None and job.first and k in whole
+                    and _releases_owner(owner, self.num_params)):
+                self.measure(owner)  # written no more
         return updates, owners
+
+
+def _round_ranges(jobs: Sequence[_Job]) -> list[tuple[int, int]]:
+    """Each round's jobs in ``jobs`` as ``(start, end)`` indices: a round's segments are
+    adjacent, its first job (the one with the noise) at ``start``."""
+    ranges = []
+    start = 0
+    while start < len(jobs):
+        end = start + 1
+        while end < len(jobs) and jobs[end].pending is jobs[start].pending:
+            end += 1
+        ranges.append((start, end))
+        start = end
+    return ranges
 
 
 def _releases_owner(owner: np.ndarray | None, size: int) -> TypeGuard[np.ndarray]:
@@ -606,10 +614,8 @@ class _Batch:
 
     jobs: Sequence[_Job]
     total: int
-    spans: list[tuple[int, int]]
-    """Each round's rows of ``x``/``y``."""
     sizes: list[int]
-    """Each round's number of rows (the spans' lengths, end to end)."""
+    """Each round's number of rows of ``x``/``y``, laid end to end."""
     x: torch.Tensor
     y: torch.Tensor
     params: list[torch.Tensor]
@@ -619,6 +625,12 @@ class _Batch:
     owner: torch.Tensor
     """The round of each row."""
     loss_fn: LossFn
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """Each round's rows of ``x``/``y`` as ``(start, stop)``."""
+        bounds = list(itertools.accumulate(self.sizes, initial=0))
+        return list(zip(bounds, bounds[1:], strict=False))
 
     def rows(self, tensor: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
         """Each round's rows of ``tensor`` (laid out like ``x`` along ``dim``): the views
