@@ -460,24 +460,27 @@ class PrivacyLedger:
         if held is None or not held.covers(kinds):
             previous = held.kind if held is not None else self._previous_envelope
             held = self._new_allowance(envelope(kinds, previous), held, count, budget)
-        elif held.capped and count > held.fits:  # far from the budget: look further
-            held = self._new_allowance(held.kind, held, count, budget)
-        answer = self._answer(held, kinds, count, budget)
+            covered = held.covers(kinds)
+        else:
+            covered = True
+            if held.capped and count > held.fits:  # far from the budget: look further
+                held = self._new_allowance(held.kind, held, count, budget)  # the same kind
+        # (a fresh allowance of a round of several kinds is their envelope, which may
+        # dominate the smaller ones by less than the margin: then it does not answer)
+        answer = self._answer(held, kinds, count, budget) if covered else None
         if answer is None:  # a widened envelope ran out, or a round of several kinds
             exact = envelope(kinds, None)
             if exact.key != held.kind.key:
                 held = self._new_allowance(exact, held, count, budget)
-                answer = self._answer(held, kinds, count, budget)
+                if held.covers(kinds):
+                    answer = self._answer(held, kinds, count, budget)
         return within(self._accountant.preview(steps), budget) if answer is None else answer
 
     def _answer(self, held: Allowance, kinds: tuple[GaussianStep, ...], count: int,
                 budget: Budget) -> bool | None:
-        """True if ``held`` shows that ``count`` steps of ``kinds`` fit, False if it shows they
-        do not (``kinds`` are ``held``'s own kind), None if it cannot tell (also when ``held``
-        does not cover ``kinds`` by the margin: a fresh allowance of a round of several
-        kinds is their envelope, which dominates the smaller ones by any amount)."""
-        if not held.covers(kinds):
-            return None
+        """True if ``held`` (which covers ``kinds``: :meth:`Allowance.covers`) shows that
+        ``count`` steps of ``kinds`` fit, False if it shows they do not (``kinds`` are
+        ``held``'s own kind), None if it cannot tell."""
         if count <= held.fits:
             return True
         if held.above is not None and count < held.above and self._refine(held, budget) >= count:
