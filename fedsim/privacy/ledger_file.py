@@ -296,9 +296,7 @@ class DirectoryLock:
         self.directory = Path(directory)
         # Resolved first, and the resolved path opened and locked: claims compare with the
         # directory the lock is on, whatever a symlink on the way points to later.
-        self._resolved = self.directory.resolve()
-        """The locked directory (its path without symlinks)."""
-        self._fd = _directory_fd(self._resolved)
+        self._fd = _directory_fd(self.directory.resolve())
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -327,11 +325,7 @@ class DirectoryLock:
         resolving both paths took some 50 lstats: 1.5 s of set-up at 10^4 clients)."""
         if not self.held:
             raise LedgerError(f"{self.directory}: the directory lock was released")
-        try:
-            inside = _identity(os.stat(path.parent)) == self._locked
-        except OSError:
-            inside = False
-        if not inside:
+        if not _in_directory(path, self._locked):
             raise LedgerError(f"{path}: not in the locked directory {self.directory}")
         # Known by its name here too, whatever the name leads to: a name re-pointed, or a
         # symlinked name replaced by the file itself (a new ledger's _create), names the file
@@ -378,13 +372,18 @@ def _file_key(path: Path, directory: tuple[int, int]) -> _FileKey:
         target = path.resolve()
     except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13)
         raise LedgerError(f"{path}: its name leads nowhere ({exc})") from None
-    try:
-        inside = _identity(os.stat(target.parent)) == directory
-    except OSError:
-        inside = False
-    if not inside:
+    if not _in_directory(target, directory):
         raise LedgerError(f"{path}: a symlink to {target}, outside the locked directory")
     return directory, target.name
+
+
+def _in_directory(path: Path, directory: tuple[int, int]) -> bool:
+    """Whether ``path``'s directory is ``directory`` (its device and inode; False if it
+    cannot be read)."""
+    try:
+        return _identity(os.stat(path.parent)) == directory
+    except OSError:
+        return False
 
 
 def read_mark(path: Path) -> Mark | None:
