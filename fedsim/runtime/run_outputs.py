@@ -19,11 +19,12 @@ written as ``null`` (:func:`clean_json`).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -297,18 +298,16 @@ def _clt_figures(steps: tuple[GaussianStep, ...]) -> tuple[float, float | None]:
 
 
 def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | None,
-                clt: dict[tuple[GaussianStep, ...], tuple[float, float | None]]) -> dict[str, Any]:
-    """``clt``: the CLT figures of the histories seen so far (a population's clients share
-    a few histories; the figures are a pure function of the history)."""
+                clt: Callable[[tuple[GaussianStep, ...]], tuple[float, float | None]]
+                ) -> dict[str, Any]:
+    """``clt``: :func:`_clt_figures`, remembered for the rows of one run (a population's
+    clients share a few histories; the figures are a pure function of the history)."""
     plan, ledger = client.plan, client.ledger
-    steps = tuple(group_steps(ledger.steps))
+    steps = group_steps(ledger.steps)
     released = client.released
     budget = plan.group.budget
     remaining = ledger.remaining_epsilon if budget else None
-    figures = clt.get(steps)
-    if figures is None:
-        figures = clt[steps] = _clt_figures(steps)
-    mu_clt, gamma = figures
+    mu_clt, gamma = clt(steps)
     return {
         "client_id": plan.client_id,
         "group": plan.group.name,
@@ -445,7 +444,7 @@ def client_rows(record: RunRecord) -> list[dict[str, Any]]:
     stops: dict[str, StoppedClient] = {}
     for entry in record.stopped:
         stops.setdefault(entry["client_id"], entry)
-    clt: dict[tuple[GaussianStep, ...], tuple[float, float | None]] = {}
+    clt = functools.cache(_clt_figures)  # for these rows only: dropped with them
     return [_client_row(c, delta, stops.get(c.plan.client_id), clt) for c in record.clients]
 
 
