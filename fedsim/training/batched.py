@@ -54,7 +54,7 @@ from torch import nn
 
 from fedsim.errors import ModelError
 from fedsim.training.dpsgd import noise_std
-from fedsim.training.gaussian import fill_noise
+from fedsim.training.gaussian import fill_noise, reference_rows
 from fedsim.training.persample import LossFn, clip_factors, linear_sq_norms
 from fedsim.training.persample.chain import (
     chain_applies,
@@ -554,16 +554,21 @@ class RoundBatcher:
         # are added to its first by _finish): measured as it is made, while in cache.
         whole = {k for k, end in _round_ranges(batch.jobs) if end == k + 1}
         size = self.num_params + self.num_params % 2  # the noise comes in pairs
-        on_cpu = self.device.type == "cpu"
+        # Off the CPU every update is a row of one block, its noise drawn for all rounds at
+        # once: one series of kernel launches a pass instead of one a round.
+        block = self._noise_block(batch.jobs, size) if _noise_in_block(self.device) else None
         for k, job in enumerate(batch.jobs):
-            owner = np.empty(size, dtype=np.float32) if on_cpu else None
-            update = (torch.from_numpy(owner) if owner is not None
-                      else torch.empty(size, device=self.device))
-            owners.append(owner)
-            if job.first:
-                fill_noise(update, job.draws.noise, job.std)
+            owner: np.ndarray | None = None
+            if block is not None:
+                update = block[k]
             else:
-                update.zero_()
+                owner = np.empty(size, dtype=np.float32)
+                update = torch.from_numpy(owner)
+                if job.first:
+                    fill_noise(update, job.draws.noise, job.std)
+                else:
+                    update.zero_()
+            owners.append(owner)
             # (split_with_sizes: Tensor.split's C call without its Python wrapper, every round)
             pieces = iter(update[: self.num_params].split_with_sizes(self._pieces))
             for module, (cg_t, a), sums in zip(batch.layers, products, bias_sums, strict=True):
@@ -577,6 +582,36 @@ class RoundBatcher:
                     and _releases_owner(owner, self.num_params)):
                 self.measure(owner)  # written no more
         return updates, owners
+
+    def _noise_block(self, jobs: Sequence[_Job], size: int) -> torch.Tensor:
+        """A ``(len(jobs), size)`` block on the pass's device: each round's noise in the row
+        of its first job (the values :func:`~fedsim.training.gaussian.fill_noise` gives for
+        its key), zeros in the rows of a split round's later segments.
+
+        Every row starts on a 64-byte boundary: a BLAS product's rounding can depend on its
+        output's alignment, and a round's update must not depend on its row in the pass."""
+        firsts = [k for k, job in enumerate(jobs) if job.first]
+        noise = reference_rows([jobs[k].draws.noise for k in firsts],
+                               [jobs[k].std for k in firsts], size // 2, self.device)
+        stride = -(-size // _ROW_ALIGNMENT) * _ROW_ALIGNMENT
+        block = torch.empty(len(jobs), stride, device=self.device)[:, :size]
+        if len(firsts) == len(jobs):
+            block.copy_(noise)
+        else:
+            block.zero_()
+            block[torch.tensor(firsts, device=self.device)] = noise
+        return block
+
+
+_ROW_ALIGNMENT = 16
+"""float32 values in 64 bytes: the alignment of a noise block's rows."""
+
+
+def _noise_in_block(device: torch.device) -> bool:
+    """Whether a pass on ``device`` draws its rounds' noise as rows of one block (torch's
+    sampler, a few whole-block kernel launches) rather than each into its own update (on the
+    CPU: the compiled sampler, a round's update filled while in cache)."""
+    return device.type != "cpu"
 
 
 def _round_ranges(jobs: Sequence[_Job]) -> list[tuple[int, int]]:
@@ -602,10 +637,15 @@ def _releases_owner(owner: np.ndarray | None, size: int) -> TypeGuard[np.ndarray
 def _released(update: torch.Tensor, owner: np.ndarray | None, size: int) -> np.ndarray:
     """A round's update as its client releases it: the first ``size`` values (``update`` is
     padded to whole noise pairs), as ``owner`` when :func:`_releases_owner`; else a view of
-    the tensor (copied to the CPU first if elsewhere)."""
+    the tensor on the CPU, and elsewhere a copy into an array that owns its memory (so that
+    the sender's check and the codec's measure it once: :mod:`fedsim.protocol.norms`)."""
     if _releases_owner(owner, size):
         return owner
-    return update[:size].cpu().numpy()
+    if update.device.type == "cpu":
+        return update[:size].numpy()
+    released = np.empty(size, dtype=np.float32)
+    torch.from_numpy(released).copy_(update[:size])
+    return released
 
 
 @dataclass(frozen=True, eq=False)

@@ -72,7 +72,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +89,7 @@ __all__ = [
     "mix_gamma",
     "native_kernel_available",
     "reference_pairs",
+    "reference_rows",
     "tail_key",
     "unmix64",
 ]
@@ -176,40 +177,68 @@ def mix_gamma(value: int) -> int:
 
 
 def _tail_radius(
-    z: torch.Tensor, counter: torch.Tensor, seed: int, gamma: int, std: float
+    z: torch.Tensor, counter: torch.Tensor, seed: torch.Tensor, gamma: torch.Tensor,
+    std: torch.Tensor,
 ) -> torch.Tensor:
     """The radius of the tail pairs (``z >> 40 == 0``) whose stream outputs are ``z``:
     ``u1 = (2^64 b + c + 1) / 2^104`` with ``b = z & 0xFFFF`` and ``c`` the stream's output at
-    ``counter`` (pair ``i``'s ``p + i``), computed in float64."""
-    c = _mix64(counter * _signed(gamma) + _signed(seed)).to(torch.float64)
+    ``counter`` (pair ``i``'s ``p + i``), computed in float64 (``seed`` and ``gamma`` as signed
+    int64, ``std`` as float64, each broadcast against ``z``)."""
+    c = _mix64(counter * gamma + seed).to(torch.float64)
     c = torch.where(c < 0, c + 2.0**64, c)  # the unsigned value of the bit pattern
     u1 = (z & 0xFFFF).to(torch.float64) * 2.0**-40 + (c + 1.0) * 2.0**-104
     return (torch.sqrt(-2.0 * torch.log(u1)) * std).to(torch.float32)
+
+
+def reference_rows(
+    keys: Sequence[NoiseKey], stds: Sequence[float], pairs: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """The sampler in torch operations for several draws at once: row ``r`` of the
+    ``(len(keys), 2 * pairs)`` float32 result holds the ``2 * pairs`` values of stream
+    ``keys[r]`` scaled by ``stds[r]``. One series of whole-block operations, whatever the
+    number of draws: on an accelerator, where each operation is a kernel launch, a batched
+    pass draws all its rounds' noise in one series instead of one a round.
+
+    Elementwise the same computation as one draw alone (:func:`reference_pairs` is its one
+    row), so a row is that draw's values to the bit (tested on the CPU and on CUDA)."""
+    device = torch.device(device)
+
+    def column(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device).reshape(-1, 1)
+
+    seeds = column([_signed(key.seed) for key in keys], torch.int64)
+    gammas = column([_signed(key.gamma) for key in keys], torch.int64)
+    counter = torch.arange(1, pairs + 1, dtype=torch.int64, device=device)
+    z = _mix64(counter * gammas + seeds)
+    high = _shift_right(z, 40)
+    u1 = (high + 1).to(torch.float32) * 2.0**-24
+    u2 = ((z >> 16) & 0xFFFFFF).to(torch.float32) * 2.0**-24
+    radius = torch.sqrt(-2.0 * torch.log(u1)) * column(stds, torch.float32)
+    tail = high == 0
+    if device.type in _SYNC_FREE_TAIL:
+        # No host sync a draw (which finding the rare tail pairs would cost): every pair's
+        # tail radius in float64, kept where the pair is in the tail.
+        radius = torch.where(tail, _tail_radius(z, counter + pairs, seeds, gammas,
+                                                column(stds, torch.float64)), radius)
+    else:
+        rows, index = torch.nonzero(tail, as_tuple=True)
+        if rows.numel():
+            # Rare (2^-24 a pair), so on the CPU: float64 is not on every device (MPS).
+            cpu_rows = rows.cpu()
+            radius[rows, index] = _tail_radius(
+                z[rows, index].cpu(), index.cpu() + 1 + pairs, seeds.cpu()[cpu_rows, 0],
+                gammas.cpu()[cpu_rows, 0],
+                torch.tensor(stds, dtype=torch.float64)[cpu_rows]).to(device)
+    angle = u2 * (2 * math.pi)
+    return torch.cat([radius * torch.cos(angle), radius * torch.cos(angle - math.pi / 2)], dim=1)
 
 
 def reference_pairs(
     pairs: int, seed: int, gamma: int, std: float, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """The sampler in torch operations: ``2 * pairs`` float32 values of stream ``(seed, gamma)``."""
-    counter = torch.arange(1, pairs + 1, dtype=torch.int64, device=device)
-    z = _mix64(counter * _signed(gamma) + _signed(seed))
-    high = _shift_right(z, 40)
-    u1 = (high + 1).to(torch.float32) * 2.0**-24
-    u2 = ((z >> 16) & 0xFFFFFF).to(torch.float32) * 2.0**-24
-    radius = torch.sqrt(-2.0 * torch.log(u1)) * std
-    tail = high == 0
-    if torch.device(device).type in _SYNC_FREE_TAIL:
-        # No host sync a draw (which finding the rare tail pairs would cost): every pair's
-        # tail radius in float64, kept where the pair is in the tail.
-        radius = torch.where(tail, _tail_radius(z, counter + pairs, seed, gamma, std), radius)
-    else:
-        found = torch.nonzero(tail).flatten()
-        if found.numel():
-            # Rare (2^-24 a pair), so on the CPU: float64 is not on every device (MPS).
-            radius[found] = _tail_radius(z[found].cpu(), counter[found].cpu() + pairs, seed,
-                                         gamma, std).to(device)
-    angle = u2 * (2 * math.pi)
-    return torch.cat([radius * torch.cos(angle), radius * torch.cos(angle - math.pi / 2)])
+    return reference_rows([NoiseKey(seed, gamma)], [std], pairs, device)[0]
 
 
 class _Kernel:

@@ -21,7 +21,15 @@ from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training import devices
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import Accelerators, resolve_device
-from fedsim.training.gaussian import NoiseKey, fill_gaussian, fill_noise, gaussian_noise
+from fedsim.training.gaussian import (
+    NoiseKey,
+    fill_gaussian,
+    fill_noise,
+    gaussian_noise,
+    reference_pairs,
+    reference_rows,
+    tail_key,
+)
 
 NONE, CUDA, MPS = Accelerators(False, False), Accelerators(True, False), Accelerators(False, True)
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -113,6 +121,20 @@ def test_noise_on_the_gpu_is_the_cpu_samplers_distribution_and_fresh_each_step()
     assert stats.kstest(first, "norm").pvalue > 0.01
     assert abs(first.std() - 1) < 5 * math.sqrt(0.5 / first.size)
     assert abs(np.corrcoef(first, second)[0, 1]) < 5 / math.sqrt(first.size)
+
+
+@GPU
+def test_a_block_of_draws_on_the_gpu_gives_each_keys_own_draw_to_the_bit() -> None:
+    # The batched pass off the CPU draws all its rounds' noise at once (reference_rows); a
+    # row is its key's draw alone on the same device, and the CPU's values up to rounding.
+    keys = [NoiseKey(0x0123456789ABCDEF, 0x9E3779B97F4A7C15), tail_key(4099, 3000, 0x3A5C_71E9),
+            NoiseKey(11, 0x5851F42D4C957F2D)]
+    stds = [1.0, 0.5, 3.0]
+    rows = reference_rows(keys, stds, 4099, "cuda")
+    for row, key, std in zip(rows, keys, stds, strict=True):
+        assert torch.equal(row, reference_pairs(4099, key.seed, key.gamma, std, "cuda"))
+        torch.testing.assert_close(row.cpu(), gaussian_noise(8198, std, key, torch.zeros(1)),
+                                   rtol=1e-5, atol=1e-5)
 
 
 @GPU

@@ -326,3 +326,26 @@ def test_the_probe_refuses_a_kernel_that_caps_the_tail() -> None:
     key = (1, mix_gamma(2), 1.0)  # a random key: no tail pair, the capped kernel is exact
     assert torch.equal(Capped().pairs(4099, *key), reference_pairs(4099, *key))
     assert not gaussian._agrees(Capped())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_a_block_of_draws_gives_each_keys_own_values_to_the_bit(
+        monkeypatch: pytest.MonkeyPatch, sync_free: bool) -> None:
+    # reference_rows draws several keys at once (an accelerator's batched pass): each row is
+    # its key's draw alone, tail pairs included (two keys with a tail pair, in rows 1 and 3),
+    # each scaled by its own std; both ways of finding the tail.
+    if sync_free:
+        monkeypatch.setattr(gaussian, "_SYNC_FREE_TAIL", ("cpu",))
+    pairs = 3001
+    keys = [gaussian.NoiseKey(0x0123456789ABCDEF, mix_gamma(5)),
+            gaussian.tail_key(pairs, 2000, 0x0000_0000_00F0_0F00),
+            gaussian.NoiseKey(7, mix_gamma(8)),
+            gaussian.tail_key(pairs, 17, 0x0000_0000_0123_4567)]
+    stds = [1.0, 0.37, 2.5e-3, 4.0]
+    rows = gaussian.reference_rows(keys, stds, pairs)
+    assert rows.shape == (4, 2 * pairs) and rows.dtype == torch.float32
+    for row, key, std in zip(rows, keys, stds, strict=True):
+        assert torch.equal(row, reference_pairs(pairs, key.seed, key.gamma, std))
+    # the tail pairs reach past the 24-bit sampler's radius
+    assert math.hypot(rows[1, 2000].item(), rows[1, pairs + 2000].item()) > 0.37 * 5.77
+    assert gaussian.reference_rows([], [], pairs).shape == (0, 2 * pairs)

@@ -239,3 +239,38 @@ def test_the_horizon_is_asked_per_client_and_holds_only_that_clients_round() -> 
     next_model["b"] = 12.0
     rounds["b"].result()
     assert batcher.recomputed == 0 and batcher.pending == 0
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes(
+        monkeypatch: pytest.MonkeyPatch, split: bool) -> None:
+    """Off the CPU a pass draws every round's noise as a row of one block (zeros for a split
+    round's later segments). Here on the CPU, both ways with torch's sampler (the compiled one
+    differs from it by float32 rounding): the same updates, whole and split rounds, up to a
+    BLAS product's rounding (which may follow its output's alignment); and a round's update
+    to the byte whatever its row in the pass (rows are aligned alike)."""
+    from fedsim.training import batched, gaussian
+
+    monkeypatch.setattr(gaussian, "_native", lambda: None)
+    model = _logreg()
+    base = flat_params(model)
+    rng = np.random.default_rng(3)
+    params = [base + np.float32(0.2) * rng.standard_normal(base.size).astype(np.float32)
+              for _ in range(5)]
+
+    def updates(in_block: bool, order: list[int]) -> list[np.ndarray]:
+        monkeypatch.setattr(batched, "_noise_in_block", lambda device: in_block)
+        batcher = RoundBatcher(model)
+        trainers = {k: _trainer(model, 70 + k, sampling="poisson") for k in order}
+        pending = {k: trainers[k].begin_round(params[k], 1, batcher) for k in order}
+        if split:
+            pending[1].switch(0.5, base - np.float32(0.25))  # a zero row in the block
+            pending[3].switch(0.3, base + np.float32(0.1))
+        pending[order[0]].result()
+        assert batcher.rounds_batched == 5
+        return [pending[k].result().update for k in range(5)]
+
+    in_block = updates(True, [0, 1, 2, 3, 4])
+    for got, want in zip(in_block, updates(False, [0, 1, 2, 3, 4]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    assert [u.tobytes() for u in updates(True, [4, 2, 0, 3, 1])] == [u.tobytes() for u in in_block]
