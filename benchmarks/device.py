@@ -11,11 +11,16 @@ plain (non-private) training loop on the same device.
   thread (as the simulation's ``torch_threads``); timed after a warm-up, with the device
   synchronised before each clock read.
 
-``ratio`` = simulation rate / plain rate. Where no GPU is present (``--device auto`` finds
+``ratio`` = simulation rate / plain rate. ``--profile DIR`` instead profiles the simulation
+(8 virtual seconds after a 1-second warm-up) and writes ``cprofile_<device>.txt`` (Python's
+cProfile, by own and by cumulative time) and ``torchprof_<device>.txt`` (torch.profiler's
+operators and runtime calls of a 2-second run) into DIR: the profiles in
+``benchmarks/results/device_profile/`` were made so. Where no GPU is present (``--device auto`` finds
 neither CUDA nor MPS), nothing is measured: the result says so. ``--device cpu`` measures the
 CPU path the same way (for comparison; the result names the device).
 
     python benchmarks/device.py [--device auto|cuda|mps|cpu] [--quick] [--out FILE]
+    python benchmarks/device.py --device cuda --profile DIR
 
 writes ``benchmarks/results/device.json`` (default).
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -35,7 +41,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_json  # noqa: E402
+from _common import provenance, write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "device.json"
 
@@ -76,6 +82,45 @@ def simulation_rate(device: str, virtual_seconds: float) -> dict[str, Any]:
             "final_accuracy": result.summary["final_accuracy"]}
 
 
+def profile(device: str, folder: Path) -> None:
+    """cProfile of a simulation and torch.profiler's table of a shorter one, into ``folder``."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from fedsim.config import LoadedScenario, parse_scenario
+    from fedsim.runtime.simulated.simulation import run_scenario
+
+    def run(virtual_seconds: float) -> Any:
+        loaded = LoadedScenario(parse_scenario(scenario(device, virtual_seconds)), None)
+        with tempfile.TemporaryDirectory(prefix="fedsim-device-") as out:
+            return run_scenario(loaded, Path(out) / "run")
+
+    folder.mkdir(parents=True, exist_ok=True)
+    run(1.0)  # warm-up: kernels loaded, caches made
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    result = run(8.0)
+    profiler.disable()
+    wall = time.perf_counter() - started
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(60)
+    (folder / f"cprofile_{device}.txt").write_text(
+        f"wall {wall:.2f} grads {result.sample_grads}\n" + text.getvalue())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch_profile(activities=activities) as traced:
+        run(2.0)
+    (folder / f"torchprof_{device}.txt").write_text(
+        traced.key_averages().table(sort_by="self_cpu_time_total", row_limit=50))
+    print(f"wrote {folder}/cprofile_{device}.txt and torchprof_{device}.txt")
+
+
 def plain_rate(device: torch.device, batch: int, seconds: float) -> dict[str, Any]:
     from fedsim.training import build_model
 
@@ -110,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     parser.add_argument("--quick", action="store_true", help="a short run (plumbing check)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="profile the simulation into DIR instead of measuring rates")
     args = parser.parse_args(argv)
     from fedsim.training.devices import Accelerators, resolve_device
 
     present = Accelerators.detect()
     device = resolve_device(args.device, present=present)
     base: dict[str, Any] = {
-        "benchmark": "device", "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+        "benchmark": "device", "commit": provenance(), "loadavg_start": list(os.getloadavg()),
+        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "machine": platform.machine(), "requested": args.device,
         "cuda_available": present.cuda, "mps_available": present.mps,
     }
@@ -126,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         print(reason)
         write_json(args.out, {**base, "device": None, "measured": False, "reason": reason})
         return 0
+    if args.profile is not None:
+        profile(device.type, args.profile)
+        return 0
     name = (torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
     virtual = 4.0 if args.quick else 40.0
     sim = simulation_rate(device.type, virtual)
     plain = plain_rate(device, batch=96, seconds=2.0 if args.quick else 10.0)
     ratio = sim["sample_grads_per_s"] / plain["sample_grads_per_s"]
     document = {**base, "device": device.type, "device_name": name, "measured": True,
-                "quick": args.quick, "simulation": sim, "plain": plain, "ratio": ratio}
+                "quick": args.quick, "simulation": sim, "plain": plain, "ratio": ratio,
+                "loadavg_end": list(os.getloadavg())}
     print(json.dumps({"device": name, "ratio": round(ratio, 4),
                       "simulation_per_s": round(sim["sample_grads_per_s"]),
                       "plain_per_s": round(plain["sample_grads_per_s"])}))
