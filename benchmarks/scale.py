@@ -226,7 +226,8 @@ def measure(clients: int, mode: str, virtual_seconds: float) -> dict[str, Any]:
     rss_population = rss_mb()
     single = training = on_window = None
     if mode.startswith("train"):
-        single, training, on_window = interleaved_arms(population)
+        # The run's rounds are counted, not timed: the row reads the run's CPU as a whole.
+        single, training, on_window = interleaved_arms(population, time_training=False)
     usage_before = resource.getrusage(resource.RUSAGE_SELF)
     with _scratch_dir() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
@@ -327,25 +328,10 @@ class _Floor:
         self.cpu += time.process_time() - started
 
 
-class _Untimed:
-    """A stand-in for :class:`simulator._Clocks` where only rounds and gradients are counted:
-    the floor rows measure the run's CPU as a whole, and two process-time reads per round
-    begun and per result taken (about 6 us a round, the kernel sums every thread's time)
-    are the harness's cost, not the simulator's."""
-
-    cpu = wall = 0.0
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def floor_row(clients: int, virtual_seconds: float) -> dict[str, Any]:
     """The simulator's CPU per round at ``clients`` training clients beside the floor of the
     same work, measured interleaved in one process (see the module docstring)."""
-    from simulator import _TrainingTotals, _warm_imports
+    from simulator import _TrainingTotals, _Untimed, _warm_imports
 
     load_before = os.getloadavg()
     loaded = scaled(clients, virtual_seconds, cross_device=False)
@@ -476,7 +462,7 @@ def profile_rounds(clients: int, virtual_seconds: float, top: int = 40) -> dict[
     import cProfile
     import pstats
 
-    from simulator import _TrainingTotals, _warm_imports
+    from simulator import _TrainingTotals, _Untimed, _warm_imports
 
     loaded = scaled(clients, virtual_seconds, cross_device=False)
     population = build_population(loaded)

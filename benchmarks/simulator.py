@@ -144,6 +144,23 @@ class _Clocks:
         self.wall += time.perf_counter() - self._wall
 
 
+class _Untimed:
+    """A stand-in for :class:`_Clocks` where only rounds and gradients are counted: a row
+    that measures the run's CPU as a whole (``scale.py``'s) would otherwise charge the
+    simulator two process-time reads per round begun and per result taken, the harness's
+    cost, not the simulator's (about 6 us a round on the Intel guest of sessions 40-46; 20-30
+    us on session 47's AMD guest, where reading a process's CPU time is a slower system
+    call: 4% of a round there, by py-spy)."""
+
+    cpu = wall = 0.0
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 class _TimedTrainer:
     """A client's trainer whose rounds' CPU/wall time and sample gradients are counted: the
     draws when a round begins and the compute when its result is taken (under the run's
@@ -220,13 +237,15 @@ class _SingleLoop:
                     self.rounds[name] += 1
 
 
-def interleaved_arms(population: Population) -> tuple[_SingleLoop, _TrainingTotals,
-                                                    Callable[[Any], None]]:
+def interleaved_arms(population: Population, *, time_training: bool = True) -> tuple[
+        _SingleLoop, _TrainingTotals, Callable[[Any], None]]:
     """The single loop, the run's training totals and the ``on_window`` hook that interleaves
-    them: at every window's end the loop catches up with the gradients the run computed."""
+    them: at every window's end the loop catches up with the gradients the run computed.
+    ``time_training=False``: the run's rounds are counted but not timed (:class:`_Untimed`)."""
     single = _SingleLoop(population)
     _warm_imports(population)
-    training = _TrainingTotals()
+    training = _TrainingTotals() if time_training else _TrainingTotals(
+        clocks=_Untimed())  # type: ignore[arg-type]
     return single, training, lambda _line: single.catch_up(dict(training.per_group))
 
 
