@@ -588,23 +588,35 @@ class RoundBatcher:
         of its first job (the values :func:`~fedsim.training.gaussian.fill_noise` gives for
         its key), zeros in the rows of a split round's later segments.
 
-        Every row starts on a 64-byte boundary: a BLAS product's rounding can depend on its
-        output's alignment, and a round's update must not depend on its row in the pass."""
-        firsts = [k for k, job in enumerate(jobs) if job.first]
-        noise = reference_rows([jobs[k].draws.noise for k in firsts],
-                               [jobs[k].std for k in firsts], size // 2, self.device)
+        Every row starts on a 512-byte boundary, as a tensor of its own would on CUDA: a BLAS
+        product's rounding can depend on its output's alignment, and a round's update must not
+        depend on its row in the pass. The draws go in groups of at most
+        :data:`_BLOCK_DRAW_PAIRS` pairs, each written straight into its rows: the sampler's
+        whole-block intermediates (int64 and float64) are several times the block's size."""
         stride = -(-size // _ROW_ALIGNMENT) * _ROW_ALIGNMENT
         block = torch.empty(len(jobs), stride, device=self.device)[:, :size]
-        if len(firsts) == len(jobs):
-            block.copy_(noise)
-        else:
+        firsts = [k for k, job in enumerate(jobs) if job.first]
+        if len(firsts) < len(jobs):
             block.zero_()
-            block[torch.tensor(firsts, device=self.device)] = noise
+        group = max(1, _BLOCK_DRAW_PAIRS // max(1, size // 2))
+        for start in range(0, len(firsts), group):
+            rows = firsts[start:start + group]
+            noise = reference_rows([jobs[k].draws.noise for k in rows],
+                                   [jobs[k].std for k in rows], size // 2, self.device)
+            if rows == list(range(rows[0], rows[-1] + 1)):
+                block[rows[0]:rows[-1] + 1] = noise
+            else:
+                block[torch.tensor(rows, device=self.device)] = noise
         return block
 
 
-_ROW_ALIGNMENT = 16
-"""float32 values in 64 bytes: the alignment of a noise block's rows."""
+_ROW_ALIGNMENT = 128
+"""float32 values in 512 bytes: the alignment of a noise block's rows (CUDA's caching
+allocator starts every tensor on such a boundary)."""
+
+_BLOCK_DRAW_PAIRS = 1 << 22
+"""Noise pairs drawn together at most (:meth:`RoundBatcher._noise_block`): about 4 M pairs,
+whose intermediates take some hundreds of MB on the device, whatever the model's size."""
 
 
 def _noise_in_block(device: torch.device) -> bool:
@@ -636,13 +648,12 @@ def _releases_owner(owner: np.ndarray | None, size: int) -> TypeGuard[np.ndarray
 
 def _released(update: torch.Tensor, owner: np.ndarray | None, size: int) -> np.ndarray:
     """A round's update as its client releases it: the first ``size`` values (``update`` is
-    padded to whole noise pairs), as ``owner`` when :func:`_releases_owner`; else a view of
-    the tensor on the CPU, and elsewhere a copy into an array that owns its memory (so that
-    the sender's check and the codec's measure it once: :mod:`fedsim.protocol.norms`)."""
+    padded to whole noise pairs), as ``owner`` when :func:`_releases_owner`; else a copy into
+    an array that owns its memory: no tensor of the pass can change it, the network takes it
+    uncopied, and the sender's check and the codec's measure it once
+    (:mod:`fedsim.protocol.norms`)."""
     if _releases_owner(owner, size):
         return owner
-    if update.device.type == "cpu":
-        return update[:size].numpy()
     released = np.empty(size, dtype=np.float32)
     torch.from_numpy(released).copy_(update[:size])
     return released

@@ -425,7 +425,8 @@ def test_a_released_update_owns_its_memory_and_the_network_takes_it_uncopied(
     """On the CPU a batched round's update is the numpy array its memory belongs to, so the
     in-process network seals it as it is (made read-only) instead of copying a view of a
     tensor's memory; a model of an odd size (the update padded to whole noise pairs) releases
-    a view of its first values, which the network copies. Either way the values are the pass's."""
+    a copy of its first values, an array of its own, which the network takes as it is too.
+    Either way the values are the pass's."""
     from fedsim.protocol import codec
     from fedsim.protocol.messages import ClientUpdate
 
@@ -441,10 +442,9 @@ def test_a_released_update_owns_its_memory_and_the_network_takes_it_uncopied(
     results = [p.result() for p in pending]
     assert batcher.rounds_batched == len(POSTURES)
     # Nothing of the pass can still write an update released as its own array: no live
-    # tensor shares its memory (an odd-sized model's update is a view of one: copied at seal).
+    # tensor shares its memory.
     gc.collect()
-    spans = [(r.update.ctypes.data, r.update.ctypes.data + r.update.nbytes) for r in results
-             if size % 2 == 0]
+    spans = [(r.update.ctypes.data, r.update.ctypes.data + r.update.nbytes) for r in results]
     for obj in gc.get_objects():  # (other tests' objects too: lazy parameters, meta tensors)
         if not issubclass(type(obj), torch.Tensor) or issubclass(
                 type(obj), torch.nn.parameter.UninitializedTensorMixin):
@@ -462,11 +462,8 @@ def test_a_released_update_owns_its_memory_and_the_network_takes_it_uncopied(
         assert update.shape == (size,) and update.dtype == np.float32
         values = update.copy()
         sealed = codec.seal(ClientUpdate(f"c{k}", 0, 0, update, 8.0))
-        if size % 2 == 0:
-            assert update.base is None and update.flags.owndata
-            assert sealed.body is update and not update.flags.writeable  # given up, not copied
-        else:
-            assert update.base is not None and sealed.body is not update
+        assert update.base is None and update.flags.owndata
+        assert sealed.body is update and not update.flags.writeable  # given up, not copied
         opened = sealed.open(expected_params=size)
         assert isinstance(opened, ClientUpdate)
         np.testing.assert_array_equal(opened.delta, values)

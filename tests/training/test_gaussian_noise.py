@@ -346,6 +346,9 @@ def test_a_block_of_draws_gives_each_keys_own_values_to_the_bit(
     assert rows.shape == (4, 2 * pairs) and rows.dtype == torch.float32
     for row, key, std in zip(rows, keys, stds, strict=True):
         assert torch.equal(row, reference_pairs(pairs, key.seed, key.gamma, std))
+        # and the definition itself, from Python integers (each row its own key and std)
+        np.testing.assert_allclose(row.double().numpy(), expected_pairs(pairs, key.seed, key.gamma, std),
+                                   rtol=2e-5, atol=2e-5 * std)
     # the tail pairs reach past the 24-bit sampler's radius
     assert math.hypot(rows[1, 2000].item(), rows[1, pairs + 2000].item()) > 0.37 * 5.77
     assert gaussian.reference_rows([], [], pairs).shape == (0, 2 * pairs)

@@ -241,9 +241,10 @@ def test_the_horizon_is_asked_per_client_and_holds_only_that_clients_round() -> 
     assert batcher.recomputed == 0 and batcher.pending == 0
 
 
+@pytest.mark.parametrize("draw_pairs", [1 << 22, 1])  # all rows in one draw, or one a row
 @pytest.mark.parametrize("split", [False, True])
 def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes(
-        monkeypatch: pytest.MonkeyPatch, split: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, split: bool, draw_pairs: int) -> None:
     """Off the CPU a pass draws every round's noise as a row of one block (zeros for a split
     round's later segments). Here on the CPU, both ways with torch's sampler (the compiled one
     differs from it by float32 rounding): the same updates, whole and split rounds, up to a
@@ -252,6 +253,7 @@ def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes
     from fedsim.training import batched, gaussian
 
     monkeypatch.setattr(gaussian, "_native", lambda: None)
+    monkeypatch.setattr(batched, "_BLOCK_DRAW_PAIRS", draw_pairs)
     model = _logreg()
     base = flat_params(model)
     rng = np.random.default_rng(3)
@@ -261,7 +263,9 @@ def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes
     def updates(in_block: bool, order: list[int]) -> list[np.ndarray]:
         monkeypatch.setattr(batched, "_noise_in_block", lambda device: in_block)
         batcher = RoundBatcher(model)
-        trainers = {k: _trainer(model, 70 + k, sampling="poisson") for k in order}
+        # each round its own clip, so its own noise std
+        trainers = {k: _trainer(model, 70 + k, sampling="poisson", clip=0.2 + 0.3 * k)
+                    for k in order}
         pending = {k: trainers[k].begin_round(params[k], 1, batcher) for k in order}
         if split:
             pending[1].switch(0.5, base - np.float32(0.25))  # a zero row in the block
@@ -274,3 +278,48 @@ def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes
     for got, want in zip(in_block, updates(False, [0, 1, 2, 3, 4]), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
     assert [u.tobytes() for u in updates(True, [4, 2, 0, 3, 1])] == [u.tobytes() for u in in_block]
+
+
+@pytest.mark.parametrize("in_block", [False, True])
+def test_a_round_without_records_releases_exactly_its_own_noise_either_way(
+        monkeypatch: pytest.MonkeyPatch, in_block: bool) -> None:
+    """Rounds whose Poisson batch is empty release their noise alone: each exactly its own
+    key's draw at its own std (five clips, so five stds), cut to a model of an odd size (the
+    draw padded to whole pairs), whether the pass draws per round or as one block."""
+    from fedsim.training import batched, gaussian
+    from fedsim.training.dpsgd import noise_std
+
+    monkeypatch.setattr(gaussian, "_native", lambda: None)  # torch's sampler both ways
+    monkeypatch.setattr(batched, "_noise_in_block", lambda device: in_block)
+    torch.manual_seed(0)
+    model = build_model("logreg", in_features=4, num_classes=3)  # (4 + 1) * 3: odd
+    base = flat_params(model)
+    assert base.size % 2 == 1
+    batcher = RoundBatcher(model)
+    clips = [0.1, 0.4, 2.0, 7.5, 0.01]
+    pending, seed = [], 0
+    for clip in clips:
+        while True:  # a seed whose first Poisson batch of 1 in 40 is empty
+            seed += 1
+            x, y, _, _ = load_dataset("synthetic", seed=seed, num_train=40, num_test=1,
+                                      num_features=4, num_classes=3)
+
+            def trainer(x: torch.Tensor = x, y: torch.Tensor = y, seed: int = seed,
+                        clip: float = clip) -> LocalTrainer:
+                return LocalTrainer(model, x, y, batch_size=1, sampling="poisson",
+                                    clip=schedules.constant(100, 1.3, clip),
+                                    noise=schedules.constant(100, 1.3, clip), local_lr=LR,
+                                    generator=torch.Generator().manual_seed(seed))
+
+            if trainer().begin_round(base, 1).draws[0].indices.numel() == 0:
+                pending.append(trainer().begin_round(base, 1, batcher))
+                break
+    pending[0].result()
+    assert batcher.rounds_batched == len(clips)
+    for round_, clip in zip(pending, clips, strict=True):
+        key = round_.draws[0].noise
+        std = noise_std("poisson", clip, 1.3, 1)
+        want = gaussian.reference_pairs((base.size + 1) // 2, key.seed, key.gamma, std)
+        update = round_.result().update
+        assert update.tobytes() == want[: base.size].numpy().tobytes()
+        assert update.base is None and update.flags.owndata  # released as its own array
