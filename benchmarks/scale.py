@@ -44,6 +44,11 @@ size, one norm, one copy and one add); ``floor / simulator`` is the ratio (targe
 ``--floor --profile`` runs it once more under cProfile and prints where each ms of a round
 goes (docs/SCALE.md).
 
+``--cold-loop N`` runs the single loop with a model vector per client (N clients' groups, each
+round its client's vector, the moved model written back) against one vector a group, warm and
+cold alternating: what holding a model per client costs the loop itself (``cold_loop`` in
+scale.json).
+
 ``--per-client N,M`` measures what one message-only client holds (issue 24 item 5): Python
 allocations under ``tracemalloc`` at the first window's end of message-only runs of N and M
 clients (each in its own process, under the directory lock as from 9,870 clients, the
@@ -57,6 +62,7 @@ tracemalloc); run it with ``PYTHONPATH`` at another checkout to measure that cod
     python benchmarks/scale.py --breakdown 1000 [--label NAME]
     python benchmarks/scale.py --per-client 2000,4000
     python benchmarks/scale.py --floor [--virtual-seconds 3] [--profile]
+    python benchmarks/scale.py --cold-loop 1000
     python benchmarks/scale.py --ray [--ray-scenarios hetero-100,10000]   # docs/RAY.md
 
 Every mode takes ``--allocator keep`` (the default: the process's allocator keeps freed memory
@@ -730,6 +736,67 @@ def _floor_rows(clients: int, virtual_seconds: float, *, profile: bool, allocato
     _save(document)
 
 
+def cold_loop_rows(clients: int, gradients_per_group: int = 4000,
+                   repeats: int = 2) -> list[dict[str, Any]]:
+    """What holding a model per client costs the single loop itself (issue 24): the loop as
+    the rows run it (:class:`simulator._SingleLoop`: one model vector a group, warm) against
+    the same loop whose rounds cycle over as many distinct vectors as the group has clients,
+    each round writing its client's moved model back (cold: 400 KB a round read and written
+    that no cache holds at 10^3 clients). Each vector is touched once before the timing (the
+    first touches are the simulator's first-window cost, measured by the rows' page faults).
+    Alternating warm and cold, ``repeats`` times; CPU per gradient of ``gradients_per_group``
+    gradients a group."""
+    import numpy as np
+    from simulator import _SingleLoop, _warm_imports
+
+    loaded = scaled(clients, 4.0, cross_device=False)
+    torch.set_num_threads(loaded.scenario.torch_threads)  # as the simulation runs
+    population = build_population(loaded)
+    _warm_imports(population)
+    loop = _SingleLoop(population)
+    sizes: dict[str, int] = {}
+    for plan in population.plans:
+        sizes[plan.group.name] = sizes.get(plan.group.name, 0) + 1
+    rows = []
+    for repeat in range(repeats):
+        for cold in (False, True):
+            cpu = 0.0
+            grads = rounds = 0
+            for name, (trainer, plan) in loop.loops.items():
+                count = sizes[name] if cold else 1
+                lr = np.float32(plan.group.local_lr)
+                vectors = [population.initial_params.copy() for _ in range(count)]
+                for k in range(count):  # every vector touched once, untimed
+                    vectors[k] = vectors[k] - lr * trainer.run_round(vectors[k], k).update
+                done = r = 0
+                started = time.process_time()
+                while done < gradients_per_group:
+                    k = r % count
+                    update = trainer.run_round(vectors[k], count + r)
+                    vectors[k] = vectors[k] - lr * update.update
+                    done, r = done + update.sample_grads, r + 1
+                cpu += time.process_time() - started
+                grads, rounds = grads + done, rounds + r
+            rows.append({"clients": clients, "repeat": repeat, "cold": cold,
+                         "vectors": sum(sizes.values()) if cold else len(sizes),
+                         "sample_grads": grads, "rounds": rounds, "cpu_seconds": round(cpu, 3),
+                         "sample_grads_per_cpu_s": round(grads / cpu, 1),
+                         "cpu_ms_per_round": round(1e3 * cpu / rounds, 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _cold_loop_rows(clients: int, allocator: str) -> None:
+    load_before = os.getloadavg()
+    rows = cold_loop_rows(clients)
+    document = _load_results()
+    document.setdefault("cold_loop", []).append({
+        "code": commit(), "allocator": allocator, "rows": rows,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()]})
+    _save(document)
+
+
 def _loop_bound_rows(clients: int, allocator: str) -> None:
     row = loop_bound_row(clients)
     row["code"] = commit()
@@ -744,6 +811,9 @@ def _floor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loop-bound", type=int, metavar="CLIENTS",
                         help="the highest ratio to the single loop any simulator running the "
                              "protocol could reach at CLIENTS training clients")
+    parser.add_argument("--cold-loop", type=int, metavar="CLIENTS",
+                        help="the single loop with a model vector per client against one a "
+                             "group (what per-client state costs the loop itself)")
     parser.add_argument("--floor", action="store_true",
                         help="simulator vs the floor of its work at 1,000 training clients")
     parser.add_argument("--floor-clients", type=int, default=1000)
@@ -751,9 +821,12 @@ def _floor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _floor_modes(args: argparse.Namespace, allocator: str) -> bool:
-    """``--loop-bound`` or ``--floor``; False: neither was asked for."""
+    """``--loop-bound``, ``--cold-loop`` or ``--floor``; False: none was asked for."""
     if args.loop_bound:
         _loop_bound_rows(args.loop_bound, allocator)
+        return True
+    if args.cold_loop:
+        _cold_loop_rows(args.cold_loop, allocator)
         return True
     if args.floor:
         _floor_rows(args.floor_clients, args.virtual_seconds, profile=args.profile,
