@@ -16,7 +16,9 @@ plain (non-private) training loop on the same device.
 cProfile, by own and by cumulative time) and ``torchprof_<device>.txt`` (torch.profiler's
 operators and runtime calls of a 2-second run) into DIR: the profiles in
 ``benchmarks/results/device_profile/`` were made so. Where no GPU is present (``--device auto`` finds
-neither CUDA nor MPS), nothing is measured: the result says so. ``--device cpu`` measures the
+neither CUDA nor MPS), nothing is measured: the result says so, unless the output file already
+holds a measurement, which is kept (a run on a machine without a GPU does not erase the figures
+a GPU gave). ``--device cpu`` measures the
 CPU path the same way (for comparison; the result names the device).
 
     python benchmarks/device.py [--device auto|cuda|mps|cpu] [--quick] [--out FILE]
@@ -70,13 +72,19 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def simulation_rate(device: str, virtual_seconds: float) -> dict[str, Any]:
+def simulate(device: str, virtual_seconds: float) -> Any:
+    """The benchmark's scenario run on ``device`` for ``virtual_seconds`` (its run directory
+    a temporary one): the simulation's result."""
     from fedsim.config import LoadedScenario, parse_scenario
     from fedsim.runtime.simulated.simulation import run_scenario
 
     loaded = LoadedScenario(parse_scenario(scenario(device, virtual_seconds)), None)
     with tempfile.TemporaryDirectory(prefix="fedsim-device-") as out:
-        result = run_scenario(loaded, Path(out) / "run")
+        return run_scenario(loaded, Path(out) / "run")
+
+
+def simulation_rate(device: str, virtual_seconds: float) -> dict[str, Any]:
+    result = simulate(device, virtual_seconds)
     return {"sample_grads": result.sample_grads, "wall_seconds": result.wall_seconds,
             "sample_grads_per_s": result.sample_grads / result.wall_seconds,
             "final_accuracy": result.summary["final_accuracy"]}
@@ -91,20 +99,12 @@ def profile(device: str, folder: Path) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from fedsim.config import LoadedScenario, parse_scenario
-    from fedsim.runtime.simulated.simulation import run_scenario
-
-    def run(virtual_seconds: float) -> Any:
-        loaded = LoadedScenario(parse_scenario(scenario(device, virtual_seconds)), None)
-        with tempfile.TemporaryDirectory(prefix="fedsim-device-") as out:
-            return run_scenario(loaded, Path(out) / "run")
-
     folder.mkdir(parents=True, exist_ok=True)
-    run(1.0)  # warm-up: kernels loaded, caches made
+    simulate(device, 1.0)  # warm-up: kernels loaded, caches made
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
-    result = run(8.0)
+    result = simulate(device, 8.0)
     profiler.disable()
     wall = time.perf_counter() - started
     text = io.StringIO()
@@ -115,7 +115,7 @@ def profile(device: str, folder: Path) -> None:
         f"wall {wall:.2f} grads {result.sample_grads}\n" + text.getvalue())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with torch_profile(activities=activities) as traced:
-        run(2.0)
+        simulate(device, 2.0)
     (folder / f"torchprof_{device}.txt").write_text(
         traced.key_averages().table(sort_by="self_cpu_time_total", row_limit=50))
     print(f"wrote {folder}/cprofile_{device}.txt and torchprof_{device}.txt")
@@ -150,6 +150,14 @@ def plain_rate(device: torch.device, batch: int, seconds: float) -> dict[str, An
             "sample_grads_per_s": steps * batch / wall}
 
 
+def _holds_a_measurement(path: Path) -> bool:
+    """Whether ``path`` holds this benchmark's result of a measured run."""
+    try:
+        return bool(json.loads(path.read_text(encoding="utf-8")).get("measured"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
@@ -172,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         reason = (f"no GPU here: torch {torch.__version__} (CUDA build: {torch.version.cuda}) "
                   "finds neither CUDA nor MPS; nothing measured")
         print(reason)
-        write_json(args.out, {**base, "device": None, "measured": False, "reason": reason})
+        if _holds_a_measurement(args.out):
+            print(f"kept {args.out}: it holds a measurement (a run without a GPU does not "
+                  "erase one made with a GPU)")
+        else:
+            write_json(args.out, {**base, "device": None, "measured": False, "reason": reason})
         return 0
     if args.profile is not None:
         profile(device.type, args.profile)

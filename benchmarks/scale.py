@@ -754,9 +754,7 @@ def cold_loop_rows(clients: int, gradients_per_group: int = 4000,
     population = build_population(loaded)
     _warm_imports(population)
     loop = _SingleLoop(population)
-    sizes: dict[str, int] = {}
-    for plan in population.plans:
-        sizes[plan.group.name] = sizes.get(plan.group.name, 0) + 1
+    sizes = {name: plan.group.count for name, (_, plan) in loop.loops.items()}
     rows = []
     for repeat in range(repeats):
         for cold in (False, True):

@@ -603,7 +603,7 @@ class RoundBatcher:
             rows = firsts[start:start + group]
             noise = reference_rows([jobs[k].draws.noise for k in rows],
                                    [jobs[k].std for k in rows], size // 2, self.device)
-            if rows == list(range(rows[0], rows[-1] + 1)):
+            if rows[-1] - rows[0] + 1 == len(rows):  # (rows are increasing) a slice
                 block[rows[0]:rows[-1] + 1] = noise
             else:
                 block[torch.tensor(rows, device=self.device)] = noise

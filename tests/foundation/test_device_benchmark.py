@@ -1,5 +1,6 @@
 """benchmarks/device.py where no GPU is: it records that nothing was measured (with the commit
-and the machine's load), and ``--profile`` writes its two profiles of a run on the device."""
+and the machine's load) but keeps a measurement already there, and ``--profile`` writes its two
+profiles of a run on the device."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def test_without_a_gpu_the_result_says_nothing_was_measured(
     assert record["measured"] is False and record["device"] is None
     assert "no GPU here" in record["reason"]
     assert "fedsim" in record["commit"] and len(record["loadavg_start"]) == 3
+    # a measurement made on a GPU is not erased by a later run without one
+    measured = {"benchmark": "device", "measured": True, "ratio": 0.438}
+    out.write_text(json.dumps(measured))
+    assert bench.main(["--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == measured
 
 
 @pytest.mark.slow
