@@ -282,7 +282,9 @@ class ServerActor:
         self._invited_bits: bytes | None = None
         self._renew_above = 0  # (restore: the snapshot's version ceiling)
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
-        self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
+        # Time windows: past this many waiting updates, fold them in (StreamedWindow).
+        self.stream_above = (mixing.STREAM_ABOVE if self.total_weight is None
+                             else mixing.STREAM_EXACT_ABOVE)
         self._stream: mixing.StreamedWindow | None = None
         self._init_aggregators(aggregators, aggregator_wait)
 
