@@ -512,6 +512,51 @@ def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
     }
 
 
+def peak_state(clients: int, virtual_seconds: float) -> dict[str, Any]:
+    """What a training run holds as it grows to its peak: every ``clients / 4`` local steps, how
+    many clients hold a moved model of their own (a local step made it; the rest share the
+    received global), how many of those moved once since their global, how many released
+    updates are still alive (on the simulated links, in the server's inbox, waiting for their
+    round's end) and the resident size. Each is a 400 KB vector here, touched for the first
+    time when the run first needs that many (docs/SCALE.md, session 48)."""
+    import weakref
+
+    from fedsim.runtime.actors.client import ClientActor
+
+    actors: dict[int, Any] = {}
+    updates: list[Any] = []
+    steps = [0]
+    samples: list[dict[str, Any]] = []
+    every = max(1, clients // 4)
+    step_locally = ClientActor._step_locally
+
+    def counted(self: Any, result: Any, round_index: int) -> None:
+        actors[id(self)] = self
+        if not result.zero_update:
+            updates.append(weakref.ref(result.update))
+        step_locally(self, result, round_index)
+        steps[0] += 1
+        if steps[0] % every == 0:
+            own = [a for a in actors.values() if a.w is not None and a.w is not a.held_global]
+            updates[:] = [u for u in updates if u() is not None]
+            samples.append({
+                "virtual_time": round(self.clock.now(), 4), "moved_models": len(own),
+                "moved_once": sum(1 for a in own if a.rounds_since_global == 1),
+                "updates_alive": len(updates), "rss_mb": round(rss_mb())})
+
+    loaded = scaled(clients, virtual_seconds, cross_device=False)
+    population = build_population(loaded)
+    ClientActor._step_locally = counted  # type: ignore[method-assign]
+    try:
+        with _scratch_dir() as scratch:
+            run_scenario(loaded, Path(scratch) / "run", population=population)
+    finally:
+        ClientActor._step_locally = step_locally  # type: ignore[method-assign]
+    return {"clients": clients, "virtual_seconds": virtual_seconds,
+            "vector_mb": round(population.initial_params.nbytes / 2**20, 3),
+            "samples": samples, "peak_rss_mb": round(_peak_mb())}
+
+
 def profile_rounds(clients: int, virtual_seconds: float, top: int = 40) -> dict[str, Any]:
     """The same run as :func:`floor_row` (without the floor) under cProfile with a CPU-time
     timer: CPU ms per round by function (own time) and the heaviest cumulative entries."""
@@ -891,10 +936,20 @@ def _per_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-client", metavar="N,M",
                         help="one message-only client's Python allocations (tracemalloc, M vs N)")
     parser.add_argument("--allocations-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--peak-state", type=int, metavar="CLIENTS",
+                        help="what a training run holds on its way to its peak (moved models, "
+                        "updates alive, resident size) over --virtual-seconds")
 
 
 def _per_client_modes(args: argparse.Namespace) -> bool:
-    """``--per-client`` (and its subprocesses); False: neither was asked for."""
+    """``--peak-state``, ``--per-client`` (and its subprocesses); False: none was asked for."""
+    if args.peak_state:
+        result = {**peak_state(args.peak_state, args.virtual_seconds), "code": commit()}
+        print(json.dumps(result))
+        document = _load_results()
+        document.setdefault("peak_state", []).append(result)
+        _save(document)
+        return True
     if args.allocations_one:
         print(json.dumps({"lines": client_allocations(args.allocations_one)}))
         return True
