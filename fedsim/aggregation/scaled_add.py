@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.training.native import load_function
+from fedsim.training.native import load_function, misaligned
 
 __all__ = ["add_scaled"]
 
@@ -77,7 +77,7 @@ def _agrees(kernel: Callable[[int, int, float, int], None]) -> bool:
                 widened *= scale
                 expected += widened
             kernel(total.ctypes.data, update.ctypes.data, scale, size)
-            shifted = np.frombuffer(b"\0" + update.tobytes(), dtype=np.float32, offset=1)
+            shifted = misaligned(update)
             kernel(unaligned_total.ctypes.data, shifted.ctypes.data, scale, size)
             if total.tobytes() != expected.tobytes() or (
                     unaligned_total.tobytes() != expected.tobytes()):

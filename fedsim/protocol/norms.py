@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.training.native import load_function
+from fedsim.training.native import load_function, misaligned
 
 __all__ = ["given_up_norm", "known_norm", "measured_for_sender", "numpy_vector_norm", "scratch",
            "vector_norm"]
@@ -163,7 +163,7 @@ def _agrees(function: Callable[[int, int], float]) -> bool:
         probe = (rng.standard_normal(size) * 10.0 ** rng.uniform(-20, 20)).astype(np.float32)
         expected = numpy_vector_norm(probe)
         # (and at an odd byte offset, as a decoded update's view into its frame may lie)
-        shifted = np.frombuffer(b"\0" + probe.tobytes(), dtype=np.float32, offset=1)
+        shifted = misaligned(probe)
         for vector in (probe, shifted):
             if not math.isclose(math.sqrt(function(vector.ctypes.data, size)), expected,
                                 rel_tol=1e-12, abs_tol=0.0):

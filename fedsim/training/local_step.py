@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.training.native import load_function
+from fedsim.training.native import load_function, misaligned
 
 __all__ = ["apply_local_step"]
 
@@ -81,8 +81,8 @@ def _agrees(kernel: Callable[[int, int, int, float, int], None]) -> bool:
             in_place = w.copy()
             kernel(in_place.ctypes.data, in_place.ctypes.data, update.ctypes.data,
                    float(scale), size)
-            shifted_w = np.frombuffer(b"\0" + w.tobytes(), dtype=np.float32, offset=1)
-            shifted_u = np.frombuffer(b"\0\0" + update.tobytes(), dtype=np.float32, offset=2)
+            shifted_w = misaligned(w)
+            shifted_u = misaligned(update, 2)
             unaligned = np.empty_like(w)
             kernel(unaligned.ctypes.data, shifted_w.ctypes.data, shifted_u.ctypes.data,
                    float(scale), size)

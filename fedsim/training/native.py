@@ -27,11 +27,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedsim.atomic import move_into_place
 from fedsim.data.locate import user_cache_dir
 from fedsim.logging import get_logger
 
-__all__ = ["RECIPES", "load_function", "load_library", "recipes"]
+__all__ = ["RECIPES", "load_function", "load_library", "misaligned", "recipes"]
 
 _log = get_logger("fedsim.training.native")
 
@@ -137,3 +139,11 @@ def load_function(source: Path, symbol: str, *, argtypes: Sequence[Any], restype
                      "implementation")
         return None
     return function
+
+
+def misaligned(array: np.ndarray, offset: int = 1) -> np.ndarray:
+    """A read-only copy of the 1-D ``array`` whose data starts ``offset`` bytes into a bytes
+    object, so off its dtype's alignment (for 0 < ``offset`` < itemsize), as a decoded update
+    is a view into its frame at any byte offset: what the kernels' probes (``agrees``) feed a
+    kernel that must read any alignment."""
+    return np.frombuffer(b"\0" * offset + array.tobytes(), dtype=array.dtype, offset=offset)

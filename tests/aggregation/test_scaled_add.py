@@ -144,3 +144,15 @@ def test_the_mix_is_built_without_fast_math(monkeypatch: pytest.MonkeyPatch) -> 
                for flags, _ in native.recipes(fast_math=False))
     assert native.recipes() == native.RECIPES
     assert any("-ffast-math" in flags for flags, _ in native.RECIPES)
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_the_probes_misaligned_copy_is_off_alignment_with_the_same_values(offset: int) -> None:
+    """What every kernel's probe feeds it as a decoded update's view into its frame."""
+    from fedsim.training.native import misaligned
+
+    values = np.arange(37, dtype=np.float32) / 7
+    copy = misaligned(values, offset)
+    assert copy.ctypes.data % values.itemsize != 0
+    assert copy.tobytes() == values.tobytes() and copy.dtype == values.dtype
+    assert not copy.flags.writeable
