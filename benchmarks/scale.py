@@ -393,14 +393,17 @@ BOUND_PASS_CLIENTS = 128
 BOUND_PASS_ROUNDS = 12
 
 
-def batched_rounds_ms(population: Any, clients_per_group: int, rounds_per_client: int) -> float:
+def batched_rounds_ms(population: Any, clients_per_group: int,
+                      rounds_per_client: int) -> dict[str, float]:
     """CPU ms per round of fedsim's batched pass with nothing around it: ``clients_per_group``
     clients of each group (the loop's mix: as many rounds a group), each with its own model
     vector, begin a round (its draws), are computed together by a
     :class:`~fedsim.training.batched.RoundBatcher` in passes of its size (noise and clipped
     sums written into the released updates) and step locally (``w - eta u`` in place), for
     ``rounds_per_client`` rounds after one untimed round (first touches). No ledger, codec,
-    network, server or event loop: what the simulator's own batched path costs a round."""
+    network, server or event loop: what the simulator's own batched path costs a round
+    (``total``), and its parts (``draws``: beginning the rounds; ``pass``: the batched passes
+    and taking their results; ``local_step``)."""
     from fedsim.training.batched import RoundBatcher
     from fedsim.training.local_step import apply_local_step
 
@@ -412,18 +415,24 @@ def batched_rounds_ms(population: Any, clients_per_group: int, rounds_per_client
             per_group[plan.group.name] = per_group.get(plan.group.name, 0) + 1
             clients.append((population.trainer(plan, batcher=batcher),
                             population.initial_params.copy(), float(plan.group.local_lr)))
-    spent = 0.0
+    spent = dict.fromkeys(("draws", "pass", "local_step"), 0.0)
     for round_index in range(rounds_per_client + 1):
         started = time.process_time()
         pending = [trainer.begin_round(w, round_index) for trainer, w, _ in clients]
+        begun = time.process_time()
         batcher.flush()
-        for k, (round_, (trainer, w, eta)) in enumerate(zip(pending, clients, strict=True)):
-            result = round_.result()
+        results = [round_.result() for round_ in pending]
+        computed = time.process_time()
+        for k, ((trainer, w, eta), result) in enumerate(zip(clients, results, strict=True)):
             if not result.zero_update:
                 clients[k] = (trainer, apply_local_step(w, result.update, eta, in_place=True), eta)
         if round_index:  # the first round touches the vectors and buffers for the first time
-            spent += time.process_time() - started
-    return 1e3 * spent / (len(clients) * rounds_per_client)
+            spent["draws"] += begun - started
+            spent["pass"] += computed - begun
+            spent["local_step"] += time.process_time() - computed
+    rounds = len(clients) * rounds_per_client
+    parts = {name: 1e3 * seconds / rounds for name, seconds in spent.items()}
+    return {**parts, "total": sum(parts.values())}
 
 
 def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
@@ -491,7 +500,8 @@ def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
     protocol_ms = protocol["total"] - protocol["local_step"]
     rest_ms = loop_ms - gradients_ms
     load_ms = 1e3 * spent["param_load"] / rounds
-    batched_ms = batched_rounds_ms(population, BOUND_PASS_CLIENTS, BOUND_PASS_ROUNDS)
+    batched = batched_rounds_ms(population, BOUND_PASS_CLIENTS, BOUND_PASS_ROUNDS)
+    batched_ms = batched["total"]
     return {
         "clients": clients, "mode": "loop_bound", "rounds": rounds,
         "sample_grads": sum(single.done.values()) - grads_before,
@@ -505,6 +515,7 @@ def loop_bound_row(clients: int, rounds_per_group: int = 400) -> dict[str, Any]:
         "highest_possible_ratio_with_param_load": round(loop_ms / (rest_ms + protocol_ms), 3),
         "batched_clients_per_group": BOUND_PASS_CLIENTS,
         "batched_ms_per_round": round(batched_ms, 4),
+        "batched_parts_ms": {name: round(ms, 4) for name, ms in batched.items()},
         "highest_ratio_with_fedsims_pass": round(loop_ms / (batched_ms + protocol_ms), 3),
         "fedsim_is_this_checkout": _fedsim_is_this_checkout(),
         "loadavg_before": [round(x, 2) for x in load_before],

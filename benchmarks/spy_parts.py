@@ -6,11 +6,11 @@
 
 ``run`` simulates hetero-100 scaled to N training clients (benchmarks/scale.py's scenario)
 for S virtual seconds, without the single loop the plan rows interleave, and prints its CPU
-seconds and rounds. ``parts`` reads py-spy's raw (collapsed) stacks and gives each part's
+seconds, rounds and rounds a batched pass. ``parts`` reads py-spy's raw (collapsed) stacks and gives each part's
 share of the samples, and with two profiles the difference of the longer and the shorter run
 in ms a round: the steady state, without start-up and the first window's first touches
 (py-spy pauses the process to sample it, so its ms are a little above a run's own).
-Session 48's profiles: ``benchmarks/results/profiles/session48``.
+Session 48's profiles: ``benchmarks/results/spy_session48``.
 """
 
 from __future__ import annotations
@@ -67,9 +67,13 @@ def _run(clients: int, virtual_seconds: float) -> None:
     with tempfile.TemporaryDirectory(dir=SCRATCH) as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
                               wrap_trainer=training.wrap)
+        timing = json.loads((Path(scratch) / "run" / "timing.json").read_text(encoding="utf-8"))
+    passes = max(1, timing["batched_passes"])
     print(json.dumps({"clients": clients, "virtual_seconds": virtual_seconds,
                       "cpu_seconds": round(result.cpu_seconds, 3), "rounds": training.rounds,
-                      "sample_grads": result.sample_grads}))
+                      "sample_grads": result.sample_grads,
+                      "rounds_batched": timing["rounds_batched"], "batched_passes": passes,
+                      "rounds_a_pass": round(timing["rounds_batched"] / passes, 1)}))
 
 
 def _parts(paths: list[Path], rate: float, rounds: list[int]) -> None:

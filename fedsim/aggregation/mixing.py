@@ -41,7 +41,6 @@ __all__ = [
     "MixingStrategy",
     "RunningDirection",
     "STREAM_ABOVE",
-    "STREAM_EXACT_ABOVE",
     "client_weights",
     "StreamedWindow",
     "UniformWeights",
@@ -186,14 +185,7 @@ def _raw_weights(strategy: MixingStrategy, updates: Sequence[AcceptedUpdate]) ->
 
 
 STREAM_ABOVE = 1024
-"""Waiting updates of a window normalised over itself beyond which the server folds them
-into its mix (the streamed mix then differs from the buffered one by float64 rounding, so
-small windows stay buffered)."""
-
-STREAM_EXACT_ABOVE = 64
-"""The same for a window normalised over the population, whose streamed mix is the buffered
-one bit for bit: waiting updates are folded in early, so a window's updates are not all held
-at once (at 1,000 training clients up to 1,024 of them, 400 MB, did)."""
+"""Waiting updates of a time window beyond which the server folds them into its mix."""
 
 
 class StreamedWindow:
@@ -206,7 +198,9 @@ class StreamedWindow:
     does not change inside a window). With the population's total weight known in
     advance (``normalize: population``) ``lambda_i = w_i / total`` is exact on arrival and
     the direction is the buffered mix's bit for bit (the same products added in the same
-    order). Normalised over the window, the total is known only at the close: ``d`` is
+    order) when the server's pacer deferred none of the window's updates (a buffered close
+    adds the updates released during the window first; a stream adds each in the fold after
+    its release: the same updates, summed in another order). Normalised over the window, the total is known only at the close: ``d`` is
     accumulated with ``c_i(w_i)`` and divided by the total once, which differs from the
     buffered ``c_i(w_i / total)`` by float64 rounding (a few ulps before the model is rounded
     to float32; tested). The move limit's sum ``sum_i |c_i| eta_i bound_i`` is kept alike

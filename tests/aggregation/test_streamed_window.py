@@ -169,9 +169,8 @@ def _scenario() -> dict[str, Any]:
 def test_a_simulation_with_streamed_windows_writes_the_same_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = LoadedScenario(parse_scenario(_scenario()), None)
-    monkeypatch.setattr("fedsim.aggregation.mixing.STREAM_EXACT_ABOVE", 10**9)
     buffered = run_scenario(loaded, tmp_path / "buffered")
-    monkeypatch.setattr("fedsim.aggregation.mixing.STREAM_EXACT_ABOVE", 2)
+    monkeypatch.setattr("fedsim.aggregation.mixing.STREAM_ABOVE", 2)
     folds = []
     fold = ServerActor._fold_inbox
 
@@ -187,52 +186,6 @@ def test_a_simulation_with_streamed_windows_writes_the_same_run(
     for name in ("metrics.jsonl", "clients.csv"):
         assert (tmp_path / "streamed" / name).read_bytes() == \
             (tmp_path / "buffered" / name).read_bytes()
-
-
-def test_a_population_normalised_window_is_folded_in_early(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its streamed mix is the buffered one bit for bit (above), so a server normalising over
-    the population holds at most ``STREAM_EXACT_ABOVE`` waiting updates; one normalising over
-    the window keeps a window buffered up to ``STREAM_ABOVE`` (its streamed mix rounds
-    differently)."""
-    from fedsim.aggregation import mixing
-
-    assert mixing.STREAM_EXACT_ABOVE < mixing.STREAM_ABOVE
-    assert _chosen("population") == mixing.STREAM_EXACT_ABOVE
-    assert _chosen("window") == mixing.STREAM_ABOVE
-    folds: list[int] = []
-    fold = ServerActor._fold_inbox
-
-    def counted(self: ServerActor, *due: tuple[ClientUpdate, ...]) -> None:
-        folds.append(len(self._inbox))
-        fold(self, *due)
-
-    monkeypatch.setattr(ServerActor, "_fold_inbox", counted)
-    arrivals = [ClientUpdate(CLIENTS[k % len(CLIENTS)], k // len(CLIENTS), 0,
-                             np.full(DIM, 1e-3, np.float32), 8.0)
-                for k in range(3 * mixing.STREAM_EXACT_ABOVE)]
-    models = {}
-    for normalize in ("population", "window"):
-        folds.clear()
-        server = _server(UniformWeights(), normalize, _chosen(normalize))
-        (report,) = _drive(server, [arrivals])
-        assert report.applied == len(arrivals)
-        models[normalize] = server.params
-        if normalize == "population":
-            assert len(folds) >= 3 and max(folds) == mixing.STREAM_EXACT_ABOVE + 1
-        else:
-            assert folds == []  # one buffered mix at the close
-    assert np.abs(models["population"]).max() > 0
-
-
-def _chosen(normalize: str) -> int:
-    """The ``stream_above`` a server built with ``normalize`` chooses."""
-    server = ServerActor(clock=WallClock(), endpoint=RecordingEndpoint(),
-                         initial_params=np.zeros(DIM),
-                         clients={"a": ClientInfo(1, 1.0)}, window=1.0,
-                         strategy=UniformWeights(), step_size=ConstantStepSize(1.0),
-                         normalize=normalize)  # type: ignore[arg-type]
-    return server.stream_above
 
 
 def _plain_direction(updates: list[Any], coefficients: list[float]) -> np.ndarray:

@@ -126,6 +126,15 @@ def test_the_server_mixes_partials_like_the_updates_they_hold() -> None:
     np.testing.assert_allclose(server.params, expected, rtol=1e-6)
 
 
+def test_a_server_behind_aggregation_nodes_never_streams_a_window() -> None:
+    """Its close mixes partials with the updates forwarded to it: an accepted update folded
+    into a stream would be left out of that mix (close_window asserts there is none)."""
+    import sys
+
+    server = _server(RecordingEndpoint(WallClock()))
+    assert server.stream_above == sys.maxsize
+
+
 @pytest.mark.parametrize("forgery", ["weight", "norm", "twice", "unknown", "future"])
 def test_a_forged_partial_is_refused_whole(forgery: str) -> None:
     server = _server(RecordingEndpoint(WallClock()))

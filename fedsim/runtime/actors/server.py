@@ -282,9 +282,7 @@ class ServerActor:
         self._invited_bits: bytes | None = None
         self._renew_above = 0  # (restore: the snapshot's version ceiling)
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
-        # Time windows: past this many waiting updates, fold them in (StreamedWindow).
-        self.stream_above = (mixing.STREAM_ABOVE if self.total_weight is None
-                             else mixing.STREAM_EXACT_ABOVE)
+        self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
         self._stream: mixing.StreamedWindow | None = None
         self._init_aggregators(aggregators, aggregator_wait)
 
@@ -711,6 +709,9 @@ class ServerActor:
         report.partial_wait, self._partial_wait = self._partial_wait, None
         report.step_size = self.step_size.current(window)
         if groups:
+            # A server behind aggregation nodes never streams (_init_aggregators): a stream's
+            # accepted updates would not be in this mix.
+            assert stream is None, "a streamed window on a server with aggregation nodes"
             self._apply_with_partials(accepted, groups, report, report.step_size)
         elif accepted:
             self._apply(accepted, report, report.step_size)
