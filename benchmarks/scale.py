@@ -852,8 +852,7 @@ def cold_loop_rows(clients: int, gradients_per_group: int = 4000,
     first touches are the simulator's first-window cost, measured by the rows' page faults).
     Alternating warm and cold, ``repeats`` times; CPU per gradient of ``gradients_per_group``
     gradients a group."""
-    import numpy as np
-    from simulator import _SingleLoop, _warm_imports
+    from simulator import _SingleLoop, _warm_imports, loop_round
 
     loaded = scaled(clients, 4.0, cross_device=False)
     torch.set_num_threads(loaded.scenario.torch_threads)  # as the simulation runs
@@ -868,17 +867,15 @@ def cold_loop_rows(clients: int, gradients_per_group: int = 4000,
             grads = rounds = 0
             for name, (trainer, plan) in loop.loops.items():
                 count = sizes[name] if cold else 1
-                lr = np.float32(plan.group.local_lr)
                 vectors = [population.initial_params.copy() for _ in range(count)]
                 for k in range(count):  # every vector touched once, untimed
-                    vectors[k] = vectors[k] - lr * trainer.run_round(vectors[k], k).update
+                    vectors[k], _ = loop_round(trainer, plan, vectors[k], k)
                 done = r = 0
                 started = time.process_time()
                 while done < gradients_per_group:
                     k = r % count
-                    update = trainer.run_round(vectors[k], count + r)
-                    vectors[k] = vectors[k] - lr * update.update
-                    done, r = done + update.sample_grads, r + 1
+                    vectors[k], grads = loop_round(trainer, plan, vectors[k], count + r)
+                    done, r = done + grads, r + 1
                 cpu += time.process_time() - started
                 grads, rounds = grads + done, rounds + r
             rows.append({"clients": clients, "repeat": repeat, "cold": cold,

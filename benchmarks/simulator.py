@@ -229,12 +229,18 @@ class _SingleLoop:
             trainer, plan = self.loops[name]
             with self.clocks:
                 while self.done[name] < target:
-                    update = trainer.run_round(self.params[name], self.rounds[name])
-                    self.params[name] = (
-                        self.params[name] - np.float32(plan.group.local_lr) * update.update
-                    )
-                    self.done[name] += update.sample_grads
+                    self.params[name], grads = loop_round(
+                        trainer, plan, self.params[name], self.rounds[name])
+                    self.done[name] += grads
                     self.rounds[name] += 1
+
+
+def loop_round(trainer: Any, plan: ClientPlan, params: np.ndarray,
+               round_index: int) -> tuple[np.ndarray, int]:
+    """One round of the single loop: ``plan``'s client's round ``round_index`` from
+    ``params``, its moved model ``params - eta u`` and its sample gradients."""
+    update = trainer.run_round(params, round_index)
+    return params - np.float32(plan.group.local_lr) * update.update, update.sample_grads
 
 
 def interleaved_arms(population: Population, *, time_training: bool = True) -> tuple[

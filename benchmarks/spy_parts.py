@@ -54,17 +54,15 @@ def part_samples(path: Path) -> collections.Counter[str]:
 
 
 def _run(clients: int, virtual_seconds: float) -> None:
-    import tempfile
-
     import torch
-    from scale import SCRATCH, build_population, run_scenario, scaled
+    from scale import _scratch_dir, build_population, run_scenario, scaled
     from simulator import _TrainingTotals, _Untimed
 
     torch.set_num_threads(1)
     loaded = scaled(clients, virtual_seconds, cross_device=False)
     population = build_population(loaded)
     training = _TrainingTotals(clocks=_Untimed())  # type: ignore[arg-type]
-    with tempfile.TemporaryDirectory(dir=SCRATCH) as scratch:
+    with _scratch_dir() as scratch:
         result = run_scenario(loaded, Path(scratch) / "run", population=population,
                               wrap_trainer=training.wrap)
         timing = json.loads((Path(scratch) / "run" / "timing.json").read_text(encoding="utf-8"))
