@@ -978,7 +978,9 @@ def _plan_rows(args: argparse.Namespace, scratch: list[str]) -> None:
     sizes = {int(s) for s in args.sizes.split(",")} if args.sizes else None
     modes = set(args.modes.split(","))
     document = _load_results()
-    rows = {(r["clients"], r["mode"]): r for r in document.get("rows", [])}
+    # A row replaces the row of its size, mode and commit; earlier commits' rows stay (the
+    # README's table cites them).
+    rows = {(r["clients"], r["mode"], r.get("code")): r for r in document.get("rows", [])}
     for clients, mode, virtual_seconds, bound in PLAN:
         if (sizes is not None and clients not in sizes) or mode not in modes:
             continue
@@ -992,8 +994,8 @@ def _plan_rows(args: argparse.Namespace, scratch: list[str]) -> None:
         row["time_bound_s"] = bound
         row["code"] = commit()
         print(json.dumps(row), flush=True)
-        rows[(clients, mode)] = row
-        document["rows"] = sorted(rows.values(), key=lambda r: (r["mode"], r["clients"]))
+        rows[(clients, mode, row["code"])] = row
+        document["rows"] = list(rows.values())
         document.update({
             "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "machine": platform.machine(),
