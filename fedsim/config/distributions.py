@@ -8,7 +8,7 @@ for a constant. Every bound comes from :mod:`fedsim.config.limits`, which says w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
@@ -153,10 +153,21 @@ class ShiftedExponential(_Distribution):
 
 
 def number_is_constant(value: Any) -> Any:
-    """A bare number in YAML stands for ``{kind: constant, value: number}``."""
+    """A bare number in YAML stands for ``{kind: constant, value: number}``; anything else but
+    a mapping (a tagged one) is refused here, saying what is accepted (pydantic's own message
+    would ask for "a valid dictionary" only)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return {"kind": "constant", "value": value}
-    return value
+    return number_or_mapping(value)
+
+
+def number_or_mapping(value: Any) -> Any:
+    """``value`` if it is a mapping (or an already built model), else a ValueError saying that a
+    number or a mapping with a ``kind`` is wanted: for the fields where a bare number is a
+    shorthand (a clip, a noise multiplier, a duration)."""
+    if isinstance(value, Mapping | BaseModel):
+        return value
+    raise ValueError("must be a number or a mapping with a 'kind' key")
 
 
 _TaggedDistribution = Annotated[

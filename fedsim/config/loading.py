@@ -292,9 +292,12 @@ def _data_path(data: Any, loc: Sequence[str | int]) -> list[str | int]:
     """``loc`` without the discriminator tags pydantic inserts for tagged unions."""
     path: list[str | int] = []
     node = data
-    for part in loc:
+    for at, part in enumerate(loc):
         if isinstance(node, Mapping) and part not in node and node.get("kind") == part:
             continue  # the union member chosen by "kind", not a key of the file
+        if (isinstance(node, Mapping) and part not in node and "kind" not in node
+                and at + 1 < len(loc) and loc[at + 1] in node):
+            continue  # a member a shorthand chose (``noise: {sigma: ..}``: "constant")
         if isinstance(part, str) and not isinstance(node, Mapping):
             continue  # a union member's tag (``int``, ``list[int]``) under a list or a value
         path.append(part)

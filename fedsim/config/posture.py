@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from fedsim.config import limits
-from fedsim.config.distributions import Delta, Epsilon, Fraction, Scale, Strict
+from fedsim.config.distributions import Delta, Epsilon, Fraction, Scale, Strict, number_or_mapping
 from fedsim.config.distributions import number_is_constant as _number_is_constant
 
 __all__ = ["Budget", "Clip", "ClipTiedNoise", "ConstantClip", "ConstantNoise", "DecayClip",
@@ -146,7 +146,7 @@ def _bare_sigma_is_constant(value: Any) -> Any:
         return {"kind": "constant", "sigma": value}
     if isinstance(value, dict) and "kind" not in value and "sigma" in value:
         return {"kind": "constant", **value}
-    return value
+    return number_or_mapping(value)
 
 
 _TaggedNoise = Annotated[ConstantNoise | TargetNoise | GrowingMuNoise | ClipTiedNoise,

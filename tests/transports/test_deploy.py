@@ -220,6 +220,26 @@ def _compose() -> dict:
     return yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 
+def test_deploy_readme_makes_what_the_committed_compose_file_runs() -> None:
+    """deploy/README.md's commands make the credentials and the compose file that the
+    committed docker-compose.yml was made with (its header says how): a README without the
+    compose file's settings (aggregators.count=2) gives secrets with no aggregator in them,
+    and every aggregator container exits."""
+    compose = (REPO / "docker-compose.yml").read_text(encoding="utf-8")
+    first = next(line for line in compose.splitlines() if line.startswith("# First: "))
+    made_with = shlex.split(first.removeprefix("# First: "))
+    readme = (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    commands = [shlex.split(command, comments=True)
+                for command in readme.replace("\\\n", " ").splitlines()
+                if command.startswith("fedsim deploy ") and "/mosquitto/config" in command]
+    assert len(commands) == 2  # Docker Compose's: the credentials, and the compose file
+    for command in commands:
+        if "--compose" in command:
+            at = command.index("--compose")
+            command = command[:at] + command[at + 2:]
+        assert command == made_with, (command, made_with)
+
+
 def test_compose_file_is_current_and_has_one_service_per_client() -> None:
     from fedsim.config import load_scenario
     from fedsim.runtime.population import client_ids
