@@ -294,11 +294,18 @@ OVERHEAD_PARTS: dict[str, Any] = {
 }
 
 
-def protocol_floor_ms(population: Population, updates_per_window: int, repeats: int = 5) -> dict:
+def protocol_floor_ms(population: Population, updates_per_window: int, repeats: int = 5, *,
+                      sealed: bool = False) -> dict:
     """CPU ms per round of the per-message work the protocol itself requires, each part timed
     alone with the real functions: the client's durable ledger append (no budget check), the
     update encoded to bytes, decoded and validated, its share of the server's float64 mix of a
     window of ``updates_per_window`` updates, and the client's local step ``w - eta * u``.
+
+    ``sealed``: the in-process network's form instead (what the simulator runs): the update
+    given up and sealed (:func:`fedsim.protocol.codec.seal`: the header checked, no frame
+    bytes written) and opened with the receiver's checks (``Sealed.open``), its norm measured
+    by its maker beforehand, untimed (the batched pass measures each update while it is in
+    cache: :func:`fedsim.protocol.norms.measured_for_sender`, part of the pass's cost).
 
     One distinct update vector per client, visited in turn, so they are as cold as in the run
     (100 clients' 400 KB vectors do not fit in the caches). A lower bound of the simulator's
@@ -306,6 +313,7 @@ def protocol_floor_ms(population: Population, updates_per_window: int, repeats: 
     from fedsim.aggregation import AcceptedUpdate, make_strategy, mix
     from fedsim.privacy.events import GaussianStep
     from fedsim.protocol.messages import ClientUpdate
+    from fedsim.protocol.norms import given_up_norm, measured_for_sender
 
     rng = np.random.default_rng(0)
     size = population.initial_params.size
@@ -325,13 +333,24 @@ def protocol_floor_ms(population: Population, updates_per_window: int, repeats: 
             parts = {label: _Clocks() for label in
                      ("ledger_spend", "encode", "decode", "mix", "local_step")}
             decoded = []
+            if sealed:  # each repeat's updates new arrays, measured by their maker
+                vectors = [v.copy() for v in vectors]
+                for vector in vectors:
+                    measured_for_sender(vector)
             for i, vector in enumerate(vectors):
                 with parts["ledger_spend"]:
                     ledgers[i].spend(step, time=float(repeat), round=repeat)
-                with parts["encode"]:
-                    blob = codec.encode(ClientUpdate(f"c{i}", repeat, 0, vector, 32.0, 0.0))
-                with parts["decode"]:
-                    decoded.append(codec.decode(blob))
+                if sealed:
+                    with parts["encode"]:
+                        given_up_norm(vector)  # the client's check: the maker's norm
+                        wire = codec.seal(ClientUpdate(f"c{i}", repeat, 0, vector, 32.0, 0.0))
+                    with parts["decode"]:
+                        decoded.append(wire.open(expected_params=size))
+                else:
+                    with parts["encode"]:
+                        blob = codec.encode(ClientUpdate(f"c{i}", repeat, 0, vector, 32.0, 0.0))
+                    with parts["decode"]:
+                        decoded.append(codec.decode(blob))
                 with parts["local_step"]:  # the client's w - eta * u, as ClientActor makes it
                     local = vector * np.float32(-0.1)
                     local += params
