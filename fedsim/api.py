@@ -219,6 +219,7 @@ def simulate(
     from fedsim.runtime.run_outputs import require_writable_dir
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
+    from fedsim.training.preflight import preflight_warnings
 
     if out is not None:
         require_writable_dir(out, "out")
@@ -246,6 +247,7 @@ def simulate(
         require_tensorboard()
     population = build_population(loaded, model_factory=model, data=data, loss=loss,
                                   fix_batchnorm=fix_batchnorm)
+    preflight_warnings(population.plans)  # as `fedsim run`: logged before anything trains
     with tempfile.TemporaryDirectory(prefix="fedsim-run-") as scratch:
         run_dir = Path(out) if out is not None else Path(scratch) / "run"
         with tensorboard_during(tensorboard, run_dir) as to_tensorboard:  # per window
@@ -350,7 +352,7 @@ def account(
     from fedsim.commands.account import plot as draw
 
     answer = answer_question(
-        sampling="poisson" if sampling is None else sampling, q=q, batch_size=batch_size, dataset_size=dataset_size,
+        sampling=sampling, q=q, batch_size=batch_size, dataset_size=dataset_size,
         sigma=sigma, steps=steps, epochs=epochs, ledger=ledger,
         delta=DEFAULT_DELTA if delta is None else delta, accountant="pld" if accountant is None else accountant,
         epsilon=epsilon, target_epsilon=target_epsilon, max_steps=bool(max_steps),

@@ -50,9 +50,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "account", help="Answer a privacy question about DP-SGD: epsilon, delta, sigma or steps.",
         description=DESCRIPTION)
     what = parser.add_argument_group("the mechanism")
-    what.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+    what.add_argument("--sampling", choices=("poisson", "fixed"), default=None,
                       help="Poisson sampling (add/remove neighbours) or fixed-size batches "
-                           "(replace-one neighbours).")
+                           "(replace-one neighbours); default: a --ledger's own scheme, "
+                           "else poisson.")
     what.add_argument("--q", type=float, help="The sampling rate q = m/N.")
     what.add_argument("--batch-size", type=_count, metavar="M",
                       help="The batch size m (with --dataset-size).")

@@ -88,7 +88,7 @@ def _import_module(name: str, search: Sequence[Path], where: str) -> Any:
             for entry in extra:
                 sys.path.remove(entry)
     if module is None:
-        places = ", ".join(str(d) for d in search) or "nothing else"
+        places = ", ".join(dict.fromkeys(str(d) for d in search)) or "nothing else"
         raise ConfigError(
             f"{where}: cannot import module {name!r}: it must be installed or on PYTHONPATH "
             f"(also searched: {places})"

@@ -111,7 +111,7 @@ class AccountAnswer:
 
 def account(
     *,
-    sampling: Sampling = "poisson",
+    sampling: Sampling | None = None,
     q: float | None = None,
     batch_size: int | None = None,
     dataset_size: int | None = None,
@@ -130,12 +130,13 @@ def account(
     """Answer one privacy question about DP-SGD (see the module docstring).
 
     The mechanism is ``q`` (or ``batch_size`` / ``dataset_size``), ``sigma`` and ``steps`` (or
-    ``epochs``), or a ``ledger`` file of steps. With ``curve`` the answer carries the
+    ``epochs``), or a ``ledger`` file of steps. ``sampling`` None: the ledger's own scheme, or
+    Poisson without a ledger; a scheme given must be the ledger's. With ``curve`` the answer carries the
     trade-off curve (and, for a guarantee, its GDP fit even for a ``max_steps`` question).
     Raises :class:`ConfigError` for a question that cannot be answered (conflicting or
     out-of-range values, a damaged ledger, a release beyond double precision).
     """
-    if sampling not in SAMPLING_SCHEMES:
+    if sampling is not None and sampling not in SAMPLING_SCHEMES:
         raise ConfigError(f"account: sampling must be one of {list(SAMPLING_SCHEMES)}, got "
                           f"{sampling!r}")
     if accountant not in ACCOUNTANT_CHOICES:
@@ -147,7 +148,9 @@ def account(
     history: list[GaussianStep] | None = None
     if ledger is not None:
         history = load_steps(Path(ledger), sampling)
+        sampling = history[0].sampling  # (load_steps: one scheme, the one asked if any)
     else:
+        sampling = "poisson" if sampling is None else sampling
         q, steps = _mechanism(q=q, batch_size=batch_size, dataset_size=dataset_size,
                               sigma=sigma, steps=steps, epochs=epochs,
                               target_epsilon=target_epsilon, max_steps=max_steps)
@@ -235,10 +238,10 @@ def _mechanism(*, q: float | None, batch_size: int | None,  # noqa: C901, PLR091
     return q, steps
 
 
-def load_steps(path: Path, sampling: Sampling) -> list[GaussianStep]:  # noqa: C901, PLR0912 - one refusal per kind of damage
+def load_steps(path: Path, sampling: Sampling | None) -> list[GaussianStep]:  # noqa: C901, PLR0912 - one refusal per kind of damage
     """Steps from a JSON list / ``{"steps": [...]}`` file or a fedsim ledger (JSON lines,
     verified like the client's own: header, hash chain, high-water mark if present), all of
-    ``sampling``'s scheme; :class:`ConfigError` names the damage."""
+    one scheme, ``sampling``'s when given; :class:`ConfigError` names the damage."""
     from fedsim.privacy.ledger import read_ledger_steps
 
     try:
@@ -282,8 +285,9 @@ def load_steps(path: Path, sampling: Sampling) -> list[GaussianStep]:  # noqa: C
     schemes = {s.sampling for s in steps}
     if len(schemes) > 1:
         raise ConfigError(f"--ledger {path} mixes poisson and fixed steps")
-    if schemes != {sampling}:
-        raise ConfigError(f"--ledger {path} has {schemes.pop()} steps but --sampling is {sampling}")
+    if sampling is not None and schemes != {sampling}:
+        raise ConfigError(f"--ledger {path} has {schemes.pop()} steps but sampling is {sampling} "
+                          f"(leave sampling out to take the ledger's)")
     return steps
 
 

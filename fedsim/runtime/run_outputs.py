@@ -130,8 +130,12 @@ def check_unused(out_dir: Path) -> None:
     """Refuse a run directory that already holds ledgers: a ledger is never reset, so reusing
     it would silently continue spending."""
     ledgers = out_dir / LEDGER_DIR
+    if ledgers.exists() and not ledgers.is_dir():
+        raise ConfigError(f"{ledgers} is not a directory; choose a new output directory "
+                          f"(--out, or out= from Python)")
     if ledgers.exists() and any(ledgers.iterdir()):
-        raise ConfigError(f"{out_dir} already holds a run's ledgers; choose a new --out directory")
+        raise ConfigError(f"{out_dir} already holds a run's ledgers; choose a new output "
+                          f"directory (--out, or out= from Python)")
 
 
 def require_writable_dir(path: str | os.PathLike[str], what: str) -> Path:

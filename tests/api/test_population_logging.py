@@ -40,3 +40,17 @@ def test_simulate_logs_each_stop_for_a_few_clients_and_a_summary_for_many(
     assert {r.levelno for r in stops} == {expected}
     (summary,) = [r for r in caplog.records if f"{stopped} clients stopped" in r.getMessage()]
     assert summary.levelno == logging.INFO
+
+
+def test_simulate_warns_of_clients_that_cannot_afford_a_round(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As `fedsim run` does, before anything trains (a researcher's review found simulate
+    silent: the group's clients just ended with no rounds)."""
+    caplog.set_level(logging.WARNING)
+    result = fedsim.simulate(TINY, seed=1, plots=False,
+                             overrides={"stop.windows": 2,
+                                        "clients.groups[*].budget.epsilon": 0.0001})
+    assert all(c.rounds == 0 for c in result.clients)
+    warnings = [r for r in caplog.records if "cannot afford a single round" in r.getMessage()]
+    assert warnings and {r.levelno for r in warnings} == {logging.WARNING}

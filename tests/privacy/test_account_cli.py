@@ -85,6 +85,22 @@ def test_ledger_input_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_ledger_brings_its_own_sampling(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A fixed-size ledger is accounted as fixed-size without --sampling (or sampling= from
+    Python); a scheme given that is not the ledger's is refused."""
+    import fedsim
+
+    ledger = tmp_path / "fixed.json"
+    ledger.write_text(json.dumps([{"sampling": "fixed", "q": 0.01, "sigma": 1.0, "count": 50}]))
+    direct = make_accountant("pld", [GaussianStep("fixed", 0.01, 1.0, 50)]).epsilon(1e-5)
+    out = run_json(capsys, "--ledger", str(ledger))
+    assert out["sampling"] == "fixed" and out["epsilon"] == pytest.approx(direct)
+    assert fedsim.account(ledger=ledger)["epsilon"] == pytest.approx(direct)
+    assert main(["account", "--ledger", str(ledger), "--sampling", "poisson"]) == 2
+    assert "has fixed steps but sampling is poisson" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [
     ["--q", "0", "--sigma", "1", "--steps", "10"],
     ["--q", "1.5", "--sigma", "1", "--steps", "10"],

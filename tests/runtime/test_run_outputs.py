@@ -51,7 +51,11 @@ def test_a_directory_holding_ledgers_is_refused(tmp_path: Path) -> None:
     ledger_file(tmp_path, "c-000").write_text("{}\n")
     with pytest.raises(ConfigError, match="already holds a run's ledgers"):
         check_unused(tmp_path)
-
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    ledger_file(elsewhere, "c-000").parent.write_text("not a directory")
+    with pytest.raises(ConfigError, match="is not a directory"):  # not NotADirectoryError
+        check_unused(elsewhere)
 
 
 def test_default_run_directories_get_a_suffix_instead_of_being_reused(tmp_path: Path) -> None:
