@@ -44,6 +44,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     repair.add_argument("--assume-lost", type=int, metavar="N",
                         help="The records lost beyond what the file shows, when it has no usable "
                              "high-water mark (0: you vouch that it is complete).")
+    repair.add_argument("--no-releases", action="store_true",
+                        help="Vouch that the client made no release before round one (DP "
+                             "normalisation, DP-PCA): needed when the ledger's first records "
+                             "are lost and --lost-step's q is below 1.")
     repair.add_argument("--header", metavar="JSON",
                         help="The client's header, for a ledger that lost its own (emptied, or "
                              "line 1 damaged): a JSON object with client_id, sampling, "
@@ -126,7 +130,7 @@ def run_repair(args: argparse.Namespace) -> int:
         source = header if isinstance(header, dict) else _lost_header(path)
         lost_step = GaussianStep(str(source.get("sampling")), q, sigma)  # type: ignore[arg-type]
     report = repair_ledger(path, lost_step=lost_step, assume_lost=args.assume_lost,
-                           dry_run=args.dry_run, header=header)
+                           dry_run=args.dry_run, header=header, no_releases=args.no_releases)
     _print({**report.to_json(), "dry_run": bool(args.dry_run)}, args.json)
     return 0
 

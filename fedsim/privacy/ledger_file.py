@@ -89,6 +89,13 @@ MAX_LINE_BYTES = 4096
 MAX_SELECTION_LINE_BYTES = 1 << 20
 
 
+def too_long(line: bytes) -> bool:
+    """Whether ``line`` is longer than a record may be: damage, not a record (the one rule of
+    the reader and the repair; a tuned selection's line may be longer)."""
+    return len(line) > (MAX_SELECTION_LINE_BYTES if b'"selection":' in line[:80]
+                        else MAX_LINE_BYTES)
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerRecord:
     """One released step (or tuned selection): when (virtual or wall time), in which round,
@@ -496,8 +503,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
     last_time = -math.inf
     for number, line in lines:
         try:
-            if len(line) > (MAX_SELECTION_LINE_BYTES if b'"selection":' in line[:80]
-                            else MAX_LINE_BYTES):
+            if too_long(line):
                 raise ValueError(f"a line of {len(line)} bytes")
             obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
             record, prev = parse_record(obj, str(header.get("sampling")))

@@ -23,9 +23,20 @@ cannot know what a lost record released, so a human names a step at least as exp
 (typically the client's smallest sigma and largest q). It may not be cheaper than what the kept
 records show the client released: a ``lost_step`` with a smaller q or a larger sigma than any
 kept record's is refused (issue 25, finding 7c: ``--lost-step 0.000001 1000`` took eps 3.64 down
-to 3.39), and each lost record is charged as many steps as the largest kept record holds (a
-round of ``local_steps`` steps is one record). With no kept record (an emptied ledger) the
-named step stands alone.
+to 3.39), the releases before round one included (DP normalisation, DP-PCA: round -1, q = 1;
+only an earlier repair's substitutes are no evidence), and each lost record is charged as many
+steps as the largest kept record holds (a round of ``local_steps`` steps is one record).
+
+A ledger holds those releases first. When what was lost may include them - no release is
+readable and no record the chain verifies from the header shows a round, so a line at the
+beginning was deleted, cut or cannot be read - the lost step must have q = 1 unless the caller
+vouches that the client made no release (``no_releases``): before, a damaged release line was
+charged as a round (eps 2.02 -> 0.64 in session 49's review). With no kept record (an emptied
+ledger) the named step stands alone, as it does when every record was rewritten: a file with
+nothing verifiable holds no evidence of what was released, and the caller's step is their word.
+A tuned selection's line is read with the reader's own length rule (``too_long``), so an
+intact one is kept; a ledger that holds one, readable or not, is not repaired when records are
+lost. A record whose time goes back is damage (the reader refuses it): its time is raised.
 
 An emptied ledger, or one whose first line is damaged, has lost its header (client id,
 sampling, accountant, budget, which the client's own open checks): the caller gives it
@@ -51,7 +62,6 @@ from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep
 from fedsim.privacy.ledger import Budget
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
-    MAX_LINE_BYTES,
     OLD_FORMATS,
     LedgerRecord,
     Mark,
@@ -60,6 +70,7 @@ from fedsim.privacy.ledger_file import (
     line_hash,
     locked,
     parse_record,
+    too_long,
 )
 
 _HEADER_HINT = ("--header '{\"client_id\": ..., \"sampling\": ..., \"accountant\": ..., "
@@ -91,6 +102,9 @@ class _Scan:
     records: list[tuple[int, LedgerRecord | None]]  # (line number, record or unreadable)
     verified: int  # records in the longest prefix whose chain verifies (whole file for v1)
     hashes: list[str]  # chain hash after each verified record (hashes[0]: the header's)
+    substitutes: set[int]  # indices (into records) of an earlier repair's substitutes
+    lost_selection: bool  # an unreadable line that was a tuned selection's
+    times_back: bool  # a readable record's time before the one before it
 
 
 def given_header(header: Any) -> dict[str, Any]:
@@ -143,13 +157,17 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
     records: list[tuple[int, LedgerRecord | None]] = []
     hashes = [line_hash(lines[0])]
     verified, intact = 0, True
+    substitutes: set[int] = set()
+    lost_selection, times_back, last_time = False, False, -math.inf
     for number, line in enumerate(lines[1:], start=2 if readable else 1):
         record: LedgerRecord | None = None
         prev: str | None = None
         try:
-            if len(line) > MAX_LINE_BYTES:
+            if too_long(line):
                 raise ValueError("too long")
             obj = json.loads(line.decode("utf-8"), parse_constant=lambda _: math.nan)
+            if isinstance(obj, dict) and "repair" in obj:
+                substitutes.add(len(records))
             if not chained and isinstance(obj, dict):
                 obj = {**obj, "prev": ""}
             if isinstance(obj, dict) and isinstance(obj.get("time"), float) \
@@ -159,19 +177,25 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
             record, prev = parse_record(obj, str(header.get("sampling")))
         except (UnicodeDecodeError, ValueError, ConfigError):
             record = None
+            substitutes.discard(len(records))
+            lost_selection = lost_selection or b'"selection"' in line
+        if record is not None:
+            times_back = times_back or record.time < last_time
+            last_time = max(last_time, record.time)
         records.append((number, record))
         if intact and record is not None and (not chained or prev == hashes[-1]):
             verified += 1
             hashes.append(line_hash(line))
         else:
             intact = False
-    return _Scan(header, lines[0], records, verified, hashes)
+    return _Scan(header, lines[0], records, verified, hashes, substitutes, lost_selection,
+                 times_back)
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
                  path: Path) -> int:
     total = len(scan.records)
-    unverified_from = scan.verified if scan.verified == total else max(scan.verified - 1, 0)
+    unverified_from = _unverified_from(scan)
     if mark is not None and scan.header["format"] == LEDGER_FORMAT:
         if scan.verified >= mark.count and scan.hashes[mark.count] == mark.last_hash:
             lost = 0  # the acknowledged prefix is intact; anything after it is extra
@@ -188,31 +212,70 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
     return assume_lost + after_break
 
 
-def _charged(lost: int, lost_step: GaussianStep, kept: list[LedgerRecord],
+def _released(scan: _Scan) -> list[GaussianStep]:
+    """The Gaussian steps the readable records show this client released: every record but
+    an earlier repair's substitutes (no evidence of a release), the releases before round one
+    (DP normalisation, DP-PCA: round -1, q = 1) included."""
+    return [r.step for k, (_, r) in enumerate(scan.records)
+            if r is not None and k not in scan.substitutes and isinstance(r.step, GaussianStep)]
+
+
+def _unverified_from(scan: _Scan) -> int:
+    """The first record that cannot be trusted: an edit without rehashing breaks the chain
+    right after the edited line, so the last record the chain verifies is not trusted either
+    (unless the whole file verifies)."""
+    total = len(scan.records)
+    return scan.verified if scan.verified == total else max(scan.verified - 1, 0)
+
+
+def _may_have_lost_a_release(scan: _Scan) -> bool:
+    """Whether what was lost may include a release before round one (DP normalisation,
+    DP-PCA: round -1, q = 1, a ledger's first records): no such release is readable, and no
+    trusted record (the chain verified from the header) of a round >= 0 shows that the
+    ledger's beginning is intact - a line deleted, cut or unreadable there may have been one."""
+    readable = [(k, r) for k, (_, r) in enumerate(scan.records)
+                if r is not None and k not in scan.substitutes]
+    if any(r.round < 0 for _, r in readable):
+        return False  # a release is readable: its q = 1 is in the floor
+    trusted = _unverified_from(scan)
+    return not any(k < trusted and r.round >= 0 for k, r in readable)
+
+
+def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
              path: Path) -> GaussianStep:
     """The substitute for ``lost`` records: ``lost_step``, refused if it is cheaper than a kept
-    record's step (smaller q or larger sigma), taken as many times per lost record as the
-    largest kept record (a previous repair's substitute, round -1, is no evidence of a round)."""
-    released = [r.step for r in kept if r.round >= 0 and isinstance(r.step, GaussianStep)]
-    if released:
-        q = max(step.q for step in released)
-        sigma = min(step.sigma for step in released)
-        if lost_step.q < q or lost_step.sigma > sigma:
-            raise ConfigError(
-                f"{path}: --lost-step q={lost_step.q:g} sigma={lost_step.sigma:g} is cheaper than "
-                f"what the kept records show this client released; a lost record is charged "
-                f"at least q >= {q:g} and sigma <= {sigma:g} (a repair never lowers spending)")
+    record's step (smaller q or larger sigma; the releases before round one included), or,
+    when a lost line may have been such a release (:func:`_may_have_lost_a_release`), if its
+    q is below 1 and the caller did not say the client made none (``no_releases``); taken as
+    many times per lost record as the largest kept record holds steps."""
+    released = _released(scan)
+    q_floor = max((step.q for step in released), default=0.0)
+    sigma_floor = min((step.sigma for step in released), default=math.inf)
+    if not no_releases and _may_have_lost_a_release(scan) and lost_step.q < 1.0:
+        raise ConfigError(
+            f"{path}: the ledger's first records cannot be verified, and a ledger holds its "
+            f"releases before round one there (DP normalisation, DP-PCA: q = 1), none of them "
+            f"readable: if the client's scenario had such a release, repair with --lost-step 1 "
+            f"SIGMA (SIGMA at most the release's and the rounds' sigma); if it had none, say "
+            f"so with --no-releases (a repair never lowers spending)")
+    if lost_step.q < q_floor or lost_step.sigma > sigma_floor:
+        raise ConfigError(
+            f"{path}: --lost-step q={lost_step.q:g} sigma={lost_step.sigma:g} is cheaper than "
+            f"what the kept records show this client released; a lost record is charged "
+            f"at least q >= {q_floor:g} and sigma <= {sigma_floor:g} (a repair never lowers "
+            f"spending)")
     per_record = max([lost_step.count, *(step.count for step in released)])
     return lost_step.times(lost * per_record)
 
 
 def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                   assume_lost: int | None = None, dry_run: bool = False,
-                  header: Any = None) -> RepairReport:
+                  header: Any = None, no_releases: bool = False) -> RepairReport:
     """Rewrite a damaged ledger so that it verifies, adding (never removing) spending (module
     docstring). Takes the ledger's lock. Raises :class:`LedgerError` when substitutes are
-    needed but ``lost_step`` is missing or cheaper than a kept record, or the header is lost
-    and ``header`` (client_id, sampling, accountant, budget) is not given."""
+    needed but ``lost_step`` is missing or cheaper than a kept record (or, where a lost line
+    may have been a release before round one, has q < 1 without ``no_releases``), or the
+    header is lost and ``header`` (client_id, sampling, accountant, budget) is not given."""
     path = Path(path)
     given = None if header is None else given_header(header)
     if assume_lost is not None and (isinstance(assume_lost, bool) or assume_lost < 0):
@@ -229,8 +292,10 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         kept = [r for _, r in scan.records if r is not None]
         damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records)
                    or scan.header["format"] != LEDGER_FORMAT or mark is None
-                   or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1)
-        if lost and any(not isinstance(r.step, GaussianStep) for r in kept):
+                   or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
+                   or scan.times_back)
+        if lost and (scan.lost_selection
+                     or any(not isinstance(r.step, GaussianStep) for r in kept)):
             raise LedgerError(
                 f"{path}: holds a tuned selection (a sweep's tuning ledger) and lost records; "
                 f"a lost selection has no Gaussian substitute, so it is not repaired")
@@ -242,7 +307,8 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         if lost_step is not None and lost_step.sampling != scan.header.get("sampling"):
             raise ConfigError(f"--lost-step is {lost_step.sampling} but the ledger records "
                               f"{scan.header.get('sampling')} steps")
-        substitute = _charged(lost, lost_step, kept, path) if lost and lost_step else None
+        substitute = (_charged(lost, lost_step, scan, no_releases, path)
+                      if lost and lost_step else None)
         if not damaged or dry_run:
             return RepairReport(str(path), len(kept), unreadable, lost, None, damaged)
         header = {**scan.header, "format": LEDGER_FORMAT}

@@ -1,0 +1,149 @@
+"""A repair never lowers what a ledger records, whatever was damaged (an attacker's review of
+session 49): a lost release before round one (DP normalisation, DP-PCA: q = 1) is not charged
+as a round, a tuned selection's long line is read by the repair as by the reader (not taken as
+damage and replaced by one Gaussian step), and a record going back in time is repaired instead
+of reported as intact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.errors import ConfigError, LedgerError
+from fedsim.privacy.events import GaussianStep, TunedSelection
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import (
+    MAX_LINE_BYTES,
+    LedgerRecord,
+    Mark,
+    encode_record,
+    line_hash,
+    locked,
+    parse_record,
+)
+from fedsim.privacy.ledger_repair import repair_ledger
+
+ROUND = GaussianStep("poisson", 1 / 30, 1.3)
+RELEASE = GaussianStep("poisson", 1.0, 2.0)  # DP normalisation's, before round one
+
+
+def _ledger(path: Path, *, release: bool = True, rounds: int = 6) -> float:
+    """A client's ledger: the release (round -1) when asked, then ``rounds`` rounds; its eps."""
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None) as ledger:
+        if release:
+            ledger.spend(RELEASE, time=0.0, round=-1)
+        for r in range(rounds):
+            ledger.spend(ROUND, time=1.0 + r, round=r)
+        return ledger.epsilon(1e-5)
+
+
+def _eps(path: Path) -> float:
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None,
+                            read_only=True) as ledger:
+        return ledger.epsilon(1e-5)
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().split(b"\n")[:-1]
+
+
+@pytest.mark.parametrize("damage", ["unreadable", "deleted"])
+def test_a_lost_release_is_not_charged_as_a_round(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "c.jsonl"
+    spent = _ledger(path)
+    lines = _lines(path)
+    assert b'"round": -1' in lines[1]
+    if damage == "unreadable":
+        lines[1] = lines[1].replace(b'"q": 1.0', b'"q": 1.0,,')
+    else:
+        del lines[1]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    round_priced = ROUND  # what the rounds left show: q 1/30, sigma 1.3
+    with pytest.raises(ConfigError, match="--no-releases"):
+        repair_ledger(path, lost_step=round_priced)
+    # Before: accepted, eps 2.02 -> 0.64. Charged as a release (q = 1), it only adds.
+    repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 1.3))
+    assert _eps(path) >= spent
+
+
+def test_a_readable_release_sets_the_floor_of_a_lost_round(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    spent = _ledger(path)
+    lines = _lines(path)
+    lines[4] = lines[4][:-7] + b"garbage"  # a round's line, after the release
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(ConfigError, match=r"q >= 1"):
+        repair_ledger(path, lost_step=ROUND)
+    repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 1.3))
+    assert _eps(path) >= spent
+
+
+def test_a_ledger_without_releases_is_repaired_when_vouched_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.jsonl"
+    spent = _ledger(path, release=False)
+    lines = _lines(path)
+    lines[1] = lines[1][:-5] + b"xxxxx"  # the first round's line
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    argv = ["ledger", "repair", str(path), "--lost-step", str(ROUND.q), str(ROUND.sigma)]
+    assert main(argv) == 2 and "--no-releases" in capsys.readouterr().err
+    assert main([*argv, "--no-releases"]) == 0
+    assert _eps(path) >= spent
+    assert main(["ledger", "check", str(path)]) == 0
+
+
+def test_a_long_tuned_selection_is_kept_and_a_ledger_holding_one_is_not_repaired(
+    tmp_path: Path,
+) -> None:
+    candidates = tuple((GaussianStep("poisson", 0.01 + k / 1000, 1.0 + k / 10, 5 + k),
+                        GaussianStep("poisson", 0.02, 2.0 + k / 10, 3))
+                       for k in range(40))
+    selection = TunedSelection("negative_binomial", (0.0, 0.2), candidates)
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=Budget(1e3, 1e-5),
+                            accountant="rdp") as ledger:
+        ledger.spend_selection(selection, time=0.0, round=-1)
+        for r in range(3):
+            ledger.spend(ROUND, time=1.0 + r, round=r)
+        spent = ledger.epsilon(1e-5)
+    lines = _lines(path)
+    assert len(lines[1]) > MAX_LINE_BYTES  # a selection's line may be longer than a step's
+    # Intact: not damage (before: "unreadable 1, substituted 1", eps 6.61 -> 2.42).
+    report = repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.5))
+    assert not report.damaged and report.unreadable == 0
+    lines[3] = lines[3][:-5] + b"xxxxx"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(LedgerError, match="tuned selection"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.5))
+    lines = _lines(tmp_path / "c.jsonl")
+    lines[1] = lines[1][:-5] + b"xxxxx"  # the selection itself unreadable
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(LedgerError, match="tuned selection"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.5), no_releases=True)
+    assert spent > 0
+
+
+def test_a_record_going_back_in_time_is_repaired(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    spent = _ledger(path, release=False)
+    lines = _lines(path)
+    # Rewrite the chain with the third record's time before the second's, rehashed, and the
+    # mark to match: the chain verifies, the times do not (check refuses it).
+    out, last = [lines[0]], line_hash(lines[0])
+    for k, line in enumerate(lines[1:]):
+        record, _ = parse_record(json.loads(line), "poisson")
+        time = 0.5 if k == 2 else record.time
+        out.append(encode_record(LedgerRecord(time, record.round, record.step), last))
+        last = line_hash(out[-1])
+    path.write_bytes(b"\n".join(out) + b"\n")
+    with locked(path) as mark:
+        mark.write_both(Mark(len(out) - 1, last))
+    assert main(["ledger", "check", str(path)]) == 2
+    report = repair_ledger(path)  # nothing lost: no step needed
+    assert report.damaged and report.substituted == 0
+    assert main(["ledger", "check", str(path)]) == 0
+    assert _eps(path) == pytest.approx(spent, rel=1e-12)
