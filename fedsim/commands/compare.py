@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for line in format_table(rows):
         print(line)
+    for row in rows:
+        for warning in row["warnings"]:
+            print(warning)
     deltas = sorted({row["delta"] for row in rows if row["delta"] is not None})
     print(f"eps: each client's guarantee about its own data at delta = "
           f"{', '.join(f'{d:g}' for d in deltas)} (pld)")

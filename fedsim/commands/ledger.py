@@ -88,7 +88,10 @@ def run_check(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     header = _header(path)
-    mark = read_mark(path)
+    try:
+        mark = read_mark(path)
+    except LedgerError as exc:  # damage: exit 2, as every other refusal of check
+        raise ConfigError(str(exc)) from None
     if mark is None:  # the chain alone verifies a ledger cut at any line
         raise ConfigError(
             f"{path}: no high-water mark ({mark_path(path).name} is missing, empty or "

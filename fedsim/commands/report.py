@@ -112,7 +112,9 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         + (f" ({stop_text})" if stop_text else "")
     )
 
-    warnings: list[str] = []
+    from fedsim.reporting.ledgers import ledger_gaps
+
+    warnings: list[str] = ledger_gaps(run)
     final_eps = drawn.final_epsilon
     if final_eps:
         lines.append(f"privacy ({drawn.accountant}, delta = {drawn.delta:g}): eps "

@@ -222,6 +222,8 @@ class PrivacyLedger:
             return cls(path, client_id, sampling, budget, accountant,
                        records, last)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():
+            raise LedgerError(f"{path}: not a file (a ledger is one file of JSON lines)")
         lock = _take_lock(path, directory)
         try:
             mark = lock.read()
@@ -236,7 +238,11 @@ class PrivacyLedger:
                     f"{path}: no high-water mark ({mark_path(path).name}), so a cut file "
                     f"cannot be detected; `fedsim ledger repair {path} --assume-lost N` "
                     f"adopts it")
-            records, last = _read(path, cut_partial_line(path, data), header, mark)
+            # Verified first, cut after: a final line without its newline is a crash's torn
+            # write, dropped - but not before the rest verifies against the mark (a ledger
+            # refused keeps every byte for its repair).
+            records, last = _read(path, data[:data.rfind(b"\n") + 1], header, mark)
+            cut_partial_line(path, data)
             if mark is None or len(records) > mark.count:
                 # A header alone and no mark (created by a run that stopped before its first
                 # spend made the mark durable: nothing was acknowledged; the header is checked

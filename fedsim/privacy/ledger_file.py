@@ -189,6 +189,9 @@ class MarkFile:
             self._fd = os.open(path, flags, 0o644)
         except FileNotFoundError:
             raise LedgerError(f"{path}: no high-water mark") from None
+        except OSError as exc:  # a directory in its place, unreadable: damage, said as such
+            raise LedgerError(f"{path}: the high-water mark cannot be opened "
+                              f"({exc.strerror})") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -399,6 +402,9 @@ def read_mark(path: Path) -> Mark | None:
         data = mark_path(path).read_bytes()[: 2 * _MARK_SLOT]
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a directory in its place, unreadable: damage, said as such
+        raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
+                          f"({exc.strerror})") from None
     marks = [m for m in (_decode_mark(data[i:i + _MARK_SLOT]) for i in (0, _MARK_SLOT))
              if m is not None]
     return max(marks, key=lambda m: m.count, default=None)

@@ -268,6 +268,25 @@ def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
     return lost_step.times(lost * per_record)
 
 
+def _refuse_what_cannot_be_substituted(path: Path, scan: _Scan, kept: list[LedgerRecord],
+                                       lost: int, lost_step: GaussianStep | None) -> None:
+    """A repair that would need a substitute it cannot make: for a tuned selection (none is
+    Gaussian), without a named step, or with a step of the other sampling scheme."""
+    if lost and (scan.lost_selection
+                 or any(not isinstance(r.step, GaussianStep) for r in kept)):
+        raise LedgerError(
+            f"{path}: holds a tuned selection (a sweep's tuning ledger) and lost records; "
+            f"a lost selection has no Gaussian substitute, so it is not repaired")
+    if lost and lost_step is None:
+        raise LedgerError(
+            f"{path}: {lost} acknowledged record(s) cannot be verified; name a step at "
+            f"least as expensive as each of them with --lost-step Q SIGMA (the client's "
+            f"largest q and smallest sigma) and repair again")
+    if lost_step is not None and lost_step.sampling != scan.header.get("sampling"):
+        raise ConfigError(f"--lost-step is {lost_step.sampling} but the ledger records "
+                          f"{scan.header.get('sampling')} steps")
+
+
 def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                   assume_lost: int | None = None, dry_run: bool = False,
                   header: Any = None, no_releases: bool = False) -> RepairReport:
@@ -280,11 +299,16 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
     given = None if header is None else given_header(header)
     if assume_lost is not None and (isinstance(assume_lost, bool) or assume_lost < 0):
         raise ConfigError(f"--assume-lost must be an integer >= 0, got {assume_lost!r}")
+    if not path.is_file():  # before the lock, which would create a stray mark beside it
+        what = "not a file" if path.exists() else "no such ledger"
+        raise LedgerError(f"{path}: {what}")
     with locked(path) as mark_file:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             raise LedgerError(f"{path}: no such ledger") from None
+        except OSError as exc:
+            raise LedgerError(f"{path}: cannot be read ({exc.strerror})") from None
         scan = _scan(path, data, given)
         mark = mark_file.read()
         lost = _substitutes(scan, mark, assume_lost, path)
@@ -294,19 +318,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or scan.header["format"] != LEDGER_FORMAT or mark is None
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
                    or scan.times_back)
-        if lost and (scan.lost_selection
-                     or any(not isinstance(r.step, GaussianStep) for r in kept)):
-            raise LedgerError(
-                f"{path}: holds a tuned selection (a sweep's tuning ledger) and lost records; "
-                f"a lost selection has no Gaussian substitute, so it is not repaired")
-        if lost and lost_step is None:
-            raise LedgerError(
-                f"{path}: {lost} acknowledged record(s) cannot be verified; name a step at "
-                f"least as expensive as each of them with --lost-step Q SIGMA (the client's "
-                f"largest q and smallest sigma) and repair again")
-        if lost_step is not None and lost_step.sampling != scan.header.get("sampling"):
-            raise ConfigError(f"--lost-step is {lost_step.sampling} but the ledger records "
-                              f"{scan.header.get('sampling')} steps")
+        _refuse_what_cannot_be_substituted(path, scan, kept, lost, lost_step)
         substitute = (_charged(lost, lost_step, scan, no_releases, path)
                       if lost and lost_step else None)
         if not damaged or dry_run:

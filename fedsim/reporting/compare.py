@@ -26,6 +26,8 @@ from fedsim.reporting.stops import stop_counts
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
            "virtual_time", "windows", "stops")
+EPS_RELATIVE_TOLERANCE = 1e-3
+"""summary.json's eps and the ledgers' may differ by this much (its figures are rounded)."""
 LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend beside the axes
 
 
@@ -38,18 +40,34 @@ def _number(value: Any) -> float | None:
 def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
     """One run's comparison row (the keys of :data:`COLUMNS`, ``stops`` a dict kind -> count,
     plus ``path``, ``scenario``, ``seed`` and ``delta``)."""
+    from fedsim.reporting.ledgers import ledger_gaps, read_ledgers
+    from fedsim.reporting.plots import EpsilonCache, final_epsilons
+
     summary = run.summary
     found = summary.get("privacy")
     privacy: dict[str, Any] = found if isinstance(found, dict) else {}
-    epsilons = sorted(e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
-    eps = {
+    recorded = {
         "eps_min": _number(privacy.get("epsilon_min")),
         "eps_median": _number(privacy.get("epsilon_median")),
         "eps_max": _number(privacy.get("epsilon_max")),
     }
-    if epsilons and eps["eps_min"] is None:  # an older summary: from clients.csv
+    warnings = ledger_gaps(run)
+    # The clients' eps from their ledgers, as `fedsim report` computes it: summary.json's
+    # figures are what the run wrote, and a file anybody can edit (checked against them).
+    from_ledgers = sorted(final_epsilons(read_ledgers(run), EpsilonCache(run.delta)).values())
+    epsilons = from_ledgers or sorted(
+        e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
+    eps = dict(recorded)
+    if epsilons:
         eps = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
                "eps_max": epsilons[-1]}
+    if from_ledgers and recorded["eps_max"] is not None:
+        for key, value in recorded.items():
+            computed = eps[key]
+            if value is not None and computed is not None and abs(value - computed) > \
+                    EPS_RELATIVE_TOLERANCE * max(abs(value), abs(computed), 1e-12):
+                warnings.append(f"warning: {run.path.name}: summary.json says {key} "
+                                f"{value:.6g}, the ledgers give {computed:.6g}")
     accuracies = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
     final = _number(summary.get("final_accuracy"))
     best = _number(summary.get("best_accuracy"))
@@ -67,6 +85,7 @@ def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
         "virtual_time": run.virtual_time,
         "windows": summary.get("windows", len(run.metrics)),
         "stops": dict(sorted(stops.items())),
+        "warnings": warnings,
     }
 
 

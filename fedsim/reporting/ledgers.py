@@ -16,7 +16,9 @@ from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import mark_path
 from fedsim.reporting.rundir import RunDirectory
+from fedsim.runtime.run_outputs import LEDGER_DIR
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,29 @@ def read_ledger(path: Path) -> ClientLedger:
         timed = tuple(sorted(((record.time, record.step) for record in ledger.records
                               if isinstance(record.step, GaussianStep)), key=lambda pair: pair[0]))
         return ClientLedger(ledger.client_id, timed, ledger.accountant, str(ledger.sampling))
+
+
+def ledger_gaps(run: RunDirectory) -> list[str]:
+    """Warnings for what a report's epsilon cannot see: clients of ``clients.csv`` that have no
+    ledger in the run directory (their spending is left out of every figure read from the
+    ledgers), and ledgers without their high-water mark (a cut file is then undetectable)."""
+    paths = run.ledger_paths
+    listed = [str(row.get("client_id")) for row in run.clients if row.get("client_id")]
+    missing = [client_id for client_id in listed if client_id not in paths]
+    warnings = []
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        warnings.append(f"warning: {len(missing)} client(s) of clients.csv have no ledger in "
+                        f"{run.path / LEDGER_DIR} ({shown}): the eps from the ledgers leaves "
+                        f"their spending out")
+    unmarked = [client_id for client_id, path in paths.items() if not mark_path(path).exists()]
+    if unmarked:
+        shown = ", ".join(unmarked[:5]) + (f" and {len(unmarked) - 5} more"
+                                           if len(unmarked) > 5 else "")
+        warnings.append(f"warning: {len(unmarked)} ledger(s) have no high-water mark ({shown}): "
+                        f"a cut file cannot be detected, so their eps may be too low")
+    return warnings
 
 
 def read_ledgers(run: RunDirectory) -> list[ClientLedger]:

@@ -69,8 +69,14 @@ class RunDirectory:
         if missing:
             raise ConfigError(f"{root}: not a run directory (missing {', '.join(missing)}; "
                               "`fedsim run SCENARIO --out DIR` writes one)")
-        return cls(root, _read_metrics(root / METRICS_FILE), _read_clients(root / CLIENTS_FILE),
-                   _read_summary(root / SUMMARY_FILE))
+        try:
+            return cls(root, _read_metrics(root / METRICS_FILE),
+                       _read_clients(root / CLIENTS_FILE), _read_summary(root / SUMMARY_FILE))
+        except UnicodeDecodeError as exc:  # a damaged file: bad input, not a crash
+            raise ConfigError(f"{root}: a file of the run directory is not UTF-8 text "
+                              f"({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise ConfigError(f"{root}: cannot read the run directory ({exc})") from None
 
     # -- derived views -------------------------------------------------------------------
     @property
@@ -134,7 +140,14 @@ class RunDirectory:
 
     @property
     def plot_dir(self) -> Path:
-        return self.path / PLOT_DIR
+        """Where the run's plots are (re)drawn: inside the run directory, never through a
+        link out of it (a run directory handed over may carry one: drawing through it would
+        overwrite files elsewhere)."""
+        plots = self.path / PLOT_DIR
+        if plots.is_symlink():
+            raise ConfigError(f"{plots} is a symbolic link; the plots are drawn only inside "
+                              f"the run directory (remove the link)")
+        return plots
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:

@@ -33,6 +33,7 @@ trained and evaluated on one input scale (hence every group normalises, or none)
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,11 +155,17 @@ def _save(path: Path, moments: FeatureMoments) -> None:
 
 
 def _load(path: Path, features: torch.Tensor) -> FeatureMoments:
-    with np.load(path, allow_pickle=False) as stored:
-        mean, std = stored["mean"], stored["std"]
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            mean, std = stored["mean"], stored["std"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise LedgerError(f"{path}: the stored moments cannot be read ({type(exc).__name__}: "
+                          f"{exc}); remove the file to release them again (charged again: "
+                          f"over-counted, never under)") from None
     shape = tuple(features.shape[1:])
-    if mean.shape != shape or std.shape != shape or not (np.isfinite(mean).all()
-                                                         and (std > 0).all()):
-        raise LedgerError(f"{path}: stored moments do not fit features of shape {shape}")
+    if mean.shape != shape or std.shape != shape or not (
+            np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+        raise LedgerError(f"{path}: stored moments do not fit features of shape {shape} "
+                          f"(finite means and finite positive deviations)")
     return FeatureMoments(torch.from_numpy(mean).to(features.dtype),
                           torch.from_numpy(std).to(features.dtype))

@@ -147,3 +147,43 @@ def test_a_record_going_back_in_time_is_repaired(tmp_path: Path) -> None:
     assert report.damaged and report.substituted == 0
     assert main(["ledger", "check", str(path)]) == 0
     assert _eps(path) == pytest.approx(spent, rel=1e-12)
+
+
+def test_a_refused_open_keeps_every_byte_for_the_repair(tmp_path: Path) -> None:
+    """An acknowledged last record without its newline is not a torn write: the writable open
+    refuses the ledger (shorter than its mark) and, before, cut the record's bytes off first;
+    now nothing is cut until what is kept verifies."""
+    path = tmp_path / "c.jsonl"
+    _ledger(path, release=False)
+    damaged = path.read_bytes()[:-1]
+    path.write_bytes(damaged)
+    with pytest.raises(LedgerError, match="were acknowledged"):
+        PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None)
+    assert path.read_bytes() == damaged
+
+
+@pytest.mark.parametrize("command", [["ledger", "check"], ["account", "--ledger"],
+                                     ["ledger", "repair"]])
+def test_a_directory_in_a_ledgers_place_is_refused_with_a_message(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An attacker's review: a .hwm (or a ledger) that is a directory raised IsADirectoryError
+    from every reader, and a repair of a ledger that is not there left a stray mark."""
+    path = tmp_path / "c.jsonl"
+    _ledger(path, release=False)
+    mark = path.with_name(path.name + ".hwm")
+    mark.unlink()
+    mark.mkdir()
+    assert main([*command, str(path)]) == (1 if command[1] == "repair" else 2)  # (a refused
+    err = capsys.readouterr().err  # repair exits 1, damage found by check or account 2)
+    assert "high-water mark cannot be" in err and "Traceback" not in err
+    with pytest.raises(LedgerError, match="high-water mark cannot be opened"):
+        PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None)
+    folder = tmp_path / "d.jsonl"
+    folder.mkdir()
+    assert main(["ledger", "repair", str(folder), "--assume-lost", "0"]) == 1
+    assert "not a file" in capsys.readouterr().err
+    with pytest.raises(LedgerError, match="not a file"):
+        PrivacyLedger.open(folder, client_id="c", sampling="poisson", budget=None)
+    assert main(["ledger", "repair", str(tmp_path / "none.jsonl"), "--assume-lost", "0"]) == 1
+    assert not (tmp_path / "none.jsonl.hwm").exists()

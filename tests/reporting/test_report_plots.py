@@ -134,16 +134,39 @@ def test_report_warns_when_clients_csv_disagrees_with_a_ledger(
     assert "warning: client c000: clients.csv says eps 0.001" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("damage", ["missing", "no-metrics", "bad-metrics", "bad-summary",
-                                    "no-delta", "bad-ledger", "not-a-dir"])
-def test_report_rejects_what_is_not_a_run_directory(
-        damage: str, small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_and_compare_say_what_their_eps_cannot_see(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An attacker's review: with a ledger deleted, report's eps left the client out with no
+    word; compare took eps from summary.json, an edited one unchecked; a ledger without its
+    mark (a cut undetectable) passed silently."""
     run = copy_run(small_run)
-    target = run.path
+    (run.path / "ledgers" / "c001.jsonl").unlink()
+    (run.path / "ledgers" / "c002.jsonl.hwm").unlink()
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["privacy"]["epsilon_max"] = 0.001
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    assert cli_main(["report", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 client(s) of clients.csv have no ledger" in out and "c001" in out
+    assert "1 ledger(s) have no high-water mark (c002)" in out
+    assert cli_main(["compare", str(run.path), "--no-plots", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["runs"]
+    kept = sorted(run.final_epsilon(c) for c in run.histories if c != "c001")
+    assert row["eps_max"] == pytest.approx(kept[-1])  # the ledgers', not summary.json's
+    assert any("summary.json says eps_max 0.001" in w for w in row["warnings"])
+    assert any("have no ledger" in w for w in row["warnings"])
+    assert cli_main(["compare", str(run.path), "--no-plots"]) == 0
+    assert "summary.json says eps_max 0.001" in capsys.readouterr().out
+
+
+def _damaged(target: Path, damage: str, tmp_path: Path) -> Path:  # noqa: C901 - one per kind
+    """``target`` (a copied run directory) with ``damage`` done; the path to report on."""
     if damage == "missing":
-        target = tmp_path / "nowhere"
-    elif damage == "no-metrics":
+        return tmp_path / "nowhere"
+    if damage == "not-a-dir":
+        return target / "summary.json"
+    if damage == "no-metrics":
         (target / "metrics.jsonl").unlink()
     elif damage == "bad-metrics":
         (target / "metrics.jsonl").write_text('{"window": 1, "time": 1.0}\nnot json\n')
@@ -155,13 +178,36 @@ def test_report_rejects_what_is_not_a_run_directory(
         (target / "summary.json").write_text(json.dumps(summary))
     elif damage == "bad-ledger":
         (target / "ledgers" / "c000.jsonl").write_text("garbage\n")
-    elif damage == "not-a-dir":
-        target = target / "summary.json"
+    elif damage.endswith("-not-utf8"):
+        name = {"metrics": "metrics.jsonl", "summary": "summary.json",
+                "clients": "clients.csv"}[damage.split("-")[0]]
+        (target / name).write_bytes((target / name).read_bytes()[:-2] + b"\xff\xfe\n")
+    elif damage == "plots-a-link":
+        shutil.rmtree(target / "plots", ignore_errors=True)
+        (tmp_path / "elsewhere").mkdir()
+        (target / "plots").symlink_to(tmp_path / "elsewhere")
+    elif damage == "mark-a-dir":
+        mark = target / "ledgers" / "c000.jsonl.hwm"
+        mark.unlink()
+        mark.mkdir()
+    return target
+
+
+@pytest.mark.parametrize("damage", ["missing", "no-metrics", "bad-metrics", "bad-summary",
+                                    "no-delta", "bad-ledger", "not-a-dir", "metrics-not-utf8",
+                                    "summary-not-utf8", "clients-not-utf8", "mark-a-dir",
+                                    "plots-a-link"])
+def test_report_rejects_what_is_not_a_run_directory(
+        damage: str, small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = _damaged(copy_run(small_run).path, damage, tmp_path)
     assert cli_main(["report", str(target)]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("fedsim report: error: ")
     assert "Traceback" not in captured.err
     assert str(target.name) in captured.err or "ledgers" in captured.err
+    if damage == "plots-a-link":
+        assert not any((tmp_path / "elsewhere").iterdir())  # nothing drawn through the link
 
 
 def test_many_clients_plot_quantile_clients_only(many_clients_run: SyntheticRun,

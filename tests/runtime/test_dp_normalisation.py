@@ -17,7 +17,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from fedsim.config import LoadedScenario, load_scenario, parse_scenario
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy import calibration
 from fedsim.privacy.ledger import NORMALISATION_ROUND, PrivacyLedger, read_ledger_steps
 from fedsim.privacy.pld import PLDAccountant
@@ -150,6 +150,31 @@ def test_clients_train_on_standardised_features_and_keep_them_across_a_restart(
     other.close()
     with pytest.raises(ConfigError, match="needs its ledger"):
         population.trainer(plan)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "infinite-std"])
+def test_damaged_stored_moments_are_refused_with_a_message(tmp_path: Path, damage: str) -> None:
+    """An attacker's review: a truncated moments file raised zipfile.BadZipFile at the client's
+    start, and one with an infinite deviation was accepted (every feature divided to zero)."""
+    loaded = load_scenario(SCENARIO)
+    population = build_population(loaded)
+    plan = plan_of(population, "poisson-000")
+    path = tmp_path / "ledgers" / "poisson-000.jsonl"
+    ledger = open_ledger(plan, path)
+    population.trainer(plan, ledger=ledger)
+    stored = moments_file(path)
+    if damage == "truncated":
+        stored.write_bytes(stored.read_bytes()[:40])
+    else:
+        with np.load(stored) as kept:
+            mean, std = kept["mean"], kept["std"].copy()
+        std[0] = np.inf
+        with stored.open("wb") as handle:
+            np.savez(handle, mean=mean, std=std)
+    with pytest.raises(LedgerError, match="moments"):
+        population.trainer(plan, ledger=ledger)
+    assert len(ledger.records) == 1  # nothing charged again
+    ledger.close()
 
 
 def test_the_budget_check_refuses_a_release_that_alone_exceeds_the_budget() -> None:
