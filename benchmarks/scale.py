@@ -77,6 +77,7 @@ writes (updates) ``benchmarks/results/scale.json``.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -393,8 +394,8 @@ BOUND_PASS_CLIENTS = 128
 BOUND_PASS_ROUNDS = 12
 
 
-def batched_rounds_ms(population: Any, clients_per_group: int,
-                      rounds_per_client: int) -> dict[str, float]:
+def batched_rounds_ms(population: Any, clients_per_group: int, rounds_per_client: int, *,
+                      keep_alive: int = 0, timed_from: int = 1) -> dict[str, float]:
     """CPU ms per round of fedsim's batched pass with nothing around it: ``clients_per_group``
     clients of each group (the loop's mix: as many rounds a group), each with its own model
     vector, begin a round (its draws), are computed together by a
@@ -403,7 +404,9 @@ def batched_rounds_ms(population: Any, clients_per_group: int,
     ``rounds_per_client`` rounds after one untimed round (first touches). No ledger, codec,
     network, server or event loop: what the simulator's own batched path costs a round
     (``total``), and its parts (``draws``: beginning the rounds; ``pass``: the batched passes
-    and taking their results; ``local_step``)."""
+    and taking their results; ``local_step``). ``keep_alive``: the last that many updates are
+    held on (as a run's updates in flight are) instead of freed at once; ``timed_from``: the
+    first round timed (later, to leave out the first touches of what is held)."""
     from fedsim.protocol.norms import measured_for_sender
     from fedsim.training.batched import RoundBatcher
     from fedsim.training.local_step import apply_local_step
@@ -419,6 +422,7 @@ def batched_rounds_ms(population: Any, clients_per_group: int,
             clients.append((population.trainer(plan, batcher=batcher),
                             population.initial_params.copy(), float(plan.group.local_lr)))
     spent = dict.fromkeys(("draws", "pass", "local_step"), 0.0)
+    alive: collections.deque[np.ndarray] = collections.deque(maxlen=max(1, keep_alive))
     for round_index in range(rounds_per_client + 1):
         started = time.process_time()
         pending = [trainer.begin_round(w, round_index) for trainer, w, _ in clients]
@@ -429,11 +433,13 @@ def batched_rounds_ms(population: Any, clients_per_group: int,
         for k, ((trainer, w, eta), result) in enumerate(zip(clients, results, strict=True)):
             if not result.zero_update:
                 clients[k] = (trainer, apply_local_step(w, result.update, eta, in_place=True), eta)
-        if round_index:  # the first round touches the vectors and buffers for the first time
+                if keep_alive:
+                    alive.append(result.update)
+        if round_index >= timed_from:  # (the first round touches vectors and buffers first)
             spent["draws"] += begun - started
             spent["pass"] += computed - begun
             spent["local_step"] += time.process_time() - computed
-    rounds = len(clients) * rounds_per_client
+    rounds = len(clients) * (rounds_per_client + 1 - timed_from)
     parts = {name: 1e3 * seconds / rounds for name, seconds in spent.items()}
     return {**parts, "total": sum(parts.values())}
 

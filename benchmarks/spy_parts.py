@@ -3,6 +3,7 @@
     py-spy record -r 250 -f raw -o run16.txt -- python benchmarks/spy_parts.py run 1000 16
     py-spy record -r 250 -f raw -o run4.txt -- python benchmarks/spy_parts.py run 1000 4
     python benchmarks/spy_parts.py parts run4.txt run16.txt
+    python benchmarks/spy_parts.py alone 10 400 [--keep-alive 1400]
 
 ``run`` simulates hetero-100 scaled to N training clients (benchmarks/scale.py's scenario)
 for S virtual seconds, without the single loop the plan rows interleave, and prints its CPU
@@ -74,6 +75,22 @@ def _run(clients: int, virtual_seconds: float) -> None:
                       "rounds_a_pass": round(timing["rounds_batched"] / passes, 1)}))
 
 
+def _alone(clients_per_group: int, rounds: int, keep_alive: int) -> None:
+    """fedsim's batched path with nothing around it (scale.py's ``batched_rounds_ms``),
+    timed over the second half of ``rounds`` rounds a client, with ``keep_alive`` updates held
+    on as a run's updates in flight are."""
+    import torch
+    from scale import batched_rounds_ms, build_population, scaled
+
+    torch.set_num_threads(1)
+    population = build_population(scaled(1000, 3.0, cross_device=False))
+    parts = batched_rounds_ms(population, clients_per_group, rounds, keep_alive=keep_alive,
+                              timed_from=rounds // 2 + 1)
+    print(json.dumps({"clients_per_group": clients_per_group, "rounds": rounds,
+                      "keep_alive": keep_alive,
+                      "ms_a_round": {name: round(ms, 4) for name, ms in parts.items()}}))
+
+
 def _parts(paths: list[Path], rate: float, rounds: list[int]) -> None:
     counts = [part_samples(p) for p in paths]
     for path, count in zip(paths, counts, strict=True):
@@ -95,17 +112,26 @@ def main() -> None:
     run = commands.add_parser("run", help="the scaled run alone, to profile")
     run.add_argument("clients", type=int)
     run.add_argument("virtual_seconds", type=float)
+    alone = commands.add_parser("alone", help="the batched path alone (scale.py's "
+                                "batched_rounds_ms), its second half timed")
+    alone.add_argument("clients_per_group", type=int)
+    alone.add_argument("rounds", type=int)
+    alone.add_argument("--keep-alive", type=int, default=0,
+                       help="updates held on, as a run's in flight")
     parts = commands.add_parser("parts", help="each part's share of py-spy's raw profiles")
     parts.add_argument("profiles", type=Path, nargs="+")
     parts.add_argument("--rate", type=float, default=250.0, help="py-spy's samples a second")
     parts.add_argument("--rounds", type=int, nargs=2, metavar=("SHORT", "LONG"),
                        help="the two runs' rounds (printed by run): the steady state's ms")
     args = parser.parse_args()
-    if args.command == "run":
+    if args.command in ("run", "alone"):
         import logging
 
         logging.disable(logging.WARNING)
-        _run(args.clients, args.virtual_seconds)
+        if args.command == "run":
+            _run(args.clients, args.virtual_seconds)
+        else:
+            _alone(args.clients_per_group, args.rounds, args.keep_alive)
     else:
         _parts(args.profiles, args.rate, args.rounds or [])
 
