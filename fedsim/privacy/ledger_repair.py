@@ -27,16 +27,24 @@ to 3.39), the releases before round one included (DP normalisation, DP-PCA: roun
 only an earlier repair's substitutes are no evidence), and each lost record is charged as many
 steps as the largest kept record holds (a round of ``local_steps`` steps is one record).
 
-A ledger holds those releases first. When what was lost may include them - no release is
-readable and no record the chain verifies from the header shows a round, so a line at the
-beginning was deleted, cut or cannot be read - the lost step must have q = 1 unless the caller
-vouches that the client made no release (``no_releases``): before, a damaged release line was
-charged as a round (eps 2.02 -> 0.64 in session 49's review). With no kept record (an emptied
-ledger) the named step stands alone, as it does when every record was rewritten: a file with
-nothing verifiable holds no evidence of what was released, and the caller's step is their word.
+A ledger holds those releases first. When what was lost may include them - no record the
+chain verifies from the header is left, so a line at the beginning was deleted, cut, edited or
+cannot be read - the lost step must have q = 1 unless the caller vouches that the client made
+no release (``no_releases``): before, a damaged release line was charged as a round (eps 2.02
+-> 0.64 in session 49's review). Each lost record gets a substitute record of its own, charged
+as many steps as the largest kept record (an earlier repair's substitutes included), so a
+substitute lost in turn is charged again in full. With no kept record (an emptied ledger) the
+named step stands alone, as it does when every record was rewritten: a file with nothing
+verifiable holds no evidence of what was released, and the caller's step is their word. So is
+it for a schedule whose lost records were more expensive than every kept one (a noise that
+falls over the rounds, cut at the end): the floor is only what the file shows; name the
+client's most expensive step.
+
 A tuned selection's line is read with the reader's own length rule (``too_long``), so an
-intact one is kept; a ledger that holds one, readable or not, is not repaired when records are
-lost. A record whose time goes back is damage (the reader refuses it): its time is raised.
+intact one is kept; a ledger that holds one, or may have (an unreadable line that is long,
+names a selection, or, in an rdp ledger or under ``tuning/ledgers``, does not show itself a
+step), is not repaired when records are lost. A record whose time goes back is damage (the
+reader refuses it): its time is raised.
 
 An emptied ledger, or one whose first line is damaged, has lost its header (client id,
 sampling, accountant, budget, which the client's own open checks): the caller gives it
@@ -62,6 +70,7 @@ from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep
 from fedsim.privacy.ledger import Budget
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
+    MAX_LINE_BYTES,
     OLD_FORMATS,
     LedgerRecord,
     Mark,
@@ -159,6 +168,8 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
     verified, intact = 0, True
     substitutes: set[int] = set()
     lost_selection, times_back, last_time = False, False, -math.inf
+    selections_possible = header.get("accountant") == "rdp" or path.parent.parts[-2:] == (
+        "tuning", "ledgers")
     for number, line in enumerate(lines[1:], start=2 if readable else 1):
         record: LedgerRecord | None = None
         prev: str | None = None
@@ -178,7 +189,12 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
         except (UnicodeDecodeError, ValueError, ConfigError):
             record = None
             substitutes.discard(len(records))
-            lost_selection = lost_selection or b'"selection"' in line
+            # A step's line is ~150 bytes: a longer unreadable one, one naming a selection,
+            # or, in an rdp ledger (the only kind that holds selections), one that does not
+            # show itself a step may have been a tuned selection (no Gaussian substitute).
+            lost_selection = (lost_selection or b'"selection' in line
+                              or len(line) > MAX_LINE_BYTES
+                              or (selections_possible and b'"step": {' not in line))
         if record is not None:
             times_back = times_back or record.time < last_time
             last_time = max(last_time, record.time)
@@ -230,24 +246,25 @@ def _unverified_from(scan: _Scan) -> int:
 
 def _may_have_lost_a_release(scan: _Scan) -> bool:
     """Whether what was lost may include a release before round one (DP normalisation,
-    DP-PCA: round -1, q = 1, a ledger's first records): no such release is readable, and no
-    trusted record (the chain verified from the header) of a round >= 0 shows that the
-    ledger's beginning is intact - a line deleted, cut or unreadable there may have been one."""
-    readable = [(k, r) for k, (_, r) in enumerate(scan.records)
-                if r is not None and k not in scan.substitutes]
-    if any(r.round < 0 for _, r in readable):
-        return False  # a release is readable: its q = 1 is in the floor
+    DP-PCA: round -1, q = 1, a ledger's first records): no trusted record (one the chain
+    verifies from the header) shows that the ledger's beginning is intact - a line deleted,
+    cut, edited or unreadable there may have been one. A trusted release is in the floor."""
     trusted = _unverified_from(scan)
-    return not any(k < trusted and r.round >= 0 for k, r in readable)
+    readable = [r for k, (_, r) in enumerate(scan.records[:trusted])
+                if r is not None and k not in scan.substitutes]
+    # A release or a round the chain vouches for: the beginning is intact (an untrusted one,
+    # perhaps the edited line itself, is no evidence that a release was not lost).
+    return not readable
 
 
 def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
              path: Path) -> GaussianStep:
-    """The substitute for ``lost`` records: ``lost_step``, refused if it is cheaper than a kept
-    record's step (smaller q or larger sigma; the releases before round one included), or,
-    when a lost line may have been such a release (:func:`_may_have_lost_a_release`), if its
-    q is below 1 and the caller did not say the client made none (``no_releases``); taken as
-    many times per lost record as the largest kept record holds steps."""
+    """The substitute for each of ``lost`` records: ``lost_step``, refused if it is cheaper
+    than a kept record's step (smaller q or larger sigma; the releases before round one
+    included), or, when a lost line may have been such a release
+    (:func:`_may_have_lost_a_release`), if its q is below 1 and the caller did not say the
+    client made none (``no_releases``); taken as many times as the largest kept record holds
+    steps (an earlier repair's substitutes included)."""
     released = _released(scan)
     q_floor = max((step.q for step in released), default=0.0)
     sigma_floor = min((step.sigma for step in released), default=math.inf)
@@ -264,8 +281,11 @@ def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
             f"what the kept records show this client released; a lost record is charged "
             f"at least q >= {q_floor:g} and sigma <= {sigma_floor:g} (a repair never lowers "
             f"spending)")
-    per_record = max([lost_step.count, *(step.count for step in released)])
-    return lost_step.times(lost * per_record)
+    # An earlier repair's substitutes are records too: one of theirs lost is charged as much.
+    earlier = [r.step.count for k, (_, r) in enumerate(scan.records)
+               if k in scan.substitutes and r is not None and isinstance(r.step, GaussianStep)]
+    per_record = max([lost_step.count, *(step.count for step in released), *earlier])
+    return lost_step.times(per_record)
 
 
 def _refuse_what_cannot_be_substituted(path: Path, scan: _Scan, kept: list[LedgerRecord],
@@ -331,10 +351,13 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
             line = encode_record(LedgerRecord(clock, record.round, record.step), last)
             out.append(line)
             last = line_hash(line)
-        if substitute is not None:
+        # One substitute record a lost record: a later loss of one of them is then charged
+        # as one record (one substitute for all, lost in turn, took its count with it).
+        for number in range(lost if substitute is not None else 0):
+            assert substitute is not None
             line = encode_record(LedgerRecord(clock, -1, substitute), last,
-                                 repair=f"substitute for {lost} record(s) that could not be "
-                                        f"verified")
+                                 repair=f"substitute {number + 1} of {lost} for records that "
+                                        f"could not be verified")
             out.append(line)
             last = line_hash(line)
         backup = _backup_name(path)

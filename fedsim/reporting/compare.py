@@ -40,6 +40,7 @@ def _number(value: Any) -> float | None:
 def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
     """One run's comparison row (the keys of :data:`COLUMNS`, ``stops`` a dict kind -> count,
     plus ``path``, ``scenario``, ``seed`` and ``delta``)."""
+    from fedsim.privacy.accountant import make_accountant
     from fedsim.reporting.ledgers import ledger_gaps, read_ledgers
     from fedsim.reporting.plots import EpsilonCache, final_epsilons
 
@@ -52,9 +53,11 @@ def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
         "eps_max": _number(privacy.get("epsilon_max")),
     }
     warnings = ledger_gaps(run)
-    # The clients' eps from their ledgers, as `fedsim report` computes it: summary.json's
-    # figures are what the run wrote, and a file anybody can edit (checked against them).
-    from_ledgers = sorted(final_epsilons(read_ledgers(run), EpsilonCache(run.delta)).values())
+    # The clients' eps from their ledgers under pld, as summary.json and clients.csv report it
+    # (whatever accountant a ledger enforces with): summary.json's figures are what the run
+    # wrote, and a file anybody can edit (checked against them).
+    from_ledgers = sorted(final_epsilons(read_ledgers(run), EpsilonCache(run.delta),
+                                         under=make_accountant("pld", [])).values())
     epsilons = from_ledgers or sorted(
         e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
     eps = dict(recorded)

@@ -34,7 +34,7 @@ always gives byte-identical files.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,11 +85,21 @@ class EpsilonCache:
         if not grouped:
             return 0.0
         settings = accountant.settings()
-        key = (accountant.name, tuple(sorted(settings.items())), grouped)
+        key = (accountant.name, _hashable(settings), grouped)
         if key not in self.values:
             fresh = make_accountant(accountant.name, grouped, **settings)
             self.values[key] = float(fresh.epsilon(self.delta))
         return self.values[key]
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` as a cache key's part: mappings as sorted pairs, lists as tuples (an rdp
+    accountant's settings hold its list of orders: as a list the key raised TypeError)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(item) for item in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -117,9 +127,12 @@ def accountant_names(ledgers: Iterable[ClientLedger]) -> str:
     return ", ".join(sorted({ledger.accountant.name for ledger in ledgers})) or "none"
 
 
-def final_epsilons(ledgers: Sequence[ClientLedger], cache: EpsilonCache) -> dict[str, float]:
-    """Each client's epsilon at ``cache.delta`` over its whole ledger."""
-    return {lg.client_id: cache.epsilon(lg.accountant, (s for _, s in lg.steps)) for lg in ledgers}
+def final_epsilons(ledgers: Sequence[ClientLedger], cache: EpsilonCache, *,
+                   under: Accountant | None = None) -> dict[str, float]:
+    """Each client's epsilon at ``cache.delta`` over its whole ledger, under its ledger's own
+    accountant or ``under``'s name and settings (e.g. ``pld``, as summary.json reports)."""
+    return {lg.client_id: cache.epsilon(under or lg.accountant, (s for _, s in lg.steps))
+            for lg in ledgers}
 
 
 def epsilon_history(ledgers: Sequence[ClientLedger], times: np.ndarray, delta: float,

@@ -137,3 +137,23 @@ def test_compare_shows_an_interrupted_run_that_lies_under_a_finished_one(
                    and len(line.get_xdata()) == 1]
         assert crosses and crosses[0].get_xdata()[0] == interrupted.get_xdata()[-1]
         assert axes.get_xlabel() == "virtual time (s)"
+
+
+def test_report_and_compare_read_an_rdp_run(tiny_scenario: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose ledgers enforce with rdp: its plots, report and compare work (the epsilon
+    cache's key held the rdp orders' list: TypeError), and compare's eps is pld's, as
+    summary.json reports it, with no false disagreement (a review of session 49's change)."""
+    import fedsim
+
+    run = tmp_path / "rdp"
+    fedsim.simulate(tiny_scenario, out=run, overrides={"clients.groups[*].accountant": "rdp",
+                                                       "stop.windows": 4})
+    assert (run / "plots" / "epsilon.png").exists()
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(run), "--no-plots", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["runs"]
+    privacy = json.loads((run / "summary.json").read_text())["privacy"]
+    assert row["eps_max"] == pytest.approx(privacy["epsilon_max"], rel=1e-3)
+    assert row["warnings"] == []

@@ -187,3 +187,53 @@ def test_a_directory_in_a_ledgers_place_is_refused_with_a_message(
         PrivacyLedger.open(folder, client_id="c", sampling="poisson", budget=None)
     assert main(["ledger", "repair", str(tmp_path / "none.jsonl"), "--assume-lost", "0"]) == 1
     assert not (tmp_path / "none.jsonl.hwm").exists()
+
+
+def test_a_lost_substitute_of_an_earlier_repair_is_charged_as_much(tmp_path: Path) -> None:
+    """A review of the change: one substitute record carried every lost record's steps, so
+    losing that line later charged one step (eps 0.594 -> 0.394). Now one substitute a lost
+    record, and a lost one is charged as many steps as the largest kept record."""
+    path = tmp_path / "c.jsonl"
+    spent = _ledger(path, release=False, rounds=10)
+    lines = _lines(path)
+    path.write_bytes(b"\n".join(lines[:2]) + b"\n")  # cut after the first round
+    repair_ledger(path, lost_step=ROUND)
+    assert _eps(path) >= spent
+    repaired = path.read_bytes()
+    assert repaired.count(b'"repair"') == 9
+    path.write_bytes(repaired[:-20])  # the last substitute cut mid-line
+    repair_ledger(path, lost_step=ROUND)
+    assert _eps(path) >= spent
+
+
+def test_an_edited_release_is_no_evidence_that_none_was_lost(tmp_path: Path) -> None:
+    """A review of the change: the release's q edited 1.0 -> 0.1 (not rehashed) still counted
+    as a readable release, so --lost-step 0.1 1.3 passed (eps 2.02 -> 1.54)."""
+    path = tmp_path / "c.jsonl"
+    spent = _ledger(path)
+    lines = _lines(path)
+    lines[1] = lines[1].replace(b'"q": 1.0', b'"q": 0.1')
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(ConfigError, match="--no-releases"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 0.1, 1.3))
+    repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 1.3))
+    assert _eps(path) >= spent
+
+
+@pytest.mark.parametrize("damage", ["misspelt", "truncated"])
+def test_a_damaged_selection_line_is_not_replaced_by_a_step(tmp_path: Path, damage: str) -> None:
+    """A review of the change: a selection line whose word "selection" was damaged, or cut
+    to 30 bytes, was not recognised and got a Gaussian substitute (eps 16.66 -> 5.21)."""
+    candidates = tuple((GaussianStep("poisson", 0.05, 0.7, 300 + k),) for k in range(60))
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=Budget(1e3, 1e-5),
+                            accountant="rdp") as ledger:
+        ledger.spend_selection(TunedSelection("negative_binomial", (0.0, 0.2), candidates),
+                               time=0.0, round=-1)
+        ledger.spend(ROUND, time=1.0, round=0)
+    lines = _lines(path)
+    lines[1] = (lines[1].replace(b'"selection"', b'"selectiom"') if damage == "misspelt"
+                else lines[1][:30])
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(LedgerError, match="tuned selection"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.5), no_releases=True)
