@@ -27,6 +27,7 @@ from fedsim.runtime.actors.tasks import alongside, unless_stopped
 from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.deployed.state_owner import claim_state_dir
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import (
     Population,
@@ -129,6 +130,7 @@ async def run_client(
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)
     state = Path(state_dir)
+    claim_state_dir(state, client_id, client_state_file(state, client_id))
     ledger = open_ledger(plan, ledger_file(state, client_id))
     first_round = max(ledger.rounds, default=-1) + 1
     trainer = population.trainer(

@@ -1,0 +1,60 @@
+"""Whose state directory this is: a deployed client resumes only its own.
+
+A client's ``--state`` directory holds its ledger (``ledgers/<id>.jsonl`` and its mark) and its
+exit report (``client-<id>.json``). A client given another client's directory - swapped
+volumes, a wrong ``--state``, a default path resolved from another working directory - found
+no ledger of its own there and started a fresh one at epsilon 0, spending its whole budget
+again (session 49's review: 674 rounds at eps 2.998, then 674 more; 4.44 composed against a
+budget of 3.0). So the first start writes ``owner.json`` (the client's id), and a start is
+refused when the directory names another client, holds another client's ledger or exit
+report, or holds this client's exit report of released rounds while its ledger and mark are
+both gone (a fresh ledger would forget them). Deleting the whole directory still starts over
+(docs/SECURITY.md: what a client's own machine can do is outside the guarantee); this guards
+against mistakes, not against the machine's owner.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedsim.errors import ConfigError
+from fedsim.privacy.ledger_file import mark_path
+from fedsim.runtime.run_outputs import LEDGER_DIR, ledger_file, read_json, write_json
+
+OWNER_FILE = "owner.json"
+"""The state directory's owner: ``{"client_id": ...}``, written at the first start."""
+
+__all__ = ["OWNER_FILE", "claim_state_dir"]
+
+
+def claim_state_dir(state: Path, client_id: str, report_file: Path) -> None:
+    """Refuse ``state`` unless it is ``client_id``'s (or new), then mark it as its own.
+
+    Raises:
+        ConfigError: the directory names another client, holds another client's ledger or
+            exit report, or this client's report of released rounds with no ledger left.
+    """
+    owner = read_json(state / OWNER_FILE).get("client_id")
+    if owner is not None and owner != client_id:
+        raise ConfigError(f"{state} is the state directory of client {owner!r}, not "
+                          f"{client_id!r}: give each client its own --state (a client "
+                          f"resumes its own ledger there; in another's it would start a "
+                          f"fresh one at epsilon 0)")
+    folder = state / LEDGER_DIR
+    others = sorted(p.stem for p in folder.glob("*.jsonl") if p.stem != client_id) \
+        if folder.is_dir() else []
+    others += sorted(p.stem.removeprefix("client-") for p in state.glob("client-*.json")
+                     if p != report_file)
+    if others:
+        raise ConfigError(f"{state} holds the state of client(s) {sorted(set(others))}, not of "
+                          f"{client_id!r}: give each client its own --state")
+    ledger = ledger_file(state, client_id)
+    released = read_json(report_file).get("ledger_rounds") or []
+    if released and not ledger.exists() and not mark_path(ledger).exists():
+        raise ConfigError(
+            f"{report_file} says client {client_id!r} released {len(released)} round(s), but "
+            f"its ledger and mark are gone from {state}: restore them (a fresh ledger would "
+            f"forget that spending); to start over deliberately, remove the whole directory")
+    if owner is None:
+        state.mkdir(parents=True, exist_ok=True)
+        write_json(state / OWNER_FILE, {"client_id": client_id})

@@ -1,0 +1,72 @@
+"""A deployed client resumes only its own state directory (session 49's review): given another
+client's - swapped volumes, a wrong --state - it found no ledger of its own, started a fresh one
+at epsilon 0 and spent its whole budget again (eps 4.44 composed against a budget of 3.0)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from fedsim.config import load_scenario
+from fedsim.errors import ConfigError
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.runtime.deployed.client_process import client_state_file, run_client
+from fedsim.runtime.deployed.state_owner import OWNER_FILE, claim_state_dir
+from fedsim.runtime.run_outputs import ledger_file
+from fedsim.transports.mqtt import parse_broker_url
+
+SCENARIO = Path(__file__).parent / "four_clients.yaml"
+
+
+def _used_by(state: Path, client_id: str, rounds: int = 3) -> None:
+    """``state`` as a client leaves it: its ledger of ``rounds`` spends and its exit report."""
+    with PrivacyLedger.open(ledger_file(state, client_id), client_id=client_id,
+                            sampling="poisson", budget=None) as ledger:
+        for r in range(rounds):
+            ledger.spend(GaussianStep("poisson", 0.1, 1.0), time=float(r), round=r)
+    client_state_file(state, client_id).write_text(
+        json.dumps({"client_id": client_id, "ledger_rounds": list(range(rounds))}))
+
+
+def test_a_new_directory_is_claimed_and_its_owner_resumes_it(tmp_path: Path) -> None:
+    state = tmp_path / "c"
+    claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+    assert json.loads((state / OWNER_FILE).read_text()) == {"client_id": "c-000"}
+    _used_by(state, "c-000")
+    claim_state_dir(state, "c-000", client_state_file(state, "c-000"))  # its own: resumed
+
+
+@pytest.mark.parametrize("marked", [True, False])  # (False: a directory from before owner.json)
+def test_another_clients_directory_is_refused(tmp_path: Path, marked: bool) -> None:
+    state = tmp_path / "c"
+    if marked:
+        claim_state_dir(state, "c-001", client_state_file(state, "c-001"))
+    _used_by(state, "c-001")
+    with pytest.raises(ConfigError, match="c-001"):
+        claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+    assert not ledger_file(state, "c-000").exists()
+
+
+def test_an_exit_report_of_released_rounds_without_a_ledger_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "c"
+    claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+    _used_by(state, "c-000")
+    ledger = ledger_file(state, "c-000")
+    ledger.unlink()
+    ledger.with_name(ledger.name + ".hwm").unlink()
+    with pytest.raises(ConfigError, match="released 3 round"):
+        claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+
+
+def test_the_client_refuses_before_it_opens_a_ledger_or_a_connection(tmp_path: Path) -> None:
+    loaded = load_scenario(SCENARIO)
+    broker = parse_broker_url("mqtt://127.0.0.1:9")  # never reached: refused before connecting
+    state = tmp_path / "c"
+    _used_by(state, "c-001")
+    with pytest.raises(ConfigError, match="give each client its own --state"):
+        asyncio.run(run_client(loaded, "c-000", broker, state_dir=state))
+    assert not ledger_file(state, "c-000").exists()
