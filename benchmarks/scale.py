@@ -892,8 +892,8 @@ def cold_loop_rows(clients: int, gradients_per_group: int = 4000,
                 started = time.process_time()
                 while done < gradients_per_group:
                     k = r % count
-                    vectors[k], grads = loop_round(trainer, plan, vectors[k], count + r)
-                    done, r = done + grads, r + 1
+                    vectors[k], round_grads = loop_round(trainer, plan, vectors[k], count + r)
+                    done, r = done + round_grads, r + 1
                 cpu += time.process_time() - started
                 grads, rounds = grads + done, rounds + r
             rows.append({"clients": clients, "repeat": repeat, "cold": cold,
