@@ -39,6 +39,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.compare import draw_comparison, format_table, run_row, unique_labels
+    from fedsim.reporting.ledgers import read_ledgers
     from fedsim.reporting.rundir import RunDirectory
     from fedsim.runtime.run_outputs import require_writable_dir
 
@@ -49,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the same run directory is given twice")
     runs = [RunDirectory.load(p) for p in paths]
     labels = unique_labels(paths)
-    rows = [run_row(r, label) for r, label in zip(runs, labels, strict=True)]
-    drawn = [] if args.no_plots else draw_comparison(runs, labels, Path(args.plots))
+    ledgers = [read_ledgers(r) for r in runs]  # once, for the table and the plot
+    rows = [run_row(r, label, ledgers=lgs) for r, label, lgs in zip(runs, labels, ledgers,
+                                                                     strict=True)]
+    drawn = [] if args.no_plots else draw_comparison(runs, labels, Path(args.plots), ledgers)
     if args.json:
         print(json.dumps({"runs": rows, "plots": [str(p) for p in drawn]}, indent=2))
         return 0

@@ -1,8 +1,9 @@
 """Several run directories side by side (``fedsim compare``, ``fedsim sweep``'s table).
 
 :func:`run_row` summarises one run directory: final and best held-out accuracy, the clients'
-epsilon at the scenario's delta (min / median / max, from ``summary.json``, which takes it
-from the ledgers under pld), virtual time, windows, and the clients' stop reasons grouped by
+epsilon at the scenario's delta (min / median / max, from the ledgers under pld, as
+``summary.json`` reports it, with a warning where that file disagrees or a ledger or its mark
+is missing), virtual time, windows, and the clients' stop reasons grouped by
 kind (:func:`~fedsim.reporting.stops.stop_counts`). :func:`draw_comparison` overlays the runs'
 accuracy curves and epsilon curves.
 
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
 
@@ -37,11 +39,12 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
+def run_row(run: RunDirectory, label: str | None = None, *,
+            ledgers: Sequence[ClientLedger] | None = None) -> dict[str, Any]:
     """One run's comparison row (the keys of :data:`COLUMNS`, ``stops`` a dict kind -> count,
-    plus ``path``, ``scenario``, ``seed`` and ``delta``)."""
+    plus ``path``, ``scenario``, ``seed``, ``delta`` and ``warnings``; ``ledgers``: the run's,
+    if read already)."""
     from fedsim.privacy.accountant import make_accountant
-    from fedsim.reporting.ledgers import ledger_gaps, read_ledgers
     from fedsim.reporting.plots import EpsilonCache, final_epsilons
 
     summary = run.summary
@@ -56,21 +59,19 @@ def run_row(run: RunDirectory, label: str | None = None) -> dict[str, Any]:
     # The clients' eps from their ledgers under pld, as summary.json and clients.csv report it
     # (whatever accountant a ledger enforces with): summary.json's figures are what the run
     # wrote, and a file anybody can edit (checked against them).
-    from_ledgers = sorted(final_epsilons(read_ledgers(run), EpsilonCache(run.delta),
+    read = read_ledgers(run) if ledgers is None else ledgers
+    from_ledgers = sorted(final_epsilons(read, EpsilonCache(run.delta),
                                          under=make_accountant("pld", [])).values())
     epsilons = from_ledgers or sorted(
         e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
-    eps = dict(recorded)
-    if epsilons:
-        eps = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
-               "eps_max": epsilons[-1]}
-    if from_ledgers and recorded["eps_max"] is not None:
-        for key, value in recorded.items():
-            computed = eps[key]
-            if value is not None and computed is not None and abs(value - computed) > \
-                    EPS_RELATIVE_TOLERANCE * max(abs(value), abs(computed), 1e-12):
-                warnings.append(f"warning: {run.path.name}: summary.json says {key} "
-                                f"{value:.6g}, the ledgers give {computed:.6g}")
+    computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
+                "eps_max": epsilons[-1]} if epsilons else {}
+    for key, value in recorded.items() if from_ledgers else ():
+        if value is not None and abs(value - computed[key]) > \
+                EPS_RELATIVE_TOLERANCE * max(abs(value), abs(computed[key]), 1e-12):
+            warnings.append(f"warning: {run.path.name}: summary.json says {key} "
+                            f"{value:.6g}, the ledgers give {computed[key]:.6g}")
+    eps: dict[str, float | None] = {**recorded, **computed}
     accuracies = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
     final = _number(summary.get("final_accuracy"))
     best = _number(summary.get("best_accuracy"))
@@ -234,10 +235,11 @@ def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str]
     return _save(figure, path)
 
 
-def _relation_curves(run: RunDirectory) -> dict[str, tuple[Any, Any, Any, Any]]:
-    """Neighbouring relation -> (times, min-client, median-client, max-client) epsilon."""
+def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
+                     ) -> dict[str, tuple[Any, Any, Any, Any]]:
+    """Neighbouring relation -> (times, min-client, median-client, max-client) epsilon of
+    ``run``, whose ledgers ``read`` are."""
     from fedsim.privacy.events import NEIGHBOURING_RELATION
-    from fedsim.reporting.ledgers import read_ledgers
     from fedsim.reporting.plots import (
         TIME_GRID_POINTS,
         EpsilonCache,
@@ -247,7 +249,7 @@ def _relation_curves(run: RunDirectory) -> dict[str, tuple[Any, Any, Any, Any]]:
         time_grid,
     )
 
-    ledgers = [lg for lg in read_ledgers(run) if lg.steps]
+    ledgers = [lg for lg in read if lg.steps]
     cache = EpsilonCache(run.delta)
     by_relation: dict[str, list[Any]] = {}
     for ledger in ledgers:
@@ -267,10 +269,13 @@ def _relation_curves(run: RunDirectory) -> dict[str, tuple[Any, Any, Any, Any]]:
 
 
 def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
-                            path: Path) -> Path:
+                            path: Path, ledgers: Sequence[Sequence[ClientLedger]] | None = None
+                            ) -> Path:
     """Epsilon against virtual time per neighbouring relation: for each run the median client,
-    with a band from the least to the most spending client."""
-    curves = [_relation_curves(run) for run in runs]
+    with a band from the least to the most spending client (``ledgers``: each run's, if read
+    already)."""
+    read = ledgers if ledgers is not None else [read_ledgers(run) for run in runs]
+    curves = [_relation_curves(run, lgs) for run, lgs in zip(runs, read, strict=True)]
     relations = sorted({relation for run_curves in curves for relation in run_curves})
     figure, panels = _figure(max(len(relations), 1))
     deltas = sorted({run.delta for run in runs})
@@ -294,8 +299,9 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
     return _save(figure, path)
 
 
-def draw_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
-                    out_dir: Path) -> list[Path]:
-    """``accuracy.png`` and ``epsilon.png`` of the runs into ``out_dir``."""
+def draw_comparison(runs: Sequence[RunDirectory], labels: Sequence[str], out_dir: Path,
+                    ledgers: Sequence[Sequence[ClientLedger]] | None = None) -> list[Path]:
+    """``accuracy.png`` and ``epsilon.png`` of the runs into ``out_dir`` (``ledgers``: each
+    run's, if read already)."""
     return [draw_accuracy_comparison(runs, labels, out_dir / "accuracy.png"),
-            draw_epsilon_comparison(runs, labels, out_dir / "epsilon.png")]
+            draw_epsilon_comparison(runs, labels, out_dir / "epsilon.png", ledgers)]

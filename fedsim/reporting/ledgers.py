@@ -74,20 +74,23 @@ def ledger_gaps(run: RunDirectory) -> list[str]:
     paths = run.ledger_paths
     listed = [str(row.get("client_id")) for row in run.clients if row.get("client_id")]
     missing = [client_id for client_id in listed if client_id not in paths]
+    unmarked = [client_id for client_id, path in paths.items() if not mark_path(path).exists()]
     warnings = []
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
-                                          else "")
         warnings.append(f"warning: {len(missing)} client(s) of clients.csv have no ledger in "
-                        f"{run.path / LEDGER_DIR} ({shown}): the eps from the ledgers leaves "
-                        f"their spending out")
-    unmarked = [client_id for client_id, path in paths.items() if not mark_path(path).exists()]
+                        f"{run.path / LEDGER_DIR} ({_some(missing)}): the eps from the ledgers "
+                        f"leaves their spending out")
     if unmarked:
-        shown = ", ".join(unmarked[:5]) + (f" and {len(unmarked) - 5} more"
-                                           if len(unmarked) > 5 else "")
-        warnings.append(f"warning: {len(unmarked)} ledger(s) have no high-water mark ({shown}): "
-                        f"a cut file cannot be detected, so their eps may be too low")
+        warnings.append(f"warning: {len(unmarked)} ledger(s) have no high-water mark "
+                        f"({_some(unmarked)}): a cut file cannot be detected, so their eps may "
+                        f"be too low")
     return warnings
+
+
+def _some(client_ids: list[str], shown: int = 5) -> str:
+    """The first ``shown`` ids, and how many more."""
+    more = len(client_ids) - shown
+    return ", ".join(client_ids[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def read_ledgers(run: RunDirectory) -> list[ClientLedger]:
