@@ -228,12 +228,13 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
     return assume_lost + after_break
 
 
-def _released(scan: _Scan) -> list[GaussianStep]:
-    """The Gaussian steps the readable records show this client released: every record but
-    an earlier repair's substitutes (no evidence of a release), the releases before round one
-    (DP normalisation, DP-PCA: round -1, q = 1) included."""
-    return [r.step for k, (_, r) in enumerate(scan.records)
-            if r is not None and k not in scan.substitutes and isinstance(r.step, GaussianStep)]
+def _kept_steps(scan: _Scan, *, substitutes: bool) -> list[GaussianStep]:
+    """The Gaussian steps of the readable records: the releases they show (``substitutes``
+    False: every record but an earlier repair's substitutes, which are no evidence of a
+    release; the releases before round one, DP normalisation and DP-PCA, round -1, q = 1,
+    included), or those substitutes (True)."""
+    return [r.step for k, (_, r) in enumerate(scan.records) if r is not None
+            and (k in scan.substitutes) == substitutes and isinstance(r.step, GaussianStep)]
 
 
 def _unverified_from(scan: _Scan) -> int:
@@ -249,12 +250,10 @@ def _may_have_lost_a_release(scan: _Scan) -> bool:
     DP-PCA: round -1, q = 1, a ledger's first records): no trusted record (one the chain
     verifies from the header) shows that the ledger's beginning is intact - a line deleted,
     cut, edited or unreadable there may have been one. A trusted release is in the floor."""
-    trusted = _unverified_from(scan)
-    readable = [r for k, (_, r) in enumerate(scan.records[:trusted])
-                if r is not None and k not in scan.substitutes]
     # A release or a round the chain vouches for: the beginning is intact (an untrusted one,
     # perhaps the edited line itself, is no evidence that a release was not lost).
-    return not readable
+    return not any(r is not None and k not in scan.substitutes
+                   for k, (_, r) in enumerate(scan.records[:_unverified_from(scan)]))
 
 
 def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
@@ -265,7 +264,7 @@ def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
     (:func:`_may_have_lost_a_release`), if its q is below 1 and the caller did not say the
     client made none (``no_releases``); taken as many times as the largest kept record holds
     steps (an earlier repair's substitutes included)."""
-    released = _released(scan)
+    released = _kept_steps(scan, substitutes=False)
     q_floor = max((step.q for step in released), default=0.0)
     sigma_floor = min((step.sigma for step in released), default=math.inf)
     if not no_releases and _may_have_lost_a_release(scan) and lost_step.q < 1.0:
@@ -282,9 +281,8 @@ def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
             f"at least q >= {q_floor:g} and sigma <= {sigma_floor:g} (a repair never lowers "
             f"spending)")
     # An earlier repair's substitutes are records too: one of theirs lost is charged as much.
-    earlier = [r.step.count for k, (_, r) in enumerate(scan.records)
-               if k in scan.substitutes and r is not None and isinstance(r.step, GaussianStep)]
-    per_record = max([lost_step.count, *(step.count for step in released), *earlier])
+    per_record = max(step.count for step in
+                     [lost_step, *released, *_kept_steps(scan, substitutes=True)])
     return lost_step.times(per_record)
 
 
@@ -353,9 +351,9 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
             last = line_hash(line)
         # One substitute record a lost record: a later loss of one of them is then charged
         # as one record (one substitute for all, lost in turn, took its count with it).
-        for number in range(lost if substitute is not None else 0):
-            assert substitute is not None
-            line = encode_record(LedgerRecord(clock, -1, substitute), last,
+        lost_records = [] if substitute is None else [LedgerRecord(clock, -1, substitute)] * lost
+        for number, substituted in enumerate(lost_records):
+            line = encode_record(substituted, last,
                                  repair=f"substitute {number + 1} of {lost} for records that "
                                         f"could not be verified")
             out.append(line)
