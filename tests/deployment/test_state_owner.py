@@ -14,8 +14,8 @@ from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.runtime.deployed.client_process import client_state_file, run_client
-from fedsim.runtime.deployed.state_owner import OWNER_FILE, claim_state_dir
+from fedsim.runtime.deployed.client_process import run_client
+from fedsim.runtime.deployed.state_owner import OWNER_FILE, claim_state_dir, client_state_file
 from fedsim.runtime.run_outputs import ledger_file
 from fedsim.transports.mqtt import parse_broker_url
 
@@ -34,32 +34,32 @@ def _used_by(state: Path, client_id: str, rounds: int = 3) -> None:
 
 def test_a_new_directory_is_claimed_and_its_owner_resumes_it(tmp_path: Path) -> None:
     state = tmp_path / "c"
-    claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+    claim_state_dir(state, "c-000")
     assert json.loads((state / OWNER_FILE).read_text()) == {"client_id": "c-000"}
     _used_by(state, "c-000")
-    claim_state_dir(state, "c-000", client_state_file(state, "c-000"))  # its own: resumed
+    claim_state_dir(state, "c-000")  # its own: resumed
 
 
 @pytest.mark.parametrize("marked", [True, False])  # (False: a directory from before owner.json)
 def test_another_clients_directory_is_refused(tmp_path: Path, marked: bool) -> None:
     state = tmp_path / "c"
     if marked:
-        claim_state_dir(state, "c-001", client_state_file(state, "c-001"))
+        claim_state_dir(state, "c-001")
     _used_by(state, "c-001")
     with pytest.raises(ConfigError, match="c-001"):
-        claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+        claim_state_dir(state, "c-000")
     assert not ledger_file(state, "c-000").exists()
 
 
 def test_an_exit_report_of_released_rounds_without_a_ledger_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "c"
-    claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+    claim_state_dir(state, "c-000")
     _used_by(state, "c-000")
     ledger = ledger_file(state, "c-000")
     ledger.unlink()
     ledger.with_name(ledger.name + ".hwm").unlink()
     with pytest.raises(ConfigError, match="released 3 round"):
-        claim_state_dir(state, "c-000", client_state_file(state, "c-000"))
+        claim_state_dir(state, "c-000")
 
 
 def test_the_client_refuses_before_it_opens_a_ledger_or_a_connection(tmp_path: Path) -> None:

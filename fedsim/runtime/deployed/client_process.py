@@ -27,7 +27,7 @@ from fedsim.runtime.actors.tasks import alongside, unless_stopped
 from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
-from fedsim.runtime.deployed.state_owner import claim_state_dir
+from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import (
     Population,
@@ -62,10 +62,6 @@ def client_resend_after(scenario: Scenario, time_scale: float) -> float:
     updates that were really lost (a crashed server, a broker that lost its queue)."""
     wait = aggregator_wait(scenario) if scenario.aggregators.count else 0.0
     return max(2.0, (1.5 * scenario.server.window + wait) * time_scale + 1.0)
-
-
-def client_state_file(state_dir: str | Path, client_id: str) -> Path:
-    return Path(state_dir) / f"client-{client_id}.json"
 
 
 def training_generator(population: Population, client_id: str, first_round: int) -> torch.Generator:
@@ -130,7 +126,7 @@ async def run_client(
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)
     state = Path(state_dir)
-    claim_state_dir(state, client_id, client_state_file(state, client_id))
+    claim_state_dir(state, client_id)
     ledger = open_ledger(plan, ledger_file(state, client_id))
     first_round = max(ledger.rounds, default=-1) + 1
     trainer = population.trainer(

@@ -32,10 +32,10 @@ from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import RoundRecord
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop, RunStopKind
-from fedsim.runtime.deployed.client_process import client_state_file
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.state_owner import client_state_file
 from fedsim.runtime.interrupted import interrupted_reason, interrupting_signal
 from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
 from fedsim.runtime.run_outputs import (

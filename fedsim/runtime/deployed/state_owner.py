@@ -24,16 +24,22 @@ from fedsim.runtime.run_outputs import LEDGER_DIR, ledger_file, read_json, write
 OWNER_FILE = "owner.json"
 """The state directory's owner: ``{"client_id": ...}``, written at the first start."""
 
-__all__ = ["OWNER_FILE", "claim_state_dir"]
+__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file"]
 
 
-def claim_state_dir(state: Path, client_id: str, report_file: Path) -> None:
+def client_state_file(state_dir: str | Path, client_id: str) -> Path:
+    """The client's exit report in its state directory (``client-<id>.json``)."""
+    return Path(state_dir) / f"client-{client_id}.json"
+
+
+def claim_state_dir(state: Path, client_id: str) -> None:
     """Refuse ``state`` unless it is ``client_id``'s (or new), then mark it as its own.
 
     Raises:
         ConfigError: the directory names another client, holds another client's ledger or
             exit report, or this client's report of released rounds with no ledger left.
     """
+    report_file = client_state_file(state, client_id)
     owner = read_json(state / OWNER_FILE).get("client_id")
     if owner is not None and owner != client_id:
         raise ConfigError(f"{state} is the state directory of client {owner!r}, not "
