@@ -203,8 +203,8 @@ class StreamedWindow:
     its release: the same updates, summed in another order). Normalised over the window, the
     total is known only at the close: ``d`` is accumulated with ``c_i(w_i)`` and divided by
     the total once, which differs from the buffered ``c_i(w_i / total)`` by float64 rounding
-    (a few ulps before the model is rounded to float32; tested). The move limit's sum ``sum_i |c_i| eta_i bound_i`` is kept alike
-    (None once an update's bound is unknown)."""
+    (a few ulps before the model is rounded to float32; tested). The move limit's sum
+    ``sum_i |c_i| eta_i bound_i`` is kept alike (None once an update's bound is unknown)."""
 
     def __init__(self, shape: tuple[int, ...], strategy: MixingStrategy,
                  total_weight: float | None, policy: AggregationPolicy, version: int) -> None:

@@ -131,8 +131,9 @@ def account(
 
     The mechanism is ``q`` (or ``batch_size`` / ``dataset_size``), ``sigma`` and ``steps`` (or
     ``epochs``), or a ``ledger`` file of steps. ``sampling`` None: the ledger's own scheme, or
-    Poisson without a ledger; a scheme given must be the ledger's. With ``curve`` the answer carries the
-    trade-off curve (and, for a guarantee, its GDP fit even for a ``max_steps`` question).
+    Poisson without a ledger; a scheme given must be the ledger's. With ``curve`` the answer
+    carries the trade-off curve (and, for a guarantee, its GDP fit even for a ``max_steps``
+    question).
     Raises :class:`ConfigError` for a question that cannot be answered (conflicting or
     out-of-range values, a damaged ledger, a release beyond double precision).
     """
