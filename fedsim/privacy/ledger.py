@@ -10,7 +10,17 @@ fsync (header and a mark of 0 records, written): its first spend makes them dura
 and the directory's entries (one directory fsync covers every ledger created before it)
 before its own records, so a run of 10^3 clients on a disk does not start with 3,000 fsyncs
 (2.5-16 ms a ledger on this project's machine, docs/SCALE.md) and nothing that was acknowledged
-depends on an entry that is not on disk. On :meth:`PrivacyLedger.open`:
+depends on an entry that is not on disk.
+
+A simulated run's ledgers are opened with ``fsync=False``: each spend is written through with
+``os.write`` before it returns (records, then mark), so it survives the process being killed
+as a deployed client's does, and the run makes all its ledgers durable with one file-system
+sync (:func:`fedsim.atomic.sync_filesystem`) before it writes its outputs. What that gives up
+is a power failure's mid-run only, which loses the run in any case: its releases are virtual
+(the server that received them is in the same process and dies with it), a simulated run is
+never resumed (its directory is not reused), and its ledgers may then read short or damaged. Two fsyncs a round were a third of a 1,000-client run's CPU and two fifths of
+its wall time on this project's disk (docs/SCALE.md, "Ledger sync"). On
+:meth:`PrivacyLedger.open`:
 
 * a file without a complete line (and a mark of 0 records or none), or a header alone without
   a mark, is a ledger whose run stopped before its first spend was acknowledged: it is
@@ -156,12 +166,14 @@ class Budget:
 
 
 class PrivacyLedger:
-    """Append-only, fsync'ed record of one client's releases, with budget enforcement."""
+    """Append-only, fsynced record of one client's releases, with budget enforcement."""
 
     def __init__(self, path: Path, client_id: str, sampling: Sampling, budget: Budget | None,
                  accountant: str, records: list[LedgerRecord], last_hash: str, *,
-                 mark: MarkFile | None = None, directory: DirectoryLock | None = None) -> None:
+                 mark: MarkFile | None = None, directory: DirectoryLock | None = None,
+                 fsync: bool = True) -> None:
         self._path = path
+        self._fsync = fsync
         self._client_id = client_id
         self._sampling = sampling
         self._budget = budget
@@ -197,7 +209,7 @@ class PrivacyLedger:
     @classmethod
     def open(cls, path: str | Path, *, client_id: str, sampling: str, budget: Budget | None,
              accountant: str = "pld", read_only: bool = False,
-             directory: DirectoryLock | None = None) -> Self:
+             directory: DirectoryLock | None = None, fsync: bool = True) -> Self:
         """Create the ledger file, or resume it (never reset; see the module docstring).
 
         Takes the ledger's exclusive lock: a second writer, in this or another process, gets
@@ -207,6 +219,12 @@ class PrivacyLedger:
         present) the high-water mark are checked, and :meth:`spend` raises. ``directory``: the
         :class:`~fedsim.privacy.ledger_file.DirectoryLock` of the ledger's directory, held by
         this process; the ledger then keeps no file open between spends.
+
+        ``fsync=False``: a spend is written through to the operating system before it returns
+        (it survives the process being killed), not fsynced; the caller makes its ledgers
+        durable together (:func:`fedsim.atomic.sync_filesystem`) before it writes anything
+        that depends on them. For a simulated run only (module docstring, "Durability rule"):
+        a deployed client's releases are real and each is fsynced first.
         """
         path = Path(path)
         if sampling not in SAMPLING_SCHEMES:
@@ -231,7 +249,7 @@ class PrivacyLedger:
             if b"\n" not in data and (mark is None or mark.count == 0):
                 # New, or created by a run that stopped before its first spend (not even a
                 # complete header: nothing was acknowledged).
-                return cls._create(path, header, lock, directory, budget)
+                return cls._create(path, header, lock, directory, budget, fsync)
             if mark is None and data.count(b"\n") != 1:
                 parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
                 raise LedgerError(
@@ -247,9 +265,9 @@ class PrivacyLedger:
                 # A header alone and no mark (created by a run that stopped before its first
                 # spend made the mark durable: nothing was acknowledged; the header is checked
                 # like any other), or a crash between the two writes: move the mark up.
-                lock.write(Mark(len(records), last), sync=mark is not None)
+                lock.write(Mark(len(records), last), sync=mark is not None and fsync)
             resumed = cls(path, client_id, sampling, budget, accountant,
-                          records, last, mark=lock, directory=directory)
+                          records, last, mark=lock, directory=directory, fsync=fsync)
             if not records:  # created by an earlier open, maybe never made durable
                 resumed._created = entry_created()
             return resumed
@@ -259,7 +277,7 @@ class PrivacyLedger:
 
     @classmethod
     def _create(cls, path: Path, header: dict[str, Any], lock: MarkFile,
-                directory: DirectoryLock | None, budget: Budget | None) -> Self:
+                directory: DirectoryLock | None, budget: Budget | None, fsync: bool) -> Self:
         """A new ledger: its mark of 0 records, then its header, written without an fsync (its
         first spend makes them durable before its own records: :meth:`_make_creation_durable`)."""
         line = json.dumps(header).encode()
@@ -268,7 +286,7 @@ class PrivacyLedger:
             path.unlink()
         write_new(path, line + b"\n", durable=False)
         created = cls(path, header["client_id"], header["sampling"], budget, header["accountant"],
-                      [], line_hash(line), mark=lock, directory=directory)
+                      [], line_hash(line), mark=lock, directory=directory, fsync=fsync)
         created._created = entry_created()
         return created
 
@@ -297,6 +315,7 @@ class PrivacyLedger:
         Five system calls a spend: the mark's ``stat`` (:meth:`MarkFile.verify`, before the
         records: a replaced mark lets a second writer in), one ``write`` and one ``fsync`` of
         the records on a descriptor held open, one ``pwrite`` and one ``fsync`` of the mark.
+        Under ``fsync=False`` the same without the fsyncs (the module docstring's rule).
         If a write or fsync fails, the file may hold a prefix of the records (a torn line) or
         all of them without the mark, while memory holds neither: the ledger writes nothing
         more (its next record would continue the chain from the wrong line) and opening it
@@ -305,20 +324,20 @@ class PrivacyLedger:
         if self._directory is None:
             assert self._mark is not None
             self._mark.verify()
-        if self._created is not None:
+        if self._created is not None and self._fsync:
             self._make_creation_durable()
         try:
             if self._directory is not None:
                 fd = open_append(self._path)
                 try:
-                    append_durably(fd, payload)
+                    append_durably(fd, payload, fsync=self._fsync)
                 finally:
                     os.close(fd)
-                write_mark_at(self._mark_path, mark)
+                write_mark_at(self._mark_path, mark, sync=self._fsync)
             else:
                 assert self._mark is not None
-                append_durably(self._fd, payload)
-                self._mark.write(mark, verified=True)
+                append_durably(self._fd, payload, fsync=self._fsync)
+                self._mark.write(mark, sync=self._fsync, verified=True)
         except BaseException as exc:
             self._failed = f"a write failed ({type(exc).__name__}: {exc})"
             raise

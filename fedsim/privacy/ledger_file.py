@@ -258,13 +258,14 @@ def _identity(status: os.stat_result) -> tuple[int, int]:
     return status.st_dev, status.st_ino
 
 
-def write_mark_at(path: Path, mark: Mark) -> None:
+def write_mark_at(path: Path, mark: Mark, *, sync: bool = True) -> None:
     """:meth:`MarkFile.write` through a descriptor opened for this write alone (a ledger under
     a :class:`DirectoryLock`, whose lock covers it)."""
     fd = os.open(path, os.O_RDWR)
     try:
         os.pwrite(fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -594,8 +595,10 @@ def open_append(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND)
 
 
-def append_durably(fd: int, payload: bytes) -> None:
-    """Append ``payload`` to the file open at ``fd`` (:func:`open_append`), then fsync it.
+def append_durably(fd: int, payload: bytes, *, fsync: bool = True) -> None:
+    """Append ``payload`` to the file open at ``fd`` (:func:`open_append`), then fsync it
+    (unless ``fsync=False``: written through to the operating system, a simulated run's
+    ledger, made durable with its others by :func:`fedsim.atomic.sync_filesystem`).
 
     ``os.write`` straight to the descriptor, no buffer in between: a short write continues
     where it stopped, and an error leaves at most a prefix of ``payload`` at the file's end
@@ -603,7 +606,8 @@ def append_durably(fd: int, payload: bytes) -> None:
     in memory that a later write or close could still flush.
     """
     _write_all(fd, payload)
-    os.fsync(fd)
+    if fsync:
+        os.fsync(fd)
 
 
 def _write_all(fd: int, payload: bytes) -> None:

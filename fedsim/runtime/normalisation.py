@@ -148,7 +148,9 @@ def normalised_features(plan: ClientPlan, features: torch.Tensor | None, ledger:
 def _save(path: Path, moments: FeatureMoments) -> None:
     """Durability ``"file"``: the ledger, fsynced before this write, records the release; if a
     power failure loses this file, the next start finds the release charged and no moments, and
-    re-releases them (charged again: :func:`feature_moments`), which over-counts, never under."""
+    re-releases them (charged again: :func:`feature_moments`), which over-counts, never under.
+    (A simulated run's ledger is written through, not fsynced: a power failure loses that run
+    whole, and its directory is never run again.)"""
     write_atomically(
         path, lambda file: np.savez(file, mean=moments.mean.numpy(), std=moments.std.numpy()),
         durability="file")

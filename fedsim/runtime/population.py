@@ -419,10 +419,11 @@ def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
     return plans
 
 
-def open_ledger(plan: ClientPlan, path: Path,
-                directory: DirectoryLock | None = None) -> PrivacyLedger:
+def open_ledger(plan: ClientPlan, path: Path, directory: DirectoryLock | None = None, *,
+                fsync: bool = True) -> PrivacyLedger:
     """The client's durable ledger at ``path`` (resumed if it exists), with its group's budget
-    and accountant (``directory``: the directory lock this process holds on its folder)."""
+    and accountant (``directory``: the directory lock this process holds on its folder;
+    ``fsync=False``: a simulated run's, :meth:`PrivacyLedger.open`)."""
     group = plan.group
     budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
     return PrivacyLedger.open(
@@ -432,6 +433,7 @@ def open_ledger(plan: ClientPlan, path: Path,
         budget=budget,
         accountant=group.accountant,
         directory=directory,
+        fsync=fsync,
     )
 
 

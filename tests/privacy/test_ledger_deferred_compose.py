@@ -165,8 +165,8 @@ def test_a_ctrl_c_after_the_durable_write_leaves_the_accountant_with_the_records
 
     original = ledger_module.append_durably
 
-    def append_then_interrupt(handle: object, payload: bytes) -> None:
-        original(handle, payload)  # type: ignore[arg-type]
+    def append_then_interrupt(handle: object, payload: bytes, *, fsync: bool = True) -> None:
+        original(handle, payload, fsync=fsync)  # type: ignore[arg-type]
         os.kill(os.getpid(), signal.SIGINT)
 
     step = GaussianStep("poisson", 0.02, 1.1)

@@ -23,8 +23,8 @@ def test_a_ctrl_c_after_the_durable_write_waits_for_the_memory(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     original = ledger_module.append_durably
 
-    def append_then_interrupt(handle: Any, payload: bytes) -> None:
-        original(handle, payload)
+    def append_then_interrupt(handle: Any, payload: bytes, *, fsync: bool = True) -> None:
+        original(handle, payload, fsync=fsync)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once the records are on disk
 
     path = tmp_path / "c.jsonl"
@@ -53,8 +53,8 @@ def test_the_budget_counters_move_with_the_interrupted_spend(tmp_path: Path,
     original = ledger_module.append_durably
     step = GaussianStep("poisson", 0.05, 2.0)
 
-    def append_then_interrupt(handle: Any, payload: bytes) -> None:
-        original(handle, payload)
+    def append_then_interrupt(handle: Any, payload: bytes, *, fsync: bool = True) -> None:
+        original(handle, payload, fsync=fsync)
         os.kill(os.getpid(), signal.SIGINT)
 
     path = tmp_path / "c.jsonl"

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.atomic import sync_filesystem
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
 from fedsim.logging import client_event_level, get_logger, set_population
@@ -343,7 +344,8 @@ class _Simulation:
             await clock.sleep(crashes.rejoin_after.sample(rng))
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger.close()
-            client.ledger = open_ledger(client.plan, client.ledger.path, self.directory_lock)
+            client.ledger = open_ledger(client.plan, client.ledger.path, self.directory_lock,
+                                        fsync=False)
             self._start_actor(client, clock, network)
             _log.log(
                 client_event_level(),
@@ -432,13 +434,22 @@ class _Simulation:
         return self.stop_reason is not None
 
     # -- the run --------------------------------------------------------------------------------
+    def sync_ledgers(self) -> None:
+        """Make every ledger's spends durable, in one file-system sync (they were written
+        through, not fsynced: :meth:`_open_ledgers`), before the outputs that report them."""
+        ledgers = self.out_dir / LEDGER_DIR
+        if ledgers.is_dir():
+            sync_filesystem(ledgers)
+
     def _open_ledgers(self) -> dict[str, PrivacyLedger]:
         """Every client's ledger, with the DP-PCA releases charged to them and their shared
         projection applied to the population (before anything holds its features); a DP
         normalisation is charged later, by each client's trainer."""
         population = self.population
+        # Written through at each spend, made durable together before the outputs
+        # (sync_ledgers; fedsim.privacy.ledger's "Durability rule").
         ledgers = {plan.client_id: open_ledger(plan, ledger_file(self.out_dir, plan.client_id),
-                                               self.directory_lock)
+                                               self.directory_lock, fsync=False)
                    for plan in population.plans}
         if pca_components(self.scenario) is not None:
             population.project(release_projection(
@@ -577,12 +588,14 @@ def run_scenario(
         started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
+            sim.sync_ledgers()
             record = sim.record(server, wall_seconds)
             rows = client_rows(record)
             summary = write_run_outputs(record, rows)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
             from fedsim.runtime.interrupted import write_interrupted_outputs
 
+            sim.sync_ledgers()
             write_interrupted_outputs(sim, wallclock.perf_counter() - started)
             raise
         finally:
