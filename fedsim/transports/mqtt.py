@@ -71,7 +71,7 @@ import aiomqtt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedsim.config import limits
-from fedsim.errors import AccessDenied, CodecError, ConfigError, TransportError
+from fedsim.errors import AccessDenied, CodecError, ConfigError, LedgerError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import MAX_LINEAGE, Incarnation
@@ -117,10 +117,15 @@ four times a client's outbox, :data:`~fedsim.config.limits.MAX_UNACKNOWLEDGED`):
 ``MqttServerEndpoint._await_receipt``."""
 
 
-def _receipt(rounds: Collection[int], incarnation: str | None, lineage: Sequence[str]) -> bytes:
-    """One client's receipt (``rounds``: what the server recorded; none: a welcome)."""
-    return json.dumps({"rounds": sorted(rounds), "incarnation": incarnation,
-                       "lineage": list(lineage)}).encode()
+def _receipt(rounds: Collection[int], incarnation: str | None, lineage: Sequence[str],
+             known: int | None = None) -> bytes:
+    """One client's receipt (``rounds``: what the server recorded; none: a welcome), with the
+    rounds the server knows the client released (``known``; None: it keeps no count)."""
+    receipt: dict[str, Any] = {"rounds": sorted(rounds), "incarnation": incarnation,
+                               "lineage": list(lineage)}
+    if known is not None:
+        receipt["known"] = known
+    return json.dumps(receipt).encode()
 
 
 def _receipt_batches(receipts: dict[str, set[int]], incarnation: str | None,
@@ -151,6 +156,9 @@ class _Ack(BaseModel):
     rounds: list[Annotated[int, Field(ge=0, le=codec.MAX_COUNTER)]] = Field(max_length=100_000)
     incarnation: Incarnation = ""
     lineage: list[Incarnation] = Field(default_factory=list, max_length=MAX_LINEAGE)
+    known: int | None = Field(default=None, ge=0, le=codec.MAX_COUNTER + 1)
+    """The rounds the server knows this client released (:class:`MqttServerEndpoint`'s
+    ``known_rounds``): a client whose own count is lower has lost its ledger."""
 
 
 class _Receipts(BaseModel):
@@ -187,6 +195,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         lineage: Sequence[str] = (),
         aggregators: Sequence[str] = (),
         clients: Collection[str] | None = None,
+        known_rounds: Callable[[str], int] | None = None,
     ) -> None:
         super().__init__(
             broker,
@@ -218,6 +227,11 @@ class MqttServerEndpoint(_MqttEndpoint):
         partial naming, any other id is refused (``unknown_client``): the tables above then
         hold the run's clients at most, whatever a compromised aggregator or a client let in
         by an open broker invents."""
+        self._known_rounds = known_rounds
+        """How many rounds the server knows a client released (its book's
+        :meth:`~fedsim.runtime.actors.client_book.ClientBook.known_rounds`), told in that
+        client's welcomes and receipts so that a client started on a lost ledger stops before
+        it releases anything (:class:`MqttClientEndpoint`; None: not told)."""
 
     @property
     def unacknowledged(self) -> int:
@@ -451,8 +465,9 @@ class MqttServerEndpoint(_MqttEndpoint):
                     route = self._routes[client_id] = aggregator_of(client_id, self.aggregators)
                 by_aggregator.setdefault(route, {})[client_id] = rounds
                 continue
-            if await self._send(self.topics.acks(client_id), _receipt(rounds, current, lineage),
-                                qos=0):
+            known = self._known_rounds(client_id) if self._known_rounds is not None else None
+            if await self._send(self.topics.acks(client_id),
+                                _receipt(rounds, current, lineage, known), qos=0):
                 self.stats.acks_sent += 1
             # An ack lost here only causes a resend, which the server de-duplicates.
         for aggregator, receipts in sorted(by_aggregator.items()):
@@ -490,6 +505,12 @@ class MqttClientEndpoint(_MqttEndpoint):
     version is more than that behind the newest global model delivered (``stats.expired``).
     ``aggregator``: the aggregator its updates are routed to, which passes the server's receipts
     on (``acks/<aggregator>/<client>``; None: no aggregators).
+
+    ``recorded_rounds``: the rounds this client's ledger records (its first round). A welcome or
+    receipt of the server that says it knows more rounds of this client than the client has
+    recorded or sent since is a ledger lost (a fresh or old state directory): the endpoint
+    confirms nothing, delivers no model (so the client trains and releases nothing) and sets
+    :attr:`refusal` (:meth:`refused`). None: no such check.
     """
 
     def __init__(
@@ -508,6 +529,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         keepalive: int = 30,
         seed: int | None = None,
         aggregator: str | None = None,
+        recorded_rounds: int | None = None,
     ) -> None:
         try:
             codec.check_client_id(client_id)
@@ -547,6 +569,10 @@ class MqttClientEndpoint(_MqttEndpoint):
         self._status_sent = True
         self.incarnation = ClientIncarnation()
         """The run incarnation this client follows (None until the live server confirms it)."""
+        self._own_rounds = recorded_rounds  # recorded, or sent since (see the docstring)
+        self.refusal: LedgerError | None = None
+        """Why this client must not go on (the server knows rounds its ledger lost), or None."""
+        self._refused = asyncio.Event()
 
     @property
     def unacknowledged(self) -> tuple[int, ...]:
@@ -563,6 +589,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         loop = asyncio.get_running_loop()
         stamp = self.incarnation.current or ""
         if isinstance(message, ClientUpdate):
+            if self._own_rounds is not None:
+                self._own_rounds = max(self._own_rounds, message.round + 1)
             payload = codec.encode(message, incarnation=stamp)
             self._outbox.pop(message.round, None)
             self._outbox[message.round] = _Pending(payload, loop.time(), message.base_version)
@@ -585,6 +613,13 @@ class MqttClientEndpoint(_MqttEndpoint):
                 f"client endpoint {self.client_id!r} publishes ClientUpdate or ClientStatus only, "
                 f"not {type(message).__name__}"
             )
+
+    async def refused(self) -> LedgerError:
+        """Wait until the server shows that this client's ledger lost rounds
+        (:attr:`refusal`)."""
+        await self._refused.wait()
+        assert self.refusal is not None
+        return self.refusal
 
     async def flush(self, timeout: float) -> bool:
         """Wait until every update is acknowledged; False if some are not within ``timeout``."""
@@ -678,6 +713,8 @@ class MqttClientEndpoint(_MqttEndpoint):
             self._other_incarnation(topic, frame.incarnation, current)
 
     def _deliver(self, message: Message) -> None:
+        if self.refusal is not None:
+            return  # a client on a lost ledger trains on nothing (recorded_rounds)
         self.stats.received += 1
         if isinstance(message, GlobalModel):
             self._newest_version = max(self._newest_version, message.version)
@@ -698,18 +735,43 @@ class MqttClientEndpoint(_MqttEndpoint):
         if not self.incarnation.confirm(ack.incarnation, ack.lineage):
             self._other_incarnation(topic, ack.incarnation, before)
             return
+        if self._ledger_lost(topic, ack):
+            return  # and no model is delivered (_deliver)
         if self.incarnation.current != before:
-            self._log.info("run incarnation confirmed", incarnation=self.incarnation.current)
-            released, ignored = self.incarnation.release_held_back()
-            for other in ignored:  # e.g. the retained model of an earlier run of this name
-                self._other_incarnation(self.topics.global_model, other.incarnation, ack.incarnation)
-            if released is not None:
-                self._deliver(released.message)
+            self._release_held_back(ack.incarnation)
         for round_ in ack.rounds:
             if self._outbox.pop(round_, None) is not None:
                 self.stats.acked += 1
         if not self._outbox:
             self._outbox_empty.set()
+
+    def _release_held_back(self, incarnation: str) -> None:
+        self._log.info("run incarnation confirmed", incarnation=incarnation)
+        released, ignored = self.incarnation.release_held_back()
+        for other in ignored:  # e.g. the retained model of an earlier run of this name
+            self._other_incarnation(self.topics.global_model, other.incarnation, incarnation)
+        if released is not None:
+            self._deliver(released.message)
+
+    def _ledger_lost(self, topic: str, ack: _Ack) -> bool:
+        """Whether this client is refused (the class docstring's ``recorded_rounds``): now, by
+        this message of the server, or before."""
+        if self.refusal is None and topic == self.topics.acks(self.client_id) \
+                and ack.known is not None and self._own_rounds is not None \
+                and ack.known > self._own_rounds:
+            self._refuse(ack.known)
+        return self.refusal is not None
+
+    def _refuse(self, known: int) -> None:
+        self.refusal = LedgerError(
+            f"client {self.client_id}: the server has received {known} rounds from it, its "
+            f"ledger records {self._own_rounds}: this is not the state directory the client "
+            f"ran with (a fresh or older copy), and its spending would start over from what "
+            f"that ledger records, so it stops. Restore the client's own state directory "
+            f"(its ledger) and start it again")
+        self._log.error("the server knows rounds this client's ledger does not: stopping",
+                        client=self.client_id, server_knows=known, recorded=self._own_rounds)
+        self._refused.set()
 
 
 MAX_HELD_UPDATES = 100_000

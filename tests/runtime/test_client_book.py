@@ -167,3 +167,21 @@ def test_a_fresh_server_adopts_the_rounds_of_clients_it_has_no_record_of() -> No
     twin.restore(server.snapshot())
     assert not twin.accept_status(ClientStatus("a", "training", 10**6, 3.2, 1e-5))
     assert twin.book.adoptions == 4 and twin.book.watermark("a") == held["a"] + 20
+
+
+def test_known_rounds_of_a_checkpoint_are_the_restored_books() -> None:
+    """A restarted deployed server tells clients their known rounds from its checkpoint until
+    its actor exists (server_process._KnownRounds): the same count the restored book gives."""
+    book = ClientBook({"a": None, "b": None, "c": None, "d": None}, 3)
+    for round_ in (0, 1, 2, 5):  # a gap: 3 and 4 lost in flight
+        book.record("a", round_)
+    book.judge_status(ClientStatus("b", "waiting", 4, 0.5, 1e-5))
+    book.judge_status(ClientStatus("c", "waiting", MAX_ROUND_GAP + 7, 0.5, 1e-5))  # adopted
+    state = BookState.from_document(json.loads(json.dumps(book.state().document())))
+    restored = ClientBook({"a": None, "b": None, "c": None, "d": None}, 3)
+    restored.load(state)
+    expected = {"a": 6, "b": 4, "c": MAX_ROUND_GAP + 7, "d": 0}
+    for client, known in expected.items():
+        assert book.known_rounds(client) == restored.known_rounds(client) == known
+        assert state.known_rounds(client) == known
+    assert restored.state() == book.state()

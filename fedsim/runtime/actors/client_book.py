@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -158,6 +158,17 @@ class _Client:
         return max(self.highest + 1, self.base)
 
 
+def _entry_of(row: Sequence[Any] | None, status: ClientStatus | None) -> _Client:
+    """A client's entry from its checkpoint row ``[low, bits as hex, highest, judged, base]``
+    (:class:`BookState`; None: none) and its kept status."""
+    entry = _Client(status=status)
+    if row is not None:
+        low, bits, highest, judged, base = row
+        entry.low, entry.bits, entry.highest = int(low), int(str(bits), 16), int(highest)
+        entry.judged, entry.base = int(judged), int(base)
+    return entry
+
+
 class PublishedVersions:
     """Published versions as sorted runs, the newest :data:`PUBLISHED_RUNS` of them."""
 
@@ -223,6 +234,11 @@ class BookState:
         offset = key[1] - entry[0]
         return offset < 0 or (offset < WINDOW and bool(int(entry[1], 16) >> offset & 1))
 
+    def known_rounds(self, client_id: str) -> int:
+        """:meth:`ClientBook.known_rounds` of the book this copy restores."""
+        row, status = self.clients.get(client_id), self.statuses.get(client_id)
+        return _entry_of(row, status).known() if row or status else 0
+
     def document(self) -> dict[str, Any]:
         return {"clients": self.clients,
                 "statuses": {c: asdict(s) for c, s in self.statuses.items()},
@@ -277,6 +293,10 @@ class ClientBook:
         return entry.status if entry is not None else None
 
     def known_rounds(self, client_id: str) -> int:
+        """Rounds the book knows ``client_id`` released (judged, adopted or claimed by its
+        kept status): an honest client's ledger records at least as many, so a client that
+        starts below it has lost its ledger (told with its welcome and receipts,
+        docs/SECURITY.md)."""
         entry = self._clients.get(client_id)
         return entry.known() if entry is not None else 0
 
@@ -462,13 +482,9 @@ class ClientBook:
 
     def load(self, state: BookState) -> None:
         """Continue from ``state`` (:meth:`state`); its clients must be this book's."""
-        self._clients = {}
-        for client_id, (low, bits, highest, judged, base) in state.clients.items():
-            entry = self._entry(client_id)
-            entry.low, entry.bits, entry.highest = int(low), int(str(bits), 16), int(highest)
-            entry.judged, entry.base = int(judged), int(base)
-        for client_id, status in state.statuses.items():
-            self._entry(client_id).status = status
+        self._clients = {client_id: _entry_of(state.clients.get(client_id),
+                                              state.statuses.get(client_id))
+                         for client_id in {**state.clients, **state.statuses}}
         self.published = PublishedVersions(state.published)
         self._invitations = {int(w): bytes.fromhex(bits) for w, bits in state.invitations.items()}
         self.adoptions = state.adoptions

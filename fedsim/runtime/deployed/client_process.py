@@ -9,6 +9,7 @@ State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger) and ``<state>/clien
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import Scenario
+from fedsim.errors import LedgerError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
@@ -101,6 +103,11 @@ async def _announce(
         await asyncio.sleep(ANNOUNCE_EVERY)
 
 
+async def _halt_when(event: Awaitable[object], halt: asyncio.Event) -> None:
+    await event
+    halt.set()
+
+
 async def run_client(
     loaded: LoadedScenario,
     client_id: str,
@@ -147,6 +154,7 @@ async def run_client(
         seed=population.tree.integer("client", client_id, "mqtt", first_round),
         aggregator=(aggregator_of(client_id, aggregator_ids(scenario.aggregators.count))
                     if scenario.aggregators.count else None),
+        recorded_rounds=first_round,
     )
     report_file = client_state_file(state, client_id)
     previous = read_json(report_file)
@@ -179,7 +187,13 @@ async def run_client(
                     "client", client_id, "availability", "from-round", first_round
                 )
                 helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
-            await unless_stopped(alongside(actor.run(), helpers), stop)
+            halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
+            helpers.append(_halt_when(endpoint.refused(), halt))
+            if stop is not None:
+                helpers.append(_halt_when(stop.wait(), halt))
+            await unless_stopped(alongside(actor.run(), helpers), halt)
+            if endpoint.refusal is not None:
+                raise LedgerError(f"{ledger.path}: {endpoint.refusal}")
             if actor.finished is not None:  # its last receipts came before (flat): none follow
                 if endpoint.unacknowledged and scenario.aggregators.count:
                     # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
@@ -210,6 +224,7 @@ async def run_client(
             "mqtt": endpoint.stats.as_dict(),
             "randomness": scenario.privacy.deployed_randomness,
             "timing_overruns": actor.timing_overruns if actor is not None else 0,
+            "refused": None if endpoint.refusal is None else str(endpoint.refusal),
         }
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)

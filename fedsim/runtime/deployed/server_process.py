@@ -44,6 +44,7 @@ from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, RunFinished
+from fedsim.runtime.actors.client_book import BookState, ClientBook
 from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
@@ -327,6 +328,7 @@ async def serve(
         "finished": False,
     }
     clock = ScaledClock(options.time_scale, start=snapshot.time if snapshot is not None else 0.0)
+    known = _KnownRounds(snapshot.book if snapshot is not None else None)
     mqtt = MqttServerEndpoint(
         broker,
         run=run,
@@ -337,6 +339,7 @@ async def serve(
         lineage=snapshot.incarnations if snapshot is not None else (),
         aggregators=aggregator_ids(scenario.aggregators.count),
         clients=[plan.client_id for plan in population.plans],
+        known_rounds=known,
     )
     outcome["incarnation"] = mqtt.incarnation.current
     try:
@@ -359,6 +362,7 @@ async def serve(
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
                 checkpoints = Checkpoints(checkpoint, mqtt)
                 server = _server_actor(population, clock, mqtt, snapshot, joined)
+                known.book = server.book
                 before_publish = _BeforePublish(mqtt, checkpoints, server)
                 monitor = _ServerMonitor(scenario, server, mqtt, checkpoints, metrics, applied)
                 before_publish.stop_reason = lambda: monitor.stop_reason
@@ -412,6 +416,21 @@ def _identity(run: str, population: Population) -> dict[str, Any]:
         "parameters": int(population.initial_params.size),
         "clients": [p.client_id for p in population.plans],
     }
+
+
+class _KnownRounds:
+    """The rounds the server knows each client released, told with its welcomes and receipts
+    (:class:`~fedsim.transports.mqtt.MqttServerEndpoint`'s ``known_rounds``): the server
+    actor's book once it exists, the checkpoint's before it (a fresh server knows none)."""
+
+    def __init__(self, saved: BookState | None) -> None:
+        self.saved = saved
+        self.book: ClientBook | None = None
+
+    def __call__(self, client_id: str) -> int:
+        if self.book is not None:
+            return self.book.known_rounds(client_id)
+        return self.saved.known_rounds(client_id) if self.saved is not None else 0
 
 
 def _server_actor(

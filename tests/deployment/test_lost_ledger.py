@@ -1,0 +1,125 @@
+"""A deployed client started on a lost ledger stops before it releases anything (session 49's
+"left"): a fresh, empty state directory (the default ``fedsim-state/RUN/ID`` resolved from
+another working directory, a volume not mounted) holds no sign of the client's earlier life,
+so only the server can tell. Its book knows how many rounds each client released
+(``ClientBook.known_rounds``) and says so in every welcome and receipt; a client whose ledger
+records fewer confirms nothing, trains on nothing and exits with a LedgerError.
+
+Over a real mosquitto (127.0.0.1, free port), with the real client process and a server
+endpoint answering from a real client book."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from fedsim.config import load_scenario
+from fedsim.errors import LedgerError
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
+from fedsim.runtime.actors.client_book import ClientBook
+from fedsim.runtime.deployed.client_process import run_client
+from fedsim.runtime.population import build_population
+from fedsim.runtime.run_outputs import ledger_file
+from fedsim.transports.broker import LocalMosquitto, find_mosquitto
+from fedsim.transports.mqtt import MqttServerEndpoint, parse_broker_url
+
+pytestmark = [
+    pytest.mark.mqtt,
+    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+]
+torch.set_num_threads(1)
+
+CLIENT = "c-000"
+ROUNDS = 3
+
+
+def _scenario(tmp_path: Path) -> Any:
+    data = {
+        "name": "lost-ledger", "seed": 4, "stop": {"windows": 1},
+        "dataset": {"name": "synthetic", "num_samples": 300, "num_test_samples": 50,
+                    "num_features": 6, "num_classes": 2},
+        "model": {"name": "logreg"},
+        "clients": {"groups": [
+            {"name": "c", "count": 1, "data_share": 1.0, "batch_size": 8, "sampling": "poisson",
+             "clip": 1.0, "noise": 1.0, "local_lr": 0.1, "rounds": ROUNDS,
+             "speed": 0.0005}]},
+        "server": {"window": 1.0},
+    }
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return load_scenario(path)
+
+
+async def _serve(broker: LocalMosquitto, loaded: Any, book: ClientBook, state: Path
+                 ) -> tuple[list[Any], dict[str, Any] | BaseException]:
+    """Play the server for one start of the client on ``state``: publish a model, record and
+    acknowledge every update in ``book``, until the client process ends."""
+    population = build_population(loaded)
+    received: list[Any] = []
+    async with MqttServerEndpoint(broker.server_url(), run=broker.run,
+                                  expected_params=int(population.initial_params.size),
+                                  known_rounds=book.known_rounds) as server:
+        client = asyncio.create_task(run_client(
+            loaded, CLIENT, parse_broker_url(broker.client_url(CLIENT)), run=broker.run,
+            state_dir=state, flush_timeout=10.0, population=population))
+        await server.publish(GlobalModel(1, population.initial_params.copy(), 0.0, 1))
+        while not client.done():
+            try:
+                message = await asyncio.wait_for(server.receive(), 0.5)
+            except TimeoutError:
+                continue
+            received.append(message)
+            if isinstance(message, ClientUpdate):
+                book.record(message.client_id, message.round)
+                server.acknowledge({(message.client_id, message.round)})
+        outcome: dict[str, Any] | BaseException = (
+            client.exception() or client.result())  # type: ignore[assignment]
+    return received, outcome
+
+
+def _released(received: list[Any]) -> list[int]:
+    return [m.round for m in received if isinstance(m, ClientUpdate)]
+
+
+def test_a_client_on_a_fresh_state_directory_stops_before_it_releases(tmp_path: Path) -> None:
+    loaded = _scenario(tmp_path)
+    size = int(build_population(loaded).initial_params.size)
+    book = ClientBook({CLIENT: None}, size)
+    broker = LocalMosquitto(tmp_path / "broker", "lost", [CLIENT])
+    broker.start()
+    try:
+        first, outcome = asyncio.run(asyncio.wait_for(
+            _serve(broker, loaded, book, tmp_path / "own"), 120))
+        assert _released(first) == list(range(ROUNDS)), outcome
+        assert book.known_rounds(CLIENT) == ROUNDS
+
+        # The same client on a fresh directory: refused, nothing released, nothing spent.
+        fresh = tmp_path / "fresh"
+        second, refused = asyncio.run(asyncio.wait_for(_serve(broker, loaded, book, fresh), 60))
+        assert isinstance(refused, LedgerError), refused
+        assert f"received {ROUNDS} rounds" in str(refused)
+        assert str(ledger_file(fresh, CLIENT)) in str(refused)
+        assert _released(second) == []
+        assert any(isinstance(m, ClientStatus) for m in second)  # it did reach the server
+        with PrivacyLedger.open(ledger_file(fresh, CLIENT), client_id=CLIENT,
+                                sampling="poisson", budget=None, read_only=True) as ledger:
+            assert ledger.records == ()
+        report = json.loads((fresh / f"client-{CLIENT}.json").read_text(encoding="utf-8"))
+        assert "received 3 rounds" in report["refused"]
+
+        # Its own directory again: not refused (the book's count is what its ledger records).
+        third, done = asyncio.run(asyncio.wait_for(
+            _serve(broker, loaded, book, tmp_path / "own"), 60))
+        assert isinstance(done, dict), done
+        assert done["refused"] is None
+        assert done["first_round"] == ROUNDS
+        assert _released(third) == []  # its rounds were all spent before
+    finally:
+        broker.kill()
