@@ -171,9 +171,10 @@ class PrivacyLedger:
     def __init__(self, path: Path, client_id: str, sampling: Sampling, budget: Budget | None,
                  accountant: str, records: list[LedgerRecord], last_hash: str, *,
                  mark: MarkFile | None = None, directory: DirectoryLock | None = None,
-                 fsync: bool = True) -> None:
+                 fsync: bool = True, resume_at: int = 0) -> None:
         self._path = path
         self._fsync = fsync
+        self._resume_at = resume_at  # the file's next round when opened (next_round)
         self._client_id = client_id
         self._sampling = sampling
         self._budget = budget
@@ -236,9 +237,9 @@ class PrivacyLedger:
             if not path.exists():
                 raise LedgerError(f"{path}: no such ledger")
             mark = read_mark(path)  # before the records: a writer moves it after them
-            records, last = _read(path, path.read_bytes(), header, mark)
+            records, last, resume_at = _read(path, path.read_bytes(), header, mark)
             return cls(path, client_id, sampling, budget, accountant,
-                       records, last)
+                       records, last, resume_at=resume_at)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and not path.is_file():
             raise LedgerError(f"{path}: not a file (a ledger is one file of JSON lines)")
@@ -259,7 +260,8 @@ class PrivacyLedger:
             # Verified first, cut after: a final line without its newline is a crash's torn
             # write, dropped - but not before the rest verifies against the mark (a ledger
             # refused keeps every byte for its repair).
-            records, last = _read(path, data[:data.rfind(b"\n") + 1], header, mark)
+            records, last, resume_at = _read(path, data[:data.rfind(b"\n") + 1], header,
+                                             mark)
             cut_partial_line(path, data)
             if mark is None or len(records) > mark.count:
                 # A header alone and no mark (created by a run that stopped before its first
@@ -267,7 +269,8 @@ class PrivacyLedger:
                 # like any other), or a crash between the two writes: move the mark up.
                 lock.write(Mark(len(records), last), sync=mark is not None and fsync)
             resumed = cls(path, client_id, sampling, budget, accountant,
-                          records, last, mark=lock, directory=directory, fsync=fsync)
+                          records, last, mark=lock, directory=directory, fsync=fsync,
+                          resume_at=resume_at)
             if not records:  # created by an earlier open, maybe never made durable
                 resumed._created = entry_created()
             return resumed
@@ -402,6 +405,17 @@ class PrivacyLedger:
     def rounds(self) -> frozenset[int]:
         """The training rounds recorded (not :data:`NORMALISATION_ROUND`)."""
         return frozenset(r.round for r in self._records if r.round >= 0)
+
+    @property
+    def next_round(self) -> int:
+        """The round a client resuming this ledger starts at: after every round recorded, and
+        one further for each substitute a repair wrote after them (``fedsim ledger repair``;
+        at round :data:`NORMALISATION_ROUND`). A lost record may have been a round the server
+        received, so numbering past it keeps ``(client, round)`` unique, and the server that
+        knows those rounds neither drops the new ones as duplicates nor takes the client for
+        one on a lost ledger (:class:`fedsim.transports.mqtt.MqttClientEndpoint`). Rounds
+        skipped are only gaps in the numbering."""
+        return max(self._resume_at, max(self.rounds, default=-1) + 1)
 
     @property
     def last_time(self) -> float:
@@ -905,8 +919,9 @@ def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[Gau
 
 
 def _read(path: Path, data: bytes, expected: dict[str, Any],
-          mark: Mark | None) -> tuple[list[LedgerRecord], str]:
-    """Records and last hash of a ledger's bytes, verified (chain, mark, header)."""
+          mark: Mark | None) -> tuple[list[LedgerRecord], str, int]:
+    """Records, last hash and next round (:attr:`Parsed.next_round`) of a ledger's bytes,
+    verified (chain, mark, header)."""
     if not data:
         raise LedgerError(f"{path}: empty, but its high-water mark counts "
                           f"{mark.count if mark else 0} records (the file was cut)")
@@ -917,7 +932,7 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
                               f"ledger was opened with {expected[field]!r} (a ledger is never "
                               f"reset)")
     check_mark(path, parsed, mark)
-    return parsed.records, parsed.hashes[-1]
+    return parsed.records, parsed.hashes[-1], parsed.next_round
 
 
 def _take_lock(path: Path, directory: DirectoryLock | None) -> MarkFile:

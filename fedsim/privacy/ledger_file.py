@@ -421,6 +421,10 @@ class Parsed:
     records: list[LedgerRecord]
     hashes: list[str]
     complete_bytes: int  # bytes up to the last newline (a crash-cut final line is after it)
+    next_round: int = 0
+    """After every round recorded, and one further for each substitute a repair wrote for a
+    lost record (marked ``"repair"``, at round -1) after them:
+    :attr:`fedsim.privacy.ledger.PrivacyLedger.next_round`."""
 
 
 def header_of(client_id: str, sampling: Sampling, accountant: str,
@@ -508,6 +512,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
     hashes = [line_hash(first[1])]
     records: list[LedgerRecord] = []
     last_time = -math.inf
+    next_round = 0
     for number, line in lines:
         try:
             if too_long(line):
@@ -519,6 +524,8 @@ def read_verified(path: Path, data: bytes) -> Parsed:
                                  "changed, or lines were removed or reordered)")
             if record.time < last_time:
                 raise ValueError(f"time {record.time} goes back before {last_time}")
+            next_round = next_round + 1 if "repair" in obj else max(next_round,
+                                                                      record.round + 1)
         except UnicodeDecodeError:
             raise LedgerError(f"{path}: line {number}: damaged record (not UTF-8)") from None
         except (ValueError, ConfigError) as exc:
@@ -526,7 +533,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
         last_time = record.time
         records.append(record)
         hashes.append(line_hash(line))
-    return Parsed(header, records, hashes, complete)
+    return Parsed(header, records, hashes, complete, next_round)
 
 
 def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:

@@ -18,6 +18,11 @@ into a valid chained ledger whose spending is at least what the damaged file hel
   were lost: the caller must say (``assume_lost``; 0 is the user vouching for the file), and
   records after a chain break are substituted as above.
 
+A substitute is written at round -1 (what it released is unknown, its round too); a client
+resuming the repaired ledger numbers its rounds past one per substitute
+(:attr:`~fedsim.privacy.ledger.PrivacyLedger.next_round`), so no round it may have released is
+numbered again.
+
 The substitute step must be given when anything is substituted (``lost_step``): the ledger
 cannot know what a lost record released, so a human names a step at least as expensive
 (typically the client's smallest sigma and largest q). It may not be cheaper than what the kept

@@ -13,10 +13,13 @@ import numpy as np
 
 from fedsim.config.compression import Compression
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: updates lost ``num_samples`` (N is private) and gained ``window``; global models carry
 the window they open and its invitation. 3: global models carry the server step size
-``step_size`` of the window they open."""
+``step_size`` of the window they open. 4: the server's welcomes and receipts carry the rounds
+it knows the client released (``known``, :mod:`fedsim.transports.mqtt`), which a version-3
+client would refuse as malformed and wait forever: the frames' version makes a mixed
+deployment fail at once, with the versions named."""
 
 
 @dataclass(frozen=True, eq=False)

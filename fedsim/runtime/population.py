@@ -454,7 +454,6 @@ def make_client_actor(
     deployed client process alike. ``park_speed_stream``: keep the speed stream parked (the
     same draws in a seventh of the memory, a state swap a draw: see :class:`_SpeedDraws`)."""
     group = plan.group
-    rounds_done = ledger.rounds
     return ClientActor(
         plan.client_id,
         clock=clock,
@@ -470,7 +469,7 @@ def make_client_actor(
         exposure=exposure,
         staleness=_staleness(group.staleness.max_versions_behind, group.staleness.max_distance),
         max_rounds=group.rounds,
-        first_round=max(rounds_done, default=-1) + 1,
+        first_round=ledger.next_round,
         status_epsilon=_StatusEpsilon(ledger, delta),
         interrupt=group.interrupt,
         first_server_step=plan.first_server_step if group.follow_server_step else None,

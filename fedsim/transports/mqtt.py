@@ -374,6 +374,16 @@ class MqttServerEndpoint(_MqttEndpoint):
         if isinstance(message, ClientUpdate):
             self._await_receipt(topic_client, message.round)
 
+    def _known(self, client_id: str) -> int | None:
+        """What a welcome or receipt tells ``client_id`` of its rounds the server knows: its
+        book's count, or past it the rounds received and not yet judged (a window's, waiting
+        for its end: a client that lost its ledger within a window of its last release is
+        stopped too). None: not told (no ``known_rounds``)."""
+        if self._known_rounds is None:
+            return None
+        waiting = self._unrecorded.get(client_id)
+        return max(self._known_rounds(client_id), max(waiting) + 1 if waiting else 0)
+
     def _await_receipt(self, client_id: str, round_index: int) -> None:
         """Note ``(client_id, round_index)`` as received and waiting to be recorded.
 
@@ -465,9 +475,9 @@ class MqttServerEndpoint(_MqttEndpoint):
                     route = self._routes[client_id] = aggregator_of(client_id, self.aggregators)
                 by_aggregator.setdefault(route, {})[client_id] = rounds
                 continue
-            known = self._known_rounds(client_id) if self._known_rounds is not None else None
             if await self._send(self.topics.acks(client_id),
-                                _receipt(rounds, current, lineage, known), qos=0):
+                                _receipt(rounds, current, lineage, self._known(client_id)),
+                                qos=0):
                 self.stats.acks_sent += 1
             # An ack lost here only causes a resend, which the server de-duplicates.
         for aggregator, receipts in sorted(by_aggregator.items()):
@@ -768,7 +778,10 @@ class MqttClientEndpoint(_MqttEndpoint):
             f"ledger records {self._own_rounds}: this is not the state directory the client "
             f"ran with (a fresh or older copy), and its spending would start over from what "
             f"that ledger records, so it stops. Restore the client's own state directory "
-            f"(its ledger) and start it again")
+            f"(its ledger) and start it again; if the ledger was damaged, `fedsim ledger "
+            f"repair` it (its substitutes count as rounds). If the directory is the client's "
+            f"own and intact, the server's record of it is wrong: a compromised aggregator "
+            f"can name rounds the client never sent (docs/SECURITY.md)")
         self._log.error("the server knows rounds this client's ledger does not: stopping",
                         client=self.client_id, server_knows=known, recorded=self._own_rounds)
         self._refused.set()

@@ -21,7 +21,9 @@ import yaml
 
 from fedsim.config import load_scenario
 from fedsim.errors import LedgerError
+from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.privacy.ledger_repair import repair_ledger
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.actors.client_book import ClientBook
 from fedsim.runtime.deployed.client_process import run_client
@@ -57,10 +59,11 @@ def _scenario(tmp_path: Path) -> Any:
     return load_scenario(path)
 
 
-async def _serve(broker: LocalMosquitto, loaded: Any, book: ClientBook, state: Path
-                 ) -> tuple[list[Any], dict[str, Any] | BaseException]:
+async def _serve(broker: LocalMosquitto, loaded: Any, book: ClientBook, state: Path, *,
+                 judge: bool = True) -> tuple[list[Any], dict[str, Any] | BaseException]:
     """Play the server for one start of the client on ``state``: publish a model, record and
-    acknowledge every update in ``book``, until the client process ends."""
+    acknowledge every update in ``book`` (``judge=False``: hold them unjudged, as a window
+    does until its end), until the client process ends."""
     population = build_population(loaded)
     received: list[Any] = []
     async with MqttServerEndpoint(broker.server_url(), run=broker.run,
@@ -68,7 +71,7 @@ async def _serve(broker: LocalMosquitto, loaded: Any, book: ClientBook, state: P
                                   known_rounds=book.known_rounds) as server:
         client = asyncio.create_task(run_client(
             loaded, CLIENT, parse_broker_url(broker.client_url(CLIENT)), run=broker.run,
-            state_dir=state, flush_timeout=10.0, population=population))
+            state_dir=state, flush_timeout=10.0 if judge else 1.0, population=population))
         await server.publish(GlobalModel(1, population.initial_params.copy(), 0.0, 1))
         while not client.done():
             try:
@@ -76,7 +79,7 @@ async def _serve(broker: LocalMosquitto, loaded: Any, book: ClientBook, state: P
             except TimeoutError:
                 continue
             received.append(message)
-            if isinstance(message, ClientUpdate):
+            if isinstance(message, ClientUpdate) and judge:
                 book.record(message.client_id, message.round)
                 server.acknowledge({(message.client_id, message.round)})
         outcome: dict[str, Any] | BaseException = (
@@ -123,3 +126,68 @@ def test_a_client_on_a_fresh_state_directory_stops_before_it_releases(tmp_path: 
         assert _released(third) == []  # its rounds were all spent before
     finally:
         broker.kill()
+
+
+def test_rounds_received_and_not_yet_judged_count_too(tmp_path: Path) -> None:
+    """The client's rounds are still waiting in the server's window (received, not judged,
+    not acknowledged) when it restarts on a fresh directory: the welcome counts them."""
+    loaded = _scenario(tmp_path)
+    book = ClientBook({CLIENT: None}, int(build_population(loaded).initial_params.size))
+    broker = LocalMosquitto(tmp_path / "broker", "unjudged", [CLIENT])
+    broker.start()
+    try:
+        async def both() -> tuple[list[Any], Any]:
+            population = build_population(loaded)
+            received: list[Any] = []
+            async with MqttServerEndpoint(broker.server_url(), run=broker.run,
+                                          expected_params=int(population.initial_params.size),
+                                          known_rounds=book.known_rounds) as server:
+                await server.publish(GlobalModel(1, population.initial_params.copy(), 0.0, 1))
+                outcomes = []
+                for state in (tmp_path / "own", tmp_path / "fresh"):
+                    client = asyncio.create_task(run_client(
+                        loaded, CLIENT, parse_broker_url(broker.client_url(CLIENT)),
+                        run=broker.run, state_dir=state, flush_timeout=1.0,
+                        population=population))
+                    while not client.done():
+                        try:
+                            received.append(await asyncio.wait_for(server.receive(), 0.5))
+                        except TimeoutError:
+                            continue
+                    outcomes.append(client.exception() or client.result())
+            return received, outcomes
+
+        received, (first, second) = asyncio.run(asyncio.wait_for(both(), 120))
+    finally:
+        broker.kill()
+    assert isinstance(first, dict) and first["unacknowledged"] == list(range(ROUNDS))
+    assert book.known_rounds(CLIENT) == 0  # nothing judged: the window has not ended
+    assert isinstance(second, LedgerError), second
+    assert f"received {ROUNDS} rounds" in str(second)
+    assert _released(received) == list(range(ROUNDS))  # the fresh start released nothing
+
+
+def test_a_repaired_ledger_resumes_past_its_lost_rounds(tmp_path: Path) -> None:
+    """Its tail lost and repaired (a substitute for the lost record, at round -1): the client
+    numbers its rounds past the substitutes (``PrivacyLedger.next_round``) and is not taken
+    for one on a lost ledger (a review's finding: it was refused at every start)."""
+    loaded = _scenario(tmp_path)
+    book = ClientBook({CLIENT: None}, int(build_population(loaded).initial_params.size))
+    broker = LocalMosquitto(tmp_path / "broker", "repaired", [CLIENT])
+    broker.start()
+    own = tmp_path / "own"
+    path = ledger_file(own, CLIENT)
+    try:
+        first, _ = asyncio.run(asyncio.wait_for(_serve(broker, loaded, book, own), 120))
+        assert _released(first) == list(range(ROUNDS))
+        lines = path.read_bytes().splitlines(keepends=True)
+        path.write_bytes(b"".join(lines[:-1]))  # the last round's record is lost
+        step = GaussianStep.from_json(json.loads(lines[-2])["step"])
+        assert repair_ledger(path, lost_step=step).substituted == 1
+        second, outcome = asyncio.run(asyncio.wait_for(_serve(broker, loaded, book, own), 60))
+    finally:
+        broker.kill()
+    assert isinstance(outcome, dict), outcome
+    assert outcome["refused"] is None
+    assert outcome["first_round"] == ROUNDS  # 2 rounds kept + 1 substitute
+    assert _released(second) == []

@@ -254,3 +254,25 @@ def test_spend_reuses_the_check_just_made(tmp_path: Path, monkeypatch: pytest.Mo
         assert not ledger.can_spend(bigger)  # the memo is per question and per state
         with pytest.raises(BudgetExhausted):
             ledger.spend(bigger, time=9.0, round=9)
+
+
+def test_a_repaired_ledger_resumes_its_rounds_past_its_substitutes(tmp_path: Path) -> None:
+    """Two rounds' records lost and repaired: each substitute (round -1) stands for a record
+    that may have been a released round, so the client resumes at 3 + 2, never at a round it
+    may have released (a server would drop it as a duplicate, or take the client for one on a
+    lost ledger)."""
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None) as ledger:
+        for r in range(5):
+            ledger.spend(STEP, time=float(r), round=r)
+        assert ledger.next_round == 5
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-2]))
+    assert repair_ledger(path, lost_step=STEP).substituted == 2
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None) as repaired:
+        assert repaired.rounds == frozenset({0, 1, 2})
+        assert repaired.next_round == 5
+        repaired.spend(STEP, time=5.0, round=repaired.next_round)
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None,
+                            read_only=True) as again:
+        assert again.next_round == 6

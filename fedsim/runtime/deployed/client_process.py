@@ -135,7 +135,7 @@ async def run_client(
     state = Path(state_dir)
     claim_state_dir(state, client_id)
     ledger = open_ledger(plan, ledger_file(state, client_id))
-    first_round = max(ledger.rounds, default=-1) + 1
+    first_round = ledger.next_round
     trainer = population.trainer(
         plan, generator=training_generator(population, client_id, first_round), ledger=ledger,
         normalisation_generator=normalisation_generator(
