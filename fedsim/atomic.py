@@ -25,7 +25,7 @@ caller chooses, per file, one of two levels (:data:`Durability`):
 
 The privacy ledger itself is append-only and is not rewritten through this module; it shares
 :func:`fsync_directory` for the directory entry of a new ledger, and a simulated run makes its
-ledgers durable together with :func:`sync_filesystem`.
+ledgers durable together with :class:`FileSystemSync`.
 
 This module sits in the lowest layer (with :mod:`fedsim.errors`): it imports nothing from
 fedsim, so the privacy code can use it.
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # no stub: signal's C module
 import ctypes
+import errno
 import os
 import secrets
 import signal
@@ -46,7 +47,7 @@ from types import FrameType
 from typing import IO, Literal, TypeGuard
 
 __all__ = ["Durability", "fsync_directory", "holds_for_a_block", "move_into_place",
-           "replace_together", "sync_filesystem", "uninterrupted", "write_atomically"]
+           "replace_together", "FileSystemSync", "uninterrupted", "write_atomically"]
 
 Durability = Literal["file", "durable"]
 DURABILITIES: tuple[Durability, ...] = ("file", "durable")
@@ -71,37 +72,57 @@ def fsync_directory(directory: str | Path) -> None:
         os.close(fd)
 
 
-def sync_filesystem(path: str | Path) -> None:
-    """Flush everything written to the file system that holds ``path`` (a directory) to the
-    disk: every file's data and every directory entry, in one call.
+class FileSystemSync:
+    """One ``syncfs(2)`` of the file system that holds a directory: every file's data and every
+    directory entry written there, flushed to the disk in one call.
 
-    For many files written without an fsync each (the ledgers of a simulated run,
-    :meth:`fedsim.privacy.ledger.PrivacyLedger.open` with ``fsync=False``) this is one
-    journal commit where an fsync of each would be two a file. Linux's ``syncfs(2)``, which
-    waits for the writes to finish, on that file system alone; elsewhere ``sync(2)`` (every
-    file system; on Linux, and on the BSDs' and macOS's current kernels, it waits as well)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    For many files written without an fsync each (a simulated run's ledgers,
+    :meth:`fedsim.privacy.ledger.PrivacyLedger.open` with ``fsync=False``) this is one journal
+    commit where an fsync of each would be two a file. Open it *before* the writes it is to
+    cover and keep it until :meth:`sync`: Linux (5.8 and later) reports to a descriptor only
+    the write-back errors since it was opened that nobody else has seen, so one opened just
+    before the sync could miss an error another process's sync saw first (earlier kernels
+    report none to ``syncfs`` at all). Linux only (:data:`AVAILABLE`): elsewhere the callers
+    fsync each file as they write it, since ``sync(2)`` may return before its writes are done.
+    """
+
+    AVAILABLE: bool = False  # set below: whether this system has syncfs(2)
+
+    def __init__(self, directory: str | Path) -> None:
         if _syncfs is None:
-            os.sync()
-        elif _syncfs(fd) != 0:
+            raise OSError(errno.ENOSYS, "syncfs(2) is not available here", str(directory))
+        self.directory = Path(directory)
+        self._fd = os.open(directory, os.O_RDONLY)
+
+    def sync(self) -> None:
+        """Flush the file system; an ``OSError`` (EIO: a write-back failed) if it failed."""
+        assert _syncfs is not None
+        if self._fd < 0:
+            raise ValueError(f"{self.directory}: this file-system sync is closed")
+        if _syncfs(self._fd) != 0:
             error = ctypes.get_errno()
-            raise OSError(error, f"syncfs: {os.strerror(error)}", str(path))
-    finally:
-        os.close(fd)
+            raise OSError(error, f"syncfs: {os.strerror(error)}", str(self.directory))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _find_syncfs() -> Callable[[int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function: Callable[[int], int] = ctypes.CDLL(None, use_errno=True).syncfs
+        function = ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):  # a libc without it (very old, or not glibc/musl)
         return None
+    function.argtypes = [ctypes.c_int]  # a descriptor, checked as a C int (not truncated)
+    function.restype = ctypes.c_int
     return function
 
 
 _syncfs = _find_syncfs()
+FileSystemSync.AVAILABLE = _syncfs is not None
 
 
 def _check(durability: str) -> None:

@@ -12,14 +12,15 @@ before its own records, so a run of 10^3 clients on a disk does not start with 3
 (2.5-16 ms a ledger on this project's machine, docs/SCALE.md) and nothing that was acknowledged
 depends on an entry that is not on disk.
 
-A simulated run's ledgers are opened with ``fsync=False``: each spend is written through with
-``os.write`` before it returns (records, then mark), so it survives the process being killed
-as a deployed client's does, and the run makes all its ledgers durable with one file-system
-sync (:func:`fedsim.atomic.sync_filesystem`) before it writes its outputs. What that gives up
-is a power failure's mid-run only, which loses the run in any case: its releases are virtual
-(the server that received them is in the same process and dies with it), a simulated run is
-never resumed (its directory is not reused), and its ledgers may then read short or damaged. Two fsyncs a round were a third of a 1,000-client run's CPU and two fifths of
-its wall time on this project's disk (docs/SCALE.md, "Ledger sync"). On
+A simulated run's ledgers are opened with ``fsync=False`` (on Linux, which has ``syncfs(2)``):
+each spend is written through with ``os.write`` before it returns (records, then mark), so it
+survives the process being killed as a deployed client's does, and the run makes all its
+ledgers durable with one file-system sync (:class:`fedsim.atomic.FileSystemSync`) before it
+writes its summary. What that gives up is a power failure's mid-run only, which loses the run
+in any case: its releases are virtual (the server that received them is in the same process
+and dies with it), a simulated run is never resumed (its directory is not reused), and its
+ledgers may then read short or damaged. Two fsyncs a round cost a quarter of a 1,000-client
+run's CPU and wall time on this project's disk (docs/SCALE.md, "Ledger sync"). On
 :meth:`PrivacyLedger.open`:
 
 * a file without a complete line (and a mark of 0 records or none), or a header alone without
@@ -223,7 +224,7 @@ class PrivacyLedger:
 
         ``fsync=False``: a spend is written through to the operating system before it returns
         (it survives the process being killed), not fsynced; the caller makes its ledgers
-        durable together (:func:`fedsim.atomic.sync_filesystem`) before it writes anything
+        durable together (:class:`fedsim.atomic.FileSystemSync`) before it writes anything
         that depends on them. For a simulated run only (module docstring, "Durability rule"):
         a deployed client's releases are real and each is fsynced first.
         """

@@ -605,7 +605,7 @@ def open_append(path: Path) -> int:
 def append_durably(fd: int, payload: bytes, *, fsync: bool = True) -> None:
     """Append ``payload`` to the file open at ``fd`` (:func:`open_append`), then fsync it
     (unless ``fsync=False``: written through to the operating system, a simulated run's
-    ledger, made durable with its others by :func:`fedsim.atomic.sync_filesystem`).
+    ledger, made durable with its others by :class:`fedsim.atomic.FileSystemSync`).
 
     ``os.write`` straight to the descriptor, no buffer in between: a short write continues
     where it stopped, and an error leaves at most a prefix of ``payload`` at the file's end

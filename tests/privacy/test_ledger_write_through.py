@@ -8,7 +8,9 @@ fsynced ledger writes. What it gives up (a power failure mid-run) is not testabl
 
 from __future__ import annotations
 
-import os
+import ctypes
+import errno
+import json
 import signal
 import subprocess
 import sys
@@ -18,12 +20,13 @@ from typing import Any
 import pytest
 
 import fedsim.atomic
+from fedsim.atomic import FileSystemSync
 from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock, mark_path
 from fedsim.runtime.population import build_population, open_ledger
-from fedsim.runtime.simulated import simulation
 from fedsim.runtime.simulated.simulation import run_scenario
 from tests.privacy.test_ledger_creation import Fsyncs
 
@@ -65,9 +68,12 @@ def test_write_through_fsyncs_nothing_and_writes_the_fsynced_bytes(
         assert [r.round for r in again.records] == [0, 0, 1, 1, 2, 2]
 
 
-def test_a_spend_that_returned_survives_the_process_being_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("under_directory_lock", [False, True])
+def test_a_spend_that_returned_survives_the_process_being_killed(
+        tmp_path: Path, under_directory_lock: bool) -> None:
     """The process spends four rounds written through and is killed (SIGKILL: no exit
-    handler, no close) right after the fourth returned: all four are in the ledger."""
+    handler, no close) right after the fourth returned: all four are in the ledger, whether
+    it kept the file open or opened it for each spend (under a directory lock)."""
     path = tmp_path / "ledgers" / "c.jsonl"
     path.parent.mkdir()
     script = (
@@ -75,33 +81,43 @@ def test_a_spend_that_returned_survives_the_process_being_killed(tmp_path: Path)
         "from pathlib import Path\n"
         "from fedsim.privacy.events import GaussianStep\n"
         "from fedsim.privacy.ledger import Budget, PrivacyLedger\n"
-        "ledger = PrivacyLedger.open(Path(sys.argv[1]), client_id='c', sampling='poisson',\n"
-        "                            budget=Budget(8.0, 1e-5), fsync=False)\n"
+        "from fedsim.privacy.ledger_file import DirectoryLock\n"
+        "path = Path(sys.argv[1])\n"
+        "lock = DirectoryLock(path.parent) if sys.argv[2] == '1' else None\n"
+        "ledger = PrivacyLedger.open(path, client_id='c', sampling='poisson',\n"
+        "                            budget=Budget(8.0, 1e-5), fsync=False, directory=lock)\n"
         "for r in range(4):\n"
         "    ledger.spend([GaussianStep('poisson', 0.02, 1.1)], time=float(r), round=r)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n")
-    done = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", script, str(path),
+                           "1" if under_directory_lock else "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == -signal.SIGKILL, done.stderr
     with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET) as ledger:
         assert [r.round for r in ledger.records] == [0, 1, 2, 3]
 
 
-def test_sync_filesystem_flushes_and_says_what_went_wrong(
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="syncfs(2) is Linux's")
+def test_the_file_system_sync_flushes_and_says_what_went_wrong(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert FileSystemSync.AVAILABLE  # found in this libc (not silently left out)
+    sync = FileSystemSync(tmp_path)
     (tmp_path / "f").write_bytes(b"x")
-    fedsim.atomic.sync_filesystem(tmp_path)  # syncfs(2) here
+    sync.sync()  # a real syncfs(2)
     with pytest.raises(FileNotFoundError):
-        fedsim.atomic.sync_filesystem(tmp_path / "missing")
-    calls: list[str] = []
-    real_sync = os.sync
-    monkeypatch.setattr(fedsim.atomic, "_syncfs", None)  # a system without syncfs(2)
-    monkeypatch.setattr(os, "sync", lambda: (calls.append("sync"), real_sync())[0])
-    fedsim.atomic.sync_filesystem(tmp_path)
-    assert calls == ["sync"]
-    monkeypatch.setattr(fedsim.atomic, "_syncfs", lambda fd: -1)  # a failing syncfs
-    with pytest.raises(OSError, match="syncfs"):
-        fedsim.atomic.sync_filesystem(tmp_path)
+        FileSystemSync(tmp_path / "missing")
+
+    def failing(fd: int) -> int:  # a write-back that failed, as the kernel reports it
+        ctypes.set_errno(errno.EIO)
+        return -1
+
+    monkeypatch.setattr(fedsim.atomic, "_syncfs", failing)
+    with pytest.raises(OSError, match="syncfs: Input/output error") as raised:
+        sync.sync()
+    assert raised.value.errno == errno.EIO
+    sync.close()
+    with pytest.raises(ValueError, match="closed"):
+        sync.sync()
 
 
 def _scenario() -> dict[str, Any]:
@@ -116,31 +132,86 @@ def _scenario() -> dict[str, Any]:
     }
 
 
-def test_a_simulated_run_syncs_its_ledgers_once_before_its_outputs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = tmp_path / "run"
-    syncs: list[tuple[Path, bool]] = []
-    real = simulation.sync_filesystem
-
-    def noted(path: Path) -> None:
-        syncs.append((Path(path), (out / "summary.json").exists()))
-        real(path)
-
-    monkeypatch.setattr(simulation, "sync_filesystem", noted)
-    fsyncs = Fsyncs(monkeypatch)
-    result = run_scenario(LoadedScenario(parse_scenario(_scenario()), None), out)
-    ledger_fsyncs = [n for n in fsyncs.take() if n.endswith((".jsonl", ".hwm"))
-                     or n == "ledgers"]
-    assert ledger_fsyncs == []
-    assert syncs == [(out / "ledgers", False)]  # once, before summary.json was written
-    rounds = sum(row["rounds"] for row in result.client_rows)
-    assert rounds > 10
+def _ledger_rounds(out: Path) -> int:
     spent = 0
     for path in sorted((out / "ledgers").glob("*.jsonl")):
         with PrivacyLedger.open(path, client_id=path.stem, sampling="poisson", budget=None,
                                 read_only=True) as ledger:
             spent += sum(1 for r in ledger.records if r.round >= 0)
-    assert spent == rounds
+    return spent
+
+
+class _Syncs:
+    """Every file-system sync, and whether the run's summary existed when it came."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, out: Path) -> None:
+        self.seen: list[tuple[Path, bool]] = []
+        real = FileSystemSync.sync
+
+        def noted(sync: FileSystemSync) -> None:
+            self.seen.append((sync.directory, (out / "summary.json").exists()))
+            real(sync)
+
+        monkeypatch.setattr(FileSystemSync, "sync", noted)
+
+
+@pytest.mark.skipif(not FileSystemSync.AVAILABLE, reason="syncfs(2) is Linux's")
+def test_a_simulated_run_syncs_its_ledgers_once_before_its_outputs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    syncs = _Syncs(monkeypatch, out)
+    fsyncs = Fsyncs(monkeypatch)
+    result = run_scenario(LoadedScenario(parse_scenario(_scenario()), None), out)
+    ledger_fsyncs = [n for n in fsyncs.take() if n.endswith((".jsonl", ".hwm"))
+                     or n == "ledgers"]
+    assert ledger_fsyncs == []
+    assert syncs.seen == [(out / "ledgers", False)]  # once, before summary.json was written
+    rounds = sum(row["rounds"] for row in result.client_rows)
+    assert rounds > 10
+    assert _ledger_rounds(out) == rounds
+
+
+@pytest.mark.skipif(not FileSystemSync.AVAILABLE, reason="syncfs(2) is Linux's")
+def test_an_interrupted_run_syncs_before_its_partial_outputs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    syncs = _Syncs(monkeypatch, out)
+
+    def interrupt(window: dict[str, Any]) -> None:
+        if window["window"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(LoadedScenario(parse_scenario(_scenario()), None), out,
+                     on_window=interrupt)
+    assert syncs.seen == [(out / "ledgers", False)]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["interrupted"]["partial"] is True
+    assert _ledger_rounds(out) > 0
+
+
+@pytest.mark.skipif(not FileSystemSync.AVAILABLE, reason="syncfs(2) is Linux's")
+def test_a_failed_sync_stops_the_run_before_its_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(fd: int) -> int:
+        ctypes.set_errno(errno.EIO)
+        return -1
+
+    monkeypatch.setattr(fedsim.atomic, "_syncfs", failing)
+    out = tmp_path / "run"
+    with pytest.raises(LedgerError, match="could not be made durable.*Input/output error"):
+        run_scenario(LoadedScenario(parse_scenario(_scenario()), None), out)
+    assert not (out / "summary.json").exists()
+
+
+def test_without_syncfs_every_spend_is_fsynced(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off Linux (no syncfs(2); sync(2) may return before its writes are done)."""
+    monkeypatch.setattr(FileSystemSync, "AVAILABLE", False)
+    fsyncs = Fsyncs(monkeypatch)
+    result = run_scenario(LoadedScenario(parse_scenario(_scenario()), None), tmp_path / "run")
+    rounds = sum(row["rounds"] for row in result.client_rows)
+    assert sum(n.endswith(".jsonl") for n in fsyncs.take()) == rounds
 
 
 def test_a_deployed_clients_ledger_fsyncs_every_spend(

@@ -219,6 +219,41 @@ def test_a_crashed_client_rejoins_and_its_ledger_continues(tmp_path: Path) -> No
     assert [record.round for record in ledger.records] == rounds
 
 
+def test_a_crash_at_the_runs_last_instant_does_not_restart_the_client(tmp_path: Path) -> None:
+    """Crashes every 2 virtual s and a run of 12: a crash falls on the instant the run ends.
+    The crash helper, cancelled as it waited for the crashed actor, swallowed its own cancel,
+    restarted the client after its rejoin delay, and that actor trained on for ever with no
+    server to end it (a reviewer's probe: 2,821 rounds a client by 641 virtual s, in a run
+    that never returned). Run in a subprocess, so that a relapse fails instead of hanging."""
+    script = (
+        "import json, sys\n"
+        "from fedsim.config import LoadedScenario, parse_scenario\n"
+        "from fedsim.runtime.simulated.simulation import run_scenario\n"
+        "group = {'name': 'a', 'count': 4, 'data_share': 1.0, 'batch_size': 16, 'clip': 1.0,\n"
+        "         'noise': 1.0, 'speed': 0.01,\n"
+        "         'availability': {'crashes': {'every': 2.0, 'rejoin_after': 0.5}}}\n"
+        "data = {'seed': 1, 'stop': {'virtual_seconds': 12.0}, 'model': {'name': 'logreg'},\n"
+        "        'server': {'window': 0.5}, 'clients': {'groups': [group]},\n"
+        "        'dataset': {'name': 'synthetic', 'num_samples': 800,\n"
+        "                    'num_test_samples': 200, 'num_features': 12, 'num_classes': 3}}\n"
+        "result = run_scenario(LoadedScenario(parse_scenario(data), None), sys.argv[1])\n"
+        "print(json.dumps({'windows': result.summary['windows'],\n"
+        "                  'crashes': sum(c.crashes for c in result.clients.values())}))\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["windows"] == 24
+    assert outcome["crashes"] >= 4 * 4
+    for path in (tmp_path / "run" / "ledgers").glob("*.jsonl"):
+        times = [json.loads(line)["time"] for line in path.read_text().splitlines()[1:]]
+        assert max(times) <= 12.0 + 1.0  # nothing trained past the run's end
+
+
 def test_message_only_runs_charge_the_same_events(tmp_path: Path) -> None:
     result = run(scenario(), tmp_path, message_only=True)
     assert result.summary["final_accuracy"] is None

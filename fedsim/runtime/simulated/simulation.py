@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.atomic import sync_filesystem
+from fedsim.atomic import FileSystemSync
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
+from fedsim.errors import LedgerError
 from fedsim.logging import client_event_level, get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
@@ -231,6 +232,7 @@ class _Simulation:
         self._dropped_seen = 0
         self._late_partials = 0
         self.directory_lock: DirectoryLock | None = None
+        self.ledger_sync: FileSystemSync | None = None  # opened before the first spend
         self._spare_set_up: Callable[[], None] = lambda: None  # see memory.long_lived_spared
         """Held for the run when the clients' ledgers cannot each keep their files open
         (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
@@ -323,7 +325,12 @@ class _Simulation:
             try:
                 await client.task
             except asyncio.CancelledError:
-                pass
+                # The actor's cancel, expected; but this helper's own (the run ended at this
+                # instant) must end it: swallowed, it went on to restart the client, whose new
+                # actor then trained for ever with no server to end it.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
             client.crashes += 1
             if client.actor is not None:
                 client.earlier_rounds.extend(client.actor.released)
@@ -345,7 +352,7 @@ class _Simulation:
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger.close()
             client.ledger = open_ledger(client.plan, client.ledger.path, self.directory_lock,
-                                        fsync=False)
+                                        fsync=self.ledger_sync is None)
             self._start_actor(client, clock, network)
             _log.log(
                 client_event_level(),
@@ -436,10 +443,29 @@ class _Simulation:
     # -- the run --------------------------------------------------------------------------------
     def sync_ledgers(self) -> None:
         """Make every ledger's spends durable, in one file-system sync (they were written
-        through, not fsynced: :meth:`_open_ledgers`), before the outputs that report them."""
-        ledgers = self.out_dir / LEDGER_DIR
-        if ledgers.is_dir():
-            sync_filesystem(ledgers)
+        through, not fsynced: :meth:`_open_ledgers`), before the outputs that report them.
+        Raises :class:`LedgerError` if the disk failed to take them."""
+        sync, self.ledger_sync = self.ledger_sync, None
+        if sync is None:
+            return  # none opened (no syncfs here: every spend was fsynced), or done
+        try:
+            sync.sync()
+        except OSError as exc:
+            raise LedgerError(
+                f"{sync.directory}: the run's ledgers could not be made durable ({exc}); "
+                f"nothing more was written. Check the disk, then `fedsim ledger check` the "
+                f"ledgers: what they hold now is what the run spent, unless the machine "
+                f"stops before they reach the disk") from None
+        finally:
+            sync.close()
+
+    def sync_ledgers_if_open(self) -> None:
+        """:meth:`sync_ledgers` for a run that failed or was interrupted: a failure is
+        logged, not raised (the run's own error, or its partial outputs, come first)."""
+        try:
+            self.sync_ledgers()
+        except LedgerError as exc:
+            _log.error("ledgers not made durable", error=str(exc))
 
     def _open_ledgers(self) -> dict[str, PrivacyLedger]:
         """Every client's ledger, with the DP-PCA releases charged to them and their shared
@@ -447,9 +473,13 @@ class _Simulation:
         normalisation is charged later, by each client's trainer."""
         population = self.population
         # Written through at each spend, made durable together before the outputs
-        # (sync_ledgers; fedsim.privacy.ledger's "Durability rule").
+        # (sync_ledgers; fedsim.privacy.ledger's "Durability rule"). Without syncfs(2) (not
+        # Linux) each spend is fsynced instead.
+        if FileSystemSync.AVAILABLE:
+            self.ledger_sync = FileSystemSync(self.out_dir / LEDGER_DIR)
+        fsync = self.ledger_sync is None
         ledgers = {plan.client_id: open_ledger(plan, ledger_file(self.out_dir, plan.client_id),
-                                               self.directory_lock, fsync=False)
+                                               self.directory_lock, fsync=fsync)
                    for plan in population.plans}
         if pca_components(self.scenario) is not None:
             population.project(release_projection(
@@ -595,10 +625,11 @@ def run_scenario(
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
             from fedsim.runtime.interrupted import write_interrupted_outputs
 
-            sim.sync_ledgers()
+            sim.sync_ledgers_if_open()
             write_interrupted_outputs(sim, wallclock.perf_counter() - started)
             raise
         finally:
+            sim.sync_ledgers_if_open()  # a failed run's (done already on the two paths above)
             for client in sim.clients.values():
                 client.ledger.close()
             if sim.directory_lock is not None:
