@@ -580,6 +580,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         self.incarnation = ClientIncarnation()
         """The run incarnation this client follows (None until the live server confirms it)."""
         self._own_rounds = recorded_rounds  # recorded, or sent since (see the docstring)
+        self._aggregated = aggregator is not None
         self.refusal: LedgerError | None = None
         """Why this client must not go on (the server knows rounds its ledger lost), or None."""
         self._refused = asyncio.Event()
@@ -779,9 +780,10 @@ class MqttClientEndpoint(_MqttEndpoint):
             f"ran with (a fresh or older copy), and its spending would start over from what "
             f"that ledger records, so it stops. Restore the client's own state directory "
             f"(its ledger) and start it again; if the ledger was damaged, `fedsim ledger "
-            f"repair` it (its substitutes count as rounds). If the directory is the client's "
-            f"own and intact, the server's record of it is wrong: a compromised aggregator "
-            f"can name rounds the client never sent (docs/SECURITY.md)")
+            f"repair` it (its substitutes count as rounds)"
+            + (". If the directory is the client's own and intact, the server's record of it "
+               "is wrong: a compromised aggregator can name rounds its clients never sent "
+               "(docs/SECURITY.md)" if self._aggregated else ""))
         self._log.error("the server knows rounds this client's ledger does not: stopping",
                         client=self.client_id, server_knows=known, recorded=self._own_rounds)
         self._refused.set()

@@ -333,3 +333,24 @@ def test_the_checkpoint_before_a_broadcast_is_an_explicit_step_not_the_endpoints
     assert checkpoints.checkpoint.saves == 2  # the ended run's last version is covered too
     loaded = ServerCheckpoint(tmp_path, IDENTITY).load()
     assert loaded is not None and loaded.version == 10
+
+
+def test_a_second_server_on_one_state_directory_is_refused(tmp_path: Path) -> None:
+    """A stranger's test (session 50): a second `fedsim server` on the first's --state resumed
+    from the same checkpoint, the two fought over the broker and overwrote each other's
+    checkpoint, and a later restart published a version older than one already broadcast.
+    The second is now refused before it reads the checkpoint or connects."""
+    from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.checkpoint import ServerStateLock
+    from fedsim.runtime.deployed.server_process import serve
+    from fedsim.transports.mqtt import parse_broker_url
+
+    loaded = load_scenario(Path(__file__).with_name("four_clients.yaml"))
+    state = tmp_path / "state"
+    never = parse_broker_url("mqtt://127.0.0.1:9")  # refused before any connection
+    with ServerStateLock(state):  # the first server, running
+        with pytest.raises(CheckpointError, match="another server is running"):
+            asyncio.run(serve(loaded, never, state_dir=state, out_dir=tmp_path / "out"))
+        assert not (tmp_path / "out").exists()
+    with ServerStateLock(state):  # released when the first stops: the next one starts
+        pass

@@ -17,6 +17,12 @@ acknowledged once the checkpoint that records them is saved). A crash at any mom
 leaves either the old or the new checkpoint, never a torn one. :meth:`ServerCheckpoint.save`
 blocks; the deployed server calls it on a worker thread, off the event loop
 (:mod:`fedsim.runtime.deployed.server_process`).
+
+One state directory has one server: :class:`ServerStateLock` (an exclusive ``flock`` on
+``<state dir>/server.lock``, held for the server's life) refuses a second. Two servers resumed
+from one checkpoint fought over the broker, wedged every client on whichever incarnation it
+heard last, and each overwrote the other's checkpoint, so a later restart published a version
+older than one already broadcast (a stranger's test, session 50).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import time
 import zipfile
 from dataclasses import replace
@@ -32,23 +39,66 @@ from typing import Any
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 from fedsim.atomic import write_atomically
 from fedsim.errors import FedsimError
 from fedsim.runtime.actors.client_book import BookState
 from fedsim.runtime.actors.server import ServerSnapshot
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint", "ServerStateLock"]
 
 CHECKPOINT_FORMAT = 2
 """2: the client book replaces the de-duplication table, statuses, invitations and versions of
 format 1 (a format-1 checkpoint is refused with a clear error)."""
 FILE_NAME = "server.ckpt"
+LOCK_NAME = "server.lock"
 
 
 class CheckpointError(FedsimError):
     """A checkpoint file is unreadable, of another format, or of another run."""
 
     exit_code = 2
+
+
+class ServerStateLock:
+    """The exclusive lock of a server state directory, held until :meth:`close` (module
+    docstring); creates the directory. Raises :class:`CheckpointError` if another process
+    holds it."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        if fcntl is None:  # pragma: no cover
+            raise CheckpointError("a server state directory's lock needs a POSIX system")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CheckpointError(f"{self.directory}: cannot lock the server state directory "
+                                  f"({exc.strerror})") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            self._fd = -1
+            raise CheckpointError(
+                f"{self.directory}: another server is running on this state directory (it "
+                f"holds {LOCK_NAME}); a run has one server: stop that one first (two would "
+                f"overwrite each other's checkpoint)") from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the lock
+            self._fd = -1
+
+    def __enter__(self) -> ServerStateLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _state_document(snapshot: ServerSnapshot, identity: dict[str, Any]) -> dict[str, Any]:

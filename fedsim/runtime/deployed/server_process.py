@@ -49,7 +49,7 @@ from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
 from fedsim.runtime.actors.tasks import unless_stopped
-from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
+from fedsim.runtime.deployed.checkpoint import ServerCheckpoint, ServerStateLock
 from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
@@ -309,8 +309,19 @@ async def serve(
     Resumes from ``state_dir``'s checkpoint if there is one; otherwise first waits up to
     ``options.wait_for_clients`` wall seconds until every client has said it is connected.
     Writes ``metrics.jsonl``, ``applied.jsonl``, ``scenario.resolved.yaml`` and ``server.json``
-    (the outcome, also returned) to ``out_dir``.
+    (the outcome, also returned) to ``out_dir``. Holds ``state_dir``'s lock
+    (:class:`~fedsim.runtime.deployed.checkpoint.ServerStateLock`) while it runs: a second
+    server on the same state directory is refused.
     """
+    with ServerStateLock(state_dir):
+        return await _serve(loaded, broker, run=run, state_dir=state_dir, out_dir=out_dir,
+                            options=options, stop=stop, population=population)
+
+
+async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | None,
+                 state_dir: str | Path, out_dir: str | Path, options: DeploymentOptions,
+                 stop: asyncio.Event | None, population: Population | None) -> dict[str, Any]:
+    """:func:`serve`, its state directory locked."""
     scenario = loaded.scenario
     require_public_slots(scenario)
     run = run_name(scenario, run)

@@ -60,7 +60,8 @@ def claim_state_dir(state: Path, client_id: str) -> None:
         raise ConfigError(
             f"{report_file} says client {client_id!r} released {len(released)} round(s), but "
             f"its ledger and mark are gone from {state}: restore them (a fresh ledger would "
-            f"forget that spending); to start over deliberately, remove the whole directory")
+            f"forget that spending, and the server, which knows those rounds, would stop the "
+            f"client)")
     if owner is None:
         state.mkdir(parents=True, exist_ok=True)
         write_json(state / OWNER_FILE, {"client_id": client_id})
