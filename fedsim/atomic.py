@@ -47,7 +47,8 @@ from types import FrameType
 from typing import IO, Literal, TypeGuard
 
 __all__ = ["Durability", "fsync_directory", "holds_for_a_block", "move_into_place",
-           "replace_together", "FileSystemSync", "uninterrupted", "write_atomically"]
+           "locked_or_closed", "replace_together", "FileSystemSync", "uninterrupted",
+           "write_atomically"]
 
 Durability = Literal["file", "durable"]
 DURABILITIES: tuple[Durability, ...] = ("file", "durable")
@@ -70,6 +71,21 @@ def fsync_directory(directory: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def locked_or_closed(fd: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` without waiting: True, or False with ``fd`` closed
+    (another open file holds it: a second writer). POSIX only; the one way fedsim's
+    single-writer locks (a ledger's mark, a directory of ledgers, a server's state directory)
+    are taken."""
+    import fcntl  # POSIX (the callers check)
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    return True
 
 
 class FileSystemSync:

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import fsync_directory
+from fedsim.atomic import fsync_directory, locked_or_closed
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.events import (
     SAMPLING_SCHEMES,
@@ -192,13 +192,10 @@ class MarkFile:
         except OSError as exc:  # a directory in its place, unreadable: damage, said as such
             raise LedgerError(f"{path}: the high-water mark cannot be opened "
                               f"({exc.strerror})") from None
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._fd)
+        if not locked_or_closed(self._fd):
             raise LedgerError(
                 f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
-                f"handle holds its lock); one ledger has one writer") from None
+                f"handle holds its lock); one ledger has one writer")
         self._identity = _identity(os.fstat(self._fd))
         try:
             self.verify()  # replaced between the open and the lock: this lock guards nothing
@@ -308,14 +305,11 @@ class DirectoryLock:
         # Resolved first, and the resolved path opened and locked: claims compare with the
         # directory the lock is on, whatever a symlink on the way points to later.
         self._fd = _directory_fd(self.directory.resolve())
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._fd)
+        if not locked_or_closed(self._fd):
             self._fd = -1
             raise LedgerError(
                 f"{directory}: its ledgers are open elsewhere (another process holds the "
-                f"directory's lock); one ledger has one writer") from None
+                f"directory's lock); one ledger has one writer")
         self._locked = _identity(os.fstat(self._fd))
         """The locked directory's (device, inode): what a claim's directory must be."""
         self._claimed: dict[str, tuple[_FileKey, ...]] = {}

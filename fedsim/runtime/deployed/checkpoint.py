@@ -39,12 +39,7 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None  # type: ignore[assignment]
-
-from fedsim.atomic import write_atomically
+from fedsim.atomic import locked_or_closed, write_atomically
 from fedsim.errors import FedsimError
 from fedsim.runtime.actors.client_book import BookState
 from fedsim.runtime.actors.server import ServerSnapshot
@@ -71,7 +66,7 @@ class ServerStateLock:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
-        if fcntl is None:  # pragma: no cover
+        if os.name != "posix":  # pragma: no cover
             raise CheckpointError("a server state directory's lock needs a POSIX system")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -79,15 +74,12 @@ class ServerStateLock:
         except OSError as exc:
             raise CheckpointError(f"{self.directory}: cannot lock the server state directory "
                                   f"({exc.strerror})") from None
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._fd)
+        if not locked_or_closed(self._fd):
             self._fd = -1
             raise CheckpointError(
                 f"{self.directory}: another server is running on this state directory (it "
                 f"holds {LOCK_NAME}); a run has one server: stop that one first (two would "
-                f"overwrite each other's checkpoint)") from None
+                f"overwrite each other's checkpoint)")
 
     def close(self) -> None:
         if self._fd >= 0:
