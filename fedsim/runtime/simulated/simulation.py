@@ -233,6 +233,7 @@ class _Simulation:
         self._late_partials = 0
         self.directory_lock: DirectoryLock | None = None
         self.ledger_sync: FileSystemSync | None = None  # opened before the first spend
+        self.fsync_each_spend = not FileSystemSync.AVAILABLE  # else written through, synced once
         self._spare_set_up: Callable[[], None] = lambda: None  # see memory.long_lived_spared
         """Held for the run when the clients' ledgers cannot each keep their files open
         (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
@@ -352,7 +353,7 @@ class _Simulation:
             # A restarted process re-reads its ledger from disk: spending is never forgotten.
             client.ledger.close()
             client.ledger = open_ledger(client.plan, client.ledger.path, self.directory_lock,
-                                        fsync=self.ledger_sync is None)
+                                        fsync=self.fsync_each_spend)
             self._start_actor(client, clock, network)
             _log.log(
                 client_event_level(),
@@ -475,11 +476,10 @@ class _Simulation:
         # Written through at each spend, made durable together before the outputs
         # (sync_ledgers; fedsim.privacy.ledger's "Durability rule"). Without syncfs(2) (not
         # Linux) each spend is fsynced instead.
-        if FileSystemSync.AVAILABLE:
+        if not self.fsync_each_spend:
             self.ledger_sync = FileSystemSync(self.out_dir / LEDGER_DIR)
-        fsync = self.ledger_sync is None
         ledgers = {plan.client_id: open_ledger(plan, ledger_file(self.out_dir, plan.client_id),
-                                               self.directory_lock, fsync=fsync)
+                                               self.directory_lock, fsync=self.fsync_each_spend)
                    for plan in population.plans}
         if pca_components(self.scenario) is not None:
             population.project(release_projection(
