@@ -2,15 +2,17 @@
 
 A client's ``--state`` directory holds its ledger (``ledgers/<id>.jsonl`` and its mark) and its
 exit report (``client-<id>.json``). A client given another client's directory - swapped
-volumes, a wrong ``--state``, a default path resolved from another working directory - found
-no ledger of its own there and started a fresh one at epsilon 0, spending its whole budget
+volumes, a wrong ``--state`` - found no ledger of its own there and started a fresh one at
+epsilon 0, spending its whole budget
 again (session 49's review: 674 rounds at eps 2.998, then 674 more; 4.44 composed against a
 budget of 3.0). So the first start writes ``owner.json`` (the client's id), and a start is
 refused when the directory names another client, holds another client's ledger or exit
 report, or holds this client's exit report of released rounds while its ledger and mark are
-both gone (a fresh ledger would forget them). Deleting the whole directory still starts over
-(docs/SECURITY.md: what a client's own machine can do is outside the guarantee); this guards
-against mistakes, not against the machine's owner.
+both gone (a fresh ledger would forget them). An empty directory (a default path resolved
+from another working directory, a volume not mounted, the whole directory deleted) holds
+nothing to tell: there the server's welcome does, when it knows rounds of the client
+(:class:`fedsim.transports.mqtt.MqttClientEndpoint`, ``recorded_rounds``). This guards
+against mistakes, not against the machine's owner (docs/SECURITY.md).
 """
 
 from __future__ import annotations
