@@ -23,7 +23,13 @@ from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import Message, RunFinished
 from fedsim.runtime.actors.tasks import unless_stopped
-from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
+from fedsim.runtime.deployed.deployment import (
+    STOPPED_BEFORE_CONNECTING,
+    connected,
+    message_limit,
+    reconnect_policy,
+    run_name,
+)
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import Population, build_population, make_aggregator_actor
@@ -108,7 +114,10 @@ async def run_aggregator(
     outcome: dict[str, Any] = {"aggregator": aggregator_id, "run": run,
                                "clients": len(endpoint.client_ids), "finished": False}
     try:
-        async with endpoint:
+        async with connected(endpoint, stop) as made:
+            if not made:
+                outcome["stop_reason"] = STOPPED_BEFORE_CONNECTING
+                return outcome
             _log.info("aggregator serving", aggregator=aggregator_id, clients=len(endpoint.client_ids))
             serving = asyncio.ensure_future(actor.run())
             try:

@@ -26,7 +26,13 @@ from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
-from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
+from fedsim.runtime.deployed.deployment import (
+    STOPPED_BEFORE_CONNECTING,
+    connected,
+    message_limit,
+    reconnect_policy,
+    run_name,
+)
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file
@@ -165,65 +171,63 @@ async def run_client(
         ledger_rounds=len(ledger.rounds),
         run=run,
     )
-    actor: ClientActor | None = None
+    # Made before connecting (it only holds its parts), so every outcome reports it.
+    actor = make_client_actor(
+        plan,
+        clock=clock,
+        endpoint=endpoint,
+        trainer=trainer,
+        ledger=ledger,
+        speed_rng=population.tree.numpy("client", client_id, "speed", "from-round", first_round),
+        delta=scenario.privacy.delta,
+        exposure=client_exposure(scenario, [p.client_id for p in population.plans],
+                                 client_id, deployed=True),
+    )
+    made: bool | None = None  # False: a signal came before the first connection
     try:
-        async with endpoint:
-            actor = make_client_actor(
-                plan,
-                clock=clock,
-                endpoint=endpoint,
-                trainer=trainer,
-                ledger=ledger,
-                speed_rng=population.tree.numpy(
-                    "client", client_id, "speed", "from-round", first_round
-                ),
-                delta=scenario.privacy.delta,
-                exposure=client_exposure(scenario, [p.client_id for p in population.plans],
-                                         client_id, deployed=True),
-            )
-            helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
-            if plan.group.availability.online is not None:
-                rng = population.tree.numpy(
-                    "client", client_id, "availability", "from-round", first_round
-                )
-                helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
-            halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
-            helpers.append(_halt_when(endpoint.refused(), halt))
-            if stop is not None:
-                helpers.append(_halt_when(stop.wait(), halt))
-            await unless_stopped(alongside(actor.run(), helpers), halt)
-            if endpoint.refusal is not None:
-                raise LedgerError(f"{ledger.path}: {endpoint.refusal}")
-            if actor.finished is not None:  # its last receipts came before (flat): none follow
-                if endpoint.unacknowledged and scenario.aggregators.count:
-                    # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
-                    await endpoint.flush(RELAYED_RECEIPTS_WAIT)
-                if endpoint.unacknowledged:
-                    _log.warning("updates not acknowledged before the server finished",
-                                 client=client_id, rounds=list(endpoint.unacknowledged))
-            elif not await endpoint.flush(flush_timeout):
-                _log.warning(
-                    "updates not acknowledged before exit",
-                    client=client_id,
-                    rounds=list(endpoint.unacknowledged),
-                )
+        async with connected(endpoint, stop) as made:
+            if made:
+                helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
+                if plan.group.availability.online is not None:
+                    rng = population.tree.numpy(
+                        "client", client_id, "availability", "from-round", first_round
+                    )
+                    helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
+                halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
+                helpers.append(_halt_when(endpoint.refused(), halt))
+                if stop is not None:
+                    helpers.append(_halt_when(stop.wait(), halt))
+                await unless_stopped(alongside(actor.run(), helpers), halt)
+                if endpoint.refusal is not None:
+                    raise LedgerError(f"{ledger.path}: {endpoint.refusal}")
+                if actor.finished is not None:  # its last receipts came before (flat): none follow
+                    if endpoint.unacknowledged and scenario.aggregators.count:
+                        # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
+                        await endpoint.flush(RELAYED_RECEIPTS_WAIT)
+                    if endpoint.unacknowledged:
+                        _log.warning("updates not acknowledged before the server finished",
+                                     client=client_id, rounds=list(endpoint.unacknowledged))
+                elif not await endpoint.flush(flush_timeout):
+                    _log.warning(
+                        "updates not acknowledged before exit",
+                        client=client_id,
+                        rounds=list(endpoint.unacknowledged),
+                    )
     finally:
-        released = list(previous.get("released", []))
-        if actor is not None:
-            released += [asdict(r) for r in actor.released]
+        released = [*previous.get("released", []), *(asdict(r) for r in actor.released)]
         outcome = {
             "client_id": client_id,
             "first_round": first_round,
-            "state": actor.state if actor is not None else "waiting",
-            "stop_reason": actor.stop_reason if actor is not None else "",
-            "stop_kind": actor.stop_kind if actor is not None else None,
-            "stopped_at": actor.stopped_at if actor is not None else None,
+            "state": actor.state,
+            "stop_reason": STOPPED_BEFORE_CONNECTING if made is False else actor.stop_reason,
+            "stop_kind": actor.stop_kind,
+            "stopped_at": actor.stopped_at,
             "ledger_rounds": sorted(ledger.rounds),
             "released": released,
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),
             "randomness": scenario.privacy.deployed_randomness,
-            "timing_overruns": actor.timing_overruns if actor is not None else 0,
+            "timing_overruns": actor.timing_overruns,
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
         }
         ledger.close()

@@ -57,17 +57,19 @@ and ``<state>/client-<id>.json`` (what the last incarnation reported on exit).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.protocol import codec
+from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.transports.mqtt import BrokerSettings, ReconnectPolicy, TlsSettings, parse_broker_url
 from fedsim.transports.security import load_secrets
@@ -167,6 +169,36 @@ def broker_for(
         run=options.run,
         tls=tls,
     )
+
+
+class Connectable(Protocol):
+    """An endpoint that connects (:meth:`start`, retrying within its connect timeout) and
+    disconnects (:meth:`close`), as fedsim's MQTT endpoints do."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def connected(endpoint: Connectable, stop: asyncio.Event | None) -> AsyncIterator[bool]:
+    """``endpoint`` connected for the block and closed after it: yields True, or False if
+    ``stop`` (SIGTERM, SIGINT) was set before the first connection was made. A process whose
+    broker is not up yet keeps trying for the connect timeout (30 s by default); a signal in
+    that time ends the attempt at once instead of being honoured only after it. A failure to
+    connect is raised."""
+    made, _ = await unless_stopped(endpoint.start(), stop)  # a cancelled start closes itself
+    if not made:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        await endpoint.close()
+
+
+STOPPED_BEFORE_CONNECTING = "stopped by a signal before the first connection to the broker"
+"""The stop reason a process reports when a signal ended its first connection attempt."""
 
 
 def run_process(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]], threads: int) -> T:

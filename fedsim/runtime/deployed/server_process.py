@@ -50,7 +50,13 @@ from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowRepo
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.checkpoint import ServerCheckpoint, ServerStateLock
-from fedsim.runtime.deployed.deployment import message_limit, reconnect_policy, run_name
+from fedsim.runtime.deployed.deployment import (
+    STOPPED_BEFORE_CONNECTING,
+    connected,
+    message_limit,
+    reconnect_policy,
+    run_name,
+)
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import (
@@ -358,18 +364,15 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
             open(out / METRICS_FILE, "a", encoding="utf-8") as metrics,
             open(out / APPLIED_FILE, "a", encoding="utf-8") as applied,
         ):
-            async with mqtt:
-                joined: dict[str, ClientStatus] = {}
+            async with connected(mqtt, stop) as made:
+                joined = (await _joined(mqtt, population, options, stop, resumed=snapshot is not None)
+                          if made else None)
+                if joined is None:
+                    outcome.update(stop_fields(RunStop(RunStopKind.SIGNAL, (
+                        "stopped by a signal before the first window" if made
+                        else STOPPED_BEFORE_CONNECTING))))
+                    return outcome
                 if snapshot is None and options.wait_for_clients > 0:
-                    ids = [p.client_id for p in population.plans]
-                    waited, statuses = await unless_stopped(
-                        _wait_for_clients(mqtt, ids, options.wait_for_clients), stop
-                    )
-                    if not waited or statuses is None:
-                        outcome.update(stop_fields(RunStop(
-                            RunStopKind.SIGNAL, "stopped by a signal before the first window")))
-                        return outcome
-                    joined = statuses
                     clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
                 checkpoints = Checkpoints(checkpoint, mqtt)
                 server = _server_actor(population, clock, mqtt, snapshot, joined)
@@ -402,6 +405,19 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
         )
         write_json(out / SERVER_FILE, outcome)
     return outcome
+
+
+async def _joined(mqtt: MqttServerEndpoint, population: Population, options: DeploymentOptions,
+                  stop: asyncio.Event | None, *, resumed: bool) -> dict[str, ClientStatus] | None:
+    """The clients' statuses the first window starts from: those of every client after
+    ``--wait-for-clients`` (a fresh run; nothing waited for on a resumed one: ``{}``), or None
+    if a signal came first."""
+    if resumed or options.wait_for_clients <= 0:
+        return {}
+    ids = [p.client_id for p in population.plans]
+    waited, statuses = await unless_stopped(
+        _wait_for_clients(mqtt, ids, options.wait_for_clients), stop)
+    return statuses if waited else None
 
 
 def _prepare_out(out: Path, population: Population, windows_kept: int) -> Path:
