@@ -34,13 +34,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     repair = actions.add_parser(
         "repair", help="Make a refused ledger valid again, only ever adding spending.",
         description="Make a refused ledger valid again: every readable record is kept, each "
-        "record that cannot be verified is charged as --lost-step, and the damaged file is kept "
+        "record that cannot be verified is charged as the most expensive round the "
+        "high-water mark recorded (or --lost-step, if dearer), and the damaged file is kept "
         "beside it.")
     repair.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
     repair.add_argument("--lost-step", nargs=2, type=float, metavar=("Q", "SIGMA"),
                         help="The step charged for each record that cannot be verified: at "
                              "least as expensive as any the client released (largest q, "
-                             "smallest sigma).")
+                             "smallest sigma). By default the most expensive round the "
+                             "high-water mark recorded; needed for a ledger whose mark has the "
+                             "old format (fedsim-hwm/1) or was lost.")
     repair.add_argument("--assume-lost", type=int, metavar="N",
                         help="The records lost beyond what the file shows, when it has no usable "
                              "high-water mark (0: you vouch that it is complete).")
@@ -109,7 +112,10 @@ def run_check(args: argparse.Namespace) -> int:
         delta = budget.delta if budget is not None else 1e-5
         result = {"path": str(path), "client_id": ledger.client_id, "records":
                   len(ledger.records), "marked": mark.count, "epsilon": ledger.epsilon(delta),
-                  "delta": delta, "last_time": ledger.last_time, "ok": True}
+                  "delta": delta, "last_time": ledger.last_time,
+                  # What a repair charges a lost record (None: a mark of the old format).
+                  "step_ceiling": None if mark.ceiling is None else mark.ceiling.to_json(),
+                  "ok": True}
     _print(result, args.json)
     return 0
 

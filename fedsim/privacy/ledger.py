@@ -109,10 +109,12 @@ from fedsim.privacy.events import (
 )
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
+    NO_STEPS,
     DirectoryLock,
     LedgerRecord,
     Mark,
     MarkFile,
+    StepCeiling,
     append_durably,
     check_mark,
     cut_partial_line,
@@ -172,7 +174,11 @@ class PrivacyLedger:
     def __init__(self, path: Path, client_id: str, sampling: Sampling, budget: Budget | None,
                  accountant: str, records: list[LedgerRecord], last_hash: str, *,
                  mark: MarkFile | None = None, directory: DirectoryLock | None = None,
-                 fsync: bool = True, resume_at: int = 0) -> None:
+                 fsync: bool = True, resume_at: int = 0,
+                 ceiling: StepCeiling | None = NO_STEPS) -> None:
+        """``ceiling``: the step ceiling the ledger's mark carries so far
+        (:class:`~fedsim.privacy.ledger_file.StepCeiling`), raised to cover ``records``; None:
+        the mark has the old format, without one, and keeps it."""
         self._path = path
         self._fsync = fsync
         self._resume_at = resume_at  # the file's next round when opened (next_round)
@@ -183,6 +189,8 @@ class PrivacyLedger:
             else ENFORCEMENT_FALLBACK
         self._records = list(records)
         self._last_hash = last_hash
+        # The mark's step ceiling, raised at each spend (None: an old mark, written without).
+        self._ceiling = None if ceiling is None else ceiling.including(records)
         try:
             self._composed = make_accountant(enforcing, [r.step for r in records])
         except UnsupportedEventError as exc:  # a tuned selection under pld / gdp-clt
@@ -264,14 +272,17 @@ class PrivacyLedger:
             records, last, resume_at = _read(path, data[:data.rfind(b"\n") + 1], header,
                                              mark)
             cut_partial_line(path, data)
+            # An old mark keeps its format; a ceiling is only ever raised.
+            held = NO_STEPS if mark is None else mark.ceiling
+            ceiling = None if held is None else held.including(records)
             if mark is None or len(records) > mark.count:
                 # A header alone and no mark (created by a run that stopped before its first
                 # spend made the mark durable: nothing was acknowledged; the header is checked
                 # like any other), or a crash between the two writes: move the mark up.
-                lock.write(Mark(len(records), last), sync=mark is not None and fsync)
+                lock.write(Mark(len(records), last, ceiling), sync=mark is not None and fsync)
             resumed = cls(path, client_id, sampling, budget, accountant,
                           records, last, mark=lock, directory=directory, fsync=fsync,
-                          resume_at=resume_at)
+                          resume_at=resume_at, ceiling=ceiling)
             if not records:  # created by an earlier open, maybe never made durable
                 resumed._created = entry_created()
             return resumed
@@ -285,7 +296,7 @@ class PrivacyLedger:
         """A new ledger: its mark of 0 records, then its header, written without an fsync (its
         first spend makes them durable before its own records: :meth:`_make_creation_durable`)."""
         line = json.dumps(header).encode()
-        lock.write(Mark(0, line_hash(line)), sync=False)
+        lock.write(Mark(0, line_hash(line), NO_STEPS), sync=False)
         if path.exists():
             path.unlink()
         write_new(path, line + b"\n", durable=False)
@@ -406,6 +417,12 @@ class PrivacyLedger:
     def rounds(self) -> frozenset[int]:
         """The training rounds recorded (not :data:`NORMALISATION_ROUND`)."""
         return frozenset(r.round for r in self._records if r.round >= 0)
+
+    @property
+    def step_ceiling(self) -> StepCeiling | None:
+        """The most expensive step the records hold, as the high-water mark carries it (None:
+        a mark of the old format, which has no room for it: :class:`StepCeiling`)."""
+        return self._ceiling
 
     @property
     def next_round(self) -> int:
@@ -698,10 +715,12 @@ class PrivacyLedger:
             last = line_hash(line)
         # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:
         # an interrupted run reports from memory what its ledger file holds.
+        ceiling = None if self._ceiling is None else self._ceiling.including(records)
         with uninterrupted():
             self._write(b"\n".join(lines) + b"\n",
-                        Mark(len(self._records) + len(records), last))
+                        Mark(len(self._records) + len(records), last, ceiling))
             self._last_hash = last
+            self._ceiling = ceiling
             self._records.extend(records)
             if accountant is None:
                 self._uncomposed.extend(r.step for r in records

@@ -11,8 +11,12 @@ File format ``fedsim-ledger/2`` (JSON lines, UTF-8):
   not recover also carries ``"repair": "..."``.
 
 The *high-water mark* ``<ledger>.hwm`` holds the number of records and the hash of the last
-line. It is written in place, in two checksummed slots used alternately (a torn write
-leaves the other slot intact), and fsynced after the records it counts are on disk. So on
+line, and the most expensive step the records hold (:class:`StepCeiling`: a repair that lost
+records charges each at least that, whatever a human names). It is written in place, in two
+checksummed slots used alternately (a torn write leaves the other slot intact), and fsynced
+after the records it counts are on disk. Format ``fedsim-hwm/2``, two 256-byte slots; a
+ledger made before the ceiling (``fedsim-hwm/1``, two 128-byte slots, no ceiling) keeps its
+format until a repair rewrites its mark. So on
 open: fewer records than the mark, or a different hash at the mark's count, is a truncation
 or an edit and is refused (:class:`LedgerError`); more records than the mark is a crash
 between the two writes (those records were fsynced; counting them is the safe direction) and
@@ -48,6 +52,8 @@ the user vouching that nothing was lost).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -56,7 +62,7 @@ import os
 import shutil
 import stat
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,8 +87,10 @@ OLD_FORMATS = ("fedsim-ledger/1",)
 RECORD_KEYS = frozenset({"time", "round", "step", "prev"})
 SELECTION_KEYS = frozenset({"time", "round", "selection", "prev"})
 """A record of a tuned selection (:class:`TunedSelection`) has ``selection`` for ``step``."""
-_MARK_SLOT = 128
-_MARK_MAGIC = "fedsim-hwm/1"
+_MARK_SLOT = 256
+_MARK_MAGIC = "fedsim-hwm/2"
+_OLD_MARK_SLOT = 128  # fedsim-hwm/1: no ceiling
+_OLD_MARK_MAGIC = "fedsim-hwm/1"
 # A ledger line longer than this is damage, not a record (a record is ~150 bytes; a tuned
 # selection lists its candidates' steps, up to a few per round).
 MAX_LINE_BYTES = 4096
@@ -153,26 +161,130 @@ def mark_path(path: Path) -> Path:
 
 # -- the high-water mark ---------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class StepCeiling:
+    """The most expensive step of a ledger's training rounds, kept in its high-water mark:
+    the largest ``q`` and the smallest ``sigma`` of any Gaussian step a round's record holds,
+    the most steps one such record holds; and whether any record was a tuned selection
+    (``selections``) or came before round one (``before_round_one``: a release such as DP
+    normalisation or DP-PCA, or a repair's substitute).
+
+    A subsampled Gaussian's privacy loss grows with ``q`` and falls with ``sigma`` under both
+    neighbouring relations fedsim accounts (Poisson: add/remove one record; fixed size:
+    replace one; Mironov, Talwar and Zhang 2019, "Renyi Differential Privacy of the Sampled
+    Gaussian Mechanism"; Zhu, Dong and Wang 2022, "Optimal Accounting of Differential Privacy
+    via Characteristic Function"), and composing more steps never costs less, so
+    :meth:`step` costs at least as much as any one round's record. A repair that lost records
+    charges each at least that (:mod:`fedsim.privacy.ledger_repair`): a noise schedule that
+    falls over the rounds, cut at its end, or a ledger emptied, is then charged its dearest
+    round, not only what the surviving records show, and a ledger that never recorded
+    anything before round one cannot have lost a release there."""
+
+    q: float = 0.0
+    sigma: float = math.inf
+    steps: int = 0
+    selections: bool = False
+    before_round_one: bool = False
+    text: str = dataclasses.field(init=False, repr=False, compare=False)
+    """The mark's fields for it, written once (a spend's mark reuses them)."""
+
+    def __post_init__(self) -> None:
+        flags = int(self.selections) | 2 * int(self.before_round_one)
+        object.__setattr__(self, "text", f"{float.__repr__(float(self.q))} "
+                                         f"{float.__repr__(float(self.sigma))} "
+                                         f"{self.steps} {flags}")
+
+    def including(self, records: Iterable[LedgerRecord]) -> StepCeiling:
+        """This ceiling raised to cover ``records`` (itself when they are under it: a spend's
+        common case allocates nothing)."""
+        q, sigma, steps = self.q, self.sigma, self.steps
+        selections, before = self.selections, self.before_round_one
+        for record in records:
+            step = record.step
+            if not isinstance(step, GaussianStep):
+                selections = True
+            elif record.round < 0:
+                before = True
+            else:
+                q, sigma, steps = max(q, step.q), min(sigma, step.sigma), max(steps, step.count)
+        if (q, sigma, steps, selections, before) == (self.q, self.sigma, self.steps,
+                                                     self.selections, self.before_round_one):
+            return self
+        return _shared_ceiling(q, sigma, steps, selections, before)
+
+    def step(self, sampling: Sampling) -> GaussianStep | None:
+        """The dearest round's step, ``steps`` times (None: no round was recorded)."""
+        if self.steps == 0:
+            return None
+        return GaussianStep(sampling, self.q, self.sigma, self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"q": self.q, "sigma": self.sigma if math.isfinite(self.sigma) else None,
+                "steps": self.steps, "selections": self.selections,
+                "before_round_one": self.before_round_one}
+
+
+# One object for every ledger at one ceiling: a population of 10^6 clients of a few postures
+# holds a few, not one (about 150 bytes with its text) per client.
+_shared_ceiling = functools.lru_cache(maxsize=4096)(StepCeiling)
+
+NO_STEPS = StepCeiling()
+"""The ceiling of a ledger with no records."""
+
+
+@dataclass(frozen=True, slots=True)
 class Mark:
     count: int
     last_hash: str
+    ceiling: StepCeiling | None = None
+    """None: a mark of the old format (``fedsim-hwm/1``), which has no room for it."""
 
 
 def _encode_mark(mark: Mark) -> bytes:
-    body = f"{_MARK_MAGIC} {mark.count} {mark.last_hash}"
+    ceiling = mark.ceiling
+    if ceiling is None:
+        body = f"{_OLD_MARK_MAGIC} {mark.count} {mark.last_hash}"
+        slot = _OLD_MARK_SLOT
+    else:
+        body = f"{_MARK_MAGIC} {mark.count} {mark.last_hash} {ceiling.text}"
+        slot = _MARK_SLOT
     text = f"{body} {zlib.crc32(body.encode()):08x}"
-    return text.encode().ljust(_MARK_SLOT - 1) + b"\n"
+    return text.encode().ljust(slot - 1) + b"\n"
+
+
+def _mark_offset(mark: Mark) -> int:
+    """Where ``mark`` goes: slot ``count % 2`` of its format's two."""
+    return (mark.count % 2) * (_OLD_MARK_SLOT if mark.ceiling is None else _MARK_SLOT)
 
 
 def _decode_mark(slot: bytes) -> Mark | None:
+    """The mark in one slot of either format, or None (torn, damaged, empty)."""
     try:
-        magic, count, last, crc = slot.decode("ascii").split()
-        body = f"{magic} {count} {last}"
-        if magic != _MARK_MAGIC or int(crc, 16) != zlib.crc32(body.encode()):
+        fields = slot.decode("ascii").split()
+        magic, crc = fields[0], fields[-1]
+        body = " ".join(fields[:-1])
+        if int(crc, 16) != zlib.crc32(body.encode()):
             return None
-        return Mark(int(count), last)
-    except (UnicodeDecodeError, ValueError):
+        if magic == _OLD_MARK_MAGIC and len(fields) == 4 and len(slot) == _OLD_MARK_SLOT:
+            return Mark(int(fields[1]), fields[2])
+        if magic != _MARK_MAGIC or len(fields) != 8 or len(slot) != _MARK_SLOT:
+            return None
+        q, sigma, steps, flags = float(fields[3]), float(fields[4]), int(fields[5]), fields[6]
+        if not (0.0 <= q <= 1.0 and sigma > 0.0 and steps >= 0 and flags in "0123"
+                and len(flags) == 1):
+            return None
+        return Mark(int(fields[1]), fields[2],
+                    StepCeiling(q, sigma, steps, bool(int(flags) & 1), bool(int(flags) & 2)))
+    except (UnicodeDecodeError, ValueError, IndexError):
         return None
+
+
+def _newest_mark(data: bytes) -> Mark | None:
+    """The newest valid mark in a mark file's first bytes: slots of either format (a ledger
+    of the old format keeps it until a repair rewrites both slots in the new one)."""
+    slots = [data[i:i + _MARK_SLOT] for i in (0, _MARK_SLOT)]
+    slots += [data[i:i + _OLD_MARK_SLOT] for i in (0, _OLD_MARK_SLOT)]
+    marks = [m for m in map(_decode_mark, slots) if m is not None]
+    return max(marks, key=lambda m: (m.count, m.ceiling is not None), default=None)
 
 
 class MarkFile:
@@ -220,10 +332,7 @@ class MarkFile:
                 f"this ledger, then `fedsim ledger check` it)")
 
     def read(self) -> Mark | None:
-        data = os.pread(self._fd, 2 * _MARK_SLOT, 0)
-        marks = [m for m in (_decode_mark(data[i:i + _MARK_SLOT]) for i in (0, _MARK_SLOT))
-                 if m is not None]
-        return max(marks, key=lambda m: m.count, default=None)
+        return _newest_mark(os.pread(self._fd, 2 * _MARK_SLOT, 0))
 
     def write(self, mark: Mark, *, sync: bool = True, verified: bool = False) -> None:
         """Write ``mark`` into its slot; fsynced unless ``sync=False`` (a new ledger's first
@@ -232,7 +341,7 @@ class MarkFile:
         records; a mark replaced after that check stops the writer at its next spend)."""
         if not verified:
             self.verify()
-        os.pwrite(self._fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
+        os.pwrite(self._fd, _encode_mark(mark), _mark_offset(mark))
         if sync:
             os.fsync(self._fd)
 
@@ -240,9 +349,12 @@ class MarkFile:
         os.fsync(self._fd)
 
     def write_both(self, mark: Mark) -> None:
-        """Write ``mark`` into both slots (after a repair lowered nothing but renumbered)."""
+        """Write ``mark`` into both slots (after a repair lowered nothing but renumbered),
+        in its format (a mark of the new format replaces the old format's slots)."""
         self.verify()
-        os.pwrite(self._fd, _encode_mark(mark) * 2, 0)
+        both = _encode_mark(mark) * 2
+        os.pwrite(self._fd, both, 0)
+        os.ftruncate(self._fd, len(both))  # no slot of the other format is left to be read
         os.fsync(self._fd)
 
     def close(self) -> None:
@@ -260,7 +372,7 @@ def write_mark_at(path: Path, mark: Mark, *, sync: bool = True) -> None:
     a :class:`DirectoryLock`, whose lock covers it)."""
     fd = os.open(path, os.O_RDWR)
     try:
-        os.pwrite(fd, _encode_mark(mark), (mark.count % 2) * _MARK_SLOT)
+        os.pwrite(fd, _encode_mark(mark), _mark_offset(mark))
         if sync:
             os.fsync(fd)
     finally:
@@ -400,9 +512,7 @@ def read_mark(path: Path) -> Mark | None:
     except OSError as exc:  # a directory in its place, unreadable: damage, said as such
         raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
                           f"({exc.strerror})") from None
-    marks = [m for m in (_decode_mark(data[i:i + _MARK_SLOT]) for i in (0, _MARK_SLOT))
-             if m is not None]
-    return max(marks, key=lambda m: m.count, default=None)
+    return _newest_mark(data)
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -23,12 +23,14 @@ resuming the repaired ledger numbers its rounds past one per substitute
 (:attr:`~fedsim.privacy.ledger.PrivacyLedger.next_round`), so no round it may have released is
 numbered again.
 
-The substitute step must be given when anything is substituted (``lost_step``): the ledger
-cannot know what a lost record released, so a human names a step at least as expensive
-(typically the client's smallest sigma and largest q). It may not be cheaper than what the kept
-records show the client released: a ``lost_step`` with a smaller q or a larger sigma than any
-kept record's is refused (issue 25, finding 7c: ``--lost-step 0.000001 1000`` took eps 3.64 down
-to 3.39), the releases before round one included (DP normalisation, DP-PCA: round -1, q = 1;
+The substitute step is the mark's step ceiling (:class:`~fedsim.privacy.ledger_file.StepCeiling`:
+the most expensive round it counts, the lost ones included) unless a caller names a dearer one
+(``lost_step``); under a mark of the old format (``fedsim-hwm/1``, no ceiling) or none, the
+ledger cannot know what a lost record released, so a human must name a step at least as
+expensive (typically the client's smallest sigma and largest q). It may not be cheaper than
+the ceiling or than what the kept records show the client released: a ``lost_step`` with a
+smaller q or a larger sigma than any kept record's is refused (issue 25, finding 7c:
+``--lost-step 0.000001 1000`` took eps 3.64 down to 3.39), the releases before round one included (DP normalisation, DP-PCA: round -1, q = 1;
 only an earlier repair's substitutes are no evidence), and each lost record is charged as many
 steps as the largest kept record holds (a round of ``local_steps`` steps is one record).
 
@@ -39,11 +41,14 @@ no release (``no_releases``): before, a damaged release line was charged as a ro
 -> 0.64 in session 49's review). Each lost record gets a substitute record of its own, charged
 as many steps as the largest kept record (an earlier repair's substitutes included), so a
 substitute lost in turn is charged again in full. With no kept record (an emptied ledger) the
-named step stands alone, as it does when every record was rewritten: a file with nothing
-verifiable holds no evidence of what was released, and the caller's step is their word. So is
-it for a schedule whose lost records were more expensive than every kept one (a noise that
-falls over the rounds, cut at the end): the floor is only what the file shows; name the
-client's most expensive step.
+ceiling or the named step stands alone, as it does when every record was rewritten: a file with nothing
+verifiable holds no evidence of what was released but its mark's ceiling; without one, the
+caller's step is their word. So is it, without a ceiling, for a schedule whose lost records
+were more expensive than every kept one (a noise that falls over the rounds, cut at the end).
+The ceiling prices rounds only: a release before round one may have a smaller sigma, so when
+one may have been lost (the mark says something was recorded before round one, or has no
+ceiling), the caller names it as before. A ledger whose mark says nothing was recorded
+before round one cannot have lost a release, and needs no ``no_releases``.
 
 A tuned selection's line is read with the reader's own length rule (``too_long``), so an
 intact one is kept; a ledger that holds one, or may have (an unreadable line that is long,
@@ -76,9 +81,11 @@ from fedsim.privacy.ledger import Budget
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
     MAX_LINE_BYTES,
+    NO_STEPS,
     OLD_FORMATS,
     LedgerRecord,
     Mark,
+    StepCeiling,
     encode_record,
     header_of,
     line_hash,
@@ -102,11 +109,15 @@ class RepairReport:
     substituted: int  # records of lost_step added for records that could not be verified
     backup: str | None
     damaged: bool  # False: the ledger verified as it was and nothing was changed
+    charged: GaussianStep | None = None  # what each substitute is charged
+    charged_from: str | None = None  # "mark": the mark's step ceiling; "named": --lost-step
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "kept": self.kept, "unreadable": self.unreadable,
                 "substituted": self.substituted, "backup": self.backup,
-                "damaged": self.damaged}
+                "damaged": self.damaged,
+                "charged": None if self.charged is None else self.charged.to_json(),
+                "charged_from": self.charged_from}
 
 
 @dataclass
@@ -262,17 +273,26 @@ def _may_have_lost_a_release(scan: _Scan) -> bool:
 
 
 def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
-             path: Path) -> GaussianStep:
+             path: Path, ceiling: StepCeiling | None) -> GaussianStep:
     """The substitute for each of ``lost`` records: ``lost_step``, refused if it is cheaper
-    than a kept record's step (smaller q or larger sigma; the releases before round one
-    included), or, when a lost line may have been such a release
-    (:func:`_may_have_lost_a_release`), if its q is below 1 and the caller did not say the
-    client made none (``no_releases``); taken as many times as the largest kept record holds
-    steps (an earlier repair's substitutes included)."""
+    than a kept record's step or the mark's step ceiling (smaller q or larger sigma; the
+    releases before round one included), or, without a ceiling, when a lost line may have
+    been such a release (:func:`_may_have_lost_a_release`), if its q is below 1 and the caller
+    did not say the client made none (``no_releases``); taken as many times as the largest
+    record holds steps (kept, an earlier repair's substitutes, or the ceiling's).
+
+    A mark's ceiling covers every round it counts, the lost ones too, so it shows what the
+    kept records cannot: a noise schedule that falls over the rounds, cut at its end, lowered
+    its sigma. It also says whether anything was recorded before round one: a ledger that
+    recorded nothing there cannot have lost a release, whatever was cut."""
     released = _kept_steps(scan, substitutes=False)
     q_floor = max((step.q for step in released), default=0.0)
     sigma_floor = min((step.sigma for step in released), default=math.inf)
-    if not no_releases and _may_have_lost_a_release(scan) and lost_step.q < 1.0:
+    if ceiling is not None:
+        q_floor, sigma_floor = max(q_floor, ceiling.q), min(sigma_floor, ceiling.sigma)
+    releases_possible = ceiling is None or ceiling.before_round_one
+    if (not no_releases and releases_possible and _may_have_lost_a_release(scan)
+            and lost_step.q < 1.0):
         raise ConfigError(
             f"{path}: the ledger's first records cannot be verified, and a ledger holds its "
             f"releases before round one there (DP normalisation, DP-PCA: q = 1), none of them "
@@ -282,20 +302,23 @@ def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
     if lost_step.q < q_floor or lost_step.sigma > sigma_floor:
         raise ConfigError(
             f"{path}: --lost-step q={lost_step.q:g} sigma={lost_step.sigma:g} is cheaper than "
-            f"what the kept records show this client released; a lost record is charged "
-            f"at least q >= {q_floor:g} and sigma <= {sigma_floor:g} (a repair never lowers "
-            f"spending)")
+            f"what the kept records and the high-water mark show this client released; a lost "
+            f"record is charged at least q >= {q_floor:g} and sigma <= {sigma_floor:g} (a "
+            f"repair never lowers spending)")
     # An earlier repair's substitutes are records too: one of theirs lost is charged as much.
-    per_record = max(step.count for step in
-                     [lost_step, *released, *_kept_steps(scan, substitutes=True)])
+    per_record = max(ceiling.steps if ceiling is not None else 0,
+                     *(step.count for step in
+                       [lost_step, *released, *_kept_steps(scan, substitutes=True)]))
     return lost_step.times(per_record)
 
 
 def _refuse_what_cannot_be_substituted(path: Path, scan: _Scan, kept: list[LedgerRecord],
-                                       lost: int, lost_step: GaussianStep | None) -> None:
+                                       lost: int, lost_step: GaussianStep | None,
+                                       ceiling: StepCeiling | None) -> None:
     """A repair that would need a substitute it cannot make: for a tuned selection (none is
-    Gaussian), without a named step, or with a step of the other sampling scheme."""
-    if lost and (scan.lost_selection
+    Gaussian), without a step (named, or the mark's ceiling), or with a step of the other
+    sampling scheme."""
+    if lost and (scan.lost_selection or (ceiling is not None and ceiling.selections)
                  or any(not isinstance(r.step, GaussianStep) for r in kept)):
         raise LedgerError(
             f"{path}: holds a tuned selection (a sweep's tuning ledger) and lost records; "
@@ -334,6 +357,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
             raise LedgerError(f"{path}: cannot be read ({exc.strerror})") from None
         scan = _scan(path, data, given)
         mark = mark_file.read()
+        ceiling = None if mark is None else mark.ceiling
         lost = _substitutes(scan, mark, assume_lost, path)
         unreadable = sum(1 for _, r in scan.records if r is None)
         kept = [r for _, r in scan.records if r is not None]
@@ -341,11 +365,16 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or scan.header["format"] != LEDGER_FORMAT or mark is None
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
                    or scan.times_back)
-        _refuse_what_cannot_be_substituted(path, scan, kept, lost, lost_step)
-        substitute = (_charged(lost, lost_step, scan, no_releases, path)
+        named = lost_step is not None
+        if lost_step is None and ceiling is not None:  # the mark's ceiling, no one's word
+            lost_step = ceiling.step(str(scan.header.get("sampling")))  # type: ignore[arg-type]
+        _refuse_what_cannot_be_substituted(path, scan, kept, lost, lost_step, ceiling)
+        substitute = (_charged(lost, lost_step, scan, no_releases, path, ceiling)
                       if lost and lost_step else None)
+        charged_from = None if substitute is None else "named" if named else "mark"
         if not damaged or dry_run:
-            return RepairReport(str(path), len(kept), unreadable, lost, None, damaged)
+            return RepairReport(str(path), len(kept), unreadable, lost, None, damaged,
+                                substitute, charged_from)
         header = {**scan.header, "format": LEDGER_FORMAT}
         header_line = json.dumps(header).encode()
         out, last, clock = [header_line], line_hash(header_line), 0.0
@@ -367,8 +396,12 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         os.link(path, backup)  # the damaged file stays, under another name
         write_atomically(path, b"\n".join(out) + b"\n", durability="durable")
         count = len(out) - 1
-        mark_file.write_both(Mark(count, last))  # the old count is gone from both slots
-        return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True)
+        # The old count is gone from both slots; the ceiling is never lowered, and a mark of
+        # the old format is rewritten in the new one.
+        new_ceiling = (ceiling or NO_STEPS).including([*kept, *lost_records])
+        mark_file.write_both(Mark(count, last, new_ceiling))
+        return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True,
+                            substitute, charged_from)
 
 
 def _backup_name(path: Path) -> Path:

@@ -36,14 +36,18 @@ def _sha(line: bytes) -> str:
 
 def expected_files(client_id: str) -> tuple[bytes, bytes]:
     """The ledger and mark bytes of :data:`SPENDS`, from the format's definition (json.dumps
-    of each line, SHA-256 chain, two checksummed 128-byte slots), not from ledger_file."""
+    of each line, SHA-256 chain, two checksummed 256-byte slots that also carry the largest q,
+    the smallest sigma and the most steps of any record, and whether a selection was
+    recorded), not from ledger_file."""
     header = json.dumps({"format": "fedsim-ledger/2", "client_id": client_id,
                          "sampling": "poisson", "accountant": "pld",
                          "budget": {"epsilon": 50.0, "delta": 1e-5}}).encode()
     lines, prev = [header], _sha(header)
     slots = [b"", b""]
+    q, sigma, most = 0.0, float("inf"), 0
     for steps, time, round_ in SPENDS:
         for step in steps if isinstance(steps, list) else [steps]:
+            q, sigma, most = max(q, step.q), min(sigma, step.sigma), max(most, step.count)
             line = json.dumps({"time": time, "round": round_,
                                "step": {"sampling": step.sampling, "q": step.q,
                                         "sigma": step.sigma, "count": step.count},
@@ -51,8 +55,8 @@ def expected_files(client_id: str) -> tuple[bytes, bytes]:
             lines.append(line)
             prev = _sha(line)
         count = len(lines) - 1
-        body = f"fedsim-hwm/1 {count} {prev}"
-        slots[count % 2] = f"{body} {zlib.crc32(body.encode()):08x}".encode().ljust(127) + b"\n"
+        body = f"fedsim-hwm/2 {count} {prev} {q!r} {sigma!r} {most} 0"
+        slots[count % 2] = f"{body} {zlib.crc32(body.encode()):08x}".encode().ljust(255) + b"\n"
     return b"".join(line + b"\n" for line in lines), slots[0] + slots[1]
 
 

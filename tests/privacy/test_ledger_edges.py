@@ -19,6 +19,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import mark_path
 from fedsim.privacy.ledger_repair import repair_ledger
+from tests.privacy.old_marks import rewrite_as_old_mark
 
 STEP = GaussianStep("poisson", 0.05, 1.0)
 BUDGET = Budget(8.0, 1e-5)
@@ -164,22 +165,38 @@ def test_repair_charges_each_lost_record_as_many_steps_as_the_largest_kept(
 
 
 # -- (d) an emptied ledger with a mark can be repaired -------------------------------------------
+@pytest.mark.parametrize("mark", ["ceiling", "old"])
 def test_an_emptied_ledger_is_repaired_from_its_mark(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mark: str
 ) -> None:
     """Before: rc 2, "not a ledger header", whatever was given."""
     path = tmp_path / "l.jsonl"
     spent = written(path)
+    if mark == "old":
+        rewrite_as_old_mark(path)
     path.write_bytes(b"")
     assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0"]) == 2
     assert "--header" in capsys.readouterr().err  # the header's fields are lost with it
     header = json.dumps(HEADER)
-    # Every record is lost, the releases before round one with them if the client made any.
-    assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0",
-                 "--header", header]) == 2
-    assert "--no-releases" in capsys.readouterr().err
-    assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0",
-                 "--header", header, "--no-releases"]) == 0
+    if mark == "old":
+        # Every record is lost, the releases before round one with them if the client made
+        # any; and only a human can say what the rounds cost.
+        assert main(["ledger", "repair", str(path), "--header", header,
+                     "--no-releases"]) == 1  # a LedgerError
+        assert "--lost-step" in capsys.readouterr().err
+        assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0",
+                     "--header", header]) == 2
+        assert "--no-releases" in capsys.readouterr().err
+        assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0",
+                     "--header", header, "--no-releases"]) == 0
+    else:  # the mark says what its rounds cost and that nothing came before round one
+        assert main(["ledger", "repair", str(path), "--lost-step", "0.01", "1.0",
+                     "--header", header]) == 2
+        assert "q >= 0.05" in capsys.readouterr().err  # a cheaper word is refused
+        assert main(["ledger", "repair", str(path), "--header", header, "--json"]) == 0
+        answer = json.loads(capsys.readouterr().out)
+        assert answer["charged_from"] == "mark" and answer["substituted"] == 61
+        assert answer["charged"] == {"sampling": "poisson", "q": 0.05, "sigma": 1.0, "count": 1}
     with open_ledger(path) as ledger:  # the client's own open accepts it
         assert sum(s.count for s in ledger.steps) == 61
         assert ledger.epsilon() == pytest.approx(spent, rel=1e-9)

@@ -17,6 +17,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import line_hash, mark_path
 from fedsim.privacy.ledger_repair import repair_ledger
+from tests.privacy.old_marks import rewrite_as_old_mark
 
 STEP = GaussianStep("poisson", 0.01, 1.0)
 BUDGET = Budget(2.0, 1e-5)
@@ -106,16 +107,23 @@ def test_two_processes_cannot_both_spend_one_ledger(tmp_path: Path) -> None:
 
 
 # -- cuts and edits ----------------------------------------------------------------------------
-def test_cut_in_half_is_refused_and_repair_adds_the_lost_spending(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mark", ["ceiling", "old"])
+def test_cut_in_half_is_refused_and_repair_adds_the_lost_spending(tmp_path: Path,
+                                                                   mark: str) -> None:
     path = tmp_path / "l.jsonl"
     spent = written(path, 40)
+    if mark == "old":  # made by a fedsim before the mark carried the step ceiling
+        rewrite_as_old_mark(path)
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:21]))  # header + 20 of 40 records
     with pytest.raises(LedgerError, match="holds 20 records but 40 were acknowledged"):
         open_ledger(path)
-    with pytest.raises(LedgerError, match="--lost-step"):
-        repair_ledger(path)
-    assert eps_after_repair(path, 40, lost_step=STEP) == pytest.approx(spent, rel=1e-12)
+    if mark == "old":  # nothing says what the lost records cost: a human names it
+        with pytest.raises(LedgerError, match="--lost-step"):
+            repair_ledger(path)
+        assert eps_after_repair(path, 40, lost_step=STEP) == pytest.approx(spent, rel=1e-12)
+    else:  # the mark's ceiling charges them, with no one's word
+        assert eps_after_repair(path, 40) == pytest.approx(spent, rel=1e-12)
     assert len(list(tmp_path.glob("l.jsonl.damaged-*"))) == 1
 
 

@@ -25,6 +25,7 @@ from fedsim.privacy.ledger_file import (
     parse_record,
 )
 from fedsim.privacy.ledger_repair import repair_ledger
+from tests.privacy.old_marks import rewrite_as_old_mark
 
 ROUND = GaussianStep("poisson", 1 / 30, 1.3)
 RELEASE = GaussianStep("poisson", 1.0, 2.0)  # DP normalisation's, before round one
@@ -81,17 +82,23 @@ def test_a_readable_release_sets_the_floor_of_a_lost_round(tmp_path: Path) -> No
     assert _eps(path) >= spent
 
 
+@pytest.mark.parametrize("mark", ["ceiling", "old"])
 def test_a_ledger_without_releases_is_repaired_when_vouched_for(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mark: str
 ) -> None:
     path = tmp_path / "c.jsonl"
     spent = _ledger(path, release=False)
+    if mark == "old":
+        rewrite_as_old_mark(path)
     lines = _lines(path)
     lines[1] = lines[1][:-5] + b"xxxxx"  # the first round's line
     path.write_bytes(b"\n".join(lines) + b"\n")
     argv = ["ledger", "repair", str(path), "--lost-step", str(ROUND.q), str(ROUND.sigma)]
-    assert main(argv) == 2 and "--no-releases" in capsys.readouterr().err
-    assert main([*argv, "--no-releases"]) == 0
+    if mark == "old":  # nothing shows whether a release came first: the user vouches
+        assert main(argv) == 2 and "--no-releases" in capsys.readouterr().err
+        argv.append("--no-releases")
+    # (the mark's ceiling shows that nothing was recorded before round one)
+    assert main(argv) == 0
     assert _eps(path) >= spent
     assert main(["ledger", "check", str(path)]) == 0
 

@@ -1,0 +1,235 @@
+"""The high-water mark's step ceiling: the most expensive round a ledger recorded, kept beside
+its count so that a repair that lost records charges each at least that.
+
+Before it, a repair's floor was only what the surviving records showed: a ledger whose noise
+fell over its rounds (a sigma schedule), cut at its end, lost exactly its dearest rounds, and a
+``--lost-step`` priced like the rounds it kept was accepted, charging less than was released.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedsim.cli import main
+from fedsim.errors import ConfigError
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger_file import DirectoryLock, StepCeiling, mark_path, read_mark
+from fedsim.privacy.ledger_repair import repair_ledger
+from tests.privacy.old_marks import old_slot, rewrite_as_old_mark
+
+BUDGET = Budget(50.0, 1e-5)
+DELTA = 1e-5
+# A noise schedule that falls over the rounds: the last rounds are the dearest.
+SCHEDULE = [GaussianStep("poisson", 0.02, sigma) for sigma in
+            [2.0] * 20 + [1.5] * 20 + [1.0] * 20 + [0.8] * 20]
+
+
+def _open(path: Path, **kw: object) -> PrivacyLedger:
+    return PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET, **kw)  # type: ignore[arg-type]
+
+
+def _eps(path: Path) -> float:
+    with _open(path, read_only=True) as ledger:
+        return ledger.epsilon(DELTA)
+
+
+def _scheduled(path: Path) -> float:
+    """The schedule's rounds spent in a new ledger; the eps a fresh accountant gives them."""
+    with _open(path) as ledger:
+        for r, step in enumerate(SCHEDULE):
+            ledger.spend(step, time=float(r), round=r)
+    return make_accountant("pld", SCHEDULE).epsilon(DELTA)
+
+
+def _cut(path: Path, keep_records: int) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:1 + keep_records]))
+
+
+def test_a_falling_schedule_cut_at_its_end_is_charged_its_dearest_round(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    spent = _scheduled(path)
+    _cut(path, 50)  # the 30 dearest rounds (sigma 1.0 and 0.8) are lost
+    priced_like_the_kept = GaussianStep("poisson", 0.02, 1.0)  # the kept records' floor
+    with pytest.raises(ConfigError, match=r"sigma <= 0.8"):
+        repair_ledger(path, lost_step=priced_like_the_kept)
+    report = repair_ledger(path)  # no one's word: the mark's ceiling
+    assert report.charged_from == "mark" and report.substituted == 30
+    assert report.charged == GaussianStep("poisson", 0.02, 0.8)
+    assert _eps(path) >= spent * (1 - 1e-9)
+
+
+def test_the_same_cut_under_an_old_mark_took_the_kept_records_word(tmp_path: Path) -> None:
+    """What the ceiling closes: with the old mark (no ceiling) the same cut is repaired at the
+    kept records' price and charges less than was released."""
+    path = tmp_path / "c.jsonl"
+    spent = _scheduled(path)
+    rewrite_as_old_mark(path)
+    _cut(path, 50)
+    report = repair_ledger(path, lost_step=GaussianStep("poisson", 0.02, 1.0))
+    assert report.charged_from == "named"
+    assert _eps(path) < spent * 0.99
+    assert read_mark(path).ceiling is not None  # type: ignore[union-attr] # the repair's mark is new
+
+
+def test_a_dearer_named_step_is_used(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    _scheduled(path)
+    _cut(path, 79)
+    report = repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 0.5))
+    assert report.charged == GaussianStep("poisson", 0.05, 0.5)
+    assert report.charged_from == "named"
+
+
+def test_the_mark_of_a_repaired_ledger_keeps_the_ceiling(tmp_path: Path) -> None:
+    """A substitute is charged the ceiling; a second repair that loses it charges it again."""
+    path = tmp_path / "c.jsonl"
+    spent = _scheduled(path)
+    _cut(path, 50)
+    repair_ledger(path)
+    ceiling = read_mark(path).ceiling  # type: ignore[union-attr]
+    assert ceiling == StepCeiling(0.02, 0.8, 1, before_round_one=True)  # (the substitutes)
+    _cut(path, 40)  # ten kept rounds and all 30 substitutes lost
+    report = repair_ledger(path)
+    assert report.substituted == 40 and report.charged == GaussianStep("poisson", 0.02, 0.8)
+    assert _eps(path) >= spent * (1 - 1e-9)
+
+
+def test_a_lost_beginning_after_a_release_still_needs_a_word(tmp_path: Path) -> None:
+    """The ceiling prices rounds, not a release before round one (its sigma may be below
+    theirs): when the first records are lost and the mark says something was recorded there,
+    the repair asks, as before; when it says nothing was, it does not."""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        ledger.spend(GaussianStep("poisson", 1.0, 0.9), time=0.0, round=-1)
+        for r in range(10):
+            ledger.spend(SCHEDULE[r], time=1.0 + r, round=r)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"".join(lines[2:]))  # the release's line deleted
+    with pytest.raises(ConfigError, match="--no-releases"):
+        repair_ledger(path)
+    repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.9))
+
+
+def _independent_ceiling(records: list[tuple[GaussianStep, int]]) -> StepCeiling:
+    rounds = [step for step, r in records if r >= 0]
+    return StepCeiling(max((s.q for s in rounds), default=0.0),
+                       min((s.sigma for s in rounds), default=math.inf),
+                       max((s.count for s in rounds), default=0),
+                       before_round_one=any(r < 0 for _, r in records))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.001, 1.0), st.floats(0.3, 20.0), st.integers(1, 5),
+                          st.booleans()), min_size=0, max_size=12),
+       st.booleans())
+def test_the_ceiling_is_the_dearest_round_recorded(
+    tmp_path_factory: pytest.TempPathFactory, spends: list[tuple[float, float, int, bool]],
+    under_directory_lock: bool
+) -> None:
+    """The mark's ceiling against one computed from the spends themselves, after spending, after
+    reopening (also under a directory lock, whose spends write the mark by name)."""
+    directory_path = tmp_path_factory.mktemp("ceiling")
+    path = directory_path / "c.jsonl"
+    directory = DirectoryLock(directory_path) if under_directory_lock else None
+    records: list[tuple[GaussianStep, int]] = []
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None,
+                            directory=directory) as ledger:
+        for r, (q, sigma, count, before) in enumerate(spends):
+            step = GaussianStep("poisson", q, sigma, count)
+            round_ = -1 if before else r
+            ledger.spend(step, time=float(r), round=round_)
+            records.append((step, round_))
+        assert ledger.step_ceiling == _independent_ceiling(records)
+    if directory is not None:
+        directory.close()
+    assert read_mark(path).ceiling == _independent_ceiling(records)  # type: ignore[union-attr]
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None) as reopened:
+        assert reopened.step_ceiling == _independent_ceiling(records)
+
+
+def test_an_old_mark_keeps_its_format_until_a_repair(tmp_path: Path) -> None:
+    """A ledger made by a fedsim before the ceiling goes on in its own format (its 128-byte
+    slots are never overwritten by a larger one, which a torn write could take both of)."""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        for r in range(5):
+            ledger.spend(SCHEDULE[r], time=float(r), round=r)
+    rewrite_as_old_mark(path)
+    with _open(path) as ledger:
+        assert ledger.step_ceiling is None
+        ledger.spend(SCHEDULE[5], time=5.0, round=5)
+    mark = read_mark(path)
+    assert mark is not None and mark.count == 6 and mark.ceiling is None
+    assert len(mark_path(path).read_bytes()) == 256
+    assert main(["ledger", "check", str(path), "--json"]) == 0
+
+
+def test_check_reports_the_ceiling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.jsonl"
+    _scheduled(path)
+    assert main(["ledger", "check", str(path), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["step_ceiling"] == {"q": 0.02, "sigma": 0.8, "steps": 1, "selections": False,
+                                      "before_round_one": False}
+
+
+@pytest.mark.parametrize("slot", [0, 1])
+def test_a_torn_slot_leaves_the_other(tmp_path: Path, slot: int) -> None:
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        for r in range(4):
+            ledger.spend(SCHEDULE[r * 20], time=float(r), round=r)
+    data = bytearray(mark_path(path).read_bytes())
+    assert len(data) == 512
+    data[slot * 256 + 40] ^= 0x01  # a flipped bit in one slot: its checksum fails
+    mark_path(path).write_bytes(bytes(data))
+    mark = read_mark(path)
+    assert mark is not None and mark.count == (3 if slot == 0 else 4)
+    # The older slot counts 3 records and their ceiling (sigma 1.0), the newer 4 (sigma 0.8).
+    assert mark.ceiling == StepCeiling(0.02, 1.0 if slot == 0 else 0.8, 1)
+
+
+@pytest.mark.parametrize("fields", ["1.5 1.0 1 0", "0.02 -1.0 1 0", "0.02 nan 1 0",
+                                    "0.02 1.0 -1 0", "0.02 1.0 1 4", "0.02 1.0 1 01"])
+def test_an_implausible_ceiling_is_no_mark(tmp_path: Path, fields: str) -> None:
+    """A slot whose checksum holds but whose ceiling cannot be one is not read as a mark."""
+    import zlib
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("")
+    body = f"fedsim-hwm/2 3 {'a' * 64} {fields}"
+    slot = f"{body} {zlib.crc32(body.encode()):08x}".encode().ljust(255) + b"\n"
+    mark_path(path).write_bytes(slot * 2)
+    assert read_mark(path) is None
+    mark_path(path).write_bytes(slot + old_slot(2, "b" * 64).ljust(256, b" "))
+    assert read_mark(path) is None  # an old slot is read only where the old format puts it
+
+
+@pytest.mark.parametrize("first_ceiling", [True, False])
+def test_writing_both_slots_leaves_no_slot_of_the_other_format(tmp_path: Path,
+                                                               first_ceiling: bool) -> None:
+    """A mark rewritten whole (a repair) in one format leaves nothing of the other to be read:
+    a stale slot of the larger format at the same count would otherwise win."""
+    from fedsim.privacy.ledger_file import Mark, MarkFile
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("")
+    before = StepCeiling(0.02, 1.0, 1) if first_ceiling else None
+    after = None if first_ceiling else StepCeiling(0.02, 1.0, 1)
+    mark = MarkFile(mark_path(path), create=True)
+    try:
+        mark.write_both(Mark(7, "a" * 64, before))
+        mark.write_both(Mark(7, "b" * 64, after))
+        assert mark.read() == Mark(7, "b" * 64, after)
+    finally:
+        mark.close()
+    assert len(mark_path(path).read_bytes()) == (256 if after is None else 512)
