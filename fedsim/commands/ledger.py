@@ -34,14 +34,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     repair = actions.add_parser(
         "repair", help="Make a refused ledger valid again, only ever adding spending.",
         description="Make a refused ledger valid again: every readable record is kept, each "
-        "record that cannot be verified is charged as the most expensive round the "
+        "record that cannot be verified is charged as the most expensive step the "
         "high-water mark recorded (or --lost-step, if dearer), and the damaged file is kept "
         "beside it.")
     repair.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
     repair.add_argument("--lost-step", nargs=2, type=float, metavar=("Q", "SIGMA"),
                         help="The step charged for each record that cannot be verified: at "
                              "least as expensive as any the client released (largest q, "
-                             "smallest sigma). By default the most expensive round the "
+                             "smallest sigma). By default the most expensive step the "
                              "high-water mark recorded; needed for a ledger whose mark has the "
                              "old format (fedsim-hwm/1) or was lost.")
     repair.add_argument("--assume-lost", type=int, metavar="N",
@@ -50,7 +50,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     repair.add_argument("--no-releases", action="store_true",
                         help="Vouch that the client made no release before round one (DP "
                              "normalisation, DP-PCA): needed when the ledger's first records "
-                             "are lost and --lost-step's q is below 1.")
+                             "are lost, --lost-step's q is below 1 and its mark has the old "
+                             "format (a new mark's ceiling covers the releases).")
     repair.add_argument("--header", metavar="JSON",
                         help="The client's header, for a ledger that lost its own (emptied, or "
                              "line 1 damaged): a JSON object with client_id, sampling, "

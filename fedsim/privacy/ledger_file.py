@@ -162,69 +162,62 @@ def mark_path(path: Path) -> Path:
 # -- the high-water mark ---------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class StepCeiling:
-    """The most expensive step of a ledger's training rounds, kept in its high-water mark:
-    the largest ``q`` and the smallest ``sigma`` of any Gaussian step a round's record holds,
-    the most steps one such record holds; and whether any record was a tuned selection
-    (``selections``) or came before round one (``before_round_one``: a release such as DP
-    normalisation or DP-PCA, or a repair's substitute).
+    """The most expensive step a ledger's records hold, kept in its high-water mark: the
+    largest ``q`` and the smallest ``sigma`` of any Gaussian step (the training rounds', the
+    releases' before round one - DP normalisation, DP-PCA - and a repair's substitutes'), the
+    most steps one record holds, and whether any record was a tuned selection.
 
     A subsampled Gaussian's privacy loss grows with ``q`` and falls with ``sigma`` under both
     neighbouring relations fedsim accounts (Poisson: add/remove one record; fixed size:
     replace one; Mironov, Talwar and Zhang 2019, "Renyi Differential Privacy of the Sampled
     Gaussian Mechanism"; Zhu, Dong and Wang 2022, "Optimal Accounting of Differential Privacy
     via Characteristic Function"), and composing more steps never costs less, so
-    :meth:`step` costs at least as much as any one round's record. A repair that lost records
-    charges each at least that (:mod:`fedsim.privacy.ledger_repair`): a noise schedule that
-    falls over the rounds, cut at its end, or a ledger emptied, is then charged its dearest
-    round, not only what the surviving records show, and a ledger that never recorded
-    anything before round one cannot have lost a release there."""
+    :meth:`step` costs at least as much as any one record. A repair that lost records charges
+    each at least that (:mod:`fedsim.privacy.ledger_repair`): a noise schedule that falls over
+    the rounds, cut at its end, a lost release, a lost substitute or an emptied ledger is then
+    charged the dearest step the ledger ever recorded, not only what the surviving records
+    show."""
 
     q: float = 0.0
     sigma: float = math.inf
     steps: int = 0
     selections: bool = False
-    before_round_one: bool = False
     text: str = dataclasses.field(init=False, repr=False, compare=False)
     """The mark's fields for it, written once (a spend's mark reuses them)."""
 
     def __post_init__(self) -> None:
-        flags = int(self.selections) | 2 * int(self.before_round_one)
         object.__setattr__(self, "text", f"{float.__repr__(float(self.q))} "
                                          f"{float.__repr__(float(self.sigma))} "
-                                         f"{self.steps} {flags}")
+                                         f"{self.steps} {int(self.selections)}")
 
     def including(self, records: Iterable[LedgerRecord]) -> StepCeiling:
         """This ceiling raised to cover ``records`` (itself when they are under it: a spend's
         common case allocates nothing)."""
-        q, sigma, steps = self.q, self.sigma, self.steps
-        selections, before = self.selections, self.before_round_one
+        q, sigma, steps, selections = self.q, self.sigma, self.steps, self.selections
         for record in records:
             step = record.step
-            if not isinstance(step, GaussianStep):
-                selections = True
-            elif record.round < 0:
-                before = True
-            else:
+            if isinstance(step, GaussianStep):
                 q, sigma, steps = max(q, step.q), min(sigma, step.sigma), max(steps, step.count)
-        if (q, sigma, steps, selections, before) == (self.q, self.sigma, self.steps,
-                                                     self.selections, self.before_round_one):
+            else:
+                selections = True
+        if (q, sigma, steps, selections) == (self.q, self.sigma, self.steps, self.selections):
             return self
-        return _shared_ceiling(q, sigma, steps, selections, before)
+        return _shared_ceiling(q, sigma, steps, selections)
 
     def step(self, sampling: Sampling) -> GaussianStep | None:
-        """The dearest round's step, ``steps`` times (None: no round was recorded)."""
+        """The dearest step, ``steps`` times (None: no Gaussian step was recorded)."""
         if self.steps == 0:
             return None
         return GaussianStep(sampling, self.q, self.sigma, self.steps)
 
     def to_json(self) -> dict[str, Any]:
         return {"q": self.q, "sigma": self.sigma if math.isfinite(self.sigma) else None,
-                "steps": self.steps, "selections": self.selections,
-                "before_round_one": self.before_round_one}
+                "steps": self.steps, "selections": self.selections}
 
 
-# One object for every ledger at one ceiling: a population of 10^6 clients of a few postures
-# holds a few, not one (about 150 bytes with its text) per client.
+# Ledgers at one ceiling share one object (about 220 bytes with its text) while it is among
+# the last 4,096 made: clients of one posture and equal record counts share one; clients whose
+# q differs (a fixed batch over their own record count) hold one each.
 _shared_ceiling = functools.lru_cache(maxsize=4096)(StepCeiling)
 
 NO_STEPS = StepCeiling()
@@ -247,8 +240,10 @@ def _encode_mark(mark: Mark) -> bytes:
     else:
         body = f"{_MARK_MAGIC} {mark.count} {mark.last_hash} {ceiling.text}"
         slot = _MARK_SLOT
-    text = f"{body} {zlib.crc32(body.encode()):08x}"
-    return text.encode().ljust(slot - 1) + b"\n"
+    text = f"{body} {zlib.crc32(body.encode()):08x}".encode()
+    if len(text) >= slot:  # (a count of over 100 digits) would spill into the other slot
+        raise LedgerError(f"a high-water mark of {len(text)} bytes does not fit its slot")
+    return text.ljust(slot - 1) + b"\n"
 
 
 def _mark_offset(mark: Mark) -> int:
@@ -268,12 +263,11 @@ def _decode_mark(slot: bytes) -> Mark | None:
             return Mark(int(fields[1]), fields[2])
         if magic != _MARK_MAGIC or len(fields) != 8 or len(slot) != _MARK_SLOT:
             return None
-        q, sigma, steps, flags = float(fields[3]), float(fields[4]), int(fields[5]), fields[6]
-        if not (0.0 <= q <= 1.0 and sigma > 0.0 and steps >= 0 and flags in "0123"
-                and len(flags) == 1):
+        q, sigma, steps, selections = (float(fields[3]), float(fields[4]), int(fields[5]),
+                                       fields[6])
+        if not (0.0 <= q <= 1.0 and sigma > 0.0 and steps >= 0 and selections in ("0", "1")):
             return None
-        return Mark(int(fields[1]), fields[2],
-                    StepCeiling(q, sigma, steps, bool(int(flags) & 1), bool(int(flags) & 2)))
+        return Mark(int(fields[1]), fields[2], StepCeiling(q, sigma, steps, selections == "1"))
     except (UnicodeDecodeError, ValueError, IndexError):
         return None
 

@@ -24,31 +24,34 @@ resuming the repaired ledger numbers its rounds past one per substitute
 numbered again.
 
 The substitute step is the mark's step ceiling (:class:`~fedsim.privacy.ledger_file.StepCeiling`:
-the most expensive round it counts, the lost ones included) unless a caller names a dearer one
-(``lost_step``); under a mark of the old format (``fedsim-hwm/1``, no ceiling) or none, the
-ledger cannot know what a lost record released, so a human must name a step at least as
-expensive (typically the client's smallest sigma and largest q). It may not be cheaper than
-the ceiling or than what the kept records show the client released: a ``lost_step`` with a
-smaller q or a larger sigma than any kept record's is refused (issue 25, finding 7c:
-``--lost-step 0.000001 1000`` took eps 3.64 down to 3.39), the releases before round one included (DP normalisation, DP-PCA: round -1, q = 1;
-only an earlier repair's substitutes are no evidence), and each lost record is charged as many
-steps as the largest kept record holds (a round of ``local_steps`` steps is one record).
+the most expensive step of every record it counts, the lost ones included: rounds, releases
+before round one, an earlier repair's substitutes), raised to the readable records past the
+mark, unless a caller names a dearer one (``lost_step``). Under a mark of the old format
+(``fedsim-hwm/1``, no ceiling) or none, the ledger cannot know what a lost record released, so
+a human must name a step at least as expensive (typically the client's smallest sigma and
+largest q). A step may not be cheaper than the ceiling or than what the kept records show the
+client released: a ``lost_step`` with a smaller q or a larger sigma than any kept record's is
+refused (issue 25, finding 7c: ``--lost-step 0.000001 1000`` took eps 3.64 down to 3.39), the
+releases before round one included (DP normalisation, DP-PCA: round -1, q = 1; only an earlier
+repair's substitutes are no evidence), and each lost record is charged as many steps as the
+largest record holds (a round of ``local_steps`` steps is one record).
 
-A ledger holds those releases first. When what was lost may include them - no record the
-chain verifies from the header is left, so a line at the beginning was deleted, cut, edited or
-cannot be read - the lost step must have q = 1 unless the caller vouches that the client made
-no release (``no_releases``): before, a damaged release line was charged as a round (eps 2.02
--> 0.64 in session 49's review). Each lost record gets a substitute record of its own, charged
-as many steps as the largest kept record (an earlier repair's substitutes included), so a
+A ledger holds those releases first. Without a ceiling, when what was lost may include them -
+no record the chain verifies from the header is left, so a line at the beginning was deleted,
+cut, edited or cannot be read - the lost step must have q = 1 unless the caller vouches that
+the client made no release (``no_releases``): before, a damaged release line was charged as a
+round (eps 2.02 -> 0.64 in session 49's review). A ceiling covers the releases themselves, so
+under one nobody needs to vouch. Each lost record gets a substitute record of its own, charged
+as many steps as the largest record (an earlier repair's substitutes included), so a
 substitute lost in turn is charged again in full. With no kept record (an emptied ledger) the
-ceiling or the named step stands alone, as it does when every record was rewritten: a file with nothing
-verifiable holds no evidence of what was released but its mark's ceiling; without one, the
-caller's step is their word. So is it, without a ceiling, for a schedule whose lost records
-were more expensive than every kept one (a noise that falls over the rounds, cut at the end).
-The ceiling prices rounds only: a release before round one may have a smaller sigma, so when
-one may have been lost (the mark says something was recorded before round one, or has no
-ceiling), the caller names it as before. A ledger whose mark says nothing was recorded
-before round one cannot have lost a release, and needs no ``no_releases``.
+ceiling or the named step stands alone, as it does when every record was rewritten: a file
+with nothing verifiable holds no evidence of what was released but its mark's ceiling; without
+one, the caller's step is their word. So is it, without a ceiling, for a schedule whose lost
+records were more expensive than every kept one (a noise that falls over the rounds, cut at
+the end).
+
+Records past the mark's count were written by a spend that did not return (records, then the
+mark, then the release): never released, they are charged all the same, at the step above.
 
 A tuned selection's line is read with the reader's own length rule (``too_long``), so an
 intact one is kept; a ledger that holds one, or may have (an unreadable line that is long,
@@ -281,16 +284,16 @@ def _charged(lost: int, lost_step: GaussianStep, scan: _Scan, no_releases: bool,
     did not say the client made none (``no_releases``); taken as many times as the largest
     record holds steps (kept, an earlier repair's substitutes, or the ceiling's).
 
-    A mark's ceiling covers every round it counts, the lost ones too, so it shows what the
-    kept records cannot: a noise schedule that falls over the rounds, cut at its end, lowered
-    its sigma. It also says whether anything was recorded before round one: a ledger that
-    recorded nothing there cannot have lost a release, whatever was cut."""
+    A mark's ceiling covers every record it counts, the lost ones too - the rounds, the
+    releases before round one and an earlier repair's substitutes - so it shows what the kept
+    records cannot: a noise schedule that falls over the rounds, cut at its end, lowered its
+    sigma; a lost release raised its q to 1; a lost substitute stood for what it was charged."""
     released = _kept_steps(scan, substitutes=False)
     q_floor = max((step.q for step in released), default=0.0)
     sigma_floor = min((step.sigma for step in released), default=math.inf)
     if ceiling is not None:
         q_floor, sigma_floor = max(q_floor, ceiling.q), min(sigma_floor, ceiling.sigma)
-    releases_possible = ceiling is None or ceiling.before_round_one
+    releases_possible = ceiling is None  # (a ceiling covers the releases themselves)
     if (not no_releases and releases_possible and _may_have_lost_a_release(scan)
             and lost_step.q < 1.0):
         raise ConfigError(
@@ -366,8 +369,10 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
                    or scan.times_back)
         named = lost_step is not None
-        if lost_step is None and ceiling is not None:  # the mark's ceiling, no one's word
-            lost_step = ceiling.step(str(scan.header.get("sampling")))  # type: ignore[arg-type]
+        if lost_step is None and ceiling is not None:
+            # The mark's ceiling, raised to what the file holds past the mark: no one's word.
+            lost_step = ceiling.including(kept).step(
+                str(scan.header.get("sampling")))  # type: ignore[arg-type]
         _refuse_what_cannot_be_substituted(path, scan, kept, lost, lost_step, ceiling)
         substitute = (_charged(lost, lost_step, scan, no_releases, path, ceiling)
                       if lost and lost_step else None)

@@ -95,36 +95,91 @@ def test_the_mark_of_a_repaired_ledger_keeps_the_ceiling(tmp_path: Path) -> None
     spent = _scheduled(path)
     _cut(path, 50)
     repair_ledger(path)
-    ceiling = read_mark(path).ceiling  # type: ignore[union-attr]
-    assert ceiling == StepCeiling(0.02, 0.8, 1, before_round_one=True)  # (the substitutes)
+    assert read_mark(path).ceiling == StepCeiling(0.02, 0.8, 1)  # type: ignore[union-attr]
     _cut(path, 40)  # ten kept rounds and all 30 substitutes lost
     report = repair_ledger(path)
     assert report.substituted == 40 and report.charged == GaussianStep("poisson", 0.02, 0.8)
     assert _eps(path) >= spent * (1 - 1e-9)
 
 
-def test_a_lost_beginning_after_a_release_still_needs_a_word(tmp_path: Path) -> None:
-    """The ceiling prices rounds, not a release before round one (its sigma may be below
-    theirs): when the first records are lost and the mark says something was recorded there,
-    the repair asks, as before; when it says nothing was, it does not."""
+def test_a_lost_substitute_is_charged_what_it_stood_for(tmp_path: Path) -> None:
+    """An attacker's review of this change: the ceiling first left the substitutes (round -1)
+    out, so a substitute written by a repair under an old mark, then lost, was charged the
+    kept rounds' price (eps 1.106 against 1.858 released)."""
     path = tmp_path / "c.jsonl"
+    spent = _scheduled(path)
+    rewrite_as_old_mark(path)
+    _cut(path, 50)
+    repair_ledger(path, lost_step=GaussianStep("poisson", 0.02, 0.8))  # the honest word
+    _cut(path, 50)  # the 30 substitutes, at the file's end, cut in turn
+    report = repair_ledger(path)
+    assert report.charged == GaussianStep("poisson", 0.02, 0.8)
+    assert _eps(path) >= spent * (1 - 1e-9)
+
+
+def test_a_lost_release_is_charged_by_the_ceiling_that_covers_it(tmp_path: Path) -> None:
+    """A release before round one (DP normalisation: q = 1, its own sigma) is in the ceiling:
+    its line lost, or a substitute for it lost in turn, is charged at least the release
+    (the review's case: eps 0.194 against 4.95 released)."""
+    path = tmp_path / "c.jsonl"
+    release = GaussianStep("poisson", 1.0, 0.9)
     with _open(path) as ledger:
-        ledger.spend(GaussianStep("poisson", 1.0, 0.9), time=0.0, round=-1)
+        ledger.spend(release, time=0.0, round=-1)
         for r in range(10):
             ledger.spend(SCHEDULE[r], time=1.0 + r, round=r)
+        spent = ledger.epsilon(DELTA)
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(lines[0] + b"".join(lines[2:]))  # the release's line deleted
-    with pytest.raises(ConfigError, match="--no-releases"):
-        repair_ledger(path)
-    repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.9))
+    with pytest.raises(ConfigError, match="q >= 1"):  # a round's price is refused
+        repair_ledger(path, lost_step=SCHEDULE[0])
+    report = repair_ledger(path)  # nobody vouches for anything: the ceiling covers it
+    assert report.charged == GaussianStep("poisson", 1.0, 0.9) and report.charged_from == "mark"
+    assert _eps(path) >= spent * (1 - 1e-9)
+    _cut(path, 9)  # the substitutes cut in turn
+    repair_ledger(path)
+    assert _eps(path) >= spent * (1 - 1e-9)
+
+
+def test_a_kept_release_makes_the_default_a_release_price(tmp_path: Path) -> None:
+    """A release kept, rounds cut: the default is the dearest of the ceiling and the kept
+    records (q = 1 here, as a named step must be), never refused as cheaper than itself."""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        ledger.spend(GaussianStep("poisson", 1.0, 3.0), time=0.0, round=-1)
+        for r in range(10):
+            ledger.spend(SCHEDULE[r], time=1.0 + r, round=r)
+        spent = ledger.epsilon(DELTA)
+    _cut(path, 8)
+    report = repair_ledger(path)
+    assert report.charged == GaussianStep("poisson", 1.0, 2.0)
+    assert _eps(path) >= spent
+
+
+def test_an_unreadable_record_past_the_mark_was_never_released(tmp_path: Path) -> None:
+    """A record written whose mark was not (a crash between the two writes) belongs to a
+    spend that never returned, so nothing was released for it; charged all the same. (The
+    review's case: it is charged the ceiling, which does not cover it.)"""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        for r in range(10):
+            ledger.spend(GaussianStep("poisson", 0.02, 1.0), time=float(r), round=r)
+        released = ledger.epsilon(DELTA)
+    mark = mark_path(path).read_bytes()  # the mark after round 9
+    with _open(path) as ledger:
+        ledger.spend(GaussianStep("poisson", 0.02, 0.5), time=10.0, round=10)
+    mark_path(path).write_bytes(mark)  # as if the crash came before the 11th spend's mark
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][:40] + b"#" + lines[-1][41:])
+    report = repair_ledger(path)
+    assert report.substituted == 1
+    assert _eps(path) > released
 
 
 def _independent_ceiling(records: list[tuple[GaussianStep, int]]) -> StepCeiling:
-    rounds = [step for step, r in records if r >= 0]
-    return StepCeiling(max((s.q for s in rounds), default=0.0),
-                       min((s.sigma for s in rounds), default=math.inf),
-                       max((s.count for s in rounds), default=0),
-                       before_round_one=any(r < 0 for _, r in records))
+    steps = [step for step, _ in records]
+    return StepCeiling(max((s.q for s in steps), default=0.0),
+                       min((s.sigma for s in steps), default=math.inf),
+                       max((s.count for s in steps), default=0))
 
 
 @settings(max_examples=25, deadline=None)
@@ -178,8 +233,7 @@ def test_check_reports_the_ceiling(tmp_path: Path, capsys: pytest.CaptureFixture
     _scheduled(path)
     assert main(["ledger", "check", str(path), "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
-    assert answer["step_ceiling"] == {"q": 0.02, "sigma": 0.8, "steps": 1, "selections": False,
-                                      "before_round_one": False}
+    assert answer["step_ceiling"] == {"q": 0.02, "sigma": 0.8, "steps": 1, "selections": False}
 
 
 @pytest.mark.parametrize("slot", [0, 1])
@@ -199,7 +253,7 @@ def test_a_torn_slot_leaves_the_other(tmp_path: Path, slot: int) -> None:
 
 
 @pytest.mark.parametrize("fields", ["1.5 1.0 1 0", "0.02 -1.0 1 0", "0.02 nan 1 0",
-                                    "0.02 1.0 -1 0", "0.02 1.0 1 4", "0.02 1.0 1 01"])
+                                    "0.02 1.0 -1 0", "0.02 1.0 1 2", "0.02 1.0 1 01"])
 def test_an_implausible_ceiling_is_no_mark(tmp_path: Path, fields: str) -> None:
     """A slot whose checksum holds but whose ceiling cannot be one is not read as a mark."""
     import zlib
