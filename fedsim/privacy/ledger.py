@@ -123,6 +123,7 @@ from fedsim.privacy.ledger_file import (
     header_of,
     line_hash,
     mark_path,
+    next_slot,
     open_append,
     parse_header,
     read_mark,
@@ -207,6 +208,9 @@ class PrivacyLedger:
         # Held for the ledger's lifetime (with the lock); a read-only ledger never writes.
         # Under a directory lock neither is kept open (ledger_file's module docstring).
         self._directory = directory
+        # The slot of the newest mark (the next write goes to the other), kept here when the
+        # mark is not held open (under a directory lock).
+        self._mark_slot = None if mark is None else mark.slot
         if directory is not None and mark is not None:
             mark.close()
             mark = None
@@ -348,7 +352,9 @@ class PrivacyLedger:
                     append_durably(fd, payload, fsync=self._fsync)
                 finally:
                     os.close(fd)
-                write_mark_at(self._mark_path, mark, sync=self._fsync)
+                slot = next_slot(self._mark_slot)
+                write_mark_at(self._mark_path, mark, slot, sync=self._fsync)
+                self._mark_slot = slot
             else:
                 assert self._mark is not None
                 append_durably(self._fd, payload, fsync=self._fsync)

@@ -246,9 +246,16 @@ def _encode_mark(mark: Mark) -> bytes:
     return text.ljust(slot - 1) + b"\n"
 
 
-def _mark_offset(mark: Mark) -> int:
-    """Where ``mark`` goes: slot ``count % 2`` of its format's two."""
-    return (mark.count % 2) * (_OLD_MARK_SLOT if mark.ceiling is None else _MARK_SLOT)
+def _mark_offset(mark: Mark, slot: int) -> int:
+    """Where ``mark`` goes: slot ``slot`` (0 or 1) of its format's two."""
+    return slot * (_OLD_MARK_SLOT if mark.ceiling is None else _MARK_SLOT)
+
+
+def next_slot(newest: int | None) -> int:
+    """The slot the next mark goes to: the one not holding the newest (so a torn write leaves
+    the newest intact, however many records each write counts; by the count's parity, a
+    writer of two records a spend wrote one slot only)."""
+    return 0 if newest is None else 1 - newest
 
 
 def _decode_mark(slot: bytes) -> Mark | None:
@@ -272,13 +279,16 @@ def _decode_mark(slot: bytes) -> Mark | None:
         return None
 
 
-def _newest_mark(data: bytes) -> Mark | None:
-    """The newest valid mark in a mark file's first bytes: slots of either format (a ledger
-    of the old format keeps it until a repair rewrites both slots in the new one)."""
-    slots = [data[i:i + _MARK_SLOT] for i in (0, _MARK_SLOT)]
-    slots += [data[i:i + _OLD_MARK_SLOT] for i in (0, _OLD_MARK_SLOT)]
-    marks = [m for m in map(_decode_mark, slots) if m is not None]
-    return max(marks, key=lambda m: (m.count, m.ceiling is not None), default=None)
+def _newest_mark(data: bytes) -> tuple[Mark, int] | None:
+    """The newest valid mark in a mark file's first bytes and its slot (0 or 1): slots of
+    either format (a ledger of the old format keeps it until a repair rewrites both slots in
+    the new one). Of equal counts, one with a ceiling, then slot 0."""
+    candidates = [(_decode_mark(data[k * size:(k + 1) * size]), k)
+                  for size in (_MARK_SLOT, _OLD_MARK_SLOT) for k in (0, 1)]
+    valid = [(mark, k) for mark, k in candidates if mark is not None]
+    if not valid:
+        return None
+    return max(valid, key=lambda mk: (mk[0].count, mk[0].ceiling is not None, -mk[1]))
 
 
 class MarkFile:
@@ -303,6 +313,7 @@ class MarkFile:
                 f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
                 f"handle holds its lock); one ledger has one writer")
         self._identity = _identity(os.fstat(self._fd))
+        self.slot: int | None = None  # the slot of the newest mark read or written
         try:
             self.verify()  # replaced between the open and the lock: this lock guards nothing
             if not directory_held:
@@ -326,16 +337,22 @@ class MarkFile:
                 f"this ledger, then `fedsim ledger check` it)")
 
     def read(self) -> Mark | None:
-        return _newest_mark(os.pread(self._fd, 2 * _MARK_SLOT, 0))
+        """The newest valid mark (None: none); the next :meth:`write` goes to the other slot."""
+        found = _newest_mark(os.pread(self._fd, 2 * _MARK_SLOT, 0))
+        self.slot = None if found is None else found[1]
+        return None if found is None else found[0]
 
     def write(self, mark: Mark, *, sync: bool = True, verified: bool = False) -> None:
-        """Write ``mark`` into its slot; fsynced unless ``sync=False`` (a new ledger's first
-        mark, made durable by its first spend: :meth:`sync`). ``verified``: the caller ran
-        :meth:`verify` before this write's records (a spend verifies once, before its
-        records; a mark replaced after that check stops the writer at its next spend)."""
+        """Write ``mark`` into the slot that does not hold the newest (:func:`next_slot`);
+        fsynced unless ``sync=False`` (a new ledger's first mark, made durable by its first
+        spend: :meth:`sync`). ``verified``: the caller ran :meth:`verify` before this write's
+        records (a spend verifies once, before its records; a mark replaced after that check
+        stops the writer at its next spend)."""
         if not verified:
             self.verify()
-        os.pwrite(self._fd, _encode_mark(mark), _mark_offset(mark))
+        slot = next_slot(self.slot)
+        os.pwrite(self._fd, _encode_mark(mark), _mark_offset(mark, slot))
+        self.slot = slot
         if sync:
             os.fsync(self._fd)
 
@@ -349,6 +366,7 @@ class MarkFile:
         both = _encode_mark(mark) * 2
         os.pwrite(self._fd, both, 0)
         os.ftruncate(self._fd, len(both))  # no slot of the other format is left to be read
+        self.slot = 0  # (as read() finds it)
         os.fsync(self._fd)
 
     def close(self) -> None:
@@ -361,12 +379,13 @@ def _identity(status: os.stat_result) -> tuple[int, int]:
     return status.st_dev, status.st_ino
 
 
-def write_mark_at(path: Path, mark: Mark, *, sync: bool = True) -> None:
-    """:meth:`MarkFile.write` through a descriptor opened for this write alone (a ledger under
-    a :class:`DirectoryLock`, whose lock covers it)."""
+def write_mark_at(path: Path, mark: Mark, slot: int, *, sync: bool = True) -> None:
+    """:meth:`MarkFile.write` into ``slot`` (:func:`next_slot` of the one holding the newest)
+    through a descriptor opened for this write alone (a ledger under a :class:`DirectoryLock`,
+    whose lock covers it)."""
     fd = os.open(path, os.O_RDWR)
     try:
-        os.pwrite(fd, _encode_mark(mark), _mark_offset(mark))
+        os.pwrite(fd, _encode_mark(mark), _mark_offset(mark, slot))
         if sync:
             os.fsync(fd)
     finally:
@@ -506,7 +525,8 @@ def read_mark(path: Path) -> Mark | None:
     except OSError as exc:  # a directory in its place, unreadable: damage, said as such
         raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
                           f"({exc.strerror})") from None
-    return _newest_mark(data)
+    found = _newest_mark(data)
+    return None if found is None else found[0]
 
 
 # -- reading -------------------------------------------------------------------------------------

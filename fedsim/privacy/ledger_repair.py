@@ -133,6 +133,7 @@ class _Scan:
     substitutes: set[int]  # indices (into records) of an earlier repair's substitutes
     lost_selection: bool  # an unreadable line that was a tuned selection's
     times_back: bool  # a readable record's time before the one before it
+    selections_possible: bool  # the ledger may hold a tuned selection (rdp, or a tuning one)
 
 
 def given_header(header: Any) -> dict[str, Any]:
@@ -224,7 +225,7 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
         else:
             intact = False
     return _Scan(header, lines[0], records, verified, hashes, substitutes, lost_selection,
-                 times_back)
+                 times_back, selections_possible)
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
@@ -245,6 +246,15 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
             f"say it with --assume-lost N (0 vouches that the file is complete)")
     after_break = total - unverified_from if scan.verified < total else 0
     return assume_lost + after_break
+
+
+def _unreadable_past(scan: _Scan, mark: Mark | None) -> int:
+    """Unreadable lines past the mark's count. Written by a spend whose mark was not - or the
+    newest of the mark's two slots was damaged later, and the older one counts fewer records
+    than were released: the ceiling, which covers what the mark counts, cannot price them."""
+    if mark is None:
+        return 0
+    return sum(1 for _, r in scan.records[mark.count:] if r is None)
 
 
 def _kept_steps(scan: _Scan, *, substitutes: bool) -> list[GaussianStep]:
@@ -321,16 +331,24 @@ def _refuse_what_cannot_be_substituted(path: Path, scan: _Scan, kept: list[Ledge
     """A repair that would need a substitute it cannot make: for a tuned selection (none is
     Gaussian), without a step (named, or the mark's ceiling), or with a step of the other
     sampling scheme."""
-    if lost and (scan.lost_selection or (ceiling is not None and ceiling.selections)
+    # Whether a lost record may have been a selection: the mark's ceiling says; without one,
+    # a ledger that may hold them may have lost one whole (a deleted line shows nothing).
+    if lost and (scan.lost_selection or (ceiling.selections if ceiling is not None
+                                         else scan.selections_possible)
                  or any(not isinstance(r.step, GaussianStep) for r in kept)):
         raise LedgerError(
-            f"{path}: holds a tuned selection (a sweep's tuning ledger) and lost records; "
-            f"a lost selection has no Gaussian substitute, so it is not repaired")
+            f"{path}: holds, or may have held, a tuned selection (a sweep's tuning ledger, or "
+            f"an rdp ledger whose mark has the old format) and lost records; a lost selection "
+            f"has no Gaussian substitute, so it is not repaired")
     if lost and lost_step is None:
+        why = ("some are unreadable lines past the mark's count, which its step ceiling does "
+               "not cover (a damaged newest mark slot leaves an older count)"
+               if ceiling is not None else "no step ceiling prices them (the high-water mark "
+               "has the old format, fedsim-hwm/1, or is lost)")
         raise LedgerError(
-            f"{path}: {lost} acknowledged record(s) cannot be verified; name a step at "
-            f"least as expensive as each of them with --lost-step Q SIGMA (the client's "
-            f"largest q and smallest sigma) and repair again")
+            f"{path}: {lost} acknowledged record(s) cannot be verified and {why}; name a "
+            f"step at least as expensive as each of them with --lost-step Q SIGMA (the "
+            f"client's largest q and smallest sigma) and repair again")
     if lost_step is not None and lost_step.sampling != scan.header.get("sampling"):
         raise ConfigError(f"--lost-step is {lost_step.sampling} but the ledger records "
                           f"{scan.header.get('sampling')} steps")
@@ -369,7 +387,8 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
                    or scan.times_back)
         named = lost_step is not None
-        if lost_step is None and ceiling is not None:
+        past_mark = _unreadable_past(scan, mark)
+        if lost_step is None and ceiling is not None and not past_mark:
             # The mark's ceiling, raised to what the file holds past the mark: no one's word.
             lost_step = ceiling.including(kept).step(
                 str(scan.header.get("sampling")))  # type: ignore[arg-type]

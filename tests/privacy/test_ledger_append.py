@@ -43,9 +43,10 @@ def expected_files(client_id: str) -> tuple[bytes, bytes]:
                          "sampling": "poisson", "accountant": "pld",
                          "budget": {"epsilon": 50.0, "delta": 1e-5}}).encode()
     lines, prev = [header], _sha(header)
+    # The new ledger's mark of 0 records in slot 0, then each spend's in the other slot.
     slots = [b"", b""]
     q, sigma, most = 0.0, float("inf"), 0
-    for steps, time, round_ in SPENDS:
+    for write, (steps, time, round_) in enumerate(SPENDS, start=1):
         for step in steps if isinstance(steps, list) else [steps]:
             q, sigma, most = max(q, step.q), min(sigma, step.sigma), max(most, step.count)
             line = json.dumps({"time": time, "round": round_,
@@ -56,7 +57,7 @@ def expected_files(client_id: str) -> tuple[bytes, bytes]:
             prev = _sha(line)
         count = len(lines) - 1
         body = f"fedsim-hwm/2 {count} {prev} {q!r} {sigma!r} {most} 0"
-        slots[count % 2] = f"{body} {zlib.crc32(body.encode()):08x}".encode().ljust(255) + b"\n"
+        slots[write % 2] = f"{body} {zlib.crc32(body.encode()):08x}".encode().ljust(255) + b"\n"
     return b"".join(line + b"\n" for line in lines), slots[0] + slots[1]
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.cli import main
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -155,24 +155,60 @@ def test_a_kept_release_makes_the_default_a_release_price(tmp_path: Path) -> Non
     assert _eps(path) >= spent
 
 
-def test_an_unreadable_record_past_the_mark_was_never_released(tmp_path: Path) -> None:
-    """A record written whose mark was not (a crash between the two writes) belongs to a
-    spend that never returned, so nothing was released for it; charged all the same. (The
-    review's case: it is charged the ceiling, which does not cover it.)"""
+def test_an_unreadable_record_past_the_mark_needs_a_named_step(tmp_path: Path) -> None:
+    """A record past the mark's count is a spend whose mark was not written (never released),
+    or one whose newest mark slot was damaged later, the older slot counting fewer records
+    than were released (the second review: charged the older ceiling, eps 0.921 against 5.684
+    released). Nothing tells the two apart, so the ceiling does not price an unreadable one:
+    a human names it, at least the ceiling."""
     path = tmp_path / "c.jsonl"
     with _open(path) as ledger:
-        for r in range(10):
-            ledger.spend(GaussianStep("poisson", 0.02, 1.0), time=float(r), round=r)
+        for r in range(6):
+            ledger.spend(GaussianStep("poisson", 0.05, 2.0, 10), time=float(r), round=r)
+        ledger.spend(GaussianStep("poisson", 0.05, 0.6, 10), time=6.0, round=6)
         released = ledger.epsilon(DELTA)
-    mark = mark_path(path).read_bytes()  # the mark after round 9
-    with _open(path) as ledger:
-        ledger.spend(GaussianStep("poisson", 0.02, 0.5), time=10.0, round=10)
-    mark_path(path).write_bytes(mark)  # as if the crash came before the 11th spend's mark
+    data = bytearray(mark_path(path).read_bytes())
+    newest = 1  # the 7th spend's mark: the creation's in slot 0, then alternating
+    data[newest * 256 + 20] ^= 0x01  # a damaged sector: that slot's checksum fails
+    mark_path(path).write_bytes(bytes(data))
+    assert read_mark(path).count == 6  # type: ignore[union-attr]
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:-1]) + lines[-1][:40] + b"#" + lines[-1][41:])
-    report = repair_ledger(path)
-    assert report.substituted == 1
-    assert _eps(path) > released
+    with pytest.raises(LedgerError, match="past the mark's count"):
+        repair_ledger(path)
+    with pytest.raises(ConfigError, match="cheaper than"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 2.5))
+    repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 0.6))
+    assert _eps(path) >= released * (1 - 1e-9)
+
+
+def test_marks_alternate_slots_whatever_a_spend_counts(tmp_path: Path) -> None:
+    """By the count's parity, spends of two records each wrote one slot only, the other kept
+    the new ledger's mark of 0: a torn write of the newest then lost every count (the second
+    review: the ledger was refused, and a repair charged 2.187 for 7.454 released). Now each
+    write goes to the slot not holding the newest."""
+    path = tmp_path / "c.jsonl"
+    pair = [GaussianStep("poisson", 0.02, 1.0), GaussianStep("poisson", 0.05, 0.9)]
+    for under_directory_lock in (False, True):
+        directory = DirectoryLock(tmp_path) if under_directory_lock else None
+        with _open(path, directory=directory) as ledger:
+            for r in range(5):
+                round_ = 5 * under_directory_lock + r
+                ledger.spend(pair, time=float(round_), round=round_)
+        if directory is not None:
+            directory.close()
+    data = bytearray(mark_path(path).read_bytes())
+    slots = [read_mark_slot(bytes(data[k * 256:(k + 1) * 256])) for k in (0, 1)]
+    assert sorted(slots) == [18, 20]  # the last two spends' marks, one in each slot
+    newest = slots.index(20)
+    data[newest * 256 + 20] ^= 0x01  # torn
+    mark_path(path).write_bytes(bytes(data))
+    with _open(path) as ledger:  # a crash between records and mark: the mark moves up
+        assert len(ledger.records) == 20
+
+
+def read_mark_slot(slot: bytes) -> int:
+    return int(slot.split()[1])
 
 
 def _independent_ceiling(records: list[tuple[GaussianStep, int]]) -> StepCeiling:

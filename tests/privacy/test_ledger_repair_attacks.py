@@ -256,3 +256,26 @@ def test_a_damaged_selection_line_is_not_replaced_by_a_step(tmp_path: Path, dama
     path.write_bytes(b"\n".join(lines) + b"\n")
     with pytest.raises(LedgerError, match="tuned selection"):
         repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 0.5), no_releases=True)
+
+
+@pytest.mark.parametrize("mark", ["ceiling", "old"])
+def test_a_deleted_selection_line_is_not_replaced_by_a_step(tmp_path: Path, mark: str) -> None:
+    """The second review of the step ceiling: under an old mark a tuning ledger's selection
+    line, deleted whole (nothing left to read), got a Gaussian substitute (rdp eps 3.172
+    against 3.874). A ledger that may hold selections and lost records is not repaired unless
+    its mark's ceiling says none was recorded."""
+    candidates = tuple((GaussianStep("poisson", 0.05, 1.0, 50),) for _ in range(3))
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=Budget(1e3, 1e-5),
+                            accountant="rdp") as ledger:
+        ledger.spend(ROUND, time=0.0, round=0)
+        ledger.spend_selection(TunedSelection("negative_binomial", (0.0, 0.2), candidates),
+                               time=1.0, round=1)
+        ledger.spend(ROUND, time=2.0, round=2)
+    if mark == "old":
+        rewrite_as_old_mark(path)
+    lines = _lines(path)
+    del lines[2]  # the selection's line
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(LedgerError, match="tuned selection"):
+        repair_ledger(path, lost_step=GaussianStep("poisson", 1.0, 1.0), no_releases=True)
