@@ -9,11 +9,17 @@ into a valid chained ledger whose spending is at least what the damaged file hel
   to the time before it (times carry no spending);
 * every record the high-water mark says was acknowledged but that cannot be verified gets a
   substitute: one record of ``lost_step`` per such record, marked ``"repair"``. With the
-  mark's count ``M`` and a chain verified over the first ``V`` records, the records from
-  ``max(V - 1, 0)`` on are unverified (an edit without rehashing breaks the chain right
-  after the edited line), so ``M - max(V - 1, 0)`` substitutes; if the chain verifies past
-  ``M`` but the hash at ``M`` is not the mark's, the chain was recomputed and all ``M`` are
-  substituted. Unparseable lines beyond the mark also get one substitute each;
+  mark's count ``M`` and a chain verified over the first ``V < M`` records, the records from
+  ``max(V - 1, 0)`` on are unverified by it (an edit without rehashing breaks the chain right
+  after the edited line, and the last line a cut left has no line after it to show an edit,
+  so the last record verified is not trusted either) - except the ``T`` the mark vouches for
+  from the end: the record whose hash is the mark's last hash and each one before it whose
+  hash is the next one's ``prev`` (:func:`_vouched_tail`; a line deleted or damaged near the
+  beginning of a long ledger no longer charges its whole history again). So
+  ``max(M - max(V - 1, 0) - T, 0)`` substitutes; if the chain verifies past ``M`` but the
+  hash at ``M`` is not the mark's, the chain was recomputed and all ``M`` are substituted.
+  Unparseable lines beyond the mark also get one substitute each (a step a human names:
+  :func:`_unreadable_past`);
 * without a usable mark (lost, or a ``fedsim-ledger/1`` file) nobody knows how many records
   were lost: the caller must say (``assume_lost``; 0 is the user vouching for the file), and
   records after a chain break are substituted as above.
@@ -114,13 +120,30 @@ class RepairReport:
     damaged: bool  # False: the ledger verified as it was and nothing was changed
     charged: GaussianStep | None = None  # what each substitute is charged
     charged_from: str | None = None  # "mark": the mark's step ceiling; "named": --lost-step
+    why: str = ""  # which records the chain and the mark vouch for, in words
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "kept": self.kept, "unreadable": self.unreadable,
                 "substituted": self.substituted, "backup": self.backup,
                 "damaged": self.damaged,
                 "charged": None if self.charged is None else self.charged.to_json(),
-                "charged_from": self.charged_from}
+                "charged_from": self.charged_from, "why": self.why}
+
+
+def _why(scan: _Scan, mark: Mark | None, lost: int) -> str:
+    """What the repair found, for the person who runs it (a count of substitutes alone, 272
+    for 8 lines deleted, said nothing)."""
+    if not lost:
+        return "every acknowledged record verifies"
+    if mark is None or scan.header["format"] != LEDGER_FORMAT:
+        return f"no usable high-water mark: {lost} record(s) assumed lost or past a break"
+    head = max(scan.verified - 1, 0) if scan.verified < mark.count else 0
+    tail = _vouched_tail(scan, mark) if scan.verified < mark.count else 0
+    return (f"{mark.count} record(s) were acknowledged; the hash chain vouches for the first "
+            f"{head} and the mark's last hash for the last {tail} (the last record the chain "
+            f"verifies, with no verified record after it, is not trusted: an edit of it would "
+            f"not show); {lost} cannot be verified and are charged again as substitutes, "
+            f"every readable line kept beside them (a repair never removes spending)")
 
 
 @dataclass
@@ -134,6 +157,8 @@ class _Scan:
     lost_selection: bool  # an unreadable line that was a tuned selection's
     times_back: bool  # a readable record's time before the one before it
     selections_possible: bool  # the ledger may hold a tuned selection (rdp, or a tuning one)
+    line_hashes: list[str]  # each record line's chain hash, readable or not
+    prevs: list[str | None]  # each readable record's "prev" (None: unreadable)
 
 
 def given_header(header: Any) -> dict[str, Any]:
@@ -188,6 +213,8 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
     verified, intact = 0, True
     substitutes: set[int] = set()
     lost_selection, times_back, last_time = False, False, -math.inf
+    line_hashes: list[str] = []
+    prevs: list[str | None] = []
     selections_possible = header.get("accountant") == "rdp" or path.parent.parts[-2:] == (
         "tuning", "ledgers")
     for number, line in enumerate(lines[1:], start=2 if readable else 1):
@@ -219,13 +246,15 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
             times_back = times_back or record.time < last_time
             last_time = max(last_time, record.time)
         records.append((number, record))
+        line_hashes.append(line_hash(line))
+        prevs.append(prev if record is not None else None)
         if intact and record is not None and (not chained or prev == hashes[-1]):
             verified += 1
             hashes.append(line_hash(line))
         else:
             intact = False
     return _Scan(header, lines[0], records, verified, hashes, substitutes, lost_selection,
-                 times_back, selections_possible)
+                 times_back, selections_possible, line_hashes, prevs)
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
@@ -238,7 +267,12 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
         elif scan.verified >= mark.count:
             lost = mark.count  # a recomputed chain: no acknowledged record is verified
         else:
-            lost = mark.count - unverified_from
+            # Fewer verified than acknowledged: the last the chain verifies has no successor
+            # that vouches for it (an edit of the last line left by a cut is invisible to the
+            # chain), so it is not trusted, the whole file verified or not; the records the
+            # mark vouches for from the end are not lost.
+            trusted = max(scan.verified - 1, 0)
+            lost = max(mark.count - trusted - _vouched_tail(scan, mark), 0)
         return lost + sum(1 for _, r in scan.records[mark.count:] if r is None)
     if assume_lost is None:
         raise LedgerError(
@@ -246,6 +280,28 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
             f"say it with --assume-lost N (0 vouches that the file is complete)")
     after_break = total - unverified_from if scan.verified < total else 0
     return assume_lost + after_break
+
+
+def _vouched_tail(scan: _Scan, mark: Mark) -> int:
+    """How many records end the acknowledged ones as they were written, vouched for by the
+    mark: the record whose hash is the mark's last hash, and before it every record whose hash
+    is the ``prev`` of the one after it (SHA-256: a line changed, deleted or inserted there
+    would break the links). Past a break in the chain from the header - a line deleted,
+    edited or damaged in the middle - these records are intact, so only those between the
+    break and them are lost (a cut or damage near the beginning no longer charges the whole
+    history again). 0 when no record has the mark's last hash (a cut end) or the file has no
+    chain."""
+    if scan.header["format"] != LEDGER_FORMAT:
+        return 0
+    try:  # the acknowledged last record: its first line with that hash (more is extra)
+        end = scan.line_hashes.index(mark.last_hash)
+    except ValueError:
+        return 0
+    start = end
+    while start > 0 and scan.prevs[start] is not None \
+            and scan.prevs[start] == scan.line_hashes[start - 1]:
+        start -= 1
+    return end - start + 1
 
 
 def _unreadable_past(scan: _Scan, mark: Mark | None) -> int:
@@ -398,7 +454,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         charged_from = None if substitute is None else "named" if named else "mark"
         if not damaged or dry_run:
             return RepairReport(str(path), len(kept), unreadable, lost, None, damaged,
-                                substitute, charged_from)
+                                substitute, charged_from, _why(scan, mark, lost))
         header = {**scan.header, "format": LEDGER_FORMAT}
         header_line = json.dumps(header).encode()
         out, last, clock = [header_line], line_hash(header_line), 0.0
@@ -425,7 +481,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         new_ceiling = (ceiling or NO_STEPS).including([*kept, *lost_records])
         mark_file.write_both(Mark(count, last, new_ceiling))
         return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True,
-                            substitute, charged_from)
+                            substitute, charged_from, _why(scan, mark, lost))
 
 
 def _backup_name(path: Path) -> Path:

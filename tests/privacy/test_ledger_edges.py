@@ -142,9 +142,9 @@ def test_repair_refuses_a_lost_step_cheaper_than_the_kept_records(
     with pytest.raises(ConfigError, match="cheaper than"):
         repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 1.5))
     assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0"]) == 0
-    with open_ledger(path) as ledger:
-        assert ledger.epsilon() == pytest.approx(spent, rel=1e-9)
-        assert ledger.epsilon() == pytest.approx(eps_of([STEP.times(61)]), rel=1e-9)
+    with open_ledger(path) as ledger:  # the 20 lost, and the last kept (nothing vouches for it)
+        assert ledger.epsilon() >= spent
+        assert ledger.epsilon() == pytest.approx(eps_of([STEP.times(62)]), rel=1e-9)
 
 
 def test_repair_charges_each_lost_record_as_many_steps_as_the_largest_kept(
@@ -159,9 +159,9 @@ def test_repair_charges_each_lost_record_as_many_steps_as_the_largest_kept(
         spent = ledger.epsilon()
     path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:21]))
     repair_ledger(path, lost_step=STEP)
-    with open_ledger(path) as ledger:
-        assert sum(s.count for s in ledger.steps) == 120
-        assert ledger.epsilon() == pytest.approx(spent, rel=1e-9)
+    with open_ledger(path) as ledger:  # 30 records of 4, and the last kept charged again
+        assert sum(s.count for s in ledger.steps) == 124
+        assert ledger.epsilon() >= spent
 
 
 # -- (d) an emptied ledger with a mark can be repaired -------------------------------------------
