@@ -142,8 +142,12 @@ def _keep_freed_memory() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # (about 2 s: the commands' imports)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the command started: no traceback either
+        print("interrupted", file=sys.stderr)
+        return 130
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

@@ -72,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--from {args.source}: no such file or directory")
             sources = datasets.local_file_sources(datasets.get(args.dataset), local)
         started = time.perf_counter()
-        path = datasets.fetch(args.dataset, args.dir, sources=sources, force=args.force)
+        # A file given with --from is read and verified even when a copy is cached (else a
+        # wrong file would be reported "verified"); the cached copy is replaced only by a good one.
+        path = datasets.fetch(args.dataset, args.dir, sources=sources,
+                              force=args.force or sources is not None)
         print(f"{path}\t(verified, {time.perf_counter() - started:.1f} s)")
         return 0
     if args.action == "where":

@@ -474,7 +474,7 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
             pass  # unreadable: fetched again below
     failures = []
     for source in spec.sources if sources is None else sources:
-        _log.info("downloading", dataset=spec.name, source=source.description)
+        _log.info("fetching", dataset=spec.name, source=source.description)
         try:
             arrays = spec.check(source.fetch(open_url), source.description)
             actual = content_digest(arrays)
@@ -494,7 +494,7 @@ def fetch(name: str | DatasetSpec, directory: str | os.PathLike[str] | None = No
         return target
     if not failures:
         raise DataError(f"{spec.name} has no download source; {spec.offline_hint}")
-    raise DataError(f"could not download {spec.name}; tried:\n    " + "\n    ".join(failures))
+    raise DataError(f"could not fetch {spec.name}; tried:\n    " + "\n    ".join(failures))
 
 
 def _write_atomically(target: Path, arrays: Arrays) -> None:

@@ -256,3 +256,19 @@ def test_affordable_rounds_are_the_ledgers_count() -> None:
     assert round_seconds(group, parse_scenario(data)) == pytest.approx(0.4)
     data["clients"]["groups"][0]["staleness"] = {"max_versions_behind": 1}
     assert round_seconds(parse_scenario(data).clients.groups[0], parse_scenario(data)) == 0.5
+
+
+def test_ctrl_c_while_the_commands_load_is_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stranger's Ctrl-C in the first two seconds (the commands' imports, before a command
+    runs) printed a KeyboardInterrupt traceback; later it printed "interrupted"."""
+    import fedsim.cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedsim.cli, "build_parser", interrupted)
+    assert fedsim.cli.main(["run", "scenarios/quickstart.yaml"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "interrupted" and captured.out == ""

@@ -302,6 +302,15 @@ def test_fetch_from_a_local_copy(real_mnist: datasets.Found, tmp_path: Path,
     bad.write_bytes(_npz({**real_mnist.arrays, "y_test": real_mnist.arrays["y_test"][::-1]}))
     assert main(["data", "fetch", "mnist", "--from", str(bad), "--dir", str(tmp_path / "o2")]) == 2
     assert "does not match the pinned" in capsys.readouterr().err
+    # With a verified copy already cached, a wrong file given with --from is still read and
+    # refused (a stranger's run: "verified" for a README given as MNIST), the copy kept.
+    cached = (tmp_path / "out" / "mnist.npz").read_bytes()
+    for wrong in (bad, Path(__file__)):
+        assert main(["data", "fetch", "mnist", "--from", str(wrong),
+                     "--dir", str(tmp_path / "out")]) == 2
+        captured = capsys.readouterr()
+        assert "verified" not in captured.out and "could not fetch mnist" in captured.err
+    assert (tmp_path / "out" / "mnist.npz").read_bytes() == cached
 
 
 # ----------------------------------------------------------------------------- any directory
