@@ -298,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
         + (f"  packets limited to {max_packet_bytes:,} bytes (max_packet_size)\n"
            if max_packet_bytes is not None else
            "  WARNING: no packet size limit (give --max-packet-bytes or a SCENARIO)\n")
-        + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl)\n"
+        + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl, which "
+        "only their owner may read; started as root, mosquitto first switches to the user "
+        "mosquitto: chown mosquitto the files, or start it as their owner)\n"
         f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
         f"--secrets {files.secrets_file}{trust}",
         file=sys.stdout,

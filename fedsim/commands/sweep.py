@@ -219,9 +219,18 @@ def run(args: argparse.Namespace) -> int:
     plans = plan_runs(args.scenario, grid, seeds, args.overrides, out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{out}: {len(plans)} run(s), {args.jobs} at a time")
-    rows = execute(args, plans)
     meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": seeds,
             "overrides": list(args.overrides)}
+    rows: list[dict[str, Any]] = []
+    try:
+        execute(args, plans, rows)
+    except KeyboardInterrupt:
+        # The runs that finished keep their rows; the rest are listed as not run.
+        rows += [{"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"],
+                  "status": "not run: the sweep was interrupted"} for plan in plans[len(rows):]]
+        write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
+        print(f"table of the finished runs: {out / 'sweep.csv'}, {out / 'sweep.json'}")
+        raise
     csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
     for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
         print(line)
@@ -229,10 +238,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(row["status"] == "ok" for row in rows) else 1
 
 
-def execute(args: argparse.Namespace, plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run ``plans`` (``--jobs`` at a time) and return their rows, in order."""
+def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
+            rows: list[dict[str, Any]]) -> None:
+    """Run ``plans`` (``--jobs`` at a time), appending their rows to ``rows`` in order as they
+    finish (an interrupted sweep keeps those)."""
     plots = not args.no_plots
-    rows: list[dict[str, Any]] = []
     if args.jobs == 1 or len(plans) <= 1:
         for plan in plans:
             rows.append(run_one(args.scenario, plan, plots, args.allow_factories))
@@ -246,7 +256,6 @@ def execute(args: argparse.Namespace, plans: list[dict[str, Any]]) -> list[dict[
             for future in futures:
                 rows.append(future.result())
                 print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
-    return rows
 
 
 def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], delta: float,
@@ -274,7 +283,8 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
         plans.append({**chosen, "dir": str(out / f"trial-{index:03d}-{label}")})
     print(f"{out}: private tuning, {count} trial(s) of {len(candidates)} candidate(s), "
           f"{args.jobs} at a time (a deployment keeps K and the unselected trials secret)")
-    rows = execute(args, plans)
+    rows: list[dict[str, Any]] = []
+    execute(args, plans, rows)  # (interrupted: no table; the tuning ledgers are charged)
     best = tuning.best_trial(rows)
     tuned_max = max(totals.values(), default=0.0)
     for index, row in enumerate(rows):

@@ -157,3 +157,31 @@ def test_report_and_compare_read_an_rdp_run(tiny_scenario: Path, tmp_path: Path,
     privacy = json.loads((run / "summary.json").read_text())["privacy"]
     assert row["eps_max"] == pytest.approx(privacy["epsilon_max"], rel=1e-3)
     assert row["warnings"] == []
+
+
+def test_an_interrupted_sweep_keeps_the_table_of_its_finished_runs(
+        tiny_scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's Ctrl-C after 3 of 6 runs left no sweep.csv or sweep.json (and the
+    directory, not empty, could not be swept again)."""
+    from fedsim.commands import sweep
+
+    real, calls = sweep.run_one, []
+
+    def first_then_ctrl_c(*args: object, **kwargs: object) -> dict[str, object]:
+        calls.append(args)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "run_one", first_then_ctrl_c)
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(tiny_scenario), "--grid", "clients.groups[*].noise.sigma=1.0,1.5,2.0",
+                 "--out", str(out), "--no-plots"]) == 130
+    rows = _rows(out / "sweep.csv")
+    assert [r["status"] for r in rows] == ["ok", *["not run: the sweep was interrupted"] * 2]
+    assert rows[0]["final_accuracy"] != ""
+    table = json.loads((out / "sweep.json").read_text())
+    assert table["interrupted"] is True and len(table["runs"]) == 3
+    captured = capsys.readouterr()
+    assert "table of the finished runs" in captured.out and "interrupted" in captured.err
