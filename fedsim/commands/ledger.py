@@ -46,7 +46,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                              "old format (fedsim-hwm/1) or was lost.")
     repair.add_argument("--assume-lost", type=int, metavar="N",
                         help="The records lost beyond what the file shows, when it has no usable "
-                             "high-water mark (0: you vouch that it is complete).")
+                             "high-water mark or one slot of it is damaged (the records the "
+                             "client's last spend wrote; 0: you vouch that it is complete).")
     repair.add_argument("--no-releases", action="store_true",
                         help="Vouch that the client made no release before round one (DP "
                              "normalisation, DP-PCA): needed when the ledger's first records "

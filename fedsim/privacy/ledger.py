@@ -275,6 +275,7 @@ class PrivacyLedger:
             # refused keeps every byte for its repair).
             records, last, resume_at = _read(path, data[:data.rfind(b"\n") + 1], header,
                                              mark)
+            _refuse_a_mark_maybe_a_spend_old(path, lock, mark, len(records))
             cut_partial_line(path, data)
             # An old mark keeps its format; a ceiling is only ever raised.
             held = NO_STEPS if mark is None else mark.ceiling
@@ -959,6 +960,20 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
                               f"reset)")
     check_mark(path, parsed, mark)
     return parsed.records, parsed.hashes[-1], parsed.next_round
+
+
+def _refuse_a_mark_maybe_a_spend_old(path: Path, lock: MarkFile, mark: Mark | None,
+                                     records: int) -> None:
+    """Refuse a ledger whose mark's other slot is damaged while the file holds just the records
+    the valid slot counts. A torn mark write leaves its spend's records past the older mark
+    (which open moves up); none here: the damaged slot may have counted records since cut."""
+    if mark is not None and lock.other_damaged and records == mark.count:
+        raise LedgerError(
+            f"{path}: one slot of its high-water mark is damaged and the file holds just the "
+            f"{mark.count} records the other counts, so records counted by the damaged one "
+            f"may have been cut; `fedsim ledger repair {path} --assume-lost N --lost-step Q "
+            f"SIGMA` adds them (N: the records the client's last spend wrote, 0 if you know "
+            f"none were lost)")
 
 
 def _take_lock(path: Path, directory: DirectoryLock | None) -> MarkFile:

@@ -279,16 +279,29 @@ def _decode_mark(slot: bytes) -> Mark | None:
         return None
 
 
-def _newest_mark(data: bytes) -> tuple[Mark, int] | None:
-    """The newest valid mark in a mark file's first bytes and its slot (0 or 1): slots of
-    either format (a ledger of the old format keeps it until a repair rewrites both slots in
-    the new one). Of equal counts, one with a ceiling, then slot 0."""
-    candidates = [(_decode_mark(data[k * size:(k + 1) * size]), k)
+@dataclass(frozen=True, slots=True)
+class FoundMark:
+    """The newest valid mark of a mark file, the slot it is in (0 or 1), and whether the other
+    slot of its format holds bytes that are not a valid mark (torn or damaged): that slot may
+    have held a newer mark, counting records written since, so this one may be a spend old."""
+
+    mark: Mark
+    slot: int
+    other_damaged: bool
+
+
+def _newest_mark(data: bytes) -> FoundMark | None:
+    """The newest valid mark in a mark file's first bytes: slots of either format (a ledger of
+    the old format keeps it until a repair rewrites both slots in the new one). Of equal
+    counts, one with a ceiling, then slot 0."""
+    candidates = [(_decode_mark(data[k * size:(k + 1) * size]), k, size)
                   for size in (_MARK_SLOT, _OLD_MARK_SLOT) for k in (0, 1)]
-    valid = [(mark, k) for mark, k in candidates if mark is not None]
+    valid = [(mark, k, size) for mark, k, size in candidates if mark is not None]
     if not valid:
         return None
-    return max(valid, key=lambda mk: (mk[0].count, mk[0].ceiling is not None, -mk[1]))
+    mark, slot, size = max(valid, key=lambda m: (m[0].count, m[0].ceiling is not None, -m[1]))
+    other = data[(1 - slot) * size:(2 - slot) * size]  # empty: never written (a new ledger's)
+    return FoundMark(mark, slot, bool(other) and _decode_mark(other) is None)
 
 
 class MarkFile:
@@ -314,6 +327,7 @@ class MarkFile:
                 f"handle holds its lock); one ledger has one writer")
         self._identity = _identity(os.fstat(self._fd))
         self.slot: int | None = None  # the slot of the newest mark read or written
+        self.other_damaged = False  # the other slot, when read, held a damaged mark
         try:
             self.verify()  # replaced between the open and the lock: this lock guards nothing
             if not directory_held:
@@ -339,8 +353,9 @@ class MarkFile:
     def read(self) -> Mark | None:
         """The newest valid mark (None: none); the next :meth:`write` goes to the other slot."""
         found = _newest_mark(os.pread(self._fd, 2 * _MARK_SLOT, 0))
-        self.slot = None if found is None else found[1]
-        return None if found is None else found[0]
+        self.slot = None if found is None else found.slot
+        self.other_damaged = found is not None and found.other_damaged
+        return None if found is None else found.mark
 
     def write(self, mark: Mark, *, sync: bool = True, verified: bool = False) -> None:
         """Write ``mark`` into the slot that does not hold the newest (:func:`next_slot`);
@@ -352,7 +367,7 @@ class MarkFile:
             self.verify()
         slot = next_slot(self.slot)
         os.pwrite(self._fd, _encode_mark(mark), _mark_offset(mark, slot))
-        self.slot = slot
+        self.slot, self.other_damaged = slot, False  # (the damaged slot is the one written)
         if sync:
             os.fsync(self._fd)
 
@@ -366,7 +381,7 @@ class MarkFile:
         both = _encode_mark(mark) * 2
         os.pwrite(self._fd, both, 0)
         os.ftruncate(self._fd, len(both))  # no slot of the other format is left to be read
-        self.slot = 0  # (as read() finds it)
+        self.slot, self.other_damaged = 0, False  # (as read() finds it)
         os.fsync(self._fd)
 
     def close(self) -> None:
@@ -526,7 +541,7 @@ def read_mark(path: Path) -> Mark | None:
         raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
                           f"({exc.strerror})") from None
     found = _newest_mark(data)
-    return None if found is None else found[0]
+    return None if found is None else found.mark
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -258,7 +258,9 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
-                 path: Path) -> int:
+                 path: Path, *, stale: bool) -> int:
+    """How many records are lost (``stale``: a slot of the mark is damaged, and the caller's
+    ``assume_lost`` says how many records it may have counted beyond the valid one)."""
     total = len(scan.records)
     unverified_from = _unverified_from(scan)
     if mark is not None and scan.header["format"] == LEDGER_FORMAT:
@@ -273,7 +275,8 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
             # mark vouches for from the end are not lost.
             trusted = max(scan.verified - 1, 0)
             lost = max(mark.count - trusted - _vouched_tail(scan, mark), 0)
-        return lost + sum(1 for _, r in scan.records[mark.count:] if r is None)
+        return (lost + sum(1 for _, r in scan.records[mark.count:] if r is None)
+                + (_since_a_damaged_slot(path, assume_lost) if stale else 0))
     if assume_lost is None:
         raise LedgerError(
             f"{path}: no usable high-water mark, so nobody knows how many records were lost; "
@@ -302,6 +305,21 @@ def _vouched_tail(scan: _Scan, mark: Mark) -> int:
             and scan.prevs[start] == scan.line_hashes[start - 1]:
         start -= 1
     return end - start + 1
+
+
+def _since_a_damaged_slot(path: Path, assume_lost: int | None) -> int:
+    """Records a damaged mark slot may have counted beyond the valid one: that slot may have
+    held the newer mark, so the last spend's records may be lost without a trace (cut,
+    deleted, edited) and its step need not be under the older mark's ceiling. Nothing shows
+    how many: the caller says (``assume_lost``), and names the step (an attacker's review:
+    the newest slot damaged and lines deleted, a repair charged eps 3.21 for 3.55 released)."""
+    if assume_lost is None:
+        raise LedgerError(
+            f"{path}: one slot of its high-water mark is damaged, so the mark read may be a "
+            f"spend old and that spend's records lost without a trace; say how many records "
+            f"it may have written with --assume-lost N (0 if you know none were lost) and "
+            f"name a step at least as expensive with --lost-step Q SIGMA")
+    return assume_lost
 
 
 def _unreadable_past(scan: _Scan, mark: Mark | None) -> int:
@@ -397,8 +415,9 @@ def _refuse_what_cannot_be_substituted(path: Path, scan: _Scan, kept: list[Ledge
             f"an rdp ledger whose mark has the old format) and lost records; a lost selection "
             f"has no Gaussian substitute, so it is not repaired")
     if lost and lost_step is None:
-        why = ("some are unreadable lines past the mark's count, which its step ceiling does "
-               "not cover (a damaged newest mark slot leaves an older count)"
+        why = ("some are unreadable lines past the mark's count, or were counted by a damaged "
+               "mark slot, which the step ceiling does not cover (a damaged newest slot leaves "
+               "an older count)"
                if ceiling is not None else "no step ceiling prices them (the high-water mark "
                "has the old format, fedsim-hwm/1, or is lost)")
         raise LedgerError(
@@ -435,7 +454,8 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         scan = _scan(path, data, given)
         mark = mark_file.read()
         ceiling = None if mark is None else mark.ceiling
-        lost = _substitutes(scan, mark, assume_lost, path)
+        stale = mark is not None and mark_file.other_damaged
+        lost = _substitutes(scan, mark, assume_lost, path, stale=stale)
         unreadable = sum(1 for _, r in scan.records if r is None)
         kept = [r for _, r in scan.records if r is not None]
         damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records)
@@ -444,7 +464,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or scan.times_back)
         named = lost_step is not None
         past_mark = _unreadable_past(scan, mark)
-        if lost_step is None and ceiling is not None and not past_mark:
+        if lost_step is None and ceiling is not None and not past_mark and not stale:
             # The mark's ceiling, raised to what the file holds past the mark: no one's word.
             lost_step = ceiling.including(kept).step(
                 str(scan.header.get("sampling")))  # type: ignore[arg-type]

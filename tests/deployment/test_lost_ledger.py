@@ -183,11 +183,12 @@ def test_a_repaired_ledger_resumes_past_its_lost_rounds(tmp_path: Path) -> None:
         lines = path.read_bytes().splitlines(keepends=True)
         path.write_bytes(b"".join(lines[:-1]))  # the last round's record is lost
         step = GaussianStep.from_json(json.loads(lines[-2])["step"])
-        assert repair_ledger(path, lost_step=step).substituted == 1
+        # the lost record, and the last kept (no later line vouches for it)
+        assert repair_ledger(path, lost_step=step).substituted == 2
         second, outcome = asyncio.run(asyncio.wait_for(_serve(broker, loaded, book, own), 60))
     finally:
         broker.kill()
     assert isinstance(outcome, dict), outcome
     assert outcome["refused"] is None
-    assert outcome["first_round"] == ROUNDS  # 2 rounds kept + 1 substitute
+    assert outcome["first_round"] == ROUNDS + 1  # 2 rounds kept + 2 substitutes
     assert _released(second) == []

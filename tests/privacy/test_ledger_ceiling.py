@@ -157,23 +157,25 @@ def test_a_kept_release_makes_the_default_a_release_price(tmp_path: Path) -> Non
     assert _eps(path) >= spent
 
 
+def _damage_slot(path: Path, slot: int) -> None:
+    data = bytearray(mark_path(path).read_bytes())
+    data[slot * 256 + 20] ^= 0x01  # a damaged sector: that slot's checksum fails
+    mark_path(path).write_bytes(bytes(data))
+
+
 def test_an_unreadable_record_past_the_mark_needs_a_named_step(tmp_path: Path) -> None:
     """A record past the mark's count is a spend whose mark was not written (never released),
     or one whose newest mark slot was damaged later, the older slot counting fewer records
     than were released (the second review: charged the older ceiling, eps 0.921 against 5.684
-    released). Nothing tells the two apart, so the ceiling does not price an unreadable one:
-    a human names it, at least the ceiling."""
+    released). So the ceiling does not price an unreadable one: a human names it."""
     path = tmp_path / "c.jsonl"
     with _open(path) as ledger:
         for r in range(6):
             ledger.spend(GaussianStep("poisson", 0.05, 2.0, 10), time=float(r), round=r)
+        mark = mark_path(path).read_bytes()  # both slots valid, counting 5 and 6
         ledger.spend(GaussianStep("poisson", 0.05, 0.6, 10), time=6.0, round=6)
         released = ledger.epsilon(DELTA)
-    data = bytearray(mark_path(path).read_bytes())
-    newest = 1  # the 7th spend's mark: the creation's in slot 0, then alternating
-    data[newest * 256 + 20] ^= 0x01  # a damaged sector: that slot's checksum fails
-    mark_path(path).write_bytes(bytes(data))
-    assert read_mark(path).count == 6  # type: ignore[union-attr]
+    mark_path(path).write_bytes(mark)  # the 7th record past the mark
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:-1]) + lines[-1][:40] + b"#" + lines[-1][41:])
     with pytest.raises(LedgerError, match="past the mark's count"):
@@ -182,6 +184,50 @@ def test_an_unreadable_record_past_the_mark_needs_a_named_step(tmp_path: Path) -
         repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 2.5))
     repair_ledger(path, lost_step=GaussianStep("poisson", 0.05, 0.6))
     assert _eps(path) >= released * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("damage", ["the last line unreadable", "lines deleted and the last "
+                                    "spend's damaged", "the last line cut"])
+def test_a_damaged_mark_slot_makes_nobody_trust_the_mark_it_leaves(tmp_path: Path,
+                                                                   damage: str) -> None:
+    """The newest slot damaged, the valid one a spend older: the last spend's records may be
+    gone without a trace. Attackers' reviews: eps 0.921 for 5.684 released (its line
+    unreadable), 3.207 for 3.551 (lines deleted before the anchor, the last spend's three
+    damaged). The repair asks how many records that spend wrote and for a step; the client's
+    own open refuses a file holding just the older count (its last line cut). Not caught: the
+    last spend's line *edited* (cheaper) under a damaged slot reads as a torn mark write's
+    records, kept as they are (docs/SECURITY.md)."""
+    path = tmp_path / "c.jsonl"
+    step = GaussianStep("poisson", 0.1, 0.9)
+    with _open(path) as ledger:
+        for r in range(7):
+            ledger.spend(step, time=float(r), round=r)
+        last = [GaussianStep("poisson", 0.1, 0.6)] + [step] * 2 if "deleted" in damage else [
+            GaussianStep("poisson", 0.1, 0.6)]
+        ledger.spend(last, time=7.0, round=7)
+        released = ledger.epsilon(DELTA)
+    _damage_slot(path, 0)  # the last spend's mark (the creation's in 0, then alternating)
+    assert read_mark(path).count == 7  # type: ignore[union-attr]
+    lines = path.read_bytes().splitlines(keepends=True)
+    if damage == "the last line unreadable":
+        lines[-1] = lines[-1][:40] + b"#" + lines[-1][41:]
+    elif damage.startswith("lines deleted"):
+        del lines[1:4]
+        lines[-3:] = [line[:40] + b"#" + line[41:] for line in lines[-3:]]
+    else:
+        del lines[-1]
+    path.write_bytes(b"".join(lines))
+    if damage == "the last line cut":  # the file holds the older count: open refuses
+        with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged"):
+            _open(path)
+    with pytest.raises(LedgerError, match="--assume-lost N"):
+        repair_ledger(path)
+    with pytest.raises(LedgerError, match="--lost-step"):
+        repair_ledger(path, assume_lost=len(last))
+    repair_ledger(path, assume_lost=len(last), lost_step=GaussianStep("poisson", 0.1, 0.6))
+    assert _eps(path) >= released * (1 - 1e-9)
+    with _open(path) as reopened:  # valid again: both slots rewritten
+        assert read_mark(path).count == len(reopened.records)  # type: ignore[union-attr]
 
 
 def test_marks_alternate_slots_whatever_a_spend_counts(tmp_path: Path) -> None:
