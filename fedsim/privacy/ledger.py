@@ -301,7 +301,9 @@ class PrivacyLedger:
         """A new ledger: its mark of 0 records, then its header, written without an fsync (its
         first spend makes them durable before its own records: :meth:`_make_creation_durable`)."""
         line = json.dumps(header).encode()
-        lock.write(Mark(0, line_hash(line), NO_STEPS), sync=False)
+        # Both slots: a mark file left by an earlier start (another format, or damaged) keeps
+        # nothing that a later open could read as a damaged slot (a review: refused).
+        lock.write_both(Mark(0, line_hash(line), NO_STEPS), sync=False)
         if path.exists():
             path.unlink()
         write_new(path, line + b"\n", durable=False)

@@ -374,15 +374,17 @@ class MarkFile:
     def sync(self) -> None:
         os.fsync(self._fd)
 
-    def write_both(self, mark: Mark) -> None:
-        """Write ``mark`` into both slots (after a repair lowered nothing but renumbered),
-        in its format (a mark of the new format replaces the old format's slots)."""
+    def write_both(self, mark: Mark, *, sync: bool = True) -> None:
+        """Write ``mark`` into both slots, in its format, and nothing else (a repair's mark; a
+        new ledger's first, over whatever an earlier mark file held): fsynced unless
+        ``sync=False``."""
         self.verify()
         both = _encode_mark(mark) * 2
         os.pwrite(self._fd, both, 0)
         os.ftruncate(self._fd, len(both))  # no slot of the other format is left to be read
         self.slot, self.other_damaged = 0, False  # (as read() finds it)
-        os.fsync(self._fd)
+        if sync:
+            os.fsync(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:

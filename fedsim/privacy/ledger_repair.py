@@ -458,7 +458,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         lost = _substitutes(scan, mark, assume_lost, path, stale=stale)
         unreadable = sum(1 for _, r in scan.records if r is None)
         kept = [r for _, r in scan.records if r is not None]
-        damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records)
+        damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records) or stale
                    or scan.header["format"] != LEDGER_FORMAT or mark is None
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
                    or scan.times_back)

@@ -449,3 +449,37 @@ def test_no_damage_in_the_middle_charges_less_than_was_released(
         # step (an edited sigma 50 kept) can read 1.5e-5 lower than the history without it
         # (2.423277 against 2.423313 for three steps of sigma 0.7): the grid's slack, not spending.
         assert repaired.epsilon(DELTA) >= released * (1 - 1e-4)
+
+
+def test_a_refused_ledger_with_a_damaged_slot_is_repaired_with_assume_lost_0(
+    tmp_path: Path
+) -> None:
+    """The refusal's own way out: the older slot damaged (nothing lost), `--assume-lost 0`
+    vouches for it and the repair rewrites both slots (a review: it printed "damaged: False"
+    and wrote nothing, so the ledger stayed refused)."""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        for r in range(3):
+            ledger.spend(SCHEDULE[r], time=float(r), round=r)
+        spent = ledger.epsilon(DELTA)
+    _damage_slot(path, 0)  # the older of the two (the third spend's mark is in slot 1)
+    with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged"):
+        _open(path)
+    assert main(["ledger", "repair", str(path), "--assume-lost", "0"]) == 0
+    with _open(path) as ledger:
+        assert len(ledger.records) == 3 and ledger.epsilon(DELTA) == pytest.approx(spent)
+    assert len(mark_path(path).read_bytes()) == 512
+
+
+def test_a_new_ledger_over_an_old_mark_file_leaves_no_damaged_slot(tmp_path: Path) -> None:
+    """An earlier fedsim that stopped between a new ledger's mark and its header left an old
+    mark of 0 records and no ledger: the new ledger's mark went to the new format's second
+    slot, the old slots read as a damaged first one, and a reopen before any spend was
+    refused (a review). A new ledger's mark fills both slots."""
+    path = tmp_path / "c.jsonl"
+    mark_path(path).write_bytes(old_slot(0, "c" * 64) * 2)
+    with _open(path):
+        pass
+    with _open(path) as ledger:
+        assert len(ledger.records) == 0 and ledger.step_ceiling is not None
+    assert len(mark_path(path).read_bytes()) == 512
