@@ -235,7 +235,7 @@ def _mechanism(*, q: float | None, batch_size: int | None,  # noqa: C901, PLR091
         if steps is None:
             raise ConfigError("give --steps or --epochs")
         if not 1 <= steps <= MAX_STEPS:
-            raise ConfigError(f"T must be in 1..{MAX_STEPS:.0e}, got {steps}")
+            raise ConfigError(f"--steps (T) must be in 1..{MAX_STEPS:.0e}, got {steps}")
     return q, steps
 
 

@@ -31,7 +31,7 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--q", "0.01", "--sigma", "1e-300", "--steps", "100"], "too small to account"),
-    ([*MECH, "--steps", "1e21"], r"T must be in 1\.\.1e\+12"),
+    ([*MECH, "--steps", "1e21"], r"--steps \(T\) must be in 1\.\.1e\+12"),
     ([*MECH, "--epochs", "1e300"], "at most 1e\\+12"),
     (["--accountant", "gdp-clt", "--q", "0.01", "--sigma", "0.05", "--steps", "100"],
      "no meaningful privacy"),

@@ -49,4 +49,6 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "final accuracy" in capsys.readouterr().out
     # A run directory is never reused: its ledgers would keep spending.
     assert main(["run", str(scenario), "--out", str(out), "--no-plots"]) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already holds a run" in err
+    assert "run starting" not in err  # refused before any work (a stranger's run: after it)
