@@ -89,14 +89,19 @@ def _lost_header(path: Path) -> dict[str, Any]:
 
 def run_check(args: argparse.Namespace) -> int:
     from fedsim.privacy.ledger import Budget, PrivacyLedger
-    from fedsim.privacy.ledger_file import mark_path, read_mark
+    from fedsim.privacy.ledger_file import (
+        mark_path,
+        read_found_mark,
+        refuse_a_mark_maybe_a_spend_old,
+    )
 
     path = Path(args.file)
     header = _header(path)
     try:
-        mark = read_mark(path)
+        found = read_found_mark(path)
     except LedgerError as exc:  # damage: exit 2, as every other refusal of check
         raise ConfigError(str(exc)) from None
+    mark = None if found is None else found.mark
     if mark is None:  # the chain alone verifies a ledger cut at any line
         raise ConfigError(
             f"{path}: no high-water mark ({mark_path(path).name} is missing, empty or "
@@ -108,6 +113,9 @@ def run_check(args: argparse.Namespace) -> int:
                                     sampling=str(header.get("sampling")), budget=budget,
                                     accountant=str(header.get("accountant", "pld")),
                                     read_only=True)
+        # As the client's own open refuses it (an owner's review: check said ok).
+        refuse_a_mark_maybe_a_spend_old(path, mark, found is not None and found.other_damaged,
+                                        len(ledger.records))
     except (ConfigError, LedgerError) as exc:
         raise ConfigError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     with ledger:

@@ -240,8 +240,9 @@ def run(args: argparse.Namespace) -> int:
 
 def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
             rows: list[dict[str, Any]]) -> None:
-    """Run ``plans`` (``--jobs`` at a time), appending their rows to ``rows`` in order as they
-    finish (an interrupted sweep keeps those)."""
+    """Run ``plans`` (``--jobs`` at a time), appending their rows to ``rows`` in the plans'
+    order as each is collected (an interrupted sweep keeps those; with ``--jobs`` above 1 a
+    run that finished after an earlier one still running is listed as not run)."""
     plots = not args.no_plots
     if args.jobs == 1 or len(plans) <= 1:
         for plan in plans:

@@ -128,6 +128,7 @@ from fedsim.privacy.ledger_file import (
     parse_header,
     read_mark,
     read_verified,
+    refuse_a_mark_maybe_a_spend_old,
     sync_entries,
     sync_file,
     write_mark_at,
@@ -208,9 +209,9 @@ class PrivacyLedger:
         # Held for the ledger's lifetime (with the lock); a read-only ledger never writes.
         # Under a directory lock neither is kept open (ledger_file's module docstring).
         self._directory = directory
-        # The slot of the newest mark (the next write goes to the other), kept here when the
-        # mark is not held open (under a directory lock).
-        self._mark_slot = None if mark is None else mark.slot
+        # Under a directory lock the mark is not held open: the slot of its newest (the next
+        # write goes to the other) is kept here (else the held MarkFile keeps it).
+        self._mark_slot = mark.slot if directory is not None and mark is not None else None
         if directory is not None and mark is not None:
             mark.close()
             mark = None
@@ -251,8 +252,8 @@ class PrivacyLedger:
                 raise LedgerError(f"{path}: no such ledger")
             mark = read_mark(path)  # before the records: a writer moves it after them
             records, last, resume_at = _read(path, path.read_bytes(), header, mark)
-            return cls(path, client_id, sampling, budget, accountant,
-                       records, last, resume_at=resume_at)
+            return cls(path, client_id, sampling, budget, accountant, records, last,
+                       resume_at=resume_at, ceiling=NO_STEPS if mark is None else mark.ceiling)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and not path.is_file():
             raise LedgerError(f"{path}: not a file (a ledger is one file of JSON lines)")
@@ -275,7 +276,7 @@ class PrivacyLedger:
             # refused keeps every byte for its repair).
             records, last, resume_at = _read(path, data[:data.rfind(b"\n") + 1], header,
                                              mark)
-            _refuse_a_mark_maybe_a_spend_old(path, lock, mark, len(records))
+            refuse_a_mark_maybe_a_spend_old(path, mark, lock.other_damaged, len(records))
             cut_partial_line(path, data)
             # An old mark keeps its format; a ceiling is only ever raised.
             held = NO_STEPS if mark is None else mark.ceiling
@@ -284,7 +285,8 @@ class PrivacyLedger:
                 # A header alone and no mark (created by a run that stopped before its first
                 # spend made the mark durable: nothing was acknowledged; the header is checked
                 # like any other), or a crash between the two writes: move the mark up.
-                lock.write(Mark(len(records), last, ceiling), sync=mark is not None and fsync)
+                _move_up(lock, Mark(len(records), last, ceiling), first=mark is None,
+                         fsync=fsync)
             resumed = cls(path, client_id, sampling, budget, accountant,
                           records, last, mark=lock, directory=directory, fsync=fsync,
                           resume_at=resume_at, ceiling=ceiling)
@@ -964,18 +966,13 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
     return parsed.records, parsed.hashes[-1], parsed.next_round
 
 
-def _refuse_a_mark_maybe_a_spend_old(path: Path, lock: MarkFile, mark: Mark | None,
-                                     records: int) -> None:
-    """Refuse a ledger whose mark's other slot is damaged while the file holds just the records
-    the valid slot counts. A torn mark write leaves its spend's records past the older mark
-    (which open moves up); none here: the damaged slot may have counted records since cut."""
-    if mark is not None and lock.other_damaged and records == mark.count:
-        raise LedgerError(
-            f"{path}: one slot of its high-water mark is damaged and the file holds just the "
-            f"{mark.count} records the other counts, so records counted by the damaged one "
-            f"may have been cut; `fedsim ledger repair {path} --assume-lost N --lost-step Q "
-            f"SIGMA` adds them (N: the records the client's last spend wrote, 0 if you know "
-            f"none were lost)")
+def _move_up(lock: MarkFile, mark: Mark, *, first: bool, fsync: bool) -> None:
+    """Write ``mark`` over one the file's records outgrew, or as its ``first`` (into both slots,
+    unsynced: whatever the mark file held is then no slot a later open reads as damaged)."""
+    if first:
+        lock.write_both(mark, sync=False)
+    else:
+        lock.write(mark, sync=fsync)
 
 
 def _take_lock(path: Path, directory: DirectoryLock | None) -> MarkFile:

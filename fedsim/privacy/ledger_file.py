@@ -252,9 +252,9 @@ def _mark_offset(mark: Mark, slot: int) -> int:
 
 
 def next_slot(newest: int | None) -> int:
-    """The slot the next mark goes to: the one not holding the newest (so a torn write leaves
-    the newest intact, however many records each write counts; by the count's parity, a
-    writer of two records a spend wrote one slot only)."""
+    """The slot the next mark goes to: the one not holding the newest, so a torn write leaves
+    the newest intact however many records each write counts (slots were formerly chosen by
+    the count's parity, and a writer of two records a spend wrote one slot only)."""
     return 0 if newest is None else 1 - newest
 
 
@@ -533,8 +533,9 @@ def _in_directory(path: Path, directory: tuple[int, int]) -> bool:
         return False
 
 
-def read_mark(path: Path) -> Mark | None:
-    """The high-water mark of the ledger at ``path`` without locking it (read-only views)."""
+def read_found_mark(path: Path) -> FoundMark | None:
+    """The high-water mark of the ledger at ``path`` and its slots' state, without locking
+    it (read-only views)."""
     try:
         data = mark_path(path).read_bytes()[: 2 * _MARK_SLOT]
     except FileNotFoundError:
@@ -542,8 +543,30 @@ def read_mark(path: Path) -> Mark | None:
     except OSError as exc:  # a directory in its place, unreadable: damage, said as such
         raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
                           f"({exc.strerror})") from None
-    found = _newest_mark(data)
+    return _newest_mark(data)
+
+
+def read_mark(path: Path) -> Mark | None:
+    """The high-water mark of the ledger at ``path`` without locking it (read-only views)."""
+    found = read_found_mark(path)
     return None if found is None else found.mark
+
+
+def refuse_a_mark_maybe_a_spend_old(path: Path, mark: Mark | None, other_damaged: bool,
+                                    records: int) -> None:
+    """The one rule for opening (and checking) a ledger whose mark's other slot is damaged:
+    that slot may have held the newer mark, so the valid one may be a spend old. A torn mark
+    write (the slots' purpose) leaves its spend's records past the older mark, which an open
+    moves the mark up to; a file holding *just* the valid slot's count may have lost records
+    the damaged one counted, and is refused. (A repair asks in every case: the file it mends
+    is damaged already, ``ledger_repair``.)"""
+    if mark is not None and other_damaged and records == mark.count:
+        raise LedgerError(
+            f"{path}: one slot of its high-water mark is damaged and the file holds just the "
+            f"{mark.count} records the other counts, so records counted by the damaged one "
+            f"may have been cut; `fedsim ledger repair {path} --assume-lost N --lost-step Q "
+            f"SIGMA` adds them (N: the records the client's last spend wrote, 0 if you know "
+            f"none were lost)")
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -57,7 +57,10 @@ records were more expensive than every kept one (a noise that falls over the rou
 the end).
 
 Records past the mark's count were written by a spend that did not return (records, then the
-mark, then the release): never released, they are charged all the same, at the step above.
+mark, then the release), or counted by a newest mark slot damaged since: a readable one is kept
+at its own step, an unreadable one needs a named step (the ceiling, the older slot's, need not
+cover it). A mark whose other slot is damaged may be a spend old altogether: the caller says
+how many records that spend may have written (``assume_lost``) and names their step.
 
 A tuned selection's line is read with the reader's own length rule (``too_long``), so an
 intact one is kept; a ledger that holds one, or may have (an unreadable line that is long,
@@ -130,20 +133,30 @@ class RepairReport:
                 "charged_from": self.charged_from, "why": self.why}
 
 
-def _why(scan: _Scan, mark: Mark | None, lost: int) -> str:
+def _why(scan: _Scan, mark: Mark | None, lost: int, past: int, assumed: int) -> str:
     """What the repair found, for the person who runs it (a count of substitutes alone, 272
-    for 8 lines deleted, said nothing)."""
+    for 8 lines deleted, said nothing): ``past`` of the ``lost`` are unreadable lines past the
+    mark's count, ``assumed`` the records a damaged mark slot may have counted."""
     if not lost:
         return "every acknowledged record verifies"
     if mark is None or scan.header["format"] != LEDGER_FORMAT:
         return f"no usable high-water mark: {lost} record(s) assumed lost or past a break"
-    head = max(scan.verified - 1, 0) if scan.verified < mark.count else 0
-    tail = _vouched_tail(scan, mark) if scan.verified < mark.count else 0
-    return (f"{mark.count} record(s) were acknowledged; the hash chain vouches for the first "
-            f"{head} and the mark's last hash for the last {tail} (the last record the chain "
-            f"verifies, with no verified record after it, is not trusted: an edit of it would "
-            f"not show); {lost} cannot be verified and are charged again as substitutes, "
-            f"every readable line kept beside them (a repair never removes spending)")
+    if scan.verified < mark.count:
+        head, tail = max(scan.verified - 1, 0), _vouched_tail(scan, mark)
+        found = (f"{mark.count} record(s) were acknowledged; the hash chain vouches for the "
+                 f"first {head} and the mark's last hash for the last {tail} (the last record "
+                 f"the chain verifies, with no verified record after it, is not trusted: an "
+                 f"edit of it would not show)")
+    elif scan.hashes[mark.count] != mark.last_hash:
+        found = (f"the chain verifies past the {mark.count} acknowledged records but not to the "
+                 f"mark's last hash (recomputed): none of them is trusted")
+    else:
+        found = f"the {mark.count} acknowledged records verify"
+    extra = "".join([f"; {past} unreadable line(s) past the mark's count" if past else "",
+                     f"; {assumed} record(s) a damaged mark slot may have counted" if assumed
+                     else ""])
+    return (f"{found}{extra}; {lost} are charged again as substitutes, every readable line "
+            f"kept beside them (a repair never removes spending)")
 
 
 @dataclass
@@ -275,7 +288,7 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
             # mark vouches for from the end are not lost.
             trusted = max(scan.verified - 1, 0)
             lost = max(mark.count - trusted - _vouched_tail(scan, mark), 0)
-        return (lost + sum(1 for _, r in scan.records[mark.count:] if r is None)
+        return (lost + _unreadable_past(scan, mark)
                 + (_since_a_damaged_slot(path, assume_lost) if stale else 0))
     if assume_lost is None:
         raise LedgerError(
@@ -464,8 +477,10 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or scan.times_back)
         named = lost_step is not None
         past_mark = _unreadable_past(scan, mark)
+        why = _why(scan, mark, lost, past_mark, (assume_lost or 0) if stale else 0)
         if lost_step is None and ceiling is not None and not past_mark and not stale:
-            # The mark's ceiling, raised to what the file holds past the mark: no one's word.
+            # The mark's ceiling, raised to every readable record (those past the mark too):
+            # no one's word.
             lost_step = ceiling.including(kept).step(
                 str(scan.header.get("sampling")))  # type: ignore[arg-type]
         _refuse_what_cannot_be_substituted(path, scan, kept, lost, lost_step, ceiling)
@@ -474,7 +489,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         charged_from = None if substitute is None else "named" if named else "mark"
         if not damaged or dry_run:
             return RepairReport(str(path), len(kept), unreadable, lost, None, damaged,
-                                substitute, charged_from, _why(scan, mark, lost))
+                                substitute, charged_from, why)
         header = {**scan.header, "format": LEDGER_FORMAT}
         header_line = json.dumps(header).encode()
         out, last, clock = [header_line], line_hash(header_line), 0.0
@@ -501,7 +516,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         new_ceiling = (ceiling or NO_STEPS).including([*kept, *lost_records])
         mark_file.write_both(Mark(count, last, new_ceiling))
         return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True,
-                            substitute, charged_from, _why(scan, mark, lost))
+                            substitute, charged_from, why)
 
 
 def _backup_name(path: Path) -> Path:
