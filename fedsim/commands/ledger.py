@@ -114,8 +114,8 @@ def run_check(args: argparse.Namespace) -> int:
                                     accountant=str(header.get("accountant", "pld")),
                                     read_only=True)
         # As the client's own open refuses it (an owner's review: check said ok).
-        refuse_a_mark_maybe_a_spend_old(path, mark, found is not None and found.other_damaged,
-                                        len(ledger.records))
+        assert found is not None  # (mark is not None)
+        refuse_a_mark_maybe_a_spend_old(path, mark, found.other_damaged, len(ledger.records))
     except (ConfigError, LedgerError) as exc:
         raise ConfigError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     with ledger:

@@ -178,9 +178,9 @@ class PrivacyLedger:
                  mark: MarkFile | None = None, directory: DirectoryLock | None = None,
                  fsync: bool = True, resume_at: int = 0,
                  ceiling: StepCeiling | None = NO_STEPS) -> None:
-        """``ceiling``: the step ceiling the ledger's mark carries so far
-        (:class:`~fedsim.privacy.ledger_file.StepCeiling`), raised to cover ``records``; None:
-        the mark has the old format, without one, and keeps it."""
+        """``ceiling``: the step ceiling of ``records`` as the ledger's mark carries it
+        (:class:`~fedsim.privacy.ledger_file.StepCeiling`, :func:`_ceiling_of`); None: the
+        mark has the old format, without one, and keeps it."""
         self._path = path
         self._fsync = fsync
         self._resume_at = resume_at  # the file's next round when opened (next_round)
@@ -192,7 +192,7 @@ class PrivacyLedger:
         self._records = list(records)
         self._last_hash = last_hash
         # The mark's step ceiling, raised at each spend (None: an old mark, written without).
-        self._ceiling = None if ceiling is None else ceiling.including(records)
+        self._ceiling = ceiling
         try:
             self._composed = make_accountant(enforcing, [r.step for r in records])
         except UnsupportedEventError as exc:  # a tuned selection under pld / gdp-clt
@@ -253,7 +253,7 @@ class PrivacyLedger:
             mark = read_mark(path)  # before the records: a writer moves it after them
             records, last, resume_at = _read(path, path.read_bytes(), header, mark)
             return cls(path, client_id, sampling, budget, accountant, records, last,
-                       resume_at=resume_at, ceiling=NO_STEPS if mark is None else mark.ceiling)
+                       resume_at=resume_at, ceiling=_ceiling_of(mark, records))
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and not path.is_file():
             raise LedgerError(f"{path}: not a file (a ledger is one file of JSON lines)")
@@ -278,9 +278,7 @@ class PrivacyLedger:
                                              mark)
             refuse_a_mark_maybe_a_spend_old(path, mark, lock.other_damaged, len(records))
             cut_partial_line(path, data)
-            # An old mark keeps its format; a ceiling is only ever raised.
-            held = NO_STEPS if mark is None else mark.ceiling
-            ceiling = None if held is None else held.including(records)
+            ceiling = _ceiling_of(mark, records)
             if mark is None or len(records) > mark.count:
                 # A header alone and no mark (created by a run that stopped before its first
                 # spend made the mark durable: nothing was acknowledged; the header is checked
@@ -964,6 +962,14 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
                               f"reset)")
     check_mark(path, parsed, mark)
     return parsed.records, parsed.hashes[-1], parsed.next_round
+
+
+def _ceiling_of(mark: Mark | None, records: list[LedgerRecord]) -> StepCeiling | None:
+    """The step ceiling a ledger opened with ``mark`` and ``records`` carries: the mark's,
+    raised to the records (a ceiling is only ever raised; None: an old mark keeps its
+    format)."""
+    held = NO_STEPS if mark is None else mark.ceiling
+    return None if held is None else held.including(records)
 
 
 def _move_up(lock: MarkFile, mark: Mark, *, first: bool, fsync: bool) -> None:

@@ -133,16 +133,18 @@ class RepairReport:
                 "charged_from": self.charged_from, "why": self.why}
 
 
-def _why(scan: _Scan, mark: Mark | None, lost: int, past: int, assumed: int) -> str:
+def _why(scan: _Scan, mark: Mark | None, lost: int, *, tail: int, past: int,
+         assumed: int) -> str:
     """What the repair found, for the person who runs it (a count of substitutes alone, 272
-    for 8 lines deleted, said nothing): ``past`` of the ``lost`` are unreadable lines past the
-    mark's count, ``assumed`` the records a damaged mark slot may have counted."""
+    for 8 lines deleted, said nothing): ``tail`` records the mark vouches for from the end,
+    ``past`` of the ``lost`` unreadable lines past the mark's count, ``assumed`` the records a
+    damaged mark slot may have counted."""
     if not lost:
         return "every acknowledged record verifies"
     if mark is None or scan.header["format"] != LEDGER_FORMAT:
         return f"no usable high-water mark: {lost} record(s) assumed lost or past a break"
     if scan.verified < mark.count:
-        head, tail = max(scan.verified - 1, 0), _vouched_tail(scan, mark)
+        head = max(scan.verified - 1, 0)
         found = (f"{mark.count} record(s) were acknowledged; the hash chain vouches for the "
                  f"first {head} and the mark's last hash for the last {tail} (the last record "
                  f"the chain verifies, with no verified record after it, is not trusted: an "
@@ -263,7 +265,7 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
         prevs.append(prev if record is not None else None)
         if intact and record is not None and (not chained or prev == hashes[-1]):
             verified += 1
-            hashes.append(line_hash(line))
+            hashes.append(line_hashes[-1])
         else:
             intact = False
     return _Scan(header, lines[0], records, verified, hashes, substitutes, lost_selection,
@@ -271,9 +273,10 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
-                 path: Path, *, stale: bool) -> int:
+                 path: Path, *, stale: bool, tail: int, past: int) -> int:
     """How many records are lost (``stale``: a slot of the mark is damaged, and the caller's
-    ``assume_lost`` says how many records it may have counted beyond the valid one)."""
+    ``assume_lost`` says how many records it may have counted beyond the valid one; ``tail``:
+    :func:`_vouched_tail`; ``past``: :func:`_unreadable_past`)."""
     total = len(scan.records)
     unverified_from = _unverified_from(scan)
     if mark is not None and scan.header["format"] == LEDGER_FORMAT:
@@ -287,9 +290,8 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
             # chain), so it is not trusted, the whole file verified or not; the records the
             # mark vouches for from the end are not lost.
             trusted = max(scan.verified - 1, 0)
-            lost = max(mark.count - trusted - _vouched_tail(scan, mark), 0)
-        return (lost + _unreadable_past(scan, mark)
-                + (_since_a_damaged_slot(path, assume_lost) if stale else 0))
+            lost = max(mark.count - trusted - tail, 0)
+        return lost + past + (_since_a_damaged_slot(path, assume_lost) if stale else 0)
     if assume_lost is None:
         raise LedgerError(
             f"{path}: no usable high-water mark, so nobody knows how many records were lost; "
@@ -468,7 +470,10 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         mark = mark_file.read()
         ceiling = None if mark is None else mark.ceiling
         stale = mark is not None and mark_file.other_damaged
-        lost = _substitutes(scan, mark, assume_lost, path, stale=stale)
+        tail = 0 if mark is None else _vouched_tail(scan, mark)
+        past_mark = _unreadable_past(scan, mark)
+        lost = _substitutes(scan, mark, assume_lost, path, stale=stale, tail=tail,
+                            past=past_mark)
         unreadable = sum(1 for _, r in scan.records if r is None)
         kept = [r for _, r in scan.records if r is not None]
         damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records) or stale
@@ -476,8 +481,8 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
                    or scan.times_back)
         named = lost_step is not None
-        past_mark = _unreadable_past(scan, mark)
-        why = _why(scan, mark, lost, past_mark, (assume_lost or 0) if stale else 0)
+        why = _why(scan, mark, lost, tail=tail, past=past_mark,
+                   assumed=(assume_lost or 0) if stale else 0)
         if lost_step is None and ceiling is not None and not past_mark and not stale:
             # The mark's ceiling, raised to every readable record (those past the mark too):
             # no one's word.
@@ -513,8 +518,8 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         count = len(out) - 1
         # The old count is gone from both slots; the ceiling is never lowered, and a mark of
         # the old format is rewritten in the new one.
-        new_ceiling = (ceiling or NO_STEPS).including([*kept, *lost_records])
-        mark_file.write_both(Mark(count, last, new_ceiling))
+        mark_file.write_both(Mark(count, last,
+                                  (ceiling or NO_STEPS).including([*kept, *lost_records])))
         return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True,
                             substitute, charged_from, why)
 
