@@ -89,7 +89,7 @@ def _lost_header(path: Path) -> dict[str, Any]:
 
 def run_check(args: argparse.Namespace) -> int:
     from fedsim.privacy.ledger import Budget, PrivacyLedger
-    from fedsim.privacy.ledger_file import (
+    from fedsim.privacy.ledger_mark import (
         mark_path,
         read_found_mark,
         refuse_a_mark_maybe_a_spend_old,

@@ -109,12 +109,9 @@ from fedsim.privacy.events import (
 )
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
-    NO_STEPS,
     DirectoryLock,
     LedgerRecord,
-    Mark,
     MarkFile,
-    StepCeiling,
     append_durably,
     check_mark,
     cut_partial_line,
@@ -122,17 +119,22 @@ from fedsim.privacy.ledger_file import (
     entry_created,
     header_of,
     line_hash,
-    mark_path,
-    next_slot,
     open_append,
     parse_header,
-    read_mark,
     read_verified,
-    refuse_a_mark_maybe_a_spend_old,
     sync_entries,
     sync_file,
-    write_mark_at,
     write_new,
+)
+from fedsim.privacy.ledger_mark import (
+    NO_STEPS,
+    Mark,
+    StepCeiling,
+    mark_path,
+    next_slot,
+    read_mark,
+    refuse_a_mark_maybe_a_spend_old,
+    write_mark_at,
 )
 
 __all__ = ["LEDGER_FORMAT", "NORMALISATION_ROUND", "Budget", "LedgerRecord", "PrivacyLedger",
@@ -179,7 +181,7 @@ class PrivacyLedger:
                  fsync: bool = True, resume_at: int = 0,
                  ceiling: StepCeiling | None = NO_STEPS) -> None:
         """``ceiling``: the step ceiling of ``records`` as the ledger's mark carries it
-        (:class:`~fedsim.privacy.ledger_file.StepCeiling`, :func:`_ceiling_of`); None: the
+        (:class:`~fedsim.privacy.ledger_mark.StepCeiling`, :func:`_ceiling_of`); None: the
         mark has the old format, without one, and keeps it."""
         self._path = path
         self._fsync = fsync

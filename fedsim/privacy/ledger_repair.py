@@ -29,7 +29,7 @@ resuming the repaired ledger numbers its rounds past one per substitute
 (:attr:`~fedsim.privacy.ledger.PrivacyLedger.next_round`), so no round it may have released is
 numbered again.
 
-The substitute step is the mark's step ceiling (:class:`~fedsim.privacy.ledger_file.StepCeiling`:
+The substitute step is the mark's step ceiling (:class:`~fedsim.privacy.ledger_mark.StepCeiling`:
 the most expensive step of every record it counts, the lost ones included: rounds, releases
 before round one, an earlier repair's substitutes), raised to the readable records past the
 mark, unless a caller names a dearer one (``lost_step``). Under a mark of the old format
@@ -93,11 +93,8 @@ from fedsim.privacy.ledger import Budget
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
     MAX_LINE_BYTES,
-    NO_STEPS,
     OLD_FORMATS,
     LedgerRecord,
-    Mark,
-    StepCeiling,
     encode_record,
     header_of,
     line_hash,
@@ -105,6 +102,7 @@ from fedsim.privacy.ledger_file import (
     parse_record,
     too_long,
 )
+from fedsim.privacy.ledger_mark import NO_STEPS, Mark, StepCeiling
 
 _HEADER_HINT = ("--header '{\"client_id\": ..., \"sampling\": ..., \"accountant\": ..., "
                 "\"budget\": {\"epsilon\": ..., \"delta\": ...} or null}' (the client's "

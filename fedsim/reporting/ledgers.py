@@ -16,7 +16,7 @@ from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import mark_path
+from fedsim.privacy.ledger_mark import mark_path
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.runtime.run_outputs import LEDGER_DIR
 

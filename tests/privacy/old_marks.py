@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
-from fedsim.privacy.ledger_file import mark_path, read_mark
+from fedsim.privacy.ledger_mark import mark_path, read_mark
 
 
 def old_slot(count: int, last_hash: str) -> bytes:

@@ -11,7 +11,7 @@ from fedsim.errors import BudgetExhausted, ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import mark_path
+from fedsim.privacy.ledger_mark import mark_path
 
 STEP = GaussianStep("poisson", 0.01, 1.0)
 BUDGET = Budget(1.0, 1e-5)

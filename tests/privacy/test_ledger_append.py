@@ -19,7 +19,8 @@ from fedsim.errors import LedgerError
 from fedsim.privacy import ledger_file
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger, read_ledger_steps
-from fedsim.privacy.ledger_file import DirectoryLock, LedgerRecord, encode_record, mark_path
+from fedsim.privacy.ledger_file import DirectoryLock, LedgerRecord, encode_record
+from fedsim.privacy.ledger_mark import mark_path
 
 BUDGET = Budget(50.0, 1e-5)
 # (steps, time, round): one step, a step of count 3, a round of two kinds (two records), a

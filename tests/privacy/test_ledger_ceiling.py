@@ -21,7 +21,8 @@ from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock, StepCeiling, mark_path, read_mark
+from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger_mark import StepCeiling, mark_path, read_mark
 from fedsim.privacy.ledger_repair import repair_ledger
 from tests.privacy.old_marks import old_slot, rewrite_as_old_mark
 
@@ -359,7 +360,8 @@ def test_writing_both_slots_leaves_no_slot_of_the_other_format(tmp_path: Path,
                                                                first_ceiling: bool) -> None:
     """A mark rewritten whole (a repair) in one format leaves nothing of the other to be read:
     a stale slot of the larger format at the same count would otherwise win."""
-    from fedsim.privacy.ledger_file import Mark, MarkFile
+    from fedsim.privacy.ledger_file import MarkFile
+    from fedsim.privacy.ledger_mark import Mark
 
     path = tmp_path / "c.jsonl"
     path.write_text("")

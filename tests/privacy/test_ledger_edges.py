@@ -17,7 +17,7 @@ from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import mark_path
+from fedsim.privacy.ledger_mark import mark_path
 from fedsim.privacy.ledger_repair import repair_ledger
 from tests.privacy.old_marks import rewrite_as_old_mark
 

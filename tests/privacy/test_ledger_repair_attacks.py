@@ -18,12 +18,12 @@ from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import (
     MAX_LINE_BYTES,
     LedgerRecord,
-    Mark,
     encode_record,
     line_hash,
     locked,
     parse_record,
 )
+from fedsim.privacy.ledger_mark import Mark
 from fedsim.privacy.ledger_repair import repair_ledger
 from tests.privacy.old_marks import rewrite_as_old_mark
 

@@ -287,7 +287,8 @@ def test_plots_put_each_neighbouring_relation_on_its_own_axes(
     # a legitimate rewrite: the hash chain is recomputed and the high-water mark follows
     import json
 
-    from fedsim.privacy.ledger_file import Mark, MarkFile, line_hash, mark_path
+    from fedsim.privacy.ledger_file import MarkFile, line_hash
+    from fedsim.privacy.ledger_mark import Mark, mark_path
 
     for i in range(1, len(lines)):
         record = json.loads(lines[i])

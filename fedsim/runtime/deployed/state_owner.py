@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedsim.errors import ConfigError
-from fedsim.privacy.ledger_file import mark_path
+from fedsim.privacy.ledger_mark import mark_path
 from fedsim.runtime.run_outputs import LEDGER_DIR, ledger_file, read_json, write_json
 
 OWNER_FILE = "owner.json"
