@@ -97,8 +97,9 @@ def trial_steps(scenario: str, overrides: Sequence[str],
     from fedsim.config import load_scenario
     from fedsim.data.load import scenario_data
     from fedsim.privacy.accountant import make_accountant, make_accountant_class
+    from fedsim.privacy.budget import Budget, largest_fitting_prefix
     from fedsim.privacy.group_schedules import release_steps
-    from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK, Budget, largest_fitting_prefix
+    from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK
     from fedsim.runtime.population import VirtualDurationTrainer, client_plans
     from fedsim.runtime.rng import SeedTree
 

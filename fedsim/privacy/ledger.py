@@ -43,14 +43,14 @@ Enforcement uses a guarantee: the ledger's accountant if it is one (``pld``, ``r
 otherwise ``pld`` (``gdp-clt`` is an approximation and never enforces a budget). Where that
 accountant has no finite answer (the PLD grid cannot resolve some long histories of tiny
 per-step loss), the other guarantee's is used: the reported eps and every budget test are the
-smallest valid bound (:func:`within`, :func:`fedsim.privacy.accountant.smallest_epsilon`).
+smallest valid bound (:func:`~fedsim.privacy.budget.within`, :func:`fedsim.privacy.accountant.smallest_epsilon`).
 
 Speed. The runtime asks :meth:`can_spend` every round for hundreds of clients. The ledger keeps
 an *allowance*: a step kind E (sampling, q, sigma) and how many more E-steps surely fit in the
 budget from the current state, found once by doubling (from the previous allowance's count)
 and, only when a check asks for more than that lower bound, bisection to the exact count. A
 round whose steps all have q <= E's and sigma >= E's is dominated by as many E-steps (see
-:func:`envelope`), so it fits if its count is within the allowance, and spending it uses that
+:func:`~fedsim.privacy.budget.envelope`), so it fits if its count is within the allowance, and spending it uses that
 much of the allowance: a round of an unchanged posture is answered in O(1) by counting, with
 no accountant evaluation. Only a posture the allowance does not cover (a schedule step, a new
 sigma) computes a new one. A posture that moves past the last one gets an envelope widened
@@ -84,10 +84,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -98,6 +95,16 @@ from fedsim.privacy.accountant import (
     make_accountant,
     make_accountant_class,
     smallest_epsilon,
+)
+from fedsim.privacy.budget import (
+    SHARED_SLACK,
+    Allowance,
+    Budget,
+    envelope,
+    fits_after,
+    largest_fitting_prefix,
+    shared_unit,
+    within,
 )
 from fedsim.privacy.calibration import bisect_fitting, doubling_bracket
 from fedsim.privacy.events import (
@@ -144,32 +151,6 @@ ENFORCEMENT_FALLBACK = "pld"
 NORMALISATION_ROUND = -1
 """The ``round`` of a release before the first training round (DP data normalisation): its
 own privacy event, composed with the rounds' steps, but not a round (:attr:`PrivacyLedger.rounds`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """A per-client (eps, delta) budget."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, int | float) and math.isfinite(self.epsilon)
-                and self.epsilon > 0):
-            raise ConfigError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
-        if not (isinstance(self.delta, int | float) and 0 < self.delta < 1):
-            raise ConfigError(f"budget delta must be in (0, 1), got {self.delta!r}")
-
-    def to_json(self) -> dict[str, float]:
-        return {"epsilon": float(self.epsilon), "delta": float(self.delta)}
-
-    @classmethod
-    def from_json(cls, obj: Any) -> Budget | None:
-        if obj is None:
-            return None
-        if not isinstance(obj, Mapping) or set(obj) != {"epsilon", "delta"}:
-            raise LedgerError(f"budget must be {{epsilon, delta}} or null, got {obj!r}")
-        return cls(obj["epsilon"], obj["delta"])
 
 
 class PrivacyLedger:
@@ -572,7 +553,7 @@ class PrivacyLedger:
         either way (eps grows with every step composed: if the limit fits, every count below
         it does, and the doubling ends at the limit too); when the limit does not fit, the
         doubling runs as before, its answer for the limit taken from the probe. From an
-        empty history the limit of :func:`shared_unit` (``unit`` with its rate rounded up to
+        empty history the limit of :func:`~fedsim.privacy.budget.shared_unit` (``unit`` with its rate rounded up to
         a grid) is asked before ``unit``'s own: it dominates ``unit``, so if it fits, so does
         ``unit``'s, and its answer is shared by every ledger whose rate rounds to the same
         point (a population's clients differ in q = m / N: 125 postures of 1,000 clients ask
@@ -591,8 +572,8 @@ class PrivacyLedger:
         return held
 
     def _shared_limit_fits(self, unit: GaussianStep, limit: int, budget: Budget) -> bool:
-        """Whether ``limit`` steps of :func:`shared_unit` of ``unit`` fit an empty history
-        within all but :data:`SHARED_SLACK` of the budget (False when the history is not
+        """Whether ``limit`` steps of :func:`~fedsim.privacy.budget.shared_unit` of ``unit`` fit an empty history
+        within all but :data:`~fedsim.privacy.budget.SHARED_SLACK` of the budget (False when the history is not
         empty, or the shared unit is ``unit`` itself: then the caller's own question is the
         same one)."""
         accountant = self._accountant
@@ -616,7 +597,7 @@ class PrivacyLedger:
 
     def _fits_of(self, unit: GaussianStep, budget: Budget) -> Callable[[int], bool]:
         """Whether ``count`` steps of ``unit`` fit after the current state; each count is
-        evaluated at most once per search (a long history is not in :func:`fits_after`'s
+        evaluated at most once per search (a long history is not in :func:`~fedsim.privacy.budget.fits_after`'s
         memory)."""
         answers: dict[int, bool] = {}
 
@@ -759,194 +740,8 @@ class PrivacyLedger:
         return steps
 
 
-_ENVELOPE_MARGIN = 1.0 / 16.0
 _COMPOSE_BATCH = 64
 """At most this many spent steps wait to be composed (the ledger's memory stays bounded)."""
-
-
-SHARED_RATE_GRID = 8
-""":func:`shared_unit` rounds a rate up to the next power of ``2^(1/SHARED_RATE_GRID)``."""
-SHARED_MIN_GAP = 1e-3
-"""The least relative amount by which :func:`shared_unit` raises a rate: the accountant's eps
-is monotone in q only up to its floating-point rounding (about 1e-8 relative, where two rates
-differ by under 4e-8: an attacker's review found such pairs whose larger rate read the
-smaller eps), so a dominating step must dominate by a margin far above that."""
-SHARED_SLACK = 1e-6
-"""A shared answer grants only if the shared steps fit ``(1 - SHARED_SLACK)`` of the budget."""
-
-
-def dominated_by_margin(step: GaussianStep, by: GaussianStep) -> bool:
-    """Whether ``by`` dominates ``step`` (a rate q at least ``step``'s, a noise multiplier
-    sigma at most its) so that the accountant's eps shows it: in each of q and sigma the two
-    are equal, or ``by`` is ahead by at least :data:`SHARED_MIN_GAP` (relative). Domination
-    alone is exact (see :func:`envelope`), but the accountant's eps follows it only up to its
-    rounding: a step of q 1e-11 below another's read a larger eps in a composition, and a
-    ledger counting it against the other's allowance granted a step at the budget's edge
-    that a fresh accountant refuses."""
-    return _rate_covered(step.q, by.q) and _noise_covered(step.sigma, by.sigma)
-
-
-def _rate_covered(q: float, by: float) -> bool:
-    """``q`` is the rate ``by`` or below it by :data:`SHARED_MIN_GAP` (relative)."""
-    return q == by or q * (1.0 + SHARED_MIN_GAP) <= by
-
-
-def _noise_covered(sigma: float, by: float) -> bool:
-    """``sigma`` is the noise multiplier ``by`` or above it by :data:`SHARED_MIN_GAP`."""
-    return sigma == by or sigma >= by * (1.0 + SHARED_MIN_GAP)
-
-
-def shared_unit(unit: GaussianStep) -> GaussianStep:
-    """``unit`` (count 1) with its rate q rounded up to the first point of the grid
-    ``2^(k / SHARED_RATE_GRID)`` at least ``SHARED_MIN_GAP`` above it, sigma unchanged: a step
-    that dominates ``unit`` by a margin (see :func:`envelope`), so that a count of it that
-    fits a history proves the same count of ``unit`` fits, and one that the first allowances
-    of clients with nearby rates share. ``unit`` itself when no such point is at most 1."""
-    floor = unit.q * (1.0 + SHARED_MIN_GAP)
-    k = math.ceil(SHARED_RATE_GRID * math.log2(floor))
-    q = 2.0 ** (k / SHARED_RATE_GRID)
-    if q < floor:  # log2 rounded below an exact grid point
-        q = 2.0 ** ((k + 1) / SHARED_RATE_GRID)
-    if q > 1.0:
-        return GaussianStep(unit.sampling, unit.q, unit.sigma)
-    return GaussianStep(unit.sampling, q, unit.sigma)
-
-
-def envelope(kinds: Sequence[GaussianStep], previous: GaussianStep | None) -> GaussianStep:
-    """One step (count 1) that every step of ``kinds`` is dominated by: the largest q and the
-    smallest sigma among them, widened by :data:`_ENVELOPE_MARGIN` in each direction in which
-    they moved past ``previous`` (the last envelope) or to within :data:`SHARED_MIN_GAP` of it
-    (:func:`dominated_by_margin`): a drifting schedule (a new sigma every
-    round) is then covered for many rounds by one allowance, and an unchanged posture is
-    covered exactly.
-
-    Domination: a Gaussian step with a smaller rate q and a larger noise multiplier sigma is a
-    garbling of the larger one's pair for both relations (Poisson: by joint convexity of the
-    hockey-stick divergence, ``(1-t) Q + t P`` against Q with t = q'/q; fixed-size:
-    ``C_q(G_mu)`` decreases in q and mu, Dong, Roth & Su 2022 Sec. 4), so replacing each step
-    of a history by its envelope can only raise every accountant's bound.
-    """
-    sampling = kinds[0].sampling
-    q = max(kind.q for kind in kinds)
-    sigma = min(kind.sigma for kind in kinds)
-    if previous is not None:
-        # (moved past it, or to within the margin by which an allowance covers a kind:
-        # dominated_by_margin; else the next drift would need a new allowance at once)
-        if not _rate_covered(q, previous.q):
-            q = min(1.0, q * (1.0 + _ENVELOPE_MARGIN))
-        if not _noise_covered(sigma, previous.sigma):
-            sigma = sigma / (1.0 + _ENVELOPE_MARGIN)
-    return GaussianStep(sampling, q, sigma)
-
-
-@dataclass(slots=True)
-class Allowance:
-    """How many more steps of ``kind`` surely fit in the budget from the current state:
-    ``fits``, the exact count unless ``above`` (then a lower bound, and ``above`` the first
-    count known not to fit) or ``capped`` (the search stopped at ``fits``; more may fit).
-    Spending rounds that ``kind`` dominates uses it up, count by count. ``granted`` is
-    ``fits`` when it was computed (where the next search starts)."""
-
-    kind: GaussianStep
-    fits: int
-    above: int | None
-    capped: bool
-    granted: int
-
-    def covers(self, kinds: Sequence[GaussianStep]) -> bool:
-        """Whether every step of ``kinds`` is this allowance's kind or dominated by it by a
-        margin (:func:`dominated_by_margin`)."""
-        return all(dominated_by_margin(k, self.kind) for k in kinds)
-
-    def spend(self, kinds: Sequence[GaussianStep]) -> bool:
-        """Use the allowance for a spent round; False if it does not cover the round (then
-        it no longer describes the state)."""
-        count = sum(k.count for k in kinds)
-        if not self.covers(kinds) or count > self.fits:
-            return False
-        self.fits -= count
-        if self.above is not None:
-            self.above -= count
-        return True
-
-
-def within(accountant: Accountant, budget: Budget) -> bool:
-    """The ledger's one budget test: the history's eps (the smallest guarantee's where the
-    enforcing accountant has no finite answer) is at most the budget's."""
-    eps, _ = smallest_epsilon(accountant, budget.delta, only_if_infinite=True)
-    return eps <= budget.epsilon
-
-
-_FITS_KEPT = 1024
-_FITS_KINDS = 8
-_fits_answers: OrderedDict[tuple[Any, ...], bool] = OrderedDict()
-_fits_lock = threading.Lock()
-
-
-def fits_after(accountant: Accountant, steps: GaussianStep, budget: Budget) -> bool:
-    """``within(accountant.preview([steps]), budget)``, remembered across ledgers.
-
-    The answer is a function of the accountant's kind, settings and history (the multiset
-    of its steps: :mod:`fedsim.privacy.pld_state`, bit for bit however they were fed), of
-    ``steps`` and of the budget, which together are the key: the clients of one group open
-    their ledgers with the same budget and posture, so the first allowance of each of them
-    (the same searches over an empty history) is computed once, not once a client. Only
-    short histories (at most :data:`_FITS_KINDS` kinds) are remembered, the last
-    :data:`_FITS_KEPT` answers: memory stays bounded, and a long history (which no other
-    ledger holds) is not copied into a key.
-    """
-    if accountant.kinds > _FITS_KINDS or accountant.selections:
-        return within(accountant.preview([steps]), budget)
-    key = (type(accountant), repr(sorted(accountant.settings().items())), accountant.steps,
-           steps, budget)
-    with _fits_lock:
-        answer = _fits_answers.get(key)
-        if answer is not None:
-            _fits_answers.move_to_end(key)
-            return answer
-    answer = within(accountant.preview([steps]), budget)
-    with _fits_lock:
-        _fits_answers[key] = answer
-        if len(_fits_answers) > _FITS_KEPT:
-            _fits_answers.popitem(last=False)
-    return answer
-
-
-def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[GaussianStep]],
-                           budget: Budget) -> int:
-    """How many of ``rounds``, taken in order after ``accountant``'s history, fit in ``budget``
-    (eps non-decreasing in the steps composed). ``accountant`` is never changed.
-
-    The whole plan is tried first (a schedule calibrated to the budget fits, one evaluation);
-    otherwise a galloping search extends one dry-run copy by 1, 2, 4, ... rounds and bisects
-    the failing bracket from copies of its lower end, so every planned round is composed a
-    bounded number of times and eps is evaluated O(log len(rounds)) times.
-    """
-    def fits(trial: Accountant) -> bool:
-        return within(trial, budget)
-
-    def flat(part: Sequence[Sequence[GaussianStep]]) -> list[GaussianStep]:
-        return [step for r in part for step in r]
-
-    if not rounds or fits(accountant.preview(flat(rounds))):
-        return len(rounds)
-    low, width, base = 0, 1, accountant.preview([])
-    while True:  # fits(low) holds for base; the whole plan does not fit
-        high = min(low + width, len(rounds))
-        trial = base.preview(flat(rounds[low:high]))
-        if high == len(rounds) or not fits(trial):
-            break
-        low, width, base = high, width * 2, trial
-    if high == len(rounds) and fits(trial):  # pragma: no cover - excluded by the first try
-        return high
-    while high - low > 1:
-        middle = (low + high) // 2
-        trial = base.preview(flat(rounds[low:middle]))
-        if fits(trial):
-            low, base = middle, trial
-        else:
-            high = middle
-    return low
 
 
 def _read(path: Path, data: bytes, expected: dict[str, Any],

@@ -146,9 +146,9 @@ def test_ledger_eps_is_finite_where_pld_is_not(tmp_path: Path) -> None:
 
 # -- a ledger's first allowance (issue 24: each client's first check searches once) ------------
 def _forget_shared_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedsim.privacy import ledger as ledger_module
+    from fedsim.privacy import budget as budget_module
 
-    monkeypatch.setattr(ledger_module, "_fits_answers", type(ledger_module._fits_answers)())
+    monkeypatch.setattr(budget_module, "_fits_answers", type(budget_module._fits_answers)())
 
 
 def test_a_first_allowance_far_from_the_budget_costs_one_evaluation(
@@ -220,14 +220,14 @@ def test_a_shared_answer_is_never_another_historys(tmp_path: Path,
 
 
 def test_the_shared_answers_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedsim.privacy import ledger as ledger_module
+    from fedsim.privacy import budget as budget_module
 
     _forget_shared_answers(monkeypatch)
-    monkeypatch.setattr(ledger_module, "_FITS_KEPT", 4)
+    monkeypatch.setattr(budget_module, "_FITS_KEPT", 4)
     for k in range(10):
         with open_ledger(tmp_path / f"l{k}.jsonl", "poisson", 4.0) as ledger:
             assert ledger.can_spend(GaussianStep("poisson", 0.01 + 0.001 * k, 1.1))
-        assert len(ledger_module._fits_answers) <= 4
+        assert len(budget_module._fits_answers) <= 4
 
 
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
@@ -236,7 +236,7 @@ def test_the_shared_first_probe_dominates_as_the_accountant_computes(sampling: S
     (shared by ledgers whose rates round alike). That proves the client's own steps fit only
     if the accountant's eps of the rounded steps is at least that of the client's own: checked
     here as computed (grids, truncation and all) on random rates, sigmas and counts."""
-    from fedsim.privacy.ledger import SHARED_MIN_GAP, SHARED_RATE_GRID, shared_unit
+    from fedsim.privacy.budget import SHARED_MIN_GAP, SHARED_RATE_GRID, shared_unit
 
     rng = random.Random(2403 if sampling == "poisson" else 2404)
     step_up = 2 ** (1 / SHARED_RATE_GRID)
@@ -264,7 +264,7 @@ def test_a_first_allowance_near_the_shared_answer_decides_as_a_fresh_accountant(
     """Budgets just above the rounded rate's eps at the limit (the shared answer grants it,
     one evaluation, none for the next ledger of a nearby rate) and between the two eps (the
     shared answer does not fit, the client's own does): every decision the fresh accountant's."""
-    from fedsim.privacy.ledger import shared_unit
+    from fedsim.privacy.budget import shared_unit
 
     _forget_shared_answers(monkeypatch)
     own, nearby = GaussianStep("poisson", 0.0301, 1.2), GaussianStep("poisson", 0.0295, 1.2)
@@ -328,7 +328,7 @@ def test_an_allowance_covers_a_nearly_equal_kind_only_by_a_margin(tmp_path: Path
     budget between the two the ledger granted a 128th step a fresh accountant refuses (its
     own report then above the budget). A kind not equal to the allowance's is now covered
     only if it is below it by SHARED_MIN_GAP; the decisions are a fresh accountant's."""
-    from fedsim.privacy.ledger import SHARED_MIN_GAP, Allowance
+    from fedsim.privacy.budget import SHARED_MIN_GAP, Allowance
 
     a = GaussianStep("poisson", 2 ** (-57 / 8), 1.0)
     b = GaussianStep("poisson", 5383 / 751386, 1.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fedsim.privacy import budget as budget_module
 from fedsim.privacy import ledger as ledger_module
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, Sampling, TunedSelection
@@ -107,7 +108,7 @@ def test_ledgers_of_one_posture_share_their_first_allowance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A group's clients open ledgers alike: the second one's first check evaluates no eps,
     and both decide what a fresh accountant decides."""
-    monkeypatch.setattr(ledger_module, "_fits_answers", type(ledger_module._fits_answers)())
+    monkeypatch.setattr(budget_module, "_fits_answers", type(budget_module._fits_answers)())
     evaluations = _Evaluations(monkeypatch)
     step = GaussianStep("poisson", 2 / 60, 0.9)
     budget = Budget(3.0, DELTA)
