@@ -154,7 +154,7 @@ class _Outbox:
         self.freed.set()
 
     def due(self, newest: int) -> list[tuple[int, bytes]]:
-        from fedsim.transports.mqtt import RESEND_BACKOFF_MAX
+        from fedsim.transports.mqtt_client import RESEND_BACKOFF_MAX
 
         now, due = time.monotonic(), []
         for round_, entry in list(self.pending.items()):

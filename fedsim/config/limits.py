@@ -39,7 +39,7 @@ MAX_UNACKNOWLEDGED = 256
 """Updates a deployed client keeps unacknowledged (its outbox; the oldest is abandoned past
 it). The server sizes what it keeps per client from it: the farthest round ahead it accepts
 (``integrity.MAX_ROUND_GAP``) and its table of received, unrecorded rounds
-(``mqtt.MAX_UNRECORDED_PER_CLIENT``), four times this each, so honest resends never meet
+(``mqtt_server.MAX_UNRECORDED_PER_CLIENT``), four times this each, so honest resends never meet
 either bound."""
 
 MAX_ROUNDS = 1_000_000

@@ -14,7 +14,8 @@ from fedsim.errors import LedgerError
 from fedsim.protocol.messages import GlobalModel
 from fedsim.runtime.actors.client_book import ClientBook
 from fedsim.runtime.deployed.server_process import _KnownRounds
-from fedsim.transports.mqtt import MqttClientEndpoint, MqttServerEndpoint, _Ack
+from fedsim.transports.mqtt import MqttClientEndpoint, MqttServerEndpoint
+from fedsim.transports.mqtt_receipts import Ack
 
 BROKER = "mqtt://127.0.0.1:9"  # never connected: these tests drive the endpoints' handlers
 
@@ -47,7 +48,7 @@ def test_the_welcome_counts_rounds_waiting_to_be_judged() -> None:
 @pytest.mark.parametrize("value", ["-1", "true", "1.0", '"7"', "1e3", str(2**64)])
 def test_a_hostile_known_is_a_malformed_acknowledgement(value: str) -> None:
     with pytest.raises(ValidationError):
-        _Ack.model_validate_json(f'{{"rounds": [], "incarnation": "", "known": {value}}}')
+        Ack.model_validate_json(f'{{"rounds": [], "incarnation": "", "known": {value}}}')
 
 
 def _ack(known: int | None, incarnation: str = "0123456789abcdef") -> bytes:

@@ -499,9 +499,9 @@ async def test_a_clients_table_of_unrecorded_rounds_stays_bounded(
     # stay in the server endpoint's table for the process's life; now a client's table is
     # bounded and its highest rounds are forgotten (counted): the forged ones, not the honest
     # rounds below them, which are still acknowledged.
-    from fedsim.transports import mqtt
+    from fedsim.transports import mqtt_server
 
-    monkeypatch.setattr(mqtt, "MAX_UNRECORDED_PER_CLIENT", 16)
+    monkeypatch.setattr(mqtt_server, "MAX_UNRECORDED_PER_CLIENT", 16)
     async with server(mosquitto) as srv:
         stamp = srv.incarnation.current
         async with await _raw_client(mosquitto, "c1") as raw:

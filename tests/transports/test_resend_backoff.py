@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
-from fedsim.transports.mqtt import RESEND_BACKOFF_MAX, MqttClientEndpoint, _Pending
+from fedsim.transports.mqtt_client import RESEND_BACKOFF_MAX, MqttClientEndpoint, _Pending
 
 
 def test_resends_back_off_to_at_most_eight_times_the_period() -> None:
