@@ -169,7 +169,9 @@ def test_a_late_partial_joins_the_next_mix_and_a_silent_aggregator_is_not_waited
         late = _partial("g0", [("a", 0, 100.0)], 50 * np.ones(DIM) * 0.01, window=1)
         for window in (1, 2, 3):
             started = endpoint.clock.now()
-            await server._gather_partials()  # nobody answers in time: g0 and g1 are silent
+            # nobody answers in time: g0 and g1 are silent
+            await server.partials.gather(server.clock, server.endpoint,
+                                         server.windows_closed + 1, server.version)
             waits.append(endpoint.clock.now() - started)
             report = server.close_window()
             lost.append(report.lost_in_partials)
@@ -264,7 +266,7 @@ def test_a_partial_overtaken_by_a_later_one_still_joins_once() -> None:
     after window 2's: it joins the mix like a late partial, once; a duplicate of it is ignored;
     one older than the remembered horizon is ignored, logged (it may be a duplicate of one
 applied: counting it as lost would be wrong)."""
-    from fedsim.runtime.actors.server import TAKEN_HORIZON
+    from fedsim.runtime.actors.partials import TAKEN_HORIZON
 
     server = _server(RecordingEndpoint(WallClock()))
     server.windows_closed = 1  # window 2 is closing
@@ -273,15 +275,15 @@ applied: counting it as lost would be wrong)."""
     server._take_partial(_partial("g0", [("a", 0, 100.0)], 100 * u, window=1))
     server._take_partial(_partial("g0", [("a", 0, 100.0)], 100 * u, window=1))  # duplicate
     server._take_partial(_partial("g0", [("a", 1, 100.0)], 100 * u, window=2))  # duplicate
-    assert sorted(server._partials) == [("g0", 1), ("g0", 2)]
+    assert server.partials.held == [("g0", 1), ("g0", 2)]
     report = server.close_window()
     assert report.applied == 2 and report.rejected == 0 and report.lost_in_partials == 0
     server.windows_closed = TAKEN_HORIZON + 5
     server._take_partial(_partial("g0", [("b", 0, 200.0)], 200 * u, window=TAKEN_HORIZON + 5))
     with capture_logs() as logs:
         server._take_partial(_partial("g0", [("c", 0, 100.0)], 100 * u, window=3))
-    assert report.lost_in_partials == 0 and server._lost_in_partials == 0
-    assert ("g0", 3) not in server._partials
+    assert report.lost_in_partials == 0 and server.partials.lost == 0
+    assert ("g0", 3) not in server.partials.held
     assert any("older than the windows" in entry["event"] for entry in logs)
 
 

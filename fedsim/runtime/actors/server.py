@@ -53,25 +53,9 @@ through the server optimizer (:mod:`fedsim.aggregation.optimizers`: SGD, momentu
 Yogi) at the window's step size. An update waiting in a buffer is not yet judged (not in the
 client book), so a deployed server acknowledges it only once it is applied.
 
-**Aggregation nodes** (``aggregators``, :mod:`fedsim.runtime.actors.aggregator`): at each
-window's end the server announces the close (:class:`~fedsim.protocol.messages.WindowClose`,
-with its version) and waits, at most ``aggregator_wait`` seconds, for a partial from every live
-aggregator (one that answered the previous close, or any partial since). A partial's manifest is
-checked group by group (one group per base version): every entry passes the book's checks
-(:meth:`~fedsim.runtime.actors.client_book.ClientBook.judge_entry`: a known client, its rounds,
-no ``(client, round)`` judged before or named twice across aggregators and direct updates, a
-published base version, staleness, invitation), carries the scenario's weight of its client,
-and the group's sum is no longer than ``sum_i w_i |eta_i| bound_i`` (float32 rounding aside);
-a group failing any of it is refused whole (``bad_partial``, its updates counted as rejected).
-Accepted groups join the window's mix with the coefficient ``S(s) / total`` their updates would
-have had one by one (time windows are linear in each update's weight), so with aggregators the
-model is the flat deployment's up to float32 rounding of the sums. A partial of a window
-already closed (a late aggregator's) joins the next window's mix, as a direct update arriving
-after its window's close would (judged then: a group whose base version has grown too stale
-counts as stale); only a partial that comes after the end of the run is lost
-(``WindowReport.lost_in_partials``, dropped in flight; their privacy was spent on the client).
-So the wait trades how soon a slow aggregator's updates are applied against how late each
-window closes, and loses nothing.
+**Aggregation nodes** (``aggregators``): the server announces each window's close, waits for
+their partials and checks them (:mod:`fedsim.runtime.actors.partials`); it mixes the accepted
+groups with its direct updates (:meth:`ServerActor._apply_with_partials`).
 
 **Overload** (:attr:`ServerActor.shed_on_arrival`, the deployed server; docs/DEPLOYMENT.md): under
 time windows an update that arrives already stale (``version - base_version > max_staleness``)
@@ -89,7 +73,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import sys
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from collections.abc import Set as AbstractSet
@@ -115,20 +98,17 @@ from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
     GlobalModel,
-    ManifestEntry,
     Partial,
-    WindowClose,
 )
-from fedsim.protocol.norms import vector_norm
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import BookState, ClientBook, Kind
 from fedsim.runtime.actors.integrity import (
-    MAX_ROUND_GAP,
     ClientLimits,
     Rejections,
     bad_model,
     check_model,
 )
+from fedsim.runtime.actors.partials import PartialGroup, PartialIntake
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.actors.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
@@ -137,11 +117,6 @@ __all__ = ["ClientInfo", "FinalEvaluation", "ServerActor", "ServerSnapshot", "Wi
            "duration_stop"]
 
 _log = get_logger("fedsim.runtime.actors.server")
-
-PARTIAL_ROUNDING = 1.0 + 1e-5
-"""Slack on a partial's norm bound: its sum is rounded to float32 once (a relative error below
-``2^-24`` per value) after float64 accumulation."""
-
 
 @dataclass(frozen=True)
 class ClientInfo:
@@ -196,14 +171,6 @@ class ServerSnapshot:
     version_ceiling: int | None = None
     """No version above it was published before a later snapshot (None: ``version``); a
     restored server renews its version above it (:meth:`ServerActor.renew_version`)."""
-
-
-TAKEN_HORIZON = 64
-"""How many windows before an aggregator's latest partial the server remembers as taken or not:
-a partial reordered behind a later one within it still joins the mix (once); an older one is
-ignored, logged (taken already or not, the server cannot tell; its clients resend what was
-not acknowledged)."""
-TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
 
 
 class ServerActor:
@@ -284,27 +251,32 @@ class ServerActor:
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
         self.stream_above = mixing.STREAM_ABOVE  # time windows: then fold in (StreamedWindow)
         self._stream: mixing.StreamedWindow | None = None
-        self._init_aggregators(aggregators, aggregator_wait)
-
-    def _init_aggregators(self, aggregators: Collection[str], wait: float) -> None:
-        self.aggregators = frozenset(aggregators)
-        """The aggregation nodes' ids (module docstring; empty: updates come straight)."""
-        if self.aggregators:
-            # Only forwarded updates reach the inbox: partials join the mix at the close.
-            self.stream_above = sys.maxsize
-        if not (math.isfinite(wait) and wait >= 0):
-            raise ConfigError(f"aggregator_wait must be >= 0 seconds, got {wait!r}")
-        self.aggregator_wait = float(wait)
-        self._live: set[str] = set(self.aggregators)
-        self._partials: dict[tuple[str, int], Partial] = {}  # to mix at the next close
-        # Per aggregator: the last window taken and, as bits, which of the TAKEN_HORIZON
-        # windows before it were taken too (network reordering can deliver those late).
-        self._taken: dict[str, tuple[int, int]] = {}
-        self._answered = asyncio.Event()
-        self._lost_in_partials = 0
-        self._partial_wait: float | None = None  # the closing window's (WindowReport)
         self.weights = client_weights(self.strategy, [
             (c, info.num_samples, info.weight) for c, info in sorted(self.clients.items())])
+        self.partials = PartialIntake(aggregators, aggregator_wait, book=self.book,
+                                      weights=self.weights, entry_bound=self._entry_bound,
+                                      size=self.params.size)
+        """The aggregation nodes' partials (none: updates come straight)."""
+        if self.partials.aggregators:
+            # Only forwarded updates reach the inbox: partials join the mix at the close.
+            self.stream_above = sys.maxsize
+
+    def _entry_bound(self, client_id: str, round_index: int, weight: float) -> float | None:
+        """``w_i |eta_i(r)| bound_i(r)`` of a client's round in a partial (None: a client
+        whose posture the server does not know)."""
+        info = self.clients[client_id]
+        if info.limits is None:
+            return None
+        return weight * abs(info.step_at(round_index)) * info.limits.norm_bound(round_index)
+
+    @property
+    def aggregators(self) -> frozenset[str]:
+        """The aggregation nodes' ids (empty: updates come straight)."""
+        return self.partials.aggregators
+
+    def _take_partial(self, partial: Partial) -> None:
+        self.partials.take(partial, closing=self.windows_closed + 1, ended=self.ended,
+                           rejections=self._rejections)
 
     @property
     def version(self) -> int:
@@ -494,165 +466,16 @@ class ServerActor:
             if self._apply(batch, report, self.step_size.current(self.windows_closed + 1)):
                 await self.publish_model(invite=False)
 
-    # -- aggregation nodes -----------------------------------------------------------------
-    def _take_partial(self, partial: Partial) -> None:
-        """Keep ``partial`` for the next close: the closing window's, or a late one of a window
-        already closed (it joins the open window's mix, as a direct update arriving after its
-        window's close would); one after the end of the run is lost in flight."""
-        aggregator = partial.aggregator_id
-        if aggregator not in self.aggregators:
-            self._rejections.add(Kind.BAD_PARTIAL, len(partial.entries))
-            _log.warning("partial of an unknown aggregator refused", aggregator=aggregator)
-            return
-        self._live.add(aggregator)  # it is up: waited for from the next close on
-        closing = self.windows_closed + 1
-        if self.ended or partial.window > closing:  # (no close of a later window was sent)
-            self._lost_in_partials += len(partial.entries)
-            _log.warning("partial after the end of the run or of a window not closed: its "
-                         "updates count as dropped in flight", aggregator=aggregator,
-                         window=partial.window, updates=len(partial.entries), closing=closing)
-            return
-        last, earlier = self._taken.get(aggregator, (0, 0))
-        behind = last - partial.window
-        if behind == 0 or (0 < behind <= TAKEN_HORIZON and earlier >> (behind - 1) & 1):
-            return  # a network duplicate of a partial taken already
-        if behind > TAKEN_HORIZON:
-            # Taken already or not, the server cannot tell (a duplicate of one it applied
-            # would otherwise count as lost): not counted, its clients resend what was not
-            # acknowledged.
-            _log.warning("partial older than the windows the server remembers: ignored",
-                         aggregator=aggregator, window=partial.window,
-                         updates=len(partial.entries), last=last)
-            return
-        if behind > 0:  # overtaken on the way by a later partial: it joins like a late one
-            self._taken[aggregator] = (last, earlier | 1 << (behind - 1))
-        else:
-            ahead = -behind
-            shifted = (earlier << ahead | 1 << (ahead - 1)) if last else 0
-            self._taken[aggregator] = (partial.window, shifted & TAKEN_MASK)
-        self._partials[(aggregator, partial.window)] = partial
-        if partial.window < closing:
-            _log.info("late partial: its updates join the open window's mix",
-                      aggregator=aggregator, window=partial.window,
-                      updates=len(partial.entries), closing=closing)
-        if self._live <= self._answered_close():
-            self._answered.set()
-
-    def _answered_close(self) -> set[str]:
-        """The aggregators whose partial of the closing window is here."""
-        closing = self.windows_closed + 1
-        return {a for a, window in self._partials if window == closing}
-
-    async def _gather_partials(self) -> None:
-        """Announce the window's close and wait for the live aggregators' partials (at most
-        ``aggregator_wait``); those that did not answer are no longer waited for."""
-        self._answered.clear()
-        if self._live <= self._answered_close():
-            self._answered.set()
-        started = self.clock.now()
-        await self.endpoint.publish(WindowClose(self.windows_closed + 1, self.version,
-                                                self.clock.now()))
-        waiter = asyncio.ensure_future(self._answered.wait())
-        timer = asyncio.ensure_future(self.clock.sleep(self.aggregator_wait))
-        try:
-            await asyncio.wait({waiter, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (waiter, timer):
-                task.cancel()
-        self._partial_wait = self.clock.now() - started
-        answered = self._answered_close()
-        missing = self._live - answered
-        if missing:
-            _log.warning("aggregators did not answer the window's close in time",
-                         window=self.windows_closed + 1, aggregators=sorted(missing))
-        self._live = answered
-
-    def _check_group(self, entries: list[ManifestEntry], total: np.ndarray,
-                     keys: set[tuple[str, int]]) -> tuple[float, float | None] | str | None:
-        """A partial's group (one base version): its weight and the bound on its sum's norm
-        ``sum_i w_i |eta_i| bound_i`` (None: a bound unknown), or why it is refused, or None if
-        its base version is too stale by now (a late partial; the book recorded its entries)."""
-        weight, bound = 0.0, 0.0
-        known = True
-        group: set[tuple[str, int]] = set()
-        stale = 0
-        for entry in entries:
-            key = (entry.client_id, entry.round)
-            verdict = self.book.judge_entry(entry.client_id, entry.round, entry.base_version,
-                                            entry.window, keys | group)
-            if verdict.kind is Kind.STALE:  # then so is every entry: one base version
-                stale += 1
-                group.add(key)
-                continue
-            if verdict.kind is not Kind.ACCEPTED:
-                return f"{entry.client_id} round {entry.round}: {verdict.kind} ({verdict.reason})"
-            if entry.weight != self.weights[entry.client_id]:
-                return (f"{entry.client_id} weighed {entry.weight!r}, the scenario says "
-                        f"{self.weights[entry.client_id]!r}")
-            group.add(key)
-            info = self.clients[entry.client_id]
-            weight += entry.weight
-            if info.limits is None:
-                known = False
-            else:
-                bound += entry.weight * abs(info.step_at(entry.round)) \
-                    * info.limits.norm_bound(entry.round)
-        if stale:
-            return None
-        norm = vector_norm(total)
-        if known and norm > bound * PARTIAL_ROUNDING:
-            return f"its sum's norm {norm:.6g} exceeds the bound {bound:.6g} of its updates"
-        return weight, bound if known else None
-
-    def _take_partials(self, report: WindowReport, keys: set[tuple[str, int]]
-                       ) -> list[tuple[int, np.ndarray, float, float | None, list[ManifestEntry]]]:
-        """Check the closing window's partials (class docstring): the accepted groups as
-        ``(base_version, sum, weight, bound, entries)``; the rest counted in ``report``."""
-        groups = []
-        partials, self._partials = self._partials, {}
-        for (aggregator, _), partial in sorted(partials.items()):
-            counts = dict(partial.rejections)
-            report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
-            report.stale += counts.pop(Kind.STALE.value, 0)
-            for kind, count in counts.items():
-                self._rejections.add(kind, count)
-                report.rejected += count
-            report.received += len(partial.entries) + sum(partial.rejections.values())
-            for client_id, round_index in partial.settled:
-                # No further beyond the known rounds than an update could name (ROUND_AHEAD).
-                if client_id in self.clients and \
-                        round_index <= self.book.known_rounds(client_id) + MAX_ROUND_GAP:
-                    self.book.record(client_id, round_index)
-            for index, base in enumerate(partial.bases):
-                entries = [e for e in partial.entries if e.base_version == base]
-                total = partial.group(index, self.params.size)
-                checked = (self._check_group(entries, total, keys) if not self.policy.on_arrival
-                           else "an on-arrival policy takes single updates only")
-                if checked is None:  # judged stale for good, as late direct updates can be
-                    report.stale += len(entries)
-                    keys.update((e.client_id, e.round) for e in entries)
-                    continue
-                if isinstance(checked, str):
-                    self._rejections.add(Kind.BAD_PARTIAL, len(entries))
-                    report.rejected += len(entries)
-                    _log.warning("partial refused", aggregator=aggregator, base_version=base,
-                                 updates=len(entries), reason=checked)
-                    continue
-                keys.update((e.client_id, e.round) for e in entries)
-                groups.append((base, total, checked[0], checked[1], entries))
-        return groups
-
     def _apply_with_partials(
             self, accepted: list[tuple[AcceptedUpdate, float | None]],
-            groups: list[tuple[int, np.ndarray, float, float | None, list[ManifestEntry]]],
-            report: WindowReport, step: float) -> bool:
+            groups: list[PartialGroup], report: WindowReport, step: float) -> bool:
         """A time window's step with direct updates and aggregators' groups: each group's sum
         gets the coefficient ``S(s) / total`` (linear policies; module docstring)."""
         updates = [a for a, _ in accepted]
         total = self.total_weight
         if total is None:
             raw = self.strategy.weights(updates) if updates else np.zeros(0)
-            total = float(np.sum(raw)) + sum(g[2] for g in groups)
+            total = float(np.sum(raw)) + sum(g.weight for g in groups)
         direction = np.zeros(self.params.shape, dtype=np.float64)
         bound: float | None = 0.0
         entries = []
@@ -699,17 +522,16 @@ class ServerActor:
             report.rejected += refused
         # Partials first: a copy of an update in a late partial, forwarded unmixed meanwhile
         # (its client resent it), is then the duplicate, not the partial's whole group.
-        groups = self._take_partials(report, keys)
+        groups = self.partials.judge(report, keys, self._rejections,
+                                     on_arrival=self.policy.on_arrival)
         for update in paced:
             admitted = self._admit(update, report, keys)
             if admitted is not None:
                 accepted.append(admitted)
                 keys.add((update.client_id, update.round))
-        report.lost_in_partials, self._lost_in_partials = self._lost_in_partials, 0
-        report.partial_wait, self._partial_wait = self._partial_wait, None
         report.step_size = self.step_size.current(window)
         if groups:
-            # A server behind aggregation nodes never streams (_init_aggregators): a stream's
+            # A server behind aggregation nodes never streams (__init__): a stream's
             # accepted updates would not be in this mix.
             assert stream is None, "a streamed window on a server with aggregation nodes"
             self._apply_with_partials(accepted, groups, report, report.step_size)
@@ -868,7 +690,8 @@ class ServerActor:
                     start + (self.windows_closed + 1) * self.window - self.clock.now()
                 )
                 if self.aggregators:
-                    await self._gather_partials()
+                    await self.partials.gather(self.clock, self.endpoint,
+                                               self.windows_closed + 1, self.version)
                 if self.policy.on_arrival:
                     await self._release_waiting()
                 report = self.close_window()

@@ -1,0 +1,250 @@
+"""The server's side of aggregation nodes: taking their partials, waiting for them at a window's
+close, and checking them against the client book (:class:`PartialIntake`, held by
+:class:`~fedsim.runtime.actors.server.ServerActor`, which mixes the accepted groups).
+
+**Aggregation nodes** (``aggregators``, :mod:`fedsim.runtime.actors.aggregator`): at each
+window's end the server announces the close (:class:`~fedsim.protocol.messages.WindowClose`,
+with its version) and waits, at most ``aggregator_wait`` seconds, for a partial from every live
+aggregator (one that answered the previous close, or any partial since). A partial's manifest is
+checked group by group (one group per base version): every entry passes the book's checks
+(:meth:`~fedsim.runtime.actors.client_book.ClientBook.judge_entry`: a known client, its rounds,
+no ``(client, round)`` judged before or named twice across aggregators and direct updates, a
+published base version, staleness, invitation), carries the scenario's weight of its client,
+and the group's sum is no longer than ``sum_i w_i |eta_i| bound_i`` (float32 rounding aside);
+a group failing any of it is refused whole (``bad_partial``, its updates counted as rejected).
+Accepted groups join the window's mix with the coefficient ``S(s) / total`` their updates would
+have had one by one (time windows are linear in each update's weight), so with aggregators the
+model is the flat deployment's up to float32 rounding of the sums. A partial of a window
+already closed (a late aggregator's) joins the next window's mix, as a direct update arriving
+after its window's close would (judged then: a group whose base version has grown too stale
+counts as stale); only a partial that comes after the end of the run is lost
+(``WindowReport.lost_in_partials``, dropped in flight; their privacy was spent on the client).
+So the wait trades how soon a slow aggregator's updates are applied against how late each
+window closes, and loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Collection, Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+from fedsim.clock import Clock
+from fedsim.errors import ConfigError
+from fedsim.logging import get_logger
+from fedsim.protocol.messages import ManifestEntry, Partial, WindowClose
+from fedsim.protocol.norms import vector_norm
+from fedsim.runtime.actors.client_book import ClientBook, Kind
+from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, Rejections
+from fedsim.runtime.actors.window_report import WindowReport
+from fedsim.transports.base import Endpoint
+
+_log = get_logger("fedsim.runtime.actors.server")
+
+PARTIAL_ROUNDING = 1.0 + 1e-5
+"""Slack on a partial's norm bound: its sum is rounded to float32 once (a relative error below
+``2^-24`` per value) after float64 accumulation."""
+TAKEN_HORIZON = 64
+"""How many windows before an aggregator's latest partial the server remembers as taken or not:
+a partial reordered behind a later one within it still joins the mix (once); an older one is
+ignored, logged (taken already or not, the server cannot tell; its clients resend what was
+not acknowledged)."""
+TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
+
+
+class PartialGroup(NamedTuple):
+    """A partial's accepted group of one base version, to mix."""
+
+    base_version: int
+    total: np.ndarray  # sum_i w_i eta_i u_i over the entries
+    weight: float  # sum_i w_i
+    bound: float | None  # on the total's norm (None: a client's posture is not known)
+    entries: list[ManifestEntry]
+
+
+EntryBound = Callable[[str, int, float], float | None]
+"""``w_i |eta_i(r)| bound_i(r)`` of a client's round at weight ``w_i``: the most its weighted
+update can move the model (None: its posture is not known to the server)."""
+
+
+class PartialIntake:
+    """The partials of the aggregation nodes a server waits for (module docstring)."""
+
+    def __init__(self, aggregators: Collection[str], wait: float, *, book: ClientBook,
+                 weights: Mapping[str, float], entry_bound: EntryBound, size: int) -> None:
+        if not (math.isfinite(wait) and wait >= 0):
+            raise ConfigError(f"aggregator_wait must be >= 0 seconds, got {wait!r}")
+        self.aggregators = frozenset(aggregators)
+        """The aggregation nodes' ids (empty: updates come straight)."""
+        self.wait = float(wait)
+        self._book, self._weights, self._entry_bound, self._size = book, weights, entry_bound, size
+        self._live: set[str] = set(self.aggregators)
+        self._partials: dict[tuple[str, int], Partial] = {}  # to mix at the next close
+        # Per aggregator: the last window taken and, as bits, which of the TAKEN_HORIZON
+        # windows before it were taken too (network reordering can deliver those late).
+        self._taken: dict[str, tuple[int, int]] = {}
+        self._answered = asyncio.Event()
+        self.lost = 0
+        """Updates in partials that came after the end of the run, since the last close."""
+        self.waited: float | None = None
+        """How long the closing window waited for its partials (None: not waited)."""
+
+    @property
+    def held(self) -> list[tuple[str, int]]:
+        """The ``(aggregator, window)`` of the partials waiting for the next close."""
+        return sorted(self._partials)
+
+    def take(self, partial: Partial, *, closing: int, ended: bool,
+             rejections: Rejections) -> None:
+        """Keep ``partial`` for the next close (that of window ``closing``): the closing
+        window's, or a late one of a window already closed (it joins the open window's mix, as
+        a direct update arriving after its window's close would); one after the end of the run
+        (``ended``) is lost in flight; one of an unknown aggregator is counted in
+        ``rejections``."""
+        aggregator = partial.aggregator_id
+        if aggregator not in self.aggregators:
+            rejections.add(Kind.BAD_PARTIAL, len(partial.entries))
+            _log.warning("partial of an unknown aggregator refused", aggregator=aggregator)
+            return
+        self._live.add(aggregator)  # it is up: waited for from the next close on
+        if ended or partial.window > closing:  # (no close of a later window was sent)
+            self.lost += len(partial.entries)
+            _log.warning("partial after the end of the run or of a window not closed: its "
+                         "updates count as dropped in flight", aggregator=aggregator,
+                         window=partial.window, updates=len(partial.entries), closing=closing)
+            return
+        last, earlier = self._taken.get(aggregator, (0, 0))
+        behind = last - partial.window
+        if behind == 0 or (0 < behind <= TAKEN_HORIZON and earlier >> (behind - 1) & 1):
+            return  # a network duplicate of a partial taken already
+        if behind > TAKEN_HORIZON:
+            # Taken already or not, the server cannot tell (a duplicate of one it applied
+            # would otherwise count as lost): not counted, its clients resend what was not
+            # acknowledged.
+            _log.warning("partial older than the windows the server remembers: ignored",
+                         aggregator=aggregator, window=partial.window,
+                         updates=len(partial.entries), last=last)
+            return
+        if behind > 0:  # overtaken on the way by a later partial: it joins like a late one
+            self._taken[aggregator] = (last, earlier | 1 << (behind - 1))
+        else:
+            ahead = -behind
+            shifted = (earlier << ahead | 1 << (ahead - 1)) if last else 0
+            self._taken[aggregator] = (partial.window, shifted & TAKEN_MASK)
+        self._partials[(aggregator, partial.window)] = partial
+        if partial.window < closing:
+            _log.info("late partial: its updates join the open window's mix",
+                      aggregator=aggregator, window=partial.window,
+                      updates=len(partial.entries), closing=closing)
+        if self._live <= self._answered_close(closing):
+            self._answered.set()
+
+    def _answered_close(self, closing: int) -> set[str]:
+        """The aggregators whose partial of window ``closing`` is here."""
+        return {a for a, window in self._partials if window == closing}
+
+    async def gather(self, clock: Clock, endpoint: Endpoint, closing: int, version: int) -> None:
+        """Announce the close of window ``closing`` (the model at ``version``) and wait for the
+        live aggregators' partials (at most :attr:`wait`); those that did not answer are no
+        longer waited for."""
+        self._answered.clear()
+        if self._live <= self._answered_close(closing):
+            self._answered.set()
+        started = clock.now()
+        await endpoint.publish(WindowClose(closing, version, clock.now()))
+        waiter = asyncio.ensure_future(self._answered.wait())
+        timer = asyncio.ensure_future(clock.sleep(self.wait))
+        try:
+            await asyncio.wait({waiter, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiter, timer):
+                task.cancel()
+        self.waited = clock.now() - started
+        answered = self._answered_close(closing)
+        missing = self._live - answered
+        if missing:
+            _log.warning("aggregators did not answer the window's close in time",
+                         window=closing, aggregators=sorted(missing))
+        self._live = answered
+
+    def judge(self, report: WindowReport, keys: set[tuple[str, int]], rejections: Rejections,
+              *, on_arrival: bool) -> list[PartialGroup]:
+        """Check the closing window's partials (module docstring): the accepted groups; the
+        rest counted in ``report`` and ``rejections``; the accepted entries' ``(client,
+        round)`` added to ``keys`` (judged in this window). ``on_arrival``: the server's
+        policy takes single updates only, and refuses every group. Also moves :attr:`lost`
+        and :attr:`waited` into ``report``."""
+        report.lost_in_partials, self.lost = self.lost, 0
+        report.partial_wait, self.waited = self.waited, None
+        groups = []
+        partials, self._partials = self._partials, {}
+        for (aggregator, _), partial in sorted(partials.items()):
+            counts = dict(partial.rejections)
+            report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
+            report.stale += counts.pop(Kind.STALE.value, 0)
+            for kind, count in counts.items():
+                rejections.add(kind, count)
+                report.rejected += count
+            report.received += len(partial.entries) + sum(partial.rejections.values())
+            for client_id, round_index in partial.settled:
+                # No further beyond the known rounds than an update could name (ROUND_AHEAD).
+                if client_id in self._weights and \
+                        round_index <= self._book.known_rounds(client_id) + MAX_ROUND_GAP:
+                    self._book.record(client_id, round_index)
+            for index, base in enumerate(partial.bases):
+                entries = [e for e in partial.entries if e.base_version == base]
+                total = partial.group(index, self._size)
+                checked = (self._check_group(entries, total, keys) if not on_arrival
+                           else "an on-arrival policy takes single updates only")
+                if checked is None:  # judged stale for good, as late direct updates can be
+                    report.stale += len(entries)
+                    keys.update((e.client_id, e.round) for e in entries)
+                    continue
+                if isinstance(checked, str):
+                    rejections.add(Kind.BAD_PARTIAL, len(entries))
+                    report.rejected += len(entries)
+                    _log.warning("partial refused", aggregator=aggregator, base_version=base,
+                                 updates=len(entries), reason=checked)
+                    continue
+                keys.update((e.client_id, e.round) for e in entries)
+                groups.append(PartialGroup(base, total, checked[0], checked[1], entries))
+        return groups
+
+    def _check_group(self, entries: list[ManifestEntry], total: np.ndarray,
+                     keys: set[tuple[str, int]]) -> tuple[float, float | None] | str | None:
+        """A partial's group (one base version): its weight and the bound on its sum's norm
+        ``sum_i w_i |eta_i| bound_i`` (None: a bound unknown), or why it is refused, or None if
+        its base version is too stale by now (a late partial; the book recorded its entries)."""
+        weight, bound = 0.0, 0.0
+        known = True
+        group: set[tuple[str, int]] = set()
+        stale = 0
+        for entry in entries:
+            key = (entry.client_id, entry.round)
+            verdict = self._book.judge_entry(entry.client_id, entry.round, entry.base_version,
+                                             entry.window, keys | group)
+            if verdict.kind is Kind.STALE:  # then so is every entry: one base version
+                stale += 1
+                group.add(key)
+                continue
+            if verdict.kind is not Kind.ACCEPTED:
+                return f"{entry.client_id} round {entry.round}: {verdict.kind} ({verdict.reason})"
+            if entry.weight != self._weights[entry.client_id]:
+                return (f"{entry.client_id} weighed {entry.weight!r}, the scenario says "
+                        f"{self._weights[entry.client_id]!r}")
+            group.add(key)
+            weight += entry.weight
+            entry_bound = self._entry_bound(entry.client_id, entry.round, entry.weight)
+            if entry_bound is None:
+                known = False
+            else:
+                bound += entry_bound
+        if stale:
+            return None
+        norm = vector_norm(total)
+        if known and norm > bound * PARTIAL_ROUNDING:
+            return f"its sum's norm {norm:.6g} exceeds the bound {bound:.6g} of its updates"
+        return weight, bound if known else None
