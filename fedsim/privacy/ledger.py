@@ -135,11 +135,12 @@ from fedsim.privacy.ledger_file import (
 )
 from fedsim.privacy.ledger_mark import (
     NO_STEPS,
+    FoundMark,
     Mark,
     StepCeiling,
     mark_path,
     next_slot,
-    read_mark,
+    read_found_mark,
     refuse_a_mark_maybe_a_spend_old,
     write_mark_at,
 )
@@ -233,8 +234,10 @@ class PrivacyLedger:
         if read_only:
             if not path.exists():
                 raise LedgerError(f"{path}: no such ledger")
-            mark = read_mark(path)  # before the records: a writer moves it after them
+            found = read_found_mark(path)  # before the records: a writer moves it after them
+            mark = None if found is None else found.mark
             records, last, resume_at = _read(path, path.read_bytes(), header, mark)
+            _refuse_a_view_maybe_a_spend_old(path, found, len(records))
             return cls(path, client_id, sampling, budget, accountant, records, last,
                        resume_at=resume_at, ceiling=_ceiling_of(mark, records))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -769,6 +772,16 @@ def _ceiling_of(mark: Mark | None, records: list[LedgerRecord]) -> StepCeiling |
     return None if held is None else held.including(records)
 
 
+def _refuse_a_view_maybe_a_spend_old(path: Path, found: FoundMark | None, records: int) -> None:
+    """A read-only view (reports, ``fedsim account --ledger``, ``fedsim ledger check``)
+    refuses what the client's own open refuses (:func:`refuse_a_mark_maybe_a_spend_old`): a
+    file holding just the count of a mark whose other slot is damaged may have lost the last
+    spend's records, and an eps read from it may be below what was released. A writer's torn
+    mark write cannot look like that to a reader: it writes the records before the mark."""
+    if found is not None:
+        refuse_a_mark_maybe_a_spend_old(path, found.mark, found.other_damaged, records)
+
+
 def _move_up(lock: MarkFile, mark: Mark, *, first: bool, fsync: bool) -> None:
     """Write ``mark`` over one the file's records outgrew, or as its ``first`` (into both slots,
     unsynced: whatever the mark file held is then no slot a later open reads as damaged)."""
@@ -800,9 +813,10 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     """The steps recorded in a ledger file (verified: chain and, if present, the mark),
     without opening it for writing."""
     path = Path(path)
-    data = path.read_bytes()
-    parsed = read_verified(path, data)
-    check_mark(path, parsed, read_mark(path))
+    found = read_found_mark(path)  # before the records: a writer moves it after them
+    parsed = read_verified(path, path.read_bytes())
+    check_mark(path, parsed, None if found is None else found.mark)
+    _refuse_a_view_maybe_a_spend_old(path, found, len(parsed.records))
     steps = [record.step for record in parsed.records]
     if not all(isinstance(step, GaussianStep) for step in steps):
         raise LedgerError(f"{path}: holds a tuned selection (a sweep's tuning ledger): its eps "

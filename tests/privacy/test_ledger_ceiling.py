@@ -20,10 +20,11 @@ from fedsim.cli import main
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
-from fedsim.privacy.ledger import Budget, PrivacyLedger
+from fedsim.privacy.ledger import Budget, PrivacyLedger, read_ledger_steps
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.ledger_mark import StepCeiling, mark_path, read_mark
 from fedsim.privacy.ledger_repair import repair_ledger
+from fedsim.reporting.ledgers import read_ledger
 from tests.privacy.old_marks import old_slot, rewrite_as_old_mark
 
 BUDGET = Budget(50.0, 1e-5)
@@ -221,6 +222,13 @@ def test_a_damaged_mark_slot_makes_nobody_trust_the_mark_it_leaves(tmp_path: Pat
         with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged"):
             _open(path)
         assert main(["ledger", "check", str(path)]) == 2  # and so does check (it said ok)
+        # So does every read-only view: an eps read from the file may be below what was
+        # released (`fedsim account --ledger` read it, and the reports' open did).
+        assert main(["account", "--ledger", str(path), "--json"]) == 2
+        with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged"):
+            read_ledger_steps(path)
+        with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged"):
+            read_ledger(path)
     with pytest.raises(LedgerError, match="--assume-lost N"):
         repair_ledger(path)
     with pytest.raises(LedgerError, match="--lost-step"):
