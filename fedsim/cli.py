@@ -51,6 +51,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _CommandParser(_Parser):
+    """A command's (or sub-command's) parser: an argument it does not know is its error, said
+    with its own usage (argparse hands such arguments up, and the top-level parser's usage,
+    ``fedsim [-h] [--version] COMMAND ...``, told a stranger nothing about ``--sed 3``)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 DESCRIPTION = (
     "Simulate asynchronous federated learning in which every client trains with DP-SGD and "
     "keeps its own privacy ledger, in one process under virtual time or as processes talking "
@@ -85,7 +99,7 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedsim", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"fedsim {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     for name in COMMANDS:
         try:
             module = importlib.import_module(f"fedsim.commands.{name}")

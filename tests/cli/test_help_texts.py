@@ -91,3 +91,23 @@ def test_quiet_and_verbose_exclude_each_other(capsys: pytest.CaptureFixture[str]
         main(["schema", "--quiet", "--verbose"])
     assert exit_info.value.code == 2
     assert "not allowed with" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "command", "unknown"), [
+    # a stranger's: only the commands that load a data set take --offline
+    (["data", "fetch", "mnist", "--offline"], "data fetch", "--offline"),
+    (["run", "scenarios/quickstart.yaml", "--sed", "3"], "run", "--sed 3"),
+    (["ledger", "check", "x.jsonl", "--bogus"], "ledger check", "--bogus"),
+])
+def test_an_unknown_argument_is_the_commands_error_with_its_usage(
+        argv: list[str], command: str, unknown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse hands an argument a sub-command does not know up to the top-level parser,
+    whose usage (``fedsim [-h] [--version] COMMAND ...``) said nothing about the command the
+    stranger typed; every command and sub-command now reports it with its own usage."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: fedsim {command} " in err
+    assert f"fedsim {command}: error: unrecognized arguments: {unknown}\n" in err
+    assert "COMMAND ..." not in err
