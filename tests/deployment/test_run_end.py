@@ -80,6 +80,7 @@ def test_no_round_is_released_or_charged_after_the_server_finished(tmp_path: Pat
         assert exits[client_id] == 0, f"{client_id} did not stop by itself: {state}"
         assert state["state"] == "done", state
         assert "the server finished the run" in state["stop_reason"], state
+        assert state["signalled"] is False, state  # it stopped by itself
         assert _ledger_path(out, client_id).read_bytes() == at_server_end[client_id], client_id
         with open_ledger(plan, _ledger_path(out, client_id)) as ledger:
             charged[client_id] = sorted({record.round for record in ledger.records})

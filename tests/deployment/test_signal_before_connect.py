@@ -74,6 +74,7 @@ def test_a_signal_during_the_first_connection_stops_the_process_at_once(
     assert outcome["stop_reason"] == "stopped by a signal before the first connection to the broker"
     if role == "client":  # nothing was trained or released; its ledger is there, empty
         assert outcome["state"] == "waiting" and outcome["stop_kind"] is None
+        assert outcome["signalled"] is True  # (a stranger: the server's said "signal")
         assert outcome["ledger_rounds"] == [] and outcome["released"] == []
         assert (tmp_path / "state" / "ledgers").is_dir()
     else:

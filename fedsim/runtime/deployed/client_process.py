@@ -221,6 +221,9 @@ async def run_client(
             "state": actor.state,
             "stop_reason": STOPPED_BEFORE_CONNECTING if made is False else actor.stop_reason,
             "stop_kind": actor.stop_kind,
+            # A signal is no stop kind of a client (it may resume: ClientStopKind is why one
+            # never trains again), but the report says it, as the server's does.
+            "signalled": stop is not None and stop.is_set(),
             "stopped_at": actor.stopped_at,
             "ledger_rounds": sorted(ledger.rounds),
             "released": released,
