@@ -216,13 +216,13 @@ def simulate(
     """
     from fedsim.data.factory_data import user_data
     from fedsim.reporting.tensorboard import tensorboard_during
-    from fedsim.runtime.run_outputs import require_writable_dir
+    from fedsim.runtime.run_outputs import require_new_run_dir, require_writable_dir
     from fedsim.runtime.simulated.simulation import build_population, run_scenario
     from fedsim.training import load_flat_params
     from fedsim.training.preflight import preflight_warnings
 
     if out is not None:
-        require_writable_dir(out, "out")
+        require_new_run_dir(out, "out")  # before any work (run_scenario checks again)
     if tensorboard is not None:
         require_writable_dir(tensorboard, "tensorboard")
 

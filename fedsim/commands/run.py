@@ -67,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.population import build_population
-    from fedsim.runtime.run_outputs import check_unused, default_run_dir, require_writable_dir
+    from fedsim.runtime.run_outputs import (
+        default_run_dir,
+        require_new_run_dir,
+        require_writable_dir,
+    )
     from fedsim.runtime.simulated.simulation import run_scenario
     from fedsim.training.preflight import preflight_warnings
 
@@ -80,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario, overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
     out = Path(args.out) if args.out else default_run_dir(f"{scenario.name}-seed{scenario.seed}")
-    require_writable_dir(out, "--out" if args.out else "run directory")  # before any work
-    check_unused(out)  # (run_scenario checks again; a stranger saw the refusal after the logs)
+    require_new_run_dir(out, "--out" if args.out else "run directory")  # before any work
     if args.tensorboard:
         from fedsim.reporting.tensorboard import require_tensorboard
 

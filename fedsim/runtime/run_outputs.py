@@ -138,6 +138,16 @@ def check_unused(out_dir: Path) -> None:
                           f"directory (--out, or out= from Python)")
 
 
+def require_new_run_dir(path: str | os.PathLike[str], what: str) -> Path:
+    """The one check of a run directory a front door (``fedsim run``, :func:`fedsim.simulate`)
+    makes before any work: writable (:func:`require_writable_dir`) and holding no run's
+    ledgers (:func:`check_unused`). A stranger saw the refusal after a population was built
+    and its log lines written."""
+    target = require_writable_dir(path, what)
+    check_unused(target)
+    return target
+
+
 def require_writable_dir(path: str | os.PathLike[str], what: str) -> Path:
     """The one rule for an output directory (``--out``, ``--plots``, a run's ``plots/``):
     checked before any work, it must be a directory this process can create files in, or

@@ -66,3 +66,28 @@ def test_default_run_directories_get_a_suffix_instead_of_being_reused(tmp_path: 
     (tmp_path / "q-launch-1").mkdir()
     assert default_run_dir("q-launch", tmp_path) == tmp_path / "q-launch-2"
     assert default_run_dir("other", tmp_path) == tmp_path / "other"
+
+
+@pytest.mark.parametrize("front_door", ["fedsim.simulate", "fedsim run"])
+def test_both_front_doors_refuse_a_used_run_directory_before_any_work(
+        tmp_path: Path, front_door: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One check of a new run directory (require_new_run_dir) for both: fedsim.simulate
+    refused a used ``out`` only after building the population (a stranger waited for it)."""
+    import fedsim
+    from fedsim.cli import main
+    from fedsim.runtime import population
+    from fedsim.runtime.simulated import simulation
+
+    def no_work(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the population was built for a used run directory")
+
+    monkeypatch.setattr(population, "build_population", no_work)
+    monkeypatch.setattr(simulation, "build_population", no_work)
+    ledger_file(tmp_path, "c-000").parent.mkdir()
+    ledger_file(tmp_path, "c-000").write_text("{}\n")
+    scenario = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
+    if front_door == "fedsim.simulate":
+        with pytest.raises(ConfigError, match="already holds a run's ledgers"):
+            fedsim.simulate(scenario, out=tmp_path, progress=False)
+    else:
+        assert main(["run", str(scenario), "--out", str(tmp_path), "--no-plots"]) == 2
