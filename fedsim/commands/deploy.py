@@ -490,6 +490,8 @@ def compose_text(
         + "\n"
         f'#        docker compose build && {SECRETS_ENV}="$(cat {generated_dir}/secrets.json)" '
         "docker compose up\n"
-        f"# Results: docker compose cp server:{CONTAINER_RUNS}/{run} ./runs/\n"
+        f"# Results: docker compose cp server:{CONTAINER_RUNS}/{run} ./runs/ && fedsim report "
+        f"./runs/{run}\n#          (the server's view; each client's ledger stays in its state "
+        "volume)\n"
     )
     return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=100)

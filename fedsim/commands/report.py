@@ -83,7 +83,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     lines = [
         f"run {run.path}: scenario {run.scenario_name}, seed {summary.get('seed', '?')}, "
         f"{summary.get('windows', len(run.metrics))} windows, "
-        f"{run.virtual_time:.1f} s virtual time, updates {_updates(summary.get('updates'))}"
+        f"{run.virtual_time:.1f} s {run.time_name}, updates {_updates(summary.get('updates'))}"
     ]
     final, best = _number(summary.get("final_accuracy")), _number(summary.get("best_accuracy"))
     evaluated = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]

@@ -375,6 +375,12 @@ class ClientGroup(_Strict):
             return None
         return self.adaptive_clip.ceiling(self.clip.value)
 
+    def client_ids(self) -> list[str]:
+        """The group's client ids, in order: ``<name>-<index>``, the index zero-padded to at
+        least three digits (the ids every runtime and report uses)."""
+        width = max(3, len(str(self.count - 1)))
+        return [f"{self.name}-{i:0{width}d}" for i in range(self.count)]
+
 
 class Clients(_Strict):
     """The client population, as groups that share a posture."""

@@ -68,16 +68,20 @@ def read_ledger(path: Path) -> ClientLedger:
 
 
 def ledger_gaps(run: RunDirectory) -> list[str]:
-    """Warnings for what a report's epsilon cannot see: clients of ``clients.csv`` that have no
-    ledger in the run directory (their spending is left out of every figure read from the
+    """Warnings for what a report's epsilon cannot see: clients of ``clients.csv`` (of the
+    scenario, in a server's view without ``clients.csv``) that have no ledger in the run
+    directory (their spending is left out of every figure read from the
     ledgers), and ledgers without their high-water mark (a cut file is then undetectable)."""
     paths = run.ledger_paths
     listed = [str(row.get("client_id")) for row in run.clients if row.get("client_id")]
     missing = [client_id for client_id in listed if client_id not in paths]
     unmarked = [client_id for client_id, path in paths.items() if not mark_path(path).exists()]
     warnings = []
+    if run.server_view and not paths:
+        missing = []  # a server's view: its explanation says where the ledgers are
     if missing:
-        warnings.append(f"warning: {len(missing)} client(s) of clients.csv have no ledger in "
+        listing = "the scenario" if run.server_view else "clients.csv"
+        warnings.append(f"warning: {len(missing)} client(s) of {listing} have no ledger in "
                         f"{run.path / LEDGER_DIR} ({_some(missing)}): the eps from the ledgers "
                         f"leaves their spending out")
     if unmarked:

@@ -446,11 +446,17 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
     """
     rows = max(len(panels), 1)
     figure, axes_list = _new_figure((FIGSIZE[0] + 3.0, 3.6 * rows + 0.6), rows)
-    accountant = ", ".join(sorted({p.history.accountant for p in panels})) or "none"
+    accountant = ", ".join(sorted({p.history.accountant for p in panels})) or "no ledgers"
     delta = panels[0].history.delta if panels else run.delta
     if not panels:
-        axes_list[0].text(0.5, 0.5, "no client ledgers in this run", ha="center", va="center",
+        # (A server's output directory: the ledgers stay with the clients.)
+        text = ("no client ledgers in this directory:\na deployed server's view; its clients' "
+                "ledgers stay with them\n(copied into ledgers/, they are drawn here)"
+                if run.server_view else "no client ledgers in this run")
+        axes_list[0].text(0.5, 0.5, text, ha="center", va="center",
                           transform=axes_list[0].transAxes)
+        axes_list[0].set_xticks([])
+        axes_list[0].set_yticks([])
     for axes, panel in zip(axes_list, panels, strict=False):
         history = panel.history
         times, eps = history.times, history.epsilon
@@ -583,7 +589,9 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
                       linestyle=":", linewidth=1.2,
                       label=f"  {cid} ({epsilon:.3f}, {run.delta:g})-DP")
         if not chosen:
-            axes.text(0.5, 0.5, "no client has spent privacy yet", ha="center", va="center",
+            axes.text(0.5, 0.5, "no client ledgers in this directory\n(a deployed server's view)"
+                      if run.server_view and not run.ledger_paths
+                      else "no client has spent privacy yet", ha="center", va="center",
                       transform=axes.transAxes)
         axes.set_xlim(0.0, 1.0)
         axes.set_ylim(0.0, 1.0)

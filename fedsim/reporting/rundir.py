@@ -59,17 +59,26 @@ class RunDirectory:
         """Read ``path``; raise :class:`ConfigError` if it is not a (readable) run directory.
 
         ``metrics.jsonl`` and ``summary.json`` must exist; ``clients.csv`` and ``ledgers/``
-        may be missing (a run without clients, or one that crashed before writing them).
+        may be missing (a run without clients, or one that crashed before writing them). A
+        deployed server's output directory (``server.json``, no ``summary.json``) is read as
+        the server's view of its run (:mod:`fedsim.reporting.server_view`).
         """
         root = Path(path)
         if not root.is_dir():
             raise ConfigError(f"{root}: not a directory (expected a run directory written by "
                               "`fedsim run`)")
-        missing = [name for name in (METRICS_FILE, SUMMARY_FILE) if not (root / name).is_file()]
+        from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
+
+        server = is_server_directory(root, SUMMARY_FILE)
+        needed = (METRICS_FILE,) if server else (METRICS_FILE, SUMMARY_FILE)
+        missing = [name for name in needed if not (root / name).is_file()]
         if missing:
             raise ConfigError(f"{root}: not a run directory (missing {', '.join(missing)}; "
                               "`fedsim run SCENARIO --out DIR` writes one)")
         try:
+            if server:  # a deployed server's output directory: its view of the run
+                metrics = _read_metrics(root / METRICS_FILE)
+                return cls(root, metrics, *server_rows_and_summary(root, metrics))
             return cls(root, _read_metrics(root / METRICS_FILE),
                        _read_clients(root / CLIENTS_FILE), _read_summary(root / SUMMARY_FILE))
         except UnicodeDecodeError as exc:  # a damaged file: bad input, not a crash
@@ -88,6 +97,12 @@ class RunDirectory:
             raise ConfigError(f"{self.path / SUMMARY_FILE}: privacy.delta must be a number in "
                               f"(0, 1), got {delta!r}")
         return float(delta)
+
+    @property
+    def server_view(self) -> bool:
+        """A deployed server's output directory read alone (:mod:`~fedsim.reporting.server_view`):
+        its clients' rows are their last statuses, its ledgers only those copied in."""
+        return self.summary.get("view") == "server"
 
     @property
     def time_name(self) -> str:

@@ -317,14 +317,9 @@ def _zeros(size: int) -> np.ndarray:
     return zeros
 
 
-def _client_ids(group: ClientGroup) -> list[str]:
-    width = max(3, len(str(group.count - 1)))
-    return [f"{group.name}-{i:0{width}d}" for i in range(group.count)]
-
-
 def client_ids(scenario: Scenario) -> list[str]:
     """Every client id of a scenario, in group order (the ids :func:`build_population` uses)."""
-    return [client_id for group in scenario.clients.groups for client_id in _client_ids(group)]
+    return [client_id for group in scenario.clients.groups for client_id in group.client_ids()]
 
 
 def _model_options(scenario: Scenario, train_x: torch.Tensor, num_classes: int) -> dict[str, Any]:
@@ -413,7 +408,7 @@ def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
                                      group.sampling)
             except ConfigError as exc:
                 raise ConfigError(f"{where}.adaptive_clip: {exc}") from None
-        for client_id, indices in zip(_client_ids(group), parts, strict=True):
+        for client_id, indices in zip(group.client_ids(), parts, strict=True):
             plans.append(ClientPlan(client_id, group, indices, schedule,
                                     first_server_step=first_step))
     return plans

@@ -161,6 +161,39 @@ def test_launch_reaches_the_accuracy_of_the_in_process_run(tmp_path: Path) -> No
     assert [[r[i] for i in columns] for r in rows] == [[r[i] for i in columns] for r in sim_rows]
     applied = _check_applied_against_ledgers(out)
     assert len(applied) == deployed["updates"]["applied"] > 0
+    _check_the_servers_view(out, tmp_path / "server-only", run_directory)
+
+
+def _check_the_servers_view(out: Path, server_only: Path, launched: RunDirectory) -> None:
+    """The server's output directory alone (a compose run's `docker compose cp server:/runs`):
+    `fedsim report` reads it as the server's view (a stranger got "not a run directory"), its
+    figures those of the launch's summary, its clients' rows their last statuses; a client's
+    ledger copied in is verified and gives the launch's eps."""
+    server_only.mkdir()
+    for name in ("metrics.jsonl", "server.json", "applied.jsonl", "scenario.resolved.yaml"):
+        (server_only / name).write_bytes((out / name).read_bytes())
+    view = RunDirectory.load(server_only)
+    assert view.server_view and not launched.server_view
+    for key in ("windows", "updates", "final_accuracy"):
+        assert view.summary[key] == launched.summary[key], key
+    # A client's stop the server heard of is the one its own report gives; a client still
+    # training at the run's end stops on the server's word, which no status brings back.
+    assert [r["client_id"] for r in view.clients] == [r["client_id"] for r in launched.clients]
+    for seen, own in zip(view.clients, launched.clients, strict=True):
+        assert seen["stop_kind"] in ("", own["stop_kind"]), (seen, own)
+        assert seen["stop_kind"] or own["stop_kind"] == "server_finished", (seen, own)
+    assert main(["report", str(server_only)]) == 0
+    first = launched.clients[0]["client_id"]
+    (server_only / "ledgers").mkdir()
+    for suffix in (".jsonl", ".jsonl.hwm"):
+        name = f"{first}{suffix}"
+        (server_only / "ledgers" / name).write_bytes((out / "ledgers" / name).read_bytes())
+    from fedsim.reporting.ledgers import read_ledgers
+
+    [ledger] = read_ledgers(RunDirectory.load(server_only))
+    assert ledger.client_id == first
+    assert ledger.accountant.epsilon(launched.delta) == pytest.approx(
+        launched.client(first)["epsilon"], rel=1e-3)  # type: ignore[index]
 
 
 async def _intrude(host: str, port: int, run: str, password: str) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["ClientStopKind", "RunStop", "RunStopKind", "client_stop_phrase", "stop_fields"]
+__all__ = ["ClientStopKind", "RunStop", "RunStopKind", "client_stop_phrase", "finished_stop_kind",
+           "stop_fields"]
 
 
 class ClientStopKind(StrEnum):
@@ -86,3 +87,19 @@ def stop_fields(stop: RunStop | None) -> dict[str, str | None]:
     ``summary.json`` and the deployed server's outcome hold them."""
     return {"stop_reason": stop.text if stop is not None else "",
             "stop_kind": stop.kind.value if stop is not None else None}
+
+
+def finished_stop_kind(report: Mapping[str, Any], status: Mapping[str, Any],
+                       rounds: int | None) -> ClientStopKind:
+    """A finished deployed client's stop kind: from its process's report (``stop_kind``), or,
+    where the process died before writing one or the report is elsewhere (a server's output
+    directory read alone), from its last status (typed fields: the state and the rounds
+    against the group's limit ``rounds``, never the text)."""
+    kind = report.get("stop_kind")
+    if kind in set(ClientStopKind):
+        return ClientStopKind(kind)
+    if status.get("state") == "budget_exhausted":
+        return ClientStopKind.BUDGET
+    if rounds is not None and int(status.get("rounds", 0)) >= rounds:
+        return ClientStopKind.DONE
+    return ClientStopKind.SERVER_FINISHED

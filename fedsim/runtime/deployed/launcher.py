@@ -31,7 +31,7 @@ from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import RoundRecord
-from fedsim.runtime.actors.stops import ClientStopKind, RunStop, RunStopKind
+from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
@@ -108,7 +108,7 @@ def collect_outputs(
             finished = state in FINISHED_STATES
             if finished:
                 stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason,
-                                "kind": _stop_kind(report, status, plan.group.rounds)})
+                                "kind": finished_stop_kind(report, status, plan.group.rounds)})
             released = [RoundRecord(**r) for r in report.get("released", [])]
             clients.append(
                 ClientOutcome(
@@ -146,21 +146,6 @@ def collect_outputs(
 
 # ---------------------------------------------------------------------------------------------
 # Launching everything as local processes
-
-
-def _stop_kind(report: dict[str, Any], status: dict[str, Any], rounds: int | None
-               ) -> ClientStopKind:
-    """A finished client's stop kind: from its process's report, or, where the process died
-    before writing one, from its last status (typed fields: the state and the rounds, never
-    the text)."""
-    kind = report.get("stop_kind")
-    if kind in set(ClientStopKind):
-        return ClientStopKind(kind)
-    if status.get("state") == "budget_exhausted":
-        return ClientStopKind.BUDGET
-    if rounds is not None and int(status.get("rounds", 0)) >= rounds:
-        return ClientStopKind.DONE
-    return ClientStopKind.SERVER_FINISHED
 
 
 def _children_cpu_seconds() -> float:
