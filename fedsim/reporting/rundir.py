@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
-from fedsim.runtime.run_outputs import CLIENTS_FILE, LEDGER_DIR, METRICS_FILE, SUMMARY_FILE
+from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
+from fedsim.runtime.run_outputs import (
+    CLIENTS_FILE,
+    LEDGER_DIR,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    read_json_object,
+)
 
 PLOT_DIR = "plots"
 
@@ -67,8 +74,6 @@ class RunDirectory:
         if not root.is_dir():
             raise ConfigError(f"{root}: not a directory (expected a run directory written by "
                               "`fedsim run`)")
-        from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
-
         server = is_server_directory(root, SUMMARY_FILE)
         needed = (METRICS_FILE,) if server else (METRICS_FILE, SUMMARY_FILE)
         missing = [name for name in needed if not (root / name).is_file()]
@@ -80,7 +85,7 @@ class RunDirectory:
                 metrics = _read_metrics(root / METRICS_FILE)
                 return cls(root, metrics, *server_rows_and_summary(root, metrics))
             return cls(root, _read_metrics(root / METRICS_FILE),
-                       _read_clients(root / CLIENTS_FILE), _read_summary(root / SUMMARY_FILE))
+                       _read_clients(root / CLIENTS_FILE), read_json_object(root / SUMMARY_FILE))
         except UnicodeDecodeError as exc:  # a damaged file: bad input, not a crash
             raise ConfigError(f"{root}: a file of the run directory is not UTF-8 text "
                               f"({exc.reason} at byte {exc.start})") from None
@@ -197,13 +202,3 @@ def _read_clients(path: Path) -> tuple[dict[str, Any], ...]:
                 raise ConfigError(f"{path}:{number}: more fields than the header has")
             rows.append({k: _number_or_text(k, v or "") for k, v in row.items()})
         return tuple(rows)
-
-
-def _read_summary(path: Path) -> dict[str, Any]:
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(summary, dict):
-        raise ConfigError(f"{path}: must hold a JSON object")
-    return summary

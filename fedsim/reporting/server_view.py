@@ -20,7 +20,6 @@ Damaged files raise :class:`~fedsim.errors.ConfigError` naming the file.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Mapping
@@ -29,7 +28,12 @@ from typing import Any
 
 from fedsim.errors import ConfigError
 from fedsim.runtime.actors.stops import RunStop, client_stop_phrase, finished_stop_kind
-from fedsim.runtime.run_outputs import FINISHED_STATES, SCENARIO_FILE, SERVER_FILE
+from fedsim.runtime.run_outputs import (
+    FINISHED_STATES,
+    SCENARIO_FILE,
+    SERVER_FILE,
+    read_json_object,
+)
 
 REPORTED_EPSILON = "reported_epsilon"
 """The client row's column of the eps its last status reported (not ``epsilon``: nothing
@@ -54,7 +58,7 @@ def server_rows_and_summary(
     are ``metrics``."""
     from fedsim.config import load_scenario
 
-    server = _json_object(root / SERVER_FILE)
+    server = read_json_object(root / SERVER_FILE)
     resolved = root / SCENARIO_FILE
     if not resolved.is_file():
         raise ConfigError(f"{root}: a server's output directory without its "
@@ -136,16 +140,6 @@ def _explanation(root: Path, rows: list[dict[str, Any]], stop: RunStop | None) -
                  f"{root / 'ledgers'}, they are verified here and their eps recomputed "
                  "(`fedsim ledger check FILE` checks one where it is).")
     return " ".join(parts)
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: must hold a JSON object")
-    return value
 
 
 def _number(value: Any) -> float | None:

@@ -206,6 +206,19 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A run directory's JSON object file (``summary.json``, ``server.json``) for a reader
+    that needs it (a report): damage is a :class:`ConfigError` naming the file, where
+    :func:`read_json` gives ``{}``."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: must hold a JSON object")
+    return value
+
+
 def json_line(obj: Mapping[str, Any]) -> str:
     """One JSON-lines line (strict JSON, see :func:`clean_json`)."""
     return json.dumps(clean_json(dict(obj)), allow_nan=False) + "\n"
