@@ -27,7 +27,7 @@ from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
-           "virtual_time", "windows", "stops")
+           "virtual_time", "windows", "ended", "stops")
 EPS_RELATIVE_TOLERANCE = 1e-3
 """summary.json's eps and the ledgers' may differ by this much (its figures are rounded)."""
 LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend beside the axes
@@ -41,7 +41,8 @@ def _number(value: Any) -> float | None:
 
 def run_row(run: RunDirectory, label: str | None = None, *,
             ledgers: Sequence[ClientLedger] | None = None) -> dict[str, Any]:
-    """One run's comparison row (the keys of :data:`COLUMNS`, ``stops`` a dict kind -> count,
+    """One run's comparison row (the keys of :data:`COLUMNS`, ``ended`` why the run ended,
+    ``stops`` a dict kind -> count,
     plus ``path``, ``scenario``, ``seed``, ``delta`` and ``warnings``; ``ledgers``: the run's,
     if read already)."""
     from fedsim.privacy.accountant import make_accountant
@@ -88,9 +89,19 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         "delta": _number(privacy.get("delta")),
         "virtual_time": run.virtual_time,
         "windows": summary.get("windows", len(run.metrics)),
+        "ended": _ended(run),
         "stops": dict(sorted(stops.items())),
         "warnings": warnings,
     }
+
+
+def _ended(run: RunDirectory) -> str | None:
+    """Why the run ended, as its summary's ``stop_kind`` says (an interrupted run's outputs
+    are partial: said with its signal, so no table reads it as a finished run's)."""
+    if run.interrupted:
+        return f"interrupted ({run.interrupted})"
+    kind = run.summary.get("stop_kind")
+    return kind if isinstance(kind, str) and kind else None
 
 
 def unique_labels(paths: Sequence[Path]) -> list[str]:

@@ -137,6 +137,13 @@ def test_compare_shows_an_interrupted_run_that_lies_under_a_finished_one(
                    and len(line.get_xdata()) == 1]
         assert crosses and crosses[0].get_xdata()[0] == interrupted.get_xdata()[-1]
         assert axes.get_xlabel() == "virtual time (s)"
+    # The table says it too (a stranger read the cut run's row as a finished run's).
+    table = capsys.readouterr().out.splitlines()
+    assert "ended" in table[0]
+    rows = {line.split()[0]: line for line in table[2:4]}
+    assert "interrupted (SIGINT)" in rows["cut"] and "interrupted" not in rows["full"]
+    ended = json.loads((full / "summary.json").read_text())["stop_kind"]
+    assert f" {ended} " in rows["full"]
 
 
 def test_report_and_compare_read_an_rdp_run(tiny_scenario: Path, tmp_path: Path,
