@@ -23,7 +23,7 @@ import itertools
 import json
 import re
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -221,16 +221,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"{out}: {len(plans)} run(s), {args.jobs} at a time")
     meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": seeds,
             "overrides": list(args.overrides)}
-    rows: list[dict[str, Any]] = []
+    done: dict[int, dict[str, Any]] = {}
     try:
-        execute(args, plans, rows)
+        execute(args, plans, done)
     except KeyboardInterrupt:
-        # The runs that finished keep their rows; the rest are listed as not run.
-        rows += [{"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"],
-                  "status": "not run: the sweep was interrupted"} for plan in plans[len(rows):]]
+        # The runs that finished keep their rows, whichever order they finished in; the rest
+        # are listed as not run.
+        rows = [done.get(index) or {"run": Path(plan["dir"]).name, **plan["grid"],
+                                    "seed": plan["seed"],
+                                    "status": "not run: the sweep was interrupted"}
+                for index, plan in enumerate(plans)]
         write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
         print(f"table of the finished runs: {out / 'sweep.csv'}, {out / 'sweep.json'}")
         raise
+    rows = [done[index] for index in range(len(plans))]
     csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
     for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
         print(line)
@@ -239,24 +243,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
-            rows: list[dict[str, Any]]) -> None:
-    """Run ``plans`` (``--jobs`` at a time), appending their rows to ``rows`` in the plans'
-    order as each is collected (an interrupted sweep keeps those; with ``--jobs`` above 1 a
-    run that finished after an earlier one still running is listed as not run)."""
+            done: dict[int, dict[str, Any]]) -> None:
+    """Run ``plans`` (``--jobs`` at a time), putting each one's row in ``done`` under its
+    index in ``plans`` as it finishes (an interrupted sweep keeps every finished run's row:
+    with ``--jobs`` above 1 a run that finished after one still running was listed as not
+    run)."""
     plots = not args.no_plots
     if args.jobs == 1 or len(plans) <= 1:
-        for plan in plans:
-            rows.append(run_one(args.scenario, plan, plots, args.allow_factories))
-            print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
+        for index, plan in enumerate(plans):
+            done[index] = run_one(args.scenario, plan, plots, args.allow_factories)
+            print(f"  {done[index]['run']}: {done[index]['status']}")
     else:
         # spawn: a fresh interpreter per worker (no forked torch state)
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)),
                                  mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(run_one, args.scenario, plan, plots, args.allow_factories)
-                       for plan in plans]
-            for future in futures:
-                rows.append(future.result())
-                print(f"  {rows[-1]['run']}: {rows[-1]['status']}")
+            futures = {pool.submit(run_one, args.scenario, plan, plots, args.allow_factories):
+                       index for index, plan in enumerate(plans)}
+            for future in as_completed(futures):
+                done[futures[future]] = row = future.result()
+                print(f"  {row['run']}: {row['status']}")
 
 
 def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], delta: float,
@@ -284,8 +289,9 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
         plans.append({**chosen, "dir": str(out / f"trial-{index:03d}-{label}")})
     print(f"{out}: private tuning, {count} trial(s) of {len(candidates)} candidate(s), "
           f"{args.jobs} at a time (a deployment keeps K and the unselected trials secret)")
-    rows: list[dict[str, Any]] = []
-    execute(args, plans, rows)  # (interrupted: no table; the tuning ledgers are charged)
+    done: dict[int, dict[str, Any]] = {}
+    execute(args, plans, done)  # (interrupted: no table; the tuning ledgers are charged)
+    rows = [done[index] for index in range(len(plans))]
     best = tuning.best_trial(rows)
     tuned_max = max(totals.values(), default=0.0)
     for index, row in enumerate(rows):

@@ -192,3 +192,25 @@ def test_an_interrupted_sweep_keeps_the_table_of_its_finished_runs(
     assert table["interrupted"] is True and len(table["runs"]) == 3
     captured = capsys.readouterr()
     assert "table of the finished runs" in captured.out and "interrupted" in captured.err
+
+
+def test_an_interrupted_parallel_sweep_keeps_a_run_that_finished_out_of_order(
+        tiny_scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --jobs above 1 the rows were collected in the plans' order, so a Ctrl-C while the
+    first run was still going listed the second, finished, as not run (a stranger's)."""
+    import concurrent.futures
+
+    from fedsim.commands import sweep
+
+    def last_first_then_ctrl_c(futures):  # type: ignore[no-untyped-def]
+        concurrent.futures.wait(futures)  # both finished; the later plan is reported first
+        yield max(futures, key=futures.__getitem__)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "as_completed", last_first_then_ctrl_c)
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(tiny_scenario), "--grid", "clients.groups[*].noise.sigma=1.0,1.5",
+                 "--out", str(out), "--no-plots", "--jobs", "2"]) == 130
+    rows = _rows(out / "sweep.csv")
+    assert [r["status"] for r in rows] == ["not run: the sweep was interrupted", "ok"]
+    assert rows[1]["final_accuracy"] != ""
