@@ -175,16 +175,23 @@ def clt_growing_mu(mu_total: float, total_steps: int, rho_mu: float, sampling: S
     return Schedule(total_steps, 1.0 / _clt_mu_0(mu_total, clt_mu), clip_0, rho_mu, rho_c)
 
 
-def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: float,  # noqa: C901 - validation, bracketing and bisection in one place
+def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: float,  # noqa: C901 - validation and bracketing in one place
                      sampling: Sampling, q: float, *, accountant: str = "pld",
                      clip_0: float = 1.0, rho_c: float = 1.0, rel_tol: float = 1e-3,
                      steps_per_index: int = 1) -> Schedule:
     """The growing-mu schedule whose composed budget meets (eps, delta) under ``accountant``.
 
-    eps grows with mu_0, so mu_0 is found by bisection to relative tolerance ``rel_tol``
-    (the returned schedule's eps is <= the target and within that tolerance in mu_0 of it),
-    starting from the CLT answer (Du et al. Thm 1, with mu the GDP parameter of (eps, delta),
-    Dong-Roth-Su Cor. 2.13) to bracket it. ``accountant="gdp-clt"`` returns that CLT answer.
+    eps grows with mu_0 (the privacy loss of each step grows with its mu_t = mu_0 rho^{t/T},
+    under the sampling scheme's neighbouring relation), so mu_0 is found to relative tolerance
+    ``rel_tol``: the returned schedule's eps is <= the target, and one ``rel_tol`` larger a
+    mu_0 exceeds it. The search starts from the CLT answer (Du et al. Thm 1, with mu the GDP
+    parameter of (eps, delta), Dong-Roth-Su Cor. 2.13) and brackets it; then it interpolates
+    log eps against log mu_0 between the bracket's ends (eps is smooth in mu_0) and probes
+    just either side of the estimate, a tolerance apart, so that a good estimate closes the
+    bracket in two evaluations (a 300-step schedule took eleven PLD evaluations of 1.3 s
+    each by bisection, four this way); a step that does not halve the bracket (in log) is
+    followed by one centred on its geometric middle, as bisection would. ``accountant=
+    "gdp-clt"`` returns that CLT answer.
     """
     if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
         raise ConfigError(f"need eps > 0 and delta in (0, 1), got {epsilon!r}, {delta!r}")
@@ -193,9 +200,13 @@ def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: flo
     def make(mu_0: float) -> Schedule:
         return Schedule(total_steps, 1.0 / mu_0, clip_0, rho_mu, rho_c)
 
+    evaluated: dict[float, float] = {}
+
     def eps_of(mu_0: float) -> float:
-        steps = make(mu_0).steps(sampling, q, steps_per_index)
-        return make_accountant(accountant, steps).epsilon(delta)
+        if mu_0 not in evaluated:
+            steps = make(mu_0).steps(sampling, q, steps_per_index)
+            evaluated[mu_0] = make_accountant(accountant, steps).epsilon(delta)
+        return evaluated[mu_0]
 
     # mu-GDP is (eps, delta(eps))-DP with delta(eps) increasing in mu (Dong-Roth-Su Cor. 2.13).
     mu_low, mu_high = 1e-6, 1.0
@@ -218,10 +229,32 @@ def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: flo
             raise PrivacyError("the target is met even with almost no noise")
     if low == high:
         low = high / 1.25
-    while high / low > 1 + rel_tol:
-        middle = math.sqrt(low * high)
-        low, high = (middle, high) if eps_of(middle) <= epsilon else (low, middle)
+    low = _narrowed(eps_of, epsilon, low, high, rel_tol)
     return make(low)
+
+
+def _narrowed(eps_of: Callable[[float], float], epsilon: float, low: float, high: float,
+              rel_tol: float) -> float:
+    """The largest mu_0 found with ``eps_of(mu_0) <= epsilon``, narrowing the bracket
+    ``eps_of(low) <= epsilon < eps_of(high)`` to ``high / low <= 1 + rel_tol``
+    (:func:`solve_growing_mu`: interpolated probe pairs, a geometric middle when a step did not
+    halve the bracket in log)."""
+    half_gap = math.sqrt(1.0 + rel_tol) ** 0.999  # the probes' ratio to their centre
+    interpolate = True
+    while high / low > 1 + rel_tol:
+        span = math.log(high / low)
+        below, above = eps_of(low), eps_of(high)
+        if interpolate and 0 < below and math.isfinite(above):
+            # log eps is near linear in log mu_0 over a narrow bracket
+            lower, upper = math.log(below / epsilon), math.log(above / epsilon)  # <= 0 < upper
+            centre = low * math.exp(span * lower / (lower - upper))
+        else:
+            centre = math.sqrt(low * high)
+        for probe in (centre / half_gap, centre * half_gap):
+            if low < probe < high:
+                low, high = (probe, high) if eps_of(probe) <= epsilon else (low, probe)
+        interpolate = math.log(high / low) <= span / 2  # else bisect next
+    return low
 
 
 def clip_tied(total_steps: int, sampling: Sampling, q: float, *, clip_0: float = 1.0,
