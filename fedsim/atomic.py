@@ -39,6 +39,7 @@ import errno
 import os
 import secrets
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -144,6 +145,22 @@ FileSystemSync.AVAILABLE = _syncfs is not None
 def _check(durability: str) -> None:
     if durability not in DURABILITIES:
         raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+
+
+def read_regular(path: str | Path, limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit``), for readers of files
+    someone else may have put there (a run directory handed over, a ledger to check):
+    anything else - a FIFO, a device - raises :class:`OSError` (EINVAL) instead of blocking
+    the reader for ever (a review: a FIFO named ``ledgers/<id>.jsonl`` hung ``fedsim
+    report``). Opened without blocking, then checked on the open descriptor."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with open(fd, "rb", closefd=False) as handle:
+            return handle.read() if limit is None else handle.read(limit)
+    finally:
+        os.close(fd)
 
 
 def move_into_place(source: str | Path, target: str | Path, *, durability: Durability) -> None:

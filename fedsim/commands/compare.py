@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.reporting.values import printable
 
 DESCRIPTION = (
     "Put run directories side by side: a table of final and best accuracy, the clients' "
@@ -58,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"runs": rows, "plots": [str(p) for p in drawn]}, indent=2))
         return 0
     for line in format_table(rows):
-        print(line)
+        print(printable(line, limit=100_000))
     for row in rows:
         for warning in row["warnings"]:
-            print(warning)
+            print(printable(warning, limit=100_000))
     deltas = sorted({row["delta"] for row in rows if row["delta"] is not None})
     print(f"eps: each client's guarantee about its own data at delta = "
           f"{', '.join(f'{d:g}' for d in deltas)} (pld)")

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, cast
 
+from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError, LedgerError
 
 
@@ -65,8 +66,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def _header(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as handle:
-            first = handle.readline(4096)
+        first = read_regular(path, 4096).split(b"\n", 1)[0]  # (a FIFO would block)
         header = json.loads(first.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from None

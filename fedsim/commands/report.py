@@ -9,7 +9,6 @@ values of ``clients.csv`` are printed with a warning that they are approximation
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
+from fedsim.reporting.values import finite_number, printable
 from fedsim.runtime.run_outputs import require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
@@ -57,12 +57,9 @@ def run(args: argparse.Namespace) -> int:
     require_writable_dir(directory.plot_dir, "plots directory")
     drawn = draw_run(directory)
     for line in summary_lines(directory, drawn):
-        print(line)
+        print(printable(line, limit=100_000))  # (a handed-over file's terminal escapes)
     return 0
 
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def _updates(value: Any) -> str:
@@ -85,8 +82,8 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         f"{summary.get('windows', len(run.metrics))} windows, "
         f"{run.virtual_time:.1f} s {run.time_name}, updates {_updates(summary.get('updates'))}"
     ]
-    final, best = _number(summary.get("final_accuracy")), _number(summary.get("best_accuracy"))
-    evaluated = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
+    final, best = finite_number(summary.get("final_accuracy")), finite_number(summary.get("best_accuracy"))
+    evaluated = [a for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
     if final is None and evaluated:
         final = evaluated[-1]
     if best is None and evaluated:
@@ -119,11 +116,15 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     if final_eps:
         lines.append(f"privacy ({drawn.accountant}, delta = {drawn.delta:g}): eps "
                      f"{_spread(final_eps.values())} over {len(final_eps)} clients")
-        if drawn.accountant == "pld":  # clients.csv reports eps from pld (run contract)
+        if run.server_view:  # its clients' statuses against their ledgers copied in
+            from fedsim.reporting.server_view import status_disagreements
+
+            warnings += status_disagreements(run.clients, final_eps)
+        elif drawn.accountant == "pld":  # clients.csv reports eps from pld (run contract)
             warnings += _csv_disagreements(run, final_eps)
     else:
         lines.append("privacy: no client ledgers in this run directory")
-    mus = [mu for row in run.clients if (mu := _number(row.get("mu_clt"))) is not None]
+    mus = [mu for row in run.clients if (mu := finite_number(row.get("mu_clt"))) is not None]
     if mus:
         lines.append(f"CLT mu (approximation): {_spread(mus)}")
         warnings.append(
@@ -141,7 +142,7 @@ def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[s
     problems = []
     for client_id, from_ledger in sorted(final_eps.items()):
         row = run.client(client_id)
-        in_csv = _number(row.get("epsilon")) if row else None
+        in_csv = finite_number(row.get("epsilon")) if row else None
         if in_csv is None:
             continue
         scale = max(abs(from_ledger), abs(in_csv), 1e-12)

@@ -255,13 +255,25 @@ def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
             print(f"  {done[index]['run']}: {done[index]['status']}")
     else:
         # spawn: a fresh interpreter per worker (no forked torch state)
-        with ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)),
-                                 mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(run_one, args.scenario, plan, plots, args.allow_factories):
-                       index for index, plan in enumerate(plans)}
+        pool = ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)),
+                                   mp_context=get_context("spawn"))
+        futures = {pool.submit(run_one, args.scenario, plan, plots, args.allow_factories):
+                   index for index, plan in enumerate(plans)}
+        try:
             for future in as_completed(futures):
                 done[futures[future]] = row = future.result()
                 print(f"  {row['run']}: {row['status']}")
+        except BaseException:
+            # Interrupted: no queued run starts (the pool's exit started every one of them,
+            # then listed them as not run: a review), and a run that finished meanwhile
+            # keeps its row.
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future, index in futures.items():
+                if index not in done and future.done() and not future.cancelled() \
+                        and future.exception() is None:
+                    done[index] = future.result()
+            raise
+        pool.shutdown(wait=True)
 
 
 def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], delta: float,

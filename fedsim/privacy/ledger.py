@@ -88,7 +88,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from fedsim.atomic import uninterrupted
+from fedsim.atomic import read_regular, uninterrupted
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError, UnsupportedEventError
 from fedsim.privacy.accountant import (
     Accountant,
@@ -236,7 +236,7 @@ class PrivacyLedger:
                 raise LedgerError(f"{path}: no such ledger")
             found = read_found_mark(path)  # before the records: a writer moves it after them
             mark = None if found is None else found.mark
-            records, last, resume_at = _read(path, path.read_bytes(), header, mark)
+            records, last, resume_at = _read(path, read_regular(path), header, mark)
             _refuse_a_view_maybe_a_spend_old(path, found, len(records))
             return cls(path, client_id, sampling, budget, accountant, records, last,
                        resume_at=resume_at, ceiling=_ceiling_of(mark, records))
@@ -814,7 +814,7 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     without opening it for writing."""
     path = Path(path)
     found = read_found_mark(path)  # before the records: a writer moves it after them
-    parsed = read_verified(path, path.read_bytes())
+    parsed = read_verified(path, read_regular(path))
     check_mark(path, parsed, None if found is None else found.mark)
     _refuse_a_view_maybe_a_spend_old(path, found, len(parsed.records))
     steps = [record.step for record in parsed.records]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsim.atomic import read_regular
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep, Sampling
 
@@ -193,7 +194,7 @@ def newest_mark(data: bytes) -> FoundMark | None:
 
 def write_mark_at(path: Path, mark: Mark, slot: int, *, sync: bool = True) -> None:
     """:meth:`MarkFile.write` into ``slot`` (:func:`next_slot` of the one holding the newest)
-    through a descriptor opened for this write alone (a ledger under a :class:`DirectoryLock`,
+    through a descriptor opened for this write alone (a ledger under a :class:`~fedsim.privacy.ledger_file.DirectoryLock`,
     whose lock covers it)."""
     fd = os.open(path, os.O_RDWR)
     try:
@@ -208,7 +209,7 @@ def read_found_mark(path: Path) -> FoundMark | None:
     """The high-water mark of the ledger at ``path`` and its slots' state, without locking
     it (read-only views)."""
     try:
-        data = mark_path(path).read_bytes()[:MARK_FILE_BYTES]
+        data = read_regular(mark_path(path), MARK_FILE_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:  # a directory in its place, unreadable: damage, said as such

@@ -195,6 +195,8 @@ def solve_growing_mu(epsilon: float, delta: float, total_steps: int, rho_mu: flo
     """
     if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
         raise ConfigError(f"need eps > 0 and delta in (0, 1), got {epsilon!r}, {delta!r}")
+    if not 1e-12 <= rel_tol < 1:  # (NaN too; 0 or a negative one never ended)
+        raise ConfigError(f"rel_tol must be in [1e-12, 1), got {rel_tol!r}")
     Schedule(total_steps, 1.0, clip_0, rho_mu, rho_c)  # validate before solving
 
     def make(mu_0: float) -> Schedule:
@@ -243,10 +245,10 @@ def _narrowed(eps_of: Callable[[float], float], epsilon: float, low: float, high
     interpolate = True
     while high / low > 1 + rel_tol:
         span = math.log(high / low)
-        below, above = eps_of(low), eps_of(high)
-        if interpolate and 0 < below and math.isfinite(above):
+        below, above = eps_of(low) / epsilon, eps_of(high) / epsilon
+        if interpolate and 0 < below and math.isfinite(above):  # (a subnormal eps: 0 here)
             # log eps is near linear in log mu_0 over a narrow bracket
-            lower, upper = math.log(below / epsilon), math.log(above / epsilon)  # <= 0 < upper
+            lower, upper = math.log(below), math.log(above)  # <= 0 < upper
             centre = low * math.exp(span * lower / (lower - upper))
         else:
             centre = math.sqrt(low * high)

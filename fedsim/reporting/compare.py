@@ -16,7 +16,6 @@ ledgers per run, so comparing runs of hundreds of clients stays quick).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
+from fedsim.reporting.values import finite_number
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
            "virtual_time", "windows", "ended", "stops")
@@ -32,11 +32,6 @@ EPS_RELATIVE_TOLERANCE = 1e-3
 """summary.json's eps and the ledgers' may differ by this much (its figures are rounded)."""
 LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend beside the axes
 
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def run_row(run: RunDirectory, label: str | None = None, *,
@@ -52,9 +47,9 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     found = summary.get("privacy")
     privacy: dict[str, Any] = found if isinstance(found, dict) else {}
     recorded = {
-        "eps_min": _number(privacy.get("epsilon_min")),
-        "eps_median": _number(privacy.get("epsilon_median")),
-        "eps_max": _number(privacy.get("epsilon_max")),
+        "eps_min": finite_number(privacy.get("epsilon_min")),
+        "eps_median": finite_number(privacy.get("epsilon_median")),
+        "eps_max": finite_number(privacy.get("epsilon_max")),
     }
     warnings = ledger_gaps(run)
     # The clients' eps from their ledgers under pld, as summary.json and clients.csv report it
@@ -64,7 +59,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     from_ledgers = sorted(final_epsilons(read, EpsilonCache(run.delta),
                                          under=make_accountant("pld", [])).values())
     epsilons = from_ledgers or sorted(
-        e for row in run.clients if (e := _number(row.get("epsilon"))) is not None)
+        e for row in run.clients if (e := finite_number(row.get("epsilon"))) is not None)
     computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
                 "eps_max": epsilons[-1]} if epsilons else {}
     for key, value in recorded.items() if from_ledgers else ():
@@ -73,9 +68,9 @@ def run_row(run: RunDirectory, label: str | None = None, *,
             warnings.append(f"warning: {run.path.name}: summary.json says {key} "
                             f"{value:.6g}, the ledgers give {computed[key]:.6g}")
     eps: dict[str, float | None] = {**recorded, **computed}
-    accuracies = [a for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
-    final = _number(summary.get("final_accuracy"))
-    best = _number(summary.get("best_accuracy"))
+    accuracies = [a for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
+    final = finite_number(summary.get("final_accuracy"))
+    best = finite_number(summary.get("best_accuracy"))
     stops = stop_counts(row.get("stop_kind") for row in run.clients
                         if row.get("stopped_at") is not None or row.get("stop_reason"))
     return {
@@ -86,7 +81,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         "final_accuracy": final if final is not None else (accuracies[-1] if accuracies else None),
         "best_accuracy": best if best is not None else max(accuracies, default=None),
         **eps,
-        "delta": _number(privacy.get("delta")),
+        "delta": finite_number(privacy.get("delta")),
         "virtual_time": run.virtual_time,
         "windows": summary.get("windows", len(run.metrics)),
         "ended": _ended(run),
@@ -132,7 +127,9 @@ def _cell(value: Any, key: str) -> str:
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> list[str]:
     """The rows as an aligned text table (header first)."""
     headers = {"final_accuracy": "final acc", "best_accuracy": "best acc", "eps_min": "eps min",
-               "eps_median": "eps median", "eps_max": "eps max", "virtual_time": "virtual s",
+               "eps_median": "eps median", "eps_max": "eps max",
+               # (virtual seconds of a simulation, scenario seconds of a deployed run)
+               "virtual_time": "time s",
                "stops": "stopped (by kind)"}
     table = [[headers.get(c, c) for c in columns]]
     table += [[_cell(row.get(c), c) for c in columns] for row in rows]
@@ -158,14 +155,13 @@ def _figure(rows: int) -> tuple[Any, list[Any]]:
 
 
 def _save(figure: Any, path: Path) -> Path:
-    from fedsim.reporting.plots import DPI, PNG_METADATA
+    from fedsim.reporting.plots import save_png
 
     path.parent.mkdir(parents=True, exist_ok=True)
     margin = 0.45 / figure.get_figheight()  # inches of room above and below the panels
     figure.subplots_adjust(left=0.08, right=1.0 - LEGEND_COLUMN_WIDTH, bottom=2.2 * margin,
                            top=1.0 - margin, hspace=0.5)
-    figure.savefig(path, dpi=DPI, format="png", metadata=PNG_METADATA)
-    return path
+    return save_png(figure, path)
 
 
 def _style(index: int, count: int) -> dict[str, Any]:
@@ -218,7 +214,7 @@ def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str]
     figure, (axes,) = _figure(1)
     values: list[float] = []
     for index, (run, label) in enumerate(zip(runs, labels, strict=True)):
-        points = [(m["time"], a) for m in run.metrics if (a := _number(m.get("accuracy"))) is not None]
+        points = [(m["time"], a) for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
         style = _style(index, len(runs))
         if points:
             times, accuracies = zip(*points, strict=True)

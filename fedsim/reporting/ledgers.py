@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep
@@ -31,10 +32,13 @@ class ClientLedger:
     sampling: str = "poisson"  # the header's: poisson (add/remove) or fixed (replace-one)
 
 
+MAX_HEADER_BYTES = 64 * 1024
+"""A ledger's header line is read from at most this many first bytes (it is ~200)."""
+
+
 def _header(path: Path) -> dict[str, Any]:
     """The header line: the ledger is opened with exactly what it says (it checks them)."""
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        first = handle.readline()
+    first = read_regular(path, MAX_HEADER_BYTES).split(b"\n", 1)[0].decode("utf-8", "replace")
     try:
         header = json.loads(first)
     except json.JSONDecodeError:

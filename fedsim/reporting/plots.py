@@ -201,7 +201,19 @@ def _save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
     # Fixed margins (room for legends beside the axes): as good as tight_layout for these
     # figures, at a fraction of its cost.
     figure.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=hspace)
-    figure.savefig(path, dpi=DPI, format="png", metadata=PNG_METADATA)
+    return save_png(figure, path)
+
+
+def save_png(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` as ``path`` (a PNG) by replacing it: a file left at that name by
+    someone else - a symbolic link in a run directory handed over, pointing anywhere - is
+    replaced, never written through (a review: ``plots/accuracy.png`` linked to another file
+    had that file overwritten by ``fedsim report``)."""
+    from fedsim.atomic import write_atomically
+
+    write_atomically(path, lambda handle: figure.savefig(handle, dpi=DPI, format="png",
+                                                          metadata=PNG_METADATA),
+                     durability="file")
     return path
 
 

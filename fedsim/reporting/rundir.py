@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
+from fedsim.reporting.values import finite_number
 from fedsim.runtime.run_outputs import (
     CLIENTS_FILE,
     LEDGER_DIR,
@@ -134,11 +135,10 @@ class RunDirectory:
     @property
     def virtual_time(self) -> float:
         """Virtual seconds the run lasted (summary, else the last window's time, else 0)."""
-        value = self.summary.get("virtual_time")
-        if isinstance(value, int | float) and math.isfinite(value):
-            return float(value)
-        times = [m["time"] for m in self.metrics if isinstance(m.get("time"), int | float)]
-        return float(max(times, default=0.0))
+        value = finite_number(self.summary.get("virtual_time"))
+        if value is not None:
+            return value
+        return max((float(m["time"]) for m in self.metrics), default=0.0)
 
     @property
     def scenario_name(self) -> str:
@@ -172,21 +172,28 @@ class RunDirectory:
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{number}: each line must be a JSON object")
-            if not isinstance(row.get("time"), int | float):
-                raise ConfigError(f"{path}:{number}: 'time' must be a number, got "
-                                  f"{row.get('time')!r}")
-            rows.append(row)
-    return tuple(sorted(rows, key=lambda r: (r["time"], r.get("window") or 0)))
+    for number, line in enumerate(read_regular(path).decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # 5,000 digits; deep nesting
+            raise ConfigError(f"{path}:{number}: not JSON that can be read "
+                              f"({type(exc).__name__})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: each line must be a JSON object")
+        if finite_number(row.get("time")) is None:
+            raise ConfigError(f"{path}:{number}: 'time' must be a finite number, got "
+                              f"{row.get('time')!r:.40}")
+        window = row.get("window")
+        if not (window is None or (type(window) is int and window >= 0)):
+            raise ConfigError(f"{path}:{number}: 'window' must be a window number, got "
+                              f"{window!r:.40}")
+        rows.append(row)
+    return tuple(sorted(rows, key=lambda r: (float(r["time"]), r.get("window") or 0)))
+
 
 
 def _read_clients(path: Path) -> tuple[dict[str, Any], ...]:

@@ -20,14 +20,19 @@ Damaged files raise :class:`~fedsim.errors.ConfigError` naming the file.
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
-from fedsim.runtime.actors.stops import RunStop, client_stop_phrase, finished_stop_kind
+from fedsim.reporting.values import count, finite_number, printable
+from fedsim.runtime.actors.stops import (
+    RunStop,
+    RunStopKind,
+    client_stop_phrase,
+    finished_stop_kind,
+)
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
     SCENARIO_FILE,
@@ -55,93 +60,125 @@ def server_rows_and_summary(
 ) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
     """The client rows (one a scenario client, from its last status) and a summary of the
     server's view (module docstring) of the server's output directory ``root`` whose windows
-    are ``metrics``."""
+    are ``metrics``. Every value is read as what it must be (a count, a finite number, a
+    known kind); anything else reads as unknown."""
     from fedsim.config import load_scenario
-
     server = read_json_object(root / SERVER_FILE)
     resolved = root / SCENARIO_FILE
     if not resolved.is_file():
         raise ConfigError(f"{root}: a server's output directory without its "
                           f"{SCENARIO_FILE} (the server writes it at its start)")
-    scenario = load_scenario(resolved).scenario
+    scenario = load_scenario(resolved).scenario  # parsed only: no factory is imported
     statuses = server.get("statuses")
     statuses = statuses if isinstance(statuses, Mapping) else {}
-    rows: list[dict[str, Any]] = []
-    for group in scenario.clients.groups:
-        for client_id in group.client_ids():
-            rows.append(_row(client_id, group.name, group.rounds, statuses.get(client_id)))
+    rows = tuple(_row(client_id, group.name, group.rounds, statuses.get(client_id))
+                 for group in scenario.clients.groups for client_id in group.client_ids())
     final = server.get("final_evaluation")
+    final_accuracy = finite_number(final.get("accuracy")) if isinstance(final, Mapping) else None
+    evaluated = [a for m in metrics if (a := finite_number(m.get("accuracy"))) is not None]
     stop = RunStop.read(server)
+    windows = count(server.get("windows"))
     summary: dict[str, Any] = {
         "scenario": scenario.name,
         "seed": scenario.seed,
         "view": "server",
-        "windows": server.get("windows") if isinstance(server.get("windows"), int) else None,
-        "updates": {fate: sum(int(m[fate]) for m in metrics if isinstance(m.get(fate), int))
+        "windows": len(metrics) if windows is None else windows,
+        "updates": {fate: sum(n for m in metrics if (n := count(m.get(fate))))
                     for fate in UPDATE_FATES},
-        "virtual_time": _number(server.get("time")),
+        "virtual_time": finite_number(server.get("time")),
         "time_kind": "scenario",
-        "final_accuracy": _number(final.get("accuracy")) if isinstance(final, Mapping) else None,
+        "final_accuracy": final_accuracy,
+        # (as a run's summary counts it: the final evaluation too)
+        "best_accuracy": max([*evaluated, *([final_accuracy] if final_accuracy is not None
+                                            else [])], default=None),
         "privacy": {"delta": scenario.privacy.delta},
         "stop_kind": None if stop is None else stop.kind.value,
         "stop_reason": "" if stop is None else stop.text,
-        "explanation": _explanation(root, rows, stop),
+        "explanation": _explanation(root, rows, stop, scenario.privacy.delta),
     }
-    return tuple(rows), summary
+    if stop is not None and stop.kind is RunStopKind.SIGNAL:  # partial: said as a run's is
+        summary["interrupted"] = {"signal": "a signal", "partial": True}
+    return rows, summary
 
 
 def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[str, Any]:
     """One client's row from its last status (None: the server never heard from it)."""
     status = status if isinstance(status, Mapping) else {}
-    state = status.get("state") if isinstance(status.get("state"), str) else "unknown"
-    released = status.get("rounds")
-    released = released if isinstance(released, int) and released >= 0 else None
+    state = printable(status.get("state")) or "unknown"
+    released = count(status.get("rounds"))
     finished = state in FINISHED_STATES
-    detail = status.get("detail")
+    epsilon = finite_number(status.get("epsilon"))
+    kind = finished_stop_kind({}, {"state": state, "rounds": released or 0}, rounds)
     return {
         "client_id": client_id,
         "group": group,
         "state": state,
         "rounds": released,
-        REPORTED_EPSILON: _number(status.get("epsilon")),
-        "stop_reason": detail if finished and isinstance(detail, str) else "",
-        "stop_kind": finished_stop_kind({}, {"state": state, "rounds": released or 0},
-                                        rounds).value if finished else "",
-        "stopped_at": _number(status.get("sent_at")) if finished else None,
+        REPORTED_EPSILON: epsilon if epsilon is not None and epsilon >= 0 else None,
+        # a finished client's stop, counted by the report as any run's (its text, or its kind's)
+        "stop_reason": (printable(status.get("detail")) or client_stop_phrase(kind)) if finished
+        else "",
+        "stop_kind": kind.value if finished else "",
+        "stopped_at": finite_number(status.get("sent_at")) if finished else None,
     }
 
 
-def _explanation(root: Path, rows: list[dict[str, Any]], stop: RunStop | None) -> str:
+def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | None,
+                 delta: float) -> str:
     heard = [row for row in rows if row["state"] != "unknown"]
     reported = sorted(eps for row in heard if (eps := row[REPORTED_EPSILON]) is not None)
     parts = [f"{root} is a deployed server's output directory (server.json, no summary.json): "
              f"the server's view of the run."]
     if stop is not None:
-        parts.append(f"The server stopped because {stop.text}.")
+        parts.append(f"The server stopped: {printable(stop.text)}.")
     parts.append(f"{len(heard)} of {len(rows)} clients sent a status.")
     stopped: dict[str, int] = {}
     for row in heard:
         if row["stop_kind"]:
             stopped[row["stop_kind"]] = stopped.get(row["stop_kind"], 0) + 1
-    for kind, count in sorted(stopped.items(), key=lambda item: -item[1]):
-        parts.append(f"{count} stopped because {client_stop_phrase(kind)}.")
+    for kind, many in sorted(stopped.items(), key=lambda item: -item[1]):
+        parts.append(f"{many} stopped because {client_stop_phrase(kind)}.")
     running = len(rows) - sum(stopped.values())
-    if running and stop is not None:
+    if running and stop is not None and stop.kind is RunStopKind.SIGNAL:
+        parts.append(f"{running} had not reported a stop: a signal stopped the server, which "
+                     f"does not end the run (its clients wait, and a restarted server "
+                     f"continues it).")
+    elif running and stop is not None:
         parts.append(f"{running} had not reported a stop when the server ended the run (its "
                      f"end stops them; each client's own report in its --state directory, "
                      f"client-<id>.json, says how it stopped).")
     if reported:
-        parts.append(f"Their last statuses reported eps min {reported[0]:.4g} / median "
-                     f"{statistics.median(reported):.4g} / max {reported[-1]:.4g}: "
-                     f"self-reports the server cannot verify, each as of its sending (a "
-                     f"client sends one as it starts, changes state or stops).")
+        parts.append(f"Their last statuses reported eps (delta = {delta:g}) min "
+                     f"{reported[0]:.4g} / median {statistics.median(reported):.4g} / max "
+                     f"{reported[-1]:.4g}: self-reports the server cannot verify, each as of "
+                     f"its sending (a client sends one as it starts, changes state or stops).")
     parts.append("The clients' ledgers stay with the clients (each one's --state "
                  "directory, ledgers/<id>.jsonl and its .hwm); copied into "
-                 f"{root / 'ledgers'}, they are verified here and their eps recomputed "
+                 f"{root / 'ledgers'}, they are verified here and their eps recomputed, and "
+                 "where a status disagrees with its ledger the report warns "
                  "(`fedsim ledger check FILE` checks one where it is).")
     return " ".join(parts)
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value) else None
+STATUS_RELATIVE_TOLERANCE = 1e-3
+"""A status's eps and its ledger's, recomputed, may differ by this much (rounding)."""
+
+
+def status_disagreements(rows: Iterable[Mapping[str, Any]],
+                         from_ledgers: Mapping[str, float]) -> list[str]:
+    """Warnings where a client's last status and its ledger (copied in, recomputed) disagree:
+    a finished client's status reports its final eps, so any difference; an unfinished one's
+    reports eps as of its sending, so only one above the ledger's (the ledger then holds
+    less than the client said it spent: records may be missing)."""
+    warnings = []
+    for row in rows:
+        reported, client_id = row.get(REPORTED_EPSILON), str(row.get("client_id"))
+        ledger = from_ledgers.get(client_id)
+        if reported is None or ledger is None:
+            continue
+        gap = (reported - ledger) / max(abs(reported), abs(ledger), 1e-12)
+        finished = bool(row.get("stop_kind"))
+        if gap > STATUS_RELATIVE_TOLERANCE or (finished and -gap > STATUS_RELATIVE_TOLERANCE):
+            warnings.append(f"warning: client {client_id}: its last status ({row.get('state')}) "
+                            f"reported eps {reported:.6g}, its ledger gives {ledger:.6g}")
+    return warnings

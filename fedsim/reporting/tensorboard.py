@@ -34,6 +34,7 @@ import numpy as np
 
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
+from fedsim.reporting.values import finite_number
 from fedsim.runtime.run_outputs import SUMMARY_FILE
 
 SKIPPED_FIELDS = frozenset({"window", "version"})
@@ -45,11 +46,6 @@ def require_tensorboard() -> None:
     if importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(f"--tensorboard needs the tensorboard package: {INSTALL_HINT}")
 
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if np.isfinite(value) else None
 
 
 class ScalarWriter(Protocol):
@@ -95,7 +91,7 @@ class LiveExport:
         step = int(line.get("window") or 0)
         walltime = float(line["time"])
         for key, value in line.items():
-            number = _number(value)
+            number = finite_number(value)
             if key not in SKIPPED_FIELDS and number is not None:
                 self.writer.add_scalar(f"window/{key}", number, step, walltime=walltime)
         self.windows += 1

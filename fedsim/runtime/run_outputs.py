@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from fedsim.atomic import write_atomically
+from fedsim.atomic import read_regular, write_atomically
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
@@ -211,9 +211,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
     that needs it (a report): damage is a :class:`ConfigError` naming the file, where
     :func:`read_json` gives ``{}``."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(read_regular(path).decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits; deep nesting
+        raise ConfigError(f"{path}: not JSON that can be read ({type(exc).__name__})") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: must hold a JSON object")
     return value

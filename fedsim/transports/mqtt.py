@@ -12,7 +12,7 @@ Topics (:class:`~fedsim.transports.topics.Topics`) under ``fedsim/<run>/``: ``gl
 Delivery is at-least-once end to end, not only to the broker: a client keeps every update in an
 outbox until the *server* acknowledges it on ``acks/<client>``; it resends the outbox after every
 reconnect and whatever stays unacknowledged for ``resend_after`` seconds, then at doubling
-intervals (:data:`RESEND_BACKOFF_MAX`); a broker restart loses what it held, and a PUBACK
+intervals (:data:`~fedsim.transports.mqtt_client.RESEND_BACKOFF_MAX`); a broker restart loses what it held, and a PUBACK
 alone proves nothing about the server. The server endpoint does not
 acknowledge on receipt: its owner calls :meth:`MqttServerEndpoint.acknowledge` with the
 ``(client_id, round)`` pairs it has durably recorded (the deployment's server does so right
@@ -24,9 +24,9 @@ without persistence has forgotten the retained one).
 
 Connections are supervised: a lost connection is retried with capped exponential backoff and
 jitter, subscriptions are renewed, and the endpoint's actor sees no error meanwhile (publishes
-wait in the outbox, ``receive`` waits). Refused credentials are final: :class:`AccessDenied`.
+wait in the outbox, ``receive`` waits). Refused credentials are final: :class:`~fedsim.errors.AccessDenied`.
 Failure to connect at all within ``ReconnectPolicy.connect_timeout`` is a
-:class:`TransportError` naming host, port and topic.
+:class:`~fedsim.errors.TransportError` naming host, port and topic.
 
 The server endpoint delivers a client's update or status only if the client id inside the
 payload is the one in its topic (the broker's ACL ensures the topic is the sender's own); a
@@ -48,7 +48,7 @@ like direct updates, so an update is acknowledged only once the server has durab
 (a partial refused or late, or one lost with a crashed server, leaves its updates
 unacknowledged: their clients resend them, and the aggregator forwards a resend unmixed). Only
 the delivery moves: the server sends each batch of receipts as a few messages on
-``receipts/<aggregator>`` (:data:`RECEIPT_BATCH_BYTES` each) to the aggregator its clients are
+``receipts/<aggregator>`` (:data:`~fedsim.transports.mqtt_receipts.RECEIPT_BATCH_BYTES` each) to the aggregator its clients are
 routed to, which passes each client's on to ``acks/<aggregator>/<client>`` (the client
 subscribes there too: :class:`MqttClientEndpoint`'s ``aggregator``), stamped with the server's
 incarnation and lineage: the server publishes a few messages per batch instead of one per

@@ -61,7 +61,7 @@ class Ack(BaseModel):
     incarnation: Incarnation = ""
     lineage: list[Incarnation] = Field(default_factory=list, max_length=MAX_LINEAGE)
     known: int | None = Field(default=None, ge=0, le=codec.MAX_COUNTER + 1)
-    """The rounds the server knows this client released (:class:`MqttServerEndpoint`'s
+    """The rounds the server knows this client released (:class:`~fedsim.transports.mqtt_server.MqttServerEndpoint`'s
     ``known_rounds``): a client whose own count is lower has lost its ledger."""
 
 

@@ -98,7 +98,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         """How many rounds the server knows a client released (its book's
         :meth:`~fedsim.runtime.actors.client_book.ClientBook.known_rounds`), told in that
         client's welcomes and receipts so that a client started on a lost ledger stops before
-        it releases anything (:class:`MqttClientEndpoint`; None: not told)."""
+        it releases anything (:class:`~fedsim.transports.mqtt_client.MqttClientEndpoint`; None: not told)."""
 
     @property
     def unacknowledged(self) -> int:

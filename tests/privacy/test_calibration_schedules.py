@@ -123,3 +123,17 @@ def test_growing_mu_is_the_largest_mu_0_within_its_tolerance_in_few_evaluations(
     assert make_accountant("pld", schedule.steps(sampling, q)).epsilon(DELTA) <= epsilon
     larger = schedules.Schedule(steps, 1.0 / (mu_0 * (1 + rel_tol)), 1.0, growth, 1.0)
     assert make_accountant("pld", larger.steps(sampling, q)).epsilon(DELTA) > epsilon
+
+
+@pytest.mark.parametrize("rel_tol", [0.0, -0.5, math.nan, 1.0])
+def test_growing_mu_refuses_a_tolerance_it_could_never_meet(rel_tol: float) -> None:
+    """A review: 0 or a negative tolerance looped for ever, NaN returned at once."""
+    with pytest.raises(ConfigError, match="rel_tol"):
+        schedules.solve_growing_mu(2.0, DELTA, 10, 2.0, "poisson", 0.05, rel_tol=rel_tol)
+
+
+def test_the_search_survives_an_eps_that_rounds_to_zero_at_the_bracket_low() -> None:
+    """A subnormal eps at the low end (5e-324 against 4) failed in log(); the step then
+    bisects. The answer is the bracket's largest point known within the budget."""
+    found = schedules._narrowed(lambda mu: 5e-324 if mu < 1 else 10.0, 4.0, 0.5, 2.0, 1e-3)
+    assert 1 / 1.001 < found < 1.0

@@ -88,3 +88,101 @@ def test_a_damaged_servers_directory_is_refused_with_the_file_named(
         RunDirectory.load(root)
     assert main(["report", str(root)]) == 2
     assert message.split(":")[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("server", [
+    {"time": 10**400, "final_evaluation": {"accuracy": 10**400}, "windows": True,
+     "statuses": {"phone-000": {"state": "done", "epsilon": 10**400, "sent_at": 10**400,
+                                "rounds": True}}},
+    {"stop_kind": [], "stop_reason": "x", "statuses": []},
+    {"stop_kind": "windows", "stop_reason": {"nested": 1}, "windows": -3},
+])
+def test_hostile_values_in_a_servers_file_read_as_unknown(
+        tmp_path: Path, server: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """An attacker's review: a 401-digit number, a list for a kind, a bool for a count made
+    fedsim report crash with a traceback (OverflowError, TypeError)."""
+    root = _server_dir(tmp_path / "server", {})
+    (root / "server.json").write_text(json.dumps(server))
+    view = RunDirectory.load(root)
+    assert view.summary["virtual_time"] is None and view.summary["windows"] == 2  # its metrics
+    assert main(["report", str(root)]) == 0
+    assert "True windows" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", ['{"windows": ' + "9" * 5000 + "}",
+                                  '{"x": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_a_server_file_that_json_cannot_hold_is_refused(
+        tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _server_dir(tmp_path / "server", {})
+    (root / "server.json").write_text(text)
+    assert main(["report", str(root)]) == 2
+    assert "server.json: not JSON that can be read" in capsys.readouterr().err
+
+
+def test_a_signalled_server_is_an_interrupted_run_whose_clients_may_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The review: a server stopped by a signal (it announces no end) was said to have ended
+    the run and stopped its clients, in a sentence that read 'because stopped by'."""
+    root = _server_dir(tmp_path / "server", {"phone-000": {"state": "training"}})
+    server = json.loads((root / "server.json").read_text())
+    server.update(stop_kind="signal", stop_reason="stopped by a signal after 2 windows")
+    del server["windows"]
+    (root / "server.json").write_text(json.dumps(server))
+    view = RunDirectory.load(root)
+    assert view.interrupted and view.summary["windows"] == 2
+    explanation = view.summary["explanation"]
+    assert "The server stopped: stopped by a signal after 2 windows." in explanation
+    assert "does not end the run" in explanation and "its end stops them" not in explanation
+    assert main(["compare", str(root), "--no-plots"]) == 0
+    assert "interrupted" in capsys.readouterr().out
+
+
+def test_a_status_that_disagrees_with_its_ledger_is_warned_and_best_is_never_below_final(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The module promised a warning where a client's status and its ledger, copied in,
+    disagree, and printed none (a status under-reporting its eps 2.447 as 0.01); the view's
+    best accuracy left out the final evaluation (final 0.70, best 0.60)."""
+    from fedsim.privacy.events import GaussianStep
+    from fedsim.privacy.ledger import PrivacyLedger
+
+    root = _server_dir(tmp_path / "server", {
+        "phone-000": {"state": "budget_exhausted", "rounds": 30, "epsilon": 0.01},
+        "phone-001": {"state": "training", "rounds": 3, "epsilon": 0.0},  # older: no warning
+    })
+    (root / "ledgers").mkdir()
+    for client_id in ("phone-000", "phone-001"):
+        with PrivacyLedger.open(root / "ledgers" / f"{client_id}.jsonl", client_id=client_id,
+                                sampling="poisson", budget=None) as ledger:
+            for r in range(30):
+                ledger.spend(GaussianStep("poisson", 0.1, 1.0), time=float(r), round=r)
+    view = RunDirectory.load(root)
+    assert view.summary["best_accuracy"] == 0.7 == view.summary["final_accuracy"]
+    assert main(["report", str(root)]) == 0
+    out = capsys.readouterr().out
+    warned = [line for line in out.splitlines() if "its last status" in line]
+    assert len(warned) == 1 and "phone-000" in warned[0] and "reported eps 0.01" in warned[0]
+
+
+def test_report_replaces_a_planted_plot_link_and_refuses_a_fifo_ledger(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The review: plots/accuracy.png linked to another file had that file overwritten; a FIFO
+    named as a ledger hung the report for ever; a stop reason's terminal escape reached the
+    terminal."""
+    import os
+
+    root = _server_dir(tmp_path / "server", {})
+    server = json.loads((root / "server.json").read_text())
+    server["stop_reason"] = "it reached 2 windows\x1b]0;PWNED\x07"
+    (root / "server.json").write_text(json.dumps(server))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (root / "plots").mkdir()
+    (root / "plots" / "accuracy.png").symlink_to(victim)
+    assert main(["report", str(root)]) == 0
+    assert victim.read_text() == "mine"
+    assert not (root / "plots" / "accuracy.png").is_symlink()
+    assert "\x1b" not in capsys.readouterr().out
+    (root / "ledgers").mkdir()
+    os.mkfifo(root / "ledgers" / "phone-000.jsonl")
+    assert main(["report", str(root)]) == 2
+    assert "not a regular file" in capsys.readouterr().err

@@ -77,7 +77,7 @@ class RunStop:
         """The stop that :func:`stop_fields` wrote into ``obj`` (None: none, or an unknown
         kind: the reason is kept only as text then, never guessed from it)."""
         kind, text = obj.get("stop_kind"), obj.get("stop_reason")
-        if not isinstance(text, str) or kind not in set(RunStopKind):
+        if not isinstance(text, str) or not isinstance(kind, str) or kind not in set(RunStopKind):
             return None
         return cls(RunStopKind(kind), text)
 

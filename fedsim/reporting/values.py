@@ -1,0 +1,39 @@
+"""Values read from files a report is handed (a run directory, a server's output directory):
+each read as what it must be, or as unknown (None, ''), never trusted to be well formed.
+
+A run directory may come from elsewhere (a colleague's, a container's), so a number may be a
+boolean, an integer of hundreds of digits, NaN; a string may carry terminal escapes. A report
+says "unknown" for those rather than crash or print them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["count", "finite_number", "printable"]
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float if it is a JSON number that is one (not a bool, not an
+    integer too large for a float), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def count(value: Any) -> int | None:
+    """``value`` if it is a count (a non-negative int, not a bool), else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def printable(value: Any, limit: int = 500) -> str:
+    """``value`` if it is a string, its first ``limit`` characters with every character that
+    is not printable (terminal escapes, newlines) shown as '?', else ''."""
+    if not isinstance(value, str):
+        return ""
+    return "".join(c if c.isprintable() else "?" for c in value[:limit])
