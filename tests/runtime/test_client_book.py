@@ -185,3 +185,53 @@ def test_known_rounds_of_a_checkpoint_are_the_restored_books() -> None:
         assert book.known_rounds(client) == restored.known_rounds(client) == known
         assert state.known_rounds(client) == known
     assert restored.state() == book.state()
+
+
+def _measured(client: str, round_: int, base: int, value: float) -> ClientUpdate:
+    """An update as a receiver holds it: its norm measured (the decoder's, the seal's)."""
+    from dataclasses import replace
+
+    from fedsim.protocol.norms import vector_norm
+
+    delta = np.full(3, value, np.float32)
+    return replace(ClientUpdate(client, round_, base, delta, 8.0), norm=vector_norm(delta))
+
+
+def test_a_different_update_of_the_newest_round_is_a_forked_client() -> None:
+    """Two copies of one client's state running: each releases round r under the same id. A
+    resend (the same bytes) stays a duplicate; a second update of the newest round whose base
+    version or norm differs is refused as forked, the server's one sign of the double spend."""
+    book = ClientBook({"a": None}, 3)
+    first = _measured("a", 0, 0, 0.01)
+    assert book.judge(first).kind is Kind.ACCEPTED
+    # waiting in a window's buffer (not yet recorded): the copy's round 0 is seen as a fork
+    assert book.judge(_measured("a", 0, 0, 0.02), {("a", 0)}).kind is Kind.FORKED
+    assert book.judge(first, {("a", 0)}).kind is Kind.DUPLICATE  # a resend
+    book.record("a", 0)
+    assert book.judge(first).kind is Kind.DUPLICATE
+    forked = book.judge(_measured("a", 0, 0, 0.02))
+    assert forked.kind is Kind.FORKED and forked.kind.rejected
+    assert "two copies of this client's state" in forked.reason
+    assert book.judge(_measured("a", 0, 1, 0.01)).kind is Kind.FORKED  # another base version
+    # Only the newest round is remembered: an older round's differing copy reads as a replay.
+    for r in (1, 2):
+        assert book.judge(_measured("a", r, 0, 0.01)).kind is Kind.ACCEPTED
+        book.record("a", r)
+    assert book.judge(_measured("a", 0, 0, 0.05)).kind is Kind.DUPLICATE
+    assert book.judge(_measured("a", 2, 0, 0.05)).kind is Kind.FORKED
+    # Unmeasured updates (norm None) are never told apart: no false alarm either.
+    assert book.judge(_update("a", 2)).kind is Kind.DUPLICATE
+
+
+def test_the_server_refuses_and_counts_a_forked_clients_copy_and_applies_the_first() -> None:
+    server = _server(("a", "b"))
+    with capture_logs() as logs:
+        server._inbox = [_measured("a", 0, 0, 0.01), _measured("b", 0, 0, 0.01),
+                         _measured("a", 0, 0, 0.03)]
+        report = server.close_window()
+        assert report.applied == 2 and report.rejections == {"forked": 1}
+        server._inbox = [_measured("a", 0, 0, 0.01)]  # the first's resend: a duplicate
+        assert server.close_window().duplicate == 1
+    warned = [e for e in logs if e.get("kind") == Kind.FORKED]
+    assert len(warned) == 1 and warned[0]["client"] == "a"
+    assert np.allclose(server.params, -np.full(3, 0.01))  # the mix of the two first updates

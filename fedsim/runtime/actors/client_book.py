@@ -48,6 +48,15 @@ older than the oldest kept run is refused as unpublished (no honest update is th
 kept as bitmaps over the sorted client ids for the newest :data:`INVITED_WINDOWS` windows; an
 update naming an older window is refused as not invited.
 
+**Forked clients.** Two copies of one client's state directory running at once (a restored
+backup beside the original) each release every round under one id, and each copy's ledger
+counts only its own releases. An update of a round judged before is a duplicate, never applied;
+but a duplicate of the client's newest round whose base version or norm differs from the first
+one's is no resend (a resend carries the same bytes): it is refused as ``forked`` (counted,
+logged with both), the one sign the server has that the client's privacy is spent twice. The
+book remembers that newest round's base version and norm only (O(1) a client, not
+checkpointed): a fork showing only in older rounds, or across a server restart, is not seen.
+
 The book uses public scenario values only and nothing of the server's model but its version:
 an aggregator that checks updates for the server can keep one of its own.
 """
@@ -99,6 +108,10 @@ class Kind(StrEnum):
     RATE = "rate"
     BAD_MIX = "bad_mix"
     BAD_PARTIAL = "bad_partial"
+    FORKED = "forked"
+    """A second, *different* update of the newest round the book saw of a client (not a
+    resend: its base version or norm differ): two copies of the client's state are running,
+    each spending its privacy (module docstring, "Forked clients")."""
 
     @property
     def rejected(self) -> bool:
@@ -127,6 +140,11 @@ class _Client:
     judged: int = 0  # rounds judged (for what never arrived)
     base: int = 0  # adopted rounds: released before this book's record of the client began
     status: ClientStatus | None = None
+    # The newest round whose update the book judged, its base version and norm: a resend
+    # has the same, a forked copy's update of that round another (not checkpointed).
+    seen_round: int = -1
+    seen_base: int = -1
+    seen_norm: float = math.nan
 
     def holds(self, round_index: int) -> bool:
         offset = round_index - self.low
@@ -156,6 +174,24 @@ class _Client:
     def judged_known(self) -> int:
         """Rounds known from what the book judged itself (never from a status)."""
         return max(self.highest + 1, self.base)
+
+
+def _duplicate(entry: _Client | None, round_index: int, base_version: int,
+               update: ClientUpdate | None) -> Verdict:
+    """The verdict on an update of a round judged (or accepted and waiting) before: a
+    duplicate, or ``forked`` where it is a different update of the newest round seen (module
+    docstring, "Forked clients")."""
+    low = entry.low if entry is not None else 0
+    if update is not None and update.norm is not None and entry is not None \
+            and round_index == entry.seen_round \
+            and (base_version, update.norm) != (entry.seen_base, entry.seen_norm):
+        return Verdict(Kind.FORKED, (
+            f"a second, different update of round {round_index} (base version {base_version}, "
+            f"norm {update.norm:.6g}; the first: {entry.seen_base}, {entry.seen_norm:.6g}): "
+            f"two copies of this client's state may be running, each spending its privacy; "
+            f"stop one"))
+    return Verdict(Kind.DUPLICATE, "judged before" if round_index >= low else
+                   f"round {round_index} is below the client's watermark {low}")
 
 
 def _entry_of(row: Sequence[Any] | None, status: ClientStatus | None) -> _Client:
@@ -380,9 +416,9 @@ class ClientBook:
             return Verdict(Kind.ROUND_AHEAD, f"round {round_index} is more than {MAX_ROUND_GAP} "
                                              f"ahead of the {known} rounds known")
         if (entry is not None and entry.holds(round_index)) or (client_id, round_index) in pending:
-            low = entry.low if entry is not None else 0
-            return Verdict(Kind.DUPLICATE, "judged before" if round_index >= low else
-                           f"round {round_index} is below the client's watermark {low}")
+            return _duplicate(entry, round_index, base_version, update)
+        if update is not None and update.norm is not None:  # this round's first update seen
+            self._saw(client_id, round_index, base_version, update.norm)
         problem = self._claims(base_version, update, limits)
         if problem is not None:
             return problem
@@ -394,6 +430,13 @@ class ClientBook:
             self.record(client_id, round_index)
             return Verdict(Kind.NOT_INVITED, f"window {window}", dropped)
         return Verdict(Kind.ACCEPTED, "", dropped) if dropped else ACCEPTED
+
+    def _saw(self, client_id: str, round_index: int, base_version: int, norm: float) -> None:
+        """Remember the newest round's update by its base version and norm (a resend's are
+        the same; "Forked clients")."""
+        entry = self._entry(client_id)
+        if round_index >= entry.seen_round:
+            entry.seen_round, entry.seen_base, entry.seen_norm = round_index, base_version, norm
 
     def _claims(self, base_version: int, update: ClientUpdate | None,
                 limits: ClientLimits | None) -> Verdict | None:
