@@ -163,6 +163,8 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
 
     configure_logging(None, level="warning")
     row: dict[str, Any] = {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
+    if _STOPPING is not None and _STOPPING.is_set():  # the sweep was interrupted: start none
+        return {**row, "status": NOT_RUN}
     try:
         result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"], progress=False,
                           plots=plots, allow_factories=allow_factories)
@@ -172,6 +174,37 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
     row.update({k: measured[k] for k in TABLE_COLUMNS if k in measured})
     row["wall_seconds"] = round(result.wall_seconds, 3)
     row["status"] = "ok"
+    return row
+
+
+NOT_RUN = "not run: the sweep was interrupted"
+_STOPPING: Any = None
+"""In a sweep's worker process: the event the sweep sets when interrupted (no queued run
+starts after it: the pool's workers outlive a Ctrl-C and took the next queued run)."""
+
+
+def _worker_started(stopping: Any) -> None:
+    global _STOPPING
+    _STOPPING = stopping
+
+
+def row_on_disk(plan: dict[str, Any]) -> dict[str, Any]:
+    """The row of a plan whose run was not reported to the sweep (interrupted), from what its
+    run directory holds: a run's summary (``ok``, or a partial run's), else not run. A
+    stranger's Ctrl-C: runs that had written their summary were listed as not run."""
+    from fedsim.reporting.compare import run_row
+    from fedsim.reporting.rundir import RunDirectory
+
+    row: dict[str, Any] = {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
+    if not (Path(plan["dir"]) / "summary.json").is_file():
+        return {**row, "status": NOT_RUN}
+    try:
+        run = RunDirectory.load(plan["dir"])
+        measured = run_row(run)
+    except (FedsimError, OSError) as exc:
+        return {**row, "status": f"interrupted: its run directory cannot be read ({exc})"}
+    row.update({k: measured[k] for k in TABLE_COLUMNS if k in measured})
+    row["status"] = "interrupted: partial run" if run.interrupted else "ok"
     return row
 
 
@@ -227,10 +260,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         # The runs that finished keep their rows, whichever order they finished in; the rest
         # are listed as not run.
-        rows = [done.get(index) or {"run": Path(plan["dir"]).name, **plan["grid"],
-                                    "seed": plan["seed"],
-                                    "status": "not run: the sweep was interrupted"}
-                for index, plan in enumerate(plans)]
+        rows = [done[index] if index in done and done[index]["status"] != NOT_RUN
+                else row_on_disk(plan) for index, plan in enumerate(plans)]
         write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
         print(f"table of the finished runs: {out / 'sweep.csv'}, {out / 'sweep.json'}")
         raise
@@ -255,8 +286,10 @@ def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
             print(f"  {done[index]['run']}: {done[index]['status']}")
     else:
         # spawn: a fresh interpreter per worker (no forked torch state)
-        pool = ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)),
-                                   mp_context=get_context("spawn"))
+        context = get_context("spawn")
+        stopping = context.Event()
+        pool = ProcessPoolExecutor(max_workers=min(args.jobs, len(plans)), mp_context=context,
+                                   initializer=_worker_started, initargs=(stopping,))
         futures = {pool.submit(run_one, args.scenario, plan, plots, args.allow_factories):
                    index for index, plan in enumerate(plans)}
         try:
@@ -265,8 +298,9 @@ def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
                 print(f"  {row['run']}: {row['status']}")
         except BaseException:
             # Interrupted: no queued run starts (the pool's exit started every one of them,
-            # then listed them as not run: a review), and a run that finished meanwhile
-            # keeps its row.
+            # then listed them as not run: a review; its workers outlive a Ctrl-C and took the
+            # next queued run: a stranger), and a run that finished meanwhile keeps its row.
+            stopping.set()
             pool.shutdown(wait=True, cancel_futures=True)
             for future, index in futures.items():
                 if index not in done and future.done() and not future.cancelled() \

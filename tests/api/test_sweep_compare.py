@@ -245,3 +245,53 @@ def test_an_interrupted_parallel_sweep_starts_no_queued_run_and_lists_what_it_fi
     # running and the 3 the pool had handed to its workers' queue (max_workers + 1); the
     # rest are cancelled (before, all 10 ran).
     assert sum(row["status"] != "ok" for row in rows) >= 3
+
+
+@pytest.mark.slow
+def test_a_real_ctrl_c_leaves_a_sweep_table_that_matches_its_run_directories(
+        tiny_scenario: Path, tmp_path: Path) -> None:
+    """A stranger's Ctrl-C (SIGINT to the process group) during `sweep --jobs 2`: two runs
+    that had written their summaries were listed as not run, and a queued run started after
+    the signal (the pool's workers outlive it) and was the one listed as done. Now every row
+    says what its run directory holds, and no run starts after the signal."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sweep"
+    sigmas = ",".join(f"{1.0 + 0.1 * k:.1f}" for k in range(8))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fedsim", "sweep", str(tiny_scenario), "--grid",
+         f"clients.groups[*].noise.sigma={sigmas}", "--out", str(out), "--no-plots",
+         "--jobs", "2", "--set", "stop.windows=400"],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("*/summary.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a run finished: the others are running or queued
+        interrupted_at = time.time()
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    rows = _rows(out / "sweep.csv")
+    assert len(rows) == 8
+    for row in rows:
+        summary = out / row["run"] / "summary.json"
+        if row["status"] == "not run: the sweep was interrupted":
+            assert not summary.exists(), row
+            continue
+        written = json.loads(summary.read_text())
+        assert row["status"] == ("interrupted: partial run" if written.get("interrupted")
+                                 else "ok"), row
+        metrics = out / row["run"] / "metrics.jsonl"
+        first_window = metrics.stat().st_mtime if metrics.exists() else interrupted_at
+        started = min(p.stat().st_mtime for p in (out / row["run"]).rglob("*"))
+        assert started <= interrupted_at + 1.0 or first_window <= interrupted_at + 1.0, \
+            f"{row['run']} started after the interrupt"
+    assert any(row["status"] == "not run: the sweep was interrupted" for row in rows)
