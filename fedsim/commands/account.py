@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         target_epsilon=args.target_epsilon, max_steps=args.max_steps,
         group_size=args.group_size, curve=args.plot is not None)
     result = answer.as_dict()
+    for warning in answer.warnings or ():  # (also in --json's "warnings")
+        print(f"warning: {warning}", file=sys.stderr)
     if args.plot is not None:
         plot(Path(args.plot), answer)
         result["plot"] = args.plot

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal
@@ -98,6 +98,9 @@ class AccountAnswer:
     mu_kind: str | None = None
     clt_gamma: float | None = None
     curve: TradeoffCurve | None = field(default=None, compare=False, repr=False)
+    warnings: tuple[str, ...] | None = None
+    """What the answer cannot see (a ledger without its high-water mark: a cut file would
+    not show, so the eps may be below what was released); None: nothing."""
 
     def as_dict(self) -> dict[str, Any]:
         """The command's ``--json`` object (before non-finite numbers become null)."""
@@ -147,8 +150,9 @@ def account(
                     ledger=ledger, delta=delta, epsilon=epsilon, target_epsilon=target_epsilon,
                     max_steps=max_steps, group_size=group_size)
     history: list[GaussianStep] | None = None
+    warnings: tuple[str, ...] | None = None
     if ledger is not None:
-        history = load_steps(Path(ledger), sampling)
+        history, warnings = load_steps(Path(ledger), sampling)
         sampling = history[0].sampling  # (load_steps: one scheme, the one asked if any)
     else:
         sampling = "poisson" if sampling is None else sampling
@@ -156,11 +160,12 @@ def account(
                               sigma=sigma, steps=steps, epochs=epochs,
                               target_epsilon=target_epsilon, max_steps=max_steps)
     try:
-        return _answer(sampling, accountant, history, q, sigma, steps, delta=delta,
-                       epsilon=epsilon, target_epsilon=target_epsilon, max_steps=max_steps,
-                       group=group_size, curve=curve)
+        answer = _answer(sampling, accountant, history, q, sigma, steps, delta=delta,
+                         epsilon=epsilon, target_epsilon=target_epsilon, max_steps=max_steps,
+                         group=group_size, curve=curve)
     except PrivacyError as exc:  # a question the accountants cannot answer: bad input here
         raise ConfigError(str(exc)) from None
+    return answer if warnings is None else replace(answer, warnings=warnings)
 
 
 # -- input checking ------------------------------------------------------------------------------
@@ -239,11 +244,18 @@ def _mechanism(*, q: float | None, batch_size: int | None,  # noqa: C901, PLR091
     return q, steps
 
 
-def load_steps(path: Path, sampling: Sampling | None) -> list[GaussianStep]:  # noqa: C901, PLR0912 - one refusal per kind of damage
+def load_steps(path: Path, sampling: Sampling | None  # noqa: C901, PLR0912 - one refusal per kind of damage
+               ) -> tuple[list[GaussianStep], tuple[str, ...] | None]:
     """Steps from a JSON list / ``{"steps": [...]}`` file or a fedsim ledger (JSON lines,
     verified like the client's own: header, hash chain, high-water mark if present), all of
-    one scheme, ``sampling``'s when given; :class:`ConfigError` names the damage."""
+    one scheme, ``sampling``'s when given; :class:`ConfigError` names the damage. With them,
+    warnings of what the steps cannot show (a ledger without a valid high-water mark, as
+    ``fedsim report`` warns: a stranger's cut ledger without its mark read eps 0.86 for
+    1.08, unwarned), or None."""
     from fedsim.privacy.ledger import read_ledger_steps
+    from fedsim.privacy.ledger_mark import read_found_mark
+
+    warnings: tuple[str, ...] | None = None
 
     try:
         with path.open("rb") as handle:
@@ -267,6 +279,10 @@ def load_steps(path: Path, sampling: Sampling | None) -> list[GaussianStep]:  # 
         # a fedsim ledger: JSON lines, a header then chained records
         try:
             steps = list(read_ledger_steps(path))
+            if read_found_mark(path) is None:
+                warnings = (f"{path} has no valid high-water mark (missing, empty or damaged): "
+                            f"records cut from its end would not show, so this eps may be "
+                            f"below what was released (`fedsim ledger check {path}`)",)
         except (LedgerError, ConfigError) as exc:
             raise ConfigError(f"--ledger: {exc}") from None
     else:
@@ -289,7 +305,7 @@ def load_steps(path: Path, sampling: Sampling | None) -> list[GaussianStep]:  # 
     if sampling is not None and schemes != {sampling}:
         raise ConfigError(f"--ledger {path} has {schemes.pop()} steps but sampling is {sampling} "
                           f"(leave sampling out to take the ledger's)")
-    return steps
+    return steps, warnings
 
 
 def _no_constant(name: str) -> float:

@@ -120,6 +120,32 @@ def test_a_ledger_is_read_like_the_client_reads_it(tmp_path: Path,
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 3
     assert out["epsilon"] == PLDAccountant([GaussianStep("poisson", 0.01, 1.0, 3)]).epsilon(1e-5)
+    assert "warnings" not in out
+
+
+@pytest.mark.parametrize("mark", ["deleted", "both slots damaged"])
+def test_a_ledger_without_a_valid_mark_is_answered_with_a_warning(
+        tmp_path: Path, mark: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger cut a ledger to its first records and deleted its mark: `account --ledger`
+    printed the smaller eps (0.86 for 1.08) with no word, where `ledger check` refuses and the
+    report warns. The answer now carries the warning (stderr, and --json's "warnings")."""
+    from fedsim.privacy.ledger_mark import mark_path
+
+    path = _ledger(tmp_path)
+    if mark == "deleted":
+        lines = path.read_bytes().splitlines(keepends=True)
+        path.write_bytes(b"".join(lines[:-1]))  # the last record cut, unseen without a mark
+        mark_path(path).unlink()
+    else:
+        data = bytearray(mark_path(path).read_bytes())
+        data[20] ^= 1
+        data[256 + 20] ^= 1
+        mark_path(path).write_bytes(bytes(data))
+    assert main(["account", "--ledger", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    [warning] = json.loads(captured.out)["warnings"]
+    assert "no valid high-water mark" in warning and "may be below" in warning
+    assert "warning: " in captured.err and "no valid high-water mark" in captured.err
 
 
 @pytest.mark.parametrize("damage", ["no-header", "damaged-key", "q-true", "count-1e20"])
