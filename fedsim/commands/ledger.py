@@ -120,6 +120,9 @@ def run_check(args: argparse.Namespace) -> int:
                   "delta": delta, "last_time": ledger.last_time,
                   # What a repair charges a lost record (None: a mark of the old format).
                   "step_ceiling": None if mark.ceiling is None else mark.ceiling.to_json(),
+                  # (a stranger: a flipped newest slot read plain ok) A torn mark write's:
+                  # its spend's records were written first, and are counted.
+                  "damaged_mark_slot": found is not None and found.other_damaged,
                   "ok": True}
     _print(result, args.json)
     return 0

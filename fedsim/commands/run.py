@@ -134,6 +134,7 @@ def _built(loaded: Any, log: Any) -> tuple[Any, float]:
     10 (a stranger wondered where the rest went)."""
     from fedsim.runtime.population import build_population
 
+    log.info("building the population: data, models, privacy calibration")
     started = time.perf_counter()
     population = build_population(loaded)
     seconds = time.perf_counter() - started

@@ -233,9 +233,13 @@ def refuse_a_mark_maybe_a_spend_old(path: Path, mark: Mark | None, other_damaged
     the damaged one counted, and is refused. (A repair asks in every case: the file it mends
     is damaged already, ``ledger_repair``.)"""
     if mark is not None and other_damaged and records == mark.count:
+        floor = mark.ceiling.step("poisson") if mark.ceiling is not None else None
+        dearest = (f"; Q and SIGMA at least as dear as the valid slot's step ceiling, q "
+                   f"{floor.q:.6g} and sigma {floor.sigma:.6g} (the damaged slot may have held "
+                   f"a dearer one, which only you can name)" if floor is not None else "")
         raise LedgerError(
             f"{path}: one slot of its high-water mark is damaged and the file holds just the "
             f"{mark.count} records the other counts, so records counted by the damaged one "
             f"may have been cut; `fedsim ledger repair {path} --assume-lost N --lost-step Q "
             f"SIGMA` adds them (N: the records the client's last spend wrote, 0 if you know "
-            f"none were lost)")
+            f"none were lost{dearest})")

@@ -58,6 +58,13 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     read = read_ledgers(run) if ledgers is None else ledgers
     from_ledgers = sorted(final_epsilons(read, EpsilonCache(run.delta),
                                          under=make_accountant("pld", [])).values())
+    if run.server_view and len(read) < len(run.clients):
+        # A server's view with some of its clients' ledgers copied in: their eps is no run's
+        # (a stranger's table put 2 of 10 clients' median beside whole runs').
+        warnings.append(f"warning: {run.path.name}: a deployed server's view with "
+                        f"{len(read)} of its {len(run.clients)} clients' ledgers: no eps "
+                        f"for the run")
+        from_ledgers = []
     epsilons = from_ledgers or sorted(
         e for row in run.clients if (e := finite_number(row.get("epsilon"))) is not None)
     computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),

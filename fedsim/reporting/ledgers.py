@@ -112,8 +112,9 @@ def read_ledgers(run: RunDirectory) -> list[ClientLedger]:
         try:
             ledger = read_ledger(path)
         except (LedgerError, ConfigError, OSError) as exc:  # OSError: e.g. a read-only copy
-            message = str(exc)
-            raise ConfigError(message if str(path) in message else f"{path}: {message}") from None
+            message = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+            raise ConfigError(f"{message} (`fedsim ledger check {path}` says more; moved out of "
+                              f"{path.parent}, the rest of the run is reported)") from None
         if ledger.client_id != client_id:
             raise ConfigError(
                 f"{path}: holds client {ledger.client_id!r}, but the file name says {client_id!r}"

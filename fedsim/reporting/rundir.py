@@ -74,7 +74,7 @@ class RunDirectory:
         root = Path(path)
         if not root.is_dir():
             raise ConfigError(f"{root}: not a directory (expected a run directory written by "
-                              "`fedsim run`)")
+                              "`fedsim run` or `fedsim launch`, or a deployed server's --out)")
         server = is_server_directory(root, SUMMARY_FILE)
         needed = (METRICS_FILE,) if server else (METRICS_FILE, SUMMARY_FILE)
         missing = [name for name in needed if not (root / name).is_file()]
@@ -120,7 +120,7 @@ class RunDirectory:
     def time_label(self) -> str:
         """The x-axis label of the run's seconds."""
         if self.time_name == "scenario time":
-            return "scenario time (s: wall clock x time scale)"
+            return "scenario time (s: wall clock / time scale)"
         return "virtual time (s)"
 
     @property

@@ -85,7 +85,10 @@ def server_rows_and_summary(
         "windows": len(metrics) if windows is None else windows,
         "updates": {fate: sum(n for m in metrics if (n := count(m.get(fate))))
                     for fate in UPDATE_FATES},
-        "virtual_time": finite_number(server.get("time")),
+        # the last window's time, as a launched run's summary says it (server.json's is when
+        # the server stopped, a little later: a stranger saw two lengths for one run)
+        "virtual_time": max((float(m["time"]) for m in metrics),
+                            default=finite_number(server.get("time"))),
         "time_kind": "scenario",
         "final_accuracy": final_accuracy,
         # (as a run's summary counts it: the final evaluation too)
@@ -126,7 +129,10 @@ def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[st
 def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | None,
                  delta: float) -> str:
     heard = [row for row in rows if row["state"] != "unknown"]
-    reported = sorted(eps for row in heard if (eps := row[REPORTED_EPSILON]) is not None)
+    # A finished client's last status says its final eps; a running one's is as old as its
+    # last state change (0 at its start: a stranger read "eps min 0 / median 0 / max 0").
+    reported = sorted(eps for row in heard
+                      if row["stop_kind"] and (eps := row[REPORTED_EPSILON]) is not None)
     parts = [f"{root} is a deployed server's output directory (server.json, no summary.json): "
              f"the server's view of the run."]
     if stop is not None:
@@ -148,15 +154,19 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
                      f"end stops them; each client's own report in its --state directory, "
                      f"client-<id>.json, says how it stopped).")
     if reported:
-        parts.append(f"Their last statuses reported eps (delta = {delta:g}) min "
-                     f"{reported[0]:.4g} / median {statistics.median(reported):.4g} / max "
-                     f"{reported[-1]:.4g}: self-reports the server cannot verify, each as of "
-                     f"its sending (a client sends one as it starts, changes state or stops).")
+        parts.append(f"The {len(reported)} stopped clients' last statuses reported eps (delta "
+                     f"= {delta:g}) min {reported[0]:.4g} / median "
+                     f"{statistics.median(reported):.4g} / max {reported[-1]:.4g}: self-reports "
+                     f"the server cannot verify.")
+    if len(reported) < len(rows):
+        parts.append("A client still running at the end sent its last status at its last "
+                     "change of state, so its eps there is older than the run's end.")
     parts.append("The clients' ledgers stay with the clients (each one's --state "
                  "directory, ledgers/<id>.jsonl and its .hwm); copied into "
-                 f"{root / 'ledgers'}, they are verified here and their eps recomputed, and "
-                 "where a status disagrees with its ledger the report warns "
-                 "(`fedsim ledger check FILE` checks one where it is).")
+                 f"{root / 'ledgers'}, they are verified here and their eps recomputed; the "
+                 "report warns where a stopped client's status disagrees with its ledger, or "
+                 "any status claims more than its ledger holds (`fedsim ledger check FILE` "
+                 "checks one where it is).")
     return " ".join(parts)
 
 

@@ -219,8 +219,11 @@ def test_a_damaged_mark_slot_makes_nobody_trust_the_mark_it_leaves(tmp_path: Pat
         del lines[-1]
     path.write_bytes(b"".join(lines))
     if damage == "the last line cut":  # the file holds the older count: open refuses
-        with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged"):
+        with pytest.raises(LedgerError, match="one slot of its high-water mark is damaged") \
+                as refused:
             _open(path)
+        # the refusal names the floor a human's step must reach (a stranger: Q and SIGMA, which?)
+        assert "q 0.1 and sigma 0.9" in str(refused.value)
         assert main(["ledger", "check", str(path)]) == 2  # and so does check (it said ok)
         # So does every read-only view: an eps read from the file may be below what was
         # released (`fedsim account --ledger` read it, and the reports' open did).
@@ -237,6 +240,25 @@ def test_a_damaged_mark_slot_makes_nobody_trust_the_mark_it_leaves(tmp_path: Pat
     assert _eps(path) >= released * (1 - 1e-9)
     with _open(path) as reopened:  # valid again: both slots rewritten
         assert read_mark(path).count == len(reopened.records)  # type: ignore[union-attr]
+
+
+def test_ledger_check_says_a_torn_mark_slot_it_accepts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The newest slot torn, the spend's records past the older one: the open accepts it (a
+    torn mark write's records were written first), and `ledger check` said a plain ok (a
+    stranger); it now says the slot is damaged."""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        for r in range(3):
+            ledger.spend(SCHEDULE[r], time=float(r), round=r)
+    data = bytearray(mark_path(path).read_bytes())
+    newest = 1  # creation in both slots, then spends in 1, 0, 1: the third's mark is in 1
+    data[newest * 256 + 20] ^= 0x01
+    mark_path(path).write_bytes(bytes(data))
+    assert main(["ledger", "check", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["damaged_mark_slot"] is True and result["records"] == 3
+    assert result["marked"] == 2
 
 
 def test_marks_alternate_slots_whatever_a_spend_counts(tmp_path: Path) -> None:

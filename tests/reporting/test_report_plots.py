@@ -320,7 +320,7 @@ def test_plots_put_each_neighbouring_relation_on_its_own_axes(
 
 @pytest.mark.parametrize(("time_kind", "label"), [
     (None, "virtual time (s)"), ("virtual", "virtual time (s)"),
-    ("scenario", "scenario time (s: wall clock x time scale)")])
+    ("scenario", "scenario time (s: wall clock / time scale)")])
 def test_the_time_axis_says_what_the_seconds_are(
         small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
         monkeypatch: pytest.MonkeyPatch, time_kind: str | None, label: str) -> None:

@@ -104,7 +104,7 @@ def test_hostile_values_in_a_servers_file_read_as_unknown(
     root = _server_dir(tmp_path / "server", {})
     (root / "server.json").write_text(json.dumps(server))
     view = RunDirectory.load(root)
-    assert view.summary["virtual_time"] is None and view.summary["windows"] == 2  # its metrics
+    assert view.summary["virtual_time"] == 1.0 and view.summary["windows"] == 2  # its metrics
     assert main(["report", str(root)]) == 0
     assert "True windows" not in capsys.readouterr().out
 
@@ -159,8 +159,14 @@ def test_a_status_that_disagrees_with_its_ledger_is_warned_and_best_is_never_bel
     assert view.summary["best_accuracy"] == 0.7 == view.summary["final_accuracy"]
     assert main(["report", str(root)]) == 0
     out = capsys.readouterr().out
-    warned = [line for line in out.splitlines() if "its last status" in line]
+    warned = [line for line in out.splitlines() if line.startswith("warning: client")]
     assert len(warned) == 1 and "phone-000" in warned[0] and "reported eps 0.01" in warned[0]
+    # Only the stopped client's status is quoted (a running one's is older than the end).
+    assert "The 1 stopped clients' last statuses reported eps" in out
+    # compare puts no eps of 2 clients beside whole runs' (a stranger's table did).
+    assert main(["compare", str(root), "--no-plots", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["eps_median"] is None and any("2 of its 10 clients" in w for w in row["warnings"])
 
 
 def test_report_replaces_a_planted_plot_link_and_refuses_a_fifo_ledger(
