@@ -98,3 +98,19 @@ def test_no_round_is_released_or_charged_after_the_server_finished(tmp_path: Pat
     assert {key for key in ledger_rounds if key not in book} == set() and dropped == 0
     assert server["unjudged_updates"] == 0
     assert all(len(rounds) >= WINDOWS - 2 for rounds in charged.values()), charged
+
+
+def test_clients_stop_by_themselves_after_a_server_that_ended_at_once(tmp_path: Path) -> None:
+    """A stranger's launch at --time-scale 0.05: the server's 40 windows took 0.75 wall s, it
+    published the end of the run at QoS 0 and exited before its event loop wrote it, and every
+    client waited until the launcher's SIGTERM 10 s later (reports: signalled, training). The
+    end now goes at QoS 1 (its publish returns once the broker holds it)."""
+    from fedsim.cli import main
+
+    out = tmp_path / "run"
+    assert main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", "0.05",
+                 "--set", "stop.windows=40", "--no-plots", "-q", "--timeout", "120"]) == 0
+    for client_id in IDS:
+        report = json.loads((out / "state" / client_id / f"client-{client_id}.json").read_text())
+        assert report["signalled"] is False and report["state"] == "done", report
+        assert "the server finished the run" in report["stop_reason"]

@@ -124,7 +124,9 @@ def test_long_lived_objects_are_spared_for_the_run_and_handed_back() -> None:
         assert frozen > 0
         made = [[k] for k in range(1000)]  # tracked containers made during the set-up
         spare_set_up()
-        assert gc.get_freeze_count() >= frozen + len(made)
+        # (frozen objects freed meanwhile by reference counting lower the count: a fresh
+        # clone's run read 999 more for the 1,000 made; without the call, none more)
+        assert gc.get_freeze_count() >= frozen + len(made) // 2
     assert gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError), long_lived_spared():
         raise RuntimeError("the run failed")
