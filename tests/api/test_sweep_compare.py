@@ -266,7 +266,10 @@ def test_a_real_ctrl_c_leaves_a_sweep_table_that_matches_its_run_directories(
         [sys.executable, "-m", "fedsim", "sweep", str(tiny_scenario), "--grid",
          f"clients.groups[*].noise.sigma={sigmas}", "--out", str(out), "--no-plots",
          "--jobs", "2", "--set", "stop.windows=400"],
-        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a job a shell starts with `&` inherits SIGINT ignored, and Python keeps ignoring it
+        # (CI's run did: the sweep never saw the Ctrl-C); a terminal's Ctrl-C is the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list(out.glob("*/summary.json")) and time.monotonic() < deadline:
