@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import finite_number, printable
+from fedsim.reporting.values import finite_number, printable, relative_gap
 from fedsim.runtime.run_outputs import require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
@@ -61,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _updates(value: Any) -> str:
     """``summary.updates``: a count, or counts by fate (received, applied, stale, ...)."""
     if isinstance(value, dict):
@@ -82,7 +81,8 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         f"{summary.get('windows', len(run.metrics))} windows, "
         f"{run.virtual_time:.1f} s {run.time_name}, updates {_updates(summary.get('updates'))}"
     ]
-    final, best = finite_number(summary.get("final_accuracy")), finite_number(summary.get("best_accuracy"))
+    final = finite_number(summary.get("final_accuracy"))
+    best = finite_number(summary.get("best_accuracy"))
     evaluated = [a for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
     if final is None and evaluated:
         final = evaluated[-1]
@@ -145,8 +145,7 @@ def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[s
         in_csv = finite_number(row.get("epsilon")) if row else None
         if in_csv is None:
             continue
-        scale = max(abs(from_ledger), abs(in_csv), 1e-12)
-        if abs(from_ledger - in_csv) / scale > CSV_RELATIVE_TOLERANCE:
+        if abs(relative_gap(in_csv, from_ledger)) > CSV_RELATIVE_TOLERANCE:
             problems.append(
                 f"warning: client {client_id}: clients.csv says eps {in_csv:.6g}, "
                 f"its ledger gives {from_ledger:.6g}"

@@ -24,14 +24,13 @@ from typing import Any
 from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import finite_number
+from fedsim.reporting.values import finite_number, relative_gap
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
            "virtual_time", "windows", "ended", "stops")
 EPS_RELATIVE_TOLERANCE = 1e-3
 """summary.json's eps and the ledgers' may differ by this much (its figures are rounded)."""
 LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend beside the axes
-
 
 
 def run_row(run: RunDirectory, label: str | None = None, *,
@@ -70,8 +69,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
                 "eps_max": epsilons[-1]} if epsilons else {}
     for key, value in recorded.items() if from_ledgers else ():
-        if value is not None and abs(value - computed[key]) > \
-                EPS_RELATIVE_TOLERANCE * max(abs(value), abs(computed[key]), 1e-12):
+        if value is not None and abs(relative_gap(value, computed[key])) > EPS_RELATIVE_TOLERANCE:
             warnings.append(f"warning: {run.path.name}: summary.json says {key} "
                             f"{value:.6g}, the ledgers give {computed[key]:.6g}")
     eps: dict[str, float | None] = {**recorded, **computed}

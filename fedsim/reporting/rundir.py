@@ -61,6 +61,11 @@ class RunDirectory:
     metrics: tuple[dict[str, Any], ...]
     clients: tuple[dict[str, Any], ...]
     summary: dict[str, Any]
+    server_view: bool = False
+    """A deployed server's output directory read alone (:mod:`~fedsim.reporting.server_view`):
+    its clients' rows are their last statuses, its ledgers only those copied in. Set by
+    :meth:`load` from the files present, never from a summary's contents (a handed-over
+    ``summary.json`` saying so would silence the missing ledgers' warning)."""
 
     @classmethod
     def load(cls, path: str | Path) -> RunDirectory:
@@ -75,7 +80,7 @@ class RunDirectory:
         if not root.is_dir():
             raise ConfigError(f"{root}: not a directory (expected a run directory written by "
                               "`fedsim run` or `fedsim launch`, or a deployed server's --out)")
-        server = is_server_directory(root, SUMMARY_FILE)
+        server = is_server_directory(root)
         needed = (METRICS_FILE,) if server else (METRICS_FILE, SUMMARY_FILE)
         missing = [name for name in needed if not (root / name).is_file()]
         if missing:
@@ -84,7 +89,8 @@ class RunDirectory:
         try:
             if server:  # a deployed server's output directory: its view of the run
                 metrics = _read_metrics(root / METRICS_FILE)
-                return cls(root, metrics, *server_rows_and_summary(root, metrics))
+                return cls(root, metrics, *server_rows_and_summary(root, metrics),
+                           server_view=True)
             return cls(root, _read_metrics(root / METRICS_FILE),
                        _read_clients(root / CLIENTS_FILE), read_json_object(root / SUMMARY_FILE))
         except UnicodeDecodeError as exc:  # a damaged file: bad input, not a crash
@@ -103,12 +109,6 @@ class RunDirectory:
             raise ConfigError(f"{self.path / SUMMARY_FILE}: privacy.delta must be a number in "
                               f"(0, 1), got {delta!r}")
         return float(delta)
-
-    @property
-    def server_view(self) -> bool:
-        """A deployed server's output directory read alone (:mod:`~fedsim.reporting.server_view`):
-        its clients' rows are their last statuses, its ledgers only those copied in."""
-        return self.summary.get("view") == "server"
 
     @property
     def time_name(self) -> str:

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
-from fedsim.reporting.values import count, finite_number, printable
+from fedsim.reporting.stops import stop_counts
+from fedsim.reporting.values import count, finite_number, printable, relative_gap
 from fedsim.runtime.actors.stops import (
     RunStop,
     RunStopKind,
@@ -37,6 +38,7 @@ from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
     SCENARIO_FILE,
     SERVER_FILE,
+    SUMMARY_FILE,
     read_json_object,
 )
 
@@ -45,10 +47,10 @@ REPORTED_EPSILON = "reported_epsilon"
 here recomputed it)."""
 
 
-def is_server_directory(root: Path, summary_file: str) -> bool:
+def is_server_directory(root: Path) -> bool:
     """Whether ``root`` is a deployed server's output directory rather than a run directory:
     ``server.json`` without the summary a launch or a simulation writes."""
-    return (root / SERVER_FILE).is_file() and not (root / summary_file).is_file()
+    return (root / SERVER_FILE).is_file() and not (root / SUMMARY_FILE).is_file()
 
 
 UPDATE_FATES = ("received", "applied", "stale", "duplicate", "rejected", "dropped_in_flight")
@@ -63,6 +65,7 @@ def server_rows_and_summary(
     are ``metrics``. Every value is read as what it must be (a count, a finite number, a
     known kind); anything else reads as unknown."""
     from fedsim.config import load_scenario
+
     server = read_json_object(root / SERVER_FILE)
     resolved = root / SCENARIO_FILE
     if not resolved.is_file():
@@ -81,7 +84,6 @@ def server_rows_and_summary(
     summary: dict[str, Any] = {
         "scenario": scenario.name,
         "seed": scenario.seed,
-        "view": "server",
         "windows": len(metrics) if windows is None else windows,
         "updates": {fate: sum(n for m in metrics if (n := count(m.get(fate))))
                     for fate in UPDATE_FATES},
@@ -138,11 +140,8 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
     if stop is not None:
         parts.append(f"The server stopped: {printable(stop.text)}.")
     parts.append(f"{len(heard)} of {len(rows)} clients sent a status.")
-    stopped: dict[str, int] = {}
-    for row in heard:
-        if row["stop_kind"]:
-            stopped[row["stop_kind"]] = stopped.get(row["stop_kind"], 0) + 1
-    for kind, many in sorted(stopped.items(), key=lambda item: -item[1]):
+    stopped = stop_counts(row["stop_kind"] for row in heard if row["stop_kind"])
+    for kind, many in stopped.most_common():
         parts.append(f"{many} stopped because {client_stop_phrase(kind)}.")
     running = len(rows) - sum(stopped.values())
     if running and stop is not None and stop.kind is RunStopKind.SIGNAL:
@@ -186,7 +185,7 @@ def status_disagreements(rows: Iterable[Mapping[str, Any]],
         ledger = from_ledgers.get(client_id)
         if reported is None or ledger is None:
             continue
-        gap = (reported - ledger) / max(abs(reported), abs(ledger), 1e-12)
+        gap = relative_gap(reported, ledger)
         finished = bool(row.get("stop_kind"))
         if gap > STATUS_RELATIVE_TOLERANCE or (finished and -gap > STATUS_RELATIVE_TOLERANCE):
             warnings.append(f"warning: client {client_id}: its last status ({row.get('state')}) "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["count", "finite_number", "printable"]
+__all__ = ["count", "finite_number", "printable", "relative_gap"]
 
 
 def finite_number(value: Any) -> float | None:
@@ -24,6 +24,13 @@ def finite_number(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def relative_gap(reported: float, recomputed: float) -> float:
+    """``(reported - recomputed)`` relative to the larger of the two (at least 1e-12): how far a
+    figure a file states is from the one recomputed from the ledgers (positive: it states
+    more), the one measure the report's and the comparison's checks use."""
+    return (reported - recomputed) / max(abs(reported), abs(recomputed), 1e-12)
 
 
 def count(value: Any) -> int | None:

@@ -192,3 +192,21 @@ def test_report_replaces_a_planted_plot_link_and_refuses_a_fifo_ledger(
     os.mkfifo(root / "ledgers" / "phone-000.jsonl")
     assert main(["report", str(root)]) == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+def test_a_run_directorys_summary_cannot_claim_to_be_a_servers_view(tmp_path: Path) -> None:
+    """The view is what the files present make it, not a summary key: a handed-over
+    summary.json saying "view": "server" silenced the warning that clients.csv's clients have
+    no ledger (a review)."""
+    from fedsim.reporting.ledgers import ledger_gaps
+
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "metrics.jsonl").write_text(json.dumps({"window": 1, "time": 1.0}) + "\n")
+    (root / "summary.json").write_text(json.dumps({"privacy": {"delta": 1e-5},
+                                                   "view": "server"}))
+    (root / "clients.csv").write_text("client_id,epsilon\nphone-000,1.5\n")
+    run = RunDirectory.load(root)
+    assert not run.server_view
+    [warning] = ledger_gaps(run)
+    assert "1 client(s) of clients.csv have no ledger" in warning
