@@ -158,11 +158,10 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
     """Simulate one run of the sweep and return its table row (a failed run: its status)."""
     from fedsim.api import simulate
     from fedsim.logging import configure_logging
-    from fedsim.reporting.compare import run_row
     from fedsim.reporting.rundir import RunDirectory
 
     configure_logging(None, level="warning")
-    row: dict[str, Any] = {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
+    row = _planned(plan)
     if _STOPPING is not None and _STOPPING.is_set():  # the sweep was interrupted: start none
         return {**row, "status": NOT_RUN}
     try:
@@ -170,11 +169,21 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
                           plots=plots, allow_factories=allow_factories)
     except FedsimError as exc:
         return {**row, "status": f"failed: {exc}"}
-    measured = run_row(RunDirectory.load(plan["dir"]))
-    row.update({k: measured[k] for k in TABLE_COLUMNS if k in measured})
-    row["wall_seconds"] = round(result.wall_seconds, 3)
-    row["status"] = "ok"
-    return row
+    return {**_measured(row, RunDirectory.load(plan["dir"])),
+            "wall_seconds": round(result.wall_seconds, 3), "status": "ok"}
+
+
+def _planned(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's row before its run: its name, grid values and seed."""
+    return {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
+
+
+def _measured(row: dict[str, Any], run: Any) -> dict[str, Any]:
+    """``row`` with its run's figures (the table's columns of its comparison row)."""
+    from fedsim.reporting.compare import run_row
+
+    measured = run_row(run)
+    return {**row, **{k: measured[k] for k in TABLE_COLUMNS if k in measured}}
 
 
 NOT_RUN = "not run: the sweep was interrupted"
@@ -192,20 +201,18 @@ def row_on_disk(plan: dict[str, Any]) -> dict[str, Any]:
     """The row of a plan whose run was not reported to the sweep (interrupted), from what its
     run directory holds: a run's summary (``ok``, or a partial run's), else not run. A
     stranger's Ctrl-C: runs that had written their summary were listed as not run."""
-    from fedsim.reporting.compare import run_row
     from fedsim.reporting.rundir import RunDirectory
+    from fedsim.runtime.run_outputs import SUMMARY_FILE
 
-    row: dict[str, Any] = {"run": Path(plan["dir"]).name, **plan["grid"], "seed": plan["seed"]}
-    if not (Path(plan["dir"]) / "summary.json").is_file():
+    row = _planned(plan)
+    if not (Path(plan["dir"]) / SUMMARY_FILE).is_file():
         return {**row, "status": NOT_RUN}
     try:
         run = RunDirectory.load(plan["dir"])
-        measured = run_row(run)
+        measured = _measured(row, run)
     except (FedsimError, OSError) as exc:
         return {**row, "status": f"interrupted: its run directory cannot be read ({exc})"}
-    row.update({k: measured[k] for k in TABLE_COLUMNS if k in measured})
-    row["status"] = "interrupted: partial run" if run.interrupted else "ok"
-    return row
+    return {**measured, "status": "interrupted: partial run" if run.interrupted else "ok"}
 
 
 def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str],

@@ -221,6 +221,10 @@ def test_a_different_update_of_the_newest_round_is_a_forked_client() -> None:
     assert book.judge(_measured("a", 2, 0, 0.05)).kind is Kind.FORKED
     # Unmeasured updates (norm None) are never told apart: no false alarm either.
     assert book.judge(_update("a", 2)).kind is Kind.DUPLICATE
+    # A refused update is not what the book saw of a round: a refused round 3 (a base version
+    # ahead of the server's) left the fork of round 2 hidden as a duplicate (a review).
+    assert book.judge(_measured("a", 3, 7, 0.01)).kind is Kind.FUTURE_VERSION
+    assert book.judge(_measured("a", 2, 0, 0.06)).kind is Kind.FORKED
 
 
 def test_the_server_refuses_and_counts_a_forked_clients_copy_and_applies_the_first() -> None:

@@ -417,11 +417,11 @@ class ClientBook:
                                              f"ahead of the {known} rounds known")
         if (entry is not None and entry.holds(round_index)) or (client_id, round_index) in pending:
             return _duplicate(entry, round_index, base_version, update)
-        if update is not None and update.norm is not None:  # this round's first update seen
-            self._saw(client_id, round_index, base_version, update.norm)
         problem = self._claims(base_version, update, limits)
         if problem is not None:
             return problem
+        if update is not None and update.norm is not None:  # this round's first one judged
+            self._saw(client_id, round_index, base_version, update.norm)
         dropped = self._contradicted(entry, round_index)
         if self.max_staleness is not None and self.version - base_version > self.max_staleness:
             self.record(client_id, round_index)
