@@ -233,10 +233,11 @@ def refuse_a_mark_maybe_a_spend_old(path: Path, mark: Mark | None, other_damaged
     the damaged one counted, and is refused. (A repair asks in every case: the file it mends
     is damaged already, ``ledger_repair``.)"""
     if mark is not None and other_damaged and records == mark.count:
-        floor = mark.ceiling.step("poisson") if mark.ceiling is not None else None
+        floor = mark.ceiling
         dearest = (f"; Q and SIGMA at least as dear as the valid slot's step ceiling, q "
                    f"{floor.q:.6g} and sigma {floor.sigma:.6g} (the damaged slot may have held "
-                   f"a dearer one, which only you can name)" if floor is not None else "")
+                   f"a dearer one, which only you can name)"
+                   if floor is not None and floor.steps else "")
         raise LedgerError(
             f"{path}: one slot of its high-water mark is damaged and the file holds just the "
             f"{mark.count} records the other counts, so records counted by the damaged one "
