@@ -61,8 +61,24 @@ class _CommandParser(_Parser):
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
         return parsed, extras
+
+    def _suggestion(self, extras: Sequence[str]) -> str:
+        """" (did you mean --seed?)" for the first unknown option close to one of this
+        parser's (``--sed``), else ""."""
+        import difflib
+
+        # Compared without their dashes (which every option shares), and strictly: a
+        # suggestion that is not what was meant is worse than none.
+        options = {option.lstrip("-"): option for option in self._option_string_actions}
+        for extra in extras:
+            if extra.startswith("-"):
+                near = difflib.get_close_matches(extra.split("=", 1)[0].lstrip("-"),
+                                                 list(options), n=1, cutoff=0.75)
+                if near:
+                    return f" (did you mean {options[near[0]]}?)"
+        return ""
 
 
 DESCRIPTION = (

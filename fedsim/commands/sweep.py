@@ -145,7 +145,12 @@ def plan_runs(scenario: str, grid: list[tuple[str, list[str]]], seeds: list[int]
             lines = [*overrides, *(f"{p}={v}" for p, v in settings.items())]
             if seed is not None:
                 lines.append(f"seed={seed}")
-            loaded = load_scenario(scenario, lines)  # raises naming the setting at fault
+            try:  # (the user's own --set lines were checked alone before)
+                loaded = load_scenario(scenario, lines)
+            except ConfigError as exc:  # say which of the sweep's runs, and that --grid made it
+                made = " ".join([*(f"--grid {p}={v}" for p, v in settings.items()),
+                                 *([f"--seeds {seed}"] if seed is not None else [])])
+                raise ConfigError(f"the sweep's run {made}: {exc}") from None
             label = "-".join([_slug(f"{_short(p)}={v}") for p, v in settings.items()]
                              + [f"seed{loaded.scenario.seed}"])
             runs.append({"dir": str(out / f"{len(runs):03d}-{label}"), "overrides": lines,

@@ -262,7 +262,7 @@ def apply_override(data: Any, assignment: str) -> Any:
         value = _load_yaml(raw_value)[0] if raw_value.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {path.strip()}: {_yaml_error(exc, raw_value)}") from None
-    return assign_path(data, path.strip(), value)
+    return assign_path(data, path.strip(), value, hint=_first_unknown_key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,6 +346,15 @@ def _keys_at(path: Sequence[str | int]) -> set[str]:
         models = [inner for model in models if part in model.model_fields
                   for inner in _models_in(model.model_fields[part].annotation)]
     return {name for model in models for name in model.model_fields}
+
+
+def _first_unknown_key(path: Sequence[str | int]) -> str:
+    """:func:`_did_you_mean` for the first key of ``path`` the scenario does not accept
+    (``client.groups``: ``client``), else for its last."""
+    for end, part in enumerate(path):
+        if isinstance(part, str) and part not in _keys_at(path[:end]):
+            return _did_you_mean(path[:end + 1])
+    return _did_you_mean(path)
 
 
 def _did_you_mean(path: Sequence[str | int]) -> str:

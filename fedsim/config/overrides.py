@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fedsim.config.limits import MAX_YAML_DEPTH
@@ -92,12 +92,20 @@ def _item_word(parts: list[Part]) -> str:
     return "group" if parent == "groups" else "item"
 
 
-def assign_path(data: Any, path: str, value: Any) -> Any:
-    """Set ``value`` at ``path`` in the plain tree ``data`` (created if None); returns the tree."""
+Hint = Callable[[Sequence[str | int]], str]
+"""What to add to an error about a key the scenario does not hold, given the path to that
+key (" - did you mean 'groups'?"; the scenario's schema knows, not this module)."""
+
+
+def assign_path(data: Any, path: str, value: Any, hint: Hint | None = None) -> Any:
+    """Set ``value`` at ``path`` in the plain tree ``data`` (created if None); returns the tree.
+
+    A key absent from the tree is created, unless a list selector follows it: a list cannot be
+    created by selecting its items, so that key is reported (with ``hint``'s suggestion)."""
     parts = split_path(path)
     if data is None:
         data = {}
-    _assign(data, parts, [], value, path)
+    _assign(data, parts, [], value, path, hint)
     return data
 
 
@@ -124,7 +132,8 @@ def _positions(node: list[Any], part: int | Named | _All, done: list[Part], path
     return [part]
 
 
-def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: str) -> None:
+def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: str,
+            hint: Hint | None) -> None:
     """Assign below ``node``, reached by the concrete path ``done`` (indices, keys)."""
     depth = len(done)
     part = parts[depth]
@@ -137,7 +146,7 @@ def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: st
             if last:
                 node[position] = copy.deepcopy(value)
             else:
-                _assign(node[position], parts, [*done, position], value, path)
+                _assign(node[position], parts, [*done, position], value, path, hint)
         return
     if isinstance(node, list):  # a list stepped into by name or by a dotted number
         index, rest = (int(part), parts[depth + 1:]) if part.isdigit() else (0, parts[depth:])
@@ -153,5 +162,11 @@ def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: st
         node[part] = copy.deepcopy(value)
         return
     if node.get(part) is None:
+        if isinstance(parts[depth + 1], int | _All | Named):  # a list to select from: none
+            key_path = [p for p in [*done, part] if isinstance(p, str | int)]
+            missing = format_path([*done, part])
+            suggestion = (hint(key_path) if hint else "") or (
+                f" (an absent list is set whole: {missing}=[...])")
+            raise ConfigError(f"--set {path}: {missing} is not in the scenario{suggestion}")
         node[part] = {}
-    _assign(node[part], parts, [*done, part], value, path)
+    _assign(node[part], parts, [*done, part], value, path, hint)

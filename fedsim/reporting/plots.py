@@ -187,6 +187,18 @@ BUDGET_STYLES: tuple[tuple[str, Any], ...] = (
 CURVE_STYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))
 LEGEND_OUTSIDE: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0),
                                   "borderaxespad": 0.0, "fontsize": 8}
+# A group's colour, the same on every plot of a run; none is a budget line's colour (red,
+# black, brown, pink, olive). (Orange is also the accuracy plot's step size: no group is there.)
+GROUP_COLOURS: tuple[str, ...] = ("tab:blue", "tab:orange", "tab:green", "tab:purple",
+                                  "tab:cyan", "tab:gray", "navy", "darkgoldenrod")
+
+
+def group_styles(groups: Iterable[str]) -> dict[str, tuple[str, Any]]:
+    """Each of a run's groups (sorted by name) -> its (colour, dash), the same in every panel
+    and every plot of the run, so that a group is one colour wherever it is drawn."""
+    return {name: (GROUP_COLOURS[index % len(GROUP_COLOURS)],
+                   CURVE_STYLES[index % len(CURVE_STYLES)])
+            for index, name in enumerate(sorted(set(groups)))}
 
 
 def _new_figure(figsize: tuple[float, float] = FIGSIZE, rows: int = 1) -> tuple[Figure, list[Any]]:
@@ -199,9 +211,26 @@ def _save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
           bottom: float = 0.1, top: float = 0.93, hspace: float = 0.35) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Fixed margins (room for legends beside the axes): as good as tight_layout for these
-    # figures, at a fraction of its cost.
+    # figures, at a fraction of its cost, but for long tick labels (0.6025 on an axis fitted
+    # to close values), which would push the axis label out of the figure: widened to fit.
     figure.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=hspace)
+    spill = _left_spill(figure)
+    if spill > 0:
+        figure.subplots_adjust(left=min(left + spill + LABEL_PAD, right - 0.2))
     return save_png(figure, path)
+
+
+LABEL_PAD = 0.01
+"""Figure width left of the leftmost label once a margin has been widened to fit it."""
+
+
+def _left_spill(figure: Figure) -> float:
+    """How far (a fraction of the figure's width) the axes' labels reach left of the figure."""
+    figure.draw_without_rendering()
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    boxes = [axes.get_tightbbox(renderer) for axes in figure.axes]
+    left = min((box.x0 for box in boxes if box is not None), default=0.0)
+    return max(0.0, -left / figure.bbox.width)
 
 
 def save_png(figure: Figure, path: Path) -> Path:
@@ -249,6 +278,17 @@ def final_point(run: RunDirectory) -> tuple[float, float, int] | None:
     return run.virtual_time, float(accuracy), version
 
 
+def _evaluations(evaluated: Sequence[Mapping[str, Any]]) -> str:
+    """How many periodic evaluations there were and, when evenly spaced, every how many
+    windows ("26 evaluations, every 40 windows"), from the metrics themselves."""
+    count = f"{len(evaluated)} evaluation{'s' if len(evaluated) != 1 else ''}"
+    windows = [m.get("window") for m in evaluated]
+    if len(windows) < 2 or not all(isinstance(w, int) for w in windows):
+        return count
+    gaps = {b - a for a, b in zip(windows, windows[1:], strict=False)}  # type: ignore[operator]
+    return f"{count}, every {gaps.pop()} windows" if len(gaps) == 1 else count
+
+
 def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     """Held-out accuracy against virtual time (the axis fitted to the values), the final
     model's evaluation at the run's end as a star, the server step size on a secondary axis,
@@ -262,7 +302,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
             values,
             color="tab:blue",
             marker="." if len(evaluated) < 60 else None,
-            label="held-out accuracy, every eval_every windows (left axis)",
+            label=f"held-out accuracy, {_evaluations(evaluated)} (left axis)",
         )
     final = final_point(run)
     if final is not None:
@@ -347,6 +387,7 @@ class EpsilonPanel:
     groups: frozenset[str] = frozenset()
     final: dict[str, float] = field(default_factory=dict)  # every member's final eps
     client_groups: dict[str, str] = field(default_factory=dict)  # client id -> its group
+    run_groups: frozenset[str] = frozenset()  # every group of the run (its colours)
 
 
 def _draw_individual(axes: Any, ids: Sequence[str], rows: np.ndarray, times: np.ndarray,
@@ -374,13 +415,15 @@ def _by_group(history: EpsilonHistory, client_groups: dict[str, str]) -> dict[st
     return dict(sorted(rows.items()))
 
 
-def _draw_groups(axes: Any, history: EpsilonHistory, groups: dict[str, list[int]]) -> None:
+def _draw_groups(axes: Any, history: EpsilonHistory, groups: dict[str, list[int]],
+                 styles: dict[str, tuple[str, Any]]) -> None:
     """One line per group: its only client, or its clients' median with a band from the least
     to the most spent (a band of zero width when their curves are identical, which the label
-    says, so identical curves never hide each other). Thick to thin, each its own dash."""
+    says, so identical curves never hide each other). Thick to thin, each group in its colour
+    and dash of the run (``styles``: :func:`group_styles`)."""
     times, count = history.times, len(groups)
     for index, (name, rows) in enumerate(groups.items()):
-        colour, dash = f"C{index % 10}", CURVE_STYLES[index % len(CURVE_STYLES)]
+        colour, dash = styles[name]
         width = 3.2 - 1.8 * index / max(count - 1, 1)
         eps = history.epsilon[rows]
         if len(rows) == 1:
@@ -483,7 +526,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
                                          "of final eps")
         elif 0 < len(groups := _by_group(history, panel.client_groups)) \
                 <= MAX_INDIVIDUAL_CLIENTS:
-            _draw_groups(axes, history, groups)
+            _draw_groups(axes, history, groups, group_styles(panel.run_groups))
         elif len(_same_curves(history.client_ids, eps)) <= MAX_INDIVIDUAL_CLIENTS:
             _draw_individual(axes, history.client_ids, eps, times, panel.labels)
         else:
@@ -572,8 +615,8 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
     width = 4.2 * len(relations) + 3.8
     figure = Figure(figsize=(width, 5.6), dpi=DPI)
     FigureCanvasAgg(figure)
-    colours = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:cyan")
-    used = 0  # colours run on across panels: one colour, one client in the shared legend
+    styles = group_styles(client_groups.values())
+    used = 0  # without groups, colours run on across panels: one colour, one client
     shown = 0
     for column, sampling in enumerate(relations):
         axes = figure.add_subplot(1, len(relations), column + 1)
@@ -584,7 +627,9 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
                   label="no privacy loss (1 - alpha)" if column == 0 else None)
         shown += len(chosen)
         for cid, name in chosen:
-            colour = colours[used % len(colours)]
+            # A group's client in the group's colour (as on the epsilon plot); else the next.
+            colour = (styles[client_groups[cid]][0] if cid in client_groups
+                      else GROUP_COLOURS[used % len(GROUP_COLOURS)])
             used += 1
             accountant = members[cid].accountant
             alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
@@ -677,7 +722,8 @@ def draw_run(run: RunDirectory) -> Drawn:
             sampling, epsilon_history(shown, grid, delta, cache), len(members), labels,
             frozenset(groups.get(lg.client_id, "?") for lg in members),
             {lg.client_id: final[lg.client_id] for lg in members},
-            {lg.client_id: groups[lg.client_id] for lg in members if lg.client_id in groups}))
+            {lg.client_id: groups[lg.client_id] for lg in members if lg.client_id in groups},
+            frozenset(groups.values())))
     paths = [
         draw_accuracy(run, run.plot_dir / "accuracy.png"),
         draw_epsilon(run, panels, run.plot_dir / "epsilon.png"),

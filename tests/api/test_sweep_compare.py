@@ -63,7 +63,14 @@ def test_sweep_refuses_before_running(tiny_scenario: Path, tmp_path: Path,
     assert "no group named 'tablet' (groups: phone, laptop)" in capsys.readouterr().err
     assert main(["sweep", str(tiny_scenario), "--grid", "clients.groups[*].batch_size=8,-1",
                  "--out", str(out)]) == 2
-    assert "batch_size" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # The run at fault is named by the --grid value that made it (its path was a --set line).
+    assert "the sweep's run --grid clients.groups[*].batch_size=-1: " in err
+    assert "batch_size" in err
+    assert main(["sweep", str(tiny_scenario), "--grid", "clients.grups[*].batch_size=8",
+                 "--out", str(out)]) == 2
+    assert "clients.grups is not in the scenario - did you mean 'groups'?" in \
+        capsys.readouterr().err
     assert not out.exists()
 
 

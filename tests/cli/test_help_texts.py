@@ -96,14 +96,18 @@ def test_quiet_and_verbose_exclude_each_other(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(("argv", "command", "unknown"), [
     # a stranger's: only the commands that load a data set take --offline
     (["data", "fetch", "mnist", "--offline"], "data fetch", "--offline"),
-    (["run", "scenarios/quickstart.yaml", "--sed", "3"], "run", "--sed 3"),
+    (["run", "scenarios/quickstart.yaml", "--sed", "3"], "run",
+     "--sed 3 (did you mean --seed?)"),
+    (["sweep", "scenarios/quickstart.yaml", "--grids=a=1"], "sweep",
+     "--grids=a=1 (did you mean --grid?)"),
     (["ledger", "check", "x.jsonl", "--bogus"], "ledger check", "--bogus"),
 ])
 def test_an_unknown_argument_is_the_commands_error_with_its_usage(
         argv: list[str], command: str, unknown: str, capsys: pytest.CaptureFixture[str]) -> None:
     """argparse hands an argument a sub-command does not know up to the top-level parser,
     whose usage (``fedsim [-h] [--version] COMMAND ...``) said nothing about the command the
-    stranger typed; every command and sub-command now reports it with its own usage."""
+    stranger typed; every command and sub-command now reports it with its own usage, and a
+    near miss of one of its options with that option."""
     with pytest.raises(SystemExit) as stopped:
         main(argv)
     assert stopped.value.code == 2

@@ -57,6 +57,25 @@ def test_errors_name_the_missing_group_and_the_concrete_item() -> None:
         apply_override(tree(), "clients.groups[3].count=1")
 
 
+@pytest.mark.parametrize(("assignment", "message"), [
+    ("clients.grups[*].noise.sigma=1.5", "clients.grups is not in the scenario - did you mean "
+                                         "'groups'?"),
+    ("client.groups[0].count=3", "client.groups is not in the scenario - did you mean "
+                                 "'clients'?"),
+    ("groups[server].count=3", "groups is not in the scenario - it belongs under 'clients'"),
+    # A key the file leaves out: a list cannot be made by selecting its items.
+    ("model.foo[0]=1", "model.foo is not in the scenario (an absent list is set whole: "
+                       "model.foo=[...])"),
+])
+def test_a_missing_key_before_a_selector_is_named_with_a_suggestion(
+        assignment: str, message: str) -> None:
+    """A stranger's typo in a --grid or --set path (clients.grups[*]) read 'clients.grups is
+    not a list'. The key is now said to be absent, with the key the scenario accepts."""
+    with pytest.raises(ConfigError) as raised:
+        apply_override(tree(), assignment)
+    assert str(raised.value).endswith(f": {message}")
+
+
 def test_a_path_deeper_than_a_scenario_may_nest_is_a_clear_error() -> None:
     # issue 25 finding 9: a 50,000-part path ended in a RecursionError traceback
     from fedsim.config.limits import MAX_YAML_DEPTH

@@ -419,3 +419,79 @@ def test_the_final_models_evaluation_is_a_star_on_the_accuracy_plot(
     draw_all(run.path)
     assert "final model (version 57): 0.9321" in _legend_texts(figures["accuracy.png"])
     assert figures["accuracy.png"].axes[0].get_ylim()[1] >= 0.9321
+
+
+def _line_colours(figure: Any) -> dict[str, Any]:
+    """Label -> colour (as RGBA) of every labelled line of ``figure``'s axes."""
+    from matplotlib.colors import to_rgba
+
+    return {line.get_label(): to_rgba(line.get_color()) for axes in figure.axes
+            for line in axes.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_a_group_is_one_colour_on_every_plot(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's finding: a group was blue on the epsilon plot and green on the trade-off
+    plot (each plot numbered its own lines). Each group now has one colour in a run."""
+    run = copy_run(small_run)
+    names = {str(row["group"]) for row in RunDirectory.load(run.path).clients}
+    assert len(names) >= 2
+    figures = _drawn_figures(monkeypatch)
+    draw_all(run.path)
+    eps = _line_colours(figures["epsilon.png"])
+    trade = _line_colours(figures["tradeoff.png"])
+    seen = set()
+    for name in names:
+        (eps_colour,) = {c for label, c in eps.items() if label.startswith(f"{name}:")}
+        (trade_colour,) = {c for label, c in trade.items()
+                           if label.startswith(f"{name},") or label.startswith(f"{name}:")}
+        assert eps_colour == trade_colour, name
+        seen.add(eps_colour)
+    assert len(seen) == len(names)  # and groups differ from each other
+
+
+def test_long_tick_labels_keep_the_accuracy_label_in_the_figure(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's finding: on an axis fitted to close values (0.6000-0.6004) the tick labels
+    took five digits and pushed the axis label 'accuracy' out of the picture."""
+    run = copy_run(small_run)
+    metrics = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [m for m in metrics if m.get("accuracy") is not None]
+    assert len(evaluated) >= 2
+    for index, record in enumerate(evaluated):
+        record["accuracy"] = 0.6 + 0.0001 * index
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    figures = _drawn_figures(monkeypatch)
+    draw_all(run.path)
+    figure = figures["accuracy.png"]
+    renderer = figure.canvas.get_renderer()
+    ticks = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert max(len(t) for t in ticks) >= 6, ticks  # the case: long tick labels
+    assert figure.axes[0].yaxis.label.get_window_extent(renderer).x0 >= 0
+
+
+def test_the_accuracy_legend_counts_the_evaluations(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The legend says how many evaluations the line holds and their spacing in windows, from
+    the metrics (it said 'every eval_every windows', a setting's name, whatever the run held)."""
+    run = copy_run(small_run)
+    directory = RunDirectory.load(run.path)
+    windows = [m["window"] for m in directory.metrics if m.get("accuracy") is not None]
+    figures = _drawn_figures(monkeypatch)
+    draw_all(run.path)
+    (label,) = [t for t in _legend_texts(figures["accuracy.png"]) if "held-out" in t]
+    gaps = {b - a for a, b in zip(windows, windows[1:], strict=False)}
+    expected = f"{len(windows)} evaluations" + (f", every {gaps.pop()} windows"
+                                                 if len(gaps) == 1 else "")
+    assert f"held-out accuracy, {expected} (left axis)" == label
+    # One evaluation only: no spacing, and no plural.
+    metrics = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    for m in [m for m in metrics if m.get("accuracy") is not None][1:]:
+        m["accuracy"] = None
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    figures.clear()
+    draw_all(run.path)
+    assert "held-out accuracy, 1 evaluation (left axis)" in _legend_texts(figures["accuracy.png"])
