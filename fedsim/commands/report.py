@@ -126,7 +126,10 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         lines.append("privacy: no client ledgers in this run directory")
     mus = [mu for row in run.clients if (mu := finite_number(row.get("mu_clt"))) is not None]
     if mus:
-        lines.append(f"CLT mu (approximation): {_spread(mus)}")
+        # Two mu a client: this one, from the CLT, and the trade-off plot's "GDP fit" (the
+        # smallest mu whose G_mu lies below the accountant's curve): a stranger took them for one.
+        lines.append(f"CLT mu (approximation; not the trade-off plot's GDP-fit mu, which "
+                     f"bounds the accountant's curve): {_spread(mus)}")
         warnings.append(
             "warning: CLT mu values are approximations (Dong, Roth & Su, Gaussian "
             "Differential Privacy, Cor. 5.4; Bu et al. 2020), not guarantees"

@@ -115,7 +115,7 @@ def test_report_prints_the_summary_and_redraws(many_clients_run: SyntheticRun,
     stopped = len(summary["stopped"])
     assert stopped > 0
     assert f"clients: 12; stopped {stopped} ({stopped} budget)" in out
-    assert "CLT mu (approximation)" in out
+    assert "CLT mu (approximation; not the trade-off plot's GDP-fit mu" in out
     assert "warning: CLT mu values are approximations" in out
     assert "clients.csv says" not in out  # the csv agrees with the ledgers
 
