@@ -534,7 +534,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
         mark_interruption(axes, run)
         _draw_budgets(axes, _budgets(run, set(panel.groups) or None), list(_budgets(run)),
                       panel.final)
-        axes.set_xlabel(run.time_label)
+        axes.set_xlabel(run.client_time_label)
         axes.set_ylabel(f"epsilon at delta = {history.delta:g}")
         highest = max([float(eps.max()) if eps.size else 0.0,
                        *_budgets(run, set(panel.groups) or None)])

@@ -124,6 +124,14 @@ class RunDirectory:
         return "virtual time (s)"
 
     @property
+    def client_time_label(self) -> str:
+        """The x-axis label of the clients' seconds (their ledgers' times): a deployed
+        client's clock starts with its process, not with the server's first window."""
+        if self.time_name == "scenario time":
+            return "scenario time (s: wall clock / time scale; each client's own clock)"
+        return self.time_label
+
+    @property
     def interrupted(self) -> str | None:
         """The signal that interrupted the run (``summary.interrupted.signal``); None if it ran
         to its stop condition."""

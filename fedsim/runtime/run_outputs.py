@@ -368,6 +368,12 @@ def _format_cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+DEPLOYED_CLOCKS = (
+    "(A deployed client's times are on its own clock, which starts with its process, before "
+    "the server's first window starts the server's: a client's times can read a little later "
+    "than the run's end.)")
+
+
 def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
     parts = [
         f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
@@ -390,6 +396,8 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
                 else f"at {times[0]:.6g} s"
             )
         parts.append(f"{len(entries)} client(s) stopped {span} because {kind} ({names}).")
+    if record.time_kind == "scenario" and record.stopped:
+        parts.append(DEPLOYED_CLOCKS)
     active = [c.plan.client_id for c in record.clients if not c.finished]
     if active:
         parts.append(f"{len(active)} client(s) could still train when the run ended.")

@@ -129,3 +129,22 @@ def test_budget_and_round_stops_carry_their_kind_into_the_outputs(tmp_path: Path
     assert rows[budget_id]["stop_kind"] == "budget" and rows[rounds_id]["stop_kind"] == "done"
     assert "exceeded their privacy budget" in summary["explanation"]
     assert "finished their configured rounds" in summary["explanation"]
+
+
+@pytest.mark.parametrize("time_kind", ["virtual", "scenario"])
+def test_a_deployed_runs_text_says_whose_clock_a_clients_stop_is_on(
+        tmp_path: Path, time_kind: str) -> None:
+    """A stranger's launch: "10 client(s) stopped between 273.774 s and 825.648 s" after "The
+    run stopped at scenario time 821.919 s". A deployed client's clock starts with its process,
+    before the server's first window; the text now says so (a simulated run's does not)."""
+    from fedsim.runtime.run_outputs import DEPLOYED_CLOCKS, RunRecord, _explain
+
+    record = RunRecord(
+        scenario=parse_scenario(tiny(0.5, 10.0)), out_dir=tmp_path, metrics=[{"time": 821.9}],
+        clients=[], stopped=[{"client_id": "phone-000", "time": 825.6, "reason": "budget",
+                              "kind": ClientStopKind.BUDGET}],
+        stop_reason=None, final_version=1, network={}, wall_seconds=1.0, cpu_seconds=1.0,
+        time_kind=time_kind)
+    text = _explain(record, [], [])
+    assert "at 825.6 s" in text
+    assert (DEPLOYED_CLOCKS in text) == (time_kind == "scenario")
