@@ -103,6 +103,11 @@ MAX_MESSAGE_BYTES = 2**30
 """1 GiB: ``network.max_message_bytes``, the largest message a broker or the simulated network
 carries; a model whose parameters do not fit in it can never be broadcast."""
 
+MAX_RUN_FILE_BYTES = 2**29
+"""512 MiB: the largest ``metrics.jsonl``, ``summary.json``, ``server.json`` or ``clients.csv``
+a report reads (a run of a week with one-second windows writes about 200 MB of metrics; 10^6
+clients' rows, about 300 MB). A larger file handed over is refused, not read into memory."""
+
 MAX_TORCH_THREADS = 1024
 """torch threads for training."""
 

@@ -16,6 +16,7 @@ Malformed or missing files raise :class:`~fedsim.errors.ConfigError` naming the 
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
 from fedsim.reporting.values import finite_number
@@ -33,6 +33,7 @@ from fedsim.runtime.run_outputs import (
     METRICS_FILE,
     SUMMARY_FILE,
     read_json_object,
+    read_run_file,
 )
 
 PLOT_DIR = "plots"
@@ -180,7 +181,7 @@ class RunDirectory:
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(read_regular(path).decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_run_file(path).decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -207,7 +208,7 @@ def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
 def _read_clients(path: Path) -> tuple[dict[str, Any], ...]:
     if not path.is_file():
         return ()
-    with path.open(encoding="utf-8", newline="") as handle:
+    with io.StringIO(read_run_file(path).decode("utf-8"), newline="") as handle:
         reader = csv.DictReader(handle)
         if reader.fieldnames is None or "client_id" not in reader.fieldnames:
             raise ConfigError(f"{path}: expected a CSV header with a client_id column")

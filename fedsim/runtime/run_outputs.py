@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from fedsim.atomic import read_regular, write_atomically
+from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
@@ -206,12 +207,23 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def read_run_file(path: Path) -> bytes:
+    """The bytes of a run directory's file for a report (a directory that may have been handed
+    over): a regular file (:func:`~fedsim.atomic.read_regular`) of at most
+    :data:`~fedsim.config.limits.MAX_RUN_FILE_BYTES`, else a :class:`ConfigError`."""
+    data = read_regular(path, MAX_RUN_FILE_BYTES + 1)
+    if len(data) > MAX_RUN_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_RUN_FILE_BYTES >> 20} MiB, more than a "
+                          "run writes; not read")
+    return data
+
+
 def read_json_object(path: Path) -> dict[str, Any]:
     """A run directory's JSON object file (``summary.json``, ``server.json``) for a reader
     that needs it (a report): damage is a :class:`ConfigError` naming the file, where
     :func:`read_json` gives ``{}``."""
     try:
-        value = json.loads(read_regular(path).decode("utf-8"))
+        value = json.loads(read_run_file(path).decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
     except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits; deep nesting

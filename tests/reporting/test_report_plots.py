@@ -500,3 +500,25 @@ def test_the_accuracy_legend_counts_the_evaluations(
     figures.clear()
     draw_all(run.path)
     assert "held-out accuracy, 1 evaluation (left axis)" in _legend_texts(figures["accuracy.png"])
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "summary.json", "clients.csv"])
+def test_a_file_larger_than_a_run_writes_is_refused_unread(
+        name: str, small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run directory handed over may hold a file of any size; a report read each whole into
+    memory. Past MAX_RUN_FILE_BYTES (lowered here) it is refused; at the limit it is read."""
+    from fedsim.runtime import run_outputs
+
+    target = copy_run(small_run).path
+    limit = 2 * max(path.stat().st_size for path in target.iterdir() if path.is_file())
+    monkeypatch.setattr(run_outputs, "MAX_RUN_FILE_BYTES", limit)
+    original = (target / name).read_bytes()
+    # Padded with what each reader skips (white space, empty lines) to the limit, then past it.
+    (target / name).write_bytes(original + b"\n" * (limit - len(original)))
+    assert cli_main(["report", str(target)]) == 0
+    capsys.readouterr()
+    (target / name).write_bytes(original + b"\n" * (limit + 1 - len(original)))
+    assert cli_main(["report", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"{name}: larger than 0 MiB, more than a run writes; not read" in err
