@@ -40,7 +40,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     plus ``path``, ``scenario``, ``seed``, ``delta`` and ``warnings``; ``ledgers``: the run's,
     if read already)."""
     from fedsim.privacy.accountant import make_accountant
-    from fedsim.reporting.plots import EpsilonCache, final_epsilons
+    from fedsim.reporting.epsilon_history import EpsilonCache, final_epsilons
 
     summary = run.summary
     found = summary.get("privacy")
@@ -152,7 +152,7 @@ def _figure(rows: int) -> tuple[Any, list[Any]]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from fedsim.reporting.plots import DPI
+    from fedsim.reporting.figures import DPI
 
     figure = Figure(figsize=(10.0, 3.6 * rows + 0.6), dpi=DPI)
     FigureCanvasAgg(figure)
@@ -160,13 +160,11 @@ def _figure(rows: int) -> tuple[Any, list[Any]]:
 
 
 def _save(figure: Any, path: Path) -> Path:
-    from fedsim.reporting.plots import save_png
+    from fedsim.reporting.figures import save
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     margin = 0.45 / figure.get_figheight()  # inches of room above and below the panels
-    figure.subplots_adjust(left=0.08, right=1.0 - LEGEND_COLUMN_WIDTH, bottom=2.2 * margin,
-                           top=1.0 - margin, hspace=0.5)
-    return save_png(figure, path)
+    return save(figure, path, left=0.08, right=1.0 - LEGEND_COLUMN_WIDTH, bottom=2.2 * margin,
+                top=1.0 - margin, hspace=0.5)
 
 
 def _style(index: int, count: int) -> dict[str, Any]:
@@ -252,7 +250,7 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
     """Neighbouring relation -> (times, min-client, median-client, max-client) epsilon of
     ``run``, whose ledgers ``read`` are."""
     from fedsim.privacy.events import NEIGHBOURING_RELATION
-    from fedsim.reporting.plots import (
+    from fedsim.reporting.epsilon_history import (
         TIME_GRID_POINTS,
         EpsilonCache,
         epsilon_history,

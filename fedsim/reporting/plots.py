@@ -34,229 +34,46 @@ always gives byte-identical files.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from fedsim.privacy.accountant import Accountant, make_accountant
-from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep, group_steps
-from fedsim.privacy.fdp import default_alphas, eps_delta_tradeoff, fit_gdp_mu, tradeoff_curve
-from fedsim.privacy.gdp import gdp_tradeoff
+from fedsim.reporting.epsilon_history import (
+    EXACT_BAND_EVALUATIONS,
+    MIN_TIME_GRID_POINTS,
+    QUANTILES,
+    TIME_GRID_POINTS,
+    EpsilonCache,
+    EpsilonHistory,
+    accountant_names,
+    epsilon_history,
+    final_epsilons,
+    quantile_clients,
+    representative_clients,
+    time_grid,
+)
+from fedsim.reporting.figures import (
+    BUDGET_STYLES,
+    CURVE_STYLES,
+    FIGSIZE,
+    LEGEND_OUTSIDE,
+    RELATION_TITLES,
+    group_styles,
+    interruption_note,
+    mark_interruption,
+    new_figure,
+    save,
+)
 from fedsim.reporting.ledgers import ClientLedger, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
+from fedsim.reporting.tradeoff_plot import draw_tradeoff
 
-DPI = 100
-FIGSIZE = (7.5, 4.5)
-TRADEOFF_FIGSIZE = (5.6, 5.6)
-# Enough points for a smooth curve, few enough that a 100-client run reports in seconds.
-TIME_GRID_POINTS = 25
-MIN_TIME_GRID_POINTS = 10
 # Clients drawn individually; beyond this the epsilon plot shows a band and representatives.
 MAX_INDIVIDUAL_CLIENTS = 8
-# Above this many (client, time) evaluations the epsilon plot shows quantile clients only.
-EXACT_BAND_EVALUATIONS = 1200
-QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
-TRADEOFF_CLIENTS = 3
-# Dense near alpha = 0, where DP trade-off curves bend; the GDP fit is taken on this grid.
-ALPHA_GRID = default_alphas(801)
-# PNG metadata: matplotlib writes its version as "Software" unless told not to.
-PNG_METADATA: dict[str, Any] = {"Software": None}
-
-
-@dataclass
-class EpsilonCache:
-    """eps(delta) of a history, keyed by its grouped steps and the accountant settings.
-
-    Clients with the same posture that have taken the same number of steps share one
-    computation; the prefixes of a long ledger share most of theirs.
-    """
-
-    delta: float
-    values: dict[tuple[Any, ...], float] = field(default_factory=dict)
-
-    def epsilon(self, accountant: Accountant, steps: Iterable[GaussianStep]) -> float:
-        grouped = group_steps(steps)
-        if not grouped:
-            return 0.0
-        settings = accountant.settings()
-        key = (accountant.name, _hashable(settings), grouped)
-        if key not in self.values:
-            fresh = make_accountant(accountant.name, grouped, **settings)
-            self.values[key] = float(fresh.epsilon(self.delta))
-        return self.values[key]
-
-
-def _hashable(value: Any) -> Any:
-    """``value`` as a cache key's part: mappings as sorted pairs, lists as tuples (an rdp
-    accountant's settings hold its list of orders: as a list the key raised TypeError)."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_hashable(item) for item in value)
-    return value
-
-
-@dataclass(frozen=True)
-class EpsilonHistory:
-    """Some clients' epsilon at ``delta`` at each of ``times`` (rows follow ``client_ids``)."""
-
-    times: np.ndarray
-    client_ids: tuple[str, ...]
-    epsilon: np.ndarray  # shape (clients, times)
-    accountant: str
-    delta: float
-
-    def final(self) -> dict[str, float]:
-        return {cid: float(row[-1]) for cid, row in zip(self.client_ids, self.epsilon, strict=True)}
-
-
-def time_grid(end: float, points: int = TIME_GRID_POINTS) -> np.ndarray:
-    """``points`` evenly spaced virtual times from 0 to ``end`` (just 0 for an empty run)."""
-    if not end > 0:
-        return np.zeros(1)
-    return np.linspace(0.0, float(end), points)
-
-
-def accountant_names(ledgers: Iterable[ClientLedger]) -> str:
-    return ", ".join(sorted({ledger.accountant.name for ledger in ledgers})) or "none"
-
-
-def final_epsilons(ledgers: Sequence[ClientLedger], cache: EpsilonCache, *,
-                   under: Accountant | None = None) -> dict[str, float]:
-    """Each client's epsilon at ``cache.delta`` over its whole ledger, under its ledger's own
-    accountant or ``under``'s name and settings (e.g. ``pld``, as summary.json reports)."""
-    return {lg.client_id: cache.epsilon(under or lg.accountant, (s for _, s in lg.steps))
-            for lg in ledgers}
-
-
-def epsilon_history(ledgers: Sequence[ClientLedger], times: np.ndarray, delta: float,
-                    cache: EpsilonCache | None = None) -> EpsilonHistory:
-    """eps at ``delta`` spent by each client up to (and including) each of ``times``.
-
-    The same numbers as each ledger's own ``epsilon_history``, computed through a cache
-    shared by all clients (see :class:`EpsilonCache`).
-    """
-    cache = cache if cache is not None else EpsilonCache(delta)
-    values = np.zeros((len(ledgers), len(times)))
-    for row, ledger in enumerate(ledgers):
-        record_times = np.array([t for t, _ in ledger.steps], dtype=float)
-        for column, moment in enumerate(times):
-            taken = int(np.searchsorted(record_times, moment, side="right"))
-            values[row, column] = cache.epsilon(ledger.accountant,
-                                                (s for _, s in ledger.steps[:taken]))
-    return EpsilonHistory(np.asarray(times, dtype=float), tuple(lg.client_id for lg in ledgers),
-                          values, accountant_names(ledgers), delta)
-
-
-def quantile_clients(final: dict[str, float], quantiles: Sequence[float]) -> list[str]:
-    """Client ids at the given quantiles of final epsilon (ties by id), distinct, in order."""
-    ordered = sorted(final, key=lambda cid: (final[cid], cid))
-    if not ordered:
-        return []
-    picks = [ordered[round(q * (len(ordered) - 1))] for q in quantiles]
-    return list(dict.fromkeys(picks))
-
-
-def representative_clients(final: dict[str, float], count: int = 3) -> list[str]:
-    """Client ids with the smallest, median and largest final epsilon (ties by id), distinct."""
-    if len(final) <= count:
-        return sorted(final, key=lambda cid: (final[cid], cid))
-    return quantile_clients(final, [i / (count - 1) for i in range(count)])
-
-
-# -- the figures -----------------------------------------------------------------------------------
-# Each neighbouring relation gets its own panel: eps under add/remove and under replace-one
-# neighbours measure different things and are never put on one axis.
-RELATION_TITLES = {
-    "poisson": "Poisson sampling: add/remove neighbours (noise C sigma)",
-    "fixed": "fixed-size batches: replace-one neighbours (noise 2 C sigma)",
-}
-# Distinct styles per budget line (colour and dash pattern).
-BUDGET_STYLES: tuple[tuple[str, Any], ...] = (
-    ("tab:red", ":"), ("black", "--"), ("tab:brown", "-."), ("tab:pink", (0, (1, 4))),
-    ("tab:olive", (0, (6, 2, 1, 2, 1, 2))),
-)
-# Curves drawn one by one: thick first, thinner and differently dashed on top, so a curve that
-# lies on another still shows at its edges.
-CURVE_STYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))
-LEGEND_OUTSIDE: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0),
-                                  "borderaxespad": 0.0, "fontsize": 8}
-# A group's colour, the same on every plot of a run; none is a budget line's colour (red,
-# black, brown, pink, olive). (Orange is also the accuracy plot's step size: no group is there.)
-GROUP_COLOURS: tuple[str, ...] = ("tab:blue", "tab:orange", "tab:green", "tab:purple",
-                                  "tab:cyan", "tab:gray", "navy", "darkgoldenrod")
-
-
-def group_styles(groups: Iterable[str]) -> dict[str, tuple[str, Any]]:
-    """Each of a run's groups (sorted by name) -> its (colour, dash), the same in every panel
-    and every plot of the run, so that a group is one colour wherever it is drawn."""
-    return {name: (GROUP_COLOURS[index % len(GROUP_COLOURS)],
-                   CURVE_STYLES[index % len(CURVE_STYLES)])
-            for index, name in enumerate(sorted(set(groups)))}
-
-
-def _new_figure(figsize: tuple[float, float] = FIGSIZE, rows: int = 1) -> tuple[Figure, list[Any]]:
-    figure = Figure(figsize=figsize, dpi=DPI)
-    FigureCanvasAgg(figure)
-    return figure, [figure.add_subplot(rows, 1, row + 1) for row in range(rows)]
-
-
-def _save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
-          bottom: float = 0.1, top: float = 0.93, hspace: float = 0.35) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Fixed margins (room for legends beside the axes): as good as tight_layout for these
-    # figures, at a fraction of its cost, but for long tick labels (0.6025 on an axis fitted
-    # to close values), which would push the axis label out of the figure: widened to fit.
-    figure.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=hspace)
-    spill = _left_spill(figure)
-    if spill > 0:
-        figure.subplots_adjust(left=min(left + spill + LABEL_PAD, right - 0.2))
-    return save_png(figure, path)
-
-
-LABEL_PAD = 0.01
-"""Figure width left of the leftmost label once a margin has been widened to fit it."""
-
-
-def _left_spill(figure: Figure) -> float:
-    """How far (a fraction of the figure's width) the axes' labels reach left of the figure."""
-    figure.draw_without_rendering()
-    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
-    boxes = [axes.get_tightbbox(renderer) for axes in figure.axes]
-    left = min((box.x0 for box in boxes if box is not None), default=0.0)
-    return max(0.0, -left / figure.bbox.width)
-
-
-def save_png(figure: Figure, path: Path) -> Path:
-    """Write ``figure`` as ``path`` (a PNG) by replacing it: a file left at that name by
-    someone else - a symbolic link in a run directory handed over, pointing anywhere - is
-    replaced, never written through (a review: ``plots/accuracy.png`` linked to another file
-    had that file overwritten by ``fedsim report``)."""
-    from fedsim.atomic import write_atomically
-
-    write_atomically(path, lambda handle: figure.savefig(handle, dpi=DPI, format="png",
-                                                          metadata=PNG_METADATA),
-                     durability="file")
-    return path
-
-
-def interruption_note(run: RunDirectory) -> str:
-    """" (interrupted by SIGINT: partial run)" for an interrupted run, else ""."""
-    return f" (interrupted by {run.interrupted}: partial run)" if run.interrupted else ""
-
-
-def mark_interruption(axes: Any, run: RunDirectory, colour: str = "tab:red",
-                      label: str | None = None) -> None:
-    """A vertical line where an interrupted run stopped (nothing for a finished run)."""
-    if run.interrupted:
-        axes.axvline(run.virtual_time, color=colour, linestyle=(0, (4, 2)), linewidth=1.2,
-                     label=label or f"interrupted by {run.interrupted}")
 
 
 def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:
@@ -293,7 +110,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     """Held-out accuracy against virtual time (the axis fitted to the values), the final
     model's evaluation at the run's end as a star, the server step size on a secondary axis,
     an interruption marked; the legend below the axes."""
-    figure, (axes,) = _new_figure((FIGSIZE[0], FIGSIZE[1] + 0.5))
+    figure, (axes,) = new_figure((FIGSIZE[0], FIGSIZE[1] + 0.5))
     evaluated = [m for m in run.metrics if isinstance(m.get("accuracy"), int | float)]
     values = [float(m["accuracy"]) for m in evaluated]
     if evaluated:
@@ -341,7 +158,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
                     bbox_to_anchor=(0.5, -0.13), frameon=False)
     axes.set_title(f"{run.scenario_name}: accuracy over {run.time_name}{interruption_note(run)}",
                    fontsize=11)
-    return _save(figure, path, bottom=0.24)
+    return save(figure, path, bottom=0.24)
 
 
 def _budgets(run: RunDirectory, groups: set[str] | None = None) -> dict[float, list[str]]:
@@ -500,7 +317,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
     legends stand beside the axes.
     """
     rows = max(len(panels), 1)
-    figure, axes_list = _new_figure((FIGSIZE[0] + 3.0, 3.6 * rows + 0.6), rows)
+    figure, axes_list = new_figure((FIGSIZE[0] + 3.0, 3.6 * rows + 0.6), rows)
     accountant = ", ".join(sorted({p.history.accountant for p in panels})) or "no ledgers"
     delta = panels[0].history.delta if panels else run.delta
     if not panels:
@@ -548,128 +365,13 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
     figure.suptitle(f"{run.scenario_name}: privacy spent per client ({accountant}, delta = "
                     f"{delta:g}){note}{interruption_note(run)}", fontsize=11)
     height = 3.6 * rows + 0.6
-    return _save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
+    return save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
                  top=1 - 0.8 / height)
 
 
 def plt_colormap(share: float) -> Any:
     """A colour from blue (least spent) to red (most spent)."""
     return matplotlib.colormaps["coolwarm"](share)
-
-
-# Trade-off curves of clients whose eps differ by less than this look the same: one is shown.
-DISTINCT_EPSILON = 0.03
-
-
-def distinct_spenders(final: dict[str, float], count: int = TRADEOFF_CLIENTS) -> list[str]:
-    """Up to ``count`` clients (least, median, most spent first) whose final eps differ from
-    each other by at least :data:`DISTINCT_EPSILON` (relative), so no curve hides another."""
-    spent = {cid: eps for cid, eps in sorted(final.items()) if eps > 0}
-    ordered = sorted(spent, key=lambda cid: (spent[cid], cid))
-    if not ordered:
-        return []
-    candidates = representative_clients(spent, count) + ordered
-    chosen: list[str] = []
-    for cid in candidates:
-        if all(abs(spent[cid] - spent[c]) > DISTINCT_EPSILON * spent[c] for c in chosen):
-            chosen.append(cid)
-        if len(chosen) == count:
-            break
-    return sorted(chosen, key=lambda cid: (spent[cid], cid))
-
-
-def tradeoff_clients(final: dict[str, float], client_groups: dict[str, str],
-                     count: int = TRADEOFF_CLIENTS) -> list[tuple[str, str]]:
-    """The clients whose trade-off curves a panel shows, each with its legend name: one per
-    group, the client with the group's median final eps (``"phone, median of 4: phone-002"``);
-    with more than ``count`` groups (or groups unknown: no clients.csv), the least, median and
-    most spent of those (:func:`distinct_spenders`), so no curve hides another."""
-    spent = {cid: eps for cid, eps in final.items() if eps > 0}
-    members: dict[str, dict[str, float]] = {}
-    for cid, eps in sorted(spent.items()):
-        if cid not in client_groups:
-            return [(cid, cid) for cid in distinct_spenders(spent, count)]
-        members.setdefault(client_groups[cid], {})[cid] = eps
-    names = {}
-    for group, own in sorted(members.items()):
-        (middle,) = quantile_clients(own, [0.5])
-        names[middle] = (f"{group}, median of {len(own)}: {middle}" if len(own) > 1
-                         else f"{group}: {middle}")
-    chosen = distinct_spenders({cid: spent[cid] for cid in names}, count) \
-        if len(names) > count else sorted(names, key=lambda cid: (spent[cid], cid))
-    return [(cid, names[cid]) for cid in chosen]
-
-
-def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dict[str, float],
-                  path: Path) -> Path:
-    """Trade-off curves per neighbouring relation (one panel each) of one client per group
-    (:func:`tradeoff_clients`: the group's median spender; the title says so) against the GDP
-    curve fitted to each (the smallest mu with G_mu below the curve on the grid, so the client
-    is also mu-GDP there) and the curve of its single (eps, delta) pair."""
-    client_groups = {str(row.get("client_id")): str(row.get("group") or "?")
-                     for row in run.clients}
-    by_relation: dict[str, list[ClientLedger]] = {}
-    for ledger in ledgers:
-        by_relation.setdefault(ledger.sampling, []).append(ledger)
-    relations = sorted(by_relation, key=lambda name: (name != "poisson", name)) or ["poisson"]
-    width = 4.2 * len(relations) + 3.8
-    figure = Figure(figsize=(width, 5.6), dpi=DPI)
-    FigureCanvasAgg(figure)
-    styles = group_styles(client_groups.values())
-    used = 0  # without groups, colours run on across panels: one colour, one client
-    shown = 0
-    for column, sampling in enumerate(relations):
-        axes = figure.add_subplot(1, len(relations), column + 1)
-        members = {lg.client_id: lg for lg in by_relation.get(sampling, [])}
-        chosen = tradeoff_clients({cid: final[cid] for cid in members if cid in final},
-                                  client_groups)
-        axes.plot([0, 1], [1, 0], color="0.6", linewidth=0.8,
-                  label="no privacy loss (1 - alpha)" if column == 0 else None)
-        shown += len(chosen)
-        for cid, name in chosen:
-            # A group's client in the group's colour (as on the epsilon plot); else the next.
-            colour = (styles[client_groups[cid]][0] if cid in client_groups
-                      else GROUP_COLOURS[used % len(GROUP_COLOURS)])
-            used += 1
-            accountant = members[cid].accountant
-            alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
-            betas = np.clip(betas, 0.0, 1.0)
-            mu = fit_gdp_mu(alphas, betas)
-            epsilon = final[cid]
-            # Wide and light, so the fitted curve drawn over it stays visible where they agree.
-            relation = {str(k): v for k, v in NEIGHBOURING_RELATION.items()}.get(sampling, "?")
-            axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45,
-                      label=f"{name} ({accountant.name}, {relation})")
-            axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--",
-                      linewidth=1, label=f"  {cid} GDP fit, mu = {mu:.3f}")
-            axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
-                      linestyle=":", linewidth=1.2,
-                      label=f"  {cid} ({epsilon:.3f}, {run.delta:g})-DP")
-        if not chosen:
-            axes.text(0.5, 0.5, "no client ledgers in this directory\n(a deployed server's view)"
-                      if run.server_view and not run.ledger_paths
-                      else "no client has spent privacy yet", ha="center", va="center",
-                      transform=axes.transAxes)
-        axes.set_xlim(0.0, 1.0)
-        axes.set_ylim(0.0, 1.0)
-        axes.set_aspect("equal")
-        axes.set_xlabel("type I error alpha")
-        if column == 0:
-            axes.set_ylabel("type II error beta")
-        axes.set_title(RELATION_TITLES.get(sampling, sampling).replace(": ", ":\n"), fontsize=9)
-    handles: list[Any] = []
-    labels: list[str] = []
-    for axes in figure.axes:
-        h, lab = axes.get_legend_handles_labels()
-        handles, labels = handles + h, labels + lab
-    right = 1 - 3.6 / width
-    figure.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.01, 0.5),
-                  fontsize=7, frameon=False)
-    figure.suptitle(f"{run.scenario_name}: trade-off curves of {shown} of {len(ledgers)} "
-                    "clients: per group, the client with the group's median final eps"
-                    f"{interruption_note(run)}", fontsize=10)
-    return _save(figure, path, left=0.6 / width, right=right, bottom=0.1, top=0.86,
-                 hspace=0.2)
 
 
 @dataclass(frozen=True)

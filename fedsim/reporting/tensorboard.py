@@ -110,8 +110,8 @@ class LiveExport:
         self.writer.close()
 
     def _epsilon(self, run: RunDirectory) -> None:
+        from fedsim.reporting.epsilon_history import TIME_GRID_POINTS, epsilon_history, time_grid
         from fedsim.reporting.ledgers import read_ledgers
-        from fedsim.reporting.plots import TIME_GRID_POINTS, epsilon_history, time_grid
 
         ledgers = read_ledgers(run)
         if not ledgers:

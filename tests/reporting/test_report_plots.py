@@ -16,15 +16,12 @@ import pytest
 
 from fedsim.cli import main as cli_main
 from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.fdp import eps_delta_tradeoff
+from fedsim.reporting import figures as figure_files
 from fedsim.reporting import plots
+from fedsim.reporting.epsilon_history import epsilon_history, representative_clients, time_grid
 from fedsim.reporting.ledgers import read_ledgers
-from fedsim.reporting.plots import (
-    draw_all,
-    eps_delta_tradeoff,
-    epsilon_history,
-    representative_clients,
-    time_grid,
-)
+from fedsim.reporting.plots import draw_all
 from fedsim.reporting.rundir import RunDirectory
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -338,28 +335,28 @@ def test_the_time_axis_says_what_the_seconds_are(
         summary["time_kind"] = time_kind
     summary_path.write_text(json.dumps(summary))
     labels: list[str] = []
-    original = plots._save
+    original = figure_files.save_png
 
-    def recording_save(figure: Any, path: Path, **kwargs: Any) -> Any:
+    def recording_save(figure: Any, path: Path) -> Any:
         labels.extend(axes.get_xlabel() for axes in figure.axes if axes.get_xlabel())
-        return original(figure, path, **kwargs)
+        return original(figure, path)
 
-    monkeypatch.setattr(plots, "_save", recording_save)
+    monkeypatch.setattr(figure_files, "save_png", recording_save)
     draw_all(run.path)
     time_labels = [text for text in labels if "time" in text]
     assert time_labels and set(time_labels) == {label, client_label}
 
 
-def _drawn_figures(monkeypatch: pytest.MonkeyPatch, module: Any = plots) -> dict[str, Any]:
-    """File name -> the figure saved to it (by spying on the module's ``_save``)."""
+def _drawn_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """File name -> the figure saved to it (by spying on the one writer of a plot's file)."""
     figures: dict[str, Any] = {}
-    original = module._save
+    original = figure_files.save_png
 
-    def recording_save(figure: Any, path: Path, **kwargs: Any) -> Any:
+    def recording_save(figure: Any, path: Path) -> Any:
         figures[path.name] = figure
-        return original(figure, path, **kwargs)
+        return original(figure, path)
 
-    monkeypatch.setattr(module, "_save", recording_save)
+    monkeypatch.setattr(figure_files, "save_png", recording_save)
     return figures
 
 
