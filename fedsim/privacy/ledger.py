@@ -96,17 +96,11 @@ from fedsim.privacy.accountant import (
     make_accountant_class,
     smallest_epsilon,
 )
+from fedsim.privacy.affordability import Affordability
 from fedsim.privacy.budget import (
-    SHARED_SLACK,
-    Allowance,
     Budget,
-    envelope,
-    fits_after,
-    largest_fitting_prefix,
-    shared_unit,
     within,
 )
-from fedsim.privacy.calibration import bisect_fitting, doubling_bracket
 from fedsim.privacy.events import (
     SAMPLING_SCHEMES,
     GaussianStep,
@@ -184,12 +178,9 @@ class PrivacyLedger:
                               f"rdp") from None
         self._uncomposed: list[GaussianStep] = []  # spent, not yet in _composed (see spend)
         self._created: int | None = None  # a new ledger's entry, not yet durable (see open)
-        self._allowance: Allowance | None = None
-        self._previous_envelope: GaussianStep | None = None
-        self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
-        self._plan: list[tuple[GaussianStep, ...]] | None = None
-        self._plan_cursor = 0  # planned rounds spent since plan()
-        self._plan_fit = 0  # planned rounds that fit in the budget, counted from plan()
+        # Whether a round fits, mostly without an evaluation (the module docstring's "Speed").
+        self._affordability = (None if budget is None else
+                               Affordability(budget, lambda: self._accountant))
         # Held for the ledger's lifetime (with the lock); a read-only ledger never writes.
         # Under a directory lock neither is kept open (ledger_file's module docstring).
         self._directory = directory
@@ -466,21 +457,9 @@ class PrivacyLedger:
         evaluation (see the module docstring); a later :meth:`plan` replaces this one.
         """
         rounds = [group_steps(self._validated(r)) for r in future_rounds]
-        self._plan, self._plan_cursor = rounds, 0
-        budget = self._budget
-        if budget is None:
-            self._plan_fit = len(rounds)
-            return self._plan_fit
-
-        self._plan_fit = largest_fitting_prefix(self._accountant, rounds, budget)
-        return self._plan_fit
-
-    def _planned_answer(self, kinds: tuple[GaussianStep, ...]) -> bool | None:
-        """Whether the next planned round fits, if ``kinds`` is that round; else None."""
-        plan = self._plan
-        if plan is None or self._plan_cursor >= len(plan) or plan[self._plan_cursor] != kinds:
-            return None
-        return self._plan_cursor < self._plan_fit
+        if self._affordability is None:
+            return len(rounds)
+        return self._affordability.plan(rounds)
 
     # -- spending ----------------------------------------------------------------------------------
     def can_spend(self, steps: Sequence[GaussianStep] | GaussianStep) -> bool:
@@ -492,124 +471,9 @@ class PrivacyLedger:
 
     def _can_spend(self, steps: tuple[GaussianStep, ...], kinds: tuple[GaussianStep, ...]) -> bool:
         """:meth:`can_spend` of validated, non-empty ``steps`` (``kinds``: grouped)."""
-        if self._budget is None:
+        if self._affordability is None:
             return True
-        planned = self._planned_answer(kinds)
-        if planned is not None:
-            return planned
-        memo = (kinds, len(self._records))
-        if self._last_check is not None and self._last_check[0] == memo:
-            return self._last_check[1]  # asked again before anything changed (spend asks)
-        answer = self._check(kinds, steps)
-        self._last_check = (memo, answer)
-        return answer
-
-    def _check(self, kinds: tuple[GaussianStep, ...], steps: tuple[GaussianStep, ...]) -> bool:
-        budget = self._budget
-        assert budget is not None
-        count = sum(kind.count for kind in kinds)
-        held = self._allowance
-        if held is None or not held.covers(kinds):
-            previous = held.kind if held is not None else self._previous_envelope
-            held = self._new_allowance(envelope(kinds, previous), held, count, budget)
-            covered = held.covers(kinds)
-        else:
-            covered = True
-            if held.capped and count > held.fits:  # far from the budget: look further
-                held = self._new_allowance(held.kind, held, count, budget)  # the same kind
-        # (a fresh allowance of a round of several kinds is their envelope, which may
-        # dominate the smaller ones by less than the margin: then it does not answer)
-        answer = self._answer(held, kinds, count, budget) if covered else None
-        if answer is None:  # a widened envelope ran out, or a round of several kinds
-            exact = envelope(kinds, None)
-            if exact.key != held.kind.key:
-                held = self._new_allowance(exact, held, count, budget)
-                if held.covers(kinds):
-                    answer = self._answer(held, kinds, count, budget)
-        return within(self._accountant.preview(steps), budget) if answer is None else answer
-
-    def _answer(self, held: Allowance, kinds: tuple[GaussianStep, ...], count: int,
-                budget: Budget) -> bool | None:
-        """True if ``held`` (which covers ``kinds``: :meth:`Allowance.covers`) shows that
-        ``count`` steps of ``kinds`` fit, False if it shows they do not (``kinds`` are
-        ``held``'s own kind), None if it cannot tell."""
-        if count <= held.fits:
-            return True
-        if held.above is not None and count < held.above and self._refine(held, budget) >= count:
-            return True
-        if not held.capped and len(kinds) == 1 and kinds[0].key == held.kind.key:
-            return False  # more than the largest count of this kind that fits
-        return None
-
-    def _new_allowance(self, unit: GaussianStep, previous: Allowance | None, count: int,
-                       budget: Budget) -> Allowance:
-        """The allowance of ``unit`` from the current state, kept as the ledger's: a lower
-        bound on how many of its steps fit, found by doubling from the previous allowance's
-        grant (a posture change rarely moves it far). The search looks no further than twice
-        the steps recorded (and twice ``count``): a client far from its budget is granted
-        that many, and once it has spent them, twice as many again (O(log T) evaluations over
-        a history of T steps, each of a history no longer than about 3T steps).
-
-        Without a previous grant (a ledger's first allowance) the limit is tried first: a
-        client far from its budget, the common case, is granted it in one evaluation instead
-        of two (the doubling's ``start``, then the limit). The bracket is the doubling's
-        either way (eps grows with every step composed: if the limit fits, every count below
-        it does, and the doubling ends at the limit too); when the limit does not fit, the
-        doubling runs as before, its answer for the limit taken from the probe. From an
-        empty history the limit of :func:`~fedsim.privacy.budget.shared_unit` (``unit`` with its rate rounded up to
-        a grid) is asked before ``unit``'s own: it dominates ``unit``, so if it fits, so does
-        ``unit``'s, and its answer is shared by every ledger whose rate rounds to the same
-        point (a population's clients differ in q = m / N: 125 postures of 1,000 clients ask
-        32 questions)."""
-        limit = max(64, 2 * (self._accountant.total_steps + 64), 2 * count)
-        start = min(limit, 64 if previous is None else max(1, previous.granted))
-        fits = self._fits_of(unit, budget)
-        if previous is None and start < limit and (self._shared_limit_fits(unit, limit, budget)
-                                                   or fits(limit)):
-            low, high = limit, limit + 1
-        else:
-            low, high = doubling_bracket(fits, start=start, limit=limit)
-        capped = high == limit + 1
-        held = Allowance(unit, low, None if capped or high - low <= 1 else high, capped, low)
-        self._allowance = held
-        return held
-
-    def _shared_limit_fits(self, unit: GaussianStep, limit: int, budget: Budget) -> bool:
-        """Whether ``limit`` steps of :func:`~fedsim.privacy.budget.shared_unit` of ``unit`` fit an empty history
-        within all but :data:`~fedsim.privacy.budget.SHARED_SLACK` of the budget (False when the history is not
-        empty, or the shared unit is ``unit`` itself: then the caller's own question is the
-        same one)."""
-        accountant = self._accountant
-        if accountant.total_steps or accountant.selections:
-            return False
-        shared = shared_unit(unit)
-        if shared.q == unit.q:
-            return False
-        # Room to spare as well: the shared answer grants only with the budget's last
-        # millionth unused (the same key for every ledger of the budget: still shared).
-        spare = Budget(budget.epsilon * (1.0 - SHARED_SLACK), budget.delta)
-        return fits_after(accountant, shared.times(limit), spare)
-
-    def _refine(self, allowance: Allowance, budget: Budget) -> int:
-        """Bisect ``allowance``'s bracket to the exact count; return it."""
-        assert allowance.above is not None
-        allowance.fits = bisect_fitting(self._fits_of(allowance.kind, budget), allowance.fits,
-                                        allowance.above)
-        allowance.above = None
-        return allowance.fits
-
-    def _fits_of(self, unit: GaussianStep, budget: Budget) -> Callable[[int], bool]:
-        """Whether ``count`` steps of ``unit`` fit after the current state; each count is
-        evaluated at most once per search (a long history is not in :func:`~fedsim.privacy.budget.fits_after`'s
-        memory)."""
-        answers: dict[int, bool] = {}
-
-        def fits(count: int) -> bool:
-            answer = answers.get(count)
-            if answer is None:
-                answer = answers[count] = fits_after(self._accountant, unit.times(count), budget)
-            return answer
-        return fits
+        return self._affordability.fits(steps, kinds, len(self._records))
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
               round: int) -> None:  # noqa: A002 - the ledger's field is called round
@@ -636,15 +500,9 @@ class PrivacyLedger:
             self._accountant  # noqa: B018 - composes them
 
     def _count_spent(self, kinds: tuple[GaussianStep, ...]) -> None:
-        """A spend's side in the plan and the allowance (inside the spend's commit: an
-        interrupt between would leave them answering for a budget already spent)."""
-        if self._planned_answer(kinds) is None:
-            self._plan = None  # off the plan: its counts no longer describe the state
-        else:
-            self._plan_cursor += 1
-        allowance = self._allowance
-        if allowance is not None and not allowance.spend(kinds):
-            self._allowance, self._previous_envelope = None, allowance.kind
+        """A spend's side in the affordability's counts (inside the spend's commit)."""
+        if self._affordability is not None:
+            self._affordability.spent(kinds)
 
     def spend_selection(self, selection: TunedSelection, *, time: float,
                         round: int) -> None:  # noqa: A002 - the ledger's field is called round
@@ -672,11 +530,9 @@ class PrivacyLedger:
                 f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
                 f"(spent {self.epsilon():.4g})")
         # ``trial`` holds every step (``held`` composed the waiting ones) and the selection
-        def forget_counts() -> None:  # the allowance and plan counted from the old state
-            self._allowance = self._previous_envelope = self._plan = self._last_check = None
-
+        affordability = self._affordability
         self._append([LedgerRecord(float(time), round, selection)], accountant=trial,
-                     counted=forget_counts)
+                     counted=affordability.forget if affordability is not None else None)
 
     # -- internals -----------------------------------------------------------------------------------
     def _check_record(self, time: float, round: int) -> None:  # noqa: A002
@@ -699,7 +555,7 @@ class PrivacyLedger:
             raise ConfigError(f"round must be an integer, got {round!r}")
 
     def _append(self, records: list[LedgerRecord], *, accountant: Accountant | None = None,
-                counted: Callable[[], None]) -> None:
+                counted: Callable[[], None] | None = None) -> None:
         """Write ``records`` durably (then the mark), then hold them in memory: their steps
         waiting to be composed, or ``accountant`` (already holding them) as the ledger's, and
         ``counted()`` updates the budget's counters - all with no Ctrl-C between."""
@@ -722,7 +578,8 @@ class PrivacyLedger:
                                         if isinstance(r.step, GaussianStep))
             else:
                 self._composed = accountant
-            counted()
+            if counted is not None:
+                counted()
 
     def _delta(self, delta: float | None) -> float:
         if delta is None:
