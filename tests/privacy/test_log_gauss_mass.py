@@ -8,7 +8,7 @@ import math
 import mpmath
 import numpy as np
 
-from fedsim.privacy.pld import log_gauss_mass
+from fedsim.privacy.pld_step import log_gauss_mass
 
 
 def _truth(a: float, b: float) -> float:
@@ -47,7 +47,7 @@ def test_infinite_ends_and_empty_intervals() -> None:
 def test_segments_reuse_the_unshifted_mass_to_the_bit() -> None:
     """The segments hand their ``log_gauss_mass(a, b)`` to the mixture's mass instead of it
     being computed twice: the mixture's values are those it computes on its own."""
-    from fedsim.privacy.pld import _boundaries, _log_mixture_mass
+    from fedsim.privacy.pld_step import _boundaries, _log_mixture_mass
 
     for q, sigma in ((0.03, 1.5), (0.5, 0.8), (0.999, 4.0)):
         mu = 1.0 / sigma

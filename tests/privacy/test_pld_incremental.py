@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.privacy.events import GaussianStep
-from fedsim.privacy.pld import LossPmf, PLDAccountant
+from fedsim.privacy.pld import PLDAccountant
+from fedsim.privacy.pld_step import LossPmf
 from fedsim.privacy.rdp import RDPAccountant
 
 DELTA = 1e-5

@@ -24,7 +24,8 @@ import pytest
 from fedsim.errors import BudgetExhausted
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.pld import PLDAccountant, step_pmfs
+from fedsim.privacy.pld import PLDAccountant
+from fedsim.privacy.pld_step import step_pmfs
 from tests.privacy import make_pld_reference as make_ref
 from tests.privacy import pld_reference as ref
 

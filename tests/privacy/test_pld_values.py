@@ -10,7 +10,8 @@ from dp_accounting.pld import pld_pmf, privacy_loss_mechanism
 from dp_accounting.pld import privacy_loss_distribution as dp_pld
 
 from fedsim.privacy.events import GaussianStep
-from fedsim.privacy.pld import PLDAccountant, hockey_stick_add, hockey_stick_remove
+from fedsim.privacy.pld import PLDAccountant
+from fedsim.privacy.pld_step import hockey_stick_add, hockey_stick_remove
 
 N, M, DELTA = 60_000, 256, 1e-5
 # Dong-Roth-Su Fig. 7 runs: (epochs, sigma); T = epochs * n / m rounded up.
