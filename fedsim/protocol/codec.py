@@ -6,7 +6,7 @@ Layout of one encoded message (all integers little-endian)::
     0       4     magic  b"FSIM"
     4       2     protocol version (uint16), :data:`~fedsim.protocol.messages.PROTOCOL_VERSION`
     6       4     header length H (uint32)
-    10      H     header: UTF-8 JSON, one of the pydantic models below (``kind`` discriminates)
+    10      H     header: UTF-8 JSON, a model of :mod:`~fedsim.protocol.headers` (``kind``)
     10+H    4*n   tensor: n raw float32 values (``<f4``), only for updates and global models
 
 A compressed update (:mod:`fedsim.protocol.compression`) carries ``compression`` in its header
@@ -26,14 +26,15 @@ parameter count when given, and that every value is finite. Any failure is a
 :class:`~fedsim.errors.CodecError` whose message says what was wrong (and whose ``kind`` names
 the defect for rejection counts); no other exception escapes.
 
-Bounds: counters (``round``, ``base_version``, ``version``) are integers in ``[0, 2**53)``, so
-they are exact in every JSON reader and no peer can make another hold a bignum (``round =
-10**30`` is refused here, before any table sees it); strings and the status ``extra`` map are
-length-bounded; a global model's server ``step_size`` is finite, positive and at most
-:data:`MAX_STEP_SIZE`; the header is at most 64 KiB. Every header carries the sender's run
-*incarnation* (``incarnation``, 32 hex digits at most, ``""`` for a client that has not yet
-learnt it; :mod:`fedsim.transports.incarnation`) and a global model also the incarnations it
-continues (``lineage``): :func:`encode` takes it, :func:`decode_frame` returns it.
+Bounds (:mod:`fedsim.protocol.headers`): counters (``round``, ``base_version``, ``version``)
+are integers in ``[0, 2**53)``, so they are exact in every JSON reader and no peer can make
+another hold a bignum (``round = 10**30`` is refused here, before any table sees it); strings
+and the status ``extra`` map are length-bounded; a global model's server ``step_size`` is
+finite, positive and at most :data:`MAX_STEP_SIZE`; the header is at most 64 KiB. Every header
+carries the sender's run *incarnation* (``incarnation``, 32 hex digits at most, ``""`` for a
+client that has not yet learnt it; :mod:`fedsim.transports.incarnation`) and a global model
+also the incarnations it continues (``lineage``): :func:`encode` takes it, :func:`decode_frame`
+returns it.
 """
 
 from __future__ import annotations
@@ -42,21 +43,32 @@ import functools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+from typing import Final
 
 import numpy as np
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    TypeAdapter,
     ValidationError,
 )
 
-from fedsim.config import limits
 from fedsim.errors import CodecError
 from fedsim.protocol import compression
+from fedsim.protocol.headers import (
+    CLIENT_ID_PATTERN,
+    HEADERS,
+    MAX_COUNTER,
+    MAX_LINEAGE,
+    AnyHeader,
+    CloseHeader,
+    FinishedHeader,
+    GlobalHeader,
+    PartialHeader,
+    QuantisedSpec,
+    SparseSpec,
+    StatusHeader,
+    TensorSpec,
+    UpdateHeader,
+    check_client_id,
+)
 from fedsim.protocol.messages import (
     PROTOCOL_VERSION,
     ClientStatus,
@@ -78,148 +90,12 @@ MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Default size limit of one message (64 MiB: a 16M-parameter model). Use
 :func:`max_message_bytes` to size the limit from the model instead."""
-MAX_INVITED_HEX = limits.MAX_INVITED_CLIENTS // 4
-"""An invitation bitmap's hex digits (four clients a digit): 32 KiB."""
 TENSOR_DTYPE: Final = "<f4"
 _FLOAT32 = np.dtype(TENSOR_DTYPE)
 
-CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""Client ids appear in MQTT topics and ACLs, so they exclude ``/``, ``+``, ``#`` and spaces."""
-
-ClientId = Annotated[str, StringConstraints(pattern=CLIENT_ID_PATTERN)]
-MAX_COUNTER = 2**53 - 1
-"""The largest round or version on the wire (exact in float64 and in every JSON reader)."""
-MAX_LINEAGE = 64
-"""At most this many earlier incarnations travel with a global model."""
-MAX_STEP_SIZE = 1e6
-"""The largest server step size a global model may carry (finite and > 0 as well): a larger
-one would move a client's model by more than :data:`~fedsim.runtime.actors.integrity.MAX_PARAMETER`
-per unit of update."""
-MAX_PARTIAL_ENTRIES = 16384
-"""At most this many updates folded (and as many settled) in one aggregator's partial."""
-MAX_PARTIAL_GROUPS = 64
-"""At most this many base versions (one sum each) in one partial."""
 MAX_PARTIAL_HEADER_BYTES = 4 * 1024 * 1024
 """A partial's header (its manifest) may exceed :data:`MAX_HEADER_BYTES`, up to this."""
 _PARTIAL_PREFIX = b'{"kind":"partial"'
-MAX_WEIGHT = 1e15
-"""The largest mixing weight a manifest entry may carry (data set sizes, configured weights)."""
-_NonNegativeInt = Annotated[int, Field(ge=0)]
-_Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
-Incarnation = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,32}$")]
-_FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-# Epsilon may legitimately be +inf (e.g. sigma = 0); NaN fails the ``ge`` bound.
-_Epsilon = Annotated[float, Field(ge=0.0)]
-
-
-class _Header(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, ser_json_inf_nan="constants"
-    )
-
-
-class TensorSpec(_Header):
-    dtype: Literal["<f4"]
-    shape: tuple[_NonNegativeInt]
-
-
-class SparseSpec(_Header):
-    kind: Literal["sparse"]
-    count: _NonNegativeInt
-
-
-class QuantisedSpec(_Header):
-    kind: Literal["quantised"]
-    bits: Literal[4, 8]
-    low: _FiniteFloat
-    step: Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-
-
-class UpdateHeader(_Header):
-    kind: Literal["update"]
-    incarnation: Incarnation = ""
-    client_id: ClientId
-    round: _Counter
-    base_version: _Counter
-    batch_size: Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-    sent_at: _FiniteFloat
-    window: _Counter = 0
-    tensor: TensorSpec
-    compression: Annotated[SparseSpec | QuantisedSpec, Field(discriminator="kind")] | None = None
-
-
-class GlobalHeader(_Header):
-    kind: Literal["global"]
-    incarnation: Incarnation = ""
-    lineage: tuple[Incarnation, ...] = Field(default=(), max_length=MAX_LINEAGE)
-    version: _Counter
-    sent_at: _FiniteFloat
-    window: _Counter = 0
-    invited: Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{2})*$",
-                                              max_length=MAX_INVITED_HEX)] | None = None
-    step_size: Annotated[float, Field(gt=0.0, le=MAX_STEP_SIZE, allow_inf_nan=False)] = 1.0
-    tensor: TensorSpec
-
-
-class FinishedHeader(_Header):
-    kind: Literal["finished"]
-    incarnation: Incarnation = ""
-    lineage: tuple[Incarnation, ...] = Field(default=(), max_length=MAX_LINEAGE)
-    version: _Counter
-    reason: Annotated[str, StringConstraints(max_length=4096)]
-    sent_at: _FiniteFloat
-
-
-class CloseHeader(_Header):
-    kind: Literal["close"]
-    incarnation: Incarnation = ""
-    window: _Counter
-    version: _Counter
-    sent_at: _FiniteFloat
-
-
-_Weight = Annotated[float, Field(ge=0.0, le=MAX_WEIGHT, allow_inf_nan=False)]
-_Entry = tuple[ClientId, _Counter, _Counter, _Counter, _Weight]
-
-
-class PartialHeader(_Header):
-    kind: Literal["partial"]
-    incarnation: Incarnation = ""
-    aggregator_id: ClientId
-    window: _Counter
-    bases: tuple[_Counter, ...] = Field(max_length=MAX_PARTIAL_GROUPS)
-    entries: tuple[_Entry, ...] = Field(max_length=MAX_PARTIAL_ENTRIES)
-    settled: tuple[tuple[ClientId, _Counter], ...] = Field(max_length=MAX_PARTIAL_ENTRIES)
-    rejections: Annotated[
-        dict[Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")], _Counter],
-        Field(max_length=64),
-    ]
-    sent_at: _FiniteFloat
-    tensor: TensorSpec
-
-
-class StatusHeader(_Header):
-    kind: Literal["status"]
-    incarnation: Incarnation = ""
-    client_id: ClientId
-    state: Literal["training", "waiting", "budget_exhausted", "offline", "done", "crashed"]
-    rounds: _Counter
-    epsilon: _Epsilon
-    delta: Annotated[float, Field(ge=0.0, le=1.0)]
-    detail: Annotated[str, StringConstraints(max_length=4096)]
-    sent_at: _FiniteFloat
-    extra: Annotated[
-        dict[Annotated[str, StringConstraints(max_length=128)], _FiniteFloat],
-        Field(max_length=256),
-    ]
-
-
-_CLIENT_ID = TypeAdapter(ClientId)
-_AnyHeader = UpdateHeader | GlobalHeader | StatusHeader | FinishedHeader | CloseHeader \
-    | PartialHeader
-_HEADER: TypeAdapter[_AnyHeader] = TypeAdapter(
-    Annotated[_AnyHeader, Field(discriminator="kind")]
-)
 
 
 def max_message_bytes(num_params: int, *, header_allowance: int = MAX_HEADER_BYTES) -> int:
@@ -290,10 +166,10 @@ def _compressed(
 
 def _header_for(
     message: Message, incarnation: str, lineage: tuple[str, ...], *, measure: bool = False
-) -> tuple[_AnyHeader, np.ndarray | bytes | None, float | None]:
+) -> tuple[AnyHeader, np.ndarray | bytes | None, float | None]:
     """The validated header and body of ``message``; with ``measure``, an uncompressed
     update's finiteness check is its norm (one pass, :func:`vector_norm`), returned third."""
-    header: _AnyHeader
+    header: AnyHeader
     if isinstance(message, ClientUpdate):
         spec = _tensor_spec(message.delta, "ClientUpdate.delta")
         norm = None
@@ -456,7 +332,7 @@ class Sealed:
     frame, :meth:`to_bytes` the frame itself (``encode``'s bytes), :meth:`open` what
     :func:`decode` of those bytes returns or raises."""
 
-    header: _AnyHeader
+    header: AnyHeader
     header_json: bytes
     body: np.ndarray | bytes | None
     norm: float | None
@@ -552,7 +428,7 @@ def decode_frame(
             f"truncated message: header says {header_len} bytes, only {size - PREFIX_BYTES} follow"
         )
     try:
-        header = _HEADER.validate_json(data[PREFIX_BYTES:body_start])
+        header = HEADERS.validate_json(data[PREFIX_BYTES:body_start])
     except ValidationError as exc:
         raise CodecError(f"invalid header: {_describe(exc)}") from None
     return _frame(header, data, body_start, expected_params, None)
@@ -577,7 +453,7 @@ def _check_header_length(header_len: int, head: bytes) -> None:
 
 
 def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire format, in its order
-    header: _AnyHeader,
+    header: AnyHeader,
     body: bytes | np.ndarray | None,
     offset: int,
     expected_params: int | None,
@@ -710,16 +586,6 @@ def _check_partial(header: PartialHeader, length: int, expected_params: int | No
         model = "" if expected_params is None else f" of {expected_params} parameters"
         raise CodecError(f"partial tensor has {length} values, not {groups} sums{model}",
                          kind="shape")
-
-
-def check_client_id(client_id: str) -> str:
-    """Return ``client_id`` if it can name MQTT topics and ACL entries, else raise CodecError."""
-    try:
-        return _CLIENT_ID.validate_python(client_id)
-    except ValidationError:
-        raise CodecError(
-            f"client id {client_id!r} must match {CLIENT_ID_PATTERN} (it names MQTT topics)"
-        ) from None
 
 
 __all__ = [

@@ -31,7 +31,8 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fedsim.protocol.codec import MAX_LINEAGE, Frame
+from fedsim.protocol.codec import Frame
+from fedsim.protocol.headers import MAX_LINEAGE
 
 __all__ = ["ClientIncarnation", "ServerIncarnation", "new_incarnation"]
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedsim.protocol import codec
-from fedsim.protocol.codec import MAX_LINEAGE, Incarnation
+from fedsim.protocol.headers import MAX_LINEAGE, Incarnation
 
 RECEIPT_BATCH_BYTES = 32 * 1024
 """The server's receipts to one aggregator go in messages of about this many bytes (far below

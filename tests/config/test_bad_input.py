@@ -368,9 +368,9 @@ def test_invitations_beyond_the_bitmap_are_refused_up_front() -> None:
     """With participation < 1 each window's invitation travels as a bitmap of one bit a client
     (at most limits.MAX_INVITED_CLIENTS): a larger population is refused when the scenario is
     read, not at the first broadcast; with everyone invited the bitmap is not sent."""
-    from fedsim.protocol import codec
+    from fedsim.protocol import headers
 
-    assert codec.MAX_INVITED_HEX * 4 == limits.MAX_INVITED_CLIENTS
+    assert headers.MAX_INVITED_HEX * 4 == limits.MAX_INVITED_CLIENTS
     group = MINIMAL["clients"]["groups"][0]
     groups = [dict(group, name=f"g{i}", count=limits.MAX_INVITED_CLIENTS // 2 + 1, data_share=0.3)
               for i in range(2)]

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from fedsim.errors import CodecError
 from fedsim.protocol import codec
-from fedsim.protocol.codec import MAX_STEP_SIZE, decode, encode
+from fedsim.protocol.codec import decode, encode
+from fedsim.protocol.headers import MAX_STEP_SIZE
 from fedsim.protocol.messages import (
     PROTOCOL_VERSION,
     ClientStatus,

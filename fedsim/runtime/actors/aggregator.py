@@ -54,7 +54,7 @@ from fedsim.aggregation.mixing import client_weights
 from fedsim.aggregation.policies import AggregationPolicy
 from fedsim.clock import Clock
 from fedsim.logging import get_logger
-from fedsim.protocol.codec import MAX_PARTIAL_ENTRIES, MAX_PARTIAL_GROUPS
+from fedsim.protocol.headers import MAX_PARTIAL_ENTRIES, MAX_PARTIAL_GROUPS
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import ClientBook, Kind
