@@ -66,6 +66,9 @@ class ClientPrivacy:
     stop_kind: str | None = None
     """Why it stopped, typed (:class:`fedsim.runtime.actors.stops.ClientStopKind`'s value);
     None while it could still train."""
+    budget_delta: float | None = None
+    """The delta its budget holds at (None without a budget): a group's budget may be at
+    another delta than ``privacy.delta``, the delta of ``epsilon``."""
 
 
 @dataclass
@@ -298,6 +301,7 @@ def _collect(result: Any, run_dir: Path, scenario: Scenario, *, kept: bool) -> R
             state=str(row["state"]), stop_reason=str(row["stop_reason"]),
             stopped_at=row["stopped_at"],
             stop_kind=None if row["stop_kind"] is None else str(row["stop_kind"]),
+            budget_delta=row["budget_delta"],
         )
         for row in result.client_rows
     ]

@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{step.what}\t(not set)")
             else:
                 found = "found" if datasets.holds(spec, step.where) else "absent"
+                if found == "absent" and step.where.is_dir():  # a directory, present: say what
+                    found = f"absent (the directory holds no {spec.file_name} or {spec.name}'s files)"
                 print(f"{step.what}\t{step.where}\t{found}")
         return 0
     if args.action == "list":

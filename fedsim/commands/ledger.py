@@ -156,5 +156,8 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, sort_keys=True))
         return
+    width = max((len(key) for key in result), default=0) + 2  # the longest key, its colon, a space
     for key, value in result.items():
-        print(f"{key + ':':<14}{value}")
+        if isinstance(value, dict):  # (a step ceiling) key=value, not a Python repr
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        print(f"{key + ':':<{width}}{value}")

@@ -19,9 +19,6 @@ from typing import Any
 from fedsim.config import load_scenario
 from fedsim.runtime.deployed.options import add_allow_factory_option
 
-# Exit statuses of a run ended by a signal (the shell's 128 + signal number).
-SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
-
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -145,7 +142,7 @@ def _built(loaded: Any, log: Any) -> tuple[Any, float]:
 def interrupted_exit(out: Path) -> int:
     """What an interrupted run (``fedsim run`` or ``launch``) prints; its exit status (128 + the
     signal's number)."""
-    from fedsim.runtime.interrupted import interrupting_signal
+    from fedsim.runtime.interrupted import SIGNAL_EXIT, interrupting_signal
 
     name = interrupting_signal()
     summary_file = out / "summary.json"

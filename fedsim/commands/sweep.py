@@ -18,6 +18,7 @@ the tuning's bound (:mod:`fedsim.commands.private_tuning`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import json
@@ -30,6 +31,7 @@ from typing import Any
 
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.runtime.deployed.options import add_allow_factory_option
+from fedsim.runtime.interrupted import SIGNAL_EXIT, interrupting_signal, signals_interrupt
 
 DESCRIPTION = (
     "Run every combination of grid values and seeds, one run directory each, and write a "
@@ -104,7 +106,11 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         path, sep, values = item.partition("=")
         if not sep or not path.strip() or not values.strip():
             raise ConfigError(f"--grid {item!r}: expected PATH=V1,V2,...")
-        grid.append((path.strip(), split_values(values)))
+        found = split_values(values)
+        twice = sorted({v for v in found if found.count(v) > 1})
+        if twice:  # the same run twice, in two directories: a typo, not a plan
+            raise ConfigError(f"--grid {path.strip()}: the value {twice[0]!r} is given twice")
+        grid.append((path.strip(), found))
     paths = [p for p, _ in grid]
     if len(set(paths)) != len(paths):
         raise ConfigError(f"--grid: a path is given twice: {paths}")
@@ -169,9 +175,14 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
     row = _planned(plan)
     if _STOPPING is not None and _STOPPING.is_set():  # the sweep was interrupted: start none
         return {**row, "status": NOT_RUN}
+    # In a worker process (_STOPPING set), a SIGTERM of the worker (a scheduler's to every
+    # process of the job) interrupts its run as Ctrl-C does: a partial run, readable. (The
+    # sweep's own process holds the same rule around every run it makes itself.)
+    handling = signals_interrupt() if _STOPPING is not None else contextlib.nullcontext()
     try:
-        result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"], progress=False,
-                          plots=plots, allow_factories=allow_factories)
+        with handling:
+            result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"],
+                              progress=False, plots=plots, allow_factories=allow_factories)
     except FedsimError as exc:
         return {**row, "status": f"failed: {exc}"}
     return {**_measured(row, RunDirectory.load(plan["dir"])),
@@ -268,15 +279,19 @@ def run(args: argparse.Namespace) -> int:
             "overrides": list(args.overrides)}
     done: dict[int, dict[str, Any]] = {}
     try:
-        execute(args, plans, done)
+        # A SIGTERM (a batch scheduler's, `timeout`'s) stops the sweep as Ctrl-C does: it
+        # killed the process, leaving no table and a run directory without its summary.
+        with signals_interrupt():
+            execute(args, plans, done)
     except KeyboardInterrupt:
         # The runs that finished keep their rows, whichever order they finished in; the rest
         # are listed as not run.
         rows = [done[index] if index in done and done[index]["status"] != NOT_RUN
                 else row_on_disk(plan) for index, plan in enumerate(plans)]
         write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
-        print(f"table of the finished runs: {out / 'sweep.csv'}, {out / 'sweep.json'}")
-        raise
+        print(f"interrupted by {interrupting_signal()}; table of the finished runs: "
+              f"{out / 'sweep.csv'}, {out / 'sweep.json'}")
+        return SIGNAL_EXIT.get(interrupting_signal(), 130)
     rows = [done[index] for index in range(len(plans))]
     csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
     for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):

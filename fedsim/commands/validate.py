@@ -112,12 +112,20 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
 
             clients = len(plans)
             warnings = preflight_warnings(plans, log=False)  # printed below
-    print(f"{args.scenario}: valid ({clients} clients in {len(scenario.clients.groups)} groups, "
+    groups = len(scenario.clients.groups)
+    print(f"{args.scenario}: valid ({clients} client{'s' if clients != 1 else ''} in {groups} "
+          f"group{'s' if groups != 1 else ''}, "
           f"seed {scenario.seed})")
     if not_here is not None:
         print(f"  not checked: the records each client gets, the model's size and the noise "
               f"calibration, which read the data: {not_here}; `fedsim validate --check-data` "
               f"checks them")
+    other_delta = scenario.budgets_at_other_delta()
+    if other_delta:
+        warnings.append(
+            f"the budgets of {', '.join(other_delta)} hold at their own delta, not "
+            f"privacy.delta {scenario.privacy.delta:g}, the delta every report gives eps at: "
+            "their eps may read above their budget there (clients.csv says budget_delta)")
     for line in warnings:
         print(f"  warning: {line}")
     if factories:

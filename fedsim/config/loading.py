@@ -229,20 +229,23 @@ def _read_text(path: str | Path) -> str:
 
 
 def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
-    """1-based line of the YAML node at ``path`` (the deepest existing ancestor)."""
-    line = None
+    """1-based line of the YAML node at ``path`` (the deepest existing ancestor): a mapping's
+    entry by its key's line (a key whose value is a block mapping starts a line above its
+    value, and blank lines may come between: a stranger's mistyped ``netwrok:`` was reported
+    at its value's line)."""
+    line = None if node is None else node.start_mark.line + 1
     for part in path:
-        if node is None:
-            break
-        line = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if k.value == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            node = node.value[part] if 0 <= part < len(node.value) else None
+            pair = next(((k, v) for k, v in node.value if k.value == part), None)
+            if pair is None:
+                break
+            line, node = pair[0].start_mark.line + 1, pair[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
+                and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
         else:
-            node = None
-    if node is not None:
-        line = node.start_mark.line + 1
+            break
     return line
 
 

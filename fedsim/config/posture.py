@@ -7,9 +7,10 @@ Preserving SGD". Bounds come from :mod:`fedsim.config.limits`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from fedsim.config import limits
 from fedsim.config.distributions import Delta, Epsilon, Fraction, Scale, Strict, number_or_mapping
@@ -166,3 +167,12 @@ class Budget(_Strict):
     epsilon: Epsilon = Field(description="The largest epsilon a client may reach "
                                          "(at most 100).")
     delta: Delta = Field(description="The delta at which the budget's epsilon is measured.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_pair(cls, value: Any) -> Any:
+        # A bare number (budget: 2.5) read "Input should be a valid dictionary or instance of
+        # Budget": say that a budget is a pair, and how to write one.
+        if isinstance(value, Mapping | BaseModel):
+            return value
+        raise ValueError("a budget is a pair: write {epsilon: 2.5, delta: 1e-5}")

@@ -304,7 +304,9 @@ class ClientGroup(_Strict):
         "that are calibrated over a fixed number of rounds.")
     speed: Distribution = Field(
         default_factory=lambda: Constant(value=0.0),
-        description="Virtual seconds of compute per sample gradient.")
+        description="Virtual seconds of compute per sample gradient. 0 (the default) makes "
+        "rounds take no virtual time: allowed only where rounds, a budget or a staleness rule "
+        "bound or pace them.")
     availability: Availability = Field(
         default_factory=Availability, description="Online and offline periods and crashes.")
     staleness: Staleness = Field(
@@ -367,6 +369,24 @@ class ClientGroup(_Strict):
             if ceiling < self.clip.value:
                 raise ValueError(f"adaptive_clip.max_clip={ceiling:g} is below the starting "
                                  f"clip {self.clip.value:g}")
+        return self
+
+    @model_validator(mode="after")
+    def _rounds_take_time(self) -> ClientGroup:
+        """A round of no virtual time (speed 0, the default) that nothing bounds or paces
+        trains for ever at one instant: virtual time never moves, no window closes and the
+        run never ends (a stranger's scenario without a speed ran 168,393 rounds a client at
+        time 0). A bound (rounds, a budget) or a wait for the next global model (a staleness
+        rule) makes it a legitimate synchronous setting."""
+        paced = (self.rounds is not None or self.budget is not None
+                 or self.staleness.max_versions_behind is not None
+                 or self.staleness.max_distance is not None)
+        if self.speed.is_zero and not paced:
+            raise ValueError(
+                "speed: its rounds take no virtual time (speed 0, the default) and nothing "
+                "bounds or paces them (no rounds, budget or staleness rule), so its clients "
+                "would train for ever at time 0 and the run would never end; set speed, the "
+                "virtual seconds of one sample gradient (for example speed: 0.003)")
         return self
 
     def adaptive_clip_ceiling(self) -> float | None:
@@ -597,6 +617,13 @@ class Scenario(_Strict):
                 f"header, which names at most {limits.MAX_INVITED_CLIENTS} clients; this "
                 f"scenario has {total}")
         return self
+
+    def budgets_at_other_delta(self) -> list[str]:
+        """The groups whose budget holds at another delta than ``privacy.delta`` (the delta
+        of every reported eps), as "phone (delta 0.001)": their reported eps may read above
+        their budget."""
+        return [f"{g.name} (delta {g.budget.delta:g})" for g in self.clients.groups
+                if g.budget is not None and g.budget.delta != self.privacy.delta]
 
     @model_validator(mode="after")
     def _can_stop(self) -> Scenario:

@@ -122,7 +122,7 @@ def _cell(value: Any, key: str) -> str:
         return ", ".join(f"{kind} {n}" for kind, n in value.items()) or "-"
     if key in ("final_accuracy", "best_accuracy"):
         return f"{value:.4f}"
-    if key.startswith("eps_"):
+    if key.startswith("eps_") or key.endswith("_eps_max"):  # (tuned_eps_max: a sweep's)
         return f"{value:.4g}"
     if key == "virtual_time":
         return f"{value:.1f}"

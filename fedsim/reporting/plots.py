@@ -162,13 +162,18 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
 
 
 def _budgets(run: RunDirectory, groups: set[str] | None = None) -> dict[float, list[str]]:
-    """Each distinct budget eps in clients.csv (of ``groups``, if given), with its groups."""
+    """Each distinct budget eps in clients.csv (of ``groups``, if given), with its groups; a
+    group whose budget holds at another delta than the plot's (the run's) says which ("phone
+    at delta = 0.001": its curve, at the run's delta, may then cross the line)."""
     found: dict[float, set[str]] = {}
     for row in run.clients:
         value = row.get("budget_epsilon")
         group = str(row.get("group") or "?")
         if groups is not None and group not in groups:
             continue
+        delta = row.get("budget_delta")
+        if isinstance(delta, int | float) and delta != run.delta:
+            group = f"{group} at delta = {delta:g}"
         if isinstance(value, int | float) and math.isfinite(value):
             found.setdefault(float(value), set()).add(group)
     return {budget: sorted(names) for budget, names in sorted(found.items())}

@@ -14,6 +14,7 @@ carry the same numbers).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from contextlib import ExitStack
 from types import TracebackType
@@ -26,6 +27,19 @@ from fedsim.logging import route_lines
 
 ProgressUnit = Literal["time", "windows"]
 ProgressClock = Literal["virtual", "scenario"]
+
+
+DEFAULT_COLUMNS, DEFAULT_LINES = 80, 24
+"""The screen the bar assumes on a terminal that says it has no size."""
+
+
+def _terminal_size(stream: TextIO) -> tuple[int | None, int | None]:
+    """(columns, lines) of the terminal ``stream`` is; (None, None) when it is none."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # not a terminal, or no descriptor
+        return None, None
+    return size.columns, size.lines
 
 
 class _SecondsBar(tqdm):
@@ -77,13 +91,19 @@ class RunProgress:
         if self.enabled:
             self._routing.enter_context(route_lines(self.write))
         bar = _SecondsBar if self.unit == "time" else tqdm
+        columns, lines = _terminal_size(self._stream)
         self._bar = bar(
             total=self.total,
             unit="s" if self.unit == "time" else "window",
             desc=f"{self.clock} time" if self.unit == "time" else "windows",
             file=self._stream,
             disable=not self.enabled,
-            dynamic_ncols=True,
+            # A terminal that says it is 0 columns wide or 0 lines high (a pty nobody sized:
+            # `script`, some CI runners) drew no bar at all (tqdm hides bars below the
+            # screen's last line): such a one gets DEFAULT_COLUMNS x DEFAULT_LINES.
+            dynamic_ncols=columns != 0,
+            ncols=DEFAULT_COLUMNS if columns == 0 else None,
+            nrows=DEFAULT_LINES if lines == 0 else None,
             leave=True,
         )
         return self

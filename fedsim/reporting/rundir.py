@@ -86,7 +86,8 @@ class RunDirectory:
         missing = [name for name in needed if not (root / name).is_file()]
         if missing:
             raise ConfigError(f"{root}: not a run directory (missing {', '.join(missing)}; "
-                              "`fedsim run SCENARIO --out DIR` writes one)")
+                              "`fedsim run SCENARIO --out DIR` writes one)"
+                              + _holding_runs(root))
         try:
             if server:  # a deployed server's output directory: its view of the run
                 metrics = _read_metrics(root / METRICS_FILE)
@@ -177,6 +178,21 @@ class RunDirectory:
             raise ConfigError(f"{plots} is a symbolic link; the plots are drawn only inside "
                               f"the run directory (remove the link)")
         return plots
+
+
+def _holding_runs(root: Path, looked_at: int = 1000) -> str:
+    """What to say of a directory that holds run directories (a sweep's, a runs/ folder): a
+    stranger gave `fedsim compare` the sweep's directory itself."""
+    try:
+        children = [child for _, child in zip(range(looked_at), root.iterdir(), strict=False)]
+    except OSError:
+        return ""
+    runs = sorted(child.name for child in children if (child / SUMMARY_FILE).is_file())
+    if not runs:
+        return ""
+    what = "a sweep's directory" if (root / "sweep.json").is_file() else "a directory of runs"
+    return (f"; it is {what}: name its runs, for example `fedsim compare {root}/*` or "
+            f"`fedsim report {root / runs[0]}`")
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:

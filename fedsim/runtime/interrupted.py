@@ -89,6 +89,10 @@ def signals_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+"""A command's exit status after the signal that interrupted it (128 + its number)."""
+
+
 def interrupting_signal() -> str:
     """The signal that interrupted the run: SIGTERM if one came through
     :func:`signals_interrupt`, else SIGINT (Ctrl-C)."""

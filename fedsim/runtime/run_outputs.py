@@ -101,6 +101,7 @@ CLIENT_COLUMNS = (
     "mu_clt",
     "mu_clt_gamma",
     "budget_epsilon",
+    "budget_delta",
     "remaining_epsilon",
     "state",
     "stopped_at",
@@ -365,6 +366,9 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)
         "mu_clt_gamma": gamma,
         "budget_epsilon": budget.epsilon if budget else None,
+        # A budget is a pair: its eps holds at its own delta, which may not be the run's
+        # (the row's epsilon, at the run's delta, may then read above budget_epsilon).
+        "budget_delta": budget.delta if budget else None,
         "remaining_epsilon": float(remaining) if remaining is not None else None,
         "state": client.state,
         "stopped_at": stopped["time"] if stopped else None,
@@ -423,6 +427,12 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
                "checked against, and written to, its ledger first." if budgeted else
                " No client had a budget; every release was still written to its ledger.")
         )
+    other_delta = record.scenario.budgets_at_other_delta()
+    if other_delta:
+        parts.append(
+            f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
+            f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
+            "above their budget (clients.csv: budget_delta).")
     if caveats:
         parts.append(f"{len(caveats)} privacy caveat(s) qualify these eps values: "
                      + " ".join(f"({n}) {c.rstrip('.')}." for n, c in enumerate(caveats, 1)))

@@ -96,7 +96,8 @@ def test_a_missing_arrays_file_is_named(tmp_path: Path, capsys: pytest.CaptureFi
     scenario = {"stop": {"windows": 2}, "dataset": {"name": "arrays", "path": "absent.npz"},
                 "model": {"name": "logreg"},
                 "clients": {"groups": [{"name": "a", "count": 2, "data_share": 1.0,
-                                        "batch_size": 4, "clip": 1.0, "noise": 1.0}]},
+                                        "batch_size": 4, "clip": 1.0, "noise": 1.0,
+                                        "speed": 0.01}]},
                 "server": {"window": 1.0}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
     assert main(["run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "run")]) == 2

@@ -198,7 +198,7 @@ def test_an_interrupted_sweep_keeps_the_table_of_its_finished_runs(
     table = json.loads((out / "sweep.json").read_text())
     assert table["interrupted"] is True and len(table["runs"]) == 3
     captured = capsys.readouterr()
-    assert "table of the finished runs" in captured.out and "interrupted" in captured.err
+    assert "interrupted by SIGINT; table of the finished runs" in captured.out
 
 
 def test_an_interrupted_parallel_sweep_keeps_a_run_that_finished_out_of_order(
@@ -255,12 +255,20 @@ def test_an_interrupted_parallel_sweep_starts_no_queued_run_and_lists_what_it_fi
 
 
 @pytest.mark.slow
-def test_a_real_ctrl_c_leaves_a_sweep_table_that_matches_its_run_directories(
-        tiny_scenario: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "jobs", "to_group", "status"), [
+    ("SIGINT", 2, True, 130),  # a terminal's Ctrl-C reaches every process of the sweep
+    ("SIGTERM", 2, True, 143),  # a batch scheduler's stop of a job's every process
+    ("SIGTERM", 1, False, 143),  # `timeout`'s, or kill PID: the sweep's own process only
+])
+def test_a_real_signal_leaves_a_sweep_table_that_matches_its_run_directories(
+        tiny_scenario: Path, tmp_path: Path, name: str, jobs: int, to_group: bool,
+        status: int) -> None:
     """A stranger's Ctrl-C (SIGINT to the process group) during `sweep --jobs 2`: two runs
     that had written their summaries were listed as not run, and a queued run started after
     the signal (the pool's workers outlive it) and was the one listed as done. Now every row
-    says what its run directory holds, and no run starts after the signal."""
+    says what its run directory holds, and no run starts after the signal. A second
+    stranger's SIGTERM killed the sweep: no table, and a run directory without its summary;
+    it now stops the sweep as Ctrl-C does."""
     import os
     import signal
     import subprocess
@@ -272,7 +280,7 @@ def test_a_real_ctrl_c_leaves_a_sweep_table_that_matches_its_run_directories(
     process = subprocess.Popen(
         [sys.executable, "-m", "fedsim", "sweep", str(tiny_scenario), "--grid",
          f"clients.groups[*].noise.sigma={sigmas}", "--out", str(out), "--no-plots",
-         "--jobs", "2", "--set", "stop.windows=400"],
+         "--jobs", str(jobs), "--set", "stop.windows=400"],
         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # a job a shell starts with `&` inherits SIGINT ignored, and Python keeps ignoring it
         # (CI's run did: the sweep never saw the Ctrl-C); a terminal's Ctrl-C is the default
@@ -282,13 +290,14 @@ def test_a_real_ctrl_c_leaves_a_sweep_table_that_matches_its_run_directories(
         while not list(out.glob("*/summary.json")) and time.monotonic() < deadline:
             time.sleep(0.2)  # a run finished: the others are running or queued
         interrupted_at = time.time()
-        os.killpg(process.pid, signal.SIGINT)
+        number = getattr(signal, name)
+        os.killpg(process.pid, number) if to_group else os.kill(process.pid, number)
         _, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert process.returncode == 130, err
+    assert process.returncode == status, err
     rows = _rows(out / "sweep.csv")
     assert len(rows) == 8
     for row in rows:
@@ -305,3 +314,13 @@ def test_a_real_ctrl_c_leaves_a_sweep_table_that_matches_its_run_directories(
         assert started <= interrupted_at + 1.0 or first_window <= interrupted_at + 1.0, \
             f"{row['run']} started after the interrupt"
     assert any(row["status"] == "not run: the sweep was interrupted" for row in rows)
+
+
+def test_a_sweep_value_given_twice_is_refused(tiny_scenario: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `--grid stop.windows=4,4` ran the same run twice, in two directories."""
+    out = tmp_path / "never"
+    assert main(["sweep", str(tiny_scenario), "--grid", "stop.windows=4,4", "--out",
+                 str(out)]) == 2
+    assert "--grid stop.windows: the value '4' is given twice" in capsys.readouterr().err
+    assert not out.exists()

@@ -21,7 +21,7 @@ MINIMAL: dict[str, Any] = {
     "dataset": {"name": "synthetic", "num_samples": 400, "num_test_samples": 100},
     "model": {"name": "mlp", "options": {"hidden": [8]}},
     "clients": {"groups": [{"name": "a", "count": 2, "data_share": 0.5, "batch_size": 8,
-                            "clip": 1.0, "noise": 1.0}]},
+                            "clip": 1.0, "noise": 1.0, "speed": 0.01}]},
     "server": {"window": 1.0},
 }
 
@@ -162,7 +162,7 @@ dataset: {name: synthetic}
 model: {name: logreg}
 clients:
   groups:
-    - &base {name: a, count: 2, data_share: 0.4, batch_size: 8, clip: 1.0, noise: 1.0}
+    - &base {name: a, count: 2, data_share: 0.4, batch_size: 8, clip: 1.0, noise: 1.0, speed: 0.01}
     - <<: *base
       name: b
       batch_size: 4
@@ -378,3 +378,60 @@ def test_invitations_beyond_the_bitmap_are_refused_up_front() -> None:
         parse_scenario(_scenario(clients__groups=groups, server__participation=0.5))
     assert parse_scenario(_scenario(clients__groups=groups)).clients.total == \
         limits.MAX_INVITED_CLIENTS + 2
+
+
+@pytest.mark.parametrize(("extra", "refused"), [
+    ({}, True),  # a stranger's: no speed, nothing to bound or pace the rounds
+    ({"speed": {"kind": "uniform", "low": 0.0, "high": 0.0}}, True),
+    ({"rounds": 5}, False),
+    ({"budget": {"epsilon": 1.0, "delta": 1e-5}}, False),
+    ({"staleness": {"max_versions_behind": 1}}, False),  # synchronous: waits for each model
+    ({"staleness": {"max_distance": 2.0}}, False),
+    ({"speed": 0.001}, False),
+])
+def test_rounds_of_no_virtual_time_that_nothing_paces_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, Any],
+        refused: bool) -> None:
+    """A stranger left out ``speed`` (default 0): `validate` accepted the file and the run
+    never ended (168,393 rounds a client at virtual time 0 after ten minutes, no window
+    closed). Rounds of no time are refused unless rounds, a budget or a staleness rule bound
+    or pace them."""
+    group = {k: v for k, v in MINIMAL["clients"]["groups"][0].items() if k != "speed"}
+    data = _scenario(clients__groups=[{**group, **extra}])
+    status = main(["validate", str(_write(tmp_path, data))])
+    err = capsys.readouterr().err
+    assert status == (2 if refused else 0), err
+    assert ("its clients would train for ever at time 0" in err) == refused
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # a key whose value is a block mapping: its value starts a line below it
+    ("name: x\nstop:\n  windows: 3\nnetwrok:\n  uplink: {}\n", "netwrok (line 4)"),
+    # blank lines between a key and its block value
+    ("name: x\nstop:\n  windows: 3\nfoo:\n\n\n  bar: 1\n", "foo (line 4)"),
+    ("name: x\nstop:\n  windows: 3\n  windowz: 4\n", "stop.windowz (line 4)"),
+])
+def test_an_unknown_key_is_reported_at_its_own_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
+    """A stranger's mistyped ``netwrok:`` (its value a block mapping) was reported at its
+    value's line, one below, and further with blank lines between."""
+    assert main(["validate", str(_write(tmp_path, text))]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_a_bare_number_for_a_budget_says_how_to_write_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `budget: 2.5` read pydantic's "Input should be a valid dictionary or
+    instance of Budget"."""
+    group = {**MINIMAL["clients"]["groups"][0], "budget": 2.5}
+    assert main(["validate", str(_write(tmp_path, _scenario(clients__groups=[group])))]) == 2
+    assert "a budget is a pair: write {epsilon: 2.5, delta: 1e-5} (got 2.5)" in \
+        capsys.readouterr().err
+
+
+def test_validate_counts_one_client_in_one_group(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    group = {**MINIMAL["clients"]["groups"][0], "count": 1, "data_share": 1.0}
+    path = _write(tmp_path, _scenario(clients__groups=[group]))
+    assert main(["validate", str(path), "--schema-only"]) == 0
+    assert "valid (1 client in 1 group, seed" in capsys.readouterr().out

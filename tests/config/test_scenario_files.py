@@ -30,7 +30,7 @@ MINIMAL = {
     "dataset": {"name": "synthetic"},
     "model": {"name": "logreg"},
     "clients": {"groups": [{"name": "a", "count": 2, "data_share": 0.5, "batch_size": 8,
-                            "clip": 1.0, "noise": 1.0}]},
+                            "clip": 1.0, "noise": 1.0, "speed": 0.01}]},
     "server": {"window": 1.0},
 }
 

@@ -333,7 +333,8 @@ def test_a_femnist_scenario_with_natural_partition_builds_writer_clients(tmp_pat
         "seed": 0, "stop": {"windows": 2}, "dataset": {"name": "femnist", "path": "leaf"},
         "model": {"name": "logreg"}, "server": {"window": 1.0},
         "clients": {"groups": [{"name": "w", "count": 3, "data_share": 1.0, "batch_size": 1,
-                                "clip": 1.0, "noise": 1.0, "partition": {"scheme": "natural"}}]},
+                                "clip": 1.0, "noise": 1.0, "partition": {"scheme": "natural"},
+                                "speed": 0.01}]},
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario), encoding="utf-8")
     from fedsim.runtime.population import build_population

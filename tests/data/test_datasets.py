@@ -328,7 +328,7 @@ def test_a_scenario_finds_its_data_from_any_working_directory(
         "seed": 0, "stop": {"windows": 2}, "dataset": {"name": "mnist", "path": "data/mnist.npz"},
         "model": {"name": "logreg"}, "server": {"window": 1.0},
         "clients": {"groups": [{"name": "a", "count": 2, "data_share": 0.01, "batch_size": 8,
-                                "clip": 1.0, "noise": 1.0}]},
+                                "clip": 1.0, "noise": 1.0, "speed": 0.01}]},
     }
     (project / "s.yaml").write_text(yaml.safe_dump(scenario), encoding="utf-8")
     elsewhere = tmp_path / "elsewhere"
@@ -352,3 +352,16 @@ def test_shipped_scenarios_validate_from_another_directory(
     monkeypatch.chdir(tmp_path)
     assert main(["validate", "--offline", str(REPO / "scenarios" / "quickstart.yaml")]) == 0
     assert "quickstart.yaml: valid (10 clients" in capsys.readouterr().out
+
+
+def test_where_says_what_an_empty_data_directory_lacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger read `$FEDSIM_DATA_DIR <dir> absent` as the directory being absent."""
+    from fedsim.cli import main
+
+    monkeypatch.setenv("FEDSIM_DATA_DIR", str(tmp_path))
+    assert main(["data", "where", "cifar10"]) == 0
+    (line,) = [t for t in capsys.readouterr().out.splitlines() if t.startswith("$FEDSIM")]
+    assert line == (f"$FEDSIM_DATA_DIR\t{tmp_path}\tabsent (the directory holds no cifar10.npz "
+                    "or cifar10's files)")

@@ -291,3 +291,18 @@ def test_a_repaired_ledger_resumes_its_rounds_past_its_substitutes(tmp_path: Pat
     with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None,
                             read_only=True) as again:
         assert again.next_round == 7
+
+
+def test_check_prints_aligned_fields_and_the_ceiling_as_fields(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger: `damaged_mark_slot:False` ran into its value (the key longer than the
+    column) and the step ceiling printed as a Python dict."""
+    path = tmp_path / "l.jsonl"
+    written(path, 3)
+    assert main(["ledger", "check", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = {line.index(line.split(":", 1)[1].strip()) for line in lines}
+    assert len(starts) == 1  # every value starts in one column
+    (ceiling,) = [line for line in lines if line.startswith("step_ceiling:")]
+    assert "{" not in ceiling and "q=" in ceiling and "sigma=" in ceiling
+    assert any(line.startswith("damaged_mark_slot: ") for line in lines)

@@ -519,3 +519,25 @@ def test_a_file_larger_than_a_run_writes_is_refused_unread(
     assert cli_main(["report", str(target)]) == 2
     err = capsys.readouterr().err
     assert f"{name}: larger than 0 MiB, more than a run writes; not read" in err
+
+
+def test_a_directory_of_runs_is_named_as_one(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger gave `fedsim compare` a sweep's directory: "not a run directory", with no
+    word of the runs inside it."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    shutil.copytree(copy_run(small_run).path, sweep / "000-a")
+    (sweep / "sweep.json").write_text("{}")
+    assert cli_main(["compare", str(sweep), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert f"it is a sweep's directory: name its runs, for example `fedsim compare {sweep}/*`" \
+        in err and f"`fedsim report {sweep / '000-a'}`" in err
+    (sweep / "sweep.json").unlink()
+    assert cli_main(["report", str(sweep)]) == 2
+    assert "it is a directory of runs" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli_main(["report", str(empty)]) == 2
+    assert "directory of runs" not in capsys.readouterr().err

@@ -84,3 +84,36 @@ def test_seconds_show_to_a_tenth_and_the_launch_bar_says_scenario_time() -> None
         progress.update(7.3100000001, 2)
     assert "7.3s" in virtual.getvalue() and "7.31" not in virtual.getvalue()
     assert virtual.getvalue().rsplit("\r", 1)[-1].startswith("virtual time:")
+
+
+def test_a_terminal_of_no_size_still_shows_the_bar() -> None:
+    """A stranger's pty that nobody sized (`script`: 0 columns, 0 lines) drew no bar at all:
+    tqdm fitted it to 0 columns and hid it below the screen's last line."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+        with os.fdopen(os.dup(slave), "w", encoding="utf-8") as stream:
+            assert stream.isatty() and os.get_terminal_size(stream.fileno()).columns == 0
+            with RunProgress(4.0, stream=stream) as progress:
+                for step in range(1, 5):
+                    progress.update(float(step), step, None, None, 2)
+        os.set_blocking(master, False)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert b"virtual time: 100%" in shown, shown

@@ -15,7 +15,7 @@ from fedsim.privacy.group_schedules import make_schedule
 
 def group(**changes) -> ClientGroup:
     base = {"name": "g", "count": 1, "data_share": 1.0, "batch_size": 64, "clip": 1.0,
-            "noise": 1.0, "rounds": 200}
+            "noise": 1.0, "rounds": 200, "speed": 0.01}
     return ClientGroup.model_validate({**base, **changes})
 
 

@@ -148,3 +148,37 @@ def test_a_deployed_runs_text_says_whose_clock_a_clients_stop_is_on(
     text = _explain(record, [], [])
     assert "at 825.6 s" in text
     assert (DEPLOYED_CLOCKS in text) == (time_kind == "scenario")
+
+
+def test_a_budget_at_another_delta_is_said_wherever_eps_meets_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's group budget at delta 1e-3 in a run at privacy.delta 1e-5: clients.csv read
+    eps 1.39 against budget 1.0 with budget left, the plot drew the group's curve far over its
+    budget line, and no output said why. Each budget's delta is now in clients.csv (and the
+    API's rows), the run's text, the plot's budget line and validate's warnings."""
+    import csv
+
+    from fedsim.cli import main
+    from fedsim.reporting.plots import _budgets
+    from fedsim.reporting.rundir import RunDirectory
+
+    data = tiny(0.5, 20.0)
+    data["clients"]["groups"][0]["budget"] = {"epsilon": 1.0, "delta": 1e-3}
+    result = run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path / "run",
+                          message_only=True)
+    with open(tmp_path / "run" / "clients.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {row["budget_delta"] for row in rows} == {"0.001"}
+    assert "The budgets of p (delta 0.001) hold at their own delta, not the run's 1e-05" \
+        in result.summary["explanation"]
+    assert _budgets(RunDirectory.load(tmp_path / "run")) == {1.0: ["p at delta = 0.001"]}
+    (tmp_path / "s.yaml").write_text(json.dumps(data), encoding="utf-8")
+    assert main(["validate", str(tmp_path / "s.yaml"), "--schema-only"]) == 0
+    assert "warning: the budgets of p (delta 0.001) hold at their own delta" in \
+        capsys.readouterr().out
+    # At the run's delta: no word anywhere.
+    data["clients"]["groups"][0]["budget"]["delta"] = 1e-5
+    same = run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path / "same",
+                        message_only=True)
+    assert "their own delta" not in same.summary["explanation"]
+    assert _budgets(RunDirectory.load(tmp_path / "same")) == {1.0: ["p"]}

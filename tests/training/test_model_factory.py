@@ -135,7 +135,7 @@ def test_a_python_factory_and_a_built_in_name() -> None:
 def test_the_schema_checks_the_factory_string_shape() -> None:
     base = {"stop": {"windows": 1}, "dataset": {"name": "synthetic"}, "server": {"window": 1.0},
             "clients": {"groups": [{"name": "a", "count": 1, "data_share": 1.0, "batch_size": 4,
-                                    "clip": 1.0, "noise": 1.0}]}}
+                                    "clip": 1.0, "noise": 1.0, "speed": 0.01}]}}
     for bad, message in [
         ({"factory": "pkg.module"}, "is not of the form 'package.module:function'"),
         ({"factory": "pkg:1f"}, "is not of the form"),
