@@ -136,6 +136,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
               + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     from fedsim.runtime.deployed.guarantees import guarantee_lines
 
+    # (Every group's line, under one heading: a stranger running simulations only took
+    # "deployed, paced at ..." for something about their run.)
+    print("  if deployed (fedsim launch, fedsim deploy):")
     for line in guarantee_lines(scenario):
-        print(f"  {line}")
+        print(f"    {line}")
     return 0

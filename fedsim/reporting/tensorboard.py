@@ -11,9 +11,11 @@ finished run directory (so the scalars are exactly the files' numbers):
   ``step_size``, ``min_remaining_epsilon``, ``time``), at step = the window number, per window;
 * at the end, ``epsilon/<client id>``: each client's epsilon at the scenario's delta, from its
   ledger under its enforcing accountant (the numbers of ``fedsim report``'s epsilon plot), on
-  :data:`~fedsim.reporting.plots.TIME_GRID_POINTS` virtual times, at step = the window in
-  progress at that time; and ``epsilon_summary/{min,median,max}`` over the clients.
-  (While the run goes, ``window/min_remaining_epsilon`` follows the budgets.)
+  :data:`~fedsim.reporting.epsilon_history.TIME_GRID_POINTS` virtual times, at step = the
+  window in progress at that time; and ``epsilon_summary/{min,median,max}`` over the clients
+  (while the run goes, ``window/min_remaining_epsilon`` follows the budgets);
+* at the end, ``final/accuracy`` and ``final/loss``: the final model's evaluation at the run's
+  end (none for an interrupted run), at step = the last window.
 
 Every event's wall time is its virtual time (seconds), so TensorBoard's "relative" horizontal
 axis reads virtual seconds, and two exports of one run directory write the same scalars.
@@ -101,13 +103,30 @@ class LiveExport:
     def finish(self, run_dir: str | Path) -> Path:
         """Add the per-client epsilon curves of the run directory and close; the log dir."""
         try:
-            self._epsilon(RunDirectory.load(run_dir))
+            run = RunDirectory.load(run_dir)
+            self._final(run)
+            self._epsilon(run)
         finally:
             self.close()
         return self.log_dir
 
     def close(self) -> None:
         self.writer.close()
+
+    def _final(self, run: RunDirectory) -> None:
+        """``final/accuracy`` and ``final/loss``: the final model's evaluation at the run's end
+        (a stranger's run shorter than eval_every had no accuracy scalar at all)."""
+        from fedsim.reporting.plots import final_point
+
+        final = final_point(run)
+        if final is None:
+            return
+        time, accuracy, _ = final
+        step = int(run.metrics[-1].get("window") or 0) if run.metrics else 0
+        self.writer.add_scalar("final/accuracy", accuracy, step, walltime=time)
+        loss = finite_number(run.summary.get("final_loss"))
+        if loss is not None:
+            self.writer.add_scalar("final/loss", loss, step, walltime=time)
 
     def _epsilon(self, run: RunDirectory) -> None:
         from fedsim.reporting.epsilon_history import TIME_GRID_POINTS, epsilon_history, time_grid

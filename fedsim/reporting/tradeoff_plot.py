@@ -124,6 +124,11 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
             axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
                       linestyle=":", linewidth=1.2,
                       label=f"  {cid} ({epsilon:.3f}, {run.delta:g})-DP")
+        silent = sorted({client_groups[cid] for cid in members if cid in client_groups}
+                        - {client_groups[cid] for cid in members
+                           if cid in client_groups and final.get(cid, 0.0) > 0})
+        if silent and chosen:  # (a stranger saw a group left out without a word)
+            axes.plot([], [], " ", label=f"{', '.join(silent)}: no client spent privacy")
         if not chosen:
             axes.text(0.5, 0.5, "no client ledgers in this directory\n(a deployed server's view)"
                       if run.server_view and not run.ledger_paths

@@ -514,6 +514,10 @@ def write_run_outputs(record: RunRecord, rows: list[dict[str, Any]] | None = Non
     computed them already)."""
     out = record.out_dir
     rows = client_rows(record) if rows is None else rows
+    # A run that ended before its first window (interrupted at once) has written no metrics
+    # line: its empty file still makes the directory a run's (a sweep listed such a run as
+    # "cannot be read").
+    (out / METRICS_FILE).touch(exist_ok=True)
     with open(out / CLIENTS_FILE, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(CLIENT_COLUMNS)

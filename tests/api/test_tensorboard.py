@@ -46,6 +46,11 @@ def test_run_tensorboard_writes_window_and_epsilon_scalars(tiny_scenario: Path,
         assert [v for _, v in curve] == sorted(v for _, v in curve)  # spending never falls
     finals = [scalars[f"epsilon/{p.stem}"][-1][1] for p in (out / "ledgers").glob("*.jsonl")]
     assert scalars["epsilon_summary/max"][-1][1] == pytest.approx(max(finals))
+    # The final model's evaluation (a stranger's run shorter than eval_every had no accuracy).
+    summary = json.loads((out / "summary.json").read_text())
+    assert scalars["final/accuracy"] == [(metrics[-1]["window"], pytest.approx(
+        summary["final_accuracy"], rel=1e-6))]
+    assert scalars["final/loss"][0][1] == pytest.approx(summary["final_loss"], rel=1e-6)
 
 
 def test_simulate_tensorboard_without_a_run_directory(tiny_scenario: Path, tmp_path: Path) -> None:

@@ -541,3 +541,24 @@ def test_a_directory_of_runs_is_named_as_one(
     empty.mkdir()
     assert cli_main(["report", str(empty)]) == 2
     assert "directory of runs" not in capsys.readouterr().err
+
+
+def test_a_group_that_spent_nothing_is_named_on_the_trade_off_plot(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's group that never trained was left out of the trade-off plot without a
+    word (the title said "2 of 10 clients")."""
+    from fedsim.reporting.tradeoff_plot import draw_tradeoff
+
+    run = copy_run(small_run)
+    directory = RunDirectory.load(run.path)
+    groups = {str(r["client_id"]): str(r["group"]) for r in directory.clients}
+    quiet = sorted(set(groups.values()))[0]
+    final = {cid: (0.0 if groups[cid] == quiet else run.final_epsilon(cid))
+             for cid in run.histories}
+    figures = _drawn_figures(monkeypatch)
+    draw_tradeoff(directory, read_ledgers(directory), final, tmp_path / "tradeoff.png")
+    labels = _legend_texts(figures["tradeoff.png"])
+    assert f"{quiet}: no client spent privacy" in labels
+    assert not any(t.startswith(f"{quiet},") or t.startswith(f"{quiet}:") and "median" in t
+                   for t in labels)

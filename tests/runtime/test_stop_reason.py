@@ -182,3 +182,19 @@ def test_a_budget_at_another_delta_is_said_wherever_eps_meets_it(
                         message_only=True)
     assert "their own delta" not in same.summary["explanation"]
     assert _budgets(RunDirectory.load(tmp_path / "same")) == {1.0: ["p"]}
+
+
+def test_a_run_ended_before_its_first_window_is_a_readable_run_directory(
+        tmp_path: Path) -> None:
+    """A sweep's worker interrupted before its run's first window left summary.json without
+    metrics.jsonl: "not a run directory", and the sweep's table said it could not be read."""
+    from fedsim.reporting.rundir import RunDirectory
+    from fedsim.runtime.run_outputs import RunRecord, write_run_outputs
+
+    record = RunRecord(
+        scenario=parse_scenario(tiny(0.5, 10.0)), out_dir=tmp_path, metrics=[], clients=[],
+        stopped=[], stop_reason=None, final_version=0, network={}, wall_seconds=0.1,
+        cpu_seconds=0.1, interrupted="SIGINT")
+    write_run_outputs(record)
+    run = RunDirectory.load(tmp_path)
+    assert run.metrics == () and run.interrupted == "SIGINT" and run.virtual_time == 0.0
