@@ -115,14 +115,16 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
             betas = np.clip(betas, 0.0, 1.0)
             mu = fit_gdp_mu(alphas, betas)
             epsilon = final[cid]
-            # Wide and light, so the fitted curve drawn over it stays visible where they agree.
+            # Wide and light, below every thin line (zorder): a fitted curve stays visible where
+            # it agrees with its own curve, and where it runs inside another group's (a
+            # stranger lost phone's fit under laptop's curve, drawn after it).
             relation = {str(k): v for k, v in NEIGHBOURING_RELATION.items()}.get(sampling, "?")
-            axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45,
+            axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45, zorder=1.5,
                       label=f"{name} ({accountant.name}, {relation})")
             axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--",
-                      linewidth=1, label=f"  {cid} GDP fit, mu = {mu:.3f}")
+                      linewidth=1, zorder=2.5, label=f"  {cid} GDP fit, mu = {mu:.3f}")
             axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
-                      linestyle=":", linewidth=1.2,
+                      linestyle=":", linewidth=1.2, zorder=2.5,
                       label=f"  {cid} ({epsilon:.3f}, {run.delta:g})-DP")
         silent = sorted({client_groups[cid] for cid in members if cid in client_groups}
                         - {client_groups[cid] for cid in members
