@@ -18,20 +18,29 @@ the tuning's bound (:mod:`fedsim.commands.private_tuning`).
 from __future__ import annotations
 
 import argparse
-import contextlib
+import collections
 import csv
 import itertools
 import json
 import re
+import signal
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from multiprocessing import active_children, get_context
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.runtime.deployed.options import add_allow_factory_option
-from fedsim.runtime.interrupted import SIGNAL_EXIT, interrupting_signal, signals_interrupt
+from fedsim.runtime.interrupted import (
+    SIGNAL_EXIT,
+    cancel_main_task,
+    interrupting_signal,
+    note_signal,
+    signals_ignored,
+    signals_interrupt,
+)
 
 DESCRIPTION = (
     "Run every combination of grid values and seeds, one run directory each, and write a "
@@ -107,7 +116,7 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         if not sep or not path.strip() or not values.strip():
             raise ConfigError(f"--grid {item!r}: expected PATH=V1,V2,...")
         found = split_values(values)
-        twice = sorted({v for v in found if found.count(v) > 1})
+        twice = sorted(v for v, n in collections.Counter(found).items() if n > 1)
         if twice:  # the same run twice, in two directories: a typo, not a plan
             raise ConfigError(f"--grid {path.strip()}: the value {twice[0]!r} is given twice")
         grid.append((path.strip(), found))
@@ -175,16 +184,25 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
     row = _planned(plan)
     if _STOPPING is not None and _STOPPING.is_set():  # the sweep was interrupted: start none
         return {**row, "status": NOT_RUN}
-    # In a worker process (_STOPPING set), a SIGTERM of the worker (a scheduler's to every
-    # process of the job) interrupts its run as Ctrl-C does: a partial run, readable. (The
-    # sweep's own process holds the same rule around every run it makes itself.)
-    handling = signals_interrupt() if _STOPPING is not None else contextlib.nullcontext()
+    # In a worker process (_STOPPING set) a signal interrupts its run once, as Ctrl-C does
+    # (_stop_once): a partial run, readable; the row says which signal, and the sweep stops.
+    # (The sweep's own process holds its rule around every run it makes itself.)
+    worker = _STOPPING is not None
+    if worker and _SIGNALLED:
+        return {**row, "status": NOT_RUN, "signal": _SIGNALLED[0]}
+    _IN_RUN[:] = [True]
     try:
-        with handling:
-            result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"],
-                              progress=False, plots=plots, allow_factories=allow_factories)
+        result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"],
+                          progress=False, plots=plots, allow_factories=allow_factories)
+        _IN_RUN[:] = [False]
+    except KeyboardInterrupt:
+        if not worker:
+            raise
+        return {**row_on_disk(plan), "signal": _SIGNALLED[0] if _SIGNALLED else "SIGINT"}
     except FedsimError as exc:
         return {**row, "status": f"failed: {exc}"}
+    finally:
+        _IN_RUN[:] = [False]
     return {**_measured(row, RunDirectory.load(plan["dir"])),
             "wall_seconds": round(result.wall_seconds, 3), "status": "ok"}
 
@@ -208,9 +226,42 @@ _STOPPING: Any = None
 starts after it: the pool's workers outlive a Ctrl-C and took the next queued run)."""
 
 
+class SweepInterrupted(Exception):  # noqa: N818 - an interrupt, as KeyboardInterrupt
+    """A signal stopped one of the sweep's workers: the sweep stops as if it had received it."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(f"a worker was interrupted by {signal}")
+        self.signal = signal
+
+
+_SIGNALLED: list[str] = []
+"""In a sweep's worker process: the first signal it received (then no run starts in it)."""
+_IN_RUN = [False]
+"""In a sweep's worker process: whether it is inside a run (a signal then interrupts it)."""
+
+
 def _worker_started(stopping: Any) -> None:
     global _STOPPING
     _STOPPING = stopping
+    # For the worker's life: a scheduler signals every process of the job, the sweep its
+    # workers when it stops, and both may come; the first interrupts the run, the rest are
+    # ignored (a second one raised inside the interrupted run's own writing).
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _stop_once)
+
+
+def _stop_once(signum: int, frame: FrameType | None) -> None:
+    """A sweep worker's SIGINT and SIGTERM handler: the first interrupts the run in progress
+    as Ctrl-C does (its main task cancelled: its outputs are written), or, in a run before its
+    loop started, raises KeyboardInterrupt there; between runs it only keeps the next from
+    starting. Every later one is ignored."""
+    if _SIGNALLED:
+        return
+    name = signal.Signals(signum).name
+    _SIGNALLED.append(name)
+    note_signal(name)
+    if not cancel_main_task() and _IN_RUN[0]:
+        raise KeyboardInterrupt
 
 
 def row_on_disk(plan: dict[str, Any]) -> dict[str, Any]:
@@ -278,20 +329,26 @@ def run(args: argparse.Namespace) -> int:
     meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": seeds,
             "overrides": list(args.overrides)}
     done: dict[int, dict[str, Any]] = {}
+    stopped_by: str | None = None
     try:
         # A SIGTERM (a batch scheduler's, `timeout`'s) stops the sweep as Ctrl-C does: it
         # killed the process, leaving no table and a run directory without its summary.
         with signals_interrupt():
             execute(args, plans, done)
     except KeyboardInterrupt:
-        # The runs that finished keep their rows, whichever order they finished in; the rest
-        # are listed as not run.
-        rows = [done[index] if index in done and done[index]["status"] != NOT_RUN
-                else row_on_disk(plan) for index, plan in enumerate(plans)]
-        write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
-        print(f"interrupted by {interrupting_signal()}; table of the finished runs: "
-              f"{out / 'sweep.csv'}, {out / 'sweep.json'}")
-        return SIGNAL_EXIT.get(interrupting_signal(), 130)
+        stopped_by = interrupting_signal()
+    except SweepInterrupted as exc:  # a worker was signalled: the sweep stops as it would
+        stopped_by = exc.signal
+    if stopped_by is not None:
+        with signals_ignored():  # a second signal must not leave the table unwritten
+            # The runs that finished keep their rows, whichever order they finished in;
+            # the others say what their run directory holds (the workers are done with it).
+            rows = [done[index] if index in done and done[index]["status"] != NOT_RUN
+                    else row_on_disk(plan) for index, plan in enumerate(plans)]
+            write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
+            print(f"interrupted by {stopped_by}; table of the finished runs: "
+                  f"{out / 'sweep.csv'}, {out / 'sweep.json'}")
+        return SIGNAL_EXIT.get(stopped_by, 130)
     rows = [done[index] for index in range(len(plans))]
     csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
     for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
@@ -323,16 +380,24 @@ def execute(args: argparse.Namespace, plans: list[dict[str, Any]],
             for future in as_completed(futures):
                 done[futures[future]] = row = future.result()
                 print(f"  {row['run']}: {row['status']}")
+                if row.get("signal"):  # its worker was signalled: so is the sweep
+                    raise SweepInterrupted(row["signal"])
         except BaseException:
             # Interrupted: no queued run starts (the pool's exit started every one of them,
             # then listed them as not run: a review; its workers outlive a Ctrl-C and took the
-            # next queued run: a stranger), and a run that finished meanwhile keeps its row.
-            stopping.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            for future, index in futures.items():
-                if index not in done and future.done() and not future.cancelled() \
-                        and future.exception() is None:
-                    done[index] = future.result()
+            # next queued run: a stranger), the running ones are interrupted (a SIGTERM to
+            # the sweep alone waited for them to finish), and a run that finished meanwhile
+            # keeps its row. No second signal may interrupt this: one that raised inside the
+            # shutdown left the sweep waiting for its workers for ever (a review).
+            with signals_ignored():
+                stopping.set()
+                for worker in active_children():  # each stops its run once, however told
+                    worker.terminate()
+                pool.shutdown(wait=True, cancel_futures=True)
+                for future, index in futures.items():
+                    if index not in done and future.done() and not future.cancelled() \
+                            and future.exception() is None:
+                        done[index] = future.result()
             raise
         pool.shutdown(wait=True)
 

@@ -76,6 +76,12 @@ class _Distribution(Strict):
     def is_zero(self) -> bool:
         return False
 
+    @property
+    def average(self) -> float:
+        """The distribution's mean (each subclass's own; a pydantic model has no abstract
+        properties; not ``mean``, which is a parameter of the exponentials)."""
+        raise NotImplementedError
+
 
 class Constant(_Distribution):
     """Always ``value``. A bare number in YAML means this."""
@@ -85,6 +91,10 @@ class Constant(_Distribution):
     value: Seconds = Field(description="The value, in virtual seconds (at most 10^9).")
 
     def sample(self, rng: np.random.Generator) -> float:
+        return self.value
+
+    @property
+    def average(self) -> float:
         return self.value
 
     @property
@@ -109,6 +119,10 @@ class Uniform(_Distribution):
         return float(rng.uniform(self.low, self.high))
 
     @property
+    def average(self) -> float:
+        return 0.5 * (self.low + self.high)
+
+    @property
     def is_zero(self) -> bool:
         return self.high == 0.0
 
@@ -122,6 +136,10 @@ class Exponential(_Distribution):
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.exponential(self.mean))
+
+    @property
+    def average(self) -> float:
+        return self.mean
 
 
 class LogNormal(_Distribution):
@@ -138,6 +156,10 @@ class LogNormal(_Distribution):
         return float(min(self.median * math.exp(self.sigma * rng.standard_normal()),
                          limits.MAX_SECONDS))
 
+    @property
+    def average(self) -> float:
+        return min(self.median * math.exp(0.5 * self.sigma**2), limits.MAX_SECONDS)
+
 
 class ShiftedExponential(_Distribution):
     """``minimum`` + Exponential(mean): a fixed propagation delay plus queueing jitter."""
@@ -150,6 +172,10 @@ class ShiftedExponential(_Distribution):
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(self.minimum + rng.exponential(self.mean))
+
+    @property
+    def average(self) -> float:
+        return self.minimum + self.mean
 
 
 def number_is_constant(value: Any) -> Any:

@@ -103,6 +103,11 @@ MAX_MESSAGE_BYTES = 2**30
 """1 GiB: ``network.max_message_bytes``, the largest message a broker or the simulated network
 carries; a model whose parameters do not fit in it can never be broadcast."""
 
+MAX_ROUNDS_PER_WINDOW = 1_000_000
+"""Expected rounds a client and server window (the window over a round's mean virtual time)
+that nothing bounds or paces: more, and virtual time all but stands still (a speed of 0, the
+default, is infinitely many); a real client's round takes at least milliseconds."""
+
 MAX_RUN_FILE_BYTES = 2**29
 """512 MiB: the largest ``metrics.jsonl``, ``summary.json``, ``server.json`` or ``clients.csv``
 a report reads (a run of a week with one-second windows writes about 200 MB of metrics; 10^6

@@ -353,11 +353,12 @@ def _keys_at(path: Sequence[str | int]) -> set[str]:
 
 def _first_unknown_key(path: Sequence[str | int]) -> str:
     """:func:`_did_you_mean` for the first key of ``path`` the scenario does not accept
-    (``client.groups``: ``client``), else for its last."""
+    (``client.groups``: ``client``); "" when it accepts every one (a review: a valid key was
+    suggested as the one meant)."""
     for end, part in enumerate(path):
         if isinstance(part, str) and part not in _keys_at(path[:end]):
             return _did_you_mean(path[:end + 1])
-    return _did_you_mean(path)
+    return ""
 
 
 def _did_you_mean(path: Sequence[str | int]) -> str:

@@ -371,24 +371,6 @@ class ClientGroup(_Strict):
                                  f"clip {self.clip.value:g}")
         return self
 
-    @model_validator(mode="after")
-    def _rounds_take_time(self) -> ClientGroup:
-        """A round of no virtual time (speed 0, the default) that nothing bounds or paces
-        trains for ever at one instant: virtual time never moves, no window closes and the
-        run never ends (a stranger's scenario without a speed ran 168,393 rounds a client at
-        time 0). A bound (rounds, a budget) or a wait for the next global model (a staleness
-        rule) makes it a legitimate synchronous setting."""
-        paced = (self.rounds is not None or self.budget is not None
-                 or self.staleness.max_versions_behind is not None
-                 or self.staleness.max_distance is not None)
-        if self.speed.is_zero and not paced:
-            raise ValueError(
-                "speed: its rounds take no virtual time (speed 0, the default) and nothing "
-                "bounds or paces them (no rounds, budget or staleness rule), so its clients "
-                "would train for ever at time 0 and the run would never end; set speed, the "
-                "virtual seconds of one sample gradient (for example speed: 0.003)")
-        return self
-
     def adaptive_clip_ceiling(self) -> float | None:
         """The public ceiling of the group's adaptive clip (None without adaptive clipping)."""
         if self.adaptive_clip is None or not isinstance(self.clip, ConstantClip):
@@ -616,6 +598,34 @@ class Scenario(_Strict):
                 f"server.participation < 1 invites clients by a bitmap in the global model's "
                 f"header, which names at most {limits.MAX_INVITED_CLIENTS} clients; this "
                 f"scenario has {total}")
+        return self
+
+    @model_validator(mode="after")
+    def _rounds_take_time(self) -> Scenario:
+        """A round of (next to) no virtual time that nothing bounds or paces trains for ever
+        at one instant: virtual time never reaches the next window and the run never ends (a
+        stranger's scenario without a speed, 0 by default, ran 168,393 rounds a client at time
+        0). Refused past MAX_ROUNDS_PER_WINDOW expected rounds a client and server window (the
+        speed's mean times the round's expected gradients), unless ``rounds`` bounds them or
+        ``staleness.max_versions_behind`` waits for a newer global model after a few of
+        them. A budget does not pace them (a large one affords millions of rounds at time 0),
+        nor a distance rule (it may never fire): a review found both."""
+        window = self.server.window
+        for index, group in enumerate(self.clients.groups):
+            if group.rounds is not None or group.staleness.max_versions_behind is not None:
+                continue
+            seconds = group.speed.average * group.batch_size * group.local_steps
+            if seconds > 0 and window / seconds <= limits.MAX_ROUNDS_PER_WINDOW:
+                continue
+            default = "" if "speed" in group.model_fields_set else ", the default"
+            raise ValueError(
+                f"clients.groups[{index}].speed: a round of group {group.name!r} takes "
+                f"{seconds:.3g} virtual s on average (speed {group.speed.average:.3g} s a "
+                f"sample gradient{default}), more than {limits.MAX_ROUNDS_PER_WINDOW:,} "
+                f"rounds a client in a {window:g} s server window, and nothing bounds or paces "
+                "them (rounds, staleness.max_versions_behind): virtual time would stand still "
+                "and the run would never end; set speed, the virtual seconds of one sample "
+                "gradient (for example speed: 0.003)")
         return self
 
     def budgets_at_other_delta(self) -> list[str]:

@@ -532,7 +532,7 @@ class PrivacyLedger:
         # ``trial`` holds every step (``held`` composed the waiting ones) and the selection
         affordability = self._affordability
         self._append([LedgerRecord(float(time), round, selection)], accountant=trial,
-                     counted=affordability.forget if affordability is not None else None)
+                     counted=affordability.forget if affordability is not None else _nothing)
 
     # -- internals -----------------------------------------------------------------------------------
     def _check_record(self, time: float, round: int) -> None:  # noqa: A002
@@ -555,7 +555,7 @@ class PrivacyLedger:
             raise ConfigError(f"round must be an integer, got {round!r}")
 
     def _append(self, records: list[LedgerRecord], *, accountant: Accountant | None = None,
-                counted: Callable[[], None] | None = None) -> None:
+                counted: Callable[[], None]) -> None:
         """Write ``records`` durably (then the mark), then hold them in memory: their steps
         waiting to be composed, or ``accountant`` (already holding them) as the ledger's, and
         ``counted()`` updates the budget's counters - all with no Ctrl-C between."""
@@ -578,8 +578,7 @@ class PrivacyLedger:
                                         if isinstance(r.step, GaussianStep))
             else:
                 self._composed = accountant
-            if counted is not None:
-                counted()
+            counted()
 
     def _delta(self, delta: float | None) -> float:
         if delta is None:
@@ -602,6 +601,10 @@ class PrivacyLedger:
 
 _COMPOSE_BATCH = 64
 """At most this many spent steps wait to be composed (the ledger's memory stays bounded)."""
+
+
+def _nothing() -> None:
+    """A spend's side in a ledger without a budget: no counts to keep."""
 
 
 def _read(path: Path, data: bytes, expected: dict[str, Any],

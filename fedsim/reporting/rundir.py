@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,7 +27,7 @@ from typing import Any
 
 from fedsim.errors import ConfigError
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
-from fedsim.reporting.values import finite_number
+from fedsim.reporting.values import finite_number, printable
 from fedsim.runtime.run_outputs import (
     CLIENTS_FILE,
     LEDGER_DIR,
@@ -183,16 +184,17 @@ class RunDirectory:
 def _holding_runs(root: Path, looked_at: int = 1000) -> str:
     """What to say of a directory that holds run directories (a sweep's, a runs/ folder): a
     stranger gave `fedsim compare` the sweep's directory itself."""
-    try:
+    try:  # (a child that cannot be read: a review's locked directory raised here)
         children = [child for _, child in zip(range(looked_at), root.iterdir(), strict=False)]
+        runs = sorted(child.name for child in children if os.path.isfile(child / SUMMARY_FILE))
+        sweep = os.path.isfile(root / "sweep.json")
     except OSError:
         return ""
-    runs = sorted(child.name for child in children if (child / SUMMARY_FILE).is_file())
     if not runs:
         return ""
-    what = "a sweep's directory" if (root / "sweep.json").is_file() else "a directory of runs"
+    what = "a sweep's directory" if sweep else "a directory of runs"
     return (f"; it is {what}: name its runs, for example `fedsim compare {root}/*` or "
-            f"`fedsim report {root / runs[0]}`")
+            f"`fedsim report {printable(str(root / runs[0]), limit=300)}`")
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:

@@ -49,6 +49,37 @@ def main_task(task: asyncio.Task[Any] | None) -> Iterator[None]:
         _main_tasks.remove(task)
 
 
+def cancel_main_task() -> bool:
+    """Cancel the innermost live :func:`main_task`, once: the run then stops as interrupted
+    (its outputs written). False when there is none to cancel, or one was cancelled already."""
+    live = [task for task in _main_tasks if not task.done()]
+    if live and not _cancelled:
+        _cancelled.append(live[-1])
+        live[-1].cancel()
+        return True
+    return False
+
+
+def note_signal(name: str) -> None:
+    """Record that ``name`` interrupts the run (what :func:`interrupting_signal` answers and
+    an interrupted run's summary says), for a handler of the caller's own."""
+    _received.append(name)
+
+
+@contextmanager
+def signals_ignored() -> Iterator[None]:
+    """Within the block (main thread) SIGINT and SIGTERM are ignored: a command that was
+    interrupted once finishes its stop (a sweep's workers joined, its table written) however
+    often it is signalled again; a second signal that raised inside a pool's shutdown left it
+    waiting for ever (a review)."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def cancelled_by_signal(task: asyncio.Task[Any] | None = None) -> bool:
     """Whether a signal cancelled ``task`` (any registered main task if None) through
     :func:`main_task`: its CancelledError is an interrupt, not a bug."""
@@ -74,12 +105,8 @@ def signals_interrupt() -> Iterator[None]:
         if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)  # asyncio.Runner's: cancels the main task
             return
-        live = [task for task in _main_tasks if not task.done()]
-        if live and not _cancelled:
-            _cancelled.append(live[-1])
-            live[-1].cancel()
-            return
-        raise KeyboardInterrupt
+        if not cancel_main_task():
+            raise KeyboardInterrupt
 
     del _received[:], _cancelled[:]
     previous = signal.signal(signal.SIGTERM, on_sigterm)

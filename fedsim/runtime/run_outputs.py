@@ -214,7 +214,7 @@ def read_run_file(path: Path) -> bytes:
     :data:`~fedsim.config.limits.MAX_RUN_FILE_BYTES`, else a :class:`ConfigError`."""
     data = read_regular(path, MAX_RUN_FILE_BYTES + 1)
     if len(data) > MAX_RUN_FILE_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_RUN_FILE_BYTES >> 20} MiB, more than a "
+        raise ConfigError(f"{path}: larger than {MAX_RUN_FILE_BYTES:,} bytes, more than a "
                           "run writes; not read")
     return data
 

@@ -227,8 +227,10 @@ def test_an_interrupted_parallel_sweep_keeps_a_run_that_finished_out_of_order(
 def test_an_interrupted_parallel_sweep_starts_no_queued_run_and_lists_what_it_finished(
         tiny_scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A review: after the interrupt the pool's exit still started every queued run, ran it
-    to its end and listed it as not run. Now the queued ones are cancelled, and a row says
-    "ok" exactly where a run directory holds its summary."""
+    to its end and listed it as not run. Now the queued ones are cancelled, the running ones
+    interrupted (a second review: they were waited out), and a row says "ok" exactly where a
+    run directory holds a finished run's summary, "interrupted: partial run" where it holds an
+    interrupted one's."""
     import concurrent.futures
 
     from fedsim.commands import sweep
@@ -246,8 +248,10 @@ def test_an_interrupted_parallel_sweep_starts_no_queued_run_and_lists_what_it_fi
     rows = _rows(out / "sweep.csv")
     assert len(rows) == 10
     for row in rows:
-        ran = (out / row["run"] / "summary.json").exists()
-        assert (row["status"] == "ok") == ran, row
+        summary = out / row["run"] / "summary.json"
+        cut = summary.exists() and "interrupted" in json.loads(summary.read_text())
+        assert (row["status"] == "ok") == (summary.exists() and not cut), row
+        assert (row["status"] == "interrupted: partial run") == cut, row
     # At most 7 ever start: those finished when the interrupt came (one, rarely two), 2
     # running and the 3 the pool had handed to its workers' queue (max_workers + 1); the
     # rest are cancelled (before, all 10 ran).
@@ -255,13 +259,20 @@ def test_an_interrupted_parallel_sweep_starts_no_queued_run_and_lists_what_it_fi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "jobs", "to_group", "status"), [
-    ("SIGINT", 2, True, 130),  # a terminal's Ctrl-C reaches every process of the sweep
-    ("SIGTERM", 2, True, 143),  # a batch scheduler's stop of a job's every process
-    ("SIGTERM", 1, False, 143),  # `timeout`'s, or kill PID: the sweep's own process only
+@pytest.mark.parametrize(("name", "jobs", "target", "twice", "status"), [
+    ("SIGINT", 2, "group", False, 130),  # a terminal's Ctrl-C reaches every process
+    ("SIGTERM", 2, "group", False, 143),  # a batch scheduler's stop of a job's every process
+    ("SIGTERM", 1, "sweep", False, 143),  # `timeout`'s, or kill PID: the sweep's own only
+    # A review: the sweep alone signalled waited for its running runs to finish; signalled
+    # twice it hung for ever in its pool's shutdown; one worker signalled ran on and the
+    # sweep said SIGINT.
+    ("SIGTERM", 2, "sweep", False, 143),
+    ("SIGTERM", 2, "sweep", True, 143),
+    ("SIGTERM", 2, "group", True, 143),
+    ("SIGTERM", 2, "worker", False, 143),
 ])
 def test_a_real_signal_leaves_a_sweep_table_that_matches_its_run_directories(
-        tiny_scenario: Path, tmp_path: Path, name: str, jobs: int, to_group: bool,
+        tiny_scenario: Path, tmp_path: Path, name: str, jobs: int, target: str, twice: bool,
         status: int) -> None:
     """A stranger's Ctrl-C (SIGINT to the process group) during `sweep --jobs 2`: two runs
     that had written their summaries were listed as not run, and a queued run started after
@@ -291,13 +302,23 @@ def test_a_real_signal_leaves_a_sweep_table_that_matches_its_run_directories(
             time.sleep(0.2)  # a run finished: the others are running or queued
         interrupted_at = time.time()
         number = getattr(signal, name)
-        os.killpg(process.pid, number) if to_group else os.kill(process.pid, number)
-        _, err = process.communicate(timeout=120)
+        for _ in range(2 if twice else 1):
+            if target == "group":
+                os.killpg(process.pid, number)
+            elif target == "sweep":
+                os.kill(process.pid, number)
+            else:  # one of the sweep's workers
+                children = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "spawn_main"],
+                                          capture_output=True, text=True).stdout.split()
+                os.kill(int(children[0]), number)
+            time.sleep(0.3)
+        out_text, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert process.returncode == status, err
+    assert f"interrupted by {name}; table of the finished runs" in out_text, out_text
     rows = _rows(out / "sweep.csv")
     assert len(rows) == 8
     for row in rows:

@@ -383,11 +383,16 @@ def test_invitations_beyond_the_bitmap_are_refused_up_front() -> None:
 @pytest.mark.parametrize(("extra", "refused"), [
     ({}, True),  # a stranger's: no speed, nothing to bound or pace the rounds
     ({"speed": {"kind": "uniform", "low": 0.0, "high": 0.0}}, True),
+    # a review's: rounds of next to no time; a budget that affords millions of rounds; a
+    # distance rule that may never fire
+    ({"speed": {"kind": "uniform", "low": 0.0, "high": 1e-300}}, True),
+    ({"budget": {"epsilon": 100.0, "delta": 1e-5}, "noise": 50.0}, True),
+    ({"staleness": {"max_distance": 1e6}}, True),
+    ({"speed": 1e-8}, True),  # 1.25e-7 s a round of 8: 8 million rounds a 1 s window
     ({"rounds": 5}, False),
-    ({"budget": {"epsilon": 1.0, "delta": 1e-5}}, False),
     ({"staleness": {"max_versions_behind": 1}}, False),  # synchronous: waits for each model
-    ({"staleness": {"max_distance": 2.0}}, False),
     ({"speed": 0.001}, False),
+    ({"speed": {"kind": "exponential", "mean": 0.001}}, False),
 ])
 def test_rounds_of_no_virtual_time_that_nothing_paces_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, Any],
@@ -401,7 +406,7 @@ def test_rounds_of_no_virtual_time_that_nothing_paces_are_refused(
     status = main(["validate", str(_write(tmp_path, data))])
     err = capsys.readouterr().err
     assert status == (2 if refused else 0), err
-    assert ("its clients would train for ever at time 0" in err) == refused
+    assert ("virtual time would stand still and the run would never end" in err) == refused
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -66,6 +66,9 @@ def test_errors_name_the_missing_group_and_the_concrete_item() -> None:
     # A key the file leaves out: a list cannot be made by selecting its items.
     ("model.foo[0]=1", "model.foo is not in the scenario (an absent list is set whole: "
                        "model.foo=[...])"),
+    # a review's: a key the scenario accepts was suggested as the one meant
+    ("clients.groups[0].budget[*]=1", "clients.groups[0].budget is not in the scenario (an "
+                                      "absent list is set whole: clients.groups[0].budget=[...])"),
 ])
 def test_a_missing_key_before_a_selector_is_named_with_a_suggestion(
         assignment: str, message: str) -> None:

@@ -518,7 +518,7 @@ def test_a_file_larger_than_a_run_writes_is_refused_unread(
     (target / name).write_bytes(original + b"\n" * (limit + 1 - len(original)))
     assert cli_main(["report", str(target)]) == 2
     err = capsys.readouterr().err
-    assert f"{name}: larger than 0 MiB, more than a run writes; not read" in err
+    assert f"{name}: larger than {limit:,} bytes, more than a run writes; not read" in err
 
 
 def test_a_directory_of_runs_is_named_as_one(

@@ -49,6 +49,7 @@ def _scenario(budget_epsilon: float, sigma: float) -> dict[str, Any]:
     # 400 synthetic records; group "full": 4 clients of 10 records with batch 10 (q = 1), so a
     # round is one Gaussian mechanism, exactly (1/sigma)-GDP under add/remove neighbours.
     group = {"count": 4, "batch_size": 10, "clip": 1.0, "noise": sigma, "sampling": "poisson",
+             "speed": 0.01,
              "budget": {"epsilon": budget_epsilon, "delta": 1e-5}}
     return {
         "stop": {"windows": 2},
