@@ -16,6 +16,7 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from fedsim.reporting.rundir import RunDirectory
 
@@ -70,6 +71,11 @@ def save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
     """Lay ``figure`` out in these margins (fractions of its size) and write it as ``path``
     (:func:`save_png`), its directory made."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Every text is plain: names, ids and titles come from files a run directory may have
+    # been handed over with, and a '$' made matplotlib parse mathtext (a review's nested
+    # '$x^{^{...}}$' as a scenario name crashed the report with a RecursionError).
+    for text in figure.findobj(Text):
+        text.set_parse_math(False)
     # Fixed margins (room for legends beside the axes): as good as tight_layout for these
     # figures, at a fraction of its cost, but for long tick labels (0.6025 on an axis fitted
     # to close values), which would push the axis label out of the figure: widened to fit.

@@ -25,6 +25,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
 from fedsim.reporting.values import finite_number, printable
@@ -211,9 +212,10 @@ def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
                               f"({type(exc).__name__})") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}:{number}: each line must be a JSON object")
-        if finite_number(row.get("time")) is None:
-            raise ConfigError(f"{path}:{number}: 'time' must be a finite number, got "
-                              f"{row.get('time')!r:.40}")
+        time = finite_number(row.get("time"))
+        if time is None or not 0.0 <= time <= limits.MAX_SECONDS:  # (±1e308 broke the plots)
+            raise ConfigError(f"{path}:{number}: 'time' must be a number of seconds in [0, "
+                              f"{limits.MAX_SECONDS:g}], got {row.get('time')!r:.40}")
         window = row.get("window")
         if not (window is None or (type(window) is int and window >= 0)):
             raise ConfigError(f"{path}:{number}: 'window' must be a window number, got "

@@ -577,3 +577,25 @@ def test_the_time_grid_keeps_a_plots_chords_near_a_concave_curve() -> None:
     assert np.max(1 - chord / np.sqrt(times)) < 0.06
     even = np.linspace(0.0, end, len(grid))
     assert np.max(1 - np.interp(times, even, np.sqrt(even)) / np.sqrt(times)) > 0.2  # before
+
+
+def test_hostile_names_and_times_neither_crash_nor_parse(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A review: a scenario name of nested mathtext crashed the report (RecursionError), and
+    metrics times of 1e308 broke the axes (ValueError), both as tracebacks."""
+    run = copy_run(small_run)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["scenario"] = "$x" + "^{" * 400 + "}" * 400 + "$"
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    figures = _drawn_figures(monkeypatch)
+    assert cli_main(["report", str(run.path)]) == 0
+    assert figures["accuracy.png"].axes[0].get_title().startswith("$x^{^{")  # drawn as text
+    capsys.readouterr()
+    metrics = [json.loads(t) for t in (run.path / "metrics.jsonl").read_text().splitlines()]
+    metrics[-1]["time"] = 1e308
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    assert cli_main(["report", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert "'time' must be a number of seconds in [0, 1e+09], got 1e+308" in err
+    assert "Traceback" not in err
