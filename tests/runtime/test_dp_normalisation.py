@@ -186,6 +186,7 @@ def test_the_budget_check_refuses_a_release_that_alone_exceeds_the_budget() -> N
         "clients": {"groups": [{"name": "a", "count": 2, "data_share": 1.0, "batch_size": 8,
                                 "clip": 1.0, "noise": 1.0, "budget": {"epsilon": 1.0,
                                                                       "delta": DELTA},
+                                "speed": 0.01,
                                 "dp_normalisation": {"noise_multiplier": 0.5, "bound": 5.0}}]},
     }).model_dump(mode="json", exclude_none=True)
     assert _gdp_epsilon(2.0, DELTA) > 1.0
