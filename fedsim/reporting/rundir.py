@@ -203,6 +203,11 @@ def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
     for number, line in enumerate(read_run_file(path).decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
+        if len(rows) >= limits.MAX_WINDOWS:  # a line a window: more than a run can have
+            # (each line read is a dict of some hundred bytes: a review's 3 million tiny
+            # lines took 1.1 GB; at most MAX_WINDOWS of them are read)
+            raise ConfigError(f"{path}: more than {limits.MAX_WINDOWS:,} lines, more windows "
+                              "than a run can have; not read")
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:

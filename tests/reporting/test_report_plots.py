@@ -599,3 +599,22 @@ def test_hostile_names_and_times_neither_crash_nor_parse(
     err = capsys.readouterr().err
     assert "'time' must be a number of seconds in [0, 1e+09], got 1e+308" in err
     assert "Traceback" not in err
+
+
+def test_more_metrics_lines_than_a_run_has_windows_are_refused(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A review: 32 MiB of tiny metrics lines (3 million rows) took 1.1 GB to read, so the
+    512 MiB file limit alone allowed about 18 GB. A run has a line a window, at most
+    MAX_WINDOWS (lowered here to the run's own count: read; one line more: refused)."""
+    from fedsim.config import limits
+
+    run = copy_run(small_run)
+    lines = [t for t in (run.path / "metrics.jsonl").read_text().splitlines() if t.strip()]
+    monkeypatch.setattr(limits, "MAX_WINDOWS", len(lines))
+    assert len(RunDirectory.load(run.path).metrics) == len(lines)  # at the limit: read
+    with open(run.path / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(lines[-1] + "\n")
+    assert cli_main(["report", str(run.path)]) == 2
+    assert f"more than {len(lines):,} lines, more windows than a run can have" in \
+        capsys.readouterr().err
