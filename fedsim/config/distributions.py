@@ -61,11 +61,15 @@ class Strict(BaseModel):
 
 
 class _Distribution(Strict):
-    """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0)."""
+    """Base of the distributions; each defines ``sample(rng) -> float`` (finite, >= 0) and
+    ``average`` (its mean; not ``mean``, which is a parameter of the exponentials)."""
 
-    if TYPE_CHECKING:  # each subclass defines it (a pydantic model: no abstract methods here)
+    if TYPE_CHECKING:  # each subclass defines them (a pydantic model: no abstract methods here)
 
         def sample(self, rng: np.random.Generator) -> float: ...
+
+        @property
+        def average(self) -> float: ...
 
     def sampler(self) -> Callable[[np.random.Generator], float]:
         """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
@@ -75,12 +79,6 @@ class _Distribution(Strict):
     @property
     def is_zero(self) -> bool:
         return False
-
-    @property
-    def average(self) -> float:
-        """The distribution's mean (each subclass's own; a pydantic model has no abstract
-        properties; not ``mean``, which is a parameter of the exponentials)."""
-        raise NotImplementedError
 
 
 class Constant(_Distribution):
