@@ -205,8 +205,10 @@ class PrivacyLedger:
         Takes the ledger's exclusive lock: a second writer, in this or another process, gets
         a :class:`LedgerError` until :meth:`close`. ``read_only=True`` reads an existing
         ledger without locking or changing it (for reports on a copied or read-only run
-        directory): an unterminated final line is skipped, not cut off, the chain and (if
-        present) the high-water mark are checked, and :meth:`spend` raises. ``directory``: the
+        directory): an unterminated final line (a crash's, at most a record long; a longer one
+        is refused as damage: :func:`~fedsim.privacy.ledger_file.complete_lines`) is skipped,
+        not cut off, the chain and (if present) the high-water mark are checked, and
+        :meth:`spend` raises. ``directory``: the
         :class:`~fedsim.privacy.ledger_file.DirectoryLock` of the ledger's directory, held by
         this process; the ledger then keeps no file open between spends.
 

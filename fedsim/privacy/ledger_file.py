@@ -462,7 +462,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
     """Parse and verify the complete lines of ``data`` (the bytes of ``path``): header, every
     record, the chain, and non-decreasing finite times. Raises :class:`LedgerError` at the
     first damaged line. The high-water mark is checked by the caller."""
-    complete = data.rfind(b"\n") + 1
+    complete = complete_lines(path, data)
     lines = _lines(path, data[:complete])
     first = next(lines, None)
     if first is None:
@@ -586,9 +586,25 @@ def _write_all(fd: int, payload: bytes) -> None:
             rest = rest[os.write(fd, rest):]
 
 
-def cut_partial_line(path: Path, data: bytes) -> bytes:
-    """Drop an unterminated final line (a write cut by a crash, never acknowledged)."""
+def complete_lines(path: Path, data: bytes) -> int:
+    """Where ``data`` (the bytes of the ledger ``path``)'s complete lines end: what follows
+    is an unterminated final line, a write cut by a crash (never acknowledged). A spend writes
+    whole lines in one ``write``, so a cut leaves at most one record's line unterminated:
+    an unterminated part longer than a record may be is damage, refused with every byte
+    kept for ``fedsim ledger repair``, not skipped or cut off as a crash's."""
     complete = data.rfind(b"\n") + 1
+    if too_long(data[complete:complete + MAX_SELECTION_LINE_BYTES + 1]):  # a bounded copy
+        raise LedgerError(
+            f"{path}: its last {len(data) - complete} bytes have no line end and are longer "
+            f"than any record, so they are not a write cut by a crash but damage; "
+            f"`fedsim ledger repair {path}` drops them")
+    return complete
+
+
+def cut_partial_line(path: Path, data: bytes) -> bytes:
+    """Drop an unterminated final line (a write cut by a crash, never acknowledged;
+    :func:`complete_lines`)."""
+    complete = complete_lines(path, data)
     if complete < len(data):
         with open(path, "r+b") as handle:
             handle.truncate(complete)

@@ -21,6 +21,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger, read_ledger_steps
 from fedsim.privacy.ledger_file import DirectoryLock, LedgerRecord, encode_record
 from fedsim.privacy.ledger_mark import mark_path
+from fedsim.privacy.ledger_repair import repair_ledger
 
 BUDGET = Budget(50.0, 1e-5)
 # (steps, time, round): one step, a step of count 3, a round of two kinds (two records), a
@@ -228,3 +229,38 @@ def test_a_crash_mid_write_leaves_a_torn_tail_that_reopening_cuts(tmp_path: Path
     with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET) as ledger:
         spend_all(ledger, SPENDS[2:])
     assert (path.read_bytes(), mark_path(path).read_bytes()) == expected_files("c")
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_an_unterminated_tail_longer_than_a_record_is_damage_refused_with_every_byte_kept(
+        tmp_path: Path, read_only: bool) -> None:
+    """A spend writes whole lines at once, so a crash leaves at most one record's line without
+    its newline. A longer unterminated tail (here one byte past the longest line a record may
+    have) is not a crash's: the writer's open and a read-only view refuse it (before, the
+    writer cut it off and a view skipped it, silently), and the file keeps every byte for the
+    repair, which drops it."""
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET) as ledger:
+        spend_all(ledger, SPENDS[:2])
+    garbage = b"x" * (ledger_file.MAX_LINE_BYTES + 1)
+    with path.open("ab") as handle:
+        handle.write(garbage)
+    before = path.read_bytes()
+    with pytest.raises(LedgerError, match=f"last {len(garbage)} bytes have no line end"):
+        PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET,
+                           read_only=read_only)
+    with pytest.raises(LedgerError, match="no line end"):
+        read_ledger_steps(path)
+    assert path.read_bytes() == before  # nothing cut
+    # One byte shorter is a record's length: a crash's torn line, skipped or cut as before.
+    path.write_bytes(before[:-1])
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET,
+                            read_only=read_only) as reopened:
+        assert len(reopened.records) == 2
+    assert path.read_bytes() == (before[:-1] if read_only else before[:-len(garbage)])
+    path.write_bytes(before)
+    report = repair_ledger(path)
+    assert (report.damaged, report.kept, report.substituted) == (True, 2, 0)
+    assert Path(str(report.backup)).read_bytes() == before
+    with PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=BUDGET) as repaired:
+        assert len(repaired.records) == 2
