@@ -72,7 +72,7 @@ class _Distribution(Strict):
         def average(self) -> float: ...
 
     def sampler(self) -> Callable[[np.random.Generator], float]:
-        """``sample`` as a plain callable, as :class:`~fedsim.transports.simulated.LinkModel`
+        """``sample`` as a plain callable, as :class:`~fedsim.transports.link_model.LinkModel`
         takes it."""
         return self.sample
 

@@ -15,26 +15,9 @@ Deliveries are ``loop.call_later`` timers, so under the virtual-time loop of
 deterministic function of the ``rng`` passed in (every random draw comes from it, in a fixed
 order per message).
 
-Link model (one link per client and direction; a broadcast samples every client's downlink
-independently). For a message of ``size`` bytes published at time ``t``:
+The link model (what a link does to each message, and in which order it draws) is
+:mod:`fedsim.transports.link_model`; the counters are :mod:`fedsim.transports.network_stats`.
 
-1. *Transmission.* With a bandwidth, the link sends one message at a time: transmission starts
-   at ``max(t, end of the previous transmission)`` and takes ``size / bandwidth_bytes_per_s``;
-   without one it takes no time. Every message occupies the link, dropped ones included.
-2. *Drop.* With probability ``drop`` the message is lost (one uniform draw).
-3. *Latency.* ``latency(rng)`` seconds are added after transmission (negative draws count as 0).
-4. *Order.* A link delivers in send order, like the TCP connection under MQTT: a message
-   arrives at ``max(its own time, arrival of the previous in-order message)``, so random
-   latency causes head-of-line blocking, not reordering. With probability ``reorder`` a
-   message instead leaves that order and is held back by one more independent latency draw:
-   it arrives at ``its own time + latency(rng)`` and blocks nobody, so messages sent after it
-   overtake it whenever they arrive earlier (with zero latency nothing can overtake).
-5. *Duplicate.* With probability ``duplicate`` a second copy (a retransmission) arrives one
-   more independent latency draw after the first copy (it does not occupy the link again).
-
-Random draws per message, in this order: drop; latency; reorder, then its extra latency; duplicate,
-then its latency (a draw is skipped when its probability is 0 or an earlier outcome ends the
-message).
 
 Availability mirrors MQTT with a clean session: an offline client's publishes are lost,
 messages arriving for it are lost, and what it had received but not yet taken is lost. The
@@ -62,8 +45,8 @@ import collections
 import heapq
 import math
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,115 +63,15 @@ from fedsim.protocol.messages import (
     WindowClose,
 )
 from fedsim.transports.inbox import Inbox
+from fedsim.transports.link_model import Direction, LinkModel
+from fedsim.transports.network_stats import DirectionStats, NetworkStats, TraceEntry
 from fedsim.transports.topics import aggregator_of
 
 Wire = bytes | codec.Sealed
 """What a link carries: an actor's sealed message or raw bytes; ``len()`` is its frame size."""
-Direction = Literal["uplink", "downlink", "aggregator_uplink", "aggregator_downlink"]
-LatencySampler = Callable[[np.random.Generator], float]
 
 _log = get_logger("fedsim.transports.simulated")
 
-
-def no_latency(rng: np.random.Generator) -> float:
-    """Zero latency (draws nothing from ``rng``)."""
-    return 0.0
-
-
-def constant_latency(seconds: float) -> LatencySampler:
-    """Every message takes ``seconds`` (draws nothing)."""
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ConfigError(f"latency must be a finite number of seconds >= 0, got {seconds}")
-    return lambda rng: seconds
-
-
-def uniform_latency(low: float, high: float) -> LatencySampler:
-    """Latency uniform on ``[low, high]`` seconds (one draw)."""
-    if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high):
-        raise ConfigError(f"uniform latency needs 0 <= low <= high, got [{low}, {high}]")
-    return lambda rng: float(rng.uniform(low, high))
-
-
-def exponential_latency(mean: float, *, minimum: float = 0.0) -> LatencySampler:
-    """``minimum`` plus an exponential delay of the given mean (one draw)."""
-    if not (math.isfinite(mean) and mean >= 0 and math.isfinite(minimum) and minimum >= 0):
-        raise ConfigError(
-            f"exponential latency needs mean >= 0 and minimum >= 0, got {mean}, {minimum}"
-        )
-    if mean == 0:
-        return lambda rng: minimum
-    return lambda rng: minimum + float(rng.exponential(mean))
-
-
-@dataclass(frozen=True)
-class LinkModel:
-    """One direction of one client's link; see the module docstring for the exact semantics."""
-
-    latency: LatencySampler = no_latency
-    drop: float = 0.0
-    duplicate: float = 0.0
-    reorder: float = 0.0
-    bandwidth_bytes_per_s: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("drop", "duplicate", "reorder"):
-            value = getattr(self, name)
-            if not (0.0 <= value <= 1.0):
-                raise ConfigError(f"link {name} probability must be in [0, 1], got {value}")
-        bandwidth = self.bandwidth_bytes_per_s
-        if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
-            raise ConfigError(
-                f"link bandwidth must be a positive number of bytes/s, got {bandwidth}"
-            )
-
-
-@dataclass
-class DirectionStats:
-    """Message counters of one direction, summed over all links.
-
-    ``sent + duplicated == delivered + dropped + rejected + lost + in_flight`` at all times.
-    ``lost`` counts messages published by an offline client or arriving at an offline or
-    closed endpoint (including undelivered ones discarded when a client goes offline).
-    """
-
-    sent: int = 0
-    delivered: int = 0
-    dropped: int = 0
-    duplicated: int = 0
-    rejected: int = 0
-    lost: int = 0
-    in_flight: int = 0
-    bytes_sent: int = 0
-    """Encoded bytes of every message sent (each once, as the sender puts it on the link)."""
-
-    def count_sent(self, data: Wire) -> None:
-        self.sent += 1
-        self.bytes_sent += len(data)
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class NetworkStats:
-    """A snapshot of both directions' counters."""
-
-    uplink: DirectionStats
-    downlink: DirectionStats
-
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        return {"uplink": self.uplink.as_dict(), "downlink": self.downlink.as_dict()}
-
-
-@dataclass(frozen=True)
-class TraceEntry:
-    """One network event, recorded when the network is built with ``record_trace=True``."""
-
-    time: float
-    direction: Direction
-    client_id: str
-    event: Literal["send", "drop", "deliver", "reject", "lost", "duplicate"]
-    nbytes: int
 
 
 @dataclass(slots=True)
@@ -688,16 +571,8 @@ def _refusal(link: _Link, message: Message) -> str:
 
 
 __all__ = [
-    "DirectionStats",
-    "LinkModel",
-    "NetworkStats",
     "SimulatedAggregatorEndpoint",
     "SimulatedClientEndpoint",
     "SimulatedNetwork",
     "SimulatedServerEndpoint",
-    "TraceEntry",
-    "constant_latency",
-    "exponential_latency",
-    "no_latency",
-    "uniform_latency",
 ]

@@ -10,7 +10,8 @@ from fedsim.config.compression import QuantiseCompression
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
-from fedsim.transports.simulated import LinkModel, SimulatedNetwork
+from fedsim.transports.link_model import LinkModel
+from fedsim.transports.simulated import SimulatedNetwork
 
 Q4 = QuantiseCompression(kind="quantise", bits=4)
 

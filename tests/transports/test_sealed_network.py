@@ -17,7 +17,8 @@ from fedsim.clock import WallClock
 from fedsim.protocol import codec, norms
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.simulated import simulation
-from fedsim.transports.simulated import LinkModel, SimulatedNetwork
+from fedsim.transports.link_model import LinkModel
+from fedsim.transports.simulated import SimulatedNetwork
 from tests.runtime.test_simulation import OUTPUT_FILES, run, scenario
 
 

@@ -15,12 +15,8 @@ from fedsim.clock import WallClock
 from fedsim.errors import ConfigError, TransportError
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.transports.base import Endpoint
-from fedsim.transports.simulated import (
-    LinkModel,
-    SimulatedNetwork,
-    constant_latency,
-    uniform_latency,
-)
+from fedsim.transports.link_model import LinkModel, constant_latency, uniform_latency
+from fedsim.transports.simulated import SimulatedNetwork
 
 PARAMS = 16
 

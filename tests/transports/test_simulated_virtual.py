@@ -9,14 +9,14 @@ import numpy as np
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate, GlobalModel
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
-from fedsim.transports.simulated import (
+from fedsim.transports.link_model import (
     LinkModel,
-    SimulatedNetwork,
-    TraceEntry,
     constant_latency,
     exponential_latency,
     uniform_latency,
 )
+from fedsim.transports.network_stats import TraceEntry
+from fedsim.transports.simulated import SimulatedNetwork
 
 PARAMS = 32
 

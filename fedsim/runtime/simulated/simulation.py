@@ -80,7 +80,8 @@ from fedsim.runtime.simulated.memory import (
 )
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.rounds import PendingRound
-from fedsim.transports.simulated import LinkModel, SimulatedNetwork
+from fedsim.transports.link_model import LinkModel
+from fedsim.transports.simulated import SimulatedNetwork
 
 __all__ = ["ClientRecord", "RunResult", "TrainerHook", "run_scenario"]
 
