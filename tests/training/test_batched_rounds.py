@@ -12,7 +12,8 @@ from fedsim.data import load_dataset
 from fedsim.errors import ModelError
 from fedsim.privacy import schedules
 from fedsim.training import LocalTrainer, build_model, flat_params
-from fedsim.training.batched import RoundBatcher, _Batch, _jobs, batchable_layers
+from fedsim.training.batched import RoundBatcher, _jobs, batchable_layers
+from fedsim.training.batched_pass import _Batch
 from fedsim.training.local import AdaptiveClipConfig
 from tests.doubles import RoundTimes
 
@@ -263,8 +264,9 @@ def test_the_pass_computes_what_a_graph_through_every_rounds_products_computes(s
                    zip(trainers, params, strict=True)]
         jobs = [job for p in pending for job in _jobs(p)]
         empty += sum(job.size == 0 for job in jobs)
-        batch = batcher._gather(jobs)
-        forward = batcher._forward(batch)
+        assert batcher._chain_pass is not None
+        batch = batcher._chain_pass._gather(jobs)
+        forward = batcher._chain_pass._forward(batch)
         losses, grads = _graph_grads(batch, chain)
         assert torch.equal(forward.losses, losses)
         assert len(forward.grads) == len(grads)

@@ -250,10 +250,10 @@ def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes
     differs from it by float32 rounding): the same updates, whole and split rounds, up to a
     BLAS product's rounding (which may follow its output's alignment); and a round's update
     to the byte whatever its row in the pass (rows are aligned alike)."""
-    from fedsim.training import batched, gaussian
+    from fedsim.training import batched_pass, gaussian
 
     monkeypatch.setattr(gaussian, "_native", lambda: None)
-    monkeypatch.setattr(batched, "_BLOCK_DRAW_PAIRS", draw_pairs)
+    monkeypatch.setattr(batched_pass, "_BLOCK_DRAW_PAIRS", draw_pairs)
     model = _logreg()
     base = flat_params(model)
     rng = np.random.default_rng(3)
@@ -261,7 +261,7 @@ def test_an_accelerators_noise_block_computes_what_each_rounds_own_draw_computes
               for _ in range(5)]
 
     def updates(in_block: bool, order: list[int]) -> list[np.ndarray]:
-        monkeypatch.setattr(batched, "_noise_in_block", lambda device: in_block)
+        monkeypatch.setattr(batched_pass, "_noise_in_block", lambda device: in_block)
         batcher = RoundBatcher(model)
         # each round its own clip, so its own noise std
         trainers = {k: _trainer(model, 70 + k, sampling="poisson", clip=0.2 + 0.3 * k)
@@ -286,11 +286,11 @@ def test_a_round_without_records_releases_exactly_its_own_noise_either_way(
     """Rounds whose Poisson batch is empty release their noise alone: each exactly its own
     key's draw at its own std (five clips, so five stds), cut to a model of an odd size (the
     draw padded to whole pairs), whether the pass draws per round or as one block."""
-    from fedsim.training import batched, gaussian
+    from fedsim.training import batched_pass, gaussian
     from fedsim.training.dpsgd import noise_std
 
     monkeypatch.setattr(gaussian, "_native", lambda: None)  # torch's sampler both ways
-    monkeypatch.setattr(batched, "_noise_in_block", lambda device: in_block)
+    monkeypatch.setattr(batched_pass, "_noise_in_block", lambda device: in_block)
     torch.manual_seed(0)
     model = build_model("logreg", in_features=4, num_classes=3)  # (4 + 1) * 3: odd
     base = flat_params(model)
