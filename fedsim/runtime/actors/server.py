@@ -88,9 +88,9 @@ from fedsim.aggregation import (
     mixing,
     population_weight,
 )
-from fedsim.aggregation.mixing import client_weights, descent_direction, normalised_weights
+from fedsim.aggregation.mixing import client_weights
 from fedsim.aggregation.optimizers import ServerOptimizer, Sgd
-from fedsim.aggregation.policies import AggregationPolicy, TimeWindows, staleness_of
+from fedsim.aggregation.policies import AggregationPolicy, TimeWindows
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
@@ -109,6 +109,7 @@ from fedsim.runtime.actors.integrity import (
     check_model,
 )
 from fedsim.runtime.actors.partials import PartialGroup, PartialIntake
+from fedsim.runtime.actors.server_mix import mix_updates, mix_with_partials
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.actors.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
@@ -389,19 +390,13 @@ class ServerActor:
     def _apply(self, accepted: list[tuple[AcceptedUpdate, float | None]], report: WindowReport,
                step: float) -> bool:
         """One server step with ``accepted`` (time windows: normalised as configured; a buffer:
-        over itself), through the policy's staleness factors and the server optimizer; the new
-        model replaces the old only if it passes :func:`check_model` (else the updates count
-        as ``bad_mix`` rejections and the optimizer's state is left as it was)."""
-        updates = [a for a, _ in accepted]
+        over itself: :func:`~fedsim.runtime.actors.server_mix.mix_updates`), through the server
+        optimizer; the new model replaces the old only if it passes :func:`check_model` (else
+        the updates count as ``bad_mix`` rejections and the optimizer's state is left as it
+        was)."""
         total = None if self.policy.on_arrival else self.total_weight
-        lambdas = normalised_weights(self.strategy, updates, total)
-        factors = self.policy.factors(
-            lambdas, staleness_of(self.version, [a.base_version for a in updates]))
-        with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
-            direction = descent_direction(updates, factors)
-        entries = [(a.client_id, a.round, a.base_version) for a in updates]
-        bound = self._direction_bound(updates, factors, [b for _, b in accepted])
-        return self._step_model(entries, direction, bound, report, step)
+        mix = mix_updates(self.strategy, self.policy, total, self.version, accepted)
+        return self._step_model(mix.entries, mix.direction, mix.bound, report, step)
 
     def _step_model(self, entries: list[tuple[str, int, int]], direction: np.ndarray,
                     bound: float | None, report: WindowReport, step: float) -> bool:
@@ -469,33 +464,11 @@ class ServerActor:
     def _apply_with_partials(
             self, accepted: list[tuple[AcceptedUpdate, float | None]],
             groups: list[PartialGroup], report: WindowReport, step: float) -> bool:
-        """A time window's step with direct updates and aggregators' groups: each group's sum
-        gets the coefficient ``S(s) / total`` (linear policies; module docstring)."""
-        updates = [a for a, _ in accepted]
-        total = self.total_weight
-        if total is None:
-            raw = self.strategy.weights(updates) if updates else np.zeros(0)
-            total = float(np.sum(raw)) + sum(g.weight for g in groups)
-        direction = np.zeros(self.params.shape, dtype=np.float64)
-        bound: float | None = 0.0
-        entries = []
-        if updates:
-            factors = self.policy.factors(
-                normalised_weights(self.strategy, updates, total),
-                staleness_of(self.version, [a.base_version for a in updates]))
-            with np.errstate(over="ignore", invalid="ignore"):  # refused in _step_model
-                direction += descent_direction(updates, factors)
-            bound = self._direction_bound(updates, factors, [b for _, b in accepted])
-            entries = [(a.client_id, a.round, a.base_version) for a in updates]
-        for base, summed, _, group_bound, group_entries in groups:
-            factor = float(self.policy.factors(np.array([1.0 / total]),
-                                               staleness_of(self.version, [base]))[0])
-            with np.errstate(over="ignore", invalid="ignore"):
-                direction += factor * summed.astype(np.float64)
-            bound = None if bound is None or group_bound is None \
-                else bound + abs(factor) * group_bound
-            entries.extend((e.client_id, e.round, e.base_version) for e in group_entries)
-        return self._step_model(entries, direction, bound, report, step)
+        """A time window's step with direct updates and aggregators' groups
+        (:func:`~fedsim.runtime.actors.server_mix.mix_with_partials`)."""
+        mix = mix_with_partials(self.strategy, self.policy, self.total_weight, self.version,
+                                self.params.size, accepted, groups)
+        return self._step_model(mix.entries, mix.direction, mix.bound, report, step)
 
     def close_window(self) -> WindowReport:
         """Check, classify, mix and apply what arrived since the last window (on-arrival
@@ -565,17 +538,6 @@ class ServerActor:
             self._evaluated_version = self.version
         accuracy, loss = self._last_evaluation
         return FinalEvaluation(self.version, float(accuracy), float(loss))
-
-    def _direction_bound(self, accepted: list[AcceptedUpdate], factors: np.ndarray,
-                         bounds: list[float | None]) -> float | None:
-        """``D = sum_i |c_i| eta_i bound_i`` bounds the direction for its coefficients ``c_i``;
-        the optimizer before the step turns it into a move bound (SGD: ``|s_t| D``; see
-        :mod:`fedsim.aggregation.optimizers`). None: a client's bound is unknown."""
-        known = [b for b in bounds if b is not None]
-        if len(known) < len(bounds):
-            return None
-        return sum(abs(float(c)) * abs(u.step_size) * b
-                   for c, u, b in zip(factors, accepted, known, strict=True))
 
     def accept_status(self, status: ClientStatus) -> bool:
         """Keep ``status`` if it agrees with what the server saw (:meth:`ClientBook.judge_status`,
