@@ -618,3 +618,23 @@ def test_more_metrics_lines_than_a_run_has_windows_are_refused(
     assert cli_main(["report", str(run.path)]) == 2
     assert f"more than {len(lines):,} lines, more windows than a run can have" in \
         capsys.readouterr().err
+
+
+def test_metrics_rows_share_their_keys_and_equal_the_lines(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun]) -> None:
+    """Every row's keys are the same string objects (json.loads makes new ones a line: a
+    quickstart row took 1,456 bytes, with shared keys 584), and the rows are the lines' own
+    values, in time order; a file with a new key a line (hostile) shares only the first
+    ones (the shared set stays bounded)."""
+    from fedsim.reporting import rundir
+
+    run = copy_run(small_run)
+    lines = [json.loads(t) for t in (run.path / "metrics.jsonl").read_text().splitlines()
+             if t.strip()]
+    rows = RunDirectory.load(run.path).metrics
+    assert list(rows) == sorted(lines, key=lambda r: (r["time"], r.get("window") or 0))
+    assert len(rows) > 1 and all(
+        a is b for row in rows[1:] for a, b in zip(rows[0], row, strict=True))
+    hostile = [{"time": float(k), f"key{k}": k} for k in range(rundir._SHARED_KEYS + 10)]
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in hostile))
+    assert list(RunDirectory.load(run.path).metrics) == hostile
