@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from fedsim.commands.processes import add_process_parser, process_setup
-from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 
 DESCRIPTION = (
     "Run one client of a scenario as its own process, talking to the server through an MQTT "
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--flush-timeout",
         type=float,
-        default=10.0,
+        default=FLUSH_TIMEOUT,
         metavar="SECONDS",
         help="How long to wait for the server's receipts before exiting.",
     )

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Self
 
 from fedsim.errors import TransportError
+from fedsim.transports.child_process import bound_argv, bound_env
 from fedsim.transports.security import (
     PBKDF2_ITERATIONS,
     BrokerFiles,
@@ -132,12 +133,17 @@ class LocalMosquitto:
         creds = self.secrets.for_aggregator(aggregator_id)
         return self.url(creds.username, creds.password)
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start the broker and wait until it accepts connections."""
+    def start(self, timeout: float = 10.0, *, own_group: bool = False) -> None:
+        """Start the broker and wait until it accepts connections. ``own_group``: in a process
+        group of its own, bound to this process (:mod:`fedsim.transports.child_process`): a
+        terminal's Ctrl-C does not stop it under the processes still using it (its starter
+        stops it by PID, last), and it does not outlive a starter that dies first."""
+        argv = [self.binary, "-c", str(self.files.config)]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                [self.binary, "-c", str(self.files.config)], stdout=log, stderr=subprocess.STDOUT
-            )
+                bound_argv(argv) if own_group else argv, stdout=log, stderr=subprocess.STDOUT,
+                env=bound_env(os.environ) if own_group else None,
+                process_group=0 if own_group else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

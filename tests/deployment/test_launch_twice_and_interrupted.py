@@ -51,9 +51,19 @@ def test_an_interrupted_launch_leaves_a_run_directory_and_a_second_gets_a_suffix
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"the launch did not get going: {proc.communicate()}")
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher and every process it started
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: to the terminal's whole foreground group
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
+    # The launcher alone got it (its processes are in groups of their own) and stopped the
+    # clients first, while the server and the broker were still there to acknowledge what
+    # they sent: every client exits 0 with its report (a stranger: all were SIGKILLed, the
+    # server and broker gone under them), then the server, then the broker; nothing is left.
+    processes = json.loads((first / "processes.json").read_text())
+    assert {name: p["exit_codes"] for name, p in processes.items()} == {
+        name: [0] for name in processes}
+    for client in (name for name in processes if name != "server"):
+        assert (first / "state" / client / f"client-{client}.json").is_file()
+    assert _processes_in(tmp_path) == []
     assert "interrupted by SIGINT" in stdout and "Traceback" not in stderr
     summary = json.loads((first / "summary.json").read_text())
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -73,3 +83,37 @@ def test_an_interrupted_launch_leaves_a_run_directory_and_a_second_gets_a_suffix
     assert "interrupted" not in done
     # The final model is the one evaluated (finding 7, deployed).
     assert done["final_evaluated_version"] == done["final_version"] > 0
+
+
+def _processes_in(directory: Path) -> list[str]:
+    """The processes (``pid: command``) whose working directory is ``directory`` (a launch's
+    processes and its mosquitto inherit the launcher's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == directory:
+                found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:200]!r}")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="binding needs Linux prctl")
+def test_a_killed_launcher_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A launcher killed outright (SIGKILL: no stop of its own) does not leave its processes
+    or its private mosquitto running in their own groups: each is bound to it and stops."""
+    proc = _launch(tmp_path, "--set", "stop.windows=400")
+    metrics = tmp_path / "runs" / "deploy-four-launch" / "metrics.jsonl"
+    deadline = time.monotonic() + 150
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the launch did not get going: {proc.communicate()}")
+        time.sleep(0.2)
+    assert len(_processes_in(tmp_path)) >= 7  # launcher, mosquitto, server, four clients
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while (left := _processes_in(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == []

@@ -34,7 +34,7 @@ from fedsim.runtime.deployed.deployment import (
     run_name,
 )
 from fedsim.runtime.deployed.guarantees import require_public_slots
-from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import (
@@ -122,7 +122,7 @@ async def run_client(
     run: str | None = None,
     state_dir: str | Path,
     options: DeploymentOptions = DeploymentOptions(),
-    flush_timeout: float = 10.0,
+    flush_timeout: float = FLUSH_TIMEOUT,
     stop: asyncio.Event | None = None,
     population: Population | None = None,
 ) -> dict[str, Any]:

@@ -34,9 +34,17 @@ from fedsim.runtime.actors.client import RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
-from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+from fedsim.runtime.deployed.options import (
+    FLUSH_TIMEOUT,
+    LAUNCH_WAIT_FOR_CLIENTS,
+    DeploymentOptions,
+)
 from fedsim.runtime.deployed.state_owner import client_state_file
-from fedsim.runtime.interrupted import interrupted_reason, interrupting_signal
+from fedsim.runtime.interrupted import (
+    interrupted_reason,
+    interrupting_signal,
+    signals_ignored,
+)
 from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
@@ -55,6 +63,7 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 from fedsim.transports.broker import LocalMosquitto
+from fedsim.transports.child_process import bound_argv, bound_env, stop_with_parent
 from fedsim.transports.topics import aggregator_ids
 
 __all__ = ["Launcher", "collect_outputs", "process_commands"]
@@ -200,7 +209,8 @@ class _ForkedChild:
 
     def __init__(self, argv: list[str], log: Path, env: Mapping[str, str]) -> None:
         context = multiprocessing.get_context("fork")
-        self._process = context.Process(target=_child_main, args=(argv, str(log), dict(env)),
+        self._process = context.Process(target=_child_main,
+                                        args=(argv, str(log), dict(env), os.getpid()),
                                         daemon=False)
         self._process.start()
         assert self._process.pid is not None  # set by start()
@@ -223,10 +233,13 @@ class _ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
-def _child_main(argv: list[str], log: str, env: dict[str, str]) -> None:
-    """Entry point of a forked child: output to its log, then what ``python -m fedsim <argv>``
-    runs (the package's ``__main__``, as in a child started with ``fork=False``), with the
-    environment variables ``env`` set."""
+def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int) -> None:
+    """Entry point of a forked child: in a process group of its own (:meth:`Launcher.start`),
+    stopped with SIGTERM if the launcher (``parent``) dies first (Linux), output to its log,
+    then what ``python -m fedsim <argv>`` runs (the package's ``__main__``, as in a child
+    started with ``fork=False``), with the environment variables ``env`` set."""
+    os.setpgid(0, 0)
+    stop_with_parent(parent)
     os.environ.update(env)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -333,7 +346,7 @@ class Launcher:
         if self.options.broker is None:
             self.local_broker = LocalMosquitto(self.out / "broker", self.run, self.client_ids,
                                                aggregators=self.aggregator_ids)
-            self.local_broker.start()
+            self.local_broker.start(own_group=True)
             url = self.local_broker.url()
             self.options = replace(
                 self.options, broker=url, secrets_file=str(self.local_broker.files.secrets_file)
@@ -352,7 +365,9 @@ class Launcher:
 
     # -- processes ---------------------------------------------------------------------------
     def start(self, name: str) -> None:
-        """Start (or restart) one process."""
+        """Start (or restart) one process, in a process group of its own: a terminal's Ctrl-C
+        (SIGINT to its foreground group) reaches the launcher alone, which then stops the
+        processes in the order that loses nothing (:meth:`stop_all`)."""
         process = self.processes[name]
         if process.running:
             raise FedsimError(f"process {name} is already running")
@@ -361,11 +376,12 @@ class Launcher:
         else:
             with process.log.open("ab") as log:
                 process.child = subprocess.Popen(
-                    [sys.executable, "-m", "fedsim", *process.argv],
+                    bound_argv([sys.executable, "-m", "fedsim", *process.argv]),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env={**os.environ, **self.child_env},
+                    env=bound_env({**os.environ, **self.child_env}),
+                    process_group=0,
                 )
         process.starts += 1
 
@@ -413,24 +429,37 @@ class Launcher:
         except subprocess.TimeoutExpired:
             return None
 
-    def stop_all(self, grace: float = 15.0) -> None:
-        """SIGTERM every running process (clients flush their outboxes), SIGKILL stragglers;
-        a process that already ended by itself has its exit status recorded too."""
+    def stop_all(self, grace: float = 5.0) -> None:
+        """Stop every running process, in the order that loses nothing: the clients first
+        (SIGTERM: each waits up to its flush timeout for the server's receipts of what it sent,
+        which needs the server and the broker still there), then the aggregation nodes, then
+        the server; a process still running ``grace`` seconds past its own wait is killed
+        (SIGKILL). A process that already ended by itself has its exit status recorded too."""
         for process in self.processes.values():
             if process.child is not None and not process.running:
                 self._ended(process, process.child.wait())
-        running = [p for p in self.processes.values() if p.running]
+        clients = set(self.client_ids)
+        aggregators = set(self.aggregator_ids)
+        for names, wait in ((clients, FLUSH_TIMEOUT + grace), (aggregators, grace),
+                            (set(self.processes) - clients - aggregators, grace)):
+            self._stop([p for name, p in self.processes.items()
+                        if name in names and p.running], wait)
+
+    def _stop(self, running: list[_Process], wait: float) -> None:
+        """SIGTERM ``running`` together, wait up to ``wait`` seconds for them, then SIGKILL."""
         for process in running:
             assert process.child is not None
             process.child.send_signal(signal.SIGTERM)
-        deadline = wallclock.monotonic() + grace
+        deadline = wallclock.monotonic() + wait
         for process in running:
             assert process.child is not None
             try:
                 code = process.child.wait(timeout=max(0.1, deadline - wallclock.monotonic()))
             except subprocess.TimeoutExpired:
+                _log.warning("process did not stop on SIGTERM; killed", process=process.name,
+                             waited=wait)
                 process.child.kill()
-                code = process.child.wait(timeout=grace)
+                code = process.child.wait(timeout=60.0)
             self._ended(process, code)
 
     # -- the whole run -----------------------------------------------------------------------
@@ -459,10 +488,13 @@ class Launcher:
         return summary
 
     def close(self) -> None:
-        """Stop every process and the private broker (idempotent)."""
-        self.stop_all(grace=5.0)
-        if self.local_broker is not None:
-            self.local_broker.kill(signal.SIGTERM)
+        """Stop every process (:meth:`stop_all`), then the private broker (idempotent). A
+        further Ctrl-C or SIGTERM meanwhile is ignored: the processes are in groups of their
+        own, and a stop cut short would leave them running."""
+        with signals_ignored():
+            self.stop_all()
+            if self.local_broker is not None:
+                self.local_broker.kill(signal.SIGTERM)
 
     def run_to_end(
         self,

@@ -20,8 +20,13 @@ from pathlib import Path
 from fedsim.config.factories import ALLOW_FLAG
 from fedsim.errors import ConfigError
 
-__all__ = ["LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions", "add_allow_factory_option",
-           "add_set_option"]
+__all__ = ["FLUSH_TIMEOUT", "LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions",
+           "add_allow_factory_option", "add_set_option"]
+
+FLUSH_TIMEOUT = 10.0
+"""Wall seconds a stopping client waits, by default, for the server's receipts of the updates
+it sent (``fedsim client --flush-timeout``; a launcher stopping its processes gives its
+clients this long and more before it stops the server)."""
 
 # How long a launched server waits for every client before its first window (wall seconds).
 LAUNCH_WAIT_FOR_CLIENTS = 600.0
