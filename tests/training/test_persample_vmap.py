@@ -116,3 +116,46 @@ def test_norms_and_noisy_clipped_sum_equal_vmap_grad(
             release.gradient, noise + clipped_sum / m, rtol=1e-4, atol=1e-5 * scale / m
         )
         assert release.within_clip == int((norms <= clip).sum())
+
+
+class _Recurrent(nn.Module):
+    """A GRU or RNN then a Linear head; ``own_state``: the initial hidden state made from the
+    input (the hint of the fallback's error), else the one the layer makes itself."""
+
+    def __init__(self, kind: type[nn.RNN] | type[nn.GRU], own_state: bool) -> None:
+        super().__init__()
+        self.recurrent = kind(4, 8, batch_first=True)
+        self.head = nn.Linear(8, 3)
+        self.own_state = own_state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = x.new_zeros(1, x.shape[0], 8) if self.own_state else None
+        return self.head(self.recurrent(x, state)[0][:, -1])
+
+
+@pytest.mark.parametrize("kind", [nn.RNN, nn.GRU])
+def test_a_recurrent_layer_gets_the_fallback_with_a_state_from_its_input(
+        kind: type[nn.RNN] | type[nn.GRU]) -> None:
+    """torch.func cannot batch the initial state nn.RNN and nn.GRU make themselves (a
+    stranger's GRU failed with a broadcast error and no way out): the error says to pass one
+    made from the input, and with it the per-example gradients are each example's own (a loop
+    of single-example backward passes)."""
+    from fedsim.errors import ModelError
+    from fedsim.training.persample.clipping import per_example_cross_entropy
+    from fedsim.training.persample.fallback import per_example_gradients
+
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 3, 4), torch.randint(0, 3, (5,))
+    names = [n for n, _ in _Recurrent(kind, True).named_parameters()]
+    with pytest.raises(ModelError, match=rf"{kind.__name__} cannot be run one example at a "
+                                         r"time .* pass one made from the input"):
+        per_example_gradients(_Recurrent(kind, False), names, x, y, per_example_cross_entropy)
+    model = _Recurrent(kind, True)
+    grads, _ = per_example_gradients(model, names, x, y, per_example_cross_entropy)
+    for i in range(5):
+        model.zero_grad()
+        per_example_cross_entropy(model(x[i:i + 1]), y[i:i + 1]).sum().backward()
+        for name, got in zip(names, grads, strict=True):
+            want = dict(model.named_parameters())[name].grad
+            assert want is not None
+            torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-6)

@@ -59,6 +59,18 @@ def per_example_gradients(
     except (RuntimeError, NotImplementedError) as exc:
         raise ModelError(
             f"per-example gradients of {', '.join(names)} (no fast path) need torch.func to run "
-            f"the model on one example at a time, which failed: {exc}"
+            f"the model on one example at a time, which failed: {exc}{_hint(model)}"
         ) from exc
     return [grads[n] for n in names], losses
+
+
+def _hint(model: nn.Module) -> str:
+    """What to change in a model whose failure torch.func is known for."""
+    recurrent = sorted({type(m).__name__ for m in model.modules()
+                        if isinstance(m, nn.RNN | nn.GRU)})
+    if not recurrent:
+        return ""
+    return (f". {' and '.join(recurrent)} cannot be run one example at a time when it makes its "
+            f"own initial hidden state (torch.func cannot batch it): pass one made from the "
+            f"input, e.g. `self.gru(x, x.new_zeros(num_layers, x.shape[0], hidden_size))` "
+            f"(batch_first; with bidirectional, 2 * num_layers)")
