@@ -239,3 +239,21 @@ def test_the_server_refuses_and_counts_a_forked_clients_copy_and_applies_the_fir
     warned = [e for e in logs if e.get("kind") == Kind.FORKED]
     assert len(warned) == 1 and warned[0]["client"] == "a"
     assert np.allclose(server.params, -np.full(3, 0.01))  # the mix of the two first updates
+
+
+def test_a_done_status_below_the_round_limit_is_honest_once_the_run_has_ended() -> None:
+    """A client told that the run is finished stops as "done" with the rounds it released: a
+    stranger's deployed runs logged this honest answer as a rejected status (a security
+    warning). Before the end, "done" short of the limit (or without one) is still refused."""
+    server = make_server()  # client "a" has a limit of 60 rounds, "b" none
+    early = [ClientStatus("a", "done", 0, 1.0, 1e-5), ClientStatus("b", "done", 0, 1.0, 1e-5)]
+    with capture_logs() as logs:
+        assert [server.accept_status(s) for s in early] == [False, False]
+    assert [entry["kind"] for entry in logs] == [Kind.STATUS_INCONSISTENT] * 2
+    server.ended = True  # the last window has closed and the end is announced
+    with capture_logs() as logs:
+        assert [server.accept_status(s) for s in early] == [True, True]
+    assert logs == []
+    assert server.statuses["b"].state == "done"
+    # still no more rounds than the limit, nor fewer than the server received
+    assert not server.accept_status(ClientStatus("a", "done", 61, 1.0, 1e-5))

@@ -25,7 +25,8 @@ length, its checkpoint is ``O(clients)``, and :meth:`ClientBook.judge` is ``O(1)
 plus one, its adopted base (below), or its kept status's count. A status may claim at most
 ``MAX_ROUND_GAP`` rounds beyond the *judged* ones (never beyond an earlier status: claims do not
 ratchet, issue 25 finding 5), never fewer than were judged, never more than its round limit,
-and "done" only at its limit; an update may name a round at most ``MAX_ROUND_GAP`` beyond the
+and "done" only at its limit or once the run has ended (a client told that the run is
+finished stops as done, whatever its rounds); an update may name a round at most ``MAX_ROUND_GAP`` beyond the
 known rounds.
 
 **Adopted rounds** (finding 6). A client the book has no record of (no judged round, no kept
@@ -471,10 +472,11 @@ class ClientBook:
         return f"round {round_index} arrived after a {status.state!r} status claiming " \
                f"{status.rounds} rounds"
 
-    def judge_status(self, status: ClientStatus) -> Verdict:
+    def judge_status(self, status: ClientStatus, *, run_ended: bool = False) -> Verdict:
         """Keep ``status`` (``ACCEPTED``) if it agrees with what the book judged (module
         docstring: claims bounded by the judged rounds, a first far claim adopted), else a
-        ``status_inconsistent`` or ``unknown_client`` verdict (nothing kept)."""
+        ``status_inconsistent`` or ``unknown_client`` verdict (nothing kept). ``run_ended``:
+        the server has announced the run's end, to which a client answers "done"."""
         client_id, rounds = status.client_id, status.rounds
         if client_id not in self.limits:
             return Verdict(Kind.UNKNOWN_CLIENT, "not a client of this scenario")
@@ -493,7 +495,7 @@ class ClientBook:
         max_rounds = limits.max_rounds if limits is not None else None
         if max_rounds is not None and rounds > max_rounds:
             return Verdict(bad, f"claims {rounds} rounds, its limit is {max_rounds}")
-        if status.state == "done" and limits is not None and (
+        if status.state == "done" and limits is not None and not run_ended and (
                 max_rounds is None or rounds != max_rounds):
             return Verdict(bad, f"'done' after {rounds} rounds, its limit is {max_rounds}")
         entry = self._entry(client_id)

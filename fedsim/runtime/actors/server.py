@@ -542,7 +542,7 @@ class ServerActor:
     def accept_status(self, status: ClientStatus) -> bool:
         """Keep ``status`` if it agrees with what the server saw (:meth:`ClientBook.judge_status`,
         which may adopt a first far claim); else log and count it."""
-        verdict = self.book.judge_status(status)
+        verdict = self.book.judge_status(status, run_ended=self.ended)
         if verdict.kind is not Kind.ACCEPTED:
             self._rejections.add(verdict.kind)
             _log.warning("status rejected", client=status.client_id, state=status.state,
