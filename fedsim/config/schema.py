@@ -12,7 +12,7 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -278,7 +278,8 @@ class ClientGroup(_Strict):
                       description="The group's name, which prefixes its client ids.")
     count: ClientCount = Field(description="How many clients the group has.")
     data_share: Fraction = Field(
-        description="The fraction of the training set the group's clients hold together.")
+        description="The fraction of the training set the group's clients hold together "
+        "(a single group: 1 unless given).")
     partition: Partition = Field(
         default_factory=Partition, description="How the group's share is split among its "
         "clients.")
@@ -389,6 +390,18 @@ class Clients(_Strict):
 
     groups: list[ClientGroup] = Field(
         min_length=1, description="The client groups, at least one; names must be unique.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_group_holds_everything(cls, data: Any) -> Any:
+        """A single group without ``data_share`` holds the whole training set (a stranger was
+        told ``data_share`` is required with one group, where no other value makes sense
+        but a deliberate subset); with several groups each must say its share."""
+        groups = data.get("groups") if isinstance(data, dict) else None
+        if isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict) \
+                and "data_share" not in groups[0]:
+            return {**data, "groups": [{**groups[0], "data_share": 1.0}]}
+        return data
 
     @model_validator(mode="after")
     def _shares_and_names(self) -> Clients:

@@ -153,3 +153,19 @@ def test_schema_command_prints_the_json_schema(capsys: pytest.CaptureFixture[str
     assert schema["additionalProperties"] is False
     assert {"stop", "dataset", "model", "clients", "server"} <= set(schema["required"])
     assert Scenario.model_fields.keys() == schema["properties"].keys()
+
+
+def test_a_single_group_holds_the_whole_training_set_unless_it_says_otherwise() -> None:
+    """A stranger was told ``data_share`` is required with one group; it now defaults to 1
+    there (and the resolved scenario says so), and stays required with several groups."""
+    data = json.loads(json.dumps(MINIMAL))
+    assert len(data["clients"]["groups"]) == 1
+    data["clients"]["groups"][0].pop("data_share", None)
+    assert parse_scenario(data).clients.groups[0].data_share == 1.0
+    data["clients"]["groups"][0]["data_share"] = 0.25
+    assert parse_scenario(data).clients.groups[0].data_share == 0.25
+    second = {**data["clients"]["groups"][0], "name": "other"}
+    del data["clients"]["groups"][0]["data_share"]
+    data["clients"]["groups"].append(second)
+    with pytest.raises(ConfigError, match=r"groups\[0\]\.data_share.*required"):
+        parse_scenario(data)
