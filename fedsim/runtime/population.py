@@ -35,6 +35,7 @@ from fedsim.data.arrays import TensorSplits
 from fedsim.data.load import scenario_data
 from fedsim.data.partition import split_groups
 from fedsim.errors import ConfigError
+from fedsim.logging import get_logger
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.group_schedules import make_schedule
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -59,7 +60,7 @@ from fedsim.training.devices import resolve_device
 from fedsim.training.dp_pca import Projection
 from fedsim.training.dpsgd import step_for
 from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
-from fedsim.training.losses import build_loss, check_per_example_loss
+from fedsim.training.losses import build_loss, check_class_outputs, check_per_example_loss
 from fedsim.training.models import build_scenario_model
 from fedsim.training.persample import LossFn, per_example_cross_entropy
 from fedsim.training.preflight import check_batch_fits, check_model_size
@@ -82,6 +83,9 @@ __all__ = [
     "plan_of",
     "toggle_availability",
 ]
+
+_log = get_logger("fedsim.runtime.population")
+
 
 @dataclass(frozen=True, eq=False)
 class ClientPlan:
@@ -359,7 +363,12 @@ def build_population(
         test_x = held_out_features(scenario, test_x)  # standardised if the clients' records are
     labels = train_y.numpy()
     num_classes = int(max(labels.max(), test_y.max())) + 1
+    _warn_of_unseen_labels(labels, test_y)
     components = pca_components(scenario)
+    features = int(np.prod(train_x.shape[1:]))
+    if components is not None and components > features:  # before any release is charged
+        raise ConfigError(f"clients.groups[*].dp_pca.components: {components} components of "
+                          f"records with {features} features; at most {features}")
     # what the model sees: with dp_pca, a record's projected coordinates (zeros as the probe)
     sample = train_x[:2] if components is None else torch.zeros(2, components,
                                                                  dtype=train_x.dtype)
@@ -375,6 +384,8 @@ def build_population(
             fix_batchnorm=fix_batchnorm)
         loss_fn, where = build_loss(scenario.model.loss, scenario.model.loss_options, loss=loss,
                                     base_dir=loaded.base_dir)
+        if loss is None and scenario.model.loss is None:  # before the probe: a clear error
+            check_class_outputs(model, sample, num_classes)
         check_per_example_loss(loss_fn, model, sample, train_y[:2], where)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
     plans = client_plans(scenario, tree, labels, writers)
@@ -382,6 +393,16 @@ def build_population(
         scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
         device, loss_fn,
     )
+
+
+def _warn_of_unseen_labels(train_labels: np.ndarray, test_labels: torch.Tensor) -> None:
+    """Log held-out labels that no training record has (1-based test labels, another data
+    set's): the model then has outputs it is never trained for, and its accuracy on them is
+    0, with nothing else to say why."""
+    unseen = np.setdiff1d(np.unique(test_labels.numpy()), np.unique(train_labels))
+    if unseen.size:
+        _log.warning("held-out labels that no training record has; their accuracy is 0",
+                     labels=[int(v) for v in unseen[:20]], count=int(unseen.size))
 
 
 def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,

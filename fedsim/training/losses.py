@@ -24,7 +24,7 @@ from fedsim.config.factories import call_factory, resolve_factory, search_places
 from fedsim.errors import ConfigError, ModelError
 from fedsim.training.persample import LossFn, per_example_cross_entropy
 
-__all__ = ["build_loss", "check_per_example_loss"]
+__all__ = ["build_loss", "check_class_outputs", "check_per_example_loss"]
 
 
 def build_loss(reference: str | None, options: Mapping[str, Any], *,
@@ -82,6 +82,24 @@ def check_per_example_loss(loss_fn: LossFn, model: nn.Module, sample: torch.Tens
                                                         atol=1e-6):
         raise ModelError(f"{where}: the loss of an example depends on the other examples of "
                          "its batch; DP-SGD needs each example's own loss")
+
+
+def check_class_outputs(model: nn.Module, sample: torch.Tensor,
+                         num_classes: int) -> None:
+    """Under the default cross-entropy, refuse a model with fewer outputs an example than the
+    data has classes: a round whose batch held a larger label would fail mid-run (a probe
+    of two examples may not hold one)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            width = model(sample).shape[-1]
+    finally:
+        model.train(was_training)
+    if width < num_classes:
+        raise ModelError(f"the model gives {width} values an example, but the data has "
+                         f"{num_classes} classes (labels 0 to {num_classes - 1}): cross-entropy "
+                         f"needs one output per class")
 
 
 def _call(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor,

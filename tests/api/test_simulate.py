@@ -241,3 +241,22 @@ def test_import_fedsim_is_cheap() -> None:
     code = ("import sys, fedsim; assert 'torch' not in sys.modules; "
             "assert callable(fedsim.simulate) and 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_too_few_outputs_for_the_classes_and_unseen_test_labels_are_said() -> None:
+    """A model with fewer outputs than the data has classes is refused before training (a
+    stranger's 5 outputs for 10 classes failed on a probe label, or would fail mid-run on the
+    first batch holding a larger one), and held-out labels that no training record has
+    (1-based test labels) are logged: their accuracy is 0 with nothing else to say why."""
+    from structlog.testing import capture_logs
+
+    with pytest.raises(ModelError, match=r"gives 2 values an example, but the data has 3 "
+                                         r"classes \(labels 0 to 2\)"):
+        fedsim.simulate(scenario(), dataset=arrays(), progress=False,
+                        model=lambda: nn.Linear(8, 2))
+    shifted = arrays()
+    shifted["y_test"] = shifted["y_test"] + 1  # 1..3, where training has 0..2
+    with capture_logs() as logs:
+        fedsim.simulate(scenario(rounds=1), model=TwoLayer, dataset=shifted, progress=False)
+    [warning] = [e for e in logs if e["event"].startswith("held-out labels")]
+    assert (warning["labels"], warning["count"]) == ([3], 1)

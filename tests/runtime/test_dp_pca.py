@@ -317,3 +317,17 @@ def test_the_schema_refuses_inconsistent_groups() -> None:
         scenario["clients"]["groups"][0]["dp_pca"] = bad
         with pytest.raises(ScenarioError):
             parse_scenario(scenario)
+
+
+def test_more_components_than_features_are_refused_before_any_release(tmp_path: Path) -> None:
+    """A stranger's 50 components of 20 features passed validation, then the run charged every
+    client's release and failed at the projection, leaving a half-written run directory: now
+    the population refuses it, before any ledger is written."""
+    scenario = _small()
+    for group in scenario["clients"]["groups"]:
+        group["dp_pca"]["components"] = 13  # the data has 12 features
+    loaded = LoadedScenario(parse_scenario(scenario), None)
+    with pytest.raises(ConfigError, match=r"dp_pca\.components: 13 components of records "
+                                          r"with 12 features; at most 12"):
+        run_scenario(loaded, tmp_path / "run")
+    assert not (tmp_path / "run" / "ledgers").exists()
