@@ -63,9 +63,20 @@ def test_duration_stop_tolerates_float_rounding_only() -> None:
     assert duration_stop(30.0, 300, 29.9999) == ""  # a real shortfall is not rounding
     stop = Stop(virtual_seconds=30.0)
     # The scheduled end decides, not the (later, wall-clock) time the window was closed at.
-    late = WindowReport(window=30, time=30.4, version=30, end=30.0)
+    late = WindowReport(window=30, time=30.2, version=30, end=30.0)  # late by < 1%: jitter
     assert late.stop_reason(stop, active_clients=1, seconds="scenario") == RunStop(
         RunStopKind.DURATION, "it reached its limit of 30 scenario seconds")
+    # A server far behind its windows (a stranger's: window 80 due at 20.05 s, closed at
+    # 27.28) says so: the run's stop time is the close, not the end the reason names.
+    behind = WindowReport(window=30, time=37.5, version=30, end=30.0)
+    assert behind.stop_reason(stop, active_clients=1, seconds="scenario") == RunStop(
+        RunStopKind.DURATION, "it reached its limit of 30 scenario seconds (closed at 37.5 "
+        "scenario seconds: the server ran behind its windows)")
+    past = WindowReport(window=31, time=40.0, version=31, end=31.0)
+    assert past.stop_reason(stop, active_clients=1, seconds="scenario") == RunStop(
+        RunStopKind.DURATION, "window 31 ended at 31 scenario seconds (closed at 40 scenario "
+        "seconds: the server ran behind its windows), the first window end at or after its "
+        "limit of 30 s")
     early = WindowReport(window=29, time=30.2, version=29, end=29.0)
     assert early.stop_reason(stop, active_clients=1) is None
 

@@ -105,7 +105,8 @@ class WindowReport:
             return RunStop(RunStopKind.WINDOWS, f"it reached {stop.windows} windows")
         if stop.virtual_seconds is not None:
             reason = duration_stop(stop.virtual_seconds, self.window,
-                                   self.time if self.end is None else self.end, seconds)
+                                   self.time if self.end is None else self.end, seconds,
+                                   closed=self.time)
             if reason:
                 return RunStop(RunStopKind.DURATION, reason)
         if (stop.target_accuracy is not None and self.accuracy is not None
@@ -124,14 +125,22 @@ class WindowReport:
 DURATION_RELATIVE_TOLERANCE = 1e-9
 
 
-def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual") -> str:
+def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual", *,
+                  closed: float | None = None) -> str:
     """The stop reason of a ``virtual_seconds`` limit after window ``window`` ending at ``end``
     ('' while ``end`` is before the limit): the run ends with the first window whose end is at
-    or after the limit, and the reason says where that end was when it is not the limit."""
+    or after the limit, and the reason says where that end was when it is not the limit.
+    ``closed``: when the window was closed (a deployed server's clock), said when it is
+    visibly later than its end (more than 1% of it: the server ran behind its windows, and
+    the run's stop time is that close, not the window's end)."""
     tolerance = DURATION_RELATIVE_TOLERANCE * max(1.0, abs(limit))
     if end < limit - tolerance:
         return ""
+    late = ""
+    if closed is not None and closed > end + max(tolerance, 0.01 * abs(end)):
+        late = (f" (closed at {closed:.6g} {seconds} seconds: the server ran behind its "
+                f"windows)")
     if end <= limit + tolerance:
-        return f"it reached its limit of {limit:g} {seconds} seconds"
-    return (f"window {window} ended at {end:.6g} {seconds} seconds, the first window end at or "
-            f"after its limit of {limit:g} s")
+        return f"it reached its limit of {limit:g} {seconds} seconds{late}"
+    return (f"window {window} ended at {end:.6g} {seconds} seconds{late}, the first window end "
+            f"at or after its limit of {limit:g} s")
