@@ -431,7 +431,16 @@ def dump_scenario(scenario: Scenario, *, dataset_path: Path | None = None) -> st
     tree = scenario.model_dump(mode="json")
     if dataset_path is not None:
         tree["dataset"]["path"] = str(dataset_path)
+    if tree["dataset"].get("name") != "synthetic":
+        # The synthetic problem's sizes describe no other data set (a stranger read "6000
+        # samples, 20 features" in an MNIST arrays run's file); read back, they default again.
+        for key in SYNTHETIC_ONLY:
+            tree["dataset"].pop(key, None)
     return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+
+
+SYNTHETIC_ONLY = ("num_samples", "num_test_samples", "num_features", "num_classes")
+"""The dataset fields that only the synthetic problem reads."""
 
 
 class _ScenarioJsonSchema(GenerateJsonSchema):

@@ -44,6 +44,8 @@ def test_a_scenario_file_runs_on_arrays_beside_it(tmp_path: Path,
     assert summary["client_states"] == {"done": 2}  # 3 rounds each, on the arrays
     resolved = yaml.safe_load((out / "scenario.resolved.yaml").read_text())
     assert resolved["dataset"]["name"] == "arrays"
+    # the synthetic problem's sizes are not written for another data set (a stranger's)
+    assert not set(resolved["dataset"]) & {"num_samples", "num_features", "num_classes"}
 
 
 def test_uint8_is_scaled_and_other_dtypes_kept() -> None:
