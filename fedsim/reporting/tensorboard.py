@@ -12,7 +12,7 @@ finished run directory (so the scalars are exactly the files' numbers):
 * at the end, ``epsilon/<client id>``: each client's epsilon at the scenario's delta, from its
   ledger under its enforcing accountant (the numbers of ``fedsim report``'s epsilon plot), on
   :data:`~fedsim.reporting.epsilon_history.TIME_GRID_POINTS` virtual times, at step = the
-  window in progress at that time; and ``epsilon_summary/{min,median,max}`` over the clients
+  window in progress at that time (one point a step: its latest time); and ``epsilon_summary/{min,median,max}`` over the clients
   (while the run goes, ``window/min_remaining_epsilon`` follows the budgets);
 * at the end, ``final/accuracy`` and ``final/loss``: the final model's evaluation at the run's
   end (none for an interrupted run), at step = the last window.
@@ -140,9 +140,15 @@ class LiveExport:
         history = epsilon_history(ledgers, grid, run.delta)
         times = [float(m["time"]) for m in run.metrics]
         windows = [int(m.get("window") or 0) for m in run.metrics]
+        # One point a step: the grid is dense early (several times in one window) and times
+        # past the last window all fall in it; a step's point is its latest time (a stranger
+        # saw two values at one step).
+        latest: dict[int, int] = {}
         for column, moment in enumerate(history.times):
             at = bisect.bisect_left(times, float(moment))
-            step = windows[min(at, len(windows) - 1)] if windows else column
+            latest[windows[min(at, len(windows) - 1)] if windows else column] = column
+        for step, column in latest.items():
+            moment = history.times[column]
             values = history.epsilon[:, column]
             for client_id, value in zip(history.client_ids, values, strict=True):
                 self.writer.add_scalar(f"epsilon/{client_id}", float(value), step,

@@ -44,6 +44,8 @@ def test_run_tensorboard_writes_window_and_epsilon_scalars(tiny_scenario: Path,
         curve = scalars[f"epsilon/{ledger.stem}"]
         assert curve[-1][1] == pytest.approx(expected, rel=1e-4)  # float32 in the event file
         assert [v for _, v in curve] == sorted(v for _, v in curve)  # spending never falls
+        # one point a step, increasing (a stranger saw two values at one step)
+        assert [s for s, _ in curve] == sorted({s for s, _ in curve})
     finals = [scalars[f"epsilon/{p.stem}"][-1][1] for p in (out / "ledgers").glob("*.jsonl")]
     assert scalars["epsilon_summary/max"][-1][1] == pytest.approx(max(finals))
     # The final model's evaluation (a stranger's run shorter than eval_every had no accuracy).
