@@ -22,6 +22,7 @@ Tested: ledgers and metrics byte-identical to the in-process run on a local Ray
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -164,10 +165,13 @@ class RayRoundBatcher(RoundBatcher):
         allocator_choice()  # a bad FEDSIM_ALLOCATOR is this call's ConfigError, not a worker's
         ray = _ray()
         if not ray.is_initialized():
+            # Ray's INFO lines ("Started a local Ray instance") are not the run's: a run's
+            # output is its own progress and files (--quiet left them printed, a stranger).
             if address is None:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING)
             else:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         self._ray = ray
         self.workers = workers
         # A client is found by the first of its (disjoint) rows.
