@@ -132,7 +132,8 @@ def load_arrays_file(path: str | os.PathLike[str]) -> TensorSplits:
             arrays = {name: npz[name] for name in npz.files}
     except FileNotFoundError:
         raise DataError(f"dataset.path: no such file: {file} (a relative path is looked for "
-                        "beside the scenario file, then in the working directory)") from None
+                        "beside the scenario's file if it has one, then in the working "
+                        "directory)") from None
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DataError(f"dataset.path: {file} is not a readable .npz of arrays ({exc})") from None
     return check_arrays(arrays, where=f"dataset.path {file}")
