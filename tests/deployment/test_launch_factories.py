@@ -78,3 +78,35 @@ def test_launched_processes_find_the_factory_module_beside_the_scenario(
     # The same model and data as the in-process run of the same file.
     simulated = run_scenario(load_scenario(scenario, allow_factories=True), tmp_path / "sim").summary
     assert summary["final_accuracy"] > 0.5 and simulated["final_accuracy"] > 0.5
+
+
+def test_a_failing_data_factory_stops_the_launch_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every process calls the data factory; the launcher calls it first, so one that fails
+    (here: it reads a file relative to a working directory the launch is not in) stops the
+    launch with the factory's own error before the broker or any process starts (a
+    stranger's started everything, then reported only that the server exited with 2)."""
+    user = tmp_path / "project"
+    user.mkdir()
+    # (a module of its own: the first test's user_bits stays imported in this process)
+    (user / "user_files.py").write_text(MODULE + textwrap.dedent('''
+        def from_file(name, seed):
+            import json
+            with open(name) as handle:  # relative to the working directory
+                return load(json.load(handle)["records"], seed)
+    '''))
+    (user / "sizes.json").write_text('{"records": 800}')
+    scenario = user / "scenario.yaml"
+    scenario.write_text(SCENARIO.replace('{factory: "user_bits:load", options: {records: 800}}',
+                                         '{factory: "user_files:from_file", '
+                                         'options: {name: sizes.json}}').replace(
+                                             '"user_bits:net"', '"user_files:net"'))
+    monkeypatch.chdir(tmp_path)  # sizes.json is in project/, not here
+    monkeypatch.delenv(SEARCH_ENV, raising=False)
+    out = tmp_path / "launch"
+    code = main(["launch", str(scenario), "--allow-factory", "--out", str(out),
+                 "--no-plots", "--timeout", "60"])
+    err = capsys.readouterr().err
+    assert code != 0 and "sizes.json" in err and "Traceback" not in err, err
+    assert not (out / "logs" / "server.log").exists() and not (out / "broker").exists()

@@ -26,7 +26,7 @@ from typing import Any
 
 from fedsim.config.factories import SEARCH_ENV
 from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
-from fedsim.data.load import dataset_file
+from fedsim.data.load import dataset_file, scenario_data
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
@@ -46,6 +46,7 @@ from fedsim.runtime.interrupted import (
     signals_ignored,
 )
 from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
+from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
     LEDGER_DIR,
@@ -339,6 +340,12 @@ class Launcher:
         # Found (or fetched) once here: the processes read the same file, none downloads.
         dataset = self.scenario.dataset
         dataset_path = dataset_file(dataset.name, dataset.path, base_dir=self.loaded.base_dir)
+        if dataset.factory is not None:
+            # Every process calls the user's data factory: one that fails here (a relative
+            # path from another working directory, a typo) fails before the broker and the
+            # processes start, with its own error (a stranger's failed after all had started).
+            scenario_data(dataset, base_dir=self.loaded.base_dir,
+                          seed=SeedTree(self.scenario.seed).integer("dataset"))
         self.scenario_file = (self.out / SCENARIO_FILE).resolve()
         self.scenario_file.write_text(
             dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"
