@@ -39,6 +39,11 @@ class UnsupportedEventError(PrivacyError):
     exit_code = 2
 
 
+class AccountantOutOfRange(PrivacyError):
+    """An accountant cannot represent this history (the PLD's grid would be too wide, a step's
+    loss beyond its range); another accountant may still bound it."""
+
+
 class BudgetExhausted(PrivacyError):
     """Releasing the next update would push a client's ledger past its privacy budget."""
 

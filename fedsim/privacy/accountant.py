@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from fedsim.errors import ConfigError, UnsupportedEventError
+from fedsim.errors import AccountantOutOfRange, ConfigError, UnsupportedEventError
 from fedsim.privacy.events import GaussianStep, PrivacyEvent, Sampling, TunedSelection
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {}
@@ -227,7 +227,7 @@ def smallest_epsilon(accountant: Accountant, delta: float, *,
     """
     if not accountant.is_guarantee:
         raise ConfigError(f"{accountant.name} is not a guarantee; its eps bounds nothing")
-    best, source = accountant.epsilon(delta), accountant.name
+    best, source = _epsilon_or_inf(accountant, delta), accountant.name
     if (only_if_infinite and math.isfinite(best)) or accountant.selections:
         # a history with a tuned selection has one accountant (rdp): the others' eps of its
         # Gaussian steps alone would leave the selection out, below a valid bound
@@ -235,7 +235,17 @@ def smallest_epsilon(accountant: Accountant, delta: float, *,
     steps = accountant.steps
     for name in GUARANTEES:
         if name != accountant.name and steps:
-            other = make_accountant(name, steps).epsilon(delta)
+            other = _epsilon_or_inf(make_accountant(name, steps), delta)
             if other < best:
                 best, source = other, name
     return best, source
+
+
+def _epsilon_or_inf(accountant: Accountant, delta: float) -> float:
+    """``accountant``'s eps(delta), ``inf`` where it cannot represent the history
+    (:class:`AccountantOutOfRange`: then another guarantee is asked; an attacker's fixed-size
+    history, RDP eps 3.37 against a budget of 5, made the PLD raise and the ledger with it)."""
+    try:
+        return accountant.epsilon(delta)
+    except AccountantOutOfRange:
+        return math.inf

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedsim.errors import ConfigError, LedgerError, PrivacyError
+from fedsim.errors import AccountantOutOfRange, ConfigError, LedgerError, PrivacyError
 from fedsim.privacy import calibration, fdp, gdp
 from fedsim.privacy.accountant import GUARANTEES, Accountant, make_accountant, smallest_epsilon
 from fedsim.privacy.events import NEIGHBOURING_RELATION, SAMPLING_SCHEMES, GaussianStep, Sampling
@@ -340,7 +340,10 @@ def _answer(sampling: Sampling, name: AccountantChoice,
     assert count is not None
 
     accountant = make_accountant(name, steps)
-    alphas, betas = _curve(accountant, group, curve=curve or not max_steps or group > 1)
+    eps_alone = not (group > 1 or curve or epsilon is not None or max_steps
+                     or target_epsilon is not None)
+    alphas, betas = _curve_if_represented(accountant, group, found, eps_alone=eps_alone,
+                                          curve=curve or not max_steps or group > 1)
     if name == "gdp-clt":
         found.update(_clt(accountant, steps, group))
     elif betas is not None:
@@ -403,6 +406,22 @@ def _curve(accountant: Accountant, group: int, *,
         return alphas, None
     betas = accountant.tradeoff(alphas)
     return alphas, fdp.group_tradeoff(alphas, betas, group) if group > 1 else betas
+
+
+def _curve_if_represented(accountant: Accountant, group: int, found: dict[str, Any], *,
+                          eps_alone: bool, curve: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`_curve`; where the accountant cannot represent the history and only eps is
+    asked (``eps_alone``), no curve (``found`` says so) and eps is the smallest other
+    guarantee's (:func:`~fedsim.privacy.accountant.smallest_epsilon`; an attacker's ledger was
+    refused here where RDP bounds it)."""
+    try:
+        return _curve(accountant, group, curve=curve)
+    except AccountantOutOfRange:
+        if not eps_alone:
+            raise  # these answers are the PLD curve's own
+        found["mu_kind"] = ("none: the PLD cannot represent this history (no GDP fit); eps is "
+                            "the smallest other guarantee's")
+        return fdp.default_alphas(2001), None
 
 
 def _clt(accountant: Accountant, steps: list[GaussianStep], group: int) -> dict[str, Any]:

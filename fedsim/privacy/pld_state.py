@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import fft
 
-from fedsim.errors import PrivacyError
+from fedsim.errors import AccountantOutOfRange
 
 # Fixed-point units of the log-spectrum sum (see module docstring).
 _RE_BITS = 56
@@ -137,7 +137,7 @@ class Window:
         wider than :data:`MAX_SIZE` raises :class:`PrivacyError` (bounded memory)."""
         size = max(_MIN_SIZE, 1 << (self.hi - self.lo).bit_length())
         if size > MAX_SIZE:
-            raise PrivacyError(
+            raise AccountantOutOfRange(
                 f"the composed privacy loss spans {self.hi - self.lo + 1:.3g} grid points, "
                 f"more than the PLD accountant computes ({MAX_SIZE}); the history is far "
                 f"beyond any meaningful budget (the rdp accountant answers any length)")

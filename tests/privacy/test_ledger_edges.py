@@ -215,3 +215,32 @@ def test_a_bad_header_is_refused(tmp_path: Path, header: str) -> None:
     with pytest.raises((ConfigError, LedgerError), match="--header"):
         repair_ledger(path, lost_step=STEP, header=json.loads(header)
                       if header.startswith(("{", "[")) else header)  # type: ignore[arg-type]
+
+
+def test_a_history_the_pld_cannot_represent_is_bounded_by_rdp(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    """An attacker's fixed-size history (7 rounds of sigma 9.3, then 100 of sigma 0.38: a
+    posture changed across a restart) makes the PLD's composed grid too wide to compute: the
+    ledger's eps, its remaining budget and `fedsim account --ledger` raised where RDP bounds
+    it at 3.37 under a budget of 5. They now answer RDP's bound (the smallest guarantee that
+    can be computed), which is above the PLD of the later rounds alone."""
+    from fedsim.errors import AccountantOutOfRange
+
+    first = GaussianStep("fixed", 0.00019105573454994174, 9.312663317530415)
+    later = GaussianStep("fixed", 0.00012561914337854606, 0.38326428052608313)
+    with pytest.raises(AccountantOutOfRange, match="grid points"):
+        make_accountant("pld", [first.times(7), later.times(100)]).epsilon(1e-5)
+    rdp = make_accountant("rdp", [first.times(7), later.times(100)]).epsilon(1e-5)
+    path = tmp_path / "c.jsonl"
+    with PrivacyLedger.open(path, client_id="c", sampling="fixed",
+                            budget=Budget(5.0, 1e-5)) as ledger:
+        for r in range(107):
+            ledger.spend([first if r < 7 else later], time=float(r), round=r)
+        assert ledger.epsilon() == pytest.approx(rdp, rel=1e-12)
+        assert ledger.remaining_epsilon == pytest.approx(5.0 - rdp, rel=1e-12)
+    assert rdp > make_accountant("pld", [later.times(100)]).epsilon(1e-5)
+    assert main(["account", "--ledger", str(path), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer["epsilon"], answer["bound"]) == (pytest.approx(rdp, rel=1e-9), "rdp")
+    assert answer["mu_kind"].startswith("none: the PLD cannot represent this history")
