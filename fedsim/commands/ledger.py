@@ -72,7 +72,8 @@ def _header(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {exc.strerror}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         header = None
-    if not isinstance(header, dict):
+    if not isinstance(header, dict) or not isinstance(header.get("format"), str):
+        # (a record where the header was: its line deleted, an attacker's review)
         raise ConfigError(f"{path}: line 1: not a ledger header")
     return header
 

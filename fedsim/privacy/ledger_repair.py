@@ -138,7 +138,8 @@ def _why(scan: _Scan, mark: Mark | None, lost: int, *, tail: int, past: int,
     ``past`` of the ``lost`` unreadable lines past the mark's count, ``assumed`` the records a
     damaged mark slot may have counted."""
     if not lost:
-        return "every acknowledged record verifies"
+        return "every acknowledged record verifies" + (
+            "; its lost header line is written from --header" if scan.header_lost else "")
     if mark is None or scan.header["format"] != LEDGER_FORMAT:
         return f"no usable high-water mark: {lost} record(s) assumed lost or past a break"
     if scan.verified < mark.count:
@@ -172,6 +173,7 @@ class _Scan:
     selections_possible: bool  # the ledger may hold a tuned selection (rdp, or a tuning one)
     line_hashes: list[str]  # each record line's chain hash, readable or not
     prevs: list[str | None]  # each readable record's "prev" (None: unreadable)
+    header_lost: bool  # the file's own header was unreadable (the given one stands for it)
 
 
 def given_header(header: Any) -> dict[str, Any]:
@@ -267,7 +269,7 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
         else:
             intact = False
     return _Scan(header, lines[0], records, verified, hashes, substitutes, lost_selection,
-                 times_back, selections_possible, line_hashes, prevs)
+                 times_back, selections_possible, line_hashes, prevs, not readable)
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
@@ -477,7 +479,7 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
         damaged = (lost > 0 or unreadable > 0 or scan.verified < len(scan.records) or stale
                    or scan.header["format"] != LEDGER_FORMAT or mark is None
                    or mark.count > len(scan.records) or len(data) != data.rfind(b"\n") + 1
-                   or scan.times_back)
+                   or scan.times_back or scan.header_lost)
         named = lost_step is not None
         why = _why(scan, mark, lost, tail=tail, past=past_mark,
                    assumed=(assume_lost or 0) if stale else 0)

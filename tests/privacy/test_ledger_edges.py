@@ -244,3 +244,24 @@ def test_a_history_the_pld_cannot_represent_is_bounded_by_rdp(tmp_path: Path,
     answer = json.loads(capsys.readouterr().out)
     assert (answer["epsilon"], answer["bound"]) == (pytest.approx(rdp, rel=1e-9), "rdp")
     assert answer["mu_kind"].startswith("none: the PLD cannot represent this history")
+
+
+def test_a_deleted_header_line_is_written_back_from_the_given_header(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An attacker deleted the header line alone: `ledger repair --header` said "damaged:
+    False" and changed nothing (the given header hashes as the lost one did, so the chain
+    verified), and the client's open kept refusing line 1. The repair now writes the header
+    back, every record kept, and the client's open accepts it at the same eps."""
+    path = tmp_path / "l.jsonl"
+    spent = written(path, rounds=5)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[1:]))
+    with pytest.raises(LedgerError, match="line 1"):
+        open_ledger(path)
+    assert main(["ledger", "check", str(path)]) == 2  # (it said "sampling ... got 'None'")
+    assert "line 1: not a ledger header" in capsys.readouterr().err
+    assert main(["ledger", "repair", str(path), "--header", json.dumps(HEADER), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer["damaged"], answer["kept"], answer["substituted"]) == (True, 5, 0)
+    assert answer["why"].endswith("its lost header line is written from --header")
+    with open_ledger(path) as ledger:
+        assert len(ledger.records) == 5 and ledger.epsilon() == pytest.approx(spent, rel=1e-12)
