@@ -40,8 +40,8 @@ class UnsupportedEventError(PrivacyError):
 
 
 class AccountantOutOfRange(PrivacyError):
-    """An accountant cannot represent this history (the PLD's grid would be too wide, a step's
-    loss beyond its range); another accountant may still bound it."""
+    """An accountant cannot represent this history (the PLD's composed grid would be wider
+    than it computes); another accountant may still bound it."""
 
 
 class BudgetExhausted(PrivacyError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from fedsim.errors import AccountantOutOfRange, PrivacyError
+from fedsim.errors import PrivacyError
 from fedsim.privacy.events import Sampling
 
 # Per-step probability mass left out of the discretised support (charged to delta as mass at
@@ -304,14 +304,14 @@ def step_pmfs(sampling: Sampling, q: float, sigma: float, h: float) -> tuple[Los
     """
     mu = 1.0 / sigma
     if not mu * mu < 1e300:  # 1/sigma^2 overflows: the loss itself is not a double
-        raise AccountantOutOfRange(f"sigma={sigma:g} is too small to account: one step's privacy "
+        raise PrivacyError(f"sigma={sigma:g} is too small to account: one step's privacy "
                            f"loss is beyond double precision (essentially no privacy)")
     top = _loss_remove(_STEP_TAIL_Z + mu, q, mu)  # largest loss kept (both directions)
     remove_low = math.log1p(-q) if q < 1.0 else -top
     add_high = -math.log1p(-q) if q < 1.0 else top
     core = _CORE_STEP_STDS * step_loss_std(q, sigma) - (math.log1p(-q) if q < 1.0 else 0.0)
     if not min(top, core) / h <= _MAX_STEP_GRID:  # also NaN/inf for a vanishing sigma
-        raise AccountantOutOfRange(
+        raise PrivacyError(
             f"sigma={sigma:g} (q={q:g}) is too small to account: one step's privacy loss "
             f"reaches {top:.3g}; such a release gives essentially no privacy")
 

@@ -35,7 +35,6 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     ([*MECH, "--epochs", "1e300"], "at most 1e\\+12"),
     (["--accountant", "gdp-clt", "--q", "0.01", "--sigma", "0.05", "--steps", "100"],
      "no meaningful privacy"),
-    ([*MECH, "--steps", "1e11"], "more than the PLD accountant computes"),
     ([*MECH, "--target-epsilon", "1e300", "--max-steps"], r"in \(0, 700\]"),
     ([*MECH, "--steps", "10", "--group-size", "100000"], "group-size must be in"),
     ([*MECH, "--steps", "2.5"], "not a whole number"),
@@ -166,3 +165,14 @@ def test_damaged_ledgers_are_refused(tmp_path: Path, capsys: pytest.CaptureFixtu
     path.write_text("\n".join(lines) + "\n")
     err = refused(capsys, "--ledger", str(path))
     assert "line 1" in err if damage == "no-header" else "line 3" in err
+
+
+def test_a_composition_wider_than_the_pld_computes_is_answered_by_rdp(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """10^11 steps: the PLD refuses to allocate the composition (bounded memory) and the
+    answer is the smallest guarantee that can represent it, RDP's (it was refused outright;
+    since an attacker's ledger, a history the PLD cannot represent is bounded by the others)."""
+    assert main(["account", *MECH, "--steps", "1e11", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["bound"] == "rdp" and math.isfinite(answer["epsilon"])
+    assert answer["mu_kind"].startswith("none: the PLD cannot represent this history")
