@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fedsim.errors import PrivacyError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.budget import (
     SHARED_SLACK,
@@ -46,9 +47,11 @@ class Affordability:
     def plan(self, rounds: list[tuple[GaussianStep, ...]]) -> int:
         """Register the (grouped) rounds the client plans to release next, in order; return
         how many of them fit from the current state (:meth:`PrivacyLedger.plan`)."""
-        self._plan, self._plan_cursor = rounds, 0
-        self._plan_fit = largest_fitting_prefix(self._history(), rounds, self._budget)
-        return self._plan_fit
+        # dry run, then commit: a search that raised left the new plan answering with the old
+        # count (an attacker's review: every planned round refused)
+        fit = largest_fitting_prefix(self._history(), rounds, self._budget)
+        self._plan, self._plan_cursor, self._plan_fit = rounds, 0, fit
+        return fit
 
     def fits(self, steps: tuple[GaussianStep, ...], kinds: tuple[GaussianStep, ...],
              recorded: int) -> bool:
@@ -61,7 +64,10 @@ class Affordability:
         memo = (kinds, recorded)
         if self._last_check is not None and self._last_check[0] == memo:
             return self._last_check[1]  # asked again before anything changed (spend asks)
-        answer = self._check(kinds, steps)
+        try:
+            answer = self._check(kinds, steps)
+        except PrivacyError:  # a step no accountant can price (a vanishing sigma): no budget
+            answer = False    # holds it, and the client stops as out of budget, not crashed
         self._last_check = (memo, answer)
         return answer
 

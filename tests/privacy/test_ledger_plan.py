@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
+from fedsim.errors import BudgetExhausted
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -100,3 +103,22 @@ def test_plan_without_budget_fits_everything(tmp_path: Path) -> None:
                             budget=None) as ledger:
         assert ledger.plan(rounds) == 5 and ledger.can_spend(rounds[0])
         assert ledger.plan([]) == 0
+
+
+def test_a_plan_reaching_a_vanishing_sigma_counts_the_rounds_before_it(tmp_path: Path) -> None:
+    """An attacker's plan ending in rounds of sigma 8.7e-6 (no step of it can be priced: no
+    privacy) raised out of plan(), and the ledger, left holding the new plan with the old
+    count, then refused every planned round, the affordable ones too. The plan now counts
+    the rounds before it; those are spent, and the first unpriceable one is refused as over
+    budget (the client stops as out of budget, not crashed)."""
+    fine, none = GaussianStep("poisson", 0.01, 1.0), GaussianStep("poisson", 0.01, 8.7e-6)
+    with PrivacyLedger.open(tmp_path / "c.jsonl", client_id="c", sampling="poisson",
+                            budget=Budget(3.0, 1e-5)) as ledger:
+        assert ledger.plan([[fine]] * 5 + [[none]] * 3) == 5
+        for r in range(5):
+            assert ledger.can_spend(fine)
+            ledger.spend(fine, time=float(r), round=r)
+        assert not ledger.can_spend(none)
+        with pytest.raises(BudgetExhausted):
+            ledger.spend(none, time=5.0, round=5)
+        assert len(ledger.records) == 5
