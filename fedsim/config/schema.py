@@ -592,6 +592,14 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _pca_model(self) -> Scenario:
         pca = self.clients.groups[0].dp_pca
+        dataset = self.dataset
+        if pca is not None and dataset.name == "synthetic" and dataset.factory is None \
+                and pca.components > dataset.num_features:
+            # (known before any data: other data sets are checked when loaded, before any
+            # release is charged; a stranger's passed validate, then failed after charging)
+            raise ValueError(f"dp_pca.components: {pca.components} components of records with "
+                             f"{dataset.num_features} features (dataset.num_features); at "
+                             f"most {dataset.num_features}")
         if pca is None or self.model.name is None:
             return self
         if self.model.name not in ("logreg", "mlp"):

@@ -503,11 +503,13 @@ def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:
     if count < mark.count:
         raise LedgerError(
             f"{path}: holds {count} records but {mark.count} were acknowledged (the file "
-            f"was cut or lines were removed); `fedsim ledger repair` adds the lost spending")
+            f"was cut or lines were removed, or its mark file is another ledger's); `fedsim "
+            f"ledger repair` adds the lost spending")
     if parsed.hashes[mark.count] != mark.last_hash:
         raise LedgerError(
-            f"{path}: record {mark.count} is not the one acknowledged (the file was edited); "
-            f"`fedsim ledger repair` adds the spending it cannot verify")
+            f"{path}: record {mark.count} is not the one acknowledged (the file was edited, "
+            f"or its mark file is another ledger's); `fedsim ledger repair` adds the spending "
+            f"it cannot verify")
 
 
 # -- writing -------------------------------------------------------------------------------------

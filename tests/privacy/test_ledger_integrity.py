@@ -306,3 +306,17 @@ def test_check_prints_aligned_fields_and_the_ceiling_as_fields(
     (ceiling,) = [line for line in lines if line.startswith("step_ceiling:")]
     assert "{" not in ceiling and "q=" in ceiling and "sigma=" in ceiling
     assert any(line.startswith("damaged_mark_slot: ") for line in lines)
+
+
+def test_a_mark_swapped_in_from_a_longer_ledger_is_refused_naming_that_case(
+        tmp_path: Path) -> None:
+    """An attacker's review: a mark file copied from another client's longer ledger was
+    refused as "the file was cut" alone; the refusal now names the swap as well."""
+    path, other = tmp_path / "l.jsonl", tmp_path / "other" / "l.jsonl"
+    other.parent.mkdir()
+    written(path, 10)
+    written(other, 30)
+    mark_path(path).write_bytes(mark_path(other).read_bytes())
+    with pytest.raises(LedgerError, match=r"holds 10 records but 30 were acknowledged .*"
+                                          r"its mark file is another ledger's"):
+        open_ledger(path)
