@@ -194,7 +194,6 @@ def run_one(scenario: str, plan: dict[str, Any], plots: bool,
     try:
         result = simulate(scenario, overrides=plan["overrides"], out=plan["dir"],
                           progress=False, plots=plots, allow_factories=allow_factories)
-        _IN_RUN[:] = [False]
     except KeyboardInterrupt:
         if not worker:
             raise

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fedsim.errors import PrivacyError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.budget import (
     SHARED_SLACK,
@@ -64,10 +63,7 @@ class Affordability:
         memo = (kinds, recorded)
         if self._last_check is not None and self._last_check[0] == memo:
             return self._last_check[1]  # asked again before anything changed (spend asks)
-        try:
-            answer = self._check(kinds, steps)
-        except PrivacyError:  # a step no accountant can price (a vanishing sigma): no budget
-            answer = False    # holds it, and the client stops as out of budget, not crashed
+        answer = self._check(kinds, steps)
         self._last_check = (memo, answer)
         return answer
 

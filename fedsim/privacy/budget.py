@@ -163,7 +163,10 @@ class Allowance:
 def within(accountant: Accountant, budget: Budget) -> bool:
     """The ledger's one budget test: the history's eps (the smallest guarantee's where the
     enforcing accountant has no finite answer) is at most the budget's."""
-    eps, _ = smallest_epsilon(accountant, budget.delta, only_if_infinite=True)
+    try:
+        eps, _ = smallest_epsilon(accountant, budget.delta, only_if_infinite=True)
+    except PrivacyError:  # a step no accountant can price (a vanishing sigma: no privacy)
+        return False      # fits no budget (it raised through a plan and a check: a review)
     return eps <= budget.epsilon
 
 
@@ -212,39 +215,28 @@ def largest_fitting_prefix(accountant: Accountant, rounds: Sequence[Sequence[Gau
     the failing bracket from copies of its lower end, so every planned round is composed a
     bounded number of times and eps is evaluated O(log len(rounds)) times.
     """
-    if not rounds or _fits(_extended(accountant, rounds), budget):
+    def fits(trial: Accountant) -> bool:
+        return within(trial, budget)
+
+    def flat(part: Sequence[Sequence[GaussianStep]]) -> list[GaussianStep]:
+        return [step for r in part for step in r]
+
+    if not rounds or fits(accountant.preview(flat(rounds))):
         return len(rounds)
     low, width, base = 0, 1, accountant.preview([])
     while True:  # fits(low) holds for base; the whole plan does not fit
         high = min(low + width, len(rounds))
-        trial = _extended(base, rounds[low:high])
-        if high == len(rounds) or trial is None or not _fits(trial, budget):
+        trial = base.preview(flat(rounds[low:high]))
+        if high == len(rounds) or not fits(trial):
             break
         low, width, base = high, width * 2, trial
-    if high == len(rounds) and _fits(trial, budget):  # pragma: no cover - the first try's
+    if high == len(rounds) and fits(trial):  # pragma: no cover - excluded by the first try
         return high
     while high - low > 1:
         middle = (low + high) // 2
-        trial = _extended(base, rounds[low:middle])
-        if trial is not None and _fits(trial, budget):  # (None never fits; for the types)
+        trial = base.preview(flat(rounds[low:middle]))
+        if fits(trial):
             low, base = middle, trial
         else:
             high = middle
     return low
-
-
-def _fits(trial: Accountant | None, budget: Budget) -> bool:
-    """:func:`within`; a step that cannot be priced (a vanishing sigma: no privacy) never fits
-    (it raised through a plan: an attacker's review)."""
-    try:
-        return trial is not None and within(trial, budget)
-    except PrivacyError:
-        return False
-
-
-def _extended(base: Accountant, part: Sequence[Sequence[GaussianStep]]) -> Accountant | None:
-    """``base`` with ``part`` composed (a dry run), or None where a step cannot be priced."""
-    try:
-        return base.preview([step for r in part for step in r])
-    except PrivacyError:
-        return None
