@@ -11,7 +11,7 @@ from pydantic import Field
 from fedsim.config import limits
 from fedsim.config.distributions import Delta, Epsilon, PositiveInt, Scale, Strict
 
-__all__ = ["DpPca", "PcaTarget"]
+__all__ = ["DpPca", "PcaTarget", "too_many_components"]
 
 
 class PcaTarget(Strict):
@@ -40,3 +40,14 @@ class DpPca(Strict):
     noise: Scale | PcaTarget = Field(
         description="The release's noise multiplier sigma (noise std / sensitivity), or "
         "{epsilon, delta}: the smallest sigma whose release alone meets them.")
+
+
+def too_many_components(components: int, features: int, where: str = "") -> str | None:
+    """Why ``components`` principal components cannot be taken of records with ``features``
+    features (None: they can). The one rule of the schema (where a synthetic data set's
+    features are known before any data: ``fedsim validate``) and of the population (any data,
+    when loaded, before a release is charged); ``where``: what says ``features``."""
+    if components <= features:
+        return None
+    return (f"dp_pca.components: {components} components of records with {features} "
+            f"features{where}; at most {features}")

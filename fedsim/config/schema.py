@@ -57,7 +57,7 @@ from fedsim.config.distributions import (
     WindowCount,
 )
 from fedsim.config.factory import FactoryReference, OptionValue
-from fedsim.config.features import DpPca
+from fedsim.config.features import DpPca, too_many_components
 from fedsim.config.posture import (
     Budget,
     Clip,
@@ -593,13 +593,12 @@ class Scenario(_Strict):
     def _pca_model(self) -> Scenario:
         pca = self.clients.groups[0].dp_pca
         dataset = self.dataset
-        if pca is not None and dataset.name == "synthetic" and dataset.factory is None \
-                and pca.components > dataset.num_features:
+        if pca is not None and dataset.name == "synthetic" and dataset.factory is None and (
+                problem := too_many_components(pca.components, dataset.num_features,
+                                               " (dataset.num_features)")):
             # (known before any data: other data sets are checked when loaded, before any
             # release is charged; a stranger's passed validate, then failed after charging)
-            raise ValueError(f"dp_pca.components: {pca.components} components of records with "
-                             f"{dataset.num_features} features (dataset.num_features); at "
-                             f"most {dataset.num_features}")
+            raise ValueError(problem)
         if pca is None or self.model.name is None:
             return self
         if self.model.name not in ("logreg", "mlp"):

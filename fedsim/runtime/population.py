@@ -29,6 +29,7 @@ from fedsim.aggregation import make_step_size, make_strategy
 from fedsim.aggregation.build import make_optimizer, make_policy
 from fedsim.clock import Clock
 from fedsim.config.factories import require_allowed
+from fedsim.config.features import too_many_components
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.data.arrays import TensorSplits
@@ -365,10 +366,9 @@ def build_population(
     num_classes = int(max(labels.max(), test_y.max())) + 1
     _warn_of_unseen_labels(labels, test_y)
     components = pca_components(scenario)
-    features = int(np.prod(train_x.shape[1:]))
-    if components is not None and components > features:  # before any release is charged
-        raise ConfigError(f"clients.groups[*].dp_pca.components: {components} components of "
-                          f"records with {features} features; at most {features}")
+    if components is not None and (problem := too_many_components(
+            components, int(np.prod(train_x.shape[1:])))):  # before any release is charged
+        raise ConfigError(f"clients.groups[*].{problem}")
     # what the model sees: with dp_pca, a record's projected coordinates (zeros as the probe)
     sample = train_x[:2] if components is None else torch.zeros(2, components,
                                                                  dtype=train_x.dtype)
