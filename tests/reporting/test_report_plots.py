@@ -637,4 +637,8 @@ def test_metrics_rows_share_their_keys_and_equal_the_lines(
         a is b for row in rows[1:] for a, b in zip(rows[0], row, strict=True))
     hostile = [{"time": float(k), f"key{k}": k} for k in range(rundir._SHARED_KEYS + 10)]
     (run.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in hostile))
-    assert list(RunDirectory.load(run.path).metrics) == hostile
+    read = RunDirectory.load(run.path).metrics
+    assert list(read) == hostile
+    # shared while the set is under its bound ("time" of the first rows), not after it
+    time_keys = [next(iter(row)) for row in read]
+    assert time_keys[1] is time_keys[0] and time_keys[-1] is not time_keys[0]
