@@ -13,7 +13,8 @@ whose value for an example depends on the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,24 +61,19 @@ def check_per_example_loss(loss_fn: LossFn, model: nn.Module, sample: torch.Tens
         raise ConfigError(f"{where}: the loss probe needs two examples, got {len(sample)}")
     param = next(model.parameters())
     x, y = sample.to(param.device, param.dtype), targets.to(param.device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            values = _call(loss_fn, model(x), y, where)
-            if tuple(values.shape) != (len(x),):
-                raise ModelError(
-                    f"{where}: the loss must return one value per example (reduction='none'), "
-                    f"shape ({len(x)},) for a batch of {len(x)}; it returned shape "
-                    f"{tuple(values.shape)}")
-            if not values.requires_grad:
-                raise ModelError(f"{where}: the loss's values do not depend on the model's "
-                                 "outputs (no gradient flows through them)")
-            if not bool(torch.isfinite(values).all()):
-                raise ModelError(f"{where}: the loss is not finite on a probe batch")
-            alone = _call(loss_fn, model(x[:1]), y[:1], where)
-    finally:
-        model.train(was_training)
+    with _evaluating(model), torch.enable_grad():
+        values = _call(loss_fn, model(x), y, where)
+        if tuple(values.shape) != (len(x),):
+            raise ModelError(
+                f"{where}: the loss must return one value per example (reduction='none'), "
+                f"shape ({len(x)},) for a batch of {len(x)}; it returned shape "
+                f"{tuple(values.shape)}")
+        if not values.requires_grad:
+            raise ModelError(f"{where}: the loss's values do not depend on the model's "
+                             "outputs (no gradient flows through them)")
+        if not bool(torch.isfinite(values).all()):
+            raise ModelError(f"{where}: the loss is not finite on a probe batch")
+        alone = _call(loss_fn, model(x[:1]), y[:1], where)
     if tuple(alone.shape) != (1,) or not torch.allclose(alone, values[:1], rtol=1e-4,
                                                         atol=1e-6):
         raise ModelError(f"{where}: the loss of an example depends on the other examples of "
@@ -89,17 +85,23 @@ def check_class_outputs(model: nn.Module, sample: torch.Tensor,
     """Under the default cross-entropy, refuse a model with fewer outputs an example than the
     data has classes: a round whose batch held a larger label would fail mid-run (a probe
     of two examples may not hold one)."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            width = model(sample).shape[-1]
-    finally:
-        model.train(was_training)
+    with _evaluating(model), torch.no_grad():
+        width = model(sample).shape[-1]
     if width < num_classes:
         raise ModelError(f"the model gives {width} values an example, but the data has "
                          f"{num_classes} classes (labels 0 to {num_classes - 1}): cross-entropy "
                          f"needs one output per class")
+
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode within the block (a probe), its own mode back after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def _call(loss_fn: LossFn, outputs: torch.Tensor, targets: torch.Tensor,
