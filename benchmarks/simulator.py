@@ -260,7 +260,7 @@ def released_per_group(result: Any) -> dict[str, int]:
     released: dict[str, int] = {}
     for client in result.clients.values():
         name = client.plan.group.name
-        released[name] = released.get(name, 0) + sum(r.sample_grads for r in client.released_rounds())
+        released[name] = released.get(name, 0) + client.releases().sample_grads
     return released
 
 

@@ -138,6 +138,7 @@ from fedsim.privacy.ledger_mark import (
     refuse_a_mark_maybe_a_spend_old,
     write_mark_at,
 )
+from fedsim.privacy.ledger_tally import LedgerTally, RoundSet
 
 __all__ = ["LEDGER_FORMAT", "NORMALISATION_ROUND", "Budget", "LedgerRecord", "PrivacyLedger",
            "read_ledger_steps"]
@@ -167,7 +168,7 @@ class PrivacyLedger:
         self._budget = budget
         enforcing = accountant if make_accountant_class(accountant).is_guarantee \
             else ENFORCEMENT_FALLBACK
-        self._records = list(records)
+        self._tally = LedgerTally(records)  # the records are on disk (ledger_tally)
         self._last_hash = last_hash
         # The mark's step ceiling, raised at each spend (None: an old mark, written without).
         self._ceiling = ceiling
@@ -399,12 +400,28 @@ class PrivacyLedger:
 
     @property
     def records(self) -> tuple[LedgerRecord, ...]:
-        return tuple(self._records)
+        """Every record, read back from the ledger's file and verified: memory holds only
+        their tally (:mod:`fedsim.privacy.ledger_tally`). It reads the whole file, for
+        reports and checks, not for a round's path. Raises :class:`LedgerError` if the file no
+        longer holds what this ledger recorded."""
+        parsed = read_verified(self._path, read_regular(self._path))
+        if len(parsed.records) < self._tally.count:
+            raise LedgerError(f"{self._path}: holds {len(parsed.records)} records, but "
+                              f"{self._tally.count} were recorded (the file was cut)")
+        return tuple(parsed.records[:self._tally.count])
 
     @property
-    def rounds(self) -> frozenset[int]:
-        """The training rounds recorded (not :data:`NORMALISATION_ROUND`)."""
-        return frozenset(r.round for r in self._records if r.round >= 0)
+    def record_count(self) -> int:
+        return self._tally.count
+
+    @property
+    def rounds(self) -> RoundSet:
+        """The training rounds recorded (not :data:`NORMALISATION_ROUND`), as a set (a copy)."""
+        return self._tally.rounds.copy()
+
+    def recorded(self, round: int) -> bool:  # noqa: A002 - the ledger's field is called round
+        """Whether any record is of ``round`` (:data:`NORMALISATION_ROUND` too)."""
+        return self._tally.recorded(round)
 
     @property
     def step_ceiling(self) -> StepCeiling | None:
@@ -421,13 +438,14 @@ class PrivacyLedger:
         knows those rounds neither drops the new ones as duplicates nor takes the client for
         one on a lost ledger (:class:`fedsim.transports.mqtt.MqttClientEndpoint`). Rounds
         skipped are only gaps in the numbering."""
-        return max(self._resume_at, max(self.rounds, default=-1) + 1)
+        highest = self._tally.rounds.highest
+        return max(self._resume_at, 0 if highest is None else highest + 1)
 
     @property
     def last_time(self) -> float:
         """The time of the last record (0.0 for an empty ledger): where a restarted client's
         clock starts, so that its records never go back in time."""
-        return self._records[-1].time if self._records else 0.0
+        return self._tally.last_time
 
     @property
     def steps(self) -> tuple[GaussianStep, ...]:
@@ -475,7 +493,7 @@ class PrivacyLedger:
         """:meth:`can_spend` of validated, non-empty ``steps`` (``kinds``: grouped)."""
         if self._affordability is None:
             return True
-        return self._affordability.fits(steps, kinds, len(self._records))
+        return self._affordability.fits(steps, kinds, self._tally.count)
 
     def spend(self, steps: Sequence[GaussianStep] | GaussianStep, *, time: float,
               round: int) -> None:  # noqa: A002 - the ledger's field is called round
@@ -571,10 +589,10 @@ class PrivacyLedger:
         ceiling = None if self._ceiling is None else self._ceiling.including(records)
         with uninterrupted():
             self._write(b"\n".join(lines) + b"\n",
-                        Mark(len(self._records) + len(records), last, ceiling))
+                        Mark(self._tally.count + len(records), last, ceiling))
             self._last_hash = last
             self._ceiling = ceiling
-            self._records.extend(records)
+            self._tally.add(records)
             if accountant is None:
                 self._uncomposed.extend(r.step for r in records
                                         if isinstance(r.step, GaussianStep))

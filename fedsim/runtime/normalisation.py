@@ -128,7 +128,7 @@ def normalised_features(plan: ClientPlan, features: torch.Tensor | None, ledger:
     if config is None:
         return features
     path = moments_file(ledger.path)
-    charged = any(record.round == NORMALISATION_ROUND for record in ledger.records)
+    charged = ledger.recorded(NORMALISATION_ROUND)
     if features is None:
         if not charged:
             ledger.spend(normalisation_steps(plan.group), time=ledger.last_time,

@@ -44,7 +44,7 @@ from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.schedules import Schedule
 from fedsim.runtime.actors.admission import group_slot
 from fedsim.runtime.actors.aggregator import AggregatorActor, aggregator_ids
-from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
+from fedsim.runtime.actors.client import ClientActor, Releases, StalenessPolicy, Trainer
 from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.actors.integrity import client_limits
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
@@ -464,11 +464,14 @@ def make_client_actor(
     delta: float,
     exposure: ClientExposure = ClientExposure(),
     park_speed_stream: bool = False,
+    releases: Releases | None = None,
 ) -> ClientActor:
     """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
     (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
     deployed client process alike. ``park_speed_stream``: keep the speed stream parked (the
-    same draws in a seventh of the memory, a state swap a draw: see :class:`_SpeedDraws`)."""
+    same draws in a seventh of the memory, a state swap a draw: see :class:`_SpeedDraws`).
+    ``releases``: where its released rounds are summed (:class:`Releases`; the actor's own by
+    default)."""
     group = plan.group
     return ClientActor(
         plan.client_id,
@@ -490,6 +493,7 @@ def make_client_actor(
         interrupt=group.interrupt,
         first_server_step=plan.first_server_step if group.follow_server_step else None,
         compression=group.compression,
+        releases=releases,
     )
 
 

@@ -40,7 +40,7 @@ from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.runtime.actors.client import RoundRecord
+from fedsim.runtime.actors.client import Releases
 from fedsim.runtime.actors.exposure import privacy_caveats
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop, client_stop_phrase, stop_fields
 
@@ -269,8 +269,8 @@ class ClientOutcome:
     plan: ClientPlan
     ledger: PrivacyLedger
     state: str
-    released: Sequence[RoundRecord]
-    """Rounds released by every incarnation of the client (restarts included)."""
+    releases: Releases
+    """Rounds released by every incarnation of the client (restarts included), summed."""
     finished: bool
     """Will never train again (budget spent, rounds done, crashed for good)."""
     randomness: str = ""
@@ -318,7 +318,7 @@ class RunRecord:
     @property
     def sample_grads(self) -> int:
         """Per-example gradients computed in released rounds, over all clients and restarts."""
-        return sum(r.sample_grads for c in self.clients for r in c.released)
+        return sum(c.releases.sample_grads for c in self.clients)
 
     @property
     def virtual_time(self) -> float:
@@ -346,7 +346,7 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
     clients share a few histories; the figures are a pure function of the history)."""
     plan, ledger = client.plan, client.ledger
     steps = group_steps(ledger.steps)
-    released = client.released
+    last = client.releases.last
     budget = plan.group.budget
     remaining = ledger.remaining_epsilon if budget else None
     mu_clt, gamma = clt(steps)
@@ -359,8 +359,8 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "q": plan.q,
         "rounds": len(ledger.rounds),
         "steps": sum(s.count for s in steps),
-        "sigma": released[-1].sigma if released else float(plan.schedule.sigma(0)),
-        "clip": released[-1].clip if released else float(plan.schedule.clip(0)),
+        "sigma": last.sigma if last is not None else float(plan.schedule.sigma(0)),
+        "clip": last.clip if last is not None else float(plan.schedule.clip(0)),
         "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
         "mu_clt": mu_clt,
         # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)

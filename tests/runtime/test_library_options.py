@@ -36,7 +36,7 @@ def _scenario(**group: Any) -> dict[str, Any]:
 
 
 def _run(data: dict[str, Any], out: Path):
-    return run_scenario(LoadedScenario(parse_scenario(data), None), out)
+    return run_scenario(LoadedScenario(parse_scenario(data), None), out, keep_history=True)
 
 
 def _eps(out: Path) -> list[str]:

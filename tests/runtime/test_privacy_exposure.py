@@ -224,7 +224,7 @@ def _invited_run(tmp_path: Path, participation: float):
                                         staleness={"max_versions_behind": 1})
     data["server"].update(participation=participation, max_staleness=2)
     data["stop"] = {"windows": 20}
-    return run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path)
+    return run_scenario(LoadedScenario(parse_scenario(data), None), tmp_path, keep_history=True)
 
 
 def test_uninvited_clients_neither_train_nor_spend(tmp_path: Path) -> None:

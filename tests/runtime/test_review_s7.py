@@ -475,7 +475,7 @@ def _round_gaps(per_example_steps: int, out: Any) -> list[float]:
 
     torch.set_num_threads(1)
     data = _slot_scenario(per_example_steps)
-    result = run_scenario(LoadedScenario(parse_scenario(data), None), out)
+    result = run_scenario(LoadedScenario(parse_scenario(data), None), out, keep_history=True)
     (client,) = result.clients.values()
     times = [r.time for r in client.released_rounds()]
     return [b - a for a, b in zip(times, times[1:], strict=False)]

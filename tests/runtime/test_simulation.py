@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from fedsim.cli import main
 from fedsim.config import LoadedScenario, parse_scenario
+from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import group_steps
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -62,6 +63,7 @@ def scenario(**changes: Any) -> dict[str, Any]:
 
 
 def run(data: dict[str, Any], out: Path, **kwargs: Any):
+    kwargs.setdefault("keep_history", True)
     return run_scenario(LoadedScenario(parse_scenario(data), None), out, **kwargs)
 
 
@@ -215,6 +217,10 @@ def test_a_crashed_client_rejoins_and_its_ledger_continues(tmp_path: Path) -> No
     assert client.crashes >= 5
     rounds = [r.round for r in client.released_rounds()]
     assert rounds == list(range(len(rounds)))  # numbering continues after every restart
+    # the bounded sums over the incarnations are the history's
+    history, sums = client.released_rounds(), client.releases()
+    assert (sums.count, sums.sample_grads, sums.last) == (
+        len(history), sum(r.sample_grads for r in history), history[-1])
     ledger = _ledger(tmp_path, result, "crashy-000")
     assert [record.round for record in ledger.records] == rounds
 
@@ -320,3 +326,25 @@ def test_offline_clients_start_no_rounds(tmp_path: Path) -> None:
             # A round lasts the cost of its expected batch (public timing), not the realised one.
             started = record.time - speed * group.local_steps * group.batch_size
             assert not any(low < started < high for low, high in offline), (client_id, started)
+
+
+def test_a_run_keeps_its_clients_sums_not_a_record_a_round(tmp_path: Path) -> None:
+    result = run(scenario(), tmp_path / "run", keep_history=False)
+    assert result.applied_log == [] and result.summary["updates"]["applied"] > 0
+    total = 0
+    for client_id, client in result.clients.items():
+        with pytest.raises(ConfigError, match="keep_history=True"):
+            client.released_rounds()
+        releases = client.releases()
+        assert releases.kept is None
+        with _ledger(tmp_path / "run", result, client_id) as ledger:
+            assert releases.count == len(ledger.rounds)
+            if releases.last is not None:
+                assert releases.last.round == max(ledger.rounds)
+        total += releases.sample_grads
+    assert total == result.sample_grads > 0
+    # the same run keeping its history writes the same files
+    again = run(scenario(), tmp_path / "again")
+    for name in OUTPUT_FILES:
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+    assert len(again.applied_log) == result.summary["updates"]["applied"]

@@ -23,7 +23,7 @@ from fedsim.errors import LedgerError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
-from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.client import ClientActor, Releases
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
 from fedsim.runtime.deployed.deployment import (
@@ -182,6 +182,7 @@ async def run_client(
         delta=scenario.privacy.delta,
         exposure=client_exposure(scenario, [p.client_id for p in population.plans],
                                  client_id, deployed=True),
+        releases=Releases(kept=[]),  # its report lists every released round
     )
     made: bool | None = None  # False: a signal came before the first connection
     try:
@@ -214,7 +215,8 @@ async def run_client(
                         rounds=list(endpoint.unacknowledged),
                     )
     finally:
-        released = [*previous.get("released", []), *(asdict(r) for r in actor.released)]
+        kept = actor.releases.kept or []
+        released = [*previous.get("released", []), *(asdict(r) for r in kept)]
         outcome = {
             "client_id": client_id,
             "first_round": first_round,

@@ -30,7 +30,7 @@ from fedsim.data.load import dataset_file, scenario_data
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
-from fedsim.runtime.actors.client import RoundRecord
+from fedsim.runtime.actors.client import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
@@ -119,7 +119,7 @@ def collect_outputs(
             if finished:
                 stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason,
                                 "kind": finished_stop_kind(report, status, plan.group.rounds)})
-            released = [RoundRecord(**r) for r in report.get("released", [])]
+            released = Releases.of(RoundRecord(**r) for r in report.get("released", []))
             clients.append(
                 ClientOutcome(
                     plan, open_ledger(plan, copied), state, released, finished,

@@ -33,13 +33,13 @@ import torch
 from fedsim.atomic import FileSystemSync
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Link
-from fedsim.errors import LedgerError
+from fedsim.errors import ConfigError, LedgerError
 from fedsim.logging import client_event_level, get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.protocol.norms import measured_for_sender
 from fedsim.runtime.actors.aggregator import aggregator_ids
-from fedsim.runtime.actors.client import ClientActor, RoundRecord, Trainer
+from fedsim.runtime.actors.client import ClientActor, Releases, RoundRecord, Trainer
 from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
 from fedsim.runtime.actors.server import ServerActor, WindowReport
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop
@@ -123,11 +123,20 @@ class ClientRecord:
     online: bool = True
     crashed_for_good: bool = False
     crashes: int = 0
-    earlier_rounds: list[RoundRecord] = field(default_factory=list)
+    earlier: Releases = field(default_factory=Releases)  # earlier incarnations' releases
+    history: list[RoundRecord] | None = None  # every released round (run_scenario keep_history)
+
+    def releases(self) -> Releases:
+        """Rounds released by every incarnation of this client (crashes included), summed."""
+        return self.earlier if self.actor is None else self.earlier.then(self.actor.releases)
 
     def released_rounds(self) -> list[RoundRecord]:
-        """Rounds released by every incarnation of this client (crashes included)."""
-        return self.earlier_rounds + (self.actor.released if self.actor is not None else [])
+        """Every round released by every incarnation, in order: only a run with
+        ``keep_history`` keeps them (they grow with the run's length)."""
+        if self.history is None:
+            raise ConfigError("released rounds are kept only by run_scenario(..., "
+                              "keep_history=True); releases() has their sums")
+        return list(self.history)
 
     @property
     def state(self) -> str:
@@ -144,7 +153,7 @@ class ClientRecord:
     def outcome(self) -> ClientOutcome:
         actor = self.actor
         return ClientOutcome(
-            self.plan, self.ledger, self.state, self.released_rounds(), self.finished,
+            self.plan, self.ledger, self.state, self.releases(), self.finished,
             randomness=actor.randomness if actor is not None else "",
             timing_overruns=actor.timing_overruns if actor is not None else 0,
         )
@@ -161,7 +170,8 @@ class RunResult:
     final_params: np.ndarray
     metrics: list[dict[str, Any]] = field(default_factory=list)
     applied_log: list[tuple[str, int, int, int]] = field(default_factory=list)
-    """(client_id, round, base_version, version it was applied to) of every applied update."""
+    """(client_id, round, base_version, version it was applied to) of every applied update
+    (kept only with ``keep_history``; empty otherwise)."""
     clients: dict[str, ClientRecord] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU time of the simulation loop (all threads of this process)."""
@@ -210,8 +220,10 @@ class _Simulation:
         batch_rounds: bool = True,
         wrap_trainer: TrainerHook | None = None,
         make_batcher: BatcherFactory | None = None,
+        keep_history: bool = False,
     ) -> None:
         self.make_batcher = make_batcher
+        self.keep_history = keep_history
         self.population = population
         self.scenario = population.scenario
         self.out_dir = out_dir
@@ -285,6 +297,8 @@ class _Simulation:
             delta=self.scenario.privacy.delta,
             exposure=client_exposure(self.scenario, self._positions, plan.client_id),
             park_speed_stream=speed_streams_parked(len(self.population.plans)),
+            # one list for every incarnation: the client's history in order
+            releases=None if client.history is None else Releases(kept=client.history),
         )
         actor.set_online(client.online)
         client.actor = actor
@@ -335,7 +349,7 @@ class _Simulation:
                     raise
             client.crashes += 1
             if client.actor is not None:
-                client.earlier_rounds.extend(client.actor.released)
+                client.earlier = client.earlier.then(client.actor.releases)
                 client.actor = None
             _log.log(client_event_level(), "client crashed", client=client.plan.client_id,
                      time=clock.now())
@@ -428,8 +442,9 @@ class _Simulation:
         )
         self._dropped_seen = dropped
         self.metrics.append(line)
-        self.applied_log.extend((c, r, base, before) for (c, r, base), before
-                                in zip(report.applied_updates, report.applied_to, strict=True))
+        if self.keep_history:
+            self.applied_log.extend((c, r, base, before) for (c, r, base), before
+                                    in zip(report.applied_updates, report.applied_to, strict=True))
         assert self._metrics_file is not None
         self._metrics_file.write(json_line(line))
         self._metrics_file.flush()
@@ -509,7 +524,8 @@ class _Simulation:
                 owners[id(trainer.trainer)] = plan.client_id
             if self.wrap_trainer is not None:
                 trainer = self.wrap_trainer(plan, trainer)
-            self.clients[plan.client_id] = ClientRecord(plan, trainer, ledger)
+            self.clients[plan.client_id] = ClientRecord(
+                plan, trainer, ledger, history=[] if self.keep_history else None)
         server = make_server_actor(
             population,
             clock=clock,
@@ -591,6 +607,7 @@ def run_scenario(
     batch_rounds: bool = True,
     wrap_trainer: TrainerHook | None = None,
     make_batcher: BatcherFactory | None = None,
+    keep_history: bool = False,
 ) -> RunResult:
     """Run a scenario under virtual time and write its run directory to ``out_dir``.
 
@@ -603,6 +620,10 @@ def run_scenario(
     ``wrap_trainer(plan, trainer)`` may wrap each client's trainer (the same interface, e.g. to
     time its rounds). ``make_batcher(population)`` builds the executor of the batched passes
     (default in-process; :func:`fedsim.runtime.simulated.ray_executor.ray_batcher` runs them on Ray).
+    ``keep_history``: keep every applied update (:attr:`RunResult.applied_log`) and every
+    client's released rounds (:meth:`ClientRecord.released_rounds`) in memory, for analyses
+    and tests; off by default, as they grow with the run's length (a run's outputs are its
+    files, and its clients' sums: :meth:`ClientRecord.releases`).
     """
     out = Path(out_dir)
     check_unused(out)
@@ -615,7 +636,7 @@ def run_scenario(
         population = population or build_population(loaded)
         sim = _Simulation(population, out, message_only=message_only, on_window=on_window,
                           batch_rounds=batch_rounds, wrap_trainer=wrap_trainer,
-                          make_batcher=make_batcher)
+                          make_batcher=make_batcher, keep_history=keep_history)
         started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
