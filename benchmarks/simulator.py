@@ -92,13 +92,8 @@ from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol import codec
 from fedsim.runtime.actors.client import ClientActor, Trainer
 from fedsim.runtime.actors.server import ServerActor
-from fedsim.runtime.population import (
-    ClientPlan,
-    Population,
-    build_population,
-    make_evaluator,
-    open_ledger,
-)
+from fedsim.runtime.assembly import make_evaluator, open_ledger
+from fedsim.runtime.population import ClientPlan, Population, build_population
 from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training.dpsgd import step_for
 

@@ -1,12 +1,11 @@
-"""What both runtimes build from a scenario: the population and its actors.
+"""What both runtimes build from a scenario: the population.
 
 :func:`build_population` loads the data, splits it among the client groups (``data_share``)
 and within each group (``partition``), builds one shared model (trainers load each round's
 parameters into it) and a :class:`ClientPlan` per client: who it is, which records it holds,
 its DP posture. No clock, no network, no files: the virtual-time run
 (:mod:`fedsim.runtime.simulated.simulation`) and the deployed processes (:mod:`fedsim.runtime.deployed`)
-build their actors from it with :func:`make_client_actor` and :func:`make_server_actor`, so
-client ``i`` holds the same records and the same DP posture in both modes.
+build their actors from it (:mod:`fedsim.runtime.assembly`), so client ``i`` holds the same records and the same DP posture in both modes.
 
 Every random draw comes from the scenario seed through the :class:`SeedTree`
 (``partition``, ``model-init``, ``client/<id>/train`` for batches and noise,
@@ -25,9 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.aggregation import make_step_size, make_strategy
-from fedsim.aggregation.build import make_optimizer, make_policy
-from fedsim.clock import Clock
+from fedsim.aggregation import make_step_size
 from fedsim.config.factories import require_allowed
 from fedsim.config.features import too_many_components
 from fedsim.config.loading import LoadedScenario
@@ -39,23 +36,16 @@ from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.group_schedules import make_schedule
-from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.schedules import Schedule
-from fedsim.runtime.actors.admission import group_slot
-from fedsim.runtime.actors.aggregator import AggregatorActor, aggregator_ids
-from fedsim.runtime.actors.client import ClientActor, Releases, StalenessPolicy, Trainer
-from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
-from fedsim.runtime.actors.integrity import client_limits
-from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.dp_pca import check_pca_budget, pca_components
 from fedsim.runtime.normalisation import (
     check_normalisation_budget,
     held_out_features,
     normalised_features,
 )
-from fedsim.runtime.rng import CounterSeededTorch, ParkedStream, SeedTree
-from fedsim.training import LocalTrainer, evaluate, flat_params, load_flat_params
+from fedsim.runtime.rng import CounterSeededTorch, SeedTree
+from fedsim.training import LocalTrainer, flat_params
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.devices import resolve_device
 from fedsim.training.dp_pca import Projection
@@ -67,7 +57,6 @@ from fedsim.training.persample import LossFn, per_example_cross_entropy
 from fedsim.training.preflight import check_batch_fits, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
-from fedsim.transports.base import Endpoint
 
 __all__ = [
     "BatchedTrainer",
@@ -77,12 +66,7 @@ __all__ = [
     "build_population",
     "client_ids",
     "client_plans",
-    "make_client_actor",
-    "make_evaluator",
-    "make_server_actor",
-    "open_ledger",
     "plan_of",
-    "toggle_availability",
 ]
 
 _log = get_logger("fedsim.runtime.population")
@@ -435,202 +419,10 @@ def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
     return plans
 
 
-def open_ledger(plan: ClientPlan, path: Path, directory: DirectoryLock | None = None, *,
-                fsync: bool = True) -> PrivacyLedger:
-    """The client's durable ledger at ``path`` (resumed if it exists), with its group's budget
-    and accountant (``directory``: the directory lock this process holds on its folder;
-    ``fsync=False``: a simulated run's, :meth:`PrivacyLedger.open`)."""
-    group = plan.group
-    budget = Budget(group.budget.epsilon, group.budget.delta) if group.budget else None
-    return PrivacyLedger.open(
-        path,
-        client_id=plan.client_id,
-        sampling=group.sampling,
-        budget=budget,
-        accountant=group.accountant,
-        directory=directory,
-        fsync=fsync,
-    )
-
-
-def make_client_actor(
-    plan: ClientPlan,
-    *,
-    clock: Clock,
-    endpoint: Endpoint,
-    trainer: Trainer,
-    ledger: PrivacyLedger,
-    speed_rng: np.random.Generator,
-    delta: float,
-    exposure: ClientExposure = ClientExposure(),
-    park_speed_stream: bool = False,
-    releases: Releases | None = None,
-) -> ClientActor:
-    """The plan's :class:`ClientActor`; its rounds continue after the last one in ``ledger``
-    (so ``(client, round)`` stays unique across restarts). Used by the simulation and by the
-    deployed client process alike. ``park_speed_stream``: keep the speed stream parked (the
-    same draws in a seventh of the memory, a state swap a draw: see :class:`_SpeedDraws`).
-    ``releases``: where its released rounds are summed (:class:`Releases`; the actor's own by
-    default)."""
-    group = plan.group
-    return ClientActor(
-        plan.client_id,
-        clock=clock,
-        endpoint=endpoint,
-        trainer=trainer,
-        ledger=ledger,
-        local_lr=step_sequence(group) or group.local_lr,
-        batch_size=float(group.batch_size),
-        seconds_per_sample=_SpeedDraws(group.speed.sampler(), speed_rng,
-                                       parked=park_speed_stream),
-        expected_sample_grads=expected_sample_grads(group.batch_size, group.local_steps,
-                                                    group.per_example_steps),
-        exposure=exposure,
-        staleness=_staleness(group.staleness.max_versions_behind, group.staleness.max_distance),
-        max_rounds=group.rounds,
-        first_round=ledger.next_round,
-        status_epsilon=_StatusEpsilon(ledger, delta),
-        interrupt=group.interrupt,
-        first_server_step=plan.first_server_step if group.follow_server_step else None,
-        compression=group.compression,
-        releases=releases,
-    )
-
-
-class _SpeedDraws:
-    """A client's seconds per sample gradient, drawn from its speed stream: the generator
-    itself, or kept parked (:class:`~fedsim.runtime.rng.ParkedStream`: the same draws in a
-    seventh of the memory, for populations of millions; its state swap costs about 10 us a
-    draw, a live generator's draw 2)."""
-
-    __slots__ = ("_sample", "_stream")
-
-    def __init__(self, sample: Callable[[np.random.Generator], float],
-                 rng: np.random.Generator, *, parked: bool) -> None:
-        self._sample = sample
-        self._stream: ParkedStream | np.random.Generator = ParkedStream(rng) if parked else rng
-
-    def __call__(self) -> float:
-        stream = self._stream
-        if isinstance(stream, ParkedStream):
-            return stream.draw(self._sample)
-        return self._sample(stream)
-
-
-class _StatusEpsilon:
-    """``(epsilon, delta)`` of a client's ledger for its status messages (a slotted callable,
-    not a closure: 48 bytes instead of 200, issue 24 item 5)."""
-
-    __slots__ = ("_delta", "_ledger")
-
-    def __init__(self, ledger: PrivacyLedger, delta: float) -> None:
-        self._ledger, self._delta = ledger, delta
-
-    def __call__(self) -> tuple[float, float]:
-        return self._ledger.epsilon(self._delta), self._delta
-
-
-@functools.lru_cache(maxsize=64)
-def _staleness(max_versions_behind: int | None, max_distance: float | None) -> StalenessPolicy:
-    """One (frozen) policy object per setting, shared by the clients that have it."""
-    return StalenessPolicy(max_versions_behind, max_distance)
-
-
 def first_server_step(scenario: Scenario) -> float:
     """s_0: the value the scenario's server step-size schedule gives its first window (the step
     size the first global model carries, before any evaluation could reduce it)."""
     return make_step_size(scenario.server.step_size).current(1)
-
-
-def make_evaluator(population: Population) -> Callable[[np.ndarray], tuple[float, float]]:
-    """Held-out (accuracy, loss) of a flat parameter vector, on the population's test set."""
-
-    def evaluate_params(params: np.ndarray) -> tuple[float, float]:
-        load_flat_params(population.model, params)
-        return evaluate(population.model, population.test_x, population.test_y,
-                        loss_fn=population.loss_fn)
-
-    return evaluate_params
-
-
-def make_server_actor(
-    population: Population,
-    *,
-    clock: Clock,
-    endpoint: Endpoint,
-    evaluate: Callable[[np.ndarray], tuple[float, float]] | None,
-) -> ServerActor:
-    """The scenario's :class:`ServerActor` (simulation and deployed server process alike)."""
-    server_config = population.scenario.server
-    aggregators = population.scenario.aggregators
-    return ServerActor(
-        clock=clock,
-        endpoint=endpoint,
-        initial_params=population.initial_params,
-        clients=client_infos(population),
-        window=server_config.window,
-        strategy=make_strategy(server_config.mixing),
-        step_size=make_step_size(server_config.step_size),
-        evaluate=evaluate,
-        eval_every=server_config.eval_every,
-        broadcast_every=server_config.broadcast_every,
-        max_staleness=server_config.max_staleness,
-        participation=server_config.participation,
-        rng=population.tree.numpy("server", "participation"),
-        normalize=server_config.normalize,
-        policy=make_policy(server_config),
-        optimizer=make_optimizer(server_config.optimizer),
-        aggregators=aggregator_ids(aggregators.count),
-        aggregator_wait=aggregator_wait(population.scenario),
-    )
-
-
-DEFAULT_WAIT_WINDOWS = 1.0
-"""The server's default wait for partials, in windows (``aggregators.wait`` omitted): a
-partial comes as soon as its aggregator has read what its clients sent before the close, so
-the wait covers an aggregator's backlog (measured in benchmarks/results/mqtt_*_aggregators.json,
-``partial_wait_s``); never more than a window, so a close is done before the next window ends."""
-
-
-def aggregator_wait(scenario: Scenario) -> float:
-    """How long the server waits for the aggregators' partials after a window's end, in
-    scenario seconds: ``aggregators.wait``, or by default :data:`DEFAULT_WAIT_WINDOWS` windows
-    (docs/DEPLOYMENT.md, "Aggregation nodes", says why)."""
-    wait = scenario.aggregators.wait
-    return wait if wait is not None else DEFAULT_WAIT_WINDOWS * scenario.server.window
-
-
-def client_infos(population: Population) -> dict[str, ClientInfo]:
-    """What the server and its aggregators know of each client in advance (public values).
-    Clients of one group with the same declared size know the same: they share one (frozen)
-    :class:`ClientInfo` and its :class:`ClientLimits`, whose norm-bound memo depends on
-    nothing else (issue 24 item 5: 0.6 KB a client, most of it the memo's dict)."""
-    dim, timing = population.initial_params.size, population.scenario.privacy.timing
-    shared: dict[tuple[int, int, int], ClientInfo] = {}
-
-    def info(p: ClientPlan) -> ClientInfo:
-        key = (id(p.group), p.public_samples, id(p.schedule))
-        found = shared.get(key)
-        if found is None:
-            found = shared[key] = ClientInfo(
-                p.public_samples, p.group.local_lr, p.group.weight,
-                client_limits(p.group, p.public_samples, p.schedule, dim),
-                sequence=step_sequence(p.group), slot=group_slot(p.group, timing))
-        return found
-
-    return {p.client_id: info(p) for p in population.plans}
-
-
-def make_aggregator_actor(population: Population, aggregator_id: str, *, clock: Clock,
-                          endpoint: Endpoint) -> AggregatorActor:
-    """The scenario's aggregation node ``aggregator_id`` (simulation and deployed alike)."""
-    server_config = population.scenario.server
-    return AggregatorActor(
-        aggregator_id=aggregator_id, clock=clock, endpoint=endpoint,
-        clients=client_infos(population), size=population.initial_params.size,
-        strategy=make_strategy(server_config.mixing), policy=make_policy(server_config),
-        max_staleness=server_config.max_staleness,
-        invites=server_config.participation < 1.0)
 
 
 def plan_of(population: Population, client_id: str) -> ClientPlan:
@@ -645,21 +437,3 @@ def plan_of(population: Population, client_id: str) -> ClientPlan:
         f"--client-id {client_id!r} is not a client of scenario "
         f"{population.scenario.name!r} (its clients: {shown})"
     )
-
-
-async def toggle_availability(
-    plan: ClientPlan,
-    clock: Clock,
-    rng: np.random.Generator,
-    set_online: Callable[[bool], None],
-) -> None:
-    """Take the client offline and back online, forever, on its group's on/off periods
-    (``availability.online`` / ``offline``, drawn from ``rng``, in the clock's time)."""
-    availability = plan.group.availability
-    if availability.online is None or availability.offline is None:
-        raise ConfigError(f"{plan.client_id}: availability needs both online and offline")
-    while True:
-        await clock.sleep(availability.online.sample(rng))
-        set_online(False)
-        await clock.sleep(availability.offline.sample(rng))
-        set_online(True)

@@ -27,9 +27,10 @@ from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.runtime.actors.client_book import BookState
+from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.launcher import Launcher
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
-from fedsim.runtime.population import build_population, open_ledger
+from fedsim.runtime.population import build_population
 from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.topics import Topics

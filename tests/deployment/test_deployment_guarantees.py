@@ -17,10 +17,11 @@ from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
 from fedsim.protocol.messages import ClientUpdate
 from fedsim.runtime.actors.admission import BURST, Pacer
+from fedsim.runtime.assembly import make_server_actor
 from fedsim.runtime.deployed.client_process import run_client
 from fedsim.runtime.deployed.launcher import Launcher
 from fedsim.runtime.deployed.server_process import serve
-from fedsim.runtime.population import build_population, make_server_actor
+from fedsim.runtime.population import build_population
 from fedsim.transports.mqtt import parse_broker_url
 from tests.doubles import RecordingEndpoint
 

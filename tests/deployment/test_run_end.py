@@ -20,9 +20,10 @@ import torch
 
 from fedsim.config import load_scenario
 from fedsim.runtime.actors.client_book import BookState
+from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.launcher import Launcher
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
-from fedsim.runtime.population import build_population, open_ledger
+from fedsim.runtime.population import build_population
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
 
 pytestmark = [

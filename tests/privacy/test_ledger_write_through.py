@@ -27,7 +27,8 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
 from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.privacy.ledger_mark import mark_path
-from fedsim.runtime.population import build_population, open_ledger
+from fedsim.runtime.assembly import open_ledger
+from fedsim.runtime.population import build_population
 from fedsim.runtime.simulated.simulation import run_scenario
 from tests.privacy.test_ledger_creation import Fsyncs
 

@@ -11,12 +11,8 @@ import pytest
 
 from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.runtime.actors.integrity import client_limits
-from fedsim.runtime.population import (
-    build_population,
-    client_infos,
-    make_client_actor,
-    open_ledger,
-)
+from fedsim.runtime.assembly import client_infos, make_client_actor, open_ledger
+from fedsim.runtime.population import build_population
 from tests.runtime.test_simulation import scenario
 
 

@@ -21,8 +21,9 @@ from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy import calibration
 from fedsim.privacy.ledger import NORMALISATION_ROUND, PrivacyLedger, read_ledger_steps
 from fedsim.privacy.pld import PLDAccountant
+from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.normalisation import moments_file, normalisation_generator
-from fedsim.runtime.population import build_population, open_ledger, plan_of
+from fedsim.runtime.population import build_population, plan_of
 from fedsim.runtime.simulated.simulation import run_scenario
 from fedsim.training.dp_stats import dp_feature_moments
 

@@ -23,9 +23,10 @@ from fedsim.privacy import calibration
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import NORMALISATION_ROUND, read_ledger_steps
 from fedsim.privacy.pld import PLDAccountant
+from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.guarantees import guarantee_lines, require_public_slots
 from fedsim.runtime.dp_pca import PCA_FILE
-from fedsim.runtime.population import build_population, open_ledger, plan_of
+from fedsim.runtime.population import build_population, plan_of
 from fedsim.runtime.simulated.simulation import run_scenario
 
 REPO = Path(__file__).resolve().parents[2]

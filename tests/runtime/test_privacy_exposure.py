@@ -26,12 +26,8 @@ from fedsim.runtime.actors.exposure import (
     is_invited,
     release_time,
 )
-from fedsim.runtime.population import (
-    build_population,
-    client_ids,
-    make_client_actor,
-    open_ledger,
-)
+from fedsim.runtime.assembly import make_client_actor, open_ledger
+from fedsim.runtime.population import build_population, client_ids
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.simulation import run_scenario

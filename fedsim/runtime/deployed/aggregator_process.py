@@ -23,6 +23,7 @@ from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import Message, RunFinished
 from fedsim.runtime.actors.tasks import unless_stopped
+from fedsim.runtime.assembly import make_aggregator_actor
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
@@ -32,7 +33,7 @@ from fedsim.runtime.deployed.deployment import (
 )
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
-from fedsim.runtime.population import Population, build_population, make_aggregator_actor
+from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import write_json
 from fedsim.transports.mqtt import BrokerSettings, MqttAggregatorEndpoint
 from fedsim.transports.topics import aggregator_ids

@@ -26,6 +26,12 @@ from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.client import ClientActor, Releases
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
+from fedsim.runtime.assembly import (
+    aggregator_wait,
+    make_client_actor,
+    open_ledger,
+    toggle_availability,
+)
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
@@ -37,15 +43,7 @@ from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file
 from fedsim.runtime.normalisation import normalisation_generator
-from fedsim.runtime.population import (
-    Population,
-    aggregator_wait,
-    build_population,
-    make_client_actor,
-    open_ledger,
-    plan_of,
-    toggle_availability,
-)
+from fedsim.runtime.population import Population, build_population, plan_of
 from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
 from fedsim.transports.topics import aggregator_ids, aggregator_of

@@ -13,8 +13,8 @@ The deployed runtime, by process:
 * :mod:`fedsim.runtime.deployed.options` - the options they share (:class:`DeploymentOptions`).
 
 The server and each client process build exactly the actors the simulator builds
-(:func:`~fedsim.runtime.population.make_server_actor`,
-:func:`~fedsim.runtime.population.make_client_actor`) from the same seeded
+(:func:`~fedsim.runtime.assembly.make_server_actor`,
+:func:`~fedsim.runtime.assembly.make_client_actor`) from the same seeded
 :func:`~fedsim.runtime.population.build_population`, so client ``i`` holds the same records and
 the same DP posture in both modes; only the clock (:class:`~fedsim.clock.ScaledClock`, wall
 time) and the endpoint (:mod:`fedsim.transports.mqtt`) differ.

@@ -32,6 +32,7 @@ from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.client import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
+from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.deployment import run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import (
@@ -45,7 +46,7 @@ from fedsim.runtime.interrupted import (
     interrupting_signal,
     signals_ignored,
 )
-from fedsim.runtime.population import Population, build_population, client_ids, open_ledger
+from fedsim.runtime.population import Population, build_population, client_ids
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,

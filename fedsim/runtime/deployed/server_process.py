@@ -49,6 +49,7 @@ from fedsim.runtime.actors.integrity import window_refusals
 from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
 from fedsim.runtime.actors.tasks import unless_stopped
+from fedsim.runtime.assembly import make_evaluator, make_server_actor
 from fedsim.runtime.deployed.checkpoint import ServerCheckpoint, ServerStateLock
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
@@ -59,12 +60,7 @@ from fedsim.runtime.deployed.deployment import (
 )
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
-from fedsim.runtime.population import (
-    Population,
-    build_population,
-    make_evaluator,
-    make_server_actor,
-)
+from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
     APPLIED_FILE,
     FINISHED_STATES,

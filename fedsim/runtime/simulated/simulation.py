@@ -45,12 +45,7 @@ from fedsim.runtime.actors.server import ServerActor, WindowReport
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.allocator import release_free_memory
-from fedsim.runtime.dp_pca import pca_components, release_projection
-from fedsim.runtime.population import (
-    BatchedTrainer,
-    ClientPlan,
-    Population,
-    build_population,
+from fedsim.runtime.assembly import (
     make_aggregator_actor,
     make_client_actor,
     make_evaluator,
@@ -58,6 +53,8 @@ from fedsim.runtime.population import (
     open_ledger,
     toggle_availability,
 )
+from fedsim.runtime.dp_pca import pca_components, release_projection
+from fedsim.runtime.population import BatchedTrainer, ClientPlan, Population, build_population
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
     LEDGER_DIR,
