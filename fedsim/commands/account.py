@@ -83,7 +83,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                           "steps.")
     ask.add_argument("--group-size", type=_count, default=1, metavar="G",
                      help="Answer for groups of G records (Dong, Roth and Su, Gaussian "
-                          "Differential Privacy, Theorem 2.14).")
+                          "Differential Privacy, Theorem 2.14): the smaller of the "
+                          "accountant's group curve's and the RDP curve's composed on 1 - f "
+                          "(its 'bound' says which).")
     out = parser.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.png",
                      help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")

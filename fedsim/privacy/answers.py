@@ -4,7 +4,9 @@
 :class:`AccountAnswer`: eps at delta (the default), delta at eps, the smallest sigma for a
 target eps (:func:`fedsim.privacy.calibration.calibrate_sigma`), or the most steps for a target
 eps (:func:`fedsim.privacy.calibration.max_steps`), each optionally for groups of records
-(Dong, Roth & Su, "Gaussian Differential Privacy", Theorem 2.14). The command parses flags into
+(Dong, Roth & Su, "Gaussian Differential Privacy", Theorem 2.14): for a guarantee the smaller
+of the accountant's group curve's answer and the RDP curve's, composed on ``1 - f`` where a
+group's small type I errors keep their digits (``bound`` names which; :func:`_group_rdp_complement`). The command parses flags into
 these keyword arguments and formats the answer; the Python API passes its keywords straight in.
 
 Sampling schemes measure different things (never compare one's numbers with the other's):
@@ -449,6 +451,29 @@ def _gdp_fit(alphas: np.ndarray, betas: np.ndarray) -> dict[str, Any]:
         return {"mu_kind": "none: the trade-off curve is 0 on the alpha grid (no GDP fit)"}
 
 
+def _group_rdp_complement(accountant: Accountant, group: int, alphas: np.ndarray,
+                          vacuous: bool) -> np.ndarray | None:
+    """Upper bounds on ``1 - f_g`` for groups of ``group`` records from the history's RDP curve,
+    computed on ``1 - f`` itself (:meth:`~fedsim.privacy.rdp.RDPAccountant.tradeoff_complement`,
+    :func:`~fedsim.privacy.fdp.group_complement`): exact at the small alphas that a group's
+    answer reaches, where a curve's ``1 - f`` near 1 is floored (the PLD's at its truncated
+    tail, about 1e-15, and RDP's own curve at 1e-12; a group of 8 amplified either past
+    delta = 1e-5, so eps was inf). For ``pld`` asked where it is ``vacuous`` or for histories
+    of at most :data:`COMPARE_KINDS` kinds (the rule of :func:`_epsilon_at`); None otherwise."""
+    if accountant.name not in GUARANTEES:
+        return None
+    if accountant.name == "rdp":
+        rdp = accountant
+    elif vacuous or accountant.kinds <= COMPARE_KINDS:
+        rdp = make_accountant("rdp", accountant.steps)
+    else:
+        return None
+    from fedsim.privacy.rdp import RDPAccountant
+
+    assert isinstance(rdp, RDPAccountant)
+    return fdp.group_complement(alphas, rdp.tradeoff_complement(alphas), group)
+
+
 def _epsilon_at(accountant: Accountant, delta: float, group: int, alphas: np.ndarray,
                betas: np.ndarray | None, mu: float | None) -> dict[str, Any]:
     """eps at ``delta`` (``epsilon``); for ``pld`` the smallest of the guarantees' (named in
@@ -459,7 +484,13 @@ def _epsilon_at(accountant: Accountant, delta: float, group: int, alphas: np.nda
         return {"epsilon": gdp.gdp_epsilon(delta, mu), "delta": delta}
     if group > 1:
         assert betas is not None
-        return {"epsilon": fdp.epsilon_from_tradeoff(alphas, betas, delta), "delta": delta}
+        epsilons = {accountant.name: fdp.epsilon_from_tradeoff(alphas, betas, delta)}
+        rdp = _group_rdp_complement(accountant, group, alphas, math.isinf(epsilons[accountant.name]))
+        if rdp is not None:
+            epsilons["rdp"] = min(epsilons.get("rdp", math.inf),
+                                  fdp.epsilon_from_complement(alphas, rdp, delta))
+        bound = min(epsilons, key=lambda name: epsilons[name])
+        return {"epsilon": epsilons[bound], "bound": bound, "delta": delta}
     if accountant.name == "rdp":
         from fedsim.privacy.rdp import RDPAccountant
 
@@ -481,7 +512,13 @@ def _delta_at(accountant: Accountant, epsilon: float, group: int, alphas: np.nda
         return {"delta": gdp.gdp_delta(epsilon, mu), "epsilon": epsilon}
     if group > 1:
         assert betas is not None
-        return {"delta": fdp.delta_from_tradeoff(alphas, betas, epsilon), "epsilon": epsilon}
+        deltas = {accountant.name: fdp.delta_from_tradeoff(alphas, betas, epsilon)}
+        rdp = _group_rdp_complement(accountant, group, alphas, deltas[accountant.name] >= 1.0)
+        if rdp is not None:
+            deltas["rdp"] = min(deltas.get("rdp", 1.0),
+                                fdp.delta_from_complement(alphas, rdp, epsilon))
+        bound = min(deltas, key=lambda name: deltas[name])
+        return {"delta": deltas[bound], "bound": bound, "epsilon": epsilon}
     if accountant.name == "rdp":
         from fedsim.privacy.rdp import RDPAccountant
 

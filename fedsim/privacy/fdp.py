@@ -11,7 +11,8 @@ Results used:
   (Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022, Prop. 2.12).
 * Group privacy for a numerical curve: if a mechanism is f-DP for single records it is
   ``1 - (1 - f)^{o g}``-DP for groups of g records (same paper, Thm 2.14; ``o g`` is g-fold
-  functional composition). For ``f = G_mu`` this is ``G_{g mu}``. The neighbouring relation is
+  functional composition), computed on ``h = 1 - f`` (:func:`group_complement`: at small
+  alpha a curve's ``1 - f`` is below double precision's resolution of f near 1). For ``f = G_mu`` this is ``G_{g mu}``. The neighbouring relation is
   the accountant's (add/remove for Poisson, replace-one for fixed-size); groups differ in g
   records under that relation.
 * The curve of one (eps, delta) guarantee: ``f_{eps,delta}(alpha) = max(0, 1 - delta - e^eps
@@ -87,36 +88,49 @@ def gdp_mu_at_point(epsilon: float, delta: float) -> float:
     return math.inf if sigma == 0 else 1.0 / sigma
 
 
-def _at_or_after(alphas: np.ndarray, betas: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """A lower bound on f at arbitrary points: beta at the first grid point >= the point."""
-    index = np.searchsorted(alphas, np.clip(points, 0.0, 1.0), side="left")
-    padded = np.append(betas, 0.0)  # beyond the last grid point f >= 0
-    return np.asarray(padded[np.minimum(index, betas.size)], dtype=float)
-
-
 def group_tradeoff(alphas: np.ndarray, betas: np.ndarray, group_size: int) -> np.ndarray:
     """Lower bound on the trade-off curve for groups of ``group_size`` records:
     ``1 - (1 - f)^{o g}`` (Dong-Roth-Su Thm 2.14), with f bounded between grid points by
-    monotonicity (rounding the argument up to the next grid point)."""
+    monotonicity (rounding the argument up to the next grid point): :func:`group_complement`
+    of ``1 - betas``."""
+    betas = np.asarray(betas, dtype=float)
+    return np.clip(1.0 - group_complement(alphas, 1.0 - betas, group_size), 0.0, 1.0)
+
+
+def group_complement(alphas: np.ndarray, complements: np.ndarray, group_size: int) -> np.ndarray:
+    """Upper bound on ``1 - f_g`` at the grid points, for groups of ``group_size`` records,
+    from upper bounds ``complements`` on ``h = 1 - f`` there: ``f_g = 1 - h^{o g}`` (Dong, Roth
+    & Su, Thm 2.14), h bounded between grid points by monotonicity (h is nondecreasing: the
+    argument rounded up to the next grid point; 1 past the last). Where ``h`` is tiny (small
+    alpha) it keeps the digits that ``1 - f`` computed from f near 1 loses."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ConfigError(f"group size must be an integer >= 1, got {group_size!r}")
     alphas = np.asarray(alphas, dtype=float)
-    betas = np.asarray(betas, dtype=float)
-    level = alphas.copy()  # (1 - f)^{o 0} = identity
+    padded = np.append(np.asarray(complements, dtype=float), 1.0)
+    level = alphas.copy()  # h^{o 0} = identity
     for _ in range(group_size):
-        level = 1.0 - _at_or_after(alphas, betas, level)
-    return np.clip(1.0 - level, 0.0, 1.0)
+        index = np.searchsorted(alphas, np.clip(level, 0.0, 1.0), side="left")
+        level = padded[np.minimum(index, alphas.size)]
+    return np.clip(level, 0.0, 1.0)
 
 
 def delta_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, epsilon: float) -> float:
     """Upper bound on delta(eps) = sup_alpha 1 - f(alpha) - e^eps alpha for a curve given by
-    lower bounds on a grid (Prop. 2.12; f >= beta_{i+1} on (alpha_i, alpha_{i+1}])."""
+    lower bounds on a grid (Prop. 2.12; f >= beta_{i+1} on (alpha_i, alpha_{i+1}]):
+    :func:`delta_from_complement` of ``1 - betas``."""
+    return delta_from_complement(alphas, 1.0 - np.asarray(betas, dtype=float), epsilon)
+
+
+def delta_from_complement(alphas: np.ndarray, complements: np.ndarray, epsilon: float) -> float:
+    """Upper bound on delta(eps) = sup_alpha h(alpha) - e^eps alpha (Prop. 2.12) from upper
+    bounds ``complements`` on ``h = 1 - f`` on the grid (``h <= h_{i+1}`` on
+    ``(alpha_i, alpha_{i+1}]``)."""
     alphas = np.asarray(alphas, dtype=float)
-    betas = np.asarray(betas, dtype=float)
+    complements = np.asarray(complements, dtype=float)
     # e^eps alpha in log space, capped at e^700 (any such line is far below 0 already)
     with np.errstate(divide="ignore"):  # log(0) = -inf: the alpha = 0 line, exactly
         scaled = np.exp(np.minimum(epsilon + np.log(alphas[:-1]), 700.0))
-    candidates = np.concatenate([[1.0 - betas[0]], 1.0 - betas[1:] - scaled])
+    candidates = np.concatenate([[complements[0]], complements[1:] - scaled])
     return float(np.clip(np.max(candidates), 0.0, 1.0))
 
 
@@ -124,19 +138,27 @@ def epsilon_from_tradeoff(alphas: np.ndarray, betas: np.ndarray, delta: float,
                           tolerance: float = 1e-6) -> float:
     """Smallest eps (bisection to ``tolerance``, rounded up) with
     :func:`delta_from_tradeoff` <= delta; ``inf`` if even a huge eps does not reach it."""
+    return epsilon_from_complement(alphas, 1.0 - np.asarray(betas, dtype=float), delta,
+                                   tolerance)
+
+
+def epsilon_from_complement(alphas: np.ndarray, complements: np.ndarray, delta: float,
+                            tolerance: float = 1e-6) -> float:
+    """Smallest eps (bisection to ``tolerance``, rounded up) with
+    :func:`delta_from_complement` <= delta; ``inf`` if even a huge eps does not reach it."""
     if not 0 < delta < 1:
         raise ConfigError(f"delta must be in (0, 1), got {delta!r}")
-    if delta_from_tradeoff(alphas, betas, 0.0) <= delta:
+    if delta_from_complement(alphas, complements, 0.0) <= delta:
         return 0.0
     high = 1.0
-    while delta_from_tradeoff(alphas, betas, high) > delta:
+    while delta_from_complement(alphas, complements, high) > delta:
         high *= 2.0
         if high > 1e4:
             return math.inf
     low = 0.0
     while high - low > tolerance:
         middle = 0.5 * (low + high)
-        if delta_from_tradeoff(alphas, betas, middle) > delta:
+        if delta_from_complement(alphas, complements, middle) > delta:
             low = middle
         else:
             high = middle

@@ -553,6 +553,24 @@ class RDPAccountant(Accountant):
         return np.clip(beta.max(axis=1), 0.0, 1.0).reshape(alpha_arr.shape)
 
 
+    def tradeoff_complement(self, alpha: np.ndarray) -> np.ndarray:
+        """Upper bounds on ``1 - f`` that keep their digits at small alpha (for groups of
+        records, :func:`fedsim.privacy.fdp.group_complement`): the smaller of ``1 -``
+        :meth:`tradeoff` (plus :data:`_ROUNDING`, its rounding near 1) and the direct
+        RDP bound (:func:`~fedsim.privacy.rdp_conversion.tradeoff_complement`; like
+        :meth:`tradeoff`, it uses that the curve bounds both orderings of a pair)."""
+        alpha_arr = np.asarray(alpha, dtype=float)
+        envelope = 1.0 - self.tradeoff(alpha_arr) + _ROUNDING  # (checks alpha)
+        if not self.steps and not self._selections:
+            return alpha_arr.copy()  # no release: 1 - f is exactly alpha
+        direct = rdp_conversion.tradeoff_complement(self._orders, self.rdp(), alpha_arr)
+        return np.minimum(np.minimum(envelope, direct), 1.0)
+
+
+_ROUNDING = 1e-15
+"""A bound on the rounding of a trade-off value near 1 (a few units in the last place of 1.0):
+``1 - beta`` plus this is an upper bound on ``1 - f`` wherever beta is one."""
+
 # -- validation ------------------------------------------------------------------------------
 def _check_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
     try:

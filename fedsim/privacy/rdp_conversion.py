@@ -83,6 +83,7 @@ __all__ = [
     "optimal_deltas",
     "optimal_epsilons",
     "optimal_rdp_budget",
+    "tradeoff_complement",
 ]
 
 _BRACKET_RTOL = 1e-11  # on beta = log b: eps to ~1e-12 relative
@@ -139,6 +140,29 @@ def delta_classic(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | n
     log_delta = (orders_arr - 1.0) * (rdp_arr - epsilon)
     best = int(np.argmin(log_delta))
     return min(math.exp(min(float(log_delta[best]), 0.0)), 1.0), float(orders_arr[best])
+
+
+def tradeoff_complement(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
+                        alphas: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Upper bounds on ``1 - f(alpha)`` at each alpha for a curve ``rdp`` that bounds
+    ``D_a(P || Q)`` for both orderings of every neighbouring pair:
+    ``1 - f(alpha) <= min_a (alpha e^{r(a)})^{(a - 1)/a}``.
+
+    Derivation: a test with type I error alpha under P and type II error beta under Q maps Q
+    to Bernoulli(1 - beta) and P to Bernoulli(alpha), so by the data processing inequality for
+    Renyi divergence (van Erven & Harremoes 2014, Thm. 9)
+    ``(a - 1) r(a) >= log((1 - beta)^a alpha^{1-a} + beta^a (1 - alpha)^{1-a})``, and dropping
+    the second (positive) term leaves ``1 - beta <= (alpha e^{r(a)})^{(a-1)/a}`` for every test,
+    hence for f(alpha), the smallest beta. Computed in log space: exact down to the smallest
+    doubles (0 at alpha = 0), where ``1 - f`` from f's own value near 1 keeps no digits.
+    """
+    orders_arr, rdp_arr = _as_curve(orders, rdp)
+    alpha = np.asarray(alphas, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log 0 = -inf; -inf + inf at r = inf
+        logs = ((orders_arr - 1.0) / orders_arr)[None, :] * (
+            np.log(alpha).reshape(-1, 1) + rdp_arr[None, :])
+    logs = np.where(np.isnan(logs), np.inf, logs)  # an infinite r bounds nothing
+    return np.exp(np.minimum(logs.min(axis=1), 0.0)).reshape(alpha.shape)
 
 
 def epsilon_improved(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray,
