@@ -19,6 +19,7 @@ from fedsim.privacy.budget import (
     SHARED_SLACK,
     Allowance,
     Budget,
+    RoundAllowance,
     envelope,
     fits_after,
     largest_fitting_prefix,
@@ -37,6 +38,8 @@ class Affordability:
         self._budget = budget
         self._history = history
         self._allowance: Allowance | None = None
+        self._rounds: RoundAllowance | None = None  # for a round of several kinds
+        self._seen_round: tuple[GaussianStep, ...] | None = None  # the last such round asked
         self._previous_envelope: GaussianStep | None = None
         self._last_check: tuple[tuple[tuple[GaussianStep, ...], int], bool] | None = None
         self._plan: list[tuple[GaussianStep, ...]] | None = None
@@ -77,11 +80,14 @@ class Affordability:
         allowance = self._allowance
         if allowance is not None and not allowance.spend(kinds):
             self._allowance, self._previous_envelope = None, allowance.kind
+        if self._rounds is not None and not self._rounds.spend(kinds):
+            self._rounds = None
 
     def forget(self) -> None:
         """Drop every count: the history changed otherwise than by counted steps (a tuned
         selection), so the allowance and the plan no longer describe it."""
         self._allowance = self._previous_envelope = self._plan = self._last_check = None
+        self._rounds = None
 
     def _planned_answer(self, kinds: tuple[GaussianStep, ...]) -> bool | None:
         """Whether the next planned round fits, if ``kinds`` is that round; else None."""
@@ -92,6 +98,9 @@ class Affordability:
 
     def _check(self, kinds: tuple[GaussianStep, ...], steps: tuple[GaussianStep, ...]) -> bool:
         budget = self._budget
+        several = len(kinds) > 1
+        if several and self._rounds is not None and self._rounds.kinds == kinds:
+            return self._round_answer(kinds, budget)  # an unchanged round of several kinds
         count = sum(kind.count for kind in kinds)
         held = self._allowance
         if held is None or not held.covers(kinds):
@@ -111,7 +120,49 @@ class Affordability:
                 held = self._new_allowance(exact, held, count, budget)
                 if held.covers(kinds):
                     answer = self._answer(held, kinds, count, budget)
+        if answer is None and several and self._seen_round == kinds:
+            # the same round of several kinds again (a posture, not a drift): counted from now
+            answer = self._round_answer(kinds, budget)
+        if several:
+            self._seen_round = kinds
         return within(self._history().preview(steps), budget) if answer is None else answer
+
+    def _round_answer(self, kinds: tuple[GaussianStep, ...], budget: Budget) -> bool:
+        """Whether one more round of exactly ``kinds`` (several kinds) fits, from its
+        :class:`~fedsim.privacy.budget.RoundAllowance` (found once for an unchanged posture, by
+        doubling from the last grant; the boundary round bisected to the exact count, so "does
+        not fit" is a fresh accountant's answer for this very round)."""
+        held = self._rounds
+        if held is None or held.kinds != kinds or (held.capped and held.fits < 1):
+            # (a capped grant spent: the search stopped there, so look again from here)
+            history = self._history()
+            per_round = sum(kind.count for kind in kinds)
+            limit = max(64, 2 * (history.total_steps // per_round + 64))
+            start = min(limit, 64 if held is None or held.kinds != kinds
+                        else max(1, held.granted))
+            low, high = doubling_bracket(self._round_fits(kinds, budget), start=start,
+                                         limit=limit)
+            capped = high == limit + 1
+            held = self._rounds = RoundAllowance(
+                kinds, low, None if capped or high - low <= 1 else high, capped, low)
+        if held.fits < 1 and held.above is not None:
+            held.fits = bisect_fitting(self._round_fits(kinds, budget), held.fits, held.above)
+            held.above = None
+        return held.fits >= 1
+
+    def _round_fits(self, kinds: tuple[GaussianStep, ...],
+                    budget: Budget) -> Callable[[int], bool]:
+        """Whether ``rounds`` more rounds of ``kinds`` fit after the current state (each
+        count evaluated at most once per search)."""
+        answers: dict[int, bool] = {}
+
+        def fits(rounds: int) -> bool:
+            answer = answers.get(rounds)
+            if answer is None:
+                steps = [kind.times(kind.count * rounds) for kind in kinds]
+                answer = answers[rounds] = within(self._history().preview(steps), budget)
+            return answer
+        return fits
 
     def _answer(self, held: Allowance, kinds: tuple[GaussianStep, ...], count: int,
                 budget: Budget) -> bool | None:

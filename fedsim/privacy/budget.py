@@ -160,6 +160,34 @@ class Allowance:
         return True
 
 
+@dataclass(slots=True)
+class RoundAllowance:
+    """How many more rounds of exactly ``kinds`` (a round of several kinds of step, grouped:
+    each kind with its count) surely fit in the budget from the current state, like
+    :class:`Allowance` but counted in whole rounds: ``fits``, exact unless ``above`` (then a
+    lower bound, and ``above`` the first count known not to fit) or ``capped``. A round of
+    several kinds is not dominated by one step of its own (its envelope of the largest q and
+    the smallest sigma prices every step at the worst: a round of q = 0.01, sigma = 1 and
+    q = 1, sigma = 20 would be priced as two steps of q = 1, sigma = 1), so its allowance is
+    the round itself."""
+
+    kinds: tuple[GaussianStep, ...]
+    fits: int
+    above: int | None
+    capped: bool
+    granted: int
+
+    def spend(self, kinds: Sequence[GaussianStep]) -> bool:
+        """Use one round for a spent round; False if it is not this allowance's round (then
+        the allowance no longer describes the state)."""
+        if tuple(kinds) != self.kinds or self.fits < 1:
+            return False
+        self.fits -= 1
+        if self.above is not None:
+            self.above -= 1
+        return True
+
+
 def within(accountant: Accountant, budget: Budget) -> bool:
     """The ledger's one budget test: the history's eps (the smallest guarantee's where the
     enforcing accountant has no finite answer) is at most the budget's."""

@@ -44,6 +44,11 @@ sigma) computes a new one. A posture that moves past the last one gets an envelo
 by 1/16 in the direction it moved, so a schedule that changes sigma every round (growing mu_t)
 computes a new allowance only every few percent of drift, not every round: 10^4 such rounds
 cost O(100) evaluations instead of 10^4 (each of which costs more as the history grows).
+A round of several kinds of step that its envelope cannot answer for (one kind's q and
+another's sigma together price every step at the worst) gets, once it repeats, an allowance
+of whole rounds of exactly its kinds (:class:`~fedsim.privacy.budget.RoundAllowance`): an
+unchanged round of a q = 0.01 step and a q = 1 step was an allowance search and a dry run each
+round (1,036 rounds in 150 s), and is counted now (0.13 s).
 
 The answers are the accountant's own, for an unchanged posture exactly: "fits" means that
 eps of the history with each round replaced by E-steps is within the budget (a valid upper

@@ -379,3 +379,50 @@ def test_a_round_of_several_nearly_equal_kinds_is_decided_as_a_fresh_accountant(
             steps = [near_one[index % 2], near_one[(index + 1) % 2]]
             assert ledger.can_spend(steps) == fresh_decision(ledger.steps, steps, 1000.0)
             ledger.spend(steps, time=float(index), round=index)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_rounds_of_several_kinds_are_decided_as_a_fresh_accountant(tmp_path: Path,
+                                                                   sampling: Sampling) -> None:
+    """Rounds of two or three kinds (a posture kept for a while, then changed; sometimes a
+    round of one kind between), each decision against a fresh accountant: the round
+    allowance's counting and its refresh when a capped grant is spent decide as it does."""
+    rng = random.Random(55 if sampling == "poisson" else 56)
+    kinds = [GaussianStep(sampling, 0.01, 1.0), GaussianStep(sampling, 1.0, 20.0),
+             GaussianStep(sampling, 0.02, 1.4), GaussianStep(sampling, 0.5, 12.0)]
+    cheap = GaussianStep(sampling, 0.001, 4.0)  # a round of one kind that fits after a refusal
+    budget = 1.6 if sampling == "poisson" else 2.5
+    posture = [kinds[0], kinds[1]]
+    answers: list[bool] = []
+    with open_ledger(tmp_path / "l.jsonl", sampling, budget) as ledger:
+        for index in range(300):
+            if rng.random() < 0.04:
+                posture = rng.sample(kinds, rng.choice([2, 2, 3]))
+            round_steps = [cheap] if rng.random() < 0.1 else list(posture)
+            expected = fresh_decision(ledger.steps, round_steps, budget)
+            assert ledger.can_spend(round_steps) == expected, (index, round_steps)
+            answers.append(expected)
+            if expected:
+                ledger.spend(round_steps, time=float(index), round=index)
+            elif answers.count(False) >= 15:
+                break
+    first_refusal = answers.index(False)
+    assert first_refusal > 20 and True in answers[first_refusal:]
+
+
+def test_an_unchanged_round_of_several_kinds_is_answered_by_counting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attacker's review: a round of a subsampled step and a q = 1 step, kept unchanged,
+    cost an allowance search of its envelope (q = 1, sigma = 1) and a dry run every round:
+    1,036 rounds took 150 s. Now one search for the round itself, refreshed when spent."""
+    round_steps = [GaussianStep("poisson", 0.01, 1.0), GaussianStep("poisson", 1.0, 20.0)]
+    evaluations = Evaluations(monkeypatch)
+    with open_ledger(tmp_path / "l.jsonl", "poisson", 8.0) as ledger:
+        released = 0
+        while ledger.can_spend(round_steps):
+            ledger.spend(round_steps, time=float(released), round=released)
+            released += 1
+        assert released == 1036  # the fresh accountant's boundary, below and above
+        assert fresh_decision(ledger.steps, [], 8.0)
+        assert not fresh_decision(ledger.steps, round_steps, 8.0)
+        assert evaluations.count <= 6 * math.log2(2 * released) + 10, evaluations.count
