@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,25 @@ def fresh_decision(history: tuple[GaussianStep, ...], round_steps: list[Gaussian
     return smallest_epsilon(fresh, DELTA, only_if_infinite=True)[0] <= epsilon
 
 
+def decided_as_a_fresh_accountant(ledger: PrivacyLedger, budget: float,
+                                  next_round: Callable[[], list[GaussianStep]], rounds: int, *,
+                                  refusals: int) -> list[bool]:
+    """Ask ``ledger`` about ``rounds`` rounds from ``next_round`` (spending those that fit),
+    each answer checked against :func:`fresh_decision`, until ``refusals`` refusals; the
+    answers."""
+    answers: list[bool] = []
+    for index in range(rounds):
+        round_steps = next_round()
+        expected = fresh_decision(ledger.steps, round_steps, budget)
+        assert ledger.can_spend(round_steps) == expected, (index, round_steps)
+        answers.append(expected)
+        if expected:
+            ledger.spend(round_steps, time=float(index), round=index)
+        elif answers.count(False) >= refusals:
+            break
+    return answers
+
+
 class Evaluations:
     """Counts eps evaluations of the pld accountant (the ledger's enforcing one)."""
 
@@ -52,21 +72,16 @@ def test_decisions_equal_a_fresh_accountant_on_random_schedules(tmp_path: Path,
     rng = random.Random(24 if sampling == "poisson" else 25)
     qs, sigmas = (0.01, 0.02, 0.03), (0.9, 1.1, 1.3, 1.6)
     posture = (rng.choice(qs), rng.choice(sigmas))
-    answers: list[bool] = []
     budget = 1.2 if sampling == "poisson" else 3.0  # replace-one costs more per step
+
+    def next_round() -> list[GaussianStep]:
+        nonlocal posture
+        if rng.random() < 0.15:  # a schedule step: new q and/or sigma
+            posture = (rng.choice(qs), rng.choice(sigmas))
+        return [GaussianStep(sampling, posture[0], posture[1], rng.choice([1, 1, 2, 3]))]
+
     with open_ledger(tmp_path / "l.jsonl", sampling, budget) as ledger:
-        for index in range(400):
-            if rng.random() < 0.15:  # a schedule step: new q and/or sigma
-                posture = (rng.choice(qs), rng.choice(sigmas))
-            local = rng.choice([1, 1, 2, 3])
-            round_steps = [GaussianStep(sampling, posture[0], posture[1], local)]
-            expected = fresh_decision(ledger.steps, round_steps, budget)
-            assert ledger.can_spend(round_steps) == expected, (index, round_steps)
-            answers.append(expected)
-            if expected:
-                ledger.spend(round_steps, time=float(index), round=index)
-            elif answers.count(False) >= 25:
-                break
+        answers = decided_as_a_fresh_accountant(ledger, budget, next_round, 400, refusals=25)
     # the schedules reached the budget's edge: refusals, and acceptances after the first one
     # (a more private posture, or a smaller round, still fitting)
     first_refusal = answers.index(False)
@@ -393,19 +408,15 @@ def test_rounds_of_several_kinds_are_decided_as_a_fresh_accountant(tmp_path: Pat
     cheap = GaussianStep(sampling, 0.001, 4.0)  # a round of one kind that fits after a refusal
     budget = 1.6 if sampling == "poisson" else 2.5
     posture = [kinds[0], kinds[1]]
-    answers: list[bool] = []
+
+    def next_round() -> list[GaussianStep]:
+        nonlocal posture
+        if rng.random() < 0.04:
+            posture = rng.sample(kinds, rng.choice([2, 2, 3]))
+        return [cheap] if rng.random() < 0.1 else list(posture)
+
     with open_ledger(tmp_path / "l.jsonl", sampling, budget) as ledger:
-        for index in range(300):
-            if rng.random() < 0.04:
-                posture = rng.sample(kinds, rng.choice([2, 2, 3]))
-            round_steps = [cheap] if rng.random() < 0.1 else list(posture)
-            expected = fresh_decision(ledger.steps, round_steps, budget)
-            assert ledger.can_spend(round_steps) == expected, (index, round_steps)
-            answers.append(expected)
-            if expected:
-                ledger.spend(round_steps, time=float(index), round=index)
-            elif answers.count(False) >= 15:
-                break
+        answers = decided_as_a_fresh_accountant(ledger, budget, next_round, 300, refusals=15)
     first_refusal = answers.index(False)
     assert first_refusal > 20 and True in answers[first_refusal:]
 
