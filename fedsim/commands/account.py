@@ -126,8 +126,10 @@ def plot(path: Path, answer: AccountAnswer) -> None:
         raise ConfigError("no trade-off curve to plot: answer with curve=True")
     alphas, mu = answer.curve.alphas, answer.mu
     fig, ax = plt.subplots(figsize=(5, 5))
-    label = (f"{answer.accountant} "
-             f"({'guarantee' if answer.is_guarantee else 'CLT approximation'})")
+    curve_of = answer.bound if answer.group_size > 1 and answer.bound else answer.accountant
+    label = (f"{curve_of} "
+             f"({'guarantee' if answer.is_guarantee else 'CLT approximation'})"
+             + (f", groups of {answer.group_size}" if answer.group_size > 1 else ""))
     ax.plot(alphas, answer.curve.betas, label=label, color="tab:blue")
     if mu is not None and answer.accountant != "gdp-clt":
         ax.plot(alphas, gdp.gdp_tradeoff(alphas, mu), "--", color="tab:red",

@@ -6,7 +6,9 @@ target eps (:func:`fedsim.privacy.calibration.calibrate_sigma`), or the most ste
 eps (:func:`fedsim.privacy.calibration.max_steps`), each optionally for groups of records
 (Dong, Roth & Su, "Gaussian Differential Privacy", Theorem 2.14): for a guarantee the smaller
 of the accountant's group curve's answer and the RDP curve's, composed on ``1 - f`` where a
-group's small type I errors keep their digits (``bound`` names which; :func:`_group_rdp_complement`). The command parses flags into
+group's small type I errors keep their digits (``bound`` names which:
+:mod:`fedsim.privacy.group_answers`); a target eps or the most steps for a group is met by the
+group. The command parses flags into
 these keyword arguments and formats the answer; the Python API passes its keywords straight in.
 
 Sampling schemes measure different things (never compare one's numbers with the other's):
@@ -35,6 +37,13 @@ from fedsim.errors import AccountantOutOfRange, ConfigError, LedgerError, Privac
 from fedsim.privacy import calibration, fdp, gdp
 from fedsim.privacy.accountant import GUARANTEES, Accountant, make_accountant, smallest_epsilon
 from fedsim.privacy.events import NEIGHBOURING_RELATION, SAMPLING_SCHEMES, GaussianStep, Sampling
+from fedsim.privacy.group_answers import (
+    group_alphas,
+    group_complements,
+    group_delta,
+    group_epsilon,
+    group_measure,
+)
 
 AccountantChoice = Literal["pld", "rdp", "gdp-clt"]
 ACCOUNTANT_CHOICES: tuple[AccountantChoice, ...] = ("pld", "rdp", "gdp-clt")
@@ -48,6 +57,9 @@ MAX_LEDGER_BYTES = 256 * 2**20
 # no finite answer.
 COMPARE_KINDS = 64
 DEFAULT_DELTA = 1e-5
+# A group's calibrated sigma to this relative tolerance (each eps of a group costs about a
+# second: its curve on 26,000 points and RDP's; one record's is to 1e-4).
+GROUP_REL_TOL = 1e-3
 CLT_NOTE = "CLT approximation, not a guarantee (it can under-report)"
 
 
@@ -71,7 +83,8 @@ class AccountAnswer:
 
     ``epsilon`` / ``delta``: the pair answered (for ``target_epsilon`` questions ``epsilon``
     is the target). ``steps``: the history's length (the answer with ``max_steps``).
-    ``bound``: which guarantee gave the smallest eps / delta / most steps (``pld`` or ``rdp``).
+    ``bound``: which guarantee gave the smallest eps / delta / most steps (``pld`` or ``rdp``;
+    for a group also ``pld+rdp``, the pointwise best of their group curves).
     ``mu``: the GDP mu (the CLT's for ``gdp-clt``, else the smallest G_mu below the curve).
     """
 
@@ -315,37 +328,55 @@ def _no_constant(name: str) -> float:
 
 
 # -- the answers -----------------------------------------------------------------------------------
+def _history(sampling: Sampling, name: AccountantChoice, history: list[GaussianStep] | None,
+             q: float | None, sigma: float | None, count: int | None, *, delta: float,
+             target_epsilon: float | None, max_steps: bool, group: int
+             ) -> tuple[dict[str, Any], list[GaussianStep], float | None, float | None]:
+    """The history a question is about (the most steps, or a calibrated sigma, found first),
+    what was found on the way, and its one q and sigma (None for a ledger of several)."""
+    found: dict[str, Any] = {}
+    if max_steps:
+        assert q is not None and sigma is not None and target_epsilon is not None
+        found = _most_steps(name, sampling, q, sigma, target_epsilon, delta, group)
+        return found, [GaussianStep(sampling, q, sigma, max(found["steps"], 1))], q, sigma
+    if target_epsilon is not None:
+        assert q is not None and count is not None
+        if group == 1:
+            sigma = calibration.calibrate_sigma(name, sampling, q, count, target_epsilon, delta)
+        else:  # met by the group, not by one record
+            sigma = calibration.calibrate_sigma(name, sampling, q, count, target_epsilon, delta,
+                                                measure=group_measure(group, COMPARE_KINDS),
+                                                rel_tol=GROUP_REL_TOL)
+        return found, [GaussianStep(sampling, q, sigma, count)], q, sigma
+    if history is not None:
+        kinds = {(s.q, s.sigma) for s in history}
+        q, sigma = next(iter(kinds)) if len(kinds) == 1 else (None, None)
+        found["distinct_steps"] = len(kinds)
+        return found, history, q, sigma
+    assert q is not None and sigma is not None and count is not None
+    return found, [GaussianStep(sampling, q, sigma, count)], q, sigma
+
+
 def _answer(sampling: Sampling, name: AccountantChoice,
             history: list[GaussianStep] | None, q: float | None, sigma: float | None,
             count: int | None, *, delta: float, epsilon: float | None,
             target_epsilon: float | None, max_steps: bool, group: int,
             curve: bool) -> AccountAnswer:
-    found: dict[str, Any] = {}
-    if max_steps:
-        assert q is not None and sigma is not None and target_epsilon is not None
-        found = _most_steps(name, sampling, q, sigma, target_epsilon, delta)
-        count = found["steps"]
-        steps = [GaussianStep(sampling, q, sigma, max(found["steps"], 1))]
-    elif target_epsilon is not None:
-        assert q is not None and count is not None
-        sigma = calibration.calibrate_sigma(name, sampling, q, count, target_epsilon, delta)
-        steps = [GaussianStep(sampling, q, sigma, count)]
-    elif history is not None:
-        steps = history
-        kinds = {(s.q, s.sigma) for s in steps}
-        q, sigma = next(iter(kinds)) if len(kinds) == 1 else (None, None)
-        count = sum(s.count for s in steps)
-        found["distinct_steps"] = len(kinds)
-    else:
-        assert q is not None and sigma is not None and count is not None
-        steps = [GaussianStep(sampling, q, sigma, count)]
-    assert count is not None
+    found, steps, q, sigma = _history(sampling, name, history, q, sigma, count, delta=delta,
+                                      target_epsilon=target_epsilon, max_steps=max_steps,
+                                      group=group)
+    count = sum(s.count for s in steps) if not max_steps else found["steps"]
 
     accountant = make_accountant(name, steps)
     eps_alone = not (group > 1 or curve or epsilon is not None or max_steps
                      or target_epsilon is not None)
     alphas, betas = _curve_if_represented(accountant, group, found, eps_alone=eps_alone,
                                           curve=curve or not max_steps or group > 1)
+    answered: dict[str, Any] | None = None
+    if (group > 1 and betas is not None and name != "gdp-clt" and not max_steps
+            and target_epsilon is None):
+        answered, betas = _group_answer(accountant, group, alphas, betas, delta=delta,
+                                        epsilon=epsilon)
     if name == "gdp-clt":
         found.update(_clt(accountant, steps, group))
     elif betas is not None:
@@ -354,7 +385,9 @@ def _answer(sampling: Sampling, name: AccountantChoice,
         betas = (gdp.gdp_tradeoff(alphas, found["mu"]) if group > 1
                  else accountant.tradeoff(alphas))
 
-    if epsilon is not None:
+    if answered is not None:
+        found.update(answered)
+    elif epsilon is not None:
         found.update(_delta_at(accountant, epsilon, group, alphas, betas, found.get("mu")))
     elif not max_steps and target_epsilon is None:
         found.update(_epsilon_at(accountant, delta, group, alphas, betas, found.get("mu")))
@@ -369,11 +402,16 @@ def _answer(sampling: Sampling, name: AccountantChoice,
 
 
 def _most_steps(name: AccountantChoice, sampling: Sampling, q: float, sigma: float,
-               target_epsilon: float, delta: float) -> dict[str, Any]:
+               target_epsilon: float, delta: float, group: int) -> dict[str, Any]:
     """The most steps T with eps(delta) <= ``target_epsilon`` (``steps``), by
     :func:`fedsim.privacy.calibration.max_steps`. For ``rdp`` both conversions' answers
     (``steps_classic``, ``steps_optimal``; ``steps`` is the optimal one); for ``pld`` the most
-    any guarantee allows (``steps_pld``, ``steps_rdp``; ``bound`` names the larger)."""
+    any guarantee allows (``steps_pld``, ``steps_rdp``; ``bound`` names the larger). For groups
+    of records the group's eps (:func:`~fedsim.privacy.group_answers.group_measure`, every
+    guarantee's curve)."""
+    if group > 1:
+        return {"steps": calibration.max_steps(name, sampling, q, sigma, target_epsilon, delta,
+                                               measure=group_measure(group, COMPARE_KINDS))}
     if name == "rdp":
         found: dict[str, Any] = {}
         for conversion in ("classic", "optimal"):
@@ -398,12 +436,7 @@ def _curve(accountant: Accountant, group: int, *,
            curve: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """The alpha grid and (for a guarantee, where asked) the group's trade-off curve on it
     (Dong-Roth-Su Thm 2.14 for groups)."""
-    alphas = fdp.default_alphas(20001 if group > 1 else 2001)
-    if group > 1:
-        # (1 - f)^{o g} is tangent to eps's line at alpha ~ e^-eps delta: far below 1e-9 for a
-        # group eps of 20 or more, so the grid reaches the smallest doubles' scale (a floor at
-        # 1e-15 made every group eps above about 20 infinite)
-        alphas = np.unique(np.concatenate([alphas, np.logspace(-300.0, -9.0, 6000)]))
+    alphas = group_alphas() if group > 1 else fdp.default_alphas(2001)
     if accountant.name == "gdp-clt" or not curve:
         return alphas, None
     betas = accountant.tradeoff(alphas)
@@ -451,27 +484,24 @@ def _gdp_fit(alphas: np.ndarray, betas: np.ndarray) -> dict[str, Any]:
         return {"mu_kind": "none: the trade-off curve is 0 on the alpha grid (no GDP fit)"}
 
 
-def _group_rdp_complement(accountant: Accountant, group: int, alphas: np.ndarray,
-                          vacuous: bool) -> np.ndarray | None:
-    """Upper bounds on ``1 - f_g`` for groups of ``group`` records from the history's RDP curve,
-    computed on ``1 - f`` itself (:meth:`~fedsim.privacy.rdp.RDPAccountant.tradeoff_complement`,
-    :func:`~fedsim.privacy.fdp.group_complement`): exact at the small alphas that a group's
-    answer reaches, where a curve's ``1 - f`` near 1 is floored (the PLD's at its truncated
-    tail, about 1e-15, and RDP's own curve at 1e-12; a group of 8 amplified either past
-    delta = 1e-5, so eps was inf). For ``pld`` asked where it is ``vacuous`` or for histories
-    of at most :data:`COMPARE_KINDS` kinds (the rule of :func:`_epsilon_at`); None otherwise."""
-    if accountant.name not in GUARANTEES:
-        return None
-    if accountant.name == "rdp":
-        rdp = accountant
-    elif vacuous or accountant.kinds <= COMPARE_KINDS:
-        rdp = make_accountant("rdp", accountant.steps)
+def _group_answer(accountant: Accountant, group: int, alphas: np.ndarray, betas: np.ndarray,
+                  *, delta: float, epsilon: float | None) -> tuple[dict[str, Any], np.ndarray]:
+    """eps at ``delta`` (or delta at ``epsilon``) for groups of ``group`` records from the best
+    of the guarantees' group curves (:mod:`fedsim.privacy.group_answers`; ``bound`` names the
+    curve), and that curve (what ``--plot`` draws and the GDP fit reads)."""
+    if epsilon is not None:
+        curves = group_complements(
+            accountant, group, alphas, betas, compare_kinds=COMPARE_KINDS,
+            vacuous=lambda own: fdp.delta_from_complement(alphas, own, epsilon) >= 1.0)
+        value, bound = group_delta(curves, alphas, epsilon)
+        found = {"delta": value, "bound": bound, "epsilon": epsilon}
     else:
-        return None
-    from fedsim.privacy.rdp import RDPAccountant
-
-    assert isinstance(rdp, RDPAccountant)
-    return fdp.group_complement(alphas, rdp.tradeoff_complement(alphas), group)
+        curves = group_complements(
+            accountant, group, alphas, betas, compare_kinds=COMPARE_KINDS,
+            vacuous=lambda own: math.isinf(fdp.epsilon_from_complement(alphas, own, delta)))
+        value, bound = group_epsilon(curves, alphas, delta)
+        found = {"epsilon": value, "bound": bound, "delta": delta}
+    return found, np.clip(1.0 - curves[bound], 0.0, 1.0)
 
 
 def _epsilon_at(accountant: Accountant, delta: float, group: int, alphas: np.ndarray,
@@ -482,15 +512,7 @@ def _epsilon_at(accountant: Accountant, delta: float, group: int, alphas: np.nda
     if accountant.name == "gdp-clt":
         assert mu is not None
         return {"epsilon": gdp.gdp_epsilon(delta, mu), "delta": delta}
-    if group > 1:
-        assert betas is not None
-        epsilons = {accountant.name: fdp.epsilon_from_tradeoff(alphas, betas, delta)}
-        rdp = _group_rdp_complement(accountant, group, alphas, math.isinf(epsilons[accountant.name]))
-        if rdp is not None:
-            epsilons["rdp"] = min(epsilons.get("rdp", math.inf),
-                                  fdp.epsilon_from_complement(alphas, rdp, delta))
-        bound = min(epsilons, key=lambda name: epsilons[name])
-        return {"epsilon": epsilons[bound], "bound": bound, "delta": delta}
+    assert group == 1, "a group's eps is _group_answer's"
     if accountant.name == "rdp":
         from fedsim.privacy.rdp import RDPAccountant
 
@@ -510,15 +532,7 @@ def _delta_at(accountant: Accountant, epsilon: float, group: int, alphas: np.nda
     if accountant.name == "gdp-clt":
         assert mu is not None
         return {"delta": gdp.gdp_delta(epsilon, mu), "epsilon": epsilon}
-    if group > 1:
-        assert betas is not None
-        deltas = {accountant.name: fdp.delta_from_tradeoff(alphas, betas, epsilon)}
-        rdp = _group_rdp_complement(accountant, group, alphas, deltas[accountant.name] >= 1.0)
-        if rdp is not None:
-            deltas["rdp"] = min(deltas.get("rdp", 1.0),
-                                fdp.delta_from_complement(alphas, rdp, epsilon))
-        bound = min(deltas, key=lambda name: deltas[name])
-        return {"delta": deltas[bound], "bound": bound, "epsilon": epsilon}
+    assert group == 1, "a group's delta is _group_answer's"
     if accountant.name == "rdp":
         from fedsim.privacy.rdp import RDPAccountant
 

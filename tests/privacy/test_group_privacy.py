@@ -68,7 +68,7 @@ def test_a_groups_eps_is_never_below_the_exact_gaussian_and_finite_where_it_is(
                          group_size=group)
         # before: inf in 12 of these 32 (each exact eps below 80)
         assert exact <= answer.epsilon <= 1.15 * exact + 1e-3, (delta, exact, answer.epsilon)
-        assert answer.bound in ("pld", "rdp")
+        assert answer.bound in ("pld", "rdp", "pld+rdp")
     # delta at an eps: never below the exact
     eps = gdp.gdp_epsilon(1e-6, mu)
     delta_answer = account(q=1.0, sigma=sigma, steps=steps, epsilon=eps, accountant=accountant,
@@ -81,7 +81,7 @@ def test_the_attackers_group_of_eight_is_answered() -> None:
     epsilons = [a.epsilon for a in answers]
     assert all(math.isfinite(e) for e in epsilons)
     assert epsilons == sorted(epsilons) and epsilons[-1] < 40  # inf before
-    assert answers[-1].bound == "rdp"
+    assert answers[-1].bound in ("rdp", "pld+rdp")  # the PLD's curve alone: inf
     # each answer is the smaller guarantee's: the PLD curve's for small groups (4.09 at g = 2)
     assert answers[1].bound == "pld" and answers[1].epsilon == pytest.approx(4.09, abs=0.01)
     # and far below RDP's own group property (Mironov 2017, Prop. 2: a group of 2^c is
@@ -90,3 +90,40 @@ def test_the_attackers_group_of_eight_is_answered() -> None:
     steps = [GaussianStep("poisson", 0.01, 1.0, 1000)]
     mironov = np.min(27 * history_rdp(steps, 8 * orders) + math.log(1e5) / (orders - 1))
     assert epsilons[-1] < mironov / 100
+
+
+def test_a_target_eps_for_a_group_is_met_by_the_group() -> None:
+    """Before, --target-epsilon 8 --group-size 4 answered the sigma that gives one record
+    eps 8 (0.586), whose group of 4 has eps 86."""
+    found = account(q=0.01, steps=1000, target_epsilon=8.0, group_size=4)
+    assert found.sigma is not None and found.sigma > 1.0  # one record's: 0.586
+    at = account(q=0.01, steps=1000, sigma=found.sigma, group_size=4)
+    assert at.epsilon <= 8.0
+    below = account(q=0.01, steps=1000, sigma=found.sigma * (1 - 3e-3), group_size=4)
+    assert below.epsilon > 8.0  # the smallest such sigma, to the group tolerance
+
+
+@pytest.mark.slow
+def test_a_groups_calibrated_gaussian_noise_is_never_below_the_exact() -> None:
+    """q = 1: the exact group of g is g sqrt(T)/sigma-GDP, so the sigma that meets eps for it
+    is g sqrt(T) / mu(eps, delta) with mu the GDP mu of (eps, delta)."""
+    group, steps, target = 3, 10, 6.0
+    low, high = 1e-3, 50.0  # mu with gdp_epsilon(1e-5, mu) = target, by bisection
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if gdp.gdp_epsilon(1e-5, middle) <= target else (low, middle)
+    exact_sigma = group * math.sqrt(steps) / low
+    for accountant in ("pld", "rdp"):
+        found = account(q=1.0, steps=steps, target_epsilon=target, group_size=group,
+                        accountant=accountant)
+        assert found.sigma is not None
+        assert exact_sigma * (1 - 1e-6) <= found.sigma <= 1.1 * exact_sigma, accountant
+
+
+@pytest.mark.slow
+def test_the_most_steps_for_a_group_are_the_groups() -> None:
+    """Before, --max-steps --group-size 4 answered one record's 15,574 steps."""
+    found = account(q=0.01, sigma=1.0, target_epsilon=8.0, max_steps=True, group_size=4)
+    assert 100 < found.steps < 15_574
+    assert account(q=0.01, sigma=1.0, steps=found.steps, group_size=4).epsilon <= 8.0
+    assert account(q=0.01, sigma=1.0, steps=found.steps + 1, group_size=4).epsilon > 8.0
