@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy.accountant import Accountant, make_accountant
+from fedsim.privacy.accountant import Accountant, make_accountant, smallest_epsilon
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.reporting.ledgers import ClientLedger
 
@@ -47,7 +47,11 @@ class EpsilonCache:
         key = (accountant.name, _hashable(settings), grouped)
         if key not in self.values:
             fresh = make_accountant(accountant.name, grouped, **settings)
-            self.values[key] = float(fresh.epsilon(self.delta))
+            # a guarantee's eps by the ledger's rule (the smallest other guarantee's where its
+            # own has no finite answer: a history the PLD grid cannot represent raised here)
+            self.values[key] = float(
+                smallest_epsilon(fresh, self.delta, only_if_infinite=True)[0]
+                if fresh.is_guarantee else fresh.epsilon(self.delta))
         return self.values[key]
 
 

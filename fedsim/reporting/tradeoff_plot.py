@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from fedsim.errors import AccountantOutOfRange
+from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import NEIGHBOURING_RELATION
 from fedsim.privacy.fdp import default_alphas, eps_delta_tradeoff, fit_gdp_mu, tradeoff_curve
 from fedsim.privacy.gdp import gdp_tradeoff
@@ -111,7 +113,11 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
                       else GROUP_COLOURS[used % len(GROUP_COLOURS)])
             used += 1
             accountant = members[cid].accountant
-            alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
+            try:
+                alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
+            except AccountantOutOfRange:  # the PLD grid cannot hold it: RDP's curve, labelled
+                accountant = make_accountant("rdp", accountant.steps)
+                alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
             betas = np.clip(betas, 0.0, 1.0)
             mu = fit_gdp_mu(alphas, betas)
             epsilon = final[cid]

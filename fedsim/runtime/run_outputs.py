@@ -35,7 +35,7 @@ from fedsim.atomic import read_regular, write_atomically
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
-from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
@@ -361,7 +361,10 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "steps": sum(s.count for s in steps),
         "sigma": last.sigma if last is not None else float(plan.schedule.sigma(0)),
         "clip": last.clip if last is not None else float(plan.schedule.clip(0)),
-        "epsilon": make_accountant("pld", steps).epsilon(delta) if steps else 0.0,
+        # the ledger's rule: pld, or the smallest other guarantee where pld has no finite
+        # answer (a history its grid cannot represent raised here, and the run lost its outputs)
+        "epsilon": (smallest_epsilon(make_accountant("pld", steps), delta,
+                                     only_if_infinite=True)[0] if steps else 0.0),
         "mu_clt": mu_clt,
         # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)
         "mu_clt_gamma": gamma,
