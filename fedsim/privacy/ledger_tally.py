@@ -13,7 +13,7 @@ as many as the gaps, not the rounds).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Iterable, Iterator, Sequence, Set
 
 from fedsim.privacy.ledger_file import LedgerRecord
 
@@ -33,8 +33,8 @@ class RoundSet(Set[int]):
         self._starts: list[int] = []
         self._stops: list[int] = []
         self._size = 0
-        for value in values:
-            self.add(value)
+        for value in sorted(set(values)):  # in order: each add O(1) (a damaged file's rounds
+            self.add(value)                # in reverse were a list insert each, O(n^2))
 
     def add(self, value: int) -> None:
         starts, stops = self._starts, self._stops
@@ -99,12 +99,11 @@ class LedgerTally:
 
     __slots__ = ("count", "earlier", "last_time", "rounds")
 
-    def __init__(self, records: Iterable[LedgerRecord] = ()) -> None:
-        self.count = 0
-        self.last_time = 0.0
-        self.rounds = RoundSet()
-        self.earlier = RoundSet()
-        self.add(records)
+    def __init__(self, records: Sequence[LedgerRecord] = ()) -> None:
+        self.count = len(records)
+        self.last_time = records[-1].time if records else 0.0
+        self.rounds = RoundSet(r.round for r in records if r.round >= 0)
+        self.earlier = RoundSet(r.round for r in records if r.round < 0)
 
     def add(self, records: Iterable[LedgerRecord]) -> None:
         for record in records:

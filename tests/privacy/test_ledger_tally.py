@@ -107,3 +107,12 @@ def test_records_read_back_refuse_a_file_cut_under_the_ledger(tmp_path: Path) ->
         path.write_bytes(b"".join(lines[:-2]))  # two records cut while it is open
         with pytest.raises(LedgerError, match="holds 2 records, but 4 were recorded"):
             ledger.records  # noqa: B018 - the property reads the file
+
+
+def test_a_round_set_built_from_rounds_in_any_order_is_their_set() -> None:
+    """(A damaged file's rounds in reverse order are sorted first: one append each, where an
+    insert at the front each was quadratic.)"""
+    values = list(range(10_000, 0, -3)) + [5, 5, 7, 8]
+    built = RoundSet(values)
+    assert built == set(values) and list(built) == sorted(set(values))
+    assert len(built.ranges) == len(RoundSet(sorted(values)).ranges)
