@@ -339,12 +339,17 @@ class PrivacyLedger:
         """Every record, read back from the ledger's file and verified: memory holds only
         their tally (:mod:`fedsim.privacy.ledger_tally`). It reads the whole file, for
         reports and checks, not for a round's path. Raises :class:`LedgerError` if the file no
-        longer holds what this ledger recorded."""
+        longer holds what this ledger recorded (cut, or replaced: its chain must end where
+        this ledger's did)."""
         parsed = read_verified(self._path, read_regular(self._path))
-        if len(parsed.records) < self._tally.count:
+        count = self._tally.count
+        if len(parsed.records) < count:
             raise LedgerError(f"{self._path}: holds {len(parsed.records)} records, but "
-                              f"{self._tally.count} were recorded (the file was cut)")
-        return tuple(parsed.records[:self._tally.count])
+                              f"{count} were recorded (the file was cut)")
+        if parsed.hashes[count] != self._last_hash:  # the chain's end this ledger wrote
+            raise LedgerError(f"{self._path}: its first {count} records are not the ones "
+                              f"this ledger recorded (the file was replaced or edited)")
+        return tuple(parsed.records[:count])
 
     @property
     def record_count(self) -> int:

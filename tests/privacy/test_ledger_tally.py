@@ -116,3 +116,17 @@ def test_a_round_set_built_from_rounds_in_any_order_is_their_set() -> None:
     built = RoundSet(values)
     assert built == set(values) and list(built) == sorted(set(values))
     assert len(built.ranges) == len(RoundSet(sorted(values)).ranges)
+
+
+def test_records_read_back_refuse_a_file_replaced_under_the_ledger(tmp_path: Path) -> None:
+    """(An attacker's review: as many records, cheaper ones, read back without an error.)"""
+    costly, cheap = GaussianStep("poisson", 1.0, 1.0), GaussianStep("poisson", 1e-4, 50.0)
+    with _open(tmp_path / "a" / "c1.jsonl") as live:
+        for r in range(3):
+            live.spend(costly, time=float(r), round=r)
+        with _open(tmp_path / "b" / "c1.jsonl") as other:
+            for r in range(3):
+                other.spend(cheap, time=float(r), round=r)
+        (tmp_path / "b" / "c1.jsonl").replace(tmp_path / "a" / "c1.jsonl")
+        with pytest.raises(LedgerError, match="not the ones this ledger recorded"):
+            live.records  # noqa: B018 - the property reads the file
