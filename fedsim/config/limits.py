@@ -78,7 +78,10 @@ MIN_DELTA = 1e-12
 """The smallest delta of a budget, a target or the report. The privacy-loss-distribution
 accountant charges the probability mass it leaves out of its grid (up to about 1e-13 over a long
 run) to delta, so below about 1e-13 its epsilon is inflated or infinite; 1e-12 keeps a factor of
-ten clear of that, and is far below any delta a data set of fewer than 10^6 records needs."""
+ten clear of that, and is far below any delta a data set of fewer than 10^6 records needs. Where
+a delta below it is asked (a ledger or a question through the Python API), the PLD answers
+nothing there and the other guarantees do (:func:`fedsim.privacy.accountant.smallest_epsilon`):
+its eps at delta 1e-14 was not even monotone in the steps."""
 
 MAX_SAMPLES = 10_000_000
 """Records of a generated (synthetic) training or test set, and the evaluation subset."""
