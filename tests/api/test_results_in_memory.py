@@ -18,19 +18,15 @@ from fedsim.runtime import run_outputs
 from .conftest import TINY
 
 
-class _Unbounded:
-    """An accountant whose bound is infinite (e.g. a delta below what the mechanism allows)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def epsilon(self, delta: float) -> float:
-        return math.inf
+def _unbounded(*args: Any, **kwargs: Any) -> tuple[float, str]:
+    """No guarantee bounds the history (e.g. a delta below what the mechanism allows): the
+    smallest-guarantee rule's answer is infinite."""
+    return math.inf, "pld"
 
 
 def test_an_unbounded_epsilon_is_inf_in_the_results_never_zero(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(run_outputs, "make_accountant", _Unbounded)
+    monkeypatch.setattr(run_outputs, "smallest_epsilon", _unbounded)
     result = fedsim.simulate(TINY, out=tmp_path / "run", progress=False, plots=False)
     spent = [c for c in result.clients if c.steps > 0]
     assert spent, "the tiny scenario's clients release rounds"
