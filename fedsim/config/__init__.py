@@ -10,7 +10,8 @@ from fedsim.config.loading import (
     parse_scenario,
     scenario_json_schema,
 )
-from fedsim.config.schema import ClientGroup, Distribution, Link, Scenario
+from fedsim.config.network import Link
+from fedsim.config.schema import ClientGroup, Distribution, Scenario
 
 __all__ = [
     "ClientGroup",

@@ -203,3 +203,9 @@ Distribution = Annotated[
     # the JSON Schema says what is accepted: a bare number (a constant's value) or a tagged one
     BeforeValidator(number_is_constant, json_schema_input_type=Seconds | _TaggedDistribution),
 ]
+
+
+def zero_seconds(description: str) -> Any:
+    """A :data:`Distribution` field that defaults to the constant 0 (no delay, no compute
+    time): a link's or an aggregator's latency, a group's speed."""
+    return Field(default_factory=lambda: Constant(value=0.0), description=description)

@@ -29,7 +29,6 @@ from fedsim.config.aggregation import (
 from fedsim.config.compression import Compression
 from fedsim.config.dataset import Dataset
 from fedsim.config.distributions import (
-    AggregatorCount,
     BatchSize,
     ClientCount,
     Constant,
@@ -38,14 +37,11 @@ from fedsim.config.distributions import (
     Exponential,
     Fraction,
     LogNormal,
-    MessageBytes,
     OpenUnit,
     PositiveInt,
     PositiveSeconds,
-    Probability,
     RoundCount,
     Scale,
-    Seconds,
     Seed,
     ShardCount,
     ShiftedExponential,
@@ -55,9 +51,11 @@ from fedsim.config.distributions import (
     Uniform,
     VersionCount,
     WindowCount,
+    zero_seconds,
 )
 from fedsim.config.factory import FactoryReference, OptionValue
 from fedsim.config.features import DpPca, too_many_components
+from fedsim.config.network import Aggregators, Link, LinkOverride, Network
 from fedsim.config.posture import (
     Budget,
     Clip,
@@ -208,66 +206,6 @@ class Availability(_Strict):
 
 
 # ---------------------------------------------------------------------------------------------
-# Network
-
-
-class Link(_Strict):
-    """One direction of the network: per-message latency, losses, and bandwidth."""
-
-    latency: Distribution = Field(
-        default_factory=lambda: Constant(value=0.0),
-        description="The delay of each message, in virtual seconds.")
-    drop: Probability = Field(default=0.0, description="The probability that a message is lost.")
-    duplicate: Probability = Field(
-        default=0.0, description="The probability that a message is delivered twice.")
-    reorder: Probability = Field(
-        default=0.0, description="The probability that a message is held back behind later ones.")
-    bandwidth_bytes_per_s: Annotated[float, Field(ge=1.0, le=1e15, allow_inf_nan=False)] | None \
-        = Field(default=None, description="Bytes per second (1 to 10^15), which adds a transfer time "
-                "to each message; omitted, transfers take no time.")
-
-
-class LinkOverride(_Strict):
-    """Per-group network settings; unset fields inherit the scenario's ``network``."""
-
-    uplink: Link | None = Field(
-        default=None, description="The link that carries the group's messages to the server.")
-    downlink: Link | None = Field(
-        default=None, description="The link that carries the server's messages to the group.")
-
-
-class Network(_Strict):
-    """The links between every client and the server."""
-
-    uplink: Link = Field(default_factory=Link,
-                         description="The link that carries client-to-server messages.")
-    downlink: Link = Field(default_factory=Link,
-                           description="The link that carries server-to-client messages.")
-    max_message_bytes: MessageBytes = Field(
-        default=64 * 1024 * 1024, description="The largest message the network carries, in bytes "
-        "(at most 1 GiB); a model must fit in one.")
-
-
-class Aggregators(_Strict):
-    """Aggregation nodes between the clients and the server (each update goes through one;
-    docs/DEPLOYMENT.md, "Aggregation nodes")."""
-
-    count: AggregatorCount = Field(
-        default=0, description=f"How many aggregators (0 to {limits.MAX_AGGREGATORS}); 0: updates "
-        "go straight to the server.")
-    latency: Distribution = Field(
-        default_factory=lambda: Constant(value=0.0),
-        description="The delay of each message between an aggregator and the server, in "
-        "virtual seconds.")
-    drop: Probability = Field(
-        default=0.0, description="The probability that a message between an aggregator and "
-        "the server is lost.")
-    wait: Seconds | None = Field(
-        default=None, description="How long the server waits for the aggregators' partials "
-        "after a window's end, in seconds; omitted, one window.")
-
-
-# ---------------------------------------------------------------------------------------------
 # Clients
 
 
@@ -303,9 +241,8 @@ class ClientGroup(_Strict):
     rounds: RoundCount | None = Field(
         default=None, description="After this many rounds a client stops (done); needed by schedules "
         "that are calibrated over a fixed number of rounds.")
-    speed: Distribution = Field(
-        default_factory=lambda: Constant(value=0.0),
-        description="Virtual seconds of compute per sample gradient. 0 (the default) makes "
+    speed: Distribution = zero_seconds(
+        "Virtual seconds of compute per sample gradient. 0 (the default) makes "
         "rounds take no virtual time: allowed only where rounds, a budget or a staleness rule "
         "bound or pace them.")
     availability: Availability = Field(

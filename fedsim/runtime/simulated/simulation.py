@@ -32,7 +32,7 @@ import torch
 
 from fedsim.atomic import FileSystemSync
 from fedsim.config.loading import LoadedScenario, dump_scenario
-from fedsim.config.schema import Link
+from fedsim.config.network import Link
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.logging import client_event_level, get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
