@@ -154,6 +154,7 @@ class PrivacyLedger:
         enforcing = accountant if make_accountant_class(accountant).is_guarantee \
             else ENFORCEMENT_FALLBACK
         self._tally = LedgerTally(records)  # the records are on disk (ledger_tally)
+        self._viewed: tuple[LedgerRecord, ...] | None = None  # a read-only view's (open)
         self._last_hash = last_hash
         # The mark's step ceiling, raised at each spend (None: an old mark, written without).
         self._ceiling = ceiling
@@ -213,8 +214,10 @@ class PrivacyLedger:
                            budget.to_json() if budget else None)
         if read_only:
             view = read_view(path, header)
-            return cls(path, client_id, sampling, budget, accountant, view.records,
-                       view.last_hash, resume_at=view.resume_at, ceiling=view.ceiling)
+            viewed = cls(path, client_id, sampling, budget, accountant, view.records,
+                         view.last_hash, resume_at=view.resume_at, ceiling=view.ceiling)
+            viewed._viewed = tuple(view.records)  # a view never grows: kept, not read again
+            return viewed
         found = open_file(path, header, directory, fsync=fsync)
         try:
             ledger = cls(path, client_id, sampling, budget, accountant, found.records,
@@ -340,7 +343,9 @@ class PrivacyLedger:
         their tally (:mod:`fedsim.privacy.ledger_tally`). It reads the whole file, for
         reports and checks, not for a round's path. Raises :class:`LedgerError` if the file no
         longer holds what this ledger recorded (cut, or replaced: its chain must end where
-        this ledger's did)."""
+        this ledger's did). A read-only view returns the records its open verified."""
+        if self._viewed is not None:
+            return self._viewed
         parsed = read_verified(self._path, read_regular(self._path))
         count = self._tally.count
         if len(parsed.records) < count:
