@@ -52,6 +52,15 @@ def decided_as_a_fresh_accountant(ledger: PrivacyLedger, budget: float,
     return answers
 
 
+def spend_while_it_fits(ledger: PrivacyLedger, round_steps: list[GaussianStep]) -> int:
+    """Spend ``round_steps`` round after round until the ledger refuses one; how many it took."""
+    released = 0
+    while ledger.can_spend(round_steps):
+        ledger.spend(round_steps, time=float(released), round=released)
+        released += 1
+    return released
+
+
 class Evaluations:
     """Counts eps evaluations of the pld accountant (the ledger's enforcing one)."""
 
@@ -93,10 +102,7 @@ def test_unchanged_posture_is_answered_by_counting(tmp_path: Path,
     step = GaussianStep("poisson", 0.01, 1.5, 2)
     evaluations = Evaluations(monkeypatch)
     with open_ledger(tmp_path / "l.jsonl", "poisson", 0.6) as ledger:
-        released = 0
-        while ledger.can_spend(step):
-            ledger.spend(step, time=float(released), round=released)
-            released += 1
+        released = spend_while_it_fits(ledger, [step])
         checks = released + 1
         # O(log T) evaluations for the whole run, not one (or more) per check
         assert released > 100 and evaluations.count <= 3 * math.log2(2 * released) + 6, \
@@ -429,10 +435,7 @@ def test_an_unchanged_round_of_several_kinds_is_answered_by_counting(
     round_steps = [GaussianStep("poisson", 0.01, 1.0), GaussianStep("poisson", 1.0, 20.0)]
     evaluations = Evaluations(monkeypatch)
     with open_ledger(tmp_path / "l.jsonl", "poisson", 8.0) as ledger:
-        released = 0
-        while ledger.can_spend(round_steps):
-            ledger.spend(round_steps, time=float(released), round=released)
-            released += 1
+        released = spend_while_it_fits(ledger, round_steps)
         assert released == 1036  # the fresh accountant's boundary, below and above
         assert fresh_decision(ledger.steps, [], 8.0)
         assert not fresh_decision(ledger.steps, round_steps, 8.0)
