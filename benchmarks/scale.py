@@ -750,9 +750,9 @@ def client_allocations(clients: int) -> dict[str, int]:
     message-only run of ``clients`` (under the directory lock; see ``--per-client``)."""
     import gc
 
-    from fedsim.runtime.simulated import simulation
+    from fedsim.runtime.simulated import run_ledgers
 
-    simulation.ledger_handles_fit = lambda _ledgers: False  # as from 9,870 clients
+    run_ledgers.ledger_handles_fit = lambda _ledgers: False  # as from 9,870 clients
     loaded = scaled(clients, 61.0, cross_device=True)
     population = build_population(loaded)
     snapshots: list[tracemalloc.Snapshot] = []

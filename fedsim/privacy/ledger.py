@@ -99,9 +99,9 @@ from fedsim.privacy.events import (
     TunedSelection,
     group_steps,
 )
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
-    DirectoryLock,
     LedgerRecord,
     MarkFile,
     append_durably,
@@ -197,7 +197,7 @@ class PrivacyLedger:
         is refused as damage: :func:`~fedsim.privacy.ledger_file.complete_lines`) is skipped,
         not cut off, the chain and (if present) the high-water mark are checked, and
         :meth:`spend` raises. ``directory``: the
-        :class:`~fedsim.privacy.ledger_file.DirectoryLock` of the ledger's directory, held by
+        :class:`~fedsim.privacy.ledger_directory_lock.DirectoryLock` of the ledger's directory, held by
         this process; the ledger then keeps no file open between spends.
 
         ``fsync=False``: a spend is written through to the operating system before it returns

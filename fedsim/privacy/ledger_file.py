@@ -27,15 +27,8 @@ refuses to write once it does not: of two writers that a replaced mark let in, t
 held the lock stops at its next spend. A ledger file without a mark is refused for writing
 (records may have been cut off with it); read-only views verify its chain alone.
 
-*Many ledgers in one process* (a simulation of 10^4-10^5 clients; a held ledger costs two
-file descriptors, and common limits are 1,024-20,000): the process takes a
-:class:`DirectoryLock`, an exclusive ``flock`` on the ledgers' directory itself, held for the
-run. Each ledger opened under it takes its own lock to open (so a ledger another writer holds
-is refused), then keeps no file open: a spend opens, appends, fsyncs and closes the ledger,
-then the mark. Every writer of a single ledger checks, after taking that ledger's lock, that
-no process holds its directory's lock (:func:`check_directory_free`), so whichever of the two
-comes second fails at open; inside the process the directory lock refuses a second open of
-the same ledger. One descriptor for any number of ledgers, and the same files byte for byte.
+*Many ledgers in one process* (10^4-10^5 clients in one simulation) share one lock on their
+directory and keep no file open between spends: :mod:`fedsim.privacy.ledger_directory_lock`.
 
 Threat model: this detects accidents and careless edits (a cut file, a hand-edited value, a
 deleted or duplicated line, a lost mark). It is not a signature: whoever can rewrite both
@@ -55,7 +48,6 @@ import json
 import math
 import os
 import shutil
-import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +62,7 @@ from fedsim.privacy.events import (
     Sampling,
     TunedSelection,
 )
+from fedsim.privacy.ledger_directory_lock import check_directory_free, file_identity
 from fedsim.privacy.ledger_mark import (
     MARK_FILE_BYTES,
     Mark,
@@ -158,7 +151,8 @@ class MarkFile:
     """The high-water mark file, opened and exclusively locked (``flock``) until closed."""
 
     def __init__(self, path: Path, *, create: bool, directory_held: bool = False) -> None:
-        """``directory_held``: this process holds the directory's :class:`DirectoryLock`
+        """``directory_held``: this process holds the directory's
+        :class:`~fedsim.privacy.ledger_directory_lock.DirectoryLock`
         (else a directory locked by anyone refuses the ledger)."""
         self.path = path
         if fcntl is None:  # pragma: no cover
@@ -175,7 +169,7 @@ class MarkFile:
             raise LedgerError(
                 f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
                 f"handle holds its lock); one ledger has one writer")
-        self._identity = _identity(os.fstat(self._fd))
+        self._identity = file_identity(os.fstat(self._fd))
         self.slot: int | None = None  # the slot of the newest mark read or written
         self.other_damaged = False  # the other slot, when read, held a damaged mark
         try:
@@ -190,7 +184,7 @@ class MarkFile:
         """Raise :class:`LedgerError` unless the mark's name still leads to the file this
         object locked (a replaced or removed mark no longer excludes a second writer)."""
         try:
-            current: tuple[int, int] | None = _identity(os.stat(self.path))
+            current: tuple[int, int] | None = file_identity(os.stat(self.path))
         except FileNotFoundError:
             current = None
         if current != self._identity:
@@ -240,134 +234,6 @@ class MarkFile:
         if self._fd >= 0:
             os.close(self._fd)  # releases the lock
             self._fd = -1
-
-
-def _identity(status: os.stat_result) -> tuple[int, int]:
-    return status.st_dev, status.st_ino
-
-
-def _directory_fd(directory: Path) -> int:
-    try:
-        return os.open(directory, os.O_RDONLY)
-    except FileNotFoundError:
-        raise LedgerError(f"{directory}: no such ledger directory") from None
-
-
-def check_directory_free(directory: Path) -> None:
-    """Refuse to write a ledger in ``directory`` while a process holds its
-    :class:`DirectoryLock` (a run writing every ledger there)."""
-    if fcntl is None:  # pragma: no cover
-        return
-    fd = _directory_fd(directory)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        raise LedgerError(
-            f"{directory}: a run holds this directory's ledgers (its lock); one ledger has one "
-            f"writer") from None
-    finally:
-        os.close(fd)  # releases the shared lock at once
-
-
-_FileKey = tuple[tuple[int, int], str]
-"""A file as (its directory's (device, inode), its name)."""
-
-
-class DirectoryLock:
-    """An exclusive ``flock`` on a directory of ledgers, held by the one process that writes
-    them (see the module docstring): its ledgers keep no file open between spends."""
-
-    def __init__(self, directory: Path) -> None:
-        if fcntl is None:  # pragma: no cover
-            raise LedgerError("ledger locking needs a POSIX system (fcntl)")
-        self.directory = Path(directory)
-        # Resolved first, and the resolved path opened and locked: claims compare with the
-        # directory the lock is on, whatever a symlink on the way points to later.
-        self._fd = _directory_fd(self.directory.resolve())
-        if not locked_or_closed(self._fd):
-            self._fd = -1
-            raise LedgerError(
-                f"{directory}: its ledgers are open elsewhere (another process holds the "
-                f"directory's lock); one ledger has one writer")
-        self._locked = _identity(os.fstat(self._fd))
-        """The locked directory's (device, inode): what a claim's directory must be."""
-        self._claimed: dict[str, tuple[_FileKey, ...]] = {}
-        """Each claimed path (as given) -> its name here and, if another, the file it names
-        (:func:`_file_key`; one key for a plain name: 10^6 ledgers share one lock)."""
-        self._open: set[_FileKey] = set()
-
-    @property
-    def held(self) -> bool:
-        return self._fd >= 0
-
-    def claim(self, path: Path) -> None:
-        """Register ``path`` as open in this process (a second open of it is refused).
-
-        The path's directory must be the one locked (the same device and inode as the locked
-        descriptor's, whatever symlinks lead there now); the ledger is known by that directory
-        and its name, and by the file the name leads to if it is a symlink (two stats, where
-        resolving both paths took some 50 lstats: 1.5 s of set-up at 10^4 clients)."""
-        if not self.held:
-            raise LedgerError(f"{self.directory}: the directory lock was released")
-        if not _in_directory(path, self._locked):
-            raise LedgerError(f"{path}: not in the locked directory {self.directory}")
-        # Known by its name here too, whatever the name leads to: a name re-pointed, or a
-        # symlinked name replaced by the file itself (a new ledger's _create), names the file
-        # a handle of it may still be writing through that name.
-        named: _FileKey = (self._locked, path.name)
-        followed = _file_key(path, self._locked)
-        keys = (named,) if followed == named else (named, followed)
-        if any(key in self._open for key in keys):
-            raise LedgerError(f"{path}: the ledger is open elsewhere (another handle in this "
-                              f"process); one ledger has one writer")
-        self._open.update(keys)
-        self._claimed[str(path)] = keys
-
-    def release(self, path: Path) -> None:
-        self._open.difference_update(self._claimed.pop(str(path), ()))
-
-    def close(self) -> None:
-        """Release the lock (idempotent); the ledgers opened under it can no longer spend."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self._open.clear()
-        self._claimed.clear()
-
-    def __enter__(self) -> DirectoryLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _file_key(path: Path, directory: tuple[int, int]) -> _FileKey:
-    """The file ``path`` names, as (its directory's identity, its name): ``directory`` and the
-    name itself unless the name is a symlink, which is followed first and must lead to a file
-    of the same directory (elsewhere the directory's lock would not cover it: another
-    process could write it under a lock of its own)."""
-    try:
-        link = stat.S_ISLNK(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        link = False  # not there yet: created under this name
-    if not link:
-        return directory, path.name
-    try:
-        target = path.resolve()
-    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before 3.13)
-        raise LedgerError(f"{path}: its name leads nowhere ({exc})") from None
-    if not _in_directory(target, directory):
-        raise LedgerError(f"{path}: a symlink to {target}, outside the locked directory")
-    return directory, target.name
-
-
-def _in_directory(path: Path, directory: tuple[int, int]) -> bool:
-    """Whether ``path``'s directory is ``directory`` (its device and inode; False if it
-    cannot be read)."""
-    try:
-        return _identity(os.stat(path.parent)) == directory
-    except OSError:
-        return False
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -194,7 +194,7 @@ def newest_mark(data: bytes) -> FoundMark | None:
 
 def write_mark_at(path: Path, mark: Mark, slot: int, *, sync: bool = True) -> None:
     """:meth:`MarkFile.write` into ``slot`` (:func:`next_slot` of the one holding the newest)
-    through a descriptor opened for this write alone (a ledger under a :class:`~fedsim.privacy.ledger_file.DirectoryLock`,
+    through a descriptor opened for this write alone (a ledger under a :class:`~fedsim.privacy.ledger_directory_lock.DirectoryLock`,
     whose lock covers it)."""
     fd = os.open(path, os.O_RDWR)
     try:

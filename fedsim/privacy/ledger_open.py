@@ -31,8 +31,8 @@ from typing import Any
 from fedsim.atomic import read_regular
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.privacy.ledger_file import (
-    DirectoryLock,
     LedgerRecord,
     MarkFile,
     check_mark,

@@ -22,12 +22,13 @@ from fedsim.clock import Clock
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.runtime.actors.admission import group_slot
 from fedsim.runtime.actors.aggregator import AggregatorActor, aggregator_ids
-from fedsim.runtime.actors.client import ClientActor, Releases, StalenessPolicy, Trainer
+from fedsim.runtime.actors.client import ClientActor, StalenessPolicy, Trainer
 from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.actors.integrity import client_limits
+from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.population import ClientPlan, Population, step_sequence
 from fedsim.runtime.rng import ParkedStream

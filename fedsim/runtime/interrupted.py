@@ -10,7 +10,7 @@ line is running. :func:`write_interrupted_outputs`
 then writes ``clients.csv``, ``summary.json`` and ``timing.json`` from what the run had done:
 every window closed so far (``metrics.jsonl`` is written as they close) and every release in
 the ledgers (each written to them before its update was sent, and synced to the disk before
-these files: :meth:`~fedsim.runtime.simulated.simulation._Simulation.sync_ledgers`). The
+these files: :meth:`~fedsim.runtime.simulated.run_ledgers.RunLedgers.make_durable`). The
 summary says
 ``"interrupted": {"signal": ..., "partial": true}`` and its stop reason names the signal.
 """

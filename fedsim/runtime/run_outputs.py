@@ -40,8 +40,8 @@ from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.runtime.actors.client import Releases
 from fedsim.runtime.actors.exposure import privacy_caveats
+from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.actors.stops import ClientStopKind, RunStop, client_stop_phrase, stop_fields
 
 if TYPE_CHECKING:  # the plan's module imports torch; this one is read by fedsim.reporting

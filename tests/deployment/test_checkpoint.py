@@ -71,8 +71,8 @@ def _busy_server() -> ServerActor:
     server.step_size.observe(0.5)  # no improvement: the step size halves
     server.rng.random(5)
     server.last_accuracy = 0.6
-    server._evaluated_version = 9
-    server._last_evaluation = (0.6, 0.9)
+    server.evaluation.version = 9
+    server.evaluation.last = (0.6, 0.9)
     assert server.accept_status(ClientStatus("b", "training", 9, 1.5, 1e-5, "", 11.0))
     server.book.invite(12, {"a"})
     server.book.invite(13, {"b"})
@@ -95,7 +95,7 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
     assert restored.book.watermark("a") == 2 and restored.book.missing() == 9 - 2
     assert vars(restored.step_size) == vars(original.step_size)
     assert restored.statuses == original.statuses
-    assert restored.last_accuracy == 0.6 and restored._last_evaluation == (0.6, 0.9)
+    assert restored.last_accuracy == 0.6 and restored.evaluation.last == (0.6, 0.9)
     assert restored.book.invited("a", 12) and not restored.book.invited("b", 12)
     # The participation generator continues exactly where the original was.
     assert restored._invite(14) == original._invite(14)
@@ -105,7 +105,7 @@ def test_snapshot_round_trip_restores_every_field(tmp_path: Path) -> None:
 def test_renew_version_moves_forward_and_keeps_the_evaluation() -> None:
     server = _server()
     evaluated: list[np.ndarray] = []
-    server.evaluate = lambda params: evaluated.append(params) or (0.1, 2.0)
+    server.evaluation.evaluate = lambda params: evaluated.append(params) or (0.1, 2.0)
     server.restore(_busy_server().snapshot())
     step_state = dict(vars(server.step_size))
     server.renew_version()
@@ -117,7 +117,7 @@ def test_renew_version_moves_forward_and_keeps_the_evaluation() -> None:
 
 def test_a_fresh_servers_snapshot_with_nan_and_infinity_survives(tmp_path: Path) -> None:
     fresh = _server()
-    assert fresh.step_size.best == -math.inf and math.isnan(fresh._last_evaluation[0])
+    assert fresh.step_size.best == -math.inf and math.isnan(fresh.evaluation.last[0])
     checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
     checkpoint.save(fresh.snapshot())
     loaded = checkpoint.load()

@@ -19,7 +19,8 @@ from fedsim.errors import LedgerError
 from fedsim.privacy import ledger_file
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger, read_ledger_steps
-from fedsim.privacy.ledger_file import DirectoryLock, LedgerRecord, encode_record
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
+from fedsim.privacy.ledger_file import LedgerRecord, encode_record
 from fedsim.privacy.ledger_mark import mark_path
 from fedsim.privacy.ledger_repair import repair_ledger
 

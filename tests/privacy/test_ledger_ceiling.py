@@ -21,7 +21,7 @@ from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger, read_ledger_steps
-from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.privacy.ledger_mark import StepCeiling, mark_path, read_mark
 from fedsim.privacy.ledger_repair import repair_ledger
 from fedsim.reporting.ledgers import read_ledger

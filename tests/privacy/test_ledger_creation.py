@@ -13,7 +13,7 @@ import pytest
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.privacy.ledger_mark import mark_path
 
 STEP = GaussianStep("poisson", 0.02, 1.1)

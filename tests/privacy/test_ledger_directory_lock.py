@@ -14,7 +14,7 @@ import pytest
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = [GaussianStep("poisson", 0.01, 1.0 + 0.05 * (r % 7)) for r in range(30)]
@@ -137,14 +137,14 @@ def test_a_symlink_re_pointed_while_the_lock_is_taken_leads_no_claim_outside_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lock resolves its path before it opens and locks it: a re-pointing between the
     two (an attacker's review's race) cannot make it accept claims in an unlocked directory."""
-    from fedsim.privacy import ledger_file
+    from fedsim.privacy import ledger_directory_lock
 
     locked, other = tmp_path / "A", tmp_path / "B"
     locked.mkdir()
     other.mkdir()
     link = tmp_path / "ledgers"
     link.symlink_to(locked)
-    real_fd = ledger_file._directory_fd
+    real_fd = ledger_directory_lock._directory_fd
 
     def open_then_re_point(directory: Path) -> int:
         fd = real_fd(directory)
@@ -152,9 +152,9 @@ def test_a_symlink_re_pointed_while_the_lock_is_taken_leads_no_claim_outside_it(
         link.symlink_to(other)
         return fd
 
-    monkeypatch.setattr(ledger_file, "_directory_fd", open_then_re_point)
+    monkeypatch.setattr(ledger_directory_lock, "_directory_fd", open_then_re_point)
     with DirectoryLock(link) as lock:
-        monkeypatch.setattr(ledger_file, "_directory_fd", real_fd)
+        monkeypatch.setattr(ledger_directory_lock, "_directory_fd", real_fd)
         with pytest.raises(LedgerError, match="not in the locked directory"):
             lock.claim(link / "c.jsonl")
         lock.claim(locked / "c.jsonl")

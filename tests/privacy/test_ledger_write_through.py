@@ -25,7 +25,7 @@ from fedsim.config import LoadedScenario, parse_scenario
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock
+from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.privacy.ledger_mark import mark_path
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.population import build_population
@@ -83,7 +83,7 @@ def test_a_spend_that_returned_survives_the_process_being_killed(
         "from pathlib import Path\n"
         "from fedsim.privacy.events import GaussianStep\n"
         "from fedsim.privacy.ledger import Budget, PrivacyLedger\n"
-        "from fedsim.privacy.ledger_file import DirectoryLock\n"
+        "from fedsim.privacy.ledger_directory_lock import DirectoryLock\n"
         "path = Path(sys.argv[1])\n"
         "lock = DirectoryLock(path.parent) if sys.argv[2] == '1' else None\n"
         "ledger = PrivacyLedger.open(path, client_id='c', sampling='poisson',\n"

@@ -19,7 +19,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.reporting.epsilon_history import EpsilonCache
 from fedsim.reporting.plots import draw_all
-from fedsim.runtime.actors.client import Releases
+from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.population import build_population
 from fedsim.runtime.run_outputs import ClientOutcome, _client_row, _clt_figures
 from tests.runtime.test_simulation import scenario

@@ -71,15 +71,16 @@ def scenario() -> dict[str, Any]:
 _CHILD = """
 import json, resource, sys
 from pathlib import Path
+import fedsim.runtime.simulated.run_ledgers as run_ledgers
 import fedsim.runtime.simulated.simulation as simulation
 from fedsim.config import LoadedScenario, parse_scenario
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))  # below 2 x 60 + 256
 taken = []
-class Recording(simulation.DirectoryLock):
+class Recording(run_ledgers.DirectoryLock):
     def __init__(self, directory):
         taken.append(str(directory))
         super().__init__(directory)
-simulation.DirectoryLock = Recording
+run_ledgers.DirectoryLock = Recording
 loaded = LoadedScenario(parse_scenario(json.loads(sys.argv[1])), None)
 result = simulation.run_scenario(loaded, Path(sys.argv[2]))
 print(json.dumps({"locks": taken, "applied": result.summary["updates"]["applied"]}))

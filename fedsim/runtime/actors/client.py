@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -93,6 +93,7 @@ from fedsim.protocol.norms import given_up_norm, scratch
 from fedsim.runtime.actors.exposure import ClientExposure, is_invited, release_time
 from fedsim.runtime.actors.flag import Flag
 from fedsim.runtime.actors.integrity import bad_model
+from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.training.local_step import apply_local_step
@@ -101,7 +102,7 @@ from fedsim.transports.base import Endpoint
 if TYPE_CHECKING:  # the actor never imports torch itself
     from fedsim.training.rounds import RoundResult
 
-__all__ = ["ClientActor", "Ledger", "RoundRecord", "StalenessPolicy", "Trainer"]
+__all__ = ["ClientActor", "Ledger", "StalenessPolicy", "Trainer"]
 
 _log = get_logger("fedsim.runtime.actors.client")
 
@@ -143,53 +144,6 @@ class StalenessPolicy:
 
     max_versions_behind: int | None = None
     max_distance: float | None = None
-
-
-@dataclass(frozen=True, slots=True)  # one a released round, kept for the run (no dict)
-class RoundRecord:
-    """One released round, for the runtime's bookkeeping (never sent anywhere)."""
-
-    round: int
-    time: float
-    base_version: int
-    sample_grads: int
-    clip: float
-    sigma: float
-    window: int = 0  # the invitation it was begun under (0: the server invites everyone)
-
-
-@dataclass(slots=True)
-class Releases:
-    """What a client's released rounds add up to, bounded however long it runs: how many,
-    their per-example gradients, the last one. Every record is kept only where a caller lists
-    them (``kept``: a deployed client's report); a simulated run's 10^3 clients kept one a
-    round for nothing but these sums."""
-
-    count: int = 0
-    sample_grads: int = 0
-    last: RoundRecord | None = None
-    kept: list[RoundRecord] | None = None
-
-    def add(self, record: RoundRecord) -> None:
-        self.count += 1
-        self.sample_grads += record.sample_grads
-        self.last = record
-        if self.kept is not None:
-            self.kept.append(record)
-
-    def then(self, later: Releases) -> Releases:
-        """These releases followed by ``later``'s (a client's incarnations, in order); the
-        sums only."""
-        return Releases(self.count + later.count, self.sample_grads + later.sample_grads,
-                        later.last if later.last is not None else self.last)
-
-    @classmethod
-    def of(cls, records: Iterable[RoundRecord]) -> Releases:
-        """The sums of ``records`` (released in this order)."""
-        releases = cls()
-        for record in records:
-            releases.add(record)
-        return releases
 
 
 def _difference(w: np.ndarray, w0: np.ndarray) -> np.ndarray:

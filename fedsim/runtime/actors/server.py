@@ -101,20 +101,21 @@ from fedsim.protocol.messages import (
     Partial,
 )
 from fedsim.runtime.actors.admission import Pacer
-from fedsim.runtime.actors.client_book import BookState, ClientBook, Kind
+from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import (
     ClientLimits,
     Rejections,
-    bad_model,
     check_model,
 )
 from fedsim.runtime.actors.partials import PartialGroup, PartialIntake
+from fedsim.runtime.actors.server_evaluation import Evaluator, FinalEvaluation, HeldOutEvaluation
 from fedsim.runtime.actors.server_mix import mix_updates, mix_with_partials
+from fedsim.runtime.actors.server_snapshot import ServerSnapshot, check_snapshot
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.actors.window_report import WindowReport, duration_stop
 from fedsim.transports.base import Endpoint
 
-__all__ = ["ClientInfo", "FinalEvaluation", "ServerActor", "ServerSnapshot", "WindowReport",
+__all__ = ["ClientInfo", "ServerActor", "WindowReport",
            "duration_stop"]
 
 _log = get_logger("fedsim.runtime.actors.server")
@@ -135,43 +136,6 @@ class ClientInfo:
     def step_at(self, round_index: int) -> float:
         """eta_i of the client's round ``round_index``."""
         return self.step_size if self.sequence is None else float(self.sequence(round_index))
-
-
-Evaluator = Callable[[np.ndarray], tuple[float, float]]
-
-
-@dataclass(frozen=True)
-class FinalEvaluation:
-    """The held-out accuracy and loss of the model the run ends with (``version``)."""
-
-    version: int
-    accuracy: float
-    loss: float
-
-
-@dataclass(frozen=True, eq=False)
-class ServerSnapshot:
-    """Everything a restarted server needs to continue where :meth:`ServerActor.snapshot` was
-    taken: the model and its version, the client book (what was judged of each client, its
-    status, the published versions and kept invitations: :mod:`~fedsim.runtime.actors.client_book`),
-    the window count and clock time, the step-size schedule's and participation generator's
-    state and the last evaluation. Updates waiting in the current window are not part of it."""
-
-    params: np.ndarray
-    version: int
-    windows_closed: int
-    time: float
-    book: BookState
-    step_size_state: dict[str, float | int]
-    rng_state: dict[str, object]
-    last_accuracy: float | None
-    evaluated_version: int
-    last_evaluation: tuple[float, float]
-    incarnations: tuple[str, ...] = ()
-    optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
-    version_ceiling: int | None = None
-    """No version above it was published before a later snapshot (None: ``version``); a
-    restored server renews its version above it (:meth:`ServerActor.renew_version`)."""
 
 
 class ServerActor:
@@ -215,8 +179,7 @@ class ServerActor:
         self.policy: AggregationPolicy = policy if policy is not None else TimeWindows()
         self.optimizer: ServerOptimizer = optimizer if optimizer is not None else Sgd()
         self.step_size = step_size
-        self.evaluate = evaluate
-        self.eval_every = eval_every
+        self.evaluation = HeldOutEvaluation(evaluate, eval_every)
         self.broadcast_every = broadcast_every
         self.max_staleness = max_staleness
         self.participation = participation
@@ -235,8 +198,6 @@ class ServerActor:
         self.windows_closed = 0
         self.last_accuracy: float | None = None
         self._inbox: list[ClientUpdate] = []
-        self._evaluated_version = -1
-        self._last_evaluation: tuple[float, float] = (float("nan"), float("nan"))
         self._origin = 0.0  # when window 0 opened (run() sets it)
         # On-arrival policies: the open window's running report and the buffer of updates
         # accepted but not yet applied (not in the book until applied).
@@ -515,29 +476,16 @@ class ServerActor:
             self._step_model(stream.accepted, direction, bound, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
-        if self.evaluate is not None and window % self.eval_every == 0:
-            if self.version != self._evaluated_version:
-                self._last_evaluation = self.evaluate(self.params)
-                self._evaluated_version = self.version
-                # Only a changed model says anything about improvement: windows in which
-                # nothing was applied must not shrink the step size.
-                self.step_size.observe(self._last_evaluation[0])
-            report.accuracy, report.loss = self._last_evaluation
+        evaluated = self.evaluation.at_window(window, self.params, self.version, self.step_size)
+        if evaluated is not None:
+            report.accuracy, report.loss = evaluated
             self.last_accuracy = report.accuracy
         report.log_events()
         return report
 
     def evaluate_final(self) -> FinalEvaluation | None:
-        """Evaluate the model as the run leaves it (the last periodic evaluation may be of an
-        older version); an already evaluated version is not evaluated again. The step-size
-        schedule does not see it: no window follows. None without an evaluator."""
-        if self.evaluate is None:
-            return None
-        if self.version != self._evaluated_version:
-            self._last_evaluation = self.evaluate(self.params)
-            self._evaluated_version = self.version
-        accuracy, loss = self._last_evaluation
-        return FinalEvaluation(self.version, float(accuracy), float(loss))
+        """The model as the run leaves it, evaluated (:meth:`HeldOutEvaluation.final`)."""
+        return self.evaluation.final(self.params, self.version)
 
     def accept_status(self, status: ClientStatus) -> bool:
         """Keep ``status`` if it agrees with what the server saw (:meth:`ClientBook.judge_status`,
@@ -573,7 +521,7 @@ class ServerActor:
 
     # -- checkpoints ----------------------------------------------------------------------
     def snapshot(self) -> ServerSnapshot:
-        """The server's state between windows (see :class:`ServerSnapshot`)."""
+        """The server's state between windows (see :class:`~fedsim.runtime.actors.server_snapshot.ServerSnapshot`)."""
         return ServerSnapshot(
             params=self.params.copy(),
             version=self.version,
@@ -583,8 +531,8 @@ class ServerActor:
             step_size_state=self.step_size.state_dict(),
             rng_state=dict(self.rng.bit_generator.state),
             last_accuracy=self.last_accuracy,
-            evaluated_version=self._evaluated_version,
-            last_evaluation=self._last_evaluation,
+            evaluated_version=self.evaluation.version,
+            last_evaluation=self.evaluation.last,
             incarnations=self.incarnations,
             optimizer_state=self.optimizer.state(),
         )
@@ -592,13 +540,7 @@ class ServerActor:
     def restore(self, snapshot: ServerSnapshot) -> None:
         """Continue from ``snapshot`` (call before :meth:`run`): the version never goes back and
         an update applied before the snapshot is never applied again."""
-        if snapshot.params.shape != self.params.shape:
-            raise ConfigError(
-                f"snapshot has {snapshot.params.size} parameters, the model {self.params.size}"
-            )
-        problem = bad_model(np.asarray(snapshot.params), self.params.size)
-        if problem:
-            raise ConfigError(f"snapshot's model is unusable: {problem}")
+        check_snapshot(snapshot, self.params.size)
         self.params = np.asarray(snapshot.params, dtype=np.float32).copy()
         self.version = snapshot.version
         self.windows_closed = snapshot.windows_closed
@@ -607,8 +549,8 @@ class ServerActor:
         self.step_size.load_state_dict(snapshot.step_size_state)
         self.rng.bit_generator.state = snapshot.rng_state
         self.last_accuracy = snapshot.last_accuracy
-        self._evaluated_version = snapshot.evaluated_version
-        self._last_evaluation = snapshot.last_evaluation
+        self.evaluation.version = snapshot.evaluated_version
+        self.evaluation.last = snapshot.last_evaluation
         self.optimizer.load_state(snapshot.optimizer_state)
         self._renew_above = snapshot.version if snapshot.version_ceiling is None \
             else max(snapshot.version, snapshot.version_ceiling)
@@ -623,8 +565,7 @@ class ServerActor:
         deployed server under an on-arrival policy publishes models between checkpoints, and a
         client ignores any version not newer than the one it holds."""
         renewed = max(self.version, self._renew_above) + 1
-        if self._evaluated_version == self.version:
-            self._evaluated_version = renewed
+        self.evaluation.renew(self.version, renewed)
         self.version = renewed
 
     def earliest_publish(self, next_update_arrival: float) -> float:

@@ -2,7 +2,7 @@
 
 A checkpoint is one file, ``<state dir>/server.ckpt``: a numpy ``.npz`` archive (no pickle)
 holding the flat float32 model as ``params`` and everything else of a
-:class:`~fedsim.runtime.actors.server.ServerSnapshot` (version and version ceiling, window
+:class:`~fedsim.runtime.actors.server_snapshot.ServerSnapshot` (version and version ceiling, window
 count, clock time, the client book - per client a watermark and a bitmap of at most 1024
 rounds, its status, the published versions as runs, the kept invitations: ``O(clients)``, not
 ``O(updates)``, :mod:`fedsim.runtime.actors.client_book` - step-size and participation-generator
@@ -42,7 +42,7 @@ import numpy as np
 from fedsim.atomic import locked_or_closed, write_atomically
 from fedsim.errors import FedsimError
 from fedsim.runtime.actors.client_book import BookState
-from fedsim.runtime.actors.server import ServerSnapshot
+from fedsim.runtime.actors.server_snapshot import ServerSnapshot
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint", "ServerStateLock"]
 

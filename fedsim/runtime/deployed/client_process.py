@@ -23,8 +23,9 @@ from fedsim.errors import LedgerError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
-from fedsim.runtime.actors.client import ClientActor, Releases
+from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
+from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
 from fedsim.runtime.assembly import (
     aggregator_wait,

@@ -30,7 +30,7 @@ from fedsim.data.load import dataset_file, scenario_data
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
-from fedsim.runtime.actors.client import Releases, RoundRecord
+from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.deployment import run_name

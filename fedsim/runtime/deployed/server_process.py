@@ -46,7 +46,8 @@ from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, RunFinished
 from fedsim.runtime.actors.client_book import BookState, ClientBook
 from fedsim.runtime.actors.integrity import window_refusals
-from fedsim.runtime.actors.server import ServerActor, ServerSnapshot, WindowReport
+from fedsim.runtime.actors.server import ServerActor, WindowReport
+from fedsim.runtime.actors.server_snapshot import ServerSnapshot
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, stop_fields
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.assembly import make_evaluator, make_server_actor

@@ -6,7 +6,7 @@ File descriptors: a held ledger keeps two open (its file and its locked high-wat
 a simulation of N clients needs 2N + a few under ``RLIMIT_NOFILE`` (often 1,024 soft; this
 project's CI machine: 20,000). :func:`ledger_handles_fit` raises the soft limit up to the hard
 one when that is enough; when it is not, the simulation writes its ledgers under one
-directory lock instead (:class:`fedsim.privacy.ledger_file.DirectoryLock`: one descriptor for
+directory lock instead (:class:`fedsim.privacy.ledger_directory_lock.DirectoryLock`: one descriptor for
 all, the same files and the same one-writer guarantee).
 
 The cyclic garbage collector: a run's long-lived objects (the population, its ledgers and

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time as wallclock
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,19 +30,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.atomic import FileSystemSync
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.network import Link
-from fedsim.errors import ConfigError, LedgerError
-from fedsim.logging import client_event_level, get_logger, set_population
+from fedsim.logging import get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.privacy.ledger_file import DirectoryLock
 from fedsim.protocol.norms import measured_for_sender
 from fedsim.runtime.actors.aggregator import aggregator_ids
-from fedsim.runtime.actors.client import ClientActor, Releases, RoundRecord, Trainer
+from fedsim.runtime.actors.client import Trainer
 from fedsim.runtime.actors.exposure import client_exposure, invitation_positions
+from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.actors.server import ServerActor, WindowReport
-from fedsim.runtime.actors.stops import ClientStopKind, RunStop
+from fedsim.runtime.actors.stops import RunStop
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.runtime.allocator import release_free_memory
 from fedsim.runtime.assembly import (
@@ -50,8 +48,6 @@ from fedsim.runtime.assembly import (
     make_client_actor,
     make_evaluator,
     make_server_actor,
-    open_ledger,
-    toggle_availability,
 )
 from fedsim.runtime.dp_pca import pca_components, release_projection
 from fedsim.runtime.population import BatchedTrainer, ClientPlan, Population, build_population
@@ -60,21 +56,20 @@ from fedsim.runtime.run_outputs import (
     LEDGER_DIR,
     METRICS_FILE,
     SCENARIO_FILE,
-    ClientOutcome,
     RunRecord,
     StoppedClient,
     check_unused,
     client_rows,
     json_line,
-    ledger_file,
     write_run_outputs,
 )
+from fedsim.runtime.simulated.availability import ClientRecord, crashes_and_rejoins, on_off_periods
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.memory import (
-    ledger_handles_fit,
     long_lived_spared,
     speed_streams_parked,
 )
+from fedsim.runtime.simulated.run_ledgers import RunLedgers
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.rounds import PendingRound
 from fedsim.transports.link_model import LinkModel
@@ -106,54 +101,6 @@ def _link_model(link: Link) -> LinkModel:
         reorder=link.reorder,
         bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
     )
-
-
-@dataclass(eq=False, slots=True)
-class ClientRecord:
-    """A client's runtime state across crashes."""
-
-    plan: ClientPlan
-    trainer: Trainer
-    ledger: PrivacyLedger  # its path is the client's ledger file (reopened after a crash)
-    actor: ClientActor | None = None
-    task: asyncio.Task[None] | None = None
-    online: bool = True
-    crashed_for_good: bool = False
-    crashes: int = 0
-    earlier: Releases = field(default_factory=Releases)  # earlier incarnations' releases
-    history: list[RoundRecord] | None = None  # every released round (run_scenario keep_history)
-
-    def releases(self) -> Releases:
-        """Rounds released by every incarnation of this client (crashes included), summed."""
-        return self.earlier if self.actor is None else self.earlier.then(self.actor.releases)
-
-    def released_rounds(self) -> list[RoundRecord]:
-        """Every round released by every incarnation, in order: only a run with
-        ``keep_history`` keeps them (they grow with the run's length)."""
-        if self.history is None:
-            raise ConfigError("released rounds are kept only by run_scenario(..., "
-                              "keep_history=True); releases() has their sums")
-        return list(self.history)
-
-    @property
-    def state(self) -> str:
-        """The current incarnation's state; "crashed" while down (for now or for good)."""
-        return self.actor.state if self.actor is not None else "crashed"
-
-    @property
-    def finished(self) -> bool:
-        """Will never train again: budget spent, rounds done, or crashed without rejoining."""
-        return self.crashed_for_good or (
-            self.actor is not None and self.actor.state in FINISHED_STATES
-        )
-
-    def outcome(self) -> ClientOutcome:
-        actor = self.actor
-        return ClientOutcome(
-            self.plan, self.ledger, self.state, self.releases(), self.finished,
-            randomness=actor.randomness if actor is not None else "",
-            timing_overruns=actor.timing_overruns if actor is not None else 0,
-        )
 
 
 @dataclass
@@ -241,12 +188,8 @@ class _Simulation:
         self._positions = invitation_positions(p.client_id for p in population.plans)
         self._dropped_seen = 0
         self._late_partials = 0
-        self.directory_lock: DirectoryLock | None = None
-        self.ledger_sync: FileSystemSync | None = None  # opened before the first spend
-        self.fsync_each_spend = not FileSystemSync.AVAILABLE  # else written through, synced once
+        self.ledgers: RunLedgers | None = None  # opened with the run (main)
         self._spare_set_up: Callable[[], None] = lambda: None  # see memory.long_lived_spared
-        """Held for the run when the clients' ledgers cannot each keep their files open
-        (more than ``RLIMIT_NOFILE`` allows, :func:`~fedsim.runtime.simulated.memory.ledger_handles_fit`)."""
         self._metrics_file: io.TextIOBase | None = None
         self.final_evaluation: dict[str, Any] | None = None
 
@@ -301,6 +244,15 @@ class _Simulation:
         client.actor = actor
         client.task = asyncio.create_task(actor.run(), name=f"client-{plan.client_id}")
 
+    def _rejoin(self, client: ClientRecord, clock: VirtualClock,
+                network: SimulatedNetwork) -> None:
+        """A crashed client's new process: it re-reads its ledger from disk (spending is
+        never forgotten) and starts a new actor."""
+        assert self.ledgers is not None
+        client.ledger.close()
+        client.ledger = self.ledgers.open(client.plan)
+        self._start_actor(client, clock, network)
+
     def _start_aggregators(self, clock: VirtualClock,
                            network: SimulatedNetwork) -> list[asyncio.Task[None]]:
         """The scenario's aggregation nodes, each on its endpoint (none: an empty list)."""
@@ -308,72 +260,6 @@ class _Simulation:
             self.population, aggregator_id, clock=clock,
             endpoint=network.aggregator_endpoint(aggregator_id)).run(), name=aggregator_id)
             for aggregator_id in network.aggregator_ids]
-
-    # -- availability ---------------------------------------------------------------------------
-    def _on_off(
-        self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork
-    ) -> Coroutine[Any, Any, None]:
-        """The client's on/off periods: its network link and (current) actor go down and up."""
-
-        def set_online(online: bool) -> None:
-            client.online = online
-            network.set_online(client.plan.client_id, online)
-            if client.actor is not None:
-                client.actor.set_online(online)
-
-        rng = self.population.tree.numpy("client", client.plan.client_id, "availability")
-        return toggle_availability(client.plan, clock, rng, set_online)
-
-    async def _crashes(
-        self, client: ClientRecord, clock: VirtualClock, network: SimulatedNetwork
-    ) -> None:
-        crashes = client.plan.group.availability.crashes
-        assert crashes is not None
-        rng = self.population.tree.numpy("client", client.plan.client_id, "crashes")
-        while True:
-            await clock.sleep(crashes.every.sample(rng))
-            if client.finished or client.task is None:
-                return
-            client.task.cancel()
-            try:
-                await client.task
-            except asyncio.CancelledError:
-                # The actor's cancel, expected; but this helper's own (the run ended at this
-                # instant) must end it: swallowed, it went on to restart the client, whose new
-                # actor then trained for ever with no server to end it.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-            client.crashes += 1
-            if client.actor is not None:
-                client.earlier = client.earlier.then(client.actor.releases)
-                client.actor = None
-            _log.log(client_event_level(), "client crashed", client=client.plan.client_id,
-                     time=clock.now())
-            if crashes.rejoin_after is None:
-                client.crashed_for_good = True
-                self.stopped.append(
-                    {
-                        "client_id": client.plan.client_id,
-                        "time": clock.now(),
-                        "reason": "crashed and did not rejoin",
-                        "kind": ClientStopKind.CRASHED,
-                    }
-                )
-                return
-            await clock.sleep(crashes.rejoin_after.sample(rng))
-            # A restarted process re-reads its ledger from disk: spending is never forgotten.
-            client.ledger.close()
-            client.ledger = open_ledger(client.plan, client.ledger.path, self.directory_lock,
-                                        fsync=self.fsync_each_spend)
-            self._start_actor(client, clock, network)
-            _log.log(
-                client_event_level(),
-                "client rejoined",
-                client=client.plan.client_id,
-                time=clock.now(),
-                next_round=client.actor.next_round if client.actor else None,
-            )
 
     # -- per-window bookkeeping ------------------------------------------------------------------
     def _remaining_epsilon(self, client: ClientRecord) -> float | None:
@@ -455,45 +341,23 @@ class _Simulation:
         return self.stop_reason is not None
 
     # -- the run --------------------------------------------------------------------------------
-    def sync_ledgers(self) -> None:
-        """Make every ledger's spends durable, in one file-system sync (they were written
-        through, not fsynced: :meth:`_open_ledgers`), before the outputs that report them.
-        Raises :class:`LedgerError` if the disk failed to take them."""
-        sync, self.ledger_sync = self.ledger_sync, None
-        if sync is None:
-            return  # none opened (no syncfs here: every spend was fsynced), or done
-        try:
-            sync.sync()
-        except OSError as exc:
-            raise LedgerError(
-                f"{sync.directory}: the run's ledgers could not be made durable ({exc}); "
-                f"nothing more was written. Check the disk, then `fedsim ledger check` the "
-                f"ledgers: what they hold now is what the run spent, unless the machine "
-                f"stops before they reach the disk") from None
-        finally:
-            sync.close()
-
-    def sync_ledgers_if_open(self) -> None:
-        """:meth:`sync_ledgers` for a run that failed or was interrupted: a failure is
-        logged, not raised (the run's own error, or its partial outputs, come first)."""
-        try:
-            self.sync_ledgers()
-        except LedgerError as exc:
-            _log.error("ledgers not made durable", error=str(exc))
+    def make_ledgers_durable(self, *, or_log: bool = False) -> None:
+        """The run's ledgers' spends made durable (:meth:`RunLedgers.make_durable`; a run
+        that failed or was interrupted: ``or_log``, a failure logged, not raised)."""
+        if self.ledgers is None:
+            return  # none opened
+        if or_log:
+            self.ledgers.make_durable_or_log()
+        else:
+            self.ledgers.make_durable()
 
     def _open_ledgers(self) -> dict[str, PrivacyLedger]:
         """Every client's ledger, with the DP-PCA releases charged to them and their shared
         projection applied to the population (before anything holds its features); a DP
         normalisation is charged later, by each client's trainer."""
         population = self.population
-        # Written through at each spend, made durable together before the outputs
-        # (sync_ledgers; fedsim.privacy.ledger's "Durability rule"). Without syncfs(2) (not
-        # Linux) each spend is fsynced instead.
-        if not self.fsync_each_spend:
-            self.ledger_sync = FileSystemSync(self.out_dir / LEDGER_DIR)
-        ledgers = {plan.client_id: open_ledger(plan, ledger_file(self.out_dir, plan.client_id),
-                                               self.directory_lock, fsync=self.fsync_each_spend)
-                   for plan in population.plans}
+        run_ledgers = self.ledgers = RunLedgers(self.out_dir, len(population.plans))
+        ledgers = {plan.client_id: run_ledgers.open(plan) for plan in population.plans}
         if pca_components(self.scenario) is not None:
             population.project(release_projection(
                 population, ledgers, self.out_dir / LEDGER_DIR, message_only=self.message_only))
@@ -503,9 +367,6 @@ class _Simulation:
         setup_started = wallclock.perf_counter()
         population = self.population
         network = self._network(clock)
-        (self.out_dir / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
-        if not ledger_handles_fit(len(population.plans)):
-            self.directory_lock = DirectoryLock(self.out_dir / LEDGER_DIR)
         ledgers = self._open_ledgers()
         # One batcher for the run: the rounds clients begin are computed together when the
         # first of them is needed (see fedsim.training.batched).
@@ -539,9 +400,12 @@ class _Simulation:
                 self._start_actor(client, clock, network)
                 availability = client.plan.group.availability
                 if availability.online is not None:
-                    tasks.append(asyncio.create_task(self._on_off(client, clock, network)))
+                    tasks.append(asyncio.create_task(
+                        on_off_periods(client, clock, network, population.tree)))
                 if availability.crashes is not None:
-                    tasks.append(asyncio.create_task(self._crashes(client, clock, network)))
+                    tasks.append(asyncio.create_task(crashes_and_rejoins(
+                        client, clock, population.tree, stopped=self.stopped,
+                        rejoin=lambda c: self._rejoin(c, clock, network))))
             self.setup_seconds = wallclock.perf_counter() - setup_started
             self._spare_set_up()  # the clients, ledgers and actors live for the run
             try:
@@ -637,22 +501,22 @@ def run_scenario(
         started = wallclock.perf_counter()
         try:
             server, wall_seconds = sim.run()
-            sim.sync_ledgers()
+            sim.make_ledgers_durable()
             record = sim.record(server, wall_seconds)
             rows = client_rows(record)
             summary = write_run_outputs(record, rows)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under fedsim.runtime.interrupted
             from fedsim.runtime.interrupted import write_interrupted_outputs
 
-            sim.sync_ledgers_if_open()
+            sim.make_ledgers_durable(or_log=True)
             write_interrupted_outputs(sim, wallclock.perf_counter() - started)
             raise
         finally:
-            sim.sync_ledgers_if_open()  # a failed run's (done already on the two paths above)
+            sim.make_ledgers_durable(or_log=True)  # a failed run's (done on the paths above)
             for client in sim.clients.values():
                 client.ledger.close()
-            if sim.directory_lock is not None:
-                sim.directory_lock.close()
+            if sim.ledgers is not None:
+                sim.ledgers.close()
     finally:
         torch.set_num_threads(previous_threads)
     return RunResult(
