@@ -221,7 +221,8 @@ def _header_for(
         return header, None, None
     if isinstance(message, WindowClose):
         header = CloseHeader(kind="close", incarnation=incarnation, window=message.window,
-                             version=message.version, sent_at=float(message.sent_at))
+                             version=message.version, sent_at=float(message.sent_at),
+                             watermarks=tuple(message.watermarks))
         return header, None, None
     if isinstance(message, Partial):
         header = PartialHeader(
@@ -276,9 +277,12 @@ def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
         header, tensor, norm = _header_for(message, incarnation, lineage, measure=measure)
     except ValidationError as exc:
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
-    # An uncompressed update's header is what it was before compression existed.
+    # An uncompressed update's header is what it was before compression existed, a close
+    # without watermarks what it was before them.
     plain = isinstance(header, UpdateHeader) and header.compression is None
-    header_json = header.model_dump_json(exclude={"compression"} if plain else None).encode()
+    quiet = isinstance(header, CloseHeader) and not header.watermarks
+    header_json = header.model_dump_json(
+        exclude={"compression"} if plain else {"watermarks"} if quiet else None).encode()
     size = PREFIX_BYTES + len(header_json)
     if isinstance(tensor, np.ndarray):
         size += _FLOAT32.itemsize * tensor.size
@@ -493,8 +497,8 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
     if isinstance(header, CloseHeader):
         if body_bytes:
             raise CodecError(f"close message carries {body_bytes} unexpected trailing bytes")
-        return Frame(WindowClose(header.window, header.version, header.sent_at),
-                     header.incarnation)
+        return Frame(WindowClose(header.window, header.version, header.sent_at,
+                                 tuple(header.watermarks)), header.incarnation)
 
     (length,) = header.tensor.shape
     if isinstance(header, PartialHeader):

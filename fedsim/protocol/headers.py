@@ -41,6 +41,9 @@ MAX_PARTIAL_GROUPS = 64
 """At most this many base versions (one sum each) in one partial."""
 MAX_WEIGHT = 1e15
 """The largest mixing weight a manifest entry may carry (data set sizes, configured weights)."""
+MAX_CLOSE_WATERMARKS = 512
+"""At most this many clients' watermarks in one window close (the rest wait for the next; a
+header stays within the codec's 64 KiB)."""
 _NonNegativeInt = Annotated[int, Field(ge=0)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
 Incarnation = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,32}$")]
@@ -113,6 +116,8 @@ class CloseHeader(_Header):
     window: _Counter
     version: _Counter
     sent_at: _FiniteFloat
+    watermarks: tuple[tuple[ClientId, _Counter], ...] = Field(default=(),
+                                                             max_length=MAX_CLOSE_WATERMARKS)
 
 
 _Weight = Annotated[float, Field(ge=0.0, le=MAX_WEIGHT, allow_inf_nan=False)]

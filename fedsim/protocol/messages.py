@@ -112,11 +112,16 @@ class WindowClose:
     nodes): every aggregator flushes what it holds for the window as one :class:`Partial`.
 
     Published by the server only (on the aggregators' control topic); ``version`` is the model
-    the window's updates are judged against (staleness, base versions)."""
+    the window's updates are judged against (staleness, base versions). ``watermarks`` are
+    ``(client_id, round)``: every round of that client below ``round`` counts as judged at the
+    server, for a reason an aggregator cannot see (a client's status adopted there, or an entry
+    of that client refused a partial), so an aggregator folds none of them: it forwards them for
+    the server to judge one by one (:mod:`fedsim.runtime.actors.aggregator`)."""
 
     window: int
     version: int
     sent_at: float = 0.0
+    watermarks: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

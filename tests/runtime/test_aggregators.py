@@ -16,7 +16,14 @@ from fedsim.aggregation import ConstantStepSize, UniformWeights
 from fedsim.aggregation.mixing import DataSizeWeights
 from fedsim.aggregation.policies import TimeWindows
 from fedsim.clock import WallClock
-from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
+from fedsim.protocol.messages import (
+    ClientStatus,
+    ClientUpdate,
+    GlobalModel,
+    ManifestEntry,
+    Partial,
+    WindowClose,
+)
 from fedsim.runtime.actors.aggregator import AggregatorActor
 from fedsim.runtime.actors.client_book import Kind
 from fedsim.runtime.actors.integrity import ClientLimits, update_norm_bound
@@ -314,3 +321,123 @@ def test_updates_past_what_one_partial_may_carry_go_to_the_server_alone(
     partial, forwarded = asyncio.run(scenario_())
     assert [(e.client_id, e.round) for e in partial.entries] == [("a", 0), ("b", 0)]
     assert forwarded == [("c", 0), ("d", 0)]
+
+
+MAX_COUNTER = 2**53 - 1  # (fedsim.protocol.headers: the largest round on the wire)
+
+
+def _server_and_aggregator() -> tuple[ServerActor, AggregatorActor]:
+    """A server behind one aggregation node "g0", both speaking through the codec."""
+    clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "abc"}
+    server_side = RecordingEndpoint(WallClock(), wire=True)
+    server = ServerActor(clock=server_side.clock, endpoint=server_side,
+                         initial_params=np.zeros(DIM), clients=clients, window=1.0,
+                         strategy=DataSizeWeights(), step_size=ConstantStepSize(1.0),
+                         aggregators=("g0",), aggregator_wait=0.01)
+    aggregator_side = RecordingEndpoint(WallClock(), wire=True)
+    aggregator = AggregatorActor(aggregator_id="g0", clock=aggregator_side.clock,
+                                 endpoint=aggregator_side, clients=clients, size=DIM,
+                                 strategy=DataSizeWeights(), policy=TimeWindows())
+    aggregator._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+    return server, aggregator
+
+
+async def _window(server: ServerActor, aggregator: AggregatorActor,
+                  updates: list[ClientUpdate], adopt_after_close: bool = False):
+    """One time window through the node: its updates reach the aggregator, the server closes
+    it (``adopt_after_close``: c's far status lands between the close and the partial), the
+    aggregator answers with its partial and forwards what it does not fold."""
+    for update in updates:
+        await aggregator._arrived(update)
+    published = len(server.endpoint.published)
+    await server.partials.gather(server.clock, server.endpoint, server.windows_closed + 1,
+                                 server.version)
+    (_, close), = server.endpoint.published[published:]
+    if adopt_after_close:
+        assert server.accept_status(ClientStatus("c", "waiting", 2000, 0.0, 1e-5))
+    sent = len(aggregator.endpoint.published)
+    await aggregator.flush(close)
+    for _, message in aggregator.endpoint.published[sent:]:
+        if isinstance(message, Partial):
+            server._take_partial(message)
+        else:
+            server._inbox.append(message)  # forwarded unmixed
+    report = server.close_window()
+    await server.broadcast()  # the next window's model, which the aggregator learns
+    aggregator._learn(server.endpoint.published[-1][1])
+    return close, report
+
+
+def test_a_client_adopted_at_a_far_count_cannot_get_its_neighbours_partial_refused() -> None:
+    """Session 56's finding: a client whose first status claims 2,000 rounds is adopted by the
+    server (its rounds below 2,000 count as judged there); the aggregator never sees statuses
+    and folded its rounds 0, 1, ... beside the honest ones, and every such group was refused
+    whole (eight windows without a model in a deployed run). The server now names the
+    client's watermark in its next close and the aggregator forwards those rounds alone."""
+    ok = np.full(DIM, 0.01, np.float32)
+
+    async def scenario_():
+        server, aggregator = _server_and_aggregator()
+        assert server.accept_status(ClientStatus("c", "waiting", 2000, 0.0, 1e-5))
+        windows = []
+        for r in range(3):
+            windows.append(await _window(server, aggregator, [
+                ClientUpdate("a", r, server.version, ok, 8.0),
+                ClientUpdate("b", r, server.version, ok, 8.0),
+                ClientUpdate("c", r, server.version, ok, 8.0)]))
+        return windows
+
+    windows = asyncio.run(scenario_())
+    assert windows[0][0].watermarks == (("c", 2000),)  # named once, in the next close
+    assert [close.watermarks for close, _ in windows[1:]] == [(), ()]
+    for _, report in windows:
+        assert Kind.BAD_PARTIAL not in report.rejections
+        assert (report.applied, report.duplicate) == (2, 1)  # a and b; c's round judged alone
+
+
+def test_a_far_status_between_a_close_and_its_partial_costs_one_group_and_no_update() -> None:
+    """The status lands after the close was sent: that window's group is refused whole (the
+    server cannot take one entry out of a sum); the next close names the client (every round of
+    it judged by the server alone from then on), the honest
+    clients' resends of the refused rounds are forwarded (judged at the aggregator before)
+    and applied once, and no group is refused again."""
+    ok = np.full(DIM, 0.01, np.float32)
+
+    async def scenario_():
+        server, aggregator = _server_and_aggregator()
+        first = await _window(server, aggregator, [ClientUpdate(c, 0, 0, ok, 8.0) for c in "abc"],
+                              adopt_after_close=True)
+        resent = [ClientUpdate("a", 0, 0, ok, 8.0), ClientUpdate("b", 0, 0, ok, 8.0),
+                  ClientUpdate("c", 1, 0, ok, 8.0)]
+        second = await _window(server, aggregator, resent)
+        third = await _window(server, aggregator, [ClientUpdate(c, r, server.version, ok, 8.0)
+                                                   for c, r in (("a", 1), ("b", 1), ("c", 2001))])
+        return first, second, third, server
+
+    first, second, third, server = asyncio.run(scenario_())
+    assert first[1].rejections == {Kind.BAD_PARTIAL: 3} and first[1].applied == 0
+    assert second[0].watermarks == (("c", MAX_COUNTER),)  # all its rounds alone from now on
+    assert Kind.BAD_PARTIAL not in second[1].rejections
+    assert (second[1].applied, second[1].duplicate) == (2, 1)
+    # c's round 2001, past its adopted 2,000, forwarded alone and applied like any.
+    assert Kind.BAD_PARTIAL not in third[1].rejections and third[1].applied == 3
+    applied = [(c, r) for _, report in (first, second, third) for c, r, _ in report.applied_updates]
+    assert sorted(applied) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 2001)]  # each once
+    assert all(key in server.book for key in applied)
+
+
+def test_a_window_close_names_watermarks_on_the_wire_within_its_bounds() -> None:
+    """A close without watermarks is the frame it was before them; one with them travels
+    whole; more than the header allows, or an id no client may have, is refused."""
+    from fedsim.errors import CodecError
+    from fedsim.protocol import codec
+    from fedsim.protocol.headers import MAX_CLOSE_WATERMARKS
+
+    plain = codec.encode(WindowClose(3, 2, 1.5), incarnation="ab")
+    assert b"watermarks" not in plain
+    assert codec.decode(plain) == WindowClose(3, 2, 1.5)
+    named = WindowClose(3, 2, 1.5, (("c-1", 2000), ("c-2", 7)))
+    assert codec.decode(codec.encode(named, incarnation="ab")) == named
+    for bad in ((("c", 1),) * (MAX_CLOSE_WATERMARKS + 1), (("no/slash", 1),), (("c", -1),)):
+        with pytest.raises(CodecError):
+            codec.encode(WindowClose(3, 2, 1.5, bad), incarnation="ab")

@@ -31,6 +31,11 @@ disconnected) is forwarded unmixed too: the server judges it (a duplicate it ack
 or an update whose partial was lost, applied once); only a copy of an update folded into the same
 partial stops here.
 
+**Rounds the server holds back** (:mod:`fedsim.runtime.actors.partials`): a window close may
+name clients' watermarks, below which every round counts as judged at the server for a reason
+an aggregator cannot see (a status adopted there); none of those rounds is folded from then on,
+each is forwarded unmixed, so one client's entry never gets its neighbours' group refused.
+
 **Joining a run in progress** (a restarted aggregator, whose predecessor's book died with it):
 the server may already have applied an update that reaches it again as a resend, and a partial
 naming it would be refused whole. Such an update was computed on a model published before this
@@ -103,6 +108,9 @@ class AggregatorActor:
         self._paced = False  # the pacer starts with the first global model
         self._inbox: list[ClientUpdate] = []
         self._rejections = Rejections()
+        self.held_back: dict[str, int] = {}
+        """Per client (of this aggregator's), the server's watermark: rounds below it are
+        forwarded unmixed (module docstring)."""
         self.unsure_through: int | None = None
         """Updates with a base version up to this are forwarded unmixed (module docstring,
         "Joining a run in progress"); -1 once a run's first close showed a fresh start."""
@@ -181,13 +189,30 @@ class AggregatorActor:
             self._rejections.add(Kind.RATE, refused)
         return paced
 
+    def _learn_close(self, close: WindowClose) -> None:
+        """What a window close tells: the server's version, the rounds it holds back, and
+        (the first close seen) whether this aggregator joined a run in progress."""
+        self.book.version = max(self.book.version, close.version)
+        for client_id, below in close.watermarks:
+            if client_id in self.clients:
+                self.held_back[client_id] = max(below, self.held_back.get(client_id, 0))
+        if self.unsure_through is None:
+            self.unsure_through = close.version if close.window > 1 else -1
+
+    def _alone(self, update: ClientUpdate, folded: int, sums: dict[int, np.ndarray]) -> bool:
+        """Whether an accepted ``update`` goes to the server alone: joining a run, a round
+        the server holds back, or past what one partial may carry (the codec's bounds)."""
+        assert self.unsure_through is not None
+        return (update.base_version <= self.unsure_through
+                or update.round < self.held_back.get(update.client_id, 0)
+                or folded >= MAX_PARTIAL_ENTRIES
+                or (update.base_version not in sums and len(sums) >= MAX_PARTIAL_GROUPS))
+
     async def flush(self, close: WindowClose) -> Partial:
         """Judge the held updates against the server's ``close.version``, send the window's
         partial (and forward what only the server can judge); the partial sent."""
         now = self.clock.now()
-        self.book.version = max(self.book.version, close.version)
-        if self.unsure_through is None:
-            self.unsure_through = close.version if close.window > 1 else -1
+        self._learn_close(close)
         paced = await self._paced_at_close(now)
         sums: dict[int, np.ndarray] = {}
         entries: list[ManifestEntry] = []
@@ -198,12 +223,7 @@ class AggregatorActor:
             verdict = self.book.judge(update, keys)
             key = (update.client_id, update.round)
             accepted = verdict.kind is Kind.ACCEPTED
-            if accepted and (update.base_version <= self.unsure_through
-                             or len(entries) >= MAX_PARTIAL_ENTRIES
-                             or (update.base_version not in sums
-                                 and len(sums) >= MAX_PARTIAL_GROUPS)):
-                # Joining a run, or past what one partial may carry (the codec's bounds):
-                # the server judges it alone.
+            if accepted and self._alone(update, len(entries), sums):
                 self.book.record(*key)
                 await self._forward(update)
             elif accepted:

@@ -12,6 +12,23 @@ no ``(client, round)`` judged before or named twice across aggregators and direc
 published base version, staleness, invitation), carries the scenario's weight of its client,
 and the group's sum is no longer than ``sum_i w_i |eta_i| bound_i`` (float32 rounding aside);
 a group failing any of it is refused whole (``bad_partial``, its updates counted as rejected).
+
+**One client cannot get the others' updates refused.** A group is one sum, so an entry the
+server refuses takes the group's other updates with it. An honest aggregator folds only what
+passes the checks it can make; what it cannot see is what the server learnt from a client's
+statuses (an adopted count of rounds, :mod:`~fedsim.runtime.actors.client_book`: every round
+below it is then judged), and rounds its book recorded that the server's did not (a group
+refused or lost). So the server names, in its next window close, the watermark of every
+client whose status it adopted, and of every client whose entry made a group refused
+(:data:`~fedsim.protocol.headers.MAX_COUNTER`: all its rounds, for the rest of the run: a
+client that leapt past a lower one would be folded again) (``WindowClose.watermarks``); an
+aggregator then folds none of that client's rounds below it and forwards them, for the server
+to judge one by one.
+A client that claims a far count and then sends its low rounds (finding of session 56: one
+client stalled its aggregator's every partial, eight windows without a model) now has none
+of them folded once the close that follows its status arrives, and at most one group refused
+if its status lands between a close and that window's partials; the refused updates' clients
+resend them (unacknowledged) and the aggregator forwards those copies, judged here once.
 Accepted groups join the window's mix with the coefficient ``S(s) / total`` their updates would
 have had one by one (time windows are linear in each update's weight), so with aggregators the
 model is the flat deployment's up to float32 rounding of the sums. A partial of a window
@@ -35,6 +52,7 @@ import numpy as np
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
+from fedsim.protocol.headers import MAX_CLOSE_WATERMARKS, MAX_COUNTER
 from fedsim.protocol.messages import ManifestEntry, Partial, WindowClose
 from fedsim.protocol.norms import vector_norm
 from fedsim.runtime.actors.client_book import ClientBook, Kind
@@ -91,6 +109,22 @@ class PartialIntake:
         """Updates in partials that came after the end of the run, since the last close."""
         self.waited: float | None = None
         """How long the closing window waited for its partials (None: not waited)."""
+        self._watermarks: dict[str, int] = {}
+        """Clients' watermarks to name in the next window close (module docstring), at most
+        one a client."""
+
+    def hold_back(self, client_id: str, below: int) -> None:
+        """Name ``client_id`` in the next window close: aggregators fold none of its rounds
+        below ``below`` (module docstring); a client of the scenario only."""
+        if self.aggregators and client_id in self._weights:
+            self._watermarks[client_id] = max(below, self._watermarks.get(client_id, 0))
+
+    def _take_watermarks(self) -> tuple[tuple[str, int], ...]:
+        """The watermarks for the close being sent (the rest wait for the next)."""
+        named = sorted(self._watermarks.items())[:MAX_CLOSE_WATERMARKS]
+        for client_id, _ in named:
+            del self._watermarks[client_id]
+        return tuple(named)
 
     @property
     def held(self) -> list[tuple[str, int]]:
@@ -154,7 +188,8 @@ class PartialIntake:
         if self._live <= self._answered_close(closing):
             self._answered.set()
         started = clock.now()
-        await endpoint.publish(WindowClose(closing, version, clock.now()))
+        await endpoint.publish(WindowClose(closing, version, clock.now(),
+                                           self._take_watermarks()))
         waiter = asyncio.ensure_future(self._answered.wait())
         timer = asyncio.ensure_future(clock.sleep(self.wait))
         try:
@@ -231,6 +266,9 @@ class PartialIntake:
                 group.add(key)
                 continue
             if verdict.kind is not Kind.ACCEPTED:
+                # Whatever made it, every round of the client is judged here alone from now on
+                # (module docstring): a bound below would let it leap past it again.
+                self.hold_back(entry.client_id, MAX_COUNTER)
                 return f"{entry.client_id} round {entry.round}: {verdict.kind} ({verdict.reason})"
             if entry.weight != self._weights[entry.client_id]:
                 return (f"{entry.client_id} weighed {entry.weight!r}, the scenario says "

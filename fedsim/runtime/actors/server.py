@@ -490,7 +490,10 @@ class ServerActor:
     def accept_status(self, status: ClientStatus) -> bool:
         """Keep ``status`` if it agrees with what the server saw (:meth:`ClientBook.judge_status`,
         which may adopt a first far claim); else log and count it."""
+        adopted = self.book.adoptions
         verdict = self.book.judge_status(status, run_ended=self.ended)
+        if self.book.adoptions > adopted:  # its rounds below the count: judged, unseen by them
+            self.partials.hold_back(status.client_id, self.book.watermark(status.client_id))
         if verdict.kind is not Kind.ACCEPTED:
             self._rejections.add(verdict.kind)
             _log.warning("status rejected", client=status.client_id, state=status.state,
