@@ -78,6 +78,19 @@ def data_not_here(loaded: LoadedScenario) -> str | None:
     return f"{spec.name} is not on this machine (`fedsim data where {spec.name}` lists the places)"
 
 
+def _check_model_options(name: str | None, options: dict[str, Any]) -> None:
+    """A built-in model's option names, checked without its data (torch imported here only)."""
+    if name is None:
+        return
+    from fedsim.errors import ConfigError, ModelError
+    from fedsim.training.models import check_model_options
+
+    try:
+        check_model_options(name, options)
+    except ModelError as exc:
+        raise ConfigError(f"model.options: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check that may be skipped, in order
     loaded = load_scenario(args.scenario, args.overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
@@ -90,7 +103,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
         if "dataset.factory" in factories:  # the data is the user's code: not run
             skipped.append("the data, partition, calibration and model checks")
         elif not args.check_data and (not_here := data_not_here(loaded)) is not None:
-            pass  # said below: the checks that read the data need it on this machine
+            # Said below: the checks that read the data need it on this machine; a built-in
+            # model's option names need none.
+            _check_model_options(scenario.model.name, scenario.model.options)
         # torch is imported only when needed
         elif not factories:
             from fedsim.runtime.population import build_population

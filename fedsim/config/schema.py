@@ -12,9 +12,9 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from fedsim.config import limits
 from fedsim.config.aggregation import (
@@ -102,6 +102,12 @@ class Partition(_Strict):
         default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
 
+ModelName = Literal["logreg", "mlp", "dp_mnist_cnn", "groupnorm_cnn"]
+BUILTIN_MODELS: tuple[str, ...] = get_args(ModelName)
+"""The names ``model.name`` may give (:data:`fedsim.training.models.MODELS` builds them): checked
+with the schema, so a misspelt model is an error with its line even where the data is not."""
+
+
 class Model(_Strict):
     """The model: a built-in one by ``name``, or the user's own ``factory``, with options.
 
@@ -113,9 +119,9 @@ class Model(_Strict):
     Neither given: the model comes from Python (``model_factory``).
     """
 
-    name: str | None = Field(
-        default=None, min_length=1, description="A built-in model by name (logreg, mlp, "
-        "dp_mnist_cnn or groupnorm_cnn).")
+    name: ModelName | None = Field(
+        default=None, description="A built-in model by name (logreg, mlp, dp_mnist_cnn or "
+        "groupnorm_cnn).")
     factory: FactoryReference | None = Field(
         default=None, description="Your own model: 'package.module:function', imported when "
         "the run is built and called with the options.")
@@ -132,6 +138,14 @@ class Model(_Strict):
         default=False, description="Replace every BatchNorm layer by GroupNorm (as Opacus's "
         "ModuleValidator.fix does) instead of refusing the model: BatchNorm mixes the "
         "examples of a batch, which per-example DP-SGD cannot train.")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _built_in(cls, name: object) -> object:
+        if isinstance(name, str) and name not in BUILTIN_MODELS:  # (else: the type's error)
+            raise ValueError(f"unknown model {name!r}; the built-in models are "
+                             f"{', '.join(BUILTIN_MODELS)} (your own: model.factory)")
+        return name
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> Model:

@@ -14,6 +14,7 @@ from Python) through :func:`build_scenario_model`, which also probes the model o
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -292,10 +293,22 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def check_model_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raise :class:`ModelError` unless every key of ``options`` is an argument of the
+    registered model ``name`` (needs no data: what the data gives, the builder adds)."""
+    if name not in MODELS:
+        raise ModelError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
+    parameters = inspect.signature(MODELS[name]).parameters
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        raise ModelError(f"bad arguments for model {name!r}: no option "
+                         f"{', '.join(map(repr, unknown))}; its options are "
+                         f"{', '.join(parameters)}")
+
+
 def build_model(name: str, **kwargs: Any) -> nn.Module:
     """Instantiate the registered model ``name`` and check that DP-SGD can train it."""
-    if name not in MODELS:
-        raise ModelError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
+    check_model_options(name, kwargs)
     try:
         model = MODELS[name](**kwargs)
     except TypeError as exc:

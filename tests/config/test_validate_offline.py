@@ -73,3 +73,33 @@ def test_a_bad_file_is_still_refused_offline(
                    encoding="utf-8")
     assert main(["validate", str(bad)]) == 2
     assert "batchsize" in capsys.readouterr().err
+
+
+def test_a_misspelt_model_or_option_is_an_error_without_the_data(
+        empty_data_places: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's review (session 56): with the data nowhere, ``model: {name: resnet}`` and
+    ``options: {hiden: [64]}`` were "valid", and ``fedsim run`` then failed on them. The name is
+    the schema's now (with its line, beside the file's other errors, also under
+    ``--schema-only``); a built-in model's option names need no data."""
+    text = CIFAR.read_text()
+    assert "name: groupnorm_cnn" in text
+    misspelt = Path("resnet.yaml")
+    misspelt.write_text(text.replace("name: groupnorm_cnn", "name: resnet", 1))
+    for extra in ([], ["--schema-only"]):
+        assert main(["validate", *extra, str(misspelt)]) == 2
+        err = capsys.readouterr().err
+        assert "model.name (line" in err and "unknown model 'resnet'" in err
+        assert "groupnorm_cnn" in err  # the names it could be
+    option = Path("option.yaml")
+    assert "options: {width: 16, groups: 4}" in text
+    option.write_text(text.replace("{width: 16, groups: 4}", "{widht: 16, groups: 4}", 1))
+    assert main(["validate", str(option)]) == 2
+    err = capsys.readouterr().err
+    assert "model.options" in err and "'widht'" in err and "width" in err
+
+
+def test_the_schema_names_every_built_in_model_and_no_other() -> None:
+    from fedsim.config.schema import BUILTIN_MODELS
+    from fedsim.training.models import MODELS
+
+    assert set(BUILTIN_MODELS) == set(MODELS)
