@@ -222,7 +222,7 @@ def _header_for(
     if isinstance(message, WindowClose):
         header = CloseHeader(kind="close", incarnation=incarnation, window=message.window,
                              version=message.version, sent_at=float(message.sent_at),
-                             watermarks=tuple(message.watermarks))
+                             watermarks=tuple(message.watermarks), refused=tuple(message.refused))
         return header, None, None
     if isinstance(message, Partial):
         header = PartialHeader(
@@ -278,11 +278,13 @@ def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
     except ValidationError as exc:
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
     # An uncompressed update's header is what it was before compression existed, a close
-    # without watermarks what it was before them.
-    plain = isinstance(header, UpdateHeader) and header.compression is None
-    quiet = isinstance(header, CloseHeader) and not header.watermarks
-    header_json = header.model_dump_json(
-        exclude={"compression"} if plain else {"watermarks"} if quiet else None).encode()
+    # without watermarks or refused groups what it was before them.
+    exclude: set[str] | None = None
+    if isinstance(header, UpdateHeader) and header.compression is None:
+        exclude = {"compression"}
+    elif isinstance(header, CloseHeader):
+        exclude = {name for name in ("watermarks", "refused") if not getattr(header, name)}
+    header_json = header.model_dump_json(exclude=exclude or None).encode()
     size = PREFIX_BYTES + len(header_json)
     if isinstance(tensor, np.ndarray):
         size += _FLOAT32.itemsize * tensor.size
@@ -498,7 +500,8 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
         if body_bytes:
             raise CodecError(f"close message carries {body_bytes} unexpected trailing bytes")
         return Frame(WindowClose(header.window, header.version, header.sent_at,
-                                 tuple(header.watermarks)), header.incarnation)
+                                 tuple(header.watermarks), tuple(header.refused)),
+                     header.incarnation)
 
     (length,) = header.tensor.shape
     if isinstance(header, PartialHeader):

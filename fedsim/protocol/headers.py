@@ -44,6 +44,9 @@ MAX_WEIGHT = 1e15
 MAX_CLOSE_WATERMARKS = 512
 """At most this many clients' watermarks in one window close (the rest wait for the next; a
 header stays within the codec's 64 KiB)."""
+MAX_CLOSE_REFUSED = 256
+"""At most this many refused groups named in one window close (as many aggregators, a few
+groups each)."""
 _NonNegativeInt = Annotated[int, Field(ge=0)]
 _Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
 Incarnation = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,32}$")]
@@ -118,6 +121,8 @@ class CloseHeader(_Header):
     sent_at: _FiniteFloat
     watermarks: tuple[tuple[ClientId, _Counter], ...] = Field(default=(),
                                                              max_length=MAX_CLOSE_WATERMARKS)
+    refused: tuple[tuple[ClientId, _Counter, _Counter], ...] = Field(
+        default=(), max_length=MAX_CLOSE_REFUSED)
 
 
 _Weight = Annotated[float, Field(ge=0.0, le=MAX_WEIGHT, allow_inf_nan=False)]

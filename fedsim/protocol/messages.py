@@ -116,12 +116,15 @@ class WindowClose:
     ``(client_id, round)``: every round of that client below ``round`` counts as judged at the
     server, for a reason an aggregator cannot see (a client's status adopted there, or an entry
     of that client refused a partial), so an aggregator folds none of them: it forwards them for
-    the server to judge one by one (:mod:`fedsim.runtime.actors.aggregator`)."""
+    the server to judge one by one (:mod:`fedsim.runtime.actors.aggregator`). ``refused`` are
+    ``(aggregator_id, window, base_version)`` of partials' groups the server refused since the
+    last close: that aggregator forwards the updates it folded into such a group, one by one."""
 
     window: int
     version: int
     sent_at: float = 0.0
     watermarks: tuple[tuple[str, int], ...] = ()
+    refused: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
 """One hostile client behind an aggregation node, over a real mosquitto (127.0.0.1, free port,
-stopped by PID; session 56's review): with its own generated credentials, its first status
-claims 2,000 rounds (the server adopts them: its rounds below 2,000 count as judged), then it
-sends rounds 0, 1, 2, ... of a zero update. Before, its aggregator folded each beside its
-neighbours' updates and the server refused every such group whole: the model reached version 5
-of 15 and honest updates were left unapplied. Now the server names the client's watermark in
-its next window close and the aggregator forwards those rounds alone: no group is refused and
-every honest update is applied once.
+stopped by PID; session 56's reviews), with its own generated credentials:
+
+* ``adopt``: its first status claims 2,000 rounds (the server adopts them: its rounds below
+  2,000 count as judged), then it sends rounds 0, 1, 2, ... of a zero update. Before, its
+  aggregator folded each beside its neighbours' updates and the server refused every such
+  group whole: the model reached version 5 of 15 and honest updates were left unapplied.
+* ``leap``: round 1,100 (refused by the server alone), then 2,000, 2,001, ...: the aggregator
+  had recorded 1,100 and folded 2,000 with its neighbours' (refused: version 5 of 15).
+
+Now the server names the clients' watermarks in its window closes and the aggregator records
+only what the server will: no group is refused and every honest update is applied once.
 
 Scenario: the shipped ``four_clients.yaml`` with a fifth client (the hostile ``c-004``, which
 the launcher does not start), one aggregator, 16 windows, at 0.25 wall seconds a scenario
@@ -42,9 +46,10 @@ HOSTILE = "c-004"
 HONEST = [f"c-{i:03d}" for i in range(4)]
 
 
-async def _attack(launcher: Launcher) -> int:
-    """Play c-004: be told the incarnation, claim 2,000 rounds, then send rounds 0, 1, ...
-    (one every 0.3 wall s, 40 in all); the updates sent."""
+async def _attack(launcher: Launcher, plan: str) -> int:
+    """Play c-004: be told the incarnation; ``adopt``: claim 2,000 rounds, then send rounds
+    0, 1, ... (one every 0.3 wall s, 40 in all); ``leap``: send round 1,100, then 2,000,
+    2,001, ... (39 more); the updates sent."""
     broker = launcher.local_broker
     assert broker is not None
     topics = Topics(launcher.run)
@@ -71,12 +76,14 @@ async def _attack(launcher: Launcher) -> int:
                 while not incarnation:
                     await mqtt.publish(topics.hello(HOSTILE), b"", qos=0)
                     await asyncio.sleep(0.3)
+                claim = 2000 if plan == "adopt" else 0
                 await mqtt.publish(topics.status(HOSTILE), codec.encode(ClientStatus(
-                    HOSTILE, "waiting", 2000, 0.0, 1e-5, "connected"), incarnation=incarnation),
+                    HOSTILE, "waiting", claim, 0.0, 1e-5, "connected"), incarnation=incarnation),
                     qos=1)
                 while version < 1:
                     await asyncio.sleep(0.05)
-            for round_index in range(40):
+            rounds = range(40) if plan == "adopt" else [1100, *range(2000, 2039)]
+            for round_index in rounds:
                 update = ClientUpdate(HOSTILE, round_index, version,
                                       np.zeros(size, np.float32), 32.0)
                 await mqtt.publish(topics.updates(HOSTILE),
@@ -87,8 +94,8 @@ async def _attack(launcher: Launcher) -> int:
     return 40
 
 
-def test_a_client_adopted_at_a_far_count_cannot_stall_its_aggregators_partials(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("plan", ["adopt", "leap"])
+def test_one_client_cannot_stall_its_aggregators_partials(tmp_path: Path, plan: str) -> None:
     out = tmp_path / "hostile"
     options = DeploymentOptions(time_scale=0.25, max_backoff=0.5,
                                 wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
@@ -99,7 +106,7 @@ def test_a_client_adopted_at_a_far_count_cannot_stall_its_aggregators_partials(
         for name in launcher.processes:
             if name != HOSTILE:
                 launcher.start(name)
-        assert asyncio.run(asyncio.wait_for(_attack(launcher), 120)) == 40
+        assert asyncio.run(asyncio.wait_for(_attack(launcher, plan), 120)) == 40
         assert launcher.wait("server", 120) == 0
         launcher.stop_all()
         summary = launcher.collect()
@@ -110,7 +117,8 @@ def test_a_client_adopted_at_a_far_count_cannot_stall_its_aggregators_partials(
     assert refused == 0, f"{refused} updates refused in partials"
     assert summary["final_version"] >= 12  # 15 without the attacker (control run: 15)
     applied = _check_applied_against_ledgers(out)
-    assert HOSTILE not in {client for client, _ in applied}  # all below its adopted 2,000
+    # adopt: all below its adopted 2,000; leap: all beyond what the server knows of it.
+    assert HOSTILE not in {client for client, _ in applied}
     for client_id in HONEST:
         state = json.loads((out / "state" / client_id / f"client-{client_id}.json").read_text())
         released = [r["round"] for r in state["released"]]

@@ -388,42 +388,96 @@ def test_a_client_adopted_at_a_far_count_cannot_get_its_neighbours_partial_refus
         return windows
 
     windows = asyncio.run(scenario_())
-    assert windows[0][0].watermarks == (("c", 2000),)  # named once, in the next close
-    assert [close.watermarks for close, _ in windows[1:]] == [(), ()]
+    # Named in the close after its status, and in every close after (a restarted aggregator).
+    assert [close.watermarks for close, _ in windows] == [(("c", 2000),)] * 3
     for _, report in windows:
         assert Kind.BAD_PARTIAL not in report.rejections
         assert (report.applied, report.duplicate) == (2, 1)  # a and b; c's round judged alone
 
 
-def test_a_far_status_between_a_close_and_its_partial_costs_one_group_and_no_update() -> None:
+def test_a_far_status_between_a_close_and_its_partial_costs_its_group_one_window() -> None:
     """The status lands after the close was sent: that window's group is refused whole (the
-    server cannot take one entry out of a sum); the next close names the client (every round of
-    it judged by the server alone from then on), the honest
-    clients' resends of the refused rounds are forwarded (judged at the aggregator before)
-    and applied once, and no group is refused again."""
+    server cannot take one entry out of a sum). The next close names the client (every round
+    of it judged by the server alone from then on) and the refused group: the aggregator
+    forwards the group's updates, the honest ones are applied then, once (their clients'
+    later resends are duplicates), and no group is refused again."""
     ok = np.full(DIM, 0.01, np.float32)
 
     async def scenario_():
         server, aggregator = _server_and_aggregator()
         first = await _window(server, aggregator, [ClientUpdate(c, 0, 0, ok, 8.0) for c in "abc"],
                               adopt_after_close=True)
-        resent = [ClientUpdate("a", 0, 0, ok, 8.0), ClientUpdate("b", 0, 0, ok, 8.0),
-                  ClientUpdate("c", 1, 0, ok, 8.0)]
-        second = await _window(server, aggregator, resent)
-        third = await _window(server, aggregator, [ClientUpdate(c, r, server.version, ok, 8.0)
-                                                   for c, r in (("a", 1), ("b", 1), ("c", 2001))])
-        return first, second, third, server
+        second = await _window(server, aggregator, [ClientUpdate("c", 1, 0, ok, 8.0)])
+        third = await _window(server, aggregator, [
+            ClientUpdate("a", 0, 0, ok, 8.0),  # a's resend (its receipt came late)
+            *(ClientUpdate(c, r, server.version, ok, 8.0)
+              for c, r in (("a", 1), ("b", 1), ("c", 2001)))])
+        return first, second, third, server, aggregator
 
-    first, second, third, server = asyncio.run(scenario_())
+    first, second, third, server, aggregator = asyncio.run(scenario_())
     assert first[1].rejections == {Kind.BAD_PARTIAL: 3} and first[1].applied == 0
     assert second[0].watermarks == (("c", MAX_COUNTER),)  # all its rounds alone from now on
+    assert second[0].refused == (("g0", 1, 0),) and aggregator.resent == 3
     assert Kind.BAD_PARTIAL not in second[1].rejections
-    assert (second[1].applied, second[1].duplicate) == (2, 1)
+    assert (second[1].applied, second[1].duplicate) == (2, 2)  # a's, b's; c's 0 and 1
     # c's round 2001, past its adopted 2,000, forwarded alone and applied like any.
-    assert Kind.BAD_PARTIAL not in third[1].rejections and third[1].applied == 3
+    assert Kind.BAD_PARTIAL not in third[1].rejections
+    assert (third[1].applied, third[1].duplicate) == (3, 1)
     applied = [(c, r) for _, report in (first, second, third) for c, r, _ in report.applied_updates]
     assert sorted(applied) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 2001)]  # each once
-    assert all(key in server.book for key in applied)
+    assert third[0].refused == ()
+
+
+def test_a_round_the_server_refused_alone_does_not_move_the_aggregators_count() -> None:
+    """The second review's leap: round 1,100 (more than 1,024 ahead of the 0 rounds known)
+    is forwarded for the server to judge, which refuses it; the aggregator had recorded it, so
+    its count of the client's rounds (1,101) passed the server's (0), and round 2,000 was
+    folded beside the neighbours' and refused with them. An update forwarded because only the
+    server can judge it is not recorded there now: round 2,000 is forwarded, judged alone."""
+    ok = np.full(DIM, 0.01, np.float32)
+
+    async def scenario_():
+        server, aggregator = _server_and_aggregator()
+        first = await _window(server, aggregator, [
+            ClientUpdate("a", 0, 0, ok, 8.0), ClientUpdate("b", 0, 0, ok, 8.0),
+            ClientUpdate("c", 1100, 0, ok, 8.0)])
+        second = await _window(server, aggregator, [
+            ClientUpdate(c, r, server.version, ok, 8.0)
+            for c, r in (("a", 1), ("b", 1), ("c", 2000))])
+        return first[1], second[1]
+
+    first, second = asyncio.run(scenario_())
+    assert first.applied == 2 and first.rejections == {Kind.ROUND_AHEAD: 1}
+    assert second.applied == 2 and second.rejections == {Kind.ROUND_AHEAD: 1}  # c's, alone
+
+
+def test_every_client_with_an_entry_refused_is_named_and_names_take_turns() -> None:
+    """Two leaping clients in one group: both are named at the next close (naming the first
+    alone cost one more refused window a client). More names than a close may carry are
+    sent new ones first, then in turn, so every aggregator hears of each one."""
+    from fedsim.protocol.headers import MAX_CLOSE_WATERMARKS
+    from fedsim.runtime.actors.partials import CloseNotes
+
+    server = _server(RecordingEndpoint(WallClock()))
+    server.book.record("a", 0)  # and nothing of b or c: their round 2,000 is round_ahead
+    server._take_partial(_partial("g0", [("a", 1, 100.0), ("b", 2000, 200.0), ("c", 2000, 300.0)],
+                                  np.full(DIM, 0.001)))
+    report = server.close_window()
+    assert report.rejections == {Kind.BAD_PARTIAL: 3}
+    watermarks, refused = server.partials.notes.take()
+    assert watermarks == (("b", MAX_COUNTER), ("c", MAX_COUNTER)) and refused == (("g0", 1, 0),)
+
+    notes = CloseNotes()
+    clients = [f"c{i:04d}" for i in range(MAX_CLOSE_WATERMARKS + 100)]
+    for client in clients:
+        notes.hold_back(client, 2000)
+    first = {c for c, _ in notes.take()[0]}
+    notes.hold_back("late", 7)
+    second = [c for c, _ in notes.take()[0]]
+    assert len(first) == len(second) == MAX_CLOSE_WATERMARKS
+    assert set(second[:101]) == {*clients[MAX_CLOSE_WATERMARKS:], "late"}  # the new ones first
+    third = {c for c, _ in notes.take()[0]}
+    assert first | set(second) | third == {*clients, "late"}  # every name within three closes
 
 
 def test_a_window_close_names_watermarks_on_the_wire_within_its_bounds() -> None:
@@ -431,13 +485,16 @@ def test_a_window_close_names_watermarks_on_the_wire_within_its_bounds() -> None
     whole; more than the header allows, or an id no client may have, is refused."""
     from fedsim.errors import CodecError
     from fedsim.protocol import codec
-    from fedsim.protocol.headers import MAX_CLOSE_WATERMARKS
+    from fedsim.protocol.headers import MAX_CLOSE_REFUSED, MAX_CLOSE_WATERMARKS
 
     plain = codec.encode(WindowClose(3, 2, 1.5), incarnation="ab")
-    assert b"watermarks" not in plain
+    assert b"watermarks" not in plain and b"refused" not in plain
     assert codec.decode(plain) == WindowClose(3, 2, 1.5)
-    named = WindowClose(3, 2, 1.5, (("c-1", 2000), ("c-2", 7)))
+    named = WindowClose(3, 2, 1.5, (("c-1", 2000), ("c-2", 7)), (("aggregator-0", 2, 1),))
     assert codec.decode(codec.encode(named, incarnation="ab")) == named
     for bad in ((("c", 1),) * (MAX_CLOSE_WATERMARKS + 1), (("no/slash", 1),), (("c", -1),)):
         with pytest.raises(CodecError):
             codec.encode(WindowClose(3, 2, 1.5, bad), incarnation="ab")
+    with pytest.raises(CodecError):
+        codec.encode(WindowClose(3, 2, 1.5, (), (("a", 1, 1),) * (MAX_CLOSE_REFUSED + 1)),
+                     incarnation="ab")

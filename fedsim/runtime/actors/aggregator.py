@@ -33,8 +33,16 @@ partial stops here.
 
 **Rounds the server holds back** (:mod:`fedsim.runtime.actors.partials`): a window close may
 name clients' watermarks, below which every round counts as judged at the server for a reason
-an aggregator cannot see (a status adopted there); none of those rounds is folded from then on,
+an aggregator cannot see (a status adopted there, or an entry of that client that got a group
+refused: then all its rounds); none of those rounds is folded from then on,
 each is forwarded unmixed, so one client's entry never gets its neighbours' group refused.
+
+**Refused groups**: the updates folded into the last partial are kept until the next close;
+if that close names one of its groups as refused (``WindowClose.refused``), they are forwarded
+unmixed then, so the server judges the honest ones alone a window later instead of waiting
+for their clients' resends. An update forwarded because only the server can judge it
+(``FORWARDED_KINDS``) is not recorded in this book: were the server to refuse it, this book
+would count more of the client's rounds than the server's, and fold its next leap.
 
 **Joining a run in progress** (a restarted aggregator, whose predecessor's book died with it):
 the server may already have applied an update that reaches it again as a resend, and a partial
@@ -120,6 +128,11 @@ class AggregatorActor:
         """Updates forwarded unmixed so far."""
         self.partials = 0
         """Partials sent so far."""
+        self.resent = 0
+        """Updates of refused groups forwarded one by one (``WindowClose.refused``)."""
+        self._last_groups: tuple[int, dict[int, list[ClientUpdate]]] = (0, {})
+        """The last partial's window and its folded updates by base version (module
+        docstring, "Refused groups")."""
 
     async def run(self) -> None:
         """Serve until cancelled."""
@@ -159,7 +172,8 @@ class AggregatorActor:
         """On-arrival policies: forward ``update`` unless a public check refuses it."""
         verdict = self.book.judge(update)
         if verdict.kind in (Kind.ACCEPTED, Kind.DUPLICATE, *FORWARDED_KINDS):
-            self.book.record(update.client_id, update.round)  # judged here: later copies stop
+            if verdict.kind not in FORWARDED_KINDS:  # (the server decides those: not recorded)
+                self.book.record(update.client_id, update.round)  # later copies stop
             await self._forward(update)
         else:
             self._refuse(update, verdict.kind, verdict.reason)
@@ -189,15 +203,20 @@ class AggregatorActor:
             self._rejections.add(Kind.RATE, refused)
         return paced
 
-    def _learn_close(self, close: WindowClose) -> None:
+    def _learn_close(self, close: WindowClose) -> list[ClientUpdate]:
         """What a window close tells: the server's version, the rounds it holds back, and
-        (the first close seen) whether this aggregator joined a run in progress."""
+        (the first close seen) whether this aggregator joined a run in progress; the updates
+        of this aggregator's groups it refused, to forward one by one."""
         self.book.version = max(self.book.version, close.version)
         for client_id, below in close.watermarks:
             if client_id in self.clients:
                 self.held_back[client_id] = max(below, self.held_back.get(client_id, 0))
         if self.unsure_through is None:
             self.unsure_through = close.version if close.window > 1 else -1
+        window, groups = self._last_groups
+        return [update for aggregator_id, refused_window, base in close.refused
+                if aggregator_id == self.aggregator_id and refused_window == window
+                for update in groups.pop(base, [])]
 
     def _alone(self, update: ClientUpdate, folded: int, sums: dict[int, np.ndarray]) -> bool:
         """Whether an accepted ``update`` goes to the server alone: joining a run, a round
@@ -212,8 +231,11 @@ class AggregatorActor:
         """Judge the held updates against the server's ``close.version``, send the window's
         partial (and forward what only the server can judge); the partial sent."""
         now = self.clock.now()
-        self._learn_close(close)
+        for update in self._learn_close(close):  # a refused group's, judged alone now
+            self.resent += 1
+            await self._forward(update)
         paced = await self._paced_at_close(now)
+        folded: dict[int, list[ClientUpdate]] = {}
         sums: dict[int, np.ndarray] = {}
         entries: list[ManifestEntry] = []
         settled: list[tuple[str, int]] = []
@@ -236,10 +258,12 @@ class AggregatorActor:
                 total += scaled
                 entries.append(ManifestEntry(update.client_id, update.round,
                                              update.base_version, update.window, weight))
+                folded.setdefault(update.base_version, []).append(update)
                 keys.add(key)
             elif verdict.kind in FORWARDED_KINDS or (verdict.kind is Kind.DUPLICATE
                                                      and key not in keys):
-                self.book.record(*key)
+                # The server decides (not recorded here: module docstring), or a copy of an
+                # update judged here before (recorded already).
                 await self._forward(update)
             elif verdict.kind is Kind.STALE and len(settled) >= MAX_PARTIAL_ENTRIES:
                 await self._forward(update)  # the book recorded it; the server finds it stale
@@ -257,6 +281,7 @@ class AggregatorActor:
             sums=np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32),
             settled=tuple(settled), rejections=self._rejections.as_dict(), sent_at=now)
         self._rejections = Rejections()
+        self._last_groups = (close.window, folded)  # until the next close (a refusal)
         self.folded += len(entries)
         self.partials += 1
         await self.endpoint.publish(partial)

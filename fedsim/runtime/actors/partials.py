@@ -13,22 +13,33 @@ published base version, staleness, invitation), carries the scenario's weight of
 and the group's sum is no longer than ``sum_i w_i |eta_i| bound_i`` (float32 rounding aside);
 a group failing any of it is refused whole (``bad_partial``, its updates counted as rejected).
 
-**One client cannot get the others' updates refused.** A group is one sum, so an entry the
-server refuses takes the group's other updates with it. An honest aggregator folds only what
-passes the checks it can make; what it cannot see is what the server learnt from a client's
-statuses (an adopted count of rounds, :mod:`~fedsim.runtime.actors.client_book`: every round
-below it is then judged), and rounds its book recorded that the server's did not (a group
-refused or lost). So the server names, in its next window close, the watermark of every
-client whose status it adopted, and of every client whose entry made a group refused
-(:data:`~fedsim.protocol.headers.MAX_COUNTER`: all its rounds, for the rest of the run: a
-client that leapt past a lower one would be folded again) (``WindowClose.watermarks``); an
-aggregator then folds none of that client's rounds below it and forwards them, for the server
-to judge one by one.
-A client that claims a far count and then sends its low rounds (finding of session 56: one
-client stalled its aggregator's every partial, eight windows without a model) now has none
-of them folded once the close that follows its status arrives, and at most one group refused
-if its status lands between a close and that window's partials; the refused updates' clients
-resend them (unacknowledged) and the aggregator forwards those copies, judged here once.
+**One client cannot get the others' updates refused** (session 56's reviews). A group is one
+sum, so an entry the server refuses takes the group's other updates with it. An honest
+aggregator folds only what passes the checks it can make, and records in its book only what
+the server will record too (an update it forwards because only the server can judge it is
+not recorded there: a client whose refused far round moved the aggregator's count of its
+rounds ahead of the server's had its next leap folded and refused). What it cannot see is
+what the server learnt from a client's statuses (an adopted count of rounds,
+:mod:`~fedsim.runtime.actors.client_book`: every round below it is then judged). So
+(:class:`CloseNotes`):
+
+* every window close names the watermarks (``WindowClose.watermarks``) of the clients whose
+  status the server adopted (their adopted count) and of every client with an entry in a
+  refused group (:data:`~fedsim.protocol.headers.MAX_COUNTER`: all its rounds, for the rest of
+  the run); an aggregator folds none of such a client's rounds below its mark and forwards
+  them, to be judged one by one. The names are repeated at every close (new ones first,
+  then in turn, :data:`~fedsim.protocol.headers.MAX_CLOSE_WATERMARKS` a close): a restarted
+  aggregator, which forwards every update of its first window anyway, knows them all before
+  it folds;
+* the next close names every refused group (``WindowClose.refused``: aggregator, window, base
+  version), and that aggregator forwards the updates it folded into it, so the honest ones are
+  judged (and applied) one window later instead of waiting for their clients' resends, which
+  could come too late for ``max_staleness``.
+
+A client that claims a far count and then sends its low rounds (the finding: its aggregator's
+every partial refused, eight windows without a model) has none of them folded once the close
+after its status arrives; if its status lands between a close and that window's partials,
+that one group is refused and its honest updates reach the server one window later.
 Accepted groups join the window's mix with the coefficient ``S(s) / total`` their updates would
 have had one by one (time windows are linear in each update's weight), so with aggregators the
 model is the flat deployment's up to float32 rounding of the sums. A partial of a window
@@ -52,7 +63,7 @@ import numpy as np
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
-from fedsim.protocol.headers import MAX_CLOSE_WATERMARKS, MAX_COUNTER
+from fedsim.protocol.headers import MAX_CLOSE_REFUSED, MAX_CLOSE_WATERMARKS, MAX_COUNTER
 from fedsim.protocol.messages import ManifestEntry, Partial, WindowClose
 from fedsim.protocol.norms import vector_norm
 from fedsim.runtime.actors.client_book import ClientBook, Kind
@@ -109,22 +120,14 @@ class PartialIntake:
         """Updates in partials that came after the end of the run, since the last close."""
         self.waited: float | None = None
         """How long the closing window waited for its partials (None: not waited)."""
-        self._watermarks: dict[str, int] = {}
-        """Clients' watermarks to name in the next window close (module docstring), at most
-        one a client."""
+        self.notes = CloseNotes()
+        """What the window closes tell the aggregators (module docstring)."""
 
     def hold_back(self, client_id: str, below: int) -> None:
-        """Name ``client_id`` in the next window close: aggregators fold none of its rounds
-        below ``below`` (module docstring); a client of the scenario only."""
+        """Name ``client_id`` in every window close from the next: aggregators fold none of
+        its rounds below ``below`` (module docstring); a client of the scenario only."""
         if self.aggregators and client_id in self._weights:
-            self._watermarks[client_id] = max(below, self._watermarks.get(client_id, 0))
-
-    def _take_watermarks(self) -> tuple[tuple[str, int], ...]:
-        """The watermarks for the close being sent (the rest wait for the next)."""
-        named = sorted(self._watermarks.items())[:MAX_CLOSE_WATERMARKS]
-        for client_id, _ in named:
-            del self._watermarks[client_id]
-        return tuple(named)
+            self.notes.hold_back(client_id, below)
 
     @property
     def held(self) -> list[tuple[str, int]]:
@@ -188,8 +191,8 @@ class PartialIntake:
         if self._live <= self._answered_close(closing):
             self._answered.set()
         started = clock.now()
-        await endpoint.publish(WindowClose(closing, version, clock.now(),
-                                           self._take_watermarks()))
+        watermarks, refused = self.notes.take()
+        await endpoint.publish(WindowClose(closing, version, clock.now(), watermarks, refused))
         waiter = asyncio.ensure_future(self._answered.wait())
         timer = asyncio.ensure_future(clock.sleep(self.wait))
         try:
@@ -239,6 +242,7 @@ class PartialIntake:
                     keys.update((e.client_id, e.round) for e in entries)
                     continue
                 if isinstance(checked, str):
+                    self.notes.refused(aggregator, partial.window, base)
                     rejections.add(Kind.BAD_PARTIAL, len(entries))
                     report.rejected += len(entries)
                     _log.warning("partial refused", aggregator=aggregator, base_version=base,
@@ -257,6 +261,7 @@ class PartialIntake:
         known = True
         group: set[tuple[str, int]] = set()
         stale = 0
+        refused: list[str] = []
         for entry in entries:
             key = (entry.client_id, entry.round)
             verdict = self._book.judge_entry(entry.client_id, entry.round, entry.base_version,
@@ -267,9 +272,12 @@ class PartialIntake:
                 continue
             if verdict.kind is not Kind.ACCEPTED:
                 # Whatever made it, every round of the client is judged here alone from now on
-                # (module docstring): a bound below would let it leap past it again.
+                # (module docstring): a bound below would let it leap past it again. Every
+                # such client of the group, not the first alone.
                 self.hold_back(entry.client_id, MAX_COUNTER)
-                return f"{entry.client_id} round {entry.round}: {verdict.kind} ({verdict.reason})"
+                refused.append(f"{entry.client_id} round {entry.round}: {verdict.kind} "
+                               f"({verdict.reason})")
+                continue
             if entry.weight != self._weights[entry.client_id]:
                 return (f"{entry.client_id} weighed {entry.weight!r}, the scenario says "
                         f"{self._weights[entry.client_id]!r}")
@@ -280,9 +288,59 @@ class PartialIntake:
                 known = False
             else:
                 bound += entry_bound
+        if refused:
+            return "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3
+                                               else "")
         if stale:
             return None
         norm = vector_norm(total)
         if known and norm > bound * PARTIAL_ROUNDING:
             return f"its sum's norm {norm:.6g} exceeds the bound {bound:.6g} of its updates"
         return weight, bound if known else None
+
+
+class CloseNotes:
+    """What the server's window closes tell its aggregators (module docstring): the clients'
+    watermarks, every one at every close (new ones first, the rest in turn), and the groups
+    refused since the last close. Bounded by the scenario's clients (one mark a client) and,
+    between two closes, by the partials refused."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, int] = {}
+        self._order: list[str] = []  # the named clients, in the order named (their turns)
+        self._new: set[str] = set()  # named, or raised, since the last close
+        self._turn = 0
+        self._refused: list[tuple[str, int, int]] = []
+
+    def hold_back(self, client_id: str, below: int) -> None:
+        """Name ``client_id`` with mark ``below`` (a mark is only raised)."""
+        held = self._marks.get(client_id)
+        if held is None:
+            self._order.append(client_id)
+        elif below <= held:
+            return
+        self._marks[client_id] = below
+        self._new.add(client_id)
+
+    def refused(self, aggregator_id: str, window: int, base_version: int) -> None:
+        """A group of ``aggregator_id``'s partial of ``window`` was refused."""
+        self._refused.append((aggregator_id, window, base_version))
+
+    def take(self) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, int], ...]]:
+        """The next close's watermarks and refused groups (at most the header's bounds; the
+        new marks beyond them wait for the next close, older refusals are dropped: their
+        clients resend)."""
+        new = sorted(self._new)[:MAX_CLOSE_WATERMARKS]
+        self._new.difference_update(new)
+        named = list(new)
+        count = len(self._order)
+        turns = min(MAX_CLOSE_WATERMARKS - len(named), count)
+        chosen = set(named)
+        for offset in range(turns):
+            client_id = self._order[(self._turn + offset) % count]
+            if client_id not in chosen:
+                named.append(client_id)
+        if count:
+            self._turn = (self._turn + turns) % count
+        refused, self._refused = self._refused[-MAX_CLOSE_REFUSED:], []
+        return tuple((c, self._marks[c]) for c in named), tuple(refused)

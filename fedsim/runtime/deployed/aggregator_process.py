@@ -129,6 +129,7 @@ async def run_aggregator(
                 await asyncio.gather(serving, return_exceptions=True)
     finally:
         outcome.update({"folded": actor.folded, "forwarded": actor.forwarded,
+                        "resent_refused": actor.resent,
                         "partials": actor.partials, "mqtt": endpoint.stats.as_dict()})
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         write_json(aggregator_state_file(state_dir, aggregator_id), outcome)
