@@ -273,7 +273,7 @@ def simulate(
 def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool | None,
          run_scenario: Callable[..., Any],
          also: Callable[[dict[str, Any]], None] = lambda line: None) -> Any:
-    from fedsim.reporting.progress import ProgressUnit, RunProgress
+    from fedsim.reporting.progress import ProgressUnit, RunProgress, log_evaluation
 
     stop = loaded.scenario.stop
     total: float | None = stop.virtual_seconds
@@ -284,6 +284,7 @@ def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool 
         def on_window(line: dict[str, Any]) -> None:
             bar.update(line["time"], line["window"], line["accuracy"],
                        line["min_remaining_epsilon"])
+            log_evaluation(line)
             also(line)  # e.g. TensorBoard scalars as the run goes
 
         return run_scenario(loaded, run_dir, on_window=on_window, population=population)

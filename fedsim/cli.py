@@ -103,9 +103,10 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
     choice = group.add_mutually_exclusive_group()
     choice.add_argument("-q", "--quiet", action="store_true",
-                        help="Log only warnings and errors, and show no progress bar.")
+                        help="Log only warnings and errors (and show no progress bar, where "
+                             "the command has one).")
     choice.add_argument("-v", "--verbose", action="store_true",
-                        help="Log details too, such as every client's stop (debug level).")
+                        help="Log details too (debug level; a run logs each client's stop).")
     choice.add_argument("--log-level", choices=sorted(LEVELS, key=LEVELS.__getitem__),
                         type=str.lower, metavar="LEVEL",
                         help="Lowest level of log line written: debug, info (the default), "

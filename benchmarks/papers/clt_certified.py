@@ -14,7 +14,7 @@ mechanism) and Poisson sampling (add/remove), this computes
   actual error, which gamma bounds;
 * eps at delta = 1e-5 from the CLT mu and from the PLD accountant.
 
-    python benchmarks/papers/clt_certified.py        # about a minute
+    python benchmarks/papers/clt_certified.py        # a few seconds
 
 Writes benchmarks/results/papers/clt_certified.json and docs/img/clt_certified.png (the PLD
 curve inside the band, and its distance from G_mu inside +-gamma), then regenerates

@@ -1,4 +1,5 @@
-"""``fedsim data fetch NAME``: download a data set into the user cache, verified by sha256.
+"""``fedsim data fetch NAME``: download a data set into the user cache, verified by its pinned
+digests (sha256 of its content, or its sources' pinned archive digests).
 
 ``fedsim data where NAME`` prints the places NAME is looked for, in order, and which hold it;
 ``fedsim data list`` prints the known data sets. ``--from FILE`` fetches from a local copy (an
@@ -33,8 +34,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     fetch = actions.add_parser(
-        "fetch", help="Download a data set into the cache, verified by its sha256 hash.",
-        description="Download a data set into the cache, verified by its sha256 hash.")
+        "fetch", help="Download a data set into the cache, verified by its pinned digests.",
+        description="Download a data set into the cache, verified by its pinned digests (a "
+                    "sha256 of its content, or its sources' pinned archive digests: `fedsim "
+                    "data list` says which).")
     fetch.add_argument("dataset", choices=known, help="The data set to download.")
     fetch.add_argument("--dir", help="The directory to download into (by default the user cache).")
     fetch.add_argument(
@@ -98,4 +101,4 @@ def run(args: argparse.Namespace) -> int:
                    else "local copies only")
             print(f"{name}\t{spec.title}\t{pin}")
         return 0
-    raise ConfigError("usage: fedsim data {fetch,where,list} NAME")
+    raise ConfigError("usage: fedsim data fetch NAME | fedsim data where NAME | fedsim data list")

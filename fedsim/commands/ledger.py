@@ -3,7 +3,8 @@
 ``check FILE`` verifies the hash chain and the high-water mark (exit 0), or says what is wrong
 (exit 2): a ledger shorter than its mark, or different at the mark's count, and a missing or
 unreadable mark (without it a cut cannot be detected) are problems. ``repair FILE`` rewrites a ledger that is refused, keeping every readable record and
-adding a substitute step for each acknowledged record it cannot verify: a repair may only add
+adding a substitute step for each acknowledged record it cannot verify (a repair it refuses,
+saying why: exit 2): a repair may only add
 spending, never remove it (see :mod:`fedsim.privacy.ledger_repair`).
 """
 
@@ -147,8 +148,11 @@ def run_repair(args: argparse.Namespace) -> int:
             raise ConfigError("--lost-step Q SIGMA must be finite numbers")
         source = header if isinstance(header, dict) else _lost_header(path)
         lost_step = GaussianStep(str(source.get("sampling")), q, sigma)  # type: ignore[arg-type]
-    report = repair_ledger(path, lost_step=lost_step, assume_lost=args.assume_lost,
-                           dry_run=args.dry_run, header=header, no_releases=args.no_releases)
+    try:
+        report = repair_ledger(path, lost_step=lost_step, assume_lost=args.assume_lost,
+                               dry_run=args.dry_run, header=header, no_releases=args.no_releases)
+    except LedgerError as exc:  # a repair refused as asked: exit 2, as every refusal of check
+        raise ConfigError(str(exc)) from None
     _print({**report.to_json(), "dry_run": bool(args.dry_run)}, args.json)
     return 0
 

@@ -1,8 +1,8 @@
 """Simulate a scenario in one process under deterministic virtual time and write its run
 directory.
 
-The run directory gets metrics.jsonl, clients.csv, summary.json, scenario.resolved.yaml, the
-clients' ledgers and plots. Its default is runs/NAME-seedN (with a numeric suffix if that
+The run directory gets metrics.jsonl, clients.csv, summary.json, scenario.resolved.yaml,
+timing.json (wall-clock seconds), the clients' ledgers and plots. Its default is runs/NAME-seedN (with a numeric suffix if that
 exists). On a terminal a progress bar shows the run's progress towards the stop that will come
 first; log lines are JSON when stderr is not a terminal. An interrupted run (Ctrl-C or SIGTERM)
 still writes a partial summary that 'fedsim report' reads.
@@ -61,7 +61,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger
     from fedsim.reporting.horizon import HorizonTracker, run_horizon
-    from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.progress import RunProgress, log_evaluation
     from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.run_outputs import (
@@ -87,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
 
         require_writable_dir(args.tensorboard, "--tensorboard")
         require_tensorboard()
+    make_batcher = None
+    if args.executor == "ray":  # refused now without ray: no run directory left half made
+        from fedsim.runtime.simulated.ray_executor import ray_batcher
+
+        make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
     population, built_in = _built(loaded, log)
@@ -102,16 +107,9 @@ def run(args: argparse.Namespace) -> int:
             progress.set_total(tracker.observe(line["time"], line["active_clients"]))
             progress.update(line["time"], line["window"], line["accuracy"],
                             line["min_remaining_epsilon"], line["active_clients"])
-            if line["accuracy"] is not None:
-                log.info("window", **{k: line[k] for k in ("window", "time", "version", "accuracy",
-                                                         "applied", "active_clients")})
+            log_evaluation(line)
             to_tensorboard(line)
 
-        make_batcher = None
-        if args.executor == "ray":
-            from fedsim.runtime.simulated.ray_executor import ray_batcher
-
-            make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
         try:
             with signals_interrupt():
                 result = run_scenario(loaded, out, on_window=on_window, population=population,

@@ -321,6 +321,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--seeds: private tuning runs every trial on the scenario's seed "
                               "(its clients' data sets are fixed; K and the candidates come "
                               "from the operating system)")
+        if not grid or all(len(values) < 2 for _, values in grid):
+            # One candidate: K identical trials, each charged, for nothing to select
+            # (a stranger's review: 8x one run's eps for a "search" of one).
+            raise ConfigError("--private-tuning selects the best of several candidates: give "
+                              "--grid PATH=V1,V2,... with two values or more (one candidate "
+                              "would be trained K times, each trial charged, for nothing)")
         return run_private(args, grid, base.privacy.delta, out)
     plans = plan_runs(args.scenario, grid, seeds, args.overrides, out)
     out.mkdir(parents=True, exist_ok=True)

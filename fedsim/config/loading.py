@@ -420,9 +420,11 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
     data, node = _read_yaml(text, str(path))
     for assignment in overrides:
         data = apply_override(data, assignment)
+    source = str(path)
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree
-    scenario = parse_scenario(data, source=str(path), node=node)
+        source += f" with --set {' --set '.join(overrides)}"  # (a problem may be theirs)
+    scenario = parse_scenario(data, source=source, node=node)
     return LoadedScenario(scenario, file.resolve(), allow_factories)
 
 

@@ -18,12 +18,12 @@ import os
 import sys
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Literal, Self, TextIO
+from typing import Any, Literal, Self, TextIO
 
 from tqdm import tqdm
 
 from fedsim.errors import ConfigError
-from fedsim.logging import route_lines
+from fedsim.logging import get_logger, route_lines
 
 ProgressUnit = Literal["time", "windows"]
 ProgressClock = Literal["virtual", "scenario"]
@@ -164,3 +164,14 @@ class RunProgress:
             self._bar.update(int(advance) if self.unit == "windows" else advance)
         else:
             self._bar.refresh()
+
+
+_RUN_LOG = get_logger("fedsim.run")
+EVALUATION_KEYS = ("window", "time", "version", "accuracy", "applied", "active_clients")
+
+
+def log_evaluation(line: dict[str, Any]) -> None:
+    """A run's progress in its log: one info line (``fedsim.run``, "window") for each window
+    that evaluated the model (``fedsim run``'s and :func:`fedsim.simulate`'s)."""
+    if line["accuracy"] is not None:
+        _RUN_LOG.info("window", **{key: line[key] for key in EVALUATION_KEYS})

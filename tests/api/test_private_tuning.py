@@ -152,6 +152,20 @@ def test_private_tuning_refuses_an_unbounded_group_and_a_budget_it_exceeds(
     assert not any((tmp_path / "b").glob("trial-*"))  # refused before any trial
 
 
+def test_private_tuning_of_one_candidate_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's review (session 56): without --grid it trained one candidate K times,
+    each trial charged (8x one run's eps), selecting nothing. Refused before any trial."""
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    for grid in ([], ["--grid", "clients.groups[*].noise.sigma=1.0"]):
+        out = tmp_path / f"one-{len(grid)}"
+        assert main(["sweep", str(scenario), *grid, "--private-tuning", "nb",
+                     "--out", str(out), "--no-plots"]) == 2
+        assert "give --grid PATH=V1,V2,... with two values or more" in capsys.readouterr().err
+        assert not out.exists() or not any(out.iterdir())
+
+
 def test_draw_trials_inverts_the_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     trials = PoissonTrials(2.0)
     from scipy import stats

@@ -81,6 +81,19 @@ def test_a_file_in_the_way(command: str, scenario: Path, a_run: Path, tmp_path: 
     assert not (tmp_path / "fine").exists()  # nothing created for the run either
 
 
+def test_an_executor_that_is_not_installed_is_refused_before_any_work(
+        scenario: Path, tmp_path: Path, no_work: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's review (session 56): ``--executor ray`` without ray built the population,
+    wrote ten ledgers and an empty metrics.jsonl, then failed; the same ``--out`` was then
+    refused as holding a run's ledgers. Now it is refused first, and nothing is made."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # (import ray: ImportError)
+    out = tmp_path / "ray-run"
+    assert main(["run", str(scenario), "--executor", "ray", "--out", str(out)]) == 2
+    _one_line_error(capsys, "--executor ray needs the ray package", "fedsim[ray]")
+    assert not out.exists()
+
+
 def test_report_on_a_run_whose_plots_cannot_be_drawn(
         a_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "copy"

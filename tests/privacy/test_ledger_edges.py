@@ -182,7 +182,7 @@ def test_an_emptied_ledger_is_repaired_from_its_mark(
         # Every record is lost, the releases before round one with them if the client made
         # any; and only a human can say what the rounds cost.
         assert main(["ledger", "repair", str(path), "--header", header,
-                     "--no-releases"]) == 1  # a LedgerError
+                     "--no-releases"]) == 2  # a LedgerError (a refused repair: exit 2)
         assert "--lost-step" in capsys.readouterr().err
         assert main(["ledger", "repair", str(path), "--lost-step", "0.05", "1.0",
                      "--header", header]) == 2

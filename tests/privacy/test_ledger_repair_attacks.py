@@ -189,18 +189,18 @@ def test_a_directory_in_a_ledgers_place_is_refused_with_a_message(
     mark = path.with_name(path.name + ".hwm")
     mark.unlink()
     mark.mkdir()
-    assert main([*command, str(path)]) == (1 if command[1] == "repair" else 2)  # (a refused
-    err = capsys.readouterr().err  # repair exits 1, damage found by check or account 2)
+    assert main([*command, str(path)]) == 2  # (a refused repair, as damage found by check
+    err = capsys.readouterr().err  # or account: exit 2, since session 56's review)
     assert "high-water mark cannot be" in err and "Traceback" not in err
     with pytest.raises(LedgerError, match="high-water mark cannot be opened"):
         PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None)
     folder = tmp_path / "d.jsonl"
     folder.mkdir()
-    assert main(["ledger", "repair", str(folder), "--assume-lost", "0"]) == 1
+    assert main(["ledger", "repair", str(folder), "--assume-lost", "0"]) == 2
     assert "not a file" in capsys.readouterr().err
     with pytest.raises(LedgerError, match="not a file"):
         PrivacyLedger.open(folder, client_id="c", sampling="poisson", budget=None)
-    assert main(["ledger", "repair", str(tmp_path / "none.jsonl"), "--assume-lost", "0"]) == 1
+    assert main(["ledger", "repair", str(tmp_path / "none.jsonl"), "--assume-lost", "0"]) == 2
     assert not (tmp_path / "none.jsonl.hwm").exists()
 
 

@@ -9,6 +9,7 @@ import pty
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -133,3 +134,22 @@ def test_unconfigured_lines_go_to_the_standard_library(
     configure_logging(json=True)
     log.info("configured", window=3)
     assert json.loads(capsys.readouterr().err)["event"] == "configured"
+
+
+def test_simulate_logs_its_evaluations_at_info_and_prints_nothing(
+        unconfigured_structlog: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """docs/API.md: ``logging.basicConfig(level=logging.INFO)`` shows a simulation's progress.
+    A stranger's review (session 56) found only the windows' event counts there: the lines for
+    each evaluation were the CLI's alone. Both log them through one function now."""
+    import fedsim
+    from tests.api.conftest import TINY
+
+    with caplog.at_level(logging.INFO, logger="fedsim"):
+        result = fedsim.simulate(TINY, out=None, progress=False)
+    windows = [r for r in caplog.records if r.name == "fedsim.run" and r.getMessage().startswith(
+        "window ")]
+    evaluated = [line for line in result.windows if line["accuracy"] is not None]
+    assert len(windows) == len(evaluated) > 0
+    assert f"accuracy={evaluated[-1]['accuracy']}" in windows[-1].getMessage()
+    assert capsys.readouterr().out == ""  # never stdout

@@ -250,7 +250,10 @@ class RayRoundBatcher(RoundBatcher):
 def ray_batcher(*, workers: int = 2, address: str | None = None,
                 threads: int = 1) -> Callable[[Population], RayRoundBatcher]:
     """A ``make_batcher`` for :func:`~fedsim.runtime.simulated.simulation.run_scenario`: the population's
-    batched passes on ``workers`` Ray actors (a local Ray, or the cluster at ``address``)."""
+    batched passes on ``workers`` Ray actors (a local Ray, or the cluster at ``address``).
+    Raises :class:`ConfigError` at once without the ``ray`` package (before a run directory
+    holds anything)."""
+    _ray()
 
     def make(population: Population) -> RayRoundBatcher:
         return RayRoundBatcher(population.model, population.train_x, population.train_y,
