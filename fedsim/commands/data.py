@@ -36,8 +36,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     fetch = actions.add_parser(
         "fetch", help="Download a data set into the cache, verified by its pinned digests.",
         description="Download a data set into the cache, verified by its pinned digests (a "
-                    "sha256 of its content, or its sources' pinned archive digests: `fedsim "
-                    "data list` says which).")
+                    "sha256 of its content, or its sources' pinned archive digests: 'fedsim "
+                    "data list' says which).")
     fetch.add_argument("dataset", choices=known, help="The data set to download.")
     fetch.add_argument("--dir", help="The directory to download into (by default the user cache).")
     fetch.add_argument(
