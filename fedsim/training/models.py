@@ -28,7 +28,7 @@ from fedsim.config.factory import FACTORY_PATTERN  # noqa: F401 - re-exported
 from fedsim.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
-    from fedsim.config.schema import Model as ModelSpec
+    from fedsim.config.model import Model as ModelSpec
 
 # Module types whose output for one example depends on other examples of the batch.
 _BATCH_MIXING: tuple[type[nn.Module], ...] = (

@@ -99,7 +99,7 @@ def test_a_misspelt_model_or_option_is_an_error_without_the_data(
 
 
 def test_the_schema_names_every_built_in_model_and_no_other() -> None:
-    from fedsim.config.schema import BUILTIN_MODELS
+    from fedsim.config.model import BUILTIN_MODELS
     from fedsim.training.models import MODELS
 
     assert set(BUILTIN_MODELS) == set(MODELS)

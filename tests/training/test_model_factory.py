@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fedsim.config import LoadedScenario, parse_scenario
-from fedsim.config.schema import Model
+from fedsim.config.model import Model
 from fedsim.errors import ConfigError, ModelError
 from fedsim.training.models import (
     build_scenario_model,
