@@ -428,12 +428,12 @@ def test_a_far_status_between_a_close_and_its_partial_costs_its_group_one_window
     assert third[0].refused == ()
 
 
-def test_a_round_the_server_refused_alone_does_not_move_the_aggregators_count() -> None:
+def test_a_client_whose_forwarded_round_the_server_refused_is_judged_alone_after() -> None:
     """The second review's leap: round 1,100 (more than 1,024 ahead of the 0 rounds known)
-    is forwarded for the server to judge, which refuses it; the aggregator had recorded it, so
-    its count of the client's rounds (1,101) passed the server's (0), and round 2,000 was
-    folded beside the neighbours' and refused with them. An update forwarded because only the
-    server can judge it is not recorded there now: round 2,000 is forwarded, judged alone."""
+    is forwarded for the server to judge, which refuses it, while the aggregator counts it
+    judged; its next leap, round 2,000, was then folded beside the neighbours' and refused with
+    them. The server now names a client whose forwarded update it refuses so (all its rounds):
+    round 2,000 is forwarded, judged alone."""
     ok = np.full(DIM, 0.01, np.float32)
 
     async def scenario_():
@@ -449,6 +449,47 @@ def test_a_round_the_server_refused_alone_does_not_move_the_aggregators_count() 
     first, second = asyncio.run(scenario_())
     assert first.applied == 2 and first.rejections == {Kind.ROUND_AHEAD: 1}
     assert second.applied == 2 and second.rejections == {Kind.ROUND_AHEAD: 1}  # c's, alone
+
+
+def test_a_round_the_server_passed_over_is_not_folded_and_a_new_aggregator_learns_rounds(
+        ) -> None:
+    """The third review: a kept status claiming 1,025 rounds lets round 1,500 through at the
+    server (the aggregator, which knows 1, forwards it), and the server's book passes over the
+    rounds below 477; round 1 was then folded and its group refused. The aggregator records
+    what it forwards as judged, as the server does, so round 1 is a duplicate there too. And a
+    fresh aggregator (a restart) facing clients past round 1,024 forwards each one's first
+    update, then folds the next ones (not forwarded for ever)."""
+    ok = np.full(DIM, 0.01, np.float32)
+
+    async def scenario_():
+        server, aggregator = _server_and_aggregator()
+        await _window(server, aggregator, [ClientUpdate(c, 0, 0, ok, 8.0) for c in "abc"])
+        assert server.accept_status(ClientStatus("c", "waiting", 1025, 0.0, 1e-5))
+        passed = await _window(server, aggregator, [ClientUpdate("c", 1500, 1, ok, 8.0)])
+        after = await _window(server, aggregator, [ClientUpdate(c, 1, 2, ok, 8.0) for c in "abc"])
+        return passed[1], after[1]
+
+    passed, after = asyncio.run(scenario_())
+    assert passed.applied == 1  # c's 1,500, within its status's 1,025 + 1,024
+    assert Kind.BAD_PARTIAL not in after.rejections
+    assert (after.applied, after.duplicate) == (2, 1)  # a's and b's; c's round 1 judged before
+
+    async def restarted():
+        server, aggregator = _server_and_aggregator()
+        for client in "ab":  # long-running clients: the server has their rounds to 1,499
+            server.book.record(client, 1499)
+            aggregator.book.version = server.version
+        folded, forwarded = [], []
+        for r in range(1500, 1503):
+            sent = aggregator.forwarded
+            await _window(server, aggregator, [ClientUpdate(c, r, server.version, ok, 8.0)
+                                               for c in "ab"])
+            folded.append(aggregator.folded)
+            forwarded.append(aggregator.forwarded - sent)
+        return folded, forwarded
+
+    folded, forwarded = asyncio.run(restarted())
+    assert forwarded == [2, 0, 0] and folded == [0, 2, 4]
 
 
 def test_every_client_with_an_entry_refused_is_named_and_names_take_turns() -> None:

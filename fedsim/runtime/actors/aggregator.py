@@ -41,8 +41,10 @@ each is forwarded unmixed, so one client's entry never gets its neighbours' grou
 if that close names one of its groups as refused (``WindowClose.refused``), they are forwarded
 unmixed then, so the server judges the honest ones alone a window later instead of waiting
 for their clients' resends. An update forwarded because only the server can judge it
-(``FORWARDED_KINDS``) is not recorded in this book: were the server to refuse it, this book
-would count more of the client's rounds than the server's, and fold its next leap.
+(``FORWARDED_KINDS``) is recorded in this book as judged (a restarted aggregator learns a
+long-running client's rounds so, and folds its next ones); were the server to refuse it, the
+server names the client, with all its rounds, in its next close (a client that leaps past a
+refused round would otherwise have its next leap folded).
 
 **Joining a run in progress** (a restarted aggregator, whose predecessor's book died with it):
 the server may already have applied an update that reaches it again as a resend, and a partial
@@ -72,19 +74,14 @@ from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, P
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import Rejections
+from fedsim.runtime.actors.partials import FORWARDED_KINDS
 from fedsim.runtime.actors.server import ClientInfo
 from fedsim.transports.base import Endpoint
 from fedsim.transports.topics import aggregator_ids
 
-__all__ = ["FORWARDED_KINDS", "AggregatorActor", "aggregator_ids"]
+__all__ = ["AggregatorActor", "aggregator_ids"]
 
 _log = get_logger("fedsim.runtime.actors.aggregator")
-
-FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLISHED_VERSION,
-                             Kind.NOT_INVITED})
-"""Verdicts an aggregator may reach only because it knows less than the server: such an update
-is forwarded unmixed for the server to judge (module docstring)."""
-
 
 class AggregatorActor:
     """Checks and pre-mixes the updates routed to it, window by window (module docstring)."""
@@ -172,8 +169,7 @@ class AggregatorActor:
         """On-arrival policies: forward ``update`` unless a public check refuses it."""
         verdict = self.book.judge(update)
         if verdict.kind in (Kind.ACCEPTED, Kind.DUPLICATE, *FORWARDED_KINDS):
-            if verdict.kind not in FORWARDED_KINDS:  # (the server decides those: not recorded)
-                self.book.record(update.client_id, update.round)  # later copies stop
+            self.book.record(update.client_id, update.round)  # judged here: later copies stop
             await self._forward(update)
         else:
             self._refuse(update, verdict.kind, verdict.reason)
@@ -262,8 +258,7 @@ class AggregatorActor:
                 keys.add(key)
             elif verdict.kind in FORWARDED_KINDS or (verdict.kind is Kind.DUPLICATE
                                                      and key not in keys):
-                # The server decides (not recorded here: module docstring), or a copy of an
-                # update judged here before (recorded already).
+                self.book.record(*key)  # (the server decides; module docstring)
                 await self._forward(update)
             elif verdict.kind is Kind.STALE and len(settled) >= MAX_PARTIAL_ENTRIES:
                 await self._forward(update)  # the book recorded it; the server finds it stale

@@ -15,18 +15,18 @@ a group failing any of it is refused whole (``bad_partial``, its updates counted
 
 **One client cannot get the others' updates refused** (session 56's reviews). A group is one
 sum, so an entry the server refuses takes the group's other updates with it. An honest
-aggregator folds only what passes the checks it can make, and records in its book only what
-the server will record too (an update it forwards because only the server can judge it is
-not recorded there: a client whose refused far round moved the aggregator's count of its
-rounds ahead of the server's had its next leap folded and refused). What it cannot see is
-what the server learnt from a client's statuses (an adopted count of rounds,
-:mod:`~fedsim.runtime.actors.client_book`: every round below it is then judged). So
+aggregator folds only what passes the checks it can make, and records in its book what it
+judged or forwarded, as the server records what it judges. The two books part where the
+server learns what the aggregator cannot see: a client's statuses (an adopted count of rounds,
+:mod:`~fedsim.runtime.actors.client_book`: every round below it is then judged), and a
+forwarded update the server refuses that the aggregator counted judged (:data:`FORWARDED_KINDS`:
+a client that leapt past such a round had its next leap folded and refused). So
 (:class:`CloseNotes`):
 
 * every window close names the watermarks (``WindowClose.watermarks``) of the clients whose
-  status the server adopted (their adopted count) and of every client with an entry in a
-  refused group (:data:`~fedsim.protocol.headers.MAX_COUNTER`: all its rounds, for the rest of
-  the run); an aggregator folds none of such a client's rounds below its mark and forwards
+  status the server adopted (their adopted count), and of every client with an entry in a
+  refused group or a forwarded update refused so (:data:`~fedsim.protocol.headers.MAX_COUNTER`:
+  all its rounds, for the rest of the run); an aggregator folds none of such a client's rounds below its mark and forwards
   them, to be judged one by one. The names are repeated at every close (new ones first,
   then in turn, :data:`~fedsim.protocol.headers.MAX_CLOSE_WATERMARKS` a close): a restarted
   aggregator, which forwards every update of its first window anyway, knows them all before
@@ -82,6 +82,14 @@ a partial reordered behind a later one within it still joins the mix (once); an 
 ignored, logged (taken already or not, the server cannot tell; its clients resend what was
 not acknowledged)."""
 TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
+
+
+FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLISHED_VERSION,
+                             Kind.NOT_INVITED})
+"""Verdicts an aggregator may reach only because it knows less than the server: such an update
+is forwarded unmixed for the server to judge (:mod:`~fedsim.runtime.actors.aggregator`), and
+recorded there as judged; a server that refuses such an update names its client in its next
+close (module docstring)."""
 
 
 class PartialGroup(NamedTuple):

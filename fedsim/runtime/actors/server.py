@@ -94,6 +94,7 @@ from fedsim.aggregation.policies import AggregationPolicy, TimeWindows
 from fedsim.clock import Clock
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
+from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
@@ -107,7 +108,7 @@ from fedsim.runtime.actors.integrity import (
     Rejections,
     check_model,
 )
-from fedsim.runtime.actors.partials import PartialGroup, PartialIntake
+from fedsim.runtime.actors.partials import FORWARDED_KINDS, PartialGroup, PartialIntake
 from fedsim.runtime.actors.server_evaluation import Evaluator, FinalEvaluation, HeldOutEvaluation
 from fedsim.runtime.actors.server_mix import mix_updates, mix_with_partials
 from fedsim.runtime.actors.server_snapshot import ServerSnapshot, check_snapshot
@@ -341,6 +342,8 @@ class ServerActor:
             _log.warning("update rejected", client=update.client_id, round=update.round,
                          base_version=update.base_version, kind=verdict.kind,
                          reason=verdict.reason)
+            if verdict.kind in FORWARDED_KINDS:  # (behind an aggregator, which counted it judged)
+                self.partials.hold_back(update.client_id, MAX_COUNTER)
             return None
         info = self.clients[update.client_id]
         accepted = AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
