@@ -354,3 +354,34 @@ def test_a_second_server_on_one_state_directory_is_refused(tmp_path: Path) -> No
         assert not (tmp_path / "out").exists()
     with ServerStateLock(state):  # released when the first stops: the next one starts
         pass
+
+
+def test_the_names_sent_to_aggregation_nodes_survive_a_restart(tmp_path: Path) -> None:
+    """A review (session 56): the clients named to the aggregation nodes (their marks, below
+    which an aggregator folds none of their rounds) were not in the checkpoint, so after a
+    server restart a named client could get a group refused again. They are kept; a damaged
+    mark is a clear error."""
+    from dataclasses import replace
+
+    def server() -> ServerActor:
+        return ServerActor(clock=_StillClock(0.0), endpoint=SilentEndpoint(),
+                           initial_params=np.zeros(6, np.float32),
+                           clients={"a": ClientInfo(100, 0.5), "b": ClientInfo(50, 0.5)},
+                           window=1.0, strategy=make_strategy("data_size"),
+                           step_size=PlateauStepSize(1.0, factor=0.5, patience=1),
+                           aggregators=("g0",))
+
+    original = server()
+    original.partials.hold_back("a", 2**53 - 1)
+    original.partials.hold_back("b", 2000)
+    original.partials.notes.take()  # named in a close before the checkpoint
+    checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
+    checkpoint.save(original.snapshot())
+    restored = server()
+    restored.restore(checkpoint.load())
+    watermarks, _ = restored.partials.notes.take()
+    assert sorted(watermarks) == [("a", 2**53 - 1), ("b", 2000)]  # named again at once
+    for bad in ({"a": -1}, {"a": "2000"}, {"a": 2**53}):
+        checkpoint.save(replace(original.snapshot(), aggregator_marks=bad))  # type: ignore[arg-type]
+        with pytest.raises(CheckpointError, match="malformed"):
+            checkpoint.load()

@@ -428,6 +428,49 @@ def test_a_far_status_between_a_close_and_its_partial_costs_its_group_one_window
     assert third[0].refused == ()
 
 
+def test_a_late_partials_refused_group_is_replayed_too() -> None:
+    """The third review: a partial that reaches the server after its window closed is judged
+    at the next close, so its refusal is named one close later; the aggregator kept only its
+    last partial's updates, and the honest ones waited for their clients' resends. It keeps
+    the last two."""
+    ok = np.full(DIM, 0.01, np.float32)
+
+    async def scenario_():
+        server, aggregator = _server_and_aggregator()
+        reports = []
+        for window in (1, 2, 3):
+            if window == 1:
+                for c in "abc":
+                    await aggregator._arrived(ClientUpdate(c, 0, 0, ok, 8.0))
+            published = len(server.endpoint.published)
+            await server.partials.gather(server.clock, server.endpoint, window, server.version)
+            (_, close), = server.endpoint.published[published:]
+            if window == 1:  # c's far status lands between the close and its partial
+                assert server.accept_status(ClientStatus("c", "waiting", 2000, 0.0, 1e-5))
+            sent = len(aggregator.endpoint.published)
+            await aggregator.flush(close)
+            messages = [m for _, m in aggregator.endpoint.published[sent:]]
+            if window == 1:
+                late = messages  # window 1's partial arrives after its close
+                messages = []
+            elif window == 2:
+                messages += late
+            for message in messages:
+                if isinstance(message, Partial):
+                    server._take_partial(message)
+                else:
+                    server._inbox.append(message)
+            reports.append((close, server.close_window()))
+            await server.broadcast()
+            aggregator._learn(server.endpoint.published[-1][1])
+        return reports, aggregator
+
+    reports, aggregator = asyncio.run(scenario_())
+    assert reports[1][1].rejections == {Kind.BAD_PARTIAL: 3}  # the late partial, judged now
+    assert reports[2][0].refused == (("g0", 1, 0),) and aggregator.resent == 3
+    assert (reports[2][1].applied, reports[2][1].duplicate) == (2, 1)  # a's and b's; c's
+
+
 def test_a_client_whose_forwarded_round_the_server_refused_is_judged_alone_after() -> None:
     """The second review's leap: round 1,100 (more than 1,024 ahead of the 0 rounds known)
     is forwarded for the server to judge, which refuses it, while the aggregator counts it

@@ -37,9 +37,9 @@ an aggregator cannot see (a status adopted there, or an entry of that client tha
 refused: then all its rounds); none of those rounds is folded from then on,
 each is forwarded unmixed, so one client's entry never gets its neighbours' group refused.
 
-**Refused groups**: the updates folded into the last partial are kept until the next close;
-if that close names one of its groups as refused (``WindowClose.refused``), they are forwarded
-unmixed then, so the server judges the honest ones alone a window later instead of waiting
+**Refused groups**: the updates folded into the last two partials are kept (a partial judged
+late, in the window after its own, has its refusal named a close later); if a close names
+one of their groups as refused (``WindowClose.refused``), they are forwarded unmixed then, so the server judges the honest ones alone a window later instead of waiting
 for their clients' resends. An update forwarded because only the server can judge it
 (``FORWARDED_KINDS``) is recorded in this book as judged (a restarted aggregator learns a
 long-running client's rounds so, and folds its next ones); were the server to refuse it, the
@@ -127,8 +127,8 @@ class AggregatorActor:
         """Partials sent so far."""
         self.resent = 0
         """Updates of refused groups forwarded one by one (``WindowClose.refused``)."""
-        self._last_groups: tuple[int, dict[int, list[ClientUpdate]]] = (0, {})
-        """The last partial's window and its folded updates by base version (module
+        self._kept_groups: dict[int, dict[int, list[ClientUpdate]]] = {}
+        """The last two partials' folded updates, by window and base version (module
         docstring, "Refused groups")."""
 
     async def run(self) -> None:
@@ -209,10 +209,10 @@ class AggregatorActor:
                 self.held_back[client_id] = max(below, self.held_back.get(client_id, 0))
         if self.unsure_through is None:
             self.unsure_through = close.version if close.window > 1 else -1
-        window, groups = self._last_groups
-        return [update for aggregator_id, refused_window, base in close.refused
-                if aggregator_id == self.aggregator_id and refused_window == window
-                for update in groups.pop(base, [])]
+        kept = self._kept_groups
+        return [update for aggregator_id, window, base in close.refused
+                if aggregator_id == self.aggregator_id
+                for update in kept.get(window, {}).pop(base, [])]
 
     def _alone(self, update: ClientUpdate, folded: int, sums: dict[int, np.ndarray]) -> bool:
         """Whether an accepted ``update`` goes to the server alone: joining a run, a round
@@ -276,7 +276,10 @@ class AggregatorActor:
             sums=np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32),
             settled=tuple(settled), rejections=self._rejections.as_dict(), sent_at=now)
         self._rejections = Rejections()
-        self._last_groups = (close.window, folded)  # until the next close (a refusal)
+        # Kept for the next two closes: a partial judged late (in the next window) has its
+        # refusal named one close later than an on-time one.
+        self._kept_groups = {w: g for w, g in self._kept_groups.items() if w >= close.window - 1}
+        self._kept_groups[close.window] = folded
         self.folded += len(entries)
         self.partials += 1
         await self.endpoint.publish(partial)

@@ -30,7 +30,7 @@ a client that leapt past such a round had its next leap folded and refused). So
   them, to be judged one by one. The names are repeated at every close (new ones first,
   then in turn, :data:`~fedsim.protocol.headers.MAX_CLOSE_WATERMARKS` a close): a restarted
   aggregator, which forwards every update of its first window anyway, knows them all before
-  it folds;
+  it folds; and they are in the server's checkpoint (a restarted server names them again);
 * the next close names every refused group (``WindowClose.refused``: aggregator, window, base
   version), and that aggregator forwards the updates it folded into it, so the honest ones are
   judged (and applied) one window later instead of waiting for their clients' resends, which
@@ -329,6 +329,10 @@ class CloseNotes:
             return
         self._marks[client_id] = below
         self._new.add(client_id)
+
+    def marks(self) -> dict[str, int]:
+        """Every client named, with its mark (a server checkpoint keeps them)."""
+        return dict(self._marks)
 
     def refused(self, aggregator_id: str, window: int, base_version: int) -> None:
         """A group of ``aggregator_id``'s partial of ``window`` was refused."""

@@ -541,6 +541,7 @@ class ServerActor:
             last_evaluation=self.evaluation.last,
             incarnations=self.incarnations,
             optimizer_state=self.optimizer.state(),
+            aggregator_marks=self.partials.notes.marks(),
         )
 
     def restore(self, snapshot: ServerSnapshot) -> None:
@@ -558,6 +559,8 @@ class ServerActor:
         self.evaluation.version = snapshot.evaluated_version
         self.evaluation.last = snapshot.last_evaluation
         self.optimizer.load_state(snapshot.optimizer_state)
+        for client_id, mark in snapshot.aggregator_marks.items():  # (the scenario's clients)
+            self.partials.hold_back(client_id, mark)
         self._renew_above = snapshot.version if snapshot.version_ceiling is None \
             else max(snapshot.version, snapshot.version_ceiling)
 

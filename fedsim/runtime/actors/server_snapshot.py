@@ -37,6 +37,10 @@ class ServerSnapshot:
     last_evaluation: tuple[float, float]
     incarnations: tuple[str, ...] = ()
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
+    aggregator_marks: dict[str, int] = field(default_factory=dict)
+    """The clients named to the aggregation nodes with their marks
+    (:class:`~fedsim.runtime.actors.partials.CloseNotes`): a restarted server names them
+    again."""
     version_ceiling: int | None = None
     """No version above it was published before a later snapshot (None: ``version``); a
     restored server renews its version above it (:meth:`ServerActor.renew_version`)."""

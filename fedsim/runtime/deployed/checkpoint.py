@@ -41,6 +41,7 @@ import numpy as np
 
 from fedsim.atomic import locked_or_closed, write_atomically
 from fedsim.errors import FedsimError
+from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.runtime.actors.client_book import BookState
 from fedsim.runtime.actors.server_snapshot import ServerSnapshot
 
@@ -109,6 +110,7 @@ def _state_document(snapshot: ServerSnapshot, identity: dict[str, Any]) -> dict[
         # JSON has no NaN; "not evaluated yet" is stored as null.
         "last_evaluation": [None if math.isnan(v) else v for v in snapshot.last_evaluation],
         "incarnations": list(snapshot.incarnations),
+        "aggregator_marks": snapshot.aggregator_marks,
     }
 
 
@@ -128,7 +130,20 @@ def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
         evaluated_version=int(state["evaluated_version"]),
         last_evaluation=(accuracy, loss),
         incarnations=tuple(str(i) for i in state.get("incarnations", [])),
+        aggregator_marks=_marks(state.get("aggregator_marks", {})),
     )
+
+
+def _marks(document: Any) -> dict[str, int]:
+    """The aggregation nodes' names from a checkpoint (ValueError: not what one writes)."""
+    if not isinstance(document, dict):
+        raise ValueError(f"aggregator_marks: expected an object, got {type(document).__name__}")
+    marks = {}
+    for client_id, mark in document.items():
+        if isinstance(mark, bool) or not isinstance(mark, int) or not 0 <= mark <= MAX_COUNTER:
+            raise ValueError(f"aggregator_marks[{client_id!r}]: {mark!r} is not a round")
+        marks[str(client_id)] = mark
+    return marks
 
 
 class ServerCheckpoint:
