@@ -19,6 +19,7 @@ from fedsim.aggregation import PlateauStepSize, make_strategy
 from fedsim.aggregation.policies import FedAsync
 from fedsim.clock import ScaledClock
 from fedsim.errors import ConfigError
+from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
 from fedsim.runtime.deployed.checkpoint import CheckpointError, ServerCheckpoint
@@ -372,7 +373,7 @@ def test_the_names_sent_to_aggregation_nodes_survive_a_restart(tmp_path: Path) -
                            aggregators=("g0",))
 
     original = server()
-    original.partials.hold_back("a", 2**53 - 1)
+    original.partials.hold_back("a", MAX_COUNTER)
     original.partials.hold_back("b", 2000)
     original.partials.notes.take()  # named in a close before the checkpoint
     checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
@@ -380,8 +381,8 @@ def test_the_names_sent_to_aggregation_nodes_survive_a_restart(tmp_path: Path) -
     restored = server()
     restored.restore(checkpoint.load())
     watermarks, _ = restored.partials.notes.take()
-    assert sorted(watermarks) == [("a", 2**53 - 1), ("b", 2000)]  # named again at once
-    for bad in ({"a": -1}, {"a": "2000"}, {"a": 2**53}):
+    assert sorted(watermarks) == [("a", MAX_COUNTER), ("b", 2000)]  # named again at once
+    for bad in ({"a": -1}, {"a": "2000"}, {"a": MAX_COUNTER + 1}):
         checkpoint.save(replace(original.snapshot(), aggregator_marks=bad))  # type: ignore[arg-type]
         with pytest.raises(CheckpointError, match="malformed"):
             checkpoint.load()

@@ -16,6 +16,7 @@ from fedsim.aggregation import ConstantStepSize, UniformWeights
 from fedsim.aggregation.mixing import DataSizeWeights
 from fedsim.aggregation.policies import TimeWindows
 from fedsim.clock import WallClock
+from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
@@ -323,7 +324,6 @@ def test_updates_past_what_one_partial_may_carry_go_to_the_server_alone(
     assert forwarded == [("c", 0), ("d", 0)]
 
 
-MAX_COUNTER = 2**53 - 1  # (fedsim.protocol.headers: the largest round on the wire)
 
 
 def _server_and_aggregator() -> tuple[ServerActor, AggregatorActor]:

@@ -39,8 +39,9 @@ each is forwarded unmixed, so one client's entry never gets its neighbours' grou
 
 **Refused groups**: the updates folded into the last two partials are kept (a partial judged
 late, in the window after its own, has its refusal named a close later); if a close names
-one of their groups as refused (``WindowClose.refused``), they are forwarded unmixed then, so the server judges the honest ones alone a window later instead of waiting
-for their clients' resends. An update forwarded because only the server can judge it
+one of their groups as refused (``WindowClose.refused``), they are forwarded unmixed then, so
+the server judges the honest ones alone a window later instead of waiting for their clients'
+resends. An update forwarded because only the server can judge it
 (``FORWARDED_KINDS``) is recorded in this book as judged (a restarted aggregator learns a
 long-running client's rounds so, and folds its next ones); were the server to refuse it, the
 server names the client, with all its rounds, in its next close (a client that leaps past a

@@ -26,8 +26,8 @@ a client that leapt past such a round had its next leap folded and refused). So
 * every window close names the watermarks (``WindowClose.watermarks``) of the clients whose
   status the server adopted (their adopted count), and of every client with an entry in a
   refused group or a forwarded update refused so (:data:`~fedsim.protocol.headers.MAX_COUNTER`:
-  all its rounds, for the rest of the run); an aggregator folds none of such a client's rounds below its mark and forwards
-  them, to be judged one by one. The names are repeated at every close (new ones first,
+  all its rounds, for the rest of the run); an aggregator folds none of such a client's
+  rounds below its mark and forwards them, to be judged one by one. The names are repeated at every close (new ones first,
   then in turn, :data:`~fedsim.protocol.headers.MAX_CLOSE_WATERMARKS` a close): a restarted
   aggregator, which forwards every update of its first window anyway, knows them all before
   it folds; and they are in the server's checkpoint (a restarted server names them again);
