@@ -41,6 +41,8 @@ __all__ = ["ClientPrivacy", "RunResult", "account", "load_scenario", "simulate"]
 
 ScenarioSource = str | PathLike[str] | Mapping[str, Any] | Scenario | LoadedScenario
 Overrides = Sequence[str] | Mapping[str, Any] | None
+OVERRIDES_LABEL = "overrides"
+"""What errors call an override given from Python (the command line's are ``--set``)."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,8 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
     """
     lines = _override_lines(overrides)
     if isinstance(source, str | PathLike):
-        return _load_file(Path(source), lines, allow_factories=allow_factories)
+        return _load_file(Path(source), lines, allow_factories=allow_factories,
+                          label=OVERRIDES_LABEL)
     if isinstance(source, LoadedScenario):
         allow_factories = allow_factories or source.allow_factories
         if not lines:
@@ -163,7 +166,7 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
         raise ConfigError(f"scenario: expected a file path, a dict or a Scenario, got "
                           f"{type(source).__name__}")
     for line in lines:
-        tree = apply_override(tree, line)
+        tree = apply_override(tree, line, OVERRIDES_LABEL)
     scenario = parse_scenario(tree, source=str(origin or "<scenario>"))
     return LoadedScenario(scenario, origin, allow_factories)
 

@@ -9,14 +9,12 @@ values of ``clients.csv`` are printed with a warning that they are approximation
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import finite_number, printable, relative_gap
+from fedsim.reporting.values import finite_number, printable, relative_gap, spread
 from fedsim.runtime.run_outputs import require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
@@ -39,9 +37,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="Redraw a run directory's plots and summarise the run.",
         description=DESCRIPTION,
     )
-    parser.add_argument("run_dir", metavar="DIR", nargs="+",
+    parser.add_argument("run_dir", metavar="DIR",
                         help="A run directory written by fedsim run or fedsim launch (for "
                              "several, use fedsim compare).")
+    # More directories are taken only to point at compare (the usage line shows one: DIR).
+    parser.add_argument("more_dirs", nargs="*", default=[], help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
     return parser
 
@@ -49,11 +49,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.plots import draw_run
 
-    if len(args.run_dir) > 1:
+    if args.more_dirs:
+        every = " ".join([args.run_dir, *args.more_dirs])
         raise ConfigError("report reads one run directory; to put several side by side run "
-                          f"`fedsim compare {' '.join(args.run_dir)}` (a table and overlaid "
-                          "accuracy and epsilon plots)")
-    directory = RunDirectory.load(args.run_dir[0])
+                          f"`fedsim compare {every}` (a table and overlaid accuracy and "
+                          "epsilon plots)")
+    directory = RunDirectory.load(args.run_dir)
     require_writable_dir(directory.plot_dir, "plots directory")
     drawn = draw_run(directory)
     for line in summary_lines(directory, drawn):
@@ -66,11 +67,6 @@ def _updates(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{key} {count}" for key, count in value.items())
     return "?" if value is None else str(value)
-
-
-def _spread(values: Iterable[float]) -> str:
-    ordered = sorted(values)
-    return f"min {ordered[0]:.4g} / median {statistics.median(ordered):.4g} / max {ordered[-1]:.4g}"
 
 
 def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
@@ -115,7 +111,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     final_eps = drawn.final_epsilon
     if final_eps:
         lines.append(f"privacy ({drawn.accountant}, delta = {drawn.delta:g}): eps "
-                     f"{_spread(final_eps.values())} over {len(final_eps)} clients")
+                     f"{spread(final_eps.values())} over {len(final_eps)} clients")
         if run.server_view:  # its clients' statuses against their ledgers copied in
             from fedsim.reporting.server_view import status_disagreements
 
@@ -129,7 +125,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         # Two mu a client: this one, from the CLT, and the trade-off plot's "GDP fit" (the
         # smallest mu whose G_mu lies below the accountant's curve): a stranger took them for one.
         lines.append(f"CLT mu (approximation; not the trade-off plot's GDP-fit mu, which "
-                     f"bounds the accountant's curve): {_spread(mus)}")
+                     f"bounds the accountant's curve): {spread(mus)}")
         warnings.append(
             "warning: CLT mu values are approximations (Dong, Roth & Su, Gaussian "
             "Differential Privacy, Cor. 5.4; Bu et al. 2020), not guarantees"

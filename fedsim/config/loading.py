@@ -14,22 +14,21 @@ directory. A named data set needs no path at all.
 
 from __future__ import annotations
 
-import difflib
 import json
-import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from fedsim.config import limits
 from fedsim.config.overrides import assign_path
 from fedsim.config.schema import Scenario
+from fedsim.config.suggestions import did_you_mean, first_unknown_key, meant_choice
 from fedsim.errors import ConfigError
 
 __all__ = [
@@ -252,20 +251,21 @@ def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # --set overrides
 
-def apply_override(data: Any, assignment: str) -> Any:
+def apply_override(data: Any, assignment: str, label: str = "--set") -> Any:
     """Apply one ``path=value`` (value parsed as YAML) to a plain scenario tree, returning it.
 
     ``path`` may select list items: ``[0]``, ``[*]`` (all), ``[name]`` (the item with that
-    ``name``); see :mod:`fedsim.config.overrides`.
+    ``name``); see :mod:`fedsim.config.overrides`. Errors begin with ``label``: ``--set`` on
+    the command line, ``overrides`` from Python.
     """
     path, sep, raw_value = assignment.partition("=")
     if not sep:
-        raise ConfigError(f"--set {assignment!r}: expected path=value")
+        raise ConfigError(f"{label} {assignment!r}: expected path=value")
     try:
         value = _load_yaml(raw_value)[0] if raw_value.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {path.strip()}: {_yaml_error(exc, raw_value)}") from None
-    return assign_path(data, path.strip(), value, hint=_first_unknown_key)
+        raise ConfigError(f"{label} {path.strip()}: {_yaml_error(exc, raw_value)}") from None
+    return assign_path(data, path.strip(), value, hint=first_unknown_key, label=label)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,50 +330,6 @@ def _describe(error: Mapping[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models an annotation may hold (through unions, lists, dicts, Annotated)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    found: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        found.extend(_models_in(arg))
-    return found
-
-
-def _keys_at(path: Sequence[str | int]) -> set[str]:
-    """Every key a scenario accepts at ``path`` (the mapping that holds the unknown key)."""
-    models: list[type[BaseModel]] = [Scenario]
-    for part in path:
-        if isinstance(part, int):
-            continue  # a list item: the list's item models were taken with its field
-        models = [inner for model in models if part in model.model_fields
-                  for inner in _models_in(model.model_fields[part].annotation)]
-    return {name for model in models for name in model.model_fields}
-
-
-def _first_unknown_key(path: Sequence[str | int]) -> str:
-    """:func:`_did_you_mean` for the first key of ``path`` the scenario does not accept
-    (``client.groups``: ``client``); "" when it accepts every one (a review: a valid key was
-    suggested as the one meant)."""
-    for end, part in enumerate(path):
-        if isinstance(part, str) and part not in _keys_at(path[:end]):
-            return _did_you_mean(path[:end + 1])
-    return ""
-
-
-def _did_you_mean(path: Sequence[str | int]) -> str:
-    """`` - did you mean 'clip'?`` for an unknown key close to an accepted one, else ``""``."""
-    key = path[-1] if path else None
-    if not isinstance(key, str):
-        return ""
-    close = difflib.get_close_matches(key, sorted(_keys_at(path[:-1])), n=1, cutoff=0.6)
-    if close:
-        return f" - did you mean {close[0]!r}?"
-    parents = sorted(field for field in _keys_at(path[:-1])
-                     if key in _keys_at([*path[:-1], field]))
-    return f" - it belongs under {' or '.join(map(repr, parents))}" if parents else ""
-
-
 def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
     lines: list[str] = []
     errors = exc.errors(include_url=False)
@@ -389,7 +345,13 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
         got = ""
         if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), dict | list):
             got = f" (got {json.dumps(error.get('input'), default=str)})"
-        hint = _did_you_mean(path) if error["type"] == "extra_forbidden" else ""
+        hint = ""
+        if error["type"] == "extra_forbidden":
+            hint = did_you_mean(path)
+        elif error["type"] in ("literal_error", "union_tag_invalid"):
+            given = error.get("input") if error["type"] == "literal_error" else (
+                error.get("ctx", {}).get("tag"))
+            hint = meant_choice(path, given, tag=error["type"] == "union_tag_invalid")
         lines.append(f"{where}{at}: {_describe(error)}{got}{hint}")
     return lines
 
@@ -412,18 +374,19 @@ def parse_scenario(data: Any, *, source: str = "<scenario>",
 
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
-                  allow_factories: bool = False) -> LoadedScenario:
+                  allow_factories: bool = False, label: str = "--set") -> LoadedScenario:
     """Read, override (``--set path=value``, applied in order) and validate a scenario file
-    (``allow_factories``: see :class:`LoadedScenario`)."""
+    (``allow_factories``: see :class:`LoadedScenario`; ``label``: what errors call an
+    override, ``--set`` or ``overrides``)."""
     file = Path(path)
     text = _read_text(file)
     data, node = _read_yaml(text, str(path))
     for assignment in overrides:
-        data = apply_override(data, assignment)
+        data = apply_override(data, assignment, label)
     source = str(path)
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree
-        source += f" with --set {' --set '.join(overrides)}"  # (a problem may be theirs)
+        source += f" with {label} " + f" {label} ".join(overrides)  # (a problem may be theirs)
     scenario = parse_scenario(data, source=source, node=node)
     return LoadedScenario(scenario, file.resolve(), allow_factories)
 

@@ -46,22 +46,23 @@ Part = str | int | Named | _All
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[(\*)\]|\[([^\[\]]+)\]")
 
 
-def split_path(path: str) -> list[Part]:
+def split_path(path: str, label: str = "--set") -> list[Part]:
     """The parts of a ``--set`` path (see the module docstring); at most
     :data:`~fedsim.config.limits.MAX_YAML_DEPTH` of them, the nesting a scenario file may have
-    (assignment recurses once per part)."""
+    (assignment recurses once per part). ``label`` names where the path came from in errors
+    (``--set``, or ``overrides`` from Python)."""
     parts: list[Part] = []
     position = 0
     for match in _TOKEN.finditer(path):
         if len(parts) == MAX_YAML_DEPTH:
-            raise ConfigError(f"--set {path[:80]!r}...: a path has at most {MAX_YAML_DEPTH} "
+            raise ConfigError(f"{label} {path[:80]!r}...: a path has at most {MAX_YAML_DEPTH} "
                               "parts (the nesting a scenario may have)")
         gap = path[position:match.start()]
         if gap not in ("", ".") or (gap == "." and not parts):
-            raise ConfigError(f"--set {path!r}: cannot parse the path near {gap!r}")
+            raise ConfigError(f"{label} {path!r}: cannot parse the path near {gap!r}")
         key, index, star, name = match.groups()
         if key is not None and parts and gap == "":  # "[0]x": a key must follow a dot
-            raise ConfigError(f"--set {path!r}: expected '.' before {key!r}")
+            raise ConfigError(f"{label} {path!r}: expected '.' before {key!r}")
         if key is not None:
             parts.append(key)
         elif index is not None:
@@ -72,7 +73,7 @@ def split_path(path: str) -> list[Part]:
             parts.append(Named(name.strip()))
         position = match.end()
     if not parts or path[position:] != "":
-        raise ConfigError(f"--set {path!r}: expected a dotted path like clients.groups[0].count, "
+        raise ConfigError(f"{label} {path!r}: expected a dotted path like clients.groups[0].count, "
                           "clients.groups[*].count or clients.groups[NAME].count")
     return parts
 
@@ -97,24 +98,26 @@ Hint = Callable[[Sequence[str | int]], str]
 key (" - did you mean 'groups'?"; the scenario's schema knows, not this module)."""
 
 
-def assign_path(data: Any, path: str, value: Any, hint: Hint | None = None) -> Any:
+def assign_path(data: Any, path: str, value: Any, hint: Hint | None = None,
+                label: str = "--set") -> Any:
     """Set ``value`` at ``path`` in the plain tree ``data`` (created if None); returns the tree.
 
     A key absent from the tree is created, unless a list selector follows it: a list cannot be
-    created by selecting its items, so that key is reported (with ``hint``'s suggestion)."""
-    parts = split_path(path)
+    created by selecting its items, so that key is reported (with ``hint``'s suggestion).
+    Errors begin with ``label`` and the path (``--set clients.x: ...``)."""
+    parts = split_path(path, label)
     if data is None:
         data = {}
-    _assign(data, parts, [], value, path, hint)
+    _assign(data, parts, [], value, f"{label} {path}", hint)
     return data
 
 
-def _positions(node: list[Any], part: int | Named | _All, done: list[Part], path: str) -> list[int]:
+def _positions(node: list[Any], part: int | Named | _All, done: list[Part], where: str) -> list[int]:
     """The indices of ``node`` that ``part`` selects (an error naming what is there if none)."""
     here = format_path(done) or "scenario"
     if isinstance(part, _All):
         if not node:
-            raise ConfigError(f"--set {path}: {here} is an empty list, [*] selects nothing")
+            raise ConfigError(f"{where}: {here} is an empty list, [*] selects nothing")
         return list(range(len(node)))
     if isinstance(part, Named):
         positions = [i for i, item in enumerate(node)
@@ -123,16 +126,16 @@ def _positions(node: list[Any], part: int | Named | _All, done: list[Part], path
             names = [str(i.get("name")) for i in node if isinstance(i, dict) and "name" in i]
             word = _item_word(done)
             raise ConfigError(
-                f"--set {path}: {here} has no {word} named {str(part)!r} ("
+                f"{where}: {here} has no {word} named {str(part)!r} ("
                 + (f"{word}s: {', '.join(names)}" if names else "its items have no names") + ")")
         return positions
     if not 0 <= part < len(node):
-        raise ConfigError(f"--set {path}: {format_path([*done, part])} is out of range "
+        raise ConfigError(f"{where}: {format_path([*done, part])} is out of range "
                           f"({len(node)} items)")
     return [part]
 
 
-def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: str,
+def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, where: str,
             hint: Hint | None) -> None:
     """Assign below ``node``, reached by the concrete path ``done`` (indices, keys)."""
     depth = len(done)
@@ -141,22 +144,22 @@ def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: st
     last = depth == len(parts) - 1
     if isinstance(part, int | _All | Named):
         if not isinstance(node, list):
-            raise ConfigError(f"--set {path}: {here} is not a list")
-        for position in _positions(node, part, done, path):
+            raise ConfigError(f"{where}: {here} is not a list")
+        for position in _positions(node, part, done, where):
             if last:
                 node[position] = copy.deepcopy(value)
             else:
-                _assign(node[position], parts, [*done, position], value, path, hint)
+                _assign(node[position], parts, [*done, position], value, where, hint)
         return
     if isinstance(node, list):  # a list stepped into by name or by a dotted number
         index, rest = (int(part), parts[depth + 1:]) if part.isdigit() else (0, parts[depth:])
         raise ConfigError(
-            f"--set {path}: {here} is a list: name an item by its index ([*] for all, [name] "
+            f"{where}: {here} is a list: name an item by its index ([*] for all, [name] "
             f"for a named group), for example {format_path([*done, index, *rest])}")
     if not isinstance(node, dict):
         shown = f"is {node!r}" if isinstance(node, int | float | str | bool) else "is a list"
         raise ConfigError(
-            f"--set {path}: {here} {shown}, not a mapping; set {format_path(parts[:depth])}="
+            f"{where}: {here} {shown}, not a mapping; set {format_path(parts[:depth])}="
             "VALUE as a whole instead")
     if last:
         node[part] = copy.deepcopy(value)
@@ -167,6 +170,6 @@ def _assign(node: Any, parts: list[Part], done: list[Part], value: Any, path: st
             missing = format_path([*done, part])
             suggestion = (hint(key_path) if hint else "") or (
                 f" (an absent list is set whole: {missing}=[...])")
-            raise ConfigError(f"--set {path}: {missing} is not in the scenario{suggestion}")
+            raise ConfigError(f"{where}: {missing} is not in the scenario{suggestion}")
         node[part] = {}
-    _assign(node[part], parts, [*done, part], value, path, hint)
+    _assign(node[part], parts, [*done, part], value, where, hint)

@@ -24,7 +24,7 @@ from typing import Any
 from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import finite_number, relative_gap
+from fedsim.reporting.values import epsilon_text, finite_number, relative_gap
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
            "virtual_time", "windows", "ended", "stops")
@@ -123,7 +123,7 @@ def _cell(value: Any, key: str) -> str:
     if key in ("final_accuracy", "best_accuracy"):
         return f"{value:.4f}"
     if key.startswith("eps_") or key.endswith("_eps_max"):  # (tuned_eps_max: a sweep's)
-        return f"{value:.4g}"
+        return epsilon_text(value)
     if key == "virtual_time":
         return f"{value:.1f}"
     return str(value)

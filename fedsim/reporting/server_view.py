@@ -20,14 +20,13 @@ Damaged files raise :class:`~fedsim.errors.ConfigError` naming the file.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import count, finite_number, printable, relative_gap
+from fedsim.reporting.values import count, finite_number, printable, relative_gap, spread
 from fedsim.runtime.actors.stops import (
     RunStop,
     RunStopKind,
@@ -154,9 +153,7 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
                      f"client-<id>.json, says how it stopped).")
     if reported:
         parts.append(f"The {len(reported)} stopped clients' last statuses reported eps (delta "
-                     f"= {delta:g}) min {reported[0]:.4g} / median "
-                     f"{statistics.median(reported):.4g} / max {reported[-1]:.4g}: self-reports "
-                     f"the server cannot verify.")
+                     f"= {delta:g}) {spread(reported)}: self-reports the server cannot verify.")
     if len(reported) < len(rows):
         parts.append("A client still running at the end sent its last status at its last "
                      "change of state, so its eps there is older than the run's end.")

@@ -4,14 +4,19 @@ each read as what it must be, or as unknown (None, ''), never trusted to be well
 A run directory may come from elsewhere (a colleague's, a container's), so a number may be a
 boolean, an integer of hundreds of digits, NaN; a string may carry terminal escapes. A report
 says "unknown" for those rather than crash or print them.
+
+Also how a report prints an epsilon (:func:`epsilon_text`, :func:`spread`), one rule for the
+tables and the sentences.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["count", "finite_number", "printable", "relative_gap"]
+__all__ = ["count", "epsilon_text", "finite_number", "printable", "relative_gap", "spread"]
 
 
 def finite_number(value: Any) -> float | None:
@@ -44,3 +49,16 @@ def printable(value: Any, limit: int = 500) -> str:
     if not isinstance(value, str):
         return ""
     return "".join(c if c.isprintable() else "?" for c in value[:limit])
+
+
+def epsilon_text(value: float) -> str:
+    """An epsilon to four significant digits with its trailing zeros (``3.000``, not ``3``,
+    beside ``2.995``: a bare ``3`` reads as a rounder number than it is)."""
+    return f"{value:#.4g}"
+
+
+def spread(values: Iterable[float]) -> str:
+    """``min a / median b / max c`` of one or more epsilons, each by :func:`epsilon_text`."""
+    ordered = sorted(values)
+    return (f"min {epsilon_text(ordered[0])} / median "
+            f"{epsilon_text(float(statistics.median(ordered)))} / max {epsilon_text(ordered[-1])}")

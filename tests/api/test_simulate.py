@@ -204,6 +204,22 @@ def test_overrides_as_mapping_and_selectors() -> None:
         fedsim.load_scenario(base, ["clients.groups[tablet].batch_size=3"])
 
 
+def test_override_errors_from_python_name_overrides_not_the_command_line(tmp_path: Path) -> None:
+    """A Python caller passed ``overrides=``, not ``--set`` (a stranger's review)."""
+    file = tmp_path / "s.yaml"
+    file.write_text(yaml.safe_dump(scenario()), encoding="utf-8")
+    for source in (scenario(), file):
+        with pytest.raises(ConfigError) as error:
+            fedsim.load_scenario(source, ["clients.groups[tablet].batch_size=3"])
+        assert str(error.value).startswith("overrides clients.groups[tablet].batch_size:")
+        with pytest.raises(ConfigError) as error:
+            fedsim.load_scenario(source, ["seed"])
+        assert str(error.value) == "overrides 'seed': expected path=value"
+    with pytest.raises(ConfigError) as error:  # a value the schema refuses: in the source line
+        fedsim.load_scenario(file, {"seed": "x"})
+    assert f"{file} with overrides seed=" in str(error.value) and "--set" not in str(error.value)
+
+
 def test_bad_model_and_data_are_clear_errors() -> None:
     with pytest.raises(ModelError, match="BatchNorm"):
         fedsim.simulate(scenario(), dataset=arrays(), progress=False,

@@ -115,3 +115,15 @@ def test_an_unknown_argument_is_the_commands_error_with_its_usage(
     assert f"usage: fedsim {command} " in err
     assert f"fedsim {command}: error: unrecognized arguments: {unknown}\n" in err
     assert "COMMAND ..." not in err
+
+
+def test_report_shows_one_directory_and_points_several_at_compare(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``fedsim report``'s usage read ``DIR [DIR ...]`` for a command that reads one (a
+    stranger's review); more directories still get the way to compare them."""
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    usage = capsys.readouterr().out.splitlines()[0]
+    assert usage.endswith("] DIR") and "more_dirs" not in usage
+    assert main(["report", "a", "b"]) == 2
+    assert "`fedsim compare a b`" in capsys.readouterr().err

@@ -169,3 +169,23 @@ def test_a_single_group_holds_the_whole_training_set_unless_it_says_otherwise() 
     data["clients"]["groups"].append(second)
     with pytest.raises(ConfigError, match=r"groups\[0\]\.data_share.*required"):
         parse_scenario(data)
+
+
+def test_refused_choices_and_misplaced_keys_name_what_was_meant() -> None:
+    """A stranger's review: enum typos had no suggestion, and a key of another section only one
+    just below; the hints come from the schema's own fields and choices."""
+    data = json.loads(json.dumps(MINIMAL))
+    data["clients"]["groups"][0].update(sampling="poison", interrupt="swtich",
+                                        noise={"kind": "constnt", "sigma": 1.0})
+    data["server"]["batch_size"] = 3  # a group's key, not step_size (which it resembles)
+    data["accountant"] = "pld"  # a group's key, two sections down
+    data["clients"]["groups"][0]["accountant"] = "xyz"  # nothing like pld or rdp
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(data)
+    by_key = {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+    assert by_key["clients.groups[0].sampling"].endswith("(got \"poison\") - did you mean 'poisson'?")
+    assert by_key["clients.groups[0].interrupt"].endswith("- did you mean 'switch'?")
+    assert by_key["clients.groups[0].noise"].endswith("got 'constnt' - did you mean 'constant'?")
+    assert by_key["server.batch_size"].endswith("unknown key - it is a key of clients.groups[*]")
+    assert by_key["accountant"].endswith("unknown key - it is a key of clients.groups[*]")
+    assert by_key["clients.groups[0].accountant"].endswith('(got "xyz")')

@@ -104,8 +104,8 @@ def test_report_prints_the_summary_and_redraws(many_clients_run: SyntheticRun,
     assert sorted(p.name for p in plots.iterdir()) == ["accuracy.png", "epsilon.png",
                                                        "tradeoff.png"]
     finals = sorted(many.final_epsilon(cid) for cid in many.histories)
-    expected = (f"privacy (pld, delta = 1e-05): eps min {finals[0]:.4g} / median "
-                f"{statistics.median(finals):.4g} / max {finals[-1]:.4g} over 12 clients")
+    expected = (f"privacy (pld, delta = 1e-05): eps min {finals[0]:#.4g} / median "
+                f"{statistics.median(finals):#.4g} / max {finals[-1]:#.4g} over 12 clients")
     assert expected in out
     summary = json.loads((many.path / "summary.json").read_text())
     assert f"accuracy: final {summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f}" in out
