@@ -149,7 +149,7 @@ def tuning_ledgers(out: Path, clients: dict[str, TunedSelection], delta: float,
     if over:
         worst = max(over, key=lambda c: over[c])
         raise ConfigError(f"--tuning-budget {budget_epsilon:g}: the tuned total of {len(over)} "
-                          f"client(s) exceeds it (largest: {worst}, eps {over[worst]:.4g} at "
+                          f"client(s) exceeds it (largest: {worst}, eps {over[worst]:.6g} at "
                           f"delta {delta:g}); use fewer rounds, more noise or a smaller "
                           f"--tuning-mean")
     budget = Budget(budget_epsilon, delta) if budget_epsilon is not None else None

@@ -413,6 +413,7 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     best (:mod:`fedsim.commands.private_tuning`)."""
     from fedsim.commands import private_tuning as tuning
     from fedsim.reporting.compare import format_table
+    from fedsim.reporting.values import epsilon_text
 
     candidates = plan_runs(args.scenario, grid, None, args.overrides, out)
     trials = tuning.trial_distribution(args.private_tuning, args.tuning_mean, args.tuning_eta)
@@ -459,7 +460,7 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     trial_max = max((r["eps_max"] for r in rows if isinstance(r.get("eps_max"), float)),
                     default=None)
     print(f"selected: {chosen_run}; tuned eps (every client, all trials and the selection) "
-          f"max {tuned_max:.4g} at delta {delta:g}"
-          + ("" if trial_max is None else f" (largest per-trial eps {trial_max:.4g})"))
+          f"max {epsilon_text(tuned_max)} at delta {delta:g}"
+          + ("" if trial_max is None else f" (largest per-trial eps {epsilon_text(trial_max)})"))
     print(f"table: {csv_path}, {json_path}")
     return 0 if best is not None or count == 0 else 1
