@@ -526,8 +526,10 @@ class PrivacyLedger:
         waiting to be composed, or ``accountant`` (already holding them) as the ledger's, and
         ``counted()`` updates the budget's counters - all with no Ctrl-C between."""
         lines, last = [], self._last_hash
-        for record in records:
-            line = encode_record(record, last)
+        for index, record in enumerate(records):
+            # (the records still to follow: a cut inside a spend shows; one-record spends,
+            # every round's, are written as before)
+            line = encode_record(record, last, rest=len(records) - 1 - index)
             lines.append(line)
             last = line_hash(line)
         # Committed on disk (records, then the mark), then in memory, with no Ctrl-C between:

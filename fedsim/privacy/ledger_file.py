@@ -8,7 +8,11 @@ File format ``fedsim-ledger/2`` (JSON lines, UTF-8):
   "count"}, "prev": H}`` where ``H`` is the SHA-256 (hex) of the previous line's bytes (the
   header for the first record), so changing, deleting, inserting or reordering a line breaks
   the chain at the next one. A record written by :func:`repair_ledger` for records it could
-  not recover also carries ``"repair": "..."``.
+  not recover also carries ``"repair": "..."``, and one of a spend that wrote ``k > 1``
+  records carries ``"rest": n``, the records of that spend still to follow (``k - 1`` down to
+  1; the spend's last record, like every record of a one-record spend, has none): a file
+  whose last record has a ``rest`` ends inside a spend, which a mark whose newer slot is
+  damaged must not be moved up over (:func:`~fedsim.privacy.ledger_mark.refuse_a_mark_maybe_a_spend_old`).
 
 The *high-water mark* ``<ledger>.hwm`` holds the number of records and the hash of the last
 line, and the most expensive step the records hold (a repair that lost records charges each at
@@ -81,6 +85,8 @@ except ImportError:  # pragma: no cover - not POSIX
 LEDGER_FORMAT = "fedsim-ledger/2"
 OLD_FORMATS = ("fedsim-ledger/1",)
 RECORD_KEYS = frozenset({"time", "round", "step", "prev"})
+REST_KEY = "rest"
+"""A record's count of its spend's records still to follow (module docstring)."""
 SELECTION_KEYS = frozenset({"time", "round", "selection", "prev"})
 """A record of a tuned selection (:class:`TunedSelection`) has ``selection`` for ``step``."""
 # A ledger line longer than this is damage, not a record (a record is ~150 bytes; a tuned
@@ -115,16 +121,19 @@ def line_hash(line: bytes) -> str:
     return hashlib.sha256(line).hexdigest()
 
 
-def encode_record(record: LedgerRecord, prev: str, repair: str | None = None) -> bytes:
-    """The record's line: ``json.dumps`` of its fields and ``prev`` (without the newline).
+def encode_record(record: LedgerRecord, prev: str, repair: str | None = None,
+                  rest: int = 0) -> bytes:
+    """The record's line: ``json.dumps`` of its fields and ``prev`` (without the newline);
+    ``rest``: its spend's records still to follow (written when > 0, module docstring).
 
     A step's record (the one written every round) is formatted directly, to the same bytes:
     ``json.dumps`` writes a float as ``float.__repr__`` and an int as ``int.__repr__``, and
     the strings (a sampling scheme, a hex hash) need no escaping. Anything else (a tuned
-    selection, a repair note, a value of another type) goes through ``json.dumps``.
+    selection, a repair note, a spend's ``rest``, a value of another type) goes through
+    ``json.dumps``.
     """
     step = record.step
-    if (repair is None and type(step) is GaussianStep and type(record.time) is float
+    if (repair is None and not rest and type(step) is GaussianStep and type(record.time) is float
             and type(record.round) is int and type(step.count) is int
             and type(step.sampling) is str and step.sampling in _PLAIN_SAMPLINGS and _plain(prev)
             and math.isfinite(record.time)):
@@ -135,6 +144,8 @@ def encode_record(record: LedgerRecord, prev: str, repair: str | None = None) ->
     obj: dict[str, Any] = {**record.to_json(), "prev": prev}
     if repair is not None:
         obj["repair"] = repair
+    if rest:
+        obj[REST_KEY] = int(rest)
     return json.dumps(obj, allow_nan=False).encode()
 
 
@@ -250,6 +261,9 @@ class Parsed:
     """After every round recorded, and one further for each substitute a repair wrote for a
     lost record (marked ``"repair"``, at round -1) after them:
     :attr:`fedsim.privacy.ledger.PrivacyLedger.next_round`."""
+    inside_a_spend: bool = False
+    """The last record says more of its spend follow (its ``rest``): the file ends inside a
+    spend (a crash while the records were written, or records cut since)."""
 
 
 def header_of(client_id: str, sampling: Sampling, accountant: str,
@@ -304,9 +318,12 @@ def _parse_event(obj: dict[str, Any]) -> PrivacyEvent:
 def parse_record(obj: Any, sampling: str, *, repair_ok: bool = True) -> tuple[LedgerRecord, str]:
     """One record line's (record, prev hash); ValueError/ConfigError names what is wrong."""
     required = SELECTION_KEYS if isinstance(obj, dict) and "selection" in obj else RECORD_KEYS
-    keys = required | ({"repair"} if repair_ok else set())
+    keys = required | {REST_KEY} | ({"repair"} if repair_ok else set())
     if not isinstance(obj, dict) or not required <= set(obj) or not set(obj) <= keys:
         raise ValueError(f"expected keys {sorted(RECORD_KEYS)}")
+    rest = obj.get(REST_KEY, 1)
+    if isinstance(rest, bool) or not isinstance(rest, int) or rest < 1:
+        raise ValueError(f"rest must be an integer >= 1 where written, got {rest!r}")
     step = _parse_event(obj)
     if step.sampling not in (sampling, None):
         raise ValueError(f"a {step.sampling} step in a {sampling} ledger")
@@ -338,6 +355,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
     records: list[LedgerRecord] = []
     last_time = -math.inf
     next_round = 0
+    rest = 0
     for number, line in lines:
         try:
             if too_long(line):
@@ -351,6 +369,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
                 raise ValueError(f"time {record.time} goes back before {last_time}")
             next_round = next_round + 1 if "repair" in obj else max(next_round,
                                                                       record.round + 1)
+            rest = obj.get(REST_KEY, 0)
         except UnicodeDecodeError:
             raise LedgerError(f"{path}: line {number}: damaged record (not UTF-8)") from None
         except (ValueError, ConfigError) as exc:
@@ -358,7 +377,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
         last_time = record.time
         records.append(record)
         hashes.append(line_hash(line))
-    return Parsed(header, records, hashes, complete, next_round)
+    return Parsed(header, records, hashes, complete, next_round, rest > 0)
 
 
 def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:

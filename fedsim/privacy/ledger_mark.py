@@ -225,13 +225,20 @@ def read_mark(path: Path) -> Mark | None:
 
 
 def refuse_a_mark_maybe_a_spend_old(path: Path, mark: Mark | None, other_damaged: bool,
-                                    records: int) -> None:
+                                    records: int, inside_a_spend: bool = False) -> None:
     """The one rule for opening (and checking) a ledger whose mark's other slot is damaged:
     that slot may have held the newer mark, so the valid one may be a spend old. A torn mark
-    write (the slots' purpose) leaves its spend's records past the older mark, which an open
-    moves the mark up to; a file holding *just* the valid slot's count may have lost records
-    the damaged one counted, and is refused. (A repair asks in every case: the file it mends
-    is damaged already, ``ledger_repair``.)"""
+    write (the slots' purpose) leaves its spend's records past the older mark, whole, which an
+    open moves the mark up to; a file holding *just* the valid slot's count, or ending inside
+    a spend (``inside_a_spend``: its last record says more follow), may have lost records the
+    damaged one counted, and is refused. (A repair asks in every case: the file it mends is
+    damaged already, ``ledger_repair``.)"""
+    if mark is not None and other_damaged and records > mark.count and inside_a_spend:
+        raise LedgerError(
+            f"{path}: one slot of its high-water mark is damaged and the file ends inside a "
+            f"spend (its last record says more of that spend's records follow), so records "
+            f"were cut; `fedsim ledger repair {path} --assume-lost N --lost-step Q SIGMA` "
+            f"adds them (N: at least the records that last record says follow)")
     if mark is not None and other_damaged and records == mark.count:
         floor = mark.ceiling
         dearest = (f"; Q and SIGMA at least as dear as the valid slot's step ceiling, q "

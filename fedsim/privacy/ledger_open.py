@@ -35,6 +35,7 @@ from fedsim.privacy.ledger_directory_lock import DirectoryLock
 from fedsim.privacy.ledger_file import (
     LedgerRecord,
     MarkFile,
+    Parsed,
     check_mark,
     cut_partial_line,
     line_hash,
@@ -90,8 +91,10 @@ def open_file(path: Path, header: dict[str, Any], directory: DirectoryLock | Non
         # Verified first, cut after: a final line without its newline is a crash's torn
         # write, dropped - but not before the rest verifies against the mark (a ledger
         # refused keeps every byte for its repair).
-        records, last, resume_at = _read(path, data[:data.rfind(b"\n") + 1], header, mark)
-        refuse_a_mark_maybe_a_spend_old(path, mark, lock.other_damaged, len(records))
+        parsed = _read(path, data[:data.rfind(b"\n") + 1], header, mark)
+        records, last, resume_at = parsed.records, parsed.hashes[-1], parsed.next_round
+        refuse_a_mark_maybe_a_spend_old(path, mark, lock.other_damaged, len(records),
+                                        parsed.inside_a_spend)
         cut_partial_line(path, data)
         ceiling = _ceiling_of(mark, records)
         if mark is None or len(records) > mark.count:
@@ -125,15 +128,14 @@ def read_view(path: Path, header: dict[str, Any]) -> Found:
         raise LedgerError(f"{path}: no such ledger")
     found = read_found_mark(path)  # before the records: a writer moves it after them
     mark = None if found is None else found.mark
-    records, last, resume_at = _read(path, read_regular(path), header, mark)
-    _refuse_a_view_maybe_a_spend_old(path, found, len(records))
-    return Found(records, last, resume_at, _ceiling_of(mark, records))
+    parsed = _read(path, read_regular(path), header, mark)
+    _refuse_a_view_maybe_a_spend_old(path, found, parsed)
+    return Found(parsed.records, parsed.hashes[-1], parsed.next_round,
+                 _ceiling_of(mark, parsed.records))
 
 
-def _read(path: Path, data: bytes, expected: dict[str, Any],
-          mark: Mark | None) -> tuple[list[LedgerRecord], str, int]:
-    """Records, last hash and next round (:attr:`Parsed.next_round`) of a ledger's bytes,
-    verified (chain, mark, header)."""
+def _read(path: Path, data: bytes, expected: dict[str, Any], mark: Mark | None) -> Parsed:
+    """A ledger's bytes, verified (chain, mark, header)."""
     if not data:
         raise LedgerError(f"{path}: empty, but its high-water mark counts "
                           f"{mark.count if mark else 0} records (the file was cut)")
@@ -144,7 +146,7 @@ def _read(path: Path, data: bytes, expected: dict[str, Any],
                               f"ledger was opened with {expected[field]!r} (a ledger is never "
                               f"reset)")
     check_mark(path, parsed, mark)
-    return parsed.records, parsed.hashes[-1], parsed.next_round
+    return parsed
 
 
 def _ceiling_of(mark: Mark | None, records: list[LedgerRecord]) -> StepCeiling | None:
@@ -155,14 +157,16 @@ def _ceiling_of(mark: Mark | None, records: list[LedgerRecord]) -> StepCeiling |
     return None if held is None else held.including(records)
 
 
-def _refuse_a_view_maybe_a_spend_old(path: Path, found: FoundMark | None, records: int) -> None:
+def _refuse_a_view_maybe_a_spend_old(path: Path, found: FoundMark | None,
+                                     parsed: Parsed) -> None:
     """A read-only view (reports, ``fedsim account --ledger``, ``fedsim ledger check``)
     refuses what the client's own open refuses (:func:`refuse_a_mark_maybe_a_spend_old`): a
     file holding just the count of a mark whose other slot is damaged may have lost the last
     spend's records, and an eps read from it may be below what was released. A writer's torn
     mark write cannot look like that to a reader: it writes the records before the mark."""
     if found is not None:
-        refuse_a_mark_maybe_a_spend_old(path, found.mark, found.other_damaged, records)
+        refuse_a_mark_maybe_a_spend_old(path, found.mark, found.other_damaged,
+                                        len(parsed.records), parsed.inside_a_spend)
 
 
 def _move_up(lock: MarkFile, mark: Mark, *, first: bool, fsync: bool) -> None:
@@ -199,7 +203,7 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     found = read_found_mark(path)  # before the records: a writer moves it after them
     parsed = read_verified(path, read_regular(path))
     check_mark(path, parsed, None if found is None else found.mark)
-    _refuse_a_view_maybe_a_spend_old(path, found, len(parsed.records))
+    _refuse_a_view_maybe_a_spend_old(path, found, parsed)
     steps = [record.step for record in parsed.records]
     if not all(isinstance(step, GaussianStep) for step in steps):
         raise LedgerError(f"{path}: holds a tuned selection (a sweep's tuning ledger): its eps "

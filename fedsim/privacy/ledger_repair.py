@@ -94,6 +94,7 @@ from fedsim.privacy.ledger_file import (
     LEDGER_FORMAT,
     MAX_LINE_BYTES,
     OLD_FORMATS,
+    REST_KEY,
     LedgerRecord,
     encode_record,
     header_of,
@@ -174,6 +175,7 @@ class _Scan:
     line_hashes: list[str]  # each record line's chain hash, readable or not
     prevs: list[str | None]  # each readable record's "prev" (None: unreadable)
     header_lost: bool  # the file's own header was unreadable (the given one stands for it)
+    rest_at_end: int = 0  # the last line's records of its spend still to follow (its "rest")
 
 
 def given_header(header: Any) -> dict[str, Any]:
@@ -228,6 +230,7 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
     verified, intact = 0, True
     substitutes: set[int] = set()
     lost_selection, times_back, last_time = False, False, -math.inf
+    rest_at_end = 0
     line_hashes: list[str] = []
     prevs: list[str | None] = []
     selections_possible = header.get("accountant") == "rdp" or path.parent.parts[-2:] == (
@@ -248,8 +251,9 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
                 obj = {**obj, "time": 0.0}  # times carry no spending; fixed below
                 intact = False
             record, prev = parse_record(obj, str(header.get("sampling")))
+            rest_at_end = obj.get(REST_KEY, 0)
         except (UnicodeDecodeError, ValueError, ConfigError):
-            record = None
+            record, rest_at_end = None, 0
             substitutes.discard(len(records))
             # A step's line is ~150 bytes: a longer unreadable one, one naming a selection,
             # or, in an rdp ledger (the only kind that holds selections), one that does not
@@ -269,7 +273,7 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
         else:
             intact = False
     return _Scan(header, lines[0], records, verified, hashes, substitutes, lost_selection,
-                 times_back, selections_possible, line_hashes, prevs, not readable)
+                 times_back, selections_possible, line_hashes, prevs, not readable, rest_at_end)
 
 
 def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
@@ -291,7 +295,8 @@ def _substitutes(scan: _Scan, mark: Mark | None, assume_lost: int | None,
             # mark vouches for from the end are not lost.
             trusted = max(scan.verified - 1, 0)
             lost = max(mark.count - trusted - tail, 0)
-        return lost + past + (_since_a_damaged_slot(path, assume_lost) if stale else 0)
+        return lost + past + (_since_a_damaged_slot(path, assume_lost, scan.rest_at_end)
+                              if stale else 0)
     if assume_lost is None:
         raise LedgerError(
             f"{path}: no usable high-water mark, so nobody knows how many records were lost; "
@@ -322,12 +327,18 @@ def _vouched_tail(scan: _Scan, mark: Mark) -> int:
     return end - start + 1
 
 
-def _since_a_damaged_slot(path: Path, assume_lost: int | None) -> int:
+def _since_a_damaged_slot(path: Path, assume_lost: int | None, at_least: int = 0) -> int:
     """Records a damaged mark slot may have counted beyond the valid one: that slot may have
     held the newer mark, so the last spend's records may be lost without a trace (cut,
-    deleted, edited) and its step need not be under the older mark's ceiling. Nothing shows
-    how many: the caller says (``assume_lost``), and names the step (an attacker's review:
-    the newest slot damaged and lines deleted, a repair charged eps 3.21 for 3.55 released)."""
+    deleted, edited) and its step need not be under the older mark's ceiling. The caller says
+    how many (``assume_lost``), and names the step (an attacker's review: the newest slot
+    damaged and lines deleted, a repair charged eps 3.21 for 3.55 released); a file whose last
+    record says ``at_least`` more of its spend follow lost at least those."""
+    if assume_lost is not None and assume_lost < at_least:
+        raise LedgerError(
+            f"{path}: its last record says {at_least} more record(s) of its spend follow, "
+            f"and one slot of its high-water mark is damaged: --assume-lost must be at least "
+            f"{at_least}, got {assume_lost}")
     if assume_lost is None:
         raise LedgerError(
             f"{path}: one slot of its high-water mark is damaged, so the mark read may be a "

@@ -39,7 +39,7 @@ def _sha(line: bytes) -> str:
 
 def expected_files(client_id: str) -> tuple[bytes, bytes]:
     """The ledger and mark bytes of :data:`SPENDS`, from the format's definition (json.dumps
-    of each line, SHA-256 chain, two checksummed 256-byte slots that also carry the largest q,
+    of each line, a spend's records still to follow in each but its last, SHA-256 chain, two checksummed 256-byte slots that also carry the largest q,
     the smallest sigma and the most steps of any record, and whether a selection was
     recorded), not from ledger_file."""
     header = json.dumps({"format": "fedsim-ledger/2", "client_id": client_id,
@@ -50,12 +50,15 @@ def expected_files(client_id: str) -> tuple[bytes, bytes]:
     slots = [b"", b""]
     q, sigma, most = 0.0, float("inf"), 0
     for write, (steps, time, round_) in enumerate(SPENDS, start=1):
-        for step in steps if isinstance(steps, list) else [steps]:
+        kinds = steps if isinstance(steps, list) else [steps]
+        for index, step in enumerate(kinds):
             q, sigma, most = max(q, step.q), min(sigma, step.sigma), max(most, step.count)
+            # a spend of several records: each but its last says how many follow ("rest")
+            rest = {"rest": len(kinds) - 1 - index} if index < len(kinds) - 1 else {}
             line = json.dumps({"time": time, "round": round_,
                                "step": {"sampling": step.sampling, "q": step.q,
                                         "sigma": step.sigma, "count": step.count},
-                               "prev": prev}).encode()
+                               "prev": prev, **rest}).encode()
             lines.append(line)
             prev = _sha(line)
         count = len(lines) - 1

@@ -242,6 +242,53 @@ def test_a_damaged_mark_slot_makes_nobody_trust_the_mark_it_leaves(tmp_path: Pat
         assert read_mark(path).count == len(reopened.records)  # type: ignore[union-attr]
 
 
+def test_a_spend_cut_short_under_a_damaged_slot_is_refused_not_moved_up(tmp_path: Path) -> None:
+    """The second double fault (an attacker's review, session 54): 10 spends of two kinds
+    each, the newest mark slot damaged and the last line deleted, read as a torn mark write's
+    whole spend: 19 records at eps 1.677 for 1.679 released, and the open moved the mark up.
+    Each record of a spend of several now says how many of its spend follow, so a spend cut
+    short shows: every view refuses it, and a repair takes at least the missing records."""
+    path = tmp_path / "c.jsonl"
+    kinds = [GaussianStep("poisson", 0.1, 1.2), GaussianStep("poisson", 0.1, 0.9)]
+    with _open(path) as ledger:
+        for r in range(10):
+            ledger.spend(kinds, time=float(r), round=r)
+        released = ledger.epsilon(DELTA)
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 21 and b'"rest": 1' in lines[-2] and b'"rest"' not in lines[-1]
+    newest = 0  # the creation's mark in both slots, then spends alternate: the tenth's in 0
+    _damage_slot(path, newest)
+    assert read_mark(path).count == 18  # type: ignore[union-attr]
+    path.write_bytes(b"".join(lines[:-1]))
+    for view in (_open, lambda p: _open(p, read_only=True), read_ledger_steps, read_ledger):
+        with pytest.raises(LedgerError, match="ends inside a spend"):
+            view(path)
+    assert main(["ledger", "check", str(path)]) == 2
+    assert read_mark(path).count == 18  # type: ignore[union-attr] # not moved up
+    with pytest.raises(LedgerError, match="--assume-lost must be at least 1"):
+        repair_ledger(path, assume_lost=0, lost_step=kinds[1])
+    repair_ledger(path, assume_lost=1, lost_step=kinds[1])
+    assert _eps(path) >= released * (1 - 1e-9)
+
+
+def test_a_whole_spend_of_several_past_a_damaged_slot_is_a_torn_mark_write(
+        tmp_path: Path) -> None:
+    """A spend of two kinds written whole, its mark write torn: the open keeps accepting its
+    records and moves the mark up over them (the slots' purpose); one-record spends' lines,
+    every round's, are written as before (no ``rest``)."""
+    path = tmp_path / "c.jsonl"
+    with _open(path) as ledger:
+        ledger.spend(GaussianStep("poisson", 0.1, 1.0), time=0.0, round=0)
+        ledger.spend([GaussianStep("poisson", 0.1, 1.2), GaussianStep("poisson", 0.2, 0.9)],
+                     time=1.0, round=1)
+        released = ledger.epsilon(DELTA)
+    assert b'"rest"' not in path.read_bytes().splitlines()[1]
+    _damage_slot(path, 0)  # the second spend's mark: the valid slot counts the first
+    with _open(path) as reopened:
+        assert len(reopened.records) == 3 and reopened.epsilon(DELTA) == released
+    assert read_mark(path).count == 3  # type: ignore[union-attr]
+
+
 def test_ledger_check_says_a_torn_mark_slot_it_accepts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The newest slot torn, the spend's records past the older one: the open accepts it (a
