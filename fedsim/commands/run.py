@@ -156,6 +156,10 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any,
               built_in: float) -> int:
     """Log the stops' summary, draw the plots and print the run's answer."""
     from fedsim.reporting.stops import log_stops
+    from fedsim.reporting.values import epsilon_text
+
+    def eps(value: float | None) -> str:
+        return "n/a" if value is None else epsilon_text(value)
 
     summary = result.summary
     log_stops(summary["stopped"])
@@ -171,7 +175,7 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any,
     print(f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} virtual s, "
           f"final accuracy {accuracy if accuracy is None else f'{accuracy:.4f}'}, "
           f"eps (delta={summary['privacy']['delta']:g}) "
-          f"{summary['privacy']['epsilon_min']:.3g}..{summary['privacy']['epsilon_max']:.3g}, "
+          f"{eps(summary['privacy']['epsilon_min'])}..{eps(summary['privacy']['epsilon_max'])}, "
           f"{result.wall_seconds:.1f} wall s (after {built_in:.1f} s to build the "
           f"population: data, models, privacy calibration)")
     print(summary["explanation"])

@@ -49,6 +49,10 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
         "accuracy.png", "epsilon.png", "tradeoff.png"]
     captured = capsys.readouterr()
     assert "final accuracy" in captured.out
+    # eps with four significant digits, trailing zeros kept ("2.5..3" beside a budget of 3
+    # read as spent to the budget)
+    low, high = summary["privacy"]["epsilon_min"], summary["privacy"]["epsilon_max"]
+    assert f"eps (delta=1e-05) {low:#.4g}..{high:#.4g}, " in captured.out
     # The set-up is said, not hidden behind the run's wall seconds (a stranger waited 31 s
     # for a run that said 3.5): printed and logged with its seconds.
     built = re.search(r"wall s \(after (\d+\.\d) s to build the population", captured.out)
