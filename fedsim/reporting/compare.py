@@ -247,10 +247,18 @@ def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str]
 
 def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
                      ) -> dict[str, tuple[Any, Any, Any, Any]]:
-    """Neighbouring relation -> (times, min-client, median-client, max-client) epsilon of
-    ``run``, whose ledgers ``read`` are."""
+    """Neighbouring relation -> (times, min, median, max) epsilon of ``run``'s clients at each
+    time (``read``: its ledgers), as the run's own epsilon plot takes them: over every client,
+    or past :data:`~fedsim.reporting.epsilon_history.EXACT_BAND_EVALUATIONS` over the clients
+    at :data:`~fedsim.reporting.epsilon_history.QUANTILES` of final eps. (The curves of the
+    clients of least, median and most final eps crossed: a stranger saw the "median" line
+    leave its own band, where a client spent its budget early.)"""
+    import numpy as np
+
     from fedsim.privacy.events import NEIGHBOURING_RELATION
     from fedsim.reporting.epsilon_history import (
+        EXACT_BAND_EVALUATIONS,
+        QUANTILES,
         TIME_GRID_POINTS,
         EpsilonCache,
         epsilon_history,
@@ -266,24 +274,25 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
         by_relation.setdefault(NEIGHBOURING_RELATION[ledger.steps[0][1].sampling], []).append(ledger)
     curves = {}
     for relation, members in sorted(by_relation.items()):
-        final = final_epsilons(members, cache)
-        picked = quantile_clients(final, (0.0, 0.5, 1.0))
-        chosen = {lg.client_id: lg for lg in members}
+        drawn = members
+        if len(members) * TIME_GRID_POINTS > EXACT_BAND_EVALUATIONS:
+            chosen = {lg.client_id: lg for lg in members}
+            drawn = [chosen[c] for c in quantile_clients(final_epsilons(members, cache),
+                                                         QUANTILES)]
         end = max(run.virtual_time, max(lg.steps[-1][0] for lg in members))
-        history = epsilon_history([chosen[c] for c in picked], time_grid(end, TIME_GRID_POINTS),
-                                  run.delta, cache)
-        rows = {cid: history.epsilon[i] for i, cid in enumerate(history.client_ids)}
-        low, mid, high = (rows[quantile_clients(final, (q,))[0]] for q in (0.0, 0.5, 1.0))
-        curves[relation] = (history.times, low, mid, high)
+        history = epsilon_history(drawn, time_grid(end, TIME_GRID_POINTS), run.delta, cache)
+        eps = history.epsilon
+        curves[relation] = (history.times, eps.min(axis=0), np.median(eps, axis=0),
+                            eps.max(axis=0))
     return curves
 
 
 def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
                             path: Path, ledgers: Sequence[Sequence[ClientLedger]] | None = None
                             ) -> Path:
-    """Epsilon against virtual time per neighbouring relation: for each run the median client,
-    with a band from the least to the most spending client (``ledgers``: each run's, if read
-    already)."""
+    """Epsilon against virtual time per neighbouring relation: for each run its clients' median
+    at each time, with a band from their least to their most spent (``ledgers``: each run's, if
+    read already)."""
     read = ledgers if ledgers is not None else [read_ledgers(run) for run in runs]
     curves = [_relation_curves(run, lgs) for run, lgs in zip(runs, read, strict=True)]
     relations = sorted({relation for run_curves in curves for relation in run_curves})
@@ -297,7 +306,7 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
             style = _style(index, len(runs))
             _draw_run_line(axes, runs[index], times, mid, label, style)
             axes.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
-        axes.set_title(f"{relation} neighbours: median client, band min-max client", fontsize=10)
+        axes.set_title(f"{relation} neighbours: clients' median, band min-max", fontsize=10)
         axes.set_xlabel(_time_axis(runs)[0])
         axes.set_ylabel(f"epsilon (delta = {', '.join(f'{d:g}' for d in deltas)})")
         axes.set_ylim(bottom=0.0)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from fedsim.reporting.compare import format_table
+import numpy as np
+
+from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import GaussianStep, group_steps
+from fedsim.reporting.compare import _relation_curves, format_table
+from fedsim.reporting.ledgers import read_ledgers
+from fedsim.reporting.rundir import RunDirectory
+from tests.reporting.conftest import DELTA, SyntheticRun
 
 
 def test_epsilons_keep_four_significant_digits_with_trailing_zeros() -> None:
@@ -18,3 +25,25 @@ def test_epsilons_keep_four_significant_digits_with_trailing_zeros() -> None:
 def test_a_missing_value_is_a_dash() -> None:
     _, _, row = format_table([{"eps_max": None}], columns=("eps_max",))
     assert row.strip() == "-"
+
+
+def test_compare_epsilon_curves_are_the_clients_median_and_band_at_each_time(
+        many_clients_run: SyntheticRun) -> None:
+    """compare's epsilon.png drew the client of median *final* eps inside the band of the
+    clients of least and most final eps: where one spent its budget early, its "median" line
+    left its own band (a stranger's review). Now, as the run's own plot: at each time the
+    clients' min, median and max, checked against a fresh accountant per client and time."""
+    run = RunDirectory.load(many_clients_run.path)
+    [(relation, (times, low, mid, high))] = _relation_curves(run, read_ledgers(run)).items()
+    assert relation == "add/remove"
+    expected = np.array([[_eps_until(history, moment) for moment in times]
+                         for history in many_clients_run.histories.values()])
+    np.testing.assert_allclose(low, expected.min(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(mid, np.median(expected, axis=0), rtol=1e-9)
+    np.testing.assert_allclose(high, expected.max(axis=0), rtol=1e-9)
+    assert np.all(low <= mid) and np.all(mid <= high)
+
+
+def _eps_until(history: list[tuple[float, GaussianStep]], moment: float) -> float:
+    steps = list(group_steps(step for time, step in history if time <= moment))
+    return make_accountant("pld", steps).epsilon(DELTA) if steps else 0.0
