@@ -149,11 +149,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
               f"validate runs it only with {ALLOW_FLAG} (and run, launch, client, server and "
               "deploy refuse it without that flag)"
               + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
+    from fedsim.runtime.deployed.differences import scenario_differences
     from fedsim.runtime.deployed.guarantees import guarantee_lines
 
     # (Every group's line, under one heading: a stranger running simulations only took
     # "deployed, paced at ..." for something about their run.)
     print("  if deployed (fedsim launch, fedsim deploy):")
-    for line in guarantee_lines(scenario):
+    for line in guarantee_lines(scenario) + scenario_differences(scenario):
         print(f"    {line}")
     return 0

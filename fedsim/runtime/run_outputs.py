@@ -277,6 +277,9 @@ class ClientOutcome:
     """Where its batches and noise came from (:mod:`fedsim.runtime.actors.exposure`)."""
     timing_overruns: int = 0
     """Rounds released after their public slot (deployed clients)."""
+    split_delays: int = 0
+    """Padded releases a global model's arrival moved to a later slot (deployed clients,
+    ``interrupt: switch``)."""
 
     @property
     def client_id(self) -> str:
@@ -314,6 +317,9 @@ class RunRecord:
     final_evaluation: Mapping[str, Any] | None = None
     """The final model's evaluation at the run's end: ``version``, ``accuracy``, ``loss``
     (None: not evaluated, e.g. an interrupted or message-only run)."""
+    deployed_differences: Sequence[str] = ()
+    """What this (deployed) run did not do as a simulation of its scenario does
+    (:mod:`fedsim.runtime.deployed.differences`); empty for a simulation."""
 
     @property
     def sample_grads(self) -> int:
@@ -439,6 +445,10 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
     if caveats:
         parts.append(f"{len(caveats)} privacy caveat(s) qualify these eps values: "
                      + " ".join(f"({n}) {c.rstrip('.')}." for n, c in enumerate(caveats, 1)))
+    differences = record.deployed_differences
+    if differences:
+        parts.append("Compared with a simulation of this scenario, this deployed run: "
+                     + " ".join(f"({n}) {d.rstrip('.')}." for n, d in enumerate(differences, 1)))
     return " ".join(parts)
 
 
@@ -496,7 +506,10 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "explanation": _explain(record, rows, caveats),
     } | ({"interrupted": {"signal": record.interrupted, "partial": True}}
-         if record.interrupted else {})
+         if record.interrupted else {}) | (
+        # (a deployed run's only: a simulation's summary keeps its keys)
+        {"deployed_differences": list(record.deployed_differences)}
+        if record.time_kind == "scenario" else {})
 
 
 def client_rows(record: RunRecord) -> list[dict[str, Any]]:

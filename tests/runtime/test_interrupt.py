@@ -123,7 +123,7 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     padded_switch = pad_release and rule == "switch"
     second = 2.0 if padded_switch else 1.0  # when round 1 begins
 
-    async def main(clock: VirtualClock) -> tuple[list, list, list]:
+    async def main(clock: VirtualClock) -> tuple[list, list, list, int]:
         log: list[tuple[float, float]] = []
         trainer = _Trainer(log, clock)
         arrivals = [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
@@ -139,10 +139,13 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
         feeder = asyncio.create_task(endpoint.feed(arrivals))
         await actor.run()
         await feeder
-        return log, [m.sent_at for _, m in endpoint.updates()], [r.computed for r in trainer.rounds]
+        return (log, [m.sent_at for _, m in endpoint.updates()],
+                [r.computed for r in trainer.rounds], actor.split_delays)
 
-    log, sent, computed = run_virtual(main)
+    log, sent, computed, split_delays = run_virtual(main)
     assert sent == pytest.approx([2.0, 4.0] if padded_switch else [1.0, 2.0])
+    # counted, for the deployed run's summary (the simulation's release is not moved)
+    assert split_delays == (2 if padded_switch else 0)
     if rule == "snapshot":
         assert log == [] and computed == [1, 1]
     else:

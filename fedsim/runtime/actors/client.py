@@ -169,10 +169,10 @@ class ClientActor:
         "online", "randomness", "releases", "rounds_since_global", "seconds_per_sample",
         "server_step", "skipped_invitations", "staleness", "state", "status_epsilon",
         "step_sequence", "stop_kind", "stop_reason", "stopped_at", "switched_rounds",
-        "timing_overruns", "trainer", "w",
+        "split_delays", "timing_overruns", "trainer", "w",
     )
 
-    def __init__(  # noqa: PLR0913 - keyword-only, one per client setting of the scenario
+    def __init__(  # noqa: PLR0913, PLR0915 - keyword-only, one per client setting; its counters
         self,
         client_id: str,
         *,
@@ -226,6 +226,7 @@ class ClientActor:
         self._split_at: float | None = None  # when a w-hat split the round in progress
         self.randomness = exposure.randomness
         self.timing_overruns = 0
+        self.split_delays = 0  # padded releases a w-hat moved to a later slot (deployed)
         self.invitation_window = 0  # the latest invitation seen (window it opens)
         self.invited = exposure.invitation_index is None
         self.skipped_invitations = 0
@@ -563,6 +564,8 @@ class ClientActor:
             release = release_time(start, slot, max(now, target))
             if await self._sleep_unless_switched(release - now):
                 break
+        if target > start + slot:
+            self.split_delays += 1
         if release > target or slot <= 0:
             self.timing_overruns += 1
             (_log.warning if self.timing_overruns == 1 else _log.debug)(

@@ -232,6 +232,7 @@ async def run_client(
             "mqtt": endpoint.stats.as_dict(),
             "randomness": scenario.privacy.deployed_randomness,
             "timing_overruns": actor.timing_overruns,
+            "split_delays": actor.split_delays,
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
         }
         ledger.close()

@@ -34,6 +34,7 @@ from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.deployment import run_name
+from fedsim.runtime.deployed.differences import measured_differences
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import (
     FLUSH_TIMEOUT,
@@ -126,6 +127,7 @@ def collect_outputs(
                     plan, open_ledger(plan, copied), state, released, finished,
                     randomness=report.get("randomness", ""),
                     timing_overruns=int(report.get("timing_overruns", 0)),
+                    split_delays=int(report.get("split_delays", 0)),
                 )
             )
         stop_reason = RunStop.read(server)
@@ -148,6 +150,9 @@ def collect_outputs(
                 cpu_seconds=cpu_seconds,
                 time_kind="scenario",
                 final_evaluation=server.get("final_evaluation"),
+                deployed_differences=measured_differences(
+                    loaded.scenario, (c.split_delays for c in clients),
+                    sum(c.releases.count for c in clients)),
             )
         )
     finally:

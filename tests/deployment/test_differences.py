@@ -1,0 +1,46 @@
+"""What a deployed run does not do as its simulation does, said by validate and the launch's
+summary (:mod:`fedsim.runtime.deployed.differences`; a stranger's review)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+from fedsim.config import load_scenario
+from fedsim.runtime.deployed.differences import measured_differences, scenario_differences
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_lossy_switching_scenario_names_each_difference() -> None:
+    scenario = load_scenario(REPO / "scenarios" / "lossy-network.yaml",
+                             ["clients.groups[wired].availability={crashes: {every: 30.0}}"]
+                             ).scenario
+    lines = scenario_differences(scenario)
+    assert len(lines) == 3
+    assert lines[0].startswith("not emulated: the simulated network (network.uplink")
+    assert "clients.groups[wireless].network.uplink" in lines[0]
+    assert lines[1].startswith("not emulated: availability.crashes (groups wired)")
+    assert lines[2].startswith("interrupt switch with public timing (groups wired, wireless)")
+    measured = measured_differences(scenario, [3, 0, 4], 40)
+    assert measured[:2] == lines[:2]
+    assert measured[2] == lines[2] + ("; this run: 7 of its 40 released rounds were moved to a "
+                                      "later slot by a model's arrival")
+
+
+def test_a_perfect_network_snapshot_or_realised_scenario_has_none() -> None:
+    base = REPO / "tests" / "deployment" / "four_clients.yaml"
+    assert len(scenario_differences(load_scenario(base).scenario)) == 1  # switch, public
+    for override in ("clients.groups[*].interrupt=snapshot", "privacy.timing=realised"):
+        assert scenario_differences(load_scenario(base, [override]).scenario) == []
+
+
+def test_validate_says_them_under_if_deployed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(REPO / "scenarios" / "lossy-network.yaml"),
+                 "--schema-only"]) == 0
+    out = capsys.readouterr().out
+    deployed = out.split("if deployed (fedsim launch, fedsim deploy):\n", 1)[1]
+    assert "    not emulated: the simulated network" in deployed
+    assert "    interrupt switch with public timing" in deployed
