@@ -8,7 +8,8 @@ Without ``--broker`` a private mosquitto with generated passwords and ACL is sta
 (``fedsim deploy``) with ``--secrets``, and for ``mqtts://`` the ``--tls-*`` options, which
 every process gets. ``--time-scale X``: X wall seconds per scenario second. Interrupted
 (Ctrl-C or SIGTERM), it stops the processes and still writes a partial summary that ``fedsim
-report`` reads, as ``fedsim run`` does.
+report`` reads, as ``fedsim run`` does; ``fedsim launch --resume DIR`` goes on with it (the
+server from its checkpoint, each client from its ledger) and writes the run directory again.
 """
 
 from __future__ import annotations
@@ -33,12 +34,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="Run a scenario as local server and client processes over MQTT.",
         description=DESCRIPTION,
     )
-    parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
+    parser.add_argument("scenario", metavar="SCENARIO", nargs="?",
+                        help="The scenario YAML file (not with --resume).")
     parser.add_argument(
         "--out", metavar="DIR",
         help="The run directory (by default runs/NAME-launch, with a numeric suffix if that "
              "exists, as fedsim run does)."
     )
+    parser.add_argument(
+        "--resume", metavar="DIR",
+        help="Go on with the interrupted launch in DIR, with its own resolved scenario: the "
+             "server resumes from its checkpoint, each client from its ledger, and the run "
+             "directory is written again at the end.")
     parser.add_argument(
         "--timeout",
         type=float,
@@ -59,6 +66,22 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _scenario_file(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The scenario to launch, and with ``--resume DIR`` that directory (checked)."""
+    from fedsim.errors import ConfigError
+    from fedsim.runtime.deployed.launcher import resumable_scenario
+
+    if args.resume is not None:
+        if args.scenario is not None or args.out is not None or args.overrides:
+            raise ConfigError("--resume DIR runs DIR's own resolved scenario into DIR: give "
+                              "no SCENARIO, --out, --set or --aggregators with it")
+        return resumable_scenario(args.resume), Path(args.resume)
+    if args.scenario is None:
+        raise ConfigError("give a SCENARIO to launch (or --resume DIR to go on with an "
+                          "interrupted launch)")
+    return Path(args.scenario), None
+
+
 def run(args: argparse.Namespace) -> int:
     from fedsim.commands.run import interrupted_exit
     from fedsim.config import load_scenario
@@ -72,11 +95,13 @@ def run(args: argparse.Namespace) -> int:
     options = DeploymentOptions.from_args(args)
     if args.aggregators is not None:  # one spelling of the count: the scenario's
         args.overrides = [*args.overrides, f"aggregators.count={args.aggregators}"]
-    loaded = load_scenario(args.scenario, args.overrides)
+    scenario_file, resumed = _scenario_file(args)
+    loaded = load_scenario(scenario_file, args.overrides)
     require_allowed(loaded.scenario, options.allow_factories)  # before any directory is made
-    name = loaded.scenario.name
-    out = Path(args.out) if args.out else default_run_dir(f"{name}-launch")
-    launcher = Launcher(args.scenario, out, options=options, overrides=args.overrides)
+    out = resumed or (Path(args.out) if args.out
+                      else default_run_dir(f"{loaded.scenario.name}-launch"))
+    launcher = Launcher(scenario_file, out, options=options, overrides=args.overrides,
+                        resume=args.resume is not None)
     horizon = bound_horizon(launcher.scenario)  # the first hard stop, in scenario seconds
     tracker = HorizonTracker(horizon, launcher.scenario.server.window)
     quiet = getattr(args, "quiet", False)
@@ -94,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             summary = None
     if summary is None:
-        return interrupted_exit(out)
+        code = interrupted_exit(out)
+        if (out / "processes.json").exists():
+            print(f"'fedsim launch --resume {out}' goes on with it")
+        return code
     if not args.no_plots and importlib.util.find_spec("fedsim.reporting.plots") is not None:
         from fedsim.reporting.plots import draw_all
 

@@ -128,16 +128,16 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
     return candidate
 
 
-def check_unused(out_dir: Path) -> None:
+def check_unused(out_dir: Path, how: str = "--out, or out= from Python") -> None:
     """Refuse a run directory that already holds ledgers: a ledger is never reset, so reusing
-    it would silently continue spending."""
+    it would silently continue spending (``how``: how the caller chooses another)."""
     ledgers = out_dir / LEDGER_DIR
     if ledgers.exists() and not ledgers.is_dir():
         raise ConfigError(f"{ledgers} is not a directory; choose a new output directory "
-                          f"(--out, or out= from Python)")
+                          f"({how})")
     if ledgers.exists() and any(ledgers.iterdir()):
         raise ConfigError(f"{out_dir} already holds a run's ledgers; choose a new output "
-                          f"directory (--out, or out= from Python)")
+                          f"directory ({how})")
 
 
 def require_new_run_dir(path: str | os.PathLike[str], what: str) -> Path:

@@ -117,3 +117,51 @@ def test_a_killed_launcher_leaves_no_process_behind(tmp_path: Path) -> None:
     while (left := _processes_in(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == []
+
+
+def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger could not resume an interrupted launch (the same command refused its
+    directory), and resuming by hand left its report stale (43 windows "interrupted" over a
+    metrics file of 80, ledgers of 20 records beside state ledgers of 43). ``fedsim launch
+    --resume DIR`` starts its processes again from their state and writes the directory anew."""
+    out = tmp_path / "runs" / "deploy-four-launch"
+    proc = _launch(tmp_path, "--set", "stop.windows=14")
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 150
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the launch did not get going: {proc.communicate()}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert f"'fedsim launch --resume {Path('runs') / 'deploy-four-launch'}' goes on" in stdout
+    cut = len(metrics.read_text().splitlines())
+    assert cut < 14
+    # The same launch again is refused, and says how to go on
+    assert main(["launch", str(SCENARIO), "--out", str(out)]) == 2
+    assert f"fedsim launch --resume {out}" in capsys.readouterr().err
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fedsim", "launch", "--resume", str(out), "--time-scale",
+         "0.25", "--max-backoff", "1", "--no-plots", "--timeout", "100"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=200)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert "interrupted" not in summary and summary["windows"] == 14
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [m["window"] for m in lines] == list(range(1, 15))
+    server = json.loads((out / "server.json").read_text())
+    assert server["finished"] is True and server["resumed_from_window"] == cut
+    processes = json.loads((out / "processes.json").read_text())
+    assert all(p["starts"] == 2 and p["exit_codes"] == [0, 0] for p in processes.values())
+    for client in (name for name in processes if name != "server"):
+        state = out / "state" / client / "ledgers" / f"{client}.jsonl"
+        assert (out / "ledgers" / f"{client}.jsonl").read_bytes() == state.read_bytes()
+    assert main(["report", str(out)]) == 0
+    assert "interrupted by" not in capsys.readouterr().out
+    # an ended launch has nothing to resume
+    assert main(["launch", "--resume", str(out)]) == 2
+    assert "its run ended" in capsys.readouterr().err

@@ -56,6 +56,7 @@ from fedsim.runtime.run_outputs import (
     PROCESSES_FILE,
     SCENARIO_FILE,
     SERVER_FILE,
+    TIMING_FILE,
     ClientOutcome,
     RunRecord,
     StoppedClient,
@@ -69,7 +70,7 @@ from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.child_process import bound_argv, bound_env, stop_with_parent
 from fedsim.transports.topics import aggregator_ids
 
-__all__ = ["Launcher", "collect_outputs", "process_commands"]
+__all__ = ["Launcher", "collect_outputs", "process_commands", "resumable_scenario"]
 
 _log = get_logger("fedsim.runtime.deployed.launcher")
 
@@ -162,6 +163,24 @@ def collect_outputs(
 
 # ---------------------------------------------------------------------------------------------
 # Launching everything as local processes
+
+
+def resumable_scenario(out: str | Path) -> Path:
+    """The resolved scenario of the interrupted launch in ``out`` (``fedsim launch --resume``),
+    or a :class:`ConfigError` saying why it cannot be resumed: not a launch's directory, or a
+    run that ended."""
+    out = Path(out)
+    scenario = out / SCENARIO_FILE
+    missing = [str(p) for p in (scenario, out / PROCESSES_FILE, out / "state" / "server")
+               if not p.exists()]
+    if missing:
+        raise ConfigError(f"{out} is not the directory of a fedsim launch (no "
+                          f"{', '.join(missing)}): nothing to resume")
+    server = read_json(out / SERVER_FILE)
+    if server.get("finished") is True:
+        raise ConfigError(f"{out}: its run ended ({SERVER_FILE} says finished); nothing to "
+                          f"resume")
+    return scenario
 
 
 def _children_cpu_seconds() -> float:
@@ -310,11 +329,27 @@ class Launcher:
         options: DeploymentOptions = DeploymentOptions(wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS),
         overrides: Sequence[str] = (),
         fork: bool = True,
+        resume: bool = False,
     ) -> None:
+        """``resume``: go on with the launched run in ``out`` that was interrupted (its
+        ``scenario_file`` must be ``out``'s resolved scenario, :func:`resumable_scenario`):
+        its processes start again from their state directories - the server from its
+        checkpoint, each client from its ledger - and the run directory is written again at
+        the end."""
         if options.run is not None:
             raise ConfigError("fedsim launch names the run after the scenario; --run is not used")
         self.out = Path(out)
-        check_unused(self.out)
+        self.resume = resume
+        if resume:
+            if overrides:
+                raise ConfigError("a resumed launch runs its directory's resolved scenario as "
+                                  "it was; --set and --aggregators do not apply")
+            self._earlier = read_json(self.out / PROCESSES_FILE)
+        else:
+            check_unused(self.out, "--out; an interrupted launch goes on with fedsim launch "
+                                   f"--resume {self.out}" if (self.out / PROCESSES_FILE).exists()
+                         else "--out")
+            self._earlier = {}
         self.loaded = load_scenario(scenario_file, overrides,
                                     allow_factories=options.allow_factories)
         self.scenario = self.loaded.scenario
@@ -353,9 +388,10 @@ class Launcher:
             scenario_data(dataset, base_dir=self.loaded.base_dir,
                           seed=SeedTree(self.scenario.seed).integer("dataset"))
         self.scenario_file = (self.out / SCENARIO_FILE).resolve()
-        self.scenario_file.write_text(
-            dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"
-        )
+        if not self.resume:  # (resumed, it is the file this scenario was read from)
+            self.scenario_file.write_text(
+                dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"
+            )
         if self.options.broker is None:
             self.local_broker = LocalMosquitto(self.out / "broker", self.run, self.client_ids,
                                                aggregators=self.aggregator_ids)
@@ -375,6 +411,12 @@ class Launcher:
         )
         for name, argv in commands.items():
             self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")
+            earlier = self._earlier.get(name)
+            if isinstance(earlier, dict):  # a resumed launch counts every start and exit
+                starts, codes = earlier.get("starts"), earlier.get("exit_codes")
+                self.processes[name].starts = starts if type(starts) is int and starts > 0 else 0
+                if isinstance(codes, list) and all(type(c) is int for c in codes):
+                    self.exit_codes[name] = list(codes)
 
     # -- processes ---------------------------------------------------------------------------
     def start(self, name: str) -> None:
@@ -479,12 +521,21 @@ class Launcher:
     def collect(self, interrupted: str | None = None) -> dict[str, Any]:
         """Write the run directory (after the processes have ended); ``interrupted``: the
         signal that interrupted the run."""
+        earlier = read_json(self.out / TIMING_FILE) if self.resume else {}
+
+        def before(key: str) -> float:  # a resumed launch's seconds include the first part's
+            value = earlier.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return 0.0
+            return float(value) if math.isfinite(value) and value >= 0 else 0.0
+
         summary = collect_outputs(
             self.loaded,
             self.out,
             {c: self.state_dir(c) for c in self.client_ids},
-            wall_seconds=wallclock.perf_counter() - self._started,
-            cpu_seconds=_children_cpu_seconds() - self._children_cpu_at_start,
+            wall_seconds=before("wall_seconds") + wallclock.perf_counter() - self._started,
+            cpu_seconds=(before("cpu_seconds") + _children_cpu_seconds()
+                         - self._children_cpu_at_start),
             interrupted=interrupted,
         )
         write_json(
