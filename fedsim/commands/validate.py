@@ -57,6 +57,22 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _missing_dataset_path(loaded: LoadedScenario) -> list[str]:
+    """A warning when ``dataset.path`` names a place holding no copy of a registered data set
+    (runs then look further: :func:`fedsim.data.datasets.path_missing`)."""
+    dataset = loaded.scenario.dataset
+    if (not dataset.path or dataset.factory is not None
+            or dataset.name in (None, "synthetic", "arrays")):
+        return []
+    from fedsim.data.datasets import path_missing
+
+    if not path_missing(dataset.name, dataset.path, loaded.base_dir):
+        return []
+    return [f"dataset.path {dataset.path} holds no {dataset.name} (a typo?); runs look further "
+            f"($FEDSIM_DATA_DIR, the user cache, a download) and use the first copy they find "
+            f"(`fedsim data where {dataset.name}` lists the places)"]
+
+
 def data_not_here(loaded: LoadedScenario) -> str | None:
     """Why the scenario's data cannot be read without the network or the user's code (a
     registered data set in none of the places it is looked for, a ``dataset.factory``), or
@@ -135,6 +151,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
         print(f"  not checked: the records each client gets, the model's size and the noise "
               f"calibration, which read the data: {not_here}; `fedsim validate --check-data` "
               f"checks them")
+    if not args.schema_only:
+        warnings += _missing_dataset_path(loaded)
     other_delta = scenario.budgets_at_other_delta()
     if other_delta:
         warnings.append(

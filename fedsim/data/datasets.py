@@ -399,6 +399,20 @@ def places(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
     return search_path(get(name).file_name, path, base_dir)
 
 
+def path_missing(name: str | DatasetSpec, path: str | os.PathLike[str] | None,
+                 base_dir: Path | None = None) -> bool:
+    """Whether a ``dataset.path`` is given and holds no copy of the data set: :func:`resolve`
+    then looks further (``FEDSIM_DATA_DIR``, the cache, a download), which ``fedsim validate``
+    says (a stranger's typo in the path was used from the cache, said by one log line)."""
+    if not path:
+        return False
+    spec = get(name)
+    try:
+        return not any(holds(spec, p) for p in path_candidates(path, base_dir))
+    except OSError:  # a name the operating system refuses holds nothing
+        return True
+
+
 def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None, *,
             base_dir: Path | None = None, download: bool | None = None,
             open_url: OpenUrl = urllib_open) -> Found:
@@ -407,7 +421,7 @@ def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
     ``download``: None follows ``FEDSIM_OFFLINE``; False never downloads.
     """
     spec = get(name)
-    if path and not any(holds(spec, p) for p in path_candidates(path, base_dir)):
+    if path_missing(spec, path, base_dir):
         _log.warning("dataset.path not found; looking further", dataset=spec.name, path=str(path))
     looked = []
     for step in places(spec, path, base_dir):

@@ -189,3 +189,16 @@ def test_refused_choices_and_misplaced_keys_name_what_was_meant() -> None:
     assert by_key["server.batch_size"].endswith("unknown key - it is a key of clients.groups[*]")
     assert by_key["accountant"].endswith("unknown key - it is a key of clients.groups[*]")
     assert by_key["clients.groups[0].accountant"].endswith('(got "xyz")')
+
+
+def test_validate_warns_of_a_dataset_path_that_holds_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's typo in dataset.path was said "valid", and runs silently took MNIST from
+    elsewhere (one JSON log line said so): validate now warns, naming where runs look."""
+    missing = tmp_path / "nonexist" / "mnist.npz"
+    assert main(["validate", str(REPO / "scenarios" / "quickstart.yaml"), "--set",
+                 f"dataset.path={missing}"]) == 0
+    out = capsys.readouterr().out
+    assert f"  warning: dataset.path {missing} holds no mnist (a typo?)" in out
+    assert main(["validate", str(REPO / "scenarios" / "quickstart.yaml")]) == 0
+    assert "dataset.path" not in capsys.readouterr().out
