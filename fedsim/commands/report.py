@@ -110,8 +110,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     warnings: list[str] = ledger_gaps(run)
     final_eps = drawn.final_epsilon
     if final_eps:
-        lines.append(f"privacy ({drawn.accountant}, delta = {drawn.delta:g}): eps "
-                     f"{spread(final_eps.values())} over {len(final_eps)} clients")
+        lines += _privacy_lines(run, drawn.accountant, drawn.delta, final_eps)
         if run.server_view:  # its clients' statuses against their ledgers copied in
             from fedsim.reporting.server_view import status_disagreements
 
@@ -135,6 +134,25 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     if isinstance(explanation, str) and explanation.strip():
         lines.append(explanation.strip())
     return lines + warnings
+
+
+def _privacy_lines(run: RunDirectory, accountant: str, delta: float,
+                   final_eps: dict[str, float]) -> list[str]:
+    """The clients' eps spread; one line per neighbouring relation where clients of both
+    sampling schemes ran (a stranger read one spread over add/remove and replace-one
+    guarantees, which the plots keep apart)."""
+    from fedsim.privacy.events import NEIGHBOURING_RELATION
+
+    sampling = {row.get("client_id"): row.get("sampling") for row in run.clients}
+    by_relation: dict[str, list[float]] = {}
+    for client, eps in final_eps.items():
+        relation = NEIGHBOURING_RELATION.get(sampling.get(client), "unknown")  # type: ignore[arg-type]
+        by_relation.setdefault(relation, []).append(eps)
+    head = f"privacy ({accountant}, delta = {delta:g})"
+    if len(by_relation) == 1:
+        return [f"{head}: eps {spread(final_eps.values())} over {len(final_eps)} clients"]
+    return [f"{head}, {relation} neighbours: eps {spread(values)} over {len(values)} clients"
+            for relation, values in sorted(by_relation.items())]
 
 
 def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -66,3 +67,28 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert "already holds a run" in err
     assert "run starting" not in err  # refused before any work (a stranger's run: after it)
+
+
+def test_report_keeps_the_relations_apart(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Clients of both sampling schemes: one eps spread a neighbouring relation (a stranger
+    read one spread over add/remove and replace-one guarantees)."""
+    tree = json.loads(json.dumps(TINY))
+    group = tree["clients"]["groups"][0]
+    group["data_share"] = 0.5
+    tree["clients"]["groups"].append({**group, "name": "b", "sampling": "fixed"})
+    scenario = tmp_path / "mixed.yaml"
+    scenario.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["run", str(scenario), "--out", str(out), "--no-plots", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("privacy (pld")]
+    rows = list(csv.DictReader((out / "clients.csv").open(encoding="utf-8")))
+    for line, sampling in zip(lines, ("poisson", "fixed"), strict=True):
+        eps = sorted(float(r["epsilon"]) for r in rows if r["sampling"] == sampling)
+        relation = "add/remove" if sampling == "poisson" else "replace-one"
+        assert line.startswith(f"privacy (pld, delta = 1e-05), {relation} neighbours: eps "
+                               f"min {eps[0]:#.4g} / median")
+        assert line.endswith(f"/ max {eps[-1]:#.4g} over {len(eps)} clients")
