@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     for line in format_table(rows):
         print(printable(line, limit=100_000))
     for row in rows:
-        for warning in row["warnings"]:
+        for warning in row["warnings"] + row["notes"]:
             print(printable(warning, limit=100_000))
     deltas = sorted({row["delta"] for row in rows if row["delta"] is not None})
     print(f"eps: each client's guarantee about its own data at delta = "

@@ -37,8 +37,8 @@ def run_row(run: RunDirectory, label: str | None = None, *,
             ledgers: Sequence[ClientLedger] | None = None) -> dict[str, Any]:
     """One run's comparison row (the keys of :data:`COLUMNS`, ``ended`` why the run ended,
     ``stops`` a dict kind -> count,
-    plus ``path``, ``scenario``, ``seed``, ``delta`` and ``warnings``; ``ledgers``: the run's,
-    if read already)."""
+    plus ``path``, ``scenario``, ``seed``, ``delta``, ``warnings`` and ``notes``; ``ledgers``:
+    the run's, if read already)."""
     from fedsim.privacy.accountant import make_accountant
     from fedsim.reporting.epsilon_history import EpsilonCache, final_epsilons
 
@@ -64,6 +64,11 @@ def run_row(run: RunDirectory, label: str | None = None, *,
                         f"{len(read)} of its {len(run.clients)} clients' ledgers: no eps "
                         f"for the run")
         from_ledgers = []
+    notes = []
+    if len({ledger.sampling for ledger in read}) > 1:  # (a stranger: one spread over both)
+        notes.append(f"note: {run.path.name}: its eps columns span add/remove and "
+                     f"replace-one clients, guarantees about different neighbours (the "
+                     f"epsilon plot has a panel for each)")
     epsilons = from_ledgers or sorted(
         e for row in run.clients if (e := finite_number(row.get("epsilon"))) is not None)
     computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
@@ -92,6 +97,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         "ended": _ended(run),
         "stops": dict(sorted(stops.items())),
         "warnings": warnings,
+        "notes": notes,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import re
 from pathlib import Path
 
@@ -92,3 +93,10 @@ def test_report_keeps_the_relations_apart(tmp_path: Path,
         assert line.startswith(f"privacy (pld, delta = 1e-05), {relation} neighbours: eps "
                                f"min {eps[0]:#.4g} / median")
         assert line.endswith(f"/ max {eps[-1]:#.4g} over {len(eps)} clients")
+    # compare's table spans both: said under it
+    assert main(["compare", str(out), str(out.with_name("other")), "--no-plots"]) == 2
+    capsys.readouterr()
+    shutil.copytree(out, out.with_name("other"))
+    assert main(["compare", str(out), str(out.with_name("other")), "--no-plots"]) == 0
+    assert "note: run: its eps columns span add/remove and replace-one clients" in (
+        capsys.readouterr().out)
