@@ -69,7 +69,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _scenario_file(args: argparse.Namespace) -> tuple[Path, Path | None]:
     """The scenario to launch, and with ``--resume DIR`` that directory (checked)."""
     from fedsim.errors import ConfigError
-    from fedsim.runtime.deployed.launcher import resumable_scenario
+    from fedsim.runtime.deployed.resume import resumable_scenario
 
     if args.resume is not None:
         if args.scenario is not None or args.out is not None or args.overrides:

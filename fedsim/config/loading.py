@@ -330,6 +330,10 @@ def _describe(error: Mapping[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
+MAX_HINTED_ERRORS = 50
+"""A scenario's first this many problems get a did-you-mean hint (:mod:`fedsim.config.suggestions`)."""
+
+
 def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
     lines: list[str] = []
     errors = exc.errors(include_url=False)
@@ -346,7 +350,9 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
         if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), dict | list):
             got = f" (got {json.dumps(error.get('input'), default=str)})"
         hint = ""
-        if error["type"] == "extra_forbidden":
+        if len(lines) >= MAX_HINTED_ERRORS:
+            pass  # (a hint searches the schema: 20,000 unknown keys took 18 s with one each)
+        elif error["type"] == "extra_forbidden":
             hint = did_you_mean(path)
         elif error["type"] in ("literal_error", "union_tag_invalid"):
             given = error.get("input") if error["type"] == "literal_error" else (

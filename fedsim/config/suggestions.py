@@ -104,8 +104,8 @@ def did_you_mean(path: Sequence[str | int]) -> str:
     """`` - did you mean 'clip'?`` for an unknown key close to an accepted one, or where the
     key is accepted instead, else ``""``."""
     key = path[-1] if path else None
-    if not isinstance(key, str):
-        return ""
+    if not isinstance(key, str) or not _models_at(path[:-1]):
+        return ""  # (under a free-form mapping, model.options: any key is its own)
     # A key accepted elsewhere, exactly, says more than a similar one here (server.batch_size:
     # a group's, not step_size); a typo is accepted nowhere.
     places = _where_accepted(key, path[:-1]) or (
@@ -121,7 +121,8 @@ def did_you_mean(path: Sequence[str | int]) -> str:
         return f" - it belongs under {' or '.join(map(repr, children))}"
     shown = ", ".join(places[:_SHOWN_PLACES])
     more = len(places) - _SHOWN_PLACES
-    return f" - it is a key of {shown}" + (f" and {more} other section(s)" if more > 0 else "")
+    return (f" - {key!r} is a key of {shown}"
+            + (f" and {more} other section(s)" if more > 0 else ""))
 
 
 def first_unknown_key(path: Sequence[str | int]) -> str:
@@ -129,6 +130,8 @@ def first_unknown_key(path: Sequence[str | int]) -> str:
     (``client.groups``: ``client``); "" when it accepts every one (a review: a valid key was
     suggested as the one meant)."""
     for end, part in enumerate(path):
+        if not _models_at(path[:end]):
+            return ""  # a free-form mapping (model.options) holds any key
         if isinstance(part, str) and part not in _keys_at(path[:end]):
             return did_you_mean(path[:end + 1])
     return ""

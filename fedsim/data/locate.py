@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedsim.errors import DataError
+
 __all__ = [
     "DATA_DIR_ENV",
     "OFFLINE_ENV",
@@ -51,7 +53,10 @@ def offline() -> bool:
 def path_candidates(path: str | os.PathLike[str], base_dir: Path | None) -> list[Path]:
     """Where a scenario's relative path may be, in order: beside the scenario file
     (``base_dir``), then in the working directory. An absolute path is itself."""
-    candidate = Path(path).expanduser()
+    try:
+        candidate = Path(path).expanduser()
+    except RuntimeError:  # "~nouser/x": no such home (an attacker's review: a traceback)
+        raise DataError(f"{path}: its ~user has no home directory here") from None
     if candidate.is_absolute():
         return [candidate]
     places = [(base_dir / candidate).resolve()] if base_dir is not None else []

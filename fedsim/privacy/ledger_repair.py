@@ -175,7 +175,7 @@ class _Scan:
     line_hashes: list[str]  # each record line's chain hash, readable or not
     prevs: list[str | None]  # each readable record's "prev" (None: unreadable)
     header_lost: bool  # the file's own header was unreadable (the given one stands for it)
-    rest_at_end: int = 0  # the last line's records of its spend still to follow (its "rest")
+    rest_at_end: int = 0  # records of the last readable one's spend that no line after it holds
 
 
 def given_header(header: Any) -> dict[str, Any]:
@@ -253,7 +253,9 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
             record, prev = parse_record(obj, str(header.get("sampling")))
             rest_at_end = obj.get(REST_KEY, 0)
         except (UnicodeDecodeError, ValueError, ConfigError):
-            record, rest_at_end = None, 0
+            # An unreadable line may be one of the records the last readable one said follow
+            # (an attacker's review: the line after a "rest" damaged let --assume-lost 0 by).
+            record, rest_at_end = None, max(rest_at_end - 1, 0)
             substitutes.discard(len(records))
             # A step's line is ~150 bytes: a longer unreadable one, one naming a selection,
             # or, in an rdp ledger (the only kind that holds selections), one that does not

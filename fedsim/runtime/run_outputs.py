@@ -317,6 +317,9 @@ class RunRecord:
     final_evaluation: Mapping[str, Any] | None = None
     """The final model's evaluation at the run's end: ``version``, ``accuracy``, ``loss``
     (None: not evaluated, e.g. an interrupted or message-only run)."""
+    warnings: Sequence[str] = ()
+    """What the run's collection found wrong (a deployed run's: a state ledger that does not
+    extend the run directory's copy, a client the server refused); empty for a simulation."""
     deployed_differences: Sequence[str] = ()
     """What this (deployed) run did not do as a simulation of its scenario does
     (:mod:`fedsim.runtime.deployed.differences`); empty for a simulation."""
@@ -442,13 +445,14 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
             f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
             "above their budget (clients.csv: budget_delta).")
-    if caveats:
-        parts.append(f"{len(caveats)} privacy caveat(s) qualify these eps values: "
-                     + " ".join(f"({n}) {c.rstrip('.')}." for n, c in enumerate(caveats, 1)))
-    differences = record.deployed_differences
-    if differences:
-        parts.append("Compared with a simulation of this scenario, this deployed run: "
-                     + " ".join(f"({n}) {d.rstrip('.')}." for n, d in enumerate(differences, 1)))
+    for head, items in ((f"{len(caveats)} privacy caveat(s) qualify these eps values: ",
+                         caveats),
+                        ("Warnings: ", record.warnings),
+                        ("Compared with a simulation of this scenario, this deployed run: ",
+                         record.deployed_differences)):
+        if items:
+            parts.append(head + " ".join(f"({n}) {item.rstrip('.')}."
+                                         for n, item in enumerate(items, 1)))
     return " ".join(parts)
 
 
@@ -509,7 +513,8 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
          if record.interrupted else {}) | (
         # (a deployed run's only: a simulation's summary keeps its keys)
         {"deployed_differences": list(record.deployed_differences)}
-        if record.time_kind == "scenario" else {})
+        if record.time_kind == "scenario" else {}) | (
+        {"warnings": list(record.warnings)} if record.warnings else {})
 
 
 def client_rows(record: RunRecord) -> list[dict[str, Any]]:

@@ -167,7 +167,7 @@ def test_launch_reaches_the_accuracy_of_the_in_process_run(tmp_path: Path) -> No
     # review: half the rounds under switch, said nowhere), with the rounds it measured.
     [switch_line] = deployed["deployed_differences"]
     released = sum(int(r[rows[0].index("rounds")]) for r in rows[1:])
-    delayed = re.search(r"this run: (\d+) of its (\d+) released rounds", switch_line)
+    delayed = re.search(r"this run: (\d+) of those groups' (\d+) released rounds", switch_line)
     assert delayed is not None and int(delayed.group(2)) == released > 0
     assert int(delayed.group(1)) <= released
     assert "deployed_differences" not in simulated

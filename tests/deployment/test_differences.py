@@ -26,8 +26,8 @@ def test_a_lossy_switching_scenario_names_each_difference() -> None:
     assert lines[2].startswith("interrupt switch with public timing (groups wired, wireless)")
     measured = measured_differences(scenario, [3, 0, 4], 40)
     assert measured[:2] == lines[:2]
-    assert measured[2] == lines[2] + ("; this run: 7 of its 40 released rounds were moved to a "
-                                      "later slot by a model's arrival")
+    assert measured[2] == lines[2] + ("; this run: 7 of those groups' 40 released rounds were "
+                                      "moved to a later slot by a model's arrival")
 
 
 def test_a_perfect_network_snapshot_or_realised_scenario_has_none() -> None:

@@ -26,7 +26,8 @@ from fedsim.config import load_scenario
 from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel
 from fedsim.runtime.actors.client_book import BookState, ClientBook
 from fedsim.runtime.deployed.client_process import run_client
-from fedsim.runtime.deployed.launcher import Launcher, collect_outputs
+from fedsim.runtime.deployed.collection import collect_outputs
+from fedsim.runtime.deployed.launcher import Launcher
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.population import build_population
 from fedsim.training.gaussian import gaussian_noise

@@ -271,6 +271,27 @@ def test_a_spend_cut_short_under_a_damaged_slot_is_refused_not_moved_up(tmp_path
     assert _eps(path) >= released * (1 - 1e-9)
 
 
+def test_an_unreadable_line_after_a_rest_still_counts_the_records_it_promised(
+        tmp_path: Path) -> None:
+    """An attacker's review of the above: spends of three kinds, the newest slot damaged, the
+    last line deleted and the one before it (its "rest": 1) made unreadable; the floor read the
+    unreadable line as no promise, and --assume-lost 0 was taken (eps 4.2705 for 4.3199)."""
+    path = tmp_path / "c.jsonl"
+    kinds = [GaussianStep("poisson", 0.1, s) for s in (1.2, 0.9, 0.7)]
+    with _open(path) as ledger:
+        for r in range(10):
+            ledger.spend(kinds, time=float(r), round=r)
+        released = ledger.epsilon(DELTA)
+    _damage_slot(path, 0)
+    lines = path.read_bytes().splitlines(keepends=True)[:-1]
+    lines[-1] = lines[-1][:40] + b"#" + lines[-1][41:]
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(LedgerError, match="--assume-lost must be at least 1"):
+        repair_ledger(path, assume_lost=0, lost_step=kinds[2])
+    repair_ledger(path, assume_lost=1, lost_step=kinds[2])
+    assert _eps(path) >= released * (1 - 1e-9)
+
+
 def test_a_whole_spend_of_several_past_a_damaged_slot_is_a_torn_mark_write(
         tmp_path: Path) -> None:
     """A spend of two kinds written whole, its mark write torn: the open keeps accepting its

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import re
+import shutil
 from pathlib import Path
 
 import pytest

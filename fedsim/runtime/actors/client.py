@@ -501,6 +501,9 @@ class ClientActor:
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
                 self.clock.now(), window, compression=self.compression))
+            if self._split_at is not None and self.exposure.pad_release \
+                    and self.exposure.timing != "realised":
+                self.split_delays += 1  # a padded release a split moved a slot on (_padded)
             self._step_locally(result, round_index)
             # The round's vectors (its update, its snapshot) are not kept while the client
             # waits for its next round: at 10^4 clients each kept one costs 4 GB.
@@ -564,8 +567,6 @@ class ClientActor:
             release = release_time(start, slot, max(now, target))
             if await self._sleep_unless_switched(release - now):
                 break
-        if target > start + slot:
-            self.split_delays += 1
         if release > target or slot <= 0:
             self.timing_overruns += 1
             (_log.warning if self.timing_overruns == 1 else _log.debug)(

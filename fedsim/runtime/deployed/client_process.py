@@ -231,8 +231,11 @@ async def run_client(
             "unacknowledged": list(endpoint.unacknowledged),
             "mqtt": endpoint.stats.as_dict(),
             "randomness": scenario.privacy.deployed_randomness,
-            "timing_overruns": actor.timing_overruns,
-            "split_delays": actor.split_delays,
+            # (over every process of this client, as its released rounds are: a restart or
+            # a resumed launch counted the last process's alone)
+            "timing_overruns": _earlier_count(previous, "timing_overruns")
+            + actor.timing_overruns,
+            "split_delays": _earlier_count(previous, "split_delays") + actor.split_delays,
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
         }
         ledger.close()
@@ -241,3 +244,7 @@ async def run_client(
     return outcome
 
 
+def _earlier_count(previous: dict[str, Any], key: str) -> int:
+    """A count of this client's earlier processes' report (0 when absent or not a count)."""
+    value = previous.get(key)
+    return value if type(value) is int and value >= 0 else 0

@@ -72,12 +72,12 @@ def scenario_differences(scenario: Scenario) -> list[str]:
 def measured_differences(scenario: Scenario, split_delays: Iterable[int],
                          released_rounds: int) -> list[str]:
     """:func:`scenario_differences`, with the switch's cost as this run measured it: how many
-    of its ``released_rounds`` a split moved to a later slot (``split_delays``: each client's
-    count)."""
+    of the ``released_rounds`` of its switching groups' clients a split moved to a later slot
+    (``split_delays``: each client's count)."""
     lines = scenario_differences(scenario)
     delayed = sum(split_delays)
     for index, line in enumerate(lines):
         if line.startswith("interrupt switch"):
-            lines[index] = (f"{line}; this run: {delayed} of its {released_rounds} released "
-                            "rounds were moved to a later slot by a model's arrival")
+            lines[index] = (f"{line}; this run: {delayed} of those groups' {released_rounds} "
+                            "released rounds were moved to a later slot by a model's arrival")
     return lines

@@ -2,9 +2,10 @@
 
 :class:`Launcher` starts a server and all clients as local processes running the command lines
 of :func:`process_commands` (what ``docker-compose.yml`` runs in containers), waits for the stop
-condition and collects (:func:`collect_outputs`) the same run directory as ``fedsim run``:
-the server's files, the clients' ledgers and reports, and ``clients.csv``, ``summary.json``,
-``timing.json`` from the one writer (:func:`~fedsim.runtime.run_outputs.write_run_outputs`).
+condition and collects (:func:`~fedsim.runtime.deployed.collection.collect_outputs`) the same
+run directory as ``fedsim run``. One launcher runs in a directory at a time
+(:data:`LAUNCH_LOCK_FILE`); an interrupted one goes on with ``resume=True``
+(:mod:`fedsim.runtime.deployed.resume`).
 """
 
 from __future__ import annotations
@@ -24,163 +25,53 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fedsim.atomic import locked_or_closed
 from fedsim.config.factories import SEARCH_ENV
-from fedsim.config.loading import LoadedScenario, dump_scenario, load_scenario
+from fedsim.config.loading import dump_scenario, load_scenario
 from fedsim.data.load import dataset_file, scenario_data
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.logging import get_logger
-from fedsim.privacy.ledger_file import copy_ledger
-from fedsim.runtime.actors.releases import Releases, RoundRecord
-from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
-from fedsim.runtime.assembly import open_ledger
+from fedsim.runtime.deployed.collection import collect_outputs
 from fedsim.runtime.deployed.deployment import run_name
-from fedsim.runtime.deployed.differences import measured_differences
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import (
     FLUSH_TIMEOUT,
     LAUNCH_WAIT_FOR_CLIENTS,
     DeploymentOptions,
 )
-from fedsim.runtime.deployed.state_owner import client_state_file
+from fedsim.runtime.deployed.resume import (
+    LAUNCH_FILE,
+    check_state_ledgers,
+    scenario_sha256,
+)
 from fedsim.runtime.interrupted import (
-    interrupted_reason,
     interrupting_signal,
     signals_ignored,
 )
-from fedsim.runtime.population import Population, build_population, client_ids
+from fedsim.runtime.population import client_ids
 from fedsim.runtime.rng import SeedTree
 from fedsim.runtime.run_outputs import (
-    FINISHED_STATES,
-    LEDGER_DIR,
     METRICS_FILE,
     PROCESSES_FILE,
     SCENARIO_FILE,
-    SERVER_FILE,
     TIMING_FILE,
-    ClientOutcome,
-    RunRecord,
-    StoppedClient,
     check_unused,
-    ledger_file,
     read_json,
     write_json,
-    write_run_outputs,
 )
 from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.child_process import bound_argv, bound_env, stop_with_parent
 from fedsim.transports.topics import aggregator_ids
 
-__all__ = ["Launcher", "collect_outputs", "process_commands", "resumable_scenario"]
+__all__ = ["LAUNCH_LOCK_FILE", "Launcher", "process_commands"]
 
 _log = get_logger("fedsim.runtime.deployed.launcher")
-
-
-def collect_outputs(
-    loaded: LoadedScenario,
-    out_dir: str | Path,
-    client_state_dirs: Mapping[str, Path],
-    *,
-    wall_seconds: float,
-    cpu_seconds: float = math.nan,
-    population: Population | None = None,
-    interrupted: str | None = None,
-) -> dict[str, Any]:
-    """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
-
-    ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
-    ``interrupted``: the signal that interrupted the launch (the summary says so, as an
-    interrupted ``fedsim run``'s does).
-
-    ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
-    ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
-    ``summary.json`` and ``timing.json`` are written by the simulator's own writer. Returns the
-    summary.
-    """
-    out = Path(out_dir)
-    population = population or build_population(loaded)
-    server = read_json(out / SERVER_FILE)
-    metrics = []
-    if (out / METRICS_FILE).exists():
-        metrics = [json.loads(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
-    (out / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
-    statuses = server.get("statuses", {})
-    stopped: list[StoppedClient] = []
-    clients: list[ClientOutcome] = []
-    try:
-        for plan in population.plans:
-            client_id = plan.client_id
-            state_dir = client_state_dirs.get(client_id)
-            copied = ledger_file(out, client_id)
-            if state_dir is not None and ledger_file(state_dir, client_id).exists():
-                copy_ledger(ledger_file(state_dir, client_id), copied)  # with its mark
-            report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
-            status = statuses.get(client_id, {})
-            state = report.get("state") or status.get("state") or "waiting"
-            reason = report.get("stop_reason") or status.get("detail", "")
-            stopped_at = report.get("stopped_at", status.get("sent_at"))
-            finished = state in FINISHED_STATES
-            if finished:
-                stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason,
-                                "kind": finished_stop_kind(report, status, plan.group.rounds)})
-            released = Releases.of(RoundRecord(**r) for r in report.get("released", []))
-            clients.append(
-                ClientOutcome(
-                    plan, open_ledger(plan, copied), state, released, finished,
-                    randomness=report.get("randomness", ""),
-                    timing_overruns=int(report.get("timing_overruns", 0)),
-                    split_delays=int(report.get("split_delays", 0)),
-                )
-            )
-        stop_reason = RunStop.read(server)
-        if interrupted:
-            at = metrics[-1]["time"] if metrics else 0.0
-            stop_reason = RunStop(RunStopKind.SIGNAL,
-                                  interrupted_reason(interrupted, len(metrics), at, "scenario"))
-        return write_run_outputs(
-            RunRecord(
-                scenario=loaded.scenario,
-                out_dir=out,
-                metrics=metrics,
-                clients=clients,
-                stopped=stopped,
-                stop_reason=stop_reason,
-                interrupted=interrupted,
-                final_version=int(server.get("final_version", 0)),
-                network={"mqtt_server": server.get("mqtt", {})},
-                wall_seconds=wall_seconds,
-                cpu_seconds=cpu_seconds,
-                time_kind="scenario",
-                final_evaluation=server.get("final_evaluation"),
-                deployed_differences=measured_differences(
-                    loaded.scenario, (c.split_delays for c in clients),
-                    sum(c.releases.count for c in clients)),
-            )
-        )
-    finally:
-        for client in clients:
-            client.ledger.close()
+LAUNCH_LOCK_FILE = "launch.lock"
+"""Held (``flock``) by the one launcher running in a directory."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Launching everything as local processes
-
-
-def resumable_scenario(out: str | Path) -> Path:
-    """The resolved scenario of the interrupted launch in ``out`` (``fedsim launch --resume``),
-    or a :class:`ConfigError` saying why it cannot be resumed: not a launch's directory, or a
-    run that ended."""
-    out = Path(out)
-    scenario = out / SCENARIO_FILE
-    missing = [str(p) for p in (scenario, out / PROCESSES_FILE, out / "state" / "server")
-               if not p.exists()]
-    if missing:
-        raise ConfigError(f"{out} is not the directory of a fedsim launch (no "
-                          f"{', '.join(missing)}): nothing to resume")
-    server = read_json(out / SERVER_FILE)
-    if server.get("finished") is True:
-        raise ConfigError(f"{out}: its run ended ({SERVER_FILE} says finished); nothing to "
-                          f"resume")
-    return scenario
 
 
 def _children_cpu_seconds() -> float:
@@ -346,9 +237,12 @@ class Launcher:
                                   "it was; --set and --aggregators do not apply")
             self._earlier = read_json(self.out / PROCESSES_FILE)
         else:
-            check_unused(self.out, "--out; an interrupted launch goes on with fedsim launch "
-                                   f"--resume {self.out}" if (self.out / PROCESSES_FILE).exists()
-                         else "--out")
+            if (self.out / PROCESSES_FILE).exists() or (self.out / "state").exists():
+                # (an attacker's review: a launcher killed before its first collect left state
+                # but no ledgers, and a new launch's server resumed that state)
+                raise ConfigError(f"{self.out} holds a launch's state; go on with it (fedsim "
+                                  f"launch --resume {self.out}) or choose a new --out")
+            check_unused(self.out, "--out")
             self._earlier = {}
         self.loaded = load_scenario(scenario_file, overrides,
                                     allow_factories=options.allow_factories)
@@ -369,14 +263,19 @@ class Launcher:
         self.child_env = {SEARCH_ENV: os.pathsep.join(dict.fromkeys(searched))}
         self._started = wallclock.perf_counter()
         self._children_cpu_at_start = _children_cpu_seconds()
+        self._lock_fd: int | None = None
+        if resume:
+            check_state_ledgers(self.loaded, self.state_dir)
 
     # -- setup -------------------------------------------------------------------------------
     def state_dir(self, name: str) -> Path:
         return self.out / "state" / name
 
     def prepare(self) -> None:
-        """Write the resolved scenario, start a private broker if none was given."""
+        """Take the directory's launch lock, write the resolved scenario (and its fingerprint,
+        for a resume) and the processes' commands, start a private broker if none was given."""
         self.out.mkdir(parents=True, exist_ok=True)
+        self._take_launch_lock()
         (self.out / "logs").mkdir(exist_ok=True)
         # Found (or fetched) once here: the processes read the same file, none downloads.
         dataset = self.scenario.dataset
@@ -392,6 +291,8 @@ class Launcher:
             self.scenario_file.write_text(
                 dump_scenario(self.scenario, dataset_path=dataset_path), encoding="utf-8"
             )
+            write_json(self.out / LAUNCH_FILE,
+                       {"scenario_sha256": scenario_sha256(self.scenario_file)})
         if self.options.broker is None:
             self.local_broker = LocalMosquitto(self.out / "broker", self.run, self.client_ids,
                                                aggregators=self.aggregator_ids)
@@ -417,6 +318,9 @@ class Launcher:
                 self.processes[name].starts = starts if type(starts) is int and starts > 0 else 0
                 if isinstance(codes, list) and all(type(c) is int for c in codes):
                     self.exit_codes[name] = list(codes)
+        # Written now, not only at the collect: a launcher killed outright (SIGKILL, a closed
+        # terminal) leaves a directory --resume recognises.
+        self._write_processes()
 
     # -- processes ---------------------------------------------------------------------------
     def start(self, name: str) -> None:
@@ -538,6 +442,10 @@ class Launcher:
                          - self._children_cpu_at_start),
             interrupted=interrupted,
         )
+        self._write_processes()
+        return summary
+
+    def _write_processes(self) -> None:
         write_json(
             self.out / PROCESSES_FILE,
             {
@@ -549,7 +457,16 @@ class Launcher:
                 for name, p in self.processes.items()
             },
         )
-        return summary
+
+    def _take_launch_lock(self) -> None:
+        """One launcher a directory (an attacker's review: a second ``--resume`` rewrote the
+        broker's secrets under a running one before its processes' locks refused it)."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.out / LAUNCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        if not locked_or_closed(fd):
+            raise ConfigError(f"another fedsim launch is running in {self.out}")
+        self._lock_fd = fd
 
     def close(self) -> None:
         """Stop every process (:meth:`stop_all`), then the private broker (idempotent). A
@@ -559,6 +476,9 @@ class Launcher:
             self.stop_all()
             if self.local_broker is not None:
                 self.local_broker.kill(signal.SIGTERM)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     def run_to_end(
         self,

@@ -1,0 +1,156 @@
+"""A deployed run's directory, collected after its processes have ended: the server's files
+as they are, each client's ledger copied from its state directory (never a shorter record over
+a longer one), and ``clients.csv``, ``summary.json``, ``timing.json`` from the simulator's own
+writer (:func:`~fedsim.runtime.run_outputs.write_run_outputs`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedsim.config.loading import LoadedScenario
+from fedsim.logging import get_logger
+from fedsim.privacy.ledger_file import copy_ledger
+from fedsim.runtime.actors.releases import Releases, RoundRecord
+from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
+from fedsim.runtime.assembly import open_ledger
+from fedsim.runtime.deployed.differences import measured_differences
+from fedsim.runtime.deployed.state_owner import client_state_file
+from fedsim.runtime.interrupted import interrupted_reason
+from fedsim.runtime.population import Population, build_population
+from fedsim.runtime.run_outputs import (
+    FINISHED_STATES,
+    LEDGER_DIR,
+    METRICS_FILE,
+    SERVER_FILE,
+    ClientOutcome,
+    RunRecord,
+    StoppedClient,
+    ledger_file,
+    read_json,
+    write_run_outputs,
+)
+
+__all__ = ["collect_outputs"]
+
+_log = get_logger("fedsim.runtime.deployed.collection")
+
+
+def collect_outputs(
+    loaded: LoadedScenario,
+    out_dir: str | Path,
+    client_state_dirs: Mapping[str, Path],
+    *,
+    wall_seconds: float,
+    cpu_seconds: float = math.nan,
+    population: Population | None = None,
+    interrupted: str | None = None,
+) -> dict[str, Any]:
+    """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
+
+    ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
+    ``interrupted``: the signal that interrupted the launch (the summary says so, as an
+    interrupted ``fedsim run``'s does).
+
+    ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
+    ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
+    ``summary.json`` and ``timing.json`` are written by the simulator's own writer. Returns the
+    summary.
+    """
+    out = Path(out_dir)
+    population = population or build_population(loaded)
+    server = read_json(out / SERVER_FILE)
+    metrics = []
+    if (out / METRICS_FILE).exists():
+        metrics = [json.loads(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
+    (out / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
+    statuses = server.get("statuses", {})
+    stopped: list[StoppedClient] = []
+    clients: list[ClientOutcome] = []
+    warnings: list[str] = []
+    try:
+        for plan in population.plans:
+            client_id = plan.client_id
+            state_dir = client_state_dirs.get(client_id)
+            copied = ledger_file(out, client_id)
+            if state_dir is not None and ledger_file(state_dir, client_id).exists():
+                source = ledger_file(state_dir, client_id)
+                if _extends(source, copied):
+                    copy_ledger(source, copied)  # with its mark
+                else:
+                    # A collect of a resumed launch: never a shorter record over a longer one
+                    # (an attacker's review: a lost state ledger's new one was copied over the
+                    # run directory's 5 records, and the summary read eps 0).
+                    warnings.append(
+                        f"{client_id}: its state ledger ({source}) does not extend the run "
+                        f"directory's copy ({copied}), which is kept: the state was lost, "
+                        f"replaced or repaired since the last collect (`fedsim ledger check` "
+                        f"both)")
+                    _log.warning("state ledger does not extend the run directory's copy; "
+                                 "kept the copy", client=client_id, state=str(source))
+            report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
+            refused = report.get("refused")
+            if isinstance(refused, str) and refused:
+                warnings.append(f"{client_id} was refused by the server: {refused}")
+            status = statuses.get(client_id, {})
+            state = report.get("state") or status.get("state") or "waiting"
+            reason = report.get("stop_reason") or status.get("detail", "")
+            stopped_at = report.get("stopped_at", status.get("sent_at"))
+            finished = state in FINISHED_STATES
+            if finished:
+                stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason,
+                                "kind": finished_stop_kind(report, status, plan.group.rounds)})
+            released = Releases.of(RoundRecord(**r) for r in report.get("released", []))
+            clients.append(
+                ClientOutcome(
+                    plan, open_ledger(plan, copied), state, released, finished,
+                    randomness=report.get("randomness", ""),
+                    timing_overruns=int(report.get("timing_overruns", 0)),
+                    split_delays=int(report.get("split_delays", 0)),
+                )
+            )
+        stop_reason = RunStop.read(server)
+        if interrupted:
+            at = metrics[-1]["time"] if metrics else 0.0
+            stop_reason = RunStop(RunStopKind.SIGNAL,
+                                  interrupted_reason(interrupted, len(metrics), at, "scenario"))
+        return write_run_outputs(
+            RunRecord(
+                scenario=loaded.scenario,
+                out_dir=out,
+                metrics=metrics,
+                clients=clients,
+                stopped=stopped,
+                stop_reason=stop_reason,
+                interrupted=interrupted,
+                final_version=int(server.get("final_version", 0)),
+                network={"mqtt_server": server.get("mqtt", {})},
+                wall_seconds=wall_seconds,
+                cpu_seconds=cpu_seconds,
+                time_kind="scenario",
+                final_evaluation=server.get("final_evaluation"),
+                warnings=warnings,
+                deployed_differences=measured_differences(
+                    loaded.scenario, (c.split_delays for c in clients),
+                    sum(c.releases.count for c in clients
+                        if c.plan.group.interrupt == "switch")),
+            )
+        )
+    finally:
+        for client in clients:
+            client.ledger.close()
+
+
+def _extends(source: Path, copy: Path) -> bool:
+    """Whether the ledger file ``source`` holds every complete line of ``copy`` (absent: yes)
+    as its beginning: a ledger only grows, so a state ledger that does not is not the one the
+    copy was taken from (lost, replaced by an older one, repaired)."""
+    if not copy.exists():
+        return True
+    held = copy.read_bytes()
+    held = held[:held.rfind(b"\n") + 1]
+    with source.open("rb") as handle:
+        return handle.read(len(held)) == held

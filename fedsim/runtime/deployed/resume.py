@@ -1,0 +1,86 @@
+"""Going on with an interrupted ``fedsim launch`` (``--resume DIR``): which directory may be
+resumed, with which scenario, and whether its clients' ledgers will open.
+
+A launch records its resolved scenario's SHA-256 (:data:`LAUNCH_FILE`): a resume runs that
+file as it was, since the ledgers were written under it (an attacker's review: an edited sigma
+and partition resumed silently). Its clients' ledgers are opened once before anything starts,
+so a ledger its client would refuse stops the resume with the reason instead of leaving the
+server to run on without that client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from fedsim.config.loading import LoadedScenario
+from fedsim.errors import ConfigError, FedsimError
+from fedsim.runtime.assembly import open_ledger
+from fedsim.runtime.population import build_population
+from fedsim.runtime.run_outputs import (
+    PROCESSES_FILE,
+    SCENARIO_FILE,
+    SERVER_FILE,
+    ledger_file,
+    read_json,
+)
+
+__all__ = ["LAUNCH_FILE", "check_state_ledgers", "resumable_scenario", "scenario_sha256"]
+
+LAUNCH_FILE = "launch.json"
+"""A launch's own record beside ``processes.json``: its resolved scenario's SHA-256, which a
+resume checks."""
+
+
+def scenario_sha256(path: Path) -> str:
+    """The fingerprint of a launch's resolved scenario file."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resumable_scenario(out: str | Path) -> Path:
+    """The resolved scenario of the interrupted launch in ``out`` (``fedsim launch --resume``),
+    or a :class:`ConfigError` saying why it cannot be resumed: not a launch's directory, or a
+    run that ended."""
+    out = Path(out)
+    scenario = out / SCENARIO_FILE
+    missing = [str(p) for p in (scenario, out / PROCESSES_FILE, out / "state" / "server")
+               if not p.exists()]
+    if missing:
+        raise ConfigError(f"{out} is not the directory of a fedsim launch (no "
+                          f"{', '.join(missing)}): nothing to resume")
+    server = read_json(out / SERVER_FILE)
+    if server.get("finished") is True:
+        raise ConfigError(f"{out}: its run ended ({SERVER_FILE} says finished); nothing to "
+                          f"resume")
+    launched = read_json(out / LAUNCH_FILE).get("scenario_sha256")
+    if launched is None:
+        raise ConfigError(f"{out}: no {LAUNCH_FILE} (a launch made before fedsim could resume "
+                          f"one, or damaged), so nothing shows which scenario it ran")
+    if launched != scenario_sha256(scenario):
+        # (an attacker's review: an edited sigma and partition resumed with rc 0, under
+        # ledgers written for the first ones)
+        raise ConfigError(f"{scenario} is not the scenario this launch started with (its "
+                          f"sha256 is not the one in {out / LAUNCH_FILE}): a resumed run runs "
+                          f"the scenario its ledgers were written under")
+    return scenario
+
+
+def check_state_ledgers(loaded: LoadedScenario, state_dir: Callable[[str], Path]) -> None:
+    """Open (and close) every client's ledger in its state directory (``state_dir(client
+    id)``), as the client will; a :class:`ConfigError` naming each one that does not open
+    (damaged, another posture's, still held by a process of the earlier launch that has not
+    stopped yet: an attacker's review saw a run whose every client failed at start run to its
+    end empty, after which it could not be resumed again)."""
+    problems = []
+    for plan in build_population(loaded).plans:
+        path = ledger_file(state_dir(plan.client_id), plan.client_id)
+        if not path.exists():
+            continue  # a client that never spent: it starts afresh
+        try:
+            open_ledger(plan, path).close()
+        except FedsimError as exc:
+            problems.append(f"{plan.client_id}: {exc}")
+    if problems:
+        raise ConfigError("cannot resume: " + "; ".join(problems[:8])
+                          + (" ..." if len(problems) > 8 else ""))
