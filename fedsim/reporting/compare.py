@@ -24,7 +24,7 @@ from typing import Any
 from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import epsilon_text, finite_number, relative_gap
+from fedsim.reporting.values import epsilon_text, finite_number, printable, relative_gap
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
            "virtual_time", "windows", "ended", "stops")
@@ -65,6 +65,15 @@ def run_row(run: RunDirectory, label: str | None = None, *,
                         f"for the run")
         from_ledgers = []
     notes = []
+    caveats = privacy.get("caveats")
+    if isinstance(caveats, list) and caveats:  # (a stranger: a deployed run's went unsaid)
+        notes.append(f"note: {run.path.name}: {len(caveats)} privacy caveat(s) qualify its eps "
+                     f"(summary.json privacy.caveats), the first: "
+                     f"{printable(str(caveats[0]), limit=200)}")
+    differences = summary.get("deployed_differences")
+    if isinstance(differences, list) and differences:
+        notes.append(f"note: {run.path.name}: a deployed run; what it did not do as a "
+                     f"simulation does is in its summary.json deployed_differences")
     if len({ledger.sampling for ledger in read}) > 1:  # (a stranger: one spread over both)
         notes.append(f"note: {run.path.name}: its eps columns span add/remove and "
                      f"replace-one clients, guarantees about different neighbours (the "

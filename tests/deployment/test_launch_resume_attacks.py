@@ -103,3 +103,35 @@ def test_resume_refuses_what_would_lose_or_misstate_spending(
                for w in warnings), warnings
     assert any(w.startswith("c-000 was refused by the server") for w in warnings), warnings
     assert summary["privacy"]["epsilon_min"] > 0
+
+
+def test_a_client_done_before_the_interrupt_keeps_its_stop_across_a_resume(
+        tmp_path: Path) -> None:
+    """A resumed launch restarts every client; one that had stopped for good stopped again on
+    its new process's clock, and its report's stop moved (a stranger: 253 s -> 261 s)."""
+    out = tmp_path / "runs" / "deploy-four-launch"
+    group = ("{name: %s, count: 2, data_share: 0.5, batch_size: 32, sampling: poisson, clip: "
+             "1.0, noise: 1.0, local_lr: 0.5, speed: 0.005, staleness: {max_versions_behind: "
+             "1}, budget: {epsilon: 8.0, delta: 1.0e-5}%s}")
+    proc = _launch(tmp_path, "--set", "stop.windows=14", "--set",
+                   f"clients.groups=[{group % ('c', '')}, {group % ('d', ', rounds: 2')}]")
+    reports = [out / "state" / c / f"client-{c}.json" for c in ("d-000", "d-001")]
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 150
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the launch did not get going: {proc.communicate()}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=120)
+    first = [json.loads(r.read_text()) for r in reports]
+    assert all(r["state"] == "done" and r["stopped_at"] is not None for r in first), first
+    result = _resume(out)
+    assert result.returncode == 0, result.stderr
+    again = [json.loads(r.read_text()) for r in reports]
+    for before, after in zip(first, again, strict=True):
+        for key in ("state", "stop_reason", "stop_kind", "stopped_at"):
+            assert after[key] == before[key], (key, before, after)
+    rows = {r["client_id"]: r for r in json.loads((out / "summary.json").read_text())["stopped"]}
+    assert [rows[r["client_id"]]["time"] for r in first] == [r["stopped_at"] for r in first]

@@ -153,6 +153,9 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     assert "interrupted" not in summary and summary["windows"] == 14
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [m["window"] for m in lines] == list(range(1, 15))
+    # The resumed server waited for its restarted clients (a review: 1-6 windows passed
+    # empty while they started): the first window after the cut applies their updates.
+    assert lines[cut]["applied"] > 0, lines[cut:]
     server = json.loads((out / "server.json").read_text())
     assert server["finished"] is True and server["resumed_from_window"] == cut
     processes = json.loads((out / "processes.json").read_text())
@@ -162,6 +165,8 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
         assert (out / "ledgers" / f"{client}.jsonl").read_bytes() == state.read_bytes()
     assert main(["report", str(out)]) == 0
     assert "interrupted by" not in capsys.readouterr().out
-    # an ended launch has nothing to resume
+    # an ended launch has nothing to resume, and a new launch there is told so (not to resume)
     assert main(["launch", "--resume", str(out)]) == 2
     assert "its run ended" in capsys.readouterr().err
+    assert main(["launch", str(SCENARIO), "--out", str(out)]) == 2
+    assert "holds a launch that ended; choose a new --out" in capsys.readouterr().err

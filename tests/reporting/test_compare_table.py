@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from fedsim.privacy.accountant import make_accountant
@@ -47,3 +49,25 @@ def test_compare_epsilon_curves_are_the_clients_median_and_band_at_each_time(
 def _eps_until(history: list[tuple[float, GaussianStep]], moment: float) -> float:
     steps = list(group_steps(step for time, step in history if time <= moment))
     return make_accountant("pld", steps).epsilon(DELTA) if steps else 0.0
+
+
+def test_compare_notes_a_runs_caveats_and_that_it_was_deployed(
+        small_run: SyntheticRun, copy_run: Callable[[SyntheticRun], SyntheticRun]) -> None:
+    """A stranger compared a launched run with its simulation: equal eps columns, and neither
+    its privacy caveat nor that it was deployed said anywhere."""
+    import json
+
+    from fedsim.reporting.compare import run_row
+
+    run = copy_run(small_run)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["privacy"]["caveats"] = ["41 deployed round(s) computed longer than their slot"]
+    summary["deployed_differences"] = ["not emulated: the simulated network (network.uplink)"]
+    (run.path / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    notes = run_row(RunDirectory.load(run.path))["notes"]
+    name = run.path.name
+    assert notes[0] == (f"note: {name}: 1 privacy caveat(s) qualify its eps (summary.json "
+                        "privacy.caveats), the first: 41 deployed round(s) computed longer "
+                        "than their slot")
+    assert notes[1].startswith(f"note: {name}: a deployed run;")
+    assert run_row(RunDirectory.load(small_run.path))["notes"] == []

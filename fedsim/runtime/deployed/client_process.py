@@ -45,7 +45,7 @@ from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import Population, build_population, plan_of
-from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
+from fedsim.runtime.run_outputs import FINISHED_STATES, ledger_file, read_json, write_json
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
 from fedsim.transports.topics import aggregator_ids, aggregator_of
 
@@ -238,6 +238,13 @@ async def run_client(
             "split_delays": _earlier_count(previous, "split_delays") + actor.split_delays,
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
         }
+        if (previous.get("state") in FINISHED_STATES and outcome["state"] in FINISHED_STATES
+                and not kept):
+            # Restarted after it had stopped for good (a resumed launch restarts every
+            # client): it released nothing, and its stop is the first one's, not this
+            # process's clock's (a stranger saw a budget stop move from 253 s to 261 s).
+            outcome.update({key: previous.get(key) for key in
+                            ("state", "stop_reason", "stop_kind", "stopped_at")})
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)
         write_json(report_file, outcome)

@@ -29,10 +29,10 @@ __all__ = ["measured_differences", "scenario_differences"]
 
 _SWITCH_DELAY = (
     "interrupt switch with public timing (groups {groups}): a global model arriving mid-round "
-    "makes a deployed client compute the round again and release it a whole slot after the "
-    "arrival (the public time that hides the recompute), where a simulation releases it on "
-    "time; with models arriving about once a slot or more often, deployed clients release up "
-    "to half as many rounds (interrupt: snapshot keeps the round on its model and its slot)")
+    "makes a deployed client compute the round again and release it a whole round time after "
+    "the arrival (hiding how long the recompute took), where a simulation releases it on time; "
+    "with models arriving about once a round or more often, up to half as many rounds "
+    "(interrupt: snapshot avoids it)")
 
 
 def _emulated_network_settings(scenario: Scenario) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
-from fedsim.runtime.actors.admission import group_slot
+from fedsim.runtime.actors.admission import BURST, group_slot
 
 __all__ = ["guarantee_lines", "require_public_slots"]
 
@@ -71,8 +71,11 @@ def guarantee_lines(scenario: Scenario) -> list[str]:
             lines.append(f"group {group.name}: NOT DEPLOYABLE: no public round time (speed "
                          "0?): it would be neither paced nor padded")
             continue
-        padded = ("release times padded to the public schedule" if timing == "public" else
+        padded = ("release times padded to the public schedule, each round at the end of its "
+                  "own expected round time" if timing == "public" else
                   "release times NOT padded (privacy.timing = realised)")
+        # (a stranger read the pace for the group's round time: it is its fastest possible)
         lines.append(f"group {group.name}: deployed, paced at one update per {slot:.4g} s "
-                     f"(a burst of more waits), {padded}")
+                     f"from each client, its fastest possible round (a burst of up to "
+                     f"{BURST:g} beyond that waits); {padded}")
     return lines

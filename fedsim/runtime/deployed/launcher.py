@@ -54,6 +54,7 @@ from fedsim.runtime.run_outputs import (
     METRICS_FILE,
     PROCESSES_FILE,
     SCENARIO_FILE,
+    SERVER_FILE,
     TIMING_FILE,
     check_unused,
     read_json,
@@ -68,6 +69,8 @@ __all__ = ["LAUNCH_LOCK_FILE", "Launcher", "process_commands"]
 _log = get_logger("fedsim.runtime.deployed.launcher")
 LAUNCH_LOCK_FILE = "launch.lock"
 """Held (``flock``) by the one launcher running in a directory."""
+RESUME_WAIT_FOR_CLIENTS = 30.0
+"""The longest a resumed launch's server waits for its restarted clients (seconds)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +243,9 @@ class Launcher:
             if (self.out / PROCESSES_FILE).exists() or (self.out / "state").exists():
                 # (an attacker's review: a launcher killed before its first collect left state
                 # but no ledgers, and a new launch's server resumed that state)
+                if read_json(self.out / SERVER_FILE).get("finished") is True:
+                    raise ConfigError(f"{self.out} holds a launch that ended; choose a new "
+                                      f"--out")
                 raise ConfigError(f"{self.out} holds a launch's state; go on with it (fedsim "
                                   f"launch --resume {self.out}) or choose a new --out")
             check_unused(self.out, "--out")
@@ -251,7 +257,13 @@ class Launcher:
         self.run = run_name(self.scenario, None)
         self.client_ids = client_ids(self.scenario)
         self.aggregator_ids = aggregator_ids(self.scenario.aggregators.count)
-        self.options = replace(options, run=self.run, json_logs=True)
+        # Resumed: every client restarts with the server, which waits for them as at a start,
+        # but not for long: a client the server refuses (its state lost) never says it is
+        # connected, and the wait would hold the whole run (a wait of none lost 1-6 windows).
+        self.options = replace(
+            options, run=self.run, json_logs=True, wait_on_resume=resume,
+            wait_for_clients=(min(options.wait_for_clients, RESUME_WAIT_FOR_CLIENTS) if resume
+                              else options.wait_for_clients))
         self.fork = fork
         self.local_broker: LocalMosquitto | None = None
         self.processes: dict[str, _Process] = {}

@@ -84,6 +84,10 @@ class DeploymentOptions:
     tls_key: str | None = None
     tls_insecure: bool = False
     allow_factories: bool = False
+    wait_on_resume: bool = False
+    """The server waits for its clients (``wait_for_clients``) when it resumes from a
+    checkpoint too: a resumed launch restarts every client with it (a server restarted under
+    running clients must not wait for statuses they have sent already)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
@@ -126,7 +130,8 @@ class DeploymentOptions:
         return args
 
     def server_argv(self) -> list[str]:
-        return ["--wait-for-clients", repr(float(self.wait_for_clients))]
+        return (["--wait-for-clients", repr(float(self.wait_for_clients))]
+                + (["--wait-on-resume"] if self.wait_on_resume else []))
 
     def with_absolute_paths(self) -> DeploymentOptions:
         """The same options with the secrets and TLS files as absolute paths (for processes
@@ -191,7 +196,13 @@ class DeploymentOptions:
                 help="Before the first window, wait up to this long for every client to "
                 f"connect (default {wait_for_clients:g}"
                 + ("" if wait_for_clients else ": start at once")
-                + "; not when resuming from a checkpoint).",
+                + "; not when resuming from a checkpoint, unless --wait-on-resume).",
+            )
+            parser.add_argument(
+                "--wait-on-resume",
+                action="store_true",
+                help="Wait for the clients when resuming from a checkpoint too (fedsim launch "
+                "--resume restarts every client with the server).",
             )
         add_set_option(parser)
         add_allow_factory_option(parser)
@@ -226,6 +237,7 @@ class DeploymentOptions:
             tls_key=args.tls_key,
             tls_insecure=args.tls_insecure,
             allow_factories=args.allow_factories,
+            wait_on_resume=getattr(args, "wait_on_resume", False),
         )
 
     @classmethod

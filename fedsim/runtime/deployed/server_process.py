@@ -369,8 +369,10 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
                         "stopped by a signal before the first window" if made
                         else STOPPED_BEFORE_CONNECTING))))
                     return outcome
-                if snapshot is None and options.wait_for_clients > 0:
-                    clock = ScaledClock(options.time_scale)  # scenario time starts with window 1
+                if (snapshot is None or options.wait_on_resume) and options.wait_for_clients > 0:
+                    # scenario time starts with window 1, or goes on from the checkpoint's
+                    clock = ScaledClock(options.time_scale,
+                                        start=snapshot.time if snapshot is not None else 0.0)
                 checkpoints = Checkpoints(checkpoint, mqtt)
                 server = _server_actor(population, clock, mqtt, snapshot, joined)
                 known.book = server.book
@@ -407,9 +409,9 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
 async def _joined(mqtt: MqttServerEndpoint, population: Population, options: DeploymentOptions,
                   stop: asyncio.Event | None, *, resumed: bool) -> dict[str, ClientStatus] | None:
     """The clients' statuses the first window starts from: those of every client after
-    ``--wait-for-clients`` (a fresh run; nothing waited for on a resumed one: ``{}``), or None
-    if a signal came first."""
-    if resumed or options.wait_for_clients <= 0:
+    ``--wait-for-clients`` (a fresh run, or a resumed one under ``--wait-on-resume``; nothing
+    waited for otherwise on a resumed one: ``{}``), or None if a signal came first."""
+    if (resumed and not options.wait_on_resume) or options.wait_for_clients <= 0:
         return {}
     ids = [p.client_id for p in population.plans]
     waited, statuses = await unless_stopped(
@@ -470,8 +472,6 @@ def _server_actor(
     server = make_server_actor(
         population, clock=clock, endpoint=mqtt, evaluate=make_evaluator(population)
     )
-    for status in joined.values():
-        server.accept_status(status)
     if snapshot is not None:
         server.restore(snapshot)
         server.renew_version()
@@ -481,6 +481,8 @@ def _server_actor(
             version=snapshot.version,
             renewed_version=server.version,
         )
+    for status in joined.values():  # (after a restore: what the clients say now)
+        server.accept_status(status)
     server.incarnations = mqtt.incarnation.all  # kept by every checkpoint
     server.shed_on_arrival = True  # an overload's backlog is judged as it arrives
     return server
