@@ -27,12 +27,13 @@ pytestmark = [
 ]
 
 
-def _interrupted(tmp_path: Path) -> Path:
+def _interrupted(tmp_path: Path, *extra: str, windows: int = 4) -> Path:
+    """A launch of four_clients.yaml (``extra`` its options), SIGINTed at ``windows``."""
     out = tmp_path / "runs" / "deploy-four-launch"
-    proc = _launch(tmp_path, "--set", "stop.windows=12")
+    proc = _launch(tmp_path, *(extra or ("--set", "stop.windows=12")))
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 150
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= windows):
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"the launch did not get going: {proc.communicate()}")
@@ -109,22 +110,13 @@ def test_a_client_done_before_the_interrupt_keeps_its_stop_across_a_resume(
         tmp_path: Path) -> None:
     """A resumed launch restarts every client; one that had stopped for good stopped again on
     its new process's clock, and its report's stop moved (a stranger: 253 s -> 261 s)."""
-    out = tmp_path / "runs" / "deploy-four-launch"
     group = ("{name: %s, count: 2, data_share: 0.5, batch_size: 32, sampling: poisson, clip: "
              "1.0, noise: 1.0, local_lr: 0.5, speed: 0.005, staleness: {max_versions_behind: "
              "1}, budget: {epsilon: 8.0, delta: 1.0e-5}%s}")
-    proc = _launch(tmp_path, "--set", "stop.windows=14", "--set",
-                   f"clients.groups=[{group % ('c', '')}, {group % ('d', ', rounds: 2')}]")
+    out = _interrupted(tmp_path, "--set", "stop.windows=14", "--set",
+                       f"clients.groups=[{group % ('c', '')}, {group % ('d', ', rounds: 2')}]",
+                       windows=5)
     reports = [out / "state" / c / f"client-{c}.json" for c in ("d-000", "d-001")]
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 150
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"the launch did not get going: {proc.communicate()}")
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.communicate(timeout=120)
     first = [json.loads(r.read_text()) for r in reports]
     assert all(r["state"] == "done" and r["stopped_at"] is not None for r in first), first
     result = _resume(out)
