@@ -317,6 +317,11 @@ class RunRecord:
     final_evaluation: Mapping[str, Any] | None = None
     """The final model's evaluation at the run's end: ``version``, ``accuracy``, ``loss``
     (None: not evaluated, e.g. an interrupted or message-only run)."""
+    parts: int = 1
+    """How many launches ran this (deployed) run: more than one, it was interrupted and resumed
+    (``fedsim launch --resume``), which its summary says (a stranger's review)."""
+    resumed_from_window: int | None = None
+    """The window its last resumed part went on from (``parts`` > 1)."""
     warnings: Sequence[str] = ()
     """What the run's collection found wrong (a deployed run's: a state ledger that does not
     extend the run directory's copy, a client the server refused); empty for a simulation."""
@@ -402,6 +407,14 @@ DEPLOYED_CLOCKS = (
     "than the run's end.)")
 
 
+def _resumed(record: RunRecord) -> list[str]:
+    """The explanation's sentence for a run of several launches (none for one)."""
+    if record.parts <= 1:
+        return []
+    return [f"It ran in {record.parts} parts: interrupted and resumed (fedsim launch "
+            f"--resume), the last from window {record.resumed_from_window}."]
+
+
 def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
     parts = [
         f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
@@ -445,6 +458,7 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
             f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
             "above their budget (clients.csv: budget_delta).")
+    parts += _resumed(record)
     for head, items in ((f"{len(caveats)} privacy caveat(s) qualify these eps values: ",
                          caveats),
                         ("Warnings: ", record.warnings),
@@ -514,7 +528,9 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         # (a deployed run's only: a simulation's summary keeps its keys)
         {"deployed_differences": list(record.deployed_differences)}
         if record.time_kind == "scenario" else {}) | (
-        {"warnings": list(record.warnings)} if record.warnings else {})
+        {"warnings": list(record.warnings)} if record.warnings else {}) | (
+        {"resumed": {"parts": record.parts, "last_from_window": record.resumed_from_window}}
+        if record.parts > 1 else {})
 
 
 def client_rows(record: RunRecord) -> list[dict[str, Any]]:

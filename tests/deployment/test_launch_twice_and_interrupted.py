@@ -151,6 +151,10 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert "interrupted" not in summary and summary["windows"] == 14
+    # ... and says it ran in two parts (a stranger: nothing but server.json said so)
+    assert summary["resumed"] == {"parts": 2, "last_from_window": cut}
+    assert f"It ran in 2 parts: interrupted and resumed (fedsim launch --resume), the last " \
+           f"from window {cut}." in summary["explanation"]
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [m["window"] for m in lines] == list(range(1, 15))
     # The resumed server waited for its restarted clients (a review: 1-6 windows passed

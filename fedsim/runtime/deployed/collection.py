@@ -48,12 +48,14 @@ def collect_outputs(
     cpu_seconds: float = math.nan,
     population: Population | None = None,
     interrupted: str | None = None,
+    parts: int = 1,
 ) -> dict[str, Any]:
     """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
 
     ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
     ``interrupted``: the signal that interrupted the launch (the summary says so, as an
-    interrupted ``fedsim run``'s does).
+    interrupted ``fedsim run``'s does); ``parts``: how many launches ran it (more than one:
+    interrupted and resumed, which the summary says).
 
     ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
     ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
@@ -126,6 +128,8 @@ def collect_outputs(
                 stopped=stopped,
                 stop_reason=stop_reason,
                 interrupted=interrupted,
+                parts=parts,
+                resumed_from_window=server.get("resumed_from_window") if parts > 1 else None,
                 final_version=int(server.get("final_version", 0)),
                 network={"mqtt_server": server.get("mqtt", {})},
                 wall_seconds=wall_seconds,
