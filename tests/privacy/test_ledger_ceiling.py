@@ -242,6 +242,14 @@ def test_a_damaged_mark_slot_makes_nobody_trust_the_mark_it_leaves(tmp_path: Pat
         assert read_mark(path).count == len(reopened.records)  # type: ignore[union-attr]
 
 
+def _spend_ten_times(path: Path, kinds: list[GaussianStep]) -> float:
+    """Ten spends of ``kinds`` each (one record a kind) into a new ledger; the eps released."""
+    with _open(path) as ledger:
+        for r in range(10):
+            ledger.spend(kinds, time=float(r), round=r)
+        return ledger.epsilon(DELTA)
+
+
 def test_a_spend_cut_short_under_a_damaged_slot_is_refused_not_moved_up(tmp_path: Path) -> None:
     """The second double fault (an attacker's review, session 54): 10 spends of two kinds
     each, the newest mark slot damaged and the last line deleted, read as a torn mark write's
@@ -250,10 +258,7 @@ def test_a_spend_cut_short_under_a_damaged_slot_is_refused_not_moved_up(tmp_path
     short shows: every view refuses it, and a repair takes at least the missing records."""
     path = tmp_path / "c.jsonl"
     kinds = [GaussianStep("poisson", 0.1, 1.2), GaussianStep("poisson", 0.1, 0.9)]
-    with _open(path) as ledger:
-        for r in range(10):
-            ledger.spend(kinds, time=float(r), round=r)
-        released = ledger.epsilon(DELTA)
+    released = _spend_ten_times(path, kinds)
     lines = path.read_bytes().splitlines(keepends=True)
     assert len(lines) == 21 and b'"rest": 1' in lines[-2] and b'"rest"' not in lines[-1]
     newest = 0  # the creation's mark in both slots, then spends alternate: the tenth's in 0
@@ -278,10 +283,7 @@ def test_an_unreadable_line_after_a_rest_still_counts_the_records_it_promised(
     unreadable line as no promise, and --assume-lost 0 was taken (eps 4.2705 for 4.3199)."""
     path = tmp_path / "c.jsonl"
     kinds = [GaussianStep("poisson", 0.1, s) for s in (1.2, 0.9, 0.7)]
-    with _open(path) as ledger:
-        for r in range(10):
-            ledger.spend(kinds, time=float(r), round=r)
-        released = ledger.epsilon(DELTA)
+    released = _spend_ten_times(path, kinds)
     _damage_slot(path, 0)
     lines = path.read_bytes().splitlines(keepends=True)[:-1]
     lines[-1] = lines[-1][:40] + b"#" + lines[-1][41:]

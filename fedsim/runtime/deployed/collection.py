@@ -37,6 +37,8 @@ from fedsim.runtime.run_outputs import (
 __all__ = ["collect_outputs"]
 
 _log = get_logger("fedsim.runtime.deployed.collection")
+MAX_REFUSAL_CHARS = 1000
+"""The most of a client report's refusal text a summary's warning repeats."""
 
 
 def collect_outputs(
@@ -95,8 +97,9 @@ def collect_outputs(
                                  "kept the copy", client=client_id, state=str(source))
             report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
             refused = report.get("refused")
-            if isinstance(refused, str) and refused:
-                warnings.append(f"{client_id} was refused by the server: {refused}")
+            if isinstance(refused, str) and refused:  # (a file: its text bounded)
+                warnings.append(f"{client_id} was refused by the server: "
+                                f"{refused[:MAX_REFUSAL_CHARS]}")
             status = statuses.get(client_id, {})
             state = report.get("state") or status.get("state") or "waiting"
             reason = report.get("stop_reason") or status.get("detail", "")

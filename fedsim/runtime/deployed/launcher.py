@@ -453,7 +453,7 @@ class Launcher:
             cpu_seconds=(before("cpu_seconds") + _children_cpu_seconds()
                          - self._children_cpu_at_start),
             interrupted=interrupted,
-            parts=max(1, self.processes["server"].starts) if "server" in self.processes else 1,
+            parts=max(1, self.processes["server"].starts),
         )
         self._write_processes()
         return summary
