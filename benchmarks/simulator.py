@@ -192,6 +192,9 @@ class _TimedRound:
     def switch(self, fraction: float, params: Any) -> None:  # the interrupt rule 'switch'
         self.pending.switch(fraction, params)
 
+    def keep_pieces(self) -> int:
+        return int(self.pending.keep_pieces())
+
 
 @dataclass
 class _TrainingTotals:

@@ -42,12 +42,14 @@ from fedsim.training.dpsgd import (
     NoiseSchedule,
     NoisyGradient,
     check_sampling,
+    noise_std,
     noisy_gradient,
     sample_batch,
     step_for,
 )
 from fedsim.training.gaussian import NoiseKey, gaussian_noise
 from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
+from fedsim.training.pieces import RoundPieces, compute_in_pieces, pieces_per_step
 from fedsim.training.rounds import (
     PendingRound,
     RoundQueue,
@@ -368,7 +370,10 @@ class LocalTrainer:
         return self.begin_round(params, round_index).result()
 
     def compute(self, pending: PendingRound) -> RoundResult:
-        """The round ``pending`` computed on its own (one model load, one engine pass a step)."""
+        """The round ``pending`` computed on its own (one model load, one engine pass a step;
+        in its kept pieces, where it keeps them)."""
+        if isinstance(pending.pieces, RoundPieces):
+            return compute_in_pieces(self, pending, pending.pieces)
         if len(pending.segments) > 1:
             return self._compute_segments(pending)
         params, round_index, steps = pending.params, pending.round_index, pending.steps
@@ -406,6 +411,35 @@ class LocalTrainer:
         assert accumulated is not None  # local_steps >= 1
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
                                  batch_sizes, clip, loss_sum, nonfinite)
+
+    def pieces_for(self, pending: PendingRound) -> RoundPieces | None:
+        """Empty pieces for ``pending`` (:mod:`fedsim.training.pieces`), or None where one a
+        step is all the memory allows."""
+        per_step = pieces_per_step(self.engine.num_params, self.local_steps)
+        return RoundPieces(per_step, self.local_steps) if per_step > 1 else None
+
+    def load_params(self, params: np.ndarray) -> None:
+        """Load the flat float32 ``params`` into the model the engine differentiates."""
+        load_flat_params(self.model, params)
+
+    def zero_gradient(self) -> torch.Tensor:
+        """A zero vector of the engine's parameters (dtype, device), to sum gradients into."""
+        param = self.engine.parameters()[0]
+        return torch.zeros(self.engine.num_params, dtype=param.dtype, device=param.device)
+
+    def clipped_sum_into(self, indices: torch.Tensor, clip: float,
+                         into: torch.Tensor) -> NoisyGradient:
+        """The scaled clipped sum of the records ``indices`` at the model's w, added to
+        ``into`` (no noise)."""
+        return self._step(indices, clip, 1.0, None, into=into)
+
+    def step_noise(self, clip: float, sum_sigma: float, key: NoiseKey) -> torch.Tensor:
+        """A step's noise on ``Ubar / m`` from its ``key``: what the plain path starts its sum
+        from (:func:`~fedsim.training.dpsgd.noisy_gradient`)."""
+        return gaussian_noise(
+            self.engine.num_params,
+            noise_std(self.sampling, clip, sum_sigma, self.batch_size), key,
+            self.engine.parameters()[0])
 
     def _step(
         self, indices: torch.Tensor, clip: float, sum_sigma: float, noise: NoiseKey | None,

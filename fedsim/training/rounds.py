@@ -40,6 +40,7 @@ from fedsim.training.persample import LossFn
 
 __all__ = [
     "DoneRound",
+    "KeptPieces",
     "Segment",
     "PendingRound",
     "RoundQueue",
@@ -170,6 +171,20 @@ class RoundResult:
     referring to the model it holds instead of copying it (``w - eta * 0 == w`` exactly)."""
 
 
+class KeptPieces(Protocol):
+    """A round's computed pieces (:class:`~fedsim.training.pieces.RoundPieces`), kept so
+    that a switch recomputes only the pieces it changes."""
+
+    @property
+    def per_round(self) -> int:
+        """How many pieces the round is kept in (equal ones of each step)."""
+        ...
+
+    def forget_from(self, fraction: float) -> None:
+        """A split at ``fraction``: forget the pieces holding a record due from it on."""
+        ...
+
+
 class RoundTrainer(Protocol):
     """What a pending round and the batched pass need of the trainer that began the round
     (:class:`~fedsim.training.local.LocalTrainer`)."""
@@ -207,6 +222,10 @@ class RoundTrainer(Protocol):
 
     def compute(self, pending: PendingRound) -> RoundResult:
         """The round computed on its own."""
+        ...
+
+    def pieces_for(self, pending: PendingRound) -> KeptPieces | None:
+        """Empty pieces to keep ``pending``'s computes in (None: too large to keep)."""
         ...
 
     def adaptive_state(self) -> float | None:
@@ -281,6 +300,8 @@ class PendingRound:
         """Times a computed result was discarded by a later :meth:`switch` (wasted work)."""
         self.batcher: RoundQueue | None = None
         self._queue: RoundQueue | None = None
+        self.pieces: KeptPieces | None = None
+        """Its computed pieces, where kept (:meth:`keep_pieces`)."""
         self._adaptive_before: float | None = trainer.adaptive_state()
         self._outcome: RoundResult | Exception | None = None
 
@@ -301,6 +322,8 @@ class PendingRound:
         if not fraction < 1.0:
             return
         fraction = max(0.0, float(fraction))
+        if self.pieces is not None:
+            self.pieces.forget_from(fraction)
         while self.segments and self.segments[-1].start >= fraction:
             self.segments.pop()
         self.segments.append(Segment(fraction, params))
@@ -311,6 +334,17 @@ class PendingRound:
             self.trainer.restore_adaptive_state(self._adaptive_before)
             if self._queue is not None:
                 self._queue.submit(self)
+
+    def keep_pieces(self) -> int:
+        """Keep the round's computes in pieces from now on, so that a :meth:`switch` at a
+        piece's start has only the pieces from it on computed again
+        (:mod:`fedsim.training.pieces`; a client that computes its round before its release
+        time: deployed). Returns how many equal pieces the round is kept in (0: none, a
+        switch recomputes the whole round; a round waiting in a batcher is computed there,
+        whole)."""
+        if self.pieces is None and self.batcher is None and self._queue is None:
+            self.pieces = self.trainer.pieces_for(self)
+        return 0 if self.pieces is None else self.pieces.per_round
 
     def result(self) -> RoundResult:
         """The round's update, computing it (and the batch it waits in) if not done yet."""
@@ -339,8 +373,9 @@ class PendingRound:
         self._queue = None
 
     def queued(self, queue: RoundQueue) -> None:
-        """Called by ``queue`` when the round joins it."""
+        """Called by ``queue`` when the round joins it (which computes it whole: no pieces)."""
         self.batcher = self._queue = queue
+        self.pieces = None
 
 
 class DoneRound:
@@ -355,6 +390,10 @@ class DoneRound:
 
     def switch(self, fraction: float, params: np.ndarray) -> None:
         """Nothing is left to compute: a received ``w-hat`` changes nothing."""
+
+    def keep_pieces(self) -> int:
+        """One piece, never computed again: a model arriving mid-round changes nothing."""
+        return 1
 
     def cancel(self) -> None:
         pass

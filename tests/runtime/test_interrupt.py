@@ -80,9 +80,13 @@ def test_switch_gives_the_same_run_batched_or_alone(tmp_path: Path) -> None:
 class _Round:
     """A begun round that records the switches it receives."""
 
-    def __init__(self, log: list[tuple[float, float]], clock: VirtualClock) -> None:
+    def __init__(self, log: list[tuple[float, float]], clock: VirtualClock,
+                 pieces: int) -> None:
         self.log, self.clock, self.ends_at, self.sample_grads = log, clock, None, 10
-        self.computed, self.dirty = 0, True
+        self.computed, self.dirty, self.pieces = 0, True, pieces
+
+    def keep_pieces(self) -> int:  # like PendingRound: how many pieces it is kept in
+        return self.pieces
 
     def switch(self, fraction: float, params: np.ndarray) -> None:
         self.log.append((round(fraction, 9), float(params[0])))
@@ -99,33 +103,39 @@ class _Round:
 
 
 class _Trainer:
-    def __init__(self, log: list[tuple[float, float]], clock: VirtualClock) -> None:
+    def __init__(self, log: list[tuple[float, float]], clock: VirtualClock,
+                 pieces: int = 0) -> None:
         self.log, self.clock, self.rounds = log, clock, []
+        self.pieces = pieces
 
     def planned_steps(self, round_index: int) -> list:
         return []
 
     def begin_round(self, params: np.ndarray, round_index: int) -> _Round:
-        self.rounds.append(_Round(self.log, self.clock))
+        self.rounds.append(_Round(self.log, self.clock, self.pieces))
         return self.rounds[-1]
 
 
 @pytest.mark.parametrize("rule", ["switch", "snapshot"])
 @pytest.mark.parametrize("pad_release", [False, True])
-def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool) -> None:
+@pytest.mark.parametrize("pieces", [False, True])
+def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool,
+                                                          pieces: bool) -> None:
     """Rounds of 10 x 0.1 s = 1 s; globals at t = 0, 0.25 (round 0 at 1/4), and at 2/10 and
-    6/10 of round 1. With pad_release a split round is computed again at once and released at
-    the first point of the public schedule a whole slot after the split (however long its
-    realised batch takes to recompute within that slot): round 0 at 2.0, round 1 (from 2.0,
-    split at 2.6) at 4.0; unpadded, the split keeps the round's end."""
+    6/10 of round 1. With pad_release a split round is computed again at once. A round that
+    keeps no pieces is released at the first point of the public schedule a whole slot after
+    the split (however long its realised batch takes to recompute within that slot): round 0
+    at 2.0, round 1 (from 2.0, split at 2.6) at 4.0. A round kept in eighths takes each w-hat
+    from the next eighth's start (2/10 -> 2/8, 6/10 -> 5/8), recomputes only from there and
+    keeps its release time, as does every unpadded round (split at the arrival itself)."""
     import asyncio
 
-    padded_switch = pad_release and rule == "switch"
+    padded_switch = pad_release and rule == "switch" and not pieces
     second = 2.0 if padded_switch else 1.0  # when round 1 begins
 
     async def main(clock: VirtualClock) -> tuple[list, list, list, int]:
         log: list[tuple[float, float]] = []
-        trainer = _Trainer(log, clock)
+        trainer = _Trainer(log, clock, 8 if pieces else 0)
         arrivals = [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
                     (0.25, GlobalModel(2, np.full(2, 2.0, np.float32))),
                     (second + 0.2, GlobalModel(3, np.full(2, 3.0, np.float32))),
@@ -149,8 +159,42 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     if rule == "snapshot":
         assert log == [] and computed == [1, 1]
     else:
-        assert log == [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)]
+        assert log == ([(0.25, 2.0), (0.25, 3.0), (0.625, 4.0)] if pad_release and pieces
+                       else [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)])
         assert computed == ([2, 3] if pad_release else [1, 1])
+
+
+@pytest.mark.parametrize(("arrival", "split"), [(0.5, 0.5), (0.51, 0.625), (0.86, 0.875),
+                                              (0.9, None), (0.99, None)])
+def test_a_w_hat_takes_effect_from_the_next_piece_of_a_padded_round(
+        arrival: float, split: float | None) -> None:
+    """A padded round kept in eighths: a w-hat splits it from the next eighth's start (none
+    in its last eighth: nothing of the round is due after it), and the release keeps the
+    slot's end; nothing is counted as moved or overrun."""
+    import asyncio
+
+    async def main(clock: VirtualClock) -> tuple[list[float], list, int, int, list[int]]:
+        log: list[tuple[float, float]] = []
+        trainer = _Trainer(log, clock, 8)
+        endpoint = RecordingEndpoint(clock)
+        actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
+                            ledger=FreeLedger(), local_lr=0.1, batch_size=10,
+                            seconds_per_sample=lambda: 0.1, max_rounds=1, interrupt="switch",
+                            exposure=ClientExposure(pad_release=True),
+                            status_epsilon=lambda: (0.0, 1e-5))
+        feeder = asyncio.create_task(endpoint.feed(
+            [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
+             (arrival, GlobalModel(2, np.ones(2, np.float32)))]))
+        await actor.run()
+        await feeder
+        return ([m.sent_at for _, m in endpoint.updates()], log, actor.split_delays,
+                actor.timing_overruns, [r.computed for r in trainer.rounds])
+
+    sent, log, split_delays, overruns, computed = run_virtual(main)
+    assert sent == pytest.approx([1.0])
+    assert (split_delays, overruns) == (0, 0)
+    assert log == ([] if split is None else [(split, 1.0)])
+    assert computed == [1 if split is None else 2]
 
 
 def test_the_runtime_writes_nothing_onto_the_training_rounds(tmp_path: Path) -> None:

@@ -167,6 +167,9 @@ class _SlowRound:
         return RoundResult(np.zeros(3, np.float32), [], [self.sample_grads], 1.0, 1.0, 0.0,
                            self.sample_grads)
 
+    def keep_pieces(self) -> int:  # no global model arrives mid-round here
+        return 0
+
     def cancel(self) -> None:
         pass
 

@@ -205,6 +205,9 @@ class _PoissonRound:
     def cancel(self) -> None:
         pass
 
+    def keep_pieces(self) -> int:  # none kept: a split moves the release a slot on
+        return 0
+
 
 class _Trainer:
     def __init__(self, realised: int, endpoint: RecordingEndpoint, split: bool) -> None:

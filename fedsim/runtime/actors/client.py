@@ -53,8 +53,9 @@ staleness policy judges it; the round is never restarted (that would starve a cl
 than the broadcast rate). **Privacy is the same under both rules**: w-hat is post-processing of
 released updates, and each a_h still depends on one example (at w or w-hat), so U's sensitivity
 (C or 2C) and the round's privacy events are unchanged. On a wall clock
-(``pad_release``) the round is computed when it begins and computed again at once when a w-hat
-splits it, so its result is ready by its public release time.
+(``pad_release``) the round is computed when it begins, kept in pieces
+(:mod:`fedsim.training.pieces`), and a w-hat splits it from the next piece's start, computed
+again at once from there, so its result is ready by its public release time.
 
 **The end of the run.** A :class:`RunFinished` from the server stops the client at once: a round
 begun but not yet charged is cancelled (nothing charged, nothing released), no further round
@@ -117,6 +118,8 @@ class BegunRound(Protocol):
 
     def switch(self, fraction: float, params: np.ndarray) -> None: ...
 
+    def keep_pieces(self) -> int: ...
+
     def cancel(self) -> None: ...
 
 
@@ -161,7 +164,7 @@ class ClientActor:
     # A client's state in slots, not a dict (issue 24 item 5: 10^6 clients in one process).
     __slots__ = (
         "_arrival", "_computing", "_deferred_switches", "_interrupted", "_interruptible",
-        "_round", "_split_at", "_switched", "_task", "batch_size", "client_id", "clock",
+        "_pieces", "_release_moved", "_round", "_split_at", "_switched", "_task", "batch_size", "client_id", "clock",
         "compression",
         "endpoint", "expected_sample_grads", "exposure", "finished", "first_server_step",
         "follow_server_step", "held_global", "held_version", "ignored_globals", "interrupt",
@@ -224,6 +227,8 @@ class ClientActor:
         self._computing = False  # a worker thread computes the round in progress
         self._deferred_switches: list[tuple[float, np.ndarray]] = []
         self._split_at: float | None = None  # when a w-hat split the round in progress
+        self._release_moved = False  # a split moved the padded release a slot on
+        self._pieces = 0  # the padded round's pieces, where it keeps them (_padded)
         self.randomness = exposure.randomness
         self.timing_overruns = 0
         self.split_delays = 0  # padded releases a w-hat moved to a later slot (deployed)
@@ -339,6 +344,8 @@ class ClientActor:
     def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
         fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
+        if self._pieces:  # from the next piece's start on (a deployed round kept in pieces)
+            fraction = math.ceil(fraction * self._pieces) / self._pieces
         if fraction >= 1.0:
             return
         assert self.w is not None
@@ -501,8 +508,7 @@ class ClientActor:
             await self.endpoint.publish(ClientUpdate(
                 self.client_id, round_index, base_version, result.update, self.batch_size,
                 self.clock.now(), window, compression=self.compression))
-            if self._split_at is not None and self.exposure.pad_release \
-                    and self.exposure.timing != "realised":
+            if self._release_moved:
                 self.split_delays += 1  # a padded release a split moved a slot on (_padded)
             self._step_locally(result, round_index)
             # The round's vectors (its update, its snapshot) are not kept while the client
@@ -538,6 +544,8 @@ class ClientActor:
         slot = per_sample * (pending.sample_grads if realised else self.expected_sample_grads)
         self._round = (pending, start, slot)
         self._split_at = None
+        self._release_moved = False
+        self._pieces = 0
         try:
             if realised or not self.exposure.pad_release:
                 await self.clock.sleep(slot)
@@ -548,11 +556,20 @@ class ClientActor:
 
     async def _padded(self, pending: BegunRound, start: float, slot: float,
                       round_index: int) -> RoundResult:
-        """Compute first, release at the public schedule ``start + k * slot``; a w-hat that
-        splits the round has it computed again at once, and the release moves to the first
-        point of the schedule a whole slot after the w-hat's arrival (a public time): however
-        long the realised batch's recompute takes within that slot, nothing else shows it."""
+        """Compute first, release at the public schedule ``start + k * slot``.
+
+        Under ``switch`` the round is kept in pieces (:mod:`fedsim.training.pieces`, eight a
+        local step): a w-hat arriving mid-round takes effect from the next piece's start (a
+        client that checks for a new model between parts of its batch), and the round is
+        computed again at once from that piece on, the records due before it already summed
+        at the old ``w``. That is at most the rest of the slot's share of the batch, so the
+        release keeps its time unless the compute overruns (counted, as every overrun is). A
+        round too large to keep in pieces is computed again whole, and its release moves to
+        the first point of the schedule a whole slot after the w-hat's arrival (a public
+        time): however long the realised batch's recompute takes within that slot, nothing
+        else shows it."""
         target = start + slot  # the release time when nothing overruns
+        self._pieces = pending.keep_pieces() if self.interrupt == "switch" else 0
         while True:
             self._switched.clear()
             result = await self._compute_now(pending)
@@ -562,8 +579,9 @@ class ClientActor:
                 self._deferred_switches.clear()
                 continue
             now = self.clock.now()
-            if self._split_at is not None:
+            if self._split_at is not None and not self._pieces:
                 target = max(target, release_time(start, slot, self._split_at + slot))
+                self._release_moved = True
             release = release_time(start, slot, max(now, target))
             if await self._sleep_unless_switched(release - now):
                 break

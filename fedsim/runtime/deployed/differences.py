@@ -8,14 +8,14 @@ simulation and said nothing).
   ``availability.crashes`` are not emulated: the broker is the network, real process deaths
   are the crashes (docs/DEPLOYMENT.md, "Time").
 * Under ``interrupt: switch`` with ``privacy.timing: public``, a deployed client computes its
-  round first and releases it at its public slot's end; a global model arriving mid-round
-  makes it compute the round again at the new model, and the release moves to the first
-  point of the schedule a whole slot after the arrival (a public time: how long the realised
-  batch's recompute takes stays hidden; :meth:`~fedsim.runtime.actors.client.ClientActor.
-  _padded`). A simulated client, whose compute takes no real time, releases on time. Where
-  models arrive about once a slot or more often, deployed clients release up to half the
-  rounds (measured by a stranger: 15 of a simulation's 31 rounds, accuracy 0.756 against
-  0.838; under ``snapshot`` 30 rounds and 0.830).
+  round when it begins, keeps it in pieces (eighths of a local step,
+  :mod:`fedsim.training.pieces`) and takes a global model arriving mid-round from the next
+  piece's start on, where a simulated client takes it from the arrival itself; the release
+  keeps its time unless the recompute overruns the slot (counted). A model too large to keep
+  in pieces (above 8 M parameters) has a split round computed again whole and released a whole
+  slot after the arrival (:meth:`~fedsim.runtime.actors.client.ClientActor._padded`); before
+  pieces every model did, and a stranger measured 15 of a simulation's 31 rounds (accuracy
+  0.756 against 0.838).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from fedsim.config.schema import Scenario
 __all__ = ["measured_differences", "scenario_differences"]
 
 _SWITCH_DELAY = (
-    "interrupt switch with public timing (groups {groups}): a global model arriving mid-round "
-    "makes a deployed client compute the round again and release it a whole round time after "
-    "the arrival (hiding how long the recompute took), where a simulation releases it on time; "
-    "with models arriving about once a round or more often, up to half as many rounds "
-    "(interrupt: snapshot avoids it)")
+    "interrupt switch with public timing (groups {groups}): a deployed client takes a global "
+    "model arriving mid-round from the next eighth of a local step on (a simulation from the "
+    "arrival itself) and computes again only the records due from there, releasing on time "
+    "unless that overruns its slot (counted); a model above 8 M parameters (times local steps) "
+    "keeps none, and its split rounds are released a whole round time after the arrival "
+    "(interrupt: snapshot avoids both)")
 
 
 def _emulated_network_settings(scenario: Scenario) -> list[str]:
