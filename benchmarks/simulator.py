@@ -192,8 +192,8 @@ class _TimedRound:
     def switch(self, fraction: float, params: Any) -> None:  # the interrupt rule 'switch'
         self.pending.switch(fraction, params)
 
-    def keep_pieces(self) -> int:
-        return int(self.pending.keep_pieces())
+    def keep_sums(self) -> int:
+        return int(self.pending.keep_sums())
 
 
 @dataclass

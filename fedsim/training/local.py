@@ -48,8 +48,8 @@ from fedsim.training.dpsgd import (
     step_for,
 )
 from fedsim.training.gaussian import NoiseKey, gaussian_noise
+from fedsim.training.kept_sums import RoundSums, compute_with_kept_sums, keeps_sums
 from fedsim.training.persample import LossFn, engine_for, per_example_cross_entropy
-from fedsim.training.pieces import RoundPieces, compute_in_pieces, pieces_per_step
 from fedsim.training.rounds import (
     PendingRound,
     RoundQueue,
@@ -371,9 +371,9 @@ class LocalTrainer:
 
     def compute(self, pending: PendingRound) -> RoundResult:
         """The round ``pending`` computed on its own (one model load, one engine pass a step;
-        in its kept pieces, where it keeps them)."""
-        if isinstance(pending.pieces, RoundPieces):
-            return compute_in_pieces(self, pending, pending.pieces)
+        from its kept sums, where it keeps them)."""
+        if isinstance(pending.kept, RoundSums):
+            return compute_with_kept_sums(self, pending, pending.kept)
         if len(pending.segments) > 1:
             return self._compute_segments(pending)
         params, round_index, steps = pending.params, pending.round_index, pending.steps
@@ -412,11 +412,11 @@ class LocalTrainer:
         return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
                                  batch_sizes, clip, loss_sum, nonfinite)
 
-    def pieces_for(self, pending: PendingRound) -> RoundPieces | None:
-        """Empty pieces for ``pending`` (:mod:`fedsim.training.pieces`), or None where one a
-        step is all the memory allows."""
-        per_step = pieces_per_step(self.engine.num_params, self.local_steps)
-        return RoundPieces(per_step, self.local_steps) if per_step > 1 else None
+    def sums_for(self, pending: PendingRound) -> RoundSums | None:
+        """Empty sums to keep ``pending``'s computes in (:mod:`fedsim.training.kept_sums`), or
+        None where they would take more memory than a round may keep."""
+        return RoundSums(self.local_steps) if keeps_sums(self.engine.num_params,
+                                                         self.local_steps) else None
 
     def load_params(self, params: np.ndarray) -> None:
         """Load the flat float32 ``params`` into the model the engine differentiates."""

@@ -40,7 +40,7 @@ from fedsim.training.persample import LossFn
 
 __all__ = [
     "DoneRound",
-    "KeptPieces",
+    "KeptSums",
     "Segment",
     "PendingRound",
     "RoundQueue",
@@ -171,17 +171,17 @@ class RoundResult:
     referring to the model it holds instead of copying it (``w - eta * 0 == w`` exactly)."""
 
 
-class KeptPieces(Protocol):
-    """A round's computed pieces (:class:`~fedsim.training.pieces.RoundPieces`), kept so
-    that a switch recomputes only the pieces it changes."""
+class KeptSums(Protocol):
+    """A round's clipped sums (:class:`~fedsim.training.kept_sums.RoundSums`), kept so that a
+    switch has only the records it moves computed again."""
 
     @property
-    def per_round(self) -> int:
-        """How many pieces the round is kept in (equal ones of each step)."""
+    def points_per_round(self) -> int:
+        """Where in the round a deployed client lets a w-hat take effect: ``k / this``."""
         ...
 
     def forget_from(self, fraction: float) -> None:
-        """A split at ``fraction``: forget the pieces holding a record due from it on."""
+        """A split at ``fraction``: the records due from it on are to be computed again."""
         ...
 
 
@@ -224,8 +224,8 @@ class RoundTrainer(Protocol):
         """The round computed on its own."""
         ...
 
-    def pieces_for(self, pending: PendingRound) -> KeptPieces | None:
-        """Empty pieces to keep ``pending``'s computes in (None: too large to keep)."""
+    def sums_for(self, pending: PendingRound) -> KeptSums | None:
+        """Empty sums to keep ``pending``'s computes in (None: too large to keep)."""
         ...
 
     def adaptive_state(self) -> float | None:
@@ -300,8 +300,8 @@ class PendingRound:
         """Times a computed result was discarded by a later :meth:`switch` (wasted work)."""
         self.batcher: RoundQueue | None = None
         self._queue: RoundQueue | None = None
-        self.pieces: KeptPieces | None = None
-        """Its computed pieces, where kept (:meth:`keep_pieces`)."""
+        self.kept: KeptSums | None = None
+        """Its computed sums, where kept (:meth:`keep_sums`)."""
         self._adaptive_before: float | None = trainer.adaptive_state()
         self._outcome: RoundResult | Exception | None = None
 
@@ -322,8 +322,8 @@ class PendingRound:
         if not fraction < 1.0:
             return
         fraction = max(0.0, float(fraction))
-        if self.pieces is not None:
-            self.pieces.forget_from(fraction)
+        if self.kept is not None:
+            self.kept.forget_from(fraction)
         while self.segments and self.segments[-1].start >= fraction:
             self.segments.pop()
         self.segments.append(Segment(fraction, params))
@@ -335,16 +335,15 @@ class PendingRound:
             if self._queue is not None:
                 self._queue.submit(self)
 
-    def keep_pieces(self) -> int:
-        """Keep the round's computes in pieces from now on, so that a :meth:`switch` at a
-        piece's start has only the pieces from it on computed again
-        (:mod:`fedsim.training.pieces`; a client that computes its round before its release
-        time: deployed). Returns how many equal pieces the round is kept in (0: none, a
-        switch recomputes the whole round; a round waiting in a batcher is computed there,
-        whole)."""
-        if self.pieces is None and self.batcher is None and self._queue is None:
-            self.pieces = self.trainer.pieces_for(self)
-        return 0 if self.pieces is None else self.pieces.per_round
+    def keep_sums(self) -> int:
+        """Keep the round's clipped sums from now on, so that a :meth:`switch` has only the
+        records it moves computed again (:mod:`fedsim.training.kept_sums`; a client that
+        computes its round before its release time: deployed). Returns at how many equal
+        points of the round a deployed client lets a w-hat take effect (0: nothing kept, a
+        switch recomputes the whole round; a round waiting in a batcher is computed there)."""
+        if self.kept is None and self.batcher is None and self._queue is None:
+            self.kept = self.trainer.sums_for(self)
+        return 0 if self.kept is None else self.kept.points_per_round
 
     def result(self) -> RoundResult:
         """The round's update, computing it (and the batch it waits in) if not done yet."""
@@ -373,9 +372,9 @@ class PendingRound:
         self._queue = None
 
     def queued(self, queue: RoundQueue) -> None:
-        """Called by ``queue`` when the round joins it (which computes it whole: no pieces)."""
+        """Called by ``queue`` when the round joins it (which computes it whole: no kept sums)."""
         self.batcher = self._queue = queue
-        self.pieces = None
+        self.kept = None
 
 
 class DoneRound:
@@ -391,8 +390,8 @@ class DoneRound:
     def switch(self, fraction: float, params: np.ndarray) -> None:
         """Nothing is left to compute: a received ``w-hat`` changes nothing."""
 
-    def keep_pieces(self) -> int:
-        """One piece, never computed again: a model arriving mid-round changes nothing."""
+    def keep_sums(self) -> int:
+        """Never computed again: a model arriving mid-round changes nothing of it."""
         return 1
 
     def cancel(self) -> None:

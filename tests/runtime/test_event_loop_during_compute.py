@@ -54,7 +54,7 @@ class _BlockingRound:
         self.log["computed"] = time.monotonic()
         return RoundResult(np.zeros(3, np.float32), [], [10], 1.0, 1.0, 0.0, 10)
 
-    def keep_pieces(self) -> int:  # no global model arrives mid-round here
+    def keep_sums(self) -> int:  # no global model arrives mid-round here
         return 0
 
     def cancel(self) -> None:
@@ -132,7 +132,7 @@ class _SwitchableRound:
         self.split_while_computing |= self.computing
         self.splits.append((fraction, float(params[0])))
 
-    def keep_pieces(self) -> int:  # none kept: a split moves the release a slot on
+    def keep_sums(self) -> int:  # none kept: a split moves the release a slot on
         return 0
 
     def cancel(self) -> None:

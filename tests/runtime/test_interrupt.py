@@ -81,12 +81,12 @@ class _Round:
     """A begun round that records the switches it receives."""
 
     def __init__(self, log: list[tuple[float, float]], clock: VirtualClock,
-                 pieces: int) -> None:
+                 points: int) -> None:
         self.log, self.clock, self.ends_at, self.sample_grads = log, clock, None, 10
-        self.computed, self.dirty, self.pieces = 0, True, pieces
+        self.computed, self.dirty, self.points = 0, True, points
 
-    def keep_pieces(self) -> int:  # like PendingRound: how many pieces it is kept in
-        return self.pieces
+    def keep_sums(self) -> int:  # like PendingRound: its split points a round
+        return self.points
 
     def switch(self, fraction: float, params: np.ndarray) -> None:
         self.log.append((round(fraction, 9), float(params[0])))
@@ -104,38 +104,38 @@ class _Round:
 
 class _Trainer:
     def __init__(self, log: list[tuple[float, float]], clock: VirtualClock,
-                 pieces: int = 0) -> None:
+                 points: int = 0) -> None:
         self.log, self.clock, self.rounds = log, clock, []
-        self.pieces = pieces
+        self.points = points
 
     def planned_steps(self, round_index: int) -> list:
         return []
 
     def begin_round(self, params: np.ndarray, round_index: int) -> _Round:
-        self.rounds.append(_Round(self.log, self.clock, self.pieces))
+        self.rounds.append(_Round(self.log, self.clock, self.points))
         return self.rounds[-1]
 
 
 @pytest.mark.parametrize("rule", ["switch", "snapshot"])
 @pytest.mark.parametrize("pad_release", [False, True])
-@pytest.mark.parametrize("pieces", [False, True])
+@pytest.mark.parametrize("kept", [False, True])
 def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool,
-                                                          pieces: bool) -> None:
+                                                          kept: bool) -> None:
     """Rounds of 10 x 0.1 s = 1 s; globals at t = 0, 0.25 (round 0 at 1/4), and at 2/10 and
     6/10 of round 1. With pad_release a split round is computed again at once. A round that
-    keeps no pieces is released at the first point of the public schedule a whole slot after
+    keeps no sums is released at the first point of the public schedule a whole slot after
     the split (however long its realised batch takes to recompute within that slot): round 0
-    at 2.0, round 1 (from 2.0, split at 2.6) at 4.0. A round kept in eighths takes each w-hat
+    at 2.0, round 1 (from 2.0, split at 2.6) at 4.0. A round that keeps its sums (split points at eighths) takes each w-hat
     from the next eighth's start (2/10 -> 2/8, 6/10 -> 5/8), recomputes only from there and
     keeps its release time, as does every unpadded round (split at the arrival itself)."""
     import asyncio
 
-    padded_switch = pad_release and rule == "switch" and not pieces
+    padded_switch = pad_release and rule == "switch" and not kept
     second = 2.0 if padded_switch else 1.0  # when round 1 begins
 
     async def main(clock: VirtualClock) -> tuple[list, list, list, int]:
         log: list[tuple[float, float]] = []
-        trainer = _Trainer(log, clock, 8 if pieces else 0)
+        trainer = _Trainer(log, clock, 8 if kept else 0)
         arrivals = [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
                     (0.25, GlobalModel(2, np.full(2, 2.0, np.float32))),
                     (second + 0.2, GlobalModel(3, np.full(2, 3.0, np.float32))),
@@ -159,17 +159,17 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     if rule == "snapshot":
         assert log == [] and computed == [1, 1]
     else:
-        assert log == ([(0.25, 2.0), (0.25, 3.0), (0.625, 4.0)] if pad_release and pieces
+        assert log == ([(0.25, 2.0), (0.25, 3.0), (0.625, 4.0)] if pad_release and kept
                        else [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)])
         assert computed == ([2, 3] if pad_release else [1, 1])
 
 
 @pytest.mark.parametrize(("arrival", "split"), [(0.5, 0.5), (0.51, 0.625), (0.86, 0.875),
                                               (0.9, None), (0.99, None)])
-def test_a_w_hat_takes_effect_from_the_next_piece_of_a_padded_round(
+def test_a_w_hat_takes_effect_from_the_next_eighth_of_a_padded_round(
         arrival: float, split: float | None) -> None:
-    """A padded round kept in eighths: a w-hat splits it from the next eighth's start (none
-    in its last eighth: nothing of the round is due after it), and the release keeps the
+    """A padded round that keeps its sums: a w-hat splits it from the next eighth's start
+    (none in its last eighth: that model is the next round's), and the release keeps the
     slot's end; nothing is counted as moved or overrun."""
     import asyncio
 

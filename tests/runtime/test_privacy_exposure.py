@@ -167,7 +167,7 @@ class _SlowRound:
         return RoundResult(np.zeros(3, np.float32), [], [self.sample_grads], 1.0, 1.0, 0.0,
                            self.sample_grads)
 
-    def keep_pieces(self) -> int:  # no global model arrives mid-round here
+    def keep_sums(self) -> int:  # no global model arrives mid-round here
         return 0
 
     def cancel(self) -> None:

@@ -205,7 +205,7 @@ class _PoissonRound:
     def cancel(self) -> None:
         pass
 
-    def keep_pieces(self) -> int:  # none kept: a split moves the release a slot on
+    def keep_sums(self) -> int:  # none kept: a split moves the release a slot on
         return 0
 
 

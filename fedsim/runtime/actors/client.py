@@ -53,9 +53,10 @@ staleness policy judges it; the round is never restarted (that would starve a cl
 than the broadcast rate). **Privacy is the same under both rules**: w-hat is post-processing of
 released updates, and each a_h still depends on one example (at w or w-hat), so U's sensitivity
 (C or 2C) and the round's privacy events are unchanged. On a wall clock
-(``pad_release``) the round is computed when it begins, kept in pieces
-(:mod:`fedsim.training.pieces`), and a w-hat splits it from the next piece's start, computed
-again at once from there, so its result is ready by its public release time.
+(``pad_release``) the round is computed when it begins and keeps its clipped sums
+(:mod:`fedsim.training.kept_sums`); a w-hat splits it from the next eighth of a step, and the
+records due from there are computed again at once, so its result is ready by its public
+release time.
 
 **The end of the run.** A :class:`RunFinished` from the server stops the client at once: a round
 begun but not yet charged is cancelled (nothing charged, nothing released), no further round
@@ -118,7 +119,7 @@ class BegunRound(Protocol):
 
     def switch(self, fraction: float, params: np.ndarray) -> None: ...
 
-    def keep_pieces(self) -> int: ...
+    def keep_sums(self) -> int: ...
 
     def cancel(self) -> None: ...
 
@@ -164,7 +165,7 @@ class ClientActor:
     # A client's state in slots, not a dict (issue 24 item 5: 10^6 clients in one process).
     __slots__ = (
         "_arrival", "_computing", "_deferred_switches", "_interrupted", "_interruptible",
-        "_pieces", "_release_moved", "_round", "_split_at", "_switched", "_task", "batch_size", "client_id", "clock",
+        "_points", "_release_moved", "_round", "_split_at", "_switched", "_task", "batch_size", "client_id", "clock",
         "compression",
         "endpoint", "expected_sample_grads", "exposure", "finished", "first_server_step",
         "follow_server_step", "held_global", "held_version", "ignored_globals", "interrupt",
@@ -228,7 +229,7 @@ class ClientActor:
         self._deferred_switches: list[tuple[float, np.ndarray]] = []
         self._split_at: float | None = None  # when a w-hat split the round in progress
         self._release_moved = False  # a split moved the padded release a slot on
-        self._pieces = 0  # the padded round's pieces, where it keeps them (_padded)
+        self._points = 0  # where a w-hat may split the padded round: k / this (_padded)
         self.randomness = exposure.randomness
         self.timing_overruns = 0
         self.split_delays = 0  # padded releases a w-hat moved to a later slot (deployed)
@@ -344,8 +345,8 @@ class ClientActor:
     def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
         fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
-        if self._pieces:  # from the next piece's start on (a deployed round kept in pieces)
-            fraction = math.ceil(fraction * self._pieces) / self._pieces
+        if self._points:  # from the next split point on (a deployed round that keeps its sums)
+            fraction = math.ceil(fraction * self._points) / self._points
         if fraction >= 1.0:
             return
         assert self.w is not None
@@ -545,7 +546,7 @@ class ClientActor:
         self._round = (pending, start, slot)
         self._split_at = None
         self._release_moved = False
-        self._pieces = 0
+        self._points = 0
         try:
             if realised or not self.exposure.pad_release:
                 await self.clock.sleep(slot)
@@ -558,18 +559,18 @@ class ClientActor:
                       round_index: int) -> RoundResult:
         """Compute first, release at the public schedule ``start + k * slot``.
 
-        Under ``switch`` the round is kept in pieces (:mod:`fedsim.training.pieces`, eight a
-        local step): a w-hat arriving mid-round takes effect from the next piece's start (a
-        client that checks for a new model between parts of its batch), and the round is
-        computed again at once from that piece on, the records due before it already summed
-        at the old ``w``. That is at most the rest of the slot's share of the batch, so the
-        release keeps its time unless the compute overruns (counted, as every overrun is). A
-        round too large to keep in pieces is computed again whole, and its release moves to
-        the first point of the schedule a whole slot after the w-hat's arrival (a public
-        time): however long the realised batch's recompute takes within that slot, nothing
-        else shows it."""
+        Under ``switch`` the round keeps its clipped sums (:mod:`fedsim.training.kept_sums`):
+        a w-hat arriving mid-round takes effect from the next eighth of a local step (a client
+        that checks for a new model between parts of its batch; none in the round's last
+        eighth), and the round is computed again at once, only the records due from there on
+        (taken out at the old ``w``, added at the new). That is at most the rest of the slot's
+        share of the batch, so the release keeps its time unless the compute overruns
+        (counted, as every overrun is). A round too large to keep its sums is computed again
+        whole, and its release moves to the first point of the schedule a whole slot after
+        the w-hat's arrival (a public time): however long the realised batch's recompute
+        takes within that slot, nothing else shows it."""
         target = start + slot  # the release time when nothing overruns
-        self._pieces = pending.keep_pieces() if self.interrupt == "switch" else 0
+        self._points = pending.keep_sums() if self.interrupt == "switch" else 0
         while True:
             self._switched.clear()
             result = await self._compute_now(pending)
@@ -579,7 +580,7 @@ class ClientActor:
                 self._deferred_switches.clear()
                 continue
             now = self.clock.now()
-            if self._split_at is not None and not self._pieces:
+            if self._split_at is not None and not self._points:
                 target = max(target, release_time(start, slot, self._split_at + slot))
                 self._release_moved = True
             release = release_time(start, slot, max(now, target))

@@ -8,14 +8,14 @@ simulation and said nothing).
   ``availability.crashes`` are not emulated: the broker is the network, real process deaths
   are the crashes (docs/DEPLOYMENT.md, "Time").
 * Under ``interrupt: switch`` with ``privacy.timing: public``, a deployed client computes its
-  round when it begins, keeps it in pieces (eighths of a local step,
-  :mod:`fedsim.training.pieces`) and takes a global model arriving mid-round from the next
-  piece's start on, where a simulated client takes it from the arrival itself; the release
-  keeps its time unless the recompute overruns the slot (counted). A model too large to keep
-  in pieces (above 8 M parameters) has a split round computed again whole and released a whole
-  slot after the arrival (:meth:`~fedsim.runtime.actors.client.ClientActor._padded`); before
-  pieces every model did, and a stranger measured 15 of a simulation's 31 rounds (accuracy
-  0.756 against 0.838).
+  round when it begins, keeps its clipped sums (:mod:`fedsim.training.kept_sums`) and takes a
+  global model arriving mid-round from the next eighth of a local step on, where a simulated
+  client takes it from the arrival itself; the release keeps its time unless the recompute
+  overruns the slot (counted). A model too large to keep its sums (above 16 M parameters
+  times local steps) has a split round computed again whole and released a whole slot after
+  the arrival (:meth:`~fedsim.runtime.actors.client.ClientActor._padded`); before session 58
+  every model did, and a stranger measured 15 of a simulation's 31 rounds (accuracy 0.756
+  against 0.838).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ _SWITCH_DELAY = (
     "interrupt switch with public timing (groups {groups}): a deployed client takes a global "
     "model arriving mid-round from the next eighth of a local step on (a simulation from the "
     "arrival itself) and computes again only the records due from there, releasing on time "
-    "unless that overruns its slot (counted); a model above 8 M parameters (times local steps) "
-    "keeps none, and its split rounds are released a whole round time after the arrival "
+    "unless that overruns its slot (counted); above 16 M parameters (times local steps) a "
+    "split round is computed again whole and released a whole round time after the arrival "
     "(interrupt: snapshot avoids both)")
 
 

@@ -1,0 +1,98 @@
+"""What keeping a deployed round's sums costs its compute, and what a split then costs.
+
+    python benchmarks/round_kept_sums.py [--rounds 200]
+
+A deployed client under ``interrupt: switch`` keeps each round's clipped sums
+(:mod:`fedsim.training.kept_sums`) so that a model arriving mid-round has only the records due
+after it computed again (taken out at the old model, added at the new), and the release keeps
+its time. For the quickstart's MNIST MLP (784-64-10) at its groups' batch sizes (128, 200,
+300, Poisson), one thread, this times per round, in turns:
+
+* ``whole``: the plain path's compute (``PendingRound.result``);
+* ``kept``: the same round computed keeping its sums (``keep_sums`` first);
+* ``split``: after that, a model arriving half way through the round and the round computed
+  again (the records due in its second half, twice);
+* ``whole_split``: the same split computed by the plain path (the whole batch again).
+
+Medians of the rounds' CPU milliseconds, in ``benchmarks/results/round_kept_sums.json`` with
+the commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import commit  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "round_kept_sums.json"
+
+
+def _trainer(batch: int, seed: int):  # noqa: ANN202 - a LocalTrainer
+    from fedsim.privacy import schedules
+    from fedsim.training import LocalTrainer, build_model
+
+    torch.manual_seed(0)
+    model = build_model("mlp", in_features=784, num_classes=10, hidden=[64])
+    records = 6_000
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(records, 784, generator=generator)
+    y = torch.randint(0, 10, (records,), generator=generator)
+    return model, LocalTrainer(model, x, y, batch_size=batch, sampling="poisson",
+                               clip=schedules.constant(10_000, 1.0, 1.0),
+                               noise=schedules.constant(10_000, 1.0, 1.0), local_lr=0.1,
+                               generator=generator)
+
+
+def _cpu(action) -> float:  # noqa: ANN001 - a callable
+    start = time.process_time()
+    action()
+    return time.process_time() - start
+
+
+def measure(batch: int, rounds: int) -> dict[str, float]:
+    from fedsim.training import flat_params
+
+    model, trainer = _trainer(batch, 1)
+    w0 = flat_params(model)
+    w1 = w0 + np.float32(0.01)
+    times: dict[str, list[float]] = {"whole": [], "kept": [], "split": [], "whole_split": []}
+    for round_index in range(rounds):
+        plain = trainer.begin_round(w0, round_index)
+        times["whole"].append(_cpu(plain.result))
+        plain.switch(0.5, w1)
+        times["whole_split"].append(_cpu(plain.result))
+        kept = trainer.begin_round(w0, round_index)
+        kept.keep_sums()
+        times["kept"].append(_cpu(kept.result))
+        kept.switch(0.5, w1)
+        times["split"].append(_cpu(kept.result))
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for batch in (128, 200, 300):
+        row = {"batch_size": batch, **{f"{k}_ms": round(v, 3)
+                                       for k, v in measure(batch, args.rounds).items()}}
+        rows.append(row)
+        print(json.dumps(row))
+    RESULTS.write_text(json.dumps({"commit": commit(), "rounds": args.rounds,
+                                   "model": "mlp 784-64-10", "threads": 1, "rows": rows},
+                                  indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

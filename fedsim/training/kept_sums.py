@@ -1,0 +1,283 @@
+"""A round's clipped sums kept, so that a switch recomputes only the records it moves
+(deployed clients).
+
+Under the interrupt rule ``switch`` (:mod:`fedsim.training.rounds`) a w-hat arriving at a
+fraction ``f`` of a round's compute time moves the records due from ``f`` on to w-hat. A
+simulated client computes the round once, at its end, when every split is known. A deployed
+client must release at a public time (the release padding of docs/SECURITY.md), so it computes
+the round when it begins; a split then had it computed again *whole* and released a slot
+after the arrival (so that how long the recompute took stayed hidden): where models arrive
+about once a slot, half the simulation's rounds.
+
+A round that keeps its sums holds, for every local step, the clipped sum (without noise) of
+its records due before some fraction ``until`` of the round, each at the start point of the
+segment it was due in when computed, and those segments. A split at ``b`` takes out of a
+step's sum the records due in ``[b, until)`` (computed again at the segments they were summed
+at: the same values, so what is left is the sum of the records due before ``b``, up to float
+rounding) and adds them at the new segments. Computing the round again then costs the records
+due from ``b`` on, twice, not the whole batch: van Dijk & Nguyen's "one gradient after the
+other" holds the earlier gradients at the old ``w`` already summed. Steps after ``b``'s are
+computed again whole (their start points moved). The first compute costs what the plain path
+costs (one engine pass a step). Anything non-finite (a record whose gradient norm is not) has
+its step computed again whole, as the plain path does it.
+
+The deployed client takes a w-hat from the next of :data:`SPLIT_POINTS_PER_STEP` points of a
+step (:class:`~fedsim.runtime.actors.client.ClientActor`, as a client that checks for a new
+model between parts of its batch would): the records computed again are then due in at most
+the rest of the slot, none in the last eighth (a model arriving there is the next round's),
+and the release keeps its time unless that compute overruns (counted, as every overrun is).
+
+The update is the same function of the records, their phases, the segments' ``w`` and the
+noise keys as the plain path's (:meth:`~fedsim.training.local.LocalTrainer.compute`), so the
+round's sensitivity and privacy events are those of :func:`record_phase`'s argument; only the
+float rounding differs (a sum less a part, the noise added last). Which records are computed
+again is as private as their phases, and stays on the client, as do the compute's durations,
+which only a counted overrun shows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedsim.training.dpsgd import NoisyGradient
+from fedsim.training.gaussian import NoiseKey
+from fedsim.training.rounds import PendingRound, RoundResult, Segment, StepDraws, step_segments
+
+__all__ = ["KEPT_MAX_BYTES", "SPLIT_POINTS_PER_STEP", "RoundSums", "compute_with_kept_sums",
+           "keeps_sums"]
+
+SPLIT_POINTS_PER_STEP = 8
+"""A deployed client takes a w-hat from the next eighth of a local step on."""
+KEPT_MAX_BYTES = 64 * 2**20
+"""At most this much float32 kept for one round (one model-sized sum a local step); above it a
+split recomputes the round whole (:func:`keeps_sums`)."""
+
+
+def keeps_sums(num_params: int, local_steps: int) -> bool:
+    """Whether a round of ``local_steps`` steps of a ``num_params`` model keeps its sums
+    (at most :data:`KEPT_MAX_BYTES`: about 16 M parameters times local steps)."""
+    return 4 * num_params * local_steps <= KEPT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What one sum over some of a step's records gave besides the sum itself."""
+
+    records: int
+    within: int
+    """How many had ``||g_i|| <= C`` (counted for adaptive clipping only; else 0)."""
+    loss_sum: float
+    nonfinite: int
+    dropped: torch.Tensor | None
+    """The rows of those whose gradient norm was not finite (None: none)."""
+
+
+@dataclass
+class _StepSum:
+    """A step's clipped sum of its records due before ``until``, each at the start point of
+    its segment among ``segments`` (the round's when computed)."""
+
+    total: torch.Tensor
+    within: int
+    loss_sum: float
+    nonfinite: int
+    until: float
+    segments: tuple[Segment, ...]
+
+
+class RoundSums:
+    """The kept sums of one round, one a local step, and the earliest split not yet applied."""
+
+    def __init__(self, local_steps: int, points_per_step: int = SPLIT_POINTS_PER_STEP) -> None:
+        self.local_steps = local_steps
+        self.points_per_step = points_per_step
+        self._steps: list[_StepSum | None] = [None] * local_steps
+        self.cut = math.inf
+        """The earliest fraction of the round a split moved since the last compute."""
+        self.records_computed = 0
+        """Records whose gradients were computed, over every compute of the round (tests and
+        benchmarks: a split computes only the records due from it, twice)."""
+
+    @property
+    def points_per_round(self) -> int:
+        """Where in the round a deployed client lets a w-hat take effect: ``k / this``."""
+        return self.points_per_step * self.local_steps
+
+    def forget_from(self, fraction: float) -> None:
+        """A split at ``fraction``: the records due from it on are to be computed again."""
+        self.cut = min(self.cut, max(0.0, fraction))
+
+
+class SumTrainer(Protocol):
+    """What :func:`compute_with_kept_sums` needs of the trainer
+    (:class:`~fedsim.training.local.LocalTrainer`)."""
+
+    local_steps: int
+
+    def clip_for(self, round_index: int) -> float: ...
+
+    def lr_for(self, round_index: int) -> float: ...
+
+    def sum_sigma(self, sigma: float) -> float: ...
+
+    def record_phases(self, indices: torch.Tensor, round_index: int) -> torch.Tensor: ...
+
+    def rows_of(self, indices: torch.Tensor) -> torch.Tensor: ...
+
+    def update_adaptive_clip(
+        self, within_clip: int, batch_size: int, clip: float, count_noise: NoiseKey
+    ) -> None: ...
+
+    def load_params(self, params: np.ndarray) -> None: ...
+
+    def zero_gradient(self) -> torch.Tensor: ...
+
+    def clipped_sum_into(self, indices: torch.Tensor, clip: float,
+                         into: torch.Tensor) -> NoisyGradient: ...
+
+    def step_noise(self, clip: float, sum_sigma: float, key: NoiseKey) -> torch.Tensor: ...
+
+    def round_result(
+        self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,
+        loss_sum: float, nonfinite: int = 0,
+    ) -> RoundResult: ...
+
+
+def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound,
+                           sums: RoundSums) -> RoundResult:
+    """``pending``'s update from its kept sums, computing only the records a split moved (every
+    record the first time) and keeping the new sums: each record's clipped gradient at the
+    ``w`` of the segment it is due in, less the round's local progress before its step, one
+    noise draw a step (its key's). The plain path's values up to float rounding."""
+    round_index = pending.round_index
+    sum_sigma = trainer.sum_sigma(pending.steps[0].sigma)
+    accumulated: torch.Tensor | None = None
+    batch_sizes: list[int] = []
+    loss_sum, clip, nonfinite = 0.0, math.nan, 0
+    for step, draws in enumerate(pending.draws):
+        clip = trainer.clip_for(round_index)
+        kept = _step_sum(trainer, sums, pending, step, draws, accumulated, clip)
+        total = trainer.step_noise(clip, sum_sigma, draws.noise).add_(kept.total)
+        size = len(draws.indices)
+        if draws.count_noise is not None:
+            trainer.update_adaptive_clip(kept.within, size, clip, draws.count_noise)
+        loss_sum += kept.loss_sum
+        nonfinite += kept.nonfinite
+        accumulated = total if accumulated is None else accumulated.add_(total)
+        batch_sizes.append(size)
+    sums.cut = math.inf
+    assert accumulated is not None  # local_steps >= 1
+    return trainer.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
+                                batch_sizes, clip, loss_sum, nonfinite)
+
+
+class _Step:
+    """One step's records and start points for this compute."""
+
+    def __init__(self, trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step: int,
+                 draws: StepDraws, accumulated: torch.Tensor | None, clip: float) -> None:
+        self.trainer, self.sums, self.pending, self.step = trainer, sums, pending, step
+        self.clip = clip
+        self.indices = draws.indices
+        self.phases = trainer.record_phases(draws.indices, pending.round_index)
+        self.times = (step + self.phases) / trainer.local_steps  # as step_segments has them
+        self.count = draws.count_noise is not None
+        self._accumulated = accumulated
+        self._starts: dict[int, np.ndarray] = {}
+
+    def start(self, segment: Segment) -> np.ndarray:
+        """The float32 point ``segment``'s records of this step are computed at: its ``w``
+        less the round's progress before the step (the plain path's arithmetic)."""
+        key = id(segment.params)
+        if key not in self._starts:
+            base = torch.from_numpy(np.asarray(segment.params, dtype=np.float32)
+                                    .astype(np.float64))
+            if self._accumulated is not None:
+                base = base - self.trainer.lr_for(self.pending.round_index) \
+                    * self._accumulated.to("cpu", torch.float64)
+            self._starts[key] = base.to(torch.float32).numpy()
+        return self._starts[key]
+
+    def add(self, into: torch.Tensor, segments: tuple[Segment, ...], low: float, high: float,
+            exclude: torch.Tensor | None = None) -> _Part | None:
+        """Add the clipped sum of this step's records due in ``[low, high)``, each at its
+        segment among ``segments``, to ``into``, leaving out those whose rows are in
+        ``exclude`` (None: no record is due there)."""
+        mine = (self.times >= low) & (self.times < high)
+        if not bool(mine.any()):
+            return None
+        indices, phases = self.indices[mine], self.phases[mine]
+        within, loss_sum, nonfinite, records = 0, 0.0, 0, 0
+        dropped: list[torch.Tensor] = []
+        for k, group in step_segments(list(segments), self.step, self.trainer.local_steps,
+                                      indices, phases):
+            if exclude is not None:
+                group = group[~torch.isin(self.trainer.rows_of(group), exclude)]
+            self.trainer.load_params(self.start(segments[k]))
+            part = self.trainer.clipped_sum_into(group, self.clip, into)
+            within += part.within_clip if self.count else 0
+            loss_sum += part.loss_sum
+            nonfinite += part.nonfinite
+            records += len(group)
+            if part.dropped is not None:
+                dropped.append(part.dropped)
+        self.sums.records_computed += len(indices)
+        return _Part(records, within, loss_sum, nonfinite,
+                     torch.cat(dropped) if dropped else None)
+
+
+def _step_sum(trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step: int,
+              draws: StepDraws, accumulated: torch.Tensor | None, clip: float) -> _StepSum:
+    """Step ``step``'s kept sum, brought up to the round's segments: kept as it is when no
+    split reached it, its records from the split on taken out and added again at the new
+    segments when one did, computed whole when a split came before the step (or never)."""
+    local_steps = trainer.local_steps
+    end = (step + 1) / local_steps
+    segments = tuple(pending.segments)
+    kept = sums._steps[step]
+    if kept is not None and sums.cut >= kept.until:
+        return kept
+    here = _Step(trainer, sums, pending, step, draws, accumulated, clip)
+    if kept is None or sums.cut <= step / local_steps:
+        value = _whole(here, segments, end)
+    else:
+        value = _moved(here, kept, segments, sums.cut, end)
+    sums._steps[step] = value
+    return value
+
+
+def _whole(here: _Step, segments: tuple[Segment, ...], end: float) -> _StepSum:
+    """The step's sum computed whole (the plain path's step: a record with a non-finite norm
+    contributes zero, and where that made the sum not finite, the sum again without it)."""
+    total = here.trainer.zero_gradient()
+    part = here.add(total, segments, -math.inf, math.inf)
+    if part is None:
+        return _StepSum(total, 0, 0.0, 0, end, segments)
+    if part.dropped is not None and not bool(torch.isfinite(total).all()):
+        total = here.trainer.zero_gradient()
+        again = here.add(total, segments, -math.inf, math.inf, exclude=part.dropped)
+        assert again is not None
+        return _StepSum(total, again.within, again.loss_sum, part.nonfinite, end, segments)
+    return _StepSum(total, part.within, part.loss_sum, part.nonfinite, end, segments)
+
+
+def _moved(here: _Step, kept: _StepSum, segments: tuple[Segment, ...], cut: float,
+           end: float) -> _StepSum:
+    """``kept`` less its records due in ``[cut, kept.until)`` at the segments it summed them
+    at, plus the step's records due from ``cut`` on at the round's segments; computed whole if
+    any of them has a non-finite gradient norm."""
+    removed = here.trainer.zero_gradient()
+    out = here.add(removed, kept.segments, cut, kept.until)
+    added = here.trainer.zero_gradient()
+    back = here.add(added, segments, cut, end)
+    if any(p is not None and p.nonfinite for p in (out, back)):
+        return _whole(here, segments, end)
+    total = kept.total.sub_(removed).add_(added)
+    within = kept.within - (out.within if out else 0) + (back.within if back else 0)
+    loss = kept.loss_sum - (out.loss_sum if out else 0.0) + (back.loss_sum if back else 0.0)
+    return _StepSum(total, within, loss, kept.nonfinite, end, segments)

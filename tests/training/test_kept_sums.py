@@ -1,0 +1,162 @@
+"""A round that keeps its clipped sums (deployed clients under ``interrupt: switch``): the same
+update as the plain path for every sequence of splits, and a split computes again only the
+records due from it on (fedsim.training.kept_sums)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.data import load_dataset
+from fedsim.privacy import schedules
+from fedsim.training import LocalTrainer, build_model, flat_params
+from fedsim.training.kept_sums import SPLIT_POINTS_PER_STEP, RoundSums, keeps_sums
+from fedsim.training.local import AdaptiveClipConfig
+from fedsim.training.rounds import record_phase
+
+FEATURES, CLASSES = 6, 3
+
+
+def _trainer(model: torch.nn.Module, *, sampling: str, local_steps: int, adaptive: bool,
+             records: int = 60, seed: int = 4) -> LocalTrainer:
+    x, y, _, _ = load_dataset("synthetic", seed=seed, num_train=records, num_test=1,
+                              num_features=FEATURES, num_classes=CLASSES)
+    return LocalTrainer(
+        model, x, y, batch_size=20, sampling=sampling, clip=schedules.constant(100, 1.1, 0.5),
+        noise=schedules.constant(100, 1.1, 0.5), local_steps=local_steps, local_lr=0.3,
+        generator=torch.Generator().manual_seed(seed),
+        adaptive_clip=AdaptiveClipConfig(0.5, 0.2, 4.0) if adaptive else None)
+
+
+def _models(seed: int) -> tuple[torch.nn.Module, list[np.ndarray]]:
+    torch.manual_seed(0)
+    model = build_model("mlp", in_features=FEATURES, num_classes=CLASSES, hidden=[7])
+    w0 = flat_params(model)
+    rng = np.random.default_rng(seed)
+    return model, [w0] + [w0 + np.float32(0.3) * rng.standard_normal(w0.size).astype(np.float32)
+                          for _ in range(3)]
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+@pytest.mark.parametrize("local_steps", [1, 2])
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("splits", [(), (0.3,), (0.05, 0.61), (0.2, 0.45, 0.97)])
+def test_kept_sums_give_the_plain_paths_update_after_every_split(
+        sampling: str, local_steps: int, adaptive: bool, splits: tuple[float, ...]) -> None:
+    """Computed after each split (as a deployed client does), the kept sums' update equals the
+    plain path's for the same segments computed once, as do the adaptive clip it leaves and
+    the round's other results."""
+    model, ws = _models(len(splits))
+    keeping = _trainer(model, sampling=sampling, local_steps=local_steps, adaptive=adaptive)
+    plain = _trainer(model, sampling=sampling, local_steps=local_steps, adaptive=adaptive)
+    for round_index in range(2):
+        kept = keeping.begin_round(ws[0], round_index)
+        assert kept.keep_sums() == SPLIT_POINTS_PER_STEP * local_steps
+        kept.result()
+        once = plain.begin_round(ws[0], round_index)
+        for fraction, w in zip(splits, ws[1:], strict=False):
+            kept.switch(fraction, w)
+            kept.result()
+            once.switch(fraction, w)
+        got, want = kept.result(), once.result()
+        assert [d.indices.tolist() for d in kept.draws] == [d.indices.tolist() for d in once.draws]
+        np.testing.assert_allclose(got.update, want.update, rtol=2e-5, atol=2e-6)
+        assert (got.batch_sizes, got.sample_grads, got.steps) == \
+            (want.batch_sizes, want.sample_grads, want.steps)
+        assert got.clip == pytest.approx(want.clip, rel=1e-9)
+        assert got.mean_loss == pytest.approx(want.mean_loss, rel=1e-5, nan_ok=True)
+        assert keeping.adaptive_state() == pytest.approx(plain.adaptive_state(), rel=1e-9)
+
+
+def _computed_once(local_steps: int, round_index: int, seed: int):  # noqa: ANN202
+    """A fixed-batch round (20 records a step) that keeps its sums, computed once: its
+    trainer, the round, its sums and the models to split it with."""
+    model, ws = _models(seed)
+    trainer = _trainer(model, sampling="fixed", local_steps=local_steps, adaptive=False)
+    pending = trainer.begin_round(ws[0], round_index)
+    pending.keep_sums()
+    sums = pending.kept
+    assert isinstance(sums, RoundSums)
+    pending.result()
+    assert sums.records_computed == 20 * local_steps
+    return trainer, pending, sums, ws
+
+
+def test_a_split_computes_again_only_the_records_due_from_it() -> None:
+    """One local step, a fixed batch of 20: the first compute takes every record once; a
+    split at f takes the records due from f on twice (out at the old w, in at the new), the
+    others not at all; a model arriving after the round's compute time changes nothing."""
+    trainer, pending, sums, ws = _computed_once(1, 3, 0)
+    phases = record_phase(trainer.phase_offsets[pending.draws[0].indices], 3).numpy()
+    for fraction, w in ((0.4, ws[1]), (0.9, ws[2])):
+        before = sums.records_computed
+        pending.switch(fraction, w)
+        pending.result()
+        expected = int((phases >= fraction).sum())
+        assert sums.records_computed - before == 2 * expected
+        assert 0 < expected < 20
+    before = sums.records_computed
+    pending.switch(1.0, ws[3])
+    pending.result()
+    assert sums.records_computed == before
+
+
+def test_a_split_in_the_first_step_computes_the_second_whole() -> None:
+    """Two local steps: a split in the first step takes out and adds its records from the
+    split on, and the second step (whose start point moved) is computed whole."""
+    trainer, pending, sums, ws = _computed_once(2, 1, 1)
+    phases = record_phase(trainer.phase_offsets[pending.draws[0].indices], 1).numpy()
+    pending.switch(0.25, ws[1])  # half way through step 0
+    pending.result()
+    assert sums.records_computed - 40 == 2 * int((phases >= 0.5).sum()) + 20
+    # a split in the second step leaves the first's sum as it is
+    phases = record_phase(trainer.phase_offsets[pending.draws[1].indices], 1).numpy()
+    before = sums.records_computed
+    pending.switch(0.8, ws[2])
+    pending.result()
+    assert sums.records_computed - before == 2 * int((phases >= 0.6).sum())
+
+
+def test_a_model_too_large_keeps_no_sums() -> None:
+    """Kept sums hold at most 64 MB a round, one model-sized vector a local step: a
+    100,000-value model keeps them, a 20 M one (or 6 M at three local steps) does not, and
+    a split then recomputes the round whole (released by the old rule)."""
+    assert keeps_sums(101_770, 1) and keeps_sums(16_000_000, 1)
+    assert not keeps_sums(20_000_000, 1) and not keeps_sums(6_000_000, 3)
+
+
+def test_a_round_in_a_batcher_keeps_no_sums() -> None:
+    """The batched pass computes its rounds whole: a round waiting there keeps no sums."""
+    from fedsim.training.batched import RoundBatcher
+    model, ws = _models(0)
+    trainer = _trainer(model, sampling="fixed", local_steps=1, adaptive=False)
+    pending = trainer.begin_round(ws[0], 0, RoundBatcher(model))
+    assert pending.keep_sums() == 0 and pending.kept is None
+
+
+@pytest.mark.parametrize("huge", [1e30, 3e38])
+@pytest.mark.parametrize("side", ["before", "after"])
+def test_kept_sums_with_a_non_finite_record_give_the_plain_paths_update(huge: float,
+                                                                       side: str) -> None:
+    """A record whose gradient norm is not finite contributes zero, as in the plain path's
+    step (the step computed again without it where 0 x inf made the sum nan), before and
+    after a split, whether the split moves that record or not."""
+    from tests.training.test_nonfinite_records import BAD, _model
+    from tests.training.test_nonfinite_records import _trainer as bad_trainer
+
+    model = _model("linear")
+    w0 = flat_params(model)
+    keeping, plain = bad_trainer(model, huge, 6), bad_trainer(model, huge, 6)
+    kept, once = keeping.begin_round(w0, 0), plain.begin_round(w0, 0)
+    kept.keep_sums()
+    kept.result()
+    bad_phase = float(record_phase(keeping.phase_offsets[torch.tensor([BAD])], 0)[0])
+    # a split just after the bad record is due leaves it in the kept sum; just before, moves it
+    fraction = min(0.999, bad_phase + 1e-3) if side == "before" else max(0.0, bad_phase - 1e-3)
+    for pending in (kept, once):
+        pending.switch(fraction, w0 + np.float32(0.01))
+    got, want = kept.result(), once.result()
+    assert np.isfinite(got.update).all() and got.nonfinite_examples == 1
+    assert want.nonfinite_examples == 1
+    np.testing.assert_allclose(got.update, want.update, rtol=1e-5, atol=1e-6)
