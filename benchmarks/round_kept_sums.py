@@ -1,18 +1,19 @@
-"""What keeping a deployed round's sums costs its compute, and what a split then costs.
+"""What computing a deployed round paced costs, against the plain path's compute.
 
     python benchmarks/round_kept_sums.py [--rounds 200]
 
-A deployed client under ``interrupt: switch`` keeps each round's clipped sums
-(:mod:`fedsim.training.kept_sums`) so that a model arriving mid-round has only the records due
-after it computed again (taken out at the old model, added at the new), and the release keeps
-its time. For the quickstart's MNIST MLP (784-64-10) at its groups' batch sizes (128, 200,
-300, Poisson), one thread, this times per round, in turns:
+A deployed client under ``interrupt: switch`` computes each round paced: an eighth of a local
+step at a time as its slot passes, keeping the step's clipped sum
+(:mod:`fedsim.training.kept_sums`), so that a model arriving mid-round never has a record
+computed again and the release keeps its time. For the quickstart's MNIST MLP (784-64-10) at
+its groups' batch sizes (128, 200, 300, Poisson), one thread, this times per round, in turns:
 
-* ``whole``: the plain path's compute (``PendingRound.result``);
-* ``kept``: the same round computed keeping its sums (``keep_sums`` first);
-* ``split``: after that, a model arriving half way through the round and the round computed
-  again (the records due in its second half, twice);
-* ``whole_split``: the same split computed by the plain path (the whole batch again).
+* ``whole``: the plain path's compute (``PendingRound.result``), what a round costs unsplit;
+* ``whole_split``: after that, a model arriving half way and the round computed again whole
+  (what the rule before paced rounds cost a split round, on top of ``whole``);
+* ``paced``: the same round computed in eighths (``keep_sums``, ``advance`` at each point,
+  the model arriving half way), then its result;
+* ``kept``: the round computed at once keeping its sum (one pass, as a direct caller may).
 
 Medians of the rounds' CPU milliseconds, in ``benchmarks/results/round_kept_sums.json`` with
 the commit.
@@ -58,23 +59,33 @@ def _cpu(action) -> float:  # noqa: ANN001 - a callable
     return time.process_time() - start
 
 
+def _paced(pending, w1: np.ndarray) -> None:  # noqa: ANN001 - a PendingRound
+    """The round as a deployed client computes it: eighths, a model arriving half way."""
+    points = pending.keep_sums()
+    for point in range(points):
+        pending.advance((point + 1) / points)
+        if point + 1 == points // 2:
+            pending.switch(0.5 + 1 / points, w1)
+    pending.result()
+
+
 def measure(batch: int, rounds: int) -> dict[str, float]:
     from fedsim.training import flat_params
 
     model, trainer = _trainer(batch, 1)
     w0 = flat_params(model)
     w1 = w0 + np.float32(0.01)
-    times: dict[str, list[float]] = {"whole": [], "kept": [], "split": [], "whole_split": []}
+    times: dict[str, list[float]] = {"whole": [], "whole_split": [], "paced": [], "kept": []}
     for round_index in range(rounds):
         plain = trainer.begin_round(w0, round_index)
         times["whole"].append(_cpu(plain.result))
         plain.switch(0.5, w1)
         times["whole_split"].append(_cpu(plain.result))
+        paced = trainer.begin_round(w0, round_index)
+        times["paced"].append(_cpu(lambda p=paced: _paced(p, w1)))
         kept = trainer.begin_round(w0, round_index)
         kept.keep_sums()
         times["kept"].append(_cpu(kept.result))
-        kept.switch(0.5, w1)
-        times["split"].append(_cpu(kept.result))
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 

@@ -1,38 +1,42 @@
-"""A round's clipped sums kept, so that a switch recomputes only the records it moves
-(deployed clients).
+"""A round's clipped sums kept, so that a deployed client computes its records in their phase
+order as its slot passes, and a switch never has a record computed again.
 
 Under the interrupt rule ``switch`` (:mod:`fedsim.training.rounds`) a w-hat arriving at a
 fraction ``f`` of a round's compute time moves the records due from ``f`` on to w-hat. A
 simulated client computes the round once, at its end, when every split is known. A deployed
-client must release at a public time (the release padding of docs/SECURITY.md), so it computes
-the round when it begins; a split then had it computed again *whole* and released a slot
+client must release at a public time (the release padding of docs/SECURITY.md). It used to
+compute the round when it began and, on a split, compute it again whole and release it a slot
 after the arrival (so that how long the recompute took stayed hidden): where models arrive
 about once a slot, half the simulation's rounds.
 
 A round that keeps its sums holds, for every local step, the clipped sum (without noise) of
 its records due before some fraction ``until`` of the round, each at the start point of the
-segment it was due in when computed, and those segments. A split at ``b`` takes out of a
-step's sum the records due in ``[b, until)`` (computed again at the segments they were summed
-at: the same values, so what is left is the sum of the records due before ``b``, up to float
-rounding) and adds them at the new segments. Computing the round again then costs the records
-due from ``b`` on, twice, not the whole batch: van Dijk & Nguyen's "one gradient after the
-other" holds the earlier gradients at the old ``w`` already summed. Steps after ``b``'s are
-computed again whole (their start points moved). The first compute costs what the plain path
-costs (one engine pass a step). Anything non-finite (a record whose gradient norm is not) has
-its step computed again whole, as the plain path does it.
+segment it was due in when computed, and those segments. :func:`compute_with_kept_sums` with
+``upto < 1`` (:meth:`~fedsim.training.rounds.PendingRound.advance`) adds the records due
+before ``upto``: the deployed client (:meth:`~fedsim.runtime.actors.client.ClientActor.
+_paced`) calls it at each of :data:`SPLIT_POINTS_PER_STEP` points of a step, as the slot
+passes, for the records due before the next point, at the models it holds then: van Dijk &
+Nguyen's "one gradient after the other", a part of the batch at a time. A w-hat takes effect
+from the first point after its arrival (as in a client that checks for a new model between
+parts of its batch), so it never reaches a record already computed: nothing is computed
+again, and the server's models cannot make a round's compute longer. The release keeps the
+slot's end unless the parts' compute falls behind their points and overruns it (counted, as
+every overrun is).
 
-The deployed client takes a w-hat from the next of :data:`SPLIT_POINTS_PER_STEP` points of a
-step (:class:`~fedsim.runtime.actors.client.ClientActor`, as a client that checks for a new
-model between parts of its batch would): the records computed again are then due in at most
-the rest of the slot, none in the last eighth (a model arriving there is the next round's),
-and the release keeps its time unless that compute overruns (counted, as every overrun is).
+Where a split does reach computed records (a direct caller's :meth:`~fedsim.training.rounds.
+PendingRound.switch` before a range it already computed), the step's sum has those records
+taken out at the segments it summed them at (the same values, so what is left is the sum of
+the records due before the split, up to float rounding) and added at the new ones; steps
+after the split's are computed again whole (their start points moved). Anything non-finite (a
+record whose gradient norm is not) has its step's computed range computed again at once, as
+the plain path does the step.
 
 The update is the same function of the records, their phases, the segments' ``w`` and the
 noise keys as the plain path's (:meth:`~fedsim.training.local.LocalTrainer.compute`), so the
 round's sensitivity and privacy events are those of :func:`record_phase`'s argument; only the
-float rounding differs (a sum less a part, the noise added last). Which records are computed
-again is as private as their phases, and stays on the client, as do the compute's durations,
-which only a counted overrun shows.
+float rounding differs (sums of parts, the noise added last). Which records fall in which part
+is as private as their phases, and stays on the client, as do the parts' compute times, which
+only a counted overrun shows.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ __all__ = ["KEPT_MAX_BYTES", "SPLIT_POINTS_PER_STEP", "RoundSums", "compute_with
            "keeps_sums"]
 
 SPLIT_POINTS_PER_STEP = 8
-"""A deployed client takes a w-hat from the next eighth of a local step on."""
+"""A deployed client computes a local step in eighths, as its slot passes, and takes a w-hat
+from the first eighth after its arrival."""
 KEPT_MAX_BYTES = 64 * 2**20
 """At most this much float32 kept for one round (one model-sized sum a local step); above it a
 split recomputes the round whole (:func:`keeps_sums`)."""
@@ -99,6 +104,9 @@ class RoundSums:
         self._steps: list[_StepSum | None] = [None] * local_steps
         self.cut = math.inf
         """The earliest fraction of the round a split moved since the last compute."""
+        self.starts: dict[tuple[int, Segment], np.ndarray] = {}
+        """The float32 start points of the steps' segments, kept between a paced round's
+        parts (they move only when a split reaches an earlier step: then forgotten)."""
         self.records_computed = 0
         """Records whose gradients were computed, over every compute of the round (tests and
         benchmarks: a split computes only the records due from it, twice)."""
@@ -133,6 +141,8 @@ class SumTrainer(Protocol):
         self, within_clip: int, batch_size: int, clip: float, count_noise: NoiseKey
     ) -> None: ...
 
+    def restore_adaptive_state(self, state: float | None) -> None: ...
+
     def load_params(self, params: np.ndarray) -> None: ...
 
     def zero_gradient(self) -> torch.Tensor: ...
@@ -148,20 +158,38 @@ class SumTrainer(Protocol):
     ) -> RoundResult: ...
 
 
-def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound,
-                           sums: RoundSums) -> RoundResult:
-    """``pending``'s update from its kept sums, computing only the records a split moved (every
-    record the first time) and keeping the new sums: each record's clipped gradient at the
-    ``w`` of the segment it is due in, less the round's local progress before its step, one
-    noise draw a step (its key's). The plain path's values up to float rounding."""
-    round_index = pending.round_index
+def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: RoundSums,
+                           upto: float = 1.0) -> RoundResult | None:
+    """``pending``'s update from its kept sums (``upto >= 1``), or its records due before
+    ``upto`` summed and kept (None), computing only the records not kept yet and those a
+    split moved: each record's clipped gradient at the ``w`` of the segment it is due in,
+    less the round's local progress before its step, one noise draw a step (its key's). The
+    plain path's values up to float rounding. Adaptive clipping's norm is replayed from the
+    round's start (:attr:`~fedsim.training.rounds.PendingRound.adaptive_before`) for the
+    steps done, so that calls for the parts of a round leave it as one call does."""
+    round_index, local_steps = pending.round_index, trainer.local_steps
+    trainer.restore_adaptive_state(pending.adaptive_before)
+    # Only the round's segments' start points stay (a split drops the segments after it), and
+    # after a split only those of the steps it did not move (a step's own start point moves
+    # only with an earlier step's sum).
+    live = set(pending.segments)
+    sums.starts = {key: start for key, start in sums.starts.items()
+                   if key[1] in live and key[0] / local_steps < sums.cut}
     sum_sigma = trainer.sum_sigma(pending.steps[0].sigma)
     accumulated: torch.Tensor | None = None
     batch_sizes: list[int] = []
     loss_sum, clip, nonfinite = 0.0, math.nan, 0
     for step, draws in enumerate(pending.draws):
         clip = trainer.clip_for(round_index)
-        kept = _step_sum(trainer, sums, pending, step, draws, accumulated, clip)
+        kept = _step_sum(trainer, sums, pending, step, draws, accumulated, clip,
+                         min(upto, (step + 1) / local_steps))
+        if kept.until < (step + 1) / local_steps:
+            # The step is part done, the rest waits for its points; the later steps start
+            # from its end, so nothing of them can be kept meanwhile. Every sum kept now
+            # holds its records at the round's segments: the split is applied.
+            sums._steps[step + 1:] = [None] * (local_steps - step - 1)
+            sums.cut = math.inf
+            return None
         total = trainer.step_noise(clip, sum_sigma, draws.noise).add_(kept.total)
         size = len(draws.indices)
         if draws.count_noise is not None:
@@ -186,22 +214,29 @@ class _Step:
         self.indices = draws.indices
         self.phases = trainer.record_phases(draws.indices, pending.round_index)
         self.times = (step + self.phases) / trainer.local_steps  # as step_segments has them
+        self.end = (step + 1) / trainer.local_steps
         self.count = draws.count_noise is not None
         self._accumulated = accumulated
-        self._starts: dict[int, np.ndarray] = {}
+
+    def bound(self, upto: float) -> float:
+        """The mask's upper bound for the records due before ``upto``: every record of the
+        step at its end (a phase just below 1 may round to the end itself)."""
+        return math.inf if upto >= self.end else upto
 
     def start(self, segment: Segment) -> np.ndarray:
         """The float32 point ``segment``'s records of this step are computed at: its ``w``
-        less the round's progress before the step (the plain path's arithmetic)."""
-        key = id(segment.params)
-        if key not in self._starts:
+        less the round's progress before the step (the plain path's arithmetic). Kept for the
+        round's next parts (:attr:`RoundSums.starts`) until a split reaches the step."""
+        starts = self.sums.starts
+        key = (self.step, segment)  # the segment itself: its params stay alive while kept
+        if key not in starts:
             base = torch.from_numpy(np.asarray(segment.params, dtype=np.float32)
                                     .astype(np.float64))
             if self._accumulated is not None:
                 base = base - self.trainer.lr_for(self.pending.round_index) \
                     * self._accumulated.to("cpu", torch.float64)
-            self._starts[key] = base.to(torch.float32).numpy()
-        return self._starts[key]
+            starts[key] = base.to(torch.float32).numpy()
+        return starts[key]
 
     def add(self, into: torch.Tensor, segments: tuple[Segment, ...], low: float, high: float,
             exclude: torch.Tensor | None = None) -> _Part | None:
@@ -232,52 +267,71 @@ class _Step:
 
 
 def _step_sum(trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step: int,
-              draws: StepDraws, accumulated: torch.Tensor | None, clip: float) -> _StepSum:
-    """Step ``step``'s kept sum, brought up to the round's segments: kept as it is when no
-    split reached it, its records from the split on taken out and added again at the new
-    segments when one did, computed whole when a split came before the step (or never)."""
+              draws: StepDraws, accumulated: torch.Tensor | None, clip: float,
+              upto: float) -> _StepSum:
+    """Step ``step``'s kept sum of its records due before ``upto`` (its end at most), brought
+    up to the round's segments: kept as it is when it reaches ``upto`` and no split reached
+    it; its records from a split on taken out and added again at the new segments when one
+    did; extended by the records not summed yet; computed from its start when a split came
+    before the step (or nothing is kept)."""
     local_steps = trainer.local_steps
-    end = (step + 1) / local_steps
     segments = tuple(pending.segments)
     kept = sums._steps[step]
-    if kept is not None and sums.cut >= kept.until:
+    if kept is not None and sums.cut >= kept.until and kept.until >= upto:
         return kept
     here = _Step(trainer, sums, pending, step, draws, accumulated, clip)
     if kept is None or sums.cut <= step / local_steps:
-        value = _whole(here, segments, end)
+        value = _whole(here, segments, upto)
+    elif sums.cut < kept.until:
+        value = _moved(here, kept, segments, sums.cut, upto)
     else:
-        value = _moved(here, kept, segments, sums.cut, end)
+        value = _extended(here, kept, segments, upto)
     sums._steps[step] = value
     return value
 
 
-def _whole(here: _Step, segments: tuple[Segment, ...], end: float) -> _StepSum:
-    """The step's sum computed whole (the plain path's step: a record with a non-finite norm
-    contributes zero, and where that made the sum not finite, the sum again without it)."""
+def _whole(here: _Step, segments: tuple[Segment, ...], upto: float) -> _StepSum:
+    """The sum of the step's records due before ``upto``, computed from none (the plain path's
+    step: a record with a non-finite norm contributes zero, and where that made the sum not
+    finite, the sum again without it)."""
     total = here.trainer.zero_gradient()
-    part = here.add(total, segments, -math.inf, math.inf)
+    part = here.add(total, segments, -math.inf, here.bound(upto))
     if part is None:
-        return _StepSum(total, 0, 0.0, 0, end, segments)
+        return _StepSum(total, 0, 0.0, 0, upto, segments)
     if part.dropped is not None and not bool(torch.isfinite(total).all()):
         total = here.trainer.zero_gradient()
-        again = here.add(total, segments, -math.inf, math.inf, exclude=part.dropped)
+        again = here.add(total, segments, -math.inf, here.bound(upto), exclude=part.dropped)
         assert again is not None
-        return _StepSum(total, again.within, again.loss_sum, part.nonfinite, end, segments)
-    return _StepSum(total, part.within, part.loss_sum, part.nonfinite, end, segments)
+        return _StepSum(total, again.within, again.loss_sum, part.nonfinite, upto, segments)
+    return _StepSum(total, part.within, part.loss_sum, part.nonfinite, upto, segments)
 
 
 def _moved(here: _Step, kept: _StepSum, segments: tuple[Segment, ...], cut: float,
-           end: float) -> _StepSum:
+           upto: float) -> _StepSum:
     """``kept`` less its records due in ``[cut, kept.until)`` at the segments it summed them
-    at, plus the step's records due from ``cut`` on at the round's segments; computed whole if
-    any of them has a non-finite gradient norm."""
+    at, plus the step's records due in ``[cut, upto)`` at the round's segments; computed from
+    none if any of them has a non-finite gradient norm."""
     removed = here.trainer.zero_gradient()
-    out = here.add(removed, kept.segments, cut, kept.until)
+    out = here.add(removed, kept.segments, cut, here.bound(kept.until))
     added = here.trainer.zero_gradient()
-    back = here.add(added, segments, cut, end)
+    back = here.add(added, segments, cut, here.bound(upto))
     if any(p is not None and p.nonfinite for p in (out, back)):
-        return _whole(here, segments, end)
+        return _whole(here, segments, upto)
     total = kept.total.sub_(removed).add_(added)
     within = kept.within - (out.within if out else 0) + (back.within if back else 0)
     loss = kept.loss_sum - (out.loss_sum if out else 0.0) + (back.loss_sum if back else 0.0)
-    return _StepSum(total, within, loss, kept.nonfinite, end, segments)
+    return _StepSum(total, within, loss, kept.nonfinite, upto, segments)
+
+
+def _extended(here: _Step, kept: _StepSum, segments: tuple[Segment, ...],
+              upto: float) -> _StepSum:
+    """``kept`` plus the step's records due in ``[kept.until, upto)`` at the round's segments
+    (those of the records it holds are unchanged: no split reached them); computed from none
+    if any of the new ones has a non-finite gradient norm."""
+    more = here.add(kept.total, segments, kept.until, here.bound(upto))  # into the kept sum
+    if more is None:
+        return _StepSum(kept.total, kept.within, kept.loss_sum, kept.nonfinite, upto, segments)
+    if more.nonfinite:  # computed from none: the kept sum is not read again
+        return _whole(here, segments, upto)
+    return _StepSum(kept.total, kept.within + more.within, kept.loss_sum + more.loss_sum,
+                    kept.nonfinite, upto, segments)

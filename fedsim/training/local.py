@@ -373,7 +373,9 @@ class LocalTrainer:
         """The round ``pending`` computed on its own (one model load, one engine pass a step;
         from its kept sums, where it keeps them)."""
         if isinstance(pending.kept, RoundSums):
-            return compute_with_kept_sums(self, pending, pending.kept)
+            whole = compute_with_kept_sums(self, pending, pending.kept)
+            assert whole is not None  # upto 1: the whole round
+            return whole
         if len(pending.segments) > 1:
             return self._compute_segments(pending)
         params, round_index, steps = pending.params, pending.round_index, pending.steps
@@ -417,6 +419,12 @@ class LocalTrainer:
         None where they would take more memory than a round may keep."""
         return RoundSums(self.local_steps) if keeps_sums(self.engine.num_params,
                                                          self.local_steps) else None
+
+    def advance(self, pending: PendingRound, upto: float) -> None:
+        """Sum ``pending``'s records due before ``upto`` into its kept sums
+        (:func:`~fedsim.training.kept_sums.compute_with_kept_sums`)."""
+        if isinstance(pending.kept, RoundSums):
+            compute_with_kept_sums(self, pending, pending.kept, upto)
 
     def load_params(self, params: np.ndarray) -> None:
         """Load the flat float32 ``params`` into the model the engine differentiates."""

@@ -228,6 +228,10 @@ class RoundTrainer(Protocol):
         """Empty sums to keep ``pending``'s computes in (None: too large to keep)."""
         ...
 
+    def advance(self, pending: PendingRound, upto: float) -> None:
+        """Sum ``pending``'s records due before ``upto`` into its kept sums."""
+        ...
+
     def adaptive_state(self) -> float | None:
         """Adaptive clipping's current norm (None without it), to undo a discarded compute."""
         ...
@@ -302,7 +306,8 @@ class PendingRound:
         self._queue: RoundQueue | None = None
         self.kept: KeptSums | None = None
         """Its computed sums, where kept (:meth:`keep_sums`)."""
-        self._adaptive_before: float | None = trainer.adaptive_state()
+        self.adaptive_before: float | None = trainer.adaptive_state()
+        """Adaptive clipping's norm when the round began (None without it)."""
         self._outcome: RoundResult | Exception | None = None
 
     @property
@@ -331,7 +336,7 @@ class PendingRound:
         if self._outcome is not None:
             self.recomputed += 1
             self._outcome = None
-            self.trainer.restore_adaptive_state(self._adaptive_before)
+            self.trainer.restore_adaptive_state(self.adaptive_before)
             if self._queue is not None:
                 self._queue.submit(self)
 
@@ -344,6 +349,15 @@ class PendingRound:
         if self.kept is None and self.batcher is None and self._queue is None:
             self.kept = self.trainer.sums_for(self)
         return 0 if self.kept is None else self.kept.points_per_round
+
+    def advance(self, upto: float) -> None:
+        """Compute the records due before fraction ``upto`` of the round now, at the models
+        of their segments so far, into the kept sums (:meth:`keep_sums` first): a deployed
+        client computes its round part by part as its slot passes
+        (:mod:`fedsim.training.kept_sums`). Without kept sums, nothing (the round is
+        computed whole when its result is taken)."""
+        if self.kept is not None and self._outcome is None:
+            self.trainer.advance(self, upto)
 
     def result(self) -> RoundResult:
         """The round's update, computing it (and the batch it waits in) if not done yet."""
@@ -391,8 +405,11 @@ class DoneRound:
         """Nothing is left to compute: a received ``w-hat`` changes nothing."""
 
     def keep_sums(self) -> int:
-        """Never computed again: a model arriving mid-round changes nothing of it."""
+        """One point: nothing to compute, and a model arriving mid-round changes nothing."""
         return 1
+
+    def advance(self, upto: float) -> None:
+        """Nothing is left to compute."""
 
     def cancel(self) -> None:
         pass

@@ -84,9 +84,13 @@ class _Round:
                  points: int) -> None:
         self.log, self.clock, self.ends_at, self.sample_grads = log, clock, None, 10
         self.computed, self.dirty, self.points = 0, True, points
+        self.advanced: list[tuple[float, float]] = []
 
     def keep_sums(self) -> int:  # like PendingRound: its split points a round
         return self.points
+
+    def advance(self, upto: float) -> None:  # like PendingRound: a part computed, paced
+        self.advanced.append((round(self.clock.now(), 9), upto))
 
     def switch(self, fraction: float, params: np.ndarray) -> None:
         self.log.append((round(fraction, 9), float(params[0])))
@@ -122,12 +126,13 @@ class _Trainer:
 def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release: bool,
                                                           kept: bool) -> None:
     """Rounds of 10 x 0.1 s = 1 s; globals at t = 0, 0.25 (round 0 at 1/4), and at 2/10 and
-    6/10 of round 1. With pad_release a split round is computed again at once. A round that
-    keeps no sums is released at the first point of the public schedule a whole slot after
-    the split (however long its realised batch takes to recompute within that slot): round 0
-    at 2.0, round 1 (from 2.0, split at 2.6) at 4.0. A round that keeps its sums (split points at eighths) takes each w-hat
-    from the next eighth's start (2/10 -> 2/8, 6/10 -> 5/8), recomputes only from there and
-    keeps its release time, as does every unpadded round (split at the arrival itself)."""
+    6/10 of round 1. With pad_release a round that keeps no sums is computed at once, again
+    whole at each split, and released at the first point of the public schedule a whole slot
+    after the split (however long its realised batch takes to recompute within that slot):
+    round 0 at 2.0, round 1 (from 2.0, split at 2.6) at 4.0. A round that keeps its sums is
+    computed paced, an eighth at a time, and takes each w-hat from the first eighth after its
+    arrival (1/4 -> 3/8, 2/10 -> 2/8, 6/10 -> 5/8), computed once, on time, as is every
+    unpadded round (split at the arrival itself)."""
     import asyncio
 
     padded_switch = pad_release and rule == "switch" and not kept
@@ -159,21 +164,23 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     if rule == "snapshot":
         assert log == [] and computed == [1, 1]
     else:
-        assert log == ([(0.25, 2.0), (0.25, 3.0), (0.625, 4.0)] if pad_release and kept
+        assert log == ([(0.375, 2.0), (0.25, 3.0), (0.625, 4.0)] if pad_release and kept
                        else [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)])
-        assert computed == ([2, 3] if pad_release else [1, 1])
+        assert computed == ([2, 3] if padded_switch else [1, 1])
 
 
-@pytest.mark.parametrize(("arrival", "split"), [(0.5, 0.5), (0.51, 0.625), (0.86, 0.875),
-                                              (0.9, None), (0.99, None)])
-def test_a_w_hat_takes_effect_from_the_next_eighth_of_a_padded_round(
+@pytest.mark.parametrize(("arrival", "split"), [(0.5, 0.625), (0.51, 0.625), (0.86, 0.875),
+                                              (0.875, 1.0), (0.9, None), (0.99, None)])
+def test_a_paced_round_takes_a_w_hat_from_the_first_eighth_after_it(
         arrival: float, split: float | None) -> None:
-    """A padded round that keeps its sums: a w-hat splits it from the next eighth's start
-    (none in its last eighth: that model is the next round's), and the release keeps the
-    slot's end; nothing is counted as moved or overrun."""
+    """A padded round that keeps its sums is computed an eighth at a time, each eighth at its
+    start (0, 1/8, ...) for the records due before the next: a w-hat splits it from the first
+    eighth after its arrival, which no part computed yet holds (none in its last eighth:
+    that model is the next round's). The round is computed once and released at the slot's
+    end; nothing is counted as moved or overrun."""
     import asyncio
 
-    async def main(clock: VirtualClock) -> tuple[list[float], list, int, int, list[int]]:
+    async def main(clock: VirtualClock) -> tuple[list[float], list, int, int, _Round]:
         log: list[tuple[float, float]] = []
         trainer = _Trainer(log, clock, 8)
         endpoint = RecordingEndpoint(clock)
@@ -188,13 +195,13 @@ def test_a_w_hat_takes_effect_from_the_next_eighth_of_a_padded_round(
         await actor.run()
         await feeder
         return ([m.sent_at for _, m in endpoint.updates()], log, actor.split_delays,
-                actor.timing_overruns, [r.computed for r in trainer.rounds])
+                actor.timing_overruns, trainer.rounds[0])
 
-    sent, log, split_delays, overruns, computed = run_virtual(main)
+    sent, log, split_delays, overruns, begun = run_virtual(main)
     assert sent == pytest.approx([1.0])
-    assert (split_delays, overruns) == (0, 0)
-    assert log == ([] if split is None else [(split, 1.0)])
-    assert computed == [1 if split is None else 2]
+    assert (split_delays, overruns, begun.computed) == (0, 0, 1)
+    assert begun.advanced == [(k / 8, (k + 1) / 8) for k in range(8)]
+    assert log == ([] if split is None or split >= 1.0 else [(split, 1.0)])
 
 
 def test_the_runtime_writes_nothing_onto_the_training_rounds(tmp_path: Path) -> None:

@@ -160,3 +160,48 @@ def test_kept_sums_with_a_non_finite_record_give_the_plain_paths_update(huge: fl
     assert np.isfinite(got.update).all() and got.nonfinite_examples == 1
     assert want.nonfinite_examples == 1
     np.testing.assert_allclose(got.update, want.update, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("local_steps", [1, 2])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_paced_round_computes_each_record_once_and_gives_the_plain_update(
+        local_steps: int, adaptive: bool) -> None:
+    """As a deployed client computes it: an eighth of a step at a time (advance), with w-hats
+    taking effect from the first point not computed yet. Every record is computed exactly
+    once, and the update (and adaptive clip) is the plain path's for the same segments."""
+    model, ws = _models(7)
+    keeping = _trainer(model, sampling="poisson", local_steps=local_steps, adaptive=adaptive)
+    plain = _trainer(model, sampling="poisson", local_steps=local_steps, adaptive=adaptive)
+    for round_index in range(2):
+        kept, once = keeping.begin_round(ws[0], round_index), plain.begin_round(ws[0], round_index)
+        points = kept.keep_sums()
+        sums = kept.kept
+        assert isinstance(sums, RoundSums) and points == 8 * local_steps
+        arrivals = {2: ws[1], 3: ws[2], points - 2: ws[3]}  # after the part before that point
+        for point in range(points):
+            kept.advance((point + 1) / points)
+            if point + 1 in arrivals:
+                for pending in (kept, once):
+                    pending.switch((point + 1) / points, arrivals[point + 1])
+        got, want = kept.result(), once.result()
+        assert sums.records_computed == sum(len(d.indices) for d in kept.draws)
+        np.testing.assert_allclose(got.update, want.update, rtol=2e-5, atol=2e-6)
+        assert got.batch_sizes == want.batch_sizes
+        assert keeping.adaptive_state() == pytest.approx(plain.adaptive_state(), rel=1e-9)
+
+
+def test_a_part_advanced_after_a_split_drops_the_later_steps_sums() -> None:
+    """Two local steps computed whole, a split in the first, then only part of the first step
+    brought up to date: the second step's kept sum (from the old first step) is not used;
+    the update is the plain path's."""
+    model, ws = _models(3)
+    keeping = _trainer(model, sampling="fixed", local_steps=2, adaptive=False)
+    plain = _trainer(model, sampling="fixed", local_steps=2, adaptive=False)
+    kept, once = keeping.begin_round(ws[0], 0), plain.begin_round(ws[0], 0)
+    kept.keep_sums()
+    kept.result()
+    for pending in (kept, once):
+        pending.switch(0.2, ws[1])
+    kept.advance(0.3)
+    np.testing.assert_allclose(kept.result().update, once.result().update, rtol=2e-5,
+                               atol=2e-6)

@@ -121,6 +121,8 @@ class BegunRound(Protocol):
 
     def keep_sums(self) -> int: ...
 
+    def advance(self, upto: float) -> None: ...
+
     def cancel(self) -> None: ...
 
 
@@ -345,8 +347,8 @@ class ClientActor:
     def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
         fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
-        if self._points:  # from the next split point on (a deployed round that keeps its sums)
-            fraction = math.ceil(fraction * self._points) / self._points
+        if self._points:  # from the first point after the arrival (a round computed paced)
+            fraction = (math.floor(fraction * self._points) + 1) / self._points
         if fraction >= 1.0:
             return
         assert self.w is not None
@@ -441,7 +443,7 @@ class ClientActor:
             return ClientStopKind.DONE, f"finished its {self.max_rounds} rounds"
         return None
 
-    async def _rounds(self) -> None:  # noqa: C901 - one branch per way a round can end, in order
+    async def _rounds(self) -> None:  # noqa: C901, PLR0915 - one branch per way a round can end
         self.state = "waiting"
         if self.max_rounds is not None and self.next_round < self.max_rounds:
             # The rounds left to this client, known up front: the ledger then answers its
@@ -494,6 +496,7 @@ class ClientActor:
                 _log.warning("round produced a non-finite update; not released",
                              client=self.client_id, round=round_index)
                 self.state = "waiting"
+                del result, pending, base  # nor its kept sums while it waits (up to 64 MB)
                 await self._wait_for_newer(self.held_version)
                 continue
             self._interruptible = False  # from the charge to the release, in one step
@@ -557,41 +560,81 @@ class ClientActor:
 
     async def _padded(self, pending: BegunRound, start: float, slot: float,
                       round_index: int) -> RoundResult:
-        """Compute first, release at the public schedule ``start + k * slot``.
+        """Compute within the slot, release at the public schedule ``start + k * slot``.
 
-        Under ``switch`` the round keeps its clipped sums (:mod:`fedsim.training.kept_sums`):
-        a w-hat arriving mid-round takes effect from the next eighth of a local step (a client
-        that checks for a new model between parts of its batch; none in the round's last
-        eighth), and the round is computed again at once, only the records due from there on
-        (taken out at the old ``w``, added at the new). That is at most the rest of the slot's
-        share of the batch, so the release keeps its time unless the compute overruns
-        (counted, as every overrun is). A round too large to keep its sums is computed again
-        whole, and its release moves to the first point of the schedule a whole slot after
-        the w-hat's arrival (a public time): however long the realised batch's recompute
-        takes within that slot, nothing else shows it."""
-        target = start + slot  # the release time when nothing overruns
+        Under ``switch`` a round that keeps its clipped sums is computed paced
+        (:meth:`_paced`). Otherwise it is computed first; under ``switch`` a w-hat that splits
+        it has it computed again whole at once, and the release moves to the first point of
+        the schedule a whole slot after the w-hat's arrival (a public time): however long the
+        realised batch's recompute takes within that slot, nothing else shows it."""
         self._points = pending.keep_sums() if self.interrupt == "switch" else 0
+        if self._points:
+            return await self._paced(pending, start, slot, round_index)
+        target = start + slot  # the release time when nothing overruns
         while True:
             self._switched.clear()
             result = await self._compute_now(pending)
             if self._deferred_switches:  # split while it was computed: that result is stale
-                for fraction, params in self._deferred_switches:
-                    pending.switch(fraction, params)
-                self._deferred_switches.clear()
+                self._apply_deferred_switches(pending)
                 continue
             now = self.clock.now()
-            if self._split_at is not None and not self._points:
+            if self._split_at is not None:
                 target = max(target, release_time(start, slot, self._split_at + slot))
                 self._release_moved = True
             release = release_time(start, slot, max(now, target))
             if await self._sleep_unless_switched(release - now):
                 break
+        self._count_overrun(release, target, slot, now - start, round_index, start)
+        return result
+
+    async def _paced(self, pending: BegunRound, start: float, slot: float,
+                     round_index: int) -> RoundResult:
+        """Compute the round in its phase order as the slot passes
+        (:mod:`fedsim.training.kept_sums`): at each of its points ``k / P`` (``P`` eighths a
+        local step), the records due before the next point, at the models held then; a w-hat
+        takes effect from the first point after its arrival (:meth:`_switch`), so it never
+        reaches a record already computed and nothing is computed again. The release is at
+        the slot's end unless the parts fall behind their points and overrun it (counted)."""
+        points = self._points
+        for point in range(points):
+            wait = start + slot * point / points - self.clock.now()
+            if wait > 0:
+                await self.clock.sleep(wait)
+            await self._in_worker(pending.advance, (point + 1) / points)
+            self._apply_deferred_switches(pending)  # each from a point not computed yet
+        result = await self._compute_now(pending)  # the noise and the sums: nothing left
+        self._apply_deferred_switches(pending)  # from the round's end: nothing of it
+        now, target = self.clock.now(), start + slot
+        release = release_time(start, slot, max(now, target))
+        await self.clock.sleep(release - now)
+        self._count_overrun(release, target, slot, now - start, round_index, start)
+        return result
+
+    def _apply_deferred_switches(self, pending: BegunRound) -> None:
+        """The splits that arrived while a worker thread read the round, in their order."""
+        for fraction, params in self._deferred_switches:
+            pending.switch(fraction, params)
+        self._deferred_switches.clear()
+
+    def _count_overrun(self, release: float, target: float, slot: float, compute: float,
+                       round_index: int, start: float) -> None:
+        """Count (and log once) a release later than its slot's end."""
         if release > target or slot <= 0:
             self.timing_overruns += 1
             (_log.warning if self.timing_overruns == 1 else _log.debug)(
                 "round overran its public release slot", client=self.client_id,
-                round=round_index, slot=slot, compute=now - start, released=release - start)
-        return result
+                round=round_index, slot=slot, compute=compute, released=release - start)
+
+    async def _in_worker(self, work: Callable[[float], None], upto: float) -> None:
+        """``work(upto)`` in a worker thread when deployed (see :meth:`_compute_now`)."""
+        if not self.exposure.compute_in_thread:
+            work(upto)
+            return
+        self._computing = True
+        try:
+            await asyncio.to_thread(work, upto)
+        finally:
+            self._computing = False
 
     async def _compute_now(self, pending: BegunRound) -> RoundResult:
         """Compute the round, in a worker thread when deployed: a blocked event loop would

@@ -8,14 +8,14 @@ simulation and said nothing).
   ``availability.crashes`` are not emulated: the broker is the network, real process deaths
   are the crashes (docs/DEPLOYMENT.md, "Time").
 * Under ``interrupt: switch`` with ``privacy.timing: public``, a deployed client computes its
-  round when it begins, keeps its clipped sums (:mod:`fedsim.training.kept_sums`) and takes a
-  global model arriving mid-round from the next eighth of a local step on, where a simulated
-  client takes it from the arrival itself; the release keeps its time unless the recompute
-  overruns the slot (counted). A model too large to keep its sums (above 16 M parameters
-  times local steps) has a split round computed again whole and released a whole slot after
-  the arrival (:meth:`~fedsim.runtime.actors.client.ClientActor._padded`); before session 58
-  every model did, and a stranger measured 15 of a simulation's 31 rounds (accuracy 0.756
-  against 0.838).
+  round paced, an eighth of a local step at a time as its slot passes
+  (:mod:`fedsim.training.kept_sums`), and takes a global model arriving mid-round from the
+  first eighth after its arrival, where a simulated client takes it from the arrival itself;
+  the release keeps its time unless the parts fall behind and overrun the slot (counted). A
+  model too large to keep its sums (above 16 M parameters times local steps) has a split round
+  computed again whole and released a whole slot after the arrival
+  (:meth:`~fedsim.runtime.actors.client.ClientActor._padded`); before session 58 every model
+  did, and a stranger measured 15 of a simulation's 31 rounds (accuracy 0.756 against 0.838).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from fedsim.config.schema import Scenario
 __all__ = ["measured_differences", "scenario_differences"]
 
 _SWITCH_DELAY = (
-    "interrupt switch with public timing (groups {groups}): a deployed client takes a global "
-    "model arriving mid-round from the next eighth of a local step on (a simulation from the "
-    "arrival itself) and computes again only the records due from there, releasing on time "
-    "unless that overruns its slot (counted); above 16 M parameters (times local steps) a "
-    "split round is computed again whole and released a whole round time after the arrival "
-    "(interrupt: snapshot avoids both)")
+    "interrupt switch with public timing (groups {groups}): a deployed client computes its round "
+    "an eighth of a local step at a time as its slot passes and takes a global model arriving "
+    "mid-round from the next eighth on (a simulation from the arrival itself), releasing on "
+    "time unless its compute falls behind the slot (counted); above 16 M parameters (times "
+    "local steps) a split round is computed again whole and released a whole round time "
+    "after the arrival (interrupt: snapshot avoids both)")
 
 
 def _emulated_network_settings(scenario: Scenario) -> list[str]:
