@@ -13,8 +13,8 @@ A round that keeps its sums holds, for every local step, the clipped sum (withou
 its records due before some fraction ``until`` of the round, each at the start point of the
 segment it was due in when computed, and those segments. :func:`compute_with_kept_sums` with
 ``upto < 1`` (:meth:`~fedsim.training.rounds.PendingRound.advance`) adds the records due
-before ``upto``: the deployed client (:meth:`~fedsim.runtime.actors.client.ClientActor.
-_paced`) calls it at each of :data:`SPLIT_POINTS_PER_STEP` points of a step, as the slot
+before ``upto``: the deployed client (:class:`~fedsim.runtime.actors.round_timing.
+RoundTiming`) calls it at each of :data:`SPLIT_POINTS_PER_STEP` points of a step, as the slot
 passes, for the records due before the next point, at the models it holds then: van Dijk &
 Nguyen's "one gradient after the other", a part of the batch at a time. A w-hat takes effect
 from the first point after its arrival (as in a client that checks for a new model between

@@ -234,3 +234,50 @@ def test_the_runtime_writes_nothing_onto_the_training_rounds(tmp_path: Path) -> 
         assert not {"ends_at", "owner"} & set(vars(pending))
     timing = json.loads((tmp_path / "run" / "timing.json").read_text())
     assert timing["rounds_recomputed"] == 0 and timing["rounds_batched"] > 0
+
+
+def test_a_server_sending_models_cannot_lengthen_a_paced_rounds_compute() -> None:
+    """An attacker's review (session 58): when a split had the rest of a deployed round
+    computed again, a server sending a model every 20 ms made the compute grow with the
+    realised batch, and learnt its size from whether the release overran. Paced, a real
+    round under 50 models a slot computes each of its records exactly once, takes the models
+    from their next eighths, and is released at its slot's end."""
+    import asyncio
+
+    from fedsim.training.kept_sums import RoundSums
+    from tests.training.test_kept_sums import _models, _trainer
+
+    model, ws = _models(5)
+    trainer = _trainer(model, sampling="poisson", local_steps=1, adaptive=False)
+
+    async def main(clock: VirtualClock) -> tuple[list[float], ClientActor, list]:
+        begun: list = []
+
+        class Keeping:
+            def planned_steps(self, round_index: int) -> list:
+                return trainer.planned_steps(round_index)
+
+            def begin_round(self, params: np.ndarray, round_index: int) -> Any:
+                begun.append(trainer.begin_round(params, round_index))
+                return begun[-1]
+
+        endpoint = RecordingEndpoint(clock)
+        actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=Keeping(),
+                            ledger=FreeLedger(), local_lr=0.1, batch_size=20,
+                            seconds_per_sample=lambda: 0.05, max_rounds=1, interrupt="switch",
+                            exposure=ClientExposure(pad_release=True),
+                            status_epsilon=lambda: (0.0, 1e-5))
+        arrivals = [(0.0, GlobalModel(1, ws[0]))] + [
+            (0.02 * k, GlobalModel(1 + k, ws[1 + k % 3])) for k in range(1, 50)]
+        feeder = asyncio.create_task(endpoint.feed(arrivals))
+        await actor.run()
+        await feeder
+        return [m.sent_at for _, m in endpoint.updates()], actor, begun
+
+    sent, actor, begun = run_virtual(main)
+    sums = begun[0].kept
+    assert isinstance(sums, RoundSums)
+    assert sent == pytest.approx([1.0]) and actor.timing_overruns == 0
+    # 43 splits (the models before 7/8), each from a later eighth: a segment an eighth
+    assert actor.switched_rounds == 43 and len(begun[0].segments) == 8
+    assert sums.records_computed == begun[0].sample_grads > 0

@@ -92,10 +92,11 @@ from fedsim.protocol.messages import (
     RunFinished,
 )
 from fedsim.protocol.norms import given_up_norm, scratch
-from fedsim.runtime.actors.exposure import ClientExposure, is_invited, release_time
+from fedsim.runtime.actors.exposure import ClientExposure, is_invited
 from fedsim.runtime.actors.flag import Flag
 from fedsim.runtime.actors.integrity import bad_model
 from fedsim.runtime.actors.releases import Releases, RoundRecord
+from fedsim.runtime.actors.round_timing import BegunRound, RoundTiming
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.training.local_step import apply_local_step
@@ -107,23 +108,6 @@ if TYPE_CHECKING:  # the actor never imports torch itself
 __all__ = ["ClientActor", "Ledger", "StalenessPolicy", "Trainer"]
 
 _log = get_logger("fedsim.runtime.actors.client")
-
-
-class BegunRound(Protocol):
-    """A begun round as the actor holds it (:class:`fedsim.training.rounds.PendingRound`, or
-    :class:`~fedsim.training.rounds.DoneRound` when nothing is left to compute)."""
-
-    sample_grads: int
-
-    def result(self) -> RoundResult: ...
-
-    def switch(self, fraction: float, params: np.ndarray) -> None: ...
-
-    def keep_sums(self) -> int: ...
-
-    def advance(self, upto: float) -> None: ...
-
-    def cancel(self) -> None: ...
 
 
 class Trainer(Protocol):
@@ -166,9 +150,8 @@ class ClientActor:
 
     # A client's state in slots, not a dict (issue 24 item 5: 10^6 clients in one process).
     __slots__ = (
-        "_arrival", "_computing", "_deferred_switches", "_interrupted", "_interruptible",
-        "_points", "_release_moved", "_round", "_split_at", "_switched", "_task", "batch_size", "client_id", "clock",
-        "compression",
+        "_arrival", "_interrupted", "_interruptible", "_release_moved", "_round", "_task",
+        "batch_size", "client_id", "clock", "compression",
         "endpoint", "expected_sample_grads", "exposure", "finished", "first_server_step",
         "follow_server_step", "held_global", "held_version", "ignored_globals", "interrupt",
         "invitation_window", "invited", "ledger", "local_lr", "max_rounds", "next_round",
@@ -224,14 +207,8 @@ class ClientActor:
         self.interrupt = interrupt
         self.compression = compression
         self.switched_rounds = 0  # rounds a w-hat split (interrupt = switch)
-        # The round in progress: (its begun round, start time, compute time), for a switch.
-        self._round: tuple[BegunRound, float, float] | None = None
-        self._switched = Flag()  # set by a switch of the round in progress
-        self._computing = False  # a worker thread computes the round in progress
-        self._deferred_switches: list[tuple[float, np.ndarray]] = []
-        self._split_at: float | None = None  # when a w-hat split the round in progress
-        self._release_moved = False  # a split moved the padded release a slot on
-        self._points = 0  # where a w-hat may split the padded round: k / this (_padded)
+        self._round: RoundTiming | None = None  # the round in progress, for a switch
+        self._release_moved = False  # a split moved the last padded release a slot on
         self.randomness = exposure.randomness
         self.timing_overruns = 0
         self.split_delays = 0  # padded releases a w-hat moved to a later slot (deployed)
@@ -304,7 +281,7 @@ class ClientActor:
         self.w = self.held_global
         self.rounds_since_global = 0
         if self._round is not None and self.interrupt == "switch":
-            self._switch(*self._round)
+            self._switch(self._round)
         arrived, self._arrival = self._arrival, Flag()
         arrived.set()
         return True
@@ -341,24 +318,13 @@ class ClientActor:
         virtual-time runtime asks it which pending rounds its batcher must keep."""
         if self._round is None or self.interrupt != "switch":
             return None
-        _, start, slot = self._round
-        return start + slot
+        return self._round.end
 
-    def _switch(self, pending: BegunRound, start: float, duration: float) -> None:
+    def _switch(self, timing: RoundTiming) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
-        fraction = (self.clock.now() - start) / duration if duration > 0 else 1.0
-        if self._points:  # from the first point after the arrival (a round computed paced)
-            fraction = (math.floor(fraction * self._points) + 1) / self._points
-        if fraction >= 1.0:
-            return
         assert self.w is not None
-        self.switched_rounds += 1
-        self._split_at = self.clock.now()  # public: when the server's model arrived
-        if self._computing:  # a worker thread reads the round: split it when that returns
-            self._deferred_switches.append((fraction, self.w))
-        else:
-            pending.switch(fraction, self.w)
-        self._switched.set()
+        if timing.split(self.clock.now(), self.w):
+            self.switched_rounds += 1
 
     async def _receive_forever(self) -> None:
         while True:
@@ -513,7 +479,7 @@ class ClientActor:
                 self.client_id, round_index, base_version, result.update, self.batch_size,
                 self.clock.now(), window, compression=self.compression))
             if self._release_moved:
-                self.split_delays += 1  # a padded release a split moved a slot on (_padded)
+                self.split_delays += 1  # a padded release a split moved a slot on (RoundTiming)
             self._step_locally(result, round_index)
             # The round's vectors (its update, its snapshot) are not kept while the client
             # waits for its next round: at 10^4 clients each kept one costs 4 GB.
@@ -536,127 +502,29 @@ class ClientActor:
         """Let the round's compute time pass and take its result, on a public schedule.
 
         ``timing = public``: the time is the speed model's cost of the *expected* batch (a
-        public value); with ``pad_release`` (a wall clock) the real compute runs first and the
-        release waits for the schedule ``start + k * cost`` (:func:`release_time`), so it does
-        not depend on the realised batch unless the compute overruns its slot (counted); the
-        compute runs in a worker thread so that the event loop, and with it every other packet
-        of the connection, keeps its own timing meanwhile.
-        ``timing = realised``: the cost of the realised batch, waited before computing."""
+        public value); with ``pad_release`` (a wall clock) the compute runs within it and the
+        release waits for the schedule ``start + k * cost`` (:mod:`~fedsim.runtime.actors.
+        round_timing`), so it does not depend on the realised batch unless the compute
+        overruns its slot (counted). ``timing = realised``: the cost of the realised batch,
+        waited before computing."""
         start = self.clock.now()
         per_sample = self.seconds_per_sample()
         realised = self.exposure.timing == "realised"
         slot = per_sample * (pending.sample_grads if realised else self.expected_sample_grads)
-        self._round = (pending, start, slot)
-        self._split_at = None
+        self._round = timing = RoundTiming(pending, start, slot)
         self._release_moved = False
-        self._points = 0
         try:
             if realised or not self.exposure.pad_release:
                 await self.clock.sleep(slot)
                 return pending.result()
-            return await self._padded(pending, start, slot, round_index)
+            result = await timing.padded(self.clock, switch=self.interrupt == "switch",
+                                         in_thread=self.exposure.compute_in_thread)
         finally:
             self._round = None
-
-    async def _padded(self, pending: BegunRound, start: float, slot: float,
-                      round_index: int) -> RoundResult:
-        """Compute within the slot, release at the public schedule ``start + k * slot``.
-
-        Under ``switch`` a round that keeps its clipped sums is computed paced
-        (:meth:`_paced`). Otherwise it is computed first; under ``switch`` a w-hat that splits
-        it has it computed again whole at once, and the release moves to the first point of
-        the schedule a whole slot after the w-hat's arrival (a public time): however long the
-        realised batch's recompute takes within that slot, nothing else shows it."""
-        self._points = pending.keep_sums() if self.interrupt == "switch" else 0
-        if self._points:
-            return await self._paced(pending, start, slot, round_index)
-        target = start + slot  # the release time when nothing overruns
-        while True:
-            self._switched.clear()
-            result = await self._compute_now(pending)
-            if self._deferred_switches:  # split while it was computed: that result is stale
-                self._apply_deferred_switches(pending)
-                continue
-            now = self.clock.now()
-            if self._split_at is not None:
-                target = max(target, release_time(start, slot, self._split_at + slot))
-                self._release_moved = True
-            release = release_time(start, slot, max(now, target))
-            if await self._sleep_unless_switched(release - now):
-                break
-        self._count_overrun(release, target, slot, now - start, round_index, start)
-        return result
-
-    async def _paced(self, pending: BegunRound, start: float, slot: float,
-                     round_index: int) -> RoundResult:
-        """Compute the round in its phase order as the slot passes
-        (:mod:`fedsim.training.kept_sums`): at each of its points ``k / P`` (``P`` eighths a
-        local step), the records due before the next point, at the models held then; a w-hat
-        takes effect from the first point after its arrival (:meth:`_switch`), so it never
-        reaches a record already computed and nothing is computed again. The release is at
-        the slot's end unless the parts fall behind their points and overrun it (counted)."""
-        points = self._points
-        for point in range(points):
-            wait = start + slot * point / points - self.clock.now()
-            if wait > 0:
-                await self.clock.sleep(wait)
-            await self._in_worker(pending.advance, (point + 1) / points)
-            self._apply_deferred_switches(pending)  # each from a point not computed yet
-        result = await self._compute_now(pending)  # the noise and the sums: nothing left
-        self._apply_deferred_switches(pending)  # from the round's end: nothing of it
-        now, target = self.clock.now(), start + slot
-        release = release_time(start, slot, max(now, target))
-        await self.clock.sleep(release - now)
-        self._count_overrun(release, target, slot, now - start, round_index, start)
-        return result
-
-    def _apply_deferred_switches(self, pending: BegunRound) -> None:
-        """The splits that arrived while a worker thread read the round, in their order."""
-        for fraction, params in self._deferred_switches:
-            pending.switch(fraction, params)
-        self._deferred_switches.clear()
-
-    def _count_overrun(self, release: float, target: float, slot: float, compute: float,
-                       round_index: int, start: float) -> None:
-        """Count (and log once) a release later than its slot's end."""
-        if release > target or slot <= 0:
+        self._release_moved = timing.moved
+        if timing.overran:
             self.timing_overruns += 1
             (_log.warning if self.timing_overruns == 1 else _log.debug)(
                 "round overran its public release slot", client=self.client_id,
-                round=round_index, slot=slot, compute=compute, released=release - start)
-
-    async def _in_worker(self, work: Callable[[float], None], upto: float) -> None:
-        """``work(upto)`` in a worker thread when deployed (see :meth:`_compute_now`)."""
-        if not self.exposure.compute_in_thread:
-            work(upto)
-            return
-        self._computing = True
-        try:
-            await asyncio.to_thread(work, upto)
-        finally:
-            self._computing = False
-
-    async def _compute_now(self, pending: BegunRound) -> RoundResult:
-        """Compute the round, in a worker thread when deployed: a blocked event loop would
-        delay the connection's own packets (PUBACKs, pings, resends) to the compute's end,
-        revealing the realised batch."""
-        if not self.exposure.compute_in_thread:
-            return pending.result()
-        self._computing = True
-        try:
-            return await asyncio.to_thread(pending.result)
-        finally:
-            self._computing = False
-
-    async def _sleep_unless_switched(self, seconds: float) -> bool:
-        """Sleep ``seconds``; False (at once) if a w-hat splits the round meanwhile."""
-        if self._switched.is_set():
-            return False
-        sleeper = asyncio.ensure_future(self.clock.sleep(max(0.0, seconds)))
-        switch = asyncio.ensure_future(self._switched.wait())
-        try:
-            await asyncio.wait({sleeper, switch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            switch.cancel()
-        return not self._switched.is_set()
+                round=round_index, slot=slot, compute=self.clock.now() - start)
+        return result

@@ -14,7 +14,7 @@ simulation and said nothing).
   the release keeps its time unless the parts fall behind and overrun the slot (counted). A
   model too large to keep its sums (above 16 M parameters times local steps) has a split round
   computed again whole and released a whole slot after the arrival
-  (:meth:`~fedsim.runtime.actors.client.ClientActor._padded`); before session 58 every model
+  (:meth:`~fedsim.runtime.actors.round_timing.RoundTiming.padded`); before session 58 every model
   did, and a stranger measured 15 of a simulation's 31 rounds (accuracy 0.756 against 0.838).
 """
 
