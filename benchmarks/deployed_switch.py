@@ -32,7 +32,7 @@ RESULTS = HERE / "results" / "deployed_switch.json"
 def _outcome(out: Path) -> dict[str, Any]:
     summary = json.loads((out / "summary.json").read_text())
     with (out / "clients.csv").open(newline="") as handle:
-        rounds = {row["client"]: int(row["rounds"]) for row in csv.DictReader(handle)}
+        rounds = {row["client_id"]: int(row["rounds"]) for row in csv.DictReader(handle)}
     result: dict[str, Any] = {"final_accuracy": summary["final_accuracy"], "rounds": rounds}
     reports = sorted((out / "state").glob("*/client-*.json")) if (out / "state").exists() else []
     if reports:
