@@ -7,7 +7,8 @@ a model about every 40 ms) with ``fedsim run`` and with ``fedsim launch`` (a pri
 broker on 127.0.0.1: mosquitto must be installed), and records each client's released rounds,
 the final accuracy, the rounds a model's arrival moved a slot on (``split_delays``), the
 overruns and the launch's CPU seconds in ``benchmarks/results/deployed_switch.json`` under
-``--label`` with the commit (docs/DEPLOYMENT.md's table).
+``--label`` with the commit (docs/DEPLOYMENT.md's table). ``FEDSIM_BENCH_TREE=DIR`` measures
+another checkout's fedsim (its runs import it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import commit  # noqa: E402
+from _common import FEDSIM_TREE, commit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "scenarios" / "fedasync-five.yaml"
@@ -48,13 +50,17 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--label", default="this tree")
     args = parser.parse_args()
+    # The runs import the measured tree's fedsim (FEDSIM_BENCH_TREE, as _common does).
+    env = {**os.environ, "PYTHONPATH": str(FEDSIM_TREE)}
     with tempfile.TemporaryDirectory() as scratch:
         simulated, launched = Path(scratch) / "run", Path(scratch) / "launch"
         subprocess.run([sys.executable, "-m", "fedsim", "run", str(SCENARIO), "--out",
-                        str(simulated), "-q", "--no-plots"], check=True)
+                        str(simulated), "-q", "--no-plots"], check=True, env=env,
+                       cwd=FEDSIM_TREE, stdout=subprocess.DEVNULL)
         subprocess.run([sys.executable, "-m", "fedsim", "launch", str(SCENARIO), "--out",
                         str(launched), "-q", "--no-plots", "--time-scale",
-                        str(args.time_scale)], check=True, timeout=600)
+                        str(args.time_scale)], check=True, timeout=600, env=env,
+                       cwd=FEDSIM_TREE, stdout=subprocess.DEVNULL)
         row = {"label": args.label, "commit": commit(), "time_scale": args.time_scale,
                "simulated": _outcome(simulated), "launched": _outcome(launched)}
     print(json.dumps(row))
