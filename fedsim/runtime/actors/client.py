@@ -53,10 +53,10 @@ staleness policy judges it; the round is never restarted (that would starve a cl
 than the broadcast rate). **Privacy is the same under both rules**: w-hat is post-processing of
 released updates, and each a_h still depends on one example (at w or w-hat), so U's sensitivity
 (C or 2C) and the round's privacy events are unchanged. On a wall clock
-(``pad_release``) the round is computed when it begins and keeps its clipped sums
-(:mod:`fedsim.training.kept_sums`); a w-hat splits it from the next eighth of a step, and the
-records due from there are computed again at once, so its result is ready by its public
-release time.
+(``pad_release``) a ``switch`` round is computed paced, an eighth of a local step at a time as
+its slot passes, and a w-hat splits it from the next eighth, which no part computed yet holds
+(:mod:`~fedsim.runtime.actors.round_timing`), so its result is ready by its public release
+time and nothing of it is computed twice.
 
 **The end of the run.** A :class:`RunFinished` from the server stops the client at once: a round
 begun but not yet charged is cancelled (nothing charged, nothing released), no further round
