@@ -326,12 +326,20 @@ def _moved(here: _Step, kept: _StepSum, segments: tuple[Segment, ...], cut: floa
 def _extended(here: _Step, kept: _StepSum, segments: tuple[Segment, ...],
               upto: float) -> _StepSum:
     """``kept`` plus the step's records due in ``[kept.until, upto)`` at the round's segments
-    (those of the records it holds are unchanged: no split reached them); computed from none
-    if any of the new ones has a non-finite gradient norm."""
-    more = here.add(kept.total, segments, kept.until, here.bound(upto))  # into the kept sum
+    (those of the records it holds are unchanged: no split reached them). A new record with a
+    non-finite gradient norm contributes zero; where that made the new records' sum not
+    finite, their sum again without it (the plain path does the whole step again: the same
+    sum, since the records kept contributed finite values; a paced round's parts never
+    compute a part twice over, whatever its records)."""
+    added = here.trainer.zero_gradient()
+    more = here.add(added, segments, kept.until, here.bound(upto))
     if more is None:
         return _StepSum(kept.total, kept.within, kept.loss_sum, kept.nonfinite, upto, segments)
-    if more.nonfinite:  # computed from none: the kept sum is not read again
-        return _whole(here, segments, upto)
-    return _StepSum(kept.total, kept.within + more.within, kept.loss_sum + more.loss_sum,
-                    kept.nonfinite, upto, segments)
+    if more.dropped is not None and not bool(torch.isfinite(added).all()):
+        added = here.trainer.zero_gradient()
+        again = here.add(added, segments, kept.until, here.bound(upto), exclude=more.dropped)
+        assert again is not None
+        more = _Part(again.records, again.within, again.loss_sum, more.nonfinite, more.dropped)
+    return _StepSum(kept.total.add_(added), kept.within + more.within,
+                    kept.loss_sum + more.loss_sum, kept.nonfinite + more.nonfinite, upto,
+                    segments)

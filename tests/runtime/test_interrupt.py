@@ -281,3 +281,25 @@ def test_a_server_sending_models_cannot_lengthen_a_paced_rounds_compute() -> Non
     # 43 splits (the models before 7/8), each from a later eighth: a segment an eighth
     assert actor.switched_rounds == 43 and len(begun[0].segments) == 8
     assert sums.records_computed == begun[0].sample_grads > 0
+
+
+def test_a_w_hat_at_a_paced_points_own_instant_reaches_no_computed_part() -> None:
+    """An attacker's aim: a model arriving at the very instant a part begins (start + slot *
+    k / 8, which float rounding can put a hair before the point: 0.1 + 0.3 * 2/8 reads as
+    1.9999999999999996 eighths) must not split the round at the point whose part is already
+    computing; it takes effect from the next one, as exact arithmetic says."""
+    from fedsim.runtime.actors.round_timing import RoundTiming
+
+    class Begun:
+        sample_grads = 10
+        splits: list[float] = []
+
+        def switch(self, fraction: float, params: np.ndarray) -> None:
+            self.splits.append(fraction)
+
+    begun = Begun()
+    timing = RoundTiming(begun, 0.1, 0.3)  # type: ignore[arg-type]
+    timing.points = 8
+    timing._computed = 3 / 8  # the part of [2/8, 3/8) has begun at its point
+    assert timing.split(0.1 + 0.3 * 2 / 8, np.zeros(2, np.float32))
+    assert begun.splits == [3 / 8]

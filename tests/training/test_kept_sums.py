@@ -205,3 +205,30 @@ def test_a_part_advanced_after_a_split_drops_the_later_steps_sums() -> None:
     kept.advance(0.3)
     np.testing.assert_allclose(kept.result().update, once.result().update, rtol=2e-5,
                                atol=2e-6)
+
+
+@pytest.mark.parametrize("huge", [1e30, 3e38])
+def test_a_paced_round_with_a_non_finite_record_gives_the_plain_update(huge: float) -> None:
+    """Paced, a record whose gradient norm is not finite contributes zero; where its part's
+    sum went nan, that part is summed again without it (the plain path does the step again),
+    and no other part is computed twice."""
+    from tests.training.test_nonfinite_records import BAD, _model
+    from tests.training.test_nonfinite_records import _trainer as bad_trainer
+
+    model = _model("linear")
+    w0 = flat_params(model)
+    keeping, plain = bad_trainer(model, huge, 6), bad_trainer(model, huge, 6)
+    kept, once = keeping.begin_round(w0, 0), plain.begin_round(w0, 0)
+    points = kept.keep_sums()
+    sums = kept.kept
+    assert isinstance(sums, RoundSums)
+    for point in range(points):
+        kept.advance((point + 1) / points)
+    got, want = kept.result(), once.result()
+    assert np.isfinite(got.update).all() and got.nonfinite_examples == want.nonfinite_examples == 1
+    np.testing.assert_allclose(got.update, want.update, rtol=1e-5, atol=1e-6)
+    # nothing again for a zero contribution (1e30); the bad record's part again for a nan
+    phases = record_phase(keeping.phase_offsets[kept.draws[0].indices], 0)
+    part = torch.floor(phases * points)
+    bad_part = int((part == part[kept.draws[0].indices == BAD]).sum())
+    assert sums.records_computed == 20 + (bad_part if huge > 1e38 else 0)

@@ -65,8 +65,8 @@ class RoundTiming:
     """One round in progress: its begun round, start time and compute time (``slot``), and
     what splits and a padded release did to it."""
 
-    __slots__ = ("_computing", "_deferred", "_switched", "moved", "overran", "pending",
-                 "points", "slot", "split_at", "start")
+    __slots__ = ("_computed", "_computing", "_deferred", "_switched", "moved", "overran",
+                 "pending", "points", "slot", "split_at", "start")
 
     def __init__(self, pending: BegunRound, start: float, slot: float) -> None:
         self.pending, self.start, self.slot = pending, start, slot
@@ -80,6 +80,7 @@ class RoundTiming:
         self.overran = False
         """The padded release came after the slot's end."""
         self._switched: Flag | None = None
+        self._computed = 0.0  # a paced round's records due before this are computed (or begun)
         self._computing = False
         self._deferred: list[tuple[float, np.ndarray]] = []
 
@@ -93,8 +94,9 @@ class RoundTiming:
         its first point after now) are computed at ``params``. False when nothing of the round
         is left after that point (the model is the next round's)."""
         fraction = (now - self.start) / self.slot if self.slot > 0 else 1.0
-        if self.points:
-            fraction = (math.floor(fraction * self.points) + 1) / self.points
+        if self.points:  # never a point whose part is computed: at a point itself, the next
+            fraction = max((math.floor(fraction * self.points) + 1) / self.points,
+                           self._computed)
         if fraction >= 1.0:
             return False
         self.split_at = now
@@ -138,7 +140,7 @@ class RoundTiming:
             wait = self.start + self.slot * point / self.points - clock.now()
             if wait > 0:
                 await clock.sleep(wait)
-            upto = (point + 1) / self.points
+            upto = self._computed = (point + 1) / self.points
             await self._in_worker(in_thread, functools.partial(self.pending.advance, upto))
             self._apply_deferred()  # each from a point not computed yet
         result = await self._in_worker(in_thread, self.pending.result)  # noise and sums
