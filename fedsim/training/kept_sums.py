@@ -64,9 +64,11 @@ split recomputes the round whole (:func:`keeps_sums`)."""
 
 
 def keeps_sums(num_params: int, local_steps: int) -> bool:
-    """Whether a round of ``local_steps`` steps of a ``num_params`` model keeps its sums
-    (at most :data:`KEPT_MAX_BYTES`: about 16 M parameters times local steps)."""
-    return 4 * num_params * local_steps <= KEPT_MAX_BYTES
+    """Whether a round of ``local_steps`` steps of a ``num_params`` model keeps its sums: three
+    model-sized float32 vectors a step at most (its clipped sum, its noised sum once done, a
+    later step's start point) within :data:`KEPT_MAX_BYTES`, about 5.5 M parameters times
+    local steps."""
+    return 3 * 4 * num_params * local_steps <= KEPT_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class _StepSum:
     nonfinite: int
     until: float
     segments: tuple[Segment, ...]
+    noised: torch.Tensor | None = None
+    """The done step's noisy sum (its noise plus ``total``), kept for the later steps' parts."""
 
 
 class RoundSums:
@@ -169,12 +173,13 @@ def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: Rou
     steps done, so that calls for the parts of a round leave it as one call does."""
     round_index, local_steps = pending.round_index, trainer.local_steps
     trainer.restore_adaptive_state(pending.adaptive_before)
-    # Only the round's segments' start points stay (a split drops the segments after it), and
-    # after a split only those of the steps it did not move (a step's own start point moves
-    # only with an earlier step's sum).
-    live = set(pending.segments)
+    # Only the latest segment's start points stay (the records of earlier ones are computed,
+    # as parts come in order; a direct caller's split recomputes what it needs), and after a
+    # split only those of the steps it did not move (a step's start point moves only with an
+    # earlier step's sum): at most a start point a later step.
+    latest = pending.segments[-1]
     sums.starts = {key: start for key, start in sums.starts.items()
-                   if key[1] in live and key[0] / local_steps < sums.cut}
+                   if key[1] is latest and key[0] / local_steps < sums.cut}
     sum_sigma = trainer.sum_sigma(pending.steps[0].sigma)
     accumulated: torch.Tensor | None = None
     batch_sizes: list[int] = []
@@ -190,13 +195,15 @@ def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: Rou
             sums._steps[step + 1:] = [None] * (local_steps - step - 1)
             sums.cut = math.inf
             return None
-        total = trainer.step_noise(clip, sum_sigma, draws.noise).add_(kept.total)
+        if kept.noised is None:  # drawn once a done step, not again for each later part
+            kept.noised = trainer.step_noise(clip, sum_sigma, draws.noise).add_(kept.total)
+        total = kept.noised
         size = len(draws.indices)
         if draws.count_noise is not None:
             trainer.update_adaptive_clip(kept.within, size, clip, draws.count_noise)
         loss_sum += kept.loss_sum
         nonfinite += kept.nonfinite
-        accumulated = total if accumulated is None else accumulated.add_(total)
+        accumulated = total.clone() if accumulated is None else accumulated.add_(total)
         batch_sizes.append(size)
     sums.cut = math.inf
     assert accumulated is not None  # local_steps >= 1
@@ -227,14 +234,15 @@ class _Step:
         """The float32 point ``segment``'s records of this step are computed at: its ``w``
         less the round's progress before the step (the plain path's arithmetic). Kept for the
         round's next parts (:attr:`RoundSums.starts`) until a split reaches the step."""
+        if self._accumulated is None:  # the first step's: the segment's w itself
+            return np.asarray(segment.params, dtype=np.float32)
         starts = self.sums.starts
         key = (self.step, segment)  # the segment itself: its params stay alive while kept
         if key not in starts:
             base = torch.from_numpy(np.asarray(segment.params, dtype=np.float32)
                                     .astype(np.float64))
-            if self._accumulated is not None:
-                base = base - self.trainer.lr_for(self.pending.round_index) \
-                    * self._accumulated.to("cpu", torch.float64)
+            base = base - self.trainer.lr_for(self.pending.round_index) \
+                * self._accumulated.to("cpu", torch.float64)
             starts[key] = base.to(torch.float32).numpy()
         return starts[key]
 

@@ -420,11 +420,13 @@ class LocalTrainer:
         return RoundSums(self.local_steps) if keeps_sums(self.engine.num_params,
                                                          self.local_steps) else None
 
-    def advance(self, pending: PendingRound, upto: float) -> None:
+    def advance(self, pending: PendingRound, upto: float) -> RoundResult | None:
         """Sum ``pending``'s records due before ``upto`` into its kept sums
-        (:func:`~fedsim.training.kept_sums.compute_with_kept_sums`)."""
+        (:func:`~fedsim.training.kept_sums.compute_with_kept_sums`); the round's result once
+        ``upto`` reaches its end."""
         if isinstance(pending.kept, RoundSums):
-            compute_with_kept_sums(self, pending, pending.kept, upto)
+            return compute_with_kept_sums(self, pending, pending.kept, upto)
+        return None
 
     def load_params(self, params: np.ndarray) -> None:
         """Load the flat float32 ``params`` into the model the engine differentiates."""

@@ -228,8 +228,9 @@ class RoundTrainer(Protocol):
         """Empty sums to keep ``pending``'s computes in (None: too large to keep)."""
         ...
 
-    def advance(self, pending: PendingRound, upto: float) -> None:
-        """Sum ``pending``'s records due before ``upto`` into its kept sums."""
+    def advance(self, pending: PendingRound, upto: float) -> RoundResult | None:
+        """Sum ``pending``'s records due before ``upto`` into its kept sums; its result once
+        ``upto`` reaches the round's end."""
         ...
 
     def adaptive_state(self) -> float | None:
@@ -357,7 +358,13 @@ class PendingRound:
         (:mod:`fedsim.training.kept_sums`). Without kept sums, nothing (the round is
         computed whole when its result is taken)."""
         if self.kept is not None and self._outcome is None:
-            self.trainer.advance(self, upto)
+            try:
+                done = self.trainer.advance(self, upto)
+            except Exception as exc:  # the error belongs to this round's client alone
+                self.complete(exc)
+                return
+            if done is not None:  # the last part: the result, taken by result()
+                self.complete(done)
 
     def result(self) -> RoundResult:
         """The round's update, computing it (and the batch it waits in) if not done yet."""

@@ -164,20 +164,20 @@ def test_the_actor_splits_a_round_at_the_arrival_fraction(rule: str, pad_release
     if rule == "snapshot":
         assert log == [] and computed == [1, 1]
     else:
-        assert log == ([(0.375, 2.0), (0.25, 3.0), (0.625, 4.0)] if pad_release and kept
+        assert log == ([(0.375, 2.0), (0.375, 3.0), (0.875, 4.0)] if pad_release and kept
                        else [(0.25, 2.0), (0.2, 3.0), (0.6, 4.0)])
         assert computed == ([2, 3] if padded_switch else [1, 1])
 
 
-@pytest.mark.parametrize(("arrival", "split"), [(0.5, 0.625), (0.51, 0.625), (0.86, 0.875),
-                                              (0.875, 1.0), (0.9, None), (0.99, None)])
+@pytest.mark.parametrize(("arrival", "split"), [(0.3, 0.5), (0.5, 0.75), (0.6, 0.875),
+                                              (0.66, None), (0.9, None)])
 def test_a_paced_round_takes_a_w_hat_from_the_first_eighth_after_it(
         arrival: float, split: float | None) -> None:
-    """A padded round that keeps its sums is computed an eighth at a time, each eighth at its
-    start (0, 1/8, ...) for the records due before the next: a w-hat splits it from the first
-    eighth after its arrival, which no part computed yet holds (none in its last eighth:
-    that model is the next round's). The round is computed once and released at the slot's
-    end; nothing is counted as moved or overrun."""
+    """A padded round that keeps its sums is computed an eighth at a time, part k (the records
+    due before (k+1)/8) at 3/4 * k/8 of the slot: a w-hat splits it from the first part that
+    starts after its arrival, which no part computed yet holds (none after the last part's
+    start, 21/32: that model is the next round's). The round is computed once and released at
+    the slot's end; nothing is counted as moved or overrun."""
     import asyncio
 
     async def main(clock: VirtualClock) -> tuple[list[float], list, int, int, _Round]:
@@ -200,7 +200,7 @@ def test_a_paced_round_takes_a_w_hat_from_the_first_eighth_after_it(
     sent, log, split_delays, overruns, begun = run_virtual(main)
     assert sent == pytest.approx([1.0])
     assert (split_delays, overruns, begun.computed) == (0, 0, 1)
-    assert begun.advanced == [(k / 8, (k + 1) / 8) for k in range(8)]
+    assert begun.advanced == [(round(0.75 * k / 8, 9), (k + 1) / 8) for k in range(8)]
     assert log == ([] if split is None or split >= 1.0 else [(split, 1.0)])
 
 
@@ -241,7 +241,7 @@ def test_a_server_sending_models_cannot_lengthen_a_paced_rounds_compute() -> Non
     computed again, a server sending a model every 20 ms made the compute grow with the
     realised batch, and learnt its size from whether the release overran. Paced, a real
     round under 50 models a slot computes each of its records exactly once, takes the models
-    from their next eighths, and is released at its slot's end."""
+    from their next parts, and is released at its slot's end."""
     import asyncio
 
     from fedsim.training.kept_sums import RoundSums
@@ -278,15 +278,15 @@ def test_a_server_sending_models_cannot_lengthen_a_paced_rounds_compute() -> Non
     sums = begun[0].kept
     assert isinstance(sums, RoundSums)
     assert sent == pytest.approx([1.0]) and actor.timing_overruns == 0
-    # 43 splits (the models before 7/8), each from a later eighth: a segment an eighth
-    assert actor.switched_rounds == 43 and len(begun[0].segments) == 8
+    # 32 splits (the models before the last part's start, 21/32), each from a later part
+    assert actor.switched_rounds == 32 and len(begun[0].segments) == 8
     assert sums.records_computed == begun[0].sample_grads > 0
 
 
 def test_a_w_hat_at_a_paced_points_own_instant_reaches_no_computed_part() -> None:
     """An attacker's aim: a model arriving at the very instant a part begins (start + slot *
-    k / 8, which float rounding can put a hair before the point: 0.1 + 0.3 * 2/8 reads as
-    1.9999999999999996 eighths) must not split the round at the point whose part is already
+    3/4 * k/8, which float rounding can put a hair before that part's start: 0.1 + 0.3 *
+    0.75/8 reads as 0.9999999999999994 parts) must not split the round at the part already
     computing; it takes effect from the next one, as exact arithmetic says."""
     from fedsim.runtime.actors.round_timing import RoundTiming
 
@@ -300,6 +300,36 @@ def test_a_w_hat_at_a_paced_points_own_instant_reaches_no_computed_part() -> Non
     begun = Begun()
     timing = RoundTiming(begun, 0.1, 0.3)  # type: ignore[arg-type]
     timing.points = 8
-    timing._computed = 3 / 8  # the part of [2/8, 3/8) has begun at its point
-    assert timing.split(0.1 + 0.3 * 2 / 8, np.zeros(2, np.float32))
-    assert begun.splits == [3 / 8]
+    timing._computed = 2 / 8  # part 1 (records due in [1/8, 2/8)) has begun at its start
+    assert timing.split(0.1 + 0.3 * 0.75 * 1 / 8, np.zeros(2, np.float32))
+    assert begun.splits == [2 / 8]
+
+
+@pytest.mark.parametrize(("min_part", "parts"), [(0.0, 8), (0.2, 3), (1.0, 1)])
+def test_a_short_slot_is_paced_in_fewer_parts(min_part: float, parts: int) -> None:
+    """A deployed client gives each part of a paced round at least MIN_PART_WALL_SECONDS of
+    wall time (in scenario seconds, min_part_seconds): a 1 s slot's three quarters make 3
+    parts of at least 0.2 s, or one part of at least 1 s (computed at once when the round
+    begins; a model arriving in it is the next round's)."""
+    import asyncio
+
+    async def main(clock: VirtualClock) -> tuple[list[float], _Round]:
+        trainer = _Trainer([], clock, 8)
+        endpoint = RecordingEndpoint(clock)
+        actor = ClientActor("c1", clock=clock, endpoint=endpoint, trainer=trainer,
+                            ledger=FreeLedger(), local_lr=0.1, batch_size=10,
+                            seconds_per_sample=lambda: 0.1, max_rounds=1, interrupt="switch",
+                            exposure=ClientExposure(pad_release=True, min_part_seconds=min_part),
+                            status_epsilon=lambda: (0.0, 1e-5))
+        feeder = asyncio.create_task(endpoint.feed(
+            [(0.0, GlobalModel(1, np.zeros(2, np.float32))),
+             (0.3, GlobalModel(2, np.ones(2, np.float32)))]))
+        await actor.run()
+        await feeder
+        return [m.sent_at for _, m in endpoint.updates()], trainer.rounds[0]
+
+    sent, begun = run_virtual(main)
+    assert sent == pytest.approx([1.0])
+    assert begun.advanced == [(round(0.75 * k / parts, 9), (k + 1) / parts) for k in range(parts)]
+    assert begun.log == ([] if parts == 1 else [(round((1 + 0.3 // (0.75 / parts)) / parts, 9),
+                                                  1.0)])

@@ -119,11 +119,11 @@ def test_a_split_in_the_first_step_computes_the_second_whole() -> None:
 
 
 def test_a_model_too_large_keeps_no_sums() -> None:
-    """Kept sums hold at most 64 MB a round, one model-sized vector a local step: a
-    100,000-value model keeps them, a 20 M one (or 6 M at three local steps) does not, and
-    a split then recomputes the round whole (released by the old rule)."""
-    assert keeps_sums(101_770, 1) and keeps_sums(16_000_000, 1)
-    assert not keeps_sums(20_000_000, 1) and not keeps_sums(6_000_000, 3)
+    """Kept sums hold at most 64 MB a round, three model-sized vectors a local step: a
+    100,000-value model keeps them, as does a 5 M one; a 6 M one (or 2 M at three local steps)
+    does not, and a split then recomputes the round whole (released by the old rule)."""
+    assert keeps_sums(101_770, 1) and keeps_sums(5_000_000, 1)
+    assert not keeps_sums(6_000_000, 1) and not keeps_sums(2_000_000, 3)
 
 
 def test_a_round_in_a_batcher_keeps_no_sums() -> None:

@@ -518,7 +518,8 @@ class ClientActor:
                 await self.clock.sleep(slot)
                 return pending.result()
             result = await timing.padded(self.clock, switch=self.interrupt == "switch",
-                                         in_thread=self.exposure.compute_in_thread)
+                                         in_thread=self.exposure.compute_in_thread,
+                                         min_part_seconds=self.exposure.min_part_seconds)
         finally:
             self._round = None
         self._release_moved = timing.moved

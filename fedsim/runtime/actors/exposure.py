@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the client actor imports this module and never imports torc
     from fedsim.runtime.rng import SeedTree
 
 __all__ = [
+    "MIN_PART_WALL_SECONDS",
     "ClientExposure",
     "NOT_PRIVATE_RANDOMNESS",
     "REALISED_TIMING",
@@ -102,6 +103,16 @@ class ClientExposure:
     randomness: str = "simulated"
     """Where its batches and noise come from (``os_entropy``, ``seeded_not_private``, or the
     simulator's seeded ``simulated``), for the run's outputs."""
+    min_part_seconds: float = 0.0
+    """The least clock time a paced round gives one part of its compute
+    (:mod:`fedsim.runtime.actors.round_timing`): a deployed client's
+    :data:`MIN_PART_WALL_SECONDS` in scenario seconds (0: any)."""
+
+
+MIN_PART_WALL_SECONDS = 0.025
+"""A paced round's parts each get at least this much wall time (their fixed cost, about a
+millisecond, and a loaded machine's wake-up delays): a round of a shorter slot is computed in
+fewer parts, down to one (computed at once when it begins)."""
 
 
 def invitation_positions(client_ids: Iterable[str]) -> dict[str, int]:
@@ -111,11 +122,12 @@ def invitation_positions(client_ids: Iterable[str]) -> dict[str, int]:
 
 def client_exposure(
     scenario: Scenario, client_ids: Sequence[str] | Mapping[str, int], client_id: str, *,
-    deployed: bool = False,
+    deployed: bool = False, time_scale: float = 1.0,
 ) -> ClientExposure:
-    """The scenario's :class:`ClientExposure` for ``client_id`` (simulated or deployed).
-    ``client_ids``: every client id, or their :func:`invitation_positions` (computed once for a
-    population, so that building N actors stays linear in N)."""
+    """The scenario's :class:`ClientExposure` for ``client_id`` (simulated or deployed, at
+    ``time_scale`` wall seconds a scenario second). ``client_ids``: every client id, or their
+    :func:`invitation_positions` (computed once for a population, so that building N actors
+    stays linear in N)."""
     invites = scenario.server.participation < 1.0
     randomness = scenario.privacy.deployed_randomness if deployed else "simulated"
     for caveat, applies in ((NOT_PRIVATE_RANDOMNESS, randomness == "seeded_not_private"),
@@ -125,18 +137,19 @@ def client_exposure(
             _log.warning("privacy caveat", caveat=caveat)
     return _shared_exposure(scenario.privacy.timing,
                             _position(client_ids, client_id) if invites else None,
-                            deployed and scenario.privacy.timing == "public", deployed, randomness)
+                            deployed and scenario.privacy.timing == "public", deployed, randomness,
+                            MIN_PART_WALL_SECONDS / time_scale if deployed else 0.0)
 
 
 @functools.lru_cache(maxsize=64)
 def _shared_exposure(timing: Literal["public", "realised"], invitation_index: int | None,
                      pad_release: bool, compute_in_thread: bool,
-                     randomness: str) -> ClientExposure:
+                     randomness: str, min_part_seconds: float) -> ClientExposure:
     """One (frozen) exposure per setting, shared by the clients that have it (every client
     of a run without invitations: 190 bytes a client at 10^6 clients, issue 24 item 5)."""
     return ClientExposure(timing=timing, invitation_index=invitation_index,
                           pad_release=pad_release, compute_in_thread=compute_in_thread,
-                          randomness=randomness)
+                          randomness=randomness, min_part_seconds=min_part_seconds)
 
 
 def _position(client_ids: Sequence[str] | Mapping[str, int], client_id: str) -> int:

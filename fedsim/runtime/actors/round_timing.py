@@ -8,10 +8,16 @@ every split is known; nothing here runs but :meth:`RoundTiming.split`. On a wall
 on the realised batch unless the compute overruns the slot (counted):
 
 * under ``interrupt: switch``, a round that keeps its clipped sums is computed *paced*
-  (:mod:`fedsim.training.kept_sums`): at each of its points ``k / P`` (eighths of a local
-  step) the records due before the next point, at the models held then. A w-hat takes effect
-  from the first point after its arrival, so it never reaches a record already computed:
-  nothing is computed again, and the server's models cannot lengthen the compute;
+  (:mod:`fedsim.training.kept_sums`) in ``P`` parts, part ``k`` holding the records due in
+  ``[k/P, (k+1)/P)`` of the round (eighths of a local step, fewer where the slot gives a part
+  less than :data:`~fedsim.runtime.actors.exposure.MIN_PART_WALL_SECONDS`), each computed at
+  its start ``k/P * (1 - PACE_MARGIN)`` of the slot at the models held then: the schedule
+  runs a quarter ahead of the records' due times, so that the last part has a third of the
+  slot, and a part behind its start has slack to catch up. A w-hat takes effect from the
+  first part that starts after its arrival, so it never reaches a record already computed:
+  nothing is computed again, and the server's models cannot lengthen the compute. A round of
+  one part is computed at once when it begins, and a w-hat arriving in it is the next
+  round's;
 * otherwise the round is computed at once when it begins. Under ``switch`` a w-hat then has
   it computed again whole, and the release moves to the first point of the schedule a whole
   slot after the arrival (a public time: however long the realised batch's recompute takes
@@ -39,7 +45,11 @@ from fedsim.runtime.actors.flag import Flag
 if TYPE_CHECKING:  # the actors never import torch themselves
     from fedsim.training.rounds import RoundResult
 
-__all__ = ["BegunRound", "RoundTiming"]
+__all__ = ["PACE_MARGIN", "BegunRound", "RoundTiming"]
+
+PACE_MARGIN = 0.25
+"""How far ahead of its records' due times a paced round's schedule runs: part ``k`` of ``P``
+starts at ``k/P * (1 - PACE_MARGIN)`` of the slot."""
 
 _T = TypeVar("_T")
 
@@ -94,9 +104,10 @@ class RoundTiming:
         its first point after now) are computed at ``params``. False when nothing of the round
         is left after that point (the model is the next round's)."""
         fraction = (now - self.start) / self.slot if self.slot > 0 else 1.0
-        if self.points:  # never a point whose part is computed: at a point itself, the next
-            fraction = max((math.floor(fraction * self.points) + 1) / self.points,
-                           self._computed)
+        if self.points:  # from the first part starting after now (never one begun: a part
+            # starting at now itself has begun, whatever float rounding says)
+            first = math.floor(fraction / (1.0 - PACE_MARGIN) * self.points) + 1
+            fraction = max(first / self.points, self._computed)
         if fraction >= 1.0:
             return False
         self.split_at = now
@@ -108,10 +119,16 @@ class RoundTiming:
             self._switched.set()
         return True
 
-    async def padded(self, clock: Clock, *, switch: bool, in_thread: bool) -> RoundResult:
+    async def padded(self, clock: Clock, *, switch: bool, in_thread: bool,
+                     min_part_seconds: float = 0.0) -> RoundResult:
         """The round's result, released at the public schedule ``start + k * slot`` (see the
-        module docstring); :attr:`moved` and :attr:`overran` say what happened to it."""
-        self.points = self.pending.keep_sums() if switch else 0
+        module docstring); :attr:`moved` and :attr:`overran` say what happened to it.
+        ``min_part_seconds``: the least clock time a part of a paced round is given."""
+        kept = self.pending.keep_sums() if switch else 0
+        if kept and min_part_seconds > 0:  # public: the slot and a constant
+            room = self.slot * (1.0 - PACE_MARGIN) / min_part_seconds
+            kept = max(1, min(kept, math.floor(room) if math.isfinite(room) else kept))
+        self.points = kept
         if self.points:
             return await self._paced(clock, in_thread)
         self._switched = Flag()
@@ -137,7 +154,8 @@ class RoundTiming:
         """The round computed part by part as its slot passes (:mod:`fedsim.training.
         kept_sums`), each part at its point for the records due before the next."""
         for point in range(self.points):
-            wait = self.start + self.slot * point / self.points - clock.now()
+            wait = (self.start + self.slot * (1.0 - PACE_MARGIN) * point / self.points
+                    - clock.now())
             if wait > 0:
                 await clock.sleep(wait)
             upto = self._computed = (point + 1) / self.points

@@ -180,7 +180,7 @@ async def run_client(
         speed_rng=population.tree.numpy("client", client_id, "speed", "from-round", first_round),
         delta=scenario.privacy.delta,
         exposure=client_exposure(scenario, [p.client_id for p in population.plans],
-                                 client_id, deployed=True),
+                                 client_id, deployed=True, time_scale=options.time_scale),
         releases=Releases(kept=[]),  # its report lists every released round
     )
     made: bool | None = None  # False: a signal came before the first connection

@@ -12,7 +12,7 @@ simulation and said nothing).
   (:mod:`fedsim.training.kept_sums`), and takes a global model arriving mid-round from the
   first eighth after its arrival, where a simulated client takes it from the arrival itself;
   the release keeps its time unless the parts fall behind and overrun the slot (counted). A
-  model too large to keep its sums (above 16 M parameters times local steps) has a split round
+  model too large to keep its sums (above 5.5 M parameters times local steps) has a split round
   computed again whole and released a whole slot after the arrival
   (:meth:`~fedsim.runtime.actors.round_timing.RoundTiming.padded`); before session 58 every model
   did, and a stranger measured 15 of a simulation's 31 rounds (accuracy 0.756 against 0.838).
@@ -31,7 +31,7 @@ _SWITCH_DELAY = (
     "interrupt switch with public timing (groups {groups}): a deployed client computes its round "
     "an eighth of a local step at a time as its slot passes and takes a global model arriving "
     "mid-round from the next eighth on (a simulation from the arrival itself), releasing on "
-    "time unless its compute falls behind the slot (counted); above 16 M parameters (times "
+    "time unless its compute falls behind the slot (counted); above 5.5 M parameters (times "
     "local steps) a split round is computed again whole and released a whole round time "
     "after the arrival (interrupt: snapshot avoids both)")
 
