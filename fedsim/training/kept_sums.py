@@ -14,14 +14,14 @@ its records due before some fraction ``until`` of the round, each at the start p
 segment it was due in when computed, and those segments. :func:`compute_with_kept_sums` with
 ``upto < 1`` (:meth:`~fedsim.training.rounds.PendingRound.advance`) adds the records due
 before ``upto``: the deployed client (:class:`~fedsim.runtime.actors.round_timing.
-RoundTiming`) calls it at each of :data:`SPLIT_POINTS_PER_STEP` points of a step, as the slot
-passes, for the records due before the next point, at the models it holds then: van Dijk &
-Nguyen's "one gradient after the other", a part of the batch at a time. A w-hat takes effect
-from the first point after its arrival (as in a client that checks for a new model between
-parts of its batch), so it never reaches a record already computed: nothing is computed
-again, and the server's models cannot make a round's compute longer. The release keeps the
-slot's end unless the parts' compute falls behind their points and overruns it (counted, as
-every overrun is).
+RoundTiming`) calls it for each part of the round (eighths of a local step,
+:data:`SPLIT_POINTS_PER_STEP`, or fewer), as the slot passes, at the models it holds then: van
+Dijk & Nguyen's "one gradient after the other", a part of the batch at a time. A w-hat takes
+effect from the first part starting after its arrival (as in a client that checks for a new
+model between parts of its batch), so it never reaches a record already computed: nothing is
+computed again, and the server's models cannot make a round's compute longer. The release
+keeps the slot's end unless the parts fall behind and overrun it (counted, as every overrun
+is). A done step's noisy sum is kept for the later parts' start points.
 
 Where a split does reach computed records (a direct caller's :meth:`~fedsim.training.rounds.
 PendingRound.switch` before a range it already computed), the step's sum has those records

@@ -8,9 +8,10 @@ simulation and said nothing).
   ``availability.crashes`` are not emulated: the broker is the network, real process deaths
   are the crashes (docs/DEPLOYMENT.md, "Time").
 * Under ``interrupt: switch`` with ``privacy.timing: public``, a deployed client computes its
-  round paced, an eighth of a local step at a time as its slot passes
-  (:mod:`fedsim.training.kept_sums`), and takes a global model arriving mid-round from the
-  first eighth after its arrival, where a simulated client takes it from the arrival itself;
+  round paced, in parts (eighths of a local step, fewer for a short slot) as its slot passes
+  (:mod:`fedsim.runtime.actors.round_timing`), and takes a global model arriving mid-round
+  from the first part starting after its arrival, where a simulated client takes it from the
+  arrival itself;
   the release keeps its time unless the parts fall behind and overrun the slot (counted). A
   model too large to keep its sums (above 5.5 M parameters times local steps) has a split round
   computed again whole and released a whole slot after the arrival
@@ -29,11 +30,11 @@ __all__ = ["measured_differences", "scenario_differences"]
 
 _SWITCH_DELAY = (
     "interrupt switch with public timing (groups {groups}): a deployed client computes its round "
-    "an eighth of a local step at a time as its slot passes and takes a global model arriving "
-    "mid-round from the next eighth on (a simulation from the arrival itself), releasing on "
-    "time unless its compute falls behind the slot (counted); above 5.5 M parameters (times "
-    "local steps) a split round is computed again whole and released a whole round time "
-    "after the arrival (interrupt: snapshot avoids both)")
+    "in parts (eighths of a local step, fewer for a short slot) as its slot passes and takes a "
+    "global model arriving mid-round from the next part on (a simulation from the arrival "
+    "itself), releasing on time unless its compute falls behind the slot (counted); above "
+    "5.5 M parameters (times local steps) a split round is computed again whole and released "
+    "a whole round time after the arrival (interrupt: snapshot avoids both)")
 
 
 def _emulated_network_settings(scenario: Scenario) -> list[str]:
