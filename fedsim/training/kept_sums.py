@@ -56,8 +56,8 @@ __all__ = ["KEPT_MAX_BYTES", "SPLIT_POINTS_PER_STEP", "RoundSums", "compute_with
            "keeps_sums"]
 
 SPLIT_POINTS_PER_STEP = 8
-"""A deployed client computes a local step in eighths, as its slot passes, and takes a w-hat
-from the first eighth after its arrival."""
+"""A deployed client computes a local step in at most eighths, as its slot passes, and takes a
+w-hat from the first part starting after its arrival."""
 KEPT_MAX_BYTES = 64 * 2**20
 """At most this much float32 kept for one round (one model-sized sum a local step); above it a
 split recomputes the round whole (:func:`keeps_sums`)."""

@@ -53,8 +53,9 @@ staleness policy judges it; the round is never restarted (that would starve a cl
 than the broadcast rate). **Privacy is the same under both rules**: w-hat is post-processing of
 released updates, and each a_h still depends on one example (at w or w-hat), so U's sensitivity
 (C or 2C) and the round's privacy events are unchanged. On a wall clock
-(``pad_release``) a ``switch`` round is computed paced, an eighth of a local step at a time as
-its slot passes, and a w-hat splits it from the next eighth, which no part computed yet holds
+(``pad_release``) a ``switch`` round is computed paced, a part (an eighth of a local step, or
+more) at a time as its slot passes, and a w-hat splits it from the next part, which no part
+computed yet holds
 (:mod:`~fedsim.runtime.actors.round_timing`), so its result is ready by its public release
 time and nothing of it is computed twice.
 
