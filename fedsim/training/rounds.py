@@ -334,7 +334,7 @@ class PendingRound:
             self.segments.pop()
         self.segments.append(Segment(fraction, params))
         self.params = self.segments[0].params
-        if self._outcome is not None:
+        if isinstance(self._outcome, RoundResult):  # an error stays the round's outcome
             self.recomputed += 1
             self._outcome = None
             self.trainer.restore_adaptive_state(self.adaptive_before)

@@ -300,9 +300,11 @@ def test_a_w_hat_at_a_paced_points_own_instant_reaches_no_computed_part() -> Non
     begun = Begun()
     timing = RoundTiming(begun, 0.1, 0.3)  # type: ignore[arg-type]
     timing.points = 8
-    timing._computed = 2 / 8  # part 1 (records due in [1/8, 2/8)) has begun at its start
+    # at part 1's start itself (records due in [1/8, 2/8)): it has begun, the next is 2/8
     assert timing.split(0.1 + 0.3 * 0.75 * 1 / 8, np.zeros(2, np.float32))
-    assert begun.splits == [2 / 8]
+    # a hair before part 2's start: from part 2 on
+    assert timing.split(np.nextafter(0.1 + 0.3 * 0.75 * 2 / 8, 0.0), np.zeros(2, np.float32))
+    assert begun.splits == [2 / 8, 2 / 8]
 
 
 @pytest.mark.parametrize(("min_part", "parts"), [(0.0, 8), (0.2, 3), (1.0, 1)])

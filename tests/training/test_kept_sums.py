@@ -232,3 +232,23 @@ def test_a_paced_round_with_a_non_finite_record_gives_the_plain_update(huge: flo
     part = torch.floor(phases * points)
     bad_part = int((part == part[kept.draws[0].indices == BAD]).sum())
     assert sums.records_computed == 20 + (bad_part if huge > 1e38 else 0)
+
+
+def test_an_error_in_a_part_stays_the_rounds_outcome_after_a_split() -> None:
+    """A part that raises ends the round with its error (its client's alone); a w-hat arriving
+    later does not reset it into a recompute (a review: whether a failed round was released
+    depended on whether a model arrived)."""
+    model, ws = _models(2)
+    trainer = _trainer(model, sampling="fixed", local_steps=1, adaptive=False)
+    pending = trainer.begin_round(ws[0], 0)
+    pending.keep_sums()
+
+    def broken(pending_round: object, upto: float) -> None:
+        raise RuntimeError("the part failed")
+
+    trainer.advance = broken  # type: ignore[method-assign]
+    pending.advance(0.5)
+    pending.switch(0.75, ws[1])
+    with pytest.raises(RuntimeError, match="the part failed"):
+        pending.result()
+    assert pending.recomputed == 0

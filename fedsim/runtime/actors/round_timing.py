@@ -75,8 +75,8 @@ class RoundTiming:
     """One round in progress: its begun round, start time and compute time (``slot``), and
     what splits and a padded release did to it."""
 
-    __slots__ = ("_computed", "_computing", "_deferred", "_switched", "moved", "overran",
-                 "pending", "points", "slot", "split_at", "start")
+    __slots__ = ("_computing", "_deferred", "_switched", "moved", "overran", "pending",
+                 "points", "slot", "split_at", "start")
 
     def __init__(self, pending: BegunRound, start: float, slot: float) -> None:
         self.pending, self.start, self.slot = pending, start, slot
@@ -90,7 +90,6 @@ class RoundTiming:
         self.overran = False
         """The padded release came after the slot's end."""
         self._switched: Flag | None = None
-        self._computed = 0.0  # a paced round's records due before this are computed (or begun)
         self._computing = False
         self._deferred: list[tuple[float, np.ndarray]] = []
 
@@ -104,10 +103,15 @@ class RoundTiming:
         its first point after now) are computed at ``params``. False when nothing of the round
         is left after that point (the model is the next round's)."""
         fraction = (now - self.start) / self.slot if self.slot > 0 else 1.0
-        if self.points:  # from the first part starting after now (never one begun: a part
-            # starting at now itself has begun, whatever float rounding says)
-            first = math.floor(fraction / (1.0 - PACE_MARGIN) * self.points) + 1
-            fraction = max(first / self.points, self._computed)
+        if self.points:  # from the first part starting after now, by the very times the
+            # parts wait for (_part_start), so that float rounding never reaches a part begun
+            first = max(0, min(self.points,
+                               math.floor(fraction / (1.0 - PACE_MARGIN) * self.points) + 1))
+            while first > 0 and self._part_start(first - 1) > now:
+                first -= 1
+            while first < self.points and self._part_start(first) <= now:
+                first += 1
+            fraction = first / self.points
         if fraction >= 1.0:
             return False
         self.split_at = now
@@ -154,11 +158,9 @@ class RoundTiming:
         """The round computed part by part as its slot passes (:mod:`fedsim.training.
         kept_sums`), each part at its point for the records due before the next."""
         for point in range(self.points):
-            wait = (self.start + self.slot * (1.0 - PACE_MARGIN) * point / self.points
-                    - clock.now())
-            if wait > 0:
+            while (wait := self._part_start(point) - clock.now()) > 0:  # never a hair early
                 await clock.sleep(wait)
-            upto = self._computed = (point + 1) / self.points
+            upto = (point + 1) / self.points
             await self._in_worker(in_thread, functools.partial(self.pending.advance, upto))
             self._apply_deferred()  # each from a point not computed yet
         result = await self._in_worker(in_thread, self.pending.result)  # noise and sums
@@ -168,6 +170,10 @@ class RoundTiming:
         await clock.sleep(release - now)
         self.overran = release > self.end or self.slot <= 0
         return result
+
+    def _part_start(self, part: int) -> float:
+        """When part ``part`` of a paced round starts (a public time)."""
+        return self.start + self.slot * (1.0 - PACE_MARGIN) * part / self.points
 
     def _apply_deferred(self) -> None:
         """The splits that arrived while a worker thread read the round, in their order."""

@@ -30,9 +30,11 @@ __all__ = ["measured_differences", "scenario_differences"]
 
 _SWITCH_DELAY = (
     "interrupt switch with public timing (groups {groups}): a deployed client computes its round "
-    "in parts (eighths of a local step, fewer for a short slot) as its slot passes and takes a "
-    "global model arriving mid-round from the next part on (a simulation from the arrival "
-    "itself), releasing on time unless its compute falls behind the slot (counted); above "
+    "in parts (eighths of a local step, fewer for a short slot: one, and a model arriving "
+    "mid-round is the next round's, where a part would get under 25 ms of wall time) as its "
+    "slot passes and takes a global model arriving mid-round from the next part on (a "
+    "simulation from the arrival itself), releasing on time unless its compute falls behind "
+    "the slot (counted); above "
     "5.5 M parameters (times local steps) a split round is computed again whole and released "
     "a whole round time after the arrival (interrupt: snapshot avoids both)")
 
