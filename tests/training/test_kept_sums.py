@@ -38,6 +38,15 @@ def _models(seed: int) -> tuple[torch.nn.Module, list[np.ndarray]]:
                           for _ in range(3)]
 
 
+def _same_clip_state(keeping: LocalTrainer, plain: LocalTrainer) -> None:
+    """Adaptive clipping's norm left alike (None alike without it: pytest 9's approx takes
+    no None)."""
+    got, want = keeping.adaptive_state(), plain.adaptive_state()
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got == pytest.approx(want, rel=1e-9)
+
+
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
 @pytest.mark.parametrize("local_steps", [1, 2])
 @pytest.mark.parametrize("adaptive", [False, True])
@@ -66,7 +75,7 @@ def test_kept_sums_give_the_plain_paths_update_after_every_split(
             (want.batch_sizes, want.sample_grads, want.steps)
         assert got.clip == pytest.approx(want.clip, rel=1e-9)
         assert got.mean_loss == pytest.approx(want.mean_loss, rel=1e-5, nan_ok=True)
-        assert keeping.adaptive_state() == pytest.approx(plain.adaptive_state(), rel=1e-9)
+        _same_clip_state(keeping, plain)
 
 
 def _computed_once(local_steps: int, round_index: int, seed: int):  # noqa: ANN202
@@ -187,7 +196,7 @@ def test_a_paced_round_computes_each_record_once_and_gives_the_plain_update(
         assert sums.records_computed == sum(len(d.indices) for d in kept.draws)
         np.testing.assert_allclose(got.update, want.update, rtol=2e-5, atol=2e-6)
         assert got.batch_sizes == want.batch_sizes
-        assert keeping.adaptive_state() == pytest.approx(plain.adaptive_state(), rel=1e-9)
+        _same_clip_state(keeping, plain)
 
 
 def test_a_part_advanced_after_a_split_drops_the_later_steps_sums() -> None:
