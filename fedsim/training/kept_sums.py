@@ -77,7 +77,6 @@ def keeps_sums(num_params: int, local_steps: int) -> bool:
 class _Part:
     """What one sum over some of a step's records gave besides the sum itself."""
 
-    records: int
     within: int
     """How many had ``||g_i|| <= C`` (counted for adaptive clipping only; else 0)."""
     loss_sum: float
@@ -257,7 +256,7 @@ class _Step:
         if not bool(mine.any()):
             return None
         indices, phases = self.indices[mine], self.phases[mine]
-        within, loss_sum, nonfinite, records = 0, 0.0, 0, 0
+        within, loss_sum, nonfinite = 0, 0.0, 0
         dropped: list[torch.Tensor] = []
         for k, group in step_segments(list(segments), self.step, self.trainer.local_steps,
                                       indices, phases):
@@ -268,12 +267,25 @@ class _Step:
             within += part.within_clip if self.count else 0
             loss_sum += part.loss_sum
             nonfinite += part.nonfinite
-            records += len(group)
             if part.dropped is not None:
                 dropped.append(part.dropped)
         self.sums.records_computed += len(indices)
-        return _Part(records, within, loss_sum, nonfinite,
-                     torch.cat(dropped) if dropped else None)
+        return _Part(within, loss_sum, nonfinite, torch.cat(dropped) if dropped else None)
+
+    def finite_sum(self, segments: tuple[Segment, ...], low: float,
+                   high: float) -> tuple[torch.Tensor, _Part | None]:
+        """The clipped sum of this step's records due in ``[low, high)`` into a fresh vector,
+        as the plain path sums a step: a record with a non-finite norm contributes zero, and
+        where that made the sum not finite, the sum again without it (its ``nonfinite``
+        counts those records either way)."""
+        total = self.trainer.zero_gradient()
+        part = self.add(total, segments, low, high)
+        if part is None or part.dropped is None or bool(torch.isfinite(total).all()):
+            return total, part
+        total = self.trainer.zero_gradient()
+        again = self.add(total, segments, low, high, exclude=part.dropped)
+        assert again is not None
+        return total, _Part(again.within, again.loss_sum, part.nonfinite, part.dropped)
 
 
 def _step_sum(trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step: int,
@@ -301,18 +313,10 @@ def _step_sum(trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step:
 
 
 def _whole(here: _Step, segments: tuple[Segment, ...], upto: float) -> _StepSum:
-    """The sum of the step's records due before ``upto``, computed from none (the plain path's
-    step: a record with a non-finite norm contributes zero, and where that made the sum not
-    finite, the sum again without it)."""
-    total = here.trainer.zero_gradient()
-    part = here.add(total, segments, -math.inf, here.bound(upto))
+    """The sum of the step's records due before ``upto``, computed from none."""
+    total, part = here.finite_sum(segments, -math.inf, here.bound(upto))
     if part is None:
         return _StepSum(total, 0, 0.0, 0, upto, segments)
-    if part.dropped is not None and not bool(torch.isfinite(total).all()):
-        total = here.trainer.zero_gradient()
-        again = here.add(total, segments, -math.inf, here.bound(upto), exclude=part.dropped)
-        assert again is not None
-        return _StepSum(total, again.within, again.loss_sum, part.nonfinite, upto, segments)
     return _StepSum(total, part.within, part.loss_sum, part.nonfinite, upto, segments)
 
 
@@ -341,15 +345,9 @@ def _extended(here: _Step, kept: _StepSum, segments: tuple[Segment, ...],
     finite, their sum again without it (the plain path does the whole step again: the same
     sum, since the records kept contributed finite values; a paced round's parts never
     compute a part twice over, whatever its records)."""
-    added = here.trainer.zero_gradient()
-    more = here.add(added, segments, kept.until, here.bound(upto))
+    added, more = here.finite_sum(segments, kept.until, here.bound(upto))
     if more is None:
         return _StepSum(kept.total, kept.within, kept.loss_sum, kept.nonfinite, upto, segments)
-    if more.dropped is not None and not bool(torch.isfinite(added).all()):
-        added = here.trainer.zero_gradient()
-        again = here.add(added, segments, kept.until, here.bound(upto), exclude=more.dropped)
-        assert again is not None
-        more = _Part(again.records, again.within, again.loss_sum, more.nonfinite, more.dropped)
     return _StepSum(kept.total.add_(added), kept.within + more.within,
                     kept.loss_sum + more.loss_sum, kept.nonfinite + more.nonfinite, upto,
                     segments)

@@ -528,5 +528,6 @@ class ClientActor:
             self.timing_overruns += 1
             (_log.warning if self.timing_overruns == 1 else _log.debug)(
                 "round overran its public release slot", client=self.client_id,
-                round=round_index, slot=slot, compute=self.clock.now() - start)
+                round=round_index, slot=slot, compute=timing.computed - start,
+                released=timing.released - start)
         return result

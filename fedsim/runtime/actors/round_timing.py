@@ -75,8 +75,8 @@ class RoundTiming:
     """One round in progress: its begun round, start time and compute time (``slot``), and
     what splits and a padded release did to it."""
 
-    __slots__ = ("_computing", "_deferred", "_switched", "moved", "overran", "pending",
-                 "points", "slot", "split_at", "start")
+    __slots__ = ("_computing", "_deferred", "_switched", "computed", "moved", "overran",
+                 "pending", "points", "released", "slot", "split_at", "start")
 
     def __init__(self, pending: BegunRound, start: float, slot: float) -> None:
         self.pending, self.start, self.slot = pending, start, slot
@@ -89,6 +89,10 @@ class RoundTiming:
         """A split moved the padded release a whole slot on."""
         self.overran = False
         """The padded release came after the slot's end."""
+        self.computed = math.nan
+        """When the padded round's compute ended (for an overrun's log line)."""
+        self.released = math.nan
+        """When the padded round was released."""
         self._switched: Flag | None = None
         self._computing = False
         self._deferred: list[tuple[float, np.ndarray]] = []
@@ -105,10 +109,7 @@ class RoundTiming:
         fraction = (now - self.start) / self.slot if self.slot > 0 else 1.0
         if self.points:  # from the first part starting after now, by the very times the
             # parts wait for (_part_start), so that float rounding never reaches a part begun
-            first = max(0, min(self.points,
-                               math.floor(fraction / (1.0 - PACE_MARGIN) * self.points) + 1))
-            while first > 0 and self._part_start(first - 1) > now:
-                first -= 1
+            first = 0
             while first < self.points and self._part_start(first) <= now:
                 first += 1
             fraction = first / self.points
@@ -151,7 +152,7 @@ class RoundTiming:
             release = release_time(self.start, self.slot, max(now, target))
             if await self._sleep_unless_switched(clock, release - now):
                 break
-        self.overran = release > target or self.slot <= 0
+        self._released(now, release, target)
         return result
 
     async def _paced(self, clock: Clock, in_thread: bool) -> RoundResult:
@@ -168,8 +169,13 @@ class RoundTiming:
         now = clock.now()
         release = release_time(self.start, self.slot, max(now, self.end))
         await clock.sleep(release - now)
-        self.overran = release > self.end or self.slot <= 0
+        self._released(now, release, self.end)
         return result
+
+    def _released(self, computed: float, release: float, target: float) -> None:
+        """Record a padded release at ``release`` of a compute ended at ``computed``."""
+        self.computed, self.released = computed, release
+        self.overran = release > target or self.slot <= 0
 
     def _part_start(self, part: int) -> float:
         """When part ``part`` of a paced round starts (a public time)."""
