@@ -22,7 +22,7 @@ from fedsim.config.distributions import (
     zero_seconds,
 )
 
-__all__ = ["Aggregators", "Link", "LinkOverride", "Network"]
+__all__ = ["Aggregators", "Link", "LinkOverride", "Network", "client_links", "imperfect"]
 
 _Strict = Strict
 
@@ -79,3 +79,15 @@ class Aggregators(_Strict):
     wait: Seconds | None = Field(
         default=None, description="How long the server waits for the aggregators' partials "
         "after a window's end, in seconds; omitted, one window.")
+
+
+def client_links(network: Network, override: LinkOverride | None) -> tuple[Link, Link]:
+    """A client's (uplink, downlink): its group's ``override`` of a direction where set (the
+    whole link, not field by field), else the scenario's ``network``."""
+    return ((override and override.uplink) or network.uplink,
+            (override and override.downlink) or network.downlink)
+
+
+def imperfect(link: Link) -> bool:
+    """Whether ``link`` does anything to a message (the default link does nothing)."""
+    return link != Link()

@@ -280,6 +280,10 @@ class ClientOutcome:
     split_delays: int = 0
     """Padded releases a global model's arrival moved to a later slot (deployed clients,
     ``interrupt: switch``)."""
+    late_models: int = 0
+    """Global models that arrived mid-round after a paced round's last part began, so they
+    were the next round's where a simulation splits the round at them (deployed clients,
+    ``interrupt: switch``)."""
 
     @property
     def client_id(self) -> str:

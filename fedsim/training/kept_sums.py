@@ -103,9 +103,8 @@ class _StepSum:
 class RoundSums:
     """The kept sums of one round, one a local step, and the earliest split not yet applied."""
 
-    def __init__(self, local_steps: int, points_per_step: int = SPLIT_POINTS_PER_STEP) -> None:
+    def __init__(self, local_steps: int) -> None:
         self.local_steps = local_steps
-        self.points_per_step = points_per_step
         self._steps: list[_StepSum | None] = [None] * local_steps
         self.cut = math.inf
         """The earliest fraction of the round a split moved since the last compute."""
@@ -119,7 +118,7 @@ class RoundSums:
     @property
     def points_per_round(self) -> int:
         """Where in the round a deployed client lets a w-hat take effect: ``k / this``."""
-        return self.points_per_step * self.local_steps
+        return SPLIT_POINTS_PER_STEP * self.local_steps
 
     def forget_from(self, fraction: float) -> None:
         """A split at ``fraction``: the records due from it on are to be computed again."""

@@ -29,10 +29,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
+from fedsim.config.network import Link
 from fedsim.errors import ConfigError
 
 Direction = Literal["uplink", "downlink", "aggregator_uplink", "aggregator_downlink"]
@@ -93,10 +94,80 @@ class LinkModel:
             )
 
 
+class LinkState(Protocol):
+    """What a link remembers between its messages (step 1's and step 4's times)."""
+
+    busy_until: float
+    last_in_order_arrival: float
+
+
+@dataclass(slots=True)
+class LinkTimes:
+    """A :class:`LinkState` of its own (the simulated network's links carry theirs)."""
+
+    busy_until: float = 0.0
+    last_in_order_arrival: float = 0.0
+
+
+class LatencyDrawError(ValueError):
+    """A latency sampler drew NaN or an infinity (the caller names the link)."""
+
+
+def link_model(link: Link) -> LinkModel:
+    """The model of a scenario's ``link`` (the one conversion both runtimes use)."""
+    return LinkModel(latency=link.latency.sampler(), drop=link.drop, duplicate=link.duplicate,
+                     reorder=link.reorder, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
+
+
+Passage = tuple[float, bool, float | None]
+"""A carried message's fate: its arrival, whether it arrives in send order (not held back),
+and its duplicate's arrival (None: no duplicate)."""
+
+
+def carry(model: LinkModel, state: LinkState, now: float, size: int,
+          rng: np.random.Generator) -> Passage | None:
+    """The one rule of the module docstring for one message of ``size`` bytes sent at ``now``
+    on a link whose times are ``state`` (updated): None if it is dropped, else its
+    :data:`Passage`. Draws from ``rng`` in the documented order, so a link's messages meet
+    the same fates in every runtime that gives them the same stream. A latency drawn NaN or
+    infinite raises :class:`LatencyDrawError`."""
+    sent_at = now
+    bandwidth = model.bandwidth_bytes_per_s
+    if bandwidth is not None:
+        sent_at = max(now, state.busy_until) + size / bandwidth
+        state.busy_until = sent_at
+    if model.drop > 0 and rng.random() < model.drop:
+        return None
+    arrival = sent_at + _latency(model, rng)
+    in_order = not (model.reorder > 0 and rng.random() < model.reorder)
+    if in_order:
+        arrival = max(arrival, state.last_in_order_arrival)
+        state.last_in_order_arrival = arrival
+    else:
+        arrival += _latency(model, rng)
+    duplicate = None
+    if model.duplicate > 0 and rng.random() < model.duplicate:
+        duplicate = arrival + _latency(model, rng)
+    return arrival, in_order, duplicate
+
+
+def _latency(model: LinkModel, rng: np.random.Generator) -> float:
+    value = float(model.latency(rng))
+    if math.isnan(value) or math.isinf(value):
+        raise LatencyDrawError(f"latency drew {value}")
+    return max(0.0, value)
+
+
 __all__ = [
     "Direction",
+    "LatencyDrawError",
     "LatencySampler",
     "LinkModel",
+    "LinkState",
+    "LinkTimes",
+    "Passage",
+    "carry",
+    "link_model",
     "constant_latency",
     "exponential_latency",
     "no_latency",

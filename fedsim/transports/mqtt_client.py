@@ -138,6 +138,13 @@ class MqttClientEndpoint(_MqttEndpoint):
         """Rounds of the updates the server has not yet acknowledged."""
         return tuple(self._outbox)
 
+    def note_released(self, round_index: int) -> None:
+        """The client released round ``round_index`` (sent now, or given to an emulated link
+        that may send it later or drop it, :mod:`fedsim.transports.emulated`): a server that
+        knows of it (from a status) knows no round this client lacks."""
+        if self._own_rounds is not None:
+            self._own_rounds = max(self._own_rounds, round_index + 1)
+
     async def publish(self, message: Message) -> None:
         """Send an update (kept until acknowledged) or a status (the latest is kept until sent).
 
@@ -148,8 +155,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         loop = asyncio.get_running_loop()
         stamp = self.incarnation.current or ""
         if isinstance(message, ClientUpdate):
-            if self._own_rounds is not None:
-                self._own_rounds = max(self._own_rounds, message.round + 1)
+            self.note_released(message.round)
             payload = codec.encode(message, incarnation=stamp)
             self._outbox.pop(message.round, None)
             self._outbox[message.round] = _Pending(payload, loop.time(), message.base_version)

@@ -63,7 +63,7 @@ from fedsim.protocol.messages import (
     WindowClose,
 )
 from fedsim.transports.inbox import Inbox
-from fedsim.transports.link_model import Direction, LinkModel
+from fedsim.transports.link_model import Direction, LatencyDrawError, LinkModel, carry
 from fedsim.transports.network_stats import DirectionStats, NetworkStats, TraceEntry
 from fedsim.transports.topics import aggregator_of
 
@@ -419,47 +419,38 @@ class SimulatedNetwork:
             else:
                 self._transmit(link, data)
 
-    def _latency(self, link: _Link) -> float:
-        value = float(link.model.latency(self._rng))
-        if math.isnan(value) or math.isinf(value):
-            raise ConfigError(f"{link.direction} latency of {link.client_id!r} drew {value}")
-        return max(0.0, value)
-
     def _transmit(self, link: _Link, data: Wire) -> None:
-        """Sample the link for one message and schedule its deliveries (draw order is fixed)."""
+        """Sample the link for one message (:func:`~fedsim.transports.link_model.carry`) and
+        schedule its deliveries."""
         stats = self._stats[link.direction]
         stats.count_sent(data)
         self._record(link, "send", len(data))
         now = self._clock.now()
-        model = link.model
-        sent_at = now
-        if model.bandwidth_bytes_per_s is not None:
-            sent_at = max(now, link.busy_until) + len(data) / model.bandwidth_bytes_per_s
-            link.busy_until = sent_at
-        if model.drop > 0 and self._rng.random() < model.drop:
+        try:
+            passage = carry(link.model, link, now, len(data), self._rng)
+        except LatencyDrawError as exc:
+            raise ConfigError(f"{link.direction} latency of {link.client_id!r}: {exc}") from None
+        if passage is None:
             stats.dropped += 1
             self._record(link, "drop", len(data))
             self._count_partial(link, data)
             return
-        arrival = sent_at + self._latency(link)
-        if model.reorder > 0 and self._rng.random() < model.reorder:
-            arrival += self._latency(link)
-            self._schedule(arrival - now, self._deliver, link, data)
-        else:
-            arrival = max(arrival, link.last_in_order_arrival)
-            link.last_in_order_arrival = arrival
+        arrival, in_order, duplicate = passage
+        if in_order:
             seq = link.next_seq
             link.next_seq += 1
             if link.in_order is None:
                 link.in_order = collections.deque()
             link.in_order.append((seq, data))
             self._schedule(arrival - now, self._deliver_in_order, link, seq)
+        else:
+            self._schedule(arrival - now, self._deliver, link, data)
         stats.in_flight += 1
-        if model.duplicate > 0 and self._rng.random() < model.duplicate:
+        if duplicate is not None:
             stats.duplicated += 1
             stats.in_flight += 1
             self._record(link, "duplicate", len(data))
-            self._schedule(arrival + self._latency(link) - now, self._deliver, link, data)
+            self._schedule(duplicate - now, self._deliver, link, data)
 
     def _schedule(self, delay: float, callback: Callable[..., None], link: _Link,
                   *args: object) -> None:

@@ -19,15 +19,28 @@ def test_a_lossy_switching_scenario_names_each_difference() -> None:
                              ["clients.groups[wired].availability={crashes: {every: 30.0}}"]
                              ).scenario
     lines = scenario_differences(scenario)
-    assert len(lines) == 3
-    assert lines[0].startswith("not emulated: the simulated network (network.uplink")
-    assert "clients.groups[wireless].network.uplink" in lines[0]
-    assert lines[1].startswith("not emulated: availability.crashes (groups wired)")
-    assert lines[2].startswith("interrupt switch with public timing (groups wired, wireless)")
-    measured = measured_differences(scenario, [3, 0, 4], 40)
-    assert measured[:2] == lines[:2]
-    assert measured[2] == lines[2] + ("; this run: 7 of those groups' 40 released rounds were "
-                                      "moved to a later slot by a model's arrival")
+    # The clients' links are emulated when deployed (fedsim.transports.emulated): no line.
+    assert len(lines) == 2
+    assert lines[0].startswith("not emulated: availability.crashes (groups wired)")
+    assert lines[1].startswith("interrupt switch with public timing (groups wired, wireless)")
+    measured = measured_differences(scenario, [3, 0, 4], 40, [2, 5, 0])
+    assert measured[:1] == lines[:1]
+    assert measured[1] == lines[1] + ("; this run: 7 of those groups' 40 released rounds were "
+                                      "moved to a later slot by a model's arrival, and 7 models "
+                                      "arriving mid-round came after the round's last part "
+                                      "began (the next round's)")
+
+
+def test_the_aggregation_nodes_links_are_named_as_not_emulated() -> None:
+    scenario = load_scenario(REPO / "scenarios" / "lossy-network.yaml",
+                             ["aggregators={count: 2, latency: 0.05, drop: 0.1}"]).scenario
+    lines = scenario_differences(scenario)
+    assert lines[0] == ("not emulated: the aggregation nodes' links (aggregators.latency, "
+                        "aggregators.drop); the broker is the network between the nodes and the "
+                        "server (the clients' links are emulated)")
+    quiet = load_scenario(REPO / "scenarios" / "lossy-network.yaml",
+                          ["aggregators={count: 2}"]).scenario
+    assert not any("aggregation nodes" in line for line in scenario_differences(quiet))
 
 
 def test_a_perfect_network_snapshot_or_realised_scenario_has_none() -> None:
@@ -42,5 +55,5 @@ def test_validate_says_them_under_if_deployed(capsys: pytest.CaptureFixture[str]
                  "--schema-only"]) == 0
     out = capsys.readouterr().out
     deployed = out.split("if deployed (fedsim launch, fedsim deploy):\n", 1)[1]
-    assert "    not emulated: the simulated network" in deployed
+    assert "not emulated: the simulated network" not in deployed  # emulated at each client
     assert "    interrupt switch with public timing" in deployed

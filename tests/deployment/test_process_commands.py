@@ -10,7 +10,7 @@ import pytest
 from fedsim.cli import build_parser, main
 from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
-from fedsim.runtime.deployed.launcher import process_commands
+from fedsim.runtime.deployed.launcher import _earlier_commands, process_commands
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import client_ids
 
@@ -131,3 +131,19 @@ def test_client_commands_do_not_take_the_servers_option() -> None:
     )
     assert not hasattr(args, "wait_for_clients")
     assert DeploymentOptions.from_args(args).wait_for_clients == 0.0
+
+
+def test_a_resumed_launch_keeps_every_parts_command_line() -> None:
+    """processes.json keeps the command lines of a resumed launch's earlier parts that differ
+    from the last one's (it kept only the last part's); a damaged entry adds nothing."""
+    first = ["fedsim", "client", "s.yaml", "--time-scale", "1.0"]
+    second = ["fedsim", "client", "s.yaml", "--time-scale", "0.5"]
+    assert _earlier_commands({"command": first}, first) == []
+    assert _earlier_commands({"command": first}, second) == [first]
+    assert _earlier_commands({"command": second, "earlier_commands": [first]}, first) == [
+        first, second]
+    assert _earlier_commands({"command": second, "earlier_commands": [first]}, second) == [first]
+    assert _earlier_commands({"command": first, "earlier_commands": [first]}, second) == [first]
+    damaged = {"command": "fedsim client", "earlier_commands": [[1, 2], "x", first]}
+    assert _earlier_commands(damaged, second) == [first]
+    assert _earlier_commands({"earlier_commands": 7}, second) == []

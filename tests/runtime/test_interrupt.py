@@ -176,8 +176,8 @@ def test_a_paced_round_takes_a_w_hat_from_the_first_eighth_after_it(
     """A padded round that keeps its sums is computed an eighth at a time, part k (the records
     due before (k+1)/8) at 3/4 * k/8 of the slot: a w-hat splits it from the first part that
     starts after its arrival, which no part computed yet holds (none after the last part's
-    start, 21/32: that model is the next round's). The round is computed once and released at
-    the slot's end; nothing is counted as moved or overrun."""
+    start, 21/32: that model is the next round's, counted in ``late_models``). The round is
+    computed once and released at the slot's end; nothing is counted as moved or overrun."""
     import asyncio
 
     async def main(clock: VirtualClock) -> tuple[list[float], list, int, int, _Round]:
@@ -195,11 +195,14 @@ def test_a_paced_round_takes_a_w_hat_from_the_first_eighth_after_it(
         await actor.run()
         await feeder
         return ([m.sent_at for _, m in endpoint.updates()], log, actor.split_delays,
-                actor.timing_overruns, trainer.rounds[0])
+                actor.timing_overruns, trainer.rounds[0], actor.late_models)
 
-    sent, log, split_delays, overruns, begun = run_virtual(main)
+    sent, log, split_delays, overruns, begun, late = run_virtual(main)
     assert sent == pytest.approx([1.0])
     assert (split_delays, overruns, begun.computed) == (0, 0, 1)
+    # A w-hat after the last part's start (within the slot) is counted: a simulation splits
+    # the round at it, a paced deployed round takes it in the next round.
+    assert late == (1 if split is None else 0)
     assert begun.advanced == [(round(0.75 * k / 8, 9), (k + 1) / 8) for k in range(8)]
     assert log == ([] if split is None or split >= 1.0 else [(split, 1.0)])
 

@@ -159,7 +159,7 @@ class ClientActor:
         "online", "randomness", "releases", "rounds_since_global", "seconds_per_sample",
         "server_step", "skipped_invitations", "staleness", "state", "status_epsilon",
         "step_sequence", "stop_kind", "stop_reason", "stopped_at", "switched_rounds",
-        "split_delays", "timing_overruns", "trainer", "w",
+        "late_models", "split_delays", "timing_overruns", "trainer", "w",
     )
 
     def __init__(  # noqa: PLR0913, PLR0915 - keyword-only, one per client setting; its counters
@@ -213,6 +213,7 @@ class ClientActor:
         self.randomness = exposure.randomness
         self.timing_overruns = 0
         self.split_delays = 0  # padded releases a w-hat moved to a later slot (deployed)
+        self.late_models = 0  # w-hats that came mid-round after a paced round's last part began
         self.invitation_window = 0  # the latest invitation seen (window it opens)
         self.invited = exposure.invitation_index is None
         self.skipped_invitations = 0
@@ -324,8 +325,13 @@ class ClientActor:
     def _switch(self, timing: RoundTiming) -> None:
         """The interrupt rule ``switch``: the rest of the round in progress at the new w."""
         assert self.w is not None
-        if timing.split(self.clock.now(), self.w):
+        now = self.clock.now()
+        if timing.split(now, self.w):
             self.switched_rounds += 1
+        elif timing.points and now < timing.end:
+            # Deployed and paced: the round's parts are all begun, so this w-hat is the next
+            # round's, where a simulated client would have split the round at it.
+            self.late_models += 1
 
     async def _receive_forever(self) -> None:
         while True:

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from fedsim.clock import ScaledClock
+from fedsim.clock import Clock, ScaledClock
 from fedsim.config.loading import LoadedScenario
+from fedsim.config.network import client_links, imperfect
 from fedsim.config.schema import Scenario
 from fedsim.errors import LedgerError
 from fedsim.logging import get_logger
@@ -42,10 +43,12 @@ from fedsim.runtime.deployed.deployment import (
 )
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
-from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file
+from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file, report_count
 from fedsim.runtime.normalisation import normalisation_generator
-from fedsim.runtime.population import Population, build_population, plan_of
+from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
 from fedsim.runtime.run_outputs import FINISHED_STATES, ledger_file, read_json, write_json
+from fedsim.transports.emulated import EmulatedLinks
+from fedsim.transports.link_model import link_model
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
 from fedsim.transports.topics import aggregator_ids, aggregator_of
 
@@ -147,20 +150,9 @@ async def run_client(
             population.tree, client_id, scenario.privacy.deployed_randomness),
     )
     clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
-    endpoint = MqttClientEndpoint(
-        broker,
-        run=run,
-        client_id=client_id,
-        expected_params=int(population.initial_params.size),
-        max_message_bytes=message_limit(scenario, int(population.initial_params.size)),
-        reconnect=reconnect_policy(options),
-        resend_after=client_resend_after(scenario, options.time_scale),
-        max_staleness=scenario.server.max_staleness,
-        seed=population.tree.integer("client", client_id, "mqtt", first_round),
-        aggregator=(aggregator_of(client_id, aggregator_ids(scenario.aggregators.count))
-                    if scenario.aggregators.count else None),
-        recorded_rounds=first_round,
-    )
+    endpoint = _client_endpoint(scenario, population, client_id, broker, run=run,
+                                options=options, first_round=first_round)
+    links = emulated_links(loaded, plan, endpoint, clock, first_round, population)
     report_file = client_state_file(state, client_id)
     previous = read_json(report_file)
     _log.info(
@@ -174,7 +166,7 @@ async def run_client(
     actor = make_client_actor(
         plan,
         clock=clock,
-        endpoint=endpoint,
+        endpoint=links if links is not None else endpoint,
         trainer=trainer,
         ledger=ledger,
         speed_rng=population.tree.numpy("client", client_id, "speed", "from-round", first_round),
@@ -198,6 +190,8 @@ async def run_client(
                 if stop is not None:
                     helpers.append(_halt_when(stop.wait(), halt))
                 await unless_stopped(alongside(actor.run(), helpers), halt)
+                await _end_links(links, stopped_on_its_own=actor.finished is None
+                                 and endpoint.refusal is None, timeout=flush_timeout)
                 if endpoint.refusal is not None:
                     raise LedgerError(f"{ledger.path}: {endpoint.refusal}")
                 if actor.finished is not None:  # its last receipts came before (flat): none follow
@@ -233,25 +227,73 @@ async def run_client(
             "randomness": scenario.privacy.deployed_randomness,
             # (over every process of this client, as its released rounds are: a restart or
             # a resumed launch counted the last process's alone)
-            "timing_overruns": _earlier_count(previous, "timing_overruns")
+            "timing_overruns": report_count(previous, "timing_overruns")
             + actor.timing_overruns,
-            "split_delays": _earlier_count(previous, "split_delays") + actor.split_delays,
+            "split_delays": report_count(previous, "split_delays") + actor.split_delays,
+            "late_models": report_count(previous, "late_models") + actor.late_models,
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
+            # The scenario's links, emulated (None: they are perfect, nothing to emulate).
+            "emulated_network": None if links is None else links.counts(),
         }
-        if (previous.get("state") in FINISHED_STATES and outcome["state"] in FINISHED_STATES
-                and not kept):
-            # Restarted after it had stopped for good (a resumed launch restarts every
-            # client): it released nothing, and its stop is the first one's, not this
-            # process's clock's (a stranger saw a budget stop move from 253 s to 261 s).
-            outcome.update({key: previous.get(key) for key in
-                            ("state", "stop_reason", "stop_kind", "stopped_at")})
+        _keep_first_stop(outcome, previous, released_here=bool(kept))
         ledger.close()
         state.mkdir(parents=True, exist_ok=True)
         write_json(report_file, outcome)
     return outcome
 
 
-def _earlier_count(previous: dict[str, Any], key: str) -> int:
-    """A count of this client's earlier processes' report (0 when absent or not a count)."""
-    value = previous.get(key)
-    return value if type(value) is int and value >= 0 else 0
+def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
+                     broker: BrokerSettings, *, run: str, options: DeploymentOptions,
+                     first_round: int) -> MqttClientEndpoint:
+    """The client's MQTT endpoint, with the scenario's limits and the deployment's options."""
+    return MqttClientEndpoint(
+        broker,
+        run=run,
+        client_id=client_id,
+        expected_params=int(population.initial_params.size),
+        max_message_bytes=message_limit(scenario, int(population.initial_params.size)),
+        reconnect=reconnect_policy(options),
+        resend_after=client_resend_after(scenario, options.time_scale),
+        max_staleness=scenario.server.max_staleness,
+        seed=population.tree.integer("client", client_id, "mqtt", first_round),
+        aggregator=(aggregator_of(client_id, aggregator_ids(scenario.aggregators.count))
+                    if scenario.aggregators.count else None),
+        recorded_rounds=first_round,
+    )
+
+
+async def _end_links(links: EmulatedLinks | None, *, stopped_on_its_own: bool,
+                     timeout: float) -> None:
+    """Close the client's emulated links; a client that stopped on its own first lets what its
+    uplink holds arrive (up to ``timeout`` wall seconds); the rest is lost in flight."""
+    if links is None:
+        return
+    if stopped_on_its_own:
+        await links.drain(timeout)
+    await links.close()
+
+
+def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClientEndpoint,
+                   clock: Clock, first_round: int, population: Population) -> EmulatedLinks | None:
+    """The client's scenario links in front of ``endpoint`` (:mod:`fedsim.transports.emulated`),
+    or None where both are perfect. Their draws come from the client's own stream of the seed
+    tree, keyed by the round this process starts at (network fates are public)."""
+    uplink, downlink = client_links(loaded.scenario.network, plan.group.network)
+    if not (imperfect(uplink) or imperfect(downlink)):
+        return None
+    return EmulatedLinks(
+        endpoint, uplink=link_model(uplink), downlink=link_model(downlink), clock=clock,
+        rng=population.tree.numpy("client", plan.client_id, "network", "from-round", first_round),
+        client_id=plan.client_id)
+
+
+def _keep_first_stop(outcome: dict[str, Any], previous: dict[str, Any], *,
+                     released_here: bool) -> None:
+    """A client restarted after it had stopped for good keeps the first stop in its report."""
+    if (previous.get("state") in FINISHED_STATES and outcome["state"] in FINISHED_STATES
+            and not released_here):
+        # Restarted after it had stopped for good (a resumed launch restarts every
+        # client): it released nothing, and its stop is the first one's, not this
+        # process's clock's (a stranger saw a budget stop move from 253 s to 261 s).
+        outcome.update({key: previous.get(key) for key in
+                        ("state", "stop_reason", "stop_kind", "stopped_at")})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.differences import measured_differences
-from fedsim.runtime.deployed.state_owner import client_state_file
+from fedsim.runtime.deployed.state_owner import client_state_file, report_count
 from fedsim.runtime.interrupted import interrupted_reason
 from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
@@ -74,6 +74,7 @@ def collect_outputs(
     statuses = server.get("statuses", {})
     stopped: list[StoppedClient] = []
     clients: list[ClientOutcome] = []
+    links: list[object] = []  # each client report's emulated_network
     warnings: list[str] = []
     try:
         for plan in population.plans:
@@ -96,6 +97,7 @@ def collect_outputs(
                     _log.warning("state ledger does not extend the run directory's copy; "
                                  "kept the copy", client=client_id, state=str(source))
             report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
+            links.append(report.get("emulated_network"))
             refused = report.get("refused")
             if isinstance(refused, str) and refused:  # (a file: its text bounded)
                 warnings.append(f"{client_id} was refused by the server: "
@@ -113,8 +115,9 @@ def collect_outputs(
                 ClientOutcome(
                     plan, open_ledger(plan, copied), state, released, finished,
                     randomness=report.get("randomness", ""),
-                    timing_overruns=int(report.get("timing_overruns", 0)),
-                    split_delays=int(report.get("split_delays", 0)),
+                    timing_overruns=report_count(report, "timing_overruns"),
+                    split_delays=report_count(report, "split_delays"),
+                    late_models=report_count(report, "late_models"),
                 )
             )
         stop_reason = RunStop.read(server)
@@ -134,7 +137,8 @@ def collect_outputs(
                 parts=parts,
                 resumed_from_window=server.get("resumed_from_window") if parts > 1 else None,
                 final_version=int(server.get("final_version", 0)),
-                network={"mqtt_server": server.get("mqtt", {})},
+                network={"mqtt_server": server.get("mqtt", {}),
+                         "emulated_links": emulated_totals(links)},
                 wall_seconds=wall_seconds,
                 cpu_seconds=cpu_seconds,
                 time_kind="scenario",
@@ -143,12 +147,32 @@ def collect_outputs(
                 deployed_differences=measured_differences(
                     loaded.scenario, (c.split_delays for c in clients),
                     sum(c.releases.count for c in clients
-                        if c.plan.group.interrupt == "switch")),
+                        if c.plan.group.interrupt == "switch"),
+                    (c.late_models for c in clients)),
             )
         )
     finally:
         for client in clients:
             client.ledger.close()
+
+
+def emulated_totals(reports: Iterable[object]) -> dict[str, dict[str, int]] | None:
+    """The clients' emulated links (each report's ``emulated_network``) summed by direction
+    and count; a report's entry that is not counts (a damaged file) adds nothing. None: no
+    client emulated its links (the scenario's are perfect)."""
+    totals: dict[str, dict[str, int]] = {}
+    for report in reports:
+        if not isinstance(report, dict):
+            continue
+        for direction in ("uplink", "downlink"):
+            counts = report.get(direction)
+            if not isinstance(counts, dict):
+                continue
+            total = totals.setdefault(direction, {})
+            for key, value in counts.items():
+                if isinstance(key, str) and type(value) is int and value >= 0:
+                    total[key] = total.get(key, 0) + value
+    return totals or None
 
 
 def _extends(source: Path, copy: Path) -> bool:

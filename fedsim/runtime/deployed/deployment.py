@@ -24,10 +24,11 @@ time) and the endpoint (:mod:`fedsim.transports.mqtt`) differ.
 ``time_scale`` wall seconds per scenario second (1.0: real time; 0.1: ten times faster, for
 short test runs). A round lasts the speed model's cost of its expected batch; the real compute
 runs inside it and the update leaves at its end (:mod:`fedsim.runtime.actors.exposure`: send times
-must not reveal the realised batch), so heterogeneous clients keep their relative speeds. The
-simulated ``network`` section and
-``availability.crashes`` are not emulated: the real broker is the network, real process deaths
-are the crashes. On/off ``availability`` periods are emulated by pausing the client.
+must not reveal the realised batch), so heterogeneous clients keep their relative speeds. Each
+client's scenario links (``network``) are emulated in front of its endpoint
+(:mod:`fedsim.transports.emulated`); the aggregation nodes' links and ``availability.crashes``
+are not: the real broker is the network there, real process deaths are the crashes. On/off
+``availability`` periods are emulated by pausing the client.
 
 **Crash safety.** A client's ledger lives in its state directory and is resumed, never reset;
 it is fsynced before each update is published (the actor's order), so a SIGKILL cannot forget

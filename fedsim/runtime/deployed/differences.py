@@ -4,15 +4,18 @@
 is read for what it is (a stranger's review: a launched run trained half the rounds of the
 simulation and said nothing).
 
-* The scenario's simulated ``network`` (latency, drop, duplicate, reorder, bandwidth) and
-  ``availability.crashes`` are not emulated: the broker is the network, real process deaths
-  are the crashes (docs/DEPLOYMENT.md, "Time").
+* The scenario's client links (``network``, a group's ``network``) are emulated at each client
+  (:mod:`fedsim.transports.emulated`: the simulated network's rule, on the broker's real
+  network), so they are no difference; the aggregation nodes' links (``aggregators.latency``,
+  ``aggregators.drop``) and ``availability.crashes`` are not emulated: the broker is the
+  network there, real process deaths are the crashes (docs/DEPLOYMENT.md, "Time").
 * Under ``interrupt: switch`` with ``privacy.timing: public``, a deployed client computes its
   round paced, in parts (eighths of a local step, fewer for a short slot) as its slot passes
   (:mod:`fedsim.runtime.actors.round_timing`), and takes a global model arriving mid-round
   from the first part starting after its arrival, where a simulated client takes it from the
   arrival itself;
-  the release keeps its time unless the parts fall behind and overrun the slot (counted). A
+  the release keeps its time unless the parts fall behind and overrun the slot (counted);
+  a model arriving after the last part's start is the next round's (counted, ``late_models``). A
   model too large to keep its sums (above 5.5 M parameters times local steps) has a split round
   computed again whole and released a whole slot after the arrival
   (:meth:`~fedsim.runtime.actors.round_timing.RoundTiming.padded`); before session 58 every model
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fedsim.config.network import Link
 from fedsim.config.schema import Scenario
 
 __all__ = ["measured_differences", "scenario_differences"]
@@ -39,29 +41,25 @@ _SWITCH_DELAY = (
     "a whole round time after the arrival (interrupt: snapshot avoids both)")
 
 
-def _emulated_network_settings(scenario: Scenario) -> list[str]:
-    """The scenario's links that are not a perfect network, by where they are set."""
-    plain = Link()
-    found = [f"network.{name}" for name in ("uplink", "downlink")
-             if getattr(scenario.network, name) != plain]
-    for group in scenario.clients.groups:
-        if group.network is None:
-            continue
-        found += [f"clients.groups[{group.name}].network.{name}"
-                  for name in ("uplink", "downlink")
-                  if getattr(group.network, name) not in (None, plain)]
-    return found
+def _aggregator_link_settings(scenario: Scenario) -> list[str]:
+    """The aggregation nodes' link settings that are not a perfect link (none without nodes)."""
+    aggregators = scenario.aggregators
+    if not aggregators.count:
+        return []
+    plain = type(aggregators)()
+    return [f"aggregators.{name}" for name in ("latency", "drop")
+            if getattr(aggregators, name) != getattr(plain, name)]
 
 
 def scenario_differences(scenario: Scenario) -> list[str]:
     """What a deployed run of ``scenario`` would not do as its simulation does (module
     docstring), from the scenario alone."""
     lines = []
-    links = _emulated_network_settings(scenario)
+    links = _aggregator_link_settings(scenario)
     if links:
-        lines.append(f"not emulated: the simulated network ({', '.join(links[:4])}"
-                     + (" ..." if len(links) > 4 else "") + "); the broker is the network, "
-                     "so nothing is dropped, duplicated, reordered or delayed on purpose")
+        lines.append(f"not emulated: the aggregation nodes' links ({', '.join(links)}); the "
+                     "broker is the network between the nodes and the server (the clients' "
+                     "links are emulated)")
     crashing = [g.name for g in scenario.clients.groups
                 if g.availability is not None and g.availability.crashes is not None]
     if crashing:
@@ -74,14 +72,19 @@ def scenario_differences(scenario: Scenario) -> list[str]:
 
 
 def measured_differences(scenario: Scenario, split_delays: Iterable[int],
-                         released_rounds: int) -> list[str]:
+                         released_rounds: int, late_models: Iterable[int] = ()) -> list[str]:
     """:func:`scenario_differences`, with the switch's cost as this run measured it: how many
     of the ``released_rounds`` of its switching groups' clients a split moved to a later slot
-    (``split_delays``: each client's count)."""
+    (``split_delays``: each client's count), and how many global models came mid-round after
+    a paced round's last part began (``late_models``: each client's count), the next round's
+    where a simulation splits the round at them."""
     lines = scenario_differences(scenario)
     delayed = sum(split_delays)
+    late = sum(late_models)
     for index, line in enumerate(lines):
         if line.startswith("interrupt switch"):
             lines[index] = (f"{line}; this run: {delayed} of those groups' {released_rounds} "
-                            "released rounds were moved to a later slot by a model's arrival")
+                            "released rounds were moved to a later slot by a model's arrival, "
+                            f"and {late} models arriving mid-round came after the round's last "
+                            "part began (the next round's)")
     return lines

@@ -268,6 +268,9 @@ class Launcher:
         self.local_broker: LocalMosquitto | None = None
         self.processes: dict[str, _Process] = {}
         self.exit_codes: dict[str, list[int]] = {}
+        self.earlier_commands: dict[str, list[list[str]]] = {}
+        """Per process, the command lines of a resumed launch's earlier parts that differ from
+        this part's (oldest first; none: every part ran this one)."""
         # The processes read the resolved scenario from the run directory: a factory module
         # beside the user's scenario (or in the launcher's working directory) is searched there.
         searched = [str(self.loaded.base_dir.resolve()), str(Path.cwd().resolve()),
@@ -330,6 +333,8 @@ class Launcher:
                 self.processes[name].starts = starts if type(starts) is int and starts > 0 else 0
                 if isinstance(codes, list) and all(type(c) is int for c in codes):
                     self.exit_codes[name] = list(codes)
+                self.earlier_commands[name] = _earlier_commands(
+                    earlier, ["fedsim", *self.processes[name].argv])
         # Written now, not only at the collect: a launcher killed outright (SIGKILL, a closed
         # terminal) leaves a directory --resume recognises.
         self._write_processes()
@@ -466,6 +471,8 @@ class Launcher:
                     "command": ["fedsim", *p.argv],
                     "starts": p.starts,
                     "exit_codes": self.exit_codes.get(name, []),
+                    **({"earlier_commands": self.earlier_commands[name]}
+                       if self.earlier_commands.get(name) else {}),
                 }
                 for name, p in self.processes.items()
             },
@@ -565,3 +572,24 @@ class _LineFollower:
         return [json.loads(text) for text in complete.decode().splitlines() if text.strip()]
 
 
+def _earlier_commands(earlier: dict[str, Any], command: list[str]) -> list[list[str]]:
+    """The command lines an earlier part's record (``processes.json``'s entry) names, its own
+    last, that differ from the one before them and from ``command`` (this part's): a resumed
+    launch keeps what every part ran. Entries that are not lists of strings (a damaged file)
+    are left out."""
+
+    def valid(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    listed = earlier.get("earlier_commands")
+    found = [list(c) for c in listed if valid(c)] if isinstance(listed, list) else []
+    last = earlier.get("command")
+    if valid(last):
+        found.append(list(last))  # type: ignore[arg-type]
+    kept: list[list[str]] = []
+    for line in found:
+        if not kept or kept[-1] != line:
+            kept.append(line)
+    if kept and kept[-1] == command:
+        kept.pop()
+    return kept

@@ -17,6 +17,7 @@ against mistakes, not against the machine's owner (docs/SECURITY.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from fedsim.errors import ConfigError
@@ -26,7 +27,7 @@ from fedsim.runtime.run_outputs import LEDGER_DIR, ledger_file, read_json, write
 OWNER_FILE = "owner.json"
 """The state directory's owner: ``{"client_id": ...}``, written at the first start."""
 
-__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file"]
+__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file", "report_count"]
 
 
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
@@ -67,3 +68,10 @@ def claim_state_dir(state: Path, client_id: str) -> None:
     if owner is None:
         state.mkdir(parents=True, exist_ok=True)
         write_json(state / OWNER_FILE, {"client_id": client_id})
+
+
+def report_count(report: Mapping[str, object], key: str) -> int:
+    """A count in a client's report (``client-<id>.json``): 0 when absent or not a count
+    (the file is an input like any other, and may be damaged)."""
+    value = report.get(key)
+    return value if type(value) is int and value >= 0 else 0

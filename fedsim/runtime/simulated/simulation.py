@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fedsim.config.loading import LoadedScenario, dump_scenario
-from fedsim.config.network import Link
+from fedsim.config.network import client_links
 from fedsim.logging import get_logger, set_population
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.norms import measured_for_sender
@@ -72,7 +72,7 @@ from fedsim.runtime.simulated.memory import (
 from fedsim.runtime.simulated.run_ledgers import RunLedgers
 from fedsim.training.batched import RoundBatcher
 from fedsim.training.rounds import PendingRound
-from fedsim.transports.link_model import LinkModel
+from fedsim.transports.link_model import LinkModel, link_model
 from fedsim.transports.simulated import SimulatedNetwork
 
 __all__ = ["ClientRecord", "RunResult", "TrainerHook", "run_scenario"]
@@ -91,16 +91,6 @@ workers, :mod:`fedsim.runtime.simulated.ray_executor`)."""
 def _local_batcher(population: Population) -> RoundBatcher:
     # Each update measured as the pass makes it: the client's check then reads no cold vector.
     return RoundBatcher(population.model, measure=measured_for_sender)
-
-
-def _link_model(link: Link) -> LinkModel:
-    return LinkModel(
-        latency=link.latency.sampler(),
-        drop=link.drop,
-        duplicate=link.duplicate,
-        reorder=link.reorder,
-        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
-    )
 
 
 @dataclass
@@ -202,15 +192,16 @@ class _Simulation:
             if p.group.network is not None
         }
         links: dict[str, LinkModel | dict[str, LinkModel]] = {}
-        for direction in ("uplink", "downlink"):
-            default = _link_model(getattr(network, direction))
+        for index, direction in enumerate(("uplink", "downlink")):
+            default = link_model(getattr(network, direction))
             if not overrides:
                 links[direction] = default
                 continue
             per_client: dict[str, LinkModel] = {}
+            shared = getattr(network, direction)
             for plan in self.population.plans:
-                override = plan.group.network and getattr(plan.group.network, direction)
-                per_client[plan.client_id] = _link_model(override) if override else default
+                link = client_links(network, plan.group.network)[index]
+                per_client[plan.client_id] = default if link is shared else link_model(link)
             links[direction] = per_client
         aggregators = self.scenario.aggregators
         return SimulatedNetwork(

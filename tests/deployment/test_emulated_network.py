@@ -1,0 +1,76 @@
+"""A launched run over a real mosquitto emulates the scenario's lossy client links
+(:mod:`fedsim.transports.emulated`): updates, statuses and models are dropped, duplicated,
+delayed and held back as in a simulation; a dropped update is never resent, nothing is applied
+twice, every ledger stays whole, and the counts reach the clients' reports and the summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsim.cli import main
+from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
+from tests.deployment.test_deployed_run import (
+    SCENARIO,
+    TIME_SCALE,
+    _check_applied_against_ledgers,
+)
+
+pytestmark = [
+    pytest.mark.mqtt,
+    pytest.mark.slow,
+    pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING),
+]
+torch.set_num_threads(1)
+
+LOSSY = [
+    "network.uplink={latency: {kind: uniform, low: 0.02, high: 0.2}, drop: 0.3, "
+    "duplicate: 0.3, reorder: 0.3}",
+    "network.downlink={latency: {kind: uniform, low: 0.01, high: 0.1}, drop: 0.25}",
+    "stop.windows=60",  # some 150 updates and 240 models: the fractions below are 4 sd wide
+]
+
+
+def test_a_launch_emulates_the_scenarios_lossy_links(tmp_path: Path) -> None:
+    out = tmp_path / "launch"
+    overrides = [part for override in LOSSY for part in ("--set", override)]
+    code = main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
+                 "--max-backoff", "1", "--no-plots", "--timeout", "100", *overrides])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["windows"] == 60
+    # The network is no longer a difference from the simulation.
+    assert not any("network" in line for line in summary["deployed_differences"])
+    reports = [json.loads(path.read_text()) for path in sorted(
+        (out / "state").glob("*/client-*.json"))]
+    assert len(reports) == 4
+    totals: dict[str, dict[str, int]] = {"uplink": {}, "downlink": {}}
+    for report in reports:
+        assert report["refused"] is None
+        links = report["emulated_network"]
+        for direction, counts in links.items():
+            for key, value in counts.items():
+                totals[direction][key] = totals[direction].get(key, 0) + value
+        # A dropped update is never in the outbox, so never resent: what the MQTT endpoint
+        # published is what the uplink handed on (statuses and updates), resends aside.
+        up = links["uplink"]
+        assert up["sent"] > 5
+    assert summary["network"]["emulated_links"] == totals
+    up, down = totals["uplink"], totals["downlink"]
+    # About the links' probabilities (generous bounds: a few hundred messages).
+    assert 0.15 < up["dropped"] / up["sent"] < 0.45
+    assert 0.12 < up["duplicated"] / (up["sent"] - up["dropped"]) < 0.5
+    assert up["reordered"] > 0
+    assert 0.1 < down["dropped"] / down["sent"] < 0.4
+    # Fewer updates reached the server than the clients released, none applied twice, and
+    # every applied update is in its client's ledger.
+    released = sum(len(report["released"]) for report in reports)
+    applied = _check_applied_against_ledgers(out)
+    assert 0 < len(applied) < released
+    assert summary["updates"]["received"] < released + up["duplicated"]
+    assert summary["updates"]["duplicate"] > 0  # the emulated duplicates, refused as such
+    print(f"released {released}, applied {len(applied)}, links {totals}, "
+          f"accuracy {summary['final_accuracy']:.3f}")
