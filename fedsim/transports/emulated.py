@@ -2,7 +2,7 @@
 
 A deployed run's broker is a real network, which a scenario's simulated ``network`` (latency,
 drop, duplicate, reorder, bandwidth) is not. :class:`EmulatedLinks` stands between a client's
-actor and its endpoint and gives every message the actor sends, and every global model the
+actor and its endpoint and gives every update the actor sends, and every global model the
 endpoint delivers, the fate the simulated network gives it: the one rule of
 :func:`~fedsim.transports.link_model.carry` (each link's messages in send order unless held
 back, a dropped one never sent, a duplicate a second copy), its times in scenario seconds on
@@ -13,9 +13,11 @@ reaches the endpoint, so it never enters the outbox of the MQTT delivery (which 
 until the server's receipt) - the client spent its privacy for nothing, as in a simulation. The
 endpoint is told of its round (:meth:`~fedsim.transports.mqtt.MqttClientEndpoint.note_released`),
 so a server that learns of the client's rounds from a status is not taken for one that knows
-rounds the client never released. The actor's other traffic (the "connected" announcements
-before the first model, receipts, the end of the run) is the deployment's own, not the
-scenario's, and goes around it.
+rounds the client never released. The rest is the deployment's own traffic, not the
+scenario's, and goes around the links: the client's statuses (a deployed server learns from
+them that a client has stopped, where a simulation knows its actors' states: a dropped final
+status would keep a run whose budgets are all spent waiting for its stop time), the
+"connected" announcements before the first model, receipts and the end of the run.
 
 The link draws come from the client's own stream of the run's seed tree: network fates, like
 the simulated network's, are public (they do not depend on a record), and an observer of the
@@ -37,7 +39,7 @@ from fedsim.clock import Clock
 from fedsim.errors import ConfigError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
-from fedsim.protocol.messages import ClientStatus, ClientUpdate, GlobalModel, Message
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
 from fedsim.transports.inbox import Inbox
 from fedsim.transports.link_model import LatencyDrawError, LinkModel, LinkTimes, carry
 
@@ -92,8 +94,8 @@ class _Lane:
 
 
 class EmulatedLinks:
-    """A client's endpoint behind its scenario links (module docstring): ``uplink`` for what
-    the actor publishes (its updates and statuses), ``downlink`` for the global models the
+    """A client's endpoint behind its scenario links (module docstring): ``uplink`` for the
+    updates the actor publishes, ``downlink`` for the global models the
     endpoint ``inner`` delivers. ``clock`` gives the scenario time the links' latencies are
     in; ``rng`` is the client's own stream for the links' draws."""
 
@@ -117,11 +119,14 @@ class EmulatedLinks:
         """Give ``message`` to the uplink: sent to the endpoint at once, later, twice or never,
         as the link's draw says. Returns at once unless it is sent at once."""
         self._check()
-        if isinstance(message, ClientUpdate):
-            self.inner.note_released(message.round)
-        if not isinstance(message, ClientUpdate | ClientStatus):
-            await self.inner.publish(message)  # not the scenario's traffic
+        if not isinstance(message, ClientUpdate):
+            # A status is the deployment's own traffic: a deployed server learns from it that
+            # a client stopped (a simulation knows its actors' states), and a run whose every
+            # client has spent its budget ends on it; dropped, the run would wait for its stop
+            # time instead.
+            await self.inner.publish(message)
             return
+        self.inner.note_released(message.round)
         await self._hand_on(self._up, message, self.inner.publish)
 
     async def receive(self) -> Message:
