@@ -34,9 +34,9 @@ from fedsim.runtime.actors.stops import (
     finished_stop_kind,
 )
 from fedsim.runtime.run_outputs import (
-    FINISHED_STATES,
     SCENARIO_FILE,
     SERVER_FILE,
+    STOPPED_STATES,
     SUMMARY_FILE,
     read_json_object,
 )
@@ -110,7 +110,7 @@ def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[st
     status = status if isinstance(status, Mapping) else {}
     state = printable(status.get("state")) or "unknown"
     released = count(status.get("rounds"))
-    finished = state in FINISHED_STATES
+    finished = state in STOPPED_STATES
     epsilon = finite_number(status.get("epsilon"))
     kind = finished_stop_kind({}, {"state": state, "rounds": released or 0}, rounds)
     return {

@@ -52,6 +52,7 @@ __all__ = [
     "CLIENTS_FILE",
     "CLIENT_COLUMNS",
     "FINISHED_STATES",
+    "STOPPED_STATES",
     "LEDGER_DIR",
     "METRICS_FILE",
     "PROCESSES_FILE",
@@ -85,6 +86,9 @@ PROCESSES_FILE = "processes.json"  # deployed: each process's command line, star
 
 # A client in one of these states will never train again.
 FINISHED_STATES = frozenset({"budget_exhausted", "done"})
+# ... nor in these, as a deployed client tells its state (its report, its last status): a
+# "crashed" one crashed for good (a crash it rejoins from sends nothing).
+STOPPED_STATES = FINISHED_STATES | {"crashed"}
 
 CLIENT_COLUMNS = (
     "client_id",

@@ -73,3 +73,43 @@ def test_a_launch_emulates_the_scenarios_lossy_links(tmp_path: Path) -> None:
     assert summary["updates"]["duplicate"] > 0  # the emulated duplicates, refused as such
     print(f"released {released}, applied {len(applied)}, links {totals}, "
           f"accuracy {summary['final_accuracy']:.3f}")
+
+
+def test_a_launch_emulates_crashes_rejoins_and_a_crash_for_good(tmp_path: Path) -> None:
+    """Crashes every 4-8 scenario seconds with 1 s down: every client crashes and rejoins,
+    its rounds continue, nothing is applied twice, every applied update is in its ledger.
+    Then crashes for good after 6 s in a run that stops once no client can train (the
+    scenario's windows stop set far away): the server learns of each crash from the client's
+    status and ends the run, as a simulation does, instead of waiting for its stop time."""
+    out = tmp_path / "launch"
+    code = main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
+                 "--max-backoff", "1", "--no-plots", "--timeout", "100", "--set",
+                 "clients.groups[c].availability={crashes: {every: {kind: uniform, low: 4.0, "
+                 "high: 8.0}, rejoin_after: 1.0}}"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["windows"] == 24
+    assert not any("crash" in line for line in summary["deployed_differences"])
+    reports = [json.loads(path.read_text()) for path in sorted(
+        (out / "state").glob("*/client-*.json"))]
+    for report in reports:
+        assert report["crashes"] >= 2, report["client_id"]
+        rounds = [r["round"] for r in report["released"]]
+        assert rounds == sorted(set(rounds)) and rounds
+        assert set(rounds) <= set(report["ledger_rounds"])
+    _check_applied_against_ledgers(out)
+
+    for_good = tmp_path / "for-good"
+    code = main(["launch", str(SCENARIO), "--out", str(for_good), "--time-scale", TIME_SCALE,
+                 "--max-backoff", "1", "--no-plots", "--timeout", "100",
+                 "--set", "stop={windows: 400, all_budgets_spent: true}",
+                 "--set", "clients.groups[c].availability={crashes: {every: 6.0}}"])
+    assert code == 0
+    summary = json.loads((for_good / "summary.json").read_text())
+    assert summary["stop_kind"] == "budgets_spent", summary["stop_reason"]
+    assert summary["windows"] < 20  # not the 400 windows of the stop condition
+    assert [s["kind"] for s in summary["stopped"]] == ["crashed"] * 4
+    for report in (json.loads(p.read_text()) for p in (for_good / "state").glob("*/client-*.json")):
+        assert (report["state"], report["stop_kind"], report["crashes"]) == (
+            "crashed", "crashed", 1)
+        assert report["stopped_at"] == pytest.approx(6.0, abs=0.5)

@@ -465,7 +465,7 @@ class ClientBook:
     def _contradicted(entry: _Client | None, round_index: int) -> str:
         """Drop a finished status that this update's round contradicts; why, or ''."""
         status = entry.status if entry is not None else None
-        if entry is None or status is None or status.state not in ("done", "budget_exhausted") \
+        if entry is None or status is None or status.state not in ("done", "budget_exhausted", "crashed") \
                 or round_index < status.rounds:
             return ""
         entry.status = None

@@ -100,6 +100,8 @@ def finished_stop_kind(report: Mapping[str, Any], status: Mapping[str, Any],
         return ClientStopKind(kind)
     if status.get("state") == "budget_exhausted":
         return ClientStopKind.BUDGET
+    if status.get("state") == "crashed":  # a deployed client's crash for good
+        return ClientStopKind.CRASHED
     if rounds is not None and int(status.get("rounds", 0)) >= rounds:
         return ClientStopKind.DONE
     return ClientStopKind.SERVER_FINISHED

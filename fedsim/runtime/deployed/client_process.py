@@ -9,8 +9,9 @@ State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger) and ``<state>/clien
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,14 @@ from fedsim.clock import Clock, ScaledClock
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.network import client_links, imperfect
 from fedsim.config.schema import Scenario
-from fedsim.errors import LedgerError
+from fedsim.errors import LedgerError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientStatus
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.releases import Releases
+from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.actors.tasks import alongside, unless_stopped
 from fedsim.runtime.assembly import (
     aggregator_wait,
@@ -34,6 +36,7 @@ from fedsim.runtime.assembly import (
     open_ledger,
     toggle_availability,
 )
+from fedsim.runtime.deployed.client_lives import CRASHED_FOR_GOOD, ClientLives, crash_stop
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
@@ -46,7 +49,7 @@ from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file, report_count
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
-from fedsim.runtime.run_outputs import FINISHED_STATES, ledger_file, read_json, write_json
+from fedsim.runtime.run_outputs import STOPPED_STATES, ledger_file, read_json, write_json
 from fedsim.transports.emulated import EmulatedLinks
 from fedsim.transports.link_model import link_model
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
@@ -90,25 +93,33 @@ def training_generator(population: Population, client_id: str, first_round: int)
     return client_generator(population.tree, client_id, first_round, randomness)
 
 
-async def _announce(
-    actor: ClientActor, endpoint: MqttClientEndpoint, ledger: PrivacyLedger, delta: float
-) -> None:
+async def _announce(lives: ClientLives, endpoint: MqttClientEndpoint, delta: float) -> None:
     """Say "connected" until the first global model arrives (the server may wait for every
     client before its first window, and a status sent before it subscribed is lost)."""
-    while actor.held_version < 0:
-        rounds = len(ledger.rounds)
+    while lives.actor.held_version < 0 and not lives.crashed_for_good:
+        ledger = lives.record.ledger
         await endpoint.publish(
             ClientStatus(
-                actor.client_id,
+                lives.actor.client_id,
                 "waiting",
-                rounds,
+                len(ledger.rounds),
                 ledger.epsilon(delta),
                 delta,
                 "connected",
-                actor.clock.now(),
+                lives.clock.now(),
             )
         )
         await asyncio.sleep(ANNOUNCE_EVERY)
+
+
+async def _say_crashed(endpoint: MqttClientEndpoint, lives: ClientLives, delta: float) -> None:
+    """Tell the server the client crashed for good (client_lives' docstring: a simulation knows
+    its actors' states, a deployed server only what it is told)."""
+    ledger = lives.record.ledger
+    with contextlib.suppress(TransportError):
+        await endpoint.publish(ClientStatus(
+            lives.actor.client_id, "crashed", ledger.next_round, ledger.epsilon(delta), delta,
+            CRASHED_FOR_GOOD, lives.clock.now()))
 
 
 async def _halt_when(event: Awaitable[object], halt: asyncio.Event) -> None:
@@ -162,84 +173,134 @@ async def run_client(
         ledger_rounds=len(ledger.rounds),
         run=run,
     )
+    exposure = client_exposure(scenario, [p.client_id for p in population.plans], client_id,
+                               deployed=True, time_scale=options.time_scale)
+
+    def make_actor(opened: PrivacyLedger, releases: Releases) -> ClientActor:
+        # An incarnation's actor: a crash's rejoin makes another (ClientLives).
+        return make_client_actor(
+            plan, clock=clock, endpoint=links if links is not None else endpoint,
+            trainer=trainer, ledger=opened,
+            speed_rng=population.tree.numpy("client", client_id, "speed", "from-round",
+                                            opened.next_round),
+            delta=scenario.privacy.delta, exposure=exposure,
+            releases=releases)  # its report lists every released round
+
     # Made before connecting (it only holds its parts), so every outcome reports it.
-    actor = make_client_actor(
-        plan,
-        clock=clock,
-        endpoint=links if links is not None else endpoint,
-        trainer=trainer,
-        ledger=ledger,
-        speed_rng=population.tree.numpy("client", client_id, "speed", "from-round", first_round),
-        delta=scenario.privacy.delta,
-        exposure=client_exposure(scenario, [p.client_id for p in population.plans],
-                                 client_id, deployed=True, time_scale=options.time_scale),
-        releases=Releases(kept=[]),  # its report lists every released round
-    )
+    lives = ClientLives(
+        plan, trainer, ledger, clock=clock, make_actor=make_actor,
+        reopen=lambda: open_ledger(plan, ledger_file(state, client_id)),
+        crash_rng=population.tree.numpy("client", client_id, "crashes", "from-round",
+                                        first_round))
+    parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
+                           first_round, previous)
     made: bool | None = None  # False: a signal came before the first connection
     try:
         async with connected(endpoint, stop) as made:
             if made:
-                helpers = [_announce(actor, endpoint, ledger, scenario.privacy.delta)]
-                if plan.group.availability.online is not None:
-                    rng = population.tree.numpy(
-                        "client", client_id, "availability", "from-round", first_round
-                    )
-                    helpers.append(toggle_availability(plan, clock, rng, actor.set_online))
-                halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
-                helpers.append(_halt_when(endpoint.refused(), halt))
-                if stop is not None:
-                    helpers.append(_halt_when(stop.wait(), halt))
-                await unless_stopped(alongside(actor.run(), helpers), halt)
-                await _end_links(links, stopped_on_its_own=actor.finished is None
-                                 and endpoint.refusal is None, timeout=flush_timeout)
-                if endpoint.refusal is not None:
-                    raise LedgerError(f"{ledger.path}: {endpoint.refusal}")
-                if actor.finished is not None:  # its last receipts came before (flat): none follow
-                    if endpoint.unacknowledged and scenario.aggregators.count:
-                        # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
-                        await endpoint.flush(RELAYED_RECEIPTS_WAIT)
-                    if endpoint.unacknowledged:
-                        _log.warning("updates not acknowledged before the server finished",
-                                     client=client_id, rounds=list(endpoint.unacknowledged))
-                elif not await endpoint.flush(flush_timeout):
-                    _log.warning(
-                        "updates not acknowledged before exit",
-                        client=client_id,
-                        rounds=list(endpoint.unacknowledged),
-                    )
+                await parts.serve(stop, flush_timeout)
     finally:
-        kept = actor.releases.kept or []
-        released = [*previous.get("released", []), *(asdict(r) for r in kept)]
-        outcome = {
-            "client_id": client_id,
-            "first_round": first_round,
-            "state": actor.state,
-            "stop_reason": STOPPED_BEFORE_CONNECTING if made is False else actor.stop_reason,
-            "stop_kind": actor.stop_kind,
-            # A signal is no stop kind of a client (it may resume: ClientStopKind is why one
-            # never trains again), but the report says it, as the server's does.
-            "signalled": stop is not None and stop.is_set(),
-            "stopped_at": actor.stopped_at,
-            "ledger_rounds": sorted(ledger.rounds),
-            "released": released,
-            "unacknowledged": list(endpoint.unacknowledged),
-            "mqtt": endpoint.stats.as_dict(),
-            "randomness": scenario.privacy.deployed_randomness,
-            # (over every process of this client, as its released rounds are: a restart or
-            # a resumed launch counted the last process's alone)
-            "timing_overruns": report_count(previous, "timing_overruns")
-            + actor.timing_overruns,
-            "split_delays": report_count(previous, "split_delays") + actor.split_delays,
-            "late_models": report_count(previous, "late_models") + actor.late_models,
-            "refused": None if endpoint.refusal is None else str(endpoint.refusal),
-            # The scenario's links, emulated (None: they are perfect, nothing to emulate).
-            "emulated_network": None if links is None else links.counts(),
-        }
-        _keep_first_stop(outcome, previous, released_here=bool(kept))
-        ledger.close()
+        outcome = parts.outcome(made, stop)
+        lives.record.ledger.close()
         state.mkdir(parents=True, exist_ok=True)
         write_json(report_file, outcome)
     return outcome
+
+
+@dataclass
+class _ClientProcess:
+    """The parts of one client process, from its connection to its report."""
+
+    scenario: Scenario
+    plan: ClientPlan
+    population: Population
+    clock: Clock
+    endpoint: MqttClientEndpoint
+    links: EmulatedLinks | None
+    lives: ClientLives
+    first_round: int
+    previous: dict[str, Any]
+    """Its earlier processes' report (empty: none)."""
+
+    @property
+    def crashed(self) -> bool:
+        """Crashed for good, here or in an earlier process (a resumed launch restarts it)."""
+        return self.lives.crashed_for_good or \
+            self.previous.get("stop_kind") == ClientStopKind.CRASHED
+
+    async def serve(self, stop: asyncio.Event | None, flush_timeout: float) -> None:
+        """Run the client's incarnations until they end, then let what it sent arrive."""
+        scenario, plan, endpoint, lives = self.scenario, self.plan, self.endpoint, self.lives
+        client_id = plan.client_id
+        helpers = [_announce(lives, endpoint, scenario.privacy.delta)]
+        if plan.group.availability.online is not None:
+            rng = self.population.tree.numpy(
+                "client", client_id, "availability", "from-round", self.first_round
+            )
+            helpers.append(toggle_availability(plan, self.clock, rng, lives.set_online))
+        halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
+        helpers.append(_halt_when(endpoint.refused(), halt))
+        if stop is not None:
+            helpers.append(_halt_when(stop.wait(), halt))
+        if not self.crashed:  # a crash for good is for good, resumed or not
+            await unless_stopped(alongside(lives.run(), helpers), halt)
+        actor = lives.actor
+        await _end_links(self.links, stopped_on_its_own=actor.finished is None
+                         and endpoint.refusal is None, timeout=flush_timeout)
+        if endpoint.refusal is not None:
+            raise LedgerError(f"{lives.record.ledger.path}: {endpoint.refusal}")
+        if self.crashed:
+            await _say_crashed(endpoint, lives, scenario.privacy.delta)
+        if actor.finished is not None:  # its last receipts came before (flat): none follow
+            if endpoint.unacknowledged and scenario.aggregators.count:
+                # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
+                await endpoint.flush(RELAYED_RECEIPTS_WAIT)
+            if endpoint.unacknowledged:
+                _log.warning("updates not acknowledged before the server finished",
+                             client=client_id, rounds=list(endpoint.unacknowledged))
+        elif not await endpoint.flush(flush_timeout):
+            _log.warning(
+                "updates not acknowledged before exit",
+                client=client_id,
+                rounds=list(endpoint.unacknowledged),
+            )
+
+    def outcome(self, made: bool | None, stop: asyncio.Event | None) -> dict[str, Any]:
+        """The client's report (``client-<id>.json``) after this process."""
+        lives, previous, endpoint = self.lives, self.previous, self.endpoint
+        actor = lives.actor
+        released = [*previous.get("released", []), *(asdict(r) for r in lives.kept)]
+        state: str = actor.state
+        kind, stopped_at, reason = actor.stop_kind, actor.stopped_at, actor.stop_reason
+        if self.crashed:
+            state, kind, stopped_at = crash_stop(lives)
+            reason = CRASHED_FOR_GOOD
+        outcome = {
+            "client_id": self.plan.client_id,
+            "first_round": self.first_round,
+            "state": state,
+            "stop_reason": STOPPED_BEFORE_CONNECTING if made is False else reason,
+            "stop_kind": kind,
+            # A signal is no stop kind of a client (it may resume: ClientStopKind is why one
+            # never trains again), but the report says it, as the server's does.
+            "signalled": stop is not None and stop.is_set(),
+            "stopped_at": stopped_at,
+            "crashes": report_count(previous, "crashes") + lives.crashes,
+            "ledger_rounds": sorted(lives.record.ledger.rounds),
+            "released": released,
+            "unacknowledged": list(endpoint.unacknowledged),
+            "mqtt": endpoint.stats.as_dict(),
+            "randomness": self.scenario.privacy.deployed_randomness,
+            # (over every process of this client, as its released rounds are: a restart or
+            # a resumed launch counted the last process's alone)
+            **{name: report_count(previous, name) + lives.count(name)
+               for name in ("timing_overruns", "split_delays", "late_models")},
+            "refused": None if endpoint.refusal is None else str(endpoint.refusal),
+            # The scenario's links, emulated (None: they are perfect, nothing to emulate).
+            "emulated_network": None if self.links is None else self.links.counts(),
+        }
+        _keep_first_stop(outcome, previous, released_here=bool(lives.kept))
+        return outcome
 
 
 def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
@@ -290,7 +351,7 @@ def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClien
 def _keep_first_stop(outcome: dict[str, Any], previous: dict[str, Any], *,
                      released_here: bool) -> None:
     """A client restarted after it had stopped for good keeps the first stop in its report."""
-    if (previous.get("state") in FINISHED_STATES and outcome["state"] in FINISHED_STATES
+    if (previous.get("state") in STOPPED_STATES and outcome["state"] in STOPPED_STATES
             and not released_here):
         # Restarted after it had stopped for good (a resumed launch restarts every
         # client): it released nothing, and its stop is the first one's, not this

@@ -26,9 +26,10 @@ short test runs). A round lasts the speed model's cost of its expected batch; th
 runs inside it and the update leaves at its end (:mod:`fedsim.runtime.actors.exposure`: send times
 must not reveal the realised batch), so heterogeneous clients keep their relative speeds. Each
 client's scenario links (``network``) are emulated in front of its endpoint
-(:mod:`fedsim.transports.emulated`); the aggregation nodes' links and ``availability.crashes``
-are not: the real broker is the network there, real process deaths are the crashes. On/off
-``availability`` periods are emulated by pausing the client.
+(:mod:`fedsim.transports.emulated`) and its ``availability.crashes`` in its process
+(:mod:`fedsim.runtime.deployed.client_lives`); the aggregation nodes' links are not: the real
+broker is the network there. On/off ``availability`` periods are emulated by pausing the
+client.
 
 **Crash safety.** A client's ledger lives in its state directory and is resumed, never reset;
 it is fsynced before each update is published (the actor's order), so a SIGKILL cannot forget

@@ -6,9 +6,10 @@ simulation and said nothing).
 
 * The scenario's client links (``network``, a group's ``network``) are emulated at each client
   (:mod:`fedsim.transports.emulated`: the simulated network's rule, on the broker's real
-  network), so they are no difference; the aggregation nodes' links (``aggregators.latency``,
-  ``aggregators.drop``) and ``availability.crashes`` are not emulated: the broker is the
-  network there, real process deaths are the crashes (docs/DEPLOYMENT.md, "Time").
+  network), and so are ``availability.crashes`` (:mod:`fedsim.runtime.deployed.client_lives`:
+  the simulation's rule, in the client's process), so neither is a difference; the
+  aggregation nodes' links (``aggregators.latency``, ``aggregators.drop``) are not emulated:
+  the broker is the network there (docs/DEPLOYMENT.md, "Time").
 * Under ``interrupt: switch`` with ``privacy.timing: public``, a deployed client computes its
   round paced, in parts (eighths of a local step, fewer for a short slot) as its slot passes
   (:mod:`fedsim.runtime.actors.round_timing`), and takes a global model arriving mid-round
@@ -60,11 +61,6 @@ def scenario_differences(scenario: Scenario) -> list[str]:
         lines.append(f"not emulated: the aggregation nodes' links ({', '.join(links)}); the "
                      "broker is the network between the nodes and the server (the clients' "
                      "links are emulated)")
-    crashing = [g.name for g in scenario.clients.groups
-                if g.availability is not None and g.availability.crashes is not None]
-    if crashing:
-        lines.append(f"not emulated: availability.crashes (groups {', '.join(crashing)}); "
-                     "real process deaths are the crashes")
     switching = [g.name for g in scenario.clients.groups if g.interrupt == "switch"]
     if switching and scenario.privacy.timing == "public":
         lines.append(_SWITCH_DELAY.format(groups=", ".join(switching)))

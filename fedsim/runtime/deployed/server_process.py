@@ -64,10 +64,10 @@ from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
     APPLIED_FILE,
-    FINISHED_STATES,
     METRICS_FILE,
     SCENARIO_FILE,
     SERVER_FILE,
+    STOPPED_STATES,
     json_line,
     write_json,
 )
@@ -219,7 +219,7 @@ class _ServerMonitor:
 
     def active_clients(self) -> int:
         states = {c: s.state for c, s in self.server.statuses.items()}
-        return sum(states.get(c, "waiting") not in FINISHED_STATES for c in self.server.clients)
+        return sum(states.get(c, "waiting") not in STOPPED_STATES for c in self.server.clients)
 
     def on_window(self, report: WindowReport) -> bool:
         # What the endpoint refused (undecodable, forged, another incarnation) since last time.

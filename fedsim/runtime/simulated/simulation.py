@@ -50,6 +50,7 @@ from fedsim.runtime.assembly import (
     make_server_actor,
 )
 from fedsim.runtime.dp_pca import pca_components, release_projection
+from fedsim.runtime.incarnations import ClientRecord, crashes_and_rejoins
 from fedsim.runtime.population import BatchedTrainer, ClientPlan, Population, build_population
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
@@ -63,7 +64,7 @@ from fedsim.runtime.run_outputs import (
     json_line,
     write_run_outputs,
 )
-from fedsim.runtime.simulated.availability import ClientRecord, crashes_and_rejoins, on_off_periods
+from fedsim.runtime.simulated.availability import on_off_periods
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.memory import (
     long_lived_spared,
@@ -395,7 +396,9 @@ class _Simulation:
                         on_off_periods(client, clock, network, population.tree)))
                 if availability.crashes is not None:
                     tasks.append(asyncio.create_task(crashes_and_rejoins(
-                        client, clock, population.tree, stopped=self.stopped,
+                        client, clock,
+                        population.tree.numpy("client", client.plan.client_id, "crashes"),
+                        stopped=self.stopped,
                         rejoin=lambda c: self._rejoin(c, clock, network))))
             self.setup_seconds = wallclock.perf_counter() - setup_started
             self._spare_set_up()  # the clients, ledgers and actors live for the run

@@ -1,0 +1,154 @@
+"""A deployed client's incarnations in its process: its actor, and under its group's
+``availability.crashes`` the crashes and rejoins a simulation plays out
+(:func:`fedsim.runtime.incarnations.crashes_and_rejoins`, the one rule), emulated on the
+process's own clock.
+
+A crash cancels the current actor (a round begun but not charged is lost; its model is lost);
+a rejoin reopens the ledger from its file and starts a new actor whose rounds continue after
+the last committed one, as a restarted process would, while the process keeps its broker
+connection: what was already sent stays on the network, as in a simulation. A crash for good
+ends the client: it tells the server so with a ``crashed`` status (the deployment's own
+traffic: a simulation knows its actors' states, and a run that ends once every budget is
+spent must not wait for a client that never comes back), and it stays crashed in a resumed
+launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import numpy as np
+
+from fedsim.clock import Clock
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.runtime.actors.client import ClientActor, Trainer
+from fedsim.runtime.actors.releases import Releases, RoundRecord
+from fedsim.runtime.actors.stops import ClientStopKind
+from fedsim.runtime.incarnations import ClientRecord, crashes_and_rejoins
+from fedsim.runtime.population import ClientPlan
+from fedsim.runtime.run_outputs import StoppedClient
+
+__all__ = ["CRASHED_FOR_GOOD", "ClientLives", "crash_stop"]
+
+CRASHED_FOR_GOOD = "crashed and did not rejoin"
+"""The stop reason of a client whose emulated crash was for good (the simulation's words)."""
+
+ActorFactory = Callable[[PrivacyLedger, Releases], ClientActor]
+"""Makes an incarnation's actor on the client's (reopened) ledger, adding its releases to the
+given record of every incarnation's."""
+
+
+class ClientLives:
+    """The client's incarnations (module docstring). ``make_actor`` builds each one's actor;
+    ``reopen`` opens the ledger afresh for a rejoin; ``crash_rng`` draws the up and down
+    times (None: the group never crashes)."""
+
+    def __init__(self, plan: ClientPlan, trainer: Trainer, ledger: PrivacyLedger, *,
+                 clock: Clock, make_actor: ActorFactory,
+                 reopen: Callable[[], PrivacyLedger],
+                 crash_rng: np.random.Generator | None) -> None:
+        self.record = ClientRecord(plan, trainer, ledger)
+        self.clock = clock
+        self._make_actor = make_actor
+        self._reopen = reopen
+        self._crash_rng = crash_rng if plan.group.availability.crashes is not None else None
+        self.stopped: list[StoppedClient] = []
+        """The crash for good, when there was one (the simulation's entry)."""
+        self.kept: list[RoundRecord] = []
+        """Every round its incarnations released, in order (for its report)."""
+        self._earlier_counts = {"timing_overruns": 0, "split_delays": 0, "late_models": 0}
+        self._done: asyncio.Future[None] | None = None
+        self.actor = self._make_actor(ledger, Releases(kept=self.kept))
+        """The latest incarnation's actor (the one up, or the last to crash)."""
+        self.record.actor = self.actor
+
+    # ---------------------------------------------------------------------------- running
+
+    async def run(self) -> None:
+        """Until an incarnation stops on its own (budget, rounds, the run's end) or the client
+        crashes for good; an incarnation's error is raised."""
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self._launch(self.record)
+        crashes: asyncio.Task[None] | None = None
+        if self._crash_rng is not None:
+            crashes = loop.create_task(crashes_and_rejoins(
+                self.record, self.clock, self._crash_rng, rejoin=self._rejoin,
+                stopped=self.stopped))
+            crashes.add_done_callback(self._crash_helper_ended)
+        try:
+            await self._done
+        finally:
+            for task in (crashes, self.record.task):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    @property
+    def crashed_for_good(self) -> bool:
+        return self.record.crashed_for_good
+
+    @property
+    def crashes(self) -> int:
+        return self.record.crashes
+
+    def set_online(self, online: bool) -> None:
+        """On/off periods reach whichever incarnation is up (and the next one)."""
+        self.record.online = online
+        if self.record.actor is not None:
+            self.record.actor.set_online(online)
+
+    def count(self, name: str) -> int:
+        """One of the actor's counters (``timing_overruns``, ``split_delays``,
+        ``late_models``) over every incarnation."""
+        return self._earlier_counts[name] + int(getattr(self.actor, name))
+
+    # ---------------------------------------------------------------------------- internals
+
+    def _launch(self, record: ClientRecord) -> None:
+        assert record.actor is not None
+        task = asyncio.get_running_loop().create_task(
+            record.actor.run(), name=f"client-{record.plan.client_id}")
+        record.task = task
+        task.add_done_callback(self._incarnation_ended)
+
+    def _rejoin(self, record: ClientRecord) -> None:
+        record.ledger.close()
+        record.ledger = self._reopen()
+        for name in self._earlier_counts:  # the crashed incarnation's counters, banked
+            self._earlier_counts[name] += int(getattr(self.actor, name))
+        self.actor = self._make_actor(record.ledger, Releases(kept=self.kept))
+        self.actor.set_online(record.online)
+        record.actor = self.actor
+        self._launch(record)
+
+    def _incarnation_ended(self, task: asyncio.Task[None]) -> None:
+        done = self._done
+        if done is None or done.done() or task is not self.record.task:
+            return
+        if task.cancelled():  # a crash (crashes_and_rejoins goes on) or the end of run()
+            return
+        error = task.exception()
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(None)
+
+    def _crash_helper_ended(self, task: asyncio.Task[None]) -> None:
+        done = self._done
+        if done is None or done.done() or task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            done.set_exception(error)
+        elif self.record.crashed_for_good:
+            done.set_result(None)
+
+
+def crash_stop(lives: ClientLives) -> tuple[str, ClientStopKind, float | None]:
+    """A client crashed for good: its state, stop kind and the time of the crash."""
+    at = lives.stopped[-1]["time"] if lives.stopped else None
+    return "crashed", ClientStopKind.CRASHED, at

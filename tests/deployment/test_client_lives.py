@@ -1,0 +1,117 @@
+"""A deployed client's emulated crashes and rejoins (:mod:`fedsim.runtime.deployed.client_lives`):
+the simulation's rule (up and down times from the client's crash stream), each crash losing
+the incarnation's actor, each rejoin reopening the ledger and continuing its rounds, a crash
+for good ending the client; run here under virtual time with a real actor, trainer and
+ledger."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from fedsim.config import load_scenario
+from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.protocol.messages import GlobalModel
+from fedsim.runtime.actors.client import ClientActor
+from fedsim.runtime.actors.exposure import client_exposure
+from fedsim.runtime.actors.releases import Releases
+from fedsim.runtime.actors.stops import ClientStopKind
+from fedsim.runtime.assembly import make_client_actor, open_ledger
+from fedsim.runtime.deployed.client_lives import ClientLives, crash_stop
+from fedsim.runtime.population import build_population
+from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+from tests.doubles import RecordingEndpoint
+
+SCENARIO = Path(__file__).with_name("four_clients.yaml")
+RUN_FOR = 30.0  # virtual seconds
+
+
+def _run(tmp_path: Path, crashes: str, seed: int = 4) -> tuple[
+        ClientLives, list[int], int, list[tuple[float, float]]]:
+    """One client of four_clients.yaml with ``crashes`` as its group's, for RUN_FOR virtual
+    seconds, a global model every second: its lives, the rounds its ledger holds at the end,
+    how often its ledger was reopened, and the (crash, rejoin) times the rule draws
+    (independently; no rejoin: inf)."""
+    loaded = load_scenario(SCENARIO, [f"clients.groups[c].availability={{crashes: {crashes}}}"])
+    population = build_population(loaded)
+    plan = population.plans[0]
+    path = tmp_path / "c.jsonl"
+    ledger = open_ledger(plan, path)
+    reopened = [0]
+
+    def reopen() -> PrivacyLedger:
+        reopened[0] += 1
+        return open_ledger(plan, path)
+
+    async def main(clock: VirtualClock) -> ClientLives:
+        endpoint = RecordingEndpoint(clock)
+        trainer = population.trainer(plan)
+        exposure = client_exposure(loaded.scenario, [p.client_id for p in population.plans],
+                                   plan.client_id)
+
+        def make_actor(opened: PrivacyLedger, releases: Releases) -> ClientActor:
+            return make_client_actor(plan, clock=clock, endpoint=endpoint, trainer=trainer,
+                                     ledger=opened, speed_rng=np.random.default_rng(0),
+                                     delta=1e-5, exposure=exposure, releases=releases)
+
+        lives = ClientLives(plan, trainer, ledger, clock=clock, make_actor=make_actor,
+                            reopen=reopen, crash_rng=np.random.default_rng(seed))
+        feeder = asyncio.get_running_loop().create_task(endpoint.feed(
+            [(float(t), GlobalModel(t, population.initial_params.copy(), float(t)))
+             for t in range(int(RUN_FOR))]))
+        try:
+            await asyncio.wait_for(lives.run(), RUN_FOR)
+        except TimeoutError:
+            pass
+        feeder.cancel()
+        return lives
+
+    lives = run_virtual(main)
+    rounds = sorted(lives.record.ledger.rounds)
+    lives.record.ledger.close()
+    # The rule, drawn again: up, (down, up)*, from the same stream.
+    spec = loaded.scenario.clients.groups[0].availability.crashes
+    assert spec is not None
+    rng, at, times = np.random.default_rng(seed), 0.0, []
+    while True:
+        at += spec.every.sample(rng)
+        if at >= RUN_FOR:
+            break
+        if spec.rejoin_after is None:
+            times.append((at, float("inf")))
+            break
+        down = spec.rejoin_after.sample(rng)
+        times.append((at, at + down))
+        at += down
+    return lives, rounds, reopened[0], times
+
+
+def test_crashes_and_rejoins_follow_the_rule_and_keep_the_rounds_going(tmp_path: Path) -> None:
+    lives, rounds, reopened, times = _run(tmp_path, "{every: {kind: uniform, low: 3.0, "
+                                                    "high: 6.0}, rejoin_after: 1.5}")
+    assert len(times) >= 3
+    assert lives.crashes == len(times) == reopened  # a rejoin after each crash
+    assert not lives.crashed_for_good
+    # Every incarnation's releases are in the one list, in order, and each round is in the
+    # ledger: numbered on after the last committed one, never twice.
+    released = [r.round for r in lives.kept]
+    assert released == sorted(set(released)) and len(released) > 10
+    assert set(released) <= set(rounds)
+    assert rounds == list(range(len(rounds)))  # a crash loses a begun round, charges nothing
+    # Down means down: nothing is released between a crash and its rejoin, and the first
+    # release after a rejoin comes from a new incarnation (a round's slot after it).
+    for crash, rejoin in times:
+        assert not [r for r in lives.kept if crash < r.time < rejoin], (crash, rejoin)
+        assert any(r.time > rejoin for r in lives.kept) or rejoin > RUN_FOR - 1
+
+
+def test_a_crash_for_good_ends_the_client(tmp_path: Path) -> None:
+    lives, rounds, reopened, times = _run(tmp_path, "{every: 7.5}")
+    assert times == [(7.5, float("inf"))]
+    assert lives.crashed_for_good and lives.crashes == 1 and reopened == 0
+    state, kind, at = crash_stop(lives)
+    assert (state, kind, at) == ("crashed", ClientStopKind.CRASHED, 7.5)
+    assert lives.stopped[0]["reason"] == "crashed and did not rejoin"
+    assert all(r.time <= 7.5 for r in lives.kept) and rounds == [r.round for r in lives.kept]
