@@ -14,10 +14,12 @@ until the server's receipt) - the client spent its privacy for nothing, as in a 
 endpoint is told of its round (:meth:`~fedsim.transports.mqtt.MqttClientEndpoint.note_released`),
 so a server that learns of the client's rounds from a status is not taken for one that knows
 rounds the client never released. The rest is the deployment's own traffic, not the
-scenario's, and goes around the links: the client's statuses (a deployed server learns from
-them that a client has stopped, where a simulation knows its actors' states: a dropped final
-status would keep a run whose budgets are all spent waiting for its stop time), the
-"connected" announcements before the first model, receipts and the end of the run.
+scenario's: the client's statuses are never dropped or delayed by a draw (a deployed server
+learns from them that a client has stopped, where a simulation knows its actors' states: a
+dropped final status would keep a run whose budgets are all spent waiting for its stop time),
+but each follows every update sent before it (told that the client stopped, a deployed server
+would otherwise end the run with the client's last updates still on the link); the "connected"
+announcements before the first model, receipts and the end of the run go around the links.
 
 The link draws come from the client's own stream of the run's seed tree: network fates, like
 the simulated network's, are public (they do not depend on a record), and an observer of the
@@ -82,6 +84,7 @@ class _Lane:
 
     model: LinkModel
     name: str
+    rng: np.random.Generator
     times: LinkTimes = field(default_factory=LinkTimes)
     counts: LinkCounts = field(default_factory=LinkCounts)
     in_order: collections.deque[tuple[float, Message]] = field(default_factory=collections.deque)
@@ -97,16 +100,18 @@ class EmulatedLinks:
     """A client's endpoint behind its scenario links (module docstring): ``uplink`` for the
     updates the actor publishes, ``downlink`` for the global models the
     endpoint ``inner`` delivers. ``clock`` gives the scenario time the links' latencies are
-    in; ``rng`` is the client's own stream for the links' draws."""
+    in; ``uplink_rng`` and ``downlink_rng`` are the client's own streams for each link's draws
+    (one a direction: a stream shared by both would be drawn in the wall clock's order of
+    sends and deliveries, so one seed would give different fates from run to run)."""
 
     def __init__(self, inner: ClientSide, *, uplink: LinkModel, downlink: LinkModel,
-                 clock: Clock, rng: np.random.Generator, client_id: str) -> None:
+                 clock: Clock, uplink_rng: np.random.Generator,
+                 downlink_rng: np.random.Generator, client_id: str) -> None:
         self.inner = inner
         self.clock = clock
         self.client_id = client_id
-        self._rng = rng
-        self._up = _Lane(uplink, "uplink")
-        self._down = _Lane(downlink, "downlink")
+        self._up = _Lane(uplink, "uplink", uplink_rng)
+        self._down = _Lane(downlink, "downlink", downlink_rng)
         self._inbox = Inbox(f"client {client_id} (emulated links)")
         self._pump: asyncio.Task[None] | None = None
         self._closed = False
@@ -123,7 +128,10 @@ class EmulatedLinks:
             # A status is the deployment's own traffic: a deployed server learns from it that
             # a client stopped (a simulation knows its actors' states), and a run whose every
             # client has spent its budget ends on it; dropped, the run would wait for its stop
-            # time instead.
+            # time instead. It follows every update sent before it (the simulation's server
+            # waits for the updates in flight; a deployed one, told the client stopped, would
+            # end the run with them still on the link: an attacker's review).
+            await self._drain_uplink(None)
             await self.inner.publish(message)
             return
         self.inner.note_released(message.round)
@@ -137,7 +145,13 @@ class EmulatedLinks:
         return await self._inbox.get()
 
     async def close(self) -> None:
-        """Stop both links (what is still in flight is lost, counted) and close the endpoint."""
+        """:meth:`stop`, and close the endpoint."""
+        await self.stop()
+        await self.inner.close()
+
+    async def stop(self) -> None:
+        """Stop both links (what is still in flight is lost, counted); the endpoint stays open
+        (its outbox still waits for the server's receipts: the process closes it)."""
         if self._closed:
             return
         self._closed = True
@@ -154,7 +168,6 @@ class EmulatedLinks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._inbox.close()
-        await self.inner.close()
 
     # ------------------------------------------------------------------------ what it adds
 
@@ -166,12 +179,17 @@ class EmulatedLinks:
     async def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` wall seconds for the uplink to hand the endpoint everything
         it holds (a client stopping on its own lets its last updates arrive); whether it did."""
+        return await self._drain_uplink(timeout)
+
+    async def _drain_uplink(self, timeout: float | None) -> bool:
+        """:meth:`drain`; ``None``: as long as it takes (each message's latency is finite)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = None if timeout is None else loop.time() + timeout
         while self._up.waiting and not self._closed:
-            tasks = {t for t in (self._up.runner, *self._up.held) if t is not None}
-            left = deadline - loop.time()
-            if left <= 0 or not tasks:
+            tasks = {t for t in (self._up.runner, *self._up.held)
+                     if t is not None and not t.done()}
+            left = None if deadline is None else deadline - loop.time()
+            if (left is not None and left <= 0) or not tasks:
                 break
             await asyncio.wait(tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         return not self._up.waiting
@@ -194,7 +212,7 @@ class EmulatedLinks:
         model = lane.model
         size = len(codec.seal(message)) if model.bandwidth_bytes_per_s is not None else 0
         try:
-            passage = carry(model, lane.times, self.clock.now(), size, self._rng)
+            passage = carry(model, lane.times, self.clock.now(), size, lane.rng)
         except LatencyDrawError as exc:
             raise ConfigError(f"{lane.name} latency of {self.client_id!r}: {exc}") from None
         if passage is None:
@@ -273,7 +291,17 @@ class EmulatedLinks:
             except TransportError as exc:
                 self._inbox.close(exc)
                 return
-            if not isinstance(message, GlobalModel):
-                self._inbox.put(message)
-                continue
-            await self._hand_on(self._down, message, self._deliver)
+            try:
+                await self._pass_down(message)
+            except Exception as exc:  # noqa: BLE001 - the actor's receive must not wait forever
+                _log.warning("the emulated downlink failed", client=self.client_id,
+                             error=str(exc))
+                self._inbox.close(TransportError(
+                    f"client {self.client_id}: the emulated downlink failed: {exc}"))
+                return
+
+    async def _pass_down(self, message: Message) -> None:
+        if not isinstance(message, GlobalModel):
+            self._inbox.put(message)
+            return
+        await self._hand_on(self._down, message, self._deliver)

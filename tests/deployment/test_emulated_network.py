@@ -113,3 +113,29 @@ def test_a_launch_emulates_crashes_rejoins_and_a_crash_for_good(tmp_path: Path) 
         assert (report["state"], report["stop_kind"], report["crashes"]) == (
             "crashed", "crashed", 1)
         assert report["stopped_at"] == pytest.approx(6.0, abs=0.5)
+
+
+def test_a_run_that_ends_on_spent_budgets_waits_for_the_updates_on_the_links(
+        tmp_path: Path) -> None:
+    """Every client spends its budget in a few rounds over an uplink of 1-3 s latency and no
+    loss: the run ends once no client can train *and* their updates have arrived (an
+    attacker's review: the server, told by the statuses that every client stopped, ended the
+    run with all 12 updates still on the links), and each client's last updates are
+    acknowledged (closing the endpoint with the links had left them unacknowledged)."""
+    out = tmp_path / "launch"
+    code = main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
+                 "--max-backoff", "1", "--no-plots", "--timeout", "100",
+                 "--set", "stop={windows: 200, all_budgets_spent: true}",
+                 "--set", "clients.groups[c].budget={epsilon: 1.6, delta: 1.0e-5}",
+                 "--set", "clients.groups[c].staleness={max_versions_behind: 50}",
+                 "--set", "network.uplink={latency: {kind: uniform, low: 1.0, high: 3.0}}"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_kind"] == "budgets_spent", summary["stop_reason"]
+    reports = [json.loads(p.read_text()) for p in (out / "state").glob("*/client-*.json")]
+    released = sum(len(report["released"]) for report in reports)
+    assert released >= 8
+    assert summary["updates"]["applied"] + summary["updates"]["stale"] == released
+    assert all(report["unacknowledged"] == [] for report in reports), [
+        report["unacknowledged"] for report in reports]
+    assert all(report["state"] == "budget_exhausted" for report in reports)

@@ -147,3 +147,8 @@ def test_a_resumed_launch_keeps_every_parts_command_line() -> None:
     damaged = {"command": "fedsim client", "earlier_commands": [[1, 2], "x", first]}
     assert _earlier_commands(damaged, second) == [first]
     assert _earlier_commands({"earlier_commands": 7}, second) == []
+    # A private broker's port changes at every start: not a command of its own.
+    on_port = [*first, "--broker", "mqtt://127.0.0.1:40001"]
+    assert _earlier_commands({"command": on_port}, [*first, "--broker",
+                                                    "mqtt://127.0.0.1:40002"]) == []
+    assert _earlier_commands({"command": on_port}, [*second, "--broker=mqtt://h:1"]) == [on_port]

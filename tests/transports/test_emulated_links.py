@@ -87,7 +87,8 @@ def test_uplink_gives_the_simulated_networks_fates_and_times() -> None:
     async def emulated(clock: VirtualClock) -> list[tuple[float, int]]:
         inner = Recorder(clock)
         links = EmulatedLinks(inner, uplink=LOSSY, downlink=LinkModel(), clock=clock,
-                              rng=np.random.default_rng(3), client_id="c0")
+                              uplink_rng=np.random.default_rng(3),
+                              downlink_rng=np.random.default_rng(99), client_id="c0")
         for k, at in enumerate(times):
             await clock.sleep(at - clock.now())
             await links.publish(update(k, at))
@@ -125,7 +126,8 @@ def test_downlink_gives_the_simulated_networks_fates_and_times() -> None:
     async def emulated(clock: VirtualClock) -> list[tuple[float, int]]:
         inner = Recorder(clock)
         links = EmulatedLinks(inner, uplink=LinkModel(), downlink=LOSSY, clock=clock,
-                              rng=np.random.default_rng(11), client_id="c0")
+                              uplink_rng=np.random.default_rng(99),
+                              downlink_rng=np.random.default_rng(11), client_id="c0")
         got: list[tuple[float, int]] = []
         task = _collect(links.receive, clock, got)
         for k, at in enumerate(times):
@@ -162,7 +164,8 @@ def test_a_dropped_update_never_reaches_the_endpoint_and_statuses_go_around() ->
     async def main(clock: VirtualClock) -> tuple[Recorder, dict[str, Any]]:
         inner = Recorder(clock)
         links = EmulatedLinks(inner, uplink=LinkModel(drop=1.0), downlink=LinkModel(),
-                              clock=clock, rng=np.random.default_rng(0), client_id="c0")
+                              clock=clock, uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
         for k in range(5):
             await links.publish(update(k))
             await links.publish(ClientStatus("c0", "training", k + 1, 0.1, 1e-5, "", 0.0))
@@ -181,7 +184,8 @@ def test_a_perfect_link_hands_on_at_once() -> None:
     async def main(clock: VirtualClock) -> list[tuple[float, int]]:
         inner = Recorder(clock)
         links = EmulatedLinks(inner, uplink=LinkModel(), downlink=LinkModel(), clock=clock,
-                              rng=np.random.default_rng(0), client_id="c0")
+                              uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
         for k in range(3):
             await links.publish(update(k))
             assert inner.published[-1] == (0.0, k)
@@ -195,8 +199,8 @@ def test_close_counts_what_is_in_flight_and_closes_the_endpoint() -> None:
     async def main(clock: VirtualClock) -> tuple[Recorder, dict[str, Any], bool]:
         inner = Recorder(clock)
         links = EmulatedLinks(inner, uplink=LinkModel(latency=uniform_latency(5.0, 6.0)),
-                              downlink=LinkModel(), clock=clock, rng=np.random.default_rng(0),
-                              client_id="c0")
+                              downlink=LinkModel(), clock=clock, uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
         for k in range(4):
             await links.publish(update(k))
         drained = await links.drain(0.0)  # a timeout of 0: nothing has arrived yet
@@ -220,8 +224,8 @@ def test_a_delayed_send_that_fails_is_raised_to_the_actor() -> None:
         inner = Recorder(clock)
         inner.fail_after = 0
         links = EmulatedLinks(inner, uplink=LinkModel(latency=uniform_latency(1.0, 1.0)),
-                              downlink=LinkModel(), clock=clock, rng=np.random.default_rng(0),
-                              client_id="c0")
+                              downlink=LinkModel(), clock=clock, uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
         await links.publish(update(0))
         await clock.sleep(2.0)
         with pytest.raises(TransportError, match="the broker went away"):
@@ -234,9 +238,71 @@ def test_a_latency_that_draws_nan_is_a_config_error_naming_the_link() -> None:
 
     async def main(clock: VirtualClock) -> None:
         links = EmulatedLinks(Recorder(clock), uplink=LinkModel(latency=lambda rng: float("nan")),
-                              downlink=LinkModel(), clock=clock, rng=np.random.default_rng(0),
-                              client_id="c0")
+                              downlink=LinkModel(), clock=clock, uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
         with pytest.raises(ConfigError, match="uplink latency of 'c0'"):
             await links.publish(update(0))
+
+    run_virtual(main)
+
+
+def test_a_status_follows_every_update_sent_before_it_and_is_never_dropped() -> None:
+    """A client's final status reaches the endpoint only after its last updates have (an
+    attacker's review: a deployed server told that every client stopped ended the run with
+    their updates still on the link), and no draw drops or delays it."""
+
+    async def main(clock: VirtualClock) -> list[tuple[float, int]]:
+        inner = Recorder(clock)
+        links = EmulatedLinks(inner, uplink=LinkModel(latency=uniform_latency(1.0, 2.0),
+                                                      reorder=0.5, duplicate=0.5),
+                              downlink=LinkModel(), clock=clock,
+                              uplink_rng=np.random.default_rng(5),
+                              downlink_rng=np.random.default_rng(6), client_id="c0")
+        for k in range(6):
+            await links.publish(update(k))
+        await links.publish(ClientStatus("c0", "budget_exhausted", 6, 1.0, 1e-5, "", 0.0))
+        lossy = EmulatedLinks(inner, uplink=LinkModel(drop=1.0, latency=uniform_latency(1, 2)),
+                              downlink=LinkModel(), clock=clock,
+                              uplink_rng=np.random.default_rng(5),
+                              downlink_rng=np.random.default_rng(6), client_id="c0")
+        await lossy.publish(ClientStatus("c0", "done", 6, 1.0, 1e-5, "", 0.0))
+        return inner.published
+
+    published = run_virtual(main)
+    status_at = [t for t, key in published if key == -1]
+    updates_at = [t for t, key in published if key >= 0]
+    assert len(status_at) == 2 and len(updates_at) >= 6
+    assert status_at[0] >= max(updates_at) >= 1.0  # after every update and every copy
+    assert status_at[1] == status_at[0]  # the second links drop everything, but no status
+
+
+def test_stopping_the_links_leaves_the_endpoint_open() -> None:
+    """The process stops the links and then waits for the server's receipts on the endpoint
+    (an attacker's review: closing it there left every last update unacknowledged)."""
+
+    async def main(clock: VirtualClock) -> tuple[bool, bool]:
+        inner = Recorder(clock)
+        links = EmulatedLinks(inner, uplink=LinkModel(drop=0.5), downlink=LinkModel(),
+                              clock=clock, uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
+        await links.stop()
+        open_after_stop = not inner.closed
+        await links.close()
+        return open_after_stop, inner.closed
+
+    assert run_virtual(main) == (True, True)
+
+
+def test_a_failing_downlink_ends_receive_instead_of_hanging() -> None:
+
+    async def main(clock: VirtualClock) -> None:
+        inner = Recorder(clock)
+        links = EmulatedLinks(inner, uplink=LinkModel(),
+                              downlink=LinkModel(latency=lambda rng: float("nan")),
+                              clock=clock, uplink_rng=np.random.default_rng(0),
+                              downlink_rng=np.random.default_rng(1), client_id="c0")
+        inner.inbox.put_nowait(model(1))
+        with pytest.raises(TransportError, match="emulated downlink failed"):
+            await asyncio.wait_for(links.receive(), 5.0)
 
     run_virtual(main)

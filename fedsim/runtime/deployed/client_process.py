@@ -230,29 +230,44 @@ class _ClientProcess:
 
     async def serve(self, stop: asyncio.Event | None, flush_timeout: float) -> None:
         """Run the client's incarnations until they end, then let what it sent arrive."""
+        if not self.crashed:  # a crash for good is for good, resumed or not
+            try:
+                await self._live(stop)
+            except BaseException:
+                if self.links is not None:  # its tasks end, what they held is counted lost
+                    await self.links.stop()
+                raise
+        await self._let_arrive(flush_timeout)
+
+    async def _live(self, stop: asyncio.Event | None) -> None:
+        """The incarnations, with the process's helpers beside them, until they end, a signal
+        or the server's refusal."""
         scenario, plan, endpoint, lives = self.scenario, self.plan, self.endpoint, self.lives
-        client_id = plan.client_id
         helpers = [_announce(lives, endpoint, scenario.privacy.delta)]
         if plan.group.availability.online is not None:
             rng = self.population.tree.numpy(
-                "client", client_id, "availability", "from-round", self.first_round
+                "client", plan.client_id, "availability", "from-round", self.first_round
             )
             helpers.append(toggle_availability(plan, self.clock, rng, lives.set_online))
         halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
         helpers.append(_halt_when(endpoint.refused(), halt))
         if stop is not None:
             helpers.append(_halt_when(stop.wait(), halt))
-        if not self.crashed:  # a crash for good is for good, resumed or not
-            await unless_stopped(alongside(lives.run(), helpers), halt)
+        await unless_stopped(alongside(lives.run(), helpers), halt)
+
+    async def _let_arrive(self, flush_timeout: float) -> None:
+        """After the incarnations: the uplink's last updates, a crash's status, and the
+        server's receipts (none follow the end of the run)."""
+        endpoint, lives, client_id = self.endpoint, self.lives, self.plan.client_id
         actor = lives.actor
         await _end_links(self.links, stopped_on_its_own=actor.finished is None
                          and endpoint.refusal is None, timeout=flush_timeout)
         if endpoint.refusal is not None:
             raise LedgerError(f"{lives.record.ledger.path}: {endpoint.refusal}")
         if self.crashed:
-            await _say_crashed(endpoint, lives, scenario.privacy.delta)
+            await _say_crashed(endpoint, lives, self.scenario.privacy.delta)
         if actor.finished is not None:  # its last receipts came before (flat): none follow
-            if endpoint.unacknowledged and scenario.aggregators.count:
+            if endpoint.unacknowledged and self.scenario.aggregators.count:
                 # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
                 await endpoint.flush(RELAYED_RECEIPTS_WAIT)
             if endpoint.unacknowledged:
@@ -298,6 +313,9 @@ class _ClientProcess:
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
             # The scenario's links, emulated (None: they are perfect, nothing to emulate).
             "emulated_network": None if self.links is None else self.links.counts(),
+            # A delayed send that failed (logged, and raised to the actor's next call).
+            "emulated_send_error": None if self.links is None or self.links.failure is None
+            else str(self.links.failure),
         }
         _keep_first_stop(outcome, previous, released_here=bool(lives.kept))
         return outcome
@@ -325,13 +343,14 @@ def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
 
 async def _end_links(links: EmulatedLinks | None, *, stopped_on_its_own: bool,
                      timeout: float) -> None:
-    """Close the client's emulated links; a client that stopped on its own first lets what its
-    uplink holds arrive (up to ``timeout`` wall seconds); the rest is lost in flight."""
+    """Stop the client's emulated links (not its endpoint, whose outbox still waits for the
+    server's receipts); a client that stopped on its own first lets what its uplink holds
+    arrive (up to ``timeout`` wall seconds); the rest is lost in flight."""
     if links is None:
         return
     if stopped_on_its_own:
         await links.drain(timeout)
-    await links.close()
+    await links.stop()
 
 
 def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClientEndpoint,
@@ -342,10 +361,12 @@ def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClien
     uplink, downlink = client_links(loaded.scenario.network, plan.group.network)
     if not (imperfect(uplink) or imperfect(downlink)):
         return None
+    tree, client_id = population.tree, plan.client_id
     return EmulatedLinks(
         endpoint, uplink=link_model(uplink), downlink=link_model(downlink), clock=clock,
-        rng=population.tree.numpy("client", plan.client_id, "network", "from-round", first_round),
-        client_id=plan.client_id)
+        uplink_rng=tree.numpy("client", client_id, "uplink", "from-round", first_round),
+        downlink_rng=tree.numpy("client", client_id, "downlink", "from-round", first_round),
+        client_id=client_id)
 
 
 def _keep_first_stop(outcome: dict[str, Any], previous: dict[str, Any], *,

@@ -574,9 +574,9 @@ class _LineFollower:
 
 def _earlier_commands(earlier: dict[str, Any], command: list[str]) -> list[list[str]]:
     """The command lines an earlier part's record (``processes.json``'s entry) names, its own
-    last, that differ from the one before them and from ``command`` (this part's): a resumed
-    launch keeps what every part ran. Entries that are not lists of strings (a damaged file)
-    are left out."""
+    last, that differ from the one before them and from ``command`` (this part's), the broker's
+    URL aside (:func:`_but_broker`): a resumed launch keeps what every part ran. Entries that
+    are not lists of strings (a damaged file) are left out."""
 
     def valid(value: object) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -588,8 +588,24 @@ def _earlier_commands(earlier: dict[str, Any], command: list[str]) -> list[list[
         found.append(list(last))  # type: ignore[arg-type]
     kept: list[list[str]] = []
     for line in found:
-        if not kept or kept[-1] != line:
+        if not kept or _but_broker(kept[-1]) != _but_broker(line):
             kept.append(line)
-    if kept and kept[-1] == command:
+    if kept and _but_broker(kept[-1]) == _but_broker(command):
         kept.pop()
     return kept
+
+
+def _but_broker(command: list[str]) -> list[str]:
+    """``command`` without its ``--broker URL``: a launch's private broker takes a free port
+    at every start, so a resumed part's command differs from the last in it alone (an
+    attacker's review saw every resume add every process's command line)."""
+    out: list[str] = []
+    skip = False
+    for word in command:
+        if skip:
+            skip = False
+        elif word == "--broker":
+            skip = True
+        elif not word.startswith("--broker="):
+            out.append(word)
+    return out
