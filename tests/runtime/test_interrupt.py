@@ -338,3 +338,32 @@ def test_a_short_slot_is_paced_in_fewer_parts(min_part: float, parts: int) -> No
     assert begun.advanced == [(round(0.75 * k / parts, 9), (k + 1) / parts) for k in range(parts)]
     assert begun.log == ([] if parts == 1 else [(round((1 + 0.3 // (0.75 / parts)) / parts, 9),
                                                   1.0)])
+
+
+def test_a_cancelled_actor_ends_only_after_its_worker_threads_compute() -> None:
+    """A deployed round computes in a worker thread, which a crash or a signal cannot stop:
+    the actor's task ends only once that compute has, so a rejoined incarnation never shares
+    the trainer with it (its buffers, its generator)."""
+    import asyncio
+    import threading
+    import time
+
+    from fedsim.runtime.actors.round_timing import RoundTiming
+
+    finished = threading.Event()
+
+    def work() -> int:
+        time.sleep(0.3)
+        finished.set()
+        return 1
+
+    async def main() -> bool:
+        timing = RoundTiming(None, 0.0, 1.0)  # type: ignore[arg-type]
+        task = asyncio.get_running_loop().create_task(timing._in_worker(True, work))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return finished.is_set()
+
+    assert asyncio.run(main())

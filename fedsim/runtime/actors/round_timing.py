@@ -192,8 +192,15 @@ class RoundTiming:
         if not in_thread:
             return work()
         self._computing = True
+        computing = asyncio.ensure_future(asyncio.to_thread(work))
         try:
-            return await asyncio.to_thread(work)
+            return await asyncio.shield(computing)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: the actor ends (a crash, a signal) only once its
+            # compute has, so no later incarnation shares the trainer (its buffers, its
+            # generator) with a thread still at work on them.
+            await asyncio.wait({computing})
+            raise
         finally:
             self._computing = False
 
