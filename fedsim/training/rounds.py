@@ -386,11 +386,16 @@ class PendingRound:
             self.complete(exc)
 
     def cancel(self) -> None:
-        """Forget the round without computing it (its client crashed while it ran)."""
+        """Forget the round (its client crashed while it ran): never charged, never released.
+        A round computed before its release (deployed), in whole or in part, moved adaptive
+        clipping's norm: that goes back, or a later round's clip would depend on a noisy
+        count no one paid for (an attacker's review). A simulated round is cancelled before
+        its compute, which its batcher forgets."""
         if self.batcher is not None:
             self.batcher.discard(self)
         self.batcher = None
         self._queue = None
+        self.trainer.restore_adaptive_state(self.adaptive_before)
 
     def queued(self, queue: RoundQueue) -> None:
         """Called by ``queue`` when the round joins it (which computes it whole: no kept sums)."""

@@ -116,7 +116,9 @@ class EmulatedLinks:
         self._pump: asyncio.Task[None] | None = None
         self._closed = False
         self.failure: BaseException | None = None
-        """The first error of a delayed send (then the actor's next call raises it)."""
+        """The first error of a delayed send or of the downlink (then the actor's next call
+        raises it, and :meth:`broken` returns)."""
+        self._broken = asyncio.Event()
 
     # ------------------------------------------------------------------ the Endpoint protocol
 
@@ -193,6 +195,18 @@ class EmulatedLinks:
                 break
             await asyncio.wait(tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         return not self._up.waiting
+
+    async def broken(self) -> BaseException:
+        """Wait until the links fail (a delayed send or the downlink raised): the process
+        then ends, where the actor, waiting for a model, would wait for ever."""
+        await self._broken.wait()
+        assert self.failure is not None
+        return self.failure
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+        self._broken.set()
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Each link's :class:`LinkCounts`, for the client's report."""
@@ -275,8 +289,7 @@ class EmulatedLinks:
         try:
             await act(message)
         except Exception as exc:  # noqa: BLE001 - kept for the actor's next call, logged
-            if self.failure is None:
-                self.failure = exc
+            self._fail(exc)
             _log.warning("a delayed message could not be handed on", client=self.client_id,
                          message=type(message).__name__, error=str(exc))
 
@@ -296,6 +309,7 @@ class EmulatedLinks:
             except Exception as exc:  # noqa: BLE001 - the actor's receive must not wait forever
                 _log.warning("the emulated downlink failed", client=self.client_id,
                              error=str(exc))
+                self._fail(exc)
                 self._inbox.close(TransportError(
                     f"client {self.client_id}: the emulated downlink failed: {exc}"))
                 return

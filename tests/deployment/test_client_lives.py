@@ -10,25 +10,28 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedsim.config import load_scenario
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.protocol.messages import GlobalModel
+from fedsim.protocol.messages import GlobalModel, RunFinished
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure
 from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.assembly import make_client_actor, open_ledger
-from fedsim.runtime.deployed.client_lives import ClientLives, crash_stop
+from fedsim.runtime.deployed.client_lives import FIRST_MODEL_POLL, ClientLives, crash_stop
 from fedsim.runtime.population import build_population
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+from fedsim.transports.base import Endpoint
 from tests.doubles import RecordingEndpoint
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
 RUN_FOR = 30.0  # virtual seconds
 
 
-def _run(tmp_path: Path, crashes: str, seed: int = 4) -> tuple[
+def _run(tmp_path: Path, crashes: str, seed: int = 4,
+         arrivals: list[tuple[float, object]] | None = None) -> tuple[
         ClientLives, list[int], int, list[tuple[float, float]]]:
     """One client of four_clients.yaml with ``crashes`` as its group's, for RUN_FOR virtual
     seconds, a global model every second: its lives, the rounds its ledger holds at the end,
@@ -51,16 +54,19 @@ def _run(tmp_path: Path, crashes: str, seed: int = 4) -> tuple[
         exposure = client_exposure(loaded.scenario, [p.client_id for p in population.plans],
                                    plan.client_id)
 
-        def make_actor(opened: PrivacyLedger, releases: Releases) -> ClientActor:
-            return make_client_actor(plan, clock=clock, endpoint=endpoint, trainer=trainer,
+        def make_actor(opened: PrivacyLedger, releases: Releases, through: Endpoint
+                       ) -> ClientActor:
+            return make_client_actor(plan, clock=clock, endpoint=through, trainer=trainer,
                                      ledger=opened, speed_rng=np.random.default_rng(0),
                                      delta=1e-5, exposure=exposure, releases=releases)
 
-        lives = ClientLives(plan, trainer, ledger, clock=clock, make_actor=make_actor,
-                            reopen=reopen, crash_rng=np.random.default_rng(seed))
-        feeder = asyncio.get_running_loop().create_task(endpoint.feed(
-            [(float(t), GlobalModel(t, population.initial_params.copy(), float(t)))
-             for t in range(int(RUN_FOR))]))
+        lives = ClientLives(plan, trainer, ledger, clock=clock, endpoint=endpoint,
+                            make_actor=make_actor, reopen=reopen,
+                            crash_rng=np.random.default_rng(seed))
+        schedule = arrivals if arrivals is not None else [
+            (float(t), GlobalModel(t, population.initial_params.copy(), float(t)))
+            for t in range(int(RUN_FOR))]
+        feeder = asyncio.get_running_loop().create_task(endpoint.feed(schedule))
         try:
             await asyncio.wait_for(lives.run(), RUN_FOR)
         except TimeoutError:
@@ -74,7 +80,8 @@ def _run(tmp_path: Path, crashes: str, seed: int = 4) -> tuple[
     # The rule, drawn again: up, (down, up)*, from the same stream.
     spec = loaded.scenario.clients.groups[0].availability.crashes
     assert spec is not None
-    rng, at, times = np.random.default_rng(seed), 0.0, []
+    # The crash clock starts once the first model is held (looked for every FIRST_MODEL_POLL).
+    rng, at, times = np.random.default_rng(seed), FIRST_MODEL_POLL, []
     while True:
         at += spec.every.sample(rng)
         if at >= RUN_FOR:
@@ -103,15 +110,52 @@ def test_crashes_and_rejoins_follow_the_rule_and_keep_the_rounds_going(tmp_path:
     # Down means down: nothing is released between a crash and its rejoin, and the first
     # release after a rejoin comes from a new incarnation (a round's slot after it).
     for crash, rejoin in times:
-        assert not [r for r in lives.kept if crash < r.time < rejoin], (crash, rejoin)
+        assert not [r for r in lives.kept if crash + 1e-9 < r.time < rejoin - 1e-9], (
+            crash, rejoin)
         assert any(r.time > rejoin for r in lives.kept) or rejoin > RUN_FOR - 1
 
 
 def test_a_crash_for_good_ends_the_client(tmp_path: Path) -> None:
     lives, rounds, reopened, times = _run(tmp_path, "{every: 7.5}")
-    assert times == [(7.5, float("inf"))]
+    assert times == [(7.51, float("inf"))]
     assert lives.crashed_for_good and lives.crashes == 1 and reopened == 0
     state, kind, at = crash_stop(lives)
-    assert (state, kind, at) == ("crashed", ClientStopKind.CRASHED, 7.5)
+    assert (state, kind) == ("crashed", ClientStopKind.CRASHED)
+    assert at == pytest.approx(7.51)
     assert lives.stopped[0]["reason"] == "crashed and did not rejoin"
-    assert all(r.time <= 7.5 for r in lives.kept) and rounds == [r.round for r in lives.kept]
+    assert all(r.time <= 7.51 for r in lives.kept) and rounds == [r.round for r in lives.kept]
+
+
+def test_the_crash_clock_starts_with_the_first_model(tmp_path: Path) -> None:
+    """A deployed client connects before the server's first window: its up-time counts from
+    the first model, as a simulated client's from the run's start (an attacker's review: crashes
+    came 3-4 scenario seconds early)."""
+    population = build_population(load_scenario(SCENARIO))
+    first = [(4.0, GlobalModel(0, population.initial_params.copy(), 4.0))]
+    lives, _, _, _ = _run(tmp_path, "{every: 7.5}", arrivals=first)
+    assert lives.crashed_for_good
+    assert crash_stop(lives)[2] == pytest.approx(4.0 + 7.5, abs=0.02)
+
+
+def test_a_rejoin_takes_the_model_that_came_while_down_and_the_runs_end_ends_a_down_client(
+        tmp_path: Path) -> None:
+    """Models that arrive while the client is down: the newest is its next incarnation's
+    first (a restarted process gets the broker's retained model at once). The run's end
+    while it is down ends the client (its process had lingered until its rejoin time)."""
+    population = build_population(load_scenario(SCENARIO))
+    params = population.initial_params
+
+    def model(version: int, at: float) -> tuple[float, GlobalModel]:
+        return at, GlobalModel(version, params.copy(), at)
+
+    # Up 3.01 s, down 2 s: models 1 and 2 come while down; nothing after.
+    lives, _, _, _ = _run(tmp_path, "{every: 3.0, rejoin_after: 2.0}",
+                          arrivals=[model(0, 0.0), model(1, 3.5), model(2, 4.0)])
+    after = [r for r in lives.kept if r.time > 5.01]
+    assert after and all(r.base_version == 2 for r in after)
+    # Down for good-ish (100 s) when the server finishes at 6 s: the client ends then.
+    (tmp_path / "end").mkdir()
+    lives, _, _, _ = _run(tmp_path / "end", "{every: 3.0, rejoin_after: 100.0}",
+                          arrivals=[model(0, 0.0), (6.0, RunFinished(0, "it reached 6 windows",
+                                                                            6.0))])
+    assert lives.down and lives.finished is not None and not lives.crashed_for_good

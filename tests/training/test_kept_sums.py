@@ -261,3 +261,22 @@ def test_an_error_in_a_part_stays_the_rounds_outcome_after_a_split() -> None:
     with pytest.raises(RuntimeError, match="the part failed"):
         pending.result()
     assert pending.recomputed == 0
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_a_cancelled_round_leaves_adaptive_clipping_where_it_began(paced: bool) -> None:
+    """A deployed round is computed before its release; a crash before the release cancels
+    it, uncharged: the norm its compute moved goes back (an attacker's review: the next
+    round's clip depended on a noisy count no one paid for)."""
+    model, ws = _models(3)
+    trainer = _trainer(model, sampling="poisson", local_steps=2, adaptive=True)
+    before = trainer.adaptive_state()
+    pending = trainer.begin_round(ws[0], 0)
+    if paced:
+        pending.keep_sums()
+        pending.advance(0.75)  # the first local step done: its norm moved
+    else:
+        pending.result()
+    assert trainer.adaptive_state() != before
+    pending.cancel()
+    assert trainer.adaptive_state() == before

@@ -22,22 +22,53 @@ from collections.abc import Callable
 import numpy as np
 
 from fedsim.clock import Clock
+from fedsim.errors import TransportError
 from fedsim.privacy.ledger import PrivacyLedger
+from fedsim.protocol.messages import GlobalModel, Message, RunFinished
 from fedsim.runtime.actors.client import ClientActor, Trainer
 from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.incarnations import ClientRecord, crashes_and_rejoins
 from fedsim.runtime.population import ClientPlan
 from fedsim.runtime.run_outputs import StoppedClient
+from fedsim.transports.base import Endpoint
 
-__all__ = ["CRASHED_FOR_GOOD", "ClientLives", "crash_stop"]
+__all__ = ["CRASHED_FOR_GOOD", "DOWN_AT_THE_END", "ClientLives", "crash_stop"]
 
 CRASHED_FOR_GOOD = "crashed and did not rejoin"
 """The stop reason of a client whose emulated crash was for good (the simulation's words)."""
 
-ActorFactory = Callable[[PrivacyLedger, Releases], ClientActor]
-"""Makes an incarnation's actor on the client's (reopened) ledger, adding its releases to the
-given record of every incarnation's."""
+DOWN_AT_THE_END = "down (crashed, due to rejoin) when the server finished the run"
+"""What a client's report says when the run ended during one of its down times."""
+
+ActorFactory = Callable[[PrivacyLedger, Releases, Endpoint], ClientActor]
+"""Makes an incarnation's actor on the client's (reopened) ledger and the given endpoint,
+adding its releases to the given record of every incarnation's."""
+
+FIRST_MODEL_POLL = 0.01
+"""Wall seconds between looks for the first global model, which starts the crash clock."""
+
+
+class _ActorsEndpoint:
+    """The incarnations' endpoint: the process's, and a global model that arrived while the
+    client was down, delivered first to the next incarnation (a restarted process gets the
+    broker's retained model at once, as a simulated rejoin gets the network's)."""
+
+    def __init__(self, inner: Endpoint) -> None:
+        self.inner = inner
+        self.held: GlobalModel | None = None
+
+    async def publish(self, message: Message) -> None:
+        await self.inner.publish(message)
+
+    async def receive(self) -> Message:
+        if self.held is not None:
+            message, self.held = self.held, None
+            return message
+        return await self.inner.receive()
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 class ClientLives:
@@ -46,11 +77,14 @@ class ClientLives:
     times (None: the group never crashes)."""
 
     def __init__(self, plan: ClientPlan, trainer: Trainer, ledger: PrivacyLedger, *,
-                 clock: Clock, make_actor: ActorFactory,
+                 clock: Clock, endpoint: Endpoint, make_actor: ActorFactory,
                  reopen: Callable[[], PrivacyLedger],
                  crash_rng: np.random.Generator | None) -> None:
         self.record = ClientRecord(plan, trainer, ledger)
         self.clock = clock
+        self._endpoint = _ActorsEndpoint(endpoint)
+        self._down: asyncio.Task[None] | None = None
+        self._finished: RunFinished | None = None
         self._make_actor = make_actor
         self._reopen = reopen
         self._crash_rng = crash_rng if plan.group.availability.crashes is not None else None
@@ -60,7 +94,7 @@ class ClientLives:
         """Every round its incarnations released, in order (for its report)."""
         self._earlier_counts = {"timing_overruns": 0, "split_delays": 0, "late_models": 0}
         self._done: asyncio.Future[None] | None = None
-        self.actor = self._make_actor(ledger, Releases(kept=self.kept))
+        self.actor = self._make_actor(ledger, Releases(kept=self.kept), self._endpoint)
         """The latest incarnation's actor (the one up, or the last to crash)."""
         self.record.actor = self.actor
 
@@ -74,18 +108,27 @@ class ClientLives:
         self._launch(self.record)
         crashes: asyncio.Task[None] | None = None
         if self._crash_rng is not None:
-            crashes = loop.create_task(crashes_and_rejoins(
-                self.record, self.clock, self._crash_rng, rejoin=self._rejoin,
-                stopped=self.stopped))
+            crashes = loop.create_task(self._crashes(self._crash_rng))
             crashes.add_done_callback(self._crash_helper_ended)
         try:
             await self._done
         finally:
-            for task in (crashes, self.record.task):
+            for task in (crashes, self.record.task, self._down):
                 if task is not None and not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+
+    @property
+    def finished(self) -> RunFinished | None:
+        """The server's end of the run, as an incarnation or the process while the client
+        was down saw it (None: not seen)."""
+        return self._finished if self._finished is not None else self.actor.finished
+
+    @property
+    def down(self) -> bool:
+        """Crashed and not (yet) rejoined."""
+        return self.record.actor is None
 
     @property
     def crashed_for_good(self) -> bool:
@@ -108,6 +151,35 @@ class ClientLives:
 
     # ---------------------------------------------------------------------------- internals
 
+    async def _crashes(self, rng: np.random.Generator) -> None:
+        """The crash rule, its clock started by the first global model: a simulated client's
+        up-time counts from the run's start, and a deployed one connects before the server's
+        first window (by seconds where many clients start: an attacker's review saw crashes
+        come 3-4 scenario seconds early)."""
+        while self.actor.held_version < 0:
+            await asyncio.sleep(FIRST_MODEL_POLL)
+        await crashes_and_rejoins(self.record, self.clock, rng, rejoin=self._rejoin,
+                                  stopped=self.stopped)
+
+    async def _while_down(self) -> None:
+        """Read what arrives while the client is down: the newest global model is kept for
+        the next incarnation; the end of the run ends the client (a down client's process
+        lingered until its rejoin time: an attacker's review)."""
+        while True:
+            try:
+                message = await self._endpoint.inner.receive()
+            except TransportError:
+                return
+            if isinstance(message, RunFinished):
+                self._finished = message
+                if self._done is not None and not self._done.done():
+                    self._done.set_result(None)
+                return
+            held = self._endpoint.held
+            if isinstance(message, GlobalModel) and (held is None or
+                                                     message.version > held.version):
+                self._endpoint.held = message
+
     def _launch(self, record: ClientRecord) -> None:
         assert record.actor is not None
         task = asyncio.get_running_loop().create_task(
@@ -116,11 +188,14 @@ class ClientLives:
         task.add_done_callback(self._incarnation_ended)
 
     def _rejoin(self, record: ClientRecord) -> None:
+        if self._down is not None:
+            self._down.cancel()  # (a receive cancelled gives up no message: Inbox.get)
+            self._down = None
         record.ledger.close()
         record.ledger = self._reopen()
         for name in self._earlier_counts:  # the crashed incarnation's counters, banked
             self._earlier_counts[name] += int(getattr(self.actor, name))
-        self.actor = self._make_actor(record.ledger, Releases(kept=self.kept))
+        self.actor = self._make_actor(record.ledger, Releases(kept=self.kept), self._endpoint)
         self.actor.set_online(record.online)
         record.actor = self.actor
         self._launch(record)
@@ -130,6 +205,8 @@ class ClientLives:
         if done is None or done.done() or task is not self.record.task:
             return
         if task.cancelled():  # a crash (crashes_and_rejoins goes on) or the end of run()
+            if self._down is None:
+                self._down = asyncio.get_running_loop().create_task(self._while_down())
             return
         error = task.exception()
         if error is not None:

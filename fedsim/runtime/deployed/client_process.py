@@ -36,7 +36,12 @@ from fedsim.runtime.assembly import (
     open_ledger,
     toggle_availability,
 )
-from fedsim.runtime.deployed.client_lives import CRASHED_FOR_GOOD, ClientLives, crash_stop
+from fedsim.runtime.deployed.client_lives import (
+    CRASHED_FOR_GOOD,
+    DOWN_AT_THE_END,
+    ClientLives,
+    crash_stop,
+)
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
@@ -50,6 +55,7 @@ from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_fi
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
 from fedsim.runtime.run_outputs import STOPPED_STATES, ledger_file, read_json, write_json
+from fedsim.transports.base import Endpoint
 from fedsim.transports.emulated import EmulatedLinks
 from fedsim.transports.link_model import link_model
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
@@ -112,14 +118,25 @@ async def _announce(lives: ClientLives, endpoint: MqttClientEndpoint, delta: flo
         await asyncio.sleep(ANNOUNCE_EVERY)
 
 
-async def _say_crashed(endpoint: MqttClientEndpoint, lives: ClientLives, delta: float) -> None:
+async def _say_crashed(endpoint: MqttClientEndpoint, lives: ClientLives, delta: float,
+                       timeout: float) -> None:
     """Tell the server the client crashed for good (client_lives' docstring: a simulation knows
-    its actors' states, a deployed server only what it is told)."""
+    its actors' states, a deployed server only what it is told): again every
+    ``ANNOUNCE_EVERY`` until once after the live server has answered it (a status sent before
+    a resumed server subscribed is lost: an attacker's review), for at most ``timeout`` wall
+    seconds."""
     ledger = lives.record.ledger
-    with contextlib.suppress(TransportError):
-        await endpoint.publish(ClientStatus(
-            lives.actor.client_id, "crashed", ledger.next_round, ledger.epsilon(delta), delta,
-            CRASHED_FOR_GOOD, lives.clock.now()))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        live = endpoint.incarnation.current is not None
+        with contextlib.suppress(TransportError):
+            await endpoint.publish(ClientStatus(
+                lives.actor.client_id, "crashed", ledger.next_round, ledger.epsilon(delta),
+                delta, CRASHED_FOR_GOOD, lives.clock.now()))
+        if live or loop.time() >= deadline:
+            return
+        await asyncio.sleep(ANNOUNCE_EVERY)
 
 
 async def _halt_when(event: Awaitable[object], halt: asyncio.Event) -> None:
@@ -176,11 +193,10 @@ async def run_client(
     exposure = client_exposure(scenario, [p.client_id for p in population.plans], client_id,
                                deployed=True, time_scale=options.time_scale)
 
-    def make_actor(opened: PrivacyLedger, releases: Releases) -> ClientActor:
+    def make_actor(opened: PrivacyLedger, releases: Releases, through: Endpoint) -> ClientActor:
         # An incarnation's actor: a crash's rejoin makes another (ClientLives).
         return make_client_actor(
-            plan, clock=clock, endpoint=links if links is not None else endpoint,
-            trainer=trainer, ledger=opened,
+            plan, clock=clock, endpoint=through, trainer=trainer, ledger=opened,
             speed_rng=population.tree.numpy("client", client_id, "speed", "from-round",
                                             opened.next_round),
             delta=scenario.privacy.delta, exposure=exposure,
@@ -189,6 +205,7 @@ async def run_client(
     # Made before connecting (it only holds its parts), so every outcome reports it.
     lives = ClientLives(
         plan, trainer, ledger, clock=clock, make_actor=make_actor,
+        endpoint=links if links is not None else endpoint,
         reopen=lambda: open_ledger(plan, ledger_file(state, client_id)),
         crash_rng=population.tree.numpy("client", client_id, "crashes", "from-round",
                                         first_round))
@@ -249,8 +266,10 @@ class _ClientProcess:
                 "client", plan.client_id, "availability", "from-round", self.first_round
             )
             helpers.append(toggle_availability(plan, self.clock, rng, lives.set_online))
-        halt = asyncio.Event()  # a signal (stop), or the server knows a lost ledger
-        helpers.append(_halt_when(endpoint.refused(), halt))
+        halt = asyncio.Event()  # a signal (stop), the server knows a lost ledger, or the
+        helpers.append(_halt_when(endpoint.refused(), halt))  # emulated links failed
+        if self.links is not None:
+            helpers.append(_halt_when(self.links.broken(), halt))
         if stop is not None:
             helpers.append(_halt_when(stop.wait(), halt))
         await unless_stopped(alongside(lives.run(), helpers), halt)
@@ -259,14 +278,16 @@ class _ClientProcess:
         """After the incarnations: the uplink's last updates, a crash's status, and the
         server's receipts (none follow the end of the run)."""
         endpoint, lives, client_id = self.endpoint, self.lives, self.plan.client_id
-        actor = lives.actor
-        await _end_links(self.links, stopped_on_its_own=actor.finished is None
+        await _end_links(self.links, stopped_on_its_own=lives.finished is None
                          and endpoint.refusal is None, timeout=flush_timeout)
         if endpoint.refusal is not None:
             raise LedgerError(f"{lives.record.ledger.path}: {endpoint.refusal}")
+        if self.links is not None and self.links.failure is not None:
+            raise TransportError(f"client {client_id}: its emulated links failed: "
+                                 f"{self.links.failure}") from self.links.failure
         if self.crashed:
-            await _say_crashed(endpoint, lives, self.scenario.privacy.delta)
-        if actor.finished is not None:  # its last receipts came before (flat): none follow
+            await _say_crashed(endpoint, lives, self.scenario.privacy.delta, flush_timeout)
+        if lives.finished is not None:  # its last receipts came before (flat): none follow
             if endpoint.unacknowledged and self.scenario.aggregators.count:
                 # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
                 await endpoint.flush(RELAYED_RECEIPTS_WAIT)
@@ -290,6 +311,9 @@ class _ClientProcess:
         if self.crashed:
             state, kind, stopped_at = crash_stop(lives)
             reason = CRASHED_FOR_GOOD
+        elif lives.down:  # down when the run ended (a simulation's state for it: crashed)
+            state, kind, stopped_at = "crashed", None, None
+            reason = DOWN_AT_THE_END if lives.finished is not None else ""
         outcome = {
             "client_id": self.plan.client_id,
             "first_round": self.first_round,
