@@ -2,7 +2,9 @@
 latency, losses and bandwidth), a group's own links, and the aggregation nodes between them.
 
 Under ``fedsim run`` the simulated network applies them (:mod:`fedsim.transports.link_model`);
-deployed, the broker is the network (docs/DEPLOYMENT.md).
+deployed, each client emulates its links on the broker's real network
+(:mod:`fedsim.transports.emulated`), and the aggregation nodes' links are the broker's
+(docs/DEPLOYMENT.md).
 """
 
 from __future__ import annotations

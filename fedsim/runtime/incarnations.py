@@ -77,6 +77,7 @@ class ClientRecord:
             self.plan, self.ledger, self.state, self.releases(), self.finished,
             randomness=actor.randomness if actor is not None else "",
             timing_overruns=actor.timing_overruns if actor is not None else 0,
+            crashes=self.crashes,
         )
 
 

@@ -288,6 +288,8 @@ class ClientOutcome:
     """Global models that arrived mid-round after a paced round's last part began, so they
     were the next round's where a simulation splits the round at them (deployed clients,
     ``interrupt: switch``)."""
+    crashes: int = 0
+    """Crashes its group's ``availability.crashes`` gave it (simulated or emulated)."""
 
     @property
     def client_id(self) -> str:
@@ -466,7 +468,7 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
             f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
             "above their budget (clients.csv: budget_delta).")
-    parts += _resumed(record)
+    parts += _resumed(record) + _crashes_and_links(record)
     for head, items in ((f"{len(caveats)} privacy caveat(s) qualify these eps values: ",
                          caveats),
                         ("Warnings: ", record.warnings),
@@ -476,6 +478,34 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             parts.append(head + " ".join(f"({n}) {item.rstrip('.')}."
                                          for n, item in enumerate(items, 1)))
     return " ".join(parts)
+
+
+def _crash_totals(record: RunRecord) -> dict[str, int] | None:
+    """The run's crashes (``availability.crashes``): how many, of how many clients, how many
+    for good; None when there were none (the summary then has no such key)."""
+    crashed = [c for c in record.clients if c.crashes]
+    if not crashed:
+        return None
+    return {"crashes": sum(c.crashes for c in crashed), "clients": len(crashed),
+            "for_good": sum(c.state == "crashed" and c.finished for c in record.clients)}
+
+
+def _crashes_and_links(record: RunRecord) -> list[str]:
+    """The explanation's sentences on the crashes and on a deployed run's emulated links."""
+    parts = []
+    crashes = _crash_totals(record)
+    if crashes is not None:
+        parts.append(f"{crashes['clients']} client(s) crashed {crashes['crashes']} time(s) "
+                     f"as availability.crashes has them ({crashes['for_good']} for good).")
+    links = (record.network or {}).get("emulated_links")
+    if isinstance(links, Mapping):
+        up, down = links.get("uplink", {}), links.get("downlink", {})
+        parts.append(
+            f"The clients' scenario links were emulated: {up.get('dropped', 0)} of "
+            f"{up.get('sent', 0)} updates and {down.get('dropped', 0)} of "
+            f"{down.get('sent', 0)} global models were dropped on them (summary.json: "
+            "network.emulated_links).")
+    return parts
 
 
 def _final_accuracy(record: RunRecord, metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -521,6 +551,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "updates": totals,
         "network": record.network,
         "client_states": dict(sorted(states.items())),
+        **({"crashes": crashes} if (crashes := _crash_totals(record)) is not None else {}),
         "stopped": list(record.stopped),
         "privacy": {
             "delta": record.scenario.privacy.delta,

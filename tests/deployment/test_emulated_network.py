@@ -58,6 +58,9 @@ def test_a_launch_emulates_the_scenarios_lossy_links(tmp_path: Path) -> None:
         up = links["uplink"]
         assert up["sent"] == len(report["released"]) > 5
     assert summary["network"]["emulated_links"] == totals
+    assert (f"The clients' scenario links were emulated: {totals['uplink']['dropped']} of "
+            f"{totals['uplink']['sent']} updates and {totals['downlink']['dropped']} of "
+            f"{totals['downlink']['sent']} global models were dropped") in summary["explanation"]
     up, down = totals["uplink"], totals["downlink"]
     # About the links' probabilities (generous bounds: a few hundred messages).
     assert 0.15 < up["dropped"] / up["sent"] < 0.45
@@ -92,6 +95,10 @@ def test_a_launch_emulates_crashes_rejoins_and_a_crash_for_good(tmp_path: Path) 
     assert not any("crash" in line for line in summary["deployed_differences"])
     reports = [json.loads(path.read_text()) for path in sorted(
         (out / "state").glob("*/client-*.json"))]
+    crashes = sum(report["crashes"] for report in reports)
+    assert summary["crashes"] == {"crashes": crashes, "clients": 4, "for_good": 0}
+    assert f"4 client(s) crashed {crashes} time(s) as availability.crashes has them (0 for " \
+        "good)." in summary["explanation"]
     for report in reports:
         assert report["crashes"] >= 2, report["client_id"]
         rounds = [r["round"] for r in report["released"]]
@@ -109,6 +116,7 @@ def test_a_launch_emulates_crashes_rejoins_and_a_crash_for_good(tmp_path: Path) 
     assert summary["stop_kind"] == "budgets_spent", summary["stop_reason"]
     assert summary["windows"] < 20  # not the 400 windows of the stop condition
     assert [s["kind"] for s in summary["stopped"]] == ["crashed"] * 4
+    assert summary["crashes"] == {"crashes": 4, "clients": 4, "for_good": 4}
     for report in (json.loads(p.read_text()) for p in (for_good / "state").glob("*/client-*.json")):
         assert (report["state"], report["stop_kind"], report["crashes"]) == (
             "crashed", "crashed", 1)

@@ -223,6 +223,9 @@ def test_a_crashed_client_rejoins_and_its_ledger_continues(tmp_path: Path) -> No
         len(history), sum(r.sample_grads for r in history), history[-1])
     ledger = _ledger(tmp_path, result, "crashy-000")
     assert [record.round for record in ledger.records] == rounds
+    # The summary counts them, and says so (a stranger: only the clients' files did)
+    assert result.summary["crashes"] == {"crashes": client.crashes, "clients": 1, "for_good": 0}
+    assert f"1 client(s) crashed {client.crashes} time(s)" in result.summary["explanation"]
 
 
 def test_a_crash_at_the_runs_last_instant_does_not_restart_the_client(tmp_path: Path) -> None:

@@ -250,6 +250,7 @@ def privacy_caveats(timing: str, clients: Iterable[Any]) -> list[str]:
         caveats.append(
             f"{overruns} deployed round(s) computed longer than their public release slot and "
             "were released at a later slot: those release times depend on the compute time "
-            "(give the clients' speed model more time per sample)"
+            "(give the clients' speed model more time per sample, or a deployed run a "
+            "larger --time-scale)"
         )
     return caveats

@@ -122,6 +122,7 @@ def collect_outputs(
                     timing_overruns=report_count(report, "timing_overruns"),
                     split_delays=report_count(report, "split_delays"),
                     late_models=report_count(report, "late_models"),
+                    crashes=report_count(report, "crashes"),
                 )
             )
         stop_reason = RunStop.read(server)
