@@ -387,10 +387,12 @@ class PendingRound:
 
     def cancel(self) -> None:
         """Forget the round (its client crashed while it ran): never charged, never released.
-        A round computed before its release (deployed), in whole or in part, moved adaptive
-        clipping's norm: that goes back, or a later round's clip would depend on a noisy
-        count no one paid for (an attacker's review). A simulated round is cancelled before
-        its compute, which its batcher forgets."""
+        A round computed before its end, in whole or in part (a deployed one always; a
+        simulated one when a batched pass took it early), moved adaptive clipping's norm:
+        that goes back, or a later round's clip would depend on a noisy count no one paid
+        for, and a simulation's on how its rounds were grouped (two reviews). Simulated runs
+        with adaptive clipping and crashes changed at 52c3e46; one not yet computed is
+        dropped from its batcher."""
         if self.batcher is not None:
             self.batcher.discard(self)
         self.batcher = None

@@ -200,6 +200,8 @@ class RoundTiming:
             # compute has, so no later incarnation shares the trainer (its buffers, its
             # generator) with a thread still at work on them.
             await asyncio.wait({computing})
+            if computing.done() and not computing.cancelled():
+                computing.exception()  # retrieved: no "Future exception" warning for it
             raise
         finally:
             self._computing = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file, report_count
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
-from fedsim.runtime.run_outputs import STOPPED_STATES, ledger_file, read_json, write_json
+from fedsim.runtime.run_outputs import FINISHED_STATES, ledger_file, read_json, write_json
 from fedsim.transports.base import Endpoint
 from fedsim.transports.emulated import EmulatedLinks
 from fedsim.transports.link_model import link_model
@@ -278,15 +278,24 @@ class _ClientProcess:
         """After the incarnations: the uplink's last updates, a crash's status, and the
         server's receipts (none follow the end of the run)."""
         endpoint, lives, client_id = self.endpoint, self.lives, self.plan.client_id
+        # One deadline for every wait here: the launcher gives a stopping client
+        # FLUSH_TIMEOUT and a little more before it kills it (a review: two waits of a whole
+        # flush_timeout each could outlast it, and the report was never written).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + flush_timeout
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
         await _end_links(self.links, stopped_on_its_own=lives.finished is None
-                         and endpoint.refusal is None, timeout=flush_timeout)
+                         and endpoint.refusal is None, timeout=left())
         if endpoint.refusal is not None:
             raise LedgerError(f"{lives.record.ledger.path}: {endpoint.refusal}")
         if self.links is not None and self.links.failure is not None:
             raise TransportError(f"client {client_id}: its emulated links failed: "
                                  f"{self.links.failure}") from self.links.failure
         if self.crashed:
-            await _say_crashed(endpoint, lives, self.scenario.privacy.delta, flush_timeout)
+            await _say_crashed(endpoint, lives, self.scenario.privacy.delta, left())
         if lives.finished is not None:  # its last receipts came before (flat): none follow
             if endpoint.unacknowledged and self.scenario.aggregators.count:
                 # ... or trail the end by their aggregator's relay (docs/DEPLOYMENT.md).
@@ -294,7 +303,7 @@ class _ClientProcess:
             if endpoint.unacknowledged:
                 _log.warning("updates not acknowledged before the server finished",
                              client=client_id, rounds=list(endpoint.unacknowledged))
-        elif not await endpoint.flush(flush_timeout):
+        elif not await endpoint.flush(left()):
             _log.warning(
                 "updates not acknowledged before exit",
                 client=client_id,
@@ -393,11 +402,17 @@ def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClien
         client_id=client_id)
 
 
+def _stopped_for_good(report: Mapping[str, Any]) -> bool:
+    """Whether a client's report says it never trains again: a finished state, or a crash
+    for good (a "crashed" state alone may be a client down when the run ended)."""
+    return (report.get("state") in FINISHED_STATES
+            or report.get("stop_kind") == ClientStopKind.CRASHED)
+
+
 def _keep_first_stop(outcome: dict[str, Any], previous: dict[str, Any], *,
                      released_here: bool) -> None:
     """A client restarted after it had stopped for good keeps the first stop in its report."""
-    if (previous.get("state") in STOPPED_STATES and outcome["state"] in STOPPED_STATES
-            and not released_here):
+    if _stopped_for_good(previous) and _stopped_for_good(outcome) and not released_here:
         # Restarted after it had stopped for good (a resumed launch restarts every
         # client): it released nothing, and its stop is the first one's, not this
         # process's clock's (a stranger saw a budget stop move from 253 s to 261 s).
