@@ -43,7 +43,7 @@ from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientUpdate, GlobalModel, Message
 from fedsim.transports.inbox import Inbox
-from fedsim.transports.link_model import LatencyDrawError, LinkModel, LinkTimes, carry
+from fedsim.transports.link_model import LatencyDrawError, LinkModel, LinkTimes, Passage, carry
 
 __all__ = ["ClientSide", "EmulatedLinks", "LinkCounts"]
 
@@ -133,7 +133,7 @@ class EmulatedLinks:
             # time instead. It follows every update sent before it (the simulation's server
             # waits for the updates in flight; a deployed one, told the client stopped, would
             # end the run with them still on the link: an attacker's review).
-            await self._drain_uplink(None)
+            await self.drain()
             await self.inner.publish(message)
             return
         self.inner.note_released(message.round)
@@ -173,18 +173,10 @@ class EmulatedLinks:
 
     # ------------------------------------------------------------------------ what it adds
 
-    @property
-    def in_flight(self) -> int:
-        """Messages the uplink holds that the endpoint has not been given yet."""
-        return self._up.waiting
-
-    async def drain(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` wall seconds for the uplink to hand the endpoint everything
-        it holds (a client stopping on its own lets its last updates arrive); whether it did."""
-        return await self._drain_uplink(timeout)
-
-    async def _drain_uplink(self, timeout: float | None) -> bool:
-        """:meth:`drain`; ``None``: as long as it takes (each message's latency is finite)."""
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` wall seconds (None: as long as it takes, each message's
+        latency being finite) for the uplink to hand the endpoint everything it holds (a
+        client stopping on its own lets its last updates arrive); whether it did."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self._up.waiting and not self._closed:
@@ -221,7 +213,7 @@ class EmulatedLinks:
         if self._closed:
             raise TransportError(f"client {self.client_id}: endpoint is closed")
 
-    def _carry(self, lane: _Lane, message: Message) -> tuple[float, bool, float | None] | None:
+    def _carry(self, lane: _Lane, message: Message) -> Passage | None:
         lane.counts.sent += 1
         model = lane.model
         size = len(codec.seal(message)) if model.bandwidth_bytes_per_s is not None else 0

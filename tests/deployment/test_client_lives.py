@@ -161,17 +161,18 @@ def test_a_rejoin_takes_the_model_that_came_while_down_and_the_runs_end_ends_a_d
     assert lives.down and lives.finished is not None and not lives.crashed_for_good
 
 
-def test_a_client_down_at_the_end_is_not_taken_for_one_stopped_for_good() -> None:
+def test_a_client_down_at_the_end_is_not_taken_for_onestopped_for_good() -> None:
     """A report's "crashed" means for good only with its stop kind: a client down when the
     run ended, then resumed, keeps its new stop (a review: a resumed client's budget stop
     was overwritten by the earlier report's "crashed")."""
-    from fedsim.runtime.deployed.client_process import _keep_first_stop, _stopped_for_good
+    from fedsim.runtime.deployed.client_process import _keep_first_stop
+    from fedsim.runtime.deployed.state_owner import stopped_for_good
 
     down = {"state": "crashed", "stop_kind": None, "stop_reason": "", "stopped_at": None}
     for_good = {"state": "crashed", "stop_kind": "crashed", "stop_reason": "crashed and did "
                 "not rejoin", "stopped_at": 7.5}
-    assert not _stopped_for_good(down) and _stopped_for_good(for_good)
-    assert _stopped_for_good({"state": "done"}) and _stopped_for_good(
+    assert not stopped_for_good(down) and stopped_for_good(for_good)
+    assert stopped_for_good({"state": "done"}) and stopped_for_good(
         {"state": "budget_exhausted", "stop_kind": ClientStopKind.BUDGET})
     now = {"state": "budget_exhausted", "stop_kind": ClientStopKind.BUDGET,
            "stop_reason": "budget", "stopped_at": 40.0}

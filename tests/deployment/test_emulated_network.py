@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,13 +35,19 @@ LOSSY = [
 ]
 
 
+def _launch(out: Path, *overrides: str) -> dict[str, Any]:
+    """four_clients.yaml launched into ``out`` with ``overrides`` (each a --set): its
+    summary.json (the launch must succeed)."""
+    sets = [part for override in overrides for part in ("--set", override)]
+    assert main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
+                 "--max-backoff", "1", "--no-plots", "--timeout", "100", *sets]) == 0
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
 def test_a_launch_emulates_the_scenarios_lossy_links(tmp_path: Path) -> None:
     out = tmp_path / "launch"
-    overrides = [part for override in LOSSY for part in ("--set", override)]
-    code = main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
-                 "--max-backoff", "1", "--no-plots", "--timeout", "100", *overrides])
-    assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _launch(out, *LOSSY)
     assert summary["windows"] == 60
     # The network is no longer a difference from the simulation.
     assert not any("network" in line for line in summary["deployed_differences"])
@@ -85,12 +92,8 @@ def test_a_launch_emulates_crashes_rejoins_and_a_crash_for_good(tmp_path: Path) 
     scenario's windows stop set far away): the server learns of each crash from the client's
     status and ends the run, as a simulation does, instead of waiting for its stop time."""
     out = tmp_path / "launch"
-    code = main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
-                 "--max-backoff", "1", "--no-plots", "--timeout", "100", "--set",
-                 "clients.groups[c].availability={crashes: {every: {kind: uniform, low: 4.0, "
-                 "high: 8.0}, rejoin_after: 1.0}}"])
-    assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _launch(out, "clients.groups[c].availability={crashes: {every: {kind: uniform, "
+                      "low: 4.0, high: 8.0}, rejoin_after: 1.0}}")
     assert summary["windows"] == 24
     assert not any("crash" in line for line in summary["deployed_differences"])
     reports = [json.loads(path.read_text()) for path in sorted(
@@ -107,12 +110,8 @@ def test_a_launch_emulates_crashes_rejoins_and_a_crash_for_good(tmp_path: Path) 
     _check_applied_against_ledgers(out)
 
     for_good = tmp_path / "for-good"
-    code = main(["launch", str(SCENARIO), "--out", str(for_good), "--time-scale", TIME_SCALE,
-                 "--max-backoff", "1", "--no-plots", "--timeout", "100",
-                 "--set", "stop={windows: 400, all_budgets_spent: true}",
-                 "--set", "clients.groups[c].availability={crashes: {every: 6.0}}"])
-    assert code == 0
-    summary = json.loads((for_good / "summary.json").read_text())
+    summary = _launch(for_good, "stop={windows: 400, all_budgets_spent: true}",
+                      "clients.groups[c].availability={crashes: {every: 6.0}}")
     assert summary["stop_kind"] == "budgets_spent", summary["stop_reason"]
     assert summary["windows"] < 20  # not the 400 windows of the stop condition
     assert [s["kind"] for s in summary["stopped"]] == ["crashed"] * 4
@@ -135,14 +134,10 @@ def test_a_run_that_ends_on_spent_budgets_waits_for_the_updates_on_the_links(
     run with all 12 updates still on the links), and each client's last updates are
     acknowledged (closing the endpoint with the links had left them unacknowledged)."""
     out = tmp_path / "launch"
-    code = main(["launch", str(SCENARIO), "--out", str(out), "--time-scale", TIME_SCALE,
-                 "--max-backoff", "1", "--no-plots", "--timeout", "100",
-                 "--set", "stop={windows: 200, all_budgets_spent: true}",
-                 "--set", "clients.groups[c].budget={epsilon: 1.6, delta: 1.0e-5}",
-                 "--set", "clients.groups[c].staleness={max_versions_behind: 50}",
-                 "--set", "network.uplink={latency: {kind: uniform, low: 1.0, high: 3.0}}"])
-    assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _launch(out, "stop={windows: 200, all_budgets_spent: true}",
+                      "clients.groups[c].budget={epsilon: 1.6, delta: 1.0e-5}",
+                      "clients.groups[c].staleness={max_versions_behind: 50}",
+                      "network.uplink={latency: {kind: uniform, low: 1.0, high: 3.0}}")
     assert summary["stop_kind"] == "budgets_spent", summary["stop_reason"]
     reports = [json.loads(p.read_text()) for p in (out / "state").glob("*/client-*.json")]
     released = sum(len(report["released"]) for report in reports)

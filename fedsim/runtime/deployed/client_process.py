@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,10 +51,15 @@ from fedsim.runtime.deployed.deployment import (
 )
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
-from fedsim.runtime.deployed.state_owner import claim_state_dir, client_state_file, report_count
+from fedsim.runtime.deployed.state_owner import (
+    claim_state_dir,
+    client_state_file,
+    report_count,
+    stopped_for_good,
+)
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
-from fedsim.runtime.run_outputs import FINISHED_STATES, ledger_file, read_json, write_json
+from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
 from fedsim.transports.base import Endpoint
 from fedsim.transports.emulated import EmulatedLinks
 from fedsim.transports.link_model import link_model
@@ -402,17 +407,10 @@ def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClien
         client_id=client_id)
 
 
-def _stopped_for_good(report: Mapping[str, Any]) -> bool:
-    """Whether a client's report says it never trains again: a finished state, or a crash
-    for good (a "crashed" state alone may be a client down when the run ended)."""
-    return (report.get("state") in FINISHED_STATES
-            or report.get("stop_kind") == ClientStopKind.CRASHED)
-
-
 def _keep_first_stop(outcome: dict[str, Any], previous: dict[str, Any], *,
                      released_here: bool) -> None:
     """A client restarted after it had stopped for good keeps the first stop in its report."""
-    if _stopped_for_good(previous) and _stopped_for_good(outcome) and not released_here:
+    if stopped_for_good(previous) and stopped_for_good(outcome) and not released_here:
         # Restarted after it had stopped for good (a resumed launch restarts every
         # client): it released nothing, and its stop is the first one's, not this
         # process's clock's (a stranger saw a budget stop move from 253 s to 261 s).

@@ -18,14 +18,14 @@ from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.differences import measured_differences
-from fedsim.runtime.deployed.state_owner import client_state_file, report_count
+from fedsim.runtime.deployed.state_owner import client_state_file, report_count, stopped_for_good
 from fedsim.runtime.interrupted import interrupted_reason
 from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
-    FINISHED_STATES,
     LEDGER_DIR,
     METRICS_FILE,
     SERVER_FILE,
+    STOPPED_STATES,
     ClientOutcome,
     RunRecord,
     StoppedClient,
@@ -106,11 +106,9 @@ def collect_outputs(
             state = report.get("state") or status.get("state") or "waiting"
             reason = report.get("stop_reason") or status.get("detail", "")
             stopped_at = report.get("stopped_at", status.get("sent_at"))
-            # (a report's "crashed" is for good only with its stop kind: a client down
-            # when the run ended is crashed, not finished, as in a simulation; a "crashed"
-            # status is sent for good only)
-            finished = state in FINISHED_STATES or report.get("stop_kind") == "crashed" or (
-                not report.get("state") and status.get("state") == "crashed")
+            # (with no report, its last status: a "crashed" one is sent for good only)
+            finished = stopped_for_good(report) if report.get("state") else \
+                state in STOPPED_STATES
             if finished:
                 stopped.append({"client_id": client_id, "time": stopped_at, "reason": reason,
                                 "kind": finished_stop_kind(report, status, plan.group.rounds)})

@@ -22,12 +22,19 @@ from pathlib import Path
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.ledger_mark import mark_path
-from fedsim.runtime.run_outputs import LEDGER_DIR, ledger_file, read_json, write_json
+from fedsim.runtime.run_outputs import (
+    FINISHED_STATES,
+    LEDGER_DIR,
+    ledger_file,
+    read_json,
+    write_json,
+)
 
 OWNER_FILE = "owner.json"
 """The state directory's owner: ``{"client_id": ...}``, written at the first start."""
 
-__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file", "report_count"]
+__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file", "report_count",
+           "stopped_for_good"]
 
 
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
@@ -75,3 +82,9 @@ def report_count(report: Mapping[str, object], key: str) -> int:
     (the file is an input like any other, and may be damaged)."""
     value = report.get(key)
     return value if type(value) is int and value >= 0 else 0
+
+
+def stopped_for_good(report: Mapping[str, object]) -> bool:
+    """Whether a client's report says it never trains again: a finished state, or a crash
+    for good (a "crashed" state alone may be a client down when the run ended)."""
+    return report.get("state") in FINISHED_STATES or report.get("stop_kind") == "crashed"
