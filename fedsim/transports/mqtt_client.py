@@ -6,7 +6,7 @@ outbox until the server's receipt, resends with backoff, and receives the global
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from fedsim.protocol.messages import (
     Message,
     RunFinished,
 )
+from fedsim.transports.durable_outbox import DurableOutbox
 from fedsim.transports.incarnation import ClientIncarnation
 from fedsim.transports.mqtt_endpoint import GLOBAL_QOS, QOS, _MqttEndpoint
 from fedsim.transports.mqtt_receipts import Ack
@@ -69,6 +70,10 @@ class MqttClientEndpoint(_MqttEndpoint):
     recorded or sent since is a ledger lost (a fresh or old state directory): the endpoint
     confirms nothing, delivers no model (so the client trains and releases nothing) and sets
     :attr:`refusal` (:meth:`refused`). None: no such check.
+
+    ``outbox``: where the outbox is also kept on disk, each update written durably before it
+    is sent (:mod:`fedsim.transports.durable_outbox`); :meth:`resume_outbox` puts a previous
+    process's unacknowledged updates back in it. None: in memory only.
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         seed: int | None = None,
         aggregator: str | None = None,
         recorded_rounds: int | None = None,
+        outbox: DurableOutbox | None = None,
     ) -> None:
         try:
             codec.check_client_id(client_id)
@@ -132,6 +138,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         self.refusal: LedgerError | None = None
         """Why this client must not go on (the server knows rounds its ledger lost), or None."""
         self._refused = asyncio.Event()
+        self._store = outbox
 
     @property
     def unacknowledged(self) -> tuple[int, ...]:
@@ -157,14 +164,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         if isinstance(message, ClientUpdate):
             self.note_released(message.round)
             payload = codec.encode(message, incarnation=stamp)
-            self._outbox.pop(message.round, None)
-            self._outbox[message.round] = _Pending(payload, loop.time(), message.base_version)
-            self._outbox_empty.clear()
-            while len(self._outbox) > self._max_unacked:
-                abandoned = next(iter(self._outbox))
-                del self._outbox[abandoned]
-                self.stats.abandoned += 1
-                self._log.warning("outbox full: abandoning unacknowledged update", round=abandoned)
+            self._keep_durably(message.round, payload)
+            self._queue(message.round, _Pending(payload, loop.time(), message.base_version))
             if await self._send(self.topics.updates(self.client_id), payload):
                 self.stats.published += 1
         elif isinstance(message, ClientStatus):
@@ -178,6 +179,57 @@ class MqttClientEndpoint(_MqttEndpoint):
                 f"client endpoint {self.client_id!r} publishes ClientUpdate or ClientStatus only, "
                 f"not {type(message).__name__}"
             )
+
+    def resume_outbox(self, recorded: Collection[int]) -> int:
+        """Queue the updates a previous process of this client kept in its durable outbox and
+        saw no receipt for (those of rounds in ``recorded``, its ledger's), to be sent once
+        connected; returns how many (``stats.restored``; files refused: ``stats.outbox_rejected``).
+        Call before any update of this process is published."""
+        if self._store is None:
+            return 0
+        restored = self._store.restore(client_id=self.client_id, recorded=recorded,
+                                       expected_params=self._expected_params,
+                                       max_bytes=self._max_bytes)
+        self.stats.outbox_rejected += restored.rejected
+        now = asyncio.get_running_loop().time()
+        for update in restored.updates:
+            self._queue(update.round, _Pending(update.payload, now, update.base_version))
+        self.stats.restored += len(restored.updates)
+        if restored.updates:
+            self._log.info("resending updates a previous process did not see acknowledged",
+                           rounds=[update.round for update in restored.updates])
+        return len(restored.updates)
+
+    def _keep_durably(self, round_index: int, payload: bytes) -> None:
+        if self._store is None:
+            return
+        try:
+            self._store.keep(round_index, payload)
+        except OSError as exc:
+            # Charged already: sent all the same, only a kill before its receipt loses it.
+            self.stats.outbox_write_errors += 1
+            self._log.error("could not keep an update in the durable outbox (sent all the same)",
+                            round=round_index, error=str(exc))
+
+    def _queue(self, round_index: int, pending: _Pending) -> None:
+        self._outbox.pop(round_index, None)
+        self._outbox[round_index] = pending
+        self._outbox_empty.clear()
+        while len(self._outbox) > self._max_unacked:
+            abandoned = next(iter(self._outbox))
+            self._drop(abandoned)
+            self.stats.abandoned += 1
+            self._log.warning("outbox full: abandoning unacknowledged update", round=abandoned)
+
+    def _drop(self, round_index: int) -> bool:
+        """Take round ``round_index`` out of the outbox, on disk too; whether it was there."""
+        if self._outbox.pop(round_index, None) is None:
+            return False
+        if self._store is not None:
+            self._store.forget(round_index)
+        if not self._outbox:
+            self._outbox_empty.set()
+        return True
 
     async def refused(self) -> LedgerError:
         """Wait until the server shows that this client's ledger lost rounds
@@ -243,10 +295,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         if self._max_staleness is None or \
                 self._newest_version - pending.base_version <= self._max_staleness:
             return False
-        del self._outbox[round_]
+        self._drop(round_)
         self.stats.expired += 1
-        if not self._outbox:
-            self._outbox_empty.set()
         return True
 
     async def _resend_timer(self) -> None:
@@ -305,7 +355,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         if self.incarnation.current != before:
             self._release_held_back(ack.incarnation)
         for round_ in ack.rounds:
-            if self._outbox.pop(round_, None) is not None:
+            if self._drop(round_):
                 self.stats.acked += 1
         if not self._outbox:
             self._outbox_empty.set()

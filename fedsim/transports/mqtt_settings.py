@@ -119,6 +119,9 @@ class MqttStats:
     expired: int = 0  # unacknowledged updates not resent: stale by the newest model seen
     other_incarnation: int = 0  # messages of another run incarnation, ignored
     receipts_forgotten: int = 0  # rounds dropped from a client's full table of unrecorded ones
+    restored: int = 0  # unacknowledged updates of a previous process queued again (its disk)
+    outbox_rejected: int = 0  # files in a client's durable outbox that could not be resent
+    outbox_write_errors: int = 0  # updates sent without their durable copy (a full disk)
     refused_by_kind: dict[str, int] = field(default_factory=dict)
     """Every message the endpoint refused (rejected, denied, other incarnation), by kind."""
 

@@ -102,6 +102,13 @@ def _epsilon(out: Path, client_id: str, population: Any) -> float:
         return ledger.epsilon(1e-5)
 
 
+def _outbox_rounds(out: Path, client_id: str) -> set[int]:
+    """The rounds in the client's durable outbox (sent, not acknowledged)."""
+    outbox = out / "state" / client_id / "outbox"
+    return {int(p.name.split(".")[0]) for p in outbox.glob("*.update")} if outbox.is_dir() \
+        else set()
+
+
 def _check_applied_against_ledgers(out: Path) -> list[tuple[str, int]]:
     """No update applied twice, and every applied update is in its client's ledger."""
     applied = [(line["client_id"], line["round"]) for line in _lines(out / "applied.jsonl")]
@@ -294,6 +301,8 @@ def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None: 
         launcher.kill("c-001", signal.SIGKILL)
         rounds_at_kill = _ledger_rounds(out, "c-001")
         epsilon_at_kill = _epsilon(out, "c-001", population)
+        unacknowledged_at_kill = _outbox_rounds(out, "c-001")
+        assert unacknowledged_at_kill <= set(rounds_at_kill)
         assert rounds_at_kill == list(range(len(rounds_at_kill))) and epsilon_at_kill > 0
         launcher.start("c-001")
 
@@ -341,6 +350,11 @@ def test_client_broker_and_server_crashes_are_survived(tmp_path: Path) -> None: 
     assert _epsilon(out, "c-001", population) > epsilon_at_kill
     restarted = json.loads((out / "state" / "c-001" / "client-c-001.json").read_text())
     assert restarted["first_round"] == rounds_at_kill[-1] + 1
+    # What the killed process sent and saw no receipt for (its durable outbox at the kill),
+    # the restart resent, and the server acknowledged: none of it is left.
+    assert restarted["mqtt"]["restored"] == len(unacknowledged_at_kill)
+    assert restarted["mqtt"]["outbox_rejected"] == 0
+    assert not unacknowledged_at_kill & _outbox_rounds(out, "c-001")
     steady = json.loads((out / "state" / "c-000" / "client-c-000.json").read_text())
     assert steady["mqtt"]["connection_losses"] >= 1 and steady["mqtt"]["connections"] >= 2
     processes = json.loads((out / "processes.json").read_text())

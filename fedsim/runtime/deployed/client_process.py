@@ -2,8 +2,10 @@
 MQTT endpoint, its ledger resumed from its state directory (see :mod:`fedsim.runtime.deployed.deployment`
 for the crash-safety contract).
 
-State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger) and ``<state>/client-<id>.json``
-(what the last incarnation reported on exit).
+State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger), ``<state>/outbox/`` (the
+updates sent and not yet acknowledged, resent by the next process:
+:mod:`fedsim.transports.durable_outbox`) and ``<state>/client-<id>.json`` (what the last
+incarnation reported on exit).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
 from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
 from fedsim.transports.base import Endpoint
+from fedsim.transports.durable_outbox import DurableOutbox
 from fedsim.transports.emulated import EmulatedLinks
 from fedsim.transports.link_model import link_model
 from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
@@ -184,7 +187,9 @@ async def run_client(
     )
     clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
     endpoint = _client_endpoint(scenario, population, client_id, broker, run=run,
-                                options=options, first_round=first_round)
+                                options=options, first_round=first_round,
+                                outbox=DurableOutbox(state / "outbox"))
+    endpoint.resume_outbox(ledger.rounds)  # what a killed process sent and saw no receipt for
     links = emulated_links(loaded, plan, endpoint, clock, first_round, population)
     report_file = client_state_file(state, client_id)
     previous = read_json(report_file)
@@ -361,7 +366,7 @@ class _ClientProcess:
 
 def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
                      broker: BrokerSettings, *, run: str, options: DeploymentOptions,
-                     first_round: int) -> MqttClientEndpoint:
+                     first_round: int, outbox: DurableOutbox) -> MqttClientEndpoint:
     """The client's MQTT endpoint, with the scenario's limits and the deployment's options."""
     return MqttClientEndpoint(
         broker,
@@ -376,6 +381,7 @@ def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
         aggregator=(aggregator_of(client_id, aggregator_ids(scenario.aggregators.count))
                     if scenario.aggregators.count else None),
         recorded_rounds=first_round,
+        outbox=outbox,
     )
 
 

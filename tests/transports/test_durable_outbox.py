@@ -1,0 +1,185 @@
+"""A deployed client's durable outbox (fedsim/transports/durable_outbox.py): what a client
+process sent and saw no receipt for is on its disk, and the next process resends exactly those
+bytes, only for rounds its ledger records; a damaged or foreign file is set aside, counted,
+never sent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsim.protocol import codec
+from fedsim.protocol.messages import ClientStatus, ClientUpdate
+from fedsim.transports.broker import LocalMosquitto as Broker
+from fedsim.transports.durable_outbox import DurableOutbox
+from fedsim.transports.mqtt import MqttClientEndpoint, MqttServerEndpoint, ReconnectPolicy
+
+RUN = "test-run"  # the conftest ``mosquitto`` fixture's run
+PARAMS = 64
+FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.4, connect_timeout=5.0)
+LIMIT = codec.max_message_bytes(PARAMS)
+
+
+def update(client_id: str, round_: int, base: int = 0) -> ClientUpdate:
+    delta = np.random.default_rng(round_).standard_normal(PARAMS).astype(np.float32)
+    return ClientUpdate(client_id, round_, base, delta, 16.0)
+
+
+def sealed(client_id: str, round_: int, base: int = 0) -> bytes:
+    return codec.encode(update(client_id, round_, base), incarnation="0123456789abcdef")
+
+
+def restore(outbox: DurableOutbox, recorded: set[int], client_id: str = "c1"):
+    return outbox.restore(client_id=client_id, recorded=recorded, expected_params=PARAMS,
+                          max_bytes=LIMIT)
+
+
+def test_kept_updates_come_back_oldest_first_as_the_bytes_sent(tmp_path: Path) -> None:
+    outbox = DurableOutbox(tmp_path / "state" / "outbox")
+    for round_ in (12, 3, 7):
+        outbox.keep(round_, sealed("c1", round_, base=round_ // 2))
+    outbox.forget(7)  # acknowledged
+    outbox.forget(99)  # never kept: nothing to do
+    restored = restore(outbox, {3, 7, 12})
+    assert [(u.round, u.base_version) for u in restored.updates] == [(3, 1), (12, 6)]
+    assert restored.updates[1].payload == sealed("c1", 12, base=6)
+    assert restored.rejected == 0
+    assert oct(os.stat(outbox.path(3)).st_mode & 0o777) == "0o600"  # the client's own
+
+
+def test_nothing_kept_nothing_restored(tmp_path: Path) -> None:
+    assert restore(DurableOutbox(tmp_path / "none"), {0}).updates == ()
+
+
+def test_files_that_are_not_this_clients_charged_updates_are_set_aside(tmp_path: Path) -> None:
+    """Never sent: a truncated file, another client's update, one renamed to another round, a
+    round the ledger does not hold (never charged), a status, a directory in the way; a write
+    cut short (its temporary file) is removed; an unrelated file is left alone."""
+    outbox = DurableOutbox(tmp_path / "outbox")
+    outbox.keep(1, sealed("c1", 1))
+    outbox.keep(2, sealed("c1", 2)[:-10])  # truncated
+    outbox.keep(3, sealed("c2", 3))  # another client's
+    outbox.keep(4, sealed("c1", 5))  # renamed
+    outbox.keep(6, sealed("c1", 6))  # not in the ledger
+    outbox.keep(8, codec.encode(ClientStatus("c1", "waiting", 8, 0.1, 1e-5)))
+    (outbox.directory / "9.update").mkdir()
+    (outbox.directory / "010.update").write_bytes(sealed("c1", 10))  # not a canonical name
+    (outbox.directory / ".11.update.123-abcd.tmp").write_bytes(b"half")
+    (outbox.directory / "notes.txt").write_text("mine")
+    restored = restore(outbox, {1, 2, 3, 4, 5, 8, 9, 10})
+    assert [u.round for u in restored.updates] == [1]
+    assert restored.rejected == 7
+    names = sorted(p.name for p in outbox.directory.iterdir())
+    assert names == ["010.update.rejected", "1.update", "2.update.rejected",
+                     "3.update.rejected", "4.update.rejected", "6.update.rejected",
+                     "8.update.rejected", "9.update.rejected", "notes.txt"]
+    again = restore(outbox, {1, 2, 3, 4, 5, 8, 9, 10})  # set aside: not read again
+    assert [u.round for u in again.updates] == [1] and again.rejected == 0
+
+
+def test_an_oversized_file_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    outbox = DurableOutbox(tmp_path / "outbox")
+    outbox.keep(1, sealed("c1", 1) + b"\0" * LIMIT)
+    restored = restore(outbox, {1})
+    assert restored.updates == () and restored.rejected == 1
+
+
+def test_the_endpoint_keeps_each_update_before_sending_and_forgets_it_on_receipt(
+        tmp_path: Path) -> None:
+    """Not connected: each published update is on disk at once; an update abandoned from a
+    full outbox or expired by staleness leaves the disk too."""
+    outbox = DurableOutbox(tmp_path / "outbox")
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, max_unacknowledged=2,
+                                      max_staleness=2, outbox=outbox)
+        for round_ in (0, 1, 2):
+            await endpoint.publish(update("c1", round_, base=round_))
+            assert codec.decode(outbox.path(round_).read_bytes()).round == round_
+        assert endpoint.unacknowledged == (1, 2) and not outbox.path(0).exists()  # abandoned
+        from fedsim.protocol.messages import GlobalModel
+        endpoint._deliver(GlobalModel(4, np.zeros(PARAMS, np.float32), 0.0))
+        await endpoint._resend(older_than=0.0)  # round 1 (base 1) is 3 behind: expired
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.unacknowledged == (2,) and not outbox.path(1).exists()
+    assert outbox.path(2).exists() and endpoint.stats.expired == 1
+    assert endpoint.stats.abandoned == 1
+
+
+def test_an_unwritable_outbox_is_counted_and_the_update_still_sent(tmp_path: Path) -> None:
+    (tmp_path / "outbox").write_text("a file where the directory should be")
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS,
+                                      outbox=DurableOutbox(tmp_path / "outbox"))
+        await endpoint.publish(update("c1", 0))
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.unacknowledged == (0,) and endpoint.stats.outbox_write_errors == 1
+
+
+def _server(broker: Broker, **kwargs) -> MqttServerEndpoint:
+    return MqttServerEndpoint(broker.server_url(), run=RUN, expected_params=PARAMS,
+                              reconnect=FAST, seed=0, **kwargs)
+
+
+def _client(broker: Broker, outbox: DurableOutbox) -> MqttClientEndpoint:
+    return MqttClientEndpoint(broker.client_url("c1"), run=RUN, client_id="c1",
+                              expected_params=PARAMS, reconnect=FAST, seed=1,
+                              resend_after=60.0, outbox=outbox)
+
+
+async def _received(server: MqttServerEndpoint, rounds: set[int]) -> dict[int, ClientUpdate]:
+    got: dict[int, ClientUpdate] = {}
+    async with asyncio.timeout(10):
+        while set(got) != rounds:
+            message = await server.receive()
+            if isinstance(message, ClientUpdate):
+                got[message.round] = message
+    return got
+
+
+@pytest.mark.mqtt
+async def test_a_restarted_client_resends_what_its_killed_process_saw_unacknowledged(
+        mosquitto: Broker, tmp_path: Path) -> None:
+    """The first process sends rounds 0-3 and sees a receipt for 0 and 1 only, then dies
+    without a flush (its memory is gone); the next process on the same state directory sends
+    2 and 3 again, the same values, before it has computed anything, and once they are
+    acknowledged the disk holds none. Before the durable outbox, 2 and 3 were lost."""
+    outbox_dir = tmp_path / "state" / "outbox"
+    async with _server(mosquitto) as server:
+        first = _client(mosquitto, DurableOutbox(outbox_dir))
+        await first.start()
+        async with asyncio.timeout(5):
+            while first.incarnation.current is None:
+                await asyncio.sleep(0.02)
+        sent = {round_: update("c1", round_) for round_ in range(4)}
+        for message in sent.values():
+            await first.publish(message)
+        await _received(server, {0, 1, 2, 3})
+        server.acknowledge({("c1", 0), ("c1", 1)})
+        async with asyncio.timeout(5):
+            while first.unacknowledged != (2, 3):
+                await asyncio.sleep(0.02)
+        await first.close()  # the process is gone: nothing of its memory is used below
+        assert sorted(p.name for p in outbox_dir.iterdir()) == ["2.update", "3.update"]
+
+        second = _client(mosquitto, DurableOutbox(outbox_dir))
+        assert second.resume_outbox({0, 1, 2, 3}) == 2 and second.stats.restored == 2
+        await second.start()
+        resent = await _received(server, {2, 3})
+        for round_, message in resent.items():
+            assert message.delta.tobytes() == sent[round_].delta.tobytes()
+        server.acknowledge({("c1", 2), ("c1", 3)})
+        assert await second.flush(5)
+        await second.close()
+    assert list(outbox_dir.iterdir()) == []
