@@ -183,6 +183,7 @@ class MarkFile:
         self._identity = file_identity(os.fstat(self._fd))
         self.slot: int | None = None  # the slot of the newest mark read or written
         self.other_damaged = False  # the other slot, when read, held a damaged mark
+        self.unreadable = False  # when read: the file held bytes, but no valid mark
         try:
             self.verify()  # replaced between the open and the lock: this lock guards nothing
             if not directory_held:
@@ -207,7 +208,9 @@ class MarkFile:
 
     def read(self) -> Mark | None:
         """The newest valid mark (None: none); the next :meth:`write` goes to the other slot."""
-        found = newest_mark(os.pread(self._fd, MARK_FILE_BYTES, 0))
+        raw = os.pread(self._fd, MARK_FILE_BYTES, 0)
+        found = newest_mark(raw)
+        self.unreadable = found is None and bool(raw)
         self.slot = None if found is None else found.slot
         self.other_damaged = found is not None and found.other_damaged
         return None if found is None else found.mark

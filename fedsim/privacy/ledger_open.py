@@ -3,9 +3,14 @@
 :meth:`fedsim.privacy.ledger.PrivacyLedger.open` takes the ledger's lock and reads its file
 and high-water mark (:mod:`fedsim.privacy.ledger_file`, :mod:`fedsim.privacy.ledger_mark`):
 
-* a file without a complete line (and a mark of 0 records or none), or a header alone without
-  a mark, is a ledger whose run stopped before its first spend was acknowledged: it is
-  (re)created, or resumed from its header;
+* a file without a complete line that is empty or a beginning of the header it would be
+  created with (and a mark of 0 records or none), or a header alone without a mark, is a
+  ledger whose run stopped before its first spend was acknowledged: it is (re)created, or
+  resumed from its header. A first spend makes the header and the mark durable before its
+  records, and records only add bytes, so anything else without a complete line (bytes a
+  header cannot begin with, a file longer than a header: zeros over a ledger's records) is
+  damage, and so is a mark file that holds bytes but no valid mark (an audit: a zero-filled
+  ledger and mark were recreated at epsilon 0, and spent 68 rounds past the budget);
 * a final line without its terminating newline is a write that was cut by a crash before the
   fsync returned, so it was never acknowledged and the update was never released: it is
   ignored and cut off the file (later lines append cleanly);
@@ -78,7 +83,14 @@ def open_file(path: Path, header: dict[str, Any], directory: DirectoryLock | Non
     try:
         mark = lock.read()
         data = path.read_bytes() if path.exists() else b""
+        if lock.unreadable:
+            raise LedgerError(
+                f"{path}: its high-water mark ({mark_path(path).name}) holds no valid mark, "
+                f"so whether spends were cut from the ledger cannot be told; a ledger is never "
+                f"reset: `fedsim ledger check` says what is left, `fedsim ledger repair` "
+                f"adopts what can be adopted")
         if b"\n" not in data and (mark is None or mark.count == 0):
+            _refuse_unless_a_cut_creation(path, data, header)
             # New, or created by a run that stopped before its first spend (not even a
             # complete header: nothing was acknowledged).
             return _create(path, header, lock)
@@ -108,11 +120,27 @@ def open_file(path: Path, header: dict[str, Any], directory: DirectoryLock | Non
         raise
 
 
+def _header_line(header: dict[str, Any]) -> bytes:
+    return json.dumps(header).encode()
+
+
+def _refuse_unless_a_cut_creation(path: Path, data: bytes, header: dict[str, Any]) -> None:
+    """Raise :class:`LedgerError` unless ``data`` (a file without a complete line) is what a
+    creation cut before its first spend leaves: nothing, or a beginning of its header line."""
+    if (_header_line(header) + b"\n").startswith(data):
+        return
+    raise LedgerError(
+        f"{path}: {len(data)} bytes without a complete line, which are not the beginning of "
+        f"the ledger's header: damage (a ledger cut before its first spend holds at most a "
+        f"part of its header); a ledger is never reset: `fedsim ledger check` says what is "
+        f"left, `fedsim ledger repair` adopts what can be adopted")
+
+
 def _create(path: Path, header: dict[str, Any], lock: MarkFile) -> Found:
     """A new ledger: its mark of 0 records, then its header, written without an fsync (its
     first spend makes them durable before its own records:
     :meth:`~fedsim.privacy.ledger.PrivacyLedger._make_creation_durable`)."""
-    line = json.dumps(header).encode()
+    line = _header_line(header)
     # Both slots: a mark file left by an earlier start (another format, or damaged) keeps
     # nothing that a later open could read as a damaged slot (a review: refused).
     lock.write_both(Mark(0, line_hash(line), NO_STEPS), sync=False)

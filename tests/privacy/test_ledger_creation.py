@@ -136,3 +136,46 @@ def test_a_lost_mark_with_records_is_still_refused(tmp_path: Path) -> None:
     mark_path(path).unlink()
     with pytest.raises(LedgerError, match="no high-water mark"):
         _open(path)
+
+
+def _spent(path: Path, rounds: int = 5) -> None:
+    with _open(path) as ledger:
+        for round_ in range(rounds):
+            ledger.spend(STEP, time=float(round_), round=round_)
+
+
+def _zero(path: Path) -> None:
+    path.write_bytes(b"\0" * path.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", [
+    "ledger and mark zero-filled", "ledger zero-filled, mark lost", "cut to its header, mark "
+    "zero-filled", "cut to 3 bytes, mark zero-filled", "ledger zero-filled, mark intact",
+    "another file's bytes, mark lost"])
+def test_damage_that_wipes_every_line_is_refused_not_read_as_a_new_ledger(
+        tmp_path: Path, damage: str) -> None:
+    """An audit: a ledger of 50 spends whose file and mark were both zero-filled was opened as
+    new (it has no complete line, and an unreadable mark read as none), and granted 68 rounds
+    more at epsilon 0 (true epsilon 3.76 against a budget of 3). A creation cut before its
+    first spend leaves at most a beginning of its header and a valid or empty mark (the test
+    above); anything else is refused, and every byte is kept for a repair."""
+    path = tmp_path / "a.jsonl"
+    _spent(path)
+    header = path.read_bytes().split(b"\n", 1)[0] + b"\n"
+    if damage.startswith("ledger") and "zero-filled" in damage.split(",")[0]:
+        _zero(path)
+    elif damage.startswith("cut to its header"):
+        path.write_bytes(header)
+    elif damage.startswith("cut to 3 bytes"):
+        path.write_bytes(header[:3])
+    else:
+        path.write_bytes(b"not a ledger at all")
+    if "mark zero-filled" in damage or damage == "ledger and mark zero-filled":
+        _zero(mark_path(path))
+    elif "mark lost" in damage:
+        mark_path(path).unlink()
+    before = path.read_bytes(), mark_path(path).read_bytes() if mark_path(path).exists() else b""
+    with pytest.raises(LedgerError, match="never reset|no high-water mark|high-water mark"):
+        _open(path)
+    after = path.read_bytes(), mark_path(path).read_bytes() if mark_path(path).exists() else b""
+    assert after == before
