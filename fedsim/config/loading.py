@@ -15,6 +15,7 @@ directory. A named data set needs no path at all.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,13 @@ def _construct_mapping(
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# A number with an exponent is a number (YAML 1.2): PyYAML follows YAML 1.1, which reads
+# ``1e-3`` and ``1.0e3`` as text; the plain float fields took that text, the shorthand fields
+# (``speed: 2e-3``, ``clip``, ``noise``) refused it (a stranger's review).
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 
 
 def _expanded_size(root: yaml.Node) -> None:

@@ -3,25 +3,33 @@ not acknowledged, kept as the bytes it sent, so that a client process killed at 
 resends them after its restart (docs/DEPLOYMENT.md, "Crash safety").
 
 The order of a release: the ledger is fsynced (the actor's commit), then the update's file is
-written here durably, then it is sent. A process killed after the write never loses the
-update: its restart reads the files back (:meth:`DurableOutbox.restore`), keeps those whose
-round its ledger records, and resends them as they were first sent, stamped with the run
-incarnation they were released under (a server that does not continue that incarnation
-ignores them, as it would have ignored their first sending). A process killed between the
-ledger's sync and this write (one file write) loses that one update: charged, never sent.
+written here durably, then it is sent - or, behind the scenario's emulated links
+(:mod:`fedsim.transports.emulated`), given to its uplink, whose drop removes the file again. A
+process killed after the write never loses the update: its restart reads the files back
+(:meth:`DurableOutbox.restore`), keeps those whose round its ledger records, and resends them
+as they were first sent, once the live server is known and only if it continues the run
+incarnation they were stamped with (another run's are forgotten, counted). A process killed
+between the ledger's sync and this write (one file write) loses that one update: charged,
+never sent. When the run ends, what is still unacknowledged is removed: no receipt follows the
+end, and no later process may send it (a simulation loses what is in flight at the end).
 
 A receipt removes the file without a sync: a removal that a power failure undoes resends an
 acknowledged update, which the server drops as a duplicate. Resending a released update spends
 nothing: it is the same bytes, post-processing of a release already charged.
 
 A file that cannot be read back as this client's update of a recorded round (damaged, another
-client's, a round the ledger does not hold) is never sent: it is renamed ``*.rejected`` (kept
-for whoever looks into it), logged and counted.
+client's, a round the ledger does not hold, a link or anything but a regular file) is never
+sent: it is renamed ``*.rejected`` (kept for whoever looks into it), logged and counted. What a
+file holds is not tied to the ledger's record beyond its client and round: whoever can write
+the state directory can write the ledger too (docs/SECURITY.md, "A compromised client
+machine").
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,20 +50,23 @@ _NAME = re.compile(r"^(0|[1-9][0-9]{0,17})\.update$")
 
 @dataclass(frozen=True)
 class KeptUpdate:
-    """An update read back from the outbox: its round, base version and the bytes sent."""
+    """An update read back from the outbox: its round, base version, the run incarnation it
+    was stamped with and the bytes sent."""
 
     round: int
     base_version: int
+    incarnation: str
     payload: bytes
 
 
 @dataclass(frozen=True)
 class Restored:
     """What :meth:`DurableOutbox.restore` found: the updates to resend, oldest round first,
-    and how many files it refused."""
+    how many files it refused, and how many older updates it abandoned (past ``newest``)."""
 
     updates: tuple[KeptUpdate, ...]
     rejected: int
+    abandoned: int = 0
 
 
 class DurableOutbox:
@@ -90,44 +101,52 @@ class DurableOutbox:
                          path=str(self.path(round_index)), error=str(exc))
 
     def restore(self, *, client_id: str, recorded: Collection[int],
-                expected_params: int | None, max_bytes: int) -> Restored:
+                expected_params: int | None, max_bytes: int, newest: int) -> Restored:
         """The updates a previous process of ``client_id`` published and did not see
         acknowledged: every file that decodes (within ``max_bytes``, of ``expected_params``
         values) to an update of ``client_id`` whose round is its name's and one of
-        ``recorded`` (the ledger's rounds). Others are renamed ``*.rejected`` and counted;
-        the temporary files of a write cut short are removed."""
-        if not self.directory.is_dir():
+        ``recorded`` (the ledger's rounds), the ``newest`` rounds of them (an outbox holds no
+        more: older ones are abandoned, their files removed). Others are renamed
+        ``*.rejected`` and counted; the temporary files of a write cut short are removed. An
+        unreadable directory is logged and restores nothing."""
+        try:
+            entries = sorted(self.directory.iterdir()) if self.directory.is_dir() else []
+        except OSError as exc:
+            _log.error("the durable outbox cannot be read: nothing of it is resent",
+                       path=str(self.directory), error=str(exc))
             return Restored((), 0)
-        updates: list[KeptUpdate] = []
+        named: list[tuple[int, Path]] = []
         rejected = 0
-        for path in sorted(self.directory.iterdir()):
+        for path in entries:
             name = path.name
             if name.startswith(".") and name.endswith(".tmp"):
-                path.unlink(missing_ok=True)  # a write cut short: its update was never sent
+                _remove(path)  # a write cut short: its update was never sent
                 continue
             if not name.endswith(_SUFFIX):
                 continue
+            match = _NAME.match(name)
+            if match is None:
+                rejected += _set_aside(path, "not named <round>.update")
+            else:
+                named.append((int(match.group(1)), path))
+        named.sort()
+        abandoned = max(0, len(named) - newest)
+        for _, path in named[:abandoned]:
+            _remove(path)
+        updates: list[KeptUpdate] = []
+        for round_index, path in named[abandoned:]:
             try:
-                updates.append(self._read(path, client_id, recorded, expected_params,
-                                          max_bytes))
+                updates.append(self._read(path, round_index, client_id, recorded,
+                                          expected_params, max_bytes))
             except (OSError, CodecError, ValueError) as exc:
-                rejected += 1
-                _log.warning("an update in the outbox cannot be resent: set aside",
-                             path=str(path), reason=str(exc))
-                try:
-                    path.replace(path.with_name(name + ".rejected"))
-                except OSError:
-                    pass  # read-only: it stays, and is refused again next time
-        updates.sort(key=lambda update: update.round)
-        return Restored(tuple(updates), rejected)
+                rejected += _set_aside(path, str(exc))
+        return Restored(tuple(updates), rejected, abandoned)
 
     @staticmethod
-    def _read(path: Path, client_id: str, recorded: Collection[int],
+    def _read(path: Path, round_index: int, client_id: str, recorded: Collection[int],
               expected_params: int | None, max_bytes: int) -> KeptUpdate:
-        match = _NAME.match(path.name)
-        if match is None:
-            raise ValueError("not named <round>.update")
-        round_index = int(match.group(1))
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise ValueError("not a regular file (this outbox writes nothing else)")
         payload = read_regular(path, limit=max_bytes + 1)
         frame = codec.decode_frame(payload, expected_params=expected_params,
                                    max_bytes=max_bytes)
@@ -141,4 +160,23 @@ class DurableOutbox:
         if round_index not in recorded:
             raise ValueError(f"round {round_index} is not in this client's ledger: never "
                              f"charged, so never sent")
-        return KeptUpdate(round_index, message.base_version, payload)
+        return KeptUpdate(round_index, message.base_version, frame.incarnation, payload)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:  # read-only, or a directory in the way: left, said
+        _log.warning("could not remove a file from the durable outbox", path=str(path),
+                     error=str(exc))
+
+
+def _set_aside(path: Path, reason: str) -> int:
+    """Rename ``path`` to ``*.rejected`` (logged); 1, to count it."""
+    _log.warning("an update in the outbox cannot be resent: set aside", path=str(path),
+                 reason=reason)
+    try:
+        path.replace(path.with_name(path.name + ".rejected"))
+    except OSError:
+        pass  # read-only: it stays, and is refused again next time
+    return 1

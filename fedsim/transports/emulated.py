@@ -13,7 +13,12 @@ reaches the endpoint, so it never enters the outbox of the MQTT delivery (which 
 until the server's receipt) - the client spent its privacy for nothing, as in a simulation. The
 endpoint is told of its round (:meth:`~fedsim.transports.mqtt.MqttClientEndpoint.note_released`),
 so a server that learns of the client's rounds from a status is not taken for one that knows
-rounds the client never released. The rest is the deployment's own traffic, not the
+rounds the client never released. An update the link carries is given to the endpoint's
+:meth:`~fedsim.transports.mqtt.MqttClientEndpoint.release` at once, which keeps it on the
+client's disk (:mod:`fedsim.transports.durable_outbox`) before the link holds it: a process
+killed meanwhile resends it from its restart, as the network would have delivered it (and what
+a stopped link held, ``lost_at_close``, is sent by the client's next process, if one comes).
+The rest is the deployment's own traffic, not the
 scenario's: the client's statuses are never dropped or delayed by a draw (a deployed server
 learns from them that a client has stopped, where a simulation knows its actors' states: a
 dropped final status would keep a run whose budgets are all spent waiting for its stop time),
@@ -60,6 +65,8 @@ class ClientSide(Protocol):
     async def close(self) -> None: ...
 
     def note_released(self, round_index: int) -> None: ...
+
+    async def release(self, message: ClientUpdate) -> None: ...
 
 
 @dataclass
@@ -136,8 +143,12 @@ class EmulatedLinks:
             await self.drain()
             await self.inner.publish(message)
             return
-        self.inner.note_released(message.round)
-        await self._hand_on(self._up, message, self.inner.publish)
+        passage = self._carry(self._up, message)
+        if passage is None:  # dropped: never sent, so never kept on disk either
+            self.inner.note_released(message.round)
+            return
+        await self.inner.release(message)  # on the client's disk before the link holds it
+        await self._follow(self._up, message, passage, self.inner.publish)
 
     async def receive(self) -> Message:
         """The next message the downlink delivers (global models after their link's fate;
@@ -236,8 +247,12 @@ class EmulatedLinks:
         this call when that is now and no in-order message waits before it: a link without
         latency is a plain endpoint), and again at its duplicate's."""
         passage = self._carry(lane, message)
-        if passage is None:
-            return
+        if passage is not None:
+            await self._follow(lane, message, passage, act)
+
+    async def _follow(self, lane: _Lane, message: Message, passage: Passage,
+                      act: Callable[[Message], Awaitable[None]]) -> None:
+        """``message`` handed to ``act`` as its ``passage`` on ``lane`` says."""
         arrival, in_order, duplicate = passage
         if in_order and not lane.in_order and arrival <= self.clock.now():
             await act(message)

@@ -49,6 +49,7 @@ class _Pending:
     sent_at: float
     base_version: int
     resends: int = 0
+    stamp: str | None = None  # a restored update's run incarnation (None: this process's)
 
     def due(self, now: float, after: float) -> bool:
         """Whether it waited long enough to be resent (:data:`RESEND_BACKOFF_MAX`)."""
@@ -71,9 +72,12 @@ class MqttClientEndpoint(_MqttEndpoint):
     confirms nothing, delivers no model (so the client trains and releases nothing) and sets
     :attr:`refusal` (:meth:`refused`). None: no such check.
 
-    ``outbox``: where the outbox is also kept on disk, each update written durably before it
-    is sent (:mod:`fedsim.transports.durable_outbox`); :meth:`resume_outbox` puts a previous
-    process's unacknowledged updates back in it. None: in memory only.
+    ``outbox``: where the outbox is also kept on disk, each update written durably as it is
+    released, before any emulated link delays it (:meth:`release`) and before it is sent
+    (:mod:`fedsim.transports.durable_outbox`); :meth:`resume_outbox` puts a previous process's
+    unacknowledged updates back in it, sent once the live server's incarnation is known (a
+    receipt relayed by an aggregator is only taken for that incarnation) and dropped if they
+    belong to another run. None: in memory only.
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         """Why this client must not go on (the server knows rounds its ledger lost), or None."""
         self._refused = asyncio.Event()
         self._store = outbox
+        self._released: dict[int, bytes] = {}  # kept on disk, on an emulated link still
 
     @property
     def unacknowledged(self) -> tuple[int, ...]:
@@ -163,8 +168,11 @@ class MqttClientEndpoint(_MqttEndpoint):
         stamp = self.incarnation.current or ""
         if isinstance(message, ClientUpdate):
             self.note_released(message.round)
-            payload = codec.encode(message, incarnation=stamp)
-            self._keep_durably(message.round, payload)
+            payload = self._released.pop(message.round, None)
+            if payload is None:  # not released through release(): kept now
+                payload = codec.encode(message, incarnation=stamp)
+                if message.round not in self._outbox:  # (a link's duplicate is on disk)
+                    await self._keep_durably(message.round, payload)
             self._queue(message.round, _Pending(payload, loop.time(), message.base_version))
             if await self._send(self.topics.updates(self.client_id), payload):
                 self.stats.published += 1
@@ -180,31 +188,59 @@ class MqttClientEndpoint(_MqttEndpoint):
                 f"not {type(message).__name__}"
             )
 
+    async def release(self, message: ClientUpdate) -> None:
+        """The client released ``message`` (its ledger charged it) to an emulated link
+        (:mod:`fedsim.transports.emulated`) that may hand it on later, twice or never: it is
+        kept on disk now, and :meth:`publish` sends these bytes when the link hands it on (a
+        link that drops an update does not release it). A plain :meth:`publish` of an update
+        does both at once."""
+        self._check_open()
+        self.note_released(message.round)
+        payload = codec.encode(message, incarnation=self.incarnation.current or "")
+        await self._keep_durably(message.round, payload)
+        self._released[message.round] = payload
+
     def resume_outbox(self, recorded: Collection[int]) -> int:
         """Queue the updates a previous process of this client kept in its durable outbox and
-        saw no receipt for (those of rounds in ``recorded``, its ledger's), to be sent once
-        connected; returns how many (``stats.restored``; files refused: ``stats.outbox_rejected``).
+        saw no receipt for (those of rounds in ``recorded``, its ledger's; the newest
+        ``max_unacknowledged`` of them), to be sent once the live server's incarnation is
+        known; returns how many (``stats.restored``; files refused: ``stats.outbox_rejected``).
         Call before any update of this process is published."""
         if self._store is None:
             return 0
         restored = self._store.restore(client_id=self.client_id, recorded=recorded,
                                        expected_params=self._expected_params,
-                                       max_bytes=self._max_bytes)
+                                       max_bytes=self._max_bytes, newest=self._max_unacked)
         self.stats.outbox_rejected += restored.rejected
+        self.stats.abandoned += restored.abandoned
         now = asyncio.get_running_loop().time()
         for update in restored.updates:
-            self._queue(update.round, _Pending(update.payload, now, update.base_version))
+            self._queue(update.round, _Pending(update.payload, now, update.base_version,
+                                               stamp=update.incarnation))
         self.stats.restored += len(restored.updates)
         if restored.updates:
+            rounds = [update.round for update in restored.updates]
             self._log.info("resending updates a previous process did not see acknowledged",
-                           rounds=[update.round for update in restored.updates])
+                           count=len(rounds), first=rounds[0], last=rounds[-1],
+                           abandoned=restored.abandoned)
         return len(restored.updates)
 
-    def _keep_durably(self, round_index: int, payload: bytes) -> None:
+    def forget_on_disk(self) -> int:
+        """Remove the unacknowledged updates' files, the outbox itself unchanged (for the
+        report): the run has ended, no receipt will come and no later process may send them
+        (in a simulation what is in flight at the end is lost). Returns how many."""
+        if self._store is None:
+            return 0
+        rounds = {*self._outbox, *self._released}
+        for round_index in rounds:
+            self._store.forget(round_index)
+        return len(rounds)
+
+    async def _keep_durably(self, round_index: int, payload: bytes) -> None:
         if self._store is None:
             return
-        try:
-            self._store.keep(round_index, payload)
+        try:  # (a thread: its fsyncs do not hold the client's receipts and models back)
+            await asyncio.to_thread(self._store.keep, round_index, payload)
         except OSError as exc:
             # Charged already: sent all the same, only a kill before its receipt loses it.
             self.stats.outbox_write_errors += 1
@@ -282,6 +318,10 @@ class MqttClientEndpoint(_MqttEndpoint):
                 continue  # acknowledged meanwhile
             if self._expired(round_, pending):
                 continue
+            if pending.stamp is not None and self.incarnation.current is None:
+                # A previous process's update: sent once the live server is known (a
+                # receipt relayed by an aggregator is taken for its incarnation only).
+                continue
             pending.sent_at = loop.time()
             pending.resends += 1
             if await self._send(self.topics.updates(self.client_id), pending.payload):
@@ -354,11 +394,26 @@ class MqttClientEndpoint(_MqttEndpoint):
             return  # and no model is delivered (_deliver)
         if self.incarnation.current != before:
             self._release_held_back(ack.incarnation)
+            if before is None:
+                self._drop_other_runs(ack.incarnation, ack.lineage)
+                self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-restored")
         for round_ in ack.rounds:
             if self._drop(round_):
                 self.stats.acked += 1
         if not self._outbox:
             self._outbox_empty.set()
+
+    def _drop_other_runs(self, incarnation: str, lineage: Collection[str]) -> None:
+        """Forget the restored updates stamped with an incarnation the live server does not
+        continue (a state directory reused by another run of the same name): it ignores them,
+        so they would wait for ever (``stats.other_run``)."""
+        accepted = {incarnation, *lineage}
+        for round_, pending in list(self._outbox.items()):
+            if pending.stamp is not None and pending.stamp not in accepted:
+                self._drop(round_)
+                self.stats.other_run += 1
+                self._log.warning("an update a previous process kept belongs to another run: "
+                                  "forgotten", round=round_, incarnation=pending.stamp)
 
     def _release_held_back(self, incarnation: str) -> None:
         self._log.info("run incarnation confirmed", incarnation=incarnation)

@@ -140,6 +140,22 @@ def test_bare_numbers_mean_constants() -> None:
     assert group.clip.kind == "constant" and group.clip.value == 1.0
 
 
+def test_exponent_numbers_mean_numbers_in_the_shorthand_fields(tmp_path: Path) -> None:
+    """A stranger: ``speed: 2e-3`` was refused ("must be a number or a mapping"), because
+    PyYAML reads ``2e-3`` as text (YAML 1.1) while the plain float fields take it."""
+    text = yaml.safe_dump(MINIMAL).replace("speed: 0.01", "speed: 2e-3") \
+        .replace("clip: 1.0", "clip: 5E-1").replace("noise: 1.0", "noise: 1e0")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    group = load_scenario(path).scenario.clients.groups[0]
+    assert group.speed == Constant(value=0.002)
+    assert group.clip.value == 0.5 and group.noise.sigma == 1.0
+    data = json.loads(json.dumps(MINIMAL))
+    data["clients"]["groups"][0]["speed"] = "fast"  # text that is no number: still refused
+    with pytest.raises(ScenarioError, match="must be a number or a mapping"):
+        parse_scenario(data)
+
+
 def test_scenario_is_frozen() -> None:
     scenario = parse_scenario(MINIMAL)
     with pytest.raises(Exception, match="frozen"):

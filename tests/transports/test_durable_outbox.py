@@ -30,12 +30,16 @@ def update(client_id: str, round_: int, base: int = 0) -> ClientUpdate:
 
 
 def sealed(client_id: str, round_: int, base: int = 0) -> bytes:
-    return codec.encode(update(client_id, round_, base), incarnation="0123456789abcdef")
+    return codec.encode(update(client_id, round_, base), incarnation=STAMP)
 
 
-def restore(outbox: DurableOutbox, recorded: set[int], client_id: str = "c1"):
+STAMP = "0123456789abcdef"
+
+
+def restore(outbox: DurableOutbox, recorded: set[int], client_id: str = "c1",
+            newest: int = 256):
     return outbox.restore(client_id=client_id, recorded=recorded, expected_params=PARAMS,
-                          max_bytes=LIMIT)
+                          max_bytes=LIMIT, newest=newest)
 
 
 def test_kept_updates_come_back_oldest_first_as_the_bytes_sent(tmp_path: Path) -> None:
@@ -46,6 +50,7 @@ def test_kept_updates_come_back_oldest_first_as_the_bytes_sent(tmp_path: Path) -
     outbox.forget(99)  # never kept: nothing to do
     restored = restore(outbox, {3, 7, 12})
     assert [(u.round, u.base_version) for u in restored.updates] == [(3, 1), (12, 6)]
+    assert {u.incarnation for u in restored.updates} == {STAMP}
     assert restored.updates[1].payload == sealed("c1", 12, base=6)
     assert restored.rejected == 0
     assert oct(os.stat(outbox.path(3)).st_mode & 0o777) == "0o600"  # the client's own
@@ -67,16 +72,19 @@ def test_files_that_are_not_this_clients_charged_updates_are_set_aside(tmp_path:
     outbox.keep(6, sealed("c1", 6))  # not in the ledger
     outbox.keep(8, codec.encode(ClientStatus("c1", "waiting", 8, 0.1, 1e-5)))
     (outbox.directory / "9.update").mkdir()
+    (outbox.directory / "10.update").symlink_to(outbox.path(1))  # never written by it
+    (outbox.directory / ".12.update.1-ab.tmp").mkdir()  # cannot be removed: said, not raised
     (outbox.directory / "010.update").write_bytes(sealed("c1", 10))  # not a canonical name
     (outbox.directory / ".11.update.123-abcd.tmp").write_bytes(b"half")
     (outbox.directory / "notes.txt").write_text("mine")
     restored = restore(outbox, {1, 2, 3, 4, 5, 8, 9, 10})
     assert [u.round for u in restored.updates] == [1]
-    assert restored.rejected == 7
+    assert restored.rejected == 8
     names = sorted(p.name for p in outbox.directory.iterdir())
-    assert names == ["010.update.rejected", "1.update", "2.update.rejected",
-                     "3.update.rejected", "4.update.rejected", "6.update.rejected",
-                     "8.update.rejected", "9.update.rejected", "notes.txt"]
+    assert names == [".12.update.1-ab.tmp", "010.update.rejected", "1.update",
+                     "10.update.rejected", "2.update.rejected", "3.update.rejected",
+                     "4.update.rejected", "6.update.rejected", "8.update.rejected",
+                     "9.update.rejected", "notes.txt"]
     again = restore(outbox, {1, 2, 3, 4, 5, 8, 9, 10})  # set aside: not read again
     assert [u.round for u in again.updates] == [1] and again.rejected == 0
 
@@ -183,3 +191,108 @@ async def test_a_restarted_client_resends_what_its_killed_process_saw_unacknowle
         assert await second.flush(5)
         await second.close()
     assert list(outbox_dir.iterdir()) == []
+
+
+def test_past_an_outboxs_bound_the_oldest_are_abandoned_unread(tmp_path: Path) -> None:
+    outbox = DurableOutbox(tmp_path / "outbox")
+    for round_ in range(5):
+        outbox.keep(round_, sealed("c1", round_))
+    outbox.path(0).write_bytes(b"damaged, but abandoned before it is read")
+    restored = restore(outbox, set(range(5)), newest=2)
+    assert [u.round for u in restored.updates] == [3, 4]
+    assert restored.abandoned == 3 and restored.rejected == 0
+    assert sorted(p.name for p in outbox.directory.iterdir()) == ["3.update", "4.update"]
+
+
+def _ack(endpoint: MqttClientEndpoint, rounds: list[int], incarnation: str, *,
+         lineage: tuple[str, ...] = (), relayed_by: str | None = None) -> None:
+    from fedsim.transports.mqtt_receipts import Ack
+    topic = endpoint.topics.acks("c1") if relayed_by is None else \
+        endpoint.topics.relayed_acks(relayed_by, "c1")
+    endpoint._on_message(topic, Ack(rounds=rounds, incarnation=incarnation,
+                                    lineage=list(lineage)).model_dump_json().encode())
+
+
+def test_restored_updates_wait_for_the_live_server_then_take_its_relayed_receipts(
+        tmp_path: Path) -> None:
+    """An attacker's review: a restarted client behind an aggregator resent its restored
+    update at once, before the server's welcome; the receipt its aggregator relayed was
+    dropped (its incarnation not yet known), and the file outlived the run. Now nothing is
+    resent before the welcome, and the relayed receipt after it removes the file."""
+    outbox = DurableOutbox(tmp_path / "outbox")
+    outbox.keep(5, sealed("c1", 5))
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, aggregator="aggregator-0",
+                                      recorded_rounds=6, outbox=outbox)
+        assert endpoint.resume_outbox(set(range(6))) == 1
+        await endpoint._resend(older_than=None)
+        assert endpoint._outbox[5].resends == 0  # not before the live server is known
+        _ack(endpoint, [], STAMP)  # the welcome
+        assert endpoint.incarnation.current == STAMP
+        await asyncio.sleep(0)  # (the resend it starts finds no connection)
+        _ack(endpoint, [5], STAMP, relayed_by="aggregator-0")
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.unacknowledged == () and endpoint.stats.acked == 1
+    assert not outbox.path(5).exists()
+
+
+@pytest.mark.parametrize("continued", [False, True])
+def test_restored_updates_of_another_run_are_forgotten(tmp_path: Path, continued: bool) -> None:
+    """A state directory reused by another run of the same name: its server does not continue
+    the incarnation the restored update was stamped with and would ignore it for ever; a
+    restarted server of the same run does (its lineage)."""
+    outbox = DurableOutbox(tmp_path / "outbox")
+    outbox.keep(5, sealed("c1", 5))
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, outbox=outbox)
+        endpoint.resume_outbox({5})
+        _ack(endpoint, [], "fedcba9876543210", lineage=(STAMP,) if continued else ())
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.unacknowledged == ((5,) if continued else ())
+    assert endpoint.stats.other_run == (0 if continued else 1)
+    assert outbox.path(5).exists() == continued
+
+
+def test_at_the_runs_end_the_unacknowledged_leave_the_disk_not_the_report(
+        tmp_path: Path) -> None:
+    outbox = DurableOutbox(tmp_path / "outbox")
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, outbox=outbox)
+        await endpoint.publish(update("c1", 0))
+        await endpoint.release(update("c1", 1))  # still on an emulated link
+        assert endpoint.forget_on_disk() == 2
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.unacknowledged == (0,) and list(outbox.directory.iterdir()) == []
+
+
+def test_a_released_update_is_sent_as_the_bytes_kept(tmp_path: Path) -> None:
+    """Behind an emulated link the file is written at the release, and the bytes sent when
+    the link hands it on are those bytes (not encoded again, not written again)."""
+    outbox = DurableOutbox(tmp_path / "outbox")
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, outbox=outbox)
+        await endpoint.release(update("c1", 3))
+        kept = outbox.path(3).read_bytes()
+        writes: list[int] = []
+        outbox.keep = lambda round_, payload: writes.append(round_)  # type: ignore[method-assign]
+        await endpoint.publish(update("c1", 3))
+        await endpoint.publish(update("c1", 3))  # the link's duplicate
+        assert endpoint._outbox[3].payload == kept and writes == []
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.unacknowledged == (3,)

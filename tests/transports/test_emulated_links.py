@@ -38,6 +38,7 @@ class Recorder:
         self.clock = clock
         self.published: list[tuple[float, int]] = []
         self.released: list[int] = []
+        self.kept: list[int] = []  # released to a link that carries it (kept on disk)
         self.inbox: asyncio.Queue[Message] = asyncio.Queue()
         self.closed = False
         self.fail_after: int | None = None
@@ -59,6 +60,10 @@ class Recorder:
 
     def note_released(self, round_index: int) -> None:
         self.released.append(round_index)
+
+    async def release(self, message: ClientUpdate) -> None:
+        self.released.append(message.round)
+        self.kept.append(message.round)
 
 
 def _collect(receive: Any, clock: VirtualClock, got: list[tuple[float, int]]) -> asyncio.Task[None]:
@@ -97,6 +102,10 @@ def test_uplink_gives_the_simulated_networks_fates_and_times() -> None:
         assert counts["sent"] == 200 and 0 < counts["dropped"] < 200
         assert counts["duplicated"] > 0 and counts["reordered"] > 0
         assert inner.released == list(range(200))  # every release noted, dropped ones too
+        # Kept on disk (released to the endpoint) before the link held it: exactly those the
+        # link carries, each once, in release order (a duplicate is the same file).
+        assert inner.kept == sorted({key for _, key in inner.published})
+        assert len(inner.kept) == 200 - counts["dropped"]
         return inner.published
 
     async def simulated(clock: VirtualClock) -> list[tuple[float, int]]:

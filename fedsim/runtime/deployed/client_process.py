@@ -313,6 +313,9 @@ class _ClientProcess:
             if endpoint.unacknowledged:
                 _log.warning("updates not acknowledged before the server finished",
                              client=client_id, rounds=list(endpoint.unacknowledged))
+            # No receipt follows the end, and no later process may send them: lost, as a
+            # simulation loses what is in flight at its end (the report still lists them).
+            endpoint.forget_on_disk()
         elif not await endpoint.flush(left()):
             _log.warning(
                 "updates not acknowledged before exit",
