@@ -171,4 +171,4 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
         if result.get(key) is not None:
             value = result[key]
             text = f"{value:.6g}" if isinstance(value, float) else str(value)
-            print(f"{key + ':':<16}{text}")
+            print(f"{key + ':':<17}{text}")

@@ -117,9 +117,14 @@ def run_check(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     with ledger:
         delta = budget.delta if budget is not None else 1e-5
+        epsilon = ledger.epsilon(delta)
         result = {"path": str(path), "client_id": ledger.client_id, "records":
-                  len(ledger.records), "marked": mark.count, "epsilon": ledger.epsilon(delta),
+                  len(ledger.records), "marked": mark.count, "epsilon": epsilon,
                   "delta": delta, "last_time": ledger.last_time,
+                  # The budget it was opened with, and whether its spending is past it (a
+                  # repair's substitutes may take it there; a stranger: check said only ok).
+                  "budget_epsilon": None if budget is None else budget.epsilon,
+                  "over_budget": budget is not None and epsilon > budget.epsilon,
                   # What a repair charges a lost record (None: a mark of the old format).
                   "step_ceiling": None if mark.ceiling is None else mark.ceiling.to_json(),
                   # (a stranger: a flipped newest slot read plain ok) A torn mark write's:

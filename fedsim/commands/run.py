@@ -27,7 +27,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument("--out", metavar="DIR",
                         help="The run directory to write; it must not hold a run already.")
-    parser.add_argument("--seed", type=int, help="Use this seed instead of the scenario's.")
+    parser.add_argument("--seed", type=_seed, help="Use this seed instead of the scenario's.")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE",
                         help="Override one setting with a YAML value, for example "
@@ -56,6 +56,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def _seed(text: str) -> int:
+    """``--seed``'s value, refused as the flag (a stranger: ``--seed -1`` was reported as a
+    ``--set seed=-1`` never typed)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {seed}")
+    return seed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,10 +184,14 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any,
              windows=summary["windows"], virtual_time=summary["virtual_time"],
              wall_seconds=round(result.wall_seconds, 2), plots=len(plots))
     accuracy = summary["final_accuracy"]
+    privacy = summary["privacy"]
+    # One range a neighbouring relation: their guarantees are not to be compared
+    relations = privacy.get("by_relation") or {"": privacy}
+    ranges = ", ".join(f"{(relation + ' ') if relation else ''}{eps(r['epsilon_min'])}.."
+                       f"{eps(r['epsilon_max'])}" for relation, r in relations.items())
     print(f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} virtual s, "
           f"final accuracy {accuracy if accuracy is None else f'{accuracy:.4f}'}, "
-          f"eps (delta={summary['privacy']['delta']:g}) "
-          f"{eps(summary['privacy']['epsilon_min'])}..{eps(summary['privacy']['epsilon_max'])}, "
+          f"eps (delta={privacy['delta']:g}) {ranges}, "
           f"{result.wall_seconds:.1f} wall s (after {built_in:.1f} s to build the "
           f"population: data, models, privacy calibration)")
     print(summary["explanation"])

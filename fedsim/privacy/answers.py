@@ -234,7 +234,7 @@ def _mechanism(*, q: float | None, batch_size: int | None,  # noqa: C901, PLR091
     if q is None:
         raise ConfigError("give --q, or --batch-size and --dataset-size (or --ledger)")
     if not (math.isfinite(q) and 0 < q <= 1):
-        raise ConfigError(f"q must be in (0, 1], got {q}")
+        raise ConfigError(f"--q must be in (0, 1], got {q}")
     if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
         raise ConfigError(f"--sigma must be > 0, got {sigma}")
     if sigma is None and target_epsilon is None:

@@ -34,7 +34,10 @@ _MAX_STEP_GRID = 5_000_000
 # -- one step: exact hockey-stick divergences ---------------------------------------------------
 def _log_mix_shift(eps: np.ndarray, q: float) -> np.ndarray:
     """log((e^eps - (1-q)) / q), the log of the likelihood-ratio term that reaches loss eps."""
-    with np.errstate(divide="ignore"):  # -inf at the edge of the support is the right limit
+    # -inf at the edge of the support is the right limit, and so is +inf past e^709 (a loss
+    # reached only beyond float's range: no mass is left there; a stranger saw numpy's
+    # overflow warning from `fedsim account --sigma 0.01`)
+    with np.errstate(divide="ignore", over="ignore"):
         return np.asarray(np.log(np.expm1(eps) + q) - math.log(q), dtype=float)
 
 

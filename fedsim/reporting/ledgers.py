@@ -113,8 +113,8 @@ def read_ledgers(run: RunDirectory) -> list[ClientLedger]:
             ledger = read_ledger(path)
         except (LedgerError, ConfigError, OSError) as exc:  # OSError: e.g. a read-only copy
             message = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
-            raise ConfigError(f"{message} (`fedsim ledger check {path}` says more; moved out of "
-                              f"{path.parent}, the rest of the run is reported)") from None
+            raise ConfigError(f"{message} (`fedsim ledger check {path}` says more; to report the "
+                              f"rest of the run, move it out of {path.parent})") from None
         if ledger.client_id != client_id:
             raise ConfigError(
                 f"{path}: holds client {ledger.client_id!r}, but the file name says {client_id!r}"

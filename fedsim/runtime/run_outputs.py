@@ -37,7 +37,7 @@ from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
-from fedsim.privacy.events import GaussianStep, group_steps
+from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.actors.exposure import privacy_caveats
@@ -455,9 +455,14 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
     epsilons = [r["epsilon"] for r in rows]
     if epsilons:
         budgeted = sum(r["budget_epsilon"] is not None for r in rows)
+        relations = epsilon_by_relation(rows)
+        ranges = "; ".join(f"{relation} clients {r['epsilon_min']:.4g} to "
+                           f"{r['epsilon_max']:.4g}" for relation, r in relations.items())
         parts.append(
-            f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) ranges from "
-            f"{min(epsilons):.4g} to {max(epsilons):.4g}."
+            f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) "
+            + (f"ranges from {min(epsilons):.4g} to {max(epsilons):.4g}." if len(relations) == 1
+               else f"by neighbouring relation, guarantees about different neighbours that are "
+                    f"not to be compared: {ranges}.")
             + (f" None of the {budgeted} client(s) with a budget exceeded it: every release was "
                "checked against, and written to, its ledger first." if budgeted else
                " No client had a budget; every release was still written to its ledger.")
@@ -523,6 +528,20 @@ def _final_accuracy(record: RunRecord, metrics: Sequence[Mapping[str, Any]]) -> 
             "final_evaluated_version": last["version"] if last else None}
 
 
+def epsilon_by_relation(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The clients' epsilon (``clients.csv`` rows) by neighbouring relation (add/remove for
+    Poisson sampling, replace-one for fixed-size), each with its clients, min, median and
+    max: one relation's guarantee is about other neighbours than the other's, so their
+    figures are never pooled where both occur (a stranger: summary.json's median did)."""
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        relation = NEIGHBOURING_RELATION.get(row["sampling"], str(row["sampling"]))
+        groups.setdefault(relation, []).append(row["epsilon"])
+    return {relation: {"clients": len(values), "epsilon_min": min(values),
+                       "epsilon_median": float(np.median(values)), "epsilon_max": max(values)}
+            for relation, values in sorted(groups.items())}
+
+
 def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
     metrics = record.metrics
     accuracies = [m["accuracy"] for m in metrics if m["accuracy"] is not None]
@@ -560,7 +579,11 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "epsilon_max": epsilons[-1] if epsilons else None,
             "accountant": "pld",
             "caveats": caveats,
-        },
+        } | ({"by_relation": relations,
+              "note": "its clients' guarantees are about different neighbours (add/remove, "
+                      "replace-one): compare the eps of one relation only (by_relation); the "
+                      "figures above pool both"}
+             if len(relations := epsilon_by_relation(rows)) > 1 else {}),
         "explanation": _explain(record, rows, caveats),
     } | ({"interrupted": {"signal": record.interrupted, "partial": True}}
          if record.interrupted else {}) | (

@@ -171,9 +171,17 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     assert "--wait-on-resume" in processes["server"]["command"] and \
         "--wait-on-resume" not in first_server
     assert not any("earlier_commands" in p for name, p in processes.items() if name != "server")
+    acked = 0
     for client in (name for name in processes if name != "server"):
         state = out / "state" / client / "ledgers" / f"{client}.jsonl"
         assert (out / "ledgers" / f"{client}.jsonl").read_bytes() == state.read_bytes()
+        # Its counts are over both processes, as its released rounds are (a stranger: they
+        # were the last part's): every round it released was acknowledged, or is listed.
+        report = json.loads((out / "state" / client / f"client-{client}.json").read_text())
+        assert report["mqtt"]["acked"] + len(report["unacknowledged"]) == \
+            len(report["released"]), report["mqtt"]
+        acked += report["mqtt"]["acked"]
+    assert server["mqtt"]["received"] >= acked  # the server's too, over both parts
     assert main(["report", str(out)]) == 0
     assert "interrupted by" not in capsys.readouterr().out
     # an ended launch has nothing to resume, and a new launch there is told so (not to resume)

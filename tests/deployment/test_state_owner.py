@@ -70,3 +70,18 @@ def test_the_client_refuses_before_it_opens_a_ledger_or_a_connection(tmp_path: P
     with pytest.raises(ConfigError, match="give each client its own --state"):
         asyncio.run(run_client(loaded, "c-000", broker, state_dir=state))
     assert not ledger_file(state, "c-000").exists()
+
+
+def test_counts_add_up_over_processes_and_parts_and_damage_adds_nothing() -> None:
+    from fedsim.runtime.deployed.state_owner import add_counts, emulated_totals
+
+    earlier = {"acked": 3, "refused_by_kind": {"stale": 1}, "note": "x", "bad": -2,
+               "flag": True}
+    now = {"acked": 4, "refused_by_kind": {"stale": 2, "forged": 1}, "bad": 1, "flag": 1}
+    assert add_counts(add_counts({}, earlier), now) == {
+        "acked": 7, "refused_by_kind": {"stale": 3, "forged": 1}, "bad": 1, "flag": 1}
+    assert add_counts({}, "damaged") == {}
+    up = {"sent": 5, "dropped": 1}
+    assert emulated_totals([{"uplink": up}, None, "x", {"uplink": up, "downlink": {"sent": 2}}]) \
+        == {"uplink": {"sent": 10, "dropped": 2}, "downlink": {"sent": 2}}
+    assert emulated_totals([None, {}]) is None

@@ -84,11 +84,16 @@ class WindowReport:
         }
 
     def log_events(self) -> None:
-        """One info line for the window's per-message events (duplicates, stale updates,
-        rejections by kind), none when there were none: a lossy network's duplicates are
-        counted, not logged one by one (each is logged at debug where it is judged)."""
-        if self.duplicate or self.stale or self.rejected or self.rejections:
-            _log.info("window events", window=self.window, duplicate=self.duplicate,
+        """One line for the window's per-message events (duplicates, stale updates, rejections
+        by kind), none when there were none: a lossy network's duplicates are counted, not
+        logged one by one (each is logged at debug where it is judged). At info where an
+        update was stale or refused; a window of duplicates alone, which a scenario's network
+        asks for, at debug (a stranger: 33 such lines broke up the quickstart's progress bar;
+        metrics.jsonl counts them)."""
+        if not (self.duplicate or self.stale or self.rejected or self.rejections):
+            return
+        notable = bool(self.stale or self.rejected or self.rejections or self.shed)
+        (_log.info if notable else _log.debug)("window events", window=self.window, duplicate=self.duplicate,
                       stale=self.stale, rejected=self.rejected,
                       rejections=dict(sorted(self.rejections.items())),
                       **({"shed_on_arrival": self.shed} if self.shed else {}))

@@ -54,8 +54,10 @@ from fedsim.runtime.deployed.deployment import (
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import (
+    add_counts,
     claim_state_dir,
     client_state_file,
+    emulated_totals,
     report_count,
     stopped_for_good,
 )
@@ -350,7 +352,9 @@ class _ClientProcess:
             "ledger_rounds": sorted(lives.record.ledger.rounds),
             "released": released,
             "unacknowledged": list(endpoint.unacknowledged),
-            "mqtt": endpoint.stats.as_dict(),
+            # Counts over every process of this client (a restart, a resumed launch), as its
+            # released rounds are (a stranger: a resumed launch's counts were its last part's).
+            "mqtt": add_counts(add_counts({}, previous.get("mqtt")), endpoint.stats.as_dict()),
             "randomness": self.scenario.privacy.deployed_randomness,
             # (over every process of this client, as its released rounds are: a restart or
             # a resumed launch counted the last process's alone)
@@ -358,7 +362,8 @@ class _ClientProcess:
                for name in ("timing_overruns", "split_delays", "late_models")},
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
             # The scenario's links, emulated (None: they are perfect, nothing to emulate).
-            "emulated_network": None if self.links is None else self.links.counts(),
+            "emulated_network": None if self.links is None else emulated_totals(
+                [previous.get("emulated_network"), self.links.counts()]),
             # A delayed send that failed (logged, and raised to the actor's next call).
             "emulated_send_error": None if self.links is None or self.links.failure is None
             else str(self.links.failure),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,12 @@ from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.differences import measured_differences
-from fedsim.runtime.deployed.state_owner import client_state_file, report_count, stopped_for_good
+from fedsim.runtime.deployed.state_owner import (
+    client_state_file,
+    emulated_totals,
+    report_count,
+    stopped_for_good,
+)
 from fedsim.runtime.interrupted import interrupted_reason
 from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
@@ -157,25 +162,6 @@ def collect_outputs(
     finally:
         for client in clients:
             client.ledger.close()
-
-
-def emulated_totals(reports: Iterable[object]) -> dict[str, dict[str, int]] | None:
-    """The clients' emulated links (each report's ``emulated_network``) summed by direction
-    and count; a report's entry that is not counts (a damaged file) adds nothing. None: no
-    client emulated its links (the scenario's are perfect)."""
-    totals: dict[str, dict[str, int]] = {}
-    for report in reports:
-        if not isinstance(report, dict):
-            continue
-        for direction in ("uplink", "downlink"):
-            counts = report.get(direction)
-            if not isinstance(counts, dict):
-                continue
-            total = totals.setdefault(direction, {})
-            for key, value in counts.items():
-                if isinstance(key, str) and type(value) is int and value >= 0:
-                    total[key] = total.get(key, 0) + value
-    return totals or None
 
 
 def _extends(source: Path, copy: Path) -> bool:

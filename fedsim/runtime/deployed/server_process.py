@@ -61,6 +61,7 @@ from fedsim.runtime.deployed.deployment import (
 )
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.deployed.state_owner import add_counts
 from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
     APPLIED_FILE,
@@ -69,6 +70,7 @@ from fedsim.runtime.run_outputs import (
     SERVER_FILE,
     STOPPED_STATES,
     json_line,
+    read_json,
     write_json,
 )
 from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
@@ -335,6 +337,9 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
     snapshot = checkpoint.load()
     resumed_from = snapshot.windows_closed if snapshot is not None else None
     out = _prepare_out(Path(out_dir), population, resumed_from or 0)
+    # A resumed server's counts go on from its last report's (a stranger: they were its
+    # last part's alone); a part killed outright wrote none.
+    earlier_mqtt = read_json(out / SERVER_FILE).get("mqtt") if resumed_from is not None else None
     outcome: dict[str, Any] = {
         "run": run,
         "resumed_from_window": resumed_from,
@@ -394,7 +399,7 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
     finally:
         outcome.update(
             {
-                "mqtt": mqtt.stats.as_dict(),
+                "mqtt": add_counts(add_counts({}, earlier_mqtt), mqtt.stats.as_dict()),
                 "checkpoints_written": checkpoint.saves,
                 "checkpoint_seconds_max": max(checkpoint.seconds, default=None),
                 # Received but never judged: arrived after the last window closed.

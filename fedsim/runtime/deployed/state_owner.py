@@ -17,7 +17,7 @@ against mistakes, not against the machine's owner (docs/SECURITY.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from fedsim.errors import ConfigError
@@ -82,6 +82,37 @@ def report_count(report: Mapping[str, object], key: str) -> int:
     (the file is an input like any other, and may be damaged)."""
     value = report.get(key)
     return value if type(value) is int and value >= 0 else 0
+
+
+def add_counts(total: dict[str, object], counts: object) -> dict[str, object]:
+    """Add the counts of ``counts`` (a report's mapping of non-negative ints, nested mappings
+    too) into ``total`` and return it; anything else in it (a damaged file) adds nothing.
+    The one rule for counts over a client's processes or a launch's parts."""
+    if not isinstance(counts, dict):
+        return total
+    for key, value in counts.items():
+        if not isinstance(key, str):
+            continue
+        held = total.get(key, 0)
+        if type(value) is int and value >= 0 and type(held) is int:
+            total[key] = held + value
+        elif isinstance(value, dict):
+            inner = total.setdefault(key, {})
+            if isinstance(inner, dict):
+                add_counts(inner, value)
+    return total
+
+
+def emulated_totals(reports: Iterable[object]) -> dict[str, object] | None:
+    """The emulated links' counts of ``reports`` (each a report's ``emulated_network``)
+    summed by direction and count (:func:`add_counts`). None: no report has any (the
+    scenario's links are perfect)."""
+    totals: dict[str, object] = {}
+    for report in reports:
+        if isinstance(report, dict):
+            add_counts(totals, {direction: report.get(direction)
+                                for direction in ("uplink", "downlink")})
+    return totals or None
 
 
 def stopped_for_good(report: Mapping[str, object]) -> bool:
