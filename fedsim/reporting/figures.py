@@ -10,6 +10,7 @@ interrupted run says so in its titles and with a line where it stopped.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -79,11 +80,37 @@ def save(figure: Figure, path: Path, *, left: float = 0.09, right: float = 0.9,
     # Fixed margins (room for legends beside the axes): as good as tight_layout for these
     # figures, at a fraction of its cost, but for long tick labels (0.6025 on an axis fitted
     # to close values), which would push the axis label out of the figure: widened to fit.
+    top -= _wrap_title(figure)
     figure.subplots_adjust(left=left, right=right, bottom=bottom, top=top, hspace=hspace)
     spill = _left_spill(figure)
     if spill > 0:
         figure.subplots_adjust(left=min(left + spill + LABEL_PAD, right - 0.2))
     return save_png(figure, path)
+
+
+def _wrap_title(figure: Figure) -> float:
+    """Wrap the figure's title and its axes' titles onto more lines where one is wider than
+    the figure (a stranger: an interrupted run's title was cut at both edges); returns the
+    share of the figure's height the added lines take, to lower the axes by."""
+    titles = [t for t in [getattr(figure, "_suptitle", None),  # (matplotlib keeps it there)
+                          *(axes.title for axes in figure.axes)]
+              if t is not None and t.get_text()]
+    if not titles:
+        return 0.0
+    figure.draw_without_rendering()
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    room = 0.96 * figure.bbox.width
+    added = 0.0
+    for title in titles:
+        width = title.get_window_extent(renderer).width
+        if width <= room:
+            continue
+        text = title.get_text()
+        lines = textwrap.wrap(text, max(20, int(len(text) * room / width)))
+        title.set_text("\n".join(lines))
+        line_height = float(title.get_fontsize()) * 1.25 / 72 / figure.get_figheight()
+        added = max(added, (len(lines) - 1) * line_height)
+    return added
 
 
 LABEL_PAD = 0.01

@@ -34,6 +34,7 @@ always gives byte-identical files.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,6 +292,10 @@ def _draw_band(axes: Any, history: EpsilonHistory) -> None:
 AT_BUDGET = 0.01
 
 
+LEGEND_LABEL_CHARS = 42
+"""A legend label beside the axes is wrapped at this many characters."""
+
+
 def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[float],
                   final: dict[str, float]) -> None:
     """Budget lines; each value keeps its style (its place in ``every``) in every panel. Where
@@ -299,7 +304,10 @@ def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[fl
     for budget, groups in budgets.items():
         colour, dash = BUDGET_STYLES[list(every).index(budget) % len(BUDGET_STYLES)]
         axes.axhline(budget, color=colour, linestyle=dash, linewidth=1.4,
-                     label=f"budget eps = {budget:g} ({', '.join(groups)})")
+                     # wrapped: the legend beside the axes has a third of the width (a
+                     # stranger's budget at other deltas ran off the figure)
+                     label=textwrap.fill(f"budget eps = {budget:g} ({', '.join(groups)})",
+                                         LEGEND_LABEL_CHARS))
         at = sum(budget * (1 - AT_BUDGET) <= eps <= budget for eps in final.values())
         if at > 1:
             axes.annotate(f"{at} clients end at eps = {budget:g}", xy=(0.99, budget),

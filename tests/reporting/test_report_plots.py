@@ -642,3 +642,20 @@ def test_metrics_rows_share_their_keys_and_equal_the_lines(
     # shared while the set is under its bound ("time" of the first rows), not after it
     time_keys = [next(iter(row)) for row in read]
     assert time_keys[1] is time_keys[0] and time_keys[-1] is not time_keys[0]
+
+
+def test_a_title_wider_than_its_figure_is_wrapped_inside_it(tmp_path: Path) -> None:
+    """A stranger: an interrupted run's long title was cut at both edges of the figure."""
+    from fedsim.reporting.figures import new_figure, save
+
+    figure, [axes] = new_figure()
+    axes.plot([0, 1], [0, 1])
+    figure.suptitle("a-scenario-name-" * 12 + ": privacy spent per client (interrupted)")
+    axes.set_title("short")
+    save(figure, tmp_path / "wide.png")
+    renderer = figure.canvas.get_renderer()
+    title = figure._suptitle
+    assert "\n" in title.get_text() and axes.title.get_text() == "short"
+    box = title.get_window_extent(renderer)
+    assert box.x0 >= 0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
+    assert axes.get_window_extent(renderer).y1 < box.y0  # the axes moved down under it
