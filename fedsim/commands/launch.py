@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
     from fedsim.reporting.horizon import HorizonTracker, bound_horizon
-    from fedsim.reporting.progress import RunProgress
+    from fedsim.reporting.progress import RunProgress, log_evaluation
     from fedsim.runtime.deployed.launcher import Launcher
     from fedsim.runtime.interrupted import signals_interrupt
     from fedsim.runtime.run_outputs import default_run_dir
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         progress.set_total(tracker.observe(line["time"], line["active_clients"]))
         progress.update(line["time"], line["window"], line["accuracy"],
                         line["min_remaining_epsilon"], line["active_clients"])
+        log_evaluation(line)  # as fedsim run's (a stranger: off a terminal it said nothing)
 
     with RunProgress(horizon.seconds, unit="time", clock="scenario",
                      enabled=False if quiet else None) as progress:

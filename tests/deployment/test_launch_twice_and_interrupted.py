@@ -149,6 +149,9 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
         text=True, timeout=200)
     assert resumed.returncode == 0, resumed.stderr
+    # Off a terminal it says how the run goes, as fedsim run does (a stranger saw 43 s of
+    # silence): a log line a window that evaluated the model.
+    assert '"event": "window"' in resumed.stderr and '"accuracy"' in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert "interrupted" not in summary and summary["windows"] == 14
     # ... and says it ran in two parts (a stranger: nothing but server.json said so)
