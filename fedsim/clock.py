@@ -67,3 +67,11 @@ class ScaledClock:
 
     async def sleep(self, seconds: float) -> None:
         await self._wall.sleep(seconds * self.time_scale)
+
+    def catch_up(self, time: float) -> None:
+        """Move forward to scenario time ``time`` if it is later than now (never back): a
+        deployed client meets the live server's timeline at its first global model (a
+        resumed client's clock restarted at its ledger's last record, ten seconds behind the
+        server's in a stranger's resumed launch)."""
+        if math.isfinite(time) and time > self.now():
+            self._start += time - self.now()

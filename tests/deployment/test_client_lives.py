@@ -181,3 +181,38 @@ def test_a_client_down_at_the_end_is_not_taken_for_onestopped_for_good() -> None
     assert kept == now
     _keep_first_stop(kept, for_good, released_here=False)
     assert kept["stop_kind"] == "crashed" and kept["stopped_at"] == 7.5
+
+
+def test_a_clients_clock_meets_the_servers_at_its_first_model_never_going_back() -> None:
+    """A stranger's resumed launch: each client's clock restarted at its ledger's last record,
+    ten seconds behind the server's, so its stops and epsilon curves ended at 21 s of a 30 s
+    run. A client's scaled clock now moves forward to its first global model's send time
+    (once, and never back: a fresh client, whose clock starts before the server's, keeps it)."""
+    from fedsim.clock import ScaledClock
+    from fedsim.runtime.deployed.client_lives import _ActorsEndpoint
+
+    behind = ScaledClock(1000.0, start=19.0)  # a second of scenario time is 1000 wall s
+    behind.catch_up(23.5)
+    assert 23.5 <= behind.now() < 23.6
+    behind.catch_up(5.0)  # never back
+    behind.catch_up(float("nan"))
+    behind.catch_up(float("inf"))
+    assert 23.5 <= behind.now() < 23.6
+
+    class Models:
+        def __init__(self) -> None:
+            self.sent = [GlobalModel(1, np.zeros(2, np.float32), 30.0),
+                         GlobalModel(2, np.zeros(2, np.float32), 99.0)]
+
+        async def receive(self) -> GlobalModel:
+            return self.sent.pop(0)
+
+    aligned: list[float] = []
+    endpoint = _ActorsEndpoint(Models(), aligned.append)  # type: ignore[arg-type]
+
+    async def take_two() -> None:
+        await endpoint.receive()
+        await endpoint.receive()
+
+    asyncio.run(take_two())
+    assert aligned == [30.0]  # the first model's only

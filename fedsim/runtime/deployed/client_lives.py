@@ -54,18 +54,24 @@ class _ActorsEndpoint:
     client was down, delivered first to the next incarnation (a restarted process gets the
     broker's retained model at once, as a simulated rejoin gets the network's)."""
 
-    def __init__(self, inner: Endpoint) -> None:
+    def __init__(self, inner: Endpoint, align: Callable[[float], None] | None) -> None:
         self.inner = inner
         self.held: GlobalModel | None = None
+        self._align = align  # called with the first global model's send time, then dropped
 
     async def publish(self, message: Message) -> None:
         await self.inner.publish(message)
 
     async def receive(self) -> Message:
+        message: Message
         if self.held is not None:
             message, self.held = self.held, None
-            return message
-        return await self.inner.receive()
+        else:
+            message = await self.inner.receive()
+        if self._align is not None and isinstance(message, GlobalModel):
+            self._align(message.sent_at)
+            self._align = None
+        return message
 
     async def close(self) -> None:
         await self.inner.close()
@@ -79,10 +85,11 @@ class ClientLives:
     def __init__(self, plan: ClientPlan, trainer: Trainer, ledger: PrivacyLedger, *,
                  clock: Clock, endpoint: Endpoint, make_actor: ActorFactory,
                  reopen: Callable[[], PrivacyLedger],
-                 crash_rng: np.random.Generator | None) -> None:
+                 crash_rng: np.random.Generator | None,
+                 align: Callable[[float], None] | None = None) -> None:
         self.record = ClientRecord(plan, trainer, ledger)
         self.clock = clock
-        self._endpoint = _ActorsEndpoint(endpoint)
+        self._endpoint = _ActorsEndpoint(endpoint, align)
         self._down: asyncio.Task[None] | None = None
         self._finished: RunFinished | None = None
         self._make_actor = make_actor

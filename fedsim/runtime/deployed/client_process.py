@@ -220,7 +220,8 @@ async def run_client(
         endpoint=links if links is not None else endpoint,
         reopen=lambda: open_ledger(plan, ledger_file(state, client_id)),
         crash_rng=population.tree.numpy("client", client_id, "crashes", "from-round",
-                                        first_round))
+                                        first_round),
+        align=clock.catch_up)  # its clock meets the server's at its first model
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
                            first_round, previous)
     made: bool | None = None  # False: a signal came before the first connection
