@@ -28,7 +28,7 @@ from pydantic_core import core_schema
 
 from fedsim.config import limits
 from fedsim.config.overrides import assign_path
-from fedsim.config.schema import Scenario
+from fedsim.config.schema import FieldProblem, Scenario
 from fedsim.config.suggestions import did_you_mean, first_unknown_key, meant_choice
 from fedsim.errors import ConfigError
 
@@ -345,8 +345,12 @@ MAX_HINTED_ERRORS = 50
 def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
     lines: list[str] = []
     errors = exc.errors(include_url=False)
-    paths = [_data_path(data, error["loc"]) for error in errors]
-    for error, path in zip(errors, paths, strict=True):
+    # A scenario-wide check's problem with one field is placed at that field (FieldProblem).
+    problems = [_field_problem(error) for error in errors]
+    paths = [_data_path(data, error["loc"] if problem is None else
+                        (*error["loc"], *problem.path))
+             for error, problem in zip(errors, problems, strict=True)]
+    for error, problem, path in zip(errors, problems, paths, strict=True):
         if len(path) < len(error["loc"]) and any(
             len(other) > len(path) and other[: len(path)] == path for other in paths
         ):
@@ -366,8 +370,14 @@ def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> l
             given = error.get("input") if error["type"] == "literal_error" else (
                 error.get("ctx", {}).get("tag"))
             hint = meant_choice(path, given, tag=error["type"] == "union_tag_invalid")
-        lines.append(f"{where}{at}: {_describe(error)}{got}{hint}")
+        described = _describe(error) if problem is None else problem.message
+        lines.append(f"{where}{at}: {described}{got}{hint}")
     return lines
+
+
+def _field_problem(error: Mapping[str, Any]) -> FieldProblem | None:
+    found = error.get("ctx", {}).get("error")
+    return found if isinstance(found, FieldProblem) else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -82,6 +82,19 @@ _Strict = Strict
 # Data and model
 
 
+class FieldProblem(ValueError):
+    """A scenario-wide check's problem with one field, at ``path`` from the scenario's root:
+    an error then names that field and its line, as a field's own check does (a stranger:
+    these read "scenario (line 1): clients.groups[0].speed: ..."). Its text is the path and
+    the ``message``."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
+        super().__init__(f"{where.lstrip('.')}: {message}")
+        self.path = path
+        self.message = message
+
+
 class Partition(_Strict):
     """How a group's share of the training set is split among its clients."""
 
@@ -502,18 +515,19 @@ class Scenario(_Strict):
                              f"use a flat-input model (logreg or mlp), not {self.model.name!r}")
         given = self.model.options.get("in_features", pca.components)
         if given != pca.components:
-            raise ValueError(f"model.options.in_features={given!r}: dp_pca gives the model "
-                             f"{pca.components} inputs (its components)")
+            raise FieldProblem(("model", "options", "in_features"),
+                               f"{given!r}, but dp_pca gives the model {pca.components} inputs "
+                               f"(its components)")
         return self
 
     @model_validator(mode="after")
     def _invitations_fit(self) -> Scenario:
         total = self.clients.total
         if self.server.participation < 1.0 and total > limits.MAX_INVITED_CLIENTS:
-            raise ValueError(
-                f"server.participation < 1 invites clients by a bitmap in the global model's "
-                f"header, which names at most {limits.MAX_INVITED_CLIENTS} clients; this "
-                f"scenario has {total}")
+            raise FieldProblem(
+                ("server", "participation"),
+                f"below 1 invites clients by a bitmap in the global model's header, which "
+                f"names at most {limits.MAX_INVITED_CLIENTS} clients; this scenario has {total}")
         return self
 
     @model_validator(mode="after")
@@ -534,8 +548,9 @@ class Scenario(_Strict):
             if seconds > 0 and window / seconds <= limits.MAX_ROUNDS_PER_WINDOW:
                 continue
             default = "" if "speed" in group.model_fields_set else ", the default"
-            raise ValueError(
-                f"clients.groups[{index}].speed: a round of group {group.name!r} takes "
+            raise FieldProblem(
+                ("clients", "groups", index, "speed"),
+                f"a round of group {group.name!r} takes "
                 f"{seconds:.3g} virtual s on average (speed {group.speed.average:.3g} s a "
                 f"sample gradient{default}), more than {limits.MAX_ROUNDS_PER_WINDOW:,} "
                 f"rounds a client in a {window:g} s server window, and nothing bounds or paces "
@@ -556,9 +571,11 @@ class Scenario(_Strict):
         stop = self.stop
         if stop.virtual_seconds is not None and \
                 stop.virtual_seconds / self.server.window > limits.MAX_WINDOWS:
-            raise ValueError(
-                f"stop.virtual_seconds / server.window is {stop.virtual_seconds / self.server.window:.3g} "
-                f"windows, more than {limits.MAX_WINDOWS}; lengthen server.window")
+            raise FieldProblem(
+                ("stop", "virtual_seconds"),
+                f"stop.virtual_seconds / server.window is "
+                f"{stop.virtual_seconds / self.server.window:.3g} windows, more than "
+                f"{limits.MAX_WINDOWS}; lengthen server.window")
         bounded = stop.virtual_seconds is not None or stop.windows is not None
         if bounded:
             return self

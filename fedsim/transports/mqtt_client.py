@@ -396,7 +396,9 @@ class MqttClientEndpoint(_MqttEndpoint):
             self._release_held_back(ack.incarnation)
             if before is None:
                 self._drop_other_runs(ack.incarnation, ack.lineage)
-                self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-restored")
+                if any(pending.stamp is not None for pending in self._outbox.values()):
+                    # a previous process's updates, held until now: sent at once
+                    self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-restored")
         for round_ in ack.rounds:
             if self._drop(round_):
                 self.stats.acked += 1

@@ -247,3 +247,18 @@ def test_a_dataset_path_of_an_unknown_users_home_is_a_clear_error(
     err = capsys.readouterr().err
     assert "~no-such-user-fedsim/mnist.npz: its ~user has no home directory here" in err
     assert "Traceback" not in err
+
+
+def test_a_scenario_wide_checks_problem_names_its_field_and_line(tmp_path: Path) -> None:
+    """A stranger: "scenario (line 1): clients.groups[0].speed: ...", the field inside the
+    message and the line the file's first."""
+    data = json.loads(json.dumps(MINIMAL))
+    del data["clients"]["groups"][0]["speed"]  # 0 s a gradient: rounds take no time
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario(path)
+    [problem] = raised.value.errors
+    group_line = 1 + next(i for i, text in enumerate(path.read_text().splitlines())
+                          if "- name: a" in text)
+    assert problem.startswith(f"clients.groups[0].speed (line {group_line}): a round of group")
