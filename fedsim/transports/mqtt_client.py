@@ -395,20 +395,18 @@ class MqttClientEndpoint(_MqttEndpoint):
         if self.incarnation.current != before:
             self._release_held_back(ack.incarnation)
             if before is None:
-                self._drop_other_runs(ack.incarnation, ack.lineage)
-                if any(pending.stamp is not None for pending in self._outbox.values()):
-                    # a previous process's updates, held until now: sent at once
-                    self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-restored")
+                self._welcomed(ack.incarnation, ack.lineage)
         for round_ in ack.rounds:
             if self._drop(round_):
                 self.stats.acked += 1
         if not self._outbox:
             self._outbox_empty.set()
 
-    def _drop_other_runs(self, incarnation: str, lineage: Collection[str]) -> None:
-        """Forget the restored updates stamped with an incarnation the live server does not
-        continue (a state directory reused by another run of the same name): it ignores them,
-        so they would wait for ever (``stats.other_run``)."""
+    def _welcomed(self, incarnation: str, lineage: Collection[str]) -> None:
+        """The live server is known (its first welcome or receipt): forget the restored
+        updates stamped with an incarnation it does not continue (a state directory reused by
+        another run of the same name: it ignores them, so they would wait for ever,
+        ``stats.other_run``) and send the others, held until now."""
         accepted = {incarnation, *lineage}
         for round_, pending in list(self._outbox.items()):
             if pending.stamp is not None and pending.stamp not in accepted:
@@ -416,6 +414,8 @@ class MqttClientEndpoint(_MqttEndpoint):
                 self.stats.other_run += 1
                 self._log.warning("an update a previous process kept belongs to another run: "
                                   "forgotten", round=round_, incarnation=pending.stamp)
+        if any(pending.stamp is not None for pending in self._outbox.values()):
+            self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-restored")
 
     def _release_held_back(self, incarnation: str) -> None:
         self._log.info("run incarnation confirmed", incarnation=incarnation)
