@@ -141,18 +141,15 @@ def _privacy_lines(run: RunDirectory, accountant: str, delta: float,
     """The clients' eps spread; one line per neighbouring relation where clients of both
     sampling schemes ran (a stranger read one spread over add/remove and replace-one
     guarantees, which the plots keep apart)."""
-    from fedsim.privacy.events import NEIGHBOURING_RELATION
+    from fedsim.privacy.events import by_relation
 
     sampling = {row.get("client_id"): row.get("sampling") for row in run.clients}
-    by_relation: dict[str, list[float]] = {}
-    for client, eps in final_eps.items():
-        relation = NEIGHBOURING_RELATION.get(sampling.get(client), "unknown")  # type: ignore[arg-type]
-        by_relation.setdefault(relation, []).append(eps)
+    groups = by_relation((sampling.get(client), eps) for client, eps in final_eps.items())
     head = f"privacy ({accountant}, delta = {delta:g})"
-    if len(by_relation) == 1:
+    if len(groups) == 1:
         return [f"{head}: eps {spread(final_eps.values())} over {len(final_eps)} clients"]
     return [f"{head}, {relation} neighbours: eps {spread(values)} over {len(values)} clients"
-            for relation, values in sorted(by_relation.items())]
+            for relation, values in groups.items()]
 
 
 def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[str]:

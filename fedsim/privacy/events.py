@@ -33,13 +33,26 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fedsim.errors import ConfigError
+
+_T = TypeVar("_T")
 
 Sampling = Literal["poisson", "fixed"]
 SAMPLING_SCHEMES: tuple[Sampling, ...] = ("poisson", "fixed")
 NEIGHBOURING_RELATION: dict[Sampling, str] = {"poisson": "add/remove", "fixed": "replace-one"}
+
+
+def by_relation(items: Iterable[tuple[object, _T]]) -> dict[str, list[_T]]:
+    """``items`` of ``(sampling, value)`` grouped by the neighbouring relation of their
+    sampling (an unknown one as "unknown"), in the relations' order: the one grouping of
+    every figure that must not pool add/remove with replace-one guarantees."""
+    groups: dict[str, list[_T]] = {}
+    for sampling, value in items:
+        relation = NEIGHBOURING_RELATION.get(sampling, "unknown")  # type: ignore[call-overload]
+        groups.setdefault(relation, []).append(value)
+    return dict(sorted(groups.items()))
 
 
 def sensitivity(sampling: Sampling, clip: float) -> float:

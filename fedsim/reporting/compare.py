@@ -270,7 +270,7 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
     leave its own band, where a client spent its budget early.)"""
     import numpy as np
 
-    from fedsim.privacy.events import NEIGHBOURING_RELATION
+    from fedsim.privacy.events import by_relation
     from fedsim.reporting.epsilon_history import (
         EXACT_BAND_EVALUATIONS,
         QUANTILES,
@@ -284,11 +284,8 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
 
     ledgers = [lg for lg in read if lg.steps]
     cache = EpsilonCache(run.delta)
-    by_relation: dict[str, list[Any]] = {}
-    for ledger in ledgers:
-        by_relation.setdefault(NEIGHBOURING_RELATION[ledger.steps[0][1].sampling], []).append(ledger)
     curves = {}
-    for relation, members in sorted(by_relation.items()):
+    for relation, members in by_relation((lg.steps[0][1].sampling, lg) for lg in ledgers).items():
         drawn = members
         if len(members) * TIME_GRID_POINTS > EXACT_BAND_EVALUATIONS:
             chosen = {lg.client_id: lg for lg in members}

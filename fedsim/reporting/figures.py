@@ -97,7 +97,8 @@ def _wrap_title(figure: Figure) -> float:
               if t is not None and t.get_text()]
     if not titles:
         return 0.0
-    figure.draw_without_rendering()
+    # A text's width needs the renderer, not a draw of the figure (save's fixed margins are
+    # there to spare the draws tight_layout makes)
     renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     room = 0.96 * figure.bbox.width
     added = 0.0

@@ -37,7 +37,7 @@ from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
-from fedsim.privacy.events import NEIGHBOURING_RELATION, GaussianStep, group_steps
+from fedsim.privacy.events import GaussianStep, by_relation, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.runtime.actors.exposure import privacy_caveats
@@ -533,13 +533,10 @@ def epsilon_by_relation(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     Poisson sampling, replace-one for fixed-size), each with its clients, min, median and
     max: one relation's guarantee is about other neighbours than the other's, so their
     figures are never pooled where both occur (a stranger: summary.json's median did)."""
-    groups: dict[str, list[float]] = {}
-    for row in rows:
-        relation = NEIGHBOURING_RELATION.get(row["sampling"], str(row["sampling"]))
-        groups.setdefault(relation, []).append(row["epsilon"])
+    groups = by_relation((row["sampling"], float(row["epsilon"])) for row in rows)
     return {relation: {"clients": len(values), "epsilon_min": min(values),
                        "epsilon_median": float(np.median(values)), "epsilon_max": max(values)}
-            for relation, values in sorted(groups.items())}
+            for relation, values in groups.items()}
 
 
 def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -361,6 +361,8 @@ class MqttClientEndpoint(_MqttEndpoint):
             )
             return
         current = self.incarnation.current
+        if current is None and isinstance(frame.message, RunFinished):
+            self._run_ended(frame.incarnation, frame.lineage)
         admitted = self.incarnation.admit_global(frame)
         if admitted is not None:
             self._deliver(admitted.message)
@@ -401,6 +403,20 @@ class MqttClientEndpoint(_MqttEndpoint):
                 self.stats.acked += 1
         if not self._outbox:
             self._outbox_empty.set()
+
+    def _run_ended(self, incarnation: str, lineage: Collection[str]) -> None:
+        """The broker's retained end of a run, before any welcome: the restored updates of
+        that run (stamped with its incarnation or one it continued) can never be received,
+        so they are forgotten (``stats.other_run``; a review: a client restarted after its
+        server finished kept them on disk, unacknowledged though applied). The end itself
+        waits for the live server's confirmation, as before (it may be an earlier run's)."""
+        ended = {incarnation, *lineage}
+        for round_, pending in list(self._outbox.items()):
+            if pending.stamp is not None and pending.stamp in ended:
+                self._drop(round_)
+                self.stats.other_run += 1
+                self._log.info("an update a previous process kept belongs to a run that has "
+                               "ended: forgotten", round=round_)
 
     def _welcomed(self, incarnation: str, lineage: Collection[str]) -> None:
         """The live server is known (its first welcome or receipt): forget the restored

@@ -122,7 +122,7 @@ class MqttStats:
     restored: int = 0  # unacknowledged updates of a previous process queued again (its disk)
     outbox_rejected: int = 0  # files in a client's durable outbox that could not be resent
     outbox_write_errors: int = 0  # updates sent without their durable copy (a full disk)
-    other_run: int = 0  # restored updates of another run's incarnation, forgotten
+    other_run: int = 0  # restored updates of another run's incarnation or of an ended run
     refused_by_kind: dict[str, int] = field(default_factory=dict)
     """Every message the endpoint refused (rejected, denied, other incarnation), by kind."""
 

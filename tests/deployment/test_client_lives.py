@@ -216,3 +216,19 @@ def test_a_clients_clock_meets_the_servers_at_its_first_model_never_going_back()
 
     asyncio.run(take_two())
     assert aligned == [30.0]  # the first model's only
+
+
+def test_a_servers_send_time_past_any_runs_end_does_not_move_the_clock() -> None:
+    """A review: a global model's sent_at of 1e17 (finite, so the codec takes it) froze the
+    client's clock at float's resolution, and its release padding with it."""
+    from fedsim.clock import ScaledClock
+    from fedsim.config.loading import load_scenario
+    from fedsim.runtime.deployed.client_process import _aligner
+
+    scenario = load_scenario(SCENARIO).scenario
+    clock = ScaledClock(1000.0, start=2.0)
+    align = _aligner(clock, scenario)
+    align(1e17)
+    assert 2.0 <= clock.now() < 2.1
+    align(40.0)
+    assert 40.0 <= clock.now() < 40.1

@@ -296,3 +296,31 @@ def test_a_released_update_is_sent_as_the_bytes_kept(tmp_path: Path) -> None:
 
     endpoint = asyncio.run(main())
     assert endpoint.unacknowledged == (3,)
+
+
+@pytest.mark.parametrize("same_run", [True, False])
+def test_the_retained_end_of_its_run_forgets_the_restored_updates(tmp_path: Path,
+                                                                  same_run: bool) -> None:
+    """A review: a client restarted after its server finished never got a welcome, so its
+    restored updates stayed on disk, reported unacknowledged though applied. The broker's
+    retained end of their run (stamped with their incarnation) now forgets them; the end of
+    another run does not (and neither is delivered before the live server confirms it)."""
+    from fedsim.protocol.messages import RunFinished
+
+    outbox = DurableOutbox(tmp_path / "outbox")
+    outbox.keep(5, sealed("c1", 5))
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, outbox=outbox)
+        endpoint.resume_outbox({5})
+        stamp = STAMP if same_run else "fedcba9876543210"
+        endpoint._on_message(endpoint.topics.global_model, codec.encode(
+            RunFinished(7, "windows", 30.0), incarnation=stamp))
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.incarnation.current is None and endpoint.stats.received == 0
+    assert endpoint.unacknowledged == (() if same_run else (5,))
+    assert outbox.path(5).exists() == (not same_run)
+    assert endpoint.stats.other_run == (1 if same_run else 0)

@@ -92,11 +92,10 @@ class WindowReport:
         metrics.jsonl counts them)."""
         if not (self.duplicate or self.stale or self.rejected or self.rejections):
             return
-        notable = bool(self.stale or self.rejected or self.rejections or self.shed)
-        (_log.info if notable else _log.debug)("window events", window=self.window, duplicate=self.duplicate,
-                      stale=self.stale, rejected=self.rejected,
-                      rejections=dict(sorted(self.rejections.items())),
-                      **({"shed_on_arrival": self.shed} if self.shed else {}))
+        log = _log.info if self.stale or self.rejected or self.rejections else _log.debug
+        log("window events", window=self.window, duplicate=self.duplicate, stale=self.stale,
+            rejected=self.rejected, rejections=dict(sorted(self.rejections.items())),
+            **({"shed_on_arrival": self.shed} if self.shed else {}))  # (shed ones are stale)
 
     def stop_reason(self, stop: Stop, *, active_clients: int, in_flight: int = 0,
                     seconds: str = "virtual") -> RunStop | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fedsim.clock import Clock, ScaledClock
+from fedsim.config import limits
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.network import client_links, imperfect
 from fedsim.config.schema import Scenario
@@ -221,7 +222,7 @@ async def run_client(
         reopen=lambda: open_ledger(plan, ledger_file(state, client_id)),
         crash_rng=population.tree.numpy("client", client_id, "crashes", "from-round",
                                         first_round),
-        align=clock.catch_up)  # its clock meets the server's at its first model
+        align=_aligner(clock, scenario))  # its clock meets the server's at its first model
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
                            first_round, previous)
     made: bool | None = None  # False: a signal came before the first connection
@@ -371,6 +372,23 @@ class _ClientProcess:
         }
         _keep_first_stop(outcome, previous, released_here=bool(lives.kept))
         return outcome
+
+
+def _aligner(clock: ScaledClock, scenario: Scenario) -> Callable[[float], None]:
+    """What moves the client's clock to its first global model's send time: forward only
+    (:meth:`~fedsim.clock.ScaledClock.catch_up`), and not past the latest time any run's
+    server can reach (``MAX_WINDOWS`` windows; a review: a server's send time of 1e17 froze
+    a client's clock at float's resolution, and with it the release padding)."""
+    latest = limits.MAX_WINDOWS * scenario.server.window
+
+    def align(sent_at: float) -> None:
+        if sent_at > latest:
+            _log.warning("a global model's send time lies past any run's end: the client's "
+                         "clock is not moved to it", sent_at=sent_at, latest=latest)
+            return
+        clock.catch_up(sent_at)
+
+    return align
 
 
 def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
