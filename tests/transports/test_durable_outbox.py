@@ -240,6 +240,14 @@ def test_restored_updates_wait_for_the_live_server_then_take_its_relayed_receipt
     assert not outbox.path(5).exists()
 
 
+def _restarted(outbox: DurableOutbox, recorded: set[int]) -> MqttClientEndpoint:
+    """A restarted client's endpoint (not connected) with its outbox's updates restored."""
+    endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                  expected_params=PARAMS, outbox=outbox)
+    endpoint.resume_outbox(recorded)
+    return endpoint
+
+
 @pytest.mark.parametrize("continued", [False, True])
 def test_restored_updates_of_another_run_are_forgotten(tmp_path: Path, continued: bool) -> None:
     """A state directory reused by another run of the same name: its server does not continue
@@ -249,9 +257,7 @@ def test_restored_updates_of_another_run_are_forgotten(tmp_path: Path, continued
     outbox.keep(5, sealed("c1", 5))
 
     async def main() -> MqttClientEndpoint:
-        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
-                                      expected_params=PARAMS, outbox=outbox)
-        endpoint.resume_outbox({5})
+        endpoint = _restarted(outbox, {5})
         _ack(endpoint, [], "fedcba9876543210", lineage=(STAMP,) if continued else ())
         return endpoint
 
@@ -311,9 +317,7 @@ def test_the_retained_end_of_its_run_forgets_the_restored_updates(tmp_path: Path
     outbox.keep(5, sealed("c1", 5))
 
     async def main() -> MqttClientEndpoint:
-        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
-                                      expected_params=PARAMS, outbox=outbox)
-        endpoint.resume_outbox({5})
+        endpoint = _restarted(outbox, {5})
         stamp = STAMP if same_run else "fedcba9876543210"
         endpoint._on_message(endpoint.topics.global_model, codec.encode(
             RunFinished(7, "windows", 30.0), incarnation=stamp))
