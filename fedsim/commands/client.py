@@ -19,7 +19,8 @@ from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 DESCRIPTION = (
     "Run one client of a scenario as its own process, talking to the server through an MQTT "
     "broker. Its privacy ledger lives in the --state directory and is resumed, never reset, "
-    "when the process restarts."
+    "when the process restarts; so do the updates it sent and saw no receipt for, which a "
+    "restarted process sends again."
 )
 
 
@@ -29,7 +30,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="Run one client of a scenario as a process talking to an MQTT broker.",
         description=DESCRIPTION,
         identity=("--client-id", "Which client of the scenario to run, for example phone-000."),
-        state_help="The ledger directory (by default fedsim-state/RUN/CLIENT-ID).",
+        state_help="The client's own directory: its ledger and its unacknowledged updates "
+                   "(by default fedsim-state/RUN/CLIENT-ID).",
     )
     parser.add_argument(
         "--flush-timeout",

@@ -33,7 +33,9 @@ client.
 
 **Crash safety.** A client's ledger lives in its state directory and is resumed, never reset;
 it is fsynced before each update is published (the actor's order), so a SIGKILL cannot forget
-a released update. A restarted client continues after its last committed round; every process
+a released update; the update itself is then kept in the state directory's durable outbox
+until the server's receipt (:mod:`fedsim.transports.durable_outbox`), and a restarted client
+sends it again. A restarted client continues after its last committed round; every process
 draws its batches and noise from OS entropy (in the opt-in, not private, seeded mode: from a
 fresh seed stream keyed by that round: replaying the first incarnation's stream would release
 the same noise twice). The server writes a checkpoint
