@@ -386,3 +386,30 @@ def test_the_names_sent_to_aggregation_nodes_survive_a_restart(tmp_path: Path) -
         checkpoint.save(replace(original.snapshot(), aggregator_marks=bad))  # type: ignore[arg-type]
         with pytest.raises(CheckpointError, match="malformed"):
             checkpoint.load()
+
+
+def test_a_restored_servers_first_line_counts_only_its_own_window_of_lost_updates(
+        tmp_path: Path) -> None:
+    """A stranger's resumed lossy launch: 274 updates lost in flight up to window 30, then
+    window 31 alone reported 285, the restored book's whole total again (916 in the summary
+    where the links dropped 654). A monitor starts from the restored count."""
+    from types import SimpleNamespace
+
+    from fedsim.config import load_scenario
+    from fedsim.runtime.actors.window_report import WindowReport
+    from fedsim.runtime.deployed.server_process import _ServerMonitor
+    from fedsim.transports.mqtt_settings import MqttStats
+
+    missing = [274]
+    server = SimpleNamespace(missing_updates=lambda: missing[0], statuses={}, clients=["c"])
+    checkpoints = SimpleNamespace(start=lambda *args, **kwargs: None)
+    scenario = load_scenario(Path(__file__).with_name("four_clients.yaml")).scenario
+    with open(tmp_path / "metrics.jsonl", "w+", encoding="utf-8") as metrics, \
+            open(tmp_path / "applied.jsonl", "w", encoding="utf-8") as applied:
+        monitor = _ServerMonitor(scenario, server,  # type: ignore[arg-type]
+                                 SimpleNamespace(stats=MqttStats()),  # type: ignore[arg-type]
+                                 checkpoints, metrics, applied)  # type: ignore[arg-type]
+        missing[0] = 285
+        monitor.on_window(WindowReport(window=31, time=31.0, version=40))
+    line = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert line["dropped_in_flight"] == 11

@@ -292,3 +292,36 @@ def test_passed_rounds_forget_a_round_far_below_the_newest() -> None:
     assert bucket.passed == 1
     bucket.pass_round(3)  # far below: not kept
     assert not bucket.has_passed(3)
+
+
+def test_updates_that_reach_a_restarted_server_during_its_first_broadcast_are_judged() -> None:
+    """A stranger's deployment: a server SIGKILLed and restarted logged "update deferred" for
+    its clients' resends while it broadcast its first model, then restarted its pacer, which
+    dropped them from its queues: 12 paid-for updates were never judged nor acknowledged.
+    The pacer now starts before anything is received."""
+
+    class SlowBroadcast(RecordingEndpoint):
+        """Delivers the clients' resends while the server publishes its first model."""
+
+        async def publish(self, message: object) -> None:
+            for r in range(3):
+                self.inbox.put_nowait(_update("c", r, base=0))
+            await asyncio.sleep(0.05)  # the receiver takes them now
+            await super().publish(message)
+
+    async def main(clock: VirtualClock) -> list[tuple[str, int]]:
+        clients = {"c": ClientInfo(1, 1.0, slot=1.0)}
+        server = ServerActor(clock=clock, endpoint=SlowBroadcast(), initial_params=np.zeros(2),
+                             clients=clients, window=1.0, strategy=UniformWeights(),
+                             step_size=ConstantStepSize(1.0))
+        server.windows_closed = 4  # restored: its buckets start full (BURST)
+        reports = []
+
+        def on_window(report: object) -> bool:
+            reports.append(report)
+            return True
+
+        await server.run(on_window)
+        return [(c, r) for report in reports for c, r, _ in report.applied_updates]
+
+    assert run_virtual(main) == [("c", 0), ("c", 1), ("c", 2)]

@@ -219,6 +219,11 @@ class _ServerMonitor:
     _refused_seen: dict[str, int] = field(default_factory=dict)
     _missing_reported: int = 0
 
+    def __post_init__(self) -> None:
+        # A restored server's book already counts what the earlier parts' lines reported
+        # (a stranger: a resumed launch's first window reported the whole total again).
+        self._missing_reported = self.server.missing_updates()
+
     def active_clients(self) -> int:
         states = {c: s.state for c, s in self.server.statuses.items()}
         return sum(states.get(c, "waiting") not in STOPPED_STATES for c in self.server.clients)
