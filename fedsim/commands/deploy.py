@@ -302,7 +302,12 @@ def run(args: argparse.Namespace) -> int:
         "only their owner may read; started as root, mosquitto first switches to the user "
         "mosquitto: chown mosquitto the files, or start it as their owner)\n"
         f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
-        f"--secrets {files.secrets_file}{trust}",
+        f"--secrets {files.secrets_file}{trust} --state STATE/server --out RUN_DIR "
+        f"--wait-for-clients {COMPOSE_WAIT_FOR_CLIENTS:g}  (waits for every client before "
+        "its first window)\n"
+        f"client:  fedsim client --scenario SCENARIO --client-id ID --broker "
+        f"{scheme}://HOST:{args.port} --secrets {files.secrets_file}{trust} --state STATE/ID  "
+        "(each client's own state directory: its ledger and unacknowledged updates)",
         file=sys.stdout,
     )
     if args.compose:

@@ -115,3 +115,33 @@ def test_clients_stop_by_themselves_after_a_server_that_ended_at_once(tmp_path: 
         report = json.loads((out / "state" / client_id / f"client-{client_id}.json").read_text())
         assert report["signalled"] is False and report["state"] == "done", report
         assert "the server finished the run" in report["stop_reason"]
+
+
+def test_a_server_whose_run_ends_before_any_client_came_says_so(tmp_path: Path) -> None:
+    """A stranger started a server by hand without --wait-for-clients: it ran every window
+    before the first client had started, and exited 0 saying nothing of it."""
+    import asyncio
+    import signal
+
+    from structlog.testing import capture_logs
+
+    from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.options import DeploymentOptions
+    from fedsim.runtime.deployed.server_process import serve
+    from fedsim.transports.broker import LocalMosquitto
+    from fedsim.transports.mqtt_settings import parse_broker_url
+
+    loaded = load_scenario(SCENARIO, ["stop.windows=4"])
+    broker = LocalMosquitto(tmp_path / "broker", loaded.scenario.name, list(IDS))
+    broker.start()
+    try:
+        with capture_logs() as logs:
+            outcome = asyncio.run(serve(
+                loaded, parse_broker_url(broker.server_url()), run=loaded.scenario.name,
+                state_dir=tmp_path / "state", out_dir=tmp_path / "out",
+                options=DeploymentOptions(time_scale=0.02)))
+    finally:
+        broker.kill(signal.SIGTERM)
+    assert outcome["finished"] is True
+    assert any(e["event"].startswith("the run ended without a message from any client")
+               and e["log_level"] == "warning" for e in logs)

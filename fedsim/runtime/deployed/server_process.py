@@ -413,6 +413,12 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
             }
         )
         write_json(out / SERVER_FILE, outcome)
+    if outcome.get("finished") and not mqtt.stats.received:
+        # (a stranger's server, started by hand without --wait-for-clients, ran its windows
+        # to the end before any client had started, and said nothing of it)
+        _log.warning("the run ended without a message from any client: were they started, "
+                     "on this broker and run? (--wait-for-clients makes the first window wait "
+                     "for them)", run=run)
     return outcome
 
 
