@@ -414,7 +414,7 @@ def _format_cell(value: Any) -> str:
 DEPLOYED_CLOCKS = (
     "(A deployed client's times are on its own clock, which starts with its process (resumed, "
     "where its ledger ends) and moves forward to the server's at its first global model when "
-    "behind it: a client's times can read a little later than the run's end.)")
+    "behind it: a client's times can read a little earlier or later than the run's end.)")
 
 
 def _resumed(record: RunRecord) -> list[str]:

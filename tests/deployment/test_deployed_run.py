@@ -256,6 +256,10 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
         )
         assert code == 1
         assert "refused user 'c-001'" in capsys.readouterr().err
+        # ... and its report says why (a stranger read "waiting" and an empty reason)
+        refused = json.loads((tmp_path / "intruder" / "client-c-001.json").read_text())
+        assert refused["stop_reason"].startswith("could not connect: ") and \
+            "refused user 'c-001'" in refused["stop_reason"], refused
         asyncio.run(
             _intrude(
                 broker.host, broker.port, launcher.run, broker.secrets.for_client("c-000").password

@@ -226,12 +226,20 @@ async def run_client(
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
                            first_round, previous)
     made: bool | None = None  # False: a signal came before the first connection
+    failure: BaseException | None = None
     try:
         async with connected(endpoint, stop) as made:
             if made:
                 await parts.serve(stop, flush_timeout)
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
         outcome = parts.outcome(made, stop)
+        if failure is not None and made is None and isinstance(failure, Exception):
+            # Never connected (a refused login, no broker): the report says why (a stranger
+            # read "waiting" and an empty reason beside the error the command printed).
+            outcome["stop_reason"] = f"could not connect: {failure}"
         lives.record.ledger.close()
         state.mkdir(parents=True, exist_ok=True)
         write_json(report_file, outcome)
