@@ -73,5 +73,6 @@ class ScaledClock:
         deployed client meets the live server's timeline at its first global model (a
         resumed client's clock restarted at its ledger's last record, ten seconds behind the
         server's in a stranger's resumed launch)."""
-        if math.isfinite(time) and time > self.now():
-            self._start += time - self.now()
+        now = self.now()
+        if math.isfinite(time) and time > now:
+            self._start += time - now

@@ -93,12 +93,9 @@ class DurableOutbox:
         write_atomically(self.path(round_index), payload, durability="durable", mode=0o600)
 
     def forget(self, round_index: int) -> None:
-        """Remove round ``round_index``'s update (acknowledged, abandoned or expired)."""
-        try:
-            self.path(round_index).unlink(missing_ok=True)
-        except OSError as exc:  # a resend of it later is a duplicate the server drops
-            _log.warning("could not remove an acknowledged update from the outbox",
-                         path=str(self.path(round_index)), error=str(exc))
+        """Remove round ``round_index``'s update (acknowledged, abandoned or expired; one left
+        by an error is resent later, a duplicate the server drops)."""
+        _remove(self.path(round_index))
 
     def restore(self, *, client_id: str, recorded: Collection[int],
                 expected_params: int | None, max_bytes: int, newest: int) -> Restored:

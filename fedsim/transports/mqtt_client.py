@@ -411,12 +411,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         server finished kept them on disk, unacknowledged though applied). The end itself
         waits for the live server's confirmation, as before (it may be an earlier run's)."""
         ended = {incarnation, *lineage}
-        for round_, pending in list(self._outbox.items()):
-            if pending.stamp is not None and pending.stamp in ended:
-                self._drop(round_)
-                self.stats.other_run += 1
-                self._log.info("an update a previous process kept belongs to a run that has "
-                               "ended: forgotten", round=round_)
+        self._forget_restored(lambda stamp: stamp in ended, "a run that has ended",
+                              self._log.info)
 
     def _welcomed(self, incarnation: str, lineage: Collection[str]) -> None:
         """The live server is known (its first welcome or receipt): forget the restored
@@ -424,14 +420,21 @@ class MqttClientEndpoint(_MqttEndpoint):
         another run of the same name: it ignores them, so they would wait for ever,
         ``stats.other_run``) and send the others, held until now."""
         accepted = {incarnation, *lineage}
-        for round_, pending in list(self._outbox.items()):
-            if pending.stamp is not None and pending.stamp not in accepted:
-                self._drop(round_)
-                self.stats.other_run += 1
-                self._log.warning("an update a previous process kept belongs to another run: "
-                                  "forgotten", round=round_, incarnation=pending.stamp)
+        self._forget_restored(lambda stamp: stamp not in accepted, "another run",
+                              self._log.warning)
         if any(pending.stamp is not None for pending in self._outbox.values()):
             self._spawn(self._resend_all, f"mqtt-client-{self.client_id}-restored")
+
+    def _forget_restored(self, of_it: Callable[[str], bool], run: str,
+                         log: Callable[..., Any]) -> None:
+        """Forget the restored updates whose stamp ``of_it`` names as ``run``'s
+        (``stats.other_run``): no server will receive them."""
+        for round_, pending in list(self._outbox.items()):
+            if pending.stamp is not None and of_it(pending.stamp):
+                self._drop(round_)
+                self.stats.other_run += 1
+                log(f"an update a previous process kept belongs to {run}: forgotten",
+                    round=round_, incarnation=pending.stamp)
 
     def _release_held_back(self, incarnation: str) -> None:
         self._log.info("run incarnation confirmed", incarnation=incarnation)
