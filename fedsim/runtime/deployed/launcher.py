@@ -39,6 +39,7 @@ from fedsim.runtime.deployed.options import (
     LAUNCH_WAIT_FOR_CLIENTS,
     DeploymentOptions,
 )
+from fedsim.runtime.deployed.process_title import name_this_process
 from fedsim.runtime.deployed.resume import (
     LAUNCH_FILE,
     check_state_ledgers,
@@ -127,10 +128,10 @@ class _ForkedChild:
     seconds on a busy machine, per process), running ``fedsim <argv>``. Same interface as the
     parts of :class:`subprocess.Popen` the launcher uses."""
 
-    def __init__(self, argv: list[str], log: Path, env: Mapping[str, str]) -> None:
+    def __init__(self, argv: list[str], log: Path, env: Mapping[str, str], name: str) -> None:
         context = multiprocessing.get_context("fork")
         self._process = context.Process(target=_child_main,
-                                        args=(argv, str(log), dict(env), os.getpid()),
+                                        args=(argv, str(log), dict(env), os.getpid(), name),
                                         daemon=False)
         self._process.start()
         assert self._process.pid is not None  # set by start()
@@ -153,13 +154,17 @@ class _ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
-def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int) -> None:
+def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int,
+                name: str) -> None:
     """Entry point of a forked child: in a process group of its own (:meth:`Launcher.start`),
-    stopped with SIGTERM if the launcher (``parent``) dies first (Linux), output to its log,
-    then what ``python -m fedsim <argv>`` runs (the package's ``__main__``, as in a child
-    started with ``fork=False``), with the environment variables ``env`` set."""
+    stopped with SIGTERM if the launcher (``parent``) dies first (Linux), shown by ``ps`` as
+    ``fedsim ROLE NAME`` (not the launcher's command line), output to its log, then what
+    ``python -m fedsim <argv>`` runs (the package's ``__main__``, as in a child started with
+    ``fork=False``), with the environment variables ``env`` set."""
     os.setpgid(0, 0)
     stop_with_parent(parent)
+    role = argv[0] if argv else "process"
+    name_this_process(f"fedsim {role}" + ("" if name == role else f" {name}"), name)
     os.environ.update(env)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -348,7 +353,7 @@ class Launcher:
         if process.running:
             raise FedsimError(f"process {name} is already running")
         if self.fork:
-            process.child = _ForkedChild(process.argv, process.log, self.child_env)
+            process.child = _ForkedChild(process.argv, process.log, self.child_env, name)
         else:
             with process.log.open("ab") as log:
                 process.child = subprocess.Popen(
