@@ -4,6 +4,10 @@ Writes to ``--out`` (default ``deploy/generated``):
 
 * ``secrets.json`` (mode 0600): a random password for the server and for every client of the
   scenario; ``fedsim server``/``client`` read their own with ``--secrets``;
+* ``secrets/<username>.json`` (mode 0600): one file a process, holding only its own password
+  (``secrets/fedsim-server.json``, ``secrets/<client id>.json``,
+  ``secrets/fedsim-aggregator-<k>.json``): give each process its own, and it can log in as
+  nobody else;
 * ``passwd``: the mosquitto password file (PBKDF2-SHA512 hashes);
 * ``acl``: each client may write only its own ``updates``/``status`` topics and read only the
   global model and its own receipts; the server reads all updates/statuses and the
@@ -27,7 +31,8 @@ Client ids are the scenario's (``<group>-<index>``); ``--client-id`` lists them 
 ``--compose FILE`` also writes a docker-compose file for the scenario: the eclipse-mosquitto
 broker with these files, the server, and one service per client (each with its own state
 volume), running the same ``fedsim server``/``fedsim client`` command lines as
-``fedsim launch`` does with local processes. The repository's ``docker-compose.yml`` is
+``fedsim launch`` does with local processes; each container gets its own per-process secrets
+file and no other. The repository's ``docker-compose.yml`` is
 ``fedsim deploy scenarios/quickstart.yaml --compose docker-compose.yml`` (see deploy/README.md).
 """
 
@@ -52,8 +57,6 @@ CONTAINER_CA = "/run/secrets/fedsim-ca"
 CONTAINER_STATE = "/state"
 CONTAINER_RUNS = "/runs"
 COMPOSE_WAIT_FOR_CLIENTS = 600.0
-SECRETS_ENV = "FEDSIM_COMPOSE_SECRETS"
-"""The variable ``docker compose`` reads the secrets file's content from (:func:`compose_text`)."""
 
 
 DESCRIPTION = (
@@ -229,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.atomic import replace_together
     from fedsim.transports.security import (
         PBKDF2_ITERATIONS,
+        SERVER_USERNAME,
         PasswordHashing,
         check_iterations,
         packet_limit,
@@ -292,7 +296,10 @@ def run(args: argparse.Namespace) -> int:
         f"run {run_name!r}: {len(ids)} clients + server"
         + (f" + {len(aggregators)} aggregators" if aggregators else "") + "\n"
         f"  {files.config}\n  {files.password_file}\n  {files.acl_file}\n"
-        f"  {files.secrets_file}  (mode 0600: clear-text passwords, keep it private)\n"
+        f"  {files.secrets_file}  (mode 0600: every process's clear-text password, keep it "
+        "private)\n"
+        f"  {files.process_secrets_dir}/  (one file a process, mode 0600, its own password "
+        "alone: give each process only its own)\n"
         + (f"  {ca_file}  (the run's CA: processes trust only it)\n" if ca_file else "")
         + ("  WARNING: --plain: passwords and updates travel unencrypted\n" if tls is None else "")
         + (f"  packets limited to {max_packet_bytes:,} bytes (max_packet_size)\n"
@@ -302,11 +309,13 @@ def run(args: argparse.Namespace) -> int:
         "only their owner may read; started as root, mosquitto first switches to the user "
         "mosquitto: chown mosquitto the files, or start it as their owner)\n"
         f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
-        f"--secrets {files.secrets_file}{trust} --state STATE/server --out RUN_DIR "
+        f"--secrets {files.process_secrets_file(SERVER_USERNAME)}{trust} --state STATE/server "
+        "--out RUN_DIR "
         f"--wait-for-clients {COMPOSE_WAIT_FOR_CLIENTS:g}  (waits for every client before "
         "its first window)\n"
         f"client:  fedsim client --scenario SCENARIO --client-id ID --broker "
-        f"{scheme}://HOST:{args.port} --secrets {files.secrets_file}{trust} --state STATE/ID  "
+        f"{scheme}://HOST:{args.port} --secrets {files.process_secrets_file('ID')}{trust} "
+        "--state STATE/ID  "
         "(each client's own state directory: its ledger and unacknowledged updates)",
         file=sys.stdout,
     )
@@ -407,11 +416,14 @@ def compose_text(
     cache (fetched when the image is built), state, runs and broker persistence live in named
     volumes. Every container runs as a non-root user (fedsim's :data:`FEDSIM_UID`, mosquitto's
     :data:`BROKER_UID`); the volumes start out owned by it because the image holds their mount
-    points with that owner. The credentials are the compose secret ``fedsim``, read from the
-    variable :data:`SECRETS_ENV` (set to the content of ``secrets.json``) and written into each
-    container owned by the fedsim user, mode 0400: Compose honours a secret's
-    ``uid``/``gid``/``mode`` when it copies the value in, not when it bind-mounts a file
-    (which keeps the host file's owner and mode 0600, unreadable to the container's user).
+    points with that owner. Each container gets its own process's credentials and no one
+    else's: its per-process secrets file (``secrets/<username>.json``, from ``fedsim deploy``)
+    as the compose secret ``credentials-<username>``, at :data:`CONTAINER_SECRETS`. Compose
+    bind-mounts a file secret as it is, with the host file's owner and mode (0600: its
+    ``uid``/``gid``/``mode`` are ignored, as they are honoured only for a secret it copies in
+    from a variable, which would take one variable a process), so the header tells the user
+    to give those files to the containers' user (``chown`` :data:`FEDSIM_UID`), as it tells
+    them to give the broker's to :data:`BROKER_UID`.
 
     ``tls_ca``: the broker listens with the certificate ``fedsim deploy`` made; every process
     connects with ``mqtts://broker:PORT`` and trusts the run's ``ca.crt``, the compose secret
@@ -422,6 +434,12 @@ def compose_text(
 
     from fedsim.runtime.deployed.launcher import process_commands
     from fedsim.runtime.deployed.options import DeploymentOptions
+    from fedsim.transports.security import (
+        PROCESS_SECRETS_DIR,
+        SERVER_USERNAME,
+        aggregator_username,
+        process_secrets_name,
+    )
 
     # The command lines `fedsim launch` runs, with container paths: each service mounts its
     # own state volume at CONTAINER_STATE and keeps its state in CONTAINER_STATE/<name>.
@@ -443,19 +461,25 @@ def compose_text(
         overrides=overrides,
         aggregators=aggregators,
     )
-    secrets: list[dict[str, Any]] = [{"source": "fedsim", "target": CONTAINER_SECRETS,
-                                      "uid": str(FEDSIM_UID), "gid": str(FEDSIM_UID), "mode": 0o400}]
-    if tls_ca:
-        secrets.append({"source": "fedsim-ca", "target": CONTAINER_CA})
+    # Each process's username: its per-process secrets file, and the one compose secret its
+    # container gets.
+    usernames = {"server": SERVER_USERNAME, **{c: c for c in client_ids},
+                 **{a: aggregator_username(a) for a in aggregators}}
+    declared: dict[str, Any] = {
+        f"credentials-{user}": {"file": f"./{generated_dir}/{process_secrets_name(user)}"}
+        for user in usernames.values()}
 
     def fedsim_service(name: str, *volumes: str) -> dict[str, Any]:
         # Fresh objects per service: shared ones would become YAML anchors.
+        secrets = [{"source": f"credentials-{usernames[name]}", "target": CONTAINER_SECRETS}]
+        if tls_ca:
+            secrets.append({"source": "fedsim-ca", "target": CONTAINER_CA})
         return {
             "image": FEDSIM_IMAGE,
             "build": build_context,
             "user": f"{FEDSIM_UID}:{FEDSIM_UID}",
             "depends_on": ["broker"],
-            "secrets": [dict(s) for s in secrets],
+            "secrets": secrets,
             "restart": "on-failure",
             "command": commands[name],
             "volumes": [f"state-{name}:{CONTAINER_STATE}", *volumes],
@@ -479,10 +503,10 @@ def compose_text(
         "name": f"fedsim-{run}",
         "services": services,
         "volumes": volumes,
-        "secrets": {"fedsim": {"environment": SECRETS_ENV}},
+        "secrets": declared,
     }
     if tls_ca:
-        document["secrets"]["fedsim-ca"] = {"file": f"./{generated_dir}/ca.crt"}
+        declared["fedsim-ca"] = {"file": f"./{generated_dir}/ca.crt"}
     private = ["passwd", "acl", *(["broker.key"] if tls_ca else [])]
     settings = "".join(f" --set {override}" for override in overrides)  # e.g. aggregators
     header = (
@@ -493,8 +517,10 @@ def compose_text(
         f"# Then:  sudo chown {BROKER_UID}:{BROKER_UID} "
         + " ".join(f"{generated_dir}/{name}" for name in private)
         + "\n"
-        f'#        docker compose build && {SECRETS_ENV}="$(cat {generated_dir}/secrets.json)" '
-        "docker compose up\n"
+        # Each container's own credentials file is bind-mounted as it is (mode 0600): its
+        # user must own it.
+        f"#        sudo chown {FEDSIM_UID}:{FEDSIM_UID} {generated_dir}/{PROCESS_SECRETS_DIR}/*.json\n"
+        "#        docker compose build && docker compose up\n"
         f"# Results: docker compose cp server:{CONTAINER_RUNS}/{run} ./runs/ && fedsim report "
         f"./runs/{run}\n#          (the server's view; each client's ledger stays in its state "
         "volume)\n"

@@ -118,7 +118,8 @@ class LocalMosquitto:
         return f"{scheme}://{credentials}{self.host}:{self.port}"
 
     def server_url(self) -> str:
-        return self.url(self.secrets.server.username, self.secrets.server.password)
+        server = self.secrets.for_server()
+        return self.url(server.username, server.password)
 
     def observer_url(self) -> str:
         """The read-only observer's URL (a broker made with ``observer=True``)."""

@@ -20,7 +20,11 @@ that the client id inside a payload is the one in its topic):
   server off and destroy its queued messages).
 
 Passwords are random (``secrets.token_urlsafe``, 192 bits), stored in clear only in the secrets
-file (mode 0600) that processes read their own credentials from. The broker gets a mosquitto 2
+files (mode 0600) that processes read their own credentials from: ``secrets.json`` holds
+everyone's (for ``fedsim launch``, whose processes run on one machine as one user), and the
+folder :data:`PROCESS_SECRETS_DIR` beside it one file per process holding that process's
+credentials alone (:meth:`RunSecrets.per_process`), so a process given only its own file
+(a container, another machine) can log in as nobody else. The broker gets a mosquitto 2
 password file in its PBKDF2-SHA512 format (``user:$7$<iterations>$<salt b64>$<hash b64>``,
 the format ``mosquitto_passwd`` writes), computed here with :func:`hashlib.pbkdf2_hmac` so no
 mosquitto tools are needed; it and the ACL are written with mode 0600 (the broker must run as
@@ -90,41 +94,102 @@ class Credentials:
     password: str
 
 
+PROCESS_SECRETS_DIR = "secrets"
+"""The folder, beside ``secrets.json``, of the per-process secrets files: one a process, named
+by its username (:func:`process_secrets_name`), holding its credentials alone."""
+
+
+def aggregator_username(aggregator_id: str) -> str:
+    """The broker username of aggregation node ``aggregator_id`` (``fedsim-aggregator-0``)."""
+    return AGGREGATOR_USER_PREFIX + aggregator_id
+
+
+def process_secrets_name(username: str) -> str:
+    """The per-process secrets file of the process that logs in as ``username``, relative to
+    the folder of ``secrets.json`` (``secrets/fedsim-server.json``, ``secrets/<client
+    id>.json``, ``secrets/fedsim-aggregator-0.json``). Usernames are unique (the broker's
+    password file needs them so), and client and aggregator ids match
+    :data:`~fedsim.protocol.headers.CLIENT_ID_PATTERN` (:func:`generate_secrets` checks them):
+    no ``/``, no leading dot, so a name cannot leave the folder."""
+    return f"{PROCESS_SECRETS_DIR}/{username}.json"
+
+
 @dataclass(frozen=True)
 class RunSecrets:
-    """Everyone's credentials for one run; ``clients`` maps client id -> credentials."""
+    """The credentials of one run: everyone's (``secrets.json``), or one process's alone (its
+    per-process file: the others are absent, ``server`` None unless it is the server's).
+    ``clients`` maps client id -> credentials."""
 
     run: str
-    server: Credentials
+    server: Credentials | None
     clients: dict[str, Credentials]
     aggregators: dict[str, Credentials] = field(default_factory=dict)
     """Aggregator id -> credentials (none without aggregation nodes)."""
+    source: Path | None = field(default=None, compare=False)
+    """The file they were read from (:func:`load_secrets`), named in errors."""
+
+    def for_server(self) -> Credentials:
+        if self.server is None:
+            raise self._missing("the server")
+        return self.server
 
     def for_aggregator(self, aggregator_id: str) -> Credentials:
         try:
             return self.aggregators[aggregator_id]
         except KeyError:
-            raise ConfigError(
-                f"no credentials for aggregator {aggregator_id!r} in run {self.run!r} "
-                f"(fedsim deploy writes them for the scenario's aggregators.count)"
-            ) from None
+            raise self._missing(f"aggregator {aggregator_id!r}") from None
 
     def for_client(self, client_id: str) -> Credentials:
         try:
             return self.clients[client_id]
         except KeyError:
-            raise ConfigError(
-                f"no credentials for client {client_id!r} in run {self.run!r}"
-            ) from None
+            raise self._missing(f"client {client_id!r}") from None
+
+    def holders(self) -> list[str]:
+        """Whose credentials these are (``server``, ``client ID``, ``aggregator ID``)."""
+        return ((["the server"] if self.server is not None else [])
+                + [f"client {c!r}" for c in self.clients]
+                + [f"aggregator {a!r}" for a in self.aggregators])
+
+    def _missing(self, whose: str) -> ConfigError:
+        where = f"secrets file {self.source}" if self.source is not None else "the secrets"
+        message = f"{where} of run {self.run!r} holds no credentials for {whose}"
+        holders = self.holders()
+        if len(holders) == 1:  # a per-process file: another process's, or given to the wrong one
+            message += (f": it is {holders[0]}'s own file, and a process can log in only with "
+                        f"its own ({PROCESS_SECRETS_DIR}/<its username>.json, or secrets.json)")
+        elif whose.startswith("aggregator"):
+            message += " (fedsim deploy writes them for the scenario's aggregators.count)"
+        return ConfigError(message)
+
+    def per_process(self) -> dict[str, RunSecrets]:
+        """One :class:`RunSecrets` a process, holding its credentials alone, by the name of
+        its per-process file (:func:`process_secrets_name`). Usernames that differ only in
+        case are refused: on a case-insensitive file system (macOS, Windows) their files
+        would be one, and one process would get another's credentials."""
+        run, server = self.run, self.for_server()
+        alone = [(server.username, RunSecrets(run, server, {}))]
+        alone += [(creds.username, RunSecrets(run, None, {c: creds}))
+                  for c, creds in self.clients.items()]
+        alone += [(creds.username, RunSecrets(run, None, {}, {a: creds}))
+                  for a, creds in self.aggregators.items()]
+        folded = Counter(username.casefold() for username, _ in alone)
+        clashing = sorted(u for u, _ in alone if folded[u.casefold()] > 1)
+        if clashing:
+            raise ConfigError(f"usernames that are one file name on a case-insensitive file "
+                              f"system cannot each have a secrets file: {clashing[:6]}")
+        return {process_secrets_name(username): one for username, one in alone}
 
 
 def generate_secrets(run: str, client_ids: Iterable[str],
                      aggregators: Sequence[str] = ()) -> RunSecrets:
     """Fresh random credentials; each client's username is its id (ids are unique), each
-    aggregator's its id with :data:`AGGREGATOR_USER_PREFIX`."""
+    aggregator's its id with :data:`AGGREGATOR_USER_PREFIX` (:func:`aggregator_username`).
+    Client and aggregator ids must match :data:`~fedsim.protocol.headers.CLIENT_ID_PATTERN`:
+    they name topics, ACL users and per-process secrets files."""
     Topics(run)  # validates the run name
     ids = list(client_ids)
-    for client_id in ids:
+    for client_id in [*ids, *aggregators]:
         try:
             check_client_id(client_id)
         except CodecError as exc:
@@ -143,7 +208,7 @@ def generate_secrets(run: str, client_ids: Iterable[str],
         run=run,
         server=Credentials(SERVER_USERNAME, secrets.token_urlsafe(24)),
         clients={c: Credentials(c, secrets.token_urlsafe(24)) for c in ids},
-        aggregators={a: Credentials(AGGREGATOR_USER_PREFIX + a, secrets.token_urlsafe(24))
+        aggregators={a: Credentials(aggregator_username(a), secrets.token_urlsafe(24))
                      for a in aggregators},
     )
 
@@ -223,7 +288,7 @@ def password_file_text(
     runs on a thread per CPU this process may use, in chunks of at most :data:`HASHING_CHUNK`
     users, four or more a thread (a future per user would hold 2 KB each, about 2 GB at 10^6)."""
     iterations, on_hashed = check_iterations(hashing.iterations), hashing.on_hashed
-    users = [run_secrets.server, *run_secrets.clients.values(),
+    users = [run_secrets.for_server(), *run_secrets.clients.values(),
              *run_secrets.aggregators.values(), *extra]
 
     def lines(chunk: Sequence[Credentials]) -> str:
@@ -254,7 +319,7 @@ def acl_text(run_secrets: RunSecrets, *, observer: bool = False) -> str:
     lines = [
         f"# fedsim run {run_secrets.run!r}: generated by `fedsim deploy`; anything not listed is denied.",
         "",
-        f"user {run_secrets.server.username}",
+        f"user {run_secrets.for_server().username}",
         f"topic read {topics.all_updates}",
         f"topic read {topics.all_status}",
         f"topic read {topics.all_hello}",
@@ -408,12 +473,13 @@ def write_secrets(
 
 
 def secrets_text(run_secrets: RunSecrets, *, observer: Credentials | None = None) -> str:
-    """The secrets file's JSON (see :func:`load_secrets`)."""
-    data: dict[str, object] = {
-        "run": run_secrets.run,
-        "server": vars(run_secrets.server),
-        "clients": {c: vars(creds) for c, creds in run_secrets.clients.items()},
-    }
+    """The secrets file's JSON (see :func:`load_secrets`): the run's name and the credentials
+    it holds (a per-process file's: one process's, no ``server`` unless the server's)."""
+    data: dict[str, object] = {"run": run_secrets.run}
+    if run_secrets.server is not None:
+        data["server"] = vars(run_secrets.server)
+    if run_secrets.clients or run_secrets.server is not None:  # secrets.json: always
+        data["clients"] = {c: vars(creds) for c, creds in run_secrets.clients.items()}
     if run_secrets.aggregators:
         data["aggregators"] = {a: vars(c) for a, c in run_secrets.aggregators.items()}
     if observer is not None:
@@ -433,21 +499,27 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def load_secrets(path: str | Path) -> RunSecrets:
-    """Read a secrets file written by :func:`write_secrets`; a bad file is a ConfigError."""
+    """Read a secrets file written by :func:`write_secrets`: ``secrets.json`` (everyone's
+    credentials) or a per-process file (one process's; asking it for another's is a
+    ConfigError naming the file). A bad file is a ConfigError."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-        return RunSecrets(
+        loaded = RunSecrets(
             run=str(data["run"]),
-            server=Credentials(**data["server"]),
-            clients={c: Credentials(**creds) for c, creds in data["clients"].items()},
+            server=Credentials(**data["server"]) if "server" in data else None,
+            clients={c: Credentials(**creds) for c, creds in data.get("clients", {}).items()},
             aggregators={a: Credentials(**creds)
                          for a, creds in data.get("aggregators", {}).items()},
+            source=path,
         )
     except OSError as exc:
         raise ConfigError(f"cannot read secrets file {path}: {exc.strerror}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"secrets file {path} is malformed: {exc!r}") from None
+    if not loaded.holders():
+        raise ConfigError(f"secrets file {path} holds no credentials")
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -458,6 +530,12 @@ class BrokerFiles:
     password_file: Path
     acl_file: Path
     secrets_file: Path
+    process_secrets_dir: Path
+    """The per-process secrets files' folder (:data:`PROCESS_SECRETS_DIR` in ``out_dir``)."""
+
+    def process_secrets_file(self, username: str) -> Path:
+        """The per-process secrets file of the process that logs in as ``username``."""
+        return self.secrets_file.parent / process_secrets_name(username)
 
 
 def write_broker_files(
@@ -481,7 +559,9 @@ def write_broker_files(
 ) -> BrokerFiles:
     """Generate credentials and write ``mosquitto.conf``, ``passwd`` and ``acl`` (both 0600),
     ``secrets.json`` (0600; with ``observer`` it also holds the read-only observer's password
-    under ``"observer"``).
+    under ``"observer"``), and in the folder :data:`PROCESS_SECRETS_DIR` (0700) one secrets file
+    a process (0600) holding its own credentials alone (:meth:`RunSecrets.per_process`); files
+    there of users the run no longer has are removed.
 
     ``broker_config_dir`` is where the broker will see ``out_dir`` (``/mosquitto/config`` in the
     eclipse-mosquitto container); by default the absolute path of ``out_dir`` itself. The
@@ -499,12 +579,16 @@ def write_broker_files(
         password_file=out / "passwd",
         acl_file=out / "acl",
         secrets_file=out / "secrets.json",
+        process_secrets_dir=out / PROCESS_SECRETS_DIR,
     )
+    alone = {out / name: (secrets_text(one), PRIVATE)
+             for name, one in run_secrets.per_process().items()}
     watcher = Credentials(OBSERVER_USERNAME, secrets.token_urlsafe(24)) if observer else None
-    # Everything computed before the first file is written, and the four replaced together
+    # Everything computed before the first file is written, and all replaced together
     # (atomic.replace_together): an error, a full disk or an interrupt while hashing (minutes
     # at 10^6 clients) leaves the directory as it was, not new secrets beside an old password
-    # file that nobody could log in with.
+    # file that nobody could log in with. (A file a process: 0.4 ms each, about 7 minutes at
+    # 10^6 clients, as long as their hashing.)
     password_text = password_file_text(run_secrets, hashing=hashing,
                                        extra=[watcher] if watcher else [])
     config_text = mosquitto_conf_text(
@@ -520,10 +604,15 @@ def write_broker_files(
         max_queued_messages=max_queued_messages or queue_limit(len(run_secrets.clients)),
         max_queued_bytes=max_queued_bytes or DEFAULT_QUEUED_BYTES,
     )
+    files.process_secrets_dir.mkdir(mode=0o700, exist_ok=True)
     replace_together({
         files.secrets_file: (secrets_text(run_secrets, observer=watcher), PRIVATE),
         files.password_file: (password_text, PRIVATE),
         files.acl_file: (acl_text(run_secrets, observer=observer), PRIVATE),
         files.config: (config_text, None),
+        **alone,
     }, durability="file")
+    for stale in files.process_secrets_dir.glob("*.json"):  # an earlier run's users
+        if stale not in alone:
+            stale.unlink(missing_ok=True)
     return files

@@ -21,6 +21,12 @@ import yaml
 
 from fedsim.commands import deploy
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
+from fedsim.transports.security import (
+    PROCESS_SECRETS_DIR,
+    SERVER_USERNAME,
+    aggregator_username,
+    process_secrets_name,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 # Compose specification: project and service names, long-syntax secret keys.
@@ -73,19 +79,52 @@ def test_no_data_from_the_host_and_every_container_non_root(source: str, tmp_pat
             assert uid == deploy.BROKER_UID and service["image"].startswith("eclipse-mosquitto:2")
             continue
         assert uid == gid == deploy.FEDSIM_UID
-        # The secret is written into the container for that user, readable by it alone.
         secret, *ca = service["secrets"]
         assert secret["target"] == deploy.CONTAINER_SECRETS
         # With TLS (the tracked file), also the run's CA: a public certificate, as it is.
         assert ca == ([{"source": "fedsim-ca", "target": deploy.CONTAINER_CA}]
                       if source == "tracked" else [])
-        assert (secret["uid"], secret["gid"], secret["mode"]) == (str(uid), str(gid), 0o400)
         assert f"state-{name}:{deploy.CONTAINER_STATE}" in service["volumes"]
-    # A secret from a variable: Compose copies it in with uid/gid/mode (a file secret would be
-    # bind-mounted with the host file's owner and mode, unreadable to the container's user).
-    ca_secret = {"fedsim-ca": {"file": "./deploy/generated/ca.crt"}} if source == "tracked" else {}
-    assert document["secrets"] == {"fedsim": {"environment": deploy.SECRETS_ENV}, **ca_secret}
     assert f"runs:{deploy.CONTAINER_RUNS}" in document["services"]["server"]["volumes"]
+
+
+def _username(name: str) -> str:
+    """The broker username of the compose service ``name``."""
+    if name == "server":
+        return SERVER_USERNAME
+    return aggregator_username(name) if name.startswith("aggregator-") else name
+
+
+@pytest.mark.parametrize("source", ["tracked", "generated"])
+def test_each_container_gets_its_own_credentials_file_and_no_other(
+    source: str, tmp_path: Path
+) -> None:
+    """Every fedsim service gets one credentials secret, its own per-process file (which
+    `fedsim deploy` writes with that process's credentials alone); no secret holds another's,
+    and no secret is shared or taken from a variable (that was everyone's secrets.json)."""
+    document = _compose() if source == "tracked" else yaml.safe_load(deploy.compose_text(
+        "scenarios/s.yaml", "r", ["a-0", "server-1"], aggregators=["aggregator-0"],
+        overrides=["aggregators.count=1"]))
+    declared, given = document["secrets"], {}
+    for name, service in document["services"].items():
+        if name == "broker":
+            assert "secrets" not in service
+            continue
+        credentials = [s["source"] for s in service["secrets"] if s["source"] != "fedsim-ca"]
+        assert credentials == [f"credentials-{_username(name)}"], name
+        given[name] = credentials[0]
+        # A file secret, bind-mounted as it is: the header has its user own it (no uid/gid/mode,
+        # which Compose ignores for a file, with a warning).
+        assert declared[credentials[0]] == {
+            "file": f"./deploy/generated/{process_secrets_name(_username(name))}"}, name
+        assert set(service["secrets"][0]) == {"source", "target"}
+    assert len(set(given.values())) == len(given)  # nobody shares one
+    assert set(declared) == set(given.values()) | ({"fedsim-ca"} if source == "tracked" else set())
+    assert not any("environment" in secret for secret in declared.values())
+    header = (deploy.compose_text("scenarios/s.yaml", "r", ["a-0"]) if source == "generated"
+              else (REPO / "docker-compose.yml").read_text(encoding="utf-8"))
+    assert (f"sudo chown {deploy.FEDSIM_UID}:{deploy.FEDSIM_UID} "
+            f"deploy/generated/{PROCESS_SECRETS_DIR}/*.json\n") in header
 
 
 def test_the_image_runs_as_that_user_with_data_in_its_cache() -> None:
@@ -124,8 +163,13 @@ def test_docker_compose_config_accepts_the_file() -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     normalised = json.loads(done.stdout)
-    secret = normalised["services"]["server"]["secrets"][0]
-    assert (secret["uid"], secret["gid"], int(str(secret["mode"]), 8)) == ("10001", "10001", 0o400)
+    for name, service in normalised["services"].items():
+        if name == "broker":
+            continue
+        secret = service["secrets"][0]
+        assert secret["target"] == deploy.CONTAINER_SECRETS
+        file = Path(normalised["secrets"][secret["source"]]["file"])
+        assert file == REPO / "deploy" / "generated" / process_secrets_name(_username(name))
     assert all(v["type"] == "volume" for v in normalised["services"]["server"]["volumes"])
 
 

@@ -18,6 +18,8 @@ from fedsim.errors import ConfigError
 from fedsim.transports.security import (
     PARALLEL_HASHING_FROM,
     PBKDF2_ITERATIONS,
+    PROCESS_SECRETS_DIR,
+    SERVER_USERNAME,
     Credentials,
     PasswordHashing,
     RunSecrets,
@@ -27,6 +29,8 @@ from fedsim.transports.security import (
     mosquitto_conf_text,
     mosquitto_password_hash,
     password_file_text,
+    process_secrets_name,
+    write_secrets,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +70,87 @@ def test_deploy_writes_private_secrets_hashes_and_acl(tmp_path: Path) -> None:
     assert "allow_anonymous false" in conf and f"acl_file {out.resolve()}/acl" in conf
 
 
+def test_deploy_writes_one_secrets_file_a_process_holding_its_own_alone(tmp_path: Path) -> None:
+    """secrets/<username>.json: one a process, mode 0600, that process's credentials and not
+    one other password (every file parsed, and searched for every other password)."""
+    out = tmp_path / "gen"
+    argv = ["--client-id", "a-1", "--client-id", "b-2", "--run", "r", "--aggregators", "1",
+            "--out", str(out), "--plain"]
+    assert run_deploy(*argv) == 0
+    everyone = load_secrets(out / "secrets.json")
+    users = [everyone.for_server(), *everyone.clients.values(), *everyone.aggregators.values()]
+    folder = out / PROCESS_SECRETS_DIR
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{u.username}.json" for u in users)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for user in users:
+        path = out / process_secrets_name(user.username)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        text = path.read_text()
+        assert user.password in text
+        others = [u.password for u in users if u is not user]
+        assert not any(password in text for password in others), path  # nobody else's
+        alone = load_secrets(path)
+        held = [alone.server, *alone.clients.values(), *alone.aggregators.values()]
+        assert alone.run == "r" and [c for c in held if c is not None] == [user], path
+    assert load_secrets(folder / "a-1.json").for_client("a-1") == everyone.for_client("a-1")
+    assert load_secrets(folder / "fedsim-server.json").for_server() == everyone.for_server()
+    assert load_secrets(folder / "fedsim-aggregator-0.json").for_aggregator("aggregator-0") == \
+        everyone.for_aggregator("aggregator-0")
+    # A later deploy without b-2 (and its aggregator): their old files are gone, the rest new.
+    assert run_deploy("--client-id", "a-1", "--run", "r", "--out", str(out), "--plain") == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["a-1.json", "fedsim-server.json"]
+    assert load_secrets(folder / "a-1.json").for_client("a-1") == \
+        load_secrets(out / "secrets.json").for_client("a-1") != everyone.for_client("a-1")
+
+
+def test_a_per_process_file_answers_only_for_its_own_process(tmp_path: Path) -> None:
+    """Asking a per-process file for another process's credentials is a ConfigError that
+    names the file and the role asked for, not a KeyError."""
+    run_secrets = generate_secrets("r", ["a-1", "b-2"], ["aggregator-0"])
+    files = run_secrets.per_process()
+    for name, one in files.items():
+        write_secrets(tmp_path / name, one)
+    mine = load_secrets(tmp_path / process_secrets_name("a-1"))
+    assert mine.for_client("a-1") == run_secrets.for_client("a-1") and mine.server is None
+    path = tmp_path / process_secrets_name("a-1")
+    for ask, whose in ((lambda: mine.for_server(), "the server"),
+                       (lambda: mine.for_client("b-2"), "client 'b-2'"),
+                       (lambda: mine.for_aggregator("aggregator-0"), "aggregator 'aggregator-0'")):
+        with pytest.raises(ConfigError) as refused:
+            ask()
+        message = str(refused.value)
+        assert str(path) in message and f"no credentials for {whose}" in message
+        assert "it is client 'a-1''s own file" in message
+    server = load_secrets(tmp_path / process_secrets_name(SERVER_USERNAME))
+    with pytest.raises(ConfigError, match="no credentials for client 'a-1'"):
+        server.for_client("a-1")
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"run": "r"}')
+    with pytest.raises(ConfigError, match="holds no credentials"):
+        load_secrets(empty)
+
+
+@pytest.mark.parametrize(
+    ("ids", "aggregators", "message"),
+    [
+        (["../evil"], (), "MQTT topics"),
+        (["a/../../evil"], (), "MQTT topics"),
+        ([".hidden"], (), "MQTT topics"),
+        (["a-1"], ["../evil"], "MQTT topics"),
+        (["Phone-1", "phone-1"], (), "case-insensitive"),
+    ],
+)
+def test_no_id_names_a_secrets_file_outside_its_folder_or_shares_one(
+    tmp_path: Path, ids: list[str], aggregators: list[str], message: str
+) -> None:
+    from fedsim.transports.security import write_broker_files
+
+    out = tmp_path / "deep" / "gen"
+    with pytest.raises(ConfigError, match=message):
+        write_broker_files(out, "r", ids, aggregators=aggregators)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nothing written anywhere
+
+
 def _hashed_users(text: str, passwords: dict[str, str]) -> list[tuple[str, int]]:
     """Each line's user and iteration count, its hash checked independently of fedsim."""
     seen = []
@@ -103,9 +188,9 @@ def test_an_interrupted_or_refused_deploy_leaves_the_earlier_files_as_they_were(
 
     out = tmp_path / "gen"
     assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), *listener) == 0
-    names = sorted(p.name for p in out.iterdir())
-    assert ("ca.crt" in names) == (not listener)
-    before = {name: (out / name).read_bytes() for name in names}
+    names = sorted(str(p.relative_to(out)) for p in out.rglob("*"))  # secrets/ too
+    assert ("ca.crt" in names) == (not listener) and "secrets/a.json" in names
+    before = {name: (out / name).read_bytes() for name in names if (out / name).is_file()}
     (out / "secrets.json").chmod(0o644)  # widened by someone: rewritten 0600 from creation
 
     def interrupted(*_args: object, **_kwargs: object) -> str:
@@ -118,8 +203,8 @@ def test_an_interrupted_or_refused_deploy_leaves_the_earlier_files_as_they_were(
     with pytest.raises(ConfigError, match="repeated"):
         run_deploy("--client-id", "a", "--client-id", "a", "--run", "r", "--out", str(out),
                    *listener)
-    assert {name: (out / name).read_bytes() for name in names} == before
-    assert sorted(p.name for p in out.iterdir()) == names  # no temporary file left
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == names  # no temporary file
     assert run_deploy("--client-id", "a", "--run", "r", "--out", str(out), *listener) == 0
     assert stat.S_IMODE((out / "secrets.json").stat().st_mode) == 0o600
     assert (out / "secrets.json").read_bytes() != before["secrets.json"]

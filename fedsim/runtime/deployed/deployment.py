@@ -111,8 +111,10 @@ def resolve_broker(
     credentials of ``role`` (``server``, ``client`` ``client_id`` or ``aggregator``
     ``client_id``, the aggregator's id) come from the secrets file
     written by ``fedsim deploy`` / :func:`fedsim.transports.security.write_secrets` (default
-    ``$FEDSIM_SECRETS``). Without either the connection is anonymous (refused by brokers set
-    up by fedsim). The returned run is the secrets file's, or ``run``; they must agree.
+    ``$FEDSIM_SECRETS``): ``secrets.json`` or the process's own file in ``secrets/``, which
+    holds nobody else's (asking it for another role's is a ConfigError naming the file).
+    Without either the connection is anonymous (refused by brokers set up by fedsim). The
+    returned run is the secrets file's, or ``run``; they must agree.
     """
     url = url or os.environ.get(BROKER_ENV)
     if not url:
@@ -126,7 +128,7 @@ def resolve_broker(
         raise ConfigError(f"secrets file {secrets_file} is for run {secrets.run!r}, not {run!r}")
     if settings.username is None:
         if role == "server":
-            credentials = secrets.server
+            credentials = secrets.for_server()
         elif role == "aggregator":
             credentials = secrets.for_aggregator(str(client_id))
         else:
