@@ -33,17 +33,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--plots", metavar="DIR", default="compare",
                         help="Where to draw accuracy.png and epsilon.png (default: compare).")
     parser.add_argument("--no-plots", action="store_true", help="Print the table only.")
+    parser.add_argument("--delta", type=float, metavar="D",
+                        help="State every run's eps at this delta, from its ledgers (default: "
+                             "each run's own, its scenario's privacy.delta).")
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.reporting.compare import draw_comparison, format_table, run_row, unique_labels
+    from fedsim.reporting.compare import (
+        delta_note,
+        draw_comparison,
+        format_table,
+        run_row,
+        unique_labels,
+    )
     from fedsim.reporting.ledgers import read_ledgers
     from fedsim.reporting.rundir import RunDirectory
     from fedsim.runtime.run_outputs import require_writable_dir
 
+    if args.delta is not None and not 0.0 < args.delta < 1.0:  # (nan fails both)
+        raise ConfigError(f"--delta must be in (0, 1), got {args.delta}")
     if not args.no_plots:
         require_writable_dir(args.plots, "--plots")
     paths = [Path(p) for p in args.run_dirs]
@@ -52,11 +63,14 @@ def run(args: argparse.Namespace) -> int:
     runs = [RunDirectory.load(p) for p in paths]
     labels = unique_labels(paths)
     ledgers = [read_ledgers(r) for r in runs]  # once, for the table and the plot
-    rows = [run_row(r, label, ledgers=lgs) for r, label, lgs in zip(runs, labels, ledgers,
-                                                                     strict=True)]
-    drawn = [] if args.no_plots else draw_comparison(runs, labels, Path(args.plots), ledgers)
+    rows = [run_row(r, label, ledgers=lgs, delta=args.delta)
+            for r, label, lgs in zip(runs, labels, ledgers, strict=True)]
+    drawn = [] if args.no_plots else draw_comparison(runs, labels, Path(args.plots), ledgers,
+                                                     args.delta)
+    note = None if args.delta is not None else delta_note(runs, labels)
     if args.json:
-        print(json.dumps({"runs": rows, "plots": [str(p) for p in drawn]}, indent=2))
+        print(json.dumps({"runs": rows, "plots": [str(p) for p in drawn],
+                          "notes": [note] if note else []}, indent=2))
         return 0
     for line in format_table(rows):
         print(printable(line, limit=100_000))
@@ -66,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     deltas = sorted({row["delta"] for row in rows if row["delta"] is not None})
     print(f"eps: each client's guarantee about its own data at delta = "
           f"{', '.join(f'{d:g}' for d in deltas)} (pld)")
+    if note:
+        print(printable(note, limit=100_000))
     if drawn:
         print("plots: " + ", ".join(str(p) for p in drawn))
     return 0

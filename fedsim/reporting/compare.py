@@ -34,28 +34,32 @@ LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend be
 
 
 def run_row(run: RunDirectory, label: str | None = None, *,
-            ledgers: Sequence[ClientLedger] | None = None) -> dict[str, Any]:
+            ledgers: Sequence[ClientLedger] | None = None,
+            delta: float | None = None) -> dict[str, Any]:
     """One run's comparison row (the keys of :data:`COLUMNS`, ``ended`` why the run ended,
     ``stops`` a dict kind -> count,
     plus ``path``, ``scenario``, ``seed``, ``delta``, ``warnings`` and ``notes``; ``ledgers``:
-    the run's, if read already)."""
+    the run's, if read already). Its eps are at ``delta`` (default: the run's own, its
+    scenario's), computed from its ledgers."""
     from fedsim.privacy.accountant import make_accountant
     from fedsim.reporting.epsilon_history import EpsilonCache, final_epsilons
 
     summary = run.summary
     found = summary.get("privacy")
     privacy: dict[str, Any] = found if isinstance(found, dict) else {}
+    stated = stated_delta(run, delta)
+    # summary.json's figures are at the run's own delta: checked against the ledgers there only
     recorded = {
         "eps_min": finite_number(privacy.get("epsilon_min")),
         "eps_median": finite_number(privacy.get("epsilon_median")),
         "eps_max": finite_number(privacy.get("epsilon_max")),
-    }
+    } if stated == run.delta else dict.fromkeys(("eps_min", "eps_median", "eps_max"))
     warnings = ledger_gaps(run)
     # The clients' eps from their ledgers under pld, as summary.json and clients.csv report it
     # (whatever accountant a ledger enforces with): summary.json's figures are what the run
     # wrote, and a file anybody can edit (checked against them).
     read = read_ledgers(run) if ledgers is None else ledgers
-    from_ledgers = sorted(final_epsilons(read, EpsilonCache(run.delta),
+    from_ledgers = sorted(final_epsilons(read, EpsilonCache(stated),
                                          under=make_accountant("pld", [])).values())
     if run.server_view and len(read) < len(run.clients):
         # A server's view with some of its clients' ledgers copied in: their eps is no run's
@@ -100,7 +104,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         "final_accuracy": final if final is not None else (accuracies[-1] if accuracies else None),
         "best_accuracy": best if best is not None else max(accuracies, default=None),
         **eps,
-        "delta": finite_number(privacy.get("delta")),
+        "delta": stated,
         "virtual_time": run.virtual_time,
         "windows": summary.get("windows", len(run.metrics)),
         "ended": _ended(run),
@@ -108,6 +112,24 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         "warnings": warnings,
         "notes": notes,
     }
+
+
+def stated_delta(run: RunDirectory, delta: float | None) -> float:
+    """The delta ``run``'s eps are stated at: ``delta``, else the run's own."""
+    return run.delta if delta is None else delta
+
+
+def delta_note(runs: Sequence[RunDirectory], labels: Sequence[str]) -> str | None:
+    """What to say when ``runs`` state their eps at different deltas (each its scenario's):
+    the same mechanism reads a smaller eps at a larger delta, so their eps are not comparable
+    as numbers (a stranger read a run at delta 1e-3 as spending half the privacy of the same
+    run at 1e-5). None when they share one."""
+    if len({run.delta for run in runs}) < 2:
+        return None
+    each = ", ".join(f"{label} {run.delta:g}" for run, label in zip(runs, labels, strict=True))
+    return (f"note: the runs state eps at different deltas ({each}): the same mechanism reads "
+            f"a smaller eps at a larger delta, so these eps are not comparable as numbers; "
+            f"--delta D states every run's at one delta (from its ledgers)")
 
 
 def _ended(run: RunDirectory) -> str | None:
@@ -260,7 +282,7 @@ def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str]
     return _save(figure, path)
 
 
-def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
+def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger], delta: float
                      ) -> dict[str, tuple[Any, Any, Any, Any]]:
     """Neighbouring relation -> (times, min, median, max) epsilon of ``run``'s clients at each
     time (``read``: its ledgers), as the run's own epsilon plot takes them: over every client,
@@ -283,7 +305,7 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
     )
 
     ledgers = [lg for lg in read if lg.steps]
-    cache = EpsilonCache(run.delta)
+    cache = EpsilonCache(delta)
     curves = {}
     for relation, members in by_relation((lg.steps[0][1].sampling, lg) for lg in ledgers).items():
         drawn = members
@@ -292,7 +314,7 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
             drawn = [chosen[c] for c in quantile_clients(final_epsilons(members, cache),
                                                          QUANTILES)]
         end = max(run.virtual_time, max(lg.steps[-1][0] for lg in members))
-        history = epsilon_history(drawn, time_grid(end, TIME_GRID_POINTS), run.delta, cache)
+        history = epsilon_history(drawn, time_grid(end, TIME_GRID_POINTS), delta, cache)
         eps = history.epsilon
         curves[relation] = (history.times, eps.min(axis=0), np.median(eps, axis=0),
                             eps.max(axis=0))
@@ -300,16 +322,21 @@ def _relation_curves(run: RunDirectory, read: Sequence[ClientLedger]
 
 
 def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
-                            path: Path, ledgers: Sequence[Sequence[ClientLedger]] | None = None
-                            ) -> Path:
+                            path: Path, ledgers: Sequence[Sequence[ClientLedger]] | None = None,
+                            delta: float | None = None) -> Path:
     """Epsilon against virtual time per neighbouring relation: for each run its clients' median
     at each time, with a band from their least to their most spent (``ledgers``: each run's, if
-    read already)."""
+    read already), at ``delta`` (default: each run's own; runs at different deltas say theirs
+    in the legend)."""
     read = ledgers if ledgers is not None else [read_ledgers(run) for run in runs]
-    curves = [_relation_curves(run, lgs) for run, lgs in zip(runs, read, strict=True)]
+    stated = [stated_delta(run, delta) for run in runs]
+    curves = [_relation_curves(run, lgs, at) for run, lgs, at in zip(runs, read, stated,
+                                                                      strict=True)]
     relations = sorted({relation for run_curves in curves for relation in run_curves})
     figure, panels = _figure(max(len(relations), 1))
-    deltas = sorted({run.delta for run in runs})
+    deltas = sorted(set(stated))
+    if len(deltas) > 1:  # (a stranger read a run at 1e-3 as spending half of one at 1e-5)
+        labels = [f"{label} (delta {at:g})" for label, at in zip(labels, stated, strict=True)]
     for axes, relation in zip(panels, relations, strict=False):
         for index, (label, run_curves) in enumerate(zip(labels, curves, strict=True)):
             if relation not in run_curves:
@@ -331,8 +358,9 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
 
 
 def draw_comparison(runs: Sequence[RunDirectory], labels: Sequence[str], out_dir: Path,
-                    ledgers: Sequence[Sequence[ClientLedger]] | None = None) -> list[Path]:
+                    ledgers: Sequence[Sequence[ClientLedger]] | None = None,
+                    delta: float | None = None) -> list[Path]:
     """``accuracy.png`` and ``epsilon.png`` of the runs into ``out_dir`` (``ledgers``: each
-    run's, if read already)."""
+    run's, if read already; ``delta``: every run's eps at it, default each run's own)."""
     return [draw_accuracy_comparison(runs, labels, out_dir / "accuracy.png"),
-            draw_epsilon_comparison(runs, labels, out_dir / "epsilon.png", ledgers)]
+            draw_epsilon_comparison(runs, labels, out_dir / "epsilon.png", ledgers, delta)]

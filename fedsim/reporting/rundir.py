@@ -194,7 +194,11 @@ def _holding_runs(root: Path, looked_at: int = 1000) -> str:
     if not runs:
         return ""
     what = "a sweep's directory" if sweep else "a directory of runs"
-    return (f"; it is {what}: name its runs, for example `fedsim compare {root}/*` or "
+    # A glob that names run directories only: `root/*` also matches a sweep's sweep.csv and
+    # sweep.json, and its tuning/ folder (a stranger ran the suggestion and was refused).
+    pattern = "trial-*/" if all(run.startswith("trial-") for run in runs) else "*/"
+    return (f"; it is {what}: name its runs, for example "
+            f"`fedsim compare {printable(str(root), limit=300)}/{pattern}` or "
             f"`fedsim report {printable(str(root / runs[0]), limit=300)}`")
 
 

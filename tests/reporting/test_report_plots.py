@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import math
 import shutil
@@ -16,6 +17,7 @@ import pytest
 
 from fedsim.cli import main as cli_main
 from fedsim.privacy.accountant import make_accountant
+from fedsim.privacy.events import group_steps
 from fedsim.privacy.fdp import eps_delta_tradeoff
 from fedsim.reporting import figures as figure_files
 from fedsim.reporting import plots
@@ -528,15 +530,29 @@ def test_a_directory_of_runs_is_named_as_one(
     word of the runs inside it."""
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    shutil.copytree(copy_run(small_run).path, sweep / "000-a")
+    shutil.copytree(copy_run(small_run).path, sweep / "trial-000-a")
+    shutil.copytree(copy_run(small_run).path, sweep / "trial-001-b")
     (sweep / "sweep.json").write_text("{}")
+    (sweep / "sweep.csv").write_text("trial\n")
+    (sweep / "tuning").mkdir()  # (a privately tuned sweep's: not a run)
     assert cli_main(["compare", str(sweep), "--no-plots"]) == 2
     err = capsys.readouterr().err
-    assert f"it is a sweep's directory: name its runs, for example `fedsim compare {sweep}/*`" \
-        in err and f"`fedsim report {sweep / '000-a'}`" in err
+    suggested = f"`fedsim compare {sweep}/trial-*/`"
+    assert f"it is a sweep's directory: name its runs, for example {suggested}" in err \
+        and f"`fedsim report {sweep / 'trial-000-a'}`" in err
+    # ... and the suggestion works as a shell expands it (`sweep/*` took sweep.csv too, and a
+    # stranger who ran it was refused)
+    expanded = sorted(glob.glob(f"{sweep}/trial-*/"))
+    assert len(expanded) == 2
+    assert cli_main(["compare", *expanded, "--no-plots"]) == 0
+    capsys.readouterr()
     (sweep / "sweep.json").unlink()
     assert cli_main(["report", str(sweep)]) == 2
-    assert "it is a directory of runs" in capsys.readouterr().err
+    assert f"it is a directory of runs: name its runs, for example `fedsim compare " \
+        f"{sweep}/trial-*/`" in capsys.readouterr().err
+    shutil.move(sweep / "trial-001-b", sweep / "other")
+    assert cli_main(["report", str(sweep)]) == 2
+    assert f"`fedsim compare {sweep}/*/`" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli_main(["report", str(empty)]) == 2
@@ -659,3 +675,56 @@ def test_a_title_wider_than_its_figure_is_wrapped_inside_it(tmp_path: Path) -> N
     box = title.get_window_extent(renderer)
     assert box.x0 >= 0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
     assert axes.get_window_extent(renderer).y1 < box.y0  # the axes moved down under it
+
+
+def test_compare_says_when_runs_state_eps_at_different_deltas(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger compared the same run at delta 1e-5 and 1e-3 and read the second as spending
+    half the privacy: the table and the plot said only "delta = 1e-05, 0.001"."""
+    import fedsim.reporting.compare as compare_module
+
+    base = copy_run(small_run)
+    wider = copy_run(small_run)  # the same ledgers, stated at a larger delta
+    summary = json.loads((wider.path / "summary.json").read_text())
+    summary["privacy"]["delta"] = 1e-3
+    (wider.path / "summary.json").write_text(json.dumps(summary))
+    # the legend's labels, as the plot draws them
+    drawn: list[str] = []
+    original = compare_module._draw_run_line
+
+    def recording(axes: Any, run: Any, times: Any, values: Any, label: str, style: Any) -> None:
+        drawn.append(label)
+        original(axes, run, times, values, label, style)
+
+    monkeypatch.setattr(compare_module, "_draw_run_line", recording)
+    plots = tmp_path / "plots"
+    assert cli_main(["compare", str(base.path), str(wider.path), "--plots", str(plots),
+                     "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    [note] = shown["notes"]
+    assert "different deltas" in note and "not comparable as numbers" in note
+    first, second = shown["runs"]
+    assert (first["delta"], second["delta"]) == (DELTA, 1e-3)
+    assert second["eps_max"] < first["eps_max"]  # the same ledgers read smaller at 1e-3
+    assert any(label.endswith(f"(delta {DELTA:g})") for label in drawn)
+    assert any(label.endswith("(delta 0.001)") for label in drawn)
+    # --delta states both at one delta: the same ledgers, the same eps, no note
+    drawn.clear()
+    assert cli_main(["compare", str(base.path), str(wider.path), "--plots", str(plots),
+                     "--json", "--delta", str(DELTA)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    first, second = shown["runs"]
+    assert shown["notes"] == [] and first["delta"] == second["delta"] == DELTA
+    for key in ("eps_min", "eps_median", "eps_max"):
+        assert second[key] == pytest.approx(first[key], rel=1e-12)
+    # ... the most a fresh accountant gives any of the ledgers, at that delta
+    expected = max(make_accountant("pld", list(group_steps(s for _, s in history))).epsilon(DELTA)
+                   for history in base.histories.values() if history)
+    assert first["eps_max"] == pytest.approx(expected, rel=1e-9)
+    assert not any("(delta" in label for label in drawn)
+    # the table says it too
+    assert cli_main(["compare", str(base.path), str(wider.path), "--no-plots"]) == 0
+    assert "different deltas" in capsys.readouterr().out
+    assert cli_main(["compare", str(base.path), "--no-plots", "--delta", "2"]) == 2
+    assert "--delta must be in (0, 1)" in capsys.readouterr().err
