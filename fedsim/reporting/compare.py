@@ -347,7 +347,8 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
             axes.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
         axes.set_title(f"{relation} neighbours: clients' median, band min-max", fontsize=10)
         axes.set_xlabel(_time_axis(runs)[0])
-        axes.set_ylabel(f"epsilon (delta = {', '.join(f'{d:g}' for d in deltas)})")
+        axes.set_ylabel(f"epsilon (delta = {deltas[0]:g})" if len(deltas) == 1
+                        else "epsilon (each run at its delta: legend)")
         axes.set_ylim(bottom=0.0)
         axes.grid(True, alpha=0.3)
         _legend_beside(axes)
