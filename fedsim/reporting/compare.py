@@ -31,6 +31,8 @@ COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "e
 EPS_RELATIVE_TOLERANCE = 1e-3
 """summary.json's eps and the ledgers' may differ by this much (its figures are rounded)."""
 LEGEND_COLUMN_WIDTH = 0.30  # share of the figure's width kept for the legend beside the axes
+MAX_BANDED_RUNS = 4
+"""The epsilon comparison draws each run's min-max band for at most this many runs."""
 
 
 def run_row(run: RunDirectory, label: str | None = None, *,
@@ -212,10 +214,17 @@ def _style(index: int, count: int) -> dict[str, Any]:
 
 
 def _legend_beside(axes: Any) -> None:
+    import textwrap
+
+    from fedsim.reporting.figures import LEGEND_LABEL_CHARS
+
     handles, labels = axes.get_legend_handles_labels()
     if handles:
-        axes.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                    borderaxespad=0.0, fontsize=8, frameon=False)
+        # wrapped: the column beside the axes is a third of the figure (a stranger's
+        # "...(interrupted by SIGTERM)" ran off its edge)
+        axes.legend(handles, [textwrap.fill(label, LEGEND_LABEL_CHARS) for label in labels],
+                    loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                    fontsize=8, frameon=False)
 
 
 def _label(run: RunDirectory, label: str) -> str:
@@ -335,6 +344,8 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
     relations = sorted({relation for run_curves in curves for relation in run_curves})
     figure, panels = _figure(max(len(relations), 1))
     deltas = sorted(set(stated))
+    # (a stranger's seven overlapping bands made one brown area: past a few runs, medians only)
+    banded = len(runs) <= MAX_BANDED_RUNS
     if len(deltas) > 1:  # (a stranger read a run at 1e-3 as spending half of one at 1e-5)
         labels = [f"{label} (delta {at:g})" for label, at in zip(labels, stated, strict=True)]
     for axes, relation in zip(panels, relations, strict=False):
@@ -344,8 +355,11 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
             times, low, mid, high = run_curves[relation]
             style = _style(index, len(runs))
             _draw_run_line(axes, runs[index], times, mid, label, style)
-            axes.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
-        axes.set_title(f"{relation} neighbours: clients' median, band min-max", fontsize=10)
+            if banded:
+                axes.fill_between(times, low, high, color=style["color"], alpha=0.15,
+                                  linewidth=0)
+        axes.set_title(f"{relation} neighbours: clients' median"
+                       + (", band min-max" if banded else ""), fontsize=10)
         axes.set_xlabel(_time_axis(runs)[0])
         axes.set_ylabel(f"epsilon (delta = {deltas[0]:g})" if len(deltas) == 1
                         else "epsilon (each run at its delta: legend)")

@@ -23,6 +23,8 @@ from fedsim.reporting.rundir import RunDirectory
 
 DPI = 100
 FIGSIZE = (7.5, 4.5)
+LEGEND_LABEL_CHARS = 42
+"""A legend label beside the axes is wrapped at this many characters."""
 
 # PNG metadata: matplotlib writes its version as "Software" unless told not to.
 PNG_METADATA: dict[str, Any] = {"Software": None}

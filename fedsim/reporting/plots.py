@@ -61,6 +61,7 @@ from fedsim.reporting.figures import (
     BUDGET_STYLES,
     CURVE_STYLES,
     FIGSIZE,
+    LEGEND_LABEL_CHARS,
     LEGEND_OUTSIDE,
     RELATION_TITLES,
     group_styles,
@@ -290,10 +291,6 @@ def _draw_band(axes: Any, history: EpsilonHistory) -> None:
 
 # A client within this fraction of a budget below it has spent that budget (for the count).
 AT_BUDGET = 0.01
-
-
-LEGEND_LABEL_CHARS = 42
-"""A legend label beside the axes is wrapped at this many characters."""
 
 
 def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[float],

@@ -728,3 +728,35 @@ def test_compare_says_when_runs_state_eps_at_different_deltas(
     assert "different deltas" in capsys.readouterr().out
     assert cli_main(["compare", str(base.path), "--no-plots", "--delta", "2"]) == 2
     assert "--delta must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_compare_of_many_runs_draws_medians_and_wrapped_labels(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's seven runs' bands overlapped into one brown area, and a long label
+    ("...(interrupted by SIGTERM)") ran off the figure's edge."""
+    import fedsim.reporting.compare as compare_module
+
+    figures: list[Any] = []
+    original = compare_module._figure
+
+    def keeping(rows: int) -> Any:
+        made = original(rows)
+        figures.append(made[1])
+        return made
+
+    monkeypatch.setattr(compare_module, "_figure", keeping)
+    long_label = "a-rather-long-trial-name-of-a-sweep sigma=1.3 seed=0 (interrupted by SIGTERM)"
+    for count in (compare_module.MAX_BANDED_RUNS, compare_module.MAX_BANDED_RUNS + 1):
+        figures.clear()
+        runs = [RunDirectory.load(copy_run(small_run).path) for _ in range(count)]
+        compare_module.draw_epsilon_comparison(runs, [long_label] * count,
+                                               tmp_path / f"eps{count}.png")
+        [axes] = figures[0]
+        bands = [c for c in axes.collections if type(c).__name__ in ("PolyCollection",
+                                                                     "FillBetweenPolyCollection")]
+        assert len(bands) == (count if count <= compare_module.MAX_BANDED_RUNS else 0)
+        assert ("band min-max" in axes.get_title()) == (count <= compare_module.MAX_BANDED_RUNS)
+        texts = [t.get_text() for t in axes.get_legend().get_texts()]
+        assert all(max(len(line) for line in t.splitlines()) <= 42 for t in texts)
+        assert texts[0].replace("\n", " ") == long_label
