@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
@@ -122,9 +123,11 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     mus = [mu for row in run.clients if (mu := finite_number(row.get("mu_clt"))) is not None]
     if mus:
         # Two mu a client: this one, from the CLT, and the trade-off plot's "GDP fit" (the
-        # smallest mu whose G_mu lies below the accountant's curve): a stranger took them for one.
-        lines.append(f"CLT mu (approximation; not the trade-off plot's GDP-fit mu, which "
-                     f"bounds the accountant's curve): {spread(mus)}")
+        # smallest mu whose mu-GDP (eps, delta) pairs hold for the accountant at every delta
+        # from MIN_DELTA to 1 - 1e-9, fdp.fit_gdp_mu_accountant): a stranger took them for one.
+        lines.append(f"CLT mu (approximation; not the trade-off plot's GDP-fit mu, whose "
+                     f"(eps, delta) pairs the accountant guarantees for delta from "
+                     f"{limits.MIN_DELTA:g} to 1 - 1e-9): {spread(mus)}")
         warnings.append(
             "warning: CLT mu values are approximations (Dong, Roth & Su, Gaussian "
             "Differential Privacy, Cor. 5.4; Bu et al. 2020), not guarantees"

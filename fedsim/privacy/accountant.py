@@ -141,6 +141,13 @@ class Accountant(ABC):
     def delta(self, epsilon: float) -> float:
         """delta(eps) of the history (an upper bound for guarantees)."""
 
+    def delta_curve(self, epsilons: np.ndarray) -> np.ndarray:
+        """delta(eps) at many eps at once (the privacy profile; upper bounds for guarantees).
+        This default asks :meth:`delta` once per eps; accountants with a vectorised profile
+        override it."""
+        return np.asarray([self.delta(float(e)) for e in np.asarray(epsilons, dtype=float)],
+                          dtype=float)
+
     @abstractmethod
     def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
         """beta(alpha): the type II error lower bound at type I errors ``alpha`` in [0, 1]

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedsim.config import limits
 from fedsim.errors import AccountantOutOfRange, ConfigError, LedgerError, PrivacyError
 from fedsim.privacy import calibration, fdp, gdp
 from fedsim.privacy.accountant import GUARANTEES, Accountant, make_accountant, smallest_epsilon
@@ -380,7 +381,7 @@ def _answer(sampling: Sampling, name: AccountantChoice,
     if name == "gdp-clt":
         found.update(_clt(accountant, steps, group))
     elif betas is not None:
-        found.update(_gdp_fit(alphas, betas))
+        found.update(_gdp_fit(accountant, group, alphas, betas))
     if name == "gdp-clt" and curve:  # G_mu for the group's mu, the composed curve for one record
         betas = (gdp.gdp_tradeoff(alphas, found["mu"]) if group > 1
                  else accountant.tradeoff(alphas))
@@ -473,15 +474,28 @@ def _clt(accountant: Accountant, steps: list[GaussianStep], group: int) -> dict[
     return found
 
 
-def _gdp_fit(alphas: np.ndarray, betas: np.ndarray) -> dict[str, Any]:
-    """The smallest mu with G_mu below the curve, fitted where 1 - beta is resolved in doubles
-    (not on the far group grid)."""
-    fit = alphas >= 1e-15
+# What the GDP fit guarantees (the JSON's mu_kind; docs/API.md quotes it).
+GDP_FIT_KIND = (f"fit (smallest mu whose mu-GDP (eps, delta) pairs all hold for the accountant "
+                f"at every delta from {limits.MIN_DELTA:g} to 1 - 1e-9: delta_mu(eps) >= the "
+                f"accountant's delta(eps) there)")
+
+
+def _gdp_fit(accountant: Accountant, group: int, alphas: np.ndarray,
+             betas: np.ndarray) -> dict[str, Any]:
+    """The smallest mu whose mu-GDP privacy profile dominates the accountant's down to
+    :data:`~fedsim.config.limits.MIN_DELTA` (:func:`fdp.fit_gdp_mu_accountant`; for a group,
+    that of the group's curve ``betas``, with ``1 - beta`` rounded up by 1e-15 for the
+    digits that ``1 - f`` near 1 loses)."""
     try:
-        return {"mu": fdp.fit_gdp_mu(alphas[fit], betas[fit]),
-                "mu_kind": "fit (smallest mu with G_mu below the curve)"}
-    except ConfigError:  # the curve is 0 on the whole grid: eps is still answered
-        return {"mu_kind": "none: the trade-off curve is 0 on the alpha grid (no GDP fit)"}
+        if group == 1:
+            mu = fdp.fit_gdp_mu_accountant(accountant, limits.MIN_DELTA)
+        else:
+            complement = np.minimum(1.0 - np.asarray(betas, dtype=float) + 1e-15, 1.0)
+            mu = fdp.fit_gdp_mu_complement(alphas, complement, limits.MIN_DELTA)
+    except (ConfigError, AccountantOutOfRange):  # no finite mu dominates: eps is still answered
+        return {"mu_kind": (f"none: no mu-GDP dominates the curve down to delta "
+                            f"{limits.MIN_DELTA:g} (no GDP fit)")}
+    return {"mu": mu, "mu_kind": GDP_FIT_KIND}
 
 
 def _group_answer(accountant: Accountant, group: int, alphas: np.ndarray, betas: np.ndarray,

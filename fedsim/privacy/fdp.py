@@ -18,13 +18,25 @@ Results used:
 * The curve of one (eps, delta) guarantee: ``f_{eps,delta}(alpha) = max(0, 1 - delta - e^eps
   alpha, e^-eps (1 - delta - alpha))`` (same paper, Prop. 2.5); under any neighbouring
   relation, the one the (eps, delta) pair was stated for.
-* GDP fit: the smallest mu with ``G_mu <= beta`` at every grid point where ``0 < beta`` and
-  ``alpha < 1``, i.e. ``max_i Phi^-1(1 - alpha_i) - Phi^-1(beta_i)``. Grid points where the
-  curve is 0 are skipped (no finite mu reaches 0 before alpha = 1), so "G_mu lies below the
-  curve on the grid". ``dp_accounting`` offers a different, single-point estimate: the
-  Gaussian mechanism that is exactly (eps, delta)-DP at one eps
-  (:func:`gdp_mu_at_point`, via ``dp_accounting.get_sigma_gaussian``); it is never larger
-  than the fit at the same curve, and it can be much smaller when the curve is not Gaussian.
+* GDP fit (:func:`fit_gdp_mu_to_profile`): mu-GDP holds iff (eps, delta_mu(eps))-DP holds for
+  every eps >= 0, ``delta_mu(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` (same
+  paper, Cor. 2.13), and ``G_mu <= f`` everywhere iff ``delta_mu(eps) >= delta_f(eps)`` for
+  every eps (Prop. 2.12: each curve is the envelope of its profile's lines). The fit is the
+  smallest mu whose profile dominates the accountant's privacy profile (upper bounds
+  ``delta_i`` on an eps grid from 0 to the eps at a floor delta, by default fedsim's smallest,
+  1e-12): ``delta_mu(eps_{i+1}) >= delta_i`` for every i, which covers every eps between grid
+  points because both profiles decrease in eps. So every (eps, delta) pair of mu-GDP with
+  ``floor <= delta <= 1 - 1e-9`` is a valid guarantee of the accountant (eps(mu) at delta >=
+  the accountant's eps at delta); below the floor nothing is claimed (the profile is capped at
+  ``1 - 1e-9``, :data:`DELTA_CEILING`: a PLD's delta of exactly 1.0 at tiny eps is met by no
+  finite mu). The neighbouring relation is
+  the accountant's. :func:`fit_gdp_mu` is the older fit on an alpha grid: ``G_mu <= beta_i``
+  at the grid points only, which misses the far tail (alpha far below the grid's 1e-9, where
+  the curves of subsampled mechanisms at eps >~ 10 cross G_mu), so it is no guarantee.
+  ``dp_accounting`` offers a different, single-point estimate: the Gaussian mechanism that is
+  exactly (eps, delta)-DP at one eps (:func:`gdp_mu_at_point`, via
+  ``dp_accounting.get_sigma_gaussian``); it is never larger than the fit at the same curve,
+  and it can be much smaller when the curve is not Gaussian.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from scipy.stats import norm
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import Accountant
+from fedsim.privacy.gdp import MAX_MU, gdp_log_delta
 
 
 def default_alphas(points: int = 2001) -> np.ndarray:
@@ -69,7 +82,9 @@ def eps_delta_tradeoff(alphas: np.ndarray, epsilon: float, delta: float) -> np.n
 
 
 def fit_gdp_mu(alphas: np.ndarray, betas: np.ndarray) -> float:
-    """Smallest mu with ``G_mu(alpha_i) <= beta_i`` on the grid (see module docstring)."""
+    """Smallest mu with ``G_mu(alpha_i) <= beta_i`` at the grid points only: not a guarantee
+    that G_mu lies below the curve between or beyond them (see the module docstring; the
+    sound fit is :func:`fit_gdp_mu_to_profile`)."""
     alphas = np.asarray(alphas, dtype=float)
     betas = np.asarray(betas, dtype=float)
     usable = (alphas > 0) & (alphas < 1) & (betas > 0)
@@ -77,6 +92,91 @@ def fit_gdp_mu(alphas: np.ndarray, betas: np.ndarray) -> float:
         raise ConfigError("the curve has no grid point with 0 < alpha < 1 and beta > 0")
     needed = norm.isf(alphas[usable]) - norm.ppf(np.minimum(betas[usable], 1.0))
     return float(max(0.0, np.max(needed)))
+
+
+# eps grid points of a fitted privacy profile (uniform from 0 to the eps at the floor delta)
+PROFILE_POINTS = 2001
+# relative slack on the dominance check (log_ndtr's rounding, far below it), and the
+# bisection's relative tolerance on mu (the answer is the feasible end, rounded up)
+_DOMINANCE_SLACK = 1e-12
+# The largest delta a fit answers for: an accountant's delta within rounding of 1 (a PLD's
+# pessimistic discretisation gives exactly 1.0 at small eps where a Gaussian's is 1 - 1e-10)
+# is met by no finite mu, so the profile is capped here (see fit_gdp_mu_to_profile).
+DELTA_CEILING = 1.0 - 1e-9
+_MU_TOLERANCE = 1e-9
+
+
+def fit_gdp_mu_to_profile(epsilons: np.ndarray, deltas: np.ndarray,
+                          delta_ceiling: float = DELTA_CEILING) -> float:
+    """Smallest mu (to relative 1e-9, rounded up) whose mu-GDP privacy profile dominates a
+    privacy profile given by upper bounds ``deltas`` at an increasing grid ``epsilons`` from 0,
+    capped at ``delta_ceiling`` (``c_i = min(delta_i, ceiling)``):
+    ``delta_mu(eps_{i+1}) >= c_i`` for every i. Both profiles decrease in eps, so then
+    ``delta_mu(eps) >= delta_mu(eps_{i+1}) >= c_i >= min(delta(eps), ceiling)`` on every
+    ``[eps_i, eps_{i+1}]`` (Dong, Roth & Su 2022, Cor. 2.13 for ``delta_mu``; the neighbouring
+    relation is the profile's). Hence for every delta with ``delta(eps_last) <= delta <=
+    ceiling``, mu-GDP's eps at delta is at least the profile's: its eps* has
+    ``delta_mu(eps*) = delta``, and either eps* > eps_last (the profile's eps at delta is at
+    most eps_last) or ``delta(eps*) <= delta_mu(eps*)`` (where ``delta(eps*) > ceiling`` then
+    ``delta_mu(eps*) >= ceiling >= delta`` forces equality). ``delta_mu`` increases with mu at
+    every eps, so the feasible mu form an interval, found by bisection. Raises
+    :class:`ConfigError` where no mu up to ``MAX_MU`` dominates."""
+    eps = np.asarray(epsilons, dtype=float)
+    deltas = np.minimum(np.asarray(deltas, dtype=float), delta_ceiling)
+    if eps.ndim != 1 or eps.size < 2 or deltas.shape != eps.shape or np.any(np.diff(eps) <= 0):
+        raise ConfigError("a privacy profile needs an increasing eps grid of >= 2 points")
+    positive = deltas[:-1] > 0
+    need = np.log(deltas[:-1][positive]) + _DOMINANCE_SLACK
+    at = eps[1:][positive]
+    if need.size == 0:
+        return 0.0
+
+    def dominates(mu: float) -> bool:
+        return bool(np.all(gdp_log_delta(at, mu) >= need))
+
+    high = 1.0
+    while not dominates(high):
+        high *= 2.0
+        if high > MAX_MU:
+            raise ConfigError(f"no mu up to {MAX_MU:g} dominates the privacy profile")
+    low = high / 2.0 if high > 1.0 else 0.0
+    if high == 1.0 and low == 0.0 and dominates(0.0):
+        return 0.0
+    while high - low > _MU_TOLERANCE * high:
+        middle = 0.5 * (low + high)
+        if dominates(middle):
+            high = middle
+        else:
+            low = middle
+    return float(high)
+
+
+def _profile_grid(eps_max: float, points: int) -> np.ndarray:
+    if not math.isfinite(eps_max):
+        raise ConfigError("the privacy profile does not reach the floor delta at any finite eps")
+    return np.linspace(0.0, max(eps_max, 1e-9), max(points, 2))
+
+
+def fit_gdp_mu_accountant(accountant: Accountant, delta_floor: float,
+                          points: int = PROFILE_POINTS) -> float:
+    """:func:`fit_gdp_mu_to_profile` of an accountant's own privacy profile
+    (:meth:`~fedsim.privacy.accountant.Accountant.delta_curve`, upper bounds for guarantees)
+    on a grid from eps 0 to its eps at ``delta_floor``: mu-GDP's (eps, delta) pairs are then
+    guarantees of the accountant for every delta in ``[delta_floor, DELTA_CEILING]`` (beyond
+    that grid the accountant's delta is below the floor), under the accountant's neighbouring
+    relation."""
+    epsilons = _profile_grid(accountant.epsilon(delta_floor), points)
+    return fit_gdp_mu_to_profile(epsilons, accountant.delta_curve(epsilons))
+
+
+def fit_gdp_mu_complement(alphas: np.ndarray, complements: np.ndarray, delta_floor: float,
+                          points: int = PROFILE_POINTS) -> float:
+    """:func:`fit_gdp_mu_to_profile` of the privacy profile of a curve given by upper bounds
+    on ``1 - f`` at grid points (:func:`delta_from_complement`, Prop. 2.12), from eps 0 to its
+    eps at ``delta_floor`` (for groups of records: their curve, their relation)."""
+    epsilons = _profile_grid(epsilon_from_complement(alphas, complements, delta_floor), points)
+    deltas = [delta_from_complement(alphas, complements, float(e)) for e in epsilons]
+    return fit_gdp_mu_to_profile(epsilons, np.asarray(deltas))
 
 
 def gdp_mu_at_point(epsilon: float, delta: float) -> float:

@@ -60,6 +60,27 @@ def gdp_delta(epsilon: float, mu: float) -> float:
     return float(min(1.0, max(0.0, value)))
 
 
+def gdp_log_delta(epsilons: np.ndarray, mu: float) -> np.ndarray:
+    """``log delta(eps)`` of mu-GDP at many eps >= 0 at once (Dong-Roth-Su Cor. 2.13,
+    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``), in log space so that
+    it keeps its relative accuracy where both terms underflow (eps of 10 and more):
+    ``log delta = log A + log(1 - e^{log B - log A})`` with ``log A``, ``log B`` from
+    ``log_ndtr``. ``-inf`` where delta is 0 (``mu = 0``, eps > 0). The neighbouring relation
+    is whatever the mu-GDP statement is made for."""
+    _check_mu(mu)
+    eps = np.asarray(epsilons, dtype=float)
+    if mu == 0:
+        with np.errstate(divide="ignore"):
+            return np.asarray(np.log(np.maximum(0.0, -np.expm1(eps))), dtype=float)
+    log_a = special.log_ndtr(-eps / mu + mu / 2)
+    log_b = eps + special.log_ndtr(-eps / mu - mu / 2)
+    gap = np.minimum(log_b - log_a, 0.0)  # < 0 in exact arithmetic (delta > 0)
+    with np.errstate(divide="ignore"):
+        log1mexp = np.where(gap > -math.log(2.0), np.log(-np.expm1(gap)),
+                            np.log1p(-np.exp(gap)))
+    return np.asarray(log_a + log1mexp, dtype=float)
+
+
 def gdp_epsilon(delta: float, mu: float) -> float:
     """Smallest eps >= 0 with delta(eps) <= delta under mu-GDP (solved to 1e-12 relative)."""
     _check_mu(mu)

@@ -524,6 +524,16 @@ class RDPAccountant(Accountant):
         """delta(eps) by the optimal conversion (Asoodeh et al.), minimised over orders."""
         return self._convert(rdp_conversion.delta_optimal, rdp_conversion.check_epsilon(epsilon))[0]
 
+    def delta_curve(self, epsilons: np.ndarray) -> np.ndarray:
+        """delta(eps) of the optimal conversion at many eps at once
+        (:func:`~fedsim.privacy.rdp_conversion.optimal_delta_curve`: each value a valid
+        bound, a minimum over some of the orders)."""
+        eps = np.asarray(epsilons, dtype=float)
+        if not self.steps and not self._selections:
+            return np.asarray(np.maximum(0.0, -np.expm1(eps)), dtype=float)
+        return np.asarray(rdp_conversion.optimal_delta_curve(self._orders, self.rdp(), eps),
+                          dtype=float)
+
     def delta_classic(self, epsilon: float) -> float:
         """delta = min_a exp((a - 1)(rdp(a) - eps)) (Mironov 2017)."""
         return self._convert(rdp_conversion.delta_classic, rdp_conversion.check_epsilon(epsilon))[0]

@@ -16,10 +16,16 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fedsim.errors import AccountantOutOfRange
-from fedsim.privacy.accountant import make_accountant
+from fedsim.config.limits import MIN_DELTA
+from fedsim.errors import AccountantOutOfRange, ConfigError
+from fedsim.privacy.accountant import Accountant, make_accountant
 from fedsim.privacy.events import NEIGHBOURING_RELATION
-from fedsim.privacy.fdp import default_alphas, eps_delta_tradeoff, fit_gdp_mu, tradeoff_curve
+from fedsim.privacy.fdp import (
+    default_alphas,
+    eps_delta_tradeoff,
+    fit_gdp_mu_accountant,
+    tradeoff_curve,
+)
 from fedsim.privacy.gdp import gdp_tradeoff
 from fedsim.reporting.epsilon_history import quantile_clients, representative_clients
 from fedsim.reporting.figures import (
@@ -35,7 +41,8 @@ from fedsim.reporting.rundir import RunDirectory
 
 TRADEOFF_CLIENTS = 3
 
-# Dense near alpha = 0, where DP trade-off curves bend; the GDP fit is taken on this grid.
+# Dense near alpha = 0, where DP trade-off curves bend (the GDP fit reads the accountant's
+# privacy profile instead: the curves of subsampled steps cross G_mu far below this grid).
 ALPHA_GRID = default_alphas(801)
 
 # Trade-off curves of clients whose eps differ by less than this look the same: one is shown.
@@ -81,12 +88,28 @@ def tradeoff_clients(final: dict[str, float], client_groups: dict[str, str],
     return [(cid, names[cid]) for cid in chosen]
 
 
+def _draw_gdp_fit(axes: Any, alphas: np.ndarray, accountant: Accountant, colour: Any,
+                  cid: str) -> None:
+    """G_mu of :func:`~fedsim.privacy.fdp.fit_gdp_mu_accountant` (none where no mu-GDP
+    dominates the accountant's profile down to :data:`~fedsim.config.limits.MIN_DELTA`)."""
+    try:
+        mu = fit_gdp_mu_accountant(accountant, MIN_DELTA)
+    except ConfigError:
+        return
+    axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--", linewidth=1,
+              zorder=2.5,
+              label=f"  {cid} GDP bound, mu = {mu:.3f} (delta in [{MIN_DELTA:g}, 1-1e-9])")
+
+
 def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dict[str, float],
                   path: Path) -> Path:
     """Trade-off curves per neighbouring relation (one panel each) of one client per group
     (:func:`tradeoff_clients`: the group's median spender; the title says so) against the GDP
-    curve fitted to each (the smallest mu with G_mu below the curve on the grid, so the client
-    is also mu-GDP there) and the curve of its single (eps, delta) pair."""
+    curve fitted to each (the smallest mu whose mu-GDP (eps, delta) pairs all hold for the
+    client's accountant at every delta from :data:`~fedsim.config.limits.MIN_DELTA` to
+    ``1 - 1e-9``,
+    :func:`~fedsim.privacy.fdp.fit_gdp_mu_accountant`) and the curve of its single
+    (eps, delta) pair."""
     client_groups = {str(row.get("client_id")): str(row.get("group") or "?")
                      for row in run.clients}
     by_relation: dict[str, list[ClientLedger]] = {}
@@ -119,7 +142,6 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
                 accountant = make_accountant("rdp", accountant.steps)
                 alphas, betas = tradeoff_curve(accountant, ALPHA_GRID)
             betas = np.clip(betas, 0.0, 1.0)
-            mu = fit_gdp_mu(alphas, betas)
             epsilon = final[cid]
             # Wide and light, below every thin line (zorder): a fitted curve stays visible where
             # it agrees with its own curve, and where it runs inside another group's (a
@@ -127,8 +149,7 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
             relation = {str(k): v for k, v in NEIGHBOURING_RELATION.items()}.get(sampling, "?")
             axes.plot(alphas, betas, color=colour, linewidth=4, alpha=0.45, zorder=1.5,
                       label=f"{name} ({accountant.name}, {relation})")
-            axes.plot(alphas, gdp_tradeoff(alphas, mu), color=colour, linestyle="--",
-                      linewidth=1, zorder=2.5, label=f"  {cid} GDP fit, mu = {mu:.3f}")
+            _draw_gdp_fit(axes, alphas, accountant, colour, cid)
             axes.plot(alphas, eps_delta_tradeoff(alphas, epsilon, run.delta), color=colour,
                       linestyle=":", linewidth=1.2, zorder=2.5,
                       label=f"  {cid} ({epsilon:.3f}, {run.delta:g})-DP")
