@@ -30,9 +30,9 @@ Results used:
   the accountant's eps at delta); below the floor nothing is claimed (the profile is capped at
   ``1 - 1e-9``, :data:`DELTA_CEILING`: a PLD's delta of exactly 1.0 at tiny eps is met by no
   finite mu). The neighbouring relation is
-  the accountant's. :func:`fit_gdp_mu` is the older fit on an alpha grid: ``G_mu <= beta_i``
-  at the grid points only, which misses the far tail (alpha far below the grid's 1e-9, where
-  the curves of subsampled mechanisms at eps >~ 10 cross G_mu), so it is no guarantee.
+  the accountant's. (Before session 61 the fit asked ``G_mu <= beta_i`` at the points of an
+  alpha grid from 1e-9 only, which misses the far tail where the curves of subsampled
+  mechanisms at eps >~ 10 cross G_mu: no guarantee; a stranger's reviewer found it.)
   ``dp_accounting`` offers a different, single-point estimate: the Gaussian mechanism that is
   exactly (eps, delta)-DP at one eps (:func:`gdp_mu_at_point`, via
   ``dp_accounting.get_sigma_gaussian``); it is never larger than the fit at the same curve,
@@ -45,7 +45,6 @@ import math
 
 import numpy as np
 from dp_accounting import gaussian_mechanism
-from scipy.stats import norm
 
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import Accountant
@@ -79,19 +78,6 @@ def eps_delta_tradeoff(alphas: np.ndarray, epsilon: float, delta: float) -> np.n
             math.exp(-epsilon) * (1.0 - delta - alphas),
         ]
     )
-
-
-def fit_gdp_mu(alphas: np.ndarray, betas: np.ndarray) -> float:
-    """Smallest mu with ``G_mu(alpha_i) <= beta_i`` at the grid points only: not a guarantee
-    that G_mu lies below the curve between or beyond them (see the module docstring; the
-    sound fit is :func:`fit_gdp_mu_to_profile`)."""
-    alphas = np.asarray(alphas, dtype=float)
-    betas = np.asarray(betas, dtype=float)
-    usable = (alphas > 0) & (alphas < 1) & (betas > 0)
-    if not np.any(usable):
-        raise ConfigError("the curve has no grid point with 0 < alpha < 1 and beta > 0")
-    needed = norm.isf(alphas[usable]) - norm.ppf(np.minimum(betas[usable], 1.0))
-    return float(max(0.0, np.max(needed)))
 
 
 # eps grid points of a fitted privacy profile (uniform from 0 to the eps at the floor delta)
