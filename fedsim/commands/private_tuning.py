@@ -169,3 +169,82 @@ def best_trial(rows: Sequence[dict[str, Any]]) -> int | None:
               if row.get("status") == "ok" and isinstance(row.get("final_accuracy"), float)
               and math.isfinite(row["final_accuracy"])]
     return -max(scored)[1] if scored else None
+
+
+def mark_trials(dirs: Sequence[str], best: int | None, totals: dict[str, float],
+                delta: float) -> None:
+    """Say in each trial's own outputs what it is: the selected trial (the release) gets the
+    tuned eps (``summary.json``: ``private_tuning`` and ``privacy.release``; ``clients.csv``: a
+    ``tuned_epsilon`` column), since its own ledgers' eps omit the other trials and the
+    selection (a researcher read the release's privacy from ``fedsim report`` on it, 2.3x
+    low); every other trial says it is no release and must not be published."""
+    from fedsim.runtime.run_outputs import CLIENTS_FILE, SUMMARY_FILE, read_json, write_json
+
+    selected = None if best is None else Path(dirs[best]).name
+    ledgers = f"../{TUNING_LEDGER_DIR.as_posix()}"
+    for index, directory in enumerate(dirs):
+        trial = Path(directory)
+        summary = read_json(trial / SUMMARY_FILE)
+        if not summary:  # (a trial that failed before writing one)
+            continue
+        block, sentence = _tuning_block(index == best, selected, totals, delta, ledgers)
+        summary["private_tuning"] = block
+        if index == best:
+            privacy = summary.get("privacy")
+            if isinstance(privacy, dict):
+                privacy["release"] = {key: block[key] for key in (
+                    "epsilon_min", "epsilon_median", "epsilon_max", "accountant", "ledgers",
+                    "note")}
+            _add_tuned_column(trial / CLIENTS_FILE, totals)
+        summary["explanation"] = f"{sentence} {summary.get('explanation') or ''}".strip()
+        write_json(trial / SUMMARY_FILE, summary)
+
+
+def _tuning_block(release: bool, selected: str | None, totals: dict[str, float], delta: float,
+                  ledgers: str) -> tuple[dict[str, Any], str]:
+    """A trial's ``summary.json`` ``private_tuning`` block and its explanation's sentence."""
+    if not release:
+        note = (f"NOT A RELEASE: a trial of a private hyperparameter tuning that was not "
+                f"selected ({'none was' if selected is None else f'{selected} was'}); it must "
+                f"not be published (nor its score, nor how many trials ran): the tuned eps "
+                f"bounds only the selected trial's release")
+        return {"release": False, "selected": False, "selected_trial": selected,
+                "note": note}, note + "."
+    values = sorted(totals.values())
+    tuned_max = values[-1] if values else None
+    note = (f"The release of a private hyperparameter tuning: its privacy is the tuned eps "
+            f"(rdp, max {tuned_max:.4g} at delta {delta:g}; per client: clients.csv "
+            f"tuned_epsilon, the sweep's tuning ledgers {ledgers}), which covers every trial "
+            f"and the selection. privacy.epsilon_min/median/max and clients.csv's epsilon are "
+            f"this trial's own and understate the release's privacy" if values else
+            "The release of a private hyperparameter tuning with no client")
+    block = {"release": True, "selected": True, "selected_trial": selected, "delta": delta,
+             "accountant": "rdp", "ledgers": ledgers,
+             "epsilon_min": values[0] if values else None,
+             "epsilon_median": float(np.median(values)) if values else None,
+             "epsilon_max": tuned_max, "tuned_epsilon": dict(sorted(totals.items())),
+             "note": note}
+    return block, note + "."
+
+
+def _add_tuned_column(path: Path, totals: dict[str, float]) -> None:
+    """``clients.csv`` with a last column ``tuned_epsilon``: each client's tuned eps (its
+    ``epsilon`` column stays the trial's own, as its ledger gives it)."""
+    import csv
+    import io
+
+    from fedsim.atomic import write_atomically
+
+    if not path.is_file():
+        return
+    rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"), newline="")))
+    if not rows or "client_id" not in rows[0]:
+        return
+    at = rows[0].index("client_id")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*rows[0], "tuned_epsilon"])
+    for row in rows[1:]:
+        total = totals.get(row[at]) if len(row) > at else None
+        writer.writerow([*row, "" if total is None else repr(float(total))])
+    write_atomically(path, out.getvalue(), durability="file")

@@ -110,8 +110,14 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
 
     warnings: list[str] = ledger_gaps(run)
     final_eps = drawn.final_epsilon
+    tuning = run.summary.get("private_tuning")
+    if isinstance(tuning, dict):  # a trial of `fedsim sweep --private-tuning`
+        lines += tuning_lines(run, tuning, warnings)
     if final_eps:
-        lines += _privacy_lines(run, drawn.accountant, drawn.delta, final_eps)
+        own = _privacy_lines(run, drawn.accountant, drawn.delta, final_eps)
+        if isinstance(tuning, dict) and tuning.get("release") is True:
+            own = [f"{line} (this trial alone: not the release's privacy)" for line in own]
+        lines += own
         if run.server_view:  # its clients' statuses against their ledgers copied in
             from fedsim.reporting.server_view import status_disagreements
 
@@ -168,3 +174,34 @@ def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[s
                 f"its ledger gives {from_ledger:.6g}"
             )
     return problems
+
+
+def tuning_lines(run: RunDirectory, tuning: dict[str, Any], warnings: list[str]) -> list[str]:
+    """What a private tuning's trial is (``summary.json`` ``private_tuning``): the release,
+    whose privacy is the tuned eps (recomputed from the sweep's tuning ledgers where they are
+    beside it, the summary's figures checked against them), or a trial that must not be
+    published. Disagreements are appended to ``warnings``."""
+    if tuning.get("release") is not True:
+        return [f"NOT A RELEASE: a private tuning's trial that was not selected (selected: "
+                f"{tuning.get('selected_trial') or 'none'}); it must not be published"]
+    recorded = tuning.get("tuned_epsilon")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    from fedsim.reporting.ledgers import tuning_epsilons
+
+    folder = run.path.parent / "tuning" / "ledgers"
+    tuned = tuning_epsilons(folder, run.delta)
+    source = f"its sweep's tuning ledgers {folder}"
+    if not tuned:
+        tuned = {str(c): e for c, v in recorded.items() if (e := finite_number(v)) is not None}
+        source = "summary.json (the sweep's tuning ledgers are not beside this trial)"
+    for client, eps in sorted(tuned.items()):
+        said = finite_number(recorded.get(client))
+        if said is None or abs(relative_gap(said, eps)) > CSV_RELATIVE_TOLERANCE:
+            warnings.append(f"warning: client {client}: summary.json's tuned eps {said}, the "
+                            f"tuning ledger gives {eps:.6g}")
+    if not tuned:
+        return ["release privacy (private tuning): no tuned eps found"]
+    return [f"release privacy (private tuning, rdp, delta = {run.delta:g}): tuned eps "
+            f"{spread(tuned.values())} over {len(tuned)} clients, covering every trial and "
+            f"the selection (from {source}); this trial is the tuning's release"]
+

@@ -441,6 +441,8 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     for index, row in enumerate(rows):
         row["selected"] = index == best
         row["tuned_eps_max"] = tuned_max
+    # each trial's own outputs say what it is: the release (with the tuned eps) or not one
+    tuning.mark_trials([plan["dir"] for plan in plans], best, totals, delta)
     meta = {"scenario": str(args.scenario), "grid": {p: v for p, v in grid}, "seeds": None,
             "overrides": list(args.overrides),
             "private_tuning": {

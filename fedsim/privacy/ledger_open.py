@@ -235,5 +235,6 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     steps = [record.step for record in parsed.records]
     if not all(isinstance(step, GaussianStep) for step in steps):
         raise LedgerError(f"{path}: holds a tuned selection (a sweep's tuning ledger): its eps "
-                          f"is the ledger's own (rdp accountant), not a composition of steps")
+                          f"is the ledger's own (rdp accountant), not a composition of steps; "
+                          f"`fedsim ledger check {path}` prints it")
     return [step for step in steps if isinstance(step, GaussianStep)]

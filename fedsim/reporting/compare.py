@@ -35,6 +35,21 @@ MAX_BANDED_RUNS = 4
 """The epsilon comparison draws each run's min-max band for at most this many runs."""
 
 
+def _tuning_note(run: RunDirectory) -> list[str]:
+    """A private tuning's trial (``summary.json`` ``private_tuning``): its eps columns are the
+    trial's own; the release's privacy is the tuned eps, and any other trial is no release."""
+    tuning = run.summary.get("private_tuning")
+    if not isinstance(tuning, dict):
+        return []
+    if tuning.get("release") is not True:
+        return [f"note: {run.path.name}: NOT A RELEASE (a private tuning's unselected trial): "
+                f"it must not be published"]
+    tuned = finite_number(tuning.get("epsilon_max"))
+    return [f"note: {run.path.name}: a private tuning's release: its privacy is the tuned eps "
+            f"(max {'?' if tuned is None else f'{tuned:.4g}'}, summary.json private_tuning), "
+            f"not its eps columns (this trial alone)"]
+
+
 def run_row(run: RunDirectory, label: str | None = None, *,
             ledgers: Sequence[ClientLedger] | None = None,
             delta: float | None = None) -> dict[str, Any]:
@@ -76,6 +91,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         notes.append(f"note: {run.path.name}: {len(caveats)} privacy caveat(s) qualify its eps "
                      f"(summary.json privacy.caveats), the first: "
                      f"{printable(str(caveats[0]), limit=200)}")
+    notes += _tuning_note(run)
     differences = summary.get("deployed_differences")
     if isinstance(differences, list) and differences:
         notes.append(f"note: {run.path.name}: a deployed run; what it did not do as a "

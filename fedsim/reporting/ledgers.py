@@ -71,6 +71,28 @@ def read_ledger(path: Path) -> ClientLedger:
         return ClientLedger(ledger.client_id, timed, ledger.accountant, str(ledger.sampling))
 
 
+def tuning_epsilons(folder: Path, delta: float) -> dict[str, float]:
+    """Each client's eps at ``delta`` from a private tuning's ledgers (a sweep's
+    ``tuning/ledgers``, one tuned selection each, under their own accountant, ``rdp``), opened
+    read-only as :func:`read_ledger` opens a run's; ``{}`` where there are none or one cannot
+    be read."""
+    found: dict[str, float] = {}
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("*.jsonl")):
+        try:
+            header = _header(path)
+            with PrivacyLedger.open(path, client_id=str(header["client_id"]),
+                                    sampling=str(header["sampling"]),
+                                    budget=Budget.from_json(header.get("budget")),
+                                    accountant=str(header.get("accountant", "rdp")),
+                                    read_only=True) as ledger:
+                found[ledger.client_id] = ledger.epsilon(delta)
+        except (ConfigError, LedgerError, OSError):
+            return {}
+    return found
+
+
 def ledger_gaps(run: RunDirectory) -> list[str]:
     """Warnings for what a report's epsilon cannot see: clients of ``clients.csv`` (of the
     scenario, in a server's view without ``clients.csv``) that have no ledger in the run

@@ -41,7 +41,8 @@ from fedsim.runtime.run_outputs import (
 PLOT_DIR = "plots"
 
 # Columns of clients.csv that hold text; every other column is a number or empty (None).
-_TEXT_COLUMNS = frozenset({"client_id", "group", "sampling", "state", "stop_reason", "stop_kind"})
+_TEXT_COLUMNS = frozenset({"client_id", "group", "sampling", "state", "stop_reason", "stop_kind",
+                           "schedule"})
 
 
 def _number_or_text(column: str, value: str) -> Any:

@@ -111,6 +111,12 @@ CLIENT_COLUMNS = (
     "stopped_at",
     "stop_reason",
     "stop_kind",
+    # (appended, so that the columns above keep their places) sigma and clip above are the
+    # last released round's; a client whose noise or clip changes over the run (a schedule)
+    # had others before: its first round's, and whether they ever changed
+    "sigma_first",
+    "clip_first",
+    "schedule",
 )
 
 
@@ -370,7 +376,7 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
     clients share a few histories; the figures are a pure function of the history)."""
     plan, ledger = client.plan, client.ledger
     steps = group_steps(ledger.steps)
-    last = client.releases.last
+    last, first = client.releases.last, client.releases.first
     budget = plan.group.budget
     remaining = ledger.remaining_epsilon if budget else None
     mu_clt, gamma = clt(steps)
@@ -401,6 +407,10 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "stopped_at": stopped["time"] if stopped else None,
         "stop_reason": stopped["reason"] if stopped else "",
         "stop_kind": stopped["kind"] if stopped else None,
+        "sigma_first": first.sigma if first is not None else float(plan.schedule.sigma(0)),
+        "clip_first": first.clip if first is not None else float(plan.schedule.clip(0)),
+        # "varies": sigma and clip are the last round's, not its posture all along
+        "schedule": "" if first is None else "varies" if client.releases.varied else "constant",
     }
 
 
@@ -473,7 +483,7 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
             f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
             "above their budget (clients.csv: budget_delta).")
-    parts += _resumed(record) + _crashes_and_links(record)
+    parts += _resumed(record) + _crashes_and_links(record) + _scheduled(rows)
     for head, items in ((f"{len(caveats)} privacy caveat(s) qualify these eps values: ",
                          caveats),
                         ("Warnings: ", record.warnings),
@@ -483,6 +493,18 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             parts.append(head + " ".join(f"({n}) {item.rstrip('.')}."
                                          for n, item in enumerate(items, 1)))
     return " ".join(parts)
+
+
+def _scheduled(rows: list[dict[str, Any]]) -> list[str]:
+    """The explanation's sentence on clients whose sigma or clip changed over the run (none
+    where no client's did: a constant posture's summary is unchanged)."""
+    varied = [r["client_id"] for r in rows if r["schedule"] == "varies"]
+    if not varied:
+        return []
+    return [f"{len(varied)} client(s) changed their noise sigma or clip over the run (a "
+            f"schedule): clients.csv's sigma and clip are their last round's, sigma_first and "
+            f"clip_first their first's; their eps composes every round's (their ledgers), "
+            f"not the last sigma's."]
 
 
 def _crash_totals(record: RunRecord) -> dict[str, int] | None:

@@ -179,3 +179,57 @@ def test_draw_trials_inverts_the_distribution(monkeypatch: pytest.MonkeyPatch) -
     cdf = np.cumsum(nb.pmf(np.arange(1, 200)))
     monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.7, []))
     assert private_tuning.draw_trials(nb) == 1 + int(np.searchsorted(cdf, 0.7))
+
+
+@pytest.mark.slow
+def test_each_trial_says_whether_it_is_the_release_and_the_release_gives_the_tuned_eps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The selected trial's own summary.json, clients.csv and `fedsim report` give each
+    client's tuned eps, equal to what `fedsim ledger check` prints on its tuning ledger (a
+    researcher read the release's eps from the trial's report: 2.3x too low); the unselected
+    trial says it is no release."""
+    import csv
+
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.5, [0, 1]))  # K = 2
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
+                 "--tuning-mean", "2", "--out", str(out), "--no-plots", "--quiet"]) == 0
+    table = json.loads((out / "sweep.json").read_text())
+    runs = table["runs"]
+    selected = table["private_tuning"]["selected"]
+    other = next(r["run"] for r in runs if r["run"] != selected)
+    capsys.readouterr()
+    checked = {}
+    for ledger in sorted((out / "tuning" / "ledgers").glob("*.jsonl")):
+        assert main(["ledger", "check", str(ledger), "--json"]) == 0
+        checked[ledger.stem] = json.loads(capsys.readouterr().out)["epsilon"]
+    assert len(checked) == 4
+
+    summary = json.loads((out / selected / "summary.json").read_text())
+    tuning = summary["private_tuning"]
+    assert tuning["release"] is True and tuning["selected_trial"] == selected
+    assert tuning["tuned_epsilon"] == pytest.approx(checked, rel=1e-9)
+    assert summary["privacy"]["release"]["epsilon_max"] == pytest.approx(
+        max(checked.values()), rel=1e-9)
+    assert summary["privacy"]["epsilon_max"] < max(checked.values())  # the trial's own
+    assert summary["explanation"].startswith("The release of a private hyperparameter tuning")
+    rows = list(csv.DictReader((out / selected / "clients.csv").open()))
+    assert {r["client_id"]: float(r["tuned_epsilon"]) for r in rows} == pytest.approx(
+        checked, rel=1e-9)
+    assert main(["report", str(out / selected)]) == 0
+    printed = capsys.readouterr().out
+    release = next(line for line in printed.splitlines() if line.startswith("release privacy"))
+    assert f"max {max(checked.values()):.4g} over 4 clients" in release
+    assert "from its sweep's tuning ledgers" in release
+    assert "(this trial alone: not the release's privacy)" in printed
+    assert "warning: client" not in printed
+
+    unselected = json.loads((out / other / "summary.json").read_text())
+    assert unselected["private_tuning"]["release"] is False
+    assert unselected["explanation"].startswith("NOT A RELEASE")
+    assert "tuned_epsilon" not in (out / other / "clients.csv").read_text()
+    assert main(["report", str(out / other)]) == 0
+    assert "NOT A RELEASE" in capsys.readouterr().out

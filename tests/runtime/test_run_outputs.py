@@ -12,6 +12,8 @@ import pytest
 
 from fedsim.errors import ConfigError
 from fedsim.runtime.run_outputs import (
+    CLIENTS_FILE,
+    SUMMARY_FILE,
     check_unused,
     clean_json,
     default_run_dir,
@@ -91,3 +93,55 @@ def test_both_front_doors_refuse_a_used_run_directory_before_any_work(
             fedsim.simulate(scenario, out=tmp_path, progress=False)
     else:
         assert main(["run", str(scenario), "--out", str(tmp_path), "--no-plots"]) == 2
+
+
+SCHEDULED = {
+    "name": "tiny-schedule", "seed": 0, "stop": {"virtual_seconds": 200},
+    "dataset": {"name": "synthetic", "num_samples": 300, "num_test_samples": 60,
+                "num_features": 5, "num_classes": 3},
+    "model": {"name": "logreg"},
+    "clients": {"groups": [
+        {"name": "dyn", "count": 2, "data_share": 0.5, "batch_size": 16, "sampling": "poisson",
+         "clip": {"kind": "decay", "initial": 2.0, "final_ratio": 0.3},
+         "noise": {"kind": "growing_mu", "epsilon": 2.0, "delta": 1e-5, "growth": 3.0},
+         "rounds": 8, "speed": 0.01},
+        {"name": "flat", "count": 1, "data_share": 0.5, "batch_size": 16, "clip": 1.0,
+         "noise": {"sigma": 1.5}, "rounds": 8, "speed": 0.01},
+    ]},
+    "server": {"window": 1.0},
+}
+
+
+def test_a_scheduled_clients_row_gives_its_first_and_last_rounds_sigma_and_clip(
+        tmp_path: Path) -> None:
+    """clients.csv's sigma and clip are the last released round's; a client whose schedule
+    changes them also has sigma_first/clip_first (its ledger's first record) and schedule
+    'varies' (a stranger's `fedsim account --sigma <last>` gave another eps than the row's)."""
+    import csv
+
+    import yaml
+
+    from fedsim.cli import main
+    from fedsim.privacy.ledger import read_ledger_steps
+
+    scenario = tmp_path / "dyn.yaml"
+    scenario.write_text(yaml.safe_dump(SCHEDULED), encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["run", str(scenario), "--out", str(out), "--no-plots", "--quiet"]) == 0
+    header = (out / CLIENTS_FILE).read_text(encoding="utf-8").splitlines()[0].split(",")
+    assert header[-3:] == ["sigma_first", "clip_first", "schedule"]
+    rows = {r["client_id"]: r for r in csv.DictReader((out / CLIENTS_FILE).open())}
+    for client, row in rows.items():
+        steps = list(read_ledger_steps(out / "ledgers" / f"{client}.jsonl"))
+        assert float(row["sigma_first"]) == steps[0].sigma
+        assert float(row["sigma"]) == steps[-1].sigma
+        if row["group"] == "dyn":
+            assert row["schedule"] == "varies"
+            assert steps[0].sigma > steps[-1].sigma
+            assert float(row["clip_first"]) == pytest.approx(2.0)
+            assert float(row["clip"]) < float(row["clip_first"])
+        else:
+            assert row["schedule"] == "constant"
+            assert row["sigma_first"] == row["sigma"] and row["clip_first"] == row["clip"]
+    summary = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert "2 client(s) changed their noise sigma or clip" in summary["explanation"]

@@ -38,10 +38,19 @@ class Releases:
     sample_grads: int = 0
     last: RoundRecord | None = None
     kept: list[RoundRecord] | None = None
+    first: RoundRecord | None = None
+    """The first released round (its sigma and clip: ``clients.csv``'s ``sigma_first``,
+    ``clip_first``; ``sigma``/``clip`` are the last's)."""
+    varied: bool = False
+    """Whether the released rounds' sigma or clip ever changed (``clients.csv``'s
+    ``schedule``: a scheduled client's last sigma alone does not give its eps)."""
 
     def add(self, record: RoundRecord) -> None:
         self.count += 1
         self.sample_grads += record.sample_grads
+        self.varied = self.varied or (self.last is not None and _differ(self.last, record))
+        if self.first is None:
+            self.first = record
         self.last = record
         if self.kept is not None:
             self.kept.append(record)
@@ -49,8 +58,12 @@ class Releases:
     def then(self, later: Releases) -> Releases:
         """These releases followed by ``later``'s (a client's incarnations, in order); the
         sums only."""
+        joined = self.last is not None and later.first is not None \
+            and _differ(self.last, later.first)
         return Releases(self.count + later.count, self.sample_grads + later.sample_grads,
-                        later.last if later.last is not None else self.last)
+                        later.last if later.last is not None else self.last,
+                        first=self.first if self.first is not None else later.first,
+                        varied=self.varied or later.varied or joined)
 
     @classmethod
     def of(cls, records: Iterable[RoundRecord]) -> Releases:
@@ -59,3 +72,8 @@ class Releases:
         for record in records:
             releases.add(record)
         return releases
+
+
+def _differ(one: RoundRecord, other: RoundRecord) -> bool:
+    """Whether two released rounds had another sigma or clip."""
+    return one.sigma != other.sigma or one.clip != other.clip
