@@ -22,6 +22,7 @@ import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from fedsim.privacy.events import Sampling
 __all__ = ["ClientPrivacy", "RunResult", "account", "load_scenario", "simulate"]
 
 ScenarioSource = str | PathLike[str] | Mapping[str, Any] | Scenario | LoadedScenario
-Overrides = Sequence[str] | Mapping[str, Any] | None
+Overrides = str | Sequence[str | tuple[str, Any]] | Mapping[str, Any] | None
 OVERRIDES_LABEL = "overrides"
 """What errors call an override given from Python (the command line's are ``--set``)."""
 
@@ -124,23 +125,64 @@ class RunResult:
 # Scenarios
 
 
+OVERRIDE_FORMS = ("'path=value', a list of them, a list of (path, value) pairs or a mapping "
+                  "{path: value}")
+
+
 def _override_lines(overrides: Overrides) -> list[str]:
+    """``overrides`` as ``--set`` lines; a :class:`ConfigError` naming the accepted forms for
+    anything else."""
     if overrides is None:
         return []
     if isinstance(overrides, Mapping):
-        # a JSON value is a YAML value, so the value reaches the tree unchanged
-        return [f"{path}={json.dumps(value)}" for path, value in overrides.items()]
+        return [_pair_line(path, value, f"{OVERRIDES_LABEL}[{path!r}]")
+                for path, value in overrides.items()]
     if isinstance(overrides, str):
         return [overrides]
-    return list(overrides)
+    if not isinstance(overrides, Sequence):
+        raise ConfigError(f"{OVERRIDES_LABEL}: expected {OVERRIDE_FORMS}, got "
+                          f"{type(overrides).__name__}")
+    lines = []
+    for index, item in enumerate(overrides):
+        where = f"{OVERRIDES_LABEL}[{index}]"
+        if isinstance(item, str):
+            lines.append(item)
+        elif isinstance(item, Sequence) and len(item) == 2:
+            lines.append(_pair_line(item[0], item[1], where))
+        else:
+            raise ConfigError(f"{where}: expected 'path=value' or a (path, value) pair "
+                              f"(overrides take {OVERRIDE_FORMS}), got {item!r}")
+    return lines
+
+
+def _pair_line(path: object, value: object, where: str) -> str:
+    """A (path, value) override as a ``--set`` line: a JSON value is a YAML value, so the
+    value reaches the tree unchanged."""
+    if not isinstance(path, str):
+        raise ConfigError(f"{where}: the path must be a string such as 'stop.windows', got "
+                          f"{type(path).__name__} {path!r}")
+    try:
+        text = json.dumps(value, default=_plain_value, allow_nan=True)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {path}'s value must be a YAML value (number, string, "
+                          f"bool, None, list or mapping), got {type(value).__name__}") from None
+    return f"{path}={text}"
+
+
+def _plain_value(value: object) -> object:
+    """A numpy scalar or array (``.tolist()``) as the Python value it holds."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(type(value).__name__)
 
 
 def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
                   allow_factories: bool = False) -> LoadedScenario:
     """A validated scenario from a YAML file, a plain dict (as YAML would give), a
     :class:`Scenario` or a :class:`LoadedScenario`, with ``overrides`` applied in order
-    (``["path=value", ...]`` as ``--set`` takes them, or ``{"path": value}``; paths may use
-    ``[*]`` and ``[name]``). Relative paths in a dict resolve against the current directory.
+    (``["path=value", ...]`` as ``--set`` takes them, ``[(path, value), ...]`` or
+    ``{"path": value}``; paths may use ``[*]`` and ``[name]``). Relative paths in a dict resolve against the current directory.
     ``allow_factories``: opt in to running the ``model.factory`` / ``dataset.factory`` it
     names (a :class:`LoadedScenario` given with the opt-in keeps it).
 
@@ -233,8 +275,8 @@ def simulate(
         require_writable_dir(tensorboard, "tensorboard")
 
     lines = _override_lines(overrides)
-    if seed is not None:
-        lines.append(f"seed={int(seed)}")
+    if seed is not None:  # validated as the scenario's seed field (a whole number >= 0)
+        lines.append(_pair_line("seed", seed, "seed"))
     if model is not None:
         if not callable(model):
             raise ConfigError(f"model: expected a callable returning a torch.nn.Module, got "
@@ -273,24 +315,49 @@ def simulate(
     return outcome
 
 
+def _plain_numbers(*, numbers: Mapping[str, object], counts: Mapping[str, object]
+                   ) -> dict[str, Any]:
+    """:func:`account`'s numeric arguments as the types its command's flags parse to (float,
+    int; a numpy scalar is one), or a :class:`ConfigError` naming the argument (``q="0.01"``
+    was a TypeError from deep inside the accountant). The ranges are the library call's to
+    check."""
+    plain: dict[str, Any] = {}
+    for name, value in numbers.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Real)):
+            raise ConfigError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+        plain[name] = None if value is None else float(value)
+    for name, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)):
+            raise ConfigError(f"{name}: expected a whole number, got {type(value).__name__} "
+                              f"{value!r}")
+        plain[name] = None if value is None else int(value)
+    return plain
+
+
 def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool | None,
          run_scenario: Callable[..., Any],
          also: Callable[[dict[str, Any]], None] = lambda line: None) -> Any:
-    from fedsim.reporting.progress import ProgressUnit, RunProgress, log_evaluation
+    """The run, with the bar ``fedsim run`` shows: in virtual seconds, its total the run's
+    horizon (:func:`fedsim.reporting.horizon.run_horizon`: the first of the stops, the budgets'
+    end estimated), corrected as the windows come as ``fedsim run`` corrects it."""
+    from fedsim.reporting.horizon import HorizonTracker, run_horizon
+    from fedsim.reporting.progress import RunProgress, log_evaluation
 
-    stop = loaded.scenario.stop
-    total: float | None = stop.virtual_seconds
-    unit: ProgressUnit = "time"
-    if total is None:
-        total, unit = (float(stop.windows) if stop.windows else None), "windows"
-    with RunProgress(total, unit=unit, enabled=progress) as bar:
+    scenario = loaded.scenario
+    horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in population.plans])
+    tracker = HorizonTracker(horizon, scenario.server.window)
+    with RunProgress(horizon.seconds, unit="time", enabled=progress) as bar:
         def on_window(line: dict[str, Any]) -> None:
+            bar.set_total(tracker.observe(line["time"], line["active_clients"]))
             bar.update(line["time"], line["window"], line["accuracy"],
-                       line["min_remaining_epsilon"])
+                       line["min_remaining_epsilon"], line["active_clients"])
             log_evaluation(line)
             also(line)  # e.g. TensorBoard scalars as the run goes
 
-        return run_scenario(loaded, run_dir, on_window=on_window, population=population)
+        result = run_scenario(loaded, run_dir, on_window=on_window, population=population)
+        bar.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
+        bar.update(result.summary["virtual_time"], result.summary["windows"])
+        return result
 
 
 def _collect(result: Any, run_dir: Path, scenario: Scenario, *, kept: bool) -> RunResult:
@@ -359,12 +426,15 @@ def account(
     """
     from fedsim.commands.account import plot as draw
 
+    plain = _plain_numbers(
+        numbers={"q": q, "sigma": sigma, "epochs": epochs, "epsilon": epsilon,
+                 "target_epsilon": target_epsilon,
+                 "delta": DEFAULT_DELTA if delta is None else delta},
+        counts={"batch_size": batch_size, "dataset_size": dataset_size, "steps": steps,
+                "group_size": 1 if group_size is None else group_size})
     answer = answer_question(
-        sampling=sampling, q=q, batch_size=batch_size, dataset_size=dataset_size,
-        sigma=sigma, steps=steps, epochs=epochs, ledger=ledger,
-        delta=DEFAULT_DELTA if delta is None else delta, accountant="pld" if accountant is None else accountant,
-        epsilon=epsilon, target_epsilon=target_epsilon, max_steps=bool(max_steps),
-        group_size=1 if group_size is None else group_size, curve=plot is not None)
+        sampling=sampling, ledger=ledger, accountant="pld" if accountant is None else accountant,
+        max_steps=bool(max_steps), curve=plot is not None, **plain)
     result = answer.as_dict()
     if plot is not None:
         draw(Path(plot), answer)

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from fedsim.config import load_scenario
+from fedsim.errors import ConfigError
 from fedsim.runtime.deployed.options import add_allow_factory_option
 
 
@@ -39,7 +43,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--address", metavar="ADDR",
                         help="The Ray cluster's address (ray start --head prints it); by "
                              "default a local Ray with --ray-workers CPUs.")
-    parser.add_argument("--ray-workers", type=int, default=2, metavar="N",
+    parser.add_argument("--ray-workers", type=int, default=None, metavar="N",
                         help="How many Ray workers (data shards) --executor ray uses; 2 by "
                              "default.")
     parser.add_argument("--device", choices=("cpu", "cuda", "mps", "auto"),
@@ -99,11 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_writable_dir(args.tensorboard, "--tensorboard")
         require_tensorboard()
-    make_batcher = None
-    if args.executor == "ray":  # refused now without ray: no run directory left half made
-        from fedsim.runtime.simulated.ray_executor import ray_batcher
-
-        make_batcher = ray_batcher(workers=args.ray_workers, address=args.address)
+    make_batcher = _batcher(args)  # refused now: no run directory left half made
     log.info("run starting", scenario=scenario.name, seed=scenario.seed, out=str(out),
              clients=scenario.clients.total)
     population, built_in = _built(loaded, log)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             to_tensorboard(line)
 
         try:
-            with signals_interrupt():
+            with signals_interrupt(), _removed_if_failed_at_start(out):
                 result = run_scenario(loaded, out, on_window=on_window, population=population,
                                       make_batcher=make_batcher)
             progress.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
@@ -133,6 +133,40 @@ def run(args: argparse.Namespace) -> int:
     if result is None:
         return interrupted_exit(out)
     return _finished(args, out, result, log, built_in)
+
+
+def _batcher(args: argparse.Namespace) -> Any:
+    """``--executor ray``'s batcher factory, checked before anything is written (the ray
+    package, ``--ray-workers``, a cluster answering at ``--address``); None for the local
+    executor, which refuses the Ray flags rather than ignoring them."""
+    if args.executor != "ray":
+        given = [flag for flag, value in (("--ray-workers", args.ray_workers),
+                                          ("--address", args.address)) if value is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ConfigError(f"{' and '.join(given)} {verb} only with --executor ray")
+        return None
+    from fedsim.runtime.simulated.ray_executor import ray_batcher
+
+    workers = 2 if args.ray_workers is None else args.ray_workers
+    return ray_batcher(workers=workers, address=args.address)
+
+
+@contextmanager
+def _removed_if_failed_at_start(out: Path) -> Iterator[None]:
+    """Remove ``out`` if this run created it and failed before recording a window (e.g. its
+    Ray workers could not start): what is left then is no run (no metrics, empty ledgers),
+    and a rerun into the same directory would be refused. An interrupt keeps it."""
+    from fedsim.runtime.run_outputs import METRICS_FILE
+
+    created = not out.exists()
+    try:
+        yield
+    except Exception:
+        metrics = out / METRICS_FILE
+        if created and out.is_dir() and (not metrics.exists() or metrics.stat().st_size == 0):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def _built(loaded: Any, log: Any) -> tuple[Any, float]:

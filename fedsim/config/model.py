@@ -53,9 +53,11 @@ class Model(Strict):
     loss_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="Keyword options of the loss factory.")
     fix_batchnorm: bool = Field(
-        default=False, description="Replace every BatchNorm layer by GroupNorm (as Opacus's "
-        "ModuleValidator.fix does) instead of refusing the model: BatchNorm mixes the "
-        "examples of a batch, which per-example DP-SGD cannot train.")
+        default=False, description="Replace every BatchNorm layer by GroupNorm instead of refusing the "
+        "model: BatchNorm mixes the examples of a batch, which per-example DP-SGD cannot "
+        "train. BatchNorm1d becomes GroupNorm(1, C) (each example normalised over its C "
+        "features, as LayerNorm does; over C x L values on (N, C, L) input); BatchNorm2d/3d "
+        "GroupNorm(gcd(32, C), C) as Opacus's ModuleValidator.fix does.")
 
     @field_validator("name", mode="before")
     @classmethod

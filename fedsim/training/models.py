@@ -344,10 +344,17 @@ MAX_NORM_GROUPS = 32
 
 def replace_batchnorm(model: nn.Module) -> tuple[nn.Module, int]:
     """``model`` with every BatchNorm layer replaced by a GroupNorm over the same channels
-    (``gcd(32, C)`` groups, so the groups divide the channels; affine if the BatchNorm was), as
-    Opacus's ``ModuleValidator.fix`` does, and how many were replaced. GroupNorm normalises
-    each example by its own statistics, so examples no longer mix; the replaced layers'
-    weights start fresh (GroupNorm's initialisation), the model must be trained with them."""
+    (affine if the BatchNorm was), and how many were replaced. GroupNorm normalises each
+    example by its own statistics, so examples no longer mix; the replaced layers' weights
+    start fresh (GroupNorm's initialisation), the model must be trained with them.
+
+    The groups (:func:`_norm_groups`): BatchNorm2d/3d (and SyncBatchNorm, the lazy forms) get
+    ``gcd(32, C)`` groups as Opacus's ``ModuleValidator.fix`` does (each group holds
+    ``C / groups`` channels times every position). BatchNorm1d gets one group: its input is
+    often (N, C), where ``gcd(32, C)`` groups would leave one or two values a group (GroupNorm
+    on one value a group fails in training, on two it throws most of the signal away), so it is
+    normalised over all its C features, as LayerNorm does; on (N, C, L) one group holds
+    ``C * L`` values."""
     replaced = 0
 
     def swap(module: nn.Module) -> nn.Module:
@@ -355,13 +362,20 @@ def replace_batchnorm(model: nn.Module) -> tuple[nn.Module, int]:
         if isinstance(module, nn.modules.batchnorm._BatchNorm):  # SyncBatchNorm too
             replaced += 1
             channels = module.num_features
-            return nn.GroupNorm(math.gcd(MAX_NORM_GROUPS, channels), channels,
+            return nn.GroupNorm(_norm_groups(module, channels), channels,
                                 eps=module.eps, affine=module.affine)
         for name, child in module.named_children():
             setattr(module, name, swap(child))
         return module
 
     return swap(model), replaced
+
+
+def _norm_groups(batchnorm: nn.Module, channels: int) -> int:
+    """The GroupNorm groups replacing ``batchnorm`` (see :func:`replace_batchnorm`)."""
+    if isinstance(batchnorm, (nn.BatchNorm1d, nn.LazyBatchNorm1d)):
+        return 1
+    return math.gcd(MAX_NORM_GROUPS, channels)
 
 
 def build_scenario_model(

@@ -146,10 +146,36 @@ def test_replace_batchnorm_gives_groupnorm_over_the_same_channels() -> None:
     assert replaced == 2
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
-    assert [(m.num_groups, m.num_channels) for m in norms] == [(16, 16), (16, 48)]
+    # BatchNorm2d: gcd(32, C) groups; BatchNorm1d: one group (its features normalised together).
+    assert [(m.num_groups, m.num_channels) for m in norms] == [(16, 16), (1, 48)]
     # Each example is now normalised on its own: the batch does not change its output.
     x = torch.randn(5, 16)
     assert torch.allclose(model(x)[:1], model(x[:1]), atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [16, 64])
+def test_batchnorm1d_on_features_becomes_one_group_and_trains(width: int) -> None:
+    """BatchNorm1d on (N, C): gcd(32, C) groups would leave one value a group for C = 16
+    (GroupNorm then fails in training: "Expected more than 1 value per channel") and two for
+    C = 64; one group normalises each example over its C features, and the run goes."""
+    data = _scenario()
+    data["dataset"]["num_features"] = 16
+    data["stop"] = {"windows": 4}
+
+    def make() -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(),
+                             nn.Linear(width, 3))
+
+    result = fedsim.simulate(data, model=make, fix_batchnorm=True, progress=False)
+    norms = [m for m in result.model.modules() if isinstance(m, (nn.GroupNorm, nn.BatchNorm1d))]
+    assert [(type(m).__name__, m.num_groups, m.num_channels) for m in norms] == [
+        ("GroupNorm", 1, width)]
+    assert result.summary["updates"]["applied"] > 0 and result.final_accuracy is not None
+    # Per example: an example's output does not depend on the rest of its batch.
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        result.model.train()
+        assert torch.allclose(result.model(x)[:2], result.model(x[:2]), atol=1e-5)
 
 
 def test_a_batchnorm_model_is_refused_with_the_fix_named_and_trains_with_it(

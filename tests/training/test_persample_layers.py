@@ -183,6 +183,18 @@ LAYERS: list[Case] = [
         lambda b: 30.0 + 0.5 * torch.randn(b, 4, 3, 3),
         4,
     ),
+    (
+        "groupnorm_one_group_features",  # what fix_batchnorm makes of BatchNorm1d on (N, C)
+        lambda: _randomise(nn.GroupNorm(1, 6)),
+        lambda b: torch.randn(b, 6),
+        6,
+    ),
+    (
+        "groupnorm_one_group_sequence",  # ... and of BatchNorm1d on (N, C, L)
+        lambda: nn.Sequential(_randomise(nn.GroupNorm(1, 4)), MeanOver(2)),
+        lambda b: torch.randn(b, 4, 5),
+        4,
+    ),
     ("layernorm_twice", lambda: Twice(_randomise(nn.LayerNorm(5))), lambda b: torch.randn(b, 5), 5),
     (
         "groupnorm_twice",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -160,8 +161,7 @@ class RayRoundBatcher(RoundBatcher):
                  address: str | None = None, threads: int = 1,
                  loss_fn: LossFn = per_example_cross_entropy) -> None:
         super().__init__(model)
-        if workers < 1:
-            raise ConfigError(f"--ray-workers must be >= 1, got {workers}")
+        _check_workers(workers)
         allocator_choice()  # a bad FEDSIM_ALLOCATOR is this call's ConfigError, not a worker's
         ray = _ray()
         if not ray.is_initialized():
@@ -251,9 +251,13 @@ def ray_batcher(*, workers: int = 2, address: str | None = None,
                 threads: int = 1) -> Callable[[Population], RayRoundBatcher]:
     """A ``make_batcher`` for :func:`~fedsim.runtime.simulated.simulation.run_scenario`: the population's
     batched passes on ``workers`` Ray actors (a local Ray, or the cluster at ``address``).
-    Raises :class:`ConfigError` at once without the ``ray`` package (before a run directory
-    holds anything)."""
-    _ray()
+    Checked now, before a run directory holds anything: a :class:`ConfigError` without the
+    ``ray`` package, for ``workers < 1``, and for an ``address`` where no cluster answers
+    (connected to now, within :data:`CONNECT_TIMEOUT_S`)."""
+    _check_workers(workers)
+    ray = _ray()
+    if address is not None and not ray.is_initialized():
+        _connect(ray, address)
 
     def make(population: Population) -> RayRoundBatcher:
         return RayRoundBatcher(population.model, population.train_x, population.train_y,
@@ -261,3 +265,34 @@ def ray_batcher(*, workers: int = 2, address: str | None = None,
                                address=address, threads=threads, loss_fn=population.loss_fn)
 
     return make
+
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long ``--address``'s host may take to accept a connection before the run is refused
+(Ray's own connection retries for a minute or more, printing only its C++ warnings)."""
+
+
+def _check_workers(workers: int) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--ray-workers must be a whole number >= 1, got {workers!r}")
+
+
+def _connect(ray: Any, address: str) -> None:
+    """Connect to the Ray cluster at ``address``, first checking that its ``host:port``
+    accepts a TCP connection (a ``ray://`` client address too; ``auto`` and other forms go
+    to Ray as they are)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise ConfigError(
+                f"--address {address}: no Ray cluster answers there ({reason}); start one with "
+                "'ray start --head' and pass the address it prints, or leave --address out "
+                "for a local Ray (docs/RAY.md)") from None
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--address {address}: cannot connect to Ray there: {exc}") from None
