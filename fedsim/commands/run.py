@@ -154,17 +154,21 @@ def _batcher(args: argparse.Namespace) -> Any:
 
 @contextmanager
 def _removed_if_failed_at_start(out: Path) -> Iterator[None]:
-    """Remove ``out`` if this run created it and failed before recording a window (e.g. its
-    Ray workers could not start): what is left then is no run (no metrics, empty ledgers),
-    and a rerun into the same directory would be refused. An interrupt keeps it."""
-    from fedsim.runtime.run_outputs import METRICS_FILE
+    """Remove ``out`` if this run created it and failed before recording a window or charging
+    a round (e.g. its Ray workers could not start): what is left then is no run (no metrics,
+    ledgers without a record), and a rerun into the same directory would be refused. An
+    interrupt keeps it, and so does a failure after any ledger recorded a spend: a privacy
+    record is never removed."""
+    from fedsim.privacy.ledger_open import holds_records
+    from fedsim.runtime.run_outputs import LEDGER_DIR, METRICS_FILE
 
     created = not out.exists()
     try:
         yield
     except Exception:
         metrics = out / METRICS_FILE
-        if created and out.is_dir() and (not metrics.exists() or metrics.stat().st_size == 0):
+        if created and out.is_dir() and (not metrics.exists() or metrics.stat().st_size == 0) \
+                and not any(holds_records(path) for path in (out / LEDGER_DIR).glob("*.jsonl")):
             shutil.rmtree(out, ignore_errors=True)
         raise
 

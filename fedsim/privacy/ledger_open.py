@@ -58,7 +58,7 @@ from fedsim.privacy.ledger_mark import (
     refuse_a_mark_maybe_a_spend_old,
 )
 
-__all__ = ["Found", "drop_lock", "open_file", "read_ledger_steps", "read_view"]
+__all__ = ["Found", "drop_lock", "holds_records", "open_file", "read_ledger_steps", "read_view"]
 
 
 @dataclass(frozen=True)
@@ -222,6 +222,19 @@ def drop_lock(lock: MarkFile, path: Path, directory: DirectoryLock | None) -> No
     lock.close()
     if directory is not None:
         directory.release(path)
+
+
+def holds_records(path: Path) -> bool:
+    """Whether the ledger file at ``path`` holds anything past its header line: a record, or
+    a piece of one (a spend cut short is still a spend attempted); a file that cannot be read
+    is taken to hold some. For a caller about to remove a run that failed at its start: a
+    ledger that recorded anything is never removed with it."""
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline()
+            return not first.endswith(b"\n") or bool(handle.read(1))
+    except OSError:
+        return True
 
 
 def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:

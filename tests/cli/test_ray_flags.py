@@ -81,3 +81,32 @@ def test_a_run_that_fails_at_start_removes_the_directory_it_made(
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     code, out = _run(tmp_path)
     assert code == 2 and (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_a_run_that_failed_after_charging_a_round_keeps_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clean-up removes no privacy record: a failure after any ledger recorded a spend
+    (here before the first window's line) leaves the run directory, ledgers and all."""
+    import fedsim.runtime.simulated.simulation as simulation
+
+    real = simulation.run_scenario
+
+    def charged_then_failed(loaded: Any, out: Path, **kwargs: Any) -> Any:
+        ledger = out / "ledgers" / "c-000.jsonl"
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        ledger.write_bytes(b'{"format": "fedsim-ledger/2"}\n{"time": 0.1, "round": 0}\n')
+        (out / "metrics.jsonl").touch()
+        raise ConfigError("the workers failed after the first rounds")
+
+    monkeypatch.setattr(simulation, "run_scenario", charged_then_failed)
+    code, out = _run(tmp_path)
+    assert code == 2 and (out / "ledgers" / "c-000.jsonl").exists()
+    # ... a record cut short counts too, and a header alone does not
+    monkeypatch.setattr(simulation, "run_scenario", real)
+    from fedsim.privacy.ledger_open import holds_records
+
+    header_only, cut = tmp_path / "h.jsonl", tmp_path / "c.jsonl"
+    header_only.write_bytes(b'{"format": "fedsim-ledger/2"}\n')
+    cut.write_bytes(b'{"format": "fedsim-ledger/2"}\n{"time": 0.')
+    assert not holds_records(header_only) and holds_records(cut)
+    assert holds_records(tmp_path / "unreadable-because-absent.jsonl")
