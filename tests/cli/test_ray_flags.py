@@ -87,7 +87,7 @@ def test_a_run_that_failed_after_charging_a_round_keeps_its_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The clean-up removes no privacy record: a failure after any ledger recorded a spend
     (here before the first window's line) leaves the run directory, ledgers and all."""
-    import fedsim.runtime.simulated.simulation as simulation
+    from fedsim.runtime.simulated import simulation
 
     real = simulation.run_scenario
 
