@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.config import limits
-from fedsim.errors import CodecError
+from fedsim.errors import CodecError, ConfigError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus
 from fedsim.reporting.rundir import RunDirectory
@@ -99,3 +99,15 @@ def test_the_servers_view_states_the_unacknowledged_total(tmp_path: Path) -> Non
     damaged = RunDirectory.load(root).summary
     assert damaged[RELEASED_UNACKNOWLEDGED] == {"total": None, "reported": None, "clients": {}}
     assert "never acknowledged" not in damaged["explanation"]
+
+
+def test_the_servers_wait_for_final_statuses_is_a_finite_option() -> None:
+    from fedsim.runtime.deployed.options import FINAL_STATUS_WAIT, DeploymentOptions
+
+    assert DeploymentOptions().final_status_wait == FINAL_STATUS_WAIT
+    assert "--final-status-wait" not in DeploymentOptions().server_argv()  # (commands as before)
+    chosen = DeploymentOptions(final_status_wait=2.5)
+    assert DeploymentOptions.from_argv(chosen.server_argv()).final_status_wait == 2.5
+    for wrong in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ConfigError, match="--final-status-wait"):
+            DeploymentOptions(final_status_wait=wrong)
