@@ -217,6 +217,7 @@ def _header_for(
             detail=message.detail,
             sent_at=float(message.sent_at),
             extra={key: float(value) for key, value in message.extra.items()},
+            unacknowledged=message.unacknowledged,
         )
         return header, None, None
     if isinstance(message, WindowClose):
@@ -278,10 +279,13 @@ def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
     except ValidationError as exc:
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
     # An uncompressed update's header is what it was before compression existed, a close
-    # without watermarks or refused groups what it was before them.
+    # without watermarks or refused groups what it was before them, a status that is not a
+    # final one what it was before final statuses (sizes and older servers unchanged).
     exclude: set[str] | None = None
     if isinstance(header, UpdateHeader) and header.compression is None:
         exclude = {"compression"}
+    elif isinstance(header, StatusHeader) and header.unacknowledged is None:
+        exclude = {"unacknowledged"}
     elif isinstance(header, CloseHeader):
         exclude = {name for name in ("watermarks", "refused") if not getattr(header, name)}
     header_json = header.model_dump_json(exclude=exclude or None).encode()
@@ -488,6 +492,7 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
             detail=header.detail,
             sent_at=header.sent_at,
             extra=dict(header.extra),
+            unacknowledged=header.unacknowledged,
         )
         return Frame(status, header.incarnation)
     if isinstance(header, FinishedHeader):

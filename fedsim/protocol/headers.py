@@ -159,6 +159,8 @@ class StatusHeader(_Header):
         dict[Annotated[str, StringConstraints(max_length=128)], _FiniteFloat],
         Field(max_length=256),
     ]
+    # (a client's outbox never holds more: the count of a final status, ClientStatus)
+    unacknowledged: Annotated[int, Field(ge=0, le=limits.MAX_UNACKNOWLEDGED)] | None = None
 
 
 _CLIENT_ID = TypeAdapter(ClientId)

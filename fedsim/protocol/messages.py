@@ -94,7 +94,11 @@ ClientState = Literal["training", "waiting", "budget_exhausted", "offline", "don
 
 @dataclass(frozen=True)
 class ClientStatus:
-    """A client's self-report: its state and what its ledger says it has spent."""
+    """A client's self-report: its state and what its ledger says it has spent.
+
+    ``unacknowledged`` is set in a deployed client's *final* status only, the one it sends
+    once it has seen the end of the run: how many of its released (charged) updates the server
+    never acknowledged (None: not a final status)."""
 
     client_id: str
     state: ClientState
@@ -104,6 +108,7 @@ class ClientStatus:
     detail: str = ""
     sent_at: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    unacknowledged: int | None = None
 
 
 @dataclass(frozen=True)

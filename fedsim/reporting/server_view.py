@@ -34,11 +34,13 @@ from fedsim.runtime.actors.stops import (
     finished_stop_kind,
 )
 from fedsim.runtime.run_outputs import (
+    RELEASED_UNACKNOWLEDGED,
     SCENARIO_FILE,
     SERVER_FILE,
     STOPPED_STATES,
     SUMMARY_FILE,
     read_json_object,
+    unacknowledged_sentence,
 )
 
 REPORTED_EPSILON = "reported_epsilon"
@@ -98,11 +100,25 @@ def server_rows_and_summary(
         "privacy": {"delta": scenario.privacy.delta},
         "stop_kind": None if stop is None else stop.kind.value,
         "stop_reason": "" if stop is None else stop.text,
-        "explanation": _explanation(root, rows, stop, scenario.privacy.delta),
+        RELEASED_UNACKNOWLEDGED: (unacknowledged := _unacknowledged(server)),
+        "explanation": _explanation(root, rows, stop, scenario.privacy.delta, unacknowledged),
     }
     if stop is not None and stop.kind is RunStopKind.SIGNAL:  # partial: said as a run's is
         summary["interrupted"] = {"signal": "a signal", "partial": True}
     return rows, summary
+
+
+def _unacknowledged(server: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``server.json``'s count of released updates never acknowledged, every value checked
+    (None: the file has none, an older server's)."""
+    found = server.get(RELEASED_UNACKNOWLEDGED)
+    if not isinstance(found, Mapping):
+        return None
+    listed = found.get("clients")
+    clients = {printable(c, 64): n for c, v in listed.items() if (n := count(v))} \
+        if isinstance(listed, Mapping) else {}
+    return {"total": count(found.get("total")), "reported": count(found.get("reported")),
+            "clients": clients}
 
 
 def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[str, Any]:
@@ -128,7 +144,7 @@ def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[st
 
 
 def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | None,
-                 delta: float) -> str:
+                 delta: float, unacknowledged: Mapping[str, Any] | None) -> str:
     heard = [row for row in rows if row["state"] != "unknown"]
     # A finished client's last status says its final eps; a running one's is as old as its
     # last state change (0 at its start: a stranger read "eps min 0 / median 0 / max 0").
@@ -151,6 +167,9 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
         parts.append(f"{running} had not reported a stop when the server ended the run (its "
                      f"end stops them; each client's own report in its --state directory, "
                      f"client-<id>.json, says how it stopped).")
+    if unacknowledged is not None and unacknowledged["total"]:
+        parts.append(unacknowledged_sentence(unacknowledged["total"],
+                                             len(unacknowledged["clients"])))
     if reported:
         parts.append(f"The {len(reported)} stopped clients' last statuses reported eps (delta "
                      f"= {delta:g}) {spread(reported)}: self-reports the server cannot verify.")

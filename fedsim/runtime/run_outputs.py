@@ -90,6 +90,29 @@ FINISHED_STATES = frozenset({"budget_exhausted", "done"})
 # "crashed" one crashed for good (a crash it rejoins from sends nothing).
 STOPPED_STATES = FINISHED_STATES | {"crashed"}
 
+RELEASED_UNACKNOWLEDGED = "released_unacknowledged"
+"""A deployed run's ``server.json`` and ``summary.json`` key: its clients' released updates
+the server never acknowledged (:func:`released_unacknowledged`)."""
+
+
+def released_unacknowledged(counts: Mapping[str, int | None]) -> dict[str, Any]:
+    """What ``server.json`` and a launch's ``summary.json`` say of the updates the clients
+    released (charged to their privacy) and the server never acknowledged, from each client's
+    count (its final status's, or its report's; None: unknown): the ``total``, the ``clients``
+    with any (id: count) and how many clients ``reported`` a count."""
+    known = {c: n for c, n in counts.items() if n is not None}
+    return {"total": sum(known.values()), "reported": len(known),
+            "clients": {c: n for c, n in sorted(known.items()) if n}}
+
+
+def unacknowledged_sentence(total: int, clients: int) -> str:
+    """The explanation's sentence on ``total`` released updates of ``clients`` clients the
+    server never acknowledged (``fedsim report``'s and a launch's summary's)."""
+    return (f"{total} update(s) released by {clients} client(s) were never acknowledged by the "
+            f"server when the run ended: charged to those clients' privacy budgets, perhaps "
+            f"never applied (each client's client-<id>.json lists them as unacknowledged).")
+
+
 CLIENT_COLUMNS = (
     "client_id",
     "group",
@@ -344,6 +367,9 @@ class RunRecord:
     deployed_differences: Sequence[str] = ()
     """What this (deployed) run did not do as a simulation of its scenario does
     (:mod:`fedsim.runtime.deployed.differences`); empty for a simulation."""
+    released_unacknowledged: Mapping[str, Any] | None = None
+    """A deployed run's :func:`released_unacknowledged` (None: a simulation's, which has no
+    such key)."""
 
     @property
     def sample_grads(self) -> int:
@@ -483,7 +509,8 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
             f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
             f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
             "above their budget (clients.csv: budget_delta).")
-    parts += _resumed(record) + _crashes_and_links(record) + _scheduled(rows)
+    parts += (_resumed(record) + _crashes_and_links(record) + _unacknowledged(record)
+              + _scheduled(rows))
     for head, items in ((f"{len(caveats)} privacy caveat(s) qualify these eps values: ",
                          caveats),
                         ("Warnings: ", record.warnings),
@@ -505,6 +532,15 @@ def _scheduled(rows: list[dict[str, Any]]) -> list[str]:
             f"schedule): clients.csv's sigma and clip are their last round's, sigma_first and "
             f"clip_first their first's; their eps composes every round's (their ledgers), "
             f"not the last sigma's."]
+
+
+def _unacknowledged(record: RunRecord) -> list[str]:
+    """The explanation's sentence on released updates never acknowledged (none: none)."""
+    unacknowledged = record.released_unacknowledged or {}
+    if not unacknowledged.get("total"):
+        return []
+    return [unacknowledged_sentence(unacknowledged["total"],
+                                    len(unacknowledged.get("clients", {})))]
 
 
 def _crash_totals(record: RunRecord) -> dict[str, int] | None:
@@ -610,6 +646,8 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         {"deployed_differences": list(record.deployed_differences)}
         if record.time_kind == "scenario" else {}) | (
         {"warnings": list(record.warnings)} if record.warnings else {}) | (
+        {RELEASED_UNACKNOWLEDGED: dict(record.released_unacknowledged)}
+        if record.released_unacknowledged is not None else {}) | (
         {"resumed": {"parts": record.parts, "last_from_window": record.resumed_from_window}}
         if record.parts > 1 else {})
 

@@ -484,8 +484,8 @@ class ClientBook:
         entry = self._clients.get(client_id)
         judged = entry.judged + entry.base if entry is not None else 0
         bad = Kind.STATUS_INCONSISTENT
-        if rounds < judged:
-            return Verdict(bad, f"claims {rounds} rounds released, the server received {judged}")
+        if (fault := _claim_fault(status, judged, run_ended)) is not None:
+            return Verdict(bad, fault)
         known = entry.judged_known() if entry is not None else 0
         adopt = rounds > known + MAX_ROUND_GAP and (entry is None or (
             entry.judged == 0 and entry.base == 0 and entry.status is None))
@@ -533,3 +533,20 @@ class ClientBook:
         self.published = PublishedVersions(state.published)
         self._invitations = {int(w): bytes.fromhex(bits) for w, bits in state.invitations.items()}
         self.adoptions = state.adoptions
+
+
+def _claim_fault(status: ClientStatus, judged: int, run_ended: bool) -> str | None:
+    """What is wrong with the counts ``status`` claims, or None: no fewer rounds than the
+    ``judged``, and a final status (one that counts its client's unacknowledged updates,
+    :class:`ClientStatus`) comes after the run's end only and counts no more updates than its
+    client released."""
+    if status.rounds < judged:
+        return f"claims {status.rounds} rounds released, the server received {judged}"
+    if status.unacknowledged is None:
+        return None
+    if not run_ended:
+        return "a final status before the run's end"
+    if status.unacknowledged > status.rounds:
+        return (f"claims {status.unacknowledged} of its {status.rounds} released rounds "
+                f"unacknowledged")
+    return None

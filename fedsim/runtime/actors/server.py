@@ -99,6 +99,7 @@ from fedsim.protocol.messages import (
     ClientStatus,
     ClientUpdate,
     GlobalModel,
+    Message,
     Partial,
 )
 from fedsim.runtime.actors.admission import Pacer
@@ -258,25 +259,29 @@ class ServerActor:
     # -- receiving ------------------------------------------------------------------------
     async def _receive_forever(self) -> None:
         while True:
-            message = await self.endpoint.receive()
-            if isinstance(message, ClientUpdate):
-                if self.ended:
-                    self.updates_after_end += 1  # never judged: the last window has closed
-                elif self.policy.on_arrival:
-                    await self._arrived(message)
-                elif self._stale_on_arrival(message):
-                    self._shed(message)
-                else:
-                    self.pacer.note(message, self.clock.now())  # paced by its arrival time
-                    self._inbox.append(message)
-                    if len(self._inbox) > self.stream_above:
-                        self._fold_inbox(tuple(self.pacer.take_released()))
-            elif isinstance(message, ClientStatus):
-                self.accept_status(message)
-            elif isinstance(message, Partial):
-                self._take_partial(message)
+            await self.take(await self.endpoint.receive())
+
+    async def take(self, message: Message) -> None:
+        """Judge, keep or count one received message (after the run's end too: a deployed
+        server takes its clients' final statuses so)."""
+        if isinstance(message, ClientUpdate):
+            if self.ended:
+                self.updates_after_end += 1  # never judged: the last window has closed
+            elif self.policy.on_arrival:
+                await self._arrived(message)
+            elif self._stale_on_arrival(message):
+                self._shed(message)
             else:
-                _log.warning("server ignored a message", kind=type(message).__name__)
+                self.pacer.note(message, self.clock.now())  # paced by its arrival time
+                self._inbox.append(message)
+                if len(self._inbox) > self.stream_above:
+                    self._fold_inbox(tuple(self.pacer.take_released()))
+        elif isinstance(message, ClientStatus):
+            self.accept_status(message)
+        elif isinstance(message, Partial):
+            self._take_partial(message)
+        else:
+            _log.warning("server ignored a message", kind=type(message).__name__)
 
     def _stale_on_arrival(self, update: ClientUpdate) -> bool:
         """Under :attr:`shed_on_arrival`, whether ``update`` is already stale as it arrives:

@@ -27,7 +27,7 @@ from fedsim.config.schema import Scenario
 from fedsim.errors import LedgerError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.protocol.messages import ClientStatus
+from fedsim.protocol.messages import ClientState, ClientStatus
 from fedsim.runtime.actors.client import ClientActor
 from fedsim.runtime.actors.exposure import client_exposure, client_generator
 from fedsim.runtime.actors.releases import Releases
@@ -328,6 +328,7 @@ class _ClientProcess:
             # No receipt follows the end, and no later process may send them: lost, as a
             # simulation loses what is in flight at its end (the report still lists them).
             endpoint.forget_on_disk()
+            await self._say_final()
         elif not await endpoint.flush(left()):
             _log.warning(
                 "updates not acknowledged before exit",
@@ -335,19 +336,37 @@ class _ClientProcess:
                 rounds=list(endpoint.unacknowledged),
             )
 
+    async def _say_final(self) -> None:
+        """Tell the server, which ended the run and waits a little for it, how this client
+        ended: its report's state and reason, its rounds and eps, and how many of its released
+        updates were never acknowledged (a stranger's ``server.json`` kept every client at
+        its last state before the end, and nothing said what was charged and never applied).
+        Sent once: a server already gone keeps the last status it had."""
+        ledger, delta = self.lives.record.ledger, self.scenario.privacy.delta
+        state, _, _, reason = self._final_state()
+        with contextlib.suppress(TransportError):
+            await self.endpoint.publish(ClientStatus(
+                self.plan.client_id, state, ledger.next_round,
+                ledger.epsilon(delta), delta, reason, self.clock.now(),
+                unacknowledged=len(self.endpoint.unacknowledged)))
+
+    def _final_state(self) -> tuple[ClientState, ClientStopKind | None, float | None, str]:
+        """The client's state, stop kind, stop time and stop reason after its incarnations."""
+        lives = self.lives
+        actor = lives.actor
+        if self.crashed:
+            _, kind, stopped_at = crash_stop(lives)
+            return "crashed", kind, stopped_at, CRASHED_FOR_GOOD
+        if lives.down:  # down when the run ended (a simulation's state for it: crashed)
+            return ("crashed", None, None,
+                    DOWN_AT_THE_END if lives.finished is not None else "")
+        return actor.state, actor.stop_kind, actor.stopped_at, actor.stop_reason
+
     def outcome(self, made: bool | None, stop: asyncio.Event | None) -> dict[str, Any]:
         """The client's report (``client-<id>.json``) after this process."""
         lives, previous, endpoint = self.lives, self.previous, self.endpoint
-        actor = lives.actor
         released = [*previous.get("released", []), *(asdict(r) for r in lives.kept)]
-        state: str = actor.state
-        kind, stopped_at, reason = actor.stop_kind, actor.stopped_at, actor.stop_reason
-        if self.crashed:
-            state, kind, stopped_at = crash_stop(lives)
-            reason = CRASHED_FOR_GOOD
-        elif lives.down:  # down when the run ended (a simulation's state for it: crashed)
-            state, kind, stopped_at = "crashed", None, None
-            reason = DOWN_AT_THE_END if lives.finished is not None else ""
+        state, kind, stopped_at, reason = self._final_state()
         outcome = {
             "client_id": self.plan.client_id,
             "first_round": self.first_round,

@@ -36,6 +36,7 @@ from fedsim.runtime.run_outputs import (
     StoppedClient,
     ledger_file,
     read_json,
+    released_unacknowledged,
     write_run_outputs,
 )
 
@@ -80,6 +81,7 @@ def collect_outputs(
     stopped: list[StoppedClient] = []
     clients: list[ClientOutcome] = []
     links: list[object] = []  # each client report's emulated_network
+    unacknowledged: dict[str, int | None] = {}  # each client report's count
     warnings: list[str] = []
     try:
         for plan in population.plans:
@@ -103,6 +105,7 @@ def collect_outputs(
                                  "kept the copy", client=client_id, state=str(source))
             report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
             links.append(report.get("emulated_network"))
+            unacknowledged[client_id] = _unacknowledged(report)
             refused = report.get("refused")
             if isinstance(refused, str) and refused:  # (a file: its text bounded)
                 warnings.append(f"{client_id} was refused by the server: "
@@ -157,11 +160,19 @@ def collect_outputs(
                     sum(c.releases.count for c in clients
                         if c.plan.group.interrupt == "switch"),
                     (c.late_models for c in clients)),
+                released_unacknowledged=released_unacknowledged(unacknowledged),
             )
         )
     finally:
         for client in clients:
             client.ledger.close()
+
+
+def _unacknowledged(report: Mapping[str, Any]) -> int | None:
+    """How many released updates a client's report lists as never acknowledged (None: no
+    report, or not a list there)."""
+    listed = report.get("unacknowledged")
+    return len(listed) if isinstance(listed, list) else None
 
 
 def _extends(source: Path, copy: Path) -> bool:

@@ -20,13 +20,19 @@ from pathlib import Path
 from fedsim.config.factories import ALLOW_FLAG
 from fedsim.errors import ConfigError
 
-__all__ = ["FLUSH_TIMEOUT", "LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions",
+__all__ = ["FINAL_STATUS_WAIT", "FLUSH_TIMEOUT", "LAUNCH_WAIT_FOR_CLIENTS", "DeploymentOptions",
            "add_allow_factory_option", "add_set_option"]
 
 FLUSH_TIMEOUT = 10.0
 """Wall seconds a stopping client waits, by default, for the server's receipts of the updates
 it sent (``fedsim client --flush-timeout``; a launcher stopping its processes gives its
 clients this long and more before it stops the server)."""
+
+FINAL_STATUS_WAIT = 10.0
+"""Wall seconds a server that ended the run waits, by default, for the final statuses of the
+clients still running (``fedsim server --final-status-wait``): a client answers the end at
+once, or, behind an aggregator, after up to 5 s for its relayed receipts
+(``client_process.RELAYED_RECEIPTS_WAIT``). The wait ends as soon as every one has answered."""
 
 # How long a launched server waits for every client before its first window (wall seconds).
 LAUNCH_WAIT_FOR_CLIENTS = 600.0
@@ -88,6 +94,9 @@ class DeploymentOptions:
     """The server waits for its clients (``wait_for_clients``) when it resumes from a
     checkpoint too: a resumed launch restarts every client with it (a server restarted under
     running clients must not wait for statuses they have sent already)."""
+    final_status_wait: float = FINAL_STATUS_WAIT
+    """The server's bound on its wait, after it ended the run, for the final statuses of the
+    clients still running (wall seconds; 0: none waited for)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
@@ -100,6 +109,10 @@ class DeploymentOptions:
             raise ConfigError(
                 f"--wait-for-clients must be a number of seconds >= 0, got {self.wait_for_clients}"
             )
+        if not (math.isfinite(self.final_status_wait) and self.final_status_wait >= 0):
+            # (finite: no client may hold a finished server for ever)
+            raise ConfigError(f"--final-status-wait must be a number of seconds >= 0, got "
+                              f"{self.final_status_wait}")
 
     # -- to argv ----------------------------------------------------------------------------
     def argv(self) -> list[str]:
@@ -131,7 +144,9 @@ class DeploymentOptions:
 
     def server_argv(self) -> list[str]:
         return (["--wait-for-clients", repr(float(self.wait_for_clients))]
-                + (["--wait-on-resume"] if self.wait_on_resume else []))
+                + (["--wait-on-resume"] if self.wait_on_resume else [])
+                + (["--final-status-wait", repr(float(self.final_status_wait))]
+                   if self.final_status_wait != FINAL_STATUS_WAIT else []))
 
     def with_absolute_paths(self) -> DeploymentOptions:
         """The same options with the secrets and TLS files as absolute paths (for processes
@@ -204,6 +219,15 @@ class DeploymentOptions:
                 help="Wait for the clients when resuming from a checkpoint too (fedsim launch "
                 "--resume restarts every client with the server).",
             )
+            parser.add_argument(
+                "--final-status-wait",
+                type=float,
+                default=FINAL_STATUS_WAIT,
+                metavar="SECONDS",
+                help="Once the run has ended, wait up to this long for the final statuses of "
+                f"the clients still running (default {FINAL_STATUS_WAIT:g}; it stops as soon "
+                "as every one has answered).",
+            )
         add_set_option(parser)
         add_allow_factory_option(parser)
         parser.add_argument(
@@ -238,6 +262,7 @@ class DeploymentOptions:
             tls_insecure=args.tls_insecure,
             allow_factories=args.allow_factories,
             wait_on_resume=getattr(args, "wait_on_resume", False),
+            final_status_wait=getattr(args, "final_status_wait", FINAL_STATUS_WAIT),
         )
 
     @classmethod

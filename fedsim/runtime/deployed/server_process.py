@@ -29,6 +29,7 @@ checkpoint, acknowledgements, stop condition) and writes ``server.json``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time as wallclock
@@ -42,6 +43,7 @@ from fedsim.atomic import write_atomically
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
+from fedsim.errors import TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, RunFinished
 from fedsim.runtime.actors.client_book import BookState, ClientBook
@@ -66,11 +68,13 @@ from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
     APPLIED_FILE,
     METRICS_FILE,
+    RELEASED_UNACKNOWLEDGED,
     SCENARIO_FILE,
     SERVER_FILE,
     STOPPED_STATES,
     json_line,
     read_json,
+    released_unacknowledged,
     write_json,
 )
 from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
@@ -394,8 +398,7 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
                     outcome["finished"] = finished
                     if finished:  # the clients stop at once (a signal leaves room to resume)
                         await before_publish.announce_end(server.version, clock.now())
-                        final = server.evaluate_final()  # the model the run ends with
-                        outcome["final_evaluation"] = None if final is None else asdict(final)
+                        outcome.update(await _after_the_end(mqtt, server, options, stop))
                     else:
                         monitor.stop_reason = RunStop(RunStopKind.SIGNAL, "stopped by a signal")
                 finally:
@@ -420,6 +423,60 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
                      "on this broker and run? (--wait-for-clients makes the first window wait "
                      "for them)", run=run)
     return outcome
+
+
+async def _after_the_end(endpoint: MqttServerEndpoint, server: ServerActor,
+                         options: DeploymentOptions, stop: asyncio.Event | None
+                         ) -> dict[str, Any]:
+    """Once the end is announced: the final model's evaluation, then the clients' final
+    statuses (:func:`_final_statuses`)."""
+    final = server.evaluate_final()  # the model the run ends with
+    return {"final_evaluation": None if final is None else asdict(final),
+            "final_statuses": await _final_statuses(endpoint, server,
+                                                    options.final_status_wait, stop)}
+
+
+MAX_LISTED_MISSING = 20
+"""At most this many ids of the clients whose final status never came, in ``server.json``."""
+
+
+async def _final_statuses(endpoint: MqttServerEndpoint, server: ServerActor, bound: float,
+                          stop: asyncio.Event | None) -> dict[str, Any]:
+    """After the end of the run: take what arrives (statuses judged and kept as any are,
+    updates counted as after the end) until every client still running at the end (its kept
+    status not a stopped one: one never heard from is not awaited) has sent its final status
+    (``ClientStatus.unacknowledged`` set; the actor's own "done" comes first), for at most
+    ``bound`` wall seconds whatever arrives, or until ``stop``. A client that never answers
+    keeps its last status. Returns what ``server.json`` says of the wait, with the statuses
+    the book refused meanwhile (no window's line counts them any more; the endpoint's own
+    refusals are in its ``mqtt`` counters)."""
+    awaited = {c for c, s in server.statuses.items() if s.state not in STOPPED_STATES}
+    waiting = set(awaited)  # only shrinks: a flood of statuses keeps nothing more
+    rejected = 0
+
+    async def take() -> None:
+        nonlocal rejected
+        while waiting:
+            message = await endpoint.receive()
+            if not isinstance(message, ClientStatus):
+                await server.take(message)
+            elif not server.accept_status(message):
+                rejected += 1
+            elif message.unacknowledged is not None:
+                waiting.discard(message.client_id)
+
+    started = wallclock.perf_counter()
+    if waiting and bound > 0:
+        with contextlib.suppress(TimeoutError, TransportError):
+            await unless_stopped(asyncio.wait_for(take(), bound), stop)
+    waited = wallclock.perf_counter() - started
+    if waiting:
+        _log.warning("clients sent no final status: their last statuses are kept",
+                     count=len(waiting), clients=sorted(waiting)[:MAX_LISTED_MISSING],
+                     waited=round(waited, 3))
+    return {"awaited": len(awaited), "received": len(awaited) - len(waiting),
+            "missing": sorted(waiting)[:MAX_LISTED_MISSING], "rejected": rejected,
+            "waited_seconds": waited, "bound_seconds": bound}
 
 
 async def _joined(mqtt: MqttServerEndpoint, population: Population, options: DeploymentOptions,
@@ -516,4 +573,7 @@ def _server_outcome(server: ServerActor, stop_reason: RunStop | None, clock: Sca
         # Clients whose claimed rounds were adopted (the server had no record of them).
         "adopted_clients": server.book.adoptions,
         "updates_after_end": server.updates_after_end,
+        # (from the clients' final statuses: a client that sent none is not reported)
+        RELEASED_UNACKNOWLEDGED: released_unacknowledged(
+            {c: s.unacknowledged for c, s in server.statuses.items()}),
     }
