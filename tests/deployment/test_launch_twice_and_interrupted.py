@@ -162,7 +162,9 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     assert [m["window"] for m in lines] == list(range(1, 15))
     # The resumed server waited for its restarted clients (a review: 1-6 windows passed
     # empty while they started): the first window after the cut applies their updates.
-    assert lines[cut]["applied"] > 0, lines[cut:]
+    # (the first or, on a loaded machine where a round takes longer than a window of 0.25
+    # wall s, the second: without the wait 1-6 windows passed empty)
+    assert lines[cut]["applied"] > 0 or lines[cut + 1]["applied"] > 0, lines[cut:]
     server = json.loads((out / "server.json").read_text())
     assert server["finished"] is True and server["resumed_from_window"] == cut
     processes = json.loads((out / "processes.json").read_text())

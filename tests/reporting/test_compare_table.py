@@ -36,7 +36,7 @@ def test_compare_epsilon_curves_are_the_clients_median_and_band_at_each_time(
     left its own band (a stranger's review). Now, as the run's own plot: at each time the
     clients' min, median and max, checked against a fresh accountant per client and time."""
     run = RunDirectory.load(many_clients_run.path)
-    [(relation, (times, low, mid, high))] = _relation_curves(run, read_ledgers(run)).items()
+    [(relation, (times, low, mid, high))] = _relation_curves(run, read_ledgers(run), run.delta).items()
     assert relation == "add/remove"
     expected = np.array([[_eps_until(history, moment) for moment in times]
                          for history in many_clients_run.histories.values()])
