@@ -47,6 +47,7 @@ import json
 import math
 import os
 import secrets
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -538,6 +539,27 @@ class BrokerFiles:
         return self.secrets_file.parent / process_secrets_name(username)
 
 
+PUBLIC_READ_ONLY = 0o644
+"""The broker's configuration: no secret in it, but writable by its owner alone (under a umask
+of 000 it was 0666: anyone could rewrite the broker's settings)."""
+
+
+def _private_folder(folder: Path) -> None:
+    """Make ``folder`` (the per-process secrets' folder) a directory of this user's, mode 0700,
+    or refuse: a symbolic link there would have the credentials written, and an earlier
+    run's ``*.json`` removed, wherever it points (a review planted one), and a folder others
+    may write lets them rename their own file over a process's."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    found = os.lstat(folder)
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        raise ConfigError(f"{folder} is not a directory (a symbolic link?): the per-process "
+                          f"secrets are written only into a real directory; remove it")
+    if hasattr(os, "geteuid") and found.st_uid != os.geteuid():
+        raise ConfigError(f"{folder} belongs to another user (uid {found.st_uid}): the "
+                          f"per-process secrets are written only into a directory of yours")
+    os.chmod(folder, 0o700)  # (mkdir's mode is cut by the umask; an existing one keeps its own)
+
+
 def write_broker_files(
     out_dir: str | Path,
     run: str,
@@ -604,12 +626,12 @@ def write_broker_files(
         max_queued_messages=max_queued_messages or queue_limit(len(run_secrets.clients)),
         max_queued_bytes=max_queued_bytes or DEFAULT_QUEUED_BYTES,
     )
-    files.process_secrets_dir.mkdir(mode=0o700, exist_ok=True)
+    _private_folder(files.process_secrets_dir)
     replace_together({
         files.secrets_file: (secrets_text(run_secrets, observer=watcher), PRIVATE),
         files.password_file: (password_text, PRIVATE),
         files.acl_file: (acl_text(run_secrets, observer=observer), PRIVATE),
-        files.config: (config_text, None),
+        files.config: (config_text, PUBLIC_READ_ONLY),
         **alone,
     }, durability="file")
     for stale in files.process_secrets_dir.glob("*.json"):  # an earlier run's users

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import os
 import shlex
 import stat
 from pathlib import Path
@@ -101,6 +102,33 @@ def test_deploy_writes_one_secrets_file_a_process_holding_its_own_alone(tmp_path
     assert sorted(p.name for p in folder.iterdir()) == ["a-1.json", "fedsim-server.json"]
     assert load_secrets(folder / "a-1.json").for_client("a-1") == \
         load_secrets(out / "secrets.json").for_client("a-1") != everyone.for_client("a-1")
+
+
+def test_deploy_refuses_a_linked_or_shared_secrets_folder(tmp_path: Path) -> None:
+    """A reviewer planted DIR/secrets -> another folder: deploy deleted its *.json (as an
+    earlier run's stale files) and wrote the credentials there. A folder others may write
+    was left 0777, and the broker's configuration 0666 under a umask of 000."""
+    argv = ["--client-id", "a-1", "--run", "r", "--plain"]
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important.json").write_text('{"precious": 1}')
+    out = tmp_path / "linked"
+    out.mkdir()
+    (out / PROCESS_SECRETS_DIR).symlink_to(victim)
+    with pytest.raises(ConfigError, match="not a directory"):
+        run_deploy(*argv, "--out", str(out))
+    assert sorted(p.name for p in victim.iterdir()) == ["important.json"]
+    assert not (out / "secrets.json").exists()
+    shared = tmp_path / "shared"
+    (shared / PROCESS_SECRETS_DIR).mkdir(parents=True)
+    (shared / PROCESS_SECRETS_DIR).chmod(0o777)
+    previous = os.umask(0)
+    try:
+        assert run_deploy(*argv, "--out", str(shared)) == 0
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((shared / PROCESS_SECRETS_DIR).stat().st_mode) == 0o700
+    assert stat.S_IMODE((shared / "mosquitto.conf").stat().st_mode) == 0o644
 
 
 def test_a_per_process_file_answers_only_for_its_own_process(tmp_path: Path) -> None:
