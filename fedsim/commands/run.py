@@ -154,15 +154,20 @@ def _batcher(args: argparse.Namespace) -> Any:
 
 @contextmanager
 def _removed_if_failed_at_start(out: Path) -> Iterator[None]:
-    """Remove ``out`` if this run created it and failed before recording a window or charging
-    a round (e.g. its Ray workers could not start): what is left then is no run (no metrics,
-    ledgers without a record), and a rerun into the same directory would be refused. An
-    interrupt keeps it, and so does a failure after any ledger recorded a spend: a privacy
-    record is never removed."""
+    """Remove ``out`` if this process made it (here, by one ``mkdir``) and the run failed
+    before recording a window or charging a round (e.g. its Ray workers could not start):
+    what is left then is no run (no metrics, ledgers without a record), and a rerun into the
+    same directory would be refused. An interrupt keeps it, and so does a failure after any
+    ledger recorded a spend: a privacy record is never removed. A directory that existed
+    before, or that another process made first, is never removed."""
     from fedsim.privacy.ledger_open import holds_records
     from fedsim.runtime.run_outputs import LEDGER_DIR, METRICS_FILE
 
-    created = not out.exists()
+    try:  # made here, atomically: True for one process only (a review's second run on the
+        out.mkdir(parents=True)  # same --out, failing, removed the first's live directory)
+        created = True
+    except FileExistsError:
+        created = False
     try:
         yield
     except Exception:
