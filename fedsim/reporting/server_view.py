@@ -169,7 +169,8 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
                      f"client-<id>.json, says how it stopped).")
     if unacknowledged is not None and unacknowledged["total"]:
         parts.append(unacknowledged_sentence(unacknowledged["total"],
-                                             len(unacknowledged["clients"])))
+                                             len(unacknowledged["clients"]))
+                     + " (Their final statuses say so: self-reports the server cannot verify.)")
     if reported:
         parts.append(f"The {len(reported)} stopped clients' last statuses reported eps (delta "
                      f"= {delta:g}) {spread(reported)}: self-reports the server cannot verify.")

@@ -216,3 +216,44 @@ def test_a_served_run_waits_for_final_statuses_within_its_bound(tmp_path: Path) 
     _, view = server_rows_and_summary(out, tuple(_lines(out / "metrics.jsonl")))
     assert "2 update(s) released by 1 client(s) were never acknowledged" in view["explanation"]
     assert "1 had not reported a stop" in view["explanation"]
+
+
+def test_a_client_not_awaited_adds_nothing_after_the_end() -> None:
+    """An attacker's review: a client that had stopped (or was never heard from) could send
+    a final status after the end, switch its kept state back and add to the unacknowledged
+    total. Only the clients still running at the end are heard then."""
+    from fedsim.protocol.messages import ClientStatus
+    from fedsim.runtime.deployed import server_process
+
+    def status(client: str, state: str, unacknowledged: int | None = None) -> ClientStatus:
+        return ClientStatus(client, state, 5, 1.0, 1e-5, "", 1.0,  # type: ignore[arg-type]
+                            unacknowledged=unacknowledged)
+
+    class Book:  # the server's side the wait uses: its kept statuses and their judge
+        def __init__(self) -> None:
+            self.statuses = {"c-000": status("c-000", "done"), "c-001": status("c-001", "training")}
+
+        def accept_status(self, message: ClientStatus) -> bool:
+            self.statuses[message.client_id] = message
+            return True
+
+        async def take(self, message: object) -> None:
+            raise AssertionError("no update is sent here")
+
+    class Inbox:
+        def __init__(self, messages: list[ClientStatus]) -> None:
+            self.messages = messages
+
+        async def receive(self) -> ClientStatus:
+            if not self.messages:
+                await asyncio.sleep(3600)
+            return self.messages.pop(0)
+
+    book = Book()
+    inbox = Inbox([status("c-000", "training", 200), status("c-002", "done", 100),
+                   status("c-001", "done", 1)])
+    waited = asyncio.run(server_process._final_statuses(inbox, book, 5.0, None))  # type: ignore[arg-type]
+    assert waited["awaited"] == 1 and waited["received"] == 1 and waited["rejected"] == 2
+    assert waited["waited_seconds"] < 4.0  # every awaited client answered: no wait to the bound
+    assert book.statuses["c-000"].state == "done" and book.statuses["c-000"].unacknowledged is None
+    assert "c-002" not in book.statuses and book.statuses["c-001"].unacknowledged == 1

@@ -448,7 +448,7 @@ async def _final_statuses(endpoint: MqttServerEndpoint, server: ServerActor, bou
     (``ClientStatus.unacknowledged`` set; the actor's own "done" comes first), for at most
     ``bound`` wall seconds whatever arrives, or until ``stop``. A client that never answers
     keeps its last status. Returns what ``server.json`` says of the wait, with the statuses
-    the book refused meanwhile (no window's line counts them any more; the endpoint's own
+    refused meanwhile (by the book, or from a client not awaited) (no window's line counts them any more; the endpoint's own
     refusals are in its ``mqtt`` counters)."""
     awaited = {c for c, s in server.statuses.items() if s.state not in STOPPED_STATES}
     waiting = set(awaited)  # only shrinks: a flood of statuses keeps nothing more
@@ -460,7 +460,9 @@ async def _final_statuses(endpoint: MqttServerEndpoint, server: ServerActor, bou
             message = await endpoint.receive()
             if not isinstance(message, ClientStatus):
                 await server.take(message)
-            elif not server.accept_status(message):
+            elif message.client_id not in awaited or not server.accept_status(message):
+                # (a client that had stopped, or was never heard from, has nothing to say
+                # now: its kept status stays, and nothing it claims enters the totals)
                 rejected += 1
             elif message.unacknowledged is not None:
                 waiting.discard(message.client_id)
