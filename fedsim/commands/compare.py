@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             for r, label, lgs in zip(runs, labels, ledgers, strict=True)]
     drawn = [] if args.no_plots else draw_comparison(runs, labels, Path(args.plots), ledgers,
                                                      args.delta)
-    note = None if args.delta is not None else delta_note(runs, labels)
+    note = delta_note(runs, labels, args.delta)
     if args.json:
         print(json.dumps({"runs": rows, "plots": [str(p) for p in drawn],
                           "notes": [note] if note else []}, indent=2))

@@ -137,11 +137,20 @@ def stated_delta(run: RunDirectory, delta: float | None) -> float:
     return run.delta if delta is None else delta
 
 
-def delta_note(runs: Sequence[RunDirectory], labels: Sequence[str]) -> str | None:
+def delta_note(runs: Sequence[RunDirectory], labels: Sequence[str],
+               delta: float | None = None) -> str | None:
     """What to say when ``runs`` state their eps at different deltas (each its scenario's):
     the same mechanism reads a smaller eps at a larger delta, so their eps are not comparable
     as numbers (a stranger read a run at delta 1e-3 as spending half the privacy of the same
-    run at 1e-5). None when they share one."""
+    run at 1e-5); or, with one ``delta`` for all, when it is above a run's own (a review's
+    ``--delta 0.5`` printed every eps as 0 with no word). None when neither."""
+    if delta is not None:
+        weaker = [label for run, label in zip(runs, labels, strict=True) if delta > run.delta]
+        if not weaker:
+            return None
+        return (f"note: delta {delta:g} is larger than the scenario's own of {', '.join(weaker)}: "
+                f"their eps read smaller at it, a weaker guarantee (a delta near or above 1 / "
+                f"a client's records allows a whole record to leak)")
     if len({run.delta for run in runs}) < 2:
         return None
     each = ", ".join(f"{label} {run.delta:g}" for run, label in zip(runs, labels, strict=True))

@@ -89,3 +89,23 @@ def test_a_launched_child_shows_its_role_and_name(tmp_path: Path,
         for child, _, _ in children:
             child.send_signal(signal.SIGKILL)
             child.wait(10)
+
+
+def test_a_name_outside_ascii_is_shown_and_cut_at_a_character() -> None:
+    """A review's non-ASCII short name made the stat file's text read fail (the title was
+    never written), and cuts fell inside a character."""
+    context = multiprocessing.get_context("fork")
+    told = context.Queue()
+    name = "é" * 20
+    child = context.Process(target=_named_then_wait, args=(f"fedsim client {name}", name, told))
+    child.start()
+    try:
+        assert told.get(timeout=10) is True
+        assert child.pid is not None
+        comm = Path(f"/proc/{child.pid}/comm").read_bytes().rstrip(b"\n")
+        assert comm == ("é" * 7).encode()  # 14 of the 15 bytes: no half character
+        shown = Path(f"/proc/{child.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+        assert shown == f"fedsim client {name}"[: len(shown)] and shown.startswith("fedsim")
+    finally:
+        child.kill()
+        child.join()

@@ -726,6 +726,11 @@ def test_compare_says_when_runs_state_eps_at_different_deltas(
     # the table says it too
     assert cli_main(["compare", str(base.path), str(wider.path), "--no-plots"]) == 0
     assert "different deltas" in capsys.readouterr().out
+    # a delta above a run's own is said to weaken its guarantee
+    assert cli_main(["compare", str(base.path), str(wider.path), "--no-plots", "--delta",
+                     "0.01"]) == 0
+    said = capsys.readouterr().out
+    assert "delta 0.01 is larger than the scenario's own of" in said and "weaker" in said
     assert cli_main(["compare", str(base.path), "--no-plots", "--delta", "2"]) == 2
     assert "--delta must be in (0, 1)" in capsys.readouterr().err
 

@@ -35,19 +35,25 @@ def name_this_process(title: str, short: str) -> bool:
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(short.encode()[:_COMM_BYTES]), 0, 0, 0)
-        # Fields after the parenthesised name (which may hold spaces) start at field 3.
-        fields = Path("/proc/self/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(_cut(short, _COMM_BYTES)), 0, 0, 0)
+        # Fields after the parenthesised name (which may hold spaces, or any bytes) start at
+        # field 3: read as bytes (a review's non-ASCII name failed a text read).
+        fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
         start = int(fields[_ARG_START_FIELD - 3])
         end = int(fields[_ARG_START_FIELD - 2])
         if end - start < 2:
             return False
         # Padded with NULs to the area's end, whose last byte stays NUL: the kernel then
         # reads the command line up to the first NUL, not on into the environment.
-        data = title.encode()[: end - start - 1].ljust(end - start, b"\0")
+        data = _cut(title, end - start - 1).ljust(end - start, b"\0")
         with open("/proc/self/mem", "r+b", buffering=0) as memory:
             memory.seek(start)
             memory.write(data)
     except (OSError, ValueError, IndexError, AttributeError):
         return False
     return True
+
+
+def _cut(text: str, size: int) -> bytes:
+    """``text`` in UTF-8, cut to at most ``size`` bytes at a character's boundary."""
+    return text.encode()[:size].decode(errors="ignore").encode()
