@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import random
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,16 @@ def draw_trials(trials: TrialDistribution) -> int:
             return int(k[hit[0]])
         total, start = float(cumulative[-1]), start + 1024
     raise ConfigError(f"drew more than {_MAX_TRIALS} trials; choose a smaller --tuning-mean")
+
+
+def trial_name(label: str, taken: set[str]) -> str:
+    """A trial's directory name, ``trial-<8 hex>-<label>``, from the operating system's
+    entropy and not in ``taken``: an index (``trial-003``) would tell whoever sees the
+    released trial that at least four ran, and K must stay secret (module docstring)."""
+    while True:
+        name = f"trial-{secrets.token_hex(4)}-{label}"
+        if name not in taken:
+            return name
 
 
 def draw_candidate(count: int) -> int:

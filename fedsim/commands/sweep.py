@@ -427,10 +427,15 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
     count = tuning.draw_trials(trials)
     plans = []
-    for index in range(count):
+    names: set[str] = set()
+    for _ in range(count):
         chosen = candidates[tuning.draw_candidate(len(candidates))]
         label = Path(chosen["dir"]).name.split("-", 1)[1]
-        plans.append({**chosen, "dir": str(out / f"trial-{index:03d}-{label}")})
+        # Named at random, not by index: the released trial's directory (and its summary's
+        # selected_trial) must not tell how many trials ran (K stays secret).
+        name = tuning.trial_name(label, names)
+        names.add(name)
+        plans.append({**chosen, "dir": str(out / name)})
     print(f"{out}: private tuning, {count} trial(s) of {len(candidates)} candidate(s), "
           f"{args.jobs} at a time (a deployment keeps K and the unselected trials secret)")
     done: dict[int, dict[str, Any]] = {}

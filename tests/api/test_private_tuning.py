@@ -233,3 +233,19 @@ def test_each_trial_says_whether_it_is_the_release_and_the_release_gives_the_tun
     assert "tuned_epsilon" not in (out / other / "clients.csv").read_text()
     assert main(["report", str(out / other)]) == 0
     assert "NOT A RELEASE" in capsys.readouterr().out
+
+
+def test_trial_names_tell_nothing_of_how_many_ran() -> None:
+    """An index in a trial's name (trial-003-...) told whoever saw the released trial that
+    at least four ran; K must stay secret. Names are random and never repeat."""
+    from fedsim.commands.private_tuning import trial_name
+
+    taken: set[str] = set()
+    for _ in range(500):
+        name = trial_name("sigma=1.3-seed0", taken)
+        assert name not in taken
+        taken.add(name)
+    prefixes = [name.split("-")[1] for name in taken]
+    assert all(len(p) == 8 and int(p, 16) >= 0 for p in prefixes)
+    assert len(set(prefixes)) == len(prefixes)
+    assert sorted(prefixes) != [f"{i:08x}" for i in range(500)]  # not a counter
