@@ -189,6 +189,8 @@ def mark_trials(dirs: Sequence[str], best: int | None, totals: dict[str, float],
     ``tuned_epsilon`` column), since its own ledgers' eps omit the other trials and the
     selection (a researcher read the release's privacy from ``fedsim report`` on it, 2.3x
     low); every other trial says it is no release and must not be published."""
+    from fedsim.reporting.plots import draw_all
+    from fedsim.reporting.rundir import PLOT_DIR
     from fedsim.runtime.run_outputs import CLIENTS_FILE, SUMMARY_FILE, read_json, write_json
 
     selected = None if best is None else Path(dirs[best]).name
@@ -209,6 +211,8 @@ def mark_trials(dirs: Sequence[str], best: int | None, totals: dict[str, float],
             _add_tuned_column(trial / CLIENTS_FILE, totals)
         summary["explanation"] = f"{sentence} {summary.get('explanation') or ''}".strip()
         write_json(trial / SUMMARY_FILE, summary)
+        if (trial / PLOT_DIR).is_dir():  # drawn with the trial: again, saying what it is
+            draw_all(trial)
 
 
 def _tuning_block(release: bool, selected: str | None, totals: dict[str, float], delta: float,

@@ -10,8 +10,9 @@ interrupted run says so in its titles and with a line where it stopped.
 
 from __future__ import annotations
 
+import math
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,22 @@ def save_png(figure: Figure, path: Path) -> Path:
 def interruption_note(run: RunDirectory) -> str:
     """" (interrupted by SIGINT: partial run)" for an interrupted run, else ""."""
     return f" (interrupted by {run.interrupted}: partial run)" if run.interrupted else ""
+
+
+def tuning_note(run: RunDirectory) -> str:
+    """For a private tuning's trial (its summary's ``private_tuning``, fedsim sweep
+    --private-tuning), what its eps plot must say: the release's privacy is the tuned eps, not
+    the curves' (a plot copied from the released trial understated it), and any other trial
+    is no release; "" for any other run."""
+    block = run.summary.get("private_tuning")
+    if not isinstance(block, Mapping):
+        return ""
+    if block.get("release") is not True:
+        return " - NOT A RELEASE: a private tuning's trial, not to be published"
+    most = block.get("epsilon_max")
+    said = f", max {most:.4g}" if isinstance(most, int | float) and math.isfinite(most) else ""
+    return (f" - the release of a private tuning: its privacy is the tuned eps{said} "
+            f"(summary.json), above these curves")
 
 
 def mark_interruption(axes: Any, run: RunDirectory, colour: str = "tab:red",

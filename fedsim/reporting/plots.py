@@ -69,6 +69,7 @@ from fedsim.reporting.figures import (
     mark_interruption,
     new_figure,
     save,
+    tuning_note,
 )
 from fedsim.reporting.ledgers import ClientLedger, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
@@ -373,7 +374,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
             axes.legend(**LEGEND_OUTSIDE)
     note = " (eps of different relations are not comparable)" if len(panels) > 1 else ""
     figure.suptitle(f"{run.scenario_name}: privacy spent per client ({accountant}, delta = "
-                    f"{delta:g}){note}{interruption_note(run)}", fontsize=11)
+                    f"{delta:g}){note}{interruption_note(run)}{tuning_note(run)}", fontsize=11)
     height = 3.6 * rows + 0.6
     return save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
                  top=1 - 0.8 / height)

@@ -765,3 +765,20 @@ def test_compare_of_many_runs_draws_medians_and_wrapped_labels(
         texts = [t.get_text() for t in axes.get_legend().get_texts()]
         assert all(max(len(line) for line in t.splitlines()) <= 42 for t in texts)
         assert texts[0].replace("\n", " ") == long_label
+
+
+def test_a_tuning_trials_eps_plot_says_what_it_is(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun]) -> None:
+    """A plot copied from a privately tuned release showed the trial's own eps (the
+    release's privacy is the tuned eps, above those curves); another trial's said nothing of
+    not being a release."""
+    run = copy_run(small_run)
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert figure_files.tuning_note(RunDirectory.load(run.path)) == ""
+    summary["private_tuning"] = {"release": True, "epsilon_max": 4.3007}
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    note = figure_files.tuning_note(RunDirectory.load(run.path))
+    assert "the release of a private tuning" in note and "max 4.301" in note
+    summary["private_tuning"] = {"release": False}
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    assert "NOT A RELEASE" in figure_files.tuning_note(RunDirectory.load(run.path))
