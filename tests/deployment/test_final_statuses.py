@@ -250,10 +250,17 @@ def test_a_client_not_awaited_adds_nothing_after_the_end() -> None:
             return self.messages.pop(0)
 
     book = Book()
+    # c-003's actor said "done" on seeing the end, judged before the wait began (a CI run's
+    # flake refused its final status then); c-004's final status was judged before it too
+    book.statuses["c-003"] = status("c-003", "done")
+    book.statuses["c-004"] = status("c-004", "done", 0)
     inbox = Inbox([status("c-000", "training", 200), status("c-002", "done", 100),
-                   status("c-001", "done", 1)])
-    waited = asyncio.run(server_process._final_statuses(inbox, book, 5.0, None))  # type: ignore[arg-type]
-    assert waited["awaited"] == 1 and waited["received"] == 1 and waited["rejected"] == 2
+                   status("c-001", "done", 1), status("c-003", "done", 2)])
+    # running when the end was announced (c-000 had stopped, c-002 was never heard from)
+    running = {"c-001", "c-003", "c-004"}
+    waited = asyncio.run(server_process._final_statuses(inbox, book, 5.0, None, running))  # type: ignore[arg-type]
+    assert waited["awaited"] == 3 and waited["received"] == 3 and waited["rejected"] == 2
     assert waited["waited_seconds"] < 4.0  # every awaited client answered: no wait to the bound
     assert book.statuses["c-000"].state == "done" and book.statuses["c-000"].unacknowledged is None
     assert "c-002" not in book.statuses and book.statuses["c-001"].unacknowledged == 1
+    assert book.statuses["c-003"].unacknowledged == 2 and book.statuses["c-004"].unacknowledged == 0

@@ -164,6 +164,9 @@ class _BeforePublish:
         self.server = server
         self.stop_reason: Callable[[], RunStop | None] = lambda: None  # set with the monitor
         self.announced = False
+        self.running_at_end: set[str] = set()
+        """The clients whose kept status was not a stopped one when the end was announced:
+        those whose final statuses the server waits for and hears (:func:`_final_statuses`)."""
         server.before_publish = self
 
     async def __call__(self, version: int, time: float) -> bool:
@@ -174,9 +177,15 @@ class _BeforePublish:
         return True
 
     async def announce_end(self, version: int, time: float) -> None:
-        """Tell the clients the run is over (retained), once."""
+        """Tell the clients the run is over (retained), once, noting first which were still
+        running (:attr:`running_at_end`)."""
         if not self.announced:
             self.announced = True
+            # Taken before the end goes out: the "done" a client's actor sends when it sees
+            # the end may be judged before the wait for final statuses begins, and must not
+            # make that client one whose final status is refused (a CI run's flake).
+            self.running_at_end = {c for c, s in self.server.statuses.items()
+                                   if s.state not in STOPPED_STATES}
             await self.mqtt.publish(RunFinished(version, str(self.stop_reason() or ""), time))
 
 
@@ -398,7 +407,8 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
                     outcome["finished"] = finished
                     if finished:  # the clients stop at once (a signal leaves room to resume)
                         await before_publish.announce_end(server.version, clock.now())
-                        outcome.update(await _after_the_end(mqtt, server, options, stop))
+                        outcome.update(await _after_the_end(
+                            mqtt, server, options, stop, before_publish.running_at_end))
                     else:
                         monitor.stop_reason = RunStop(RunStopKind.SIGNAL, "stopped by a signal")
                 finally:
@@ -426,14 +436,14 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
 
 
 async def _after_the_end(endpoint: MqttServerEndpoint, server: ServerActor,
-                         options: DeploymentOptions, stop: asyncio.Event | None
-                         ) -> dict[str, Any]:
-    """Once the end is announced: the final model's evaluation, then the clients' final
-    statuses (:func:`_final_statuses`)."""
+                         options: DeploymentOptions, stop: asyncio.Event | None,
+                         running: set[str]) -> dict[str, Any]:
+    """Once the end is announced: the final model's evaluation, then the final statuses of
+    the clients ``running`` when it was (:func:`_final_statuses`)."""
     final = server.evaluate_final()  # the model the run ends with
     return {"final_evaluation": None if final is None else asdict(final),
             "final_statuses": await _final_statuses(endpoint, server,
-                                                    options.final_status_wait, stop)}
+                                                    options.final_status_wait, stop, running)}
 
 
 MAX_LISTED_MISSING = 20
@@ -441,17 +451,19 @@ MAX_LISTED_MISSING = 20
 
 
 async def _final_statuses(endpoint: MqttServerEndpoint, server: ServerActor, bound: float,
-                          stop: asyncio.Event | None) -> dict[str, Any]:
+                          stop: asyncio.Event | None, awaited: set[str]) -> dict[str, Any]:
     """After the end of the run: take what arrives (statuses judged and kept as any are,
-    updates counted as after the end) until every client still running at the end (its kept
-    status not a stopped one: one never heard from is not awaited) has sent its final status
-    (``ClientStatus.unacknowledged`` set; the actor's own "done" comes first), for at most
-    ``bound`` wall seconds whatever arrives, or until ``stop``. A client that never answers
-    keeps its last status. Returns what ``server.json`` says of the wait, with the statuses
-    refused meanwhile (by the book, or from a client not awaited) (no window's line counts them any more; the endpoint's own
-    refusals are in its ``mqtt`` counters)."""
-    awaited = {c for c, s in server.statuses.items() if s.state not in STOPPED_STATES}
-    waiting = set(awaited)  # only shrinks: a flood of statuses keeps nothing more
+    updates counted as after the end) until every client of ``awaited`` (those still running
+    when the end was announced: one never heard from, or stopped before, is not awaited) has
+    sent its final status (``ClientStatus.unacknowledged`` set; the actor's own "done" comes
+    first; one judged already before the wait counts), for at most ``bound`` wall seconds
+    whatever arrives, or until ``stop``. A client that never answers keeps its last status.
+    Returns what ``server.json`` says of the wait, with the statuses refused meanwhile (by
+    the book, or from a client not awaited; no window's line counts them any more; the
+    endpoint's own refusals are in its ``mqtt`` counters)."""
+    kept = server.statuses
+    # only shrinks: a flood of statuses keeps nothing more
+    waiting = {c for c in awaited if c not in kept or kept[c].unacknowledged is None}
     rejected = 0
 
     async def take() -> None:
