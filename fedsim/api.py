@@ -340,23 +340,18 @@ def _run(loaded: LoadedScenario, population: Any, run_dir: Path, progress: bool 
     """The run, with the bar ``fedsim run`` shows: in virtual seconds, its total the run's
     horizon (:func:`fedsim.reporting.horizon.run_horizon`: the first of the stops, the budgets'
     end estimated), corrected as the windows come as ``fedsim run`` corrects it."""
-    from fedsim.reporting.horizon import HorizonTracker, run_horizon
+    from fedsim.reporting.horizon import RunBar
     from fedsim.reporting.progress import RunProgress, log_evaluation
 
-    scenario = loaded.scenario
-    horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in population.plans])
-    tracker = HorizonTracker(horizon, scenario.server.window)
-    with RunProgress(horizon.seconds, unit="time", enabled=progress) as bar:
+    shown = RunBar(loaded.scenario, population.plans)
+    with RunProgress(shown.horizon.seconds, unit="time", enabled=progress) as bar:
         def on_window(line: dict[str, Any]) -> None:
-            bar.set_total(tracker.observe(line["time"], line["active_clients"]))
-            bar.update(line["time"], line["window"], line["accuracy"],
-                       line["min_remaining_epsilon"], line["active_clients"])
+            shown.on_window(bar, line)
             log_evaluation(line)
             also(line)  # e.g. TensorBoard scalars as the run goes
 
         result = run_scenario(loaded, run_dir, on_window=on_window, population=population)
-        bar.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
-        bar.update(result.summary["virtual_time"], result.summary["windows"])
+        shown.on_end(bar, result.summary)
         return result
 
 

@@ -76,7 +76,7 @@ def _seed(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger
-    from fedsim.reporting.horizon import HorizonTracker, run_horizon
+    from fedsim.reporting.horizon import RunBar
     from fedsim.reporting.progress import RunProgress, log_evaluation
     from fedsim.reporting.tensorboard import tensorboard_during
     from fedsim.runtime.interrupted import signals_interrupt
@@ -108,17 +108,15 @@ def run(args: argparse.Namespace) -> int:
              clients=scenario.clients.total)
     population, built_in = _built(loaded, log)
     preflight_warnings(population.plans)  # logged as warnings before anything trains
-    horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in population.plans])
-    tracker = HorizonTracker(horizon, scenario.server.window)
+    shown = RunBar(scenario, population.plans)
+    horizon = shown.horizon
     log.info("run horizon", seconds=horizon.seconds, source=horizon.source,
              estimated=horizon.estimated)
     quiet = getattr(args, "quiet", False)
     with RunProgress(horizon.seconds, unit="time", enabled=False if quiet else None) as progress, \
             tensorboard_during(args.tensorboard, out) as to_tensorboard:
         def on_window(line: dict[str, Any]) -> None:
-            progress.set_total(tracker.observe(line["time"], line["active_clients"]))
-            progress.update(line["time"], line["window"], line["accuracy"],
-                            line["min_remaining_epsilon"], line["active_clients"])
+            shown.on_window(progress, line)
             log_evaluation(line)
             to_tensorboard(line)
 
@@ -126,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
             with signals_interrupt(), _removed_if_failed_at_start(out):
                 result = run_scenario(loaded, out, on_window=on_window, population=population,
                                       make_batcher=make_batcher)
-            progress.set_total(max(result.summary["virtual_time"], 1e-9))  # the real end
-            progress.update(result.summary["virtual_time"], result.summary["windows"])
+            shown.on_end(progress, result.summary)  # the real end
         except KeyboardInterrupt:
             result = None
     if result is None:

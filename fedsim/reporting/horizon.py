@@ -32,6 +32,7 @@ from typing import Any
 from fedsim.config.schema import ClientGroup, Scenario
 from fedsim.privacy.calibration import max_steps
 from fedsim.privacy.group_schedules import release_steps
+from fedsim.reporting.progress import RunProgress
 from fedsim.runtime.actors.exposure import group_sample_grads
 
 # The estimate's search stops here (rounds); beyond it a budget is no horizon worth showing.
@@ -191,3 +192,26 @@ class HorizonTracker:
             # Outlived the estimate: fall back to the hard bound (or none).
             self.total = self.horizon.bound
         return self.total
+
+
+class RunBar:
+    """What a simulated run's progress bar shows, the one definition ``fedsim run`` and
+    :func:`fedsim.simulate` share: its total is the run's :func:`run_horizon` (from its
+    clients' groups and records), corrected as the windows come (:class:`HorizonTracker`),
+    and the real end once the run is over."""
+
+    def __init__(self, scenario: Scenario, plans: Iterable[Any]) -> None:
+        self.horizon = run_horizon(scenario, [(p.group, p.num_samples) for p in plans])
+        self._tracker = HorizonTracker(self.horizon, scenario.server.window)
+
+    def on_window(self, bar: RunProgress, line: dict[str, Any]) -> None:
+        """``bar`` after the window of metrics line ``line``."""
+        bar.set_total(self._tracker.observe(line["time"], line["active_clients"]))
+        bar.update(line["time"], line["window"], line["accuracy"],
+                   line["min_remaining_epsilon"], line["active_clients"])
+
+    @staticmethod
+    def on_end(bar: RunProgress, summary: dict[str, Any]) -> None:
+        """``bar`` at the run's real end (its summary's virtual time and windows)."""
+        bar.set_total(max(summary["virtual_time"], 1e-9))
+        bar.update(summary["virtual_time"], summary["windows"])
