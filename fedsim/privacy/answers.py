@@ -492,7 +492,7 @@ def _gdp_fit(accountant: Accountant, group: int, alphas: np.ndarray,
         else:
             complement = np.minimum(1.0 - np.asarray(betas, dtype=float) + 1e-15, 1.0)
             mu = fdp.fit_gdp_mu_complement(alphas, complement, limits.MIN_DELTA)
-    except (ConfigError, AccountantOutOfRange):  # no finite mu dominates: eps is still answered
+    except ConfigError:  # no mu dominates, or the accountant cannot answer: eps is still answered
         return {"mu_kind": (f"none: no mu-GDP dominates the curve down to delta "
                             f"{limits.MIN_DELTA:g} (no GDP fit)")}
     return {"mu": mu, "mu_kind": GDP_FIT_KIND}

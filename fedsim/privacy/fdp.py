@@ -46,7 +46,7 @@ import math
 import numpy as np
 from dp_accounting import gaussian_mechanism
 
-from fedsim.errors import ConfigError
+from fedsim.errors import AccountantOutOfRange, ConfigError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.gdp import MAX_MU, gdp_log_delta
 
@@ -150,9 +150,14 @@ def fit_gdp_mu_accountant(accountant: Accountant, delta_floor: float,
     on a grid from eps 0 to its eps at ``delta_floor``: mu-GDP's (eps, delta) pairs are then
     guarantees of the accountant for every delta in ``[delta_floor, DELTA_CEILING]`` (beyond
     that grid the accountant's delta is below the floor), under the accountant's neighbouring
-    relation."""
-    epsilons = _profile_grid(accountant.epsilon(delta_floor), points)
-    return fit_gdp_mu_to_profile(epsilons, accountant.delta_curve(epsilons))
+    relation. An accountant that cannot answer there (:class:`AccountantOutOfRange`) has no
+    fit: a :class:`ConfigError`, as every other "no fit" (its callers' one refusal)."""
+    try:
+        epsilons = _profile_grid(accountant.epsilon(delta_floor), points)
+        deltas = accountant.delta_curve(epsilons)
+    except AccountantOutOfRange as exc:
+        raise ConfigError(f"no GDP fit: {exc}") from None
+    return fit_gdp_mu_to_profile(epsilons, deltas)
 
 
 def fit_gdp_mu_complement(alphas: np.ndarray, complements: np.ndarray, delta_floor: float,

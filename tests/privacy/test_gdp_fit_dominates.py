@@ -87,3 +87,17 @@ def test_fit_of_a_gdp_profile_recovers_its_mu_and_respects_the_ceiling() -> None
         assert mu <= fitted <= mu * 1.005
     # a delta of exactly 1 (a PLD's rounding at tiny eps) is capped, not unfittable
     assert fdp.fit_gdp_mu_to_profile(np.array([0.0, 1.0, 2.0]), np.array([1.0, 0.5, 0.1])) > 0
+
+
+def test_an_accountant_that_cannot_answer_at_the_floor_has_no_fit() -> None:
+    """Out of its range at the floor delta, an accountant has no GDP fit: the one refusal
+    (ConfigError) its callers turn into "no fit" (the trade-off plot caught only that, and an
+    out-of-range accountant would have broken the whole plot)."""
+    from fedsim.errors import AccountantOutOfRange, ConfigError
+
+    class OutOfRange(PLDAccountant):
+        def epsilon(self, delta: float) -> float:
+            raise AccountantOutOfRange("eps beyond the accountant's range")
+
+    with pytest.raises(ConfigError, match="no GDP fit"):
+        fdp.fit_gdp_mu_accountant(OutOfRange([GaussianStep("poisson", 0.1, 0.8, 10)]), 1e-12)

@@ -171,7 +171,7 @@ class RayRoundBatcher(RoundBatcher):
                 ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
                          logging_level=logging.WARNING)
             else:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                _connect(ray, address)
         self._ray = ray
         self.workers = workers
         # A client is found by the first of its (disjoint) rows.
