@@ -48,6 +48,18 @@ def _header(path: Path) -> dict[str, Any]:
     return header
 
 
+def _opened(path: Path, *, default_accountant: str) -> PrivacyLedger:
+    """The ledger at ``path`` opened read-only with exactly what its header says (the
+    accountant ``default_accountant`` where the header names none): a report never changes a
+    run directory, so it also works on a read-only copy."""
+    header = _header(path)
+    return PrivacyLedger.open(path, client_id=str(header["client_id"]),
+                              sampling=str(header["sampling"]),
+                              budget=Budget.from_json(header.get("budget")),
+                              accountant=str(header.get("accountant", default_accountant)),
+                              read_only=True)
+
+
 def read_ledger(path: Path) -> ClientLedger:
     """Open the ledger at ``path`` and take a snapshot of it (the file is closed again).
 
@@ -57,12 +69,7 @@ def read_ledger(path: Path) -> ClientLedger:
     The accountant is the ledger's enforcing one: a guarantee (``pld`` or ``rdp``) even when
     the header names ``gdp-clt`` (see :mod:`fedsim.privacy.ledger`).
     """
-    header = _header(path)
-    budget = Budget.from_json(header.get("budget"))
-    with PrivacyLedger.open(path, client_id=str(header["client_id"]),
-                            sampling=str(header["sampling"]), budget=budget,
-                            accountant=str(header.get("accountant", "pld")),
-                            read_only=True) as ledger:
+    with _opened(path, default_accountant="pld") as ledger:
         if ledger.accountant.selections:
             raise LedgerError(f"{path}: holds a tuned selection (a sweep's tuning ledger, "
                               f"not a run's); its eps is the sweep's tuned total")
@@ -81,12 +88,7 @@ def tuning_epsilons(folder: Path, delta: float) -> dict[str, float]:
         return found
     for path in sorted(folder.glob("*.jsonl")):
         try:
-            header = _header(path)
-            with PrivacyLedger.open(path, client_id=str(header["client_id"]),
-                                    sampling=str(header["sampling"]),
-                                    budget=Budget.from_json(header.get("budget")),
-                                    accountant=str(header.get("accountant", "rdp")),
-                                    read_only=True) as ledger:
+            with _opened(path, default_accountant="rdp") as ledger:
                 found[ledger.client_id] = ledger.epsilon(delta)
         except (ConfigError, LedgerError, OSError):
             return {}
