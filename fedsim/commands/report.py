@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedsim.config import limits
 from fedsim.errors import ConfigError
-from fedsim.reporting.rundir import RunDirectory
+from fedsim.reporting.rundir import RunDirectory, TuningRole
 from fedsim.reporting.stops import stop_counts
 from fedsim.reporting.values import finite_number, printable, relative_gap, spread
 from fedsim.runtime.run_outputs import require_writable_dir
@@ -110,12 +110,12 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
 
     warnings: list[str] = ledger_gaps(run)
     final_eps = drawn.final_epsilon
-    tuning = run.summary.get("private_tuning")
-    if isinstance(tuning, dict):  # a trial of `fedsim sweep --private-tuning`
+    tuning = run.tuning
+    if tuning is not None:  # a trial of `fedsim sweep --private-tuning`
         lines += tuning_lines(run, tuning, warnings)
     if final_eps:
         own = _privacy_lines(run, drawn.accountant, drawn.delta, final_eps)
-        if isinstance(tuning, dict) and tuning.get("release") is True:
+        if tuning is not None and tuning.release:
             own = [f"{line} (this trial alone: not the release's privacy)" for line in own]
         lines += own
         if run.server_view:  # its clients' statuses against their ledgers copied in
@@ -176,26 +176,26 @@ def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[s
     return problems
 
 
-def tuning_lines(run: RunDirectory, tuning: dict[str, Any], warnings: list[str]) -> list[str]:
+def tuning_lines(run: RunDirectory, tuning: TuningRole, warnings: list[str]) -> list[str]:
     """What a private tuning's trial is (``summary.json`` ``private_tuning``): the release,
     whose privacy is the tuned eps (recomputed from the sweep's tuning ledgers where they are
     beside it, the summary's figures checked against them), or a trial that must not be
     published. Disagreements are appended to ``warnings``."""
-    if tuning.get("release") is not True:
+    if not tuning.release:
         return [f"NOT A RELEASE: a private tuning's trial that was not selected (selected: "
-                f"{tuning.get('selected_trial') or 'none'}); it must not be published"]
-    recorded = tuning.get("tuned_epsilon")
-    recorded = recorded if isinstance(recorded, dict) else {}
+                f"{tuning.selected or 'none'}); it must not be published"]
+    from fedsim.commands.private_tuning import TUNING_LEDGER_DIR
     from fedsim.reporting.ledgers import tuning_epsilons
 
-    folder = run.path.parent / "tuning" / "ledgers"
+    recorded = tuning.tuned
+    folder = run.path.parent / TUNING_LEDGER_DIR
     tuned = tuning_epsilons(folder, run.delta)
     source = f"its sweep's tuning ledgers {folder}"
     if not tuned:
-        tuned = {str(c): e for c, v in recorded.items() if (e := finite_number(v)) is not None}
+        tuned = dict(recorded)
         source = "summary.json (the sweep's tuning ledgers are not beside this trial)"
     for client, eps in sorted(tuned.items()):
-        said = finite_number(recorded.get(client))
+        said = recorded.get(client)
         if said is None or abs(relative_gap(said, eps)) > CSV_RELATIVE_TOLERANCE:
             warnings.append(f"warning: client {client}: summary.json's tuned eps {said}, the "
                             f"tuning ledger gives {eps:.6g}")

@@ -38,13 +38,13 @@ MAX_BANDED_RUNS = 4
 def _tuning_note(run: RunDirectory) -> list[str]:
     """A private tuning's trial (``summary.json`` ``private_tuning``): its eps columns are the
     trial's own; the release's privacy is the tuned eps, and any other trial is no release."""
-    tuning = run.summary.get("private_tuning")
-    if not isinstance(tuning, dict):
+    tuning = run.tuning
+    if tuning is None:
         return []
-    if tuning.get("release") is not True:
+    if not tuning.release:
         return [f"note: {run.path.name}: NOT A RELEASE (a private tuning's unselected trial): "
                 f"it must not be published"]
-    tuned = finite_number(tuning.get("epsilon_max"))
+    tuned = tuning.tuned_max
     return [f"note: {run.path.name}: a private tuning's release: its privacy is the tuned eps "
             f"(max {'?' if tuned is None else f'{tuned:.4g}'}, summary.json private_tuning), "
             f"not its eps columns (this trial alone)"]

@@ -10,9 +10,8 @@ interrupted run says so in its titles and with a line where it stopped.
 
 from __future__ import annotations
 
-import math
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -153,13 +152,12 @@ def tuning_note(run: RunDirectory) -> str:
     --private-tuning), what its eps plot must say: the release's privacy is the tuned eps, not
     the curves' (a plot copied from the released trial understated it), and any other trial
     is no release; "" for any other run."""
-    block = run.summary.get("private_tuning")
-    if not isinstance(block, Mapping):
+    tuning = run.tuning
+    if tuning is None:
         return ""
-    if block.get("release") is not True:
+    if not tuning.release:
         return " - NOT A RELEASE: a private tuning's trial, not to be published"
-    most = block.get("epsilon_max")
-    said = f", max {most:.4g}" if isinstance(most, int | float) and math.isfinite(most) else ""
+    said = "" if tuning.tuned_max is None else f", max {tuning.tuned_max:.4g}"
     return (f" - the release of a private tuning: its privacy is the tuned eps{said} "
             f"(summary.json), above these curves")
 

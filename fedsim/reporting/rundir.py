@@ -58,6 +58,20 @@ def _number_or_text(column: str, value: str) -> Any:
 
 
 @dataclass(frozen=True)
+class TuningRole:
+    """A private tuning's trial (:attr:`RunDirectory.tuning`): the release (selected; its
+    privacy is the tuned eps, above its own ledgers') or a trial that must not be published."""
+
+    release: bool
+    selected: str | None
+    """The selected trial's name (None: none was)."""
+    tuned_max: float | None
+    """The release's largest tuned eps, as its summary says (None: not a release, or none)."""
+    tuned: dict[str, float]
+    """Each client's tuned eps, as the release's summary says (``{}`` for another trial)."""
+
+
+@dataclass(frozen=True)
 class RunDirectory:
     """The parsed contents of one run directory (see the module docstring)."""
 
@@ -144,6 +158,23 @@ class RunDirectory:
         if not isinstance(found, Mapping):
             return None
         return str(found.get("signal") or "a signal")
+
+    @property
+    def tuning(self) -> TuningRole | None:
+        """What the run is in a private tuning (``summary.private_tuning``, written by ``fedsim
+        sweep --private-tuning``); None for any other run. Read from a handed-over file: each
+        value checked, a ``release`` that is not exactly ``true`` is no release."""
+        block = self.summary.get("private_tuning")
+        if not isinstance(block, Mapping):
+            return None
+        tuned = block.get("tuned_epsilon")
+        selected = block.get("selected_trial")
+        return TuningRole(
+            release=block.get("release") is True,
+            selected=printable(selected, 300) if isinstance(selected, str) else None,
+            tuned_max=finite_number(block.get("epsilon_max")),
+            tuned={printable(str(c), 64): e for c, v in tuned.items()
+                   if (e := finite_number(v)) is not None} if isinstance(tuned, Mapping) else {})
 
     @property
     def virtual_time(self) -> float:
