@@ -286,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
             run_as_user=args.broker_user,
             aggregators=aggregators,
             hashing=PasswordHashing(iterations, on_hashed=bar.update),
+            per_process=True,
         )
     if tls_files:  # the broker files are in place: its certificates follow them at once
         replace_together({Path(args.out) / name: content for name, content in tls_files.items()},

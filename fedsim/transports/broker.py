@@ -59,7 +59,8 @@ class LocalMosquitto:
     ``iterations``: the PBKDF2 rounds of its password file (:data:`PBKDF2_ITERATIONS`).
 
     Use as a context manager (``with LocalMosquitto(dir, "run", ["c1"]) as broker``), or call
-    :meth:`start` and :meth:`kill`. Credentials are in :attr:`secrets`.
+    :meth:`start` and :meth:`kill`. Credentials are in :attr:`secrets` (and, with
+    ``per_process_secrets``, a file a process in :attr:`files`' ``process_secrets_dir``).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class LocalMosquitto:
         persistence: bool = False,
         aggregators: Sequence[str] = (),
         iterations: int = PBKDF2_ITERATIONS,
+        per_process_secrets: bool = False,
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
@@ -101,6 +103,7 @@ class LocalMosquitto:
             persistence_dir=str((self.directory / "data").resolve()) if persistence else None,
             aggregators=aggregators,
             hashing=PasswordHashing(iterations),
+            per_process=per_process_secrets,
         )
         if persistence:
             (self.directory / "data").mkdir(parents=True, exist_ok=True)

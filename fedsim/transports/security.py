@@ -560,7 +560,7 @@ def _private_folder(folder: Path) -> None:
     os.chmod(folder, 0o700)  # (mkdir's mode is cut by the umask; an existing one keeps its own)
 
 
-def write_broker_files(
+def write_broker_files(  # noqa: PLR0913 - the one writer of a broker's files, replaced together
     out_dir: str | Path,
     run: str,
     client_ids: Sequence[str],
@@ -578,12 +578,16 @@ def write_broker_files(
     max_queued_messages: int | None = None,
     max_queued_bytes: int | None = None,
     aggregators: Sequence[str] = (),
+    per_process: bool = False,
 ) -> BrokerFiles:
     """Generate credentials and write ``mosquitto.conf``, ``passwd`` and ``acl`` (both 0600),
     ``secrets.json`` (0600; with ``observer`` it also holds the read-only observer's password
-    under ``"observer"``), and in the folder :data:`PROCESS_SECRETS_DIR` (0700) one secrets file
-    a process (0600) holding its own credentials alone (:meth:`RunSecrets.per_process`); files
-    there of users the run no longer has are removed.
+    under ``"observer"``), and with ``per_process`` (``fedsim deploy``: processes given their
+    own credentials on machines or containers of their own) in the folder
+    :data:`PROCESS_SECRETS_DIR` (0700) one secrets file a process (0600) holding its own
+    credentials alone (:meth:`RunSecrets.per_process`); files there of users the run no longer
+    has are removed. Without it (``fedsim launch``'s private broker: every process on this
+    machine, as one user, reads ``secrets.json``) no second copy of the passwords is written.
 
     ``broker_config_dir`` is where the broker will see ``out_dir`` (``/mosquitto/config`` in the
     eclipse-mosquitto container); by default the absolute path of ``out_dir`` itself. The
@@ -604,7 +608,7 @@ def write_broker_files(
         process_secrets_dir=out / PROCESS_SECRETS_DIR,
     )
     alone = {out / name: (secrets_text(one), PRIVATE)
-             for name, one in run_secrets.per_process().items()}
+             for name, one in run_secrets.per_process().items()} if per_process else {}
     watcher = Credentials(OBSERVER_USERNAME, secrets.token_urlsafe(24)) if observer else None
     # Everything computed before the first file is written, and all replaced together
     # (atomic.replace_together): an error, a full disk or an interrupt while hashing (minutes
@@ -626,7 +630,8 @@ def write_broker_files(
         max_queued_messages=max_queued_messages or queue_limit(len(run_secrets.clients)),
         max_queued_bytes=max_queued_bytes or DEFAULT_QUEUED_BYTES,
     )
-    _private_folder(files.process_secrets_dir)
+    if per_process:
+        _private_folder(files.process_secrets_dir)
     replace_together({
         files.secrets_file: (secrets_text(run_secrets, observer=watcher), PRIVATE),
         files.password_file: (password_text, PRIVATE),
@@ -634,7 +639,7 @@ def write_broker_files(
         files.config: (config_text, PUBLIC_READ_ONLY),
         **alone,
     }, durability="file")
-    for stale in files.process_secrets_dir.glob("*.json"):  # an earlier run's users
-        if stale not in alone:
+    for stale in files.process_secrets_dir.glob("*.json") if per_process else ():
+        if stale not in alone:  # an earlier run's users
             stale.unlink(missing_ok=True)
     return files

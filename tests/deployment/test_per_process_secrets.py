@@ -49,7 +49,8 @@ def _client_process(broker: LocalMosquitto, tmp_path: Path, client_id: str,
 
 @pytest.mark.slow
 async def test_a_client_process_with_its_own_file_connects_and_is_heard(tmp_path: Path) -> None:
-    with LocalMosquitto(tmp_path / "broker", RUN, ["c-000", "c-001"]) as broker:
+    with LocalMosquitto(tmp_path / "broker", RUN, ["c-000", "c-001"],
+                        per_process_secrets=True) as broker:
         # The server too reads only its own file.
         settings, run = resolve_broker(
             broker.url(), secrets_file=broker.files.process_secrets_file(SERVER_USERNAME),
@@ -100,7 +101,7 @@ async def test_the_broker_refuses_a_password_under_any_other_username(tmp_path: 
     """c-000's own file logs in as c-000; its password as the server, another client or an
     aggregator is refused by mosquitto itself (the container cannot act as anyone else)."""
     with LocalMosquitto(tmp_path / "broker", RUN, ["c-000", "c-001"],
-                        aggregators=["aggregator-0"]) as broker:
+                        aggregators=["aggregator-0"], per_process_secrets=True) as broker:
         mine = load_secrets(broker.files.process_secrets_file("c-000")).for_client("c-000")
         async with MqttClientEndpoint(broker.url(mine.username, mine.password), run=RUN,
                                       client_id="c-000", reconnect=FAST) as own:

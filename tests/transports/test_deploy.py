@@ -175,7 +175,7 @@ def test_no_id_names_a_secrets_file_outside_its_folder_or_shares_one(
 
     out = tmp_path / "deep" / "gen"
     with pytest.raises(ConfigError, match=message):
-        write_broker_files(out, "r", ids, aggregators=aggregators)
+        write_broker_files(out, "r", ids, aggregators=aggregators, per_process=True)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nothing written anywhere
 
 
@@ -486,3 +486,16 @@ def test_compose_refuses_a_scenario_the_image_does_not_hold(
     assert status == 2
     assert "copy the scenario" in capsys.readouterr().err
     assert not (tmp_path / "generated").exists() and not (tmp_path / "compose.yml").exists()
+
+
+def test_a_launchs_private_broker_writes_no_second_copy_of_the_passwords(tmp_path: Path) -> None:
+    """Per-process files are for processes on machines or containers of their own (fedsim
+    deploy); a launch's private broker, whose processes all read secrets.json as one user,
+    writes no second copy of every password."""
+    from fedsim.transports.security import write_broker_files
+
+    files = write_broker_files(tmp_path / "launch", "r", ["a-1", "b-2"])
+    assert files.secrets_file.is_file() and not files.process_secrets_dir.exists()
+    files = write_broker_files(tmp_path / "deploy", "r", ["a-1", "b-2"], per_process=True)
+    assert sorted(p.name for p in files.process_secrets_dir.iterdir()) == [
+        "a-1.json", "b-2.json", "fedsim-server.json"]
