@@ -416,23 +416,24 @@ class Launcher:
         which needs the server and the broker still there), then the aggregation nodes, then
         the server; a process still running ``grace`` seconds past its own wait is killed
         (SIGKILL). A process that already ended by itself has its exit status recorded too."""
-        for process in self.processes.values():
-            if process.child is not None and not process.running:
-                self._ended(process, process.child.wait())
         clients = set(self.client_ids)
         aggregators = set(self.aggregator_ids)
         for names, wait in ((clients, FLUSH_TIMEOUT + grace), (aggregators, grace),
                             (set(self.processes) - clients - aggregators, grace)):
+            # Every process not yet reaped, running or not: one that ends by itself between a
+            # look at it and its signal (a client that saw the run's end) is still reaped and
+            # its exit status recorded (a filter on "running" lost it, a flaky test's [-9]).
             self._stop([p for name, p in self.processes.items()
-                        if name in names and p.running], wait)
+                        if name in names and p.child is not None], wait)
 
-    def _stop(self, running: list[_Process], wait: float) -> None:
-        """SIGTERM ``running`` together, wait up to ``wait`` seconds for them, then SIGKILL."""
-        for process in running:
+    def _stop(self, unreaped: list[_Process], wait: float) -> None:
+        """SIGTERM those of ``unreaped`` still running together, wait up to ``wait`` seconds
+        for all of them, then SIGKILL; every exit status is recorded."""
+        for process in unreaped:
             assert process.child is not None
-            process.child.send_signal(signal.SIGTERM)
+            process.child.send_signal(signal.SIGTERM)  # (a no-op for one that has ended)
         deadline = wallclock.monotonic() + wait
-        for process in running:
+        for process in unreaped:
             assert process.child is not None
             try:
                 code = process.child.wait(timeout=max(0.1, deadline - wallclock.monotonic()))

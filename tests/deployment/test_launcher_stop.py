@@ -1,0 +1,71 @@
+"""The launcher's stop records every process's exit, even one that ends by itself while the
+stop looks at it (a flaky crash test lost a restarted client's 0: it ended between the stop's
+look for ended processes and its look for running ones, and was in neither)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from fedsim.runtime.deployed.launcher import Launcher, _Process
+from tests.deployment.test_deployed_run import SCENARIO
+
+
+class _EndsWhileLookedAt:
+    """A child that is running at the first look and has ended (status 0) at every later one,
+    so whichever two looks a stop takes straddle its end."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        self.looks += 1
+        return None if self.looks == 1 else 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            self.signals.append(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Running:
+    """A child that runs until it is sent SIGTERM, then exits 0."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return 0 if self.signals else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.signals == [signal.SIGTERM]
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def test_stop_all_records_a_process_that_ends_while_it_looks(tmp_path: Path) -> None:
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    ending, running = _EndsWhileLookedAt(), _Running()
+    children = {"c-000": ending, "c-001": running}
+    for name in launcher.client_ids + ["server"]:
+        launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+    for name, child in children.items():
+        launcher.processes[name].child = child  # type: ignore[assignment]
+    launcher.exit_codes["c-000"] = [-signal.SIGKILL]  # killed once, restarted
+
+    launcher.stop_all(grace=0.1)
+
+    assert launcher.exit_codes == {"c-000": [-signal.SIGKILL, 0], "c-001": [0]}
+    assert running.signals == [signal.SIGTERM]
+    assert all(process.child is None for process in launcher.processes.values())
