@@ -220,7 +220,7 @@ def noisy_gradient(
     if into is None and not bool(torch.isfinite(total).all()):
         # Its factor was 0, but its activations or gradients themselves were not finite
         # (0 * inf is nan): the same step again without it, from the same noise key. (With
-        # ``into`` the caller recomputes the whole step: see LocalTrainer._compute_segments.)
+        # ``into`` the caller recomputes the whole step: see kept_sums._Step.finite_sum.)
         again = noisy_gradient(
             engine, features, labels, indices[finite], sampling=sampling, clip=clip,
             noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size,

@@ -37,11 +37,18 @@ round's sensitivity and privacy events are those of :func:`record_phase`'s argum
 float rounding differs (sums of parts, the noise added last). Which records fall in which part
 is as private as their phases, and stays on the client, as do the parts' compute times, which
 only a counted overrun shows.
+
+A split round that keeps no sums (a simulated client's, computed once at its end; a deployed
+model above :data:`KEPT_MAX_BYTES`, whose split recomputes the round whole) is computed by the
+same code with ``sums=None``: every step whole, its records summed onto its noise (the noise
+first, as :func:`~fedsim.training.dpsgd.noisy_gradient` sums a step: the values such a round
+has always had, bitwise), and nothing held beyond a step but the round's running sum.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -88,7 +95,8 @@ class _Part:
 @dataclass
 class _StepSum:
     """A step's clipped sum of its records due before ``until``, each at the start point of
-    its segment among ``segments`` (the round's when computed)."""
+    its segment among ``segments`` (the round's when computed); in a round that keeps no sums,
+    summed onto the step's noise (``noised`` the same vector, :func:`_noised_step`)."""
 
     total: torch.Tensor
     within: int
@@ -162,7 +170,7 @@ class SumTrainer(Protocol):
     ) -> RoundResult: ...
 
 
-def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: RoundSums,
+def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: RoundSums | None,
                            upto: float = 1.0) -> RoundResult | None:
     """``pending``'s update from its kept sums (``upto >= 1``), or its records due before
     ``upto`` summed and kept (None), computing only the records not kept yet and those a
@@ -170,31 +178,41 @@ def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: Rou
     less the round's local progress before its step, one noise draw a step (its key's). The
     plain path's values up to float rounding. Adaptive clipping's norm is replayed from the
     round's start (:attr:`~fedsim.training.rounds.PendingRound.adaptive_before`) for the
-    steps done, so that calls for the parts of a round leave it as one call does."""
+    steps done, so that calls for the parts of a round leave it as one call does.
+
+    ``sums`` None: a split round that keeps none, computed whole (``upto`` 1) from the
+    adaptive norm the trainer holds, each step summed onto its noise and dropped once added
+    to the round's sum (:func:`_noised_step`)."""
     round_index, local_steps = pending.round_index, trainer.local_steps
-    trainer.restore_adaptive_state(pending.adaptive_before)
-    # Only the latest segment's start points stay (the records of earlier ones are computed,
-    # as parts come in order; a direct caller's split recomputes what it needs), and after a
-    # split only those of the steps it did not move (a step's start point moves only with an
-    # earlier step's sum): at most a start point a later step.
-    latest = pending.segments[-1]
-    sums.starts = {key: start for key, start in sums.starts.items()
-                   if key[1] is latest and key[0] / local_steps < sums.cut}
+    if sums is None:
+        assert upto >= 1.0, "a round that keeps no sums is computed whole"
+    else:
+        trainer.restore_adaptive_state(pending.adaptive_before)
+        # Only the latest segment's start points stay (the records of earlier ones are
+        # computed, as parts come in order; a direct caller's split recomputes what it
+        # needs), and after a split only those of the steps it did not move (a step's start
+        # point moves only with an earlier step's sum): at most a start point a later step.
+        latest = pending.segments[-1]
+        sums.starts = {key: start for key, start in sums.starts.items()
+                       if key[1] is latest and key[0] / local_steps < sums.cut}
     sum_sigma = trainer.sum_sigma(pending.steps[0].sigma)
     accumulated: torch.Tensor | None = None
     batch_sizes: list[int] = []
     loss_sum, clip, nonfinite = 0.0, math.nan, 0
     for step, draws in enumerate(pending.draws):
         clip = trainer.clip_for(round_index)
-        kept = _step_sum(trainer, sums, pending, step, draws, accumulated, clip,
-                         min(upto, (step + 1) / local_steps))
-        if kept.until < (step + 1) / local_steps:
-            # The step is part done, the rest waits for its points; the later steps start
-            # from its end, so nothing of them can be kept meanwhile. Every sum kept now
-            # holds its records at the round's segments: the split is applied.
-            sums._steps[step + 1:] = [None] * (local_steps - step - 1)
-            sums.cut = math.inf
-            return None
+        if sums is None:
+            kept = _noised_step(trainer, pending, step, draws, accumulated, clip, sum_sigma)
+        else:
+            kept = _step_sum(trainer, sums, pending, step, draws, accumulated, clip,
+                             min(upto, (step + 1) / local_steps))
+            if kept.until < (step + 1) / local_steps:
+                # The step is part done, the rest waits for its points; the later steps
+                # start from its end, so nothing of them can be kept meanwhile. Every sum
+                # kept now holds its records at the round's segments: the split is applied.
+                sums._steps[step + 1:] = [None] * (local_steps - step - 1)
+                sums.cut = math.inf
+                return None
         if kept.noised is None:  # drawn once a done step, not again for each later part
             kept.noised = trainer.step_noise(clip, sum_sigma, draws.noise).add_(kept.total)
         total = kept.noised
@@ -203,19 +221,24 @@ def compute_with_kept_sums(trainer: SumTrainer, pending: PendingRound, sums: Rou
             trainer.update_adaptive_clip(kept.within, size, clip, draws.count_noise)
         loss_sum += kept.loss_sum
         nonfinite += kept.nonfinite
-        accumulated = total.clone() if accumulated is None else accumulated.add_(total)
+        if accumulated is None:  # a kept step's noisy sum stays for the round's later parts
+            accumulated = total if sums is None else total.clone()
+        else:
+            accumulated.add_(total)
         batch_sizes.append(size)
-    sums.cut = math.inf
+    if sums is not None:
+        sums.cut = math.inf
     assert accumulated is not None  # local_steps >= 1
     return trainer.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
                                 batch_sizes, clip, loss_sum, nonfinite)
 
 
 class _Step:
-    """One step's records and start points for this compute."""
+    """One step's records and start points for this compute (``sums`` None: nothing kept)."""
 
-    def __init__(self, trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step: int,
-                 draws: StepDraws, accumulated: torch.Tensor | None, clip: float) -> None:
+    def __init__(self, trainer: SumTrainer, sums: RoundSums | None, pending: PendingRound,
+                 step: int, draws: StepDraws, accumulated: torch.Tensor | None,
+                 clip: float) -> None:
         self.trainer, self.sums, self.pending, self.step = trainer, sums, pending, step
         self.clip = clip
         self.indices = draws.indices
@@ -233,18 +256,23 @@ class _Step:
     def start(self, segment: Segment) -> np.ndarray:
         """The float32 point ``segment``'s records of this step are computed at: its ``w``
         less the round's progress before the step (the plain path's arithmetic). Kept for the
-        round's next parts (:attr:`RoundSums.starts`) until a split reaches the step."""
+        round's next parts (:attr:`RoundSums.starts`) until a split reaches the step; not
+        kept without sums (computed again in the rare step summed again)."""
         if self._accumulated is None:  # the first step's: the segment's w itself
             return np.asarray(segment.params, dtype=np.float32)
-        starts = self.sums.starts
+        starts = None if self.sums is None else self.sums.starts
         key = (self.step, segment)  # the segment itself: its params stay alive while kept
-        if key not in starts:
-            base = torch.from_numpy(np.asarray(segment.params, dtype=np.float32)
-                                    .astype(np.float64))
-            base = base - self.trainer.lr_for(self.pending.round_index) \
-                * self._accumulated.to("cpu", torch.float64)
-            starts[key] = base.to(torch.float32).numpy()
-        return starts[key]
+        if starts is not None and key in starts:
+            return starts[key]
+        # w - lr * progress in float64, in place: two model-sized float64 vectors at most
+        progress = self._accumulated.to("cpu", torch.float64, copy=True)
+        base = torch.from_numpy(np.asarray(segment.params, dtype=np.float32)
+                                .astype(np.float64))
+        start = base.sub_(progress.mul_(self.trainer.lr_for(self.pending.round_index))) \
+            .to(torch.float32).numpy()
+        if starts is not None:
+            starts[key] = start
+        return start
 
     def add(self, into: torch.Tensor, segments: tuple[Segment, ...], low: float, high: float,
             exclude: torch.Tensor | None = None) -> _Part | None:
@@ -268,23 +296,37 @@ class _Step:
             nonfinite += part.nonfinite
             if part.dropped is not None:
                 dropped.append(part.dropped)
-        self.sums.records_computed += len(indices)
+        if self.sums is not None:
+            self.sums.records_computed += len(indices)
         return _Part(within, loss_sum, nonfinite, torch.cat(dropped) if dropped else None)
 
-    def finite_sum(self, segments: tuple[Segment, ...], low: float,
-                   high: float) -> tuple[torch.Tensor, _Part | None]:
-        """The clipped sum of this step's records due in ``[low, high)`` into a fresh vector,
-        as the plain path sums a step: a record with a non-finite norm contributes zero, and
-        where that made the sum not finite, the sum again without it (its ``nonfinite``
-        counts those records either way)."""
-        total = self.trainer.zero_gradient()
+    def finite_sum(self, segments: tuple[Segment, ...], low: float, high: float,
+                   fresh: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, _Part | None]:
+        """The clipped sum of this step's records due in ``[low, high)`` added onto a
+        ``fresh()`` vector (zeros, or the step's noise from its key), as the plain path sums
+        a step: a record with a non-finite norm contributes zero, and where that made the sum
+        not finite (0 x inf), the sum again onto a new ``fresh()`` without it (its
+        ``nonfinite`` counts those records either way)."""
+        total = fresh()
         part = self.add(total, segments, low, high)
         if part is None or part.dropped is None or bool(torch.isfinite(total).all()):
             return total, part
-        total = self.trainer.zero_gradient()
+        total = fresh()
         again = self.add(total, segments, low, high, exclude=part.dropped)
         assert again is not None
         return total, _Part(again.within, again.loss_sum, part.nonfinite, part.dropped)
+
+
+def _noised_step(trainer: SumTrainer, pending: PendingRound, step: int, draws: StepDraws,
+                 accumulated: torch.Tensor | None, clip: float, sum_sigma: float) -> _StepSum:
+    """Step ``step`` of a round that keeps no sums, whole: its records at the round's
+    segments summed onto the step's noise (``total`` and ``noised`` alike), the noise drawn
+    again from its key where the step is summed again without a non-finite record."""
+    here = _Step(trainer, None, pending, step, draws, accumulated, clip)
+    value = _whole(here, tuple(pending.segments), 1.0,
+                   lambda: trainer.step_noise(clip, sum_sigma, draws.noise))
+    value.noised = value.total
+    return value
 
 
 def _step_sum(trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step: int,
@@ -311,9 +353,12 @@ def _step_sum(trainer: SumTrainer, sums: RoundSums, pending: PendingRound, step:
     return value
 
 
-def _whole(here: _Step, segments: tuple[Segment, ...], upto: float) -> _StepSum:
-    """The sum of the step's records due before ``upto``, computed from none."""
-    total, part = here.finite_sum(segments, -math.inf, here.bound(upto))
+def _whole(here: _Step, segments: tuple[Segment, ...], upto: float,
+           fresh: Callable[[], torch.Tensor] | None = None) -> _StepSum:
+    """The sum of the step's records due before ``upto``, computed from none (onto zeros, or
+    onto ``fresh()``)."""
+    total, part = here.finite_sum(segments, -math.inf, here.bound(upto),
+                                  fresh or here.trainer.zero_gradient)
     if part is None:
         return _StepSum(total, 0, 0.0, 0, upto, segments)
     return _StepSum(total, part.within, part.loss_sum, part.nonfinite, upto, segments)
@@ -344,7 +389,8 @@ def _extended(here: _Step, kept: _StepSum, segments: tuple[Segment, ...],
     finite, their sum again without it (the plain path does the whole step again: the same
     sum, since the records kept contributed finite values; a paced round's parts never
     compute a part twice over, whatever its records)."""
-    added, more = here.finite_sum(segments, kept.until, here.bound(upto))
+    added, more = here.finite_sum(segments, kept.until, here.bound(upto),
+                                  here.trainer.zero_gradient)
     if more is None:
         return _StepSum(kept.total, kept.within, kept.loss_sum, kept.nonfinite, upto, segments)
     return _StepSum(kept.total.add_(added), kept.within + more.within,

@@ -54,11 +54,9 @@ from fedsim.training.rounds import (
     PendingRound,
     RoundQueue,
     RoundResult,
-    Segment,
     StepDraws,
     draw_phase_offsets,
     record_phase,
-    step_segments,
 )
 
 _log = get_logger("fedsim.training")
@@ -372,12 +370,13 @@ class LocalTrainer:
     def compute(self, pending: PendingRound) -> RoundResult:
         """The round ``pending`` computed on its own (one model load, one engine pass a step;
         from its kept sums, where it keeps them)."""
-        if isinstance(pending.kept, RoundSums):
-            whole = compute_with_kept_sums(self, pending, pending.kept)
+        kept = pending.kept if isinstance(pending.kept, RoundSums) else None
+        if kept is not None or len(pending.segments) > 1:
+            # A split round that keeps no sums (a simulated client's, a model above the kept
+            # budget): the same code, with nothing kept (the rule written once, kept_sums).
+            whole = compute_with_kept_sums(self, pending, kept)
             assert whole is not None  # upto 1: the whole round
             return whole
-        if len(pending.segments) > 1:
-            return self._compute_segments(pending)
         params, round_index, steps = pending.params, pending.round_index, pending.steps
         sigma = steps[0].sigma
         sum_sigma = self.sum_sigma(sigma)
@@ -465,69 +464,6 @@ class LocalTrainer:
             per_example_steps=self.per_example_steps, per_example_lr=self.per_example_lr,
             noise_key=noise, into=into,
         )
-
-    def _compute_segments(self, pending: PendingRound) -> RoundResult:
-        """A round split by the interrupt rule ``switch`` (:mod:`fedsim.training.rounds`):
-        each record's gradient at the ``w`` of the segment it is due in, minus the round's
-        local progress so far (the steps before it), one noise draw per step."""
-        round_index, segments = pending.round_index, pending.segments
-        sum_sigma = self.sum_sigma(pending.steps[0].sigma)
-        bases = [torch.from_numpy(np.asarray(s.params, dtype=np.float32).astype(np.float64))
-                 for s in segments]
-        accumulated: torch.Tensor | None = None
-        batch_sizes: list[int] = []
-        loss_sum, clip, nonfinite = 0.0, math.nan, 0
-        for step, draws in enumerate(pending.draws):
-            clip = self.clip_for(round_index)
-            parts = self._segmented_step(segments, bases, accumulated, step, draws, clip=clip,
-                                         sum_sigma=sum_sigma, round_index=round_index,
-                                         exclude=None)
-            dropped = [p.dropped for p in parts if p.dropped is not None]
-            if dropped and not bool(torch.isfinite(parts[0].gradient).all()):
-                # 0 x inf: the step again without those examples, from the same noise key.
-                parts = self._segmented_step(
-                    segments, bases, accumulated, step, draws, clip=clip, sum_sigma=sum_sigma,
-                    round_index=round_index, exclude=torch.cat(dropped))
-                nonfinite += sum(len(d) for d in dropped)
-            total = parts[0].gradient if parts else None
-            within = sum(p.within_clip for p in parts)
-            loss_sum += sum(p.loss_sum for p in parts)
-            nonfinite += sum(p.nonfinite for p in parts)
-            if total is None:  # an empty batch: the noise alone, at the round's start point
-                load_flat_params(self.model, segments[0].params)
-                part = self._step(draws.indices, clip, sum_sigma, draws.noise)
-                total = part.gradient
-            size = len(draws.indices)
-            if draws.count_noise is not None:
-                self.update_adaptive_clip(within, size, clip, draws.count_noise)
-            accumulated = total if accumulated is None else accumulated.add_(total)
-            batch_sizes.append(size)
-        assert accumulated is not None
-        return self.round_result(pending, accumulated.to("cpu", torch.float32).numpy(),
-                                 batch_sizes, clip, loss_sum, nonfinite)
-
-    def _segmented_step(
-        self, segments: list[Segment], bases: list[torch.Tensor],
-        accumulated: torch.Tensor | None, step: int, draws: StepDraws, *, clip: float,
-        sum_sigma: float, round_index: int, exclude: torch.Tensor | None,
-    ) -> list[NoisyGradient]:
-        """One step of a split round: each segment's records (less those whose rows are in
-        ``exclude``, as :class:`NoisyGradient`'s ``dropped`` names them) at its ``w``,
-        the first noised, the later ones added into its gradient (``parts[0].gradient``)."""
-        parts: list[NoisyGradient] = []
-        phases = self.record_phases(draws.indices, round_index)
-        for k, indices in step_segments(segments, step, self.local_steps, draws.indices, phases):
-            if exclude is not None:
-                indices = indices[~torch.isin(self.rows_of(indices), exclude)]
-            here = bases[k] if accumulated is None else (
-                bases[k] - self.lr_for(round_index) * accumulated.to("cpu", torch.float64))
-            load_flat_params(self.model, here.to(torch.float32).numpy())
-            if not parts:  # the step's noise comes with its first segment
-                parts.append(self._step(indices, clip, sum_sigma, draws.noise))
-            else:
-                parts.append(self._step(indices, clip, sum_sigma, None,
-                                        into=parts[0].gradient))
-        return parts
 
     def round_result(
         self, pending: PendingRound, update: np.ndarray, batch_sizes: list[int], clip: float,

@@ -280,3 +280,146 @@ def test_a_cancelled_round_leaves_adaptive_clipping_where_it_began(paced: bool) 
     assert trainer.adaptive_state() != before
     pending.cancel()
     assert trainer.adaptive_state() == before
+
+
+def _logreg_grads(w: np.ndarray, x: np.ndarray, y: np.ndarray, features: int,
+                  classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example gradients of softmax regression (an ``nn.Linear``: weight rows, then
+    bias) by hand in float64, and their float32 squared norms (inf where they or the float32
+    logits overflow: the engine's non-finite norm)."""
+    weight = w[: classes * features].reshape(classes, features).astype(np.float64)
+    logits = x @ weight.T + w[classes * features:].astype(np.float64)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    g = np.concatenate([(p[:, :, None] * x[:, None, :]).reshape(len(y), -1), p], axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = np.square(g.astype(np.float32)).sum(axis=1, dtype=np.float32)
+        logits32 = x.astype(np.float32) @ weight.astype(np.float32).T
+    return g, np.where(np.isfinite(logits32).all(axis=1), squares, np.float32(np.inf))
+
+
+def _split_round_by_hand(trainer: LocalTrainer, pending, clip: float,  # noqa: ANN001
+                         adaptive: AdaptiveClipConfig | None) -> tuple[np.ndarray, int, float]:
+    """A fixed-batch split round of a softmax regression computed from the rule alone: for
+    each step its noise (from its key), plus each record's clipped gradient (factor min(1,
+    C / (||g|| + 1e-6))) at the ``w`` of the last segment started by ``(step + phase) /
+    local_steps`` less lr times the round's noisy sum before the step, over m; a record whose
+    norm is not finite left out. Adaptive clipping moves C after each step (Andrew et al.,
+    fixed-size batches). Returns the update, the records left out and the final C."""
+    from fedsim.training.dpsgd import noise_std
+    from fedsim.training.gaussian import gaussian_noise
+    from fedsim.training.local import sum_noise_multiplier
+
+    features = trainer.features.shape[1]
+    classes = int(trainer.labels.max()) + 1
+    x = trainer.features.numpy().astype(np.float64)
+    y = trainer.labels.numpy()
+    m, steps, lr = trainer.batch_size, trainer.local_steps, trainer.local_lr
+    sigma = pending.steps[0].sigma
+    sum_sigma = sigma if adaptive is None else sum_noise_multiplier(
+        sigma, adaptive.count_noise_std, "fixed")
+    starts = np.array([s.start for s in pending.segments])
+    offsets = trainer.phase_offsets.numpy()
+    progress = np.zeros(len(pending.params))
+    left_out = 0
+    for step, draws in enumerate(pending.draws):
+        batch = draws.indices.numpy()
+        phase = offsets[batch] + (pending.round_index + 1) * (np.sqrt(2) - 1)
+        phase -= np.floor(phase)
+        owner = np.maximum(np.searchsorted(starts, (step + phase) / steps, side="right") - 1, 0)
+        total = gaussian_noise(len(progress), noise_std("fixed", clip, sum_sigma, m),
+                               draws.noise, torch.zeros(1)).numpy().astype(np.float64)
+        within = 0
+        for k, segment in enumerate(pending.segments):
+            rows = batch[owner == k]
+            if not len(rows):
+                continue
+            at = (segment.params.astype(np.float64) - lr * progress).astype(np.float32)
+            g, squares = _logreg_grads(at, x[rows], y[rows], features, classes)
+            finite = np.isfinite(squares)
+            left_out += int((~finite).sum())
+            norms = np.linalg.norm(g[finite], axis=1)
+            total += (g[finite] * np.minimum(1.0, clip / (norms + 1e-6))[:, None]).sum(axis=0) / m
+            within += int((norms <= clip).sum())
+        progress += total.astype(np.float32)
+        if adaptive is not None and draws.count_noise is not None:
+            noise = float(gaussian_noise(1, adaptive.count_noise_std, draws.count_noise,
+                                         torch.zeros(1, dtype=torch.float64))[0])
+            clip = min(adaptive.max_clip, clip * np.exp(
+                -adaptive.learning_rate * ((within + noise) / m - adaptive.target_quantile)))
+    return progress.astype(np.float32), left_out, clip
+
+
+@pytest.mark.parametrize("local_steps", [1, 2])
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("huge", [None, 1e30, 3e38])
+def test_a_round_above_the_kept_budget_is_the_kept_paths_and_the_rules_update(
+        monkeypatch: pytest.MonkeyPatch, local_steps: int, adaptive: bool,
+        huge: float | None) -> None:
+    """A model above KEPT_MAX_BYTES (the budget made 0 here) keeps no sums: a deployed round
+    is computed when it begins and, after each split, again whole (counted in
+    ``recomputed``) by kept_sums' code with nothing kept. Its update (and the adaptive clip
+    it leaves, and the records with a non-finite norm it leaves out) is the kept path's for
+    the same splits, up to float rounding (the noise added first here, last there), and the
+    rule's computed by hand in numpy; it is bitwise that of a round that never asked to keep
+    sums (a simulated client's)."""
+    from fedsim.training import kept_sums
+    from tests.training.test_nonfinite_records import BAD, _data
+
+    features, classes = 4, 3
+    x, y = _data(huge if huge is not None else 1.0)
+    if huge is None:
+        x[BAD, 0] = 0.5
+    config = AdaptiveClipConfig(0.5, 0.2, 4.0) if adaptive else None
+
+    def trainer() -> LocalTrainer:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(features, classes)
+        with torch.no_grad():
+            model.weight.fill_(1.0)  # unsaturated at the huge record: its norm overflows
+        return LocalTrainer(
+            model, x, y, batch_size=12, sampling="fixed", clip=schedules.constant(100, 1.0, 0.5),
+            noise=schedules.constant(100, 1.0, 0.5), local_steps=local_steps, local_lr=0.01,
+            generator=torch.Generator().manual_seed(11), adaptive_clip=config,
+            phase_offsets=torch.from_numpy(np.random.default_rng(3).random(len(x))))
+
+    keeping, large, simulated = trainer(), trainer(), trainer()
+    w0 = flat_params(keeping.model)
+    rng = np.random.default_rng(5)  # models that move the logits apart (a constant would not)
+    ws = [w0 + np.float32(0.2) * rng.standard_normal(w0.size).astype(np.float32)
+          for _ in range(3)]
+    splits = (0.2, 0.45, 0.8)
+    left_out_in_all = 0
+    for round_index in range(2):
+        clip = keeping.clip_for(round_index)
+        kept = keeping.begin_round(w0, round_index)
+        assert kept.keep_sums() > 0
+        with monkeypatch.context() as patch:
+            patch.setattr(kept_sums, "KEPT_MAX_BYTES", 0)
+            whole = large.begin_round(w0, round_index)
+            assert whole.keep_sums() == 0 and whole.kept is None
+        once = simulated.begin_round(w0, round_index)
+        kept.result()
+        whole.result()
+        for fraction, w in zip(splits, ws, strict=True):
+            for pending in (kept, whole, once):
+                pending.switch(fraction, w)
+            kept.result()
+            whole.result()
+        assert whole.recomputed == len(splits) and len(whole.segments) == 4
+        got, want, plain = whole.result(), kept.result(), once.result()
+        np.testing.assert_array_equal(got.update, plain.update)
+        assert (got.nonfinite_examples, got.clip, got.mean_loss, large.adaptive_state()) == (
+            plain.nonfinite_examples, plain.clip, plain.mean_loss, simulated.adaptive_state())
+        np.testing.assert_allclose(got.update, want.update, rtol=2e-5, atol=2e-6)
+        assert got.nonfinite_examples == want.nonfinite_examples
+        _same_clip_state(large, keeping)
+        by_hand, left_out, final_clip = _split_round_by_hand(large, whole, clip, config)
+        np.testing.assert_allclose(got.update, by_hand, rtol=2e-5, atol=2e-6)
+        assert got.nonfinite_examples == left_out
+        left_out_in_all += left_out
+        if adaptive:
+            assert large.adaptive_state() == pytest.approx(final_clip, rel=1e-6)
+        assert np.isfinite(got.update).all()
+    assert (left_out_in_all > 0) == (huge is not None)
