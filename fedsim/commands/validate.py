@@ -1,5 +1,9 @@
 """``fedsim validate FILE``: check a scenario file and list every problem with its YAML path.
 
+Every problem of the schema comes in one run: each field's error, and the checks that tie
+fields together (unique group names, data shares, a run that can stop) wherever every field
+they read is valid (:mod:`fedsim.config.cross_field`).
+
 Validation reads the file, never the network. Beyond the schema it checks what can be known
 without training: that every group's data share gives each client at least ``batch_size``
 records (q = m/N <= 1), that the model's size is trainable and that noise targets can be
@@ -27,7 +31,9 @@ from fedsim.config.factories import ALLOW_FLAG, scenario_factories
 from fedsim.runtime.deployed.options import add_allow_factory_option
 
 DESCRIPTION = (
-    "Check a scenario file and list every problem with its place in the YAML file. It reads "
+    "Check a scenario file and list every problem with its place in the YAML file: each "
+    "field's error and, wherever the fields they read are valid, the checks that tie fields "
+    "together. It reads "
     "the file, never the network. Beyond the schema it checks what can be known without "
     "training: that every client gets at least batch_size records, that the model's size is "
     "trainable and that noise targets can be calibrated; these checks read the data set, so "

@@ -1,10 +1,11 @@
 """Reading scenario files: YAML -> ``--set`` overrides -> :class:`Scenario`, with errors that
 name the YAML path (and line) of what is wrong.
 
-Every problem in a file is reported at once (``fedsim validate`` lists them all); loading
-raises :class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit status 2) whose
-``errors`` holds one line per problem, e.g. ``clients.groups[1].batch_size (line 23): must be
-> 0``.
+Every problem in a file is reported at once (``fedsim validate`` lists them all): the fields'
+errors, then the checks that tie fields together wherever every field they read is valid
+(:mod:`fedsim.config.cross_field`; pydantic runs them only on valid fields); loading raises
+:class:`ScenarioError`, a :class:`~fedsim.errors.ConfigError` (exit status 2) whose ``errors``
+holds one line per problem, e.g. ``clients.groups[1].batch_size (line 23): must be > 0``.
 
 A path inside a scenario (``dataset.path``) is kept as written; :class:`LoadedScenario` records
 the scenario file's directory, against which :mod:`fedsim.data.locate` resolves it (then
@@ -27,6 +28,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from fedsim.config import limits
+from fedsim.config.cross_field import cross_field_problems
 from fedsim.config.overrides import assign_path
 from fedsim.config.schema import FieldProblem, Scenario
 from fedsim.config.suggestions import did_you_mean, first_unknown_key, meant_choice
@@ -342,9 +344,10 @@ MAX_HINTED_ERRORS = 50
 """A scenario's first this many problems get a did-you-mean hint (:mod:`fedsim.config.suggestions`)."""
 
 
-def _format_errors(exc: ValidationError, data: Any, node: yaml.Node | None) -> list[str]:
+def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
+                   node: yaml.Node | None) -> list[str]:
+    """One line per error (pydantic's error dicts), with its YAML path and line."""
     lines: list[str] = []
-    errors = exc.errors(include_url=False)
     # A scenario-wide check's problem with one field is placed at that field (FieldProblem).
     problems = [_field_problem(error) for error in errors]
     paths = [_data_path(data, error["loc"] if problem is None else
@@ -393,7 +396,15 @@ def parse_scenario(data: Any, *, source: str = "<scenario>",
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(source, _format_errors(exc, data, node)) from None
+        errors = exc.errors(include_url=False)
+        lines = _format_errors(errors, data, node)
+        # The checks that tie fields together, which pydantic skips above a field's error,
+        # wherever every field they read is valid (a stranger fixing a file wants every
+        # problem in one run, not a new one after each fix).
+        listed = set(lines)
+        lines += [line for line in _format_errors(cross_field_problems(Scenario, data, errors),
+                                                  data, node) if line not in listed]
+        raise ScenarioError(source, lines) from None
     return scenario
 
 

@@ -2,7 +2,10 @@
 
 Every model is frozen and forbids unknown keys, so a typo is an error rather than a silently
 ignored setting. Cross-field rules live in ``model_validator`` s so that their errors carry the
-YAML path of the section they concern. :mod:`fedsim.config.loading` turns pydantic's errors into
+YAML path of the section they concern; each ``mode="after"`` rule must hold on its own (none
+may assume that an earlier one passed): where a field is invalid,
+:mod:`fedsim.config.cross_field` still runs every rule that does not read it, one by one.
+:mod:`fedsim.config.loading` turns pydantic's errors into
 ``clients.groups[1].batch_size: must be > 0`` lines.
 
 Units: times are virtual seconds; ``speed`` is virtual seconds of compute per sample gradient;
