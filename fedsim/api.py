@@ -207,9 +207,11 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
     else:
         raise ConfigError(f"scenario: expected a file path, a dict or a Scenario, got "
                           f"{type(source).__name__}")
+    written = copy.deepcopy(tree) if lines else None
     for line in lines:
         tree = apply_override(tree, line, OVERRIDES_LABEL)
-    scenario = parse_scenario(tree, source=str(origin or "<scenario>"))
+    scenario = parse_scenario(tree, source=str(origin or "<scenario>"), written=written,
+                              label=OVERRIDES_LABEL)
     return LoadedScenario(scenario, origin, allow_factories)
 
 

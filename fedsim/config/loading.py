@@ -15,6 +15,7 @@ directory. A named data set needs no path at all.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +32,13 @@ from fedsim.config import limits
 from fedsim.config.cross_field import cross_field_problems
 from fedsim.config.overrides import assign_path
 from fedsim.config.schema import FieldProblem, Scenario
-from fedsim.config.suggestions import did_you_mean, first_unknown_key, meant_choice
+from fedsim.config.suggestions import (
+    KindFix,
+    did_you_mean,
+    first_unknown_key,
+    kinds_fitting,
+    meant_choice,
+)
 from fedsim.errors import ConfigError
 
 __all__ = [
@@ -343,10 +350,54 @@ def _describe(error: Mapping[str, Any]) -> str:
 MAX_HINTED_ERRORS = 50
 """A scenario's first this many problems get a did-you-mean hint (:mod:`fedsim.config.suggestions`)."""
 
+_ABSENT = object()
+
+
+def _at(tree: Any, path: Sequence[str | int]) -> Any:
+    """The value at ``path`` in a plain tree, or :data:`_ABSENT`."""
+    for part in path:
+        if isinstance(tree, Mapping) and part in tree:
+            tree = tree[part]
+        elif isinstance(tree, list) and isinstance(part, int) and 0 <= part < len(tree):
+            tree = tree[part]
+        else:
+            return _ABSENT
+    return tree
+
+
+@dataclass(frozen=True)
+class _Overridden:
+    """The tree as written before the overrides were applied, and what errors call them."""
+
+    written: Any
+    label: str
+
+
+def _kind_fix(path: Sequence[str | int], mapping: Mapping[str, Any],
+              overridden: _Overridden | None) -> KindFix:
+    """Where the key at ``path``, refused by the member of a tagged union that its
+    ``mapping`` chose, came from: the kind changed by an override, the key added by one, or
+    both as the file wrote them."""
+    if overridden is None:
+        return "file"
+    before = _at(overridden.written, path[:-1])
+    if not isinstance(before, Mapping) or before.get("kind") != mapping.get("kind"):
+        return "kind"  # (a mapping an override set whole chose its kind with it)
+    return "key" if path[-1] not in before else "file"
+
+
+def _member_tag(loc: Sequence[str | int], path: Sequence[str | int]) -> str | None:
+    """The tagged union member pydantic chose for the mapping holding ``path``'s last key: the
+    tag its ``loc`` names just before that key, which the path (the file's keys) leaves out."""
+    if len(loc) < 2 or not isinstance(loc[-2], str):
+        return None
+    return loc[-2] if len(path) < 2 or loc[-2] != path[-2] else None
+
 
 def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
-                   node: yaml.Node | None) -> list[str]:
-    """One line per error (pydantic's error dicts), with its YAML path and line."""
+                   node: yaml.Node | None, overridden: _Overridden | None = None) -> list[str]:
+    """One line per error (pydantic's error dicts), with its YAML path and line
+    (``overridden``: the tree before its overrides, for hints that say which fix fits)."""
     lines: list[str] = []
     # A scenario-wide check's problem with one field is placed at that field (FieldProblem).
     problems = [_field_problem(error) for error in errors]
@@ -368,7 +419,16 @@ def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
         if len(lines) >= MAX_HINTED_ERRORS:
             pass  # (a hint searches the schema: 20,000 unknown keys took 18 s with one each)
         elif error["type"] == "extra_forbidden":
-            hint = did_you_mean(path)
+            mapping = _at(data, path[:-1])
+            if isinstance(mapping, Mapping):
+                hint = did_you_mean(
+                    path, chosen=_member_tag(error["loc"], path), mapping=mapping,
+                    fix=_kind_fix(path, mapping, overridden),
+                    label=overridden.label if overridden is not None else "--set")
+            else:
+                hint = did_you_mean(path)
+        elif error["type"] == "union_tag_not_found":
+            hint = kinds_fitting(path, _at(data, path))
         elif error["type"] in ("literal_error", "union_tag_invalid"):
             given = error.get("input") if error["type"] == "literal_error" else (
                 error.get("ctx", {}).get("tag"))
@@ -388,8 +448,13 @@ def _field_problem(error: Mapping[str, Any]) -> FieldProblem | None:
 
 
 def parse_scenario(data: Any, *, source: str = "<scenario>",
-                   node: yaml.Node | None = None) -> Scenario:
-    """Validate a plain tree (as read from YAML) into a :class:`Scenario`."""
+                   node: yaml.Node | None = None, written: Any = None,
+                   label: str = "--set") -> Scenario:
+    """Validate a plain tree (as read from YAML) into a :class:`Scenario`.
+
+    ``written``: where overrides made ``data``, the tree before them, and ``label`` what
+    errors call an override (``--set``, ``overrides``): a hint about a key that another kind
+    of a mapping takes then offers the fix that fits (replacing the whole value)."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise ScenarioError(source, [f"scenario: must be a mapping of sections, the file is {kind}"])
@@ -397,7 +462,8 @@ def parse_scenario(data: Any, *, source: str = "<scenario>",
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        lines = _format_errors(errors, data, node)
+        overridden = _Overridden(written, label) if written is not None else None
+        lines = _format_errors(errors, data, node, overridden)
         # The checks that tie fields together, which pydantic skips above a field's error,
         # wherever every field they read is valid (a stranger fixing a file wants every
         # problem in one run, not a new one after each fix).
@@ -416,13 +482,14 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
     file = Path(path)
     text = _read_text(file)
     data, node = _read_yaml(text, str(path))
+    written = (copy.deepcopy(data) if data is not None else {}) if overrides else None
     for assignment in overrides:
         data = apply_override(data, assignment, label)
     source = str(path)
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree
         source += f" with {label} " + f" {label} ".join(overrides)  # (a problem may be theirs)
-    scenario = parse_scenario(data, source=source, node=node)
+    scenario = parse_scenario(data, source=source, node=node, written=written, label=label)
     return LoadedScenario(scenario, file.resolve(), allow_factories)
 
 

@@ -7,21 +7,31 @@ pydantic's error text, so a hint names exactly what the schema accepts:
   elsewhere: `` - it belongs under 'privacy'`` (a section just below) or `` - it is a key of
   clients.groups[*]`` (deeper);
 * a refused choice (``sampling: poison``, ``kind: fedbuf``) close to an accepted one:
-  `` - did you mean 'poisson'?``.
+  `` - did you mean 'poisson'?``;
+* a key of another member of a tagged union (``{kind: windows, buffer_size: 4}``, every
+  mapping chosen by its ``kind``: aggregations, noises, clips, distributions, step sizes,
+  compressions): `` - 'buffer_size' is a key of kind 'fedbuff', not of kind 'windows'``, with
+  the fix that fits where the mismatch came from (:data:`KindFix`): the file (remove the key
+  or change the kind), an override that changed the kind or one that added the key (replace
+  the whole value: ``--set 'server.aggregation={kind: windows}'``); a mapping without its
+  ``kind``: the kinds its keys fit.
 """
 
 from __future__ import annotations
 
 import difflib
+import shlex
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel
 
+from fedsim.config.overrides import format_path
 from fedsim.config.schema import Scenario
 
-__all__ = ["did_you_mean", "first_unknown_key", "meant_choice"]
+__all__ = ["KindFix", "did_you_mean", "first_unknown_key", "kinds_fitting", "meant_choice"]
 
 _CUTOFF = 0.6
 """difflib's similarity a suggestion needs (its default)."""
@@ -100,19 +110,135 @@ def _where_accepted(key: str, path: Sequence[str | int]) -> list[str]:
     return list(dict.fromkeys(shown for _, shown in places))
 
 
-def did_you_mean(path: Sequence[str | int]) -> str:
+KindFix = Literal["file", "kind", "key"]
+"""Where a key of another kind than its mapping's came from, which decides the fix offered:
+``"file"``, the key and the kind as the scenario wrote them (remove the key or change the
+kind); ``"kind"``, an override changed the kind (replace the whole value, of the chosen kind);
+``"key"``, an override added the key (replace the whole value, of the key's kind)."""
+
+
+def _members(path: Sequence[str | int]) -> dict[str, type[BaseModel]]:
+    """The members of the tagged union a scenario holds at ``path``, by their ``kind`` ({}
+    where the mapping there is not chosen by a ``kind``: one model, whose ``kind`` is a field
+    like any other)."""
+    members: dict[str, type[BaseModel]] = {}
+    for model in _models_at(path):
+        field = model.model_fields.get("kind")
+        kinds = _literals_in(field.annotation) if field is not None else []
+        if len(kinds) == 1:
+            members.setdefault(kinds[0], model)
+    return members if len(members) > 1 else {}
+
+
+def _kinds(kinds: Sequence[str]) -> str:
+    """``kind 'fedbuff'``, ``kinds 'target', 'growing_mu' or 'clip_tied'``."""
+    quoted = [repr(kind) for kind in kinds]
+    if len(quoted) == 1:
+        return f"kind {quoted[0]}"
+    return f"kinds {', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML (a flow mapping's value)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=2**31 - 1)
+    return text.removesuffix("\n...\n").strip()
+
+
+def _whole_value(path: Sequence[str | int], kind: str, model: type[BaseModel],
+                 mapping: Mapping[str, Any], label: str) -> str:
+    """An override that sets the mapping at ``path`` whole, as the member ``kind`` takes it:
+    the keys of ``mapping`` that member accepts, and ``...`` for each one it requires that
+    ``mapping`` lacks (``--set 'clients.groups[0].speed={kind: exponential, mean: ...}'``)."""
+    entries = [f"kind: {kind}"]
+    for name, field in model.model_fields.items():
+        if name == "kind":
+            continue
+        if name in mapping:
+            entries.append(f"{name}: {_flow(mapping[name])}")
+        elif field.is_required():
+            entries.append(f"{name}: ...")
+    assignment = f"{format_path(path)}={{{', '.join(entries)}}}"
+    if label == "--set":
+        return f"--set {shlex.quote(assignment)}"
+    return f"{label} entry {assignment!r}"
+
+
+def _key_of_another_kind(path: Sequence[str | int], chosen: str | None,
+                         mapping: Mapping[str, Any] | None, fix: KindFix, label: str) -> str:
+    """`` - 'buffer_size' is a key of kind 'fedbuff', not of kind 'windows': ...`` for a key
+    that the tagged union at ``path[:-1]`` accepts only in members other than ``chosen``,
+    with the fix ``fix`` names; else ``""``."""
+    key, at = path[-1], path[:-1]
+    members = _members(at)
+    if not isinstance(key, str) or chosen not in members or key in members[chosen].model_fields:
+        return ""
+    owners = [kind for kind, model in members.items() if key in model.model_fields]
+    if not owners:
+        return ""
+    given = mapping is not None and "kind" in mapping
+    head = (f" - {key!r} is a key of {_kinds(owners)}, not of kind {chosen!r}"
+            + ("" if given else ", which a mapping without 'kind' stands for"))
+    if fix == "file" or mapping is None:
+        change = (f"change the kind to {owners[0]!r}" if len(owners) == 1
+                  else "change the kind to one of those")
+        if not given:
+            change = f"give its kind ('kind: {owners[0]}')" if len(owners) == 1 else (
+                "give one of those kinds")
+        return f"{head}: remove it, or {change}"
+    if fix == "kind":
+        whole = _whole_value(at, chosen, members[chosen], mapping, label)
+        return f"{head}, the kind {label} chose: replace the whole value, e.g. {whole}"
+    whole = _whole_value(at, owners[0], members[owners[0]], mapping, label)
+    return f"{head}: set the whole value with its kind, e.g. {whole}"
+
+
+def kinds_fitting(path: Sequence[str | int], mapping: Any) -> str:
+    """`` - its keys fit kind 'fedbuff'`` for a mapping at ``path`` that names no ``kind`` of
+    the tagged union there, where the keys it has fit some of its members but not all; else
+    ``""``."""
+    members = _members(path)
+    if not members or not isinstance(mapping, Mapping) or not mapping:
+        return ""
+    fitting = [kind for kind, model in members.items()
+               if all(key in model.model_fields for key in mapping)]
+    if not fitting or len(fitting) == len(members):
+        return ""
+    return f" - its keys fit {_kinds(fitting)} (add 'kind: {fitting[0]}')"
+
+
+def _whose(path: Sequence[str | int], key: str, chosen: str | None) -> str:
+    """`` (a key of kind 'fedbuff', not of 'windows')`` for a key suggested at ``path`` that
+    the member ``chosen`` of the tagged union there does not take, else ``""``."""
+    members = _members(path)
+    if chosen not in members or key in members[chosen].model_fields:
+        return ""
+    owners = [kind for kind, model in members.items() if key in model.model_fields]
+    return f" (a key of {_kinds(owners)}, not of {chosen!r})"
+
+
+def did_you_mean(path: Sequence[str | int], *, chosen: str | None = None,
+                 mapping: Mapping[str, Any] | None = None, fix: KindFix = "file",
+                 label: str = "--set") -> str:
     """`` - did you mean 'clip'?`` for an unknown key close to an accepted one, or where the
-    key is accepted instead, else ``""``."""
+    key is accepted instead, else ``""``.
+
+    ``chosen``: the member of the tagged union at ``path[:-1]`` that the mapping there chose
+    (its ``kind``, or the one a shorthand stands for), ``mapping`` that mapping and ``fix``
+    where the mismatch came from (``label``: what errors call an override): a key of another
+    member is said to be one, with the fix (:data:`KindFix`)."""
     key = path[-1] if path else None
     if not isinstance(key, str) or not _models_at(path[:-1]):
         return ""  # (under a free-form mapping, model.options: any key is its own)
+    other_kind = _key_of_another_kind(path, chosen, mapping, fix, label)
+    if other_kind:
+        return other_kind
     # A key accepted elsewhere, exactly, says more than a similar one here (server.batch_size:
     # a group's, not step_size); a typo is accepted nowhere.
     places = _where_accepted(key, path[:-1]) or (
         _where_accepted(key, []) if len(path) > 1 else [])  # (privacy.clip: a group's)
     close = difflib.get_close_matches(key, sorted(_keys_at(path[:-1])), n=1, cutoff=_CUTOFF)
     if close and not places:
-        return f" - did you mean {close[0]!r}?"
+        return f" - did you mean {close[0]!r}?{_whose(path[:-1], close[0], chosen)}"
     if not places:
         return ""
     children = sorted(field for field in _keys_at(path[:-1])
