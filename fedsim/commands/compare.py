@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         delta_note,
         draw_comparison,
         format_table,
+        relations_note,
         run_row,
         unique_labels,
     )
@@ -68,20 +69,22 @@ def run(args: argparse.Namespace) -> int:
     drawn = [] if args.no_plots else draw_comparison(runs, labels, Path(args.plots), ledgers,
                                                      args.delta)
     note = delta_note(runs, labels, args.delta)
+    relations = relations_note(rows)
     if args.json:
         print(json.dumps({"runs": rows, "plots": [str(p) for p in drawn],
-                          "notes": [note] if note else []}, indent=2))
+                          "notes": [n for n in (relations, note) if n]}, indent=2))
         return 0
-    for line in format_table(rows):
-        print(printable(line, limit=100_000))
-    for row in rows:
-        for warning in row["warnings"] + row["notes"]:
-            print(printable(warning, limit=100_000))
+    lines = [*format_table(rows),
+             *(line for row in rows for line in row["warnings"] + row["notes"])]
+    if relations:
+        lines.append(relations)
     deltas = sorted({row["delta"] for row in rows if row["delta"] is not None})
-    print(f"eps: each client's guarantee about its own data at delta = "
-          f"{', '.join(f'{d:g}' for d in deltas)} (pld)")
+    lines.append(f"eps: each client's guarantee about its own data at delta = "
+                 f"{', '.join(f'{d:g}' for d in deltas)} (pld)")
     if note:
-        print(printable(note, limit=100_000))
+        lines.append(note)
+    for line in lines:
+        print(printable(line, limit=100_000))
     if drawn:
         print("plots: " + ", ".join(str(p) for p in drawn))
     return 0

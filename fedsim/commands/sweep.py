@@ -216,7 +216,16 @@ def _measured(row: dict[str, Any], run: Any) -> dict[str, Any]:
     from fedsim.reporting.compare import run_row
 
     measured = run_row(run)
-    return {**row, **{k: measured[k] for k in TABLE_COLUMNS if k in measured}}
+    return {**row, **{k: measured[k] for k in (*TABLE_COLUMNS, "relations") if k in measured}}
+
+
+def _notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What the table's figures need said beside them: eps of both neighbouring relations
+    (:func:`~fedsim.reporting.compare.relations_note`, ``fedsim compare``'s note)."""
+    from fedsim.reporting.compare import relations_note
+
+    note = relations_note(rows)
+    return [note] if note else []
 
 
 NOT_RUN = "not run: the sweep was interrupted"
@@ -350,13 +359,16 @@ def run(args: argparse.Namespace) -> int:
             # the others say what their run directory holds (the workers are done with it).
             rows = [done[index] if index in done and done[index]["status"] != NOT_RUN
                     else row_on_disk(plan) for index, plan in enumerate(plans)]
-            write_table(out, rows, [p for p, _ in grid], {**meta, "interrupted": True})
+            write_table(out, rows, [p for p, _ in grid],
+                        {**meta, "interrupted": True, "notes": _notes(rows)})
             print(f"interrupted by {stopped_by}; table of the finished runs: "
                   f"{out / 'sweep.csv'}, {out / 'sweep.json'}")
         return SIGNAL_EXIT.get(stopped_by, 130)
     rows = [done[index] for index in range(len(plans))]
-    csv_path, json_path = write_table(out, rows, [p for p, _ in grid], meta)
-    for line in format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]):
+    notes = _notes(rows)
+    csv_path, json_path = write_table(out, rows, [p for p, _ in grid], {**meta, "notes": notes})
+    for line in [*format_table(rows, ["run", *[p for p, _ in grid], "seed", *TABLE_COLUMNS]),
+                 *notes]:
         print(line)
     print(f"table: {csv_path}, {json_path}")
     return 0 if all(row["status"] == "ok" for row in rows) else 1
@@ -458,10 +470,11 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
                 "delta": delta, "tuned_epsilon": totals, "tuned_epsilon_max": tuned_max,
                 "ledgers": str(tuning.TUNING_LEDGER_DIR)}}
     grid_paths = [p for p, _ in grid]
-    csv_path, json_path = write_table(out, rows, grid_paths, meta,
+    notes = _notes(rows)
+    csv_path, json_path = write_table(out, rows, grid_paths, {**meta, "notes": notes},
                                       extra=("selected", "tuned_eps_max"))
     columns = ["run", *grid_paths, "final_accuracy", "eps_max", "selected", "tuned_eps_max"]
-    for line in format_table(rows, columns):
+    for line in [*format_table(rows, columns), *notes]:
         print(line)
     chosen_run = "none" if best is None else rows[best]["run"]
     trial_max = max((r["eps_max"] for r in rows if isinstance(r.get("eps_max"), float)),

@@ -5,7 +5,8 @@ epsilon at the scenario's delta (min / median / max, from the ledgers under pld,
 ``summary.json`` reports it, with a warning where that file disagrees or a ledger or its mark
 is missing), virtual time, windows, and the clients' stop reasons grouped by
 kind (:func:`~fedsim.reporting.stops.stop_counts`). :func:`draw_comparison` overlays the runs'
-accuracy curves and epsilon curves.
+accuracy curves and epsilon curves. :func:`relations_note` is what both tables say under eps
+columns that hold add/remove and replace-one clients.
 
 Epsilon curves are drawn per neighbouring relation (Poisson sampling is add/remove,
 fixed-size batches replace-one: the numbers measure different things and are never drawn on
@@ -17,7 +18,7 @@ ledgers per run, so comparing runs of hundreds of clients stays quick).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     the run's, if read already). Its eps are at ``delta`` (default: the run's own, its
     scenario's), computed from its ledgers."""
     from fedsim.privacy.accountant import make_accountant
+    from fedsim.privacy.events import by_relation
     from fedsim.reporting.epsilon_history import EpsilonCache, final_epsilons
 
     summary = run.summary
@@ -96,10 +98,6 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     if isinstance(differences, list) and differences:
         notes.append(f"note: {run.path.name}: a deployed run; what it did not do as a "
                      f"simulation does is in its summary.json deployed_differences")
-    if len({ledger.sampling for ledger in read}) > 1:  # (a stranger: one spread over both)
-        notes.append(f"note: {run.path.name}: its eps columns span add/remove and "
-                     f"replace-one clients, guarantees about different neighbours (the "
-                     f"epsilon plot has a panel for each)")
     epsilons = from_ledgers or sorted(
         e for row in run.clients if (e := finite_number(row.get("epsilon"))) is not None)
     computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
@@ -127,6 +125,8 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         "windows": summary.get("windows", len(run.metrics)),
         "ended": _ended(run),
         "stops": dict(sorted(stops.items())),
+        # the neighbouring relations of its clients' eps (relations_note: a table's note)
+        "relations": list(by_relation((ledger.sampling, ledger) for ledger in read)),
         "warnings": warnings,
         "notes": notes,
     }
@@ -157,6 +157,38 @@ def delta_note(runs: Sequence[RunDirectory], labels: Sequence[str],
     return (f"note: the runs state eps at different deltas ({each}): the same mechanism reads "
             f"a smaller eps at a larger delta, so these eps are not comparable as numbers; "
             f"--delta D states every run's at one delta (from its ledgers)")
+
+
+_NAMED_RUNS = 5
+"""How many runs a note names before it counts the rest."""
+
+
+def _named(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_NAMED_RUNS])
+    return shown + (f" and {len(names) - _NAMED_RUNS} more" if len(names) > _NAMED_RUNS else "")
+
+
+def relations_note(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """What to say under a table of runs (``fedsim compare``'s, ``fedsim sweep``'s: their
+    rows from :func:`run_row`, ``run`` and ``relations``) whose eps columns hold clients of
+    both neighbouring relations, in one run or across runs: add/remove (Poisson sampling)
+    and replace-one (fixed-size) eps are guarantees about different neighbours, not comparable
+    numbers (a stranger read one spread over both). None where every eps is of one relation."""
+    runs = [(str(row.get("run")), list(held)) for row in rows if (held := row.get("relations"))]
+    relations = sorted({relation for _, held in runs for relation in held})
+    if len(relations) < 2:
+        return None
+    both = " and ".join(relations)
+    why = ("guarantees about different neighbours, not comparable as numbers (fedsim report "
+           "DIR and the epsilon plots keep the relations apart)")
+    spanning = [name for name, held in runs if len(held) > 1]
+    if len(spanning) == len(runs):
+        whose = f"{spanning[0]}: its" if len(runs) == 1 else "every run's"
+        return f"note: {whose} eps columns span {both} clients, {why}"
+    held_by = [(f"{relation} only", [name for name, held in runs if held == [relation]])
+               for relation in relations] + [("both", spanning)]
+    where = "; ".join(f"{what}: {_named(names)}" for what, names in held_by if names)
+    return f"note: the eps columns hold {both} clients ({where}), {why}"
 
 
 def _ended(run: RunDirectory) -> str | None:

@@ -52,7 +52,15 @@ def test_sweep_runs_every_combination_and_jobs_do_not_change_results(
                  "--out", str(serial), "--no-plots"]) == 0
     strip = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in _rows(serial / "sweep.csv")]
     assert strip == [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]
-    assert "table:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "table:" in out
+    # Its clients are Poisson and fixed-size: the table says so, with compare's own note.
+    note = ("note: every run's eps columns span add/remove and replace-one clients, guarantees "
+            "about different neighbours")
+    assert table["notes"] and table["notes"][0].startswith(note)
+    assert out.splitlines()[-2] == table["notes"][0]
+    assert main(["compare", *(str(serial / r["run"]) for r in rows), "--no-plots"]) == 0
+    assert table["notes"][0] in capsys.readouterr().out.splitlines()
 
 
 def test_sweep_refuses_before_running(tiny_scenario: Path, tmp_path: Path,

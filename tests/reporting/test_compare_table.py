@@ -71,3 +71,26 @@ def test_compare_notes_a_runs_caveats_and_that_it_was_deployed(
                         "than their slot")
     assert notes[1].startswith(f"note: {name}: a deployed run;")
     assert run_row(RunDirectory.load(small_run.path))["notes"] == []
+
+
+def test_the_relations_note_is_one_rule_for_every_table(small_run: SyntheticRun) -> None:
+    """eps of add/remove and replace-one clients in one table (fedsim compare's, fedsim
+    sweep's): a new user's sweep table mixed them with no word, where compare said so."""
+    from fedsim.reporting.compare import relations_note, run_row
+
+    assert run_row(RunDirectory.load(small_run.path))["relations"] == ["add/remove"]
+    why = ("guarantees about different neighbours, not comparable as numbers (fedsim report "
+           "DIR and the epsilon plots keep the relations apart)")
+    both = ["add/remove", "replace-one"]
+    assert relations_note([{"run": "a", "relations": ["add/remove"]}]) is None
+    assert relations_note([{"run": "a", "relations": both}]) == (
+        f"note: a: its eps columns span add/remove and replace-one clients, {why}")
+    assert relations_note([{"run": "a", "relations": both}, {"run": "b", "relations": both},
+                           {"run": "failed"}]) == (
+        f"note: every run's eps columns span add/remove and replace-one clients, {why}")
+    # across runs: each of one relation, or some of both (a sweep over sampling)
+    runs = [{"run": f"p{i}", "relations": ["add/remove"]} for i in range(7)] + [
+        {"run": "f", "relations": ["replace-one"]}, {"run": "m", "relations": both}]
+    assert relations_note(runs) == (
+        "note: the eps columns hold add/remove and replace-one clients (add/remove only: p0, "
+        f"p1, p2, p3, p4 and 2 more; replace-one only: f; both: m), {why}")

@@ -98,5 +98,5 @@ def test_report_keeps_the_relations_apart(tmp_path: Path,
     capsys.readouterr()
     shutil.copytree(out, out.with_name("other"))
     assert main(["compare", str(out), str(out.with_name("other")), "--no-plots"]) == 0
-    assert "note: run: its eps columns span add/remove and replace-one clients" in (
+    assert "note: every run's eps columns span add/remove and replace-one clients" in (
         capsys.readouterr().out)
