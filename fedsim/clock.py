@@ -8,6 +8,8 @@ take time from a :class:`Clock`.
 * Virtual time (simulation) is provided by :mod:`fedsim.runtime.simulated.kernel`, whose event loop
   advances a virtual clock to the next scheduled timer whenever no task can run, so a run is a
   deterministic function of its seed.
+
+And how a time is written for people: :func:`seconds_text`, the one rule of every output.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from typing import Protocol, runtime_checkable
 
 from fedsim.errors import ConfigError
 
-__all__ = ["Clock", "ScaledClock", "WallClock"]
+__all__ = ["Clock", "ScaledClock", "WallClock", "seconds_text"]
+
+
+def seconds_text(seconds: float) -> str:
+    """A time in seconds as every output writes it (the unit is the caller's): two decimals,
+    whatever its size, so times side by side read alike (``85.28`` beside ``262.89``, where
+    significant digits gave ``85.2838`` beside ``262.888``; a window end of 0.25 s exact).
+    For the times a run measured: a scenario's own settings (``stop.virtual_seconds: 30``)
+    are echoed as written."""
+    return f"{seconds:.2f}"
 
 
 @runtime_checkable

@@ -128,9 +128,12 @@ def run(args: argparse.Namespace) -> int:
         from fedsim.reporting.plots import draw_all
 
         draw_all(out)
+    from fedsim.clock import seconds_text
+
     accuracy = summary["final_accuracy"]
     print(
-        f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} scenario s, "
+        f"{out}: {summary['windows']} windows, {seconds_text(summary['virtual_time'])} "
+        f"scenario s, "
         f"final accuracy {'n/a' if accuracy is None else f'{accuracy:.4f}'}, "
         f"{len(launcher.client_ids)} client processes"
         + (f", {len(launcher.aggregator_ids)} aggregators" if launcher.aggregator_ids else "")

@@ -35,6 +35,7 @@ import numpy as np
 from scipy import stats
 
 from fedsim.errors import ConfigError
+from fedsim.privacy.epsilon_text import epsilon_text
 from fedsim.privacy.events import GaussianStep, TunedSelection
 from fedsim.privacy.tuning import PoissonTrials, TrialDistribution, TruncatedNegativeBinomial
 
@@ -228,7 +229,7 @@ def _tuning_block(release: bool, selected: str | None, totals: dict[str, float],
     values = sorted(totals.values())
     tuned_max = values[-1] if values else None
     note = (f"The release of a private hyperparameter tuning: its privacy is the tuned eps "
-            f"(rdp, max {tuned_max:.4g} at delta {delta:g}; per client: clients.csv "
+            f"(rdp, max {epsilon_text(values[-1])} at delta {delta:g}; per client: clients.csv "
             f"tuned_epsilon, the sweep's tuning ledgers {ledgers}), which covers every trial "
             f"and the selection. privacy.epsilon_min/median/max and clients.csv's epsilon are "
             f"this trial's own and understate the release's privacy" if values else

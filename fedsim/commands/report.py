@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from fedsim.clock import seconds_text
 from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory, TuningRole
@@ -76,7 +77,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     lines = [
         f"run {run.path}: scenario {run.scenario_name}, seed {summary.get('seed', '?')}, "
         f"{summary.get('windows', len(run.metrics))} windows, "
-        f"{run.virtual_time:.1f} s {run.time_name}, updates {_updates(summary.get('updates'))}"
+        f"{seconds_text(run.virtual_time)} s {run.time_name}, updates {_updates(summary.get('updates'))}"
     ]
     final = finite_number(summary.get("final_accuracy"))
     best = finite_number(summary.get("best_accuracy"))

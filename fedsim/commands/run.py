@@ -207,11 +207,9 @@ def interrupted_exit(out: Path) -> int:
 def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any,
               built_in: float) -> int:
     """Log the stops' summary, draw the plots and print the run's answer."""
+    from fedsim.clock import seconds_text
+    from fedsim.privacy.epsilon_text import epsilon_range
     from fedsim.reporting.stops import log_stops
-    from fedsim.reporting.values import epsilon_text
-
-    def eps(value: float | None) -> str:
-        return "n/a" if value is None else epsilon_text(value)
 
     summary = result.summary
     log_stops(summary["stopped"])
@@ -227,12 +225,14 @@ def _finished(args: argparse.Namespace, out: Path, result: Any, log: Any,
     privacy = summary["privacy"]
     # One range a neighbouring relation: their guarantees are not to be compared
     relations = privacy.get("by_relation") or {"": privacy}
-    ranges = ", ".join(f"{(relation + ' ') if relation else ''}{eps(r['epsilon_min'])}.."
-                       f"{eps(r['epsilon_max'])}" for relation, r in relations.items())
-    print(f"{out}: {summary['windows']} windows, {summary['virtual_time']:.1f} virtual s, "
-          f"final accuracy {accuracy if accuracy is None else f'{accuracy:.4f}'}, "
+    ranges = ", ".join(
+        f"{(relation + ' ') if relation else ''}"
+        + ("n/a" if r["epsilon_min"] is None else epsilon_range(r["epsilon_min"], r["epsilon_max"]))
+        for relation, r in relations.items())
+    print(f"{out}: {summary['windows']} windows, {seconds_text(summary['virtual_time'])} virtual "
+          f"s, final accuracy {accuracy if accuracy is None else f'{accuracy:.4f}'}, "
           f"eps (delta={privacy['delta']:g}) {ranges}, "
-          f"{result.wall_seconds:.1f} wall s (after {built_in:.1f} s to build the "
-          f"population: data, models, privacy calibration)")
+          f"{seconds_text(result.wall_seconds)} wall s (after {seconds_text(built_in)} s to "
+          f"build the population: data, models, privacy calibration)")
     print(summary["explanation"])
     return 0

@@ -92,6 +92,7 @@ from fedsim.privacy.budget import (
     Budget,
     within,
 )
+from fedsim.privacy.epsilon_text import epsilon_text
 from fedsim.privacy.events import (
     SAMPLING_SCHEMES,
     GaussianStep,
@@ -455,7 +456,7 @@ class PrivacyLedger:
             raise BudgetExhausted(
                 f"client {self._client_id}: releasing {len(steps)} more step(s) would exceed "
                 f"eps={budget.epsilon:g} at delta={budget.delta:g} "
-                f"(spent {self.epsilon():.4g})")
+                f"(spent {epsilon_text(self.epsilon())})")
         # The steps wait to be composed until the accountant is next read (or a batch is
         # due): a round that the allowance answers reads nothing, and steps of one kind
         # composed together cost one update of the accountant's state, the same state step
@@ -494,7 +495,7 @@ class PrivacyLedger:
             raise BudgetExhausted(
                 f"client {self._client_id}: the tuned selection would exceed "
                 f"eps={self._budget.epsilon:g} at delta={self._budget.delta:g} "
-                f"(spent {self.epsilon():.4g})")
+                f"(spent {epsilon_text(self.epsilon())})")
         # ``trial`` holds every step (``held`` composed the waiting ones) and the selection
         affordability = self._affordability
         self._append([LedgerRecord(float(time), round, selection)], accountant=trial,

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedsim.clock import seconds_text
 from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
@@ -47,7 +48,8 @@ def _tuning_note(run: RunDirectory) -> list[str]:
                 f"it must not be published"]
     tuned = tuning.tuned_max
     return [f"note: {run.path.name}: a private tuning's release: its privacy is the tuned eps "
-            f"(max {'?' if tuned is None else f'{tuned:.4g}'}, summary.json private_tuning), "
+            f"(max {'?' if tuned is None else epsilon_text(tuned)}, summary.json "
+            f"private_tuning), "
             f"not its eps columns (this trial alone)"]
 
 
@@ -221,7 +223,7 @@ def _cell(value: Any, key: str) -> str:
     if key.startswith("eps_") or key.endswith("_eps_max"):  # (tuned_eps_max: a sweep's)
         return epsilon_text(value)
     if key == "virtual_time":
-        return f"{value:.1f}"
+        return seconds_text(value)
     return str(value)
 
 

@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from fedsim.privacy.epsilon_text import epsilon_text
 from fedsim.reporting.rundir import RunDirectory
 
 DPI = 100
@@ -157,7 +158,7 @@ def tuning_note(run: RunDirectory) -> str:
         return ""
     if not tuning.release:
         return " - NOT A RELEASE: a private tuning's trial, not to be published"
-    said = "" if tuning.tuned_max is None else f", max {tuning.tuned_max:.4g}"
+    said = "" if tuning.tuned_max is None else f", max {epsilon_text(tuning.tuned_max)}"
     return (f" - the release of a private tuning: its privacy is the tuned eps{said} "
             f"(summary.json), above these curves")
 

@@ -5,8 +5,8 @@ A run directory may come from elsewhere (a colleague's, a container's), so a num
 boolean, an integer of hundreds of digits, NaN; a string may carry terminal escapes. A report
 says "unknown" for those rather than crash or print them.
 
-Also how a report prints an epsilon (:func:`epsilon_text`, :func:`spread`), one rule for the
-tables and the sentences.
+Also how a report prints an epsilon (:func:`epsilon_text`, defined with every output's rule in
+:mod:`fedsim.privacy.epsilon_text`; :func:`spread`), one rule for the tables and the sentences.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import math
 import statistics
 from collections.abc import Iterable
 from typing import Any
+
+from fedsim.privacy.epsilon_text import epsilon_text
 
 __all__ = ["count", "epsilon_text", "finite_number", "printable", "relative_gap", "spread"]
 
@@ -49,12 +51,6 @@ def printable(value: Any, limit: int = 500) -> str:
     if not isinstance(value, str):
         return ""
     return "".join(c if c.isprintable() else "?" for c in value[:limit])
-
-
-def epsilon_text(value: float) -> str:
-    """An epsilon to four significant digits with its trailing zeros (``3.000``, not ``3``,
-    beside ``2.995``: a bare ``3`` reads as a rounder number than it is)."""
-    return f"{value:#.4g}"
 
 
 def spread(values: Iterable[float]) -> str:

@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any
 
 from fedsim.atomic import holds_for_a_block
+from fedsim.clock import seconds_text
 from fedsim.runtime.actors.stops import RunStop, RunStopKind
 from fedsim.runtime.run_outputs import write_run_outputs
 
@@ -133,7 +134,7 @@ class _Version:
 
 def interrupted_reason(name: str, windows: int, time: float, time_kind: str) -> str:
     """The stop reason of a run that ``name`` interrupted after ``windows`` windows."""
-    return f"it was interrupted by {name} after window {windows} ({time_kind} time {time:.6g} s)"
+    return f"it was interrupted by {name} after window {windows} ({time_kind} time {seconds_text(time)} s)"
 
 
 def write_interrupted_outputs(sim: Any, wall_seconds: float) -> dict[str, Any]:

@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from fedsim.atomic import read_regular, write_atomically
+from fedsim.clock import seconds_text
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
+from fedsim.privacy.epsilon_text import epsilon_range
 from fedsim.privacy.events import GaussianStep, by_relation, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
@@ -463,7 +465,7 @@ def _resumed(record: RunRecord) -> list[str]:
 
 def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
     parts = [
-        f"The run stopped at {record.time_kind} time {record.virtual_time:.6g} s after "
+        f"The run stopped at {record.time_kind} time {seconds_text(record.virtual_time)} s after "
         f"{len(record.metrics)} server windows"
         + (f" because {record.stop_reason.text}." if record.stop_reason else ".")
     ]
@@ -478,9 +480,9 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
         span = ""
         if times:
             span = (
-                f"between {min(times):.6g} s and {max(times):.6g} s"
+                f"between {seconds_text(min(times))} s and {seconds_text(max(times))} s"
                 if len(set(times)) > 1
-                else f"at {times[0]:.6g} s"
+                else f"at {seconds_text(times[0])} s"
             )
         parts.append(f"{len(entries)} client(s) stopped {span} because {kind} ({names}).")
     if record.time_kind == "scenario" and record.stopped:
@@ -492,11 +494,12 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
     if epsilons:
         budgeted = sum(r["budget_epsilon"] is not None for r in rows)
         relations = epsilon_by_relation(rows)
-        ranges = "; ".join(f"{relation} clients {r['epsilon_min']:.4g} to "
-                           f"{r['epsilon_max']:.4g}" for relation, r in relations.items())
+        ranges = "; ".join(f"{relation} clients {epsilon_range(r['epsilon_min'], r['epsilon_max'])}"
+                           for relation, r in relations.items())
         parts.append(
             f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) "
-            + (f"ranges from {min(epsilons):.4g} to {max(epsilons):.4g}." if len(relations) == 1
+            + (f"ranges from {epsilon_range(min(epsilons), max(epsilons))}."
+               if len(relations) == 1
                else f"by neighbouring relation, guarantees about different neighbours that are "
                     f"not to be compared: {ranges}.")
             + (f" None of the {budgeted} client(s) with a budget exceeded it: every release was "

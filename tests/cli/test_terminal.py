@@ -202,7 +202,7 @@ def test_interrupted_run_writes_a_partial_summary_that_report_reads(
     assert summary["windows"] == len(lines) >= 20
     assert summary["virtual_time"] == lines[-1]["time"]
     assert summary["stop_reason"] == (f"it was interrupted by {name} after window {len(lines)} "
-                                      f"(virtual time {lines[-1]['time']:.6g} s)")
+                                      f"(virtual time {lines[-1]['time']:.2f} s)")
     # Every client's eps in clients.csv comes from its ledger, as in a finished run.
     assert main(["report", str(out)]) == 0
     report = capsys.readouterr().out

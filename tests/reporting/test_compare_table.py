@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from fedsim.privacy.accountant import make_accountant
 from fedsim.privacy.events import GaussianStep, group_steps
@@ -94,3 +95,22 @@ def test_the_relations_note_is_one_rule_for_every_table(small_run: SyntheticRun)
     assert relations_note(runs) == (
         "note: the eps columns hold add/remove and replace-one clients (add/remove only: p0, "
         f"p1, p2, p3, p4 and 2 more; replace-one only: f; both: m), {why}")
+
+
+def test_seconds_and_eps_ranges_are_written_by_one_rule(
+        small_run: SyntheticRun, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user read "59.1738 s" beside "262.888 s" and a headline's "0.4790..1.997" beside
+    its explanation's "0.479 to 1.997": every output writes seconds with two decimals and an
+    eps range as four significant digits "a to b"."""
+    from fedsim.cli import main
+    from fedsim.clock import seconds_text
+    from fedsim.privacy.epsilon_text import epsilon_range
+
+    assert [seconds_text(t) for t in (59.1738, 262.888, 0.25)] == ["59.17", "262.89", "0.25"]
+    assert epsilon_range(0.479, 1.997) == "0.4790 to 1.997"
+    _, _, *cells = format_table([{"virtual_time": 59.1738}, {"virtual_time": 262.888}],
+                                columns=("virtual_time",))
+    assert [cell.strip() for cell in cells] == ["59.17", "262.89"]
+    assert main(["report", str(small_run.path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f", {small_run.duration:.2f} s virtual time, " in first, first

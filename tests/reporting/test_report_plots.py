@@ -248,7 +248,7 @@ def test_report_groups_stop_reasons_by_kind(small_run: SyntheticRun,
     csv_path = run.path / "clients.csv"
     with csv_path.open(encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    stops = [("round 237 would exceed its privacy budget", "budget"),
+    stops = [("its next round (round 237, counted from 0) would exceed its privacy budget", "budget"),
              ("finished its 12 rounds", "done"),
              ("crashed and did not rejoin", "crashed"),
              ("the server finished the run at version 9 (no budget left to anyone)",

@@ -39,7 +39,8 @@ def test_a_servers_directory_reads_as_its_view_and_survives_garbage_statuses(
         "phone-000": "not a status",
         "phone-001": {"state": 5, "rounds": "many", "epsilon": "NaN", "sent_at": None},
         "phone-002": {"state": "budget_exhausted", "rounds": 40, "epsilon": 1.5,
-                      "detail": "round 40 would exceed its privacy budget", "sent_at": 0.9},
+                      "detail": "its next round (round 40, counted from 0) would exceed its "
+                                "privacy budget", "sent_at": 0.9},
         "laptop-000": {"state": "done", "rounds": -3, "epsilon": float("inf")},
         "someone-else": {"state": "done"},  # not a client of the scenario: not a row
     }
@@ -59,7 +60,7 @@ def test_a_servers_directory_reads_as_its_view_and_survives_garbage_statuses(
     assert view.summary["windows"] == 2 and view.summary["final_accuracy"] == 0.7
     assert main(["report", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "2 windows, 1.0 s scenario time" in out and "final 0.7000" in out
+    assert "2 windows, 1.00 s scenario time" in out and "final 0.7000" in out
     assert "deployed server's output directory" in out and "cannot verify" in out
     assert "clients.csv" not in out  # there is none; the explanation says where ledgers are
 

@@ -437,7 +437,7 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
         stop, active_clients=2) == RunStop(RunStopKind.WINDOWS, "it reached 10 windows")
     assert WindowReport(window=6, time=6.0, version=6).stop_reason(
         stop, active_clients=2, seconds="scenario") == RunStop(RunStopKind.DURATION,
-        "window 6 ended at 6 scenario seconds, the first window end at or after its limit of 5 s")
+        "window 6 ended at 6.00 scenario seconds, the first window end at or after its limit of 5 s")
     assert WindowReport(window=3, time=2.0, version=3, accuracy=0.95).stop_reason(
         stop, active_clients=2) == RunStop(RunStopKind.TARGET_ACCURACY,
                                            "it reached the target accuracy 0.9")

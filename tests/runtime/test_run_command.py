@@ -52,17 +52,22 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     captured = capsys.readouterr()
     assert "final accuracy" in captured.out
     # eps with four significant digits, trailing zeros kept ("2.5..3" beside a budget of 3
-    # read as spent to the budget)
+    # read as spent to the budget), its range written as the explanation writes it (the
+    # headline's "0.4790..1.997" beside its "0.479 to 1.997": a new user)
     low, high = summary["privacy"]["epsilon_min"], summary["privacy"]["epsilon_max"]
-    assert f"eps (delta=1e-05) {low:#.4g}..{high:#.4g}, " in captured.out
+    assert f"eps (delta=1e-05) {low:#.4g} to {high:#.4g}, " in captured.out
+    assert f"ranges from {low:#.4g} to {high:#.4g}." in summary["explanation"]
+    # seconds to two decimals wherever they are written (the headline's and the explanation's)
+    assert f"{summary['virtual_time']:.2f} virtual s, " in captured.out
+    assert f"virtual time {summary['virtual_time']:.2f} s after" in summary["explanation"]
     # The set-up is said, not hidden behind the run's wall seconds (a stranger waited 31 s
     # for a run that said 3.5): printed and logged with its seconds.
-    built = re.search(r"wall s \(after (\d+\.\d) s to build the population", captured.out)
+    built = re.search(r"wall s \(after (\d+\.\d\d) s to build the population", captured.out)
     assert built is not None, captured.out
     logged = [json.loads(line) for line in captured.err.splitlines() if line.startswith("{")]
     [event] = [e for e in logged if e["event"] == "population built"]
     assert event["clients"] == 2 and float(built.group(1)) == pytest.approx(event["seconds"],
-                                                                            abs=0.051)
+                                                                            abs=0.0051)
     # A run directory is never reused: its ledgers would keep spending.
     assert main(["run", str(scenario), "--out", str(out), "--no-plots"]) == 2
     err = capsys.readouterr().err

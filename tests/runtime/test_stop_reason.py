@@ -52,7 +52,7 @@ def test_run_ends_with_the_first_window_end_at_or_after_the_limit(
         assert summary["stop_reason"] == f"it reached its limit of {seconds:g} virtual seconds"
     else:
         assert summary["stop_reason"] == (
-            f"window {expected_windows} ended at {end:.6g} virtual seconds, the first window end "
+            f"window {expected_windows} ended at {end:.2f} virtual seconds, the first window end "
             f"at or after its limit of {seconds:g} s")
     assert f"because {summary['stop_reason']}" in summary["explanation"]
 
@@ -70,11 +70,11 @@ def test_duration_stop_tolerates_float_rounding_only() -> None:
     # 27.28) says so: the run's stop time is the close, not the end the reason names.
     behind = WindowReport(window=30, time=37.5, version=30, end=30.0)
     assert behind.stop_reason(stop, active_clients=1, seconds="scenario") == RunStop(
-        RunStopKind.DURATION, "it reached its limit of 30 scenario seconds (closed at 37.5 "
+        RunStopKind.DURATION, "it reached its limit of 30 scenario seconds (closed at 37.50 "
         "scenario seconds: the server ran behind its windows)")
     past = WindowReport(window=31, time=40.0, version=31, end=31.0)
     assert past.stop_reason(stop, active_clients=1, seconds="scenario") == RunStop(
-        RunStopKind.DURATION, "window 31 ended at 31 scenario seconds (closed at 40 scenario "
+        RunStopKind.DURATION, "window 31 ended at 31.00 scenario seconds (closed at 40.00 scenario "
         "seconds: the server ran behind its windows), the first window end at or after its "
         "limit of 30 s")
     early = WindowReport(window=29, time=30.2, version=29, end=29.0)
@@ -117,7 +117,7 @@ def test_budget_and_round_stops_carry_their_kind_into_the_outputs(tmp_path: Path
     data["stop"] = {"all_budgets_spent": True, "virtual_seconds": 200.0}
     data["clients"]["groups"] = [
         {"name": "b", "count": 1, "data_share": 0.5, "batch_size": 10, "clip": 1.0,
-         "noise": 0.6, "speed": 0.01, "budget": {"epsilon": 1.0, "delta": 1e-5}},
+         "noise": 2.0, "speed": 0.01, "budget": {"epsilon": 1.0, "delta": 1e-5}},
         {"name": "r", "count": 1, "data_share": 0.5, "batch_size": 10, "clip": 1.0,
          "noise": 1.0, "speed": 0.01, "rounds": 3},
     ]
@@ -138,6 +138,12 @@ def test_budget_and_round_stops_carry_their_kind_into_the_outputs(tmp_path: Path
     with open(tmp_path / "run" / "clients.csv", encoding="utf-8") as handle:
         rows = {r["client_id"]: r for r in csv.DictReader(handle)}
     assert rows[budget_id]["stop_kind"] == "budget" and rows[rounds_id]["stop_kind"] == "done"
+    # Round indices count from 0: "round 272 would exceed its privacy budget" beside
+    # rounds=272 read as off by one (a new user); the text says which round it is.
+    rounds = int(rows[budget_id]["rounds"])
+    assert rounds > 0
+    assert rows[budget_id]["stop_reason"] == kinds[budget_id][1] == (
+        f"its next round (round {rounds}, counted from 0) would exceed its privacy budget")
     assert "exceeded their privacy budget" in summary["explanation"]
     assert "finished their configured rounds" in summary["explanation"]
 
@@ -157,7 +163,7 @@ def test_a_deployed_runs_text_says_whose_clock_a_clients_stop_is_on(
         stop_reason=None, final_version=1, network={}, wall_seconds=1.0, cpu_seconds=1.0,
         time_kind=time_kind)
     text = _explain(record, [], [])
-    assert "at 825.6 s" in text
+    assert "at 825.60 s" in text
     assert (DEPLOYED_CLOCKS in text) == (time_kind == "scenario")
 
 

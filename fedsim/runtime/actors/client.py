@@ -98,7 +98,7 @@ from fedsim.runtime.actors.flag import Flag
 from fedsim.runtime.actors.integrity import bad_model
 from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.round_timing import BegunRound, RoundTiming
-from fedsim.runtime.actors.stops import ClientStopKind
+from fedsim.runtime.actors.stops import ClientStopKind, budget_stop_reason
 from fedsim.runtime.actors.tasks import helper_tasks
 from fedsim.training.local_step import apply_local_step
 from fedsim.transports.base import Endpoint
@@ -445,7 +445,7 @@ class ClientActor:
             planned = self.trainer.planned_steps(round_index)
             if not self.ledger.can_spend(planned):
                 await self._stop("budget_exhausted", ClientStopKind.BUDGET,
-                                 f"round {round_index} would exceed its privacy budget")
+                                 budget_stop_reason(round_index))
                 return
             self.state = "training"
             assert self.w is not None
@@ -476,7 +476,8 @@ class ClientActor:
             try:
                 self.ledger.spend(result.steps, time=self.clock.now(), round=round_index)
             except BudgetExhausted as exc:
-                await self._stop("budget_exhausted", ClientStopKind.BUDGET, str(exc))
+                await self._stop("budget_exhausted", ClientStopKind.BUDGET,
+                                 budget_stop_reason(round_index, str(exc)))
                 return
             self.next_round = round_index + 1
             self.releases.add(RoundRecord(round_index, self.clock.now(), base_version,

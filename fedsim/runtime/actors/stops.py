@@ -2,8 +2,9 @@
 
 The kind is what programs count and compare (``summary.json``'s ``stop_kind`` and each stopped
 client's ``kind``, ``clients.csv``'s ``stop_kind``, the report's and the comparison's tallies);
-the text is what people read, and may name numbers (``round 498 would exceed its privacy
-budget``). Nothing parses the text back into a kind. The enums are ``str`` enums, so a kind
+the text is what people read, and may name numbers (:func:`budget_stop_reason`: ``its next
+round (round 498, counted from 0) would exceed its privacy budget``). Nothing parses the text
+back into a kind. The enums are ``str`` enums, so a kind
 is written to JSON and CSV as its value.
 """
 
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["ClientStopKind", "RunStop", "RunStopKind", "client_stop_phrase", "finished_stop_kind",
-           "stop_fields"]
+__all__ = ["ClientStopKind", "RunStop", "RunStopKind", "budget_stop_reason", "client_stop_phrase",
+           "finished_stop_kind", "stop_fields"]
 
 
 class ClientStopKind(StrEnum):
@@ -37,6 +38,15 @@ _CLIENT_PHRASES = {
     ClientStopKind.SERVER_FINISHED: "the server finished the run",
     ClientStopKind.CRASHED: "they crashed and did not rejoin",
 }
+
+
+def budget_stop_reason(round_index: int, detail: str = "") -> str:
+    """A client's stop text when round ``round_index`` (its next) would exceed its budget
+    (``detail``: the ledger's refusal, where the ledger refused it). Round indices count
+    from 0: "round 272 would exceed its privacy budget" beside ``clients.csv``'s
+    ``rounds=272`` (its rounds released) read as a round off by one (a new user)."""
+    return (f"its next round (round {round_index}, counted from 0) would exceed its privacy "
+            f"budget" + (f" ({detail})" if detail else ""))
 
 
 def client_stop_phrase(kind: ClientStopKind | str) -> str:

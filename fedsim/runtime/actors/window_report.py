@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fedsim.clock import seconds_text
 from fedsim.config.schema import Stop
 from fedsim.logging import get_logger
 from fedsim.runtime.actors.stops import RunStop, RunStopKind
@@ -142,9 +143,9 @@ def duration_stop(limit: float, window: int, end: float, seconds: str = "virtual
         return ""
     late = ""
     if closed is not None and closed > end + max(tolerance, 0.01 * abs(end)):
-        late = (f" (closed at {closed:.6g} {seconds} seconds: the server ran behind its "
-                f"windows)")
+        late = (f" (closed at {seconds_text(closed)} {seconds} seconds: the server ran behind "
+                f"its windows)")
     if end <= limit + tolerance:
         return f"it reached its limit of {limit:g} {seconds} seconds{late}"
-    return (f"window {window} ended at {end:.6g} {seconds} seconds{late}, the first window end "
-            f"at or after its limit of {limit:g} s")
+    return (f"window {window} ended at {seconds_text(end)} {seconds} seconds{late}, the first "
+            f"window end at or after its limit of {limit:g} s")
