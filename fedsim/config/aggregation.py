@@ -6,9 +6,10 @@ A separate module of :mod:`fedsim.config.schema` (which imports these models int
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "Aggregation",
@@ -27,6 +28,25 @@ __all__ = [
 
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def refuse_other_kinds_keys(section: BaseModel, kind: str,
+                            keys_of: Mapping[str, frozenset[str]]) -> None:
+    """Refuse a key written in a section with one ``kind`` field whose chosen ``kind`` does not
+    read it (``keys_of``: each kind's keys): ``{kind: sgd, beta2: 0.9}`` ran as plain SGD, the
+    key accepted and ignored, where a tagged union's other kinds' keys are refused. A key at
+    its default is let be: it changes nothing whatever the kind, and a resolved scenario
+    (``scenario.resolved.yaml``) writes every key."""
+    fields = type(section).model_fields
+    unread = sorted(key for key in section.model_fields_set - {"kind"} - keys_of[kind]
+                    if getattr(section, key) != fields[key].default)
+    if not unread:
+        return
+    readers = {key: [k for k, keys in keys_of.items() if key in keys] for key in unread}
+    said = "; ".join(f"{key!r} is read by kind {' or '.join(map(repr, owners))}"
+                     for key, owners in readers.items())
+    raise ValueError(f"kind {kind!r} does not read {', '.join(map(repr, unread))} ({said}): "
+                     f"remove it, or change the kind")
 
 
 class WindowsAggregation(_Strict):
@@ -67,6 +87,13 @@ class StalenessWeighting(_Strict):
     b: float = Field(default=4.0, ge=0.0, allow_inf_nan=False,
                      description="Hinge: staleness (versions) up to which S = 1.")
 
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> Self:
+        refuse_other_kinds_keys(self, self.kind, {"constant": frozenset(),
+                                                  "polynomial": frozenset({"a"}),
+                                                  "hinge": frozenset({"a", "b"})})
+        return self
+
 
 class ServerOptimizerConfig(_Strict):
     """How the pseudo-gradient moves the model, at the ``step_size`` of the window (Reddi et al.,
@@ -82,6 +109,14 @@ class ServerOptimizerConfig(_Strict):
     tau: float = Field(default=1e-3, gt=0.0, allow_inf_nan=False,
                        description="Adam, yogi: adaptivity (v starts at tau^2).")
 
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> Self:
+        adaptive = frozenset({"beta1", "beta2", "tau"})
+        refuse_other_kinds_keys(self, self.kind, {"sgd": frozenset(),
+                                                  "momentum": frozenset({"beta1"}),
+                                                  "adam": adaptive, "yogi": adaptive})
+        return self
+
 
 class LocalStepSequence(_Strict):
     """A client's a-priori agreed round step sizes eta(r) from its ``local_lr`` (van Dijk & Nguyen):
@@ -96,6 +131,13 @@ class LocalStepSequence(_Strict):
                           description="Exponential: per-round factor.")
     minimum: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
                            description="The exponential sequence's floor.")
+
+    @model_validator(mode="after")
+    def _keys_of_its_kind(self) -> Self:
+        refuse_other_kinds_keys(self, self.kind, {
+            "constant": frozenset(), "inverse_time": frozenset({"decay", "power"}),
+            "exponential": frozenset({"factor", "minimum"})})
+        return self
 
 
 ADAPTIVE_CLIP_CEILING = 10.0

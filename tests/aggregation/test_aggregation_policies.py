@@ -97,8 +97,8 @@ def test_server_optimizers_match_reddi_et_al(kind: str) -> None:
     want = _reddi(kind, x0, directions, 0.1, 0.8 if kind == "momentum" else 0.9, 0.99, 0.01)
     np.testing.assert_allclose(x, want, rtol=1e-6, atol=1e-6)
     # The state round-trips (a restarted server continues the same sequence).
-    again = make_optimizer(Server(window=1.0, optimizer={"kind": kind, "beta1": 0.8
-                           if kind == "momentum" else 0.9, "tau": 0.01}).optimizer)
+    keys = {"sgd": {}, "momentum": {"beta1": 0.8}}.get(kind, {"beta1": 0.9, "tau": 0.01})
+    again = make_optimizer(Server(window=1.0, optimizer={"kind": kind, **keys}).optimizer)
     again.load_state(optimizer.state())
     d = np.array([0.3, -0.2, 0.1])
     np.testing.assert_array_equal(again.step(x, d, 0.1), optimizer.step(x, d, 0.1))

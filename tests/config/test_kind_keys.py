@@ -182,3 +182,37 @@ def test_every_tagged_union_says_whose_key_it_is(path: tuple[str | int, ...]) ->
             assert (f"not of kind '{chosen}', the kind --set chose: replace the whole value, "
                     f"e.g. --set '{where}={{kind: {chosen}") in line, line
 
+
+
+# Sections with one ``kind`` field (not a union of models) refuse a key their kind does not
+# read: {kind: sgd, beta2: 0.9} ran as plain SGD, the key accepted and ignored.
+@pytest.mark.parametrize(("path", "section", "key", "readers"), [
+    (("server", "optimizer"), {"kind": "sgd", "beta2": 0.9}, "beta2", "'adam' or 'yogi'"),
+    (("server", "optimizer"), {"kind": "momentum", "tau": 0.01}, "tau", "'adam' or 'yogi'"),
+    (("server", "staleness_weight"), {"kind": "polynomial", "b": 2}, "b", "'hinge'"),
+    (("server", "staleness_weight"), {"kind": "constant", "a": 2}, "a",
+     "'polynomial' or 'hinge'"),
+    (("clients", "groups", 0, "step_sequence"), {"kind": "exponential", "decay": 0.1},
+     "decay", "'inverse_time'"),
+])
+def test_a_key_its_kind_does_not_read_is_refused(path: tuple, section: dict, key: str,
+                                                 readers: str) -> None:
+    data = copy.deepcopy(MINIMAL)
+    place = data
+    for part in path[:-1]:
+        place = place[part]
+    place[path[-1]] = section
+    errors = _errors(data)
+    where = format_path(path)
+    assert where in errors, errors
+    assert (f"kind {section['kind']!r} does not read {key!r} ({key!r} is read by kind "
+            f"{readers}): remove it, or change the kind") in errors[where]
+    # the same section with only its kind's own keys is accepted
+    place[path[-1]] = {k: v for k, v in section.items() if k != key}
+    parse_scenario(data)
+
+
+def test_a_key_at_its_default_is_let_be_as_a_resolved_scenario_writes_it() -> None:
+    data = copy.deepcopy(MINIMAL)
+    data["server"]["optimizer"] = {"kind": "sgd", "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    assert parse_scenario(data).server.optimizer.kind == "sgd"
