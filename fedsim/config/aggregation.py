@@ -6,10 +6,11 @@ A separate module of :mod:`fedsim.config.schema` (which imports these models int
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedsim.config.kind_keys import refuse_other_kinds_keys
 
 __all__ = [
     "Aggregation",
@@ -25,28 +26,8 @@ __all__ = [
 ]
 
 
-
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
-
-
-def refuse_other_kinds_keys(section: BaseModel, kind: str,
-                            keys_of: Mapping[str, frozenset[str]]) -> None:
-    """Refuse a key written in a section with one ``kind`` field whose chosen ``kind`` does not
-    read it (``keys_of``: each kind's keys): ``{kind: sgd, beta2: 0.9}`` ran as plain SGD, the
-    key accepted and ignored, where a tagged union's other kinds' keys are refused. A key at
-    its default is let be: it changes nothing whatever the kind, and a resolved scenario
-    (``scenario.resolved.yaml``) writes every key."""
-    fields = type(section).model_fields
-    unread = sorted(key for key in section.model_fields_set - {"kind"} - keys_of[kind]
-                    if getattr(section, key) != fields[key].default)
-    if not unread:
-        return
-    readers = {key: [k for k, keys in keys_of.items() if key in keys] for key in unread}
-    said = "; ".join(f"{key!r} is read by kind {' or '.join(map(repr, owners))}"
-                     for key, owners in readers.items())
-    raise ValueError(f"kind {kind!r} does not read {', '.join(map(repr, unread))} ({said}): "
-                     f"remove it, or change the kind")
 
 
 class WindowsAggregation(_Strict):

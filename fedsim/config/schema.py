@@ -57,6 +57,7 @@ from fedsim.config.distributions import (
     zero_seconds,
 )
 from fedsim.config.features import DpPca, too_many_components
+from fedsim.config.kind_keys import refuse_other_kinds_keys
 from fedsim.config.model import Model
 from fedsim.config.network import Aggregators, Link, LinkOverride, Network
 from fedsim.config.posture import (
@@ -116,6 +117,14 @@ class Partition(_Strict):
         "Decentralized Data\").")
     size_sigma: Annotated[float, Field(gt=0.0, le=limits.MAX_LOGNORMAL_SIGMA)] = Field(
         default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
+
+    @model_validator(mode="after")
+    def _keys_of_its_scheme(self) -> Partition:
+        refuse_other_kinds_keys(self, self.scheme, {
+            "iid": frozenset(), "dirichlet": frozenset({"alpha"}),
+            "shards": frozenset({"shards_per_client"}), "unequal": frozenset({"size_sigma"}),
+            "natural": frozenset()}, field="scheme")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------

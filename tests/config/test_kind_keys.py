@@ -194,6 +194,8 @@ def test_every_tagged_union_says_whose_key_it_is(path: tuple[str | int, ...]) ->
      "'polynomial' or 'hinge'"),
     (("clients", "groups", 0, "step_sequence"), {"kind": "exponential", "decay": 0.1},
      "decay", "'inverse_time'"),
+    (("clients", "groups", 0, "partition"), {"scheme": "iid", "alpha": 0.1}, "alpha",
+     "'dirichlet'"),
 ])
 def test_a_key_its_kind_does_not_read_is_refused(path: tuple, section: dict, key: str,
                                                  readers: str) -> None:
@@ -205,8 +207,9 @@ def test_a_key_its_kind_does_not_read_is_refused(path: tuple, section: dict, key
     errors = _errors(data)
     where = format_path(path)
     assert where in errors, errors
-    assert (f"kind {section['kind']!r} does not read {key!r} ({key!r} is read by kind "
-            f"{readers}): remove it, or change the kind") in errors[where]
+    field = "scheme" if "scheme" in section else "kind"
+    assert (f"{field} {section[field]!r} does not read {key!r} ({key!r} is read by {field} "
+            f"{readers}): remove it, or change the {field}") in errors[where]
     # the same section with only its kind's own keys is accepted
     place[path[-1]] = {k: v for k, v in section.items() if k != key}
     parse_scenario(data)
