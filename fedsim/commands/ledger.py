@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError, LedgerError
+from fedsim.json_input import parse_json
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -68,7 +69,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _header(path: Path) -> dict[str, Any]:
     try:
         first = read_regular(path, 4096).split(b"\n", 1)[0]  # (a FIFO would block)
-        header = json.loads(first.decode("utf-8"))
+        header = parse_json(first.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -143,7 +144,7 @@ def run_repair(args: argparse.Namespace) -> int:
     header = None
     if args.header is not None:
         try:
-            header = json.loads(args.header)
+            header = parse_json(args.header)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--header is not JSON: {exc}") from None
     lost_step = None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import pickle
 import struct
 import tarfile
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.errors import DataError
+from fedsim.json_input import parse_json
 
 Arrays = dict[str, np.ndarray]
 Converter = Callable[[bytes, str, int], Arrays]
@@ -276,7 +276,7 @@ def _leaf_records(files: Iterable[Path], max_file_bytes: int
         if file.stat().st_size > max_file_bytes:
             raise DataError(f"{file}: {file.stat().st_size} bytes, more than {max_file_bytes}")
         try:
-            blob = json.loads(file.read_bytes())
+            blob = parse_json(file.read_bytes())
             users, user_data = blob["users"], blob["user_data"]
             counts = blob.get("num_samples")
         except (ValueError, KeyError, TypeError) as exc:

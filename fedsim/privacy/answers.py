@@ -35,6 +35,7 @@ import numpy as np
 
 from fedsim.config import limits
 from fedsim.errors import AccountantOutOfRange, ConfigError, LedgerError, PrivacyError
+from fedsim.json_input import parse_json
 from fedsim.privacy import calibration, fdp, gdp
 from fedsim.privacy.accountant import GUARANTEES, Accountant, make_accountant, smallest_epsilon
 from fedsim.privacy.events import NEIGHBOURING_RELATION, SAMPLING_SCHEMES, GaussianStep, Sampling
@@ -286,7 +287,7 @@ def load_steps(path: Path, sampling: Sampling | None  # noqa: C901, PLR0912 - on
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(f"--ledger {path}: line {line}: not UTF-8 text") from None
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = parse_json(text, parse_constant=_no_constant)
     except json.JSONDecodeError:
         obj = None  # perhaps JSON lines
     except ValueError as exc:  # NaN / Infinity

@@ -59,6 +59,7 @@ from typing import Any
 
 from fedsim.atomic import fsync_directory, locked_or_closed
 from fedsim.errors import ConfigError, LedgerError
+from fedsim.json_input import parse_json
 from fedsim.privacy.events import (
     SAMPLING_SCHEMES,
     GaussianStep,
@@ -288,7 +289,7 @@ def _lines(path: Path, data: bytes) -> Iterator[tuple[int, bytes]]:
 
 def parse_header(path: Path, line: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(line.decode("utf-8"))
+        header = parse_json(line.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise LedgerError(f"{path}: line 1: not a ledger header (not JSON)") from None
     if not isinstance(header, dict) or not isinstance(header.get("format"), str):
@@ -363,7 +364,7 @@ def read_verified(path: Path, data: bytes) -> Parsed:
         try:
             if too_long(line):
                 raise ValueError(f"a line of {len(line)} bytes")
-            obj = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+            obj = parse_json(line.decode("utf-8"), parse_constant=_reject_constant)
             record, prev = parse_record(obj, str(header.get("sampling")))
             if prev != hashes[-1]:
                 raise ValueError("its hash chain is broken (this or the line before it was "

@@ -87,6 +87,7 @@ from typing import Any
 
 from fedsim.atomic import write_atomically
 from fedsim.errors import ConfigError, LedgerError
+from fedsim.json_input import parse_json
 from fedsim.privacy.accountant import make_accountant_class
 from fedsim.privacy.events import SAMPLING_SCHEMES, GaussianStep
 from fedsim.privacy.ledger import Budget
@@ -206,7 +207,7 @@ def _header_and_lines(path: Path, lines: list[bytes],
     header: Any = None
     if lines:
         try:
-            header = json.loads(lines[0].decode("utf-8"))
+            header = parse_json(lines[0].decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             header = None
     if isinstance(header, dict) and header.get("format") in (LEDGER_FORMAT, *OLD_FORMATS):
@@ -241,7 +242,7 @@ def _scan(path: Path, data: bytes, given: dict[str, Any] | None) -> _Scan:
         try:
             if too_long(line):
                 raise ValueError("too long")
-            obj = json.loads(line.decode("utf-8"), parse_constant=lambda _: math.nan)
+            obj = parse_json(line.decode("utf-8"), parse_constant=lambda _: math.nan)
             if isinstance(obj, dict) and "repair" in obj:
                 substitutes.add(len(records))
             if not chained and isinstance(obj, dict):

@@ -14,6 +14,7 @@ from typing import Any
 
 from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError, LedgerError
+from fedsim.json_input import parse_json
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import Budget, PrivacyLedger
@@ -40,7 +41,7 @@ def _header(path: Path) -> dict[str, Any]:
     """The header line: the ledger is opened with exactly what it says (it checks them)."""
     first = read_regular(path, MAX_HEADER_BYTES).split(b"\n", 1)[0].decode("utf-8", "replace")
     try:
-        header = json.loads(first)
+        header = parse_json(first)
     except json.JSONDecodeError:
         raise LedgerError(f"{path}: line 1: not a JSON ledger header") from None
     if not isinstance(header, dict) or not {"client_id", "sampling"} <= set(header):

@@ -27,6 +27,7 @@ from typing import Any
 
 from fedsim.config import limits
 from fedsim.errors import ConfigError
+from fedsim.json_input import parse_json
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
 from fedsim.reporting.values import finite_number, printable
 from fedsim.runtime.run_outputs import (
@@ -253,12 +254,9 @@ def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
             raise ConfigError(f"{path}: more than {limits.MAX_WINDOWS:,} lines, more windows "
                               "than a run can have; not read")
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
+            row = parse_json(line)
+        except json.JSONDecodeError as exc:  # (5,000 digits and deep nesting too)
             raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})") from None
-        except (ValueError, RecursionError) as exc:  # 5,000 digits; deep nesting
-            raise ConfigError(f"{path}:{number}: not JSON that can be read "
-                              f"({type(exc).__name__})") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}:{number}: each line must be a JSON object")
         time = finite_number(row.get("time"))

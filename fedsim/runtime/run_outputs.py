@@ -36,6 +36,7 @@ from fedsim.clock import seconds_text
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
+from fedsim.json_input import parse_json
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.epsilon_text import epsilon_range
@@ -237,7 +238,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """A JSON object written by :func:`write_json`; ``{}`` if the file is missing, unreadable or
     not an object (a process that died before writing it)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -259,11 +260,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
     that needs it (a report): damage is a :class:`ConfigError` naming the file, where
     :func:`read_json` gives ``{}``."""
     try:
-        value = json.loads(read_run_file(path).decode("utf-8"))
-    except json.JSONDecodeError as exc:
+        value = parse_json(read_run_file(path).decode("utf-8"))
+    except json.JSONDecodeError as exc:  # (an integer of 5,000 digits, deep nesting too)
         raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits; deep nesting
-        raise ConfigError(f"{path}: not JSON that can be read ({type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not JSON (not UTF-8)") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: must hold a JSON object")
     return value

@@ -8,7 +8,6 @@ PID. ``kill()`` then ``start()`` crash and restart it on the same port.
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from types import TracebackType
 from typing import Self
 
 from fedsim.errors import TransportError
+from fedsim.json_input import parse_json
 from fedsim.transports.child_process import bound_argv, bound_env
 from fedsim.transports.security import (
     PBKDF2_ITERATIONS,
@@ -126,7 +126,7 @@ class LocalMosquitto:
 
     def observer_url(self) -> str:
         """The read-only observer's URL (a broker made with ``observer=True``)."""
-        data = json.loads(self.files.secrets_file.read_text())
+        data = parse_json(self.files.secrets_file.read_text())
         return self.url(data["observer"]["username"], data["observer"]["password"])
 
     def client_url(self, client_id: str) -> str:

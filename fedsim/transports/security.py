@@ -56,6 +56,7 @@ from pathlib import Path
 
 from fedsim.atomic import replace_together, write_atomically
 from fedsim.errors import CodecError, ConfigError
+from fedsim.json_input import parse_json
 from fedsim.protocol.codec import check_client_id
 from fedsim.transports.topics import Topics, aggregator_of
 
@@ -505,7 +506,7 @@ def load_secrets(path: str | Path) -> RunSecrets:
     ConfigError naming the file). A bad file is a ConfigError."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = parse_json(path.read_text())
         loaded = RunSecrets(
             run=str(data["run"]),
             server=Credentials(**data["server"]) if "server" in data else None,

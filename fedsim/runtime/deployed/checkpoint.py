@@ -41,6 +41,7 @@ import numpy as np
 
 from fedsim.atomic import locked_or_closed, write_atomically
 from fedsim.errors import FedsimError
+from fedsim.json_input import parse_json
 from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.runtime.actors.client_book import BookState
 from fedsim.runtime.actors.server_snapshot import ServerSnapshot
@@ -184,7 +185,7 @@ class ServerCheckpoint:
         try:
             with open(self.path, "rb") as handle, np.load(handle, allow_pickle=False) as archive:
                 params = archive["params"].astype(np.float32, copy=True)
-                state = json.loads(archive["state"].tobytes().decode())
+                state = parse_json(archive["state"].tobytes().decode())
                 moments = {k.removeprefix("optimizer_"): archive[k].copy()
                            for k in archive.files if k.startswith("optimizer_")}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:

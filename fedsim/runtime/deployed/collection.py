@@ -5,13 +5,13 @@ writer (:func:`~fedsim.runtime.run_outputs.write_run_outputs`)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fedsim.config.loading import LoadedScenario
+from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger
 from fedsim.runtime.actors.releases import Releases, RoundRecord
@@ -75,7 +75,7 @@ def collect_outputs(
     server = read_json(out / SERVER_FILE)
     metrics = []
     if (out / METRICS_FILE).exists():
-        metrics = [json.loads(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
+        metrics = [parse_json(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
     (out / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
     statuses = server.get("statuses", {})
     stopped: list[StoppedClient] = []

@@ -10,7 +10,6 @@ run directory as ``fedsim run``. One launcher runs in a directory at a time
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -30,6 +29,7 @@ from fedsim.config.factories import SEARCH_ENV
 from fedsim.config.loading import dump_scenario, load_scenario
 from fedsim.data.load import dataset_file, scenario_data
 from fedsim.errors import ConfigError, FedsimError, TransportError
+from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.runtime.deployed.collection import collect_outputs
 from fedsim.runtime.deployed.deployment import run_name
@@ -575,7 +575,7 @@ class _LineFollower:
             return []
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
-        return [json.loads(text) for text in complete.decode().splitlines() if text.strip()]
+        return [parse_json(text) for text in complete.decode().splitlines() if text.strip()]
 
 
 def _earlier_commands(earlier: dict[str, Any], command: list[str]) -> list[list[str]]:

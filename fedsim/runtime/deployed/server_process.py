@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time as wallclock
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +43,7 @@ from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
 from fedsim.errors import TransportError
+from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, RunFinished
 from fedsim.runtime.actors.client_book import BookState, ClientBook
@@ -204,7 +204,7 @@ def keep_windows_through(path: Path, windows: int) -> None:
     kept = []
     for text in path.read_text(encoding="utf-8").splitlines():
         try:
-            line = json.loads(text)
+            line = parse_json(text)
         except ValueError:
             continue
         if (

@@ -1,0 +1,53 @@
+"""JSON that someone else wrote (a run directory handed over, a ledger, a message, a file given
+on the command line): one parse whose every failure is a :class:`json.JSONDecodeError`.
+
+:func:`json.loads` fails three ways besides its own ``JSONDecodeError``: a document nested a
+few thousand levels deep (4 KB of ``[``) raises :class:`RecursionError`, and an integer of more
+than 4,300 digits a plain :class:`ValueError` (Python's limit on converting digits). Readers
+that caught ``JSONDecodeError`` or ``ValueError`` printed a traceback for the first (an
+attacker's review: ``fedsim report``, ``fedsim ledger check``, ``fedsim account --ledger``,
+``fedsim launch --resume``). Here both become a ``JSONDecodeError`` (a ``ValueError``), so one
+``except`` clause covers every damaged file. What a caller's ``parse_constant`` raises (its
+refusal of ``NaN``) passes unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["parse_json"]
+
+
+class _Refused(Exception):
+    """Carries what the caller's ``parse_constant`` raised through the parse, untouched."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+
+def parse_json(text: str | bytes | bytearray,
+               parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """``json.loads(text)``, raising :class:`json.JSONDecodeError` for deep nesting and
+    oversized integers too (see the module docstring); what ``parse_constant`` raises is
+    raised as it is."""
+    guarded = None
+    if parse_constant is not None:
+        def guarded(name: str) -> Any:
+            try:
+                return parse_constant(name)
+            except Exception as exc:  # noqa: BLE001 - handed back unchanged below
+                raise _Refused(exc) from None
+
+    try:
+        return json.loads(text, parse_constant=guarded)
+    except _Refused as refused:
+        raise refused.error from None
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to read", "", 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # Python's limit on an integer's digits (4,300)
+        raise json.JSONDecodeError("a number of more digits than can be read", "", 0) from None
