@@ -392,6 +392,9 @@ class Frame:
     message: Message
     incarnation: str
     lineage: tuple[str, ...] = ()
+    packing: str | None = None
+    """How an update's tensor travelled: ``"sparse"``, ``"quantised"`` (its header's
+    ``compression``) or None (the dense float32 vector; every other message)."""
 
 
 def decode(
@@ -548,7 +551,7 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
             window=header.window,
             norm=norm,
         )
-        return Frame(update, header.incarnation)
+        return Frame(update, header.incarnation, packing=None if packed is None else packed.kind)
     if not sealed:
         _check_finite(values, "global tensor" if isinstance(header, GlobalHeader)
                       else "partial tensor")

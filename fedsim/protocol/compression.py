@@ -41,8 +41,8 @@ from fedsim.config.compression import (
 )
 from fedsim.errors import CodecError
 
-__all__ = ["Quantised", "Sparse", "compress", "densify", "pack", "public_rng", "unpack_quantised",
-           "unpack_sparse"]
+__all__ = ["Quantised", "Sparse", "compress", "densify", "pack", "packings", "public_rng",
+           "unpack_quantised", "unpack_sparse"]
 
 _INDEX = np.dtype("<u4")
 _VALUE = np.dtype("<f4")
@@ -126,6 +126,20 @@ def compress(values: np.ndarray, spec: Compression, *, client_id: str,
         return threshold(values, spec.threshold)
     assert isinstance(spec, QuantiseCompression)
     return quantise(values, spec.bits, public_rng(client_id, round_index))
+
+
+def packings(spec: Compression | None) -> frozenset[str | None]:
+    """The wire forms (:attr:`fedsim.protocol.codec.Frame.packing`) an update compressed by
+    ``spec`` (a group's ``compression:``) travels in: None (dense) without compression;
+    ``"sparse"`` or dense for ``top_k`` and ``threshold`` (a sparse vector that would take
+    more bytes travels dense, :func:`~fedsim.protocol.codec.encode`); ``"quantised"`` for
+    ``quantise``. A receiver refuses any other (docs/SECURITY.md: a client of a group that
+    does not compress could otherwise send 224 bytes that decode to a whole dense update)."""
+    if spec is None:
+        return frozenset({None})
+    if isinstance(spec, QuantiseCompression):
+        return frozenset({"quantised"})
+    return frozenset({None, "sparse"})
 
 
 def densify(payload: Sparse | Quantised) -> np.ndarray:

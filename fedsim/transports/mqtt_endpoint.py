@@ -14,16 +14,18 @@ import asyncio
 import contextlib
 import functools
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self
 
 import aiomqtt
 
+from fedsim.config.compression import Compression
 from fedsim.errors import AccessDenied, CodecError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import Frame
+from fedsim.protocol.compression import packings
 from fedsim.protocol.messages import Message
 from fedsim.transports.inbox import Inbox
 from fedsim.transports.mqtt_settings import (
@@ -44,6 +46,9 @@ client gets it over TCP; a client that (re)connects gets the retained one when i
 (``queue_qos0_messages false``), so a client that leaves a persistent session subscribed to
 ``global`` cannot make the broker hold a copy of every model for it (issue 25, finding 10:
 broker RSS 22.5 -> 517 MB in 40 s at QoS 1)."""
+COMPRESSION = "compression"
+"""The refusal kind of an update whose wire form (:attr:`~fedsim.protocol.codec.Frame.packing`)
+is not one its client's group sends (:func:`~fedsim.protocol.compression.packings`)."""
 # CONNACK codes meaning "these credentials are refused" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135).
 _AUTH_REFUSED = {4, 5, 134, 135}
 
@@ -106,6 +111,25 @@ class _MqttEndpoint:
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
         self._log = _log.bind(role=role, broker=self.broker.describe(), run=run)
+        self._packings: dict[str, frozenset[str | None]] | None = None
+
+    def expect_compression(self, compressions: Mapping[str, Compression | None]) -> None:
+        """Refuse (kind :data:`COMPRESSION`) an update of a client named here whose wire form
+        is not one its group's ``compression`` sends (a client not named: not checked)."""
+        shared: dict[int, frozenset[str | None]] = {}  # a group's clients share its spec
+        self._packings = {client_id: shared.setdefault(id(spec), packings(spec))
+                          for client_id, spec in compressions.items()}
+
+    def _wrong_packing(self, topic: str, client_id: str, frame: Frame) -> bool:
+        """Whether ``frame``, an update of ``client_id``, travelled in a form its group does
+        not send (:meth:`expect_compression`): then refused, counted and logged."""
+        allowed = None if self._packings is None else self._packings.get(client_id)
+        if allowed is None or frame.packing in allowed:
+            return False
+        sent = sorted(p or "dense" for p in allowed)
+        self._reject(topic, f"an update travelled {frame.packing or 'dense'}; its group's "
+                     f"compression sends {' or '.join(sent)}", kind=COMPRESSION)
+        return True
 
     # ---------------------------------------------------------------- lifetime
 

@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection, Container, Coroutine, Iterable, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Container,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import aiomqtt
 
 from fedsim.config import limits
+from fedsim.config.compression import Compression
 from fedsim.errors import AccessDenied, TransportError
 from fedsim.protocol import codec
 from fedsim.protocol.messages import (
@@ -32,6 +41,11 @@ from fedsim.transports.mqtt_settings import (
     ReconnectPolicy,
 )
 from fedsim.transports.topics import aggregator_of
+
+BEFORE_START = "before_start"
+"""The refusal kind of an update that arrives before the run's first window (while the server
+waits for its clients' "connected" statuses): computed on a model no server of this run
+published, there is nothing to apply it to (:meth:`MqttServerEndpoint.refuse_before_start`)."""
 
 MAX_UNRECORDED_PER_CLIENT = 4 * limits.MAX_UNACKNOWLEDGED
 """Rounds of one client the server endpoint remembers as received and not yet recorded (1024:
@@ -63,6 +77,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         aggregators: Sequence[str] = (),
         clients: Collection[str] | None = None,
         known_rounds: Callable[[str], int] | None = None,
+        compressions: Mapping[str, Compression | None] | None = None,
     ) -> None:
         super().__init__(
             broker,
@@ -99,6 +114,8 @@ class MqttServerEndpoint(_MqttEndpoint):
         :meth:`~fedsim.runtime.actors.client_book.ClientBook.known_rounds`), told in that
         client's welcomes and receipts so that a client started on a lost ledger stops before
         it releases anything (:class:`~fedsim.transports.mqtt_client.MqttClientEndpoint`; None: not told)."""
+        if compressions is not None:  # each client's group's: any other wire form is refused
+            self.expect_compression(compressions)
 
     @property
     def unacknowledged(self) -> int:
@@ -235,6 +252,8 @@ class MqttServerEndpoint(_MqttEndpoint):
                 ),
             )
             return
+        if kind == "updates" and self._wrong_packing(topic, topic_client, frame):
+            return
         if not self.incarnation.accepts(frame.incarnation, status=kind == "status"):
             self._other_incarnation(topic, frame.incarnation, self.incarnation.current)
             return
@@ -245,6 +264,33 @@ class MqttServerEndpoint(_MqttEndpoint):
         self._inbox.put(message)
         if isinstance(message, ClientUpdate):
             self._await_receipt(topic_client, message.round)
+
+    def refuse_before_start(self, message: Message) -> None:
+        """Count and log ``message``, received before the run's first window and dropped by
+        the server (kind :data:`BEFORE_START`; logged as a rejection, so a flood of them is
+        summarised, :class:`fedsim.logging.Throttle`), and forget its round from the table
+        of rounds waiting for a receipt: nothing will record it (a client resends what it
+        still holds), and ``server.json``'s ``unjudged_updates`` counts only what arrived
+        after the last window."""
+        self.stats.rejected += 1
+        self.stats.refused(BEFORE_START)
+        sender = getattr(message, "client_id", getattr(message, "aggregator_id", ""))
+        self._log.warning("message rejected", client=sender, kind=BEFORE_START,
+                          message=type(message).__name__,
+                          reason="before the run started: computed on a model no server of "
+                          "this run published")
+        if isinstance(message, ClientUpdate):
+            named = [(message.client_id, message.round)]
+        elif isinstance(message, Partial):
+            named = [(e.client_id, e.round) for e in message.entries] + list(message.settled)
+        else:
+            return
+        for named_client, round_index in named:
+            rounds = self._unrecorded.get(named_client)
+            if rounds is not None:
+                rounds.discard(round_index)
+                if not rounds:
+                    del self._unrecorded[named_client]
 
     def _known(self, client_id: str) -> int | None:
         """What a welcome or receipt tells ``client_id`` of its rounds the server knows: its

@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import struct
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -154,15 +155,24 @@ def _run(out: Path, *, attack: bool) -> dict[str, Any]:
     plan = next(p for p in population.plans if p.client_id == HOSTILE)
     bound = client_limits(plan.group, plan.num_samples, plan.schedule,
                           population.initial_params.size).norm_bound(0)
+    return launch_beside(out, OVERRIDES, lambda launcher: _Hostile(launcher, bound).run(
+        attack=attack))
+
+
+def launch_beside(out: Path, overrides: list[str],
+                  play: Callable[[Launcher], Coroutine[Any, Any, object]]) -> dict[str, Any]:
+    """Launch ``four_clients.yaml`` with ``overrides`` into ``out``, every process but
+    :data:`HOSTILE`, whose part ``play`` plays (at most 90 s); the launch's summary once the
+    server has ended the run."""
     options = DeploymentOptions(time_scale=0.25, max_backoff=0.5,
                                 wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
-    launcher = Launcher(SCENARIO, out, options=options, overrides=OVERRIDES)
+    launcher = Launcher(SCENARIO, out, options=options, overrides=overrides)
     try:
         launcher.prepare()
         for name in launcher.processes:
             if name != HOSTILE:
                 launcher.start(name)
-        asyncio.run(asyncio.wait_for(_Hostile(launcher, bound).run(attack=attack), 90))
+        asyncio.run(asyncio.wait_for(play(launcher), 90))
         assert launcher.wait("server", 90) == 0
         launcher.stop_all()
         return launcher.collect()

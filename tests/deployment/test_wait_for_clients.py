@@ -11,11 +11,15 @@ from fedsim.runtime.deployed.server_process import _wait_for_clients
 
 
 class _Queue:
-    """The one method ``_wait_for_clients`` uses of an endpoint: ``receive``."""
+    """What ``_wait_for_clients`` uses of an endpoint: ``receive``, ``refuse_before_start``."""
 
     def __init__(self, messages: list[object]) -> None:
         self.messages = list(messages)
         self.taken = 0
+        self.refused: list[object] = []
+
+    def refuse_before_start(self, message: object) -> None:
+        self.refused.append(message)
 
     async def receive(self) -> object:
         if not self.messages:
@@ -37,6 +41,7 @@ async def test_it_returns_once_every_client_is_in_and_reads_no_further() -> None
     joined = await _wait_for_clients(endpoint, ids, timeout=60.0)  # type: ignore[arg-type]
     assert set(joined) == set(ids)
     assert endpoint.taken == len(ids) + 1  # the update before the run is dropped; then it stops
+    assert endpoint.refused == [early]  # (counted by the endpoint, ``before_start``)
 
 
 async def test_it_gives_up_at_the_timeout_with_whoever_joined() -> None:

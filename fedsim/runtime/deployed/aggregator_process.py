@@ -108,7 +108,8 @@ async def run_aggregator(
         broker, run=run, aggregator_id=aggregator_id, aggregators=ids,
         client_ids=[p.client_id for p in population.plans], expected_params=size,
         max_message_bytes=message_limit(scenario, size), reconnect=reconnect_policy(options),
-        seed=scenario.seed)
+        seed=scenario.seed,
+        compressions={p.client_id: p.group.compression for p in population.plans})
     wrapped = _UntilFinished(endpoint)
     actor = make_aggregator_actor(population, aggregator_id,
                                   clock=ScaledClock(options.time_scale), endpoint=wrapped)

@@ -306,7 +306,7 @@ async def _wait_for_clients(
             joined[message.client_id] = message
             waiting.discard(message.client_id)
         else:  # computed on a model no server of this run published: nothing to apply it to
-            _log.warning("message before the run started dropped", kind=type(message).__name__)
+            endpoint.refuse_before_start(message)  # (counted; a flood's log summarised)
     missing = sorted(waiting)
     if missing:
         _log.warning("starting without every client", missing=missing[:10], count=len(missing))
@@ -377,6 +377,7 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
         aggregators=aggregator_ids(scenario.aggregators.count),
         clients=[plan.client_id for plan in population.plans],
         known_rounds=known,
+        compressions={plan.client_id: plan.group.compression for plan in population.plans},
     )
     outcome["incarnation"] = mqtt.incarnation.current
     try:
