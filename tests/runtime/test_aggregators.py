@@ -582,3 +582,33 @@ def test_a_window_close_names_watermarks_on_the_wire_within_its_bounds() -> None
     with pytest.raises(CodecError):
         codec.encode(WindowClose(3, 2, 1.5, (), (("a", 1, 1),) * (MAX_CLOSE_REFUSED + 1)),
                      incarnation="ab")
+
+
+def test_a_window_holds_a_bounded_share_of_one_clients_flood() -> None:
+    """A client floods its aggregator within one time window (an attacker's review of the
+    deployed aggregator: every copy was held, decoded, until the close, and each copy of a
+    judged round forwarded to the server): 2,000 new rounds and 2,000 resends of one. The
+    window holds what the pacer lets through or makes wait (256) and one copy of the resent
+    round; the rest is counted (``rate``, ``duplicate``); the honest client's update is folded."""
+    flood = 2_000
+
+    async def scenario_() -> tuple[Partial, int, int]:
+        endpoint = RecordingEndpoint(WallClock())
+        clients = {c: ClientInfo(100, 0.5, limits=_limits(), slot=3600.0) for c in "ab"}
+        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                                clients=clients, size=DIM, strategy=UniformWeights(),
+                                policy=TimeWindows())
+        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        ok = np.full(DIM, 0.01, np.float32)
+        await actor._arrived(ClientUpdate("b", 0, 0, ok, 8.0))
+        for r in range(flood):
+            await actor._arrived(ClientUpdate("a", r, 0, ok, 8.0))
+        for _ in range(flood):
+            await actor._arrived(ClientUpdate("a", 0, 0, ok, 8.0))
+        held, noted = len(actor._inbox), len(actor.pacer._noted)
+        return await actor.flush(WindowClose(1, 0)), held, noted
+
+    partial, held, noted = asyncio.run(scenario_())
+    assert held == noted == 1 + 1 + 256  # b's, a's round 0 (its token), a's 256 waiting
+    assert partial.rejections == {"duplicate": flood, "rate": flood - 1 - 256}
+    assert sorted((e.client_id, e.round) for e in partial.entries) == [("a", 0), ("b", 0)]

@@ -277,9 +277,12 @@ class Pacer:
             self._queued.discard(client_id)
         return due
 
-    def note(self, update: ClientUpdate, now: float) -> None:
+    def note(self, update: ClientUpdate, now: float, *, keep_refused: bool = True) -> str:
         """Pace a time window's ``update`` at its arrival (:meth:`offer`); the verdict is used
-        when the window closes (:meth:`judged_now`).
+        when the window closes (:meth:`judged_now`), and returned. ``keep_refused=False``: a
+        refused update is not kept for :meth:`judged_now` (its caller does not hold it either:
+        an aggregator, whose window's inbox would otherwise hold every update of a flood
+        until the close).
 
         A client with updates waiting is served at its arrivals too, not only at the window's
         end: its tokens accrue at one a slot but its bucket holds at most :data:`BURST`, so a
@@ -289,7 +292,10 @@ class Pacer:
         client_id = update.client_id
         while client_id in self._queued and (due := self._serve(client_id, now)) is not None:
             self._released.append(due)
-        self._noted[id(update)] = (update, self.offer(update, now))
+        verdict = self.offer(update, now)
+        if keep_refused or verdict != "refuse":
+            self._noted[id(update)] = (update, verdict)
+        return verdict
 
     def take_released(self) -> list[ClientUpdate]:
         """The updates served at their client's arrivals (:meth:`note`) since the last call."""
