@@ -27,8 +27,8 @@ The privacy ledger itself is append-only and is not rewritten through this modul
 :func:`fsync_directory` for the directory entry of a new ledger, and a simulated run makes its
 ledgers durable together with :class:`FileSystemSync`.
 
-This module sits in the lowest layer (with :mod:`fedsim.errors`): it imports nothing from
-fedsim, so the privacy code can use it.
+This module sits in the lowest layer (with :mod:`fedsim.errors`, the one module of fedsim it
+imports), so the privacy code can use it.
 """
 
 from __future__ import annotations
@@ -47,8 +47,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Literal, TypeGuard
 
-__all__ = ["Durability", "fsync_directory", "holds_for_a_block", "move_into_place",
-           "locked_or_closed", "replace_together", "FileSystemSync", "uninterrupted",
+from fedsim.errors import FedsimError
+
+__all__ = ["Durability", "LINK_REFUSED", "LinkRefused", "TooLarge", "fsync_directory",
+           "holds_for_a_block", "move_into_place", "locked_or_closed", "open_no_link",
+           "read_regular", "replace_together", "FileSystemSync", "uninterrupted",
            "write_atomically"]
 
 Durability = Literal["file", "durable"]
@@ -147,18 +150,88 @@ def _check(durability: str) -> None:
         raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
 
 
-def read_regular(path: str | Path, limit: int | None = None) -> bytes:
+LINK_REFUSED = "is a symbolic link; fedsim does not write through links"
+"""The reason :class:`LinkRefused` gives (its ``strerror``)."""
+
+
+class LinkRefused(OSError, FedsimError):
+    """A file fedsim was to write (or lock) is a symbolic link: refused, never followed
+    (:func:`open_no_link`). An :class:`OSError` (ELOOP) whose ``strerror`` is
+    :data:`LINK_REFUSED` and whose ``filename`` is the link, and a
+    :class:`~fedsim.errors.FedsimError` (the CLI prints it as one line, exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(errno.ELOOP, LINK_REFUSED, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {LINK_REFUSED}"
+
+
+class TooLarge(OSError, FedsimError):
+    """A file :func:`read_regular` was asked to read whole is larger than its caller's cap
+    (``refuse_over``): refused before anything is read. An :class:`OSError` (EFBIG) and a
+    :class:`~fedsim.errors.FedsimError` (exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, path: str | Path, size: int, cap: int) -> None:
+        super().__init__(errno.EFBIG, f"{size:,} bytes, larger than the {cap:,} bytes "
+                                      f"such a file can hold", str(path))
+        self.size, self.cap = size, cap
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}; not read"
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_no_link(path: str | Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags, mode)`` that never follows a symbolic link as the final
+    component (``O_NOFOLLOW``; with ``O_CREAT`` a dangling link is refused too, not created
+    through): a link raises :class:`LinkRefused` naming it. For every file fedsim writes,
+    appends to or locks in a directory someone else may have prepared (a ledger and its mark,
+    a state or run directory handed over, a launch's logs): an attacker's review planted links
+    there and had a repair and a resume overwrite and append to files elsewhere."""
+    try:
+        return os.open(path, flags | _NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        # ELOOP on Linux; EMLINK (FreeBSD) and EFTYPE (NetBSD) elsewhere.
+        if exc.errno in (errno.ELOOP, errno.EMLINK, getattr(errno, "EFTYPE", -1)) \
+                and os.path.islink(path):
+            raise LinkRefused(path) from None
+        raise
+
+
+def read_regular(path: str | Path, limit: int | None = None, *,
+                 refuse_over: int | None = None, no_link: bool = False) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``), for readers of files
     someone else may have put there (a run directory handed over, a ledger to check):
     anything else - a FIFO, a device - raises :class:`OSError` (EINVAL) instead of blocking
     the reader for ever (a review: a FIFO named ``ledgers/<id>.jsonl`` hung ``fedsim
-    report``). Opened without blocking, then checked on the open descriptor."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    report``). Opened without blocking, then checked on the open descriptor.
+
+    ``refuse_over``: a file longer than this (its size from ``fstat``, before anything is
+    read: a sparse file of 1 GiB takes 4 KB on disk) raises :class:`TooLarge`; ``no_link``:
+    a symbolic link raises :class:`LinkRefused` (a file fedsim itself writes in place, such
+    as a ledger's mark, is never a link)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = open_no_link(path, flags) if no_link else os.open(path, flags)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if refuse_over is not None and status.st_size > refuse_over:
+            raise TooLarge(path, status.st_size, refuse_over)
+        if refuse_over is not None:  # (grown since the fstat: read no more than the cap)
+            limit = refuse_over + 1 if limit is None else min(limit, refuse_over + 1)
         with open(fd, "rb", closefd=False) as handle:
-            return handle.read() if limit is None else handle.read(limit)
+            data = handle.read() if limit is None else handle.read(limit)
+        if refuse_over is not None and len(data) > refuse_over:
+            raise TooLarge(path, len(data), refuse_over)
+        return data
     finally:
         os.close(fd)
 

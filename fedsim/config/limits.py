@@ -116,6 +116,16 @@ MAX_RUN_FILE_BYTES = 2**29
 a report reads (a run of a week with one-second windows writes about 200 MB of metrics; 10^6
 clients' rows, about 300 MB). A larger file handed over is refused, not read into memory."""
 
+MAX_LEDGER_BYTES = 2**29
+"""512 MiB: the largest privacy ledger file (or copy of one) fedsim reads - ``fedsim ledger
+check`` and ``repair``, ``account --ledger``, a report, a client or a resume opening its
+ledger. A ledger holds a record a round and a few before round one: at most ``MAX_ROUNDS``
+(10^6) round records of about 190 bytes each (a repair's substitute, about 300), so about
+200-300 MB at the very most, well under the cap; a tuning ledger's selections are a handful of
+lines of at most 1 MiB. A larger file (a sparse file of 1 GiB takes 4 KB on disk: an
+attacker's review had ``ledger check`` use 1.4 GB and a report fail with MemoryError) is
+refused from its size before anything is read."""
+
 MAX_TORCH_THREADS = 1024
 """torch threads for training."""
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedsim.atomic import TooLarge, read_regular
 from fedsim.config import limits
 from fedsim.errors import AccountantOutOfRange, ConfigError, LedgerError, PrivacyError
 from fedsim.json_input import parse_json
@@ -53,7 +54,7 @@ ACCOUNTANT_CHOICES: tuple[AccountantChoice, ...] = ("pld", "rdp", "gdp-clt")
 MAX_STEPS = 10**12
 MAX_EPSILON = 700.0  # e^eps must be a double
 MAX_GROUP_SIZE = 10_000
-MAX_LEDGER_BYTES = 256 * 2**20
+MAX_LEDGER_BYTES = limits.MAX_LEDGER_BYTES  # (a steps file too: the ledger's cap)
 # A pld answer is compared with rdp's for histories of at most this many distinct kinds of
 # step (rdp costs one quadrature per kind, ~30 ms); longer mixes ask rdp only where pld has
 # no finite answer.
@@ -274,13 +275,13 @@ def load_steps(path: Path, sampling: Sampling | None  # noqa: C901, PLR0912 - on
 
     warnings: tuple[str, ...] | None = None
 
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_LEDGER_BYTES + 1)
+    try:  # a regular file (a FIFO hung here: an attacker's review), sized before it is read
+        data = read_regular(path, refuse_over=MAX_LEDGER_BYTES)
+    except TooLarge:
+        raise ConfigError(f"--ledger {path}: larger than {MAX_LEDGER_BYTES // 2**20} MiB, "
+                          f"more than any ledger holds; not read") from None
     except OSError as exc:
         raise ConfigError(f"--ledger {path}: {exc.strerror}") from None
-    if len(data) > MAX_LEDGER_BYTES:
-        raise ConfigError(f"--ledger {path}: larger than {MAX_LEDGER_BYTES // 2**20} MB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -79,7 +79,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-from fedsim.atomic import read_regular, uninterrupted
+from fedsim.atomic import uninterrupted
 from fedsim.errors import BudgetExhausted, ConfigError, LedgerError, UnsupportedEventError
 from fedsim.privacy.accountant import (
     Accountant,
@@ -111,6 +111,7 @@ from fedsim.privacy.ledger_file import (
     header_of,
     line_hash,
     open_append,
+    read_ledger_bytes,
     read_verified,
     sync_entries,
     sync_file,
@@ -347,7 +348,7 @@ class PrivacyLedger:
         this ledger's did). A read-only view returns the records its open verified."""
         if self._viewed is not None:
             return self._viewed
-        parsed = read_verified(self._path, read_regular(self._path))
+        parsed = read_verified(self._path, read_ledger_bytes(self._path))
         count = self._tally.count
         if len(parsed.records) < count:
             raise LedgerError(f"{self._path}: holds {len(parsed.records)} records, but "

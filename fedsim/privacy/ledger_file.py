@@ -51,13 +51,23 @@ import itertools
 import json
 import math
 import os
-import shutil
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import fsync_directory, locked_or_closed
+from fedsim.atomic import (
+    LINK_REFUSED,
+    LinkRefused,
+    TooLarge,
+    fsync_directory,
+    locked_or_closed,
+    open_no_link,
+    read_regular,
+    write_atomically,
+)
+from fedsim.config.limits import MAX_LEDGER_BYTES
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.json_input import parse_json
 from fedsim.privacy.events import (
@@ -171,12 +181,19 @@ class MarkFile:
             raise LedgerError("ledger locking needs a POSIX system (fcntl)")
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         try:
-            self._fd = os.open(path, flags, 0o644)
+            self._fd = open_no_link(path, flags, 0o644)  # (a link: a victim file elsewhere)
         except FileNotFoundError:
             raise LedgerError(f"{path}: no high-water mark") from None
+        except LinkRefused:
+            raise LedgerError(f"{path}: the high-water mark {LINK_REFUSED}") from None
         except OSError as exc:  # a directory in its place, unreadable: damage, said as such
             raise LedgerError(f"{path}: the high-water mark cannot be opened "
                               f"({exc.strerror})") from None
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):  # a FIFO, a device: no mark
+            os.close(self._fd)
+            self._fd = -1
+            raise LedgerError(f"{path}: the high-water mark is not a regular file (a FIFO or "
+                              f"a device where a mark should be)")
         if not locked_or_closed(self._fd):
             raise LedgerError(
                 f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
@@ -252,6 +269,20 @@ class MarkFile:
 
 
 # -- reading -------------------------------------------------------------------------------------
+def read_ledger_bytes(path: Path) -> bytes:
+    """The bytes of the ledger file ``path``, for every reader of a whole ledger (a view, a
+    check, a repair, an open): a regular file (a FIFO would block: EINVAL, an
+    :class:`OSError`) of at most :data:`~fedsim.config.limits.MAX_LEDGER_BYTES`, refused from
+    its size before anything is read (:class:`LedgerError`)."""
+    try:
+        return read_regular(path, refuse_over=MAX_LEDGER_BYTES)
+    except TooLarge as exc:
+        raise LedgerError(f"{path}: {exc.size:,} bytes, larger than any ledger "
+                          f"({MAX_LEDGER_BYTES:,} bytes hold {MAX_LEDGER_BYTES // 512:,} "
+                          f"records of 512 bytes, past the most rounds a scenario may run); "
+                          f"not read") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Parsed:
     """A ledger file read and verified: header, records and the chain's hash after each line
@@ -405,7 +436,7 @@ def check_mark(path: Path, parsed: Parsed, mark: Mark | None) -> None:
 def write_new(path: Path, payload: bytes, *, durable: bool = True) -> None:
     """Create ``path`` with ``payload``, durably (file and directory entry) unless
     ``durable=False`` (a new ledger's header: its first spend makes it durable)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    fd = _open_ledger_for_writing(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
     try:
         _write_all(fd, payload)
         if durable:
@@ -448,8 +479,18 @@ def sync_entries(directory: Path, created: int) -> None:
 
 
 def open_append(path: Path) -> int:
-    """A descriptor that appends to the existing file at ``path`` (``O_APPEND``)."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND)
+    """A descriptor that appends to the existing file at ``path`` (``O_APPEND``; a symbolic
+    link is refused, :class:`LedgerError`)."""
+    return _open_ledger_for_writing(path, os.O_WRONLY | os.O_APPEND)
+
+
+def _open_ledger_for_writing(path: Path, flags: int) -> int:
+    """``open_no_link(path, flags, 0o644)``: a ledger file that is a symbolic link (planted to
+    have its records appended to a file elsewhere) is a :class:`LedgerError` naming it."""
+    try:
+        return open_no_link(path, flags, 0o644)
+    except LinkRefused:
+        raise LedgerError(f"{path}: the ledger file {LINK_REFUSED}") from None
 
 
 def append_durably(fd: int, payload: bytes, *, fsync: bool = True) -> None:
@@ -497,19 +538,27 @@ def cut_partial_line(path: Path, data: bytes) -> bytes:
     :func:`complete_lines`)."""
     complete = complete_lines(path, data)
     if complete < len(data):
-        with open(path, "r+b") as handle:
-            handle.truncate(complete)
-            handle.flush()
-            os.fsync(handle.fileno())
+        fd = _open_ledger_for_writing(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, complete)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return data[:complete]
 
 
 def copy_ledger(source: Path, target: Path) -> None:
     """Copy a ledger and its high-water mark (a copy without its mark is verified by its chain
-    alone)."""
-    shutil.copyfile(source, target)
-    if mark_path(source).exists():
-        shutil.copyfile(mark_path(source), mark_path(target))
+    alone). Each copy is written to a new file beside its target and renamed over it
+    (:func:`~fedsim.atomic.write_atomically`): a target that is a symbolic link is replaced,
+    never written through (an attacker's review: a resumed launch's collect copied a mark
+    through a link planted in the run directory onto a file elsewhere); the ledger read is
+    bounded (:func:`read_ledger_bytes`)."""
+    write_atomically(target, read_ledger_bytes(source), durability="file")
+    source_mark = mark_path(source)
+    if source_mark.exists():
+        write_atomically(mark_path(target), read_regular(source_mark, MARK_FILE_BYTES),
+                         durability="file")
 
 
 @contextlib.contextmanager

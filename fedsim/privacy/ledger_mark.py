@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim.atomic import read_regular
+from fedsim.atomic import LINK_REFUSED, LinkRefused, open_no_link, read_regular
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep, Sampling
 
@@ -196,7 +196,10 @@ def write_mark_at(path: Path, mark: Mark, slot: int, *, sync: bool = True) -> No
     """:meth:`MarkFile.write` into ``slot`` (:func:`next_slot` of the one holding the newest)
     through a descriptor opened for this write alone (a ledger under a :class:`~fedsim.privacy.ledger_directory_lock.DirectoryLock`,
     whose lock covers it)."""
-    fd = os.open(path, os.O_RDWR)
+    try:
+        fd = open_no_link(path, os.O_RDWR)
+    except LinkRefused:
+        raise LedgerError(f"{path}: the high-water mark {LINK_REFUSED}") from None
     try:
         os.pwrite(fd, encode_mark(mark), mark_offset(mark, slot))
         if sync:
@@ -209,9 +212,13 @@ def read_found_mark(path: Path) -> FoundMark | None:
     """The high-water mark of the ledger at ``path`` and its slots' state, without locking
     it (read-only views)."""
     try:
-        data = read_regular(mark_path(path), MARK_FILE_BYTES)
+        data = read_regular(mark_path(path), MARK_FILE_BYTES, no_link=True)
     except FileNotFoundError:
         return None
+    except LinkRefused:  # (said as what it is: not "missing", which a repair would write)
+        raise LedgerError(f"{mark_path(path)}: the high-water mark {LINK_REFUSED}; "
+                          f"a ledger's mark is a file of its own (replace the link by the "
+                          f"mark it should be, or remove it and repair)") from None
     except OSError as exc:  # a directory in its place, unreadable: damage, said as such
         raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
                           f"({exc.strerror})") from None

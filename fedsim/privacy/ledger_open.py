@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import read_regular
+from fedsim.atomic import LINK_REFUSED
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger_directory_lock import DirectoryLock
@@ -45,6 +45,7 @@ from fedsim.privacy.ledger_file import (
     cut_partial_line,
     line_hash,
     parse_header,
+    read_ledger_bytes,
     read_verified,
     write_new,
 )
@@ -82,7 +83,7 @@ def open_file(path: Path, header: dict[str, Any], directory: DirectoryLock | Non
     lock = _take_lock(path, directory)
     try:
         mark = lock.read()
-        data = path.read_bytes() if path.exists() else b""
+        data = read_ledger_bytes(path) if path.exists() else b""
         if lock.unreadable:
             raise LedgerError(
                 f"{path}: its high-water mark ({mark_path(path).name}) holds no valid mark, "
@@ -93,7 +94,9 @@ def open_file(path: Path, header: dict[str, Any], directory: DirectoryLock | Non
             _refuse_unless_a_cut_creation(path, data, header)
             # New, or created by a run that stopped before its first spend (not even a
             # complete header: nothing was acknowledged).
-            return _create(path, header, lock)
+            return _create(path, header, lock)  # (a link in its place: replaced, not followed)
+        if path.is_symlink():  # its records would be cut and appended through the link
+            raise LedgerError(f"{path}: the ledger file {LINK_REFUSED}")
         if mark is None and data.count(b"\n") != 1:
             parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
             raise LedgerError(
@@ -156,7 +159,7 @@ def read_view(path: Path, header: dict[str, Any]) -> Found:
         raise LedgerError(f"{path}: no such ledger")
     found = read_found_mark(path)  # before the records: a writer moves it after them
     mark = None if found is None else found.mark
-    parsed = _read(path, read_regular(path), header, mark)
+    parsed = _read(path, read_ledger_bytes(path), header, mark)
     _refuse_a_view_maybe_a_spend_old(path, found, parsed)
     return Found(parsed.records, parsed.hashes[-1], parsed.next_round,
                  _ceiling_of(mark, parsed.records))
@@ -242,7 +245,7 @@ def read_ledger_steps(path: str | Path) -> Iterable[GaussianStep]:
     without opening it for writing."""
     path = Path(path)
     found = read_found_mark(path)  # before the records: a writer moves it after them
-    parsed = read_verified(path, read_regular(path))
+    parsed = read_verified(path, read_ledger_bytes(path))
     check_mark(path, parsed, None if found is None else found.mark)
     _refuse_a_view_maybe_a_spend_old(path, found, parsed)
     steps = [record.step for record in parsed.records]

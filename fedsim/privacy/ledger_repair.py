@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import write_atomically
+from fedsim.atomic import LINK_REFUSED, write_atomically
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.json_input import parse_json
 from fedsim.privacy.accountant import make_accountant_class
@@ -102,9 +102,10 @@ from fedsim.privacy.ledger_file import (
     line_hash,
     locked,
     parse_record,
+    read_ledger_bytes,
     too_long,
 )
-from fedsim.privacy.ledger_mark import NO_STEPS, Mark, StepCeiling
+from fedsim.privacy.ledger_mark import NO_STEPS, Mark, StepCeiling, mark_path
 
 _HEADER_HINT = ("--header '{\"client_id\": ..., \"sampling\": ..., \"accountant\": ..., "
                 "\"budget\": {\"epsilon\": ..., \"delta\": ...} or null}' (the client's "
@@ -470,12 +471,10 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
     given = None if header is None else given_header(header)
     if assume_lost is not None and (isinstance(assume_lost, bool) or assume_lost < 0):
         raise ConfigError(f"--assume-lost must be an integer >= 0, got {assume_lost!r}")
-    if not path.is_file():  # before the lock, which would create a stray mark beside it
-        what = "not a file" if path.exists() else "no such ledger"
-        raise LedgerError(f"{path}: {what}")
+    _refuse_what_is_no_ledger_file(path)
     with locked(path) as mark_file:
         try:
-            data = path.read_bytes()
+            data = read_ledger_bytes(path)
         except FileNotFoundError:
             raise LedgerError(f"{path}: no such ledger") from None
         except OSError as exc:
@@ -536,6 +535,19 @@ def repair_ledger(path: str | Path, *, lost_step: GaussianStep | None = None,
                                   (ceiling or NO_STEPS).including([*kept, *lost_records])))
         return RepairReport(str(path), len(kept), unreadable, lost, str(backup), True,
                             substitute, charged_from, why)
+
+
+def _refuse_what_is_no_ledger_file(path: Path) -> None:
+    """Before the lock (which would create a stray mark beside anything): a ledger that is no
+    file, and a ledger or mark that is a symbolic link - a repair writes both, never through a
+    link (an attacker's review: a mark linked to a file elsewhere, which `ledger check` called
+    missing, had `repair --assume-lost 0` truncate that file and write a mark into it)."""
+    for link in (path, mark_path(path)):
+        if link.is_symlink():
+            raise LedgerError(f"{link}: {LINK_REFUSED}")
+    if not path.is_file():
+        what = "not a file" if path.exists() else "no such ledger"
+        raise LedgerError(f"{path}: {what}")
 
 
 def _backup_name(path: Path) -> Path:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from fedsim.atomic import read_regular, write_atomically
+from fedsim.atomic import open_no_link, read_regular, write_atomically
 from fedsim.clock import seconds_text
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
@@ -72,6 +72,7 @@ __all__ = [
     "json_line",
     "ledger_file",
     "read_json",
+    "read_json_if_present",
     "require_writable_dir",
     "write_json",
     "write_run_outputs",
@@ -236,10 +237,13 @@ def clean_json(value: Any) -> Any:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object written by :func:`write_json`; ``{}`` if the file is missing, unreadable or
-    not an object (a process that died before writing it)."""
+    not an object (a process that died before writing it). Read as a run directory's file
+    (:func:`read_run_file`: a FIFO, which hung ``fedsim launch --resume``, or a file past
+    :data:`~fedsim.config.limits.MAX_RUN_FILE_BYTES` is unreadable, not waited on or read);
+    a reader that must tell damage from absence uses :func:`read_json_if_present`."""
     try:
-        data = parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = parse_json(read_run_file(path).decode("utf-8"))
+    except (OSError, ValueError, ConfigError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -253,6 +257,18 @@ def read_run_file(path: Path) -> bytes:
         raise ConfigError(f"{path}: larger than {MAX_RUN_FILE_BYTES:,} bytes, more than a "
                           "run writes; not read")
     return data
+
+
+def read_json_if_present(path: Path) -> dict[str, Any]:
+    """A run directory's JSON object file that may be absent (``{}``), but whose damage must
+    not pass for absence (a resume deciding whether a run ended, and under which scenario):
+    present, it is :func:`read_json_object`'s, damage a :class:`ConfigError` naming it."""
+    if not os.path.lexists(path):
+        return {}
+    try:
+        return read_json_object(path)
+    except OSError as exc:  # a FIFO, a directory, unreadable: named, not waited on
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -677,8 +693,9 @@ def write_run_outputs(record: RunRecord, rows: list[dict[str, Any]] | None = Non
     # A run that ended before its first window (interrupted at once) has written no metrics
     # line: its empty file still makes the directory a run's (a sweep listed such a run as
     # "cannot be read").
-    (out / METRICS_FILE).touch(exist_ok=True)
-    with open(out / CLIENTS_FILE, "w", encoding="utf-8", newline="") as handle:
+    os.close(open_no_link(out / METRICS_FILE, os.O_WRONLY | os.O_CREAT))  # (touch follows links)
+    clients_fd = open_no_link(out / CLIENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with open(clients_fd, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(CLIENT_COLUMNS)
         for row in rows:

@@ -15,6 +15,7 @@ import pytest
 import fedsim
 from fedsim import atomic
 from fedsim.atomic import fsync_directory, move_into_place, write_atomically
+from fedsim.errors import FedsimError
 
 
 def _half_then_crash(handle: IO[bytes]) -> None:
@@ -219,3 +220,41 @@ def test_files_replaced_together_all_or_none(tmp_path: Path) -> None:
                      durability="durable")
     assert (first.read_text(), second.read_text()) == ("new secrets", "new hashes")
     assert stat.S_IMODE(first.stat().st_mode) == 0o600
+
+
+def test_open_no_link_refuses_a_link_and_creates_nothing_through_one(tmp_path: Path) -> None:
+    """Every file fedsim writes in a directory someone else may have prepared is opened so (an
+    attacker's review: links planted in a ledger and a run directory had a repair and a
+    resume write to files elsewhere)."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    for flags in (os.O_WRONLY | os.O_APPEND, os.O_RDWR | os.O_CREAT, os.O_WRONLY | os.O_TRUNC):
+        with pytest.raises(atomic.LinkRefused, match="is a symbolic link") as raised:
+            atomic.open_no_link(link, flags)
+        assert raised.value.filename == str(link)
+        assert isinstance(raised.value, FedsimError)  # (the CLI says it in one line)
+    assert victim.read_bytes() == b"precious"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(atomic.LinkRefused):
+        atomic.open_no_link(dangling, os.O_WRONLY | os.O_CREAT)
+    assert not (tmp_path / "nowhere").exists()
+    os.close(atomic.open_no_link(tmp_path / "new", os.O_WRONLY | os.O_CREAT))
+    assert (tmp_path / "new").is_file()
+
+
+def test_read_regular_refuses_a_file_past_its_cap_from_its_size(tmp_path: Path) -> None:
+    sparse = tmp_path / "sparse"
+    with sparse.open("wb") as handle:
+        handle.truncate(1 << 30)  # 1 GiB long, nothing on disk: refused before any read
+    with pytest.raises(atomic.TooLarge, match="larger than"):
+        atomic.read_regular(sparse, refuse_over=1 << 20)
+    (tmp_path / "small").write_bytes(b"12345")
+    assert atomic.read_regular(tmp_path / "small", refuse_over=5) == b"12345"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "small")
+    assert atomic.read_regular(link) == b"12345"
+    with pytest.raises(atomic.LinkRefused):
+        atomic.read_regular(link, no_link=True)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.atomic import locked_or_closed, write_atomically
+from fedsim.atomic import locked_or_closed, open_no_link, write_atomically
 from fedsim.errors import FedsimError
 from fedsim.json_input import parse_json
 from fedsim.protocol.headers import MAX_COUNTER
@@ -72,7 +72,7 @@ class ServerStateLock:
             raise CheckpointError("a server state directory's lock needs a POSIX system")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = open_no_link(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise CheckpointError(f"{self.directory}: cannot lock the server state directory "
                                   f"({exc.strerror})") from None

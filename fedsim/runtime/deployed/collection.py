@@ -13,7 +13,7 @@ from typing import Any
 from fedsim.config.loading import LoadedScenario
 from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
-from fedsim.privacy.ledger_file import copy_ledger
+from fedsim.privacy.ledger_file import copy_ledger, read_ledger_bytes
 from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
@@ -36,6 +36,7 @@ from fedsim.runtime.run_outputs import (
     StoppedClient,
     ledger_file,
     read_json,
+    read_run_file,
     released_unacknowledged,
     write_run_outputs,
 )
@@ -75,7 +76,8 @@ def collect_outputs(
     server = read_json(out / SERVER_FILE)
     metrics = []
     if (out / METRICS_FILE).exists():
-        metrics = [parse_json(t) for t in (out / METRICS_FILE).read_text().splitlines() if t]
+        metrics = [parse_json(t) for t in
+                   read_run_file(out / METRICS_FILE).decode("utf-8").splitlines() if t]
     (out / LEDGER_DIR).mkdir(parents=True, exist_ok=True)
     statuses = server.get("statuses", {})
     stopped: list[StoppedClient] = []
@@ -181,7 +183,7 @@ def _extends(source: Path, copy: Path) -> bool:
     copy was taken from (lost, replaced by an older one, repaired)."""
     if not copy.exists():
         return True
-    held = copy.read_bytes()
+    held = read_ledger_bytes(copy)  # (bounded: a copy handed over may be a sparse giant)
     held = held[:held.rfind(b"\n") + 1]
     with source.open("rb") as handle:
         return handle.read(len(held)) == held

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import locked_or_closed
+from fedsim.atomic import locked_or_closed, open_no_link
 from fedsim.config.factories import SEARCH_ENV
 from fedsim.config.loading import dump_scenario, load_scenario
 from fedsim.data.load import dataset_file, scenario_data
@@ -59,6 +59,7 @@ from fedsim.runtime.run_outputs import (
     TIMING_FILE,
     check_unused,
     read_json,
+    read_json_if_present,
     write_json,
 )
 from fedsim.transports.broker import LocalMosquitto
@@ -154,6 +155,14 @@ class _ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
+def open_log(path: Path) -> int:
+    """A descriptor appending to the process log ``path`` (created if missing): a symbolic link
+    there is refused (:class:`~fedsim.atomic.LinkRefused`), never appended through (an
+    attacker's review: ``logs/c-001.log`` linked to a file elsewhere had a resumed client's log
+    lines appended to it)."""
+    return open_no_link(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
 def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int,
                 name: str) -> None:
     """Entry point of a forked child: in a process group of its own (:meth:`Launcher.start`),
@@ -166,7 +175,7 @@ def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int,
     role = argv[0] if argv else "process"
     name_this_process(f"fedsim {role}" + ("" if name == role else f" {name}"), name)
     os.environ.update(env)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_log(Path(log))
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
@@ -243,7 +252,7 @@ class Launcher:
             if overrides:
                 raise ConfigError("a resumed launch runs its directory's resolved scenario as "
                                   "it was; --set and --aggregators do not apply")
-            self._earlier = read_json(self.out / PROCESSES_FILE)
+            self._earlier = read_json_if_present(self.out / PROCESSES_FILE)
         else:
             if (self.out / PROCESSES_FILE).exists() or (self.out / "state").exists():
                 # (an attacker's review: a launcher killed before its first collect left state
@@ -332,6 +341,7 @@ class Launcher:
         )
         for name, argv in commands.items():
             self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")
+            os.close(open_log(self.processes[name].log))  # a link refused before any start
             earlier = self._earlier.get(name)
             if isinstance(earlier, dict):  # a resumed launch counts every start and exit
                 starts, codes = earlier.get("starts"), earlier.get("exit_codes")
@@ -355,7 +365,7 @@ class Launcher:
         if self.fork:
             process.child = _ForkedChild(process.argv, process.log, self.child_env, name)
         else:
-            with process.log.open("ab") as log:
+            with open(open_log(process.log), "ab") as log:
                 process.child = subprocess.Popen(
                     bound_argv([sys.executable, "-m", "fedsim", *process.argv]),
                     stdout=log,
@@ -489,7 +499,7 @@ class Launcher:
         broker's secrets under a running one before its processes' locks refused it)."""
         if self._lock_fd is not None:
             return
-        fd = os.open(self.out / LAUNCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_no_link(self.out / LAUNCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         if not locked_or_closed(fd):
             raise ConfigError(f"another fedsim launch is running in {self.out}")
         self._lock_fd = fd

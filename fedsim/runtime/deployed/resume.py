@@ -23,7 +23,8 @@ from fedsim.runtime.run_outputs import (
     SCENARIO_FILE,
     SERVER_FILE,
     ledger_file,
-    read_json,
+    read_json_if_present,
+    read_run_file,
 )
 
 __all__ = ["LAUNCH_FILE", "check_state_ledgers", "resumable_scenario", "scenario_sha256"]
@@ -34,8 +35,12 @@ resume checks."""
 
 
 def scenario_sha256(path: Path) -> str:
-    """The fingerprint of a launch's resolved scenario file."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The fingerprint of a launch's resolved scenario file (a regular file: a FIFO is named,
+    not waited on)."""
+    try:
+        return hashlib.sha256(read_run_file(path)).hexdigest()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
 def resumable_scenario(out: str | Path) -> Path:
@@ -49,11 +54,13 @@ def resumable_scenario(out: str | Path) -> Path:
     if missing:
         raise ConfigError(f"{out} is not the directory of a fedsim launch (no "
                           f"{', '.join(missing)}): nothing to resume")
-    server = read_json(out / SERVER_FILE)
+    # Damage is said, not taken for "not finished" (a FIFO hung here, deep nesting raised
+    # RecursionError: an attacker's review).
+    server = read_json_if_present(out / SERVER_FILE)
     if server.get("finished") is True:
         raise ConfigError(f"{out}: its run ended ({SERVER_FILE} says finished); nothing to "
                           f"resume")
-    launched = read_json(out / LAUNCH_FILE).get("scenario_sha256")
+    launched = read_json_if_present(out / LAUNCH_FILE).get("scenario_sha256")
     if launched is None:
         raise ConfigError(f"{out}: no {LAUNCH_FILE} (a launch made before fedsim could resume "
                           f"one, or damaged), so nothing shows which scenario it ran")
