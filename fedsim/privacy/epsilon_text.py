@@ -15,5 +15,7 @@ def epsilon_text(value: float) -> str:
 
 def epsilon_range(low: float, high: float) -> str:
     """``0.4790 to 1.997``: the smallest and the largest of several epsilons (a run's
-    headline wrote ``0.4790..1.997`` beside its explanation's ``0.479 to 1.997``)."""
-    return f"{epsilon_text(low)} to {epsilon_text(high)}"
+    headline wrote ``0.4790..1.997`` beside its explanation's ``0.479 to 1.997``); one value
+    where both read alike (``2.998``, not ``2.998 to 2.998``)."""
+    first, last = epsilon_text(low), epsilon_text(high)
+    return first if first == last else f"{first} to {last}"

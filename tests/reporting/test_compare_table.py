@@ -108,6 +108,7 @@ def test_seconds_and_eps_ranges_are_written_by_one_rule(
 
     assert [seconds_text(t) for t in (59.1738, 262.888, 0.25)] == ["59.17", "262.89", "0.25"]
     assert epsilon_range(0.479, 1.997) == "0.4790 to 1.997"
+    assert epsilon_range(2.99804, 2.99811) == "2.998"  # (not "2.998 to 2.998")
     _, _, *cells = format_table([{"virtual_time": 59.1738}, {"virtual_time": 262.888}],
                                 columns=("virtual_time",))
     assert [cell.strip() for cell in cells] == ["59.17", "262.89"]
