@@ -38,8 +38,8 @@ from fedsim.errors import ConfigError
 from fedsim.privacy.epsilon_text import epsilon_text
 from fedsim.privacy.events import GaussianStep, TunedSelection
 from fedsim.privacy.tuning import PoissonTrials, TrialDistribution, TruncatedNegativeBinomial
+from fedsim.runtime.run_outputs import TUNING_LEDGER_DIR as TUNING_LEDGER_DIR  # (a report's too)
 
-TUNING_LEDGER_DIR = Path("tuning") / "ledgers"
 _MAX_TRIALS = 100_000
 _ROUNDS_CAP = 1 << 20
 _ENTROPY = random.SystemRandom()

@@ -20,6 +20,7 @@ from fedsim.reporting.values import finite_number, printable, relative_gap, spre
 from fedsim.runtime.run_outputs import require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
+    from fedsim.reporting.ledgers import TunedPrivacy
     from fedsim.reporting.plots import Drawn
 
 # clients.csv and a fresh computation from the ledger may differ by the accountant's
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
                           "epsilon plots)")
     directory = RunDirectory.load(args.run_dir)
     require_writable_dir(directory.plot_dir, "plots directory")
+    tuned = _tuned(directory)  # (before the plots: a damaged tuning ledger stops the report)
     drawn = draw_run(directory)
-    for line in summary_lines(directory, drawn):
+    for line in summary_lines(directory, drawn, tuned):
         print(printable(line, limit=100_000))  # (a handed-over file's terminal escapes)
     return 0
 
@@ -71,8 +73,19 @@ def _updates(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
-    """The textual summary ``fedsim report`` prints (one item per line)."""
+def _tuned(run: RunDirectory) -> TunedPrivacy | None:
+    """A private tuning's release's tuned eps, verified (None: ``run`` is no release)."""
+    from fedsim.reporting.ledgers import tuned_privacy
+
+    tuning = run.tuning
+    return tuned_privacy(run, tuning) if tuning is not None and tuning.release else None
+
+
+def summary_lines(run: RunDirectory, drawn: Drawn,
+                  tuned: TunedPrivacy | None = None) -> list[str]:
+    """The textual summary ``fedsim report`` prints (one item per line; ``tuned``: the
+    release's tuned eps where ``run`` is a private tuning's release, read here if not
+    given)."""
     summary = run.summary
     lines = [
         f"run {run.path}: scenario {run.scenario_name}, seed {summary.get('seed', '?')}, "
@@ -107,15 +120,16 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
         + (f" ({stop_text})" if stop_text else "")
     )
 
+    from fedsim.reporting.compare import summary_gaps
     from fedsim.reporting.ledgers import ledger_gaps
 
     warnings: list[str] = ledger_gaps(run)
     final_eps = drawn.final_epsilon
     tuning = run.tuning
     if tuning is not None:  # a trial of `fedsim sweep --private-tuning`
-        lines += tuning_lines(run, tuning, warnings)
+        lines += tuning_lines(tuning, tuned or _tuned(run), warnings)
     if final_eps:
-        own = _privacy_lines(run, drawn.accountant, drawn.delta, final_eps)
+        own = _privacy_lines(drawn)
         if tuning is not None and tuning.release:
             own = [f"{line} (this trial alone: not the release's privacy)" for line in own]
         lines += own
@@ -123,8 +137,9 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
             from fedsim.reporting.server_view import status_disagreements
 
             warnings += status_disagreements(run.clients, final_eps)
-        elif drawn.accountant == "pld":  # clients.csv reports eps from pld (run contract)
+        elif drawn.accountant == "pld":  # clients.csv and summary.json report eps from pld
             warnings += _csv_disagreements(run, final_eps)
+            warnings += [f"warning: {gap}" for gap in summary_gaps(run, final_eps.values())]
     else:
         lines.append("privacy: no client ledgers in this run directory")
     mus = [mu for row in run.clients if (mu := finite_number(row.get("mu_clt"))) is not None]
@@ -146,16 +161,16 @@ def summary_lines(run: RunDirectory, drawn: Drawn) -> list[str]:
     return lines + warnings
 
 
-def _privacy_lines(run: RunDirectory, accountant: str, delta: float,
-                   final_eps: dict[str, float]) -> list[str]:
+def _privacy_lines(drawn: Drawn) -> list[str]:
     """The clients' eps spread; one line per neighbouring relation where clients of both
     sampling schemes ran (a stranger read one spread over add/remove and replace-one
-    guarantees, which the plots keep apart)."""
+    guarantees, which the plots keep apart), each client's relation from its own ledger's
+    header (clients.csv's row may be gone, or say otherwise)."""
     from fedsim.privacy.events import by_relation
 
-    sampling = {row.get("client_id"): row.get("sampling") for row in run.clients}
-    groups = by_relation((sampling.get(client), eps) for client, eps in final_eps.items())
-    head = f"privacy ({accountant}, delta = {delta:g})"
+    final_eps = drawn.final_epsilon
+    groups = by_relation((drawn.sampling.get(client), eps) for client, eps in final_eps.items())
+    head = f"privacy ({drawn.accountant}, delta = {drawn.delta:g})"
     if len(groups) == 1:
         return [f"{head}: eps {spread(final_eps.values())} over {len(final_eps)} clients"]
     return [f"{head}, {relation} neighbours: eps {spread(values)} over {len(values)} clients"
@@ -177,32 +192,17 @@ def _csv_disagreements(run: RunDirectory, final_eps: dict[str, float]) -> list[s
     return problems
 
 
-def tuning_lines(run: RunDirectory, tuning: TuningRole, warnings: list[str]) -> list[str]:
+def tuning_lines(tuning: TuningRole, tuned: TunedPrivacy | None,
+                 warnings: list[str]) -> list[str]:
     """What a private tuning's trial is (``summary.json`` ``private_tuning``): the release,
-    whose privacy is the tuned eps (recomputed from the sweep's tuning ledgers where they are
-    beside it, the summary's figures checked against them), or a trial that must not be
-    published. Disagreements are appended to ``warnings``."""
-    if not tuning.release:
+    whose privacy is the tuned eps ``tuned`` (:func:`~fedsim.reporting.ledgers.tuned_privacy`:
+    recomputed from the sweep's tuning ledgers where they are beside it, the summary's figures
+    checked against them; the words ``fedsim compare`` prints too), or a trial that must not be
+    published. What is unverified or disagrees is appended to ``warnings``."""
+    if not tuning.release or tuned is None:
         return [f"NOT A RELEASE: a private tuning's trial that was not selected (selected: "
                 f"{tuning.selected or 'none'}); it must not be published"]
-    from fedsim.commands.private_tuning import TUNING_LEDGER_DIR
-    from fedsim.reporting.ledgers import tuning_epsilons
-
-    recorded = tuning.tuned
-    folder = run.path.parent / TUNING_LEDGER_DIR
-    tuned = tuning_epsilons(folder, run.delta)
-    source = f"its sweep's tuning ledgers {folder}"
-    if not tuned:
-        tuned = dict(recorded)
-        source = "summary.json (the sweep's tuning ledgers are not beside this trial)"
-    for client, eps in sorted(tuned.items()):
-        said = recorded.get(client)
-        if said is None or abs(relative_gap(said, eps)) > CSV_RELATIVE_TOLERANCE:
-            warnings.append(f"warning: client {client}: summary.json's tuned eps {said}, the "
-                            f"tuning ledger gives {eps:.6g}")
-    if not tuned:
-        return ["release privacy (private tuning): no tuned eps found"]
-    return [f"release privacy (private tuning, rdp, delta = {run.delta:g}): tuned eps "
-            f"{spread(tuned.values())} over {len(tuned)} clients, covering every trial and "
-            f"the selection (from {source}); this trial is the tuning's release"]
-
+    warnings += [f"warning: {problem}" for problem in tuned.problems]
+    if not tuned.epsilons:
+        return [tuned.statement]
+    return [f"{tuned.statement}; this trial is the tuning's release"]

@@ -18,12 +18,12 @@ ledgers per run, so comparing runs of hundreds of clients stays quick).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedsim.clock import seconds_text
-from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers
+from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers, tuned_privacy
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
 from fedsim.reporting.values import epsilon_text, finite_number, printable, relative_gap
@@ -37,20 +37,46 @@ MAX_BANDED_RUNS = 4
 """The epsilon comparison draws each run's min-max band for at most this many runs."""
 
 
-def _tuning_note(run: RunDirectory) -> list[str]:
-    """A private tuning's trial (``summary.json`` ``private_tuning``): its eps columns are the
-    trial's own; the release's privacy is the tuned eps, and any other trial is no release."""
+def tuning_texts(run: RunDirectory) -> tuple[list[str], list[str]]:
+    """A private tuning's trial (``summary.json`` ``private_tuning``) in a table: its notes and
+    warnings. Its eps columns are the trial's own; the release's privacy is the tuned eps,
+    verified against the sweep's tuning ledgers where they are beside it, in the words of
+    ``fedsim report`` (:func:`~fedsim.reporting.ledgers.tuned_privacy`: a damaged one raises
+    :class:`~fedsim.errors.ConfigError`, as a damaged client ledger does); any other trial is
+    no release."""
     tuning = run.tuning
     if tuning is None:
-        return []
+        return [], []
+    name = run.path.name
     if not tuning.release:
-        return [f"note: {run.path.name}: NOT A RELEASE (a private tuning's unselected trial): "
-                f"it must not be published"]
-    tuned = tuning.tuned_max
-    return [f"note: {run.path.name}: a private tuning's release: its privacy is the tuned eps "
-            f"(max {'?' if tuned is None else epsilon_text(tuned)}, summary.json "
-            f"private_tuning), "
-            f"not its eps columns (this trial alone)"]
+        return [f"note: {name}: NOT A RELEASE (a private tuning's unselected trial): it must "
+                f"not be published"], []
+    tuned = tuned_privacy(run, tuning)
+    return ([f"note: {name}: a private tuning's release, whose privacy is not its eps columns "
+             f"(this trial alone): {tuned.statement}"],
+            [f"warning: {name}: {problem}" for problem in tuned.problems])
+
+
+def summary_gaps(run: RunDirectory, epsilons: Iterable[float]) -> list[str]:
+    """Where ``run``'s summary.json states its clients' eps min, median or max other than
+    ``epsilons`` give (each client's, from its ledger, under pld at the run's own delta): one
+    sentence each, which a caller prefixes with "warning: " (and the run's name). A file
+    anybody can edit, checked: the one check of ``fedsim compare``'s table and ``fedsim
+    report`` (a review removed a client's ledger and clients.csv row; summary.json's max was
+    still the removed client's)."""
+    found = run.summary.get("privacy")
+    privacy: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    ordered = sorted(epsilons)
+    if not ordered:
+        return []
+    computed = {"eps_min": ordered[0], "eps_median": float(statistics.median(ordered)),
+                "eps_max": ordered[-1]}
+    gaps = []
+    for key, value in computed.items():
+        said = finite_number(privacy.get(key.replace("eps_", "epsilon_")))
+        if said is not None and abs(relative_gap(said, value)) > EPS_RELATIVE_TOLERANCE:
+            gaps.append(f"summary.json says {key} {said:.6g}, the ledgers give {value:.6g}")
+    return gaps
 
 
 def run_row(run: RunDirectory, label: str | None = None, *,
@@ -95,7 +121,9 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         notes.append(f"note: {run.path.name}: {len(caveats)} privacy caveat(s) qualify its eps "
                      f"(summary.json privacy.caveats), the first: "
                      f"{printable(str(caveats[0]), limit=200)}")
-    notes += _tuning_note(run)
+    tuning_notes, tuning_warnings = tuning_texts(run)
+    notes += tuning_notes
+    warnings += tuning_warnings
     differences = summary.get("deployed_differences")
     if isinstance(differences, list) and differences:
         notes.append(f"note: {run.path.name}: a deployed run; what it did not do as a "
@@ -104,10 +132,8 @@ def run_row(run: RunDirectory, label: str | None = None, *,
         e for row in run.clients if (e := finite_number(row.get("epsilon"))) is not None)
     computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
                 "eps_max": epsilons[-1]} if epsilons else {}
-    for key, value in recorded.items() if from_ledgers else ():
-        if value is not None and abs(relative_gap(value, computed[key])) > EPS_RELATIVE_TOLERANCE:
-            warnings.append(f"warning: {run.path.name}: summary.json says {key} "
-                            f"{value:.6g}, the ledgers give {computed[key]:.6g}")
+    if from_ledgers and stated == run.delta:  # (summary.json's are at the run's own delta)
+        warnings += [f"warning: {run.path.name}: {gap}" for gap in summary_gaps(run, epsilons)]
     eps: dict[str, float | None] = {**recorded, **computed}
     accuracies = [a for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
     final = finite_number(summary.get("final_accuracy"))

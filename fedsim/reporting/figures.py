@@ -26,6 +26,10 @@ DPI = 100
 FIGSIZE = (7.5, 4.5)
 LEGEND_LABEL_CHARS = 42
 """A legend label beside the axes is wrapped at this many characters."""
+TITLE_NAME_CHARS = 60
+"""A name in a title (a run's scenario's) is cut to this many characters, with an ellipsis."""
+MAX_TITLE_LINES = 4
+"""A title wrapped onto more lines than this is cut there, with an ellipsis."""
 
 # PNG metadata: matplotlib writes its version as "Software" unless told not to.
 PNG_METADATA: dict[str, Any] = {"Software": None}
@@ -111,6 +115,8 @@ def _wrap_title(figure: Figure) -> float:
             continue
         text = title.get_text()
         lines = textwrap.wrap(text, max(20, int(len(text) * room / width)))
+        if len(lines) > MAX_TITLE_LINES:  # (more would leave the axes no room: see title_name)
+            lines = [*lines[:MAX_TITLE_LINES - 1], lines[MAX_TITLE_LINES - 1] + " \u2026"]
         title.set_text("\n".join(lines))
         line_height = float(title.get_fontsize()) * 1.25 / 72 / figure.get_figheight()
         added = max(added, (len(lines) - 1) * line_height)
@@ -143,6 +149,15 @@ def save_png(figure: Figure, path: Path) -> Path:
     return path
 
 
+def title_name(run: RunDirectory) -> str:
+    """``run``'s scenario name as a title shows it: at most :data:`TITLE_NAME_CHARS`
+    characters, a longer one cut with an ellipsis (a review's 2,000-character name, read from
+    summary.json, was wrapped onto more lines than the figure has room for: matplotlib raised
+    "bottom cannot be >= top"). The report's text prints it whole."""
+    name = run.scenario_name
+    return name if len(name) <= TITLE_NAME_CHARS else name[:TITLE_NAME_CHARS - 1] + "\u2026"
+
+
 def interruption_note(run: RunDirectory) -> str:
     """" (interrupted by SIGINT: partial run)" for an interrupted run, else ""."""
     return f" (interrupted by {run.interrupted}: partial run)" if run.interrupted else ""
@@ -151,16 +166,23 @@ def interruption_note(run: RunDirectory) -> str:
 def tuning_note(run: RunDirectory) -> str:
     """For a private tuning's trial (its summary's ``private_tuning``, fedsim sweep
     --private-tuning), what its eps plot must say: the release's privacy is the tuned eps, not
-    the curves' (a plot copied from the released trial understated it), and any other trial
-    is no release; "" for any other run."""
+    the curves' (a plot copied from the released trial understated it), its largest as
+    ``fedsim report`` states it (:func:`~fedsim.reporting.ledgers.tuned_privacy`: from the
+    sweep's tuning ledgers where they are beside the trial, else summary.json's, said so), and
+    any other trial is no release; "" for any other run."""
+    from fedsim.reporting.ledgers import tuned_privacy
+
     tuning = run.tuning
     if tuning is None:
         return ""
     if not tuning.release:
         return " - NOT A RELEASE: a private tuning's trial, not to be published"
-    said = "" if tuning.tuned_max is None else f", max {epsilon_text(tuning.tuned_max)}"
+    tuned = tuned_privacy(run, tuning)
+    highest = max(tuned.epsilons.values(), default=tuning.tuned_max)
+    said = "" if highest is None else f", max {epsilon_text(highest)}"
+    where = "its tuning ledgers" if tuned.verified else "summary.json, unverified"
     return (f" - the release of a private tuning: its privacy is the tuned eps{said} "
-            f"(summary.json), above these curves")
+            f"({where}), above these curves")
 
 
 def mark_interruption(axes: Any, run: RunDirectory, colour: str = "tab:red",

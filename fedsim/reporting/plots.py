@@ -69,6 +69,7 @@ from fedsim.reporting.figures import (
     mark_interruption,
     new_figure,
     save,
+    title_name,
     tuning_note,
 )
 from fedsim.reporting.ledgers import ClientLedger, read_ledgers
@@ -159,7 +160,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     if handles:
         axes.legend(handles, labels, fontsize=8, loc="upper center", ncol=2,
                     bbox_to_anchor=(0.5, -0.13), frameon=False)
-    axes.set_title(f"{run.scenario_name}: accuracy over {run.time_name}{interruption_note(run)}",
+    axes.set_title(f"{title_name(run)}: accuracy over {run.time_name}{interruption_note(run)}",
                    fontsize=11)
     return save(figure, path, bottom=0.24)
 
@@ -373,7 +374,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
         if axes.get_legend_handles_labels()[0]:
             axes.legend(**LEGEND_OUTSIDE)
     note = " (eps of different relations are not comparable)" if len(panels) > 1 else ""
-    figure.suptitle(f"{run.scenario_name}: privacy spent per client ({accountant}, delta = "
+    figure.suptitle(f"{title_name(run)}: privacy spent per client ({accountant}, delta = "
                     f"{delta:g}){note}{interruption_note(run)}{tuning_note(run)}", fontsize=11)
     height = 3.6 * rows + 0.6
     return save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
@@ -393,6 +394,7 @@ class Drawn:
     final_epsilon: dict[str, float]  # every client, over its whole ledger
     accountant: str
     delta: float
+    sampling: dict[str, str] = field(default_factory=dict)  # each client's, its ledger header's
 
 
 def draw_run(run: RunDirectory) -> Drawn:
@@ -442,7 +444,8 @@ def draw_run(run: RunDirectory) -> Drawn:
         draw_epsilon(run, panels, run.plot_dir / "epsilon.png"),
         draw_tradeoff(run, ledgers, final, run.plot_dir / "tradeoff.png"),
     ]
-    return Drawn(paths, final, accountant_names(ledgers), delta)
+    return Drawn(paths, final, accountant_names(ledgers), delta,
+                 {ledger.client_id: ledger.sampling for ledger in ledgers})
 
 
 def draw_all(run_dir: str | Path) -> list[Path]:

@@ -29,12 +29,14 @@ from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.json_input import parse_json
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
-from fedsim.reporting.values import finite_number, printable
+from fedsim.reporting.values import finite_number, name_text, printable
 from fedsim.runtime.run_outputs import (
     CLIENTS_FILE,
     LEDGER_DIR,
     METRICS_FILE,
+    SCENARIO_FILE,
     SUMMARY_FILE,
+    TUNING_LEDGER_DIR,
     read_json_object,
     read_run_file,
 )
@@ -58,6 +60,10 @@ def _number_or_text(column: str, value: str) -> Any:
     return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
 
 
+_SIGNAL_CHARS = 40
+"""An interrupting signal's name is read from summary.json to at most this many characters."""
+
+
 @dataclass(frozen=True)
 class TuningRole:
     """A private tuning's trial (:attr:`RunDirectory.tuning`): the release (selected; its
@@ -70,6 +76,10 @@ class TuningRole:
     """The release's largest tuned eps, as its summary says (None: not a release, or none)."""
     tuned: dict[str, float]
     """Each client's tuned eps, as the release's summary says (``{}`` for another trial)."""
+    ledgers: Path
+    """Where the sweep's tuning ledgers are when they are beside the trial (its sweep's
+    ``tuning/ledgers``): the release's tuned eps is verified against them there
+    (:func:`fedsim.reporting.ledgers.tuned_privacy`)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +168,8 @@ class RunDirectory:
         found = self.summary.get("interrupted")
         if not isinstance(found, Mapping):
             return None
-        return str(found.get("signal") or "a signal")
+        # (a signal's name, read from a handed-over file: bounded, as titles print it)
+        return printable(found.get("signal"), _SIGNAL_CHARS) or "a signal"
 
     @property
     def tuning(self) -> TuningRole | None:
@@ -175,7 +186,8 @@ class RunDirectory:
             selected=printable(selected, 300) if isinstance(selected, str) else None,
             tuned_max=finite_number(block.get("epsilon_max")),
             tuned={printable(str(c), 64): e for c, v in tuned.items()
-                   if (e := finite_number(v)) is not None} if isinstance(tuned, Mapping) else {})
+                   if (e := finite_number(v)) is not None} if isinstance(tuned, Mapping) else {},
+            ledgers=self.path.parent / TUNING_LEDGER_DIR)
 
     @property
     def virtual_time(self) -> float:
@@ -196,6 +208,25 @@ class RunDirectory:
         if not folder.is_dir():
             return {}
         return {p.stem: p for p in sorted(folder.glob("*.jsonl"))}
+
+    @cached_property
+    def scenario_clients(self) -> tuple[str, ...] | None:
+        """The client ids of the scenario the run ran (``scenario.resolved.yaml``), in its
+        groups' order; None where the directory has no such file. (Its files' clients are
+        checked against them: a client whose ledger and clients.csv row were both removed was
+        otherwise left out of a report without a word.)
+
+        Raises:
+            ConfigError: the file is there but is no scenario (the caller warns).
+        """
+        from fedsim.config import load_scenario
+
+        resolved = self.path / SCENARIO_FILE
+        if not resolved.is_file():
+            return None
+        scenario = load_scenario(resolved).scenario  # parsed only: no factory is imported
+        return tuple(client for group in scenario.clients.groups
+                     for client in group.client_ids())
 
     def client(self, client_id: str) -> dict[str, Any] | None:
         for row in self.clients:
@@ -279,11 +310,17 @@ def _read_clients(path: Path) -> tuple[dict[str, Any], ...]:
         return ()
     with io.StringIO(read_run_file(path).decode("utf-8"), newline="") as handle:
         reader = csv.DictReader(handle)
-        if reader.fieldnames is None or "client_id" not in reader.fieldnames:
-            raise ConfigError(f"{path}: expected a CSV header with a client_id column")
-        rows = []
-        for number, row in enumerate(reader, start=2):
-            if None in row:
-                raise ConfigError(f"{path}:{number}: more fields than the header has")
-            rows.append({k: _number_or_text(k, v or "") for k, v in row.items()})
+        rows: list[dict[str, Any]] = []
+        try:  # (csv's own bound: a field over 128 KiB raises, as any malformed CSV does)
+            if reader.fieldnames is None or "client_id" not in reader.fieldnames:
+                raise ConfigError(f"{name_text(path)}: expected a CSV header with a client_id "
+                                  f"column")
+            for number, row in enumerate(reader, start=2):
+                if None in row:
+                    raise ConfigError(f"{name_text(path)}:{number}: more fields than the "
+                                      f"header has")
+                rows.append({k: _number_or_text(k, v or "") for k, v in row.items()})
+        except csv.Error as exc:  # (a review's 200 KB field gave a _csv.Error traceback)
+            raise ConfigError(f"{name_text(path)}: line {reader.line_num + 1}: not readable "
+                              f"as CSV ({exc})") from None
         return tuple(rows)

@@ -35,6 +35,7 @@ from fedsim.reporting.figures import (
     group_styles,
     interruption_note,
     save,
+    title_name,
 )
 from fedsim.reporting.ledgers import ClientLedger
 from fedsim.reporting.rundir import RunDirectory
@@ -178,7 +179,7 @@ def draw_tradeoff(run: RunDirectory, ledgers: Sequence[ClientLedger], final: dic
     right = 1 - 3.6 / width
     figure.legend(handles, labels, loc="center left", bbox_to_anchor=(right + 0.01, 0.5),
                   fontsize=7, frameon=False)
-    figure.suptitle(f"{run.scenario_name}: trade-off curves of {shown} of {len(ledgers)} "
+    figure.suptitle(f"{title_name(run)}: trade-off curves of {shown} of {len(ledgers)} "
                     "clients: per group, the client with the group's median final eps"
                     f"{interruption_note(run)}", fontsize=10)
     return save(figure, path, left=0.6 / width, right=right, bottom=0.1, top=0.86,

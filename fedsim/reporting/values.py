@@ -18,7 +18,8 @@ from typing import Any
 
 from fedsim.privacy.epsilon_text import epsilon_text
 
-__all__ = ["count", "epsilon_text", "finite_number", "printable", "relative_gap", "spread"]
+__all__ = ["count", "epsilon_text", "finite_number", "name_text", "printable", "relative_gap",
+           "spread"]
 
 
 def finite_number(value: Any) -> float | None:
@@ -51,6 +52,18 @@ def printable(value: Any, limit: int = 500) -> str:
     if not isinstance(value, str):
         return ""
     return "".join(c if c.isprintable() else "?" for c in value[:limit])
+
+
+def name_text(value: object) -> str:
+    """A file's name or path, taken from a directory someone handed over, as a message prints
+    it: itself where every character is printable, else each character that is not written as
+    ``repr`` writes it (``\\x1b``, ``\\n``): a review's ledger named with a terminal escape
+    sequence was printed raw in an error. (:func:`printable` is for values read from files: it
+    shows such a character as '?', which would not tell two names apart.)"""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def spread(values: Iterable[float]) -> str:

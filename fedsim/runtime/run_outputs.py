@@ -84,6 +84,7 @@ CLIENTS_FILE = "clients.csv"
 SUMMARY_FILE = "summary.json"
 TIMING_FILE = "timing.json"
 LEDGER_DIR = "ledgers"
+TUNING_LEDGER_DIR = Path("tuning") / "ledgers"  # a private tuning sweep's, beside its trials
 SERVER_FILE = "server.json"  # the deployed server's outcome
 APPLIED_FILE = "applied.jsonl"  # deployed: one line per applied update (window, client, round, base)
 PROCESSES_FILE = "processes.json"  # deployed: each process's command line, starts, exit codes

@@ -53,8 +53,9 @@ def poisson_clt_mu(steps: list[GaussianStep]) -> float:
 
 
 def build_run(root: Path, clients: int = 4, windows: int = 12, window: float = 5.0,
-              name: str = "synthetic") -> SyntheticRun:
-    """A finished run of ``clients`` clients over ``windows`` windows of ``window`` seconds."""
+              name: str = "synthetic", id_format: str = "c{:03d}") -> SyntheticRun:
+    """A finished run of ``clients`` clients over ``windows`` windows of ``window`` seconds
+    (client ``i``'s id ``id_format.format(i)``)."""
     root.mkdir(parents=True, exist_ok=True)
     duration = windows * window
     (root / "scenario.resolved.yaml").write_text(
@@ -78,7 +79,7 @@ def build_run(root: Path, clients: int = 4, windows: int = 12, window: float = 5
     rows: list[dict[str, Any]] = []
     for index in range(clients):
         group, q, sigma, period, budget = GROUPS[index % len(GROUPS)]
-        client_id = f"c{index:03d}"
+        client_id = id_format.format(index)
         history = []
         start = (index // len(GROUPS)) * 1.5 + 1.0
         time, round_index = start, 0
@@ -148,3 +149,10 @@ def copy_run(tmp_path: Path) -> Callable[[SyntheticRun], SyntheticRun]:
 def many_clients_run(tmp_path_factory: pytest.TempPathFactory) -> SyntheticRun:
     """12 clients in 3 postures: enough to switch the epsilon plot to band + representatives."""
     return build_run(tmp_path_factory.mktemp("many") / "run", clients=12)
+
+
+@pytest.fixture
+def build_run_of() -> Callable[..., SyntheticRun]:
+    """:func:`build_run` itself, for a test that builds its own run (conftest is not
+    importable under --import-mode=importlib)."""
+    return build_run
