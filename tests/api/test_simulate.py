@@ -61,7 +61,7 @@ def scenario(rounds: int = 6, sampling: str = "poisson", scheme: str = "dirichle
             "name": "lab", "count": 3, "data_share": 1.0, "batch_size": 20,
             "sampling": sampling, "clip": 1.0, "noise": {"sigma": 1.1}, "local_lr": 0.5,
             "speed": 0.01, "rounds": rounds,
-            "partition": {"scheme": scheme, "alpha": 5.0},
+            "partition": {"scheme": scheme, **({"alpha": 5.0} if scheme == "dirichlet" else {})},
         }]},
         "server": {"window": 1.0},
     }

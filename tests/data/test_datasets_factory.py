@@ -115,7 +115,7 @@ def scenario(dataset: dict[str, Any], scheme: str = "iid", windows: int = 6) -> 
         "clients": {"groups": [{
             "name": "lab", "count": 3, "data_share": 1.0, "batch_size": 20, "clip": 1.0,
             "noise": {"sigma": 1.0}, "local_lr": 0.5, "speed": 0.01, "rounds": 4,
-            "partition": {"scheme": scheme, "alpha": 0.5},
+            "partition": {"scheme": scheme, **({"alpha": 0.5} if scheme == "dirichlet" else {})},
         }]},
         "server": {"window": 1.0},
     }
