@@ -82,10 +82,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                      help="With --target-epsilon and --sigma, answer the largest number of "
                           "steps.")
     ask.add_argument("--group-size", type=_count, default=1, metavar="G",
-                     help="Answer for groups of G records (Dong, Roth and Su, Gaussian "
-                          "Differential Privacy, Theorem 2.14): the smaller of the "
-                          "accountant's group curve's and the RDP curve's composed on 1 - f "
-                          "(its 'bound' says which).")
+                     help="Answer for groups of G records: the least of the generic group "
+                          "bounds (Dong, Roth and Su, Gaussian Differential Privacy, Theorem "
+                          "2.14, on the accountant's curve and on RDP's) and, for pld with "
+                          "Poisson sampling, the tight mixture-of-Gaussians bound (Ganesh "
+                          "2024); its 'bound' says which.")
     out = parser.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.png",
                      help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")
@@ -126,7 +127,8 @@ def plot(path: Path, answer: AccountAnswer) -> None:
         raise ConfigError("no trade-off curve to plot: answer with curve=True")
     alphas, mu = answer.curve.alphas, answer.mu
     fig, ax = plt.subplots(figsize=(5, 5))
-    curve_of = answer.bound if answer.group_size > 1 and answer.bound else answer.accountant
+    curve_of = answer.curve.name or (answer.bound if answer.group_size > 1 and answer.bound
+                                     else answer.accountant)
     label = (f"{curve_of} "
              f"({'guarantee' if answer.is_guarantee else 'CLT approximation'})"
              + (f", groups of {answer.group_size}" if answer.group_size > 1 else ""))
@@ -167,7 +169,7 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
     for key in ("q", "sigma", "steps", "distinct_steps", "steps_classic", "steps_optimal",
                 "steps_pld", "steps_rdp", "bound", "group_size", "epsilon", "epsilon_classic",
                 "epsilon_optimal", "delta", "delta_classic", "delta_optimal", "mu", "mu_kind",
-                "clt_gamma", "plot"):
+                "clt_gamma", "note", "plot"):
         if result.get(key) is not None:
             value = result[key]
             text = f"{value:.6g}" if isinstance(value, float) else str(value)

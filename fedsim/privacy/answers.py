@@ -3,12 +3,14 @@
 :func:`account` validates one privacy question about DP-SGD and answers it as an
 :class:`AccountAnswer`: eps at delta (the default), delta at eps, the smallest sigma for a
 target eps (:func:`fedsim.privacy.calibration.calibrate_sigma`), or the most steps for a target
-eps (:func:`fedsim.privacy.calibration.max_steps`), each optionally for groups of records
-(Dong, Roth & Su, "Gaussian Differential Privacy", Theorem 2.14): for a guarantee the smaller
-of the accountant's group curve's answer and the RDP curve's, composed on ``1 - f`` where a
-group's small type I errors keep their digits (``bound`` names which:
-:mod:`fedsim.privacy.group_answers`); a target eps or the most steps for a group is met by the
-group. The command parses flags into
+eps (:func:`fedsim.privacy.calibration.max_steps`), each optionally for groups of records: for
+a guarantee the least of the generic group bounds (Dong, Roth & Su, "Gaussian Differential
+Privacy", Theorem 2.14, on the accountant's curve and on RDP's, composed on ``1 - f`` where a
+group's small type I errors keep their digits) and, for ``pld`` under Poisson sampling
+(add/remove), the tight mixture-of-Gaussians bound of the group's own pair (Ganesh 2024,
+:mod:`fedsim.privacy.group_mixture`); ``bound`` names which (:mod:`fedsim.privacy.group_answers`).
+Fixed-size batches (replace-one) keep the generic bounds, as the answer's ``note`` says. A
+target eps or the most steps for a group is met by the group. The command parses flags into
 these keyword arguments and formats the answer; the Python API passes its keywords straight in.
 
 Sampling schemes measure different things (never compare one's numbers with the other's):
@@ -41,12 +43,16 @@ from fedsim.privacy import calibration, fdp, gdp
 from fedsim.privacy.accountant import GUARANTEES, Accountant, make_accountant, smallest_epsilon
 from fedsim.privacy.events import NEIGHBOURING_RELATION, SAMPLING_SCHEMES, GaussianStep, Sampling
 from fedsim.privacy.group_answers import (
+    MIXTURE,
     group_alphas,
+    group_calibrate_sigma,
     group_complements,
     group_delta,
     group_epsilon,
-    group_measure,
+    group_max_steps,
+    group_mixture,
 )
+from fedsim.privacy.group_mixture import MixtureBound
 
 AccountantChoice = Literal["pld", "rdp", "gdp-clt"]
 ACCOUNTANT_CHOICES: tuple[AccountantChoice, ...] = ("pld", "rdp", "gdp-clt")
@@ -64,15 +70,20 @@ DEFAULT_DELTA = 1e-5
 # second: its curve on 26,000 points and RDP's; one record's is to 1e-4).
 GROUP_REL_TOL = 1e-3
 CLT_NOTE = "CLT approximation, not a guarantee (it can under-report)"
+FIXED_GROUP_NOTE = ("fixed-size batches (replace-one): generic group bounds only (Dong-Roth-Su "
+                    "Thm 2.14 on the pld and rdp curves); the tight mixture bound is for "
+                    "Poisson sampling")
 
 
 @dataclass(frozen=True)
 class TradeoffCurve:
     """The answered history's trade-off curve for the asked group (alpha grid, beta lower
-    bounds): what ``--plot`` draws."""
+    bounds): what ``--plot`` draws. ``name``: which bound's curve, where it is not the
+    answer's ``bound`` (a group's: the pointwise best of all its bounds' curves)."""
 
     alphas: np.ndarray
     betas: np.ndarray
+    name: str | None = None
 
 
 # Keys of AccountAnswer.as_dict() present even when None (a ledger of mixed steps has no one q).
@@ -87,7 +98,9 @@ class AccountAnswer:
     ``epsilon`` / ``delta``: the pair answered (for ``target_epsilon`` questions ``epsilon``
     is the target). ``steps``: the history's length (the answer with ``max_steps``).
     ``bound``: which guarantee gave the smallest eps / delta / most steps (``pld`` or ``rdp``;
-    for a group also ``pld+rdp``, the pointwise best of their group curves).
+    for a group also ``pld+rdp``, the pointwise best of their generic group curves, and
+    ``mixture``, the tight bound of a Poisson group; for a group's calibrated sigma or most
+    steps, the bound that met the target).
     ``mu``: the GDP mu (the CLT's for ``gdp-clt``, else the smallest G_mu below the curve).
     """
 
@@ -347,9 +360,11 @@ def _history(sampling: Sampling, name: AccountantChoice, history: list[GaussianS
         if group == 1:
             sigma = calibration.calibrate_sigma(name, sampling, q, count, target_epsilon, delta)
         else:  # met by the group, not by one record
-            sigma = calibration.calibrate_sigma(name, sampling, q, count, target_epsilon, delta,
-                                                measure=group_measure(group, COMPARE_KINDS),
-                                                rel_tol=GROUP_REL_TOL)
+            sigma, bound = group_calibrate_sigma(name, sampling, q, count, target_epsilon, delta,
+                                                 group, compare_kinds=COMPARE_KINDS,
+                                                 rel_tol=GROUP_REL_TOL)
+            if bound is not None:
+                found["bound"] = bound
         return found, [GaussianStep(sampling, q, sigma, count)], q, sigma
     if history is not None:
         kinds = {(s.q, s.sigma) for s in history}
@@ -371,37 +386,49 @@ def _answer(sampling: Sampling, name: AccountantChoice,
     count = sum(s.count for s in steps) if not max_steps else found["steps"]
 
     accountant = make_accountant(name, steps)
+    if group > 1 and name != "gdp-clt":
+        drawn = _group_answer(accountant, group, found, delta=delta, epsilon=epsilon,
+                              target_epsilon=target_epsilon, asked=not max_steps
+                              and target_epsilon is None, curve=curve)
+    else:
+        drawn = _record_answer(accountant, steps, group, found, delta=delta, epsilon=epsilon,
+                               target_epsilon=target_epsilon, max_steps=max_steps, curve=curve)
+    return AccountAnswer(
+        accountant=name, sampling=sampling, neighbouring_relation=NEIGHBOURING_RELATION[sampling],
+        is_guarantee=name != "gdp-clt", group_size=group, q=q, sigma=sigma,
+        note=_note(name, sampling, group), curve=drawn, **{**found, "steps": count})
+
+
+def _note(name: AccountantChoice, sampling: Sampling, group: int) -> str | None:
+    """The answer's note: the CLT's, or for a fixed-size group which bounds it has."""
+    if name == "gdp-clt":
+        return CLT_NOTE
+    return FIXED_GROUP_NOTE if group > 1 and sampling == "fixed" else None
+
+
+def _record_answer(accountant: Accountant, steps: list[GaussianStep], group: int,
+                   found: dict[str, Any], *, delta: float, epsilon: float | None,
+                   target_epsilon: float | None, max_steps: bool,
+                   curve: bool) -> TradeoffCurve | None:
+    """One record's answer (and ``gdp-clt``'s for a group) into ``found``; the curve asked."""
     eps_alone = not (group > 1 or curve or epsilon is not None or max_steps
                      or target_epsilon is not None)
     alphas, betas = _curve_if_represented(accountant, group, found, eps_alone=eps_alone,
                                           curve=curve or not max_steps or group > 1)
-    answered: dict[str, Any] | None = None
-    if (group > 1 and betas is not None and name != "gdp-clt" and not max_steps
-            and target_epsilon is None):
-        answered, betas = _group_answer(accountant, group, alphas, betas, delta=delta,
-                                        epsilon=epsilon)
-    if name == "gdp-clt":
+    if accountant.name == "gdp-clt":
         found.update(_clt(accountant, steps, group))
+        if curve:  # G_mu for the group's mu, the composed curve for one record
+            betas = (gdp.gdp_tradeoff(alphas, found["mu"]) if group > 1
+                     else accountant.tradeoff(alphas))
     elif betas is not None:
         found.update(_gdp_fit(accountant, group, alphas, betas))
-    if name == "gdp-clt" and curve:  # G_mu for the group's mu, the composed curve for one record
-        betas = (gdp.gdp_tradeoff(alphas, found["mu"]) if group > 1
-                 else accountant.tradeoff(alphas))
-
-    if answered is not None:
-        found.update(answered)
-    elif epsilon is not None:
+    if epsilon is not None:
         found.update(_delta_at(accountant, epsilon, group, alphas, betas, found.get("mu")))
     elif not max_steps and target_epsilon is None:
         found.update(_epsilon_at(accountant, delta, group, alphas, betas, found.get("mu")))
     else:
         found.update(epsilon=target_epsilon, delta=delta)
-    return AccountAnswer(
-        accountant=name, sampling=sampling, neighbouring_relation=NEIGHBOURING_RELATION[sampling],
-        is_guarantee=name != "gdp-clt", group_size=group, q=q, sigma=sigma,
-        note=CLT_NOTE if name == "gdp-clt" else None,
-        curve=TradeoffCurve(alphas, betas) if curve and betas is not None else None,
-        **{**found, "steps": count})
+    return TradeoffCurve(alphas, betas) if curve and betas is not None else None
 
 
 def _most_steps(name: AccountantChoice, sampling: Sampling, q: float, sigma: float,
@@ -413,8 +440,9 @@ def _most_steps(name: AccountantChoice, sampling: Sampling, q: float, sigma: flo
     of records the group's eps (:func:`~fedsim.privacy.group_answers.group_measure`, every
     guarantee's curve)."""
     if group > 1:
-        return {"steps": calibration.max_steps(name, sampling, q, sigma, target_epsilon, delta,
-                                               measure=group_measure(group, COMPARE_KINDS))}
+        steps, bound = group_max_steps(name, sampling, q, sigma, target_epsilon, delta, group,
+                                       compare_kinds=COMPARE_KINDS)
+        return {"steps": steps} if bound is None else {"steps": steps, "bound": bound}
     if name == "rdp":
         found: dict[str, Any] = {}
         for conversion in ("classic", "optimal"):
@@ -500,24 +528,91 @@ def _gdp_fit(accountant: Accountant, group: int, alphas: np.ndarray,
     return {"mu": mu, "mu_kind": GDP_FIT_KIND}
 
 
-def _group_answer(accountant: Accountant, group: int, alphas: np.ndarray, betas: np.ndarray,
-                  *, delta: float, epsilon: float | None) -> tuple[dict[str, Any], np.ndarray]:
-    """eps at ``delta`` (or delta at ``epsilon``) for groups of ``group`` records from the best
-    of the guarantees' group curves (:mod:`fedsim.privacy.group_answers`; ``bound`` names the
-    curve), and that curve (what ``--plot`` draws and the GDP fit reads)."""
+def _group_curves(accountant: Accountant, group: int, alphas: np.ndarray, *, delta: float,
+                  epsilon: float | None) -> dict[str, np.ndarray]:
+    """The guarantees' generic group curves as upper bounds on ``1 - f_g``
+    (:func:`~fedsim.privacy.group_answers.group_complements`), RDP's asked where the question
+    (eps at ``delta``, or delta at ``epsilon``) has no answer from the accountant's own."""
+    betas = fdp.group_tradeoff(alphas, accountant.tradeoff(alphas), group)
     if epsilon is not None:
-        curves = group_complements(
-            accountant, group, alphas, betas, compare_kinds=COMPARE_KINDS,
-            vacuous=lambda own: fdp.delta_from_complement(alphas, own, epsilon) >= 1.0)
-        value, bound = group_delta(curves, alphas, epsilon)
-        found = {"delta": value, "bound": bound, "epsilon": epsilon}
+        def vacuous(own: np.ndarray) -> bool:
+            return fdp.delta_from_complement(alphas, own, epsilon) >= 1.0
     else:
-        curves = group_complements(
-            accountant, group, alphas, betas, compare_kinds=COMPARE_KINDS,
-            vacuous=lambda own: math.isinf(fdp.epsilon_from_complement(alphas, own, delta)))
-        value, bound = group_epsilon(curves, alphas, delta)
-        found = {"epsilon": value, "bound": bound, "delta": delta}
-    return found, np.clip(1.0 - curves[bound], 0.0, 1.0)
+        def vacuous(own: np.ndarray) -> bool:
+            return math.isinf(fdp.epsilon_from_complement(alphas, own, delta))
+    return group_complements(accountant, group, alphas, betas, compare_kinds=COMPARE_KINDS,
+                             vacuous=vacuous)
+
+
+def _group_answer(accountant: Accountant, group: int, found: dict[str, Any], *, delta: float,
+                  epsilon: float | None, target_epsilon: float | None, asked: bool,
+                  curve: bool) -> TradeoffCurve | None:
+    """A group's answer into ``found`` for a guarantee: where ``asked`` (eps at ``delta`` or
+    delta at ``epsilon``) the least of the generic group curves' and, for ``pld``'s Poisson
+    histories, the mixture bound's (:mod:`fedsim.privacy.group_answers`; ``bound`` names it),
+    else the calibrated target's (``bound`` set by the search). The GDP fit is of the bound
+    named (the mixture's privacy profile, or that curve; a calibration met by a generic
+    bound: the accountant's own group curve, as before the mixture). With ``curve``, the
+    pointwise best of all the group curves (every one a lower bound on f_g) for the plot."""
+    alphas = group_alphas()
+    mixture = group_mixture(accountant, group)
+    curves: dict[str, np.ndarray] | None = None
+    if asked:
+        curves = _group_curves(accountant, group, alphas, delta=delta, epsilon=epsilon)
+        found.update(_group_value(curves, alphas, mixture, delta=delta, epsilon=epsilon))
+    else:
+        found.update(epsilon=target_epsilon, delta=delta)
+    bound: str | None = found.get("bound")
+    if bound == MIXTURE:
+        assert mixture is not None
+        found.update(_mixture_fit(mixture))
+    else:
+        fitted = (1.0 - curves[bound] if curves is not None and bound is not None
+                  else fdp.group_tradeoff(alphas, accountant.tradeoff(alphas), group))
+        found.update(_gdp_fit(accountant, group, alphas, np.clip(fitted, 0.0, 1.0)))
+    if not curve:
+        return None
+    if curves is None:
+        curves = _group_curves(accountant, group, alphas, delta=delta, epsilon=None)
+    return _best_curve(alphas, curves, mixture)
+
+
+def _group_value(curves: dict[str, np.ndarray], alphas: np.ndarray,
+                 mixture: MixtureBound | None, *, delta: float,
+                 epsilon: float | None) -> dict[str, Any]:
+    """delta at ``epsilon`` (or eps at ``delta``) for a group: the least of the ``curves``'
+    and the ``mixture``'s, and which (``bound``)."""
+    if epsilon is not None:
+        value, bound = group_delta(curves, alphas, epsilon, mixture)
+        return {"delta": value, "bound": bound, "epsilon": epsilon}
+    value, bound = group_epsilon(curves, alphas, delta, mixture)
+    return {"epsilon": value, "bound": bound, "delta": delta}
+
+
+def _best_curve(alphas: np.ndarray, curves: dict[str, np.ndarray],
+                mixture: MixtureBound | None) -> TradeoffCurve:
+    """The pointwise best of the group curves (the smallest upper bound on ``1 - f_g`` at
+    each alpha: each is one, so their minimum is too), named by the bounds it is the best
+    of."""
+    complements = dict(curves)
+    if mixture is not None:
+        complements[MIXTURE] = mixture.complement(alphas)
+    least = np.min(np.stack(list(complements.values())), axis=0)
+    names = [name for name in complements if "+" not in name]
+    return TradeoffCurve(alphas, np.clip(1.0 - least, 0.0, 1.0),
+                         name=f"best of {', '.join(sorted(names))}")
+
+
+def _mixture_fit(mixture: MixtureBound) -> dict[str, Any]:
+    """The GDP fit of the mixture bound's privacy profile (from delta = 1 down to
+    :data:`~fedsim.config.limits.MIN_DELTA`, :func:`fdp.fit_gdp_mu_to_profile`)."""
+    try:
+        epsilons, deltas = mixture.profile(fdp.PROFILE_POINTS)
+        mu = fdp.fit_gdp_mu_to_profile(epsilons, deltas)
+    except ConfigError:
+        return {"mu_kind": (f"none: no mu-GDP dominates the curve down to delta "
+                            f"{limits.MIN_DELTA:g} (no GDP fit)")}
+    return {"mu": mu, "mu_kind": GDP_FIT_KIND}
 
 
 def _epsilon_at(accountant: Accountant, delta: float, group: int, alphas: np.ndarray,

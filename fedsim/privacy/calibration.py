@@ -8,6 +8,10 @@ brackets the answer by exponential search and then bisects:
   returned sigma is the upper end of the final bracket, so it *meets* the budget;
 * :func:`max_steps`: on integers, exact: ``eps(T) <= target < eps(T + 1)``.
 
+:func:`calibrate_sigma_smooth` answers as :func:`calibrate_sigma` does by interpolation in
+log sigma instead of bisection (5-7 probes instead of 12-16), for measures that cost a second
+a probe (a group's mixture bound, :mod:`fedsim.privacy.group_answers`).
+
 T identical steps are one self-composed :class:`GaussianStep` (``count = T``), so the PLD
 accountant answers each probe with one FFT power. ``measure`` selects which eps to use, e.g.
 ``lambda acc, d: acc.epsilon_classic(d)`` for the RDP accountant's classic conversion.
@@ -86,6 +90,77 @@ def calibrate_sigma(accountant: str, sampling: Sampling, q: float, steps: int,  
         else:
             low = middle
     return high
+
+
+def calibrate_sigma_smooth(excess: Callable[[float], float], *, rel_tol: float = 1e-4,
+                           start: float = 1.0) -> float:
+    """Smallest sigma in :data:`SIGMA_RANGE` (to relative ``rel_tol``, the upper end of the
+    final bracket, so it *meets* the target) with ``excess(sigma) <= 0``, for an ``excess``
+    that decreases in sigma and is smooth in log sigma (``log eps - log target``; ``inf``
+    where there is no finite eps): the same answer as :func:`calibrate_sigma` in fewer probes,
+    for measures of a second each. The bracket is found by steps from ``start`` extrapolated
+    from the last two probes (:func:`_log_step`), then closed by the Illinois variant of
+    regula falsi in log sigma (Dowell & Jarratt 1971), every probe at least ``rel_tol`` inside
+    the bracket, so that it closes."""
+    tol = math.log1p(rel_tol)
+    fail, fit = _smooth_bracket(excess, math.log(start), tol)
+    if fit is None:
+        raise PrivacyError(f"no sigma below {SIGMA_RANGE[1]:g} meets the target")
+    if fail is None:  # even the smallest sigma meets it
+        return math.exp(fit[0])
+    (a, g_a), (b, g_b) = fail, fit
+    side = 0
+    while b - a > tol:
+        if b - a <= 2.0 * tol or not (math.isfinite(g_a) and math.isfinite(g_b)) or g_a == g_b:
+            x = 0.5 * (a + b)
+        else:
+            x = min(max(b - g_b * (b - a) / (g_b - g_a), a + tol), b - tol)
+        g = excess(math.exp(x))
+        if g <= 0:
+            b, g_b, g_a = x, g, g_a / 2.0 if side == 1 else g_a
+            side = 1
+        else:
+            a, g_a, g_b = x, g, g_b / 2.0 if side == -1 else g_b
+            side = -1
+    return math.exp(b)
+
+
+def _smooth_bracket(excess: Callable[[float], float], x: float, tol: float
+                    ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """(a failing and a fitting probe, each ``(log sigma, excess)``; None where the range's end
+    was reached without one), by :func:`_log_step` s from ``x``."""
+    low, high = math.log(SIGMA_RANGE[0]), math.log(SIGMA_RANGE[1])
+    fail: tuple[float, float] | None = None
+    fit: tuple[float, float] | None = None
+    last: tuple[float, float] | None = None
+    while True:
+        g = excess(math.exp(x))
+        if g <= 0:
+            fit = (x, g)
+        else:
+            fail = (x, g)
+        if fail is not None and fit is not None:
+            return fail, fit
+        step = _log_step(last, (x, g), tol)
+        last, edge = (x, g), (high if step > 0 else low)
+        if x == edge:
+            return fail, fit
+        x = min(x + step, high) if step > 0 else max(x + step, low)
+
+
+def _log_step(last: tuple[float, float] | None, here: tuple[float, float], tol: float) -> float:
+    """The next probe's move in log sigma towards ``excess = 0`` from ``here``: along the
+    secant through ``last`` where it slopes down, else as if eps were proportional to 1/sigma,
+    overshot by a fifth so that one step usually brackets; a doubling where the excess is
+    infinite; at least ``2 tol`` and at most a factor e^3."""
+    x, g = here
+    if math.isinf(g):
+        return math.log(2.0) if g > 0 else -math.log(2.0)
+    slope = -1.0
+    if last is not None and math.isfinite(last[1]) and last[1] != g:
+        slope = min((g - last[1]) / (x - last[0]), -1e-3)
+    step = -1.2 * g / slope
+    return math.copysign(min(max(abs(step), 2.0 * tol), 3.0), -g / slope)
 
 
 def max_steps(accountant: str, sampling: Sampling, q: float, sigma: float, epsilon: float,
