@@ -55,8 +55,11 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     # read as spent to the budget), its range written as the explanation writes it (the
     # headline's "0.4790..1.997" beside its "0.479 to 1.997": a new user)
     low, high = summary["privacy"]["epsilon_min"], summary["privacy"]["epsilon_max"]
-    assert f"eps (delta=1e-05) {low:#.4g} to {high:#.4g}, " in captured.out
-    assert f"ranges from {low:#.4g} to {high:#.4g}." in summary["explanation"]
+    # (one value where both ends read alike: "4.160", not "4.160 to 4.160")
+    written = (f"{low:#.4g}" if f"{low:#.4g}" == f"{high:#.4g}"
+               else f"{low:#.4g} to {high:#.4g}")
+    assert f"eps (delta=1e-05) {written}, " in captured.out
+    assert f"{written}." in summary["explanation"]
     # seconds to two decimals wherever they are written (the headline's and the explanation's)
     assert f"{summary['virtual_time']:.2f} virtual s, " in captured.out
     assert f"virtual time {summary['virtual_time']:.2f} s after" in summary["explanation"]
