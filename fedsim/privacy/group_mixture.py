@@ -54,19 +54,17 @@ from scipy import special, stats
 from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.privacy.events import GaussianStep
-from fedsim.privacy.pld import DEFAULT_BUCKET_RESOLUTION, bucket
+from fedsim.privacy.pld import DEFAULT_BUCKET_RESOLUTION, bucket, grid_for_stds
 
 # Binomial mass left in each tail before it is moved (pessimistically) onto a kept count.
 TAIL_MASS = 1e-30
 # Most mixture components per step, and most kinds of step composed (beyond: merged upwards).
 MAX_COMPONENTS = 256
 MAX_KINDS = 6
-# Grid h = (smallest per-step loss std) / H_PER_STD: measured eps error 3e-4 to 1.1e-3 at
-# s / 10 against s / 100 (g = 1 ... 100, q = 0.001 ... 1, sigma 0.5 ... 8, T = 10 ... 10^5),
-# 4 times smaller at s / 20 for twice the time. Kinds more than _MAX_STD_RATIO below the
-# largest std do not refine it further.
-H_PER_STD = 10.0
-_MAX_STD_RATIO = 100.0
+# Grid h: fedsim's PLD's rule (pld.grid_for_stds: the smallest per-step loss std over 10,
+# kinds more than 100 times below the largest not refining it), within this range. Measured eps
+# error 3e-4 to 1.1e-3 at s / 10 against s / 100 (g = 1 ... 100, q = 0.001 ... 1, sigma
+# 0.5 ... 8, T = 10 ... 10^5), 4 times smaller at s / 20 for twice the time.
 _MIN_H, _MAX_H = 1e-7, 1e-1
 # Most points of one step's PMF (per direction): dp_accounting builds each in about 100 us
 # (the user's group of 8: 4,800), so a step beyond is built on a coarser grid (still an upper
@@ -130,15 +128,13 @@ def _kind_std(q: float, sigma: float, group: int) -> float:
 
 
 def mixture_discretisation(kinds: Iterable[Kind], group: int) -> float:
-    """The grid ``h`` of a history's mixture PLD: the smallest per-step loss std over
-    :data:`H_PER_STD` (floored at the largest's / (100 H_PER_STD)), snapped down to
-    ``2^{k/4}``; it depends on the kinds only, not on their counts."""
+    """The grid ``h`` of a history's mixture PLD: fedsim's PLD's rule
+    (:func:`fedsim.privacy.pld.grid_for_stds`) on the mixture steps' loss stds, within
+    ``[1e-7, 0.1]``; it depends on the kinds only, not on their counts."""
     stds = [_kind_std(q, sigma, group) for q, sigma, _ in kinds]
     if not stds:
         raise ConfigError("no steps")
-    target = max(min(stds), max(stds) / _MAX_STD_RATIO) / H_PER_STD
-    target = min(max(target, _MIN_H), _MAX_H)
-    return float(2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0))
+    return grid_for_stds(min(stds), max(stds), lowest=_MIN_H, highest=_MAX_H)
 
 
 def mixture_kinds(steps: Iterable[GaussianStep]) -> tuple[Kind, ...]:

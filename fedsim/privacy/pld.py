@@ -126,10 +126,13 @@ def adaptive_discretisation(steps: Iterable[GaussianStep]) -> float:
     return grid_for_stds(min(stds), max(stds))
 
 
-def grid_for_stds(smallest: float, largest: float) -> float:
-    """:func:`adaptive_discretisation` from the smallest and largest per-step loss std."""
+def grid_for_stds(smallest: float, largest: float, *, lowest: float = _MIN_H,
+                  highest: float = _MAX_H) -> float:
+    """:func:`adaptive_discretisation` from the smallest and largest per-step loss std, kept
+    within ``[lowest, highest]`` before it is snapped (a group's mixture PLD,
+    :mod:`fedsim.privacy.group_mixture`, keeps its own range)."""
     target = max(smallest, largest / _MAX_STD_RATIO) / _H_PER_STEP_STD
-    target = min(max(target, _MIN_H), _MAX_H)
+    target = min(max(target, lowest), highest)
     return float(2.0 ** (math.floor(4.0 * math.log2(target)) / 4.0))
 
 
