@@ -508,6 +508,9 @@ def _clt(accountant: Accountant, steps: list[GaussianStep], group: int) -> dict[
 GDP_FIT_KIND = (f"fit (smallest mu whose mu-GDP (eps, delta) pairs all hold for the accountant "
                 f"at every delta from {limits.MIN_DELTA:g} to 1 - 1e-9: delta_mu(eps) >= the "
                 f"accountant's delta(eps) there)")
+NO_GDP_FIT_KIND = (f"none: no mu-GDP dominates the curve down to delta {limits.MIN_DELTA:g} "
+                   f"(no GDP fit)")
+"""An answer's mu_kind where no GDP fit exists (the curve's or the mixture's)."""
 
 
 def _gdp_fit(accountant: Accountant, group: int, alphas: np.ndarray,
@@ -523,8 +526,7 @@ def _gdp_fit(accountant: Accountant, group: int, alphas: np.ndarray,
             complement = np.minimum(1.0 - np.asarray(betas, dtype=float) + 1e-15, 1.0)
             mu = fdp.fit_gdp_mu_complement(alphas, complement, limits.MIN_DELTA)
     except ConfigError:  # no mu dominates, or the accountant cannot answer: eps is still answered
-        return {"mu_kind": (f"none: no mu-GDP dominates the curve down to delta "
-                            f"{limits.MIN_DELTA:g} (no GDP fit)")}
+        return {"mu_kind": NO_GDP_FIT_KIND}
     return {"mu": mu, "mu_kind": GDP_FIT_KIND}
 
 
@@ -610,8 +612,7 @@ def _mixture_fit(mixture: MixtureBound) -> dict[str, Any]:
         epsilons, deltas = mixture.profile(fdp.PROFILE_POINTS)
         mu = fdp.fit_gdp_mu_to_profile(epsilons, deltas)
     except ConfigError:
-        return {"mu_kind": (f"none: no mu-GDP dominates the curve down to delta "
-                            f"{limits.MIN_DELTA:g} (no GDP fit)")}
+        return {"mu_kind": NO_GDP_FIT_KIND}
     return {"mu": mu, "mu_kind": GDP_FIT_KIND}
 
 
