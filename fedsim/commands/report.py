@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     directory = RunDirectory.load(args.run_dir)
     require_writable_dir(directory.plot_dir, "plots directory")
     tuned = _tuned(directory)  # (before the plots: a damaged tuning ledger stops the report)
-    drawn = draw_run(directory)
+    drawn = draw_run(directory, tuned)
     for line in summary_lines(directory, drawn, tuned):
         print(printable(line, limit=100_000))  # (a handed-over file's terminal escapes)
     return 0

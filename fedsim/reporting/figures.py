@@ -13,7 +13,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -21,6 +21,9 @@ from matplotlib.text import Text
 
 from fedsim.privacy.epsilon_text import epsilon_text
 from fedsim.reporting.rundir import RunDirectory
+
+if TYPE_CHECKING:  # (ledgers imports this module)
+    from fedsim.reporting.ledgers import TunedPrivacy
 
 DPI = 100
 FIGSIZE = (7.5, 4.5)
@@ -163,13 +166,14 @@ def interruption_note(run: RunDirectory) -> str:
     return f" (interrupted by {run.interrupted}: partial run)" if run.interrupted else ""
 
 
-def tuning_note(run: RunDirectory) -> str:
+def tuning_note(run: RunDirectory, tuned: TunedPrivacy | None = None) -> str:
     """For a private tuning's trial (its summary's ``private_tuning``, fedsim sweep
     --private-tuning), what its eps plot must say: the release's privacy is the tuned eps, not
     the curves' (a plot copied from the released trial understated it), its largest as
     ``fedsim report`` states it (:func:`~fedsim.reporting.ledgers.tuned_privacy`: from the
     sweep's tuning ledgers where they are beside the trial, else summary.json's, said so), and
-    any other trial is no release; "" for any other run."""
+    any other trial is no release; "" for any other run. ``tuned``: the release's tuned eps
+    where the caller has read it already (read here if not given)."""
     from fedsim.reporting.ledgers import tuned_privacy
 
     tuning = run.tuning
@@ -177,7 +181,8 @@ def tuning_note(run: RunDirectory) -> str:
         return ""
     if not tuning.release:
         return " - NOT A RELEASE: a private tuning's trial, not to be published"
-    tuned = tuned_privacy(run, tuning)
+    if tuned is None:
+        tuned = tuned_privacy(run, tuning)
     highest = max(tuned.epsilons.values(), default=tuning.tuned_max)
     said = "" if highest is None else f", max {epsilon_text(highest)}"
     where = "its tuning ledgers" if tuned.verified else "summary.json, unverified"

@@ -72,7 +72,7 @@ from fedsim.reporting.figures import (
     title_name,
     tuning_note,
 )
-from fedsim.reporting.ledgers import ClientLedger, read_ledgers
+from fedsim.reporting.ledgers import ClientLedger, TunedPrivacy, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.tradeoff_plot import draw_tradeoff
 
@@ -317,7 +317,8 @@ def _draw_budgets(axes: Any, budgets: dict[float, list[str]], every: Sequence[fl
                                 "alpha": 0.8})
 
 
-def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) -> Path:
+def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path,
+                 tuned: TunedPrivacy | None = None) -> Path:
     """Per-client epsilon over virtual time, one panel per neighbouring relation.
 
     In a panel, up to :data:`MAX_INDIVIDUAL_CLIENTS` groups are drawn one line each (the
@@ -326,7 +327,8 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
     its label); more as a min-max band, the median and three representatives. If a panel's history holds only the clients at quantiles
     of final epsilon out of a larger population (see :func:`draw_run`), those are drawn, each
     labelled with its quantile, and the legend says so. Budgets are lines of distinct styles;
-    legends stand beside the axes.
+    legends stand beside the axes. ``tuned``: a private tuning release's tuned eps, for the
+    title, where the caller has read it (:func:`~fedsim.reporting.figures.tuning_note`).
     """
     rows = max(len(panels), 1)
     figure, axes_list = new_figure((FIGSIZE[0] + 3.0, 3.6 * rows + 0.6), rows)
@@ -375,7 +377,7 @@ def draw_epsilon(run: RunDirectory, panels: Sequence[EpsilonPanel], path: Path) 
             axes.legend(**LEGEND_OUTSIDE)
     note = " (eps of different relations are not comparable)" if len(panels) > 1 else ""
     figure.suptitle(f"{title_name(run)}: privacy spent per client ({accountant}, delta = "
-                    f"{delta:g}){note}{interruption_note(run)}{tuning_note(run)}", fontsize=11)
+                    f"{delta:g}){note}{interruption_note(run)}{tuning_note(run, tuned)}", fontsize=11)
     height = 3.6 * rows + 0.6
     return save(figure, path, left=0.07, right=0.66, bottom=0.55 / height,
                  top=1 - 0.8 / height)
@@ -397,8 +399,9 @@ class Drawn:
     sampling: dict[str, str] = field(default_factory=dict)  # each client's, its ledger header's
 
 
-def draw_run(run: RunDirectory) -> Drawn:
-    """Draw the three plots of ``run`` into ``run.plot_dir``.
+def draw_run(run: RunDirectory, tuned: TunedPrivacy | None = None) -> Drawn:
+    """Draw the three plots of ``run`` into ``run.plot_dir`` (``tuned``: a private tuning
+    release's tuned eps where the caller has read it, else read for the epsilon plot's title).
 
     Epsilon over time costs one accountant evaluation per client and time point (shared
     between clients with equal histories, about 10 ms each otherwise). The grid has
@@ -441,7 +444,7 @@ def draw_run(run: RunDirectory) -> Drawn:
             frozenset(groups.values())))
     paths = [
         draw_accuracy(run, run.plot_dir / "accuracy.png"),
-        draw_epsilon(run, panels, run.plot_dir / "epsilon.png"),
+        draw_epsilon(run, panels, run.plot_dir / "epsilon.png", tuned),
         draw_tradeoff(run, ledgers, final, run.plot_dir / "tradeoff.png"),
     ]
     return Drawn(paths, final, accountant_names(ledgers), delta,

@@ -247,3 +247,24 @@ def test_a_ledger_file_name_is_printed_escaped(
     assert code == 2
     assert "a\\x1b[2Jb\\nc.jsonl: line 1" in err
     assert "\x1b" not in err and err.count("\n") == 1
+
+
+def test_report_verifies_a_releases_tuned_eps_once(
+        small_run: SyntheticRun, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's lines and the eps plot's title state the same verified tuned eps: read
+    from the tuning ledgers once (a review found report reading each of them twice)."""
+    from fedsim.reporting import ledgers
+
+    trial, _ = _tuning_release(small_run, tmp_path / "sweep")
+    calls: list[Path] = []
+    verify = ledgers.tuned_privacy
+
+    def counted(run: RunDirectory, tuning: Any) -> Any:
+        calls.append(run.path)
+        return verify(run, tuning)
+
+    monkeypatch.setattr(ledgers, "tuned_privacy", counted)
+    code, out, _ = _report(trial, capsys)
+    assert code == 0 and "from its sweep's tuning ledgers" in out
+    assert len(calls) == 1
