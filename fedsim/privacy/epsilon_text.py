@@ -4,7 +4,7 @@ its explanation, ``fedsim report``, the tables, a ledger's refusal).
 
 from __future__ import annotations
 
-__all__ = ["epsilon_range", "epsilon_text"]
+__all__ = ["epsilon_alike", "epsilon_range", "epsilon_text"]
 
 
 def epsilon_text(value: float) -> str:
@@ -13,9 +13,16 @@ def epsilon_text(value: float) -> str:
     return f"{value:#.4g}"
 
 
+def epsilon_alike(low: float, high: float) -> bool:
+    """Whether two epsilons read alike as written (:func:`epsilon_text`): a range of them is
+    then one value."""
+    return epsilon_text(low) == epsilon_text(high)
+
+
 def epsilon_range(low: float, high: float) -> str:
     """``0.4790 to 1.997``: the smallest and the largest of several epsilons (a run's
     headline wrote ``0.4790..1.997`` beside its explanation's ``0.479 to 1.997``); one value
     where both read alike (``2.998``, not ``2.998 to 2.998``)."""
-    first, last = epsilon_text(low), epsilon_text(high)
-    return first if first == last else f"{first} to {last}"
+    if epsilon_alike(low, high):
+        return epsilon_text(low)
+    return f"{epsilon_text(low)} to {epsilon_text(high)}"

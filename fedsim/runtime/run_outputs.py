@@ -39,7 +39,7 @@ from fedsim.errors import ConfigError
 from fedsim.json_input import parse_json
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
-from fedsim.privacy.epsilon_text import epsilon_range, epsilon_text
+from fedsim.privacy.epsilon_text import epsilon_alike, epsilon_range
 from fedsim.privacy.events import GaussianStep, by_relation, group_steps
 from fedsim.privacy.gdp import clt_mu
 from fedsim.privacy.ledger import PrivacyLedger
@@ -516,8 +516,8 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
                            for relation, r in relations.items())
         parts.append(
             f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) "
-            + (("is " if epsilon_text(min(epsilons)) == epsilon_text(max(epsilons))
-                else "ranges from ") + f"{epsilon_range(min(epsilons), max(epsilons))}."
+            + (("is " if epsilon_alike(min(epsilons), max(epsilons)) else "ranges from ")
+               + f"{epsilon_range(min(epsilons), max(epsilons))}."
                if len(relations) == 1
                else f"by neighbouring relation, guarantees about different neighbours that are "
                     f"not to be compared: {ranges}.")

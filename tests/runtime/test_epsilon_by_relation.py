@@ -45,7 +45,10 @@ def test_a_mixed_runs_summary_says_each_relation_and_a_single_ones_is_unchanged(
     assert "not to be compared" in mixed.summary["explanation"]
     single = fedsim.simulate(_scenario(["poisson", "poisson"]), plots=False)
     assert "by_relation" not in single.summary["privacy"]
-    # (one relation: its range, or one value where every client's eps reads alike)
-    assert ("(pld) ranges from" in single.summary["explanation"]
-            or "(pld) is " in single.summary["explanation"])
+    # one relation: its range, or one value where every client's eps reads alike (four
+    # significant digits)
+    low, high = (f"{e:#.4g}" for e in (min(single.epsilons.values()),
+                                       max(single.epsilons.values())))
+    expected = f"(pld) is {low}." if low == high else f"(pld) ranges from {low} to {high}."
+    assert expected in single.summary["explanation"]
     assert "not to be compared" not in single.summary["explanation"]
