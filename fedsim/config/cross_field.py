@@ -21,8 +21,9 @@ validated:
 * a value that is not a section (a number, a tagged union such as ``noise``, a list of
   numbers) is valid or not, as pydantic said.
 
-So a check is judged exactly when every field it reads is valid, and a section's rules must
-each hold on their own (none may assume that an earlier one passed). The problems come back
+So a check is judged exactly when every field it reads is valid (a check that goes through
+the groups reads each until its first invalid one, and so is not judged past it: the file
+fixed may show more), and a section's rules must each hold on their own (none may assume that an earlier one passed). The problems come back
 as pydantic's error dicts, which :mod:`fedsim.config.loading` formats with their YAML paths,
 leaving out those already listed.
 """
