@@ -6,11 +6,11 @@ A separate module of :mod:`fedsim.config.schema` (which imports these models int
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsim.config.kind_keys import refuse_other_kinds_keys
+from fedsim.config.kind_keys import KeysOfKind, refuse_other_kinds_keys
 
 __all__ = [
     "Aggregation",
@@ -68,11 +68,12 @@ class StalenessWeighting(_Strict):
     b: float = Field(default=4.0, ge=0.0, allow_inf_nan=False,
                      description="Hinge: staleness (versions) up to which S = 1.")
 
+    KEYS_OF_KIND: ClassVar[KeysOfKind] = {"constant": frozenset(), "polynomial": frozenset({"a"}),
+                                          "hinge": frozenset({"a", "b"})}
+
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> Self:
-        refuse_other_kinds_keys(self, self.kind, {"constant": frozenset(),
-                                                  "polynomial": frozenset({"a"}),
-                                                  "hinge": frozenset({"a", "b"})})
+        refuse_other_kinds_keys(self, self.kind, self.KEYS_OF_KIND)
         return self
 
 
@@ -90,12 +91,13 @@ class ServerOptimizerConfig(_Strict):
     tau: float = Field(default=1e-3, gt=0.0, allow_inf_nan=False,
                        description="Adam, yogi: adaptivity (v starts at tau^2).")
 
+    KEYS_OF_KIND: ClassVar[KeysOfKind] = {
+        "sgd": frozenset(), "momentum": frozenset({"beta1"}),
+        "adam": frozenset({"beta1", "beta2", "tau"}), "yogi": frozenset({"beta1", "beta2", "tau"})}
+
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> Self:
-        adaptive = frozenset({"beta1", "beta2", "tau"})
-        refuse_other_kinds_keys(self, self.kind, {"sgd": frozenset(),
-                                                  "momentum": frozenset({"beta1"}),
-                                                  "adam": adaptive, "yogi": adaptive})
+        refuse_other_kinds_keys(self, self.kind, self.KEYS_OF_KIND)
         return self
 
 
@@ -113,11 +115,13 @@ class LocalStepSequence(_Strict):
     minimum: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
                            description="The exponential sequence's floor.")
 
+    KEYS_OF_KIND: ClassVar[KeysOfKind] = {
+        "constant": frozenset(), "inverse_time": frozenset({"decay", "power"}),
+        "exponential": frozenset({"factor", "minimum"})}
+
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> Self:
-        refuse_other_kinds_keys(self, self.kind, {
-            "constant": frozenset(), "inverse_time": frozenset({"decay", "power"}),
-            "exponential": frozenset({"factor", "minimum"})})
+        refuse_other_kinds_keys(self, self.kind, self.KEYS_OF_KIND)
         return self
 
 

@@ -15,7 +15,7 @@ bandwidth is bytes per second; probabilities are in [0, 1].
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -57,7 +57,7 @@ from fedsim.config.distributions import (
     zero_seconds,
 )
 from fedsim.config.features import DpPca, too_many_components
-from fedsim.config.kind_keys import refuse_other_kinds_keys
+from fedsim.config.kind_keys import KeysOfKind, refuse_other_kinds_keys
 from fedsim.config.model import Model
 from fedsim.config.network import Aggregators, Link, LinkOverride, Network
 from fedsim.config.posture import (
@@ -118,12 +118,14 @@ class Partition(_Strict):
     size_sigma: Annotated[float, Field(gt=0.0, le=limits.MAX_LOGNORMAL_SIGMA)] = Field(
         default=1.0, description="The log-normal spread of client sizes under the unequal scheme.")
 
+    KEYS_OF_KIND: ClassVar[KeysOfKind] = {
+        "iid": frozenset(), "dirichlet": frozenset({"alpha"}),
+        "shards": frozenset({"shards_per_client"}), "unequal": frozenset({"size_sigma"}),
+        "natural": frozenset()}
+
     @model_validator(mode="after")
     def _keys_of_its_scheme(self) -> Partition:
-        refuse_other_kinds_keys(self, self.scheme, {
-            "iid": frozenset(), "dirichlet": frozenset({"alpha"}),
-            "shards": frozenset({"shards_per_client"}), "unequal": frozenset({"size_sigma"}),
-            "natural": frozenset()}, field="scheme")
+        refuse_other_kinds_keys(self, self.scheme, self.KEYS_OF_KIND, field="scheme")
         return self
 
 

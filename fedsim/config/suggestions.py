@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
+from fedsim.config.kind_keys import kinds_text
 from fedsim.config.overrides import format_path
 from fedsim.config.schema import Scenario
 
@@ -130,14 +131,6 @@ def _members(path: Sequence[str | int]) -> dict[str, type[BaseModel]]:
     return members if len(members) > 1 else {}
 
 
-def _kinds(kinds: Sequence[str]) -> str:
-    """``kind 'fedbuff'``, ``kinds 'target', 'growing_mu' or 'clip_tied'``."""
-    quoted = [repr(kind) for kind in kinds]
-    if len(quoted) == 1:
-        return f"kind {quoted[0]}"
-    return f"kinds {', '.join(quoted[:-1])} or {quoted[-1]}"
-
-
 def _flow(value: Any) -> str:
     """``value`` as one line of YAML (a flow mapping's value)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=2**31 - 1)
@@ -176,7 +169,7 @@ def _key_of_another_kind(path: Sequence[str | int], chosen: str | None,
     if not owners:
         return ""
     given = mapping is not None and "kind" in mapping
-    head = (f" - {key!r} is a key of {_kinds(owners)}, not of kind {chosen!r}"
+    head = (f" - {key!r} is a key of {kinds_text(owners)}, not of kind {chosen!r}"
             + ("" if given else ", which a mapping without 'kind' stands for"))
     if fix == "file" or mapping is None:
         change = (f"change the kind to {owners[0]!r}" if len(owners) == 1
@@ -203,7 +196,7 @@ def kinds_fitting(path: Sequence[str | int], mapping: Any) -> str:
                if all(key in model.model_fields for key in mapping)]
     if not fitting or len(fitting) == len(members):
         return ""
-    return f" - its keys fit {_kinds(fitting)} (add 'kind: {fitting[0]}')"
+    return f" - its keys fit {kinds_text(fitting)} (add 'kind: {fitting[0]}')"
 
 
 def _whose(path: Sequence[str | int], key: str, chosen: str | None) -> str:
@@ -213,7 +206,7 @@ def _whose(path: Sequence[str | int], key: str, chosen: str | None) -> str:
     if chosen not in members or key in members[chosen].model_fields:
         return ""
     owners = [kind for kind, model in members.items() if key in model.model_fields]
-    return f" (a key of {_kinds(owners)}, not of {chosen!r})"
+    return f" (a key of {kinds_text(owners)}, not of {chosen!r})"
 
 
 def did_you_mean(path: Sequence[str | int], *, chosen: str | None = None,

@@ -187,15 +187,15 @@ def test_every_tagged_union_says_whose_key_it_is(path: tuple[str | int, ...]) ->
 # Sections with one ``kind`` field (not a union of models) refuse a key their kind does not
 # read: {kind: sgd, beta2: 0.9} ran as plain SGD, the key accepted and ignored.
 @pytest.mark.parametrize(("path", "section", "key", "readers"), [
-    (("server", "optimizer"), {"kind": "sgd", "beta2": 0.9}, "beta2", "'adam' or 'yogi'"),
-    (("server", "optimizer"), {"kind": "momentum", "tau": 0.01}, "tau", "'adam' or 'yogi'"),
-    (("server", "staleness_weight"), {"kind": "polynomial", "b": 2}, "b", "'hinge'"),
+    (("server", "optimizer"), {"kind": "sgd", "beta2": 0.9}, "beta2", "s 'adam' or 'yogi'"),
+    (("server", "optimizer"), {"kind": "momentum", "tau": 0.01}, "tau", "s 'adam' or 'yogi'"),
+    (("server", "staleness_weight"), {"kind": "polynomial", "b": 2}, "b", " 'hinge'"),
     (("server", "staleness_weight"), {"kind": "constant", "a": 2}, "a",
-     "'polynomial' or 'hinge'"),
+     "s 'polynomial' or 'hinge'"),
     (("clients", "groups", 0, "step_sequence"), {"kind": "exponential", "decay": 0.1},
-     "decay", "'inverse_time'"),
+     "decay", " 'inverse_time'"),
     (("clients", "groups", 0, "partition"), {"scheme": "iid", "alpha": 0.1}, "alpha",
-     "'dirichlet'"),
+     " 'dirichlet'"),
 ])
 def test_a_key_its_kind_does_not_read_is_refused(path: tuple, section: dict, key: str,
                                                  readers: str) -> None:
@@ -208,7 +208,8 @@ def test_a_key_its_kind_does_not_read_is_refused(path: tuple, section: dict, key
     where = format_path(path)
     assert where in errors, errors
     field = "scheme" if "scheme" in section else "kind"
-    assert (f"{field} {section[field]!r} does not read {key!r} ({key!r} is read by {field} "
+    # (readers: " 'a'" for one kind, "s 'a' or 'b'" for several, as kinds_text writes them)
+    assert (f"{field} {section[field]!r} does not read {key!r} ({key!r} is read by {field}"
             f"{readers}): remove it, or change the {field}") in errors[where]
     # the same section with only its kind's own keys is accepted
     place[path[-1]] = {k: v for k, v in section.items() if k != key}
@@ -219,3 +220,34 @@ def test_a_key_at_its_default_is_let_be_as_a_resolved_scenario_writes_it() -> No
     data = copy.deepcopy(MINIMAL)
     data["server"]["optimizer"] = {"kind": "sgd", "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
     assert parse_scenario(data).server.optimizer.kind == "sgd"
+
+
+def _sections_with_kind_tables() -> list[tuple[type, str]]:
+    """Every section of the schema that declares its kinds' keys, and its kind field."""
+    from pydantic import BaseModel
+
+    from fedsim.config import aggregation, schema
+
+    found = {}
+    for module in (aggregation, schema):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, BaseModel) \
+                    and "KEYS_OF_KIND" in vars(value):
+                field = "scheme" if "scheme" in value.model_fields else "kind"
+                found[value.__name__] = (value, field)
+    return sorted(found.values(), key=lambda item: item[0].__name__)
+
+
+@pytest.mark.parametrize(("section", "field"), _sections_with_kind_tables(),
+                         ids=lambda v: getattr(v, "__name__", v))
+def test_each_kind_table_names_every_kind_and_every_key(section: type, field: str) -> None:
+    """A kind added without a row raised KeyError (a traceback) in the validator; a key in no
+    row was refused for every kind."""
+    table = section.KEYS_OF_KIND
+    assert set(table) == set(typing.get_args(section.model_fields[field].annotation))
+    assert set().union(*table.values()) == set(section.model_fields) - {field}
+
+
+def test_the_kind_tables_are_found() -> None:
+    assert {s.__name__ for s, _ in _sections_with_kind_tables()} == {
+        "LocalStepSequence", "Partition", "ServerOptimizerConfig", "StalenessWeighting"}
