@@ -234,6 +234,20 @@ def test_a_long_name_in_a_title_is_cut_not_a_crash(
     assert name.endswith("\u2026") == (field == "scenario")
     if field == "scenario":
         assert f"scenario {'A' * 2000}," in out  # the text says it whole
+    else:  # the signal's name is read bounded (titles and text print it)
+        assert loaded.interrupted is not None and len(loaded.interrupted) <= 40
+
+
+def test_a_title_of_more_lines_than_the_figure_has_room_for_is_cut(tmp_path: Path) -> None:
+    """Whatever makes a title long (a name, a signal, a note), it is wrapped onto at most
+    MAX_TITLE_LINES lines, the last ending with an ellipsis: the shared guard against
+    matplotlib's "bottom cannot be >= top"."""
+    figure, _ = figures.new_figure()
+    figure.suptitle(" ".join(["word"] * 2000))
+    figures.save(figure, tmp_path / "long.png")
+    lines = figure._suptitle.get_text().split("\n")  # type: ignore[attr-defined]
+    assert len(lines) == figures.MAX_TITLE_LINES and lines[-1].endswith("\u2026")
+    assert (tmp_path / "long.png").stat().st_size > 0
 
 
 def test_a_ledger_file_name_is_printed_escaped(
