@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from fedsim.atomic import read_regular
 from fedsim.config import limits
 from fedsim.config.cross_field import cross_field_problems
 from fedsim.config.overrides import assign_path
@@ -221,11 +222,12 @@ def _read_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
 
 
 def _read_text(path: str | Path) -> str:
-    """The file's text: at most MAX_SCENARIO_BYTES (refused before parsing), UTF-8."""
+    """The file's text: a regular file (a FIFO would block the reader: a run directory's
+    ``scenario.resolved.yaml`` is read by ``fedsim report``) of at most MAX_SCENARIO_BYTES
+    (refused before parsing), UTF-8."""
     limit = limits.MAX_SCENARIO_BYTES
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(limit + 1)
+        raw = read_regular(path, limit + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such scenario file") from None
     except OSError as exc:

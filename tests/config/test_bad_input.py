@@ -440,3 +440,17 @@ def test_validate_counts_one_client_in_one_group(
     path = _write(tmp_path, _scenario(clients__groups=[group]))
     assert main(["validate", str(path), "--schema-only"]) == 0
     assert "valid (1 client in 1 group, seed" in capsys.readouterr().out
+
+
+def test_a_scenario_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A run directory handed over may hold a FIFO as scenario.resolved.yaml (fedsim report
+    reads it): opening it for reading blocked until a writer came."""
+    import os
+
+    from fedsim.config import load_scenario
+    from fedsim.errors import ConfigError
+
+    fifo = tmp_path / "scenario.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_scenario(fifo)
