@@ -605,10 +605,38 @@ def test_a_window_holds_a_bounded_share_of_one_clients_flood() -> None:
             await actor._arrived(ClientUpdate("a", r, 0, ok, 8.0))
         for _ in range(flood):
             await actor._arrived(ClientUpdate("a", 0, 0, ok, 8.0))
-        held, noted = len(actor._inbox), len(actor.pacer._noted)
+        held, noted = len(actor._held), len(actor.pacer._noted)
         return await actor.flush(WindowClose(1, 0)), held, noted
 
     partial, held, noted = asyncio.run(scenario_())
     assert held == noted == 1 + 1 + 256  # b's, a's round 0 (its token), a's 256 waiting
     assert partial.rejections == {"duplicate": flood, "rate": flood - 1 - 256}
+    assert sorted((e.client_id, e.round) for e in partial.entries) == [("a", 0), ("b", 0)]
+
+
+def test_differing_copies_of_a_held_round_are_forked_not_held() -> None:
+    """Copies of a round held for the close that differ in base version or norm passed the
+    resend check and were all held, decoded, until the close (a review: 2,000 of them); now
+    one copy a round is held and the others are counted ``forked`` at once, as the close's
+    client book would rule them."""
+    copies = 2_000
+
+    async def scenario_() -> tuple[Partial, int]:
+        endpoint = RecordingEndpoint(WallClock())
+        clients = {c: ClientInfo(100, 0.5, limits=_limits(), slot=3600.0) for c in "ab"}
+        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                                clients=clients, size=DIM, strategy=UniformWeights(),
+                                policy=TimeWindows())
+        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        await actor._arrived(ClientUpdate("b", 0, 0, np.full(DIM, 0.01, np.float32), 8.0))
+        for index in range(copies):  # each copy another update: another norm (as decoded)
+            values = np.full(DIM, 0.01 + 1e-4 * index, np.float32)
+            await actor._arrived(ClientUpdate("a", 0, 0, values, 8.0,
+                                              norm=float(np.linalg.norm(values))))
+        held = len(actor.pacer._noted)  # what the close will judge
+        return await actor.flush(WindowClose(1, 0)), held
+
+    partial, held = asyncio.run(scenario_())
+    assert held == 2  # b's round 0 and a's first copy
+    assert partial.rejections == {"forked": copies - 1}
     assert sorted((e.client_id, e.round) for e in partial.entries) == [("a", 0), ("b", 0)]

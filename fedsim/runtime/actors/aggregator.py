@@ -112,8 +112,10 @@ class AggregatorActor:
                                                  for c, info in sorted(self.clients.items())])
         self.pacer = Pacer({c: info.slot for c, info in self.clients.items()}, clock.now())
         self._paced = False  # the pacer starts with the first global model
-        self._inbox: list[ClientUpdate] = []
-        self._held: dict[tuple[str, int], ClientUpdate] = {}  # the inbox's, by (client, round)
+        # A time window's updates held for its close, by (client, round), in arrival order;
+        # the rounds whose differing copies were refused as forked (logged once a window).
+        self._held: dict[tuple[str, int], ClientUpdate] = {}
+        self._forked: set[tuple[str, int]] = set()
         self._rejections = Rejections()
         self.held_back: dict[str, int] = {}
         """Per client (of this aggregator's), the server's watermark: rounds below it are
@@ -168,20 +170,30 @@ class AggregatorActor:
 
     def _hold(self, update: ClientUpdate) -> None:
         """Keep a time window's ``update`` for its close, paced by its arrival time, unless
-        the pacer refuses it (``rate``, counted at the close) or it is a resend of an update
-        held for this close (the same round, base version and norm: counted ``duplicate``,
-        as the close would). So a window holds per client what its pace lets through, its 256
-        waiting updates and one copy of each round it repeats, however fast it sends (an
-        attacker's review: a flood was held whole until the close, and each copy of a judged
-        round forwarded to the server)."""
+        the pacer refuses it (``rate``, counted at the close) or it is another copy of a round
+        held for this close: a resend (the same base version and norm) is counted
+        ``duplicate``, a different update ``forked`` (the client book's verdicts at the close,
+        given at once; the first fork of a round logged). So a window holds per client what
+        its pace lets through, its 256 waiting updates and one copy of each round, however
+        fast or however variously it sends (attackers' reviews: a flood was held whole until
+        the close, and copies of a held round differing in base version or norm were held
+        too)."""
         key = (update.client_id, update.round)
         held = self._held.get(key)
-        if (held is not None and held.base_version == update.base_version
-                and held.norm == update.norm):
-            self._rejections.add(Kind.DUPLICATE)
+        if held is not None:
+            if (held.base_version, held.norm) == (update.base_version, update.norm):
+                self._rejections.add(Kind.DUPLICATE)
+            elif key in self._forked:
+                self._rejections.add(Kind.FORKED)
+            else:
+                self._forked.add(key)
+                self._refuse(update, Kind.FORKED, (
+                    f"a second, different update of round {update.round} held for this "
+                    f"window's close (base version {update.base_version}, norm "
+                    f"{update.norm}; the first: {held.base_version}, {held.norm}): two copies "
+                    f"of this client's state may be running, each spending its privacy"))
             return
         if self.pacer.note(update, self.clock.now(), keep_refused=False) != "refuse":
-            self._inbox.append(update)
             self._held[key] = update
 
     async def _check_and_forward(self, update: ClientUpdate) -> None:
@@ -212,8 +224,8 @@ class AggregatorActor:
                 await self._check_and_forward(due)
             paced = []
         else:
-            paced = self.pacer.due(now) + self.pacer.judged_now(self._inbox, now)
-            self._inbox, self._held = [], {}
+            paced = self.pacer.due(now) + self.pacer.judged_now(list(self._held.values()), now)
+            self._held, self._forked = {}, set()
         if refused := self.pacer.take_refused():
             self._rejections.add(Kind.RATE, refused)
         return paced
