@@ -43,8 +43,7 @@ resend); a further round is refused (kind ``rate``, as the pacer refuses a clien
 updates waiting, :data:`fedsim.runtime.actors.admission.MAX_DEFERRED`), so a flooding client
 loses only its own newest updates, which an honest one would resend. What is held is the
 decoded dense vectors, so the aggregator holds at most ``MAX_HELD_PER_CLIENT * 4 *
-parameters`` bytes per client routed to it (:attr:`MqttAggregatorEndpoint.max_held_bytes`),
-whatever the frames' wire sizes: before, one client's 20,000 top-k frames of 224 bytes held
+parameters`` bytes per client routed to it, whatever the frames' wire sizes: before, one client's 20,000 top-k frames of 224 bytes held
 480 MB of a 6,003-parameter model (issue: an attacker's review)."""
 
 
@@ -102,13 +101,6 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         # (client, round) -> (incarnation, update), in arrival order; rounds held per client
         self._held: dict[tuple[str, int], tuple[str, ClientUpdate]] = {}
         self._held_rounds: dict[str, int] = {}
-        self.held_bytes = 0
-        """Bytes of the decoded updates held until the incarnation is known (at most
-        :attr:`max_held_bytes`)."""
-        self.max_held_bytes = (len(self.client_ids) * MAX_HELD_PER_CLIENT * 4
-                               * (expected_params or 0)) or None
-        """:data:`MAX_HELD_PER_CLIENT` updates of the model's size per client routed here (None:
-        no model size given)."""
         if compressions is not None:
             self.expect_compression({c: spec for c, spec in compressions.items()
                                      if c in self.client_ids})
@@ -182,10 +174,7 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
                              "held until the run's incarnation is known", kind="rate")
                 return
             self._held_rounds[update.client_id] = rounds + 1
-        else:
-            self.held_bytes -= previous[1].delta.nbytes
         self._held[key] = (incarnation, update)
-        self.held_bytes += update.delta.nbytes
 
     def _deliver_update(self, topic: str, incarnation: str, update: ClientUpdate) -> None:
         if incarnation != self.incarnation.current and incarnation not in self._lineage:
@@ -221,7 +210,7 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
             self._reject(topic, f"{type(message).__name__} from the server", kind="wrong_topic")
             return
         if before is None and self.incarnation.current is not None:
-            held, self._held, self._held_rounds, self.held_bytes = self._held, {}, {}, 0
+            held, self._held, self._held_rounds = self._held, {}, {}
             for incarnation, update in held.values():
                 self._deliver_update(self.topics.updates(update.client_id), incarnation, update)
 
