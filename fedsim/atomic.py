@@ -50,7 +50,7 @@ from typing import IO, Literal, TypeGuard
 from fedsim.errors import FedsimError
 
 __all__ = ["Durability", "LINK_REFUSED", "LinkRefused", "TooLarge", "fsync_directory",
-           "holds_for_a_block", "move_into_place", "locked_or_closed", "open_no_link",
+           "holds_for_a_block", "move_into_place", "locked_or_closed", "open_no_link", "open_regular",
            "read_regular", "replace_together", "FileSystemSync", "uninterrupted",
            "write_atomically"]
 
@@ -205,35 +205,42 @@ def open_no_link(path: str | Path, flags: int, mode: int = 0o666) -> int:
         raise
 
 
+def open_regular(path: str | Path, *, no_link: bool = False) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file, for readers of files someone else
+    may have put there (a run directory handed over, a ledger to check, a checkpoint to
+    resume from): anything else - a FIFO, a device - raises :class:`OSError` (EINVAL) instead
+    of blocking the reader for ever (a review: a FIFO named ``ledgers/<id>.jsonl`` hung
+    ``fedsim report``). Opened without blocking, then checked on the open descriptor;
+    ``no_link``: a symbolic link raises :class:`LinkRefused`."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = open_no_link(path, flags) if no_link else os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_regular(path: str | Path, limit: int | None = None, *,
                  refuse_over: int | None = None, no_link: bool = False) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``limit``), for readers of files
-    someone else may have put there (a run directory handed over, a ledger to check):
-    anything else - a FIFO, a device - raises :class:`OSError` (EINVAL) instead of blocking
-    the reader for ever (a review: a FIFO named ``ledgers/<id>.jsonl`` hung ``fedsim
-    report``). Opened without blocking, then checked on the open descriptor.
+    """The bytes of the regular file ``path`` (at most ``limit``; :func:`open_regular`).
 
     ``refuse_over``: a file longer than this (its size from ``fstat``, before anything is
     read: a sparse file of 1 GiB takes 4 KB on disk) raises :class:`TooLarge`; ``no_link``:
     a symbolic link raises :class:`LinkRefused` (a file fedsim itself writes in place, such
     as a ledger's mark, is never a link)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = open_no_link(path, flags) if no_link else os.open(path, flags)
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if refuse_over is not None and status.st_size > refuse_over:
-            raise TooLarge(path, status.st_size, refuse_over)
+    with open_regular(path, no_link=no_link) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if refuse_over is not None and size > refuse_over:
+            raise TooLarge(path, size, refuse_over)
         if refuse_over is not None:  # (grown since the fstat: read no more than the cap)
             limit = refuse_over + 1 if limit is None else min(limit, refuse_over + 1)
-        with open(fd, "rb", closefd=False) as handle:
-            data = handle.read() if limit is None else handle.read(limit)
-        if refuse_over is not None and len(data) > refuse_over:
-            raise TooLarge(path, len(data), refuse_over)
-        return data
-    finally:
-        os.close(fd)
+        data = handle.read() if limit is None else handle.read(limit)
+    if refuse_over is not None and len(data) > refuse_over:
+        raise TooLarge(path, len(data), refuse_over)
+    return data
 
 
 def move_into_place(source: str | Path, target: str | Path, *, durability: Durability) -> None:

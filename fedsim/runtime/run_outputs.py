@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from fedsim.atomic import open_no_link, read_regular, write_atomically
+from fedsim.atomic import TooLarge, open_no_link, read_regular, write_atomically
 from fedsim.clock import seconds_text
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
@@ -252,12 +252,13 @@ def read_json(path: Path) -> dict[str, Any]:
 def read_run_file(path: Path) -> bytes:
     """The bytes of a run directory's file for a report (a directory that may have been handed
     over): a regular file (:func:`~fedsim.atomic.read_regular`) of at most
-    :data:`~fedsim.config.limits.MAX_RUN_FILE_BYTES`, else a :class:`ConfigError`."""
-    data = read_regular(path, MAX_RUN_FILE_BYTES + 1)
-    if len(data) > MAX_RUN_FILE_BYTES:
+    :data:`~fedsim.config.limits.MAX_RUN_FILE_BYTES`, refused from its size before anything
+    is read (a sparse file of 1 GiB was read to its cap first), else a :class:`ConfigError`."""
+    try:
+        return read_regular(path, refuse_over=MAX_RUN_FILE_BYTES)
+    except TooLarge:
         raise ConfigError(f"{path}: larger than {MAX_RUN_FILE_BYTES:,} bytes, more than a "
-                          "run writes; not read")
-    return data
+                          "run writes; not read") from None
 
 
 def read_json_if_present(path: Path) -> dict[str, Any]:

@@ -101,3 +101,15 @@ def test_a_server_state_lock_that_is_a_link_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="symbolic link"):
         ServerStateLock(state)
     assert victim.read_bytes() == PRECIOUS
+
+
+def test_a_fifo_for_the_servers_checkpoint_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A resumed server opened state/server/server.ckpt with a plain open: a FIFO there hung
+    it (a review)."""
+    from fedsim.runtime.deployed.checkpoint import ServerCheckpoint
+
+    checkpoint = ServerCheckpoint(tmp_path, {"run": "r"})
+    os.mkfifo(checkpoint.path)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        checkpoint.load()
+

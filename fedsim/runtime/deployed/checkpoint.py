@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.atomic import locked_or_closed, open_no_link, write_atomically
+from fedsim.atomic import locked_or_closed, open_no_link, open_regular, write_atomically
 from fedsim.errors import FedsimError
 from fedsim.json_input import parse_json
 from fedsim.protocol.headers import MAX_COUNTER
@@ -183,7 +183,9 @@ class ServerCheckpoint:
         if not self.path.exists():
             return None
         try:
-            with open(self.path, "rb") as handle, np.load(handle, allow_pickle=False) as archive:
+            # (a regular file: a FIFO in its place hung a resume)
+            with open_regular(self.path) as handle, \
+                    np.load(handle, allow_pickle=False) as archive:
                 params = archive["params"].astype(np.float32, copy=True)
                 state = parse_json(archive["state"].tobytes().decode())
                 moments = {k.removeprefix("optimizer_"): archive[k].copy()
