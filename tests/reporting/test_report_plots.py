@@ -220,11 +220,11 @@ def test_many_clients_plot_quantile_clients_only(many_clients_run: SyntheticRun,
     seen: dict[str, object] = {}
     original = plots.draw_epsilon
 
-    def spy(run_dir, panels, path):  # type: ignore[no-untyped-def]
+    def spy(run_dir, panels, path, *rest):  # type: ignore[no-untyped-def]
         (panel,) = panels  # every client of this run samples the same way: one panel
         seen.update(clients=panel.history.client_ids, population=panel.population,
                     labels=panel.labels)
-        return original(run_dir, panels, path)
+        return original(run_dir, panels, path, *rest)
 
     monkeypatch.setattr(plots, "EXACT_BAND_EVALUATIONS", 10)
     monkeypatch.setattr(plots, "draw_epsilon", spy)
@@ -304,13 +304,13 @@ def test_plots_put_each_neighbouring_relation_on_its_own_axes(
     captured: list[list[str]] = []
     original = plots.draw_epsilon
 
-    def spy(run_dir, panels, path):  # type: ignore[no-untyped-def]
+    def spy(run_dir, panels, path, *rest):  # type: ignore[no-untyped-def]
         captured.append([p.sampling for p in panels])
         for panel in panels:
             samplings = {lg.sampling for lg in read_ledgers(directory)
                          if lg.client_id in panel.history.client_ids}
             assert samplings == {panel.sampling}
-        return original(run_dir, panels, path)
+        return original(run_dir, panels, path, *rest)
 
     monkeypatch.setattr(plots, "draw_epsilon", spy)
     plots.draw_run(directory)
