@@ -49,5 +49,7 @@ def parse_json(text: str | bytes | bytearray,
         raise json.JSONDecodeError("nested too deeply to read", "", 0) from None
     except json.JSONDecodeError:
         raise
+    except UnicodeDecodeError:  # (bytes given: json decodes them first)
+        raise json.JSONDecodeError("not UTF-8 text", "", 0) from None
     except ValueError:  # Python's limit on an integer's digits (4,300)
         raise json.JSONDecodeError("a number of more digits than can be read", "", 0) from None

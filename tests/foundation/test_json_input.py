@@ -20,10 +20,12 @@ NESTED = "[" * 2000 + "]" * 2000  # 4 KB: under the ledger line limit
 HUGE = '{"format": "x", "n": ' + "9" * 5000 + "}"
 
 
-@pytest.mark.parametrize("text", [NESTED, HUGE, "{", "[1,]"])
-def test_every_failure_is_a_json_decode_error(text: str) -> None:
-    with pytest.raises(json.JSONDecodeError):
+@pytest.mark.parametrize("text", [NESTED, HUGE, "{", "[1,]", b'{"a": "\xc3"}'])
+def test_every_failure_is_a_json_decode_error(text: str | bytes) -> None:
+    with pytest.raises(json.JSONDecodeError) as raised:
         parse_json(text)
+    if isinstance(text, bytes):  # (said as what it is, not as an overlong number)
+        assert raised.value.msg == "not UTF-8 text"
 
 
 def test_a_parse_constants_own_refusal_passes_unchanged() -> None:
