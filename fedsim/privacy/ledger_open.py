@@ -28,6 +28,7 @@ same and changes nothing: a crash's unterminated final line is skipped, not cut 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +148,7 @@ def _create(path: Path, header: dict[str, Any], lock: MarkFile) -> Found:
     # Both slots: a mark file left by an earlier start (another format, or damaged) keeps
     # nothing that a later open could read as a damaged slot (a review: refused).
     lock.write_both(Mark(0, line_hash(line), NO_STEPS), sync=False)
-    if path.exists():
+    if os.path.lexists(path):  # (a dangling link too: replaced, never written through)
         path.unlink()
     write_new(path, line + b"\n", durable=False)
     return Found([], line_hash(line), 0, NO_STEPS, lock)

@@ -155,10 +155,28 @@ def test_every_reader_refuses_a_ledger_larger_than_any_before_reading_it(
     assert path.stat().st_size == MAX_LEDGER_BYTES + 1  # nothing cut or rewritten
 
 
-def test_a_ledger_at_the_cap_is_read(tmp_path: Path) -> None:
+def test_a_ledger_at_the_cap_is_read_and_one_byte_more_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.privacy import ledger_file
+
+    monkeypatch.setattr(ledger_file, "MAX_LEDGER_BYTES", 10)  # (the boundary, not 512 MiB)
     path = tmp_path / "c.jsonl"
     path.write_bytes(b"x" * 10)
     assert read_ledger_bytes(path) == b"x" * 10
+    path.write_bytes(b"x" * 11)
+    with pytest.raises(LedgerError, match="larger than any ledger"):
+        read_ledger_bytes(path)
+
+
+def test_a_new_ledger_replaces_a_dangling_link_at_its_name(tmp_path: Path) -> None:
+    """A dangling link where a new ledger is to be created: replaced by the ledger (it raised
+    FileExistsError and left a stray mark), and its target never created."""
+    path = tmp_path / "ledgers" / "c.jsonl"
+    path.parent.mkdir()
+    victim = tmp_path / "victim"
+    path.symlink_to(victim)
+    _ledger(path)
+    assert not path.is_symlink() and path.is_file() and not victim.exists()
 
 
 def test_fifos_are_refused_not_waited_on(tmp_path: Path,
