@@ -50,7 +50,7 @@ from typing import IO, Literal, TypeGuard
 from fedsim.errors import FedsimError
 
 __all__ = ["Durability", "LINK_REFUSED", "LinkRefused", "TooLarge", "fsync_directory",
-           "holds_for_a_block", "move_into_place", "locked_or_closed", "open_no_link", "open_regular",
+           "holds_for_a_block", "move_into_place", "locked_or_closed", "open_log", "open_no_link", "open_regular",
            "read_regular", "replace_together", "FileSystemSync", "uninterrupted",
            "write_atomically"]
 
@@ -203,6 +203,14 @@ def open_no_link(path: str | Path, flags: int, mode: int = 0o666) -> int:
                 and os.path.islink(path):
             raise LinkRefused(path) from None
         raise
+
+
+def open_log(path: str | Path) -> int:
+    """A descriptor appending to the log file ``path`` (created if missing, ``0o644``): a
+    symbolic link there is refused (:class:`LinkRefused`), never appended through (an
+    attacker's review: ``logs/c-001.log`` linked to a file elsewhere had a resumed client's log
+    lines appended to it). A launch's process logs and its private broker's log."""
+    return open_no_link(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 def open_regular(path: str | Path, *, no_link: bool = False) -> IO[bytes]:

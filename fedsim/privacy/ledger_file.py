@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.atomic import (
-    LINK_REFUSED,
     LinkRefused,
     TooLarge,
     fsync_directory,
@@ -82,6 +81,7 @@ from fedsim.privacy.ledger_mark import (
     MARK_FILE_BYTES,
     Mark,
     encode_mark,
+    link_refused,
     mark_offset,
     mark_path,
     newest_mark,
@@ -185,7 +185,7 @@ class MarkFile:
         except FileNotFoundError:
             raise LedgerError(f"{path}: no high-water mark") from None
         except LinkRefused:
-            raise LedgerError(f"{path}: the high-water mark {LINK_REFUSED}") from None
+            raise link_refused(path, "high-water mark") from None
         except OSError as exc:  # a directory in its place, unreadable: damage, said as such
             raise LedgerError(f"{path}: the high-water mark cannot be opened "
                               f"({exc.strerror})") from None
@@ -490,7 +490,7 @@ def _open_ledger_for_writing(path: Path, flags: int) -> int:
     try:
         return open_no_link(path, flags, 0o644)
     except LinkRefused:
-        raise LedgerError(f"{path}: the ledger file {LINK_REFUSED}") from None
+        raise link_refused(path, "ledger file") from None
 
 
 def append_durably(fd: int, payload: bytes, *, fsync: bool = True) -> None:

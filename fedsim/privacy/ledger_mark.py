@@ -44,6 +44,12 @@ MARK_FILE_BYTES = 2 * _MARK_SLOT
 """A mark file's bytes that can hold its newest mark (both slots of either format)."""
 
 
+
+def link_refused(path: Path, what: str) -> LedgerError:
+    """The error for a ledger's file (``what``: "ledger file", "high-water mark") that is a
+    symbolic link: refused, never written through (:class:`~fedsim.atomic.LinkRefused`)."""
+    return LedgerError(f"{path}: the {what} {LINK_REFUSED}")
+
 def mark_path(path: Path) -> Path:
     return path.with_name(path.name + ".hwm")
 
@@ -199,7 +205,7 @@ def write_mark_at(path: Path, mark: Mark, slot: int, *, sync: bool = True) -> No
     try:
         fd = open_no_link(path, os.O_RDWR)
     except LinkRefused:
-        raise LedgerError(f"{path}: the high-water mark {LINK_REFUSED}") from None
+        raise link_refused(path, "high-water mark") from None
     try:
         os.pwrite(fd, encode_mark(mark), mark_offset(mark, slot))
         if sync:
@@ -216,9 +222,9 @@ def read_found_mark(path: Path) -> FoundMark | None:
     except FileNotFoundError:
         return None
     except LinkRefused:  # (said as what it is: not "missing", which a repair would write)
-        raise LedgerError(f"{mark_path(path)}: the high-water mark {LINK_REFUSED}; "
-                          f"a ledger's mark is a file of its own (replace the link by the "
-                          f"mark it should be, or remove it and repair)") from None
+        raise LedgerError(f"{link_refused(mark_path(path), 'high-water mark')}; a ledger's "
+                          f"mark is a file of its own (replace the link by the mark it should "
+                          f"be, or remove it and repair)") from None
     except OSError as exc:  # a directory in its place, unreadable: damage, said as such
         raise LedgerError(f"{mark_path(path)}: the high-water mark cannot be read "
                           f"({exc.strerror})") from None

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import LINK_REFUSED
 from fedsim.errors import LedgerError
 from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger_directory_lock import DirectoryLock
@@ -55,6 +54,7 @@ from fedsim.privacy.ledger_mark import (
     FoundMark,
     Mark,
     StepCeiling,
+    link_refused,
     mark_path,
     read_found_mark,
     refuse_a_mark_maybe_a_spend_old,
@@ -97,7 +97,7 @@ def open_file(path: Path, header: dict[str, Any], directory: DirectoryLock | Non
             # complete header: nothing was acknowledged).
             return _create(path, header, lock)  # (a link in its place: replaced, not followed)
         if path.is_symlink():  # its records would be cut and appended through the link
-            raise LedgerError(f"{path}: the ledger file {LINK_REFUSED}")
+            raise link_refused(path, "ledger file")
         if mark is None and data.count(b"\n") != 1:
             parse_header(path, data.split(b"\n", 1)[0])  # an old format says so first
             raise LedgerError(

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from fedsim.atomic import open_no_link
+from fedsim.atomic import open_log
 from fedsim.errors import TransportError
 from fedsim.json_input import parse_json
 from fedsim.transports.child_process import bound_argv, bound_env
@@ -144,8 +144,7 @@ class LocalMosquitto:
         terminal's Ctrl-C does not stop it under the processes still using it (its starter
         stops it by PID, last), and it does not outlive a starter that dies first."""
         argv = [self.binary, "-c", str(self.files.config)]
-        with open(open_no_link(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
-                  "ab") as log:  # (a link there is refused, not appended through)
+        with open(open_log(self.log_path), "ab") as log:  # (a link: refused, not followed)
             self._process = subprocess.Popen(
                 bound_argv(argv) if own_group else argv, stdout=log, stderr=subprocess.STDOUT,
                 env=bound_env(os.environ) if own_group else None,

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.atomic import LinkRefused
+from fedsim.atomic import LinkRefused, open_log
 from fedsim.errors import ConfigError
 from fedsim.runtime.deployed.checkpoint import CheckpointError, ServerStateLock
-from fedsim.runtime.deployed.launcher import open_log
 from fedsim.runtime.deployed.resume import LAUNCH_FILE, resumable_scenario, scenario_sha256
 from fedsim.runtime.run_outputs import (
     PROCESSES_FILE,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fedsim.atomic import locked_or_closed, open_no_link
+from fedsim.atomic import locked_or_closed, open_log, open_no_link
 from fedsim.config.factories import SEARCH_ENV
 from fedsim.config.loading import dump_scenario, load_scenario
 from fedsim.data.load import dataset_file, scenario_data
@@ -153,14 +153,6 @@ class _ForkedChild:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def open_log(path: Path) -> int:
-    """A descriptor appending to the process log ``path`` (created if missing): a symbolic link
-    there is refused (:class:`~fedsim.atomic.LinkRefused`), never appended through (an
-    attacker's review: ``logs/c-001.log`` linked to a file elsewhere had a resumed client's log
-    lines appended to it)."""
-    return open_no_link(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int,
