@@ -136,10 +136,16 @@ def packings(spec: Compression | None) -> frozenset[str | None]:
     ``quantise``. A receiver refuses any other (docs/SECURITY.md: a client of a group that
     does not compress could otherwise send 224 bytes that decode to a whole dense update)."""
     if spec is None:
-        return frozenset({None})
+        return _DENSE_ONLY
     if isinstance(spec, QuantiseCompression):
-        return frozenset({"quantised"})
-    return frozenset({None, "sparse"})
+        return _QUANTISED_ONLY
+    return _SPARSE_OR_DENSE
+
+
+# (one object each, which every client of every group shares: a receiver holds one a client)
+_DENSE_ONLY: frozenset[str | None] = frozenset({None})
+_QUANTISED_ONLY: frozenset[str | None] = frozenset({"quantised"})
+_SPARSE_OR_DENSE: frozenset[str | None] = frozenset({None, "sparse"})
 
 
 def densify(payload: Sparse | Quantised) -> np.ndarray:

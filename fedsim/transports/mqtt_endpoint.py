@@ -116,9 +116,7 @@ class _MqttEndpoint:
     def expect_compression(self, compressions: Mapping[str, Compression | None]) -> None:
         """Refuse (kind :data:`COMPRESSION`) an update of a client named here whose wire form
         is not one its group's ``compression`` sends (a client not named: not checked)."""
-        shared: dict[int, frozenset[str | None]] = {}  # a group's clients share its spec
-        self._packings = {client_id: shared.setdefault(id(spec), packings(spec))
-                          for client_id, spec in compressions.items()}
+        self._packings = {client_id: packings(spec) for client_id, spec in compressions.items()}
 
     def _wrong_packing(self, topic: str, client_id: str, frame: Frame) -> bool:
         """Whether ``frame``, an update of ``client_id``, travelled in a form its group does
