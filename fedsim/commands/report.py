@@ -137,9 +137,10 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
             from fedsim.reporting.server_view import status_disagreements
 
             warnings += status_disagreements(run.clients, final_eps)
-        elif drawn.accountant == "pld":  # clients.csv and summary.json report eps from pld
-            warnings += _csv_disagreements(run, final_eps)
-            warnings += [f"warning: {gap}" for gap in summary_gaps(run, final_eps.values())]
+        else:  # clients.csv and summary.json report eps under pld, whatever the ledgers' own
+            warnings += _csv_disagreements(run, drawn.pld_epsilon)
+            warnings += [f"warning: {gap}"
+                         for gap in summary_gaps(run, drawn.pld_epsilon.values())]
     else:
         lines.append("privacy: no client ledgers in this run directory")
     mus = [mu for row in run.clients if (mu := finite_number(row.get("mu_clt"))) is not None]

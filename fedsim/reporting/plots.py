@@ -43,6 +43,7 @@ from typing import Any
 import matplotlib
 import numpy as np
 
+from fedsim.privacy.accountant import make_accountant
 from fedsim.reporting.epsilon_history import (
     EXACT_BAND_EVALUATIONS,
     MIN_TIME_GRID_POINTS,
@@ -397,6 +398,9 @@ class Drawn:
     accountant: str
     delta: float
     sampling: dict[str, str] = field(default_factory=dict)  # each client's, its ledger header's
+    pld_epsilon: dict[str, float] = field(default_factory=dict)
+    """Every client's eps under ``pld`` (what summary.json and clients.csv report, whatever
+    accountant its ledger enforces with): ``final_epsilon`` itself where every ledger is pld."""
 
 
 def draw_run(run: RunDirectory, tuned: TunedPrivacy | None = None) -> Drawn:
@@ -447,8 +451,11 @@ def draw_run(run: RunDirectory, tuned: TunedPrivacy | None = None) -> Drawn:
         draw_epsilon(run, panels, run.plot_dir / "epsilon.png", tuned),
         draw_tradeoff(run, ledgers, final, run.plot_dir / "tradeoff.png"),
     ]
-    return Drawn(paths, final, accountant_names(ledgers), delta,
-                 {ledger.client_id: ledger.sampling for ledger in ledgers})
+    accountants = accountant_names(ledgers)
+    pld = final if accountants in ("pld", "none") else final_epsilons(
+        ledgers, cache, under=make_accountant("pld", []))
+    return Drawn(paths, final, accountants, delta,
+                 {ledger.client_id: ledger.sampling for ledger in ledgers}, pld)
 
 
 def draw_all(run_dir: str | Path) -> list[Path]:

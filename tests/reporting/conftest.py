@@ -53,9 +53,11 @@ def poisson_clt_mu(steps: list[GaussianStep]) -> float:
 
 
 def build_run(root: Path, clients: int = 4, windows: int = 12, window: float = 5.0,
-              name: str = "synthetic", id_format: str = "c{:03d}") -> SyntheticRun:
+              name: str = "synthetic", id_format: str = "c{:03d}",
+              accountant: str = "pld") -> SyntheticRun:
     """A finished run of ``clients`` clients over ``windows`` windows of ``window`` seconds
-    (client ``i``'s id ``id_format.format(i)``)."""
+    (client ``i``'s id ``id_format.format(i)``), whose ledgers enforce with ``accountant``
+    (clients.csv and summary.json report eps under pld, as a run writes them)."""
     root.mkdir(parents=True, exist_ok=True)
     duration = windows * window
     (root / "scenario.resolved.yaml").write_text(
@@ -84,7 +86,7 @@ def build_run(root: Path, clients: int = 4, windows: int = 12, window: float = 5
         start = (index // len(GROUPS)) * 1.5 + 1.0
         time, round_index = start, 0
         with PrivacyLedger.open(ledger_dir / f"{client_id}.jsonl", client_id=client_id,
-                                sampling="poisson", accountant="pld",
+                                sampling="poisson", accountant=accountant,
                                 budget=Budget(budget, DELTA) if budget else None) as ledger:
             while time <= duration:
                 step = GaussianStep("poisson", q, sigma)
@@ -156,3 +158,40 @@ def build_run_of() -> Callable[..., SyntheticRun]:
     """:func:`build_run` itself, for a test that builds its own run (conftest is not
     importable under --import-mode=importlib)."""
     return build_run
+
+
+def _edit_summary(run: SyntheticRun, **changes: Any) -> dict[str, Any]:
+    summary = json.loads((run.path / "summary.json").read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(summary.get(key), dict):
+            summary[key].update(value)
+        else:
+            summary[key] = value
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+@pytest.fixture
+def edit_summary() -> Callable[..., dict[str, Any]]:
+    """``edit_summary(run, key=value, ...)``: set summary.json's keys (a dict value is merged
+    into a dict there); returns the summary written."""
+    return _edit_summary
+
+
+def _edit_clients_csv(run: SyntheticRun, row: int, **cells: str) -> Path:
+    path = run.path / "clients.csv"
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    fields = lines[1 + row].split(",")
+    for column, value in cells.items():
+        fields[header.index(column)] = value
+    lines[1 + row] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def edit_clients_csv() -> Callable[..., Path]:
+    """``edit_clients_csv(run, row, column=value, ...)``: set cells of clients.csv's ``row``
+    (0: the first client); returns the file's path."""
+    return _edit_clients_csv

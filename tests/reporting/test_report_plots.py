@@ -121,20 +121,16 @@ def test_report_prints_the_summary_and_redraws(many_clients_run: SyntheticRun,
 
 def test_report_warns_when_clients_csv_disagrees_with_a_ledger(
         small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
-        capsys: pytest.CaptureFixture[str]) -> None:
+        edit_clients_csv: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
     run = copy_run(small_run)
-    csv_path = run.path / "clients.csv"
-    lines = csv_path.read_text().splitlines()
-    header = lines[0].split(",")
-    fields = lines[1].split(",")
-    fields[header.index("epsilon")] = "0.001"
-    csv_path.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    edit_clients_csv(run, 0, epsilon="0.001")
     assert cli_main(["report", str(run.path)]) == 0
     assert "warning: client c000: clients.csv says eps 0.001" in capsys.readouterr().out
 
 
 def test_report_and_compare_say_what_their_eps_cannot_see(
         small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        edit_summary: Callable[..., dict[str, Any]],
         capsys: pytest.CaptureFixture[str]) -> None:
     """An attacker's review: with a ledger deleted, report's eps left the client out with no
     word; compare took eps from summary.json, an edited one unchecked; a ledger without its
@@ -142,9 +138,7 @@ def test_report_and_compare_say_what_their_eps_cannot_see(
     run = copy_run(small_run)
     (run.path / "ledgers" / "c001.jsonl").unlink()
     (run.path / "ledgers" / "c002.jsonl.hwm").unlink()
-    summary = json.loads((run.path / "summary.json").read_text())
-    summary["privacy"]["epsilon_max"] = 0.001
-    (run.path / "summary.json").write_text(json.dumps(summary))
+    edit_summary(run, privacy={"epsilon_max": 0.001})
     assert cli_main(["report", str(run.path)]) == 0
     out = capsys.readouterr().out
     assert "1 client(s) of clients.csv have no ledger" in out and "c001" in out

@@ -201,13 +201,10 @@ def test_a_scenario_file_that_is_no_scenario_is_said_not_fatal(
 
 def test_a_clients_csv_field_over_the_csv_limit_is_a_config_error(
         small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
-        capsys: pytest.CaptureFixture[str]) -> None:
+        edit_clients_csv: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
     """A 200 KB field gave a _csv.Error traceback (exit 1)."""
     run = copy_run(small_run)
-    path = run.path / "clients.csv"
-    lines = path.read_text().splitlines()
-    lines[1] = lines[1].replace("fast", "x" * 200_000, 1)
-    path.write_text("\n".join(lines) + "\n")
+    path = edit_clients_csv(run, 0, group="x" * 200_000)
     code, _, err = _report(run.path, capsys)
     assert code == 2
     assert f"{path}: line 2: not readable as CSV (field larger than field limit" in err
@@ -216,16 +213,15 @@ def test_a_clients_csv_field_over_the_csv_limit_is_a_config_error(
 @pytest.mark.parametrize("field", ["scenario", "signal"])
 def test_a_long_name_in_a_title_is_cut_not_a_crash(
         small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
-        capsys: pytest.CaptureFixture[str], field: str) -> None:
+        edit_summary: Callable[..., dict[str, Any]], capsys: pytest.CaptureFixture[str],
+        field: str) -> None:
     """A 2,000-character scenario name (or interrupting signal) in summary.json: matplotlib
     raised "bottom cannot be >= top" laying out the wrapped title."""
     run = copy_run(small_run)
-    summary = json.loads((run.path / "summary.json").read_text())
     if field == "scenario":
-        summary["scenario"] = "A" * 2000
+        edit_summary(run, scenario="A" * 2000)
     else:
-        summary["interrupted"] = {"signal": "S" * 2000}
-    (run.path / "summary.json").write_text(json.dumps(summary))
+        edit_summary(run, interrupted={"signal": "S" * 2000})
     code, out, _ = _report(run.path, capsys)
     assert code == 0
     loaded = RunDirectory.load(run.path)
@@ -282,3 +278,19 @@ def test_report_verifies_a_releases_tuned_eps_once(
     code, out, _ = _report(trial, capsys)
     assert code == 0 and "from its sweep's tuning ledgers" in out
     assert len(calls) == 1
+
+
+def test_report_checks_summary_json_whatever_accountant_the_ledgers_enforce_with(
+        build_run_of: Callable[..., SyntheticRun], edit_summary: Callable[..., dict[str, Any]],
+        edit_clients_csv: Callable[..., Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """summary.json and clients.csv state eps under pld; report checked them against the
+    ledgers only where the ledgers enforce with pld (a review edited an rdp run's
+    summary.json eps_max to 0.001: compare warned, report did not)."""
+    run = build_run_of(tmp_path / "run", clients=4, accountant="rdp")
+    edit_summary(run, privacy={"epsilon_max": 0.001})
+    edit_clients_csv(run, 0, epsilon="0.001")
+    code, out, _ = _report(run.path, capsys)
+    assert code == 0
+    assert "warning: summary.json says eps_max 0.001, the ledgers give" in out
+    assert "warning: client c000: clients.csv says eps 0.001" in out
