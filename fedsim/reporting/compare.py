@@ -64,19 +64,30 @@ def summary_gaps(run: RunDirectory, epsilons: Iterable[float]) -> list[str]:
     anybody can edit, checked: the one check of ``fedsim compare``'s table and ``fedsim
     report`` (a review removed a client's ledger and clients.csv row; summary.json's max was
     still the removed client's)."""
-    found = run.summary.get("privacy")
-    privacy: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    stated = stated_spread(run)
+    return [f"summary.json says {key} {said:.6g}, the ledgers give {value:.6g}"
+            for key, value in eps_spread(epsilons).items()
+            if (said := stated[key]) is not None
+            and abs(relative_gap(said, value)) > EPS_RELATIVE_TOLERANCE]
+
+
+def eps_spread(epsilons: Iterable[float]) -> dict[str, float]:
+    """``eps_min``, ``eps_median`` and ``eps_max`` of ``epsilons`` ({} for none): the spread a
+    table and summary.json state."""
     ordered = sorted(epsilons)
     if not ordered:
-        return []
-    computed = {"eps_min": ordered[0], "eps_median": float(statistics.median(ordered)),
-                "eps_max": ordered[-1]}
-    gaps = []
-    for key, value in computed.items():
-        said = finite_number(privacy.get(key.replace("eps_", "epsilon_")))
-        if said is not None and abs(relative_gap(said, value)) > EPS_RELATIVE_TOLERANCE:
-            gaps.append(f"summary.json says {key} {said:.6g}, the ledgers give {value:.6g}")
-    return gaps
+        return {}
+    return {"eps_min": ordered[0], "eps_median": float(statistics.median(ordered)),
+            "eps_max": ordered[-1]}
+
+
+def stated_spread(run: RunDirectory) -> dict[str, float | None]:
+    """The spread ``run``'s summary.json states (:func:`eps_spread`'s keys; None where it
+    states none, or no finite number)."""
+    found = run.summary.get("privacy")
+    privacy: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    return {key: finite_number(privacy.get(key.replace("eps_", "epsilon_")))
+            for key in ("eps_min", "eps_median", "eps_max")}
 
 
 def run_row(run: RunDirectory, label: str | None = None, *,
@@ -96,11 +107,8 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     privacy: dict[str, Any] = found if isinstance(found, dict) else {}
     stated = stated_delta(run, delta)
     # summary.json's figures are at the run's own delta: checked against the ledgers there only
-    recorded = {
-        "eps_min": finite_number(privacy.get("epsilon_min")),
-        "eps_median": finite_number(privacy.get("epsilon_median")),
-        "eps_max": finite_number(privacy.get("epsilon_max")),
-    } if stated == run.delta else dict.fromkeys(("eps_min", "eps_median", "eps_max"))
+    recorded = (stated_spread(run) if stated == run.delta
+                else dict.fromkeys(("eps_min", "eps_median", "eps_max")))
     warnings = ledger_gaps(run)
     # The clients' eps from their ledgers under pld, as summary.json and clients.csv report it
     # (whatever accountant a ledger enforces with): summary.json's figures are what the run
@@ -130,8 +138,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
                      f"simulation does is in its summary.json deployed_differences")
     epsilons = from_ledgers or sorted(
         e for row in run.clients if (e := finite_number(row.get("epsilon"))) is not None)
-    computed = {"eps_min": epsilons[0], "eps_median": float(statistics.median(epsilons)),
-                "eps_max": epsilons[-1]} if epsilons else {}
+    computed = eps_spread(epsilons)
     if from_ledgers and stated == run.delta:  # (summary.json's are at the run's own delta)
         warnings += [f"warning: {run.path.name}: {gap}" for gap in summary_gaps(run, epsilons)]
     eps: dict[str, float | None] = {**recorded, **computed}
