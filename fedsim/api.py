@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.config.loading import LoadedScenario, apply_override, parse_scenario
+from fedsim.config.loading import LoadedScenario, apply_overrides, parse_scenario
 from fedsim.config.loading import load_scenario as _load_file
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
@@ -207,9 +207,7 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
     else:
         raise ConfigError(f"scenario: expected a file path, a dict or a Scenario, got "
                           f"{type(source).__name__}")
-    written = copy.deepcopy(tree) if lines else None
-    for line in lines:
-        tree = apply_override(tree, line, OVERRIDES_LABEL)
+    tree, written = apply_overrides(tree, lines, OVERRIDES_LABEL)
     scenario = parse_scenario(tree, source=str(origin or "<scenario>"), written=written,
                               label=OVERRIDES_LABEL)
     return LoadedScenario(scenario, origin, allow_factories)

@@ -287,6 +287,17 @@ def apply_override(data: Any, assignment: str, label: str = "--set") -> Any:
     return assign_path(data, path.strip(), value, hint=first_unknown_key, label=label)
 
 
+def apply_overrides(data: Any, assignments: Sequence[str],
+                    label: str = "--set") -> tuple[Any, Any | None]:
+    """``data`` with each of ``assignments`` applied in order (:func:`apply_override`), and
+    ``data`` as written before them (a copy; None without any): what an error's fix reads to
+    tell a problem the overrides made from one the file had."""
+    written = (copy.deepcopy(data) if data is not None else {}) if assignments else None
+    for assignment in assignments:
+        data = apply_override(data, assignment, label)
+    return data, written
+
+
 # ---------------------------------------------------------------------------------------------
 # Error formatting
 
@@ -484,9 +495,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
     file = Path(path)
     text = _read_text(file)
     data, node = _read_yaml(text, str(path))
-    written = (copy.deepcopy(data) if data is not None else {}) if overrides else None
-    for assignment in overrides:
-        data = apply_override(data, assignment, label)
+    data, written = apply_overrides(data, overrides, label)
     source = str(path)
     if overrides:
         node = None  # line numbers would point at the file, not at the overridden tree

@@ -131,6 +131,11 @@ def _members(path: Sequence[str | int]) -> dict[str, type[BaseModel]]:
     return members if len(members) > 1 else {}
 
 
+def _owners(members: Mapping[str, type[BaseModel]], key: str) -> list[str]:
+    """The kinds among a tagged union's ``members`` that take ``key``."""
+    return [kind for kind, model in members.items() if key in model.model_fields]
+
+
 def _flow(value: Any) -> str:
     """``value`` as one line of YAML (a flow mapping's value)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=2**31 - 1)
@@ -165,7 +170,7 @@ def _key_of_another_kind(path: Sequence[str | int], chosen: str | None,
     members = _members(at)
     if not isinstance(key, str) or chosen not in members or key in members[chosen].model_fields:
         return ""
-    owners = [kind for kind, model in members.items() if key in model.model_fields]
+    owners = _owners(members, key)
     if not owners:
         return ""
     given = mapping is not None and "kind" in mapping
@@ -205,8 +210,7 @@ def _whose(path: Sequence[str | int], key: str, chosen: str | None) -> str:
     members = _members(path)
     if chosen not in members or key in members[chosen].model_fields:
         return ""
-    owners = [kind for kind, model in members.items() if key in model.model_fields]
-    return f" (a key of {kinds_text(owners)}, not of {chosen!r})"
+    return f" (a key of {kinds_text(_owners(members, key))}, not of {chosen!r})"
 
 
 def did_you_mean(path: Sequence[str | int], *, chosen: str | None = None,
