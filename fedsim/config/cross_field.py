@@ -130,6 +130,8 @@ class _Walk:
                                   "input": raw, "ctx": {"error": exc}})
             return False
         except Exception:  # noqa: BLE001 - it read an invalid field (AttributeError): not judged
+            # (a rule's own bug, say a TypeError, is silent here too: on a file with errors
+            # only; a valid file runs every rule through pydantic, where it raises)
             return True
         return True
 
