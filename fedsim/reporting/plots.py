@@ -33,6 +33,7 @@ always gives byte-identical files.
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -398,9 +399,18 @@ class Drawn:
     accountant: str
     delta: float
     sampling: dict[str, str] = field(default_factory=dict)  # each client's, its ledger header's
-    pld_epsilon: dict[str, float] = field(default_factory=dict)
-    """Every client's eps under ``pld`` (what summary.json and clients.csv report, whatever
-    accountant its ledger enforces with): ``final_epsilon`` itself where every ledger is pld."""
+    ledgers: Sequence[ClientLedger] = field(default=(), repr=False)
+    cache: EpsilonCache | None = field(default=None, repr=False)
+
+    @functools.cached_property
+    def pld_epsilon(self) -> dict[str, float]:
+        """Every client's eps under ``pld`` (what summary.json and clients.csv report, whatever
+        accountant its ledger enforces with): ``final_epsilon`` itself where every ledger is
+        pld, else computed when first asked (a report's check; a run's own plots never ask)."""
+        if self.accountant in ("pld", "none"):
+            return self.final_epsilon
+        return final_epsilons(self.ledgers, self.cache or EpsilonCache(self.delta),
+                              under=make_accountant("pld", []))
 
 
 def draw_run(run: RunDirectory, tuned: TunedPrivacy | None = None) -> Drawn:
@@ -451,11 +461,8 @@ def draw_run(run: RunDirectory, tuned: TunedPrivacy | None = None) -> Drawn:
         draw_epsilon(run, panels, run.plot_dir / "epsilon.png", tuned),
         draw_tradeoff(run, ledgers, final, run.plot_dir / "tradeoff.png"),
     ]
-    accountants = accountant_names(ledgers)
-    pld = final if accountants in ("pld", "none") else final_epsilons(
-        ledgers, cache, under=make_accountant("pld", []))
-    return Drawn(paths, final, accountants, delta,
-                 {ledger.client_id: ledger.sampling for ledger in ledgers}, pld)
+    return Drawn(paths, final, accountant_names(ledgers), delta,
+                 {ledger.client_id: ledger.sampling for ledger in ledgers}, ledgers, cache)
 
 
 def draw_all(run_dir: str | Path) -> list[Path]:
