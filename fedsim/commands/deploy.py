@@ -181,7 +181,7 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
-    from fedsim.runtime.deployed.deployment import message_limit
+    from fedsim.runtime.deployed.deployment import largest_message
     from fedsim.runtime.deployed.guarantees import require_public_slots
     from fedsim.runtime.population import build_population, client_ids
 
@@ -192,7 +192,7 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
     require_public_slots(scenario)
     largest = None
     if args.max_packet_bytes is None:  # sized from the model, as the processes size theirs
-        largest = message_limit(scenario, int(build_population(loaded).initial_params.size))
+        largest = largest_message(scenario, int(build_population(loaded).initial_params.size))
     return client_ids(scenario), args.run or scenario.name, largest, scenario.aggregators.count
 
 

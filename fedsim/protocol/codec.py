@@ -57,6 +57,7 @@ from fedsim.protocol.headers import (
     HEADERS,
     MAX_COUNTER,
     MAX_LINEAGE,
+    MAX_PARTIAL_GROUPS,
     AnyHeader,
     CloseHeader,
     FinishedHeader,
@@ -101,6 +102,22 @@ _PARTIAL_PREFIX = b'{"kind":"partial"'
 def max_message_bytes(num_params: int, *, header_allowance: int = MAX_HEADER_BYTES) -> int:
     """The largest legitimate message for a model with ``num_params`` parameters."""
     return PREFIX_BYTES + header_allowance + _FLOAT32.itemsize * num_params
+
+
+def max_partial_bytes(num_params: int, groups: int = MAX_PARTIAL_GROUPS) -> int:
+    """The largest legitimate partial with ``groups`` sums (one per base version) of a model with
+    ``num_params`` parameters: its manifest header may take :data:`MAX_PARTIAL_HEADER_BYTES`."""
+    return PREFIX_BYTES + MAX_PARTIAL_HEADER_BYTES + _FLOAT32.itemsize * num_params * groups
+
+
+def partial_groups(num_params: int, limit: int) -> int:
+    """How many sums of a ``num_params`` model one partial may carry and stay within ``limit``
+    bytes with a whole manifest (at most :data:`MAX_PARTIAL_GROUPS`; 0: not even one)."""
+    room = limit - max_partial_bytes(num_params, 0)
+    if room < 0:
+        return 0
+    per_group = _FLOAT32.itemsize * num_params
+    return MAX_PARTIAL_GROUPS if per_group == 0 else min(MAX_PARTIAL_GROUPS, room // per_group)
 
 
 def _tensor_spec(values: np.ndarray, field: str) -> TensorSpec:
@@ -617,5 +634,7 @@ __all__ = [
     "decode_frame",
     "encode",
     "max_message_bytes",
+    "max_partial_bytes",
+    "partial_groups",
     "seal",
 ]

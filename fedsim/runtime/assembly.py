@@ -30,7 +30,7 @@ from fedsim.runtime.actors.exposure import ClientExposure, expected_sample_grads
 from fedsim.runtime.actors.integrity import client_limits
 from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.actors.server import ClientInfo, ServerActor
-from fedsim.runtime.population import ClientPlan, Population, step_sequence
+from fedsim.runtime.population import ClientPlan, Population, partial_sums, step_sequence
 from fedsim.runtime.rng import ParkedStream
 from fedsim.training import evaluate, load_flat_params
 from fedsim.transports.base import Endpoint
@@ -236,7 +236,8 @@ def make_aggregator_actor(population: Population, aggregator_id: str, *, clock: 
         clients=client_infos(population), size=population.initial_params.size,
         strategy=make_strategy(server_config.mixing), policy=make_policy(server_config),
         max_staleness=server_config.max_staleness,
-        invites=server_config.participation < 1.0)
+        invites=server_config.participation < 1.0,
+        max_groups=partial_sums(population.scenario, int(population.initial_params.size)))
 
 
 async def toggle_availability(

@@ -38,6 +38,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.group_schedules import make_schedule
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.schedules import Schedule
+from fedsim.protocol import codec
 from fedsim.runtime.dp_pca import check_pca_budget, pca_components
 from fedsim.runtime.normalisation import (
     check_normalisation_budget,
@@ -66,6 +67,7 @@ __all__ = [
     "build_population",
     "client_ids",
     "client_plans",
+    "partial_sums",
     "plan_of",
 ]
 
@@ -372,9 +374,12 @@ def build_population(
             check_class_outputs(model, sample, num_classes)
         check_per_example_loss(loss_fn, model, sample, train_y[:2], where)
     model.to(device)  # initialised on the CPU: the same initial weights on every device
+    params = flat_params(model)
+    if scenario.aggregators.count:
+        partial_sums(scenario, int(params.size))  # refused before anything runs
     plans = client_plans(scenario, tree, labels, writers)
     return Population(
-        scenario, tree, model, flat_params(model), train_x, train_y, test_x, test_y, plans, path,
+        scenario, tree, model, params, train_x, train_y, test_x, test_y, plans, path,
         device, loss_fn,
     )
 
@@ -417,6 +422,21 @@ def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
             plans.append(ClientPlan(client_id, group, indices, schedule,
                                     first_server_step=first_step))
     return plans
+
+
+def partial_sums(scenario: Scenario, num_params: int) -> int:
+    """How many sums (base versions) an aggregation node's partial carries within
+    ``network.max_message_bytes`` (:func:`~fedsim.protocol.codec.partial_groups`); a
+    :class:`ConfigError` when not even one fits."""
+    groups = codec.partial_groups(num_params, scenario.network.max_message_bytes)
+    if groups == 0:
+        raise ConfigError(
+            f"aggregators.count = {scenario.aggregators.count}: an aggregation node's partial of "
+            f"this {num_params:,}-parameter model takes up to "
+            f"{codec.max_partial_bytes(num_params, 1):,} bytes (one sum and a manifest of up to "
+            f"{codec.MAX_PARTIAL_HEADER_BYTES:,}), above network.max_message_bytes = "
+            f"{scenario.network.max_message_bytes:,}; raise it, or set aggregators.count: 0")
+    return groups
 
 
 def first_server_step(scenario: Scenario) -> float:

@@ -306,14 +306,16 @@ class _MqttEndpoint:
         if self._closing or self._inbox.closed:
             raise TransportError(f"MQTT {self._role} endpoint is closed")
 
-    def _decode(self, topic: str, payload: object) -> Frame | None:
+    def _decode(self, topic: str, payload: object, max_bytes: int | None = None) -> Frame | None:
+        """The frame of ``payload`` (at most ``max_bytes``, else this endpoint's message
+        limit); None, counted and logged, when it is refused."""
         if not isinstance(payload, bytes | bytearray):
             self._reject(topic, f"payload of type {type(payload).__name__}")
             return None
         try:
             return codec.decode_frame(
-                payload, expected_params=self._expected_params, max_bytes=self._max_bytes
-            )
+                payload, expected_params=self._expected_params,
+                max_bytes=self._max_bytes if max_bytes is None else max_bytes)
         except CodecError as exc:
             self._reject(topic, str(exc), kind=exc.kind)
             return None

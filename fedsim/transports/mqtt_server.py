@@ -58,7 +58,9 @@ class MqttServerEndpoint(_MqttEndpoint):
 
     Use as ``async with MqttServerEndpoint(broker, run=...) as endpoint``. Received updates are
     acknowledged to their clients only through :meth:`acknowledge`, once the owner has recorded
-    them durably; until then their clients keep them and resend them.
+    them durably; until then their clients keep them and resend them. A message on an
+    aggregation node's topic may be up to ``max_partial_bytes`` (a partial carries several sums:
+    :func:`~fedsim.protocol.codec.max_partial_bytes`; None: ``max_message_bytes``).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         run: str,
         expected_params: int | None = None,
         max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
+        max_partial_bytes: int | None = None,
         reconnect: ReconnectPolicy = ReconnectPolicy(),
         max_concurrent_outgoing_calls: int = 20,
         keepalive: int = 30,
@@ -93,6 +96,8 @@ class MqttServerEndpoint(_MqttEndpoint):
             role="server",
         )
         self._latest_global: bytes | None = None
+        self._max_partial_bytes = max_message_bytes if max_partial_bytes is None else max_partial_bytes
+        """The largest message on an aggregator's topic (a partial holds several sums)."""
         self.incarnation = ServerIncarnation.start(lineage)
         """This start's incarnation and the earlier ones it continues (from the checkpoint)."""
         self._welcome: set[str] = set()
@@ -331,7 +336,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         if aggregator not in self.aggregators:
             self._reject(topic, "not an aggregator of this run", kind="wrong_topic")
             return
-        frame = self._decode(topic, payload)
+        frame = self._decode(topic, payload, self._max_partial_bytes)
         if frame is None:
             return
         message = frame.message

@@ -223,6 +223,20 @@ def test_a_model_must_fit_in_one_message(tmp_path: Path,
         assert f"{parameters:,} parameters" in err and "network.max_message_bytes" in err
 
 
+def test_aggregators_need_room_for_one_partial(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A model fits a message but an aggregation node's partial (one sum and a manifest of up
+    to 4 MiB) does not: refused before anything runs, not every partial refused at the server."""
+    from fedsim.protocol import codec
+
+    data = _scenario(aggregators={"count": 2}, network__max_message_bytes=2_000_000)
+    for err in _both_commands(_write(tmp_path, data), tmp_path, capsys):
+        assert "aggregators.count = 2" in err and "network.max_message_bytes = 2,000,000" in err
+        assert f"{codec.MAX_PARTIAL_HEADER_BYTES:,}" in err
+    data["network"]["max_message_bytes"] = 5_000_000  # one sum fits: the run is valid
+    assert main(["validate", str(_write(tmp_path, data))]) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # numbers
 

@@ -66,6 +66,10 @@ def test_launch_with_two_aggregators_reaches_the_flat_accuracy(tmp_path: Path) -
     assert abs(deployed["final_accuracy"] - flat["final_accuracy"]) <= TOLERANCE
     applied = _check_applied_against_ledgers(out)
     assert len(applied) == deployed["updates"]["applied"] > 0
+    # The server refused none of its aggregators' messages (a partial of several base
+    # versions was once refused as oversized).
+    server = json.loads((out / "server.json").read_text())
+    assert server["mqtt"]["refused_by_kind"] == {}, server["mqtt"]
     # Every client's updates went through its one aggregator, which pre-mixed them.
     processes = json.loads((out / "processes.json").read_text())
     routed = _routed([f"c-{i:03d}" for i in range(4)])

@@ -80,3 +80,45 @@ def test_only_a_partial_header_may_exceed_the_ordinary_header_limit() -> None:
     frame = struct.pack("<4sHI", b"FSIM", PROTOCOL_VERSION, len(status)) + status
     with pytest.raises(CodecError, match="exceeds"):
         codec.decode(frame)
+
+
+def test_the_largest_partial_fits_max_partial_bytes() -> None:
+    """Every field of a partial at its bound (64 sums, 16,384 entries and as many settled
+    rounds with 64-character ids, the largest counters and weights, 64 rejection kinds): the
+    frame fits :func:`codec.max_partial_bytes`, which a server's partials topic allows."""
+    from fedsim.protocol.headers import (
+        MAX_COUNTER,
+        MAX_PARTIAL_ENTRIES,
+        MAX_PARTIAL_GROUPS,
+        MAX_WEIGHT,
+    )
+
+    size = 3
+    bases = tuple(range(MAX_COUNTER - MAX_PARTIAL_GROUPS + 1, MAX_COUNTER + 1))
+    weight = float(np.nextafter(MAX_WEIGHT, 0.0))  # 17 significant digits
+    entries = tuple(ManifestEntry(f"{'a' * 58}{i:06d}", MAX_COUNTER, bases[i % len(bases)],
+                                  MAX_COUNTER, weight) for i in range(MAX_PARTIAL_ENTRIES))
+    settled = tuple((f"{'b' * 58}{i:06d}", MAX_COUNTER) for i in range(MAX_PARTIAL_ENTRIES))
+    kinds = {f"{'x' * 30}{chr(97 + i // 26)}{chr(97 + i % 26)}": MAX_COUNTER for i in range(64)}
+    largest = Partial("z" * 64, MAX_COUNTER, bases,
+                      tuple(sorted(entries, key=lambda e: e.base_version)),
+                      np.zeros(size * len(bases), np.float32), settled=settled,
+                      rejections=kinds, sent_at=-1.2345678901234567e-300)
+    frame = codec.encode(largest)
+    assert len(frame) <= codec.max_partial_bytes(size)
+    assert len(frame) > codec.max_message_bytes(size)  # (the bug: the partials topic was this)
+    back = codec.decode(frame, expected_params=size, max_bytes=codec.max_partial_bytes(size))
+    assert isinstance(back, Partial) and back.bases == bases
+
+
+@pytest.mark.parametrize("size", [1, 33, 20_000, 4_000_000])
+def test_partial_groups_counts_the_sums_that_fit_a_limit(size: int) -> None:
+    per_sum = 4 * size
+    for groups in (1, 2, 7, 64):
+        limit = codec.max_partial_bytes(size, groups)
+        assert codec.partial_groups(size, limit) == groups
+        assert codec.partial_groups(size, limit - 1) == groups - 1
+        assert codec.partial_groups(size, limit + per_sum - 1) == groups
+    assert codec.partial_groups(size, codec.max_partial_bytes(size, 200)) == 64  # the codec's cap
+    assert codec.partial_groups(size, codec.max_message_bytes(size)) == 0  # no room for a manifest
+    assert codec.partial_groups(size, 10) == 0

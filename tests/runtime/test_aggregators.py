@@ -324,6 +324,37 @@ def test_updates_past_what_one_partial_may_carry_go_to_the_server_alone(
     assert forwarded == [("c", 0), ("d", 0)]
 
 
+def test_base_versions_past_max_groups_go_to_the_server_alone() -> None:
+    """An aggregator sends no more sums than its ``max_groups`` (what the server's message
+    limit takes: ``codec.partial_groups``): an update of a further base version is forwarded
+    unmixed, and the partial's bases are the first ``max_groups`` met."""
+    async def scenario_() -> tuple[Partial, list[tuple[str, int]]]:
+        endpoint = RecordingEndpoint(WallClock(), wire=True)
+        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "abcd"}
+        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                                clients=clients, size=DIM, strategy=UniformWeights(),
+                                policy=TimeWindows(), max_groups=2)
+        for version in range(3):
+            actor._learn(GlobalModel(version, np.zeros(DIM, np.float32)))
+        ok = np.full(DIM, 0.01, np.float32)
+        for client, base in zip("abcd", (0, 1, 2, 1), strict=True):
+            await actor._arrived(ClientUpdate(client, 0, base, ok, 8.0))
+        partial = await actor.flush(WindowClose(1, 2))
+        forwarded = [(m.client_id, m.base_version) for _, m in endpoint.published
+                     if isinstance(m, ClientUpdate)]
+        return partial, forwarded
+
+    partial, forwarded = asyncio.run(scenario_())
+    assert partial.bases == (0, 1)
+    assert sorted((e.client_id, e.base_version) for e in partial.entries) == [
+        ("a", 0), ("b", 1), ("d", 1)]
+    assert forwarded == [("c", 2)]
+    with pytest.raises(ValueError, match="max_groups"):
+        AggregatorActor(aggregator_id="g0", clock=WallClock(), endpoint=RecordingEndpoint(
+            WallClock()), clients={}, size=DIM, strategy=UniformWeights(), policy=TimeWindows(),
+            max_groups=0)
+
+
 
 
 def _server_and_aggregator() -> tuple[ServerActor, AggregatorActor]:

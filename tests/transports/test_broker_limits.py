@@ -25,12 +25,12 @@ import pytest
 from fedsim.commands import deploy
 from fedsim.config import load_scenario
 from fedsim.protocol import codec
-from fedsim.protocol.messages import ClientUpdate, GlobalModel
-from fedsim.runtime.deployed.deployment import message_limit
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
+from fedsim.runtime.deployed.deployment import largest_message, message_limit, partial_limit
 from fedsim.transports.broker import find_mosquitto, free_loopback_port
-from fedsim.transports.mqtt import MqttServerEndpoint, ReconnectPolicy
+from fedsim.transports.mqtt import MqttAggregatorEndpoint, MqttServerEndpoint, ReconnectPolicy
 from fedsim.transports.security import load_secrets, packet_limit
-from fedsim.transports.topics import Topics
+from fedsim.transports.topics import Topics, aggregator_ids, aggregator_of
 
 SCENARIO = Path(__file__).resolve().parents[1] / "deployment" / "four_clients.yaml"
 FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.4, connect_timeout=10.0)
@@ -38,14 +38,14 @@ needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto
 PARAMS = 33  # logreg on 10 features and 3 classes: the four_clients scenario's model
 
 
-def _deploy(out: Path, port: int) -> None:
+def _deploy(out: Path, port: int, *more: str) -> None:
     parser = argparse.ArgumentParser()
     deploy.register(parser.add_subparsers(dest="command"))
     import getpass
 
     args = parser.parse_args(["deploy", str(SCENARIO), "--out", str(out), "--plain",
                               "--port", str(port), "--bind", "127.0.0.1",
-                              "--broker-user", getpass.getuser()])
+                              "--broker-user", getpass.getuser(), *more])
     assert args.func(args) == 0
 
 
@@ -173,5 +173,57 @@ async def test_an_abandoned_persistent_session_is_sent_no_queued_models(tmp_path
             await asyncio.sleep(1.5)
             reader.cancel()
         assert delivered == 0  # at QoS 1 the broker kept and now sent all 30 models
+    finally:
+        _stop(broker)
+
+
+@pytest.mark.slow
+@needs_mosquitto
+@pytest.mark.mqtt
+async def test_a_partial_of_many_sums_passes_the_deployed_broker_and_server(
+        tmp_path: Path) -> None:
+    """A partial holds up to 64 sums and a manifest of up to 4 MiB: the server's partials topic
+    and the broker ``fedsim deploy --aggregators`` configures take the largest one. (They took
+    one model's message: with aggregators, 464 of 1,177 messages of compressed-updates.yaml
+    were refused as oversized, every partial of two base versions or more.)"""
+    port = free_loopback_port()
+    _deploy(tmp_path, port, "--aggregators", "2")
+    scenario = load_scenario(SCENARIO, ["aggregators.count=2"]).scenario
+    limit = partial_limit(scenario, PARAMS)
+    assert limit == codec.max_partial_bytes(PARAMS) < scenario.network.max_message_bytes
+    assert largest_message(scenario, PARAMS) == limit
+    conf = (tmp_path / "mosquitto.conf").read_text()
+    assert f"max_packet_size {packet_limit(limit)}\n" in conf
+    secrets = load_secrets(tmp_path / "secrets.json")
+    aggregators = aggregator_ids(2)
+    clients = [f"c-{i:03d}" for i in range(4)]
+    mine = [c for c in clients if aggregator_of(c, aggregators) == aggregators[0]]
+    bases = tuple(range(64))
+    entries = tuple(ManifestEntry(mine[i % len(mine)], i, bases[i % 64], 1, 1.0)
+                    for i in range(6000))
+    partial = Partial(aggregators[0], 1, bases, tuple(sorted(entries, key=lambda e: e.base_version)),
+                      np.zeros(64 * PARAMS, np.float32))
+    assert len(codec.encode(partial)) > message_limit(scenario, PARAMS)
+    broker = _start(tmp_path / "mosquitto.conf", port)
+    try:
+        def url(credentials: object) -> str:
+            return (f"mqtt://{credentials.username}:{credentials.password}"  # type: ignore[attr-defined]
+                    f"@127.0.0.1:{port}")
+
+        # Sized as ``fedsim server`` sizes its endpoint (server_process).
+        async with MqttServerEndpoint(
+                url(secrets.server), run=secrets.run, reconnect=FAST, expected_params=PARAMS,
+                max_message_bytes=message_limit(scenario, PARAMS), max_partial_bytes=limit,
+                aggregators=aggregators, clients=clients) as server, MqttAggregatorEndpoint(
+                url(secrets.for_aggregator(aggregators[0])), run=secrets.run,
+                aggregator_id=aggregators[0], aggregators=aggregators, client_ids=clients,
+                expected_params=PARAMS, max_message_bytes=message_limit(scenario, PARAMS),
+                reconnect=FAST) as aggregator:
+            await server.publish(WindowClose(1, 0, 0.0))  # tells the aggregator the incarnation
+            assert isinstance(await asyncio.wait_for(aggregator.receive(), 10), WindowClose)
+            await aggregator.publish(partial)
+            got = await asyncio.wait_for(server.receive(), 10)
+            assert isinstance(got, Partial) and got.bases == bases and len(got.entries) == 6000
+            assert server.stats.rejected == 0
     finally:
         _stop(broker)

@@ -99,13 +99,20 @@ class AggregatorActor:
         policy: AggregationPolicy,
         max_staleness: int | None = None,
         invites: bool = False,
+        max_groups: int = MAX_PARTIAL_GROUPS,
     ) -> None:
+        if not 1 <= max_groups <= MAX_PARTIAL_GROUPS:
+            raise ValueError(f"max_groups must be in [1, {MAX_PARTIAL_GROUPS}], got {max_groups}")
         self.aggregator_id = aggregator_id
         self.clock = clock
         self.endpoint = endpoint
         self.clients = dict(clients)
         self.size = size
         self.policy = policy
+        self.max_groups = max_groups
+        """Sums (base versions) one partial carries at most: as many as the server's message
+        limit takes (:func:`~fedsim.protocol.codec.partial_groups`); an update of a further
+        base version goes to the server alone."""
         self.book = ClientBook({c: info.limits for c, info in self.clients.items()}, size,
                                max_staleness=max_staleness, invites=invites)
         self.weights = client_weights(strategy, [(c, info.num_samples, info.weight)
@@ -247,12 +254,13 @@ class AggregatorActor:
 
     def _alone(self, update: ClientUpdate, folded: int, sums: dict[int, np.ndarray]) -> bool:
         """Whether an accepted ``update`` goes to the server alone: joining a run, a round
-        the server holds back, or past what one partial may carry (the codec's bounds)."""
+        the server holds back, or past what one partial may carry (the codec's bounds, and
+        :attr:`max_groups`)."""
         assert self.unsure_through is not None
         return (update.base_version <= self.unsure_through
                 or update.round < self.held_back.get(update.client_id, 0)
                 or folded >= MAX_PARTIAL_ENTRIES
-                or (update.base_version not in sums and len(sums) >= MAX_PARTIAL_GROUPS))
+                or (update.base_version not in sums and len(sums) >= self.max_groups))
 
     async def flush(self, close: WindowClose) -> Partial:
         """Judge the held updates against the server's ``close.version``, send the window's

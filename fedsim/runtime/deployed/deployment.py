@@ -83,7 +83,9 @@ __all__ = [
     "BROKER_ENV",
     "SECRETS_ENV",
     "broker_for",
+    "largest_message",
     "message_limit",
+    "partial_limit",
     "reconnect_policy",
     "resolve_broker",
     "run_name",
@@ -145,11 +147,28 @@ def run_name(scenario: Scenario, run: str | None) -> str:
 
 
 def message_limit(scenario: Scenario, num_params: int) -> int:
-    """The largest message a deployed process accepts, and the broker's packet limit's base
-    (:func:`~fedsim.transports.security.packet_limit`): a model's size with its header
-    allowance (:func:`~fedsim.protocol.codec.max_message_bytes`), at most
+    """The largest message a deployed process accepts (a server's partials:
+    :func:`partial_limit`): a model's size with its header allowance (:func:`~fedsim.protocol.codec.max_message_bytes`), at most
     ``network.max_message_bytes``. Anything larger is refused before it is decoded."""
     return min(scenario.network.max_message_bytes, codec.max_message_bytes(num_params))
+
+
+def partial_limit(scenario: Scenario, num_params: int) -> int:
+    """The largest partial a deployed server accepts from an aggregation node: up to
+    :data:`~fedsim.protocol.headers.MAX_PARTIAL_GROUPS` sums with a whole manifest
+    (:func:`~fedsim.protocol.codec.max_partial_bytes`), at most ``network.max_message_bytes``
+    (the aggregators send no more sums than fit: :func:`~fedsim.protocol.codec.partial_groups`)."""
+    return min(scenario.network.max_message_bytes, codec.max_partial_bytes(num_params))
+
+
+def largest_message(scenario: Scenario, num_params: int) -> int:
+    """The largest message of a deployed run: a partial where aggregation nodes send them
+    (:func:`partial_limit`), else :func:`message_limit`; the base of the broker's packet
+    limit (:func:`~fedsim.transports.security.packet_limit`)."""
+    largest = message_limit(scenario, num_params)
+    if scenario.aggregators.count:
+        largest = max(largest, partial_limit(scenario, num_params))
+    return largest
 
 
 def reconnect_policy(options: DeploymentOptions) -> ReconnectPolicy:

@@ -58,6 +58,7 @@ from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
     message_limit,
+    partial_limit,
     reconnect_policy,
     run_name,
 )
@@ -371,6 +372,7 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
         run=run,
         expected_params=int(population.initial_params.size),
         max_message_bytes=message_limit(scenario, int(population.initial_params.size)),
+        max_partial_bytes=partial_limit(scenario, int(population.initial_params.size)),
         reconnect=reconnect_policy(options),
         seed=scenario.seed,
         lineage=snapshot.incarnations if snapshot is not None else (),
