@@ -73,7 +73,7 @@ class StalenessWeighting(_Strict):
 
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> Self:
-        refuse_other_kinds_keys(self, self.kind, self.KEYS_OF_KIND)
+        refuse_other_kinds_keys(self, self.KEYS_OF_KIND)
         return self
 
 
@@ -97,7 +97,7 @@ class ServerOptimizerConfig(_Strict):
 
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> Self:
-        refuse_other_kinds_keys(self, self.kind, self.KEYS_OF_KIND)
+        refuse_other_kinds_keys(self, self.KEYS_OF_KIND)
         return self
 
 
@@ -121,7 +121,7 @@ class LocalStepSequence(_Strict):
 
     @model_validator(mode="after")
     def _keys_of_its_kind(self) -> Self:
-        refuse_other_kinds_keys(self, self.kind, self.KEYS_OF_KIND)
+        refuse_other_kinds_keys(self, self.KEYS_OF_KIND)
         return self
 
 

@@ -31,12 +31,14 @@ from pydantic_core import core_schema
 from fedsim.atomic import read_regular
 from fedsim.config import limits
 from fedsim.config.cross_field import cross_field_problems
+from fedsim.config.kind_keys import KeysOfOtherKinds, kinds_text
 from fedsim.config.overrides import assign_path
 from fedsim.config.schema import FieldProblem, Scenario
 from fedsim.config.suggestions import (
     KindFix,
     did_you_mean,
     first_unknown_key,
+    key_of_another_kind,
     kinds_fitting,
     meant_choice,
 )
@@ -387,14 +389,15 @@ class _Overridden:
 
 
 def _kind_fix(path: Sequence[str | int], mapping: Mapping[str, Any],
-              overridden: _Overridden | None) -> KindFix:
-    """Where the key at ``path``, refused by the member of a tagged union that its
-    ``mapping`` chose, came from: the kind changed by an override, the key added by one, or
-    both as the file wrote them."""
+              overridden: _Overridden | None, field: str = "kind") -> KindFix:
+    """Where the key at ``path``, refused by the kind that its ``mapping`` chose with its
+    ``field`` (a tagged union's member, or a :mod:`~fedsim.config.kind_keys` section's kind),
+    came from: the kind changed by an override, the key added by one, or both as the file
+    wrote them."""
     if overridden is None:
         return "file"
     before = _at(overridden.written, path[:-1])
-    if not isinstance(before, Mapping) or before.get("kind") != mapping.get("kind"):
+    if not isinstance(before, Mapping) or before.get(field) != mapping.get(field):
         return "kind"  # (a mapping an override set whole chose its kind with it)
     return "key" if path[-1] not in before else "file"
 
@@ -407,11 +410,59 @@ def _member_tag(loc: Sequence[str | int], path: Sequence[str | int]) -> str | No
     return loc[-2] if len(path) < 2 or loc[-2] != path[-2] else None
 
 
+_KEY_OF_ANOTHER_KIND = "key_of_another_kind"
+"""The type of the error :func:`_each_key` makes of each key of a
+:class:`~fedsim.config.kind_keys.KeysOfOtherKinds`."""
+
+
+def _each_key(errors: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``errors``, a section's keys that its kind does not read (pydantic places the
+    :class:`~fedsim.config.kind_keys.KeysOfOtherKinds` at the section) made one error per
+    key, at the key, as a tagged union's unknown keys are."""
+    each: list[Mapping[str, Any]] = []
+    for error in errors:
+        found = error.get("ctx", {}).get("error")
+        if not isinstance(found, KeysOfOtherKinds):
+            each.append(error)
+            continue
+        each += [{**error, "type": _KEY_OF_ANOTHER_KIND, "loc": (*error["loc"], key),
+                  "msg": f"not read by {kinds_text([found.kind], found.field)}"}
+                 for key in found.owners]
+    return each
+
+
+def _hint(error: Mapping[str, Any], path: Sequence[str | int], data: Any,
+          overridden: _Overridden | None) -> str:
+    """What the author probably meant (:mod:`fedsim.config.suggestions`); a key of another
+    kind, refused by a tagged union or by its section (:data:`_KEY_OF_ANOTHER_KIND`), with
+    the fix that fits where it came from (``overridden``)."""
+    kind = error["type"]
+    if kind in ("extra_forbidden", _KEY_OF_ANOTHER_KIND):
+        mapping = _at(data, path[:-1])
+        if not isinstance(mapping, Mapping):
+            return did_you_mean(path) if kind == "extra_forbidden" else ""
+        label = overridden.label if overridden is not None else "--set"
+        if kind == _KEY_OF_ANOTHER_KIND:
+            found: KeysOfOtherKinds = error["ctx"]["error"]
+            return key_of_another_kind(path, found.kind, mapping,
+                                       _kind_fix(path, mapping, overridden, found.field), label)
+        return did_you_mean(path, chosen=_member_tag(error["loc"], path), mapping=mapping,
+                            fix=_kind_fix(path, mapping, overridden), label=label)
+    if kind == "union_tag_not_found":
+        return kinds_fitting(path, _at(data, path))
+    if kind in ("literal_error", "union_tag_invalid"):
+        given = error.get("input") if kind == "literal_error" else (
+            error.get("ctx", {}).get("tag"))
+        return meant_choice(path, given, tag=kind == "union_tag_invalid")
+    return ""
+
+
 def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
                    node: yaml.Node | None, overridden: _Overridden | None = None) -> list[str]:
     """One line per error (pydantic's error dicts), with its YAML path and line
     (``overridden``: the tree before its overrides, for hints that say which fix fits)."""
     lines: list[str] = []
+    errors = _each_key(errors)
     # A scenario-wide check's problem with one field is placed at that field (FieldProblem).
     problems = [_field_problem(error) for error in errors]
     paths = [_data_path(data, error["loc"] if problem is None else
@@ -428,24 +479,8 @@ def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
         got = ""
         if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), dict | list):
             got = f" (got {json.dumps(error.get('input'), default=str)})"
-        hint = ""
-        if len(lines) >= MAX_HINTED_ERRORS:
-            pass  # (a hint searches the schema: 20,000 unknown keys took 18 s with one each)
-        elif error["type"] == "extra_forbidden":
-            mapping = _at(data, path[:-1])
-            if isinstance(mapping, Mapping):
-                hint = did_you_mean(
-                    path, chosen=_member_tag(error["loc"], path), mapping=mapping,
-                    fix=_kind_fix(path, mapping, overridden),
-                    label=overridden.label if overridden is not None else "--set")
-            else:
-                hint = did_you_mean(path)
-        elif error["type"] == "union_tag_not_found":
-            hint = kinds_fitting(path, _at(data, path))
-        elif error["type"] in ("literal_error", "union_tag_invalid"):
-            given = error.get("input") if error["type"] == "literal_error" else (
-                error.get("ctx", {}).get("tag"))
-            hint = meant_choice(path, given, tag=error["type"] == "union_tag_invalid")
+        # (a hint searches the schema: 20,000 unknown keys took 18 s with one each)
+        hint = _hint(error, path, data, overridden) if len(lines) < MAX_HINTED_ERRORS else ""
         described = _describe(error) if problem is None else problem.message
         lines.append(f"{where}{at}: {described}{got}{hint}")
     return lines
@@ -482,7 +517,7 @@ def parse_scenario(data: Any, *, source: str = "<scenario>",
         # problem in one run, not a new one after each fix).
         listed = set(lines)
         lines += [line for line in _format_errors(cross_field_problems(Scenario, data, errors),
-                                                  data, node) if line not in listed]
+                                                  data, node, overridden) if line not in listed]
         raise ScenarioError(source, lines) from None
     return scenario
 

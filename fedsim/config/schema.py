@@ -125,7 +125,7 @@ class Partition(_Strict):
 
     @model_validator(mode="after")
     def _keys_of_its_scheme(self) -> Partition:
-        refuse_other_kinds_keys(self, self.scheme, self.KEYS_OF_KIND, field="scheme")
+        refuse_other_kinds_keys(self, self.KEYS_OF_KIND)
         return self
 
 

@@ -10,11 +10,13 @@ pydantic's error text, so a hint names exactly what the schema accepts:
   `` - did you mean 'poisson'?``;
 * a key of another member of a tagged union (``{kind: windows, buffer_size: 4}``, every
   mapping chosen by its ``kind``: aggregations, noises, clips, distributions, step sizes,
-  compressions): `` - 'buffer_size' is a key of kind 'fedbuff', not of kind 'windows'``, with
-  the fix that fits where the mismatch came from (:data:`KindFix`): the file (remove the key
-  or change the kind), an override that changed the kind or one that added the key (replace
-  the whole value: ``--set 'server.aggregation={kind: windows}'``); a mapping without its
-  ``kind``: the kinds its keys fit.
+  compressions), or of another kind of a section that holds every kind's keys
+  (``{kind: sgd, beta2: 0.9}``, :mod:`fedsim.config.kind_keys`): `` - 'buffer_size' is a key
+  of kind 'fedbuff', not of kind 'windows'``, with the fix that fits where the mismatch came
+  from (:data:`KindFix`): the file (remove the key or change the kind), an override that
+  changed the kind or one that added the key (replace the whole value:
+  ``--set 'server.aggregation={kind: windows}'``); a mapping without its ``kind``: the kinds
+  its keys fit.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ import difflib
 import shlex
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel
 
-from fedsim.config.kind_keys import kinds_text
+from fedsim.config.kind_keys import KeysOfKind, kind_field, kinds_text
 from fedsim.config.overrides import format_path
 from fedsim.config.schema import Scenario
 
-__all__ = ["KindFix", "did_you_mean", "first_unknown_key", "kinds_fitting", "meant_choice"]
+__all__ = ["KindFix", "did_you_mean", "first_unknown_key", "key_of_another_kind", "kinds_fitting",
+           "meant_choice"]
 
 _CUTOFF = 0.6
 """difflib's similarity a suggestion needs (its default)."""
@@ -131,9 +135,42 @@ def _members(path: Sequence[str | int]) -> dict[str, type[BaseModel]]:
     return members if len(members) > 1 else {}
 
 
-def _owners(members: Mapping[str, type[BaseModel]], key: str) -> list[str]:
-    """The kinds among a tagged union's ``members`` that take ``key``."""
-    return [kind for kind, model in members.items() if key in model.model_fields]
+@dataclass(frozen=True)
+class _Kinds:
+    """The kinds a mapping chooses among by one ``field`` (``kind``; a partition's
+    ``scheme``): a tagged union's members, or the kinds of a section that holds every kind's
+    keys (:mod:`fedsim.config.kind_keys`), each with the keys it ``reads`` (in the schema's
+    order) and those it ``requires``."""
+
+    field: str
+    reads: Mapping[str, tuple[str, ...]]
+    requires: Mapping[str, frozenset[str]]
+
+    def owners(self, key: str) -> list[str]:
+        """The kinds that read ``key``."""
+        return [kind for kind, keys in self.reads.items() if key in keys]
+
+
+def _kinds_at(path: Sequence[str | int]) -> _Kinds | None:
+    """The kinds the mapping a scenario holds at ``path`` chooses among, or None."""
+    members = _members(path)
+    if members:
+        return _Kinds("kind",
+                      {kind: tuple(name for name in model.model_fields if name != "kind")
+                       for kind, model in members.items()},
+                      {kind: frozenset(name for name, field in model.model_fields.items()
+                                       if field.is_required())
+                       for kind, model in members.items()})
+    for model in _models_at(path):
+        table: KeysOfKind | None = getattr(model, "KEYS_OF_KIND", None)
+        if table:
+            fields = model.model_fields
+            reads = {kind: tuple(name for name in fields if name in keys)
+                     for kind, keys in table.items()}
+            return _Kinds(kind_field(model, table), reads,
+                          {kind: frozenset(name for name in keys if fields[name].is_required())
+                           for kind, keys in reads.items()})
+    return None
 
 
 def _flow(value: Any) -> str:
@@ -142,18 +179,16 @@ def _flow(value: Any) -> str:
     return text.removesuffix("\n...\n").strip()
 
 
-def _whole_value(path: Sequence[str | int], kind: str, model: type[BaseModel],
+def _whole_value(path: Sequence[str | int], kinds: _Kinds, kind: str,
                  mapping: Mapping[str, Any], label: str) -> str:
-    """An override that sets the mapping at ``path`` whole, as the member ``kind`` takes it:
-    the keys of ``mapping`` that member accepts, and ``...`` for each one it requires that
-    ``mapping`` lacks (``--set 'clients.groups[0].speed={kind: exponential, mean: ...}'``)."""
-    entries = [f"kind: {kind}"]
-    for name, field in model.model_fields.items():
-        if name == "kind":
-            continue
+    """An override that sets the mapping at ``path`` whole, of the kind ``kind``: the keys of
+    ``mapping`` that kind reads, and ``...`` for each one it requires that ``mapping`` lacks
+    (``--set 'clients.groups[0].speed={kind: exponential, mean: ...}'``)."""
+    entries = [f"{kinds.field}: {kind}"]
+    for name in kinds.reads[kind]:
         if name in mapping:
             entries.append(f"{name}: {_flow(mapping[name])}")
-        elif field.is_required():
+        elif name in kinds.requires[kind]:
             entries.append(f"{name}: ...")
     assignment = f"{format_path(path)}={{{', '.join(entries)}}}"
     if label == "--set":
@@ -161,33 +196,37 @@ def _whole_value(path: Sequence[str | int], kind: str, model: type[BaseModel],
     return f"{label} entry {assignment!r}"
 
 
-def _key_of_another_kind(path: Sequence[str | int], chosen: str | None,
-                         mapping: Mapping[str, Any] | None, fix: KindFix, label: str) -> str:
+def key_of_another_kind(path: Sequence[str | int], chosen: str | None,
+                        mapping: Mapping[str, Any] | None, fix: KindFix, label: str) -> str:
     """`` - 'buffer_size' is a key of kind 'fedbuff', not of kind 'windows': ...`` for a key
-    that the tagged union at ``path[:-1]`` accepts only in members other than ``chosen``,
-    with the fix ``fix`` names; else ``""``."""
+    that the mapping at ``path[:-1]`` (a tagged union, or a section that holds every kind's
+    keys) reads only in kinds other than ``chosen``, with the fix ``fix`` names; else ``""``.
+    The one hint of both refusals: pydantic's unknown key of a tagged union's member, and
+    :class:`~fedsim.config.kind_keys.KeysOfOtherKinds`."""
     key, at = path[-1], path[:-1]
-    members = _members(at)
-    if not isinstance(key, str) or chosen not in members or key in members[chosen].model_fields:
+    kinds = _kinds_at(at)
+    if (not isinstance(key, str) or kinds is None or chosen is None
+            or chosen not in kinds.reads or key in kinds.reads[chosen]):
         return ""
-    owners = _owners(members, key)
+    owners = kinds.owners(key)
     if not owners:
         return ""
-    given = mapping is not None and "kind" in mapping
-    head = (f" - {key!r} is a key of {kinds_text(owners)}, not of kind {chosen!r}"
-            + ("" if given else ", which a mapping without 'kind' stands for"))
+    field = kinds.field
+    given = mapping is not None and field in mapping
+    head = (f" - {key!r} is a key of {kinds_text(owners, field)}, not of {field} {chosen!r}"
+            + ("" if given else f", which a mapping without {field!r} stands for"))
     if fix == "file" or mapping is None:
-        change = (f"change the kind to {owners[0]!r}" if len(owners) == 1
-                  else "change the kind to one of those")
+        change = (f"change the {field} to {owners[0]!r}" if len(owners) == 1
+                  else f"change the {field} to one of those")
         if not given:
-            change = f"give its kind ('kind: {owners[0]}')" if len(owners) == 1 else (
-                "give one of those kinds")
+            change = (f"give its {field} ('{field}: {owners[0]}')" if len(owners) == 1
+                      else f"give one of those {field}s")
         return f"{head}: remove it, or {change}"
     if fix == "kind":
-        whole = _whole_value(at, chosen, members[chosen], mapping, label)
-        return f"{head}, the kind {label} chose: replace the whole value, e.g. {whole}"
-    whole = _whole_value(at, owners[0], members[owners[0]], mapping, label)
-    return f"{head}: set the whole value with its kind, e.g. {whole}"
+        whole = _whole_value(at, kinds, chosen, mapping, label)
+        return f"{head}, the {field} {label} chose: replace the whole value, e.g. {whole}"
+    whole = _whole_value(at, kinds, owners[0], mapping, label)
+    return f"{head}: set the whole value with its {field}, e.g. {whole}"
 
 
 def kinds_fitting(path: Sequence[str | int], mapping: Any) -> str:
@@ -206,11 +245,12 @@ def kinds_fitting(path: Sequence[str | int], mapping: Any) -> str:
 
 def _whose(path: Sequence[str | int], key: str, chosen: str | None) -> str:
     """`` (a key of kind 'fedbuff', not of 'windows')`` for a key suggested at ``path`` that
-    the member ``chosen`` of the tagged union there does not take, else ``""``."""
-    members = _members(path)
-    if chosen not in members or key in members[chosen].model_fields:
+    the kind ``chosen`` of the mapping there (:func:`_kinds_at`) does not read, else ``""``."""
+    kinds = _kinds_at(path)
+    if kinds is None or chosen is None or chosen not in kinds.reads \
+            or key in kinds.reads[chosen]:
         return ""
-    return f" (a key of {kinds_text(_owners(members, key))}, not of {chosen!r})"
+    return f" (a key of {kinds_text(kinds.owners(key), kinds.field)}, not of {chosen!r})"
 
 
 def did_you_mean(path: Sequence[str | int], *, chosen: str | None = None,
@@ -226,7 +266,7 @@ def did_you_mean(path: Sequence[str | int], *, chosen: str | None = None,
     key = path[-1] if path else None
     if not isinstance(key, str) or not _models_at(path[:-1]):
         return ""  # (under a free-form mapping, model.options: any key is its own)
-    other_kind = _key_of_another_kind(path, chosen, mapping, fix, label)
+    other_kind = key_of_another_kind(path, chosen, mapping, fix, label)
     if other_kind:
         return other_kind
     # A key accepted elsewhere, exactly, says more than a similar one here (server.batch_size:
