@@ -144,6 +144,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         self._refused = asyncio.Event()
         self._store = outbox
         self._released: dict[int, bytes] = {}  # kept on disk, on an emulated link still
+        self._writes: set[asyncio.Task[None]] = set()  # durable copies being written (close waits)
 
     @property
     def unacknowledged(self) -> tuple[int, ...]:
@@ -169,11 +170,18 @@ class MqttClientEndpoint(_MqttEndpoint):
         if isinstance(message, ClientUpdate):
             self.note_released(message.round)
             payload = self._released.pop(message.round, None)
-            if payload is None:  # not released through release(): kept now
-                payload = codec.encode(message, incarnation=stamp)
-                if message.round not in self._outbox:  # (a link's duplicate is on disk)
-                    await self._keep_durably(message.round, payload)
-            self._queue(message.round, _Pending(payload, loop.time(), message.base_version))
+            try:
+                if payload is None:  # not released through release(): kept now
+                    payload = codec.encode(message, incarnation=stamp)
+                    if message.round not in self._outbox:  # (a link's duplicate is on disk)
+                        await self._keep_charged(message.round, payload)
+            finally:
+                # Charged: in the outbox even when a stopping process cancels this publish
+                # mid-write, so its exit's flush sends it or its report lists it (a resumed
+                # launch's round was charged, never sent, and counted nowhere).
+                if payload is not None:
+                    self._queue(message.round, _Pending(payload, loop.time(),
+                                                        message.base_version))
             if await self._send(self.topics.updates(self.client_id), payload):
                 self.stats.published += 1
         elif isinstance(message, ClientStatus):
@@ -197,8 +205,10 @@ class MqttClientEndpoint(_MqttEndpoint):
         self._check_open()
         self.note_released(message.round)
         payload = codec.encode(message, incarnation=self.incarnation.current or "")
-        await self._keep_durably(message.round, payload)
-        self._released[message.round] = payload
+        try:
+            await self._keep_charged(message.round, payload)
+        finally:  # charged: held for its link even when this call is cancelled (publish)
+            self._released[message.round] = payload
 
     def resume_outbox(self, recorded: Collection[int]) -> int:
         """Queue the updates a previous process of this client kept in its durable outbox and
@@ -235,6 +245,22 @@ class MqttClientEndpoint(_MqttEndpoint):
         for round_index in rounds:
             self._store.forget(round_index)
         return len(rounds)
+
+    async def _keep_charged(self, round_index: int, payload: bytes) -> None:
+        """Keep a charged update on disk (:meth:`_keep_durably`). The write runs in a task of
+        its own that a cancelled caller (a stopping process) does not stop, and
+        :meth:`close` waits for: cancelled while queued for its thread, it was never made,
+        and a resumed process had nothing to resend."""
+        write = asyncio.ensure_future(self._keep_durably(round_index, payload))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+        await asyncio.shield(write)
+
+    async def close(self) -> None:
+        """:meth:`_MqttEndpoint.close`, once every durable copy being written is on disk."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+        await super().close()
 
     async def _keep_durably(self, round_index: int, payload: bytes) -> None:
         if self._store is None:

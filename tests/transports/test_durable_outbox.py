@@ -121,6 +121,44 @@ def test_the_endpoint_keeps_each_update_before_sending_and_forgets_it_on_receipt
     assert endpoint.stats.abandoned == 1
 
 
+def test_a_publish_cancelled_while_its_copy_is_written_keeps_the_charged_update(
+        tmp_path: Path) -> None:
+    """A stopping client process cancels its actor, which may be inside ``publish`` between
+    the ledger's charge and the outbox: the update was then in neither the outbox nor on disk
+    (its write, queued for a thread, was cancelled with it), and a resumed launch's client had
+    a round charged, never sent, and counted nowhere (flaky in CI). Now it is unacknowledged
+    at once (the exit's flush sends it, or the report lists it) and its copy is on disk by
+    the time the endpoint is closed."""
+    import threading
+
+    class SlowOutbox(DurableOutbox):
+        gate = threading.Event()
+
+        def keep(self, round_index: int, payload: bytes) -> None:
+            assert self.gate.wait(10)
+            super().keep(round_index, payload)
+
+    outbox = SlowOutbox(tmp_path / "outbox")
+
+    async def main() -> tuple[tuple[int, ...], bool]:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      expected_params=PARAMS, outbox=outbox)
+        publish = asyncio.ensure_future(endpoint.publish(update("c1", 3)))
+        await asyncio.sleep(0.05)  # in the write
+        publish.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await publish
+        unacknowledged = endpoint.unacknowledged
+        on_disk_before = outbox.path(3).exists()
+        SlowOutbox.gate.set()
+        await endpoint.close()
+        return unacknowledged, on_disk_before
+
+    unacknowledged, on_disk_before = asyncio.run(main())
+    assert unacknowledged == (3,) and not on_disk_before
+    assert codec.decode(outbox.path(3).read_bytes()).round == 3
+
+
 def test_an_unwritable_outbox_is_counted_and_the_update_still_sent(tmp_path: Path) -> None:
     (tmp_path / "outbox").write_text("a file where the directory should be")
 
