@@ -678,7 +678,8 @@ def test_an_aggregator_gets_a_bounded_number_of_late_partials_held(order: str) -
     """A compromised aggregator silent for many windows, then sending a partial of each (up to
     64 sums apiece), had every one held until the next close (whatever the order: oldest first
     each is 'ahead' of the last): past MAX_LATE_PARTIALS a late one is refused, counted and
-    logged, and not remembered as taken; the closing window's own partial is always held."""
+    logged, and remembered as taken (a copy is ignored); the closing window's own partial is
+    always held."""
     from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
 
     server = _server(RecordingEndpoint(WallClock()))
@@ -697,7 +698,8 @@ def test_an_aggregator_gets_a_bounded_number_of_late_partials_held(order: str) -
     assert sum("past the bound" in entry["event"] for entry in logs) == refused
     report = server.close_window()
     assert report.rejections.get(Kind.BAD_PARTIAL) == refused
-    # A refused one was not taken: a copy of it after the close joins the next mix.
+    # A copy of a refused one after the close is ignored, as a duplicate of one taken: its
+    # updates come back as their clients' resends, forwarded one by one.
     window = late[MAX_LATE_PARTIALS]
     server._take_partial(_partial("g0", [("a", window, 100.0)], 100 * u, window=window))
-    assert ("g0", window) in server.partials.held
+    assert ("g0", window) not in server.partials.held

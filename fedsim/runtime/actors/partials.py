@@ -86,9 +86,9 @@ not acknowledged)."""
 TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
 MAX_LATE_PARTIALS = 4
 """How many late partials (of windows already closed) of one aggregator the server holds
-between two closes; a further one is refused (``bad_partial``, logged) and not remembered as
-taken: its clients resend what was not acknowledged, and their aggregator forwards the resends
-unmixed. An honest aggregator sends one partial a close, so late ones come one or two at a
+between two closes; a further one is refused (``bad_partial``, logged; remembered as taken, so
+a copy is ignored): its clients resend what was not acknowledged, and their aggregator forwards
+the resends unmixed. An honest aggregator sends one partial a close, so late ones come one or two at a
 time (a reordered or reconnecting link). Without the bound an aggregator silent for ``n``
 windows could then send a partial of each of them, every one held until the next close: up to
 64 sums and a 4 MiB manifest each (``codec.max_partial_bytes``), 1.9 GB of the server's memory
@@ -184,8 +184,15 @@ class PartialIntake:
                          aggregator=aggregator, window=partial.window,
                          updates=len(partial.entries), last=last)
             return
+        if behind > 0:  # overtaken on the way by a later partial: it joins like a late one
+            self._taken[aggregator] = (last, earlier | 1 << (behind - 1))
+        else:
+            ahead = -behind
+            shifted = (earlier << ahead | 1 << (ahead - 1)) if last else 0
+            self._taken[aggregator] = (partial.window, shifted & TAKEN_MASK)
         if partial.window < closing and self._late(aggregator, closing) >= MAX_LATE_PARTIALS:
-            # Not remembered as taken: a copy after the next close is taken then.
+            # Remembered as taken: a copy is ignored as a duplicate (judged later, its entries
+            # could be duplicates of their clients' resends, and its group refused).
             rejections.add(Kind.BAD_PARTIAL, len(partial.entries))
             _log.warning("an aggregator's late partials since the last close are past the "
                          "bound: refused, its clients resend what was not acknowledged",
@@ -193,12 +200,6 @@ class PartialIntake:
                          updates=len(partial.entries), closing=closing,
                          bound=MAX_LATE_PARTIALS)
             return
-        if behind > 0:  # overtaken on the way by a later partial: it joins like a late one
-            self._taken[aggregator] = (last, earlier | 1 << (behind - 1))
-        else:
-            ahead = -behind
-            shifted = (earlier << ahead | 1 << (ahead - 1)) if last else 0
-            self._taken[aggregator] = (partial.window, shifted & TAKEN_MASK)
         self._partials[(aggregator, partial.window)] = partial
         if partial.window < closing:
             _log.info("late partial: its updates join the open window's mix",
