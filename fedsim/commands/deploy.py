@@ -164,9 +164,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int | None, int]:
-    """The client ids, the run name, the largest message of the run (None: not known) and the
-    number of aggregators (``--aggregators``, else the scenario's ``aggregators.count``)."""
+def _client_ids_and_run(
+        args: argparse.Namespace) -> tuple[list[str], str, tuple[int, int] | None, int]:
+    """The client ids, the run name, the largest message of the run and the broker's
+    ``max_queued_bytes`` (None: not known), and the number of aggregators (``--aggregators``,
+    else the scenario's ``aggregators.count``)."""
     if args.scenario and args.client_ids:
         raise ConfigError("give a SCENARIO or --client-id, not both")
     if args.aggregators is not None and args.aggregators < 0:
@@ -181,7 +183,7 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
         raise ConfigError("give a SCENARIO file (or --client-id ... --run NAME)")
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
-    from fedsim.runtime.deployed.deployment import largest_message
+    from fedsim.runtime.deployed.deployment import broker_queue_bytes, largest_message
     from fedsim.runtime.deployed.guarantees import require_public_slots
     from fedsim.runtime.population import build_population, client_ids
 
@@ -190,10 +192,12 @@ def _client_ids_and_run(args: argparse.Namespace) -> tuple[list[str], str, int |
     scenario = loaded.scenario
     require_allowed(scenario, loaded.allow_factories)  # also what the composed processes run
     require_public_slots(scenario)
-    largest = None
+    ids = client_ids(scenario)
+    sizes = None
     if args.max_packet_bytes is None:  # sized from the model, as the processes size theirs
-        largest = largest_message(scenario, int(build_population(loaded).initial_params.size))
-    return client_ids(scenario), args.run or scenario.name, largest, scenario.aggregators.count
+        size = int(build_population(loaded).initial_params.size)
+        sizes = largest_message(scenario, size), broker_queue_bytes(scenario, size, len(ids))
+    return ids, args.run or scenario.name, sizes, scenario.aggregators.count
 
 
 def _listener_tls(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
@@ -236,7 +240,6 @@ def run(args: argparse.Namespace) -> int:
         PasswordHashing,
         check_iterations,
         packet_limit,
-        queue_limit,
         write_broker_files,
     )
 
@@ -251,15 +254,14 @@ def run(args: argparse.Namespace) -> int:
         "--pbkdf2-iterations")
     from fedsim.transports.topics import aggregator_ids
 
-    ids, run_name, largest, count = _client_ids_and_run(args)
+    ids, run_name, sizes, count = _client_ids_and_run(args)
     aggregators = aggregator_ids(count)
     max_packet_bytes = args.max_packet_bytes
     max_queued_bytes = None
-    if largest is not None:
+    if sizes is not None:
         # Every packet fits one message of the run; a session's queue at most the server's
-        # bounded backlog of them (queue_limit).
-        max_packet_bytes = packet_limit(largest)
-        max_queued_bytes = queue_limit(len(ids)) * max_packet_bytes
+        # bounded backlog of them (queue_limit) and the partials it holds (broker_queue_bytes).
+        max_packet_bytes, max_queued_bytes = packet_limit(sizes[0]), sizes[1]
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
     # Checked before anything is written: the containers must find the scenario in the image.

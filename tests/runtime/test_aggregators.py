@@ -671,3 +671,35 @@ def test_differing_copies_of_a_held_round_are_forked_not_held() -> None:
     assert held == 2  # b's round 0 and a's first copy
     assert partial.rejections == {"forked": copies - 1}
     assert sorted((e.client_id, e.round) for e in partial.entries) == [("a", 0), ("b", 0)]
+
+
+@pytest.mark.parametrize("order", ["newest first", "oldest first"])
+def test_an_aggregator_gets_a_bounded_number_of_late_partials_held(order: str) -> None:
+    """A compromised aggregator silent for many windows, then sending a partial of each (up to
+    64 sums apiece), had every one held until the next close (whatever the order: oldest first
+    each is 'ahead' of the last): past MAX_LATE_PARTIALS a late one is refused, counted and
+    logged, and remembered as taken (a copy is ignored); the closing window's own partial is
+    always held."""
+    from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
+
+    server = _server(RecordingEndpoint(WallClock()))
+    server.windows_closed = 99  # window 100 is closing
+    u = 0.01 * np.ones(DIM)
+    late = range(99, 79, -1) if order == "newest first" else range(80, 100)
+    with capture_logs() as logs:
+        server._take_partial(_partial("g1", [("b", 0, 200.0)], 200 * u, window=100))
+        for window in late:
+            server._take_partial(_partial("g0", [("a", window, 100.0)], 100 * u, window=window))
+        server._take_partial(_partial("g0", [("c", 0, 300.0)], 300 * u, window=100))
+    held = [window for aggregator, window in server.partials.held if aggregator == "g0"]
+    assert held == sorted([*late[:MAX_LATE_PARTIALS], 100])
+    assert server.partials.held.count(("g1", 100)) == 1  # another aggregator's: untouched
+    refused = len(late) - MAX_LATE_PARTIALS
+    assert sum("past the bound" in entry["event"] for entry in logs) == refused
+    report = server.close_window()
+    assert report.rejections.get(Kind.BAD_PARTIAL) == refused
+    # A copy of a refused one after the close is ignored, as a duplicate of one taken: its
+    # updates come back as their clients' resends, forwarded one by one.
+    window = late[MAX_LATE_PARTIALS]
+    server._take_partial(_partial("g0", [("a", window, 100.0)], 100 * u, window=window))
+    assert ("g0", window) not in server.partials.held

@@ -227,3 +227,24 @@ async def test_a_partial_of_many_sums_passes_the_deployed_broker_and_server(
             assert server.stats.rejected == 0
     finally:
         _stop(broker)
+
+
+def test_the_deployed_brokers_queue_is_a_models_backlog_and_a_few_partials(
+        tmp_path: Path) -> None:
+    """``max_queued_bytes`` was the server's backlog (queue_limit) of the largest message: with
+    aggregators a partial of 64 sums, so one compromised aggregator could have the broker
+    queue 64 times a model's backlog for the server. It is the backlog of one-model messages
+    plus the partials the server holds of each aggregator between two closes."""
+    from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
+    from fedsim.transports.security import queue_limit
+
+    _deploy(tmp_path, free_loopback_port(), "--aggregators", "2")
+    scenario = load_scenario(SCENARIO, ["aggregators.count=2"]).scenario
+    backlog = queue_limit(4) * packet_limit(message_limit(scenario, PARAMS))
+    partials = (MAX_LATE_PARTIALS + 1) * 2 * packet_limit(partial_limit(scenario, PARAMS))
+    conf = (tmp_path / "mosquitto.conf").read_text()
+    assert f"max_queued_bytes {backlog + partials}\n" in conf
+    assert backlog + partials < queue_limit(4) * packet_limit(partial_limit(scenario, PARAMS))
+    flat = tmp_path / "flat"
+    _deploy(flat, free_loopback_port())
+    assert f"max_queued_bytes {backlog}\n" in (flat / "mosquitto.conf").read_text()

@@ -45,7 +45,9 @@ have had one by one (time windows are linear in each update's weight), so with a
 model is the flat deployment's up to float32 rounding of the sums. A partial of a window
 already closed (a late aggregator's) joins the next window's mix, as a direct update arriving
 after its window's close would (judged then: a group whose base version has grown too stale
-counts as stale); only a partial that comes after the end of the run is lost
+counts as stale; at most :data:`MAX_LATE_PARTIALS` of an aggregator between two closes, a
+further one is refused and its clients' resends are forwarded); only a partial that comes
+after the end of the run is lost
 (``WindowReport.lost_in_partials``, dropped in flight; their privacy was spent on the client).
 So the wait trades how soon a slow aggregator's updates are applied against how late each
 window closes, and loses nothing.
@@ -82,6 +84,15 @@ a partial reordered behind a later one within it still joins the mix (once); an 
 ignored, logged (taken already or not, the server cannot tell; its clients resend what was
 not acknowledged)."""
 TAKEN_MASK = (1 << TAKEN_HORIZON) - 1
+MAX_LATE_PARTIALS = 4
+"""How many late partials (of windows already closed) of one aggregator the server holds
+between two closes; a further one is refused (``bad_partial``, logged; remembered as taken, so
+a copy is ignored): its clients resend what was not acknowledged, and their aggregator forwards
+the resends unmixed. An honest aggregator sends one partial a close, so late ones come one or two at a
+time (a reordered or reconnecting link). Without the bound an aggregator silent for ``n``
+windows could then send a partial of each of them, every one held until the next close: up to
+64 sums and a 4 MiB manifest each (``codec.max_partial_bytes``), 1.9 GB of the server's memory
+for 150 partials of a 50,890-parameter model (attackers' review of the 64-sum partials)."""
 
 
 FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLISHED_VERSION,
@@ -179,6 +190,16 @@ class PartialIntake:
             ahead = -behind
             shifted = (earlier << ahead | 1 << (ahead - 1)) if last else 0
             self._taken[aggregator] = (partial.window, shifted & TAKEN_MASK)
+        if partial.window < closing and self._late(aggregator, closing) >= MAX_LATE_PARTIALS:
+            # Remembered as taken: a copy is ignored as a duplicate (judged later, its entries
+            # could be duplicates of their clients' resends, and its group refused).
+            rejections.add(Kind.BAD_PARTIAL, len(partial.entries))
+            _log.warning("an aggregator's late partials since the last close are past the "
+                         "bound: refused, its clients resend what was not acknowledged",
+                         aggregator=aggregator, window=partial.window,
+                         updates=len(partial.entries), closing=closing,
+                         bound=MAX_LATE_PARTIALS)
+            return
         self._partials[(aggregator, partial.window)] = partial
         if partial.window < closing:
             _log.info("late partial: its updates join the open window's mix",
@@ -186,6 +207,10 @@ class PartialIntake:
                       updates=len(partial.entries), closing=closing)
         if self._live <= self._answered_close(closing):
             self._answered.set()
+
+    def _late(self, aggregator: str, closing: int) -> int:
+        """How many late partials (windows before ``closing``) of ``aggregator`` are held."""
+        return sum(1 for a, window in self._partials if a == aggregator and window < closing)
 
     def _answered_close(self, closing: int) -> set[str]:
         """The aggregators whose partial of window ``closing`` is here."""

@@ -76,13 +76,14 @@ from fedsim.protocol import codec
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.transports.mqtt import BrokerSettings, ReconnectPolicy, TlsSettings, parse_broker_url
-from fedsim.transports.security import load_secrets
+from fedsim.transports.security import load_secrets, packet_limit, queue_limit
 from fedsim.transports.topics import Topics
 
 __all__ = [
     "BROKER_ENV",
     "SECRETS_ENV",
     "broker_for",
+    "broker_queue_bytes",
     "largest_message",
     "message_limit",
     "partial_limit",
@@ -169,6 +170,23 @@ def largest_message(scenario: Scenario, num_params: int) -> int:
     if scenario.aggregators.count:
         largest = max(largest, partial_limit(scenario, num_params))
     return largest
+
+
+def broker_queue_bytes(scenario: Scenario, num_params: int, num_clients: int) -> int:
+    """The broker's ``max_queued_bytes`` (per session) for a deployed run: the server's bounded
+    backlog (:func:`~fedsim.transports.security.queue_limit`) of one-model messages and, where
+    aggregation nodes send partials, the partials the server holds of each between two closes
+    (the closing window's and :data:`~fedsim.runtime.actors.partials.MAX_LATE_PARTIALS` late
+    ones), each of the largest size. Sized as a backlog of the largest message alone, a
+    partial (up to 64 sums), it let one aggregator have the broker queue 64 times a model's
+    backlog for the server (a 50,890-parameter model: 17.2 GB instead of 269 MB)."""
+    from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
+
+    queued = queue_limit(num_clients) * packet_limit(message_limit(scenario, num_params))
+    if scenario.aggregators.count:
+        queued += ((MAX_LATE_PARTIALS + 1) * scenario.aggregators.count
+                   * packet_limit(partial_limit(scenario, num_params)))
+    return queued
 
 
 def reconnect_policy(options: DeploymentOptions) -> ReconnectPolicy:
