@@ -168,9 +168,8 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     server = json.loads((out / "server.json").read_text())
     assert server["finished"] is True and server["resumed_from_window"] == cut
     processes = json.loads((out / "processes.json").read_text())
-    unclean = {name: (p["starts"], p["exit_codes"]) for name, p in processes.items()
-               if p["starts"] != 2 or p["exit_codes"] != [0, 0]}
-    assert unclean == {}
+    assert {name: (p["starts"], p["exit_codes"]) for name, p in processes.items()  # unclean
+            if p["starts"] != 2 or p["exit_codes"] != [0, 0]} == {}
     # The resumed server's command line differs (it waits for its restarted clients), so the
     # first part's is kept; the clients' differ only in the private broker's port: not kept.
     [first_server] = processes["server"]["earlier_commands"]

@@ -73,6 +73,7 @@ import torch
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.protocol import codec
+from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.transports.mqtt import BrokerSettings, ReconnectPolicy, TlsSettings, parse_broker_url
@@ -180,8 +181,6 @@ def broker_queue_bytes(scenario: Scenario, num_params: int, num_clients: int) ->
     ones), each of the largest size. Sized as a backlog of the largest message alone, a
     partial (up to 64 sums), it let one aggregator have the broker queue 64 times a model's
     backlog for the server (a 50,890-parameter model: 17.2 GB instead of 269 MB)."""
-    from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
-
     queued = queue_limit(num_clients) * packet_limit(message_limit(scenario, num_params))
     if scenario.aggregators.count:
         queued += ((MAX_LATE_PARTIALS + 1) * scenario.aggregators.count
