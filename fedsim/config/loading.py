@@ -315,6 +315,10 @@ _MESSAGES = {
     "finite_number": "must be a finite number",
 }
 
+_NOT_A_MAPPING = frozenset({"model_type", "model_attributes_type", "dict_type"})
+"""Error types of a section given something other than a mapping (a key with nothing after it
+reads null)."""
+
 
 def _format_path(parts: Iterable[str | int]) -> str:
     text = ""
@@ -358,6 +362,10 @@ def _describe(error: Mapping[str, Any]) -> str:
         return f"kind must be one of {ctx.get('expected_tags')}, got {ctx.get('tag')!r}"
     if kind == "union_tag_not_found":
         return "needs a 'kind' key"
+    if kind in _NOT_A_MAPPING:  # pydantic's text names fedsim's class ("instance of Stop")
+        if error.get("input") is None:
+            return "is empty: write its keys indented under it, or {key: value}"
+        return "must be a mapping: its keys indented under it, or {key: value}"
     message = str(error["msg"])
     return message.removeprefix("Value error, ")
 

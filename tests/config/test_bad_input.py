@@ -448,6 +448,26 @@ def test_a_bare_number_for_a_budget_says_how_to_write_one(
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    # `stop:` left with nothing under it (its one key deleted)
+    ("name: x\nstop:\ndataset: {name: synthetic}\n",
+     "stop (line 2): is empty: write its keys indented under it, or {key: value} (got null)"),
+    ("name: x\nstop: 5\n", "stop (line 2): must be a mapping: its keys indented under it, or "
+                            "{key: value} (got 5)"),
+    ("name: x\nstop: {windows: 2}\nserver:\n  step_size:\n",
+     "server.step_size (line 4): is empty: write its keys indented under it"),
+])
+def test_a_section_that_is_not_a_mapping_says_so_without_class_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
+    """A stranger who deleted the one key under `stop:` read pydantic's "Input should be a
+    valid dictionary or instance of Stop (got null)" (and "object to extract fields from" for
+    `server.step_size:`): the names of fedsim's classes, not what to write."""
+    assert main(["validate", str(_write(tmp_path, text))]) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "instance of" not in err and "extract fields" not in err
+
+
 def test_validate_counts_one_client_in_one_group(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     group = {**MINIMAL["clients"]["groups"][0], "count": 1, "data_share": 1.0}
