@@ -81,6 +81,17 @@ def _tuned(run: RunDirectory) -> TunedPrivacy | None:
     return tuned_privacy(run, tuning) if tuning is not None and tuning.release else None
 
 
+def _final_accuracy_text(summary: dict[str, Any], final: float) -> str:
+    """``final`` as the final model's accuracy, or, where the run never evaluated its final
+    model (an interrupted run: summary.json's ``final_evaluated_version`` is an earlier one),
+    as the last evaluation's, of the version it was."""
+    evaluated, last = summary.get("final_evaluated_version"), summary.get("final_version")
+    if isinstance(evaluated, int) and isinstance(last, int) and evaluated != last:
+        return (f"last evaluated {final:.4f} (model version {evaluated}; the final model, "
+                f"version {last}, was not evaluated)")
+    return f"final {final:.4f}"
+
+
 def summary_lines(run: RunDirectory, drawn: Drawn,
                   tuned: TunedPrivacy | None = None) -> list[str]:
     """The textual summary ``fedsim report`` prints (one item per line; ``tuned``: the
@@ -102,7 +113,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
     lines.append(
         "accuracy: "
         + (
-            f"final {final:.4f}, best {best:.4f}"
+            f"{_final_accuracy_text(summary, final)}, best {best:.4f}"
             if final is not None and best is not None
             else "not evaluated"
         )

@@ -119,6 +119,25 @@ def test_report_prints_the_summary_and_redraws(many_clients_run: SyntheticRun,
     assert "clients.csv says" not in out  # the csv agrees with the ledgers
 
 
+def test_report_says_when_the_final_model_was_not_evaluated(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        edit_summary: Callable[..., dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's run stopped by SIGTERM at window 70 reported "accuracy: final 0.7298": the
+    evaluation of version 40 (summary.json's final_evaluated_version), not of the final
+    model, version 70, which an interrupted run never evaluates."""
+    run = copy_run(small_run)
+    edit_summary(run, final_accuracy=0.7298, best_accuracy=0.7298, final_evaluated_version=40,
+                 final_version=70, interrupted={"signal": "SIGTERM", "partial": True})
+    assert cli_main(["report", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    assert ("accuracy: last evaluated 0.7298 (model version 40; the final model, version 70, "
+            "was not evaluated), best 0.7298") in out
+    assert "accuracy: final" not in out
+    edit_summary(run, final_evaluated_version=70, interrupted=None)
+    assert cli_main(["report", str(run.path)]) == 0
+    assert "accuracy: final 0.7298, best 0.7298" in capsys.readouterr().out
+
+
 def test_report_warns_when_clients_csv_disagrees_with_a_ledger(
         small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
         edit_clients_csv: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
