@@ -81,14 +81,13 @@ def _tuned(run: RunDirectory) -> TunedPrivacy | None:
     return tuned_privacy(run, tuning) if tuning is not None and tuning.release else None
 
 
-def _final_accuracy_text(summary: dict[str, Any], final: float) -> str:
+def _final_accuracy_text(run: RunDirectory, final: float) -> str:
     """``final`` as the final model's accuracy, or, where the run never evaluated its final
-    model (an interrupted run: summary.json's ``final_evaluated_version`` is an earlier one),
-    as the last evaluation's, of the version it was."""
-    evaluated, last = summary.get("final_evaluated_version"), summary.get("final_version")
-    if isinstance(evaluated, int) and isinstance(last, int) and evaluated != last:
-        return (f"last evaluated {final:.4f} (model version {evaluated}; the final model, "
-                f"version {last}, was not evaluated)")
+    model (:attr:`RunDirectory.unevaluated_final`), as the last evaluation's, of the version
+    it was."""
+    if (versions := run.unevaluated_final) is not None:
+        return (f"last evaluated {final:.4f} (model version {versions[0]}; the final model, "
+                f"version {versions[1]}, was not evaluated)")
     return f"final {final:.4f}"
 
 
@@ -113,7 +112,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
     lines.append(
         "accuracy: "
         + (
-            f"{_final_accuracy_text(summary, final)}, best {best:.4f}"
+            f"{_final_accuracy_text(run, final)}, best {best:.4f}"
             if final is not None and best is not None
             else "not evaluated"
         )

@@ -132,6 +132,10 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     tuning_notes, tuning_warnings = tuning_texts(run)
     notes += tuning_notes
     warnings += tuning_warnings
+    if (versions := run.unevaluated_final) is not None:
+        notes.append(f"note: {run.path.name}: its final acc is the last evaluation's, of model "
+                     f"version {versions[0]}; the final model, version {versions[1]}, was not "
+                     "evaluated")
     differences = summary.get("deployed_differences")
     if isinstance(differences, list) and differences:
         notes.append(f"note: {run.path.name}: a deployed run; what it did not do as a "

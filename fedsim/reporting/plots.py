@@ -96,7 +96,7 @@ def final_point(run: RunDirectory) -> tuple[float, float, int] | None:
     accuracy = run.summary.get("final_accuracy")
     version = run.summary.get("final_evaluated_version")
     if run.interrupted or not isinstance(accuracy, int | float) or not isinstance(version, int) \
-            or version != run.summary.get("final_version"):
+            or run.unevaluated_final is not None or version != run.summary.get("final_version"):
         return None
     return run.virtual_time, float(accuracy), version
 

@@ -162,6 +162,17 @@ class RunDirectory:
         return self.time_label
 
     @property
+    def unevaluated_final(self) -> tuple[int, int] | None:
+        """``(evaluated, final)`` model versions where the run's ``final_accuracy`` is of an
+        earlier model than its final one (an interrupted run: the last periodic evaluation's);
+        None where it is the final model's, or the summary does not say."""
+        evaluated = self.summary.get("final_evaluated_version")
+        final = self.summary.get("final_version")
+        if isinstance(evaluated, int) and isinstance(final, int) and evaluated != final:
+            return evaluated, final
+        return None
+
+    @property
     def interrupted(self) -> str | None:
         """The signal that interrupted the run (``summary.interrupted.signal``); None if it ran
         to its stop condition."""

@@ -133,9 +133,14 @@ def test_report_says_when_the_final_model_was_not_evaluated(
     assert ("accuracy: last evaluated 0.7298 (model version 40; the final model, version 70, "
             "was not evaluated), best 0.7298") in out
     assert "accuracy: final" not in out
+    assert cli_main(["compare", str(run.path), "--no-plots"]) == 0  # compare's table says it too
+    assert (f"note: {run.path.name}: its final acc is the last evaluation's, of model version "
+            "40; the final model, version 70, was not evaluated") in capsys.readouterr().out
     edit_summary(run, final_evaluated_version=70, interrupted=None)
     assert cli_main(["report", str(run.path)]) == 0
     assert "accuracy: final 0.7298, best 0.7298" in capsys.readouterr().out
+    assert cli_main(["compare", str(run.path), "--no-plots"]) == 0
+    assert "was not evaluated" not in capsys.readouterr().out
 
 
 def test_report_warns_when_clients_csv_disagrees_with_a_ledger(
