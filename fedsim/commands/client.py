@@ -38,7 +38,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         type=float,
         default=FLUSH_TIMEOUT,
         metavar="SECONDS",
-        help="How long to wait for the server's receipts before exiting.",
+        help="How long to wait for the server's receipts before exiting (default: "
+        "%(default)s).",
     )
     DeploymentOptions.add_arguments(parser)
     parser.set_defaults(func=run)

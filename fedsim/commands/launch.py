@@ -51,7 +51,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="Give up if the server has not stopped after this many wall seconds.",
+        help="Give up if the server has not stopped after this many wall seconds (default: "
+        "%(default)s).",
     )
     parser.add_argument(
         "--aggregators",

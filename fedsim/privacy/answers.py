@@ -393,10 +393,15 @@ def _answer(sampling: Sampling, name: AccountantChoice,
     else:
         drawn = _record_answer(accountant, steps, group, found, delta=delta, epsilon=epsilon,
                                target_epsilon=target_epsilon, max_steps=max_steps, curve=curve)
+    note = _note(name, sampling, group)
+    if max_steps and count == 0:  # (a stranger read a bare "steps: 0", exit 0, as an answer)
+        none = (f"no step fits: one step of q = {q:g}, sigma = {sigma:g} already spends more "
+                f"than eps {target_epsilon:g} at delta {delta:g}")
+        note = none if note is None else f"{none}; {note}"
     return AccountAnswer(
         accountant=name, sampling=sampling, neighbouring_relation=NEIGHBOURING_RELATION[sampling],
         is_guarantee=name != "gdp-clt", group_size=group, q=q, sigma=sigma,
-        note=_note(name, sampling, group), curve=drawn, **{**found, "steps": count})
+        note=note, curve=drawn, **{**found, "steps": count})
 
 
 def _note(name: AccountantChoice, sampling: Sampling, group: int) -> str | None:

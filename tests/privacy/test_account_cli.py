@@ -52,6 +52,13 @@ def test_max_steps(capsys: pytest.CaptureFixture[str]) -> None:
     eps = [make_accountant("pld", [GaussianStep("poisson", 0.01, 1.0, t)]).epsilon(1e-5)
            for t in (steps, steps + 1)]
     assert eps[0] <= 1.0 < eps[1]
+    assert out.get("note") is None
+    none = run_json(capsys, "--q", "0.01", "--sigma", "1", "--target-epsilon", "0.01",
+                    "--max-steps")  # one step spends more than the target
+    assert make_accountant("pld", [GaussianStep("poisson", 0.01, 1.0, 1)]).epsilon(1e-5) > 0.01
+    assert none["steps"] == 0 and none["note"] == (
+        "no step fits: one step of q = 0.01, sigma = 1 already spends more than eps 0.01 at "
+        "delta 1e-05")
 
 
 def test_rdp_reports_both_conversions(capsys: pytest.CaptureFixture[str]) -> None:
