@@ -56,7 +56,7 @@ several hundred percent for q = 0.001, sigma = 4).
 
 Monotone answers (:mod:`fedsim.privacy.pld_floor`). Because ``h`` follows the kinds of step,
 one near-free step (sigma = 1000: a tiny loss std) made the grid 100x finer and shed the
-discretisation pessimism of the 272 steps before it: eps 2.4977 fell to 2.4961 (q = 0.0329,
+discretisation pessimism of the 272 steps before it: eps 2.4981 fell to 2.4965 (q = 128/3890,
 sigma 1.2, delta 1e-5; both valid bounds). Now, whenever a new kind of step changes ``h`` or
 the bucketed regime, the history composed before it is a finished *stretch*: its answers at
 a fixed grid of deltas join the accountant's *floor* (one array of 512 eps values, merged by

@@ -5,11 +5,12 @@ Why a floor. The PLD accountant's grid ``h`` follows the kinds of step its histo
 (:func:`fedsim.privacy.pld.grid_for_stds`). A step with a tiny privacy-loss std (a near-free
 step, sigma = 1000) makes the grid finer, and the finer grid sheds the discretisation
 pessimism of every step before it: 272 Poisson steps at sigma 1.2 read eps 2.4981, the same
-plus one step at sigma 1000 read 2.4965 (both valid upper bounds; dp_accounting gives 2.49650
-and 2.49653). At a fixed grid, eps is monotone in the counts and in the kinds composed. So
-whenever composing a step changes the grid (or the bucketed regime), the history composed
-before it is a finished *stretch*, and its answers become part of the floor; every later
-answer is the more conservative of the current composition and the floor.
+plus one step at sigma 1000 read 2.4965 (q = 128/3890, delta 1e-5; both valid upper bounds:
+dp_accounting at a value discretisation of 1e-4 gives 2.496503 for both). At a fixed grid,
+eps is monotone in the counts and in the kinds composed. So whenever composing a step changes
+the grid (or the bucketed regime), the history composed before it is a finished *stretch*,
+and its answers become part of the floor; every later answer is the more conservative of the
+current composition and the floor.
 
 What a floor is. Neighbouring relation: the accountant's (Poisson add/remove, or fixed-size
 replace-one; a stretch has the same steps' relation). For a stretch with composed PMFs (one

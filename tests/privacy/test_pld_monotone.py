@@ -2,7 +2,7 @@
 
 A step that changes the grid (a near-free step has a tiny loss std: the grid gets finer) used
 to shed the discretisation pessimism of every step before it: 272 steps at sigma 1.2 read
-eps 2.4977, the same plus one step at sigma 1000 read 2.4961. The finished stretch's answers
+eps 2.4981, the same plus one step at sigma 1000 read 2.4965. The finished stretch's answers
 now floor every later answer; these tests hold them to it, and to dp_accounting (an
 independent PLD) from below.
 """
@@ -24,6 +24,7 @@ from fedsim.privacy.pld import PLDAccountant
 from fedsim.privacy.pld_floor import DELTAS, Floor
 
 DELTAS_ASKED = (1e-5, 1e-10)
+Q = 128 / 3890  # the quickstart phone's rate (batch 128 of 3,890 records)
 # Within a stretch (a fixed grid) eps is monotone in the steps up to the FFT noise allowance
 # (fedsim.privacy.pld_state.NOISE_FACTOR), which varies from one composition to the next:
 # measured falls, relative (docs/DESIGN.md, "Monotone answers").
@@ -31,16 +32,18 @@ FFT_RESIDUAL = {1e-5: 0.0, 1e-10: 1e-5}
 
 
 def test_a_near_free_step_does_not_lower_eps() -> None:
-    # the user's report: 272 Poisson steps at sigma 1.2, then one at sigma 1000
-    accountant = PLDAccountant([GaussianStep("poisson", 0.0329, 1.2, 272)])
+    # the user's report: a quickstart phone's ledger (272 Poisson steps at q = 128/3890,
+    # sigma 1.2, eps 2.4981), then one step at sigma 1000 (it read 2.4965)
+    accountant = PLDAccountant([GaussianStep("poisson", Q, 1.2, 272)])
     before, grid = accountant.epsilon(1e-5), accountant.discretisation()
-    accountant.compose([GaussianStep("poisson", 0.0329, 1000.0, 1)])
+    accountant.compose([GaussianStep("poisson", Q, 1000.0, 1)])
     assert accountant.discretisation() < grid / 50  # the grid did change (the cause)
     assert accountant.epsilon(1e-5) >= before
     # the floor keeps the stretch's own answer at the budget's delta, no more
     assert accountant.epsilon(1e-5) == before
     assert accountant.delta(before) >= PLDAccountant(
-        [GaussianStep("poisson", 0.0329, 1.2, 272)]).delta(before)
+        [GaussianStep("poisson", Q, 1.2, 272)]).delta(before)
+    assert round(before, 4) == 2.4981
 
 
 def test_a_single_kind_has_no_floor_and_answers_as_before() -> None:
@@ -104,9 +107,9 @@ def test_a_reopened_ledger_reads_what_the_live_one_read(tmp_path: Path) -> None:
     path = tmp_path / "c.ledger"
     ledger = PrivacyLedger.open(path, client_id="c", sampling="poisson", budget=None,
                                 fsync=False)
-    steps = ([GaussianStep("poisson", 0.0329, 1.2)] * 150
-             + [GaussianStep("poisson", 0.0329, 1000.0)]
-             + [GaussianStep("poisson", 0.0329, 1.2)] * 30)
+    steps = ([GaussianStep("poisson", Q, 1.2)] * 150
+             + [GaussianStep("poisson", Q, 1000.0)]
+             + [GaussianStep("poisson", Q, 1.2)] * 30)
     for index, step in enumerate(steps):
         ledger.spend(step, time=float(index), round=index)
         if index % 37 == 0:
@@ -182,9 +185,9 @@ def test_reports_compose_in_the_order_released() -> None:
     # the run's eps history and summary read what the ledger read: the same sequence
     from fedsim.reporting.epsilon_history import EpsilonCache
 
-    released = ([GaussianStep("poisson", 0.0329, 1.2, 272)]
-                + [GaussianStep("poisson", 0.0329, 1000.0)]
-                + [GaussianStep("poisson", 0.0329, 1.2)] * 3)
+    released = ([GaussianStep("poisson", Q, 1.2, 272)]
+                + [GaussianStep("poisson", Q, 1000.0)]
+                + [GaussianStep("poisson", Q, 1.2)] * 3)
     live = PLDAccountant()
     for step in released:
         live.compose([step])
