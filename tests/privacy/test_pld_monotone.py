@@ -27,8 +27,9 @@ DELTAS_ASKED = (1e-5, 1e-10)
 Q = 128 / 3890  # the quickstart phone's rate (batch 128 of 3,890 records)
 # Within a stretch (a fixed grid) eps is monotone in the steps up to the FFT noise allowance
 # (fedsim.privacy.pld_state.NOISE_FACTOR), which varies from one composition to the next:
-# measured falls, relative (docs/DESIGN.md, "Monotone answers").
-FFT_RESIDUAL = {1e-5: 0.0, 1e-10: 1e-5}
+# relative falls measured over ~3,300 random appends: none at 1e-5, 9e-5 at 1e-10 (the
+# fedsim.privacy.pld docstring). A grid change shed ~1e-3: far above these.
+FFT_RESIDUAL = {1e-5: 1e-7, 1e-10: 2e-4}
 
 
 def test_a_near_free_step_does_not_lower_eps() -> None:
