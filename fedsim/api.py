@@ -21,7 +21,7 @@ import json
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Integral, Real
 from os import PathLike
 from pathlib import Path
@@ -196,7 +196,7 @@ def load_scenario(source: ScenarioSource, overrides: Overrides = None, *,
     if isinstance(source, LoadedScenario):
         allow_factories = allow_factories or source.allow_factories
         if not lines:
-            return LoadedScenario(source.scenario, source.source, allow_factories)
+            return replace(source, allow_factories=allow_factories)  # its lines kept
         tree, origin = source.scenario.model_dump(mode="json"), source.source
     elif isinstance(source, Scenario):
         if not lines:

@@ -119,7 +119,7 @@ def trial_steps(scenario: str, overrides: Sequence[str],
     tree = SeedTree(loaded.scenario.seed)
     found = scenario_data(loaded.scenario.dataset, base_dir=loaded.base_dir,
                           seed=tree.integer("dataset"))
-    plans = client_plans(loaded.scenario, tree, found.tensors[1].numpy(), found.train_writers)
+    plans = client_plans(loaded, tree, found.tensors[1].numpy(), found.train_writers)
     out: dict[str, tuple[GaussianStep, ...]] = {}
     for plan in plans:
         group = plan.group

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
             tree = SeedTree(scenario.seed)
             found = scenario_data(scenario.dataset, base_dir=loaded.base_dir,
                                   seed=tree.integer("dataset"))
-            plans = client_plans(scenario, tree, found.tensors[1].numpy(),
+            plans = client_plans(loaded, tree, found.tensors[1].numpy(),
                                  found.train_writers)
             skipped.append("the model checks (size, DP compatibility, forward probe)")
         if plans:

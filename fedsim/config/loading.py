@@ -19,8 +19,9 @@ import copy
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -72,21 +73,40 @@ class ScenarioError(ConfigError):
         super().__init__("\n  ".join([head, *shown]))
 
 
+YamlPath = tuple[str | int, ...]
+"""A place in a scenario's tree: keys and list indices from its root."""
+
+
 @dataclass(frozen=True)
 class LoadedScenario:
     """A validated scenario and where it came from (for resolving relative paths).
 
     ``allow_factories``: the user opted in to running the factories it names
     (:func:`fedsim.config.factories.require_allowed`); without it a run that would import one
-    is refused."""
+    is refused. ``described``: what its errors call it (the file as given, with its
+    overrides); ``lines``: the 1-based line of each place written in the file, kept at load
+    time (empty where overrides changed the tree, or it came from no file), so a problem
+    found later, with the data set, is reported as loading reports one
+    (:meth:`problems_error`)."""
 
     scenario: Scenario
     source: Path | None
     allow_factories: bool = False
+    described: str | None = None
+    lines: Mapping[YamlPath, int] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
 
     @property
     def base_dir(self) -> Path:
         return self.source.parent if self.source is not None else Path.cwd()
+
+    def problems_error(self, problems: Sequence[FieldProblem]) -> ScenarioError:
+        """A :class:`ScenarioError` listing ``problems`` as loading lists a file's: each at its
+        path, with its line where the file wrote it, under the ``<file>: N problems`` header
+        (the checks that need the data set: :func:`fedsim.training.preflight.batch_problem`)."""
+        name = self.described or (str(self.source) if self.source is not None else "<scenario>")
+        return ScenarioError(name, [_problem_line(problem.path, problem.message, self.lines)
+                                    for problem in problems])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,25 +268,47 @@ def _read_text(path: str | Path) -> str:
             "save the file as UTF-8"]) from None
 
 
-def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
-    """1-based line of the YAML node at ``path`` (the deepest existing ancestor): a mapping's
-    entry by its key's line (a key whose value is a block mapping starts a line above its
-    value, and blank lines may come between: a stranger's mistyped ``netwrok:`` was reported
-    at its value's line)."""
-    line = None if node is None else node.start_mark.line + 1
-    for part in path:
-        if isinstance(node, yaml.MappingNode):
-            pair = next(((k, v) for k, v in node.value if k.value == part), None)
-            if pair is None:
-                break
-            line, node = pair[0].start_mark.line + 1, pair[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
-                and 0 <= part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
+def _positions(node: yaml.Node | None) -> Mapping[YamlPath, int]:
+    """The 1-based line of every place in a YAML node tree (as constructed: merge keys
+    expanded, a key written beside a merge winning): a mapping's entry by its key's line (a
+    key whose value is a block mapping starts a line above its value, and blank lines may
+    come between: a stranger's mistyped ``netwrok:`` was reported at its value's line), a
+    list's item by its own, ``()`` the document's. Aliases are expanded (bounded by
+    :func:`_expanded_size`)."""
+    lines: dict[YamlPath, int] = {}
+
+    def walk(at: yaml.Node, path: YamlPath, line: int) -> None:
+        lines[path] = line
+        if isinstance(at, yaml.MappingNode):
+            entries = {key.value: (key, value) for key, value in at.value
+                       if isinstance(key, yaml.ScalarNode)}  # the last of a key wins
+            for name, (key, value) in entries.items():
+                walk(value, (*path, name), key.start_mark.line + 1)
+        elif isinstance(at, yaml.SequenceNode):
+            for index, item in enumerate(at.value):
+                walk(item, (*path, index), item.start_mark.line + 1)
+
+    if node is not None:
+        walk(node, (), node.start_mark.line + 1)
+    return MappingProxyType(lines)
+
+
+def _line_at(lines: Mapping[YamlPath, int], path: Sequence[str | int]) -> int | None:
+    """The line of ``path`` in :func:`_positions`'s map: of its deepest ancestor the file
+    wrote (a default's place is its section's line), None without a file."""
+    for end in range(len(path), -1, -1):
+        line = lines.get(tuple(path[:end]))
+        if line is not None:
+            return line
+    return None
+
+
+def _problem_line(path: Sequence[str | int], message: str,
+                  lines: Mapping[YamlPath, int]) -> str:
+    """A problem as :class:`ScenarioError` lists it: ``path (line L): message``."""
+    line = _line_at(lines, path)
+    at = f" (line {line})" if line is not None else ""
+    return f"{_format_path(path) or 'scenario'}{at}: {message}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +512,7 @@ def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
     """One line per error (pydantic's error dicts), with its YAML path and line
     (``overridden``: the tree before its overrides, for hints that say which fix fits)."""
     lines: list[str] = []
+    positions = _positions(node)
     errors = _each_key(errors)
     # A scenario-wide check's problem with one field is placed at that field (FieldProblem).
     problems = [_field_problem(error) for error in errors]
@@ -481,16 +524,13 @@ def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,
             len(other) > len(path) and other[: len(path)] == path for other in paths
         ):
             continue  # a union member that does not fit at all, where another one nearly does
-        line = _line_of(node, path) if node is not None else None
-        where = _format_path(path) or "scenario"
-        at = f" (line {line})" if line is not None else ""
         got = ""
         if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), dict | list):
             got = f" (got {json.dumps(error.get('input'), default=str)})"
         # (a hint searches the schema: 20,000 unknown keys took 18 s with one each)
         hint = _hint(error, path, data, overridden) if len(lines) < MAX_HINTED_ERRORS else ""
         described = _describe(error) if problem is None else problem.message
-        lines.append(f"{where}{at}: {described}{got}{hint}")
+        lines.append(_problem_line(path, f"{described}{got}{hint}", positions))
     return lines
 
 
@@ -544,7 +584,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), *,
         node = None  # line numbers would point at the file, not at the overridden tree
         source += f" with {label} " + f" {label} ".join(overrides)  # (a problem may be theirs)
     scenario = parse_scenario(data, source=source, node=node, written=written, label=label)
-    return LoadedScenario(scenario, file.resolve(), allow_factories)
+    return LoadedScenario(scenario, file.resolve(), allow_factories, source, _positions(node))
 
 
 def dump_scenario(scenario: Scenario, *, dataset_path: Path | None = None) -> str:

@@ -55,7 +55,7 @@ from fedsim.training.local import AdaptiveClipConfig, sum_noise_multiplier
 from fedsim.training.losses import build_loss, check_class_outputs, check_per_example_loss
 from fedsim.training.models import build_scenario_model
 from fedsim.training.persample import LossFn, per_example_cross_entropy
-from fedsim.training.preflight import check_batch_fits, check_model_size
+from fedsim.training.preflight import batch_problem, check_model_size
 from fedsim.training.rounds import DoneRound, PendingRound, RoundResult
 from fedsim.training.step_sequence import StepSequence
 
@@ -377,7 +377,7 @@ def build_population(
     params = flat_params(model)
     if scenario.aggregators.count:
         partial_sums(scenario, int(params.size))  # refused before anything runs
-    plans = client_plans(scenario, tree, labels, writers)
+    plans = client_plans(loaded, tree, labels, writers)
     return Population(
         scenario, tree, model, params, train_x, train_y, test_x, test_y, plans, path,
         device, loss_fn,
@@ -394,18 +394,27 @@ def _warn_of_unseen_labels(train_labels: np.ndarray, test_labels: torch.Tensor) 
                      labels=[int(v) for v in unseen[:20]], count=int(unseen.size))
 
 
-def client_plans(scenario: Scenario, tree: SeedTree, labels: np.ndarray,
+def client_plans(loaded: LoadedScenario, tree: SeedTree, labels: np.ndarray,
                  writers: np.ndarray | None) -> list[ClientPlan]:
     """Every client's plan: the data's training ``labels`` split among the groups and within
     each (``writers``: the data set's natural partition, or None), one calibrated schedule per
-    group. Needs no model (``fedsim validate`` checks a factory scenario's data with it)."""
+    group. Needs no model (``fedsim validate`` checks a factory scenario's data with it).
+
+    A group whose clients cannot each hold a batch is a problem of the scenario: every such
+    group is listed, each at its ``batch_size`` and line, as loading lists a file's
+    (:meth:`~fedsim.config.loading.LoadedScenario.problems_error`)."""
+    scenario = loaded.scenario
     plans: list[ClientPlan] = []
     first_step = first_server_step(scenario)
     split = split_groups(labels, scenario.clients.groups,
                          lambda name: tree.numpy("partition", name), writers)
+    problems = [problem for index, (group, parts)
+                in enumerate(zip(scenario.clients.groups, split, strict=True))
+                if (problem := batch_problem(index, group, [len(p) for p in parts])) is not None]
+    if problems:
+        raise loaded.problems_error(problems)
     for index, (group, parts) in enumerate(zip(scenario.clients.groups, split, strict=True)):
         where = f"clients.groups[{index}]"
-        check_batch_fits(index, group, [len(p) for p in parts])
         smallest = min(len(p) for p in parts)
         # One schedule per group, calibrated at the group's largest q = m/N (its smallest
         # client): a larger q costs more privacy, so the target then holds for every client.

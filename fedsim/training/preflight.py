@@ -5,8 +5,10 @@ and the privacy accountant before any client trains.
   memory) and refused when a layer is empty or negative, when it has more than
   :data:`~fedsim.config.limits.MAX_MODEL_PARAMETERS` parameters, or when its parameters do not
   fit in one network message (4 bytes each within ``network.max_message_bytes``);
-* :func:`check_batch_fits`: every client of a group holds at least ``batch_size`` records
-  (q = m/N <= 1), else an error saying how many clients fall short and which batch size works;
+* :func:`batch_problem`: every client of a group holds at least ``batch_size`` records
+  (q = m/N <= 1), else a problem at the group's ``batch_size`` saying how many clients fall
+  short and which batch size works (the caller lists every group's, as loading lists a file's:
+  :meth:`fedsim.config.LoadedScenario.problems_error`);
 * :func:`preflight_warnings`: clients whose budget cannot pay for a single round, found with
   the same accountant and rule the ledger enforces (so the warning is exact, not a guess).
 
@@ -26,8 +28,8 @@ import numpy as np
 import torch
 
 from fedsim.config import limits
-from fedsim.config.schema import ClientGroup
-from fedsim.errors import ConfigError, FedsimError, ModelError
+from fedsim.config.schema import ClientGroup, FieldProblem
+from fedsim.errors import FedsimError, ModelError
 from fedsim.logging import get_logger
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
 from fedsim.privacy.events import GaussianStep
@@ -35,7 +37,7 @@ from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK
 from fedsim.privacy.schedules import Schedule
 from fedsim.training.models import MODELS
 
-__all__ = ["check_batch_fits", "check_model_size", "first_round_fits", "preflight_warnings"]
+__all__ = ["batch_problem", "check_model_size", "first_round_fits", "preflight_warnings"]
 
 _log = get_logger("fedsim.preflight")
 _TENSOR_HEADER_ALLOWANCE = 64 * 1024  # the message header around a model's float32 values
@@ -113,15 +115,17 @@ def _meta_model(name: str | None, options: Mapping[str, Any]) -> torch.nn.Module
                          "parameters") from None
 
 
-def check_batch_fits(index: int, group: ClientGroup, sizes: Sequence[int]) -> None:
-    """Refuse a group whose partition leaves a client with fewer than ``batch_size`` records
-    (q = m/N > 1: no batch can be drawn), saying how many fall short and what works."""
+def batch_problem(index: int, group: ClientGroup, sizes: Sequence[int]) -> FieldProblem | None:
+    """The problem of group ``index`` when its partition leaves a client with fewer than
+    ``batch_size`` records (q = m/N > 1: no batch can be drawn), saying how many fall short
+    and what works; None when every client holds a batch."""
     smallest = min(sizes)
     if group.batch_size <= smallest:
-        return
+        return None
     short = sum(1 for size in sizes if size < group.batch_size)
-    raise ConfigError(
-        f"clients.groups[{index}].batch_size: {group.batch_size} exceeds the records of {short} "
+    return FieldProblem(
+        ("clients", "groups", index, "batch_size"),
+        f"{group.batch_size} exceeds the records of {short} "
         f"of the group's {len(sizes)} clients (the smallest holds {smallest}; q = m/N would be "
         f"> 1, so they could never train); use batch_size <= {smallest}, raise data_share or "
         "lower count")

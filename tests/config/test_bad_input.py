@@ -176,6 +176,73 @@ server: {window: 1.0}
 
 
 # ---------------------------------------------------------------------------------------------
+# what needs the data set: each bad group listed, at its line, as the schema's problems are
+
+_TWO_GROUPS = """stop: {windows: 2}
+dataset: {name: synthetic, num_samples: 400, num_test_samples: 100}
+model: {name: mlp, options: {hidden: [8]}}
+clients:
+  groups:
+    - name: a
+      count: 2
+      data_share: 0.5
+      batch_size: 8
+      clip: 1.0
+      noise: 1.0
+      speed: 0.01
+    - &b {name: b, count: 2, data_share: 0.25, batch_size: 8, clip: 1.0, noise: 1.0, speed: 0.01}
+    - <<: *b
+      name: c
+
+      batch_size: 8
+server: {window: 1.0}
+"""
+_TOO_LARGE = ("exceeds the records of 2 of the group's 2 clients (the smallest holds 50; "
+              "q = m/N would be > 1, so they could never train); use batch_size <= 50, raise "
+              "data_share or lower count")
+
+
+def test_every_group_whose_batch_exceeds_its_records_is_listed_at_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found with the data set, and once reported without the file, its line, or any group but
+    the first (a stranger)."""
+    text = _TWO_GROUPS.replace("data_share: 0.25, batch_size: 8", "data_share: 0.25, "
+                               "batch_size: 5000").replace("      batch_size: 8\nserver",
+                                                           "      batch_size: 6000\nserver")
+    file = _write(tmp_path, text)
+    for err in _both_commands(file, tmp_path, capsys):
+        assert f"{file}: 2 problems\n" in err
+        assert f"  clients.groups[1].batch_size (line 13): 5000 {_TOO_LARGE}\n" in err
+        # the key written beside a merge, on its own line (after a blank one)
+        assert f"  clients.groups[2].batch_size (line 17): 6000 {_TOO_LARGE}\n" in err
+        assert "groups[0]" not in err
+
+
+def test_a_batch_too_large_by_an_override_is_shown_as_an_override_s_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = _write(tmp_path, _TWO_GROUPS)
+    override = "clients.groups[c].batch_size=5000"
+    for err in _both_commands(file, tmp_path, capsys, "--set", override):
+        assert err.endswith(f"{file} with --set {override}: 1 problem\n"
+                            f"  clients.groups[2].batch_size: 5000 {_TOO_LARGE}\n")
+
+
+def test_a_scenario_from_python_lists_its_groups_problems_without_lines() -> None:
+    from fedsim.runtime.population import build_population
+
+    data = yaml.safe_load(_TWO_GROUPS.replace("batch_size: 8\n      clip", "batch_size: 150\n"
+                                              "      clip"))
+    loaded = loading_module.LoadedScenario(parse_scenario(data), None)
+    with pytest.raises(loading_module.ScenarioError) as error:
+        build_population(loaded)
+    assert error.value.errors == [
+        "clients.groups[0].batch_size: 150 exceeds the records of 2 of the group's 2 clients "
+        "(the smallest holds 100; q = m/N would be > 1, so they could never train); use "
+        "batch_size <= 100, raise data_share or lower count"]
+    assert str(error.value).startswith("<scenario>: 1 problem\n")
+
+
+# ---------------------------------------------------------------------------------------------
 # the model
 
 
