@@ -1,14 +1,9 @@
 """The narrow interface every accountant implements (after Opacus / dp_accounting).
 
-An accountant composes the multiset of steps given to it (composition is commutative), with
-its numerical settings; ``rdp`` and ``gdp-clt`` answers are a function of that multiset. The
-``pld`` accountant's answers also depend on the order in which new kinds of step came (a step
-that changes its grid leaves the history before it as a floor that no later answer falls
-below: :mod:`fedsim.privacy.pld_floor`), so that they never fall when a step is composed; they
-are a function of the sequence of steps, however it was batched into ``compose`` calls
-(:attr:`Accountant.order_key` is what they depend on besides the multiset). ``compose``
-checks first (``check``) and changes nothing when it raises; ``preview`` answers "what if"
-without touching the accountant, which is how ledgers do their dry run before a release.
+An accountant is a pure function of the multiset of steps composed into it (composition is
+commutative), plus its numerical settings. ``compose`` checks first (``check``) and changes
+nothing when it raises; ``preview`` answers "what if" without touching the accountant, which is
+how ledgers do their dry run before a release.
 
 All steps of one accountant share one sampling scheme and hence one neighbouring relation
 (see :mod:`fedsim.privacy.events`); mixing schemes raises :class:`UnsupportedEventError`.
@@ -24,7 +19,7 @@ import copy
 import importlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Container, Iterable
+from collections.abc import Iterable
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -87,13 +82,6 @@ class Accountant(ABC):
     def total_steps(self) -> int:
         return self._total
 
-    @property
-    def order_key(self) -> Any:
-        """What the answers depend on besides the multiset of steps and the settings (a
-        hashable; None where nothing: the ``pld`` accountant's floor, see
-        :mod:`fedsim.privacy.pld_floor`, depends on the order its kinds came in)."""
-        return None
-
     def check(self, steps: Iterable[GaussianStep]) -> None:
         """Raise :class:`UnsupportedEventError` if ``steps`` cannot be composed. Never mutates."""
         held = self.sampling
@@ -105,26 +93,18 @@ class Accountant(ABC):
             )
 
     def compose(self, steps: Iterable[GaussianStep]) -> None:
-        """Add ``steps`` to the history, in their order: O(1) per step (the history is kept as
-        counts), plus whatever incremental state a subclass extends in :meth:`_extend`.
-
-        Steps of kinds already composed are grouped (one call per kind: a preview of a long
-        plan repeats kinds), but never past the first step of a new kind: the state each new
-        kind meets is the history composed before it, however the steps were batched (the
-        ``pld`` accountant's floor depends on it: :mod:`fedsim.privacy.pld_floor`).
-        """
+        """Add ``steps`` to the history: O(1) per step (the history is kept as counts), plus
+        whatever incremental state a subclass extends in :meth:`_extend`."""
         steps = tuple(steps)
         self.check(steps)
-        for batch in in_batches(steps, self._counts):
-            self._compose_grouped(batch)
-
-    def _compose_grouped(self, batch: tuple[GaussianStep, ...]) -> None:
-        """Compose the steps of ``batch`` (one per kind), in its order."""
-        for step in batch:
+        if len(steps) > 1:  # one call per kind (a preview of a long plan repeats kinds)
+            grouped: dict[tuple[Sampling, float, float], int] = {}
+            for step in steps:
+                grouped[step.key] = grouped.get(step.key, 0) + step.count
+            steps = tuple(GaussianStep(s, q, sigma, n) for (s, q, sigma), n in grouped.items())
+        for step in steps:
             key = step.key
             held = self._counts.get(key)
-            if held is None:
-                self._before_new_kind(step)
             self._counts[key] = step.count if held is None else held + step.count
             self._total += step.count
             self._sorted = None
@@ -144,10 +124,6 @@ class Accountant(ABC):
         the history extend or drop them here; the default drops them."""
         del step, new_kind
         self._invalidate()
-
-    def _before_new_kind(self, step: GaussianStep) -> None:  # noqa: B027 - optional hook
-        """Hook: ``step``, of a kind the history does not hold, is about to be composed (the
-        state is still the history before it)."""
 
     def _invalidate(self) -> None:  # noqa: B027 - optional hook
         """Drop caches that depend on the history. Subclasses with caches override."""
@@ -200,39 +176,6 @@ class Accountant(ABC):
             return make_accountant(obj["accountant"], events, **obj.get("settings", {}))
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"not an accountant state: {exc}") from exc
-
-
-def in_batches(steps: Iterable[GaussianStep],
-               held: Container[tuple[Sampling, float, float]] = ()
-               ) -> list[tuple[GaussianStep, ...]]:
-    """``steps`` as :meth:`Accountant.compose` composes them after a history holding the kinds
-    ``held``: in order, identical kinds grouped (one step each, counts added), but no step
-    grouped past the first step of a kind neither ``held`` nor earlier in ``steps`` (each new
-    kind meets exactly the steps before it). Two sequences with the same batches give every
-    accountant the same state: a cache key for a history."""
-    batches: list[tuple[GaussianStep, ...]] = []
-    # per kind: its first step and the count so far (a step is built only where counts add)
-    grouped: dict[tuple[Sampling, float, float], list[Any]] = {}
-    seen: set[tuple[Sampling, float, float]] = set()
-
-    def flush() -> None:
-        batches.append(tuple(first if count == first.count else GaussianStep(*key, count)
-                             for key, (first, count) in grouped.items()))
-
-    for step in steps:
-        key = step.key
-        before = grouped.get(key)
-        if before is not None:
-            before[1] += step.count
-            continue
-        if grouped and key not in held and key not in seen:
-            flush()  # what came before the new kind, first
-            grouped = {}
-        seen.add(key)
-        grouped[key] = [step, step.count]
-    if grouped:
-        flush()
-    return batches
 
 
 def make_accountant_class(name: str) -> type[Accountant]:

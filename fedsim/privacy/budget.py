@@ -208,8 +208,7 @@ def fits_after(accountant: Accountant, steps: GaussianStep, budget: Budget) -> b
     """``within(accountant.preview([steps]), budget)``, remembered across ledgers.
 
     The answer is a function of the accountant's kind, settings and history (the multiset
-    of its steps: :mod:`fedsim.privacy.pld_state`, bit for bit however they were fed, and
-    its :attr:`~fedsim.privacy.accountant.Accountant.order_key`: a ``pld`` floor), of
+    of its steps: :mod:`fedsim.privacy.pld_state`, bit for bit however they were fed), of
     ``steps`` and of the budget, which together are the key: the clients of one group open
     their ledgers with the same budget and posture, so the first allowance of each of them
     (the same searches over an empty history) is computed once, not once a client. Only
@@ -220,7 +219,7 @@ def fits_after(accountant: Accountant, steps: GaussianStep, budget: Budget) -> b
     if accountant.kinds > _FITS_KINDS or accountant.selections:
         return within(accountant.preview([steps]), budget)
     key = (type(accountant), repr(sorted(accountant.settings().items())), accountant.steps,
-           accountant.order_key, steps, budget)
+           steps, budget)
     with _fits_lock:
         answer = _fits_answers.get(key)
         if answer is not None:

@@ -63,17 +63,12 @@ how many of the planned rounds fit: the whole plan first (one evaluation), other
 galloping search that extends one dry-run accountant along the plan (k = 1, 2, 4, ... rounds)
 and bisects the last bracket from a copy, so each planned step is composed O(1) times and the
 accountant is evaluated O(log T) times. The PLD accountant composes incrementally (see
-:mod:`fedsim.privacy.pld_state`) and its eps is a function of the sequence of steps (the
-multiset, and the floor left where a new kind changed its grid:
-:mod:`fedsim.privacy.pld_floor`), bit for bit, however the sequence was batched. While the
-client spends exactly the planned rounds in order, :meth:`can_spend` for the next planned
-round is answered by counting; the answer is the one the full check gives, because the dry run
-composed the planned rounds in their order after the recorded steps, and "recorded + next
-round" is then exactly "recorded at plan time + the first k planned rounds". Anything off the
-plan drops it and falls back to the allowance. (A round allowance's dry runs compose k rounds
-of several kinds grouped by kind: where a kind of the round is new and changes the grid, the
-floor holds k rounds of the kinds before it instead of one, which can only raise eps, so its
-"fits" stays a fits.)
+:mod:`fedsim.privacy.pld_state`) and its eps is a function of the multiset of steps, bit for
+bit, however they were fed. While the client spends exactly the planned rounds in order,
+:meth:`can_spend` for the next planned round is answered by counting; the answer is the one
+the full check gives, because the accountant's state is a function of the multiset of steps
+(:func:`group_steps` sorts) and "recorded + next round" is then exactly "recorded at plan time
++ the first k planned rounds". Anything off the plan drops it and falls back to the allowance.
 """
 
 from __future__ import annotations
@@ -466,7 +461,7 @@ class PrivacyLedger:
         # The steps wait to be composed until the accountant is next read (or a batch is
         # due): a round that the allowance answers reads nothing, and steps of one kind
         # composed together cost one update of the accountant's state, the same state step
-        # by step (accountant.compose groups no step past a new kind's first).
+        # by step (its answers are a function of the counts of each kind: accountant.compose).
         self._append([LedgerRecord(float(time), round, s) for s in steps],
                      counted=lambda: self._count_spent(kinds))
         if len(self._uncomposed) >= _COMPOSE_BATCH:

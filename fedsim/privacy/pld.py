@@ -53,32 +53,6 @@ deviation of one step's privacy loss (measured against dp_accounting on the issu
 schemes, T = 100 ... 10^4), so ``h = s / 10`` (snapped down to a quarter-octave grid) keeps
 it near 0.1% even for eps < 0.05, where a fixed ``h`` fails (at ``h = 1e-2`` eps is off by
 several hundred percent for q = 0.001, sigma = 4).
-
-Monotone answers (:mod:`fedsim.privacy.pld_floor`). Because ``h`` follows the kinds of step,
-one near-free step (sigma = 1000: a tiny loss std) made the grid 100x finer and shed the
-discretisation pessimism of the 272 steps before it: eps 2.4981 fell to 2.4965 (q = 128/3890,
-sigma 1.2, delta 1e-5; both valid bounds). Now, whenever a new kind of step changes ``h`` or
-the bucketed regime, the history composed before it is a finished *stretch*: its answers at
-a fixed grid of deltas join the accountant's *floor* (one array of 512 eps values, merged by
-maximum however many stretches there were), and every answer is the more conservative of the
-current composition's and the floor's (eps and delta the larger, the trade-off the smaller).
-The current composition is a valid bound by itself, so the answer is one too; and appending a
-step can only raise it: within a stretch the grid is fixed and the composition grows (exact
-arithmetic is monotone in the steps: the whole history's output contains a sub-history's),
-across stretches the floor keeps every earlier stretch's last answers. The answers are
-therefore a function of the *sequence* of steps (where each new kind came), not of the
-multiset alone: :meth:`Accountant.compose <fedsim.privacy.accountant.Accountant.compose>`
-never groups a step past the first step of a new kind, so a ledger composing its spends in
-batches, a reopened ledger replaying its records and ``fedsim account --ledger`` read the same
-numbers. A history whose kinds never change the grid (a single posture) has no floor and
-answers exactly as before.
-
-Not made monotone: the FFT noise allowance (:data:`~fedsim.privacy.pld_state.NOISE_FACTOR`
-times the deepest negative output, added to every atom) varies from one composition to the
-next, so within a stretch eps at very small deltas can still fall by a little when a step is
-added: measured over 3,300 random appends (3 kinds, q 0.001-1, sigma 0.7-4 or 100-10000,
-both schemes), no fall at delta 1e-5, at most 1.7e-6 relative at 1e-8, 9e-5 at 1e-10 and
-4.5e-3 at 1e-12 (the noise allowance is what moves: without it the example's eps rose).
 """
 
 from __future__ import annotations
@@ -94,7 +68,6 @@ import numpy as np
 from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import Accountant
 from fedsim.privacy.events import GaussianStep, Sampling
-from fedsim.privacy.pld_floor import Floor
 from fedsim.privacy.pld_state import (
     FactorSummary,
     SpectrumSum,
@@ -216,21 +189,11 @@ _EPSILONS_MAX = 65536
 # (and extend them step by step); fewer kinds rebuild them per answer (a few FFTs) and keep
 # no O(FFT size) state.
 _KEEP_SUMS_KINDS = 4
-# Floors of finished stretches of at most _STRETCH_KINDS kinds, keyed by (composed kinds, h,
-# tail): the clients of one group finish the same stretches (bounded keys, 4 KB values).
-_STRETCHES: OrderedDict[tuple[Any, ...], Floor] = OrderedDict()
-_STRETCHES_MAX = 256
-_STRETCH_KINDS = 8
 
 
 # -- the accountant --------------------------------------------------------------------------------
 class PLDAccountant(Accountant):
     """Tight PLD accountant (a guarantee: eps and delta are upper bounds, beta a lower bound).
-
-    Neighbouring relation: add/remove for ``poisson`` steps, replace-one for ``fixed`` ones
-    (module docstring). Answers are held to the floor of the history's finished stretches
-    (module docstring, "Monotone answers"): never below an earlier answer of the same
-    sequence of steps at the floor's deltas.
 
     Settings:
         value_discretization: grid ``h`` of the privacy loss; ``None`` (default) chooses it
@@ -287,70 +250,10 @@ class PLDAccountant(Accountant):
         self._pending: dict[Kind, int] = {}  # composed into the counts, not yet into _sums
         self._answers: dict[float, float] = {}
         self._pmfs: tuple[LossPmf, ...] | None = None
-        # What the finished stretches answered (pld_floor; None: no grid change yet).
-        self._floor: Floor | None = None
-        # The current state's own floor once computed, shared with previews taken before the
-        # next step (a new dict per state: see stretch_floor).
-        self._stretch_memo: dict[str, Floor] = {}
-
-    def _before_new_kind(self, step: GaussianStep) -> None:
-        """If ``step``'s kind changes the grid or the regime, the history so far is a finished
-        stretch: its answers join the floor (module docstring, "Monotone answers")."""
-        if not self.kinds:
-            return
-        bucketed = self.kinds + 1 > self.bucket_above
-        if bucketed:
-            kind = _bucketed_kind(step.key, self.bucket_resolution)
-            stds = (self._bucket_stds if kind.key in self._bucket_counts
-                    else _widen(self._bucket_stds, kind))
-        else:
-            stds = _widen(self._raw_stds, step)
-        h = self.value_discretization or grid_for_stds(*stds)
-        if (bucketed, h) == (self._bucketed(), self.discretisation()):
-            return
-        try:
-            stretch = self.stretch_floor()
-        except PrivacyError:  # a stretch the PLD cannot represent (it answered no eps)
-            return
-        self._floor = stretch.merged(self._floor)
-
-    def stretch_floor(self) -> Floor:
-        """The :class:`~fedsim.privacy.pld_floor.Floor` of the current composition alone.
-
-        Remembered for the current state in a memo that its previews share (a ledger's dry
-        runs of a step that changes the grid all finish the same stretch: the first computes
-        it, for the ledger and the others), and across accountants for histories of at most
-        :data:`_STRETCH_KINDS` kinds (clients of one group with the same postures)."""
-        held = self._stretch_memo.get("floor")
-        if held is not None:
-            return held
-        kinds = self.composed_kinds()
-        key = None
-        if len(kinds) <= _STRETCH_KINDS:
-            key = (tuple(kinds), self.discretisation(), self.tail_mass)
-            held = _STRETCHES.get(key)
-        if held is None:
-            held = Floor.of_pmfs(self.pmfs())
-            if key is not None:
-                _STRETCHES[key] = held
-                if len(_STRETCHES) > _STRETCHES_MAX:
-                    _STRETCHES.popitem(last=False)
-        self._stretch_memo["floor"] = held
-        return held
-
-    @property
-    def floor(self) -> Floor | None:
-        """The finished stretches' answers every answer is held to (None: none yet)."""
-        return self._floor
-
-    @property
-    def order_key(self) -> bytes | None:
-        return None if self._floor is None else self._floor.key
 
     def _extend(self, step: GaussianStep, *, new_kind: bool) -> None:
         self._answers = {}
         self._pmfs = None
-        self._stretch_memo = {}
         if new_kind:
             self._raw_stds = _widen(self._raw_stds, step)
         bucketed = _bucketed_kind(step.key, self.bucket_resolution)
@@ -378,8 +281,6 @@ class PLDAccountant(Accountant):
         self._sums = None if other._sums is None else [
             None if s is None else s.copy() for s in other._sums]
         self._answers = dict(other._answers)
-        self._floor = other._floor  # immutable: shared
-        self._stretch_memo = other._stretch_memo  # the same state until this one extends
 
     def _bucketed(self) -> bool:
         return self.kinds > self.bucket_above
@@ -438,8 +339,6 @@ class PLDAccountant(Accountant):
             _EPSILONS[key] = hit
             if len(_EPSILONS) > _EPSILONS_MAX:
                 _EPSILONS.popitem(last=False)
-        if self._floor is not None:
-            hit = max(hit, self._floor.epsilon(delta))
         self._answers[delta] = hit
         return hit
 
@@ -448,20 +347,14 @@ class PLDAccountant(Accountant):
             raise ConfigError(f"epsilon must be finite, got {epsilon!r}")
         if not self.kinds:
             return max(0.0, -math.expm1(epsilon))
-        found = max(p.delta(epsilon) for p in self.pmfs())
-        if self._floor is not None:
-            found = max(found, float(self._floor.deltas(np.array([float(epsilon)]))[0]))
-        return found
+        return max(p.delta(epsilon) for p in self.pmfs())
 
     def delta_curve(self, epsilons: np.ndarray) -> np.ndarray:
         """delta(eps) on many eps at once (the max over directions)."""
         eps = np.asarray(epsilons, dtype=float)
         if not self.kinds:
             return np.asarray(np.maximum(0.0, -np.expm1(eps)), dtype=float)
-        found = np.max([p.deltas(eps) for p in self.pmfs()], axis=0)
-        if self._floor is not None:
-            found = np.maximum(found, self._floor.deltas(eps))
-        return np.asarray(found, dtype=float)
+        return np.asarray(np.max([p.deltas(eps) for p in self.pmfs()], axis=0), dtype=float)
 
     def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
         """beta(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha) (Dong-Roth-Su Prop. 2.12).
@@ -491,8 +384,6 @@ class PLDAccountant(Accountant):
             scaled = np.exp(np.minimum(atoms[None, :] + log_chunk[:, None], 700.0))
             lines = 1.0 - deltas[None, :] - scaled
             beta[start : start + 256] = np.max(lines, axis=1)
-        if self._floor is not None:
-            beta = np.minimum(beta, self._floor.tradeoff(alpha))
         return np.asarray(np.clip(np.minimum(beta, 1.0 - alpha), 0.0, 1.0), dtype=float)
 
 

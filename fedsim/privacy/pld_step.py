@@ -146,30 +146,6 @@ class LossPmf:
             return float(losses[k])
         return float(math.log(numerator) - log_weighted[k])
 
-    def epsilons(self, deltas: np.ndarray) -> np.ndarray:
-        """:meth:`epsilon` at each of ``deltas``, bit for bit (the same atom k, found once for
-        all of them from a running minimum of the atoms' deltas, and the same scalar
-        arithmetic), from one pass of suffix sums."""
-        deltas = np.asarray(deltas, dtype=float)
-        out = np.full(deltas.shape, math.inf)
-        live = np.flatnonzero(deltas > self.infinity_mass)
-        if not live.size:
-            return out
-        losses, mass_above, log_weighted = self._suffix_sums()
-        at_atoms = (self.infinity_mass + mass_above[1:]
-                    - np.exp(losses + log_weighted[1:]))
-        # the first k with at_atoms[k] <= delta is the first with its running minimum <= delta
-        falling = -np.minimum.accumulate(at_atoms)
-        for i, k in zip(live, np.searchsorted(falling, -deltas[live], side="left"),
-                        strict=True):
-            k = int(k)
-            numerator = self.infinity_mass + mass_above[k] - float(deltas[i])
-            if log_weighted[k] == -np.inf or numerator <= 0:
-                out[i] = float(losses[k])
-            else:
-                out[i] = float(math.log(numerator) - log_weighted[k])
-        return out
-
     def deltas(self, epsilons: np.ndarray) -> np.ndarray:
         """delta(eps) for many eps at once (suffix sums; no per-eps loop, no overflow)."""
         losses, mass_above, log_weighted = self._suffix_sums()

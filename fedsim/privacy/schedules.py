@@ -43,7 +43,7 @@ from scipy.optimize import brentq
 
 from fedsim.errors import ConfigError, PrivacyError
 from fedsim.privacy.accountant import make_accountant
-from fedsim.privacy.events import GaussianStep, Sampling
+from fedsim.privacy.events import GaussianStep, Sampling, group_steps
 from fedsim.privacy.gdp import clt_mu_squared_term, gdp_delta
 
 
@@ -116,16 +116,11 @@ class Schedule:
     def steps(self, sampling: Sampling, q: float, steps_per_index: int = 1
               ) -> tuple[GaussianStep, ...]:
         """The privacy events of the whole schedule (each index releasing ``steps_per_index``
-        identical steps), identical steps merged, in the order they are released (a ``pld``
-        accountant's answers depend on where each new kind comes:
-        :mod:`fedsim.privacy.pld_floor`; a calibration must see the ledger's order)."""
+        identical steps), identical steps merged."""
         total = self._horizon()
         if self.rho_mu == 1.0:
             return (GaussianStep(sampling, q, self.sigma_0, total * steps_per_index),)
-        merged: dict[float, int] = {}
-        for sigma in self.sigmas():
-            merged[float(sigma)] = merged.get(float(sigma), 0) + steps_per_index
-        return tuple(GaussianStep(sampling, q, sigma, count) for sigma, count in merged.items())
+        return group_steps(GaussianStep(sampling, q, s, steps_per_index) for s in self.sigmas())
 
 
 def constant(total_steps: int | None, sigma: float, clip: float = 1.0) -> Schedule:

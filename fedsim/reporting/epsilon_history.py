@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy.accountant import Accountant, in_batches, make_accountant, smallest_epsilon
-from fedsim.privacy.events import GaussianStep
+from fedsim.privacy.accountant import Accountant, make_accountant, smallest_epsilon
+from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.reporting.ledgers import ClientLedger
 
 # Enough points for a smooth curve, few enough that a 100-client run reports in seconds.
@@ -30,8 +30,7 @@ QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 @dataclass
 class EpsilonCache:
-    """eps(delta) of a history, keyed by its steps' batches as an accountant composes them
-    (:func:`~fedsim.privacy.accountant.in_batches`) and the accountant settings.
+    """eps(delta) of a history, keyed by its grouped steps and the accountant settings.
 
     Clients with the same posture that have taken the same number of steps share one
     computation; the prefixes of a long ledger share most of theirs.
@@ -41,17 +40,13 @@ class EpsilonCache:
     values: dict[tuple[Any, ...], float] = field(default_factory=dict)
 
     def epsilon(self, accountant: Accountant, steps: Iterable[GaussianStep]) -> float:
-        """eps of ``steps`` (in the order released: a pld accountant's floor depends on where
-        each new kind came, :mod:`fedsim.privacy.pld_floor`) under ``accountant``'s name and
-        settings."""
-        batches = tuple(in_batches(steps))
-        if not batches:
+        grouped = group_steps(steps)
+        if not grouped:
             return 0.0
         settings = accountant.settings()
-        key = (accountant.name, _hashable(settings), batches)
+        key = (accountant.name, _hashable(settings), grouped)
         if key not in self.values:
-            fresh = make_accountant(accountant.name, [s for b in batches for s in b],
-                                    **settings)
+            fresh = make_accountant(accountant.name, grouped, **settings)
             # a guarantee's eps by the ledger's rule (the smallest other guarantee's where its
             # own has no finite answer: a history the PLD grid cannot represent raised here)
             self.values[key] = float(

@@ -37,7 +37,7 @@ from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.json_input import parse_json
-from fedsim.privacy.accountant import Accountant, make_accountant, smallest_epsilon
+from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.epsilon_text import epsilon_alike, epsilon_range
 from fedsim.privacy.events import GaussianStep, by_relation, group_steps
@@ -416,17 +416,6 @@ def _clt_figures(steps: tuple[GaussianStep, ...]) -> tuple[float, float | None]:
     return mu, clt_band(steps, mu).gamma if math.isfinite(mu) else None
 
 
-def _pld_of(ledger: PrivacyLedger) -> Accountant:
-    """A pld accountant over the ledger's steps in the order released (its floor depends on
-    where each new kind came: :mod:`fedsim.privacy.pld_floor`): the ledger's own where it
-    enforces with pld (the same numbers it answered), else one over its records."""
-    held = ledger.accountant
-    if held.name == "pld" and held.settings() == make_accountant("pld").settings():
-        return held
-    return make_accountant("pld", [r.step for r in ledger.records
-                                   if isinstance(r.step, GaussianStep)])
-
-
 def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | None,
                 clt: Callable[[tuple[GaussianStep, ...]], tuple[float, float | None]]
                 ) -> dict[str, Any]:
@@ -451,8 +440,8 @@ def _client_row(client: ClientOutcome, delta: float, stopped: StoppedClient | No
         "clip": last.clip if last is not None else float(plan.schedule.clip(0)),
         # the ledger's rule: pld, or the smallest other guarantee where pld has no finite
         # answer (a history its grid cannot represent raised here, and the run lost its outputs)
-        "epsilon": (smallest_epsilon(_pld_of(ledger), delta, only_if_infinite=True)[0]
-                    if steps else 0.0),
+        "epsilon": (smallest_epsilon(make_accountant("pld", steps), delta,
+                                     only_if_infinite=True)[0] if steps else 0.0),
         "mu_clt": mu_clt,
         # certified: the true curve is within this of G_mu_clt (Berry-Esseen, clt_error)
         "mu_clt_gamma": gamma,
