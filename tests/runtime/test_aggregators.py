@@ -7,6 +7,7 @@ import asyncio
 import collections
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -115,6 +116,21 @@ def _server(endpoint: RecordingEndpoint) -> ServerActor:
                        aggregator_wait=0.05)
 
 
+def _aggregator(endpoint: RecordingEndpoint, clients: str, *, versions: int = 1,
+                **options: Any) -> AggregatorActor:
+    """Aggregation node "g0" of ``clients`` (one letter each; ``options``' ``slot`` their
+    pacing slot, the rest the actor's), uniform weights, time windows, having seen the global
+    models of versions 0 .. ``versions`` - 1."""
+    slot = {"slot": options.pop("slot")} if "slot" in options else {}
+    infos = {c: ClientInfo(100, 0.5, limits=_limits(), **slot) for c in clients}
+    actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
+                            clients=infos, size=DIM, strategy=UniformWeights(),
+                            policy=TimeWindows(), **options)
+    for version in range(versions):
+        actor._learn(GlobalModel(version, np.zeros(DIM, np.float32)))
+    return actor
+
+
 def _partial(aggregator: str, entries: list[tuple[str, int, float]], total: np.ndarray,
              window: int = 1) -> Partial:
     return Partial(aggregator, window, (0,) if entries else (),
@@ -217,11 +233,7 @@ def test_a_late_partial_whose_base_grew_too_stale_counts_as_stale() -> None:
 def test_an_aggregator_folds_what_passes_and_forwards_what_only_the_server_can_judge() -> None:
     async def scenario_() -> Partial:
         endpoint = RecordingEndpoint(WallClock())
-        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "ab"}
-        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
-                                clients=clients, size=DIM, strategy=UniformWeights(),
-                                policy=TimeWindows(), max_staleness=2)
-        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        actor = _aggregator(endpoint, "ab", max_staleness=2)
         ok = np.full(DIM, 0.01, np.float32)
         for update in (ClientUpdate("a", 0, 0, ok, 8.0), ClientUpdate("a", 0, 0, ok, 8.0),
                        ClientUpdate("b", 0, 0, np.full(DIM, 1e3, np.float32), 8.0),
@@ -245,12 +257,7 @@ def test_a_rejoining_aggregator_forwards_what_its_predecessor_may_have_folded() 
     same partial stops here."""
     async def scenario_() -> tuple[Partial, Partial, list[tuple[str, int]]]:
         endpoint = RecordingEndpoint(WallClock())
-        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "ab"}
-        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
-                                clients=clients, size=DIM, strategy=UniformWeights(),
-                                policy=TimeWindows())
-        for version in range(5):
-            actor._learn(GlobalModel(version, np.zeros(DIM, np.float32)))
+        actor = _aggregator(endpoint, "ab", versions=5)
         ok = np.full(DIM, 0.01, np.float32)
         for update in (ClientUpdate("a", 0, 3, ok, 8.0), ClientUpdate("b", 0, 4, ok, 8.0),
                        ClientUpdate("b", 0, 4, ok, 8.0)):
@@ -306,11 +313,7 @@ def test_updates_past_what_one_partial_may_carry_go_to_the_server_alone(
 
     async def scenario_() -> tuple[Partial, list[tuple[str, int]]]:
         endpoint = RecordingEndpoint(WallClock())
-        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "abcd"}
-        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
-                                clients=clients, size=DIM, strategy=UniformWeights(),
-                                policy=TimeWindows())
-        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        actor = _aggregator(endpoint, "abcd")
         ok = np.full(DIM, 0.01, np.float32)
         for client in "abcd":
             await actor._arrived(ClientUpdate(client, 0, 0, ok, 8.0))
@@ -330,12 +333,7 @@ def test_base_versions_past_max_groups_go_to_the_server_alone() -> None:
     unmixed, and the partial's bases are the first ``max_groups`` met."""
     async def scenario_() -> tuple[Partial, list[tuple[str, int]]]:
         endpoint = RecordingEndpoint(WallClock(), wire=True)
-        clients = {c: ClientInfo(100, 0.5, limits=_limits()) for c in "abcd"}
-        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
-                                clients=clients, size=DIM, strategy=UniformWeights(),
-                                policy=TimeWindows(), max_groups=2)
-        for version in range(3):
-            actor._learn(GlobalModel(version, np.zeros(DIM, np.float32)))
+        actor = _aggregator(endpoint, "abcd", versions=3, max_groups=2)
         ok = np.full(DIM, 0.01, np.float32)
         for client, base in zip("abcd", (0, 1, 2, 1), strict=True):
             await actor._arrived(ClientUpdate(client, 0, base, ok, 8.0))
@@ -625,11 +623,7 @@ def test_a_window_holds_a_bounded_share_of_one_clients_flood() -> None:
 
     async def scenario_() -> tuple[Partial, int, int]:
         endpoint = RecordingEndpoint(WallClock())
-        clients = {c: ClientInfo(100, 0.5, limits=_limits(), slot=3600.0) for c in "ab"}
-        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
-                                clients=clients, size=DIM, strategy=UniformWeights(),
-                                policy=TimeWindows())
-        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        actor = _aggregator(endpoint, "ab", slot=3600.0)
         ok = np.full(DIM, 0.01, np.float32)
         await actor._arrived(ClientUpdate("b", 0, 0, ok, 8.0))
         for r in range(flood):
@@ -654,11 +648,7 @@ def test_differing_copies_of_a_held_round_are_forked_not_held() -> None:
 
     async def scenario_() -> tuple[Partial, int]:
         endpoint = RecordingEndpoint(WallClock())
-        clients = {c: ClientInfo(100, 0.5, limits=_limits(), slot=3600.0) for c in "ab"}
-        actor = AggregatorActor(aggregator_id="g0", clock=endpoint.clock, endpoint=endpoint,
-                                clients=clients, size=DIM, strategy=UniformWeights(),
-                                policy=TimeWindows())
-        actor._learn(GlobalModel(0, np.zeros(DIM, np.float32)))
+        actor = _aggregator(endpoint, "ab", slot=3600.0)
         await actor._arrived(ClientUpdate("b", 0, 0, np.full(DIM, 0.01, np.float32), 8.0))
         for index in range(copies):  # each copy another update: another norm (as decoded)
             values = np.full(DIM, 0.01 + 1e-4 * index, np.float32)
