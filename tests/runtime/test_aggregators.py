@@ -693,3 +693,29 @@ def test_an_aggregator_gets_a_bounded_number_of_late_partials_held(order: str) -
     window = late[MAX_LATE_PARTIALS]
     server._take_partial(_partial("g0", [("a", window, 100.0)], 100 * u, window=window))
     assert ("g0", window) not in server.partials.held
+
+
+def test_one_aggregators_refused_groups_cannot_crowd_another_out_of_a_close() -> None:
+    """A hostile aggregator gets 320 groups refused between two closes (five partials of 64)
+    after an honest one had two refused: the close, which names at most 256, names the honest
+    aggregator's two (it kept the newest 256, all the hostile one's), and the rest of its
+    room goes to the flood, newest first, in the order refused."""
+    from fedsim.protocol.headers import MAX_CLOSE_REFUSED
+    from fedsim.runtime.actors.partials import CloseNotes
+
+    notes = CloseNotes()
+    notes.refused("honest", 4, 3)
+    notes.refused("other", 4, 2)
+    notes.refused("honest", 5, 4)
+    flood = [("hostile", 5, base) for base in range(320)]
+    for group in flood:
+        notes.refused(*group)
+    _, refused = notes.take()
+    assert len(refused) == MAX_CLOSE_REFUSED
+    assert refused[:3] == (("honest", 4, 3), ("other", 4, 2), ("honest", 5, 4))
+    assert refused[3:] == tuple(flood[-(MAX_CLOSE_REFUSED - 3):])
+    assert notes.take()[1] == ()  # taken once
+    few = [("a", 1, 1), ("b", 1, 2), ("a", 2, 1)]
+    for group in few:
+        notes.refused(*group)
+    assert notes.take()[1] == tuple(few)  # within the bound: all of them, as refused

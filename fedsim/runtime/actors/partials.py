@@ -34,7 +34,9 @@ a client that leapt past such a round had its next leap folded and refused). So
 * the next close names every refused group (``WindowClose.refused``: aggregator, window, base
   version), and that aggregator forwards the updates it folded into it, so the honest ones are
   judged (and applied) one window later instead of waiting for their clients' resends, which
-  could come too late for ``max_staleness``.
+  could come too late for ``max_staleness`` (past the header's 256 names, each aggregator
+  keeps a share, :func:`fair_share`: one aggregator's flood of refused groups cannot push
+  another's out).
 
 A client that claims a far count and then sends its low rounds (the finding: its aggregator's
 every partial refused, eight windows without a model) has none of them folded once the close
@@ -365,8 +367,9 @@ class CloseNotes:
 
     def take(self) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, int], ...]]:
         """The next close's watermarks and refused groups (at most the header's bounds; the
-        new marks beyond them wait for the next close, older refusals are dropped: their
-        clients resend)."""
+        new marks beyond them wait for the next close; refusals beyond the bound are dropped,
+        each aggregator's oldest first, so every aggregator keeps a share (:func:`fair_share`):
+        the dropped groups' clients resend)."""
         new = sorted(self._new)[:MAX_CLOSE_WATERMARKS]
         self._new.difference_update(new)
         named = list(new)
@@ -379,5 +382,26 @@ class CloseNotes:
                 named.append(client_id)
         if count:
             self._turn = (self._turn + turns) % count
-        refused, self._refused = self._refused[-MAX_CLOSE_REFUSED:], []
+        refused, self._refused = fair_share(self._refused, MAX_CLOSE_REFUSED), []
         return tuple((c, self._marks[c]) for c in named), tuple(refused)
+
+
+def fair_share(refused: list[tuple[str, int, int]], limit: int) -> list[tuple[str, int, int]]:
+    """At most ``limit`` of the refused groups ``(aggregator, window, base version)``, taken in
+    turn from each aggregator, its newest first, and kept in the order refused: one aggregator
+    with many refused groups (a hostile one sends up to ``1 + MAX_LATE_PARTIALS`` partials of
+    64 groups between two closes) cannot crowd another's out of the close, which would leave
+    that aggregator's honest folded updates to wait for their clients' resends."""
+    if len(refused) <= limit:
+        return refused
+    newest_first: dict[str, list[int]] = {}
+    for index in range(len(refused) - 1, -1, -1):
+        newest_first.setdefault(refused[index][0], []).append(index)
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < limit:
+        for indices in newest_first.values():
+            if depth < len(indices) and len(chosen) < limit:
+                chosen.append(indices[depth])
+        depth += 1
+    return [refused[index] for index in sorted(chosen)]
