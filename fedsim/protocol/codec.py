@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -429,13 +430,22 @@ def decode(
     return decode_frame(data, expected_params=expected_params, max_bytes=max_bytes).message
 
 
+WireFormCheck = Callable[[str | None, int | None, int], str | None]
+"""Why an update's wire form - its packing (None: dense), its sparse count (None: not sparse)
+and its dense length - is not one its receiver takes, or None
+(:func:`~fedsim.protocol.compression.wire_form_problem` of the sender's group)."""
+
+
 def decode_frame(
     data: bytes | bytearray | memoryview,
     *,
     expected_params: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    wire_form: WireFormCheck | None = None,
 ) -> Frame:
-    """:func:`decode`, keeping the header's ``incarnation`` and ``lineage``."""
+    """:func:`decode`, keeping the header's ``incarnation`` and ``lineage``. ``wire_form``:
+    an update whose header it finds fault with is refused (kind
+    :data:`~fedsim.protocol.compression.WIRE_FORM`) before its payload is expanded or read."""
     size = len(data)
     _check_size(size, max_bytes)  # before anything is copied or read
     if not isinstance(data, bytes):
@@ -461,7 +471,7 @@ def decode_frame(
         header = HEADERS.validate_json(data[PREFIX_BYTES:body_start])
     except ValidationError as exc:
         raise CodecError(f"invalid header: {_describe(exc)}") from None
-    return _frame(header, data, body_start, expected_params, None)
+    return _frame(header, data, body_start, expected_params, None, wire_form)
 
 
 def _check_size(size: int, max_bytes: int) -> None:
@@ -488,10 +498,11 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
     offset: int,
     expected_params: int | None,
     norm: float | None,
+    wire_form: WireFormCheck | None = None,
 ) -> Frame:
     """The message of a valid ``header`` and its body, checked against the receiver's
-    ``expected_params``: :func:`decode_frame` passes the frame's bytes with the body at
-    ``offset``; :meth:`Sealed.open` passes the sealed body (a tensor that :func:`seal` found
+    ``expected_params`` and ``wire_form`` (:func:`decode_frame`): :func:`decode_frame` passes
+    the frame's bytes with the body at ``offset``; :meth:`Sealed.open` passes the sealed body (a tensor that :func:`seal` found
     finite, of the length its header declares, with an update's ``norm``; or a compressed
     update's payload)."""
     if body is None:
@@ -538,6 +549,12 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
         )
     assert body is not None  # a header with a tensor comes with a body
     packed = header.compression if isinstance(header, UpdateHeader) else None
+    if wire_form is not None and isinstance(header, UpdateHeader):
+        # From the header alone: a sparse frame of 240 bytes stands for the whole vector.
+        problem = wire_form(None if packed is None else packed.kind,
+                            packed.count if isinstance(packed, SparseSpec) else None, length)
+        if problem is not None:
+            raise CodecError(problem, kind=compression.WIRE_FORM)
     sealed = isinstance(body, np.ndarray)
     if isinstance(body, np.ndarray):  # (not ``sealed``: the type checker narrows on this)
         values = body

@@ -41,13 +41,16 @@ from fedsim.config.compression import (
 )
 from fedsim.errors import CodecError
 
-__all__ = ["Quantised", "Sparse", "compress", "densify", "pack", "packings", "public_rng",
-           "unpack_quantised", "unpack_sparse"]
+__all__ = ["WIRE_FORM", "Quantised", "Sparse", "compress", "densify", "pack", "packings",
+           "public_rng", "top_k_count", "unpack_quantised", "unpack_sparse", "wire_form_problem"]
 
 _INDEX = np.dtype("<u4")
 _VALUE = np.dtype("<f4")
 _SEED_DOMAIN = b"fedsim/compression/v1\0"
 Bits = Literal[4, 8]
+WIRE_FORM = "compression"
+"""The refusal kind of an update whose wire form is not one its client's group sends
+(:func:`wire_form_problem`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,12 +85,18 @@ def top_k(values: np.ndarray, fraction: float) -> Sparse:
     """The ``k = max(1, ceil(fraction * d))`` coordinates largest in magnitude (ties broken by
     ``argpartition``, a function of the vector alone)."""
     length = int(values.size)
-    k = min(length, max(1, math.ceil(fraction * length)))
+    k = top_k_count(fraction, length)
     if k >= length:
         indices = np.arange(length, dtype=np.int64)
     else:
         indices = np.sort(np.argpartition(np.abs(values), length - k)[length - k:])
     return Sparse(length, indices.astype(np.uint32), values[indices].astype(np.float32))
+
+
+def top_k_count(fraction: float, length: int) -> int:
+    """How many coordinates :func:`top_k` keeps of ``length``: ``max(1, ceil(fraction *
+    length))``, at most ``length``."""
+    return min(length, max(1, math.ceil(fraction * length)))
 
 
 def threshold(values: np.ndarray, limit: float) -> Sparse:
@@ -140,6 +149,28 @@ def packings(spec: Compression | None) -> frozenset[str | None]:
     if isinstance(spec, QuantiseCompression):
         return _QUANTISED_ONLY
     return _SPARSE_OR_DENSE
+
+
+def wire_form_problem(spec: Compression | None, packing: str | None, count: int | None,
+                      length: int) -> str | None:
+    """Why an update's wire form - its header's ``packing`` (None: dense) and, sparse, its
+    ``count`` of kept coordinates, of a ``length``-value model - is not one a client of a group
+    compressing by ``spec`` sends, or None. Judged from the header alone, before the payload is
+    expanded: a sparse frame of a few hundred bytes stands for the whole dense vector, and
+    expanding it (allocating, zeroing and measuring ``4 length`` bytes) only to refuse it cost
+    the receiver thousands of times what the sender sent (an attacker's review). A ``top_k``
+    client's sparse frames keep exactly :func:`top_k_count` coordinates (fewer would make a
+    small frame stand for the same dense vector); a ``threshold`` client's may keep any number."""
+    allowed = packings(spec)
+    if packing not in allowed:
+        sent = " or ".join(sorted(p or "dense" for p in allowed))
+        return f"an update travelled {packing or 'dense'}; its group's compression sends {sent}"
+    if isinstance(spec, TopKCompression) and packing == "sparse":
+        k = top_k_count(spec.fraction, length)
+        if count != k:
+            return (f"a sparse update keeps {count} coordinates; its group's top_k keeps {k} "
+                    f"of {length}")
+    return None
 
 
 # (one object each, which every client of every group shares: a receiver holds one a client)

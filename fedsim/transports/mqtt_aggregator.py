@@ -142,7 +142,7 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         if sender is None or sender[0] != "updates" or sender[1] not in self.client_ids:
             self._reject(topic, "not the update topic of a client of this aggregator")
             return
-        frame = self._decode(topic, payload)
+        frame = self._decode(topic, payload, sender=sender[1])
         if frame is None:
             return
         message = frame.message
@@ -154,8 +154,6 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
             self.stats.refused("forged_client_id")
             self._log.warning("access denied: forged client id", topic=topic,
                               payload_client_id=message.client_id)
-            return
-        if self._wrong_packing(topic, sender[1], frame):
             return
         if self.incarnation.current is None:
             self._hold(topic, frame.incarnation, message)

@@ -25,7 +25,7 @@ from fedsim.errors import AccessDenied, CodecError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import Frame
-from fedsim.protocol.compression import packings
+from fedsim.protocol.compression import WIRE_FORM, wire_form_problem
 from fedsim.protocol.messages import Message
 from fedsim.transports.inbox import Inbox
 from fedsim.transports.mqtt_settings import (
@@ -46,9 +46,11 @@ client gets it over TCP; a client that (re)connects gets the retained one when i
 (``queue_qos0_messages false``), so a client that leaves a persistent session subscribed to
 ``global`` cannot make the broker hold a copy of every model for it (issue 25, finding 10:
 broker RSS 22.5 -> 517 MB in 40 s at QoS 1)."""
-COMPRESSION = "compression"
-"""The refusal kind of an update whose wire form (:attr:`~fedsim.protocol.codec.Frame.packing`)
-is not one its client's group sends (:func:`~fedsim.protocol.compression.packings`)."""
+COMPRESSION = WIRE_FORM
+"""The refusal kind of an update whose wire form (its header's packing, a ``top_k`` group's
+sparse count) is not one its client's group sends
+(:func:`~fedsim.protocol.compression.wire_form_problem`): refused from the header, before the
+payload is expanded."""
 # CONNACK codes meaning "these credentials are refused" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135).
 _AUTH_REFUSED = {4, 5, 134, 135}
 
@@ -111,23 +113,17 @@ class _MqttEndpoint:
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
         self._log = _log.bind(role=role, broker=self.broker.describe(), run=run)
-        self._packings: dict[str, frozenset[str | None]] | None = None
+        # Per client named, the check of its group's wire forms (one object a group).
+        self._wire_forms: dict[str, codec.WireFormCheck] = {}
 
     def expect_compression(self, compressions: Mapping[str, Compression | None]) -> None:
         """Refuse (kind :data:`COMPRESSION`) an update of a client named here whose wire form
-        is not one its group's ``compression`` sends (a client not named: not checked)."""
-        self._packings = {client_id: packings(spec) for client_id, spec in compressions.items()}
-
-    def _wrong_packing(self, topic: str, client_id: str, frame: Frame) -> bool:
-        """Whether ``frame``, an update of ``client_id``, travelled in a form its group does
-        not send (:meth:`expect_compression`): then refused, counted and logged."""
-        allowed = None if self._packings is None else self._packings.get(client_id)
-        if allowed is None or frame.packing in allowed:
-            return False
-        sent = sorted(p or "dense" for p in allowed)
-        self._reject(topic, f"an update travelled {frame.packing or 'dense'}; its group's "
-                     f"compression sends {' or '.join(sent)}", kind=COMPRESSION)
-        return True
+        is not one its group's ``compression`` sends (a client not named: not checked), from
+        its header, before its payload is expanded (:meth:`_decode`'s ``sender``)."""
+        checks: dict[int, codec.WireFormCheck] = {}
+        self._wire_forms = {
+            client_id: checks.setdefault(id(spec), functools.partial(wire_form_problem, spec))
+            for client_id, spec in compressions.items()}
 
     # ---------------------------------------------------------------- lifetime
 
@@ -306,16 +302,20 @@ class _MqttEndpoint:
         if self._closing or self._inbox.closed:
             raise TransportError(f"MQTT {self._role} endpoint is closed")
 
-    def _decode(self, topic: str, payload: object, max_bytes: int | None = None) -> Frame | None:
+    def _decode(self, topic: str, payload: object, max_bytes: int | None = None, *,
+                sender: str | None = None) -> Frame | None:
         """The frame of ``payload`` (at most ``max_bytes``, else this endpoint's message
-        limit); None, counted and logged, when it is refused."""
+        limit); None, counted and logged, when it is refused. ``sender``: the client whose
+        update topic it came on; an update in a wire form its group does not send is refused
+        (:meth:`expect_compression`)."""
         if not isinstance(payload, bytes | bytearray):
             self._reject(topic, f"payload of type {type(payload).__name__}")
             return None
         try:
             return codec.decode_frame(
                 payload, expected_params=self._expected_params,
-                max_bytes=self._max_bytes if max_bytes is None else max_bytes)
+                max_bytes=self._max_bytes if max_bytes is None else max_bytes,
+                wire_form=None if sender is None else self._wire_forms.get(sender))
         except CodecError as exc:
             self._reject(topic, str(exc), kind=exc.kind)
             return None

@@ -237,7 +237,7 @@ class MqttServerEndpoint(_MqttEndpoint):
                           client=client_id)
 
     def _from_client(self, topic: str, kind: str, topic_client: str, payload: object) -> None:
-        frame = self._decode(topic, payload)
+        frame = self._decode(topic, payload, sender=topic_client if kind == "updates" else None)
         if frame is None:
             return
         message = frame.message
@@ -256,8 +256,6 @@ class MqttServerEndpoint(_MqttEndpoint):
                     AccessDenied(f"{topic_client!r} sent a message as {message.client_id!r}")
                 ),
             )
-            return
-        if kind == "updates" and self._wrong_packing(topic, topic_client, frame):
             return
         if not self.incarnation.accepts(frame.incarnation, status=kind == "status"):
             self._other_incarnation(topic, frame.incarnation, self.incarnation.current)
