@@ -16,7 +16,7 @@ from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory, TuningRole
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import finite_number, printable, relative_gap, spread
+from fedsim.reporting.values import accuracy, finite_number, printable, relative_gap, spread
 from fedsim.runtime.run_outputs import require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
@@ -91,6 +91,22 @@ def _final_accuracy_text(run: RunDirectory, final: float) -> str:
     return f"final {final:.4f}"
 
 
+def _accuracy_warnings(run: RunDirectory) -> list[str]:
+    """What the report did not use of the accuracies the run directory states: a value that is
+    no accuracy (not a number from 0 to 1) is left out, and said so (a review's summary.json
+    stating 1e308 was printed as 309 digits)."""
+    warnings = [f"warning: summary.json's {key} {printable(repr(value), 40)} is not an "
+                f"accuracy (a number from 0 to 1): not used"
+                for key in ("final_accuracy", "best_accuracy")
+                if (value := run.summary.get(key)) is not None and accuracy(value) is None]
+    unusable = sum(1 for m in run.metrics
+                   if m.get("accuracy") is not None and accuracy(m.get("accuracy")) is None)
+    if unusable:
+        warnings.append(f"warning: {unusable} line(s) of metrics.jsonl state an accuracy that "
+                        f"is not a number from 0 to 1: not used")
+    return warnings
+
+
 def summary_lines(run: RunDirectory, drawn: Drawn,
                   tuned: TunedPrivacy | None = None) -> list[str]:
     """The textual summary ``fedsim report`` prints (one item per line; ``tuned``: the
@@ -102,9 +118,9 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
         f"{summary.get('windows', len(run.metrics))} windows, "
         f"{seconds_text(run.virtual_time)} s {run.time_name}, updates {_updates(summary.get('updates'))}"
     ]
-    final = finite_number(summary.get("final_accuracy"))
-    best = finite_number(summary.get("best_accuracy"))
-    evaluated = [a for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
+    final = accuracy(summary.get("final_accuracy"))
+    best = accuracy(summary.get("best_accuracy"))
+    evaluated = [a for m in run.metrics if (a := accuracy(m.get("accuracy"))) is not None]
     if final is None and evaluated:
         final = evaluated[-1]
     if best is None and evaluated:
@@ -133,7 +149,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
     from fedsim.reporting.compare import summary_gaps
     from fedsim.reporting.ledgers import ledger_gaps
 
-    warnings: list[str] = ledger_gaps(run)
+    warnings: list[str] = ledger_gaps(run) + _accuracy_warnings(run)
     final_eps = drawn.final_epsilon
     tuning = run.tuning
     if tuning is not None:  # a trial of `fedsim sweep --private-tuning`

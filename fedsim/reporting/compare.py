@@ -26,7 +26,7 @@ from fedsim.clock import seconds_text
 from fedsim.reporting.ledgers import ClientLedger, ledger_gaps, read_ledgers, tuned_privacy
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import epsilon_text, finite_number, printable, relative_gap
+from fedsim.reporting.values import accuracy, epsilon_text, finite_number, printable, relative_gap
 
 COLUMNS = ("run", "final_accuracy", "best_accuracy", "eps_min", "eps_median", "eps_max",
            "virtual_time", "windows", "ended", "stops")
@@ -146,9 +146,9 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     if from_ledgers and stated == run.delta:  # (summary.json's are at the run's own delta)
         warnings += [f"warning: {run.path.name}: {gap}" for gap in summary_gaps(run, epsilons)]
     eps: dict[str, float | None] = {**recorded, **computed}
-    accuracies = [a for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
-    final = finite_number(summary.get("final_accuracy"))
-    best = finite_number(summary.get("best_accuracy"))
+    accuracies = [a for m in run.metrics if (a := accuracy(m.get("accuracy"))) is not None]
+    final = accuracy(summary.get("final_accuracy"))
+    best = accuracy(summary.get("best_accuracy"))
     stops = stop_counts(row.get("stop_kind") for row in run.clients
                         if row.get("stopped_at") is not None or row.get("stop_reason"))
     return {
@@ -359,7 +359,7 @@ def draw_accuracy_comparison(runs: Sequence[RunDirectory], labels: Sequence[str]
     figure, (axes,) = _figure(1)
     values: list[float] = []
     for index, (run, label) in enumerate(zip(runs, labels, strict=True)):
-        points = [(m["time"], a) for m in run.metrics if (a := finite_number(m.get("accuracy"))) is not None]
+        points = [(m["time"], a) for m in run.metrics if (a := accuracy(m.get("accuracy"))) is not None]
         style = _style(index, len(runs))
         if points:
             times, accuracies = zip(*points, strict=True)

@@ -77,6 +77,7 @@ from fedsim.reporting.figures import (
 from fedsim.reporting.ledgers import ClientLedger, TunedPrivacy, read_ledgers
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.reporting.tradeoff_plot import draw_tradeoff
+from fedsim.reporting.values import accuracy
 
 # Clients drawn individually; beyond this the epsilon plot shows a band and representatives.
 MAX_INDIVIDUAL_CLIENTS = 8
@@ -93,12 +94,12 @@ def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:
 def final_point(run: RunDirectory) -> tuple[float, float, int] | None:
     """(time, accuracy, version) of the final model's evaluation at the run's end (None: an
     interrupted or older run, where ``final_accuracy`` is a periodic evaluation's)."""
-    accuracy = run.summary.get("final_accuracy")
+    final = accuracy(run.summary.get("final_accuracy"))
     version = run.summary.get("final_evaluated_version")
-    if run.interrupted or not isinstance(accuracy, int | float) or not isinstance(version, int) \
+    if run.interrupted or final is None or not isinstance(version, int) \
             or run.unevaluated_final is not None or version != run.summary.get("final_version"):
         return None
-    return run.virtual_time, float(accuracy), version
+    return run.virtual_time, final, version
 
 
 def _evaluations(evaluated: Sequence[Mapping[str, Any]]) -> str:
@@ -117,7 +118,7 @@ def draw_accuracy(run: RunDirectory, path: Path) -> Path:
     model's evaluation at the run's end as a star, the server step size on a secondary axis,
     an interruption marked; the legend below the axes."""
     figure, (axes,) = new_figure((FIGSIZE[0], FIGSIZE[1] + 0.5))
-    evaluated = [m for m in run.metrics if isinstance(m.get("accuracy"), int | float)]
+    evaluated = [m for m in run.metrics if accuracy(m.get("accuracy")) is not None]
     values = [float(m["accuracy"]) for m in evaluated]
     if evaluated:
         axes.plot(

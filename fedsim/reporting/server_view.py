@@ -26,7 +26,7 @@ from typing import Any
 
 from fedsim.errors import ConfigError
 from fedsim.reporting.stops import stop_counts
-from fedsim.reporting.values import count, finite_number, printable, relative_gap, spread
+from fedsim.reporting.values import accuracy, count, finite_number, printable, relative_gap, spread
 from fedsim.runtime.actors.stops import (
     RunStop,
     RunStopKind,
@@ -78,8 +78,8 @@ def server_rows_and_summary(
     rows = tuple(_row(client_id, group.name, group.rounds, statuses.get(client_id))
                  for group in scenario.clients.groups for client_id in group.client_ids())
     final = server.get("final_evaluation")
-    final_accuracy = finite_number(final.get("accuracy")) if isinstance(final, Mapping) else None
-    evaluated = [a for m in metrics if (a := finite_number(m.get("accuracy"))) is not None]
+    final_accuracy = accuracy(final.get("accuracy")) if isinstance(final, Mapping) else None
+    evaluated = [a for m in metrics if (a := accuracy(m.get("accuracy"))) is not None]
     stop = RunStop.read(server)
     windows = count(server.get("windows"))
     summary: dict[str, Any] = {

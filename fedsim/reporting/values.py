@@ -18,7 +18,7 @@ from typing import Any
 
 from fedsim.privacy.epsilon_text import epsilon_text
 
-__all__ = ["count", "epsilon_text", "finite_number", "name_text", "printable", "relative_gap",
+__all__ = ["accuracy", "count", "epsilon_text", "finite_number", "name_text", "printable", "relative_gap",
            "spread"]
 
 
@@ -32,6 +32,14 @@ def finite_number(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def accuracy(value: Any) -> float | None:
+    """``value`` if it is an accuracy: a finite JSON number from 0 to 1 (a review's summary.json
+    stating 1e308 was printed as 309 digits, a metrics line's 400-digit one broke the plot),
+    else None."""
+    number = finite_number(value)
+    return number if number is not None and 0.0 <= number <= 1.0 else None
 
 
 def relative_gap(reported: float, recomputed: float) -> float:

@@ -294,3 +294,35 @@ def test_report_checks_summary_json_whatever_accountant_the_ledgers_enforce_with
     assert code == 0
     assert "warning: summary.json says eps_max 0.001, the ledgers give" in out
     assert "warning: client c000: clients.csv says eps 0.001" in out
+
+
+def test_an_accuracy_that_is_no_accuracy_is_left_out_and_said(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        edit_summary: Callable[..., dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An attacker's review: summary.json stating final_accuracy 1e308 and best -5 was printed
+    as a 309-digit accuracy, and a metrics line's 400-digit accuracy broke the accuracy plot
+    (float() overflows). Neither is an accuracy: the report uses the run's evaluations that
+    are, says what it left out, and draws its plots; compare does the same."""
+    run = copy_run(small_run)
+    edit_summary(run, final_accuracy=1e308, best_accuracy=-5)
+    lines = (run.path / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    evaluated = [i for i, row in enumerate(rows) if row["accuracy"] is not None]
+    honest = [rows[i]["accuracy"] for i in evaluated[:-2]]
+    lines[evaluated[-1]] = lines[evaluated[-1]].replace(
+        json.dumps(rows[evaluated[-1]]["accuracy"]), "1" + "0" * 400)
+    lines[evaluated[-2]] = lines[evaluated[-2]].replace(
+        json.dumps(rows[evaluated[-2]]["accuracy"]), "true")
+    (run.path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = _report(run.path, capsys)
+    assert code == 0, err
+    assert f"accuracy: final {honest[-1]:.4f}, best {max(honest):.4f}" in out
+    assert "000000000" not in out
+    assert "summary.json's final_accuracy 1e+308 is not an accuracy" in out
+    assert "summary.json's best_accuracy -5 is not an accuracy" in out
+    assert "warning: 2 line(s) of metrics.jsonl state an accuracy that is not a number" in out
+    assert (run.path / "plots" / "accuracy.png").stat().st_size > 0
+    code, out, err = _compare(run.path, capsys)
+    assert code == 0, err
+    assert "000000000" not in out and f"{honest[-1]:.4f}" in out
