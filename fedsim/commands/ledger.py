@@ -30,7 +30,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                                     parser_class=type(parser))
     check = actions.add_parser(
         "check", help="Verify a ledger's hash chain and high-water mark.",
-        description="Verify a ledger's hash chain and high-water mark, and say what it spent.")
+        description="Verify a ledger's hash chain and high-water mark, and say what it spent "
+        "against its budget. The exit status is 0 when the file is intact, within its budget "
+        "or not (the last line says which; --json: ok and intact, over_budget), and 2 when it "
+        "is refused.")
     check.add_argument("file", metavar="FILE", help="The ledger file (JSON lines).")
     check.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     check.set_defaults(func=run_check)
@@ -131,9 +134,33 @@ def run_check(args: argparse.Namespace) -> int:
                   # (a stranger: a flipped newest slot read plain ok) A torn mark write's:
                   # its spend's records were written first, and are counted.
                   "damaged_mark_slot": found is not None and found.other_damaged,
-                  "ok": True}
-    _print(result, args.json)
+                  # `ok` (kept for scripts) and `intact` mean the same: the file verifies. A
+                  # stranger read `ok: True` beside `over_budget: True` as "within budget".
+                  "ok": True, "intact": True}
+    if args.json:
+        _print(result, True)
+    else:
+        _print_check(result)
     return 0
+
+
+def _print_check(result: dict[str, Any]) -> None:
+    """``check``'s table for people: ``ok`` is shown as ``intact``, and the last line says the
+    file's state and its spending against the budget apart, in words."""
+    from fedsim.privacy.epsilon_text import epsilon_text
+
+    shown = {key: value for key, value in result.items() if key != "ok"}
+    spent = f"eps {epsilon_text(result['epsilon'])} at delta {result['delta']:g}"
+    if result["budget_epsilon"] is None:
+        spending = f"and it has no budget ({spent} spent)"
+    elif result["over_budget"]:
+        spending = (f"but it is OVER ITS BUDGET: {spent} spent, above its budget's eps "
+                    f"{epsilon_text(result['budget_epsilon'])}")
+    else:
+        spending = (f"and it is within its budget: {spent} spent of its budget's eps "
+                    f"{epsilon_text(result['budget_epsilon'])}")
+    _print(shown, False)
+    print(f"The file is intact (its hash chain and high-water mark verify), {spending}.")
 
 
 def run_repair(args: argparse.Namespace) -> int:

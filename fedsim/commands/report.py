@@ -17,7 +17,7 @@ from fedsim.errors import ConfigError
 from fedsim.reporting.rundir import RunDirectory, TuningRole
 from fedsim.reporting.stops import stop_counts
 from fedsim.reporting.values import accuracy, finite_number, printable, relative_gap, spread
-from fedsim.runtime.run_outputs import require_writable_dir
+from fedsim.runtime.run_outputs import CLIENTS_FILE, require_writable_dir
 
 if TYPE_CHECKING:  # matplotlib and the accountants load only when the command runs
     from fedsim.reporting.ledgers import TunedPrivacy
@@ -141,10 +141,14 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
     )
     stop_text = ", ".join(f"{n} {kind}" for kind, n in sorted(stopped.items(),
                                                              key=lambda item: (-item[1], item[0])))
-    lines.append(
-        f"clients: {len(run.clients)}; stopped {sum(stopped.values())}"
-        + (f" ({stop_text})" if stop_text else "")
-    )
+    if run.clients or run.server_view or (run.path / CLIENTS_FILE).is_file():
+        lines.append(
+            f"clients: {len(run.clients)}; stopped {sum(stopped.values())}"
+            + (f" ({stop_text})" if stop_text else "")
+        )
+    else:  # (a stranger read "clients: 0; stopped 0" above eps "over 10 clients")
+        lines.append(f"clients: no {CLIENTS_FILE} in this run directory: their states and "
+                     "stops are unknown")
 
     from fedsim.reporting.compare import summary_gaps
     from fedsim.reporting.ledgers import ledger_gaps

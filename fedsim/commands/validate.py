@@ -8,7 +8,8 @@ Validation reads the file, never the network. Beyond the schema it checks what c
 without training: that every group's data share gives each client at least ``batch_size``
 records (q = m/N <= 1), that the model's size is trainable and that noise targets can be
 calibrated; it warns about clients whose budget cannot pay for a single round (they would
-never train). Those checks need the data set's records, so they run when the data is on this
+never train), and refuses the file when no client of any group can (a run would train
+nothing). Those checks need the data set's records, so they run when the data is on this
 machine (synthetic data, an ``arrays`` file, a registered data set found where ``fedsim data
 where`` looks); otherwise they are skipped, and the output says so. ``--check-data`` makes the
 data's presence part of the check: it fetches a registered data set that is nowhere (unless
@@ -36,7 +37,8 @@ DESCRIPTION = (
     "together. It reads "
     "the file, never the network. Beyond the schema it checks what can be known without "
     "training: that every client gets at least batch_size records, that the model's size is "
-    "trainable and that noise targets can be calibrated; these checks read the data set, so "
+    "trainable, that noise targets can be calibrated and that some client can afford a round "
+    "within its budget; these checks read the data set, so "
     "they run when it is on this machine and are otherwise skipped, saying so. With "
     "--check-data the data set must be had: fetched where it is nowhere (unless --offline). "
     "A model or data set factory the scenario names is not run without --allow-factory. "
@@ -113,6 +115,24 @@ def _check_model_options(name: str | None, options: dict[str, Any]) -> None:
         raise ConfigError(f"model.options: {exc}") from None
 
 
+def _budget_warnings(loaded: LoadedScenario, plans: list[Any]) -> list[str]:
+    """The warnings about clients whose budget cannot pay for one round; the file's problem
+    when no client of any group can, each group's warning line under it (a run would end at
+    once with the initial model: a stranger read "valid" above three warnings as a file
+    worth running)."""
+    from fedsim.config.schema import FieldProblem
+    from fedsim.training.preflight import preflight_warnings, trains_nobody
+
+    lines = preflight_warnings(plans, log=False)
+    if not trains_nobody(plans):
+        return lines
+    message = ("no client of any group can afford a single round within its budget, so a run "
+               "would train nothing (it would end at once with the initial model); raise "
+               "budget.epsilon or noise, or lower batch_size:")
+    raise loaded.problems_error([FieldProblem(("clients", "groups"),
+                                              "\n    ".join([message, *lines]))])
+
+
 def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check that may be skipped, in order
     loaded = load_scenario(args.scenario, args.overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
@@ -145,10 +165,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
                                  found.train_writers)
             skipped.append("the model checks (size, DP compatibility, forward probe)")
         if plans:
-            from fedsim.training.preflight import preflight_warnings
-
             clients = len(plans)
-            warnings = preflight_warnings(plans, log=False)  # printed below
+            warnings = _budget_warnings(loaded, plans)  # printed below
     groups = len(scenario.clients.groups)
     print(f"{args.scenario}: valid ({clients} client{'s' if clients != 1 else ''} in {groups} "
           f"group{'s' if groups != 1 else ''}, "

@@ -10,7 +10,8 @@ and the privacy accountant before any client trains.
   short and which batch size works (the caller lists every group's, as loading lists a file's:
   :meth:`fedsim.config.LoadedScenario.problems_error`);
 * :func:`preflight_warnings`: clients whose budget cannot pay for a single round, found with
-  the same accountant and rule the ledger enforces (so the warning is exact, not a guess).
+  the same accountant and rule the ledger enforces (so the warning is exact, not a guess);
+  :func:`trains_nobody`: no client of any group can (``fedsim validate`` refuses the file).
 
 Runs and ``fedsim validate`` call these; warnings go to the structlog log and to validate's
 output.
@@ -37,7 +38,8 @@ from fedsim.privacy.ledger import ENFORCEMENT_FALLBACK
 from fedsim.privacy.schedules import Schedule
 from fedsim.training.models import MODELS
 
-__all__ = ["batch_problem", "check_model_size", "first_round_fits", "preflight_warnings"]
+__all__ = ["batch_problem", "check_model_size", "first_round_fits", "preflight_warnings",
+           "trains_nobody"]
 
 _log = get_logger("fedsim.preflight")
 _TENSOR_HEADER_ALLOWANCE = 64 * 1024  # the message header around a model's float32 values
@@ -170,15 +172,36 @@ def _smallest_affording(group: ClientGroup, sizes: np.ndarray, sigma: float) -> 
     return int(sizes[high])
 
 
-def preflight_warnings(plans: Iterable[PlanLike], *, log: bool = True) -> list[str]:
-    """Warnings (one line each) about clients that cannot train at all, also logged as
-    structlog warnings when ``log``: per group, the clients whose budget cannot pay for one
-    round."""
+def _by_group(plans: Iterable[PlanLike]) -> tuple[dict[str, list[PlanLike]], dict[str, int]]:
+    """The plans by group name, in the scenario's order, and each group's index there."""
     by_group: dict[str, list[PlanLike]] = defaultdict(list)
     indices: dict[str, int] = {}
     for plan in plans:
         indices.setdefault(plan.group.name, len(indices))
         by_group[plan.group.name].append(plan)
+    return by_group, indices
+
+
+def trains_nobody(plans: Iterable[PlanLike]) -> bool:
+    """Whether no client at all can release a first round (every group has a budget, and no
+    client of any group can pay for one round within it): a run would train nothing. The
+    same rule as :func:`preflight_warnings` (its accountant evaluations are cached)."""
+    by_group, _ = _by_group(plans)
+    for members in by_group.values():
+        group = members[0].group
+        if group.budget is None:
+            return False
+        sizes = np.unique([p.num_samples for p in members])
+        if _smallest_affording(group, sizes, float(members[0].schedule.sigma(0))) is not None:
+            return False
+    return bool(by_group)
+
+
+def preflight_warnings(plans: Iterable[PlanLike], *, log: bool = True) -> list[str]:
+    """Warnings (one line each) about clients that cannot train at all, also logged as
+    structlog warnings when ``log``: per group, the clients whose budget cannot pay for one
+    round."""
+    by_group, indices = _by_group(plans)
     lines = []
     for name, members in by_group.items():
         group = members[0].group

@@ -265,3 +265,39 @@ def test_a_deleted_header_line_is_written_back_from_the_given_header(
     assert answer["why"].endswith("its lost header line is written from --header")
     with open_ledger(path) as ledger:
         assert len(ledger.records) == 5 and ledger.epsilon() == pytest.approx(spent, rel=1e-12)
+
+
+def test_check_says_apart_an_intact_file_and_a_spending_over_its_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A repair's substitutes took the ledger to eps 8.5 over its budget of 1: check printed
+    ``over_budget: True`` beside ``ok: True``, which a stranger read as "within budget". The
+    table now says ``intact`` and ends with a sentence that says both in words; ``--json``
+    keeps ``ok`` beside the new ``intact``."""
+    path = tmp_path / "l.jsonl"
+    small = Budget(1.0, 1e-5)
+    with PrivacyLedger.open(path, client_id="c1", sampling="poisson", budget=small) as ledger:
+        for r in range(10):
+            ledger.spend(GaussianStep("poisson", 0.02, 1.0), time=float(r), round=r)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:6]))  # 5 of 10 kept
+    repair_ledger(path, lost_step=GaussianStep("poisson", 0.5, 0.8))
+    assert main(["ledger", "check", str(path)]) == 0  # the file is intact: exit 0 as before
+    out = capsys.readouterr().out
+    assert "ok:" not in out and "intact:            True" in out
+    assert "over_budget:       True" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("The file is intact (its hash chain and high-water mark verify), "
+                           "but it is OVER ITS BUDGET: eps ")
+    assert last.endswith("at delta 1e-05 spent, above its budget's eps 1.000.")
+    assert main(["ledger", "check", str(path), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["ok"] is True and answer["intact"] is True and answer["over_budget"] is True
+    assert answer["epsilon"] > 1.0
+
+
+def test_check_says_an_intact_ledger_is_within_its_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "l.jsonl"
+    written(path, rounds=5)
+    assert main(["ledger", "check", str(path)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "and it is within its budget: eps " in last and "of its budget's eps 8.000." in last

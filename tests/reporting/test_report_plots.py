@@ -800,3 +800,18 @@ def test_a_tuning_trials_eps_plot_says_what_it_is(
     summary["private_tuning"] = {"release": False}
     (run.path / "summary.json").write_text(json.dumps(summary))
     assert "NOT A RELEASE" in figure_files.tuning_note(RunDirectory.load(run.path))
+
+
+def test_report_of_a_run_without_clients_csv_says_so(
+        small_run: SyntheticRun, copy_run: Callable[..., SyntheticRun],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "clients: 0; stopped 0" above "eps ... over 4 clients" (from the ledgers) when
+    clients.csv was gone; now the clients line says the file is missing."""
+    run = copy_run(small_run)
+    (run.path / "clients.csv").unlink()
+    assert cli_main(["report", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    assert "clients: 0" not in out
+    assert ("clients: no clients.csv in this run directory: their states and stops are "
+            "unknown") in out
+    assert "over 4 clients" in out

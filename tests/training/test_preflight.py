@@ -68,19 +68,52 @@ def test_a_budget_that_cannot_pay_one_round_is_found_exactly(factor: float, tmp_
     exact = _gdp_epsilon(1 / sigma, 1e-5)  # independent of the library's accountants
     file = tmp_path / "s.yaml"
     file.write_text(json.dumps(_scenario(exact * factor, sigma)), encoding="utf-8")
-    assert main(["validate", str(file)]) == 0
-    out = capsys.readouterr().out
+    # No client of the only group can pay for a round: validate refuses the file, exit 2.
+    assert main(["validate", str(file)]) == (2 if factor < 1 else 0)
+    captured = capsys.readouterr()
     if factor < 1:
-        assert ("warning: clients.groups[0]: 4 of 4 clients cannot afford a single round "
-                "within budget") in out
-        assert "no client of the group can" in out
+        assert ("clients.groups[0]: 4 of 4 clients cannot afford a single round "
+                "within budget") in captured.err
+        assert "no client of the group can" in captured.err
     else:
-        assert "warning" not in out
+        assert "warning" not in captured.out
     status = main(["run", str(file), "--out", str(tmp_path / "run"), "--no-plots",
                    "--json-logs"])
     captured = capsys.readouterr()
     assert status == 0
     assert ("clients cannot afford a round" in captured.err) == (factor < 1)
+
+
+@pytest.mark.parametrize("case", ["every group", "one group", "a group without budget"])
+def test_validate_refuses_a_scenario_in_which_no_client_can_afford_a_round(
+        case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "valid" (exit 0) above one warning per group when no client of any group could
+    pay for one round, so a run trained nothing and ended at once with the initial model. Now
+    that is a problem of the file (exit 2); a scenario where some client can train stays
+    valid, with its warnings."""
+    data = _scenario(0.5, 0.8)  # one round of q = 1 at sigma 0.8 costs eps 5.2 > 0.5
+    full = data["clients"]["groups"][0]
+    second = dict(full, name="second", data_share=0.1)
+    if case == "one group":
+        second["budget"] = {"epsilon": 50.0, "delta": 1e-5}
+    elif case == "a group without budget":
+        second["budget"] = None
+    data["clients"]["groups"].append(second)
+    file = tmp_path / "s.yaml"
+    file.write_text(json.dumps(data), encoding="utf-8")
+    status = main(["validate", str(file)])
+    captured = capsys.readouterr()
+    if case == "every group":
+        assert status == 2
+        assert (f"{file}: 1 problem\n  clients.groups (line 1): no client of any group can "
+                "afford a single round within its budget, so a run would train nothing") in \
+            captured.err
+        assert "    clients.groups[0]: 4 of 4 clients cannot afford" in captured.err
+        assert "    clients.groups[1]: 4 of 4 clients cannot afford" in captured.err
+    else:
+        assert status == 0 and f"{file}: valid (8 clients in 2 groups" in captured.out
+        assert "warning: clients.groups[0]: 4 of 4 clients cannot afford" in captured.out
+        assert "clients.groups[1]" not in captured.out
 
 
 def test_the_count_of_clients_that_cannot_afford_matches_each_client_alone() -> None:
