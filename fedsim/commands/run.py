@@ -31,7 +31,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
     parser.add_argument("--out", metavar="DIR",
                         help="The run directory to write; it must not hold a run already.")
-    parser.add_argument("--seed", type=_seed, help="Use this seed instead of the scenario's.")
+    parser.add_argument("--seed", type=seed_argument,
+                        help="Use this seed instead of the scenario's.")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE",
                         help="Override one setting with a YAML value, for example "
@@ -62,8 +63,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _seed(text: str) -> int:
-    """``--seed``'s value, refused as the flag (a stranger: ``--seed -1`` was reported as a
+def seed_argument(text: str) -> int:
+    """``--seed``'s value (``fedsim run``, ``fedsim validate``), refused as the flag (a stranger: ``--seed -1`` was reported as a
     ``--set seed=-1`` never typed)."""
     try:
         seed = int(text)

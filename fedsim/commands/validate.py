@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from fedsim.commands.run import seed_argument
 from fedsim.config import LoadedScenario, load_scenario
 from fedsim.config.factories import ALLOW_FLAG, scenario_factories
 from fedsim.runtime.deployed.options import add_allow_factory_option
@@ -50,6 +51,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("validate", help="Check a scenario file and list every error.",
                                    description=DESCRIPTION)
     parser.add_argument("scenario", metavar="FILE", help="The scenario YAML file.")
+    parser.add_argument("--seed", type=seed_argument,
+                        help="Check with this seed instead of the scenario's (as fedsim run "
+                             "--seed: the partition, and with it each client's records, "
+                             "follows the seed).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="PATH=VALUE", help="Override one setting with a YAML value, for example "
                              "stop.windows=10; repeatable.")
@@ -134,7 +139,8 @@ def _budget_warnings(loaded: LoadedScenario, plans: list[Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check that may be skipped, in order
-    loaded = load_scenario(args.scenario, args.overrides, allow_factories=args.allow_factories)
+    overrides = [*args.overrides, *([f"seed={args.seed}"] if args.seed is not None else [])]
+    loaded = load_scenario(args.scenario, overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
     factories = {} if loaded.allow_factories else scenario_factories(scenario)
     skipped: list[str] = []

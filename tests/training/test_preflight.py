@@ -157,6 +157,31 @@ def test_scaled_hetero_100_names_the_clients_below_their_batch(
     assert f"use batch_size <= {min(office)}" in err
 
 
+def test_validate_takes_the_seed_a_run_takes(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger: the seed decides the partition, and with it each client's records and the
+    checks that read them, but ``validate`` had no ``--seed`` (``run`` has): it checks what
+    ``fedsim run --seed N`` would run, the same as ``--set seed=N``."""
+    data = _scenario(50.0, 0.8)
+    data["clients"]["groups"][0]["partition"] = {"scheme": "unequal", "size_sigma": 1.0}
+    file = tmp_path / "s.yaml"
+    file.write_text(json.dumps(data), encoding="utf-8")
+    smallest = {}
+    for seed in (0, 6):
+        answers = []
+        for argv in (["--seed", str(seed)], ["--set", f"seed={seed}"]):
+            status = main(["validate", str(file), *argv])
+            answers.append((status, capsys.readouterr()))
+        assert answers[0] == answers[1] and answers[0][0] == 2
+        found = re.search(r"the smallest holds (\d+)", answers[0][1].err)
+        assert found is not None
+        smallest[seed] = int(found.group(1))
+    assert smallest == {0: 5, 6: 1}  # the partition follows the seed
+    with pytest.raises(SystemExit):
+        main(["validate", str(file), "--seed", "-1"])
+    assert "--seed: must be >= 0, got -1" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------
 # Dirichlet
 
