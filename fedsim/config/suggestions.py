@@ -312,5 +312,15 @@ def meant_choice(path: Sequence[str | int], given: Any, *, tag: bool) -> str:
     else:
         choices = [value for model in _models_at(path[:-1]) if path[-1] in model.model_fields
                    for value in _literals_in(model.model_fields[path[-1]].annotation)]
+    meant = _SYNONYMS.get(given.lower())
+    if meant in choices:  # a word for the choice, not a misspelling of another
+        return f" - did you mean {meant!r}?"
     close = difflib.get_close_matches(given, sorted(set(choices)), n=1, cutoff=_CUTOFF)
     return f" - did you mean {close[0]!r}?" if close and close[0] != given else ""
+
+
+# Words people use for a choice that spelling alone would not lead to, each suggested only
+# where the schema accepts its target there (a stranger's ``device=gpu`` was offered 'cpu').
+_SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "cuda:0": "cuda", "metal": "mps", "apple": "mps",
+             "fixed_size": "fixed", "fixed-size": "fixed",
+             "bernoulli": "poisson"}

@@ -208,6 +208,21 @@ def test_refused_choices_and_misplaced_keys_name_what_was_meant() -> None:
     assert by_key["clients.groups[0].accountant"].endswith('(got "xyz")')
 
 
+def test_a_word_for_a_choice_suggests_that_choice_not_a_spelling_neighbour() -> None:
+    """A stranger's ``device: gpu`` was offered 'cpu' (closest by spelling); a word people use
+    for a choice names that choice, only where the schema accepts it."""
+    data = json.loads(json.dumps(MINIMAL))
+    data["device"] = "gpu"
+    data["clients"]["groups"][0]["sampling"] = "fixed-size"
+    data["clients"]["groups"][0]["interrupt"] = "gpu"  # no 'cuda' here: no suggestion
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(data)
+    by_key = {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+    assert by_key["device"].endswith("(got \"gpu\") - did you mean 'cuda'?")
+    assert by_key["clients.groups[0].sampling"].endswith("- did you mean 'fixed'?")
+    assert by_key["clients.groups[0].interrupt"].endswith('(got "gpu")')
+
+
 def test_validate_warns_of_a_dataset_path_that_holds_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger's typo in dataset.path was said "valid", and runs silently took MNIST from
