@@ -164,8 +164,9 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
         print(json.dumps(clean, sort_keys=True, allow_nan=False))
         return
     kind = "guarantee" if result["is_guarantee"] else "APPROXIMATION (CLT), not a guarantee"
-    print(f"accountant: {result['accountant']} ({kind})")
-    print(f"sampling:   {result['sampling']} ({result['neighbouring_relation']} neighbours)")
+    # (one column for every value: a stranger found these two rows at another width)
+    print(f"{'accountant:':<17}{result['accountant']} ({kind})")
+    print(f"{'sampling:':<17}{result['sampling']} ({result['neighbouring_relation']} neighbours)")
     for key in ("q", "sigma", "steps", "distinct_steps", "steps_classic", "steps_optimal",
                 "steps_pld", "steps_rdp", "bound", "group_size", "epsilon", "epsilon_classic",
                 "epsilon_optimal", "delta", "delta_classic", "delta_optimal", "mu", "mu_kind",

@@ -131,3 +131,13 @@ def test_bad_flags_exit_2_with_a_message(argv: list[str], capsys: pytest.Capture
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "error" in err and "Traceback" not in err
+
+
+def test_the_table_for_people_is_one_column_of_values(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger: 'accountant:' and 'sampling:' were padded to one width, the rest to
+    another; every row's value now starts in the same column."""
+    assert main(["account", *DRS_B]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if ": " in line]
+    assert [r.split(":")[0] for r in rows[:2]] == ["accountant", "sampling"] and len(rows) > 4
+    starts = {len(r) - len(r.split(":", 1)[1].lstrip()) for r in rows}
+    assert starts == {17}
