@@ -50,8 +50,12 @@ def test_a_perfect_network_snapshot_or_realised_scenario_has_none() -> None:
 
 
 def test_validate_says_them_under_if_deployed(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(REPO / "scenarios" / "lossy-network.yaml"),
-                 "--schema-only"]) == 0
+    lossy = str(REPO / "scenarios" / "lossy-network.yaml")
+    assert main(["validate", lossy, "--schema-only"]) == 0
+    out = capsys.readouterr().out  # (a stranger: the notes buried the warnings)
+    assert "if deployed (fedsim launch, fedsim deploy): 3 notes on its pacing" in out
+    assert "`fedsim validate --deployed` lists them" in out and "interrupt switch" not in out
+    assert main(["validate", lossy, "--schema-only", "--deployed"]) == 0
     out = capsys.readouterr().out
     deployed = out.split("if deployed (fedsim launch, fedsim deploy):\n", 1)[1]
     assert "not emulated: the simulated network" not in deployed  # emulated at each client

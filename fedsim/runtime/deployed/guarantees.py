@@ -15,16 +15,18 @@ A group without a slot (``speed: 0``, the schema's default, or an ``exponential`
 ``timing: realised`` with Poisson sampling) has neither, so deployment refuses it
 (:func:`require_public_slots`); the simulator, where nobody observes time and every client is
 honest, runs it. It refuses ``dp_pca`` too: its shared projection needs every client's release
-before round 0, which only the simulated runtime gathers (:mod:`fedsim.runtime.dp_pca`). :func:`guarantee_lines` says per group what holds (``fedsim validate``).
+before round 0, which only the simulated runtime gathers (:mod:`fedsim.runtime.dp_pca`). :func:`group_guarantees` says per group what holds (``fedsim validate``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.runtime.actors.admission import BURST, group_slot
 
-__all__ = ["guarantee_lines", "require_public_slots"]
+__all__ = ["GroupGuarantee", "group_guarantees", "guarantee_lines", "require_public_slots"]
 
 
 def _missing(scenario: Scenario) -> list[str]:
@@ -56,26 +58,44 @@ def require_public_slots(scenario: Scenario) -> None:
         raise ConfigError("this scenario cannot be deployed:\n  " + "\n  ".join(problems))
 
 
-def guarantee_lines(scenario: Scenario) -> list[str]:
-    """One line per group: whether deployed it is paced and its releases padded (and by which
+@dataclass(frozen=True)
+class GroupGuarantee:
+    """What holds for one group deployed: ``text`` says it; ``caveat``: the group cannot be
+    deployed, or its release times are not padded (what ``fedsim validate`` names even
+    without ``--deployed``)."""
+
+    text: str
+    caveat: bool
+
+
+def group_guarantees(scenario: Scenario) -> list[GroupGuarantee]:
+    """One per group: whether deployed it is paced and its releases padded (and by which
     slot), or why it cannot be deployed."""
     timing = scenario.privacy.timing
-    lines = []
+    notes = []
     for group in scenario.clients.groups:
         slot = group_slot(group, timing)
         if group.dp_pca is not None:
-            lines.append(f"group {group.name}: NOT DEPLOYABLE: dp_pca's shared projection is "
-                         "gathered by the simulated runtime only")
+            notes.append(GroupGuarantee(f"group {group.name}: NOT DEPLOYABLE: dp_pca's shared "
+                                        "projection is gathered by the simulated runtime only",
+                                        caveat=True))
             continue
         if slot is None:
-            lines.append(f"group {group.name}: NOT DEPLOYABLE: no public round time (speed "
-                         "0?): it would be neither paced nor padded")
+            notes.append(GroupGuarantee(f"group {group.name}: NOT DEPLOYABLE: no public round "
+                                        "time (speed 0?): it would be neither paced nor padded",
+                                        caveat=True))
             continue
         padded = ("release times padded to the public schedule, each round at the end of its "
                   "own expected round time" if timing == "public" else
                   "release times NOT padded (privacy.timing = realised)")
         # (a stranger read the pace for the group's round time: it is its fastest possible)
-        lines.append(f"group {group.name}: deployed, paced at one update per {slot:.4g} s "
-                     f"from each client, its fastest possible round (a burst of up to "
-                     f"{BURST:g} beyond that waits); {padded}")
-    return lines
+        notes.append(GroupGuarantee(
+            f"group {group.name}: deployed, paced at one update per {slot:.4g} s from each "
+            f"client, its fastest possible round (a burst of up to {BURST:g} beyond that "
+            f"waits); {padded}", caveat=timing != "public"))
+    return notes
+
+
+def guarantee_lines(scenario: Scenario) -> list[str]:
+    """:func:`group_guarantees`' texts."""
+    return [note.text for note in group_guarantees(scenario)]
