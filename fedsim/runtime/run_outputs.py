@@ -482,6 +482,18 @@ def _resumed(record: RunRecord) -> list[str]:
             f"--resume), the last from window {record.resumed_from_window}."]
 
 
+def _trained_nobody(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
+    """The explanation's sentence for a run in which every client stopped for its budget
+    before its first round (none otherwise): a stranger's run with every budget too small read
+    like any other budget stop."""
+    if rows and len(record.stopped) == len(rows) and all(r["rounds"] == 0 for r in rows) \
+            and all(e["kind"] == ClientStopKind.BUDGET for e in record.stopped):
+        return ["No client trained a single round: each one's budget was too small for its "
+                "first, so the final model is the initial one (fedsim validate refuses such a "
+                "scenario)."]
+    return []
+
+
 def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
     parts = [
         f"The run stopped at {record.time_kind} time {seconds_text(record.virtual_time)} s after "
@@ -506,6 +518,7 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
         parts.append(f"{len(entries)} client(s) stopped {span} because {kind} ({names}).")
     if record.time_kind == "scenario" and record.stopped:
         parts.append(DEPLOYED_CLOCKS)
+    parts += _trained_nobody(record, rows)
     active = [c.plan.client_id for c in record.clients if not c.finished]
     if active:
         parts.append(f"{len(active)} client(s) could still train when the run ended.")

@@ -157,6 +157,21 @@ def test_scaled_hetero_100_names_the_clients_below_their_batch(
     assert f"use batch_size <= {min(office)}" in err
 
 
+def test_a_run_in_which_no_client_could_afford_a_round_says_so(tmp_path: Path) -> None:
+    """A stranger: such a run (validate refuses its scenario; a run still runs it, as a sweep
+    over budgets may) ended with the explanation of any budget stop; it now says that no
+    client trained, and only then."""
+    from fedsim.api import simulate
+
+    nobody = simulate(_scenario(0.5, 0.8), out=tmp_path / "nobody", plots=False)
+    some = simulate(_scenario(50.0, 0.8), out=tmp_path / "some", plots=False)
+    said = "No client trained a single round: each one's budget was too small for its first"
+    explanations = [json.loads((tmp_path / name / "summary.json").read_text())["explanation"]
+                    for name in ("nobody", "some")]
+    assert said in explanations[0] and said not in explanations[1]
+    assert nobody.final_accuracy is not None and some.final_accuracy is not None
+
+
 def test_validate_takes_the_seed_a_run_takes(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger: the seed decides the partition, and with it each client's records and the
