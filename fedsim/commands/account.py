@@ -152,6 +152,10 @@ def plot(path: Path, answer: AccountAnswer) -> None:
         plt.close(fig)
 
 
+_LABEL_WIDTH = len("epsilon_optimal: ")
+"""The column of every value in the table for people (its longest label, a colon, a space)."""
+
+
 def _print(result: dict[str, Any], *, as_json: bool) -> None:
     if as_json:  # strict JSON: a non-finite number becomes null, with a note
         infinite = sorted(k for k, v in result.items()
@@ -165,8 +169,9 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
         return
     kind = "guarantee" if result["is_guarantee"] else "APPROXIMATION (CLT), not a guarantee"
     # (one column for every value: a stranger found these two rows at another width)
-    print(f"{'accountant:':<17}{result['accountant']} ({kind})")
-    print(f"{'sampling:':<17}{result['sampling']} ({result['neighbouring_relation']} neighbours)")
+    print(f"{'accountant:':<{_LABEL_WIDTH}}{result['accountant']} ({kind})")
+    print(f"{'sampling:':<{_LABEL_WIDTH}}{result['sampling']} "
+          f"({result['neighbouring_relation']} neighbours)")
     for key in ("q", "sigma", "steps", "distinct_steps", "steps_classic", "steps_optimal",
                 "steps_pld", "steps_rdp", "bound", "group_size", "epsilon", "epsilon_classic",
                 "epsilon_optimal", "delta", "delta_classic", "delta_optimal", "mu", "mu_kind",
@@ -174,4 +179,4 @@ def _print(result: dict[str, Any], *, as_json: bool) -> None:
         if result.get(key) is not None:
             value = result[key]
             text = f"{value:.6g}" if isinstance(value, float) else str(value)
-            print(f"{key + ':':<17}{text}")
+            print(f"{key + ':':<{_LABEL_WIDTH}}{text}")

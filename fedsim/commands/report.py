@@ -91,22 +91,6 @@ def _final_accuracy_text(run: RunDirectory, final: float) -> str:
     return f"final {final:.4f}"
 
 
-def _accuracy_warnings(run: RunDirectory) -> list[str]:
-    """What the report did not use of the accuracies the run directory states: a value that is
-    no accuracy (not a number from 0 to 1) is left out, and said so (a review's summary.json
-    stating 1e308 was printed as 309 digits)."""
-    warnings = [f"warning: summary.json's {key} {printable(repr(value), 40)} is not an "
-                f"accuracy (a number from 0 to 1): not used"
-                for key in ("final_accuracy", "best_accuracy")
-                if (value := run.summary.get(key)) is not None and accuracy(value) is None]
-    unusable = sum(1 for m in run.metrics
-                   if m.get("accuracy") is not None and accuracy(m.get("accuracy")) is None)
-    if unusable:
-        warnings.append(f"warning: {unusable} line(s) of metrics.jsonl state an accuracy that "
-                        f"is not a number from 0 to 1: not used")
-    return warnings
-
-
 def summary_lines(run: RunDirectory, drawn: Drawn,
                   tuned: TunedPrivacy | None = None) -> list[str]:
     """The textual summary ``fedsim report`` prints (one item per line; ``tuned``: the
@@ -150,10 +134,10 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
         lines.append(f"clients: no {CLIENTS_FILE} in this run directory: their states and "
                      "stops are unknown")
 
-    from fedsim.reporting.compare import summary_gaps
+    from fedsim.reporting.compare import accuracy_gaps, summary_gaps
     from fedsim.reporting.ledgers import ledger_gaps
 
-    warnings: list[str] = ledger_gaps(run) + _accuracy_warnings(run)
+    warnings: list[str] = ledger_gaps(run) + [f"warning: {gap}" for gap in accuracy_gaps(run)]
     final_eps = drawn.final_epsilon
     tuning = run.tuning
     if tuning is not None:  # a trial of `fedsim sweep --private-tuning`

@@ -30,6 +30,7 @@ from typing import Any
 from fedsim.commands.run import seed_argument
 from fedsim.config import LoadedScenario, load_scenario
 from fedsim.config.factories import ALLOW_FLAG, scenario_factories
+from fedsim.config.schema import Scenario
 from fedsim.runtime.deployed.options import add_allow_factory_option
 
 DESCRIPTION = (
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 - one branch per check t
     return 0
 
 
-def _print_deployed(scenario: Any, *, every_note: bool) -> None:
+def _print_deployed(scenario: Scenario, *, every_note: bool) -> None:
     """The "if deployed" lines: every note with ``every_note`` (--deployed), else their count
     and only the groups' caveats (one that cannot be deployed, release times not padded)."""
     from fedsim.runtime.deployed.differences import scenario_differences
@@ -228,4 +229,3 @@ def _print_deployed(scenario: Any, *, every_note: bool) -> None:
     if shown and len(shown) < len(notes):
         print(f"    and {len(notes) - len(shown)} more note(s): `fedsim validate --deployed` "
               f"lists them")
-

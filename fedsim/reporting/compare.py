@@ -71,6 +71,24 @@ def summary_gaps(run: RunDirectory, epsilons: Iterable[float]) -> list[str]:
             and abs(relative_gap(said, value)) > EPS_RELATIVE_TOLERANCE]
 
 
+def accuracy_gaps(run: RunDirectory) -> list[str]:
+    """The accuracies ``run`` states that are none (:func:`~fedsim.reporting.values.accuracy`:
+    not a number from 0 to 1), which ``fedsim report``'s and ``fedsim compare``'s figures
+    leave out: one sentence each, which a caller prefixes as :func:`summary_gaps`' (a review's
+    summary.json stating 1e308 was printed as 309 digits; compare then showed a metrics line's
+    accuracy as the final one without a word)."""
+    gaps = [f"summary.json's {key} {printable(repr(value), 40)} is not an accuracy (a number "
+            f"from 0 to 1): not used"
+            for key in ("final_accuracy", "best_accuracy")
+            if (value := run.summary.get(key)) is not None and accuracy(value) is None]
+    unusable = sum(1 for m in run.metrics
+                   if m.get("accuracy") is not None and accuracy(m.get("accuracy")) is None)
+    if unusable:
+        gaps.append(f"{unusable} line(s) of metrics.jsonl state an accuracy that is not a "
+                    f"number from 0 to 1: not used")
+    return gaps
+
+
 def eps_spread(epsilons: Iterable[float]) -> dict[str, float]:
     """``eps_min``, ``eps_median`` and ``eps_max`` of ``epsilons`` ({} for none): the spread a
     table and summary.json state."""
@@ -146,6 +164,7 @@ def run_row(run: RunDirectory, label: str | None = None, *,
     if from_ledgers and stated == run.delta:  # (summary.json's are at the run's own delta)
         warnings += [f"warning: {run.path.name}: {gap}" for gap in summary_gaps(run, epsilons)]
     eps: dict[str, float | None] = {**recorded, **computed}
+    warnings += [f"warning: {run.path.name}: {gap}" for gap in accuracy_gaps(run)]
     accuracies = [a for m in run.metrics if (a := accuracy(m.get("accuracy"))) is not None]
     final = accuracy(summary.get("final_accuracy"))
     best = accuracy(summary.get("best_accuracy"))

@@ -23,7 +23,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -172,58 +172,64 @@ def _smallest_affording(group: ClientGroup, sizes: np.ndarray, sigma: float) -> 
     return int(sizes[high])
 
 
-def _by_group(plans: Iterable[PlanLike]) -> tuple[dict[str, list[PlanLike]], dict[str, int]]:
-    """The plans by group name, in the scenario's order, and each group's index there."""
+class _GroupFirstRounds(NamedTuple):
+    """Which clients of one group can release a first round within its budget."""
+
+    name: str
+    position: int  # in the scenario's groups
+    group: ClientGroup
+    sizes: np.ndarray  # each client's records
+    sigma: float  # its first round's noise multiplier
+    smallest: int | None  # the fewest records that afford it (None: no client's)
+
+    @property
+    def broke(self) -> int:
+        """How many of the group's clients cannot afford a round."""
+        return int(len(self.sizes) if self.smallest is None else (self.sizes < self.smallest).sum())
+
+
+def _first_rounds(plans: Iterable[PlanLike]) -> list[_GroupFirstRounds]:
+    """Per group, in the scenario's order, who can afford a first round: the one rule of
+    :func:`preflight_warnings` and :func:`trains_nobody` (a group without a budget: all)."""
     by_group: dict[str, list[PlanLike]] = defaultdict(list)
-    indices: dict[str, int] = {}
     for plan in plans:
-        indices.setdefault(plan.group.name, len(indices))
         by_group[plan.group.name].append(plan)
-    return by_group, indices
+    found = []
+    for position, (name, members) in enumerate(by_group.items()):
+        group = members[0].group
+        sizes = np.array([p.num_samples for p in members])
+        sigma = float(members[0].schedule.sigma(0))
+        smallest = (int(sizes.min()) if group.budget is None
+                    else _smallest_affording(group, np.unique(sizes), sigma))
+        found.append(_GroupFirstRounds(name, position, group, sizes, sigma, smallest))
+    return found
 
 
 def trains_nobody(plans: Iterable[PlanLike]) -> bool:
     """Whether no client at all can release a first round (every group has a budget, and no
-    client of any group can pay for one round within it): a run would train nothing. The
-    same rule as :func:`preflight_warnings` (its accountant evaluations are cached)."""
-    by_group, _ = _by_group(plans)
-    for members in by_group.values():
-        group = members[0].group
-        if group.budget is None:
-            return False
-        sizes = np.unique([p.num_samples for p in members])
-        if _smallest_affording(group, sizes, float(members[0].schedule.sigma(0))) is not None:
-            return False
-    return bool(by_group)
+    client of any group can pay for one round within it): a run would train nothing."""
+    groups = _first_rounds(plans)
+    return bool(groups) and all(g.smallest is None for g in groups)
 
 
 def preflight_warnings(plans: Iterable[PlanLike], *, log: bool = True) -> list[str]:
     """Warnings (one line each) about clients that cannot train at all, also logged as
     structlog warnings when ``log``: per group, the clients whose budget cannot pay for one
     round."""
-    by_group, indices = _by_group(plans)
     lines = []
-    for name, members in by_group.items():
-        group = members[0].group
-        if group.budget is None:
+    for found in _first_rounds(plans):
+        group, budget, smallest, broke = found.group, found.group.budget, found.smallest, found.broke
+        if broke == 0 or budget is None:
             continue
-        where = f"clients.groups[{indices[name]}]"
-        sizes = np.array([p.num_samples for p in members])
-        sigma = float(members[0].schedule.sigma(0))
-        smallest = _smallest_affording(group, np.unique(sizes), sigma)
-        broke = int(len(sizes) if smallest is None else (sizes < smallest).sum())
-        if broke == 0:
-            continue
-        budget = group.budget
         fix = ("no client of the group can (raise budget.epsilon or noise)" if smallest is None
                else f"a client needs at least {smallest} records at batch_size "
                     f"{group.batch_size}")
-        line = (f"{where}: {broke} of {len(sizes)} clients cannot afford a single round within "
-                f"budget eps={budget.epsilon:g} at delta={budget.delta:g} (sigma {sigma:.4g}, "
-                f"{group.local_steps} step(s) per round, {group.accountant} accountant) and "
-                f"will never train; {fix}")
+        line = (f"clients.groups[{found.position}]: {broke} of {len(found.sizes)} clients cannot "
+                f"afford a single round within budget eps={budget.epsilon:g} at "
+                f"delta={budget.delta:g} (sigma {found.sigma:.4g}, {group.local_steps} step(s) "
+                f"per round, {group.accountant} accountant) and will never train; {fix}")
         if log:
-            _log.warning("clients cannot afford a round", group=name, clients=broke,
-                         of=len(sizes), smallest_affording=smallest, detail=line)
+            _log.warning("clients cannot afford a round", group=found.name, clients=broke,
+                         of=len(found.sizes), smallest_affording=smallest, detail=line)
         lines.append(line)
     return lines

@@ -25,7 +25,7 @@ from fedsim.errors import AccessDenied, CodecError, TransportError
 from fedsim.logging import get_logger
 from fedsim.protocol import codec
 from fedsim.protocol.codec import Frame
-from fedsim.protocol.compression import WIRE_FORM, wire_form_problem
+from fedsim.protocol.compression import wire_form_problem
 from fedsim.protocol.messages import Message
 from fedsim.transports.inbox import Inbox
 from fedsim.transports.mqtt_settings import (
@@ -46,11 +46,6 @@ client gets it over TCP; a client that (re)connects gets the retained one when i
 (``queue_qos0_messages false``), so a client that leaves a persistent session subscribed to
 ``global`` cannot make the broker hold a copy of every model for it (issue 25, finding 10:
 broker RSS 22.5 -> 517 MB in 40 s at QoS 1)."""
-COMPRESSION = WIRE_FORM
-"""The refusal kind of an update whose wire form (its header's packing, a ``top_k`` group's
-sparse count) is not one its client's group sends
-(:func:`~fedsim.protocol.compression.wire_form_problem`): refused from the header, before the
-payload is expanded."""
 # CONNACK codes meaning "these credentials are refused" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135).
 _AUTH_REFUSED = {4, 5, 134, 135}
 
@@ -117,9 +112,10 @@ class _MqttEndpoint:
         self._wire_forms: dict[str, codec.WireFormCheck] = {}
 
     def expect_compression(self, compressions: Mapping[str, Compression | None]) -> None:
-        """Refuse (kind :data:`COMPRESSION`) an update of a client named here whose wire form
-        is not one its group's ``compression`` sends (a client not named: not checked), from
-        its header, before its payload is expanded (:meth:`_decode`'s ``sender``)."""
+        """Refuse (kind :data:`~fedsim.protocol.compression.WIRE_FORM`) an update of a client
+        named here whose wire form is not one its group's ``compression`` sends (a client not
+        named: not checked), from its header, before its payload is expanded
+        (:meth:`_decode`'s ``sender``)."""
         checks: dict[int, codec.WireFormCheck] = {}
         self._wire_forms = {
             client_id: checks.setdefault(id(spec), functools.partial(wire_form_problem, spec))

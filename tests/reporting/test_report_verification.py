@@ -326,3 +326,10 @@ def test_an_accuracy_that_is_no_accuracy_is_left_out_and_said(
     code, out, err = _compare(run.path, capsys)
     assert code == 0, err
     assert "000000000" not in out and f"{honest[-1]:.4f}" in out
+    # compare says what it left out too (its final acc is then a metrics line's, not
+    # summary.json's): the same sentences as the report, each after the run's name
+    name = run.path.name
+    assert f"warning: {name}: summary.json's final_accuracy 1e+308 is not an accuracy" in out
+    assert f"warning: {name}: summary.json's best_accuracy -5 is not an accuracy" in out
+    assert (f"warning: {name}: 2 line(s) of metrics.jsonl state an accuracy that is not a "
+            "number") in out

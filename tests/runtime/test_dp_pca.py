@@ -24,7 +24,7 @@ from fedsim.privacy.events import GaussianStep
 from fedsim.privacy.ledger import NORMALISATION_ROUND, read_ledger_steps
 from fedsim.privacy.pld import PLDAccountant
 from fedsim.runtime.assembly import open_ledger
-from fedsim.runtime.deployed.guarantees import guarantee_lines, require_public_slots
+from fedsim.runtime.deployed.guarantees import group_guarantees, require_public_slots
 from fedsim.runtime.dp_pca import PCA_FILE
 from fedsim.runtime.population import build_population, plan_of
 from fedsim.runtime.simulated.simulation import run_scenario
@@ -281,7 +281,10 @@ def test_deployment_refuses_dp_pca() -> None:
     scenario = load_scenario(SCENARIO).scenario
     with pytest.raises(ConfigError, match=r"groups\[0\] \(poisson\): dp_pca needs every"):
         require_public_slots(scenario)
-    assert all("NOT DEPLOYABLE: dp_pca" in line for line in guarantee_lines(scenario))
+    guarantees = group_guarantees(scenario)
+    assert len(guarantees) == len(scenario.clients.groups)
+    # each named even without `validate --deployed` (a caveat)
+    assert all("NOT DEPLOYABLE: dp_pca" in g.text and g.caveat for g in guarantees)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -26,7 +26,7 @@ from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.runtime.actors.admission import BURST, group_slot
 
-__all__ = ["GroupGuarantee", "group_guarantees", "guarantee_lines", "require_public_slots"]
+__all__ = ["GroupGuarantee", "group_guarantees", "require_public_slots"]
 
 
 def _missing(scenario: Scenario) -> list[str]:
@@ -94,8 +94,3 @@ def group_guarantees(scenario: Scenario) -> list[GroupGuarantee]:
             f"client, its fastest possible round (a burst of up to {BURST:g} beyond that "
             f"waits); {padded}", caveat=timing != "public"))
     return notes
-
-
-def guarantee_lines(scenario: Scenario) -> list[str]:
-    """:func:`group_guarantees`' texts."""
-    return [note.text for note in group_guarantees(scenario)]
