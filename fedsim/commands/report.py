@@ -105,6 +105,7 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
     final = accuracy(summary.get("final_accuracy"))
     best = accuracy(summary.get("best_accuracy"))
     evaluated = [a for m in run.metrics if (a := accuracy(m.get("accuracy"))) is not None]
+    stated = final is not None
     if final is None and evaluated:
         final = evaluated[-1]
     if best is None and evaluated:
@@ -112,7 +113,9 @@ def summary_lines(run: RunDirectory, drawn: Drawn,
     lines.append(
         "accuracy: "
         + (
-            f"{_final_accuracy_text(run, final)}, best {best:.4f}"
+            (f"{_final_accuracy_text(run, final)}" if stated else
+             f"last evaluated {final:.4f} (summary.json states no final accuracy)")
+            + f", best {best:.4f}"
             if final is not None and best is not None
             else "not evaluated"
         )

@@ -317,7 +317,8 @@ def test_an_accuracy_that_is_no_accuracy_is_left_out_and_said(
     (run.path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     code, out, err = _report(run.path, capsys)
     assert code == 0, err
-    assert f"accuracy: final {honest[-1]:.4f}, best {max(honest):.4f}" in out
+    assert (f"accuracy: last evaluated {honest[-1]:.4f} (summary.json states no final "
+            f"accuracy), best {max(honest):.4f}") in out
     assert "000000000" not in out
     assert "summary.json's final_accuracy 1e+308 is not an accuracy" in out
     assert "summary.json's best_accuracy -5 is not an accuracy" in out
