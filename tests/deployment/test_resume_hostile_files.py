@@ -7,6 +7,7 @@ written through. (The ledgers' copies: tests/privacy/test_ledger_hostile_files.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -112,3 +113,49 @@ def test_a_fifo_for_the_servers_checkpoint_is_refused_not_waited_on(tmp_path: Pa
     with pytest.raises(CheckpointError, match="not a regular file"):
         checkpoint.load()
 
+
+
+def _serve_stopped_at_once(out: Path, state: Path) -> None:
+    """``serve`` on a run directory, a signal already given: it prepares its output directory
+    (what a resumed launch's server does first) and stops before any connection."""
+    import asyncio
+
+    from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.server_process import serve
+    from fedsim.transports.mqtt import parse_broker_url
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop.set()
+        await serve(load_scenario(FOUR), parse_broker_url("mqtt://127.0.0.1:9"),
+                    state_dir=state, out_dir=out, stop=stop)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "applied.jsonl", SCENARIO_FILE])
+def test_a_servers_output_file_that_is_a_dangling_link_is_not_written_through(
+        tmp_path: Path, name: str) -> None:
+    """The server's per-window files (appended to) and its resolved scenario in a run
+    directory handed over: a link with no target was created through, the server's lines
+    written to a file elsewhere (an attacker's review, session 64)."""
+    out = tmp_path / "launch"
+    out.mkdir()
+    victim = tmp_path / "victims" / name
+    victim.parent.mkdir()
+    (out / name).symlink_to(victim)
+    with contextlib.suppress(LinkRefused):  # refused, or the link replaced: never followed
+        _serve_stopped_at_once(out, tmp_path / "state")
+    assert not victim.exists()
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "applied.jsonl"])
+def test_a_fifo_for_a_servers_per_window_file_is_named_not_waited_on(
+        tmp_path: Path, name: str) -> None:
+    """A FIFO where a resumed server trims its per-window lines hung it before it connected
+    (an attacker's review, session 64)."""
+    out = tmp_path / "launch"
+    out.mkdir()
+    os.mkfifo(out / name)
+    with pytest.raises(ConfigError, match=f"{name}: cannot be read"):
+        _serve_stopped_at_once(out, tmp_path / "state")

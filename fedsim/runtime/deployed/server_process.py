@@ -38,11 +38,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from fedsim.atomic import write_atomically
+from fedsim.atomic import LinkRefused, open_log, read_regular, write_atomically
 from fedsim.clock import ScaledClock
 from fedsim.config.loading import LoadedScenario, dump_scenario
 from fedsim.config.schema import Scenario
-from fedsim.errors import TransportError
+from fedsim.errors import ConfigError, TransportError
 from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientStatus, RunFinished
@@ -199,11 +199,21 @@ def _write_lines(handle: IO[str], lines: Sequence[Mapping[str, Any]]) -> None:
 
 def keep_windows_through(path: Path, windows: int) -> None:
     """Drop the lines of windows after the checkpoint's (a restarted server redoes them) and a
-    torn last line from a per-window JSON-lines file; rewritten atomically."""
-    if not path.exists():
+    torn last line from a per-window JSON-lines file; rewritten atomically. Read as a file of
+    a run directory someone else may have prepared: a link there is refused
+    (:class:`~fedsim.atomic.LinkRefused`), a FIFO or anything but a regular file is a
+    :class:`ConfigError` naming it, not waited on (an attacker's review, session 64: a FIFO
+    hung a resumed server before it connected)."""
+    if not os.path.lexists(path):
         return
+    try:
+        content = read_regular(path, no_link=True)
+    except LinkRefused:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
     kept = []
-    for text in path.read_text(encoding="utf-8").splitlines():
+    for text in content.decode("utf-8", errors="replace").splitlines():
         try:
             line = parse_json(text)
         except ValueError:
@@ -384,8 +394,8 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
     outcome["incarnation"] = mqtt.incarnation.current
     try:
         with (
-            open(out / METRICS_FILE, "a", encoding="utf-8") as metrics,
-            open(out / APPLIED_FILE, "a", encoding="utf-8") as applied,
+            _append_to(out / METRICS_FILE) as metrics,
+            _append_to(out / APPLIED_FILE) as applied,
         ):
             async with connected(mqtt, stop) as made:
                 joined = (await _joined(mqtt, population, options, stop, resumed=snapshot is not None)
@@ -513,13 +523,22 @@ def _prepare_out(out: Path, population: Population, windows_kept: int) -> Path:
     """The server's output directory ``out``, made, with the resolved scenario written and the
     per-window files cut back to the ``windows_kept`` a resumed checkpoint covers."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / SCENARIO_FILE).write_text(
-        dump_scenario(population.scenario, dataset_path=population.dataset_path),
-        encoding="utf-8",
-    )
+    # Replaced, not written in place: a link there (a run directory handed over) is replaced,
+    # never written through (docs/SECURITY.md, "Directories someone else prepared").
+    write_atomically(out / SCENARIO_FILE,
+                     dump_scenario(population.scenario, dataset_path=population.dataset_path),
+                     durability="file")
     for name in (METRICS_FILE, APPLIED_FILE):
         keep_windows_through(out / name, windows_kept)
     return out
+
+
+def _append_to(path: Path) -> IO[str]:
+    """``path`` (a per-window JSON-lines file) opened for appending, created if missing; a
+    symbolic link there is refused, never appended through (:func:`~fedsim.atomic.open_log`:
+    an attacker's review, session 64, had a dangling ``metrics.jsonl`` link create a file
+    elsewhere and the server's lines written to it)."""
+    return open(open_log(path), "a", encoding="utf-8")
 
 
 def _identity(run: str, population: Population) -> dict[str, Any]:
