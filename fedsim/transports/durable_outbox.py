@@ -103,7 +103,8 @@ class DurableOutbox:
         acknowledged: every file that decodes (within ``max_bytes``, of ``expected_params``
         values) to an update of ``client_id`` whose round is its name's and one of
         ``recorded`` (the ledger's rounds), the ``newest`` rounds of them (an outbox holds no
-        more: older ones are abandoned, their files removed). Others are renamed
+        more: older ones are abandoned unread, their files removed; a file refused takes no
+        place among them). Others are renamed
         ``*.rejected`` and counted; the temporary files of a write cut short are removed. An
         unreadable directory is logged and restores nothing."""
         try:
@@ -126,18 +127,23 @@ class DurableOutbox:
                 rejected += _set_aside(path, "not named <round>.update")
             else:
                 named.append((int(match.group(1)), path))
-        named.sort()
-        abandoned = max(0, len(named) - newest)
-        for _, path in named[:abandoned]:
-            _remove(path)
+        # Newest first, until ``newest`` updates can be resent: a file set aside takes no
+        # place of a charged update (an attacker's review, session 64: two damaged files of
+        # later rounds had two charged updates abandoned); the older ones are abandoned unread.
+        named.sort(reverse=True)
         updates: list[KeptUpdate] = []
-        for round_index, path in named[abandoned:]:
+        abandoned = 0
+        for round_index, path in named:
+            if len(updates) >= newest:
+                _remove(path)
+                abandoned += 1
+                continue
             try:
                 updates.append(self._read(path, round_index, client_id, recorded,
                                           expected_params, max_bytes))
             except (OSError, CodecError, ValueError) as exc:
                 rejected += _set_aside(path, str(exc))
-        return Restored(tuple(updates), rejected, abandoned)
+        return Restored(tuple(reversed(updates)), rejected, abandoned)
 
     @staticmethod
     def _read(path: Path, round_index: int, client_id: str, recorded: Collection[int],

@@ -242,6 +242,23 @@ def test_past_an_outboxs_bound_the_oldest_are_abandoned_unread(tmp_path: Path) -
     assert sorted(p.name for p in outbox.directory.iterdir()) == ["3.update", "4.update"]
 
 
+def test_files_set_aside_take_no_place_of_a_charged_update(tmp_path: Path) -> None:
+    """The bound counts the updates that can be resent, not every file named like one: two
+    damaged files of later rounds (a directory handed over, junk from elsewhere) had the
+    oldest of three charged, unacknowledged updates abandoned and removed from the disk,
+    never sent (an attacker's review, session 64)."""
+    outbox = DurableOutbox(tmp_path / "outbox")
+    for round_ in (10, 11, 12):
+        outbox.keep(round_, sealed("c1", round_))
+    outbox.path(500).write_bytes(b"damaged")
+    (outbox.directory / "501.update").mkdir()
+    restored = restore(outbox, {10, 11, 12}, newest=3)
+    assert [u.round for u in restored.updates] == [10, 11, 12]
+    assert restored.rejected == 2 and restored.abandoned == 0
+    assert sorted(p.name for p in outbox.directory.iterdir()) == [
+        "10.update", "11.update", "12.update", "500.update.rejected", "501.update.rejected"]
+
+
 def _ack(endpoint: MqttClientEndpoint, rounds: list[int], incarnation: str, *,
          lineage: tuple[str, ...] = (), relayed_by: str | None = None) -> None:
     from fedsim.transports.mqtt_receipts import Ack
