@@ -413,3 +413,60 @@ def test_a_restored_servers_first_line_counts_only_its_own_window_of_lost_update
         monitor.on_window(WindowReport(window=31, time=31.0, version=40))
     line = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert line["dropped_in_flight"] == 11
+
+
+def _tampered(tmp_path: Path, change: Any) -> ServerCheckpoint:
+    """The busy server's checkpoint with its state document changed by ``change``."""
+    import io
+
+    checkpoint = ServerCheckpoint(tmp_path, IDENTITY)
+    checkpoint.save(_busy_server().snapshot())
+    with np.load(checkpoint.path) as archive:
+        params, state = archive["params"].copy(), json.loads(archive["state"].tobytes())
+    change(state)
+    buffer = io.BytesIO()
+    np.savez(buffer, params=params,
+             state=np.frombuffer(json.dumps(state).encode(), dtype=np.uint8))
+    checkpoint.path.write_bytes(buffer.getvalue())
+    return checkpoint
+
+
+TAMPERED = {
+    # crashed with a traceback (AttributeError, IndexError, ValueError) instead of a clear error
+    "clients not an object": lambda s: s["book"].__setitem__("clients", []),
+    "statuses not an object": lambda s: s["book"].__setitem__("statuses", [1]),
+    "a short client row": lambda s: s["book"]["clients"].__setitem__("a", [0]),
+    "a bitmap not hex": lambda s: s["book"]["clients"]["a"].__setitem__(1, "zz"),
+    "an invitation not hex": lambda s: s["book"]["invitations"].__setitem__("12", "zz"),
+    "a generator state of another kind": lambda s: s.__setitem__("rng_state", {}),
+    # accepted, then broke the run later (a version or lineage no frame can carry, a clock
+    # that never reaches a window's end, a window count below zero)
+    "a negative version": lambda s: s.__setitem__("version", -7),
+    "a version past the wire's counters": lambda s: s.__setitem__("version", 10**30),
+    "a ceiling below the version": lambda s: s.__setitem__("version_ceiling", 2),
+    "a negative window count": lambda s: s.__setitem__("windows_closed", -3),
+    "a time that is not a number": lambda s: s.__setitem__("time", math.nan),
+    "an infinite time": lambda s: s.__setitem__("time", math.inf),
+    "incarnations as one string": lambda s: s.__setitem__("incarnations", "abcdef"),
+    "an incarnation no frame carries": lambda s: s.__setitem__("incarnations", ["XYZ"]),
+    "a negative watermark": lambda s: s["book"]["clients"]["a"].__setitem__(0, -100),
+    "a bitmap past its window": lambda s: s["book"]["clients"]["a"].__setitem__(1, "f" * 1000),
+    "a client outside the run": lambda s: s["book"]["clients"].__setitem__("z", [0, "0", 0, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("change", TAMPERED.values(), ids=TAMPERED.keys())
+def test_a_tampered_checkpoint_is_refused_with_a_clear_error(tmp_path: Path, change: Any) -> None:
+    """A checkpoint whose state no server writes (an attacker's review, session 64) is refused
+    when it is read, naming the file, before a server restores anything from it."""
+    checkpoint = _tampered(tmp_path, change)
+    with pytest.raises(CheckpointError, match="server.ckpt is malformed"):
+        _server().restore(checkpoint.load())
+
+
+def test_an_untampered_checkpoint_of_a_fresh_server_still_loads(tmp_path: Path) -> None:
+    checkpoint = _tampered(tmp_path, lambda state: None)
+    _server().restore(checkpoint.load())
+    fresh = ServerCheckpoint(tmp_path / "fresh", IDENTITY)
+    fresh.save(_server().snapshot())
+    _server().restore(fresh.load())

@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import re
 import time
 import zipfile
 from dataclasses import replace
@@ -43,7 +44,7 @@ from fedsim.atomic import locked_or_closed, open_no_link, open_regular, write_at
 from fedsim.errors import FedsimError
 from fedsim.json_input import parse_json
 from fedsim.protocol.headers import MAX_COUNTER
-from fedsim.runtime.actors.client_book import BookState
+from fedsim.runtime.actors.client_book import WINDOW, BookState
 from fedsim.runtime.actors.server_snapshot import ServerSnapshot
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint", "ServerStateLock"]
@@ -53,6 +54,8 @@ CHECKPOINT_FORMAT = 2
 format 1 (a format-1 checkpoint is refused with a clear error)."""
 FILE_NAME = "server.ckpt"
 LOCK_NAME = "server.lock"
+_INCARNATION = re.compile(r"[0-9a-f]{1,32}")
+"""A run incarnation as a frame's header carries it (:data:`fedsim.protocol.headers.Incarnation`)."""
 
 
 class CheckpointError(FedsimError):
@@ -130,9 +133,63 @@ def _snapshot_from(params: np.ndarray, state: dict[str, Any]) -> ServerSnapshot:
         last_accuracy=state["last_accuracy"],
         evaluated_version=int(state["evaluated_version"]),
         last_evaluation=(accuracy, loss),
-        incarnations=tuple(str(i) for i in state.get("incarnations", [])),
+        incarnations=tuple(_incarnations(state.get("incarnations", []))),
         aggregator_marks=_marks(state.get("aggregator_marks", {})),
     )
+
+
+def _incarnations(document: Any) -> list[str]:
+    """The run incarnations a checkpoint names (ValueError: not what a server writes; each
+    travels in every frame's lineage, so one no frame can carry broke every publish)."""
+    if not isinstance(document, list):
+        raise ValueError(f"incarnations: expected a list, got {type(document).__name__}")
+    for incarnation in document:
+        if not isinstance(incarnation, str) or not _INCARNATION.fullmatch(incarnation):
+            raise ValueError(f"incarnations: {incarnation!r} is not a run incarnation")
+    return document
+
+
+def _counter(name: str, value: int, low: int = 0) -> None:
+    if not low <= value <= MAX_COUNTER:
+        raise ValueError(f"{name}: {value} is outside [{low}, {MAX_COUNTER}]")
+
+
+def _check(snapshot: ServerSnapshot, clients: Any) -> None:
+    """Raise ValueError unless ``snapshot`` holds what a server of the run's ``clients`` (the
+    identity's list; None: not checked) writes. An attacker's review, session 64: a tampered
+    checkpoint crashed the restore with a traceback, or was taken and broke the run later (a
+    version or lineage no frame carries, a clock at NaN, a window count below zero)."""
+    _counter("version", snapshot.version)
+    _counter("windows_closed", snapshot.windows_closed)
+    _counter("evaluated_version", snapshot.evaluated_version, -1)
+    if snapshot.version_ceiling is not None:
+        _counter("version_ceiling", snapshot.version_ceiling, snapshot.version)
+    if not (math.isfinite(snapshot.time) and snapshot.time >= 0):
+        raise ValueError(f"time: {snapshot.time} is not a finite time")
+    if isinstance(clients, list):  # (an identity without them - a test's - checks none)
+        book = snapshot.book
+        for client_id in {*book.clients, *book.statuses, *snapshot.aggregator_marks}:
+            if client_id not in clients:
+                raise ValueError(f"client {client_id!r} is not one of the run's")
+    _check_book(snapshot.book)
+    generator = np.random.Generator(np.random.PCG64())
+    generator.bit_generator.state = snapshot.rng_state  # (ValueError: another kind)
+
+
+def _check_book(book: BookState) -> None:
+    """:func:`_check`'s part for the client book: counters in range, bitmaps of at most
+    ``WINDOW`` rounds, invitations and published versions as a book writes them."""
+    for client_id, (low, bits, highest, judged, base) in book.clients.items():
+        for name, value, least in (("watermark", low, 0), ("newest round", highest, -1),
+                                   ("judged", judged, 0), ("adopted", base, 0)):
+            _counter(f"book[{client_id!r}] {name}", value, least)
+        if int(bits, 16) >> WINDOW:  # (ValueError: not hex)
+            raise ValueError(f"book[{client_id!r}]: a bitmap longer than {WINDOW} rounds")
+    for bits in book.invitations.values():
+        bytes.fromhex(bits)
+    for first, last in book.published:
+        _counter("published version", first)
+        _counter("published version", last, first)
 
 
 def _marks(document: Any) -> dict[str, int]:
@@ -203,6 +260,8 @@ class ServerCheckpoint:
                 f"{self.identity}; use a fresh --state directory"
             )
         try:
-            return replace(_snapshot_from(params, state), optimizer_state=moments)
-        except (KeyError, TypeError, ValueError) as exc:
+            snapshot = replace(_snapshot_from(params, state), optimizer_state=moments)
+            _check(snapshot, self.identity.get("clients"))
+            return snapshot
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc!r}") from None
