@@ -300,7 +300,8 @@ def test_check_prints_aligned_fields_and_the_ceiling_as_fields(
     path = tmp_path / "l.jsonl"
     written(path, 3)
     assert main(["ledger", "check", str(path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, verdict = capsys.readouterr().out.splitlines()
+    assert verdict.startswith("The file is intact")  # a sentence below the table
     starts = {line.index(line.split(":", 1)[1].strip()) for line in lines}
     assert len(starts) == 1  # every value starts in one column
     (ceiling,) = [line for line in lines if line.startswith("step_ceiling:")]

@@ -527,7 +527,7 @@ def _prepare_out(out: Path, population: Population, windows_kept: int) -> Path:
     # never written through (docs/SECURITY.md, "Directories someone else prepared").
     write_atomically(out / SCENARIO_FILE,
                      dump_scenario(population.scenario, dataset_path=population.dataset_path),
-                     durability="file")
+                     durability="durable")
     for name in (METRICS_FILE, APPLIED_FILE):
         keep_windows_through(out / name, windows_kept)
     return out
