@@ -477,6 +477,31 @@ def test_compose_written_outside_the_clone_builds_from_the_clone(
 
 
 @pytest.mark.slow
+def test_compose_writes_the_brokers_files_where_its_container_sees_them(
+        tmp_path: Path) -> None:
+    """A stranger's `fedsim deploy S --out gen --compose F` (this module's docstring's command)
+    wrote a mosquitto.conf naming gen/'s paths on the host; the composed broker mounts gen/ at
+    /mosquitto/config and could not open its password file. --compose now puts the files where
+    the container sees them, and its persistence in the broker-data volume; given
+    directories are kept."""
+    compose = tmp_path / "compose.yml"
+    assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
+                     str(tmp_path / "gen"), "--compose", str(compose)]) == 0
+    conf = (tmp_path / "gen" / "mosquitto.conf").read_text()
+    assert "password_file /mosquitto/config/passwd" in conf
+    assert "acl_file /mosquitto/config/acl" in conf
+    assert "certfile /mosquitto/config/broker.crt" in conf
+    assert "persistence_location /mosquitto/data/" in conf
+    assert str(tmp_path) not in conf
+    broker = yaml.safe_load(compose.read_text())["services"]["broker"]
+    assert broker["volumes"] == ["./gen:/mosquitto/config:ro", "broker-data:/mosquitto/data"]
+    assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
+                     str(tmp_path / "own"), "--compose", str(compose),
+                     "--broker-config-dir", "/etc/broker"]) == 0
+    assert "password_file /etc/broker/passwd" in (tmp_path / "own" / "mosquitto.conf").read_text()
+
+
+@pytest.mark.slow
 def test_compose_refuses_a_scenario_the_image_does_not_hold(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     own = tmp_path / "mine.yaml"
