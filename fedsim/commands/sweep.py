@@ -437,6 +437,8 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
                   for client in clients}
     out.mkdir(parents=True, exist_ok=True)
     totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
+    over = tuning.over_budgets(args.scenario, [c["overrides"] for c in candidates], selections,
+                               args.allow_factories)
     count = tuning.draw_trials(trials)
     plans = []
     names: set[str] = set()
@@ -470,7 +472,7 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
                 "delta": delta, "tuned_epsilon": totals, "tuned_epsilon_max": tuned_max,
                 "ledgers": str(tuning.TUNING_LEDGER_DIR)}}
     grid_paths = [p for p, _ in grid]
-    notes = _notes(rows)
+    notes = [*_notes(rows), *([over] if over else [])]
     csv_path, json_path = write_table(out, rows, grid_paths, {**meta, "notes": notes},
                                       extra=("selected", "tuned_eps_max"))
     columns = ["run", *grid_paths, "final_accuracy", "eps_max", "selected", "tuned_eps_max"]
