@@ -4,8 +4,11 @@ look for ended processes and its look for running ones, and was in neither)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
+
+import pytest
 
 from fedsim.runtime.deployed.launcher import Launcher, _Process
 from tests.deployment.test_deployed_run import SCENARIO
@@ -69,3 +72,25 @@ def test_stop_all_records_a_process_that_ends_while_it_looks(tmp_path: Path) -> 
     assert launcher.exit_codes == {"c-000": [-signal.SIGKILL, 0], "c-001": [0]}
     assert running.signals == [signal.SIGTERM]
     assert all(process.child is None for process in launcher.processes.values())
+
+
+def test_the_starts_are_on_disk_once_the_processes_have_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's launcher killed outright (SIGKILL) left processes.json as its start wrote
+    it, every process started 0 times; `fedsim launch --resume` then counted one start of the
+    server in all, and its summary said nothing of the run's first part (no `resumed`, no "It
+    ran in 2 parts"). The starts are written once the processes have started."""
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    for name in launcher.client_ids + ["server"]:
+        launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start(name: str) -> None:  # no process: the count alone
+        launcher.processes[name].starts += 1
+
+    monkeypatch.setattr(launcher, "start", start)
+    (tmp_path / "run").mkdir()
+    launcher.start_all()
+
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert {name: p["starts"] for name, p in written.items()} == {
+        name: 1 for name in [*launcher.client_ids, "server"]}

@@ -371,6 +371,9 @@ class Launcher:
     def start_all(self) -> None:
         for name in self.processes:  # clients first, then the aggregators, the server last
             self.start(name)
+        # Their starts recorded now: a launcher killed outright left the starts of prepare's
+        # record, 0, and its resumed run's summary said nothing of its first part (a stranger).
+        self._write_processes()
 
     def supervise_aggregators(self) -> list[str]:
         """Restart every aggregator that has failed (a crash: a non-zero status) while the run
