@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -241,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fedsim.atomic import replace_together
     from fedsim.transports.security import (
+        AGGREGATOR_USER_PREFIX,
         PBKDF2_ITERATIONS,
         SERVER_USERNAME,
         PasswordHashing,
@@ -306,7 +308,11 @@ def run(args: argparse.Namespace) -> int:
         replace_together({Path(args.out) / name: content for name, content in tls_files.items()},
                          durability="file")
     scheme = "mqtt" if tls is None else "mqtts"
+    # The processes must run the scenario these files were made for: its --set lines (and
+    # --aggregators' count) too (a stranger's printed commands left them out, and no
+    # aggregator's command was printed).
     trust = f" --tls-ca {ca_file}" if ca_file else ""
+    trust += "".join(f" --set {shlex.quote(override)}" for override in args.overrides)
     print(
         f"run {run_name!r}: {len(ids)} clients + server"
         + (f" + {len(aggregators)} aggregators" if aggregators else "") + "\n"
@@ -331,7 +337,11 @@ def run(args: argparse.Namespace) -> int:
         f"client:  fedsim client --scenario SCENARIO --client-id ID --broker "
         f"{scheme}://HOST:{args.port} --secrets {files.process_secrets_file('ID')}{trust} "
         "--state STATE/ID  "
-        "(each client's own state directory: its ledger and unacknowledged updates)",
+        "(each client's own state directory: its ledger and unacknowledged updates)"
+        + (f"\naggregator:  fedsim aggregator --scenario SCENARIO --aggregator-id ID --broker "
+           f"{scheme}://HOST:{args.port} --secrets "
+           f"{files.process_secrets_file(f'{AGGREGATOR_USER_PREFIX}ID')}{trust} "
+           f"--state STATE/ID  (ID: {', '.join(aggregators)})" if aggregators else ""),
         file=sys.stdout,
     )
     if args.compose:

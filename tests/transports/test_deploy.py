@@ -502,6 +502,33 @@ def test_compose_writes_the_brokers_files_where_its_container_sees_them(
 
 
 @pytest.mark.slow
+def test_the_printed_commands_run_the_scenario_the_files_were_made_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim deploy S --aggregators 2 --set stop.windows=20` printed server and
+    client commands without either setting (the processes would run another scenario than
+    the broker's files were made for: flat, to another stop) and no aggregator's command."""
+    from fedsim.cli import build_parser
+
+    out = tmp_path / "gen"
+    assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out", str(out),
+                     "--aggregators", "2", "--set", "stop.windows=20"]) == 0
+    printed = capsys.readouterr().out
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].split("  (")[0].strip()
+             for line in printed.splitlines() if line.startswith(("server:", "client:",
+                                                                    "aggregator:"))}
+    assert set(lines) == {"server", "client", "aggregator"}
+    assert "(ID: aggregator-0, aggregator-1)" in printed
+    parser = build_parser()
+    for role, line in lines.items():
+        ids = {"client": "phone-000", "aggregator": "aggregator-0"}
+        argv = shlex.split(line.replace("ID", ids.get(role, "ID")))
+        assert argv[:2] == ["fedsim", role]
+        args = parser.parse_args(argv[1:])
+        assert args.overrides == ["stop.windows=20", "aggregators.count=2"], role
+        assert Path(args.secrets).is_file(), (role, args.secrets)
+
+
+@pytest.mark.slow
 def test_compose_refuses_a_scenario_the_image_does_not_hold(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     own = tmp_path / "mine.yaml"
