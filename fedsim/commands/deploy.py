@@ -89,7 +89,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--run", metavar="NAME", help="The run's name in the MQTT topics (by default the scenario name)."
     )
-    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="The output directory.")
+    parser.add_argument("--out", default="deploy/generated", metavar="DIR",
+                        help="The output directory (default deploy/generated).")
     parser.add_argument(
         "--aggregators", type=int, metavar="K",
         help="Credentials, ACL roles (and with --compose services) for K aggregation nodes (the "

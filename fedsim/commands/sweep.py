@@ -67,7 +67,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="How many runs at a time, each in its own process (default 1).")
     parser.add_argument("--out", metavar="DIR",
-                        help="The sweep directory; it must be new or empty.")
+                        help="The sweep directory; it must be new or empty (by default "
+                        "runs/NAME-sweep, with a numeric suffix if that exists, as fedsim run "
+                        "does).")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw each run's plots.")
     tuning = parser.add_argument_group(
         "private tuning", "Run a random number K of trials, each with a candidate drawn "

@@ -127,3 +127,14 @@ def test_report_shows_one_directory_and_points_several_at_compare(
     assert usage.endswith("] DIR") and "more_dirs" not in usage
     assert main(["report", "a", "b"]) == 2
     assert "`fedsim compare a b`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "default"), [
+    (["deploy"], "deploy/generated"), (["sweep", "s.yaml"], "runs/NAME-sweep")])
+def test_an_output_directory_option_says_its_default(
+        command: list[str], default: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim deploy` wrote into deploy/generated and `fedsim sweep` into
+    runs/quickstart-sweep, while their --out help ("The output directory.") said neither."""
+    with pytest.raises(SystemExit):
+        main([command[0], "--help"])
+    assert default in " ".join(capsys.readouterr().out.split())
