@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from fedsim.errors import TransportError
 from fedsim.runtime.deployed.launcher import Launcher, _Process
 from tests.deployment.test_deployed_run import SCENARIO
 
@@ -94,3 +96,54 @@ def test_the_starts_are_on_disk_once_the_processes_have_started(
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert {name: p["starts"] for name, p in written.items()} == {
         name: 1 for name in [*launcher.client_ids, "server"]}
+
+
+class _Slow:
+    """A child that runs (its waits time out) until it is sent SIGTERM, then exits 0."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return 0 if self.signals else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.signals:
+            raise subprocess.TimeoutExpired("fedsim", timeout or 0.0)
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def test_a_timed_out_launch_says_it_can_go_on_and_keeps_the_exit_statuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's launch past its --timeout said only "the server did not reach the stop
+    condition within 20 wall seconds (see .../logs)", though its state was kept and
+    `fedsim launch --resume` goes on with it, and left processes.json without the exit
+    statuses of the processes it stopped."""
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    names = [*launcher.client_ids, "server"]
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in names:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start_all() -> None:
+        for process in launcher.processes.values():
+            process.starts += 1
+            process.child = _Slow()  # type: ignore[assignment]
+
+    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "start_all", start_all)
+    with pytest.raises(TransportError) as raised:
+        launcher.run_to_end(0.2)
+    assert str(raised.value).endswith(
+        f"its processes were stopped: 'fedsim launch --resume {tmp_path / 'run'} --timeout "
+        f"SECONDS' goes on with it")
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert {name: p["exit_codes"] for name, p in written.items()} == {n: [0] for n in names}

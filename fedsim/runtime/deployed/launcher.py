@@ -505,6 +505,9 @@ class Launcher:
         own, and a stop cut short would leave them running."""
         with signals_ignored():
             self.stop_all()
+            if any(p.starts for p in self.processes.values()):
+                # their exit statuses on disk, also where no collect follows (a timeout)
+                self._write_processes()
             if self.local_broker is not None:
                 self.local_broker.kill(signal.SIGTERM)
             if self._lock_fd is not None:
@@ -541,9 +544,13 @@ class Launcher:
                         on_window(line)
             if code is None:
                 self.kill("server", signal.SIGTERM)
+                # (a stranger's timed-out launch said only "see logs": its state is kept, and
+                # the run can go on)
                 raise TransportError(
                     f"the server did not reach the stop condition within "
-                    f"{timeout:g} wall seconds (see {self.out / 'logs'})"
+                    f"{timeout:g} wall seconds (see {self.out / 'logs'}); its processes were "
+                    f"stopped: 'fedsim launch --resume {self.out} --timeout SECONDS' goes on "
+                    f"with it"
                 )
             if code != 0:
                 raise FedsimError(
