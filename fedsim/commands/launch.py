@@ -62,7 +62,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "aggregators.count=K; by default the scenario's aggregators.count).",
     )
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
-    DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
+                                    launcher=True)
     parser.set_defaults(func=run)
     return parser
 

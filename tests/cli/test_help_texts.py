@@ -138,3 +138,21 @@ def test_an_output_directory_option_says_its_default(
     with pytest.raises(SystemExit):
         main([command[0], "--help"])
     assert default in " ".join(capsys.readouterr().out.split())
+
+
+def test_launch_offers_only_what_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim launch --help` said --broker defaults to $FEDSIM_BROKER (launch
+    starts its private broker and never reads it) and offered --run, which it always refused
+    ("fedsim launch names the run after the scenario"). The server's and the clients' own
+    commands keep both."""
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(by default a private mosquitto on 127.0.0.1, started and stopped by this " \
+        "command; $FEDSIM_BROKER is not read)" in text
+    assert "--run" not in text
+    for command in ("server", "client", "aggregator"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "(by default $FEDSIM_BROKER)" in text and "--run NAME" in text, command
