@@ -419,12 +419,21 @@ def test_compose_commands_match_what_fedsim_launch_runs(
     # The command lines are the point here, not the data set the launcher finds first.
     monkeypatch.setattr(launcher_module, "dataset_file", lambda *args, **kwargs: None)
 
+    from fedsim.config import load_scenario
+    from fedsim.runtime.population import client_ids
+    from fedsim.transports.security import write_broker_files
+    from fedsim.transports.topics import aggregator_ids
+
+    # (a launch with a broker of its own checks the file holds every process's credentials)
+    scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
+    files = write_broker_files(tmp_path / "gen", scenario.name, client_ids(scenario),
+                               aggregators=aggregator_ids(2))
     launcher = Launcher(
         REPO / "scenarios" / "quickstart.yaml",
         tmp_path / "run",
         options=DeploymentOptions(
             broker="mqtts://broker:8883",
-            secrets_file=str(tmp_path / "secrets.json"),
+            secrets_file=str(files.secrets_file),
             tls_ca=str(tmp_path / "ca.crt"),
             wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
         ),

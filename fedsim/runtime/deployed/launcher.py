@@ -32,7 +32,7 @@ from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.runtime.deployed.collection import collect_outputs
-from fedsim.runtime.deployed.deployment import run_name
+from fedsim.runtime.deployed.deployment import SECRETS_ENV, run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import (
     FLUSH_TIMEOUT,
@@ -64,6 +64,8 @@ from fedsim.runtime.run_outputs import (
 )
 from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.child_process import bound_argv, bound_env, stop_with_parent
+from fedsim.transports.mqtt_settings import parse_broker_url
+from fedsim.transports.security import load_secrets
 from fedsim.transports.topics import aggregator_ids
 
 __all__ = ["LAUNCH_LOCK_FILE", "Launcher", "process_commands"]
@@ -263,6 +265,8 @@ class Launcher:
         self.run = run_name(self.scenario, None)
         self.client_ids = client_ids(self.scenario)
         self.aggregator_ids = aggregator_ids(self.scenario.aggregators.count)
+        if options.broker is not None:
+            self._require_credentials(options)
         # Resumed: every client restarts with the server, which waits for them as at a start,
         # but not for long: a client the server refuses (its state lost) never says it is
         # connected, and the wait would hold the whole run (a wait of none lost 1-6 windows).
@@ -287,6 +291,24 @@ class Launcher:
         self._lock_fd: int | None = None
         if resume:
             check_state_ledgers(self.loaded, self.state_dir)
+
+    def _require_credentials(self, options: DeploymentOptions) -> None:
+        """With a broker of one's own, the secrets file must hold every process's credentials
+        for this run, checked before anything starts: one that did not (a per-process file,
+        another run's) had every client exit at once, naming it in its log, while the launcher
+        waited out its --timeout (a stranger's)."""
+        secrets_file = options.secrets_file or os.environ.get(SECRETS_ENV)
+        if not secrets_file or parse_broker_url(str(options.broker)).username is not None:
+            return  # the URL's user:password, or an anonymous connection: the broker decides
+        secrets = load_secrets(secrets_file)
+        if secrets.run != self.run:
+            raise ConfigError(f"secrets file {secrets_file} is for run {secrets.run!r}, not "
+                              f"{self.run!r} (fedsim launch names the run after the scenario)")
+        secrets.for_server()
+        for client in self.client_ids:
+            secrets.for_client(client)
+        for aggregator in self.aggregator_ids:
+            secrets.for_aggregator(aggregator)
 
     # -- setup -------------------------------------------------------------------------------
     def state_dir(self, name: str) -> Path:
