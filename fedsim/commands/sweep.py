@@ -117,6 +117,11 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         path, sep, values = item.partition("=")
         if not sep or not path.strip() or not values.strip():
             raise ConfigError(f"--grid {item!r}: expected PATH=V1,V2,...")
+        if path.strip() == "seed":
+            # (a stranger's --grid seed=1,2 --seeds 3 ran seed 3 twice, in directories named
+            # seed=1 and seed=2, and without --seeds the table had two seed columns)
+            raise ConfigError(f"--grid {item!r}: give seeds with --seeds {values.strip()}, "
+                              "not as a grid setting")
         found = split_values(values)
         twice = sorted(v for v, n in collections.Counter(found).items() if n > 1)
         if twice:  # the same run twice, in two directories: a typo, not a plan

@@ -353,3 +353,18 @@ def test_a_sweep_value_given_twice_is_refused(tiny_scenario: Path, tmp_path: Pat
                  str(out)]) == 2
     assert "--grid stop.windows: the value '4' is given twice" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("seeds", [[], ["--seeds", "3"]])
+def test_a_grid_of_seeds_is_refused_for_seeds(tiny_scenario: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              seeds: list[str]) -> None:
+    """A stranger's `--grid seed=1,2 --seeds 3` ran seed 3 twice, in directories named
+    seed=1 and seed=2 whose grid column read 3; without --seeds its table had two seed
+    columns. Seeds are --seeds'."""
+    out = tmp_path / "never"
+    assert main(["sweep", str(tiny_scenario), "--grid", "seed=1,2", *seeds, "--out",
+                 str(out)]) == 2
+    assert "--grid 'seed=1,2': give seeds with --seeds 1,2, not as a grid setting" in \
+        capsys.readouterr().err
+    assert not out.exists()
