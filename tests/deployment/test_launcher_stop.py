@@ -147,3 +147,22 @@ def test_a_timed_out_launch_says_it_can_go_on_and_keeps_the_exit_statuses(
         f"SECONDS' goes on with it")
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert {name: p["exit_codes"] for name, p in written.items()} == {n: [0] for n in names}
+
+
+def test_a_resumed_launch_follows_only_the_windows_it_runs(tmp_path: Path) -> None:
+    """A stranger's resumed launch logged the first part's windows again (window 40 at
+    accuracy 0.7336, stamped with the resume's time): its follower of metrics.jsonl read the
+    file from its start. Resumed, it reads from the lines already there; a file trimmed by a
+    restarted server is read again from its start, as before."""
+    from fedsim.runtime.deployed.launcher import _LineFollower
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"window": 1}\n{"window": 2}\n{"win', encoding="utf-8")
+    assert [m["window"] for m in _LineFollower(metrics).new_lines()] == [1, 2]
+    follower = _LineFollower(metrics, from_end=True)
+    assert follower.new_lines() == []
+    with open(metrics, "a", encoding="utf-8") as handle:
+        handle.write('dow": 3}\n')
+    assert follower.new_lines() == [{"window": 3}]
+    metrics.write_text('{"window": 1}\n', encoding="utf-8")  # trimmed
+    assert follower.new_lines() == [{"window": 1}]

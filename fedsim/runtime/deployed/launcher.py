@@ -554,7 +554,9 @@ class Launcher:
         try:
             self.prepare()
             self.start_all()
-            follower = _LineFollower(self.out / METRICS_FILE)
+            # Resumed: the earlier parts' windows were shown when they ran (a stranger's
+            # resumed launch logged them again, stamped now)
+            follower = _LineFollower(self.out / METRICS_FILE, from_end=self.resume)
             deadline = wallclock.monotonic() + timeout
             code = None
             while code is None and wallclock.monotonic() < deadline:
@@ -592,11 +594,14 @@ class Launcher:
 
 
 class _LineFollower:
-    """New complete lines of a JSON-lines file another process appends to."""
+    """New complete lines of a JSON-lines file another process appends to (``from_end``:
+    those after its complete lines now, else all of them)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, from_end: bool = False) -> None:
         self.path = path
         self._offset = 0
+        if from_end:
+            self.new_lines()  # (read past, not returned)
 
     def new_lines(self) -> list[dict[str, Any]]:
         try:
