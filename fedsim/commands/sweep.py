@@ -77,15 +77,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "the tuning's privacy bound (Papernot & Steinke 2022; docs/API.md)")
     tuning.add_argument("--private-tuning", choices=("nb", "poisson"), default=None,
                         help="K's distribution: nb (truncated negative binomial) or poisson.")
-    tuning.add_argument("--tuning-mean", type=float, default=10.0, metavar="M",
+    # (defaults None: given without --private-tuning, they are refused, not ignored)
+    tuning.add_argument("--tuning-mean", type=float, default=None, metavar="M",
                         help="E[K], the mean number of trials (default 10).")
-    tuning.add_argument("--tuning-eta", type=float, default=0.0, metavar="ETA",
+    tuning.add_argument("--tuning-eta", type=float, default=None, metavar="ETA",
                         help="The eta of nb, above -1 (default 0: the logarithmic distribution).")
     tuning.add_argument("--tuning-budget", type=float, default=None, metavar="EPS",
                         help="Refuse, before any trial, if a client's tuned total exceeds EPS.")
     add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def _require_private_tuning(args: argparse.Namespace) -> None:
+    """Refuse a tuning option without ``--private-tuning`` (a stranger's --tuning-mean 3
+    alone ran an ordinary sweep, no tuning charged, and said nothing of it)."""
+    given = [flag for flag, value in (("--tuning-mean", args.tuning_mean),
+                                      ("--tuning-eta", args.tuning_eta),
+                                      ("--tuning-budget", args.tuning_budget)) if value is not None]
+    if args.private_tuning is None and given:
+        raise ConfigError(f"{given[0]} sets a private tuning: give --private-tuning nb or "
+                          "poisson with it (without, the sweep runs every combination and "
+                          "charges no tuning)")
 
 
 def split_values(text: str) -> list[str]:
@@ -236,6 +249,8 @@ def _notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 NOT_RUN = "not run: the sweep was interrupted"
+TUNING_MEAN = 10.0  # --tuning-mean's default
+TUNING_ETA = 0.0  # --tuning-eta's default
 _STOPPING: Any = None
 """In a sweep's worker process: the event the sweep sets when interrupted (no queued run
 starts after it: the pool's workers outlive a Ctrl-C and took the next queued run)."""
@@ -332,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
     require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")
+    _require_private_tuning(args)
     if args.private_tuning is not None:
         if seeds is not None:
             raise ConfigError("--seeds: private tuning runs every trial on the scenario's seed "
@@ -435,7 +451,9 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     from fedsim.reporting.values import epsilon_text
 
     candidates = plan_runs(args.scenario, grid, None, args.overrides, out)
-    trials = tuning.trial_distribution(args.private_tuning, args.tuning_mean, args.tuning_eta)
+    trials = tuning.trial_distribution(
+        args.private_tuning, TUNING_MEAN if args.tuning_mean is None else args.tuning_mean,
+        TUNING_ETA if args.tuning_eta is None else args.tuning_eta)
     # every candidate's per-trial releases, per client, bounded before any trial runs
     bounded = [tuning.trial_steps(args.scenario, c["overrides"], args.allow_factories)
                for c in candidates]

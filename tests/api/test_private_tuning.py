@@ -282,3 +282,19 @@ def test_trial_names_tell_nothing_of_how_many_ran() -> None:
     assert all(len(p) == 8 and int(p, 16) >= 0 for p in prefixes)
     assert len(set(prefixes)) == len(prefixes)
     assert sorted(prefixes) != [f"{i:08x}" for i in range(500)]  # not a counter
+
+
+@pytest.mark.parametrize("flag", [["--tuning-mean", "3"], ["--tuning-eta", "0.5"],
+                                  ["--tuning-budget", "8"]])
+def test_a_tuning_option_without_private_tuning_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: list[str]) -> None:
+    """A stranger's `fedsim sweep S --grid ... --tuning-mean 3` (no --private-tuning) ran an
+    ordinary sweep of every combination, no tuning charged, saying nothing of the option."""
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(scenario), "--grid", GRID, *flag, "--out", str(out),
+                 "--no-plots"]) == 2
+    assert f"{flag[0]} sets a private tuning: give --private-tuning nb or poisson with it" in \
+        capsys.readouterr().err
+    assert not out.exists()
