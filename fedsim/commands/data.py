@@ -108,7 +108,7 @@ def _fetch(args: argparse.Namespace) -> Path:
         sources = datasets.local_file_sources(datasets.get(args.dataset), local)
     # FEDSIM_OFFLINE forbids downloads, as it does everywhere else (a stranger's offline
     # fetch went to the network): a verified copy already there is still found.
-    offline_only = sources is None and offline()
+    offline_only = sources is None and offline() and bool(datasets.get(args.dataset).sources)
     # A file given with --from is read and verified even when a copy is cached (else a
     # wrong file would be reported "verified"); the cached copy is replaced only by a good one.
     try:

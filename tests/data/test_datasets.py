@@ -331,6 +331,9 @@ def test_an_offline_fetch_downloads_nothing_and_says_so(
                  "--dir", str(tmp_path / "out")]) == 0
     assert main(["data", "fetch", "mnist", "--dir", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.startswith(str(tmp_path / "out" / "mnist.npz"))
+    # A data set with no download source says so, offline or not (not "unset it").
+    assert main(["data", "fetch", "femnist", "--dir", str(tmp_path / "out")]) == 2
+    assert "femnist has no download source; build it with LEAF" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- any directory
