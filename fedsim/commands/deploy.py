@@ -327,10 +327,15 @@ def run(args: argparse.Namespace) -> int:
         + (f"  packets limited to {max_packet_bytes:,} bytes (max_packet_size)\n"
            if max_packet_bytes is not None else
            "  WARNING: no packet size limit (give --max-packet-bytes or a SCENARIO)\n")
-        + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl, which "
-        "only their owner may read; started as root, mosquitto first switches to the user "
-        "mosquitto: chown mosquitto the files, or start it as their owner)\n"
-        f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
+        + (f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl, which "
+           "only their owner may read; started as root, mosquitto first switches to the user "
+           "mosquitto: chown mosquitto the files, or start it as their owner)\n"
+           if args.broker_config_dir is None else
+           # its paths are the broker's own (the container's): no command here runs it
+           f"broker:  reads {files.config} at {args.broker_config_dir}/mosquitto.conf (the "
+           "paths in it are the broker's; with --compose, the compose file's broker service, "
+           "whose header says which files to chown)\n")
+        + f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
         f"--secrets {files.process_secrets_file(SERVER_USERNAME)}{trust} --state STATE/server "
         "--out RUN_DIR "
         f"--wait-for-clients {COMPOSE_WAIT_FOR_CLIENTS:g}  (waits for every client before "

@@ -487,7 +487,7 @@ def test_compose_written_outside_the_clone_builds_from_the_clone(
 
 @pytest.mark.slow
 def test_compose_writes_the_brokers_files_where_its_container_sees_them(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger's `fedsim deploy S --out gen --compose F` (this module's docstring's command)
     wrote a mosquitto.conf naming gen/'s paths on the host; the composed broker mounts gen/ at
     /mosquitto/config and could not open its password file. --compose now puts the files where
@@ -497,6 +497,8 @@ def test_compose_writes_the_brokers_files_where_its_container_sees_them(
     assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
                      str(tmp_path / "gen"), "--compose", str(compose)]) == 0
     conf = (tmp_path / "gen" / "mosquitto.conf").read_text()
+    # (no host command for a broker whose paths are the container's)
+    assert "mosquitto -c" not in capsys.readouterr().out
     assert "password_file /mosquitto/config/passwd" in conf
     assert "acl_file /mosquitto/config/acl" in conf
     assert "certfile /mosquitto/config/broker.crt" in conf
