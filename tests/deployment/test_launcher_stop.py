@@ -166,3 +166,37 @@ def test_a_resumed_launch_follows_only_the_windows_it_runs(tmp_path: Path) -> No
     assert follower.new_lines() == [{"window": 3}]
     metrics.write_text('{"window": 1}\n', encoding="utf-8")  # trimmed
     assert follower.new_lines() == [{"window": 1}]
+
+
+def test_a_launchs_summary_names_a_process_that_died(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's client process killed mid-launch (SIGKILL) was not restarted, and the
+    summary said only that 1 client "could still train when the run ended" (its state
+    "waiting"): processes.json alone held its -9. The launcher hands the collect each
+    process whose last exit status was not 0, and the summary's warnings name it."""
+    from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.collection import collect_outputs
+
+    summary = collect_outputs(load_scenario(SCENARIO), tmp_path, {}, wall_seconds=1.0,
+                              failed_processes={"c-000": -signal.SIGKILL, "c-001": 2})
+    said = ["c-000's process was killed by SIGKILL and was not running at the end "
+            "(logs/c-000.log)",
+            "c-001's process exited with status 2 and was not running at the end "
+            "(logs/c-001.log)"]
+    assert summary["warnings"] == said
+    assert f"Warnings: (1) {said[0]}" in summary["explanation"]
+
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    seen: dict[str, object] = {}
+    launcher.exit_codes = {"c-000": [-signal.SIGKILL], "c-001": [0], "c-002": [-9, 0]}
+    for name in [*launcher.client_ids, "server"]:
+        launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def collect(*args: object, **kwargs: object) -> dict[str, object]:
+        seen.update(kwargs)
+        return {}
+
+    monkeypatch.setattr("fedsim.runtime.deployed.launcher.collect_outputs", collect)
+    (tmp_path / "run").mkdir()
+    launcher.collect()
+    assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}

@@ -492,6 +492,9 @@ class Launcher:
                          - self._children_cpu_at_start),
             interrupted=interrupted,
             parts=max(1, self.processes["server"].starts),
+            failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
+                              if codes and codes[-1] != 0 and name in self.processes
+                              and self.processes[name].child is None},
         )
         self._write_processes()
         return summary
