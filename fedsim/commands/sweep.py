@@ -89,6 +89,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _seeds_once(grid: list[tuple[str, list[str]]], seeds: list[int] | None) -> None:
+    """Refuse a seed given by both --grid and --seeds (a stranger's --grid seed=1,2 --seeds 3
+    ran seed 3 twice, in directories named seed=1 and seed=2 whose grid column read 3:
+    --seeds sets every run's seed)."""
+    if seeds is not None and "seed" in dict(grid):
+        raise ConfigError("--grid seed=... and --seeds both set the seed: give the seeds "
+                          "with --seeds alone")
+
+
 def _require_private_tuning(args: argparse.Namespace) -> None:
     """Refuse a tuning option without ``--private-tuning`` (a stranger's --tuning-mean 3
     alone ran an ordinary sweep, no tuning charged, and said nothing of it)."""
@@ -130,11 +139,6 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         path, sep, values = item.partition("=")
         if not sep or not path.strip() or not values.strip():
             raise ConfigError(f"--grid {item!r}: expected PATH=V1,V2,...")
-        if path.strip() == "seed":
-            # (a stranger's --grid seed=1,2 --seeds 3 ran seed 3 twice, in directories named
-            # seed=1 and seed=2, and without --seeds the table had two seed columns)
-            raise ConfigError(f"--grid {item!r}: give seeds with --seeds {values.strip()}, "
-                              "not as a grid setting")
         found = split_values(values)
         twice = sorted(v for v, n in collections.Counter(found).items() if n > 1)
         if twice:  # the same run twice, in two directories: a typo, not a plan
@@ -341,6 +345,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     grid = parse_grid(args.grid)
     seeds = parse_seeds(args.seeds)
+    _seeds_once(grid, seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
     require_allowed(base, args.allow_factories)  # refused once, before any run is planned
     out = Path(args.out) if args.out else default_run_dir(f"{base.name}-sweep")
