@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,17 @@ def test_launch_offers_only_what_it_takes(capsys: pytest.CaptureFixture[str]) ->
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "(by default $FEDSIM_BROKER)" in text and "--run NAME" in text, command
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_launch_refuses_a_timeout_it_cannot_wait(
+        tmp_path: Path, timeout: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim launch S --timeout -1` started the broker and every process, then
+    gave up at once ("within -1 wall seconds"), leaving a launch's directory behind."""
+    out = tmp_path / "run"
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+    assert main(["launch", str(scenario), "--out", str(out), "--timeout",
+                 timeout]) == 2
+    assert f"--timeout must be a positive number of seconds, got {float(timeout)!r}" in \
+        capsys.readouterr().err
+    assert not out.exists()
