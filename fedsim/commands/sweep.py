@@ -389,8 +389,9 @@ def run(args: argparse.Namespace) -> int:
                     else row_on_disk(plan) for index, plan in enumerate(plans)]
             write_table(out, rows, [p for p, _ in grid],
                         {**meta, "interrupted": True, "notes": _notes(rows)})
-            print(f"interrupted by {stopped_by}; table of the finished runs: "
-                  f"{out / 'sweep.csv'}, {out / 'sweep.json'}")
+            # (it read "table of the finished runs" over rows that were partial or not run)
+            print(f"interrupted by {stopped_by}; table of every run, its status finished, "
+                  f"partial or not run: {out / 'sweep.csv'}, {out / 'sweep.json'}")
         return SIGNAL_EXIT.get(stopped_by, 130)
     rows = [done[index] for index in range(len(plans))]
     notes = _notes(rows)
