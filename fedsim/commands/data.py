@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import ConfigError
+from fedsim.errors import ConfigError, DataError
 
 DESCRIPTION = (
     "Download data sets into the cache and show where they are looked for."
@@ -68,17 +68,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging()  # progress lines to stderr: stdout is the answer (the path)
 
     if args.action == "fetch":
-        sources = None
-        if args.source:
-            local = Path(args.source)
-            if not local.exists():
-                raise ConfigError(f"--from {args.source}: no such file or directory")
-            sources = datasets.local_file_sources(datasets.get(args.dataset), local)
         started = time.perf_counter()
-        # A file given with --from is read and verified even when a copy is cached (else a
-        # wrong file would be reported "verified"); the cached copy is replaced only by a good one.
-        path = datasets.fetch(args.dataset, args.dir, sources=sources,
-                              force=args.force or sources is not None)
+        path = _fetch(args)
         print(f"{path}\t(verified, {time.perf_counter() - started:.1f} s)")
         return 0
     if args.action == "where":
@@ -102,3 +93,32 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}\t{spec.title}\t{pin}")
         return 0
     raise ConfigError("usage: fedsim data fetch NAME | fedsim data where NAME | fedsim data list")
+
+
+def _fetch(args: argparse.Namespace) -> Path:
+    """``fedsim data fetch``'s file: downloaded, read from ``--from`` or already there."""
+    from fedsim.data import datasets
+    from fedsim.data.locate import OFFLINE_ENV, offline
+
+    sources = None
+    if args.source:
+        local = Path(args.source)
+        if not local.exists():
+            raise ConfigError(f"--from {args.source}: no such file or directory")
+        sources = datasets.local_file_sources(datasets.get(args.dataset), local)
+    # FEDSIM_OFFLINE forbids downloads, as it does everywhere else (a stranger's offline
+    # fetch went to the network): a verified copy already there is still found.
+    offline_only = sources is None and offline() and bool(datasets.get(args.dataset).sources)
+    # A file given with --from is read and verified even when a copy is cached (else a
+    # wrong file would be reported "verified"); the cached copy is replaced only by a good one.
+    try:
+        return datasets.fetch(args.dataset, args.dir, sources=[] if offline_only else sources,
+                              force=args.force or sources is not None)
+    except DataError:
+        if not offline_only:
+            raise
+        spec = datasets.get(args.dataset)
+        raise DataError(
+            f"{spec.name}: not downloaded: {OFFLINE_ENV}=1 forbids downloads (unset it "
+            f"to download, or give --from FILE: {spec.offline_hint or 'a local copy'})"
+        ) from None

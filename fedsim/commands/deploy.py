@@ -33,13 +33,17 @@ broker with these files, the server, and one service per client (each with its o
 volume), running the same ``fedsim server``/``fedsim client`` command lines as
 ``fedsim launch`` does with local processes; each container gets its own per-process secrets
 file and no other. The repository's ``docker-compose.yml`` is
-``fedsim deploy scenarios/quickstart.yaml --compose docker-compose.yml`` (see deploy/README.md).
+``fedsim deploy scenarios/quickstart.yaml --set aggregators.count=2 --compose docker-compose.yml``
+(see deploy/README.md); with ``--compose`` the broker's files are where its container sees them
+(``--broker-config-dir`` ``/mosquitto/config`` and ``--persistence-dir`` ``/mosquitto/data`` by
+default).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +60,8 @@ CONTAINER_SECRETS = "/run/secrets/fedsim"
 CONTAINER_CA = "/run/secrets/fedsim-ca"
 CONTAINER_STATE = "/state"
 CONTAINER_RUNS = "/runs"
+BROKER_CONFIG_DIR = "/mosquitto/config"  # where the compose file's broker mounts --out
+BROKER_DATA_DIR = "/mosquitto/data"  # its broker-data volume
 COMPOSE_WAIT_FOR_CLIENTS = 600.0
 
 
@@ -83,7 +89,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--run", metavar="NAME", help="The run's name in the MQTT topics (by default the scenario name)."
     )
-    parser.add_argument("--out", default="deploy/generated", metavar="DIR", help="The output directory.")
+    parser.add_argument("--out", default="deploy/generated", metavar="DIR",
+                        help="The output directory (default deploy/generated).")
     parser.add_argument(
         "--aggregators", type=int, metavar="K",
         help="Credentials, ACL roles (and with --compose services) for K aggregation nodes (the "
@@ -99,14 +106,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--broker-config-dir",
         metavar="DIR",
         help="Where the broker sees the --out directory (by default its absolute "
-        "path; /mosquitto/config for the eclipse-mosquitto container).",
+        "path; with --compose /mosquitto/config, where the eclipse-mosquitto container "
+        "mounts it).",
     )
     parser.add_argument(
         "--persistence-dir",
         metavar="DIR",
         help="The broker's persistence directory, for example /mosquitto/data/ (a path on "
         "this machine, without --broker-config-dir, is created for the broker's user); by "
-        "default none.",
+        "default none (with --compose /mosquitto/data, the broker-data volume).",
     )
     parser.add_argument(
         "--max-packet-bytes",
@@ -235,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fedsim.atomic import replace_together
     from fedsim.transports.security import (
+        AGGREGATOR_USER_PREFIX,
         PBKDF2_ITERATIONS,
         SERVER_USERNAME,
         PasswordHashing,
@@ -264,6 +273,12 @@ def run(args: argparse.Namespace) -> int:
         max_packet_bytes, max_queued_bytes = packet_limit(sizes[0]), sizes[1]
     if args.compose and not args.scenario:
         raise ConfigError("--compose needs a SCENARIO")
+    if args.compose:
+        # The composed broker reads --out at BROKER_CONFIG_DIR: this machine's paths in its
+        # mosquitto.conf left a broker that could not open its password file (a stranger's
+        # `fedsim deploy S --compose F`, as this module's docstring had it).
+        args.broker_config_dir = args.broker_config_dir or BROKER_CONFIG_DIR
+        args.persistence_dir = args.persistence_dir or BROKER_DATA_DIR
     # Checked before anything is written: the containers must find the scenario in the image.
     image = image_scenario_path(Path(args.scenario)) if args.compose else None
     tls, ca_file, tls_files = _listener_tls(args)
@@ -294,7 +309,11 @@ def run(args: argparse.Namespace) -> int:
         replace_together({Path(args.out) / name: content for name, content in tls_files.items()},
                          durability="file")
     scheme = "mqtt" if tls is None else "mqtts"
+    # The processes must run the scenario these files were made for: its --set lines (and
+    # --aggregators' count) too (a stranger's printed commands left them out, and no
+    # aggregator's command was printed).
     trust = f" --tls-ca {ca_file}" if ca_file else ""
+    trust += "".join(f" --set {shlex.quote(override)}" for override in args.overrides)
     print(
         f"run {run_name!r}: {len(ids)} clients + server"
         + (f" + {len(aggregators)} aggregators" if aggregators else "") + "\n"
@@ -308,10 +327,15 @@ def run(args: argparse.Namespace) -> int:
         + (f"  packets limited to {max_packet_bytes:,} bytes (max_packet_size)\n"
            if max_packet_bytes is not None else
            "  WARNING: no packet size limit (give --max-packet-bytes or a SCENARIO)\n")
-        + f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl, which "
-        "only their owner may read; started as root, mosquitto first switches to the user "
-        "mosquitto: chown mosquitto the files, or start it as their owner)\n"
-        f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
+        + (f"broker:  mosquitto -c {files.config}  (as the owner of passwd and acl, which "
+           "only their owner may read; started as root, mosquitto first switches to the user "
+           "mosquitto: chown mosquitto the files, or start it as their owner)\n"
+           if args.broker_config_dir is None else
+           # its paths are the broker's own (the container's): no command here runs it
+           f"broker:  reads {files.config} at {args.broker_config_dir}/mosquitto.conf (the "
+           "paths in it are the broker's; with --compose, the compose file's broker service, "
+           "whose header says which files to chown)\n")
+        + f"server:  fedsim server --scenario SCENARIO --broker {scheme}://HOST:{args.port} "
         f"--secrets {files.process_secrets_file(SERVER_USERNAME)}{trust} --state STATE/server "
         "--out RUN_DIR "
         f"--wait-for-clients {COMPOSE_WAIT_FOR_CLIENTS:g}  (waits for every client before "
@@ -319,7 +343,11 @@ def run(args: argparse.Namespace) -> int:
         f"client:  fedsim client --scenario SCENARIO --client-id ID --broker "
         f"{scheme}://HOST:{args.port} --secrets {files.process_secrets_file('ID')}{trust} "
         "--state STATE/ID  "
-        "(each client's own state directory: its ledger and unacknowledged updates)",
+        "(each client's own state directory: its ledger and unacknowledged updates)"
+        + (f"\naggregator:  fedsim aggregator --scenario SCENARIO --aggregator-id ID --broker "
+           f"{scheme}://HOST:{args.port} --secrets "
+           f"{files.process_secrets_file(f'{AGGREGATOR_USER_PREFIX}ID')}{trust} "
+           f"--state STATE/ID  (ID: {', '.join(aggregators)})" if aggregators else ""),
         file=sys.stdout,
     )
     if args.compose:
@@ -492,8 +520,9 @@ def compose_text(
         "broker": {
             "image": BROKER_IMAGE,
             "user": f"{BROKER_UID}:{BROKER_UID}",
-            "command": ["mosquitto", "-c", "/mosquitto/config/mosquitto.conf"],
-            "volumes": [f"./{generated_dir}:/mosquitto/config:ro", "broker-data:/mosquitto/data"],
+            "command": ["mosquitto", "-c", f"{BROKER_CONFIG_DIR}/mosquitto.conf"],
+            "volumes": [f"./{generated_dir}:{BROKER_CONFIG_DIR}:ro",
+                        f"broker-data:{BROKER_DATA_DIR}"],
             "restart": "unless-stopped",
         },
         "server": fedsim_service("server", f"runs:{CONTAINER_RUNS}"),
@@ -515,7 +544,7 @@ def compose_text(
     header = (
         f"# Generated by `fedsim deploy {scenario}{settings} --compose ...` for run {run!r}.\n"
         f"# First: fedsim deploy {scenario}{settings} --out {generated_dir} "
-        "--broker-config-dir /mosquitto/config --persistence-dir /mosquitto/data\n"
+        f"--broker-config-dir {BROKER_CONFIG_DIR} --persistence-dir {BROKER_DATA_DIR}\n"
         # passwd, acl (and broker.key) are mode 0600: the broker's user must own them.
         f"# Then:  sudo chown {BROKER_UID}:{BROKER_UID} "
         + " ".join(f"{generated_dir}/{name}" for name in private)

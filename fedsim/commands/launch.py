@@ -62,7 +62,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "aggregators.count=K; by default the scenario's aggregators.count).",
     )
     parser.add_argument("--no-plots", action="store_true", help="Do not draw the plots.")
-    DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    DeploymentOptions.add_arguments(parser, wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
+                                    launcher=True)
     parser.set_defaults(func=run)
     return parser
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.commands.run import interrupted_exit
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
+    from fedsim.errors import ConfigError
     from fedsim.reporting.horizon import HorizonTracker, bound_horizon
     from fedsim.reporting.progress import RunProgress, log_evaluation
     from fedsim.runtime.deployed.launcher import Launcher
@@ -94,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.runtime.run_outputs import default_run_dir
 
     options = DeploymentOptions.from_args(args)
+    if not args.timeout > 0:  # (NaN too) a stranger's --timeout -1 started every process first
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
     if args.aggregators is not None:  # one spelling of the count: the scenario's
         args.overrides = [*args.overrides, f"aggregators.count={args.aggregators}"]
     scenario_file, resumed = _scenario_file(args)

@@ -58,10 +58,21 @@ def run(args: argparse.Namespace) -> int:
         ),
         setup.loaded.scenario.torch_threads,
     )
-    accuracy = outcome.get("last_accuracy")
-    print(
-        f"server {setup.run_name}: {outcome.get('windows')} windows, version "
-        f"{outcome.get('final_version')}, accuracy "
-        f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {outcome['stop_reason']}"
-    )
+    print(outcome_line(setup.run_name, outcome))
     return 0
+
+
+def outcome_line(run: str, outcome: dict[str, Any]) -> str:
+    """The line the server prints at its end. The accuracy is the final model's evaluation
+    where the server made one, else the last periodic one's (a stranger's 24-window run printed
+    "accuracy n/a" from the periodic evaluation alone, while server.json held the final
+    model's 0.6184)."""
+    final = outcome.get("final_evaluation")
+    if final is not None:
+        accuracy = f"final accuracy {final['accuracy']:.4f}"
+    elif outcome.get("last_accuracy") is not None:
+        accuracy = f"last evaluated accuracy {outcome['last_accuracy']:.4f}"
+    else:
+        accuracy = "accuracy n/a (not evaluated)"
+    return (f"server {run}: {outcome.get('windows')} windows, version "
+            f"{outcome.get('final_version')}, {accuracy}; {outcome['stop_reason']}")

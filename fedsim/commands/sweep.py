@@ -67,7 +67,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="How many runs at a time, each in its own process (default 1).")
     parser.add_argument("--out", metavar="DIR",
-                        help="The sweep directory; it must be new or empty.")
+                        help="The sweep directory; it must be new or empty (by default "
+                        "runs/NAME-sweep, with a numeric suffix if that exists, as fedsim run "
+                        "does).")
     parser.add_argument("--no-plots", action="store_true", help="Do not draw each run's plots.")
     tuning = parser.add_argument_group(
         "private tuning", "Run a random number K of trials, each with a candidate drawn "
@@ -75,15 +77,37 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "the tuning's privacy bound (Papernot & Steinke 2022; docs/API.md)")
     tuning.add_argument("--private-tuning", choices=("nb", "poisson"), default=None,
                         help="K's distribution: nb (truncated negative binomial) or poisson.")
-    tuning.add_argument("--tuning-mean", type=float, default=10.0, metavar="M",
+    # (defaults None: given without --private-tuning, they are refused, not ignored)
+    tuning.add_argument("--tuning-mean", type=float, default=None, metavar="M",
                         help="E[K], the mean number of trials (default 10).")
-    tuning.add_argument("--tuning-eta", type=float, default=0.0, metavar="ETA",
+    tuning.add_argument("--tuning-eta", type=float, default=None, metavar="ETA",
                         help="The eta of nb, above -1 (default 0: the logarithmic distribution).")
     tuning.add_argument("--tuning-budget", type=float, default=None, metavar="EPS",
                         help="Refuse, before any trial, if a client's tuned total exceeds EPS.")
     add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def _seeds_once(grid: list[tuple[str, list[str]]], seeds: list[int] | None) -> None:
+    """Refuse a seed given by both --grid and --seeds (a stranger's --grid seed=1,2 --seeds 3
+    ran seed 3 twice, in directories named seed=1 and seed=2 whose grid column read 3:
+    --seeds sets every run's seed)."""
+    if seeds is not None and "seed" in dict(grid):
+        raise ConfigError("--grid seed=... and --seeds both set the seed: give the seeds "
+                          "with --seeds alone")
+
+
+def _require_private_tuning(args: argparse.Namespace) -> None:
+    """Refuse a tuning option without ``--private-tuning`` (a stranger's --tuning-mean 3
+    alone ran an ordinary sweep, no tuning charged, and said nothing of it)."""
+    given = [flag for flag, value in (("--tuning-mean", args.tuning_mean),
+                                      ("--tuning-eta", args.tuning_eta),
+                                      ("--tuning-budget", args.tuning_budget)) if value is not None]
+    if args.private_tuning is None and given:
+        raise ConfigError(f"{given[0]} sets a private tuning: give --private-tuning nb or "
+                          "poisson with it (without, the sweep runs every combination and "
+                          "charges no tuning)")
 
 
 def split_values(text: str) -> list[str]:
@@ -229,6 +253,8 @@ def _notes(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 NOT_RUN = "not run: the sweep was interrupted"
+TUNING_MEAN = 10.0  # --tuning-mean's default
+TUNING_ETA = 0.0  # --tuning-eta's default
 _STOPPING: Any = None
 """In a sweep's worker process: the event the sweep sets when interrupted (no queued run
 starts after it: the pool's workers outlive a Ctrl-C and took the next queued run)."""
@@ -319,12 +345,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     grid = parse_grid(args.grid)
     seeds = parse_seeds(args.seeds)
+    _seeds_once(grid, seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
     require_allowed(base, args.allow_factories)  # refused once, before any run is planned
     out = Path(args.out) if args.out else default_run_dir(f"{base.name}-sweep")
     require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")
+    _require_private_tuning(args)
     if args.private_tuning is not None:
         if seeds is not None:
             raise ConfigError("--seeds: private tuning runs every trial on the scenario's seed "
@@ -361,8 +389,9 @@ def run(args: argparse.Namespace) -> int:
                     else row_on_disk(plan) for index, plan in enumerate(plans)]
             write_table(out, rows, [p for p, _ in grid],
                         {**meta, "interrupted": True, "notes": _notes(rows)})
-            print(f"interrupted by {stopped_by}; table of the finished runs: "
-                  f"{out / 'sweep.csv'}, {out / 'sweep.json'}")
+            # (it read "table of the finished runs" over rows that were partial or not run)
+            print(f"interrupted by {stopped_by}; table of every run, its status finished, "
+                  f"partial or not run: {out / 'sweep.csv'}, {out / 'sweep.json'}")
         return SIGNAL_EXIT.get(stopped_by, 130)
     rows = [done[index] for index in range(len(plans))]
     notes = _notes(rows)
@@ -428,7 +457,9 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     from fedsim.reporting.values import epsilon_text
 
     candidates = plan_runs(args.scenario, grid, None, args.overrides, out)
-    trials = tuning.trial_distribution(args.private_tuning, args.tuning_mean, args.tuning_eta)
+    trials = tuning.trial_distribution(
+        args.private_tuning, TUNING_MEAN if args.tuning_mean is None else args.tuning_mean,
+        TUNING_ETA if args.tuning_eta is None else args.tuning_eta)
     # every candidate's per-trial releases, per client, bounded before any trial runs
     bounded = [tuning.trial_steps(args.scenario, c["overrides"], args.allow_factories)
                for c in candidates]
@@ -437,6 +468,8 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
                   for client in clients}
     out.mkdir(parents=True, exist_ok=True)
     totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
+    over = tuning.over_budgets(args.scenario, [c["overrides"] for c in candidates], selections,
+                               args.allow_factories)
     count = tuning.draw_trials(trials)
     plans = []
     names: set[str] = set()
@@ -470,7 +503,7 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
                 "delta": delta, "tuned_epsilon": totals, "tuned_epsilon_max": tuned_max,
                 "ledgers": str(tuning.TUNING_LEDGER_DIR)}}
     grid_paths = [p for p, _ in grid]
-    notes = _notes(rows)
+    notes = [*_notes(rows), *([over] if over else [])]
     csv_path, json_path = write_table(out, rows, grid_paths, {**meta, "notes": notes},
                                       extra=("selected", "tuned_eps_max"))
     columns = ["run", *grid_paths, "final_accuracy", "eps_max", "selected", "tuned_eps_max"]

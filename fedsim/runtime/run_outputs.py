@@ -381,7 +381,8 @@ class RunRecord:
     """How many launches ran this (deployed) run: more than one, it was interrupted and resumed
     (``fedsim launch --resume``), which its summary says (a stranger's review)."""
     resumed_from_window: int | None = None
-    """The window its last resumed part went on from (``parts`` > 1)."""
+    """The window its last resumed part went on from (``parts`` > 1; None or 0: the start, the
+    part before it interrupted before its first window)."""
     warnings: Sequence[str] = ()
     """What the run's collection found wrong (a deployed run's: a state ledger that does not
     extend the run directory's copy, a client the server refused); empty for a simulation."""
@@ -478,8 +479,12 @@ def _resumed(record: RunRecord) -> list[str]:
     """The explanation's sentence for a run of several launches (none for one)."""
     if record.parts <= 1:
         return []
+    # No window closed before the interruption: no checkpoint, so the last part began at the
+    # start (a stranger's summary read "the last from window None").
+    start = (f"window {record.resumed_from_window}" if record.resumed_from_window
+             else "the start (no window had closed before it)")
     return [f"It ran in {record.parts} parts: interrupted and resumed (fedsim launch "
-            f"--resume), the last from window {record.resumed_from_window}."]
+            f"--resume), the last from {start}."]
 
 
 def _trained_nobody(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
@@ -684,7 +689,7 @@ def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
         {"warnings": list(record.warnings)} if record.warnings else {}) | (
         {RELEASED_UNACKNOWLEDGED: dict(record.released_unacknowledged)}
         if record.released_unacknowledged is not None else {}) | (
-        {"resumed": {"parts": record.parts, "last_from_window": record.resumed_from_window}}
+        {"resumed": {"parts": record.parts, "last_from_window": record.resumed_from_window or 0}}
         if record.parts > 1 else {})
 
 

@@ -152,6 +152,39 @@ def test_private_tuning_refuses_an_unbounded_group_and_a_budget_it_exceeds(
     assert not any((tmp_path / "b").glob("trial-*"))  # refused before any trial
 
 
+def test_a_tuning_above_the_clients_budgets_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's tuning of quickstart released a trial whose tuned eps (4.8) was above every
+    client's budget (2.5, 3), and nothing said so: the trial's own explanation said that no
+    client exceeded its budget. The sweep now warns, in its output and sweep.json's notes, for
+    the clients with a budget (laptop here; phone trains its rounds without one)."""
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.1, []))  # K = 0: no trial runs
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
+                 "--tuning-mean", "2", "--out", str(out), "--no-plots"]) == 0
+    printed = capsys.readouterr().out
+    table = json.loads((out / "sweep.json").read_text())
+    tuned = table["private_tuning"]["tuned_epsilon"]
+    assert tuned["laptop-000"] > 3.0
+    said = ("warning: the tuning spends more than the budget of 2 of 2 client(s) with one "
+            "(largest: laptop-000, tuned eps ")
+    assert said in printed and "against its budget 3 at delta 1e-05" in printed
+    assert [note for note in table["notes"] if note.startswith(said)]
+    # Budgets the tuning keeps to (rounds bound each trial, far below them): no word. (A
+    # group bounded by its budget alone always goes over it: a trial may spend all of it.)
+    roomy = {**SCENARIO, "clients": {"groups": [
+        {**group, "rounds": 12, "budget": {"epsilon": 50.0, "delta": 1e-5}}
+        for group in SCENARIO["clients"]["groups"]]}}  # type: ignore[index]
+    scenario.write_text(yaml.safe_dump(roomy), encoding="utf-8")
+    monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.1, []))
+    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
+                 "--tuning-mean", "2", "--out", str(tmp_path / "roomy"), "--no-plots"]) == 0
+    assert "the tuning spends more than the budget" not in capsys.readouterr().out
+
+
 def test_private_tuning_of_one_candidate_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger's review (session 56): without --grid it trained one candidate K times,
@@ -249,3 +282,19 @@ def test_trial_names_tell_nothing_of_how_many_ran() -> None:
     assert all(len(p) == 8 and int(p, 16) >= 0 for p in prefixes)
     assert len(set(prefixes)) == len(prefixes)
     assert sorted(prefixes) != [f"{i:08x}" for i in range(500)]  # not a counter
+
+
+@pytest.mark.parametrize("flag", [["--tuning-mean", "3"], ["--tuning-eta", "0.5"],
+                                  ["--tuning-budget", "8"]])
+def test_a_tuning_option_without_private_tuning_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: list[str]) -> None:
+    """A stranger's `fedsim sweep S --grid ... --tuning-mean 3` (no --private-tuning) ran an
+    ordinary sweep of every combination, no tuning charged, saying nothing of the option."""
+    scenario = tmp_path / "tune.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(scenario), "--grid", GRID, *flag, "--out", str(out),
+                 "--no-plots"]) == 2
+    assert f"{flag[0]} sets a private tuning: give --private-tuning nb or poisson with it" in \
+        capsys.readouterr().err
+    assert not out.exists()

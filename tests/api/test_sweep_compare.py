@@ -206,7 +206,9 @@ def test_an_interrupted_sweep_keeps_the_table_of_its_finished_runs(
     table = json.loads((out / "sweep.json").read_text())
     assert table["interrupted"] is True and len(table["runs"]) == 3
     captured = capsys.readouterr()
-    assert "interrupted by SIGINT; table of the finished runs" in captured.out
+    # (a stranger: it said "table of the finished runs" over rows not run)
+    assert "interrupted by SIGINT; table of every run, its status finished, partial or not " \
+        "run: " in captured.out
 
 
 def test_an_interrupted_parallel_sweep_keeps_a_run_that_finished_out_of_order(
@@ -326,7 +328,7 @@ def test_a_real_signal_leaves_a_sweep_table_that_matches_its_run_directories(
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert process.returncode == status, err
-    assert f"interrupted by {name}; table of the finished runs" in out_text, out_text
+    assert f"interrupted by {name}; table of every run, its status" in out_text, out_text
     rows = _rows(out / "sweep.csv")
     assert len(rows) == 8
     for row in rows:
@@ -352,4 +354,16 @@ def test_a_sweep_value_given_twice_is_refused(tiny_scenario: Path, tmp_path: Pat
     assert main(["sweep", str(tiny_scenario), "--grid", "stop.windows=4,4", "--out",
                  str(out)]) == 2
     assert "--grid stop.windows: the value '4' is given twice" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_grid_of_seeds_with_seeds_is_refused(tiny_scenario: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `--grid seed=1,2 --seeds 3` ran seed 3 twice, in directories named
+    seed=1 and seed=2 whose grid column read 3 (--seeds sets every run's seed)."""
+    out = tmp_path / "never"
+    assert main(["sweep", str(tiny_scenario), "--grid", "seed=1,2", "--seeds", "3", "--out",
+                 str(out)]) == 2
+    assert "--grid seed=... and --seeds both set the seed: give the seeds with --seeds alone" \
+        in capsys.readouterr().err
     assert not out.exists()

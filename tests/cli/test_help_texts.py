@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,46 @@ def test_report_shows_one_directory_and_points_several_at_compare(
     assert usage.endswith("] DIR") and "more_dirs" not in usage
     assert main(["report", "a", "b"]) == 2
     assert "`fedsim compare a b`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "default"), [
+    (["deploy"], "deploy/generated"), (["sweep", "s.yaml"], "runs/NAME-sweep")])
+def test_an_output_directory_option_says_its_default(
+        command: list[str], default: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim deploy` wrote into deploy/generated and `fedsim sweep` into
+    runs/quickstart-sweep, while their --out help ("The output directory.") said neither."""
+    with pytest.raises(SystemExit):
+        main([command[0], "--help"])
+    assert default in " ".join(capsys.readouterr().out.split())
+
+
+def test_launch_offers_only_what_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim launch --help` said --broker defaults to $FEDSIM_BROKER (launch
+    starts its private broker and never reads it) and offered --run, which it always refused
+    ("fedsim launch names the run after the scenario"). The server's and the clients' own
+    commands keep both."""
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(by default a private mosquitto on 127.0.0.1, started and stopped by this " \
+        "command; $FEDSIM_BROKER is not read)" in text
+    assert "--run" not in text
+    for command in ("server", "client", "aggregator"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "(by default $FEDSIM_BROKER)" in text and "--run NAME" in text, command
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_launch_refuses_a_timeout_it_cannot_wait(
+        tmp_path: Path, timeout: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim launch S --timeout -1` started the broker and every process, then
+    gave up at once ("within -1 wall seconds"), leaving a launch's directory behind."""
+    out = tmp_path / "run"
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+    assert main(["launch", str(scenario), "--out", str(out), "--timeout",
+                 timeout]) == 2
+    assert f"--timeout must be a positive number of seconds, got {float(timeout)!r}" in \
+        capsys.readouterr().err
+    assert not out.exists()

@@ -313,6 +313,29 @@ def test_fetch_from_a_local_copy(real_mnist: datasets.Found, tmp_path: Path,
     assert (tmp_path / "out" / "mnist.npz").read_bytes() == cached
 
 
+def test_an_offline_fetch_downloads_nothing_and_says_so(
+        real_mnist: datasets.Found, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `FEDSIM_OFFLINE=1 fedsim data fetch fashion_mnist` went to three mirrors on
+    the network, though the README says FEDSIM_OFFLINE forbids downloads. It now refuses,
+    saying how to fetch; a verified copy already there is still found, and --from still reads
+    its local copy."""
+    monkeypatch.setenv("FEDSIM_OFFLINE", "1")
+    for argv in (["fashion_mnist"], ["mnist", "--force"]):
+        assert main(["data", "fetch", *argv, "--dir", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert "FEDSIM_OFFLINE=1 forbids downloads (unset it to download, or give --from FILE" \
+            in err
+        assert "http" not in err and "Traceback" not in err
+    assert main(["data", "fetch", "mnist", "--from", str(real_mnist.path),
+                 "--dir", str(tmp_path / "out")]) == 0
+    assert main(["data", "fetch", "mnist", "--dir", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.startswith(str(tmp_path / "out" / "mnist.npz"))
+    # A data set with no download source says so, offline or not (not "unset it").
+    assert main(["data", "fetch", "femnist", "--dir", str(tmp_path / "out")]) == 2
+    assert "femnist has no download source; build it with LEAF" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- any directory
 def test_a_scenario_finds_its_data_from_any_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

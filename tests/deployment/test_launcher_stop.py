@@ -4,9 +4,14 @@ look for ended processes and its look for running ones, and was in neither)."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 from pathlib import Path
 
+import pytest
+
+from fedsim.errors import TransportError
 from fedsim.runtime.deployed.launcher import Launcher, _Process
 from tests.deployment.test_deployed_run import SCENARIO
 
@@ -69,3 +74,129 @@ def test_stop_all_records_a_process_that_ends_while_it_looks(tmp_path: Path) -> 
     assert launcher.exit_codes == {"c-000": [-signal.SIGKILL, 0], "c-001": [0]}
     assert running.signals == [signal.SIGTERM]
     assert all(process.child is None for process in launcher.processes.values())
+
+
+def test_the_starts_are_on_disk_once_the_processes_have_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's launcher killed outright (SIGKILL) left processes.json as its start wrote
+    it, every process started 0 times; `fedsim launch --resume` then counted one start of the
+    server in all, and its summary said nothing of the run's first part (no `resumed`, no "It
+    ran in 2 parts"). The starts are written once the processes have started."""
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    for name in launcher.client_ids + ["server"]:
+        launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start(name: str) -> None:  # no process: the count alone
+        launcher.processes[name].starts += 1
+
+    monkeypatch.setattr(launcher, "start", start)
+    (tmp_path / "run").mkdir()
+    launcher.start_all()
+
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert {name: p["starts"] for name, p in written.items()} == {
+        name: 1 for name in [*launcher.client_ids, "server"]}
+
+
+class _Slow:
+    """A child that runs (its waits time out) until it is sent SIGTERM, then exits 0."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return 0 if self.signals else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.signals:
+            raise subprocess.TimeoutExpired("fedsim", timeout or 0.0)
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def test_a_timed_out_launch_says_it_can_go_on_and_keeps_the_exit_statuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's launch past its --timeout said only "the server did not reach the stop
+    condition within 20 wall seconds (see .../logs)", though its state was kept and
+    `fedsim launch --resume` goes on with it, and left processes.json without the exit
+    statuses of the processes it stopped."""
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    names = [*launcher.client_ids, "server"]
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in names:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start_all() -> None:
+        for process in launcher.processes.values():
+            process.starts += 1
+            process.child = _Slow()  # type: ignore[assignment]
+
+    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "start_all", start_all)
+    with pytest.raises(TransportError) as raised:
+        launcher.run_to_end(0.2)
+    assert str(raised.value).endswith(
+        f"its processes were stopped: 'fedsim launch --resume {tmp_path / 'run'} --timeout "
+        f"SECONDS' goes on with it")
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert {name: p["exit_codes"] for name, p in written.items()} == {n: [0] for n in names}
+
+
+def test_a_resumed_launch_follows_only_the_windows_it_runs(tmp_path: Path) -> None:
+    """A stranger's resumed launch logged the first part's windows again (window 40 at
+    accuracy 0.7336, stamped with the resume's time): its follower of metrics.jsonl read the
+    file from its start. Resumed, it reads from the lines already there; a file trimmed by a
+    restarted server is read again from its start, as before."""
+    from fedsim.runtime.deployed.launcher import _LineFollower
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"window": 1}\n{"window": 2}\n{"win', encoding="utf-8")
+    assert [m["window"] for m in _LineFollower(metrics).new_lines()] == [1, 2]
+    follower = _LineFollower(metrics, from_end=True)
+    assert follower.new_lines() == []
+    with open(metrics, "a", encoding="utf-8") as handle:
+        handle.write('dow": 3}\n')
+    assert follower.new_lines() == [{"window": 3}]
+    metrics.write_text('{"window": 1}\n', encoding="utf-8")  # trimmed
+    assert follower.new_lines() == [{"window": 1}]
+
+
+def test_a_launchs_summary_names_a_process_that_died(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's client process killed mid-launch (SIGKILL) was not restarted, and the
+    summary said only that 1 client "could still train when the run ended" (its state
+    "waiting"): processes.json alone held its -9. The launcher hands the collect each
+    process whose last exit status was not 0, and the summary's warnings name it."""
+    from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.collection import collect_outputs
+
+    summary = collect_outputs(load_scenario(SCENARIO), tmp_path, {}, wall_seconds=1.0,
+                              failed_processes={"c-000": -signal.SIGKILL, "c-001": 2})
+    said = ["c-000's process was killed by SIGKILL and was not running at the end "
+            "(logs/c-000.log)",
+            "c-001's process exited with status 2 and was not running at the end "
+            "(logs/c-001.log)"]
+    assert summary["warnings"] == said
+    assert f"Warnings: (1) {said[0]}" in summary["explanation"]
+
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    seen: dict[str, object] = {}
+    launcher.exit_codes = {"c-000": [-signal.SIGKILL], "c-001": [0], "c-002": [-9, 0]}
+    for name in [*launcher.client_ids, "server"]:
+        launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def collect(*args: object, **kwargs: object) -> dict[str, object]:
+        seen.update(kwargs)
+        return {}
+
+    monkeypatch.setattr("fedsim.runtime.deployed.launcher.collect_outputs", collect)
+    (tmp_path / "run").mkdir()
+    launcher.collect()
+    assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}

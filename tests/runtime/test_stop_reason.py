@@ -215,3 +215,24 @@ def test_a_run_ended_before_its_first_window_is_a_readable_run_directory(
     write_run_outputs(record)
     run = RunDirectory.load(tmp_path)
     assert run.metrics == () and run.interrupted == "SIGINT" and run.virtual_time == 0.0
+
+
+@pytest.mark.parametrize(("window", "said", "recorded"), [
+    (107, "the last from window 107.", 107),
+    (None, "the last from the start (no window had closed before it).", 0)])
+def test_a_launch_resumed_before_its_first_window_says_it_went_on_from_the_start(
+        tmp_path: Path, window: int | None, said: str, recorded: int) -> None:
+    """A stranger's launch interrupted before its first window, then resumed: its summary said
+    "It ran in 2 parts: ..., the last from window None" and ``last_from_window: null``."""
+    from fedsim.runtime.run_outputs import RunRecord, write_run_outputs
+
+    record = RunRecord(
+        scenario=parse_scenario(tiny(0.5, 10.0)), out_dir=tmp_path, metrics=[],
+        clients=[], stopped=[], stop_reason=None, final_version=37, network={},
+        wall_seconds=1.0, cpu_seconds=1.0, time_kind="scenario", parts=2,
+        resumed_from_window=window)
+    summary = write_run_outputs(record)
+    assert f"It ran in 2 parts: interrupted and resumed (fedsim launch --resume), {said}" \
+        in summary["explanation"]
+    assert "None" not in summary["explanation"]
+    assert summary["resumed"] == {"parts": 2, "last_from_window": recorded}

@@ -419,12 +419,21 @@ def test_compose_commands_match_what_fedsim_launch_runs(
     # The command lines are the point here, not the data set the launcher finds first.
     monkeypatch.setattr(launcher_module, "dataset_file", lambda *args, **kwargs: None)
 
+    from fedsim.config import load_scenario
+    from fedsim.runtime.population import client_ids
+    from fedsim.transports.security import write_broker_files
+    from fedsim.transports.topics import aggregator_ids
+
+    # (a launch with a broker of its own checks the file holds every process's credentials)
+    scenario = load_scenario(REPO / "scenarios" / "quickstart.yaml").scenario
+    files = write_broker_files(tmp_path / "gen", scenario.name, client_ids(scenario),
+                               aggregators=aggregator_ids(2))
     launcher = Launcher(
         REPO / "scenarios" / "quickstart.yaml",
         tmp_path / "run",
         options=DeploymentOptions(
             broker="mqtts://broker:8883",
-            secrets_file=str(tmp_path / "secrets.json"),
+            secrets_file=str(files.secrets_file),
             tls_ca=str(tmp_path / "ca.crt"),
             wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
         ),
@@ -474,6 +483,60 @@ def test_compose_written_outside_the_clone_builds_from_the_clone(
     assert command[command.index("--scenario") + 1] == "scenarios/quickstart.yaml"
     broker_config = services["broker"]["volumes"][0].split(":")[0]
     assert (compose.parent / broker_config).resolve() == (tmp_path / "generated").resolve()
+
+
+@pytest.mark.slow
+def test_compose_writes_the_brokers_files_where_its_container_sees_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim deploy S --out gen --compose F` (this module's docstring's command)
+    wrote a mosquitto.conf naming gen/'s paths on the host; the composed broker mounts gen/ at
+    /mosquitto/config and could not open its password file. --compose now puts the files where
+    the container sees them, and its persistence in the broker-data volume; given
+    directories are kept."""
+    compose = tmp_path / "compose.yml"
+    assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
+                     str(tmp_path / "gen"), "--compose", str(compose)]) == 0
+    conf = (tmp_path / "gen" / "mosquitto.conf").read_text()
+    # (no host command for a broker whose paths are the container's)
+    assert "mosquitto -c" not in capsys.readouterr().out
+    assert "password_file /mosquitto/config/passwd" in conf
+    assert "acl_file /mosquitto/config/acl" in conf
+    assert "certfile /mosquitto/config/broker.crt" in conf
+    assert "persistence_location /mosquitto/data/" in conf
+    assert str(tmp_path) not in conf
+    broker = yaml.safe_load(compose.read_text())["services"]["broker"]
+    assert broker["volumes"] == ["./gen:/mosquitto/config:ro", "broker-data:/mosquitto/data"]
+    assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out",
+                     str(tmp_path / "own"), "--compose", str(compose),
+                     "--broker-config-dir", "/etc/broker"]) == 0
+    assert "password_file /etc/broker/passwd" in (tmp_path / "own" / "mosquitto.conf").read_text()
+
+
+@pytest.mark.slow
+def test_the_printed_commands_run_the_scenario_the_files_were_made_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's `fedsim deploy S --aggregators 2 --set stop.windows=20` printed server and
+    client commands without either setting (the processes would run another scenario than
+    the broker's files were made for: flat, to another stop) and no aggregator's command."""
+    from fedsim.cli import build_parser
+
+    out = tmp_path / "gen"
+    assert cli_main(["deploy", str(REPO / "scenarios" / "quickstart.yaml"), "--out", str(out),
+                     "--aggregators", "2", "--set", "stop.windows=20"]) == 0
+    printed = capsys.readouterr().out
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].split("  (")[0].strip()
+             for line in printed.splitlines() if line.startswith(("server:", "client:",
+                                                                    "aggregator:"))}
+    assert set(lines) == {"server", "client", "aggregator"}
+    assert "(ID: aggregator-0, aggregator-1)" in printed
+    parser = build_parser()
+    for role, line in lines.items():
+        ids = {"client": "phone-000", "aggregator": "aggregator-0"}
+        argv = shlex.split(line.replace("ID", ids.get(role, "ID")))
+        assert argv[:2] == ["fedsim", role]
+        args = parser.parse_args(argv[1:])
+        assert args.overrides == ["stop.windows=20", "aggregators.count=2"], role
+        assert Path(args.secrets).is_file(), (role, args.secrets)
 
 
 @pytest.mark.slow

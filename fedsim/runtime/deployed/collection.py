@@ -6,8 +6,10 @@ writer (:func:`~fedsim.runtime.run_outputs.write_run_outputs`)."""
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from fedsim.config.loading import LoadedScenario
@@ -58,13 +60,16 @@ def collect_outputs(
     population: Population | None = None,
     interrupted: str | None = None,
     parts: int = 1,
+    failed_processes: Mapping[str, int] = MappingProxyType({}),
 ) -> dict[str, Any]:
     """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
 
     ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
     ``interrupted``: the signal that interrupted the launch (the summary says so, as an
     interrupted ``fedsim run``'s does); ``parts``: how many launches ran it (more than one:
-    interrupted and resumed, which the summary says).
+    interrupted and resumed, which the summary says); ``failed_processes``: the processes of
+    the launch whose last exit status was not 0 (a client killed mid-run: its summary said only
+    that it "could still train"), which the summary's warnings name.
 
     ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
     ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
@@ -84,7 +89,9 @@ def collect_outputs(
     clients: list[ClientOutcome] = []
     links: list[object] = []  # each client report's emulated_network
     unacknowledged: dict[str, int | None] = {}  # each client report's count
-    warnings: list[str] = []
+    warnings: list[str] = [
+        f"{name}'s process {_exit_text(code)} and was not running at the end "
+        f"(logs/{name}.log)" for name, code in failed_processes.items()]
     try:
         for plan in population.plans:
             client_id = plan.client_id
@@ -187,3 +194,13 @@ def _extends(source: Path, copy: Path) -> bool:
     held = held[:held.rfind(b"\n") + 1]
     with source.open("rb") as handle:
         return handle.read(len(held)) == held
+
+
+def _exit_text(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with status {code}"

@@ -32,7 +32,7 @@ from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.runtime.deployed.collection import collect_outputs
-from fedsim.runtime.deployed.deployment import run_name
+from fedsim.runtime.deployed.deployment import SECRETS_ENV, run_name
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import (
     FLUSH_TIMEOUT,
@@ -64,6 +64,8 @@ from fedsim.runtime.run_outputs import (
 )
 from fedsim.transports.broker import LocalMosquitto
 from fedsim.transports.child_process import bound_argv, bound_env, stop_with_parent
+from fedsim.transports.mqtt_settings import parse_broker_url
+from fedsim.transports.security import load_secrets
 from fedsim.transports.topics import aggregator_ids
 
 __all__ = ["LAUNCH_LOCK_FILE", "Launcher", "process_commands"]
@@ -263,6 +265,8 @@ class Launcher:
         self.run = run_name(self.scenario, None)
         self.client_ids = client_ids(self.scenario)
         self.aggregator_ids = aggregator_ids(self.scenario.aggregators.count)
+        if options.broker is not None:
+            self._require_credentials(options)
         # Resumed: every client restarts with the server, which waits for them as at a start,
         # but not for long: a client the server refuses (its state lost) never says it is
         # connected, and the wait would hold the whole run (a wait of none lost 1-6 windows).
@@ -287,6 +291,24 @@ class Launcher:
         self._lock_fd: int | None = None
         if resume:
             check_state_ledgers(self.loaded, self.state_dir)
+
+    def _require_credentials(self, options: DeploymentOptions) -> None:
+        """With a broker of one's own, the secrets file must hold every process's credentials
+        for this run, checked before anything starts: one that did not (a per-process file,
+        another run's) had every client exit at once, naming it in its log, while the launcher
+        waited out its --timeout (a stranger's)."""
+        secrets_file = options.secrets_file or os.environ.get(SECRETS_ENV)
+        if not secrets_file or parse_broker_url(str(options.broker)).username is not None:
+            return  # the URL's user:password, or an anonymous connection: the broker decides
+        secrets = load_secrets(secrets_file)
+        if secrets.run != self.run:
+            raise ConfigError(f"secrets file {secrets_file} is for run {secrets.run!r}, not "
+                              f"{self.run!r} (fedsim launch names the run after the scenario)")
+        secrets.for_server()
+        for client in self.client_ids:
+            secrets.for_client(client)
+        for aggregator in self.aggregator_ids:
+            secrets.for_aggregator(aggregator)
 
     # -- setup -------------------------------------------------------------------------------
     def state_dir(self, name: str) -> Path:
@@ -371,6 +393,9 @@ class Launcher:
     def start_all(self) -> None:
         for name in self.processes:  # clients first, then the aggregators, the server last
             self.start(name)
+        # Their starts recorded now: a launcher killed outright left the starts of prepare's
+        # record, 0, and its resumed run's summary said nothing of its first part (a stranger).
+        self._write_processes()
 
     def supervise_aggregators(self) -> list[str]:
         """Restart every aggregator that has failed (a crash: a non-zero status) while the run
@@ -467,6 +492,9 @@ class Launcher:
                          - self._children_cpu_at_start),
             interrupted=interrupted,
             parts=max(1, self.processes["server"].starts),
+            failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
+                              if codes and codes[-1] != 0 and name in self.processes
+                              and self.processes[name].child is None},
         )
         self._write_processes()
         return summary
@@ -502,6 +530,9 @@ class Launcher:
         own, and a stop cut short would leave them running."""
         with signals_ignored():
             self.stop_all()
+            if any(p.starts for p in self.processes.values()):
+                # their exit statuses on disk, also where no collect follows (a timeout)
+                self._write_processes()
             if self.local_broker is not None:
                 self.local_broker.kill(signal.SIGTERM)
             if self._lock_fd is not None:
@@ -526,7 +557,9 @@ class Launcher:
         try:
             self.prepare()
             self.start_all()
-            follower = _LineFollower(self.out / METRICS_FILE)
+            # Resumed: the earlier parts' windows were shown when they ran (a stranger's
+            # resumed launch logged them again, stamped now)
+            follower = _LineFollower(self.out / METRICS_FILE, from_end=self.resume)
             deadline = wallclock.monotonic() + timeout
             code = None
             while code is None and wallclock.monotonic() < deadline:
@@ -538,9 +571,13 @@ class Launcher:
                         on_window(line)
             if code is None:
                 self.kill("server", signal.SIGTERM)
+                # (a stranger's timed-out launch said only "see logs": its state is kept, and
+                # the run can go on)
                 raise TransportError(
                     f"the server did not reach the stop condition within "
-                    f"{timeout:g} wall seconds (see {self.out / 'logs'})"
+                    f"{timeout:g} wall seconds (see {self.out / 'logs'}); its processes were "
+                    f"stopped: 'fedsim launch --resume {self.out} --timeout SECONDS' goes on "
+                    f"with it"
                 )
             if code != 0:
                 raise FedsimError(
@@ -560,11 +597,14 @@ class Launcher:
 
 
 class _LineFollower:
-    """New complete lines of a JSON-lines file another process appends to."""
+    """New complete lines of a JSON-lines file another process appends to (``from_end``:
+    those after its complete lines now, else all of them)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, from_end: bool = False) -> None:
         self.path = path
         self._offset = 0
+        if from_end:
+            self.new_lines()  # (read past, not returned)
 
     def new_lines(self) -> list[dict[str, Any]]:
         try:

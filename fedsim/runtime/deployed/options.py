@@ -166,15 +166,20 @@ class DeploymentOptions:
     # -- from argv --------------------------------------------------------------------------
     @staticmethod
     def add_arguments(
-        parser: argparse.ArgumentParser, *, wait_for_clients: float | None = None
+        parser: argparse.ArgumentParser, *, wait_for_clients: float | None = None,
+        launcher: bool = False,
     ) -> None:
         """Register the options (and ``--set``) on ``parser``; ``wait_for_clients``: the default
-        of ``--wait-for-clients``, for the commands that start a server (None: not offered)."""
+        of ``--wait-for-clients``, for the commands that start a server (None: not offered);
+        ``launcher``: ``fedsim launch``'s, which starts a private broker without ``--broker``
+        (it reads no ``$FEDSIM_BROKER``) and names the run after the scenario (no ``--run``:
+        a stranger's launch --help offered both, as the other commands take them)."""
         parser.add_argument(
             "--broker",
             metavar="URL",
             help="The broker, as mqtt://[user:password@]HOST[:PORT] or mqtts://... (by "
-            "default $FEDSIM_BROKER).",
+            + ("default a private mosquitto on 127.0.0.1, started and stopped by this command; "
+               "$FEDSIM_BROKER is not read)." if launcher else "default $FEDSIM_BROKER)."),
         )
         parser.add_argument(
             "--secrets",
@@ -182,12 +187,13 @@ class DeploymentOptions:
             help="The credentials file written by fedsim deploy (by default "
             "$FEDSIM_SECRETS); not needed if the broker URL has user:password.",
         )
-        parser.add_argument(
-            "--run",
-            metavar="NAME",
-            help="The run's name in the MQTT topics (by default the secrets file's run, "
-            "else the scenario name).",
-        )
+        if not launcher:
+            parser.add_argument(
+                "--run",
+                metavar="NAME",
+                help="The run's name in the MQTT topics (by default the secrets file's run, "
+                "else the scenario name).",
+            )
         parser.add_argument(
             "--time-scale",
             type=float,
@@ -255,7 +261,7 @@ class DeploymentOptions:
             json_logs=args.json_logs,
             broker=args.broker,
             secrets_file=args.secrets,
-            run=args.run,
+            run=getattr(args, "run", None),
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
