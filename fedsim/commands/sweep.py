@@ -466,10 +466,15 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     clients = sorted(set().union(*bounded))
     selections = {client: tuning.selection_of(trials, [b.get(client, ()) for b in bounded])
                   for client in clients}
-    out.mkdir(parents=True, exist_ok=True)
-    totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
     over = tuning.over_budgets(args.scenario, [c["overrides"] for c in candidates], selections,
                                args.allow_factories)
+    if over is not None and args.tuning_budget is None:
+        # A client's budget is a promise: a tuning that spends past it runs only when asked
+        # to, with the total it may reach (nothing is charged before this refusal).
+        raise ConfigError(f"{over.removeprefix('warning: ')}; this tuning is refused without "
+                          f"--tuning-budget EPS, the tuned total you accept for every client")
+    out.mkdir(parents=True, exist_ok=True)
+    totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
     count = tuning.draw_trials(trials)
     plans = []
     names: set[str] = set()

@@ -80,8 +80,10 @@ def test_private_tuning_sweep_charges_the_tuning_bound(
     entropy = Entropy(0.5, [0, 1])  # Poisson(2): P[K <= 1] = 0.406, P[K <= 2] = 0.677: K = 2
     monkeypatch.setattr(private_tuning, "_ENTROPY", entropy)
     out = tmp_path / "sweep"
+    # (the tuned total is above laptop's budget of 3: accepted up to 100 with --tuning-budget)
     assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
-                 "--tuning-mean", "2", "--out", str(out), "--no-plots"]) == 0
+                 "--tuning-mean", "2", "--tuning-budget", "100", "--out", str(out),
+                 "--no-plots"]) == 0
     assert entropy.calls == 3  # K, then one candidate per trial
     printed = capsys.readouterr().out
     table = json.loads((out / "sweep.json").read_text())
@@ -120,7 +122,8 @@ def test_private_tuning_sweep_charges_the_tuning_bound(
     monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.1, []))
     again = tmp_path / "again"
     assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
-                 "--tuning-mean", "2", "--out", str(again), "--no-plots"]) == 0
+                 "--tuning-mean", "2", "--tuning-budget", "100", "--out", str(again),
+                 "--no-plots"]) == 0
     second = json.loads((again / "sweep.json").read_text())["private_tuning"]
     assert second["trials"] == 0 and second["selected"] is None
     # nothing was released, but the selection was charged before K was known
@@ -157,14 +160,22 @@ def test_a_tuning_above_the_clients_budgets_says_so(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger's tuning of quickstart released a trial whose tuned eps (4.8) was above every
     client's budget (2.5, 3), and nothing said so: the trial's own explanation said that no
-    client exceeded its budget. The sweep now warns, in its output and sweep.json's notes, for
-    the clients with a budget (laptop here; phone trains its rounds without one)."""
+    client exceeded its budget. A client's budget is a promise: such a tuning is now refused,
+    before anything is charged, unless --tuning-budget says what total is accepted; then the
+    sweep runs and says so, in its output and sweep.json's notes, for the clients with a
+    budget (laptop here; phone trains its rounds without one)."""
     scenario = tmp_path / "tune.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO), encoding="utf-8")
     monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.1, []))  # K = 0: no trial runs
     out = tmp_path / "sweep"
-    assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
-                 "--tuning-mean", "2", "--out", str(out), "--no-plots"]) == 0
+    argv = ["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
+            "--tuning-mean", "2", "--out", str(out), "--no-plots"]
+    assert main(argv) == 2
+    refused = capsys.readouterr().err
+    assert "the tuning spends more than the budget of 2 of 2 client(s) with one" in refused
+    assert "refused without --tuning-budget EPS" in refused
+    assert not (out / private_tuning.TUNING_LEDGER_DIR).exists()  # nothing charged
+    assert main([*argv, "--tuning-budget", "100"]) == 0
     printed = capsys.readouterr().out
     table = json.loads((out / "sweep.json").read_text())
     tuned = table["private_tuning"]["tuned_epsilon"]
@@ -229,7 +240,8 @@ def test_each_trial_says_whether_it_is_the_release_and_the_release_gives_the_tun
     monkeypatch.setattr(private_tuning, "_ENTROPY", Entropy(0.5, [0, 1]))  # K = 2
     out = tmp_path / "sweep"
     assert main(["sweep", str(scenario), "--grid", GRID, "--private-tuning", "poisson",
-                 "--tuning-mean", "2", "--out", str(out), "--no-plots", "--quiet"]) == 0
+                 "--tuning-mean", "2", "--tuning-budget", "100", "--out", str(out),
+                 "--no-plots", "--quiet"]) == 0
     table = json.loads((out / "sweep.json").read_text())
     runs = table["runs"]
     selected = table["private_tuning"]["selected"]
