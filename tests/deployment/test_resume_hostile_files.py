@@ -47,6 +47,23 @@ def test_an_honest_directory_resumes(tmp_path: Path) -> None:
     assert resumable_scenario(out) == out / SCENARIO_FILE
 
 
+def test_a_simulations_directory_is_said_to_be_one_that_cannot_be_resumed(
+        tmp_path: Path) -> None:
+    """A stranger's ``launch --resume`` of an interrupted ``fedsim run`` directory was told
+    only which of a launch's files were missing."""
+    simulation = tmp_path / "run"
+    simulation.mkdir()
+    shutil.copy(FOUR, simulation / SCENARIO_FILE)
+    (simulation / "metrics.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"a simulation's \(fedsim run\), which cannot be "
+                                          r"resumed: run the scenario again"):
+        resumable_scenario(simulation)
+    elsewhere = tmp_path / "empty"
+    elsewhere.mkdir()
+    with pytest.raises(ConfigError, match="nothing to resume$"):
+        resumable_scenario(elsewhere)
+
+
 @pytest.mark.parametrize("name", [SERVER_FILE, LAUNCH_FILE])
 def test_a_fifo_for_a_file_the_resume_reads_is_named_not_waited_on(tmp_path: Path,
                                                                    name: str) -> None:

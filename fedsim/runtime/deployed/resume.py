@@ -19,6 +19,7 @@ from fedsim.errors import ConfigError, FedsimError
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.population import build_population
 from fedsim.runtime.run_outputs import (
+    METRICS_FILE,
     PROCESSES_FILE,
     SCENARIO_FILE,
     SERVER_FILE,
@@ -52,8 +53,13 @@ def resumable_scenario(out: str | Path) -> Path:
     missing = [str(p) for p in (scenario, out / PROCESSES_FILE, out / "state" / "server")
                if not p.exists()]
     if missing:
+        # (a stranger resumed a `fedsim run` directory and was told only what was missing)
+        simulation = (out / METRICS_FILE).exists() and not (out / PROCESSES_FILE).exists()
         raise ConfigError(f"{out} is not the directory of a fedsim launch (no "
-                          f"{', '.join(missing)}): nothing to resume")
+                          f"{', '.join(missing)}): nothing to resume"
+                          + ("; it looks like a simulation's (fedsim run), which cannot be "
+                             "resumed: run the scenario again, to a new --out"
+                             if simulation else ""))
     # Damage is said, not taken for "not finished" (a FIFO hung here, deep nesting raised
     # RecursionError: an attacker's review).
     server = read_json_if_present(out / SERVER_FILE)
