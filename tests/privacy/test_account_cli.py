@@ -141,3 +141,16 @@ def test_the_table_for_people_is_one_column_of_values(capsys: pytest.CaptureFixt
     assert [r.split(":")[0] for r in rows[:2]] == ["accountant", "sampling"] and len(rows) > 4
     starts = {len(r) - len(r.split(":", 1)[1].lstrip()) for r in rows}
     assert starts == {17}
+
+
+def test_the_plots_title_says_a_clt_eps_is_an_approximation() -> None:
+    """A stranger: `--accountant gdp-clt --plot` put its eps in the title as a guarantee's
+    (only the legend said CLT); a guarantee's title stays as it was."""
+    from fedsim.commands.account import plot_title
+    from fedsim.privacy.answers import account
+
+    clt = account(q=0.01, sigma=1.0, steps=1000, accountant="gdp-clt")
+    pld = account(q=0.01, sigma=1.0, steps=1000)
+    assert plot_title(clt).endswith("(CLT approximation, not a guarantee)")
+    assert "approximation" not in plot_title(pld)
+    assert plot_title(pld) == f"poisson (add/remove), eps = {pld.epsilon:.4g} at delta = 1e-05"
