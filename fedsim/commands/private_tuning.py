@@ -177,8 +177,9 @@ def tuning_ledgers(out: Path, clients: dict[str, TunedSelection], delta: float,
 def over_budgets(scenario: str, candidates: Sequence[Sequence[str]],
                  selections: dict[str, TunedSelection],
                  allow_factories: bool = False) -> str | None:
-    """What to say of the clients whose tuned eps, at their budget's delta, exceeds their
-    group's budget eps (its smallest over the ``candidates``' overrides); None if none does.
+    """One sentence on the clients whose tuned eps, at their budget's delta, exceeds their
+    group's budget eps (its smallest over the ``candidates``' overrides); None if none does
+    (the sweep refuses such a tuning without ``--tuning-budget``, and notes it with one).
     Each trial keeps to the budgets, the tuning as a whole need not (a stranger's release spent
     4.8 against budgets of 2.5 and 3, and its explanation said no client exceeded one)."""
     from fedsim.config import load_scenario
@@ -203,11 +204,10 @@ def over_budgets(scenario: str, candidates: Sequence[Sequence[str]],
         return None
     worst = max(over, key=lambda c: over[c][0] / over[c][1])
     tuned, epsilon, delta = over[worst]
-    return (f"warning: the tuning spends more than the budget of {len(over)} of "
-            f"{len(budgets)} client(s) with one (largest: {worst}, tuned eps "
-            f"{epsilon_text(tuned)} against its budget {epsilon:g} at delta {delta:g}): each "
-            f"trial kept to the budgets, the tuning as a whole does not; --tuning-budget EPS "
-            f"refuses a tuning above EPS before any trial runs")
+    return (f"the tuning spends more than the budget of {len(over)} of {len(budgets)} "
+            f"client(s) with one (largest: {worst}, tuned eps {epsilon_text(tuned)} against "
+            f"its budget {epsilon:g} at delta {delta:g}): each trial kept to the budgets, the "
+            f"tuning as a whole does not")
 
 
 def best_trial(rows: Sequence[dict[str, Any]]) -> int | None:

@@ -471,7 +471,7 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
     if over is not None and args.tuning_budget is None:
         # A client's budget is a promise: a tuning that spends past it runs only when asked
         # to, with the total it may reach (nothing is charged before this refusal).
-        raise ConfigError(f"{over.removeprefix('warning: ')}; this tuning is refused without "
+        raise ConfigError(f"{over}; this tuning is refused without "
                           f"--tuning-budget EPS, the tuned total you accept for every client")
     out.mkdir(parents=True, exist_ok=True)
     totals = tuning.tuning_ledgers(out, selections, delta, args.tuning_budget)
@@ -508,7 +508,8 @@ def run_private(args: argparse.Namespace, grid: list[tuple[str, list[str]]], del
                 "delta": delta, "tuned_epsilon": totals, "tuned_epsilon_max": tuned_max,
                 "ledgers": str(tuning.TUNING_LEDGER_DIR)}}
     grid_paths = [p for p, _ in grid]
-    notes = [*_notes(rows), *([over] if over else [])]
+    notes = [*_notes(rows), *([f"warning: {over}; accepted up to eps {args.tuning_budget:g} "
+                               f"by --tuning-budget"] if over else [])]
     csv_path, json_path = write_table(out, rows, grid_paths, {**meta, "notes": notes},
                                       extra=("selected", "tuned_eps_max"))
     columns = ["run", *grid_paths, "final_accuracy", "eps_max", "selected", "tuned_eps_max"]
