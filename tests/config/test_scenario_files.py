@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -85,14 +86,19 @@ def test_validate_lists_every_error_with_path_and_line(tmp_path: Path) -> None:
     assert "server.window" in text
 
 
+def _errors_by_key(data: dict[str, Any]) -> dict[str, str]:
+    """The problems ``parse_scenario`` refuses ``data`` with, by the key each names."""
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(data)
+    return {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+
+
 def test_unknown_keys_name_the_key_meant(tmp_path: Path) -> None:
     data = json.loads(json.dumps(MINIMAL))
     data["clients"]["groups"][0].update(clipp=1.0, sigma=1.0, colour="red")
     data["server"]["windw"] = 1.0
     data["stop"]["windos"] = 3
-    with pytest.raises(ScenarioError) as caught:
-        parse_scenario(data)
-    by_key = {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+    by_key = _errors_by_key(data)
     assert by_key["clients.groups[0].clipp"].endswith("did you mean 'clip'?")
     assert by_key["server.windw"].endswith("did you mean 'window'?")
     assert by_key["stop.windos"].endswith("did you mean 'windows'?")
@@ -196,9 +202,7 @@ def test_refused_choices_and_misplaced_keys_name_what_was_meant() -> None:
     data["server"]["batch_size"] = 3  # a group's key, not step_size (which it resembles)
     data["accountant"] = "pld"  # a group's key, two sections down
     data["clients"]["groups"][0]["accountant"] = "xyz"  # nothing like pld or rdp
-    with pytest.raises(ScenarioError) as caught:
-        parse_scenario(data)
-    by_key = {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+    by_key = _errors_by_key(data)
     assert by_key["clients.groups[0].sampling"].endswith("(got \"poison\") - did you mean 'poisson'?")
     assert by_key["clients.groups[0].interrupt"].endswith("- did you mean 'switch'?")
     assert by_key["clients.groups[0].noise"].endswith("got 'constnt' - did you mean 'constant'?")
@@ -215,9 +219,7 @@ def test_a_word_for_a_choice_suggests_that_choice_not_a_spelling_neighbour() -> 
     data["device"] = "gpu"
     data["clients"]["groups"][0]["sampling"] = "fixed-size"
     data["clients"]["groups"][0]["interrupt"] = "gpu"  # no 'cuda' here: no suggestion
-    with pytest.raises(ScenarioError) as caught:
-        parse_scenario(data)
-    by_key = {line.split(":")[0].split(" (")[0]: line for line in caught.value.errors}
+    by_key = _errors_by_key(data)
     assert by_key["device"].endswith("(got \"gpu\") - did you mean 'cuda'?")
     assert by_key["clients.groups[0].sampling"].endswith("- did you mean 'fixed'?")
     assert by_key["clients.groups[0].interrupt"].endswith('(got "gpu")')

@@ -98,25 +98,13 @@ def test_the_starts_are_on_disk_once_the_processes_have_started(
         name: 1 for name in [*launcher.client_ids, "server"]}
 
 
-class _Slow:
+class _Slow(_Running):
     """A child that runs (its waits time out) until it is sent SIGTERM, then exits 0."""
-
-    def __init__(self) -> None:
-        self.signals: list[int] = []
-
-    def poll(self) -> int | None:
-        return 0 if self.signals else None
 
     def wait(self, timeout: float | None = None) -> int:
         if not self.signals:
             raise subprocess.TimeoutExpired("fedsim", timeout or 0.0)
         return 0
-
-    def send_signal(self, sig: int) -> None:
-        self.signals.append(sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def test_a_timed_out_launch_says_it_can_go_on_and_keeps_the_exit_statuses(
