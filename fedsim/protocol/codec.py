@@ -502,9 +502,9 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
 ) -> Frame:
     """The message of a valid ``header`` and its body, checked against the receiver's
     ``expected_params`` and ``wire_form`` (:func:`decode_frame`): :func:`decode_frame` passes
-    the frame's bytes with the body at ``offset``; :meth:`Sealed.open` passes the sealed body (a tensor that :func:`seal` found
-    finite, of the length its header declares, with an update's ``norm``; or a compressed
-    update's payload)."""
+    the frame's bytes with the body at ``offset``; :meth:`Sealed.open` passes the sealed body
+    (a tensor that :func:`seal` found finite, of the length its header declares, with an
+    update's ``norm``; or a compressed update's payload)."""
     if body is None:
         body_bytes = 0
     elif isinstance(body, np.ndarray):

@@ -18,8 +18,8 @@ from typing import Any
 
 from fedsim.privacy.epsilon_text import epsilon_text
 
-__all__ = ["accuracy", "count", "epsilon_text", "finite_number", "name_text", "printable", "relative_gap",
-           "spread"]
+__all__ = ["accuracy", "count", "epsilon_text", "finite_number", "name_text", "printable",
+           "relative_gap", "spread"]
 
 
 def finite_number(value: Any) -> float | None:
