@@ -175,7 +175,10 @@ class _TimedTrainer:
 class _TimedRound:
     def __init__(self, pending: Any, trainer: _TimedTrainer) -> None:
         self.pending, self.trainer = pending, trainer
-        self.sample_grads = pending.sample_grads
+
+    @property
+    def sample_grads(self) -> int:  # (read only where the timing needs it: it draws the round)
+        return int(self.pending.sample_grads)
 
     def result(self) -> Any:
         totals = self.trainer.totals

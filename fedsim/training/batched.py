@@ -3,9 +3,10 @@
 In a simulation every client trains its own copy of one model on its own small batches. For
 small models a round computed alone is dominated by per-operation costs (dispatch of some
 forty tensor operations, cold parameter vectors), not arithmetic. The virtual-time runtime
-lets rounds wait: a client draws its round's randomness when the round starts
-(:meth:`~fedsim.training.local.LocalTrainer.begin_round`), lets the round's compute time pass,
-and only then asks for the update; by then the rounds other clients began meanwhile are
+lets rounds wait: a client begins its round
+(:meth:`~fedsim.training.local.LocalTrainer.begin_round`; the round's randomness is drawn when
+the pass first reads it, the pass's rounds one after the other, with the values a draw at the
+round's start gives), lets the round's compute time pass, and only then asks for the update; by then the rounds other clients began meanwhile are
 pending too, and the first request computes them all in one pass
 (:class:`~fedsim.training.batched_pass.ChainPass`: the examples of all rounds laid end to end,
 each round the same DP-SGD step as on its own, up to floating-point summation order).
@@ -196,6 +197,8 @@ class RoundBatcher:
             pending = [pending[k] for k in sorted(soonest)]
         for round_ in pending:
             del self._pending[id(round_)]
+            # The pass's draws one after the other (PendingRound.draws: warm, not one a round)
+            round_.draws  # noqa: B018 - draws them
         jobs: list[PassJob] = []
         # The chain's rule, once a flush for each features' dimension, not once a round (its
         # state comparison was 2.5% of a 1,000-client run's CPU under cProfile), and again

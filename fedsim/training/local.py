@@ -343,14 +343,26 @@ class LocalTrainer:
     def begin_round(
         self, params: np.ndarray, round_index: int, batcher: RoundQueue | None = None
     ) -> PendingRound:
-        """Draw the round's randomness now and compute it later (:meth:`PendingRound.result`).
+        """Begin a round now and compute it later (:meth:`PendingRound.result`).
 
-        Every draw from the generator happens here, in the order a round has always made
-        them (per step: the batch, the noise's key, adaptive clipping's count-noise key), so
-        the values do not depend on when the compute runs. ``params`` must not be modified
-        until the round is computed. With a ``batcher`` the round is computed together with the
-        other rounds pending there (:class:`~fedsim.training.batched.RoundBatcher`).
+        Every draw of the round from the generator happens in :meth:`draw_round`, in the order
+        a round has always made them: here, or, with a ``batcher``, when the batcher first
+        reads them (:attr:`PendingRound.draws`: the rounds of a pass drawn together); either
+        way before the client's next round begins, so the values do not depend on when the
+        compute runs. ``params`` must not be modified until the round is computed. With a
+        ``batcher`` the round is computed together with the other rounds pending there
+        (:class:`~fedsim.training.batched.RoundBatcher`).
         """
+        steps = self.planned_steps(round_index)
+        if batcher is None:
+            return PendingRound(self, params, round_index, steps, self.draw_round())
+        pending = PendingRound(self, params, round_index, steps, self.draw_round)
+        batcher.submit(pending)
+        return pending
+
+    def draw_round(self) -> list[StepDraws]:
+        """A round's randomness from the generator, per step: the batch, the noise's key,
+        adaptive clipping's count-noise key."""
         draws = []
         for _ in range(self.local_steps):
             indices = sample_batch(self.sampling, self.num_records, self.batch_size, self.generator,
@@ -358,10 +370,7 @@ class LocalTrainer:
             noise = NoiseKey.draw(self.generator)
             count = NoiseKey.draw(self.generator) if self.adaptive_clip is not None else None
             draws.append(StepDraws(indices, noise, count))
-        pending = PendingRound(self, params, round_index, self.planned_steps(round_index), draws)
-        if batcher is not None:
-            batcher.submit(pending)
-        return pending
+        return draws
 
     def run_round(self, params: np.ndarray, round_index: int) -> RoundResult:
         """Compute the round's noisy update from the flat float32 parameter vector ``params``."""

@@ -27,6 +27,7 @@ client's data; the coupling argument that keeps the round's sensitivity is
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -290,15 +291,14 @@ class PendingRound:
         params: np.ndarray,
         round_index: int,
         steps: list[GaussianStep],
-        draws: list[StepDraws],
+        draws: list[StepDraws] | Callable[[], list[StepDraws]],
     ) -> None:
         self.trainer = trainer
         self.params = params
         self.round_index = round_index
         self.steps = steps
-        self.draws = draws
-        self.sample_grads = sum(d.indices.shape[0] for d in draws)
-        """Per-example gradients the round computes, known before it is computed."""
+        self._draws: list[StepDraws] | None = None if callable(draws) else draws
+        self._draw: Callable[[], list[StepDraws]] | None = draws if callable(draws) else None
         self.segments = [Segment(0.0, params)]
         """Where the round's ``w`` changes (:meth:`switch`); one segment unless interrupted."""
         self.recomputed = 0
@@ -310,6 +310,26 @@ class PendingRound:
         self.adaptive_before: float | None = trainer.adaptive_state()
         """Adaptive clipping's norm when the round began (None without it)."""
         self._outcome: RoundResult | Exception | None = None
+
+    @property
+    def draws(self) -> list[StepDraws]:
+        """The round's randomness, per step. Given as a function (a round that waits in a
+        batcher), it is drawn at the first read: the batcher reads the draws of a pass's
+        rounds one after the other, where each client's drawing them as its round began ran
+        the generator's code cold, between other rounds' model-sized vectors (57 + 22 us a
+        round against a few warm: docs/SCALE.md, session 65). Nothing but its own rounds, one
+        at a time, draws from a client's generator, and :meth:`cancel` draws what was not yet
+        drawn, so every round gets the values it got when all were drawn at its start."""
+        if self._draws is None:
+            assert self._draw is not None
+            self._draws, self._draw = self._draw(), None
+        return self._draws
+
+    @property
+    def sample_grads(self) -> int:
+        """Per-example gradients the round computes, known before it is computed (reading
+        it makes the draws)."""
+        return sum(d.indices.shape[0] for d in self.draws)
 
     @property
     def done(self) -> bool:
@@ -392,7 +412,9 @@ class PendingRound:
         that goes back, or a later round's clip would depend on a noisy count no one paid
         for, and a simulation's on how its rounds were grouped (two reviews). Simulated runs
         with adaptive clipping and crashes changed at 52c3e46; one not yet computed is
-        dropped from its batcher."""
+        dropped from its batcher. Its randomness is drawn if it was not yet (:attr:`draws`):
+        the client's later rounds draw what they would have."""
+        self.draws  # noqa: B018 - draws them
         if self.batcher is not None:
             self.batcher.discard(self)
         self.batcher = None

@@ -469,3 +469,49 @@ def test_a_released_update_owns_its_memory_and_the_network_takes_it_uncopied(
         opened = sealed.open(expected_params=size)
         assert isinstance(opened, ClientUpdate)
         np.testing.assert_array_equal(opened.delta, values)
+
+
+def _draw_values(pending: object) -> list[tuple[list[int], tuple[int, int], object]]:
+    """A round's draws as plain values (batch indices, noise key, count-noise key)."""
+    return [(d.indices.tolist(), (d.noise.seed, d.noise.gamma),
+             None if d.count_noise is None else (d.count_noise.seed, d.count_noise.gamma))
+            for d in pending.draws]  # type: ignore[attr-defined]
+
+
+def test_a_batched_round_draws_at_its_pass_what_it_drew_when_it_began() -> None:
+    """Rounds waiting in a batcher draw their randomness when the pass first reads it (the
+    pass's rounds one after the other), not when they begin: each round still gets the values
+    of a round drawn at its start, including after a round cancelled before its pass (its
+    draws are made at the cancel), so a client's stream is the one it always was."""
+    model = _mlp()
+    lazy, eager = _trainers(model), _trainers(model)
+    batcher = RoundBatcher(model)
+    params = _params(model, len(POSTURES))
+    for round_index in range(5):
+        states = [t.generator.get_state() for t in lazy]
+        begun = [t.begin_round(p, round_index, batcher) for t, p in zip(lazy, params, strict=True)]
+        # nothing is drawn yet: every generator is where it was before the rounds began
+        assert all(torch.equal(t.generator.get_state(), s)
+                   for t, s in zip(lazy, states, strict=True))
+        expected = [_draw_values(t.begin_round(p, round_index))
+                    for t, p in zip(eager, params, strict=True)]
+        if round_index == 2:  # a crash before the pass: never computed, its draws still made
+            begun[1].cancel()
+            assert not torch.equal(lazy[1].generator.get_state(), states[1])
+        begun[0].result()  # the pass: every other round's draws made there
+        assert all(not torch.equal(t.generator.get_state(), s)
+                   for t, s in zip(lazy, states, strict=True))
+        assert [_draw_values(b) for b in begun] == expected
+        assert [b.sample_grads for b in begun] == [sum(len(i) for i, _, _ in e)
+                                                    for e in expected]
+
+
+def test_a_round_begun_without_a_batcher_draws_at_once() -> None:
+    """Alone (a deployed client's round, ``run_round``), a round draws when it begins, as the
+    generator's order of use has always been."""
+    model = _mlp()
+    trainer = _trainers(model)[0]
+    before = trainer.generator.get_state()
+    pending = trainer.begin_round(_params(model, 1)[0], 0)
+    assert not torch.equal(trainer.generator.get_state(), before)
+    assert pending.sample_grads == len(pending.draws[0].indices)

@@ -58,7 +58,8 @@ class BegunRound(Protocol):
     """A begun round as the actor holds it (:class:`fedsim.training.rounds.PendingRound`, or
     :class:`~fedsim.training.rounds.DoneRound` when nothing is left to compute)."""
 
-    sample_grads: int
+    @property
+    def sample_grads(self) -> int: ...
 
     def result(self) -> RoundResult: ...
 
