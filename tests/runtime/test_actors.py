@@ -335,6 +335,45 @@ def test_server_never_applies_an_update_twice_and_drops_stale_ones() -> None:
     assert versions == [0, 1, 1, 2, 2]
 
 
+def test_replays_junk_and_stale_updates_do_not_hold_off_the_stop_on_spent_budgets() -> None:
+    """Once no client can train, the run stops at the first window in which nothing arrived
+    that could change the model. A window of replays (duplicates), stale updates and
+    rejections alone is as quiet as an empty one: a hostile client sending them every window
+    (or an aggregator counting them) kept ``stop.all_budgets_spent`` from ever ending the run,
+    which waited for a window with no arrival at all. An accepted arrival still holds it off."""
+    from fedsim.config.schema import Stop
+    from fedsim.runtime.actors.stops import RunStopKind
+
+    stop = Stop(windows=20)  # all_budgets_spent is on by default
+
+    async def main(clock: VirtualClock):
+        endpoint = RecordingEndpoint(clock)
+        server = make_server(clock, endpoint, max_staleness=1)
+        arrivals = [(0.2, update("a", 0, 0, 1.0)), (0.4, update("b", 0, 0, 1.0))]
+        for window in range(1, 6):  # every later window: a replay and an unknown sender
+            arrivals += [(window + 0.3, update("a", 0, 0, 1.0)),
+                         (window + 0.5, update("zz", 0, 0, 1.0))]
+        arrivals += [(3.6, update("b", 0, 0, 1.0)),  # a duplicate more in window 4
+                     (4.4, update("a", 1, 0, 1.0)),  # accepted (staleness 1): window 5
+                     (5.7, update("b", 1, 0, 1.0))]  # too stale at version 2: window 6
+        for t, message in arrivals:
+            endpoint.deliver_at(t, message)
+        reports = []
+        await server.run(lambda r: reports.append(r) or r.window >= 7)
+        return reports
+
+    reports = run_virtual(main)
+    verdicts = [r.stop_reason(stop, active_clients=0) for r in reports]
+    kinds = [None if v is None else v.kind for v in verdicts]
+    assert [(r.received, r.applied, r.duplicate, r.stale, r.rejected) for r in reports[:6]] == [
+        (2, 2, 0, 0, 0), (2, 0, 1, 0, 1), (2, 0, 1, 0, 1), (3, 0, 2, 0, 1), (3, 1, 1, 0, 1),
+        (3, 0, 1, 1, 1)]
+    budgets = RunStopKind.BUDGETS_SPENT
+    assert kinds == [None, budgets, budgets, budgets, None, budgets, budgets]
+    # (a client still active holds it off whatever arrived)
+    assert all(r.stop_reason(stop, active_clients=1) is None for r in reports)
+
+
 def test_participation_invites_each_window_and_applies_every_invited_round() -> None:
     """The server names each window's participants in the model that opens it; every update
     of an invited round is applied (also one that arrives a window late), and an update naming

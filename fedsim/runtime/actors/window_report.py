@@ -53,6 +53,16 @@ class WindowReport:
     """The window's scheduled end on the server's timeline (``time`` is when it was closed:
     the same up to float rounding under virtual time, a little later on the wall clock)."""
 
+    @property
+    def to_apply(self) -> int:
+        """Arrivals of this window that were neither stale, nor duplicates, nor rejected: the
+        ones that can still change the model (accepted, or waiting to be judged). The stop on
+        spent budgets waits for a window without any: a window of duplicates, stale updates
+        or rejections alone - which a hostile client's replays or junk, or an aggregator's
+        counts, could make of every window - is as quiet as an empty one. (Negative when a
+        window judges updates an earlier one received.)"""
+        return self.received - self.stale - self.duplicate - self.rejected
+
     def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
                      min_remaining_epsilon: float | None,
                      refused: Mapping[str, int] | None = None) -> dict[str, object]:
@@ -118,7 +128,7 @@ class WindowReport:
                 and self.accuracy >= stop.target_accuracy):
             return RunStop(RunStopKind.TARGET_ACCURACY,
                            f"it reached the target accuracy {stop.target_accuracy:g}")
-        if stop.all_budgets_spent and active_clients == 0 and self.received == 0 \
+        if stop.all_budgets_spent and active_clients == 0 and self.to_apply <= 0 \
                 and in_flight == 0:
             return RunStop(RunStopKind.BUDGETS_SPENT,
                            "no client can train any more and every update has arrived")
