@@ -52,7 +52,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         default=3600.0,
         metavar="SECONDS",
         help="Give up if the server has not stopped after this many wall seconds (default: "
-        "%(default)s).",
+        "%(default)s): the processes are stopped, a partial summary is written and "
+        "--resume goes on with the run.",
     )
     parser.add_argument(
         "--aggregators",

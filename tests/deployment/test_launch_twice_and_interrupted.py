@@ -198,3 +198,35 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     assert "its run ended" in capsys.readouterr().err
     assert main(["launch", str(SCENARIO), "--out", str(out)]) == 2
     assert "holds a launch that ended; choose a new --out" in capsys.readouterr().err
+
+
+def test_a_timed_out_launch_leaves_a_partial_summary_and_can_go_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's launch past its --timeout left metrics.jsonl and the state, but no
+    summary.json until it was resumed: `fedsim report` had nothing to read. It now writes the
+    partial summary an interrupted launch writes, says where, and can still go on."""
+    out = tmp_path / "run"
+    launch = subprocess.run(
+        [sys.executable, "-m", "fedsim", "launch", str(SCENARIO), "--out", str(out),
+         "--set", "stop.windows=4000", "--time-scale", "0.25", "--max-backoff", "1",
+         "--no-plots", "--timeout", "12"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=200)
+    assert launch.returncode == 1, launch.stderr
+    assert f"its partial summary is in {out / 'summary.json'}; its processes were stopped: " \
+           f"'fedsim launch --resume {out} --timeout SECONDS' goes on with it" in launch.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert summary["interrupted"] == {"signal": "SIGTERM", "partial": True}
+    assert summary["windows"] == len(lines)
+    assert summary["stop_reason"].startswith(
+        f"it was interrupted by the launch at its --timeout of 12 wall seconds (SIGTERM) "
+        f"after window {len(lines)} (scenario time")
+    assert summary["stop_kind"] == "signal"
+    assert main(["report", str(out)]) == 0
+    assert "--timeout of 12 wall seconds" in capsys.readouterr().out
+    processes = json.loads((out / "processes.json").read_text())
+    assert all(p["exit_codes"] for p in processes.values())
+    server = json.loads((out / "server.json").read_text())
+    assert server["finished"] is False  # what --resume goes on with
+    assert _processes_in(tmp_path) == []

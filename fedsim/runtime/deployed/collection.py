@@ -59,6 +59,7 @@ def collect_outputs(
     cpu_seconds: float = math.nan,
     population: Population | None = None,
     interrupted: str | None = None,
+    timeout: float | None = None,
     parts: int = 1,
     failed_processes: Mapping[str, int] = MappingProxyType({}),
 ) -> dict[str, Any]:
@@ -66,7 +67,8 @@ def collect_outputs(
 
     ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
     ``interrupted``: the signal that interrupted the launch (the summary says so, as an
-    interrupted ``fedsim run``'s does); ``parts``: how many launches ran it (more than one:
+    interrupted ``fedsim run``'s does; ``timeout``: the launch's ``--timeout``, in wall
+    seconds, when the launcher sent it at that timeout); ``parts``: how many launches ran it (more than one:
     interrupted and resumed, which the summary says); ``failed_processes``: the processes of
     the launch whose last exit status was not 0 (a client killed mid-run: its summary said only
     that it "could still train"), which the summary's warnings name.
@@ -143,8 +145,10 @@ def collect_outputs(
         stop_reason = RunStop.read(server)
         if interrupted:
             at = metrics[-1]["time"] if metrics else 0.0
+            by = interrupted if timeout is None else (
+                f"the launch at its --timeout of {timeout:g} wall seconds ({interrupted})")
             stop_reason = RunStop(RunStopKind.SIGNAL,
-                                  interrupted_reason(interrupted, len(metrics), at, "scenario"))
+                                  interrupted_reason(by, len(metrics), at, "scenario"))
         return write_run_outputs(
             RunRecord(
                 scenario=loaded.scenario,

@@ -472,9 +472,10 @@ class Launcher:
             self._ended(process, code)
 
     # -- the whole run -----------------------------------------------------------------------
-    def collect(self, interrupted: str | None = None) -> dict[str, Any]:
+    def collect(self, interrupted: str | None = None, *,
+                timeout: float | None = None) -> dict[str, Any]:
         """Write the run directory (after the processes have ended); ``interrupted``: the
-        signal that interrupted the run."""
+        signal that interrupted the run (``timeout``: the launch's, which sent it)."""
         earlier = read_json(self.out / TIMING_FILE) if self.resume else {}
 
         def before(key: str) -> float:  # a resumed launch's seconds include the first part's
@@ -491,6 +492,7 @@ class Launcher:
             cpu_seconds=(before("cpu_seconds") + _children_cpu_seconds()
                          - self._children_cpu_at_start),
             interrupted=interrupted,
+            timeout=timeout,
             parts=max(1, self.processes["server"].starts),
             failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
                               if codes and codes[-1] != 0 and name in self.processes
@@ -554,46 +556,64 @@ class Launcher:
         they did (a partial summary that says so, as an interrupted ``fedsim run``'s does) and
         raises :class:`KeyboardInterrupt` again."""
         interrupted: str | None = None
+        timed_out = False
         try:
             self.prepare()
             self.start_all()
             # Resumed: the earlier parts' windows were shown when they ran (a stranger's
             # resumed launch logged them again, stamped now)
             follower = _LineFollower(self.out / METRICS_FILE, from_end=self.resume)
-            deadline = wallclock.monotonic() + timeout
-            code = None
-            while code is None and wallclock.monotonic() < deadline:
-                code = self.wait("server", min(0.5, max(0.0, deadline - wallclock.monotonic())))
-                if code is None:
-                    self.supervise_aggregators()
-                for line in follower.new_lines():
-                    if on_window is not None:
-                        on_window(line)
+            code = self._watch(timeout, follower, on_window)
             if code is None:
                 self.kill("server", signal.SIGTERM)
-                # (a stranger's timed-out launch said only "see logs": its state is kept, and
-                # the run can go on)
-                raise TransportError(
-                    f"the server did not reach the stop condition within "
-                    f"{timeout:g} wall seconds (see {self.out / 'logs'}); its processes were "
-                    f"stopped: 'fedsim launch --resume {self.out} --timeout SECONDS' goes on "
-                    f"with it"
-                )
-            if code != 0:
+                timed_out = True
+            elif code != 0:
                 raise FedsimError(
                     f"the server exited with status {code} (see {self.out / 'logs' / 'server.log'})"
                 )
-            self.stop_all()
+            else:
+                self.stop_all()
         except KeyboardInterrupt:
             if not any(p.starts for p in self.processes.values()):
                 raise  # nothing ran: there is no run directory to write
             interrupted = interrupting_signal()
         finally:
             self.close()
+        if timed_out:
+            raise TransportError(self._timed_out(timeout))
         summary = self.collect(interrupted)
         if interrupted:
             raise KeyboardInterrupt
         return summary
+
+    def _watch(self, timeout: float, follower: _LineFollower,
+               on_window: Callable[[dict[str, Any]], None] | None) -> int | None:
+        """Wait up to ``timeout`` wall seconds for the server's exit status (None: it still
+        runs), restarting failed aggregators and handing ``on_window`` each new window."""
+        deadline = wallclock.monotonic() + timeout
+        code = None
+        while code is None and wallclock.monotonic() < deadline:
+            code = self.wait("server", min(0.5, max(0.0, deadline - wallclock.monotonic())))
+            if code is None:
+                self.supervise_aggregators()
+            for line in follower.new_lines():
+                if on_window is not None:
+                    on_window(line)
+        return code
+
+    def _timed_out(self, timeout: float) -> str:
+        """Write the run directory of a launch stopped at its ``timeout`` (a partial summary,
+        as an interrupted one's: a stranger's timed-out launch left none until it was
+        resumed) and return what to tell: its state is kept, and the run can go on."""
+        written = ""
+        try:
+            self.collect("SIGTERM", timeout=timeout)
+            written = f"; its partial summary is in {self.out / 'summary.json'}"
+        except (FedsimError, OSError, ValueError) as exc:  # what there is stays on disk
+            _log.warning("could not write the timed-out launch's summary", error=str(exc))
+        return (f"the server did not reach the stop condition within {timeout:g} wall seconds "
+                f"(see {self.out / 'logs'}){written}; its processes were stopped: "
+                f"'fedsim launch --resume {self.out} --timeout SECONDS' goes on with it")
 
 
 class _LineFollower:
