@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import time
@@ -265,11 +266,24 @@ def test_intruders_have_nothing_applied_and_the_run_goes_on(tmp_path: Path, caps
                 broker.host, broker.port, launcher.run, broker.secrets.for_client("c-000").password
             )
         )
-        assert launcher.wait("server", 60) == 0
+        # A client process dies mid-run (SIGKILL, not the launcher's stop): the launcher
+        # starts it again from its state, and the run still ends on spent budgets (a client
+        # left down said nothing, and the server waited for it until the launch's timeout).
+        victim = launcher.processes["c-002"].child
+        assert victim is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        code, restarted = None, []
+        deadline = time.monotonic() + 90
+        while code is None and time.monotonic() < deadline:
+            code = launcher.wait("server", 0.5)
+            restarted += launcher.supervise_clients()
+        assert code == 0 and restarted == ["c-002"]
         launcher.stop_all()
         summary = launcher.collect()
     finally:
         launcher.close()
+    processes = json.loads((out / "processes.json").read_text())
+    assert processes["c-002"]["exit_codes"] == [-signal.SIGKILL, 0]
     server = json.loads((out / "server.json").read_text())
     assert server["mqtt"]["denied"] == 1 and server["mqtt"]["rejected"] == 1
     assert "access denied: forged client id" in (out / "logs" / "server.log").read_text()

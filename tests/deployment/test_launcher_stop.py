@@ -188,3 +188,58 @@ def test_a_launchs_summary_names_a_process_that_died(
     (tmp_path / "run").mkdir()
     launcher.collect()
     assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}
+
+
+class _Fails:
+    """A child that has exited with status 1 (a client that fails at once, every time)."""
+
+    def poll(self) -> int | None:
+        return 1
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 1
+
+    def send_signal(self, sig: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+def test_a_client_that_keeps_failing_is_restarted_then_stops_the_launch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client process that dies is started again from its state; one that fails at once
+    every time (a damaged state, a refused login) is restarted MAX_CLIENT_RESTARTS times, then
+    the launch stops and says which client and why, instead of running on to its --timeout
+    waiting for it (a stranger's) or starting it over forever."""
+    from fedsim.runtime.deployed.launcher import MAX_CLIENT_RESTARTS
+
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    names = [*launcher.client_ids, "server"]
+    victim = launcher.client_ids[1]
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in names:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start(name: str) -> None:
+        process = launcher.processes[name]
+        process.starts += 1
+        process.child = _Fails() if name == victim else _Slow()  # type: ignore[assignment]
+
+    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "start", start)
+    with pytest.raises(TransportError) as raised:
+        launcher.run_to_end(30.0)
+    assert str(raised.value).startswith(
+        f"the launch stopped when client {victim}'s process failed {MAX_CLIENT_RESTARTS + 1} "
+        f"times; the last time it exited with status 1 (see ")
+    assert str(raised.value).endswith(
+        f"--resume {tmp_path / 'run'} --timeout SECONDS' goes on with it")
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert written[victim]["starts"] == MAX_CLIENT_RESTARTS + 1
+    assert written[victim]["exit_codes"] == [1] * (MAX_CLIENT_RESTARTS + 1)
+    # the others were stopped (SIGTERM), each once
+    assert all(written[n]["starts"] == 1 and written[n]["exit_codes"] == [0]
+               for n in names if n != victim)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.runtime.deployed import launcher as launcher_module
+from fedsim.runtime.deployed import forked_child as launcher_module
+from fedsim.runtime.deployed.forked_child import ForkedChild
 from fedsim.runtime.deployed.process_title import name_this_process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc")
@@ -84,10 +85,10 @@ def test_a_launched_child_shows_its_role_and_name(tmp_path: Path,
     # title is set before it), so no broker is needed.
     monkeypatch.setattr(launcher_module.runpy, "run_module", lambda *a, **k: time.sleep(30))
     children = [
-        (launcher_module._ForkedChild(["client", "--client-id", "phone-000"],
+        (ForkedChild(["client", "--client-id", "phone-000"],
                                       tmp_path / "phone.log", {}, "phone-000"),
          "fedsim client phone-000", "phone-000"),
-        (launcher_module._ForkedChild(["server", "--state", "s"], tmp_path / "server.log", {},
+        (ForkedChild(["server", "--state", "s"], tmp_path / "server.log", {},
                                       "server"), "fedsim server", "server"),
     ]
     try:

@@ -43,7 +43,7 @@ from fedsim.runtime.run_outputs import (
     write_run_outputs,
 )
 
-__all__ = ["collect_outputs"]
+__all__ = ["collect_outputs", "exit_text"]
 
 _log = get_logger("fedsim.runtime.deployed.collection")
 MAX_REFUSAL_CHARS = 1000
@@ -59,7 +59,7 @@ def collect_outputs(
     cpu_seconds: float = math.nan,
     population: Population | None = None,
     interrupted: str | None = None,
-    timeout: float | None = None,
+    cause: str | None = None,
     parts: int = 1,
     failed_processes: Mapping[str, int] = MappingProxyType({}),
 ) -> dict[str, Any]:
@@ -67,8 +67,8 @@ def collect_outputs(
 
     ``wall_seconds`` and ``cpu_seconds`` (of all processes together) go to ``timing.json``;
     ``interrupted``: the signal that interrupted the launch (the summary says so, as an
-    interrupted ``fedsim run``'s does; ``timeout``: the launch's ``--timeout``, in wall
-    seconds, when the launcher sent it at that timeout); ``parts``: how many launches ran it (more than one:
+    interrupted ``fedsim run``'s does; ``cause``: who sent it and why, when the launcher did:
+    "the launch at its --timeout of 600 wall seconds"); ``parts``: how many launches ran it (more than one:
     interrupted and resumed, which the summary says); ``failed_processes``: the processes of
     the launch whose last exit status was not 0 (a client killed mid-run: its summary said only
     that it "could still train"), which the summary's warnings name.
@@ -92,7 +92,7 @@ def collect_outputs(
     links: list[object] = []  # each client report's emulated_network
     unacknowledged: dict[str, int | None] = {}  # each client report's count
     warnings: list[str] = [
-        f"{name}'s process {_exit_text(code)} and was not running at the end "
+        f"{name}'s process {exit_text(code)} and was not running at the end "
         f"(logs/{name}.log)" for name, code in failed_processes.items()]
     try:
         for plan in population.plans:
@@ -145,8 +145,7 @@ def collect_outputs(
         stop_reason = RunStop.read(server)
         if interrupted:
             at = metrics[-1]["time"] if metrics else 0.0
-            by = interrupted if timeout is None else (
-                f"the launch at its --timeout of {timeout:g} wall seconds ({interrupted})")
+            by = interrupted if cause is None else f"{cause} ({interrupted})"
             stop_reason = RunStop(RunStopKind.SIGNAL,
                                   interrupted_reason(by, len(metrics), at, "scenario"))
         return write_run_outputs(
@@ -200,7 +199,7 @@ def _extends(source: Path, copy: Path) -> bool:
         return handle.read(len(held)) == held
 
 
-def _exit_text(code: int) -> str:
+def exit_text(code: int) -> str:
     """How a process ended, from its exit status (negative: the signal that killed it)."""
     if code < 0:
         try:

@@ -11,15 +11,13 @@ run directory as ``fedsim run``. One launcher runs in a directory at a time
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import resource
-import runpy
 import signal
 import subprocess
 import sys
 import time as wallclock
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,15 +29,15 @@ from fedsim.data.load import dataset_file, scenario_data
 from fedsim.errors import ConfigError, FedsimError, TransportError
 from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
-from fedsim.runtime.deployed.collection import collect_outputs
+from fedsim.runtime.deployed.collection import collect_outputs, exit_text
 from fedsim.runtime.deployed.deployment import SECRETS_ENV, run_name
+from fedsim.runtime.deployed.forked_child import ForkedChild
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import (
     FLUSH_TIMEOUT,
     LAUNCH_WAIT_FOR_CLIENTS,
     DeploymentOptions,
 )
-from fedsim.runtime.deployed.process_title import name_this_process
 from fedsim.runtime.deployed.resume import (
     LAUNCH_FILE,
     check_state_ledgers,
@@ -63,7 +61,7 @@ from fedsim.runtime.run_outputs import (
     write_json,
 )
 from fedsim.transports.broker import LocalMosquitto
-from fedsim.transports.child_process import bound_argv, bound_env, stop_with_parent
+from fedsim.transports.child_process import bound_argv, bound_env
 from fedsim.transports.mqtt_settings import parse_broker_url
 from fedsim.transports.security import load_secrets
 from fedsim.transports.topics import aggregator_ids
@@ -73,6 +71,10 @@ __all__ = ["LAUNCH_LOCK_FILE", "Launcher", "process_commands"]
 _log = get_logger("fedsim.runtime.deployed.launcher")
 LAUNCH_LOCK_FILE = "launch.lock"
 """Held (``flock``) by the one launcher running in a directory."""
+MAX_CLIENT_RESTARTS = 3
+"""Restarts of one client's failed process within a launch; its next failure stops the
+launch (a process that fails at once every time - a damaged state, a refused login - would
+otherwise start over forever, and the run wait for it)."""
 RESUME_WAIT_FOR_CLIENTS = 30.0
 """The longest a resumed launch's server waits for its restarted clients (seconds)."""
 
@@ -126,75 +128,12 @@ def process_commands(
     return commands
 
 
-class _ForkedChild:
-    """A child forked from the launcher, which has already imported fedsim and torch (tens of
-    seconds on a busy machine, per process), running ``fedsim <argv>``. Same interface as the
-    parts of :class:`subprocess.Popen` the launcher uses."""
-
-    def __init__(self, argv: list[str], log: Path, env: Mapping[str, str], name: str) -> None:
-        context = multiprocessing.get_context("fork")
-        self._process = context.Process(target=_child_main,
-                                        args=(argv, str(log), dict(env), os.getpid(), name),
-                                        daemon=False)
-        self._process.start()
-        assert self._process.pid is not None  # set by start()
-        self.pid: int = self._process.pid
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(f"fedsim process {self.pid}", timeout or 0.0)
-        return self._process.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        if self._process.exitcode is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _child_main(argv: list[str], log: str, env: dict[str, str], parent: int,
-                name: str) -> None:
-    """Entry point of a forked child: in a process group of its own (:meth:`Launcher.start`),
-    stopped with SIGTERM if the launcher (``parent``) dies first (Linux), shown by ``ps`` as
-    ``fedsim ROLE NAME`` (not the launcher's command line), output to its log, then what
-    ``python -m fedsim <argv>`` runs (the package's ``__main__``, as in a child started with
-    ``fork=False``), with the environment variables ``env`` set."""
-    os.setpgid(0, 0)
-    stop_with_parent(parent)
-    role = argv[0] if argv else "process"
-    name_this_process(f"fedsim {role}" + ("" if name == role else f" {name}"), name)
-    os.environ.update(env)
-    fd = open_log(Path(log))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    # The parent's sys.stdout/stderr may not be fds 1/2 (pytest's capture, a notebook).
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)
-    sys.argv = ["fedsim", *argv]
-    code: str | int | None = 0
-    try:
-        runpy.run_module("fedsim", run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        code = exc.code
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
-
-
 @dataclass
 class _Process:
     name: str
     argv: list[str]  # after "fedsim"
     log: Path
-    child: subprocess.Popen[bytes] | _ForkedChild | None = None
+    child: subprocess.Popen[bytes] | ForkedChild | None = None
     starts: int = 0
 
     @property
@@ -204,8 +143,8 @@ class _Process:
 
 class Launcher:
     """The server, every client and the scenario's aggregation nodes (``aggregators.count``)
-    as local processes (``fedsim launch``); an aggregator that exits while the run goes on is
-    restarted (:meth:`supervise_aggregators`).
+    as local processes (``fedsim launch``); an aggregator or a client whose process fails while
+    the run goes on is restarted (:meth:`supervise_aggregators`, :meth:`supervise_clients`).
 
     Each process runs ``fedsim server ...`` / ``fedsim client ...`` (the commands are in
     ``processes.json``, the same ones ``docker-compose.yml`` runs) with ``options`` (the run is
@@ -377,7 +316,7 @@ class Launcher:
         if process.running:
             raise FedsimError(f"process {name} is already running")
         if self.fork:
-            process.child = _ForkedChild(process.argv, process.log, self.child_env, name)
+            process.child = ForkedChild(process.argv, process.log, self.child_env, name)
         else:
             with open(open_log(process.log), "ab") as log:
                 process.child = subprocess.Popen(
@@ -410,6 +349,33 @@ class Launcher:
             if code == 0:
                 continue
             _log.warning("aggregator failed; restarting it", aggregator=name, code=code)
+            self.start(name)
+            restarted.append(name)
+        return restarted
+
+    def supervise_clients(self) -> list[str]:
+        """Restart every client whose process failed (a non-zero status: killed, crashed)
+        while the run goes on, from its state directory, as ``--resume`` restarts it (its
+        ledger and its outbox: epsilon never resets, nothing it sent is lost); the names
+        restarted. One that exited 0 stopped by itself (its budget, its rounds, the run's end).
+        A client that stayed down said nothing to the server, which then waited for it to the
+        end: a run stopping on spent budgets never stopped (a stranger's). Raises
+        :class:`FedsimError` at a client's failure past :data:`MAX_CLIENT_RESTARTS` restarts."""
+        restarted = []
+        for name in self.client_ids:
+            process = self.processes[name]
+            if process.child is None or process.running:
+                continue
+            code = self._ended(process, process.child.wait(timeout=0))
+            if code == 0:
+                continue
+            failures = sum(c != 0 for c in self.exit_codes[name])
+            if failures > MAX_CLIENT_RESTARTS:
+                raise FedsimError(
+                    f"client {name}'s process failed {failures} times; the last time it "
+                    f"{exit_text(code)} (see {self.out / 'logs' / f'{name}.log'})")
+            _log.warning("client process failed; restarting it from its state", client=name,
+                         code=code, failures=failures)
             self.start(name)
             restarted.append(name)
         return restarted
@@ -473,9 +439,10 @@ class Launcher:
 
     # -- the whole run -----------------------------------------------------------------------
     def collect(self, interrupted: str | None = None, *,
-                timeout: float | None = None) -> dict[str, Any]:
+                cause: str | None = None) -> dict[str, Any]:
         """Write the run directory (after the processes have ended); ``interrupted``: the
-        signal that interrupted the run (``timeout``: the launch's, which sent it)."""
+        signal that interrupted the run (``cause``: who sent it and why, when the launcher
+        did: "the launch at its --timeout of 600 wall seconds")."""
         earlier = read_json(self.out / TIMING_FILE) if self.resume else {}
 
         def before(key: str) -> float:  # a resumed launch's seconds include the first part's
@@ -492,7 +459,7 @@ class Launcher:
             cpu_seconds=(before("cpu_seconds") + _children_cpu_seconds()
                          - self._children_cpu_at_start),
             interrupted=interrupted,
-            timeout=timeout,
+            cause=cause,
             parts=max(1, self.processes["server"].starts),
             failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
                               if codes and codes[-1] != 0 and name in self.processes
@@ -556,17 +523,21 @@ class Launcher:
         they did (a partial summary that says so, as an interrupted ``fedsim run``'s does) and
         raises :class:`KeyboardInterrupt` again."""
         interrupted: str | None = None
-        timed_out = False
+        stopped_early: str | None = None  # why the launcher stopped the run itself
         try:
             self.prepare()
             self.start_all()
             # Resumed: the earlier parts' windows were shown when they ran (a stranger's
             # resumed launch logged them again, stamped now)
             follower = _LineFollower(self.out / METRICS_FILE, from_end=self.resume)
-            code = self._watch(timeout, follower, on_window)
+            try:
+                code = self._watch(timeout, follower, on_window)
+                if code is None:
+                    stopped_early = f"at its --timeout of {timeout:g} wall seconds"
+            except FedsimError as exc:  # a client that keeps failing
+                code, stopped_early = None, f"when {exc}"
             if code is None:
                 self.kill("server", signal.SIGTERM)
-                timed_out = True
             elif code != 0:
                 raise FedsimError(
                     f"the server exited with status {code} (see {self.out / 'logs' / 'server.log'})"
@@ -579,8 +550,8 @@ class Launcher:
             interrupted = interrupting_signal()
         finally:
             self.close()
-        if timed_out:
-            raise TransportError(self._timed_out(timeout))
+        if stopped_early is not None:
+            raise TransportError(self._stopped_early(stopped_early, timeout))
         summary = self.collect(interrupted)
         if interrupted:
             raise KeyboardInterrupt
@@ -596,23 +567,26 @@ class Launcher:
             code = self.wait("server", min(0.5, max(0.0, deadline - wallclock.monotonic())))
             if code is None:
                 self.supervise_aggregators()
+                self.supervise_clients()
             for line in follower.new_lines():
                 if on_window is not None:
                     on_window(line)
         return code
 
-    def _timed_out(self, timeout: float) -> str:
-        """Write the run directory of a launch stopped at its ``timeout`` (a partial summary,
-        as an interrupted one's: a stranger's timed-out launch left none until it was
-        resumed) and return what to tell: its state is kept, and the run can go on."""
+    def _stopped_early(self, when: str, timeout: float) -> str:
+        """Write the run directory of a launch the launcher stopped ``when`` (at its timeout,
+        or when a client kept failing): a partial summary, as an interrupted one's (a
+        stranger's timed-out launch left none until it was resumed); return what to tell: its
+        state is kept, and the run can go on."""
         written = ""
         try:
-            self.collect("SIGTERM", timeout=timeout)
+            self.collect("SIGTERM", cause=f"the launch {when}")
             written = f"; its partial summary is in {self.out / 'summary.json'}"
         except (FedsimError, OSError, ValueError) as exc:  # what there is stays on disk
-            _log.warning("could not write the timed-out launch's summary", error=str(exc))
-        return (f"the server did not reach the stop condition within {timeout:g} wall seconds "
-                f"(see {self.out / 'logs'}){written}; its processes were stopped: "
+            _log.warning("could not write the stopped launch's summary", error=str(exc))
+        what = (f"the server did not reach the stop condition within {timeout:g} wall seconds"
+                if when.startswith("at its --timeout") else f"the launch stopped {when}")
+        return (f"{what} (see {self.out / 'logs'}){written}; its processes were stopped: "
                 f"'fedsim launch --resume {self.out} --timeout SECONDS' goes on with it")
 
 
