@@ -341,13 +341,7 @@ class Launcher:
         goes on; the names restarted. One that exited 0 saw the end of the run. An aggregator
         keeps nothing on disk: a fresh one rejoins at once."""
         restarted = []
-        for name in self.aggregator_ids:
-            process = self.processes[name]
-            if process.child is None or process.running:
-                continue
-            code = self._ended(process, process.child.wait(timeout=0))
-            if code == 0:
-                continue
+        for name, code in self._failed(self.aggregator_ids):
             _log.warning("aggregator failed; restarting it", aggregator=name, code=code)
             self.start(name)
             restarted.append(name)
@@ -362,13 +356,7 @@ class Launcher:
         end: a run stopping on spent budgets never stopped (a stranger's). Raises
         :class:`FedsimError` at a client's failure past :data:`MAX_CLIENT_RESTARTS` restarts."""
         restarted = []
-        for name in self.client_ids:
-            process = self.processes[name]
-            if process.child is None or process.running:
-                continue
-            code = self._ended(process, process.child.wait(timeout=0))
-            if code == 0:
-                continue
+        for name, code in self._failed(self.client_ids):
             failures = sum(c != 0 for c in self.exit_codes[name])
             if failures > MAX_CLIENT_RESTARTS:
                 raise FedsimError(
@@ -379,6 +367,19 @@ class Launcher:
             self.start(name)
             restarted.append(name)
         return restarted
+
+    def _failed(self, names: Sequence[str]) -> list[tuple[str, int]]:
+        """Those of ``names`` whose process has ended since the last look with a non-zero
+        status, with it (every ended one's status is recorded)."""
+        failed = []
+        for name in names:
+            process = self.processes[name]
+            if process.child is None or process.running:
+                continue
+            code = self._ended(process, process.child.wait(timeout=0))
+            if code != 0:
+                failed.append((name, code))
+        return failed
 
     def _ended(self, process: _Process, code: int) -> int:
         self.exit_codes.setdefault(process.name, []).append(code)
