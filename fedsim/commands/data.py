@@ -82,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
                 found = "found" if datasets.holds(spec, step.where) else "absent"
                 if found == "absent" and step.where.is_dir():  # a directory, present: say what
                     found = f"absent (the directory holds no {spec.file_name} or {spec.name}'s files)"
-                print(f"{step.what}\t{step.where}\t{found}")
+                where = step.where
+                if where.is_dir() and (where / spec.file_name).is_file():
+                    where = where / spec.file_name  # the file read, as the cache's line names it
+                print(f"{step.what}\t{where}\t{found}")
         return 0
     if args.action == "list":
         for name in datasets.names():

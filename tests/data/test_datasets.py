@@ -388,3 +388,17 @@ def test_where_says_what_an_empty_data_directory_lacks(
     (line,) = [t for t in capsys.readouterr().out.splitlines() if t.startswith("$FEDSIM")]
     assert line == (f"$FEDSIM_DATA_DIR\t{tmp_path}\tabsent (the directory holds no cifar10.npz "
                     "or cifar10's files)")
+
+
+def test_where_names_the_file_a_data_directory_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger: `$FEDSIM_DATA_DIR` showed the directory and the user cache the file, for
+    the same data set; both lines now name the file that is read."""
+    from fedsim.cli import main
+
+    (tmp_path / "cifar10.npz").write_bytes(b"")
+    monkeypatch.setenv("FEDSIM_DATA_DIR", str(tmp_path))
+    assert main(["data", "where", "cifar10"]) == 0
+    (line,) = [t for t in capsys.readouterr().out.splitlines() if t.startswith("$FEDSIM")]
+    assert line == f"$FEDSIM_DATA_DIR\t{tmp_path / 'cifar10.npz'}\tfound"
