@@ -313,12 +313,13 @@ def _figure(rows: int) -> tuple[Any, list[Any]]:
     return figure, [figure.add_subplot(rows, 1, i + 1) for i in range(rows)]
 
 
-def _save(figure: Any, path: Path) -> Path:
+def _save(figure: Any, path: Path, *, suptitle: bool = False) -> Path:
     from fedsim.reporting.figures import save
 
     margin = 0.45 / figure.get_figheight()  # inches of room above and below the panels
+    top = 1.0 - (2.0 if suptitle else 1.0) * margin  # a figure title above the panels' own
     return save(figure, path, left=0.08, right=1.0 - LEGEND_COLUMN_WIDTH, bottom=2.2 * margin,
-                top=1.0 - margin, hspace=0.5)
+                top=top, hspace=0.5)
 
 
 def _style(index: int, count: int) -> dict[str, Any]:
@@ -484,7 +485,10 @@ def draw_epsilon_comparison(runs: Sequence[RunDirectory], labels: Sequence[str],
     if not relations:
         panels[0].text(0.5, 0.5, "no client released an update", ha="center", va="center",
                        transform=panels[0].transAxes)
-    return _save(figure, path)
+    # (a stranger: the accuracy figure said what it showed, this one only per panel)
+    figure.suptitle(f"privacy spent over {_time_axis(runs)[1]}: each run's clients' epsilon",
+                    x=(0.08 + 1.0 - LEGEND_COLUMN_WIDTH) / 2)  # over the panels
+    return _save(figure, path, suptitle=True)
 
 
 def draw_comparison(runs: Sequence[RunDirectory], labels: Sequence[str], out_dir: Path,
