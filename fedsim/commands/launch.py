@@ -112,7 +112,12 @@ def run(args: argparse.Namespace) -> int:
     tracker = HorizonTracker(horizon, launcher.scenario.server.window)
     quiet = getattr(args, "quiet", False)
 
+    started: list[bool] = []
+
     def on_window(line: dict[str, Any]) -> None:
+        if not started:  # the rate counts from the first window, not the processes' start-up
+            started.append(True)
+            progress.start_at(line["time"], line["window"])
         progress.set_total(tracker.observe(line["time"], line["active_clients"]))
         progress.update(line["time"], line["window"], line["accuracy"],
                         line["min_remaining_epsilon"], line["active_clients"])

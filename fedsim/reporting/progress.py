@@ -134,6 +134,20 @@ class RunProgress:
             self._bar.total = total
             self._bar.refresh()
 
+    def start_at(self, time: float, window: int) -> None:
+        """Start the bar's clock now, at virtual ``time`` / ``window``: its rate and time left
+        count from here (a launch's first window comes after its processes' start-up, which
+        a stranger saw in the rate; a resumed launch's first is far along)."""
+        position = float(time) if self.unit == "time" else float(window)
+        if self.total is not None:
+            position = min(position, float(self.total))
+        self.position = max(self.position, position)
+        if self._bar is None or self._bar.disable:
+            return
+        self._bar.reset(total=self.total)
+        initial = int(self.position) if self.unit == "windows" else self.position
+        self._bar.n = self._bar.last_print_n = initial
+
     def update(self, time: float, window: int, accuracy: float | None = None,
                min_remaining_epsilon: float | None = None,
                active_clients: int | None = None) -> None:

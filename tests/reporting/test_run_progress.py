@@ -117,3 +117,24 @@ def test_a_terminal_of_no_size_still_shows_the_bar() -> None:
         os.close(master)
         os.close(slave)
     assert b"virtual time: 100%" in shown, shown
+
+
+def test_the_rate_counts_from_where_the_clock_was_started() -> None:
+    """A launch's bar was created before its processes started: its rate counted their
+    start-up (a stranger's). start_at restarts the clock at the first window, the bar where
+    that window put it."""
+    now = [1000.0]
+    stream = io.StringIO()
+    with RunProgress(100.0, enabled=True, stream=stream) as progress:
+        bar = progress._bar
+        assert bar is not None
+        bar._time = lambda: now[0]  # (tqdm reads its clock through this attribute)
+        now[0] += 30.0  # the processes start
+        progress.start_at(2.0, 2)
+        assert progress.position == 2.0
+        for step in range(1, 5):  # then 1 scenario s a wall s
+            now[0] += 1.0
+            progress.update(2.0 + step, 2 + step)
+        shown = bar.format_dict
+        assert shown["n"] == 6.0 and shown["elapsed"] == 4.0  # not 34
+        assert shown["rate"] == pytest.approx(1.0)
