@@ -190,14 +190,17 @@ def test_a_launchs_summary_names_a_process_that_died(
     assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}
 
 
-class _Fails:
-    """A child that has exited with status 1 (a client that fails at once, every time)."""
+class _Ended:
+    """A child that has ended with ``code`` (negative: killed by that signal)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
 
     def poll(self) -> int | None:
-        return 1
+        return self.code
 
     def wait(self, timeout: float | None = None) -> int:
-        return 1
+        return self.code
 
     def send_signal(self, sig: int) -> None:
         pass
@@ -206,17 +209,18 @@ class _Fails:
         pass
 
 
-def test_a_client_that_keeps_failing_is_restarted_then_stops_the_launch(
+def test_a_killed_client_is_restarted_until_killed_again_and_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client process that dies is started again from its state; one that fails at once
-    every time (a damaged state, a refused login) is restarted MAX_CLIENT_RESTARTS times, then
-    the launch stops and says which client and why, instead of running on to its --timeout
-    waiting for it (a stranger's) or starting it over forever."""
+    """A client process killed by a signal (the OOM killer, a user) is started again from its
+    state; one killed every time is restarted MAX_CLIENT_RESTARTS times, then the launch stops
+    and says which client and why, instead of running on to its --timeout waiting for it (a
+    stranger's) or starting it over forever. One that exits with an error status (refused by
+    the server, a damaged state) would fail again: it stays down and the run goes on."""
     from fedsim.runtime.deployed.launcher import MAX_CLIENT_RESTARTS
 
     launcher = Launcher(SCENARIO, tmp_path / "run")
     names = [*launcher.client_ids, "server"]
-    victim = launcher.client_ids[1]
+    victim, refused = launcher.client_ids[1], launcher.client_ids[2]
 
     def prepare() -> None:
         (tmp_path / "run").mkdir()
@@ -226,20 +230,22 @@ def test_a_client_that_keeps_failing_is_restarted_then_stops_the_launch(
     def start(name: str) -> None:
         process = launcher.processes[name]
         process.starts += 1
-        process.child = _Fails() if name == victim else _Slow()  # type: ignore[assignment]
+        process.child = (_Ended(-signal.SIGKILL) if name == victim  # type: ignore[assignment]
+                         else _Ended(1) if name == refused else _Slow())
 
     monkeypatch.setattr(launcher, "prepare", prepare)
     monkeypatch.setattr(launcher, "start", start)
     with pytest.raises(TransportError) as raised:
         launcher.run_to_end(30.0)
     assert str(raised.value).startswith(
-        f"the launch stopped when client {victim}'s process failed {MAX_CLIENT_RESTARTS + 1} "
-        f"times; the last time it exited with status 1 (see ")
+        f"the launch stopped when client {victim}'s process was killed {MAX_CLIENT_RESTARTS + 1} "
+        f"times; the last time it was killed by SIGKILL (see ")
     assert str(raised.value).endswith(
         f"--resume {tmp_path / 'run'} --timeout SECONDS' goes on with it")
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert written[victim]["starts"] == MAX_CLIENT_RESTARTS + 1
-    assert written[victim]["exit_codes"] == [1] * (MAX_CLIENT_RESTARTS + 1)
+    assert written[victim]["exit_codes"] == [-signal.SIGKILL] * (MAX_CLIENT_RESTARTS + 1)
+    assert written[refused]["starts"] == 1 and written[refused]["exit_codes"] == [1]
     # the others were stopped (SIGTERM), each once
     assert all(written[n]["starts"] == 1 and written[n]["exit_codes"] == [0]
-               for n in names if n != victim)
+               for n in names if n not in (victim, refused))

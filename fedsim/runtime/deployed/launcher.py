@@ -72,9 +72,8 @@ _log = get_logger("fedsim.runtime.deployed.launcher")
 LAUNCH_LOCK_FILE = "launch.lock"
 """Held (``flock``) by the one launcher running in a directory."""
 MAX_CLIENT_RESTARTS = 3
-"""Restarts of one client's failed process within a launch; its next failure stops the
-launch (a process that fails at once every time - a damaged state, a refused login - would
-otherwise start over forever, and the run wait for it)."""
+"""Restarts of one client's killed process within a launch; its next kill stops the launch
+(a process killed again and again - by the OOM killer - would otherwise start over forever)."""
 RESUME_WAIT_FOR_CLIENTS = 30.0
 """The longest a resumed launch's server waits for its restarted clients (seconds)."""
 
@@ -143,8 +142,9 @@ class _Process:
 
 class Launcher:
     """The server, every client and the scenario's aggregation nodes (``aggregators.count``)
-    as local processes (``fedsim launch``); an aggregator or a client whose process fails while
-    the run goes on is restarted (:meth:`supervise_aggregators`, :meth:`supervise_clients`).
+    as local processes (``fedsim launch``); an aggregator whose process fails, or a client's
+    killed, while the run goes on is restarted (:meth:`supervise_aggregators`,
+    :meth:`supervise_clients`).
 
     Each process runs ``fedsim server ...`` / ``fedsim client ...`` (the commands are in
     ``processes.json``, the same ones ``docker-compose.yml`` runs) with ``options`` (the run is
@@ -348,22 +348,28 @@ class Launcher:
         return restarted
 
     def supervise_clients(self) -> list[str]:
-        """Restart every client whose process failed (a non-zero status: killed, crashed)
-        while the run goes on, from its state directory, as ``--resume`` restarts it (its
-        ledger and its outbox: epsilon never resets, nothing it sent is lost); the names
-        restarted. One that exited 0 stopped by itself (its budget, its rounds, the run's end).
-        A client that stayed down said nothing to the server, which then waited for it to the
-        end: a run stopping on spent budgets never stopped (a stranger's). Raises
-        :class:`FedsimError` at a client's failure past :data:`MAX_CLIENT_RESTARTS` restarts."""
+        """Restart every client whose process was killed (by a signal: SIGKILL from the OOM
+        killer or a user, a segfault) while the run goes on, from its state directory, as
+        ``--resume`` restarts it (its ledger and its outbox: epsilon never resets, nothing it
+        sent is lost); the names restarted. A client left down said nothing to the server,
+        which then waited for it to the end: a run stopping on spent budgets never stopped (a
+        stranger's). One that exited with an error status (refused by the server, a state it
+        cannot open) would fail the same way again: it stays down, said at once (and in the
+        summary); one that exited 0 stopped by itself. Raises :class:`FedsimError` when a
+        client is killed past :data:`MAX_CLIENT_RESTARTS` restarts."""
         restarted = []
         for name, code in self._failed(self.client_ids):
-            failures = sum(c != 0 for c in self.exit_codes[name])
-            if failures > MAX_CLIENT_RESTARTS:
+            if code > 0:
+                _log.warning("client process exited with an error; it stays down", client=name,
+                             code=code, log=str(self.out / "logs" / f"{name}.log"))
+                continue
+            killed = sum(c < 0 for c in self.exit_codes[name])
+            if killed > MAX_CLIENT_RESTARTS:
                 raise FedsimError(
-                    f"client {name}'s process failed {failures} times; the last time it "
+                    f"client {name}'s process was killed {killed} times; the last time it "
                     f"{exit_text(code)} (see {self.out / 'logs' / f'{name}.log'})")
-            _log.warning("client process failed; restarting it from its state", client=name,
-                         code=code, failures=failures)
+            _log.warning("client process killed; restarting it from its state", client=name,
+                         code=code, killed=killed)
             self.start(name)
             restarted.append(name)
         return restarted
@@ -535,7 +541,7 @@ class Launcher:
                 code = self._watch(timeout, follower, on_window)
                 if code is None:
                     stopped_early = f"at its --timeout of {timeout:g} wall seconds"
-            except FedsimError as exc:  # a client that keeps failing
+            except FedsimError as exc:  # a client killed again and again
                 code, stopped_early = None, f"when {exc}"
             if code is None:
                 self.kill("server", signal.SIGTERM)
