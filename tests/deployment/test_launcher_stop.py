@@ -249,3 +249,43 @@ def test_a_killed_client_is_restarted_until_killed_again_and_again(
     # the others were stopped (SIGTERM), each once
     assert all(written[n]["starts"] == 1 and written[n]["exit_codes"] == [0]
                for n in names if n not in (victim, refused))
+
+
+def test_a_resumed_launch_restarts_a_client_whose_kills_were_in_an_earlier_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX_CLIENT_RESTARTS bounds the restarts within one launch. A resumed launch carries
+    the earlier parts' exit statuses (processes.json), and counted their kills too (an
+    attacker's review): a client killed four times in the part that stopped for it had its
+    first kill after ``--resume`` stop the launch at once, never restarted."""
+    from fedsim.runtime.deployed.launcher import MAX_CLIENT_RESTARTS
+
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    names = [*launcher.client_ids, "server"]
+    victim = launcher.client_ids[1]
+    earlier = [-signal.SIGKILL] * (MAX_CLIENT_RESTARTS + 1)  # the part that stopped for it
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in names:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+        # as prepare() reads a resumed launch's processes.json
+        launcher.processes[victim].starts = len(earlier)
+        launcher.exit_codes[victim] = list(earlier)
+        launcher.processes["server"].starts = 1
+        launcher.exit_codes["server"] = [-signal.SIGTERM]
+
+    def start(name: str) -> None:
+        process = launcher.processes[name]
+        process.starts += 1
+        # the victim is killed once in this launch, then runs
+        killed = name == victim and process.starts == len(earlier) + 1
+        process.child = _Ended(-signal.SIGKILL) if killed else _Slow()  # type: ignore[assignment]
+
+    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "start", start)
+    with pytest.raises(TransportError) as raised:
+        launcher.run_to_end(2.0)  # its timeout: the kill did not stop it
+    assert str(raised.value).startswith("the server did not reach the stop condition within 2")
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert written[victim]["starts"] == len(earlier) + 2  # restarted once
+    assert written[victim]["exit_codes"] == [*earlier, -signal.SIGKILL, 0]

@@ -374,6 +374,55 @@ def test_replays_junk_and_stale_updates_do_not_hold_off_the_stop_on_spent_budget
     assert all(r.stop_reason(stop, active_clients=1) is None for r in reports)
 
 
+def test_the_stop_on_spent_budgets_waits_for_a_deferred_update_not_for_a_flood() -> None:
+    """An attacker's review: an update the pacer deferred (its client ahead of its public
+    slot) was lost when the window it waited through looked quiet (a duplicate judged then
+    cancelled its arrival in the count). The stop waits for deferred updates of rounds their
+    clients say they released and the book has not judged; a client flooding replays and
+    rounds it never released, which keeps its queue full, does not hold it off."""
+    from fedsim.config.schema import Stop
+    from fedsim.runtime.actors.stops import RunStopKind
+
+    stop = Stop(windows=30)
+
+    async def main(clock: VirtualClock):
+        endpoint = RecordingEndpoint(clock)
+        clients = {"a": ClientInfo(100, 0.5, 1.0, slot=1.5), "b": ClientInfo(300, 0.5, 3.0, slot=2.5),
+                   "h": ClientInfo(100, 0.5, 1.0, slot=1.5)}
+        server = ServerActor(clock=clock, endpoint=endpoint,
+                             initial_params=np.zeros(DIM, np.float32), clients=clients,
+                             window=1.0, strategy=DataSizeWeights(),
+                             step_size=ConstantStepSize(1.0), max_staleness=5)
+        for client, rounds in (("a", 1), ("b", 2), ("h", 1)):  # every client done
+            server.accept_status(ClientStatus(client, "done", rounds, 1.0, 1e-5))
+        arrivals = [(0.2, update("a", 0, 0, 1.0)), (0.3, update("a", 0, 0, 1.0)),
+                    (0.5, update("b", 0, 0, 1.0)),
+                    (1.2, update("b", 1, 0, 1.0)),  # ahead of b's slot: deferred to window 3
+                    (0.1, update("h", 0, 0, 1.0))]
+        # h floods: replays of its one round and rounds it never released, all through the run
+        arrivals += [(0.15 + 0.1 * k, update("h", 0 if k % 2 else 5000 + k, 0, 1.0))
+                     for k in range(120)]
+        for t, message in arrivals:
+            endpoint.deliver_at(t, message)
+        reports = []
+        await server.run(lambda r: reports.append(r) or r.window >= 12)
+        return reports
+
+    reports = run_virtual(main)
+    kinds = [None if (v := r.stop_reason(stop, active_clients=0)) is None else v.kind
+             for r in reports]
+    applied = [(c, r) for report in reports for c, r, _ in report.applied_updates]
+    # Window 2 judged nothing that passed, but b's round 1 waited through it: no stop until
+    # it is applied (window 3) ...
+    assert (reports[1].accepted, reports[1].waiting) == (0, 1)
+    assert reports[2].applied_updates[0][:2] == ("b", 1)
+    first_stop = kinds.index(RunStopKind.BUDGETS_SPENT)
+    assert first_stop == 3
+    assert sorted(applied) == [("a", 0), ("b", 0), ("b", 1), ("h", 0)]
+    # ... and the flood, its queue still full, does not keep the run from stopping
+    assert reports[first_stop].received == 10
+
+
 def test_participation_invites_each_window_and_applies_every_invited_round() -> None:
     """The server names each window's participants in the model that opens it; every update
     of an invited round is applied (also one that arrives a window late), and an update naming
@@ -487,6 +536,12 @@ def test_window_stop_reason_checks_the_conditions_in_order() -> None:
     assert idle.stop_reason(stop, active_clients=0) == RunStop(
         RunStopKind.BUDGETS_SPENT, "no client can train any more and every update has arrived")
     assert idle.stop_reason(Stop(windows=10, all_budgets_spent=False), active_clients=0) is None
+    # ... nor while the server holds updates unjudged (their clients ahead of their slots),
+    # whatever this window's arrivals were
+    assert WindowReport(window=3, time=2.0, version=3, waiting=1).stop_reason(
+        stop, active_clients=0) is None
+    assert WindowReport(window=3, time=2.0, version=3, received=1, stale=2, waiting=1
+                        ).stop_reason(stop, active_clients=0) is None
 
 
 def test_the_local_step_writes_only_the_clients_own_model() -> None:

@@ -284,6 +284,7 @@ class PartialIntake:
                                  updates=len(entries), reason=checked)
                     continue
                 keys.update((e.client_id, e.round) for e in entries)
+                report.accepted += len(entries)
                 groups.append(PartialGroup(base, total, checked[0], checked[1], entries))
         return groups
 

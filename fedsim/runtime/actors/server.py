@@ -350,6 +350,7 @@ class ServerActor:
             if verdict.kind in FORWARDED_KINDS:  # (behind an aggregator, which counted it judged)
                 self.partials.hold_back(update.client_id, MAX_COUNTER)
             return None
+        report.accepted += 1
         info = self.clients[update.client_id]
         accepted = AcceptedUpdate(update.client_id, update.round, update.delta, info.num_samples,
                                   info.step_at(update.round), info.weight, update.base_version,
@@ -484,12 +485,24 @@ class ServerActor:
             self._step_model(stream.accepted, direction, bound, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
+        report.waiting = self._waiting_to_apply()
         evaluated = self.evaluation.at_window(window, self.params, self.version, self.step_size)
         if evaluated is not None:
             report.accuracy, report.loss = evaluated
             self.last_accuracy = report.accuracy
         report.log_events()
         return report
+
+    def _waiting_to_apply(self) -> int:
+        """Updates the pacer holds that could still be applied: of rounds their clients'
+        statuses say were released and the book has not judged. The stop on spent budgets
+        waits for them (an attacker's review: one deferred past its window was lost); a
+        flood of replays or of rounds never released does not hold it (a hostile client kept
+        a queue full to the end), and each round counts until it is judged, once."""
+        book = self.book
+        return sum(1 for u in self.pacer.waiting_updates()
+                   if (u.client_id, u.round) not in book
+                   and u.round < book.known_rounds(u.client_id))
 
     def evaluate_final(self) -> FinalEvaluation | None:
         """The model as the run leaves it, evaluated (:meth:`HeldOutEvaluation.final`)."""

@@ -49,19 +49,17 @@ class WindowReport:
     partial_wait: float | None = None
     """Seconds the server waited after the window's end for the aggregators' partials (on its
     clock; at most ``aggregator_wait``; None: no aggregators). Not a ``metrics.jsonl`` column."""
+    accepted: int = 0
+    """Updates judged in this window that passed every check (applied in it, or in a later
+    one where a policy buffers them). Not a ``metrics.jsonl`` column."""
+    waiting: int = 0
+    """Updates the server holds unjudged as the window closes (their clients ahead of their
+    public compute slots: :class:`~fedsim.runtime.actors.admission.Pacer`) that could still be
+    applied (of rounds their clients say they released, not yet judged). Not a
+    ``metrics.jsonl`` column."""
     end: float | None = None
     """The window's scheduled end on the server's timeline (``time`` is when it was closed:
     the same up to float rounding under virtual time, a little later on the wall clock)."""
-
-    @property
-    def to_apply(self) -> int:
-        """Arrivals of this window that were neither stale, nor duplicates, nor rejected: the
-        ones that can still change the model (accepted, or waiting to be judged). The stop on
-        spent budgets waits for a window without any: a window of duplicates, stale updates
-        or rejections alone - which a hostile client's replays or junk, or an aggregator's
-        counts, could make of every window - is as quiet as an empty one. (Negative when a
-        window judges updates an earlier one received.)"""
-        return self.received - self.stale - self.duplicate - self.rejected
 
     def metrics_line(self, *, rejected: int, dropped_in_flight: int, active_clients: int,
                      min_remaining_epsilon: float | None,
@@ -128,8 +126,12 @@ class WindowReport:
                 and self.accuracy >= stop.target_accuracy):
             return RunStop(RunStopKind.TARGET_ACCURACY,
                            f"it reached the target accuracy {stop.target_accuracy:g}")
-        if stop.all_budgets_spent and active_clients == 0 and self.to_apply <= 0 \
-                and in_flight == 0:
+        # Quiet: nothing judged in the window passed and nothing that could is waiting. A
+        # window of duplicates, stale updates or rejections alone - which a hostile client's
+        # replays or junk, or an aggregator's counts, could make of every window - is as
+        # quiet as an empty one, where the stop once waited for a window with no arrival.
+        if stop.all_budgets_spent and active_clients == 0 and self.accepted == 0 \
+                and self.waiting == 0 and in_flight == 0:
             return RunStop(RunStopKind.BUDGETS_SPENT,
                            "no client can train any more and every update has arrived")
         return None

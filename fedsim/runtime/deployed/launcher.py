@@ -217,6 +217,8 @@ class Launcher:
         self.local_broker: LocalMosquitto | None = None
         self.processes: dict[str, _Process] = {}
         self.exit_codes: dict[str, list[int]] = {}
+        self._client_kills: dict[str, int] = {}
+        """Per client, its process's kills this launch saw (:meth:`supervise_clients`)."""
         self.earlier_commands: dict[str, list[list[str]]] = {}
         """Per process, the command lines of a resumed launch's earlier parts that differ from
         this part's (oldest first; none: every part ran this one)."""
@@ -363,7 +365,10 @@ class Launcher:
                 _log.warning("client process exited with an error; it stays down", client=name,
                              code=code, log=str(self.out / "logs" / f"{name}.log"))
                 continue
-            killed = sum(c < 0 for c in self.exit_codes[name])
+            # This launch's kills only: a resumed launch's exit statuses include the earlier
+            # parts' (an attacker's review: a client killed four times in the part that
+            # stopped for it had its first kill after --resume stop the launch, unrestarted)
+            killed = self._client_kills[name] = self._client_kills.get(name, 0) + 1
             if killed > MAX_CLIENT_RESTARTS:
                 raise FedsimError(
                     f"client {name}'s process was killed {killed} times; the last time it "
