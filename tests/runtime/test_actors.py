@@ -335,6 +335,16 @@ def test_server_never_applies_an_update_twice_and_drops_stale_ones() -> None:
     assert versions == [0, 1, 1, 2, 2]
 
 
+async def _windows(server: ServerActor, endpoint: RecordingEndpoint,
+                   arrivals: list[tuple[float, ClientUpdate]], windows: int) -> list:
+    """The server's first ``windows`` reports, with ``arrivals`` delivered at their times."""
+    for t, message in arrivals:
+        endpoint.deliver_at(t, message)
+    reports: list = []
+    await server.run(lambda r: reports.append(r) or r.window >= windows)
+    return reports
+
+
 def test_replays_junk_and_stale_updates_do_not_hold_off_the_stop_on_spent_budgets() -> None:
     """Once no client can train, the run stops at the first window in which nothing arrived
     that could change the model. A window of replays (duplicates), stale updates and
@@ -356,11 +366,7 @@ def test_replays_junk_and_stale_updates_do_not_hold_off_the_stop_on_spent_budget
         arrivals += [(3.6, update("b", 0, 0, 1.0)),  # a duplicate more in window 4
                      (4.4, update("a", 1, 0, 1.0)),  # accepted (staleness 1): window 5
                      (5.7, update("b", 1, 0, 1.0))]  # too stale at version 2: window 6
-        for t, message in arrivals:
-            endpoint.deliver_at(t, message)
-        reports = []
-        await server.run(lambda r: reports.append(r) or r.window >= 7)
-        return reports
+        return await _windows(server, endpoint, arrivals, 7)
 
     reports = run_virtual(main)
     verdicts = [r.stop_reason(stop, active_clients=0) for r in reports]
@@ -402,11 +408,7 @@ def test_the_stop_on_spent_budgets_waits_for_a_deferred_update_not_for_a_flood()
         # h floods: replays of its one round and rounds it never released, all through the run
         arrivals += [(0.15 + 0.1 * k, update("h", 0 if k % 2 else 5000 + k, 0, 1.0))
                      for k in range(120)]
-        for t, message in arrivals:
-            endpoint.deliver_at(t, message)
-        reports = []
-        await server.run(lambda r: reports.append(r) or r.window >= 12)
-        return reports
+        return await _windows(server, endpoint, arrivals, 12)
 
     reports = run_virtual(main)
     kinds = [None if (v := r.stop_reason(stop, active_clients=0)) is None else v.kind
