@@ -289,3 +289,43 @@ def test_a_resumed_launch_restarts_a_client_whose_kills_were_in_an_earlier_part(
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert written[victim]["starts"] == len(earlier) + 2  # restarted once
     assert written[victim]["exit_codes"] == [*earlier, -signal.SIGKILL, 0]
+
+
+def test_a_timed_out_launch_stops_the_clients_before_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's launch past its --timeout SIGTERMed the server first, then the clients:
+    each client waited its whole flush timeout (10 s) for receipts no server would send, left
+    its last update charged to its privacy but unacknowledged (the partial summary's
+    released_unacknowledged: 4 of 4 clients), and the resumed server refused those updates
+    (before_start). Interrupted by a signal, the same launch stopped the clients first and
+    lost nothing; at its timeout it now stops them in that order too."""
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    names = [*launcher.client_ids, "server"]
+    signalled: list[str] = []
+
+    class _Named(_Slow):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def send_signal(self, sig: int) -> None:
+            signalled.append(self.name)
+            super().send_signal(sig)
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in names:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start_all() -> None:
+        for name, process in launcher.processes.items():
+            process.starts += 1
+            process.child = _Named(name)  # type: ignore[assignment]
+
+    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "start_all", start_all)
+    monkeypatch.setattr(launcher, "collect", lambda *args, **kwargs: {})
+    with pytest.raises(TransportError):
+        launcher.run_to_end(0.2)
+    assert signalled[-1] == "server"
+    assert set(signalled[:-1]) == set(launcher.client_ids)

@@ -549,7 +549,11 @@ class Launcher:
             except FedsimError as exc:  # a client killed again and again
                 code, stopped_early = None, f"when {exc}"
             if code is None:
-                self.kill("server", signal.SIGTERM)
+                # Stopped early: in the order that loses nothing, as an interrupted launch
+                # (a stranger's timed-out launch stopped the server first, and every client
+                # then waited its flush timeout for receipts of its last update, charged to
+                # its privacy, that no server sent: a resume refused them)
+                self.stop_all()
             elif code != 0:
                 raise FedsimError(
                     f"the server exited with status {code} (see {self.out / 'logs' / 'server.log'})"
