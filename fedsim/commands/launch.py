@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from fedsim.reporting.progress import RunProgress, log_evaluation
     from fedsim.runtime.deployed.launcher import Launcher
     from fedsim.runtime.interrupted import signals_interrupt
-    from fedsim.runtime.run_outputs import default_run_dir
+    from fedsim.runtime.run_outputs import default_run_dir, require_writable_dir
 
     options = DeploymentOptions.from_args(args)
     if not args.timeout > 0:  # (NaN too) a stranger's --timeout -1 started every process first
@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     require_allowed(loaded.scenario, options.allow_factories)  # before any directory is made
     out = resumed or (Path(args.out) if args.out
                       else default_run_dir(f"{loaded.scenario.name}-launch"))
+    # before any work, as fedsim run (a stranger's launch into a file's path: a traceback)
+    require_writable_dir(out, "--resume" if resumed else "--out" if args.out
+                         else "run directory")
     launcher = Launcher(scenario_file, out, options=options, overrides=args.overrides,
                         resume=args.resume is not None)
     horizon = bound_horizon(launcher.scenario)  # the first hard stop, in scenario seconds

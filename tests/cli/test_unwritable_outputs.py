@@ -1,5 +1,5 @@
 """An output that cannot be written is one line and exit 2, found before any work: ``run
---out`` (and its default ``runs/``), ``sweep --out``, ``compare --plots``, ``report`` on a run
+--out`` (and its default ``runs/``), ``sweep --out``, ``compare --plots``, ``launch --out``, ``report`` on a run
 whose plots cannot be redrawn, and ``simulate(out=...)``.
 
 Three ways to make a place unwritable: a regular file in the way (works for everyone), a
@@ -67,11 +67,14 @@ def _commands(scenario: Path, a_run: Path, place: Path) -> dict[str, list[str]]:
                               "--tensorboard", str(place / "tb")],
         "sweep": ["sweep", str(scenario), "--grid", "seed=1,2", "--out", str(place / "sweep")],
         "compare": ["compare", str(a_run), "--plots", str(place / "compare")],
+        # (a stranger's launch into a file's path raised NotADirectoryError, a traceback,
+        # after loading the scenario and building the launcher)
+        "launch": ["launch", str(scenario), "--out", str(place / "launch"), "--no-plots"],
     }
 
 
 # ----------------------------------------------------------------------------- a file in the way
-@pytest.mark.parametrize("command", ["run", "run --tensorboard", "sweep", "compare"])
+@pytest.mark.parametrize("command", ["run", "run --tensorboard", "sweep", "compare", "launch"])
 def test_a_file_in_the_way(command: str, scenario: Path, a_run: Path, tmp_path: Path,
                            no_work: None, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "a-file"
@@ -120,7 +123,7 @@ def test_a_directory_that_can_be_made_is_not_made(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
                     reason="permission bits do not stop root (the read-only file system test "
                            "covers this case there)")
-@pytest.mark.parametrize("command", ["run", "sweep", "compare"])
+@pytest.mark.parametrize("command", ["run", "sweep", "compare", "launch"])
 def test_a_directory_without_write_permission(
         command: str, scenario: Path, a_run: Path, tmp_path: Path, no_work: None,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,6 +161,7 @@ attempt("run --out", ["run", scenario, "--out", ro + "/run"])
 attempt("run (default runs/)", ["run", scenario], cwd=ro)
 attempt("sweep --out", ["sweep", scenario, "--grid", "seed=1,2", "--out", ro + "/sweep"])
 attempt("compare --plots", ["compare", run, "--plots", ro + "/compare"])
+attempt("launch --out", ["launch", scenario, "--out", ro + "/launch", "--no-plots"])
 attempt("report", ["report", run])
 try:
     fedsim.simulate(scenario, out=ro + "/api", progress=False)
@@ -200,7 +204,7 @@ def test_a_read_only_file_system(scenario: Path, a_run: Path, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     results: dict[str, list[object]] = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(results) == {"run --out", "run (default runs/)", "sweep --out",
-                            "compare --plots", "report", "simulate(out=)"}
+                            "compare --plots", "launch --out", "report", "simulate(out=)"}
     for name, (code, err) in results.items():
         assert code == 2, (name, err)
         assert isinstance(err, str)
