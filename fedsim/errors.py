@@ -52,6 +52,11 @@ class LedgerError(PrivacyError):
     """A ledger file is unreadable or inconsistent (it is never silently reset)."""
 
 
+class LedgerInUse(LedgerError):
+    """Another process (or open file) holds a ledger's single-writer lock: nothing is wrong
+    with the ledger, and it opens once that writer has stopped."""
+
+
 class CodecError(FedsimError):
     """A wire message is malformed, truncated, oversized, of the wrong shape or not finite.
 

@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 from fedsim.atomic import locked_or_closed
-from fedsim.errors import LedgerError
+from fedsim.errors import LedgerError, LedgerInUse
 
 try:
     import fcntl
@@ -75,7 +75,7 @@ class DirectoryLock:
         self._fd = _directory_fd(self.directory.resolve())
         if not locked_or_closed(self._fd):
             self._fd = -1
-            raise LedgerError(
+            raise LedgerInUse(
                 f"{directory}: its ledgers are open elsewhere (another process holds the "
                 f"directory's lock); one ledger has one writer")
         self._locked = file_identity(os.fstat(self._fd))

@@ -67,7 +67,7 @@ from fedsim.atomic import (
     write_atomically,
 )
 from fedsim.config.limits import MAX_LEDGER_BYTES
-from fedsim.errors import ConfigError, LedgerError
+from fedsim.errors import ConfigError, LedgerError, LedgerInUse
 from fedsim.json_input import parse_json
 from fedsim.privacy.events import (
     SAMPLING_SCHEMES,
@@ -195,7 +195,7 @@ class MarkFile:
             raise LedgerError(f"{path}: the high-water mark is not a regular file (a FIFO or "
                               f"a device where a mark should be)")
         if not locked_or_closed(self._fd):
-            raise LedgerError(
+            raise LedgerInUse(
                 f"{path.with_suffix('')}: the ledger is open elsewhere (another process or "
                 f"handle holds its lock); one ledger has one writer")
         self._identity = file_identity(os.fstat(self._fd))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedsim.config.loading import LoadedScenario
-from fedsim.errors import ConfigError, FedsimError
+from fedsim.errors import ConfigError, FedsimError, LedgerInUse
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.population import build_population
 from fedsim.runtime.run_outputs import (
@@ -33,6 +33,12 @@ __all__ = ["LAUNCH_FILE", "check_state_ledgers", "resumable_scenario", "scenario
 LAUNCH_FILE = "launch.json"
 """A launch's own record beside ``processes.json``: its resolved scenario's SHA-256, which a
 resume checks."""
+
+HELD_ADVICE = ("a process of the earlier launch may still be stopping (a client waits up to its "
+               "flush timeout for the server's receipts; ps lists it as 'fedsim client ID'): "
+               "wait for it and run the same command again")
+"""What a resume refused for a ledger another process holds adds: a launcher killed outright
+leaves its clients stopping for a few seconds, their ledgers locked."""
 
 
 def scenario_sha256(path: Path) -> str:
@@ -86,14 +92,21 @@ def check_state_ledgers(loaded: LoadedScenario, state_dir: Callable[[str], Path]
     stopped yet: an attacker's review saw a run whose every client failed at start run to its
     end empty, after which it could not be resumed again)."""
     problems = []
+    held = False  # a ledger another process holds: one of the earlier launch, still stopping?
     for plan in build_population(loaded).plans:
         path = ledger_file(state_dir(plan.client_id), plan.client_id)
         if not path.exists():
             continue  # a client that never spent: it starts afresh
         try:
             open_ledger(plan, path).close()
+        except LedgerInUse as exc:
+            held = True
+            problems.append(f"{plan.client_id}: {exc}")
         except FedsimError as exc:
             problems.append(f"{plan.client_id}: {exc}")
     if problems:
+        # (a stranger's resume just after a launcher killed outright said "open elsewhere"
+        # alone, while its clients were still flushing to a server that was gone)
         raise ConfigError("cannot resume: " + "; ".join(problems[:8])
-                          + (" ..." if len(problems) > 8 else ""))
+                          + (" ..." if len(problems) > 8 else "")
+                          + (f"; {HELD_ADVICE}" if held else ""))
