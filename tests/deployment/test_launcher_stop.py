@@ -329,3 +329,61 @@ def test_a_timed_out_launch_stops_the_clients_before_the_server(
         launcher.run_to_end(0.2)
     assert signalled[-1] == "server"
     assert set(signalled[:-1]) == set(launcher.client_ids)
+
+
+class _Killed:
+    """A child that died of SIGKILL (a server killed outright, or out of memory)."""
+
+    def poll(self) -> int | None:
+        return -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -signal.SIGKILL
+
+    def send_signal(self, sig: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+def test_a_launch_whose_server_dies_writes_a_partial_summary_and_says_it_can_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger's server process killed mid-launch (SIGKILL): the launcher said only "the
+    server exited with status -9 (see .../server.log)", wrote no summary (`fedsim report`
+    refused the directory) and did not say that `fedsim launch --resume` goes on with it,
+    which it did, to the run's end. It now stops as a launch stopped early does: the clients
+    first, a partial summary, and the way on."""
+    launcher = Launcher(SCENARIO, tmp_path / "run")
+    names = [*launcher.client_ids, "server"]
+    collected: list[tuple[object, ...]] = []
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in names:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    def start_all() -> None:
+        for name, process in launcher.processes.items():
+            process.starts += 1
+            process.child = _Killed() if name == "server" else _Slow()  # type: ignore[assignment]
+
+    def collect(*args: object, **kwargs: object) -> dict[str, object]:
+        collected.append((*args, kwargs.get("cause")))
+        return {}
+
+    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "start_all", start_all)
+    monkeypatch.setattr(launcher, "collect", collect)
+    with pytest.raises(TransportError) as raised:
+        launcher.run_to_end(30.0)
+    said = str(raised.value)
+    assert said.startswith(f"the launch stopped when the server process was killed by SIGKILL "
+                           f"(see {tmp_path / 'run' / 'logs'}); ")
+    assert f"its partial summary is in {tmp_path / 'run' / 'summary.json'}" in said
+    assert said.endswith(f"'fedsim launch --resume {tmp_path / 'run'} --timeout SECONDS' goes "
+                         f"on with it")
+    assert len(collected) == 1
+    written = json.loads((tmp_path / "run" / "processes.json").read_text())
+    assert written["server"]["exit_codes"] == [-signal.SIGKILL]
+    assert all(written[n]["exit_codes"] == [0] for n in launcher.client_ids)

@@ -555,9 +555,11 @@ class Launcher:
                 # its privacy, that no server sent: a resume refused them)
                 self.stop_all()
             elif code != 0:
-                raise FedsimError(
-                    f"the server exited with status {code} (see {self.out / 'logs' / 'server.log'})"
-                )
+                # Its checkpoint and the clients' ledgers go on: stopped early, as at a
+                # timeout (a stranger's server killed outright left no summary, and nothing
+                # said that --resume went on with the run, which it did)
+                stopped_early = f"when the server process {exit_text(code)}"
+                self.stop_all()
             else:
                 self.stop_all()
         except KeyboardInterrupt:
