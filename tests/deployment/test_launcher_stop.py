@@ -186,8 +186,10 @@ def test_a_launchs_summary_names_a_process_that_died(
 
     monkeypatch.setattr("fedsim.runtime.deployed.launcher.collect_outputs", collect)
     (tmp_path / "run").mkdir()
+    launcher._client_kills = {"c-002": 1}
     launcher.collect()
     assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}
+    assert seen["restarted_clients"] == {"c-002": 1}
 
 
 class _Ended:
@@ -387,3 +389,29 @@ def test_a_launch_whose_server_dies_writes_a_partial_summary_and_says_it_can_go_
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert written["server"]["exit_codes"] == [-signal.SIGKILL]
     assert all(written[n]["exit_codes"] == [0] for n in launcher.client_ids)
+
+
+def test_a_launchs_summary_says_what_a_restart_and_a_resume_cost(tmp_path: Path) -> None:
+    """A stranger: after a client killed and restarted, the summary said nothing of it (and its
+    counts missed the killed process's rounds, which its ledger holds); after a resume, 8
+    updates charged to their clients' privacy and refused before the server's first window
+    (before_start) showed only as a count of rejections."""
+    from fedsim.config import load_scenario
+    from fedsim.runtime.actors.window_report import WindowReport
+    from fedsim.runtime.deployed.collection import collect_outputs
+
+    lines = [WindowReport(window, float(window), window).metrics_line(
+        rejected=0, dropped_in_flight=0, active_clients=4, min_remaining_epsilon=None,
+        refused=refused) for window, refused in enumerate(
+            [{"before_start": 5, "norm": 1}, {"before_start": 3}, {}], 1)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = collect_outputs(load_scenario(SCENARIO), tmp_path, {}, wall_seconds=1.0,
+                              restarted_clients={"c-001": 2, "c-002": 0})
+    assert summary["warnings"] == [
+        "c-001's process was killed and restarted by the launch 2 time(s) (logs/c-001.log): "
+        "its ledger holds every round it released, its report (released rounds, counters) "
+        "only those of its processes that stopped cleanly",
+        "8 update(s) arrived before the server's first window and were refused "
+        "(before_start): released and charged to their clients' privacy (their ledgers count "
+        "them), never applied (a resumed launch's server refuses the earlier part's updates "
+        "that reach it before its first window)"]

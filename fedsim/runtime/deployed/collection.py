@@ -42,6 +42,7 @@ from fedsim.runtime.run_outputs import (
     released_unacknowledged,
     write_run_outputs,
 )
+from fedsim.transports.mqtt_server import BEFORE_START
 
 __all__ = ["collect_outputs", "exit_text"]
 
@@ -62,6 +63,7 @@ def collect_outputs(
     cause: str | None = None,
     parts: int = 1,
     failed_processes: Mapping[str, int] = MappingProxyType({}),
+    restarted_clients: Mapping[str, int] = MappingProxyType({}),
 ) -> dict[str, Any]:
     """Gather a deployed run into ``out_dir`` the way ``fedsim run`` lays it out.
 
@@ -71,7 +73,9 @@ def collect_outputs(
     "the launch at its --timeout of 600 wall seconds"); ``parts``: how many launches ran it (more than one:
     interrupted and resumed, which the summary says); ``failed_processes``: the processes of
     the launch whose last exit status was not 0 (a client killed mid-run: its summary said only
-    that it "could still train"), which the summary's warnings name.
+    that it "could still train"), which the summary's warnings name; ``restarted_clients``:
+    how many times the launch restarted each client whose process was killed (its report
+    covers its last process: the warnings say so).
 
     ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
     ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,
@@ -91,9 +95,7 @@ def collect_outputs(
     clients: list[ClientOutcome] = []
     links: list[object] = []  # each client report's emulated_network
     unacknowledged: dict[str, int | None] = {}  # each client report's count
-    warnings: list[str] = [
-        f"{name}'s process {exit_text(code)} and was not running at the end "
-        f"(logs/{name}.log)" for name, code in failed_processes.items()]
+    warnings = _process_warnings(metrics, failed_processes, restarted_clients)
     try:
         for plan in population.plans:
             client_id = plan.client_id
@@ -145,7 +147,7 @@ def collect_outputs(
         stop_reason = RunStop.read(server)
         if interrupted:
             at = metrics[-1]["time"] if metrics else 0.0
-            by = interrupted if cause is None else f"{cause} ({interrupted})"
+            by = interrupted if cause is None else cause  # (its signal: the summary's own)
             stop_reason = RunStop(RunStopKind.SIGNAL,
                                   interrupted_reason(by, len(metrics), at, "scenario"))
         return write_run_outputs(
@@ -197,6 +199,31 @@ def _extends(source: Path, copy: Path) -> bool:
     held = held[:held.rfind(b"\n") + 1]
     with source.open("rb") as handle:
         return handle.read(len(held)) == held
+
+
+def _process_warnings(metrics: list[Any], failed: Mapping[str, int],
+                      restarted: Mapping[str, int]) -> list[str]:
+    """The summary's warnings on the launch's processes: those that failed and were down at
+    the end, clients the launch restarted, and updates refused before the first window."""
+    warnings = [f"{name}'s process {exit_text(code)} and was not running at the end "
+                f"(logs/{name}.log)" for name, code in failed.items()]
+    # (a stranger: the summary said nothing of a restart, and a killed process's released
+    # rounds, never reported, were missing from its counts)
+    warnings += [
+        f"{name}'s process was killed and restarted by the launch {count} time(s) (logs/"
+        f"{name}.log): its ledger holds every round it released, its report (released "
+        f"rounds, counters) only those of its processes that stopped cleanly"
+        for name, count in restarted.items() if count]
+    refused_early = sum(count for line in metrics if isinstance(line, dict)
+                        and isinstance(kinds := line.get("rejections"), dict)
+                        and isinstance(count := kinds.get(BEFORE_START, 0), int))
+    if refused_early:  # (a stranger's resumed launch said nothing of them)
+        warnings.append(
+            f"{refused_early} update(s) arrived before the server's first window and were "
+            f"refused ({BEFORE_START}): released and charged to their clients' privacy "
+            f"(their ledgers count them), never applied (a resumed launch's server refuses "
+            f"the earlier part's updates that reach it before its first window)")
+    return warnings
 
 
 def exit_text(code: int) -> str:

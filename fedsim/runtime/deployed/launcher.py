@@ -473,6 +473,7 @@ class Launcher:
             interrupted=interrupted,
             cause=cause,
             parts=max(1, self.processes["server"].starts),
+            restarted_clients=dict(self._client_kills),
             failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
                               if codes and codes[-1] != 0 and name in self.processes
                               and self.processes[name].child is None},
