@@ -472,7 +472,9 @@ def _format_cell(value: Any) -> str:
 DEPLOYED_CLOCKS = (
     "(A deployed client's times are on its own clock, which starts with its process (resumed, "
     "where its ledger ends) and moves forward to the server's at its first global model when "
-    "behind it: a client's times can read a little earlier or later than the run's end.)")
+    "behind it, never back (its ledger's times only grow): a client's times can read a little "
+    "earlier or later than the run's end, and after a resume later by as long as the earlier "
+    "part's clients ran on past its server's last window.)")
 
 
 def _resumed(record: RunRecord) -> list[str]:
