@@ -135,9 +135,9 @@ def test_compare_shows_an_interrupted_run_that_lies_under_a_finished_one(
     figures = {}
     original = compare._save
 
-    def recording_save(figure, path):  # type: ignore[no-untyped-def]
+    def recording_save(figure, path, **options):  # type: ignore[no-untyped-def]
         figures[path.name] = figure
-        return original(figure, path)
+        return original(figure, path, **options)
 
     monkeypatch.setattr(compare, "_save", recording_save)
     capsys.readouterr()
