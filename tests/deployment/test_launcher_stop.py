@@ -186,7 +186,7 @@ def test_a_launchs_summary_names_a_process_that_died(
 
     monkeypatch.setattr("fedsim.runtime.deployed.launcher.collect_outputs", collect)
     (tmp_path / "run").mkdir()
-    launcher._client_kills = {"c-002": 1}
+    launcher._client_restarts = {"c-002": 1}
     launcher.collect()
     assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}
     assert seen["restarted_clients"] == {"c-002": 1}
@@ -248,6 +248,12 @@ def test_a_killed_client_is_restarted_until_killed_again_and_again(
     assert written[victim]["starts"] == MAX_CLIENT_RESTARTS + 1
     assert written[victim]["exit_codes"] == [-signal.SIGKILL] * (MAX_CLIENT_RESTARTS + 1)
     assert written[refused]["starts"] == 1 and written[refused]["exit_codes"] == [1]
+    # the summary counts the restarts, not the kill that stopped the launch
+    warnings = json.loads((tmp_path / "run" / "summary.json").read_text())["warnings"]
+    assert f"{victim}'s process was killed and restarted by the launch " \
+           f"{MAX_CLIENT_RESTARTS} time(s) (logs/{victim}.log): its ledger holds every round " \
+           f"it released, its report (released rounds, counters) only those of its " \
+           f"processes that stopped cleanly" in warnings
     # the others were stopped (SIGTERM), each once
     assert all(written[n]["starts"] == 1 and written[n]["exit_codes"] == [0]
                for n in names if n not in (victim, refused))

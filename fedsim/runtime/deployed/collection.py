@@ -75,7 +75,7 @@ def collect_outputs(
     the launch whose last exit status was not 0 (a client killed mid-run: its summary said only
     that it "could still train"), which the summary's warnings name; ``restarted_clients``:
     how many times the launch restarted each client whose process was killed (its report
-    covers its last process: the warnings say so).
+    counts only its processes that stopped cleanly: the warnings say so).
 
     ``out_dir`` already holds the server's ``metrics.jsonl`` and ``server.json``; the clients'
     ledgers are copied from their state directories into ``ledgers/`` and ``clients.csv``,

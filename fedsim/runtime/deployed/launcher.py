@@ -217,8 +217,9 @@ class Launcher:
         self.local_broker: LocalMosquitto | None = None
         self.processes: dict[str, _Process] = {}
         self.exit_codes: dict[str, list[int]] = {}
-        self._client_kills: dict[str, int] = {}
-        """Per client, its process's kills this launch saw (:meth:`supervise_clients`)."""
+        self._client_restarts: dict[str, int] = {}
+        """Per client, how many times this launch restarted its killed process
+        (:meth:`supervise_clients`)."""
         self.earlier_commands: dict[str, list[list[str]]] = {}
         """Per process, the command lines of a resumed launch's earlier parts that differ from
         this part's (oldest first; none: every part ran this one)."""
@@ -368,7 +369,7 @@ class Launcher:
             # This launch's kills only: a resumed launch's exit statuses include the earlier
             # parts' (an attacker's review: a client killed four times in the part that
             # stopped for it had its first kill after --resume stop the launch, unrestarted)
-            killed = self._client_kills[name] = self._client_kills.get(name, 0) + 1
+            killed = self._client_restarts.get(name, 0) + 1
             if killed > MAX_CLIENT_RESTARTS:
                 raise FedsimError(
                     f"client {name}'s process was killed {killed} times; the last time it "
@@ -376,6 +377,7 @@ class Launcher:
             _log.warning("client process killed; restarting it from its state", client=name,
                          code=code, killed=killed)
             self.start(name)
+            self._client_restarts[name] = killed  # (the kill that stops the launch: none)
             restarted.append(name)
         return restarted
 
@@ -473,7 +475,7 @@ class Launcher:
             interrupted=interrupted,
             cause=cause,
             parts=max(1, self.processes["server"].starts),
-            restarted_clients=dict(self._client_kills),
+            restarted_clients=dict(self._client_restarts),
             failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
                               if codes and codes[-1] != 0 and name in self.processes
                               and self.processes[name].child is None},
@@ -534,7 +536,11 @@ class Launcher:
         Interrupted (Ctrl-C, or SIGTERM under :func:`~fedsim.runtime.interrupted.signals_interrupt`)
         once the processes have started, it stops them, still writes the run directory of what
         they did (a partial summary that says so, as an interrupted ``fedsim run``'s does) and
-        raises :class:`KeyboardInterrupt` again."""
+        raises :class:`KeyboardInterrupt` again. Stopped early by the launcher itself - at
+        ``timeout``, when the server process fails, or when a client is killed past
+        :data:`MAX_CLIENT_RESTARTS` restarts - it stops the processes the same way, writes a
+        partial summary whose stop reason says why, and raises :class:`TransportError` naming
+        the way on (``fedsim launch --resume``)."""
         interrupted: str | None = None
         stopped_early: str | None = None  # why the launcher stopped the run itself
         try:
@@ -549,20 +555,16 @@ class Launcher:
                     stopped_early = f"at its --timeout of {timeout:g} wall seconds"
             except FedsimError as exc:  # a client killed again and again
                 code, stopped_early = None, f"when {exc}"
-            if code is None:
-                # Stopped early: in the order that loses nothing, as an interrupted launch
-                # (a stranger's timed-out launch stopped the server first, and every client
-                # then waited its flush timeout for receipts of its last update, charged to
-                # its privacy, that no server sent: a resume refused them)
-                self.stop_all()
-            elif code != 0:
+            if code is not None and code != 0:
                 # Its checkpoint and the clients' ledgers go on: stopped early, as at a
                 # timeout (a stranger's server killed outright left no summary, and nothing
                 # said that --resume went on with the run, which it did)
                 stopped_early = f"when the server process {exit_text(code)}"
-                self.stop_all()
-            else:
-                self.stop_all()
+            # Ended or stopped early, in the order that loses nothing (the clients first), as
+            # an interrupted launch (a stranger's timed-out launch stopped the server first, and
+            # every client then waited its flush timeout for receipts of its last update,
+            # charged to its privacy, that no server sent: a resume refused them)
+            self.stop_all()
         except KeyboardInterrupt:
             if not any(p.starts for p in self.processes.values()):
                 raise  # nothing ran: there is no run directory to write
