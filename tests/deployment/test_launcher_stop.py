@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,18 @@ class _Slow(_Running):
         return 0
 
 
+def _no_processes_yet(launcher: Launcher, tmp_path: Path) -> Callable[[], None]:
+    """A ``prepare`` for ``launcher`` that makes its run directory and a record, with no child
+    yet, of the server and each client (the tests start fake children in their place)."""
+
+    def prepare() -> None:
+        (tmp_path / "run").mkdir()
+        for name in [*launcher.client_ids, "server"]:
+            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+
+    return prepare
+
+
 def test_a_timed_out_launch_says_it_can_go_on_and_keeps_the_exit_statuses(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stranger's launch past its --timeout said only "the server did not reach the stop
@@ -116,17 +129,12 @@ def test_a_timed_out_launch_says_it_can_go_on_and_keeps_the_exit_statuses(
     launcher = Launcher(SCENARIO, tmp_path / "run")
     names = [*launcher.client_ids, "server"]
 
-    def prepare() -> None:
-        (tmp_path / "run").mkdir()
-        for name in names:
-            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
-
     def start_all() -> None:
         for process in launcher.processes.values():
             process.starts += 1
             process.child = _Slow()  # type: ignore[assignment]
 
-    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "prepare", _no_processes_yet(launcher, tmp_path))
     monkeypatch.setattr(launcher, "start_all", start_all)
     with pytest.raises(TransportError) as raised:
         launcher.run_to_end(0.2)
@@ -224,18 +232,13 @@ def test_a_killed_client_is_restarted_until_killed_again_and_again(
     names = [*launcher.client_ids, "server"]
     victim, refused = launcher.client_ids[1], launcher.client_ids[2]
 
-    def prepare() -> None:
-        (tmp_path / "run").mkdir()
-        for name in names:
-            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
-
     def start(name: str) -> None:
         process = launcher.processes[name]
         process.starts += 1
         process.child = (_Ended(-signal.SIGKILL) if name == victim  # type: ignore[assignment]
                          else _Ended(1) if name == refused else _Slow())
 
-    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "prepare", _no_processes_yet(launcher, tmp_path))
     monkeypatch.setattr(launcher, "start", start)
     with pytest.raises(TransportError) as raised:
         launcher.run_to_end(30.0)
@@ -268,14 +271,11 @@ def test_a_resumed_launch_restarts_a_client_whose_kills_were_in_an_earlier_part(
     from fedsim.runtime.deployed.launcher import MAX_CLIENT_RESTARTS
 
     launcher = Launcher(SCENARIO, tmp_path / "run")
-    names = [*launcher.client_ids, "server"]
     victim = launcher.client_ids[1]
     earlier = [-signal.SIGKILL] * (MAX_CLIENT_RESTARTS + 1)  # the part that stopped for it
 
     def prepare() -> None:
-        (tmp_path / "run").mkdir()
-        for name in names:
-            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
+        _no_processes_yet(launcher, tmp_path)()
         # as prepare() reads a resumed launch's processes.json
         launcher.processes[victim].starts = len(earlier)
         launcher.exit_codes[victim] = list(earlier)
@@ -308,7 +308,6 @@ def test_a_timed_out_launch_stops_the_clients_before_the_server(
     (before_start). Interrupted by a signal, the same launch stopped the clients first and
     lost nothing; at its timeout it now stops them in that order too."""
     launcher = Launcher(SCENARIO, tmp_path / "run")
-    names = [*launcher.client_ids, "server"]
     signalled: list[str] = []
 
     class _Named(_Slow):
@@ -320,39 +319,18 @@ def test_a_timed_out_launch_stops_the_clients_before_the_server(
             signalled.append(self.name)
             super().send_signal(sig)
 
-    def prepare() -> None:
-        (tmp_path / "run").mkdir()
-        for name in names:
-            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
-
     def start_all() -> None:
         for name, process in launcher.processes.items():
             process.starts += 1
             process.child = _Named(name)  # type: ignore[assignment]
 
-    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "prepare", _no_processes_yet(launcher, tmp_path))
     monkeypatch.setattr(launcher, "start_all", start_all)
     monkeypatch.setattr(launcher, "collect", lambda *args, **kwargs: {})
     with pytest.raises(TransportError):
         launcher.run_to_end(0.2)
     assert signalled[-1] == "server"
     assert set(signalled[:-1]) == set(launcher.client_ids)
-
-
-class _Killed:
-    """A child that died of SIGKILL (a server killed outright, or out of memory)."""
-
-    def poll(self) -> int | None:
-        return -signal.SIGKILL
-
-    def wait(self, timeout: float | None = None) -> int:
-        return -signal.SIGKILL
-
-    def send_signal(self, sig: int) -> None:
-        pass
-
-    def kill(self) -> None:
-        pass
 
 
 def test_a_launch_whose_server_dies_writes_a_partial_summary_and_says_it_can_go_on(
@@ -363,24 +341,19 @@ def test_a_launch_whose_server_dies_writes_a_partial_summary_and_says_it_can_go_
     which it did, to the run's end. It now stops as a launch stopped early does: the clients
     first, a partial summary, and the way on."""
     launcher = Launcher(SCENARIO, tmp_path / "run")
-    names = [*launcher.client_ids, "server"]
     collected: list[tuple[object, ...]] = []
-
-    def prepare() -> None:
-        (tmp_path / "run").mkdir()
-        for name in names:
-            launcher.processes[name] = _Process(name, [], tmp_path / f"{name}.log")
 
     def start_all() -> None:
         for name, process in launcher.processes.items():
             process.starts += 1
-            process.child = _Killed() if name == "server" else _Slow()  # type: ignore[assignment]
+            process.child = (_Ended(-signal.SIGKILL) if name == "server"  # killed outright
+                             else _Slow())  # type: ignore[assignment]
 
     def collect(*args: object, **kwargs: object) -> dict[str, object]:
         collected.append((*args, kwargs.get("cause")))
         return {}
 
-    monkeypatch.setattr(launcher, "prepare", prepare)
+    monkeypatch.setattr(launcher, "prepare", _no_processes_yet(launcher, tmp_path))
     monkeypatch.setattr(launcher, "start_all", start_all)
     monkeypatch.setattr(launcher, "collect", collect)
     with pytest.raises(TransportError) as raised:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.runtime.deployed import forked_child as launcher_module
+from fedsim.runtime.deployed import forked_child
 from fedsim.runtime.deployed.forked_child import ForkedChild
 from fedsim.runtime.deployed.process_title import name_this_process
 
@@ -83,13 +83,13 @@ def test_a_launched_child_shows_its_role_and_name(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # The child is forked from this process: what it would run is replaced by a wait (the
     # title is set before it), so no broker is needed.
-    monkeypatch.setattr(launcher_module.runpy, "run_module", lambda *a, **k: time.sleep(30))
+    monkeypatch.setattr(forked_child.runpy, "run_module", lambda *a, **k: time.sleep(30))
     children = [
-        (ForkedChild(["client", "--client-id", "phone-000"],
-                                      tmp_path / "phone.log", {}, "phone-000"),
+        (ForkedChild(["client", "--client-id", "phone-000"], tmp_path / "phone.log", {},
+                     "phone-000"),
          "fedsim client phone-000", "phone-000"),
-        (ForkedChild(["server", "--state", "s"], tmp_path / "server.log", {},
-                                      "server"), "fedsim server", "server"),
+        (ForkedChild(["server", "--state", "s"], tmp_path / "server.log", {}, "server"),
+         "fedsim server", "server"),
     ]
     try:
         for child, title, short in children:
