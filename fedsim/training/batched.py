@@ -6,8 +6,9 @@ forty tensor operations, cold parameter vectors), not arithmetic. The virtual-ti
 lets rounds wait: a client begins its round
 (:meth:`~fedsim.training.local.LocalTrainer.begin_round`; the round's randomness is drawn when
 the pass first reads it, the pass's rounds one after the other, with the values a draw at the
-round's start gives), lets the round's compute time pass, and only then asks for the update; by then the rounds other clients began meanwhile are
-pending too, and the first request computes them all in one pass
+round's start gives), lets the round's compute time pass, and only then asks for the update;
+by then the rounds other clients began meanwhile are pending too, and the first request
+computes them all in one pass
 (:class:`~fedsim.training.batched_pass.ChainPass`: the examples of all rounds laid end to end,
 each round the same DP-SGD step as on its own, up to floating-point summation order).
 On hetero-100 (about 20 rounds a pass) this costs about 0.6 of computing the rounds one by

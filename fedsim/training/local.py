@@ -178,7 +178,8 @@ class LocalTrainer:
 
     ``clip(t)`` and ``sigma(t)`` are read at ``t = round_index``. The model is scratch space:
     each round overwrites its parameters. A round is begun (:meth:`begin_round`: its batches
-    and noise keys drawn) and computed when its result is taken; :meth:`run_round` does both.
+    and noise keys drawn by :meth:`draw_round`, at once or at its batched pass) and computed
+    when its result is taken; :meth:`run_round` does both.
     A round split by a received ``w-hat`` (the interrupt rule ``switch``) computes each record at
     the model of its own phase (:meth:`record_phases`, from :attr:`phase_offsets`).
     """

@@ -1,8 +1,9 @@
 """A DP round between its start and its result, and the two protocols that connect a client's
 trainer (:mod:`fedsim.training.local`) with the batched pass (:mod:`fedsim.training.batched`).
 
-A round is *begun* when its randomness is drawn (:class:`StepDraws`: batches and noise keys)
-and *computed* when its result is taken: :class:`PendingRound` holds it in between. A pending
+A round is *begun* with its randomness (:class:`StepDraws`: batches and noise keys; drawn at
+once, or for a round waiting in a batcher when its pass first reads them, the same values) and
+*computed* when its result is taken: :class:`PendingRound` holds it in between. A pending
 round is computed by its :class:`RoundTrainer` alone, or, if a :class:`RoundQueue` (the
 :class:`~fedsim.training.batched.RoundBatcher`) holds it, together with the other rounds
 pending there. Neither the trainer nor the batcher imports the other: each sees the other
@@ -265,7 +266,8 @@ class RoundQueue(Protocol):
 
 @dataclass(frozen=True)
 class StepDraws:
-    """The randomness of one DP step, drawn when its round begins."""
+    """The randomness of one DP step, the values a draw when its round begins gives (made then,
+    or at the round's batched pass: :attr:`PendingRound.draws`)."""
 
     indices: torch.Tensor
     """The batch (record indices into the trainer's data)."""
@@ -276,13 +278,14 @@ class StepDraws:
 
 
 class PendingRound:
-    """A round whose randomness is drawn and whose compute may wait
+    """A begun round whose compute may wait
     (:meth:`~fedsim.training.local.LocalTrainer.begin_round`).
 
     The virtual-time runtime lets a round's compute time pass before asking for its update,
     so the rounds of many clients that overlap in virtual time can be computed together
-    (:class:`~fedsim.training.batched.RoundBatcher`); the values are those of the draws made
-    at the start, whatever the grouping, up to floating-point summation order.
+    (:class:`~fedsim.training.batched.RoundBatcher`); the values are those of draws made at
+    the round's start (:attr:`draws`), whatever the grouping, up to floating-point summation
+    order.
     """
 
     def __init__(

@@ -40,7 +40,7 @@ updates "can participate in the current computation of a round update U through 
 on the global model w-hat (through the gradients in U)".
 
 * ``switch`` (the default, the paper's rule): the gradients of the round not yet computed when
-  w-hat arrives are computed at w-hat. The round's batch and noise were drawn when it began and
+  w-hat arrives are computed at w-hat. The round's batch and noise are those it began with and
   stay; the arrival's fraction of the round's compute time splits the round
   (:meth:`~fedsim.training.rounds.PendingRound.switch`; which gradient is due when is a fixed
   function of the record, never of the rest of the batch, see :mod:`fedsim.training.rounds`).

@@ -9,8 +9,9 @@ and a copy of the model; a pass sends each worker, per round of its clients, the
 vector, the batch's record indices, the noise key and the clipping norm and noise std, and the
 worker runs the same phases (gather, noise, forward, clip factors, scatter) on its shard.
 
-Same scenario and seed, same outputs: every draw is made in the kernel's process when a round
-begins (:meth:`~fedsim.training.local.LocalTrainer.begin_round`), and a round's arithmetic in
+Same scenario and seed, same outputs: every draw is made in the kernel's process, as the
+batcher reads the pass's rounds (:attr:`~fedsim.training.rounds.PendingRound.draws`: the values
+drawn at a round's start), before any job is sent, and a round's arithmetic in
 a batched pass depends on that round's rows and parameters alone (its products use its own
 block, every other phase is row by row), so splitting a pass between workers does not change
 any round's values. Which rounds are computed alone (a pass of one round, rounds the batched
