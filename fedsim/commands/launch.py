@@ -8,7 +8,9 @@ Without ``--broker`` a private mosquitto with generated passwords and ACL is sta
 (``fedsim deploy``) with ``--secrets``, and for ``mqtts://`` the ``--tls-*`` options, which
 every process gets. ``--time-scale X``: X wall seconds per scenario second. Interrupted
 (Ctrl-C or SIGTERM), it stops the processes and still writes a partial summary that ``fedsim
-report`` reads, as ``fedsim run`` does; ``fedsim launch --resume DIR`` goes on with it (the
+report`` reads, as ``fedsim run`` does; so it does, and exits 1, at its ``--timeout``, when the
+server process fails, or when a client process is killed again and again (one killed by a
+signal is restarted from its state). ``fedsim launch --resume DIR`` goes on with it (the
 server from its checkpoint, each client from its ledger) and writes the run directory again.
 """
 
@@ -43,9 +45,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--resume", metavar="DIR",
-        help="Go on with the interrupted launch in DIR, with its own resolved scenario: the "
-             "server resumes from its checkpoint, each client from its ledger, and the run "
-             "directory is written again at the end.")
+        help="Go on with the interrupted or stopped launch in DIR, with its own resolved "
+             "scenario: the server resumes from its checkpoint, each client from its ledger, "
+             "and the run directory is written again at the end.")
     parser.add_argument(
         "--timeout",
         type=float,
