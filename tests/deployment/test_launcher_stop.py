@@ -246,7 +246,8 @@ def test_a_killed_client_is_restarted_until_killed_again_and_again(
         f"the launch stopped when client {victim}'s process was killed {MAX_CLIENT_RESTARTS + 1} "
         f"times; the last time it was killed by SIGKILL (see ")
     assert str(raised.value).endswith(
-        f"--resume {tmp_path / 'run'} --timeout SECONDS' goes on with it")
+        f"--resume {tmp_path / 'run'} --timeout SECONDS' goes on with it, once what stopped "
+        f"it (its log) is mended")
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert written[victim]["starts"] == MAX_CLIENT_RESTARTS + 1
     assert written[victim]["exit_codes"] == [-signal.SIGKILL] * (MAX_CLIENT_RESTARTS + 1)
@@ -363,7 +364,7 @@ def test_a_launch_whose_server_dies_writes_a_partial_summary_and_says_it_can_go_
                            f"(see {tmp_path / 'run' / 'logs'}); ")
     assert f"its partial summary is in {tmp_path / 'run' / 'summary.json'}" in said
     assert said.endswith(f"'fedsim launch --resume {tmp_path / 'run'} --timeout SECONDS' goes "
-                         f"on with it")
+                         f"on with it, once what stopped it (its log) is mended")
     assert len(collected) == 1
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert written["server"]["exit_codes"] == [-signal.SIGKILL]

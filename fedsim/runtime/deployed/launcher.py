@@ -605,10 +605,14 @@ class Launcher:
             written = f"; its partial summary is in {self.out / 'summary.json'}"
         except (FedsimError, OSError, ValueError) as exc:  # what there is stays on disk
             _log.warning("could not write the stopped launch's summary", error=str(exc))
+        timed_out = when.startswith("at its --timeout")
         what = (f"the server did not reach the stop condition within {timeout:g} wall seconds"
-                if when.startswith("at its --timeout") else f"the launch stopped {when}")
+                if timed_out else f"the launch stopped {when}")
+        # (an owner's review: a server that fails at once - a setting it refuses - fails the
+        # same way on --resume until that is mended)
+        mended = "" if timed_out else ", once what stopped it (its log) is mended"
         return (f"{what} (see {self.out / 'logs'}){written}; its processes were stopped: "
-                f"'fedsim launch --resume {self.out} --timeout SECONDS' goes on with it")
+                f"'fedsim launch --resume {self.out} --timeout SECONDS' goes on with it{mended}")
 
 
 class _LineFollower:
