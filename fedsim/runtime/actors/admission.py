@@ -318,7 +318,7 @@ class Pacer:
 
     def waiting(self) -> int:
         """Updates waiting for a token."""
-        return sum(len(self._buckets[c].waiting) for c in self._queued)
+        return sum(1 for _ in self.waiting_updates())
 
     def waiting_updates(self) -> Iterator[ClientUpdate]:
         """The updates waiting for a token (only the queued clients' buckets are read: every
