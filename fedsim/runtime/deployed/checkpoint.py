@@ -23,10 +23,28 @@ One state directory has one server: :class:`ServerStateLock` (an exclusive ``flo
 from one checkpoint fought over the broker, wedged every client on whichever incarnation it
 heard last, and each overwrote the other's checkpoint, so a later restart published a version
 older than one already broadcast (a stranger's test, session 50).
+
+**Never an older checkpoint than the last one written** (an attacker's review, session 66).
+Beside the checkpoint, ``<state dir>/server.hwm`` (:class:`HighWaterMark`, small JSON) records
+the window count and version of the newest checkpoint written; it is replaced durably right
+after each checkpoint, so a crash between the two leaves the mark behind the checkpoint, never
+ahead. :meth:`ServerCheckpoint.load` refuses a checkpoint below its mark (a backup of
+``server.ckpt`` restored, or a file swapped by someone with access to the directory), and a
+missing checkpoint beside a mark. Resumed from such an older checkpoint, the server's client
+book no longer held the rounds it had applied and acknowledged since (their clients had
+forgotten them, but a copy replayed to it - by the broker, a recorded session, a client - whose
+base version it had published before the checkpoint was applied a second time), and its
+version went back below the versions its clients held: they ignored its models until it
+caught up, and released rounds on versions it had never published (refused after their privacy
+was spent). Mend it by restoring the newest checkpoint, or start a new run on a fresh state
+directory. A checkpoint with no mark beside it (written by an earlier fedsim) is taken, logged,
+and gets its mark at the next save. The mark is no defence against someone who can rewrite
+both files (a whole state directory restored from a backup): docs/SECURITY.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -36,24 +54,38 @@ import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fedsim.atomic import locked_or_closed, open_no_link, open_regular, write_atomically
+from fedsim.atomic import (
+    locked_or_closed,
+    open_no_link,
+    open_regular,
+    read_regular,
+    write_atomically,
+)
 from fedsim.errors import FedsimError
 from fedsim.json_input import parse_json
+from fedsim.logging import get_logger
 from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.runtime.actors.client_book import WINDOW, BookState
 from fedsim.runtime.actors.server_snapshot import ServerSnapshot
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "ServerCheckpoint", "ServerStateLock"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "HighWaterMark", "ServerCheckpoint",
+           "ServerStateLock"]
+
+_log = get_logger("fedsim.runtime.deployed.checkpoint")
 
 CHECKPOINT_FORMAT = 2
 """2: the client book replaces the de-duplication table, statuses, invitations and versions of
 format 1 (a format-1 checkpoint is refused with a clear error)."""
 FILE_NAME = "server.ckpt"
 LOCK_NAME = "server.lock"
+MARK_NAME = "server.hwm"
+MAX_MARK_BYTES = 4096
+"""A mark file longer than this is damage, refused before it is read."""
 _INCARNATION = re.compile(r"[0-9a-f]{1,32}")
 """A run incarnation as a frame's header carries it (:data:`fedsim.protocol.headers.Incarnation`)."""
 
@@ -205,6 +237,28 @@ def _marks(document: Any) -> dict[str, int]:
     return marks
 
 
+class HighWaterMark(BaseModel):
+    """What ``server.hwm`` holds (module docstring): the newest checkpoint's window count and
+    version, and a digest of the run's identity (the checkpoint's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    format: Literal["fedsim-server-hwm/1"] = "fedsim-server-hwm/1"
+    identity_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    windows_closed: int = Field(ge=0, le=MAX_COUNTER)
+    version: int = Field(ge=0, le=MAX_COUNTER)
+
+    def below(self, snapshot: ServerSnapshot) -> bool:
+        """Whether ``snapshot`` is older than the checkpoint this mark records (window counts
+        and versions only ever grow in one run, a restart's renewal included)."""
+        return (snapshot.windows_closed < self.windows_closed
+                or snapshot.version < self.version)
+
+
+def _identity_digest(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
 class ServerCheckpoint:
     """The checkpoint file of one server state directory.
 
@@ -215,6 +269,7 @@ class ServerCheckpoint:
     def __init__(self, directory: str | Path, identity: dict[str, Any]) -> None:
         self.directory = Path(directory)
         self.path = self.directory / FILE_NAME
+        self.mark_path = self.directory / MARK_NAME
         self.identity = json.loads(json.dumps(identity))  # as it will read back
         self.saves = 0
         self.seconds: list[float] = []  # each save's duration, for the run's summary (bounded)
@@ -233,13 +288,57 @@ class ServerCheckpoint:
         }
         np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types allow_pickle
         write_atomically(self.path, buffer.getbuffer(), durability="durable")
+        # After the checkpoint, durably: a crash between the two leaves the mark behind.
+        mark = HighWaterMark(identity_sha256=_identity_digest(self.identity),
+                             windows_closed=snapshot.windows_closed, version=snapshot.version)
+        write_atomically(self.mark_path, mark.model_dump_json(), durability="durable")
         self.saves += 1
         self.seconds = [*self.seconds[-99:], time.perf_counter() - started]
 
     def load(self) -> ServerSnapshot | None:
-        """The saved snapshot, or None if there is no checkpoint yet."""
+        """The saved snapshot, or None if there is no checkpoint yet. Raises
+        :class:`CheckpointError` for a checkpoint older than the directory's high-water mark,
+        or missing beside one (module docstring)."""
+        mark = self._mark()
         if not self.path.exists():
+            if mark is not None:
+                raise CheckpointError(
+                    f"{self.path} is missing, but {self.mark_path} records a checkpoint of "
+                    f"window {mark.windows_closed} (version {mark.version}): restore the "
+                    "newest checkpoint, or start a new run on a fresh --state directory")
             return None
+        snapshot = self._snapshot()
+        if mark is None:
+            _log.warning("checkpoint without a high-water mark (written by an earlier fedsim): "
+                         "taken, its mark is written at the next save", path=str(self.path))
+        elif mark.below(snapshot):
+            raise CheckpointError(
+                f"checkpoint {self.path} (window {snapshot.windows_closed}, version "
+                f"{snapshot.version}) is older than the newest this state directory wrote "
+                f"(window {mark.windows_closed}, version {mark.version}, {self.mark_path}): "
+                "a rolled-back server would apply again updates it already applied and "
+                "publish versions below those its clients hold; restore the newest "
+                "checkpoint, or start a new run on a fresh --state directory")
+        return snapshot
+
+    def _mark(self) -> HighWaterMark | None:
+        """The directory's high-water mark, None if it has none (CheckpointError: damaged,
+        or of another run)."""
+        if not os.path.lexists(self.mark_path):
+            return None
+        try:
+            text = read_regular(self.mark_path, refuse_over=MAX_MARK_BYTES, no_link=True)
+            mark = HighWaterMark.model_validate(parse_json(text))
+        except (OSError, ValueError, ValidationError) as exc:
+            raise CheckpointError(f"high-water mark {self.mark_path} is damaged ({exc}); "
+                                  "restore the state directory's own") from None
+        if mark.identity_sha256 != _identity_digest(self.identity):
+            raise CheckpointError(f"high-water mark {self.mark_path} belongs to another run; "
+                                  "use a fresh --state directory")
+        return mark
+
+    def _snapshot(self) -> ServerSnapshot:
+        """The checkpoint file's snapshot, checked (:func:`_check`)."""
         try:
             # (a regular file: a FIFO in its place hung a resume)
             with open_regular(self.path) as handle, \
