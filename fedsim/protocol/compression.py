@@ -41,8 +41,9 @@ from fedsim.config.compression import (
 )
 from fedsim.errors import CodecError
 
-__all__ = ["WIRE_FORM", "Quantised", "Sparse", "compress", "densify", "pack", "packings",
-           "public_rng", "top_k_count", "unpack_quantised", "unpack_sparse", "wire_form_problem"]
+__all__ = ["WIRE_FORM", "Quantised", "Sparse", "compress", "densify", "least_kept", "pack",
+           "packings", "public_rng", "top_k_count", "unpack_quantised", "unpack_sparse",
+           "wire_form_problem"]
 
 _INDEX = np.dtype("<u4")
 _VALUE = np.dtype("<f4")
@@ -151,8 +152,29 @@ def packings(spec: Compression | None) -> frozenset[str | None]:
     return _SPARSE_OR_DENSE
 
 
+def least_kept(threshold: float, noise_std: float, length: int,
+               failure_probability: float) -> int:
+    """The fewest coordinates a ``threshold`` sparsification of an honest update of ``length``
+    values keeps, except with probability ``failure_probability``, when every coordinate
+    carries independent Gaussian noise of standard deviation at least ``noise_std`` on top of
+    values that do not depend on it (the last DP-SGD step's noise on ``Ubar / m``).
+
+    Whatever a coordinate's other part ``c``, ``P(|c + Z| >= t) >= P(|Z| >= t) = p`` (Anderson's
+    inequality: a centred symmetric unimodal density puts the most mass in a centred
+    interval), so the count kept dominates Binomial(``length``, ``p``) of mean ``mu``, whose
+    lower Chernoff tail is ``P(X <= mu - a) <= exp(-a^2 / (2 mu))``: the floor is
+    ``mu - sqrt(2 mu ln(1/failure_probability))``, never below 0. ``t`` is taken a float32
+    rounding above the threshold (the client compares float32 values)."""
+    if not (noise_std > 0 and math.isfinite(noise_std)) or length <= 0:
+        return 0
+    limit = threshold * (1.0 + 2.0 ** -20)
+    p = math.erfc(limit / (noise_std * math.sqrt(2.0)))
+    mu = length * p
+    return max(0, math.floor(mu - math.sqrt(2.0 * mu * math.log(1.0 / failure_probability))))
+
+
 def wire_form_problem(spec: Compression | None, packing: str | None, count: int | None,
-                      length: int) -> str | None:
+                      length: int, least: int = 0) -> str | None:
     """Why an update's wire form - its header's ``packing`` (None: dense) and, sparse, its
     ``count`` of kept coordinates, of a ``length``-value model - is not one a client of a group
     compressing by ``spec`` sends, or None. Judged from the header alone, before the payload is
@@ -160,7 +182,10 @@ def wire_form_problem(spec: Compression | None, packing: str | None, count: int 
     expanding it (allocating, zeroing and measuring ``4 length`` bytes) only to refuse it cost
     the receiver thousands of times what the sender sent (an attacker's review). A ``top_k``
     client's sparse frames keep exactly :func:`top_k_count` coordinates (fewer would make a
-    small frame stand for the same dense vector); a ``threshold`` client's may keep any number."""
+    small frame stand for the same dense vector); a ``threshold`` client's at least ``least``
+    (:func:`least_kept` of its noise: an attacker's review, session 66, had a 238-byte frame
+    keeping no coordinate stand for a whole update, costing its receiver a dense vector's
+    CPU at 1/1700 of a dense frame's bytes)."""
     allowed = packings(spec)
     if packing not in allowed:
         sent = " or ".join(sorted(p or "dense" for p in allowed))
@@ -170,6 +195,10 @@ def wire_form_problem(spec: Compression | None, packing: str | None, count: int 
         if count != k:
             return (f"a sparse update keeps {count} coordinates; its group's top_k keeps {k} "
                     f"of {length}")
+    if (isinstance(spec, ThresholdCompression) and packing == "sparse" and count is not None
+            and count < least):
+        return (f"a sparse update keeps {count} coordinates; its group's threshold keeps at "
+                f"least {least} of {length} from its noise alone")
     return None
 
 

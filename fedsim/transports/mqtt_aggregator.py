@@ -77,6 +77,7 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         keepalive: int = 30,
         seed: int | None = None,
         compressions: Mapping[str, Compression | None] | None = None,
+        least_kept: Mapping[str, int] | None = None,
     ) -> None:
         if aggregator_id not in aggregators:
             raise ConfigError(f"{aggregator_id!r} is not one of the aggregators {list(aggregators)}")
@@ -103,7 +104,7 @@ class MqttAggregatorEndpoint(_MqttEndpoint):
         self._held_rounds: dict[str, int] = {}
         if compressions is not None:
             self.expect_compression({c: spec for c, spec in compressions.items()
-                                     if c in self.client_ids})
+                                     if c in self.client_ids}, least_kept)
         self._receipts: list[Receipts] = []  # the server's, not yet passed on
         self._receipts_due = asyncio.Event()
 

@@ -111,14 +111,19 @@ class _MqttEndpoint:
         # Per client named, the check of its group's wire forms (one object a group).
         self._wire_forms: dict[str, codec.WireFormCheck] = {}
 
-    def expect_compression(self, compressions: Mapping[str, Compression | None]) -> None:
+    def expect_compression(self, compressions: Mapping[str, Compression | None],
+                           least_kept: Mapping[str, int] | None = None) -> None:
         """Refuse (kind :data:`~fedsim.protocol.compression.WIRE_FORM`) an update of a client
         named here whose wire form is not one its group's ``compression`` sends (a client not
         named: not checked), from its header, before its payload is expanded
-        (:meth:`_decode`'s ``sender``)."""
-        checks: dict[int, codec.WireFormCheck] = {}
+        (:meth:`_decode`'s ``sender``); ``least_kept``: per client, the fewest coordinates its
+        honest ``threshold`` frames keep (:func:`~fedsim.protocol.compression.wire_form_problem`)."""
+        least = least_kept or {}
+        checks: dict[tuple[int, int], codec.WireFormCheck] = {}
         self._wire_forms = {
-            client_id: checks.setdefault(id(spec), functools.partial(wire_form_problem, spec))
+            client_id: checks.setdefault(
+                (id(spec), least.get(client_id, 0)),
+                functools.partial(wire_form_problem, spec, least=least.get(client_id, 0)))
             for client_id, spec in compressions.items()}
 
     # ---------------------------------------------------------------- lifetime

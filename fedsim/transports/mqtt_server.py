@@ -81,6 +81,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         clients: Collection[str] | None = None,
         known_rounds: Callable[[str], int] | None = None,
         compressions: Mapping[str, Compression | None] | None = None,
+        least_kept: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(
             broker,
@@ -120,7 +121,7 @@ class MqttServerEndpoint(_MqttEndpoint):
         client's welcomes and receipts so that a client started on a lost ledger stops before
         it releases anything (:class:`~fedsim.transports.mqtt_client.MqttClientEndpoint`; None: not told)."""
         if compressions is not None:  # each client's group's: any other wire form is refused
-            self.expect_compression(compressions)
+            self.expect_compression(compressions, least_kept)
 
     @property
     def unacknowledged(self) -> int:

@@ -62,11 +62,12 @@ from typing import Literal
 import numpy as np
 
 from fedsim.config import limits
-from fedsim.config.compression import QuantiseCompression
+from fedsim.config.compression import QuantiseCompression, ThresholdCompression
 from fedsim.config.schema import ClientGroup
 from fedsim.privacy.events import sensitivity
 from fedsim.privacy.schedules import Schedule
 from fedsim.protocol.codec import read_only_root
+from fedsim.protocol.compression import least_kept
 from fedsim.protocol.norms import vector_norm
 from fedsim.training.local import sum_noise_multiplier
 
@@ -80,6 +81,7 @@ __all__ = [
     "batch_size_bound",
     "check_model",
     "client_limits",
+    "least_sparse_count",
     "noise_norm_bound",
     "quantised_norm_bound",
     "update_norm_bound",
@@ -238,6 +240,23 @@ def client_limits(group: ClientGroup, num_samples: int, schedule: Schedule, dim:
         quantise_bits=(group.compression.bits
                        if isinstance(group.compression, QuantiseCompression) else None),
     )
+
+
+def least_sparse_count(group: ClientGroup, schedule: Schedule, dim: int) -> int:
+    """The fewest coordinates an honest sparse frame of a client of ``group`` (its calibrated
+    ``schedule``, a model of ``dim`` parameters) keeps, except with probability
+    :data:`FAILURE_PROBABILITY`: 0 unless the group compresses by ``threshold``; then
+    :func:`~fedsim.protocol.compression.least_kept` of the last DP-SGD step's noise on
+    ``Ubar / m``, ``s C_t sigma_t / m`` per coordinate, independent of everything else the
+    round released (the earlier steps' noise moves only the model the last step starts from),
+    at its least over the schedule (``C_t sigma_t`` is monotone in ``t``: its ends). Under
+    adaptive clipping the clip has no public floor: 0 (no bound)."""
+    if not isinstance(group.compression, ThresholdCompression) or group.adaptive_clip is not None:
+        return 0
+    product = schedule.sigma_0 * schedule.clip_0
+    least_product = min(product, product * schedule.rho_c / schedule.rho_mu)
+    std = sensitivity(group.sampling, 1.0) * least_product / float(group.batch_size)
+    return least_kept(group.compression.threshold, std, dim, FAILURE_PROBABILITY)
 
 
 update_norm = vector_norm

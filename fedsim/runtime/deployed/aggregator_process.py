@@ -27,6 +27,7 @@ from fedsim.runtime.assembly import make_aggregator_actor
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
+    least_kept_counts,
     message_limit,
     reconnect_policy,
     run_name,
@@ -109,7 +110,8 @@ async def run_aggregator(
         client_ids=[p.client_id for p in population.plans], expected_params=size,
         max_message_bytes=message_limit(scenario, size), reconnect=reconnect_policy(options),
         seed=scenario.seed,
-        compressions={p.client_id: p.group.compression for p in population.plans})
+        compressions={p.client_id: p.group.compression for p in population.plans},
+        least_kept=least_kept_counts(population.plans, size))
     wrapped = _UntilFinished(endpoint)
     actor = make_aggregator_actor(population, aggregator_id,
                                   clock=ScaledClock(options.time_scale), endpoint=wrapped)

@@ -64,7 +64,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -73,9 +73,11 @@ import torch
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.protocol import codec
+from fedsim.runtime.actors.integrity import least_sparse_count
 from fedsim.runtime.actors.partials import MAX_LATE_PARTIALS
 from fedsim.runtime.actors.tasks import unless_stopped
 from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.population import ClientPlan
 from fedsim.transports.mqtt import BrokerSettings, ReconnectPolicy, TlsSettings, parse_broker_url
 from fedsim.transports.security import load_secrets, packet_limit, queue_limit
 from fedsim.transports.topics import Topics
@@ -86,6 +88,7 @@ __all__ = [
     "broker_for",
     "broker_queue_bytes",
     "largest_message",
+    "least_kept_counts",
     "message_limit",
     "partial_limit",
     "reconnect_policy",
@@ -186,6 +189,14 @@ def broker_queue_bytes(scenario: Scenario, num_params: int, num_clients: int) ->
         queued += ((MAX_LATE_PARTIALS + 1) * scenario.aggregators.count
                    * packet_limit(partial_limit(scenario, num_params)))
     return queued
+
+
+def least_kept_counts(plans: Iterable[ClientPlan], num_params: int) -> dict[str, int]:
+    """Per client, the fewest coordinates its honest ``threshold`` frames keep
+    (:func:`~fedsim.runtime.actors.integrity.least_sparse_count`; 0: no bound), for the
+    server's and an aggregation node's endpoint: a sparse frame keeping fewer is refused
+    from its header, before it is expanded to a dense vector."""
+    return {p.client_id: least_sparse_count(p.group, p.schedule, num_params) for p in plans}
 
 
 def reconnect_policy(options: DeploymentOptions) -> ReconnectPolicy:

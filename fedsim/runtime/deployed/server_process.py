@@ -57,6 +57,7 @@ from fedsim.runtime.deployed.checkpoint import ServerCheckpoint, ServerStateLock
 from fedsim.runtime.deployed.deployment import (
     STOPPED_BEFORE_CONNECTING,
     connected,
+    least_kept_counts,
     message_limit,
     partial_limit,
     reconnect_policy,
@@ -390,6 +391,7 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
         clients=[plan.client_id for plan in population.plans],
         known_rounds=known,
         compressions={plan.client_id: plan.group.compression for plan in population.plans},
+        least_kept=least_kept_counts(population.plans, int(population.initial_params.size)),
     )
     outcome["incarnation"] = mqtt.incarnation.current
     try:
