@@ -853,11 +853,11 @@ def test_an_aggregators_claim_of_deferred_updates_cannot_hold_the_stop_for_ever(
 def test_with_nothing_missing_an_aggregators_claim_holds_nothing() -> None:
     """Every round the clients released has been judged: a claim of deferred updates, however
     large, counts for nothing (a flood or a hostile aggregator cannot hold the stop then)."""
-    from fedsim.runtime.actors.partials import PartialIntake
+    from fedsim.protocol.messages import PARTIAL_WAITING
     from fedsim.runtime.actors.client_book import ClientBook
     from fedsim.runtime.actors.integrity import Rejections
+    from fedsim.runtime.actors.partials import PartialIntake
     from fedsim.runtime.actors.window_report import WindowReport
-    from fedsim.protocol.messages import PARTIAL_WAITING
 
     book = ClientBook({"a": _limits()}, DIM)
     book.record("a", 0)

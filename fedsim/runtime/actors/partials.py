@@ -326,7 +326,9 @@ class PartialIntake:
         itself holds ``own`` such updates and accepted ``accepted`` in the window: at most the
         released updates it has not judged and does not hold, and 0 once the claims alone have
         held the stop for :func:`deferred_hold_windows` windows in a row."""
-        claimed = min(sum(self._claims.values()), max(0, self._book.missing() - own))
+        claimed = sum(self._claims.values())
+        if claimed:  # (the book's count reads every client: only when a claim is made)
+            claimed = min(claimed, max(0, self._book.missing() - own))
         if claimed == 0 or own or accepted:
             self._held_since, self._held_most = None, 0
             return claimed
