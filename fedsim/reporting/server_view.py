@@ -40,6 +40,7 @@ from fedsim.runtime.run_outputs import (
     STOPPED_STATES,
     SUMMARY_FILE,
     read_json_object,
+    stop_time_in_run,
     unacknowledged_sentence,
 )
 
@@ -75,7 +76,10 @@ def server_rows_and_summary(
     scenario = load_scenario(resolved).scenario  # parsed only: no factory is imported
     statuses = server.get("statuses")
     statuses = statuses if isinstance(statuses, Mapping) else {}
-    rows = tuple(_row(client_id, group.name, group.rounds, statuses.get(client_id))
+    # the last window's time, as a launched run's summary says it (server.json's is when
+    # the server stopped, a little later: a stranger saw two lengths for one run)
+    end = max((float(m["time"]) for m in metrics), default=finite_number(server.get("time")))
+    rows = tuple(_row(client_id, group.name, group.rounds, statuses.get(client_id), end)
                  for group in scenario.clients.groups for client_id in group.client_ids())
     final = server.get("final_evaluation")
     final_accuracy = accuracy(final.get("accuracy")) if isinstance(final, Mapping) else None
@@ -88,10 +92,7 @@ def server_rows_and_summary(
         "windows": len(metrics) if windows is None else windows,
         "updates": {fate: sum(n for m in metrics if (n := count(m.get(fate))))
                     for fate in UPDATE_FATES},
-        # the last window's time, as a launched run's summary says it (server.json's is when
-        # the server stopped, a little later: a stranger saw two lengths for one run)
-        "virtual_time": max((float(m["time"]) for m in metrics),
-                            default=finite_number(server.get("time"))),
+        "virtual_time": end,
         "time_kind": "scenario",
         "final_accuracy": final_accuracy,
         # (as a run's summary counts it: the final evaluation too)
@@ -121,8 +122,11 @@ def _unacknowledged(server: Mapping[str, Any]) -> dict[str, Any] | None:
             "clients": clients}
 
 
-def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[str, Any]:
-    """One client's row from its last status (None: the server never heard from it)."""
+def _row(client_id: str, group: str, rounds: int | None, status: Any,
+         end: float | None) -> dict[str, Any]:
+    """One client's row from its last status (None: the server never heard from it); its
+    stop time within the run's span to ``end`` (:func:`stop_time_in_run`; a deployed client's
+    last status is sent at the server's time as the client measured it)."""
     status = status if isinstance(status, Mapping) else {}
     state = printable(status.get("state")) or "unknown"
     released = count(status.get("rounds"))
@@ -139,7 +143,9 @@ def _row(client_id: str, group: str, rounds: int | None, status: Any) -> dict[st
         "stop_reason": (printable(status.get("detail")) or client_stop_phrase(kind)) if finished
         else "",
         "stop_kind": kind.value if finished else "",
-        "stopped_at": finite_number(status.get("sent_at")) if finished else None,
+        "stopped_at": (stop_time_in_run(finite_number(status.get("sent_at")), end)
+                       if end is not None else finite_number(status.get("sent_at")))
+        if finished else None,
     }
 
 

@@ -316,6 +316,19 @@ class StoppedClient(TypedDict):
     kind: ClientStopKind
 
 
+def stop_time_in_run(time: float | None, end: float) -> float | None:
+    """A client's stop time as every output states it (``summary.json``'s ``stopped``,
+    ``clients.csv``'s ``stopped_at``, a server's view): on the run's clock, the server's (the
+    simulation's virtual clock; a deployed server's scenario clock, on which a deployed client
+    says its stop, :class:`~fedsim.runtime.deployed.client_lives.ServerTimeline`), within the
+    run's span from 0 to its end ``end`` (:attr:`RunRecord.virtual_time`, the last window's
+    time): a client that stops as the run ends (told by the server that it ended, or its own
+    stop while that news was on its way) stopped at the end. None: not known."""
+    if time is None:
+        return None
+    return min(max(time, 0.0), end)
+
+
 @dataclass(frozen=True, eq=False)
 class ClientOutcome:
     """One client at the end of a run (its row of ``clients.csv``)."""
@@ -356,7 +369,8 @@ class RunRecord:
     """The ``metrics.jsonl`` lines, in window order."""
     clients: Sequence[ClientOutcome]
     stopped: Sequence[StoppedClient]
-    """Clients that stopped for good, in the order they stopped."""
+    """Clients that stopped for good, in the order they stopped; their times are stated
+    within the run's span (:func:`stop_time_in_run`, applied when the record is made)."""
     stop_reason: RunStop | None
     """Why the run ended (None: it ended without a stop condition holding)."""
     final_version: int
@@ -392,6 +406,12 @@ class RunRecord:
     released_unacknowledged: Mapping[str, Any] | None = None
     """A deployed run's :func:`released_unacknowledged` (None: a simulation's, which has no
     such key)."""
+
+    def __post_init__(self) -> None:
+        end = self.virtual_time
+        object.__setattr__(self, "stopped", tuple(
+            StoppedClient(client_id=e["client_id"], time=stop_time_in_run(e["time"], end),
+                          reason=e["reason"], kind=e["kind"]) for e in self.stopped))
 
     @property
     def sample_grads(self) -> int:
@@ -470,11 +490,11 @@ def _format_cell(value: Any) -> str:
 
 
 DEPLOYED_CLOCKS = (
-    "(A deployed client's times are on its own clock, which starts with its process (resumed, "
-    "where its ledger ends) and moves forward to the server's at its first global model when "
-    "behind it, never back (its ledger's times only grow): a client's times can read a little "
-    "earlier or later than the run's end, and after a resume later by as long as the earlier "
-    "part's clients ran on past its server's last window.)")
+    "(A deployed client's stop time is on the server's clock, the run's, as the client measured "
+    "its own clock's lead over it from the server's messages (its own clock starts with its "
+    "process, resumed where its ledger ends, and never goes back: its ledger's times can read "
+    "ahead of the server's); a client that stopped as the run ended, told by the server, "
+    "stopped at the run's end.)")
 
 
 def _resumed(record: RunRecord) -> list[str]:

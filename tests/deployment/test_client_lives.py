@@ -218,6 +218,39 @@ def test_a_clients_clock_meets_the_servers_at_its_first_model_never_going_back()
     assert aligned == [30.0]  # the first model's only
 
 
+def test_a_clients_stop_is_said_on_the_servers_timeline() -> None:
+    """A resumed client's clock starts where its ledger ends (19 s), ahead of the resumed
+    server's (its checkpoint's window, 12 s) and never goes back; its stop time is said on
+    the server's timeline: its own clock less its least lead over the server's send times
+    (the fastest delivery), a time past any run's end not being the server's clock."""
+    from fedsim.clock import ScaledClock
+    from fedsim.runtime.deployed.client_lives import ServerTimeline, _ActorsEndpoint
+
+    ahead = ScaledClock(1000.0, start=19.0)  # a second of scenario time is 1000 wall s
+    timeline = ServerTimeline(ahead, latest=1000.0)
+    assert timeline.time_of(20.0) == 20.0  # nothing of the server's seen yet: its own
+
+    class Server:
+        def __init__(self) -> None:
+            self.sent = [GlobalModel(1, np.zeros(2, np.float32), 12.0),
+                         RunFinished(2, "its end", 12.5),  # (faster: the least lead)
+                         GlobalModel(3, np.zeros(2, np.float32), 1e17)]
+
+        async def receive(self) -> GlobalModel | RunFinished:
+            return self.sent.pop(0)
+
+    endpoint = _ActorsEndpoint(Server(), None, timeline)  # type: ignore[arg-type]
+
+    async def take_three() -> None:
+        for _ in range(3):
+            await endpoint.receive()
+
+    asyncio.run(take_three())
+    assert timeline.lead is not None and 6.5 <= timeline.lead < 6.6
+    assert 13.4 < timeline.time_of(20.0) <= 13.5
+    assert 12.5 <= timeline.time_of(ahead.now()) < 12.6
+
+
 def test_a_servers_send_time_past_any_runs_end_does_not_move_the_clock() -> None:
     """A review: a global model's sent_at of 1e17 (finite, so the codec takes it) froze the
     client's clock at float's resolution, and its release padding with it."""

@@ -5,6 +5,7 @@ directory with a numeric suffix, as ``fedsim run`` does, instead of being refuse
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -119,6 +120,28 @@ def test_a_killed_launcher_leaves_no_process_behind(tmp_path: Path) -> None:
     assert left == []
 
 
+def _three_windows(proc: subprocess.Popen[str], out: Path) -> Path:
+    """The launch's ``metrics.jsonl`` once it holds three windows (the launch killed and the
+    test failed if it does not get there in 150 s)."""
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 150
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the launch did not get going: {proc.communicate()}")
+        time.sleep(0.2)
+    return metrics
+
+
+def _resume(cwd: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """``fedsim launch --resume out``, run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "fedsim", "launch", "--resume", str(out), "--time-scale",
+         "0.25", "--max-backoff", "1", "--no-plots", "--timeout", "100"],
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=200)
+
+
 def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger could not resume an interrupted launch (the same command refused its
@@ -127,13 +150,7 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     --resume DIR`` starts its processes again from their state and writes the directory anew."""
     out = tmp_path / "runs" / "deploy-four-launch"
     proc = _launch(tmp_path, "--set", "stop.windows=14")
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 150
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"the launch did not get going: {proc.communicate()}")
-        time.sleep(0.2)
+    metrics = _three_windows(proc, out)
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
@@ -143,11 +160,7 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     # The same launch again is refused, and says how to go on
     assert main(["launch", str(SCENARIO), "--out", str(out)]) == 2
     assert f"fedsim launch --resume {out}" in capsys.readouterr().err
-    resumed = subprocess.run(
-        [sys.executable, "-m", "fedsim", "launch", "--resume", str(out), "--time-scale",
-         "0.25", "--max-backoff", "1", "--no-plots", "--timeout", "100"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=200)
+    resumed = _resume(tmp_path, out)
     assert resumed.returncode == 0, resumed.stderr
     # Off a terminal it says how the run goes, as fedsim run does (a stranger saw 43 s of
     # silence): a log line a window that evaluated the model.
@@ -166,7 +179,11 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     # wall s, the second: without the wait 1-6 windows passed empty)
     assert lines[cut]["applied"] > 0 or lines[cut + 1]["applied"] > 0, lines[cut:]
     server = json.loads((out / "server.json").read_text())
-    assert server["finished"] is True and server["resumed_from_window"] == cut
+    # Every client's stop is within the run's span, on its clock: those the end stopped, at
+    # the end (a stranger: 18.27-18.93 s after a run that ended at 14.10 s)
+    assert server["finished"] is True and server["resumed_from_window"] == cut and {
+        (e["kind"], e["time"]) for e in summary["stopped"]} == {
+        ("server_finished", summary["virtual_time"])}
     processes = json.loads((out / "processes.json").read_text())
     assert {name: (p["starts"], p["exit_codes"]) for name, p in processes.items()  # unclean
             if p["starts"] != 2 or p["exit_codes"] != [0, 0]} == {}
@@ -198,6 +215,45 @@ def test_an_interrupted_launch_resumes_to_its_end(tmp_path: Path,
     assert "its run ended" in capsys.readouterr().err
     assert main(["launch", str(SCENARIO), "--out", str(out)]) == 2
     assert "holds a launch that ended; choose a new --out" in capsys.readouterr().err
+
+
+def test_after_a_resume_clients_stop_times_lie_within_the_runs_span(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A launch interrupted (SIGTERM) and resumed, whose clients then spend their budgets (11
+    rounds of eps 2.1) and the run stops on spent budgets: each client's stop time in the
+    summary, clients.csv and the report lies within the run's span, before its end (they
+    stop before it on one clock: the server's), where a stranger's resumed launch listed them
+    4.5 s past the end (each on its own clock, which started where its ledger ended, ahead of
+    the resumed server's)."""
+    out = tmp_path / "runs" / "deploy-four-launch"
+    budget = ("--set", "clients.groups[0].budget.epsilon=2.1", "--set", "stop.windows=60")
+    proc = _launch(tmp_path, *budget)
+    metrics = _three_windows(proc, out)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    cut = len(metrics.read_text().splitlines())
+    resumed = _resume(tmp_path, out)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"]["parts"] == 2 and summary["stop_kind"] == "budgets_spent"
+    end = summary["virtual_time"]
+    assert summary["windows"] > cut and end > 0
+    stops = {e["client_id"]: e for e in summary["stopped"]}
+    assert sorted(stops) == ["c-000", "c-001", "c-002", "c-003"]
+    assert {e["kind"] for e in stops.values()} == {"budget"}
+    for entry in stops.values():
+        assert 0 <= entry["time"] < end, (entry, end)
+    with (out / "clients.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["client_id"]: float(r["stopped_at"]) for r in rows} == {
+        c: e["time"] for c, e in stops.items()}
+    low, high = min(e["time"] for e in stops.values()), max(e["time"] for e in stops.values())
+    assert f"4 client(s) stopped between {low:.2f} s and {high:.2f} s because their next " \
+        in summary["explanation"]
+    assert f"The run stopped at scenario time {end:.2f} s" in summary["explanation"]
+    assert main(["report", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_a_timed_out_launch_leaves_a_partial_summary_and_can_go_on(

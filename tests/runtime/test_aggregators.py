@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -635,7 +636,8 @@ def test_a_window_holds_a_bounded_share_of_one_clients_flood() -> None:
 
     partial, held, noted = asyncio.run(scenario_())
     assert held == noted == 1 + 1 + 256  # b's, a's round 0 (its token), a's 256 waiting
-    assert partial.rejections == {"duplicate": flood, "rate": flood - 1 - 256}
+    assert partial.refusals == {"duplicate": flood, "rate": flood - 1 - 256}
+    assert partial.waiting == 256  # (said beside them: the server bounds what it counts)
     assert sorted((e.client_id, e.round) for e in partial.entries) == [("a", 0), ("b", 0)]
 
 
@@ -719,3 +721,152 @@ def test_one_aggregators_refused_groups_cannot_crowd_another_out_of_a_close() ->
     for group in few:
         notes.refused(*group)
     assert notes.take()[1] == tuple(few)  # within the bound: all of them, as refused
+
+
+
+# -- updates deferred at an aggregator and the stop on spent budgets ------------------------
+
+SLOT = 2.5
+
+
+def _deferred_run(*, hostile: bool, windows: int) -> tuple[list, list[Partial]]:
+    """A server behind one aggregation node "g0" on the simulated network (every message as
+    the codec's bytes), under virtual time, windows of 1 s; clients a and b paced at a public
+    slot of 2.5 s at both. Every client has said its budget is spent (a: 2 rounds released, b: 1), so
+    no client can train. a's two rounds reach the aggregator together (an outbox replaying
+    after a reconnect): its round 1 waits there for a's next token (at 0.2 + 2.5 s).
+    ``hostile``: a's round 1 never comes (lost with its client) and a hostile aggregator claims
+    2**40 deferred updates in every partial. The server's first ``windows`` reports and the
+    partials it received."""
+    from fedsim.protocol.messages import PARTIAL_WAITING
+    from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
+    from fedsim.transports.link_model import LinkModel
+    from fedsim.transports.simulated import SimulatedNetwork
+
+    ok = np.full(DIM, 0.01, np.float32)
+
+    async def main(clock: VirtualClock) -> tuple[list, list[Partial]]:
+        network = SimulatedNetwork(clock, rng=np.random.default_rng(0), uplink=LinkModel(),
+                                   downlink=LinkModel(), aggregators=("g0",), wire_bytes=True)
+        clients = {c: ClientInfo(100, 0.5, limits=_limits(), slot=SLOT) for c in "ab"}
+        server_side = network.server_endpoint()
+        received: list[Partial] = []
+        inner_receive = server_side.receive
+
+        async def receive():  # (the server's own endpoint; the test notes the partials)
+            message = await inner_receive()
+            if isinstance(message, Partial):
+                received.append(message)
+            return message
+
+        server_side.receive = receive  # type: ignore[method-assign]
+        server = ServerActor(clock=clock, endpoint=server_side, initial_params=np.zeros(DIM),
+                             clients=clients, window=1.0, strategy=DataSizeWeights(),
+                             step_size=ConstantStepSize(1.0), aggregators=("g0",),
+                             aggregator_wait=0.05, max_staleness=10)
+        aggregator_side = network.aggregator_endpoint("g0")
+        aggregator = AggregatorActor(aggregator_id="g0", clock=clock, endpoint=aggregator_side,
+                                     clients=clients, size=DIM, strategy=DataSizeWeights(),
+                                     policy=TimeWindows())
+        if hostile:
+            honest_publish = aggregator_side.publish
+
+            async def publish(message):  # the impostor's claim, in every partial
+                if isinstance(message, Partial):
+                    message = dataclasses.replace(
+                        message, rejections={**message.rejections, PARTIAL_WAITING: 2**40})
+                await honest_publish(message)
+
+            aggregator_side.publish = publish  # type: ignore[method-assign]
+        a, b = network.client_endpoint("a"), network.client_endpoint("b")
+        for endpoint, rounds in ((a, 2), (b, 1)):
+            await endpoint.publish(ClientStatus(endpoint.client_id, "budget_exhausted", rounds,
+                                                  1.0, 1e-5))
+        reports: list = []
+        serving = asyncio.ensure_future(aggregator.run())
+        running = asyncio.ensure_future(
+            server.run(lambda r: reports.append(r) or r.window >= windows))
+        await clock.sleep(0.2)
+        await a.publish(ClientUpdate("a", 0, 0, ok, 8.0))
+        if not hostile:
+            await a.publish(ClientUpdate("a", 1, 0, ok, 8.0))  # a replay's bunch: deferred
+        await clock.sleep(0.2)
+        await b.publish(ClientUpdate("b", 0, 0, ok, 8.0))
+        await running
+        serving.cancel()
+        return reports, received
+
+    return run_virtual(main)
+
+
+def _stop_kinds(reports: list) -> list:
+    from fedsim.config.schema import Stop
+
+    stop = Stop(windows=60)  # all_budgets_spent is on by default
+    return [None if (v := r.stop_reason(stop, active_clients=0)) is None else v.kind
+            for r in reports]
+
+
+def test_the_stop_on_spent_budgets_waits_for_an_update_deferred_at_an_aggregator() -> None:
+    """An update its aggregator's pacer deferred was not counted by the server's quiet rule:
+    the run stopped on spent budgets (window 2: nothing accepted, nothing waiting at the
+    server) while the aggregator held an honest update it would forward at window 3. Each
+    partial now says what its aggregator holds deferred; the stop waits for it and the update
+    is applied."""
+    from fedsim.runtime.actors.stops import RunStopKind
+
+    reports, partials = _deferred_run(hostile=False, windows=5)
+    kinds = _stop_kinds(reports)
+    applied = [[(c, r) for c, r, _ in report.applied_updates] for report in reports]
+    assert applied[:3] == [[("a", 0), ("b", 0)], [], [("a", 1)]]
+    # Window 2 accepted nothing; a's round 1 waited at the aggregator through it, as its
+    # partial said (on the wire), and the server counted it ...
+    assert [p.waiting for p in partials[:3]] == [1, 1, 0]
+    assert [(r.accepted, r.waiting, r.waiting_at_aggregators) for r in reports[:4]] == [
+        (2, 1, 1), (0, 1, 1), (1, 0, 0), (0, 0, 0)]
+    # ... so the run stops on spent budgets only once it is applied (without the claim:
+    # at window 2, with a's round 1 never applied)
+    assert kinds[:4] == [None, None, None, RunStopKind.BUDGETS_SPENT]
+    assert all("waiting" not in r.rejections for r in reports)  # (a count, not a rejection)
+
+
+def test_an_aggregators_claim_of_deferred_updates_cannot_hold_the_stop_for_ever() -> None:
+    """A hostile aggregator claims 2**40 deferred updates in every partial while a's round 1,
+    released by its status, never arrives. The server counts at most the released updates it
+    has not judged (here 1) and only for as many windows in a row as an honest aggregator's
+    queue of that many takes to drain (one slot of 2.5 s: 3 windows, plus 2), then stops."""
+    from fedsim.runtime.actors.partials import deferred_hold_windows
+    from fedsim.runtime.actors.stops import RunStopKind
+
+    reports, partials = _deferred_run(hostile=True, windows=12)
+    kinds = _stop_kinds(reports)
+    assert {p.waiting for p in partials if p.waiting} == {2**40}
+    assert max(r.waiting for r in reports) == 1  # the claim, bounded by what is missing
+    bound = deferred_hold_windows(1, SLOT, 1.0)
+    assert bound == 5
+    # Window 1 accepted a0 and b0; from window 2 on only the claim held the stop, 5 windows.
+    assert [r.waiting for r in reports[:8]] == [1, 1, 1, 1, 1, 1, 0, 0]
+    assert kinds.index(RunStopKind.BUDGETS_SPENT) == 1 + bound  # window 7
+    assert kinds[1 + bound:] == [RunStopKind.BUDGETS_SPENT] * (len(kinds) - 1 - bound)
+
+
+def test_with_nothing_missing_an_aggregators_claim_holds_nothing() -> None:
+    """Every round the clients released has been judged: a claim of deferred updates, however
+    large, counts for nothing (a flood or a hostile aggregator cannot hold the stop then)."""
+    from fedsim.protocol.messages import PARTIAL_WAITING
+    from fedsim.runtime.actors.client_book import ClientBook
+    from fedsim.runtime.actors.integrity import Rejections
+    from fedsim.runtime.actors.partials import PartialIntake
+    from fedsim.runtime.actors.window_report import WindowReport
+
+    book = ClientBook({"a": _limits()}, DIM)
+    book.record("a", 0)
+    intake = PartialIntake(("g0",), 0.0, book=book, weights={"a": 1.0},
+                           entry_bound=lambda c, r, w: 1.0, size=DIM, slot=SLOT)
+    claim = Partial("g0", 1, (), (), np.zeros(0, np.float32),
+                    rejections={PARTIAL_WAITING: 2**40, "rate": 3})
+    intake.take(claim, closing=1, ended=False, rejections=Rejections())
+    report = WindowReport(window=1, time=1.0, version=0)
+    intake.judge(report, set(), Rejections(), on_arrival=False)
+    assert (report.rejected, report.received) == (3, 3)  # the count is no rejection
+    assert intake.deferred_at_aggregators(window=1, own=0, accepted=0) == 0

@@ -153,7 +153,10 @@ def test_a_deployed_runs_text_says_whose_clock_a_clients_stop_is_on(
         tmp_path: Path, time_kind: str) -> None:
     """A stranger's launch: "10 client(s) stopped between 273.774 s and 825.648 s" after "The
     run stopped at scenario time 821.919 s". A deployed client's clock starts with its process,
-    before the server's first window; the text now says so (a simulated run's does not)."""
+    before the server's first window, and a resumed one where its ledger ends: its stop is now
+    said on the server's clock, as it measured it, and a stop as the run ends is at the end
+    (the text says so; a simulated run's does not). One rule for both runtimes: every stop
+    time within the run's span."""
     from fedsim.runtime.run_outputs import DEPLOYED_CLOCKS, RunRecord, _explain
 
     record = RunRecord(
@@ -163,7 +166,8 @@ def test_a_deployed_runs_text_says_whose_clock_a_clients_stop_is_on(
         stop_reason=None, final_version=1, network={}, wall_seconds=1.0, cpu_seconds=1.0,
         time_kind=time_kind)
     text = _explain(record, [], [])
-    assert "at 825.60 s" in text
+    assert record.stopped[0]["time"] == 821.9
+    assert "at 821.90 s" in text
     assert (DEPLOYED_CLOCKS in text) == (time_kind == "scenario")
 
 

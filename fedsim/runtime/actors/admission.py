@@ -58,7 +58,7 @@ from fedsim.config.distributions import (
 from fedsim.config.schema import ClientGroup
 from fedsim.logging import get_logger
 from fedsim.protocol.messages import ClientUpdate
-from fedsim.runtime.actors.client_book import Kind
+from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.exposure import group_sample_grads
 
 __all__ = ["BURST", "EXPONENTIAL_PACE", "MAX_DEFERRED", "PASSED_KEPT", "REALISED_PACE", "Pacer",
@@ -319,6 +319,19 @@ class Pacer:
     def waiting(self) -> int:
         """Updates waiting for a token."""
         return sum(1 for _ in self.waiting_updates())
+
+    def waiting_to_apply(self, book: ClientBook, *, released: bool = True) -> int:
+        """Updates waiting for a token that could still be applied: the one count of what
+        waits, which the stop on spent budgets waits for. Of rounds ``book`` has not judged
+        and, with ``released``, that their clients' statuses say were released
+        (``book.known_rounds``): a flood of replays or of rounds never released does not count
+        (an attacker's review: a hostile client kept a queue full to the end), and each round
+        counts until it is judged, once. An aggregator, which sees no statuses, counts with
+        ``released=False`` and the server bounds its count
+        (:meth:`~fedsim.runtime.actors.partials.PartialIntake.deferred_at_aggregators`)."""
+        return sum(1 for u in self.waiting_updates()
+                   if (u.client_id, u.round) not in book
+                   and (not released or u.round < book.known_rounds(u.client_id)))
 
     def waiting_updates(self) -> Iterator[ClientUpdate]:
         """The updates waiting for a token (only the queued clients' buckets are read: every

@@ -54,6 +54,12 @@ aggregator's first window close, so from the first close it sees (if that is not
 it forwards unmixed every update whose base version is at most that close's version
 (``unsure_through``) and folds only the newer ones.
 
+**Deferred updates**: each partial says how many updates the aggregator's pacer holds
+deferred, not judged here (:attr:`~fedsim.protocol.messages.Partial.waiting`): an honest
+update it would forward once its client's token accrues. The server's stop on spent budgets
+waits for them as for its own deferred updates, within bounds a hostile aggregator cannot
+stretch (:meth:`~fedsim.runtime.actors.partials.PartialIntake.deferred_at_aggregators`).
+
 Everything here is post-processing of released updates: it costs the clients no privacy. The
 actor sees only a :class:`~fedsim.clock.Clock` and an
 :class:`~fedsim.transports.base.Endpoint`, so it runs unchanged over MQTT.
@@ -71,7 +77,14 @@ from fedsim.aggregation.policies import AggregationPolicy
 from fedsim.clock import Clock
 from fedsim.logging import get_logger
 from fedsim.protocol.headers import MAX_PARTIAL_ENTRIES, MAX_PARTIAL_GROUPS
-from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
+from fedsim.protocol.messages import (
+    PARTIAL_WAITING,
+    ClientUpdate,
+    GlobalModel,
+    ManifestEntry,
+    Partial,
+    WindowClose,
+)
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import Rejections
@@ -309,11 +322,17 @@ class AggregatorActor:
             self.book.record(client_id, round_index)
         bases = tuple(sorted(sums))
         vectors = [sums[b].astype(np.float32) for b in bases]
+        # What its pacer still holds deferred, not judged here: the server's stop on spent
+        # budgets waits for it (module docstring, "Deferred updates").
+        waiting = self.pacer.waiting_to_apply(self.book, released=False)
         partial = Partial(
             aggregator_id=self.aggregator_id, window=close.window, bases=bases,
             entries=tuple(sorted(entries, key=lambda e: e.base_version)),
             sums=np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32),
-            settled=tuple(settled), rejections=self._rejections.as_dict(), sent_at=now)
+            settled=tuple(settled),
+            rejections=self._rejections.as_dict() | ({PARTIAL_WAITING: waiting} if waiting
+                                                     else {}),
+            sent_at=now)
         self._rejections = Rejections()
         # Kept for the next two closes: a partial judged late (in the next window) has its
         # refusal named one close later than an on-time one.

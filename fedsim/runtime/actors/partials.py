@@ -53,6 +53,20 @@ after the end of the run is lost
 (``WindowReport.lost_in_partials``, dropped in flight; their privacy was spent on the client).
 So the wait trades how soon a slow aggregator's updates are applied against how late each
 window closes, and loses nothing.
+
+**Updates deferred at an aggregator** (:meth:`PartialIntake.deferred_at_aggregators`): an
+aggregator's pacer defers updates as the server's does, and each partial says how many it
+holds (:attr:`~fedsim.protocol.messages.Partial.waiting`). The stop on spent budgets waits for
+them as for the server's own (:attr:`WindowReport.waiting
+<fedsim.runtime.actors.window_report.WindowReport.waiting>`), but a count the server cannot
+check is bounded twice: it counts at most the updates the clients released (by their
+statuses) that the server has not judged and does not hold itself (``ClientBook.missing``:
+with nothing missing, a claim holds nothing), and it holds the stop for at most
+:func:`deferred_hold_windows` windows in a row in which nothing else does (no update accepted,
+none waiting at the server): as many as an honest aggregator's longest queue of that many
+updates takes to drain, one update a slot of the slowest client, plus two windows for the
+partial that carries the last one. So an honest deferred update is waited for and applied, and
+a hostile aggregator's claim delays the stop by that bound at most.
 """
 
 from __future__ import annotations
@@ -70,6 +84,7 @@ from fedsim.logging import get_logger
 from fedsim.protocol.headers import MAX_CLOSE_REFUSED, MAX_CLOSE_WATERMARKS, MAX_COUNTER
 from fedsim.protocol.messages import ManifestEntry, Partial, WindowClose
 from fedsim.protocol.norms import vector_norm
+from fedsim.runtime.actors.admission import MAX_DEFERRED
 from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, Rejections
 from fedsim.runtime.actors.window_report import WindowReport
@@ -95,6 +110,16 @@ time (a reordered or reconnecting link). Without the bound an aggregator silent 
 windows could then send a partial of each of them, every one held until the next close: up to
 64 sums and a 4 MiB manifest each (``codec.max_partial_bytes``), 1.9 GB of the server's memory
 for 150 partials of a 50,890-parameter model (attackers' review of the 64-sum partials)."""
+
+
+def deferred_hold_windows(deferred: int, slot: float, window: float) -> int:
+    """How many windows in a row ``deferred`` updates claimed by aggregators may hold the stop
+    on spent budgets (module docstring): an honest queue of that many updates (at most
+    :data:`~fedsim.runtime.actors.admission.MAX_DEFERRED` of one client) drains one a ``slot``
+    (the slowest paced client's), and its last update is judged at the close after its token
+    accrues, or at the next one when its partial is late: two windows more."""
+    drain = min(deferred, MAX_DEFERRED) * slot
+    return math.ceil(drain / window * (1 - 1e-9)) + 2 if window > 0 else 2
 
 
 FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLISHED_VERSION,
@@ -124,10 +149,15 @@ class PartialIntake:
     """The partials of the aggregation nodes a server waits for (module docstring)."""
 
     def __init__(self, aggregators: Collection[str], wait: float, *, book: ClientBook,
-                 weights: Mapping[str, float], entry_bound: EntryBound, size: int) -> None:
+                 weights: Mapping[str, float], entry_bound: EntryBound, size: int,
+                 slot: float = 0.0, window: float = 1.0) -> None:
         if not (math.isfinite(wait) and wait >= 0):
             raise ConfigError(f"aggregator_wait must be >= 0 seconds, got {wait!r}")
         self.aggregators = frozenset(aggregators)
+        self._slot, self._window = slot, window  # (the slowest paced client's slot)
+        self._claims: dict[str, int] = {}  # each aggregator's latest count of deferred updates
+        self._held_since: int | None = None  # the first window the claims alone held the stop
+        self._held_most = 0  # the most they counted since
         """The aggregation nodes' ids (empty: updates come straight)."""
         self.wait = float(wait)
         self._book, self._weights, self._entry_bound, self._size = book, weights, entry_bound, size
@@ -255,13 +285,15 @@ class PartialIntake:
         groups = []
         partials, self._partials = self._partials, {}
         for (aggregator, _), partial in sorted(partials.items()):
-            counts = dict(partial.rejections)
+            self._claims[aggregator] = partial.waiting  # (sorted: its latest window's last)
+            counts = partial.refusals
+            refused = sum(counts.values())
             report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
             report.stale += counts.pop(Kind.STALE.value, 0)
             for kind, count in counts.items():
                 rejections.add(kind, count)
                 report.rejected += count
-            report.received += len(partial.entries) + sum(partial.rejections.values())
+            report.received += len(partial.entries) + refused
             for client_id, round_index in partial.settled:
                 # No further beyond the known rounds than an update could name (ROUND_AHEAD).
                 if client_id in self._weights and \
@@ -287,6 +319,32 @@ class PartialIntake:
                 report.accepted += len(entries)
                 groups.append(PartialGroup(base, total, checked[0], checked[1], entries))
         return groups
+
+    def deferred_at_aggregators(self, *, window: int, own: int, accepted: int) -> int:
+        """The updates the aggregators' latest partials say they hold deferred that the stop on
+        spent budgets waits for after window ``window`` (module docstring), where the server
+        itself holds ``own`` such updates and accepted ``accepted`` in the window: at most the
+        released updates it has not judged and does not hold, and 0 once the claims alone have
+        held the stop for :func:`deferred_hold_windows` windows in a row."""
+        claimed = sum(self._claims.values())
+        if claimed:  # (the book's count reads every client: only when a claim is made)
+            claimed = min(claimed, max(0, self._book.missing() - own))
+        if claimed == 0 or own or accepted:
+            self._held_since, self._held_most = None, 0
+            return claimed
+        if self._held_since is None:
+            self._held_since = window
+        self._held_most = max(self._held_most, claimed)
+        bound = deferred_hold_windows(self._held_most, self._slot, self._window)
+        if window - self._held_since < bound:
+            return claimed
+        if window - self._held_since == bound:
+            _log.warning("aggregators still claim deferred updates past the time an honest "
+                         "one takes to send them: the stop on spent budgets no longer waits "
+                         "for them", window=window, claimed=claimed,
+                         since_window=self._held_since, bound_windows=bound,
+                         claims=dict(sorted(self._claims.items())))
+        return 0
 
     def _check_group(self, entries: list[ManifestEntry], total: np.ndarray,
                      keys: set[tuple[str, int]]) -> tuple[float, float | None] | str | None:

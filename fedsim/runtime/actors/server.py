@@ -219,7 +219,9 @@ class ServerActor:
             (c, info.num_samples, info.weight) for c, info in sorted(self.clients.items())])
         self.partials = PartialIntake(aggregators, aggregator_wait, book=self.book,
                                       weights=self.weights, entry_bound=self._entry_bound,
-                                      size=self.params.size)
+                                      size=self.params.size, window=self.window,
+                                      slot=max((float(s) for s in self.pacer.slots.values()
+                                                if s is not None), default=0.0))
         """The aggregation nodes' partials (none: updates come straight)."""
         if self.partials.aggregators:
             # Only forwarded updates reach the inbox: partials join the mix at the close.
@@ -485,7 +487,7 @@ class ServerActor:
             self._step_model(stream.accepted, direction, bound, report, report.step_size)
         report.rejections, self._rejections = self._rejections.as_dict(), Rejections()
         report.version = self.version
-        report.waiting = self._waiting_to_apply()
+        report.waiting = self._waiting_to_apply(report)
         evaluated = self.evaluation.at_window(window, self.params, self.version, self.step_size)
         if evaluated is not None:
             report.accuracy, report.loss = evaluated
@@ -493,16 +495,16 @@ class ServerActor:
         report.log_events()
         return report
 
-    def _waiting_to_apply(self) -> int:
-        """Updates the pacer holds that could still be applied: of rounds their clients'
-        statuses say were released and the book has not judged. The stop on spent budgets
-        waits for them (an attacker's review: one deferred past its window was lost); a
-        flood of replays or of rounds never released does not hold it (a hostile client kept
-        a queue full to the end), and each round counts until it is judged, once."""
-        book = self.book
-        return sum(1 for u in self.pacer.waiting_updates()
-                   if (u.client_id, u.round) not in book
-                   and u.round < book.known_rounds(u.client_id))
+    def _waiting_to_apply(self, report: WindowReport) -> int:
+        """Updates that could still be applied and wait for their clients' tokens: those the
+        pacer holds (:meth:`Pacer.waiting_to_apply`) and those the aggregation nodes say they
+        hold, bounded (:meth:`PartialIntake.deferred_at_aggregators`). The stop on spent
+        budgets waits for them (an attacker's review: one deferred past its window was
+        lost)."""
+        own = self.pacer.waiting_to_apply(self.book)
+        report.waiting_at_aggregators = self.partials.deferred_at_aggregators(
+            window=report.window, own=own, accepted=report.accepted)
+        return own + report.waiting_at_aggregators
 
     def evaluate_final(self) -> FinalEvaluation | None:
         """The model as the run leaves it, evaluated (:meth:`HeldOutEvaluation.final`)."""

@@ -53,9 +53,14 @@ class WindowReport:
     """Updates judged in this window that passed every check (applied in it, or in a later
     one where a policy buffers them). Not a ``metrics.jsonl`` column."""
     waiting: int = 0
-    """Updates the server holds unjudged as the window closes (their clients ahead of their
-    public compute slots: :class:`~fedsim.runtime.actors.admission.Pacer`) that could still be
-    applied (of rounds their clients say they released, not yet judged). Not a
+    """Updates held unjudged as the window closes (their clients ahead of their public
+    compute slots: :class:`~fedsim.runtime.actors.admission.Pacer`) that could still be
+    applied (of rounds their clients say they released, not yet judged): by the server, and
+    by its aggregation nodes as far as the server counts their claims
+    (:attr:`waiting_at_aggregators`). Not a ``metrics.jsonl`` column."""
+    waiting_at_aggregators: int = 0
+    """Of :attr:`waiting`, those the aggregation nodes hold, bounded
+    (:meth:`~fedsim.runtime.actors.partials.PartialIntake.deferred_at_aggregators`). Not a
     ``metrics.jsonl`` column."""
     end: float | None = None
     """The window's scheduled end on the server's timeline (``time`` is when it was closed:

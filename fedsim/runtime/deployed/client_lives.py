@@ -33,7 +33,7 @@ from fedsim.runtime.population import ClientPlan
 from fedsim.runtime.run_outputs import StoppedClient
 from fedsim.transports.base import Endpoint
 
-__all__ = ["CRASHED_FOR_GOOD", "DOWN_AT_THE_END", "ClientLives", "crash_stop"]
+__all__ = ["CRASHED_FOR_GOOD", "DOWN_AT_THE_END", "ClientLives", "ServerTimeline", "crash_stop"]
 
 CRASHED_FOR_GOOD = "crashed and did not rejoin"
 """The stop reason of a client whose emulated crash was for good (the simulation's words)."""
@@ -49,15 +49,49 @@ FIRST_MODEL_POLL = 0.01
 """Wall seconds between looks for the first global model, which starts the crash clock."""
 
 
+class ServerTimeline:
+    """The run's timeline (the server's clock) as a client process knows it: its own clock
+    minus its lead over the server's, measured at every global model and end of the run that
+    arrives (their send times are the server's), the least lead seen (the fastest delivery:
+    an estimate never later than the server's own time).
+
+    A client's clock cannot follow the server's back: it starts where its ledger ends, whose
+    times only grow, and a resumed server's clock goes on from its checkpoint's window, before
+    the times its clients reached in the earlier part (a stranger's resumed launch: clients'
+    stop times 4.5 s past the run's end); a fresh launch's clients start their clocks before
+    the server its first window. A client's stop time is said on this timeline, the run's
+    (:meth:`time_of`); its ledger keeps its own clock's."""
+
+    def __init__(self, clock: Clock, latest: float) -> None:
+        self._clock = clock
+        self._latest = latest  # (a send time past any run's end is not the server's clock)
+        self.lead: float | None = None
+        """How far the client's clock is ahead of the server's (None: no message seen yet)."""
+
+    def observe(self, sent_at: float) -> None:
+        """A message the server sent at ``sent_at`` (its clock) arrives now."""
+        if not 0.0 <= sent_at <= self._latest:
+            return
+        lead = self._clock.now() - sent_at
+        self.lead = lead if self.lead is None else min(self.lead, lead)
+
+    def time_of(self, own: float) -> float:
+        """A time ``own`` of the client's clock on the server's timeline (as it is, where no
+        message of the server has arrived yet)."""
+        return own if self.lead is None else own - self.lead
+
+
 class _ActorsEndpoint:
     """The incarnations' endpoint: the process's, and a global model that arrived while the
     client was down, delivered first to the next incarnation (a restarted process gets the
     broker's retained model at once, as a simulated rejoin gets the network's)."""
 
-    def __init__(self, inner: Endpoint, align: Callable[[float], None] | None) -> None:
+    def __init__(self, inner: Endpoint, align: Callable[[float], None] | None,
+                 timeline: ServerTimeline | None = None) -> None:
         self.inner = inner
         self.held: GlobalModel | None = None
         self._align = align  # called with the first global model's send time, then dropped
+        self.timeline = timeline
 
     async def publish(self, message: Message) -> None:
         await self.inner.publish(message)
@@ -71,7 +105,13 @@ class _ActorsEndpoint:
         if self._align is not None and isinstance(message, GlobalModel):
             self._align(message.sent_at)
             self._align = None
+        self.observe(message)
         return message
+
+    def observe(self, message: Message) -> None:
+        """Measure the client's lead over the server's clock by a message of the server's."""
+        if self.timeline is not None and isinstance(message, GlobalModel | RunFinished):
+            self.timeline.observe(message.sent_at)
 
     async def close(self) -> None:
         await self.inner.close()
@@ -86,10 +126,13 @@ class ClientLives:
                  clock: Clock, endpoint: Endpoint, make_actor: ActorFactory,
                  reopen: Callable[[], PrivacyLedger],
                  crash_rng: np.random.Generator | None,
-                 align: Callable[[float], None] | None = None) -> None:
+                 align: Callable[[float], None] | None = None,
+                 timeline: ServerTimeline | None = None) -> None:
         self.record = ClientRecord(plan, trainer, ledger)
         self.clock = clock
-        self._endpoint = _ActorsEndpoint(endpoint, align)
+        self.timeline = timeline
+        """The server's timeline as this process knows it (None: its own clock's)."""
+        self._endpoint = _ActorsEndpoint(endpoint, align, timeline)
         self._down: asyncio.Task[None] | None = None
         self._finished: RunFinished | None = None
         self._make_actor = make_actor
@@ -151,6 +194,15 @@ class ClientLives:
         if self.record.actor is not None:
             self.record.actor.set_online(online)
 
+    def server_time(self, own: float | None) -> float | None:
+        """A time of this process's clock on the run's timeline (:class:`ServerTimeline`)."""
+        return own if own is None or self.timeline is None else self.timeline.time_of(own)
+
+    def server_now(self) -> float:
+        """Now, on the run's timeline (:class:`ServerTimeline`)."""
+        now = self.clock.now()
+        return now if self.timeline is None else self.timeline.time_of(now)
+
     def count(self, name: str) -> int:
         """One of the actor's counters (``timing_overruns``, ``split_delays``,
         ``late_models``) over every incarnation."""
@@ -177,6 +229,7 @@ class ClientLives:
                 message = await self._endpoint.inner.receive()
             except TransportError:
                 return
+            self._endpoint.observe(message)
             if isinstance(message, RunFinished):
                 self._finished = message
                 if self._done is not None and not self._done.done():
@@ -233,6 +286,7 @@ class ClientLives:
 
 
 def crash_stop(lives: ClientLives) -> tuple[str, ClientStopKind, float | None]:
-    """A client crashed for good: its state, stop kind and the time of the crash."""
+    """A client crashed for good: its state, stop kind and the time of the crash (on the
+    server's timeline, :class:`ServerTimeline`)."""
     at = lives.stopped[-1]["time"] if lives.stopped else None
-    return "crashed", ClientStopKind.CRASHED, at
+    return "crashed", ClientStopKind.CRASHED, lives.server_time(at)

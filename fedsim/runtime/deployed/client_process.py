@@ -43,6 +43,7 @@ from fedsim.runtime.deployed.client_lives import (
     CRASHED_FOR_GOOD,
     DOWN_AT_THE_END,
     ClientLives,
+    ServerTimeline,
     crash_stop,
 )
 from fedsim.runtime.deployed.deployment import (
@@ -144,7 +145,7 @@ async def _say_crashed(endpoint: MqttClientEndpoint, lives: ClientLives, delta: 
         with contextlib.suppress(TransportError):
             await endpoint.publish(ClientStatus(
                 lives.actor.client_id, "crashed", ledger.next_round, ledger.epsilon(delta),
-                delta, CRASHED_FOR_GOOD, lives.clock.now()))
+                delta, CRASHED_FOR_GOOD, lives.server_now()))
         if live or loop.time() >= deadline:
             return
         await asyncio.sleep(ANNOUNCE_EVERY)
@@ -222,7 +223,9 @@ async def run_client(
         reopen=lambda: open_ledger(plan, ledger_file(state, client_id)),
         crash_rng=population.tree.numpy("client", client_id, "crashes", "from-round",
                                         first_round),
-        align=_aligner(clock, scenario))  # its clock meets the server's at its first model
+        align=_aligner(clock, scenario),  # its clock meets the server's at its first model
+        # (and its stop is said on the server's timeline: it cannot go back to meet it)
+        timeline=ServerTimeline(clock, _latest_time(scenario)))
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
                            first_round, previous)
     made: bool | None = None  # False: a signal came before the first connection
@@ -341,13 +344,15 @@ class _ClientProcess:
         ended: its report's state and reason, its rounds and eps, and how many of its released
         updates were never acknowledged (a stranger's ``server.json`` kept every client at
         its last state before the end, and nothing said what was charged and never applied).
-        Sent once: a server already gone keeps the last status it had."""
+        Sent once: a server already gone keeps the last status it had. Sent at the server's
+        time as this client knows it (:class:`ServerTimeline`): a server's view of the run
+        states the client's stop by it."""
         ledger, delta = self.lives.record.ledger, self.scenario.privacy.delta
         state, _, _, reason = self._final_state()
         with contextlib.suppress(TransportError):
             await self.endpoint.publish(ClientStatus(
                 self.plan.client_id, state, ledger.next_round,
-                ledger.epsilon(delta), delta, reason, self.clock.now(),
+                ledger.epsilon(delta), delta, reason, self.lives.server_now(),
                 unacknowledged=len(self.endpoint.unacknowledged)))
 
     def _final_state(self) -> tuple[ClientState, ClientStopKind | None, float | None, str]:
@@ -360,7 +365,8 @@ class _ClientProcess:
         if lives.down:  # down when the run ended (a simulation's state for it: crashed)
             return ("crashed", None, None,
                     DOWN_AT_THE_END if lives.finished is not None else "")
-        return actor.state, actor.stop_kind, actor.stopped_at, actor.stop_reason
+        return actor.state, actor.stop_kind, lives.server_time(actor.stopped_at), \
+            actor.stop_reason
 
     def outcome(self, made: bool | None, stop: asyncio.Event | None) -> dict[str, Any]:
         """The client's report (``client-<id>.json``) after this process."""
@@ -406,7 +412,7 @@ def _aligner(clock: ScaledClock, scenario: Scenario) -> Callable[[float], None]:
     (:meth:`~fedsim.clock.ScaledClock.catch_up`), and not past the latest time any run's
     server can reach (``MAX_WINDOWS`` windows; a review: a server's send time of 1e17 froze
     a client's clock at float's resolution, and with it the release padding)."""
-    latest = limits.MAX_WINDOWS * scenario.server.window
+    latest = _latest_time(scenario)
 
     def align(sent_at: float) -> None:
         if sent_at > latest:
@@ -416,6 +422,11 @@ def _aligner(clock: ScaledClock, scenario: Scenario) -> Callable[[float], None]:
         clock.catch_up(sent_at)
 
     return align
+
+
+def _latest_time(scenario: Scenario) -> float:
+    """The latest time any run's server can reach (``MAX_WINDOWS`` windows)."""
+    return limits.MAX_WINDOWS * scenario.server.window
 
 
 def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
