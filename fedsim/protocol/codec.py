@@ -256,6 +256,7 @@ def _header_for(
             rejections=dict(message.rejections),
             sent_at=float(message.sent_at),
             tensor=_tensor_spec(message.sums, "Partial.sums"),
+            waiting=message.waiting,
         )
         _check_partial(header, int(message.sums.size), None)
         _check_finite(message.sums, "Partial.sums")
@@ -298,7 +299,8 @@ def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
         raise CodecError(f"cannot encode {type(message).__name__}: {_describe(exc)}") from None
     # An uncompressed update's header is what it was before compression existed, a close
     # without watermarks or refused groups what it was before them, a status that is not a
-    # final one what it was before final statuses (sizes and older servers unchanged).
+    # final one what it was before final statuses, a partial with no deferred updates what it
+    # was before their count (sizes and older servers unchanged).
     exclude: set[str] | None = None
     if isinstance(header, UpdateHeader) and header.compression is None:
         exclude = {"compression"}
@@ -306,6 +308,8 @@ def _seal(message: Message, incarnation: str, lineage: tuple[str, ...], *,
         exclude = {"unacknowledged"}
     elif isinstance(header, CloseHeader):
         exclude = {name for name in ("watermarks", "refused") if not getattr(header, name)}
+    elif isinstance(header, PartialHeader) and not header.waiting:
+        exclude = {"waiting"}
     header_json = header.model_dump_json(exclude=exclude or None).encode()
     size = PREFIX_BYTES + len(header_json)
     if isinstance(tensor, np.ndarray):
@@ -594,7 +598,7 @@ def _frame(  # noqa: C901, PLR0911, PLR0912 - one check per rule of the wire for
             aggregator_id=header.aggregator_id, window=header.window, bases=header.bases,
             entries=tuple(ManifestEntry(*entry) for entry in header.entries), sums=values,
             settled=header.settled, rejections=dict(header.rejections),
-            sent_at=header.sent_at)
+            sent_at=header.sent_at, waiting=header.waiting)
         return Frame(partial, header.incarnation)
     invited = None if header.invited is None else bytes.fromhex(header.invited)
     model = GlobalModel(version=header.version, params=values, sent_at=header.sent_at,

@@ -143,6 +143,9 @@ class PartialHeader(_Header):
     ]
     sent_at: _FiniteFloat
     tensor: TensorSpec
+    # Updates its pacer holds deferred (written only when some are: a partial without them
+    # is the frame it was before the count existed).
+    waiting: _Counter = 0
 
 
 class StatusHeader(_Header):

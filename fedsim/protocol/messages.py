@@ -111,12 +111,6 @@ class ClientStatus:
     unacknowledged: int | None = None
 
 
-PARTIAL_WAITING = "waiting"
-"""The key of :attr:`Partial.rejections` under which an aggregator says how many updates it
-holds deferred (its pacer's: clients ahead of their public slots). Carried in the header's
-bounded map of counts, a count and not a rejection."""
-
-
 @dataclass(frozen=True)
 class WindowClose:
     """The server closes window ``window`` at model ``version`` (time windows with aggregation
@@ -162,10 +156,9 @@ class Partial:
     the round). ``settled`` are ``(client_id, round)`` the aggregator judged for good without
     folding (stale, not invited), ``rejections`` what it refused by kind (the
     :class:`~fedsim.runtime.actors.client_book.Kind` names, plus ``duplicate`` and ``stale``).
-    The same map carries, under :data:`PARTIAL_WAITING` (no kind of rejection), how many
-    updates the aggregator's pacer holds deferred as it sends the partial, not yet judged
-    there (:attr:`waiting`; the server's stop on spent budgets waits for them, within its
-    bounds: :mod:`fedsim.runtime.actors.partials`); :attr:`refusals` is the map without it.
+    ``waiting`` is how many updates the aggregator's pacer holds deferred as it sends the
+    partial, not yet judged there (the server's stop on spent budgets waits for them, within
+    its bounds: :mod:`fedsim.runtime.actors.partials`).
     An aggregator sends exactly one per :class:`WindowClose`, empty when it holds nothing."""
 
     aggregator_id: str
@@ -176,17 +169,7 @@ class Partial:
     settled: tuple[tuple[str, int], ...] = ()
     rejections: dict[str, int] = field(default_factory=dict)
     sent_at: float = 0.0
-
-    @property
-    def waiting(self) -> int:
-        """Updates the aggregator said it holds deferred (0: none said)."""
-        return int(self.rejections.get(PARTIAL_WAITING, 0))
-
-    @property
-    def refusals(self) -> dict[str, int]:
-        """What the aggregator refused or settled, by kind (:attr:`rejections` without
-        :data:`PARTIAL_WAITING`)."""
-        return {k: v for k, v in self.rejections.items() if k != PARTIAL_WAITING}
+    waiting: int = 0
 
     def group(self, index: int, size: int) -> np.ndarray:
         """The sum of base version ``bases[index]`` (a view of ``sums``; ``size`` parameters)."""

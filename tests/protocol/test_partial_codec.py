@@ -38,6 +38,30 @@ def test_a_partial_and_a_close_round_trip() -> None:
     assert close == WindowClose(7, 6, 1.0)
 
 
+def _header(frame: bytes) -> dict:
+    """A frame's JSON header (after the codec's length prefix)."""
+    length = struct.unpack_from("<4sHI", frame)[2]
+    return json.loads(frame[codec.PREFIX_BYTES:codec.PREFIX_BYTES + length])
+
+
+def test_a_partials_count_of_deferred_updates_travels_in_its_own_field() -> None:
+    """An aggregator's count of the updates its pacer holds deferred is a header field of its
+    own (not one of its rejection kinds), written only when there are some: a partial without
+    them is byte for byte the frame it was before the count existed."""
+    waiting = _partial(waiting=256)
+    back = codec.decode(codec.encode(waiting), expected_params=3)
+    assert isinstance(back, Partial)
+    assert (back.waiting, back.rejections) == (256, {"norm": 2, "duplicate": 1})
+    assert _header(codec.encode(waiting))["waiting"] == 256
+    none = codec.encode(_partial())
+    assert "waiting" not in _header(none)
+    assert codec.decode(none, expected_params=3).waiting == 0  # type: ignore[union-attr]
+    sealed = codec.seal(waiting).open(expected_params=3)
+    assert isinstance(sealed, Partial) and sealed.waiting == 256
+    with pytest.raises(CodecError):
+        codec.encode(_partial(waiting=-1))
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     ({"bases": (2, 1)}, "ascending"),
     ({"bases": (1, 3)}, "do not match"),

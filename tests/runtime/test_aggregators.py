@@ -636,7 +636,7 @@ def test_a_window_holds_a_bounded_share_of_one_clients_flood() -> None:
 
     partial, held, noted = asyncio.run(scenario_())
     assert held == noted == 1 + 1 + 256  # b's, a's round 0 (its token), a's 256 waiting
-    assert partial.refusals == {"duplicate": flood, "rate": flood - 1 - 256}
+    assert partial.rejections == {"duplicate": flood, "rate": flood - 1 - 256}
     assert partial.waiting == 256  # (said beside them: the server bounds what it counts)
     assert sorted((e.client_id, e.round) for e in partial.entries) == [("a", 0), ("b", 0)]
 
@@ -738,7 +738,6 @@ def _deferred_run(*, hostile: bool, windows: int) -> tuple[list, list[Partial]]:
     ``hostile``: a's round 1 never comes (lost with its client) and a hostile aggregator claims
     2**40 deferred updates in every partial. The server's first ``windows`` reports and the
     partials it received."""
-    from fedsim.protocol.messages import PARTIAL_WAITING
     from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
     from fedsim.transports.link_model import LinkModel
     from fedsim.transports.simulated import SimulatedNetwork
@@ -773,8 +772,7 @@ def _deferred_run(*, hostile: bool, windows: int) -> tuple[list, list[Partial]]:
 
             async def publish(message):  # the impostor's claim, in every partial
                 if isinstance(message, Partial):
-                    message = dataclasses.replace(
-                        message, rejections={**message.rejections, PARTIAL_WAITING: 2**40})
+                    message = dataclasses.replace(message, waiting=2**40)
                 await honest_publish(message)
 
             aggregator_side.publish = publish  # type: ignore[method-assign]
@@ -853,7 +851,6 @@ def test_an_aggregators_claim_of_deferred_updates_cannot_hold_the_stop_for_ever(
 def test_with_nothing_missing_an_aggregators_claim_holds_nothing() -> None:
     """Every round the clients released has been judged: a claim of deferred updates, however
     large, counts for nothing (a flood or a hostile aggregator cannot hold the stop then)."""
-    from fedsim.protocol.messages import PARTIAL_WAITING
     from fedsim.runtime.actors.client_book import ClientBook
     from fedsim.runtime.actors.integrity import Rejections
     from fedsim.runtime.actors.partials import PartialIntake
@@ -864,7 +861,7 @@ def test_with_nothing_missing_an_aggregators_claim_holds_nothing() -> None:
     intake = PartialIntake(("g0",), 0.0, book=book, weights={"a": 1.0},
                            entry_bound=lambda c, r, w: 1.0, size=DIM, slot=SLOT)
     claim = Partial("g0", 1, (), (), np.zeros(0, np.float32),
-                    rejections={PARTIAL_WAITING: 2**40, "rate": 3})
+                    rejections={"rate": 3}, waiting=2**40)
     intake.take(claim, closing=1, ended=False, rejections=Rejections())
     report = WindowReport(window=1, time=1.0, version=0)
     intake.judge(report, set(), Rejections(), on_arrival=False)

@@ -77,14 +77,7 @@ from fedsim.aggregation.policies import AggregationPolicy
 from fedsim.clock import Clock
 from fedsim.logging import get_logger
 from fedsim.protocol.headers import MAX_PARTIAL_ENTRIES, MAX_PARTIAL_GROUPS
-from fedsim.protocol.messages import (
-    PARTIAL_WAITING,
-    ClientUpdate,
-    GlobalModel,
-    ManifestEntry,
-    Partial,
-    WindowClose,
-)
+from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, Partial, WindowClose
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import Rejections
@@ -329,10 +322,8 @@ class AggregatorActor:
             aggregator_id=self.aggregator_id, window=close.window, bases=bases,
             entries=tuple(sorted(entries, key=lambda e: e.base_version)),
             sums=np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32),
-            settled=tuple(settled),
-            rejections=self._rejections.as_dict() | ({PARTIAL_WAITING: waiting} if waiting
-                                                     else {}),
-            sent_at=now)
+            settled=tuple(settled), rejections=self._rejections.as_dict(), sent_at=now,
+            waiting=waiting)
         self._rejections = Rejections()
         # Kept for the next two closes: a partial judged late (in the next window) has its
         # refusal named one close later than an on-time one.

@@ -286,7 +286,7 @@ class PartialIntake:
         partials, self._partials = self._partials, {}
         for (aggregator, _), partial in sorted(partials.items()):
             self._claims[aggregator] = partial.waiting  # (sorted: its latest window's last)
-            counts = partial.refusals
+            counts = dict(partial.rejections)
             refused = sum(counts.values())
             report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
             report.stale += counts.pop(Kind.STALE.value, 0)
