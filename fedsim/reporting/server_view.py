@@ -34,15 +34,14 @@ from fedsim.runtime.actors.stops import (
     finished_stop_kind,
 )
 from fedsim.runtime.run_outputs import (
-    RELEASED_UNACKNOWLEDGED,
     SCENARIO_FILE,
     SERVER_FILE,
     STOPPED_STATES,
     SUMMARY_FILE,
     read_json_object,
-    stop_time_in_run,
-    unacknowledged_sentence,
 )
+from fedsim.runtime.run_record import RELEASED_UNACKNOWLEDGED, stop_time_in_run
+from fedsim.runtime.run_summary import unacknowledged_sentence
 
 REPORTED_EPSILON = "reported_epsilon"
 """The client row's column of the eps its last status reported (not ``epsilon``: nothing

@@ -25,7 +25,8 @@ from fedsim.runtime.actors.client import ClientActor, Trainer
 from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.population import ClientPlan
-from fedsim.runtime.run_outputs import FINISHED_STATES, ClientOutcome, StoppedClient
+from fedsim.runtime.run_outputs import FINISHED_STATES
+from fedsim.runtime.run_record import ClientOutcome, StoppedClient
 
 __all__ = ["ClientRecord", "crashes_and_rejoins"]
 

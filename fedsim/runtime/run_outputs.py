@@ -1,7 +1,7 @@
 """The run directory both runtimes write: its file names, its JSON, and its one writer.
 
 A finished run, virtual-time (:mod:`fedsim.runtime.simulated.simulation`) or deployed
-(:mod:`fedsim.runtime.deployed.launcher`), is described by a :class:`RunRecord`;
+(:mod:`fedsim.runtime.deployed.launcher`), is described by a :class:`~fedsim.runtime.run_record.RunRecord`;
 :func:`write_run_outputs` turns it into ``clients.csv``, ``summary.json`` and ``timing.json``,
 so both modes write identical formats. :mod:`fedsim.reporting.rundir` reads the directory
 with the names defined here.
@@ -24,31 +24,22 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any
 
 import numpy as np
 
 from fedsim.atomic import TooLarge, open_no_link, read_regular, write_atomically
-from fedsim.clock import seconds_text
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
-from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
 from fedsim.json_input import parse_json
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
-from fedsim.privacy.epsilon_text import epsilon_alike, epsilon_range
-from fedsim.privacy.events import GaussianStep, by_relation, group_steps
+from fedsim.privacy.events import GaussianStep, group_steps
 from fedsim.privacy.gdp import clt_mu
-from fedsim.privacy.ledger import PrivacyLedger
-from fedsim.runtime.actors.exposure import privacy_caveats
-from fedsim.runtime.actors.releases import Releases
-from fedsim.runtime.actors.stops import ClientStopKind, RunStop, client_stop_phrase, stop_fields
-
-if TYPE_CHECKING:  # the plan's module imports torch; this one is read by fedsim.reporting
-    from fedsim.runtime.population import ClientPlan
+from fedsim.runtime.run_record import ClientOutcome, RunRecord, StoppedClient
+from fedsim.runtime.run_summary import summary_of
 
 __all__ = [
     "APPLIED_FILE",
@@ -63,9 +54,6 @@ __all__ = [
     "SERVER_FILE",
     "SUMMARY_FILE",
     "TIMING_FILE",
-    "ClientOutcome",
-    "RunRecord",
-    "StoppedClient",
     "check_unused",
     "clean_json",
     "default_run_dir",
@@ -94,29 +82,6 @@ FINISHED_STATES = frozenset({"budget_exhausted", "done"})
 # ... nor in these, as a deployed client tells its state (its report, its last status): a
 # "crashed" one crashed for good (a crash it rejoins from sends nothing).
 STOPPED_STATES = FINISHED_STATES | {"crashed"}
-
-RELEASED_UNACKNOWLEDGED = "released_unacknowledged"
-"""A deployed run's ``server.json`` and ``summary.json`` key: its clients' released updates
-the server never acknowledged (:func:`released_unacknowledged`)."""
-
-
-def released_unacknowledged(counts: Mapping[str, int | None]) -> dict[str, Any]:
-    """What ``server.json`` and a launch's ``summary.json`` say of the updates the clients
-    released (charged to their privacy) and the server never acknowledged, from each client's
-    count (its final status's, or its report's; None: unknown): the ``total``, the ``clients``
-    with any (id: count) and how many clients ``reported`` a count."""
-    known = {c: n for c, n in counts.items() if n is not None}
-    return {"total": sum(known.values()), "reported": len(known),
-            "clients": {c: n for c, n in sorted(known.items()) if n}}
-
-
-def unacknowledged_sentence(total: int, clients: int) -> str:
-    """The explanation's sentence on ``total`` released updates of ``clients`` clients the
-    server never acknowledged (``fedsim report``'s and a launch's summary's)."""
-    return (f"{total} update(s) released by {clients} client(s) were never acknowledged by the "
-            f"server when the run ended: charged to those clients' privacy budgets, perhaps "
-            f"never applied (each client's client-<id>.json lists them as unacknowledged).")
-
 
 CLIENT_COLUMNS = (
     "client_id",
@@ -303,128 +268,7 @@ def write_json(path: Path, obj: Mapping[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The record
-
-
-class StoppedClient(TypedDict):
-    """A client that stopped for good: when (scenario time), why (``reason``, text) and the
-    kind of why (``kind``, a :class:`~fedsim.runtime.actors.stops.ClientStopKind`)."""
-
-    client_id: str
-    time: float | None
-    reason: str
-    kind: ClientStopKind
-
-
-def stop_time_in_run(time: float | None, end: float) -> float | None:
-    """A client's stop time as every output states it (``summary.json``'s ``stopped``,
-    ``clients.csv``'s ``stopped_at``, a server's view): on the run's clock, the server's (the
-    simulation's virtual clock; a deployed server's scenario clock, on which a deployed client
-    says its stop, :class:`~fedsim.runtime.deployed.client_lives.ServerTimeline`), within the
-    run's span from 0 to its end ``end`` (:attr:`RunRecord.virtual_time`, the last window's
-    time): a client that stops as the run ends (told by the server that it ended, or its own
-    stop while that news was on its way) stopped at the end. None: not known."""
-    if time is None:
-        return None
-    return min(max(time, 0.0), end)
-
-
-@dataclass(frozen=True, eq=False)
-class ClientOutcome:
-    """One client at the end of a run (its row of ``clients.csv``)."""
-
-    plan: ClientPlan
-    ledger: PrivacyLedger
-    state: str
-    releases: Releases
-    """Rounds released by every incarnation of the client (restarts included), summed."""
-    finished: bool
-    """Will never train again (budget spent, rounds done, crashed for good)."""
-    randomness: str = ""
-    """Where its batches and noise came from (:mod:`fedsim.runtime.actors.exposure`)."""
-    timing_overruns: int = 0
-    """Rounds released after their public slot (deployed clients)."""
-    split_delays: int = 0
-    """Padded releases a global model's arrival moved to a later slot (deployed clients,
-    ``interrupt: switch``)."""
-    late_models: int = 0
-    """Global models that arrived mid-round after a paced round's last part began, so they
-    were the next round's where a simulation splits the round at them (deployed clients,
-    ``interrupt: switch``)."""
-    crashes: int = 0
-    """Crashes its group's ``availability.crashes`` gave it (simulated or emulated)."""
-
-    @property
-    def client_id(self) -> str:
-        return self.plan.client_id
-
-
-@dataclass(frozen=True, eq=False)
-class RunRecord:
-    """A finished run as both runtimes report it: what :func:`write_run_outputs` writes."""
-
-    scenario: Scenario
-    out_dir: Path
-    metrics: Sequence[Mapping[str, Any]]
-    """The ``metrics.jsonl`` lines, in window order."""
-    clients: Sequence[ClientOutcome]
-    stopped: Sequence[StoppedClient]
-    """Clients that stopped for good, in the order they stopped; their times are stated
-    within the run's span (:func:`stop_time_in_run`, applied when the record is made)."""
-    stop_reason: RunStop | None
-    """Why the run ended (None: it ended without a stop condition holding)."""
-    final_version: int
-    network: Mapping[str, Any]
-    """Transport counters (the simulated network's, or the deployed server's MQTT endpoint's)."""
-    wall_seconds: float
-    cpu_seconds: float
-    rounds_batched: int = 0
-    """Rounds computed in a batched pass with other clients' (virtual-time runs only)."""
-    batched_passes: int = 0
-    rounds_recomputed: int = 0
-    """Computed rounds a late w-hat split (interrupt = switch) and computed again."""
-    time_kind: str = "virtual"
-    """What the run's seconds are: "virtual" (simulated) or "scenario" (on the wall clock)."""
-    interrupted: str | None = None
-    """The signal that interrupted the run (None: it ran to its stop condition); the summary
-    then says ``"interrupted": {"signal": ..., "partial": true}``."""
-    final_evaluation: Mapping[str, Any] | None = None
-    """The final model's evaluation at the run's end: ``version``, ``accuracy``, ``loss``
-    (None: not evaluated, e.g. an interrupted or message-only run)."""
-    parts: int = 1
-    """How many launches ran this (deployed) run: more than one, it was interrupted and resumed
-    (``fedsim launch --resume``), which its summary says (a stranger's review)."""
-    resumed_from_window: int | None = None
-    """The window its last resumed part went on from (``parts`` > 1; None or 0: the start, the
-    part before it interrupted before its first window)."""
-    warnings: Sequence[str] = ()
-    """What the run's collection found wrong (a deployed run's: a state ledger that does not
-    extend the run directory's copy, a client the server refused); empty for a simulation."""
-    deployed_differences: Sequence[str] = ()
-    """What this (deployed) run did not do as a simulation of its scenario does
-    (:mod:`fedsim.runtime.deployed.differences`); empty for a simulation."""
-    released_unacknowledged: Mapping[str, Any] | None = None
-    """A deployed run's :func:`released_unacknowledged` (None: a simulation's, which has no
-    such key)."""
-
-    def __post_init__(self) -> None:
-        end = self.virtual_time
-        object.__setattr__(self, "stopped", tuple(
-            StoppedClient(client_id=e["client_id"], time=stop_time_in_run(e["time"], end),
-                          reason=e["reason"], kind=e["kind"]) for e in self.stopped))
-
-    @property
-    def sample_grads(self) -> int:
-        """Per-example gradients computed in released rounds, over all clients and restarts."""
-        return sum(c.releases.sample_grads for c in self.clients)
-
-    @property
-    def virtual_time(self) -> float:
-        return float(self.metrics[-1]["time"]) if self.metrics else 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# The writer
+# The writer (the record: fedsim.runtime.run_record; what the summary says: run_summary)
 
 
 def _clt_figures(steps: tuple[GaussianStep, ...]) -> tuple[float, float | None]:
@@ -489,232 +333,6 @@ def _format_cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-DEPLOYED_CLOCKS = (
-    "(A deployed client's stop time is on the server's clock, the run's, as the client measured "
-    "its own clock's lead over it from the server's messages (its own clock starts with its "
-    "process, resumed where its ledger ends, and never goes back: its ledger's times can read "
-    "ahead of the server's); a client that stopped as the run ended, told by the server, "
-    "stopped at the run's end.)")
-
-
-def _resumed(record: RunRecord) -> list[str]:
-    """The explanation's sentence for a run of several launches (none for one)."""
-    if record.parts <= 1:
-        return []
-    # No window closed before the interruption: no checkpoint, so the last part began at the
-    # start (a stranger's summary read "the last from window None").
-    start = (f"window {record.resumed_from_window}" if record.resumed_from_window
-             else "the start (no window had closed before it)")
-    return [f"It ran in {record.parts} parts: interrupted and resumed (fedsim launch "
-            f"--resume), the last from {start}."]
-
-
-def _trained_nobody(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
-    """The explanation's sentence for a run in which every client stopped for its budget
-    before its first round (none otherwise): a stranger's run with every budget too small read
-    like any other budget stop."""
-    if rows and len(record.stopped) == len(rows) and all(r["rounds"] == 0 for r in rows) \
-            and all(e["kind"] == ClientStopKind.BUDGET for e in record.stopped):
-        return ["No client trained a single round: each one's budget was too small for its "
-                "first, so the final model is the initial one (fedsim validate refuses such a "
-                "scenario)."]
-    return []
-
-
-def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) -> str:
-    parts = [
-        f"The run stopped at {record.time_kind} time {seconds_text(record.virtual_time)} s after "
-        f"{len(record.metrics)} server windows"
-        + (f" because {record.stop_reason.text}." if record.stop_reason else ".")
-    ]
-    by_kind: dict[str, list[StoppedClient]] = {}
-    for entry in record.stopped:
-        by_kind.setdefault(client_stop_phrase(entry["kind"]), []).append(entry)
-    for kind, entries in sorted(by_kind.items()):
-        times = [e["time"] for e in entries if e["time"] is not None]
-        names = ", ".join(e["client_id"] for e in entries[:5]) + (
-            " and others" if len(entries) > 5 else ""
-        )
-        span = ""
-        if times:
-            span = (
-                f"between {seconds_text(min(times))} s and {seconds_text(max(times))} s"
-                if len(set(times)) > 1
-                else f"at {seconds_text(times[0])} s"
-            )
-        parts.append(f"{len(entries)} client(s) stopped {span} because {kind} ({names}).")
-    if record.time_kind == "scenario" and record.stopped:
-        parts.append(DEPLOYED_CLOCKS)
-    parts += _trained_nobody(record, rows)
-    active = [c.plan.client_id for c in record.clients if not c.finished]
-    if active:
-        parts.append(f"{len(active)} client(s) could still train when the run ended.")
-    epsilons = [r["epsilon"] for r in rows]
-    if epsilons:
-        budgeted = sum(r["budget_epsilon"] is not None for r in rows)
-        relations = epsilon_by_relation(rows)
-        ranges = "; ".join(f"{relation} clients {epsilon_range(r['epsilon_min'], r['epsilon_max'])}"
-                           for relation, r in relations.items())
-        parts.append(
-            f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) "
-            + (("is " if epsilon_alike(min(epsilons), max(epsilons)) else "ranges from ")
-               + f"{epsilon_range(min(epsilons), max(epsilons))}."
-               if len(relations) == 1
-               else f"by neighbouring relation, guarantees about different neighbours that are "
-                    f"not to be compared: {ranges}.")
-            + (f" None of the {budgeted} client(s) with a budget exceeded it: every release was "
-               "checked against, and written to, its ledger first." if budgeted else
-               " No client had a budget; every release was still written to its ledger.")
-        )
-    other_delta = record.scenario.budgets_at_other_delta()
-    if other_delta:
-        parts.append(
-            f"The budgets of {', '.join(other_delta)} hold at their own delta, not the run's "
-            f"{record.scenario.privacy.delta:g}: their eps above, at the run's delta, may read "
-            "above their budget (clients.csv: budget_delta).")
-    parts += (_resumed(record) + _crashes_and_links(record) + _unacknowledged(record)
-              + _scheduled(rows))
-    for head, items in ((f"{len(caveats)} privacy caveat(s) qualify these eps values: ",
-                         caveats),
-                        ("Warnings: ", record.warnings),
-                        ("Compared with a simulation of this scenario, this deployed run: ",
-                         record.deployed_differences)):
-        if items:
-            parts.append(head + " ".join(f"({n}) {item.rstrip('.')}."
-                                         for n, item in enumerate(items, 1)))
-    return " ".join(parts)
-
-
-def _scheduled(rows: list[dict[str, Any]]) -> list[str]:
-    """The explanation's sentence on clients whose sigma or clip changed over the run (none
-    where no client's did: a constant posture's summary is unchanged)."""
-    varied = [r["client_id"] for r in rows if r["schedule"] == "varies"]
-    if not varied:
-        return []
-    return [f"{len(varied)} client(s) changed their noise sigma or clip over the run (a "
-            f"schedule): clients.csv's sigma and clip are their last round's, sigma_first and "
-            f"clip_first their first's; their eps composes every round's (their ledgers), "
-            f"not the last sigma's."]
-
-
-def _unacknowledged(record: RunRecord) -> list[str]:
-    """The explanation's sentence on released updates never acknowledged (none: none)."""
-    unacknowledged = record.released_unacknowledged or {}
-    if not unacknowledged.get("total"):
-        return []
-    return [unacknowledged_sentence(unacknowledged["total"],
-                                    len(unacknowledged.get("clients", {})))]
-
-
-def _crash_totals(record: RunRecord) -> dict[str, int] | None:
-    """The run's crashes (``availability.crashes``): how many, of how many clients, how many
-    for good; None when there were none (the summary then has no such key)."""
-    crashed = [c for c in record.clients if c.crashes]
-    if not crashed:
-        return None
-    return {"crashes": sum(c.crashes for c in crashed), "clients": len(crashed),
-            "for_good": sum(c.state == "crashed" and c.finished for c in record.clients)}
-
-
-def _crashes_and_links(record: RunRecord) -> list[str]:
-    """The explanation's sentences on the crashes and on a deployed run's emulated links."""
-    parts = []
-    crashes = _crash_totals(record)
-    if crashes is not None:
-        parts.append(f"{crashes['clients']} client(s) crashed {crashes['crashes']} time(s) "
-                     f"as availability.crashes has them ({crashes['for_good']} for good).")
-    links = (record.network or {}).get("emulated_links")
-    if isinstance(links, Mapping):
-        up, down = links.get("uplink", {}), links.get("downlink", {})
-        parts.append(
-            f"The clients' scenario links were emulated: {up.get('dropped', 0)} of "
-            f"{up.get('sent', 0)} updates and {down.get('dropped', 0)} of "
-            f"{down.get('sent', 0)} global models were dropped on them (summary.json: "
-            "network.emulated_links).")
-    return parts
-
-
-def _final_accuracy(record: RunRecord, metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``final_accuracy`` / ``final_loss`` and the model ``final_evaluated_version`` they are of:
-    the final model's, evaluated at the run's end; without that evaluation (an interrupted or
-    message-only run) the last periodic evaluation's, and ``final_evaluated_version`` says
-    which model that was."""
-    final = record.final_evaluation
-    if final is not None:
-        return {"final_accuracy": final["accuracy"], "final_loss": final["loss"],
-                "final_evaluated_version": final["version"]}
-    last = next((m for m in reversed(metrics) if m["accuracy"] is not None), None)
-    return {"final_accuracy": last["accuracy"] if last else None,
-            "final_loss": last["loss"] if last else None,
-            "final_evaluated_version": last["version"] if last else None}
-
-
-def epsilon_by_relation(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The clients' epsilon (``clients.csv`` rows) by neighbouring relation (add/remove for
-    Poisson sampling, replace-one for fixed-size), each with its clients, min, median and
-    max: one relation's guarantee is about other neighbours than the other's, so their
-    figures are never pooled where both occur (a stranger: summary.json's median did)."""
-    groups = by_relation((row["sampling"], float(row["epsilon"])) for row in rows)
-    return {relation: {"clients": len(values), "epsilon_min": min(values),
-                       "epsilon_median": float(np.median(values)), "epsilon_max": max(values)}
-            for relation, values in groups.items()}
-
-
-def _summary(record: RunRecord, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    metrics = record.metrics
-    accuracies = [m["accuracy"] for m in metrics if m["accuracy"] is not None]
-    totals = {
-        key: sum(m[key] for m in metrics)
-        for key in ("received", "applied", "stale", "duplicate", "rejected", "dropped_in_flight")
-    }
-    states: dict[str, int] = {}
-    for row in rows:
-        states[row["state"]] = states.get(row["state"], 0) + 1
-    epsilons = sorted(r["epsilon"] for r in rows)
-    caveats = privacy_caveats(record.scenario.privacy.timing, record.clients)
-    final = _final_accuracy(record, metrics)
-    return {
-        "scenario": record.scenario.name,
-        "seed": record.scenario.seed,
-        **final,
-        "best_accuracy": max(accuracies + [a for a in [final["final_accuracy"]] if a is not None],
-                             default=None),
-        "last_periodic_accuracy": accuracies[-1] if accuracies else None,
-        "windows": len(metrics),
-        "virtual_time": record.virtual_time,
-        "time_kind": record.time_kind,
-        "final_version": record.final_version,
-        **stop_fields(record.stop_reason),
-        "updates": totals,
-        "network": record.network,
-        "client_states": dict(sorted(states.items())),
-        **({"crashes": crashes} if (crashes := _crash_totals(record)) is not None else {}),
-        "stopped": list(record.stopped),
-        "privacy": {
-            "delta": record.scenario.privacy.delta,
-            "epsilon_min": epsilons[0] if epsilons else None,
-            "epsilon_median": float(np.median(epsilons)) if epsilons else None,
-            "epsilon_max": epsilons[-1] if epsilons else None,
-            "accountant": "pld",
-            "caveats": caveats,
-        } | ({"by_relation": relations,
-              "note": "its clients' guarantees are about different neighbours (add/remove, "
-                      "replace-one): compare the eps of one relation only (by_relation); the "
-                      "figures above pool both"}
-             if len(relations := epsilon_by_relation(rows)) > 1 else {}),
-        "explanation": _explain(record, rows, caveats),
-    } | ({"interrupted": {"signal": record.interrupted, "partial": True}}
-         if record.interrupted else {}) | (
-        # (a deployed run's only: a simulation's summary keeps its keys)
-        {"deployed_differences": list(record.deployed_differences)}
-        if record.time_kind == "scenario" else {}) | (
-        {"warnings": list(record.warnings)} if record.warnings else {}) | (
-        {RELEASED_UNACKNOWLEDGED: dict(record.released_unacknowledged)}
-        if record.released_unacknowledged is not None else {}) | (
-        {"resumed": {"parts": record.parts, "last_from_window": record.resumed_from_window or 0}}
-        if record.parts > 1 else {})
-
-
 def client_rows(record: RunRecord) -> list[dict[str, Any]]:
     """The rows of ``clients.csv`` (:data:`CLIENT_COLUMNS`), as computed: an epsilon the
     accountant could not bound is ``inf`` here (``clients.csv`` leaves its cell empty)."""
@@ -743,7 +361,7 @@ def write_run_outputs(record: RunRecord, rows: list[dict[str, Any]] | None = Non
         writer.writerow(CLIENT_COLUMNS)
         for row in rows:
             writer.writerow([_format_cell(row[c]) for c in CLIENT_COLUMNS])
-    summary = _summary(record, rows)
+    summary = summary_of(record, rows)
     write_json(out / SUMMARY_FILE, summary)
     wall, sample_grads = record.wall_seconds, record.sample_grads
     write_json(

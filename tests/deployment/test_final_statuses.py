@@ -30,11 +30,8 @@ from fedsim.protocol.messages import ClientStatus, RunFinished
 from fedsim.reporting.server_view import server_rows_and_summary
 from fedsim.runtime.deployed.options import DeploymentOptions
 from fedsim.runtime.deployed.server_process import serve
-from fedsim.runtime.run_outputs import (
-    RELEASED_UNACKNOWLEDGED,
-    STOPPED_STATES,
-    released_unacknowledged,
-)
+from fedsim.runtime.run_outputs import STOPPED_STATES
+from fedsim.runtime.run_record import RELEASED_UNACKNOWLEDGED, released_unacknowledged
 from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
 from fedsim.transports.mqtt_settings import parse_broker_url
 from fedsim.transports.topics import Topics

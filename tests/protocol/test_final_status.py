@@ -18,7 +18,7 @@ from fedsim.protocol import codec
 from fedsim.protocol.messages import ClientStatus
 from fedsim.reporting.rundir import RunDirectory
 from fedsim.runtime.actors.client_book import ClientBook, Kind
-from fedsim.runtime.run_outputs import RELEASED_UNACKNOWLEDGED, released_unacknowledged
+from fedsim.runtime.run_record import RELEASED_UNACKNOWLEDGED, released_unacknowledged
 
 FINAL = ClientStatus("c-001", "done", 3, 0.5, 1e-5, "the server finished the run", 2.0,
                      unacknowledged=2)

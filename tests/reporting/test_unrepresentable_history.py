@@ -21,7 +21,8 @@ from fedsim.reporting.epsilon_history import EpsilonCache
 from fedsim.reporting.plots import draw_all
 from fedsim.runtime.actors.releases import Releases
 from fedsim.runtime.population import build_population
-from fedsim.runtime.run_outputs import ClientOutcome, _client_row, _clt_figures
+from fedsim.runtime.run_outputs import _client_row, _clt_figures
+from fedsim.runtime.run_record import ClientOutcome
 from tests.runtime.test_simulation import scenario
 
 DELTA = 1e-5

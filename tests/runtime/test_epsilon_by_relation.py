@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 import fedsim
-from fedsim.runtime.run_outputs import epsilon_by_relation
+from fedsim.runtime.run_summary import epsilon_by_relation
 
 GROUP = {"count": 2, "data_share": 0.5, "batch_size": 8, "clip": 1.0, "noise": 1.0,
          "speed": 0.01, "budget": {"epsilon": 8.0, "delta": 1e-5}}

@@ -157,7 +157,8 @@ def test_a_deployed_runs_text_says_whose_clock_a_clients_stop_is_on(
     said on the server's clock, as it measured it, and a stop as the run ends is at the end
     (the text says so; a simulated run's does not). One rule for both runtimes: every stop
     time within the run's span."""
-    from fedsim.runtime.run_outputs import DEPLOYED_CLOCKS, RunRecord, _explain
+    from fedsim.runtime.run_record import RunRecord
+    from fedsim.runtime.run_summary import DEPLOYED_CLOCKS, _explain
 
     record = RunRecord(
         scenario=parse_scenario(tiny(0.5, 10.0)), out_dir=tmp_path, metrics=[{"time": 821.9}],
@@ -210,7 +211,8 @@ def test_a_run_ended_before_its_first_window_is_a_readable_run_directory(
     """A sweep's worker interrupted before its run's first window left summary.json without
     metrics.jsonl: "not a run directory", and the sweep's table said it could not be read."""
     from fedsim.reporting.rundir import RunDirectory
-    from fedsim.runtime.run_outputs import RunRecord, write_run_outputs
+    from fedsim.runtime.run_outputs import write_run_outputs
+    from fedsim.runtime.run_record import RunRecord
 
     record = RunRecord(
         scenario=parse_scenario(tiny(0.5, 10.0)), out_dir=tmp_path, metrics=[], clients=[],
@@ -228,7 +230,8 @@ def test_a_launch_resumed_before_its_first_window_says_it_went_on_from_the_start
         tmp_path: Path, window: int | None, said: str, recorded: int) -> None:
     """A stranger's launch interrupted before its first window, then resumed: its summary said
     "It ran in 2 parts: ..., the last from window None" and ``last_from_window: null``."""
-    from fedsim.runtime.run_outputs import RunRecord, write_run_outputs
+    from fedsim.runtime.run_outputs import write_run_outputs
+    from fedsim.runtime.run_record import RunRecord
 
     record = RunRecord(
         scenario=parse_scenario(tiny(0.5, 10.0)), out_dir=tmp_path, metrics=[],

@@ -30,7 +30,7 @@ from fedsim.runtime.actors.releases import Releases, RoundRecord
 from fedsim.runtime.actors.stops import ClientStopKind
 from fedsim.runtime.incarnations import ClientRecord, crashes_and_rejoins
 from fedsim.runtime.population import ClientPlan
-from fedsim.runtime.run_outputs import StoppedClient
+from fedsim.runtime.run_record import StoppedClient
 from fedsim.transports.base import Endpoint
 
 __all__ = ["CRASHED_FOR_GOOD", "DOWN_AT_THE_END", "ClientLives", "ServerTimeline", "crash_stop"]

@@ -33,14 +33,16 @@ from fedsim.runtime.run_outputs import (
     METRICS_FILE,
     SERVER_FILE,
     STOPPED_STATES,
-    ClientOutcome,
-    RunRecord,
-    StoppedClient,
     ledger_file,
     read_json,
     read_run_file,
-    released_unacknowledged,
     write_run_outputs,
+)
+from fedsim.runtime.run_record import (
+    ClientOutcome,
+    RunRecord,
+    StoppedClient,
+    released_unacknowledged,
 )
 from fedsim.transports.mqtt_server import BEFORE_START
 

@@ -70,15 +70,14 @@ from fedsim.runtime.population import Population, build_population
 from fedsim.runtime.run_outputs import (
     APPLIED_FILE,
     METRICS_FILE,
-    RELEASED_UNACKNOWLEDGED,
     SCENARIO_FILE,
     SERVER_FILE,
     STOPPED_STATES,
     json_line,
     read_json,
-    released_unacknowledged,
     write_json,
 )
+from fedsim.runtime.run_record import RELEASED_UNACKNOWLEDGED, released_unacknowledged
 from fedsim.transports.mqtt import BrokerSettings, MqttServerEndpoint
 from fedsim.transports.topics import aggregator_ids
 

@@ -8,7 +8,7 @@ data, partition, model, per-client plans), one durable
 end of each server window). Availability (on/off periods, crashes and rejoins) is played out
 here in virtual time; the run directory is written by
 :func:`~fedsim.runtime.run_outputs.write_run_outputs` from the run's
-:class:`~fedsim.runtime.run_outputs.RunRecord`.
+:class:`~fedsim.runtime.run_record.RunRecord`.
 
 Every random draw comes from the scenario seed through the :class:`SeedTree`
 (``client/<id>/train`` for batches and noise, ``client/<id>/speed``, ``client/<id>/availability``,
@@ -57,13 +57,12 @@ from fedsim.runtime.run_outputs import (
     LEDGER_DIR,
     METRICS_FILE,
     SCENARIO_FILE,
-    RunRecord,
-    StoppedClient,
     check_unused,
     client_rows,
     json_line,
     write_run_outputs,
 )
+from fedsim.runtime.run_record import RunRecord, StoppedClient
 from fedsim.runtime.simulated.availability import on_off_periods
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.runtime.simulated.memory import (
