@@ -463,8 +463,8 @@ def compose_text(
     """
     import yaml
 
-    from fedsim.runtime.deployed.launcher import process_commands
     from fedsim.runtime.deployed.options import DeploymentOptions
+    from fedsim.runtime.deployed.process_commands import process_commands
     from fedsim.transports.security import (
         PROCESS_SECRETS_DIR,
         SERVER_USERNAME,

@@ -16,8 +16,8 @@ import fedsim
 from fedsim.cli import main
 from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
-from fedsim.runtime.deployed.launcher import process_commands
 from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.deployed.process_commands import process_commands
 from fedsim.runtime.population import build_population
 
 

@@ -10,8 +10,8 @@ import pytest
 from fedsim.cli import build_parser, main
 from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
-from fedsim.runtime.deployed.launcher import _earlier_commands, process_commands
 from fedsim.runtime.deployed.options import DeploymentOptions
+from fedsim.runtime.deployed.process_commands import earlier_commands, process_commands
 from fedsim.runtime.population import client_ids
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
@@ -138,17 +138,17 @@ def test_a_resumed_launch_keeps_every_parts_command_line() -> None:
     from the last one's (it kept only the last part's); a damaged entry adds nothing."""
     first = ["fedsim", "client", "s.yaml", "--time-scale", "1.0"]
     second = ["fedsim", "client", "s.yaml", "--time-scale", "0.5"]
-    assert _earlier_commands({"command": first}, first) == []
-    assert _earlier_commands({"command": first}, second) == [first]
-    assert _earlier_commands({"command": second, "earlier_commands": [first]}, first) == [
+    assert earlier_commands({"command": first}, first) == []
+    assert earlier_commands({"command": first}, second) == [first]
+    assert earlier_commands({"command": second, "earlier_commands": [first]}, first) == [
         first, second]
-    assert _earlier_commands({"command": second, "earlier_commands": [first]}, second) == [first]
-    assert _earlier_commands({"command": first, "earlier_commands": [first]}, second) == [first]
+    assert earlier_commands({"command": second, "earlier_commands": [first]}, second) == [first]
+    assert earlier_commands({"command": first, "earlier_commands": [first]}, second) == [first]
     damaged = {"command": "fedsim client", "earlier_commands": [[1, 2], "x", first]}
-    assert _earlier_commands(damaged, second) == [first]
-    assert _earlier_commands({"earlier_commands": 7}, second) == []
+    assert earlier_commands(damaged, second) == [first]
+    assert earlier_commands({"earlier_commands": 7}, second) == []
     # A private broker's port changes at every start: not a command of its own.
     on_port = [*first, "--broker", "mqtt://127.0.0.1:40001"]
-    assert _earlier_commands({"command": on_port}, [*first, "--broker",
+    assert earlier_commands({"command": on_port}, [*first, "--broker",
                                                     "mqtt://127.0.0.1:40002"]) == []
-    assert _earlier_commands({"command": on_port}, [*second, "--broker=mqtt://h:1"]) == [on_port]
+    assert earlier_commands({"command": on_port}, [*second, "--broker=mqtt://h:1"]) == [on_port]

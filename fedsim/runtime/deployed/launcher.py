@@ -1,7 +1,7 @@
 """Every process of a deployed run on this machine, and the run directory they leave.
 
 :class:`Launcher` starts a server and all clients as local processes running the command lines
-of :func:`process_commands` (what ``docker-compose.yml`` runs in containers), waits for the stop
+of :func:`~fedsim.runtime.deployed.process_commands.process_commands` (what ``docker-compose.yml`` runs in containers), waits for the stop
 condition and collects (:func:`~fedsim.runtime.deployed.collection.collect_outputs`) the same
 run directory as ``fedsim run``. One launcher runs in a directory at a time
 (:data:`LAUNCH_LOCK_FILE`); an interrupted one goes on with ``resume=True``
@@ -38,6 +38,7 @@ from fedsim.runtime.deployed.options import (
     LAUNCH_WAIT_FOR_CLIENTS,
     DeploymentOptions,
 )
+from fedsim.runtime.deployed.process_commands import earlier_commands, process_commands
 from fedsim.runtime.deployed.resume import (
     LAUNCH_FILE,
     check_state_ledgers,
@@ -66,7 +67,7 @@ from fedsim.transports.mqtt_settings import parse_broker_url
 from fedsim.transports.security import load_secrets
 from fedsim.transports.topics import aggregator_ids
 
-__all__ = ["LAUNCH_LOCK_FILE", "Launcher", "process_commands"]
+__all__ = ["LAUNCH_LOCK_FILE", "Launcher"]
 
 _log = get_logger("fedsim.runtime.deployed.launcher")
 LAUNCH_LOCK_FILE = "launch.lock"
@@ -86,45 +87,6 @@ def _children_cpu_seconds() -> float:
     """CPU seconds (user + system) of this process's ended and waited-for children."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_commands(
-    scenario_file: str | Path,
-    client_ids: Sequence[str],
-    *,
-    options: DeploymentOptions,
-    state_root: str | Path,
-    out: str | Path,
-    overrides: Sequence[str] = (),
-    aggregators: Sequence[str] = (),
-) -> dict[str, list[str]]:
-    """The command line of every process of a deployed run, clients first, then the
-    ``aggregators``, then ``server``: ``fedsim client ... --state <state_root>/<id>``,
-    ``fedsim aggregator ... --aggregator-id <id> --state <state_root>/<id>`` and ``fedsim
-    server ... --state <state_root>/server --out <out>``. The one source of these command lines: :class:`Launcher`
-    runs them as local processes, ``fedsim deploy --compose`` puts them (with container paths)
-    into the compose file. ``options`` (which must name the broker and the run) are passed to
-    every process as :meth:`DeploymentOptions.argv` writes them; ``overrides``
-    (``PATH=VALUE``) become ``--set`` options."""
-    if options.broker is None or options.run is None:
-        raise ConfigError("the processes of a deployed run need a broker URL and a run name")
-    common = ["--scenario", str(scenario_file), *options.argv()]
-    for override in overrides:
-        common += ["--set", override]
-    state = Path(state_root)
-    commands = {
-        client_id: ["fedsim", "client", *common, "--client-id", client_id,
-                    "--state", str(state / client_id)]
-        for client_id in client_ids
-    }  # fmt: skip
-    for aggregator_id in aggregators:
-        commands[aggregator_id] = ["fedsim", "aggregator", *common, "--aggregator-id",
-                                   aggregator_id, "--state", str(state / aggregator_id)]
-    commands["server"] = [
-        "fedsim", "server", *common, "--state", str(state / "server"), "--out", str(out),
-        *options.server_argv(),
-    ]  # fmt: skip
-    return commands
 
 
 @dataclass
@@ -304,7 +266,7 @@ class Launcher:
                 self.processes[name].starts = starts if type(starts) is int and starts > 0 else 0
                 if isinstance(codes, list) and all(type(c) is int for c in codes):
                     self.exit_codes[name] = list(codes)
-                self.earlier_commands[name] = _earlier_commands(
+                self.earlier_commands[name] = earlier_commands(
                     earlier, ["fedsim", *self.processes[name].argv])
         # Written now, not only at the collect: a launcher killed outright (SIGKILL, a closed
         # terminal) leaves a directory --resume recognises.
@@ -637,42 +599,3 @@ class _LineFollower:
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         return [parse_json(text) for text in complete.decode().splitlines() if text.strip()]
-
-
-def _earlier_commands(earlier: dict[str, Any], command: list[str]) -> list[list[str]]:
-    """The command lines an earlier part's record (``processes.json``'s entry) names, its own
-    last, that differ from the one before them and from ``command`` (this part's), the broker's
-    URL aside (:func:`_but_broker`): a resumed launch keeps what every part ran. Entries that
-    are not lists of strings (a damaged file) are left out."""
-
-    def valid(value: object) -> bool:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-    listed = earlier.get("earlier_commands")
-    found = [list(c) for c in listed if valid(c)] if isinstance(listed, list) else []
-    last = earlier.get("command")
-    if valid(last):
-        found.append(list(last))  # type: ignore[arg-type]
-    kept: list[list[str]] = []
-    for line in found:
-        if not kept or _but_broker(kept[-1]) != _but_broker(line):
-            kept.append(line)
-    if kept and _but_broker(kept[-1]) == _but_broker(command):
-        kept.pop()
-    return kept
-
-
-def _but_broker(command: list[str]) -> list[str]:
-    """``command`` without its ``--broker URL``: a launch's private broker takes a free port
-    at every start, so a resumed part's command differs from the last in it alone (an
-    attacker's review saw every resume add every process's command line)."""
-    out: list[str] = []
-    skip = False
-    for word in command:
-        if skip:
-            skip = False
-        elif word == "--broker":
-            skip = True
-        elif not word.startswith("--broker="):
-            out.append(word)
-    return out
