@@ -116,8 +116,15 @@ def level_from(*, quiet: bool = False, verbose: bool = False, log_level: str | N
 REJECTION_EVENTS = frozenset({
     "message rejected", "update rejected", "status rejected",
     "message of another run incarnation ignored",
+    "access denied: forged client id", "access denied: not a client of this run",
+    "access denied: not this aggregator's",
+    "update of a round the client was not invited to",
 })
-"""Warnings a hostile or broken peer can cause once per message it sends (:class:`Throttle`)."""
+"""Warnings a hostile or broken peer can cause once per message it sends (:class:`Throttle`).
+The refusals of a message naming another client than its topic's, or sent on a topic of no
+client of the run, are among them (an attacker's review, session 66b: one client's 2,000
+statuses naming another client wrote 2,000 warnings to the server's log, every one of them
+counted as well, as every refusal is: ``forged_client_id``)."""
 SUMMARY_EVERY = 60.0
 """Seconds between two summaries of the throttled warnings."""
 MAX_THROTTLE_KEYS = 10_000

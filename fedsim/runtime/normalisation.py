@@ -33,6 +33,8 @@ trained and evaluated on one input scale (hence every group normalises, or none)
 
 from __future__ import annotations
 
+import io
+import math
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedsim.atomic import write_atomically
+from fedsim.atomic import TooLarge, read_regular, write_atomically
 from fedsim.config.schema import ClientGroup, Scenario, TargetNoise
 from fedsim.errors import ConfigError, LedgerError
 from fedsim.privacy.accountant import make_accountant, make_accountant_class
@@ -156,10 +158,19 @@ def _save(path: Path, moments: FeatureMoments) -> None:
         durability="file")
 
 
+def _moments_bytes(features: torch.Tensor) -> int:
+    """The most bytes a moments file of ``features`` takes (two float64 arrays of a record's
+    shape, and the archive's headers)."""
+    return 2 * 8 * math.prod(features.shape[1:]) + 64 * 1024
+
+
 def _load(path: Path, features: torch.Tensor) -> FeatureMoments:
-    try:
-        with np.load(path, allow_pickle=False) as stored:
+    try:  # (a regular file of a bounded size: a FIFO in its place hung the client's start)
+        data = read_regular(path, refuse_over=_moments_bytes(features))
+        with np.load(io.BytesIO(data), allow_pickle=False) as stored:
             mean, std = stored["mean"], stored["std"]
+    except TooLarge as exc:
+        raise LedgerError(f"{path}: {exc}; stored moments are never that large") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise LedgerError(f"{path}: the stored moments cannot be read ({type(exc).__name__}: "
                           f"{exc}); remove the file to release them again (charged again: "

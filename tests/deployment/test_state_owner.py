@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,39 @@ def test_an_exit_report_of_released_rounds_without_a_ledger_is_refused(tmp_path:
     ledger.with_name(ledger.name + ".hwm").unlink()
     with pytest.raises(ConfigError, match="released 3 round"):
         claim_state_dir(state, "c-000")
+
+
+@pytest.mark.parametrize("damage", ["count", "true", "not-json", "fifo"])
+def test_a_damaged_exit_report_without_a_ledger_is_refused_with_a_message(
+        tmp_path: Path, damage: str) -> None:
+    """An attacker's review (session 66b): with the ledger and mark gone, a report whose
+    ``ledger_rounds`` was a count (or ``true``) crashed the start with a TypeError, and one
+    that could not be read passed for no report, so a fresh ledger started at epsilon 0."""
+    state = tmp_path / "c"
+    claim_state_dir(state, "c-000")
+    _used_by(state, "c-000")
+    ledger = ledger_file(state, "c-000")
+    ledger.unlink()
+    ledger.with_name(ledger.name + ".hwm").unlink()
+    report = client_state_file(state, "c-000")
+    if damage == "fifo":
+        report.unlink()
+        os.mkfifo(report)
+    else:
+        report.write_text({"count": '{"ledger_rounds": 3}', "true": '{"ledger_rounds": true}',
+                           "not-json": '{"ledger_rounds": [0, 1,'}[damage])
+    with pytest.raises(ConfigError, match="ledger and mark of client 'c-000' are gone"):
+        claim_state_dir(state, "c-000")
+    assert not ledger.exists()
+
+
+def test_a_report_of_no_rounds_without_a_ledger_starts_afresh(tmp_path: Path) -> None:
+    state = tmp_path / "c"
+    claim_state_dir(state, "c-000")
+    client_state_file(state, "c-000").write_text('{"client_id": "c-000", "ledger_rounds": []}')
+    claim_state_dir(state, "c-000")
+    client_state_file(state, "c-000").write_text('{"client_id": "c-000"}')
+    claim_state_dir(state, "c-000")
 
 
 def test_the_client_refuses_before_it_opens_a_ledger_or_a_connection(tmp_path: Path) -> None:

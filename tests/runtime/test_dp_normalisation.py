@@ -7,6 +7,8 @@ features, and kept across a restart."""
 from __future__ import annotations
 
 import math
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +176,48 @@ def test_damaged_stored_moments_are_refused_with_a_message(tmp_path: Path, damag
             np.savez(handle, mean=mean, std=std)
     with pytest.raises(LedgerError, match="moments"):
         population.trainer(plan, ledger=ledger)
+    assert len(ledger.records) == 1  # nothing charged again
+    ledger.close()
+
+
+@pytest.mark.parametrize("damage", ["fifo", "giant"])
+def test_stored_moments_that_are_no_file_are_refused_not_waited_on(
+        tmp_path: Path, damage: str) -> None:
+    """An attacker's review (session 66b): a FIFO in place of the moments file hung the
+    client's start for ever (``np.load`` opened it and waited for a writer), and a sparse
+    giant there was read whole; both are refused now, with a message, nothing charged again."""
+    loaded = load_scenario(SCENARIO)
+    population = build_population(loaded)
+    plan = plan_of(population, "poisson-000")
+    path = tmp_path / "ledgers" / "poisson-000.jsonl"
+    ledger = open_ledger(plan, path)
+    population.trainer(plan, ledger=ledger)
+    stored = moments_file(path)
+    stored.unlink()
+    if damage == "fifo":
+        os.mkfifo(stored)
+    else:
+        with stored.open("wb") as handle:
+            handle.truncate(1 << 30)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            population.trainer(plan, ledger=ledger)
+            outcome.append(None)
+        except BaseException as exc:  # (handed to the test's thread)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive() and damage == "fifo":  # unblock the hung reader before failing
+        with open(stored, "wb"):
+            pass
+        thread.join(5)
+        pytest.fail("the client's start waited on a FIFO in place of its moments")
+    assert len(outcome) == 1 and isinstance(outcome[0], LedgerError), outcome
+    assert "moments" in str(outcome[0])
     assert len(ledger.records) == 1  # nothing charged again
     ledger.close()
 

@@ -27,6 +27,7 @@ from fedsim.runtime.run_outputs import (
     LEDGER_DIR,
     ledger_file,
     read_json,
+    read_json_if_present,
     write_json,
 )
 
@@ -65,16 +66,40 @@ def claim_state_dir(state: Path, client_id: str) -> None:
         raise ConfigError(f"{state} holds the state of client(s) {sorted(set(others))}, not of "
                           f"{client_id!r}: give each client its own --state")
     ledger = ledger_file(state, client_id)
-    released = read_json(report_file).get("ledger_rounds") or []
-    if released and not ledger.exists() and not mark_path(ledger).exists():
-        raise ConfigError(
-            f"{report_file} says client {client_id!r} released {len(released)} round(s), but "
-            f"its ledger and mark are gone from {state}: restore them (a fresh ledger would "
-            f"forget that spending, and the server, which knows those rounds, would stop the "
-            f"client)")
+    if not ledger.exists() and not mark_path(ledger).exists():
+        released = _released_rounds(report_file, client_id, state)
+        if released:
+            raise ConfigError(
+                f"{report_file} says client {client_id!r} released {released} round(s), but "
+                f"its ledger and mark are gone from {state}: restore them (a fresh ledger "
+                f"would forget that spending, and the server, which knows those rounds, would "
+                f"stop the client)")
     if owner is None:
         state.mkdir(parents=True, exist_ok=True)
         write_json(state / OWNER_FILE, {"client_id": client_id})
+
+
+def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
+    """How many rounds the exit report ``report_file`` says the client released, where its
+    ledger and mark are gone (0: no report). A report that is there but cannot be read, or
+    whose list of rounds is not a list, may have said some: its damage does not pass for
+    absence (a fresh ledger would start at epsilon 0; an attacker's review, session 66b: a
+    count in place of the list crashed the start with a TypeError, and an unreadable report
+    let it start a fresh ledger)."""
+    lost = (f"and the ledger and mark of client {client_id!r} are gone from {state}: restore "
+            f"them, or the report if it is the one damaged (a fresh ledger would forget the "
+            f"client's spending)")
+    try:
+        report = read_json_if_present(report_file)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; {lost}") from None
+    rounds = report.get("ledger_rounds")
+    if isinstance(rounds, list):
+        return len(rounds)
+    if rounds is None:
+        return 0
+    raise ConfigError(f"{report_file}: its ledger_rounds is not a list of rounds "
+                      f"({type(rounds).__name__}), {lost}")
 
 
 def report_count(report: Mapping[str, object], key: str) -> int:
