@@ -181,3 +181,15 @@ def test_plot_lands_at_the_path_given_or_is_refused_in_one_line(
     assert not (tmp_path.parent / f"{tmp_path.name}.png").exists()
     with pytest.raises(fedsim.ConfigError, match=r"cannot draw a \.txt image"):
         fedsim.account(q=0.01, sigma=1.0, steps=100, plot=tmp_path / "api.txt")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--sigma", "inf"), ("--sigma", "nan"),
+                                             ("--sigma", "0"), ("--epochs", "inf")])
+def test_a_non_finite_sigma_or_epochs_is_refused_as_what_it_is(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's ``--sigma inf`` was told "--sigma must be > 0, got inf" (inf is > 0)."""
+    argv = {"--sigma": ["--q", "0.01", "--steps", "10", "--sigma", value],
+            "--epochs": ["--q", "0.01", "--sigma", "1", "--epochs", value]}[flag]
+    assert main(["account", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fedsim account: error: {flag} must be a finite number > 0, got {float(value)}"
