@@ -36,7 +36,7 @@ from fedsim.clock import seconds_text
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.config.schema import Scenario
 from fedsim.errors import ConfigError
-from fedsim.json_input import parse_json
+from fedsim.json_input import json_problem, parse_json
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.epsilon_text import epsilon_alike, epsilon_range
@@ -280,7 +280,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
     try:
         value = parse_json(read_run_file(path).decode("utf-8"))
     except json.JSONDecodeError as exc:  # (an integer of 5,000 digits, deep nesting too)
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise ConfigError(f"{path}: not JSON ({json_problem(exc)})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not JSON (not UTF-8)") from None
     if not isinstance(value, dict):
