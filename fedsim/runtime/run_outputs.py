@@ -153,17 +153,31 @@ def ledger_file(directory: str | Path, client_id: str) -> Path:
     return Path(directory) / LEDGER_DIR / f"{client_id}.jsonl"
 
 
-def default_run_dir(name: str, root: str | Path = "runs") -> Path:
+def default_run_dir(name: str, root: str | Path = "runs", *, claim: bool = False) -> Path:
     """The run directory a run named ``name`` writes by default (``fedsim run``:
     ``<scenario>-seed<N>``, ``fedsim launch``: ``<scenario>-launch``): ``root/name``, or, if
     that exists, the first of ``name-1``, ``name-2``, ... that does not (a run directory is
-    never reused: its ledgers would continue spending)."""
+    never reused: its ledgers would continue spending).
+
+    ``claim``: made here (one ``mkdir`` each, atomic), so that two runs started together
+    take two directories (a stranger's two ``fedsim run`` of one scenario both chose
+    ``runs/quickstart-seed0``, and the second failed on the first's ledger locks). A
+    directory that cannot be made is returned unmade, for the caller's check to say why."""
     base = Path(root) / name
     candidate, suffix = base, 1
-    while candidate.exists():
+    while True:
+        if claim:
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:
+                pass
+            except OSError:
+                return candidate
+        elif not candidate.exists():
+            return candidate
         candidate = base.with_name(f"{base.name}-{suffix}")
         suffix += 1
-    return candidate
 
 
 def check_unused(out_dir: Path, how: str = "--out, or out= from Python") -> None:
