@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["parse_json"]
+__all__ = ["json_problem", "parse_json"]
 
 
 class _Refused(Exception):
@@ -53,3 +53,16 @@ def parse_json(text: str | bytes | bytearray,
         raise json.JSONDecodeError("not UTF-8 text", "", 0) from None
     except ValueError:  # Python's limit on an integer's digits (4,300)
         raise json.JSONDecodeError("a number of more digits than can be read", "", 0) from None
+
+
+def json_problem(error: json.JSONDecodeError, *, line: bool = True) -> str:
+    """What is wrong with a document :func:`parse_json` refused, and where: ``Invalid control
+    character at line 1, column 6`` (``line=False``: the column alone, for a file read a line
+    at a time). Python's own messages end in "at" or "starting at" (they are written to
+    stand before its ": line 1 column 6"): a stranger's report said "Invalid control character
+    at at line 1"."""
+    what = error.msg.removesuffix(" at")
+    if not error.doc:  # parse_json's own refusals (nesting, digits, UTF-8) have no place
+        return what
+    return f"{what} at line {error.lineno}, column {error.colno}" if line \
+        else f"{what} at column {error.colno}"

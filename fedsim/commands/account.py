@@ -89,7 +89,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                           "2024); its 'bound' says which.")
     out = parser.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.png",
-                     help="Draw the trade-off curve and its Gaussian DP fit into this PNG file.")
+                     help="Draw the trade-off curve and its Gaussian DP fit into this image file: "
+                          "PNG, or the format its suffix names (.pdf, .svg, ...).")
     out.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
     parser.set_defaults(func=run)
     return cast(argparse.ArgumentParser, parser)
@@ -125,6 +126,7 @@ def plot(path: Path, answer: AccountAnswer) -> None:
 
     if answer.curve is None:
         raise ConfigError("no trade-off curve to plot: answer with curve=True")
+    image_format = plot_format(path)
     alphas, mu = answer.curve.alphas, answer.mu
     fig, ax = plt.subplots(figsize=(5, 5))
     curve_of = answer.curve.name or (answer.bound if answer.group_size > 1 and answer.bound
@@ -144,11 +146,32 @@ def plot(path: Path, answer: AccountAnswer) -> None:
     ax.set_title(plot_title(answer), fontsize=9)
     ax.legend(fontsize=8)
     try:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        fig.savefig(path, dpi=120, bbox_inches="tight", format=image_format)
     except OSError as exc:
         raise ConfigError(f"--plot {path}: {exc.strerror}") from None
     finally:
         plt.close(fig)
+
+
+def plot_format(path: Path) -> str:
+    """The image format ``--plot`` writes ``path`` in: its suffix's where matplotlib writes
+    that format (``.png``, ``.pdf``, ``.svg``, ...), PNG for a name without a suffix, the file
+    always at ``path`` itself. :class:`ConfigError` for a directory or another suffix (a
+    stranger's ``--plot curve.txt`` ended in matplotlib's traceback, and ``--plot DIR`` wrote
+    ``DIR.png`` beside the directory while the answer named ``DIR``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if path.is_dir():
+        raise ConfigError(f"--plot {path}: is a directory; name the image file "
+                          f"(for example {path / 'tradeoff.png'})")
+    suffix = path.suffix.lower().lstrip(".")
+    if not suffix:
+        return "png"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix not in formats:
+        raise ConfigError(f"--plot {path}: cannot draw a .{suffix} image; name a .png file "
+                          f"(or one of .{', .'.join(sorted(formats))})")
+    return suffix
 
 
 _LABEL_WIDTH = len("epsilon_optimal: ")

@@ -28,6 +28,9 @@ for the container ``chown 1883:1883`` them). See docs/SECURITY.md for what all t
 
 Client ids are the scenario's (``<group>-<index>``); ``--client-id`` lists them instead.
 
+Run again into an ``--out`` that holds a deployment, it replaces every password (and the CA)
+and prints a ``REPLACED`` line: the broker and every process need the new files.
+
 ``--compose FILE`` also writes a docker-compose file for the scenario: the eclipse-mosquitto
 broker with these files, the server, and one service per client (each with its own state
 volume), running the same ``fedsim server``/``fedsim client`` command lines as
@@ -286,6 +289,10 @@ def run(args: argparse.Namespace) -> int:
     if persistence_dir is not None and args.broker_config_dir is None:
         # Host paths (no --broker-config-dir): the directory is made here, for the broker.
         persistence_dir = str(prepare_persistence_dir(Path(persistence_dir)))
+    # A stranger ran deploy again into the same --out and was not told that every password
+    # and the CA were new: the broker and the processes given the first files could no
+    # longer meet. (Replacing them stays allowed: it is how credentials are rotated.)
+    replaced = (Path(args.out) / "secrets.json").exists()
     # A bar on a terminal only (disable=None): hashing takes minutes from about 10^5 clients.
     with tqdm(total=1 + len(ids) + len(aggregators), desc="hashing passwords",
               unit="password", disable=None, leave=False) as bar:
@@ -324,6 +331,10 @@ def run(args: argparse.Namespace) -> int:
         "alone: give each process only its own)\n"
         + (f"  {ca_file}  (the run's CA: processes trust only it)\n" if ca_file else "")
         + ("  WARNING: --plain: passwords and updates travel unencrypted\n" if tls is None else "")
+        + (f"  REPLACED: {args.out} held a deployment's credentials; every password"
+           + (" and the CA are" if tls_files else " is") + " new: restart the broker with "
+           "these files and give every process its new secrets file"
+           + (" and ca.crt" if tls_files else "") + "\n" if replaced else "")
         + (f"  packets limited to {max_packet_bytes:,} bytes (max_packet_size)\n"
            if max_packet_bytes is not None else
            "  WARNING: no packet size limit (give --max-packet-bytes or a SCENARIO)\n")

@@ -147,18 +147,19 @@ def run_check(args: argparse.Namespace) -> int:
 def _print_check(result: dict[str, Any]) -> None:
     """``check``'s table for people: ``ok`` is shown as ``intact``, and the last line says the
     file's state and its spending against the budget apart, in words."""
-    from fedsim.privacy.epsilon_text import epsilon_text
+    from fedsim.privacy.epsilon_text import epsilon_text, epsilons_apart
 
     shown = {key: value for key, value in result.items() if key != "ok"}
-    spent = f"eps {epsilon_text(result['epsilon'])} at delta {result['delta']:g}"
-    if result["budget_epsilon"] is None:
+    budget = result["budget_epsilon"]
+    spent_text, budget_text = ((epsilon_text(result["epsilon"]), "") if budget is None
+                               else epsilons_apart(result["epsilon"], budget))
+    spent = f"eps {spent_text} at delta {result['delta']:g}"
+    if budget is None:
         spending = f"and it has no budget ({spent} spent)"
     elif result["over_budget"]:
-        spending = (f"but it is OVER ITS BUDGET: {spent} spent, above its budget's eps "
-                    f"{epsilon_text(result['budget_epsilon'])}")
+        spending = f"but it is OVER ITS BUDGET: {spent} spent, above its budget's eps {budget_text}"
     else:
-        spending = (f"and it is within its budget: {spent} spent of its budget's eps "
-                    f"{epsilon_text(result['budget_epsilon'])}")
+        spending = f"and it is within its budget: {spent} spent of its budget's eps {budget_text}"
     _print(shown, False)
     print(f"The file is intact (its hash chain and high-water mark verify), {spending}.")
 

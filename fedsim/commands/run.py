@@ -77,17 +77,7 @@ def seed_argument(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger
-    from fedsim.reporting.horizon import RunBar
-    from fedsim.reporting.progress import RunProgress, log_evaluation
-    from fedsim.reporting.tensorboard import tensorboard_during
-    from fedsim.runtime.interrupted import signals_interrupt
-    from fedsim.runtime.run_outputs import (
-        default_run_dir,
-        require_new_run_dir,
-        require_writable_dir,
-    )
-    from fedsim.runtime.simulated.simulation import run_scenario
-    from fedsim.training.preflight import preflight_warnings
+    from fedsim.runtime.run_outputs import default_run_dir
 
     log = get_logger("fedsim.run")
     overrides = list(args.overrides)
@@ -97,7 +87,29 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"device={args.device}")
     loaded = load_scenario(args.scenario, overrides, allow_factories=args.allow_factories)
     scenario = loaded.scenario
-    out = Path(args.out) if args.out else default_run_dir(f"{scenario.name}-seed{scenario.seed}")
+    if args.out:
+        return _run_into(args, loaded, Path(args.out), log)
+    # The default directory is claimed at once (two runs started together take two), and
+    # given back if the run fails before it is one.
+    out = default_run_dir(f"{scenario.name}-seed{scenario.seed}", claim=True)
+    try:
+        return _run_into(args, loaded, out, log)
+    except BaseException:  # (Ctrl-C while the population is built, too)
+        _remove_if_no_run(out)
+        raise
+
+
+def _run_into(args: argparse.Namespace, loaded: Any, out: Path, log: Any) -> int:
+    """:func:`run` into the run directory ``out``."""
+    from fedsim.reporting.horizon import RunBar
+    from fedsim.reporting.progress import RunProgress, log_evaluation
+    from fedsim.reporting.tensorboard import tensorboard_during
+    from fedsim.runtime.interrupted import signals_interrupt
+    from fedsim.runtime.run_outputs import require_new_run_dir, require_writable_dir
+    from fedsim.runtime.simulated.simulation import run_scenario
+    from fedsim.training.preflight import preflight_warnings
+
+    scenario = loaded.scenario
     require_new_run_dir(out, "--out" if args.out else "run directory")  # before any work
     if args.tensorboard:
         from fedsim.reporting.tensorboard import require_tensorboard
@@ -158,9 +170,6 @@ def _removed_if_failed_at_start(out: Path) -> Iterator[None]:
     same directory would be refused. An interrupt keeps it, and so does a failure after any
     ledger recorded a spend: a privacy record is never removed. A directory that existed
     before, or that another process made first, is never removed."""
-    from fedsim.privacy.ledger_open import holds_records
-    from fedsim.runtime.run_outputs import LEDGER_DIR, METRICS_FILE
-
     try:  # made here, atomically: True for one process only (a review's second run on the
         out.mkdir(parents=True)  # same --out, failing, removed the first's live directory)
         created = True
@@ -169,11 +178,21 @@ def _removed_if_failed_at_start(out: Path) -> Iterator[None]:
     try:
         yield
     except Exception:
-        metrics = out / METRICS_FILE
-        if created and out.is_dir() and (not metrics.exists() or metrics.stat().st_size == 0) \
-                and not any(holds_records(path) for path in (out / LEDGER_DIR).glob("*.jsonl")):
-            shutil.rmtree(out, ignore_errors=True)
+        if created:
+            _remove_if_no_run(out)
         raise
+
+
+def _remove_if_no_run(out: Path) -> None:
+    """Remove ``out``, a directory this process made, if it holds no run: no metrics, and no
+    ledger that recorded a spend (a privacy record is never removed)."""
+    from fedsim.privacy.ledger_open import holds_records
+    from fedsim.runtime.run_outputs import LEDGER_DIR, METRICS_FILE
+
+    metrics = out / METRICS_FILE
+    if out.is_dir() and (not metrics.exists() or metrics.stat().st_size == 0) \
+            and not any(holds_records(path) for path in (out / LEDGER_DIR).glob("*.jsonl")):
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _built(loaded: Any, log: Any) -> tuple[Any, float]:

@@ -67,6 +67,13 @@ def outcome_line(run: str, outcome: dict[str, Any]) -> str:
     where the server made one, else the last periodic one's (a stranger's 24-window run printed
     "accuracy n/a" from the periodic evaluation alone, while server.json held the final
     model's 0.6184)."""
+    if outcome.get("windows") is None:
+        # stopped before its first window: a stranger's server, stopped while it waited for
+        # its broker, printed "None windows, version None, accuracy n/a (not evaluated)"
+        resumed = outcome.get("resumed_from_window")
+        return (f"server {run}: no window closed"
+                + (f" in this part (resumed after window {resumed})" if resumed else "")
+                + f"; {outcome['stop_reason']}")
     final = outcome.get("final_evaluation")
     if final is not None:
         accuracy = f"final accuracy {final['accuracy']:.4f}"

@@ -459,11 +459,17 @@ def resolve(name: str | DatasetSpec, path: str | os.PathLike[str] | None = None,
 def _not_found(spec: DatasetSpec, looked: Sequence[str]) -> str:
     cache = user_cache_dir() / spec.file_name
     hint = spec.offline_hint or f"copy a verified {spec.file_name} into ${DATA_DIR_ENV}"
+    if not spec.sources:
+        # nothing to download (femnist): a stranger was told to run `fedsim data fetch
+        # femnist`, which "downloads and verifies it", and that command refused at once
+        fix = [f"Fix: {hint}"]
+    else:
+        fix = [f"Fix: run `fedsim data fetch {spec.name}` (downloads and verifies it into "
+               f"{cache})", f"  or, with no network here: {hint}"]
     return "\n".join([
         f"{spec.title} ({spec.name}) not found; looked in, in order:",
         *(f"  {line}" for line in looked),
-        f"Fix: run `fedsim data fetch {spec.name}` (downloads and verifies it into {cache})",
-        f"  or, with no network here: {hint}",
+        *fix,
     ])
 
 

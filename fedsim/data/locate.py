@@ -40,8 +40,13 @@ OFFLINE_ENV = "FEDSIM_OFFLINE"
 
 
 def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/fedsim`` (default ``~/.cache/fedsim``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """``$XDG_CACHE_HOME/fedsim`` (default ``~/.cache/fedsim``). A relative
+    ``$XDG_CACHE_HOME`` is ignored, as the XDG Base Directory specification says (a
+    stranger's ``XDG_CACHE_HOME=cache`` put a fresh MNIST download and compiled kernels in
+    every working directory fedsim ran in)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "fedsim"
 
 

@@ -252,14 +252,14 @@ def _mechanism(*, q: float | None, batch_size: int | None,  # noqa: C901, PLR091
     if not (math.isfinite(q) and 0 < q <= 1):
         raise ConfigError(f"--q must be in (0, 1], got {q}")
     if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
-        raise ConfigError(f"--sigma must be > 0, got {sigma}")
+        raise ConfigError(f"--sigma must be a finite number > 0, got {sigma}")
     if sigma is None and target_epsilon is None:
         raise ConfigError("give --sigma (or --target-epsilon to answer it)")
     if max_steps and sigma is None:
         raise ConfigError("--max-steps needs --sigma")
     if epochs is not None:
         if not (math.isfinite(epochs) and epochs > 0):
-            raise ConfigError(f"--epochs must be > 0, got {epochs}")
+            raise ConfigError(f"--epochs must be a finite number > 0, got {epochs}")
         # Dong-Roth-Su count T = epochs * N / m steps; a partial last step is still a release.
         per_epoch = (dataset_size / batch_size if batch_size is not None and
                      dataset_size is not None else 1.0 / q)

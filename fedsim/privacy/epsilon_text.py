@@ -4,13 +4,30 @@ its explanation, ``fedsim report``, the tables, a ledger's refusal).
 
 from __future__ import annotations
 
-__all__ = ["epsilon_alike", "epsilon_range", "epsilon_text"]
+__all__ = ["epsilon_alike", "epsilon_range", "epsilon_text", "epsilons_apart"]
 
 
-def epsilon_text(value: float) -> str:
-    """An epsilon to four significant digits with its trailing zeros (``3.000``, not ``3``,
-    beside ``2.995``: a bare ``3`` reads as a rounder number than it is)."""
-    return f"{value:#.4g}"
+DIGITS = 4
+"""The significant digits an epsilon is written with."""
+
+
+def epsilon_text(value: float, digits: int = DIGITS) -> str:
+    """An epsilon to four significant digits (or ``digits``) with its trailing zeros
+    (``3.000``, not ``3``, beside ``2.995``: a bare ``3`` reads as a rounder number than it
+    is)."""
+    return f"{value:#.{digits}g}"
+
+
+def epsilons_apart(first: float, second: float) -> tuple[str, str]:
+    """Two epsilons that differ, written with as many more digits than
+    :func:`epsilon_text`'s as it takes to tell them apart (a ledger a repair took to eps
+    2.50015 read "eps 2.500 spent, above its budget's eps 2.500"; now "2.5002" and
+    "2.5000"); equal ones as :func:`epsilon_text` writes them."""
+    digits = DIGITS
+    while (first != second and digits < 17
+           and epsilon_text(first, digits) == epsilon_text(second, digits)):
+        digits += 1
+    return epsilon_text(first, digits), epsilon_text(second, digits)
 
 
 def epsilon_alike(low: float, high: float) -> bool:

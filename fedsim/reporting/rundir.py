@@ -27,7 +27,7 @@ from typing import Any
 
 from fedsim.config import limits
 from fedsim.errors import ConfigError
-from fedsim.json_input import parse_json
+from fedsim.json_input import json_problem, parse_json
 from fedsim.reporting.server_view import is_server_directory, server_rows_and_summary
 from fedsim.reporting.values import finite_number, name_text, printable
 from fedsim.runtime.run_outputs import (
@@ -298,7 +298,7 @@ def _read_metrics(path: Path) -> tuple[dict[str, Any], ...]:
         try:
             row = parse_json(line)
         except json.JSONDecodeError as exc:  # (5,000 digits and deep nesting too)
-            raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            raise ConfigError(f"{path}:{number}: not JSON ({json_problem(exc, line=False)})") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}:{number}: each line must be a JSON object")
         time = finite_number(row.get("time"))

@@ -33,7 +33,7 @@ import numpy as np
 from fedsim.atomic import TooLarge, open_no_link, read_regular, write_atomically
 from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.errors import ConfigError
-from fedsim.json_input import parse_json
+from fedsim.json_input import json_problem, parse_json
 from fedsim.privacy.accountant import make_accountant, smallest_epsilon
 from fedsim.privacy.clt_error import clt_band
 from fedsim.privacy.events import GaussianStep, group_steps
@@ -118,17 +118,31 @@ def ledger_file(directory: str | Path, client_id: str) -> Path:
     return Path(directory) / LEDGER_DIR / f"{client_id}.jsonl"
 
 
-def default_run_dir(name: str, root: str | Path = "runs") -> Path:
+def default_run_dir(name: str, root: str | Path = "runs", *, claim: bool = False) -> Path:
     """The run directory a run named ``name`` writes by default (``fedsim run``:
     ``<scenario>-seed<N>``, ``fedsim launch``: ``<scenario>-launch``): ``root/name``, or, if
     that exists, the first of ``name-1``, ``name-2``, ... that does not (a run directory is
-    never reused: its ledgers would continue spending)."""
+    never reused: its ledgers would continue spending).
+
+    ``claim``: made here (one ``mkdir`` each, atomic), so that two runs started together
+    take two directories (a stranger's two ``fedsim run`` of one scenario both chose
+    ``runs/quickstart-seed0``, and the second failed on the first's ledger locks). A
+    directory that cannot be made is returned unmade, for the caller's check to say why."""
     base = Path(root) / name
     candidate, suffix = base, 1
-    while candidate.exists():
+    while True:
+        if claim:
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:
+                pass
+            except OSError:
+                return candidate
+        elif not candidate.exists():
+            return candidate
         candidate = base.with_name(f"{base.name}-{suffix}")
         suffix += 1
-    return candidate
 
 
 def check_unused(out_dir: Path, how: str = "--out, or out= from Python") -> None:
@@ -245,7 +259,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
     try:
         value = parse_json(read_run_file(path).decode("utf-8"))
     except json.JSONDecodeError as exc:  # (an integer of 5,000 digits, deep nesting too)
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise ConfigError(f"{path}: not JSON ({json_problem(exc)})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not JSON (not UTF-8)") from None
     if not isinstance(value, dict):

@@ -377,3 +377,26 @@ def _groupnorm(raw: dict[str, object]) -> object:
     from fedsim.training.models import GroupNormCNN
 
     return GroupNormCNN(**raw["model"]["options"])  # type: ignore[index]
+
+
+def test_a_missing_femnist_is_not_told_to_download(tmp_path: Path, _isolated: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's femnist scenario without its LEAF files said "download: femnist has no
+    download source; build it with LEAF ..." and then "Fix: run `fedsim data fetch femnist`
+    (downloads and verifies it ...)", a command that refuses at once. The fix it gives now
+    is the one that works; a data set with sources still names its download."""
+    from fedsim.cli import main
+
+    scenario = tmp_path / "femnist.yaml"
+    scenario.write_text(
+        "name: f\nstop: {windows: 2}\ndataset: {name: femnist}\nmodel: {name: logreg}\n"
+        "clients: {groups: [{name: g, count: 2, batch_size: 2, noise: 1.0, clip: 1.0,\n"
+        "  speed: 0.01}]}\nserver: {window: 1.0}\n", encoding="utf-8")
+    assert main(["run", str(scenario), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    said = capsys.readouterr().err
+    assert "femnist has no download source" in said and "Traceback" not in said
+    assert "fedsim data fetch femnist`" not in said and "downloads and verifies" not in said
+    assert said.splitlines()[-1].startswith("Fix: build it with LEAF")
+    assert "fedsim data fetch femnist --from data/femnist/data" in said
+    with pytest.raises(DataError, match=r"(?s)Fix: run `fedsim data fetch mnist` \(downloads"):
+        resolve("mnist", download=False)

@@ -67,3 +67,28 @@ def test_offline_follows_fedsim_offline(
 ) -> None:
     monkeypatch.setenv("FEDSIM_OFFLINE", value)
     assert offline() is expected
+
+
+@pytest.mark.parametrize("xdg", ["cache", "./cache", ""])
+def test_a_relative_or_empty_xdg_cache_home_is_ignored(
+    xdg: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stranger's ``XDG_CACHE_HOME=cache`` made ``fedsim data where mnist`` list
+    ``cache/fedsim/mnist.npz``: every working directory got its own download (and kernels).
+    The XDG Base Directory specification says a relative path is to be ignored: the cache is
+    then ``~/.cache/fedsim``, as without the variable."""
+    from fedsim.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    monkeypatch.delenv("FEDSIM_DATA_DIR", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert user_cache_dir() == home / ".cache" / "fedsim"
+    assert main(["data", "where", "mnist"]) == 0
+    listed = capsys.readouterr().out
+    assert f"user cache\t{home / '.cache' / 'fedsim' / 'mnist.npz'}\tabsent" in listed
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "abs"))  # an absolute one is taken
+    assert user_cache_dir() == tmp_path / "abs" / "fedsim"

@@ -25,3 +25,19 @@ def test_the_server_says_the_final_models_accuracy(
                "last_accuracy": last, "stop_reason": REASON}
     assert outcome_line("quickstart", outcome) == (
         f"server quickstart: 24 windows, version 23, {said}; {REASON}")
+
+
+@pytest.mark.parametrize(("resumed", "said"), [
+    (None, "server quickstart: no window closed; "),
+    (12, "server quickstart: no window closed in this part (resumed after window 12); ")])
+def test_a_server_stopped_before_its_first_window_says_so(resumed: int | None, said: str) -> None:
+    """A stranger's ``fedsim server`` on a broker that was not up, stopped by Ctrl-C while it
+    kept trying, printed "server quickstart: None windows, version None, accuracy n/a (not
+    evaluated); stopped by a signal before the first connection to the broker"."""
+    from fedsim.runtime.deployed.deployment import STOPPED_BEFORE_CONNECTING
+
+    outcome = {"run": "quickstart", "resumed_from_window": resumed, "finished": False,
+               "stop_reason": STOPPED_BEFORE_CONNECTING}
+    line = outcome_line("quickstart", outcome)
+    assert line == said + STOPPED_BEFORE_CONNECTING
+    assert "None" not in line

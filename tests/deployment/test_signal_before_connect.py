@@ -48,10 +48,9 @@ def test_a_signal_during_the_first_connection_stops_the_process_at_once(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     argv = [sys.executable, "-m", "fedsim", role, "--scenario", str(SCENARIO), *extra,
             "--broker", f"mqtt://127.0.0.1:{_closed_port()}", "--state", "state", "--json-logs"]
-    stderr = tmp_path / "stderr.txt"
-    with stderr.open("wb") as err:
-        process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                                   stderr=err)
+    stderr, stdout = tmp_path / "stderr.txt", tmp_path / "stdout.txt"
+    with stderr.open("wb") as err, stdout.open("wb") as out:
+        process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=err)
         try:
             deadline = time.monotonic() + 120  # imports and the population first
             while b"connection attempt failed" not in stderr.read_bytes():
@@ -81,3 +80,6 @@ def test_a_signal_during_the_first_connection_stops_the_process_at_once(
         assert outcome["finished"] is False
     if role == "server":
         assert outcome["stop_kind"] == "signal"
+        # (a stranger's printed "server four: None windows, version None, accuracy n/a")
+        assert stdout.read_text().strip() == (
+            f"server {outcome['run']}: no window closed; {outcome['stop_reason']}")

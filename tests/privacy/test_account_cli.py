@@ -154,3 +154,42 @@ def test_the_plots_title_says_a_clt_eps_is_an_approximation() -> None:
     assert plot_title(clt).endswith("(CLT approximation, not a guarantee)")
     assert "approximation" not in plot_title(pld)
     assert plot_title(pld) == f"poisson (add/remove), eps = {pld.epsilon:.4g} at delta = 1e-05"
+
+
+def test_plot_lands_at_the_path_given_or_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's ``--plot curve.txt`` ended in matplotlib's ValueError traceback, and
+    ``--plot DIR`` (an existing directory) wrote ``DIR.png`` beside it while the answer said
+    ``plot: DIR``. The image is written at the path given (PNG without a suffix, the suffix's
+    format where matplotlib has it); anything else is one line and exit 2, nothing written."""
+    import fedsim
+
+    posture = ["--q", "0.01", "--sigma", "1", "--steps", "100"]
+    bare = tmp_path / "curve"
+    assert run_json(capsys, *posture, "--plot", str(bare))["plot"] == str(bare)
+    assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "curve.png").exists()
+    svg = tmp_path / "curve.svg"
+    run_json(capsys, *posture, "--plot", str(svg))
+    assert b"<svg" in svg.read_bytes()[:400]
+
+    for target, says in ((tmp_path / "curve.txt", "cannot draw a .txt image; name a .png file"),
+                         (tmp_path, "is a directory; name the image file")):
+        assert main(["account", *posture, "--plot", str(target)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and says in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curve", "curve.svg"]
+    assert not (tmp_path.parent / f"{tmp_path.name}.png").exists()
+    with pytest.raises(fedsim.ConfigError, match=r"cannot draw a \.txt image"):
+        fedsim.account(q=0.01, sigma=1.0, steps=100, plot=tmp_path / "api.txt")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--sigma", "inf"), ("--sigma", "nan"),
+                                             ("--sigma", "0"), ("--epochs", "inf")])
+def test_a_non_finite_sigma_or_epochs_is_refused_as_what_it_is(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's ``--sigma inf`` was told "--sigma must be > 0, got inf" (inf is > 0)."""
+    argv = {"--sigma": ["--q", "0.01", "--steps", "10", "--sigma", value],
+            "--epochs": ["--q", "0.01", "--sigma", "1", "--epochs", value]}[flag]
+    assert main(["account", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fedsim account: error: {flag} must be a finite number > 0, got {float(value)}"

@@ -301,3 +301,33 @@ def test_check_says_an_intact_ledger_is_within_its_budget(
     assert main(["ledger", "check", str(path)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "and it is within its budget: eps " in last and "of its budget's eps 8.000." in last
+
+
+def test_check_writes_a_spending_just_over_its_budget_apart_from_the_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger cut a quickstart client's ledger (phone-001: q 0.0265, sigma 1.2, budget
+    2.5, 438 rounds) to its first 8 records and repaired it; `ledger check` then said "OVER
+    ITS BUDGET: eps 2.500 at delta 1e-05 spent, above its budget's eps 2.500". The two are
+    now written with the digits that tell them apart (2.5002 above 2.5000)."""
+    from fedsim.errors import BudgetExhausted
+    from fedsim.privacy.epsilon_text import epsilons_apart
+
+    path = tmp_path / "phone-001.jsonl"
+    step = GaussianStep("poisson", 0.02652300041442188, 1.2)
+    with PrivacyLedger.open(path, client_id="phone-001", sampling="poisson",
+                            budget=Budget(2.5, 1e-5)) as ledger:
+        with pytest.raises(BudgetExhausted):
+            for r in range(1000):
+                ledger.spend(step, time=float(r), round=r)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:9]))
+    repair_ledger(path)
+    assert main(["ledger", "check", str(path), "--json"]) == 0
+    spent = json.loads(capsys.readouterr().out)["epsilon"]
+    assert 2.5 < spent < 2.5005  # over, by less than the fourth digit shows
+    assert main(["ledger", "check", str(path)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.endswith("OVER ITS BUDGET: eps 2.5002 at delta 1e-05 spent, above its "
+                         "budget's eps 2.5000.")
+    assert epsilons_apart(2.4981, 2.5) == ("2.498", "2.500")  # apart at four digits already
+    assert epsilons_apart(2.5, 2.5) == ("2.500", "2.500")
+    assert epsilons_apart(1.0, 1.0 + 2 ** -52) == ("1.0000000000000000", "1.0000000000000002")

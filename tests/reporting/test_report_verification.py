@@ -334,3 +334,25 @@ def test_an_accuracy_that_is_no_accuracy_is_left_out_and_said(
     assert f"warning: {name}: summary.json's best_accuracy -5 is not an accuracy" in out
     assert (f"warning: {name}: 2 line(s) of metrics.jsonl state an accuracy that is not a "
             "number") in out
+
+
+def test_a_damaged_json_file_is_named_with_where_it_breaks(
+        small_run: SyntheticRun, copy_run: Callable[[SyntheticRun], SyntheticRun],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's damaged summary.json was reported as "not JSON (Invalid control
+    character at at line 1)": Python's message ends in "at", written to stand before its
+    own ": line 1 column 6". The line and column now follow the message once."""
+    run = copy_run(small_run)
+    (run.path / "summary.json").write_text('{"bad\n', encoding="utf-8")
+    assert cli_main(["report", str(run.path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"fedsim report: error: {run.path / 'summary.json'}: not JSON (Invalid "
+                   "control character at line 1, column 6)")
+    run = copy_run(small_run)
+    metrics = run.path / "metrics.jsonl"
+    first, second = metrics.read_text(encoding="utf-8").splitlines()[:2]
+    metrics.write_text(f"{first}\n{second[:30]}\n", encoding="utf-8")  # a torn second line
+    assert cli_main(["report", str(run.path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fedsim report: error: {metrics}:2: not JSON (Unterminated string "
+                          "starting at column ") and " at at " not in err, err

@@ -562,3 +562,30 @@ def test_a_launchs_private_broker_writes_no_second_copy_of_the_passwords(tmp_pat
     files = write_broker_files(tmp_path / "deploy", "r", ["a-1", "b-2"], per_process=True)
     assert sorted(p.name for p in files.process_secrets_dir.iterdir()) == [
         "a-1.json", "b-2.json", "fedsim-server.json"]
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["tls", "plain"])
+def test_deploy_again_into_the_same_out_says_it_replaced_the_credentials(
+        plain: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger ran ``fedsim deploy`` a second time into the same --out (to add
+    --compose): every password and the CA were new and nothing said so, so the broker and the
+    processes given the first files could no longer meet. The second run says so."""
+    out = tmp_path / "gen"
+    argv = ["--client-id", "a-1", "--run", "r", "--out", str(out), *(["--plain"] if plain else [])]
+    assert run_deploy(*argv) == 0
+    assert "REPLACED" not in capsys.readouterr().out
+    first = load_secrets(out / "secrets.json").clients["a-1"].password
+    ca = None if plain else (out / "ca.crt").read_bytes()
+    assert run_deploy(*argv) == 0
+    printed = capsys.readouterr().out
+    assert load_secrets(out / "secrets.json").clients["a-1"].password != first
+    replaced = [line.strip() for line in printed.splitlines() if "REPLACED" in line]
+    if plain:
+        assert replaced == [f"REPLACED: {out} held a deployment's credentials; every password "
+                            "is new: restart the broker with these files and give every "
+                            "process its new secrets file"]
+    else:
+        assert (out / "ca.crt").read_bytes() != ca
+        assert replaced == [f"REPLACED: {out} held a deployment's credentials; every password "
+                            "and the CA are new: restart the broker with these files and give "
+                            "every process its new secrets file and ca.crt"]
