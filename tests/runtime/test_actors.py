@@ -135,6 +135,42 @@ def test_staleness_wait_for_a_fresh_global_model() -> None:
     np.testing.assert_array_equal(trainer.seen[2], np.ones(DIM))
 
 
+def test_the_step_before_a_staleness_wait_is_not_made_and_nothing_reads_it() -> None:
+    """The round that brings a client to its count of local rounds does not move ``w``: the
+    client trains no more until a newer global model overwrites ``w``. Every round trains on
+    the model the plain step would give it (rounds 1 and 3 on round 0's and round 2's steps),
+    and while the client waits ``w`` holds round 0's step, where the plain path would have
+    moved it by round 1's too (a model nothing reads)."""
+    g1, g2 = np.zeros(DIM, np.float32), np.full(DIM, 3.0, np.float32)
+    held: list[np.ndarray] = []
+
+    async def main(clock: VirtualClock):
+        actor, endpoint, trainer, _ = make_client(
+            clock, policy=StalenessPolicy(max_versions_behind=2), max_rounds=4)
+        endpoint.deliver_at(0.0, GlobalModel(1, g1))
+        endpoint.deliver_at(7.5, GlobalModel(2, g2))
+
+        async def watch() -> None:  # w while the client waits for version 2
+            await clock.sleep(5.0)
+            assert actor.w is not None
+            held.append(actor.w.copy())
+
+        watcher = asyncio.ensure_future(watch())
+        await asyncio.wait_for(actor.run(), timeout=100)
+        await watcher
+        return endpoint, trainer
+
+    endpoint, trainer = run_virtual(main)
+    assert [(t, m.round, m.base_version) for t, m in endpoint.updates()] == [
+        (1.0, 0, 1), (2.0, 1, 1), (8.5, 2, 2), (9.5, 3, 2)]
+    w1 = (g1 - np.float32(0.5) * (g1 + 1)).astype(np.float32)  # round 0's step
+    np.testing.assert_array_equal(trainer.seen[1], w1)
+    np.testing.assert_array_equal(trainer.seen[2], g2)  # version 2 overwrote w
+    np.testing.assert_array_equal(trainer.seen[3], (g2 - np.float32(0.5) * (g2 + 1)))
+    # While it waited, w held round 0's step: round 1's was never made.
+    np.testing.assert_array_equal(held[0], w1)
+
+
 def test_distance_rule_waits_when_the_local_model_drifted() -> None:
     async def main(clock: VirtualClock):
         # One local step moves w by 0.5 * ||0 + 1|| = 0.5 * sqrt(3) ~ 0.87 > 0.5.
