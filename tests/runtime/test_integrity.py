@@ -322,9 +322,24 @@ def test_bad_model_keeps_a_verdict_only_for_values_that_cannot_change() -> None:
     shared = codec.decode(frame).params  # type: ignore[union-attr]
     assert bad_model(shared, 6) == "" and bad_model(shared, 6) == ""
     kept = integrity._last_verdict
-    assert kept is not None and kept[0] is shared  # the second client's answer was kept
+    assert kept is not None and kept[0] is frame and kept[3] == ""  # held by the frame
     assert bad_model(shared, 7) == "6 parameters, the model has 7"  # the size is part of it
     assert bad_model(shared[1:], 5) == ""  # a view of a view of the frame
+
+    # Each client of the simulated network gets its own view of one sealed broadcast: the
+    # verdict is the values', asked once for all of them.
+    sealed = codec.seal(GlobalModel(4, np.ones(6, np.float32)))
+    first, second = (sealed.open().params for _ in range(2))  # type: ignore[union-attr]
+    assert first is not second and bad_model(first, 6) == ""
+    kept = integrity._last_verdict
+    assert bad_model(second, 6) == "" and integrity._last_verdict is kept  # not asked again
+    # Other values of the same memory (another offset, stride or dtype) are asked anew.
+    mixed = np.array([1, 1, 1, np.inf, 1, 1], np.float32)
+    mixed.flags.writeable = False
+    assert bad_model(mixed[:3], 3) == "" and bad_model(mixed[3:], 3) == "not finite"
+    assert bad_model(mixed[::2], 3) == "" and bad_model(mixed[1::2], 3) == "not finite"
+    assert bad_model(mixed[:3], 3) == ""  # (kept) and the same memory as integers:
+    assert bad_model(mixed.view(np.int32)[:3], 3).startswith("a parameter of magnitude 1.07e+09")
 
     owned = np.ones(6, np.float32)
     assert bad_model(owned, 6) == ""

@@ -264,8 +264,11 @@ update_norm = vector_norm
 codec's :func:`~fedsim.protocol.norms.vector_norm`, which a decoded update carries already."""
 
 
-_last_verdict: tuple[np.ndarray, int | None, str] | None = None
-"""The latest verdict on a model whose values cannot change (see :func:`bad_model`)."""
+_last_verdict: tuple[object, tuple[int, tuple[int, ...], tuple[int, ...], str], int | None,
+                    str] | None = None
+"""The latest verdict on a model whose values cannot change (see :func:`bad_model`): the
+immutable memory it is a view of, where in it (address, shape, strides, dtype), the size
+asked about, and the verdict."""
 
 
 def bad_model(params: np.ndarray, size: int | None) -> str:
@@ -273,24 +276,24 @@ def bad_model(params: np.ndarray, size: int | None) -> str:
     or a parameter beyond :data:`MAX_PARAMETER` (a client skips such a model and waits).
 
     A broadcast reaches every client of the simulated network as one message (a read-only
-    view of the frame's ``bytes``, or a sent array its sender gave up, read-only): the verdict
-    on such an array, whose values do not change, is kept for the next client asking about
-    the same array and size (one entry, which holds that array)."""
+    view of the frame's ``bytes``, or a sent array its sender gave up, read-only), each
+    client a view of it: the verdict on such values, which do not change, is kept for
+    the next client asking about the same values (the same immutable memory, address, shape,
+    strides and dtype) and size. One entry, which holds that memory. (Kept by the array
+    itself, a network that hands each client the frame's bytes to decode, ``wire_bytes``,
+    gave each its own view, and every client paid a pass over the model.)"""
     global _last_verdict
+    root = read_only_root(params)
+    if not isinstance(root, bytes | np.ndarray):  # values that can change: asked every time
+        return _model_problem(params, size)
+    where = (int(params.__array_interface__["data"][0]), params.shape, params.strides,
+             params.dtype.str)
     last = _last_verdict
-    if last is not None and last[0] is params and last[1] == size:
-        return last[2]
+    if last is not None and last[0] is root and last[1] == where and last[2] == size:
+        return last[3]
     verdict = _model_problem(params, size)
-    if _values_fixed(params):
-        _last_verdict = (params, size, verdict)
+    _last_verdict = (root, where, size, verdict)
     return verdict
-
-
-def _values_fixed(array: np.ndarray) -> bool:
-    """Whether ``array``'s values do not change: read-only all the way down a chain of views
-    to an immutable ``bytes`` object, or to a read-only array that owns its memory (a sent
-    message's array: the sender gives it up at publish, and the codec makes it read-only)."""
-    return isinstance(read_only_root(array), bytes | np.ndarray)
 
 
 def _model_problem(params: np.ndarray, size: int | None) -> str:
