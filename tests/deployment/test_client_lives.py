@@ -265,3 +265,24 @@ def test_a_servers_send_time_past_any_runs_end_does_not_move_the_clock() -> None
     assert 2.0 <= clock.now() < 2.1
     align(40.0)
     assert 40.0 <= clock.now() < 40.1
+
+
+def test_a_restarted_servers_timeline_is_measured_afresh() -> None:
+    """A server restarted while its client goes on resumes its clock from its checkpoint, 7 s
+    behind the clock it had: the client's lead measured before the restart is 7 s too small,
+    and taking the least of both said its stop 7 s past the server's time. The lead is measured
+    per server start (the run incarnation the client follows)."""
+    from fedsim.clock import ScaledClock
+    from fedsim.runtime.deployed.client_lives import ServerTimeline
+
+    client = ScaledClock(1000.0, start=50.0)  # a second of scenario time is 1000 wall s
+    following = ["first"]
+    timeline = ServerTimeline(client, latest=1000.0, incarnation=lambda: following[0])
+    timeline.observe(45.0)  # the first start's model: a lead of 5 s
+    assert 44.9 < timeline.time_of(client.now()) <= 45.1
+    following[0] = "restarted"  # its checkpoint's clock: 38 s at the client's 50 s
+    timeline.observe(38.0)
+    assert timeline.lead is not None and 11.9 < timeline.lead <= 12.1
+    assert 37.9 < timeline.time_of(client.now()) <= 38.1
+    timeline.observe(38.5)  # later models of the same start: the least lead again
+    assert 11.4 < timeline.lead <= 11.6

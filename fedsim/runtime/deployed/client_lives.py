@@ -60,11 +60,22 @@ class ServerTimeline:
     the times its clients reached in the earlier part (a stranger's resumed launch: clients'
     stop times 4.5 s past the run's end); a fresh launch's clients start their clocks before
     the server its first window. A client's stop time is said on this timeline, the run's
-    (:meth:`time_of`); its ledger keeps its own clock's."""
+    (:meth:`time_of`); its ledger keeps its own clock's.
 
-    def __init__(self, clock: Clock, latest: float) -> None:
+    The least lead is measured per server start (``incarnation``: the run incarnation the
+    client follows, :class:`~fedsim.transports.incarnation.ClientIncarnation`): a server
+    restarted while its clients go on resumes its clock from its checkpoint's window, behind
+    the clock it had, so a lead measured before the restart is too small by the time lost,
+    and the least of both said every later stop that much past the server's time (an owner's
+    review, session 66: a restart that set the clock back 7 s had stops said 7 s late). A new
+    incarnation starts the measurement afresh."""
+
+    def __init__(self, clock: Clock, latest: float,
+                 incarnation: Callable[[], str | None] | None = None) -> None:
         self._clock = clock
         self._latest = latest  # (a send time past any run's end is not the server's clock)
+        self._incarnation = incarnation
+        self._measured_under: str | None = None  # the server start the lead was measured on
         self.lead: float | None = None
         """How far the client's clock is ahead of the server's (None: no message seen yet)."""
 
@@ -73,6 +84,10 @@ class ServerTimeline:
         if not 0.0 <= sent_at <= self._latest:
             return
         lead = self._clock.now() - sent_at
+        if self._incarnation is not None:
+            current = self._incarnation()
+            if current != self._measured_under:  # another server start: its own clock
+                self._measured_under, self.lead = current, None
         self.lead = lead if self.lead is None else min(self.lead, lead)
 
     def time_of(self, own: float) -> float:
