@@ -30,7 +30,9 @@ A client holds a local model ``w`` and the last global model it accepted (``held
      quantised ``Ubar/m`` (post-processing of the noisy update, :mod:`fedsim.protocol.compression`),
      while the local step below uses the full update, which the client holds anyway;
   5. apply the update locally: ``w <- w - eta * Ubar/m`` with ``eta = eta_i(r) s_t / s_0``
-     when following the server step (:meth:`ClientActor.local_step`).
+     when following the server step (:meth:`ClientActor.local_step`); not made when the
+     round brings the client to its ``max_versions_behind``, since a newer global model
+     overwrites ``w`` before anything reads it (:meth:`ClientActor._step_locally`).
 
 **A global model arriving mid-round** (``interrupt``, per client group). Van Dijk & Nguyen's interrupt
 service routine "will replace the locally kept model w by a received global model w-hat. This
