@@ -247,6 +247,9 @@ class HighWaterMark(BaseModel):
     identity_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     windows_closed: int = Field(ge=0, le=MAX_COUNTER)
     version: int = Field(ge=0, le=MAX_COUNTER)
+    finished: str | None = Field(default=None, max_length=1000)
+    """Set once the run ended (its stop reason, :meth:`ServerCheckpoint.mark_finished`): the
+    checkpoint is then its last, and no server goes on from it."""
 
     def below(self, snapshot: ServerSnapshot) -> bool:
         """Whether ``snapshot`` is older than the checkpoint this mark records (window counts
@@ -272,6 +275,7 @@ class ServerCheckpoint:
         self.mark_path = self.directory / MARK_NAME
         self.identity = json.loads(json.dumps(identity))  # as it will read back
         self.saves = 0
+        self._newest: HighWaterMark | None = None  # the mark of the newest checkpoint saved
         self.seconds: list[float] = []  # each save's duration, for the run's summary (bounded)
 
     def save(self, snapshot: ServerSnapshot) -> None:
@@ -292,13 +296,26 @@ class ServerCheckpoint:
         mark = HighWaterMark(identity_sha256=_identity_digest(self.identity),
                              windows_closed=snapshot.windows_closed, version=snapshot.version)
         write_atomically(self.mark_path, mark.model_dump_json(), durability="durable")
+        self._newest = mark
         self.saves += 1
         self.seconds = [*self.seconds[-99:], time.perf_counter() - started]
+
+    def mark_finished(self, reason: str) -> None:
+        """Record durably in the mark that the run ended, for ``reason``, with the newest
+        checkpoint written (call once it is durable): :meth:`load` then refuses to go on from
+        it. A stranger's ``fedsim server`` restarted on a finished run's state closed a window
+        13 after the run's 12, rewrote ``server.json`` and announced the end again."""
+        newest = self._newest or self._mark()
+        if newest is None:
+            return  # no checkpoint: nothing a restart could go on from
+        mark = newest.model_copy(update={"finished": reason[:1000] or "finished"})
+        write_atomically(self.mark_path, mark.model_dump_json(), durability="durable")
 
     def load(self) -> ServerSnapshot | None:
         """The saved snapshot, or None if there is no checkpoint yet. Raises
         :class:`CheckpointError` for a checkpoint older than the directory's high-water mark,
-        or missing beside one (module docstring)."""
+        or missing beside one (module docstring), and for a run that ended
+        (:meth:`mark_finished`): nothing to resume."""
         mark = self._mark()
         if not self.path.exists():
             if mark is not None:
@@ -319,6 +336,11 @@ class ServerCheckpoint:
                 "a rolled-back server would apply again updates it already applied and "
                 "publish versions below those its clients hold; restore the newest "
                 "checkpoint, or start a new run on a fresh --state directory")
+        if mark is not None and mark.finished is not None:
+            raise CheckpointError(
+                f"{self.directory}: its run ended at window {mark.windows_closed} "
+                f"({mark.finished}); nothing to resume: start a new run on a fresh --state "
+                "directory")
         return snapshot
 
     def _mark(self) -> HighWaterMark | None:

@@ -140,11 +140,17 @@ class Checkpoints:
         if version > self.durable_ceiling:
             await asyncio.shield(self.start(server))
 
-    async def drain(self) -> None:
-        """Wait for the checkpoint being written; release the worker thread."""
+    async def drain(self, finished: str | None = None) -> None:
+        """Wait for the checkpoint being written; release the worker thread. ``finished``:
+        the run ended, for this reason: the state directory then says so once its last
+        checkpoint is durable (:meth:`ServerCheckpoint.mark_finished`), and no server goes on
+        from it."""
         try:
             if self._pending is not None:
                 await asyncio.shield(self._pending[1])
+            if finished is not None:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self.checkpoint.mark_finished, finished)
         finally:
             self._executor.shutdown(wait=True)
 
@@ -427,7 +433,9 @@ async def _serve(loaded: LoadedScenario, broker: BrokerSettings, *, run: str | N
                         monitor.stop_reason = RunStop(RunStopKind.SIGNAL, "stopped by a signal")
                 finally:
                     outcome.update(_server_outcome(server, monitor.stop_reason, clock))
-                    await checkpoints.drain()  # (before the receipts it leads to go out)
+                    # (before the receipts it leads to go out; a finished run's end marked)
+                    await checkpoints.drain(str(monitor.stop_reason) if outcome["finished"]
+                                            else None)
     finally:
         outcome.update(
             {
