@@ -88,15 +88,10 @@ def _scenario_file(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedsim.commands.run import interrupted_exit
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
     from fedsim.errors import ConfigError
-    from fedsim.reporting.horizon import HorizonTracker, bound_horizon
-    from fedsim.reporting.progress import RunProgress, log_evaluation
-    from fedsim.runtime.deployed.launcher import Launcher
-    from fedsim.runtime.interrupted import signals_interrupt
-    from fedsim.runtime.run_outputs import default_run_dir, require_writable_dir
+    from fedsim.runtime.run_outputs import claimed_run_dir
 
     options = DeploymentOptions.from_args(args)
     if not args.timeout > 0:  # (NaN too) a stranger's --timeout -1 started every process first
@@ -106,8 +101,23 @@ def run(args: argparse.Namespace) -> int:
     scenario_file, resumed = _scenario_file(args)
     loaded = load_scenario(scenario_file, args.overrides)
     require_allowed(loaded.scenario, options.allow_factories)  # before any directory is made
-    out = resumed or (Path(args.out) if args.out
-                      else default_run_dir(f"{loaded.scenario.name}-launch"))
+    if resumed or args.out:
+        return _launch_into(args, options, scenario_file, resumed or Path(args.out), resumed)
+    # claimed at once (two launches started together take two), given back if it fails first
+    with claimed_run_dir(f"{loaded.scenario.name}-launch") as out:
+        return _launch_into(args, options, scenario_file, out, resumed)
+
+
+def _launch_into(args: argparse.Namespace, options: DeploymentOptions, scenario_file: Path,
+                 out: Path, resumed: Path | None) -> int:
+    """:func:`run` into the run directory ``out``."""
+    from fedsim.commands.run import interrupted_exit
+    from fedsim.reporting.horizon import HorizonTracker, bound_horizon
+    from fedsim.reporting.progress import RunProgress, log_evaluation
+    from fedsim.runtime.deployed.launcher import Launcher
+    from fedsim.runtime.interrupted import signals_interrupt
+    from fedsim.runtime.run_outputs import require_writable_dir
+
     # before any work, as fedsim run (a stranger's launch into a file's path: a traceback)
     require_writable_dir(out, "--resume" if resumed else "--out" if args.out
                          else "run directory")

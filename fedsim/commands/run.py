@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,7 +76,7 @@ def seed_argument(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fedsim.logging import get_logger
-    from fedsim.runtime.run_outputs import default_run_dir
+    from fedsim.runtime.run_outputs import claimed_run_dir
 
     log = get_logger("fedsim.run")
     overrides = list(args.overrides)
@@ -91,12 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_into(args, loaded, Path(args.out), log)
     # The default directory is claimed at once (two runs started together take two), and
     # given back if the run fails before it is one.
-    out = default_run_dir(f"{scenario.name}-seed{scenario.seed}", claim=True)
-    try:
+    with claimed_run_dir(f"{scenario.name}-seed{scenario.seed}") as out:
         return _run_into(args, loaded, out, log)
-    except BaseException:  # (Ctrl-C while the population is built, too)
-        _remove_if_no_run(out)
-        raise
 
 
 def _run_into(args: argparse.Namespace, loaded: Any, out: Path, log: Any) -> int:
@@ -179,20 +174,10 @@ def _removed_if_failed_at_start(out: Path) -> Iterator[None]:
         yield
     except Exception:
         if created:
-            _remove_if_no_run(out)
+            from fedsim.runtime.run_outputs import give_back_if_no_run
+
+            give_back_if_no_run(out)
         raise
-
-
-def _remove_if_no_run(out: Path) -> None:
-    """Remove ``out``, a directory this process made, if it holds no run: no metrics, and no
-    ledger that recorded a spend (a privacy record is never removed)."""
-    from fedsim.privacy.ledger_open import holds_records
-    from fedsim.runtime.run_outputs import LEDGER_DIR, METRICS_FILE
-
-    metrics = out / METRICS_FILE
-    if out.is_dir() and (not metrics.exists() or metrics.stat().st_size == 0) \
-            and not any(holds_records(path) for path in (out / LEDGER_DIR).glob("*.jsonl")):
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def _built(loaded: Any, log: Any) -> tuple[Any, float]:

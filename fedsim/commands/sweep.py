@@ -338,8 +338,7 @@ def write_table(out: Path, rows: list[dict[str, Any]], grid_paths: Sequence[str]
 def run(args: argparse.Namespace) -> int:
     from fedsim.config import load_scenario
     from fedsim.config.factories import require_allowed
-    from fedsim.reporting.compare import format_table
-    from fedsim.runtime.run_outputs import default_run_dir, require_writable_dir
+    from fedsim.runtime.run_outputs import claimed_run_dir
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
@@ -348,7 +347,19 @@ def run(args: argparse.Namespace) -> int:
     _seeds_once(grid, seeds)
     base = load_scenario(args.scenario, args.overrides).scenario
     require_allowed(base, args.allow_factories)  # refused once, before any run is planned
-    out = Path(args.out) if args.out else default_run_dir(f"{base.name}-sweep")
+    if args.out:
+        return _sweep_into(args, grid, seeds, base, Path(args.out))
+    # claimed at once (two sweeps started together take two), given back if it fails first
+    with claimed_run_dir(f"{base.name}-sweep") as out:
+        return _sweep_into(args, grid, seeds, base, out)
+
+
+def _sweep_into(args: argparse.Namespace, grid: list[tuple[str, list[str]]],
+                seeds: list[int] | None, base: Any, out: Path) -> int:
+    """:func:`run` into the sweep directory ``out``."""
+    from fedsim.reporting.compare import format_table
+    from fedsim.runtime.run_outputs import require_writable_dir
+
     require_writable_dir(out, "--out" if args.out else "sweep directory")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose a new --out directory")

@@ -23,8 +23,10 @@ import functools
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,9 @@ __all__ = [
     "TIMING_FILE",
     "check_unused",
     "clean_json",
+    "claimed_run_dir",
     "default_run_dir",
+    "give_back_if_no_run",
     "json_line",
     "ledger_file",
     "read_json",
@@ -143,6 +147,37 @@ def default_run_dir(name: str, root: str | Path = "runs", *, claim: bool = False
             return candidate
         candidate = base.with_name(f"{base.name}-{suffix}")
         suffix += 1
+
+
+@contextmanager
+def claimed_run_dir(name: str, root: str | Path = "runs") -> Iterator[Path]:
+    """The default directory of a run, sweep or launch named ``name``, claimed
+    (:func:`default_run_dir` with ``claim``: two started together take two) and given back
+    (:func:`give_back_if_no_run`) if what runs in it fails or is interrupted before it is a
+    run. The one rule of ``fedsim run``, ``fedsim sweep`` and ``fedsim launch``: two sweeps
+    (or launches) of one scenario started together both chose ``runs/<name>-sweep``."""
+    out = default_run_dir(name, root, claim=True)
+    try:
+        yield out
+    except BaseException:  # (Ctrl-C while the population is built, too)
+        give_back_if_no_run(out)
+        raise
+
+
+def give_back_if_no_run(out: Path) -> None:
+    """Remove ``out``, a directory this process made, if it holds no run: no metrics, and no
+    ledger that recorded a spend, at any depth (a run's own, a sweep's runs', a launch's
+    client state directories: a privacy record is never removed)."""
+    from fedsim.privacy.ledger_open import holds_records
+
+    if not out.is_dir():
+        return
+    for path in out.rglob("*"):
+        if path.name == METRICS_FILE and path.is_file() and path.stat().st_size > 0:
+            return
+        if path.parent.name == LEDGER_DIR and path.suffix == ".jsonl" and holds_records(path):
+            return
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def check_unused(out_dir: Path, how: str = "--out, or out= from Python") -> None:

@@ -64,3 +64,61 @@ def test_two_runs_started_together_take_two_directories(tmp_path: Path) -> None:
                  for name in made]
     assert summaries[0]["final_accuracy"] == summaries[1]["final_accuracy"]  # the same run
     assert all(s["windows"] == 3 for s in summaries)
+
+
+def test_a_sweeps_default_directory_is_claimed_before_its_runs_are_planned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps of one scenario started together both chose ``runs/<name>-sweep``: it was
+    made only after planning. Now it is made (claimed) when chosen, and given back when the
+    sweep fails before any run."""
+    from fedsim.commands import sweep
+
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    seen: list[bool] = []
+
+    def failing_plan(*args: object) -> None:
+        seen.append((tmp_path / "runs" / "claimed-sweep").is_dir())
+        raise fedsim.errors.ConfigError("planned to fail")
+
+    monkeypatch.setattr(sweep, "plan_runs", failing_plan)
+    assert main(["sweep", str(scenario), "--grid", "seed=1,2", "-q"]) == 2
+    assert seen == [True]  # claimed when chosen
+    assert not (tmp_path / "runs" / "claimed-sweep").exists()  # given back: no run in it
+
+
+def test_a_launchs_default_directory_is_claimed_and_given_back_if_it_fails_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.runtime.deployed import launcher
+
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(yaml.safe_dump(TINY), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    seen: list[Path] = []
+
+    class FailingLauncher:
+        def __init__(self, scenario: Path, out: Path, **kwargs: object) -> None:
+            seen.append(out)
+            assert out.is_dir()  # claimed when chosen, before anything starts
+            raise fedsim.errors.ConfigError("failed before it started")
+
+    monkeypatch.setattr(launcher, "Launcher", FailingLauncher)
+    (tmp_path / "runs" / "claimed-launch").mkdir(parents=True)  # another launch's
+    assert main(["launch", str(scenario), "-q"]) == 2
+    assert seen == [Path("runs") / "claimed-launch-1"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["claimed-launch"]
+
+
+def test_a_claimed_directory_that_holds_a_spend_is_kept(tmp_path: Path) -> None:
+    from fedsim.runtime.run_outputs import claimed_run_dir
+
+    with pytest.raises(RuntimeError), claimed_run_dir("x-launch", tmp_path) as out:
+        ledger = out / "state" / "c-000" / "ledgers" / "c-000.jsonl"
+        ledger.parent.mkdir(parents=True)
+        ledger.write_text('{"header": 1}\n{"kind": "spend"}\n')
+        raise RuntimeError("after a spend")
+    assert ledger.is_file()  # a privacy record is never removed
+    with pytest.raises(RuntimeError), claimed_run_dir("y-sweep", tmp_path) as empty:
+        raise RuntimeError("before any run")
+    assert not empty.exists()
