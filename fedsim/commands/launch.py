@@ -21,6 +21,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from fedsim.commands.run import out_argument
 from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
 DESCRIPTION = (
@@ -39,7 +40,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("scenario", metavar="SCENARIO", nargs="?",
                         help="The scenario YAML file (not with --resume).")
     parser.add_argument(
-        "--out", metavar="DIR",
+        "--out", metavar="DIR", type=out_argument,
         help="The run directory (by default runs/NAME-launch, with a numeric suffix if that "
              "exists, as fedsim run does)."
     )

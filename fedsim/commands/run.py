@@ -28,7 +28,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "run", help="Simulate a scenario under virtual time.",
         description=" ".join(__doc__.split()))
     parser.add_argument("scenario", metavar="SCENARIO", help="The scenario YAML file.")
-    parser.add_argument("--out", metavar="DIR",
+    parser.add_argument("--out", metavar="DIR", type=out_argument,
                         help="The run directory to write; it must not hold a run already.")
     parser.add_argument("--seed", type=seed_argument,
                         help="Use this seed instead of the scenario's.")
@@ -60,6 +60,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     add_allow_factory_option(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def out_argument(text: str) -> str:
+    """``--out``'s value (``fedsim run``, ``sweep``, ``launch``, ``server``): an empty path is
+    refused (a stranger's ``--out ""`` silently wrote to the default directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no directory (leave --out out "
+                                         "for the default one)")
+    return text
 
 
 def seed_argument(text: str) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.commands.processes import add_process_parser, process_setup
+from fedsim.commands.run import out_argument
 from fedsim.runtime.deployed.options import DeploymentOptions
 
 DESCRIPTION = (
@@ -33,7 +34,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         state_help="The checkpoint directory (by default fedsim-state/RUN/server).",
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="Where metrics.jsonl and server.json go (by default the --state directory)."
+        "--out", metavar="DIR", type=out_argument, help="Where metrics.jsonl and server.json go (by default the --state directory)."
     )
     DeploymentOptions.add_arguments(parser, wait_for_clients=0.0)
     parser.set_defaults(func=run)

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fedsim.commands.run import out_argument
 from fedsim.errors import ConfigError, FedsimError
 from fedsim.runtime.deployed.options import add_allow_factory_option
 from fedsim.runtime.interrupted import (
@@ -66,7 +67,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         help="Override one setting in every run with a YAML value; repeatable.")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="How many runs at a time, each in its own process (default 1).")
-    parser.add_argument("--out", metavar="DIR",
+    parser.add_argument("--out", metavar="DIR", type=out_argument,
                         help="The sweep directory; it must be new or empty (by default "
                         "runs/NAME-sweep, with a numeric suffix if that exists, as fedsim run "
                         "does).")
