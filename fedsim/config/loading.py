@@ -40,6 +40,7 @@ from fedsim.config.suggestions import (
     did_you_mean,
     first_unknown_key,
     key_of_another_kind,
+    kind_for_a_mapping,
     kinds_fitting,
     meant_choice,
 )
@@ -500,11 +501,21 @@ def _hint(error: Mapping[str, Any], path: Sequence[str | int], data: Any,
                             fix=_kind_fix(path, mapping, overridden), label=label)
     if kind == "union_tag_not_found":
         return kinds_fitting(path, _at(data, path))
-    if kind in ("literal_error", "union_tag_invalid"):
-        given = error.get("input") if kind == "literal_error" else (
-            error.get("ctx", {}).get("tag"))
-        return meant_choice(path, given, tag=kind == "union_tag_invalid")
-    return ""
+    return _value_hint(error, path, overridden)
+
+
+def _value_hint(error: Mapping[str, Any], path: Sequence[str | int],
+                overridden: _Overridden | None) -> str:
+    """:func:`_hint` for a refused value: a choice close to one accepted, or a kind's name
+    given where its mapping goes."""
+    kind = error["type"]
+    if kind in _NOT_A_MAPPING:
+        return kind_for_a_mapping(path, error.get("input"),
+                                  overridden.label if overridden is not None else "--set")
+    if kind not in ("literal_error", "union_tag_invalid"):
+        return ""
+    given = error.get("input") if kind == "literal_error" else error.get("ctx", {}).get("tag")
+    return meant_choice(path, given, tag=kind == "union_tag_invalid")
 
 
 def _format_errors(errors: Sequence[Mapping[str, Any]], data: Any,

@@ -35,8 +35,8 @@ from fedsim.config.kind_keys import KeysOfKind, kind_field, kinds_text
 from fedsim.config.overrides import format_path
 from fedsim.config.schema import Scenario
 
-__all__ = ["KindFix", "did_you_mean", "first_unknown_key", "key_of_another_kind", "kinds_fitting",
-           "meant_choice"]
+__all__ = ["KindFix", "did_you_mean", "first_unknown_key", "key_of_another_kind", "kind_for_a_mapping",
+           "kinds_fitting", "meant_choice"]
 
 _CUTOFF = 0.6
 """difflib's similarity a suggestion needs (its default)."""
@@ -241,6 +241,25 @@ def kinds_fitting(path: Sequence[str | int], mapping: Any) -> str:
     if not fitting or len(fitting) == len(members):
         return ""
     return f" - its keys fit {kinds_text(fitting)} (add 'kind: {fitting[0]}')"
+
+
+def kind_for_a_mapping(path: Sequence[str | int], given: Any, label: str = "--set") -> str:
+    """`` - a kind is chosen inside its mapping: --set 'server.aggregation={kind: fedbuff,
+    buffer_size: ...}'`` for a value ``given`` at ``path`` that names one of the kinds the
+    mapping there chooses among, where the mapping itself was expected (a stranger's
+    ``--set server.aggregation=fedbuff`` was told only that it must be a mapping); else
+    ``""``."""
+    kinds = _kinds_at(path)
+    if kinds is None or not isinstance(given, str):
+        return ""
+    meant = given.strip()
+    if meant not in kinds.reads:
+        close = difflib.get_close_matches(meant, sorted(kinds.reads), n=1, cutoff=_CUTOFF)
+        if not close:
+            return ""
+        meant = close[0]
+    return (f" - a {kinds.field} is chosen inside its mapping: "
+            f"{_whole_value(path, kinds, meant, {}, label)}")
 
 
 def _whose(path: Sequence[str | int], key: str, chosen: str | None) -> str:

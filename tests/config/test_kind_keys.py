@@ -98,6 +98,27 @@ def test_a_key_added_by_an_override_is_offered_the_whole_value_of_its_kind(
                for line in caught.value.errors), caught.value.errors
 
 
+def test_a_kinds_name_where_its_mapping_goes_is_offered_the_mapping(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's ``--set server.aggregation=fedbuff`` was told only that it must be a
+    mapping: the hint writes the mapping of that kind (or of the kind its name is close to),
+    with '...' for what the kind requires, and nothing for a name no kind is close to."""
+    file = _file(tmp_path, MINIMAL)
+    for given, whole in (("fedbuff", "{kind: fedbuff, buffer_size: ...}"),
+                         ("fedbuf", "{kind: fedbuff, buffer_size: ...}"),
+                         ("windows", "{kind: windows}")):
+        assert main(["validate", str(file), "--set", f"server.aggregation={given}"]) == 2
+        err = capsys.readouterr().err
+        assert (f'must be a mapping: its keys indented under it, or {{key: value}} (got '
+                f'"{given}") - a kind is chosen inside its mapping: --set '
+                f"'server.aggregation={whole}'") in err, err
+    assert main(["validate", str(file), "--set", "server.aggregation=banana"]) == 2
+    assert "a kind is chosen" not in capsys.readouterr().err
+    # The suggestion with its required value filled in is valid.
+    assert main(["validate", str(file), "--set",
+                 "server.aggregation={kind: fedbuff, buffer_size: 3}"]) == 0
+
+
 def test_python_overrides_name_themselves() -> None:
     import fedsim
 
