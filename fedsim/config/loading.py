@@ -509,7 +509,8 @@ def _value_hint(error: Mapping[str, Any], path: Sequence[str | int],
     """:func:`_hint` for a refused value: a choice close to one accepted, or a kind's name
     given where its mapping goes."""
     kind = error["type"]
-    if kind in _NOT_A_MAPPING:
+    # (a value_error: a field where a number stands for a constant refused a word)
+    if kind in _NOT_A_MAPPING or (kind == "value_error" and isinstance(error.get("input"), str)):
         return kind_for_a_mapping(path, error.get("input"),
                                   overridden.label if overridden is not None else "--set")
     if kind not in ("literal_error", "union_tag_invalid"):

@@ -114,6 +114,13 @@ def test_a_kinds_name_where_its_mapping_goes_is_offered_the_mapping(
                 f"'server.aggregation={whole}'") in err, err
     assert main(["validate", str(file), "--set", "server.aggregation=banana"]) == 2
     assert "a kind is chosen" not in capsys.readouterr().err
+    # Where a number stands for a constant (a speed, a clip), a kind's name is a word too.
+    assert main(["validate", str(file), "--set", "clients.groups[0].speed=lognormal"]) == 2
+    assert ("(got \"lognormal\") - a kind is chosen inside its mapping: --set "
+            "'clients.groups[0].speed={kind: lognormal, median: ..., sigma: ...}'"
+            ) in capsys.readouterr().err
+    assert main(["validate", str(file), "--set", "clients.groups[0].speed=fast"]) == 2
+    assert "a kind is chosen" not in capsys.readouterr().err
     # The suggestion with its required value filled in is valid.
     assert main(["validate", str(file), "--set",
                  "server.aggregation={kind: fedbuff, buffer_size: 3}"]) == 0
