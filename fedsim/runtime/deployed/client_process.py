@@ -56,10 +56,12 @@ from fedsim.runtime.deployed.deployment import (
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import (
+    RUN_FINISHED,
     add_counts,
     claim_state_dir,
     client_state_file,
     emulated_totals,
+    refuse_ended_run,
     report_count,
     stopped_for_good,
 )
@@ -174,13 +176,16 @@ async def run_client(
     ``availability`` periods pause and resume the actor (scenario time).
 
     Resumes the ledger in ``state_dir``; writes ``client-<id>.json`` there (also returned).
+    Refuses at once (:class:`~fedsim.errors.ConfigError`) where that report says the run
+    ended (:func:`~fedsim.runtime.deployed.state_owner.refuse_ended_run`).
     """
     scenario = loaded.scenario
     require_public_slots(scenario)
     run = run_name(scenario, run)
+    state = Path(state_dir)
+    refuse_ended_run(state, client_id)  # before its data, ledger or broker: nothing to do
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)
-    state = Path(state_dir)
     claim_state_dir(state, client_id)
     ledger = open_ledger(plan, ledger_file(state, client_id))
     first_round = ledger.next_round
@@ -397,6 +402,10 @@ class _ClientProcess:
             **{name: report_count(previous, name) + lives.count(name)
                for name in ("timing_overruns", "split_delays", "late_models")},
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
+            # The server's end of the run, once seen (here or by an earlier process): no
+            # process goes on from this state directory (state_owner.refuse_ended_run).
+            RUN_FINISHED: previous.get(RUN_FINISHED) if lives.finished is None else {
+                "version": lives.finished.version, "reason": lives.finished.reason},
             # The scenario's links, emulated (None: they are perfect, nothing to emulate).
             "emulated_network": None if self.links is None else emulated_totals(
                 [previous.get("emulated_network"), self.links.counts()]),

@@ -13,6 +13,14 @@ from another working directory, a volume not mounted, the whole directory delete
 nothing to tell: there the server's welcome does, when it knows rounds of the client
 (:class:`fedsim.transports.mqtt.MqttClientEndpoint`, ``recorded_rounds``). This guards
 against mistakes, not against the machine's owner (docs/SECURITY.md).
+
+**A run that ended is not resumed** (a stranger's review, session 66). A client that saw the
+server's end of the run (:class:`~fedsim.protocol.messages.RunFinished`) records it in its exit
+report (``run_finished``: the version and reason; an earlier fedsim's report says it by its
+``server_finished`` stop), and a client started again on that directory is refused before it
+opens its ledger or connects (:func:`refuse_ended_run`), as ``fedsim server`` refuses a finished
+run's ``--state``: restarted, it waited for a welcome no server would send until it was killed,
+and a server of the same run name could have had it spend privacy after its run ended.
 """
 
 from __future__ import annotations
@@ -34,8 +42,12 @@ from fedsim.runtime.run_outputs import (
 OWNER_FILE = "owner.json"
 """The state directory's owner: ``{"client_id": ...}``, written at the first start."""
 
-__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file", "report_count",
-           "stopped_for_good"]
+RUN_FINISHED = "run_finished"
+"""The report's record of the server's end of the run: ``{"version": ..., "reason": ...}``, or
+None (not seen)."""
+
+__all__ = ["OWNER_FILE", "RUN_FINISHED", "claim_state_dir", "client_state_file", "ended_run",
+           "refuse_ended_run", "report_count", "stopped_for_good"]
 
 
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
@@ -77,6 +89,37 @@ def claim_state_dir(state: Path, client_id: str) -> None:
     if owner is None:
         state.mkdir(parents=True, exist_ok=True)
         write_json(state / OWNER_FILE, {"client_id": client_id})
+
+
+def ended_run(report: Mapping[str, object]) -> str | None:
+    """How a client's exit report says its run ended (``"at version 7 (...)"``), None where it
+    does not: neither ``run_finished`` nor a ``server_finished`` stop (an earlier fedsim's
+    report). A ``run_finished`` that is not what a client writes (damage) still says the run
+    ended: taken for absence, it would let the client train on a run it was told is over."""
+    finished = report.get(RUN_FINISHED)
+    if isinstance(finished, dict) and type(finished.get("version")) is int \
+            and isinstance(finished.get("reason"), str):
+        return f"at version {finished['version']} ({finished['reason'] or 'no reason given'})"
+    if finished is not None:
+        return f"(its {RUN_FINISHED} reads {str(finished)[:80]!r})"
+    if report.get("stop_kind") == "server_finished":
+        return f"({str(report.get('stop_reason') or 'the server finished the run')[:300]})"
+    return None
+
+
+def refuse_ended_run(state: Path, client_id: str) -> None:
+    """Refuse to start ``client_id`` on ``state`` when its exit report says its run ended
+    (:func:`ended_run`; module docstring). Reads nothing else and writes nothing.
+
+    Raises:
+        ConfigError: the run ended (exit status 2, one line).
+    """
+    report_file = client_state_file(state, client_id)
+    ended = ended_run(read_json(report_file))
+    if ended is not None:
+        raise ConfigError(f"{state}: the run of client {client_id!r} ended {ended}, as "
+                          f"{report_file.name} records; nothing to resume: start a new run on "
+                          f"a fresh --state directory")
 
 
 def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
