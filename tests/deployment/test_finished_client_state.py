@@ -4,7 +4,10 @@ announced the end under a new run incarnation). Its exit report now records the 
 of the run (``run_finished``), and a client started on it refuses at once, in one line and
 exit status 2, as ``fedsim server`` refuses a finished run's ``--state``
 (tests/deployment/test_finished_state.py), before it opens its ledger or connects: it never
-spends privacy after its run ended. A client resuming a run still going on is unchanged."""
+spends privacy after its run ended. A client that stopped before the end (its budget spent)
+never saw it: its report records the run incarnations it followed, and the broker's retained
+end of one of them ends it at once, the same way. A client resuming a run still going on is
+unchanged."""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import pytest
 from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.ledger_mark import mark_path
+from fedsim.protocol import codec
+from fedsim.protocol.messages import RunFinished
 from fedsim.runtime.deployed.client_lives import DOWN_AT_THE_END
 from fedsim.runtime.deployed.client_process import run_client
 from fedsim.runtime.deployed.state_owner import (
@@ -29,7 +34,7 @@ from fedsim.runtime.deployed.state_owner import (
 )
 from fedsim.runtime.run_outputs import ledger_file
 from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
-from fedsim.transports.mqtt import parse_broker_url
+from fedsim.transports.mqtt import MqttClientEndpoint, parse_broker_url
 from tests.deployment.test_state_owner import _used_by
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
@@ -101,21 +106,46 @@ def test_the_client_refuses_before_it_opens_its_ledger_or_a_connection(
     assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("followed", [True, False])
+def test_the_retained_end_of_a_run_it_followed_ends_a_restarted_client(followed: bool) -> None:
+    """Before any welcome: the retained end names the incarnation the client's report says it
+    followed (or one its lineage continues): its run is over, nothing waits for a welcome. Any
+    other end may be an earlier run's and waits for the live server, as before."""
+    old, new = "0123456789abcdef", "fedcba9876543210"
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      followed=[old] if followed else ["00ff00ff00ff00ff"])
+        endpoint._on_message(endpoint.topics.global_model, codec.encode(
+            RunFinished(7, "windows", 30.0), incarnation=new, lineage=(old,)))
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.incarnation.current is None and endpoint.stats.received == 0
+    assert endpoint.ended_before == (RunFinished(7, "windows", 30.0) if followed else None)
+    assert bool(endpoint.incarnation.held_back) is not followed
+
+
 @pytest.mark.mqtt
 @pytest.mark.slow
 @pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING)
-def test_a_client_restarted_after_its_run_ended_exits_2_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("budget", [None, 0.3], ids=["saw-the-end", "spent-before-the-end"])
+def test_a_client_restarted_after_its_run_ended_exits_2_at_once(
+        tmp_path: Path, budget: float | None) -> None:
     """A short launch (its own mosquitto on a free port of 127.0.0.1, stopped by its PID at
     ``close``) runs to its end; one client restarted by the same command on its state, the
     broker still holding the run's retained end, exits 2 within seconds, its ledger as the
-    run left it."""
+    run left it. With a budget of 0.3 every client stops on it before the end (the run ends
+    on spent budgets): the retained end of the incarnation its report names stops it."""
     from fedsim.runtime.deployed.launcher import Launcher
     from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 
     out, ids = tmp_path / "run", [f"c-{i:03d}" for i in range(4)]
     options = DeploymentOptions(time_scale=0.1, max_backoff=0.5,
                                 wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
-    launcher = Launcher(SCENARIO, out, options=options, overrides=["stop.windows=3"])
+    overrides = ["stop.windows=3"] if budget is None else [
+        "stop.windows=200", f"clients.groups[0].budget.epsilon={budget}"]
+    launcher = Launcher(SCENARIO, out, options=options, overrides=overrides)
     try:
         launcher.prepare()
         launcher.start_all()
@@ -125,8 +155,12 @@ def test_a_client_restarted_after_its_run_ended_exits_2_at_once(tmp_path: Path) 
         ledger = ledger_file(state, "c-001")
         before = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
         report = json.loads(client_state_file(state, "c-001").read_text())
-        assert report["stop_kind"] == "server_finished" and report[RUN_FINISHED] is not None
-        assert ledger.read_bytes() and mark_path(ledger).read_bytes()
+        if budget is None:
+            assert report["stop_kind"] == "server_finished" and report[RUN_FINISHED] is not None
+        else:  # it never saw the end: its report cannot refuse the start
+            assert report["stop_kind"] == "budget" and report[RUN_FINISHED] is None
+            assert report["incarnations"], report
+        assert mark_path(ledger).read_bytes()
         log = out / "logs" / "c-001.log"
         logged = log.read_bytes()
         started = time.monotonic()
@@ -137,7 +171,23 @@ def test_a_client_restarted_after_its_run_ended_exits_2_at_once(tmp_path: Path) 
         launcher.close()
     assert code == 2, f"exit status {code} after {took:.1f} s"
     assert took < 10.0, took
-    assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
+    after = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
     said = log.read_bytes()[len(logged):].decode()
-    assert f"the run of client 'c-001' ended at version {report[RUN_FINISHED]['version']}" \
-        in said and "start a new run on a fresh --state directory" in said, said
+    assert "start a new run on a fresh --state directory" in said, said
+    if budget is None:  # refused from its report: nothing written
+        assert after == before
+        assert f"the run of client 'c-001' ended at version {report[RUN_FINISHED]['version']}" \
+            in said, said
+        return
+    # Ended by the broker: its report keeps its budget stop and now says the run ended (the
+    # next start is refused from it); its ledger and mark are as the run left them.
+    assert "as the broker's retained end of the run it followed says" in said, said
+    assert {p for p in after if p.parent.name == "ledgers"} == \
+        {p for p in before if p.parent.name == "ledgers"}
+    assert all(after[p] == before[p] for p in before if p.parent.name == "ledgers")
+    again = json.loads(client_state_file(state, "c-001").read_text())
+    assert {k: again[k] for k in ("state", "stop_kind", "stop_reason", "stopped_at")} == \
+        {k: report[k] for k in ("state", "stop_kind", "stop_reason", "stopped_at")}
+    assert again[RUN_FINISHED] is not None and again["released"] == report["released"]
+    with pytest.raises(ConfigError, match="as client-c-001.json records"):
+        refuse_ended_run(state, "c-001")

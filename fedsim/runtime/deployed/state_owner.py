@@ -20,7 +20,12 @@ report (``run_finished``: the version and reason; an earlier fedsim's report say
 ``server_finished`` stop), and a client started again on that directory is refused before it
 opens its ledger or connects (:func:`refuse_ended_run`), as ``fedsim server`` refuses a finished
 run's ``--state``: restarted, it waited for a welcome no server would send until it was killed,
-and a server of the same run name could have had it spend privacy after its run ended.
+and a server of the same run name could have had it spend privacy after its run ended. A
+client that stopped before the end never saw it; its report names the run incarnations it
+followed (``incarnations``, :func:`followed_incarnations`), and the broker's retained end of
+one of them ends its next process before any model
+(:class:`fedsim.transports.mqtt.MqttClientEndpoint`'s ``followed``), in the same line
+(:func:`run_ended_error`).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ RUN_FINISHED = "run_finished"
 None (not seen)."""
 
 __all__ = ["OWNER_FILE", "RUN_FINISHED", "claim_state_dir", "client_state_file", "ended_run",
-           "refuse_ended_run", "report_count", "stopped_for_good"]
+           "followed_incarnations", "refuse_ended_run", "report_count", "run_ended_error",
+           "stopped_for_good"]
 
 
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
@@ -117,9 +123,14 @@ def refuse_ended_run(state: Path, client_id: str) -> None:
     report_file = client_state_file(state, client_id)
     ended = ended_run(read_json(report_file))
     if ended is not None:
-        raise ConfigError(f"{state}: the run of client {client_id!r} ended {ended}, as "
-                          f"{report_file.name} records; nothing to resume: start a new run on "
-                          f"a fresh --state directory")
+        raise run_ended_error(state, client_id, ended, f"{report_file.name} records")
+
+
+def run_ended_error(state: Path, client_id: str, ended: str, source: str) -> ConfigError:
+    """The one line a client started on a run that ended stops with (exit status 2):
+    ``ended`` says at what, ``source`` who says so."""
+    return ConfigError(f"{state}: the run of client {client_id!r} ended {ended}, as {source}; "
+                       "nothing to resume: start a new run on a fresh --state directory")
 
 
 def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
@@ -143,6 +154,19 @@ def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
         return 0
     raise ConfigError(f"{report_file}: its ledger_rounds is not a list of rounds "
                       f"({type(rounds).__name__}), {lost}")
+
+
+def followed_incarnations(report: Mapping[str, object]) -> list[str]:
+    """The run incarnations a client's report says its processes followed (``incarnations``;
+    anything else in it, damage, is left out: it only ever shortens the client's wait)."""
+    followed = report.get("incarnations")
+    if not isinstance(followed, list):
+        return []
+    return [i for i in followed if isinstance(i, str) and 0 < len(i) <= 32][-MAX_FOLLOWED:]
+
+
+MAX_FOLLOWED = 16
+"""The most run incarnations a client's report keeps (the newest)."""
 
 
 def report_count(report: Mapping[str, object], key: str) -> int:
