@@ -5,7 +5,10 @@ The client takes its data partition (the simulator's seeded split: client ID hol
 records in both modes) and its DP posture (batch size, sampling, clipping, noise, budget) from
 the scenario. Its privacy ledger lives in ``--state`` and is resumed, never reset, when the
 process restarts. It exits 0 when its rounds or budget end (after the server has acknowledged
-its updates) or on SIGTERM/SIGINT. Time scale, credentials and broker: see ``fedsim server``.
+its updates) or on SIGTERM/SIGINT; started on the state of a client whose run ended (its exit
+report says so, or the broker's retained end of the run it followed), it exits 2 at once,
+saying so in one line. Time scale, credentials and broker:
+see ``fedsim server``.
 """
 
 from __future__ import annotations

@@ -78,6 +78,12 @@ class MqttClientEndpoint(_MqttEndpoint):
     unacknowledged updates back in it, sent once the live server's incarnation is known (a
     receipt relayed by an aggregator is only taken for that incarnation) and dropped if they
     belong to another run. None: in memory only.
+
+    ``followed``: the run incarnations an earlier process of this client followed (its exit
+    report's). The broker's retained end of a run, before any welcome, is that run's end when
+    it names one of them (its incarnation or lineage): no server will welcome the client
+    again, so the endpoint delivers nothing and sets :attr:`ended_before` (:meth:`ended`).
+    Any other retained end may be an earlier run's, and waits for the live server as before.
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         aggregator: str | None = None,
         recorded_rounds: int | None = None,
         outbox: DurableOutbox | None = None,
+        followed: Collection[str] = (),
     ) -> None:
         try:
             codec.check_client_id(client_id)
@@ -142,6 +149,10 @@ class MqttClientEndpoint(_MqttEndpoint):
         self.refusal: LedgerError | None = None
         """Why this client must not go on (the server knows rounds its ledger lost), or None."""
         self._refused = asyncio.Event()
+        self._followed = frozenset(followed)
+        self.ended_before: RunFinished | None = None
+        """The end of the run this client followed, retained on the broker (``followed``)."""
+        self._ended = asyncio.Event()
         self._store = outbox
         self._released: dict[int, bytes] = {}  # kept on disk, on an emulated link still
         self._writes: set[asyncio.Task[None]] = set()  # durable copies being written (close waits)
@@ -300,6 +311,13 @@ class MqttClientEndpoint(_MqttEndpoint):
         assert self.refusal is not None
         return self.refusal
 
+    async def ended(self) -> RunFinished:
+        """Wait until the broker's retained end names the run this client followed
+        (:attr:`ended_before`, the class docstring's ``followed``)."""
+        await self._ended.wait()
+        assert self.ended_before is not None
+        return self.ended_before
+
     async def flush(self, timeout: float) -> bool:
         """Wait until every update is acknowledged; False if some are not within ``timeout``."""
         try:
@@ -389,6 +407,10 @@ class MqttClientEndpoint(_MqttEndpoint):
         current = self.incarnation.current
         if current is None and isinstance(frame.message, RunFinished):
             self._run_ended(frame.incarnation, frame.lineage)
+            if self._followed & {frame.incarnation, *frame.lineage} and self.refusal is None:
+                self.ended_before = frame.message
+                self._ended.set()
+                return  # its run is over: nothing is held back for a welcome
         admitted = self.incarnation.admit_global(frame)
         if admitted is not None:
             self._deliver(admitted.message)
@@ -435,7 +457,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         that run (stamped with its incarnation or one it continued) can never be received,
         so they are forgotten (``stats.other_run``; a review: a client restarted after its
         server finished kept them on disk, unacknowledged though applied). The end itself
-        waits for the live server's confirmation, as before (it may be an earlier run's)."""
+        waits for the live server's confirmation, as before (it may be an earlier run's),
+        unless it names a run this client followed (the class docstring's ``followed``)."""
         ended = {incarnation, *lineage}
         self._forget_restored(lambda stamp: stamp in ended, "a run that has ended",
                               self._log.info)

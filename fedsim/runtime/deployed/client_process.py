@@ -56,11 +56,15 @@ from fedsim.runtime.deployed.deployment import (
 from fedsim.runtime.deployed.guarantees import require_public_slots
 from fedsim.runtime.deployed.options import FLUSH_TIMEOUT, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import (
+    RUN_FINISHED,
     add_counts,
     claim_state_dir,
     client_state_file,
     emulated_totals,
+    followed_incarnations,
+    refuse_ended_run,
     report_count,
+    run_ended_error,
     stopped_for_good,
 )
 from fedsim.runtime.normalisation import normalisation_generator
@@ -174,13 +178,16 @@ async def run_client(
     ``availability`` periods pause and resume the actor (scenario time).
 
     Resumes the ledger in ``state_dir``; writes ``client-<id>.json`` there (also returned).
+    Refuses at once (:class:`~fedsim.errors.ConfigError`) where that report says the run
+    ended (:func:`~fedsim.runtime.deployed.state_owner.refuse_ended_run`).
     """
     scenario = loaded.scenario
     require_public_slots(scenario)
     run = run_name(scenario, run)
+    state = Path(state_dir)
+    refuse_ended_run(state, client_id)  # before its data, ledger or broker: nothing to do
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)
-    state = Path(state_dir)
     claim_state_dir(state, client_id)
     ledger = open_ledger(plan, ledger_file(state, client_id))
     first_round = ledger.next_round
@@ -190,13 +197,14 @@ async def run_client(
             population.tree, client_id, scenario.privacy.deployed_randomness),
     )
     clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
-    endpoint = _client_endpoint(scenario, population, client_id, broker, run=run,
-                                options=options, first_round=first_round,
-                                outbox=DurableOutbox(state / "outbox"))
-    endpoint.resume_outbox(ledger.rounds)  # what a killed process sent and saw no receipt for
-    links = emulated_links(loaded, plan, endpoint, clock, first_round, population)
     report_file = client_state_file(state, client_id)
     previous = read_json(report_file)
+    endpoint = _client_endpoint(scenario, population, client_id, broker, run=run,
+                                options=options, first_round=first_round,
+                                outbox=DurableOutbox(state / "outbox"),
+                                followed=followed_incarnations(previous))
+    endpoint.resume_outbox(ledger.rounds)  # what a killed process sent and saw no receipt for
+    links = emulated_links(loaded, plan, endpoint, clock, first_round, population)
     _log.info(
         "client starting",
         client=client_id,
@@ -228,7 +236,7 @@ async def run_client(
         timeline=ServerTimeline(clock, _latest_time(scenario),
                                 lambda: endpoint.incarnation.current))
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
-                           first_round, previous)
+                           first_round, previous, state)
     made: bool | None = None  # False: a signal came before the first connection
     failure: BaseException | None = None
     try:
@@ -264,6 +272,7 @@ class _ClientProcess:
     first_round: int
     previous: dict[str, Any]
     """Its earlier processes' report (empty: none)."""
+    state: Path
 
     @property
     def crashed(self) -> bool:
@@ -292,8 +301,9 @@ class _ClientProcess:
                 "client", plan.client_id, "availability", "from-round", self.first_round
             )
             helpers.append(toggle_availability(plan, self.clock, rng, lives.set_online))
-        halt = asyncio.Event()  # a signal (stop), the server knows a lost ledger, or the
-        helpers.append(_halt_when(endpoint.refused(), halt))  # emulated links failed
+        halt = asyncio.Event()  # a signal (stop), the server knows a lost ledger, the
+        helpers.append(_halt_when(endpoint.refused(), halt))  # emulated links failed, or
+        helpers.append(_halt_when(endpoint.ended(), halt))  # the run it followed had ended
         if self.links is not None:
             helpers.append(_halt_when(self.links.broken(), halt))
         if stop is not None:
@@ -317,6 +327,12 @@ class _ClientProcess:
                          and endpoint.refusal is None, timeout=left())
         if endpoint.refusal is not None:
             raise LedgerError(f"{lives.record.ledger.path}: {endpoint.refusal}")
+        ended = endpoint.ended_before
+        if ended is not None:  # before this process released anything: it trained on nothing
+            reason = ended.reason or "no reason given"
+            raise run_ended_error(self.state, client_id,
+                                  f"at version {ended.version} ({reason})",
+                                  "the broker's retained end of the run it followed says")
         if self.links is not None and self.links.failure is not None:
             raise TransportError(f"client {client_id}: its emulated links failed: "
                                  f"{self.links.failure}") from self.links.failure
@@ -373,6 +389,8 @@ class _ClientProcess:
         """The client's report (``client-<id>.json``) after this process."""
         lives, previous, endpoint = self.lives, self.previous, self.endpoint
         released = [*previous.get("released", []), *(asdict(r) for r in lives.kept)]
+        finished = lives.finished or endpoint.ended_before
+        followed, current = followed_incarnations(previous), endpoint.incarnation.current
         state, kind, stopped_at, reason = self._final_state()
         outcome = {
             "client_id": self.plan.client_id,
@@ -397,6 +415,14 @@ class _ClientProcess:
             **{name: report_count(previous, name) + lives.count(name)
                for name in ("timing_overruns", "split_delays", "late_models")},
             "refused": None if endpoint.refusal is None else str(endpoint.refusal),
+            # The server's end of the run, once seen (here or by an earlier process): no
+            # process goes on from this state directory (state_owner.refuse_ended_run).
+            RUN_FINISHED: previous.get(RUN_FINISHED) if finished is None else {
+                "version": finished.version, "reason": finished.reason},
+            # The run incarnations this client followed: the broker's retained end of one
+            # ends a later process at once (MqttClientEndpoint's followed).
+            "incarnations": followed_incarnations({"incarnations": [
+                *followed, *([current] if current and current not in followed else [])]}),
             # The scenario's links, emulated (None: they are perfect, nothing to emulate).
             "emulated_network": None if self.links is None else emulated_totals(
                 [previous.get("emulated_network"), self.links.counts()]),
@@ -404,7 +430,8 @@ class _ClientProcess:
             "emulated_send_error": None if self.links is None or self.links.failure is None
             else str(self.links.failure),
         }
-        _keep_first_stop(outcome, previous, released_here=bool(lives.kept))
+        _keep_first_stop(outcome, previous, released_here=bool(lives.kept),
+                         ended=endpoint.ended_before is not None)
         return outcome
 
 
@@ -432,7 +459,8 @@ def _latest_time(scenario: Scenario) -> float:
 
 def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
                      broker: BrokerSettings, *, run: str, options: DeploymentOptions,
-                     first_round: int, outbox: DurableOutbox) -> MqttClientEndpoint:
+                     first_round: int, outbox: DurableOutbox,
+                     followed: list[str]) -> MqttClientEndpoint:
     """The client's MQTT endpoint, with the scenario's limits and the deployment's options."""
     return MqttClientEndpoint(
         broker,
@@ -448,6 +476,7 @@ def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
                     if scenario.aggregators.count else None),
         recorded_rounds=first_round,
         outbox=outbox,
+        followed=followed,
     )
 
 
@@ -480,9 +509,11 @@ def emulated_links(loaded: LoadedScenario, plan: ClientPlan, endpoint: MqttClien
 
 
 def _keep_first_stop(outcome: dict[str, Any], previous: dict[str, Any], *,
-                     released_here: bool) -> None:
-    """A client restarted after it had stopped for good keeps the first stop in its report."""
-    if stopped_for_good(previous) and stopped_for_good(outcome) and not released_here:
+                     released_here: bool, ended: bool = False) -> None:
+    """A client restarted after it had stopped for good keeps the first stop in its report
+    (``ended``: this process found its run ended, before it had a model)."""
+    if stopped_for_good(previous) and (stopped_for_good(outcome) or ended) \
+            and not released_here:
         # Restarted after it had stopped for good (a resumed launch restarts every
         # client): it released nothing, and its stop is the first one's, not this
         # process's clock's (a stranger saw a budget stop move from 253 s to 261 s).

@@ -13,6 +13,19 @@ from another working directory, a volume not mounted, the whole directory delete
 nothing to tell: there the server's welcome does, when it knows rounds of the client
 (:class:`fedsim.transports.mqtt.MqttClientEndpoint`, ``recorded_rounds``). This guards
 against mistakes, not against the machine's owner (docs/SECURITY.md).
+
+**A run that ended is not resumed** (a stranger's review, session 66). A client that saw the
+server's end of the run (:class:`~fedsim.protocol.messages.RunFinished`) records it in its exit
+report (``run_finished``: the version and reason; an earlier fedsim's report says it by its
+``server_finished`` stop), and a client started again on that directory is refused before it
+opens its ledger or connects (:func:`refuse_ended_run`), as ``fedsim server`` refuses a finished
+run's ``--state``: restarted, it waited for a welcome no server would send until it was killed,
+and a server of the same run name could have had it spend privacy after its run ended. A
+client that stopped before the end never saw it; its report names the run incarnations it
+followed (``incarnations``, :func:`followed_incarnations`), and the broker's retained end of
+one of them ends its next process before any model
+(:class:`fedsim.transports.mqtt.MqttClientEndpoint`'s ``followed``), in the same line
+(:func:`run_ended_error`).
 """
 
 from __future__ import annotations
@@ -34,7 +47,12 @@ from fedsim.runtime.run_outputs import (
 OWNER_FILE = "owner.json"
 """The state directory's owner: ``{"client_id": ...}``, written at the first start."""
 
-__all__ = ["OWNER_FILE", "claim_state_dir", "client_state_file", "report_count",
+RUN_FINISHED = "run_finished"
+"""The report's record of the server's end of the run: ``{"version": ..., "reason": ...}``, or
+None (not seen)."""
+
+__all__ = ["OWNER_FILE", "RUN_FINISHED", "claim_state_dir", "client_state_file", "ended_run",
+           "followed_incarnations", "refuse_ended_run", "report_count", "run_ended_error",
            "stopped_for_good"]
 
 
@@ -79,6 +97,42 @@ def claim_state_dir(state: Path, client_id: str) -> None:
         write_json(state / OWNER_FILE, {"client_id": client_id})
 
 
+def ended_run(report: Mapping[str, object]) -> str | None:
+    """How a client's exit report says its run ended (``"at version 7 (...)"``), None where it
+    does not: neither ``run_finished`` nor a ``server_finished`` stop (an earlier fedsim's
+    report). A ``run_finished`` that is not what a client writes (damage) still says the run
+    ended: taken for absence, it would let the client train on a run it was told is over."""
+    finished = report.get(RUN_FINISHED)
+    if isinstance(finished, dict) and type(finished.get("version")) is int \
+            and isinstance(finished.get("reason"), str):
+        return f"at version {finished['version']} ({finished['reason'] or 'no reason given'})"
+    if finished is not None:
+        return f"(its {RUN_FINISHED} reads {str(finished)[:80]!r})"
+    if report.get("stop_kind") == "server_finished":
+        return f"({str(report.get('stop_reason') or 'the server finished the run')[:300]})"
+    return None
+
+
+def refuse_ended_run(state: Path, client_id: str) -> None:
+    """Refuse to start ``client_id`` on ``state`` when its exit report says its run ended
+    (:func:`ended_run`; module docstring). Reads nothing else and writes nothing.
+
+    Raises:
+        ConfigError: the run ended (exit status 2, one line).
+    """
+    report_file = client_state_file(state, client_id)
+    ended = ended_run(read_json(report_file))
+    if ended is not None:
+        raise run_ended_error(state, client_id, ended, f"{report_file.name} records")
+
+
+def run_ended_error(state: Path, client_id: str, ended: str, source: str) -> ConfigError:
+    """The one line a client started on a run that ended stops with (exit status 2):
+    ``ended`` says at what, ``source`` who says so."""
+    return ConfigError(f"{state}: the run of client {client_id!r} ended {ended}, as {source}; "
+                       "nothing to resume: start a new run on a fresh --state directory")
+
+
 def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
     """How many rounds the exit report ``report_file`` says the client released, where its
     ledger and mark are gone (0: no report). A report that is there but cannot be read, or
@@ -100,6 +154,19 @@ def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
         return 0
     raise ConfigError(f"{report_file}: its ledger_rounds is not a list of rounds "
                       f"({type(rounds).__name__}), {lost}")
+
+
+def followed_incarnations(report: Mapping[str, object]) -> list[str]:
+    """The run incarnations a client's report says its processes followed (``incarnations``;
+    anything else in it, damage, is left out: it only ever shortens the client's wait)."""
+    followed = report.get("incarnations")
+    if not isinstance(followed, list):
+        return []
+    return [i for i in followed if isinstance(i, str) and 0 < len(i) <= 32][-MAX_FOLLOWED:]
+
+
+MAX_FOLLOWED = 16
+"""The most run incarnations a client's report keeps (the newest)."""
 
 
 def report_count(report: Mapping[str, object], key: str) -> int:

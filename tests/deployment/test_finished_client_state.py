@@ -1,0 +1,193 @@
+"""A client restarted on the state of a client whose run ended (a stranger's review): it waited
+for a welcome no server would send until it was killed (60 s, even while a re-run server
+announced the end under a new run incarnation). Its exit report now records the server's end
+of the run (``run_finished``), and a client started on it refuses at once, in one line and
+exit status 2, as ``fedsim server`` refuses a finished run's ``--state``
+(tests/deployment/test_finished_state.py), before it opens its ledger or connects: it never
+spends privacy after its run ended. A client that stopped before the end (its budget spent)
+never saw it: its report records the run incarnations it followed, and the broker's retained
+end of one of them ends it at once, the same way. A client resuming a run still going on is
+unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedsim.config import load_scenario
+from fedsim.errors import ConfigError
+from fedsim.privacy.ledger_mark import mark_path
+from fedsim.protocol import codec
+from fedsim.protocol.messages import RunFinished
+from fedsim.runtime.deployed.client_lives import DOWN_AT_THE_END
+from fedsim.runtime.deployed.client_process import run_client
+from fedsim.runtime.deployed.state_owner import (
+    RUN_FINISHED,
+    client_state_file,
+    ended_run,
+    refuse_ended_run,
+)
+from fedsim.runtime.run_outputs import ledger_file
+from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
+from fedsim.transports.mqtt import MqttClientEndpoint, parse_broker_url
+from tests.deployment.test_state_owner import _used_by
+
+SCENARIO = Path(__file__).with_name("four_clients.yaml")
+ENDED = {"client_id": "c-000", "state": "done", "stop_kind": "server_finished",
+         "stop_reason": "the server finished the run at version 4 (it closed 3 windows)",
+         RUN_FINISHED: {"version": 4, "reason": "it closed 3 windows"}}
+
+
+@pytest.mark.parametrize(("report", "said"), [
+    (ENDED, "at version 4 (it closed 3 windows)"),
+    # Down (due to rejoin) when the run ended: no server_finished stop, but it saw the end.
+    ({"state": "crashed", "stop_kind": None, "stop_reason": DOWN_AT_THE_END,
+      RUN_FINISHED: {"version": 9, "reason": ""}}, "at version 9 (no reason given)"),
+    # An earlier fedsim's report: its server_finished stop says it.
+    ({k: v for k, v in ENDED.items() if k != RUN_FINISHED},
+     "(the server finished the run at version 4 (it closed 3 windows))"),
+    # Damage does not pass for a run still going on.
+    ({**ENDED, RUN_FINISHED: 4}, f"(its {RUN_FINISHED} reads '4')"),
+])
+def test_a_report_that_saw_the_end_says_the_run_ended(report: dict[str, Any], said: str) -> None:
+    assert ended_run(report) == said
+
+
+@pytest.mark.parametrize("report", [
+    {},  # a first start, or a process killed before its report
+    {"state": "training", "stop_kind": None, "signalled": True, RUN_FINISHED: None},  # SIGTERM
+    {"state": "crashed", "stop_kind": None, "stop_reason": ""},  # killed, restarted by a launch
+    {"state": "budget_exhausted", "stop_kind": "budget", "stop_reason": "its next round ..."},
+    {"state": "done", "stop_kind": "done", "stop_reason": "finished its 5 rounds"},
+    {"state": "crashed", "stop_kind": "crashed", "stop_reason": "crashed for good"},
+])
+def test_a_report_of_a_run_still_going_on_resumes(report: dict[str, Any]) -> None:
+    assert ended_run(report) is None
+
+
+def test_the_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "c"
+    _used_by(state, "c-000")
+    client_state_file(state, "c-000").write_text(json.dumps(ENDED))
+    before = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError) as refused:
+        refuse_ended_run(state, "c-000")
+    text = str(refused.value)
+    assert "\n" not in text and refused.value.exit_code == 2
+    assert text == (f"{state}: the run of client 'c-000' ended at version 4 (it closed 3 "
+                    "windows), as client-c-000.json records; nothing to resume: start a new "
+                    "run on a fresh --state directory")
+    assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
+    refuse_ended_run(tmp_path / "fresh", "c-000")  # nothing there: a first start
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_the_client_refuses_before_it_opens_its_ledger_or_a_connection(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedsim.cli import main
+
+    state = tmp_path / "c"
+    _used_by(state, "c-000")
+    client_state_file(state, "c-000").write_text(json.dumps(ENDED))
+    before = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    broker = parse_broker_url("mqtt://127.0.0.1:9")  # never reached: refused before connecting
+    with pytest.raises(ConfigError, match="ended at version 4"):
+        asyncio.run(run_client(load_scenario(SCENARIO), "c-000", broker, state_dir=state))
+    capsys.readouterr()
+    assert main(["client", "--scenario", str(SCENARIO), "--client-id", "c-000", "--broker",
+                 "mqtt://127.0.0.1:9", "--state", str(state), "-q"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "start a new run on a fresh --state directory" in err[0], err
+    assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("followed", [True, False])
+def test_the_retained_end_of_a_run_it_followed_ends_a_restarted_client(followed: bool) -> None:
+    """Before any welcome: the retained end names the incarnation the client's report says it
+    followed (or one its lineage continues): its run is over, nothing waits for a welcome. Any
+    other end may be an earlier run's and waits for the live server, as before."""
+    old, new = "0123456789abcdef", "fedcba9876543210"
+
+    async def main() -> MqttClientEndpoint:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
+                                      followed=[old] if followed else ["00ff00ff00ff00ff"])
+        endpoint._on_message(endpoint.topics.global_model, codec.encode(
+            RunFinished(7, "windows", 30.0), incarnation=new, lineage=(old,)))
+        return endpoint
+
+    endpoint = asyncio.run(main())
+    assert endpoint.incarnation.current is None and endpoint.stats.received == 0
+    assert endpoint.ended_before == (RunFinished(7, "windows", 30.0) if followed else None)
+    assert bool(endpoint.incarnation.held_back) is not followed
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+@pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING)
+@pytest.mark.parametrize("budget", [None, 0.3], ids=["saw-the-end", "spent-before-the-end"])
+def test_a_client_restarted_after_its_run_ended_exits_2_at_once(
+        tmp_path: Path, budget: float | None) -> None:
+    """A short launch (its own mosquitto on a free port of 127.0.0.1, stopped by its PID at
+    ``close``) runs to its end; one client restarted by the same command on its state, the
+    broker still holding the run's retained end, exits 2 within seconds, its ledger as the
+    run left it. With a budget of 0.3 every client stops on it before the end (the run ends
+    on spent budgets): the retained end of the incarnation its report names stops it."""
+    from fedsim.runtime.deployed.launcher import Launcher
+    from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
+
+    out, ids = tmp_path / "run", [f"c-{i:03d}" for i in range(4)]
+    options = DeploymentOptions(time_scale=0.1, max_backoff=0.5,
+                                wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
+    overrides = ["stop.windows=3"] if budget is None else [
+        "stop.windows=200", f"clients.groups[0].budget.epsilon={budget}"]
+    launcher = Launcher(SCENARIO, out, options=options, overrides=overrides)
+    try:
+        launcher.prepare()
+        launcher.start_all()
+        assert launcher.wait("server", 90.0) == 0, "the server did not finish within 90 s"
+        assert all(launcher.wait(c, 30.0) == 0 for c in ids)  # each stopped by itself
+        state = out / "state" / "c-001"
+        ledger = ledger_file(state, "c-001")
+        before = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
+        report = json.loads(client_state_file(state, "c-001").read_text())
+        if budget is None:
+            assert report["stop_kind"] == "server_finished" and report[RUN_FINISHED] is not None
+        else:  # it never saw the end: its report cannot refuse the start
+            assert report["stop_kind"] == "budget" and report[RUN_FINISHED] is None
+            assert report["incarnations"], report
+        assert mark_path(ledger).read_bytes()
+        log = out / "logs" / "c-001.log"
+        logged = log.read_bytes()
+        started = time.monotonic()
+        launcher.start("c-001")  # as the launch started it: same argv, broker, --state
+        code = launcher.wait("c-001", 30.0)
+        took = time.monotonic() - started
+    finally:
+        launcher.close()
+    assert code == 2, f"exit status {code} after {took:.1f} s"
+    assert took < 10.0, took
+    after = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    said = log.read_bytes()[len(logged):].decode()
+    assert "start a new run on a fresh --state directory" in said, said
+    if budget is None:  # refused from its report: nothing written
+        assert after == before
+        assert f"the run of client 'c-001' ended at version {report[RUN_FINISHED]['version']}" \
+            in said, said
+        return
+    # Ended by the broker: its report keeps its budget stop and now says the run ended (the
+    # next start is refused from it); its ledger and mark are as the run left them.
+    assert "as the broker's retained end of the run it followed says" in said, said
+    assert {p for p in after if p.parent.name == "ledgers"} == \
+        {p for p in before if p.parent.name == "ledgers"}
+    assert all(after[p] == before[p] for p in before if p.parent.name == "ledgers")
+    again = json.loads(client_state_file(state, "c-001").read_text())
+    assert {k: again[k] for k in ("state", "stop_kind", "stop_reason", "stopped_at")} == \
+        {k: report[k] for k in ("state", "stop_kind", "stop_reason", "stopped_at")}
+    assert again[RUN_FINISHED] is not None and again["released"] == report["released"]
+    with pytest.raises(ConfigError, match="as client-c-001.json records"):
+        refuse_ended_run(state, "c-001")
