@@ -52,13 +52,20 @@ def test_another_clients_directory_is_refused(tmp_path: Path, marked: bool) -> N
     assert not ledger_file(state, "c-000").exists()
 
 
-def test_an_exit_report_of_released_rounds_without_a_ledger_is_refused(tmp_path: Path) -> None:
+def _without_ledger(tmp_path: Path) -> Path:
+    """A client's state directory whose report says it released rounds, and whose ledger and
+    mark are gone."""
     state = tmp_path / "c"
     claim_state_dir(state, "c-000")
     _used_by(state, "c-000")
     ledger = ledger_file(state, "c-000")
     ledger.unlink()
     ledger.with_name(ledger.name + ".hwm").unlink()
+    return state
+
+
+def test_an_exit_report_of_released_rounds_without_a_ledger_is_refused(tmp_path: Path) -> None:
+    state = _without_ledger(tmp_path)
     with pytest.raises(ConfigError, match="released 3 round"):
         claim_state_dir(state, "c-000")
 
@@ -69,12 +76,7 @@ def test_a_damaged_exit_report_without_a_ledger_is_refused_with_a_message(
     """An attacker's review (session 66b): with the ledger and mark gone, a report whose
     ``ledger_rounds`` was a count (or ``true``) crashed the start with a TypeError, and one
     that could not be read passed for no report, so a fresh ledger started at epsilon 0."""
-    state = tmp_path / "c"
-    claim_state_dir(state, "c-000")
-    _used_by(state, "c-000")
-    ledger = ledger_file(state, "c-000")
-    ledger.unlink()
-    ledger.with_name(ledger.name + ".hwm").unlink()
+    state = _without_ledger(tmp_path)
     report = client_state_file(state, "c-000")
     if damage == "fifo":
         report.unlink()
@@ -84,7 +86,7 @@ def test_a_damaged_exit_report_without_a_ledger_is_refused_with_a_message(
                            "not-json": '{"ledger_rounds": [0, 1,'}[damage])
     with pytest.raises(ConfigError, match="ledger and mark of client 'c-000' are gone"):
         claim_state_dir(state, "c-000")
-    assert not ledger.exists()
+    assert not ledger_file(state, "c-000").exists()
 
 
 def test_a_report_of_no_rounds_without_a_ledger_starts_afresh(tmp_path: Path) -> None:

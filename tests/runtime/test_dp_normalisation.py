@@ -10,6 +10,7 @@ import math
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,17 +156,22 @@ def test_clients_train_on_standardised_features_and_keep_them_across_a_restart(
         population.trainer(plan)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "infinite-std"])
-def test_damaged_stored_moments_are_refused_with_a_message(tmp_path: Path, damage: str) -> None:
-    """An attacker's review: a truncated moments file raised zipfile.BadZipFile at the client's
-    start, and one with an infinite deviation was accepted (every feature divided to zero)."""
-    loaded = load_scenario(SCENARIO)
-    population = build_population(loaded)
+def _stored_moments(tmp_path: Path) -> tuple[Any, Any, Any, Path]:
+    """A client of the scenario whose first trainer released and stored its moments: its
+    population, plan, ledger and moments file."""
+    population = build_population(load_scenario(SCENARIO))
     plan = plan_of(population, "poisson-000")
     path = tmp_path / "ledgers" / "poisson-000.jsonl"
     ledger = open_ledger(plan, path)
     population.trainer(plan, ledger=ledger)
-    stored = moments_file(path)
+    return population, plan, ledger, moments_file(path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "infinite-std"])
+def test_damaged_stored_moments_are_refused_with_a_message(tmp_path: Path, damage: str) -> None:
+    """An attacker's review: a truncated moments file raised zipfile.BadZipFile at the client's
+    start, and one with an infinite deviation was accepted (every feature divided to zero)."""
+    population, plan, ledger, stored = _stored_moments(tmp_path)
     if damage == "truncated":
         stored.write_bytes(stored.read_bytes()[:40])
     else:
@@ -186,13 +192,7 @@ def test_stored_moments_that_are_no_file_are_refused_not_waited_on(
     """An attacker's review (session 66b): a FIFO in place of the moments file hung the
     client's start for ever (``np.load`` opened it and waited for a writer), and a sparse
     giant there was read whole; both are refused now, with a message, nothing charged again."""
-    loaded = load_scenario(SCENARIO)
-    population = build_population(loaded)
-    plan = plan_of(population, "poisson-000")
-    path = tmp_path / "ledgers" / "poisson-000.jsonl"
-    ledger = open_ledger(plan, path)
-    population.trainer(plan, ledger=ledger)
-    stored = moments_file(path)
+    population, plan, ledger, stored = _stored_moments(tmp_path)
     stored.unlink()
     if damage == "fifo":
         os.mkfifo(stored)

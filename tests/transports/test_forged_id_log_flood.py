@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from contextlib import redirect_stderr
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
 
 import aiomqtt
 import numpy as np
@@ -54,29 +55,42 @@ def _warnings(text: str, event: str) -> list[dict]:
             and line.get("level") == "warning"]
 
 
-@pytest.mark.mqtt
-async def test_a_flood_of_forged_ids_at_the_server_is_counted_and_logged_once(
-        mosquitto: Broker) -> None:
-    topics = Topics(RUN)
+@contextmanager
+def _json_log() -> Iterator[io.StringIO]:
+    """The JSON log lines written within the block (stderr), as a library caller sees them."""
     stream = io.StringIO()
     with redirect_stderr(stream):
         configure_logging(json=True, level="info")
         try:
-            async with MqttServerEndpoint(mosquitto.server_url(), run=RUN,
-                                          expected_params=PARAMS, reconnect=FAST, seed=0,
-                                          clients=("c1", "c2", "c3")) as server:
-                stamp = server.incarnation.current
-                forged = codec.encode(ClientStatus("c2", "done", 1, 0.1, 1e-5),
-                                      incarnation=stamp)
-                async with _raw(mosquitto, "c1") as raw:  # c1's own topic, c2's id inside
-                    for _ in range(FLOOD):
-                        await raw.publish(topics.status("c1"), forged, qos=1)
-                await _until(lambda: server.stats.denied >= FLOOD)
-                assert server.stats.refused_by_kind == {"forged_client_id": FLOOD}
+            yield stream
         finally:
             configure_logging(json=False, level="info")
+
+
+def _warned_once(stream: io.StringIO) -> list[dict]:
+    """The forged-id warnings logged: one, whatever the flood."""
     warned = _warnings(stream.getvalue(), "access denied: forged client id")
     assert len(warned) == 1, f"{len(warned)} warnings for {FLOOD} forged messages"
+    return warned
+
+
+@pytest.mark.mqtt
+async def test_a_flood_of_forged_ids_at_the_server_is_counted_and_logged_once(
+        mosquitto: Broker) -> None:
+    topics = Topics(RUN)
+    with _json_log() as stream:
+        async with MqttServerEndpoint(mosquitto.server_url(), run=RUN,
+                                      expected_params=PARAMS, reconnect=FAST, seed=0,
+                                      clients=("c1", "c2", "c3")) as server:
+            stamp = server.incarnation.current
+            forged = codec.encode(ClientStatus("c2", "done", 1, 0.1, 1e-5),
+                                  incarnation=stamp)
+            async with _raw(mosquitto, "c1") as raw:  # c1's own topic, c2's id inside
+                for _ in range(FLOOD):
+                    await raw.publish(topics.status("c1"), forged, qos=1)
+            await _until(lambda: server.stats.denied >= FLOOD)
+            assert server.stats.refused_by_kind == {"forged_client_id": FLOOD}
+    warned = _warned_once(stream)
     assert "summarised" in warned[0]["further"]
 
 
@@ -85,28 +99,22 @@ async def test_a_flood_of_forged_ids_at_an_aggregator_is_counted_and_logged_once
         mosquitto: Broker) -> None:
     topics = Topics(RUN)
     aggregators = ("aggregator-0",)
-    stream = io.StringIO()
     delta = np.zeros(PARAMS, dtype=np.float32)
-    with redirect_stderr(stream):
-        configure_logging(json=True, level="info")
-        try:
-            creds = mosquitto.secrets.for_server()  # (the fixture's ACL has no aggregators:
-            # the server's credentials read every update topic, as an aggregator reads its own)
-            url = f"mqtt://{creds.username}:{creds.password}@{mosquitto.host}:{mosquitto.port}"
-            async with MqttAggregatorEndpoint(url, run=RUN, aggregator_id=aggregators[0],
-                                              aggregators=aggregators,
-                                              client_ids=("c1", "c2", "c3"),
-                                              expected_params=PARAMS, reconnect=FAST,
-                                              seed=0) as node:
-                assert aggregator_of("c1", aggregators) == aggregators[0]
-                forged = codec.encode(ClientUpdate("c2", 1, 0, delta, 1.0))
-                await asyncio.sleep(0.3)  # subscribed
-                async with _raw(mosquitto, "c1") as raw:
-                    for _ in range(FLOOD):
-                        await raw.publish(topics.updates("c1"), forged, qos=1)
-                await _until(lambda: node.stats.denied >= FLOOD)
-                assert node.stats.refused_by_kind == {"forged_client_id": FLOOD}
-        finally:
-            configure_logging(json=False, level="info")
-    warned = _warnings(stream.getvalue(), "access denied: forged client id")
-    assert len(warned) == 1, f"{len(warned)} warnings for {FLOOD} forged messages"
+    with _json_log() as stream:
+        creds = mosquitto.secrets.for_server()  # (the fixture's ACL has no aggregators:
+        # the server's credentials read every update topic, as an aggregator reads its own)
+        url = f"mqtt://{creds.username}:{creds.password}@{mosquitto.host}:{mosquitto.port}"
+        async with MqttAggregatorEndpoint(url, run=RUN, aggregator_id=aggregators[0],
+                                          aggregators=aggregators,
+                                          client_ids=("c1", "c2", "c3"),
+                                          expected_params=PARAMS, reconnect=FAST,
+                                          seed=0) as node:
+            assert aggregator_of("c1", aggregators) == aggregators[0]
+            forged = codec.encode(ClientUpdate("c2", 1, 0, delta, 1.0))
+            await asyncio.sleep(0.3)  # subscribed
+            async with _raw(mosquitto, "c1") as raw:
+                for _ in range(FLOOD):
+                    await raw.publish(topics.updates("c1"), forged, qos=1)
+            await _until(lambda: node.stats.denied >= FLOOD)
+            assert node.stats.refused_by_kind == {"forged_client_id": FLOOD}
+    _warned_once(stream)
