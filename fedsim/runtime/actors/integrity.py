@@ -69,6 +69,7 @@ from fedsim.privacy.schedules import Schedule
 from fedsim.protocol.codec import read_only_root
 from fedsim.protocol.compression import least_kept
 from fedsim.protocol.norms import vector_norm
+from fedsim.training.dpsgd import noise_std
 from fedsim.training.local import sum_noise_multiplier
 
 __all__ = [
@@ -255,7 +256,8 @@ def least_sparse_count(group: ClientGroup, schedule: Schedule, dim: int) -> int:
         return 0
     product = schedule.sigma_0 * schedule.clip_0
     least_product = min(product, product * schedule.rho_c / schedule.rho_mu)
-    std = sensitivity(group.sampling, 1.0) * least_product / float(group.batch_size)
+    # (the noise's std on Ubar / m, its one definition, at the least product C_t sigma_t)
+    std = noise_std(group.sampling, 1.0, least_product, float(group.batch_size))
     return least_kept(group.compression.threshold, std, dim, FAILURE_PROBABILITY)
 
 
