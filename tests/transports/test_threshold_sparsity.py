@@ -62,6 +62,10 @@ def test_the_floor_is_a_binomial_lower_tail_of_the_noise_alone() -> None:
     least = compression.least_kept(0.1, NOISE_STD, DIM, FAILURE_PROBABILITY)
     p = math.erfc(0.1 / NOISE_STD / math.sqrt(2))  # 0.1096
     assert 0.8 * DIM * p < least < DIM * p
+    # Independently: the binomial's own lower tail at the floor is within the promised
+    # probability (Chernoff is a bound: the exact tail is far smaller).
+    from scipy.stats import binom
+    assert binom.cdf(least, DIM, p) <= FAILURE_PROBABILITY
     # Honest noise-only vectors (the fewest an honest update keeps) stay above it.
     rng = np.random.default_rng(0)
     counts = [int(np.count_nonzero(np.abs(rng.normal(0, NOISE_STD, DIM).astype(np.float32))
