@@ -52,6 +52,44 @@ def test_another_clients_directory_is_refused(tmp_path: Path, marked: bool) -> N
     assert not ledger_file(state, "c-000").exists()
 
 
+OWNER_DAMAGE = {
+    "not-json": b'{"client_id": "c-00',
+    "not-utf8": b'{"client_id": "c-\xff"}',
+    "a-list": b'["c-000"]',
+    "no-id": b'{"owner": "c-000"}',
+    "an-int": b'{"client_id": 7}',
+    "not-an-id": b'{"client_id": "../c-000"}',
+    "more-keys": b'{"client_id": "c-000", "x": 1}',
+    "oversized": b'{"client_id": "c-000"}' + b" " * 5000,
+}
+
+
+@pytest.mark.parametrize("damage", [*OWNER_DAMAGE, "empty", "fifo", "directory", "link"])
+def test_a_damaged_owner_file_is_refused_not_taken_for_absence(tmp_path: Path,
+                                                              damage: str) -> None:
+    """An owner file that is there but cannot be read, is not JSON or not ``{"client_id":
+    ...}`` passed for none: the start claimed the directory and overwrote it with its own
+    id. It now stops the start with a message naming the file, and is left as it was."""
+    state = tmp_path / "c"
+    claim_state_dir(state, "c-001")
+    owner = state / OWNER_FILE
+    owner.unlink()
+    if damage == "fifo":
+        os.mkfifo(owner)
+    elif damage == "directory":
+        owner.mkdir()
+    elif damage == "link":
+        (tmp_path / "elsewhere.json").write_text('{"client_id": "c-000"}')
+        owner.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        owner.write_bytes(OWNER_DAMAGE.get(damage, b""))
+    before = owner.lstat()
+    with pytest.raises(ConfigError, match=rf"{OWNER_FILE} is damaged .*fresh --state"):
+        claim_state_dir(state, "c-000")
+    assert owner.lstat() == before  # not claimed (rewritten) by the start
+    assert not ledger_file(state, "c-000").exists()
+
+
 def _without_ledger(tmp_path: Path) -> Path:
     """A client's state directory whose report says it released rounds, and whose ledger and
     mark are gone."""

@@ -8,7 +8,8 @@ again (session 49's review: 674 rounds at eps 2.998, then 674 more; 4.44 compose
 budget of 3.0). So the first start writes ``owner.json`` (the client's id), and a start is
 refused when the directory names another client, holds another client's ledger or exit
 report, or holds this client's exit report of released rounds while its ledger and mark are
-both gone (a fresh ledger would forget them). An empty directory (a default path resolved
+both gone (a fresh ledger would forget them); an owner file that is there but damaged
+is refused too, not taken for none (:func:`_owner`). An empty directory (a default path resolved
 from another working directory, a volume not mounted, the whole directory deleted) holds
 nothing to tell: there the server's welcome does, when it knows rounds of the client
 (:class:`fedsim.transports.mqtt.MqttClientEndpoint`, ``recorded_rounds``). This guards
@@ -30,11 +31,18 @@ one of them ends its next process before any model
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fedsim.atomic import read_regular
 from fedsim.errors import ConfigError
+from fedsim.json_input import json_problem, parse_json
 from fedsim.privacy.ledger_mark import mark_path
+from fedsim.protocol.headers import ClientId
 from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
     LEDGER_DIR,
@@ -46,6 +54,8 @@ from fedsim.runtime.run_outputs import (
 
 OWNER_FILE = "owner.json"
 """The state directory's owner: ``{"client_id": ...}``, written at the first start."""
+MAX_OWNER_BYTES = 4096
+"""The largest owner file read (fedsim writes about 30 bytes); a larger one is damage."""
 
 RUN_FINISHED = "run_finished"
 """The report's record of the server's end of the run: ``{"version": ..., "reason": ...}``, or
@@ -69,7 +79,7 @@ def claim_state_dir(state: Path, client_id: str) -> None:
             exit report, or this client's report of released rounds with no ledger left.
     """
     report_file = client_state_file(state, client_id)
-    owner = read_json(state / OWNER_FILE).get("client_id")
+    owner = _owner(state)
     if owner is not None and owner != client_id:
         raise ConfigError(f"{state} is the state directory of client {owner!r}, not "
                           f"{client_id!r}: give each client its own --state (a client "
@@ -95,6 +105,39 @@ def claim_state_dir(state: Path, client_id: str) -> None:
     if owner is None:
         state.mkdir(parents=True, exist_ok=True)
         write_json(state / OWNER_FILE, {"client_id": client_id})
+
+
+class _Owner(BaseModel):
+    """What ``owner.json`` holds (:func:`claim_state_dir` writes it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    client_id: ClientId
+
+
+def _owner(state: Path) -> str | None:
+    """The client ``state``'s owner file names, None where it has none. A file that is there
+    but cannot be read, is not JSON, is too large or is not ``{"client_id": ...}`` is refused
+    (:class:`ConfigError`): taken for absence (as it once was), it let a start adopt another
+    client's directory with its owner file damaged, and write itself in as the owner. So the
+    ledger's mark and the server's ``server.hwm`` treat their damage too."""
+    path = state / OWNER_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        return _Owner.model_validate(parse_json(
+            read_regular(path, refuse_over=MAX_OWNER_BYTES, no_link=True))).client_id
+    except OSError as exc:  # a FIFO, a link, a directory, unreadable, too large: named
+        problem = str(exc) if exc.filename is None else exc.strerror
+    except json.JSONDecodeError as exc:
+        problem = f"not JSON ({json_problem(exc)})"
+    except UnicodeDecodeError:
+        problem = "not JSON (not UTF-8)"
+    except ValidationError:
+        problem = 'not {"client_id": "<client id>"}'
+    raise ConfigError(f"{path} is damaged ({problem}): it says whose state directory {state} "
+                      f"is, so nothing is started on it; restore it, or give the client a "
+                      f"fresh --state directory") from None
 
 
 def ended_run(report: Mapping[str, object]) -> str | None:
