@@ -119,6 +119,7 @@ REJECTION_EVENTS = frozenset({
     "access denied: forged client id", "access denied: not a client of this run",
     "access denied: not this aggregator's",
     "update of a round the client was not invited to",
+    "partial's rejection counts implausible: left out",
 })
 """Warnings a hostile or broken peer can cause once per message it sends (:class:`Throttle`).
 The refusals of a message naming another client than its topic's, or sent on a topic of no
@@ -155,7 +156,8 @@ class Throttle:
         if name not in REJECTION_EVENTS or method not in ("warning", "warn"):
             return event
         kind = str(event.get("kind", ""))
-        key = (str(name), str(event.get("client", event.get("topic", ""))), kind)
+        sender = event.get("client", event.get("topic", event.get("aggregator", "")))
+        key = (str(name), str(sender), kind)
         if key not in self.warned and len(self.warned) < MAX_THROTTLE_KEYS:
             self.warned.add(key)
             return {**event, "further": f"summarised every {SUMMARY_EVERY:g} s at info"}

@@ -237,7 +237,8 @@ def make_aggregator_actor(population: Population, aggregator_id: str, *, clock: 
         strategy=make_strategy(server_config.mixing), policy=make_policy(server_config),
         max_staleness=server_config.max_staleness,
         invites=server_config.participation < 1.0,
-        max_groups=partial_sums(population.scenario, int(population.initial_params.size)))
+        max_groups=partial_sums(population.scenario, int(population.initial_params.size)),
+        aggregators=aggregator_ids(population.scenario.aggregators.count))
 
 
 async def toggle_availability(

@@ -70,3 +70,17 @@ def test_the_throttled_rejections_are_summarised_by_kind_every_period() -> None:
     # other warnings pass untouched
     other = {"event": "connection lost; reconnecting"}
     assert throttle(None, "warning", dict(other)) == other
+
+
+def test_an_aggregators_implausible_counts_are_warned_once_per_aggregator() -> None:
+    """A hostile aggregation node can send made-up counts in every partial: the first of each
+    aggregator's is a warning, the rest are summarised."""
+    throttle = Throttle(threshold=20)  # info
+    event = "partial's rejection counts implausible: left out"
+    warned = []
+    for aggregator in ("g0", "g0", "g1", "g0"):
+        try:
+            warned.append(throttle(None, "warning", {"event": event, "aggregator": aggregator}))
+        except structlog.DropEvent:
+            pass
+    assert [w["aggregator"] for w in warned] == ["g0", "g1"]

@@ -867,3 +867,94 @@ def test_with_nothing_missing_an_aggregators_claim_holds_nothing() -> None:
     intake.judge(report, set(), Rejections(), on_arrival=False)
     assert (report.rejected, report.received) == (3, 3)  # the count is no rejection
     assert intake.deferred_at_aggregators(window=1, own=0, accepted=0) == 0
+
+
+def _intake_judging(counts: dict) -> tuple[Any, Any, Any, list[dict]]:
+    """A server's intake of aggregator "g0" (the only one; clients a, b and c routed to it)
+    judging one partial of window 1 that settled a's round 0 and counts ``counts``: the intake,
+    the window's report and rejections, and the warnings logged."""
+    from fedsim.runtime.actors.client_book import ClientBook
+    from fedsim.runtime.actors.integrity import Rejections
+    from fedsim.runtime.actors.partials import PartialIntake
+    from fedsim.runtime.actors.window_report import WindowReport
+
+    book = ClientBook({c: _limits() for c in "abc"}, DIM)
+    intake = PartialIntake(("g0",), 0.0, book=book, weights=dict.fromkeys("abc", 1.0),
+                           entry_bound=lambda c, r, w: 1.0, size=DIM)
+    partial = Partial("g0", 1, (), (), np.zeros(0, np.float32), settled=(("a", 0),),
+                      rejections=counts)
+    rejections = Rejections()
+    intake.take(partial, closing=1, ended=False, rejections=rejections)
+    report = WindowReport(window=1, time=1.0, version=0)
+    with capture_logs() as logs:
+        intake.judge(report, set(), rejections, on_arrival=False)
+    assert book.known_rounds("a") == 1  # the partial's settled round is taken all the same
+    return intake, report, rejections, [e for e in logs if e["log_level"] == "warning"]
+
+
+def test_an_aggregators_plausible_rejection_counts_reach_the_windows_metrics() -> None:
+    # 3 clients routed to it: 3 x 16 x 256 rejections at most, in all
+    intake, report, rejections, warned = _intake_judging(
+        {"rate": 12000, "norm": 286, "duplicate": 1, "stale": 1})
+    assert (report.received, report.rejected, report.duplicate, report.stale) == (
+        12288, 12286, 1, 1)
+    assert rejections.as_dict() == {"norm": 286, "rate": 12000}
+    assert intake.implausible_counts == 0 and warned == []
+
+
+@pytest.mark.parametrize("counts", [
+    {"rate": 12288, "duplicate": 1}, {"rate": 2**52}, {"before_start": 1}, {"made_up": 1},
+    {"accepted": 2}, {"bad_partial": 1}, {"status_inconsistent": 1}, {"norm": -1},
+    {"norm": True}, {"norm": 1.0}, {"rate": 1, "x": 0}])
+def test_an_aggregators_implausible_rejection_counts_are_left_out(counts: dict) -> None:
+    """An aggregation node's made-up counts were added to the window's metrics as they came:
+    any kind (``before_start``, which a launch's summary reads as refused early updates), any
+    number. Counts of a kind no aggregator counts, not a non-negative integer, or more than its
+    clients allow are left out, counted and logged; the rest of the partial is taken."""
+    intake, report, rejections, warned = _intake_judging(counts)
+    assert (report.received, report.rejected, report.duplicate, report.stale) == (0, 0, 0, 0)
+    assert rejections.as_dict() == {}
+    assert intake.implausible_counts == 1
+    assert [(w["event"], w["aggregator"]) for w in warned] == [
+        ("partial's rejection counts implausible: left out", "g0")]
+
+
+def test_an_aggregator_reports_a_floods_rejections_over_its_next_partials() -> None:
+    """An honest aggregator never reports more than the server takes: one client's flood of
+    9,000 copies of a held round is counted 4,096 a partial, the rest in the next ones, and
+    every partial's counts reach the server's metrics."""
+    from fedsim.runtime.actors.client_book import ClientBook
+    from fedsim.runtime.actors.integrity import Rejections
+    from fedsim.runtime.actors.partials import PartialIntake
+    from fedsim.runtime.actors.window_report import WindowReport
+
+    async def flood() -> list[Partial]:
+        actor = _aggregator(RecordingEndpoint(WallClock()), "a")
+        update = ClientUpdate("a", 0, 0, np.full(DIM, 0.01, np.float32), 8.0)
+        for _ in range(9001):
+            await actor._arrived(update)
+        return [await actor.flush(WindowClose(w, 0)) for w in (1, 2, 3, 4)]
+
+    partials = asyncio.run(flood())
+    assert [p.rejections for p in partials] == [
+        {"duplicate": 4096}, {"duplicate": 4096}, {"duplicate": 808}, {}]
+    intake = PartialIntake(("g0",), 0.0, book=ClientBook({"a": _limits()}, DIM),
+                           weights={"a": 1.0}, entry_bound=lambda c, r, w: 1.0, size=DIM)
+    duplicates = 0
+    for partial in partials:
+        intake.take(partial, closing=partial.window, ended=False, rejections=Rejections())
+        report = WindowReport(window=partial.window, time=1.0, version=0)
+        intake.judge(report, set(), Rejections(), on_arrival=False)
+        duplicates += report.duplicate
+    assert duplicates == 9000 and intake.implausible_counts == 0
+
+
+def test_rejections_taken_up_to_a_bound_leave_the_rest() -> None:
+    from fedsim.runtime.actors.integrity import Rejections
+
+    held = Rejections()
+    held.add(Kind.RATE, 5)
+    held.add("norm", 3)
+    assert held.take(4) == {"norm": 3, "rate": 1}
+    assert held.as_dict() == {"rate": 4}
+    assert held.take(0) == {} and held.take(10) == {"rate": 4} and held.as_dict() == {}

@@ -54,6 +54,10 @@ aggregator's first window close, so from the first close it sees (if that is not
 it forwards unmixed every update whose base version is at most that close's version
 (``unsure_through``) and folds only the newer ones.
 
+**Rejection counts**: a partial counts at most
+:func:`~fedsim.runtime.actors.partials.rejection_allowance` rejections (the server leaves more
+out as made up); a flood's excess waits for the next partials.
+
 **Deferred updates**: each partial says how many updates the aggregator's pacer holds
 deferred, not judged here (:attr:`~fedsim.protocol.messages.Partial.waiting`): an honest
 update it would forward once its client's token accrues. The server's stop on spent budgets
@@ -67,7 +71,7 @@ actor sees only a :class:`~fedsim.clock.Clock` and an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -81,7 +85,7 @@ from fedsim.protocol.messages import ClientUpdate, GlobalModel, ManifestEntry, P
 from fedsim.runtime.actors.admission import Pacer
 from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import Rejections
-from fedsim.runtime.actors.partials import FORWARDED_KINDS
+from fedsim.runtime.actors.partials import FORWARDED_KINDS, rejection_allowance, routed_clients
 from fedsim.runtime.actors.server import ClientInfo
 from fedsim.transports.base import Endpoint
 from fedsim.transports.topics import aggregator_ids
@@ -106,6 +110,7 @@ class AggregatorActor:
         max_staleness: int | None = None,
         invites: bool = False,
         max_groups: int = MAX_PARTIAL_GROUPS,
+        aggregators: Collection[str] | None = None,
     ) -> None:
         if not 1 <= max_groups <= MAX_PARTIAL_GROUPS:
             raise ValueError(f"max_groups must be in [1, {MAX_PARTIAL_GROUPS}], got {max_groups}")
@@ -130,6 +135,10 @@ class AggregatorActor:
         self._held: dict[tuple[str, int], ClientUpdate] = {}
         self._forked: set[tuple[str, int]] = set()
         self._rejections = Rejections()
+        # The most rejections one partial reports, as the server bounds them (the rest wait
+        # for the next): ``aggregators`` are the run's (None: this one alone).
+        self._allowance = rejection_allowance(routed_clients(
+            self.clients, aggregators or (aggregator_id,))[aggregator_id])
         self.held_back: dict[str, int] = {}
         """Per client (of this aggregator's), the server's watermark: rounds below it are
         forwarded unmixed (module docstring)."""
@@ -322,9 +331,8 @@ class AggregatorActor:
             aggregator_id=self.aggregator_id, window=close.window, bases=bases,
             entries=tuple(sorted(entries, key=lambda e: e.base_version)),
             sums=np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32),
-            settled=tuple(settled), rejections=self._rejections.as_dict(), sent_at=now,
-            waiting=waiting)
-        self._rejections = Rejections()
+            settled=tuple(settled), rejections=self._rejections.take(self._allowance),
+            sent_at=now, waiting=waiting)
         # Kept for the next two closes: a partial judged late (in the next window) has its
         # refusal named one close later than an on-time one.
         self._kept_groups = {w: g for w, g in self._kept_groups.items() if w >= close.window - 1}

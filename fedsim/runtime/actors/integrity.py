@@ -353,3 +353,20 @@ class Rejections:
 
     def as_dict(self) -> dict[str, int]:
         return {str(kind): n for kind, n in sorted(self.counts.items())}
+
+    def take(self, most: int) -> dict[str, int]:
+        """At most ``most`` of the counts in all (kinds in name order), as :meth:`as_dict`
+        gives them; they are removed, the rest stay (an aggregator's partial reports no more
+        than the server finds plausible, :func:`~fedsim.runtime.actors.partials.
+        rejection_allowance`, and the next one the rest)."""
+        taken: dict[str, int] = {}
+        for kind, count in self.as_dict().items():
+            share = min(count, most - sum(taken.values()))
+            if share <= 0:
+                break
+            taken[kind] = share
+            if share == count:
+                del self.counts[kind]
+            else:
+                self.counts[kind] = count - share
+        return taken

@@ -54,6 +54,14 @@ after the end of the run is lost
 So the wait trades how soon a slow aggregator's updates are applied against how late each
 window closes, and loses nothing.
 
+**An aggregator's rejection counts** (``Partial.rejections``, added to the window's
+``metrics.jsonl`` columns) are bounded too: each kind one an aggregator counts
+(:data:`AGGREGATOR_KINDS`), each count a non-negative integer, and in all at most
+:func:`rejection_allowance` of the clients routed to it. An honest aggregator reports no more
+(:meth:`~fedsim.runtime.actors.integrity.Rejections.take`: a flood's excess goes into its next
+partials), so counts past it are made up: the partial's counts are left out (counted,
+:attr:`PartialIntake.implausible_counts`, and logged) and the rest of it is judged as ever.
+
 **Updates deferred at an aggregator** (:meth:`PartialIntake.deferred_at_aggregators`): an
 aggregator's pacer defers updates as the server's does, and each partial says how many it
 holds (:attr:`~fedsim.protocol.messages.Partial.waiting`). The stop on spent budgets waits for
@@ -73,12 +81,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from typing import NamedTuple
 
 import numpy as np
 
 from fedsim.clock import Clock
+from fedsim.config import limits
 from fedsim.errors import ConfigError
 from fedsim.logging import get_logger
 from fedsim.protocol.headers import MAX_CLOSE_REFUSED, MAX_CLOSE_WATERMARKS, MAX_COUNTER
@@ -89,6 +99,7 @@ from fedsim.runtime.actors.client_book import ClientBook, Kind
 from fedsim.runtime.actors.integrity import MAX_ROUND_GAP, Rejections
 from fedsim.runtime.actors.window_report import WindowReport
 from fedsim.transports.base import Endpoint
+from fedsim.transports.topics import aggregator_of
 
 _log = get_logger("fedsim.runtime.actors.server")
 
@@ -128,6 +139,45 @@ FORWARDED_KINDS = frozenset({Kind.ROUND_AHEAD, Kind.FUTURE_VERSION, Kind.UNPUBLI
 is forwarded unmixed for the server to judge (:mod:`~fedsim.runtime.actors.aggregator`), and
 recorded there as judged; a server that refuses such an update names its client in its next
 close (module docstring)."""
+
+
+AGGREGATOR_KINDS = frozenset(kind.value for kind in Kind) - {
+    Kind.ACCEPTED, Kind.BAD_MIX, Kind.BAD_PARTIAL, Kind.STATUS_INCONSISTENT}
+"""The kinds a partial's ``rejections`` may count: the verdicts on updates (an aggregator
+takes no statuses, mixes no model and judges no partial)."""
+REJECTIONS_PER_CLIENT = 16 * limits.MAX_UNACKNOWLEDGED
+"""Rejections one partial may count per client routed to its aggregator (4,096): an honest
+client sends a window's rounds and resends its 256 unacknowledged updates at most; this leaves
+room for a flood's (an attacker's review sent 2,000 new rounds and 2,000 resends in one
+window), and an honest aggregator reports the excess of a larger one in its later partials."""
+
+
+def rejection_allowance(routed: int) -> int:
+    """The most rejections in all one partial of an aggregator with ``routed`` clients may
+    count (module docstring, "An aggregator's rejection counts")."""
+    return routed * REJECTIONS_PER_CLIENT
+
+
+def routed_clients(client_ids: Collection[str], aggregators: Collection[str]) -> Counter[str]:
+    """How many of ``client_ids`` are routed to each of ``aggregators``."""
+    ids = sorted(aggregators)
+    return Counter(aggregator_of(c, ids) for c in client_ids) if ids else Counter()
+
+
+def implausible_rejections(counts: Mapping[str, object], allowance: int) -> str | None:
+    """Why a partial's rejection counts cannot be an honest aggregator's (None: they can):
+    kinds outside :data:`AGGREGATOR_KINDS`, counts that are not non-negative integers, or more
+    in all than ``allowance`` (:func:`rejection_allowance`)."""
+    kinds = sorted(str(k) for k in counts if k not in AGGREGATOR_KINDS)
+    if kinds:
+        return f"kinds no aggregator counts: {kinds[:3]}"
+    wrong = sorted(k for k, v in counts.items() if type(v) is not int or v < 0)
+    if wrong:
+        return f"counts that are not non-negative integers: {wrong[:3]}"
+    total = sum(v for v in counts.values() if type(v) is int)
+    if total > allowance:
+        return f"{total} rejections, more than the {allowance} its clients allow"
+    return None
 
 
 class PartialGroup(NamedTuple):
@@ -173,6 +223,10 @@ class PartialIntake:
         """How long the closing window waited for its partials (None: not waited)."""
         self.notes = CloseNotes()
         """What the window closes tell the aggregators (module docstring)."""
+        self._allowance = {a: rejection_allowance(n) for a, n in
+                           routed_clients(weights, self.aggregators).items()}
+        self.implausible_counts = 0
+        """Partials whose rejection counts were left out as implausible (module docstring)."""
 
     def hold_back(self, client_id: str, below: int) -> None:
         """Name ``client_id`` in every window close from the next: aggregators fold none of
@@ -286,7 +340,7 @@ class PartialIntake:
         partials, self._partials = self._partials, {}
         for (aggregator, _), partial in sorted(partials.items()):
             self._claims[aggregator] = partial.waiting  # (sorted: its latest window's last)
-            counts = dict(partial.rejections)
+            counts = self._plausible_counts(partial)
             refused = sum(counts.values())
             report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
             report.stale += counts.pop(Kind.STALE.value, 0)
@@ -319,6 +373,18 @@ class PartialIntake:
                 report.accepted += len(entries)
                 groups.append(PartialGroup(base, total, checked[0], checked[1], entries))
         return groups
+
+    def _plausible_counts(self, partial: Partial) -> dict[str, int]:
+        """``partial``'s rejection counts, or none where they are implausible (module
+        docstring): then counted and logged (throttled), and the rest of it judged as ever."""
+        why = implausible_rejections(partial.rejections,
+                                     self._allowance.get(partial.aggregator_id, 0))
+        if why is None:
+            return dict(partial.rejections)
+        self.implausible_counts += 1
+        _log.warning("partial's rejection counts implausible: left out",
+                     aggregator=partial.aggregator_id, window=partial.window, reason=why)
+        return {}
 
     def deferred_at_aggregators(self, *, window: int, own: int, accepted: int) -> int:
         """The updates the aggregators' latest partials say they hold deferred that the stop on
