@@ -28,11 +28,13 @@ an honest run from mixing with the leftovers of an earlier one.
 from __future__ import annotations
 
 import secrets
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fedsim.protocol.codec import Frame
 from fedsim.protocol.headers import MAX_LINEAGE
+from fedsim.protocol.messages import Message
 
 __all__ = ["ClientIncarnation", "ServerIncarnation", "new_incarnation"]
 
@@ -74,6 +76,27 @@ class ClientIncarnation:
     held_back: dict[str, Frame] = field(default_factory=dict)
     """The latest global model of each incarnation seen before the current one was known."""
     ignored: int = 0
+    _stamps: dict[int, weakref.ref[Message]] = field(default_factory=dict, repr=False)
+    _stamp_of: dict[int, str] = field(default_factory=dict, repr=False)
+
+    def delivered(self, frame: Frame) -> Message:
+        """``frame``'s message, to deliver: its incarnation is remembered while the message
+        lives (:meth:`of`), since it may be taken up after the client followed another."""
+        message = frame.message
+        key = id(message)
+
+        def forget(ref: weakref.ref[Message]) -> None:
+            if self._stamps.get(key) is ref:  # (not a later message at the same address)
+                del self._stamps[key], self._stamp_of[key]
+
+        self._stamps[key], self._stamp_of[key] = weakref.ref(message, forget), frame.incarnation
+        return message
+
+    def of(self, message: Message) -> str | None:
+        """The incarnation a message :meth:`delivered` was stamped with (None: not one of
+        those, or no longer alive)."""
+        ref = self._stamps.get(id(message))
+        return self._stamp_of[id(message)] if ref is not None and ref() is message else None
 
     def confirm(self, incarnation: str, lineage: Sequence[str]) -> bool:
         """A welcome or receipt from the live server: adopt its incarnation if this client

@@ -413,7 +413,7 @@ class MqttClientEndpoint(_MqttEndpoint):
                 return  # its run is over: nothing is held back for a welcome
         admitted = self.incarnation.admit_global(frame)
         if admitted is not None:
-            self._deliver(admitted.message)
+            self._deliver(self.incarnation.delivered(admitted))
         elif current is not None:
             self._other_incarnation(topic, frame.incarnation, current)
 
@@ -491,7 +491,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         for other in ignored:  # e.g. the retained model of an earlier run of this name
             self._other_incarnation(self.topics.global_model, other.incarnation, incarnation)
         if released is not None:
-            self._deliver(released.message)
+            self._deliver(self.incarnation.delivered(released))
 
     def _ledger_lost(self, topic: str, ack: Ack) -> bool:
         """Whether this client is refused (the class docstring's ``recorded_rounds``): now, by

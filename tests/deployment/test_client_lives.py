@@ -24,6 +24,7 @@ from fedsim.runtime.deployed.client_lives import FIRST_MODEL_POLL, ClientLives, 
 from fedsim.runtime.population import build_population
 from fedsim.runtime.simulated.kernel import VirtualClock, run_virtual
 from fedsim.transports.base import Endpoint
+from fedsim.transports.incarnation import ClientIncarnation
 from tests.doubles import RecordingEndpoint
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
@@ -267,6 +268,15 @@ def test_a_servers_send_time_past_any_runs_end_does_not_move_the_clock() -> None
     assert 40.0 <= clock.now() < 40.1
 
 
+def _models_of(incarnation: ClientIncarnation, start: str, *sent_at: float) -> list[GlobalModel]:
+    """Global models of server start ``start`` sent at ``sent_at``, delivered by the client's
+    endpoint (each remembered with its stamp, as the MQTT endpoint delivers them)."""
+    from fedsim.protocol.codec import Frame
+
+    return [incarnation.delivered(Frame(GlobalModel(1, np.zeros(2, np.float32), t), start))
+            for t in sent_at]
+
+
 def test_a_restarted_servers_timeline_is_measured_afresh() -> None:
     """A server restarted while its client goes on resumes its clock from its checkpoint, 7 s
     behind the clock it had: the client's lead measured before the restart is 7 s too small,
@@ -276,13 +286,84 @@ def test_a_restarted_servers_timeline_is_measured_afresh() -> None:
     from fedsim.runtime.deployed.client_lives import ServerTimeline
 
     client = ScaledClock(1000.0, start=50.0)  # a second of scenario time is 1000 wall s
-    following = ["first"]
-    timeline = ServerTimeline(client, latest=1000.0, incarnation=lambda: following[0])
-    timeline.observe(45.0)  # the first start's model: a lead of 5 s
+    following = ClientIncarnation(current="first")
+    timeline = ServerTimeline(client, latest=1000.0, incarnation=following)
+    (first,) = _models_of(following, "first", 45.0)
+    timeline.observe(first)  # the first start's model: a lead of 5 s
     assert 44.9 < timeline.time_of(client.now()) <= 45.1
-    following[0] = "restarted"  # its checkpoint's clock: 38 s at the client's 50 s
-    timeline.observe(38.0)
+    assert following.confirm("restarted", ("first",))  # its checkpoint's clock: 38 s at 50 s
+    restarted, later = _models_of(following, "restarted", 38.0, 38.5)
+    timeline.observe(restarted)
     assert timeline.lead is not None and 11.9 < timeline.lead <= 12.1
     assert 37.9 < timeline.time_of(client.now()) <= 38.1
-    timeline.observe(38.5)  # later models of the same start: the least lead again
+    timeline.observe(later)  # later models of the same start: the least lead again
     assert 11.4 < timeline.lead <= 11.6
+
+
+def test_an_earlier_starts_message_taken_up_late_counts_for_its_own_start() -> None:
+    """A model of the first server start, delivered while the client followed it but taken up
+    after it followed the restarted one (queued, or on an emulated downlink), was measured as
+    the restarted start's: its lead (the old clock's, 7 s ahead) became the least, and the
+    client's stop was said 7 s late. It counts for the start it is stamped with: before the
+    new start is measured it is the first start's; after, it is left out."""
+    from fedsim.clock import ScaledClock
+    from fedsim.runtime.deployed.client_lives import ServerTimeline
+
+    client = ScaledClock(1000.0, start=50.0)
+    following = ClientIncarnation(current="first")
+    timeline = ServerTimeline(client, latest=1000.0, incarnation=following)
+    early, queued, late = _models_of(following, "first", 45.0, 46.0, 49.9)
+    timeline.observe(early)
+    assert following.confirm("restarted", ("first",))  # followed before the two are taken up
+    timeline.observe(queued)  # the first start's still: its lead of 4 s (none of the new yet)
+    assert timeline.lead is not None and 3.9 < timeline.lead <= 4.1
+    (restarted,) = _models_of(following, "restarted", 38.0)
+    timeline.observe(restarted)
+    timeline.observe(late)  # the first start's, after the new one is measured: left out
+    assert 11.9 < timeline.lead <= 12.1
+    assert 37.9 < timeline.time_of(client.now()) <= 38.1
+
+
+def test_a_delivered_messages_stamp_is_forgotten_with_the_message() -> None:
+    import gc
+
+
+    following = ClientIncarnation(current="first")
+    (model,) = _models_of(following, "first", 1.0)
+    assert following.of(model) == "first"
+    assert following.of(GlobalModel(1, np.zeros(2, np.float32), 1.0)) is None  # not delivered
+    del model
+    gc.collect()
+    assert following._stamps == {} and following._stamp_of == {}
+
+
+def test_the_mqtt_endpoint_remembers_the_start_each_model_was_stamped_with() -> None:
+    """The endpoint delivers a first start's model while it follows that start, then a model
+    of the restarted one (whose lineage continues it): taken up in the other order (a
+    reordering downlink), the first start's model is left out of the restarted start's
+    lead."""
+    from fedsim.clock import ScaledClock
+    from fedsim.protocol import codec
+    from fedsim.runtime.deployed.client_lives import ServerTimeline
+    from fedsim.transports.mqtt_client import MqttClientEndpoint
+
+    old, new = "0123456789abcdef", "fedcba9876543210"
+    client = ScaledClock(1000.0, start=50.0)
+
+    async def main() -> tuple[MqttClientEndpoint, list]:
+        endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1")
+        endpoint.incarnation.current = old
+        for model, stamp, lineage in ((GlobalModel(3, np.zeros(2, np.float32), 49.9), old, ()),
+                                      (GlobalModel(4, np.zeros(2, np.float32), 38.0), new,
+                                       (old,))):
+            endpoint._on_message(endpoint.topics.global_model, codec.encode(
+                model, incarnation=stamp, lineage=lineage))
+        return endpoint, [await endpoint.receive(), await endpoint.receive()]
+
+    endpoint, (first, restarted) = asyncio.run(main())
+    assert endpoint.incarnation.current == new
+    assert [endpoint.incarnation.of(m) for m in (first, restarted)] == [old, new]
+    timeline = ServerTimeline(client, latest=1000.0, incarnation=endpoint.incarnation)
+    timeline.observe(restarted)
+    timeline.observe(first)
+    assert timeline.lead is not None and 11.9 < timeline.lead <= 12.1

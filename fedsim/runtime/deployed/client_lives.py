@@ -32,6 +32,7 @@ from fedsim.runtime.incarnations import ClientRecord, crashes_and_rejoins
 from fedsim.runtime.population import ClientPlan
 from fedsim.runtime.run_record import StoppedClient
 from fedsim.transports.base import Endpoint
+from fedsim.transports.incarnation import ClientIncarnation
 
 __all__ = ["CRASHED_FOR_GOOD", "DOWN_AT_THE_END", "ClientLives", "ServerTimeline", "crash_stop"]
 
@@ -68,10 +69,14 @@ class ServerTimeline:
     the clock it had, so a lead measured before the restart is too small by the time lost,
     and the least of both said every later stop that much past the server's time (an owner's
     review, session 66: a restart that set the clock back 7 s had stops said 7 s late). A new
-    incarnation starts the measurement afresh."""
+    incarnation starts the measurement afresh. A message counts for the start it is stamped
+    with (:meth:`ClientIncarnation.of`), not the one the client follows when it is taken up:
+    one of the earlier start, delivered after the client followed the new one (queued, or held
+    on an emulated downlink), was measured as the new start's, its clock's lead too small. Such
+    a message is left out once the new start is measured or followed."""
 
     def __init__(self, clock: Clock, latest: float,
-                 incarnation: Callable[[], str | None] | None = None) -> None:
+                 incarnation: ClientIncarnation | None = None) -> None:
         self._clock = clock
         self._latest = latest  # (a send time past any run's end is not the server's clock)
         self._incarnation = incarnation
@@ -79,15 +84,19 @@ class ServerTimeline:
         self.lead: float | None = None
         """How far the client's clock is ahead of the server's (None: no message seen yet)."""
 
-    def observe(self, sent_at: float) -> None:
-        """A message the server sent at ``sent_at`` (its clock) arrives now."""
-        if not 0.0 <= sent_at <= self._latest:
+    def observe(self, message: GlobalModel | RunFinished) -> None:
+        """A message the server sent at ``message.sent_at`` (its clock) arrives now."""
+        if not 0.0 <= message.sent_at <= self._latest:
             return
-        lead = self._clock.now() - sent_at
+        lead = self._clock.now() - message.sent_at
         if self._incarnation is not None:
-            current = self._incarnation()
-            if current != self._measured_under:  # another server start: its own clock
-                self._measured_under, self.lead = current, None
+            following = self._incarnation.current
+            stamped = self._incarnation.of(message)
+            start = following if stamped is None else stamped
+            if start != self._measured_under:  # another server start: its own clock
+                if start != following:
+                    return  # an earlier start's, taken up late: not the measured one's
+                self._measured_under, self.lead = start, None
         self.lead = lead if self.lead is None else min(self.lead, lead)
 
     def time_of(self, own: float) -> float:
@@ -126,7 +135,7 @@ class _ActorsEndpoint:
     def observe(self, message: Message) -> None:
         """Measure the client's lead over the server's clock by a message of the server's."""
         if self.timeline is not None and isinstance(message, GlobalModel | RunFinished):
-            self.timeline.observe(message.sent_at)
+            self.timeline.observe(message)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -233,8 +233,7 @@ async def run_client(
                                         first_round),
         align=_aligner(clock, scenario),  # its clock meets the server's at its first model
         # (and its stop is said on the server's timeline: it cannot go back to meet it)
-        timeline=ServerTimeline(clock, _latest_time(scenario),
-                                lambda: endpoint.incarnation.current))
+        timeline=ServerTimeline(clock, _latest_time(scenario), endpoint.incarnation))
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
                            first_round, previous, state)
     made: bool | None = None  # False: a signal came before the first connection
