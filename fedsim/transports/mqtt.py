@@ -63,7 +63,7 @@ The server sends the receipts already due before it.
 
 
 from fedsim.transports.mqtt_aggregator import MqttAggregatorEndpoint
-from fedsim.transports.mqtt_client import MqttClientEndpoint
+from fedsim.transports.mqtt_client import FollowedRuns, MqttClientEndpoint
 from fedsim.transports.mqtt_server import MqttServerEndpoint
 from fedsim.transports.mqtt_settings import (
     DEFAULT_PORT,
@@ -79,6 +79,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_TLS_PORT",
     "BrokerSettings",
+    "FollowedRuns",
     "MqttAggregatorEndpoint",
     "MqttClientEndpoint",
     "MqttServerEndpoint",

@@ -43,6 +43,19 @@ add load exactly when the server has none to spare (a redelivery storm). A recon
 every one at once, as before."""
 
 
+@dataclass(frozen=True)
+class FollowedRuns:
+    """The run incarnations a client followed, for its endpoint (its ``followed``)."""
+
+    incarnations: frozenset[str] = frozenset()
+    """Those its earlier processes followed (kept in its state directory)."""
+    remember: Callable[[str], None] | None = None
+    """Called with each one this client comes to follow (the live server's welcome or
+    receipt, a model continuing it) before any model of it is delivered: the client process
+    keeps it on disk, evidence for a later process even where this one is killed before its
+    exit report."""
+
+
 @dataclass
 class _Pending:
     payload: bytes
@@ -79,11 +92,12 @@ class MqttClientEndpoint(_MqttEndpoint):
     receipt relayed by an aggregator is only taken for that incarnation) and dropped if they
     belong to another run. None: in memory only.
 
-    ``followed``: the run incarnations an earlier process of this client followed (its exit
-    report's). The broker's retained end of a run, before any welcome, is that run's end when
-    it names one of them (its incarnation or lineage): no server will welcome the client
-    again, so the endpoint delivers nothing and sets :attr:`ended_before` (:meth:`ended`).
-    Any other retained end may be an earlier run's, and waits for the live server as before.
+    ``followed``: the run incarnations earlier processes of this client followed, and what
+    keeps those this one comes to follow (:class:`FollowedRuns`). The broker's retained end of
+    a run, before any welcome, is that run's end when it names one of them (its incarnation or
+    lineage): no server will welcome the client again, so the endpoint delivers nothing and
+    sets :attr:`ended_before` (:meth:`ended`). Any other retained end may be an earlier run's,
+    and waits for the live server as before.
     """
 
     def __init__(
@@ -104,7 +118,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         aggregator: str | None = None,
         recorded_rounds: int | None = None,
         outbox: DurableOutbox | None = None,
-        followed: Collection[str] = (),
+        followed: FollowedRuns = FollowedRuns(),
     ) -> None:
         try:
             codec.check_client_id(client_id)
@@ -149,7 +163,8 @@ class MqttClientEndpoint(_MqttEndpoint):
         self.refusal: LedgerError | None = None
         """Why this client must not go on (the server knows rounds its ledger lost), or None."""
         self._refused = asyncio.Event()
-        self._followed = frozenset(followed)
+        self._followed = followed.incarnations
+        self._remember = followed.remember
         self.ended_before: RunFinished | None = None
         """The end of the run this client followed, retained on the broker (``followed``)."""
         self._ended = asyncio.Event()
@@ -407,11 +422,19 @@ class MqttClientEndpoint(_MqttEndpoint):
         current = self.incarnation.current
         if current is None and isinstance(frame.message, RunFinished):
             self._run_ended(frame.incarnation, frame.lineage)
-            if self._followed & {frame.incarnation, *frame.lineage} and self.refusal is None:
+            if not self._followed & {frame.incarnation, *frame.lineage}:
+                # Not evidence (a new run's client may start before its server): said, as
+                # the wait it leaves may last until the client is stopped.
+                self._log.warning(
+                    "the broker holds the end of a run this client did not follow (perhaps "
+                    "an earlier run's): waiting for a live server's welcome",
+                    incarnation=frame.incarnation, version=frame.message.version)
+            elif self.refusal is None:
                 self.ended_before = frame.message
                 self._ended.set()
                 return  # its run is over: nothing is held back for a welcome
         admitted = self.incarnation.admit_global(frame)
+        self._now_following(current)
         if admitted is not None:
             self._deliver(self.incarnation.delivered(admitted))
         elif current is not None:
@@ -443,6 +466,7 @@ class MqttClientEndpoint(_MqttEndpoint):
         if self._ledger_lost(topic, ack):
             return  # and no model is delivered (_deliver)
         if self.incarnation.current != before:
+            self._now_following(before)
             self._release_held_back(ack.incarnation)
             if before is None:
                 self._welcomed(ack.incarnation, ack.lineage)
@@ -451,6 +475,13 @@ class MqttClientEndpoint(_MqttEndpoint):
                 self.stats.acked += 1
         if not self._outbox:
             self._outbox_empty.set()
+
+    def _now_following(self, before: str | None) -> None:
+        """Hand the run incarnation followed, if it is no longer ``before``, to ``remember``
+        (the class docstring) before any model of it is delivered."""
+        current = self.incarnation.current
+        if current is not None and current != before and self._remember is not None:
+            self._remember(current)
 
     def _run_ended(self, incarnation: str, lineage: Collection[str]) -> None:
         """The broker's retained end of a run, before any welcome: the restored updates of

@@ -5,36 +5,47 @@ of the run (``run_finished``), and a client started on it refuses at once, in on
 exit status 2, as ``fedsim server`` refuses a finished run's ``--state``
 (tests/deployment/test_finished_state.py), before it opens its ledger or connects: it never
 spends privacy after its run ended. A client that stopped before the end (its budget spent)
-never saw it: its report records the run incarnations it followed, and the broker's retained
-end of one of them ends it at once, the same way. A client resuming a run still going on is
-unchanged."""
+never saw it: the run incarnations it followed are kept (its report's, and ``followed.json``,
+written as the live server confirms each, so a client SIGKILLed before it ever wrote a report
+has them too), and the broker's retained end of one of them ends it at once, the same way. A
+client resuming a run still going on is unchanged, and so is a client of a new run of the same
+name, which the earlier run's retained end reaches before its server's welcome."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fedsim.config import load_scenario
 from fedsim.errors import ConfigError
 from fedsim.privacy.ledger_mark import mark_path
 from fedsim.protocol import codec
-from fedsim.protocol.messages import RunFinished
+from fedsim.protocol.messages import GlobalModel, RunFinished
 from fedsim.runtime.deployed.client_lives import DOWN_AT_THE_END
 from fedsim.runtime.deployed.client_process import run_client
+from fedsim.runtime.deployed.launcher import Launcher
+from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
 from fedsim.runtime.deployed.state_owner import (
+    FOLLOWED_FILE,
+    MAX_FOLLOWED,
     RUN_FINISHED,
     client_state_file,
     ended_run,
+    followed_runs,
     refuse_ended_run,
+    remember_followed,
 )
 from fedsim.runtime.run_outputs import ledger_file
-from fedsim.transports.broker import MOSQUITTO_MISSING, find_mosquitto
-from fedsim.transports.mqtt import MqttClientEndpoint, parse_broker_url
+from fedsim.transports.broker import MOSQUITTO_MISSING, LocalMosquitto, find_mosquitto
+from fedsim.transports.mqtt import FollowedRuns, MqttClientEndpoint, parse_broker_url
+from tests.deployment.test_deployed_run import _ledger_rounds, _wait_for_window
 from tests.deployment.test_state_owner import _used_by
 
 SCENARIO = Path(__file__).with_name("four_clients.yaml")
@@ -115,7 +126,8 @@ def test_the_retained_end_of_a_run_it_followed_ends_a_restarted_client(followed:
 
     async def main() -> MqttClientEndpoint:
         endpoint = MqttClientEndpoint("mqtt://127.0.0.1:1", run="r", client_id="c1",
-                                      followed=[old] if followed else ["00ff00ff00ff00ff"])
+                                      followed=FollowedRuns(frozenset(
+                                          {old if followed else "00ff00ff00ff00ff"})))
         endpoint._on_message(endpoint.topics.global_model, codec.encode(
             RunFinished(7, "windows", 30.0), incarnation=new, lineage=(old,)))
         return endpoint
@@ -137,9 +149,6 @@ def test_a_client_restarted_after_its_run_ended_exits_2_at_once(
     broker still holding the run's retained end, exits 2 within seconds, its ledger as the
     run left it. With a budget of 0.3 every client stops on it before the end (the run ends
     on spent budgets): the retained end of the incarnation its report names stops it."""
-    from fedsim.runtime.deployed.launcher import Launcher
-    from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentOptions
-
     out, ids = tmp_path / "run", [f"c-{i:03d}" for i in range(4)]
     options = DeploymentOptions(time_scale=0.1, max_backoff=0.5,
                                 wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS)
@@ -191,3 +200,128 @@ def test_a_client_restarted_after_its_run_ended_exits_2_at_once(
     assert again[RUN_FINISHED] is not None and again["released"] == report["released"]
     with pytest.raises(ConfigError, match="as client-c-001.json records"):
         refuse_ended_run(state, "c-001")
+
+
+def test_the_runs_a_client_followed_are_kept_as_they_are_confirmed(tmp_path: Path) -> None:
+    """``followed.json`` is written as the live server confirms an incarnation (a process
+    killed before its report wrote none there), read beside the report's list (an earlier
+    fedsim's evidence), the newest ``MAX_FOLLOWED`` kept; its damage only shortens the list,
+    which only leaves a later process to wait for a welcome."""
+    state = tmp_path / "c"
+    state.mkdir()
+    assert followed_runs(state, {}) == []
+    remember_followed(state, "aaaaaaaaaaaaaaaa")
+    remember_followed(state, "aaaaaaaaaaaaaaaa")  # kept once
+    remember_followed(state, "bbbbbbbbbbbbbbbb")
+    assert json.loads((state / FOLLOWED_FILE).read_text()) == {
+        "incarnations": ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"]}
+    report = {"incarnations": ["cccccccccccccccc", "aaaaaaaaaaaaaaaa"]}
+    assert followed_runs(state, report) == \
+        ["cccccccccccccccc", "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"]
+    many = [f"{i:016x}" for i in range(MAX_FOLLOWED + 3)]
+    for incarnation in many:
+        remember_followed(state, incarnation)
+    assert followed_runs(state, {}) == many[-MAX_FOLLOWED:]
+    (state / FOLLOWED_FILE).write_text('{"incarnations": 7}')
+    assert followed_runs(state, report) == report["incarnations"]
+    remember_followed(state, "dddddddddddddddd")
+    assert followed_runs(state, {}) == ["dddddddddddddddd"]
+
+
+async def test_the_endpoint_hands_on_each_run_it_follows_before_any_model_of_it() -> None:
+    """The welcome of the live server, and a model of a restarted server that continues it,
+    are each handed to ``remember`` before a model of theirs reaches the client (which then
+    trains and spends): a process killed at any point after it could spend has them kept."""
+    first, restarted = "0123456789abcdef", "fedcba9876543210"
+    seen: list[tuple[str, int]] = []
+    endpoint = MqttClientEndpoint(
+        "mqtt://127.0.0.1:1", run="r", client_id="c1",
+        followed=FollowedRuns(remember=lambda i: seen.append((i, endpoint.stats.received))))
+    topic = endpoint.topics.global_model
+    endpoint._on_message(topic, codec.encode(
+        GlobalModel(3, np.zeros(2, np.float32)), incarnation=first))  # retained: held back
+    assert seen == [] and endpoint.stats.received == 0
+    welcome = {"rounds": [], "incarnation": first, "lineage": []}
+    endpoint._on_ack(endpoint.topics.acks("c1"), json.dumps(welcome).encode())
+    assert seen == [(first, 0)] and endpoint.stats.received == 1
+    endpoint._on_ack(endpoint.topics.acks("c1"), json.dumps(welcome).encode())  # same run
+    endpoint._on_message(topic, codec.encode(
+        GlobalModel(4, np.zeros(2, np.float32)), incarnation=restarted, lineage=(first,)))
+    assert seen == [(first, 0), (restarted, 1)] and endpoint.stats.received == 2
+
+
+def _killed_before_its_report(first: Launcher, out: Path, ids: list[str]) -> int:
+    """Run ``first`` to its end, c-001 SIGKILLed once it has spent (no report written), then
+    restart c-001 as the launch started it; its exit status, asserted to come within 10 s and
+    to leave its ledger as the kill did."""
+    state = out / "state" / "c-001"
+    first.prepare()
+    first.start_all()
+    _wait_for_window(out, 3)
+    first.kill("c-001", signal.SIGKILL)
+    assert not client_state_file(state, "c-001").exists()  # no report, ever
+    assert _ledger_rounds(out, "c-001"), "c-001 spent nothing before its kill"
+    assert first.wait("server", 90.0) == 0, "the server did not finish within 90 s"
+    assert all(first.wait(c, 30.0) == 0 for c in ids if c != "c-001")
+    ledgers = {p: p.read_bytes() for p in (state / "ledgers").iterdir()}
+    started = time.monotonic()
+    first.start("c-001")  # as the launch started it: same argv, broker, --state
+    code = first.wait("c-001", 30.0)
+    took = time.monotonic() - started
+    assert code is not None and took < 10.0, f"exit status {code} after {took:.1f} s"
+    assert {p: p.read_bytes() for p in (state / "ledgers").iterdir()} == ledgers
+    return code
+
+
+@pytest.mark.mqtt
+@pytest.mark.slow
+@pytest.mark.skipif(find_mosquitto() is None, reason=MOSQUITTO_MISSING)
+def test_a_client_killed_before_any_report_exits_2_after_the_end_and_a_new_run_is_not_refused(
+        tmp_path: Path) -> None:
+    """Run 1 on a mosquitto of 127.0.0.1 (a free port; stopped by its PID): client c-001 is
+    SIGKILLed once it has spent, before it ever wrote a report; restarted after the end, the
+    broker holding run 1's retained end, it exits 2 within seconds, its ledger untouched
+    (it waited for a welcome until it was stopped). Run 2 of the same name on that broker, on
+    fresh state directories, starts its clients before its server: run 1's retained end
+    reaches them first and refuses none of them; they train on run 2."""
+    ids = [f"c-{i:03d}" for i in range(4)]
+    broker = LocalMosquitto(tmp_path / "broker", "deploy-four", ids)
+    broker.start()
+
+    def launcher(out: Path, windows: int) -> Launcher:
+        options = DeploymentOptions(time_scale=0.1, max_backoff=0.5,
+                                    wait_for_clients=LAUNCH_WAIT_FOR_CLIENTS,
+                                    broker=broker.url(),
+                                    secrets_file=str(broker.files.secrets_file))
+        return Launcher(SCENARIO, out, options=options, overrides=[f"stop.windows={windows}"])
+
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    log = run1 / "logs" / "c-001.log"
+    try:
+        first = launcher(run1, 8)
+        try:
+            code = _killed_before_its_report(first, run1, ids)
+        finally:
+            first.close()
+        second = launcher(run2, 3)
+        summary = second.run_to_end(120)
+    finally:
+        broker.kill(signal.SIGTERM)
+    said = log.read_text()
+    assert code == 2, said[-2000:]
+    assert "as the broker's retained end of the run it followed says" in said, said[-2000:]
+    assert "start a new run on a fresh --state directory" in said
+    state = run1 / "state" / "c-001"
+    report = json.loads(client_state_file(state, "c-001").read_text())
+    assert report[RUN_FINISHED] is not None and report["released"] == []
+    with pytest.raises(ConfigError, match="as client-c-001.json records"):
+        refuse_ended_run(state, "c-001")
+    assert summary["client_states"] == {"done": 4}, summary["client_states"]
+    server = json.loads((run2 / "server.json").read_text())
+    for client_id in ids:
+        again = json.loads(client_state_file(run2 / "state" / client_id, client_id).read_text())
+        assert again["stop_kind"] == "server_finished", (client_id, again["stop_reason"])
+        assert again[RUN_FINISHED]["version"] == server["final_version"], client_id
+        assert again["released"], client_id
+    assert "the broker holds the end of a run this client did not follow" in \
+        (run2 / "logs" / "c-001.log").read_text()

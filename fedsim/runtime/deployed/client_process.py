@@ -4,8 +4,10 @@ for the crash-safety contract).
 
 State directory: ``<state>/ledgers/<id>.jsonl`` (the ledger), ``<state>/outbox/`` (the
 updates sent and not yet acknowledged, resent by the next process:
-:mod:`fedsim.transports.durable_outbox`) and ``<state>/client-<id>.json`` (what the last
-incarnation reported on exit).
+:mod:`fedsim.transports.durable_outbox`), ``<state>/followed.json`` (the run incarnations it
+followed, kept as the server confirms them:
+:func:`~fedsim.runtime.deployed.state_owner.remember_followed`) and
+``<state>/client-<id>.json`` (what the last incarnation reported on exit).
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ from fedsim.runtime.deployed.state_owner import (
     client_state_file,
     emulated_totals,
     followed_incarnations,
+    followed_runs,
     refuse_ended_run,
+    remember_followed,
     report_count,
     run_ended_error,
     stopped_for_good,
@@ -74,7 +78,7 @@ from fedsim.transports.base import Endpoint
 from fedsim.transports.durable_outbox import DurableOutbox
 from fedsim.transports.emulated import EmulatedLinks
 from fedsim.transports.link_model import link_model
-from fedsim.transports.mqtt import BrokerSettings, MqttClientEndpoint
+from fedsim.transports.mqtt import BrokerSettings, FollowedRuns, MqttClientEndpoint
 from fedsim.transports.topics import aggregator_ids, aggregator_of
 
 __all__ = ["client_resend_after", "client_state_file", "run_client", "training_generator"]
@@ -202,7 +206,8 @@ async def run_client(
     endpoint = _client_endpoint(scenario, population, client_id, broker, run=run,
                                 options=options, first_round=first_round,
                                 outbox=DurableOutbox(state / "outbox"),
-                                followed=followed_incarnations(previous))
+                                followed=FollowedRuns(frozenset(followed_runs(state, previous)),
+                                                      _remembering(state, client_id)))
     endpoint.resume_outbox(ledger.rounds)  # what a killed process sent and saw no receipt for
     links = emulated_links(loaded, plan, endpoint, clock, first_round, population)
     _log.info(
@@ -389,7 +394,7 @@ class _ClientProcess:
         lives, previous, endpoint = self.lives, self.previous, self.endpoint
         released = [*previous.get("released", []), *(asdict(r) for r in lives.kept)]
         finished = lives.finished or endpoint.ended_before
-        followed, current = followed_incarnations(previous), endpoint.incarnation.current
+        followed, current = followed_runs(self.state, previous), endpoint.incarnation.current
         state, kind, stopped_at, reason = self._final_state()
         outcome = {
             "client_id": self.plan.client_id,
@@ -418,8 +423,8 @@ class _ClientProcess:
             # process goes on from this state directory (state_owner.refuse_ended_run).
             RUN_FINISHED: previous.get(RUN_FINISHED) if finished is None else {
                 "version": finished.version, "reason": finished.reason},
-            # The run incarnations this client followed: the broker's retained end of one
-            # ends a later process at once (MqttClientEndpoint's followed).
+            # The run incarnations this client followed (followed.json keeps them as they
+            # are confirmed): the broker's retained end of one ends a later process at once.
             "incarnations": followed_incarnations({"incarnations": [
                 *followed, *([current] if current and current not in followed else [])]}),
             # The scenario's links, emulated (None: they are perfect, nothing to emulate).
@@ -459,7 +464,7 @@ def _latest_time(scenario: Scenario) -> float:
 def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
                      broker: BrokerSettings, *, run: str, options: DeploymentOptions,
                      first_round: int, outbox: DurableOutbox,
-                     followed: list[str]) -> MqttClientEndpoint:
+                     followed: FollowedRuns) -> MqttClientEndpoint:
     """The client's MQTT endpoint, with the scenario's limits and the deployment's options."""
     return MqttClientEndpoint(
         broker,
@@ -477,6 +482,21 @@ def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
         outbox=outbox,
         followed=followed,
     )
+
+
+def _remembering(state: Path, client_id: str) -> Callable[[str], None]:
+    """What keeps each run incarnation the client comes to follow in ``state``
+    (:func:`~fedsim.runtime.deployed.state_owner.remember_followed`). A write that fails is
+    logged and the client goes on: the loss is only that a later process, started after the
+    run ended with no report of this one, waits for a welcome instead of exiting."""
+    def remember(incarnation: str) -> None:
+        try:
+            remember_followed(state, incarnation)
+        except OSError as exc:
+            _log.error("could not keep the run incarnation followed", client=client_id,
+                       incarnation=incarnation, error=str(exc))
+
+    return remember
 
 
 async def _end_links(links: EmulatedLinks | None, *, stopped_on_its_own: bool,

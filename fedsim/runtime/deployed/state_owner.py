@@ -22,11 +22,18 @@ report (``run_finished``: the version and reason; an earlier fedsim's report say
 opens its ledger or connects (:func:`refuse_ended_run`), as ``fedsim server`` refuses a finished
 run's ``--state``: restarted, it waited for a welcome no server would send until it was killed,
 and a server of the same run name could have had it spend privacy after its run ended. A
-client that stopped before the end never saw it; its report names the run incarnations it
-followed (``incarnations``, :func:`followed_incarnations`), and the broker's retained end of
-one of them ends its next process before any model
-(:class:`fedsim.transports.mqtt.MqttClientEndpoint`'s ``followed``), in the same line
-(:func:`run_ended_error`).
+client that stopped before the end never saw it; the run incarnations it followed
+(:func:`followed_runs`) are its evidence, and the broker's retained end of one of them ends its
+next process before any model (:class:`fedsim.transports.mqtt.MqttClientEndpoint`'s
+``followed``), in the same line (:func:`run_ended_error`). Each is kept in ``followed.json``
+as the live server confirms it, before any model of it is delivered (:func:`remember_followed`):
+a process killed (SIGKILL) before it wrote a report left no ``incarnations`` in one, and its
+next process, started after the end, waited for a welcome until it was stopped. A retained
+end is the server's alone (ACL) and names its incarnation, 64 random bits drawn at each server
+start: one of an earlier or later run never names what this directory's client followed. A
+client that was never welcomed followed nothing and spent nothing; it cannot tell the run's end
+from an earlier run's of the same name (a new run's client may start before its server) and
+waits for a live server, as before (logged).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fedsim.atomic import read_regular
+from fedsim.atomic import read_regular, write_atomically
 from fedsim.errors import ConfigError
 from fedsim.json_input import json_problem, parse_json
 from fedsim.privacy.ledger_mark import mark_path
@@ -61,8 +68,13 @@ RUN_FINISHED = "run_finished"
 """The report's record of the server's end of the run: ``{"version": ..., "reason": ...}``, or
 None (not seen)."""
 
-__all__ = ["OWNER_FILE", "RUN_FINISHED", "claim_state_dir", "client_state_file", "ended_run",
-           "followed_incarnations", "refuse_ended_run", "report_count", "run_ended_error",
+FOLLOWED_FILE = "followed.json"
+"""The run incarnations the directory's client followed, oldest first:
+``{"incarnations": [...]}`` (:func:`remember_followed`)."""
+
+__all__ = ["FOLLOWED_FILE", "OWNER_FILE", "RUN_FINISHED", "claim_state_dir",
+           "client_state_file", "ended_run", "followed_incarnations", "followed_runs",
+           "refuse_ended_run", "remember_followed", "report_count", "run_ended_error",
            "stopped_for_good"]
 
 
@@ -209,7 +221,29 @@ def followed_incarnations(report: Mapping[str, object]) -> list[str]:
 
 
 MAX_FOLLOWED = 16
-"""The most run incarnations a client's report keeps (the newest)."""
+"""The most run incarnations a client's report, or its ``followed.json``, keeps (the newest)."""
+
+
+def followed_runs(state: Path, report: Mapping[str, object]) -> list[str]:
+    """The run incarnations the client of ``state`` followed: those its earlier processes
+    kept as the live server confirmed them (:data:`FOLLOWED_FILE`) and its exit ``report``'s
+    (an earlier fedsim wrote them there alone), the newest :data:`MAX_FOLLOWED`."""
+    kept = followed_incarnations(read_json(state / FOLLOWED_FILE))
+    merged = dict.fromkeys([*followed_incarnations(report), *kept])
+    return list(merged)[-MAX_FOLLOWED:]
+
+
+def remember_followed(state: Path, incarnation: str) -> None:
+    """Keep ``incarnation`` among the run incarnations the client of ``state`` followed
+    (:data:`FOLLOWED_FILE`), durably (fsynced, as its ledger is): called as the live server
+    confirms it, before any model of it is delivered, so a client that spent in that run
+    has it on disk whatever kills its process later (module docstring). Raises OSError (the
+    write failed: the caller logs it, and a later process may only wait)."""
+    kept = followed_incarnations(read_json(state / FOLLOWED_FILE))
+    if incarnation in kept:
+        return
+    text = json.dumps({"incarnations": [*kept, incarnation][-MAX_FOLLOWED:]}, indent=2) + "\n"
+    write_atomically(state / FOLLOWED_FILE, text, durability="durable")
 
 
 def report_count(report: Mapping[str, object], key: str) -> int:
