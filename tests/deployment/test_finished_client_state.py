@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -24,7 +25,9 @@ import numpy as np
 import pytest
 
 from fedsim.config import load_scenario
+from fedsim.config.limits import MAX_RUN_FILE_BYTES
 from fedsim.errors import ConfigError
+from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.privacy.ledger_mark import mark_path
 from fedsim.protocol import codec
 from fedsim.protocol.messages import GlobalModel, RunFinished
@@ -35,6 +38,7 @@ from fedsim.runtime.deployed.options import LAUNCH_WAIT_FOR_CLIENTS, DeploymentO
 from fedsim.runtime.deployed.state_owner import (
     FOLLOWED_FILE,
     MAX_FOLLOWED,
+    MAX_FOLLOWED_BYTES,
     RUN_FINISHED,
     client_state_file,
     ended_run,
@@ -96,6 +100,36 @@ def test_the_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
     refuse_ended_run(tmp_path / "fresh", "c-000")  # nothing there: a first start
     assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-utf8", "array", "fifo", "directory",
+                                    "huge"])
+def test_a_damaged_report_is_refused_not_taken_for_none(tmp_path: Path, damage: str) -> None:
+    """A stranger's review: the report that says the run ended was read as ``{}`` when it
+    could not be read, was cut short, was not an object or was larger than a run writes, so
+    the client of a run that ended started again. Its damage is a one-line refusal naming the
+    file and what to do (exit status 2), as a damaged ``owner.json`` is."""
+    state = tmp_path / "c"
+    _used_by(state, "c-000")
+    report = client_state_file(state, "c-000")
+    report.unlink()
+    if damage == "fifo":
+        os.mkfifo(report)
+    elif damage == "directory":
+        report.mkdir()
+    elif damage == "huge":  # (sparse: past the 512 MiB a run file may hold, on no disk)
+        with report.open("wb") as handle:
+            handle.truncate(MAX_RUN_FILE_BYTES + 1)
+    else:
+        report.write_bytes({"truncated": json.dumps(ENDED).encode()[:-9],
+                            "not-utf8": b'{"stop_reason": "\xff"}',
+                            "array": json.dumps([ENDED]).encode()}[damage])
+    with pytest.raises(ConfigError) as refused:
+        refuse_ended_run(state, "c-000")
+    text = str(refused.value)
+    assert text.startswith(f"{report}: ") and "\n" not in text
+    assert refused.value.exit_code == 2
+    assert "exit report of client 'c-000'" in text and "restore it" in text
 
 
 def test_the_client_refuses_before_it_opens_its_ledger_or_a_connection(
@@ -205,8 +239,7 @@ def test_a_client_restarted_after_its_run_ended_exits_2_at_once(
 def test_the_runs_a_client_followed_are_kept_as_they_are_confirmed(tmp_path: Path) -> None:
     """``followed.json`` is written as the live server confirms an incarnation (a process
     killed before its report wrote none there), read beside the report's list (an earlier
-    fedsim's evidence), the newest ``MAX_FOLLOWED`` kept; its damage only shortens the list,
-    which only leaves a later process to wait for a welcome."""
+    fedsim's evidence), the newest ``MAX_FOLLOWED`` kept (its damage: the next test)."""
     state = tmp_path / "c"
     state.mkdir()
     assert followed_runs(state, {}) == []
@@ -222,10 +255,90 @@ def test_the_runs_a_client_followed_are_kept_as_they_are_confirmed(tmp_path: Pat
     for incarnation in many:
         remember_followed(state, incarnation)
     assert followed_runs(state, {}) == many[-MAX_FOLLOWED:]
-    (state / FOLLOWED_FILE).write_text('{"incarnations": 7}')
-    assert followed_runs(state, report) == report["incarnations"]
-    remember_followed(state, "dddddddddddddddd")
-    assert followed_runs(state, {}) == ["dddddddddddddddd"]
+    remember_followed(state, "")  # no server's incarnation: nothing kept
+    assert followed_runs(state, {}) == many[-MAX_FOLLOWED:]
+
+
+def _damage_followed(path: Path, damage: str) -> None:
+    """``path`` (a client's ``followed.json``) made ``damage``."""
+    ok = ["aaaaaaaaaaaaaaaa"]
+    if damage == "fifo":
+        os.mkfifo(path)
+    elif damage == "directory":
+        path.mkdir()
+    elif damage == "link":  # (to a file as fedsim writes it: the link is the damage)
+        path.with_name("elsewhere.json").write_text(json.dumps({"incarnations": ok}))
+        path.symlink_to("elsewhere.json")
+    elif damage == "huge":  # (sparse: 1 GiB that takes no disk; read to 512 MiB before)
+        with path.open("wb") as handle:
+            handle.truncate(2**30)
+    elif damage == "padded":  # valid JSON, but larger than fedsim ever writes
+        path.write_text(json.dumps({"incarnations": ok}) + " " * MAX_FOLLOWED_BYTES)
+    else:
+        path.write_bytes({
+            "garbage": b"\x00\x01 not json",
+            "not-utf8": b'{"incarnations": ["\xff"]}',
+            "not-a-list": b'{"incarnations": 7}',
+            "array": b'["aaaaaaaaaaaaaaaa"]',
+            "thousands": json.dumps({"incarnations": [f"{i:016x}" for i in range(5000)]},
+                                    separators=(",", ":")).encode()[:MAX_FOLLOWED_BYTES - 2]
+            .rsplit(b",", 1)[0] + b"]}",  # (more than 16, within the size bound)
+            "non-strings": json.dumps({"incarnations": [*ok, 7, None, {"a": 1}]}).encode(),
+            "empty-string": json.dumps({"incarnations": [*ok, ""]}).encode(),
+            "too-long": json.dumps({"incarnations": [*ok, "a" * 33]}).encode(),
+            "extra-key": json.dumps({"incarnations": ok, "also": 1}).encode(),
+        }[damage])
+
+
+FOLLOWED_DAMAGE = ["fifo", "directory", "link", "huge", "padded", "garbage", "not-utf8",
+                   "not-a-list", "array", "thousands", "non-strings", "empty-string",
+                   "too-long", "extra-key"]
+
+
+@pytest.mark.parametrize("damage", FOLLOWED_DAMAGE)
+def test_a_damaged_followed_file_is_refused_and_kept(tmp_path: Path, damage: str) -> None:
+    """An attacker's review: a ``followed.json`` that could not be read, was huge (read up to
+    512 MiB), a link, not JSON or not what fedsim writes passed for none (the runs it kept
+    forgotten: a client of a run that ended waited for a welcome again), and the next
+    incarnation the client followed was written over it, losing them for good. It is refused
+    at the start, as a damaged ``owner.json`` is, and a write never replaces it."""
+    state = tmp_path / "c"
+    state.mkdir()
+    path = state / FOLLOWED_FILE
+    _damage_followed(path, damage)
+    before = os.lstat(path)
+    with pytest.raises(ConfigError) as refused:
+        followed_runs(state, {"incarnations": ["cccccccccccccccc"]})
+    text = str(refused.value)
+    assert text.startswith(f"{path} is damaged (") and "\n" not in text
+    assert refused.value.exit_code == 2 and "restore it" in text
+    with pytest.raises(ConfigError):
+        remember_followed(state, "dddddddddddddddd")
+    after = os.lstat(path)
+    assert (after.st_ino, after.st_size, after.st_mode) == \
+        (before.st_ino, before.st_size, before.st_mode)
+
+
+@pytest.mark.parametrize("damage", ["report", "followed"])
+def test_a_client_with_damaged_evidence_refuses_before_it_opens_its_ledger(
+        tmp_path: Path, damage: str) -> None:
+    """A damaged exit report or ``followed.json`` stops the client at once (exit status 2),
+    before its ledger or a connection, and leaves its state directory as it was."""
+    state = tmp_path / "c"
+    _used_by(state, "c-000")
+    if damage == "report":
+        client_state_file(state, "c-000").write_text('{"run_finished": {"version": 4,')
+    else:
+        _damage_followed(state / FOLLOWED_FILE, "garbage")
+    before = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    ledger = ledger_file(state, "c-000")
+    broker = parse_broker_url("mqtt://127.0.0.1:9")  # never reached: refused before connecting
+    with pytest.raises(ConfigError, match="is damaged|not JSON") as refused:
+        asyncio.run(run_client(load_scenario(SCENARIO), "c-000", broker, state_dir=state))
+    assert refused.value.exit_code == 2
+    assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
+    with PrivacyLedger.open(ledger, client_id="c-000", sampling="poisson", budget=None):
+        pass  # not held: the refusal came before the client opened it
 
 
 async def test_the_endpoint_hands_on_each_run_it_follows_before_any_model_of_it() -> None:

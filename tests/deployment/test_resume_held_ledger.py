@@ -57,3 +57,25 @@ def test_a_ledger_still_held_says_to_wait_and_retry(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as damaged:
         check_state_ledgers(loaded, state_dir)
     assert "wait for it" not in str(damaged.value)
+
+
+def test_a_damaged_exit_report_or_followed_file_is_said_before_the_resume(tmp_path: Path) -> None:
+    """A client's start refuses a damaged exit report or ``followed.json`` (exit status 2): a
+    resumed launch says so before it starts anything, as it does a damaged ledger, rather
+    than run with that client failing at its start."""
+    loaded = load_scenario(SCENARIO)
+    first, second = (p.client_id for p in build_population(loaded).plans[:2])
+
+    def state_dir(client_id: str) -> Path:
+        return tmp_path / "state" / client_id
+
+    check_state_ledgers(loaded, state_dir)  # nothing there: every client starts afresh
+    state_dir(first).mkdir(parents=True)
+    (state_dir(first) / f"client-{first}.json").write_text('{"released": [')
+    state_dir(second).mkdir(parents=True)
+    (state_dir(second) / "followed.json").write_text('{"incarnations": 7}')
+    with pytest.raises(ConfigError) as refused:
+        check_state_ledgers(loaded, state_dir)
+    said = str(refused.value)
+    assert said.startswith(f"cannot resume: {first}: {state_dir(first)}/client-{first}.json: ")
+    assert f"; {second}: {state_dir(second)}/followed.json is damaged" in said

@@ -113,6 +113,9 @@ class Kind(StrEnum):
     """A second, *different* update of the newest round the book saw of a client (not a
     resend: its base version or norm differ): two copies of the client's state are running,
     each spending its privacy (module docstring, "Forked clients")."""
+    IMPLAUSIBLE_COUNTS = "implausible_counts"
+    """An aggregation node's partial whose rejection counts were left out as made up (one a
+    partial, not an update: :func:`~fedsim.runtime.actors.partials.implausible_rejections`)."""
 
     @property
     def rejected(self) -> bool:

@@ -59,8 +59,9 @@ window closes, and loses nothing.
 (:data:`AGGREGATOR_KINDS`), each count a non-negative integer, and in all at most
 :func:`rejection_allowance` of the clients routed to it. An honest aggregator reports no more
 (:meth:`~fedsim.runtime.actors.integrity.Rejections.take`: a flood's excess goes into its next
-partials), so counts past it are made up: the partial's counts are left out (counted,
-:attr:`PartialIntake.implausible_counts`, and logged) and the rest of it is judged as ever.
+partials), so counts past it are made up: the partial's counts are left out (counted in the
+window's ``metrics.jsonl`` rejections as ``implausible_counts``, one a partial, and logged) and
+the rest of it is judged as ever.
 
 **Updates deferred at an aggregator** (:meth:`PartialIntake.deferred_at_aggregators`): an
 aggregator's pacer defers updates as the server's does, and each partial says how many it
@@ -142,7 +143,8 @@ close (module docstring)."""
 
 
 AGGREGATOR_KINDS = frozenset(kind.value for kind in Kind) - {
-    Kind.ACCEPTED, Kind.BAD_MIX, Kind.BAD_PARTIAL, Kind.STATUS_INCONSISTENT}
+    Kind.ACCEPTED, Kind.BAD_MIX, Kind.BAD_PARTIAL, Kind.STATUS_INCONSISTENT,
+    Kind.IMPLAUSIBLE_COUNTS}
 """The kinds a partial's ``rejections`` may count: the verdicts on updates (an aggregator
 takes no statuses, mixes no model and judges no partial)."""
 REJECTIONS_PER_CLIENT = 16 * limits.MAX_UNACKNOWLEDGED
@@ -225,8 +227,6 @@ class PartialIntake:
         """What the window closes tell the aggregators (module docstring)."""
         self._allowance = {a: rejection_allowance(n) for a, n in
                            routed_clients(weights, self.aggregators).items()}
-        self.implausible_counts = 0
-        """Partials whose rejection counts were left out as implausible (module docstring)."""
 
     def hold_back(self, client_id: str, below: int) -> None:
         """Name ``client_id`` in every window close from the next: aggregators fold none of
@@ -340,7 +340,7 @@ class PartialIntake:
         partials, self._partials = self._partials, {}
         for (aggregator, _), partial in sorted(partials.items()):
             self._claims[aggregator] = partial.waiting  # (sorted: its latest window's last)
-            counts = self._plausible_counts(partial)
+            counts = self._plausible_counts(partial, rejections)
             refused = sum(counts.values())
             report.duplicate += counts.pop(Kind.DUPLICATE.value, 0)
             report.stale += counts.pop(Kind.STALE.value, 0)
@@ -374,14 +374,15 @@ class PartialIntake:
                 groups.append(PartialGroup(base, total, checked[0], checked[1], entries))
         return groups
 
-    def _plausible_counts(self, partial: Partial) -> dict[str, int]:
+    def _plausible_counts(self, partial: Partial, rejections: Rejections) -> dict[str, int]:
         """``partial``'s rejection counts, or none where they are implausible (module
-        docstring): then counted and logged (throttled), and the rest of it judged as ever."""
+        docstring): then counted in ``rejections`` (the window's, as every refusal is) and
+        logged (throttled), and the rest of it judged as ever."""
         why = implausible_rejections(partial.rejections,
                                      self._allowance.get(partial.aggregator_id, 0))
         if why is None:
             return dict(partial.rejections)
-        self.implausible_counts += 1
+        rejections.add(Kind.IMPLAUSIBLE_COUNTS)
         _log.warning("partial's rejection counts implausible: left out",
                      aggregator=partial.aggregator_id, window=partial.window, reason=why)
         return {}

@@ -26,7 +26,7 @@ from fedsim.config import limits
 from fedsim.config.loading import LoadedScenario
 from fedsim.config.network import client_links, imperfect
 from fedsim.config.schema import Scenario
-from fedsim.errors import LedgerError, TransportError
+from fedsim.errors import ConfigError, LedgerError, TransportError
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger import PrivacyLedger
 from fedsim.protocol.messages import ClientState, ClientStatus
@@ -65,6 +65,7 @@ from fedsim.runtime.deployed.state_owner import (
     emulated_totals,
     followed_incarnations,
     followed_runs,
+    read_client_report,
     refuse_ended_run,
     remember_followed,
     report_count,
@@ -73,7 +74,7 @@ from fedsim.runtime.deployed.state_owner import (
 )
 from fedsim.runtime.normalisation import normalisation_generator
 from fedsim.runtime.population import ClientPlan, Population, build_population, plan_of
-from fedsim.runtime.run_outputs import ledger_file, read_json, write_json
+from fedsim.runtime.run_outputs import ledger_file, write_json
 from fedsim.transports.base import Endpoint
 from fedsim.transports.durable_outbox import DurableOutbox
 from fedsim.transports.emulated import EmulatedLinks
@@ -190,6 +191,9 @@ async def run_client(
     run = run_name(scenario, run)
     state = Path(state_dir)
     refuse_ended_run(state, client_id)  # before its data, ledger or broker: nothing to do
+    # (read before anything is opened: damage to either stops the start, exit status 2)
+    previous = read_client_report(state, client_id)
+    followed = followed_runs(state, previous)
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)
     claim_state_dir(state, client_id)
@@ -202,12 +206,11 @@ async def run_client(
     )
     clock = ScaledClock(options.time_scale, start=ledger.last_time)  # never back in time
     report_file = client_state_file(state, client_id)
-    previous = read_json(report_file)
     endpoint = _client_endpoint(scenario, population, client_id, broker, run=run,
                                 options=options, first_round=first_round,
                                 outbox=DurableOutbox(state / "outbox"),
-                                followed=FollowedRuns(frozenset(followed_runs(state, previous)),
-                                                      _remembering(state, client_id)))
+                                followed=FollowedRuns(frozenset(followed),
+                                                      _remembering(state, client_id, followed)))
     endpoint.resume_outbox(ledger.rounds)  # what a killed process sent and saw no receipt for
     links = emulated_links(loaded, plan, endpoint, clock, first_round, population)
     _log.info(
@@ -240,7 +243,7 @@ async def run_client(
         # (and its stop is said on the server's timeline: it cannot go back to meet it)
         timeline=ServerTimeline(clock, _latest_time(scenario), endpoint.incarnation))
     parts = _ClientProcess(scenario, plan, population, clock, endpoint, links, lives,
-                           first_round, previous, state)
+                           first_round, previous, followed, state)
     made: bool | None = None  # False: a signal came before the first connection
     failure: BaseException | None = None
     try:
@@ -276,6 +279,9 @@ class _ClientProcess:
     first_round: int
     previous: dict[str, Any]
     """Its earlier processes' report (empty: none)."""
+    followed: list[str]
+    """The run incarnations its processes followed, this one's as it comes to follow them
+    (:func:`_remembering`): the report says them without reading ``followed.json`` again."""
     state: Path
 
     @property
@@ -394,7 +400,7 @@ class _ClientProcess:
         lives, previous, endpoint = self.lives, self.previous, self.endpoint
         released = [*previous.get("released", []), *(asdict(r) for r in lives.kept)]
         finished = lives.finished or endpoint.ended_before
-        followed, current = followed_runs(self.state, previous), endpoint.incarnation.current
+        followed, current = self.followed, endpoint.incarnation.current
         state, kind, stopped_at, reason = self._final_state()
         outcome = {
             "client_id": self.plan.client_id,
@@ -484,15 +490,19 @@ def _client_endpoint(scenario: Scenario, population: Population, client_id: str,
     )
 
 
-def _remembering(state: Path, client_id: str) -> Callable[[str], None]:
+def _remembering(state: Path, client_id: str, followed: list[str]) -> Callable[[str], None]:
     """What keeps each run incarnation the client comes to follow in ``state``
-    (:func:`~fedsim.runtime.deployed.state_owner.remember_followed`). A write that fails is
+    (:func:`~fedsim.runtime.deployed.state_owner.remember_followed`), and adds it to
+    ``followed`` (its report's). A write that fails, or a file damaged since the start, is
     logged and the client goes on: the loss is only that a later process, started after the
-    run ended with no report of this one, waits for a welcome instead of exiting."""
+    run ended with no report of this one, waits for a welcome instead of exiting (a damaged
+    file is left as it is: the next start refuses it)."""
     def remember(incarnation: str) -> None:
+        if incarnation not in followed:
+            followed.append(incarnation)
         try:
             remember_followed(state, incarnation)
-        except OSError as exc:
+        except (OSError, ConfigError) as exc:
             _log.error("could not keep the run incarnation followed", client=client_id,
                        incarnation=incarnation, error=str(exc))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from fedsim.config.loading import LoadedScenario
 from fedsim.errors import ConfigError, FedsimError, LedgerInUse
 from fedsim.runtime.assembly import open_ledger
+from fedsim.runtime.deployed.state_owner import followed_runs, read_client_report
 from fedsim.runtime.population import build_population
 from fedsim.runtime.run_outputs import (
     METRICS_FILE,
@@ -87,14 +88,19 @@ def resumable_scenario(out: str | Path) -> Path:
 
 def check_state_ledgers(loaded: LoadedScenario, state_dir: Callable[[str], Path]) -> None:
     """Open (and close) every client's ledger in its state directory (``state_dir(client
-    id)``), as the client will; a :class:`ConfigError` naming each one that does not open
-    (damaged, another posture's, still held by a process of the earlier launch that has not
+    id)``), and read its exit report and ``followed.json``, as the client will; a
+    :class:`ConfigError` naming each one that does not open or read (damaged, another posture's, still held by a process of the earlier launch that has not
     stopped yet: an attacker's review saw a run whose every client failed at start run to its
     end empty, after which it could not be resumed again)."""
     problems = []
     held = False  # a ledger another process holds: one of the earlier launch, still stopping?
     for plan in build_population(loaded).plans:
-        path = ledger_file(state_dir(plan.client_id), plan.client_id)
+        state = state_dir(plan.client_id)
+        try:  # what its start reads before its ledger: damage stops it there, so say it now
+            followed_runs(state, read_client_report(state, plan.client_id))
+        except ConfigError as exc:
+            problems.append(f"{plan.client_id}: {exc}")
+        path = ledger_file(state, plan.client_id)
         if not path.exists():
             continue  # a client that never spent: it starts afresh
         try:

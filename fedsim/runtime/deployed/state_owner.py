@@ -42,8 +42,9 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedsim.atomic import read_regular, write_atomically
 from fedsim.errors import ConfigError
@@ -54,7 +55,6 @@ from fedsim.runtime.run_outputs import (
     FINISHED_STATES,
     LEDGER_DIR,
     ledger_file,
-    read_json,
     read_json_if_present,
     write_json,
 )
@@ -71,11 +71,14 @@ None (not seen)."""
 FOLLOWED_FILE = "followed.json"
 """The run incarnations the directory's client followed, oldest first:
 ``{"incarnations": [...]}`` (:func:`remember_followed`)."""
+MAX_FOLLOWED_BYTES = 4096
+"""The largest ``followed.json`` read (fedsim writes at most about 700 bytes); a larger one is
+damage (it was read up to a run file's 512 MiB, at the start and at each incarnation)."""
 
 __all__ = ["FOLLOWED_FILE", "OWNER_FILE", "RUN_FINISHED", "claim_state_dir",
            "client_state_file", "ended_run", "followed_incarnations", "followed_runs",
-           "refuse_ended_run", "remember_followed", "report_count", "run_ended_error",
-           "stopped_for_good"]
+           "read_client_report", "refuse_ended_run", "remember_followed", "report_count",
+           "run_ended_error", "stopped_for_good"]
 
 
 def client_state_file(state_dir: str | Path, client_id: str) -> Path:
@@ -127,6 +130,20 @@ class _Owner(BaseModel):
     client_id: ClientId
 
 
+def read_client_report(state: Path, client_id: str) -> dict[str, Any]:
+    """``client_id``'s exit report in ``state`` (``{}``: none there), as every start reads it.
+    One that is there but cannot be read, is not a JSON object or is larger than a run
+    writes is refused (:class:`ConfigError`), as a damaged :data:`OWNER_FILE` is: taken for
+    absence (as it once was), a damaged report let a client of a run that ended start again,
+    and the next report, written over it, dropped the rounds and counts it held."""
+    try:
+        return read_json_if_present(client_state_file(state, client_id))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: the exit report of client {client_id!r} (its released "
+                          f"rounds, whether its run ended), so nothing is started on {state}; "
+                          f"restore it, or give the client a fresh --state directory") from None
+
+
 def _owner(state: Path) -> str | None:
     """The client ``state``'s owner file names, None where it has none. A file that is there
     but cannot be read, is not JSON, is too large or is not ``{"client_id": ...}`` is refused
@@ -173,10 +190,11 @@ def refuse_ended_run(state: Path, client_id: str) -> None:
     (:func:`ended_run`; module docstring). Reads nothing else and writes nothing.
 
     Raises:
-        ConfigError: the run ended (exit status 2, one line).
+        ConfigError: the run ended, or the report is damaged (:func:`read_client_report`;
+            exit status 2, one line).
     """
     report_file = client_state_file(state, client_id)
-    ended = ended_run(read_json(report_file))
+    ended = ended_run(read_client_report(state, client_id))
     if ended is not None:
         raise run_ended_error(state, client_id, ended, f"{report_file.name} records")
 
@@ -199,7 +217,7 @@ def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
             f"them, or the report if it is the one damaged (a fresh ledger would forget the "
             f"client's spending)")
     try:
-        report = read_json_if_present(report_file)
+        report = read_client_report(state, client_id)
     except ConfigError as exc:
         raise ConfigError(f"{exc}; {lost}") from None
     rounds = report.get("ledger_rounds")
@@ -211,24 +229,73 @@ def _released_rounds(report_file: Path, client_id: str, state: Path) -> int:
                       f"({type(rounds).__name__}), {lost}")
 
 
+def _followable(value: object) -> bool:
+    """Whether ``value`` can be a run incarnation a client followed (the one rule for both
+    files that keep them)."""
+    return isinstance(value, str) and 0 < len(value) <= 32
+
+
 def followed_incarnations(report: Mapping[str, object]) -> list[str]:
     """The run incarnations a client's report says its processes followed (``incarnations``;
-    anything else in it, damage, is left out: it only ever shortens the client's wait)."""
+    anything else in it, damage, is left out: the report's own damage is judged by
+    :func:`read_client_report`, and :data:`FOLLOWED_FILE` keeps them too)."""
     followed = report.get("incarnations")
     if not isinstance(followed, list):
         return []
-    return [i for i in followed if isinstance(i, str) and 0 < len(i) <= 32][-MAX_FOLLOWED:]
+    return [i for i in followed if _followable(i)][-MAX_FOLLOWED:]
 
 
 MAX_FOLLOWED = 16
 """The most run incarnations a client's report, or its ``followed.json``, keeps (the newest)."""
 
 
+class _Followed(BaseModel):
+    """What ``followed.json`` holds (:func:`remember_followed` writes it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    incarnations: list[str] = Field(max_length=MAX_FOLLOWED)
+
+    @field_validator("incarnations")
+    @classmethod
+    def _each_followable(cls, value: list[str]) -> list[str]:
+        if not all(_followable(i) for i in value):
+            raise ValueError("an incarnation that no server draws")
+        return value
+
+
+def _kept_followed(state: Path) -> list[str]:
+    """The run incarnations ``state``'s :data:`FOLLOWED_FILE` keeps (``[]``: no file). One
+    that is there but cannot be read (a FIFO, a link, a directory), is too large, not JSON or
+    not ``{"incarnations": [...]}`` as fedsim writes it is refused (:class:`ConfigError`), as
+    a damaged :data:`OWNER_FILE` is: taken for none (as it once was), it lost the evidence that
+    ends a client of a run that ended, and the next incarnation written over it lost it for
+    good."""
+    path = state / FOLLOWED_FILE
+    if not os.path.lexists(path):
+        return []
+    try:
+        return _Followed.model_validate(parse_json(
+            read_regular(path, refuse_over=MAX_FOLLOWED_BYTES, no_link=True))).incarnations
+    except OSError as exc:  # a FIFO, a link, a directory, unreadable, too large: named
+        problem = str(exc) if exc.filename is None else exc.strerror
+    except json.JSONDecodeError as exc:
+        problem = f"not JSON ({json_problem(exc)})"
+    except UnicodeDecodeError:
+        problem = "not JSON (not UTF-8)"
+    except ValidationError:
+        problem = f'not {{"incarnations": [...]}} of at most {MAX_FOLLOWED} run incarnations'
+    raise ConfigError(f"{path} is damaged ({problem}): it keeps the runs this client followed "
+                      f"(a run that ended is not resumed), so nothing is started on {state}; "
+                      f"restore it, or remove it if that run has not ended") from None
+
+
 def followed_runs(state: Path, report: Mapping[str, object]) -> list[str]:
     """The run incarnations the client of ``state`` followed: those its earlier processes
-    kept as the live server confirmed them (:data:`FOLLOWED_FILE`) and its exit ``report``'s
-    (an earlier fedsim wrote them there alone), the newest :data:`MAX_FOLLOWED`."""
-    kept = followed_incarnations(read_json(state / FOLLOWED_FILE))
+    kept as the live server confirmed them (:data:`FOLLOWED_FILE`, damage refused:
+    :func:`_kept_followed`) and its exit ``report``'s (an earlier fedsim wrote them there
+    alone), the newest :data:`MAX_FOLLOWED`."""
+    kept = _kept_followed(state)
     merged = dict.fromkeys([*followed_incarnations(report), *kept])
     return list(merged)[-MAX_FOLLOWED:]
 
@@ -238,9 +305,10 @@ def remember_followed(state: Path, incarnation: str) -> None:
     (:data:`FOLLOWED_FILE`), durably (fsynced, as its ledger is): called as the live server
     confirms it, before any model of it is delivered, so a client that spent in that run
     has it on disk whatever kills its process later (module docstring). Raises OSError (the
-    write failed: the caller logs it, and a later process may only wait)."""
-    kept = followed_incarnations(read_json(state / FOLLOWED_FILE))
-    if incarnation in kept:
+    write failed) or ConfigError (the file is damaged: left as it is, for the next start to
+    refuse); the caller logs it, and a later process may only wait."""
+    kept = _kept_followed(state)
+    if incarnation in kept or not _followable(incarnation):  # ("": no server's)
         return
     text = json.dumps({"incarnations": [*kept, incarnation][-MAX_FOLLOWED:]}, indent=2) + "\n"
     write_atomically(state / FOLLOWED_FILE, text, durability="durable")
