@@ -42,7 +42,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -145,17 +145,31 @@ def read_client_report(state: Path, client_id: str) -> dict[str, Any]:
 
 
 def _owner(state: Path) -> str | None:
-    """The client ``state``'s owner file names, None where it has none. A file that is there
-    but cannot be read, is not JSON, is too large or is not ``{"client_id": ...}`` is refused
-    (:class:`ConfigError`): taken for absence (as it once was), it let a start adopt another
-    client's directory with its owner file damaged, and write itself in as the owner. So the
-    ledger's mark and the server's ``server.hwm`` treat their damage too."""
-    path = state / OWNER_FILE
+    """The client ``state``'s owner file names, None where it has none. A damaged one is
+    refused (:func:`_read_state_file`): taken for absence (as it once was), it let a start
+    adopt another client's directory with its owner file damaged, and write itself in as the
+    owner. So the ledger's mark and the server's ``server.hwm`` treat their damage too."""
+    owner = _read_state_file(
+        state / OWNER_FILE, _Owner, most=MAX_OWNER_BYTES, shape='{"client_id": "<client id>"}',
+        why=f"it says whose state directory {state} is, so nothing is started on it; restore "
+            f"it, or give the client a fresh --state directory")
+    return None if owner is None else owner.client_id
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _read_state_file(path: Path, model: type[_Model], *, most: int, shape: str,
+                     why: str) -> _Model | None:
+    """The small state file at ``path`` as ``model`` says it, None where there is none. One
+    that is there but cannot be read (a FIFO, a link, a directory, unreadable), is larger than
+    ``most`` bytes, is not JSON or is not ``shape`` is refused: a :class:`ConfigError` naming
+    the file, what is wrong and ``why`` it matters (what it keeps, what to do)."""
     if not os.path.lexists(path):
         return None
     try:
-        return _Owner.model_validate(parse_json(
-            read_regular(path, refuse_over=MAX_OWNER_BYTES, no_link=True))).client_id
+        return model.model_validate(parse_json(
+            read_regular(path, refuse_over=most, no_link=True)))
     except OSError as exc:  # a FIFO, a link, a directory, unreadable, too large: named
         problem = str(exc) if exc.filename is None else exc.strerror
     except json.JSONDecodeError as exc:
@@ -163,10 +177,8 @@ def _owner(state: Path) -> str | None:
     except UnicodeDecodeError:
         problem = "not JSON (not UTF-8)"
     except ValidationError:
-        problem = 'not {"client_id": "<client id>"}'
-    raise ConfigError(f"{path} is damaged ({problem}): it says whose state directory {state} "
-                      f"is, so nothing is started on it; restore it, or give the client a "
-                      f"fresh --state directory") from None
+        problem = f"not {shape}"
+    raise ConfigError(f"{path} is damaged ({problem}): {why}") from None
 
 
 def ended_run(report: Mapping[str, object]) -> str | None:
@@ -265,29 +277,16 @@ class _Followed(BaseModel):
 
 
 def _kept_followed(state: Path) -> list[str]:
-    """The run incarnations ``state``'s :data:`FOLLOWED_FILE` keeps (``[]``: no file). One
-    that is there but cannot be read (a FIFO, a link, a directory), is too large, not JSON or
-    not ``{"incarnations": [...]}`` as fedsim writes it is refused (:class:`ConfigError`), as
-    a damaged :data:`OWNER_FILE` is: taken for none (as it once was), it lost the evidence that
-    ends a client of a run that ended, and the next incarnation written over it lost it for
-    good."""
-    path = state / FOLLOWED_FILE
-    if not os.path.lexists(path):
-        return []
-    try:
-        return _Followed.model_validate(parse_json(
-            read_regular(path, refuse_over=MAX_FOLLOWED_BYTES, no_link=True))).incarnations
-    except OSError as exc:  # a FIFO, a link, a directory, unreadable, too large: named
-        problem = str(exc) if exc.filename is None else exc.strerror
-    except json.JSONDecodeError as exc:
-        problem = f"not JSON ({json_problem(exc)})"
-    except UnicodeDecodeError:
-        problem = "not JSON (not UTF-8)"
-    except ValidationError:
-        problem = f'not {{"incarnations": [...]}} of at most {MAX_FOLLOWED} run incarnations'
-    raise ConfigError(f"{path} is damaged ({problem}): it keeps the runs this client followed "
-                      f"(a run that ended is not resumed), so nothing is started on {state}; "
-                      f"restore it, or remove it if that run has not ended") from None
+    """The run incarnations ``state``'s :data:`FOLLOWED_FILE` keeps (``[]``: no file). A
+    damaged one is refused (:func:`_read_state_file`), as a damaged :data:`OWNER_FILE` is:
+    taken for none (as it once was), it lost the evidence that ends a client of a run that
+    ended, and the next incarnation written over it lost it for good."""
+    kept = _read_state_file(
+        state / FOLLOWED_FILE, _Followed, most=MAX_FOLLOWED_BYTES,
+        shape=f'{{"incarnations": [...]}} of at most {MAX_FOLLOWED} run incarnations',
+        why=f"it keeps the runs this client followed (a run that ended is not resumed), so "
+            f"nothing is started on {state}; restore it, or remove it if that run has not ended")
+    return [] if kept is None else kept.incarnations
 
 
 def followed_runs(state: Path, report: Mapping[str, object]) -> list[str]:
