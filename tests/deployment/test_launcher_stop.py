@@ -395,3 +395,23 @@ def test_a_launchs_summary_says_what_a_restart_and_a_resume_cost(tmp_path: Path)
         "(before_start): released and charged to their clients' privacy (their ledgers count "
         "them), never applied (a resumed launch's server refuses the earlier part's updates "
         "that reach it before its first window)"]
+
+
+def test_a_launchs_summary_names_a_damaged_client_report(tmp_path: Path) -> None:
+    """The collect read each client's exit report leniently: a damaged one (here cut short)
+    gave ``{}`` and the summary lost that client's released rounds, counts and stop without a
+    word. It is read as the client's own start reads it, and the summary's warnings name it."""
+    from fedsim.config import load_scenario
+    from fedsim.runtime.deployed.collection import collect_outputs
+
+    states = {c: tmp_path / "state" / c for c in ("c-000", "c-001")}
+    for client, state in states.items():
+        state.mkdir(parents=True)
+        (state / f"client-{client}.json").write_text('{"state": "done", "released": []}')
+    (states["c-001"] / "client-c-001.json").write_text('{"state": "do')  # cut short
+    (tmp_path / "run").mkdir()
+    summary = collect_outputs(load_scenario(SCENARIO), tmp_path / "run", states,
+                              wall_seconds=1.0)
+    damaged = [w for w in summary["warnings"] if "exit report" in w]
+    assert len(damaged) == 1 and damaged[0].startswith("c-001: its exit report was left out")
+    assert "client-c-001.json" in damaged[0]

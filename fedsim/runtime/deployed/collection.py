@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fedsim.config.loading import LoadedScenario
+from fedsim.errors import ConfigError
 from fedsim.json_input import parse_json
 from fedsim.logging import get_logger
 from fedsim.privacy.ledger_file import copy_ledger, read_ledger_bytes
@@ -21,8 +22,8 @@ from fedsim.runtime.actors.stops import RunStop, RunStopKind, finished_stop_kind
 from fedsim.runtime.assembly import open_ledger
 from fedsim.runtime.deployed.differences import measured_differences
 from fedsim.runtime.deployed.state_owner import (
-    client_state_file,
     emulated_totals,
+    read_client_report,
     report_count,
     stopped_for_good,
 )
@@ -51,6 +52,20 @@ __all__ = ["collect_outputs", "exit_text"]
 _log = get_logger("fedsim.runtime.deployed.collection")
 MAX_REFUSAL_CHARS = 1000
 """The most of a client report's refusal text a summary's warning repeats."""
+
+
+def _client_report(state_dir: Path, client_id: str, warnings: list[str]) -> dict[str, Any]:
+    """``client_id``'s exit report in ``state_dir`` (``{}``: none), read as its starts read
+    it (:func:`~fedsim.runtime.deployed.state_owner.read_client_report`); a damaged one is
+    left out with a warning naming it, where it used to shrink the summary without a word
+    (its rounds, counts and stop gone from it)."""
+    try:
+        return read_client_report(state_dir, client_id)
+    except ConfigError as exc:
+        warnings.append(f"{client_id}: its exit report was left out: {exc}")
+        _log.warning("damaged client exit report left out of the summary", client=client_id,
+                     error=str(exc))
+        return {}
 
 
 def collect_outputs(
@@ -118,7 +133,7 @@ def collect_outputs(
                         f"both)")
                     _log.warning("state ledger does not extend the run directory's copy; "
                                  "kept the copy", client=client_id, state=str(source))
-            report = read_json(client_state_file(state_dir, client_id)) if state_dir else {}
+            report = _client_report(state_dir, client_id, warnings) if state_dir else {}
             links.append(report.get("emulated_network"))
             unacknowledged[client_id] = _unacknowledged(report)
             refused = report.get("refused")
