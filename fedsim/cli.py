@@ -42,7 +42,9 @@ COMMANDS: tuple[str, ...] = (
 # Commands that may load a data set: they take --offline (no download; FEDSIM_OFFLINE=1).
 DATA_COMMANDS = frozenset({"run", "validate", "server", "client", "aggregator", "launch"})
 OFFLINE_HELP = ("Never download a data set: use only a local copy (the same as "
-                "FEDSIM_OFFLINE=1; processes started by this command inherit it).")
+                "FEDSIM_OFFLINE=1).")
+# (a stranger: `fedsim client --help` said its processes inherit it; only launch starts any)
+LAUNCH_OFFLINE_HELP = OFFLINE_HELP[:-2] + "; the processes it starts inherit it)."
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_output_options(command)
         if name in DATA_COMMANDS:
             command.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
-                                 help=OFFLINE_HELP)
+                                 help=LAUNCH_OFFLINE_HELP if name == "launch" else OFFLINE_HELP)
     _sentences(parser)
     return parser
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.privacy.events import by_relation
 from fedsim.reporting.stops import stop_counts
 from fedsim.reporting.values import accuracy, count, finite_number, printable, relative_gap, spread
 from fedsim.runtime.actors.stops import (
@@ -101,7 +102,9 @@ def server_rows_and_summary(
         "stop_kind": None if stop is None else stop.kind.value,
         "stop_reason": "" if stop is None else stop.text,
         RELEASED_UNACKNOWLEDGED: (unacknowledged := _unacknowledged(server)),
-        "explanation": _explanation(root, rows, stop, scenario.privacy.delta, unacknowledged),
+        "explanation": _explanation(
+            root, rows, stop, scenario.privacy.delta, unacknowledged,
+            {group.name: group.sampling for group in scenario.clients.groups}),
     }
     if stop is not None and stop.kind is RunStopKind.SIGNAL:  # partial: said as a run's is
         summary["interrupted"] = {"signal": "a signal", "partial": True}
@@ -149,12 +152,17 @@ def _row(client_id: str, group: str, rounds: int | None, status: Any,
 
 
 def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | None,
-                 delta: float, unacknowledged: Mapping[str, Any] | None) -> str:
+                 delta: float, unacknowledged: Mapping[str, Any] | None,
+                 samplings: Mapping[str, str]) -> str:
+    """``samplings``: each group's sampling, by group name."""
     heard = [row for row in rows if row["state"] != "unknown"]
     # A finished client's last status says its final eps; a running one's is as old as its
     # last state change (0 at its start: a stranger read "eps min 0 / median 0 / max 0").
-    reported = sorted(eps for row in heard
-                      if row["stop_kind"] and (eps := row[REPORTED_EPSILON]) is not None)
+    # Never pooled across neighbouring relations, as a run's summary does not pool them (a
+    # stranger's view gave one median of add/remove and replace-one clients).
+    reported = by_relation((samplings.get(row["group"]), eps) for row in heard
+                           if row["stop_kind"] and (eps := row[REPORTED_EPSILON]) is not None)
+    many_reported = sum(len(values) for values in reported.values())
     parts = [f"{root} is a deployed server's output directory (server.json, no summary.json): "
              f"the server's view of the run."]
     if stop is not None:
@@ -177,9 +185,13 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
                                              len(unacknowledged["clients"]))
                      + " (Their final statuses say so: self-reports the server cannot verify.)")
     if reported:
-        parts.append(f"The {len(reported)} stopped clients' last statuses reported eps (delta "
-                     f"= {delta:g}) {spread(reported)}: self-reports the server cannot verify.")
-    if len(reported) < len(rows):
+        said = (spread(next(iter(reported.values()))) if len(reported) == 1 else
+                "by neighbouring relation, guarantees about different neighbours that are not "
+                "to be compared: " + "; ".join(f"{relation} clients {spread(values)}"
+                                               for relation, values in reported.items()))
+        parts.append(f"The {many_reported} stopped clients' last statuses reported eps (delta "
+                     f"= {delta:g}) {said}: self-reports the server cannot verify.")
+    if many_reported < len(rows):
         parts.append("A client still running at the end sent its last status at its last "
                      "change of state, so its eps there is older than the run's end.")
     parts.append("The clients' ledgers stay with the clients (each one's --state "

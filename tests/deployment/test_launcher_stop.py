@@ -194,10 +194,11 @@ def test_a_launchs_summary_names_a_process_that_died(
 
     monkeypatch.setattr("fedsim.runtime.deployed.launcher.collect_outputs", collect)
     (tmp_path / "run").mkdir()
-    launcher._client_restarts = {"c-002": 1}
+    launcher.processes["c-002"].restarts = 1
     launcher.collect()
     assert seen["failed_processes"] == {"c-000": -signal.SIGKILL}
-    assert seen["restarted_clients"] == {"c-002": 1}
+    assert seen["restarted_clients"] == {name: int(name == "c-002")
+                                         for name in launcher.client_ids}
 
 
 class _Ended:
@@ -277,11 +278,13 @@ def test_a_resumed_launch_restarts_a_client_whose_kills_were_in_an_earlier_part(
 
     def prepare() -> None:
         _no_processes_yet(launcher, tmp_path)()
-        # as prepare() reads a resumed launch's processes.json
-        launcher.processes[victim].starts = len(earlier)
-        launcher.exit_codes[victim] = list(earlier)
-        launcher.processes["server"].starts = 1
-        launcher.exit_codes["server"] = [-signal.SIGTERM]
+        # a resumed launch's processes.json, read as prepare() reads it
+        launcher._earlier = {
+            victim: {"starts": len(earlier), "restarts": MAX_CLIENT_RESTARTS,
+                     "exit_codes": list(earlier)},
+            "server": {"starts": 1, "exit_codes": [-signal.SIGTERM]}}
+        for name in launcher.processes:
+            launcher._carry_earlier(name)
 
     def start(name: str) -> None:
         process = launcher.processes[name]
@@ -298,6 +301,12 @@ def test_a_resumed_launch_restarts_a_client_whose_kills_were_in_an_earlier_part(
     written = json.loads((tmp_path / "run" / "processes.json").read_text())
     assert written[victim]["starts"] == len(earlier) + 2  # restarted once
     assert written[victim]["exit_codes"] == [*earlier, -signal.SIGKILL, 0]
+    # A stranger: the resumed summary forgot the earlier part's restarts (processes.json alone
+    # held their -9s), and with them that its counters miss the killed processes' rounds.
+    assert written[victim]["restarts"] == MAX_CLIENT_RESTARTS + 1
+    warnings = json.loads((tmp_path / "run" / "summary.json").read_text())["warnings"]
+    assert f"{victim}'s process was killed and restarted by the launch " \
+           f"{MAX_CLIENT_RESTARTS + 1} time(s) (logs/{victim}.log)" in warnings[0]
 
 
 def test_a_timed_out_launch_stops_the_clients_before_the_server(

@@ -172,6 +172,23 @@ def test_a_status_that_disagrees_with_its_ledger_is_warned_and_best_is_never_bel
     assert row["eps_median"] is None and any("2 of its 10 clients" in w for w in row["warnings"])
 
 
+def test_the_views_self_reported_eps_are_never_pooled_across_neighbouring_relations(
+        tmp_path: Path) -> None:
+    """A stranger's server view gave one min / median / max of the stopped clients' reported
+    eps, add/remove (Poisson) and replace-one (fixed-size) pooled, where a run's summary
+    keeps the two apart: guarantees about different neighbours."""
+    done = {"state": "done", "rounds": 5}
+    root = _server_dir(tmp_path / "server", {
+        "phone-000": {**done, "epsilon": 0.25}, "laptop-000": {**done, "epsilon": 0.5},
+        "server-000": {**done, "epsilon": 0.75}})  # quickstart: phone, laptop poisson
+    explanation = RunDirectory.load(root).summary["explanation"]
+    assert ("The 3 stopped clients' last statuses reported eps (delta = 1e-05) by neighbouring "
+            "relation, guarantees about different neighbours that are not to be compared: "
+            "add/remove clients min 0.2500 / median 0.3750 / max 0.5000; replace-one clients "
+            "min 0.7500 / median 0.7500 / max 0.7500: self-reports the server cannot verify.") \
+        in explanation, explanation
+
+
 def test_report_replaces_a_planted_plot_link_and_refuses_a_fifo_ledger(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The review: plots/accuracy.png linked to another file had that file overwritten; a FIFO

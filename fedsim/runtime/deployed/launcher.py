@@ -96,6 +96,10 @@ class _Process:
     log: Path
     child: subprocess.Popen[bytes] | ForkedChild | None = None
     starts: int = 0
+    restarts: int = 0
+    """The launch's restarts of it (a client killed, an aggregator failed) over the whole run,
+    a resumed launch's earlier parts included (the summary's warning names a client's;
+    :data:`MAX_CLIENT_RESTARTS` bounds one part's)."""
 
     @property
     def running(self) -> bool:
@@ -260,17 +264,26 @@ class Launcher:
         for name, argv in commands.items():
             self.processes[name] = _Process(name, argv[1:], self.out / "logs" / f"{name}.log")
             os.close(open_log(self.processes[name].log))  # a link refused before any start
-            earlier = self._earlier.get(name)
-            if isinstance(earlier, dict):  # a resumed launch counts every start and exit
-                starts, codes = earlier.get("starts"), earlier.get("exit_codes")
-                self.processes[name].starts = starts if type(starts) is int and starts > 0 else 0
-                if isinstance(codes, list) and all(type(c) is int for c in codes):
-                    self.exit_codes[name] = list(codes)
-                self.earlier_commands[name] = earlier_commands(
-                    earlier, ["fedsim", *self.processes[name].argv])
+            self._carry_earlier(name)
         # Written now, not only at the collect: a launcher killed outright (SIGKILL, a closed
         # terminal) leaves a directory --resume recognises.
         self._write_processes()
+
+    def _carry_earlier(self, name: str) -> None:
+        """Take over what a resumed launch's earlier parts recorded of process ``name`` (their
+        ``processes.json``): its starts, restarts, exit statuses and other command lines."""
+        earlier = self._earlier.get(name)
+        if not isinstance(earlier, dict):
+            return
+        process = self.processes[name]
+        starts, codes = earlier.get("starts"), earlier.get("exit_codes")
+        process.starts = starts if type(starts) is int and starts > 0 else 0
+        # (a stranger: a resumed launch's summary forgot a client restarted in an earlier part)
+        restarts = earlier.get("restarts")
+        process.restarts = restarts if type(restarts) is int and restarts > 0 else 0
+        if isinstance(codes, list) and all(type(c) is int for c in codes):
+            self.exit_codes[name] = list(codes)
+        self.earlier_commands[name] = earlier_commands(earlier, ["fedsim", *process.argv])
 
     # -- processes ---------------------------------------------------------------------------
     def start(self, name: str) -> None:
@@ -309,6 +322,7 @@ class Launcher:
         for name, code in self._failed(self.aggregator_ids):
             _log.warning("aggregator failed; restarting it", aggregator=name, code=code)
             self.start(name)
+            self.processes[name].restarts += 1
             restarted.append(name)
         return restarted
 
@@ -340,6 +354,7 @@ class Launcher:
                          code=code, killed=killed)
             self.start(name)
             self._client_restarts[name] = killed  # (the kill that stops the launch: none)
+            self.processes[name].restarts += 1
             restarted.append(name)
         return restarted
 
@@ -437,7 +452,8 @@ class Launcher:
             interrupted=interrupted,
             cause=cause,
             parts=max(1, self.processes["server"].starts),
-            restarted_clients=dict(self._client_restarts),
+            restarted_clients={name: self.processes[name].restarts
+                               for name in self.client_ids if name in self.processes},
             failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
                               if codes and codes[-1] != 0 and name in self.processes
                               and self.processes[name].child is None},
@@ -452,6 +468,7 @@ class Launcher:
                 name: {
                     "command": ["fedsim", *p.argv],
                     "starts": p.starts,
+                    "restarts": p.restarts,
                     "exit_codes": self.exit_codes.get(name, []),
                     **({"earlier_commands": self.earlier_commands[name]}
                        if self.earlier_commands.get(name) else {}),
