@@ -97,9 +97,16 @@ class _Process:
     child: subprocess.Popen[bytes] | ForkedChild | None = None
     starts: int = 0
     restarts: int = 0
-    """The launch's restarts of it (a client killed, an aggregator failed) over the whole run,
-    a resumed launch's earlier parts included (the summary's warning names a client's;
-    :data:`MAX_CLIENT_RESTARTS` bounds one part's)."""
+    """This launch's restarts of it (a client killed, an aggregator failed):
+    :data:`MAX_CLIENT_RESTARTS` bounds a client's."""
+    earlier_restarts: int = 0
+    """A resumed launch's earlier parts' restarts of it (their ``processes.json``)."""
+
+    @property
+    def all_restarts(self) -> int:
+        """Its restarts over the whole run, every part's (the summary's warning names a
+        client's)."""
+        return self.earlier_restarts + self.restarts
 
     @property
     def running(self) -> bool:
@@ -183,9 +190,6 @@ class Launcher:
         self.local_broker: LocalMosquitto | None = None
         self.processes: dict[str, _Process] = {}
         self.exit_codes: dict[str, list[int]] = {}
-        self._client_restarts: dict[str, int] = {}
-        """Per client, how many times this launch restarted its killed process
-        (:meth:`supervise_clients`)."""
         self.earlier_commands: dict[str, list[list[str]]] = {}
         """Per process, the command lines of a resumed launch's earlier parts that differ from
         this part's (oldest first; none: every part ran this one)."""
@@ -280,7 +284,7 @@ class Launcher:
         process.starts = starts if type(starts) is int and starts > 0 else 0
         # (a stranger: a resumed launch's summary forgot a client restarted in an earlier part)
         restarts = earlier.get("restarts")
-        process.restarts = restarts if type(restarts) is int and restarts > 0 else 0
+        process.earlier_restarts = restarts if type(restarts) is int and restarts > 0 else 0
         if isinstance(codes, list) and all(type(c) is int for c in codes):
             self.exit_codes[name] = list(codes)
         self.earlier_commands[name] = earlier_commands(earlier, ["fedsim", *process.argv])
@@ -345,7 +349,7 @@ class Launcher:
             # This launch's kills only: a resumed launch's exit statuses include the earlier
             # parts' (an attacker's review: a client killed four times in the part that
             # stopped for it had its first kill after --resume stop the launch, unrestarted)
-            killed = self._client_restarts.get(name, 0) + 1
+            killed = self.processes[name].restarts + 1
             if killed > MAX_CLIENT_RESTARTS:
                 raise FedsimError(
                     f"client {name}'s process was killed {killed} times; the last time it "
@@ -353,8 +357,7 @@ class Launcher:
             _log.warning("client process killed; restarting it from its state", client=name,
                          code=code, killed=killed)
             self.start(name)
-            self._client_restarts[name] = killed  # (the kill that stops the launch: none)
-            self.processes[name].restarts += 1
+            self.processes[name].restarts = killed  # (the kill that stops the launch: none)
             restarted.append(name)
         return restarted
 
@@ -452,7 +455,7 @@ class Launcher:
             interrupted=interrupted,
             cause=cause,
             parts=max(1, self.processes["server"].starts),
-            restarted_clients={name: self.processes[name].restarts
+            restarted_clients={name: self.processes[name].all_restarts
                                for name in self.client_ids if name in self.processes},
             failed_processes={name: codes[-1] for name, codes in self.exit_codes.items()
                               if codes and codes[-1] != 0 and name in self.processes
@@ -468,7 +471,7 @@ class Launcher:
                 name: {
                     "command": ["fedsim", *p.argv],
                     "starts": p.starts,
-                    "restarts": p.restarts,
+                    "restarts": p.all_restarts,
                     "exit_codes": self.exit_codes.get(name, []),
                     **({"earlier_commands": self.earlier_commands[name]}
                        if self.earlier_commands.get(name) else {}),
