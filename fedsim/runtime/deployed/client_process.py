@@ -190,9 +190,10 @@ async def run_client(
     require_public_slots(scenario)
     run = run_name(scenario, run)
     state = Path(state_dir)
-    refuse_ended_run(state, client_id)  # before its data, ledger or broker: nothing to do
-    # (read before anything is opened: damage to either stops the start, exit status 2)
+    # Read before anything is opened: damage to either stops the start (exit status 2), and
+    # so does a run that ended (before its data, ledger or broker: nothing to do).
     previous = read_client_report(state, client_id)
+    refuse_ended_run(state, client_id, previous)
     followed = followed_runs(state, previous)
     population = population or build_population(loaded)
     plan = plan_of(population, client_id)

@@ -197,18 +197,20 @@ def ended_run(report: Mapping[str, object]) -> str | None:
     return None
 
 
-def refuse_ended_run(state: Path, client_id: str) -> None:
+def refuse_ended_run(state: Path, client_id: str,
+                     report: Mapping[str, object] | None = None) -> None:
     """Refuse to start ``client_id`` on ``state`` when its exit report says its run ended
-    (:func:`ended_run`; module docstring). Reads nothing else and writes nothing.
+    (:func:`ended_run`; module docstring). ``report``: the report as the caller read it
+    (:func:`read_client_report`), else read here. Writes nothing.
 
     Raises:
         ConfigError: the run ended, or the report is damaged (:func:`read_client_report`;
             exit status 2, one line).
     """
-    report_file = client_state_file(state, client_id)
-    ended = ended_run(read_client_report(state, client_id))
+    ended = ended_run(read_client_report(state, client_id) if report is None else report)
     if ended is not None:
-        raise run_ended_error(state, client_id, ended, f"{report_file.name} records")
+        raise run_ended_error(state, client_id, ended,
+                              f"{client_state_file(state, client_id).name} records")
 
 
 def run_ended_error(state: Path, client_id: str, ended: str, source: str) -> ConfigError:
