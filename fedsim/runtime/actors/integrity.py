@@ -360,11 +360,12 @@ class Rejections:
         than the server finds plausible, :func:`~fedsim.runtime.actors.partials.
         rejection_allowance`, and the next one the rest)."""
         taken: dict[str, int] = {}
+        left = most
         for kind, count in self.as_dict().items():
-            share = min(count, most - sum(taken.values()))
+            share = min(count, left)
             if share <= 0:
                 break
-            taken[kind] = share
+            taken[kind], left = share, left - share
             if share == count:
                 del self.counts[kind]
             else:
