@@ -4,7 +4,10 @@ its explanation, ``fedsim report``, the tables, a ledger's refusal).
 
 from __future__ import annotations
 
-__all__ = ["epsilon_alike", "epsilon_range", "epsilon_text", "epsilons_apart"]
+from collections.abc import Mapping
+
+__all__ = ["by_relation_text", "epsilon_alike", "epsilon_range", "epsilon_text",
+           "epsilons_apart"]
 
 
 DIGITS = 4
@@ -43,3 +46,12 @@ def epsilon_range(low: float, high: float) -> str:
     if epsilon_alike(low, high):
         return epsilon_text(low)
     return f"{epsilon_text(low)} to {epsilon_text(high)}"
+
+
+def by_relation_text(texts: Mapping[str, str]) -> str:
+    """Epsilons of clients under more than one neighbouring relation, ``texts`` (each
+    relation's, already written), said apart: add/remove and replace-one guarantees are
+    about different neighbours and are never pooled or compared."""
+    return ("by neighbouring relation, guarantees about different neighbours that are not to "
+            "be compared: " + "; ".join(f"{relation} clients {text}"
+                                        for relation, text in texts.items()))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import ConfigError
+from fedsim.privacy.epsilon_text import by_relation_text
 from fedsim.privacy.events import by_relation
 from fedsim.reporting.stops import stop_counts
 from fedsim.reporting.values import accuracy, count, finite_number, printable, relative_gap, spread
@@ -186,9 +187,8 @@ def _explanation(root: Path, rows: tuple[dict[str, Any], ...], stop: RunStop | N
                      + " (Their final statuses say so: self-reports the server cannot verify.)")
     if reported:
         said = (spread(next(iter(reported.values()))) if len(reported) == 1 else
-                "by neighbouring relation, guarantees about different neighbours that are not "
-                "to be compared: " + "; ".join(f"{relation} clients {spread(values)}"
-                                               for relation, values in reported.items()))
+                by_relation_text({relation: spread(values)
+                                  for relation, values in reported.items()}))
         parts.append(f"The {many_reported} stopped clients' last statuses reported eps (delta "
                      f"= {delta:g}) {said}: self-reports the server cannot verify.")
     if many_reported < len(rows):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.clock import seconds_text
-from fedsim.privacy.epsilon_text import epsilon_alike, epsilon_range
+from fedsim.privacy.epsilon_text import by_relation_text, epsilon_alike, epsilon_range
 from fedsim.privacy.events import by_relation
 from fedsim.runtime.actors.exposure import privacy_caveats
 from fedsim.runtime.actors.stops import ClientStopKind, client_stop_phrase, stop_fields
@@ -93,15 +93,13 @@ def _explain(record: RunRecord, rows: list[dict[str, Any]], caveats: list[str]) 
     if epsilons:
         budgeted = sum(r["budget_epsilon"] is not None for r in rows)
         relations = epsilon_by_relation(rows)
-        ranges = "; ".join(f"{relation} clients {epsilon_range(r['epsilon_min'], r['epsilon_max'])}"
-                           for relation, r in relations.items())
         parts.append(
             f"Per-client epsilon at delta={record.scenario.privacy.delta:g} (pld) "
             + (("is " if epsilon_alike(min(epsilons), max(epsilons)) else "ranges from ")
                + f"{epsilon_range(min(epsilons), max(epsilons))}."
                if len(relations) == 1
-               else f"by neighbouring relation, guarantees about different neighbours that are "
-                    f"not to be compared: {ranges}.")
+               else by_relation_text({relation: epsilon_range(r["epsilon_min"], r["epsilon_max"])
+                                      for relation, r in relations.items()}) + ".")
             + (f" None of the {budgeted} client(s) with a budget exceeded it: every release was "
                "checked against, and written to, its ledger first." if budgeted else
                " No client had a budget; every release was still written to its ledger.")
