@@ -14,10 +14,17 @@ refusal of ``NaN``) passes unchanged.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
-__all__ = ["json_problem", "parse_json"]
+from pydantic import BaseModel, ValidationError
+
+from fedsim.atomic import read_regular
+from fedsim.errors import ConfigError
+
+__all__ = ["json_problem", "parse_json", "read_json_model"]
 
 
 class _Refused(Exception):
@@ -66,3 +73,29 @@ def json_problem(error: json.JSONDecodeError, *, line: bool = True) -> str:
         return what
     return f"{what} at line {error.lineno}, column {error.colno}" if line \
         else f"{what} at column {error.colno}"
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def read_json_model(path: Path, model: type[_Model], *, most: int, shape: str) -> _Model | None:
+    """The small JSON file at ``path`` (one fedsim writes, in place or atomically: a client's
+    owner and followed runs, a server's high-water mark) as ``model`` says it, None where there
+    is none. One that is there but cannot be read (a FIFO, a link, a directory, unreadable), is
+    larger than ``most`` bytes, is not JSON or is not ``shape`` raises :class:`ConfigError`
+    ``"<path> is damaged (<what is wrong>)"``, for the caller to say what the file keeps and
+    what to do: damage never passes for absence."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return model.model_validate(parse_json(
+            read_regular(path, refuse_over=most, no_link=True)))
+    except OSError as exc:  # a FIFO, a link, a directory, unreadable, too large: named
+        problem = str(exc) if exc.filename is None else exc.strerror
+    except json.JSONDecodeError as exc:
+        problem = f"not JSON ({json_problem(exc)})"
+    except UnicodeDecodeError:
+        problem = "not JSON (not UTF-8)"
+    except ValidationError:
+        problem = f"not {shape}"
+    raise ConfigError(f"{path} is damaged ({problem})") from None

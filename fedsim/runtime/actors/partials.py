@@ -206,11 +206,11 @@ class PartialIntake:
         if not (math.isfinite(wait) and wait >= 0):
             raise ConfigError(f"aggregator_wait must be >= 0 seconds, got {wait!r}")
         self.aggregators = frozenset(aggregators)
+        """The aggregation nodes' ids (empty: updates come straight)."""
         self._slot, self._window = slot, window  # (the slowest paced client's slot)
         self._claims: dict[str, int] = {}  # each aggregator's latest count of deferred updates
         self._held_since: int | None = None  # the first window the claims alone held the stop
         self._held_most = 0  # the most they counted since
-        """The aggregation nodes' ids (empty: updates come straight)."""
         self.wait = float(wait)
         self._book, self._weights, self._entry_bound, self._size = book, weights, entry_bound, size
         self._live: set[str] = set(self.aggregators)

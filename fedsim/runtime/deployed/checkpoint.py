@@ -57,17 +57,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedsim.atomic import (
     locked_or_closed,
     open_no_link,
     open_regular,
-    read_regular,
     write_atomically,
 )
-from fedsim.errors import FedsimError
-from fedsim.json_input import parse_json
+from fedsim.errors import ConfigError, FedsimError
+from fedsim.json_input import parse_json, read_json_model
 from fedsim.logging import get_logger
 from fedsim.protocol.headers import MAX_COUNTER
 from fedsim.runtime.actors.client_book import WINDOW, BookState
@@ -274,6 +273,7 @@ class ServerCheckpoint:
         self.path = self.directory / FILE_NAME
         self.mark_path = self.directory / MARK_NAME
         self.identity = json.loads(json.dumps(identity))  # as it will read back
+        self._identity_sha256 = _identity_digest(self.identity)  # (every client's id: once)
         self.saves = 0
         self._newest: HighWaterMark | None = None  # the mark of the newest checkpoint saved
         self.seconds: list[float] = []  # each save's duration, for the run's summary (bounded)
@@ -293,7 +293,7 @@ class ServerCheckpoint:
         np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types allow_pickle
         write_atomically(self.path, buffer.getbuffer(), durability="durable")
         # After the checkpoint, durably: a crash between the two leaves the mark behind.
-        mark = HighWaterMark(identity_sha256=_identity_digest(self.identity),
+        mark = HighWaterMark(identity_sha256=self._identity_sha256,
                              windows_closed=snapshot.windows_closed, version=snapshot.version)
         write_atomically(self.mark_path, mark.model_dump_json(), durability="durable")
         self._newest = mark
@@ -346,15 +346,15 @@ class ServerCheckpoint:
     def _mark(self) -> HighWaterMark | None:
         """The directory's high-water mark, None if it has none (CheckpointError: damaged,
         or of another run)."""
-        if not os.path.lexists(self.mark_path):
-            return None
         try:
-            text = read_regular(self.mark_path, refuse_over=MAX_MARK_BYTES, no_link=True)
-            mark = HighWaterMark.model_validate(parse_json(text))
-        except (OSError, ValueError, ValidationError) as exc:
-            raise CheckpointError(f"high-water mark {self.mark_path} is damaged ({exc}); "
-                                  "restore the state directory's own") from None
-        if mark.identity_sha256 != _identity_digest(self.identity):
+            mark = read_json_model(self.mark_path, HighWaterMark, most=MAX_MARK_BYTES,
+                                   shape="a fedsim server's high-water mark")
+        except ConfigError as exc:
+            raise CheckpointError(f"high-water mark {exc}; restore the state directory's "
+                                  "own") from None
+        if mark is None:
+            return None
+        if mark.identity_sha256 != self._identity_sha256:
             raise CheckpointError(f"high-water mark {self.mark_path} belongs to another run; "
                                   "use a fresh --state directory")
         return mark

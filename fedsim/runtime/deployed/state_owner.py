@@ -39,16 +39,15 @@ waits for a live server, as before (logged).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedsim.atomic import read_regular, write_atomically
+from fedsim.atomic import write_atomically
 from fedsim.errors import ConfigError
-from fedsim.json_input import json_problem, parse_json
+from fedsim.json_input import read_json_model
 from fedsim.privacy.ledger_mark import mark_path
 from fedsim.protocol.headers import ClientId
 from fedsim.runtime.run_outputs import (
@@ -161,24 +160,12 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 def _read_state_file(path: Path, model: type[_Model], *, most: int, shape: str,
                      why: str) -> _Model | None:
-    """The small state file at ``path`` as ``model`` says it, None where there is none. One
-    that is there but cannot be read (a FIFO, a link, a directory, unreadable), is larger than
-    ``most`` bytes, is not JSON or is not ``shape`` is refused: a :class:`ConfigError` naming
-    the file, what is wrong and ``why`` it matters (what it keeps, what to do)."""
-    if not os.path.lexists(path):
-        return None
+    """:func:`~fedsim.json_input.read_json_model`, its damage said with ``why`` it matters
+    (what the file keeps, what to do)."""
     try:
-        return model.model_validate(parse_json(
-            read_regular(path, refuse_over=most, no_link=True)))
-    except OSError as exc:  # a FIFO, a link, a directory, unreadable, too large: named
-        problem = str(exc) if exc.filename is None else exc.strerror
-    except json.JSONDecodeError as exc:
-        problem = f"not JSON ({json_problem(exc)})"
-    except UnicodeDecodeError:
-        problem = "not JSON (not UTF-8)"
-    except ValidationError:
-        problem = f"not {shape}"
-    raise ConfigError(f"{path} is damaged ({problem}): {why}") from None
+        return read_json_model(path, model, most=most, shape=shape)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: {why}") from None
 
 
 def ended_run(report: Mapping[str, object]) -> str | None:
