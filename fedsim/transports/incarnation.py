@@ -76,8 +76,9 @@ class ClientIncarnation:
     held_back: dict[str, Frame] = field(default_factory=dict)
     """The latest global model of each incarnation seen before the current one was known."""
     ignored: int = 0
-    _stamps: dict[int, weakref.ref[Message]] = field(default_factory=dict, repr=False)
-    _stamp_of: dict[int, str] = field(default_factory=dict, repr=False)
+    _stamps: dict[int, tuple[weakref.ref[Message], str]] = field(default_factory=dict,
+                                                                   repr=False)
+    """Each delivered message still alive, by identity: its reference and its stamp."""
 
     def delivered(self, frame: Frame) -> Message:
         """``frame``'s message, to deliver: its incarnation is remembered while the message
@@ -86,17 +87,18 @@ class ClientIncarnation:
         key = id(message)
 
         def forget(ref: weakref.ref[Message]) -> None:
-            if self._stamps.get(key) is ref:  # (not a later message at the same address)
-                del self._stamps[key], self._stamp_of[key]
+            kept = self._stamps.get(key)
+            if kept is not None and kept[0] is ref:  # (not a later message at that address)
+                del self._stamps[key]
 
-        self._stamps[key], self._stamp_of[key] = weakref.ref(message, forget), frame.incarnation
+        self._stamps[key] = (weakref.ref(message, forget), frame.incarnation)
         return message
 
     def of(self, message: Message) -> str | None:
         """The incarnation a message :meth:`delivered` was stamped with (None: not one of
         those, or no longer alive)."""
-        ref = self._stamps.get(id(message))
-        return self._stamp_of[id(message)] if ref is not None and ref() is message else None
+        kept = self._stamps.get(id(message))
+        return kept[1] if kept is not None and kept[0]() is message else None
 
     def confirm(self, incarnation: str, lineage: Sequence[str]) -> bool:
         """A welcome or receipt from the live server: adopt its incarnation if this client
